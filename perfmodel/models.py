@@ -1,0 +1,283 @@
+"""Model registry: a ``ModelSpec`` read from a Hugging Face ``config.json``.
+
+Supported families: Llama, Qwen2/Qwen3 and GLM-4 (dense, GQA); Qwen3-MoE and DeepSeek-V3/R1
+(MoE; DeepSeek's multi-head latent attention, MLA, is counted with its compressed KV cache).
+Configs for the registry's named models ship in ``perfmodel/data/models``; any other model is
+read with ``--model path/to/config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+from perfmodel.hardware import suggest
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Geometry of a decoder-only transformer, as far as cost accounting needs it."""
+
+    name: str = field(metadata={"help": "registry key or config path"})
+    family: str = field(metadata={"help": "llama | qwen2 | qwen3 | glm | qwen3_moe | deepseek_v3"})
+    num_layers: int = field(metadata={"help": "decoder layers L"})
+    hidden_size: int = field(metadata={"help": "model width d"})
+    num_q_heads: int = field(metadata={"help": "query heads H"})
+    num_kv_heads: int = field(metadata={"help": "key/value heads Hkv (GQA)"})
+    head_dim: int = field(metadata={"help": "per-head dimension d_h (MLA: v_head_dim)"})
+    intermediate_size: int = field(metadata={"help": "dense FFN width d_f"})
+    vocab_size: int = field(metadata={"help": "vocabulary V"})
+    weight_bytes: int = field(default=2, metadata={"help": "bytes per weight element"})
+    tie_word_embeddings: bool = field(default=False, metadata={"help": "LM head shares embeddings"})
+    qkv_bias: bool = field(default=False, metadata={"help": "attention projections carry a bias"})
+    rope_theta: float = field(default=10000.0, metadata={"help": "RoPE base"})
+    rope_scaling: dict | None = field(default=None, metadata={"help": "HF rope_scaling dict"})
+    partial_rotary_factor: float = field(default=1.0, metadata={"help": "rotated share of d_h"})
+    rms_norm_eps: float = field(default=1e-6, metadata={"help": "RMSNorm epsilon"})
+    max_position_embeddings: int = field(default=0, metadata={"help": "trained context"})
+    num_experts: int = field(default=0, metadata={"help": "routed experts E (0 = dense)"})
+    experts_per_token: int = field(default=0, metadata={"help": "active routed experts k"})
+    expert_intermediate_size: int = field(default=0, metadata={"help": "expert FFN width d_e"})
+    num_shared_experts: int = field(default=0, metadata={"help": "always-active shared experts"})
+    moe_layers: tuple[bool, ...] = field(default=(), metadata={"help": "per layer: MoE FFN?"})
+    kv_lora_rank: int = field(default=0, metadata={"help": "MLA latent KV rank (0 = no MLA)"})
+    q_lora_rank: int = field(default=0, metadata={"help": "MLA latent query rank"})
+    qk_nope_head_dim: int = field(default=0, metadata={"help": "MLA non-rotary q/k dim"})
+    qk_rope_head_dim: int = field(default=0, metadata={"help": "MLA rotary q/k dim"})
+
+    def __post_init__(self) -> None:
+        for f in (
+            "num_layers",
+            "hidden_size",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "weight_bytes",
+        ):
+            v = getattr(self, f)
+            if not (isinstance(v, int) and v > 0):
+                raise ValueError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model {self.name}: num_q_heads={self.num_q_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.num_experts and not (0 < self.experts_per_token <= self.num_experts):
+            raise ValueError(
+                f"model {self.name}: experts_per_token={self.experts_per_token} must be in "
+                f"1..num_experts={self.num_experts}"
+            )
+        if self.moe_layers and len(self.moe_layers) != self.num_layers:
+            raise ValueError(f"model {self.name}: moe_layers must have num_layers entries")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head, G."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layers)
+
+    def kv_bytes_per_token(self, kv_bytes: int = 2) -> int:
+        """KV-cache bytes one token adds to one layer.
+
+        GQA: ``2 * Hkv * d_h * kv_bytes`` (K and V). MLA (DeepSeek-V3): the compressed latent
+        plus the decoupled rotary key, ``(kv_lora_rank + qk_rope_head_dim) * kv_bytes``, shared by
+        every head (DeepSeek-V2 paper, Sec. 2.1).
+        """
+        if self.is_mla:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes
+        return 2 * self.num_kv_heads * self.head_dim * kv_bytes
+
+    def attention_weight_params(self) -> dict[str, int]:
+        """Per-layer attention weights by projection (elements)."""
+        d, h = self.hidden_size, self.num_q_heads
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = d * self.q_lora_rank + self.q_lora_rank * h * qk if self.q_lora_rank else d * h * qk
+            kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * h * (
+                self.qk_nope_head_dim + self.head_dim
+            )
+            return {"qkv": q + kv, "o": h * self.head_dim * d}
+        qkv = d * (h + 2 * self.num_kv_heads) * self.head_dim
+        return {"qkv": qkv, "o": h * self.head_dim * d}
+
+    def ffn_weight_params(self, layer: int) -> int:
+        """Per-layer FFN weights (elements): gated MLP ``3 d d_f``; MoE layers count every
+        routed expert, the shared experts and the router."""
+        d = self.hidden_size
+        if self.is_moe and self.moe_layers[layer]:
+            experts = (self.num_experts + self.num_shared_experts) * 3 * d
+            return experts * self.expert_intermediate_size + d * self.num_experts
+        return 3 * d * self.intermediate_size
+
+    def num_params(self) -> int:
+        """Total weight elements (embeddings and LM head included)."""
+        attn = sum(self.attention_weight_params().values())
+        ffn = sum(self.ffn_weight_params(i) for i in range(self.num_layers))
+        emb = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        return self.num_layers * attn + ffn + emb + norms
+
+    def num_active_params(self) -> int:
+        """Weight elements one token touches (MoE: k routed + shared experts)."""
+        if not self.is_moe:
+            return self.num_params()
+        d = self.hidden_size
+        per_moe = (self.experts_per_token + self.num_shared_experts) * 3 * d
+        active = self.num_params()
+        for i in range(self.num_layers):
+            if self.moe_layers[i]:
+                active -= self.ffn_weight_params(i)
+                active += per_moe * self.expert_intermediate_size + d * self.num_experts
+        return active
+
+
+def _need(cfg: dict, key: str, source: str):
+    if key not in cfg:
+        raise ValueError(f"{source}: config.json has no {key!r}")
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{source}: config.json field {key!r} must be a number, got {v!r}")
+    return v
+
+
+def _weight_bytes(cfg: dict) -> int:
+    q = cfg.get("quantization_config") or {}
+    if q.get("quant_method") == "fp8":
+        return 1
+    return DTYPE_BYTES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), 2)
+
+
+def spec_from_config(cfg: dict, name: str) -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed HF ``config.json``; ``ValueError`` names the field."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{name}: config.json must hold a JSON object")
+    mtype = cfg.get("model_type")
+    common = dict(
+        name=name,
+        weight_bytes=_weight_bytes(cfg),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0) or 10000.0),
+        rope_scaling=cfg.get("rope_scaling"),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 0) or 0),
+    )
+    if mtype == "chatglm":  # THUDM's original GLM-4 format
+        layers = int(_need(cfg, "num_layers", name))
+        return ModelSpec(
+            family="glm",
+            num_layers=layers,
+            hidden_size=int(_need(cfg, "hidden_size", name)),
+            num_q_heads=int(_need(cfg, "num_attention_heads", name)),
+            num_kv_heads=int(_need(cfg, "multi_query_group_num", name)),
+            head_dim=int(_need(cfg, "kv_channels", name)),
+            intermediate_size=int(_need(cfg, "ffn_hidden_size", name)),
+            vocab_size=int(_need(cfg, "padded_vocab_size", name)),
+            qkv_bias=bool(cfg.get("add_qkv_bias", True)),
+            partial_rotary_factor=0.5,
+            **{**common, "max_position_embeddings": int(cfg.get("seq_length", 0) or 0)},
+        )
+    if mtype not in ("llama", "qwen2", "qwen3", "glm", "qwen3_moe", "deepseek_v3"):
+        raise ValueError(
+            f"{name}: model_type {mtype!r} is not supported "
+            "(llama, qwen2, qwen3, glm, chatglm, qwen3_moe, deepseek_v3)"
+        )
+    layers = int(_need(cfg, "num_hidden_layers", name))
+    hidden = int(_need(cfg, "hidden_size", name))
+    heads = int(_need(cfg, "num_attention_heads", name))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    kw: dict = dict(
+        family=mtype,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_q_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(_need(cfg, "intermediate_size", name)),
+        vocab_size=int(_need(cfg, "vocab_size", name)),
+        qkv_bias=bool(cfg.get("attention_bias", mtype == "qwen2")),
+        partial_rotary_factor=float(cfg.get("partial_rotary_factor", 1.0)),
+    )
+    if mtype == "qwen3_moe":
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        only_mlp = set(cfg.get("mlp_only_layers") or [])
+        kw.update(
+            num_experts=int(_need(cfg, "num_experts", name)),
+            experts_per_token=int(_need(cfg, "num_experts_per_tok", name)),
+            expert_intermediate_size=int(_need(cfg, "moe_intermediate_size", name)),
+            moe_layers=tuple(i not in only_mlp and (i + 1) % step == 0 for i in range(layers)),
+        )
+    if mtype == "deepseek_v3":
+        first_dense = int(cfg.get("first_k_dense_replace", 0))
+        freq = int(cfg.get("moe_layer_freq", 1) or 1)
+        kw.update(
+            num_kv_heads=heads,  # MLA: every query head has its own decompressed K/V
+            head_dim=int(_need(cfg, "v_head_dim", name)),
+            num_experts=int(_need(cfg, "n_routed_experts", name)),
+            experts_per_token=int(_need(cfg, "num_experts_per_tok", name)),
+            expert_intermediate_size=int(_need(cfg, "moe_intermediate_size", name)),
+            num_shared_experts=int(cfg.get("n_shared_experts", 0) or 0),
+            moe_layers=tuple(i >= first_dense and i % freq == 0 for i in range(layers)),
+            kv_lora_rank=int(_need(cfg, "kv_lora_rank", name)),
+            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            qk_nope_head_dim=int(_need(cfg, "qk_nope_head_dim", name)),
+            qk_rope_head_dim=int(_need(cfg, "qk_rope_head_dim", name)),
+        )
+    return ModelSpec(**kw, **common)
+
+
+def _registry_dir() -> Path:
+    return Path(str(files("perfmodel"))) / "data" / "models"
+
+
+def model_names() -> list[str]:
+    """Names of the shipped configs."""
+    return sorted(p.stem for p in _registry_dir().glob("*.json"))
+
+
+def load_config(path: str | Path) -> dict:
+    """Parse a config.json, turning I/O and JSON errors into one-line ``ValueError``s."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"model config {str(p)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"model config {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}"
+        ) from None
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A registry name (``llama-3.1-8b``) or a path to a ``config.json`` (or its folder)."""
+    key = name_or_path.lower()
+    if key in model_names():
+        return spec_from_config(load_config(_registry_dir() / f"{key}.json"), key)
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.is_dir() or p.exists():
+        return spec_from_config(load_config(p), str(name_or_path))
+    raise ValueError(f"unknown model {name_or_path!r}{suggest(name_or_path, model_names())}")
+
+
+def with_overrides(spec: ModelSpec, **changes) -> ModelSpec:
+    """A derived copy (``dataclasses.replace``); the spec itself is never mutated."""
+    return dataclasses.replace(spec, **changes)

@@ -1,0 +1,99 @@
+"""One predictor interface: op counts in, seconds out, with a provenance label.
+
+An ``Op`` carries FLOPs, device-memory bytes, kernel launches and link bytes (numpy arrays, one
+entry per evaluated point). A predictor maps each op to seconds. ``RooflinePredictor`` is the
+floor: ``max(FLOPs / rate, bytes / bandwidth) + launches * launch overhead`` with the GPU's
+datasheet ceilings (or measured ones, when a calibration overlay is present). The calibrated
+predictor of ``calibration`` implements the same ``op_time_s`` with fitted efficiencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.hardware import GpuSpec
+
+OP_KINDS = ("gemm", "attention", "elementwise", "selection", "comm", "host")
+
+
+@dataclass(slots=True)
+class Op:
+    """Counts of one op summed over the layers that run it (arrays broadcast to one shape)."""
+
+    kind: str
+    flops: np.ndarray
+    bytes: np.ndarray
+    launches: np.ndarray
+    comm_bytes: np.ndarray | float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"op kind must be one of {', '.join(OP_KINDS)}, got {self.kind!r}")
+
+    def __add__(self, other: Op) -> Op:
+        if other.kind != self.kind:
+            raise ValueError(f"cannot add a {other.kind} op to a {self.kind} op")
+        return Op(
+            self.kind,
+            self.flops + other.flops,
+            self.bytes + other.bytes,
+            self.launches + other.launches,
+            self.comm_bytes + other.comm_bytes,
+        )
+
+    def scaled(self, factor) -> Op:
+        """The op repeated ``factor`` times (e.g. over layers)."""
+        return Op(
+            self.kind,
+            self.flops * factor,
+            self.bytes * factor,
+            self.launches * factor,
+            self.comm_bytes * factor,
+        )
+
+
+class RooflinePredictor:
+    """Roofline times on a GPU's ceilings (datasheet, or measured when overlaid).
+
+    Tensor-core ops (``gemm``, ``attention``) run at the dense tensor rate of ``dtype``; other
+    ops at the fp32 vector rate. ``comm`` ops are ring all-reduces over the GPU link:
+    ``2 (p - 1) / p * bytes / link_bandwidth`` for p = ``tp`` ranks (Patarasuk and Yuan, 2009).
+    """
+
+    def __init__(self, gpu: GpuSpec, dtype: str = "bf16", tp: np.ndarray | int = 1):
+        self.gpu = gpu
+        self.dtype = dtype
+        self.tp = np.asarray(tp, dtype=float)
+        self.provenance = gpu.provenance
+
+    def at(self, idx: np.ndarray) -> RooflinePredictor:
+        """The same predictor restricted to the points ``idx`` (for per-point ``tp``)."""
+        tp = self.tp[idx] if self.tp.ndim else self.tp
+        return RooflinePredictor(self.gpu, self.dtype, tp)
+
+    def op_time_s(self, op: Op) -> np.ndarray:
+        g = self.gpu
+        if op.kind == "comm":
+            p = self.tp
+            link = np.where(p > 1, 2 * (p - 1) / np.maximum(p, 1), 0.0) * op.comm_bytes
+            return link / g.link_bytes_per_s + op.launches * g.launch_overhead_s
+        rate = (
+            g.tensor_flops_per_s(self.dtype)
+            if op.kind in ("gemm", "attention")
+            else g.fp32_flops_per_s
+        )
+        return (
+            np.maximum(op.flops / rate, op.bytes / g.hbm_bytes_per_s)
+            + op.launches * g.launch_overhead_s
+        )
+
+    def floor_s(self, op: Op) -> np.ndarray:
+        """The op's floor without launch overhead (used for % of floor reports)."""
+        rate = (
+            self.gpu.tensor_flops_per_s(self.dtype)
+            if op.kind in ("gemm", "attention")
+            else self.gpu.fp32_flops_per_s
+        )
+        return np.maximum(op.flops / rate, op.bytes / self.gpu.hbm_bytes_per_s)

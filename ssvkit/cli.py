@@ -1,0 +1,49 @@
+"""The ``ssvkit`` console script: parse, dispatch, and turn bad input into one line + exit 2.
+
+ssvkit predict                       # Llama-3.1-8B on h100-sxm, 8K..128K, all baselines
+ssvkit predict --model qwen3-8b --gpu h200 --context 32K --json
+ssvkit gpus
+ssvkit models
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ssvkit import predict_cmd, registry_cmd
+from ssvkit.options import OneLineParser
+
+COMMANDS = {
+    "predict": predict_cmd,
+    "gpus": registry_cmd.Gpus,
+    "models": registry_cmd.Models,
+}
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="ssvkit",
+        description="Predict, simulate and measure speculative decoding with sparse attention.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for name, mod in COMMANDS.items():
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"ssvkit {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

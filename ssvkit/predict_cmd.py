@@ -1,0 +1,271 @@
+"""``ssvkit predict``: step-time breakdowns, tokens/s and speedups of the baselines.
+
+ssvkit predict                                  # Llama-3.1-8B, h100-sxm, 8K..128K
+ssvkit predict --model qwen3-8b --context 16K,64K --acceptance 0.8 --json
+ssvkit predict --csv out.csv --plot out.png
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+
+from perfmodel.baselines import compare, grouped_seconds
+from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
+from perfmodel.strategy import BASELINES, DrafterSpec, Strategy, Workload, check_feasible
+from ssvkit.options import (
+    add_dataclass_options,
+    atomic_write,
+    figure,
+    given,
+    parse_int_list,
+)
+
+HELP = "predict step times, tokens/s and speedups of ar/sd/sparse/ssv baselines"
+DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K"
+WORKLOAD_FIELDS = ("batch", "tp", "acceptance", "overlap", "dtype", "kv_bytes")
+SD_FIELDS = ("tree", "traversal")
+SPARSE_FIELDS = ("top_n", "block_size", "window", "comp_block", "comp_stride", "metadata")
+SSV_FIELDS = ("mode", "group_size", "refresh_every", "fusion")
+DRAFTER_FIELDS = ("kind", "model", "draft_vocab", "sparsity_ratio")
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--model",
+        default="llama-3.1-8b",
+        help="registry name or path to a HF config.json (default: llama-3.1-8b)",
+    )
+    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key (default: h100-sxm)")
+    p.add_argument(
+        "--context",
+        default=DEFAULT_CONTEXTS,
+        help=f"context lengths, comma-separated, K = 1024 (default: {DEFAULT_CONTEXTS})",
+    )
+    p.add_argument(
+        "--strategies",
+        default=",".join(BASELINES),
+        help=f"baselines to compare (default: {','.join(BASELINES)})",
+    )
+    p.add_argument(
+        "--roofline",
+        action="store_true",
+        help="datasheet ceilings only, ignoring measured overlays",
+    )
+    add_dataclass_options(p, Workload, WORKLOAD_FIELDS)
+    g = p.add_argument_group("speculative strategies (sd_*, ssv)")
+    add_dataclass_options(g, Strategy, SD_FIELDS, defaults=BASELINES["ssv"])
+    add_dataclass_options(g, DrafterSpec, DRAFTER_FIELDS, prefix="drafter-")
+    g = p.add_argument_group("sparse attention (ar_sparse, sd_sparse_naive, ssv)")
+    add_dataclass_options(g, Strategy, SPARSE_FIELDS)
+    g = p.add_argument_group("ssv grouping and refresh/reuse")
+    add_dataclass_options(g, Strategy, SSV_FIELDS, defaults=BASELINES["ssv"])
+    p.add_argument("--json", action="store_true", help="print JSON (every figure with provenance)")
+    p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="also write a roofline of the ops and speedup vs context"
+    )
+
+
+def build_strategies(args) -> list[Strategy]:
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--strategies needs at least one name")
+    drafter_kw = given(args, DRAFTER_FIELDS, prefix="drafter_")
+    sd_kw = given(args, SD_FIELDS)
+    sparse_kw = given(args, SPARSE_FIELDS)
+    ssv_kw = given(args, SSV_FIELDS)
+    out = []
+    for n in names:
+        s = Strategy.from_name(n)
+        kw = {}
+        if s.tree != "chain:0":
+            kw.update(sd_kw)
+            kw["drafter"] = dataclasses.replace(s.drafter, **drafter_kw)
+        if s.is_sparse:
+            kw.update(sparse_kw)
+        if n == "ssv":
+            kw.update(ssv_kw)
+        out.append(dataclasses.replace(s, **kw))
+    return out
+
+
+def _table(rows, model, gpu, workload, strategies) -> str:
+    prov = rows[0]["provenance"]
+    sd = next((s for s in strategies if s.tree != "chain:0"), None)
+    lines = [
+        f"{model.name} on {gpu.name} [{prov}]  batch {workload.batch}  tp {workload.tp}  "
+        f"acceptance {workload.acceptance:g}  overlap {workload.overlap:g}",
+    ]
+    if sd is not None:
+        r = next(r for r in rows if r["strategy"] == sd.name)
+        lines.append(
+            f"draft: {sd.drafter.kind}, tree {sd.tree} ({r['num_draft_tokens']} nodes, "
+            f"{r['tokens_per_round']:.2f} tokens/round)"
+        )
+    head = (
+        f"{'context':>8s} {'strategy':16s} {'tok/s':>8s} {'vs ar_dense':>11s} "
+        f"{'vs ar_sparse':>12s} {'round ms':>9s} | {'draft':>6s} {'gemm':>6s} "
+        f"{'attn':>6s} {'select':>6s} {'other':>6s}  (ms)"
+    )
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        g = grouped_seconds(r)
+        ctx = (
+            f"{r['context_len'] // 1024}K"
+            if r["context_len"] % 1024 == 0
+            else str(r["context_len"])
+        )
+        lines.append(
+            f"{ctx:>8s} {r['strategy']:16s} {r['tokens_per_s']:8.1f} "
+            f"{r['speedup_vs_ar_dense']:10.2f}x {r['speedup_vs_ar_sparse']:11.2f}x "
+            f"{r['round_s'] * 1e3:9.2f} | {g['draft'] * 1e3:6.2f} {g['gemm'] * 1e3:6.2f} "
+            f"{g['attention'] * 1e3:6.2f} {g['selection'] * 1e3:6.2f} {g['other'] * 1e3:6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _json(rows, model, gpu, workload) -> str:
+    out_rows = []
+    for r in rows:
+        p = r["provenance"]
+        out_rows.append(
+            {
+                "context_len": r["context_len"],
+                "strategy": r["strategy"],
+                "tokens_per_s": figure(r["tokens_per_s"], "tokens/s", p),
+                "speedup_vs_ar_dense": figure(r["speedup_vs_ar_dense"], "x", p),
+                "speedup_vs_ar_sparse": figure(r["speedup_vs_ar_sparse"], "x", p),
+                "tokens_per_round": figure(r["tokens_per_round"], "tokens", "model:acceptance"),
+                "round_s": figure(r["round_s"], "s", p),
+                "draft_s": figure(r["draft_s"], "s", p),
+                "verify_s": figure(r["verify_s"], "s", p),
+                "ops": {
+                    k: {
+                        "time": figure(v, "s", p),
+                        "flops": figure(r["op_flops"][k], "FLOP", "model:counts"),
+                        "bytes": figure(r["op_bytes"][k], "B", "model:counts"),
+                    }
+                    for k, v in r["op_s"].items()
+                },
+            }
+        )
+    return json.dumps(
+        {
+            "model": model.name,
+            "gpu": gpu.name,
+            "provenance": gpu.provenance,
+            "workload": dataclasses.asdict(workload),
+            "rows": out_rows,
+        },
+        indent=2,
+    )
+
+
+def _csv(rows) -> str:
+    buf = io.StringIO()
+    ops = sorted({k for r in rows for k in r["op_s"]})
+    w = csv.writer(buf)
+    w.writerow(
+        [
+            "context_len",
+            "strategy",
+            "tokens_per_s",
+            "speedup_vs_ar_dense",
+            "speedup_vs_ar_sparse",
+            "tokens_per_round",
+            "round_s",
+            "draft_s",
+            "verify_s",
+            *[f"{k}_s" for k in ops],
+            "provenance",
+        ]
+    )
+    for r in rows:
+        w.writerow(
+            [
+                r["context_len"],
+                r["strategy"],
+                r["tokens_per_s"],
+                r["speedup_vs_ar_dense"],
+                r["speedup_vs_ar_sparse"],
+                r["tokens_per_round"],
+                r["round_s"],
+                r["draft_s"],
+                r["verify_s"],
+                *[r["op_s"].get(k, 0.0) for k in ops],
+                r["provenance"],
+            ]
+        )
+    return buf.getvalue()
+
+
+def _plot(rows, gpu, dtype) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    peak = gpu.tensor_flops_per_s(dtype)
+    bw = gpu.hbm_bytes_per_s
+    xs = [10 ** (k / 10) for k in range(-20, 41)]
+    ax1.loglog(xs, [min(peak, x * bw) for x in xs], "k-", lw=1, label=f"{gpu.name} roofline")
+    ctx = max(r["context_len"] for r in rows)
+    markers = dict(zip(BASELINES, "os^vD", strict=False))
+    for r in rows:
+        if r["context_len"] != ctx:
+            continue
+        for k, t in r["op_s"].items():
+            f, b = r["op_flops"][k], r["op_bytes"][k]
+            if f > 0 and b > 0 and k.startswith("verify."):
+                ax1.scatter(f / b, f / t, marker=markers.get(r["strategy"], "o"), s=18)
+                if r["strategy"] == "ssv":
+                    ax1.annotate(k.split(".", 1)[1], (f / b, f / t), fontsize=6)
+    ax1.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax1.set_ylabel("FLOP/s")
+    ax1.set_title(f"verify ops at context {ctx} ({rows[0]['provenance']})")
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        pts = [(r["context_len"], r["speedup_vs_ar_dense"]) for r in rows if r["strategy"] == name]
+        ax2.plot(
+            [p[0] for p in pts], [p[1] for p in pts], marker=markers.get(name, "o"), label=name
+        )
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("context length (tokens)")
+    ax2.set_ylabel("speedup over ar_dense")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run(args) -> int:
+    model = get_model(args.model)
+    gpu = get_gpu(args.gpu, measured=not args.roofline)
+    contexts = parse_int_list(args.context, "context length")
+    workload = Workload(**{"context_len": contexts[0], **given(args, WORKLOAD_FIELDS)})
+    strategies = build_strategies(args)
+    for s in strategies:
+        for T in contexts:
+            check_feasible(s, dataclasses.replace(workload, context_len=T), model)
+    rows = compare(model, gpu, strategies, contexts, workload)
+    # Everything is computed before anything is written: bad input never leaves a file behind.
+    outputs = []
+    if args.csv:
+        outputs.append((args.csv, _csv(rows)))
+    if args.plot:
+        outputs.append((args.plot, _plot(rows, gpu, workload.dtype)))
+    for path, data in outputs:
+        atomic_write(path, data)
+    print(
+        _json(rows, model, gpu, workload)
+        if args.json
+        else _table(rows, model, gpu, workload, strategies)
+    )
+    return 0

@@ -1,0 +1,108 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ssvkit.cli import main
+
+
+def _walk_figures(obj, path="$"):
+    """Yield (path, dict) for every numeric figure in the JSON output."""
+    if isinstance(obj, dict):
+        if "value" in obj:
+            yield path, obj
+            return
+        for k, v in obj.items():
+            yield from _walk_figures(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _walk_figures(v, f"{path}[{i}]")
+
+
+def test_default_table(capsys):
+    assert main(["predict"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv"):
+        assert name in out
+    for ctx in ("8K", "16K", "32K", "64K", "128K"):
+        assert f"\n{ctx:>8s} " in out
+    assert "llama-3.1-8b on h100-sxm" in out
+
+
+def test_json_every_figure_has_provenance(capsys):
+    assert main(["predict", "--json", "--context", "16K,64K"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["rows"]) == 10
+    figures = list(_walk_figures(doc["rows"]))
+    assert len(figures) > 100
+    for path, fig in figures:
+        assert fig.get("provenance"), path
+        assert "unit" in fig, path
+    # every number in a row sits inside a figure
+    for row in doc["rows"]:
+        for k, v in row.items():
+            if k not in ("context_len", "strategy"):
+                assert isinstance(v, dict), k
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--gpu", "h1000"], "unknown GPU 'h1000'"),
+        (["--context=-8K"], "context length must be positive"),
+        (["--context", "8K", "--top-n", "256"], "exceeds context_len=8192"),
+        (["--group-size", "0"], "group_size must be an integer >= 1"),
+        (["--acceptance", "1.2"], "acceptance must lie in [0, 1]"),
+        (["--strategies", "ssv,nope"], "unknown strategy 'nope'"),
+        (["--tree", "best:x"], "tree 'best:x'"),
+    ],
+)
+def test_bad_input_one_line_exit_2(argv, needle, capsys, tmp_path):
+    out_csv = tmp_path / "out.csv"
+    assert main(["predict", *argv, "--csv", str(out_csv)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1
+    assert not out_csv.exists()
+
+
+def test_malformed_config_json(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": 1')
+    assert main(["predict", "--model", str(bad)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_cli_entry_point_exit_code_and_no_traceback():
+    r = subprocess.run(
+        [sys.executable, "-m", "ssvkit.cli", "predict", "--model", "nope"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    r = subprocess.run(
+        [sys.executable, "-m", "ssvkit.cli", "predict", "--batch", "x"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_csv_and_plot_written(tmp_path, capsys):
+    csv_path, png = tmp_path / "p.csv", tmp_path / "p.png"
+    assert main(["predict", "--context", "8K,32K", "--csv", str(csv_path), "--plot", str(png)]) == 0
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("context_len,strategy,tokens_per_s") and len(lines) == 11
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_registry_commands(capsys):
+    assert main(["gpus", "--sources"]) == 0
+    out = capsys.readouterr().out
+    assert "h100-sxm" in out and "mi300x" in out and "datasheet" in out
+    assert main(["models", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    assert {m["name"] for m in models} >= {"llama-3.1-8b", "deepseek-r1"}

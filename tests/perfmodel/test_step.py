@@ -1,0 +1,158 @@
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfmodel.hardware import get_gpu
+from perfmodel.models import ModelSpec, get_model
+from perfmodel.predictor import RooflinePredictor
+from perfmodel.step import build_columns, predict_columns, product_columns
+from perfmodel.strategy import BASELINES, DrafterSpec, Strategy, Workload
+
+TINY = ModelSpec(
+    name="tiny",
+    family="llama",
+    num_layers=2,
+    hidden_size=64,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=100,
+)
+GPU = dataclasses.replace(
+    get_gpu("h100-sxm", measured=False),
+    hbm_bytes_per_s=1e12,
+    bf16_flops_per_s=1e15,
+    fp32_flops_per_s=1e14,
+    launch_overhead_s=1e-6,
+)
+
+
+def run(model, points, drafter=None):
+    c = build_columns(model, points)
+    return c, predict_columns(model, c, RooflinePredictor(GPU, tp=c.tp), drafter)
+
+
+def test_ar_step_hand_computed():
+    _, p = run(TINY, [(Strategy.from_name("ar_dense"), Workload(context_len=1000))])
+    qkv = p.ops["verify.qkv_proj"]
+    # M = 1, N = (4 + 2 * 2) * 16 = 128, K = 64, two layers
+    assert qkv.flops[0] == 2 * 2 * 128 * 64
+    assert qkv.bytes[0] == 2 * (128 * 64 * 2 + (64 + 128) * 2)
+    attn = p.ops["verify.attention"]
+    kv = 1001 * 2 * 2 * 16 * 2  # T + 1 tokens, K and V, 2 KV heads, d_h 16, bf16
+    qo = 2 * 4 * 16 * 2 + 4 * 4
+    assert attn.bytes[0] == 2 * (kv + qo)
+    assert attn.flops[0] == 2 * 1001 * 4 * 4 * 16
+    assert p.op_seconds["verify.attention"][0] == pytest.approx(2 * (kv + qo) / 1e12 + 4e-6)
+    assert p.tokens_per_s[0] == pytest.approx(1 / p.round_s[0])
+    assert p.draft_s[0] == 0
+
+
+def test_speculative_tokens_per_second_counts_expected_tokens():
+    s = Strategy.from_name("sd_dense", tree="chain:4")
+    c, p = run(TINY, [(s, Workload(context_len=1000, acceptance=0.8, batch=3))])
+    assert c.rows[0] == 5 and p.tokens_per_round[0] == pytest.approx(3.3616)
+    assert p.tokens_per_s[0] == pytest.approx(3 * 3.3616 / (p.draft_s[0] + p.verify_s[0]))
+    assert p.draft_s[0] > 0
+
+
+def _sparse(mode, c, **kw):
+    return Strategy(
+        name=f"{mode}{c}",
+        tree="chain:15",
+        attention="sparse",
+        mode=mode,
+        group_size=c,
+        top_n=8,
+        block_size=16,
+        window=64,
+        **kw,
+    )
+
+
+def test_grouping_only_changes_selected_bytes():
+    w = Workload(context_len=4096, overlap=0.75)
+    pts = [
+        (_sparse("per_query", 1), w),
+        (_sparse("union", 1), w),
+        (_sparse("union", 4), w),
+        (_sparse("shared", 4), w),
+    ]
+    _, p = run(TINY, pts)
+    sel = p.branch_bytes["selected"]
+    assert sel[0] == sel[1]
+    # 16 queries, C = 4, gamma = .75: 4 groups x 8 (1 + 3 * .25) blocks vs 16 x 8
+    assert sel[2] / sel[0] == pytest.approx(4 * 8 * 1.75 / (16 * 8))
+    assert sel[3] / sel[0] == pytest.approx(4 * 8 / (16 * 8))
+    assert p.ops["verify.attention"].flops[0] == p.ops["verify.attention"].flops[2]
+
+
+def test_refresh_reuse_cuts_selection_and_launches():
+    w = Workload(context_len=4096)
+    base = _sparse("union", 4)
+    reuse = dataclasses.replace(base, refresh_every=2, fusion="refresh_reuse")
+    _, p = run(TINY, [(base, w), (reuse, w)])
+    assert p.op_seconds["verify.selection"][1] == pytest.approx(
+        p.op_seconds["verify.selection"][0] / 2
+    )
+    assert p.ops["verify.attention"].launches[1] < p.ops["verify.attention"].launches[0]
+
+
+def test_dense_attention_grows_with_context_and_tp_splits_weights():
+    m = get_model("llama-3.1-8b")
+    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (8192, 65536)]
+    _, p = run(m, pts)
+    assert p.op_seconds["verify.attention"][1] > 4 * p.op_seconds["verify.attention"][0]
+    _, p2 = run(m, [(Strategy.from_name("ar_dense"), Workload(tp=2))])
+    _, p1 = run(m, [(Strategy.from_name("ar_dense"), Workload(tp=1))])
+    assert p2.ops["verify.ffn_down"].bytes[0] < 0.51 * p1.ops["verify.ffn_down"].bytes[0]
+    assert p2.op_seconds["verify.allreduce"][0] > 0 == p1.op_seconds["verify.allreduce"][0]
+
+
+def test_moe_touches_k_experts_for_one_token():
+    m = get_model("qwen3-30b-a3b")
+    _, p = run(m, [(Strategy.from_name("ar_dense"), Workload(context_len=1024))])
+    per_expert = 3 * m.hidden_size * m.expert_intermediate_size * m.weight_bytes
+    experts_bytes = p.ops["verify.moe_experts"].bytes[0] / m.num_moe_layers
+    assert experts_bytes == pytest.approx(8 * per_expert, rel=0.01)
+
+
+def test_drafters():
+    w = Workload(context_len=2048)
+    eagle = Strategy.from_name("sd_dense", tree="chain:4")
+    ngram = dataclasses.replace(eagle, drafter=DrafterSpec(kind="ngram"))
+    selfs = dataclasses.replace(eagle, drafter=DrafterSpec(kind="self_sparse"))
+    _, p = run(TINY, [(eagle, w), (ngram, w), (selfs, w)])
+    assert p.draft_s[1] < p.draft_s[0]
+    assert p.draft_s[2] > 0
+    small = DrafterSpec(kind="draft_model", model="qwen3-8b")
+    m = get_model("qwen3-32b")
+    _, p = run(m, [(dataclasses.replace(eagle, drafter=small), w)], small)
+    assert p.draft_s[0] > 0
+    with pytest.raises(ValueError, match="draft model"):
+        run(m, [(dataclasses.replace(eagle, drafter=small), w)])
+
+
+def test_product_columns_equals_explicit_points():
+    m = get_model("llama-3.1-8b")
+    strategies = [BASELINES[n] for n in BASELINES]
+    contexts, accs = [8192, 32768], [0.6, 0.8]
+    cp = product_columns(m, strategies, context_len=contexts, acceptance=accs)
+    pts = [
+        (s, Workload(context_len=T, acceptance=a))
+        for s in strategies
+        for T in contexts
+        for a in accs
+    ]
+    cb = build_columns(m, pts)
+    pred = RooflinePredictor(GPU, tp=cp.tp)
+    a = predict_columns(m, cp, pred).tokens_per_s
+    b = predict_columns(m, cb, RooflinePredictor(GPU, tp=cb.tp)).tokens_per_s
+    np.testing.assert_allclose(a, b)
+
+
+def test_infeasible_strategy_is_rejected():
+    with pytest.raises(ValueError, match="exceeds context_len"):
+        build_columns(TINY, [(Strategy.from_name("ssv", top_n=64), Workload(context_len=1024))])
