@@ -1,5 +1,17 @@
-"""Discrete-event (simpy) models of the draft/verify loop and of serving.
+"""Discrete-event (simpy) models of the draft/verify loop, of PRR, Saguaro SSD and SparseSpec,
+and of serving.
 
-Every duration comes from ``perfmodel``; acceptance is iid, positional, tree-shaped or replayed
-from engine traces (issue #5).
+Every duration comes from ``perfmodel`` through cost tables built once per run
+(``sim.tables``); acceptance is iid, positional, tree-shaped or replayed from a round trace
+(``sim.acceptance``, ``sim.trace``, format in ``docs/trace-format.md``). Entry point::
+
+    from sim.config import SimConfig
+    from sim.scenarios import simulate
+    result = simulate(SimConfig(scenario="ssv", num_tokens=2048))
+    result.figures["simulated_tokens_per_s"]
+
+Modules: ``config`` (frozen configs), ``acceptance``, ``overlap`` (per-layer overlaps),
+``trace``, ``tables``, ``recorder``, ``workload`` (seeded streams, lengths, arrivals),
+``loop`` (ar/sd/ssv), ``prr``, ``ssd``, ``sparsespec``, ``serving``, ``scenarios`` (build and
+run), ``writers`` (CSV, Chrome trace, Gantt PNG, trace JSONL).
 """

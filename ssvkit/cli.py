@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from ssvkit import predict_cmd, registry_cmd
+from ssvkit import predict_cmd, registry_cmd, simulate_cmd
 from ssvkit.options import OneLineParser
 
 COMMANDS = {
     "predict": predict_cmd,
     "gpus": registry_cmd.Gpus,
     "models": registry_cmd.Models,
+    "simulate": simulate_cmd,
 }
 
 

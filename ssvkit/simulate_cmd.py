@@ -1,0 +1,215 @@
+"""``ssvkit simulate``: discrete-event simulation of the decode loop, the asynchronous designs
+(PRR, Saguaro SSD, SparseSpec) and serving, with per-request CSV, Chrome trace and Gantt PNG.
+
+ssvkit simulate ssv --num-tokens 2048 --json
+ssvkit simulate ssd --batch 8 --ssd-fallback auto --out-dir out/
+ssvkit simulate serve --serve-rate 4 --num-requests 500 --length-spread 0.5 --no-files
+ssvkit simulate sd_dense --acceptance-model trace --trace run.jsonl --trace-out replay.jsonl
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from perfmodel.strategy import DrafterSpec, Strategy
+from sim.config import (
+    LOOP_SCENARIOS,
+    SCENARIOS,
+    PrrConfig,
+    ServeConfig,
+    SimConfig,
+    SparseSpecConfig,
+    SsdConfig,
+    default_strategy,
+)
+from ssvkit.options import add_dataclass_options, atomic_write, given, parse_int_list
+
+HELP = "simulate the draft/verify loop, PRR, Saguaro SSD, SparseSpec or serving (simpy)"
+RUN_FIELDS = (
+    "model",
+    "gpu",
+    "num_tokens",
+    "length_spread",
+    "num_requests",
+    "batch",
+    "tp",
+    "kv_bytes",
+    "acceptance",
+    "acceptance_model",
+    "acceptance_table",
+    "trace",
+    "overlap",
+    "overlap_spread",
+    "layer_overlap",
+    "kv_capacity_tokens",
+    "memory_fraction",
+    "context_bucket",
+    "timeline_rounds",
+    "seed",
+)
+STRATEGY_FIELDS = (
+    "tree",
+    "traversal",
+    "top_n",
+    "block_size",
+    "window",
+    "comp_stride",
+    "metadata",
+    "mode",
+    "group_size",
+    "refresh_every",
+    "fusion",
+)
+DRAFTER_FIELDS = ("kind", "model", "draft_vocab", "sparsity_ratio")
+SUBCONFIGS = (
+    ("ssd", SsdConfig, "Saguaro SSD (ssd)"),
+    ("prr", PrrConfig, "predict-reuse-repair (prr)"),
+    ("sparsespec", SparseSpecConfig, "SparseSpec (sparsespec)"),
+    ("serve", ServeConfig, "serving (serve)"),
+)
+DEFAULT_FILES = {
+    "csv": "sim-{scenario}-requests.csv",
+    "chrome": "sim-{scenario}.chrome.json",
+    "gantt": "sim-{scenario}-gantt.png",
+}
+
+
+def _fields(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def add_arguments(p) -> None:
+    p.add_argument("scenario", metavar="SCENARIO", help=f"one of {', '.join(SCENARIOS)}")
+    p.add_argument(
+        "--context-len",
+        default="32K",
+        help="prompt tokens per request, K = 1024 (default: 32K)",
+    )
+    add_dataclass_options(p, SimConfig, RUN_FIELDS)
+    p.add_argument("--roofline", action="store_true", help="datasheet ceilings only")
+    p.add_argument("--per-layer", action="store_true", help="one event per layer and draft level")
+    g = p.add_argument_group("strategy (defaults: the scenario's baseline)")
+    g.add_argument(
+        "--strategy",
+        default=None,
+        help="baseline to run for prr/ssd/sparsespec/serve (default: the scenario's own)",
+    )
+    add_dataclass_options(g, Strategy, STRATEGY_FIELDS)
+    add_dataclass_options(g, DrafterSpec, DRAFTER_FIELDS, prefix="drafter-")
+    for prefix, cls, title in SUBCONFIGS:
+        add_dataclass_options(p.add_argument_group(title), cls, _fields(cls), prefix=f"{prefix}-")
+    o = p.add_argument_group("outputs")
+    o.add_argument("--out-dir", default=".", help="folder for the default output files")
+    o.add_argument("--csv", metavar="FILE", help=f"per-request CSV ({DEFAULT_FILES['csv']})")
+    o.add_argument("--chrome", metavar="FILE", help=f"Chrome trace ({DEFAULT_FILES['chrome']})")
+    o.add_argument("--gantt", metavar="FILE", help=f"Gantt PNG ({DEFAULT_FILES['gantt']})")
+    o.add_argument("--trace-out", metavar="FILE", help="also write the round trace (JSONL)")
+    o.add_argument("--no-files", action="store_true", help="write no file (summary only)")
+    p.add_argument("--json", action="store_true", help="print JSON (every figure with provenance)")
+
+
+def build_strategy(args) -> Strategy | None:
+    overrides = given(args, STRATEGY_FIELDS)
+    drafter = given(args, DRAFTER_FIELDS, prefix="drafter_")
+    if args.strategy is None and not overrides and not drafter:
+        return None
+    if args.strategy is not None:
+        if args.scenario in LOOP_SCENARIOS and args.strategy != args.scenario:
+            raise ValueError(
+                f"scenario {args.scenario} runs its own baseline; --strategy is for "
+                "prr, ssd, sparsespec and serve"
+            )
+        base = Strategy.from_name(args.strategy)
+    else:
+        if args.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {args.scenario!r}")
+        base = default_strategy(args.scenario)
+    if drafter:
+        overrides["drafter"] = dataclasses.replace(base.drafter, **drafter)
+    return dataclasses.replace(base, **overrides)
+
+
+def build_config(args) -> SimConfig:
+    if args.scenario not in SCENARIOS:
+        SimConfig(scenario=args.scenario)  # raises the one-line error with a suggestion
+    subs = {
+        prefix: cls(**given(args, _fields(cls), prefix=f"{prefix}_"))
+        for prefix, cls, _ in SUBCONFIGS
+    }
+    return SimConfig(
+        scenario=args.scenario,
+        context_len=parse_int_list(args.context_len, "context length")[0],
+        roofline=args.roofline,
+        per_layer=args.per_layer,
+        strategy=build_strategy(args),
+        **given(args, RUN_FIELDS),
+        **subs,
+    )
+
+
+def _outputs(args, scenario: str) -> dict[str, Path]:
+    if args.no_files:
+        paths = {}
+    else:
+        out = Path(args.out_dir)
+        paths = {
+            k: Path(getattr(args, k) or out / v.format(scenario=scenario))
+            for k, v in DEFAULT_FILES.items()
+        }
+    if args.trace_out:
+        paths["trace"] = Path(args.trace_out)
+    for p in paths.values():
+        if not p.parent.exists():
+            raise ValueError(f"output folder {str(p.parent)!r} does not exist")
+    return paths
+
+
+def _summary(result, files) -> str:
+    cfg, f = result.config, result.figures
+    lines = [
+        f"{cfg.scenario}: {result.strategy.name} on {result.trace_header['model']} / "
+        f"{result.trace_header.get('gpu')} [{result.trace_header.get('provenance')}]  "
+        f"seed {cfg.seed}",
+    ]
+    for name, fig in f.items():
+        v = fig["value"]
+        text = f"{v:,.6g}" if isinstance(v, float) else str(v)
+        lines.append(f"  {name:28s} {text} {fig['unit']}  ({fig['provenance']})")
+    for kind, path in files.items():
+        lines.append(f"  wrote {kind}: {path}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from sim.scenarios import simulate
+    from sim.writers import chrome_trace, gantt_png, requests_csv, trace_jsonl
+
+    cfg = build_config(args)
+    files = _outputs(args, cfg.scenario)
+    result = simulate(cfg)
+    # Everything is built before anything is written: bad input never leaves a file behind.
+    builders = {
+        "csv": requests_csv,
+        "chrome": chrome_trace,
+        "gantt": gantt_png,
+        "trace": trace_jsonl,
+    }
+    data = {kind: builders[kind](result) for kind in files}
+    for kind, path in files.items():
+        atomic_write(path, data[kind])
+    if args.json:
+        doc = {
+            "scenario": cfg.scenario,
+            "strategy": dataclasses.asdict(result.strategy),
+            "model": result.trace_header["model"],
+            "gpu": result.trace_header.get("gpu"),
+            "seed": cfg.seed,
+            "figures": result.figures,
+            "files": {k: str(v) for k, v in files.items()},
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_summary(result, {k: str(v) for k, v in files.items()}))
+    return 0

@@ -1,0 +1,70 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ssvkit.cli import main
+
+FAST = ["--context-len", "8K", "--num-tokens", "64", "--timeline-rounds", "4"]
+
+
+def test_json_figures_and_files(tmp_path, capsys):
+    argv = ["simulate", "ssv", *FAST, "--out-dir", str(tmp_path), "--json"]
+    argv += ["--trace-out", str(tmp_path / "t.jsonl")]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for name in ("simulated_tokens_per_s", "analytic_tokens_per_s", "rounds_per_wall_s"):
+        fig = doc["figures"][name]
+        assert fig["value"] > 0 and fig["unit"] and fig["provenance"], name
+    for f in doc["figures"].values():
+        assert set(f) == {"value", "unit", "provenance"}
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "sim-ssv-gantt.png",
+        "sim-ssv-requests.csv",
+        "sim-ssv.chrome.json",
+        "t.jsonl",
+    ]
+    chrome = json.loads((tmp_path / "sim-ssv.chrome.json").read_text())
+    assert any(e["ph"] == "X" for e in chrome["traceEvents"])
+    assert (tmp_path / "sim-ssv-gantt.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_summary_and_no_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "ssd", *FAST, "--no-files"]) == 0
+    out = capsys.readouterr().out
+    assert "simulated_tokens_per_s" in out and "b_star" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["nope"], "unknown scenario 'nope'"),
+        (["serve", "--serve-rate", "-1"], "rate must lie in"),
+        (["serve", "--kv-capacity-tokens", "100"], "impossible capacity"),
+        (["sparsespec", "--kv-capacity-tokens", "100"], "impossible capacity"),
+        (["ssv", "--acceptance", "1.5"], "acceptance must lie in"),
+        (["ssv", "--batch", "-2"], "batch must be an integer >= 0"),
+        (["ssv", "--out-dir", "/no/such/dir"], "does not exist"),
+        (["ssv", "--acceptance-model", "trace"], "needs a trace file"),
+        (["ssv", "--trace", "/no/t.jsonl", "--acceptance-model", "trace"], "does not exist"),
+        (["ssd", "--tree", "best:8"], "tree must be chain:K"),
+        (["prr", "--strategy", "sd_dense"], "needs a sparse strategy"),
+        (["ssv", "--context-len", "100"], "exceeds context_len=100"),
+        (["ssv", "--overlap-spread", "0.49"], "too large"),
+        (["ssv", "--ssd-fallback", "sometimes"], "unknown fallback"),
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(args, needle, tmp_path):
+    argv = [sys.executable, "-m", "ssvkit.cli", "simulate", *args, "--num-tokens", "16"]
+    if "--out-dir" not in args:
+        argv += ["--out-dir", str(tmp_path)]
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    assert list(tmp_path.iterdir()) == []
