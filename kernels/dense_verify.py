@@ -1,0 +1,496 @@
+"""Dense tree verification: ``t`` draft queries over the full KV prefix plus the draft tail.
+
+Flash-decoding layout: one program per (query-row tile, KV split, sequence x KV head). The
+``G = H / Hkv`` query heads of a KV head times the ``t`` draft rows are packed into the MMA rows
+(row ``r`` = draft row ``r // G``, head ``r % G``), so every KV tile is read from memory once per
+KV head. Each split writes a partial ``(o, lse)`` in fp32 and :func:`kernels.merge.merge_partials`
+combines them; with one split the kernel writes the final output directly.
+
+Splits are sized per sequence inside the kernel from ``prefix_lens`` (device memory), so the
+wrapper never reads lengths on the host: the split count comes from the cache capacity ``T_max``
+and the SM count, and a split past a sequence's end does no work and writes ``lse = -inf``.
+
+H100 resources (bf16, D = 128, BLOCK_N = 64, 3 stages; ptxas on Triton 3.6 and 3.9): BLOCK_M
+16/32 use mma.sync (wgmma needs 64 rows a warpgroup), 128-162 registers and 70-77 KB of shared
+memory; BLOCK_M = 64 with 4 warps uses wgmma, about 180 registers and 112 KB (2 programs an SM);
+BLOCK_M = 128 with 8 warps about 185 registers and 128 KB (1 an SM). The masked tail loop is not
+software-pipelined: pipelining it as well pushed BLOCK_M = 64 past 255 registers into spills.
+
+Example::
+
+    o, lse = dense_verify(q, k_cache, v_cache, prefix_lens, ancestor_bitmask(parents))
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.merge import merge_partials
+from kernels.tree import MAX_TREE_NODES
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+CPU_NUM_SMS = 132  # H100 SXM, so CPU runs pick the splits the GPU would
+GPU_DTYPES = (torch.bfloat16, torch.float16)
+# The interpreter's bf16 tl.dot is broken, so CPU runs take fp16/fp32 only.
+CPU_DTYPES = (torch.float16, torch.float32)
+MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
+LN2_C = tl.constexpr(LN2)
+
+
+@dataclass(frozen=True, slots=True)
+class DenseVerifyConfig:
+    """Launch parameters of :func:`dense_verify` (tuning knobs, not semantics)."""
+
+    block_n: int = field(default=64, metadata={"help": "KV positions per tile (power of two)"})
+    max_block_m: int = field(default=128, metadata={"help": "most packed rows per program"})
+    num_warps_small: int = field(default=4, metadata={"help": "warps when BLOCK_M <= 64"})
+    num_warps_large: int = field(default=8, metadata={"help": "warps when BLOCK_M > 64"})
+    num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of KV loads"})
+    ctas_per_sm: int = field(
+        default=2, metadata={"help": "resident programs per SM assumed when BLOCK_M <= 64"}
+    )
+    ctas_per_sm_large: int = field(
+        default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M > 64"}
+    )
+    min_tiles_per_split: int = field(default=4, metadata={"help": "fewest KV tiles in a split"})
+    max_splits: int = field(default=128, metadata={"help": "upper bound on KV splits"})
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "max_block_m"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        for name in (
+            "num_warps_small",
+            "num_warps_large",
+            "num_stages",
+            "ctas_per_sm",
+            "ctas_per_sm_large",
+            "min_tiles_per_split",
+            "max_splits",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+DEFAULT_CONFIG = DenseVerifyConfig()
+
+
+@triton.jit
+def online_softmax_step(acc, m_i, l_i, s, v):
+    """Fold one tile of log2-domain scores ``s`` [BLOCK_M, BLOCK_N] (masked = -inf) and values
+    ``v`` [BLOCK_N, D] into the running state."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Guard: a row with nothing visible yet keeps m = -inf; use 0 so exp2 sees -inf - 0, not NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # accumulate in the MMA
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _dense_verify_kernel(
+    q_ptr,  # [B, t, H, D]
+    k_ptr,  # [B, Hkv, T_max, D]
+    v_ptr,  # [B, Hkv, T_max, D]
+    prefix_lens_ptr,  # [B] int32
+    tree_mask_ptr,  # [B, t] int64
+    o_ptr,  # final [B, t, H, D] or partial [B, t, H, S, D]; strides below in units of D
+    lse_ptr,  # final [B, H, t] or partial [B, t, H, S]
+    qk_scale,  # sm_scale * log2(e)
+    NUM_T,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    GROUP,
+    T_MAX,
+    NUM_SPLITS,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lt,
+    stride_lh,
+    stride_ls,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")
+
+    m_tile = tl.program_id(0)
+    split = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = (bh // NUM_KV_HEADS).to(tl.int64)
+    kvh = bh % NUM_KV_HEADS
+
+    num_rows = GROUP * NUM_T
+    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    tok = rows // GROUP  # draft row of each packed row
+    head = kvh * GROUP + rows % GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q_rows = (b * NUM_T + tok) * NUM_HEADS + head  # int64
+    q_off = q_rows[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D]
+
+    prefix = tl.load(prefix_lens_ptr + b)
+    seq_len = prefix + NUM_T
+    # Per-sequence split size: every split of a short sequence still gets an equal share.
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    # Tiles wholly inside the committed prefix are visible to every row: no mask needed.
+    full_end = tl.minimum(end, (prefix // BLOCK_N) * BLOCK_N)
+
+    kv_base = (b * NUM_KV_HEADS + kvh) * T_MAX * HEAD_DIM  # int64
+    k_base = k_ptr + kv_base
+    v_base = v_ptr + kv_base
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    for n0 in range(start, full_end, BLOCK_N):
+        kv_off = (n0 + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_base + kv_off)
+        v = tl.load(v_base + kv_off)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+
+    # At most two tiles straddle the prefix end and the draft tail: mask them per position.
+    row_bits = tl.load(tree_mask_ptr + b * NUM_T + tok, mask=row_ok, other=0)  # [BLOCK_M] int64
+    # Two int32 words: [BLOCK_M, BLOCK_N] int64 shifts would double the masked tile's registers.
+    bits_lo = (row_bits & 0xFFFFFFFF).to(tl.int32)
+    bits_hi = (row_bits >> 32).to(tl.int32)
+    for n0 in tl.range(tl.maximum(start, full_end), end, BLOCK_N, num_stages=1):
+        pos = n0 + offs_n
+        in_seq = pos < end
+        kv_off = pos[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_base + kv_off, mask=in_seq[:, None], other=0.0)
+        v = tl.load(v_base + kv_off, mask=in_seq[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        shift = tl.minimum(tl.maximum(pos - prefix, 0), MAX_TREE_BIT)
+        word = tl.where((shift < 32)[None, :], bits_lo[:, None], bits_hi[:, None])
+        bit = (word >> (shift & 31)[None, :]) & 1
+        in_tail = (pos >= prefix) & in_seq
+        visible = (pos < prefix)[None, :] | (in_tail[None, :] & (bit != 0))
+        s = tl.where(visible, s, float("-inf"))
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2_C, float("-inf"))
+    # Row strides are in units of D so the compiler sees D-aligned rows and vectorises stores.
+    o_rows = (b * stride_ob + tok * stride_ot + head * stride_oh + split * stride_os) * HEAD_DIM
+    tl.store(
+        o_ptr + o_rows[:, None] + offs_d[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+    l_rows = b * stride_lb + tok * stride_lt + head * stride_lh + split * stride_ls
+    tl.store(lse_ptr + l_rows, lse, mask=row_ok)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """SM count of ``device`` (read once per device and cached); 132 on the CPU."""
+    if device.type != "cuda":
+        return CPU_NUM_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _num_sms(index)
+
+
+def choose_num_splits(
+    num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DEFAULT_CONFIG
+) -> int:
+    """KV split count (flash-attention 2's wave-efficiency heuristic).
+
+    ``num_programs`` is the program count without splitting, ``num_tiles`` the KV tiles of the
+    longest possible sequence and ``slots`` the programs the GPU holds at once (SMs x resident
+    programs per SM). Picks the smallest split count whose last wave is at least 85% as full as
+    the best one, so splits are added only where they fill idle SMs, and never below
+    ``min_tiles_per_split`` tiles a split (the merge pass and per-split prologue would cost more
+    than they hide).
+    """
+    max_splits = min(config.max_splits, max(1, num_tiles // config.min_tiles_per_split))
+    if num_programs >= 0.8 * slots or max_splits == 1:
+        return 1
+    effs = []
+    for s in range(1, max_splits + 1):
+        waves = num_programs * s / slots
+        effs.append(waves / math.ceil(waves))
+    best = max(effs)
+    return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
+
+
+@dataclass(frozen=True, slots=True)
+class DenseVerifyPlan:
+    """Launch shape of one :func:`dense_verify` call (host-only integers)."""
+
+    block_m: int = field(metadata={"help": "packed (draft row x query head) rows per program"})
+    num_m_tiles: int = field(metadata={"help": "row tiles per KV head"})
+    block_n: int = field(metadata={"help": "KV positions per tile"})
+    num_splits: int = field(metadata={"help": "KV splits (1 = no merge pass)"})
+    num_warps: int = field(metadata={"help": "warps per program"})
+    num_stages: int = field(metadata={"help": "pipeline depth of the KV loads"})
+
+
+def plan_dense_verify(
+    bsz: int,
+    t: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    t_max: int,
+    device: torch.device,
+    num_splits: int | None = None,
+    config: DenseVerifyConfig = DEFAULT_CONFIG,
+) -> DenseVerifyPlan:
+    """Tile sizes, warps and split count for a call; ``T_max`` bounds the sequence length so
+    no length is read on the host."""
+    rows = num_heads // num_kv_heads * t
+    # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
+    cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)
+    block_m = min(max(16, triton.next_power_of_2(rows)), cap)
+    num_m_tiles = triton.cdiv(rows, block_m)
+    large = block_m > 64
+    if num_splits is None:
+        per_sm = config.ctas_per_sm_large if large else config.ctas_per_sm
+        num_splits = choose_num_splits(
+            num_m_tiles * bsz * num_kv_heads,
+            triton.cdiv(t_max, config.block_n),
+            num_sms(device) * per_sm,
+            config,
+        )
+    return DenseVerifyPlan(
+        block_m=block_m,
+        num_m_tiles=num_m_tiles,
+        block_n=config.block_n,
+        num_splits=num_splits,
+        num_warps=config.num_warps_large if large else config.num_warps_small,
+        num_stages=config.num_stages,
+    )
+
+
+def check_attention_inputs(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor
+) -> None:
+    """Shape, dtype, device and layout checks shared by the verification ops (no host sync)."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
+    allowed = GPU_DTYPES if q.is_cuda else CPU_DTYPES
+    if q.dtype not in allowed:
+        raise ValueError(f"q dtype {q.dtype} not supported on {q.device.type}; use {allowed}")
+    bsz, _, num_heads, head_dim = q.shape
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"q head dim must be a power of two in [16, 256], got {head_dim}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dim() != 4 or x.shape[0] != bsz or x.shape[3] != head_dim:
+            raise ValueError(f"{name} must be [B={bsz}, Hkv, T_max, D={head_dim}], got {x.shape}")
+        if x.dtype != q.dtype:
+            raise ValueError(f"{name} dtype {x.dtype} differs from q dtype {q.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
+    if not q.is_contiguous():
+        raise ValueError("q must be contiguous")
+    num_kv_heads = k_cache.shape[1]
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"q heads {num_heads} not a multiple of k_cache heads {num_kv_heads}")
+    if prefix_lens.shape != (bsz,) or prefix_lens.dtype != torch.int32:
+        raise ValueError(
+            f"prefix_lens must be int32 [{bsz}], got {prefix_lens.dtype} {tuple(prefix_lens.shape)}"
+        )
+    if prefix_lens.device != q.device:
+        raise ValueError(f"prefix_lens is on {prefix_lens.device}, q on {q.device}")
+
+
+def check_tree_mask(tree_mask: torch.Tensor, bsz: int, t: int, device: torch.device) -> None:
+    """Shape/dtype checks of the ``[B, t]`` int64 ancestor bitmask (no host sync)."""
+    if tree_mask.shape != (bsz, t) or tree_mask.dtype != torch.int64:
+        raise ValueError(
+            f"tree_mask must be int64 [{bsz}, {t}], got {tree_mask.dtype} {tuple(tree_mask.shape)}"
+        )
+    if tree_mask.device != device:
+        raise ValueError(f"tree_mask is on {tree_mask.device}, q on {device}")
+    if not tree_mask.is_contiguous():
+        raise ValueError("tree_mask must be contiguous")
+
+
+def validate_prefix_lens(prefix_lens: torch.Tensor, t: int, t_max: int) -> None:
+    """Value check (synchronises): every ``prefix_lens[b] + t`` fits the cache."""
+    if bool(((prefix_lens < 0) | (prefix_lens > t_max - t)).any()):
+        raise ValueError(f"prefix_lens must lie in [0, T_max - t] = [0, {t_max - t}]")
+
+
+def dense_verify(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    validate: bool = True,
+    config: DenseVerifyConfig = DEFAULT_CONFIG,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree-masked attention of the draft queries over the KV prefix and the draft tail.
+
+    Query row ``i`` of sequence ``b`` sees every committed position ``[0, prefix_lens[b])`` and
+    the tail entry ``prefix_lens[b] + j`` when bit ``j`` of ``tree_mask[b, i]`` is set.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, t, H, D]``, ``1 <= t <= 64``; bf16/fp16 on CUDA, fp16/fp32 on the CPU interpreter.
+        ``D`` a power of two in ``[16, 256]``.
+    k_cache, v_cache : torch.Tensor
+        ``[B, Hkv, T_max, D]`` contiguous, ``H % Hkv == 0``; tail entries at
+        ``[prefix_lens[b], prefix_lens[b] + t)``.
+    prefix_lens : torch.Tensor
+        ``[B]`` int32 on the device, ``0 <= prefix_lens[b] <= T_max - t``.
+    tree_mask : torch.Tensor
+        ``[B, t]`` int64 ancestor bitmask (:func:`kernels.tree.ancestor_bitmask`).
+    sm_scale : float, optional
+        Softmax scale, default ``D ** -0.5``.
+    num_splits : int, optional
+        KV splits; default from :func:`choose_num_splits` with ``T_max`` as the length bound.
+    validate : bool
+        Also check values (``prefix_lens`` range, tree-mask bits): synchronises the host. The
+        engine's hot path passes ``False``; shapes, dtypes and layouts are always checked.
+    config : DenseVerifyConfig
+        Tile sizes, warps and the split heuristic's knobs.
+
+    Returns
+    -------
+    (o, lse) : tuple of torch.Tensor
+        ``o`` ``[B, t, H, D]`` in ``q.dtype``; ``lse`` ``[B, H, t]`` float32 natural log, ``-inf``
+        (with ``o = 0``) for a row that sees nothing.
+    """
+    check_attention_inputs(q, k_cache, v_cache, prefix_lens)
+    bsz, t, num_heads, head_dim = q.shape
+    num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
+    if not 1 <= t <= MAX_TREE_NODES:
+        raise ValueError(f"q has t={t} draft rows; 1..{MAX_TREE_NODES} are supported")
+    if t_max < t:
+        raise ValueError(f"k_cache holds T_max={t_max} positions, fewer than t={t}")
+    check_tree_mask(tree_mask, bsz, t, q.device)
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
+    if not sm_scale > 0:
+        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if validate:
+        validate_prefix_lens(prefix_lens, t, t_max)
+        if t < MAX_TREE_NODES and bool((tree_mask >> t).ne(0).any()):
+            raise ValueError(f"tree_mask has bits set at positions >= t={t}")
+
+    plan = plan_dense_verify(
+        bsz, t, num_heads, num_kv_heads, head_dim, t_max, q.device, num_splits, config
+    )
+    num_splits = plan.num_splits
+    o = torch.empty_like(q)
+    lse = torch.empty((bsz, num_heads, t), dtype=torch.float32, device=q.device)
+    if num_splits == 1:
+        o_dst, lse_dst = o, lse
+        so = (o.stride(0) // head_dim, o.stride(1) // head_dim, o.stride(2) // head_dim, 0)
+        sl = (lse.stride(0), lse.stride(2), lse.stride(1), 0)
+    else:
+        o_dst = torch.empty(
+            (bsz, t, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        lse_dst = torch.empty((bsz, t, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        so = tuple(st // head_dim for st in o_dst.stride()[:4])
+        sl = lse_dst.stride()
+
+    grid = (plan.num_m_tiles, num_splits, bsz * num_kv_heads)
+    _dense_verify_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        prefix_lens,
+        tree_mask,
+        o_dst,
+        lse_dst,
+        sm_scale * LOG2E,
+        t,
+        num_heads,
+        num_kv_heads,
+        num_heads // num_kv_heads,
+        t_max,
+        num_splits,
+        *so,
+        *sl,
+        HEAD_DIM=head_dim,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )
+    if num_splits > 1:
+        merge_partials(o_dst, lse_dst, o_out=o, lse_out=lse.permute(0, 2, 1))
+    return o, lse
+
+
+def reference_dense_verify(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 torch reference of :func:`dense_verify` (``num_splits`` is ignored).
+
+    Returns fp32 ``o`` ``[B, t, H, D]`` and ``lse`` ``[B, H, t]``; reads ``prefix_lens`` on the
+    host, one sequence at a time.
+    """
+    del num_splits
+    bsz, t, num_heads, head_dim = q.shape
+    group = num_heads // k_cache.shape[1]
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    o = torch.zeros((bsz, t, num_heads, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.full((bsz, num_heads, t), float("-inf"), dtype=torch.float32, device=q.device)
+    j = torch.arange(t, device=q.device, dtype=torch.int64)
+    for b in range(bsz):
+        prefix = int(prefix_lens[b])
+        k = k_cache[b, :, : prefix + t].float().repeat_interleave(group, 0)  # [H, L, D]
+        v = v_cache[b, :, : prefix + t].float().repeat_interleave(group, 0)
+        s = torch.einsum("ihd,hnd->hin", q[b].float(), k) * scale  # [H, t, L]
+        tail_visible = ((tree_mask[b][:, None] >> j[None, :]) & 1).bool()  # [t, t]
+        visible = torch.cat(
+            [torch.ones((t, prefix), dtype=torch.bool, device=q.device), tail_visible], dim=1
+        )
+        s = s.masked_fill(~visible, float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # [H, t]
+        seen = torch.isfinite(row_lse)
+        p = torch.exp(s - torch.where(seen, row_lse, 0.0)[..., None])
+        o[b] = torch.einsum("hin,hnd->ihd", p, v)
+        lse[b] = torch.where(seen, row_lse, float("-inf"))
+    return o, lse

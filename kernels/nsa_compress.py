@@ -1,0 +1,253 @@
+"""NSA compressed tokens: one key/value per window of ``comp_block`` prefix tokens.
+
+NSA (Yuan et al., 2025) compresses window ``i`` = tokens ``[i * comp_stride, i * comp_stride +
+comp_block)`` of each KV head into one key and one value with a learned MLP (with intra-window
+position encoding). This toolkit measures kernels, not model quality, so it uses **mean pooling**
+over the window as the parameter-free stand-in: the compressed-token count, memory traffic and
+the attention kernels that consume them are the same.
+
+Only complete windows inside the committed prefix are compressed: a prefix of ``L`` tokens holds
+``(L - comp_block) // comp_stride + 1`` of them when ``L >= comp_block``, else none. The count is
+always derived from ``prefix_lens`` on the device, so the verification kernels never need it on
+the host.
+
+Example::
+
+    comp_k, comp_v, comp_lens = compress_kv(k_cache, v_cache, prefix_lens,
+                                            comp_block=32, comp_stride=16)
+    # ... accept tokens, prefix_lens grows by at most t + 1 ...
+    comp_lens = update_compressed_kv(k_cache, v_cache, comp_k, comp_v, comp_lens, prefix_lens,
+                                     comp_block=32, comp_stride=16, max_new_tokens=t + 1)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _compress_kernel(
+    k_ptr,  # [B, Hkv, T_max, D]
+    v_ptr,  # [B, Hkv, T_max, D]
+    ck_ptr,  # [B, Hkv, NC_max, D]
+    cv_ptr,  # [B, Hkv, NC_max, D]
+    start_ptr,  # [B] int32: first window to write
+    end_ptr,  # [B] int32: one past the last window to write
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    comp_block,
+    comp_stride,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    tl.static_assert(BLOCK_W >= 1, "at least one window per program")
+    bh = tl.program_id(0)
+    b = (bh // NUM_KV_HEADS).to(tl.int64)
+    h = (bh % NUM_KV_HEADS).to(tl.int64)
+    start = tl.load(start_ptr + b)
+    end = tl.load(end_ptr + b)
+    w = start + tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)  # [BLOCK_W] window ids
+    valid = w < end
+    offs_d = tl.arange(0, HEAD_DIM)
+    tok0 = w.to(tl.int64) * comp_stride
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_kb + h * stride_kh
+    sum_k = tl.zeros([BLOCK_W, HEAD_DIM], dtype=tl.float32)
+    sum_v = tl.zeros([BLOCK_W, HEAD_DIM], dtype=tl.float32)
+    for i in range(comp_block):
+        off = (tok0 + i)[:, None] * stride_kt + offs_d[None, :]
+        sum_k += tl.load(k_base + off, mask=valid[:, None], other=0.0).to(tl.float32)
+        sum_v += tl.load(v_base + off, mask=valid[:, None], other=0.0).to(tl.float32)
+    c_off = b * stride_cb + h * stride_ch + w.to(tl.int64)[:, None] * stride_ct + offs_d[None, :]
+    inv = 1.0 / comp_block
+    tl.store(ck_ptr + c_off, (sum_k * inv).to(ck_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(cv_ptr + c_off, (sum_v * inv).to(cv_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def num_compressed(prefix_lens: torch.Tensor, comp_block: int, comp_stride: int) -> torch.Tensor:
+    """``[B]`` int32 count of complete compression windows in each prefix (on the device)."""
+    lens = prefix_lens.to(torch.int64)
+    n = torch.div(lens - comp_block, comp_stride, rounding_mode="floor") + 1
+    return torch.where(lens >= comp_block, n, torch.zeros_like(n)).to(torch.int32)
+
+
+def max_compressed(t_max: int, comp_block: int, comp_stride: int) -> int:
+    """Capacity ``NC_max`` of the compressed cache for a KV cache of ``t_max`` positions (>= 1,
+    so the tensors are never empty)."""
+    return max(1, (t_max - comp_block) // comp_stride + 1)
+
+
+def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride: int) -> None:
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache must be [B, Hkv, T_max, D], got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
+        raise ValueError("v_cache must have the shape and strides of k_cache")
+    if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"k_cache/v_cache dtype must be one of {KV_DTYPES}, got {k_cache.dtype}")
+    if k_cache.stride(-1) != 1:
+        raise ValueError("k_cache must have a unit stride in its last (head-dim) dimension")
+    d = k_cache.shape[-1]
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"k_cache head dim must be a power of two >= 16, got {d}")
+    if prefix_lens.shape != (k_cache.shape[0],) or prefix_lens.dtype != torch.int32:
+        raise ValueError(f"prefix_lens must be [B] int32, got {tuple(prefix_lens.shape)}")
+    if prefix_lens.device != k_cache.device:
+        raise ValueError("prefix_lens must be on the device of k_cache")
+    if comp_block < 1:
+        raise ValueError(f"comp_block must be >= 1, got {comp_block}")
+    if not 1 <= comp_stride <= comp_block:
+        raise ValueError(f"comp_stride must be in [1, comp_block], got {comp_stride}")
+
+
+def _launch(k_cache, v_cache, comp_k, comp_v, start, end, max_windows, comp_block, comp_stride):
+    b, hkv, _, d = k_cache.shape
+    block_w = min(16, triton.next_power_of_2(max_windows))
+    grid = (b * hkv, triton.cdiv(max_windows, block_w))
+    _compress_kernel[grid](
+        k_cache,
+        v_cache,
+        comp_k,
+        comp_v,
+        start,
+        end,
+        *k_cache.stride()[:3],
+        *comp_k.stride()[:3],
+        comp_block,
+        comp_stride,
+        NUM_KV_HEADS=hkv,
+        HEAD_DIM=d,
+        BLOCK_W=block_w,
+    )
+
+
+def compress_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    comp_block: int,
+    comp_stride: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean-pool every complete window of the committed prefix into one compressed token.
+
+    Parameters
+    ----------
+    k_cache, v_cache : torch.Tensor
+        ``[B, Hkv, T_max, D]`` KV cache (fp16, bf16 or fp32; unit stride in ``D``).
+    prefix_lens : torch.Tensor
+        ``[B]`` int32 committed prefix lengths, on the device (never read on the host).
+    comp_block : int
+        Tokens per compression window (NSA's ``l``).
+    comp_stride : int
+        Distance between window starts (NSA's ``d``), ``1 <= comp_stride <= comp_block``.
+
+    Returns
+    -------
+    comp_k, comp_v : torch.Tensor
+        ``[B, Hkv, NC_max, D]`` in the cache dtype with ``NC_max = max_compressed(T_max, ...)``.
+        Window ``i`` is the mean of tokens ``[i * comp_stride, i * comp_stride + comp_block)``;
+        slots past ``comp_lens[b]`` are zero. NSA learns an MLP here; mean pooling is the
+        parameter-free stand-in (same shapes and traffic, no weights).
+    comp_lens : torch.Tensor
+        ``[B]`` int32 count of complete windows per sequence.
+    """
+    _check_comp_args(k_cache, v_cache, prefix_lens, comp_block, comp_stride)
+    b, hkv, t_max, d = k_cache.shape
+    nc_max = max_compressed(t_max, comp_block, comp_stride)
+    comp_k = torch.zeros((b, hkv, nc_max, d), dtype=k_cache.dtype, device=k_cache.device)
+    comp_v = torch.zeros_like(comp_k)
+    comp_lens = torch.minimum(
+        num_compressed(prefix_lens, comp_block, comp_stride), torch.full_like(prefix_lens, nc_max)
+    )
+    start = torch.zeros_like(comp_lens)
+    _launch(k_cache, v_cache, comp_k, comp_v, start, comp_lens, nc_max, comp_block, comp_stride)
+    return comp_k, comp_v, comp_lens
+
+
+def update_compressed_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    comp_k: torch.Tensor,
+    comp_v: torch.Tensor,
+    comp_lens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    comp_block: int,
+    comp_stride: int,
+    max_new_tokens: int,
+) -> torch.Tensor:
+    """Compress, in place, the windows completed since ``comp_lens`` by a grown prefix.
+
+    Writes windows ``[comp_lens[b], num_compressed(prefix_lens)[b])`` of ``comp_k``/``comp_v``
+    and returns the new ``comp_lens``; nothing is read on the host, so it can be captured in a
+    CUDA graph. ``max_new_tokens`` bounds how far any prefix grew since ``comp_lens`` was
+    computed (``t + 1`` after a verification round); it sizes the grid, ``max_new_tokens //
+    comp_stride + 1`` windows per sequence, so a larger growth would leave windows unwritten.
+
+    Parameters
+    ----------
+    k_cache, v_cache, prefix_lens, comp_block, comp_stride
+        As in :func:`compress_kv`; ``prefix_lens`` holds the new lengths.
+    comp_k, comp_v : torch.Tensor
+        ``[B, Hkv, NC_max, D]`` from :func:`compress_kv`, updated in place.
+    comp_lens : torch.Tensor
+        ``[B]`` int32 window counts the compressed cache holds now.
+    max_new_tokens : int
+        Upper bound on ``prefix_lens - prefix_lens_before`` over the batch.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B]`` int32 new window counts.
+    """
+    _check_comp_args(k_cache, v_cache, prefix_lens, comp_block, comp_stride)
+    b, hkv, t_max, d = k_cache.shape
+    nc_max = max_compressed(t_max, comp_block, comp_stride)
+    expect = (b, hkv, nc_max, d)
+    for name, x in (("comp_k", comp_k), ("comp_v", comp_v)):
+        if tuple(x.shape) != expect or x.dtype != k_cache.dtype or x.stride(-1) != 1:
+            raise ValueError(f"{name} must be {expect} {k_cache.dtype}, got {tuple(x.shape)}")
+    if comp_lens.shape != (b,) or comp_lens.dtype != torch.int32:
+        raise ValueError(f"comp_lens must be [B] int32, got {tuple(comp_lens.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    new_lens = torch.minimum(
+        num_compressed(prefix_lens, comp_block, comp_stride), torch.full_like(prefix_lens, nc_max)
+    )
+    max_windows = min(nc_max, max_new_tokens // comp_stride + 1)
+    _launch(
+        k_cache, v_cache, comp_k, comp_v, comp_lens, new_lens, max_windows, comp_block, comp_stride
+    )
+    return new_lens
+
+
+def reference_compress_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    comp_block: int,
+    comp_stride: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 torch reference of :func:`compress_kv` (``unfold`` + mean, then masked)."""
+    t_max = k_cache.shape[2]
+    nc_max = max_compressed(t_max, comp_block, comp_stride)
+    comp_lens = torch.clamp(num_compressed(prefix_lens, comp_block, comp_stride), max=nc_max)
+    out = []
+    for x in (k_cache, v_cache):
+        full = torch.zeros(*x.shape[:2], nc_max, x.shape[3], device=x.device)
+        if t_max >= comp_block:
+            pooled = x.float().unfold(2, comp_block, comp_stride).mean(-1)  # [B, Hkv, n, D]
+            full[:, :, : pooled.shape[2]] = pooled
+        keep = torch.arange(nc_max, device=x.device) < comp_lens[:, None].long()  # [B, NC]
+        out.append(full * keep[:, None, :, None])
+    return out[0], out[1], comp_lens

@@ -1,0 +1,721 @@
+"""Sparse tree verification with overlap-aware query grouping (seed 000, Algorithm 1).
+
+Each verifier query row attends to its selected prefix blocks plus the draft tail under the tree
+mask. Queries are grouped into consecutive runs of ``group_size`` (C) in a traversal ``order``
+and one program serves a group of one KV head:
+
+- ``per_query``: C = 1, every query streams its own blocks (the decoding-oriented baseline).
+- ``union`` (exact): the group streams the deduplicated union of its members' blocks once; a
+  per-block membership bitmask masks each query's rows to its own blocks, so the result equals
+  ``per_query``.
+- ``shared`` (approx): every member uses the blocks of the group's first query in ``order``.
+
+Kernel layout (H100): the group's C x G query-head rows are packed into the MMA rows
+(``M_PAD = max(16, next_pow2(C * G))``), so one K/V tile of ``BLOCK_N = block_size`` tokens
+feeds all of them; the score tile gets a per-row mask from the membership bits. The union list
+of a (b, kv head, group) is split across ``num_splits`` programs when ``B * Hkv * num_groups``
+alone cannot fill the SMs; the last split also attends to the tail, and
+``kernels.merge.merge_partials`` combines the fp32 partial ``(o, lse)``. Union plans come from
+one small Triton kernel that deduplicates by comparing each member's list with all the others'
+(C^2 x top_n^2 compares in C wide steps: no sort, no host synchronisation).
+
+Traffic model: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of
+K/V (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
+plus the ``t``-entry tail once per group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.merge import merge_partials
+
+MODES = ("per_query", "union", "shared")
+MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+# Plan kernel: one step compares a member's list with CHUNK entries of the group's lists; a
+# [N_PAD, CHUNK] tile of 16K int32 stays spill-free at 4 warps (sm_90, Triton 3.6 and 3.9).
+_PLAN_TILE = 16384
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SparseVerifyConfig:
+    """Launch tunables of ``sparse_verify`` (H100 defaults)."""
+
+    num_warps: int | None = dataclasses.field(
+        default=None,
+        metadata={"help": "warps per program (None: 4 up to 16 packed rows, else 8)"},
+    )
+    num_stages: int | None = dataclasses.field(
+        default=None,
+        metadata={"help": "pipeline depth of the K/V loop (None: 3, or 2 for tiles > 16 KB)"},
+    )
+    programs_per_sm: int = dataclasses.field(
+        default=4, metadata={"help": "split the block lists until the grid reaches this x SMs"}
+    )
+    min_blocks_per_split: int = dataclasses.field(
+        default=4, metadata={"help": "never split a list of top_n blocks finer than this"}
+    )
+    max_splits: int = dataclasses.field(default=16, metadata={"help": "upper bound on splits"})
+    num_splits: int | None = dataclasses.field(
+        default=None, metadata={"help": "force this many splits (None: heuristic)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
+        if self.num_stages is not None and self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1 or None, got {self.num_stages}")
+        for name in ("programs_per_sm", "min_blocks_per_split"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_splits < 1:
+            raise ValueError(f"max_splits must be >= 1, got {self.max_splits}")
+        if self.num_splits is not None and self.num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """Which blocks each (b, kv head, group) program streams, and for which members.
+
+    Attributes
+    ----------
+    mode : str
+        One of ``MODES``.
+    group_size : int
+        Members per group (``min(group_size, t)``; 1 for ``per_query``).
+    num_groups : int
+        ``ceil(t / group_size)``.
+    block_lists : torch.Tensor
+        ``union``: ``[B, Hkv, num_groups, group_size * top_n]`` int32, the deduplicated union,
+        compacted to the front in first-occurrence order (member 0's blocks, then member 1's new
+        ones, ...), ``-1`` after. ``per_query`` / ``shared``: ``block_idx`` itself, indexed by the
+        query row of the group's first member.
+    member_mask : torch.Tensor or None
+        ``union``: ``[B, Hkv, num_groups, group_size * top_n]`` int32, bit ``c`` set when member
+        ``c`` (position ``g * group_size + c`` in ``order``) selected the block.
+    counts : torch.Tensor or None
+        ``union``: ``[B, Hkv, num_groups]`` int32 union sizes.
+    order : torch.Tensor or None
+        ``[B, t]`` int32 traversal order; None is the identity.
+    """
+
+    mode: str
+    group_size: int
+    num_groups: int
+    block_lists: torch.Tensor
+    member_mask: torch.Tensor | None
+    counts: torch.Tensor | None
+    order: torch.Tensor | None
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
+def _union_plan_kernel(
+    idx_ptr,
+    order_ptr,
+    list_ptr,
+    mask_ptr,
+    count_ptr,
+    stride_ib,
+    stride_ih,
+    stride_it,
+    stride_lb,
+    stride_lh,
+    stride_lg,
+    num_rows,
+    top_n,
+    C: tl.constexpr,
+    N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    U_BLOCK: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
+):
+    tl.static_assert(C <= 31)  # membership bits live in an int32
+    tl.static_assert(CHUNK % N_PAD == 0)
+    MEMBERS_PER_CHUNK: tl.constexpr = CHUNK // N_PAD
+    g = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    num_groups = tl.num_programs(0)
+    idx_base = idx_ptr + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih
+    out_base = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + g.to(tl.int64) * stride_lg
+    offs = tl.arange(0, N_PAD)
+    # A chunk is MEMBERS_PER_CHUNK members' lists side by side: [CHUNK] = [members x N_PAD].
+    offs_f = tl.arange(0, CHUNK)
+    member_f = offs_f // N_PAD
+    total = tl.full([], 0, tl.int32)  # a tensor, so the loop can carry it
+    for c in range(0, C):
+        slot = g * C + c
+        if HAS_ORDER:
+            row = tl.load(order_ptr + b * num_rows + slot, mask=slot < num_rows, other=0)
+        else:
+            row = slot
+        mine = tl.load(
+            idx_base + row.to(tl.int64) * stride_it + offs,
+            mask=offs < tl.where(slot < num_rows, top_n, 0),
+            other=-1,
+        )  # [N_PAD]
+        # bits[j]: which members list block mine[j]. One [N_PAD, CHUNK] compare per chunk keeps
+        # this throughput-bound (C x C narrow compares would be C^2 dependent load latencies).
+        bits = tl.zeros([N_PAD], dtype=tl.int32)
+        for c0 in range(0, C, MEMBERS_PER_CHUNK):
+            member = c0 + member_f
+            slot_f = g * C + member
+            ok_f = (member < C) & (slot_f < num_rows) & (offs_f % N_PAD < top_n)
+            if HAS_ORDER:
+                row_f = tl.load(order_ptr + b * num_rows + slot_f, mask=ok_f, other=0)
+            else:
+                row_f = slot_f
+            theirs = tl.load(
+                idx_base + row_f.to(tl.int64) * stride_it + offs_f % N_PAD, mask=ok_f, other=-1
+            )  # [CHUNK]
+            their_bit = tl.where(theirs >= 0, 1 << tl.minimum(member, 30), 0)
+            hit = tl.where(mine[:, None] == theirs[None, :], their_bit[None, :], 0)
+            bits = bits | tl.reduce(hit, 1, _bit_or)
+        bits = tl.where(mine >= 0, bits, 0)
+        # The first member that selected a block owns its slot in the compacted list.
+        owner = ((bits & ((1 << c) - 1)) == 0) & (mine >= 0)
+        owner_i = owner.to(tl.int32)
+        dest = total + tl.cumsum(owner_i, axis=0) - 1
+        tl.store(list_ptr + out_base + dest, mine, mask=owner)
+        tl.store(mask_ptr + out_base + dest, bits, mask=owner)
+        total += tl.sum(owner_i, axis=0)
+    tl.store(count_ptr + (b * tl.num_programs(1) + h) * num_groups + g, total)
+    # Positions past the union get -1 / 0; they never overlap the owners' stores above.
+    list_len = C * top_n
+    for start in range(0, list_len, U_BLOCK):
+        p = start + tl.arange(0, U_BLOCK)
+        pad = (p >= total) & (p < list_len)
+        tl.store(list_ptr + out_base + p, tl.full([U_BLOCK], -1, tl.int32), mask=pad)
+        tl.store(mask_ptr + out_base + p, tl.zeros([U_BLOCK], dtype=tl.int32), mask=pad)
+
+
+@triton.jit
+def _sparse_verify_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    prefix_ptr,
+    tree_ptr,
+    order_ptr,
+    list_ptr,
+    mask_ptr,
+    count_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_xb,
+    stride_xh,
+    stride_xr,
+    stride_os,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_ls,
+    stride_lb,
+    stride_lh,
+    stride_lt,
+    qk_scale,
+    num_rows,
+    list_len,
+    num_groups,
+    num_splits,
+    G: tl.constexpr,
+    C: tl.constexpr,
+    M_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    T_PAD: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
+    GROUP_LISTS: tl.constexpr,
+):
+    tl.static_assert(M_PAD >= 16)  # MMA rows
+    tl.static_assert(M_PAD >= C * G)
+    tl.static_assert(BLOCK_N >= 16)
+    tl.static_assert(T_PAD >= 16)
+    NEG_BIG: tl.constexpr = -1.0e30  # finite running-max floor: never exp(-inf - -inf)
+    LN2: tl.constexpr = 0.6931471805599453
+
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    g = pid // num_splits
+    split = pid % num_splits
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+
+    # Packed rows: r = c * G + hh  ->  query row order[g * C + c], query head h * G + hh.
+    offs_r = tl.arange(0, M_PAD)
+    member = offs_r // G
+    head = h * G + offs_r % G
+    slot = g * C + member
+    row_ok = (member < C) & (slot < num_rows)
+    if HAS_ORDER:
+        qrow = tl.load(order_ptr + b64 * num_rows + slot, mask=row_ok, other=0)
+    else:
+        qrow = slot
+    qrow = tl.where(row_ok, qrow, 0)
+    offs_d = tl.arange(0, D)
+    q_offs = b64 * stride_qb + qrow.to(tl.int64)[:, None] * stride_qt
+    q_offs += head.to(tl.int64)[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # [M_PAD, D]
+
+    # The list this group streams: its own (union) or its first member's row of block_idx.
+    if GROUP_LISTS:
+        list_row = g
+    else:
+        list_row = g * C
+        if HAS_ORDER:
+            list_row = tl.load(order_ptr + b64 * num_rows + list_row)
+    list_base = b64 * stride_xb + h64 * stride_xh + list_row.to(tl.int64) * stride_xr
+    if GROUP_LISTS:
+        n_list = tl.load(count_ptr + (b64 * tl.num_programs(1) + h64) * num_groups + g)
+    else:
+        n_list = list_len
+    per_split = (n_list + num_splits - 1) // num_splits
+    start = split * per_split
+    end = tl.minimum(start + per_split, n_list)
+
+    prefix_len = tl.load(prefix_ptr + b).to(tl.int64)
+    kv_base = b64 * stride_kb + h64 * stride_kh
+    offs_n = tl.arange(0, BLOCK_N)
+
+    m_i = tl.full([M_PAD], NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([M_PAD], dtype=tl.float32)
+    acc = tl.zeros([M_PAD, D], dtype=tl.float32)
+    for u in range(start, end):
+        blk = tl.load(list_ptr + list_base + u).to(tl.int64)
+        pos = blk * BLOCK_N + offs_n  # [BLOCK_N]
+        col_ok = (pos >= 0) & (pos < prefix_len)  # a -1 pad is all negative positions
+        kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [M_PAD, BLOCK_N], log2 domain
+        if GROUP_LISTS:
+            bits = tl.load(mask_ptr + list_base + u)
+            # [M_PAD]: did this row's query pick the block (shift clamped: >= 32 is undefined)
+            sel = ((bits >> tl.minimum(member, C - 1)) & 1) != 0
+            keep = sel[:, None] & col_ok[None, :]
+        else:
+            keep = row_ok[:, None] & col_ok[None, :]
+        s = tl.where(keep, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if split == num_splits - 1:
+        # Draft tail: entries prefix_len + j, visible to a row when bit j of its tree mask is set.
+        offs_j = tl.arange(0, T_PAD)
+        tail_ok = offs_j < num_rows
+        pos = prefix_len + offs_j
+        kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=tail_ok[:, None], other=0.0)  # [T_PAD, D]
+        v = tl.load(v_ptr + kv_offs, mask=tail_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [M_PAD, T_PAD]
+        tree = tl.load(tree_ptr + b64 * num_rows + qrow, mask=row_ok, other=0)  # [M_PAD] int64
+        seen = ((tree[:, None] >> offs_j.to(tl.int64)[None, :]) & 1) != 0
+        s = tl.where(seen & tail_ok[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    nonempty = l_i > 0.0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * LN2, -float("inf"))
+    split64 = split.to(tl.int64)
+    o_offs = split64 * stride_os + b64 * stride_ob + qrow.to(tl.int64)[:, None] * stride_ot
+    o_offs += head.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr + o_offs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    lse_offs = split64 * stride_ls + b64 * stride_lb + head.to(tl.int64) * stride_lh
+    lse_offs += qrow.to(tl.int64) * stride_lt
+    tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+
+
+def _check_order(order: torch.Tensor | None, b: int, t: int, device: torch.device) -> None:
+    if order is None:
+        return
+    if order.shape != (b, t) or order.dtype != torch.int32:
+        raise ValueError(
+            f"order must be [B={b}, t={t}] int32, got {tuple(order.shape)} {order.dtype}"
+        )
+    if not order.is_contiguous() or order.device != device:
+        raise ValueError(f"order must be contiguous on {device}")
+
+
+def _check_block_idx(block_idx: torch.Tensor, b: int, hkv: int, t: int, device) -> None:
+    if block_idx.dim() != 4 or tuple(block_idx.shape[:3]) != (b, hkv, t):
+        raise ValueError(
+            f"block_idx must be [B={b}, Hkv={hkv}, t={t}, top_n], got {tuple(block_idx.shape)}"
+        )
+    if block_idx.dtype != torch.int32:
+        raise ValueError(f"block_idx must be int32, got {block_idx.dtype}")
+    if not block_idx.is_contiguous() or block_idx.device != device:
+        raise ValueError(f"block_idx must be contiguous on {device}")
+    if block_idx.shape[3] < 1:
+        raise ValueError("block_idx must have top_n >= 1")
+
+
+def build_group_plan(
+    block_idx: torch.Tensor,
+    order: torch.Tensor | None,
+    group_size: int,
+    mode: str,
+) -> GroupPlan:
+    """Group plan for ``sparse_verify``; static shapes, no host synchronisation.
+
+    Parameters
+    ----------
+    block_idx : torch.Tensor
+        ``[B, Hkv, t, top_n]`` int32, ``-1`` pads; no duplicates within a row.
+    order : torch.Tensor or None
+        ``[B, t]`` int32 permutation of the query rows (None: identity); group ``g`` is
+        ``order[:, g * C : (g + 1) * C]``.
+    group_size : int
+        C >= 1; clamped to ``t``. Ignored (1) for ``per_query``.
+    mode : str
+        ``"per_query"``, ``"union"`` or ``"shared"``.
+
+    Returns
+    -------
+    GroupPlan
+        Only ``union`` launches a kernel (one program per (b, kv head, group)); the other modes
+        stream rows of ``block_idx`` directly.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if block_idx.dim() != 4 or block_idx.dtype != torch.int32 or not block_idx.is_contiguous():
+        raise ValueError("block_idx must be a contiguous [B, Hkv, t, top_n] int32 tensor")
+    b, hkv, t, top_n = block_idx.shape
+    _check_order(order, b, t, block_idx.device)
+    c = 1 if mode == "per_query" else min(group_size, t)
+    num_groups = triton.cdiv(t, c)
+    if mode != "union" or c == 1:
+        return GroupPlan(mode, c, num_groups, block_idx, None, None, order)
+    if c > 31:
+        raise ValueError(f"group_size must be <= 31 for union mode, got {group_size}")
+    list_len = c * top_n
+    lists = torch.empty((b, hkv, num_groups, list_len), dtype=torch.int32, device=block_idx.device)
+    masks = torch.empty_like(lists)
+    counts = torch.empty((b, hkv, num_groups), dtype=torch.int32, device=block_idx.device)
+    n_pad = max(16, triton.next_power_of_2(top_n))
+    _union_plan_kernel[(num_groups, hkv, b)](
+        block_idx,
+        order if order is not None else block_idx,
+        lists,
+        masks,
+        counts,
+        block_idx.stride(0),
+        block_idx.stride(1),
+        block_idx.stride(2),
+        lists.stride(0),
+        lists.stride(1),
+        lists.stride(2),
+        t,
+        top_n,
+        C=c,
+        N_PAD=n_pad,
+        CHUNK=max(n_pad, min(n_pad * triton.next_power_of_2(c), _PLAN_TILE // n_pad)),
+        U_BLOCK=min(1024, max(16, triton.next_power_of_2(list_len))),
+        HAS_ORDER=order is not None,
+    )
+    return GroupPlan(mode, c, num_groups, lists, masks, counts, order)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # H100 SXM: the CPU interpreter plans as if it were one
+
+
+def _num_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device) -> int:
+    if cfg.num_splits is not None:
+        return cfg.num_splits
+    want = triton.cdiv(cfg.programs_per_sm * _num_sms(device), programs)
+    return max(1, min(want, cfg.max_splits, top_n // cfg.min_blocks_per_split))
+
+
+def _validate_values(
+    prefix_lens: torch.Tensor,
+    block_idx: torch.Tensor,
+    order: torch.Tensor | None,
+    t_max: int,
+    t: int,
+    block_size: int,
+) -> None:
+    # Host-synchronising checks: only with validate=True, never in the engine's hot path.
+    if bool(((prefix_lens < 0) | (prefix_lens > t_max - t)).any()):
+        raise ValueError(f"prefix_lens must lie in [0, T_max - t] = [0, {t_max - t}]")
+    live = ((prefix_lens.long() + block_size - 1) // block_size).view(-1, 1, 1, 1)
+    if bool(((block_idx < -1) | (block_idx.long() >= live)).any()):
+        raise ValueError("block_idx must hold -1 or a block id < ceil(prefix_lens[b] / block_size)")
+    srt = torch.sort(block_idx, dim=-1).values
+    if bool(((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any()):
+        raise ValueError("block_idx has a duplicate block id within a row")
+    if order is not None:
+        ident = torch.arange(t, device=order.device, dtype=order.dtype).expand(order.shape[0], t)
+        if not torch.equal(torch.sort(order, dim=-1).values, ident):
+            raise ValueError("order must be a permutation of 0..t-1 in every row")
+
+
+def sparse_verify(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    block_idx: torch.Tensor,
+    *,
+    mode: str = "per_query",
+    group_size: int = 1,
+    order: torch.Tensor | None = None,
+    block_size: int = 64,
+    sm_scale: float | None = None,
+    validate: bool = True,
+    plan: GroupPlan | None = None,
+    config: SparseVerifyConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of each draft row over its selected prefix blocks plus its tree ancestors.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, t, H, D]`` fp16/bf16/fp32, contiguous; ``t <= 64``, ``D`` a power of two.
+    k_cache, v_cache : torch.Tensor
+        ``[B, Hkv, T_max, D]``, contiguous, dtype of ``q``; the prefix is ``[0, prefix_lens[b])``
+        and the tail ``[prefix_lens[b], prefix_lens[b] + t)``.
+    prefix_lens : torch.Tensor
+        ``[B]`` int32.
+    tree_mask : torch.Tensor
+        ``[B, t]`` int64 ancestor-or-self bitmask (``kernels.tree.ancestor_bitmask``).
+    block_idx : torch.Tensor
+        ``[B, Hkv, t, top_n]`` int32 prefix block ids per query row, ``-1`` pads.
+    mode : str
+        ``"per_query"``, ``"union"`` (exact) or ``"shared"`` (approx).
+    group_size : int
+        C, queries per group (consecutive in ``order``).
+    order : torch.Tensor or None
+        ``[B, t]`` int32 traversal order of the query rows; None is the identity.
+    block_size : int
+        Tokens per block; a power of two >= 16 (the K/V tile height).
+    sm_scale : float or None
+        Softmax scale; ``1 / sqrt(D)`` by default.
+    validate : bool
+        Also check values (index ranges, duplicates, permutation); synchronises with the host.
+    plan : GroupPlan or None
+        A plan from ``build_group_plan`` for these ``block_idx``/``order`` (e.g. shared by the
+        reuse layers of a round); built here when None.
+    config : SparseVerifyConfig or None
+        Launch tunables.
+
+    Returns
+    -------
+    o : torch.Tensor
+        ``[B, t, H, D]`` in ``q.dtype``; 0 for a row that attended to nothing.
+    lse : torch.Tensor
+        ``[B, H, t]`` float32 natural-log sum of exp of the scaled scores; ``-inf`` when empty.
+    """
+    cfg = config or SparseVerifyConfig()
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
+    if q.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    b, t, h, d = q.shape
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"{name} must be {q.dtype} on {q.device}, got {x.dtype} on {x.device}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must both be [B, Hkv, T_max, D], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    _, hkv, t_max, _ = k_cache.shape
+    if k_cache.shape[0] != b or k_cache.shape[3] != d or h % hkv != 0:
+        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not fit q {tuple(q.shape)}")
+    if not 1 <= t <= 64:
+        raise ValueError(f"q has t={t} rows; 1..64 are supported")
+    if d < 16 or d > 256 or d & (d - 1):
+        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {d}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
+        raise ValueError(f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)}")
+    if prefix_lens.device != q.device:
+        raise ValueError(f"prefix_lens must be on {q.device}")
+    if tree_mask.shape != (b, t) or tree_mask.dtype != torch.int64:
+        raise ValueError(f"tree_mask must be [B={b}, t={t}] int64, got {tuple(tree_mask.shape)}")
+    if not tree_mask.is_contiguous() or tree_mask.device != q.device:
+        raise ValueError(f"tree_mask must be contiguous on {q.device}")
+    _check_block_idx(block_idx, b, hkv, t, q.device)
+    _check_order(order, b, t, q.device)
+    g_heads = h // hkv
+    c = 1 if mode == "per_query" else min(group_size, t)
+    if c * g_heads > MAX_ROWS:
+        raise ValueError(f"group_size * (H / Hkv) = {c} * {g_heads} exceeds {MAX_ROWS} packed rows")
+    if validate:
+        _validate_values(prefix_lens, block_idx, order, t_max, t, block_size)
+
+    if plan is None:
+        plan = build_group_plan(block_idx, order, group_size, mode)
+    elif (
+        plan.mode != mode
+        or plan.group_size != c
+        or tuple(plan.block_lists.shape[:2]) != (b, hkv)
+        or (plan.counts is None and plan.block_lists is not block_idx)
+        or (c > 1 and plan.order is not order)
+    ):
+        raise ValueError(f"plan was built for other inputs (mode={plan.mode}, C={plan.group_size})")
+    top_n = block_idx.shape[3]
+    group_lists = plan.counts is not None
+    num_splits = _num_splits(cfg, b * hkv * plan.num_groups, top_n, q.device)
+
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, t), dtype=torch.float32, device=q.device)
+    if num_splits == 1:
+        o_dst, lse_dst = o, lse
+        o_strides = (0, *o.stride()[:3])  # (split, b, t, h)
+        lse_strides = (0, *lse.stride())  # (split, b, h, t)
+    else:
+        # merge_partials' layout: [B, t, H, S, D] and [B, t, H, S].
+        o_dst = torch.empty((b, t, h, num_splits, d), dtype=torch.float32, device=q.device)
+        lse_dst = torch.empty((b, t, h, num_splits), dtype=torch.float32, device=q.device)
+        o_strides = (o_dst.stride(3), *o_dst.stride()[:3])
+        ls = lse_dst.stride()
+        lse_strides = (ls[3], ls[0], ls[2], ls[1])
+    lists = plan.block_lists
+    m_pad = max(16, triton.next_power_of_2(c * g_heads))
+    # 4 warps hold a 16-row tile in ~150 registers; wider tiles need 8 to stay under 255.
+    num_warps = cfg.num_warps or (4 if m_pad <= 16 else 8)
+    # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
+    # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB.
+    num_stages = cfg.num_stages or (3 if block_size * d <= 64 * 128 else 2)
+    scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
+    _sparse_verify_kernel[(plan.num_groups * num_splits, hkv, b)](
+        q,
+        k_cache,
+        v_cache,
+        prefix_lens,
+        tree_mask,
+        order if order is not None else prefix_lens,
+        lists,
+        plan.member_mask if group_lists else lists,
+        plan.counts if group_lists else prefix_lens,
+        o_dst,
+        lse_dst,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        lists.stride(0),
+        lists.stride(1),
+        lists.stride(2),
+        *o_strides,
+        *lse_strides,
+        scale,
+        t,
+        lists.shape[3],
+        plan.num_groups,
+        num_splits,
+        G=g_heads,
+        C=c,
+        M_PAD=m_pad,
+        D=d,
+        BLOCK_N=block_size,
+        T_PAD=max(16, triton.next_power_of_2(t)),
+        HAS_ORDER=order is not None and c > 1,
+        GROUP_LISTS=group_lists,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if num_splits > 1:
+        merge_partials(o_dst, lse_dst, o_out=o, lse_out=lse.transpose(1, 2))
+    return o, lse
+
+
+def reference_sparse_verify(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    block_idx: torch.Tensor,
+    *,
+    mode: str = "per_query",
+    group_size: int = 1,
+    order: torch.Tensor | None = None,
+    block_size: int = 64,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 torch ``sparse_verify``: a per-query masked softmax over ``[0, T_max)``.
+
+    ``per_query`` and ``union`` give every row its own blocks; ``shared`` gives every row the
+    blocks of the first member of its group in ``order``.
+    """
+    b, t, h, d = q.shape
+    hkv, t_max = k_cache.shape[1], k_cache.shape[2]
+    dev = q.device
+    if order is None:
+        order = torch.arange(t, device=dev, dtype=torch.int32).expand(b, t)
+    order = order.long()
+    if mode == "shared":
+        c = min(group_size, t)
+        inv = torch.argsort(order, dim=1)  # position of each query row in the order
+        rep = torch.gather(order, 1, (inv // c) * c)  # [B, t]: its group's first member
+        block_idx = torch.gather(
+            block_idx, 2, rep.view(b, 1, t, 1).expand(-1, hkv, -1, block_idx.shape[3])
+        )
+    nb = -(-t_max // block_size)
+    sel = torch.zeros((b, hkv, t, nb + 1), dtype=torch.bool, device=dev)
+    sel.scatter_(3, torch.where(block_idx < 0, nb, block_idx).long(), True)
+    pos = torch.arange(t_max, device=dev)
+    allowed = sel[..., :nb].repeat_interleave(block_size, dim=3)[..., :t_max]
+    allowed &= (pos < prefix_lens.long().view(b, 1, 1, 1)).view(b, 1, 1, t_max)
+    j = pos.view(1, t_max) - prefix_lens.long().view(b, 1)  # [B, T_max] tail index
+    in_tail = (j >= 0) & (j < t)
+    bit = (tree_mask.view(b, t, 1) >> j.clamp(0, 63).view(b, 1, t_max)) & 1  # [B, t, T_max]
+    allowed |= ((bit != 0) & in_tail.view(b, 1, t_max)).view(b, 1, t, t_max)
+
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    qf = q.float().view(b, t, hkv, h // hkv, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, t, D]
+    s = torch.einsum("bkgtd,bksd->bkgts", qf, k_cache.float()) * scale
+    s = s.masked_fill(~allowed.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [B, Hkv, G, t]
+    p = torch.where(allowed.unsqueeze(2), torch.exp(s - lse.clamp(min=-1e30).unsqueeze(-1)), 0.0)
+    o = torch.einsum("bkgts,bksd->bkgtd", p, v_cache.float())
+    o = o.permute(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    return o, lse.reshape(b, h, t)

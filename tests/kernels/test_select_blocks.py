@@ -1,0 +1,207 @@
+"""Block metadata, block scores and top-n selection against fp32 torch references.
+
+CPU: Triton interpreter, fp16/fp32, small D, T and block. GPU (``gpu`` marker): bf16 at
+D = 128, block 64, plus CUDA-graph capture of ``update`` and ``select_blocks``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import HAS_CUDA
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels.select_blocks import (
+    BlockMetadata,
+    block_scores,
+    reference_block_metadata,
+    reference_block_scores,
+    reference_select_blocks,
+    select_blocks,
+)
+from kernels.timing import poisoned_allocations
+
+CPU_DTYPES = [torch.float16, torch.float32]
+DEV = "cuda" if HAS_CUDA else "cpu"
+SCORE_TOL = {torch.float32: 1e-4, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def make_inputs(prefix_lens, t, h, hkv, d, dtype, seed, slack=9):
+    gen = torch.Generator().manual_seed(seed)
+    t_max = max(prefix_lens) + slack  # not a multiple of the block
+    q = torch.randn((len(prefix_lens), t, h, d), generator=gen).to(dtype)
+    k = torch.randn((len(prefix_lens), hkv, t_max, d), generator=gen).to(dtype)
+    return q.to(DEV), k.to(DEV), torch.tensor(prefix_lens, dtype=torch.int32, device=DEV)
+
+
+def live_blocks(prefix_lens, block_size):
+    return [-(-int(n) // block_size) for n in prefix_lens]
+
+
+def assert_metadata_matches(meta, k, lens, block_size):
+    ref = reference_block_metadata(k, lens, block_size)
+    for b, nb in enumerate(live_blocks(lens.tolist(), block_size)):
+        torch.testing.assert_close(meta.mean[b, :, :nb], ref["mean"][b, :, :nb], msg="mean")
+        torch.testing.assert_close(meta.kmin[b, :, :nb], ref["kmin"][b, :, :nb], msg="kmin")
+        torch.testing.assert_close(meta.kmax[b, :, :nb], ref["kmax"][b, :, :nb], msg="kmax")
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_metadata_matches_reference(dtype, block_size):
+    _, k, lens = make_inputs([75, 1, 0, 128], 1, 2, 2, 16, dtype, seed=0)
+    with poisoned_allocations():
+        meta = BlockMetadata.build(k, lens, block_size, kinds=("mean", "quest"))
+    assert meta.kinds == ("mean", "quest") and meta.num_blocks == -(-k.shape[2] // block_size)
+    assert_metadata_matches(meta, k, lens, block_size)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    old=st.lists(st.integers(0, 90), min_size=2, max_size=2),
+    delta=st.lists(st.integers(-20, 40), min_size=2, max_size=2),
+)
+def test_incremental_update_equals_rebuild(old, delta):
+    """Appends (verification rounds) and shrinks (rolled-back tails), ragged per sequence."""
+    new = [min(max(o + dl, 0), 120) for o, dl in zip(old, delta, strict=True)]
+    _, k, _ = make_inputs([120, 120], 1, 2, 2, 16, torch.float32, seed=sum(old), slack=3)
+    old_t = torch.tensor(old, dtype=torch.int32, device=DEV)
+    new_t = torch.tensor(new, dtype=torch.int32, device=DEV)
+    meta = BlockMetadata.build(k, old_t, 16, kinds=("mean", "quest"))
+    meta.update(k, old_t, new_t)
+    assert_metadata_matches(meta, k, new_t, 16)
+
+
+@pytest.mark.parametrize("method", ["mean", "quest"])
+@pytest.mark.parametrize("t, h, hkv", [(1, 2, 2), (3, 8, 2), (16, 8, 1)])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_block_scores_match_reference(dtype, t, h, hkv, method):
+    q, k, lens = make_inputs([100, 7, 70], t, h, hkv, 32, dtype, seed=t * h)
+    meta = BlockMetadata.build(k, lens, 16, kinds=(method,))
+    with poisoned_allocations():
+        s = block_scores(q, meta, lens, method=method)
+    ref = reference_block_scores(q, k, lens, 16, method=method)
+    assert s.shape == (3, hkv, t, meta.num_blocks) and s.dtype == torch.float32
+    assert torch.equal(torch.isneginf(s), torch.isneginf(ref))  # dead blocks, nothing else
+    tol = SCORE_TOL[dtype]
+    torch.testing.assert_close(s, ref, atol=tol, rtol=tol)
+
+
+def assert_selection_valid(idx, scores, lens, block_size, top_n, num_sink, num_local):
+    """Ascending, -1 only at the end, the forced blocks present, and every pick at least as good
+    as every block left out (up to ties in the fp32 scores)."""
+    for b, nb in enumerate(live_blocks(lens.tolist(), block_size)):
+        want = min(top_n, nb)
+        forced = {j for j in range(nb) if j < num_sink or j >= nb - num_local}
+        for h in range(idx.shape[1]):
+            for i in range(idx.shape[2]):
+                row = idx[b, h, i].tolist()
+                picks = row[:want]
+                assert row[want:] == [-1] * (top_n - want)
+                assert picks == sorted(set(picks)) and all(0 <= j < nb for j in picks)
+                assert forced <= set(picks)
+                rest = [j for j in range(nb) if j not in set(picks)]
+                free = [j for j in picks if j not in forced]
+                if rest and free:
+                    s = scores[b, h, i]
+                    assert s[free].min() >= s[rest].max() - 1e-5
+
+
+@pytest.mark.parametrize("method", ["mean", "quest"])
+@pytest.mark.parametrize("top_n, num_sink, num_local", [(4, 1, 1), (3, 0, 2), (12, 2, 1)])
+def test_select_blocks(method, top_n, num_sink, num_local):
+    q, k, lens = make_inputs([150, 20, 61], 3, 8, 2, 16, torch.float16, seed=top_n)
+    meta = BlockMetadata.build(k, lens, 16, kinds=("mean", "quest"))
+    kw = dict(top_n=top_n, method=method, num_sink=num_sink, num_local=num_local)
+    idx = select_blocks(q, meta, lens, **kw)
+    assert idx.shape == (3, 2, 3, top_n) and idx.dtype == torch.int32
+    ref_scores = reference_block_scores(q, k, lens, 16, method=method).cpu()
+    assert_selection_valid(idx.cpu(), ref_scores, lens.cpu(), 16, top_n, num_sink, num_local)
+    ref = reference_select_blocks(q, k, lens, 16, **kw)
+    assert (idx == ref).float().mean() > 0.95  # equal but for rare near-ties
+
+
+def test_first_token_only_selects_for_every_row():
+    q, k, lens = make_inputs([200, 90], 16, 4, 2, 16, torch.float32, seed=3)
+    meta = BlockMetadata.build(k, lens, 16)
+    idx = select_blocks(q, meta, lens, top_n=5, first_token_only=True)
+    row0 = select_blocks(q[:, :1].contiguous(), meta, lens, top_n=5)
+    assert torch.equal(idx, row0.expand(-1, -1, 16, -1))
+    own = select_blocks(q, meta, lens, top_n=5)
+    assert not torch.equal(idx, own)  # the rule really overrides the other rows' picks
+    assert torch.equal(idx, reference_select_blocks(q, k, lens, 16, top_n=5, first_token_only=True))
+
+
+def test_selection_feeds_sparse_verify():
+    """select_blocks output is a valid sparse_verify input (validate=True checks it)."""
+    from kernels.sparse_verify import reference_sparse_verify, sparse_verify
+    from kernels.tree import ancestor_bitmask, chain_parents
+
+    q, k, lens = make_inputs([100, 45], 4, 4, 2, 16, torch.float32, seed=9)
+    v = torch.randn_like(k)
+    meta = BlockMetadata.build(k, lens, 16)
+    idx = select_blocks(q, meta, lens, top_n=4)
+    mask = ancestor_bitmask(chain_parents(2, 4, device=DEV))
+    o, lse = sparse_verify(q, k, v, lens, mask, idx, mode="union", group_size=2, block_size=16)
+    ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, block_size=16)
+    torch.testing.assert_close(o, ro, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse, rlse, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("kinds", lambda q, k, lens, m: BlockMetadata.build(k, lens, 16, kinds=("nsa",))),
+        ("block_size", lambda q, k, lens, m: BlockMetadata.build(k, lens, 24)),
+        ("k_cache", lambda q, k, lens, m: BlockMetadata.build(k.transpose(2, 3), lens, 16)),
+        ("prefix_lens", lambda q, k, lens, m: BlockMetadata.build(k, lens.long(), 16)),
+        ("new_lens", lambda q, k, lens, m: m.update(k, lens, lens[:1])),
+        ("method", lambda q, k, lens, m: block_scores(q, m, lens, method="nsa")),
+        ("quest", lambda q, k, lens, m: block_scores(q, m, lens, method="quest")),
+        ("q", lambda q, k, lens, m: block_scores(q.int(), m, lens)),
+        ("q", lambda q, k, lens, m: block_scores(q[:, :, :3], m, lens)),
+        ("top_n", lambda q, k, lens, m: select_blocks(q, m, lens, top_n=0)),
+        ("num_sink", lambda q, k, lens, m: select_blocks(q, m, lens, top_n=2, num_sink=2)),
+    ],
+)
+def test_wrappers_reject_bad_inputs(name, call):
+    q, k, lens = make_inputs([40, 33], 2, 4, 2, 16, torch.float16, seed=0)
+    meta = BlockMetadata.build(k, lens, 16)
+    with pytest.raises(ValueError, match=name) as err:
+        call(q, k, lens, meta)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["mean", "quest"])
+def test_gpu_bf16_select_matches_reference(method):
+    q, k, lens = make_inputs([5000, 1234], 16, 32, 8, 128, torch.bfloat16, seed=0)
+    meta = BlockMetadata.build(k, lens, 64, kinds=(method,))
+    s = block_scores(q, meta, lens, method=method)
+    ref = reference_block_scores(q, k, lens, 64, method=method)
+    torch.testing.assert_close(s, ref, atol=1e-3, rtol=1e-3)
+    idx = select_blocks(q, meta, lens, top_n=16, method=method)
+    assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_update_and_select():
+    """update + select_blocks capture in one graph; replay sees the new lengths and keys."""
+    q, k, lens = make_inputs([3000, 2000], 8, 32, 8, 128, torch.bfloat16, seed=1, slack=200)
+    meta = BlockMetadata.build(k, lens, 64, kinds=("mean", "quest"))
+    old, new = lens.clone(), lens.clone()
+    select_blocks(q, meta, new, top_n=16, method="quest")  # compile outside the capture
+    meta.update(k, old, new)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        meta.update(k, old, new)
+        idx = select_blocks(q, meta, new, top_n=16, method="quest")
+    new.add_(torch.tensor([9, 65], dtype=torch.int32, device=DEV))
+    k[:, :, 3000:3100].normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_meta = BlockMetadata.build(k, new, 64, kinds=("mean", "quest"))
+    assert_metadata_matches(meta, k, new, 64)
+    assert torch.equal(idx, select_blocks(q, ref_meta, new, top_n=16, method="quest"))
