@@ -306,8 +306,10 @@ class Runner:
 
     def measure_ceilings(self) -> None:
         cfg = self.tcfg
+        copy_bytes = 2**31
+        rates = tm.copy_rates(copy_bytes, config=cfg)
         self.ceil = {
-            "copy_bytes_per_s": tm.copy_bytes_per_s(config=cfg),
+            "copy_bytes_per_s": max(rates.values()),
             "gemm_flops_per_s": tm.gemm_flops_per_s(config=cfg),
             "launch": tm.empty_kernel_s("launch", cfg),
             "graph": tm.empty_kernel_s("graph", cfg),
@@ -318,9 +320,18 @@ class Runner:
             f"GEMM {c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, empty kernel "
             f"{c['launch'] * 1e6:.1f} us (launch) / {c['graph'] * 1e6:.2f} us (graph)"
         )
+        print("  copy rates (TB/s): " + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in rates.items()))
         for name, tmode in (("launch", "launch"), ("graph", "graph")):
             timing = tm.Timing(c[name], c[name], c[name], tmode, 1)
             self.write("empty_triton_kernel", base_params(), timing, 0, 0)
+        for impl, rate in rates.items():
+            secs = 2 * copy_bytes / rate  # read + write bytes
+            timing = tm.Timing(
+                secs, secs, secs, "launch" if impl.endswith("launch") else "graph", 1
+            )
+            self.write(
+                "device_copy", base_params(impl=impl, nbytes=copy_bytes), timing, 2 * copy_bytes, 0
+            )
 
     def write(self, op: str, params: dict, t: tm.Timing, unique_bytes: int, flops: int) -> None:
         key = row_key(op, t.timing, params)
