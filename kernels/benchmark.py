@@ -890,6 +890,9 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
         p = r["params"]
         if r["op"] == "sparse_verify" and p["mode"] == "union":
             base = pq.get((p["context_len"], p["top_n"], p["overlap"], p["batch"]))
+            floor = max(
+                r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"]
+            )
             out["sparse"].append(
                 {
                     "T": p["context_len"],
