@@ -1,0 +1,258 @@
+"""GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
+(GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops (RMSNorm,
+rotary embedding, SiLU-and-multiply, softmax + sampling over the vocabulary), through torch as
+the decode loop runs them. One sealed row per config (``calibration.schema``), CUDA-graph replay
+with a cold L2 (``kernels.timing``), resumable: a config already in the output file is skipped.
+
+    python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
+
+The attention kernels' rows come from ``python -m kernels.benchmark`` (same schema and file
+folder); ``ssvkit calibrate`` runs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from calibration.schema import load_rows, params_key, seal
+from kernels import timing as tm
+from perfmodel.models import get_model, model_names
+
+TOKENS = (1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512)
+ACT = torch.bfloat16
+ROWS_FILE = "op_sweep.jsonl"
+TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
+
+
+def linear_shapes() -> dict[tuple[int, int], list[str]]:
+    """(N, K) of every linear layer of the bf16 registry models at TP = 1 -> model.layer names.
+    fp8-weight models (DeepSeek-R1) are left out: their GEMMs are not bf16."""
+    shapes: dict[tuple[int, int], list[str]] = {}
+    for name in model_names():
+        m = get_model(name)
+        if m.weight_bytes != 2:
+            continue
+        d, dh = m.hidden_size, m.head_dim
+        layers = {
+            "qkv_proj": ((m.num_q_heads + 2 * m.num_kv_heads) * dh, d),
+            "o_proj": (d, m.num_q_heads * dh),
+            "lm_head": (m.vocab_size, d),
+        }
+        if m.is_moe:
+            layers["expert_gate_up"] = (2 * m.expert_intermediate_size, d)
+            layers["expert_down"] = (d, m.expert_intermediate_size)
+            layers["router"] = (m.num_experts, d)
+        else:
+            layers["ffn_gate_up"] = (2 * m.intermediate_size, d)
+            layers["ffn_down"] = (d, m.intermediate_size)
+        for layer, shape in layers.items():
+            shapes.setdefault(shape, []).append(f"{name}.{layer}")
+    return shapes
+
+
+class Sweep:
+    """Times configs and appends sealed rows to ``out / ROWS_FILE``."""
+
+    def __init__(self, out: Path, budget_s: float):
+        self.path = out / ROWS_FILE
+        self.done = {params_key(r["op"], r["params"], r["timing"]) for r in self._existing()}
+        self.deadline = time.monotonic() + budget_s
+        self.start = time.monotonic()
+        self.prov = tm.provenance()
+        self.written = 0
+        c = tm.copy_rates(2**31, TIMING)
+        self.ceil = {
+            "copy_bytes_per_s": max(c.values()),
+            "gemm_flops_per_s": tm.gemm_flops_per_s(config=TIMING),
+            "launch_s": tm.empty_kernel_s("graph", TIMING),
+        }
+
+    def _existing(self) -> list[dict]:
+        return load_rows(self.path) if self.path.exists() else []
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def run(
+        self,
+        op: str,
+        params: dict,
+        fn: Callable[[int], object],
+        num_inputs: int,
+        unique_bytes: float,
+        flops: float,
+    ) -> None:
+        if params_key(op, params, "graph") in self.done or self.out_of_time():
+            return
+        t = tm.bench(fn, "graph", num_inputs=num_inputs, config=TIMING)
+        row = seal(
+            {
+                "op": op,
+                "params": params,
+                "median_s": t.median_s,
+                "p10_s": t.p10_s,
+                "p90_s": t.p90_s,
+                "timing": "graph",
+                "unique_bytes": float(unique_bytes),
+                "flops": float(flops),
+                "achieved_bytes_per_s": unique_bytes / t.median_s,
+                **self.ceil,
+                **self.prov,
+            }
+        )
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.done.add(params_key(op, params, "graph"))
+        self.written += 1
+        print(
+            f"[{time.monotonic() - self.start:6.1f}s] {op:<12} {t.median_s * 1e6:9.2f} us "
+            f"{unique_bytes / t.median_s / 1e12:5.2f} TB/s {flops / t.median_s / 1e12:6.1f} "
+            f"TFLOP/s {json.dumps(params)}"
+        )
+
+
+def gemm_sweep(s: Sweep) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for (n, k), users in sorted(linear_shapes().items()):
+        w_bytes = n * k * 2
+        rot = tm.num_rotations(w_bytes)
+        weights = [torch.randn(n, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
+        for m in TOKENS:
+            if s.out_of_time():
+                return
+            xs = [torch.randn(m, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
+            params = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "used_by": users}
+            s.run(
+                "gemm",
+                params,
+                lambda i, xs=xs: F.linear(xs[i], weights[i]),
+                rot,
+                w_bytes + 2 * (m * k + m * n),
+                2 * m * n * k,
+            )
+        del weights
+
+
+def _rmsnorm(x, w, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def _rotary(q, k, cos, sin):
+    def rot(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+        return torch.cat((-x2, x1), dim=-1)
+
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def _sample(logits):
+    probs = torch.softmax(logits.float(), dim=-1)
+    return torch.argmax(probs, dim=-1), probs
+
+
+def elementwise_sweep(s: Sweep) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    widths = sorted({get_model(n).hidden_size for n in model_names()})
+    vocabs = sorted({get_model(n).vocab_size for n in model_names()})
+    for m in TOKENS:
+        for d in widths:
+            rot = tm.num_rotations(m * d * 2 * 2)
+            xs = [torch.randn(m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
+            w = torch.randn(d, generator=gen, device="cuda", dtype=ACT)
+            s.run(
+                "rmsnorm",
+                {"m": m, "d": d, "dtype": "bfloat16"},
+                lambda i, xs=xs, w=w: _rmsnorm(xs[i], w),
+                rot,
+                2 * m * d * 2 + d * 2,
+                5 * m * d,
+            )
+            f = 3 * d  # a representative FFN width: the op is read 2 f, write f per token
+            gu = [
+                torch.randn(m, 2 * f, generator=gen, device="cuda", dtype=ACT)
+                for _ in range(tm.num_rotations(m * 2 * f * 2))
+            ]
+            s.run(
+                "silu_mul",
+                {"m": m, "f": f, "dtype": "bfloat16"},
+                lambda i, gu=gu: F.silu(gu[i][:, :f]) * gu[i][:, f:],
+                len(gu),
+                3 * m * f * 2,
+                5 * m * f,
+            )
+        for heads, kv_heads in ((32, 8), (64, 8)):
+            dh = 128
+            qs = [
+                torch.randn(m, heads, dh, generator=gen, device="cuda", dtype=ACT) for _ in range(2)
+            ]
+            ks = [
+                torch.randn(m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
+                for _ in range(2)
+            ]
+            cos = torch.randn(m, 1, dh, generator=gen, device="cuda", dtype=ACT)
+            sin = torch.randn(m, 1, dh, generator=gen, device="cuda", dtype=ACT)
+            elems = m * (heads + kv_heads) * dh
+            s.run(
+                "rotary",
+                {
+                    "m": m,
+                    "num_q_heads": heads,
+                    "num_kv_heads": kv_heads,
+                    "head_dim": dh,
+                    "dtype": "bfloat16",
+                },
+                lambda i, qs=qs, ks=ks, cos=cos, sin=sin: _rotary(qs[i], ks[i], cos, sin),
+                2,
+                2 * elems * 2 + 2 * m * dh * 2,
+                6 * elems,
+            )
+        for v in vocabs:
+            rot = tm.num_rotations(m * v * 2)
+            ls = [torch.randn(m, v, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
+            s.run(
+                "sampling",
+                {"m": m, "vocab": v, "dtype": "bfloat16"},
+                lambda i, ls=ls: _sample(ls[i]),
+                rot,
+                m * v * (2 + 4),
+                6 * m * v,
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder of the rows file")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock limit (s)")
+    ap.add_argument("--ops", default="gemm,elementwise", help="gemm, elementwise")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("calibration sweeps need a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    s = Sweep(args.out, args.budget_s)
+    c = s.ceil
+    print(
+        f"{s.prov['device_name']}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, GEMM "
+        f"{c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, graph launch {c['launch_s'] * 1e6:.2f} us"
+    )
+    ops = {o.strip() for o in args.ops.split(",")}
+    if "gemm" in ops:
+        gemm_sweep(s)
+    if "elementwise" in ops:
+        elementwise_sweep(s)
+    print(
+        f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
+        + (" (stopped at the budget: run again to resume)" if s.out_of_time() else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
