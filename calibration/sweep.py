@@ -132,12 +132,11 @@ def gemm_sweep(s: Sweep) -> None:
             s.run(
                 "gemm",
                 params,
-                lambda i, xs=xs: F.linear(xs[i], weights[i]),
+                lambda i, xs=xs, ws=weights: F.linear(xs[i], ws[i]),
                 rot,
                 w_bytes + 2 * (m * k + m * n),
                 2 * m * n * k,
             )
-        del weights
 
 
 def _rmsnorm(x, w, eps=1e-6):
@@ -183,7 +182,7 @@ def elementwise_sweep(s: Sweep) -> None:
             s.run(
                 "silu_mul",
                 {"m": m, "f": f, "dtype": "bfloat16"},
-                lambda i, gu=gu: F.silu(gu[i][:, :f]) * gu[i][:, f:],
+                lambda i, gu=gu, f=f: F.silu(gu[i][:, :f]) * gu[i][:, f:],
                 len(gu),
                 3 * m * f * 2,
                 5 * m * f,
