@@ -139,6 +139,9 @@ class BenchOptions:
     budget_s: float = field(default=540.0, metadata={"help": "wall-clock limit of the run"})
     seed: int = field(default=0, metadata={"help": "seed of every input generator"})
     json: bool = field(default=False, metadata={"help": "print the summary as JSON"})
+    summary_only: bool = field(
+        default=False, metadata={"help": "print the summary of OUT's rows and exit (no GPU)"}
+    )
 
     def __post_init__(self) -> None:
         bad = [op for op in self.ops if op not in OPS]
@@ -1003,15 +1006,30 @@ def parse_args(argv: list[str] | None = None) -> BenchOptions:
         "--seed", type=int, default=fields["seed"].default, help=fields["seed"].metadata["help"]
     )
     ap.add_argument("--json", action="store_true", help=fields["json"].metadata["help"])
+    ap.add_argument(
+        "--summary-only", action="store_true", help=fields["summary_only"].metadata["help"]
+    )
     a = ap.parse_args(argv)
     ops = tuple(o.strip() for o in a.ops.split(",") if o.strip())
     return BenchOptions(
-        out=a.out, quick=a.quick, ops=ops, budget_s=a.budget_s, seed=a.seed, json=a.json
+        out=a.out,
+        quick=a.quick,
+        ops=ops,
+        budget_s=a.budget_s,
+        seed=a.seed,
+        json=a.json,
+        summary_only=a.summary_only,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    if opts.summary_only:
+        summary = summarise(read_rows(opts.out / "kernel_bench.jsonl"))
+        print(json.dumps(summary, indent=1) if opts.json else "", end="")
+        if not opts.json:
+            print_summary(summary)
+        return 0
     if not torch.cuda.is_available():
         print("kernels.benchmark needs a CUDA GPU", file=sys.stderr)
         return 1
