@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from calibration import ceilings
+from calibration.schema import checksum, load_rows, seal, validate
+from perfmodel.hardware import get_gpu
+
+
+def test_committed_overlay_is_derived_from_the_rows():
+    rows = ceilings.profile_rows("h100-sxm")
+    committed = json.loads((ceilings.PROFILES / "h100-sxm" / "ceilings.json").read_text())
+    assert committed == ceilings.derive("h100-sxm", rows)
+    g = get_gpu("h100-sxm")
+    assert g.provenance == f"calibrated:{committed['profile_id']}"
+    assert g.hbm_bytes_per_s == committed["ceilings"]["hbm_bytes_per_s"]
+
+
+def _row(**kw):
+    r = {
+        "op": "gemm",
+        "params": {"m": 1},
+        "median_s": 2e-6,
+        "p10_s": 1e-6,
+        "p90_s": 3e-6,
+        "timing": "graph",
+        "unique_bytes": 10.0,
+        "flops": 2.0,
+        "achieved_bytes_per_s": 5e6,
+        "copy_bytes_per_s": 3e12,
+        "gemm_flops_per_s": 7e14,
+        "launch_s": 2e-6,
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "torch_version": "2.11",
+        "triton_version": "3.6",
+        "git_commit": "abc",
+        "timestamp": "2026-11-22T00:00:00+00:00",
+    }
+    r.update(kw)
+    return seal(r)
+
+
+def test_hand_edited_row_is_detected(tmp_path):
+    row = _row()
+    p = tmp_path / "rows.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    assert len(load_rows(p)) == 1
+    row["median_s"] = 1.5e-6  # a "fix" typed in by hand
+    p.write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        load_rows(p)
+    row["checksum"] = checksum(row)
+    validate(row)  # re-sealing is deliberate, not an edit that slips through
+
+
+def test_row_schema_rejects_bad_rows():
+    with pytest.raises(ValueError, match="p10 <= median <= p90"):
+        _row(p10_s=5e-6)
+    with pytest.raises(ValueError, match="timing"):
+        _row(timing="eager")
+    bad = _row()
+    del bad["flops"]
+    with pytest.raises(ValueError, match="missing field 'flops'"):
+        validate(bad)
+
+
+def test_device_mismatch_is_refused(tmp_path):
+    p = tmp_path / "rows.jsonl"
+    p.write_text(json.dumps(_row(device_name="NVIDIA H200")) + "\n")
+    with pytest.raises(ValueError, match="measured on 'NVIDIA H200' is filed under 'h100-sxm'"):
+        ceilings.profile_rows("h100-sxm", tmp_path)
+
+
+def test_committed_rows_are_all_valid():
+    rows = ceilings.profile_rows("h100-sxm")
+    assert len(rows) > 1000
+    assert {r["op"] for r in rows} >= {"dense_verify", "sparse_verify", "gemm", "repair"}
