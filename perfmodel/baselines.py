@@ -11,9 +11,9 @@ import dataclasses
 
 import numpy as np
 
+from perfmodel.calibrated import make_predictor
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
-from perfmodel.predictor import RooflinePredictor
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 
@@ -37,7 +37,9 @@ def op_group(name: str) -> str:
         return "draft"
     if op in GEMM_OPS:
         return "gemm"
-    if op in ("attention", "selection"):
+    if op in ("attention", "sparse_attention", "sparse_attention_fused"):
+        return "attention"
+    if op == "selection":
         return op
     return "other"
 
@@ -62,7 +64,7 @@ def compare(
     ]
     cols = build_columns(model, points)
     drafter = next((s.drafter for s in strategies if s.tree not in ("chain:0", "none")), None)
-    pred = predict_columns(model, cols, RooflinePredictor(gpu, workload.dtype, cols.tp), drafter)
+    pred = predict_columns(model, cols, make_predictor(gpu, workload.dtype, cols.tp), drafter)
     rows = []
     for i, (s, w) in enumerate(points):
         rows.append(
@@ -84,7 +86,7 @@ def compare(
                     k: float(np.broadcast_to(op.bytes, cols.tp.shape)[i])
                     for k, op in pred.ops.items()
                 },
-                "provenance": pred.provenance,
+                "provenance": pred.provenance + (":extrapolated" if pred.extrapolated[i] else ""),
             }
         )
     by_key = {(r["context_len"], r["strategy"]): r for r in rows}

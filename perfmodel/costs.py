@@ -31,6 +31,7 @@ from perfmodel.step import (
     _kv_token_bytes,
     _linear_ops,
     _local_heads,
+    attention_seconds,
     predict_columns,
 )
 from perfmodel.strategy import DrafterSpec
@@ -138,14 +139,14 @@ def verify_layer_split(
     ops = pred.op_seconds
     head = sum((ops.get(k, zero) for k in HEAD_OPS), zero)
     accept = ops.get("verify.accept", zero)
-    attn, sel = ops.get("verify.attention", zero), ops.get("verify.selection", zero)
+    attn, sel = attention_seconds(ops) + zero, ops.get("verify.selection", zero)
     linear = (pred.verify_s - head - accept - attn - sel) / L
     return LayerSplit(
         num_layers=L,
         num_refresh=np.rint(c.refresh_frac * L),
         linear_s=linear,
-        attention_refresh_s=p1.op_seconds.get("verify.attention", zero) / L,
-        attention_reuse_s=p0.op_seconds.get("verify.attention", zero) / L,
+        attention_refresh_s=(attention_seconds(p1.op_seconds) + zero) / L,
+        attention_reuse_s=(attention_seconds(p0.op_seconds) + zero) / L,
         selection_s=p1.op_seconds.get("verify.selection", zero) / L,
         head_s=head,
         accept_s=accept,
@@ -277,8 +278,8 @@ def prr_layer_costs(
         linear_s=split.linear_s,
         selection_s=split.selection_s,
         attention_s=attn,
-        compressed_s=attn - no_comp.op_seconds["verify.attention"] / L,
-        speculative_s=spec.op_seconds["verify.attention"] / L,
+        compressed_s=attn - attention_seconds(no_comp.op_seconds) / L,
+        speculative_s=attention_seconds(spec.op_seconds) / L,
         repair_fixed_s=fixed * np.ones(len(c)),
         repair_block_s=(one - fixed) * np.ones(len(c)),
         head_s=split.head_s,

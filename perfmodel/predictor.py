@@ -20,27 +20,48 @@ OP_KINDS = ("gemm", "attention", "elementwise", "selection", "comm", "host")
 
 @dataclass(slots=True)
 class Op:
-    """Counts of one op summed over the layers that run it (arrays broadcast to one shape)."""
+    """Counts of one op summed over the layers that run it (arrays broadcast to one shape).
+
+    ``kernel`` names the measured op class a calibrated predictor may use for it (e.g.
+    ``gemm``, ``dense_verify``); ``calls`` counts its wrapper invocations (default: one per
+    launch); ``dedup_bytes`` is the deduplicated share of ``bytes`` where kernels re-read data
+    (sparse per-query loads), else None.
+    """
 
     kind: str
     flops: np.ndarray
     bytes: np.ndarray
     launches: np.ndarray
     comm_bytes: np.ndarray | float = 0.0
+    kernel: str | None = None
+    calls: np.ndarray | float | None = None
+    dedup_bytes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
             raise ValueError(f"op kind must be one of {', '.join(OP_KINDS)}, got {self.kind!r}")
+        if self.calls is None:
+            self.calls = self.launches
 
     def __add__(self, other: Op) -> Op:
-        if other.kind != self.kind:
-            raise ValueError(f"cannot add a {other.kind} op to a {self.kind} op")
+        if other.kind != self.kind or other.kernel != self.kernel:
+            raise ValueError(
+                f"cannot add a {other.kind}/{other.kernel} op to a {self.kind}/{self.kernel} op"
+            )
+        dedup = None
+        if self.dedup_bytes is not None or other.dedup_bytes is not None:
+            dedup = (self.bytes if self.dedup_bytes is None else self.dedup_bytes) + (
+                other.bytes if other.dedup_bytes is None else other.dedup_bytes
+            )
         return Op(
             self.kind,
             self.flops + other.flops,
             self.bytes + other.bytes,
             self.launches + other.launches,
             self.comm_bytes + other.comm_bytes,
+            self.kernel,
+            self.calls + other.calls,
+            dedup,
         )
 
     def scaled(self, factor) -> Op:
@@ -51,6 +72,9 @@ class Op:
             self.bytes * factor,
             self.launches * factor,
             self.comm_bytes * factor,
+            self.kernel,
+            self.calls * factor,
+            None if self.dedup_bytes is None else self.dedup_bytes * factor,
         )
 
 

@@ -229,12 +229,26 @@ def feasible_mask(c: Columns) -> np.ndarray:
 def _gemm(m, n, k, weight_bytes) -> Op:
     """``[m, k] x [k, n]``: 2 m n k FLOPs; weights once, activations in and out once."""
     return Op(
-        "gemm", 2 * m * n * k, n * k * weight_bytes + (m * k + m * n) * ACT_BYTES, np.ones_like(m)
+        "gemm",
+        2 * m * n * k,
+        n * k * weight_bytes + (m * k + m * n) * ACT_BYTES,
+        np.ones_like(m),
+        kernel="gemm",
     )
 
 
-def _elementwise(nbytes, flops, launches) -> Op:
-    return Op("elementwise", flops, nbytes, launches * np.ones_like(nbytes))
+def _elementwise(nbytes, flops, launches, kernel=None, calls=None) -> Op:
+    """An element-wise op; ``kernel`` names its measured class, ``calls`` its invocations
+    (default: one per launch)."""
+    ones = np.ones_like(nbytes)
+    return Op(
+        "elementwise",
+        flops,
+        nbytes,
+        launches * ones,
+        kernel=kernel,
+        calls=None if calls is None else calls * ones,
+    )
 
 
 class _Acc(dict):
@@ -275,7 +289,7 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
 
     acc.add(
         prefix + "norms",
-        _elementwise(8 * m * d * ACT_BYTES + 2 * d * wb, 10 * m * d, 2).scaled(layers),
+        _elementwise(8 * m * d * ACT_BYTES + 2 * d * wb, 10 * m * d, 2, "rmsnorm").scaled(layers),
     )
     if model.is_mla:
         qkv = Op(
@@ -283,6 +297,7 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
             2 * m * attn_w["qkv"] / tp,
             attn_w["qkv"] / tp * wb + m * d * ACT_BYTES * 2,
             np.ones_like(m),
+            kernel="gemm",
         )
     else:
         qkv = _gemm(m, (hq + 2 * hkv) * model.head_dim, d, wb)
@@ -291,7 +306,10 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
     acc.add(
         prefix + "rope_kv_append",
         _elementwise(
-            2 * qk_elems * ACT_BYTES + m * _kv_token_bytes(model, hkv, ACT_BYTES), 6 * qk_elems, 1
+            2 * qk_elems * ACT_BYTES + m * _kv_token_bytes(model, hkv, ACT_BYTES),
+            6 * qk_elems,
+            1,
+            "rotary",
         ).scaled(layers),
     )
     acc.add(prefix + "o_proj", _gemm(m, d, hq * model.head_dim, wb).scaled(layers))
@@ -300,7 +318,7 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
         acc.add(prefix + "ffn_gate_up", _gemm(m, 2 * f, d, wb).scaled(dense_layers))
         acc.add(
             prefix + "ffn_act",
-            _elementwise(3 * m * f * ACT_BYTES, 5 * m * f, 1).scaled(dense_layers),
+            _elementwise(3 * m * f * ACT_BYTES, 5 * m * f, 1, "silu_mul").scaled(dense_layers),
         )
         acc.add(prefix + "ffn_down", _gemm(m, d, f, wb).scaled(dense_layers))
     if model.is_moe:
@@ -327,9 +345,13 @@ def _head_ops(acc: _Acc, model: ModelSpec, m, tp, vocab, prefix: str) -> None:
     """Embedding gather, final norm, LM head GEMM and sampling over the vocabulary."""
     d, wb = model.hidden_size, model.weight_bytes
     v = vocab / tp
-    acc.add(prefix + "embed_norm", _elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2))
+    acc.add(
+        prefix + "embed_norm",
+        _elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2, "rmsnorm"),
+    )
     acc.add(prefix + "lm_head", _gemm(m, v, d, wb))
-    acc.add(prefix + "sampling", _elementwise(2 * m * v * F32, 6 * m * v, 2))
+    # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches).
+    acc.add(prefix + "sampling", _elementwise(2 * m * v * F32, 6 * m * v, 2, "sampling", 1))
     # The vocabulary-parallel logits are gathered across TP ranks.
     acc.add(prefix + "allreduce", Op("comm", 0 * m, 0 * m, 1.0 * (tp > 1), m * v * F32))
 
@@ -347,6 +369,8 @@ def _dense_attention(
         b * rows * kv_tokens * _attn_flops_per_row_token(model, hq),
         b * kv_tokens * _kv_token_bytes(model, hkv, c.kv_bytes) + qo,
         2.0 * np.ones_like(rows),
+        kernel="dense_verify",
+        calls=np.ones_like(rows),  # split-KV kernel + merge: one dense_verify call
     )
     acc.add(prefix + "attention", op.scaled(layers))
 
@@ -391,13 +415,18 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
     launches = np.where(c.fused > 0, 2 * r + 1 * (1 - r), 4.0)
     intermediates = np.where(c.fused > 0, r * 2 * branch_out, 3 * 2 * branch_out)
     qo = 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
-    attn = Op(
-        "attention",
-        sparse * m_rows * attended * _attn_flops_per_row_token(model, hq),
-        sparse * (b * kv_tok * sum(loaded.values()) + qo + intermediates),
-        sparse * launches,
-    )
-    acc.add(prefix + "attention", attn.scaled(layers))
+    flops = m_rows * attended * _attn_flops_per_row_token(model, hq)
+    nbytes = b * kv_tok * sum(loaded.values()) + qo + intermediates
+    # Two ops so that each maps onto its measured class: NSA three branches launched apart and
+    # gated in torch (unfused), or the refresh/reuse kernels (fused). One call per layer each.
+    for name, on, kernel in (
+        ("sparse_attention", sparse * (c.fused == 0), "nsa_verify/reuse/unfused"),
+        ("sparse_attention_fused", sparse * (c.fused > 0), "nsa_verify/reuse/fused"),
+    ):
+        attn = Op(
+            "attention", on * flops, on * nbytes, on * launches, kernel=kernel, calls=on * 1.0
+        )
+        acc.add(prefix + name, attn.scaled(layers))
     # Selection, in refresh layers only.
     q_sel = np.where(c.mode == 2, groups, t)
     v = c.meta_vectors
@@ -410,6 +439,8 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
         sparse * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
         sparse * (meta + scores + nsa_probs + update),
         sparse * 2.0,
+        kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
+        calls=sparse * 1.0,
     )
     acc.add(prefix + "selection", sel_op.scaled(layers * r))
     return {k: sparse * b * kv_tok * val * layers for k, val in loaded.items()}
@@ -496,6 +527,17 @@ def _draft_ops(
             acc.add(k, op.scaled(steps))
 
 
+def _flags(predictor, n: int) -> np.ndarray:
+    """A predictor's per-point extrapolation flags as an [n] array (none: all False)."""
+    f = getattr(predictor, "outside", None)
+    if f is None:
+        return np.zeros(n, dtype=bool)
+    try:
+        return np.broadcast_to(np.asarray(f, dtype=bool), (n,)).copy()
+    except ValueError:
+        return np.zeros(n, dtype=bool)
+
+
 DRAFT_KEYS = (
     "drafter",
     "num_draft",
@@ -512,7 +554,25 @@ def _gather(op: Op, idx: np.ndarray, n: int) -> Op:
     def g(x):
         return np.broadcast_to(x, (n,))[idx]
 
-    return Op(op.kind, g(op.flops), g(op.bytes), g(op.launches), g(op.comm_bytes))
+    return Op(
+        op.kind,
+        g(op.flops),
+        g(op.bytes),
+        g(op.launches),
+        g(op.comm_bytes),
+        op.kernel,
+        g(op.calls),
+        None if op.dedup_bytes is None else g(op.dedup_bytes),
+    )
+
+
+ATTENTION_OPS = ("attention", "sparse_attention", "sparse_attention_fused")
+
+
+def attention_seconds(op_seconds: dict[str, np.ndarray], stage: str = "verify") -> np.ndarray:
+    """Seconds of a stage's attention, dense or sparse (the ops of ``ATTENTION_OPS``)."""
+    parts = [op_seconds[f"{stage}.{n}"] for n in ATTENTION_OPS if f"{stage}.{n}" in op_seconds]
+    return sum(parts[1:], parts[0]) if parts else 0.0
 
 
 @dataclass(slots=True)
@@ -528,6 +588,7 @@ class StepPrediction:
     tokens_per_s: np.ndarray
     branch_bytes: dict[str, np.ndarray]
     provenance: str
+    extrapolated: np.ndarray  # per point: some op outside its calibrated range
 
 
 def predict_columns(
@@ -544,6 +605,8 @@ def predict_columns(
     draft_vocab = drafter.draft_vocab
     if draft is None and (c.drafter == DRAFTER_CODES["draft_model"]).any():
         raise ValueError("a draft_model drafter needs the draft model (DrafterSpec.model)")
+    if hasattr(predictor, "outside"):
+        predictor.outside = None  # extrapolation flags are per evaluation
     acc = _Acc()
     branches = _target_forward(acc, model, c, c.rows, "verify.")
     spec = (c.num_draft > 0) * 1.0
@@ -567,6 +630,7 @@ def predict_columns(
     for k, op in draft_acc.items():
         secs[k] = (draft_pred.op_time_s(op) * np.ones(len(cu)))[inverse]
         acc[k] = _gather(op, inverse, len(cu))
+    outside = _flags(predictor, len(c)) | _flags(draft_pred, len(cu))[inverse]
     draft_s = sum((v for k, v in secs.items() if k.startswith("draft.")), np.zeros(len(c)))
     verify_s = sum((v for k, v in secs.items() if k.startswith("verify.")), np.zeros(len(c)))
     round_s = draft_s + verify_s
@@ -580,4 +644,5 @@ def predict_columns(
         tokens_per_s=c.batch * c.expected_tokens / round_s,
         branch_bytes=branches,
         provenance=predictor.provenance,
+        extrapolated=outside,
     )

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import simpy
 
+from perfmodel.calibrated import make_predictor
 from perfmodel.costs import prr_layer_costs
-from perfmodel.predictor import RooflinePredictor
 from perfmodel.prr import HoltParams, calibrate, critical_path_s, predictor_hit_rate
 from perfmodel.step import build_columns
 from perfmodel.strategy import Workload
@@ -197,7 +197,7 @@ def run_prr(s):
     mid = int(round(r0.prompt_len + r0.target_tokens / 2))
     w = Workload(context_len=mid, tp=cfg.tp, acceptance=cfg.acceptance, kv_bytes=cfg.kv_bytes)
     cols = build_columns(ctx.model, [(strategy, w)])
-    pred = RooflinePredictor(ctx.gpu, "bf16", cols.tp)
+    pred = make_predictor(ctx.gpu, "bf16", cols.tp)
     p = prr_layer_costs(ctx.model, cols, pred, pc.budget_ratio, strategy.drafter)
     layer = p.linear_s + critical_path_s(
         p.selection_s + p.compressed_s,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from perfmodel.predictor import RooflinePredictor
+from perfmodel.calibrated import make_predictor
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 from sim.acceptance import build_acceptance
@@ -142,7 +142,7 @@ def analytic_round(s: Setup, context_len: int, batch: int, strategy=None):
     )
     cols = build_columns(s.ctx.model, [(strategy, w)])
     pred = predict_columns(
-        s.ctx.model, cols, RooflinePredictor(s.ctx.gpu, "bf16", cols.tp), strategy.drafter
+        s.ctx.model, cols, make_predictor(s.ctx.gpu, "bf16", cols.tp), strategy.drafter
     )
     return pred
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.calibrated import make_predictor
 from perfmodel.costs import (
     draft_level_seconds,
     mixed_step_seconds,
@@ -103,7 +104,7 @@ class CostContext:
         return cls(get_model(model), get_gpu(gpu, measured=not roofline), tp, kv_bytes, acceptance)
 
     def predictor(self, tp: int | None = None) -> RooflinePredictor:
-        return RooflinePredictor(self.gpu, self.dtype, self.tp if tp is None else tp)
+        return make_predictor(self.gpu, self.dtype, self.tp if tp is None else tp)
 
     @property
     def provenance(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ssvkit import predict_cmd, registry_cmd, simulate_cmd
+from ssvkit import calibrate_cmd, predict_cmd, registry_cmd, simulate_cmd, validate_cmd
 from ssvkit.options import OneLineParser
 
 COMMANDS = {
@@ -18,6 +18,8 @@ COMMANDS = {
     "gpus": registry_cmd.Gpus,
     "models": registry_cmd.Models,
     "simulate": simulate_cmd,
+    "calibrate": calibrate_cmd,
+    "validate": validate_cmd,
 }
 
 

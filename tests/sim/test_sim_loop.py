@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from simrun import run, value
 
+from perfmodel.calibrated import make_predictor
 from perfmodel.hardware import get_gpu
 from sim.writers import trace_jsonl
 
@@ -13,7 +14,10 @@ def test_steady_state_matches_analytic(scenario):
     r = run(scenario, num_tokens=6000)
     sim, ana = value(r, "simulated_tokens_per_s"), value(r, "analytic_tokens_per_s")
     assert sim == pytest.approx(ana, rel=0.02)
-    assert r.figures["analytic_tokens_per_s"]["provenance"] == get_gpu("h100-sxm").provenance
+    assert (
+        r.figures["analytic_tokens_per_s"]["provenance"]
+        == make_predictor(get_gpu("h100-sxm")).provenance
+    )
 
 
 def test_steady_state_is_not_trivially_equal():
@@ -36,7 +40,10 @@ def test_batch_lockstep_matches_analytic():
 def test_per_layer_mode_times_equal_round_mode():
     a = run("ssv", num_tokens=300)
     b = run("ssv", num_tokens=300, per_layer=True)
-    assert value(b, "simulated_time_s") == pytest.approx(value(a, "simulated_time_s"), rel=1e-9)
+    # Exact under the roofline; under a calibrated profile the efficiency is nonlinear in the
+    # per-call size, so splitting the step's averaged layer into refresh and reuse layers moves
+    # the total by ~1e-7.
+    assert value(b, "simulated_time_s") == pytest.approx(value(a, "simulated_time_s"), rel=1e-5)
     lanes = {s.lane for s in b.recorder.spans}
     assert {"drafter", "selector", "verifier"} <= lanes
     # refresh_every 4 over 32 layers: 8 selections per round in the per-layer timeline

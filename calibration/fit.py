@@ -1,0 +1,184 @@
+"""Fit the calibrated model (``perfmodel.calibrated``) per op class on the committed rows, and
+measure its error on rows the fit never saw.
+
+Op classes: the op name, refined by ``mode`` (sparse modes, NSA refresh/reuse, repair),
+``impl`` (NSA fused/unfused) and ``method`` (block-score metadata). Only CUDA-graph rows are
+fitted: the decode loop runs under graphs; plain-launch rows (which add Triton's tens of
+microseconds of Python launch path) stay in the data for reference.
+
+Held-out rule (documented in ``calibration/README.md``): a row is held out when
+``int(sha1(op, params, timing)[:8], 16) % 5 == 0`` or when it has one of the whole held-out
+values -- context 48K or 96K, or 12 query tokens (``num_query_tokens`` or GEMM ``m``) -- so the
+fit never sees those sizes at all.
+
+Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
+knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
+the row count) and, for sparse verification, the L2-miss share h. Deterministic (no random
+starts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from calibration.schema import canonical
+from perfmodel.calibrated import PROFILE_VERSION, ClassFit
+
+HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
+HELDOUT_TOKENS = (12,)
+HELDOUT_MOD = 5
+# Rows that are not op classes: the ceilings themselves, and torch SDPA, issue 3's baseline,
+# which perfmodel never predicts (the step model's attention is ours).
+UNFITTED_OPS = ("device_copy", "empty_triton_kernel", "torch_sdpa")
+DEDUP_OPS = ("sparse_verify",)
+
+
+def op_class(row: dict) -> str:
+    p, op = row["params"], row["op"]
+    if op == "sparse_verify":
+        # The group size sets the packed rows per program and so the parallelism: one class each.
+        return f"{op}/{p['mode']}" + ("" if p["mode"] == "per_query" else f"/C{p['group_size']}")
+    if op == "repair":
+        return f"{op}/{p['mode']}"
+    if op == "nsa_verify":
+        return f"{op}/{p['mode']}/{p['impl']}"
+    if op == "select_blocks":
+        return f"{op}/{p['method']}"
+    return op
+
+
+def is_heldout(row: dict) -> bool:
+    p = row["params"]
+    if p.get("context_len") in HELDOUT_CONTEXTS:
+        return True
+    if p.get("num_query_tokens") in HELDOUT_TOKENS or p.get("m") in HELDOUT_TOKENS:
+        return True
+    key = canonical({"op": row["op"], "params": p, "timing": row["timing"]})
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % HELDOUT_MOD == 0
+
+
+def features(row: dict) -> tuple[float, float, float | None]:
+    """(requested bytes, FLOPs, deduplicated bytes or None) of one call."""
+    dedup = row["params"].get("global_unique_bytes") if row["op"] in DEDUP_OPS else None
+    return float(row["unique_bytes"]), float(row["flops"]), dedup
+
+
+def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
+    lo, hi = float(np.log10(values.min())), float(np.log10(values.max()))
+    if hi - lo < 1e-6:
+        hi = lo + 1e-6
+    return tuple(np.linspace(lo, hi, k))
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    name: str
+    nbytes: np.ndarray
+    flops: np.ndarray
+    dedup: np.ndarray | None
+    seconds: np.ndarray
+
+
+def _data(name: str, rows: list[dict]) -> Data:
+    f = [features(r) for r in rows]
+    dedup = [x[2] for x in f]
+    return Data(
+        name,
+        np.array([x[0] for x in f]),
+        np.array([max(x[1], 1.0) for x in f]),
+        None if any(d is None for d in dedup) else np.array(dedup, dtype=float),
+        np.array([r["median_s"] for r in rows]),
+    )
+
+
+def fit_class(name: str, rows: list[dict], bw: float, peak: float) -> ClassFit:
+    """Least-squares fit of one class on its fit rows."""
+    d = _data(name, rows)
+    k = int(np.clip(len(rows) // 8, 2, 6))
+    bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
+    has_h = d.dedup is not None
+
+    def unpack(x):
+        h = float(x[1 + 2 * k]) if has_h else None
+        eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
+        return ClassFit(name, float(x[0]), bk, eb, fk, ef, h)
+
+    def resid(x):
+        t = unpack(x).call_time_s(d.nbytes, d.flops, bw, peak, d.dedup)
+        return np.log(t) - np.log(d.seconds)
+
+    x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k + ([0.5] if has_h else [])
+    lo = [0.0] + [0.01] * k + [0.01] * k + ([0.0] if has_h else [])
+    hi = [d.seconds.min()] + [4.0] * k + [1.5] * k + ([1.0] if has_h else [])
+    sol = least_squares(
+        resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
+    )
+    return unpack(sol.x)
+
+
+def error_stats(pred: np.ndarray, meas: np.ndarray) -> dict:
+    """Median / p90 / max absolute percentage error (as fractions)."""
+    if len(meas) == 0:
+        return {"n": 0}
+    ape = np.abs(pred / meas - 1.0)
+    return {
+        "n": int(len(meas)),
+        "median_ape": float(np.median(ape)),
+        "p90_ape": float(np.percentile(ape, 90)),
+        "max_ape": float(ape.max()),
+    }
+
+
+def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[dict]]:
+    """The profile JSON (version 1) and every graph row annotated with its prediction."""
+    bw, peak = ceilings["hbm_bytes_per_s"], ceilings["bf16_flops_per_s"]
+    graph = [r for r in rows if r["timing"] == "graph" and r["op"] not in UNFITTED_OPS]
+    by_class: dict[str, list[dict]] = {}
+    for r in graph:
+        by_class.setdefault(op_class(r), []).append(r)
+    classes, annotated = {}, []
+    for name, rs in sorted(by_class.items()):
+        fit_rows = [r for r in rs if not is_heldout(r)]
+        held = [r for r in rs if is_heldout(r)]
+        if len(fit_rows) < 3:
+            continue  # too few rows to fit anything honest; the class stays uncalibrated
+        cf = fit_class(name, fit_rows, bw, peak)
+        stats = {}
+        for split, subset in (("fit", fit_rows), ("heldout", held)):
+            if subset:
+                d = _data(name, subset)
+                pred = cf.call_time_s(d.nbytes, d.flops, bw, peak, d.dedup)
+                stats[split] = error_stats(pred, d.seconds)
+                for r, p in zip(subset, pred, strict=True):
+                    annotated.append({**r, "class": name, "split": split, "predicted_s": float(p)})
+            else:
+                stats[split] = {"n": 0}
+        classes[name] = {"fit": cf.to_json(), "error": stats}
+    device = {r["device_name"] for r in graph}
+    if len(device) != 1:
+        raise ValueError(f"rows of several devices in one profile: {sorted(device)}")
+    latest = max(r["timestamp"] for r in graph)
+    profile = {
+        "version": PROFILE_VERSION,
+        "profile_id": f"{gpu}-{latest[:10]}-{len(graph)}rows",
+        "gpu": gpu,
+        "device_name": device.pop(),
+        "ceilings": {"copy_bytes_per_s": bw, "gemm_flops_per_s": peak},
+        "heldout_rule": {
+            "hash_mod": HELDOUT_MOD,
+            "contexts": list(HELDOUT_CONTEXTS),
+            "query_tokens": list(HELDOUT_TOKENS),
+        },
+        "rows": {"graph": len(graph), "commits": sorted({r["git_commit"] for r in graph})},
+        "classes": classes,
+    }
+    return profile, annotated
+
+
+def dumps(profile: dict) -> str:
+    return json.dumps(profile, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,188 @@
+"""The calibrated predictor: fitted per-op-class efficiencies over the measured ceilings.
+
+Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
+op class, fitted by ``calibration.fit`` on GPU measurements:
+
+    t = t0 + max(bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+
+- ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
+- ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
+  fitted knots, held constant outside the measured range (such a figure is labelled
+  ``extrapolated``);
+- ``t0``: fixed cost per call (launches, host-free graph replay);
+- ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
+  same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
+  G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
+  classes use U.
+
+Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
+efficiency. It ignores contention between concurrent kernels and clock variation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.hardware import GpuSpec
+from perfmodel.predictor import Op, RooflinePredictor
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFit:
+    """Fitted parameters of one op class."""
+
+    name: str
+    t0_s: float
+    bytes_knots: tuple[float, ...]  # log10 bytes
+    bytes_eff: tuple[float, ...]
+    flops_knots: tuple[float, ...]  # log10 FLOPs
+    flops_eff: tuple[float, ...]
+    l2_miss: float | None  # h, for classes with a dedup term
+
+    def efficiencies(self, nbytes, flops):
+        lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        lf = np.log10(np.maximum(np.asarray(flops, dtype=float), 1.0))
+        eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
+        ef = np.interp(lf, self.flops_knots, self.flops_eff)
+        return eb, ef
+
+    def in_range(self, nbytes, flops):
+        lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        lf = np.log10(np.maximum(np.asarray(flops, dtype=float), 1.0))
+        tol = 1e-9
+        ok_b = (lb >= self.bytes_knots[0] - tol) & (lb <= self.bytes_knots[-1] + tol)
+        ok_f = (lf >= self.flops_knots[0] - tol) & (lf <= self.flops_knots[-1] + tol)
+        return ok_b & (ok_f | (np.asarray(flops) <= 0))
+
+    def call_time_s(self, nbytes, flops, bw, peak, dedup_bytes=None):
+        """Seconds of one call moving ``nbytes`` (requested) and doing ``flops``."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        eff_bytes = nbytes
+        if self.l2_miss is not None and dedup_bytes is not None:
+            g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
+            eff_bytes = g + self.l2_miss * (nbytes - g)
+        eb, ef = self.efficiencies(nbytes, flops)
+        return self.t0_s + np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+
+    def to_json(self) -> dict:
+        return {
+            "t0_s": self.t0_s,
+            "bytes_knots": list(self.bytes_knots),
+            "bytes_eff": list(self.bytes_eff),
+            "flops_knots": list(self.flops_knots),
+            "flops_eff": list(self.flops_eff),
+            "l2_miss": self.l2_miss,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, d: dict) -> ClassFit:
+        return cls(
+            name=name,
+            t0_s=float(d["t0_s"]),
+            bytes_knots=tuple(d["bytes_knots"]),
+            bytes_eff=tuple(d["bytes_eff"]),
+            flops_knots=tuple(d["flops_knots"]),
+            flops_eff=tuple(d["flops_eff"]),
+            l2_miss=d.get("l2_miss"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A fitted profile: which GPU and device, its ceilings and its classes."""
+
+    profile_id: str
+    gpu: str
+    device_name: str
+    copy_bytes_per_s: float
+    gemm_flops_per_s: float
+    classes: dict[str, ClassFit]
+
+    @classmethod
+    def load(cls, path: str | Path, gpu: str | None = None) -> Profile:
+        d = json.loads(Path(path).read_text())
+        if d.get("version") != PROFILE_VERSION:
+            raise ValueError(f"profile {path} has version {d.get('version')!r}, expected 1")
+        if gpu is not None and d["gpu"] != gpu:
+            raise ValueError(
+                f"profile {d['profile_id']} was measured on {d['gpu']!r} "
+                f"({d['device_name']}), not {gpu!r}: refusing it"
+            )
+        return cls(
+            profile_id=d["profile_id"],
+            gpu=d["gpu"],
+            device_name=d["device_name"],
+            copy_bytes_per_s=float(d["ceilings"]["copy_bytes_per_s"]),
+            gemm_flops_per_s=float(d["ceilings"]["gemm_flops_per_s"]),
+            classes={k: ClassFit.from_json(k, v["fit"]) for k, v in d["classes"].items()},
+        )
+
+    def call_time_s(self, cls: str, nbytes, flops, dedup_bytes=None):
+        return self.classes[cls].call_time_s(
+            nbytes, flops, self.copy_bytes_per_s, self.gemm_flops_per_s, dedup_bytes
+        )
+
+
+def profile_path(gpu: str) -> Path | None:
+    """``calibration/profiles/<gpu>/profile.json`` when the calibration data ships one."""
+    try:
+        from importlib.resources import files
+
+        p = Path(str(files("calibration"))) / "profiles" / gpu / "profile.json"
+    except ModuleNotFoundError:
+        return None
+    return p if p.is_file() else None
+
+
+class CalibratedPredictor(RooflinePredictor):
+    """``op_time_s`` from a fitted profile for ops tagged with a measured class; the roofline
+    (on the same GPU spec) for the rest. ``outside`` flags the points where some op was
+    evaluated outside its class's measured range (accumulated over calls)."""
+
+    def __init__(self, gpu: GpuSpec, profile: Profile, dtype: str = "bf16", tp=1):
+        super().__init__(gpu, dtype, tp)
+        if profile.gpu != gpu.name:
+            raise ValueError(
+                f"profile {profile.profile_id} is for {profile.gpu!r}, not {gpu.name!r}"
+            )
+        self.profile = profile
+        self.provenance = f"calibrated:{profile.profile_id}"
+        self.outside = None  # per point, see op_time_s
+
+    def at(self, idx: np.ndarray) -> CalibratedPredictor:
+        tp = self.tp[idx] if self.tp.ndim else self.tp
+        return CalibratedPredictor(self.gpu, self.profile, self.dtype, tp)
+
+    def op_time_s(self, op: Op) -> np.ndarray:
+        cls = self.profile.classes.get(op.kernel or "")
+        if cls is None or op.kind == "comm":
+            return super().op_time_s(op)
+        calls = np.asarray(op.calls, dtype=float)
+        per = np.maximum(calls, 1e-12)
+        nbytes, flops = op.bytes / per, op.flops / per
+        dedup = None if op.dedup_bytes is None else op.dedup_bytes / per
+        t = calls * cls.call_time_s(
+            nbytes, flops, self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s, dedup
+        )
+        # Points evaluated outside the class's measured range keep the edge efficiency; they are
+        # remembered so that their figures can be labelled "extrapolated".
+        outside = (calls > 0) & ~cls.in_range(nbytes, flops)
+        same = self.outside is not None and np.shape(self.outside) == np.shape(outside)
+        self.outside = self.outside | outside if same else outside
+        return np.where(calls > 0, t, 0.0)
+
+
+def make_predictor(gpu: GpuSpec, dtype: str = "bf16", tp=1, *, calibrated: bool = True):
+    """The predictor perfmodel uses by default: the calibrated one when ``gpu`` carries measured
+    ceilings (``get_gpu(..., measured=True)``) and a fitted profile ships for it, else the
+    roofline on ``gpu``'s ceilings."""
+    path = profile_path(gpu.name) if calibrated and gpu.provenance != "datasheet" else None
+    if path is None:
+        return RooflinePredictor(gpu, dtype, tp)
+    return CalibratedPredictor(gpu, Profile.load(path, gpu=gpu.name), dtype, tp)

@@ -1,0 +1,66 @@
+"""``ssvkit calibrate``: GPU sweeps (resumable), then the derived ceilings and fitted profile.
+
+ssvkit calibrate --gpu h100-sxm                 # on the GPU: sweeps + fit (runs <= budget)
+ssvkit calibrate --gpu h100-sxm --fit-only      # anywhere: re-derive from committed rows
+"""
+
+from __future__ import annotations
+
+import json
+
+from perfmodel.hardware import get_gpu
+
+HELP = "run the calibration sweeps on a GPU and fit the profile (or --fit-only from rows)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--gpu", default="h100-sxm", help="registry GPU the rows belong to")
+    p.add_argument(
+        "--fit-only",
+        action="store_true",
+        help="skip the sweeps: derive ceilings.json and profile.json from the rows",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="wall-clock budget of the sweeps in this run (resume with a rerun)",
+    )
+    p.add_argument("--sweeps", default="ops,kernels", help="ops (GEMM, element-wise), kernels")
+
+
+def fit(gpu: str) -> dict:
+    from calibration import ceilings
+    from calibration.fit import dumps, fit_profile
+
+    rows = ceilings.profile_rows(gpu)
+    overlay = ceilings.derive(gpu, rows)
+    folder = ceilings.PROFILES / gpu
+    (folder / "ceilings.json").write_text(json.dumps(overlay, indent=2, sort_keys=True) + "\n")
+    profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
+    (folder / "profile.json").write_text(dumps(profile))
+    return profile
+
+
+def run(args) -> int:
+    get_gpu(args.gpu, measured=False)  # validates the name
+    if not args.fit_only:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("the calibration sweeps need a CUDA GPU (use --fit-only to refit)")
+        from calibration import ceilings, sweep
+        from kernels import benchmark
+
+        out = ceilings.PROFILES / args.gpu
+        sweeps = {s.strip() for s in args.sweeps.split(",")}
+        if "ops" in sweeps:
+            sweep.main(["--out", str(out), "--budget-s", str(args.budget_s / 2)])
+        if "kernels" in sweeps:
+            benchmark.main(["--out", str(out), "--budget-s", str(args.budget_s / 2)])
+    profile = fit(args.gpu)
+    print(
+        f"profile {profile['profile_id']}: {len(profile['classes'])} op classes from "
+        f"{profile['rows']['graph']} graph rows"
+    )
+    return 0

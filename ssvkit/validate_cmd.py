@@ -1,0 +1,187 @@
+"""``ssvkit validate``: measured-vs-predicted error of the committed profile, from data only.
+
+ssvkit validate                       # tables, held-out and fit rows apart
+ssvkit validate --json --plot out/    # machine-readable; PNGs
+ssvkit validate --check               # exit 1 when a target is missed
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from ssvkit.options import atomic_write
+
+HELP = "measured-vs-predicted error of the calibrated profile (per op, ratios, worst rows)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--gpu", default="h100-sxm", help="registry GPU whose profile to check")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="DIR", help="write predicted-vs-measured and error PNGs")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the README's summary table (the README embeds this output)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a held-out target is missed (median APE <= 5%%, p90 <= 10%%, "
+        "ratio median <= 5%%)",
+    )
+
+
+def _fmt(d: dict) -> str:
+    if not d.get("n"):
+        return f"{'-':>5s} {'-':>7s} {'-':>7s} {'-':>7s}"
+    return (
+        f"{d['n']:5d} {100 * d['median_ape']:6.1f}% {100 * d['p90_ape']:6.1f}% "
+        f"{100 * d['max_ape']:6.1f}%"
+    )
+
+
+def _table(rep: dict, pid: str) -> str:
+    head = f"{'':30s} {'n':>5s} {'median':>7s} {'p90':>7s} {'max':>7s}"
+    lines = [f"profile {pid}: absolute percentage error of predicted vs measured time", ""]
+    for split in ("heldout", "fit"):
+        lines += [f"{split} rows", head]
+        for cls, d in rep["classes"].items():
+            lines.append(f"{cls:30s} {_fmt(d[split])}")
+        lines.append(f"{'ALL':30s} {_fmt(rep['overall'][split])}")
+        lines.append("")
+    for split in ("heldout", "fit"):
+        lines += [f"ratio error, {split}", head]
+        for kind, d in rep["ratios"].items():
+            lines.append(f"{kind:30s} {_fmt(d[split])}")
+        lines.append("")
+    lines.append("worst held-out rows")
+    for w in rep["worst"]["heldout"]:
+        short = {
+            k: v
+            for k, v in w["params"].items()
+            if k
+            in (
+                "context_len",
+                "num_query_tokens",
+                "batch",
+                "group_size",
+                "overlap",
+                "top_n",
+                "m",
+                "n",
+                "k",
+                "d",
+                "f",
+                "vocab",
+                "missed_blocks",
+            )
+        }
+        lines.append(
+            f"  {w['class']:28s} {100 * w['ape']:6.1f}%  measured "
+            f"{w['measured_s'] * 1e6:9.2f} us  predicted {w['predicted_s'] * 1e6:9.2f} us"
+            f"  {json.dumps(short)}"
+        )
+    lines.append("")
+    for k, t in rep["targets"].items():
+        lines.append(
+            f"target {k}: {100 * t['value']:.1f}% (<= {100 * t['threshold']:.0f}%) "
+            f"{'met' if t['met'] else 'MISSED'}"
+        )
+    return "\n".join(lines)
+
+
+def markdown(rep: dict, pid: str) -> str:
+    """The summary the README embeds (regenerated, never typed: tests/calibration checks it)."""
+    h, f = rep["overall"]["heldout"], rep["overall"]["fit"]
+    rh = rep["ratios"]["all"]["heldout"]
+    lines = [
+        f"Profile `{pid}` (`ssvkit validate --markdown`):",
+        "",
+        "| rows | n | median APE | p90 APE | max APE |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, d in (("held-out op times", h), ("fitted op times", f), ("held-out ratios", rh)):
+        lines.append(
+            f"| {name} | {d['n']} | {100 * d['median_ape']:.1f}% | "
+            f"{100 * d['p90_ape']:.1f}% | {100 * d['max_ape']:.1f}% |"
+        )
+    met = [f"{k} {'met' if t['met'] else 'missed'}" for k, t in rep["targets"].items()]
+    lines += ["", "Targets: " + ", ".join(met) + "."]
+    return "\n".join(lines)
+
+
+def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for split, marker in (("fit", "."), ("heldout", "x")):
+        sub = [r for r in annotated if r["split"] == split]
+        ax.loglog(
+            [r["median_s"] * 1e6 for r in sub],
+            [r["predicted_s"] * 1e6 for r in sub],
+            marker,
+            label=f"{split} ({len(sub)})",
+            alpha=0.6,
+        )
+    lo = min(r["median_s"] for r in annotated) * 1e6 / 2
+    hi = max(r["median_s"] for r in annotated) * 1e6 * 2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.set_xlabel("measured (us)")
+    ax.set_ylabel("predicted (us)")
+    ax.legend()
+    ax.set_title("calibrated profile: predicted vs measured")
+    out["predicted_vs_measured.png"] = fig
+    fig2, ax2 = plt.subplots(figsize=(8, 5))
+    classes = list(rep["classes"])
+    for i, split in enumerate(("fit", "heldout")):
+        vals = [100 * rep["classes"][c][split].get("median_ape", 0) for c in classes]
+        ax2.barh([j + 0.4 * i for j in range(len(classes))], vals, height=0.4, label=split)
+    ax2.set_yticks([j + 0.2 for j in range(len(classes))], classes, fontsize=7)
+    ax2.set_xlabel("median APE (%)")
+    ax2.legend()
+    fig2.tight_layout()
+    out["error_by_op.png"] = fig2
+    data = {}
+    for name, f in out.items():
+        buf = io.BytesIO()
+        f.savefig(buf, format="png", dpi=110)
+        plt.close(f)
+        data[name] = buf.getvalue()
+    return data
+
+
+def run(args) -> int:
+    from calibration import ceilings
+    from calibration.validate import annotate, report
+    from perfmodel.calibrated import Profile
+
+    path = ceilings.PROFILES / args.gpu / "profile.json"
+    if not path.is_file():
+        raise ValueError(f"no calibrated profile for {args.gpu!r} ({path} is missing)")
+    profile = Profile.load(path, gpu=args.gpu)
+    rows = ceilings.profile_rows(args.gpu)
+    if profile.device_name not in ceilings.DEVICE_NAMES[args.gpu]:
+        raise ValueError(f"profile device {profile.device_name!r} does not match {args.gpu!r}")
+    annotated = annotate(rows, profile)
+    rep = report(annotated)
+    if args.plot:
+        folder = Path(args.plot)
+        if not folder.is_dir():
+            raise ValueError(f"--plot folder {args.plot!r} does not exist")
+        for name, data in _plots(annotated, rep).items():
+            atomic_write(folder / name, data)
+    if args.markdown:
+        print(markdown(rep, profile.profile_id))
+    elif args.json:
+        print(json.dumps({k: v for k, v in rep.items() if k != "pairs"}, indent=1))
+    else:
+        print(_table(rep, profile.profile_id))
+    if args.check and not all(t["met"] for t in rep["targets"].values()):
+        return 1
+    return 0

@@ -1,0 +1,125 @@
+import json
+
+import numpy as np
+import pytest
+
+from calibration import ceilings
+from calibration.fit import fit_profile, is_heldout, op_class
+from calibration.readme import README, render
+from calibration.validate import annotate, ratio_pairs, report
+from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
+from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
+from perfmodel.step import build_columns, predict_columns
+from perfmodel.strategy import Strategy, Workload
+from ssvkit.cli import main
+
+PROFILE = ceilings.PROFILES / "h100-sxm" / "profile.json"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return ceilings.profile_rows("h100-sxm")
+
+
+def test_committed_profile_is_the_fit_of_the_committed_rows(rows):
+    overlay = json.loads((ceilings.PROFILES / "h100-sxm" / "ceilings.json").read_text())
+    refit, _ = fit_profile(rows, "h100-sxm", overlay["ceilings"])
+    committed = json.loads(PROFILE.read_text())
+    assert set(refit["classes"]) == set(committed["classes"])
+    assert refit["profile_id"] == committed["profile_id"]
+    a = Profile.load(PROFILE)
+    b_path = PROFILE.parent / "refit.json"
+    try:
+        b_path.write_text(json.dumps(refit))
+        b = Profile.load(b_path)
+    finally:
+        b_path.unlink()
+    pa, pb = annotate(rows, a), annotate(rows, b)
+    np.testing.assert_allclose(
+        [r["predicted_s"] for r in pa], [r["predicted_s"] for r in pb], rtol=1e-6
+    )
+
+
+def test_heldout_rule_holds_out_whole_values(rows):
+    held = [r for r in rows if is_heldout(r)]
+    assert all(is_heldout(r) for r in rows if r["params"].get("context_len") in (49152, 98304))
+    assert all(is_heldout(r) for r in rows if r["params"].get("num_query_tokens") == 12)
+    assert all(is_heldout(r) for r in rows if r["params"].get("m") == 12)
+    frac = len(held) / len(rows)
+    assert 0.2 < frac < 0.5
+    assert op_class(
+        next(r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union")
+    ).startswith("sparse_verify/union/C")
+
+
+def test_report_targets_and_ratios_can_fail():
+    base = {"timing": "graph", "class": "x", "params": {}}
+    good = [
+        {**base, "op": "gemm", "median_s": 1.0, "predicted_s": 1.01, "split": s}
+        for s in ("fit", "heldout") * 5
+    ]
+    rep = report(good)
+    assert rep["targets"]["heldout_median_ape"]["met"]
+    assert rep["targets"]["heldout_p90_ape"]["met"]
+    bad = [{**r, "predicted_s": 1.3} for r in good]
+    assert not report(bad)["targets"]["heldout_median_ape"]["met"]
+    mk = {"timing": "graph", "split": "heldout", "class": "d"}
+    dense = [
+        {
+            **mk,
+            "op": "dense_verify",
+            "median_s": 2.0,
+            "predicted_s": 2.0,
+            "params": {"context_len": 8, "batch": 1, "num_query_tokens": 16},
+        },
+        {
+            **mk,
+            "op": "dense_verify",
+            "median_s": 1.0,
+            "predicted_s": 1.5,
+            "params": {"context_len": 8, "batch": 1, "num_query_tokens": 1},
+        },
+    ]
+    (pair,) = ratio_pairs(dense)
+    assert pair["kind"] == "t16_vs_t1" and pair["measured"] == 2.0
+    assert pair["predicted"] == pytest.approx(4 / 3)
+
+
+def test_validate_cli_and_readme_block(capsys):
+    assert main(["validate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["overall"]["heldout"]["n"] > 100 and "dense_verify" in doc["classes"]
+    rc = main(["validate", "--check"])
+    capsys.readouterr()
+    assert rc == (0 if all(t["met"] for t in doc["targets"].values()) else 1)
+    text = README.read_text()
+    assert render(text) == text, "README calibration block is stale: python -m calibration.readme"
+
+
+def test_validate_plots(tmp_path, capsys):
+    assert main(["validate", "--plot", str(tmp_path)]) == 0
+    for name in ("predicted_vs_measured.png", "error_by_op.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert main(["validate", "--plot", str(tmp_path / "missing")]) == 2
+
+
+def test_profile_for_another_gpu_is_refused():
+    with pytest.raises(ValueError, match="not 'h200'"):
+        Profile.load(PROFILE, gpu="h200")
+    prof = Profile.load(PROFILE)
+    with pytest.raises(ValueError, match="is for 'h100-sxm'"):
+        CalibratedPredictor(get_gpu("h200"), prof)
+
+
+def test_calibrated_predictions_label_extrapolation():
+    m, g = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
+    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 20)]
+    c = build_columns(m, pts)
+    pred = make_predictor(g, tp=c.tp)
+    assert isinstance(pred, CalibratedPredictor)
+    p = predict_columns(m, c, pred)
+    assert p.provenance.startswith("calibrated:h100-sxm-")
+    assert p.extrapolated[1] and (p.tokens_per_s > 0).all()
+    roof = make_predictor(get_gpu("h100-sxm", measured=False), tp=c.tp)
+    assert not isinstance(roof, CalibratedPredictor)
