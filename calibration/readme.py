@@ -1,6 +1,6 @@
 """Regenerate the README's calibration-accuracy block from ``ssvkit validate --markdown``.
 
-    python -m calibration.readme          # rewrites the block between the validate markers
+python -m calibration.readme          # rewrites the block between the validate markers
 """
 
 from __future__ import annotations
