@@ -41,8 +41,11 @@ DEDUP_OPS = ("sparse_verify",)
 def op_class(row: dict) -> str:
     p, op = row["params"], row["op"]
     if op == "sparse_verify":
-        # The group size sets the packed rows per program and so the parallelism: one class each.
-        return f"{op}/{p['mode']}" + ("" if p["mode"] == "per_query" else f"/C{p['group_size']}")
+        # The group size sets the packed rows per program and so the parallelism: one class
+        # each. Batch 1 and large batches are separate regimes: at batch 1 a call's blocks
+        # (tens to ~200 MB) largely stay in the 50 MB L2 between groups and the grid is small.
+        group = "" if p["mode"] == "per_query" else f"/C{p['group_size']}"
+        return f"{op}/{p['mode']}{group}/" + ("b1" if p["batch"] == 1 else "bN")
     if op == "repair":
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":
