@@ -166,9 +166,12 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
     if len(device) != 1:
         raise ValueError(f"rows of several devices in one profile: {sorted(device)}")
     latest = max(r["timestamp"] for r in graph)
+    # The id names the data (date, row count) and the fit itself (a hash of its parameters), so
+    # a refit under another model or class split gets a new id.
+    fit_hash = hashlib.sha1(canonical({k: v["fit"] for k, v in classes.items()}).encode())
     profile = {
         "version": PROFILE_VERSION,
-        "profile_id": f"{gpu}-{latest[:10]}-{len(graph)}rows",
+        "profile_id": f"{gpu}-{latest[:10]}-{len(graph)}rows-{fit_hash.hexdigest()[:8]}",
         "gpu": gpu,
         "device_name": device.pop(),
         "ceilings": {"copy_bytes_per_s": bw, "gemm_flops_per_s": peak},
