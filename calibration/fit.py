@@ -168,7 +168,13 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
     latest = max(r["timestamp"] for r in graph)
     # The id names the data (date, row count) and the fit itself (a hash of its parameters), so
     # a refit under another model or class split gets a new id.
-    fit_hash = hashlib.sha1(canonical({k: v["fit"] for k, v in classes.items()}).encode())
+    # Parameters rounded to 6 significant digits: the id must not depend on the last bits of
+    # the optimiser's floating-point path on another machine.
+    rounded = json.loads(
+        json.dumps({k: v["fit"] for k, v in classes.items()}),
+        parse_float=lambda x: float(f"{float(x):.6g}"),
+    )
+    fit_hash = hashlib.sha1(canonical(rounded).encode())
     profile = {
         "version": PROFILE_VERSION,
         "profile_id": f"{gpu}-{latest[:10]}-{len(graph)}rows-{fit_hash.hexdigest()[:8]}",
