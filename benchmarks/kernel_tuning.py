@@ -147,13 +147,69 @@ def nsa_rows(gen) -> list[dict]:
     return out
 
 
+def dense_split_rows(gen) -> list[dict]:
+    """Split counts of dense_verify at 32K (batch 1), where the merge pass is a large share."""
+    out = []
+    ctx = 32 * 1024
+    for t in (1, 8, 16):
+        sets = [kb.attention_inputs(1, t, ctx + t, [ctx], gen) for _ in range(2)]
+        unique = kb.kv_bytes(ctx + t) * kb.NUM_KV_HEADS + kb.qol_bytes(1, t)
+        for splits in (None, 8, 12, 16, 24, 32, 48):
+            s = time_graph(
+                lambda i, sets=sets, n=splits: dense_verify(*sets[i], validate=False, num_splits=n),
+                2,
+            )
+            out.append(
+                {
+                    "op": "dense_splits",
+                    "t": t,
+                    "num_splits": splits,
+                    "us": s * 1e6,
+                    "tb_s": unique / s / 1e12,
+                }
+            )
+    return out
+
+
+def nsa_split_rows(gen, rng) -> list[dict]:
+    """Split counts of the NSA reuse path at batch 16 (the heuristic picks no split there)."""
+    import kernels.nsa_verify as mod
+
+    out = []
+    ctx, t, bsz = 64 * 1024, 16, 16
+    args = kb._nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen)
+    nb = [ctx // kb.NSA_KW["block_size"]] * bsz
+    idx = torch.from_numpy(kb.overlap_block_idx(nb, t, kb.NSA_KW["top_n"], 0.7, rng)).to("cuda")
+    for impl, fn in (("fused", nsa_verify), ("unfused", mod.nsa_verify_unfused)):
+        for splits in (0, 2, 4, 8):
+            cfg = NsaVerifyConfig(num_splits=splits)
+            s = time_graph(
+                lambda i, fn=fn, cfg=cfg: fn(
+                    *args, block_idx=idx, **kb.NSA_KW, validate=False, config=cfg
+                ),
+                1,
+            )
+            out.append({"op": "nsa_splits", "impl": impl, "num_splits": splits, "us": s * 1e6})
+    return out
+
+
+SETS = {
+    "dense": lambda gen, rng: dense_rows(gen),
+    "sparse": sparse_rows,
+    "nsa": lambda gen, rng: nsa_rows(gen),
+    "dense_splits": lambda gen, rng: dense_split_rows(gen),
+    "nsa_splits": nsa_split_rows,
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--sets", default="dense,sparse,nsa", help=",".join(SETS))
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rng = np.random.default_rng(0)
-    rows = dense_rows(gen) + sparse_rows(gen, rng) + nsa_rows(gen)
+    rows = [r for name in args.sets.split(",") for r in SETS[name.strip()](gen, rng)]
     doc = {"provenance": tm.provenance(), "timing": dataclasses.asdict(CFG), "rows": rows}
     (args.out / "kernel_tuning.json").write_text(json.dumps(doc, indent=1))
     for r in rows:
