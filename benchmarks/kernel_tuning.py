@@ -154,9 +154,16 @@ def dense_split_rows(gen) -> list[dict]:
     for t in (1, 8, 16):
         sets = [kb.attention_inputs(1, t, ctx + t, [ctx], gen) for _ in range(2)]
         unique = kb.kv_bytes(ctx + t) * kb.NUM_KV_HEADS + kb.qol_bytes(1, t)
-        for splits in (None, 8, 12, 16, 24, 32, 48):
+        variants = [(n, DenseVerifyConfig()) for n in (None, 8, 12, 16, 24, 32, 48)]
+        variants += [
+            (None, DenseVerifyConfig(ctas_per_sm=1)),
+            (None, DenseVerifyConfig(fused_merge=False)),
+        ]
+        for splits, cfg in variants:
             s = time_graph(
-                lambda i, sets=sets, n=splits: dense_verify(*sets[i], validate=False, num_splits=n),
+                lambda i, sets=sets, n=splits, cfg=cfg: dense_verify(
+                    *sets[i], validate=False, num_splits=n, config=cfg
+                ),
                 2,
             )
             out.append(
@@ -164,6 +171,8 @@ def dense_split_rows(gen) -> list[dict]:
                     "op": "dense_splits",
                     "t": t,
                     "num_splits": splits,
+                    "ctas_per_sm": cfg.ctas_per_sm,
+                    "fused_merge": cfg.fused_merge,
                     "us": s * 1e6,
                     "tb_s": unique / s / 1e12,
                 }
