@@ -3,11 +3,8 @@
 Flash-decoding layout: one program per (query-row tile, KV split, sequence x KV head). The
 ``G = H / Hkv`` query heads of a KV head times the ``t`` draft rows are packed into the MMA rows
 (row ``r`` = draft row ``r // G``, head ``r % G``), so every KV tile is read from memory once per
-KV head. Each split writes a partial ``(o, lse)`` in fp32; the last split of a row tile to finish
-(an atomic ticket per tile) merges them in the same launch and writes the final output, so a
-split call is one kernel (``config.fused_merge=False`` merges with
-:func:`kernels.merge.merge_partials` instead); with one split the kernel writes the final output
-directly.
+KV head. Each split writes a partial ``(o, lse)`` in fp32 and :func:`kernels.merge.merge_partials`
+combines them; with one split the kernel writes the final output directly.
 
 Splits are sized per sequence inside the kernel from ``prefix_lens`` (device memory), so the
 wrapper never reads lengths on the host: the split count comes from the cache capacity ``T_max``
@@ -64,10 +61,6 @@ class DenseVerifyConfig:
     )
     min_tiles_per_split: int = field(default=4, metadata={"help": "fewest KV tiles in a split"})
     max_splits: int = field(default=128, metadata={"help": "upper bound on KV splits"})
-    fused_merge: bool = field(
-        default=True,
-        metadata={"help": "merge the splits in the split kernel (last split of a tile merges)"},
-    )
 
     def __post_init__(self) -> None:
         for name in ("block_n", "max_block_m"):
@@ -128,13 +121,9 @@ def _dense_verify_kernel(
     stride_lt,
     stride_lh,
     stride_ls,
-    out_ptr,  # final [B, t, H, D] when FUSED_MERGE (contiguous)
-    out_lse_ptr,  # final [B, H, t] when FUSED_MERGE (contiguous)
-    counter_ptr,  # int32 [B * Hkv * num_m_tiles] zeros when FUSED_MERGE; left at zero
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -215,63 +204,6 @@ def _dense_verify_kernel(
     )
     l_rows = b * stride_lb + tok * stride_lt + head * stride_lh + split * stride_ls
     tl.store(lse_ptr + l_rows, lse, mask=row_ok)
-
-    if FUSED_MERGE:
-        # Split-KV fix-up without a second launch: every split of a row tile takes a ticket
-        # after its partial is stored; the last one merges all partials (read from L2) and
-        # resets the counter, so the buffer stays zero for the next call or graph replay.
-        # The barrier orders all threads' partial stores before the releasing atomic.
-        tl.debug_barrier()
-        tile = bh * tl.num_programs(0) + m_tile
-        ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == NUM_SPLITS - 1:
-            tl.debug_barrier()
-            base_o = (b * stride_ob + tok * stride_ot + head * stride_oh) * HEAD_DIM
-            base_l = b * stride_lb + tok * stride_lt + head * stride_lh
-            mm = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            ll = tl.zeros([BLOCK_M], dtype=tl.float32)
-            aa = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-            for sp in range(0, NUM_SPLITS):
-                ls = tl.load(lse_ptr + base_l + sp * stride_ls, mask=row_ok,
-                             other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-                os_ = tl.load(
-                    o_ptr + base_o[:, None] + sp * stride_os * HEAD_DIM + offs_d[None, :],
-                    mask=row_ok[:, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                m_new = tl.maximum(mm, ls)
-                # Guard as in the main loop: rows no split saw keep m = -inf.
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(mm - m_safe)
-                w = tl.where(ls == float("-inf"), 0.0, tl.exp(ls - m_safe))
-                ll = ll * alpha + w
-                # A zero weight must not let a garbage partial through: 0 * NaN = NaN.
-                aa = aa * alpha[:, None] + tl.where(w[:, None] > 0, w[:, None] * os_, 0.0)
-                mm = m_new
-            seen_all = ll > 0
-            ll_safe = tl.where(seen_all, ll, 1.0)
-            out = aa / ll_safe[:, None]
-            out_lse = tl.where(seen_all, mm + tl.log(ll_safe), float("-inf"))
-            f_rows = ((b * NUM_T + tok) * NUM_HEADS + head) * HEAD_DIM
-            tl.store(out_ptr + f_rows[:, None] + offs_d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
-            tl.store(out_lse_ptr + (b * NUM_HEADS + head) * NUM_T + tok, out_lse, mask=row_ok)
-            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-# Ticket counters of the fused merge: one int32 per (sequence x KV head, row tile), allocated
-# once per device and left at zero by every call (the merging program resets its counter).
-# Calls on concurrent streams must not share them: the engine runs one stream.
-COUNTER_SLOTS = 1 << 16
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device) -> torch.Tensor:
-    key = str(device)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
 
 
 @functools.cache
@@ -496,9 +428,6 @@ def dense_verify(
         sl = lse_dst.stride()
 
     grid = (plan.num_m_tiles, num_splits, bsz * num_kv_heads)
-    num_tiles = plan.num_m_tiles * bsz * num_kv_heads
-    fused = num_splits > 1 and config.fused_merge and num_tiles <= COUNTER_SLOTS
-    counters = split_counters(q.device) if fused else lse_dst
     _dense_verify_kernel[grid](
         q,
         k_cache,
@@ -516,17 +445,13 @@ def dense_verify(
         num_splits,
         *so,
         *sl,
-        o,
-        lse,
-        counters,
         HEAD_DIM=head_dim,
         BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n,
-        FUSED_MERGE=fused,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
-    if num_splits > 1 and not fused:
+    if num_splits > 1:
         merge_partials(o_dst, lse_dst, o_out=o, lse_out=lse.permute(0, 2, 1))
     return o, lse
 
