@@ -155,10 +155,7 @@ def dense_split_rows(gen) -> list[dict]:
         sets = [kb.attention_inputs(1, t, ctx + t, [ctx], gen) for _ in range(2)]
         unique = kb.kv_bytes(ctx + t) * kb.NUM_KV_HEADS + kb.qol_bytes(1, t)
         variants = [(n, DenseVerifyConfig()) for n in (None, 8, 12, 16, 24, 32, 48)]
-        variants += [
-            (None, DenseVerifyConfig(ctas_per_sm=1)),
-            (None, DenseVerifyConfig(fused_merge=False)),
-        ]
+        variants += [(None, DenseVerifyConfig(ctas_per_sm=1))]
         for splits, cfg in variants:
             s = time_graph(
                 lambda i, sets=sets, n=splits, cfg=cfg: dense_verify(
@@ -172,7 +169,6 @@ def dense_split_rows(gen) -> list[dict]:
                     "t": t,
                     "num_splits": splits,
                     "ctas_per_sm": cfg.ctas_per_sm,
-                    "fused_merge": cfg.fused_merge,
                     "us": s * 1e6,
                     "tb_s": unique / s / 1e12,
                 }
