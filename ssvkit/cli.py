@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import sys
 
-from ssvkit import calibrate_cmd, predict_cmd, registry_cmd, simulate_cmd, validate_cmd
+from ssvkit import (
+    calibrate_cmd,
+    plot_cmd,
+    predict_cmd,
+    registry_cmd,
+    simulate_cmd,
+    sweep_cmd,
+    validate_cmd,
+)
 from ssvkit.options import OneLineParser
 
 COMMANDS = {
@@ -20,6 +28,8 @@ COMMANDS = {
     "simulate": simulate_cmd,
     "calibrate": calibrate_cmd,
     "validate": validate_cmd,
+    "sweep": sweep_cmd,
+    "plot": plot_cmd,
 }
 
 
