@@ -18,9 +18,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target is stat
 
 import numpy as np  # noqa: E402
 
+from perfmodel.calibrated import make_predictor  # noqa: E402
 from perfmodel.hardware import get_gpu  # noqa: E402
 from perfmodel.models import get_model  # noqa: E402
-from perfmodel.predictor import RooflinePredictor  # noqa: E402
 from perfmodel.step import predict_columns, product_columns  # noqa: E402
 from perfmodel.strategy import Strategy  # noqa: E402
 
@@ -73,7 +73,7 @@ def main() -> None:
     times = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        pred = predict_columns(model, cols, RooflinePredictor(gpu, tp=cols.tp))
+        pred = predict_columns(model, cols, make_predictor(gpu, tp=cols.tp))
         times.append(time.perf_counter() - t0)
     n = len(cols)
     best = float(np.median(times))
