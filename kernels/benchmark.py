@@ -97,12 +97,14 @@ class Sweep:
     overlaps: tuple[float, ...] = (0.5, 0.7, 0.9)
     group_sizes: tuple[int, ...] = (1, 2, 4, 8)
     sparse_min_large_batch: int = 16  # raised until the working set reaches 200 MB
-    repair_context: int = 64 * K
+    repair_contexts: tuple[int, ...] = (16 * K, 64 * K)
+    repair_batches: tuple[int, ...] = (1, 4, 16)
     repair_top_n: int = 64
     missed_fractions: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
     other_batches: tuple[int, ...] = (1, 16)  # repair, nsa and select
     nsa_contexts: tuple[int, ...] = (16 * K, 64 * K)
-    select_contexts: tuple[int, ...] = (16 * K, 64 * K)
+    select_contexts: tuple[int, ...] = (8 * K, 16 * K, 32 * K, 48 * K, 64 * K, 96 * K, 128 * K)
+    select_batches: tuple[int, ...] = (1, 4, 16)
     select_top_ns: tuple[int, ...] = (16, 64)
     block_size: int = 64
     tokens: int = 16  # draft rows of the repair, nsa and select configs
@@ -121,7 +123,10 @@ QUICK_SWEEP = Sweep(
     other_batches=(1,),
     nsa_contexts=(64 * K,),
     select_contexts=(64 * K,),
+    select_batches=(1,),
     select_top_ns=(32,),
+    repair_contexts=(64 * K,),
+    repair_batches=(1,),
 )
 
 
@@ -676,9 +681,9 @@ def _sparse_config(r: Runner, mod, common: dict, todo) -> None:
 
 def repair_sweep(r: Runner, mod=None) -> None:
     sw = r.sweep
-    t, bs, top_n, ctx = sw.tokens, sw.block_size, sw.repair_top_n, sw.repair_context
+    t, bs, top_n = sw.tokens, sw.block_size, sw.repair_top_n
     fractions = sw.missed_fractions
-    for bsz in sw.other_batches:
+    for bsz, ctx in itertools.product(sw.repair_batches, sw.repair_contexts):
         common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n, block_size=bs)
         variants = [("repair", f) for f in fractions] + [("recompute", 1.0)]
         todo = [
@@ -814,7 +819,7 @@ def _nsa_config(r: Runner, mod, common, extra, todo) -> None:
 
 def select_sweep(r: Runner, mod) -> None:
     t, bs = r.sweep.tokens, r.sweep.block_size
-    for bsz in r.sweep.other_batches:
+    for bsz in r.sweep.select_batches:
         for ctx in r.sweep.select_contexts:
             for top_n in r.sweep.select_top_ns:
                 for method in ("mean", "quest"):
