@@ -95,13 +95,13 @@ def ratio_pairs(rows: list[dict]) -> list[dict]:
             if base is not None:
                 add("nsa_fused_vs_unfused", r, base)
     rec = {
-        _key(r, "batch"): r
+        _key(r, "context_len", "batch"): r
         for r in rows
         if r["op"] == "repair" and r["params"]["mode"] == "recompute"
     }
     for r in rows:
         if r["op"] == "repair" and r["params"]["mode"] == "repair":
-            base = rec.get(_key(r, "batch"))
+            base = rec.get(_key(r, "context_len", "batch"))
             if base is not None:
                 add("repair_vs_recompute", r, base)
     return out

@@ -933,8 +933,16 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
                     "time/floor": r["median_s"] / (floor + r["launch_s"]),
                 }
             )
-    for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == "repair"}):
-        rep = [r for r in g if r["op"] == "repair" and r["params"]["batch"] == bsz]
+    repair_keys = {(r["params"]["context_len"], r["params"]["batch"]) for r in g
+                   if r["op"] == "repair"}  # fmt: skip
+    for ctx, bsz in sorted(repair_keys):
+        rep = [
+            r
+            for r in g
+            if r["op"] == "repair"
+            and r["params"]["batch"] == bsz
+            and r["params"]["context_len"] == ctx
+        ]
         pts = [
             (r["params"]["missed_blocks"], r["median_s"])
             for r in rep
@@ -949,6 +957,7 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
         r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum() or 1.0)
         out["repair"].append(
             {
+                "T": ctx,
                 "B": bsz,
                 "r2": r2,
                 "us_per_block": slope * 1e6,
