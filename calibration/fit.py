@@ -65,9 +65,31 @@ def is_heldout(row: dict) -> bool:
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % HELDOUT_MOD == 0
 
 
+def repair_dedup_bytes(p: dict, requested: float) -> float:
+    """Expected distinct-block bytes of a repair call whose rows each gather ``w`` distinct
+    blocks drawn uniformly from the prefix's ``N`` blocks (the benchmark's construction): per
+    (sequence, KV head) ``N (1 - (1 - w / N)^t)`` distinct blocks of the ``t w`` requested, so
+    ``requested`` scales by that share (the q/o/lse bytes are a small part and scale alike)."""
+    n = p["context_len"] // p["block_size"]
+    w = p.get("missed_blocks") if p["mode"] == "repair" else p["top_n"]
+    t = p["num_query_tokens"]
+    if not w:
+        return requested
+    distinct = n * (1.0 - (1.0 - w / n) ** t)
+    return requested * distinct / (t * w)
+
+
 def features(row: dict) -> tuple[float, float, float | None]:
-    """(requested bytes, FLOPs, deduplicated bytes or None) of one call."""
-    dedup = row["params"].get("global_unique_bytes") if row["op"] in DEDUP_OPS else None
+    """(requested bytes, FLOPs, deduplicated bytes or None) of one call.
+
+    Sparse verification rows carry the measured ``global_unique_bytes`` of their selections;
+    repair rows get the expected distinct bytes of their uniform random selections."""
+    p = row["params"]
+    dedup = None
+    if row["op"] in DEDUP_OPS:
+        dedup = p.get("global_unique_bytes")
+    elif row["op"] == "repair":
+        dedup = repair_dedup_bytes(p, float(row["unique_bytes"]))
     return float(row["unique_bytes"]), float(row["flops"]), dedup
 
 
