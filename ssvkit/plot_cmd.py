@@ -1,0 +1,119 @@
+"""``ssvkit plot``: PNGs from a saved sweep: speedup heatmaps (context x acceptance) per
+baseline, Pareto fronts (latency vs throughput), a roofline with the op groups, capacity curves.
+
+ssvkit plot sweep.csv                                  # every plot the table supports
+ssvkit plot sweep.parquet --kind heatmap --baselines ar_sparse,sd_dense --batch 8
+ssvkit plot cap.csv --kind capacity,pareto --out-dir figs/
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ssvkit.options import atomic_write, parse_int_list
+
+HELP = "plot a saved sweep: speedup heatmaps, Pareto fronts, roofline, capacity curves (PNG)"
+KINDS = ("heatmap", "pareto", "roofline", "capacity")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("sweep", metavar="SWEEP", help="table written by ssvkit sweep --out")
+    p.add_argument(
+        "--kind",
+        default="all",
+        help=f"comma-separated plots: {', '.join(KINDS)} or all (default: all the table supports)",
+    )
+    p.add_argument(
+        "--out-dir", metavar="DIR", help="folder for the PNGs (default: the sweep file's folder)"
+    )
+    p.add_argument(
+        "--capacity",
+        metavar="FILE",
+        help="capacity table (default: SWEEP's sibling NAME.capacity.EXT when present)",
+    )
+    p.add_argument(
+        "--baselines",
+        help="heatmap baselines (default: ar_dense, ar_sparse and the sd_* ones in the sweep)",
+    )
+    p.add_argument("--strategies", help="heatmap panels (default: the best by median speedup)")
+    g = p.add_argument_group("the axes a plot does not draw (default: the first value)")
+    g.add_argument("--model")
+    g.add_argument("--gpu")
+    g.add_argument("--tp", type=int)
+    g.add_argument("--context", help="context length, K = 1024 (roofline: default the largest)")
+    g.add_argument("--batch", type=int)
+    g.add_argument("--acceptance", type=float)
+    g.add_argument("--overlap", type=float)
+    g.add_argument("--kv-bytes", type=int)
+    p.add_argument("--json", action="store_true", help="print the written files as JSON")
+
+
+def _fixed(args) -> dict:
+    out = {
+        "model": args.model,
+        "gpu": args.gpu,
+        "tp": args.tp,
+        "batch": args.batch,
+        "acceptance": args.acceptance,
+        "overlap": args.overlap,
+        "kv_bytes": args.kv_bytes,
+    }
+    if args.context:
+        out["context_len"] = parse_int_list(args.context, "context length")[0]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def run(args) -> int:
+    from sweep import plots
+    from sweep.table import read_table, sibling
+
+    kinds = KINDS if args.kind == "all" else tuple(_names(args.kind) or ())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"--kind {args.kind!r}: choose from {', '.join(KINDS)} or all")
+    table, _ = read_table(args.sweep)
+    required = ("strategy", "tokens_per_s", "speedup_vs_ar_dense", "tpot_s", "context_len")
+    missing = [c for c in required if c not in table]
+    if missing:
+        raise ValueError(f"{args.sweep} is not a sweep table (no {missing[0]!r} column)")
+    out_dir = Path(args.out_dir) if args.out_dir else Path(args.sweep).resolve().parent
+    if not out_dir.is_dir():
+        raise ValueError(f"output folder {str(out_dir)!r} does not exist")
+    cap_path = Path(args.capacity) if args.capacity else sibling(args.sweep, "capacity")
+    if "capacity" in kinds and not cap_path.is_file():
+        if args.kind != "all" or args.capacity:
+            raise ValueError(
+                f"no capacity table {str(cap_path)!r} (run ssvkit sweep with --capacity-rates)"
+            )
+        kinds = tuple(k for k in kinds if k != "capacity")
+    fixed = _fixed(args)
+    stem = Path(args.sweep).stem
+    images: dict[str, bytes] = {}
+    # Everything is drawn before anything is written: a bad option leaves no file behind.
+    if "heatmap" in kinds:
+        baselines = _names(args.baselines) or plots.heatmap_baselines(table)
+        for b in baselines:
+            images[f"{stem}-heatmap-vs-{b}.png"] = plots.heatmap(
+                table, b, fixed, _names(args.strategies)
+            )
+    if "pareto" in kinds:
+        images[f"{stem}-pareto.png"] = plots.pareto(table, fixed)
+    if "roofline" in kinds:
+        images[f"{stem}-roofline.png"] = plots.roofline(table, fixed)
+    if "capacity" in kinds:
+        cap, _ = read_table(cap_path)
+        images[f"{stem}-capacity.png"] = plots.capacity(cap, fixed)
+    for name, data in images.items():
+        atomic_write(out_dir / name, data)
+    paths = [str(out_dir / n) for n in images]
+    print(
+        json.dumps({"files": paths}, indent=1)
+        if args.json
+        else "\n".join(f"wrote {p}" for p in paths)
+    )
+    return 0

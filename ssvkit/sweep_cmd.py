@@ -1,0 +1,344 @@
+"""``ssvkit sweep``: what-if grids (models x GPUs x TP x context x batch x acceptance x
+strategies), the best strategy per cell, and GPUs needed for R requests/s under SLOs.
+
+ssvkit sweep --context 8K,32K,128K --batch 1,8,32 --acceptance 0.6,0.7,0.8 --out sweep.csv
+ssvkit sweep --grid grid.yaml --out sweep.parquet --scheduler tcp://10.0.0.5:8786
+ssvkit sweep --strategies sd_dense,ssv --vary group_size=2,4,8 --simulate --out sim.csv
+ssvkit sweep --context 32K --capacity-rates 10,50 --capacity-slo-tpot-s 0.05 --out cap.csv
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ssvkit.options import add_dataclass_options, atomic_write, figure, given
+from sweep.grid import ALIASES, load_grid, spec_from_doc
+from sweep.spec import CapacitySpec, SimulateSpec, SweepSpec
+
+HELP = "evaluate grids of models x GPUs x TP x context x batch x acceptance x strategies"
+# SweepSpec list fields and their option names (predict's names where they exist).
+LIST_OPTIONS = {
+    "models": "model",
+    "gpus": "gpu",
+    "tp": "tp",
+    "context_len": "context",
+    "batch": "batch",
+    "acceptance": "acceptance",
+    "overlap": "overlap",
+    "kv_bytes": "kv-bytes",
+    "strategies": "strategies",
+}
+SIM_FIELDS = tuple(f.name for f in dataclasses.fields(SimulateSpec))
+CAP_FIELDS = tuple(f.name for f in dataclasses.fields(CapacitySpec))
+CAP_SCALARS = tuple(n for n in CAP_FIELDS if n not in ("rates", "strategies"))
+
+
+def _default_text(name: str) -> str:
+    f = next(f for f in dataclasses.fields(SweepSpec) if f.name == name)
+    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if name == "strategies":
+        return ",".join(s.label for s in value)
+    if name == "context_len":
+        return ",".join(f"{v // 1024}K" for v in value)
+    return ",".join(str(v) for v in value)
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("grid (comma-separated lists; flags override --grid)")
+    g.add_argument("--grid", metavar="FILE", help="YAML or JSON grid file (keys: sweep/grid.py)")
+    for f in dataclasses.fields(SweepSpec):
+        if f.name in LIST_OPTIONS:
+            g.add_argument(
+                f"--{LIST_OPTIONS[f.name]}",
+                dest=f.name,
+                default=None,
+                metavar="A,B,...",
+                help=f"{f.metadata['help']} (default: {_default_text(f.name)})",
+            )
+    g.add_argument(
+        "--vary",
+        action="append",
+        metavar="FIELD=V1,V2",
+        help="a copy of each strategy per value of a strategy field (repeatable), e.g. "
+        "group_size=2,4,8; tree fields apply to speculative strategies, sparse ones to sparse, "
+        "grouping ones (mode, group_size, refresh_every, fusion) to grouped ones like ssv",
+    )
+    g.add_argument("--roofline", action="store_true", help="datasheet ceilings only")
+    s = p.add_argument_group("simulation (a discrete-event run per point)")
+    s.add_argument("--simulate", action="store_true", help="run the simulator at every point")
+    add_dataclass_options(s, SimulateSpec, SIM_FIELDS, prefix="sim-")
+    c = p.add_argument_group("capacity (GPUs for R requests/s under SLOs, simulated serving)")
+    c.add_argument(
+        "--capacity-rates",
+        metavar="R1,R2",
+        help="cluster request rates to size for; turns the capacity search on",
+    )
+    c.add_argument(
+        "--capacity-strategies", metavar="A,B", help="strategy labels to size (default: all)"
+    )
+    add_dataclass_options(c, CapacitySpec, CAP_SCALARS, prefix="capacity-")
+    r = p.add_argument_group("running and output")
+    r.add_argument("--out", metavar="FILE", help="write the table (.csv, or .parquet: extra)")
+    r.add_argument("--workers", type=int, default=None, help="local processes (default: cores)")
+    r.add_argument("--scheduler", metavar="ADDR", help="Dask scheduler, e.g. tcp://host:8786")
+    r.add_argument(
+        "--scheduler-timeout-s",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the scheduler (default: 10)",
+    )
+    r.add_argument(
+        "--partition-points",
+        type=int,
+        default=None,
+        help="points per task (default: 5000; 8 with --simulate)",
+    )
+    r.add_argument("--top", type=int, default=20, help="best-per-cell rows printed (default: 20)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    r.add_argument("--dry-run", action="store_true", help="print the grid's size and stop")
+    p.add_argument("--json", action="store_true", help="print JSON (every figure with provenance)")
+
+
+def build_spec(args) -> SweepSpec:
+    doc = load_grid(args.grid) if args.grid else {}
+    where = Path(args.grid).name if args.grid else "sweep"
+    doc = {ALIASES.get(k, k): v for k, v in doc.items()}
+    for name in LIST_OPTIONS:
+        v = getattr(args, name)
+        if v is not None:
+            doc[name] = [x.strip() for x in v.split(",") if x.strip()] or v
+    if args.vary:
+        vary = dict(doc.get("vary") or {})
+        for item in args.vary:
+            key, eq, values = item.partition("=")
+            if not eq or not values.strip():
+                raise ValueError(f"--vary {item!r} is not FIELD=V1,V2,...")
+            vary[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+        doc["vary"] = vary
+    if args.roofline:
+        doc["roofline"] = True
+    sim = given(args, SIM_FIELDS, prefix="sim_")
+    if args.simulate or sim:
+        base = doc.get("simulate") if isinstance(doc.get("simulate"), dict) else {}
+        doc["simulate"] = {**base, **sim}
+    cap = given(args, CAP_SCALARS, prefix="capacity_")
+    if args.capacity_rates:
+        cap["rates"] = args.capacity_rates
+    if args.capacity_strategies:
+        cap["strategies"] = args.capacity_strategies
+    if cap:
+        if "rates" not in cap and not isinstance(doc.get("capacity"), dict):
+            raise ValueError("capacity options need --capacity-rates (the rates to size for)")
+        base = doc.get("capacity") if isinstance(doc.get("capacity"), dict) else {}
+        doc["capacity"] = {**base, **cap}
+    return spec_from_doc(doc, where)
+
+
+def _fmt_ctx(t: int) -> str:
+    return f"{t // 1024}K" if t % 1024 == 0 else str(t)
+
+
+CELL_COLUMNS = (  # (column, header, width, format): printed when the sweep varies them
+    ("model", "model", 14, "s"),
+    ("gpu", "gpu", 9, "s"),
+    ("tp", "tp", 3, "d"),
+    ("context_len", "context", 7, "ctx"),
+    ("batch", "batch", 5, "d"),
+    ("acceptance", "accept", 6, ".2f"),
+    ("overlap", "overlap", 7, ".2f"),
+    ("kv_bytes", "kv", 3, "d"),
+)
+
+
+def _best_rows(table: dict, spec, top: int) -> tuple[list[str], int]:
+    axes = {"model": spec.models, "gpu": spec.gpus, "context_len": spec.context_len}
+    shown = [
+        c
+        for c in CELL_COLUMNS
+        if c[0] == "context_len" or len(axes.get(c[0], getattr(spec, c[0], ()))) > 1
+    ]
+    m = np.flatnonzero(table["best"])
+    head = " ".join(f"{h:>{w}s}" for _, h, w, _ in shown) + (
+        f" {'strategy':28s} {'tok/s':>9s} {'vs ar_dense':>11s} {'vs ar_sparse':>12s} "
+        f"{'tpot ms':>8s}"
+    )
+    lines = [head, "-" * len(head)]
+    for i in m[:top]:
+        cells = []
+        for col, _, w, fmt in shown:
+            v = table[col][i]
+            text = _fmt_ctx(int(v)) if fmt == "ctx" else format(v if fmt != "s" else str(v), fmt)
+            cells.append(f"{text[:w]:>{w}s}")
+        lines.append(
+            " ".join(cells) + f" {str(table['strategy'][i])[:28]:28s} "
+            f"{table['tokens_per_s'][i]:9.1f} {table['speedup_vs_ar_dense'][i]:10.2f}x "
+            f"{table['speedup_vs_ar_sparse'][i]:11.2f}x {table['tpot_s'][i] * 1e3:8.2f}"
+        )
+    return lines, len(m)
+
+
+def _capacity_rows(cap: dict) -> list[str]:
+    i0 = 0
+    lines = [
+        f"capacity: TTFT <= {cap['slo_ttft_s'][i0]:g} s and TPOT <= "
+        f"{cap['slo_tpot_s'][i0] * 1e3:g} ms for {100 * cap['attainment'][i0]:g}% of "
+        f"{cap['num_requests'][i0]} requests ({cap['output_tokens'][i0]} output tokens), "
+        "simulated serving; * = fewest GPUs for that rate",
+        f"{'model':14s} {'gpu':9s} {'tp':>2s} {'context':>7s} {'strategy':28s} "
+        f"{'max req/s/replica':>17s} {'rate':>8s} {'GPUs':>6s}  status",
+    ]
+    for i in range(len(cap["model"])):
+        gpus = cap["gpus_needed"][i]
+        lines.append(
+            f"{str(cap['model'][i])[:14]:14s} {str(cap['gpu'][i])[:9]:9s} {cap['tp'][i]:2d} "
+            f"{_fmt_ctx(int(cap['context_len'][i])):>7s} {str(cap['strategy'][i])[:28]:28s} "
+            f"{cap['replica_requests_per_s'][i]:17.3f} {cap['requests_per_s'][i]:8g} "
+            f"{'-' if np.isnan(gpus) else f'{gpus:.0f}':>6s}{'*' if cap['best'][i] else ' '} "
+            f"{cap['status'][i]}"
+        )
+    return lines
+
+
+def _summary(result, files: dict, top: int) -> str:
+    f, t = result.facts, result.table
+    lines = [
+        f"sweep: {f['points']:,} points ({result.spec.shape()}) evaluated in "
+        f"{f['elapsed_s']:.2f} s ({f['points'] / max(f['points_s'], 1e-9):,.0f} points/s, "
+        f"{f['partitions']} tasks on {f['executor']}) [{', '.join(f['provenance'])}]",
+        f"  infeasible {int((~t['feasible']).sum()):,}  KV does not fit "
+        f"{int((t['feasible'] & ~t['fits_memory']).sum()):,}  extrapolated "
+        f"{int(t['extrapolated'].sum()):,}",
+        "best strategy per cell:",
+    ]
+    rows, n = _best_rows(t, result.spec, top)
+    lines += rows
+    if n > top:
+        lines.append(f"... {n - top:,} more cells (--top N, or the table's best column)")
+    if result.capacity is not None:
+        lines += ["", *_capacity_rows(result.capacity)]
+    for kind, path in files.items():
+        lines.append(f"wrote {kind}: {path}")
+    return "\n".join(lines)
+
+
+def _row_doc(table: dict, i: int, prov_key: str = "provenance") -> dict:
+    p = str(table[prov_key][i])
+    doc = {k: _plain(table[k][i]) for k in ("model", "gpu", "strategy", "base")}
+    for k in ("tp", "context_len", "batch", "acceptance", "overlap", "kv_bytes"):
+        doc[k] = _plain(table[k][i])
+    doc["tokens_per_s"] = figure(_plain(table["tokens_per_s"][i]), "tokens/s", p)
+    doc["tokens_per_s_per_gpu"] = figure(_plain(table["tokens_per_s_per_gpu"][i]), "tokens/s", p)
+    doc["tpot_s"] = figure(_plain(table["tpot_s"][i]), "s", p)
+    for a in ("ar_dense", "ar_sparse"):
+        doc[f"speedup_vs_{a}"] = figure(_plain(table[f"speedup_vs_{a}"][i]), "x", p)
+    if "sim_tokens_per_s" in table:
+        doc["sim_tokens_per_s"] = figure(
+            _plain(table["sim_tokens_per_s"][i]), "tokens/s", str(table["sim_provenance"][i])
+        )
+    return doc
+
+
+def _cap_doc(cap: dict, i: int) -> dict:
+    p = str(cap["provenance"][i]) or "not simulated"
+    doc = {
+        k: _plain(cap[k][i])
+        for k in ("model", "gpu", "tp", "context_len", "acceptance", "overlap", "kv_bytes")
+    }
+    doc.update(
+        strategy=str(cap["strategy"][i]),
+        status=str(cap["status"][i]),
+        best=bool(cap["best"][i]),
+        requests_per_s=figure(_plain(cap["requests_per_s"][i]), "requests/s", "input"),
+        replica_requests_per_s=figure(_plain(cap["replica_requests_per_s"][i]), "requests/s", p),
+        replica_saturation_requests_per_s=figure(
+            _plain(cap["replica_saturation_requests_per_s"][i]), "requests/s", p
+        ),
+        gpus_needed=figure(_plain(cap["gpus_needed"][i]), "GPUs", p),
+    )
+    return doc
+
+
+def _plain(v):
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and v != v:
+        return None
+    return v
+
+
+def _json(result, files: dict) -> str:
+    f, t = result.facts, result.table
+    wall = "measured:wall-clock"
+    doc = {
+        "points": f["points"],
+        "partitions": f["partitions"],
+        "executor": f["executor"],
+        "elapsed_s": figure(f["elapsed_s"], "s", wall),
+        "points_per_s": figure(f["points"] / max(f["points_s"], 1e-9), "points/s", wall),
+        "provenance": f["provenance"],
+        "spec": result.spec.to_doc(),
+        "best": [_row_doc(t, int(i)) for i in np.flatnonzero(t["best"])],
+        "files": {k: str(v) for k, v in files.items()},
+    }
+    if result.capacity is not None:
+        doc["capacity"] = [
+            _cap_doc(result.capacity, i) for i in range(len(result.capacity["model"]))
+        ]
+    return json.dumps(doc, indent=1)
+
+
+def _check_extras(args) -> None:
+    """Fail before computing when an option needs the ``sweep`` extra."""
+    from sweep.table import require_pyarrow, table_format
+
+    if args.out:
+        if table_format(args.out) == "parquet":
+            require_pyarrow("Parquet output")
+        if not Path(args.out).parent.exists():
+            raise ValueError(f"output folder {str(Path(args.out).parent)!r} does not exist")
+    if args.scheduler:
+        try:
+            import dask.distributed  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "--scheduler needs dask.distributed: pip install 'ssvkit[sweep]'"
+            ) from None
+
+
+def run(args) -> int:
+    from sweep.runner import plan, run_sweep
+    from sweep.table import encode, sibling
+
+    spec = build_spec(args)
+    _check_extras(args)
+    if args.partition_points is not None and args.partition_points < 1:
+        raise ValueError(f"--partition-points must be >= 1, got {args.partition_points}")
+    if args.dry_run:
+        _, _, parts = plan(spec, args.partition_points)
+        print(f"sweep: {spec.num_points:,} points ({spec.shape()}), {len(parts)} partitions")
+        return 0
+    result = run_sweep(
+        spec,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        partition_points=args.partition_points,
+        progress=not args.no_progress,
+        scheduler_timeout_s=args.scheduler_timeout_s,
+    )
+    # Everything is computed before anything is written: a failure leaves no file behind.
+    outputs = {}
+    if args.out:
+        meta = {"spec": spec.to_doc(), "facts": result.facts}
+        outputs["table"] = (Path(args.out), encode(result.table, args.out, meta))
+        if result.capacity is not None:
+            path = sibling(args.out, "capacity")
+            outputs["capacity"] = (path, encode(result.capacity, path, meta))
+    for path, data in outputs.values():
+        atomic_write(path, data)
+    files = {k: str(p) for k, (p, _) in outputs.items()}
+    print(_json(result, files) if args.json else _summary(result, files, args.top))
+    return 0

@@ -1,0 +1,346 @@
+"""Plots of a saved sweep (PNG bytes; nothing is written here): speedup heatmaps (context x
+acceptance) per baseline, Pareto fronts (per-token latency vs throughput per GPU), a roofline
+with the op groups of one cell, and capacity curves (GPUs needed vs request rate).
+
+Each plot fixes the axes it does not draw: ``select`` takes a dict of column -> value and
+defaults every other fixed axis to its first value in the table (grid order), and the titles
+say what was fixed. Only feasible points that fit in memory are drawn.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+
+from perfmodel.hardware import get_gpu
+from perfmodel.strategy import BASELINES
+
+FIXED = ("model", "gpu", "tp", "context_len", "batch", "acceptance", "overlap", "kv_bytes")
+HEATMAP_BASELINES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive")
+MAX_PANELS = 6
+MAX_LINES = 8
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def _uniq(col: np.ndarray) -> list:
+    """Distinct values in order of first appearance (grid order)."""
+    _, first = np.unique(col, return_index=True)
+    return [col[i] for i in sorted(first)]
+
+
+def select(table: dict, fixed: dict, free: tuple[str, ...]) -> tuple[np.ndarray, dict]:
+    """Row mask with every ``FIXED`` axis not in ``free`` pinned: to ``fixed[axis]`` when given
+    (an error names the values present otherwise), else to its first value. Returns the mask
+    and the pinned values."""
+    mask = np.ones(len(table["model"]), dtype=bool)
+    pinned = {}
+    for axis in FIXED:
+        if axis in free or axis not in table:
+            continue
+        col = table[axis]
+        values = _uniq(col[mask])
+        if not values:
+            break
+        want = fixed.get(axis)
+        if want is None:
+            want = values[0]
+        elif not any(_same(want, v) for v in values):
+            shown = ", ".join(str(v) for v in values[:12])
+            raise ValueError(f"{axis} {want!r} is not in the sweep (has {shown})")
+        mask &= np.array([_same(want, v) for v in col]) if col.dtype == object else col == want
+        pinned[axis] = want
+    usable = table.get("feasible", True) & table.get("fits_memory", True)
+    return mask & usable, pinned
+
+
+def _same(a, b) -> bool:
+    if isinstance(b, str | np.str_):
+        return str(a) == str(b)
+    return math.isclose(float(a), float(b), rel_tol=1e-9)
+
+
+def _title(pinned: dict) -> str:
+    return "  ".join(f"{k}={v}" for k, v in pinned.items())
+
+
+def _ctx(t) -> str:
+    t = int(t)
+    return f"{t // 1024}K" if t % 1024 == 0 else str(t)
+
+
+def _pivot(table, mask, strategy, value):
+    """``value`` of ``strategy`` on the acceptance x context grid (NaN where missing)."""
+    m = mask & (table["strategy"] == strategy)
+    ctxs = sorted(set(table["context_len"][mask].tolist()))
+    accs = sorted(set(table["acceptance"][mask].tolist()))
+    grid = np.full((len(accs), len(ctxs)), np.nan)
+    for c, a, v in zip(table["context_len"][m], table["acceptance"][m], value[m], strict=True):
+        grid[accs.index(a), ctxs.index(c)] = v
+    return grid, ctxs, accs
+
+
+def heatmap_baselines(table: dict) -> list[str]:
+    """Baselines a heatmap can be drawn against: ar_dense and ar_sparse always (their speedup
+    columns), sd_dense and sd_sparse_naive when the sweep holds them."""
+    labels = set(table["strategy"].tolist())
+    return [b for b in HEATMAP_BASELINES if b in ANCHOR_COLUMNS or b in labels]
+
+
+ANCHOR_COLUMNS = {"ar_dense": "speedup_vs_ar_dense", "ar_sparse": "speedup_vs_ar_sparse"}
+
+
+def _speedup_over(table, mask, baseline) -> np.ndarray:
+    """Speedup of every row of ``mask`` over ``baseline`` at the same context and acceptance
+    (the other axes are pinned by ``mask``); NaN elsewhere."""
+    if baseline in ANCHOR_COLUMNS:
+        return table[ANCHOR_COLUMNS[baseline]]
+    ctx, acc, tps = table["context_len"], table["acceptance"], table["tokens_per_s"]
+    m = mask & (table["strategy"] == baseline)
+    ref = {(c, a): v for c, a, v in zip(ctx[m], acc[m], tps[m], strict=True)}
+    out = np.full(len(tps), np.nan)
+    rows = np.flatnonzero(mask)
+    base = np.array([ref.get((ctx[i], acc[i]), np.nan) for i in rows])
+    out[rows] = tps[rows] / base
+    return out
+
+
+def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
+    """Speedup over ``baseline`` on context x acceptance: one panel per strategy (the listed
+    ones, else the best by median speedup) and a panel of the best strategy per cell."""
+    if baseline not in heatmap_baselines(table):
+        raise ValueError(f"baseline {baseline!r} is not in the sweep (add it to --strategies)")
+    mask, pinned = select(table, fixed, ("context_len", "acceptance"))
+    speed = _speedup_over(table, mask, baseline)
+    labels = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
+    if strategies:
+        missing = [s for s in strategies if s not in labels]
+        if missing:
+            raise ValueError(f"strategy {missing[0]!r} is not in the selection")
+        labels = list(strategies)
+    elif len(labels) > MAX_PANELS - 1:
+        med = {s: np.nanmedian(speed[mask & (table["strategy"] == s)]) for s in labels}
+        labels = sorted(labels, key=lambda s: -med[s])[: MAX_PANELS - 1]
+    panels = [(s, *_pivot(table, mask, s, speed)) for s in labels]
+    cands = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
+    grids = [_pivot(table, mask, s, speed)[0] for s in cands]
+    if len(cands) > 1:
+        stack = np.stack(grids)
+        filled = np.where(np.isnan(stack), -np.inf, stack)
+        win = np.argmax(filled, axis=0)
+        best = np.take_along_axis(stack, win[None], 0)[0]
+        panels.append(("best per cell", best, *_pivot(table, mask, cands[0], speed)[1:]))
+    else:
+        win = None
+    plt = _plt()
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows + 0.8), squeeze=False)
+    finite = np.concatenate([g[np.isfinite(g)] for _, g, _, _ in panels] + [np.array([1.0])])
+    vmax = max(float(finite.max()), 1.01)
+    vmin = min(float(finite.min()), 0.99)
+    from matplotlib.colors import TwoSlopeNorm
+
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=vmin, vmax=vmax)  # 1x (no speedup) is neutral
+    for ax, (name, grid, ctxs, accs) in zip(axes.flat, panels, strict=False):
+        im = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdYlGn", norm=norm)
+        ax.set_xticks(range(len(ctxs)), [_ctx(c) for c in ctxs], fontsize=7)
+        ax.set_yticks(range(len(accs)), [f"{a:g}" for a in accs], fontsize=7)
+        ax.set_xlabel("context")
+        ax.set_ylabel("acceptance")
+        ax.set_title(name if len(name) < 40 else name[:37] + "...", fontsize=8)
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                tag = f"\n#{win[i, j] + 1}" if name == "best per cell" else ""
+                ax.text(j, i, f"{v:.2f}{tag}", ha="center", va="center", fontsize=6)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    notes = ""
+    if win is not None:
+        shown = sorted(set(win.ravel().tolist()))
+        notes = "   ".join(f"#{k + 1} {cands[k]}" for k in shown)
+    fig.suptitle(f"speedup over {baseline}   {_title(pinned)}\n{notes}", fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def pareto_front(latency: np.ndarray, throughput: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both lower latency and higher throughput,
+    by increasing latency."""
+    order = np.lexsort((-throughput, latency))
+    front, best = [], -np.inf
+    for i in order:
+        if throughput[i] > best:
+            front.append(i)
+            best = throughput[i]
+    return np.array(front, dtype=int)
+
+
+def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
+    """Per-token latency (``tpot_s``) vs tokens/s per GPU across batch sizes and strategies, one
+    panel per context; the front over all strategies in black."""
+    mask, pinned = select(table, fixed, ("context_len", "batch"))
+    if not mask.any():
+        raise ValueError("no feasible point to draw in the selection")
+    ctxs = sorted(set(table["context_len"][mask].tolist()))
+    if len(ctxs) > max_contexts:
+        ctxs = [ctxs[round(i * (len(ctxs) - 1) / (max_contexts - 1))] for i in range(max_contexts)]
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.8 * len(ctxs), 4.2), squeeze=False)
+    labels = _uniq(table["strategy"][mask])
+    lines = [s for s in labels if s in BASELINES][:MAX_LINES] or labels[:MAX_LINES]
+    for ax, c in zip(axes[0], ctxs, strict=True):
+        m = mask & (table["context_len"] == c)
+        lat = table["tpot_s"][m] * 1e3
+        thr = table["tokens_per_s_per_gpu"][m]
+        strat = table["strategy"][m]
+        ax.scatter(lat, thr, s=6, color="0.75", label="all points")
+        for s in lines:
+            k = strat == s
+            order = np.argsort(table["batch"][m][k])
+            ax.plot(lat[k][order], thr[k][order], marker="o", ms=3, lw=1, label=s)
+        front = pareto_front(lat, thr)
+        ax.step(lat[front], thr[front], where="post", color="k", lw=1.6, label="Pareto front")
+        for i in front[:: max(1, len(front) // 6)]:
+            ax.annotate(f"{strat[i]} b={table['batch'][m][i]}", (lat[i], thr[i]), fontsize=5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("time per output token (ms)")
+        ax.set_ylabel("tokens/s per GPU")
+        ax.set_title(f"context {_ctx(c)}", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"latency vs throughput   {_title(pinned)}", fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+GROUPS = ("gemm", "attention", "selection", "other", "draft")
+GROUP_MARKERS = dict(zip(GROUPS, "s^Dvo", strict=True))
+
+
+def roofline(table: dict, fixed: dict) -> bytes:
+    """The op groups of each strategy at one cell on the GPU's roofline: arithmetic intensity
+    (FLOPs / bytes) against achieved FLOP/s (FLOPs / seconds). Context defaults to the largest."""
+    fixed = dict(fixed)
+    if fixed.get("context_len") is None:
+        fixed["context_len"] = int(np.max(table["context_len"]))
+    mask, pinned = select(table, fixed, ())
+    if not mask.any():
+        raise ValueError("no feasible point to draw in the selection")
+    prov = str(table["provenance"][mask][0])
+    gpu = get_gpu(str(pinned["gpu"]), measured=not prov.startswith("datasheet"))
+    peak, bw = gpu.tensor_flops_per_s("bf16"), gpu.hbm_bytes_per_s
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    xs = np.logspace(-2, 4, 200)
+    ax.loglog(
+        xs, np.minimum(peak, xs * bw), "k-", lw=1, label=f"{gpu.name} roofline ({gpu.provenance})"
+    )
+    labels = _uniq(table["strategy"][mask])
+    shown = [s for s in labels if s in BASELINES] or labels
+    extra = [s for s in labels if s not in shown]
+    if extra:
+        best = mask & table["best"]
+        shown += [s for s in _uniq(table["strategy"][best]) if s not in shown]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, s in enumerate(shown[:MAX_LINES]):
+        i = np.flatnonzero(mask & (table["strategy"] == s))[0]
+        for g in GROUPS:
+            secs = table["draft_s" if g == "draft" else f"{g}_s"][i]
+            f, b = table[f"{g}_flops"][i], table[f"{g}_bytes"][i]
+            if f > 0 and b > 0 and secs > 0:
+                ax.scatter(
+                    f / b, f / secs, marker=GROUP_MARKERS[g], color=colors[k % len(colors)], s=30
+                )
+        ax.plot([], [], color=colors[k % len(colors)], lw=4, label=s)
+    for g in GROUPS:
+        ax.scatter([], [], marker=GROUP_MARKERS[g], color="0.4", label=g)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.set_title(f"op groups of one round\n{_title(pinned)}\n[{prov}]", fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def capacity(cap: dict, fixed: dict, max_contexts: int = 4) -> bytes:
+    """GPUs needed vs cluster request rate: ``ceil(R / r*) tp`` per (strategy, TP), one panel
+    per context; markers at the rates the sweep was sized for."""
+    mask = np.ones(len(cap["model"]), dtype=bool)
+    pinned = {}
+    for axis in ("model", "gpu", "acceptance", "overlap", "kv_bytes"):
+        values = _uniq(cap[axis][mask])
+        want = fixed.get(axis, values[0]) if values else None
+        if want is None:
+            continue
+        if not any(_same(want, v) for v in values):
+            raise ValueError(f"{axis} {want!r} is not in the capacity table")
+        mask &= np.array([_same(want, v) for v in cap[axis]])
+        pinned[axis] = want
+    ctxs = sorted(set(cap["context_len"][mask].tolist()))[:max_contexts]
+    if not ctxs:
+        raise ValueError("the capacity table is empty")
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.8 * len(ctxs), 4.2), squeeze=False)
+    rmax = float(np.max(cap["requests_per_s"][mask])) * 1.1
+    rates = np.linspace(rmax / 400, rmax, 400)
+    for ax, c in zip(axes[0], ctxs, strict=True):
+        m = mask & (cap["context_len"] == c)
+        seen = set()
+        for i in np.flatnonzero(m):
+            key = (cap["strategy"][i], int(cap["tp"][i]))
+            if key in seen:
+                continue
+            seen.add(key)
+            rstar = cap["replica_requests_per_s"][i]
+            label = f"{key[0]} tp={key[1]}"
+            if not rstar > 0:
+                ax.plot([], [], " ", label=f"{label}: {cap['status'][i]}")
+                continue
+            gpus = np.ceil(rates / rstar - 1e-9) * key[1]
+            (line,) = ax.step(
+                rates, gpus, where="post", lw=1.2, label=f"{label} (r*={rstar:.3g}/s)"
+            )
+            k = m & (cap["strategy"] == key[0]) & (cap["tp"] == key[1])
+            ax.scatter(
+                cap["requests_per_s"][k],
+                cap["gpus_needed"][k],
+                color=line.get_color(),
+                s=18,
+                zorder=3,
+            )
+        ax.set_xlabel("cluster request rate R (requests/s)")
+        ax.set_ylabel("GPUs needed")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"context {_ctx(c)}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    i0 = np.flatnonzero(mask)[0]
+    slo = (
+        f"TTFT <= {cap['slo_ttft_s'][i0]:g} s, TPOT <= {1e3 * cap['slo_tpot_s'][i0]:g} ms for "
+        f"{100 * cap['attainment'][i0]:g}% of requests"
+    )
+    fig.suptitle(f"capacity ({slo}; sim:serve)   {_title(pinned)}", fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
