@@ -19,6 +19,7 @@ starts).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -173,6 +174,12 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         if len(fit_rows) < 3:
             continue  # too few rows to fit anything honest; the class stays uncalibrated
         cf = fit_class(name, fit_rows, bw, peak)
+        every = _data(name, rs)
+        cf = dataclasses.replace(
+            cf,
+            bytes_range=(float(np.log10(every.nbytes.min())), float(np.log10(every.nbytes.max()))),
+            flops_range=(float(np.log10(every.flops.min())), float(np.log10(every.flops.max()))),
+        )
         stats = {}
         for split, subset in (("fit", fit_rows), ("heldout", held)):
             if subset:

@@ -44,6 +44,10 @@ class ClassFit:
     flops_knots: tuple[float, ...]  # log10 FLOPs
     flops_eff: tuple[float, ...]
     l2_miss: float | None  # h, for classes with a dedup term
+    # log10 ranges of bytes and FLOPs over every measured row of the class (fit and held out):
+    # a figure outside them is an extrapolation.
+    bytes_range: tuple[float, float] = (0.0, 0.0)
+    flops_range: tuple[float, float] = (0.0, 0.0)
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
@@ -52,13 +56,18 @@ class ClassFit:
         ef = np.interp(lf, self.flops_knots, self.flops_eff)
         return eb, ef
 
-    def in_range(self, nbytes, flops):
-        lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
-        lf = np.log10(np.maximum(np.asarray(flops, dtype=float), 1.0))
+    def in_range(self, nbytes, flops, bw, peak):
+        """True where the binding term of the model lies inside the measured range: bytes
+        always (the fixed cost and memory term), FLOPs where the compute term binds."""
+        nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
+        lb = np.log10(np.maximum(nbytes, 1.0))
+        lf = np.log10(np.maximum(flops, 1.0))
         tol = 1e-9
-        ok_b = (lb >= self.bytes_knots[0] - tol) & (lb <= self.bytes_knots[-1] + tol)
-        ok_f = (lf >= self.flops_knots[0] - tol) & (lf <= self.flops_knots[-1] + tol)
-        return ok_b & (ok_f | (np.asarray(flops) <= 0))
+        ok_b = (lb >= self.bytes_range[0] - tol) & (lb <= self.bytes_range[1] + tol)
+        ok_f = (lf >= self.flops_range[0] - tol) & (lf <= self.flops_range[1] + tol)
+        eb, ef = self.efficiencies(nbytes, flops)
+        compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
+        return ok_b & (ok_f | ~compute_bound)
 
     def call_time_s(self, nbytes, flops, bw, peak, dedup_bytes=None):
         """Seconds of one call moving ``nbytes`` (requested) and doing ``flops``."""
@@ -78,6 +87,8 @@ class ClassFit:
             "flops_knots": list(self.flops_knots),
             "flops_eff": list(self.flops_eff),
             "l2_miss": self.l2_miss,
+            "bytes_range": list(self.bytes_range),
+            "flops_range": list(self.flops_range),
         }
 
     @classmethod
@@ -90,6 +101,8 @@ class ClassFit:
             flops_knots=tuple(d["flops_knots"]),
             flops_eff=tuple(d["flops_eff"]),
             l2_miss=d.get("l2_miss"),
+            bytes_range=tuple(d["bytes_range"]),
+            flops_range=tuple(d["flops_range"]),
         )
 
 
@@ -172,7 +185,8 @@ class CalibratedPredictor(RooflinePredictor):
         )
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".
-        outside = (calls > 0) & ~cls.in_range(nbytes, flops)
+        bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
+        outside = (calls > 0) & ~cls.in_range(nbytes, flops, bw, peak)
         same = self.outside is not None and np.shape(self.outside) == np.shape(outside)
         self.outside = self.outside | outside if same else outside
         return np.where(calls > 0, t, 0.0)

@@ -8,6 +8,7 @@ attention and its grouping, refresh/reuse schedule); a ``Workload`` is what it i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 from perfmodel.acceptance import (
@@ -62,9 +63,11 @@ class DrafterSpec:
         return get_model(self.model) if self.kind == "draft_model" else None
 
 
+@functools.lru_cache(maxsize=4096)  # best:N runs a DP; grids ask for the same trees often
 def parse_tree(spec: str, acceptance: float = 0.7, num_ranks: int = 4) -> tuple[int, ...]:
-    """Tree parents from ``chain:K``, ``full:BxD`` (branching x depth) or ``best:N[:D]`` (the
-    best tree of N nodes, optional max depth D, for ``acceptance`` with geometric sibling decay).
+    """Tree parents from ``chain:K``, ``full:BxD`` (branching x depth), ``best:N[:D]`` (the
+    best tree of N nodes, optional max depth D, for ``acceptance`` with geometric sibling decay)
+    or ``parents:P0,P1,...`` (explicit: node i hangs below node Pi, -1 = the root).
     ``none`` or ``chain:0`` is autoregressive decoding (no drafts)."""
     s = spec.strip().lower()
     try:
@@ -89,6 +92,10 @@ def parse_tree(spec: str, acceptance: float = 0.7, num_ranks: int = 4) -> tuple[
                         nxt.append(len(parents) - 1)
                 level = nxt
             parents = tuple(parents)
+        elif kind == "parents":  # an explicit tree: parents:-1,0,0,1 (node -> parent)
+            parents = tuple(int(x) for x in arg.split(",")) if arg else ()
+            if any(not -1 <= p < i for i, p in enumerate(parents)):
+                raise ValueError
         elif kind == "best":
             n, _, d = arg.partition(":")
             if int(n) < 1 or (d and int(d) < 1):
@@ -101,7 +108,8 @@ def parse_tree(spec: str, acceptance: float = 0.7, num_ranks: int = 4) -> tuple[
             raise ValueError
     except ValueError:
         raise ValueError(
-            f"tree {spec!r} is not chain:K, full:BxD or best:N[:D] with positive integers"
+            f"tree {spec!r} is not chain:K, full:BxD, best:N[:D] or parents:P0,P1,... "
+            "with positive integers (parents in -1..i-1)"
         ) from None
     if len(parents) > MAX_TREE_NODES:
         raise ValueError(

@@ -14,6 +14,7 @@ from ssvkit import (
     calibrate_cmd,
     plot_cmd,
     predict_cmd,
+    rank_cmd,
     registry_cmd,
     simulate_cmd,
     sweep_cmd,
@@ -28,6 +29,7 @@ COMMANDS = {
     "simulate": simulate_cmd,
     "calibrate": calibrate_cmd,
     "validate": validate_cmd,
+    "rank": rank_cmd,
     "sweep": sweep_cmd,
     "plot": plot_cmd,
 }

@@ -1,0 +1,158 @@
+"""Online adaptation (seed 000, Mechanism 3, phase 2): the controller the decode loop calls
+after every round.
+
+It keeps an exponential moving average of the tokens produced per round, turns it into the
+per-token acceptance the current tree implies (``planner.profile.alpha_from_tokens``), and
+compares that with the acceptance the offline ranking assumed for this drafter and regime. When
+they differ by more than ``epsilon`` for ``patience`` consecutive rounds, it re-scores the
+regime's top candidates and the best-ranked strategy of every (drafter, tree) with the
+observed acceptance (other drafters shifted by the same
+relative change) and switches to the best one if it beats the current strategy's re-scored
+throughput by more than ``hysteresis`` plus the measured switch cost amortised over
+``horizon_rounds``, and no switch happened in the last ``cooldown`` rounds. Hysteresis and
+cooldown keep it from oscillating. Every switch is logged (``switches``) with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfmodel.hardware import GpuSpec
+from perfmodel.models import ModelSpec
+from perfmodel.strategy import Strategy
+from planner.profile import Profile, alpha_from_tokens, regime_of
+from planner.rank import score, strategy_from_json
+from planner.space import strategy_id
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    epsilon: float = field(default=0.1, metadata={"help": "acceptance deviation that counts"})
+    patience: int = field(default=4, metadata={"help": "consecutive deviating rounds to act"})
+    ema: float = field(default=0.25, metadata={"help": "weight of the newest round in the EMA"})
+    hysteresis: float = field(default=0.05, metadata={"help": "relative gain needed to switch"})
+    cooldown: int = field(default=16, metadata={"help": "rounds between two switches"})
+    candidates: int = field(default=24, metadata={"help": "ranked strategies re-scored"})
+    horizon_rounds: int = field(default=64, metadata={"help": "rounds a switch is amortised"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ema <= 1:
+            raise ValueError(f"ema must lie in (0, 1], got {self.ema}")
+        for name in ("patience", "candidates", "horizon_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.epsilon < 0 or self.hysteresis < 0 or self.cooldown < 0:
+            raise ValueError("epsilon, hysteresis and cooldown must be >= 0")
+
+
+class OnlineController:
+    """Implements the engine's ``Controller`` protocol (``after_round(stats)``)."""
+
+    def __init__(
+        self,
+        ranking: dict,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        profile: Profile,
+        config: ControllerConfig | None = None,
+        batch: int = 1,
+    ):
+        self.ranking, self.model, self.gpu, self.profile = ranking, model, gpu, profile
+        self.config = config or ControllerConfig()
+        self.batch = batch
+        self.switches: list[dict] = []
+        self.switch_cost_s = 0.0
+        self._ema_tokens: float | None = None
+        self._strategy_key: str | None = None
+        self._deviating = 0
+        self._last_switch = -(10**9)
+
+    def initial_strategy(self, context_len: int) -> Strategy:
+        """The offline-best strategy of the context's regime."""
+        entry = self.ranking["regimes"][regime_of(context_len)]
+        return strategy_from_json(entry["ranking"][0]["strategy"])
+
+    def observed_alpha(self) -> float | None:
+        return None if self._ema_tokens is None else self._alpha
+
+    def after_round(self, stats) -> Strategy | None:
+        cfg = self.config
+        s: Strategy = stats.strategy
+        if "switch" in stats.step_s:  # the loop reports what re-capture and re-selection cost
+            self.switch_cost_s = float(stats.step_s["switch"])
+        if not stats.drafted:
+            return None
+        key = strategy_id(s)
+        tokens = stats.mean_accepted + 1.0
+        if key != self._strategy_key:  # a new strategy: its own acceptance history
+            self._strategy_key, self._ema_tokens, self._deviating = key, tokens, 0
+        else:
+            self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
+        self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
+        regime = regime_of(max(stats.context_lens))
+        expected = self.profile.alpha(regime, s.drafter.kind)
+        self._deviating = self._deviating + 1 if abs(self._alpha - expected) > cfg.epsilon else 0
+        if self._deviating < cfg.patience or stats.round - self._last_switch < cfg.cooldown:
+            return None
+        best, gain = self._rescore(s, regime, max(stats.context_lens), expected)
+        self._deviating = 0
+        if best is None:
+            return None
+        self._last_switch = stats.round
+        self.switches.append(
+            {
+                "round": stats.round,
+                "from": key,
+                "to": strategy_id(best),
+                "observed_alpha": self._alpha,
+                "expected_alpha": expected,
+                "predicted_gain": gain,
+                "switch_cost_s": self.switch_cost_s,
+            }
+        )
+        return best
+
+    def _rescore(self, current: Strategy, regime: str, context_len: int, expected: float):
+        """Best candidate under the observed acceptance, or (None, 0) when none is worth it."""
+        cfg = self.config
+        ranked = self.ranking["regimes"][regime]["ranking"]
+        # The top candidates, plus the best-ranked strategy of every (drafter, tree): a change
+        # in acceptance mostly moves the best tree, which the top of one ranking may not hold.
+        picked = ranked[: cfg.candidates]
+        seen = set()
+        for r in ranked:
+            key = (r["strategy"]["drafter"]["kind"], r["strategy"]["tree"])
+            if key not in seen:
+                seen.add(key)
+                picked.append(r)
+        cands = {strategy_id(c): c for c in (strategy_from_json(r["strategy"]) for r in picked)}
+        cands[strategy_id(current)] = current
+        shift = self._alpha / expected if expected > 0 else 1.0
+        override = {}
+        for c in cands.values():
+            base = self.profile.alpha(regime, c.drafter.kind)
+            override[c.drafter.kind] = (
+                self._alpha if c.drafter.kind == current.drafter.kind else min(1.0, base * shift)
+            )
+        scored, _ = score(
+            self.model,
+            self.gpu,
+            list(cands.values()),
+            context_len,
+            self.profile,
+            regime,
+            self.batch,
+            acceptance_override=override,
+        )
+        by_id = {strategy_id(x.strategy): x for x in scored}
+        now = by_id[strategy_id(current)]
+        top = scored[0]
+        if strategy_id(top.strategy) == strategy_id(current):
+            return None, 0.0
+        # Time per token now vs after switching, the switch cost spread over the horizon.
+        per_tok_now = 1.0 / now.tokens_per_s
+        per_tok_new = 1.0 / top.tokens_per_s + self.switch_cost_s / (
+            cfg.horizon_rounds * top.tokens_per_round * self.batch
+        )
+        gain = per_tok_now / per_tok_new - 1.0
+        return (top.strategy, gain) if gain > cfg.hysteresis else (None, gain)

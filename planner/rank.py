@@ -1,0 +1,168 @@
+"""Offline ranking per context regime (seed 000, Mechanism 3, phase 1) from the calibrated model.
+
+For each regime's representative context, every valid strategy of the space is scored with
+perfmodel's step model under the default predictor (the fitted profile for a calibrated GPU,
+else the roofline), with the acceptance of its drafter and the overlap of its traversal taken
+from the acceptance profile. The result is a versioned ranking document: per regime, the
+strategies by predicted tokens/s with their breakdown and provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.baselines import op_group
+from perfmodel.calibrated import make_predictor
+from perfmodel.hardware import GpuSpec
+from perfmodel.models import ModelSpec
+from perfmodel.step import build_columns, predict_columns
+from perfmodel.strategy import DrafterSpec, Strategy, Workload, parse_tree
+from planner.profile import REGIMES, Profile
+from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
+
+RANKING_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    strategy: Strategy
+    tokens_per_s: float
+    tokens_per_round: float
+    round_s: float
+    breakdown_s: dict[str, float]
+    extrapolated: bool
+
+
+def score(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    strategies: list[Strategy],
+    context_len: int,
+    profile: Profile,
+    regime: str,
+    batch: int = 1,
+    acceptance_override: dict[str, float] | None = None,
+) -> tuple[list[Scored], str]:
+    """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
+    drafter model); acceptance per drafter kind from ``profile`` unless overridden."""
+    if not strategies:
+        return [], "none"
+    out: list[Scored] = []
+    prov = "none"
+    by_draft: dict[str | None, list[Strategy]] = {}
+    for s in strategies:
+        by_draft.setdefault(s.drafter.model, []).append(s)
+    for draft_model, group in by_draft.items():
+        points = []
+        for s in group:
+            alpha = (acceptance_override or {}).get(
+                s.drafter.kind, profile.alpha(regime, s.drafter.kind)
+            )
+            w = Workload(
+                context_len=context_len,
+                batch=batch,
+                acceptance=alpha,
+                overlap=profile.gamma(regime, s.traversal),
+            )
+            points.append((s, w))
+        cols = build_columns(model, points)
+        drafter = DrafterSpec(kind="draft_model", model=draft_model) if draft_model else None
+        pred = predict_columns(model, cols, make_predictor(gpu, "bf16", cols.tp), drafter)
+        prov = pred.provenance
+        groups = {}
+        for k, v in pred.op_seconds.items():
+            groups.setdefault(op_group(k), []).append(v)
+        grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
+        for i, s in enumerate(group):
+            out.append(
+                Scored(
+                    s,
+                    float(pred.tokens_per_s[i]),
+                    float(pred.tokens_per_round[i]),
+                    float(pred.round_s[i]),
+                    {g: float(v[i]) for g, v in grouped.items()},
+                    bool(pred.extrapolated[i]),
+                )
+            )
+    out.sort(key=lambda x: (-x.tokens_per_s, strategy_id(x.strategy)))
+    return out, prov
+
+
+def concrete(s: Strategy, acceptance: float) -> Strategy:
+    """``s`` with a ``best:N`` tree replaced by the explicit tree it resolves to at
+    ``acceptance``: what the engine runs, and what re-scoring at another acceptance keeps."""
+    if not s.tree.startswith("best:"):
+        return s
+    parents = parse_tree(s.tree, acceptance)
+    fixed = dataclasses.replace(s, tree="parents:" + ",".join(map(str, parents)))
+    return dataclasses.replace(fixed, name=strategy_id(fixed))
+
+
+def rank(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    spec: SpaceSpec,
+    profile: Profile,
+    batch: int = 1,
+    regimes: dict[str, int] | None = None,
+) -> dict:
+    """The ranking document (version 1) for every regime."""
+    regimes = regimes or REGIMES
+    doc = {
+        "version": RANKING_VERSION,
+        "model": model.name,
+        "gpu": gpu.name,
+        "batch": batch,
+        "space": dataclasses.asdict(spec),
+        "profile": profile.to_json(),
+        "regimes": {},
+    }
+    for regime, ctx in regimes.items():
+        valid, rejected = valid_strategies(spec, model, gpu, ctx)
+        valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
+        scored, prov = score(model, gpu, valid, ctx, profile, regime, batch)
+        doc["regimes"][regime] = {
+            "context_len": ctx,
+            "provenance": prov,
+            "acceptance_source": profile.source,
+            "num_valid": len(valid),
+            "rejected": rejected,
+            "ranking": [
+                {
+                    "id": strategy_id(x.strategy),
+                    "describe": describe(x.strategy),
+                    "strategy": dataclasses.asdict(x.strategy),
+                    "tokens_per_s": x.tokens_per_s,
+                    "tokens_per_round": x.tokens_per_round,
+                    "round_s": x.round_s,
+                    "breakdown_s": x.breakdown_s,
+                    "extrapolated": x.extrapolated,
+                }
+                for x in scored
+            ],
+        }
+    return doc
+
+
+def strategy_from_json(d: dict) -> Strategy:
+    d = dict(d)
+    d["drafter"] = DrafterSpec(**d["drafter"])
+    return Strategy(**d)
+
+
+def load_ranking(path) -> dict:
+    from pathlib import Path
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"ranking {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"ranking {str(path)!r} is not valid JSON: {e.msg}") from None
+    if doc.get("version") != RANKING_VERSION:
+        raise ValueError(f"ranking {str(path)!r} has version {doc.get('version')!r}, expected 1")
+    return doc

@@ -1,0 +1,188 @@
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
+from perfmodel.strategy import Strategy, parse_tree, tree_expected_tokens
+from planner.controller import ControllerConfig, OnlineController
+from planner.profile import (
+    REGIMES,
+    Profile,
+    alpha_from_tokens,
+    load_profile,
+    profile_from_traces,
+    regime_of,
+)
+from planner.rank import rank, strategy_from_json
+from planner.space import (
+    SpaceSpec,
+    describe,
+    enumerate_space,
+    invalid_reason,
+    strategy_id,
+    valid_strategies,
+)
+from ssvkit.cli import main
+
+M, G = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
+SMALL = SpaceSpec(
+    trees=("chain:2", "chain:6", "best:16:6"),
+    group_sizes=(1, 4),
+    refresh_every=(1, 4),
+    top_ns=(16,),
+)
+
+
+def test_space_enumeration_is_deduplicated_and_ids_are_stable():
+    space = enumerate_space(SMALL)
+    ids = [s.name for s in space]
+    assert len(ids) == len(set(ids))
+    # dense and per_query keep one traversal; union/shared keep all three
+    dense = [s for s in space if not s.is_sparse]
+    assert len(dense) == 3 and {s.traversal for s in dense} == {"bfs"}
+    s = space[5]
+    assert strategy_id(dataclasses.replace(s, name="other")) == strategy_id(s) == s.name
+    assert strategy_id(dataclasses.replace(s, top_n=s.top_n * 2)) != strategy_id(s)
+    assert "|" in describe(s)
+
+
+def test_validity_rules_name_the_reason():
+    glm = get_model("glm-4-9b")  # 16 query heads per KV head
+    big_group = Strategy(tree="best:16:6", attention="sparse", mode="union", group_size=16)
+    assert invalid_reason(big_group, glm, G, 32768).startswith("kernel: C*G=256")
+    assert invalid_reason(Strategy(tree="chain:64"), M, G, 32768).startswith("rows:")
+    assert invalid_reason(
+        Strategy(tree="chain:4", attention="sparse", top_n=64), M, G, 2048
+    ).startswith("budget:")
+    tight = dataclasses.replace(G, smem_per_block_bytes=16 * 1024)
+    assert invalid_reason(
+        Strategy(tree="chain:4", attention="sparse", mode="union", group_size=4), M, tight, 32768
+    ).startswith("smem:")
+    keep, rejected = valid_strategies(SMALL, M, G, 4096)
+    assert all(invalid_reason(s, M, G, 4096) is None for s in keep)
+
+
+def test_alpha_inverts_expected_tokens():
+    for tree in ("chain:4", "best:16:6"):
+        for a in (0.2, 0.55, 0.85):
+            e = tree_expected_tokens(parse_tree(tree), a)
+            assert alpha_from_tokens(tree, e) == pytest.approx(a, abs=1e-4)
+    assert alpha_from_tokens("chain:4", 0.5) == 0.0 and alpha_from_tokens("chain:4", 9.0) == 1.0
+    assert regime_of(3000) == "<=4K" and regime_of(20000) == "32K" and regime_of(10**6) == "64K+"
+
+
+def test_profile_file_and_traces(tmp_path):
+    p = tmp_path / "prof.json"
+    p.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "source": "t",
+                "regimes": {
+                    "16K": {"acceptance": {"eagle": 0.4}, "overlap": {"bfs": 0.6}},
+                    "default": {"acceptance": {"ngram": 0.3}},
+                },
+            }
+        )
+    )
+    prof = load_profile(p)
+    assert prof.alpha("16K", "eagle") == 0.4 and prof.alpha("8K", "ngram") == 0.3
+    assert prof.alpha("8K", "eagle") == 0.7 and prof.gamma("16K", "bfs") == 0.6
+    p.write_text(json.dumps({"version": 1, "regimes": {"16K": {"acceptance": {"eagle": 1.4}}}}))
+    with pytest.raises(ValueError, match="16K.acceptance.eagle"):
+        load_profile(p)
+    s = Strategy(tree="chain:4", name="x")
+    e = tree_expected_tokens(parse_tree("chain:4"), 0.6)
+    rounds = [
+        {
+            "strategy": "x",
+            "context_len": 16000,
+            "drafted": 4,
+            "accepted": a,
+            "group_overlap": [0.5, 0.7],
+        }
+        for a in (round(e - 1),) * 3
+    ]
+    measured = profile_from_traces([({}, rounds)], {"x": s})
+    assert measured.alpha("16K", "eagle") == pytest.approx(
+        alpha_from_tokens("chain:4", round(e - 1) + 1)
+    )
+    assert measured.gamma("16K", "position") == pytest.approx(0.6)
+
+
+def test_ranking_is_sorted_and_reacts_to_acceptance():
+    regimes = {"32K": 32768}
+    hi = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.9}}), regimes=regimes)
+    r_hi = hi["regimes"]["32K"]["ranking"]
+    assert [x["tokens_per_s"] for x in r_hi] == sorted(
+        (x["tokens_per_s"] for x in r_hi), reverse=True
+    )
+    chains = SpaceSpec(trees=("chain:2", "chain:6"), modes=("dense",))
+    deep = rank(M, G, chains, Profile(acceptance={"32K": {"eagle": 0.9}}), regimes=regimes)
+    shallow = rank(M, G, chains, Profile(acceptance={"32K": {"eagle": 0.1}}), regimes=regimes)
+    top = lambda d: d["regimes"]["32K"]["ranking"][0]["strategy"]["tree"]  # noqa: E731
+    # long chains pay for their drafting steps only when drafts get accepted
+    assert top(deep) == "chain:6" and top(shallow) == "chain:2"
+    assert hi["regimes"]["32K"]["provenance"].startswith("calibrated:")
+    s = strategy_from_json(r_hi[0]["strategy"])
+    assert strategy_id(s) == r_hi[0]["id"]
+
+
+@dataclass
+class Stats:
+    round: int
+    strategy: Strategy
+    accepted: tuple
+    context_lens: tuple = (30000,)
+    drafted: int = 16
+    step_s: dict = field(default_factory=dict)
+
+    @property
+    def mean_accepted(self):
+        return sum(self.accepted) / len(self.accepted)
+
+
+def _controller(**cfg):
+    doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
+    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    return OnlineController(doc, M, G, prof, ControllerConfig(**cfg))
+
+
+def test_controller_keeps_a_strategy_whose_acceptance_matches():
+    c = _controller(patience=3)
+    s = c.initial_strategy(30000)
+    tokens = tree_expected_tokens(parse_tree(s.tree), 0.8)
+    acc = int(round(tokens - 1))
+    assert all(c.after_round(Stats(i, s, (acc,))) is None for i in range(30))
+    assert c.switches == []
+
+
+def test_controller_switches_once_when_acceptance_collapses_and_does_not_oscillate():
+    c = _controller(patience=3, cooldown=10)
+    s = c.initial_strategy(30000)
+    switched = []
+    for i in range(60):
+        new = c.after_round(Stats(i, s, (0,)))  # nothing accepted, round after round
+        if new is not None:
+            switched.append((i, new))
+            s = new
+    assert 1 <= len(switched) <= 2
+    first = switched[0][1]
+    assert len(parse_tree(first.tree)) < len(parse_tree(c.initial_strategy(30000).tree))
+    log = c.switches[0]
+    assert log["observed_alpha"] < log["expected_alpha"] - 0.1 and log["predicted_gain"] > 0.05
+
+
+def test_rank_cli(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["rank", "--trees", "chain:4,best:16:6", "--top", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert all(r in text for r in REGIMES)
+    doc = json.loads(out.read_text())
+    assert doc["version"] == 1 and set(doc["regimes"]) == set(REGIMES)
+    assert main(["rank", "--acceptance-profile", str(tmp_path / "missing.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["rank", "--trees", "bush:3"]) == 2
