@@ -114,7 +114,7 @@ def test_profile_for_another_gpu_is_refused():
 
 def test_calibrated_predictions_label_extrapolation():
     m, g = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
-    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 20)]
+    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 22)]
     c = build_columns(m, pts)
     pred = make_predictor(g, tp=c.tp)
     assert isinstance(pred, CalibratedPredictor)
