@@ -74,6 +74,10 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
     try:
         with os.fdopen(fd, mode) as fh:
             fh.write(data)
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -106,3 +106,14 @@ def test_registry_commands(capsys):
     assert main(["models", "--json"]) == 0
     models = json.loads(capsys.readouterr().out)
     assert {m["name"] for m in models} >= {"llama-3.1-8b", "deepseek-r1"}
+
+
+def test_output_files_get_the_usual_permissions(tmp_path, capsys):
+    import os
+    import stat
+
+    path = tmp_path / "p.csv"
+    assert main(["predict", "--context", "8K", "--csv", str(path)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
