@@ -12,12 +12,14 @@ import sys
 
 from ssvkit import (
     calibrate_cmd,
+    decode_cmd,
     plot_cmd,
     predict_cmd,
     rank_cmd,
     registry_cmd,
     simulate_cmd,
     sweep_cmd,
+    train_tiny_cmd,
     validate_cmd,
 )
 from ssvkit.options import OneLineParser
@@ -32,6 +34,8 @@ COMMANDS = {
     "rank": rank_cmd,
     "sweep": sweep_cmd,
     "plot": plot_cmd,
+    "decode": decode_cmd,
+    "train-tiny": train_tiny_cmd,
 }
 
 

@@ -1,0 +1,248 @@
+"""The engine's verify step on the GPU: one CUDA-graph replay vs the sum of its ops timed in
+isolation, and vs the byte floor (issue 6's targets).
+
+    python benchmarks/engine_verify.py                       # random:llama-3.1-8b, T = 32K
+    python benchmarks/engine_verify.py --t 1,5,16 --out docs/notes/engine-verify-h100.json
+    python benchmarks/engine_verify.py --strategy ssv --context 64K
+
+For each ``t`` (verify rows: the root plus ``t - 1`` chain drafts; dense cost does not depend on
+the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, median):
+
+- ``graph_s``: ``ModelRunner.tree_forward`` (embedding ... LM head, with the strategy's attention
+  and the KV-tail write) captured in a CUDA graph, per replay;
+- ``eager_s``: the same forward launched from Python;
+- ``ops_sum_s``: every op of the forward timed alone in its own graph (the model's own modules,
+  rotating over the layers' weights and KV so each launch is cold), times its count per forward;
+  ``graph_s / ops_sum_s`` is what the loop adds (target: <= 1.15);
+- ``floor_s``: (weights read + KV read) / the copy bandwidth measured in the same run
+  (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``;
+- ``predicted_verify_s``: perfmodel's verify step for the same point (calibrated profile).
+
+The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
+document (rows + provenance) to ``--out`` when given, and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from engine.attention import AttentionConfig, TreeAttention
+from engine.checkpoint import build_model, resolve_source
+from engine.rope import apply_rope, expand_angles
+from engine.runner import ModelRunner
+from engine.tree import DraftTree
+from kernels.timing import TimingConfig, bench, copy_bytes_per_s, provenance
+from perfmodel.calibrated import make_predictor
+from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
+from perfmodel.step import build_columns, predict_columns
+from perfmodel.strategy import Strategy, Workload
+
+STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=10, reps=10, max_total_s=2.0)
+OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s=1.0)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="random:llama-3.1-8b")
+    p.add_argument("--context", default="32K", help="committed tokens T (K = 1024)")
+    p.add_argument("--t", default="1,5,16", help="verify rows, comma-separated")
+    p.add_argument("--strategy", default="sd_dense", help="baseline whose attention is used")
+    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the prediction")
+    p.add_argument("--out", default=None, help="write the JSON result here")
+    return p.parse_args(argv)
+
+
+def _int(text: str) -> int:
+    t = text.strip().upper()
+    return int(float(t[:-1]) * 1024) if t.endswith("K") else int(t)
+
+
+def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, tokens: torch.Tensor):
+    """``name -> (fn(i), count per forward)`` for every op of one tree forward; ``fn(i)`` uses
+    layer ``i % L``'s weights and cache."""
+    model, cache = runner.model, runner.cache
+    layers = model.model.layers
+    num_l = len(layers)
+    cfg = model.config
+    b, t = tokens.shape
+    d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dev, dtype = runner.device, next(model.parameters()).dtype
+    tt = runner.tree_tensors(tree)
+    positions = cache.lens.long()[:, None] + tt.depth
+    slots, rows = cache.tail_slots(t), cache.tail_rows(t)
+    x = torch.randn(b, t, d, device=dev, dtype=dtype)
+    q = torch.randn(b, t, h, dh, device=dev, dtype=dtype)
+    k = torch.randn(b, t, hkv, dh, device=dev, dtype=dtype)
+    cos, sin = expand_angles(model.rope_cos[positions], model.rope_sin[positions],
+                             interleaved=cfg.rope_interleaved)  # fmt: skip
+    qk = torch.randn(b, t, h + hkv, dh, device=dev, dtype=dtype)
+    inter = torch.randn(b, t, 2 * cfg.intermediate_size, device=dev, dtype=dtype)
+    act = torch.randn(b, t, cfg.intermediate_size, device=dev, dtype=dtype)
+    attn_o = torch.randn(b, t, h * dh, device=dev, dtype=dtype)
+    head = model.lm_head.weight if model.lm_head is not None else model.model.embed_tokens.weight
+
+    reuse = [layer for layer in range(num_l) if not attn.is_refresh(layer)]
+
+    def attend(i):  # a refresh layer (a fresh state always refreshes)
+        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+        return a(i % num_l, q)
+
+    def attend_reuse(i):
+        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+        a(0, q)  # the refresh layer whose indices a reuse layer takes
+        return a(reuse[i % len(reuse)], q)
+
+    refresh_layers = num_l if attn.kind == "dense" else math.ceil(num_l / attn.refresh_every)
+    ops = {
+        "embed": (lambda i: model.model.embed_tokens(tokens), 1),
+        "rope_tables": (
+            lambda i: expand_angles(
+                model.rope_cos[positions],
+                model.rope_sin[positions],
+                interleaved=cfg.rope_interleaved,
+            ),
+            1,
+        ),  # fmt: skip
+        "input_norm": (lambda i: layers[i % num_l].input_layernorm(x), num_l),
+        "qkv_proj": (lambda i: layers[i % num_l].self_attn.qkv_proj(x), num_l),
+        "rope_qk": (
+            lambda i: apply_rope(qk, cos, sin, interleaved=cfg.rope_interleaved)[
+                :, :, :h
+            ].contiguous(),
+            num_l,
+        ),
+        "kv_write": (lambda i: cache.write(i % num_l, rows, slots, k, k), num_l),
+        "attention": (attend, refresh_layers),
+        "o_proj": (lambda i: layers[i % num_l].self_attn.o_proj(attn_o), num_l),
+        "residual_add": (lambda i: x + x, 2 * num_l),
+        "post_norm": (lambda i: layers[i % num_l].post_attention_layernorm(x), num_l),
+        "gate_up_proj": (lambda i: layers[i % num_l].mlp.gate_up_proj(x), num_l),
+        "silu_mul": (lambda i: torch.nn.functional.silu(inter[..., : act.shape[-1]]) * act, num_l),
+        "down_proj": (lambda i: layers[i % num_l].mlp.down_proj(act), num_l),
+        "final_norm": (lambda i: model.model.norm(x), 1),
+        "lm_head": (lambda i: torch.nn.functional.linear(x, head).float(), 1),
+    }
+    if num_l - refresh_layers > 0:
+        # The reuse op includes one refresh call; subtract it with the refresh op's time below.
+        ops["attention_reuse_plus_refresh"] = (attend_reuse, num_l - refresh_layers)
+    return ops
+
+
+def floor_bytes(model, cache, t: int) -> tuple[int, int]:
+    """(weights read, KV read) in bytes by one forward: every weight except the embedding
+    table (t rows of it), and every layer's K and V over ``T + t`` positions."""
+    cfg = model.config
+    elem = next(model.parameters()).element_size()
+    emb = cfg.vocab_size * cfg.hidden_size
+    weights = (cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)) * elem
+    weights += t * cfg.hidden_size * elem
+    lens = int(cache.lens.max())
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * (lens + t) * cfg.head_dim * elem
+    return weights, kv
+
+
+def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int, gpu: str):
+    try:
+        spec = get_model(model_name.split(":", 1)[1] if model_name.startswith("random:")
+                         else model_name)  # fmt: skip
+        s = dataclasses.replace(strategy, tree=f"chain:{t - 1}")
+        cols = build_columns(spec, [(s, Workload(context_len=context))])
+        pred = predict_columns(spec, cols, make_predictor(get_gpu(gpu)), s.drafter)
+        return float(pred.verify_s[0]), pred.provenance
+    except ValueError as e:
+        return None, str(e).splitlines()[0]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    context = _int(args.context)
+    ts = [int(x) for x in args.t.split(",")]
+    strategy = Strategy.from_name(args.strategy)
+    attn = AttentionConfig.from_strategy(strategy)
+    src = resolve_source(args.model)
+    t_max = context + max(ts) + 1
+    torch.manual_seed(0)
+    model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
+    runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
+    runner.cache.kv.normal_()
+    runner.cache.set_lens(torch.tensor([context], dtype=torch.int32))
+    runner.prepare(attn)
+    copy_bps = copy_bytes_per_s()
+    rows = []
+    for t in ts:
+        tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+        attn.check_tree(t, model.config.gqa_group)
+        tokens = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
+
+        def step(i, tree=tree, tokens=tokens):
+            return runner.tree_forward(tokens, tree, attn)[0]
+
+        with torch.no_grad():
+            graph_s = bench(step, "graph", config=STEP_TIMING).median_s
+            eager_s = bench(step, "launch", config=STEP_TIMING).median_s
+            ops = {}
+            for name, (fn, count) in layer_ops(runner, attn, tree, tokens).items():
+                tm = bench(fn, "graph", num_inputs=model.config.num_layers, config=OP_TIMING)
+                ops[name] = {"median_s": tm.median_s, "count": count}
+        if "attention_reuse_plus_refresh" in ops:
+            reuse = ops.pop("attention_reuse_plus_refresh")
+            ops["attention_reuse"] = {
+                "median_s": max(reuse["median_s"] - ops["attention"]["median_s"], 0.0),
+                "count": reuse["count"],
+            }
+        ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
+        w_bytes, kv_bytes = floor_bytes(model, runner.cache, t)
+        floor_s = (w_bytes + kv_bytes) / copy_bps
+        pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
+        rows.append({
+            "t": t,
+            "context": context,
+            "graph_s": graph_s,
+            "eager_s": eager_s,
+            "ops_sum_s": ops_sum,
+            "graph_over_ops_sum": graph_s / ops_sum,
+            "weights_bytes": w_bytes,
+            "kv_bytes": kv_bytes,
+            "floor_s": floor_s,
+            "graph_over_floor": graph_s / floor_s,
+            "achieved_bytes_per_s": (w_bytes + kv_bytes) / graph_s,
+            "predicted_verify_s": pred_s,
+            "prediction_provenance": pred_prov,
+            "ops": ops,
+        })  # fmt: skip
+        r = rows[-1]
+        print(
+            f"t={t:3d}  graph {graph_s * 1e3:7.3f} ms  eager {eager_s * 1e3:7.3f} ms  "
+            f"ops sum {ops_sum * 1e3:7.3f} ms (graph/sum {r['graph_over_ops_sum']:.3f})  "
+            f"floor {floor_s * 1e3:6.3f} ms (graph/floor {r['graph_over_floor']:.2f}, "
+            f"{r['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
+            + (f"{pred_s * 1e3:.3f} ms" if pred_s else pred_prov),
+            flush=True,
+        )
+    result = {
+        "benchmark": "engine_verify",
+        "model": args.model,
+        "strategy": dataclasses.asdict(strategy),
+        "attention": dataclasses.asdict(attn),
+        "copy_bytes_per_s": copy_bps,
+        "provenance": provenance(),
+        "rows": rows,
+    }
+    if args.out:
+        out = Path(args.out)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""The KV cache: preallocated ``[L, 2, B, Hkv, T_max, D]``, per-sequence lengths, block summaries.
+
+Layout (``kernels`` conventions): layer ``l``'s keys are ``kv[l, 0]`` ``[B, Hkv, T_max, D]``
+(contiguous), values ``kv[l, 1]``. Sequence ``b`` holds its committed prefix in
+``[0, lens[b])``; a verify step writes its ``t`` draft-tail entries at ``[lens[b], lens[b] + t)``.
+
+``commit`` keeps the accepted path of the draft tree: its tail entries are gathered and written
+to ``lens[b], lens[b] + 1, ...`` (one gather + one scatter for all layers at once), ``lens``
+advances, and everything past it (the rejected entries) is dead: rolled back by the length
+alone. Block metadata (``kernels.select_blocks.BlockMetadata``, mean or min/max keys per block)
+and NSA's compressed tokens (``kernels.nsa_compress``) are then refreshed for the touched
+blocks only. Nothing here reads the lengths on the host on the Triton path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig
+from kernels.nsa_compress import (
+    compress_kv,
+    max_compressed,
+    num_compressed,
+    reference_compress_kv,
+    update_compressed_kv,
+)
+from kernels.select_blocks import BlockMetadata, reference_block_metadata
+
+META_KINDS = ("mean", "quest")
+
+
+class KVCache:
+    """KV cache of one model for a batch of ``B`` sequences.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        Layers, KV heads and head dim.
+    batch, t_max : int
+        Sequences and positions per sequence (prefix + draft tail).
+    dtype, device
+        Cache storage.
+    use_triton : bool
+        Maintain summaries with the Triton kernels (GPU, or the CPU interpreter) instead of
+        torch (CPU tests).
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch: int,
+        t_max: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        use_triton: bool,
+    ) -> None:
+        self.num_layers = cfg.num_layers
+        self.t_max = t_max
+        self.use_triton = use_triton
+        shape = (cfg.num_layers, 2, batch, cfg.num_kv_heads, t_max, cfg.head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.meta: list[BlockMetadata] | None = None
+        self.comp: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.comp_lens: torch.Tensor | None = None
+        self.comp_shape: tuple[int, int] | None = None  # (comp_block, comp_stride)
+
+    @property
+    def batch(self) -> int:
+        return self.kv.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    def k(self, layer: int) -> torch.Tensor:
+        return self.kv[layer, 0]  # [B, Hkv, T_max, D]
+
+    def v(self, layer: int) -> torch.Tensor:
+        return self.kv[layer, 1]
+
+    def write(
+        self, layer: int, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Store ``k``, ``v`` ``[B, t, Hkv, D]`` of sequences ``rows`` at positions ``slots``
+        (both ``[B, t]`` int64; ``rows[b, i] = b``, built once per forward)."""
+        self.kv[layer, 0][rows, :, slots] = k.to(self.kv.dtype)
+        self.kv[layer, 1][rows, :, slots] = v.to(self.kv.dtype)
+
+    def tail_rows(self, t: int) -> torch.Tensor:
+        """``[B, t]`` int64 sequence index of every tail entry (for ``write``)."""
+        return torch.arange(self.batch, device=self.device)[:, None].expand(self.batch, t)
+
+    def tail_slots(self, t: int) -> torch.Tensor:
+        """``[B, t]`` int64 positions of the draft tail: ``lens[b] + i``."""
+        return self.lens.long()[:, None] + torch.arange(t, device=self.device)
+
+    # ------------------------------------------------------------------ summaries
+
+    def require_blocks(self, block_size: int, kinds: tuple[str, ...]) -> None:
+        """Make sure block metadata of ``block_size`` with ``kinds`` exists (built from the
+        current prefix when it does not)."""
+        bad = set(kinds) - set(META_KINDS)
+        if bad:
+            raise ValueError(f"block metadata kinds must be among {META_KINDS}, got {sorted(bad)}")
+        have = self.meta[0] if self.meta else None
+        if have is not None and have.block_size == block_size:
+            if set(kinds) <= set(have.kinds):
+                return
+            kinds = tuple(sorted(set(kinds) | set(have.kinds)))
+        self.meta = [self._build_meta(layer, block_size, kinds) for layer in range(self.num_layers)]
+
+    def require_compressed(self, comp_block: int, comp_stride: int) -> None:
+        """Make sure NSA's compressed tokens for ``(comp_block, comp_stride)`` exist."""
+        if self.comp_shape == (comp_block, comp_stride):
+            return
+        self.comp_shape = (comp_block, comp_stride)
+        fn = compress_kv if self.use_triton else reference_compress_kv
+        self.comp = []
+        for layer in range(self.num_layers):
+            ck, cv, lens = fn(
+                self.k(layer),
+                self.v(layer),
+                self.lens,
+                comp_block=comp_block,
+                comp_stride=comp_stride,
+            )
+            self.comp.append((ck.to(self.kv.dtype), cv.to(self.kv.dtype)))
+            self.comp_lens = lens.to(torch.int32)
+
+    def _build_meta(self, layer: int, block_size: int, kinds) -> BlockMetadata:
+        if self.use_triton:
+            return BlockMetadata.build(self.k(layer), self.lens, block_size, kinds)
+        ref = reference_block_metadata(self.k(layer), self.lens, block_size)
+        return BlockMetadata(
+            block_size=block_size,
+            mean=ref["mean"] if "mean" in kinds else None,
+            kmin=ref["kmin"] if "quest" in kinds else None,
+            kmax=ref["kmax"] if "quest" in kinds else None,
+        )
+
+    def refresh_summaries(self, old_lens: torch.Tensor, max_growth: int) -> None:
+        """Bring the summaries from ``old_lens`` to ``self.lens`` (grown by <= ``max_growth``)."""
+        if self.meta is not None:
+            for layer, meta in enumerate(self.meta):
+                if self.use_triton:
+                    meta.update(self.k(layer), old_lens, self.lens)
+                else:
+                    ref = reference_block_metadata(self.k(layer), self.lens, meta.block_size)
+                    for name, key in (("mean", "mean"), ("kmin", "kmin"), ("kmax", "kmax")):
+                        dst = getattr(meta, name)
+                        if dst is not None:
+                            dst.copy_(ref[key])
+        if self.comp is not None:
+            comp_block, comp_stride = self.comp_shape
+            if self.use_triton:
+                new = None
+                for layer, (ck, cv) in enumerate(self.comp):
+                    new = update_compressed_kv(
+                        self.k(layer), self.v(layer), ck, cv, self.comp_lens, self.lens,
+                        comp_block=comp_block, comp_stride=comp_stride,
+                        max_new_tokens=max_growth,
+                    )  # fmt: skip
+                self.comp_lens.copy_(new)
+            else:
+                for layer, (ck, cv) in enumerate(self.comp):
+                    rk, rv, _ = reference_compress_kv(
+                        self.k(layer), self.v(layer), self.lens,
+                        comp_block=comp_block, comp_stride=comp_stride,
+                    )  # fmt: skip
+                    ck.copy_(rk)
+                    cv.copy_(rv)
+                self.comp_lens.copy_(
+                    torch.clamp(
+                        num_compressed(self.lens, comp_block, comp_stride),
+                        max=max_compressed(self.t_max, comp_block, comp_stride),
+                    )
+                )
+
+    def rebuild_summaries(self) -> None:
+        """Recompute every summary from the current prefixes (after prefill), in place: the
+        tensors keep their addresses, so captured CUDA graphs stay valid."""
+        if self.meta is not None:
+            for layer, meta in enumerate(self.meta):
+                fresh = self._build_meta(layer, meta.block_size, meta.kinds)
+                for name in ("mean", "kmin", "kmax"):
+                    dst = getattr(meta, name)
+                    if dst is not None:
+                        dst.copy_(getattr(fresh, name))
+        if self.comp is not None:
+            comp_block, comp_stride = self.comp_shape
+            fn = compress_kv if self.use_triton else reference_compress_kv
+            for layer, (ck, cv) in enumerate(self.comp):
+                fk, fv, lens = fn(
+                    self.k(layer), self.v(layer), self.lens,
+                    comp_block=comp_block, comp_stride=comp_stride,
+                )  # fmt: skip
+                ck.copy_(fk)
+                cv.copy_(fv)
+            self.comp_lens.copy_(lens)
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Keep the accepted path of the draft tail; roll the rest back.
+
+        Parameters
+        ----------
+        path : torch.Tensor
+            ``[B, P]`` int64 tail indices of the kept entries in order (root first); entries
+            ``j >= count[b]`` are ignored (pad them with ``j``).
+        count : torch.Tensor
+            ``[B]`` int32 kept entries per sequence (``0 <= count <= P``).
+        """
+        b, p = path.shape
+        j = torch.arange(p, device=path.device)
+        base = self.lens.long()[:, None]
+        path = torch.where(j[None, :] < count[:, None], path, j[None, :])
+        rows = torch.arange(b, device=path.device)[:, None].expand(b, p)
+        vals = self.kv[:, :, rows, :, base + path]  # [B, P, L, 2, Hkv, D] (a copy)
+        self.kv[:, :, rows, :, base + j] = vals
+        old = self.lens.clone()
+        self.lens += count.to(torch.int32)
+        self.refresh_summaries(old, p)
+
+    def set_lens(self, lens: torch.Tensor) -> None:
+        """Set the committed lengths (after prefill) and rebuild the summaries."""
+        self.lens.copy_(lens.to(self.lens.device, torch.int32))
+        self.rebuild_summaries()

@@ -1,0 +1,176 @@
+"""A separate small draft model with its own KV cache (dense attention), and self-speculation:
+the target's own weights with sparse attention over a small share of its cache (seed 003).
+
+``ModelDrafter`` expands the tree level by level (``engine.drafter``): each level is one tree
+forward plus the children draw, captured as one CUDA graph per level. Its cache holds the
+committed prefix; the tail of the last level's forward holds every node of depth < D, so after
+the target's acceptance the kept path is committed from it (``commit``, device-only). A kept
+leaf at depth D was never run through the draft model: it is run first at the next round
+(``catch-up``, the level-0 graph with the leaf as input), for the sequences that need it.
+
+``SelfSparseDrafter`` drafts a chain with the target runner itself: every step is a tree forward
+of the chain so far whose attention is ``shared`` sparse attention with a budget of
+``sparsity_ratio`` of the context (each row sees the blocks its first row selected, plus the
+local window). PillarAttn reuses the verify step's attention scores for ``k`` draft steps; here
+each draft step re-selects from the block metadata (an approximation of the same idea, with the
+same traffic). The draft writes the target's tail, which the verify forward then overwrites.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.acceptance import Acceptance
+from engine.attention import AttentionConfig
+from engine.drafter import Draft, LevelPlan, draw_children
+from engine.runner import ModelRunner
+from engine.tree import DraftTree
+
+
+class _LevelExpander:
+    """Level-by-level expansion of a tree through ``runner`` with attention ``attn``."""
+
+    def __init__(self, runner: ModelRunner, attn: AttentionConfig, temperature: float) -> None:
+        self.runner, self.attn, self.temperature = runner, attn, temperature
+        self._plans: dict[DraftTree, tuple] = {}
+
+    def plan(self, tree: DraftTree):
+        if tree not in self._plans:
+            lp = LevelPlan.build(tree)
+            dev = self.runner.device
+            kids = [lp.children_index(level, dev) for level in range(lp.dtree.max_depth)]
+            v2d = [0] * tree.num_nodes  # verify label -> level-order label
+            for k, v in enumerate(lp.to_verify):
+                v2d[v] = k
+            self._plans[tree] = (lp, kids, torch.tensor(v2d, dtype=torch.int64, device=dev))
+        return self._plans[tree]
+
+    def level_fn(self, lp: LevelPlan, level: int, kids):
+        """The graph body of one level: forward of the nodes up to ``level``, children draw."""
+        sub = lp.level_tree(level)
+        lo = lp.upto[level - 1] if level > 0 else 0
+        parent_row, rank = kids
+        width = lp.dtree.max_children
+
+        def fn(tokens_d: torch.Tensor):
+            logits, _, _ = self.runner.tree_forward(tokens_d, sub, self.attn)
+            rows = logits[:, lo:]  # [B, n_level, V]
+            cand, probs = draw_children(rows, width, self.temperature)
+            child = cand[:, parent_row, rank]  # [B, n_next]
+            return child, probs
+
+        return fn
+
+    def expand(self, roots: torch.Tensor, tree: DraftTree) -> Draft:
+        lp, kids, v2d = self.plan(tree)
+        b = roots.shape[0]
+        tokens_d = roots[:, None]
+        prob_rows = []
+        for level in range(lp.dtree.max_depth):
+            key = ("level", self.attn, lp.dtree, level, self.temperature)
+            fn = self.level_fn(lp, level, kids[level])
+            child, probs = self.runner.graphs(key, fn, (tokens_d,))
+            tokens_d = torch.cat([tokens_d, child], dim=1)
+            if probs is not None:
+                prob_rows.append(probs)
+        tokens = tokens_d.index_select(1, v2d)
+        if not prob_rows:
+            return Draft(tokens, None)
+        v = prob_rows[0].shape[-1]
+        leaves = tree.num_nodes - lp.upto[-2] if lp.dtree.max_depth else 0
+        probs_d = torch.cat(
+            prob_rows + [torch.zeros((b, leaves, v), device=roots.device)], dim=1
+        )  # rows of every internal node in level order, zeros for the deepest level
+        return Draft(tokens, probs_d.index_select(1, v2d))
+
+
+class ModelDrafter:
+    """Draft tokens from a separate model (``kind = draft_model``)."""
+
+    kind = "draft_model"
+
+    def __init__(self, runner: ModelRunner, temperature: float) -> None:
+        self.runner = runner
+        self.expander = _LevelExpander(runner, AttentionConfig(kind="dense"), temperature)
+        self._tree: DraftTree | None = None
+        self._pending: torch.Tensor | None = None  # [B] kept leaf token not yet in the cache
+        self._need: torch.Tensor | None = None  # [B] int32: 1 where that leaf is due
+        self._catch_up = False
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.runner.prefill(prompts)
+        self._catch_up = False
+
+    def draft(self, roots: torch.Tensor, tree: DraftTree, history) -> Draft:
+        if self._catch_up:
+            self._run_catch_up()
+        self._tree = tree
+        return self.expander.expand(roots, tree)
+
+    def _run_catch_up(self) -> None:
+        single = DraftTree.from_parents([-1])
+        attn = self.expander.attn
+        self.runner.graphs(
+            ("catch_up", attn),
+            lambda tok: self.runner.tree_forward(tok, single, attn)[0],
+            (self._pending[:, None],),
+        )
+        path = torch.zeros((self.runner.batch, 1), dtype=torch.int64, device=self.runner.device)
+        self.runner.commit(path, self._need)
+        self._catch_up = False
+
+    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+        depth = self._tree.max_depth
+        _, _, v2d = self.expander.plan(self._tree)
+        # The last level's forward ran every node of depth < D: keep the path's first D nodes.
+        self.runner.commit(v2d[acc.path[:, :depth]], torch.clamp(acc.count, max=depth))
+        self._pending = tokens.gather(1, acc.path[:, depth:])[:, 0]
+        self._need = (acc.count > depth).to(torch.int32)
+
+    def observe(self, history, counts: list[int]) -> None:
+        depth = self._tree.max_depth
+        self._catch_up = any(c > depth for c in counts)
+
+
+class SelfSparseDrafter:
+    """Self-speculation (``kind = self_sparse``): chains drafted by the target with sparse
+    attention over ``sparsity_ratio`` of its context (seed 003)."""
+
+    kind = "self_sparse"
+
+    def __init__(self, runner: ModelRunner, attn: AttentionConfig, temperature: float) -> None:
+        self.runner = runner
+        self.expander = _LevelExpander(runner, attn, temperature)
+
+    @staticmethod
+    def attention(
+        context_len: int, sparsity_ratio: float, block_size: int, window: int
+    ) -> AttentionConfig:
+        """Draft attention: the root's selection shared by the chain (``shared``, one group),
+        ``ceil(ratio * T / block_size)`` scored blocks plus the local window."""
+        top_n = max(1, math.ceil(sparsity_ratio * context_len / block_size))
+        return AttentionConfig(
+            kind="sparse",
+            mode="shared",
+            group_size=64,
+            top_n=top_n,
+            block_size=block_size,
+            window=window,
+            metadata="mean",
+        )
+
+    def start(self, prompts) -> None:
+        self.runner.prepare(self.expander.attn)
+
+    def draft(self, roots: torch.Tensor, tree: DraftTree, history) -> Draft:
+        if any(len(c) > 1 for c in tree.children):
+            raise ValueError("the self_sparse drafter drafts chains only (tree chain:K)")
+        return self.expander.expand(roots, tree)
+
+    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+        """Nothing: the draft wrote only the target's tail, which the target's commit handled."""
+
+    def observe(self, history, counts) -> None:
+        """Nothing to track on the host."""

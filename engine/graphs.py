@@ -1,0 +1,70 @@
+"""CUDA graphs for the engine's static-shape steps (verify forward, acceptance, commit, draft
+levels), keyed by everything that changes their shapes or code path.
+
+``GraphRunner(key, fn, inputs, neutral)`` runs ``fn(*inputs)`` eagerly when graphs are off.
+With graphs on, the first call per key warms ``fn`` up on a side stream (Triton compiles, the
+allocator settles) with the ``neutral`` inputs (a commit of nothing, so warming up leaves the
+state unchanged), captures it, and from then on copies ``inputs`` into the graph's static input
+tensors and replays it. The returned outputs are the graph's own tensors: valid until the same
+key is replayed again, so callers copy what they keep longer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class _Entry:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    outputs: object
+
+
+class GraphRunner:
+    """Capture-once, replay-many cache of CUDA graphs (eager passthrough when disabled)."""
+
+    def __init__(self, enabled: bool, warmup: int = 2) -> None:
+        self.enabled = enabled
+        self.warmup = warmup
+        self._entries: dict[object, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __call__(
+        self,
+        key,
+        fn: Callable[..., object],
+        inputs: Sequence[torch.Tensor],
+        neutral: Sequence[torch.Tensor] | None = None,
+    ):
+        if not self.enabled:
+            return fn(*inputs)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._capture(fn, inputs, neutral)
+            self._entries[key] = entry
+        for dst, src in zip(entry.inputs, inputs, strict=True):
+            dst.copy_(src, non_blocking=True)
+        entry.graph.replay()
+        return entry.outputs
+
+    def _capture(self, fn, inputs, neutral) -> _Entry:
+        static = tuple(x.clone() for x in (neutral if neutral is not None else inputs))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn(*static)
+        return _Entry(graph, static, outputs)

@@ -1,0 +1,342 @@
+"""The decode loop: prefill, then rounds of draft -> one verify forward -> accept -> commit.
+
+``Engine.generate`` (nano-vllm's ``LLMEngine.step`` loop in one sitting):
+
+1. **prefill** the prompts (target and drafter), sample the first token: the first root.
+2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
+   ``draft`` the strategy's tree below the roots; ``verify`` it in one target forward of the
+   flattened tail (tree mask, dense/sparse/NSA attention; one CUDA graph per strategy);
+   ``accept`` -- acceptance (greedy or rejection sampling), the KV commit of the kept path and
+   the rollback of the rest, the drafter's commit (CUDA graphs too) -- then **one** host read:
+   the kept counts, the bonus tokens and the kept path's tokens.
+3. optionally the selection statistics (``engine.stats``, outside the timed steps), one trace
+   record per sequence (``engine.trace_writer``), and ``controller.after_round``, which may
+   switch the strategy for the next round.
+
+The first round of each strategy on CUDA captures its graphs (and compiles the kernels); it is
+flagged ``warmup`` and left out of the tokens/s figures.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from engine.acceptance import accept, sample_from, target_probs
+from engine.attention import AttentionConfig
+from engine.config import ModelConfig
+from engine.controller import Controller, KeepStrategy, RoundStats
+from engine.draft_model import ModelDrafter, SelfSparseDrafter
+from engine.drafter import Draft, Drafter
+from engine.ngram import NgramDrafter
+from engine.results import DecodeResult, RoundRecord
+from engine.runner import ModelRunner
+from engine.settings import DecodeConfig
+from engine.stats import RoundSelection, SelectionStats
+from engine.timing import StepTimer
+from engine.trace_writer import TraceWriter
+from engine.tree import DraftTree
+from perfmodel.strategy import Strategy
+
+
+def check_strategy(
+    strategy: Strategy,
+    target: ModelConfig,
+    draft: ModelConfig | None,
+    backend: str,
+) -> tuple[DraftTree, AttentionConfig]:
+    """The tree and attention of ``strategy``, or a one-line ``ValueError`` saying why the
+    engine cannot run it with these models (no model is loaded; nothing touches the GPU)."""
+    tree = DraftTree.from_spec(strategy.tree, strategy.traversal)
+    attn = AttentionConfig.from_strategy(strategy)
+    attn.check_tree(tree.num_nodes, target.gqa_group)
+    kind = strategy.drafter.kind
+    used = [target]
+    if tree.num_drafts:
+        if kind == "eagle":
+            raise ValueError(
+                "the engine has no EAGLE heads; use --drafter-kind draft_model, ngram or "
+                "self_sparse"
+            )
+        if kind == "draft_model":
+            if draft is None:
+                raise ValueError("drafter draft_model needs a draft model (--draft-model)")
+            if draft.vocab_size != target.vocab_size:
+                raise ValueError(
+                    f"draft vocabulary {draft.vocab_size} differs from the target's "
+                    f"{target.vocab_size}"
+                )
+            used.append(draft)
+        if kind == "self_sparse" and tree.max_children > 1:
+            raise ValueError("the self_sparse drafter drafts chains only (tree chain:K)")
+    if backend == "triton":
+        for cfg in used:
+            d = cfg.head_dim
+            if d < 16 or d > 256 or d & (d - 1):
+                raise ValueError(
+                    f"the Triton kernels need a power-of-two head_dim in [16, 256], got {d}"
+                )
+    return tree, attn
+
+
+class Engine:
+    """Speculative decoding of a batch with one target runner and the drafters it needs."""
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        strategy: Strategy,
+        config: DecodeConfig,
+        *,
+        draft_runner: ModelRunner | None = None,
+        controller: Controller | None = None,
+        trace: TraceWriter | None = None,
+    ) -> None:
+        self.target, self.draft_runner, self.config = target, draft_runner, config
+        self.controller = controller or KeepStrategy()
+        self.trace = trace
+        if draft_runner is not None and draft_runner.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"draft vocabulary {draft_runner.config.vocab_size} differs from the target's "
+                f"{target.config.vocab_size}"
+            )
+        self._drafters: dict[str, Drafter] = {}
+        self._history: list[list[int]] | None = None  # set while generating
+        self._switch_s: float | None = None
+        self.drafter: Drafter | None = None
+        self.set_strategy(strategy)
+
+    # ------------------------------------------------------------------ strategy
+
+    def set_strategy(self, strategy: Strategy) -> None:
+        """Validate and install ``strategy`` (``ValueError`` when the engine cannot run it).
+
+        Mid-generation, a drafter that was not the current one is (re)started on the committed
+        tokens, so its cache or index is complete."""
+        draft_cfg = self.draft_runner.config if self.draft_runner is not None else None
+        tree, attn = check_strategy(strategy, self.target.config, draft_cfg, self.target.backend)
+        drafter = self._drafter(strategy, tree) if tree.num_drafts else None
+        if drafter is not None and drafter is not self.drafter and self._history is not None:
+            drafter.start([h[:-1] for h in self._history])
+        self.strategy, self.tree, self.attn, self.drafter = strategy, tree, attn, drafter
+        self.target.prepare(attn)
+        self.stats = None
+        if self.config.record_stats:
+            scfg = self._stats_config(strategy, tree.num_nodes)
+            self.target.prepare(scfg)
+            self.stats = SelectionStats(scfg, self.target.config.num_layers,
+                                        backend=self.target.backend)  # fmt: skip
+        self._fresh = True
+
+    def _stats_config(self, strategy: Strategy, t: int) -> AttentionConfig:
+        """What the statistics select with: the strategy's own sparse attention, or for a dense
+        strategy its sparse fields (top_n, block_size, window) with mean keys."""
+        if strategy.is_sparse:
+            return self.attn
+        return AttentionConfig(
+            kind="sparse",
+            metadata=strategy.metadata if strategy.metadata != "nsa" else "mean",
+            top_n=strategy.top_n,
+            block_size=strategy.block_size,
+            window=max(strategy.window, t),
+        )
+
+    def _drafter(self, strategy: Strategy, tree: DraftTree) -> Drafter:
+        kind = strategy.drafter.kind
+        if kind not in self._drafters:
+            temp = self.config.draft_temp
+            if kind == "draft_model":
+                d = ModelDrafter(self.draft_runner, temp)
+            elif kind == "ngram":
+                d = NgramDrafter(self.target.device, self.config.ngram_max_n)
+            else:
+                attn = SelfSparseDrafter.attention(
+                    self.target.cache.t_max, strategy.drafter.sparsity_ratio,
+                    strategy.block_size, max(strategy.window, tree.num_nodes),
+                )  # fmt: skip
+                attn.check_tree(tree.num_nodes, self.target.config.gqa_group)
+                d = SelfSparseDrafter(self.target, attn, temp)
+            self._drafters[kind] = d
+        return self._drafters[kind]
+
+    # ------------------------------------------------------------------ generate
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]]) -> DecodeResult:
+        """Decode ``max_new_tokens`` after each prompt (a batch of ``target.batch``)."""
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        dev = self.target.device
+        t0 = time.perf_counter()
+        first = self.target.prefill(prompts)
+        if cfg.temperature == 0:
+            roots = first.argmax(-1)
+        else:
+            roots = sample_from(target_probs(first, cfg.temperature))
+        if self.drafter is not None:
+            self.drafter.start(prompts)
+        if self.stats is not None:
+            self.stats = SelectionStats(self.stats.cfg, self.target.config.num_layers,
+                                        backend=self.target.backend)  # fmt: skip
+        host_roots = roots.tolist()
+        prefill_s = time.perf_counter() - t0
+        history = [list(p) + [r] for p, r in zip(prompts, host_roots, strict=True)]
+        self._history = history
+        generated = [[r] for r in host_roots]
+        timer = StepTimer(dev)
+        rounds: list[RoundRecord] = []
+        self._t_start = time.perf_counter()
+        while min(len(g) for g in generated) < cfg.max_new_tokens:
+            rec, roots = self._round(len(rounds), roots, history, generated, timer)
+            rounds.append(rec)
+            self._after_round(rec)
+        if self.trace is not None:
+            self.trace.close(
+                timer=timer.source,
+                provenance=f"measured:{timer.source}",
+                warmup_rounds=[r.round for r in rounds if r.warmup],
+                **self._reuse_summary(rounds),
+            )
+        self._history = None
+        tokens = [g[: cfg.max_new_tokens] for g in generated]
+        return DecodeResult(tokens, rounds, prefill_s, timer.source)
+
+    def _round(self, index, roots, history, generated, timer):
+        tree, attn = self.tree, self.attn
+        lens = [len(h) - 1 for h in history]
+        warm = self._fresh and self.target.device.type == "cuda"
+        self._fresh = False
+        wall0 = time.perf_counter()
+        record = self.stats is not None
+        lens_before = self.target.cache.lens.clone() if record else None
+        timer.start()
+        draft = (
+            self.drafter.draft(roots, tree, history)
+            if self.drafter is not None
+            else Draft(roots[:, None], None)
+        )
+        timer.mark("draft")
+        logits, recorded = self.target.graphs(
+            ("verify", tree, attn, record),
+            lambda tok: self.target.tree_forward(tok, tree, attn, record=record)[::2],
+            (draft.tokens,),
+        )
+        timer.mark("verify")
+        acc, packed = self._accept(tree, draft, logits, ("verify", tree, attn, record))
+        if self.drafter is not None:
+            self.drafter.commit(acc, draft.tokens)
+        timer.mark("accept")
+        host = packed.cpu().tolist()  # the round's one host synchronisation
+        step_s = timer.read()
+        if self._switch_s is not None:  # the controller's last switch (host wall clock)
+            step_s["switch"], self._switch_s = self._switch_s, None
+        counts = [row[0] for row in host]
+        for b, row in enumerate(host):
+            kept = row[3 : 2 + row[0]] + [row[1]]
+            history[b] += kept
+            generated[b] += kept
+        if self.drafter is not None:
+            self.drafter.observe(history, counts)
+        wall_s = time.perf_counter() - wall0
+        selection, stats_s = None, 0.0
+        if record:
+            s0 = time.perf_counter()
+            positions = lens_before.long()[:, None] + self.target.tree_tensors(tree).depth
+            group = 1 if attn.mode == "per_query" or attn.kind == "dense" else attn.group_size
+            selection = self.stats.observe(
+                recorded, self.target.cache, lens_before, positions, group
+            )
+            stats_s = time.perf_counter() - s0
+        rec = RoundRecord(
+            round=index,
+            strategy=self.strategy.name,
+            context_lens=lens,
+            drafted=tree.num_drafts,
+            accepted=[c - 1 for c in counts],
+            step_s=step_s,
+            wall_s=wall_s,
+            warmup=warm,
+            t_s=wall0 - self._t_start,
+            selection=selection,
+            stats_s=stats_s,
+        )
+        return rec, acc.bonus.clone()
+
+    def _accept(self, tree: DraftTree, draft: Draft, logits: torch.Tensor, verify_key):
+        """Acceptance + target commit as one graph; ``enable`` = 0 makes warm-up a no-op.
+        Under graphs it reads the verify graph's logits buffer, so it is keyed by that graph."""
+        target, temp = self.target, self.config.temperature
+        tt = target.tree_tensors(tree)
+        probs = draft.probs if temp > 0 else None
+
+        def fn(tokens, enable, *maybe_probs):
+            acc = accept(tt, tokens, logits, maybe_probs[0] if maybe_probs else None, temp)
+            count = acc.count * enable
+            target.cache.commit(acc.path, count)
+            packed = torch.cat(
+                [count[:, None].long(), acc.bonus[:, None], tokens.gather(1, acc.path)], dim=1
+            )
+            return type(acc)(acc.path, count, acc.bonus), packed
+
+        one = torch.ones(1, dtype=torch.int32, device=target.device)
+        inputs = (draft.tokens, one) + ((probs,) if probs is not None else ())
+        neutral = (draft.tokens, torch.zeros_like(one)) + ((probs,) if probs is not None else ())
+        key = ("accept", verify_key, temp, probs is not None)
+        return target.graphs(key, fn, inputs, neutral)
+
+    def _after_round(self, rec: RoundRecord) -> None:
+        sel = rec.selection
+        if self.trace is not None:
+            for b, (ctx, a) in enumerate(zip(rec.context_lens, rec.accepted, strict=True)):
+                self.trace.add_round(
+                    self.strategy,
+                    b,
+                    round_index=len(self.trace.lines),
+                    context_len=ctx,
+                    drafted=rec.drafted,
+                    accepted=a,
+                    step_s=rec.step_s,
+                    t_s=rec.t_s,
+                    group_overlap=sel.row(b, "group_overlap") if sel else None,
+                    layer_overlap=sel.row(b, "layer_overlap") if sel else None,
+                    predict_hit=sel.row(b, "predict_hit") if sel else None,
+                )
+        stats = RoundStats(
+            round=rec.round,
+            strategy=self.strategy,
+            context_lens=tuple(rec.context_lens),
+            drafted=rec.drafted,
+            accepted=tuple(rec.accepted),
+            step_s=dict(rec.step_s),
+            tokens_generated=rec.tokens,
+            group_overlap=_batch_mean(sel, "group_overlap"),
+            layer_overlap=_batch_mean(sel, "layer_overlap"),
+            predict_hit=_batch_mean(sel, "predict_hit"),
+        )
+        new = self.controller.after_round(stats)
+        if new is not None and new != self.strategy:
+            s0 = time.perf_counter()
+            self.set_strategy(new)
+            self._switch_s = time.perf_counter() - s0
+
+    @staticmethod
+    def _reuse_summary(rounds: list[RoundRecord]) -> dict:
+        """Per-layer means of the reuse-last-round hit rate (the trace has no round key for
+        it, so it goes into the header)."""
+        rows = [r.selection.reuse_hit for r in rounds if r.selection is not None]
+        rows = [x for x in rows if not np.isnan(x).all()]
+        if not rows:
+            return {}
+        mean = np.nanmean(np.concatenate(rows, axis=0), axis=0)
+        return {"reuse_hit_mean": [float(x) for x in np.nan_to_num(mean)]}
+
+
+def _batch_mean(sel: RoundSelection | None, name: str) -> tuple[float, ...] | None:
+    if sel is None:
+        return None
+    v = getattr(sel, name)
+    if np.isnan(v).all():
+        return None
+    return tuple(float(x) for x in np.nanmean(v, axis=0))

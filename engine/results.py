@@ -1,0 +1,71 @@
+"""What ``Engine.generate`` returns: every round on the host, and the run's figures.
+
+``DecodeResult`` computes tokens/s from the rounds' wall time (host included), the mean
+accepted drafts per round and the mean step times, leaving out the warm-up rounds (CUDA-graph
+capture and kernel compilation) when there are others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.stats import RoundSelection
+
+STEPS = ("draft", "verify", "accept")
+
+
+@dataclass(slots=True)
+class RoundRecord:
+    """One round on the host."""
+
+    round: int
+    strategy: str
+    context_lens: list[int]
+    drafted: int
+    accepted: list[int]
+    step_s: dict[str, float]
+    wall_s: float
+    warmup: bool
+    t_s: float = 0.0  # round start, seconds after the first round began
+    selection: RoundSelection | None = None
+    stats_s: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.accepted) + len(self.accepted)
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    """Generated tokens per sequence (truncated to ``max_new_tokens``) and the rounds."""
+
+    tokens: list[list[int]]
+    rounds: list[RoundRecord]
+    prefill_s: float
+    timer: str
+
+    def timed(self) -> list[RoundRecord]:
+        """Rounds that count in the figures (warm-up rounds left out when others exist)."""
+        steady = [r for r in self.rounds if not r.warmup]
+        return steady or self.rounds
+
+    def tokens_per_s(self) -> float:
+        """Generated tokens (all sequences) per second of round wall time."""
+        rs = self.timed()
+        return sum(r.tokens for r in rs) / max(sum(r.wall_s for r in rs), 1e-12)
+
+    def mean_accepted(self) -> float:
+        rs = self.timed()
+        return float(np.mean([np.mean(r.accepted) for r in rs]))
+
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over drafted tokens (0 when nothing was drafted)."""
+        rs = self.timed()
+        drafted = sum(r.drafted * len(r.accepted) for r in rs)
+        return sum(sum(r.accepted) for r in rs) / drafted if drafted else 0.0
+
+    def mean_step_s(self) -> dict[str, float]:
+        rs = self.timed()
+        return {k: float(np.mean([r.step_s.get(k, 0.0) for r in rs])) for k in STEPS}

@@ -1,0 +1,186 @@
+"""``ModelRunner``: one model, its KV cache and its CUDA graphs (nano-vllm's ModelRunner).
+
+- ``prefill(prompts)``: each prompt through the model in chunks with causal SDPA, writing its
+  KV at positions ``0..n-1``; then the lengths are set and the block summaries built. Returns the
+  last position's logits per sequence.
+- ``tree_forward(tokens, tree, attn)``: one forward of the flattened tree tail ``[B, t]`` at
+  positions ``lens + depth``, writing its KV at ``lens + i``, attending through
+  ``engine.attention.TreeAttention``. Eager; callers run it inside ``graphs``.
+- ``commit(path, count)``: ``KVCache.commit`` (accepted path kept, the rest rolled back).
+
+Static shapes and no host reads in ``tree_forward`` and ``commit``, so ``graphs`` can capture
+them (``use_graphs`` needs CUDA and the Triton backend).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionConfig, TreeAttention
+from engine.cache import KVCache
+from engine.graphs import GraphRunner
+from engine.model import CausalLM
+from engine.tree import DraftTree, TreeTensors
+
+
+class ModelRunner:
+    """Runs ``model`` for a batch of ``batch`` sequences of up to ``t_max`` positions."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        batch: int,
+        t_max: int,
+        backend: str,
+        use_graphs: bool = False,
+    ) -> None:
+        device = model.rope_cos.device
+        if use_graphs and (device.type != "cuda" or backend != "triton"):
+            raise ValueError("CUDA graphs need a CUDA device and the triton backend")
+        if t_max > model.max_positions:
+            raise ValueError(f"t_max={t_max} exceeds the model's {model.max_positions} positions")
+        self.model = model
+        self.config = model.config
+        self.backend = backend
+        self.device = device
+        dtype = next(model.parameters()).dtype
+        self.cache = KVCache(
+            model.config, batch, t_max, dtype=dtype, device=device, use_triton=backend == "triton"
+        )
+        self.graphs = GraphRunner(use_graphs)
+        self._trees: dict[DraftTree, TreeTensors] = {}
+
+    @property
+    def batch(self) -> int:
+        return self.cache.batch
+
+    def tree_tensors(self, tree: DraftTree) -> TreeTensors:
+        if tree not in self._trees:
+            self._trees[tree] = tree.tensors(self.batch, self.device)
+        return self._trees[tree]
+
+    def prepare(self, attn: AttentionConfig) -> None:
+        """Build the cache summaries ``attn`` reads (block metadata, compressed tokens)."""
+        before = (id(self.cache.meta), id(self.cache.comp))
+        if attn.kind == "sparse":
+            self.cache.require_blocks(attn.block_size, (attn.metadata,))
+        elif attn.kind == "nsa":
+            self.cache.require_compressed(attn.comp_block, attn.comp_stride)
+        if (id(self.cache.meta), id(self.cache.comp)) != before:
+            self.graphs.clear()  # captured graphs read the old summary tensors
+
+    # ------------------------------------------------------------------ prefill
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], chunk: int | None = None) -> torch.Tensor:
+        """Write every prompt's KV and return the last position's logits ``[B, V]`` float32.
+
+        Prompts of equal length run together as one batch. On CUDA a prompt goes in one causal
+        SDPA call (flash attention: no score matrix); on the CPU in ``chunk``s of 1024 tokens
+        (masked SDPA materialises ``chunk x length`` scores)."""
+        if chunk is None:
+            chunk = 1 << 30 if self.device.type == "cuda" else 1024
+        cache = self.cache
+        if len(prompts) != cache.batch:
+            raise ValueError(f"{len(prompts)} prompts for a batch of {cache.batch}")
+        by_len: dict[int, list[int]] = {}
+        for b, prompt in enumerate(prompts):
+            if not 1 <= len(prompt) < cache.t_max:
+                raise ValueError(
+                    f"prompt {b} has {len(prompt)} tokens; the cache holds {cache.t_max}"
+                )
+            by_len.setdefault(len(prompt), []).append(b)
+        last = torch.empty(
+            (cache.batch, self.config.vocab_size), dtype=torch.float32, device=self.device
+        )
+        for n, rows in by_len.items():
+            ids = torch.tensor([prompts[b] for b in rows], dtype=torch.int64, device=self.device)
+            idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            sel = (
+                slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) else idx
+            )
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                pos = torch.arange(s, e, device=self.device).expand(len(rows), -1)
+                logits, _ = self.model(
+                    ids[:, s:e],
+                    pos,
+                    _PrefillWriter(cache, sel, s, e),
+                    _PrefillAttend(cache, sel, s, e),
+                    last_only=True,
+                )
+            last[idx] = logits[:, -1]
+        cache.set_lens(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
+        return last
+
+    # ------------------------------------------------------------------ tree steps
+
+    def tree_forward(
+        self,
+        tokens: torch.Tensor,
+        tree: DraftTree,
+        attn: AttentionConfig,
+        *,
+        record: bool = False,
+        return_hidden: bool = False,
+    ):
+        """Logits ``[B, t, V]`` of the tail ``tokens`` ``[B, t]`` (plus hidden states and the
+        per-layer ``q`` when asked). Writes the tail KV; reads ``lens`` on the device only."""
+        tt = self.tree_tensors(tree)
+        cache = self.cache
+        t = tokens.shape[1]
+        slots, rows = cache.tail_slots(t), cache.tail_rows(t)
+        positions = cache.lens.long()[:, None] + tt.depth
+        attend = TreeAttention(attn, cache, tt, positions, backend=self.backend, record=record)
+        logits, hidden = self.model(
+            tokens,
+            positions,
+            lambda layer, k, v: cache.write(layer, rows, slots, k, v),
+            attend,
+            return_hidden=return_hidden,
+        )
+        return logits, hidden, attend.recorded
+
+    def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Keep the accepted ``path`` (``[B, P]`` tail labels) of ``count`` nodes, via a graph."""
+        p = path.shape[1]
+        self.graphs(
+            ("commit", p),
+            self.cache.commit,
+            (path, count),
+            neutral=(torch.zeros_like(path), torch.zeros_like(count)),
+        )
+
+
+class _PrefillWriter:
+    """``write_kv`` of a prefill chunk: positions ``[s, e)`` of the sequences ``rows``."""
+
+    def __init__(self, cache: KVCache, rows: slice | torch.Tensor, s: int, e: int) -> None:
+        self.cache, self.rows, self.s, self.e = cache, rows, s, e
+
+    def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        kv = self.cache.kv
+        kv[layer, 0, self.rows, :, self.s : self.e] = k.transpose(1, 2).to(kv.dtype)
+        kv[layer, 1, self.rows, :, self.s : self.e] = v.transpose(1, 2).to(kv.dtype)
+
+
+class _PrefillAttend:
+    """Causal attention of a prefill chunk over its sequences' cache ``[0, e)``."""
+
+    def __init__(self, cache: KVCache, rows: slice | torch.Tensor, s: int, e: int) -> None:
+        self.cache, self.rows, self.s, self.e = cache, rows, s, e
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        s, e = self.s, self.e
+        k = self.cache.kv[layer, 0, self.rows, :, :e]  # [g, Hkv, e, D]
+        v = self.cache.kv[layer, 1, self.rows, :, :e]
+        qq = q.transpose(1, 2)  # [g, H, c, D]
+        if s == 0:
+            o = F.scaled_dot_product_attention(qq, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rows = torch.arange(s, e, device=q.device)[:, None]
+            mask = torch.arange(e, device=q.device)[None, :] <= rows
+            o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, enable_gqa=True)
+        return o.transpose(1, 2).contiguous()

@@ -1,0 +1,57 @@
+"""Run settings of ``ssvkit decode`` and ``ssvkit train-tiny``: plain dataclasses with a help
+string per field, torch-free, so the CLI builds its options from them without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeConfig:
+    """Sampling and bookkeeping of one ``generate`` call."""
+
+    max_new_tokens: int = field(default=128, metadata={"help": "tokens to generate per sequence"})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy, else sampling"})
+    draft_temperature: float | None = field(
+        default=None, metadata={"help": "drafter sampling temperature; None = temperature"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of every random draw"})
+    record_stats: bool = field(
+        default=False, metadata={"help": "selection overlaps and PRR hit rates per round"}
+    )
+    ngram_max_n: int = field(default=3, metadata={"help": "longest n-gram the ngram drafter uses"})
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or (self.draft_temperature or 0) < 0:
+            raise ValueError("temperatures must be >= 0")
+
+    @property
+    def draft_temp(self) -> float:
+        return self.temperature if self.draft_temperature is None else self.draft_temperature
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """The recipe's knobs (defaults: the H100 run)."""
+
+    context: int = field(default=16384, metadata={"help": "training window in bytes (>= 8K)"})
+    batch: int = field(default=4, metadata={"help": "windows per step"})
+    time_budget_s: float = field(default=240.0, metadata={"help": "seconds of training steps"})
+    max_steps: int = field(default=100_000, metadata={"help": "upper bound on steps"})
+    lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr"})
+    warmup_steps: int = field(default=50, metadata={"help": "linear warm-up steps"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay"})
+    max_corpus_bytes: int = field(default=256 << 20, metadata={"help": "corpus size cap"})
+    val_windows: int = field(default=8, metadata={"help": "validation windows at the end"})
+    seed: int = field(default=0, metadata={"help": "seed of init and sampling"})
+
+    def __post_init__(self) -> None:
+        for name in ("context", "batch", "max_steps", "val_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.time_budget_s <= 0 or self.lr <= 0:
+            raise ValueError("time_budget_s and lr must be > 0")

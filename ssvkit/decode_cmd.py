@@ -1,0 +1,233 @@
+"""``ssvkit decode``: run the real decode loop and print the measurement beside the prediction.
+
+ssvkit decode --model tiny --context 16K --strategy ssv --max-new-tokens 256
+ssvkit decode --model random:llama-3.1-8b --context 32K --strategy sd_dense --drafter-kind ngram
+ssvkit decode --model tiny --device cpu --context 2K --strategy ar_dense --trace run.jsonl --json
+
+Bad input (a missing checkpoint, a context beyond the model's positions, a strategy the engine
+cannot run, no CUDA for ``--device cuda``) fails with one line and exit 2 before any model is
+built. The prediction comes from ``perfmodel`` for ``--gpu`` at the measured acceptance (the
+per-draft alpha that reproduces the mean accepted drafts per round) and, when measured, the
+mean group overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from engine.settings import DecodeConfig
+from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
+from ssvkit.decode_report import build_report, report_text
+from ssvkit.options import add_dataclass_options, given, parse_int_list
+
+HELP = "run the GPU decode loop (draft, verify, accept) and compare with the prediction"
+STRATEGY_FIELDS = (
+    "tree",
+    "traversal",
+    "mode",
+    "group_size",
+    "top_n",
+    "block_size",
+    "window",
+    "comp_block",
+    "comp_stride",
+    "metadata",
+    "refresh_every",
+    "fusion",
+)
+DRAFTER_FIELDS = ("kind", "sparsity_ratio")
+DECODE_FIELDS = ("max_new_tokens", "temperature", "draft_temperature", "seed", "ngram_max_n")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="tiny", help="tiny | checkpoint folder | random:NAME")
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft checkpoint for drafter draft_model (default: tiny-draft with --model tiny)",
+    )
+    p.add_argument("--context", default="4K", help="prompt tokens (K = 1024; default 4K)")
+    p.add_argument(
+        "--prompt-file",
+        default=None,
+        help="prompt bytes (tiled to --context); default: a built-in corpus sample",
+    )
+    p.add_argument(
+        "--strategy",
+        default="sd_dense",
+        help=f"baseline to run: {', '.join(BASELINES)} (default: sd_dense)",
+    )
+    g = p.add_argument_group("strategy fields (override the baseline's)")
+    add_dataclass_options(g, Strategy, STRATEGY_FIELDS, defaults=BASELINES["ssv"])
+    add_dataclass_options(g, DrafterSpec, DRAFTER_FIELDS, prefix="drafter-")
+    add_dataclass_options(p, DecodeConfig, DECODE_FIELDS)
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
+    p.add_argument("--device", default="auto", help="cuda | cpu (default: cuda when present)")
+    p.add_argument("--dtype", default="auto", help="bf16 | fp16 | fp32 (default: bf16 on cuda)")
+    p.add_argument(
+        "--backend", default="auto", help="triton | torch (default: triton on cuda, else torch)"
+    )
+    p.add_argument("--no-graphs", action="store_true", help="run eagerly (no CUDA graphs)")
+    p.add_argument("--trace", metavar="FILE.jsonl", help="write the round trace (implies --stats)")
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="record selection overlaps and PRR hit rates per round (outside the timed steps)",
+    )
+    p.add_argument("--controller", metavar="MODULE:ATTR", help="online controller to call")
+    p.add_argument("--gpu", default="h100-sxm", help="GPU of the prediction (default h100-sxm)")
+    p.add_argument("--json", action="store_true", help="print JSON (every figure with provenance)")
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def build_strategy(args, draft_name: str | None) -> tuple[Strategy, str | None]:
+    """The baseline with the given overrides; an EAGLE default becomes draft_model (when a draft
+    model is available) or ngram, with a note."""
+    s = Strategy.from_name(args.strategy)
+    kw = given(args, STRATEGY_FIELDS)
+    dkw = given(args, DRAFTER_FIELDS, prefix="drafter_")
+    note = None
+    if "kind" not in dkw and s.drafter.kind == "eagle":
+        dkw["kind"] = "draft_model" if draft_name else "ngram"
+        note = f"drafter: {dkw['kind']} (the engine has no EAGLE heads)"
+    drafter = dataclasses.replace(s.drafter, **dkw, model=draft_name or "none")
+    return dataclasses.replace(s, drafter=drafter, **kw), note
+
+
+def _device(args):
+    import torch
+
+    want = args.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {want!r}")
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    dtype = args.dtype if args.dtype != "auto" else ("bf16" if want == "cuda" else "fp32")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    backend = args.backend if args.backend != "auto" else ("triton" if want == "cuda" else "torch")
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"--backend must be triton or torch, got {backend!r}")
+    if backend == "triton" and want == "cpu" and dtype == "bf16":
+        raise ValueError("the Triton interpreter's bf16 dot is broken: use --dtype fp32 on cpu")
+    graphs = want == "cuda" and backend == "triton" and not args.no_graphs
+    return want, getattr(torch, DTYPES[dtype]), backend, graphs
+
+
+def _prompts(args, context: int, batch: int, vocab: int) -> list[list[int]]:
+    from engine.corpus import corpus_sample, encode
+
+    if args.prompt_file:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise ValueError(f"prompt file {args.prompt_file!r} does not exist")
+        data = encode(path.read_bytes())
+        if not data:
+            raise ValueError(f"prompt file {args.prompt_file!r} is empty")
+        ids = (data * (-(-context // len(data))))[:context]
+        rows = [ids] * batch
+    else:
+        ids = corpus_sample(context * batch)
+        rows = [ids[i * context : (i + 1) * context] for i in range(batch)]
+    return [[t % vocab for t in r] for r in rows]
+
+
+def _check_memory(device, dtype, cfgs, batch: int, t_max: int) -> None:
+    """Refuse a run whose weights + KV cache cannot fit (GPU memory, or free host memory)."""
+    import os
+
+    import torch
+
+    elem = torch.tensor([], dtype=dtype).element_size()
+    need = 0
+    for cfg in cfgs:
+        need += cfg.num_params() * elem
+        need += 2 * cfg.num_layers * batch * cfg.num_kv_heads * t_max * cfg.head_dim * elem
+    if device == "cuda":
+        have, where = torch.cuda.get_device_properties(0).total_memory, "the GPU has"
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        where = "the host has free"
+    if need > 0.9 * have:
+        raise ValueError(
+            f"weights + KV cache need {need / 2**30:.1f} GiB, {where} {have / 2**30:.1f} GiB"
+        )
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run(args) -> int:
+    import torch
+
+    from engine.checkpoint import build_model, resolve_source
+    from engine.controller import load_controller
+    from engine.loop import Engine, check_strategy
+    from engine.runner import ModelRunner
+    from engine.trace_writer import TraceWriter
+
+    context = parse_int_list(args.context, "--context")[0]
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    kw = given(args, DECODE_FIELDS)
+    if "draft_temperature" in kw:
+        try:
+            kw["draft_temperature"] = float(kw["draft_temperature"])
+        except ValueError:
+            bad = kw["draft_temperature"]
+            raise ValueError(f"--draft-temperature {bad!r} is not a number") from None
+    decode = DecodeConfig(**kw, record_stats=bool(args.stats or args.trace))
+    target_src = resolve_source(args.model)
+    draft_name = args.draft_model or ("tiny-draft" if args.model == "tiny" else None)
+    strategy, note = build_strategy(args, draft_name)
+    uses_draft = strategy.drafter.kind == "draft_model" and strategy.tree != "chain:0"
+    draft_src = resolve_source(draft_name) if uses_draft and draft_name else None
+    device, dtype, backend, graphs = _device(args)
+    tree, _ = check_strategy(
+        strategy, target_src.config, draft_src.config if draft_src else None, backend
+    )
+    t_max = context + decode.max_new_tokens + tree.num_nodes + 1
+    limit = target_src.config.max_position_embeddings
+    if t_max > limit:
+        raise ValueError(
+            f"context {context} + {decode.max_new_tokens} new tokens + {tree.num_nodes} tail "
+            f"rows = {t_max} positions exceed the model's {limit}"
+        )
+    controller = load_controller(args.controller)
+    cfgs = [target_src.config] + ([draft_src.config] if draft_src else [])
+    _check_memory(device, dtype, cfgs, args.batch, t_max)
+    prompts = _prompts(args, context, args.batch, target_src.config.vocab_size)
+    trace = None
+    if args.trace:
+        gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+        trace = TraceWriter(args.trace, target_src.name, target_src.config.num_layers,
+                            device=device, gpu=gpu, backend=backend, seed=decode.seed,
+                            dtype=str(dtype).removeprefix("torch."), graphs=graphs)  # fmt: skip
+
+    # Input checked: from here on models are built and the device is used.
+    def load(src):
+        return build_model(src, max_positions=t_max, device=device, dtype=dtype)
+
+    target = ModelRunner(load(target_src), batch=args.batch, t_max=t_max, backend=backend,
+                         use_graphs=graphs)  # fmt: skip
+    draft = None
+    if draft_src is not None:
+        draft = ModelRunner(load(draft_src), batch=args.batch, t_max=t_max, backend=backend,
+                            use_graphs=graphs)  # fmt: skip
+    engine = Engine(
+        target, strategy, decode, draft_runner=draft, controller=controller, trace=trace
+    )
+    result = engine.generate(prompts)
+    report = build_report(args, result, strategy, tree, target_src, draft_src, context,
+                          device, dtype, backend, graphs, note)  # fmt: skip
+    if device == "cuda":
+        report["device_name"] = torch.cuda.get_device_name()
+    print(json.dumps(report, indent=2) if args.json else report_text(report))
+    return 0

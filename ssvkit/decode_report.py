@@ -1,0 +1,177 @@
+"""``ssvkit decode``'s report: the measurement beside perfmodel's prediction, as JSON (every
+figure with its provenance) or as a table.
+
+The prediction is for ``--gpu`` at the measured acceptance: the per-draft alpha whose expected
+accepted drafts per round (perfmodel's tree model) equal the measured mean, and, when measured,
+the mean group overlap; the context is the mean context of the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ssvkit.options import figure
+
+
+def fit_acceptance(parents, mean_accepted: float) -> float:
+    """The per-draft alpha whose expected accepted drafts per round (perfmodel's tree model)
+    equal ``mean_accepted`` (bisection; clamped to [0, 1])."""
+    from perfmodel.strategy import tree_expected_tokens
+
+    if not parents:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if tree_expected_tokens(parents, mid) - 1 < mean_accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def predict(strategy, target_spec: str, draft_spec: str | None, context: int, batch: int,
+            alpha: float, overlap: float | None, gpu_name: str) -> dict:  # fmt: skip
+    """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
+    from perfmodel.calibrated import make_predictor
+    from perfmodel.hardware import get_gpu
+    from perfmodel.models import get_model
+    from perfmodel.step import build_columns, predict_columns
+    from perfmodel.strategy import Workload, check_feasible
+
+    try:
+        model = get_model(target_spec)
+        s = strategy
+        if s.drafter.kind == "draft_model":
+            s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
+        wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
+        if overlap is not None:
+            wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
+        check_feasible(s, wl, model)
+        gpu = get_gpu(gpu_name)
+        cols = build_columns(model, [(s, wl)])
+        pred = predict_columns(model, cols, make_predictor(gpu), s.drafter)
+    except ValueError as e:
+        return {"error": str(e).splitlines()[0]}
+    return {
+        "gpu": gpu.name,
+        "provenance": pred.provenance + (" (extrapolated)" if pred.extrapolated[0] else ""),
+        "draft_s": float(pred.draft_s[0]),
+        "verify_s": float(pred.verify_s[0]),
+        "round_s": float(pred.round_s[0]),
+        "tokens_per_s": float(pred.tokens_per_s[0]),
+        "tokens_per_round": float(pred.tokens_per_round[0]),
+    }
+
+
+def _mean_layers(result, name: str) -> float | None:
+    """Mean over rounds, sequences and layers (layer 0 has no previous layer to overlap)."""
+    import numpy as np
+
+    rows = [getattr(r.selection, name) for r in result.timed() if r.selection is not None]
+    if not rows:
+        return None
+    v = np.concatenate(rows, axis=0)
+    if name == "layer_overlap":
+        v = v[:, 1:]
+    return None if v.size == 0 or np.isnan(v).all() else float(np.nanmean(v))
+
+
+def build_report(args, result, strategy, tree, target_src, draft_src, context, device, dtype,
+            backend, graphs, note) -> dict:  # fmt: skip
+    timer = f"measured:{result.timer}"
+    mean_acc = result.mean_accepted()
+    alpha = fit_acceptance(tree.parents[1:] and [p - 1 for p in tree.parents[1:]], mean_acc)
+    overlap = _mean_layers(result, "group_overlap")
+    ctx_mean = context + args.max_new_tokens // 2 if args.max_new_tokens else context
+    pred = predict(strategy, target_src.config_path, draft_src.config_path if draft_src else None,
+                   ctx_mean, args.batch, alpha, overlap, args.gpu)  # fmt: skip
+    steps = result.mean_step_s()
+    round_s = sum(steps.values())
+    timed = result.timed()
+    out = {
+        "model": target_src.name,
+        "draft_model": draft_src.name if draft_src else None,
+        "strategy": dataclasses.asdict(strategy),
+        "note": note,
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "backend": backend,
+        "cuda_graphs": graphs,
+        "context": context,
+        "batch": args.batch,
+        "new_tokens": len(result.tokens[0]),
+        "rounds": len(result.rounds),
+        "warmup_rounds": len(result.rounds) - len(timed),
+        "drafted_per_round": tree.num_drafts,
+        "tokens_per_s": figure(result.tokens_per_s(), "tokens/s", f"{timer}+host"),
+        "mean_accepted": figure(mean_acc, "drafts/round", timer.split("+")[0]),
+        "acceptance_rate": figure(result.acceptance_rate(), "share", "measured"),
+        "fitted_alpha": figure(alpha, "share", "fit:perfmodel.tree_expected_tokens"),
+        "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
+        "round_s": figure(round_s, "s", timer),
+        "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
+        "selection": {
+            name: _mean_layers(result, name)
+            for name in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
+        },
+        "prediction": pred,
+        "trace": args.trace,
+        "sample": _sample_text(result.tokens[0]),
+    }
+    return out
+
+
+def _sample_text(tokens: list[int]) -> str:
+    from engine.corpus import decode
+
+    return decode(tokens[:80])
+
+
+def report_text(r: dict) -> str:
+    p = r["prediction"]
+    ms = 1e3
+    lines = [
+        f"{r['model']}"
+        + (f" + {r['draft_model']}" if r["draft_model"] else "")
+        + f" on {r.get('device_name', r['device'])}, {r['dtype']}, {r['backend']}"
+        + (", CUDA graphs" if r["cuda_graphs"] else "")
+        + f"  [{r['round_s']['provenance']}]",
+        f"strategy {r['strategy']['name']}: tree {r['strategy']['tree']} "
+        f"({r['drafted_per_round']} drafts, {r['strategy']['traversal']}), attention "
+        f"{r['strategy']['attention']}, drafter {r['strategy']['drafter']['kind']}",
+    ]
+    if r["note"]:
+        lines.append(f"note: {r['note']}")
+    lines.append(
+        f"context {r['context']}, batch {r['batch']}, {r['new_tokens']} new tokens, "
+        f"{r['rounds']} rounds ({r['warmup_rounds']} warm-up left out)"
+    )
+    pred_tps = f"{p['tokens_per_s']:10.1f}" if "tokens_per_s" in p else "       n/a"
+    lines.append(f"{'':22s}{'measured':>10s} {'predicted':>10s}")
+    lines.append(f"{'tokens/s':22s}{r['tokens_per_s']['value']:10.1f} {pred_tps}")
+    lines.append(
+        f"{'mean accepted/round':22s}{r['mean_accepted']['value']:10.2f} "
+        f"{p.get('tokens_per_round', float('nan')) - 1:10.2f}   (alpha fit "
+        f"{r['fitted_alpha']['value']:.3f}, rate {r['acceptance_rate']['value']:.3f})"
+    )
+    for k, v in r["steps_s"].items():
+        pv = p.get(f"{k}_s")
+        pcol = f"{pv * ms:10.3f}" if pv is not None else f"{'(in verify)':>10s}"
+        if k == "verify" and pv is not None:
+            pcol += "   (prediction includes accept)"
+        lines.append(f"{k + ' (ms)':22s}{v['value'] * ms:10.3f} {pcol}")
+    pr = f"{p['round_s'] * ms:10.3f}" if "round_s" in p else "       n/a"
+    lines.append(f"{'round (ms)':22s}{r['round_s']['value'] * ms:10.3f} {pr}")
+    lines.append(
+        "prediction: " + (f"{p['gpu']} [{p['provenance']}]" if "error" not in p else p["error"])
+    )
+    sel = r["selection"]
+    if any(v is not None for v in sel.values()):
+        lines.append(
+            "selection (mean over layers): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in sel.items() if v is not None)
+        )
+    if r["trace"]:
+        lines.append(f"trace: {r['trace']}")
+    return "\n".join(lines)

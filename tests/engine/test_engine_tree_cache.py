@@ -1,0 +1,88 @@
+"""Draft trees (flattening, level order), the KV cache's commit/rollback and its summaries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import TINY
+
+from engine.cache import KVCache
+from engine.drafter import LevelPlan
+from engine.tree import DraftTree
+from kernels.nsa_compress import reference_compress_kv
+from kernels.select_blocks import reference_block_metadata
+from kernels.tree import ancestor_bitmask
+
+
+@pytest.mark.parametrize("spec", ["chain:0", "chain:5", "full:2x3", "full:3x2", "best:16:6"])
+@pytest.mark.parametrize("order", ["bfs", "dfs", "position"])
+def test_tree_flattening_is_topological_and_keeps_the_shape(spec, order):
+    tree = DraftTree.from_spec(spec, order)
+    base = DraftTree.from_spec(spec, "bfs")
+    assert tree.parents[0] == -1 and all(p < i for i, p in enumerate(tree.parents))
+    assert sorted(tree.depth) == sorted(base.depth)
+    # Each node keeps its number of children and its sibling rank set.
+    assert sorted(len(c) for c in tree.children) == sorted(len(c) for c in base.children)
+    for kids in tree.children:
+        assert [tree.rank[c] for c in kids] == list(range(len(kids)))
+    if order == "dfs" and spec == "full:2x3":
+        assert tree.parents[:4] == (-1, 0, 1, 2)  # depth-first: a whole branch first
+    mask = tree.tensors(2, "cpu").mask
+    expect = ancestor_bitmask(torch.tensor([tree.parents] * 2, dtype=torch.int32))
+    assert torch.equal(mask, expect)
+    plan = LevelPlan.build(tree)
+    depths = [plan.dtree.depth[k] for k in range(tree.num_nodes)]
+    assert depths == sorted(depths)  # level order: nodes up to any depth are a prefix
+    assert [tree.depth[v] for v in plan.to_verify] == depths
+
+
+def test_tree_spec_errors():
+    with pytest.raises(ValueError, match="at most 64"):
+        DraftTree.from_spec("full:4x3", "bfs")
+    with pytest.raises(ValueError, match="chain:K"):
+        DraftTree.from_spec("star:3", "bfs")
+    with pytest.raises(ValueError, match="parents"):
+        DraftTree.from_parents([-1, 2, 0])
+
+
+def _cache(batch=2, t_max=96):
+    c = KVCache(TINY, batch, t_max, dtype=torch.float32, device="cpu", use_triton=False)
+    c.kv.copy_(torch.randn(c.kv.shape, generator=torch.Generator().manual_seed(0)))
+    return c
+
+
+def test_commit_compacts_the_path_and_rolls_back_the_rest():
+    c = _cache()
+    c.set_lens(torch.tensor([40, 17]))
+    c.require_blocks(16, ("mean", "quest"))
+    c.require_compressed(16, 8)
+    before = c.kv.clone()
+    # Tail of 6 nodes; sequence 0 keeps nodes 0, 2, 5; sequence 1 keeps only its root.
+    path = torch.tensor([[0, 2, 5], [0, 9, 9]])
+    count = torch.tensor([3, 1], dtype=torch.int32)
+    c.commit(path, count)
+    assert c.lens.tolist() == [43, 18]
+    for j, src in enumerate([0, 2, 5]):
+        assert torch.equal(c.kv[:, :, 0, :, 40 + j], before[:, :, 0, :, 40 + src])
+    assert torch.equal(c.kv[:, :, 1, :, 17], before[:, :, 1, :, 17])
+    # The prefix is untouched, and everything past the new length is dead (ignored).
+    assert torch.equal(c.kv[:, :, :, :, :17], before[:, :, :, :, :17])
+    for layer in range(TINY.num_layers):
+        ref = reference_block_metadata(c.k(layer), c.lens, 16)
+        assert torch.allclose(c.meta[layer].mean, ref["mean"], atol=1e-6)
+        assert torch.allclose(c.meta[layer].kmax, ref["kmax"], atol=1e-6)
+        ck, _, n = reference_compress_kv(c.k(layer), c.v(layer), c.lens, comp_block=16,
+                                         comp_stride=8)  # fmt: skip
+        assert torch.allclose(c.comp[layer][0], ck, atol=1e-6)
+        assert torch.equal(c.comp_lens, n.to(torch.int32))
+
+
+def test_summaries_rebuild_in_place():
+    c = _cache()
+    c.require_blocks(16, ("mean",))
+    ptr = c.meta[0].mean.data_ptr()
+    c.set_lens(torch.tensor([50, 33]))
+    assert c.meta[0].mean.data_ptr() == ptr  # captured graphs keep reading the same tensor
+    assert torch.allclose(c.meta[0].mean, reference_block_metadata(c.k(0), c.lens, 16)["mean"])
+    with pytest.raises(ValueError, match="kinds"):
+        c.require_blocks(16, ("nsa",))
