@@ -24,6 +24,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model import CausalLM
+from engine.rope import rope_tables
 from perfmodel.models import get_model, load_config
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -124,7 +125,8 @@ def _hf_names(cfg: ModelConfig) -> dict[str, list[str]]:
 def init_random_(model: CausalLM, seed: int) -> None:
     """Random weights: linear layers N(0, 1/fan_in) (unit-scale activations, logits of O(1)),
     embeddings N(0, 1), biases N(0, 0.02), norms 1."""
-    gen = torch.Generator(device=model.rope_cos.device).manual_seed(seed)
+    # The generator must live where the parameters do (CUDA parameters need a CUDA generator).
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -151,7 +153,11 @@ def build_model(
         init_random_(model, src.seed)
     else:
         load_weights_(model, src.path)
-    return model.to(dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype)
+    # .to(dtype) also casts the rotary tables; keep them float32 (they index long positions).
+    cos, sin = rope_tables(src.config, max_positions, device=device)
+    model.rope_cos, model.rope_sin = cos, sin
+    return model.eval().requires_grad_(False)
 
 
 def load_weights_(model: CausalLM, folder: Path) -> None:

@@ -110,7 +110,8 @@ class CausalLM(nn.Module):
         self.lm_head = (
             None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, False)
         )
-        cos, sin = rope_tables(cfg, max_positions)
+        # The tables follow the parameters' device (``with torch.device(...)`` construction).
+        cos, sin = rope_tables(cfg, max_positions, device=self.model.embed_tokens.weight.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
