@@ -143,13 +143,30 @@ CASES = {
 }
 
 
+def _margin(model, prompt, prefix, u, v) -> float:
+    """|logit(u) - logit(v)| after ``prompt + prefix`` from a bf16 dense prefill: the near-tie
+    test (sparse strategies see nearly every block of these 1.2-1.5K-token prompts)."""
+    runner = ModelRunner(model, batch=1, t_max=len(prompt) + len(prefix) + 64, backend="triton")
+    logits = runner.prefill([list(prompt) + list(prefix)])[0].float()
+    return float((logits[u] - logits[v]).abs())
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_bf16_greedy_speculative_equals_autoregressive(case):
+    """On a random model the logits are nearly flat, so bf16 can order two tokens differently
+    in a t-row verify pass and a 1-row AR step. Exact equality holds up to the first
+    divergence, and that divergence must be a near-tie of the AR logits (the trained-pair test
+    below asks for exact equality)."""
     spec, ar = CASES[case]
     got = _generate(MODEL, spec, PROMPTS, draft=DRAFT)
     want = _generate(MODEL, ar, PROMPTS, graphs=False)
-    assert got.tokens == want.tokens, _first_difference(got.tokens, want.tokens)
     assert got.mean_accepted() > 0
+    for s, (x, y) in enumerate(zip(got.tokens, want.tokens, strict=True)):
+        i = next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+        if i is None:
+            continue
+        margin = _margin(MODEL, PROMPTS[s], y[:i], x[i], y[i])
+        assert margin < 0.05, f"sequence {s} differs at token {i} with AR margin {margin:.3f}"
 
 
 def test_graphs_do_not_change_the_tokens():
