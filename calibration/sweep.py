@@ -1,8 +1,9 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
 (GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops (RMSNorm,
-rotary embedding, SiLU-and-multiply, softmax + sampling over the vocabulary), through torch as
-the decode loop runs them. One sealed row per config (``calibration.schema``), CUDA-graph replay
-with a cold L2 (``kernels.timing``), resumable: a config already in the output file is skipped.
+rotary embedding, SiLU-and-multiply, greedy sampling over the vocabulary), each exactly as the
+decode loop (``engine/``) runs it. One sealed row per config (``calibration.schema``), CUDA-graph
+replay with a cold L2 (``kernels.timing``), resumable: a config already in the output file is
+skipped.
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
@@ -140,27 +141,30 @@ def gemm_sweep(s: Sweep) -> None:
 
 
 def _rmsnorm(x, w, eps=1e-6):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+    return F.rms_norm(x, (x.shape[-1],), w, eps)  # engine.model.RMSNorm
 
 
-def _rotary(q, k, cos, sin):
-    def rot(x):
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-        return torch.cat((-x2, x1), dim=-1)
-
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+def _silu_mul(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)  # engine.model.MLP, between its two GEMMs
+    return F.silu(gate) * up
 
 
-def _sample(logits):
-    probs = torch.softmax(logits.float(), dim=-1)
-    return torch.argmax(probs, dim=-1), probs
+def _rotary(qk, cos, sin):
+    from engine.rope import apply_rope
+
+    return apply_rope(qk, cos, sin, interleaved=False)  # q and k heads rotated together
+
+
+def _greedy(logits):
+    return logits.float().argmax(-1)  # engine.acceptance at temperature 0
 
 
 def elementwise_sweep(s: Sweep) -> None:
+    """The element-wise ops as the engine runs them (``impl: engine`` in the params)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
     widths = sorted({get_model(n).hidden_size for n in model_names()})
-    vocabs = sorted({get_model(n).vocab_size for n in model_names()})
+    vocabs = sorted({get_model(n).vocab_size for n in model_names()} | {256, 32000})
+    ffn = sorted({get_model(n).intermediate_size for n in model_names()})
     for m in TOKENS:
         for d in widths:
             rot = tm.num_rotations(m * d * 2 * 2)
@@ -168,36 +172,33 @@ def elementwise_sweep(s: Sweep) -> None:
             w = torch.randn(d, generator=gen, device="cuda", dtype=ACT)
             s.run(
                 "rmsnorm",
-                {"m": m, "d": d, "dtype": "bfloat16"},
+                {"m": m, "d": d, "dtype": "bfloat16", "impl": "engine"},
                 lambda i, xs=xs, w=w: _rmsnorm(xs[i], w),
                 rot,
                 2 * m * d * 2 + d * 2,
                 5 * m * d,
             )
-            f = 3 * d  # a representative FFN width: the op is read 2 f, write f per token
+        for f in ffn:
             gu = [
                 torch.randn(m, 2 * f, generator=gen, device="cuda", dtype=ACT)
                 for _ in range(tm.num_rotations(m * 2 * f * 2))
             ]
             s.run(
                 "silu_mul",
-                {"m": m, "f": f, "dtype": "bfloat16"},
-                lambda i, gu=gu, f=f: F.silu(gu[i][:, :f]) * gu[i][:, f:],
+                {"m": m, "f": f, "dtype": "bfloat16", "impl": "engine"},
+                lambda i, gu=gu: _silu_mul(gu[i]),
                 len(gu),
                 3 * m * f * 2,
                 5 * m * f,
             )
         for heads, kv_heads in ((32, 8), (64, 8)):
             dh = 128
-            qs = [
-                torch.randn(m, heads, dh, generator=gen, device="cuda", dtype=ACT) for _ in range(2)
-            ]
-            ks = [
-                torch.randn(m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
+            qks = [
+                torch.randn(1, m, heads + kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
                 for _ in range(2)
             ]
-            cos = torch.randn(m, 1, dh, generator=gen, device="cuda", dtype=ACT)
-            sin = torch.randn(m, 1, dh, generator=gen, device="cuda", dtype=ACT)
+            cos = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
+            sin = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
             elems = m * (heads + kv_heads) * dh
             s.run(
                 "rotary",
@@ -207,22 +208,23 @@ def elementwise_sweep(s: Sweep) -> None:
                     "num_kv_heads": kv_heads,
                     "head_dim": dh,
                     "dtype": "bfloat16",
+                    "impl": "engine",
                 },
-                lambda i, qs=qs, ks=ks, cos=cos, sin=sin: _rotary(qs[i], ks[i], cos, sin),
+                lambda i, qks=qks, cos=cos, sin=sin: _rotary(qks[i], cos, sin),
                 2,
-                2 * elems * 2 + 2 * m * dh * 2,
+                2 * elems * 2 + 2 * m * dh * 4,
                 6 * elems,
             )
         for v in vocabs:
-            rot = tm.num_rotations(m * v * 2)
-            ls = [torch.randn(m, v, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
+            rot = tm.num_rotations(m * v * 4)
+            ls = [torch.randn(m, v, generator=gen, device="cuda") for _ in range(rot)]
             s.run(
                 "sampling",
-                {"m": m, "vocab": v, "dtype": "bfloat16"},
-                lambda i, ls=ls: _sample(ls[i]),
+                {"m": m, "vocab": v, "dtype": "float32", "impl": "engine"},
+                lambda i, ls=ls: _greedy(ls[i]),
                 rot,
-                m * v * (2 + 4),
-                6 * m * v,
+                m * v * 4,
+                m * v,
             )
 
 
