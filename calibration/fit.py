@@ -53,6 +53,12 @@ def op_class(row: dict) -> str:
         return f"{op}/{p['mode']}/{p['impl']}"
     if op == "select_blocks":
         return f"{op}/{p['method']}"
+    # Row-wise reductions: their time is set by the row length (one program walks a row), not
+    # by the total bytes, so each hidden width / vocabulary is a class of its own.
+    if op == "rmsnorm":
+        return f"{op}/d{p['d']}"
+    if op == "sampling":
+        return f"{op}/v{p['vocab']}"
     return op
 
 

@@ -172,8 +172,28 @@ class CalibratedPredictor(RooflinePredictor):
         tp = self.tp[idx] if self.tp.ndim else self.tp
         return CalibratedPredictor(self.gpu, self.profile, self.dtype, tp)
 
+    def _resolve(self, kernel: str | None) -> tuple[ClassFit | None, bool]:
+        """The class for ``kernel``; a per-size class family (``rmsnorm/d4096``) falls back to
+        its nearest measured size, flagged as an extrapolation."""
+        if not kernel:
+            return None, False
+        if kernel in self.profile.classes:
+            return self.profile.classes[kernel], False
+        family, _, size = kernel.rpartition("/")
+        digits = size.lstrip("dv")
+        if not family or not digits.isdigit():
+            return None, False
+        cands = [
+            (abs(int(k.rpartition("/")[2].lstrip("dv")) - int(digits)), k)
+            for k in self.profile.classes
+            if k.rpartition("/")[0] == family and k.rpartition("/")[2].lstrip("dv").isdigit()
+        ]
+        if not cands:
+            return None, False
+        return self.profile.classes[min(cands)[1]], True
+
     def op_time_s(self, op: Op) -> np.ndarray:
-        cls = self.profile.classes.get(op.kernel or "")
+        cls, nearest = self._resolve(op.kernel)
         if cls is None or op.kind == "comm":
             return super().op_time_s(op)
         calls = np.asarray(op.calls, dtype=float)
@@ -186,7 +206,7 @@ class CalibratedPredictor(RooflinePredictor):
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".
         bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
-        outside = (calls > 0) & ~cls.in_range(nbytes, flops, bw, peak)
+        outside = (calls > 0) & (~cls.in_range(nbytes, flops, bw, peak) | nearest)
         same = self.outside is not None and np.shape(self.outside) == np.shape(outside)
         self.outside = self.outside | outside if same else outside
         return np.where(calls > 0, t, 0.0)

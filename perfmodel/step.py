@@ -289,7 +289,9 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
 
     acc.add(
         prefix + "norms",
-        _elementwise(8 * m * d * ACT_BYTES + 2 * d * wb, 10 * m * d, 2, "rmsnorm").scaled(layers),
+        _elementwise(8 * m * d * ACT_BYTES + 2 * d * wb, 10 * m * d, 2, f"rmsnorm/d{d}").scaled(
+            layers
+        ),
     )
     if model.is_mla:
         qkv = Op(
@@ -347,13 +349,23 @@ def _head_ops(acc: _Acc, model: ModelSpec, m, tp, vocab, prefix: str) -> None:
     v = vocab / tp
     acc.add(
         prefix + "embed_norm",
-        _elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2, "rmsnorm"),
+        _elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2, f"rmsnorm/d{d}"),
     )
     acc.add(prefix + "lm_head", _gemm(m, v, d, wb))
     # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches).
-    acc.add(prefix + "sampling", _elementwise(2 * m * v * F32, 6 * m * v, 2, "sampling", 1))
+    acc.add(
+        prefix + "sampling",
+        _elementwise(2 * m * v * F32, 6 * m * v, 2, f"sampling/v{_vocab_shard(vocab, tp)}", 1),
+    )
     # The vocabulary-parallel logits are gathered across TP ranks.
     acc.add(prefix + "allreduce", Op("comm", 0 * m, 0 * m, 1.0 * (tp > 1), m * v * F32))
+
+
+def _vocab_shard(vocab: int, tp) -> int:
+    """The vocabulary one rank samples over, for the class name (one name per op: when the
+    points disagree on tp, the unsharded vocabulary)."""
+    tps = np.unique(np.asarray(tp))
+    return int(round(vocab / tps[0])) if tps.size == 1 else int(vocab)
 
 
 def _dense_attention(
@@ -499,10 +511,10 @@ def _draft_ops(
             sub.add(k, op.scaled(is_eagle * on))
         if draft is not None:
             dl = draft.num_layers * is_model * on
-            _linear_ops(sub, draft, m, c.tp, dl, "draft.")
-            _dense_attention(sub, draft, c, nodes, kv, dl, "draft.")
+            _linear_ops(sub, draft, m, c.tp, dl, "draft.model.")
+            _dense_attention(sub, draft, c, nodes, kv, dl, "draft.model.")
             head = _Acc()
-            _head_ops(head, draft, m, c.tp, draft.vocab_size, "draft.")
+            _head_ops(head, draft, m, c.tp, draft.vocab_size, "draft.model.")
             for k, op in head.items():
                 sub.add(k, op.scaled(is_model * on))
         for k, op in sub.items():
@@ -518,11 +530,17 @@ def _draft_ops(
     if (steps > 0).any():
         one = np.ones_like(T)
         sub = _Acc()
-        _linear_ops(sub, model, b * one, c.tp, model.num_layers * one, "draft.")
+        _linear_ops(sub, model, b * one, c.tp, model.num_layers * one, "draft.self.")
         _dense_attention(
-            sub, model, c, one, c.sparsity_ratio * T + c.num_draft, model.num_layers * one, "draft."
+            sub,
+            model,
+            c,
+            one,
+            c.sparsity_ratio * T + c.num_draft,
+            model.num_layers * one,
+            "draft.self.",
         )
-        _head_ops(sub, model, b * one, c.tp, model.vocab_size, "draft.")
+        _head_ops(sub, model, b * one, c.tp, model.vocab_size, "draft.self.")
         for k, op in sub.items():
             acc.add(k, op.scaled(steps))
 

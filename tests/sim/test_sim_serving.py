@@ -59,12 +59,12 @@ def test_heavier_load_worsens_latency():
     heavy = run("serve", serve=ServeConfig(rate=60.0, max_batch=16), **kw)
     assert value(heavy, "ttft_p50_s") > value(light, "ttft_p50_s")
     assert value(heavy, "simulated_tokens_per_s") > value(light, "simulated_tokens_per_s")
-    # arrival-bound (light) and GPU-bound (heavy) runs both sit on perfmodel's capacity bound
-    # (less the drain after the last arrival)
+    # arrival-bound (light) and GPU-bound (heavy) runs both sit just under perfmodel's capacity
+    # bound: less the drain after the last arrival, and (GPU-bound) less the rounds run at a
+    # smaller batch than the bound's, which the calibrated profile's per-call costs make dearer
     for r in (light, heavy):
-        assert value(r, "simulated_tokens_per_s") == pytest.approx(
-            value(r, "analytic_tokens_per_s"), rel=0.05
-        )
+        sim, bound = value(r, "simulated_tokens_per_s"), value(r, "analytic_tokens_per_s")
+        assert 0.9 * bound <= sim <= 1.01 * bound
 
 
 def test_arrivals_file(tmp_path):
