@@ -1,0 +1,135 @@
+"""The planner's evaluation in the real decode loop on the trained tiny pair (issue #7).
+
+    PYTHONPATH=. python benchmarks/planner_eval.py --out docs/validation/planner.json
+    PYTHONPATH=. python benchmarks/planner_eval.py --contexts 2K --per-regime 6 --device cpu \\
+        --new-tokens 32 --repeats 1 --out /tmp/planner.json          # a CPU smoke run
+
+Profiles the acceptance and overlap of the tiny pair per regime, ranks the space with the
+calibrated model, decodes ``--per-regime`` strategies per regime, then compares a fixed default,
+the fixed offline best and the online controller on four prompt sets (``planner.evaluate``
+says how). Writes the evaluation JSON to ``--out`` (whole or not at all), the full ranking to
+``--ranking-out`` when given, logs each run as it goes and prints a summary table last.
+
+The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from planner.controller import ControllerConfig
+from planner.evaluate import PROMPT_SETS, Bench, evaluate, summary_table
+from planner.profile import REGIMES, regime_of
+from planner.space import SpaceSpec
+from ssvkit.options import atomic_write, parse_int_list
+
+DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
+    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
+    p.add_argument("--contexts", default="4K,8K,16K,30K",
+                   help="one measured context per regime (K = 1024)")  # fmt: skip
+    p.add_argument("--adaptive-context", default="16K", help="context of the adaptive runs")
+    p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
+    p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per run")
+    p.add_argument("--repeats", type=int, default=2, help="runs per measurement (median)")
+    p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
+    p.add_argument("--drafters", default="draft_model,ngram", help="drafter axis of the space")
+    p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS))
+    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the predictions")
+    p.add_argument("--device", default="auto", help="cuda | cpu")
+    p.add_argument("--out", required=True, help="evaluation JSON")
+    p.add_argument("--ranking-out", default=None, help="the full ranking JSON")
+    return p.parse_args(argv)
+
+
+def build_bench(args) -> Bench:
+    import torch
+
+    from engine.checkpoint import build_model, resolve_source
+    from engine.runner import ModelRunner
+    from perfmodel.hardware import get_gpu
+    from perfmodel.models import get_model
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available()
+                                                        else "cpu")  # fmt: skip
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    backend = "triton" if cuda else "torch"
+    contexts = parse_int_list(args.contexts, "--contexts")
+    actx = parse_int_list(args.adaptive_context, "--adaptive-context")[0]
+    t_max = max(contexts + [actx]) + args.new_tokens + 64 + 1
+    tsrc, dsrc = resolve_source(args.model), resolve_source(args.draft_model)
+    runners = []
+    for src in (tsrc, dsrc):
+        model = build_model(src, max_positions=t_max, device=device, dtype=dtype)
+        runners.append(ModelRunner(model, batch=1, t_max=t_max, backend=backend, use_graphs=cuda))
+    return Bench(
+        target=runners[0],
+        draft=runners[1],
+        model=get_model(str(tsrc.path)),
+        gpu=get_gpu(args.gpu),
+        draft_label=str(dsrc.path),
+        max_new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        log=lambda m: print(m, flush=True),
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if min(args.per_regime, args.new_tokens, args.repeats) < 1:
+            raise ValueError("--per-regime, --new-tokens and --repeats must be >= 1")
+        ctxs = parse_int_list(args.contexts, "--contexts")
+        contexts = {}
+        for c in ctxs:
+            r = regime_of(c)
+            if r in contexts:
+                raise ValueError(f"--contexts {args.contexts}: two contexts fall in regime {r}")
+            contexts[r] = c
+        contexts = {r: contexts[r] for r in REGIMES if r in contexts}
+        sets = tuple(x for x in args.prompt_sets.split(",") if x)
+        bad = [x for x in sets if x not in PROMPT_SETS]
+        if bad:
+            raise ValueError(f"unknown prompt set {bad[0]!r}; expected {', '.join(PROMPT_SETS)}")
+        space = SpaceSpec(
+            drafters=tuple(args.drafters.split(",")),
+            trees=tuple(args.trees.split(",")),
+        )
+        bench = build_bench(args)
+        space = dataclasses.replace(space, draft_model=bench.draft_label)
+    except ValueError as e:
+        print(f"planner_eval: {e}", file=sys.stderr)
+        return 2
+    from kernels.timing import provenance
+
+    t0 = time.perf_counter()
+    doc, ranking = evaluate(
+        bench,
+        contexts,
+        space,
+        per_regime=args.per_regime,
+        adaptive_context=parse_int_list(args.adaptive_context, "--adaptive-context")[0],
+        prompt_sets=sets,
+        controller=ControllerConfig(),
+        provenance={**provenance(), "command": " ".join(sys.argv)},
+    )
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    if args.ranking_out:
+        atomic_write(args.ranking_out, json.dumps(ranking) + "\n")
+    print(f"\n({time.perf_counter() - t0:.0f} s)\n" + summary_table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,387 @@
+"""The planner's evaluation in the real decode loop (issue #7): does the offline ranking order
+strategies the way the engine measures them, and does online adaptation pay off?
+
+Four phases, all on one pair of model runners (target and draft) built once:
+
+1. **profile** -- per regime, the engine decodes a code prompt (validation split of the
+   built-in corpus) with every drafter kind on a reference tree; the per-token acceptance is
+   the inverse of its mean tokens per round (``alpha_from_tokens``). A sparse union strategy
+   per traversal order, with the selection statistics on, gives the group overlap gamma.
+2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
+   under that profile.
+3. **measure** -- per regime, ``per_regime`` strategies the engine can run (the predicted top
+   ones plus ranks spread evenly over the rest) are decoded on a *different* code prompt; each
+   is scored again at the measured context. Kendall tau (predicted vs measured tokens/s) and
+   the regret of the predicted best (1 - measured(predicted best) / measured best of the set).
+4. **adapt** -- per prompt set (code in distribution; prose, repetitive text and random bytes
+   off it): (a) a fixed default (the ``ssv`` baseline on the draft model), (b) the fixed
+   offline best of the regime, (c) ``OnlineController`` starting from (b). The adaptive run
+   goes twice: the first (cold) captures the CUDA graphs and compiles the kernels of whatever
+   it switches to -- its switch costs are reported -- then (b) and (c) alternate ``repeats``
+   times (medians), as a server that keeps its candidates' graphs would run them.
+   ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread.
+
+Tokens/s of every run: generated tokens over round wall time plus the controller's switch
+time, leaving out round 0 (the first strategy's graph capture) and nothing else -- a switch's
+re-capture round counts against the adaptive run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import site
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import kendalltau
+
+from perfmodel.hardware import GpuSpec
+from perfmodel.models import ModelSpec
+from perfmodel.strategy import DrafterSpec, Strategy
+from planner.controller import ControllerConfig, OnlineController
+from planner.profile import Profile, alpha_from_tokens, regime_of
+from planner.rank import rank, score, strategy_from_json
+from planner.space import SpaceSpec, describe, strategy_id
+
+EVAL_VERSION = 1
+PROMPT_SETS = ("code", "prose", "repetitive", "random")
+OFF_DISTRIBUTION = ("prose", "repetitive", "random")
+TARGETS = {"kendall_tau_min": 0.8, "regret_max": 0.05, "adaptive_gain_min": 0.10}
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def prose_stream() -> bytes:
+    """English prose from the installed packages' ``.dist-info/METADATA`` long descriptions
+    (their bodies, after the header block). The training corpus skips ``.dist-info``, so the
+    tiny pair never saw these bytes."""
+    roots = list(dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()] + sys.path))
+    files = sorted({f for r in roots for f in glob.glob(f"{r}/*.dist-info/METADATA")})
+    parts = []
+    for f in files:
+        try:
+            text = Path(f).read_bytes()
+        except OSError:
+            continue
+        _, sep, body = text.partition(b"\n\n")
+        if sep and len(body.strip()) > 200:
+            parts.append(body.strip())
+    if not parts:
+        raise ValueError("no package METADATA with a long description found for prose prompts")
+    return b"\n\n".join(parts)
+
+
+def prompt_tokens(kind: str, n: int, *, offset: int = 0, seed: int = 0) -> list[int]:
+    """``n`` byte tokens of prompt set ``kind``; ``offset`` selects a different window of the
+    same source (code and prose), so a profile prompt and a measured prompt differ."""
+    from engine.corpus import corpus_sample
+
+    if n < 1:
+        raise ValueError(f"prompt length must be >= 1, got {n}")
+    if kind == "code":
+        return corpus_sample(offset + n)[offset:]
+    if kind in ("prose", "repetitive"):
+        data = prose_stream()
+        if kind == "repetitive":  # one paragraph, over and over
+            start = offset % max(len(data) - 256, 1)
+            data = data[start : start + 256]
+        else:
+            data = data[offset % len(data) :] + data[: offset % len(data)]
+        reps = -(-n // len(data))
+        return list((data * reps)[:n])
+    if kind == "random":
+        return np.random.default_rng(seed + offset).integers(0, 256, n).tolist()
+    raise ValueError(f"unknown prompt set {kind!r}; expected one of {', '.join(PROMPT_SETS)}")
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Bench:
+    """The runners, decode settings and the models' specs (for the prediction)."""
+
+    target: object  # engine.runner.ModelRunner
+    draft: object | None
+    model: ModelSpec
+    gpu: GpuSpec
+    draft_label: str
+    max_new_tokens: int = 256
+    repeats: int = 2
+    log: object = print
+
+    def decode(self, record_stats: bool = False):
+        from engine.settings import DecodeConfig
+
+        return DecodeConfig(max_new_tokens=self.max_new_tokens, record_stats=record_stats)
+
+    def runnable(self, s: Strategy) -> str | None:
+        """Why the engine cannot run ``s`` (None when it can)."""
+        from engine.loop import check_strategy
+
+        try:
+            check_strategy(
+                s,
+                self.target.config,
+                self.draft.config if self.draft is not None else None,
+                self.target.backend,
+            )
+        except ValueError as e:
+            return str(e)
+        return None
+
+
+def steady_figures(result) -> dict:
+    """tokens/s, mean accepted and round count of a run, without round 0 (see the module)."""
+    rounds = result.rounds[1:] or result.rounds
+    tokens = sum(r.tokens for r in rounds)
+    wall = sum(r.wall_s for r in rounds)
+    switch = sum(r.step_s.get("switch", 0.0) for r in rounds)
+    return {
+        "tokens_per_s": tokens / max(wall + switch, 1e-12),
+        "tokens": tokens,
+        "rounds": len(rounds),
+        "wall_s": wall,
+        "switch_s": switch,
+        "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
+    }
+
+
+def run_once(bench: Bench, strategy: Strategy, prompt: list[int], controller=None,
+             record_stats: bool = False):  # fmt: skip
+    from engine.loop import Engine
+
+    eng = Engine(bench.target, strategy, bench.decode(record_stats), draft_runner=bench.draft,
+                 controller=controller)  # fmt: skip
+    return eng.generate([prompt])
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median tokens/s (its figures), with every run's tokens/s beside it."""
+    tps = [r["tokens_per_s"] for r in runs]
+    out = dict(runs[int(np.argsort(tps)[len(tps) // 2])])
+    out["runs_tokens_per_s"] = tps
+    out["tokens_per_s"] = float(np.median(tps))
+    return out
+
+
+def measure(bench: Bench, strategy: Strategy, prompt: list[int]) -> dict:
+    """Median over ``repeats`` runs (each its own generate call) of the steady figures."""
+    return _median_run(
+        [steady_figures(run_once(bench, strategy, prompt)) for _ in range(bench.repeats)]
+    )
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def measure_profile(bench: Bench, contexts: dict[str, int], drafters: tuple[str, ...],
+                    ref_tree: str, traversals: tuple[str, ...]) -> Profile:  # fmt: skip
+    """Acceptance per (regime, drafter) and overlap per (regime, traversal) on code prompts."""
+    acc: dict[str, dict[str, float]] = {}
+    ovl: dict[str, dict[str, float]] = {}
+    for regime, ctx in contexts.items():
+        prompt = prompt_tokens("code", ctx, offset=0)
+        for kind in drafters:
+            s = Strategy(name=f"profile-{kind}", tree=ref_tree, drafter=_drafter(bench, kind))
+            fig = steady_figures(run_once(bench, s, prompt))
+            a = alpha_from_tokens(ref_tree, fig["mean_accepted"] + 1.0)
+            acc.setdefault(regime, {})[kind] = a
+            tpr = fig["mean_accepted"] + 1
+            bench.log(f"profile {regime} {kind}: {tpr:.2f} tokens/round, alpha={a:.3f}")
+        for trav in traversals:
+            s = Strategy(
+                name=f"profile-{trav}",
+                tree=ref_tree,
+                drafter=_drafter(bench, drafters[0]),
+                traversal=trav,
+                attention="sparse",
+                mode="union",
+                group_size=4,
+            )
+            res = run_once(bench, s, prompt, record_stats=True)
+            g = [r.selection.group_overlap for r in res.rounds if r.selection is not None]
+            if g:
+                v = float(np.nanmean(np.concatenate([x.ravel() for x in g])))
+                if not math.isnan(v):
+                    ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
+                    bench.log(f"profile {regime} {trav}: gamma={v:.3f}")
+    return Profile(acc, ovl, "measured:engine-code-prompts")
+
+
+def _drafter(bench: Bench, kind: str) -> DrafterSpec:
+    return DrafterSpec(kind=kind, model=bench.draft_label if kind == "draft_model" else None)
+
+
+def pick(ranking: list[dict], n: int, ok, top: int = 4) -> list[dict]:
+    """The first ``top`` runnable entries, then runnable ranks spread evenly over the rest:
+    ``n`` entries in all (fewer when fewer are runnable)."""
+    runnable = [r for r in ranking if ok(strategy_from_json(r["strategy"]))]
+    if len(runnable) <= n:
+        return runnable
+    head = runnable[:top]
+    rest = runnable[top:]
+    k = n - len(head)
+    idx = np.unique(np.round(np.linspace(0, len(rest) - 1, k)).astype(int))
+    return head + [rest[i] for i in idx]
+
+
+def ranking_quality(predicted: list[float], measured: list[float]) -> dict:
+    """Kendall tau-b, its p-value, and the regret of the predicted best."""
+    tau = kendalltau(predicted, measured)
+    best_pred = int(np.argmax(predicted))
+    return {
+        "kendall_tau": float(tau.statistic),
+        "tau_p_value": float(tau.pvalue),
+        "regret": 1.0 - measured[best_pred] / max(measured),
+        "n": len(measured),
+    }
+
+
+def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile: Profile,
+                    per_regime: int) -> dict:  # fmt: skip
+    entry = ranking["regimes"][regime]
+    chosen = pick(entry["ranking"], per_regime, lambda s: bench.runnable(s) is None)
+    strategies = [strategy_from_json(r["strategy"]) for r in chosen]
+    scored, prov = score(bench.model, bench.gpu, strategies, ctx, profile, regime)
+    pred = {strategy_id(x.strategy): x for x in scored}
+    rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
+    prompt = prompt_tokens("code", ctx, offset=ctx)
+    rows = []
+    for s in strategies:
+        sid = strategy_id(s)
+        t0 = time.perf_counter()
+        m = measure(bench, s, prompt)
+        p = pred[sid]
+        rows.append(
+            {
+                "id": sid,
+                "describe": describe(s),
+                "offline_rank": rank_of[sid],
+                "predicted_tokens_per_s": p.tokens_per_s,
+                "predicted_tokens_per_round": p.tokens_per_round,
+                "extrapolated": p.extrapolated,
+                "measured": m,
+            }
+        )
+        bench.log(f"{regime} #{rank_of[sid]:4d} pred {p.tokens_per_s:9.1f} meas "
+                  f"{m['tokens_per_s']:9.1f} tok/s ({time.perf_counter() - t0:.1f}s) "
+                  f"{describe(s)}")  # fmt: skip
+    q = ranking_quality(
+        [r["predicted_tokens_per_s"] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
+    )
+    return {"context_len": ctx, "provenance": prov, "space_size": entry["num_valid"],
+            **q, "strategies": rows}  # fmt: skip
+
+
+def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
+                      prompt_sets: tuple[str, ...], config: ControllerConfig) -> dict:  # fmt: skip
+    regime = regime_of(ctx)
+    best = strategy_from_json(ranking["regimes"][regime]["ranking"][0]["strategy"])
+    default = dataclasses.replace(Strategy.from_name("ssv"), drafter=_drafter(bench, "draft_model"))
+    if bench.runnable(default) is not None:
+        default = dataclasses.replace(default, drafter=_drafter(bench, "ngram"))
+    out = {}
+    for kind in prompt_sets:
+        prompt = prompt_tokens(kind, ctx, offset=2 * ctx)
+        row = {"default": measure(bench, default, prompt)}
+        row["default"]["id"] = strategy_id(default)
+        cold_ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
+        cold = steady_figures(run_once(bench, best, prompt, controller=cold_ctl))
+        # Offline best and adaptive interleaved, so a drift of the machine hits both alike.
+        fixed, runs = [], []
+        for _ in range(bench.repeats):
+            fixed.append(steady_figures(run_once(bench, best, prompt)))
+            ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
+            fig = steady_figures(run_once(bench, best, prompt, controller=ctl))
+            fig["switches"] = ctl.switches
+            runs.append(fig)
+        row["offline_best"] = _median_run(fixed)
+        row["offline_best"]["id"] = strategy_id(best)
+        adaptive = _median_run(runs)
+        adaptive["cold"] = {"tokens_per_s": cold["tokens_per_s"], "switch_s": cold["switch_s"],
+                            "switches": cold_ctl.switches}  # fmt: skip
+        row["adaptive"] = adaptive
+        row["adaptive_gain"] = adaptive["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
+        # Without a switch the adaptive run decodes what the offline best does: its "gain" is
+        # the spread of the measurement, and says so.
+        row["switched"] = bool(adaptive["switches"])
+        bench.log(f"adapt {kind:10s} default {row['default']['tokens_per_s']:8.1f} best "
+                  f"{row['offline_best']['tokens_per_s']:8.1f} adaptive "
+                  f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches,"
+                  f" gain {row['adaptive_gain']:+.1%})")  # fmt: skip
+        out[kind] = row
+    return {"context_len": ctx, "regime": regime, "controller": dataclasses.asdict(config),
+            "prompt_sets": out}  # fmt: skip
+
+
+def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_regime: int = 12,
+             adaptive_context: int | None = None, prompt_sets: tuple[str, ...] = PROMPT_SETS,
+             ref_tree: str = "chain:4", controller: ControllerConfig | None = None,
+             provenance: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """The evaluation document and the full ranking it used."""
+    t0 = time.perf_counter()
+    profile = measure_profile(bench, contexts, space.drafters, ref_tree, space.traversals)
+    ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
+    regimes = {
+        r: evaluate_regime(bench, ranking, r, ctx, profile, per_regime)
+        for r, ctx in contexts.items()
+    }
+    actx = adaptive_context or max(contexts.values())
+    if regime_of(actx) not in ranking["regimes"]:
+        raise ValueError(f"adaptive context {actx} falls in regime {regime_of(actx)}, not ranked")
+    adaptive = evaluate_adaptive(bench, ranking, profile, actx, prompt_sets,
+                                 controller or ControllerConfig())  # fmt: skip
+    gains = {k: v["adaptive_gain"] for k, v in adaptive["prompt_sets"].items()}
+    off = [gains[k] for k in OFF_DISTRIBUTION if k in gains]
+    doc = {
+        "version": EVAL_VERSION,
+        "provenance": {**(provenance or {}), "wall_s": time.perf_counter() - t0},
+        "model": bench.model.name,
+        "draft_model": bench.draft_label,
+        "gpu_model": bench.gpu.name,
+        "max_new_tokens": bench.max_new_tokens,
+        "repeats": bench.repeats,
+        "profile": profile.to_json(),
+        "profile_reference_tree": ref_tree,
+        "space": dataclasses.asdict(space),
+        "kendall_tau": {r: v["kendall_tau"] for r, v in regimes.items()},
+        "regret": {r: v["regret"] for r, v in regimes.items()},
+        "adaptive_gain": gains,
+        "adaptive_gain_off_distribution_mean": float(np.mean(off)) if off else None,
+        "targets": TARGETS,
+        "met": {
+            "kendall_tau": all(
+                v["kendall_tau"] >= TARGETS["kendall_tau_min"] for v in regimes.values()
+            ),  # fmt: skip
+            "regret": all(v["regret"] <= TARGETS["regret_max"] for v in regimes.values()),
+            "adaptive_gain_off_distribution": bool(off)
+            and all(g >= TARGETS["adaptive_gain_min"] for g in off),
+        },
+        "regimes": regimes,
+        "adaptive": adaptive,
+    }
+    return doc, ranking
+
+
+def summary_table(doc: dict) -> str:
+    lines = ["regime   ctx     n  kendall_tau  p_value  regret"]
+    for r, v in doc["regimes"].items():
+        lines.append(f"{r:7s} {v['context_len']:6d} {v['n']:3d}  {v['kendall_tau']:11.3f}  "
+                     f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}")  # fmt: skip
+    a = doc["adaptive"]
+    lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
+    lines.append("prompts      default  offline_best  adaptive  switches  gain")
+    for k, v in a["prompt_sets"].items():
+        lines.append(f"{k:10s} {v['default']['tokens_per_s']:9.1f} "
+                     f"{v['offline_best']['tokens_per_s']:13.1f} "
+                     f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "
+                     f"{v['adaptive_gain']:+6.1%}")  # fmt: skip
+    lines.append(f"met: {doc['met']}")
+    return "\n".join(lines)

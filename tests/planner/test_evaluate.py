@@ -1,0 +1,110 @@
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.evaluate import pick, prompt_tokens, ranking_quality, steady_figures
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_prompt_sets_have_the_length_asked_and_differ():
+    sets = {k: prompt_tokens(k, 700) for k in ("code", "prose", "repetitive", "random")}
+    for k, v in sets.items():
+        assert len(v) == 700 and all(0 <= t < 256 for t in v), k
+    assert len({tuple(v) for v in sets.values()}) == 4
+    # A different offset is a different window of the same source.
+    assert prompt_tokens("code", 300, offset=300) != prompt_tokens("code", 300)
+    rep = sets["repetitive"]
+    assert rep[:256] == rep[256:512]
+    # Random bytes look random: close to uniform over the byte values.
+    counts = np.bincount(prompt_tokens("random", 25600), minlength=256)
+    assert counts.min() > 50 and counts.max() < 160
+    with pytest.raises(ValueError, match="unknown prompt set 'poetry'"):
+        prompt_tokens("poetry", 10)
+    with pytest.raises(ValueError, match="prompt length"):
+        prompt_tokens("code", 0)
+
+
+def test_ranking_quality():
+    q = ranking_quality([3.0, 2.0, 1.0], [30.0, 20.0, 10.0])
+    assert q["kendall_tau"] == pytest.approx(1.0) and q["regret"] == 0.0
+    q = ranking_quality([3.0, 2.0, 1.0], [10.0, 20.0, 30.0])
+    assert q["kendall_tau"] == pytest.approx(-1.0)
+    assert q["regret"] == pytest.approx(1 - 10 / 30)
+
+
+def test_pick_takes_the_top_then_spreads_over_runnable_ranks():
+    ranking = [{"strategy": {"name": f"s{i}", "drafter": {"kind": "ngram"}, "tree": "chain:2"}}
+               for i in range(40)]  # fmt: skip
+    ok = lambda s: int(s.name[1:]) % 3 != 1  # noqa: E731
+    got = [r["strategy"]["name"] for r in pick(ranking, 8, ok, top=3)]
+    runnable = [f"s{i}" for i in range(40) if i % 3 != 1]
+    assert got[:3] == runnable[:3] and got[-1] == runnable[-1]
+    assert len(got) == len(set(got)) == 8 and all(g in runnable for g in got)
+    assert len(pick(ranking[:5], 8, ok)) == 3
+
+
+def test_steady_figures_leave_out_round_zero_and_count_switches():
+    from engine.results import DecodeResult, RoundRecord
+
+    def rec(i, acc, wall, **step):
+        return RoundRecord(i, "s", [100], 4, [acc], {"verify": wall, **step}, wall, i == 0)
+
+    res = DecodeResult([[1]], [rec(0, 4, 9.0), rec(1, 2, 1.0), rec(2, 3, 1.0, switch=2.0)], 0, "")
+    f = steady_figures(res)
+    assert f["tokens"] == 3 + 4 and f["rounds"] == 2
+    assert f["tokens_per_s"] == pytest.approx(7 / 4.0) and f["switch_s"] == 2.0
+
+
+def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
+    """The benchmark on the trained tiny pair, tiny settings: every figure is there and sane,
+    and bad arguments fail with one line and exit 2 before any model is built."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import planner_eval
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "planner.json"
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--per-regime", "0"]) == 2
+    assert "--per-regime" in capsys.readouterr().err and not out.exists()
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out)]
+                             + ["--prompt-sets", "code,poetry"]) == 2  # fmt: skip
+    assert "unknown prompt set 'poetry'" in capsys.readouterr().err and not out.exists()
+    assert planner_eval.main(["--contexts", "1K,2K", "--out", str(out)]) == 2  # same regime
+    assert "two contexts fall in regime <=4K" in capsys.readouterr().err and not out.exists()
+    args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
+            "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
+            "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
+            "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json")]  # fmt: skip
+    assert planner_eval.main(args) == 0
+    table = capsys.readouterr().out
+    assert "kendall_tau" in table and "adaptive at 1024" in table
+    doc = json.loads(out.read_text())
+    ranking = json.loads((tmp_path / "ranking.json").read_text())
+    assert set(doc["kendall_tau"]) == set(doc["regret"]) == {"<=4K"}
+    reg = doc["regimes"]["<=4K"]
+    assert reg["n"] == len(reg["strategies"]) == 4
+    assert -1 <= reg["kendall_tau"] <= 1 and 0 <= reg["regret"] < 1
+    ids = [r["id"] for r in ranking["regimes"]["<=4K"]["ranking"]]
+    for row in reg["strategies"]:
+        m = row["measured"]
+        assert math.isfinite(m["tokens_per_s"]) and m["tokens_per_s"] > 0
+        assert row["predicted_tokens_per_s"] > 0 and ids[row["offline_rank"]] == row["id"]
+    assert [r["offline_rank"] for r in reg["strategies"]][:3] == [0, 1, 2]
+    acc = doc["profile"]["regimes"]["<=4K"]["acceptance"]
+    assert set(acc) == {"draft_model", "ngram"} and all(0 <= a <= 1 for a in acc.values())
+    a = doc["adaptive"]["prompt_sets"]
+    assert set(a) == {"code", "random"} == set(doc["adaptive_gain"])
+    for row in a.values():
+        for k in ("default", "offline_best", "adaptive"):
+            assert row[k]["tokens_per_s"] > 0
+        assert row["offline_best"]["id"] == ids[0]
+        assert row["adaptive_gain"] == pytest.approx(
+            row["adaptive"]["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
+        )
+    assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
+    assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
