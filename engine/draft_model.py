@@ -34,7 +34,10 @@ class _LevelExpander:
 
     def __init__(self, runner: ModelRunner, attn: AttentionConfig, temperature: float) -> None:
         self.runner, self.attn, self.temperature = runner, attn, temperature
-        self._plans: dict[DraftTree, tuple] = {}
+        # The level graphs (keyed by attention, tree and level on the runner) index with the
+        # plan's tensors: the plans are kept on the runner too, or a graph captured for an
+        # earlier drafter would replay reading that drafter's freed tensors.
+        self._plans: dict[DraftTree, tuple] = runner.graph_constants.setdefault("level_plans", {})
 
     def plan(self, tree: DraftTree):
         if tree not in self._plans:

@@ -51,6 +51,10 @@ class ModelRunner:
         )
         self.graphs = GraphRunner(use_graphs)
         self._trees: dict[DraftTree, TreeTensors] = {}
+        # Device tensors that captured graphs read by address (e.g. a drafter's level plans):
+        # they live as long as the runner and its graphs, not as long as whoever built them,
+        # so a graph replayed for a later Engine or drafter never reads freed memory.
+        self.graph_constants: dict = {}
 
     @property
     def batch(self) -> int:

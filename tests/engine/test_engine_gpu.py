@@ -191,6 +191,23 @@ def test_graphs_do_not_change_the_tokens():
     assert with_graphs.tokens == without.tokens
 
 
+def test_runners_serve_a_second_engine_under_graphs():
+    """Two Engines, one after the other, on the same runners: the second replays the draft
+    level graphs the first captured (regression: they read the first drafter's freed plan
+    tensors, a device-side index assert at 16K in the planner evaluation)."""
+    spec = CASES["dense_draft_model"][0]
+    t_max = max(map(len, PROMPTS)) + 48 + 70
+    runners = [ModelRunner(m, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
+               for m in (MODEL, DRAFT)]  # fmt: skip
+    cfg = DecodeConfig(max_new_tokens=48)
+    first = Engine(runners[0], spec, cfg, draft_runner=runners[1]).generate(PROMPTS)
+    torch.cuda.empty_cache()
+    junk = [torch.randint(-(2**30), 2**30, (1 << 20,), device="cuda") for _ in range(8)]
+    second = Engine(runners[0], spec, cfg, draft_runner=runners[1]).generate(PROMPTS)
+    del junk
+    assert second.tokens == first.tokens
+
+
 def test_sampling_under_graphs_runs():
     spec = CASES["dense_draft_model"][0]
     res = _generate(MODEL, spec, PROMPTS, draft=DRAFT, n=48, temperature=1.0)

@@ -86,3 +86,20 @@ def test_summaries_rebuild_in_place():
     assert torch.allclose(c.meta[0].mean, reference_block_metadata(c.k(0), c.lens, 16)["mean"])
     with pytest.raises(ValueError, match="kinds"):
         c.require_blocks(16, ("nsa",))
+
+
+def test_drafters_on_one_runner_share_the_plans_its_graphs_read():
+    """Level graphs are keyed on the runner, so the plan tensors they index with must be the
+    runner's too: a later drafter gets the very tensors an earlier one's graphs captured."""
+    from engine_helpers import tiny_model
+
+    from engine.draft_model import ModelDrafter
+    from engine.runner import ModelRunner
+
+    runner = ModelRunner(tiny_model(), batch=1, t_max=64, backend="torch")
+    tree = DraftTree.from_spec("full:2x3", "position")
+    a = ModelDrafter(runner, 0.0).expander.plan(tree)
+    b = ModelDrafter(runner, 0.0).expander.plan(tree)
+    assert a[2] is b[2] and all(x[0] is y[0] for x, y in zip(a[1], b[1], strict=True))
+    other = ModelRunner(tiny_model(), batch=1, t_max=64, backend="torch")
+    assert ModelDrafter(other, 0.0).expander.plan(tree)[2] is not a[2]
