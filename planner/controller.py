@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.strategy import Strategy
-from planner.profile import Profile, alpha_from_tokens, regime_of
+from planner.profile import Profile, alpha_from_tokens, profile_from_json, regime_of
 from planner.rank import score, strategy_from_json
 from planner.space import strategy_id
 
@@ -67,10 +67,39 @@ class OnlineController:
         self._deviating = 0
         self._last_switch = -(10**9)
 
+    @classmethod
+    def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
+                     batch: int = 1) -> OnlineController:  # fmt: skip
+        """The controller of a ranking document: its model, GPU and acceptance profile."""
+        from perfmodel.hardware import get_gpu
+        from perfmodel.models import get_model
+
+        missing = [k for k in ("model", "gpu", "regimes", "profile") if k not in ranking]
+        if missing:
+            raise ValueError(f"the ranking lacks {', '.join(missing)}")
+        profile = profile_from_json(ranking["profile"], "the ranking's profile", "ranking")
+        return cls(ranking, get_model(ranking["model"]), get_gpu(ranking["gpu"]), profile,
+                   config, batch)  # fmt: skip
+
     def initial_strategy(self, context_len: int) -> Strategy:
         """The offline-best strategy of the context's regime."""
-        entry = self.ranking["regimes"][regime_of(context_len)]
-        return strategy_from_json(entry["ranking"][0]["strategy"])
+        regimes = self.ranking["regimes"]
+        regime = regime_of(context_len)
+        if regime not in regimes:
+            raise ValueError(
+                f"context {context_len} falls in regime {regime}, which the ranking does not "
+                f"hold (it has {', '.join(regimes)})"
+            )
+        return strategy_from_json(regimes[regime]["ranking"][0]["strategy"])
+
+    def _ranked_regime(self, context_len: int) -> str:
+        """The context's regime, or the ranked regime nearest to it (a sequence can grow past
+        the regimes the ranking holds)."""
+        regimes = self.ranking["regimes"]
+        regime = regime_of(context_len)
+        if regime in regimes:
+            return regime
+        return min(regimes, key=lambda r: abs(regimes[r]["context_len"] - context_len))
 
     def observed_alpha(self) -> float | None:
         return None if self._ema_tokens is None else self._alpha
@@ -89,7 +118,7 @@ class OnlineController:
         else:
             self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
         self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
-        regime = regime_of(max(stats.context_lens))
+        regime = self._ranked_regime(max(stats.context_lens))
         expected = self.profile.alpha(regime, s.drafter.kind)
         self._deviating = self._deviating + 1 if abs(self._alpha - expected) > cfg.epsilon else 0
         if self._deviating < cfg.patience or stats.round - self._last_switch < cfg.cooldown:

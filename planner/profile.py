@@ -88,8 +88,13 @@ def load_profile(path: str | Path) -> Profile:
         raise ValueError(f"acceptance profile {str(p)!r} does not exist") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"acceptance profile {str(p)!r} is not valid JSON: {e.msg}") from None
+    return profile_from_json(d, f"acceptance profile {str(p)!r}", f"profile:{p.name}")
+
+
+def profile_from_json(d, where: str = "profile", label: str = "profile") -> Profile:
+    """A profile from its JSON document (version 1); ``ValueError`` names the bad entry."""
     if not isinstance(d, dict) or d.get("version") != PROFILE_VERSION:
-        raise ValueError(f"acceptance profile {str(p)!r} must have version {PROFILE_VERSION}")
+        raise ValueError(f"{where} must have version {PROFILE_VERSION}")
     acc, ovl = {}, {}
     for regime, entry in (d.get("regimes") or {}).items():
         if regime not in REGIMES and regime != "default":
@@ -102,7 +107,7 @@ def load_profile(path: str | Path) -> Profile:
             k: _check_prob(f"{regime}.overlap.{k}", v)
             for k, v in (entry.get("overlap") or {}).items()
         }
-    return Profile(acc, ovl, f"profile:{p.name}:{d.get('source', 'unknown')}")
+    return Profile(acc, ovl, f"{label}:{d.get('source', 'unknown')}")
 
 
 def alpha_from_tokens(tree: str, tokens_per_round: float) -> float:

@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--strategy",
-        default="sd_dense",
+        default=None,
         help=f"baseline to run: {', '.join(BASELINES)} (default: sd_dense)",
     )
     g = p.add_argument_group("strategy fields (override the baseline's)")
@@ -78,6 +78,12 @@ def add_arguments(p) -> None:
         help="record selection overlaps and PRR hit rates per round (outside the timed steps)",
     )
     p.add_argument("--controller", metavar="MODULE:ATTR", help="online controller to call")
+    p.add_argument(
+        "--ranking",
+        metavar="FILE",
+        help="start from this ranking's best strategy for the context's regime and adapt online "
+        "(planner OnlineController); replaces --strategy and the strategy fields",
+    )
     p.add_argument("--gpu", default="h100-sxm", help="GPU of the prediction (default h100-sxm)")
     p.add_argument("--json", action="store_true", help="print JSON (every figure with provenance)")
 
@@ -88,7 +94,7 @@ def add_arguments(p) -> None:
 def build_strategy(args, draft_name: str | None) -> tuple[Strategy, str | None]:
     """The baseline with the given overrides; an EAGLE default becomes draft_model (when a draft
     model is available) or ngram, with a note."""
-    s = Strategy.from_name(args.strategy)
+    s = Strategy.from_name(args.strategy or "sd_dense")
     kw = given(args, STRATEGY_FIELDS)
     dkw = given(args, DRAFTER_FIELDS, prefix="drafter_")
     note = None
@@ -97,6 +103,27 @@ def build_strategy(args, draft_name: str | None) -> tuple[Strategy, str | None]:
         note = f"drafter: {dkw['kind']} (the engine has no EAGLE heads)"
     drafter = dataclasses.replace(s.drafter, **dkw, model=draft_name or "none")
     return dataclasses.replace(s, drafter=drafter, **kw), note
+
+
+def _controller_and_strategy(args, context: int, draft_name: str | None):
+    """The online controller and the starting strategy: ``--ranking``'s planner controller
+    and its regime's offline best, else ``--controller`` (or none) and the given strategy."""
+    from engine.controller import load_controller
+
+    if not args.ranking:
+        return load_controller(args.controller), *build_strategy(args, draft_name)
+    from planner.controller import OnlineController
+    from planner.rank import load_ranking
+
+    overrides = given(args, STRATEGY_FIELDS) or given(args, DRAFTER_FIELDS, prefix="drafter_")
+    if args.controller or args.strategy or overrides:
+        raise ValueError("--ranking chooses the strategy and the controller: drop --controller, "
+                         "--strategy and the strategy fields")  # fmt: skip
+    ctl = OnlineController.from_ranking(load_ranking(args.ranking), batch=args.batch)
+    # The ranking's strategies keep their drafter labels: the controller re-scores them with the
+    # ranking's models; the engine drafts with --draft-model's runner whatever the label says.
+    note = f"strategy: the offline best of {args.ranking} for this context, adapted online"
+    return ctl, ctl.initial_strategy(context), note
 
 
 def _device(args):
@@ -168,7 +195,6 @@ def run(args) -> int:
     import torch
 
     from engine.checkpoint import build_model, resolve_source
-    from engine.controller import load_controller
     from engine.loop import Engine, check_strategy
     from engine.runner import ModelRunner
     from engine.trace_writer import TraceWriter
@@ -186,7 +212,7 @@ def run(args) -> int:
     decode = DecodeConfig(**kw, record_stats=bool(args.stats or args.trace))
     target_src = resolve_source(args.model)
     draft_name = args.draft_model or ("tiny-draft" if args.model == "tiny" else None)
-    strategy, note = build_strategy(args, draft_name)
+    controller, strategy, note = _controller_and_strategy(args, context, draft_name)
     uses_draft = strategy.drafter.kind == "draft_model" and strategy.tree != "chain:0"
     draft_src = resolve_source(draft_name) if uses_draft and draft_name else None
     device, dtype, backend, graphs = _device(args)
@@ -200,7 +226,6 @@ def run(args) -> int:
             f"context {context} + {decode.max_new_tokens} new tokens + {tree.num_nodes} tail "
             f"rows = {t_max} positions exceed the model's {limit}"
         )
-    controller = load_controller(args.controller)
     cfgs = [target_src.config] + ([draft_src.config] if draft_src else [])
     _check_memory(device, dtype, cfgs, args.batch, t_max)
     prompts = _prompts(args, context, args.batch, target_src.config.vocab_size)
@@ -227,6 +252,9 @@ def run(args) -> int:
     result = engine.generate(prompts)
     report = build_report(args, result, strategy, tree, target_src, draft_src, context,
                           device, dtype, backend, graphs, note)  # fmt: skip
+    switches = getattr(controller, "switches", None)
+    if switches is not None:
+        report["switches"] = switches
     if device == "cuda":
         report["device_name"] = torch.cuda.get_device_name()
     print(json.dumps(report, indent=2) if args.json else report_text(report))

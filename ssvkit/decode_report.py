@@ -143,6 +143,15 @@ def report_text(r: dict) -> str:
     ]
     if r["note"]:
         lines.append(f"note: {r['note']}")
+    if r.get("switches") is not None:
+        sw = r["switches"]
+        mixed = "; the figures below mix strategies, the prediction is the first one's"
+        lines.append(f"online controller: {len(sw)} switch(es)" + (mixed if sw else ""))
+        for x in sw:
+            lines.append(
+                f"  round {x['round']}: {x['from']} -> {x['to']} (alpha {x['observed_alpha']:.2f} "
+                f"vs {x['expected_alpha']:.2f} expected, predicted gain {x['predicted_gain']:+.1%})"
+            )
     lines.append(
         f"context {r['context']}, batch {r['batch']}, {r['new_tokens']} new tokens, "
         f"{r['rounds']} rounds ({r['warmup_rounds']} warm-up left out)"

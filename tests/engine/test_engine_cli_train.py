@@ -111,6 +111,9 @@ def test_decode_command_runs_on_the_cpu_and_reports(site, tmp_path, capsys):
         (["--model", "random:llama-3.1-8b", "--strategy", "sd_fast"], "unknown strategy"),
         (["--model", "random:llama-3.1-8b", "--tree", "full:5x5"], "at most 64"),
         (["--model", "random:llama-3.1-8b", "--device", "cuda"], "no CUDA"),
+        (["--model", "random:llama-3.1-8b", "--ranking", "/no/such.json"], "does not exist"),
+        (["--ranking", "r.json", "--strategy", "ssv"], "--ranking chooses the strategy"),
+        (["--ranking", "r.json", "--tree", "chain:3"], "--ranking chooses the strategy"),
     ],
 )
 def test_decode_bad_input_is_one_line_and_exit_2(argv, message, capsys):

@@ -108,3 +108,26 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         )
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
+
+
+def test_decode_adapts_online_from_a_ranking(tmp_path, capsys):
+    """``ssvkit decode --ranking``: starts from the regime's offline best of a ranking of the
+    trained pair and reports the controller's switches."""
+    from ssvkit.cli import main
+
+    ck = ROOT / "engine" / "checkpoints"
+    ranking = tmp_path / "r.json"
+    argv = ["rank", "--model", str(ck / "tiny-target"), "--drafters", "ngram,draft_model",
+            "--draft-model", str(ck / "tiny-draft"), "--trees", "chain:0,chain:3,best:8:4",
+            "--out", str(ranking)]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    best = json.loads(ranking.read_text())["regimes"]["<=4K"]["ranking"][0]["strategy"]
+    argv = ["decode", "--model", "tiny", "--device", "cpu", "--context", "600",
+            "--max-new-tokens", "16", "--ranking", str(ranking)]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategy"] == best and isinstance(out["switches"], list)
+    assert out["note"].startswith("strategy: the offline best of")
+    assert main(argv) == 0
+    assert "online controller:" in capsys.readouterr().out

@@ -176,6 +176,25 @@ def test_controller_switches_once_when_acceptance_collapses_and_does_not_oscilla
     assert log["observed_alpha"] < log["expected_alpha"] - 0.1 and log["predicted_gain"] > 0.05
 
 
+def test_controller_from_a_ranking_document_and_regimes_it_lacks():
+    doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
+    doc = json.loads(json.dumps(doc))  # as read back from the file
+    c = OnlineController.from_ranking(doc, ControllerConfig(patience=2, cooldown=0))
+    assert c.model.name == M.name and c.gpu.name == G.name
+    assert c.profile.alpha("32K", "eagle") == 0.8
+    with pytest.raises(ValueError, match="regime 8K, which the ranking does not hold"):
+        c.initial_strategy(8000)
+    # A sequence that grows past the ranked regimes is re-scored with the nearest one.
+    s = c.initial_strategy(30000)
+    new = None
+    for i in range(6):
+        new = c.after_round(Stats(i, s, (0,), context_lens=(70000,))) or new
+    assert new is not None and c.switches
+    bad = dict(doc, profile={"version": 9})
+    with pytest.raises(ValueError, match="the ranking's profile must have version 1"):
+        OnlineController.from_ranking(bad)
+
+
 def test_rank_cli(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["rank", "--trees", "chain:4,best:16:6", "--top", "2", "--out", str(out)]) == 0
