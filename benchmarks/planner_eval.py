@@ -8,7 +8,9 @@ Profiles the acceptance and overlap of the tiny pair per regime, ranks the space
 calibrated model, decodes ``--per-regime`` strategies per regime, then compares a fixed default,
 the fixed offline best and the online controller on four prompt sets (``planner.evaluate``
 says how). Writes the evaluation JSON to ``--out`` (whole or not at all), the full ranking to
-``--ranking-out`` when given, logs each run as it goes and prints a summary table last.
+``--ranking-out`` when given, logs each run as it goes and prints a summary table last. With
+``--resume FILE`` every finished run is appended to FILE, and a call cut off by a time limit
+is continued by the same command (same settings, device and commit).
 
 The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured with it.
 """
@@ -22,7 +24,7 @@ import sys
 import time
 
 from planner.controller import ControllerConfig
-from planner.evaluate import PROMPT_SETS, Bench, evaluate, summary_table
+from planner.evaluate import PROMPT_SETS, Bench, RunCache, evaluate, summary_table
 from planner.profile import REGIMES, regime_of
 from planner.space import SpaceSpec
 from ssvkit.options import atomic_write, parse_int_list
@@ -47,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="cuda | cpu")
     p.add_argument("--out", required=True, help="evaluation JSON")
     p.add_argument("--ranking-out", default=None, help="the full ranking JSON")
+    p.add_argument("--resume", default=None, metavar="FILE",
+                   help="run cache (JSONL): each finished run is appended; a later call with the "
+                        "same settings, device and commit skips them")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -108,10 +113,19 @@ def main(argv=None) -> int:
         )
         bench = build_bench(args)
         space = dataclasses.replace(space, draft_model=bench.draft_label)
+        from kernels.timing import provenance
+
+        if args.resume:
+            prov = {k: v for k, v in provenance().items() if k != "timestamp"}
+            keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
+                    "new_tokens", "repeats", "trees", "drafters", "prompt_sets", "gpu")  # fmt: skip
+            settings = {**{k: getattr(args, k) for k in keep}, **prov}
+            bench.cache = RunCache(args.resume, settings)
+            if bench.cache.runs:
+                print(f"resuming: {len(bench.cache.runs)} runs in {args.resume}", flush=True)
     except ValueError as e:
         print(f"planner_eval: {e}", file=sys.stderr)
         return 2
-    from kernels.timing import provenance
 
     t0 = time.perf_counter()
     doc, ranking = evaluate(
@@ -124,6 +138,9 @@ def main(argv=None) -> int:
         controller=ControllerConfig(),
         provenance={**provenance(), "command": " ".join(sys.argv)},
     )
+    if bench.cache is not None:
+        doc["provenance"]["runs_from_cache"] = bench.cache.reused
+        doc["provenance"]["wall_s_note"] = "this call only; runs from the cache took earlier calls"
     atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     if args.ranking_out:
         atomic_write(args.ranking_out, json.dumps(ranking) + "\n")

@@ -29,8 +29,11 @@ re-capture round counts against the adaptive run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
+import json
 import math
+import os
 import site
 import sys
 import time
@@ -103,6 +106,61 @@ def prompt_tokens(kind: str, n: int, *, offset: int = 0, seed: int = 0) -> list[
 # ----------------------------------------------------------------------------- runs
 
 
+class RunCache:
+    """Completed runs by key, appended to a JSONL file as each finishes, so an evaluation cut
+    off by a time limit resumes where it stopped (device calls are at most 10 minutes).
+
+    The first line holds the settings the runs were measured under; a cache written under other
+    settings is refused. A last line cut short by a kill is dropped (that run goes again)."""
+
+    def __init__(self, path: str | Path, settings: dict):
+        self.path = Path(path)
+        self.settings = settings
+        self.runs: dict[str, dict] = {}
+        self.reused = 0
+        if self.path.exists() and self.path.stat().st_size:
+            lines = self.path.read_text().splitlines()
+            try:
+                head = json.loads(lines[0])
+            except json.JSONDecodeError:
+                raise ValueError(f"run cache {str(self.path)!r}: first line is not JSON") from None
+            if head.get("settings") != settings:
+                raise ValueError(
+                    f"run cache {str(self.path)!r} was written for other settings "
+                    f"({head.get('settings')}); give a new file or the same settings"
+                )
+            for i, line in enumerate(lines[1:], start=2):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    if i == len(lines):
+                        break  # the run being written when the process was killed
+                    msg = f"run cache {str(self.path)!r}: line {i} is not JSON"
+                    raise ValueError(msg) from None
+                self.runs[row["key"]] = row["value"]
+            with open(self.path, "w") as fh:  # rewrite without a cut-off tail
+                fh.write(json.dumps({"settings": settings}) + "\n")
+                for k, v in self.runs.items():
+                    fh.write(json.dumps({"key": k, "value": v}) + "\n")
+        else:
+            if self.path.parent and not self.path.parent.exists():
+                raise ValueError(f"run cache folder {str(self.path.parent)!r} does not exist")
+            self.path.write_text(json.dumps({"settings": settings}) + "\n")
+
+    def get(self, key: str, fn) -> dict:
+        """The cached value of ``key``, or ``fn()`` -- then appended to the file at once."""
+        if key in self.runs:
+            self.reused += 1
+            return self.runs[key]
+        value = fn()
+        self.runs[key] = value
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"key": key, "value": value}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return value
+
+
 @dataclass
 class Bench:
     """The runners, decode settings and the models' specs (for the prediction)."""
@@ -115,6 +173,13 @@ class Bench:
     max_new_tokens: int = 256
     repeats: int = 2
     log: object = print
+    cache: RunCache | None = None
+
+    def run(self, key: str, fn, *args, **kwargs) -> dict:
+        """``fn(*args, **kwargs)`` (a JSON-able dict of one run's figures), through the cache
+        when there is one."""
+        call = functools.partial(fn, *args, **kwargs)
+        return call() if self.cache is None else self.cache.get(key, call)
 
     def decode(self, record_stats: bool = False):
         from engine.settings import DecodeConfig
@@ -171,11 +236,30 @@ def _median_run(runs: list[dict]) -> dict:
     return out
 
 
-def measure(bench: Bench, strategy: Strategy, prompt: list[int]) -> dict:
-    """Median over ``repeats`` runs (each its own generate call) of the steady figures."""
+def measure(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> dict:
+    """Median over ``repeats`` runs (each its own generate call) of the steady figures;
+    ``key`` names the prompt for the run cache."""
+    sid = strategy_id(strategy)
     return _median_run(
-        [steady_figures(run_once(bench, strategy, prompt)) for _ in range(bench.repeats)]
+        [
+            bench.run(f"{key}|{sid}|{i}", steady_run, bench, strategy, prompt)
+            for i in range(bench.repeats)
+        ]
     )
+
+
+def steady_run(bench: Bench, strategy: Strategy, prompt: list[int]) -> dict:
+    """One run's steady figures."""
+    return steady_figures(run_once(bench, strategy, prompt))
+
+
+def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: dict,
+                 profile: Profile, config: ControllerConfig) -> dict:  # fmt: skip
+    """One run under a fresh ``OnlineController`` starting from ``strategy``: its steady
+    figures and the controller's switches."""
+    ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
+    return {**steady_figures(run_once(bench, strategy, prompt, controller=ctl)),
+            "switches": ctl.switches}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- phases
@@ -190,7 +274,7 @@ def measure_profile(bench: Bench, contexts: dict[str, int], drafters: tuple[str,
         prompt = prompt_tokens("code", ctx, offset=0)
         for kind in drafters:
             s = Strategy(name=f"profile-{kind}", tree=ref_tree, drafter=_drafter(bench, kind))
-            fig = steady_figures(run_once(bench, s, prompt))
+            fig = bench.run(f"profile|{ctx}|{strategy_id(s)}", steady_run, bench, s, prompt)
             a = alpha_from_tokens(ref_tree, fig["mean_accepted"] + 1.0)
             acc.setdefault(regime, {})[kind] = a
             tpr = fig["mean_accepted"] + 1
@@ -205,14 +289,22 @@ def measure_profile(bench: Bench, contexts: dict[str, int], drafters: tuple[str,
                 mode="union",
                 group_size=4,
             )
-            res = run_once(bench, s, prompt, record_stats=True)
-            g = [r.selection.group_overlap for r in res.rounds if r.selection is not None]
-            if g:
-                v = float(np.nanmean(np.concatenate([x.ravel() for x in g])))
-                if not math.isnan(v):
-                    ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
-                    bench.log(f"profile {regime} {trav}: gamma={v:.3f}")
+            v = bench.run(f"overlap|{ctx}|{strategy_id(s)}", _overlap_run, bench, s, prompt)
+            v = v["gamma"]
+            if v is not None:
+                ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
+                bench.log(f"profile {regime} {trav}: gamma={v:.3f}")
     return Profile(acc, ovl, "measured:engine-code-prompts")
+
+
+def _overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:
+    """Mean group overlap of a run's selection statistics (None when there are none)."""
+    result = run_once(bench, s, prompt, record_stats=True)
+    g = [r.selection.group_overlap for r in result.rounds if r.selection is not None]
+    if not g:
+        return {"gamma": None}
+    v = float(np.nanmean(np.concatenate([x.ravel() for x in g])))
+    return {"gamma": None if math.isnan(v) else v}
 
 
 def _drafter(bench: Bench, kind: str) -> DrafterSpec:
@@ -257,7 +349,7 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
     for s in strategies:
         sid = strategy_id(s)
         t0 = time.perf_counter()
-        m = measure(bench, s, prompt)
+        m = measure(bench, s, prompt, f"measure|code|{ctx}|{ctx}")
         p = pred[sid]
         rows.append(
             {
@@ -290,23 +382,23 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
     out = {}
     for kind in prompt_sets:
         prompt = prompt_tokens(kind, ctx, offset=2 * ctx)
-        row = {"default": measure(bench, default, prompt)}
+        key = f"adapt|{kind}|{ctx}|{2 * ctx}"
+        row = {"default": measure(bench, default, prompt, key)}
         row["default"]["id"] = strategy_id(default)
-        cold_ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
-        cold = steady_figures(run_once(bench, best, prompt, controller=cold_ctl))
+
+        bid = strategy_id(best)
+        adapt = (adaptive_run, bench, best, prompt, ranking, profile, config)
+        cold = bench.run(f"{key}|cold|{bid}", *adapt)
         # Offline best and adaptive interleaved, so a drift of the machine hits both alike.
         fixed, runs = [], []
-        for _ in range(bench.repeats):
-            fixed.append(steady_figures(run_once(bench, best, prompt)))
-            ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
-            fig = steady_figures(run_once(bench, best, prompt, controller=ctl))
-            fig["switches"] = ctl.switches
-            runs.append(fig)
+        for i in range(bench.repeats):
+            fixed.append(bench.run(f"{key}|{bid}|{i}", steady_run, bench, best, prompt))
+            runs.append(bench.run(f"{key}|adaptive|{bid}|{i}", *adapt))
         row["offline_best"] = _median_run(fixed)
         row["offline_best"]["id"] = strategy_id(best)
         adaptive = _median_run(runs)
         adaptive["cold"] = {"tokens_per_s": cold["tokens_per_s"], "switch_s": cold["switch_s"],
-                            "switches": cold_ctl.switches}  # fmt: skip
+                            "switches": cold["switches"]}  # fmt: skip
         row["adaptive"] = adaptive
         row["adaptive_gain"] = adaptive["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
         # Without a switch the adaptive run decodes what the offline best does: its "gain" is

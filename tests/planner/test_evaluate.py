@@ -79,7 +79,8 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
             "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
             "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
-            "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json")]  # fmt: skip
+            "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json"),
+            "--resume", str(tmp_path / "runs.jsonl")]  # fmt: skip
     assert planner_eval.main(args) == 0
     table = capsys.readouterr().out
     assert "kendall_tau" in table and "adaptive at 1024" in table
@@ -108,6 +109,42 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         )
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
+    assert doc["provenance"]["runs_from_cache"] == 0
+    # The same command again resumes from the run cache: no run is decoded again, and the
+    # evaluation is the same document.
+    n_runs = len((tmp_path / "runs.jsonl").read_text().splitlines()) - 1
+    assert planner_eval.main(args) == 0
+    assert f"resuming: {n_runs} runs" in capsys.readouterr().out
+    again = json.loads(out.read_text())
+    assert again["provenance"]["runs_from_cache"] == n_runs
+    assert {k: v for k, v in again.items() if k != "provenance"} == {
+        k: v for k, v in doc.items() if k != "provenance"
+    }
+    # Other settings with that cache: refused before any run, the output left alone.
+    out.unlink()
+    assert planner_eval.main([*args, "--new-tokens", "13"]) == 2
+    assert "written for other settings" in capsys.readouterr().err and not out.exists()
+
+
+def test_run_cache_resumes_and_drops_a_cut_off_tail(tmp_path):
+    from planner.evaluate import RunCache
+
+    path = tmp_path / "c.jsonl"
+    c = RunCache(path, {"a": 1})
+    calls = []
+    assert c.get("k1", lambda: calls.append(1) or {"x": 1.5}) == {"x": 1.5}
+    assert c.get("k1", lambda: calls.append(1) or {"x": 9}) == {"x": 1.5} and calls == [1]
+    c.get("k2", lambda: {"x": 2})
+    with open(path, "a") as fh:
+        fh.write('{"key": "k3", "val')  # killed while writing
+    c2 = RunCache(path, {"a": 1})
+    assert c2.runs == {"k1": {"x": 1.5}, "k2": {"x": 2}} and c2.reused == 0
+    assert c2.get("k3", lambda: {"x": 3}) == {"x": 3}
+    assert RunCache(path, {"a": 1}).runs["k3"] == {"x": 3}
+    with pytest.raises(ValueError, match="other settings"):
+        RunCache(path, {"a": 2})
+    with pytest.raises(ValueError, match="does not exist"):
+        RunCache(tmp_path / "no" / "c.jsonl", {})
 
 
 def test_decode_adapts_online_from_a_ranking(tmp_path, capsys):
