@@ -26,7 +26,7 @@ import time
 from planner.controller import ControllerConfig
 from planner.evaluate import PROMPT_SETS, Bench, RunCache, evaluate, summary_table
 from planner.profile import REGIMES, regime_of
-from planner.space import SpaceSpec
+from planner.space import MAX_KERNEL_ROWS, SpaceSpec
 from ssvkit.options import atomic_write, parse_int_list
 
 DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
@@ -36,9 +36,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
     p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
-    p.add_argument("--contexts", default="4K,8K,16K,30K",
-                   help="one measured context per regime (K = 1024)")  # fmt: skip
-    p.add_argument("--adaptive-context", default="16K", help="context of the adaptive runs")
+    p.add_argument("--contexts", default="3584,7680,15360,30720",
+                   help="one context per regime, with room in it for the new tokens")  # fmt: skip
+    p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per run")
     p.add_argument("--repeats", type=int, default=2, help="runs per measurement (median)")
@@ -102,7 +102,19 @@ def main(argv=None) -> int:
             if r in contexts:
                 raise ValueError(f"--contexts {args.contexts}: two contexts fall in regime {r}")
             contexts[r] = c
+            if r != "64K+" and c + args.new_tokens + MAX_KERNEL_ROWS > REGIMES[r]:
+                raise ValueError(
+                    f"--contexts: {c} + {args.new_tokens} new tokens + a tree would grow past "
+                    f"regime {r} (<= {REGIMES[r]}) while decoding; measure at a smaller context"
+                )
         contexts = {r: contexts[r] for r in REGIMES if r in contexts}
+        actx = parse_int_list(args.adaptive_context, "--adaptive-context")[0]
+        ra = regime_of(actx)
+        if ra != "64K+" and actx + args.new_tokens + MAX_KERNEL_ROWS > REGIMES[ra]:
+            raise ValueError(
+                f"--adaptive-context {actx} + {args.new_tokens} new tokens + a tree would grow "
+                f"past regime {ra} (<= {REGIMES[ra]}) while decoding"
+            )
         sets = tuple(x for x in args.prompt_sets.split(",") if x)
         bad = [x for x in sets if x not in PROMPT_SETS]
         if bad:

@@ -5,12 +5,12 @@ It keeps an exponential moving average of the tokens produced per round, turns i
 per-token acceptance the current tree implies (``planner.profile.alpha_from_tokens``), and
 compares that with the acceptance the offline ranking assumed for this drafter and regime. When
 they differ by more than ``epsilon`` for ``patience`` consecutive rounds, it re-scores the
-regime's top candidates and the best-ranked strategy of every (drafter, tree) with the
-observed acceptance (other drafters shifted by the same
-relative change) and switches to the best one if it beats the current strategy's re-scored
-throughput by more than ``hysteresis`` plus the measured switch cost amortised over
-``horizon_rounds``, and no switch happened in the last ``cooldown`` rounds. Hysteresis and
-cooldown keep it from oscillating. Every switch is logged (``switches``) with its reason.
+regime's top candidates and the best-ranked strategy of every (drafter, tree) with every
+candidate's profiled acceptance shifted by the relative change observed, and switches to the
+best one if it beats the current strategy's re-scored throughput by more than ``hysteresis``
+plus the measured switch cost amortised over ``horizon_rounds``, and no switch happened in the
+last ``cooldown`` rounds. Hysteresis and cooldown keep it from oscillating. Every switch is
+logged (``switches``) with its reason.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class OnlineController:
             self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
         self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
         regime = self._ranked_regime(max(stats.context_lens))
-        expected = self.profile.alpha(regime, s.drafter.kind)
+        expected = self.profile.alpha_for(regime, s)
         self._deviating = self._deviating + 1 if abs(self._alpha - expected) > cfg.epsilon else 0
         if self._deviating < cfg.patience or stats.round - self._last_switch < cfg.cooldown:
             return None
@@ -156,13 +156,9 @@ class OnlineController:
                 picked.append(r)
         cands = {strategy_id(c): c for c in (strategy_from_json(r["strategy"]) for r in picked)}
         cands[strategy_id(current)] = current
+        # Every candidate's profiled acceptance shifts by the relative change observed on the
+        # current one (which therefore scores at exactly the observed acceptance).
         shift = self._alpha / expected if expected > 0 else 1.0
-        override = {}
-        for c in cands.values():
-            base = self.profile.alpha(regime, c.drafter.kind)
-            override[c.drafter.kind] = (
-                self._alpha if c.drafter.kind == current.drafter.kind else min(1.0, base * shift)
-            )
         scored, _ = score(
             self.model,
             self.gpu,
@@ -171,7 +167,7 @@ class OnlineController:
             self.profile,
             regime,
             self.batch,
-            acceptance_override=override,
+            acceptance_scale=shift,
         )
         by_id = {strategy_id(x.strategy): x for x in scored}
         now = by_id[strategy_id(current)]

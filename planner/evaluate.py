@@ -4,9 +4,12 @@ strategies the way the engine measures them, and does online adaptation pay off?
 Four phases, all on one pair of model runners (target and draft) built once:
 
 1. **profile** -- per regime, the engine decodes a code prompt (validation split of the
-   built-in corpus) with every drafter kind on a reference tree; the per-token acceptance is
-   the inverse of its mean tokens per round (``alpha_from_tokens``). A sparse union strategy
-   per traversal order, with the selection statistics on, gives the group overlap gamma.
+   built-in corpus): every drafter on every tree of the space (dense) gives alpha per drafter
+   and tree (the inverse of the mean tokens per round, ``alpha_from_tokens``); one drafter and
+   tree with each sparse attention of the space gives its factor on alpha; a union strategy
+   per traversal order with the selection statistics on gives the group overlap gamma; the
+   measured round times minus the step model's give the loop overhead per round
+   (``measure_profile``).
 2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
    under that profile.
 3. **measure** -- per regime, ``per_regime`` strategies the engine can run (the predicted top
@@ -45,11 +48,11 @@ from scipy.stats import kendalltau
 
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
-from perfmodel.strategy import DrafterSpec, Strategy
+from perfmodel.strategy import DrafterSpec, Strategy, parse_tree
 from planner.controller import ControllerConfig, OnlineController
-from planner.profile import Profile, alpha_from_tokens, regime_of
-from planner.rank import rank, score, strategy_from_json
-from planner.space import SpaceSpec, describe, strategy_id
+from planner.profile import Profile, alpha_from_tokens, attention_key, fit_overhead, regime_of
+from planner.rank import concrete, rank, score, strategy_from_json
+from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 
 EVAL_VERSION = 1
 PROMPT_SETS = ("code", "prose", "repetitive", "random")
@@ -265,46 +268,111 @@ def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: d
 # ----------------------------------------------------------------------------- phases
 
 
-def measure_profile(bench: Bench, contexts: dict[str, int], drafters: tuple[str, ...],
-                    ref_tree: str, traversals: tuple[str, ...]) -> Profile:  # fmt: skip
-    """Acceptance per (regime, drafter) and overlap per (regime, traversal) on code prompts."""
+def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
+                    ref_tree: str = "chain:4",
+                    attention_tree: str = "best:16:6") -> tuple[Profile, dict]:  # fmt: skip
+    """The profile of the space's strategies, measured per regime on a code prompt:
+
+    - alpha of every drafter kind on ``ref_tree`` (dense), then of every drafter on every tree
+      of the space (``best:N`` resolved at the drafter's alpha, as the ranking resolves it);
+    - the factor sparse attention puts on alpha, per attention key of the space's valid sparse
+      strategies: the reference drafter (``ngram`` when in the space) on ``attention_tree``
+      (large enough for every group size) with that attention, over the same run dense;
+    - gamma per traversal: a union C4 strategy on ``attention_tree`` with selection statistics;
+    - the loop overhead per round: ``fit_overhead`` on every run without statistics, the
+      residual being the measured round wall time minus the step model's round time.
+
+    Returns the profile and the overhead fits' figures per regime."""
     acc: dict[str, dict[str, float]] = {}
+    att: dict[str, dict[str, float]] = {}
     ovl: dict[str, dict[str, float]] = {}
+    ovh: dict[str, dict[str, float]] = {}
+    fits: dict[str, dict] = {}
+    ref_kind = "ngram" if "ngram" in space.drafters else space.drafters[0]
     for regime, ctx in contexts.items():
         prompt = prompt_tokens("code", ctx, offset=0)
-        for kind in drafters:
-            s = Strategy(name=f"profile-{kind}", tree=ref_tree, drafter=_drafter(bench, kind))
-            fig = bench.run(f"profile|{ctx}|{strategy_id(s)}", steady_run, bench, s, prompt)
-            a = alpha_from_tokens(ref_tree, fig["mean_accepted"] + 1.0)
-            acc.setdefault(regime, {})[kind] = a
+        runs: list[tuple[Strategy, dict]] = []
+
+        def go(s: Strategy, tag: str, fn=steady_run, ctx=ctx, prompt=prompt, runs=runs) -> dict:
+            fig = bench.run(f"{tag}|{ctx}|{strategy_id(s)}", fn, bench, s, prompt)
+            if fn is steady_run:
+                runs.append((s, fig))
+            return fig
+
+        a: dict[str, float] = {}
+        for kind in space.drafters:
+            s = Strategy(name="profile", tree=ref_tree, drafter=_drafter(bench, kind))
+            fig = go(s, "profile")
+            a[kind] = alpha_from_tokens(ref_tree, fig["mean_accepted"] + 1.0)
+            a[f"{kind}@{ref_tree}"] = a[kind]
             tpr = fig["mean_accepted"] + 1
-            bench.log(f"profile {regime} {kind}: {tpr:.2f} tokens/round, alpha={a:.3f}")
-        for trav in traversals:
-            s = Strategy(
-                name=f"profile-{trav}",
-                tree=ref_tree,
-                drafter=_drafter(bench, drafters[0]),
-                traversal=trav,
-                attention="sparse",
-                mode="union",
-                group_size=4,
-            )
-            v = bench.run(f"overlap|{ctx}|{strategy_id(s)}", _overlap_run, bench, s, prompt)
-            v = v["gamma"]
+            bench.log(f"profile {regime} {kind} {ref_tree}: {tpr:.2f} tokens/round, "
+                      f"alpha={a[kind]:.3f}")  # fmt: skip
+        for kind in space.drafters:
+            for tree in space.trees:
+                s = concrete(Strategy(name="profile", tree=tree, drafter=_drafter(bench, kind)),
+                             a[kind])  # fmt: skip
+                if s.tree == ref_tree or bench.runnable(s) is not None:
+                    continue
+                fig = go(s, "profile")
+                if parse_tree(s.tree):
+                    a[f"{kind}@{s.tree}"] = alpha_from_tokens(s.tree, fig["mean_accepted"] + 1.0)
+                    bench.log(f"profile {regime} {kind} {describe(s)}: "
+                              f"{fig['mean_accepted'] + 1:.2f} tokens/round, "
+                              f"alpha={a[f'{kind}@{s.tree}']:.3f}")  # fmt: skip
+        acc[regime] = a
+        base = concrete(Strategy(name="profile", tree=attention_tree,
+                                 drafter=_drafter(bench, ref_kind)), a[ref_kind])  # fmt: skip
+        if f"{ref_kind}@{base.tree}" not in a:
+            fig = go(base, "profile")
+            a[f"{ref_kind}@{base.tree}"] = alpha_from_tokens(base.tree, fig["mean_accepted"] + 1)
+        dense_alpha = a[f"{ref_kind}@{base.tree}"]
+        valid, _ = valid_strategies(space, bench.model, bench.gpu, ctx)
+        keys: dict[str, Strategy] = {}
+        for v in valid:
+            k = attention_key(v)
+            if k is not None and k not in keys:
+                keys[k] = v
+        for k, v in keys.items():
+            s = dataclasses.replace(v, name="profile", drafter=base.drafter, tree=base.tree,
+                                    traversal="bfs")  # fmt: skip
+            if bench.runnable(s) is not None or dense_alpha <= 0:
+                continue
+            fig = go(s, "attention")
+            sa = alpha_from_tokens(base.tree, fig["mean_accepted"] + 1.0)
+            att.setdefault(regime, {})[k] = sa / dense_alpha
+            bench.log(f"profile {regime} {k}: alpha={sa:.3f} (dense {dense_alpha:.3f})")
+        for trav in space.traversals:
+            s = dataclasses.replace(base, traversal=trav, attention="sparse", mode="union",
+                                    group_size=4)  # fmt: skip
+            v = go(s, "overlap", _overlap_run)["gamma"]
             if v is not None:
                 ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
                 bench.log(f"profile {regime} {trav}: gamma={v:.3f}")
-    return Profile(acc, ovl, "measured:engine-code-prompts")
+        # The loop overhead: what the step model leaves out of the measured rounds.
+        partial = Profile(acc, ovl, "partial", att)
+        strategies = [s for s, _ in runs]
+        scored, _ = score(bench.model, bench.gpu, strategies, ctx, partial, regime)
+        model_s = {strategy_id(x.strategy): x.round_s for x in scored}
+        residual = [f["wall_s"] / f["rounds"] - model_s[strategy_id(s)] for s, f in runs]
+        ovh[regime], fits[regime] = fit_overhead(strategies, residual)
+        fits[regime]["median_model_round_s"] = float(np.median(list(model_s.values())))
+        terms = ", ".join(f"{t}={c * 1e6:.1f}us" for t, c in ovh[regime].items())
+        rms = fits[regime]["rms_s"] * 1e6
+        bench.log(f"profile {regime} loop overhead: {terms} (rms {rms:.0f} us, {len(runs)} runs)")
+    return Profile(acc, ovl, "measured:engine-code-prompts", att, ovh), fits
 
 
 def _overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:
-    """Mean group overlap of a run's selection statistics (None when there are none)."""
+    """A run with selection statistics: its steady figures and the mean group overlap (None
+    when there are no statistics)."""
     result = run_once(bench, s, prompt, record_stats=True)
+    fig = steady_figures(result)
     g = [r.selection.group_overlap for r in result.rounds if r.selection is not None]
     if not g:
-        return {"gamma": None}
+        return {**fig, "gamma": None}
     v = float(np.nanmean(np.concatenate([x.ravel() for x in g])))
-    return {"gamma": None if math.isnan(v) else v}
+    return {**fig, "gamma": None if math.isnan(v) else v}
 
 
 def _drafter(bench: Bench, kind: str) -> DrafterSpec:
@@ -415,11 +483,12 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
 
 def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_regime: int = 12,
              adaptive_context: int | None = None, prompt_sets: tuple[str, ...] = PROMPT_SETS,
-             ref_tree: str = "chain:4", controller: ControllerConfig | None = None,
+             ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
+             controller: ControllerConfig | None = None,
              provenance: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
-    profile = measure_profile(bench, contexts, space.drafters, ref_tree, space.traversals)
+    profile, overhead_fits = measure_profile(bench, contexts, space, ref_tree, attention_tree)
     ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
     regimes = {
         r: evaluate_regime(bench, ranking, r, ctx, profile, per_regime)
@@ -442,6 +511,8 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "repeats": bench.repeats,
         "profile": profile.to_json(),
         "profile_reference_tree": ref_tree,
+        "profile_attention_tree": attention_tree,
+        "profile_overhead_fits": overhead_fits,
         "space": dataclasses.asdict(space),
         "kendall_tau": {r: v["kendall_tau"] for r, v in regimes.items()},
         "regret": {r: v["regret"] for r, v in regimes.items()},

@@ -1,33 +1,55 @@
-"""Acceptance and overlap profiles per context regime: what the ranking assumes about prompts.
+"""Acceptance, overlap and loop-overhead profiles per context regime: what the ranking assumes
+about prompts and about the decode loop that runs the strategies.
 
-A profile says, per regime, the per-token acceptance alpha of each drafter kind and the adjacent
-selected-block overlap gamma of each traversal order. It comes from engine traces (measured on
-sample prompts) or from a JSON file; without one, the ranking uses the ``Workload`` defaults and
-labels its figures ``assumed``.
+A profile says, per regime:
 
-File format (version 1)::
+- ``acceptance``: the per-token acceptance alpha of each drafter kind (``"ngram"``), and
+  optionally of a drafter on one tree (``"ngram@chain:7"``, the tree as the ranking holds it:
+  ``best:N`` trees are resolved to ``parents:...``). Trees of one drafter do not share one
+  alpha in practice (an n-gram drafter's second branch is rarely as good as a draft model's),
+  so a measured per-tree value wins over the drafter's;
+- ``attention``: the factor on alpha of sparse verification, per attention key
+  (``attention_key``: grouping that changes the selection -- exact or ``sharedC`` --, budget and
+  refresh schedule). Sparse verification changes the target's own distribution (its top
+  blocks, not all of them), so it changes what is accepted; an absent key means 1;
+- ``overlap``: the adjacent selected-block overlap gamma of each traversal order;
+- ``overhead``: host time per round the step model does not count (the loop's Python work,
+  host-side drafting, launches outside graphs), as coefficients of ``OVERHEAD_TERMS``, fitted on
+  the profile runs (``fit_overhead``). Absent means 0, the step model alone.
 
-    {"version": 1, "source": "...",
-     "regimes": {"16K": {"acceptance": {"eagle": 0.71, "ngram": 0.35},
-                         "overlap": {"bfs": 0.68, "dfs": 0.61, "position": 0.74}}, ...}}
+It comes from engine runs or traces (measured on sample prompts) or from a JSON file; without
+one, the ranking uses the ``Workload`` defaults and labels its figures ``assumed``.
 
-A regime missing from the file, or a drafter/traversal missing from a regime, falls back to the
-file's ``default`` entry when present, else to the workload defaults.
+File format (version 2; version 1 files, which lack ``attention`` and ``overhead``, still load)::
+
+    {"version": 2, "source": "...",
+     "regimes": {"16K": {"acceptance": {"eagle": 0.71, "ngram": 0.35, "ngram@chain:7": 0.31},
+                         "attention": {"shared4:nsa32s16:top16x64w512:r2": 0.93},
+                         "overlap": {"bfs": 0.68, "dfs": 0.61, "position": 0.74},
+                         "overhead": {"round": 4e-4, "node": 2e-5}}, ...}}
+
+A regime missing from the file, or an entry missing from a regime, falls back to the file's
+``default`` entry when present, else to the workload defaults.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import brentq
+from scipy.optimize import nnls
 
-from perfmodel.strategy import Workload, parse_tree, tree_expected_tokens
+from perfmodel.acceptance import node_depths_ranks
+from perfmodel.strategy import Strategy, Workload, parse_tree, tree_expected_tokens
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# Loop overhead per round = sum of coefficient x feature (``overhead_features``).
+OVERHEAD_TERMS = ("round", "draft_model", "node", "draft_level", "sparse")
 REGIMES = {"<=4K": 4096, "8K": 8192, "16K": 16384, "32K": 32768, "64K+": 65536}
 
 
@@ -39,20 +61,81 @@ def regime_of(context_len: int) -> str:
     return "64K+"
 
 
+def attention_key(s: Strategy) -> str | None:
+    """What of a strategy's attention changes the target's outputs (None: dense): grouping,
+    block metadata, budget and refresh schedule. Exact
+    grouping (``per_query``, ``union``, ``shared`` with C = 1) selects what per-query selection
+    does; ``shared`` C > 1 shares one selection per group; fusion changes no result."""
+    if not s.is_sparse:
+        return None
+    group = f"shared{s.group_size}" if s.mode == "shared" and s.group_size > 1 else "exact"
+    meta = s.metadata if s.metadata != "nsa" else f"nsa{s.comp_block}s{s.comp_stride}"
+    return f"{group}:{meta}:top{s.top_n}x{s.block_size}w{s.window}:r{s.refresh_every}"
+
+
+def overhead_features(s: Strategy) -> np.ndarray:
+    """The features of ``OVERHEAD_TERMS`` for a strategy: 1 per round, 1 when a draft model
+    drafts, tree nodes, draft levels (tree depth) of a draft model, 1 for sparse attention."""
+    parents = parse_tree(s.tree)
+    depth = max(node_depths_ranks(list(parents))[0], default=0)
+    dm = float(s.drafter.kind == "draft_model" and len(parents) > 0)
+    return np.array([1.0, dm, float(len(parents)), depth * dm, float(s.is_sparse)])
+
+
+def fit_overhead(strategies: list[Strategy], residual_s: list[float]) -> tuple[dict, dict]:
+    """Non-negative least squares of the per-round residual (measured round wall time minus the
+    step model's round time) on ``overhead_features``: the coefficients and the fit's figures
+    (rows, rms and max absolute error, seconds)."""
+    if len(strategies) != len(residual_s) or not strategies:
+        raise ValueError("fit_overhead needs one residual per strategy, and at least one")
+    x = np.stack([overhead_features(s) for s in strategies])
+    y = np.asarray(residual_s, dtype=float)
+    coef, _ = nnls(x, y)
+    err = x @ coef - y
+    fit = {"rows": len(y), "rms_s": float(np.sqrt(np.mean(err**2))),
+           "max_abs_s": float(np.max(np.abs(err)))}  # fmt: skip
+    return dict(zip(OVERHEAD_TERMS, map(float, coef), strict=True)), fit
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """alpha per (regime, drafter kind), gamma per (regime, traversal)."""
+    """alpha per (regime, drafter kind or drafter@tree), sparse-attention factor per (regime,
+    attention key), gamma per (regime, traversal), loop overhead per regime."""
 
     acceptance: dict[str, dict[str, float]] = field(default_factory=dict)
     overlap: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = "assumed:workload-defaults"
+    attention: dict[str, dict[str, float]] = field(default_factory=dict)
+    overhead: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def alpha(self, regime: str, drafter: str) -> float:
-        for key in (regime, "default"):
-            v = self.acceptance.get(key, {}).get(drafter)
+    def _get(self, table: dict, regime: str, key: str):
+        for r in (regime, "default"):
+            v = table.get(r, {}).get(key)
             if v is not None:
                 return v
-        return Workload().acceptance
+        return None
+
+    def alpha(self, regime: str, drafter: str) -> float:
+        """The drafter kind's alpha (its reference tree, dense attention)."""
+        v = self._get(self.acceptance, regime, drafter)
+        return Workload().acceptance if v is None else v
+
+    def alpha_for(self, regime: str, s: Strategy) -> float:
+        """The alpha ``s`` should see: its drafter on its tree when measured (else the
+        drafter's), times its sparse attention's factor, at most 1."""
+        v = self._get(self.acceptance, regime, f"{s.drafter.kind}@{s.tree}")
+        a = self.alpha(regime, s.drafter.kind) if v is None else v
+        key = attention_key(s)
+        f = None if key is None else self._get(self.attention, regime, key)
+        return min(1.0, a * (1.0 if f is None else f))
+
+    def overhead_s(self, regime: str, s: Strategy) -> float:
+        """Loop overhead per round of ``s`` (0 without a fitted overhead)."""
+        coef = self.overhead.get(regime) or self.overhead.get("default")
+        if not coef:
+            return 0.0
+        w = np.array([coef.get(t, 0.0) for t in OVERHEAD_TERMS])
+        return float(overhead_features(s) @ w)
 
     def gamma(self, regime: str, traversal: str) -> float:
         for key in (regime, "default"):
@@ -62,20 +145,26 @@ class Profile:
         return Workload().overlap
 
     def to_json(self) -> dict:
-        regimes = sorted(set(self.acceptance) | set(self.overlap))
+        tables = {"acceptance": self.acceptance, "attention": self.attention,
+                  "overlap": self.overlap, "overhead": self.overhead}  # fmt: skip
+        regimes = sorted(set().union(*tables.values()))
         return {
             "version": PROFILE_VERSION,
             "source": self.source,
-            "regimes": {
-                r: {"acceptance": self.acceptance.get(r, {}), "overlap": self.overlap.get(r, {})}
-                for r in regimes
-            },
+            "regimes": {r: {k: t.get(r, {}) for k, t in tables.items()} for r in regimes},
         }
 
 
 def _check_prob(where: str, v) -> float:
     if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
         raise ValueError(f"{where} must be a number in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _check_nonneg(where: str, v) -> float:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    if not ok:
+        raise ValueError(f"{where} must be a finite number >= 0, got {v!r}")
     return float(v)
 
 
@@ -92,10 +181,10 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_json(d, where: str = "profile", label: str = "profile") -> Profile:
-    """A profile from its JSON document (version 1); ``ValueError`` names the bad entry."""
-    if not isinstance(d, dict) or d.get("version") != PROFILE_VERSION:
-        raise ValueError(f"{where} must have version {PROFILE_VERSION}")
-    acc, ovl = {}, {}
+    """A profile from its JSON document (version 1 or 2); ``ValueError`` names the bad entry."""
+    if not isinstance(d, dict) or d.get("version") not in READABLE_VERSIONS:
+        raise ValueError(f"{where} must have version {' or '.join(map(str, READABLE_VERSIONS))}")
+    acc, ovl, att, ovh = {}, {}, {}, {}
     for regime, entry in (d.get("regimes") or {}).items():
         if regime not in REGIMES and regime != "default":
             raise ValueError(f"profile regime {regime!r} is not one of {', '.join(REGIMES)}")
@@ -107,29 +196,44 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Prof
             k: _check_prob(f"{regime}.overlap.{k}", v)
             for k, v in (entry.get("overlap") or {}).items()
         }
-    return Profile(acc, ovl, f"{label}:{d.get('source', 'unknown')}")
+        att[regime] = {
+            k: _check_nonneg(f"{regime}.attention.{k}", v)
+            for k, v in (entry.get("attention") or {}).items()
+        }
+        bad = [k for k in (entry.get("overhead") or {}) if k not in OVERHEAD_TERMS]
+        if bad:
+            terms = ", ".join(OVERHEAD_TERMS)
+            raise ValueError(f"{regime}.overhead.{bad[0]} is not one of {terms}")
+        ovh[regime] = {
+            k: _check_nonneg(f"{regime}.overhead.{k}", v)
+            for k, v in (entry.get("overhead") or {}).items()
+        }
+    return Profile(acc, ovl, f"{label}:{d.get('source', 'unknown')}", att, ovh)
+
+
+@functools.lru_cache(maxsize=256)
+def _tokens_table(tree: str) -> tuple[np.ndarray, np.ndarray]:
+    """Expected tokens per round of ``tree`` on a grid of alpha (strictly increasing in alpha):
+    the inverse is then one interpolation, cheap enough for the controller to call per round
+    (a root search costs 0.3-0.5 ms per call, which a 1 ms decode round cannot afford)."""
+    parents = parse_tree(tree)
+    alphas = np.linspace(0.0, 1.0 - 1e-9, 513)
+    return alphas, np.array([tree_expected_tokens(parents, a) for a in alphas])
 
 
 def alpha_from_tokens(tree: str, tokens_per_round: float) -> float:
     """The per-token acceptance that makes ``tree``'s expected tokens per round equal the
-    observed mean (the inverse of ``tree_expected_tokens``, monotone in alpha). Clipped to the
-    tree's range: 1 token per round -> 0, every node accepted -> 1."""
-    parents = parse_tree(tree)
-    if not parents:
+    observed mean (the inverse of ``tree_expected_tokens``, monotone in alpha; interpolated on a
+    513-point grid, within 1e-5 of the root). Clipped to the tree's range: 1 token per round
+    -> 0, every node accepted -> 1."""
+    if not parse_tree(tree):
         return 0.0
-    lo, hi = tree_expected_tokens(parents, 0.0), tree_expected_tokens(parents, 1.0 - 1e-9)
-    if tokens_per_round <= lo:
+    alphas, tokens = _tokens_table(tree)
+    if tokens_per_round <= tokens[0]:
         return 0.0
-    if tokens_per_round >= hi:
+    if tokens_per_round >= tokens[-1]:
         return 1.0
-    return float(
-        brentq(
-            lambda a: tree_expected_tokens(parents, a) - tokens_per_round,
-            0.0,
-            1.0 - 1e-9,
-            xtol=1e-6,
-        )
-    )
+    return float(np.interp(tokens_per_round, tokens, alphas))
 
 
 def profile_from_traces(headers_rounds, strategies: dict) -> Profile:

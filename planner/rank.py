@@ -45,10 +45,12 @@ def score(
     profile: Profile,
     regime: str,
     batch: int = 1,
-    acceptance_override: dict[str, float] | None = None,
+    acceptance_scale: float = 1.0,
 ) -> tuple[list[Scored], str]:
     """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
-    drafter model); acceptance per drafter kind from ``profile`` unless overridden."""
+    drafter model): the step model at the strategy's acceptance from ``profile``
+    (``Profile.alpha_for``, times ``acceptance_scale``, at most 1) plus the profile's loop
+    overhead per round (``loop`` in the breakdown)."""
     if not strategies:
         return [], "none"
     out: list[Scored] = []
@@ -59,9 +61,7 @@ def score(
     for draft_model, group in by_draft.items():
         points = []
         for s in group:
-            alpha = (acceptance_override or {}).get(
-                s.drafter.kind, profile.alpha(regime, s.drafter.kind)
-            )
+            alpha = min(1.0, profile.alpha_for(regime, s) * acceptance_scale)
             w = Workload(
                 context_len=context_len,
                 batch=batch,
@@ -78,13 +78,16 @@ def score(
             groups.setdefault(op_group(k), []).append(v)
         grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
         for i, s in enumerate(group):
+            loop = profile.overhead_s(regime, s)
+            round_s = float(pred.round_s[i]) + loop
+            tpr = float(pred.tokens_per_round[i])
             out.append(
                 Scored(
                     s,
-                    float(pred.tokens_per_s[i]),
-                    float(pred.tokens_per_round[i]),
-                    float(pred.round_s[i]),
-                    {g: float(v[i]) for g, v in grouped.items()},
+                    batch * tpr / round_s,
+                    tpr,
+                    round_s,
+                    {**{g: float(v[i]) for g, v in grouped.items()}, "loop": loop},
                     bool(pred.extrapolated[i]),
                 )
             )

@@ -96,8 +96,23 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         assert math.isfinite(m["tokens_per_s"]) and m["tokens_per_s"] > 0
         assert row["predicted_tokens_per_s"] > 0 and ids[row["offline_rank"]] == row["id"]
     assert [r["offline_rank"] for r in reg["strategies"]][:3] == [0, 1, 2]
-    acc = doc["profile"]["regimes"]["<=4K"]["acceptance"]
-    assert set(acc) == {"draft_model", "ngram"} and all(0 <= a <= 1 for a in acc.values())
+    prof = doc["profile"]["regimes"]["<=4K"]
+    acc = prof["acceptance"]
+    assert {"draft_model", "ngram"} <= set(acc) and all(0 <= a <= 1 for a in acc.values())
+    # Every drafter on every tree with drafts (chain:0 drafts nothing), dense; the n-gram
+    # drafter also on the attention factors' tree (best:16:6).
+    for kind, resolved in (("draft_model", 1), ("ngram", 2)):
+        assert {f"{kind}@chain:3"} <= set(acc)
+        assert sum(k.startswith(f"{kind}@parents:") for k in acc) == resolved
+    # A factor per attention key of the space's valid sparse strategies at 1K (top16 x 64
+    # fits, top32 x 64 does not): exact and shared C2/C4/C8, refresh every 1, 2, 4 and 8.
+    assert len(prof["attention"]) == 16 and all("top16x64w512" in k for k in prof["attention"])
+    assert all(math.isfinite(f) and f >= 0 for f in prof["attention"].values())
+    assert set(prof["overlap"]) == {"bfs", "dfs", "position"}
+    assert set(prof["overhead"]) == {"round", "draft_model", "node", "draft_level", "sparse"}
+    assert all(c >= 0 for c in prof["overhead"].values())
+    fit = doc["profile_overhead_fits"]["<=4K"]
+    assert fit["rows"] >= 6 + 16 and fit["rms_s"] >= 0
     a = doc["adaptive"]["prompt_sets"]
     assert set(a) == {"code", "random"} == set(doc["adaptive_gain"])
     for row in a.values():

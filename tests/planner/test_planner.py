@@ -2,6 +2,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from perfmodel.hardware import get_gpu
@@ -205,3 +206,75 @@ def test_rank_cli(tmp_path, capsys):
     assert main(["rank", "--acceptance-profile", str(tmp_path / "missing.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["rank", "--trees", "bush:3"]) == 2
+
+
+def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):
+    from perfmodel.strategy import DrafterSpec
+    from planner.profile import OVERHEAD_TERMS, attention_key, fit_overhead, overhead_features
+    from planner.rank import score
+
+    ng = DrafterSpec(kind="ngram")
+    dense = Strategy(tree="chain:4", drafter=ng)
+    tree7 = dataclasses.replace(dense, tree="chain:7")
+    sparse = dataclasses.replace(dense, attention="sparse", mode="union", group_size=4,
+                                 refresh_every=2, fusion="refresh_reuse")  # fmt: skip
+    shared = dataclasses.replace(sparse, mode="shared")
+    assert attention_key(dense) is None
+    assert attention_key(sparse) == "exact:nsa32s16:top16x64w512:r2"
+    exact = {attention_key(dataclasses.replace(sparse, mode="per_query", group_size=1)),
+             attention_key(dataclasses.replace(shared, group_size=1)),
+             attention_key(dataclasses.replace(sparse, fusion="none"))}  # fmt: skip
+    assert exact == {"exact:nsa32s16:top16x64w512:r2"}
+    assert attention_key(shared) == "shared4:nsa32s16:top16x64w512:r2"
+    assert attention_key(dataclasses.replace(shared, metadata="mean")) == (
+        "shared4:mean:top16x64w512:r2"
+    )
+    prof = Profile(
+        {"16K": {"ngram": 0.6, "ngram@chain:7": 0.5}},
+        {},
+        "t",
+        {"16K": {"exact:nsa32s16:top16x64w512:r2": 0.5, "shared4:nsa32s16:top16x64w512:r2": 3.0}},
+        {"16K": {"round": 1e-4, "node": 1e-5, "sparse": 2e-4}},
+    )
+    assert prof.alpha_for("16K", dense) == 0.6 and prof.alpha_for("16K", tree7) == 0.5
+    assert prof.alpha_for("16K", sparse) == pytest.approx(0.3)
+    assert prof.alpha_for("16K", shared) == 1.0  # clipped
+    assert prof.overhead_s("16K", dense) == pytest.approx(1e-4 + 4e-5)
+    assert prof.overhead_s("16K", sparse) == pytest.approx(1e-4 + 4e-5 + 2e-4)
+    assert prof.overhead_s("8K", sparse) == 0.0  # no fit for the regime, no default
+    # The ranking scores with both: a round costs the step model plus the loop overhead.
+    tiny = get_model("engine/checkpoints/tiny-target")
+    (with_loop,), _ = score(tiny, G, [sparse], 16000, prof, "16K")
+    (bare,), _ = score(tiny, G, [sparse], 16000, Profile({"16K": {"ngram": 0.3}}), "16K")
+    assert with_loop.breakdown_s["loop"] == pytest.approx(3.4e-4) and bare.breakdown_s["loop"] == 0
+    assert with_loop.round_s == pytest.approx(bare.round_s + 3.4e-4)
+    assert with_loop.tokens_per_round == pytest.approx(bare.tokens_per_round)
+    assert with_loop.tokens_per_s == pytest.approx(with_loop.tokens_per_round / with_loop.round_s)
+    # Version 2 files round-trip; version 1 files still load.
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(prof.to_json()))
+    again = load_profile(p)
+    assert again.alpha_for("16K", sparse) == pytest.approx(0.3)
+    assert again.overhead_s("16K", sparse) == pytest.approx(prof.overhead_s("16K", sparse))
+    p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": {"launch": 1.0}}}}))
+    with pytest.raises(ValueError, match="16K.overhead.launch is not one of round"):
+        load_profile(p)
+    p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"attention": {"k": -1}}}}))
+    with pytest.raises(ValueError, match="16K.attention.k must be a finite number >= 0"):
+        load_profile(p)
+    # The fit recovers known non-negative coefficients from noiseless residuals.
+    dm = DrafterSpec(kind="draft_model", model="x")
+    strategies = [
+        dataclasses.replace(s, tree=t, drafter=d)
+        for s in (dense, sparse)
+        for t in ("chain:0", "chain:2", "chain:7", "best:16:6")
+        for d in (ng, dm)
+    ]
+    truth = np.array([3e-4, 1e-4, 2e-5, 5e-5, 1.5e-4])
+    y = [float(overhead_features(s) @ truth) for s in strategies]
+    coef, fit = fit_overhead(strategies, y)
+    assert list(coef) == list(OVERHEAD_TERMS) and fit["rows"] == len(strategies)
+    assert np.allclose([coef[t] for t in OVERHEAD_TERMS], truth, atol=1e-9)
+    assert fit["rms_s"] < 1e-9
+    with pytest.raises(ValueError, match="one residual per strategy"):
+        fit_overhead(strategies, y[:-1])
