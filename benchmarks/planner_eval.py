@@ -13,6 +13,12 @@ says how). Writes the evaluation JSON to ``--out`` (whole or not at all), the fu
 is continued by the same command (same settings, device and commit).
 
 The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured with it.
+
+Sampling (temperature 1 by default) rather than greedy decoding: greedy decoding of a byte-level
+13M model falls into loops, where an n-gram drafter is accepted whole, and whether and when a
+run enters one flips with the last bits of the attention -- it made the measured acceptance of
+two nearly identical strategies differ 2-4x in the first H100 runs (docs/notes/planner.md).
+Each repeat draws with its own seed; the adaptive and fixed runs of one repeat share theirs.
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ def parse_args(argv=None):
                    help="one context per regime, with room in it for the new tokens")  # fmt: skip
     p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
-    p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per run")
-    p.add_argument("--repeats", type=int, default=2, help="runs per measurement (median)")
+    p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (0 = greedy); see the module")  # fmt: skip
     p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
     p.add_argument("--drafters", default="draft_model,ngram", help="drafter axis of the space")
     p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS))
@@ -86,6 +95,7 @@ def build_bench(args) -> Bench:
         draft_label=str(dsrc.path),
         max_new_tokens=args.new_tokens,
         repeats=args.repeats,
+        temperature=args.temperature,
         log=lambda m: print(m, flush=True),
     )
 
@@ -95,6 +105,8 @@ def main(argv=None) -> int:
     try:
         if min(args.per_regime, args.new_tokens, args.repeats) < 1:
             raise ValueError("--per-regime, --new-tokens and --repeats must be >= 1")
+        if not args.temperature >= 0:
+            raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
         ctxs = parse_int_list(args.contexts, "--contexts")
         contexts = {}
         for c in ctxs:
@@ -130,7 +142,8 @@ def main(argv=None) -> int:
         if args.resume:
             prov = {k: v for k, v in provenance().items() if k != "timestamp"}
             keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
-                    "new_tokens", "repeats", "trees", "drafters", "prompt_sets", "gpu")  # fmt: skip
+                    "new_tokens", "repeats", "temperature", "trees", "drafters",
+                    "prompt_sets", "gpu")  # fmt: skip
             settings = {**{k: getattr(args, k) for k in keep}, **prov}
             bench.cache = RunCache(args.resume, settings)
             if bench.cache.runs:

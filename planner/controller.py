@@ -9,8 +9,10 @@ regime's top candidates and the best-ranked strategy of every (drafter, tree) wi
 candidate's profiled acceptance shifted by the relative change observed, and switches to the
 best one if it beats the current strategy's re-scored throughput by more than ``hysteresis``
 plus the measured switch cost amortised over ``horizon_rounds``, and no switch happened in the
-last ``cooldown`` rounds. Hysteresis and cooldown keep it from oscillating. Every switch is
-logged (``switches``) with its reason.
+last ``cooldown`` rounds. Hysteresis and cooldown keep it from oscillating. A strategy that
+drafts nothing (autoregressive) observes no acceptance: after ``probe_after`` rounds in one,
+the controller probes the best-ranked drafting strategy again (reason ``probe``). Every switch
+is logged (``switches``) with its reason.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
-from perfmodel.strategy import Strategy
+from perfmodel.strategy import Strategy, parse_tree
 from planner.profile import Profile, alpha_from_tokens, profile_from_json, regime_of
 from planner.rank import score, strategy_from_json
 from planner.space import strategy_id
@@ -34,11 +36,14 @@ class ControllerConfig:
     cooldown: int = field(default=16, metadata={"help": "rounds between two switches"})
     candidates: int = field(default=24, metadata={"help": "ranked strategies re-scored"})
     horizon_rounds: int = field(default=64, metadata={"help": "rounds a switch is amortised"})
+    probe_after: int = field(
+        default=64, metadata={"help": "rounds without drafts before probing a drafting strategy"}
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.ema <= 1:
             raise ValueError(f"ema must lie in (0, 1], got {self.ema}")
-        for name in ("patience", "candidates", "horizon_rounds"):
+        for name in ("patience", "candidates", "horizon_rounds", "probe_after"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.epsilon < 0 or self.hysteresis < 0 or self.cooldown < 0:
@@ -109,9 +114,17 @@ class OnlineController:
         s: Strategy = stats.strategy
         if "switch" in stats.step_s:  # the loop reports what re-capture and re-selection cost
             self.switch_cost_s = float(stats.step_s["switch"])
-        if not stats.drafted:
-            return None
         key = strategy_id(s)
+        if not stats.drafted:
+            # A strategy that drafts nothing observes no acceptance, so it could never leave:
+            # after ``probe_after`` rounds, go back to the best-ranked drafting strategy.
+            if self.switches and stats.round - self._last_switch >= cfg.probe_after:
+                regime = self._ranked_regime(max(stats.context_lens))
+                probe = self._probe_strategy(regime)
+                if probe is not None:
+                    self._log_switch(stats.round, key, probe, "probe", None, None, 0.0)
+                    return probe
+            return None
         tokens = stats.mean_accepted + 1.0
         if key != self._strategy_key:  # a new strategy: its own acceptance history
             self._strategy_key, self._ema_tokens, self._deviating = key, tokens, 0
@@ -127,19 +140,32 @@ class OnlineController:
         self._deviating = 0
         if best is None:
             return None
-        self._last_switch = stats.round
+        self._log_switch(stats.round, key, best, "acceptance", self._alpha, expected, gain)
+        return best
+
+    def _log_switch(self, round_: int, key: str, to: Strategy, reason: str, observed,
+                    expected, gain: float) -> None:  # fmt: skip
+        self._last_switch = round_
         self.switches.append(
             {
-                "round": stats.round,
+                "round": round_,
                 "from": key,
-                "to": strategy_id(best),
-                "observed_alpha": self._alpha,
+                "to": strategy_id(to),
+                "reason": reason,
+                "observed_alpha": observed,
                 "expected_alpha": expected,
                 "predicted_gain": gain,
                 "switch_cost_s": self.switch_cost_s,
             }
         )
-        return best
+
+    def _probe_strategy(self, regime: str) -> Strategy | None:
+        """The regime's best-ranked strategy that drafts (None when none does)."""
+        for r in self.ranking["regimes"][regime]["ranking"]:
+            s = strategy_from_json(r["strategy"])
+            if parse_tree(s.tree):
+                return s
+        return None
 
     def _rescore(self, current: Strategy, regime: str, context_len: int, expected: float):
         """Best candidate under the observed acceptance, or (None, 0) when none is worth it."""

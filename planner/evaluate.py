@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import glob
 import json
 import math
@@ -177,17 +178,19 @@ class Bench:
     repeats: int = 2
     log: object = print
     cache: RunCache | None = None
+    temperature: float = 0.0
+
+    def decode(self, record_stats: bool = False, seed: int = 0):
+        from engine.settings import DecodeConfig
+
+        return DecodeConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                            seed=seed, record_stats=record_stats)  # fmt: skip
 
     def run(self, key: str, fn, *args, **kwargs) -> dict:
         """``fn(*args, **kwargs)`` (a JSON-able dict of one run's figures), through the cache
         when there is one."""
         call = functools.partial(fn, *args, **kwargs)
         return call() if self.cache is None else self.cache.get(key, call)
-
-    def decode(self, record_stats: bool = False):
-        from engine.settings import DecodeConfig
-
-        return DecodeConfig(max_new_tokens=self.max_new_tokens, record_stats=record_stats)
 
     def runnable(self, s: Strategy) -> str | None:
         """Why the engine cannot run ``s`` (None when it can)."""
@@ -222,12 +225,22 @@ def steady_figures(result) -> dict:
 
 
 def run_once(bench: Bench, strategy: Strategy, prompt: list[int], controller=None,
-             record_stats: bool = False):  # fmt: skip
+             record_stats: bool = False, seed: int = 0):  # fmt: skip
+    """One ``generate`` call, with Python's garbage collector held off while it runs (as a
+    benchmark harness does: a collection pause of tens of ms in a 50 ms run is noise, not the
+    strategy)."""
     from engine.loop import Engine
 
-    eng = Engine(bench.target, strategy, bench.decode(record_stats), draft_runner=bench.draft,
-                 controller=controller)  # fmt: skip
-    return eng.generate([prompt])
+    eng = Engine(bench.target, strategy, bench.decode(record_stats, seed),
+                 draft_runner=bench.draft, controller=controller)  # fmt: skip
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return eng.generate([prompt])
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -245,23 +258,23 @@ def measure(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> di
     sid = strategy_id(strategy)
     return _median_run(
         [
-            bench.run(f"{key}|{sid}|{i}", steady_run, bench, strategy, prompt)
+            bench.run(f"{key}|{sid}|{i}", steady_run, bench, strategy, prompt, seed=i)
             for i in range(bench.repeats)
         ]
     )
 
 
-def steady_run(bench: Bench, strategy: Strategy, prompt: list[int]) -> dict:
+def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0) -> dict:
     """One run's steady figures."""
-    return steady_figures(run_once(bench, strategy, prompt))
+    return steady_figures(run_once(bench, strategy, prompt, seed=seed))
 
 
 def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: dict,
-                 profile: Profile, config: ControllerConfig) -> dict:  # fmt: skip
+                 profile: Profile, config: ControllerConfig, seed: int = 0) -> dict:  # fmt: skip
     """One run under a fresh ``OnlineController`` starting from ``strategy``: its steady
     figures and the controller's switches."""
     ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
-    return {**steady_figures(run_once(bench, strategy, prompt, controller=ctl)),
+    return {**steady_figures(run_once(bench, strategy, prompt, controller=ctl, seed=seed)),
             "switches": ctl.switches}  # fmt: skip
 
 
@@ -456,12 +469,13 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
 
         bid = strategy_id(best)
         adapt = (adaptive_run, bench, best, prompt, ranking, profile, config)
-        cold = bench.run(f"{key}|cold|{bid}", *adapt)
+        cold = bench.run(f"{key}|cold|{bid}", *adapt, seed=bench.repeats)
         # Offline best and adaptive interleaved, so a drift of the machine hits both alike.
         fixed, runs = [], []
         for i in range(bench.repeats):
-            fixed.append(bench.run(f"{key}|{bid}|{i}", steady_run, bench, best, prompt))
-            runs.append(bench.run(f"{key}|adaptive|{bid}|{i}", *adapt))
+            # Paired: both runs of repeat i draw with seed i.
+            fixed.append(bench.run(f"{key}|{bid}|{i}", steady_run, bench, best, prompt, seed=i))
+            runs.append(bench.run(f"{key}|adaptive|{bid}|{i}", *adapt, seed=i))
         row["offline_best"] = _median_run(fixed)
         row["offline_best"]["id"] = strategy_id(best)
         adaptive = _median_run(runs)
@@ -508,6 +522,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "draft_model": bench.draft_label,
         "gpu_model": bench.gpu.name,
         "max_new_tokens": bench.max_new_tokens,
+        "temperature": bench.temperature,
         "repeats": bench.repeats,
         "profile": profile.to_json(),
         "profile_reference_tree": ref_tree,

@@ -177,6 +177,31 @@ def test_controller_switches_once_when_acceptance_collapses_and_does_not_oscilla
     assert log["observed_alpha"] < log["expected_alpha"] - 0.1 and log["predicted_gain"] > 0.05
 
 
+def test_controller_leaves_a_strategy_without_drafts_by_probing():
+    """Acceptance collapses -> autoregressive decoding wins the re-score; AR observes no
+    acceptance, so after ``probe_after`` rounds the controller probes the best drafting
+    strategy again instead of staying there for good."""
+    space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
+    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    doc = rank(M, G, space, prof, regimes={"32K": 32768})
+    c = OnlineController(doc, M, G, prof, ControllerConfig(patience=2, cooldown=0, probe_after=5))
+    s = first = c.initial_strategy(30000)
+    assert parse_tree(s.tree)
+    rounds = []
+    for i in range(40):
+        drafts = len(parse_tree(s.tree))
+        new = c.after_round(Stats(i, s, (0,), drafted=drafts))
+        if new is not None:
+            rounds.append(i)
+            s = new
+    reasons = [x["reason"] for x in c.switches]
+    assert reasons[:2] == ["acceptance", "probe"], c.switches
+    assert c.switches[1]["to"] == strategy_id(first)
+    assert rounds[1] - rounds[0] == 5  # probed after exactly probe_after rounds without drafts
+    with pytest.raises(ValueError, match="probe_after must be >= 1"):
+        ControllerConfig(probe_after=0)
+
+
 def test_controller_from_a_ranking_document_and_regimes_it_lacks():
     doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
     doc = json.loads(json.dumps(doc))  # as read back from the file
@@ -192,7 +217,7 @@ def test_controller_from_a_ranking_document_and_regimes_it_lacks():
         new = c.after_round(Stats(i, s, (0,), context_lens=(70000,))) or new
     assert new is not None and c.switches
     bad = dict(doc, profile={"version": 9})
-    with pytest.raises(ValueError, match="the ranking's profile must have version 1"):
+    with pytest.raises(ValueError, match="the ranking's profile must have version 1 or 2"):
         OnlineController.from_ranking(bad)
 
 
