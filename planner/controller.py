@@ -5,8 +5,9 @@ It keeps an exponential moving average of the tokens produced per round, turns i
 per-token acceptance the current tree implies (``planner.profile.alpha_from_tokens``), and
 compares that with the acceptance the offline ranking assumed for this drafter and regime. When
 they differ by more than ``epsilon`` for ``patience`` consecutive rounds, it re-scores the
-regime's top candidates and the best-ranked strategy of every (drafter, tree) with every
-candidate's profiled acceptance shifted by the relative change observed, and switches to the
+regime's top candidates and the best-ranked strategy of every (drafter, tree) -- the current
+drafter's candidates at their profiled acceptance shifted by the relative change observed,
+another drafter's by the change last observed on it (else as profiled) -- and switches to the
 best one if it beats the current strategy's re-scored throughput by more than ``hysteresis``
 plus the measured switch cost amortised over ``horizon_rounds``, and no switch happened in the
 last ``cooldown`` rounds. Hysteresis and cooldown keep it from oscillating. A strategy that
@@ -30,8 +31,8 @@ from planner.space import strategy_id
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     epsilon: float = field(default=0.1, metadata={"help": "acceptance deviation that counts"})
-    patience: int = field(default=4, metadata={"help": "consecutive deviating rounds to act"})
-    ema: float = field(default=0.25, metadata={"help": "weight of the newest round in the EMA"})
+    patience: int = field(default=8, metadata={"help": "consecutive deviating rounds to act"})
+    ema: float = field(default=0.1, metadata={"help": "weight of the newest round in the EMA"})
     hysteresis: float = field(default=0.05, metadata={"help": "relative gain needed to switch"})
     cooldown: int = field(default=16, metadata={"help": "rounds between two switches"})
     candidates: int = field(default=24, metadata={"help": "ranked strategies re-scored"})
@@ -71,6 +72,7 @@ class OnlineController:
         self._strategy_key: str | None = None
         self._deviating = 0
         self._last_switch = -(10**9)
+        self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
 
     @classmethod
     def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
@@ -182,9 +184,13 @@ class OnlineController:
                 picked.append(r)
         cands = {strategy_id(c): c for c in (strategy_from_json(r["strategy"]) for r in picked)}
         cands[strategy_id(current)] = current
-        # Every candidate's profiled acceptance shifts by the relative change observed on the
-        # current one (which therefore scores at exactly the observed acceptance).
-        shift = self._alpha / expected if expected > 0 else 1.0
+        # The current drafter's candidates shift by the relative change observed on it (so the
+        # current strategy scores at exactly the observed acceptance); another drafter keeps
+        # the shift last observed on it, or its profile. A prompt that defeats one drafter
+        # need not defeat another (random bytes: n-gram lookup finds nothing, a draft model
+        # still follows the text the target writes), and the memory keeps two drafters from
+        # trading places on one drafter's evidence.
+        self._shift[current.drafter.kind] = self._alpha / expected if expected > 0 else 1.0
         scored, _ = score(
             self.model,
             self.gpu,
@@ -193,7 +199,7 @@ class OnlineController:
             self.profile,
             regime,
             self.batch,
-            acceptance_scale=shift,
+            acceptance_scale=dict(self._shift),
         )
         by_id = {strategy_id(x.strategy): x for x in scored}
         now = by_id[strategy_id(current)]

@@ -45,11 +45,12 @@ def score(
     profile: Profile,
     regime: str,
     batch: int = 1,
-    acceptance_scale: float = 1.0,
+    acceptance_scale: float | dict[str, float] = 1.0,
 ) -> tuple[list[Scored], str]:
     """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
     drafter model): the step model at the strategy's acceptance from ``profile``
-    (``Profile.alpha_for``, times ``acceptance_scale``, at most 1) plus the profile's loop
+    (``Profile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
+    1 for a kind it lacks --, at most 1) plus the profile's loop
     overhead per round (``loop`` in the breakdown)."""
     if not strategies:
         return [], "none"
@@ -61,7 +62,9 @@ def score(
     for draft_model, group in by_draft.items():
         points = []
         for s in group:
-            alpha = min(1.0, profile.alpha_for(regime, s) * acceptance_scale)
+            scale = (acceptance_scale.get(s.drafter.kind, 1.0)
+                     if isinstance(acceptance_scale, dict) else acceptance_scale)  # fmt: skip
+            alpha = min(1.0, profile.alpha_for(regime, s) * scale)
             w = Workload(
                 context_len=context_len,
                 batch=batch,

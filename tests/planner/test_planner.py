@@ -202,6 +202,27 @@ def test_controller_leaves_a_strategy_without_drafts_by_probing():
         ControllerConfig(probe_after=0)
 
 
+def test_controller_moves_to_another_drafter_when_only_its_own_collapses():
+    """The n-gram drafter finds nothing (random bytes): the controller re-scores the n-gram
+    candidates with the collapse it saw, the EAGLE ones as profiled, so it goes to EAGLE --
+    not to autoregressive decoding -- and, EAGLE then doing as profiled, stays there."""
+    space = dataclasses.replace(SMALL, drafters=("ngram", "eagle"), trees=("chain:0", "chain:6"),
+                                modes=("dense",))  # fmt: skip
+    prof = Profile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.85}})
+    doc = rank(M, G, space, prof, regimes={"32K": 32768})
+    first = strategy_from_json(doc["regimes"]["32K"]["ranking"][0]["strategy"])
+    assert first.drafter.kind == "ngram"
+    c = OnlineController(doc, M, G, prof, ControllerConfig(patience=3, cooldown=4))
+    s = c.initial_strategy(30000)
+    e6 = round(tree_expected_tokens(parse_tree("chain:6"), 0.8) - 1)
+    for i in range(60):
+        acc = 0 if s.drafter.kind == "ngram" else e6  # EAGLE accepts what its profile says
+        new = c.after_round(Stats(i, s, (acc,)))
+        s = new or s
+    assert [x["reason"] for x in c.switches] == ["acceptance"], c.switches
+    assert s.drafter.kind == "eagle" and parse_tree(s.tree)
+
+
 def test_controller_from_a_ranking_document_and_regimes_it_lacks():
     doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
     doc = json.loads(json.dumps(doc))  # as read back from the file
