@@ -31,8 +31,8 @@ from planner.space import strategy_id
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     epsilon: float = field(default=0.1, metadata={"help": "acceptance deviation that counts"})
-    patience: int = field(default=8, metadata={"help": "consecutive deviating rounds to act"})
-    ema: float = field(default=0.1, metadata={"help": "weight of the newest round in the EMA"})
+    patience: int = field(default=16, metadata={"help": "consecutive deviating rounds to act"})
+    ema: float = field(default=0.05, metadata={"help": "weight of the newest round in the EMA"})
     hysteresis: float = field(default=0.05, metadata={"help": "relative gain needed to switch"})
     cooldown: int = field(default=16, metadata={"help": "rounds between two switches"})
     candidates: int = field(default=24, metadata={"help": "ranked strategies re-scored"})
@@ -62,12 +62,17 @@ class OnlineController:
         profile: Profile,
         config: ControllerConfig | None = None,
         batch: int = 1,
+        switch_cost_s: float = 0.0,
     ):
+        """``switch_cost_s``: what a switch is known to cost before this controller has seen
+        one (e.g. measured on earlier requests); each switch it makes then measures its own."""
         self.ranking, self.model, self.gpu, self.profile = ranking, model, gpu, profile
         self.config = config or ControllerConfig()
         self.batch = batch
         self.switches: list[dict] = []
-        self.switch_cost_s = 0.0
+        if not switch_cost_s >= 0:
+            raise ValueError(f"switch_cost_s must be >= 0, got {switch_cost_s}")
+        self.switch_cost_s = float(switch_cost_s)
         self._ema_tokens: float | None = None
         self._strategy_key: str | None = None
         self._deviating = 0

@@ -20,8 +20,9 @@ Four phases, all on one pair of model runners (target and draft) built once:
    off it): (a) a fixed default (the ``ssv`` baseline on the draft model), (b) the fixed
    offline best of the regime, (c) ``OnlineController`` starting from (b). The adaptive run
    goes twice: the first (cold) captures the CUDA graphs and compiles the kernels of whatever
-   it switches to -- its switch costs are reported -- then (b) and (c) alternate ``repeats``
-   times (medians), as a server that keeps its candidates' graphs would run them.
+   it switches to -- its switch costs are reported, and their mean is what the timed runs'
+   controllers know a switch costs before they make one -- then (b) and (c) alternate
+   ``repeats`` times (medians), as a server that keeps its candidates' graphs would run them.
    ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread.
 
 Tokens/s of every run: generated tokens over round wall time plus the controller's switch
@@ -270,10 +271,12 @@ def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 
 
 
 def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: dict,
-                 profile: Profile, config: ControllerConfig, seed: int = 0) -> dict:  # fmt: skip
-    """One run under a fresh ``OnlineController`` starting from ``strategy``: its steady
-    figures and the controller's switches."""
-    ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config)
+                 profile: Profile, config: ControllerConfig, seed: int = 0,
+                 switch_cost_s: float = 0.0) -> dict:  # fmt: skip
+    """One run under a fresh ``OnlineController`` starting from ``strategy`` (knowing
+    ``switch_cost_s`` from earlier runs): its steady figures and the controller's switches."""
+    ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config,
+                           switch_cost_s=switch_cost_s)  # fmt: skip
     return {**steady_figures(run_once(bench, strategy, prompt, controller=ctl, seed=seed)),
             "switches": ctl.switches}  # fmt: skip
 
@@ -470,17 +473,23 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         bid = strategy_id(best)
         adapt = (adaptive_run, bench, best, prompt, ranking, profile, config)
         cold = bench.run(f"{key}|cold|{bid}", *adapt, seed=bench.repeats)
+        # What the cold run's switches cost (host time of the switch: restarting a drafter on
+        # the context, re-preparing attention) is known to the timed runs' controllers, as a
+        # server knows it from earlier requests.
+        known_cost = cold["switch_s"] / len(cold["switches"]) if cold["switches"] else 0.0
         # Offline best and adaptive interleaved, so a drift of the machine hits both alike.
         fixed, runs = [], []
         for i in range(bench.repeats):
             # Paired: both runs of repeat i draw with seed i.
             fixed.append(bench.run(f"{key}|{bid}|{i}", steady_run, bench, best, prompt, seed=i))
-            runs.append(bench.run(f"{key}|adaptive|{bid}|{i}", *adapt, seed=i))
+            runs.append(bench.run(f"{key}|adaptive|{bid}|{i}", *adapt, seed=i,
+                                  switch_cost_s=known_cost))  # fmt: skip
         row["offline_best"] = _median_run(fixed)
         row["offline_best"]["id"] = strategy_id(best)
         adaptive = _median_run(runs)
         adaptive["cold"] = {"tokens_per_s": cold["tokens_per_s"], "switch_s": cold["switch_s"],
                             "switches": cold["switches"]}  # fmt: skip
+        adaptive["known_switch_cost_s"] = known_cost
         row["adaptive"] = adaptive
         row["adaptive_gain"] = adaptive["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
         # Without a switch the adaptive run decodes what the offline best does: its "gain" is
