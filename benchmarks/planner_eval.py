@@ -30,7 +30,7 @@ import sys
 import time
 
 from planner.controller import ControllerConfig
-from planner.evaluate import PROMPT_SETS, Bench, RunCache, evaluate, summary_table
+from planner.evaluate import PROMPT_SETS, Bench, RunCache, evaluate, make_bench, summary_table
 from planner.profile import REGIMES, regime_of
 from planner.space import MAX_KERNEL_ROWS, SpaceSpec
 from ssvkit.options import atomic_write, parse_int_list
@@ -65,39 +65,10 @@ def parse_args(argv=None):
 
 
 def build_bench(args) -> Bench:
-    import torch
-
-    from engine.checkpoint import build_model, resolve_source
-    from engine.runner import ModelRunner
-    from perfmodel.hardware import get_gpu
-    from perfmodel.models import get_model
-
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available()
-                                                        else "cpu")  # fmt: skip
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    cuda = device == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    backend = "triton" if cuda else "torch"
     contexts = parse_int_list(args.contexts, "--contexts")
     actx = parse_int_list(args.adaptive_context, "--adaptive-context")[0]
-    t_max = max(contexts + [actx]) + args.new_tokens + 64 + 1
-    tsrc, dsrc = resolve_source(args.model), resolve_source(args.draft_model)
-    runners = []
-    for src in (tsrc, dsrc):
-        model = build_model(src, max_positions=t_max, device=device, dtype=dtype)
-        runners.append(ModelRunner(model, batch=1, t_max=t_max, backend=backend, use_graphs=cuda))
-    return Bench(
-        target=runners[0],
-        draft=runners[1],
-        model=get_model(str(tsrc.path)),
-        gpu=get_gpu(args.gpu),
-        draft_label=str(dsrc.path),
-        max_new_tokens=args.new_tokens,
-        repeats=args.repeats,
-        temperature=args.temperature,
-        log=lambda m: print(m, flush=True),
-    )
+    return make_bench(args.model, args.draft_model, max(contexts + [actx]), args.new_tokens,
+                      args.repeats, args.device, args.gpu, args.temperature)  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -209,8 +209,47 @@ class Bench:
         return None
 
 
+def make_bench(model: str, draft_model: str, max_context: int, new_tokens: int, repeats: int,
+               device: str = "auto", gpu: str = "h100-sxm",
+               temperature: float = 0.0) -> Bench:  # fmt: skip
+    """Target and draft runners (batch 1, room for ``max_context`` plus the new tokens and a
+    tree), bf16 Triton kernels and CUDA graphs on the GPU, fp32 torch on the CPU."""
+    import torch
+
+    from engine.checkpoint import build_model, resolve_source
+    from engine.runner import ModelRunner
+    from perfmodel.hardware import get_gpu
+    from perfmodel.models import get_model
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    backend = "triton" if cuda else "torch"
+    t_max = max_context + new_tokens + 64 + 1
+    tsrc, dsrc = resolve_source(model), resolve_source(draft_model)
+    runners = []
+    for src in (tsrc, dsrc):
+        m = build_model(src, max_positions=t_max, device=device, dtype=dtype)
+        runners.append(ModelRunner(m, batch=1, t_max=t_max, backend=backend, use_graphs=cuda))
+    return Bench(
+        target=runners[0],
+        draft=runners[1],
+        model=get_model(str(tsrc.path)),
+        gpu=get_gpu(gpu),
+        draft_label=str(dsrc.path),
+        max_new_tokens=new_tokens,
+        repeats=repeats,
+        log=lambda m: print(m, flush=True),
+        temperature=temperature,
+    )
+
+
 def steady_figures(result) -> dict:
-    """tokens/s, mean accepted and round count of a run, without round 0 (see the module)."""
+    """tokens/s, mean accepted, round count and mean step times (CUDA events on the GPU) of a
+    run, without round 0 (see the module)."""
     rounds = result.rounds[1:] or result.rounds
     tokens = sum(r.tokens for r in rounds)
     wall = sum(r.wall_s for r in rounds)
@@ -221,6 +260,8 @@ def steady_figures(result) -> dict:
         "rounds": len(rounds),
         "wall_s": wall,
         "switch_s": switch,
+        "steps_s": {k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
+                    for k in ("draft", "verify", "accept")},  # fmt: skip
         "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
     }
 

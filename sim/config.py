@@ -195,6 +195,11 @@ class SimConfig:
         default=0.9, metadata={"help": "device-memory share for weights + KV cache"}
     )
     context_bucket: int = field(default=1024, metadata={"help": "cost-table context step"})
+    loop_overhead_s: float = field(
+        default=0.0,
+        metadata={"help": "host time per round the step model leaves out (e.g. a planner "
+                          "profile's fitted loop overhead); 0 = the step model alone"},
+    )  # fmt: skip
     timeline_rounds: int = field(
         default=48, metadata={"help": "rounds/steps drawn in the Chrome trace and Gantt"}
     )
@@ -213,6 +218,7 @@ class SimConfig:
         _check_int(self, ("context_bucket",), 16)
         _check_int(self, ("batch", "kv_capacity_tokens", "timeline_rounds", "seed"), 0)
         _check_range(self, ("acceptance", "overlap", "layer_overlap"), 0.0, 1.0)
+        _check_range(self, ("loop_overhead_s",), 0.0, 1.0)
         _check_range(self, ("overlap_spread",), 0.0, 0.5)
         _check_range(self, ("length_spread",), 0.0, 3.0)
         _check_range(self, ("memory_fraction",), 0.0, 1.0, lo_open=True)

@@ -5,9 +5,11 @@ A batch of sequences decodes in lockstep; a sequence leaves when it has its toke
 is a simpy generator whose only source of time is ``yield env.timeout(cost)`` with the cost from
 the round's cost table (``sim.tables.loop_table``). Round granularity (default) lumps each
 stage into one event per round: drafting, the selection of all refresh layers, the rest of the
-verification forward, acceptance; their sum is perfmodel's ``round_s``. ``per_layer`` runs one
-event per draft level and per layer instead (refresh layers select, reuse layers inherit, each
-layer's attention at its own group overlap), which is what the Gantt and traces show in detail.
+verification forward, acceptance; their sum is perfmodel's ``round_s`` (plus ``host_s``, the
+loop's host time per round, which the acceptance step carries when it is set). ``per_layer``
+runs one event per draft level and per layer instead (refresh layers select, reuse layers
+inherit, each layer's attention at its own group overlap), which is what the Gantt and traces
+show in detail.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class DecodeLoop:
         group_overlap,
         layer_overlap,
         per_layer: bool = False,
+        host_s: float = 0.0,
     ):
         self.env = env
         self.grid = grid
@@ -58,6 +61,7 @@ class DecodeLoop:
         self.group_overlap = group_overlap
         self.layer_overlap = layer_overlap
         self.per_layer = per_layer
+        self.host_s = host_s
         self.refresh = schedule_every(num_layers, strategy.refresh_every).tolist()
         self.sparse = strategy.is_sparse
         self.tokens = 0
@@ -116,10 +120,11 @@ class DecodeLoop:
         yield env.timeout(head)
 
     def acceptor(self, q, spans):
-        if q[3] > 0:
+        dt = q[3] + self.host_s  # the loop's host time per round goes with acceptance
+        if dt > 0:
             if spans:
-                self.rec.span("acceptor", "accept", self.env.now, q[3])
-            yield self.env.timeout(q[3])
+                self.rec.span("acceptor", "accept", self.env.now, dt)
+            yield self.env.timeout(dt)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self):

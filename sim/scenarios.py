@@ -177,6 +177,7 @@ def run_loop(s: Setup):
         g_proc,
         c_proc,
         cfg.per_layer,
+        cfg.loop_overhead_s,
     )
     env.process(loop.run())
     t0 = time.perf_counter()
@@ -184,10 +185,11 @@ def run_loop(s: Setup):
     wall = time.perf_counter() - t0
     mid = int(round(np.mean([r.prompt_len + r.target_tokens / 2 for r in reqs])))
     pred = analytic_round(s, mid, b)
-    analytic = b * acc.expected_tokens() / float(pred.round_s[0])
+    round_s = float(pred.round_s[0]) + cfg.loop_overhead_s
+    analytic = b * acc.expected_tokens() / round_s
     extras = {
         "expected_tokens_per_round": figure(acc.expected_tokens(), "tokens", f"model:{acc.name}"),
-        "analytic_round_s": figure(float(pred.round_s[0]), "s", pred.provenance),
+        "analytic_round_s": figure(round_s, "s", pred.provenance),
     }
     return rec, LANES, loop.tokens, env.now, wall, analytic, pred.provenance, extras
 

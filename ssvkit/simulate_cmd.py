@@ -40,6 +40,7 @@ RUN_FIELDS = (
     "acceptance_model",
     "acceptance_table",
     "trace",
+    "loop_overhead_s",
     "overlap",
     "overlap_spread",
     "layer_overlap",
