@@ -49,7 +49,7 @@ from perfmodel.strategy import Strategy, Workload, parse_tree, tree_expected_tok
 PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 # Loop overhead per round = sum of coefficient x feature (``overhead_features``).
-OVERHEAD_TERMS = ("round", "draft_model", "node", "draft_level", "sparse")
+OVERHEAD_TERMS = ("round", "speculative", "draft_model", "node", "draft_level", "sparse")
 REGIMES = {"<=4K": 4096, "8K": 8192, "16K": 16384, "32K": 32768, "64K+": 65536}
 
 
@@ -74,12 +74,15 @@ def attention_key(s: Strategy) -> str | None:
 
 
 def overhead_features(s: Strategy) -> np.ndarray:
-    """The features of ``OVERHEAD_TERMS`` for a strategy: 1 per round, 1 when a draft model
-    drafts, tree nodes, draft levels (tree depth) of a draft model, 1 for sparse attention."""
+    """The features of ``OVERHEAD_TERMS`` for a strategy: 1 per round, 1 when it drafts at all
+    (an autoregressive round has no drafting, tree or acceptance work on the host), 1 when a
+    draft model drafts, tree nodes, draft levels (tree depth) of a draft model, 1 for sparse
+    attention."""
     parents = parse_tree(s.tree)
     depth = max(node_depths_ranks(list(parents))[0], default=0)
-    dm = float(s.drafter.kind == "draft_model" and len(parents) > 0)
-    return np.array([1.0, dm, float(len(parents)), depth * dm, float(s.is_sparse)])
+    spec = float(len(parents) > 0)
+    dm = float(s.drafter.kind == "draft_model") * spec
+    return np.array([1.0, spec, dm, float(len(parents)), depth * dm, float(s.is_sparse)])
 
 
 def fit_overhead(strategies: list[Strategy], residual_s: list[float]) -> tuple[dict, dict]:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from planner.evaluate import pick, prompt_tokens, ranking_quality, steady_figures
+from planner.profile import OVERHEAD_TERMS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert len(prof["attention"]) == 16 and all("top16x64w512" in k for k in prof["attention"])
     assert all(math.isfinite(f) and f >= 0 for f in prof["attention"].values())
     assert set(prof["overlap"]) == {"bfs", "dfs", "position"}
-    assert set(prof["overhead"]) == {"round", "draft_model", "node", "draft_level", "sparse"}
+    assert set(prof["overhead"]) == set(OVERHEAD_TERMS)
     assert all(c >= 0 for c in prof["overhead"].values())
     fit = doc["profile_overhead_fits"]["<=4K"]
     assert fit["rows"] >= 6 + 16 and fit["rms_s"] >= 0
