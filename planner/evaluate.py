@@ -260,8 +260,10 @@ def steady_figures(result) -> dict:
         "rounds": len(rounds),
         "wall_s": wall,
         "switch_s": switch,
-        "steps_s": {k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
-                    for k in ("draft", "verify", "accept")},  # fmt: skip
+        "steps_s": {
+            k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
+            for k in ("draft", "verify", "accept")
+        },
         "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
     }
 
