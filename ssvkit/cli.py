@@ -17,6 +17,7 @@ from ssvkit import (
     predict_cmd,
     rank_cmd,
     registry_cmd,
+    report_cmd,
     simulate_cmd,
     sweep_cmd,
     train_tiny_cmd,
@@ -36,6 +37,7 @@ COMMANDS = {
     "plot": plot_cmd,
     "decode": decode_cmd,
     "train-tiny": train_tiny_cmd,
+    "report": report_cmd,
 }
 
 

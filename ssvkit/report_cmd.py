@@ -1,0 +1,75 @@
+"""``ssvkit report``: the end-to-end validation report from committed measurements only.
+
+ssvkit report                          # writes docs/validation/REPORT.md and its PNGs
+ssvkit report --out DIR --json         # elsewhere; the report as JSON on stdout
+ssvkit report --check                  # exit 1 when a target is missed
+
+``calibration.report`` says what each section compares and which data file it reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ssvkit.options import atomic_write
+
+HELP = "end-to-end validation report (measured vs predicted) from committed data"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--gpu", default="h100-sxm", help="registry GPU of the kernel profile")
+    p.add_argument("--campaign", default=None,
+                   help="campaign JSON (default docs/validation/campaign.json)")  # fmt: skip
+    p.add_argument("--planner", default=None,
+                   help="planner evaluation (default docs/validation/planner.json)")  # fmt: skip
+    p.add_argument("--out", default=None,
+                   help="folder for REPORT.md and PNGs (default docs/validation)")  # fmt: skip
+    p.add_argument("--no-files", action="store_true", help="write nothing, print only")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a target is missed (verify-step median APE <= 8%%, tokens/s <= 10%%, "
+        "speedup ratio <= 8%%)",
+    )
+
+
+def _table(rep: dict) -> str:
+    e = rep["e2e"]
+    lines = ["figure                      n   median     p90     max"]
+    for name, key in (("verify step", "verify"), ("round time", "round"),
+                      ("tokens/s", "tokens_per_s"), ("speedup vs ar_dense", "speedup"),
+                      ("simulator vs measured", "simulator")):  # fmt: skip
+        d = e.get(key)
+        if d and d.get("n"):
+            lines.append(f"{name:24s} {d['n']:4d} {100 * d['median_ape']:7.1f}% "
+                         f"{100 * d['p90_ape']:6.1f}% {100 * d['max_ape']:6.1f}%")  # fmt: skip
+    for name, t in rep["targets"].items():
+        lines.append(f"{name:28s} {100 * t['value']:6.1f}%  (<= {100 * t['threshold']:.0f}%)  "
+                     f"{'met' if t['met'] else 'MISSED'}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from calibration.report import ROOT, build, markdown, plots
+
+    out = Path(args.out) if args.out else ROOT / "docs" / "validation"
+    if not args.no_files and not out.is_dir():
+        raise ValueError(f"--out folder {str(out)!r} does not exist")
+    rep = build(args.gpu, args.campaign, args.planner)
+    if not args.no_files:
+        try:
+            prefix = "../" * len(out.resolve().relative_to(ROOT).parts)
+        except ValueError:
+            prefix = str(ROOT) + "/"
+        for name, data in plots(rep).items():
+            atomic_write(out / name, data)
+        atomic_write(out / "REPORT.md", markdown(rep, prefix))
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(_table(rep))
+    if args.check and not all(t["met"] for t in rep["targets"].values()):
+        return 1
+    return 0

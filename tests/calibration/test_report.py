@@ -1,0 +1,74 @@
+"""``ssvkit report``: the end-to-end validation report from the committed campaign, planner
+evaluation and kernel rows."""
+
+import json
+import math
+
+import pytest
+
+from calibration import report as rpt
+from ssvkit.cli import main
+
+
+@pytest.fixture(scope="module")
+def rep():
+    return rpt.build()
+
+
+def test_report_compares_every_baseline_at_every_context(rep):
+    camp = json.loads((rpt.ROOT / "docs/validation/campaign.json").read_text())
+    pairs = {(r["baseline"], r["context_len"]) for r in camp["rows"]}
+    e = rep["e2e"]
+    assert {(r["baseline"], r["context_len"]) for r in e["rows"]} == pairs
+    assert {r["baseline"] for r in e["rows"]} == set(rpt.BASELINE_ORDER)
+    for r in e["rows"]:
+        for side in ("measured", "predicted"):
+            for k in ("tokens_per_s", "verify_s", "round_s"):
+                assert math.isfinite(r[side][k]) and r[side][k] > 0, (r["baseline"], side, k)
+        # The prediction is at the measured acceptance: same tokens per round.
+        assert r["predicted"]["tokens_per_round"] == pytest.approx(
+            r["measured"]["tokens_per_round"], rel=1e-3
+        )
+        sim = r["simulated"]
+        assert sim["rounds"] > 10 and sim["tokens_per_s"] > 0
+    contexts = {c for _, c in pairs}
+    assert len(e["speedups"]) == len(pairs) - len(contexts)  # all but ar_dense, per context
+    for key in ("verify", "tokens_per_s", "round", "speedup", "simulator"):
+        assert e[key]["n"] > 0 and 0 <= e[key]["median_ape"] <= e[key]["max_ape"]
+    assert set(rep["targets"]) == set(rpt.TARGETS)
+    for t in rep["targets"].values():
+        assert t["met"] == (t["value"] <= t["threshold"])
+    assert rep["kernels"]["overall"]["heldout"]["n"] > 100
+    assert set(rep["planner"]["kendall_tau"]) == set(rep["planner"]["regret"])
+
+
+def test_simulator_replays_the_measured_acceptance(rep):
+    """With the same costs, the simulator's tokens/s differs from the analytic prediction only
+    by the replayed acceptance sequence vs its mean: close, but computed independently."""
+    for r in rep["e2e"]["rows"]:
+        sim, pred = r["simulated"]["tokens_per_s"], r["predicted"]["tokens_per_s"]
+        assert sim == pytest.approx(pred, rel=0.15), r["baseline"]
+
+
+def test_report_cli_writes_the_report_and_checks_targets(tmp_path, capsys, monkeypatch):
+    rc = main(["report", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "speedup vs ar_dense" in out
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "docs/validation/campaign.json" in md and "docs/validation/planner.json" in md
+    assert "calibration/profiles/h100-sxm" in md and "ssv_planned" in md
+    for png in ("verify.png", "tokens_per_s.png", "speedup.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    missed = not all(t["met"] for t in rpt.build()["targets"].values())
+    assert main(["report", "--no-files", "--check"]) == (1 if missed else 0)
+    monkeypatch.setattr(rpt, "TARGETS", {k: 10.0 for k in rpt.TARGETS})
+    assert main(["report", "--no-files", "--check"]) == 0
+    capsys.readouterr()
+    assert main(["report", "--out", str(tmp_path / "nope")]) == 2
+    assert "--out folder" in capsys.readouterr().err
+    assert main(["report", "--no-files", "--campaign", str(tmp_path / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 7}))
+    assert main(["report", "--no-files", "--campaign", str(bad)]) == 2
+    assert "not a version-1 campaign" in capsys.readouterr().err
