@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.strategy import Strategy, parse_tree
-from planner.profile import Profile, alpha_from_tokens, profile_from_json, regime_of
+from planner.profile import (
+    Profile,
+    alpha_from_tokens,
+    expected_tokens,
+    profile_from_json,
+    regime_of,
+)
 from planner.rank import score, strategy_from_json
 from planner.space import strategy_id
 
@@ -78,6 +84,8 @@ class OnlineController:
         self._deviating = 0
         self._last_switch = -(10**9)
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
+        self._cands: dict[str, dict[str, Strategy]] = {}
+        self._round_cache: dict[str, dict[str, float]] = {}
 
     @classmethod
     def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
@@ -174,20 +182,50 @@ class OnlineController:
                 return s
         return None
 
+    def _candidates(self, regime: str) -> dict[str, Strategy]:
+        """The regime's top candidates, plus the best-ranked strategy of every (drafter, tree):
+        a change in acceptance mostly moves the best tree, which the top of one ranking may
+        not hold."""
+        if regime not in self._cands:
+            ranked = self.ranking["regimes"][regime]["ranking"]
+            picked = ranked[: self.config.candidates]
+            seen = set()
+            for r in ranked:
+                key = (r["strategy"]["drafter"]["kind"], r["strategy"]["tree"])
+                if key not in seen:
+                    seen.add(key)
+                    picked.append(r)
+            strategies = (strategy_from_json(r["strategy"]) for r in picked)
+            self._cands[regime] = {strategy_id(c): c for c in strategies}
+        return self._cands[regime]
+
+    def _round_s(self, regime: str, strategies: list[Strategy]) -> dict[str, float]:
+        """Predicted round time (step model + loop overhead) per strategy at the regime's
+        ranked context, computed once per strategy: it does not depend on acceptance, so a
+        re-score only recomputes tokens per round (a full ``score`` call takes ~15-30 ms of
+        host time, more than ten 1-ms decode rounds)."""
+        cache = self._round_cache.setdefault(regime, {})
+        missing = [s for s in strategies if strategy_id(s) not in cache]
+        if missing:
+            ctx = self.ranking["regimes"][regime]["context_len"]
+            scored, _ = score(self.model, self.gpu, missing, ctx, self.profile, regime, self.batch)
+            cache.update({strategy_id(x.strategy): x.round_s for x in scored})
+        return cache
+
+    def warm(self) -> None:
+        """Score every ranked regime's candidates and tabulate their trees' expected tokens
+        now, before decoding starts (tens of ms per tree the first time), so that no round
+        of the loop pays for it."""
+        for regime in self.ranking["regimes"]:
+            cands = list(self._candidates(regime).values())
+            self._round_s(regime, cands)
+            for c in cands:
+                expected_tokens(c.tree, 0.5)
+
     def _rescore(self, current: Strategy, regime: str, context_len: int, expected: float):
         """Best candidate under the observed acceptance, or (None, 0) when none is worth it."""
         cfg = self.config
-        ranked = self.ranking["regimes"][regime]["ranking"]
-        # The top candidates, plus the best-ranked strategy of every (drafter, tree): a change
-        # in acceptance mostly moves the best tree, which the top of one ranking may not hold.
-        picked = ranked[: cfg.candidates]
-        seen = set()
-        for r in ranked:
-            key = (r["strategy"]["drafter"]["kind"], r["strategy"]["tree"])
-            if key not in seen:
-                seen.add(key)
-                picked.append(r)
-        cands = {strategy_id(c): c for c in (strategy_from_json(r["strategy"]) for r in picked)}
+        cands = dict(self._candidates(regime))
         cands[strategy_id(current)] = current
         # The current drafter's candidates shift by the relative change observed on it (so the
         # current strategy scores at exactly the observed acceptance); another drafter keeps
@@ -196,25 +234,20 @@ class OnlineController:
         # still follows the text the target writes), and the memory keeps two drafters from
         # trading places on one drafter's evidence.
         self._shift[current.drafter.kind] = self._alpha / expected if expected > 0 else 1.0
-        scored, _ = score(
-            self.model,
-            self.gpu,
-            list(cands.values()),
-            context_len,
-            self.profile,
-            regime,
-            self.batch,
-            acceptance_scale=dict(self._shift),
-        )
-        by_id = {strategy_id(x.strategy): x for x in scored}
-        now = by_id[strategy_id(current)]
-        top = scored[0]
-        if strategy_id(top.strategy) == strategy_id(current):
+        round_s = self._round_s(regime, list(cands.values()))
+        tpr, tps = {}, {}
+        for sid, c in cands.items():
+            a = min(1.0, self.profile.alpha_for(regime, c) * self._shift.get(c.drafter.kind, 1.0))
+            tpr[sid] = expected_tokens(c.tree, a)
+            tps[sid] = self.batch * tpr[sid] / round_s[sid]
+        now_id = strategy_id(current)
+        top_id = max(tps, key=lambda k: (tps[k], k == now_id))
+        if top_id == now_id:
             return None, 0.0
         # Time per token now vs after switching, the switch cost spread over the horizon.
-        per_tok_now = 1.0 / now.tokens_per_s
-        per_tok_new = 1.0 / top.tokens_per_s + self.switch_cost_s / (
-            cfg.horizon_rounds * top.tokens_per_round * self.batch
+        per_tok_now = 1.0 / tps[now_id]
+        per_tok_new = 1.0 / tps[top_id] + self.switch_cost_s / (
+            cfg.horizon_rounds * tpr[top_id] * self.batch
         )
         gain = per_tok_now / per_tok_new - 1.0
-        return (top.strategy, gain) if gain > cfg.hysteresis else (None, gain)
+        return (cands[top_id], gain) if gain > cfg.hysteresis else (None, gain)

@@ -320,6 +320,7 @@ def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: d
     ``switch_cost_s`` from earlier runs): its steady figures and the controller's switches."""
     ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config,
                            switch_cost_s=switch_cost_s)  # fmt: skip
+    ctl.warm()  # before decoding, as a server scores its candidates before requests arrive
     return {**steady_figures(run_once(bench, strategy, prompt, controller=ctl, seed=seed)),
             "switches": ctl.switches}  # fmt: skip
 

@@ -224,6 +224,15 @@ def _tokens_table(tree: str) -> tuple[np.ndarray, np.ndarray]:
     return alphas, np.array([tree_expected_tokens(parents, a) for a in alphas])
 
 
+def expected_tokens(tree: str, alpha: float) -> float:
+    """``tree_expected_tokens`` by interpolation on the cached grid (within 1e-5 of it): what
+    the controller evaluates for every candidate at every re-score."""
+    if not parse_tree(tree):
+        return 1.0
+    alphas, tokens = _tokens_table(tree)
+    return float(np.interp(min(max(alpha, 0.0), alphas[-1]), alphas, tokens))
+
+
 def alpha_from_tokens(tree: str, tokens_per_round: float) -> float:
     """The per-token acceptance that makes ``tree``'s expected tokens per round equal the
     observed mean (the inverse of ``tree_expected_tokens``, monotone in alpha; interpolated on a

@@ -120,6 +120,7 @@ def _controller_and_strategy(args, context: int, draft_name: str | None):
         raise ValueError("--ranking chooses the strategy and the controller: drop --controller, "
                          "--strategy and the strategy fields")  # fmt: skip
     ctl = OnlineController.from_ranking(load_ranking(args.ranking), batch=args.batch)
+    ctl.warm()  # score the candidates before decoding, not in the first re-scoring round
     # The ranking's strategies keep their drafter labels: the controller re-scores them with the
     # ranking's models; the engine drafts with --draft-model's runner whatever the label says.
     note = f"strategy: the offline best of {args.ranking} for this context, adapted online"

@@ -223,6 +223,32 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses():
     assert s.drafter.kind == "eagle" and parse_tree(s.tree)
 
 
+def test_controller_rescore_agrees_with_a_full_score():
+    """The controller re-scores from cached round times and interpolated tokens per round;
+    it must rank the candidates as a full ``score`` at the same shifted acceptance does."""
+    from planner.profile import expected_tokens
+    from planner.rank import score
+
+    for tree in ("chain:4", "best:16:6"):
+        for a in (0.0, 0.3, 0.77, 1.0):
+            exact = tree_expected_tokens(parse_tree(tree), min(a, 1 - 1e-9))
+            assert expected_tokens(tree, a) == pytest.approx(exact, abs=1e-4)
+    assert expected_tokens("chain:0", 0.5) == 1.0
+    c = _controller()
+    c.warm()
+    s = c.initial_strategy(30000)
+    for alpha in (0.1, 0.5, 0.95):
+        c._alpha = alpha
+        best, gain = c._rescore(s, "32K", 32768, 0.8)
+        cands = list(c._candidates("32K").values())
+        full, _ = score(M, G, cands, 32768, c.profile, "32K", acceptance_scale=dict(c._shift))
+        top = full[0].strategy
+        if best is not None:
+            assert strategy_id(best) == strategy_id(top)
+        else:  # no switch: either the current one is on top, or the gain is below hysteresis
+            assert strategy_id(top) == strategy_id(s) or gain <= c.config.hysteresis
+
+
 def test_controller_from_a_ranking_document_and_regimes_it_lacks():
     doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
     doc = json.loads(json.dumps(doc))  # as read back from the file
