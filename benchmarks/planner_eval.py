@@ -30,9 +30,16 @@ import sys
 import time
 
 from planner.controller import ControllerConfig
-from planner.evaluate import PROMPT_SETS, Bench, RunCache, evaluate, make_bench, summary_table
-from planner.profile import REGIMES, regime_of
-from planner.space import MAX_KERNEL_ROWS, SpaceSpec
+from planner.evaluate import (
+    PROMPT_SETS,
+    Bench,
+    RunCache,
+    evaluate,
+    make_bench,
+    regime_contexts,
+    summary_table,
+)
+from planner.space import SpaceSpec
 from ssvkit.options import atomic_write, parse_int_list
 
 DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
@@ -78,26 +85,8 @@ def main(argv=None) -> int:
             raise ValueError("--per-regime, --new-tokens and --repeats must be >= 1")
         if not args.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-        ctxs = parse_int_list(args.contexts, "--contexts")
-        contexts = {}
-        for c in ctxs:
-            r = regime_of(c)
-            if r in contexts:
-                raise ValueError(f"--contexts {args.contexts}: two contexts fall in regime {r}")
-            contexts[r] = c
-            if r != "64K+" and c + args.new_tokens + MAX_KERNEL_ROWS > REGIMES[r]:
-                raise ValueError(
-                    f"--contexts: {c} + {args.new_tokens} new tokens + a tree would grow past "
-                    f"regime {r} (<= {REGIMES[r]}) while decoding; measure at a smaller context"
-                )
-        contexts = {r: contexts[r] for r in REGIMES if r in contexts}
-        actx = parse_int_list(args.adaptive_context, "--adaptive-context")[0]
-        ra = regime_of(actx)
-        if ra != "64K+" and actx + args.new_tokens + MAX_KERNEL_ROWS > REGIMES[ra]:
-            raise ValueError(
-                f"--adaptive-context {actx} + {args.new_tokens} new tokens + a tree would grow "
-                f"past regime {ra} (<= {REGIMES[ra]}) while decoding"
-            )
+        contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
+        regime_contexts(args.adaptive_context, "--adaptive-context", args.new_tokens)
         sets = tuple(x for x in args.prompt_sets.split(",") if x)
         bad = [x for x in sets if x not in PROMPT_SETS]
         if bad:

@@ -30,11 +30,18 @@ import sys
 import time
 
 from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
-from planner.evaluate import RunCache, make_bench, prompt_tokens, run_once, steady_figures
-from planner.profile import REGIMES, profile_from_json, regime_of
+from planner.evaluate import (
+    RunCache,
+    make_bench,
+    prompt_tokens,
+    regime_contexts,
+    run_once,
+    steady_figures,
+)
+from planner.profile import profile_from_json
 from planner.rank import concrete, rank, strategy_from_json
-from planner.space import MAX_KERNEL_ROWS, SpaceSpec, describe, strategy_id
-from ssvkit.options import atomic_write, parse_int_list
+from planner.space import SpaceSpec, describe, strategy_id
+from ssvkit.options import atomic_write
 
 CAMPAIGN_VERSION = 1
 NAMES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
@@ -119,15 +126,7 @@ def main(argv=None) -> int:
         bad = [x for x in names if x not in NAMES]
         if bad:
             raise ValueError(f"unknown baseline {bad[0]!r}; expected {', '.join(NAMES)}")
-        contexts = {}
-        for c in parse_int_list(args.contexts, "--contexts"):
-            r = regime_of(c)
-            if r in contexts:
-                raise ValueError(f"--contexts {args.contexts}: two contexts fall in regime {r}")
-            if r != "64K+" and c + args.new_tokens + MAX_KERNEL_ROWS > REGIMES[r]:
-                raise ValueError(f"--contexts: {c} + {args.new_tokens} new tokens + a tree "
-                                 f"would grow past regime {r} (<= {REGIMES[r]})")  # fmt: skip
-            contexts[r] = c
+        contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
         profile, space = load_planner(args.planner)
         bench = make_bench(args.model, args.draft_model, max(contexts.values()), args.new_tokens,
                            1, args.device, args.gpu, args.temperature)  # fmt: skip

@@ -52,7 +52,14 @@ from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.strategy import DrafterSpec, Strategy, parse_tree
 from planner.controller import ControllerConfig, OnlineController
-from planner.profile import Profile, alpha_from_tokens, attention_key, fit_overhead, regime_of
+from planner.profile import (
+    REGIMES,
+    Profile,
+    alpha_from_tokens,
+    attention_key,
+    fit_overhead,
+    regime_of,
+)
 from planner.rank import concrete, rank, score, strategy_from_json
 from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 
@@ -245,6 +252,27 @@ def make_bench(model: str, draft_model: str, max_context: int, new_tokens: int, 
         log=lambda m: print(m, flush=True),
         temperature=temperature,
     )
+
+
+def regime_contexts(text: str, flag: str, new_tokens: int) -> dict[str, int]:
+    """One context per regime from ``text`` (``"3584,15K"``), in regime order. A context whose
+    run (plus its new tokens and a full tree) would decode past its regime's bound is refused:
+    the run would be judged against the next regime's profile."""
+    from planner.space import MAX_KERNEL_ROWS
+    from ssvkit.options import parse_int_list
+
+    contexts: dict[str, int] = {}
+    for c in parse_int_list(text, flag):
+        r = regime_of(c)
+        if r in contexts:
+            raise ValueError(f"{flag} {text}: two contexts fall in regime {r}")
+        if r != "64K+" and c + new_tokens + MAX_KERNEL_ROWS > REGIMES[r]:
+            raise ValueError(
+                f"{flag}: {c} + {new_tokens} new tokens + a tree would grow past regime {r} "
+                f"(<= {REGIMES[r]}) while decoding; measure at a smaller context"
+            )
+        contexts[r] = c
+    return {r: contexts[r] for r in REGIMES if r in contexts}
 
 
 def steady_figures(result) -> dict:
