@@ -37,11 +37,18 @@ from kernels.tree import MAX_TREE_NODES
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 CPU_NUM_SMS = 132  # H100 SXM, so CPU runs pick the splits the GPU would
-GPU_DTYPES = (torch.bfloat16, torch.float16)
+# fp32 runs its dots in IEEE fp32 (not TF32): the precision runs that check exactness use.
+GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The interpreter's bf16 tl.dot is broken, so CPU runs take fp16/fp32 only.
 CPU_DTYPES = (torch.float16, torch.float32)
 MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 LN2_C = tl.constexpr(LN2)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision for ``dtype``: IEEE fp32 for fp32 (Triton's default on the
+    GPU is TF32, 10 mantissa bits), the MMA's own for 16-bit inputs."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +94,7 @@ DEFAULT_CONFIG = DenseVerifyConfig()
 
 
 @triton.jit
-def online_softmax_step(acc, m_i, l_i, s, v):
+def online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     """Fold one tile of log2-domain scores ``s`` [BLOCK_M, BLOCK_N] (masked = -inf) and values
     ``v`` [BLOCK_N, D] into the running state."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -96,7 +103,7 @@ def online_softmax_step(acc, m_i, l_i, s, v):
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # accumulate in the MMA
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -127,6 +134,7 @@ def _dense_verify_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
 ):
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -171,8 +179,8 @@ def _dense_verify_kernel(
         kv_off = (n0 + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
         k = tl.load(k_base + kv_off)
         v = tl.load(v_base + kv_off)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
 
     # At most two tiles straddle the prefix end and the draft tail: mask them per position.
     row_bits = tl.load(tree_mask_ptr + b * NUM_T + tok, mask=row_ok, other=0)  # [BLOCK_M] int64
@@ -185,14 +193,14 @@ def _dense_verify_kernel(
         kv_off = pos[:, None] * HEAD_DIM + offs_d[None, :]
         k = tl.load(k_base + kv_off, mask=in_seq[:, None], other=0.0)
         v = tl.load(v_base + kv_off, mask=in_seq[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         shift = tl.minimum(tl.maximum(pos - prefix, 0), MAX_TREE_BIT)
         word = tl.where((shift < 32)[None, :], bits_lo[:, None], bits_hi[:, None])
         bit = (word >> (shift & 31)[None, :]) & 1
         in_tail = (pos >= prefix) & in_seq
         visible = (pos < prefix)[None, :] | (in_tail[None, :] & (bit != 0))
         s = tl.where(visible, s, float("-inf"))
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
 
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -451,6 +459,7 @@ def dense_verify(
         HEAD_DIM=head_dim,
         BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n,
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )

@@ -20,7 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dense_verify import LN2_C, LOG2E, check_attention_inputs, online_softmax_step
+from kernels.dense_verify import (
+    LN2_C,
+    LOG2E,
+    check_attention_inputs,
+    dot_precision,
+    online_softmax_step,
+)
 
 LOG2E_C = tl.constexpr(LOG2E)
 
@@ -48,6 +54,7 @@ def _repair_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SLOTS_POW2: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
 ):
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_SIZE % BLOCK_N == 0, "a KV block must be whole tiles")
@@ -92,9 +99,9 @@ def _repair_kernel(
             kv_off = tl.where(ok, pos, 0)[:, None] * HEAD_DIM + offs_d[None, :]
             k = tl.load(k_ptr + kv_base + kv_off, mask=ok[:, None], other=0.0)
             v = tl.load(v_ptr + kv_base + kv_off, mask=ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
             s = tl.where(ok[None, :], s, float("-inf"))
-            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
 
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -228,6 +235,7 @@ def repair(
         BLOCK_N=block_n,
         BLOCK_SIZE=block_size,
         SLOTS_POW2=max(16, triton.next_power_of_2(num_slots)),
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=4,
         num_stages=3,
     )

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dense_verify import dot_precision
 from kernels.merge import merge_partials
 
 MODES = ("per_query", "union", "shared")
@@ -246,6 +247,7 @@ def _sparse_verify_kernel(
     T_PAD: tl.constexpr,
     HAS_ORDER: tl.constexpr,
     GROUP_LISTS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
 ):
     tl.static_assert(M_PAD >= 16)  # MMA rows
     tl.static_assert(M_PAD >= C * G)
@@ -308,7 +310,8 @@ def _sparse_verify_kernel(
         kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
         k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # [BLOCK_N, D]
         v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [M_PAD, BLOCK_N], log2 domain
+        # [M_PAD, BLOCK_N], log2 domain
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if GROUP_LISTS:
             bits = tl.load(mask_ptr + list_base + u)
             # [M_PAD]: did this row's query pick the block (shift clamped: >= 32 is undefined)
@@ -321,7 +324,7 @@ def _sparse_verify_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     if split == num_splits - 1:
@@ -332,7 +335,7 @@ def _sparse_verify_kernel(
         kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
         k = tl.load(k_ptr + kv_offs, mask=tail_ok[:, None], other=0.0)  # [T_PAD, D]
         v = tl.load(v_ptr + kv_offs, mask=tail_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [M_PAD, T_PAD]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M_PAD, T_PAD]
         tree = tl.load(tree_ptr + b64 * num_rows + qrow, mask=row_ok, other=0)  # [M_PAD] int64
         seen = ((tree[:, None] >> offs_j.to(tl.int64)[None, :]) & 1) != 0
         s = tl.where(seen & tail_ok[None, :], s, -float("inf"))
@@ -340,7 +343,7 @@ def _sparse_verify_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     nonempty = l_i > 0.0
@@ -659,6 +662,7 @@ def sparse_verify(
         T_PAD=max(16, triton.next_power_of_2(t)),
         HAS_ORDER=order is not None and c > 1,
         GROUP_LISTS=group_lists,
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
     )
