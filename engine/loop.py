@@ -4,8 +4,10 @@
 
 1. **prefill** the prompts (target and drafter), sample the first token: the first root.
 2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
-   ``draft`` the strategy's tree below the roots; ``verify`` it in one target forward of the
-   flattened tail (tree mask, dense/sparse/NSA attention; one CUDA graph per strategy);
+   ``draft`` the strategy's tree below the roots; ``launch`` -- the time the GPU waits for the
+   host to issue the verify step (0 when the GPU is behind the host); ``verify`` it in one
+   target forward of the flattened tail (tree mask, dense/sparse/NSA attention; one CUDA graph
+   per strategy);
    ``accept`` -- acceptance (greedy or rejection sampling), the KV commit of the kept path and
    the rollback of the rest, the drafter's commit (CUDA graphs too) -- then **one** host read:
    the kept counts, the bonus tokens and the kept path's tokens.
@@ -222,6 +224,7 @@ class Engine:
             ("verify", tree, attn, record),
             lambda tok: self.target.tree_forward(tok, tree, attn, record=record)[::2],
             (draft.tokens,),
+            on_launch=lambda: timer.mark("launch"),
         )
         timer.mark("verify")
         acc, packed = self._accept(tree, draft, logits, ("verify", tree, attn, record))

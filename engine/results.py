@@ -13,7 +13,7 @@ import numpy as np
 
 from engine.stats import RoundSelection
 
-STEPS = ("draft", "verify", "accept")
+STEPS = ("draft", "launch", "verify", "accept")
 
 
 @dataclass(slots=True)

@@ -290,7 +290,7 @@ def steady_figures(result) -> dict:
         "switch_s": switch,
         "steps_s": {
             k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
-            for k in ("draft", "verify", "accept")
+            for k in ("draft", "launch", "verify", "accept")
         },
         "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
     }

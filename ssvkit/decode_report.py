@@ -166,7 +166,10 @@ def report_text(r: dict) -> str:
     )
     for k, v in r["steps_s"].items():
         pv = p.get(f"{k}_s")
-        pcol = f"{pv * ms:10.3f}" if pv is not None else f"{'(in verify)':>10s}"
+        # ``launch`` is the GPU waiting for the host: loop overhead, which the step model
+        # does not predict per step.
+        note = "(host)" if k == "launch" else "(in verify)"
+        pcol = f"{pv * ms:10.3f}" if pv is not None else f"{note:>10s}"
         if k == "verify" and pv is not None:
             pcol += "   (prediction includes accept)"
         lines.append(f"{k + ' (ms)':22s}{v['value'] * ms:10.3f} {pcol}")

@@ -95,7 +95,7 @@ def test_decode_command_runs_on_the_cpu_and_reports(site, tmp_path, capsys):
     assert out["new_tokens"] == 24 and out["strategy"]["drafter"]["kind"] == "draft_model"
     assert out["tokens_per_s"]["value"] > 0
     assert out["tokens_per_s"]["provenance"].startswith("measured:wall-clock")
-    assert set(out["steps_s"]) == {"draft", "verify", "accept"}
+    assert set(out["steps_s"]) == {"draft", "launch", "verify", "accept"}
     assert "tokens_per_s" in out["prediction"] or "error" in out["prediction"]
     assert out["selection"]["group_overlap"] is not None
     assert trace.exists() and out["note"].startswith("drafter: draft_model")

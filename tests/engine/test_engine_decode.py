@@ -117,7 +117,7 @@ def test_controller_switches_strategy_and_drafter(tmp_path):
     assert t.header["strategies"]["sd#1"]["drafter"]["kind"] == "ngram"
     assert t.rounds[-1]["strategy"] == "sd#1" and t.rounds[0]["strategy"] == "sd"
     assert t.column("accepted").sum() == sum(sum(r.accepted) for r in res.rounds)
-    assert set(t.rounds[0]["step_s"]) == {"draft", "verify", "accept"}
+    assert set(t.rounds[0]["step_s"]) == {"draft", "launch", "verify", "accept"}
     layer = t.layer_column("layer_overlap")
     assert layer is not None and not np.isnan(layer).all()
     assert np.all(layer[~np.isnan(layer[:, 0]), 0] == 0) and np.nanmax(layer) <= 1
