@@ -20,6 +20,15 @@ the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, me
 
 The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
 document (rows + provenance) to ``--out`` when given, and prints a table.
+
+``--campaign FILE`` (a ``benchmarks/validation_campaign.py`` document) measures instead the
+verify forward of every (baseline, context) of that campaign with its own tree, attention and
+model (the tiny pair: a corpus prompt is prefilled, so sparse selections see real keys): the
+graph replayed back to back is the GPU time of the verify step alone, to hold beside the
+campaign's CUDA-event ``verify`` step of the decode loop. ``--ops`` adds the op breakdown there.
+
+    python benchmarks/engine_verify.py --campaign docs/validation/campaign.json --ops \
+        --out docs/notes/validation-h100/verify-breakdown.json
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--strategy", default="sd_dense", help="baseline whose attention is used")
     p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the prediction")
     p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--campaign", default=None, help="time the verify steps of this campaign")
+    p.add_argument("--ops", action="store_true", help="with --campaign: the op breakdown too")
     return p.parse_args(argv)
 
 
@@ -161,8 +172,106 @@ def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int
         return None, str(e).splitlines()[0]
 
 
+def _write(result: dict, path: str | None) -> None:
+    if path:
+        out = Path(path)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, out)
+
+
+def _time_ops(runner, attn, tree, tokens) -> dict:
+    ops = {}
+    for name, (fn, count) in layer_ops(runner, attn, tree, tokens).items():
+        tm = bench(fn, "graph", num_inputs=runner.config.num_layers, config=OP_TIMING)
+        ops[name] = {"median_s": tm.median_s, "count": count}
+    if "attention_reuse_plus_refresh" in ops:
+        reuse = ops.pop("attention_reuse_plus_refresh")
+        ops["attention_reuse"] = {
+            "median_s": max(reuse["median_s"] - ops["attention"]["median_s"], 0.0),
+            "count": reuse["count"],
+        }
+    return ops
+
+
+def campaign_main(args) -> dict:
+    """Verify-step GPU time of every (baseline, context) of a campaign document."""
+    from calibration.report import _local_model, _strategy
+    from engine.corpus import corpus_sample
+
+    doc = json.loads(Path(args.campaign).read_text())
+    points: dict[tuple[str, int], dict] = {}
+    for r in doc["rows"]:
+        key = (r["baseline"], r["context_len"])
+        pt = points.setdefault(key, {"strategy": r["strategy"], "verify_s": []})
+        pt["verify_s"].append(r["measured"]["steps_s"]["verify"])
+    contexts = sorted({c for _, c in points})
+    t_max = max(contexts) + 128
+    torch.manual_seed(0)
+    src = resolve_source(_local_model(doc["model"]))
+    model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
+    runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
+    rows = []
+    for ctx in contexts:
+        with torch.no_grad():
+            runner.prefill([corpus_sample(ctx)])
+        for (name, c), pt in sorted(points.items()):
+            if c != ctx:
+                continue
+            s = _strategy(pt["strategy"])
+            attn = AttentionConfig.from_strategy(s)
+            tree = DraftTree.from_spec(s.tree, s.traversal)
+            runner.prepare(attn)
+            with torch.no_grad():
+                if attn.kind != "dense":  # summaries of the prefilled keys
+                    runner.cache.rebuild_summaries()
+                tokens = torch.randint(0, model.config.vocab_size, (1, tree.num_nodes),
+                                       device="cuda")  # fmt: skip
+
+                def step(i, tree=tree, tokens=tokens, attn=attn):
+                    return runner.tree_forward(tokens, tree, attn)[0]
+
+                graph_s = bench(step, "graph", config=STEP_TIMING).median_s
+                ops = _time_ops(runner, attn, tree, tokens) if args.ops else None
+            row = {
+                "baseline": name,
+                "context_len": ctx,
+                "t": tree.num_nodes,
+                "describe": describe_strategy(s),
+                "graph_s": graph_s,
+                "campaign_verify_s": float(sorted(pt["verify_s"])[len(pt["verify_s"]) // 2]),
+                "ops": ops,
+            }
+            rows.append(row)
+            ops_sum = sum(o["median_s"] * o["count"] for o in ops.values()) if ops else None
+            print(
+                f"{name:16s} {ctx:6d} t={tree.num_nodes:3d}  graph {graph_s * 1e3:7.3f} ms  "
+                f"campaign verify {row['campaign_verify_s'] * 1e3:7.3f} ms"
+                + (f"  ops sum {ops_sum * 1e3:7.3f} ms" if ops else ""),
+                flush=True,
+            )
+    result = {
+        "benchmark": "engine_verify_campaign",
+        "campaign": args.campaign,
+        "campaign_commit": doc["provenance"].get("git_commit"),
+        "model": doc["model"],
+        "provenance": provenance(),
+        "rows": rows,
+    }
+    _write(result, args.out)
+    return result
+
+
+def describe_strategy(s: Strategy) -> str:
+    from planner.space import describe
+
+    return describe(s)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.campaign:
+        return campaign_main(args)
     context = _int(args.context)
     ts = [int(x) for x in args.t.split(",")]
     strategy = Strategy.from_name(args.strategy)
@@ -188,16 +297,7 @@ def main(argv=None) -> dict:
         with torch.no_grad():
             graph_s = bench(step, "graph", config=STEP_TIMING).median_s
             eager_s = bench(step, "launch", config=STEP_TIMING).median_s
-            ops = {}
-            for name, (fn, count) in layer_ops(runner, attn, tree, tokens).items():
-                tm = bench(fn, "graph", num_inputs=model.config.num_layers, config=OP_TIMING)
-                ops[name] = {"median_s": tm.median_s, "count": count}
-        if "attention_reuse_plus_refresh" in ops:
-            reuse = ops.pop("attention_reuse_plus_refresh")
-            ops["attention_reuse"] = {
-                "median_s": max(reuse["median_s"] - ops["attention"]["median_s"], 0.0),
-                "count": reuse["count"],
-            }
+            ops = _time_ops(runner, attn, tree, tokens)
         ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
         w_bytes, kv_bytes = floor_bytes(model, runner.cache, t)
         floor_s = (w_bytes + kv_bytes) / copy_bps
@@ -236,11 +336,7 @@ def main(argv=None) -> dict:
         "provenance": provenance(),
         "rows": rows,
     }
-    if args.out:
-        out = Path(args.out)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, out)
+    _write(result, args.out)
     return result
 
 

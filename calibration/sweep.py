@@ -26,18 +26,31 @@ from calibration.schema import load_rows, params_key, seal
 from kernels import timing as tm
 from perfmodel.models import get_model, model_names
 
-TOKENS = (1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512)
+# Token counts M: powers of two and the points halfway between them (in log space), so that a
+# size the held-out hash takes out of a class still has fitted neighbours on both sides.
+TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ACT = torch.bfloat16
 ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
 
 
+def swept_models() -> dict[str, object]:
+    """name -> ModelSpec of every model whose shapes are swept: the registry's, and the trained
+    tiny pair the engine validates against (``engine/checkpoints``, when it is there)."""
+    from engine.checkpoint import TINY_DRAFT, TINY_TARGET
+
+    models = {name: get_model(name) for name in model_names()}
+    for folder in (TINY_TARGET, TINY_DRAFT):
+        if (folder / "config.json").is_file():
+            models[folder.name] = get_model(str(folder))
+    return models
+
+
 def linear_shapes() -> dict[tuple[int, int], list[str]]:
-    """(N, K) of every linear layer of the bf16 registry models at TP = 1 -> model.layer names.
+    """(N, K) of every linear layer of the bf16 swept models at TP = 1 -> model.layer names.
     fp8-weight models (DeepSeek-R1) are left out: their GEMMs are not bf16."""
     shapes: dict[tuple[int, int], list[str]] = {}
-    for name in model_names():
-        m = get_model(name)
+    for name, m in swept_models().items():
         if m.weight_bytes != 2:
             continue
         d, dh = m.hidden_size, m.head_dim
@@ -162,9 +175,11 @@ def _greedy(logits):
 def elementwise_sweep(s: Sweep) -> None:
     """The element-wise ops as the engine runs them (``impl: engine`` in the params)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
-    widths = sorted({get_model(n).hidden_size for n in model_names()})
-    vocabs = sorted({get_model(n).vocab_size for n in model_names()} | {256, 32000})
-    ffn = sorted({get_model(n).intermediate_size for n in model_names()})
+    models = swept_models().values()
+    widths = sorted({m.hidden_size for m in models})
+    vocabs = sorted({m.vocab_size for m in models} | {256, 32000})
+    ffn = sorted({m.intermediate_size for m in models})
+    heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models if not m.is_mla})
     for m in TOKENS:
         for d in widths:
             rot = tm.num_rotations(m * d * 2 * 2)
@@ -191,20 +206,19 @@ def elementwise_sweep(s: Sweep) -> None:
                 3 * m * f * 2,
                 5 * m * f,
             )
-        for heads, kv_heads in ((32, 8), (64, 8)):
-            dh = 128
+        for num_q, kv_heads, dh in heads:
             qks = [
-                torch.randn(1, m, heads + kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
+                torch.randn(1, m, num_q + kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
                 for _ in range(2)
             ]
             cos = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
             sin = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
-            elems = m * (heads + kv_heads) * dh
+            elems = m * (num_q + kv_heads) * dh
             s.run(
                 "rotary",
                 {
                     "m": m,
-                    "num_q_heads": heads,
+                    "num_q_heads": num_q,
                     "num_kv_heads": kv_heads,
                     "head_dim": dh,
                     "dtype": "bfloat16",
