@@ -13,7 +13,8 @@ fit never sees those sizes at all.
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count) and, for sparse verification, the L2-miss share h. Deterministic (no random
+the row count), for sparse verification the L2-miss share h, and for GEMMs the reduction-depth
+latency t_k. Deterministic (no random
 starts).
 """
 
@@ -100,6 +101,12 @@ def features(row: dict) -> tuple[float, float, float | None]:
     return float(row["unique_bytes"]), float(row["flops"]), dedup
 
 
+def depth(row: dict) -> float:
+    """Serial reduction depth of one call: K of a GEMM (``perfmodel.calibrated``'s t_k term);
+    0 for the other ops, whose t0 and efficiencies hold their latency."""
+    return float(row["params"]["k"]) if row["op"] == "gemm" else 0.0
+
+
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
     lo, hi = float(np.log10(values.min())), float(np.log10(values.max()))
     if hi - lo < 1e-6:
@@ -114,6 +121,7 @@ class Data:
     flops: np.ndarray
     dedup: np.ndarray | None
     seconds: np.ndarray
+    depth: np.ndarray
 
 
 def _data(name: str, rows: list[dict]) -> Data:
@@ -125,6 +133,7 @@ def _data(name: str, rows: list[dict]) -> Data:
         np.array([max(x[1], 1.0) for x in f]),
         None if any(d is None for d in dedup) else np.array(dedup, dtype=float),
         np.array([r["median_s"] for r in rows]),
+        np.array([depth(r) for r in rows]),
     )
 
 
@@ -134,19 +143,28 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float) -> ClassFit:
     k = int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
+    has_depth = bool(d.depth.any())
+    n_eff = 1 + 2 * k
 
     def unpack(x):
-        h = float(x[1 + 2 * k]) if has_h else None
+        h = float(x[n_eff]) if has_h else None
+        t_depth = float(x[n_eff + has_h]) if has_depth else 0.0
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
-        return ClassFit(name, float(x[0]), bk, eb, fk, ef, h)
+        return ClassFit(name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth)
 
     def resid(x):
-        t = unpack(x).call_time_s(d.nbytes, d.flops, bw, peak, d.dedup)
+        t = unpack(x).call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth)
         return np.log(t) - np.log(d.seconds)
 
-    x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k + ([0.5] if has_h else [])
-    lo = [0.0] + [0.01] * k + [0.01] * k + ([0.0] if has_h else [])
-    hi = [d.seconds.min()] + [4.0] * k + [1.5] * k + ([1.0] if has_h else [])
+    # t_k's bound: the whole of the fastest call's time spread over its depth.
+    depth_hi = float((d.seconds / np.maximum(d.depth, 1.0)).min()) if has_depth else 0.0
+    x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k
+    lo = [0.0] + [0.01] * k + [0.01] * k
+    hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
+    if has_h:
+        x0, lo, hi = x0 + [0.5], lo + [0.0], hi + [1.0]
+    if has_depth:
+        x0, lo, hi = x0 + [0.3 * depth_hi], lo + [0.0], hi + [depth_hi]
     sol = least_squares(
         resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
     )
@@ -190,7 +208,7 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         for split, subset in (("fit", fit_rows), ("heldout", held)):
             if subset:
                 d = _data(name, subset)
-                pred = cf.call_time_s(d.nbytes, d.flops, bw, peak, d.dedup)
+                pred = cf.call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth)
                 stats[split] = error_stats(pred, d.seconds)
                 for r, p in zip(subset, pred, strict=True):
                     annotated.append({**r, "class": name, "split": split, "predicted_s": float(p)})

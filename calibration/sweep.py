@@ -1,9 +1,10 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
-(GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops (RMSNorm,
-rotary embedding, SiLU-and-multiply, greedy sampling over the vocabulary), each exactly as the
-decode loop (``engine/``) runs it. One sealed row per config (``calibration.schema``), CUDA-graph
-replay with a cold L2 (``kernels.timing``), resumable: a config already in the output file is
-skipped.
+(GEMMs at every registry model's shapes, M = 1..512 tokens), the element-wise ops (RMSNorm,
+rotary embedding, SiLU-and-multiply, greedy sampling over the vocabulary) and the decoder's
+other ops (residual adds, q/k rotary with q's copy, the KV-tail write, the rotary factors per
+forward), each exactly as the decode loop (``engine/``) runs it. One sealed row per config
+(``calibration.schema``), CUDA-graph replay with a cold L2 (``kernels.timing``), resumable: a
+config already in the output file is skipped.
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
@@ -172,6 +173,115 @@ def _greedy(logits):
     return logits.float().argmax(-1)  # engine.acceptance at temperature 0
 
 
+def _rope_qk(qk, cos, sin, num_q: int):
+    """engine.model.Attention: q and k rotated in one pass, q made contiguous for attention."""
+    from engine.rope import apply_rope
+
+    out = apply_rope(qk, cos, sin, interleaved=False)
+    return out[:, :, :num_q].contiguous(), out[:, :, num_q:]
+
+
+def _rope_tables(cos_table, sin_table, positions):
+    """engine.model: the forward's rotary factors, gathered at the rows' positions."""
+    from engine.rope import expand_angles
+
+    return expand_angles(cos_table[positions], sin_table[positions], interleaved=False)
+
+
+def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
+    from engine.cache import KVCache
+    from engine.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=256, hidden_size=num_kv_heads * head_dim, intermediate_size=64,
+                      num_layers=1, num_heads=num_kv_heads, num_kv_heads=num_kv_heads,
+                      head_dim=head_dim)  # fmt: skip
+    return KVCache(cfg, 1, t_max, dtype=ACT, device="cuda", use_triton=True)
+
+
+def engine_op_sweep(s: Sweep) -> None:
+    """The decoder's other per-layer and per-forward ops as ``engine.model`` runs them at the
+    swept models' shapes: the two residual adds, q/k rotary with q's copy, the KV-tail write
+    into the cache (a batch of 1, the tail after a 1024-token prefix), and the rotary factors
+    gathered once per forward."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    models = [m for m in swept_models().values() if not m.is_mla]
+    widths = sorted({m.hidden_size for m in models})
+    heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models})
+    for m in TOKENS:
+        for d in widths:
+            rot = tm.num_rotations(3 * m * d * 2)
+            xs = [torch.randn(1, m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
+            s.run(
+                "residual_add",
+                {"m": m, "d": d, "dtype": "bfloat16", "impl": "engine"},
+                lambda i, xs=xs: xs[i] + xs[i - 1],
+                rot,
+                3 * m * d * 2,
+                m * d,
+            )
+        for num_q, kv_heads, dh in heads:
+            qks = [
+                torch.randn(1, m, num_q + kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
+                for _ in range(2)
+            ]
+            cos = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
+            sin = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
+            elems = m * (num_q + kv_heads) * dh
+            s.run(
+                "rope_qk",
+                {
+                    "m": m,
+                    "num_q_heads": num_q,
+                    "num_kv_heads": kv_heads,
+                    "head_dim": dh,
+                    "dtype": "bfloat16",
+                    "impl": "engine",
+                },  # fmt: skip
+                lambda i, qks=qks, cos=cos, sin=sin, h=num_q: _rope_qk(qks[i], cos, sin, h),
+                2,
+                2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
+                6 * elems,
+            )
+            caches = [_kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
+            for c in caches:
+                c.lens.fill_(1024)
+            # rows and slots are built once per forward (engine.runner), not per layer
+            idx = [(c.tail_rows(m), c.tail_slots(m)) for c in caches]
+            kvs = [
+                torch.randn(1, m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
+                for _ in range(4)
+            ]
+            s.run(
+                "kv_write",
+                {
+                    "m": m,
+                    "num_kv_heads": kv_heads,
+                    "head_dim": dh,
+                    "dtype": "bfloat16",
+                    "impl": "engine",
+                },  # fmt: skip
+                lambda i, caches=caches, kvs=kvs, idx=idx: caches[i].write(
+                    0, *idx[i], kvs[2 * i], kvs[2 * i + 1]
+                ),
+                2,
+                2 * 2 * m * kv_heads * dh * 2,
+                0,
+            )
+        for dh in sorted({h[2] for h in heads}):
+            table = 32768
+            cos_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
+            sin_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
+            pos = [torch.randint(0, table, (1, m), generator=gen, device="cuda") for _ in range(2)]
+            s.run(
+                "rope_tables",
+                {"m": m, "head_dim": dh, "impl": "engine"},
+                lambda i, pos=pos, c=cos_t, sn=sin_t: _rope_tables(c, sn, pos[i]),
+                2,
+                2 * m * dh * 4 + 2 * m * (dh // 2) * 4,
+                0,
+            )
+
+
 def elementwise_sweep(s: Sweep) -> None:
     """The element-wise ops as the engine runs them (``impl: engine`` in the params)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -246,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder of the rows file")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock limit (s)")
-    ap.add_argument("--ops", default="gemm,elementwise", help="gemm, elementwise")
+    ap.add_argument("--ops", default="gemm,elementwise,engine", help="gemm, elementwise, engine")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("calibration sweeps need a CUDA GPU")
@@ -262,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         gemm_sweep(s)
     if "elementwise" in ops:
         elementwise_sweep(s)
+    if "engine" in ops:
+        engine_op_sweep(s)
     print(
         f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
         + (" (stopped at the budget: run again to resume)" if s.out_of_time() else "")

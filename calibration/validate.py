@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibration.fit import UNFITTED_OPS, error_stats, features, is_heldout, op_class
+from calibration.fit import UNFITTED_OPS, depth, error_stats, features, is_heldout, op_class
 from perfmodel.calibrated import Profile
 
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}
@@ -167,7 +167,7 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         if cls not in profile.classes:
             continue
         nbytes, flops, dedup = features(r)
-        pred = float(profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup))
+        pred = float(profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup, depth(r)))
         out.append(
             {**r, "class": cls, "predicted_s": pred, "split": "heldout" if is_heldout(r) else "fit"}
         )

@@ -1,13 +1,15 @@
 """Kernel benchmark of issue 3: correctness first, then the timed sweep, one JSONL row per config.
 
     python -m kernels.benchmark --out calibration/profiles/h100-sxm [--quick] \
-        [--ops dense,sparse,repair,nsa,select] [--budget-s 540] [--json]
+        [--ops dense,sparse,repair,nsa,select] [--budget-s 540] [--json] [--geometry tiny]
 
 1. Checks every selected op against its fp32 reference on random ragged bf16 inputs, with
    poisoned allocations; a mismatch or a NaN aborts the run (exit status 2).
 2. Measures the ceilings of this run: device-to-device copy bandwidth (read + write bytes), bf16
    GEMM rate, and the time of an empty Triton kernel (launch and graph).
-3. Times the sweep (Llama-3.1-8B attention: 32 query heads, 8 KV heads, d = 128, bf16), each
+3. Times the sweep (Llama-3.1-8B attention: 32 query heads, 8 KV heads, d = 128, bf16; with
+   ``--geometry tiny`` the engine's trained tiny pair, 8 query heads, 2 KV heads, d = 64, over
+   ``TINY_SWEEP``: the shapes the validation campaign decodes with), each
    config by plain launch and by CUDA-graph replay (:mod:`kernels.timing`), and appends one row
    per (config, timing) to ``OUT/kernel_bench.jsonl``. A config whose key (op, timing and its
    defining params) is already in the file is skipped, so an interrupted run resumes. No config
@@ -53,7 +55,8 @@ from kernels.tree import ancestor_bitmask
 
 OPS = ("dense", "sparse", "repair", "nsa", "select")
 OUT_NAME = "kernel_bench.jsonl"
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention (use_geometry)
+GEOMETRIES = {"llama-3.1-8b": (32, 8, 128), "tiny": (8, 2, 64)}
 DTYPE = torch.bfloat16
 ELEM_BYTES = 2
 K = 1024
@@ -103,6 +106,7 @@ class Sweep:
     missed_fractions: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
     other_batches: tuple[int, ...] = (1, 16)  # repair, nsa and select
     nsa_contexts: tuple[int, ...] = (16 * K, 64 * K)
+    nsa_tokens: tuple[int, ...] = (16,)
     select_contexts: tuple[int, ...] = (8 * K, 16 * K, 32 * K, 48 * K, 64 * K, 96 * K, 128 * K)
     select_batches: tuple[int, ...] = (1, 4, 16)
     select_top_ns: tuple[int, ...] = (16, 64)
@@ -130,6 +134,27 @@ QUICK_SWEEP = Sweep(
 )
 
 
+# The tiny pair's verify shapes (engine/checkpoints, docs/validation/campaign.json): contexts
+# up to its 32K positions, the campaign's tree sizes (1, 3, 5, 17 rows), its NSA budget.
+TINY_SWEEP = Sweep(
+    dense_contexts=(2 * K, 4 * K, 8 * K, 16 * K, 30 * K),
+    dense_tokens=(1, 2, 3, 4, 5, 8, 12, 16, 17, 32),
+    dense_batches=(1,),
+    nsa_contexts=(4 * K, 8 * K, 16 * K, 30 * K),
+    nsa_tokens=(1, 3, 5, 12, 17),
+    other_batches=(1,),
+)
+
+
+def use_geometry(name: str) -> None:
+    """Time another attention geometry: the module's head counts, which every input builder,
+    byte count and row reads at call time."""
+    global NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
+    if name not in GEOMETRIES:
+        raise ValueError(f"geometry must be one of {', '.join(GEOMETRIES)}, got {name!r}")
+    NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = GEOMETRIES[name]
+
+
 class CorrectnessError(RuntimeError):
     """An op disagreed with its reference (or produced NaN): the run must not time it."""
 
@@ -147,6 +172,10 @@ class BenchOptions:
     summary_only: bool = field(
         default=False, metadata={"help": "print the summary of OUT's rows and exit (no GPU)"}
     )
+    geometry: str = field(
+        default="llama-3.1-8b",
+        metadata={"help": "attention heads timed: llama-3.1-8b (full sweep) or tiny (TINY_SWEEP)"},
+    )
 
     def __post_init__(self) -> None:
         bad = [op for op in self.ops if op not in OPS]
@@ -154,6 +183,10 @@ class BenchOptions:
             raise ValueError(f"ops must be a non-empty subset of {OPS}, got {self.ops}")
         if self.budget_s <= 0:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(
+                f"geometry must be one of {', '.join(GEOMETRIES)}, got {self.geometry!r}"
+            )
 
 
 # --------------------------------------------------------------------------- inputs
@@ -295,7 +328,10 @@ class Runner:
         opts.out.mkdir(parents=True, exist_ok=True)
         self.done = {row_key(r["op"], r["timing"], r["params"]) for r in read_rows(self.path)}
         self.tcfg = tm.QUICK_TIMING if opts.quick else tm.DEFAULT_TIMING
-        self.sweep = QUICK_SWEEP if opts.quick else FULL_SWEEP
+        if opts.geometry == "tiny":
+            self.sweep = TINY_SWEEP
+        else:
+            self.sweep = QUICK_SWEEP if opts.quick else FULL_SWEEP
         self.prov = tm.provenance()
         self.longest_s = 5.0
         self.stopped = False
@@ -736,8 +772,7 @@ def _repair_config(r: Runner, common: dict, todo) -> None:
 
 
 def nsa_sweep(r: Runner, mod) -> None:
-    t = r.sweep.tokens
-    for bsz in r.sweep.other_batches:
+    for bsz, t in itertools.product(r.sweep.other_batches, r.sweep.nsa_tokens):
         for ctx, overlap in itertools.product(r.sweep.nsa_contexts, (None, NSA_REUSE_OVERLAP)):
             # overlap None: the reuse layer takes the refresh path's indices (random q, so the
             # rows barely overlap); NSA_REUSE_OVERLAP: indices with that exact adjacent-row
@@ -1023,6 +1058,8 @@ def parse_args(argv: list[str] | None = None) -> BenchOptions:
     ap.add_argument(
         "--summary-only", action="store_true", help=fields["summary_only"].metadata["help"]
     )
+    geometry = fields["geometry"]
+    ap.add_argument("--geometry", default=geometry.default, help=geometry.metadata["help"])
     a = ap.parse_args(argv)
     ops = tuple(o.strip() for o in a.ops.split(",") if o.strip())
     return BenchOptions(
@@ -1033,6 +1070,7 @@ def parse_args(argv: list[str] | None = None) -> BenchOptions:
         seed=a.seed,
         json=a.json,
         summary_only=a.summary_only,
+        geometry=a.geometry,
     )
 
 
@@ -1047,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("kernels.benchmark needs a CUDA GPU", file=sys.stderr)
         return 1
+    use_geometry(opts.geometry)
     r = Runner(opts)
     print(
         f"{r.prov['device_name']}  torch {r.prov['torch_version']}  triton "

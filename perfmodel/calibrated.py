@@ -3,13 +3,16 @@
 Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
 op class, fitted by ``calibration.fit`` on GPU measurements:
 
-    t = t0 + max(bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+    t = t0 + t_k * K + max(bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
 
 - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
 - ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
   fitted knots, held constant outside the measured range (such a figure is labelled
   ``extrapolated``);
 - ``t0``: fixed cost per call (launches, host-free graph replay);
+- ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
+  fitted for GEMMs only: a small GEMM's time grows with K at equal bytes (one CTA walks the
+  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls);
 - ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
   same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
   G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
@@ -48,6 +51,7 @@ class ClassFit:
     # a figure outside them is an extrapolation.
     bytes_range: tuple[float, float] = (0.0, 0.0)
     flops_range: tuple[float, float] = (0.0, 0.0)
+    t_depth_s: float = 0.0  # t_k: seconds per unit of reduction depth
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
@@ -69,15 +73,17 @@ class ClassFit:
         compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
         return ok_b & (ok_f | ~compute_bound)
 
-    def call_time_s(self, nbytes, flops, bw, peak, dedup_bytes=None):
-        """Seconds of one call moving ``nbytes`` (requested) and doing ``flops``."""
+    def call_time_s(self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0):
+        """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a
+        reduction of ``depth``."""
         nbytes = np.asarray(nbytes, dtype=float)
         eff_bytes = nbytes
         if self.l2_miss is not None and dedup_bytes is not None:
             g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
             eff_bytes = g + self.l2_miss * (nbytes - g)
         eb, ef = self.efficiencies(nbytes, flops)
-        return self.t0_s + np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        fixed = self.t0_s + self.t_depth_s * np.asarray(depth, dtype=float)
+        return fixed + np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
 
     def to_json(self) -> dict:
         return {
@@ -89,6 +95,7 @@ class ClassFit:
             "l2_miss": self.l2_miss,
             "bytes_range": list(self.bytes_range),
             "flops_range": list(self.flops_range),
+            "t_depth_s": self.t_depth_s,
         }
 
     @classmethod
@@ -103,6 +110,7 @@ class ClassFit:
             l2_miss=d.get("l2_miss"),
             bytes_range=tuple(d["bytes_range"]),
             flops_range=tuple(d["flops_range"]),
+            t_depth_s=float(d.get("t_depth_s", 0.0)),
         )
 
 
@@ -136,9 +144,9 @@ class Profile:
             classes={k: ClassFit.from_json(k, v["fit"]) for k, v in d["classes"].items()},
         )
 
-    def call_time_s(self, cls: str, nbytes, flops, dedup_bytes=None):
+    def call_time_s(self, cls: str, nbytes, flops, dedup_bytes=None, depth=0.0):
         return self.classes[cls].call_time_s(
-            nbytes, flops, self.copy_bytes_per_s, self.gemm_flops_per_s, dedup_bytes
+            nbytes, flops, self.copy_bytes_per_s, self.gemm_flops_per_s, dedup_bytes, depth
         )
 
 
@@ -200,8 +208,14 @@ class CalibratedPredictor(RooflinePredictor):
         per = np.maximum(calls, 1e-12)
         nbytes, flops = op.bytes / per, op.flops / per
         dedup = None if op.dedup_bytes is None else op.dedup_bytes / per
+        depth = np.asarray(op.depth, dtype=float) / per
         t = calls * cls.call_time_s(
-            nbytes, flops, self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s, dedup
+            nbytes,
+            flops,
+            self.profile.copy_bytes_per_s,
+            self.profile.gemm_flops_per_s,
+            dedup,
+            depth,
         )
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".

@@ -25,7 +25,8 @@ class Op:
     ``kernel`` names the measured op class a calibrated predictor may use for it (e.g.
     ``gemm``, ``dense_verify``); ``calls`` counts its wrapper invocations (default: one per
     launch); ``dedup_bytes`` is the deduplicated share of ``bytes`` where kernels re-read data
-    (sparse per-query loads), else None.
+    (sparse per-query loads), else None; ``depth`` sums each call's serial reduction length (K of
+    a GEMM), whose latency a small call cannot hide.
     """
 
     kind: str
@@ -36,6 +37,7 @@ class Op:
     kernel: str | None = None
     calls: np.ndarray | float | None = None
     dedup_bytes: np.ndarray | None = None
+    depth: np.ndarray | float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -62,6 +64,7 @@ class Op:
             self.kernel,
             self.calls + other.calls,
             dedup,
+            self.depth + other.depth,
         )
 
     def scaled(self, factor) -> Op:
@@ -75,6 +78,7 @@ class Op:
             self.kernel,
             self.calls * factor,
             None if self.dedup_bytes is None else self.dedup_bytes * factor,
+            self.depth * factor,
         )
 
 

@@ -227,13 +227,16 @@ def feasible_mask(c: Columns) -> np.ndarray:
 
 
 def _gemm(m, n, k, weight_bytes) -> Op:
-    """``[m, k] x [k, n]``: 2 m n k FLOPs; weights once, activations in and out once."""
+    """``[m, k] x [k, n]``: 2 m n k FLOPs; weights once, activations in and out once; a
+    reduction of depth k."""
+    ones = np.ones_like(m)
     return Op(
         "gemm",
         2 * m * n * k,
         n * k * weight_bytes + (m * k + m * n) * ACT_BYTES,
-        np.ones_like(m),
+        ones,
         kernel="gemm",
+        depth=k * ones,
     )
 
 
@@ -300,6 +303,7 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
             attn_w["qkv"] / tp * wb + m * d * ACT_BYTES * 2,
             np.ones_like(m),
             kernel="gemm",
+            depth=d * np.ones_like(m),
         )
     else:
         qkv = _gemm(m, (hq + 2 * hkv) * model.head_dim, d, wb)
