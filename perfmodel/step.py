@@ -296,6 +296,11 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
             layers
         ),
     )
+    # The two residual adds of a pre-norm block (separate kernels in the engine).
+    acc.add(
+        prefix + "residual",
+        _elementwise(2 * 3 * m * d * ACT_BYTES, 2 * m * d, 2, "residual_add").scaled(layers),
+    )
     if model.is_mla:
         qkv = Op(
             "gemm",
@@ -309,23 +314,35 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
         qkv = _gemm(m, (hq + 2 * hkv) * model.head_dim, d, wb)
     acc.add(prefix + "qkv_proj", qkv.scaled(layers))
     qk_elems = m * (hq + hkv) * model.head_dim
+    # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention.
     acc.add(
-        prefix + "rope_kv_append",
+        prefix + "rope",
         _elementwise(
-            2 * qk_elems * ACT_BYTES + m * _kv_token_bytes(model, hkv, ACT_BYTES),
+            2 * qk_elems * ACT_BYTES + 2 * m * hq * model.head_dim * ACT_BYTES
+            + 2 * m * model.head_dim * F32,
             6 * qk_elems,
             1,
-            "rotary",
+            "rope_qk",
         ).scaled(layers),
-    )
+    )  # fmt: skip
+    # The KV tail written into the cache: an indexed store of K and V. A single row takes
+    # another (cheaper) path than several in torch: one measured class each, masked by m.
+    kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
+    one_row = (m == 1) * 1.0
+    for name, on, kernel in (("kv_write", 1.0 - one_row, "kv_write"),
+                             ("kv_write_row", one_row, "kv_write/m1")):  # fmt: skip
+        op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on)
+        acc.add(prefix + name, op.scaled(layers))
     acc.add(prefix + "o_proj", _gemm(m, d, hq * model.head_dim, wb).scaled(layers))
     if not model.is_moe or moe_share < 1:
         f = model.intermediate_size / tp
         acc.add(prefix + "ffn_gate_up", _gemm(m, 2 * f, d, wb).scaled(dense_layers))
-        acc.add(
-            prefix + "ffn_act",
-            _elementwise(3 * m * f * ACT_BYTES, 5 * m * f, 1, "silu_mul").scaled(dense_layers),
-        )
+        # SiLU(gate) * up over the GEMM's two halves: strided views for several rows, a
+        # contiguous one for a single row (a cheaper path): one measured class each.
+        for name, on, kernel in (("ffn_act", 1.0 - one_row, "silu_mul"),
+                                 ("ffn_act_row", one_row, "silu_mul/m1")):  # fmt: skip
+            act = _elementwise(on * 3 * m * f * ACT_BYTES, on * 5 * m * f, on, kernel, on)
+            acc.add(prefix + name, act.scaled(dense_layers))
         acc.add(prefix + "ffn_down", _gemm(m, d, f, wb).scaled(dense_layers))
     if model.is_moe:
         e, k, de = model.num_experts, model.experts_per_token, model.expert_intermediate_size
@@ -354,6 +371,11 @@ def _head_ops(acc: _Acc, model: ModelSpec, m, tp, vocab, prefix: str) -> None:
     acc.add(
         prefix + "embed_norm",
         _elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2, f"rmsnorm/d{d}"),
+    )
+    # The rows' rotary factors, gathered from the tables once per forward.
+    acc.add(
+        prefix + "rope_tables",
+        _elementwise(3 * m * model.head_dim * F32, 0 * m, 1, "rope_tables"),
     )
     acc.add(prefix + "lm_head", _gemm(m, v, d, wb))
     # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches).
@@ -433,17 +455,32 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
     qo = 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
     flops = m_rows * attended * _attn_flops_per_row_token(model, hq)
     nbytes = b * kv_tok * sum(loaded.values()) + qo + intermediates
-    # Two ops so that each maps onto its measured class: NSA three branches launched apart and
-    # gated in torch (unfused), or the refresh/reuse kernels (fused). One call per layer each.
+    # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
+    # (sequence, KV head), the compressed keys once and the union of its rows' selected blocks
+    # and window -- the bytes ``kernels.benchmark`` counts for the nsa_verify rows. Grouping
+    # modes do not apply there.
+    nsa = (c.meta_vectors == 0) * 1.0
+    nsa_sel = blocks_loaded_per_layer(t, c.top_n, "union", t, c.overlap, nb) * c.block_size
+    gates = m_rows * hq * 3 * F32
+    nsa_bytes = b * kv_tok * (comp + np.minimum(nsa_sel + win, T) + t) + qo + gates
+    nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
+    # One op per measured class: the three NSA branches launched apart and gated in torch
+    # (unfused) or the fused kernels; refresh layers (NSA: selection inside) and reuse layers.
+    # One call per layer each.
+    fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
+    refresh = nsa * r
     for name, on, kernel in (
-        ("sparse_attention", sparse * (c.fused == 0), "nsa_verify/reuse/unfused"),
-        ("sparse_attention_fused", sparse * (c.fused > 0), "nsa_verify/reuse/fused"),
+        ("sparse_attention", unfused * (1 - refresh), "nsa_verify/reuse/unfused"),
+        ("sparse_attention_refresh", unfused * refresh, "nsa_verify/refresh/unfused"),
+        ("sparse_attention_fused", fused * (1 - refresh), "nsa_verify/reuse/fused"),
+        ("sparse_attention_fused_refresh", fused * refresh, "nsa_verify/refresh/fused"),
     ):
         attn = Op(
             "attention", on * flops, on * nbytes, on * launches, kernel=kernel, calls=on * 1.0
         )
         acc.add(prefix + name, attn.scaled(layers))
-    # Selection, in refresh layers only.
+    # Selection over block metadata (mean / quest), in refresh layers only.
+    on_meta = sparse * (1 - nsa)
     q_sel = np.where(c.mode == 2, groups, t)
     v = c.meta_vectors
     meta = b * hkv * nb * v * model.head_dim * ACT_BYTES
@@ -452,11 +489,11 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
     update = b * t * hkv * model.head_dim * ACT_BYTES * (1 + 2 * v)
     sel_op = Op(
         "selection",
-        sparse * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
-        sparse * (meta + scores + nsa_probs + update),
-        sparse * 2.0,
+        on_meta * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
+        on_meta * (meta + scores + nsa_probs + update),
+        on_meta * 2.0,
         kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
-        calls=sparse * 1.0,
+        calls=on_meta * 1.0,
     )
     acc.add(prefix + "selection", sel_op.scaled(layers * r))
     return {k: sparse * b * kv_tok * val * layers for k, val in loaded.items()}
@@ -588,7 +625,13 @@ def _gather(op: Op, idx: np.ndarray, n: int) -> Op:
     )
 
 
-ATTENTION_OPS = ("attention", "sparse_attention", "sparse_attention_fused")
+ATTENTION_OPS = (
+    "attention",
+    "sparse_attention",
+    "sparse_attention_refresh",
+    "sparse_attention_fused",
+    "sparse_attention_fused_refresh",
+)
 
 
 def attention_seconds(op_seconds: dict[str, np.ndarray], stage: str = "verify") -> np.ndarray:

@@ -86,13 +86,15 @@ def test_grouping_only_changes_selected_bytes():
     # 16 queries, C = 4, gamma = .75: 4 groups x 8 (1 + 3 * .25) blocks vs 16 x 8
     assert sel[2] / sel[0] == pytest.approx(4 * 8 * 1.75 / (16 * 8))
     assert sel[3] / sel[0] == pytest.approx(4 * 8 / (16 * 8))
-    attn = p.ops["verify.sparse_attention"]
+    # NSA metadata, refresh every layer: every layer is one refresh call (selection inside).
+    attn = p.ops["verify.sparse_attention_refresh"]
     assert attn.flops[0] == attn.flops[2] > 0
+    assert float(p.ops["verify.sparse_attention"].calls[0]) == 0.0
 
 
 def test_refresh_reuse_cuts_selection_and_launches():
     w = Workload(context_len=4096)
-    base = _sparse("union", 4)
+    base = _sparse("union", 4, metadata="mean")
     reuse = dataclasses.replace(base, refresh_every=2, fusion="refresh_reuse")
     _, p = run(TINY, [(base, w), (reuse, w)])
     assert p.op_seconds["verify.selection"][1] == pytest.approx(
@@ -101,6 +103,32 @@ def test_refresh_reuse_cuts_selection_and_launches():
     unfused = p.ops["verify.sparse_attention"].launches
     fused = p.ops["verify.sparse_attention_fused"].launches
     assert fused[0] == 0 == unfused[1] and 0 < fused[1] < unfused[0]
+
+
+def test_nsa_refresh_layers_select_inside_their_own_calls():
+    """NSA metadata: the refresh calls select (no separate selection op); reuse layers take
+    the reuse class; half the layers refresh at refresh_every = 2."""
+    w = Workload(context_len=4096)
+    nsa = dataclasses.replace(_sparse("union", 4), refresh_every=2, fusion="refresh_reuse")
+    _, p = run(TINY, [(nsa, w)])
+    layers = TINY.num_layers
+    assert float(p.op_seconds["verify.selection"][0]) == 0.0
+    assert float(p.ops["verify.sparse_attention_fused_refresh"].calls[0]) == layers / 2
+    assert float(p.ops["verify.sparse_attention_fused"].calls[0]) == layers / 2
+    assert float(p.ops["verify.sparse_attention_refresh"].calls[0]) == 0.0
+
+
+def test_single_row_ops_take_their_own_classes():
+    """kv_write and silu_mul run another torch path for one row: AR points use the /m1
+    classes, verify points of several rows the general ones."""
+    w = Workload(context_len=4096)
+    ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:3")
+    _, p = run(TINY, [(ar, w), (sd, w)])
+    for general, row in (("verify.kv_write", "verify.kv_write_row"),
+                         ("verify.ffn_act", "verify.ffn_act_row")):  # fmt: skip
+        assert p.ops[row].kernel.endswith("/m1")
+        assert float(p.ops[row].calls[0]) > 0 == float(p.ops[row].calls[1])
+        assert float(p.ops[general].calls[1]) > 0 == float(p.ops[general].calls[0])
 
 
 def test_dense_attention_grows_with_context_and_tp_splits_weights():

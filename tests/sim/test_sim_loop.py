@@ -1,9 +1,12 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from simrun import run, value
 
 from perfmodel.calibrated import make_predictor
 from perfmodel.hardware import get_gpu
+from sim.config import default_strategy
 from sim.writers import trace_jsonl
 
 
@@ -45,12 +48,17 @@ def test_per_layer_mode_times_equal_round_mode():
     # the total by ~1e-7.
     assert value(b, "simulated_time_s") == pytest.approx(value(a, "simulated_time_s"), rel=1e-5)
     lanes = {s.lane for s in b.recorder.spans}
-    assert {"drafter", "selector", "verifier"} <= lanes
-    # refresh_every 4 over 32 layers: 8 selections per round in the per-layer timeline
+    assert {"drafter", "verifier"} <= lanes
+    # NSA selects inside its refresh calls: no selection of its own. Block-metadata selection
+    # (mean keys) runs apart in every refresh layer: refresh_every 4 over 32 layers, 8
+    # selections per round in the per-layer timeline.
+    assert "selector" not in lanes
+    mean = dataclasses.replace(default_strategy("ssv"), metadata="mean")
+    c = run("ssv", num_tokens=300, per_layer=True, strategy=mean)
     first = [
         s
-        for s in b.recorder.spans
-        if s.lane == "selector" and s.start_s < b.requests[0].first_token_s
+        for s in c.recorder.spans
+        if s.lane == "selector" and s.start_s < c.requests[0].first_token_s
     ]
     assert len(first) == 8
 
