@@ -109,6 +109,7 @@ class OnlineController:
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
         self._round_cache: dict[str, dict[str, float]] = {}
+        self._ids: dict[Strategy, str] = {}
         # Shadow estimates per drafter kind: decayed resolved positions and, per chain length
         # k, decayed positions whose first k drafts matched.
         self._shadow: dict[str, tuple[float, list[float]]] = {}
@@ -186,7 +187,7 @@ class OnlineController:
         s: Strategy = stats.strategy
         if "switch" in stats.step_s:  # the loop reports what re-capture and re-selection cost
             self.switch_cost_s = float(stats.step_s["switch"])
-        key = strategy_id(s)
+        key = self._id(s)
         regime = self._ranked_regime(max(stats.context_lens))
         self._observe_shadow(getattr(stats, "shadow", None))
         drafting = bool(stats.drafted)
@@ -236,6 +237,14 @@ class OnlineController:
                 self._log_switch(stats.round, key, probe, "probe", None, None, 0.0)
                 return probe
         return None
+
+    def _id(self, s: Strategy) -> str:
+        """``strategy_id``, memoised: it hashes the strategy's JSON (~20 us), and the controller
+        needs the current one's every round."""
+        sid = self._ids.get(s)
+        if sid is None:
+            sid = self._ids[s] = strategy_id(s)
+        return sid
 
     def _observe_shadow(self, shadow) -> None:
         """Fold this round's shadow counts into the decayed sums (weight ``1 - ema`` per round
@@ -328,7 +337,7 @@ class OnlineController:
         re-score only recomputes tokens per round (a full ``score`` call takes ~15-30 ms of
         host time, more than ten 1-ms decode rounds)."""
         cache = self._round_cache.setdefault(regime, {})
-        missing = [s for s in strategies if strategy_id(s) not in cache]
+        missing = [s for s in strategies if self._id(s) not in cache]
         if missing:
             ctx = self.ranking["regimes"][regime]["context_len"]
             scored, _ = score(self.model, self.gpu, missing, ctx, self.profile, regime, self.batch)
@@ -351,7 +360,7 @@ class OnlineController:
         profiled alpha, None when it drafts nothing), or (None, 0) when none is worth it."""
         cfg = self.config
         cands = dict(self._candidates(regime))
-        now_id = strategy_id(current)
+        now_id = self._id(current)
         cands[now_id] = current
         # The current drafter's candidates shift by the relative change observed on it (so the
         # current strategy scores at exactly the observed acceptance); a shadowed drafter's
