@@ -5,6 +5,14 @@ The loop switches at the round boundary: the new tree, attention and drafter tak
 next round (their CUDA graphs are captured outside the timed steps). Returning ``None`` keeps
 the current strategy.
 
+A controller may also declare ``drafter_kinds()``: the drafter kinds it may switch to. The loop
+then starts every one of them during prefill (outside the decode timing; ``DecodeResult.warm_s``)
+and keeps them *warm*: a switch to one catches it up with the tokens committed since it last
+drafted instead of restarting it on the whole context (20-70 ms for a draft model on a 15K
+context on the H100). A warm n-gram drafter also scores, every round, what an n-gram chain would
+have accepted on the committed tokens (``RoundStats.shadow``), so a controller learns about
+n-gram drafting without drafting with it.
+
 ``--controller module:attr`` names a controller class (or factory) to instantiate with no
 arguments, or an object that already has ``after_round``.
 """
@@ -12,10 +20,42 @@ arguments, or an object that already has ``after_round``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from perfmodel.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowAcceptance:
+    """What a chain drafter that did not draft would have accepted (``engine.ngram``'s shadow),
+    over the committed positions resolved in one round, summed over the batch.
+
+    ``positions`` proposals were resolved; ``matched[k - 1]`` of them had their first ``k``
+    tokens all equal to the committed ones (k = 1 .. ``len(matched)``, the longest chain scored).
+    """
+
+    positions: int
+    matched: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.positions < 0:
+            raise ValueError(f"positions must be >= 0, got {self.positions}")
+        bounds = (self.positions, *self.matched[:-1])
+        if any(b > a or b < 0 for a, b in zip(bounds, self.matched, strict=True)):
+            raise ValueError(
+                f"matched must be non-increasing, >= 0 and <= positions, got {self.matched}"
+            )
+
+    def accepted(self, chain: int) -> float | None:
+        """Mean accepted drafts per round of a chain of ``chain`` drafts, ``E[min(m, chain)]``
+        over the positions (None when none was resolved)."""
+        if not 1 <= chain <= len(self.matched):
+            raise ValueError(f"chain must lie in [1, {len(self.matched)}], got {chain}")
+        if not self.positions:
+            return None
+        return sum(self.matched[:chain]) / self.positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +64,10 @@ class RoundStats:
 
     ``step_s`` holds the round's step times (``draft``, ``verify``, ``accept``, and ``switch``
     -- the host time of installing the strategy -- in the first round after a switch, whose
-    CUDA-graph captures also land in its other steps); the per-layer tuples are means over the
-    batch, or None when not measured this round.
+    CUDA-graph captures also land in its other steps, and ``shadow``, the host time of the
+    shadow acceptance); the per-layer tuples are means over the batch, or None when not measured
+    this round. ``shadow`` maps a drafter kind to its counterfactual acceptance this round (see
+    the module; empty without warm drafters that score one).
     """
 
     round: int
@@ -38,6 +80,7 @@ class RoundStats:
     group_overlap: tuple[float, ...] | None = None
     layer_overlap: tuple[float, ...] | None = None
     predict_hit: tuple[float, ...] | None = None
+    shadow: Mapping[str, ShadowAcceptance] | None = None
 
     @property
     def mean_accepted(self) -> float:

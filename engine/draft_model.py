@@ -8,6 +8,10 @@ the target's acceptance the kept path is committed from it (``commit``, device-o
 leaf at depth D was never run through the draft model: it is run first at the next round
 (``catch-up``, the level-0 graph with the leaf as input), for the sequences that need it.
 
+The drafter keeps on the host how many committed tokens its cache holds per sequence, so after
+rounds it sat out (a warm drafter, ``resume``) it runs only the tokens committed since -- one
+chunked forward (``ModelRunner.extend``), not a prefill of the whole context again.
+
 ``SelfSparseDrafter`` drafts a chain with the target runner itself: every step is a tree forward
 of the chain so far whose attention is ``shared`` sparse attention with a budget of
 ``sparsity_ratio`` of the context (each row sees the blocks its first row selected, plus the
@@ -101,9 +105,22 @@ class ModelDrafter:
         self._pending: torch.Tensor | None = None  # [B] kept leaf token not yet in the cache
         self._need: torch.Tensor | None = None  # [B] int32: 1 where that leaf is due
         self._catch_up = False
+        self.synced: list[int] = []  # committed tokens per sequence in the cache (or pending)
+        self.caught_up = 0  # tokens run by ``resume`` since ``start``
 
     def start(self, prompts: list[list[int]]) -> None:
         self.runner.prefill(prompts)
+        self._catch_up = False
+        self.synced = [len(p) for p in prompts]
+        self.caught_up = 0
+
+    def resume(self, history: list[list[int]]) -> None:
+        """Catch up with ``history`` (committed tokens, the root last, which a draft feeds
+        itself) after rounds it did not draft: one forward of the tokens it lacks, the kept leaf
+        it had not run yet included."""
+        tails = [h[s : len(h) - 1] for h, s in zip(history, self.synced, strict=True)]
+        self.caught_up += self.runner.extend(tails)
+        self.synced = [len(h) - 1 for h in history]
         self._catch_up = False
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history) -> Draft:
@@ -135,6 +152,8 @@ class ModelDrafter:
     def observe(self, history, counts: list[int]) -> None:
         depth = self._tree.max_depth
         self._catch_up = any(c > depth for c in counts)
+        # All but the root are in the cache, less a kept leaf of depth D (its catch-up is due).
+        self.synced = [len(h) - 1 - max(0, c - depth) for h, c in zip(history, counts, strict=True)]
 
 
 class SelfSparseDrafter:
@@ -166,6 +185,10 @@ class SelfSparseDrafter:
 
     def start(self, prompts) -> None:
         self.runner.prepare(self.expander.attn)
+
+    def resume(self, history) -> None:
+        """No state of its own (it drafts from the target's cache): its attention's summaries."""
+        self.start(history)
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history) -> Draft:
         if any(len(c) > 1 for c in tree.children):

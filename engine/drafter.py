@@ -40,6 +40,10 @@ class Drafter(Protocol):
     def start(self, prompts: list[list[int]]) -> None:
         """Prefill / index the prompts (the target's prefill has run)."""
 
+    def resume(self, history: list[list[int]]) -> None:
+        """Catch up with ``history`` (each sequence's committed tokens, the root last) after
+        rounds it did not draft in, running only what it lacks (a warm drafter's switch)."""
+
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:
         """Tokens for ``tree`` below ``roots`` ``[B]`` (device); ``history`` holds each
         sequence's committed tokens, the root last."""

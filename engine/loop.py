@@ -2,7 +2,9 @@
 
 ``Engine.generate`` (nano-vllm's ``LLMEngine.step`` loop in one sitting):
 
-1. **prefill** the prompts (target and drafter), sample the first token: the first root.
+1. **prefill** the prompts (target and drafter), sample the first token: the first root. Then
+   start the *warm* drafters the controller declares (``drafter_kinds()``), timed apart
+   (``DecodeResult.warm_s``): a later switch to one only catches it up (``Drafter.resume``).
 2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
    ``draft`` the strategy's tree below the roots; ``launch`` -- the time the GPU waits for the
    host to issue the verify step (0 when the GPU is behind the host); ``verify`` it in one
@@ -11,9 +13,13 @@
    ``accept`` -- acceptance (greedy or rejection sampling), the KV commit of the kept path and
    the rollback of the rest, the drafter's commit (CUDA graphs too) -- then **one** host read:
    the kept counts, the bonus tokens and the kept path's tokens.
+   A warm n-gram drafter then indexes the committed tokens and scores its shadow acceptance
+   (``engine.ngram``; host time ``step_s["shadow"]``, inside the round's wall time -- in its own
+   ``observe`` when it is the drafter drafting).
 3. optionally the selection statistics (``engine.stats``, outside the timed steps), one trace
    record per sequence (``engine.trace_writer``), and ``controller.after_round``, which may
-   switch the strategy for the next round.
+   switch the strategy for the next round (its host time: ``step_s["control"]`` of the round
+   it follows; a switch's: ``step_s["switch"]`` of the next one).
 
 The first round of each strategy on CUDA captures its graphs (and compiles the kernels); it is
 flagged ``warmup`` and left out of the tokens/s figures.
@@ -32,7 +38,7 @@ from engine.config import ModelConfig
 from engine.controller import Controller, KeepStrategy, RoundStats
 from engine.draft_model import ModelDrafter, SelfSparseDrafter
 from engine.drafter import Draft, Drafter
-from engine.ngram import NgramDrafter
+from engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
 from engine.results import DecodeResult, RoundRecord
 from engine.runner import ModelRunner
 from engine.settings import DecodeConfig
@@ -99,13 +105,22 @@ class Engine:
         self.target, self.draft_runner, self.config = target, draft_runner, config
         self.controller = controller or KeepStrategy()
         self.trace = trace
+        declared = getattr(self.controller, "drafter_kinds", None)
+        # Kinds with state of their own to keep warm (self_sparse drafts from the target's
+        # cache; a draft model needs its runner).
+        self.warm_kinds = tuple(
+            k for k in (declared() if declared else ())
+            if k == "ngram" or (k == "draft_model" and draft_runner is not None)
+        )  # fmt: skip
         if draft_runner is not None and draft_runner.config.vocab_size != target.config.vocab_size:
             raise ValueError(
                 f"draft vocabulary {draft_runner.config.vocab_size} differs from the target's "
                 f"{target.config.vocab_size}"
             )
         self._drafters: dict[str, Drafter] = {}
+        self._started: set[str] = set()  # drafter kinds started in this generate call
         self._history: list[list[int]] | None = None  # set while generating
+        self._shadow: NgramDrafter | None = None  # the n-gram drafter scoring its shadow
         self._switch_s: float | None = None
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
@@ -115,13 +130,17 @@ class Engine:
     def set_strategy(self, strategy: Strategy) -> None:
         """Validate and install ``strategy`` (``ValueError`` when the engine cannot run it).
 
-        Mid-generation, a drafter that was not the current one is (re)started on the committed
-        tokens, so its cache or index is complete."""
+        Mid-generation, a drafter that was not the current one catches up with the committed
+        tokens: a warm one (started in this call) with those it lacks, another from scratch."""
         draft_cfg = self.draft_runner.config if self.draft_runner is not None else None
         tree, attn = check_strategy(strategy, self.target.config, draft_cfg, self.target.backend)
         drafter = self._drafter(strategy, tree) if tree.num_drafts else None
         if drafter is not None and drafter is not self.drafter and self._history is not None:
-            drafter.start([h[:-1] for h in self._history])
+            if drafter.kind in self._started:
+                drafter.resume(self._history)
+            else:
+                drafter.start([h[:-1] for h in self._history])
+                self._started.add(drafter.kind)
         self.strategy, self.tree, self.attn, self.drafter = strategy, tree, attn, drafter
         self.target.prepare(attn)
         self.stats = None
@@ -145,14 +164,17 @@ class Engine:
             window=max(strategy.window, t),
         )
 
-    def _drafter(self, strategy: Strategy, tree: DraftTree) -> Drafter:
-        kind = strategy.drafter.kind
+    def _drafter(self, strategy: Strategy | None, tree: DraftTree | None,
+                 kind: str = "") -> Drafter:  # fmt: skip
+        """The drafter of ``strategy`` (or of ``kind``: draft_model or ngram), built once."""
+        kind = kind or strategy.drafter.kind
         if kind not in self._drafters:
             temp = self.config.draft_temp
             if kind == "draft_model":
                 d = ModelDrafter(self.draft_runner, temp)
             elif kind == "ngram":
-                d = NgramDrafter(self.target.device, self.config.ngram_max_n)
+                shadow = SHADOW_MAX_CHAIN if "ngram" in self.warm_kinds else 0
+                d = NgramDrafter(self.target.device, self.config.ngram_max_n, shadow)
             else:
                 attn = SelfSparseDrafter.attention(
                     self.target.cache.t_max, strategy.drafter.sparsity_ratio,
@@ -179,11 +201,15 @@ class Engine:
             roots = sample_from(target_probs(first, cfg.temperature))
         if self.drafter is not None:
             self.drafter.start(prompts)
+        self._started = {self.drafter.kind} if self.drafter is not None else set()
         if self.stats is not None:
             self.stats = SelectionStats(self.stats.cfg, self.target.config.num_layers,
                                         backend=self.target.backend)  # fmt: skip
         host_roots = roots.tolist()
         prefill_s = time.perf_counter() - t0
+        warm_s = self._start_warm(prompts)
+        shadow = self._drafters.get("ngram")
+        self._shadow = shadow if shadow is not None and shadow.shadow_chain else None
         history = [list(p) + [r] for p, r in zip(prompts, host_roots, strict=True)]
         self._history = history
         generated = [[r] for r in host_roots]
@@ -203,7 +229,20 @@ class Engine:
             )
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
-        return DecodeResult(tokens, rounds, prefill_s, timer.source)
+        return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
+
+    def _start_warm(self, prompts: list[list[int]]) -> float:
+        """Start the warm drafters that are not the current one; their host wall time."""
+        todo = [k for k in self.warm_kinds if k not in self._started]
+        if not todo:
+            return 0.0
+        t0 = time.perf_counter()
+        for kind in todo:
+            self._drafter(None, None, kind).start(prompts)
+            self._started.add(kind)
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize()  # the draft model's prefill runs asynchronously
+        return time.perf_counter() - t0
 
     def _round(self, index, roots, history, generated, timer):
         tree, attn = self.tree, self.attn
@@ -242,6 +281,12 @@ class Engine:
             generated[b] += kept
         if self.drafter is not None:
             self.drafter.observe(history, counts)
+        shadow = None
+        if self._shadow is not None:  # current or warm: its index follows every round
+            s0 = time.perf_counter()
+            self._shadow.sync(history)
+            shadow = {"ngram": self._shadow.take_shadow()}
+            step_s["shadow"] = time.perf_counter() - s0
         wall_s = time.perf_counter() - wall0
         selection, stats_s = None, 0.0
         if record:
@@ -264,6 +309,7 @@ class Engine:
             t_s=wall0 - self._t_start,
             selection=selection,
             stats_s=stats_s,
+            shadow=shadow,
         )
         return rec, acc.bonus.clone()
 
@@ -317,8 +363,11 @@ class Engine:
             group_overlap=_batch_mean(sel, "group_overlap"),
             layer_overlap=_batch_mean(sel, "layer_overlap"),
             predict_hit=_batch_mean(sel, "predict_hit"),
+            shadow=rec.shadow,
         )
+        c0 = time.perf_counter()
         new = self.controller.after_round(stats)
+        rec.step_s["control"] = time.perf_counter() - c0
         if new is not None and new != self.strategy:
             s0 = time.perf_counter()
             self.set_strategy(new)

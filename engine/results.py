@@ -31,6 +31,7 @@ class RoundRecord:
     t_s: float = 0.0  # round start, seconds after the first round began
     selection: RoundSelection | None = None
     stats_s: float = 0.0
+    shadow: dict | None = None  # drafter kind -> engine.controller.ShadowAcceptance
 
     @property
     def tokens(self) -> int:
@@ -39,12 +40,14 @@ class RoundRecord:
 
 @dataclass(slots=True)
 class DecodeResult:
-    """Generated tokens per sequence (truncated to ``max_new_tokens``) and the rounds."""
+    """Generated tokens per sequence (truncated to ``max_new_tokens``) and the rounds;
+    ``warm_s``: the start of the warm drafters after the prefill (host wall clock)."""
 
     tokens: list[list[int]]
     rounds: list[RoundRecord]
     prefill_s: float
     timer: str
+    warm_s: float = 0.0
 
     def timed(self) -> list[RoundRecord]:
         """Rounds that count in the figures (warm-up rounds left out when others exist)."""

@@ -7,6 +7,8 @@
   positions ``lens + depth``, writing its KV at ``lens + i``, attending through
   ``engine.attention.TreeAttention``. Eager; callers run it inside ``graphs``.
 - ``commit(path, count)``: ``KVCache.commit`` (accepted path kept, the rest rolled back).
+- ``extend(tails)``: prefill's chunked forward started at each sequence's committed length: how a
+  warm drafter that sat out some rounds catches up with the tokens committed meanwhile.
 
 Static shapes and no host reads in ``tree_forward`` and ``commit``, so ``graphs`` can capture
 them (``use_graphs`` needs CUDA and the Triton backend).
@@ -99,25 +101,60 @@ class ModelRunner:
         last = torch.empty(
             (cache.batch, self.config.vocab_size), dtype=torch.float32, device=self.device
         )
-        for n, rows in by_len.items():
-            ids = torch.tensor([prompts[b] for b in rows], dtype=torch.int64, device=self.device)
-            idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            sel = (
-                slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) else idx
+        for rows in by_len.values():
+            last[torch.tensor(rows, device=self.device)] = self._forward(
+                [prompts[b] for b in rows], rows, 0, chunk
             )
-            for s in range(0, n, chunk):
-                e = min(n, s + chunk)
-                pos = torch.arange(s, e, device=self.device).expand(len(rows), -1)
-                logits, _ = self.model(
-                    ids[:, s:e],
-                    pos,
-                    _PrefillWriter(cache, sel, s, e),
-                    _PrefillAttend(cache, sel, s, e),
-                    last_only=True,
-                )
-            last[idx] = logits[:, -1]
         cache.set_lens(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
         return last
+
+    @torch.no_grad()
+    def extend(self, tails: list[list[int]], chunk: int | None = None) -> int:
+        """Append ``tails[b]`` to sequence ``b``'s committed prefix: its KV written at positions
+        ``lens[b], lens[b] + 1, ...`` by chunked causal forwards (prefill's, started at the
+        committed length, so the prefix is not run again), then the lengths and summaries.
+        Reads ``lens`` on the host once. Returns the tokens appended."""
+        if chunk is None:
+            chunk = 1 << 30 if self.device.type == "cuda" else 1024
+        cache = self.cache
+        if len(tails) != cache.batch:
+            raise ValueError(f"{len(tails)} tails for a batch of {cache.batch}")
+        starts = cache.lens.tolist()
+        groups: dict[tuple[int, int], list[int]] = {}
+        for b, tail in enumerate(tails):
+            if starts[b] + len(tail) >= cache.t_max:
+                raise ValueError(
+                    f"sequence {b}: {starts[b]} + {len(tail)} tokens exceed the cache's "
+                    f"{cache.t_max}"
+                )
+            if tail:
+                groups.setdefault((starts[b], len(tail)), []).append(b)
+        for (start, _), rows in groups.items():
+            self._forward([tails[b] for b in rows], rows, start, chunk)
+        if groups:
+            new = [s + len(t) for s, t in zip(starts, tails, strict=True)]
+            cache.set_lens(torch.tensor(new, dtype=torch.int32))
+        return sum(map(len, tails))
+
+    def _forward(self, tokens: list[list[int]], rows: list[int], start: int, chunk: int):
+        """Sequences ``rows`` (tokens of one length) through the model at positions ``start...``,
+        writing their KV; the last position's logits ``[len(rows), V]``."""
+        cache = self.cache
+        n = len(tokens[0])
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        sel = slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) else idx
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            pos = torch.arange(start + s, start + e, device=self.device).expand(len(rows), -1)
+            logits, _ = self.model(
+                ids[:, s:e],
+                pos,
+                _PrefillWriter(cache, sel, start + s, start + e),
+                _PrefillAttend(cache, sel, start + s, start + e),
+                last_only=True,
+            )
+        return logits[:, -1]
 
     # ------------------------------------------------------------------ tree steps
 

@@ -3,17 +3,34 @@ after every round.
 
 It keeps an exponential moving average of the tokens produced per round, turns it into the
 per-token acceptance the current tree implies (``planner.profile.alpha_from_tokens``), and
-compares that with the acceptance the offline ranking assumed for this drafter and regime. When
-they differ by more than ``epsilon`` for ``patience`` consecutive rounds, it re-scores the
-regime's top candidates and the best-ranked strategy of every (drafter, tree) -- the current
-drafter's candidates at their profiled acceptance shifted by the relative change observed,
-another drafter's by the change last observed on it (else as profiled) -- and switches to the
-best one if it beats the current strategy's re-scored throughput by more than ``hysteresis``
-plus the measured switch cost amortised over ``horizon_rounds``, and no switch happened in the
-last ``cooldown`` rounds. Hysteresis and cooldown keep it from oscillating. A strategy that
-drafts nothing (autoregressive) observes no acceptance: after ``probe_after`` rounds in one,
-the controller probes the best-ranked drafting strategy again (reason ``probe``). Every switch
-is logged (``switches``) with its reason.
+compares that with the acceptance the offline ranking assumed for this drafter and regime (after
+a re-score that kept the strategy: with the acceptance that re-score saw, so a steady deviation
+is scored once, not every ``patience`` rounds). When they differ by more than ``epsilon`` for
+``patience`` consecutive rounds, it re-scores the regime's top candidates and the best-ranked
+strategy of every (drafter, tree), and switches to the best one if it beats the current
+strategy's re-scored throughput by more than ``hysteresis`` plus the measured switch cost
+amortised over ``horizon_rounds``, and no switch happened in the last ``cooldown`` rounds.
+Hysteresis and cooldown keep it from oscillating.
+
+What each candidate is scored at:
+
+- the current strategy: the acceptance observed on it; the current drafter's other trees: their
+  profiled acceptance shifted by the relative change observed;
+- a drafter with a **shadow** estimate in the round statistics (``RoundStats.shadow``: what an
+  n-gram chain would have accepted on the tokens just committed, which the decode loop scores
+  every round whether or not that drafter drafts, see ``engine.ngram``): its chains at the
+  acceptance the shadow implies for that very chain length (times their attention factor over
+  the current strategy's), its other trees shifted by the shadow's change on its best-ranked
+  chain. A shadow that rises more than ``epsilon`` above the profile (or above what the last
+  re-score saw) for ``patience`` rounds triggers a re-score too (reason ``shadow``) -- also
+  while decoding autoregressively, which observes no acceptance of its own;
+- any other drafter: the shift last observed on it, or its profile. A prompt that defeats one
+  drafter need not defeat another (random bytes defeat n-gram lookup, not a draft model).
+
+A strategy that drafts nothing observes no acceptance: after ``probe_after`` rounds in one, the
+controller probes the best-ranked drafting strategy whose drafter has no shadow (reason
+``probe``). Every switch is logged (``switches``) with its reason. ``drafter_kinds()`` tells the
+decode loop which drafters to keep warm, so a switch costs a catch-up, not a restart.
 """
 
 from __future__ import annotations
@@ -32,6 +49,10 @@ from planner.profile import (
 )
 from planner.rank import score, strategy_from_json
 from planner.space import strategy_id
+
+# Decayed positions a shadow estimate needs before the controller uses it (about one round of
+# a long chain; fewer is a coin toss).
+SHADOW_MIN_POSITIONS = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +101,20 @@ class OnlineController:
             raise ValueError(f"switch_cost_s must be >= 0, got {switch_cost_s}")
         self.switch_cost_s = float(switch_cost_s)
         self._ema_tokens: float | None = None
+        self._alpha = 0.0
         self._strategy_key: str | None = None
         self._deviating = 0
+        self._scored_alpha: float | None = None  # the observed alpha the last re-score kept
         self._last_switch = -(10**9)
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
         self._round_cache: dict[str, dict[str, float]] = {}
+        self._ids: dict[Strategy, str] = {}
+        # Shadow estimates per drafter kind: decayed resolved positions and, per chain length
+        # k, decayed positions whose first k drafts matched.
+        self._shadow: dict[str, tuple[float, list[float]]] = {}
+        self._shadow_dev: dict[str, int] = {}
+        self._shadow_scored: dict[str, float] = {}  # the shadow alpha the last re-score saw
 
     @classmethod
     def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
@@ -124,39 +153,140 @@ class OnlineController:
     def observed_alpha(self) -> float | None:
         return None if self._ema_tokens is None else self._alpha
 
+    def drafter_kinds(self) -> tuple[str, ...]:
+        """The drafter kinds of every candidate that drafts, in every ranked regime: what the
+        decode loop keeps warm (``engine.controller``)."""
+        kinds = {
+            c.drafter.kind
+            for regime in self.ranking["regimes"]
+            for c in self._candidates(regime).values()
+            if parse_tree(c.tree)
+        }
+        return tuple(sorted(kinds))
+
+    def shadow_alpha(self, regime: str, c: Strategy, current: Strategy) -> float | None:
+        """The acceptance the shadow estimate implies for candidate ``c`` (None when its drafter
+        has no estimate yet or ``c`` is no chain the shadow scores): the expected tokens per
+        round of its chain length inverted on its tree, times its attention factor over the
+        current strategy's (the shadow saw the current strategy's target)."""
+        est = self._shadow.get(c.drafter.kind)
+        if est is None or est[0] < SHADOW_MIN_POSITIONS:
+            return None
+        k = _chain_length(c.tree)
+        if not 1 <= k <= len(est[1]):
+            return None
+        tokens = 1.0 + sum(est[1][:k]) / est[0]
+        factor = self.profile.attention_factor
+        now = factor(regime, current)
+        if now <= 0:
+            return None
+        return min(1.0, alpha_from_tokens(c.tree, tokens) * factor(regime, c) / now)
+
     def after_round(self, stats) -> Strategy | None:
         cfg = self.config
         s: Strategy = stats.strategy
         if "switch" in stats.step_s:  # the loop reports what re-capture and re-selection cost
             self.switch_cost_s = float(stats.step_s["switch"])
-        key = strategy_id(s)
-        if not stats.drafted:
-            # A strategy that drafts nothing observes no acceptance, so it could never leave:
-            # after ``probe_after`` rounds, go back to the best-ranked drafting strategy.
-            if self.switches and stats.round - self._last_switch >= cfg.probe_after:
-                regime = self._ranked_regime(max(stats.context_lens))
-                probe = self._probe_strategy(regime)
-                if probe is not None:
-                    self._log_switch(stats.round, key, probe, "probe", None, None, 0.0)
-                    return probe
-            return None
-        tokens = stats.mean_accepted + 1.0
-        if key != self._strategy_key:  # a new strategy: its own acceptance history
-            self._strategy_key, self._ema_tokens, self._deviating = key, tokens, 0
-        else:
-            self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
-        self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
+        key = self._id(s)
         regime = self._ranked_regime(max(stats.context_lens))
-        expected = self.profile.alpha_for(regime, s)
-        self._deviating = self._deviating + 1 if abs(self._alpha - expected) > cfg.epsilon else 0
-        if self._deviating < cfg.patience or stats.round - self._last_switch < cfg.cooldown:
+        self._observe_shadow(getattr(stats, "shadow", None))
+        drafting = bool(stats.drafted)
+        expected, own = None, False
+        if drafting:
+            tokens = stats.mean_accepted + 1.0
+            if key != self._strategy_key:  # a new strategy: its own acceptance history
+                self._strategy_key, self._ema_tokens, self._deviating = key, tokens, 0
+                self._scored_alpha = None
+            else:
+                self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
+            self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
+            expected = self.profile.alpha_for(regime, s)
+            ref = expected if self._scored_alpha is None else self._scored_alpha
+            self._deviating = self._deviating + 1 if abs(self._alpha - ref) > cfg.epsilon else 0
+            own = self._deviating >= cfg.patience
+        else:
+            self._strategy_key = key
+        shadow_kind = self._shadow_rising(regime, s, drafting)
+        if stats.round - self._last_switch < cfg.cooldown:
             return None
-        best, gain = self._rescore(s, regime, max(stats.context_lens), expected)
-        self._deviating = 0
-        if best is None:
-            return None
-        self._log_switch(stats.round, key, best, "acceptance", self._alpha, expected, gain)
-        return best
+        if own or shadow_kind is not None:
+            best, gain = self._rescore(s, regime, max(stats.context_lens), expected)
+            # What this re-score saw: the same deviation does not trigger another one.
+            self._deviating = 0
+            self._scored_alpha = self._alpha if drafting else None
+            for kind, ref in self._shadow_refs(regime).items():
+                self._shadow_dev[kind] = 0
+                a = self.shadow_alpha(regime, ref, s)
+                if a is not None:
+                    self._shadow_scored[kind] = a
+            if best is None:
+                return None
+            if own:
+                self._log_switch(stats.round, key, best, "acceptance", self._alpha, expected, gain)
+            else:
+                ref = self._shadow_refs(regime)[shadow_kind]
+                self._log_switch(stats.round, key, best, "shadow",
+                                 self._shadow_scored[shadow_kind],
+                                 self.profile.alpha_for(regime, ref), gain)  # fmt: skip
+            return best
+        if not drafting and self.switches and stats.round - self._last_switch >= cfg.probe_after:
+            # A strategy that drafts nothing observes no acceptance, so without a shadow of a
+            # drafter it could never leave: go back to the best-ranked drafting strategy.
+            probe = self._probe_strategy(regime)
+            if probe is not None:
+                self._log_switch(stats.round, key, probe, "probe", None, None, 0.0)
+                return probe
+        return None
+
+    def _id(self, s: Strategy) -> str:
+        """``strategy_id``, memoised: it hashes the strategy's JSON (~20 us), and the controller
+        needs the current one's every round."""
+        sid = self._ids.get(s)
+        if sid is None:
+            sid = self._ids[s] = strategy_id(s)
+        return sid
+
+    def _observe_shadow(self, shadow) -> None:
+        """Fold this round's shadow counts into the decayed sums (weight ``1 - ema`` per round
+        on the past, as the acceptance EMA)."""
+        if not shadow:
+            return
+        keep = 1.0 - self.config.ema
+        for kind, sh in shadow.items():
+            old = self._shadow.get(kind)
+            if old is None or len(old[1]) != len(sh.matched):
+                self._shadow[kind] = (float(sh.positions), [float(x) for x in sh.matched])
+            else:
+                matched = [keep * a + b for a, b in zip(old[1], sh.matched, strict=True)]
+                self._shadow[kind] = (keep * old[0] + sh.positions, matched)
+
+    def _shadow_refs(self, regime: str) -> dict[str, Strategy]:
+        """Per shadowed drafter kind, its best-ranked chain among the regime's candidates: what
+        its shadow is compared with (its profile) and what shifts its other trees."""
+        refs = {}
+        for kind, (_, matched) in self._shadow.items():
+            for c in self._candidates(regime).values():
+                if c.drafter.kind == kind and 1 <= _chain_length(c.tree) <= len(matched):
+                    refs[kind] = c
+                    break
+        return refs
+
+    def _shadow_rising(self, regime: str, current: Strategy, drafting: bool) -> str | None:
+        """Count, per drafter kind other than the drafting one, the rounds its shadow stands
+        more than ``epsilon`` above its profile (or above what the last re-score saw: a drafter
+        doing worse than assumed cannot win a re-score, so only a rise triggers one); the kind
+        whose count reached ``patience``, if any."""
+        cfg, hit = self.config, None
+        for kind, ref in self._shadow_refs(regime).items():
+            if drafting and kind == current.drafter.kind:
+                continue  # the drafting drafter observes itself
+            a = self.shadow_alpha(regime, ref, current)
+            base = max(self.profile.alpha_for(regime, ref), self._shadow_scored.get(kind, 0.0))
+            rising = a is not None and a - base > cfg.epsilon
+            self._shadow_dev[kind] = self._shadow_dev.get(kind, 0) + 1 if rising else 0
+            if self._shadow_dev[kind] >= cfg.patience and hit is None:
+                hit = kind
+        return hit
 
     def _log_switch(self, round_: int, key: str, to: Strategy, reason: str, observed,
                     expected, gain: float) -> None:  # fmt: skip
@@ -175,10 +305,12 @@ class OnlineController:
         )
 
     def _probe_strategy(self, regime: str) -> Strategy | None:
-        """The regime's best-ranked strategy that drafts (None when none does)."""
+        """The regime's best-ranked strategy that drafts with a drafter the shadow does not
+        cover (None when there is none: the shadow observes the others every round)."""
+        shadowed = self._shadow_refs(regime)
         for r in self.ranking["regimes"][regime]["ranking"]:
             s = strategy_from_json(r["strategy"])
-            if parse_tree(s.tree):
+            if parse_tree(s.tree) and s.drafter.kind not in shadowed:
                 return s
         return None
 
@@ -205,7 +337,7 @@ class OnlineController:
         re-score only recomputes tokens per round (a full ``score`` call takes ~15-30 ms of
         host time, more than ten 1-ms decode rounds)."""
         cache = self._round_cache.setdefault(regime, {})
-        missing = [s for s in strategies if strategy_id(s) not in cache]
+        missing = [s for s in strategies if self._id(s) not in cache]
         if missing:
             ctx = self.ranking["regimes"][regime]["context_len"]
             scored, _ = score(self.model, self.gpu, missing, ctx, self.profile, regime, self.batch)
@@ -222,25 +354,35 @@ class OnlineController:
             for c in cands:
                 expected_tokens(c.tree, 0.5)
 
-    def _rescore(self, current: Strategy, regime: str, context_len: int, expected: float):
-        """Best candidate under the observed acceptance, or (None, 0) when none is worth it."""
+    def _rescore(self, current: Strategy, regime: str, context_len: int,
+                 expected: float | None):  # fmt: skip
+        """Best candidate under the observed acceptance (``expected``: the current strategy's
+        profiled alpha, None when it drafts nothing), or (None, 0) when none is worth it."""
         cfg = self.config
         cands = dict(self._candidates(regime))
-        cands[strategy_id(current)] = current
+        now_id = self._id(current)
+        cands[now_id] = current
         # The current drafter's candidates shift by the relative change observed on it (so the
-        # current strategy scores at exactly the observed acceptance); another drafter keeps
-        # the shift last observed on it, or its profile. A prompt that defeats one drafter
-        # need not defeat another (random bytes: n-gram lookup finds nothing, a draft model
-        # still follows the text the target writes), and the memory keeps two drafters from
-        # trading places on one drafter's evidence.
-        self._shift[current.drafter.kind] = self._alpha / expected if expected > 0 else 1.0
+        # current strategy scores at exactly the observed acceptance); a shadowed drafter's
+        # chains score at their shadow acceptance, its other trees shift by the shadow's change
+        # on its best-ranked chain; another drafter keeps the shift last observed on it, or its
+        # profile. The memory keeps two drafters from trading places on one drafter's evidence.
+        own_kind = current.drafter.kind if expected is not None else None
+        if own_kind is not None:
+            self._shift[own_kind] = self._alpha / expected if expected > 0 else 1.0
+        for kind, ref in self._shadow_refs(regime).items():
+            a, prof = self.shadow_alpha(regime, ref, current), self.profile.alpha_for(regime, ref)
+            if kind != own_kind and a is not None and prof > 0:
+                self._shift[kind] = a / prof
         round_s = self._round_s(regime, list(cands.values()))
         tpr, tps = {}, {}
         for sid, c in cands.items():
-            a = min(1.0, self.profile.alpha_for(regime, c) * self._shift.get(c.drafter.kind, 1.0))
+            a = None if sid == now_id else self.shadow_alpha(regime, c, current)
+            if a is None:
+                shift = self._shift.get(c.drafter.kind, 1.0)
+                a = min(1.0, self.profile.alpha_for(regime, c) * shift)
             tpr[sid] = expected_tokens(c.tree, a)
             tps[sid] = self.batch * tpr[sid] / round_s[sid]
-        now_id = strategy_id(current)
         top_id = max(tps, key=lambda k: (tps[k], k == now_id))
         if top_id == now_id:
             return None, 0.0
@@ -251,3 +393,11 @@ class OnlineController:
         )
         gain = per_tok_now / per_tok_new - 1.0
         return (cands[top_id], gain) if gain > cfg.hysteresis else (None, gain)
+
+
+def _chain_length(tree: str) -> int:
+    """K for a chain of K drafts (node i's parent is node i - 1), else 0."""
+    parents = parse_tree(tree)
+    if not parents or any(p != i - 1 for i, p in enumerate(parents)):
+        return 0
+    return len(parents)

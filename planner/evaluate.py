@@ -18,16 +18,22 @@ Four phases, all on one pair of model runners (target and draft) built once:
    the regret of the predicted best (1 - measured(predicted best) / measured best of the set).
 4. **adapt** -- per prompt set (code in distribution; prose, repetitive text and random bytes
    off it): (a) a fixed default (the ``ssv`` baseline on the draft model), (b) the fixed
-   offline best of the regime, (c) ``OnlineController`` starting from (b). The adaptive run
+   offline best of the regime, (c) ``OnlineController`` starting from (b). The adaptive runs
+   keep every drafter kind of the ranking's candidates warm (``OnlineController.drafter_kinds``:
+   started after the prefill, outside the timing, ``warm_s``; a switch catches a drafter up
+   instead of restarting it) and see the n-gram shadow acceptance every round. The adaptive run
    goes twice: the first (cold) captures the CUDA graphs and compiles the kernels of whatever
    it switches to -- its switch costs are reported, and their mean is what the timed runs'
    controllers know a switch costs before they make one -- then (b) and (c) alternate
    ``repeats`` times (medians), as a server that keeps its candidates' graphs would run them.
-   ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread.
+   ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread. Each
+   adaptive run's switches (with reasons), warm-up time and shadow estimates are recorded
+   (``adaptive.runs``).
 
-Tokens/s of every run: generated tokens over round wall time plus the controller's switch
-time, leaving out round 0 (the first strategy's graph capture) and nothing else -- a switch's
-re-capture round counts against the adaptive run.
+Tokens/s of every run: generated tokens over round wall time (the shadow's host time included)
+plus the controller's host time (``control``, its re-scores) and switch time, leaving out round 0
+(the first strategy's graph capture) and nothing else -- a switch's re-capture round counts
+against the adaptive run.
 """
 
 from __future__ import annotations
@@ -282,15 +288,17 @@ def steady_figures(result) -> dict:
     tokens = sum(r.tokens for r in rounds)
     wall = sum(r.wall_s for r in rounds)
     switch = sum(r.step_s.get("switch", 0.0) for r in rounds)
+    control = sum(r.step_s.get("control", 0.0) for r in rounds)
     return {
-        "tokens_per_s": tokens / max(wall + switch, 1e-12),
+        "tokens_per_s": tokens / max(wall + switch + control, 1e-12),
         "tokens": tokens,
         "rounds": len(rounds),
         "wall_s": wall,
         "switch_s": switch,
+        "control_s": control,
         "steps_s": {
             k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
-            for k in ("draft", "launch", "verify", "accept")
+            for k in ("draft", "launch", "verify", "accept", "shadow")
         },
         "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
     }
@@ -349,8 +357,23 @@ def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: d
     ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config,
                            switch_cost_s=switch_cost_s)  # fmt: skip
     ctl.warm()  # before decoding, as a server scores its candidates before requests arrive
-    return {**steady_figures(run_once(bench, strategy, prompt, controller=ctl, seed=seed)),
-            "switches": ctl.switches}  # fmt: skip
+    result = run_once(bench, strategy, prompt, controller=ctl, seed=seed)
+    return {**steady_figures(result), "switches": ctl.switches, "warm_s": result.warm_s,
+            "shadow": shadow_summary(result)}  # fmt: skip
+
+
+def shadow_summary(result) -> dict:
+    """Per drafter kind, the run's shadow estimate over all its rounds: positions scored and the
+    expected tokens per round of each chain length it scores (``1 + E[min(m, K)]``)."""
+    out = {}
+    for kind in {k for r in result.rounds for k in (r.shadow or {})}:
+        rows = [r.shadow[kind] for r in result.rounds if r.shadow and kind in r.shadow]
+        n = sum(x.positions for x in rows)
+        matched = np.sum([x.matched for x in rows], axis=0)
+        tpr = {f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
+               for k in range(1, len(matched) + 1)}  # fmt: skip
+        out[kind] = {"positions": int(n), "tokens_per_round": tpr}
+    return out
 
 
 # ----------------------------------------------------------------------------- phases
@@ -561,6 +584,8 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         adaptive = _median_run(runs)
         adaptive["cold"] = {"tokens_per_s": cold["tokens_per_s"], "switch_s": cold["switch_s"],
                             "switches": cold["switches"]}  # fmt: skip
+        keep = ("tokens_per_s", "switches", "switch_s", "control_s", "warm_s", "shadow")
+        adaptive["runs"] = [{k: r[k] for k in keep} for r in runs]
         adaptive["known_switch_cost_s"] = known_cost
         row["adaptive"] = adaptive
         row["adaptive_gain"] = adaptive["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
@@ -569,7 +594,8 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         row["switched"] = bool(adaptive["switches"])
         bench.log(f"adapt {kind:10s} default {row['default']['tokens_per_s']:8.1f} best "
                   f"{row['offline_best']['tokens_per_s']:8.1f} adaptive "
-                  f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches,"
+                  f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches"
+                  f"{''.join(' ' + x['reason'] for x in adaptive['switches'])},"
                   f" gain {row['adaptive_gain']:+.1%})")  # fmt: skip
         out[kind] = row
     return {"context_len": ctx, "regime": regime, "controller": dataclasses.asdict(config),

@@ -128,9 +128,13 @@ class Profile:
         drafter's), times its sparse attention's factor, at most 1."""
         v = self._get(self.acceptance, regime, f"{s.drafter.kind}@{s.tree}")
         a = self.alpha(regime, s.drafter.kind) if v is None else v
+        return min(1.0, a * self.attention_factor(regime, s))
+
+    def attention_factor(self, regime: str, s: Strategy) -> float:
+        """The factor ``s``'s sparse attention puts on alpha (1 for dense or unmeasured)."""
         key = attention_key(s)
         f = None if key is None else self._get(self.attention, regime, key)
-        return min(1.0, a * (1.0 if f is None else f))
+        return 1.0 if f is None else f
 
     def overhead_s(self, regime: str, s: Strategy) -> float:
         """Loop overhead per round of ``s`` (0 without a fitted overhead)."""

@@ -111,6 +111,7 @@ def build_report(args, result, strategy, tree, target_src, draft_src, context, d
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
         "round_s": figure(round_s, "s", timer),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
+        "warm_drafters_s": figure(result.warm_s, "s", "measured:wall-clock"),
         "selection": {
             name: _mean_layers(result, name)
             for name in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")

@@ -55,10 +55,12 @@ def test_steady_figures_leave_out_round_zero_and_count_switches():
     def rec(i, acc, wall, **step):
         return RoundRecord(i, "s", [100], 4, [acc], {"verify": wall, **step}, wall, i == 0)
 
-    res = DecodeResult([[1]], [rec(0, 4, 9.0), rec(1, 2, 1.0), rec(2, 3, 1.0, switch=2.0)], 0, "")
-    f = steady_figures(res)
+    rounds = [rec(0, 4, 9.0), rec(1, 2, 1.0, control=0.5), rec(2, 3, 1.0, switch=2.0)]
+    f = steady_figures(DecodeResult([[1]], rounds, 0, ""))
     assert f["tokens"] == 3 + 4 and f["rounds"] == 2
-    assert f["tokens_per_s"] == pytest.approx(7 / 4.0) and f["switch_s"] == 2.0
+    # The controller's host time (its re-scores) counts like the switch's.
+    assert f["tokens_per_s"] == pytest.approx(7 / 4.5) and f["switch_s"] == 2.0
+    assert f["control_s"] == 0.5 and f["steps_s"]["shadow"] == 0.0
 
 
 def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
@@ -123,6 +125,14 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         assert row["adaptive_gain"] == pytest.approx(
             row["adaptive"]["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
         )
+        # Adaptive runs keep both drafters warm and record what the n-gram shadow saw.
+        (run,) = row["adaptive"]["runs"]
+        assert run["warm_s"] > 0 and isinstance(run["switches"], list)
+        shadow = run["shadow"]["ngram"]
+        assert shadow["positions"] > 0 and len(shadow["tokens_per_round"]) == 8
+        tpr = list(shadow["tokens_per_round"].values())
+        assert tpr == sorted(tpr) and 1 <= tpr[0] and tpr[-1] <= 9
+        assert "shadow" not in row["offline_best"] and row["offline_best"]["control_s"] < 0.01
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
     assert doc["provenance"]["runs_from_cache"] == 0

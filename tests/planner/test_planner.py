@@ -140,6 +140,7 @@ class Stats:
     context_lens: tuple = (30000,)
     drafted: int = 16
     step_s: dict = field(default_factory=dict)
+    shadow: dict | None = None
 
     @property
     def mean_accepted(self):
@@ -221,6 +222,107 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses():
         s = new or s
     assert [x["reason"] for x in c.switches] == ["acceptance"], c.switches
     assert s.drafter.kind == "eagle" and parse_tree(s.tree)
+
+
+SHADOW_SPACE = dataclasses.replace(SMALL, drafters=("eagle", "ngram"), modes=("dense",),
+                                   trees=("chain:0", "chain:2", "chain:6"))  # fmt: skip
+SHADOW_PROFILE = Profile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.3}})
+
+
+def _shadow_controller(**cfg) -> OnlineController:
+    doc = rank(M, G, SHADOW_SPACE, SHADOW_PROFILE, regimes={"32K": 32768})
+    return OnlineController(doc, M, G, SHADOW_PROFILE, ControllerConfig(**cfg))
+
+
+def _shadow(rng, alpha: float, positions: int = 3, chain: int = 8):
+    """What the engine reports: leading matches of ``positions`` chain proposals, each draft
+    matching with probability ``alpha``."""
+    from engine.controller import ShadowAcceptance
+
+    matched = [0] * chain
+    for _ in range(positions):
+        k = 0
+        while k < chain and rng.random() < alpha:
+            k += 1
+        for j in range(k):
+            matched[j] += 1
+    return {"ngram": ShadowAcceptance(positions, tuple(matched))}
+
+
+def _accepted(rng, tree: str, alpha: float) -> int:
+    """Accepted drafts of one chain round at per-token acceptance ``alpha``."""
+    k, n = 0, len(parse_tree(tree))
+    while k < n and rng.random() < alpha:
+        k += 1
+    return k
+
+
+def _drive(c: OnlineController, s: Strategy, rounds: int, alpha: dict, shadow_alpha: float,
+           seed: int = 0) -> Strategy:  # fmt: skip
+    """Feed ``rounds`` rounds: the current drafter accepts at ``alpha[kind]``, the shadow sees
+    n-gram chains matching at ``shadow_alpha``; switch whenever the controller says so."""
+    rng = np.random.default_rng(seed)
+    for i in range(rounds):
+        drafts = len(parse_tree(s.tree))
+        acc = _accepted(rng, s.tree, alpha[s.drafter.kind]) if drafts else 0
+        new = c.after_round(Stats(i, s, (acc,), drafted=drafts, shadow=_shadow(rng, shadow_alpha)))
+        s = new or s
+    return s
+
+
+def test_controller_declares_its_drafters_and_reads_the_shadow():
+    c = _shadow_controller()
+    assert c.drafter_kinds() == ("eagle", "ngram")
+    s = c.initial_strategy(30000)
+    assert s.drafter.kind == "eagle" and parse_tree(s.tree)
+    ng6 = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, kind="ngram"),
+                              tree="chain:6")  # fmt: skip
+    assert c.shadow_alpha("32K", ng6, s) is None  # nothing seen yet
+    rng = np.random.default_rng(1)
+    for i in range(60):
+        c.after_round(Stats(i, s, (4,), drafted=6, shadow=_shadow(rng, 0.6, positions=5)))
+    # Decayed leading-match counts -> expected tokens of chain:6 -> alpha, close to the truth.
+    assert c.shadow_alpha("32K", ng6, s) == pytest.approx(0.6, abs=0.1)
+    two = dataclasses.replace(ng6, tree="chain:2")
+    assert c.shadow_alpha("32K", two, s) == pytest.approx(0.6, abs=0.15)
+    assert c.shadow_alpha("32K", dataclasses.replace(ng6, tree="full:2x2"), s) is None
+
+
+def test_controller_switches_to_ngram_when_its_shadow_accepts_whole_chains():
+    """Repetitive text: the draft drafter does as profiled, but the n-gram shadow matches
+    nearly every chain. The controller re-scores on the shadow (reason ``shadow``), goes to the
+    longest n-gram chain and, n-gram then accepting what the shadow said, stays there; from
+    autoregressive decoding too, which observes nothing of its own."""
+    c = _shadow_controller()
+    s = _drive(c, c.initial_strategy(30000), 120, {"eagle": 0.8, "ngram": 0.97}, 0.97)
+    assert [x["reason"] for x in c.switches] == ["shadow"], c.switches
+    assert s.drafter.kind == "ngram" and s.tree == "chain:6"
+    assert c.switches[0]["observed_alpha"] > 0.9 and c.switches[0]["expected_alpha"] < 0.5
+    c = _shadow_controller(probe_after=1000)
+    ar = dataclasses.replace(c.initial_strategy(30000), tree="chain:0")
+    s = _drive(c, ar, 60, {"eagle": 0.8, "ngram": 0.97}, 0.97)
+    assert [x["reason"] for x in c.switches] == ["shadow"] and s.drafter.kind == "ngram"
+
+
+def test_controller_does_not_switch_on_noise():
+    """Everything as profiled, sampled round by round (1-7 tokens per round, shadow chains of
+    3 positions): 400 rounds, several seeds, no switch."""
+    for seed in range(3):
+        c = _shadow_controller()
+        _drive(c, c.initial_strategy(30000), 400, {"eagle": 0.8, "ngram": 0.3}, 0.3, seed)
+        assert c.switches == [], (seed, c.switches)
+
+
+def test_controller_leaves_a_collapsing_drafter_and_keeps_ngram_off_random_text():
+    """Random bytes: the draft drafter collapses and the n-gram shadow finds nothing either.
+    The controller leaves the collapsing drafter once, not for n-gram drafting (its shadow says
+    it would accept nothing), and a shadow that stays low never triggers a re-score."""
+    c = _shadow_controller(probe_after=1000)
+    first = c.initial_strategy(30000)
+    s = _drive(c, first, 200, {"eagle": 0.05, "ngram": 0.0}, 0.0)
+    assert [x["reason"] for x in c.switches] == ["acceptance"], c.switches
+    assert c.switches[0]["from"] == strategy_id(first)
+    assert s.drafter.kind != "ngram" or not parse_tree(s.tree)
 
 
 def test_controller_rescore_agrees_with_a_full_score():

@@ -1,0 +1,267 @@
+"""Warm drafters and the shadow n-gram acceptance: switching between warm drafters is lossless
+and catches a drafter up instead of restarting it; the shadow equals the n-gram drafter's own
+chains scored position by position, a hand-computed value on a repetitive history, ~0 on random
+tokens, and its host cost stays small."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+from engine_helpers import random_prompts, tiny_model
+
+from engine.controller import ShadowAcceptance
+from engine.loop import Engine
+from engine.ngram import NgramDrafter, NgramIndex
+from engine.runner import ModelRunner
+from engine.settings import DecodeConfig
+from engine.tree import DraftTree
+from perfmodel.strategy import DrafterSpec, Strategy
+
+TARGET = tiny_model(seed=0)
+DRAFT = tiny_model(seed=0, noise=0.3)
+DM = DrafterSpec(kind="draft_model", model="draft")
+NG = DrafterSpec(kind="ngram")
+AR = Strategy(name="ar")
+
+
+class Plan:
+    """Switches to ``plan[round]`` after that round; records what it was given."""
+
+    def __init__(self, plan: dict[int, Strategy]) -> None:
+        self.plan, self.seen = plan, []
+
+    def after_round(self, stats):
+        self.seen.append(stats)
+        return self.plan.get(stats.round)
+
+
+class WarmPlan(Plan):
+    def drafter_kinds(self):
+        return ("draft_model", "ngram", "self_sparse")  # self_sparse has nothing to keep warm
+
+
+def _engine(strategy, controller, prompts, n=60, draft=DRAFT):
+    b, t_max = len(prompts), max(map(len, prompts)) + n + 70
+    runner = ModelRunner(TARGET, batch=b, t_max=t_max, backend="torch")
+    drunner = ModelRunner(draft, batch=b, t_max=t_max, backend="torch")
+    cfg = DecodeConfig(max_new_tokens=n)
+    return Engine(runner, strategy, cfg, draft_runner=drunner, controller=controller), drunner
+
+
+def _count_calls(obj, name: str) -> list:
+    calls, fn = [], getattr(obj, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return fn(*args, **kwargs)
+
+    setattr(obj, name, spy)
+    return calls
+
+
+DM4 = Strategy(name="dm", tree="chain:4", drafter=DM)
+# Autoregressive -> draft model -> n-gram -> autoregressive -> draft model (caught up over the
+# n-gram and AR rounds) -> n-gram tree -> draft model again: every kind of hand-over.
+PLAN = {
+    1: DM4,
+    3: Strategy(name="ng", tree="chain:3", drafter=NG),
+    5: AR,
+    7: DM4,
+    9: Strategy(name="ngt", tree="full:3x2", drafter=NG),
+    11: Strategy(name="dm2", tree="chain:2", drafter=DM),
+}
+
+
+def test_warm_switches_are_lossless_and_catch_up_instead_of_restarting():
+    prompts = random_prompts([90, 57])  # two lengths: the catch-up tails differ per sequence
+    ar, _ = _engine(AR, None, prompts)
+    reference = ar.generate(prompts).tokens
+    cold, cold_runner = _engine(AR, Plan(PLAN), prompts)
+    cold_calls = _count_calls(cold_runner, "prefill"), _count_calls(cold_runner, "extend")
+    cold_res = cold.generate(prompts)
+    warm, warm_runner = _engine(AR, WarmPlan(PLAN), prompts)
+    assert warm.warm_kinds == ("draft_model", "ngram")
+    prefills = _count_calls(warm_runner, "prefill")
+    extends = _count_calls(warm_runner, "extend")
+    res = warm.generate(prompts)
+    assert res.tokens == reference == cold_res.tokens  # greedy: lossless through every switch
+    names = "ar ar dm dm ng ng ar ar dm dm ngt ngt dm2".split()
+    assert [r.strategy for r in res.rounds[:13]] == names
+    # Cold: the draft model starts (a prefill of the whole context) at the first switch to it,
+    # then catches up like a warm one. Warm: started before the first round, always caught up.
+    assert [len(c) for c in cold_calls] == [1, 2]
+    assert len(prefills) == 1 and len(extends) == 3
+    # Each catch-up ran exactly the tokens committed while the draft model sat out.
+    tails = [list(map(len, call[0])) for call in extends]
+    assert all(min(t) > 0 for t in tails)
+    assert warm._drafters["draft_model"].caught_up == sum(map(sum, tails))
+    assert res.warm_s > 0 and cold_res.warm_s == 0.0
+    switched = [r.step_s["switch"] for r in res.rounds if "switch" in r.step_s]
+    assert len(switched) == len(PLAN)
+    assert all("control" in r.step_s for r in res.rounds)
+
+
+def test_catch_up_runs_the_kept_leaf_the_draft_model_had_not_seen():
+    """A draft model identical to the target has every draft accepted: the kept leaf at depth
+    D was never run through it (its catch-up is due next round). Switched away right then, it
+    must run that leaf at the resume too."""
+    prompts = random_prompts([70, 45])
+    ar, _ = _engine(AR, None, prompts, n=30)
+    eng, runner = _engine(DM4, WarmPlan({1: AR, 3: DM4}), prompts, n=30, draft=TARGET)
+    extends = _count_calls(runner, "extend")
+    res = eng.generate(prompts)
+    assert res.tokens == ar.generate(prompts).tokens
+    assert [r.accepted for r in res.rounds[:2]] == [[4, 4], [4, 4]]  # every draft kept
+    # Two autoregressive tokens plus the pending leaf, per sequence.
+    assert [list(map(len, c[0])) for c in extends] == [[3, 3]]
+
+
+def test_runner_extend_equals_a_prefill_of_the_whole():
+    prompts, tails = random_prompts([30, 45]), random_prompts([7, 0], seed=5)
+    more = random_prompts([5, 12], seed=6)
+    a = ModelRunner(DRAFT, batch=2, t_max=80, backend="torch")
+    a.prefill(prompts)
+    assert a.extend(tails) == 7 and a.extend(more) == 17
+    whole = [p + t + m for p, t, m in zip(prompts, tails, more, strict=True)]
+    b = ModelRunner(DRAFT, batch=2, t_max=80, backend="torch")
+    b.prefill(whole)
+    assert a.cache.lens.tolist() == b.cache.lens.tolist() == [42, 57]
+    for row, n in enumerate((42, 57)):
+        torch.testing.assert_close(a.cache.kv[:, :, row, :, :n], b.cache.kv[:, :, row, :, :n])
+    with pytest.raises(ValueError, match="exceed the cache"):
+        a.extend([[1] * 40, []])
+
+
+def test_warm_switch_costs_less_than_a_restart():
+    """On the CPU with a 400-token prompt: prefilling the draft model at the switch vs running
+    the few tokens committed since (the H100's 15K contexts widen the gap)."""
+    prompts = random_prompts([400])
+    cost = {}
+    for name, ctl in (("cold", Plan), ("warm", WarmPlan)):
+        runs = []
+        for _ in range(3):
+            eng, _ = _engine(AR, ctl({2: DM4}), prompts, n=16)
+            res = eng.generate(prompts)
+            runs.append(next(r.step_s["switch"] for r in res.rounds if "switch" in r.step_s))
+        cost[name] = min(runs)
+    assert cost["warm"] < cost["cold"], cost
+
+
+def test_controller_sees_the_shadow_every_round_autoregressive_included():
+    prompts = random_prompts([80, 64])
+    ctl = WarmPlan({3: AR})
+    eng, _ = _engine(Strategy(name="dm", tree="chain:4", drafter=DM), ctl, prompts, n=40)
+    res = eng.generate(prompts)
+    shadows = [s.shadow["ngram"] for s in ctl.seen]
+    assert all(isinstance(s, ShadowAcceptance) and len(s.matched) == 8 for s in shadows)
+    assert any(s.drafted == 0 and sh.positions > 0 for s, sh in zip(ctl.seen, shadows, strict=True))
+    # Every committed decode position is scored once, less the proposals still waiting for
+    # tokens at the end (at most a chain's length per sequence).
+    committed = sum(r.tokens for r in res.rounds) + len(prompts)  # the first roots too
+    scored = sum(s.positions for s in shadows)
+    assert committed - 2 * 8 <= scored <= committed
+    assert all("shadow" in r.step_s for r in res.rounds)
+    # Without warm drafters: no shadow, no cost.
+    eng, _ = _engine(Strategy(name="dm", tree="chain:4", drafter=DM), Plan({}), prompts, n=8)
+    assert all(r.shadow is None and "shadow" not in r.step_s for r in eng.generate(prompts).rounds)
+
+
+# ----------------------------------------------------------------------------- shadow
+
+
+def _shadow_after(prompt: list[int], rounds: list[list[int]], chain: int):
+    d = NgramDrafter("cpu", 3, chain)
+    d.start([prompt])
+    hist, out = list(prompt), []
+    for new in rounds:
+        hist += new
+        d.sync([hist])
+        out.append(d.take_shadow())
+    return out
+
+
+def test_shadow_hand_computed_on_a_repetitive_history():
+    # Prompt 1 2 3 1 2 3, chains of 3. Round 1 commits 1 2 3: at position 6 the proposal
+    # 1 2 3 matches whole (m = 3); at 7, 2 3 | 1 and at 8, 3 | 1 2 wait for the next tokens.
+    # Round 2 commits 1 5: position 7 completes (m = 3), 8 fails on 5 (m = 2); position 9
+    # proposes 1 2 (m = 1), position 10 proposes 2 (m = 0).
+    first, second = _shadow_after([1, 2, 3, 1, 2, 3], [[1, 2, 3], [1, 5]], chain=3)
+    assert first == ShadowAcceptance(1, (1, 1, 1))
+    assert second == ShadowAcceptance(4, (3, 2, 1))
+    assert second.accepted(3) == (3 + 2 + 1 + 0) / 4
+    assert second.accepted(1) == 3 / 4
+    with pytest.raises(ValueError, match="chain must lie in"):
+        second.accepted(4)
+    with pytest.raises(ValueError, match="non-increasing"):
+        ShadowAcceptance(2, (1, 2))
+
+
+def _drafted_chain(history: list[int], chain: int) -> list[int]:
+    """What the n-gram drafter itself drafts after ``history`` (a fresh drafter)."""
+    d = NgramDrafter("cpu", 3)
+    d.start([history[:-1]])
+    tree = DraftTree.from_spec(f"chain:{chain}", "bfs")
+    draft = d.draft(torch.tensor([history[-1]]), tree, [history])
+    return draft.tokens[0, 1:].tolist()
+
+
+def test_shadow_equals_the_drafters_own_chains_position_by_position():
+    rng = random.Random(3)
+    base = [rng.randrange(8) for _ in range(50)]
+    seq = base + base[:30] + [rng.randrange(8) for _ in range(20)] + base + base[5:40]
+    start, chain = 50, 5
+    positions, matched = 0, [0] * chain
+    for p in range(start, len(seq)):
+        proposal = _drafted_chain(seq[:p], chain)  # drafted with seq[p - 1] as the root
+        m = 0
+        while m < chain and p + m < len(seq) and seq[p + m] == proposal[m]:
+            m += 1
+        if m < chain and p + m == len(seq):
+            continue  # still waiting for tokens
+        positions += 1
+        for k in range(m):
+            matched[k] += 1
+    chunks, i = [], start
+    while i < len(seq):
+        n = rng.randint(1, 9)
+        chunks.append(seq[i : i + n])
+        i += n
+    got = _shadow_after(seq[:start], chunks, chain)
+    assert sum(g.positions for g in got) == positions > 100
+    assert [sum(g.matched[k] for g in got) for k in range(chain)] == matched
+    assert matched[chain - 1] > 20  # the repeated stretches are scored as accepted
+
+
+def test_shadow_is_near_zero_on_random_tokens_and_cheap():
+    rng = random.Random(0)
+    prompt = [rng.randrange(256) for _ in range(15360)]
+    d = NgramDrafter("cpu", 3, 8)
+    d.start([prompt])
+    hist, costs, positions, accepted = list(prompt), {}, 0, 0.0
+    for size in (1, 8):
+        times = []
+        for _ in range(200):
+            hist += [rng.randrange(256) for _ in range(size)]
+            t0 = time.perf_counter()
+            d.sync([hist])
+            sh = d.take_shadow()
+            times.append(time.perf_counter() - t0)
+            positions += sh.positions
+            accepted += sum(sh.matched)
+        costs[size] = sorted(times)[len(times) // 2]
+    assert positions > 1500 and accepted / positions < 0.05  # ~1/256 per position
+    # Host cost per round (index update + shadow): ~7 us (1 token) and ~35 us (8 tokens) on
+    # the development CPU; the bound leaves room for a slow CI machine.
+    assert costs[1] < 60e-6 and costs[8] < 250e-6, costs
+
+
+def test_top_continuation_is_the_first_ranked_candidate():
+    rng = random.Random(1)
+    idx = NgramIndex(3)
+    idx.extend([rng.randrange(12) for _ in range(3000)])
+    for key, hits in idx.table.items():
+        ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
+        assert idx.top(key) == ranked[0][0] == idx.candidates(list(key), 1)[0]
