@@ -351,6 +351,7 @@ class Engine:
                     group_overlap=sel.row(b, "group_overlap") if sel else None,
                     layer_overlap=sel.row(b, "layer_overlap") if sel else None,
                     predict_hit=sel.row(b, "predict_hit") if sel else None,
+                    reuse_hit=sel.row(b, "reuse_hit") if sel else None,
                 )
         stats = RoundStats(
             round=rec.round,
@@ -375,8 +376,8 @@ class Engine:
 
     @staticmethod
     def _reuse_summary(rounds: list[RoundRecord]) -> dict:
-        """Per-layer means of the reuse-last-round hit rate (the trace has no round key for
-        it, so it goes into the header)."""
+        """Per-layer means of the reuse-last-round hit rate for the trace header (each round
+        carries its own in ``reuse_hit``)."""
         rows = [r.selection.reuse_hit for r in rounds if r.selection is not None]
         rows = [x for x in rows if not np.isnan(x).all()]
         if not rows:

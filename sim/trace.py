@@ -18,7 +18,7 @@ FORMAT = "ssvkit-trace"
 VERSION = 1
 HEADER_REQUIRED = ("format", "version", "source", "model", "num_layers", "strategies")
 ROUND_REQUIRED = ("round", "request", "strategy", "context_len", "drafted", "accepted", "step_s")
-LAYER_FIELDS = ("group_overlap", "layer_overlap", "predict_hit")
+LAYER_FIELDS = ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
 ROUND_KEYS = (*ROUND_REQUIRED[:6], "t_s", *LAYER_FIELDS, "step_s")
 
 
@@ -76,6 +76,7 @@ def make_round(
     group_overlap=None,
     layer_overlap=None,
     predict_hit=None,
+    reuse_hit=None,
 ) -> dict:
     """One round record with the keys in the canonical order (absent optionals are omitted)."""
     row = {
@@ -88,7 +89,8 @@ def make_round(
     }
     if t_s is not None:
         row["t_s"] = float(t_s)
-    for name, v in zip(LAYER_FIELDS, (group_overlap, layer_overlap, predict_hit), strict=True):
+    layers = (group_overlap, layer_overlap, predict_hit, reuse_hit)
+    for name, v in zip(LAYER_FIELDS, layers, strict=True):
         if v is not None:
             row[name] = [float(x) for x in v]
     row["step_s"] = {k: float(v) for k, v in step_s.items()}

@@ -122,6 +122,10 @@ def test_controller_switches_strategy_and_drafter(tmp_path):
     assert layer is not None and not np.isnan(layer).all()
     assert np.all(layer[~np.isnan(layer[:, 0]), 0] == 0) and np.nanmax(layer) <= 1
     assert t.layer_column("predict_hit") is not None  # from the second round on
+    reuse = t.layer_column("reuse_hit")  # the same rounds, reuse of the last round's top-n
+    assert reuse is not None and reuse.shape == t.layer_column("predict_hit").shape
+    seen = ~np.isnan(reuse)
+    assert seen.any() and ((reuse[seen] >= 0) & (reuse[seen] <= 1)).all()
     assert len(t.header["reuse_hit_mean"]) == TINY.num_layers
     assert not (tmp_path / "run.jsonl.partial").exists()
 
