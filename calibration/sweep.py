@@ -173,6 +173,17 @@ def _greedy(logits):
     return logits.float().argmax(-1)  # engine.acceptance at temperature 0
 
 
+def _rope_inputs(gen, m: int, num_q: int, num_kv: int, head_dim: int):
+    """Two q/k inputs ``[1, m, Hq + Hkv, D]``, rotary factors and the rotated element count."""
+    qks = [
+        torch.randn(1, m, num_q + num_kv, head_dim, generator=gen, device="cuda", dtype=ACT)
+        for _ in range(2)
+    ]
+    cos = torch.randn(1, m, 1, head_dim, generator=gen, device="cuda")
+    sin = torch.randn(1, m, 1, head_dim, generator=gen, device="cuda")
+    return qks, cos, sin, m * (num_q + num_kv) * head_dim
+
+
 def _rope_qk(qk, cos, sin, num_q: int):
     """engine.model.Attention: q and k rotated in one pass, q made contiguous for attention."""
     from engine.rope import apply_rope
@@ -220,13 +231,7 @@ def engine_op_sweep(s: Sweep) -> None:
                 m * d,
             )
         for num_q, kv_heads, dh in heads:
-            qks = [
-                torch.randn(1, m, num_q + kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
-                for _ in range(2)
-            ]
-            cos = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
-            sin = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
-            elems = m * (num_q + kv_heads) * dh
+            qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
             s.run(
                 "rope_qk",
                 {
@@ -317,13 +322,7 @@ def elementwise_sweep(s: Sweep) -> None:
                 5 * m * f,
             )
         for num_q, kv_heads, dh in heads:
-            qks = [
-                torch.randn(1, m, num_q + kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
-                for _ in range(2)
-            ]
-            cos = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
-            sin = torch.randn(1, m, 1, dh, generator=gen, device="cuda")
-            elems = m * (num_q + kv_heads) * dh
+            qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
             s.run(
                 "rotary",
                 {
