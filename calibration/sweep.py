@@ -184,6 +184,12 @@ def _rope_inputs(gen, m: int, num_q: int, num_kv: int, head_dim: int):
     return qks, cos, sin, m * (num_q + num_kv) * head_dim
 
 
+def _head_params(m: int, num_q: int, num_kv: int, head_dim: int) -> dict:
+    """Row params of a per-head op as the engine runs it."""
+    return {"m": m, "num_q_heads": num_q, "num_kv_heads": num_kv, "head_dim": head_dim,
+            "dtype": "bfloat16", "impl": "engine"}  # fmt: skip
+
+
 def _rope_qk(qk, cos, sin, num_q: int):
     """engine.model.Attention: q and k rotated in one pass, q made contiguous for attention."""
     from engine.rope import apply_rope
@@ -234,14 +240,7 @@ def engine_op_sweep(s: Sweep) -> None:
             qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
             s.run(
                 "rope_qk",
-                {
-                    "m": m,
-                    "num_q_heads": num_q,
-                    "num_kv_heads": kv_heads,
-                    "head_dim": dh,
-                    "dtype": "bfloat16",
-                    "impl": "engine",
-                },  # fmt: skip
+                _head_params(m, num_q, kv_heads, dh),
                 lambda i, qks=qks, cos=cos, sin=sin, h=num_q: _rope_qk(qks[i], cos, sin, h),
                 2,
                 2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
@@ -325,14 +324,7 @@ def elementwise_sweep(s: Sweep) -> None:
             qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
             s.run(
                 "rotary",
-                {
-                    "m": m,
-                    "num_q_heads": num_q,
-                    "num_kv_heads": kv_heads,
-                    "head_dim": dh,
-                    "dtype": "bfloat16",
-                    "impl": "engine",
-                },
+                _head_params(m, num_q, kv_heads, dh),
                 lambda i, qks=qks, cos=cos, sin=sin: _rotary(qks[i], cos, sin),
                 2,
                 2 * elems * 2 + 2 * m * dh * 4,
