@@ -30,6 +30,7 @@ from scipy.optimize import least_squares
 
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
+from perfmodel.predictor import RESIDENT_SUFFIX
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -42,6 +43,13 @@ ROW_SPLIT_OPS = ("silu_mul", "kv_write")
 
 
 def op_class(row: dict) -> str:
+    """The class a row is fitted in: its op class, with ``RESIDENT_SUFFIX`` when the row was
+    timed L2-resident (``calibration.sweep --ops resident``; ``perfmodel.predictor``)."""
+    base = _op_class(row)
+    return base + RESIDENT_SUFFIX if row["params"].get("l2") == "resident" else base
+
+
+def _op_class(row: dict) -> str:
     p, op = row["params"], row["op"]
     if op == "sparse_verify":
         # The group size sets the packed rows per program and so the parallelism: one class

@@ -15,6 +15,7 @@ folder); ``ssvkit calibrate`` runs both.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ACT = torch.bfloat16
 ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
+RESIDENT_TIMING = dataclasses.replace(TIMING, flush_l2=False)
+OPS = ("gemm", "elementwise", "engine", "resident")
 
 
 def swept_models() -> dict[str, object]:
@@ -47,11 +50,21 @@ def swept_models() -> dict[str, object]:
     return models
 
 
-def linear_shapes() -> dict[tuple[int, int], list[str]]:
-    """(N, K) of every linear layer of the bf16 swept models at TP = 1 -> model.layer names.
-    fp8-weight models (DeepSeek-R1) are left out: their GEMMs are not bf16."""
+def resident_models(l2_bytes: int) -> dict[str, object]:
+    """The swept models whose weights fit in an L2 of ``l2_bytes`` (``perfmodel.calibrated``'s
+    rule for pricing a model with the L2-resident classes)."""
+    return {
+        name: m
+        for name, m in swept_models().items()
+        if m.num_params() * m.weight_bytes <= l2_bytes and not m.is_mla
+    }
+
+
+def linear_shapes(models: dict | None = None) -> dict[tuple[int, int], list[str]]:
+    """(N, K) of every linear layer of the bf16 swept models (or ``models``) at TP = 1 ->
+    model.layer names. fp8-weight models (DeepSeek-R1) are left out: their GEMMs are not bf16."""
     shapes: dict[tuple[int, int], list[str]] = {}
-    for name, m in swept_models().items():
+    for name, m in (swept_models() if models is None else models).items():
         if m.weight_bytes != 2:
             continue
         d, dh = m.hidden_size, m.head_dim
@@ -73,9 +86,12 @@ def linear_shapes() -> dict[tuple[int, int], list[str]]:
 
 
 class Sweep:
-    """Times configs and appends sealed rows to ``out / ROWS_FILE``."""
+    """Times configs and appends sealed rows to ``out / ROWS_FILE``. With ``resident`` set,
+    every config is timed L2-resident instead (one input set, no flush) and its params say so
+    (``"l2": "resident"``)."""
 
     def __init__(self, out: Path, budget_s: float):
+        self.resident = False
         self.path = out / ROWS_FILE
         self.done = {params_key(r["op"], r["params"], r["timing"]) for r in self._existing()}
         self.deadline = time.monotonic() + budget_s
@@ -95,6 +111,11 @@ class Sweep:
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
 
+    def rotations(self, working_set_bytes: int) -> int:
+        """Input sets to rotate over: enough to exceed the L2 when timing cold, one when the
+        inputs are to stay resident."""
+        return 1 if self.resident else tm.num_rotations(working_set_bytes)
+
     def run(
         self,
         op: str,
@@ -104,9 +125,13 @@ class Sweep:
         unique_bytes: float,
         flops: float,
     ) -> None:
+        if self.resident:
+            params = {**params, "l2": "resident"}
+            num_inputs = 1
         if params_key(op, params, "graph") in self.done or self.out_of_time():
             return
-        t = tm.bench(fn, "graph", num_inputs=num_inputs, config=TIMING)
+        config = RESIDENT_TIMING if self.resident else TIMING
+        t = tm.bench(fn, "graph", num_inputs=num_inputs, config=config)
         row = seal(
             {
                 "op": op,
@@ -133,11 +158,11 @@ class Sweep:
         )
 
 
-def gemm_sweep(s: Sweep) -> None:
+def gemm_sweep(s: Sweep, models: dict | None = None) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1)
-    for (n, k), users in sorted(linear_shapes().items()):
+    for (n, k), users in sorted(linear_shapes(models).items()):
         w_bytes = n * k * 2
-        rot = tm.num_rotations(w_bytes)
+        rot = s.rotations(w_bytes)
         weights = [torch.randn(n, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
         for m in TOKENS:
             if s.out_of_time():
@@ -215,18 +240,18 @@ def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
     return KVCache(cfg, 1, t_max, dtype=ACT, device="cuda", use_triton=True)
 
 
-def engine_op_sweep(s: Sweep) -> None:
+def engine_op_sweep(s: Sweep, models: dict | None = None) -> None:
     """The decoder's other per-layer and per-forward ops as ``engine.model`` runs them at the
     swept models' shapes: the two residual adds, q/k rotary with q's copy, the KV-tail write
     into the cache (a batch of 1, the tail after a 1024-token prefix), and the rotary factors
     gathered once per forward."""
     gen = torch.Generator(device="cuda").manual_seed(3)
-    models = [m for m in swept_models().values() if not m.is_mla]
+    models = [m for m in (swept_models() if models is None else models).values() if not m.is_mla]
     widths = sorted({m.hidden_size for m in models})
     heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models})
     for m in TOKENS:
         for d in widths:
-            rot = tm.num_rotations(3 * m * d * 2)
+            rot = s.rotations(3 * m * d * 2)
             xs = [torch.randn(1, m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
             s.run(
                 "residual_add",
@@ -286,17 +311,18 @@ def engine_op_sweep(s: Sweep) -> None:
             )
 
 
-def elementwise_sweep(s: Sweep) -> None:
+def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
     """The element-wise ops as the engine runs them (``impl: engine`` in the params)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
-    models = swept_models().values()
+    extra_vocabs = {256, 32000} if models is None else set()
+    models = (swept_models() if models is None else models).values()
     widths = sorted({m.hidden_size for m in models})
-    vocabs = sorted({m.vocab_size for m in models} | {256, 32000})
+    vocabs = sorted({m.vocab_size for m in models} | extra_vocabs)
     ffn = sorted({m.intermediate_size for m in models})
     heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models if not m.is_mla})
     for m in TOKENS:
         for d in widths:
-            rot = tm.num_rotations(m * d * 2 * 2)
+            rot = s.rotations(m * d * 2 * 2)
             xs = [torch.randn(m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
             w = torch.randn(d, generator=gen, device="cuda", dtype=ACT)
             s.run(
@@ -310,7 +336,7 @@ def elementwise_sweep(s: Sweep) -> None:
         for f in ffn:
             gu = [
                 torch.randn(m, 2 * f, generator=gen, device="cuda", dtype=ACT)
-                for _ in range(tm.num_rotations(m * 2 * f * 2))
+                for _ in range(s.rotations(m * 2 * f * 2))
             ]
             s.run(
                 "silu_mul",
@@ -331,7 +357,7 @@ def elementwise_sweep(s: Sweep) -> None:
                 6 * elems,
             )
         for v in vocabs:
-            rot = tm.num_rotations(m * v * 4)
+            rot = s.rotations(m * v * 4)
             ls = [torch.randn(m, v, generator=gen, device="cuda") for _ in range(rot)]
             s.run(
                 "sampling",
@@ -347,8 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder of the rows file")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock limit (s)")
-    ap.add_argument("--ops", default="gemm,elementwise,engine", help="gemm, elementwise, engine")
+    ap.add_argument("--ops", default=",".join(OPS), help=", ".join(OPS))
     args = ap.parse_args(argv)
+    ops = {o.strip() for o in args.ops.split(",") if o.strip()}
+    bad = sorted(ops - set(OPS))
+    if bad:
+        raise SystemExit(f"sweep: unknown op group {bad[0]!r}; expected {', '.join(OPS)}")
     if not torch.cuda.is_available():
         raise SystemExit("calibration sweeps need a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -358,13 +388,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{s.prov['device_name']}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, GEMM "
         f"{c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, graph launch {c['launch_s'] * 1e6:.2f} us"
     )
-    ops = {o.strip() for o in args.ops.split(",")}
     if "gemm" in ops:
         gemm_sweep(s)
     if "elementwise" in ops:
         elementwise_sweep(s)
     if "engine" in ops:
         engine_op_sweep(s)
+    if "resident" in ops:
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        models = resident_models(l2)
+        print(f"L2-resident rows ({l2 / 2**20:.0f} MiB L2): {', '.join(models) or 'no model'}")
+        s.resident = True
+        for sweep in (gemm_sweep, elementwise_sweep, engine_op_sweep):
+            sweep(s, models)
     print(
         f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
         + (" (stopped at the budget: run again to resume)" if s.out_of_time() else "")

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.hardware import GpuSpec
-from perfmodel.predictor import Op, RooflinePredictor
+from perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
 PROFILE_VERSION = 1
 
@@ -182,9 +182,14 @@ class CalibratedPredictor(RooflinePredictor):
 
     def _resolve(self, kernel: str | None) -> tuple[ClassFit | None, bool]:
         """The class for ``kernel``; a per-size class family (``rmsnorm/d4096``) falls back to
-        its nearest measured size, flagged as an extrapolation."""
+        its nearest measured size, flagged as an extrapolation; an L2-resident kernel
+        (``gemm@l2``) without a resident class falls back to the cold one."""
         if not kernel:
             return None, False
+        if kernel.endswith(RESIDENT_SUFFIX):
+            if kernel in self.profile.classes:
+                return self.profile.classes[kernel], False
+            kernel = kernel.removesuffix(RESIDENT_SUFFIX)  # not timed resident: the cold class
         if kernel in self.profile.classes:
             return self.profile.classes[kernel], False
         family, _, size = kernel.rpartition("/")

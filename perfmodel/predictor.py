@@ -16,6 +16,19 @@ import numpy as np
 from perfmodel.hardware import GpuSpec
 
 OP_KINDS = ("gemm", "attention", "elementwise", "selection", "comm", "host")
+# Kernel-name suffix of a GEMM or element-wise op of a model whose weights fit in the GPU's L2
+# (``weights_fit_l2``): across a forward its weights stay in L2 and every op reads activations
+# the op before it just wrote. A calibrated predictor prices such an op with its class timed
+# L2-resident (``calibration.sweep --ops resident``) when the profile has one, else with the
+# cold class; the roofline ignores it.
+RESIDENT_SUFFIX = "@l2"
+RESIDENT_KINDS = ("gemm", "elementwise")
+
+
+def weights_fit_l2(model, gpu: GpuSpec) -> bool:
+    """Whether all of ``model``'s weights fit in ``gpu``'s L2 (False when it is unpublished)."""
+    l2 = gpu.l2_bytes
+    return l2 is not None and model.num_params() * model.weight_bytes <= l2
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ Assumptions (each op's formula is in the function that builds it):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, fields
 
@@ -35,7 +36,13 @@ import numpy as np
 
 from perfmodel.acceptance import tree_level_sizes
 from perfmodel.models import ModelSpec
-from perfmodel.predictor import Op, RooflinePredictor
+from perfmodel.predictor import (
+    RESIDENT_KINDS,
+    RESIDENT_SUFFIX,
+    Op,
+    RooflinePredictor,
+    weights_fit_l2,
+)
 from perfmodel.sparse import blocks_loaded_per_layer
 from perfmodel.strategy import (
     DrafterSpec,
@@ -622,7 +629,16 @@ def _gather(op: Op, idx: np.ndarray, n: int) -> Op:
         op.kernel,
         g(op.calls),
         None if op.dedup_bytes is None else g(op.dedup_bytes),
+        g(op.depth),
     )
+
+
+def _mark_resident(acc: _Acc, owner, gpu) -> None:
+    """Name the GEMM and element-wise ops of the models whose weights fit in ``gpu``'s L2 with
+    ``RESIDENT_SUFFIX`` (``owner(key)``: the model an op of ``acc`` belongs to)."""
+    for k, op in acc.items():
+        if op.kernel and op.kind in RESIDENT_KINDS and weights_fit_l2(owner(k), gpu):
+            acc[k] = dataclasses.replace(op, kernel=op.kernel + RESIDENT_SUFFIX)
 
 
 ATTENTION_OPS = (
@@ -685,12 +701,15 @@ def predict_columns(
             2 * spec,
         ),
     )
+    _mark_resident(acc, lambda _: model, predictor.gpu)
     secs = {k: predictor.op_time_s(op) * np.ones(len(c)) for k, op in acc.items()}
     # Drafting depends on few columns: evaluate it once per distinct point, then gather.
     first, inverse = unique_points(c, DRAFT_KEYS)
     cu = take(c, first)
     draft_acc = _Acc()
     _draft_ops(draft_acc, model, draft, cu, draft_vocab)
+    _mark_resident(draft_acc, lambda k: draft if k.startswith("draft.model.") else model,
+                   predictor.gpu)  # fmt: skip
     draft_pred = predictor.at(first) if hasattr(predictor, "at") else predictor
     for k, op in draft_acc.items():
         secs[k] = (draft_pred.op_time_s(op) * np.ones(len(cu)))[inverse]

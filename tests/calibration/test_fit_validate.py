@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from calibration.readme import README, render
 from calibration.validate import annotate, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
 from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
+from perfmodel.models import ModelSpec, get_model
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 from ssvkit.cli import main
@@ -123,3 +124,27 @@ def test_calibrated_predictions_label_extrapolation():
     assert p.extrapolated[1] and (p.tokens_per_s > 0).all()
     roof = make_predictor(get_gpu("h100-sxm", measured=False), tp=c.tp)
     assert not isinstance(roof, CalibratedPredictor)
+
+
+def test_resident_ops_take_the_resident_class_or_fall_back_to_the_cold_one():
+    """A tiny model's ops are priced with the ``@l2`` classes when the profile has them (rows
+    timed L2-resident fit there, apart from the cold rows); without them, with the cold ones."""
+    row = {"op": "gemm", "params": {"m": 1, "n": 64, "k": 64, "l2": "resident"}}
+    assert op_class(row) == "gemm@l2"
+    assert op_class({**row, "params": {"m": 1, "n": 64, "k": 64}}) == "gemm"
+    prof, g = Profile.load(PROFILE), get_gpu("h100-sxm")
+    tiny = ModelSpec(
+        name="tiny", family="llama", num_layers=2, hidden_size=256, num_q_heads=4,
+        num_kv_heads=2, head_dim=64, intermediate_size=512, vocab_size=256,
+    )  # fmt: skip
+    c = build_columns(tiny, [(Strategy.from_name("ar_dense"), Workload(context_len=4096))])
+    cold = {k: v for k, v in prof.classes.items() if not k.endswith("@l2")}
+    p_cold = predict_columns(tiny, c, CalibratedPredictor(g, replace(prof, classes=cold)))
+    assert p_cold.ops["verify.qkv_proj"].kernel == "gemm@l2"  # asked for, absent: cold class
+    fast = replace(cold["gemm"], name="gemm@l2", t0_s=cold["gemm"].t0_s / 10)
+    resident = replace(prof, classes={**cold, "gemm@l2": fast})
+    p_res = predict_columns(tiny, c, CalibratedPredictor(g, resident))
+    t_cold = float(p_cold.op_seconds["verify.qkv_proj"][0])
+    assert 0 < float(p_res.op_seconds["verify.qkv_proj"][0]) < t_cold
+    # what the resident sweep does not time (attention) stays on its cold class
+    assert p_res.op_seconds["verify.attention"][0] == p_cold.op_seconds["verify.attention"][0]

@@ -126,9 +126,35 @@ def test_single_row_ops_take_their_own_classes():
     _, p = run(TINY, [(ar, w), (sd, w)])
     for general, row in (("verify.kv_write", "verify.kv_write_row"),
                          ("verify.ffn_act", "verify.ffn_act_row")):  # fmt: skip
-        assert p.ops[row].kernel.endswith("/m1")
+        assert p.ops[row].kernel.removesuffix("@l2").endswith("/m1")
         assert float(p.ops[row].calls[0]) > 0 == float(p.ops[row].calls[1])
         assert float(p.ops[general].calls[1]) > 0 == float(p.ops[general].calls[0])
+
+
+def test_ops_of_models_whose_weights_fit_in_l2_are_named_resident():
+    """TINY's weights fit in the H100's L2: its GEMM and element-wise ops (and a draft model's
+    that fits) are named ``@l2``, attention never; an 8B model's stay cold."""
+    w = Workload(context_len=4096)
+    from engine.checkpoint import TINY_DRAFT  # the trained draft model's config: 2.6 MB
+
+    big = get_model("llama-3.1-8b")
+    drafter = DrafterSpec(kind="draft_model", model=str(TINY_DRAFT))
+    sd = Strategy(name="sd", tree="chain:3", drafter=drafter)
+    _, tiny = run(TINY, [(sd, w)], drafter)
+    _, large = run(big, [(sd, w)], drafter)
+    for p, resident in ((tiny, True), (large, False)):
+        for k, op in p.ops.items():
+            if not op.kernel:
+                continue
+            marked = op.kernel.endswith("@l2")
+            if op.kind not in ("gemm", "elementwise"):
+                assert not marked, k
+            elif k.startswith("draft.model."):
+                assert marked, k  # the tiny draft model's weights fit
+            else:
+                assert marked == resident, k
+    assert tiny.ops["verify.qkv_proj"].kernel == "gemm@l2"
+    assert large.ops["verify.qkv_proj"].kernel == "gemm"
 
 
 def test_dense_attention_grows_with_context_and_tp_splits_weights():
