@@ -391,7 +391,8 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
       (large enough for every group size) with that attention, over the same run dense;
     - gamma per traversal: a union C4 strategy on ``attention_tree`` with selection statistics;
     - the loop overhead per round: ``fit_overhead`` on every run without statistics, the
-      residual being the measured round wall time minus the step model's round time.
+      residual being the measured round wall time minus the step model's round time, each run
+      weighted by 1 / its round time (relative error).
 
     Returns the profile and the overhead fits' figures per regime."""
     acc: dict[str, dict[str, float]] = {}
@@ -465,8 +466,9 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         strategies = [s for s, _ in runs]
         scored, _ = score(bench.model, bench.gpu, strategies, ctx, partial, regime)
         model_s = {strategy_id(x.strategy): x.round_s for x in scored}
-        residual = [f["wall_s"] / f["rounds"] - model_s[strategy_id(s)] for s, f in runs]
-        ovh[regime], fits[regime] = fit_overhead(strategies, residual)
+        measured = [f["wall_s"] / f["rounds"] for _, f in runs]
+        residual = [m - model_s[strategy_id(s)] for m, (s, _) in zip(measured, runs, strict=True)]
+        ovh[regime], fits[regime] = fit_overhead(strategies, residual, measured)
         fits[regime]["median_model_round_s"] = float(np.median(list(model_s.values())))
         terms = ", ".join(f"{t}={c * 1e6:.1f}us" for t, c in ovh[regime].items())
         rms = fits[regime]["rms_s"] * 1e6

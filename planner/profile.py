@@ -85,18 +85,33 @@ def overhead_features(s: Strategy) -> np.ndarray:
     return np.array([1.0, spec, dm, float(len(parents)), depth * dm, float(s.is_sparse)])
 
 
-def fit_overhead(strategies: list[Strategy], residual_s: list[float]) -> tuple[dict, dict]:
+def fit_overhead(strategies: list[Strategy], residual_s: list[float],
+                 round_s: list[float] | None = None) -> tuple[dict, dict]:  # fmt: skip
     """Non-negative least squares of the per-round residual (measured round wall time minus the
     step model's round time) on ``overhead_features``: the coefficients and the fit's figures
-    (rows, rms and max absolute error, seconds)."""
+    (rows, rms and max absolute error, seconds; rms relative error when weighted).
+
+    With ``round_s`` (the measured round times) each row is weighted by 1 / its round time, so
+    the fit minimises relative round-time error -- what tokens/s and speedup errors are: an
+    unweighted fit lets the 2-4 ms rounds of tree strategies outvote the ~0.7 ms
+    autoregressive rounds, whose overhead it then misses by 10% and more (every speedup divides
+    by an autoregressive baseline)."""
     if len(strategies) != len(residual_s) or not strategies:
         raise ValueError("fit_overhead needs one residual per strategy, and at least one")
     x = np.stack([overhead_features(s) for s in strategies])
     y = np.asarray(residual_s, dtype=float)
-    coef, _ = nnls(x, y)
+    w = np.ones_like(y)
+    if round_s is not None:
+        r = np.asarray(round_s, dtype=float)
+        if r.shape != y.shape or not (r > 0).all():
+            raise ValueError("fit_overhead: round_s needs one positive round time per strategy")
+        w = 1.0 / r
+    coef, _ = nnls(x * w[:, None], y * w)
     err = x @ coef - y
     fit = {"rows": len(y), "rms_s": float(np.sqrt(np.mean(err**2))),
            "max_abs_s": float(np.max(np.abs(err)))}  # fmt: skip
+    if round_s is not None:
+        fit["rms_rel"] = float(np.sqrt(np.mean((err * w) ** 2)))
     return dict(zip(OVERHEAD_TERMS, map(float, coef), strict=True)), fit
 
 

@@ -452,3 +452,17 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     assert fit["rms_s"] < 1e-9
     with pytest.raises(ValueError, match="one residual per strategy"):
         fit_overhead(strategies, y[:-1])
+    # Weighted by 1 / round time: exact data is still recovered; on data the terms cannot fit
+    # (AR rounds 0.1 ms cheaper than the intercept says) the relative error is the smaller one.
+    rounds = [0.7e-3 if s.tree == "chain:0" else 3e-3 for s in strategies]
+    coef_w, _ = fit_overhead(strategies, y, rounds)
+    assert np.allclose([coef_w[t] for t in OVERHEAD_TERMS], truth, atol=1e-9)
+    y_off = [v - 1e-4 * (s.tree == "chain:0") for v, s in zip(y, strategies, strict=True)]
+    rel = {}
+    for name, r in (("plain", None), ("weighted", rounds)):
+        c, fit = fit_overhead(strategies, y_off, r)
+        pred = np.array([overhead_features(s) @ [c[t] for t in OVERHEAD_TERMS] for s in strategies])
+        rel[name] = np.sqrt(np.mean(((pred - np.array(y_off)) / np.array(rounds)) ** 2))
+    assert rel["weighted"] < rel["plain"] and fit["rms_rel"] == pytest.approx(rel["weighted"])
+    with pytest.raises(ValueError, match="positive round time"):
+        fit_overhead(strategies, y, [0.0] * len(y))
