@@ -8,6 +8,9 @@ config already in the output file is skipped.
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
+Exit status 0 when every config is in the file, ``STOPPED_AT_BUDGET`` (3) when the budget left
+configs out (run the same command again to resume).
+
 The attention kernels' rows come from ``python -m kernels.benchmark`` (same schema and file
 folder); ``ssvkit calibrate`` runs both.
 """
@@ -33,6 +36,7 @@ TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ACT = torch.bfloat16
 ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
+STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (benchmarks/campaign.py)
 
 
 def swept_models() -> dict[str, object]:
@@ -82,6 +86,7 @@ class Sweep:
         self.start = time.monotonic()
         self.prov = tm.provenance()
         self.written = 0
+        self.stopped = False  # a config not in the file was left out at the budget
         c = tm.copy_rates(2**31, TIMING)
         self.ceil = {
             "copy_bytes_per_s": max(c.values()),
@@ -104,7 +109,10 @@ class Sweep:
         unique_bytes: float,
         flops: float,
     ) -> None:
-        if params_key(op, params, "graph") in self.done or self.out_of_time():
+        if params_key(op, params, "graph") in self.done:
+            return
+        if self.out_of_time():
+            self.stopped = True
             return
         t = tm.bench(fn, "graph", num_inputs=num_inputs, config=TIMING)
         row = seal(
@@ -141,6 +149,7 @@ def gemm_sweep(s: Sweep) -> None:
         weights = [torch.randn(n, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
         for m in TOKENS:
             if s.out_of_time():
+                s.stopped = True
                 return
             xs = [torch.randn(m, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
             params = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "used_by": users}
@@ -367,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         engine_op_sweep(s)
     print(
         f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
-        + (" (stopped at the budget: run again to resume)" if s.out_of_time() else "")
+        + (" (stopped at the budget: run again to resume)" if s.stopped else "")
     )
-    return 0
+    return STOPPED_AT_BUDGET if s.stopped else 0
 
 
 if __name__ == "__main__":
