@@ -8,6 +8,9 @@ config already in the output file is skipped.
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
+Exit status 0 when every config is in the file, ``STOPPED_AT_BUDGET`` (3) when the budget left
+configs out (run the same command again to resume).
+
 The attention kernels' rows come from ``python -m kernels.benchmark`` (same schema and file
 folder); ``ssvkit calibrate`` runs both.
 """
@@ -36,6 +39,7 @@ ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
 RESIDENT_TIMING = dataclasses.replace(TIMING, flush_l2=False)
 OPS = ("gemm", "elementwise", "engine", "resident")
+STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (benchmarks/campaign.py)
 
 
 def swept_models() -> dict[str, object]:
@@ -98,6 +102,7 @@ class Sweep:
         self.start = time.monotonic()
         self.prov = tm.provenance()
         self.written = 0
+        self.stopped = False  # a config not in the file was left out at the budget
         c = tm.copy_rates(2**31, TIMING)
         self.ceil = {
             "copy_bytes_per_s": max(c.values()),
@@ -128,7 +133,10 @@ class Sweep:
         if self.resident:
             params = {**params, "l2": "resident"}
             num_inputs = 1
-        if params_key(op, params, "graph") in self.done or self.out_of_time():
+        if params_key(op, params, "graph") in self.done:
+            return
+        if self.out_of_time():
+            self.stopped = True
             return
         config = RESIDENT_TIMING if self.resident else TIMING
         t = tm.bench(fn, "graph", num_inputs=num_inputs, config=config)
@@ -166,6 +174,7 @@ def gemm_sweep(s: Sweep, models: dict | None = None) -> None:
         weights = [torch.randn(n, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
         for m in TOKENS:
             if s.out_of_time():
+                s.stopped = True
                 return
             xs = [torch.randn(m, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
             params = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "used_by": users}
@@ -403,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
             sweep(s, models)
     print(
         f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
-        + (" (stopped at the budget: run again to resume)" if s.out_of_time() else "")
+        + (" (stopped at the budget: run again to resume)" if s.stopped else "")
     )
-    return 0
+    return STOPPED_AT_BUDGET if s.stopped else 0
 
 
 if __name__ == "__main__":

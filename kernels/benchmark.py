@@ -16,6 +16,9 @@
    starts once the ``--budget-s`` wall limit is near.
 4. Prints a summary of every row in the file.
 
+Exit status: 0 when every config is in the file, 1 without a GPU, 2 on a correctness failure,
+``STOPPED_AT_BUDGET`` (3) when the budget left configs out (run the same command again).
+
 Byte and FLOP counts (``unique_bytes``, ``flops``) are the minimum the op's algorithm must move
 and compute: the KV it needs read once, plus q, o and lse (and indices). Sparse modes count
 their own traffic: ``per_query`` every row's blocks, ``union`` the deduplicated union of each
@@ -55,6 +58,7 @@ from kernels.tree import ancestor_bitmask
 
 OPS = ("dense", "sparse", "repair", "nsa", "select")
 OUT_NAME = "kernel_bench.jsonl"
+STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (benchmarks/campaign.py)
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention (use_geometry)
 GEOMETRIES = {"llama-3.1-8b": (32, 8, 128), "tiny": (8, 2, 64)}
 DTYPE = torch.bfloat16
@@ -1136,7 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=1))
     else:
         print_summary(summary)
-    return 0
+    return STOPPED_AT_BUDGET if r.stopped else 0
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from planner.profile import (
 )
 from planner.rank import concrete, rank, score, strategy_from_json
 from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
+from ssvkit.options import atomic_write
 
 EVAL_VERSION = 1
 PROMPT_SETS = ("code", "prose", "repetitive", "random")
@@ -156,10 +157,10 @@ class RunCache:
                     msg = f"run cache {str(self.path)!r}: line {i} is not JSON"
                     raise ValueError(msg) from None
                 self.runs[row["key"]] = row["value"]
-            with open(self.path, "w") as fh:  # rewrite without a cut-off tail
-                fh.write(json.dumps({"settings": settings}) + "\n")
-                for k, v in self.runs.items():
-                    fh.write(json.dumps({"key": k, "value": v}) + "\n")
+            # Rewritten without a cut-off tail, whole or not at all: a kill here keeps the runs.
+            kept = [json.dumps({"settings": settings})]
+            kept += [json.dumps({"key": k, "value": v}) for k, v in self.runs.items()]
+            atomic_write(self.path, "\n".join(kept) + "\n")
         else:
             if self.path.parent and not self.path.parent.exists():
                 raise ValueError(f"run cache folder {str(self.path.parent)!r} does not exist")

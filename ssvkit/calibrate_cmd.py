@@ -7,8 +7,10 @@ ssvkit calibrate --gpu h100-sxm --fit-only      # anywhere: re-derive from commi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from perfmodel.hardware import get_gpu
+from ssvkit.options import atomic_write
 
 HELP = "run the calibration sweeps on a GPU and fit the profile (or --fit-only from rows)"
 
@@ -29,16 +31,19 @@ def add_arguments(p) -> None:
     p.add_argument("--sweeps", default="ops,kernels", help="ops (GEMM, element-wise), kernels")
 
 
-def fit(gpu: str) -> dict:
+def fit(gpu: str, folder: Path | None = None) -> dict:
+    """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
+    ``*.jsonl`` there), written into ``folder``; by default the committed
+    ``calibration/profiles/<gpu>/``."""
     from calibration import ceilings
     from calibration.fit import dumps, fit_profile
 
-    rows = ceilings.profile_rows(gpu)
+    folder = folder or ceilings.PROFILES / gpu
+    rows = ceilings.profile_rows(gpu, folder)
     overlay = ceilings.derive(gpu, rows)
-    folder = ceilings.PROFILES / gpu
-    (folder / "ceilings.json").write_text(json.dumps(overlay, indent=2, sort_keys=True) + "\n")
     profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
-    (folder / "profile.json").write_text(dumps(profile))
+    atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
+    atomic_write(folder / "profile.json", dumps(profile))
     return profile
 
 
