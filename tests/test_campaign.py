@@ -338,7 +338,7 @@ def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monke
     assert sweep.STOPPED_AT_BUDGET == benchmark.STOPPED_AT_BUDGET == STAGE_STOPPED
     # Past the deadline, a config already in the file is no stop; a missing one is.
     s = object.__new__(sweep.Sweep)
-    s.path, s.written, s.stopped = tmp_path / "rows.jsonl", 0, False
+    s.path, s.written, s.stopped, s.resident = tmp_path / "rows.jsonl", 0, False, False
     s.done = {params_key("op", {"m": 1}, "graph")}
     s.deadline = time.monotonic() - 1
     s.run("op", {"m": 1}, lambda i: pytest.fail("timed a done config"), 1, 1.0, 1.0)
