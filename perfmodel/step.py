@@ -315,21 +315,21 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
         qkv = _gemm(m, (hq + 2 * hkv) * model.head_dim, d, wb)
     acc.add(prefix + "qkv_proj", qkv.scaled(layers))
     qk_elems = m * (hq + hkv) * model.head_dim
-    # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention.
-    acc.add(
-        prefix + "rope",
-        _elementwise(
-            2 * qk_elems * ACT_BYTES + 2 * m * hq * model.head_dim * ACT_BYTES
-            + 2 * m * model.head_dim * F32,
-            6 * qk_elems,
-            1,
-            "rope_qk",
-        ).scaled(layers),
-    )  # fmt: skip
-    # The KV tail written into the cache: an indexed store of K and V. A single row takes
-    # another (cheaper) path than several in torch: one measured class each, masked by m.
-    kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
+    # Ops whose single row takes another (cheaper) torch path than several rows: one measured
+    # class each, masked by m.
     one_row = (m == 1) * 1.0
+    # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention
+    # (a no-op for one row: its q slice is already contiguous).
+    rope_io = (
+        2 * qk_elems * ACT_BYTES + 2 * m * hq * model.head_dim * ACT_BYTES
+        + 2 * m * model.head_dim * F32
+    )  # fmt: skip
+    for name, on, kernel in (("rope", 1.0 - one_row, "rope_qk"),
+                             ("rope_row", one_row, "rope_qk/m1")):  # fmt: skip
+        op = _elementwise(on * rope_io, on * 6 * qk_elems, on, kernel, on)
+        acc.add(prefix + name, op.scaled(layers))
+    # The KV tail written into the cache: an indexed store of K and V.
+    kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
     for name, on, kernel in (("kv_write", 1.0 - one_row, "kv_write"),
                              ("kv_write_row", one_row, "kv_write/m1")):  # fmt: skip
         op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on)
