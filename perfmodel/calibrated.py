@@ -3,8 +3,8 @@
 Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
 op class, fitted by ``calibration.fit`` on GPU measurements:
 
-    t = t0 + t_k * K + t_s * S + t_r * R
-          + max(bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+    t = t0 + t_s * S + t_r * R
+          + max(t_k * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
 
 - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
 - ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
@@ -13,7 +13,10 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
 - ``t0``: fixed cost per call (launches, host-free graph replay);
 - ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
   fitted for GEMMs only: a small GEMM's time grows with K at equal bytes (one CTA walks the
-  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls);
+  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls). The
+  loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
+  bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
+  too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
 - ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
   fitted for NSA verification only: a split call's merge walks its tile's partial slots one by
   one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)
@@ -96,11 +99,12 @@ class ClassFit:
         eb, ef = self.efficiencies(nbytes, flops)
         fixed = (
             self.t0_s
-            + self.t_depth_s * np.asarray(depth, dtype=float)
             + self.t_step_s * np.asarray(steps, dtype=float)
             + self.t_row_s * np.asarray(rows, dtype=float)
         )
-        return fixed + np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        chain = self.t_depth_s * np.asarray(depth, dtype=float)
+        roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        return fixed + np.maximum(chain, roof)
 
     def to_json(self) -> dict:
         return {
