@@ -13,8 +13,9 @@ fit never sees those sizes at all.
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count), for sparse verification the L2-miss share h, and for GEMMs the reduction-depth
-latency t_k. Deterministic (no random
+the row count), for sparse verification the L2-miss share h, for GEMMs the reduction-depth
+latency t_k, and for NSA verification the latency t_s of a merge step (the serial walk over
+split partials) and t_r of a row-tile row (``perfmodel.nsa_plan``). Deterministic (no random
 starts).
 """
 
@@ -30,6 +31,8 @@ from scipy.optimize import least_squares
 
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
+from perfmodel.hardware import get_gpu
+from perfmodel.nsa_plan import merge_steps, row_tiles
 from perfmodel.predictor import RESIDENT_SUFFIX
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
@@ -39,7 +42,7 @@ HELDOUT_MOD = 5
 # which perfmodel never predicts (the step model's attention is ours).
 UNFITTED_OPS = ("device_copy", "empty_triton_kernel", "torch_sdpa")
 DEDUP_OPS = ("sparse_verify",)
-ROW_SPLIT_OPS = ("silu_mul", "kv_write")
+ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
 
 
 def op_class(row: dict) -> str:
@@ -68,7 +71,9 @@ def _op_class(row: dict) -> str:
     if op == "rmsnorm":
         return f"{op}/d{p['d']}"
     # Ops whose single-row call takes another torch path than several rows (a contiguous
-    # chunk; an indexed store of one entry): measured 4.4 vs 7.0 us and 4.9 vs 11 us.
+    # chunk; an indexed store of one entry; rotary, whose q slice of one row is already
+    # contiguous, so q's copy launches nothing): measured 4.4 vs 7.0 us, 4.9 vs 11 us and
+    # 11.7-13.3 vs 14.5-16.4 us.
     if op in ROW_SPLIT_OPS and p.get("m") == 1:
         return f"{op}/m1"
     if op == "sampling":
@@ -120,6 +125,36 @@ def depth(row: dict) -> float:
     return float(row["params"]["k"]) if row["op"] == "gemm" else 0.0
 
 
+def serial_steps(row: dict, num_sms: int) -> float:
+    """Dependent steps one call runs after its parallel part (``perfmodel.calibrated``'s t_s
+    term): the partial slots an NSA call's merges walk, from the launch plan the wrapper makes
+    for this shape on ``num_sms`` SMs -- the same function the step model's NSA ops use; 0 for
+    the other ops."""
+    if row["op"] != "nsa_verify":
+        return 0.0
+    p = row["params"]
+    return float(
+        merge_steps(
+            p["num_query_tokens"],
+            p["num_q_heads"],
+            p["num_kv_heads"],
+            p["batch"],
+            num_sms,
+            fused=p["impl"] == "fused",
+            refresh=p["mode"] == "refresh",
+        )
+    )
+
+
+def tile_rows(row: dict) -> float:
+    """MMA rows of one program's row tile, padding included (``BLOCK_M``), of an NSA call
+    (``perfmodel.calibrated``'s t_r term); 0 for the other ops."""
+    if row["op"] != "nsa_verify":
+        return 0.0
+    p = row["params"]
+    return float(row_tiles(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])[0])
+
+
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
     lo, hi = float(np.log10(values.min())), float(np.log10(values.max()))
     if hi - lo < 1e-6:
@@ -135,9 +170,11 @@ class Data:
     dedup: np.ndarray | None
     seconds: np.ndarray
     depth: np.ndarray
+    steps: np.ndarray
+    rows: np.ndarray
 
 
-def _data(name: str, rows: list[dict]) -> Data:
+def _data(name: str, rows: list[dict], num_sms: int) -> Data:
     f = [features(r) for r in rows]
     dedup = [x[2] for x in f]
     return Data(
@@ -147,37 +184,57 @@ def _data(name: str, rows: list[dict]) -> Data:
         None if any(d is None for d in dedup) else np.array(dedup, dtype=float),
         np.array([r["median_s"] for r in rows]),
         np.array([depth(r) for r in rows]),
+        np.array([serial_steps(r, num_sms) for r in rows]),
+        np.array([tile_rows(r) for r in rows]),
     )
 
 
-def fit_class(name: str, rows: list[dict], bw: float, peak: float) -> ClassFit:
+def _latency_bound(seconds: np.ndarray, count: np.ndarray) -> float:
+    """Upper bound of a per-unit latency: the whole of a call's time spread over its count,
+    for the call where that is least."""
+    on = count > 0
+    return float((seconds[on] / count[on]).min())
+
+
+def fit_class(name: str, rows: list[dict], bw: float, peak: float, num_sms: int) -> ClassFit:
     """Least-squares fit of one class on its fit rows."""
-    d = _data(name, rows)
+    d = _data(name, rows, num_sms)
     k = int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
     has_depth = bool(d.depth.any())
+    has_steps = bool(d.steps.any())
+    has_rows = bool(d.rows.any())
     n_eff = 1 + 2 * k
 
     def unpack(x):
         h = float(x[n_eff]) if has_h else None
         t_depth = float(x[n_eff + has_h]) if has_depth else 0.0
+        t_step = float(x[n_eff + has_h + has_depth]) if has_steps else 0.0
+        t_row = float(x[n_eff + has_h + has_depth + has_steps]) if has_rows else 0.0
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
-        return ClassFit(name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth)
+        return ClassFit(
+            name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth, t_step_s=t_step, t_row_s=t_row
+        )
 
     def resid(x):
-        t = unpack(x).call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth)
+        t = unpack(x).call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows)
         return np.log(t) - np.log(d.seconds)
 
-    # t_k's bound: the whole of the fastest call's time spread over its depth.
-    depth_hi = float((d.seconds / np.maximum(d.depth, 1.0)).min()) if has_depth else 0.0
     x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k
     lo = [0.0] + [0.01] * k + [0.01] * k
     hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
     if has_h:
         x0, lo, hi = x0 + [0.5], lo + [0.0], hi + [1.0]
     if has_depth:
+        depth_hi = _latency_bound(d.seconds, d.depth)
         x0, lo, hi = x0 + [0.3 * depth_hi], lo + [0.0], hi + [depth_hi]
+    if has_steps:
+        step_hi = _latency_bound(d.seconds, d.steps)
+        x0, lo, hi = x0 + [0.3 * step_hi], lo + [0.0], hi + [step_hi]
+    if has_rows:
+        row_hi = _latency_bound(d.seconds, d.rows)
+        x0, lo, hi = x0 + [0.3 * row_hi], lo + [0.0], hi + [row_hi]
     sol = least_squares(
         resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
     )
@@ -200,6 +257,7 @@ def error_stats(pred: np.ndarray, meas: np.ndarray) -> dict:
 def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[dict]]:
     """The profile JSON (version 1) and every graph row annotated with its prediction."""
     bw, peak = ceilings["hbm_bytes_per_s"], ceilings["bf16_flops_per_s"]
+    num_sms = get_gpu(gpu, measured=False).num_sms
     graph = [r for r in rows if r["timing"] == "graph" and r["op"] not in UNFITTED_OPS]
     by_class: dict[str, list[dict]] = {}
     for r in graph:
@@ -210,8 +268,8 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         held = [r for r in rs if is_heldout(r)]
         if len(fit_rows) < 3:
             continue  # too few rows to fit anything honest; the class stays uncalibrated
-        cf = fit_class(name, fit_rows, bw, peak)
-        every = _data(name, rs)
+        cf = fit_class(name, fit_rows, bw, peak, num_sms)
+        every = _data(name, rs, num_sms)
         cf = dataclasses.replace(
             cf,
             bytes_range=(float(np.log10(every.nbytes.min())), float(np.log10(every.nbytes.max()))),
@@ -220,8 +278,10 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         stats = {}
         for split, subset in (("fit", fit_rows), ("heldout", held)):
             if subset:
-                d = _data(name, subset)
-                pred = cf.call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth)
+                d = _data(name, subset, num_sms)
+                pred = cf.call_time_s(
+                    d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows
+                )
                 stats[split] = error_stats(pred, d.seconds)
                 for r, p in zip(subset, pred, strict=True):
                     annotated.append({**r, "class": name, "split": split, "predicted_s": float(p)})

@@ -18,8 +18,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibration.fit import UNFITTED_OPS, depth, error_stats, features, is_heldout, op_class
+from calibration.fit import (
+    UNFITTED_OPS,
+    depth,
+    error_stats,
+    features,
+    is_heldout,
+    op_class,
+    serial_steps,
+    tile_rows,
+)
 from perfmodel.calibrated import Profile
+from perfmodel.hardware import get_gpu
 
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}
 
@@ -159,6 +169,7 @@ def report(annotated: list[dict], worst: int = 8) -> dict:
 
 def annotate(rows: list[dict], profile: Profile) -> list[dict]:
     """Every graph row of a fitted class with the stored profile's prediction and its split."""
+    num_sms = get_gpu(profile.gpu, measured=False).num_sms
     out = []
     for r in rows:
         if r["timing"] != "graph" or r["op"] in UNFITTED_OPS:
@@ -167,7 +178,10 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         if cls not in profile.classes:
             continue
         nbytes, flops, dedup = features(r)
-        pred = float(profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup, depth(r)))
+        steps, rows = serial_steps(r, num_sms), tile_rows(r)
+        pred = float(
+            profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup, depth(r), steps, rows)
+        )
         out.append(
             {**r, "class": cls, "predicted_s": pred, "split": "heldout" if is_heldout(r) else "fit"}
         )

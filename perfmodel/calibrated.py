@@ -3,7 +3,8 @@
 Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
 op class, fitted by ``calibration.fit`` on GPU measurements:
 
-    t = t0 + t_k * K + max(bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+    t = t0 + t_s * S + t_r * R
+          + max(t_k * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
 
 - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
 - ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
@@ -12,7 +13,17 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
 - ``t0``: fixed cost per call (launches, host-free graph replay);
 - ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
   fitted for GEMMs only: a small GEMM's time grows with K at equal bytes (one CTA walks the
-  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls);
+  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls). The
+  loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
+  bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
+  too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
+- ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
+  fitted for NSA verification only: a split call's merge walks its tile's partial slots one by
+  one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)
+  runs faster than t = 12 (one tile, 64 splits) although it does more work;
+- ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
+  NSA verification only: every program computes, loads and writes ``BLOCK_M`` rows whatever
+  the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``);
 - ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
   same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
   G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
@@ -52,6 +63,8 @@ class ClassFit:
     bytes_range: tuple[float, float] = (0.0, 0.0)
     flops_range: tuple[float, float] = (0.0, 0.0)
     t_depth_s: float = 0.0  # t_k: seconds per unit of reduction depth
+    t_step_s: float = 0.0  # t_s: seconds per serial step after the parallel part
+    t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
@@ -73,17 +86,25 @@ class ClassFit:
         compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
         return ok_b & (ok_f | ~compute_bound)
 
-    def call_time_s(self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0):
+    def call_time_s(
+        self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0
+    ):
         """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a
-        reduction of ``depth``."""
+        reduction of ``depth``, followed by ``steps`` serial steps."""
         nbytes = np.asarray(nbytes, dtype=float)
         eff_bytes = nbytes
         if self.l2_miss is not None and dedup_bytes is not None:
             g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
             eff_bytes = g + self.l2_miss * (nbytes - g)
         eb, ef = self.efficiencies(nbytes, flops)
-        fixed = self.t0_s + self.t_depth_s * np.asarray(depth, dtype=float)
-        return fixed + np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        fixed = (
+            self.t0_s
+            + self.t_step_s * np.asarray(steps, dtype=float)
+            + self.t_row_s * np.asarray(rows, dtype=float)
+        )
+        chain = self.t_depth_s * np.asarray(depth, dtype=float)
+        roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        return fixed + np.maximum(chain, roof)
 
     def to_json(self) -> dict:
         return {
@@ -96,6 +117,8 @@ class ClassFit:
             "bytes_range": list(self.bytes_range),
             "flops_range": list(self.flops_range),
             "t_depth_s": self.t_depth_s,
+            "t_step_s": self.t_step_s,
+            "t_row_s": self.t_row_s,
         }
 
     @classmethod
@@ -111,6 +134,8 @@ class ClassFit:
             bytes_range=tuple(d["bytes_range"]),
             flops_range=tuple(d["flops_range"]),
             t_depth_s=float(d.get("t_depth_s", 0.0)),
+            t_step_s=float(d.get("t_step_s", 0.0)),
+            t_row_s=float(d.get("t_row_s", 0.0)),
         )
 
 
@@ -144,10 +169,12 @@ class Profile:
             classes={k: ClassFit.from_json(k, v["fit"]) for k, v in d["classes"].items()},
         )
 
-    def call_time_s(self, cls: str, nbytes, flops, dedup_bytes=None, depth=0.0):
-        return self.classes[cls].call_time_s(
-            nbytes, flops, self.copy_bytes_per_s, self.gemm_flops_per_s, dedup_bytes, depth
-        )
+    def call_time_s(
+        self, cls: str, nbytes, flops, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0
+    ):
+        c = self.classes[cls]
+        bw, peak = self.copy_bytes_per_s, self.gemm_flops_per_s
+        return c.call_time_s(nbytes, flops, bw, peak, dedup_bytes, depth, steps, rows)
 
 
 def profile_path(gpu: str) -> Path | None:
@@ -214,6 +241,8 @@ class CalibratedPredictor(RooflinePredictor):
         nbytes, flops = op.bytes / per, op.flops / per
         dedup = None if op.dedup_bytes is None else op.dedup_bytes / per
         depth = np.asarray(op.depth, dtype=float) / per
+        steps = np.asarray(op.serial_steps, dtype=float) / per
+        rows = np.asarray(op.tile_rows, dtype=float) / per
         t = calls * cls.call_time_s(
             nbytes,
             flops,
@@ -221,6 +250,8 @@ class CalibratedPredictor(RooflinePredictor):
             self.profile.gemm_flops_per_s,
             dedup,
             depth,
+            steps,
+            rows,
         )
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".

@@ -39,7 +39,10 @@ class Op:
     ``gemm``, ``dense_verify``); ``calls`` counts its wrapper invocations (default: one per
     launch); ``dedup_bytes`` is the deduplicated share of ``bytes`` where kernels re-read data
     (sparse per-query loads), else None; ``depth`` sums each call's serial reduction length (K of
-    a GEMM), whose latency a small call cannot hide.
+    a GEMM), whose latency a small call cannot hide; ``serial_steps`` sums each call's dependent
+    steps that run after its parallel part (the partial slots an NSA split's merge walks one by
+    one, ``perfmodel.nsa_plan``), whose latency adds to the call's time; ``tile_rows`` sums each
+    call's MMA rows per program, padded to the kernel's row tile (an NSA call's ``BLOCK_M``).
     """
 
     kind: str
@@ -51,6 +54,8 @@ class Op:
     calls: np.ndarray | float | None = None
     dedup_bytes: np.ndarray | None = None
     depth: np.ndarray | float = 0.0
+    serial_steps: np.ndarray | float = 0.0
+    tile_rows: np.ndarray | float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -78,6 +83,8 @@ class Op:
             self.calls + other.calls,
             dedup,
             self.depth + other.depth,
+            self.serial_steps + other.serial_steps,
+            self.tile_rows + other.tile_rows,
         )
 
     def scaled(self, factor) -> Op:
@@ -92,6 +99,8 @@ class Op:
             self.calls * factor,
             None if self.dedup_bytes is None else self.dedup_bytes * factor,
             self.depth * factor,
+            self.serial_steps * factor,
+            self.tile_rows * factor,
         )
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from perfmodel.acceptance import tree_level_sizes
 from perfmodel.models import ModelSpec
+from perfmodel.nsa_plan import merge_steps, row_tiles
 from perfmodel.predictor import (
     RESIDENT_KINDS,
     RESIDENT_SUFFIX,
@@ -321,21 +322,21 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
         qkv = _gemm(m, (hq + 2 * hkv) * model.head_dim, d, wb)
     acc.add(prefix + "qkv_proj", qkv.scaled(layers))
     qk_elems = m * (hq + hkv) * model.head_dim
-    # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention.
-    acc.add(
-        prefix + "rope",
-        _elementwise(
-            2 * qk_elems * ACT_BYTES + 2 * m * hq * model.head_dim * ACT_BYTES
-            + 2 * m * model.head_dim * F32,
-            6 * qk_elems,
-            1,
-            "rope_qk",
-        ).scaled(layers),
-    )  # fmt: skip
-    # The KV tail written into the cache: an indexed store of K and V. A single row takes
-    # another (cheaper) path than several in torch: one measured class each, masked by m.
-    kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
+    # Ops whose single row takes another (cheaper) torch path than several rows: one measured
+    # class each, masked by m.
     one_row = (m == 1) * 1.0
+    # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention
+    # (a no-op for one row: its q slice is already contiguous).
+    rope_io = (
+        2 * qk_elems * ACT_BYTES + 2 * m * hq * model.head_dim * ACT_BYTES
+        + 2 * m * model.head_dim * F32
+    )  # fmt: skip
+    for name, on, kernel in (("rope", 1.0 - one_row, "rope_qk"),
+                             ("rope_row", one_row, "rope_qk/m1")):  # fmt: skip
+        op = _elementwise(on * rope_io, on * 6 * qk_elems, on, kernel, on)
+        acc.add(prefix + name, op.scaled(layers))
+    # The KV tail written into the cache: an indexed store of K and V.
+    kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
     for name, on, kernel in (("kv_write", 1.0 - one_row, "kv_write"),
                              ("kv_write_row", one_row, "kv_write/m1")):  # fmt: skip
         op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on)
@@ -420,7 +421,9 @@ def _dense_attention(
     acc.add(prefix + "attention", op.scaled(layers))
 
 
-def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: str) -> dict:
+def _sparse_attention(
+    acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: str, num_sms: int
+) -> dict:
     """NSA-style sparse verification attention and block selection (target forward).
 
     Branch tokens per query: ``T / stride`` compressed, ``min(n B, T)`` selected, ``min(w, T)``
@@ -428,7 +431,9 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
     otherwise) reads the compressed keys and the window once; the selected blocks it reads are
     ``blocks_loaded_per_layer``. Selection (refresh layers): scores over block metadata (mean:
     1 vector per block, quest: 2) or, for NSA, over the compressed attention probabilities,
-    then a top-n; ``shared`` mode selects for the group's representative only.
+    then a top-n; ``shared`` mode selects for the group's representative only. Each attention
+    call also carries the merge steps of its launch plan on ``num_sms`` SMs
+    (``perfmodel.nsa_plan``), the serial tail the calibrated NSA classes price.
     """
     hq, hkv = _local_heads(model, c.tp)
     b, t, T = c.batch, c.rows, c.context_len
@@ -476,14 +481,23 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
     # One call per layer each.
     fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
     refresh = nsa * r
-    for name, on, kernel in (
-        ("sparse_attention", unfused * (1 - refresh), "nsa_verify/reuse/unfused"),
-        ("sparse_attention_refresh", unfused * refresh, "nsa_verify/refresh/unfused"),
-        ("sparse_attention_fused", fused * (1 - refresh), "nsa_verify/reuse/fused"),
-        ("sparse_attention_fused_refresh", fused * refresh, "nsa_verify/refresh/fused"),
+    tile_rows = row_tiles(t, hq, hkv)[0]
+    for name, on, kernel, is_fused, is_refresh in (
+        ("sparse_attention", unfused * (1 - refresh), "nsa_verify/reuse/unfused", 0, 0),
+        ("sparse_attention_refresh", unfused * refresh, "nsa_verify/refresh/unfused", 0, 1),
+        ("sparse_attention_fused", fused * (1 - refresh), "nsa_verify/reuse/fused", 1, 0),
+        ("sparse_attention_fused_refresh", fused * refresh, "nsa_verify/refresh/fused", 1, 1),
     ):
+        steps = merge_steps(t, hq, hkv, b, num_sms, fused=is_fused, refresh=is_refresh)
         attn = Op(
-            "attention", on * flops, on * nbytes, on * launches, kernel=kernel, calls=on * 1.0
+            "attention",
+            on * flops,
+            on * nbytes,
+            on * launches,
+            kernel=kernel,
+            calls=on * 1.0,
+            serial_steps=on * steps,
+            tile_rows=on * tile_rows,
         )
         acc.add(prefix + name, attn.scaled(layers))
     # Selection over block metadata (mean / quest), in refresh layers only.
@@ -506,14 +520,17 @@ def _sparse_attention(acc: _Acc, model: ModelSpec, c: Columns, layers, prefix: s
     return {k: sparse * b * kv_tok * val * layers for k, val in loaded.items()}
 
 
-def _target_forward(acc: _Acc, model: ModelSpec, c: Columns, rows, prefix: str) -> dict:
-    """One target forward over ``rows`` query rows per sequence with the strategy's attention."""
+def _target_forward(
+    acc: _Acc, model: ModelSpec, c: Columns, rows, prefix: str, num_sms: int
+) -> dict:
+    """One target forward over ``rows`` query rows per sequence with the strategy's attention
+    (``num_sms``: the GPU's, for the attention kernels' launch plan)."""
     m = c.batch * rows
     layers = model.num_layers * np.ones_like(rows)
     _linear_ops(acc, model, m, c.tp, layers, prefix)
     dense = 1.0 - c.sparse
     _dense_attention(acc, model, c, rows, c.context_len + rows, layers * dense, prefix)
-    branches = _sparse_attention(acc, model, c, layers, prefix)
+    branches = _sparse_attention(acc, model, c, layers, prefix, num_sms)
     _head_ops(acc, model, m, c.tp, model.vocab_size, prefix)
     return branches
 
@@ -630,6 +647,8 @@ def _gather(op: Op, idx: np.ndarray, n: int) -> Op:
         g(op.calls),
         None if op.dedup_bytes is None else g(op.dedup_bytes),
         g(op.depth),
+        g(op.serial_steps),
+        g(op.tile_rows),
     )
 
 
@@ -689,7 +708,7 @@ def predict_columns(
     if hasattr(predictor, "outside"):
         predictor.outside = None  # extrapolation flags are per evaluation
     acc = _Acc()
-    branches = _target_forward(acc, model, c, c.rows, "verify.")
+    branches = _target_forward(acc, model, c, c.rows, "verify.", predictor.gpu.num_sms)
     spec = (c.num_draft > 0) * 1.0
     # Acceptance bookkeeping: compare/sample per row, compact accepted KV entries of each layer.
     kv_tok = _kv_token_bytes(model, _local_heads(model, c.tp)[1], c.kv_bytes)

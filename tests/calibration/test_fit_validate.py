@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from calibration import ceilings
-from calibration.fit import fit_profile, is_heldout, op_class
+from calibration.fit import fit_profile, is_heldout, op_class, serial_steps, tile_rows
 from calibration.readme import README, render
 from calibration.validate import annotate, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
@@ -52,6 +52,33 @@ def test_heldout_rule_holds_out_whole_values(rows):
     assert op_class(
         next(r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union")
     ).startswith("sparse_verify/union/C")
+
+
+def test_nsa_rows_carry_their_launch_plan(rows):
+    """The NSA rows' merge steps and row tile come from the wrapper's plan on 132 SMs (8 q / 2
+    KV heads: t = 12 is one tile of 64 rows split 64 ways, t = 17 two tiles split 33 ways);
+    other ops have none, and the fitted NSA classes price both terms."""
+    tiny = {
+        (r["params"]["num_query_tokens"], r["params"]["impl"], r["params"]["mode"]): r
+        for r in rows
+        if r["op"] == "nsa_verify" and r["params"]["num_q_heads"] == 8
+    }
+    assert serial_steps(tiny[(12, "unfused", "reuse")], 132) == 192
+    assert serial_steps(tiny[(17, "unfused", "reuse")], 132) == 99
+    assert serial_steps(tiny[(17, "fused", "refresh")], 132) == 33
+    assert [tile_rows(tiny[(t, "fused", "reuse")]) for t in (1, 3, 5, 12, 17)] == [
+        16,
+        16,
+        32,
+        64,
+        64,
+    ]
+    gemm = next(r for r in rows if r["op"] == "gemm")
+    assert serial_steps(gemm, 132) == 0 == tile_rows(gemm)
+    committed = json.loads(PROFILE.read_text())["classes"]
+    for name, cls in committed.items():
+        has = name.startswith("nsa_verify/")
+        assert (cls["fit"]["t_step_s"] > 0) == has and (cls["fit"]["t_row_s"] > 0) == has, name
 
 
 def test_report_targets_and_ratios_can_fail():

@@ -304,6 +304,43 @@ def test_split_heuristic_fills_132_sms(monkeypatch):
     assert min(nv._apportion(plan(16, 16), 1, cfg)) == 1  # the refresh path: >= 1 per branch
 
 
+@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("t", [1, 3, 5, 12, 17, 33, 64])
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(8, 2, 64), (32, 8, 128), (28, 4, 128)])
+def test_perfmodel_plan_mirrors_the_wrapper(monkeypatch, batch, t, heads, kv_heads, d):
+    """perfmodel.nsa_plan (torch-free, used by the calibrated model and the step model) makes
+    the wrapper's plan: row tile, tiles, splits and the partial slots its merges walk (the
+    fused split's slots up to _apportion's rounding and one-slot floor per branch)."""
+    from perfmodel import nsa_plan
+
+    monkeypatch.setattr(nv, "_num_sms", lambda index: 132)
+    cfg, cuda = NsaVerifyConfig(), torch.device("cuda", 0)
+    assert (cfg.block_m, cfg.max_splits, cfg.ctas_per_sm) == (
+        nsa_plan.BLOCK_M_MAX,
+        nsa_plan.MAX_SPLITS,
+        nsa_plan.CTAS_PER_SM,
+    )
+    shape = dict(device="meta", dtype=torch.bfloat16)
+    q = torch.empty((batch, t, heads, d), **shape)
+    k = torch.empty((batch, kv_heads, 8192 + t, d), **shape)
+    ck = torch.empty((batch, kv_heads, 511, d), **shape)
+    p = nv._make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
+    total = nv._num_splits(p, cuda, cfg)
+    block_m, tiles = nsa_plan.row_tiles(t, heads, kv_heads)
+    assert (block_m, tiles) == (p.block_m, p.num_tiles)
+    assert nsa_plan.num_splits(t, heads, kv_heads, batch, 132) == total
+    slots = sum(nv._apportion(p, total, cfg))
+    steps = {
+        (True, False): 0 if total == 1 else slots,  # fused reuse: one pass or split + merge
+        (True, True): slots,  # fused refresh: always split
+        (False, False): 0 if total == 1 else 3 * total,  # unfused: a merge per branch
+        (False, True): 0 if total == 1 else 3 * total,
+    }
+    for (fused, refresh), want in steps.items():
+        got = nsa_plan.merge_steps(t, heads, kv_heads, batch, 132, fused=fused, refresh=refresh)
+        assert abs(got - want) <= 2, (fused, refresh, got, want)
+
+
 # --------------------------------------------------------------------------- GPU
 
 

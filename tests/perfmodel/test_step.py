@@ -119,13 +119,14 @@ def test_nsa_refresh_layers_select_inside_their_own_calls():
 
 
 def test_single_row_ops_take_their_own_classes():
-    """kv_write and silu_mul run another torch path for one row: AR points use the /m1
-    classes, verify points of several rows the general ones."""
+    """kv_write, silu_mul and rotary run another torch path for one row: AR points use the
+    /m1 classes, verify points of several rows the general ones."""
     w = Workload(context_len=4096)
     ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:3")
     _, p = run(TINY, [(ar, w), (sd, w)])
     for general, row in (("verify.kv_write", "verify.kv_write_row"),
-                         ("verify.ffn_act", "verify.ffn_act_row")):  # fmt: skip
+                         ("verify.ffn_act", "verify.ffn_act_row"),
+                         ("verify.rope", "verify.rope_row")):  # fmt: skip
         assert p.ops[row].kernel.removesuffix("@l2").endswith("/m1")
         assert float(p.ops[row].calls[0]) > 0 == float(p.ops[row].calls[1])
         assert float(p.ops[general].calls[1]) > 0 == float(p.ops[general].calls[0])

@@ -1,0 +1,84 @@
+"""Launch geometry of the NSA verification kernels (``kernels.nsa_verify``), without torch.
+
+The calibrated model prices an NSA call from its bytes and FLOPs, but at small batch its time
+is set by how the wrapper cuts the work (``kernels/nsa_verify.py``, default
+``NsaVerifyConfig``):
+
+- a program owns one (sequence x KV head, row tile); the tile packs ``BLOCK_M =
+  max(16, min(64, next_pow2(t * G_pad)))`` MMA rows (``G_pad`` = next power of two of the
+  head group ``G = Hq / Hkv``), i.e. ``BLOCK_M / G_pad`` draft rows, so a call has
+  ``ceil(t / (BLOCK_M / G_pad))`` row tiles;
+- when ``B * Hkv * tiles`` programs leave SMs idle the grid is split ``S = min(64,
+  SMs // (B * Hkv * tiles))`` ways per tile (1 = a single fused pass), each split program
+  writing a ``BLOCK_M x D`` fp32 partial; a merge kernel, one program per tile, then walks the
+  tile's partial slots **one after another**.
+
+That merge walk is a serial chain after the parallel forward: its latency adds to the call's
+time whatever the bytes, and it is longest when one tile gets the most splits. It is why, at
+8 q / 2 KV heads, t = 12 (one tile, 64 splits) takes longer than t = 17 (two tiles, 33
+splits) (``calibration/profiles/h100-sxm/kernel_bench.jsonl``).
+
+Each program also carries its whole row tile: its MMAs, its query load and its partial are
+``BLOCK_M`` rows whatever ``t`` is, so a program's latency grows with ``BLOCK_M`` (at 8 q / 2 KV
+heads and equal splits, t = 3 with 16-row tiles runs an unfused refresh call in 156 us, t = 5
+with 32-row tiles in 177 us). ``row_tiles`` gives it.
+
+``merge_steps`` counts, per call, the slots its merges walk, summed over merges that run one
+after another:
+
+- fused (``nsa_verify``) reuse call: 0 for a single pass (S = 1), else the ``max(S, 3)`` slots
+  that ``_apportion`` spreads over the three branches (its rounding and its floor of one slot
+  per branch, which add up to 2 slots to a small split, are ignored);
+- fused refresh call: always split (the compressed partials also feed the block scores):
+  ``max(S, 3)``;
+- unfused (``nsa_verify_unfused``): each branch launched with the whole split budget and its
+  own merge: ``3 S``, or 0 when S = 1.
+
+It ignores the block-score kernel's read of the compressed ``(m, l)`` partials (a refresh
+call's), and assumes one resident program per SM, as the wrapper does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# NsaVerifyConfig defaults (kernels/nsa_verify.py); tests/perfmodel/test_nsa_plan.py checks them.
+BLOCK_M_MAX = 64
+MIN_BLOCK_M = 16
+MAX_SPLITS = 64
+CTAS_PER_SM = 1
+NUM_BRANCHES = 3
+
+
+def next_pow2(x) -> np.ndarray:
+    """Smallest power of two >= x (x >= 1), elementwise."""
+    x = np.maximum(np.asarray(x, dtype=float), 1.0)
+    return np.exp2(np.ceil(np.log2(x) - 1e-9))
+
+
+def row_tiles(t, num_q_heads, num_kv_heads) -> tuple[np.ndarray, np.ndarray]:
+    """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows."""
+    t = np.asarray(t, dtype=float)
+    group_pad = next_pow2(np.ceil(np.asarray(num_q_heads, dtype=float) / num_kv_heads))
+    block_m = np.maximum(MIN_BLOCK_M, np.minimum(BLOCK_M_MAX, next_pow2(t * group_pad)))
+    return block_m, np.ceil(t / (block_m // group_pad))
+
+
+def num_splits(t, num_q_heads, num_kv_heads, batch, num_sms: int) -> np.ndarray:
+    """Programs per (sequence, KV head, row tile): ``_num_splits`` at the default config."""
+    _, tiles = row_tiles(t, num_q_heads, num_kv_heads)
+    programs = np.asarray(batch, dtype=float) * np.asarray(num_kv_heads, dtype=float) * tiles
+    return np.maximum(1.0, np.minimum(MAX_SPLITS, np.floor(num_sms * CTAS_PER_SM / programs)))
+
+
+def merge_steps(t, num_q_heads, num_kv_heads, batch, num_sms: int, *, fused, refresh):
+    """Partial slots one call's merge kernels walk in series (see the module docstring).
+
+    ``fused`` and ``refresh`` are booleans or 0/1 arrays broadcasting with ``t``."""
+    s = num_splits(t, num_q_heads, num_kv_heads, batch, num_sms)
+    fused = np.asarray(fused, dtype=float) > 0
+    refresh = np.asarray(refresh, dtype=float) > 0
+    split = s > 1
+    fused_steps = np.where(split | refresh, np.maximum(s, NUM_BRANCHES), 0.0)
+    unfused_steps = np.where(split, NUM_BRANCHES * s, 0.0)
+    return np.where(fused, fused_steps, unfused_steps)

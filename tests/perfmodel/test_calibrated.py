@@ -1,0 +1,47 @@
+"""perfmodel.calibrated.ClassFit: how the fitted latency terms combine (hand-computed on a
+synthetic class with unit efficiencies, BW = 1e12 B/s, PEAK = 1e15 FLOP/s)."""
+
+import numpy as np
+import pytest
+
+from perfmodel.calibrated import ClassFit
+
+BW, PEAK = 1e12, 1e15
+CF = ClassFit(
+    name="x",
+    t0_s=1e-6,
+    bytes_knots=(3.0, 10.0),
+    bytes_eff=(1.0, 1.0),
+    flops_knots=(0.0, 13.0),
+    flops_eff=(1.0, 1.0),
+    l2_miss=None,
+    t_depth_s=1e-9,
+    t_step_s=2e-7,
+    t_row_s=1e-8,
+)
+
+
+def test_reduction_chain_is_a_bound_beside_the_roofline():
+    """A small GEMM waits on its K loop (t0 + t_k K); a large one streams its bytes and the
+    same loop hides under them, so K no longer adds."""
+    small = CF.call_time_s(1e3, 1.0, BW, PEAK, depth=2048)
+    assert small == pytest.approx(1e-6 + 2048e-9)
+    large = CF.call_time_s(1e8, 1.0, BW, PEAK, depth=np.array([0.0, 2048.0]))
+    np.testing.assert_allclose(large, [1e-6 + 1e-4] * 2)
+    # between the two regimes the larger bound wins
+    mid = CF.call_time_s(3e3, 1.0, BW, PEAK, depth=2)
+    assert mid == pytest.approx(1e-6 + 3e-9)
+
+
+def test_serial_steps_and_row_tile_add_to_any_call():
+    base = CF.call_time_s(np.array([1e3, 1e8]), 1.0, BW, PEAK)
+    more = CF.call_time_s(np.array([1e3, 1e8]), 1.0, BW, PEAK, steps=64, rows=32)
+    np.testing.assert_allclose(more - base, [64 * 2e-7 + 32 * 1e-8] * 2)
+
+
+def test_json_round_trip_and_older_profiles():
+    again = ClassFit.from_json("x", CF.to_json())
+    assert again == CF
+    old = {k: v for k, v in CF.to_json().items() if k not in ("t_step_s", "t_row_s")}
+    legacy = ClassFit.from_json("x", old)
+    assert legacy.t_step_s == 0.0 == legacy.t_row_s

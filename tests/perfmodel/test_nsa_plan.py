@@ -1,0 +1,142 @@
+"""perfmodel.nsa_plan: the NSA kernels' launch plan (hand-computed at the tiny pair's and
+Llama-3.1-8B's heads on 132 SMs), and the step model's NSA ops carrying it.
+
+The cross-check against the wrapper itself (``kernels.nsa_verify``) is in
+``tests/kernels/test_nsa_verify.py`` (it needs torch)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfmodel.calibrated import CalibratedPredictor, Profile, profile_path
+from perfmodel.hardware import get_gpu
+from perfmodel.models import ModelSpec
+from perfmodel.nsa_plan import merge_steps, num_splits, row_tiles
+from perfmodel.predictor import RooflinePredictor
+from perfmodel.step import build_columns, predict_columns
+from perfmodel.strategy import Strategy, Workload
+
+SMS = 132
+# The engine's trained tiny target (engine/checkpoints/tiny-target/config.json).
+TINY = ModelSpec(
+    name="tiny-pair",
+    family="llama",
+    num_layers=8,
+    hidden_size=512,
+    num_q_heads=8,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=640,
+    vocab_size=256,
+)
+
+
+@pytest.mark.parametrize(
+    ("t", "block_m", "tiles", "splits", "fused_reuse", "fused_refresh", "unfused"),
+    [
+        # 8 q / 2 KV heads: G_pad = 4; BLOCK_M = max(16, min(64, next_pow2(4 t)))
+        (1, 16, 1, 64, 64, 64, 192),
+        (3, 16, 1, 64, 64, 64, 192),
+        (5, 32, 1, 64, 64, 64, 192),
+        (12, 64, 1, 64, 64, 64, 192),
+        (16, 64, 1, 64, 64, 64, 192),
+        (17, 64, 2, 33, 33, 33, 99),  # two row tiles of 16 draft rows: 132 // 4 splits
+        (64, 64, 4, 16, 16, 16, 48),
+    ],
+)
+def test_tiny_heads_plan_hand_computed(t, block_m, tiles, splits, fused_reuse, fused_refresh,
+                                       unfused):  # fmt: skip
+    bm, nt = row_tiles(t, 8, 2)
+    assert (bm, nt) == (block_m, tiles)
+    assert num_splits(t, 8, 2, 1, SMS) == splits
+    assert merge_steps(t, 8, 2, 1, SMS, fused=True, refresh=False) == fused_reuse
+    assert merge_steps(t, 8, 2, 1, SMS, fused=True, refresh=True) == fused_refresh
+    assert merge_steps(t, 8, 2, 1, SMS, fused=False, refresh=False) == unfused
+    assert merge_steps(t, 8, 2, 1, SMS, fused=False, refresh=True) == unfused
+
+
+def test_full_grid_is_one_pass_except_the_refresh_split():
+    """32 q / 8 KV heads, batch 16, t = 16: 128 programs fill the SMs, one fused pass (no
+    merge), but a refresh call still splits three ways for its compressed partials."""
+    assert num_splits(16, 32, 8, 16, SMS) == 1
+    assert merge_steps(16, 32, 8, 16, SMS, fused=True, refresh=False) == 0
+    assert merge_steps(16, 32, 8, 16, SMS, fused=True, refresh=True) == 3
+    assert merge_steps(16, 32, 8, 16, SMS, fused=False, refresh=True) == 0
+    # batch 1: 8 programs, 16 splits each
+    assert merge_steps(16, 32, 8, 1, SMS, fused=False, refresh=False) == 48
+
+
+def test_plan_is_vectorised_over_points():
+    t = np.array([1.0, 5.0, 17.0])
+    steps = merge_steps(t, 8, 2, np.array([1.0, 1.0, 1.0]), SMS, fused=np.array([1, 0, 1]),
+                        refresh=0)  # fmt: skip
+    np.testing.assert_array_equal(steps, [64, 192, 33])
+    np.testing.assert_array_equal(row_tiles(t, 8, 2)[0], [16, 32, 64])
+
+
+def _nsa(tree: str, fusion: str = "none", refresh_every: int = 1) -> Strategy:
+    return Strategy(
+        name="nsa",
+        tree=tree,
+        attention="sparse",
+        mode="union",
+        group_size=4,
+        top_n=16,
+        block_size=64,
+        window=512,
+        refresh_every=refresh_every,
+        fusion=fusion,
+    )
+
+
+def test_step_model_nsa_ops_carry_the_launch_plan():
+    """The tiny pair's verify forward at t = 12 and t = 17 rows: each NSA op carries, per
+    call, the merge steps and row tile of the plan the kernels make on this GPU's SMs."""
+    gpu = get_gpu("h100-sxm", measured=False)
+    w = Workload(context_len=16384)
+    pts = [(_nsa("chain:11"), w), (_nsa("chain:16"), w),
+           (_nsa("chain:11", "refresh_reuse", 2), w)]  # fmt: skip
+    c = build_columns(TINY, pts)
+    p = predict_columns(TINY, c, RooflinePredictor(gpu, tp=c.tp))
+    assert list(c.rows) == [12, 17, 12]
+    unf = p.ops["verify.sparse_attention_refresh"]
+    calls = np.asarray(unf.calls)
+    assert calls[0] == calls[1] == TINY.num_layers and calls[2] == 0
+    np.testing.assert_array_equal((unf.serial_steps / np.maximum(calls, 1))[:2], [192, 99])
+    np.testing.assert_array_equal((unf.tile_rows / np.maximum(calls, 1))[:2], [64, 64])
+    reuse, refresh = (
+        p.ops["verify.sparse_attention_fused"],
+        p.ops["verify.sparse_attention_fused_refresh"],
+    )
+    assert float(reuse.calls[2]) == float(refresh.calls[2]) == TINY.num_layers / 2
+    assert float(reuse.serial_steps[2]) == 64 * TINY.num_layers / 2
+    assert float(refresh.serial_steps[2]) == 64 * TINY.num_layers / 2
+    # Tensor parallelism halves the local heads: 4 q / 1 KV head per rank (t = 5: a 32-row
+    # tile, one program per tile before splitting, 64 splits).
+    c2 = build_columns(TINY, [(_nsa("chain:4"), dataclasses.replace(w, tp=2))])
+    p2 = predict_columns(TINY, c2, RooflinePredictor(gpu, tp=c2.tp))
+    op2 = p2.ops["verify.sparse_attention_refresh"]
+    want = merge_steps(5, 4, 1, 1, SMS, fused=0, refresh=1)
+    assert float(op2.serial_steps[0]) / TINY.num_layers == want == 192
+    assert float(op2.tile_rows[0]) / TINY.num_layers == 32
+
+
+@pytest.mark.skipif(profile_path("h100-sxm") is None, reason="no committed H100 profile")
+def test_calibrated_nsa_time_follows_the_plan_not_the_row_count():
+    """At the tiny pair's heads the measured reuse call is slower at t = 12 (one tile, 64
+    splits) than at t = 17 (two tiles, 33 splits); the calibrated prediction must be too, and
+    must still grow with the context at a fixed plan."""
+    gpu = get_gpu("h100-sxm")
+    profile = Profile.load(profile_path("h100-sxm"), gpu="h100-sxm")
+
+    def verify_attention_s(tree, context_len):
+        c = build_columns(
+            TINY, [(_nsa(tree, "refresh_reuse", 8), Workload(context_len=context_len))]
+        )
+        p = predict_columns(TINY, c, CalibratedPredictor(gpu, profile, tp=c.tp))
+        return float(p.op_seconds["verify.sparse_attention_fused"][0])
+
+    assert verify_attention_s("chain:11", 16384) > verify_attention_s("chain:16", 16384)
+    assert verify_attention_s("chain:11", 30720) >= verify_attention_s("chain:11", 8192)
+    assert verify_attention_s("chain:2", 16384) < verify_attention_s("chain:4", 16384)
