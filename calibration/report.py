@@ -31,7 +31,19 @@ import numpy as np
 
 from calibration.fit import error_stats
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def _checkout_root() -> Path:
+    """The checkout whose committed measurements the report reads: the package's parent when
+    it holds them (a clone, an editable install), else the first folder from the working
+    directory up that does (a non-editable ``pip install .`` run inside the clone)."""
+    here = Path(__file__).resolve().parent.parent
+    for root in (here, Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        if (root / "docs" / "validation").is_dir() and (root / "pyproject.toml").is_file():
+            return root
+    return here
+
+
+ROOT = _checkout_root()
 REPORT_VERSION = 1
 TARGETS = {"verify_median_ape": 0.08, "tokens_per_s_median_ape": 0.10, "speedup_median_ape": 0.08}
 BASELINE_ORDER = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
@@ -72,14 +84,16 @@ def kernel_section(gpu: str) -> dict:
     from calibration.validate import annotate, report
     from perfmodel.calibrated import Profile
 
-    path = ceilings.PROFILES / gpu / "profile.json"
+    folder = ROOT / "calibration" / "profiles" / gpu  # the checkout's, else the package's
+    folder = folder if folder.is_dir() else ceilings.PROFILES / gpu
+    path = folder / "profile.json"
     if not path.is_file():
         raise ValueError(f"no calibrated profile for {gpu!r} ({path} is missing)")
     profile = Profile.load(path, gpu=gpu)
-    rep = report(annotate(ceilings.profile_rows(gpu), profile))
+    rep = report(annotate(ceilings.profile_rows(gpu, folder), profile))
     return {
-        "source": str(path.relative_to(ROOT)),
-        "rows": str((ceilings.PROFILES / gpu).relative_to(ROOT)),
+        "source": _rel(path),
+        "rows": _rel(folder),
         "profile_id": profile.profile_id,
         "overall": rep["overall"],
         "ratios": rep["ratios"]["all"],
