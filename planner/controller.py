@@ -35,6 +35,7 @@ decode loop which drafters to keep warm, so a switch costs a catch-up, not a res
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from perfmodel.hardware import GpuSpec
@@ -108,6 +109,7 @@ class OnlineController:
         self._last_switch = -(10**9)
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
+        self._refs: dict[tuple, dict[str, Strategy]] = {}  # _shadow_refs, memoised
         self._round_cache: dict[str, dict[str, float]] = {}
         self._ids: dict[Strategy, str] = {}
         # Shadow estimates per drafter kind: decayed resolved positions and, per chain length
@@ -263,13 +265,17 @@ class OnlineController:
     def _shadow_refs(self, regime: str) -> dict[str, Strategy]:
         """Per shadowed drafter kind, its best-ranked chain among the regime's candidates: what
         its shadow is compared with (its profile) and what shifts its other trees."""
-        refs = {}
-        for kind, (_, matched) in self._shadow.items():
-            for c in self._candidates(regime).values():
-                if c.drafter.kind == kind and 1 <= _chain_length(c.tree) <= len(matched):
-                    refs[kind] = c
-                    break
-        return refs
+        key = (regime, tuple((kind, len(m)) for kind, (_, m) in self._shadow.items()))
+        refs = self._refs.get(key)
+        if refs is None:  # depends on the regime and the shadowed chain lengths only
+            refs = {}
+            for kind, n in key[1]:
+                for c in self._candidates(regime).values():
+                    if c.drafter.kind == kind and 1 <= _chain_length(c.tree) <= n:
+                        refs[kind] = c
+                        break
+            self._refs[key] = refs
+        return dict(refs)
 
     def _shadow_rising(self, regime: str, current: Strategy, drafting: bool) -> str | None:
         """Count, per drafter kind other than the drafting one, the rounds its shadow stands
@@ -395,8 +401,10 @@ class OnlineController:
         return (cands[top_id], gain) if gain > cfg.hysteresis else (None, gain)
 
 
+@functools.lru_cache(maxsize=256)
 def _chain_length(tree: str) -> int:
-    """K for a chain of K drafts (node i's parent is node i - 1), else 0."""
+    """K for a chain of K drafts (node i's parent is node i - 1), else 0 (memoised: the
+    controller asks for every candidate every round)."""
     parents = parse_tree(tree)
     if not parents or any(p != i - 1 for i, p in enumerate(parents)):
         return 0
