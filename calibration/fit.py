@@ -13,10 +13,11 @@ fit never sees those sizes at all.
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count), for sparse verification the L2-miss share h, for GEMMs the reduction-depth
-latency t_k, and for NSA verification the latency t_s of a merge step (the serial walk over
-split partials) and t_r of a row-tile row (``perfmodel.nsa_plan``). Deterministic (no random
-starts).
+the row count), for sparse verification the L2-miss share h, for GEMMs and repair the latency
+t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
+``perfmodel.repair_plan``), and for NSA verification the latency t_s of a merge step (the
+serial walk over split partials) and t_r of a row-tile row (``perfmodel.nsa_plan``).
+Deterministic (no random starts).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from scipy.optimize import least_squares
 
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
-from perfmodel.hardware import get_gpu
+from perfmodel.hardware import GpuSpec, get_gpu
 from perfmodel.nsa_plan import merge_steps, row_tiles
 from perfmodel.predictor import RESIDENT_SUFFIX
+from perfmodel.repair_plan import chain_tiles
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -119,10 +121,29 @@ def features(row: dict) -> tuple[float, float, float | None]:
     return float(row["unique_bytes"]), float(row["flops"]), dedup
 
 
-def depth(row: dict) -> float:
-    """Serial reduction depth of one call: K of a GEMM (``perfmodel.calibrated``'s t_k term);
-    0 for the other ops, whose t0 and efficiencies hold their latency."""
-    return float(row["params"]["k"]) if row["op"] == "gemm" else 0.0
+def depth(row: dict, gpu: GpuSpec) -> float:
+    """Serial chain of one call (``perfmodel.calibrated``'s t_k term): K of a GEMM; for repair,
+    the KV tiles one SM slot walks in series on ``gpu`` (``perfmodel.repair_plan``, the
+    missed blocks, or the selected ones when recomputing, times the grid's waves); 0 for the
+    other ops, whose t0 and efficiencies hold their latency."""
+    p = row["params"]
+    if row["op"] == "gemm":
+        return float(p["k"])
+    if row["op"] == "repair":
+        blocks = p["missed_blocks"] if p["mode"] == "repair" else p["top_n"]
+        return float(
+            chain_tiles(
+                p["num_query_tokens"],
+                p["num_kv_heads"],
+                p["batch"],
+                blocks,
+                p["block_size"],
+                p["head_dim"],
+                gpu.num_sms,
+                gpu.smem_per_sm_bytes,
+            )
+        )
+    return 0.0
 
 
 def serial_steps(row: dict, num_sms: int) -> float:
@@ -174,7 +195,7 @@ class Data:
     rows: np.ndarray
 
 
-def _data(name: str, rows: list[dict], num_sms: int) -> Data:
+def _data(name: str, rows: list[dict], gpu: GpuSpec) -> Data:
     f = [features(r) for r in rows]
     dedup = [x[2] for x in f]
     return Data(
@@ -183,8 +204,8 @@ def _data(name: str, rows: list[dict], num_sms: int) -> Data:
         np.array([max(x[1], 1.0) for x in f]),
         None if any(d is None for d in dedup) else np.array(dedup, dtype=float),
         np.array([r["median_s"] for r in rows]),
-        np.array([depth(r) for r in rows]),
-        np.array([serial_steps(r, num_sms) for r in rows]),
+        np.array([depth(r, gpu) for r in rows]),
+        np.array([serial_steps(r, gpu.num_sms) for r in rows]),
         np.array([tile_rows(r) for r in rows]),
     )
 
@@ -196,9 +217,9 @@ def _latency_bound(seconds: np.ndarray, count: np.ndarray) -> float:
     return float((seconds[on] / count[on]).min())
 
 
-def fit_class(name: str, rows: list[dict], bw: float, peak: float, num_sms: int) -> ClassFit:
+def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec) -> ClassFit:
     """Least-squares fit of one class on its fit rows."""
-    d = _data(name, rows, num_sms)
+    d = _data(name, rows, gpu)
     k = int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
@@ -257,7 +278,7 @@ def error_stats(pred: np.ndarray, meas: np.ndarray) -> dict:
 def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[dict]]:
     """The profile JSON (version 1) and every graph row annotated with its prediction."""
     bw, peak = ceilings["hbm_bytes_per_s"], ceilings["bf16_flops_per_s"]
-    num_sms = get_gpu(gpu, measured=False).num_sms
+    spec = get_gpu(gpu, measured=False)
     graph = [r for r in rows if r["timing"] == "graph" and r["op"] not in UNFITTED_OPS]
     by_class: dict[str, list[dict]] = {}
     for r in graph:
@@ -268,8 +289,8 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         held = [r for r in rs if is_heldout(r)]
         if len(fit_rows) < 3:
             continue  # too few rows to fit anything honest; the class stays uncalibrated
-        cf = fit_class(name, fit_rows, bw, peak, num_sms)
-        every = _data(name, rs, num_sms)
+        cf = fit_class(name, fit_rows, bw, peak, spec)
+        every = _data(name, rs, spec)
         cf = dataclasses.replace(
             cf,
             bytes_range=(float(np.log10(every.nbytes.min())), float(np.log10(every.nbytes.max()))),
@@ -278,7 +299,7 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         stats = {}
         for split, subset in (("fit", fit_rows), ("heldout", held)):
             if subset:
-                d = _data(name, subset, num_sms)
+                d = _data(name, subset, spec)
                 pred = cf.call_time_s(
                     d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows
                 )

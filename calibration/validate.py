@@ -169,7 +169,7 @@ def report(annotated: list[dict], worst: int = 8) -> dict:
 
 def annotate(rows: list[dict], profile: Profile) -> list[dict]:
     """Every graph row of a fitted class with the stored profile's prediction and its split."""
-    num_sms = get_gpu(profile.gpu, measured=False).num_sms
+    spec = get_gpu(profile.gpu, measured=False)
     out = []
     for r in rows:
         if r["timing"] != "graph" or r["op"] in UNFITTED_OPS:
@@ -178,9 +178,9 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         if cls not in profile.classes:
             continue
         nbytes, flops, dedup = features(r)
-        steps, rows = serial_steps(r, num_sms), tile_rows(r)
+        steps, rows = serial_steps(r, spec.num_sms), tile_rows(r)
         pred = float(
-            profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup, depth(r), steps, rows)
+            profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup, depth(r, spec), steps, rows)
         )
         out.append(
             {**r, "class": cls, "predicted_s": pred, "split": "heldout" if is_heldout(r) else "fit"}

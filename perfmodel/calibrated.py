@@ -12,7 +12,9 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   ``extrapolated``);
 - ``t0``: fixed cost per call (launches, host-free graph replay);
 - ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
-  fitted for GEMMs only: a small GEMM's time grows with K at equal bytes (one CTA walks the
+  fitted for GEMMs and repair (K: the tiles one SM slot walks in series,
+  ``perfmodel.repair_plan``; 32 programs of the tiny pair's batch-1 call walk 32 missed blocks
+  in 24.6 us, 0.7 TB/s): a small GEMM's time grows with K at equal bytes (one CTA walks the
   whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls). The
   loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
   bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it

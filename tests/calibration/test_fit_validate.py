@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from calibration import ceilings
-from calibration.fit import fit_profile, is_heldout, op_class, serial_steps, tile_rows
+from calibration.fit import depth, fit_profile, is_heldout, op_class, serial_steps, tile_rows
 from calibration.readme import README, render
 from calibration.validate import annotate, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
@@ -79,6 +79,24 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     for name, cls in committed.items():
         has = name.startswith("nsa_verify/")
         assert (cls["fit"]["t_step_s"] > 0) == has and (cls["fit"]["t_row_s"] > 0) == has, name
+
+
+def test_repair_rows_carry_their_chain(rows):
+    """A repair row's depth is the KV tiles one SM slot walks in series on the H100: the tiny
+    pair's batch-1 grid (32 programs) fits in one wave, so its chain is its missed blocks;
+    recompute walks the selected blocks; the fitted repair classes price it (t_k > 0)."""
+    h100 = get_gpu("h100-sxm", measured=False)
+    rep = {
+        (r["params"]["num_q_heads"], r["params"]["batch"], r["params"]["mode"],
+         r["params"].get("missed_blocks")): r
+        for r in rows
+        if r["op"] == "repair" and r["params"]["context_len"] == 16384
+    }  # fmt: skip
+    assert depth(rep[(8, 1, "repair", 32)], h100) == 32
+    assert depth(rep[(32, 16, "repair", 3)], h100) == 24  # 2048 programs, 8 waves of 264
+    assert depth(rep[(8, 1, "recompute", 64)], h100) == 64
+    committed = json.loads(PROFILE.read_text())["classes"]
+    assert committed["repair/repair"]["fit"]["t_depth_s"] > 0
 
 
 def test_report_targets_and_ratios_can_fail():
