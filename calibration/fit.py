@@ -6,7 +6,7 @@ Op classes: the op name, refined by ``mode`` (sparse modes, NSA refresh/reuse, r
 fitted: the decode loop runs under graphs; plain-launch rows (which add Triton's tens of
 microseconds of Python launch path) stay in the data for reference.
 
-Held-out rule (documented in ``calibration/README.md``): a row is held out when
+Held-out rule (documented in the README's "Calibration accuracy"): a row is held out when
 ``int(sha1(op, params, timing)[:8], 16) % 5 == 0`` or when it has one of the whole held-out
 values -- context 48K or 96K, or 12 query tokens (``num_query_tokens`` or GEMM ``m``) -- so the
 fit never sees those sizes at all.
