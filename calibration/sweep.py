@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -386,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
     bad = sorted(ops - set(OPS))
-    if bad:
-        raise SystemExit(f"sweep: unknown op group {bad[0]!r}; expected {', '.join(OPS)}")
+    if bad:  # bad input: one line, exit 2 (3 means stopped at the budget)
+        print(f"sweep: unknown op group {bad[0]!r}; expected {', '.join(OPS)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         raise SystemExit("calibration sweeps need a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -91,8 +91,9 @@ class ClassFit:
     def call_time_s(
         self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0
     ):
-        """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a
-        reduction of ``depth``, followed by ``steps`` serial steps."""
+        """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a serial
+        chain of ``depth``, followed by ``steps`` serial steps, over row tiles of ``rows``
+        padded rows (the model in the module docstring)."""
         nbytes = np.asarray(nbytes, dtype=float)
         eff_bytes = nbytes
         if self.l2_miss is not None and dedup_bytes is not None:

@@ -75,3 +75,12 @@ def test_committed_rows_are_all_valid():
     rows = ceilings.profile_rows("h100-sxm")
     assert len(rows) > 1000
     assert {r["op"] for r in rows} >= {"dense_verify", "sparse_verify", "gemm", "repair"}
+
+
+def test_sweep_refuses_an_unknown_op_group_in_one_line(tmp_path, capsys):
+    from calibration import sweep
+
+    assert sweep.main(["--out", str(tmp_path), "--ops", "gemm,bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'bogus'" in err and "resident" in err
+    assert not any(tmp_path.iterdir())  # nothing written
