@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
+    p.add_argument("--profile-prompts", type=int, default=3,
+                   help="code prompts per profile entry (1-5; planner.evaluate)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0,
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
     try:
         if min(args.per_regime, args.new_tokens, args.repeats) < 1:
             raise ValueError("--per-regime, --new-tokens and --repeats must be >= 1")
+        if not 1 <= args.profile_prompts <= 5:
+            raise ValueError(f"--profile-prompts must lie in 1..5, got {args.profile_prompts}")
         if not args.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
         contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
@@ -103,7 +107,7 @@ def main(argv=None) -> int:
             prov = {k: v for k, v in provenance().items() if k != "timestamp"}
             keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
                     "new_tokens", "repeats", "temperature", "trees", "drafters",
-                    "prompt_sets", "gpu")  # fmt: skip
+                    "prompt_sets", "gpu", "profile_prompts")  # fmt: skip
             settings = {**{k: getattr(args, k) for k in keep}, **prov}
             bench.cache = RunCache(args.resume, settings)
             if bench.cache.runs:
@@ -120,6 +124,7 @@ def main(argv=None) -> int:
         per_regime=args.per_regime,
         adaptive_context=parse_int_list(args.adaptive_context, "--adaptive-context")[0],
         prompt_sets=sets,
+        profile_prompts=args.profile_prompts,
         controller=ControllerConfig(),
         provenance={**provenance(), "command": " ".join(sys.argv)},
     )

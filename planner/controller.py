@@ -29,8 +29,18 @@ What each candidate is scored at:
 
 A strategy that drafts nothing observes no acceptance: after ``probe_after`` rounds in one, the
 controller probes the best-ranked drafting strategy whose drafter has no shadow (reason
-``probe``). Every switch is logged (``switches``) with its reason. ``drafter_kinds()`` tells the
-decode loop which drafters to keep warm, so a switch costs a catch-up, not a restart.
+``probe``). Each probe doubles the wait before the next one (up to ``probe_max`` rounds, or
+``probe_after`` when that is longer): text that defeated a drafter twice is likely to go on
+doing so, and each probe costs ``patience`` rounds or more at the acceptance that lost. The
+wait is back to ``probe_after`` once a drafting strategy has held for ``probe_after`` rounds.
+Every switch is logged (``switches``) with its reason. ``drafter_kinds()`` tells the decode
+loop which drafters to keep warm, so a switch costs a catch-up, not a restart.
+
+Switch costs are kept per destination (``switch_kind``: the drafter kind, or ``none`` for a
+strategy that drafts nothing) from the host time the loop reports for each switch: going to
+autoregressive decoding installs a strategy and nothing else, while going to a draft model runs
+its catch-up forward over the tokens committed since it last drafted -- one figure for both
+would price the cheap switch at the dear one's cost, or the other way round.
 """
 
 from __future__ import annotations
@@ -58,7 +68,10 @@ SHADOW_MIN_POSITIONS = 8.0
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    epsilon: float = field(default=0.1, metadata={"help": "acceptance deviation that counts"})
+    # 0.05, not 0.1: on the tiny pair at 16K the draft model's chain:4 stops beating
+    # autoregressive decoding 0.07-0.12 below its profiled alpha, so a 0.1 trigger fires at or
+    # past the crossover; a re-score costs ~0.1 ms and hysteresis decides whether to switch.
+    epsilon: float = field(default=0.05, metadata={"help": "acceptance deviation that counts"})
     patience: int = field(default=16, metadata={"help": "consecutive deviating rounds to act"})
     ema: float = field(default=0.05, metadata={"help": "weight of the newest round in the EMA"})
     hysteresis: float = field(default=0.05, metadata={"help": "relative gain needed to switch"})
@@ -68,6 +81,9 @@ class ControllerConfig:
     probe_after: int = field(
         default=64, metadata={"help": "rounds without drafts before probing a drafting strategy"}
     )
+    probe_max: int = field(
+        default=512, metadata={"help": "longest wait between probes (the wait doubles per probe)"}
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.ema <= 1:
@@ -75,6 +91,8 @@ class ControllerConfig:
         for name in ("patience", "candidates", "horizon_rounds", "probe_after"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.probe_max < 1:
+            raise ValueError(f"probe_max must be >= 1, got {self.probe_max}")
         if self.epsilon < 0 or self.hysteresis < 0 or self.cooldown < 0:
             raise ValueError("epsilon, hysteresis and cooldown must be >= 0")
 
@@ -90,17 +108,25 @@ class OnlineController:
         profile: Profile,
         config: ControllerConfig | None = None,
         batch: int = 1,
-        switch_cost_s: float = 0.0,
+        switch_cost_s: float | dict[str, float] = 0.0,
     ):
         """``switch_cost_s``: what a switch is known to cost before this controller has seen
-        one (e.g. measured on earlier requests); each switch it makes then measures its own."""
+        one (e.g. measured on earlier requests): one figure for every destination, or one per
+        destination kind (``switch_kind``; ``default`` for the kinds it lacks, else 0); each
+        switch it makes then measures its own destination's."""
         self.ranking, self.model, self.gpu, self.profile = ranking, model, gpu, profile
         self.config = config or ControllerConfig()
         self.batch = batch
         self.switches: list[dict] = []
-        if not switch_cost_s >= 0:
-            raise ValueError(f"switch_cost_s must be >= 0, got {switch_cost_s}")
-        self.switch_cost_s = float(switch_cost_s)
+        costs = (dict(switch_cost_s) if isinstance(switch_cost_s, dict)
+                 else {"default": switch_cost_s})  # fmt: skip
+        for kind, v in costs.items():
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"switch_cost_s[{kind!r}] must be a number >= 0, got {v!r}")
+        # Measured switch cost per destination kind (what ``switch_costs`` reports).
+        self.switch_costs: dict[str, float] = {k: float(v) for k, v in costs.items()}
+        self._probe_wait = self.config.probe_after
+        self._drafting_since: int | None = None
         self._ema_tokens: float | None = None
         self._alpha = 0.0
         self._strategy_key: str | None = None
@@ -187,12 +213,18 @@ class OnlineController:
     def after_round(self, stats) -> Strategy | None:
         cfg = self.config
         s: Strategy = stats.strategy
-        if "switch" in stats.step_s:  # the loop reports what re-capture and re-selection cost
-            self.switch_cost_s = float(stats.step_s["switch"])
+        if "switch" in stats.step_s:  # what installing this strategy cost (catch-up included)
+            self.switch_costs[switch_kind(s)] = float(stats.step_s["switch"])
         key = self._id(s)
         regime = self._ranked_regime(max(stats.context_lens))
         self._observe_shadow(getattr(stats, "shadow", None))
         drafting = bool(stats.drafted)
+        if not drafting:
+            self._drafting_since = None
+        elif self._drafting_since is None:
+            self._drafting_since = stats.round
+        elif stats.round - self._drafting_since >= cfg.probe_after:
+            self._probe_wait = cfg.probe_after  # drafting held: the text suits a drafter again
         expected, own = None, False
         if drafting:
             tokens = stats.mean_accepted + 1.0
@@ -231,14 +263,20 @@ class OnlineController:
                                  self._shadow_scored[shadow_kind],
                                  self.profile.alpha_for(regime, ref), gain)  # fmt: skip
             return best
-        if not drafting and self.switches and stats.round - self._last_switch >= cfg.probe_after:
+        if not drafting and self.switches and stats.round - self._last_switch >= self._probe_wait:
             # A strategy that drafts nothing observes no acceptance, so without a shadow of a
             # drafter it could never leave: go back to the best-ranked drafting strategy.
             probe = self._probe_strategy(regime)
             if probe is not None:
                 self._log_switch(stats.round, key, probe, "probe", None, None, 0.0)
+                self._probe_wait = max(min(2 * self._probe_wait, cfg.probe_max), cfg.probe_after)
                 return probe
         return None
+
+    def switch_cost(self, to: Strategy) -> float:
+        """The host time a switch to ``to`` is expected to cost: the last one measured to its
+        kind, else the ``default`` given, else 0."""
+        return self.switch_costs.get(switch_kind(to), self.switch_costs.get("default", 0.0))
 
     def _id(self, s: Strategy) -> str:
         """``strategy_id``, memoised: it hashes the strategy's JSON (~20 us), and the controller
@@ -306,7 +344,7 @@ class OnlineController:
                 "observed_alpha": observed,
                 "expected_alpha": expected,
                 "predicted_gain": gain,
-                "switch_cost_s": self.switch_cost_s,
+                "switch_cost_s": self.switch_cost(to),
             }
         )
 
@@ -394,11 +432,17 @@ class OnlineController:
             return None, 0.0
         # Time per token now vs after switching, the switch cost spread over the horizon.
         per_tok_now = 1.0 / tps[now_id]
-        per_tok_new = 1.0 / tps[top_id] + self.switch_cost_s / (
+        per_tok_new = 1.0 / tps[top_id] + self.switch_cost(cands[top_id]) / (
             cfg.horizon_rounds * tpr[top_id] * self.batch
         )
         gain = per_tok_now / per_tok_new - 1.0
         return (cands[top_id], gain) if gain > cfg.hysteresis else (None, gain)
+
+
+def switch_kind(s: Strategy) -> str:
+    """What a switch to ``s`` has to start: its drafter kind, or ``none`` when it drafts
+    nothing (autoregressive decoding)."""
+    return s.drafter.kind if parse_tree(s.tree) else "none"
 
 
 @functools.lru_cache(maxsize=256)

@@ -3,13 +3,15 @@ strategies the way the engine measures them, and does online adaptation pay off?
 
 Four phases, all on one pair of model runners (target and draft) built once:
 
-1. **profile** -- per regime, the engine decodes a code prompt (validation split of the
-   built-in corpus): every drafter on every tree of the space (dense) gives alpha per drafter
-   and tree (the inverse of the mean tokens per round, ``alpha_from_tokens``); one drafter and
-   tree with each sparse attention of the space gives its factor on alpha; a union strategy
-   per traversal order with the selection statistics on gives the group overlap gamma; the
-   measured round times minus the step model's give the loop overhead per round
-   (``measure_profile``).
+1. **profile** -- per regime, the engine decodes ``profile_prompts`` code prompts (windows of
+   the validation split of the built-in corpus, each with its own seed, none of them the
+   prompts of phases 3 and 4): every drafter on every tree of the space (dense) gives alpha
+   per drafter and tree (the inverse of the mean tokens per round over the prompts,
+   ``alpha_from_tokens``); on the first prompt, one drafter and tree with each sparse
+   attention of the space gives its factor on alpha (over the same tree dense on that prompt);
+   a union strategy per traversal order with the selection statistics on gives the group
+   overlap gamma; the measured round times minus the step model's give the loop overhead per
+   round (``measure_profile``).
 2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
    under that profile.
 3. **measure** -- per regime, ``per_regime`` strategies the engine can run (the predicted top
@@ -22,10 +24,13 @@ Four phases, all on one pair of model runners (target and draft) built once:
    keep every drafter kind of the ranking's candidates warm (``OnlineController.drafter_kinds``:
    started after the prefill, outside the timing, ``warm_s``; a switch catches a drafter up
    instead of restarting it) and see the n-gram shadow acceptance every round. The adaptive run
-   goes twice: the first (cold) captures the CUDA graphs and compiles the kernels of whatever
-   it switches to -- its switch costs are reported, and their mean is what the timed runs'
-   controllers know a switch costs before they make one -- then (b) and (c) alternate
-   ``repeats`` times (medians), as a server that keeps its candidates' graphs would run them.
+   first goes twice untimed: the first (cold) captures the CUDA graphs and compiles the
+   kernels of whatever it switches to, the second (warm, told the first's costs) switches as a
+   server that has served requests before does -- the switch costs they measured per
+   destination kind (the second's where it has one; ``OnlineController.switch_costs``) are
+   what the timed runs' controllers know a switch costs before they make one. Then (b) and (c)
+   alternate ``repeats`` times (medians), as a server that keeps its candidates' graphs would
+   run them.
    ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread. Each
    adaptive run's switches (with reasons), warm-up time and shadow estimates are recorded
    (``adaptive.runs``).
@@ -354,13 +359,14 @@ def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: d
                  profile: Profile, config: ControllerConfig, seed: int = 0,
                  switch_cost_s: float = 0.0) -> dict:  # fmt: skip
     """One run under a fresh ``OnlineController`` starting from ``strategy`` (knowing
-    ``switch_cost_s`` from earlier runs): its steady figures and the controller's switches."""
+    ``switch_cost_s`` from earlier runs: one figure, or one per destination kind): its steady
+    figures, the controller's switches and the switch costs it knows at the end."""
     ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config,
                            switch_cost_s=switch_cost_s)  # fmt: skip
     ctl.warm()  # before decoding, as a server scores its candidates before requests arrive
     result = run_once(bench, strategy, prompt, controller=ctl, seed=seed)
     return {**steady_figures(result), "switches": ctl.switches, "warm_s": result.warm_s,
-            "shadow": shadow_summary(result)}  # fmt: skip
+            "shadow": shadow_summary(result), "switch_costs": ctl.switch_costs}  # fmt: skip
 
 
 def shadow_summary(result) -> dict:
@@ -380,16 +386,25 @@ def shadow_summary(result) -> dict:
 # ----------------------------------------------------------------------------- phases
 
 
+# Windows of the code corpus, in prompt lengths, that the profile's prompts start at: 1 and 2
+# are the measured (phase 3) and adaptive (phase 4) prompts, which the profile must not see.
+PROFILE_OFFSETS = (0, 3, 4, 5, 6)
+
+
 def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
-                    ref_tree: str = "chain:4",
-                    attention_tree: str = "best:16:6") -> tuple[Profile, dict]:  # fmt: skip
-    """The profile of the space's strategies, measured per regime on a code prompt:
+                    ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
+                    prompts: int = 3) -> tuple[Profile, dict]:  # fmt: skip
+    """The profile of the space's strategies, measured per regime on ``prompts`` code prompts
+    (windows ``PROFILE_OFFSETS`` of the corpus; prompt j decodes with seed j):
 
     - alpha of every drafter kind on ``ref_tree`` (dense), then of every drafter on every tree
-      of the space (``best:N`` resolved at the drafter's alpha, as the ranking resolves it);
+      of the space (``best:N`` resolved at the drafter's alpha, as the ranking resolves it),
+      from the mean tokens per round over the prompts (one prompt at temperature 1 leaves
+      near-tied strategies in an order its draws set);
     - the factor sparse attention puts on alpha, per attention key of the space's valid sparse
       strategies: the reference drafter (``ngram`` when in the space) on ``attention_tree``
-      (large enough for every group size) with that attention, over the same run dense;
+      (large enough for every group size) with that attention, over the same run dense, on
+      the first prompt;
     - gamma per traversal: a union C4 strategy on ``attention_tree`` with selection statistics;
     - the loop overhead per round: ``fit_overhead`` on every run without statistics, the
       residual being the measured round wall time minus the step model's round time, each run
@@ -401,10 +416,14 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     ovl: dict[str, dict[str, float]] = {}
     ovh: dict[str, dict[str, float]] = {}
     fits: dict[str, dict] = {}
+    if not 1 <= prompts <= len(PROFILE_OFFSETS):
+        raise ValueError(f"profile prompts must lie in 1..{len(PROFILE_OFFSETS)}, got {prompts}")
     ref_kind = "ngram" if "ngram" in space.drafters else space.drafters[0]
     for regime, ctx in contexts.items():
-        prompt = prompt_tokens("code", ctx, offset=0)
+        texts = [prompt_tokens("code", ctx, offset=o * ctx) for o in PROFILE_OFFSETS[:prompts]]
+        prompt = texts[0]
         runs: list[tuple[Strategy, dict]] = []
+        first: dict[str, float] = {}  # tokens per round on the first prompt, per strategy id
 
         def go(s: Strategy, tag: str, fn=steady_run, ctx=ctx, prompt=prompt, runs=runs) -> dict:
             fig = bench.run(f"{tag}|{ctx}|{strategy_id(s)}", fn, bench, s, prompt)
@@ -412,34 +431,47 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                 runs.append((s, fig))
             return fig
 
+        def tokens(s: Strategy, ctx=ctx, texts=texts, runs=runs, first=first) -> float:
+            """Mean tokens per round of ``s`` over the profile prompts."""
+            figs = [go(s, "profile")]
+            for j, text in enumerate(texts[1:], start=1):
+                key = f"profile|{ctx}|p{j}|{strategy_id(s)}"
+                figs.append(bench.run(key, steady_run, bench, s, text, seed=j))
+                runs.append((s, figs[-1]))
+            first[strategy_id(s)] = figs[0]["mean_accepted"] + 1.0
+            return float(np.mean([f["mean_accepted"] for f in figs])) + 1.0
+
         a: dict[str, float] = {}
         for kind in space.drafters:
             s = Strategy(name="profile", tree=ref_tree, drafter=_drafter(bench, kind))
-            fig = go(s, "profile")
-            a[kind] = alpha_from_tokens(ref_tree, fig["mean_accepted"] + 1.0)
+            tpr = tokens(s)
+            a[kind] = alpha_from_tokens(ref_tree, tpr)
             a[f"{kind}@{ref_tree}"] = a[kind]
-            tpr = fig["mean_accepted"] + 1
             bench.log(f"profile {regime} {kind} {ref_tree}: {tpr:.2f} tokens/round, "
-                      f"alpha={a[kind]:.3f}")  # fmt: skip
+                      f"alpha={a[kind]:.3f} ({len(texts)} prompts)")  # fmt: skip
         for kind in space.drafters:
             for tree in space.trees:
                 s = concrete(Strategy(name="profile", tree=tree, drafter=_drafter(bench, kind)),
                              a[kind])  # fmt: skip
                 if s.tree == ref_tree or bench.runnable(s) is not None:
                     continue
-                fig = go(s, "profile")
-                if parse_tree(s.tree):
-                    a[f"{kind}@{s.tree}"] = alpha_from_tokens(s.tree, fig["mean_accepted"] + 1.0)
-                    bench.log(f"profile {regime} {kind} {describe(s)}: "
-                              f"{fig['mean_accepted'] + 1:.2f} tokens/round, "
-                              f"alpha={a[f'{kind}@{s.tree}']:.3f}")  # fmt: skip
+                if not parse_tree(s.tree):
+                    go(s, "profile")  # autoregressive: no acceptance, one run for the overhead
+                    continue
+                tpr = tokens(s)
+                a[f"{kind}@{s.tree}"] = alpha_from_tokens(s.tree, tpr)
+                bench.log(f"profile {regime} {kind} {describe(s)}: {tpr:.2f} tokens/round, "
+                          f"alpha={a[f'{kind}@{s.tree}']:.3f}")  # fmt: skip
         acc[regime] = a
         base = concrete(Strategy(name="profile", tree=attention_tree,
                                  drafter=_drafter(bench, ref_kind)), a[ref_kind])  # fmt: skip
         if f"{ref_kind}@{base.tree}" not in a:
-            fig = go(base, "profile")
-            a[f"{ref_kind}@{base.tree}"] = alpha_from_tokens(base.tree, fig["mean_accepted"] + 1)
-        dense_alpha = a[f"{ref_kind}@{base.tree}"]
+            a[f"{ref_kind}@{base.tree}"] = alpha_from_tokens(base.tree, tokens(base))
+        if strategy_id(base) not in first:
+            first[strategy_id(base)] = go(base, "profile")["mean_accepted"] + 1.0
+        # The sparse runs below decode the first prompt: their factor is over the same tree
+        # dense on that prompt.
+        dense_alpha = alpha_from_tokens(base.tree, first[strategy_id(base)])
         valid, _ = valid_strategies(space, bench.model, bench.gpu, ctx)
         keys: dict[str, Strategy] = {}
         for v in valid:
@@ -571,10 +603,13 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         bid = strategy_id(best)
         adapt = (adaptive_run, bench, best, prompt, ranking, profile, config)
         cold = bench.run(f"{key}|cold|{bid}", *adapt, seed=bench.repeats)
-        # What the cold run's switches cost (host time of the switch: restarting a drafter on
-        # the context, re-preparing attention) is known to the timed runs' controllers, as a
-        # server knows it from earlier requests.
-        known_cost = cold["switch_s"] / len(cold["switches"]) if cold["switches"] else 0.0
+        # What the switches cost (host time: installing the strategy, catching a drafter up)
+        # is known to the timed runs' controllers per destination kind, as a server knows it
+        # from earlier requests: the cold run's figures hold first-time compilation, so a
+        # second run, told them, measures again where it switches.
+        warm = bench.run(f"{key}|warm|{bid}", *adapt, seed=bench.repeats + 1,
+                         switch_cost_s=_costs(cold))  # fmt: skip
+        known_cost = {**_costs(cold), **_costs(warm, measured_only=True)}
         # Offline best and adaptive interleaved, so a drift of the machine hits both alike.
         fixed, runs = [], []
         for i in range(bench.repeats):
@@ -587,6 +622,8 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         adaptive = _median_run(runs)
         adaptive["cold"] = {"tokens_per_s": cold["tokens_per_s"], "switch_s": cold["switch_s"],
                             "switches": cold["switches"]}  # fmt: skip
+        adaptive["warm"] = {"tokens_per_s": warm["tokens_per_s"], "switch_s": warm["switch_s"],
+                            "switches": warm["switches"]}  # fmt: skip
         keep = ("tokens_per_s", "switches", "switch_s", "control_s", "warm_s", "shadow")
         adaptive["runs"] = [{k: r[k] for k in keep} for r in runs]
         adaptive["known_switch_cost_s"] = known_cost
@@ -605,14 +642,22 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
             "prompt_sets": out}  # fmt: skip
 
 
+def _costs(run: dict, measured_only: bool = False) -> dict[str, float]:
+    """The switch costs per destination kind an adaptive run knew at its end (``default``: the
+    figure it was given for kinds it had not measured, left out with ``measured_only``)."""
+    costs = run.get("switch_costs", {})
+    return {k: v for k, v in costs.items() if not (measured_only and k == "default")}
+
+
 def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_regime: int = 12,
              adaptive_context: int | None = None, prompt_sets: tuple[str, ...] = PROMPT_SETS,
              ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
-             controller: ControllerConfig | None = None,
+             profile_prompts: int = 3, controller: ControllerConfig | None = None,
              provenance: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
-    profile, overhead_fits = measure_profile(bench, contexts, space, ref_tree, attention_tree)
+    profile, overhead_fits = measure_profile(bench, contexts, space, ref_tree, attention_tree,
+                                             profile_prompts)  # fmt: skip
     ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
     regimes = {
         r: evaluate_regime(bench, ranking, r, ctx, profile, per_regime)
@@ -637,6 +682,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "profile": profile.to_json(),
         "profile_reference_tree": ref_tree,
         "profile_attention_tree": attention_tree,
+        "profile_prompts": profile_prompts,
         "profile_overhead_fits": overhead_fits,
         "space": dataclasses.asdict(space),
         "kendall_tau": {r: v["kendall_tau"] for r, v in regimes.items()},

@@ -79,6 +79,8 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "unknown prompt set 'poetry'" in capsys.readouterr().err and not out.exists()
     assert planner_eval.main(["--contexts", "1K,2K", "--out", str(out)]) == 2  # same regime
     assert "two contexts fall in regime <=4K" in capsys.readouterr().err and not out.exists()
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--profile-prompts", "9"]) == 2
+    assert "--profile-prompts must lie in 1..5, got 9" in capsys.readouterr().err
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
             "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
             "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
@@ -115,7 +117,14 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert set(prof["overhead"]) == set(OVERHEAD_TERMS)
     assert all(c >= 0 for c in prof["overhead"].values())
     fit = doc["profile_overhead_fits"]["<=4K"]
-    assert fit["rows"] >= 6 + 16 and fit["rms_s"] >= 0
+    # Acceptance from 3 code prompts per drafter and tree (4 trees with drafts, 2 drafters),
+    # each a run of the overhead fit too.
+    assert doc["profile_prompts"] == 3
+    assert fit["rows"] >= 3 * 4 + 2 + 16 and fit["rms_s"] >= 0
+    keys = [json.loads(x)["key"] for x in (tmp_path / "runs.jsonl").read_text().splitlines()[1:]]
+    per_prompt = [{k.split("|")[-1] for k in keys if k.startswith(f"profile|1024|p{j}|")}
+                  for j in (1, 2)]  # fmt: skip
+    assert per_prompt[0] == per_prompt[1] and len(per_prompt[0]) >= 7, keys
     a = doc["adaptive"]["prompt_sets"]
     assert set(a) == {"code", "random"} == set(doc["adaptive_gain"])
     for row in a.values():
@@ -133,6 +142,10 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         tpr = list(shadow["tokens_per_round"].values())
         assert tpr == sorted(tpr) and 1 <= tpr[0] and tpr[-1] <= 9
         assert "shadow" not in row["offline_best"] and row["offline_best"]["control_s"] < 0.01
+        # Switch costs the timed runs knew: per destination kind, from the untimed runs.
+        known = row["adaptive"]["known_switch_cost_s"]
+        assert isinstance(known, dict) and all(v >= 0 for v in known.values())
+        assert {"cold", "warm"} <= set(row["adaptive"])
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
     assert doc["provenance"]["runs_from_cache"] == 0

@@ -203,6 +203,61 @@ def test_controller_leaves_a_strategy_without_drafts_by_probing():
         ControllerConfig(probe_after=0)
 
 
+def test_controller_backs_off_probes_that_fail():
+    """A drafter that collapses for good: every probe goes back to autoregressive decoding, and
+    each one doubles the wait before the next (5, 10, 20, then ``probe_max``)."""
+    space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
+    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    doc = rank(M, G, space, prof, regimes={"32K": 32768})
+    cfg = ControllerConfig(patience=2, cooldown=0, probe_after=5, probe_max=20)
+    c = OnlineController(doc, M, G, prof, cfg)
+    s = c.initial_strategy(30000)
+    for i in range(200):
+        drafts = len(parse_tree(s.tree))
+        s = c.after_round(Stats(i, s, (0,), drafted=drafts)) or s
+    probes = [x["round"] for x in c.switches if x["reason"] == "probe"]
+    backs = [x["round"] for x in c.switches if x["reason"] == "acceptance"]
+    waits = [p - max(b for b in backs if b < p) for p in probes]
+    assert waits[:4] == [5, 10, 20, 20], c.switches
+    # A drafter that then holds for probe_after rounds resets the wait.
+    for i in range(200, 260):
+        drafts = len(parse_tree(s.tree))
+        acc = drafts if drafts else 0  # the text suits the drafter again
+        s = c.after_round(Stats(i, s, (acc,), drafted=drafts)) or s
+    assert parse_tree(s.tree) and c._probe_wait == 5
+
+
+def test_controller_prices_a_switch_by_its_destination():
+    """Switch costs are kept per destination kind: a dear catch-up of the draft model must not
+    stop a cheap switch to autoregressive decoding, and each switch measures its own kind."""
+    space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
+    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    doc = rank(M, G, space, prof, regimes={"32K": 32768})
+    cfg = ControllerConfig(patience=2, cooldown=0)
+
+    def first_switch(costs):
+        c = OnlineController(doc, M, G, prof, cfg, switch_cost_s=costs)
+        s = c.initial_strategy(30000)
+        for i in range(10):
+            new = c.after_round(Stats(i, s, (0,), drafted=6))
+            if new is not None:
+                return c, new
+        return c, None
+
+    c, new = first_switch({"eagle": 10.0, "none": 1e-4})
+    assert new is not None and not parse_tree(new.tree)
+    assert c.switches[0]["switch_cost_s"] == pytest.approx(1e-4)
+    _, new = first_switch({"eagle": 1e-4, "none": 10.0})  # AR dear: not worth a switch
+    assert new is None
+    _, new = first_switch(10.0)  # one figure for every destination
+    assert new is None
+    c, new = first_switch({})
+    c.after_round(Stats(10, new, (0,), drafted=0, step_s={"switch": 0.002}))
+    assert c.switch_costs["none"] == 0.002 and c.switch_cost(new) == 0.002
+    with pytest.raises(ValueError, match="switch_cost_s"):
+        OnlineController(doc, M, G, prof, cfg, switch_cost_s={"none": -1.0})
+
+
 def test_controller_moves_to_another_drafter_when_only_its_own_collapses():
     """The n-gram drafter finds nothing (random bytes): the controller re-scores the n-gram
     candidates with the collapse it saw, the EAGLE ones as profiled, so it goes to EAGLE --
