@@ -15,7 +15,8 @@ Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, 
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
 the row count), for sparse verification the L2-miss share h, for GEMMs and repair the latency
 t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
-``perfmodel.repair_plan``), and for NSA verification the latency t_s of a merge step (the
+``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
+``perfmodel.torch_plan``), and for NSA verification the latency t_s of a merge step (the
 serial walk over split partials) and t_r of a row-tile row (``perfmodel.nsa_plan``).
 Deterministic (no random starts).
 """
@@ -36,6 +37,7 @@ from perfmodel.hardware import GpuSpec, get_gpu
 from perfmodel.nsa_plan import merge_steps, row_tiles
 from perfmodel.predictor import RESIDENT_SUFFIX
 from perfmodel.repair_plan import chain_tiles
+from perfmodel.torch_plan import kv_write_chain
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -124,11 +126,15 @@ def features(row: dict) -> tuple[float, float, float | None]:
 def depth(row: dict, gpu: GpuSpec) -> float:
     """Serial chain of one call (``perfmodel.calibrated``'s t_k term): K of a GEMM; for repair,
     the KV tiles one SM slot walks in series on ``gpu`` (``perfmodel.repair_plan``, the
-    missed blocks, or the selected ones when recomputing, times the grid's waves); 0 for the
-    other ops, whose t0 and efficiencies hold their latency."""
+    missed blocks, or the selected ones when recomputing, times the grid's waves); for the KV
+    write, the elements one thread of its two ``index_put_`` kernels stores in series
+    (``perfmodel.torch_plan``); 0 for the other ops, whose t0 and efficiencies hold their
+    latency."""
     p = row["params"]
     if row["op"] == "gemm":
         return float(p["k"])
+    if row["op"] == "kv_write":
+        return float(kv_write_chain(p["m"], p["num_kv_heads"], p["head_dim"]))
     if row["op"] == "repair":
         blocks = p["missed_blocks"] if p["mode"] == "repair" else p["top_n"]
         return float(

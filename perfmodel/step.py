@@ -53,6 +53,7 @@ from perfmodel.strategy import (
     parse_tree,
     tree_expected_tokens,
 )
+from perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
 
 MODE_CODES = {"per_query": 0, "union": 1, "shared": 2}
 DRAFTER_CODES = {"eagle": 0, "draft_model": 1, "ngram": 2, "self_sparse": 3}
@@ -248,9 +249,9 @@ def _gemm(m, n, k, weight_bytes) -> Op:
     )
 
 
-def _elementwise(nbytes, flops, launches, kernel=None, calls=None) -> Op:
+def _elementwise(nbytes, flops, launches, kernel=None, calls=None, depth=0.0) -> Op:
     """An element-wise op; ``kernel`` names its measured class, ``calls`` its invocations
-    (default: one per launch)."""
+    (default: one per launch), ``depth`` the serial chain its calls sum to (``Op``)."""
     ones = np.ones_like(nbytes)
     return Op(
         "elementwise",
@@ -259,6 +260,7 @@ def _elementwise(nbytes, flops, launches, kernel=None, calls=None) -> Op:
         launches * ones,
         kernel=kernel,
         calls=None if calls is None else calls * ones,
+        depth=depth * ones,
     )
 
 
@@ -335,11 +337,14 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
                              ("rope_row", one_row, "rope_qk/m1")):  # fmt: skip
         op = _elementwise(on * rope_io, on * 6 * qk_elems, on, kernel, on)
         acc.add(prefix + name, op.scaled(layers))
-    # The KV tail written into the cache: an indexed store of K and V.
+    # The KV tail written into the cache: an indexed store of K and V, whose threads each store
+    # up to 4 elements in series (perfmodel.torch_plan).
     kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
+    kv_elems = m * _kv_token_bytes(model, hkv, ACT_BYTES) / (2 * ACT_BYTES)  # per store
+    kv_chain = KV_WRITE_STORES * index_put_steps(kv_elems)
     for name, on, kernel in (("kv_write", 1.0 - one_row, "kv_write"),
                              ("kv_write_row", one_row, "kv_write/m1")):  # fmt: skip
-        op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on)
+        op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on, on * kv_chain)
         acc.add(prefix + name, op.scaled(layers))
     acc.add(prefix + "o_proj", _gemm(m, d, hq * model.head_dim, wb).scaled(layers))
     if not model.is_moe or moe_share < 1:

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 from calibration import ceilings
-from calibration.fit import depth, fit_profile, is_heldout, op_class, serial_steps, tile_rows
+from calibration.fit import (
+    depth,
+    fit_profile,
+    is_heldout,
+    op_class,
+    serial_steps,
+    tile_rows,
+)
 from calibration.readme import README, render
 from calibration.validate import annotate, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
@@ -97,6 +104,24 @@ def test_repair_rows_carry_their_chain(rows):
     assert depth(rep[(8, 1, "recompute", 64)], h100) == 64
     committed = json.loads(PROFILE.read_text())["classes"]
     assert committed["repair/repair"]["fit"]["t_depth_s"] > 0
+
+
+def test_kv_write_rows_carry_their_chain(rows):
+    """A KV-write row's depth is the elements its index_put_ threads store in series, K then V
+    (perfmodel.torch_plan): 2 rows x 2 heads x 64 dims are 2 steps per store, 4 rows already
+    the cap of 4; the fitted KV-write classes price it (t_k > 0)."""
+    h100 = get_gpu("h100-sxm", measured=False)
+    kv = {
+        (r["params"]["m"], r["params"]["num_kv_heads"], r["params"]["head_dim"]): r
+        for r in rows
+        if r["op"] == "kv_write" and "l2" not in r["params"]
+    }
+    assert depth(kv[(2, 2, 64)], h100) == 4
+    assert depth(kv[(1, 2, 64)], h100) == 2
+    assert depth(kv[(512, 8, 128)], h100) == 8
+    committed = json.loads(PROFILE.read_text())["classes"]
+    for name in ("kv_write", "kv_write/m1", "kv_write@l2"):
+        assert committed[name]["fit"]["t_depth_s"] > 0, name
 
 
 def test_report_targets_and_ratios_can_fail():

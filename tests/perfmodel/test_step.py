@@ -132,6 +132,18 @@ def test_single_row_ops_take_their_own_classes():
         assert float(p.ops[general].calls[1]) > 0 == float(p.ops[general].calls[0])
 
 
+def test_kv_write_carries_its_store_chain():
+    """The KV write's depth per call is its two index_put_ stores' serial steps at the point's
+    rows (perfmodel.torch_plan): TINY's 2 KV heads x 16 dims, 4 draft rows + 1 -> 160 elements,
+    2 steps per store; one AR row (32 elements) -> 1 step."""
+    w = Workload(context_len=4096)
+    ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:4")
+    _, p = run(TINY, [(ar, w), (sd, w)])
+    for name, point, steps in (("verify.kv_write_row", 0, 2), ("verify.kv_write", 1, 4)):
+        op = p.ops[name]
+        assert float(op.depth[point] / op.calls[point]) == steps
+
+
 def test_ops_of_models_whose_weights_fit_in_l2_are_named_resident():
     """TINY's weights fit in the H100's L2: its GEMM and element-wise ops (and a draft model's
     that fits) are named ``@l2``, attention never; an 8B model's stay cold."""
