@@ -53,7 +53,7 @@ from perfmodel.strategy import (
     parse_tree,
     tree_expected_tokens,
 )
-from perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
+from perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps, topn_counts
 
 MODE_CODES = {"per_query": 0, "union": 1, "shared": 2}
 DRAFTER_CODES = {"eagle": 0, "draft_model": 1, "ngram": 2, "self_sparse": 3}
@@ -513,6 +513,9 @@ def _sparse_attention(
     scores = 2 * b * q_sel * hkv * nb * F32
     nsa_probs = np.where(v == 0, 2 * b * q_sel * hq * comp * F32, 0.0)
     update = b * t * hkv * model.head_dim * ACT_BYTES * (1 + 2 * v)
+    # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys
+    # (perfmodel.torch_plan), over the blocks of the context plus the draft rows.
+    topn = topn_counts(b * q_sel * hkv, np.ceil((T + t) / c.block_size), c.top_n)
     sel_op = Op(
         "selection",
         on_meta * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
@@ -520,6 +523,7 @@ def _sparse_attention(
         on_meta * 2.0,
         kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
         calls=on_meta * 1.0,
+        stage_counts=tuple(on_meta * x for x in topn),
     )
     acc.add(prefix + "selection", sel_op.scaled(layers * r))
     return {k: sparse * b * kv_tok * val * layers for k, val in loaded.items()}
@@ -654,6 +658,7 @@ def _gather(op: Op, idx: np.ndarray, n: int) -> Op:
         g(op.depth),
         g(op.serial_steps),
         g(op.tile_rows),
+        tuple(g(x) for x in op.stage_counts),
     )
 
 

@@ -11,6 +11,7 @@ from calibration.fit import (
     is_heldout,
     op_class,
     serial_steps,
+    stage_counts,
     tile_rows,
 )
 from calibration.readme import README, render
@@ -122,6 +123,29 @@ def test_kv_write_rows_carry_their_chain(rows):
     committed = json.loads(PROFILE.read_text())["classes"]
     for name in ("kv_write", "kv_write/m1", "kv_write@l2"):
         assert committed[name]["fit"]["t_depth_s"] > 0, name
+
+
+def test_select_rows_carry_their_topn_stage(rows):
+    """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
+    batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
+    128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
+    classes price every count (t_x > 0) and no other class has stage rates."""
+    sel = next(
+        r
+        for r in rows
+        if r["op"] == "select_blocks"
+        and (r["params"]["batch"], r["params"]["num_kv_heads"]) == (4, 2)
+        and (r["params"]["context_len"], r["params"]["top_n"]) == (16384, 64)
+    )
+    assert stage_counts(sel) == (128 * 257, 128 * 64, 64)
+    assert stage_counts(next(r for r in rows if r["op"] == "gemm")) == ()
+    committed = json.loads(PROFILE.read_text())["classes"]
+    for name, cls in committed.items():
+        rates = cls["fit"]["t_stage_s"]
+        if name.startswith("select_blocks/"):
+            assert len(rates) == 3 and min(rates) > 0, name
+        else:
+            assert rates == [], name
 
 
 def test_report_targets_and_ratios_can_fail():

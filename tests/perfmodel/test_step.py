@@ -105,6 +105,22 @@ def test_refresh_reuse_cuts_selection_and_launches():
     assert fused[0] == 0 == unfused[1] and 0 < fused[1] < unfused[0]
 
 
+def test_selection_carries_its_topn_stage_counts():
+    """Mean-key selection, per query: each call's top-n stage scans B x t x Hkv score rows of
+    the context's and draft rows' blocks and sorts top_n keys per row (perfmodel.torch_plan);
+    shared selection scores one row per group."""
+    w = Workload(context_len=4096)
+    pq, shared = _sparse("per_query", 1, metadata="mean"), _sparse("shared", 4, metadata="mean")
+    _, p = run(TINY, [(pq, w), (shared, w)])
+    op = p.ops["verify.selection"]
+    per_call = [np.asarray(x) / op.calls for x in op.stage_counts]
+    rows = np.array([16 * 2, 4 * 2])  # chain:15 -> 16 rows (4 groups) x 2 KV heads, batch 1
+    nb = np.ceil((4096 + 16) / 16)
+    np.testing.assert_allclose(per_call[0], rows * nb)
+    np.testing.assert_allclose(per_call[1], rows * 8)
+    np.testing.assert_allclose(per_call[2], [8, 8])
+
+
 def test_nsa_refresh_layers_select_inside_their_own_calls():
     """NSA metadata: the refresh calls select (no separate selection op); reuse layers take
     the reuse class; half the layers refresh at refresh_every = 2."""
