@@ -13,12 +13,13 @@ fit never sees those sizes at all.
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count), for sparse verification the L2-miss share h, for GEMMs and repair the latency
-t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
-``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
-``perfmodel.torch_plan``), and for NSA verification the latency t_s of a merge step (the
-serial walk over split partials) and t_r of a row-tile row (``perfmodel.nsa_plan``), and for
-block selection the rates t_x of its top-n stage's counts (``perfmodel.torch_plan``).
+the row count), for sparse verification the L2-miss share h, for GEMMs, repair, the KV write and
+sampling the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call
+walks, ``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
+``perfmodel.torch_plan``; the vocabulary a sampling row walks), and for NSA verification the
+latency t_s of a merge step (the serial walk over split partials) and t_r of a row-tile row
+(``perfmodel.nsa_plan``), and for block selection the rates t_x of its top-n stage's counts
+(``perfmodel.torch_plan``).
 Deterministic (no random starts).
 """
 
@@ -48,6 +49,11 @@ HELDOUT_MOD = 5
 UNFITTED_OPS = ("device_copy", "empty_triton_kernel", "torch_sdpa")
 DEDUP_OPS = ("sparse_verify",)
 ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
+# Row-wise reductions whose time has a floor: every row's program walks the row (its length the
+# param named here) whatever the row count, and many rows stream at bandwidth and hide it. The
+# argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
+# then +0.15 us per row (94.8 us at 512); 11.8 -> 15.3 us up to 128 rows of 32000.
+ROW_WALK_OPS = {"sampling": "vocab"}
 
 
 def op_class(row: dict) -> str:
@@ -129,13 +135,15 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     the KV tiles one SM slot walks in series on ``gpu`` (``perfmodel.repair_plan``, the
     missed blocks, or the selected ones when recomputing, times the grid's waves); for the KV
     write, the elements one thread of its two ``index_put_`` kernels stores in series
-    (``perfmodel.torch_plan``); 0 for the other ops, whose t0 and efficiencies hold their
-    latency."""
+    (``perfmodel.torch_plan``); for sampling, the row length (``ROW_WALK_OPS``); 0 for the
+    other ops, whose t0 and efficiencies hold their latency."""
     p = row["params"]
     if row["op"] == "gemm":
         return float(p["k"])
     if row["op"] == "kv_write":
         return float(kv_write_chain(p["m"], p["num_kv_heads"], p["head_dim"]))
+    if row["op"] in ROW_WALK_OPS:
+        return float(p[ROW_WALK_OPS[row["op"]]])
     if row["op"] == "repair":
         blocks = p["missed_blocks"] if p["mode"] == "repair" else p["top_n"]
         return float(

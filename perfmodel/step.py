@@ -391,10 +391,13 @@ def _head_ops(acc: _Acc, model: ModelSpec, m, tp, vocab, prefix: str) -> None:
         _elementwise(3 * m * model.head_dim * F32, 0 * m, 1, "rope_tables"),
     )
     acc.add(prefix + "lm_head", _gemm(m, v, d, wb))
-    # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches).
+    # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches),
+    # whose rows each walk their v logits (the class's latency floor, depth v).
     acc.add(
         prefix + "sampling",
-        _elementwise(2 * m * v * F32, 6 * m * v, 2, f"sampling/v{_vocab_shard(vocab, tp)}", 1),
+        _elementwise(
+            2 * m * v * F32, 6 * m * v, 2, f"sampling/v{_vocab_shard(vocab, tp)}", 1, depth=v
+        ),
     )
     # The vocabulary-parallel logits are gathered across TP ranks.
     acc.add(prefix + "allreduce", Op("comm", 0 * m, 0 * m, 1.0 * (tp > 1), m * v * F32))

@@ -125,6 +125,20 @@ def test_kv_write_rows_carry_their_chain(rows):
         assert committed[name]["fit"]["t_depth_s"] > 0, name
 
 
+def test_sampling_rows_walk_their_vocabulary(rows):
+    """A sampling row's depth is its vocabulary (the row every program walks, a floor many rows
+    hide); every fitted sampling class prices it, and the ops without a chain have none."""
+    h100 = get_gpu("h100-sxm", measured=False)
+    for r in rows:
+        if r["op"] == "sampling":
+            assert depth(r, h100) == r["params"]["vocab"]
+        elif r["op"] in ("rmsnorm", "residual_add", "silu_mul"):
+            assert depth(r, h100) == 0
+    committed = json.loads(PROFILE.read_text())["classes"]
+    sampling = [c for n, c in committed.items() if n.startswith("sampling/")]
+    assert sampling and all(c["fit"]["t_depth_s"] > 0 for c in sampling)
+
+
 def test_select_rows_carry_their_topn_stage(rows):
     """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
     batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:

@@ -105,6 +105,15 @@ def test_refresh_reuse_cuts_selection_and_launches():
     assert fused[0] == 0 == unfused[1] and 0 < fused[1] < unfused[0]
 
 
+def test_sampling_walks_the_vocabulary_shard():
+    """Sampling's depth per call is the vocabulary one rank samples over (its rows' walk)."""
+    w = Workload(context_len=4096)
+    ar = Strategy(name="ar")
+    _, p = run(TINY, [(ar, w), (ar, dataclasses.replace(w, tp=2))])
+    op = p.ops["verify.sampling"]
+    np.testing.assert_allclose(op.depth / op.calls, [100, 50])
+
+
 def test_selection_carries_its_topn_stage_counts():
     """Mean-key selection, per query: each call's top-n stage scans B x t x Hkv score rows of
     the context's and draft rows' blocks and sorts top_n keys per row (perfmodel.torch_plan);
