@@ -60,6 +60,7 @@ DRAFTER_CODES = {"eagle": 0, "draft_model": 1, "ngram": 2, "self_sparse": 3}
 META_VECTORS = {"nsa": 0, "mean": 1, "quest": 2}
 ACT_BYTES = 2  # bf16 activations
 F32 = 4
+I32 = 4  # int32 selected block ids
 
 
 @dataclass(slots=True)
@@ -512,8 +513,11 @@ def _sparse_attention(
     on_meta = sparse * (1 - nsa)
     q_sel = np.where(c.mode == 2, groups, t)
     v = c.meta_vectors
-    meta = b * hkv * nb * v * model.head_dim * ACT_BYTES
-    scores = 2 * b * q_sel * hkv * nb * F32
+    # Bytes as the measured class counts them (kernels/benchmark.py): the fp32 metadata
+    # vectors, the scored query rows and the selected ids; the score rows the top-n stage
+    # scans are priced by its stage counts (below), not as bytes.
+    meta = b * hkv * nb * v * model.head_dim * F32
+    scores = b * q_sel * hq * model.head_dim * ACT_BYTES + b * q_sel * hkv * c.top_n * I32
     nsa_probs = np.where(v == 0, 2 * b * q_sel * hq * comp * F32, 0.0)
     update = b * t * hkv * model.head_dim * ACT_BYTES * (1 + 2 * v)
     # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys

@@ -128,6 +128,12 @@ def test_selection_carries_its_topn_stage_counts():
     np.testing.assert_allclose(per_call[0], rows * nb)
     np.testing.assert_allclose(per_call[1], rows * 8)
     np.testing.assert_allclose(per_call[2], [8, 8])
+    # Bytes as the measured class counts them: fp32 mean keys (2 heads x 256 blocks x 16),
+    # the scored query rows (bf16, 4 heads x 16) and the int32 ids, plus the metadata update
+    # of the 16 appended rows (b t Hkv D x 2 B x (1 + 2 v), the step model's count).
+    meta, q, ids = 2 * 256 * 16 * 4, np.array([16, 4]) * 4 * 16 * 2, rows * 8 * 4
+    update = 16 * 2 * 16 * 2 * 3
+    np.testing.assert_allclose(op.bytes / op.calls, meta + q + ids + update)
 
 
 def test_nsa_refresh_layers_select_inside_their_own_calls():
