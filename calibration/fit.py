@@ -13,10 +13,13 @@ fit never sees those sizes at all.
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count), for sparse verification the L2-miss share h, for GEMMs and repair the latency
-t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
-``perfmodel.repair_plan``), and for NSA verification the latency t_s of a merge step (the
-serial walk over split partials) and t_r of a row-tile row (``perfmodel.nsa_plan``).
+the row count), for sparse verification the L2-miss share h, for GEMMs, repair, the KV write and
+sampling the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call
+walks, ``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
+``perfmodel.torch_plan``; the vocabulary a sampling row walks), and for NSA verification the
+latency t_s of a merge step (the serial walk over split partials) and t_r of a row-tile row
+(``perfmodel.nsa_plan``), and for block selection the rates t_x of its top-n stage's counts
+(``perfmodel.torch_plan``).
 Deterministic (no random starts).
 """
 
@@ -36,6 +39,7 @@ from perfmodel.hardware import GpuSpec, get_gpu
 from perfmodel.nsa_plan import merge_steps, row_tiles
 from perfmodel.predictor import RESIDENT_SUFFIX
 from perfmodel.repair_plan import chain_tiles
+from perfmodel.torch_plan import kv_write_chain, topn_counts
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -45,6 +49,11 @@ HELDOUT_MOD = 5
 UNFITTED_OPS = ("device_copy", "empty_triton_kernel", "torch_sdpa")
 DEDUP_OPS = ("sparse_verify",)
 ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
+# Row-wise reductions whose time has a floor: every row's program walks the row (its length the
+# param named here) whatever the row count, and many rows stream at bandwidth and hide it. The
+# argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
+# then +0.15 us per row (94.8 us at 512); 11.8 -> 15.3 us up to 128 rows of 32000.
+ROW_WALK_OPS = {"sampling": "vocab"}
 
 
 def op_class(row: dict) -> str:
@@ -124,11 +133,17 @@ def features(row: dict) -> tuple[float, float, float | None]:
 def depth(row: dict, gpu: GpuSpec) -> float:
     """Serial chain of one call (``perfmodel.calibrated``'s t_k term): K of a GEMM; for repair,
     the KV tiles one SM slot walks in series on ``gpu`` (``perfmodel.repair_plan``, the
-    missed blocks, or the selected ones when recomputing, times the grid's waves); 0 for the
+    missed blocks, or the selected ones when recomputing, times the grid's waves); for the KV
+    write, the elements one thread of its two ``index_put_`` kernels stores in series
+    (``perfmodel.torch_plan``); for sampling, the row length (``ROW_WALK_OPS``); 0 for the
     other ops, whose t0 and efficiencies hold their latency."""
     p = row["params"]
     if row["op"] == "gemm":
         return float(p["k"])
+    if row["op"] == "kv_write":
+        return float(kv_write_chain(p["m"], p["num_kv_heads"], p["head_dim"]))
+    if row["op"] in ROW_WALK_OPS:
+        return float(p[ROW_WALK_OPS[row["op"]]])
     if row["op"] == "repair":
         blocks = p["missed_blocks"] if p["mode"] == "repair" else p["top_n"]
         return float(
@@ -176,6 +191,19 @@ def tile_rows(row: dict) -> float:
     return float(row_tiles(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])[0])
 
 
+def stage_counts(row: dict) -> tuple[float, ...]:
+    """Counts of a call's extra stages (``perfmodel.calibrated``'s t_x terms): for block
+    selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
+    sorted, a row's sort length), over the score rows of every KV head's query rows and the
+    blocks of the scored cache (context plus draft rows); none for the other ops."""
+    if row["op"] != "select_blocks":
+        return ()
+    p = row["params"]
+    rows = p["batch"] * p["num_kv_heads"] * p["num_query_tokens"]
+    num_blocks = -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])
+    return tuple(float(x) for x in topn_counts(rows, num_blocks, p["top_n"]))
+
+
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
     lo, hi = float(np.log10(values.min())), float(np.log10(values.max()))
     if hi - lo < 1e-6:
@@ -193,6 +221,7 @@ class Data:
     depth: np.ndarray
     steps: np.ndarray
     rows: np.ndarray
+    stages: tuple[np.ndarray, ...]
 
 
 def _data(name: str, rows: list[dict], gpu: GpuSpec) -> Data:
@@ -207,6 +236,7 @@ def _data(name: str, rows: list[dict], gpu: GpuSpec) -> Data:
         np.array([depth(r, gpu) for r in rows]),
         np.array([serial_steps(r, gpu.num_sms) for r in rows]),
         np.array([tile_rows(r) for r in rows]),
+        tuple(np.array(x) for x in zip(*(stage_counts(r) for r in rows), strict=True)),
     )
 
 
@@ -226,7 +256,9 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     has_depth = bool(d.depth.any())
     has_steps = bool(d.steps.any())
     has_rows = bool(d.rows.any())
+    n_stage = len(d.stages)
     n_eff = 1 + 2 * k
+    n_lat = n_eff + has_h + has_depth + has_steps + has_rows
 
     def unpack(x):
         h = float(x[n_eff]) if has_h else None
@@ -235,11 +267,14 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         t_row = float(x[n_eff + has_h + has_depth + has_steps]) if has_rows else 0.0
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
         return ClassFit(
-            name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth, t_step_s=t_step, t_row_s=t_row
-        )
+            name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth, t_step_s=t_step,
+            t_row_s=t_row, t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
+        )  # fmt: skip
 
     def resid(x):
-        t = unpack(x).call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows)
+        t = unpack(x).call_time_s(
+            d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows, d.stages
+        )
         return np.log(t) - np.log(d.seconds)
 
     x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k
@@ -256,6 +291,9 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     if has_rows:
         row_hi = _latency_bound(d.seconds, d.rows)
         x0, lo, hi = x0 + [0.3 * row_hi], lo + [0.0], hi + [row_hi]
+    for count in d.stages:
+        stage_hi = _latency_bound(d.seconds, count)
+        x0, lo, hi = x0 + [0.1 * stage_hi], lo + [0.0], hi + [stage_hi]
     sol = least_squares(
         resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
     )
@@ -301,7 +339,7 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
             if subset:
                 d = _data(name, subset, spec)
                 pred = cf.call_time_s(
-                    d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows
+                    d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows, d.stages
                 )
                 stats[split] = error_stats(pred, d.seconds)
                 for r, p in zip(subset, pred, strict=True):

@@ -26,6 +26,7 @@ from calibration.fit import (
     is_heldout,
     op_class,
     serial_steps,
+    stage_counts,
     tile_rows,
 )
 from perfmodel.calibrated import Profile
@@ -180,7 +181,9 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         nbytes, flops, dedup = features(r)
         steps, rows = serial_steps(r, spec.num_sms), tile_rows(r)
         pred = float(
-            profile.call_time_s(cls, nbytes, max(flops, 1.0), dedup, depth(r, spec), steps, rows)
+            profile.call_time_s(
+                cls, nbytes, max(flops, 1.0), dedup, depth(r, spec), steps, rows, stage_counts(r)
+            )
         )
         out.append(
             {**r, "class": cls, "predicted_s": pred, "split": "heldout" if is_heldout(r) else "fit"}

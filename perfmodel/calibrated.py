@@ -3,7 +3,7 @@
 Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
 op class, fitted by ``calibration.fit`` on GPU measurements:
 
-    t = t0 + t_s * S + t_r * R
+    t = t0 + t_s * S + t_r * R + sum_i t_x,i * X_i
           + max(t_k * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
 
 - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
@@ -26,6 +26,12 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
 - ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
   NSA verification only: every program computes, loads and writes ``BLOCK_M`` rows whatever
   the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``);
+- ``t_x,i * X_i``: the stages a call runs after its streaming part that neither stream bytes nor
+  walk one chain, one fitted rate per count X_i, fitted for block selection only: its top-n
+  stage (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``) scans the R x NB
+  scores (R = B x Hkv x t rows), orders R x top_n keys, and a row's sort lengthens with top_n:
+  at equal bytes top_n = 64 costs 4-5 us more than 16 at R = 32 and 34-45 us more at R = 2048,
+  whatever the context;
 - ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
   same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
   G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
@@ -67,6 +73,7 @@ class ClassFit:
     t_depth_s: float = 0.0  # t_k: seconds per unit of reduction depth
     t_step_s: float = 0.0  # t_s: seconds per serial step after the parallel part
     t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
+    t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
@@ -89,11 +96,12 @@ class ClassFit:
         return ok_b & (ok_f | ~compute_bound)
 
     def call_time_s(
-        self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0
+        self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
     ):
         """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a serial
         chain of ``depth``, followed by ``steps`` serial steps, over row tiles of ``rows``
-        padded rows (the model in the module docstring)."""
+        padded rows, with extra stages of ``stages`` counts (the model in the module
+        docstring)."""
         nbytes = np.asarray(nbytes, dtype=float)
         eff_bytes = nbytes
         if self.l2_miss is not None and dedup_bytes is not None:
@@ -105,6 +113,8 @@ class ClassFit:
             + self.t_step_s * np.asarray(steps, dtype=float)
             + self.t_row_s * np.asarray(rows, dtype=float)
         )
+        for rate, count in zip(self.t_stage_s, stages, strict=False):
+            fixed = fixed + rate * np.asarray(count, dtype=float)
         chain = self.t_depth_s * np.asarray(depth, dtype=float)
         roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
         return fixed + np.maximum(chain, roof)
@@ -122,6 +132,7 @@ class ClassFit:
             "t_depth_s": self.t_depth_s,
             "t_step_s": self.t_step_s,
             "t_row_s": self.t_row_s,
+            "t_stage_s": list(self.t_stage_s),
         }
 
     @classmethod
@@ -139,6 +150,7 @@ class ClassFit:
             t_depth_s=float(d.get("t_depth_s", 0.0)),
             t_step_s=float(d.get("t_step_s", 0.0)),
             t_row_s=float(d.get("t_row_s", 0.0)),
+            t_stage_s=tuple(float(x) for x in d.get("t_stage_s", ())),
         )
 
 
@@ -173,11 +185,11 @@ class Profile:
         )
 
     def call_time_s(
-        self, cls: str, nbytes, flops, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0
+        self, cls: str, nbytes, flops, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
     ):
         c = self.classes[cls]
         bw, peak = self.copy_bytes_per_s, self.gemm_flops_per_s
-        return c.call_time_s(nbytes, flops, bw, peak, dedup_bytes, depth, steps, rows)
+        return c.call_time_s(nbytes, flops, bw, peak, dedup_bytes, depth, steps, rows, stages)
 
 
 def profile_path(gpu: str) -> Path | None:
@@ -246,6 +258,7 @@ class CalibratedPredictor(RooflinePredictor):
         depth = np.asarray(op.depth, dtype=float) / per
         steps = np.asarray(op.serial_steps, dtype=float) / per
         rows = np.asarray(op.tile_rows, dtype=float) / per
+        stages = tuple(np.asarray(x, dtype=float) / per for x in op.stage_counts)
         t = calls * cls.call_time_s(
             nbytes,
             flops,
@@ -255,6 +268,7 @@ class CalibratedPredictor(RooflinePredictor):
             depth,
             steps,
             rows,
+            stages,
         )
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".

@@ -42,7 +42,9 @@ class Op:
     a GEMM), whose latency a small call cannot hide; ``serial_steps`` sums each call's dependent
     steps that run after its parallel part (the partial slots an NSA split's merge walks one by
     one, ``perfmodel.nsa_plan``), whose latency adds to the call's time; ``tile_rows`` sums each
-    call's MMA rows per program, padded to the kernel's row tile (an NSA call's ``BLOCK_M``).
+    call's MMA rows per program, padded to the kernel's row tile (an NSA call's ``BLOCK_M``);
+    ``stage_counts`` sums each call's counts of the units its extra stages work through, one
+    array per count (block selection's top-n stage, ``perfmodel.torch_plan.topn_counts``).
     """
 
     kind: str
@@ -56,6 +58,7 @@ class Op:
     depth: np.ndarray | float = 0.0
     serial_steps: np.ndarray | float = 0.0
     tile_rows: np.ndarray | float = 0.0
+    stage_counts: tuple = ()
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -85,6 +88,7 @@ class Op:
             self.depth + other.depth,
             self.serial_steps + other.serial_steps,
             self.tile_rows + other.tile_rows,
+            _add_counts(self.stage_counts, other.stage_counts),
         )
 
     def scaled(self, factor) -> Op:
@@ -101,7 +105,14 @@ class Op:
             self.depth * factor,
             self.serial_steps * factor,
             self.tile_rows * factor,
+            tuple(x * factor for x in self.stage_counts),
         )
+
+
+def _add_counts(a: tuple, b: tuple) -> tuple:
+    """Element-wise sum of two ``stage_counts`` tuples (a missing count is 0)."""
+    n = max(len(a), len(b))
+    return tuple((a[i] if i < len(a) else 0.0) + (b[i] if i < len(b) else 0.0) for i in range(n))
 
 
 class RooflinePredictor:

@@ -53,12 +53,14 @@ from perfmodel.strategy import (
     parse_tree,
     tree_expected_tokens,
 )
+from perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps, topn_counts
 
 MODE_CODES = {"per_query": 0, "union": 1, "shared": 2}
 DRAFTER_CODES = {"eagle": 0, "draft_model": 1, "ngram": 2, "self_sparse": 3}
 META_VECTORS = {"nsa": 0, "mean": 1, "quest": 2}
 ACT_BYTES = 2  # bf16 activations
 F32 = 4
+I32 = 4  # int32 selected block ids
 
 
 @dataclass(slots=True)
@@ -248,9 +250,9 @@ def _gemm(m, n, k, weight_bytes) -> Op:
     )
 
 
-def _elementwise(nbytes, flops, launches, kernel=None, calls=None) -> Op:
+def _elementwise(nbytes, flops, launches, kernel=None, calls=None, depth=0.0) -> Op:
     """An element-wise op; ``kernel`` names its measured class, ``calls`` its invocations
-    (default: one per launch)."""
+    (default: one per launch), ``depth`` the serial chain its calls sum to (``Op``)."""
     ones = np.ones_like(nbytes)
     return Op(
         "elementwise",
@@ -259,6 +261,7 @@ def _elementwise(nbytes, flops, launches, kernel=None, calls=None) -> Op:
         launches * ones,
         kernel=kernel,
         calls=None if calls is None else calls * ones,
+        depth=depth * ones,
     )
 
 
@@ -335,11 +338,14 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
                              ("rope_row", one_row, "rope_qk/m1")):  # fmt: skip
         op = _elementwise(on * rope_io, on * 6 * qk_elems, on, kernel, on)
         acc.add(prefix + name, op.scaled(layers))
-    # The KV tail written into the cache: an indexed store of K and V.
+    # The KV tail written into the cache: an indexed store of K and V, whose threads each store
+    # up to 4 elements in series (perfmodel.torch_plan).
     kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
+    kv_elems = m * _kv_token_bytes(model, hkv, ACT_BYTES) / (2 * ACT_BYTES)  # per store
+    kv_chain = KV_WRITE_STORES * index_put_steps(kv_elems)
     for name, on, kernel in (("kv_write", 1.0 - one_row, "kv_write"),
                              ("kv_write_row", one_row, "kv_write/m1")):  # fmt: skip
-        op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on)
+        op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on, on * kv_chain)
         acc.add(prefix + name, op.scaled(layers))
     acc.add(prefix + "o_proj", _gemm(m, d, hq * model.head_dim, wb).scaled(layers))
     if not model.is_moe or moe_share < 1:
@@ -386,10 +392,13 @@ def _head_ops(acc: _Acc, model: ModelSpec, m, tp, vocab, prefix: str) -> None:
         _elementwise(3 * m * model.head_dim * F32, 0 * m, 1, "rope_tables"),
     )
     acc.add(prefix + "lm_head", _gemm(m, v, d, wb))
-    # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches).
+    # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches),
+    # whose rows each walk their v logits (the class's latency floor, depth v).
     acc.add(
         prefix + "sampling",
-        _elementwise(2 * m * v * F32, 6 * m * v, 2, f"sampling/v{_vocab_shard(vocab, tp)}", 1),
+        _elementwise(
+            2 * m * v * F32, 6 * m * v, 2, f"sampling/v{_vocab_shard(vocab, tp)}", 1, depth=v
+        ),
     )
     # The vocabulary-parallel logits are gathered across TP ranks.
     acc.add(prefix + "allreduce", Op("comm", 0 * m, 0 * m, 1.0 * (tp > 1), m * v * F32))
@@ -504,10 +513,16 @@ def _sparse_attention(
     on_meta = sparse * (1 - nsa)
     q_sel = np.where(c.mode == 2, groups, t)
     v = c.meta_vectors
-    meta = b * hkv * nb * v * model.head_dim * ACT_BYTES
-    scores = 2 * b * q_sel * hkv * nb * F32
+    # Bytes as the measured class counts them (kernels/benchmark.py): the fp32 metadata
+    # vectors, the scored query rows and the selected ids; the score rows the top-n stage
+    # scans are priced by its stage counts (below), not as bytes.
+    meta = b * hkv * nb * v * model.head_dim * F32
+    scores = b * q_sel * hq * model.head_dim * ACT_BYTES + b * q_sel * hkv * c.top_n * I32
     nsa_probs = np.where(v == 0, 2 * b * q_sel * hq * comp * F32, 0.0)
     update = b * t * hkv * model.head_dim * ACT_BYTES * (1 + 2 * v)
+    # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys
+    # (perfmodel.torch_plan), over the blocks of the context plus the draft rows.
+    topn = topn_counts(b * q_sel * hkv, np.ceil((T + t) / c.block_size), c.top_n)
     sel_op = Op(
         "selection",
         on_meta * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
@@ -515,6 +530,7 @@ def _sparse_attention(
         on_meta * 2.0,
         kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
         calls=on_meta * 1.0,
+        stage_counts=tuple(on_meta * x for x in topn),
     )
     acc.add(prefix + "selection", sel_op.scaled(layers * r))
     return {k: sparse * b * kv_tok * val * layers for k, val in loaded.items()}
@@ -649,6 +665,7 @@ def _gather(op: Op, idx: np.ndarray, n: int) -> Op:
         g(op.depth),
         g(op.serial_steps),
         g(op.tile_rows),
+        tuple(g(x) for x in op.stage_counts),
     )
 
 

@@ -5,7 +5,15 @@ import numpy as np
 import pytest
 
 from calibration import ceilings
-from calibration.fit import depth, fit_profile, is_heldout, op_class, serial_steps, tile_rows
+from calibration.fit import (
+    depth,
+    fit_profile,
+    is_heldout,
+    op_class,
+    serial_steps,
+    stage_counts,
+    tile_rows,
+)
 from calibration.readme import README, render
 from calibration.validate import annotate, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
@@ -97,6 +105,61 @@ def test_repair_rows_carry_their_chain(rows):
     assert depth(rep[(8, 1, "recompute", 64)], h100) == 64
     committed = json.loads(PROFILE.read_text())["classes"]
     assert committed["repair/repair"]["fit"]["t_depth_s"] > 0
+
+
+def test_kv_write_rows_carry_their_chain(rows):
+    """A KV-write row's depth is the elements its index_put_ threads store in series, K then V
+    (perfmodel.torch_plan): 2 rows x 2 heads x 64 dims are 2 steps per store, 4 rows already
+    the cap of 4; the fitted KV-write classes price it (t_k > 0)."""
+    h100 = get_gpu("h100-sxm", measured=False)
+    kv = {
+        (r["params"]["m"], r["params"]["num_kv_heads"], r["params"]["head_dim"]): r
+        for r in rows
+        if r["op"] == "kv_write" and "l2" not in r["params"]
+    }
+    assert depth(kv[(2, 2, 64)], h100) == 4
+    assert depth(kv[(1, 2, 64)], h100) == 2
+    assert depth(kv[(512, 8, 128)], h100) == 8
+    committed = json.loads(PROFILE.read_text())["classes"]
+    for name in ("kv_write", "kv_write/m1", "kv_write@l2"):
+        assert committed[name]["fit"]["t_depth_s"] > 0, name
+
+
+def test_sampling_rows_walk_their_vocabulary(rows):
+    """A sampling row's depth is its vocabulary (the row every program walks, a floor many rows
+    hide); every fitted sampling class prices it, and the ops without a chain have none."""
+    h100 = get_gpu("h100-sxm", measured=False)
+    for r in rows:
+        if r["op"] == "sampling":
+            assert depth(r, h100) == r["params"]["vocab"]
+        elif r["op"] in ("rmsnorm", "residual_add", "silu_mul"):
+            assert depth(r, h100) == 0
+    committed = json.loads(PROFILE.read_text())["classes"]
+    sampling = [c for n, c in committed.items() if n.startswith("sampling/")]
+    assert sampling and all(c["fit"]["t_depth_s"] > 0 for c in sampling)
+
+
+def test_select_rows_carry_their_topn_stage(rows):
+    """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
+    batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
+    128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
+    classes price every count (t_x > 0) and no other class has stage rates."""
+    sel = next(
+        r
+        for r in rows
+        if r["op"] == "select_blocks"
+        and (r["params"]["batch"], r["params"]["num_kv_heads"]) == (4, 2)
+        and (r["params"]["context_len"], r["params"]["top_n"]) == (16384, 64)
+    )
+    assert stage_counts(sel) == (128 * 257, 128 * 64, 64)
+    assert stage_counts(next(r for r in rows if r["op"] == "gemm")) == ()
+    committed = json.loads(PROFILE.read_text())["classes"]
+    for name, cls in committed.items():
+        rates = cls["fit"]["t_stage_s"]
+        if name.startswith("select_blocks/"):
+            assert len(rates) == 3 and min(rates) > 0, name
+        else:
+            assert rates == [], name
 
 
 def test_report_targets_and_ratios_can_fail():

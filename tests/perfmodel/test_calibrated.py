@@ -45,3 +45,15 @@ def test_json_round_trip_and_older_profiles():
     old = {k: v for k, v in CF.to_json().items() if k not in ("t_step_s", "t_row_s")}
     legacy = ClassFit.from_json("x", old)
     assert legacy.t_step_s == 0.0 == legacy.t_row_s
+
+
+def test_stage_counts_add_at_their_own_rates():
+    """Each stage count adds at its own rate, to small and large calls alike; a class without
+    stage rates ignores counts, and JSON keeps the rates."""
+    cf = ClassFit.from_json("x", {**CF.to_json(), "t_stage_s": [1e-10, 2e-9, 1e-7]})
+    nbytes = np.array([1e3, 1e8])
+    base = cf.call_time_s(nbytes, 1.0, BW, PEAK)
+    more = cf.call_time_s(nbytes, 1.0, BW, PEAK, stages=(32 * 2049, 32 * 64, 64))
+    np.testing.assert_allclose(more - base, [32 * 2049 * 1e-10 + 32 * 64 * 2e-9 + 64e-7] * 2)
+    assert ClassFit.from_json("x", cf.to_json()) == cf
+    np.testing.assert_allclose(CF.call_time_s(nbytes, 1.0, BW, PEAK, stages=(1e9,)), base)

@@ -105,6 +105,37 @@ def test_refresh_reuse_cuts_selection_and_launches():
     assert fused[0] == 0 == unfused[1] and 0 < fused[1] < unfused[0]
 
 
+def test_sampling_walks_the_vocabulary_shard():
+    """Sampling's depth per call is the vocabulary one rank samples over (its rows' walk)."""
+    w = Workload(context_len=4096)
+    ar = Strategy(name="ar")
+    _, p = run(TINY, [(ar, w), (ar, dataclasses.replace(w, tp=2))])
+    op = p.ops["verify.sampling"]
+    np.testing.assert_allclose(op.depth / op.calls, [100, 50])
+
+
+def test_selection_carries_its_topn_stage_counts():
+    """Mean-key selection, per query: each call's top-n stage scans B x t x Hkv score rows of
+    the context's and draft rows' blocks and sorts top_n keys per row (perfmodel.torch_plan);
+    shared selection scores one row per group."""
+    w = Workload(context_len=4096)
+    pq, shared = _sparse("per_query", 1, metadata="mean"), _sparse("shared", 4, metadata="mean")
+    _, p = run(TINY, [(pq, w), (shared, w)])
+    op = p.ops["verify.selection"]
+    per_call = [np.asarray(x) / op.calls for x in op.stage_counts]
+    rows = np.array([16 * 2, 4 * 2])  # chain:15 -> 16 rows (4 groups) x 2 KV heads, batch 1
+    nb = np.ceil((4096 + 16) / 16)
+    np.testing.assert_allclose(per_call[0], rows * nb)
+    np.testing.assert_allclose(per_call[1], rows * 8)
+    np.testing.assert_allclose(per_call[2], [8, 8])
+    # Bytes as the measured class counts them: fp32 mean keys (2 heads x 256 blocks x 16),
+    # the scored query rows (bf16, 4 heads x 16) and the int32 ids, plus the metadata update
+    # of the 16 appended rows (b t Hkv D x 2 B x (1 + 2 v), the step model's count).
+    meta, q, ids = 2 * 256 * 16 * 4, np.array([16, 4]) * 4 * 16 * 2, rows * 8 * 4
+    update = 16 * 2 * 16 * 2 * 3
+    np.testing.assert_allclose(op.bytes / op.calls, meta + q + ids + update)
+
+
 def test_nsa_refresh_layers_select_inside_their_own_calls():
     """NSA metadata: the refresh calls select (no separate selection op); reuse layers take
     the reuse class; half the layers refresh at refresh_every = 2."""
@@ -130,6 +161,18 @@ def test_single_row_ops_take_their_own_classes():
         assert p.ops[row].kernel.removesuffix("@l2").endswith("/m1")
         assert float(p.ops[row].calls[0]) > 0 == float(p.ops[row].calls[1])
         assert float(p.ops[general].calls[1]) > 0 == float(p.ops[general].calls[0])
+
+
+def test_kv_write_carries_its_store_chain():
+    """The KV write's depth per call is its two index_put_ stores' serial steps at the point's
+    rows (perfmodel.torch_plan): TINY's 2 KV heads x 16 dims, 4 draft rows + 1 -> 160 elements,
+    2 steps per store; one AR row (32 elements) -> 1 step."""
+    w = Workload(context_len=4096)
+    ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:4")
+    _, p = run(TINY, [(ar, w), (sd, w)])
+    for name, point, steps in (("verify.kv_write_row", 0, 2), ("verify.kv_write", 1, 4)):
+        op = p.ops[name]
+        assert float(op.depth[point] / op.calls[point]) == steps
 
 
 def test_ops_of_models_whose_weights_fit_in_l2_are_named_resident():
