@@ -132,6 +132,28 @@ def test_report_targets_and_ratios_can_fail():
     assert pair["predicted"] == pytest.approx(4 / 3)
 
 
+def test_ratio_pairs_match_geometry_whatever_the_row_order():
+    """repair_vs_recompute of two geometries at one context and batch: each repair row pairs
+    with the recompute row of its own head counts only, in either row order; the rotation
+    count (a measurement param) may differ within a pair."""
+    mk = {"timing": "graph", "split": "fit", "class": "r", "op": "repair"}
+
+    def row(heads, mode, frac, t, rot):
+        p = {"context_len": 16384, "batch": 1, "num_q_heads": heads, "num_kv_heads": heads // 4}
+        p.update(mode=mode, missed_fraction=frac, rotations=rot)
+        return {**mk, "params": p, "median_s": t, "predicted_s": t}
+
+    rows = [
+        row(32, "recompute", 1.0, 4.0, 8),
+        row(8, "recompute", 1.0, 2.0, 30),
+        row(32, "repair", 0.5, 2.0, 16),
+        row(8, "repair", 0.5, 0.5, 60),
+    ]
+    for order in (rows, rows[::-1]):
+        pairs = sorted(p["measured"] for p in ratio_pairs(order))
+        assert pairs == [0.25, 0.5]  # 0.5 / 2 and 2 / 4; never 0.5 / 4 or 2 / 2
+
+
 def test_validate_cli_and_readme_block(capsys):
     assert main(["validate", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
