@@ -35,7 +35,7 @@ from scipy.optimize import least_squares
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
 from perfmodel.hardware import GpuSpec, get_gpu
-from perfmodel.nsa_plan import merge_steps, row_tiles
+from perfmodel.nsa_plan import merge_steps, mma_row_cost
 from perfmodel.predictor import RESIDENT_SUFFIX
 from perfmodel.repair_plan import chain_tiles
 
@@ -171,12 +171,13 @@ def serial_steps(row: dict, num_sms: int) -> float:
 
 
 def tile_rows(row: dict) -> float:
-    """MMA rows of one program's row tile, padding included (``BLOCK_M``), of an NSA call
-    (``perfmodel.calibrated``'s t_r term); 0 for the other ops."""
+    """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
+    rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
+    call (``perfmodel.calibrated``'s t_r term); 0 for the other ops."""
     if row["op"] != "nsa_verify":
         return 0.0
     p = row["params"]
-    return float(row_tiles(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])[0])
+    return float(mma_row_cost(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"]))
 
 
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:

@@ -25,7 +25,8 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   runs faster than t = 12 (one tile, 64 splits) although it does more work;
 - ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
   NSA verification only: every program computes, loads and writes ``BLOCK_M`` rows whatever
-  the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``);
+  the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``); R counts
+  ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``);
 - ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
   same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
   G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other

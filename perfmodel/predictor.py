@@ -42,7 +42,8 @@ class Op:
     a GEMM), whose latency a small call cannot hide; ``serial_steps`` sums each call's dependent
     steps that run after its parallel part (the partial slots an NSA split's merge walks one by
     one, ``perfmodel.nsa_plan``), whose latency adds to the call's time; ``tile_rows`` sums each
-    call's MMA rows per program, padded to the kernel's row tile (an NSA call's ``BLOCK_M``).
+    call's MMA rows per program, padded to the kernel's row tile (an NSA call's ``BLOCK_M``,
+    in ``mma.sync`` rows: ``perfmodel.nsa_plan.mma_row_cost``).
     """
 
     kind: str

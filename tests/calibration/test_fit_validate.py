@@ -66,12 +66,13 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     assert serial_steps(tiny[(12, "unfused", "reuse")], 132) == 192
     assert serial_steps(tiny[(17, "unfused", "reuse")], 132) == 99
     assert serial_steps(tiny[(17, "fused", "refresh")], 132) == 33
+    # 16 / 16 / 32 mma.sync rows, then 64-row wgmma tiles at half a row each
     assert [tile_rows(tiny[(t, "fused", "reuse")]) for t in (1, 3, 5, 12, 17)] == [
         16,
         16,
         32,
-        64,
-        64,
+        32,
+        32,
     ]
     gemm = next(r for r in rows if r["op"] == "gemm")
     assert serial_steps(gemm, 132) == 0 == tile_rows(gemm)
