@@ -13,10 +13,12 @@ fit never sees those sizes at all.
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count), for sparse verification the L2-miss share h, for GEMMs, repair, the KV write and
-sampling the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call
-walks, ``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
-``perfmodel.torch_plan``; the vocabulary a sampling row walks), and for NSA verification the
+the row count), for sparse verification the L2-miss share h and the L2 throughput ratio r
+(``perfmodel.calibrated``: requested bytes / (r BW) bound the call beside the HBM bytes;
+bounded to [1, 4]), for repair the share h alone, for GEMMs, repair, the KV write and sampling
+the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
+``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
+``perfmodel.torch_plan``; the vocabulary a sampling row walks), for NSA verification the
 latency t_s of a merge step (the serial walk over split partials) and t_r of a row-tile row
 (``perfmodel.nsa_plan``), and for block selection the rates t_x of its top-n stage's counts
 (``perfmodel.torch_plan``).
@@ -36,7 +38,7 @@ from scipy.optimize import least_squares
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
 from perfmodel.hardware import GpuSpec, get_gpu
-from perfmodel.nsa_plan import merge_steps, row_tiles
+from perfmodel.nsa_plan import merge_steps, mma_row_cost
 from perfmodel.predictor import RESIDENT_SUFFIX
 from perfmodel.repair_plan import chain_tiles
 from perfmodel.torch_plan import kv_write_chain, topn_counts
@@ -54,6 +56,7 @@ ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
 # argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
 # then +0.15 us per row (94.8 us at 512); 11.8 -> 15.3 us up to 128 rows of 32000.
 ROW_WALK_OPS = {"sampling": "vocab"}
+L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio r (``fit_class``)
 
 
 def op_class(row: dict) -> str:
@@ -183,12 +186,13 @@ def serial_steps(row: dict, num_sms: int) -> float:
 
 
 def tile_rows(row: dict) -> float:
-    """MMA rows of one program's row tile, padding included (``BLOCK_M``), of an NSA call
-    (``perfmodel.calibrated``'s t_r term); 0 for the other ops."""
+    """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
+    rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
+    call (``perfmodel.calibrated``'s t_r term); 0 for the other ops."""
     if row["op"] != "nsa_verify":
         return 0.0
     p = row["params"]
-    return float(row_tiles(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])[0])
+    return float(mma_row_cost(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"]))
 
 
 def stage_counts(row: dict) -> tuple[float, ...]:
@@ -253,6 +257,9 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     k = int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
+    # The L2 throughput bound r only where a call's programs re-read each other's blocks
+    # (sparse verification's overlapping selections); repair's uniform draws barely repeat.
+    has_l2 = has_h and name.split("/")[0] in DEDUP_OPS
     has_depth = bool(d.depth.any())
     has_steps = bool(d.steps.any())
     has_rows = bool(d.rows.any())
@@ -265,10 +272,12 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         t_depth = float(x[n_eff + has_h]) if has_depth else 0.0
         t_step = float(x[n_eff + has_h + has_depth]) if has_steps else 0.0
         t_row = float(x[n_eff + has_h + has_depth + has_steps]) if has_rows else 0.0
+        l2 = float(x[n_lat + n_stage]) if has_l2 else 0.0
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
         return ClassFit(
             name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth, t_step_s=t_step,
             t_row_s=t_row, t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
+            l2_ratio=l2,
         )  # fmt: skip
 
     def resid(x):
@@ -294,10 +303,18 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     for count in d.stages:
         stage_hi = _latency_bound(d.seconds, count)
         x0, lo, hi = x0 + [0.1 * stage_hi], lo + [0.0], hi + [stage_hi]
-    sol = least_squares(
-        resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
-    )
-    return unpack(sol.x)
+    if has_l2:  # last: the starts below replace the last parameter
+        x0, lo, hi = x0 + [L2_RATIO_STARTS[0]], lo + [1.0], hi + [4.0]
+    # r's bound has no gradient where it does not bind, so the fit would keep any start that
+    # never binds: start it at a few ratios and keep the lowest loss on the fit rows.
+    starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if has_l2 else [x0]
+    sols = [
+        least_squares(
+            resid, x, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
+        )
+        for x in starts
+    ]
+    return unpack(min(sols, key=lambda s: s.cost).x)
 
 
 def error_stats(pred: np.ndarray, meas: np.ndarray) -> dict:

@@ -35,86 +35,119 @@ from perfmodel.hardware import get_gpu
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}
 
 
-def _key(r: dict, *names) -> tuple:
-    return tuple(r["params"].get(n) for n in names)
+# Params that describe a measurement rather than define a configuration (``kernels.benchmark``'s
+# ``DERIVED``): the split count the wrapper chose, the load fractions and distinct bytes of the
+# selections, the input sets rotated, the missed blocks of a fraction. Two rows of one
+# configuration but one knob may differ in these.
+MEASURED_PARAMS = frozenset(
+    {"num_splits", "f_load", "f_load_formula", "global_unique_bytes", "rotations", "missed_blocks"}
+)
+# The shape both sides of ``sparse_vs_dense`` share (the two ops have different knobs).
+SHARED_SHAPE = (
+    "context_len",
+    "batch",
+    "num_query_tokens",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "dtype",
+)
+
+
+def _key(r: dict, knobs: tuple[str, ...]) -> tuple:
+    """Every configuration param of ``r`` but ``knobs``: rows with equal keys are the same
+    configuration (geometry included) but for the knobs."""
+    p = r["params"]
+    return tuple(
+        sorted((k, repr(v)) for k, v in p.items() if k not in knobs + tuple(MEASURED_PARAMS))
+    )
+
+
+def _shape(r: dict) -> tuple:
+    return tuple(r["params"].get(n) for n in SHARED_SHAPE)
+
+
+def _index(rows, key) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r)
+    return out
 
 
 def ratio_pairs(rows: list[dict]) -> list[dict]:
-    """Pairs of annotated rows (with ``predicted_s`` and ``split``) and their ratios."""
+    """Pairs of annotated rows (with ``predicted_s`` and ``split``) and their ratios.
+
+    A pair's two rows match in every configuration param but the knob the ratio varies (head
+    counts and head size included), whatever the order of ``rows``; a row pairs with every
+    base row of its configuration."""
     out = []
 
-    def add(kind, a, b):
-        out.append(
-            {
-                "kind": kind,
-                "measured": a["median_s"] / b["median_s"],
-                "predicted": a["predicted_s"] / b["predicted_s"],
-                "heldout": a["split"] == "heldout" or b["split"] == "heldout",
-                "params": {
-                    k: v
-                    for k, v in a["params"].items()
-                    if k
-                    in (
-                        "context_len",
-                        "batch",
-                        "top_n",
-                        "overlap",
-                        "group_size",
-                        "num_query_tokens",
-                        "missed_blocks",
-                        "mode",
-                        "impl",
-                    )
-                },
-            }
-        )
+    def add(kind, a, bases):
+        for b in bases:
+            out.append(
+                {
+                    "kind": kind,
+                    "measured": a["median_s"] / b["median_s"],
+                    "predicted": a["predicted_s"] / b["predicted_s"],
+                    "heldout": a["split"] == "heldout" or b["split"] == "heldout",
+                    "params": {
+                        k: v
+                        for k, v in a["params"].items()
+                        if k
+                        in (
+                            "context_len",
+                            "batch",
+                            "top_n",
+                            "overlap",
+                            "group_size",
+                            "num_query_tokens",
+                            "missed_blocks",
+                            "mode",
+                            "impl",
+                            "num_q_heads",
+                            "num_kv_heads",
+                            "head_dim",
+                        )
+                    },
+                }
+            )
 
     sparse = [r for r in rows if r["op"] == "sparse_verify"]
-    pq = {
-        _key(r, "context_len", "top_n", "overlap", "batch"): r
-        for r in sparse
-        if r["params"]["mode"] == "per_query"
-    }
+    mode_knobs = ("mode", "group_size")
+    pq = _index(
+        [r for r in sparse if r["params"]["mode"] == "per_query"], lambda r: _key(r, mode_knobs)
+    )
     for r in sparse:
         mode, c = r["params"]["mode"], r["params"]["group_size"]
-        base = pq.get(_key(r, "context_len", "top_n", "overlap", "batch"))
-        if base is not None and mode in ("union", "shared") and c > 1:
-            add(f"{mode}_vs_per_query", r, base)
+        if mode in ("union", "shared") and c > 1:
+            add(f"{mode}_vs_per_query", r, pq.get(_key(r, mode_knobs), []))
     dense = [r for r in rows if r["op"] == "dense_verify"]
-    d1 = {_key(r, "context_len", "batch"): r for r in dense if r["params"]["num_query_tokens"] == 1}
-    d16 = {
-        _key(r, "context_len", "batch"): r for r in dense if r["params"]["num_query_tokens"] == 16
-    }
-    for k, r in d16.items():
-        if k in d1:
-            add("t16_vs_t1", r, d1[k])
+    t_knob = ("num_query_tokens",)
+    d1 = _index(
+        [r for r in dense if r["params"]["num_query_tokens"] == 1], lambda r: _key(r, t_knob)
+    )
+    for r in dense:
+        if r["params"]["num_query_tokens"] == 16:
+            add("t16_vs_t1", r, d1.get(_key(r, t_knob), []))
+    d16 = _index([r for r in dense if r["params"]["num_query_tokens"] == 16], _shape)
     for r in sparse:
         p = r["params"]
         if p["mode"] == "per_query" and p["num_query_tokens"] == 16:
-            base = d16.get(_key(r, "context_len", "batch"))
-            if base is not None:
-                add("sparse_vs_dense", r, base)
+            add("sparse_vs_dense", r, d16.get(_shape(r), []))
     nsa = [r for r in rows if r["op"] == "nsa_verify"]
-    unf = {
-        _key(r, "context_len", "batch", "mode", "overlap"): r
-        for r in nsa
-        if r["params"]["impl"] == "unfused"
-    }
+    impl = ("impl",)
+    unf = _index([r for r in nsa if r["params"]["impl"] == "unfused"], lambda r: _key(r, impl))
     for r in nsa:
         if r["params"]["impl"] == "fused":
-            base = unf.get(_key(r, "context_len", "batch", "mode", "overlap"))
-            if base is not None:
-                add("nsa_fused_vs_unfused", r, base)
-    rec = {
-        _key(r, "context_len", "batch"): r
-        for r in rows
-        if r["op"] == "repair" and r["params"]["mode"] == "recompute"
-    }
-    for r in rows:
-        if r["op"] == "repair" and r["params"]["mode"] == "repair":
-            base = rec.get(_key(r, "context_len", "batch"))
-            if base is not None:
-                add("repair_vs_recompute", r, base)
+            add("nsa_fused_vs_unfused", r, unf.get(_key(r, impl), []))
+    repair = [r for r in rows if r["op"] == "repair"]
+    rep_knobs = ("mode", "missed_fraction")
+    rec = _index(
+        [r for r in repair if r["params"]["mode"] == "recompute"], lambda r: _key(r, rep_knobs)
+    )
+    for r in repair:
+        if r["params"]["mode"] == "repair":
+            add("repair_vs_recompute", r, rec.get(_key(r, rep_knobs), []))
     return out
 
 

@@ -25,7 +25,8 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   runs faster than t = 12 (one tile, 64 splits) although it does more work;
 - ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
   NSA verification only: every program computes, loads and writes ``BLOCK_M`` rows whatever
-  the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``);
+  the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``); R counts
+  ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``);
 - ``t_x,i * X_i``: the stages a call runs after its streaming part that neither stream bytes nor
   walk one chain, one fitted rate per count X_i, fitted for block selection only: its top-n
   stage (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``) scans the R x NB
@@ -35,7 +36,12 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
 - ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
   same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
   G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
-  classes use U.
+  classes use U. For sparse verification also ``bytes_eff = max(G + h (U - G), U / r)``: every
+  requested byte, hit or miss, crosses the L2-to-SM path, whose throughput is r x BW (fitted,
+  1 to 4). With it the big-batch calls are what the two levels say: at overlap 0.9 the
+  8B-geometry call streams its 4.3 GB of requests in 587-596 us (7.2-7.3 TB/s, L2-bound,
+  G = 0.6 GB) while at overlap 0.5 and 64K context its 2.0 GB of distinct blocks set 866 us;
+  without it the one share h (0.48) had to serve both (with it h = 0.12, r = 2.4).
 
 Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
 efficiency. It ignores contention between concurrent kernels and clock variation.
@@ -74,6 +80,7 @@ class ClassFit:
     t_step_s: float = 0.0  # t_s: seconds per serial step after the parallel part
     t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
+    l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
@@ -107,6 +114,8 @@ class ClassFit:
         if self.l2_miss is not None and dedup_bytes is not None:
             g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
             eff_bytes = g + self.l2_miss * (nbytes - g)
+            if self.l2_ratio > 0:
+                eff_bytes = np.maximum(eff_bytes, nbytes / self.l2_ratio)
         eb, ef = self.efficiencies(nbytes, flops)
         fixed = (
             self.t0_s
@@ -133,6 +142,7 @@ class ClassFit:
             "t_step_s": self.t_step_s,
             "t_row_s": self.t_row_s,
             "t_stage_s": list(self.t_stage_s),
+            "l2_ratio": self.l2_ratio,
         }
 
     @classmethod
@@ -151,6 +161,7 @@ class ClassFit:
             t_step_s=float(d.get("t_step_s", 0.0)),
             t_row_s=float(d.get("t_row_s", 0.0)),
             t_stage_s=tuple(float(x) for x in d.get("t_stage_s", ())),
+            l2_ratio=float(d.get("l2_ratio", 0.0)),
         )
 
 

@@ -23,6 +23,16 @@ Each program also carries its whole row tile: its MMAs, its query load and its p
 heads and equal splits, t = 3 with 16-row tiles runs an unfused refresh call in 156 us, t = 5
 with 32-row tiles in 177 us). ``row_tiles`` gives it.
 
+The row tile's MMA path changes at 64 rows: Triton issues a tile of fewer than 64 rows
+(``BLOCK_M`` 16 or 32) as ``mma.sync`` instructions, their count proportional to the rows
+(the sparse kernel's sm_90 compile, Triton 3.9: 22 at 16 rows, 44 at 32), and a 64-row tile as
+one warpgroup's ``wgmma``, which runs at about twice ``mma.sync``'s rate on an H100. So a
+64-row tile costs a program about what a 32-row one does: at 8 q / 2 KV heads and 64 splits the
+unfused reuse call takes 87-92 us at t = 1-3 (16 rows), 105-111 us at t = 5 (32) and 101-110 us
+at t = 12 (64). ``mma_row_cost`` prices a tile's rows at ``WGMMA_ROW_COST`` (1/2) each on the
+``wgmma`` path; that factor is the H100's rate ratio, and on the fit rows of the four NSA
+classes it is also the lowest loss of 0.3 ... 1 (``docs/notes/calibration.md``).
+
 ``merge_steps`` counts, per call, the slots its merges walk, summed over merges that run one
 after another:
 
@@ -48,6 +58,8 @@ MIN_BLOCK_M = 16
 MAX_SPLITS = 64
 CTAS_PER_SM = 1
 NUM_BRANCHES = 3
+WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take mma.sync
+WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
 
 
 def next_pow2(x) -> np.ndarray:
@@ -62,6 +74,13 @@ def row_tiles(t, num_q_heads, num_kv_heads) -> tuple[np.ndarray, np.ndarray]:
     group_pad = next_pow2(np.ceil(np.asarray(num_q_heads, dtype=float) / num_kv_heads))
     block_m = np.maximum(MIN_BLOCK_M, np.minimum(BLOCK_M_MAX, next_pow2(t * group_pad)))
     return block_m, np.ceil(t / (block_m // group_pad))
+
+
+def mma_row_cost(t, num_q_heads, num_kv_heads) -> np.ndarray:
+    """A program's row tile in ``mma.sync`` rows: ``BLOCK_M`` below ``WGMMA_MIN_ROWS``, else
+    ``WGMMA_ROW_COST x BLOCK_M`` (the ``wgmma`` path; see the module docstring)."""
+    block_m, _ = row_tiles(t, num_q_heads, num_kv_heads)
+    return np.where(block_m < WGMMA_MIN_ROWS, block_m, WGMMA_ROW_COST * block_m)
 
 
 def num_splits(t, num_q_heads, num_kv_heads, batch, num_sms: int) -> np.ndarray:

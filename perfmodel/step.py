@@ -36,7 +36,7 @@ import numpy as np
 
 from perfmodel.acceptance import tree_level_sizes
 from perfmodel.models import ModelSpec
-from perfmodel.nsa_plan import merge_steps, row_tiles
+from perfmodel.nsa_plan import merge_steps, mma_row_cost
 from perfmodel.predictor import (
     RESIDENT_KINDS,
     RESIDENT_SUFFIX,
@@ -490,7 +490,7 @@ def _sparse_attention(
     # One call per layer each.
     fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
     refresh = nsa * r
-    tile_rows = row_tiles(t, hq, hkv)[0]
+    tile_rows = mma_row_cost(t, hq, hkv)
     for name, on, kernel, is_fused, is_refresh in (
         ("sparse_attention", unfused * (1 - refresh), "nsa_verify/reuse/unfused", 0, 0),
         ("sparse_attention_refresh", unfused * refresh, "nsa_verify/refresh/unfused", 0, 1),

@@ -74,12 +74,13 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     assert serial_steps(tiny[(12, "unfused", "reuse")], 132) == 192
     assert serial_steps(tiny[(17, "unfused", "reuse")], 132) == 99
     assert serial_steps(tiny[(17, "fused", "refresh")], 132) == 33
+    # 16 / 16 / 32 mma.sync rows, then 64-row wgmma tiles at half a row each
     assert [tile_rows(tiny[(t, "fused", "reuse")]) for t in (1, 3, 5, 12, 17)] == [
         16,
         16,
         32,
-        64,
-        64,
+        32,
+        32,
     ]
     gemm = next(r for r in rows if r["op"] == "gemm")
     assert serial_steps(gemm, 132) == 0 == tile_rows(gemm)
@@ -193,6 +194,28 @@ def test_report_targets_and_ratios_can_fail():
     (pair,) = ratio_pairs(dense)
     assert pair["kind"] == "t16_vs_t1" and pair["measured"] == 2.0
     assert pair["predicted"] == pytest.approx(4 / 3)
+
+
+def test_ratio_pairs_match_geometry_whatever_the_row_order():
+    """repair_vs_recompute of two geometries at one context and batch: each repair row pairs
+    with the recompute row of its own head counts only, in either row order; the rotation
+    count (a measurement param) may differ within a pair."""
+    mk = {"timing": "graph", "split": "fit", "class": "r", "op": "repair"}
+
+    def row(heads, mode, frac, t, rot):
+        p = {"context_len": 16384, "batch": 1, "num_q_heads": heads, "num_kv_heads": heads // 4}
+        p.update(mode=mode, missed_fraction=frac, rotations=rot)
+        return {**mk, "params": p, "median_s": t, "predicted_s": t}
+
+    rows = [
+        row(32, "recompute", 1.0, 4.0, 8),
+        row(8, "recompute", 1.0, 2.0, 30),
+        row(32, "repair", 0.5, 2.0, 16),
+        row(8, "repair", 0.5, 0.5, 60),
+    ]
+    for order in (rows, rows[::-1]):
+        pairs = sorted(p["measured"] for p in ratio_pairs(order))
+        assert pairs == [0.25, 0.5]  # 0.5 / 2 and 2 / 4; never 0.5 / 4 or 2 / 2
 
 
 def test_validate_cli_and_readme_block(capsys):

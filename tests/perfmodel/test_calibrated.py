@@ -1,6 +1,8 @@
 """perfmodel.calibrated.ClassFit: how the fitted latency terms combine (hand-computed on a
 synthetic class with unit efficiencies, BW = 1e12 B/s, PEAK = 1e15 FLOP/s)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -39,12 +41,27 @@ def test_serial_steps_and_row_tile_add_to_any_call():
     np.testing.assert_allclose(more - base, [64 * 2e-7 + 32 * 1e-8] * 2)
 
 
+def test_l2_throughput_bounds_a_call_that_rereads_its_blocks():
+    """G + h (U - G) bytes from HBM, but all U requested bytes cross L2 at r x BW: the call
+    streams a heavily re-read selection no faster than U / (r BW); a ratio of 0 (older
+    profiles, classes without it) leaves the HBM term alone."""
+    cf = dataclasses.replace(CF, l2_miss=0.1, l2_ratio=2.0, t0_s=0.0, t_depth_s=0.0)
+    # U = 1 GB, G = 0.1 GB: HBM term 0.1 + 0.1 * 0.9 = 0.19 GB; L2 term 1 / 2 = 0.5 GB
+    reread = cf.call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=1e8)
+    assert reread == pytest.approx(0.5e9 / BW)
+    # U = 1 GB, G = 0.8 GB: the HBM term (0.82 GB) binds
+    distinct = cf.call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=8e8)
+    assert distinct == pytest.approx(0.82e9 / BW)
+    off = dataclasses.replace(cf, l2_ratio=0.0).call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=1e8)
+    assert off == pytest.approx(0.19e9 / BW)
+
+
 def test_json_round_trip_and_older_profiles():
     again = ClassFit.from_json("x", CF.to_json())
     assert again == CF
-    old = {k: v for k, v in CF.to_json().items() if k not in ("t_step_s", "t_row_s")}
+    old = {k: v for k, v in CF.to_json().items() if k not in ("t_step_s", "t_row_s", "l2_ratio")}
     legacy = ClassFit.from_json("x", old)
-    assert legacy.t_step_s == 0.0 == legacy.t_row_s
+    assert legacy.t_step_s == 0.0 == legacy.t_row_s == legacy.l2_ratio
 
 
 def test_stage_counts_add_at_their_own_rates():

@@ -12,7 +12,13 @@ import pytest
 from perfmodel.calibrated import CalibratedPredictor, Profile, profile_path
 from perfmodel.hardware import get_gpu
 from perfmodel.models import ModelSpec
-from perfmodel.nsa_plan import merge_steps, num_splits, row_tiles
+from perfmodel.nsa_plan import (
+    WGMMA_ROW_COST,
+    merge_steps,
+    mma_row_cost,
+    num_splits,
+    row_tiles,
+)
 from perfmodel.predictor import RooflinePredictor
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
@@ -104,7 +110,8 @@ def test_step_model_nsa_ops_carry_the_launch_plan():
     calls = np.asarray(unf.calls)
     assert calls[0] == calls[1] == TINY.num_layers and calls[2] == 0
     np.testing.assert_array_equal((unf.serial_steps / np.maximum(calls, 1))[:2], [192, 99])
-    np.testing.assert_array_equal((unf.tile_rows / np.maximum(calls, 1))[:2], [64, 64])
+    # 64-row tiles: wgmma, priced as 32 mma.sync rows (nsa_plan.mma_row_cost)
+    np.testing.assert_array_equal((unf.tile_rows / np.maximum(calls, 1))[:2], [32, 32])
     reuse, refresh = (
         p.ops["verify.sparse_attention_fused"],
         p.ops["verify.sparse_attention_fused_refresh"],
@@ -140,3 +147,15 @@ def test_calibrated_nsa_time_follows_the_plan_not_the_row_count():
     assert verify_attention_s("chain:11", 16384) > verify_attention_s("chain:16", 16384)
     assert verify_attention_s("chain:11", 30720) >= verify_attention_s("chain:11", 8192)
     assert verify_attention_s("chain:2", 16384) < verify_attention_s("chain:4", 16384)
+
+
+def test_wgmma_tiles_cost_half_a_row_each():
+    """Below 64 rows the tile is mma.sync rows (16 at t = 1-3, 32 at t = 5, 8 q / 2 KV heads);
+    a 64-row tile (t >= 9) takes the wgmma path at WGMMA_ROW_COST per row, so it costs a
+    program less than twice a 32-row tile (measured: about the same)."""
+    t = np.array([1, 3, 5, 9, 12, 17])
+    np.testing.assert_array_equal(row_tiles(t, 8, 2)[0], [16, 16, 32, 64, 64, 64])
+    np.testing.assert_array_equal(mma_row_cost(t, 8, 2), [16, 16, 32, 32, 32, 32])
+    assert WGMMA_ROW_COST == 0.5
+    # Llama-3.1-8B's heads at t = 16: G_pad = 4, a 64-row tile; at t = 1 a 16-row one
+    assert float(mma_row_cost(16, 32, 8)) == 32 and float(mma_row_cost(1, 32, 8)) == 16
