@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.attention import AttentionConfig, TreeAttention
 from engine.cache import KVCache
 from engine.graphs import GraphRunner
 from engine.model import CausalLM
 from engine.tree import DraftTree, TreeTensors
+
+# SDPA backends of a masked (chunked / catch-up) prefill: every one but cuDNN (``_PrefillAttend``).
+_MASKED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class ModelRunner:
@@ -223,5 +227,10 @@ class _PrefillAttend:
         else:
             rows = torch.arange(s, e, device=q.device)[:, None]
             mask = torch.arange(e, device=q.device)[None, :] <= rows
-            o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, enable_gqa=True)
+            # Not cuDNN: it builds an attention plan per shape, and every catch-up of a warm
+            # drafter (``extend`` after a longer prefix each time) has a shape of its own --
+            # 67-82 ms per call on the H100 for 17-131 tokens after 15K, against 2.8-3.6 ms
+            # with flash / memory-efficient / math (benchmarks/catchup_cost.py).
+            with sdpa_kernel(_MASKED_BACKENDS):
+                o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, enable_gqa=True)
         return o.transpose(1, 2).contiguous()

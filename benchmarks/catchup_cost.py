@@ -1,0 +1,94 @@
+"""What a warm drafter's catch-up costs: ``ModelRunner.extend`` of ``n`` committed tokens after a
+long prefix, the forward a switch back to the draft model runs (``engine.draft_model.resume``).
+
+    PYTHONPATH=. python benchmarks/catchup_cost.py --context 15360 --out /tmp/catchup.json
+
+Per tail length and SDPA backend set (``default``: torch's choice; ``no_cudnn``: flash,
+memory-efficient and math only), the wall time of one extend (CUDA-synchronised, host included:
+the switch is host time), the first call of each length apart from the median of the repeats
+(a per-shape setup, such as building an attention plan, shows as a first call far above the
+rest -- and every catch-up has a shape of its own, its prefix being longer each time). Fresh
+random tokens each call; the cache length is reset after each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny-draft", help="checkpoint (the draft model)")
+    p.add_argument("--context", type=int, default=15360, help="prefix length before the tail")
+    p.add_argument("--tails", default="17,33,64,65,100,131", help="tail lengths")
+    p.add_argument("--repeats", type=int, default=5, help="calls per length after the first")
+    p.add_argument("--out", default=None, help="JSON of every call's time")
+    args = p.parse_args(argv)
+    try:
+        tails = [int(x) for x in args.tails.split(",") if x]
+        if not tails or min(tails) < 1 or args.context < 1 or args.repeats < 1:
+            raise ValueError("--tails, --context and --repeats must be positive")
+    except ValueError as e:
+        print(f"catchup_cost: {e}", file=sys.stderr)
+        return 2
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from engine.checkpoint import build_model, resolve_source
+    from engine.runner import ModelRunner
+
+    if not torch.cuda.is_available():
+        print("catchup_cost: no CUDA device", file=sys.stderr)
+        return 1
+    t_max = args.context + max(tails) * (args.repeats + 2) + 64
+    m = build_model(resolve_source(args.model), max_positions=t_max, device="cuda",
+                    dtype=torch.bfloat16)  # fmt: skip
+    runner = ModelRunner(m, batch=1, t_max=t_max, backend="triton", use_graphs=True)
+    rng = np.random.default_rng(0)
+    runner.prefill([rng.integers(0, 256, args.context).tolist()])
+    torch.cuda.synchronize()
+    base = runner.cache.lens.clone()
+    sets = {
+        "default": None,
+        "no_cudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    }
+    rows = []
+    for name, backends in sets.items():
+        for offset, n in enumerate(tails):
+            times = []
+            for i in range(args.repeats + 1):
+                # Each call at a prefix of its own (as each catch-up is), fresh tokens.
+                runner.cache.set_lens(base + (offset * (args.repeats + 1) + i) % 7)
+                tail = rng.integers(0, 256, n).tolist()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                if backends is None:
+                    runner.extend([tail])
+                else:
+                    with sdpa_kernel(backends):
+                        runner.extend([tail])
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            runner.cache.set_lens(base)
+            row = {"backends": name, "tail": n, "first_ms": times[0] * 1e3,
+                   "median_ms": float(np.median(times[1:])) * 1e3,
+                   "all_ms": [t * 1e3 for t in times]}  # fmt: skip
+            rows.append(row)
+            print(f"{name:9s} tail {n:4d}: first {row['first_ms']:8.2f} ms, "
+                  f"median {row['median_ms']:8.2f} ms", flush=True)  # fmt: skip
+    if args.out:
+        from kernels.timing import provenance
+
+        with open(args.out, "w") as fh:
+            json.dump({"provenance": provenance(), "context": args.context, "rows": rows}, fh,
+                      indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
