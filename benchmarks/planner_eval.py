@@ -31,6 +31,7 @@ import time
 
 from planner.controller import ControllerConfig
 from planner.evaluate import (
+    PROFILE_OFFSETS,
     PROMPT_SETS,
     Bench,
     RunCache,
@@ -55,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
     p.add_argument("--profile-prompts", type=int, default=3,
-                   help="code prompts per profile entry (1-5; planner.evaluate)")  # fmt: skip
+                   help="code prompts per profile entry (at most 5; planner.evaluate)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0,
@@ -85,8 +86,9 @@ def main(argv=None) -> int:
     try:
         if min(args.per_regime, args.new_tokens, args.repeats) < 1:
             raise ValueError("--per-regime, --new-tokens and --repeats must be >= 1")
-        if not 1 <= args.profile_prompts <= 5:
-            raise ValueError(f"--profile-prompts must lie in 1..5, got {args.profile_prompts}")
+        if not 1 <= args.profile_prompts <= len(PROFILE_OFFSETS):
+            raise ValueError(f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, "
+                             f"got {args.profile_prompts}")  # fmt: skip
         if not args.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
         contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
