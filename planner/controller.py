@@ -196,7 +196,8 @@ class OnlineController:
         """The acceptance the shadow estimate implies for candidate ``c`` (None when its drafter
         has no estimate yet or ``c`` is no chain the shadow scores): the expected tokens per
         round of its chain length inverted on its tree, times its attention factor over the
-        current strategy's (the shadow saw the current strategy's target)."""
+        current strategy's, both for ``c``'s drafter (the shadow saw the current strategy's
+        target)."""
         est = self._shadow.get(c.drafter.kind)
         if est is None or est[0] < SHADOW_MIN_POSITIONS:
             return None
@@ -205,7 +206,7 @@ class OnlineController:
             return None
         tokens = 1.0 + sum(est[1][:k]) / est[0]
         factor = self.profile.attention_factor
-        now = factor(regime, current)
+        now = factor(regime, current, c.drafter.kind)
         if now <= 0:
             return None
         return min(1.0, alpha_from_tokens(c.tree, tokens) * factor(regime, c) / now)

@@ -7,16 +7,20 @@ Four phases, all on one pair of model runners (target and draft) built once:
    the validation split of the built-in corpus, each with its own seed, none of them the
    prompts of phases 3 and 4): every drafter on every tree of the space (dense) gives alpha
    per drafter and tree (the inverse of the mean tokens per round over the prompts,
-   ``alpha_from_tokens``); on the first prompt, one drafter and tree with each sparse
-   attention of the space gives its factor on alpha (over the same tree dense on that prompt);
+   ``alpha_from_tokens``); on the first prompt, each drafter on one tree with each sparse
+   attention of the space gives that drafter's factor on alpha (over the same tree dense on
+   that prompt);
    a union strategy per traversal order with the selection statistics on gives the group
    overlap gamma; the measured round times minus the step model's give the loop overhead per
    round (``measure_profile``).
 2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
    under that profile.
 3. **measure** -- per regime, ``per_regime`` strategies the engine can run (the predicted top
-   ones plus ranks spread evenly over the rest) are decoded on a *different* code prompt; each
-   is scored again at the measured context. Kendall tau (predicted vs measured tokens/s) and
+   ones plus ranks spread evenly over the rest) are decoded ``repeats`` times, run i on the
+   i-th of five *other* code prompts (``MEASURE_OFFSETS``) with seed i, and their runs pooled
+   (``measure_prompts``: a regime's throughput, as the profile's acceptance is a regime's,
+   not one prompt's -- n-gram acceptance moves with the prompt as much as with the strategy);
+   each is scored again at the measured context. Kendall tau (predicted vs measured tokens/s) and
    the regret of the predicted best (1 - measured(predicted best) / measured best of the set).
 4. **adapt** -- per prompt set (code in distribution; prose, repetitive text and random bytes
    off it): (a) a fixed default (the ``ssv`` baseline on the draft model), (b) the fixed
@@ -350,6 +354,45 @@ def measure(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> di
     )
 
 
+def measure_prompts(bench: Bench, strategy: Strategy, prompts: dict[int, list[int]],
+                    key: str) -> dict:  # fmt: skip
+    """``repeats`` runs, run i on the i-th prompt (cyclically; ``prompts`` by corpus window)
+    with seed i: the figures pooled over the runs -- tokens/s is their tokens over their time,
+    what the model predicts (expected tokens over expected round time), not one prompt's or
+    one seed's -- with every run's tokens/s and window beside them."""
+    sid = strategy_id(strategy)
+    windows = list(prompts)
+    runs = []
+    for i in range(bench.repeats):
+        w = windows[i % len(windows)]
+        runs.append(bench.run(f"{key}|{w}|{sid}|{i}", steady_run, bench, strategy, prompts[w],
+                              seed=i))  # fmt: skip
+        runs[-1] = {**runs[-1], "window": w}
+    out = pooled_figures(runs)
+    out["runs_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
+    out["runs_window"] = [r["window"] for r in runs]
+    return out
+
+
+def pooled_figures(runs: list[dict]) -> dict:
+    """Steady figures of several runs as one: sums of tokens, rounds and times, tokens/s over
+    them, round-weighted mean step times and mean accepted drafts."""
+    rounds = sum(r["rounds"] for r in runs)
+    w = np.array([r["rounds"] for r in runs], dtype=float) / max(rounds, 1)
+    sums = {k: float(sum(r[k] for r in runs)) for k in ("wall_s", "switch_s", "control_s")}
+    tokens = int(sum(r["tokens"] for r in runs))
+    steps = {k: float(sum(wi * r["steps_s"].get(k, 0.0) for wi, r in zip(w, runs, strict=True)))
+             for k in runs[0]["steps_s"]}  # fmt: skip
+    return {
+        "tokens_per_s": tokens / max(sum(sums.values()), 1e-12),
+        "tokens": tokens,
+        "rounds": rounds,
+        **sums,
+        "steps_s": steps,
+        "mean_accepted": float(sum(wi * r["mean_accepted"] for wi, r in zip(w, runs, strict=True))),
+    }
+
+
 def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0) -> dict:
     """One run's steady figures."""
     return steady_figures(run_once(bench, strategy, prompt, seed=seed))
@@ -386,9 +429,12 @@ def shadow_summary(result) -> dict:
 # ----------------------------------------------------------------------------- phases
 
 
-# Windows of the code corpus, in prompt lengths, that the profile's prompts start at: 1 and 2
-# are the measured (phase 3) and adaptive (phase 4) prompts, which the profile must not see.
+# Windows of the code corpus, in prompt lengths, that the profile's prompts start at; the
+# measured prompts (phase 3, ``MEASURE_OFFSETS``) and the adaptive one (phase 4, window 2) are
+# others, which the profile must not see.
 PROFILE_OFFSETS = (0, 3, 4, 5, 6)
+# Phase 3's prompt windows: repeat i of a measured strategy decodes window i mod 5 with seed i.
+MEASURE_OFFSETS = (1, 7, 8, 9, 10)
 
 
 def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
@@ -401,11 +447,14 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
       of the space (``best:N`` resolved at the drafter's alpha, as the ranking resolves it),
       from the mean tokens per round over the prompts (one prompt at temperature 1 leaves
       near-tied strategies in an order its draws set);
-    - the factor sparse attention puts on alpha, per attention key of the space's valid sparse
-      strategies: the reference drafter (``ngram`` when in the space) on ``attention_tree``
-      (large enough for every group size) with that attention, over the same run dense, on
-      the first prompt;
-    - gamma per traversal: a union C4 strategy on ``attention_tree`` with selection statistics;
+    - the factor sparse attention puts on alpha, per drafter kind and attention key of the
+      space's valid sparse strategies (``"ngram@<key>"``): the drafter on ``attention_tree``
+      (large enough for every group size; resolved at its alpha) with that attention, over the
+      same run dense, on the first prompt -- per drafter, because sparse verification takes far
+      more of an n-gram drafter's acceptance than of a draft model's (``planner.profile``);
+    - gamma per traversal that a valid sparse strategy uses: a union C4 strategy on the
+      reference drafter's (``ngram`` when in the space) ``attention_tree``, with selection
+      statistics;
     - the loop overhead per round: ``fit_overhead`` on every run without statistics, the
       residual being the measured round wall time minus the step model's round time, each run
       weighted by 1 / its round time (relative error).
@@ -456,38 +505,49 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                 if s.tree == ref_tree or bench.runnable(s) is not None:
                     continue
                 if not parse_tree(s.tree):
-                    go(s, "profile")  # autoregressive: no acceptance, one run for the overhead
+                    # Autoregressive: no acceptance and no drafter, one run for the overhead.
+                    if kind == space.drafters[0]:
+                        go(s, "profile")
                     continue
                 tpr = tokens(s)
                 a[f"{kind}@{s.tree}"] = alpha_from_tokens(s.tree, tpr)
                 bench.log(f"profile {regime} {kind} {describe(s)}: {tpr:.2f} tokens/round, "
                           f"alpha={a[f'{kind}@{s.tree}']:.3f}")  # fmt: skip
         acc[regime] = a
-        base = concrete(Strategy(name="profile", tree=attention_tree,
-                                 drafter=_drafter(bench, ref_kind)), a[ref_kind])  # fmt: skip
-        if f"{ref_kind}@{base.tree}" not in a:
-            a[f"{ref_kind}@{base.tree}"] = alpha_from_tokens(base.tree, tokens(base))
-        if strategy_id(base) not in first:
-            first[strategy_id(base)] = go(base, "profile")["mean_accepted"] + 1.0
-        # The sparse runs below decode the first prompt: their factor is over the same tree
-        # dense on that prompt.
-        dense_alpha = alpha_from_tokens(base.tree, first[strategy_id(base)])
         valid, _ = valid_strategies(space, bench.model, bench.gpu, ctx)
         keys: dict[str, Strategy] = {}
         for v in valid:
             k = attention_key(v)
             if k is not None and k not in keys:
                 keys[k] = v
-        for k, v in keys.items():
-            s = dataclasses.replace(v, name="profile", drafter=base.drafter, tree=base.tree,
-                                    traversal="bfs")  # fmt: skip
-            if bench.runnable(s) is not None or dense_alpha <= 0:
+        bases = {}
+        for kind in space.drafters:
+            base = concrete(Strategy(name="profile", tree=attention_tree,
+                                     drafter=_drafter(bench, kind)), a[kind])  # fmt: skip
+            if bench.runnable(base) is not None or not parse_tree(base.tree):
                 continue
-            fig = go(s, "attention")
-            sa = alpha_from_tokens(base.tree, fig["mean_accepted"] + 1.0)
-            att.setdefault(regime, {})[k] = sa / dense_alpha
-            bench.log(f"profile {regime} {k}: alpha={sa:.3f} (dense {dense_alpha:.3f})")
-        for trav in space.traversals:
+            bases[kind] = base
+            if f"{kind}@{base.tree}" not in a:
+                a[f"{kind}@{base.tree}"] = alpha_from_tokens(base.tree, tokens(base))
+            if strategy_id(base) not in first:
+                first[strategy_id(base)] = go(base, "profile")["mean_accepted"] + 1.0
+            # The sparse runs below decode the first prompt: their factor is over the same
+            # tree dense on that prompt, per drafter (profile.py says why it differs).
+            dense_alpha = alpha_from_tokens(base.tree, first[strategy_id(base)])
+            for k, v in keys.items():
+                s = dataclasses.replace(v, name="profile", drafter=base.drafter, tree=base.tree,
+                                        traversal="bfs")  # fmt: skip
+                if bench.runnable(s) is not None or dense_alpha <= 0:
+                    continue
+                fig = go(s, "attention")
+                sa = alpha_from_tokens(base.tree, fig["mean_accepted"] + 1.0)
+                att.setdefault(regime, {})[f"{kind}@{k}"] = sa / dense_alpha
+                bench.log(f"profile {regime} {kind}@{k}: alpha={sa:.3f} "
+                          f"(dense {dense_alpha:.3f})")  # fmt: skip
+        # gamma of the traversals the valid sparse strategies use (NSA ones keep one).
+        base = bases.get(ref_kind) or next(iter(bases.values()), None)
+        used = {v.traversal for v in valid if v.is_sparse}
+        for trav in (x for x in space.traversals if x in used and base is not None):
             s = dataclasses.replace(base, traversal=trav, attention="sparse", mode="union",
                                     group_size=4)  # fmt: skip
             v = go(s, "overlap", _overlap_run)["gamma"]
@@ -558,12 +618,12 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
     scored, prov = score(bench.model, bench.gpu, strategies, ctx, profile, regime)
     pred = {strategy_id(x.strategy): x for x in scored}
     rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
-    prompt = prompt_tokens("code", ctx, offset=ctx)
+    prompts = {o: prompt_tokens("code", ctx, offset=o * ctx) for o in MEASURE_OFFSETS}
     rows = []
     for s in strategies:
         sid = strategy_id(s)
         t0 = time.perf_counter()
-        m = measure(bench, s, prompt, f"measure|code|{ctx}|{ctx}")
+        m = measure_prompts(bench, s, prompts, f"measure|code|{ctx}")
         p = pred[sid]
         rows.append(
             {

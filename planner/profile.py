@@ -10,8 +10,12 @@ A profile says, per regime:
   so a measured per-tree value wins over the drafter's;
 - ``attention``: the factor on alpha of sparse verification, per attention key
   (``attention_key``: grouping that changes the selection -- exact or ``sharedC`` --, budget and
-  refresh schedule). Sparse verification changes the target's own distribution (its top
-  blocks, not all of them), so it changes what is accepted; an absent key means 1;
+  refresh schedule), optionally per drafter kind (``"ngram@exact:..."``, which wins over the
+  bare key). Sparse verification changes the target's own distribution (its top blocks, not
+  all of them), so it changes what is accepted -- and by how much depends on the drafter: an
+  n-gram drafter proposes what the context repeats, which the dense target copies from
+  wherever it lies and a sparse one only from the blocks it selected, while a small model's
+  proposals are the local guesses a sparse target still makes. An absent key means 1;
 - ``overlap``: the adjacent selected-block overlap gamma of each traversal order;
 - ``overhead``: host time per round the step model does not count (the loop's Python work,
   host-side drafting, launches outside graphs), as coefficients of ``OVERHEAD_TERMS``, fitted on
@@ -24,7 +28,8 @@ File format (version 2; version 1 files, which lack ``attention`` and ``overhead
 
     {"version": 2, "source": "...",
      "regimes": {"16K": {"acceptance": {"eagle": 0.71, "ngram": 0.35, "ngram@chain:7": 0.31},
-                         "attention": {"shared4:nsa32s16:top16x64w512:r2": 0.93},
+                         "attention": {"exact:nsa32s16:top16x64w512:r2": 0.93,
+                                       "ngram@exact:nsa32s16:top16x64w512:r2": 0.55},
                          "overlap": {"bfs": 0.68, "dfs": 0.61, "position": 0.74},
                          "overhead": {"round": 4e-4, "node": 2e-5}}, ...}}
 
@@ -65,10 +70,12 @@ def attention_key(s: Strategy) -> str | None:
     """What of a strategy's attention changes the target's outputs (None: dense): grouping,
     block metadata, budget and refresh schedule. Exact
     grouping (``per_query``, ``union``, ``shared`` with C = 1) selects what per-query selection
-    does; ``shared`` C > 1 shares one selection per group; fusion changes no result."""
+    does; ``shared`` C > 1 shares one selection per group (block metadata only: the NSA
+    kernels select per row whatever the mode); fusion changes no result."""
     if not s.is_sparse:
         return None
-    group = f"shared{s.group_size}" if s.mode == "shared" and s.group_size > 1 else "exact"
+    shared = s.mode == "shared" and s.group_size > 1 and s.metadata != "nsa"
+    group = f"shared{s.group_size}" if shared else "exact"
     meta = s.metadata if s.metadata != "nsa" else f"nsa{s.comp_block}s{s.comp_stride}"
     return f"{group}:{meta}:top{s.top_n}x{s.block_size}w{s.window}:r{s.refresh_every}"
 
@@ -145,10 +152,17 @@ class Profile:
         a = self.alpha(regime, s.drafter.kind) if v is None else v
         return min(1.0, a * self.attention_factor(regime, s))
 
-    def attention_factor(self, regime: str, s: Strategy) -> float:
-        """The factor ``s``'s sparse attention puts on alpha (1 for dense or unmeasured)."""
+    def attention_factor(self, regime: str, s: Strategy, drafter: str | None = None) -> float:
+        """The factor ``s``'s sparse attention puts on the alpha of ``drafter`` (default:
+        ``s``'s drafter kind): the drafter's own (``"ngram@<key>"``) when measured, else the
+        key's, else 1 (dense or unmeasured)."""
         key = attention_key(s)
-        f = None if key is None else self._get(self.attention, regime, key)
+        if key is None:
+            return 1.0
+        kind = s.drafter.kind if drafter is None else drafter
+        f = self._get(self.attention, regime, f"{kind}@{key}")
+        if f is None:
+            f = self._get(self.attention, regime, key)
         return 1.0 if f is None else f
 
     def overhead_s(self, regime: str, s: Strategy) -> float:

@@ -9,7 +9,19 @@ out:
 - ``budget``: the selected tokens ``top_n * block_size`` must fit the context;
 - ``smem``: a group of C queries (C x G packed rows, two K/V stages) must fit one thread block's
   shared memory (``perfmodel.sparse.fits_shared_memory``);
-- ``kernel``: C x G <= 128 packed rows, C <= 31 in union mode, C no larger than the rows.
+- ``kernel``: C x G <= 128 packed rows, C <= 31 in union mode, C no larger than the rows;
+- ``window``: block-metadata selection (``mean``/``quest``) needs a local window of at least
+  the verification rows (the engine's position-relative, lossless selection).
+
+Grouping applies to block-metadata selection (``metadata`` ``mean``/``quest``: the
+``sparse_verify`` kernel streams per query, per group union, or the group's shared blocks). The
+NSA kernels (``metadata`` ``nsa``, the default) run one program per (sequence, KV head) over all
+of its rows and stream the union of their blocks whatever the mode, C or traversal: the engine
+runs the same kernels for every one of them and the step model prices them alike, so the space
+holds one NSA strategy per (drafter, tree, budget, schedule) -- mode ``per_query``, the first
+traversal -- not aliases of it. (The step model prices ``mean``/``quest`` verification from
+its grouped bytes at the NSA kernel classes' fitted rates: the calibrated profile has no
+``sparse_verify`` class in the step model, so such rankings are less sure than NSA ones.)
 
 Every strategy has a stable id (a hash of its fields, independent of enumeration order) and a
 human-readable form.
@@ -27,7 +39,7 @@ from perfmodel.acceptance import node_depths_ranks
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.sparse import fits_shared_memory
-from perfmodel.strategy import DrafterSpec, Strategy, parse_tree
+from perfmodel.strategy import METADATA, DrafterSpec, Strategy, parse_tree
 
 MAX_KERNEL_ROWS = 64
 MAX_PACKED_ROWS = 128
@@ -61,6 +73,9 @@ class SpaceSpec:
     top_ns: tuple[int, ...] = field(default=(16, 32), metadata={"help": "selected blocks"})
     block_sizes: tuple[int, ...] = field(default=(64,), metadata={"help": "selection block"})
     windows: tuple[int, ...] = field(default=(512,), metadata={"help": "sliding window"})
+    metadata: tuple[str, ...] = field(
+        default=("nsa",), metadata={"help": "sparse selection: nsa | mean | quest (grouped)"}
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +88,7 @@ class SpaceSpec:
             "top_ns",
             "block_sizes",
             "windows",
+            "metadata",
         ):
             if not getattr(self, name):
                 raise ValueError(f"space axis {name} is empty")
@@ -81,6 +97,9 @@ class SpaceSpec:
         bad = set(self.modes) - {"dense", "per_query", "union", "shared"}
         if bad:
             raise ValueError(f"unknown modes {sorted(bad)}")
+        bad = set(self.metadata) - set(METADATA)
+        if bad:
+            raise ValueError(f"unknown metadata {sorted(bad)}; expected {', '.join(METADATA)}")
 
 
 def strategy_id(s: Strategy) -> str:
@@ -91,8 +110,8 @@ def strategy_id(s: Strategy) -> str:
 
 
 def describe(s: Strategy) -> str:
-    """Human-readable one-liner, e.g. ``eagle best:16:6 position | union C4 | refresh/4 fused |
-    top16 x 64 w512``."""
+    """Human-readable one-liner, e.g. ``eagle best:16:6 bfs | nsa | refresh/4 fused |
+    top16 x 64 w512`` or ``eagle best:16:6 dfs | union C4 mean | refresh/1 | top16 x 64 w512``."""
     tree = s.tree
     if tree.startswith("parents:"):
         parents = parse_tree(tree)
@@ -102,7 +121,11 @@ def describe(s: Strategy) -> str:
     if not s.is_sparse:
         return f"{head} | dense"
     sched = f"refresh/{s.refresh_every}" + (" fused" if s.fusion == "refresh_reuse" else "")
-    group = s.mode if s.mode == "per_query" else f"{s.mode} C{s.group_size}"
+    if s.metadata == "nsa":
+        group = "nsa"  # one program per (sequence, KV head): the mode does not apply
+    else:
+        group = s.mode if s.mode == "per_query" else f"{s.mode} C{s.group_size}"
+        group += f" {s.metadata}"
     return f"{head} | {group} | {sched} | top{s.top_n} x {s.block_size} w{s.window}"
 
 
@@ -115,6 +138,8 @@ def invalid_reason(s: Strategy, model: ModelSpec, gpu: GpuSpec, context_len: int
         return None
     if s.top_n * s.block_size > context_len:
         return f"budget: top_n*block_size={s.top_n * s.block_size} > context {context_len}"
+    if s.metadata != "nsa" and s.window < rows:
+        return f"window: window {s.window} < {rows} verification rows"
     g = model.gqa_group
     if s.mode != "per_query":
         if s.group_size > rows:
@@ -134,36 +159,44 @@ def invalid_reason(s: Strategy, model: ModelSpec, gpu: GpuSpec, context_len: int
 
 def enumerate_space(spec: SpaceSpec) -> list[Strategy]:
     """Every tuple of the product (before validity filtering), deduplicated: dense strategies
-    ignore the sparse axes, per_query ignores C, and refresh_every > 1 implies the fused
-    refresh/reuse kernels."""
+    ignore the sparse axes, per_query ignores C, NSA ignores mode, C and traversal (the module
+    says why), a tree that drafts nothing (``chain:0``) ignores the drafter, and
+    refresh_every > 1 implies the fused refresh/reuse kernels."""
     out: dict[str, Strategy] = {}
     drafters = [
         DrafterSpec(kind=k, model=spec.draft_model if k == "draft_model" else None)
         for k in spec.drafters
     ]
+    first = spec.traversals[0]
     for drafter, tree, trav in itertools.product(drafters, spec.trees, spec.traversals):
         if drafter.kind == "self_sparse" and not tree.startswith("chain"):
             continue  # self-speculation drafts chains
+        if not parse_tree(tree):
+            # Nothing drafted: the engine starts no drafter, so one drafter stands for all.
+            drafter = drafters[0]
         base = Strategy(name="planned", tree=tree, drafter=drafter, traversal=trav)
-        for mode in spec.modes:
+        for mode, meta in itertools.product(spec.modes, spec.metadata):
             # Traversal order only matters to grouped modes (it sets which queries share a
-            # group); dense and per-query strategies keep one canonical order.
-            if mode in ("dense", "per_query") and trav != spec.traversals[0]:
+            # group); dense, per-query and NSA strategies keep one canonical order.
+            nsa = meta == "nsa" and mode != "dense"
+            if (mode in ("dense", "per_query") or nsa) and trav != first:
                 continue
             if mode == "dense":
                 cands = [base]
             else:
+                one = nsa or mode == "per_query"
                 cands = [
                     dataclasses.replace(
                         base,
                         attention="sparse",
-                        mode=mode,
-                        group_size=1 if mode == "per_query" else c,
+                        mode="per_query" if nsa else mode,
+                        group_size=1 if one else c,
                         refresh_every=r,
                         fusion="refresh_reuse" if r > 1 else "none",
                         top_n=n,
                         block_size=b,
                         window=w,
+                        metadata=meta,
                     )
                     for c, r, n, b, w in itertools.product(
                         spec.group_sizes,

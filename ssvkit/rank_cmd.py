@@ -37,6 +37,10 @@ def add_arguments(p) -> None:
     p.add_argument("--drafters", help="comma-separated drafter kinds of the space")
     p.add_argument("--draft-model", help="model of the draft_model drafter")
     p.add_argument("--trees", help="comma-separated tree specs (chain:K, full:BxD, best:N[:D])")
+    p.add_argument(
+        "--metadata",
+        help="comma-separated sparse selections: nsa (default), mean, quest (grouped modes)",
+    )
     p.add_argument("--out", metavar="FILE", help="write the ranking JSON here")
     p.add_argument("--top", type=int, default=5, help="strategies printed per regime")
     p.add_argument("--json", action="store_true", help="print the ranking JSON")
@@ -52,6 +56,8 @@ def run(args) -> int:
         kw["drafters"] = _tuple(args.drafters, str)
     if args.trees:
         kw["trees"] = _tuple(args.trees, str)
+    if args.metadata:
+        kw["metadata"] = _tuple(args.metadata, str)
     if args.draft_model:
         kw["draft_model"] = args.draft_model
     spec = SpaceSpec(**kw)

@@ -99,28 +99,34 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     for row in reg["strategies"]:
         m = row["measured"]
         assert math.isfinite(m["tokens_per_s"]) and m["tokens_per_s"] > 0
+        # One repeat: the first measured prompt window (planner.evaluate.MEASURE_OFFSETS).
+        assert m["runs_window"] == [1] and m["runs_tokens_per_s"] == [m["tokens_per_s"]]
         assert row["predicted_tokens_per_s"] > 0 and ids[row["offline_rank"]] == row["id"]
     assert [r["offline_rank"] for r in reg["strategies"]][:3] == [0, 1, 2]
     prof = doc["profile"]["regimes"]["<=4K"]
     acc = prof["acceptance"]
     assert {"draft_model", "ngram"} <= set(acc) and all(0 <= a <= 1 for a in acc.values())
-    # Every drafter on every tree with drafts (chain:0 drafts nothing), dense; the n-gram
-    # drafter also on the attention factors' tree (best:16:6).
-    for kind, resolved in (("draft_model", 1), ("ngram", 2)):
+    # Every drafter on every tree with drafts (chain:0 drafts nothing), dense, and on the
+    # attention factors' tree (best:16:6).
+    for kind, resolved in (("draft_model", 2), ("ngram", 2)):
         assert {f"{kind}@chain:3"} <= set(acc)
         assert sum(k.startswith(f"{kind}@parents:") for k in acc) == resolved
-    # A factor per attention key of the space's valid sparse strategies at 1K (top16 x 64
-    # fits, top32 x 64 does not): exact and shared C2/C4/C8, refresh every 1, 2, 4 and 8.
-    assert len(prof["attention"]) == 16 and all("top16x64w512" in k for k in prof["attention"])
-    assert all(math.isfinite(f) and f >= 0 for f in prof["attention"].values())
-    assert set(prof["overlap"]) == {"bfs", "dfs", "position"}
+    # A factor per drafter and attention key of the space's valid sparse strategies at 1K
+    # (top16 x 64 fits, top32 x 64 does not; NSA selects per row whatever the grouping):
+    # refresh every 1, 2, 4 and 8.
+    att = prof["attention"]
+    assert {k.split("@")[0] for k in att} == {"draft_model", "ngram"} and len(att) == 8
+    assert all(k.split("@")[1].startswith("exact:nsa32s16:top16x64w512:r") for k in att)
+    assert all(math.isfinite(f) and f >= 0 for f in att.values())
+    # gamma of the one traversal NSA strategies keep
+    assert set(prof["overlap"]) == {"bfs"}
     assert set(prof["overhead"]) == set(OVERHEAD_TERMS)
     assert all(c >= 0 for c in prof["overhead"].values())
     fit = doc["profile_overhead_fits"]["<=4K"]
     # Acceptance from 3 code prompts per drafter and tree (4 trees with drafts, 2 drafters),
     # each a run of the overhead fit too.
     assert doc["profile_prompts"] == 3
-    assert fit["rows"] >= 3 * 4 + 2 + 16 and fit["rms_s"] >= 0
+    assert fit["rows"] >= 3 * 4 + 1 + 8 and fit["rms_s"] >= 0
     keys = [json.loads(x)["key"] for x in (tmp_path / "runs.jsonl").read_text().splitlines()[1:]]
     per_prompt = [{k.split("|")[-1] for k in keys if k.startswith(f"profile|1024|p{j}|")}
                   for j in (1, 2)]  # fmt: skip

@@ -41,9 +41,25 @@ def test_space_enumeration_is_deduplicated_and_ids_are_stable():
     space = enumerate_space(SMALL)
     ids = [s.name for s in space]
     assert len(ids) == len(set(ids))
-    # dense and per_query keep one traversal; union/shared keep all three
+    # dense and NSA keep one traversal and NSA one grouping (its kernels ignore both)
     dense = [s for s in space if not s.is_sparse]
     assert len(dense) == 3 and {s.traversal for s in dense} == {"bfs"}
+    nsa = [s for s in space if s.is_sparse]
+    assert {(s.traversal, s.mode, s.group_size, s.metadata) for s in nsa} == {
+        ("bfs", "per_query", 1, "nsa")
+    }
+    assert len(nsa) == 3 * 2  # trees x refresh schedules
+    # block-metadata selection: per_query one traversal, union/shared all three, C in 1, 4
+    mean = [s for s in enumerate_space(dataclasses.replace(SMALL, metadata=("mean",)))
+            if s.is_sparse]  # fmt: skip
+    assert len(mean) == 3 * 2 * (1 + 2 * 3 * 2) and {s.metadata for s in mean} == {"mean"}
+    with pytest.raises(ValueError, match="unknown metadata"):
+        SpaceSpec(metadata=("nsa", "lsh"))
+    # a tree that drafts nothing is one strategy, whatever the drafter
+    ar = SpaceSpec(drafters=("eagle", "ngram"), trees=("chain:0", "chain:2"), modes=("dense",))
+    assert [(s.drafter.kind, s.tree) for s in enumerate_space(ar)] == [
+        ("eagle", "chain:0"), ("eagle", "chain:2"), ("ngram", "chain:2")
+    ]  # fmt: skip
     s = space[5]
     assert strategy_id(dataclasses.replace(s, name="other")) == strategy_id(s) == s.name
     assert strategy_id(dataclasses.replace(s, top_n=s.top_n * 2)) != strategy_id(s)
@@ -62,6 +78,9 @@ def test_validity_rules_name_the_reason():
     assert invalid_reason(
         Strategy(tree="chain:4", attention="sparse", mode="union", group_size=4), M, tight, 32768
     ).startswith("smem:")
+    narrow = Strategy(tree="best:16:6", attention="sparse", metadata="mean", window=8)
+    assert invalid_reason(narrow, M, G, 32768) == "window: window 8 < 17 verification rows"
+    assert invalid_reason(dataclasses.replace(narrow, metadata="nsa"), M, G, 32768) is None
     keep, rejected = valid_strategies(SMALL, M, G, 4096)
     assert all(invalid_reason(s, M, G, 4096) is None for s in keep)
 
@@ -435,6 +454,13 @@ def test_rank_cli(tmp_path, capsys):
     assert main(["rank", "--acceptance-profile", str(tmp_path / "missing.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["rank", "--trees", "bush:3"]) == 2
+    assert main(["rank", "--metadata", "lsh"]) == 2
+    assert "unknown metadata ['lsh']" in capsys.readouterr().err
+    assert main(["rank", "--trees", "best:16:6", "--metadata", "nsa,mean", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["regimes"]["16K"]["ranking"]
+    assert {r["strategy"]["metadata"] for r in ranked if r["strategy"]["attention"] != "dense"} == {
+        "nsa", "mean"
+    }  # fmt: skip
 
 
 def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):
@@ -454,20 +480,31 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
              attention_key(dataclasses.replace(shared, group_size=1)),
              attention_key(dataclasses.replace(sparse, fusion="none"))}  # fmt: skip
     assert exact == {"exact:nsa32s16:top16x64w512:r2"}
-    assert attention_key(shared) == "shared4:nsa32s16:top16x64w512:r2"
-    assert attention_key(dataclasses.replace(shared, metadata="mean")) == (
-        "shared4:mean:top16x64w512:r2"
-    )
+    # NSA selects per row whatever the mode: sharing applies to block-metadata selection.
+    assert attention_key(shared) == "exact:nsa32s16:top16x64w512:r2"
+    shared = dataclasses.replace(shared, metadata="mean")
+    assert attention_key(shared) == "shared4:mean:top16x64w512:r2"
     prof = Profile(
-        {"16K": {"ngram": 0.6, "ngram@chain:7": 0.5}},
+        {"16K": {"ngram": 0.6, "ngram@chain:7": 0.5, "draft_model": 0.8}},
         {},
         "t",
-        {"16K": {"exact:nsa32s16:top16x64w512:r2": 0.5, "shared4:nsa32s16:top16x64w512:r2": 3.0}},
+        {
+            "16K": {
+                "exact:nsa32s16:top16x64w512:r2": 0.5,
+                "shared4:mean:top16x64w512:r2": 3.0,
+                "draft_model@exact:nsa32s16:top16x64w512:r2": 0.9,
+            }
+        },  # fmt: skip
         {"16K": {"round": 1e-4, "node": 1e-5, "sparse": 2e-4}},
     )
     assert prof.alpha_for("16K", dense) == 0.6 and prof.alpha_for("16K", tree7) == 0.5
     assert prof.alpha_for("16K", sparse) == pytest.approx(0.3)
     assert prof.alpha_for("16K", shared) == 1.0  # clipped
+    # A drafter's own factor wins over the key's; asked for another drafter, that one's.
+    dm = dataclasses.replace(sparse, drafter=DrafterSpec(kind="draft_model", model="x"))
+    assert prof.alpha_for("16K", dm) == pytest.approx(0.72)
+    assert prof.attention_factor("16K", dm, "ngram") == 0.5
+    assert prof.attention_factor("16K", sparse, "draft_model") == 0.9
     assert prof.overhead_s("16K", dense) == pytest.approx(1e-4 + 4e-5)
     assert prof.overhead_s("16K", sparse) == pytest.approx(1e-4 + 4e-5 + 2e-4)
     assert prof.overhead_s("8K", sparse) == 0.0  # no fit for the regime, no default
