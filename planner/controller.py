@@ -10,7 +10,12 @@ is scored once, not every ``patience`` rounds). When they differ by more than ``
 strategy of every (drafter, tree), and switches to the best one if it beats the current
 strategy's re-scored throughput by more than ``hysteresis`` plus the measured switch cost
 amortised over ``horizon_rounds``, and no switch happened in the last ``cooldown`` rounds.
-Hysteresis and cooldown keep it from oscillating.
+Hysteresis and cooldown keep it from oscillating. A chain whose acceptance has collapsed (the
+likelihood ratio of its rounds since it started, a quarter of the expected alpha against it,
+above ``collapse_llr``; ``_collapsed``) re-scores at once, cooldown or not (reason
+``collapse``): n-gram
+lookup on random bytes, or a probe of a drafter the text defeats, is certain after a few
+rounds, and each further round at the acceptance that failed is lost.
 
 What each candidate is scored at:
 
@@ -46,6 +51,7 @@ would price the cheap switch at the dear one's cost, or the other way round.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 from perfmodel.hardware import GpuSpec
@@ -84,6 +90,13 @@ class ControllerConfig:
     probe_max: int = field(
         default=512, metadata={"help": "longest wait between probes (the wait doubles per probe)"}
     )
+    # ln 100: at most a 1% chance per stint that a working chain triggers; a chain:4 whose
+    # acceptance fell from 0.52 to ~0.03 (n-gram lookup on random bytes) triggers after ~10
+    # rounds, a draft model's from 0.72 to ~0.1 after ~6. 0 turns the trigger off.
+    collapse_llr: float = field(
+        default=4.6,
+        metadata={"help": "log-likelihood ratio at which a chain's acceptance drop acts at once"},
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.ema <= 1:
@@ -95,6 +108,8 @@ class ControllerConfig:
             raise ValueError(f"probe_max must be >= 1, got {self.probe_max}")
         if self.epsilon < 0 or self.hysteresis < 0 or self.cooldown < 0:
             raise ValueError("epsilon, hysteresis and cooldown must be >= 0")
+        if not self.collapse_llr >= 0:
+            raise ValueError(f"collapse_llr must be >= 0, got {self.collapse_llr}")
 
 
 class OnlineController:
@@ -132,6 +147,9 @@ class OnlineController:
         self._strategy_key: str | None = None
         self._deviating = 0
         self._scored_alpha: float | None = None  # the observed alpha the last re-score kept
+        # Chain rounds since the strategy started or was last re-scored: drafts accepted, and
+        # rounds that stopped at a rejection (the collapse test's sufficient statistics).
+        self._chain_obs = [0, 0]
         self._last_switch = -(10**9)
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
@@ -232,6 +250,7 @@ class OnlineController:
             if key != self._strategy_key:  # a new strategy: its own acceptance history
                 self._strategy_key, self._ema_tokens, self._deviating = key, tokens, 0
                 self._scored_alpha = None
+                self._chain_obs = [0, 0]
             else:
                 self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
             self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
@@ -239,15 +258,19 @@ class OnlineController:
             ref = expected if self._scored_alpha is None else self._scored_alpha
             self._deviating = self._deviating + 1 if abs(self._alpha - ref) > cfg.epsilon else 0
             own = self._deviating >= cfg.patience
+            collapse = self._collapsed(s, stats.accepted, ref)
+            own = own or collapse
         else:
             self._strategy_key = key
+            collapse = False
         shadow_kind = self._shadow_rising(regime, s, drafting)
-        if stats.round - self._last_switch < cfg.cooldown:
+        if stats.round - self._last_switch < cfg.cooldown and not collapse:
             return None
         if own or shadow_kind is not None:
             best, gain = self._rescore(s, regime, max(stats.context_lens), expected)
             # What this re-score saw: the same deviation does not trigger another one.
             self._deviating = 0
+            self._chain_obs = [0, 0]
             self._scored_alpha = self._alpha if drafting else None
             for kind, ref in self._shadow_refs(regime).items():
                 self._shadow_dev[kind] = 0
@@ -257,7 +280,8 @@ class OnlineController:
             if best is None:
                 return None
             if own:
-                self._log_switch(stats.round, key, best, "acceptance", self._alpha, expected, gain)
+                reason = "collapse" if collapse else "acceptance"
+                self._log_switch(stats.round, key, best, reason, self._alpha, expected, gain)
             else:
                 ref = self._shadow_refs(regime)[shadow_kind]
                 self._log_switch(stats.round, key, best, "shadow",
@@ -273,6 +297,30 @@ class OnlineController:
                 self._probe_wait = max(min(2 * self._probe_wait, cfg.probe_max), cfg.probe_after)
                 return probe
         return None
+
+    def _collapsed(self, s: Strategy, accepted, ref: float) -> bool:
+        """Whether the current chain's acceptance has collapsed: Wald's sequential ratio test
+        of the rounds since it started (or was last re-scored), collapsed (alpha = ``ref`` / 4)
+        against working (alpha = ``ref - epsilon``), past ``collapse_llr``. Each draft is
+        accepted with probability alpha until the first rejection, so a round of a K-chain
+        that accepted m < K drafts has likelihood alpha^m (1 - alpha), m = K alpha^K. The ratio
+        is a martingale under a working chain, so a chain accepting at ``ref - epsilon`` or more
+        triggers with probability at most exp(-collapse_llr) per stint (1% at ln 100), while
+        one that collapsed does within a few rounds -- far fewer than ``patience`` -- and acts
+        inside the cooldown: leaving a strategy that stopped working is no oscillation.
+        Branching trees keep the EMA test alone."""
+        k = _chain_length(s.tree)
+        a0 = ref - self.config.epsilon
+        if not k or self.config.collapse_llr <= 0 or not 0.0 < a0 < 1.0:
+            return False
+        obs = self._chain_obs
+        for m in accepted:
+            obs[0] += min(m, k)
+            obs[1] += m < k
+        a1 = ref / 4.0
+        hits, misses = obs
+        llr = hits * math.log(a1 / a0) + misses * math.log((1.0 - a1) / (1.0 - a0))
+        return llr > self.config.collapse_llr
 
     def switch_cost(self, to: Strategy) -> float:
         """The host time a switch to ``to`` is expected to cost: the last one measured to its

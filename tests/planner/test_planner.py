@@ -222,6 +222,46 @@ def test_controller_leaves_a_strategy_without_drafts_by_probing():
         ControllerConfig(probe_after=0)
 
 
+def _chain_rounds(rng, alpha: float, k: int, n: int) -> list[int]:
+    """Accepted drafts of ``n`` rounds of a ``k``-chain at per-draft acceptance ``alpha``."""
+    out = []
+    for _ in range(n):
+        m = 0
+        while m < k and rng.random() < alpha:
+            m += 1
+        out.append(m)
+    return out
+
+
+def test_controller_collapse_trigger_is_fast_on_a_collapse_and_quiet_otherwise():
+    """A chain accepting nothing at a profiled 0.8 re-scores within a few rounds even inside
+    the cooldown (reason ``collapse``); at its profiled acceptance, or after a mild drop, the
+    collapse test stays quiet over hundreds of rounds (the EMA's patience handles drifts)."""
+    space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
+    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    doc = rank(M, G, space, prof, regimes={"32K": 32768})
+    huge = 10**6  # no patience and no cooldown reach: only a collapse can act
+    cfg = ControllerConfig(patience=huge, cooldown=huge, probe_after=huge)
+    c = OnlineController(doc, M, G, prof, cfg)
+    s = c.initial_strategy(30000)
+    assert parse_tree(s.tree) == (-1, 0, 1, 2, 3, 4)
+    for i in range(50):
+        s = c.after_round(Stats(i, s, (0,), drafted=6)) or s
+    assert [(x["reason"], x["round"]) for x in c.switches] == [("collapse", 3)], c.switches
+    assert not parse_tree(s.tree)  # to autoregressive decoding
+    rng = np.random.default_rng(0)
+    for alpha in (0.8, 0.7):  # as profiled; 0.1 below it (a drift, not a collapse)
+        c = OnlineController(doc, M, G, prof, cfg)
+        s = c.initial_strategy(30000)
+        for i, m in enumerate(_chain_rounds(rng, alpha, 6, 400)):
+            assert c.after_round(Stats(i, s, (m,), drafted=6)) is None, (alpha, c.switches)
+    off = OnlineController(doc, M, G, prof, dataclasses.replace(cfg, collapse_llr=0.0))
+    s = off.initial_strategy(30000)
+    assert all(off.after_round(Stats(i, s, (0,), drafted=6)) is None for i in range(50))
+    with pytest.raises(ValueError, match="collapse_llr must be >= 0"):
+        ControllerConfig(collapse_llr=-1.0)
+
+
 def test_controller_backs_off_probes_that_fail():
     """A drafter that collapses for good: every probe goes back to autoregressive decoding, and
     each one doubles the wait before the next (5, 10, 20, then ``probe_max``)."""
@@ -394,7 +434,7 @@ def test_controller_leaves_a_collapsing_drafter_and_keeps_ngram_off_random_text(
     c = _shadow_controller(probe_after=1000)
     first = c.initial_strategy(30000)
     s = _drive(c, first, 200, {"eagle": 0.05, "ngram": 0.0}, 0.0)
-    assert [x["reason"] for x in c.switches] == ["acceptance"], c.switches
+    assert [x["reason"] for x in c.switches] == ["collapse"], c.switches
     assert c.switches[0]["from"] == strategy_id(first)
     assert s.drafter.kind != "ngram" or not parse_tree(s.tree)
 
