@@ -433,6 +433,8 @@ def shadow_summary(result) -> dict:
 # measured prompts (phase 3, ``MEASURE_OFFSETS``) and the adaptive one (phase 4, window 2) are
 # others, which the profile must not see.
 PROFILE_OFFSETS = (0, 3, 4, 5, 6)
+# Dense runs (seeds) on the first profile prompt that the sparse-attention factors divide by.
+FACTOR_SEEDS = 3
 # Phase 3's prompt windows: repeat i of a measured strategy decodes window i mod 5 with seed i.
 MEASURE_OFFSETS = (1, 7, 8, 9, 10)
 
@@ -450,8 +452,9 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     - the factor sparse attention puts on alpha, per drafter kind and attention key of the
       space's valid sparse strategies (``"ngram@<key>"``): the drafter on ``attention_tree``
       (large enough for every group size; resolved at its alpha) with that attention, over the
-      same run dense, on the first prompt -- per drafter, because sparse verification takes far
-      more of an n-gram drafter's acceptance than of a draft model's (``planner.profile``);
+      same tree dense (mean of ``FACTOR_SEEDS`` seeds), on the first prompt -- per drafter,
+      because sparse verification takes far more of an n-gram drafter's acceptance than of a
+      draft model's (``planner.profile``);
     - gamma per traversal that a valid sparse strategy uses: a union C4 strategy on the
       reference drafter's (``ngram`` when in the space) ``attention_tree``, with selection
       statistics;
@@ -532,8 +535,17 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
             if strategy_id(base) not in first:
                 first[strategy_id(base)] = go(base, "profile")["mean_accepted"] + 1.0
             # The sparse runs below decode the first prompt: their factor is over the same
-            # tree dense on that prompt, per drafter (profile.py says why it differs).
-            dense_alpha = alpha_from_tokens(base.tree, first[strategy_id(base)])
+            # tree dense on that prompt, per drafter (profile.py says why it differs), with
+            # seeds 0..FACTOR_SEEDS-1 -- one dense run is the denominator of every key's
+            # factor, so its draw would move them all (n-gram: 0.4-0.6 at 16K, 1.2-1.5 at 32K
+            # in run 11).
+            dense = [first[strategy_id(base)]]
+            for j in range(1, FACTOR_SEEDS):
+                key = f"attention-dense|{ctx}|s{j}|{strategy_id(base)}"
+                fig = bench.run(key, steady_run, bench, base, prompt, seed=j)
+                runs.append((base, fig))
+                dense.append(fig["mean_accepted"] + 1.0)
+            dense_alpha = alpha_from_tokens(base.tree, float(np.mean(dense)))
             for k, v in keys.items():
                 s = dataclasses.replace(v, name="profile", drafter=base.drafter, tree=base.tree,
                                         traversal="bfs")  # fmt: skip
