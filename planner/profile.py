@@ -11,8 +11,9 @@ A profile says, per regime:
 - ``attention``: the factor on alpha of sparse verification, per attention key
   (``attention_key``: grouping that changes the selection -- exact or ``sharedC`` --, budget and
   refresh schedule), optionally per drafter kind (``"ngram@exact:..."``, which wins over the
-  bare key). Sparse verification changes the target's own distribution (its top blocks, not
-  all of them), so it changes what is accepted -- and by how much depends on the drafter: an
+  bare key) or per drafter kind for every key (``"ngram@sparse"``, between the two). Sparse
+  verification changes the target's own distribution (its top blocks, not all of them), so it
+  changes what is accepted -- and by how much depends on the drafter: an
   n-gram drafter proposes what the context repeats, which the dense target copies from
   wherever it lies and a sparse one only from the blocks it selected, while a small model's
   proposals are the local guesses a sparse target still makes. An absent key means 1;
@@ -154,16 +155,18 @@ class Profile:
 
     def attention_factor(self, regime: str, s: Strategy, drafter: str | None = None) -> float:
         """The factor ``s``'s sparse attention puts on the alpha of ``drafter`` (default:
-        ``s``'s drafter kind): the drafter's own (``"ngram@<key>"``) when measured, else the
-        key's, else 1 (dense or unmeasured)."""
+        ``s``'s drafter kind): the first measured of the drafter's for this key
+        (``"ngram@<key>"``), the drafter's for any sparse attention (``"ngram@sparse"``) and
+        the key's; 1 for dense or unmeasured."""
         key = attention_key(s)
         if key is None:
             return 1.0
         kind = s.drafter.kind if drafter is None else drafter
-        f = self._get(self.attention, regime, f"{kind}@{key}")
-        if f is None:
-            f = self._get(self.attention, regime, key)
-        return 1.0 if f is None else f
+        for k in (f"{kind}@{key}", f"{kind}@sparse", key):
+            f = self._get(self.attention, regime, k)
+            if f is not None:
+                return f
+        return 1.0
 
     def overhead_s(self, regime: str, s: Strategy) -> float:
         """Loop overhead per round of ``s`` (0 without a fitted overhead)."""

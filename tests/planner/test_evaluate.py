@@ -114,10 +114,16 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     # A factor per drafter and attention key of the space's valid sparse strategies at 1K
     # (top16 x 64 fits, top32 x 64 does not; NSA selects per row whatever the grouping):
     # refresh every 1, 2, 4 and 8.
+    # The profile holds each drafter's median over the keys; the keys' own beside it.
     att = prof["attention"]
-    assert {k.split("@")[0] for k in att} == {"draft_model", "ngram"} and len(att) == 8
-    assert all(k.split("@")[1].startswith("exact:nsa32s16:top16x64w512:r") for k in att)
-    assert all(math.isfinite(f) and f >= 0 for f in att.values())
+    assert set(att) == {"draft_model@sparse", "ngram@sparse"}
+    per_key = doc["profile_attention_factor_per_key"]["<=4K"]
+    for kind, factors in per_key.items():
+        assert len(factors) == 4 and all(
+            k.startswith("exact:nsa32s16:top16x64w512:r") for k in factors
+        )
+        assert all(math.isfinite(f) and f >= 0 for f in factors.values())
+        assert att[f"{kind}@sparse"] == pytest.approx(float(np.median(list(factors.values()))))
     # gamma of the one traversal NSA strategies keep
     assert set(prof["overlap"]) == {"bfs"}
     assert set(prof["overhead"]) == set(OVERHEAD_TERMS)

@@ -545,6 +545,12 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     assert prof.alpha_for("16K", dm) == pytest.approx(0.72)
     assert prof.attention_factor("16K", dm, "ngram") == 0.5
     assert prof.attention_factor("16K", sparse, "draft_model") == 0.9
+    # a drafter's factor for every key sits between its per-key factor and the key's
+    pooled = Profile(
+        attention={"16K": {"ngram@sparse": 0.4, "exact:nsa32s16:top16x64w512:r2": 0.5}}
+    )
+    assert pooled.attention_factor("16K", sparse) == 0.4
+    assert pooled.attention_factor("16K", dm) == 0.5 and pooled.attention_factor("16K", dense) == 1
     assert prof.overhead_s("16K", dense) == pytest.approx(1e-4 + 4e-5)
     assert prof.overhead_s("16K", sparse) == pytest.approx(1e-4 + 4e-5 + 2e-4)
     assert prof.overhead_s("8K", sparse) == 0.0  # no fit for the regime, no default
