@@ -120,10 +120,12 @@ def simulate_shadow(positions: int, alpha: float, chain: int, rng):
 
 
 def run_controller(setting, scenario: str, rounds: int, seed: int = 0, controller_cls=None,
-                   prof: cProfile.Profile | None = None, flush=None) -> dict:  # fmt: skip
+                   prof: cProfile.Profile | None = None, flush=None,
+                   start=None) -> dict:  # fmt: skip
     """Drive a fresh, warmed controller (``controller_cls``, ``OnlineController`` by default)
-    through ``rounds`` synthetic rounds of ``scenario``; per-round ``after_round`` seconds, the
-    number of re-scores and the switches (``prof`` profiles the ``after_round`` calls only)."""
+    through ``rounds`` synthetic rounds of ``scenario`` from ``start`` (the regime's offline
+    best by default); per-round ``after_round`` seconds, the number of re-scores and the
+    switches (``prof`` profiles the ``after_round`` calls only, ``flush`` runs before each)."""
     from engine.controller import RoundStats
     from engine.ngram import SHADOW_MAX_CHAIN
     from perfmodel.strategy import parse_tree
@@ -145,7 +147,7 @@ def run_controller(setting, scenario: str, rounds: int, seed: int = 0, controlle
 
     ctl._rescore = counted
     rng = np.random.default_rng(seed)
-    s, ctx, switched, times = ctl.initial_strategy(CONTEXT), CONTEXT, False, []
+    s, ctx, switched, times = start or ctl.initial_strategy(CONTEXT), CONTEXT, False, []
     for i in range(rounds):
         world = next(w for first, w in reversed(phases) if i >= first)
         parents = parse_tree(s.tree)
