@@ -42,11 +42,15 @@ class ShadowAcceptance:
     def __post_init__(self) -> None:
         if self.positions < 0:
             raise ValueError(f"positions must be >= 0, got {self.positions}")
-        bounds = (self.positions, *self.matched[:-1])
-        if any(b > a or b < 0 for a, b in zip(bounds, self.matched, strict=True)):
-            raise ValueError(
-                f"matched must be non-increasing, >= 0 and <= positions, got {self.matched}"
-            )
+        if not self.matched:
+            raise ValueError("matched must hold at least one chain length")
+        bound = self.positions
+        for m in self.matched:  # a plain loop: the decode loop builds one of these per round
+            if m > bound or m < 0:
+                raise ValueError(
+                    f"matched must be non-increasing, >= 0 and <= positions, got {self.matched}"
+                )
+            bound = m
 
     def accepted(self, chain: int) -> float | None:
         """Mean accepted drafts per round of a chain of ``chain`` drafts, ``E[min(m, chain)]``

@@ -26,17 +26,17 @@ accepted drafts of a chain of ``K' <= K``. (A real n-gram run starts its rounds 
 positions its own acceptance leads to; the shadow averages over every position -- the same
 expectation per position, weighted a little differently.) Greedy decoding makes it exact.
 
-Cost: per new position, ``m + 1`` best-continuation look-ups (O(1) each: the index keeps each
-n-gram's best continuation), the whole chain only for positions within ``K`` of the end that
-still match. Index update plus shadow at ``K = 8`` on a 15K-token index (development CPU, median
-per round; ``tests/engine/test_engine_warm_shadow.py`` bounds it): 1 committed token ~9 us (the
-index alone ~2 us), 8 tokens ~35-45 us; with the CPU caches flushed between rounds (a torch CPU
-forward in between) ~45 us for 1 token (the index alone ~23 us).
+Cost: per new position, one look-up per n-gram ending there (the first draft and the index
+update share them: one table holds each n-gram's continuations and its best one), then up to
+``max_n`` per further draft while they match; the whole chain only for positions within ``K``
+of the end that still match. Index update plus shadow at ``K = 8`` on a 15K-token index
+(development CPU, median per round, ``sync`` + ``take_shadow``;
+``tests/engine/test_engine_warm_shadow.py`` bounds it): random bytes, 1 committed token
+~4.5 us, 8 tokens ~20 us; 1-5 tokens of code per round ~11 us, ~38 us with 32 MiB written
+between rounds as the rest of a round evicts the CPU caches (``benchmarks/controller_cost.py``).
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import torch
 
@@ -49,6 +49,14 @@ from engine.tree import DraftTree
 SHADOW_MAX_CHAIN = 8
 
 
+class _Hits(dict):
+    """The continuations of one n-gram, token -> [count, last position], and ``top``: the
+    first-ranked one, kept as the counts grow (a chain drafts and the shadow scores with one
+    look-up per node, not a sort of up to 256 continuations)."""
+
+    __slots__ = ("top",)
+
+
 class NgramIndex:
     """Continuation counts of every n-gram (n <= ``max_n``) of one token sequence."""
 
@@ -57,28 +65,38 @@ class NgramIndex:
             raise ValueError(f"max_n must be >= 1, got {max_n}")
         self.max_n = max_n
         self.tokens: list[int] = []
-        # n-gram -> {next token: (count, last position)}
-        self.table: dict[tuple[int, ...], dict[int, list[int]]] = defaultdict(dict)
-        # n-gram -> its first-ranked continuation, kept as the counts grow: a chain drafts and the
-        # shadow scores with one look-up per node, not a sort of up to 256 continuations
-        self.best: dict[tuple[int, ...], int] = {}
+        # n-gram -> its continuations: one table, so that indexing a token costs one look-up
+        # per n-gram, its best continuation included
+        self.table: dict[tuple[int, ...], _Hits] = {}
 
     def extend(self, tokens: list[int]) -> None:
+        table = self.table
         for tok in tokens:
-            pos = len(self.tokens)
-            for n in range(1, self.max_n + 1):
-                if pos >= n:
-                    key = tuple(self.tokens[pos - n : pos])
-                    hits = self.table[key]
-                    slot = hits.setdefault(tok, [0, 0])
-                    slot[0] += 1
-                    slot[1] = pos
-                    # ``tok`` is now the most recent continuation: first-ranked unless another
-                    # one is strictly more frequent
-                    top = self.best.get(key)
-                    if top is None or top == tok or slot[0] >= hits[top][0]:
-                        self.best[key] = tok
-            self.tokens.append(tok)
+            key = tuple(self.tokens[-self.max_n :])
+            self.push(tok, key, [table.get(key[s:]) for s in range(len(key))])
+
+    def push(self, tok: int, key: tuple[int, ...], hits: list[_Hits | None]) -> None:
+        """Append ``tok``: ``key`` is the sequence's last ``max_n`` tokens (all of them when
+        fewer), ``hits[s]`` the continuations of ``key[s:]`` (None: never followed)."""
+        pos = len(self.tokens)
+        for s, h in enumerate(hits):
+            if h is None:
+                h = self.table[key[s:]] = _Hits()
+                h[tok] = [1, pos]
+                h.top = tok
+                continue
+            slot = h.get(tok)
+            if slot is None:
+                h[tok] = slot = [1, pos]
+            else:
+                slot[0] += 1
+                slot[1] = pos
+            # ``tok`` is now the most recent continuation: first-ranked unless another one is
+            # strictly more frequent
+            top = h.top
+            if top != tok and slot[0] >= h[top][0]:
+                h.top = tok
+        self.tokens.append(tok)
 
     def candidates(self, context: list[int], k: int) -> list[int]:
         """Up to ``k`` continuations of the longest indexed n-gram ending ``context``."""
@@ -95,11 +113,11 @@ class NgramIndex:
     def top(self, context) -> int | None:
         """The first-ranked continuation of the longest indexed n-gram ending ``context`` (a
         list or tuple)."""
-        key, best = tuple(context[-self.max_n :]), self.best
+        key, table = tuple(context[-self.max_n :]), self.table
         for s in range(len(key)):
-            top = best.get(key[s:])
-            if top is not None:
-                return top
+            h = table.get(key[s:])
+            if h is not None:
+                return h.top
         return None
 
 
@@ -116,41 +134,54 @@ class ShadowChain:
         self.positions = 0
         self.matched = [0] * max_chain
 
-    def _resolve(self, m: int) -> None:
-        self.positions += 1
-        for k in range(m):
-            self.matched[k] += 1
-
     def advance(self, idx: NgramIndex, new: list[int]) -> None:
         """Index ``new`` (the tokens committed after ``idx.tokens``), scoring each position's
-        proposal from the index as it stood before that position."""
-        k_max, max_n = self.max_chain, idx.max_n
+        proposal from the index as it stood before that position. A resolved proposal with
+        ``m`` leading matches counts one position and adds 1 to ``matched[:m]``."""
+        k_max, max_n, n_new = self.max_chain, idx.max_n, len(new)
+        toks, table = idx.tokens, idx.table
+        positions, matched, pending = self.positions, self.matched, self.pending
         opened = []  # proposals compared with every token of ``new``: they wait for the next call
         for i, tok in enumerate(new):
-            still = []
-            for prop, m in self.pending:  # earlier proposals, every token before ``tok`` matched
-                if prop[m] != tok:
-                    self._resolve(m)
-                elif m + 1 == k_max:
-                    self._resolve(k_max)
-                else:
-                    still.append((prop, m + 1))
-            self.pending = still
-            ctx = tuple(idx.tokens[-max_n:])
-            if not ctx:  # nothing indexed: no proposal, nothing accepted
-                self._resolve(0)
-                idx.extend([tok])
+            if pending:  # earlier proposals, every token before ``tok`` matched
+                still = []
+                for prop, m in pending:
+                    if prop[m] == tok:
+                        m += 1
+                        if m < k_max:
+                            still.append((prop, m))
+                            continue
+                    positions += 1
+                    for k in range(m):
+                        matched[k] += 1
+                pending = still
+            # The n-grams ending before ``tok``, looked up once: the first draft is the
+            # continuation of the longest one indexed (as the drafter does: the last token
+            # when none is), and ``tok`` is indexed below them.
+            key, hits, c = tuple(toks[-max_n:]), [], None
+            for s in range(len(key)):
+                h = table.get(key[s:])
+                hits.append(h)
+                if c is None and h is not None:
+                    c = h.top
+            if c is None:
+                c = key[-1] if key else None  # nothing indexed: no proposal, nothing accepted
+            if c != tok:  # the first draft missed (the common case): m = 0
+                positions += 1
+                idx.push(tok, key, hits)
                 continue
-            prop, m, open_ = [], 0, False
-            while len(prop) < k_max:
-                # as the drafter does: a context never seen followed repeats its last token
-                c = idx.top(ctx)
-                c = ctx[-1] if c is None else c
-                j = i + len(prop)  # where ``c`` would stand in ``new``
+            prop, m, open_, ctx = [c], 1, False, (key + (c,))[-max_n:]
+            for j in range(i + 1, i + k_max):  # ``j``: where draft ``c`` stands in ``new``
+                c = ctx[-1]  # idx.top(ctx), inlined
+                for s in range(len(ctx)):
+                    h = table.get(ctx[s:])
+                    if h is not None:
+                        c = h.top
+                        break
                 prop.append(c)
                 ctx = (ctx + (c,))[-max_n:]
                 if not open_:
-                    if j >= len(new):
+                    if j >= n_new:
                         open_ = True  # every committed token matched: the rest waits for more
                     elif new[j] != c:
                         break
@@ -159,9 +190,12 @@ class ShadowChain:
             if open_:
                 opened.append((prop, m))
             else:
-                self._resolve(m)
-            idx.extend([tok])
-        self.pending += opened
+                positions += 1
+                for k in range(m):
+                    matched[k] += 1
+            idx.push(tok, key, hits)
+        self.pending = pending + opened
+        self.positions = positions
 
     def take(self) -> tuple[int, list[int]]:
         """The counts resolved since the last call (then reset)."""
@@ -214,8 +248,8 @@ class NgramDrafter:
         shadow)."""
         if not self.shadows:
             return None
-        positions, matched = 0, [0] * self.shadow_chain
-        for sh in self.shadows:
+        positions, matched = self.shadows[0].take()
+        for sh in self.shadows[1:]:
             n, m = sh.take()
             positions += n
             matched = [a + b for a, b in zip(matched, m, strict=True)]

@@ -58,6 +58,7 @@ from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.strategy import Strategy, parse_tree
 from planner.profile import (
+    REGIMES,
     Profile,
     alpha_from_tokens,
     expected_tokens,
@@ -70,6 +71,39 @@ from planner.space import strategy_id
 # Decayed positions a shadow estimate needs before the controller uses it (about one round of
 # a long chain; fewer is a coin toss).
 SHADOW_MIN_POSITIONS = 8.0
+
+
+@dataclass(slots=True)
+class _Known:
+    """What the controller asks of one strategy every round, worked out once: its id, drafter
+    kind, chain length (``_chain_length``), and per regime its profiled alpha and attention
+    factor."""
+
+    sid: str
+    kind: str
+    chain: int
+    alpha: dict[str, float] = field(default_factory=dict)
+    factor: dict[tuple, float] = field(default_factory=dict)  # (regime, drafter) -> factor
+
+
+@dataclass(slots=True)
+class _Now:
+    """What every round works out the same way while the current strategy (this very object),
+    the context's ranked regime and the shadowed chain lengths stay: contexts in ``(lo, hi]``
+    fall in ``regime``; ``expected`` and ``factor``: the strategy's profiled alpha and attention
+    factor there; ``refs``: per shadowed kind, its reference chain (``_shadow_refs``), that
+    chain's length, attention factor and profiled alpha, and the current strategy's attention
+    factor for that kind."""
+
+    strategy: Strategy
+    lo: float
+    hi: float
+    regime: str
+    lens: tuple[tuple[str, int], ...]
+    known: _Known
+    expected: float
+    factor: float
+    refs: tuple[tuple[str, Strategy, int, float, float, float], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +188,18 @@ class OnlineController:
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
         self._refs: dict[tuple, dict[str, Strategy]] = {}  # _shadow_refs, memoised
+        self._probes: dict[tuple, Strategy | None] = {}  # _probe_strategy, memoised
         self._round_cache: dict[str, dict[str, float]] = {}
-        self._ids: dict[Strategy, str] = {}
+        self._cand_rows: dict[str, list[tuple]] = {}  # _rows, per regime
+        # ``_known``: by value, and by identity (``id`` -> (strategy, record); the strategy
+        # held keeps its id from being reused).
+        self._known_of: dict[Strategy, _Known] = {}
+        self._known_id: dict[int, tuple[Strategy, _Known]] = {}
         # Shadow estimates per drafter kind: decayed resolved positions and, per chain length
         # k, decayed positions whose first k drafts matched.
         self._shadow: dict[str, tuple[float, list[float]]] = {}
+        self._shadow_lens: tuple[tuple[str, int], ...] = ()  # (kind, chain lengths) shadowed
+        self._now: _Now | None = None
         self._shadow_dev: dict[str, int] = {}
         self._shadow_scored: dict[str, float] = {}  # the shadow alpha the last re-score saw
 
@@ -216,27 +257,36 @@ class OnlineController:
         round of its chain length inverted on its tree, times its attention factor over the
         current strategy's, both for ``c``'s drafter (the shadow saw the current strategy's
         target)."""
-        est = self._shadow.get(c.drafter.kind)
-        if est is None or est[0] < SHADOW_MIN_POSITIONS:
+        kind = c.drafter.kind
+        if kind not in self._shadow:
             return None
-        k = _chain_length(c.tree)
-        if not 1 <= k <= len(est[1]):
+        factor, now = self._factor(regime, c), self._factor(regime, current, kind)
+        return self._shadow_alpha(c.drafter.kind, self._known(c).chain, c.tree, factor, now)
+
+    def _shadow_alpha(self, kind: str, chain: int, tree: str, factor: float,
+                      factor_now: float) -> float | None:  # fmt: skip
+        """``shadow_alpha`` of a candidate of drafter ``kind`` on ``tree`` (a chain of
+        ``chain``, or 0), its attention factor and the current strategy's given."""
+        est = self._shadow.get(kind)
+        if est is None or est[0] < SHADOW_MIN_POSITIONS or not 1 <= chain <= len(est[1]):
             return None
-        tokens = 1.0 + sum(est[1][:k]) / est[0]
-        factor = self.profile.attention_factor
-        now = factor(regime, current, c.drafter.kind)
-        if now <= 0:
+        if factor_now <= 0:
             return None
-        return min(1.0, alpha_from_tokens(c.tree, tokens) * factor(regime, c) / now)
+        tokens = 1.0 + sum(est[1][:chain]) / est[0]
+        return min(1.0, alpha_from_tokens(tree, tokens) * factor / factor_now)
 
     def after_round(self, stats) -> Strategy | None:
         cfg = self.config
         s: Strategy = stats.strategy
         if "switch" in stats.step_s:  # what installing this strategy cost (catch-up included)
             self.switch_costs[switch_kind(s)] = float(stats.step_s["switch"])
-        key = self._id(s)
-        regime = self._ranked_regime(max(stats.context_lens))
         self._observe_shadow(getattr(stats, "shadow", None))
+        ctx = max(stats.context_lens)
+        now = self._now
+        if (now is None or now.strategy is not s or now.lens is not self._shadow_lens
+                or not now.lo < ctx <= now.hi):  # fmt: skip
+            now = self._now = self._make_now(s, ctx)
+        key, regime = now.known.sid, now.regime
         drafting = bool(stats.drafted)
         if not drafting:
             self._drafting_since = None
@@ -254,7 +304,7 @@ class OnlineController:
             else:
                 self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
             self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
-            expected = self.profile.alpha_for(regime, s)
+            expected = now.expected
             ref = expected if self._scored_alpha is None else self._scored_alpha
             self._deviating = self._deviating + 1 if abs(self._alpha - ref) > cfg.epsilon else 0
             own = self._deviating >= cfg.patience
@@ -263,16 +313,16 @@ class OnlineController:
         else:
             self._strategy_key = key
             collapse = False
-        shadow_kind = self._shadow_rising(regime, s, drafting)
+        shadow_kind = self._shadow_rising(now, drafting)
         if stats.round - self._last_switch < cfg.cooldown and not collapse:
             return None
         if own or shadow_kind is not None:
-            best, gain = self._rescore(s, regime, max(stats.context_lens), expected)
+            best, gain = self._rescore(s, regime, ctx, expected)
             # What this re-score saw: the same deviation does not trigger another one.
             self._deviating = 0
             self._chain_obs = [0, 0]
             self._scored_alpha = self._alpha if drafting else None
-            for kind, ref in self._shadow_refs(regime).items():
+            for kind, ref in self._shadow_refs_memo(regime).items():
                 self._shadow_dev[kind] = 0
                 a = self.shadow_alpha(regime, ref, s)
                 if a is not None:
@@ -283,10 +333,10 @@ class OnlineController:
                 reason = "collapse" if collapse else "acceptance"
                 self._log_switch(stats.round, key, best, reason, self._alpha, expected, gain)
             else:
-                ref = self._shadow_refs(regime)[shadow_kind]
+                ref = self._shadow_refs_memo(regime)[shadow_kind]
                 self._log_switch(stats.round, key, best, "shadow",
                                  self._shadow_scored[shadow_kind],
-                                 self.profile.alpha_for(regime, ref), gain)  # fmt: skip
+                                 self._alpha_for(regime, ref), gain)  # fmt: skip
             return best
         if not drafting and self.switches and stats.round - self._last_switch >= self._probe_wait:
             # A strategy that drafts nothing observes no acceptance, so without a shadow of a
@@ -328,12 +378,59 @@ class OnlineController:
         return self.switch_costs.get(switch_kind(to), self.switch_costs.get("default", 0.0))
 
     def _id(self, s: Strategy) -> str:
-        """``strategy_id``, memoised: it hashes the strategy's JSON (~20 us), and the controller
-        needs the current one's every round."""
-        sid = self._ids.get(s)
-        if sid is None:
-            sid = self._ids[s] = strategy_id(s)
-        return sid
+        """``strategy_id``, memoised (``_known``): it hashes the strategy's JSON (~20 us), and
+        the controller needs the current one's every round."""
+        return self._known(s).sid
+
+    def _known(self, s: Strategy) -> _Known:
+        """``s``'s record, looked up by identity first: the loop hands the controller back the
+        strategy object it installed round after round, and hashing a ``Strategy`` (by value:
+        its 15 fields and its drafter's) costs more than the rest of a quiet round."""
+        hit = self._known_id.get(id(s))
+        if hit is not None and hit[0] is s:
+            return hit[1]
+        known = self._known_of.get(s)
+        if known is None:
+            known = _Known(strategy_id(s), s.drafter.kind, _chain_length(s.tree))
+            self._known_of[s] = known
+        if len(self._known_id) >= 4096:  # a caller building a new object per round
+            self._known_id.clear()
+        self._known_id[id(s)] = (s, known)
+        return known
+
+    def _alpha_for(self, regime: str, s: Strategy) -> float:
+        """``profile.alpha_for``, memoised per strategy and regime."""
+        per_regime = self._known(s).alpha
+        a = per_regime.get(regime)
+        if a is None:
+            a = per_regime[regime] = self.profile.alpha_for(regime, s)
+        return a
+
+    def _factor(self, regime: str, s: Strategy, drafter: str | None = None) -> float:
+        """``profile.attention_factor`` (for ``drafter``, default ``s``'s), memoised per
+        strategy, regime and drafter."""
+        memo = self._known(s).factor
+        key = (regime, drafter)
+        f = memo.get(key)
+        if f is None:
+            f = memo[key] = self.profile.attention_factor(regime, s, drafter)
+        return f
+
+    def _make_now(self, s: Strategy, context_len: int) -> _Now:
+        """``_Now`` of ``s`` at ``context_len`` (with the shadowed chain lengths as they are)."""
+        regime = self._ranked_regime(context_len)
+        lo, hi = context_len, context_len  # the nearest ranked regime: this context only
+        if regime == regime_of(context_len):
+            bounds = [-math.inf, *REGIMES.values()]
+            i = list(REGIMES).index(regime)
+            lo, hi = bounds[i], bounds[i + 1] if i + 1 < len(REGIMES) else math.inf
+        refs = tuple(
+            (kind, ref, self._known(ref).chain, self._factor(regime, ref),
+             self._alpha_for(regime, ref), self._factor(regime, s, kind))
+            for kind, ref in self._shadow_refs_memo(regime).items()
+        )  # fmt: skip
+        return _Now(s, lo, hi, regime, self._shadow_lens, self._known(s),
+                    self._alpha_for(regime, s), self._factor(regime, s), refs)  # fmt: skip
 
     def _observe_shadow(self, shadow) -> None:
         """Fold this round's shadow counts into the decayed sums (weight ``1 - ema`` per round
@@ -345,6 +442,7 @@ class OnlineController:
             old = self._shadow.get(kind)
             if old is None or len(old[1]) != len(sh.matched):
                 self._shadow[kind] = (float(sh.positions), [float(x) for x in sh.matched])
+                self._shadow_lens = tuple((k, len(m)) for k, (_, m) in self._shadow.items())
             else:
                 matched = [keep * a + b for a, b in zip(old[1], sh.matched, strict=True)]
                 self._shadow[kind] = (keep * old[0] + sh.positions, matched)
@@ -352,7 +450,11 @@ class OnlineController:
     def _shadow_refs(self, regime: str) -> dict[str, Strategy]:
         """Per shadowed drafter kind, its best-ranked chain among the regime's candidates: what
         its shadow is compared with (its profile) and what shifts its other trees."""
-        key = (regime, tuple((kind, len(m)) for kind, (_, m) in self._shadow.items()))
+        return dict(self._shadow_refs_memo(regime))
+
+    def _shadow_refs_memo(self, regime: str) -> dict[str, Strategy]:
+        """``_shadow_refs``'s memoised dictionary itself (not to be changed)."""
+        key = (regime, self._shadow_lens)
         refs = self._refs.get(key)
         if refs is None:  # depends on the regime and the shadowed chain lengths only
             refs = {}
@@ -362,19 +464,19 @@ class OnlineController:
                         refs[kind] = c
                         break
             self._refs[key] = refs
-        return dict(refs)
+        return refs
 
-    def _shadow_rising(self, regime: str, current: Strategy, drafting: bool) -> str | None:
+    def _shadow_rising(self, now: _Now, drafting: bool) -> str | None:
         """Count, per drafter kind other than the drafting one, the rounds its shadow stands
         more than ``epsilon`` above its profile (or above what the last re-score saw: a drafter
         doing worse than assumed cannot win a re-score, so only a rise triggers one); the kind
         whose count reached ``patience``, if any."""
         cfg, hit = self.config, None
-        for kind, ref in self._shadow_refs(regime).items():
-            if drafting and kind == current.drafter.kind:
+        for kind, ref, chain, factor, profiled, factor_now in now.refs:
+            if drafting and kind == now.known.kind:
                 continue  # the drafting drafter observes itself
-            a = self.shadow_alpha(regime, ref, current)
-            base = max(self.profile.alpha_for(regime, ref), self._shadow_scored.get(kind, 0.0))
+            a = self._shadow_alpha(kind, chain, ref.tree, factor, factor_now)
+            base = max(profiled, self._shadow_scored.get(kind, 0.0))
             rising = a is not None and a - base > cfg.epsilon
             self._shadow_dev[kind] = self._shadow_dev.get(kind, 0) + 1 if rising else 0
             if self._shadow_dev[kind] >= cfg.patience and hit is None:
@@ -388,7 +490,7 @@ class OnlineController:
             {
                 "round": round_,
                 "from": key,
-                "to": strategy_id(to),
+                "to": self._id(to),
                 "reason": reason,
                 "observed_alpha": observed,
                 "expected_alpha": expected,
@@ -400,12 +502,16 @@ class OnlineController:
     def _probe_strategy(self, regime: str) -> Strategy | None:
         """The regime's best-ranked strategy that drafts with a drafter the shadow does not
         cover (None when there is none: the shadow observes the others every round)."""
-        shadowed = self._shadow_refs(regime)
-        for r in self.ranking["regimes"][regime]["ranking"]:
-            s = strategy_from_json(r["strategy"])
-            if parse_tree(s.tree) and s.drafter.kind not in shadowed:
-                return s
-        return None
+        shadowed = self._shadow_refs_memo(regime)
+        key = (regime, tuple(shadowed))
+        if key not in self._probes:  # depends on the regime and the shadowed kinds only
+            self._probes[key] = None
+            for r in self.ranking["regimes"][regime]["ranking"]:
+                s = strategy_from_json(r["strategy"])
+                if parse_tree(s.tree) and s.drafter.kind not in shadowed:
+                    self._probes[key] = s
+                    break
+        return self._probes[key]
 
     def _candidates(self, regime: str) -> dict[str, Strategy]:
         """The regime's top candidates, plus the best-ranked strategy of every (drafter, tree):
@@ -437,6 +543,26 @@ class OnlineController:
             cache.update({strategy_id(x.strategy): x.round_s for x in scored})
         return cache
 
+    def _rows(self, regime: str, current: Strategy) -> list[tuple]:
+        """What a re-score reads of each candidate, worked out once per regime: id, strategy,
+        drafter kind, chain length, attention factor, profiled alpha, predicted round time.
+        The current strategy is one of them (the last one when it is no candidate)."""
+        rows = self._cand_rows.get(regime)
+        cands = self._candidates(regime)
+        if rows is None:
+            rows = self._cand_rows[regime] = self._make_rows(regime, list(cands.values()))
+        if self._id(current) not in cands:
+            rows = rows + self._make_rows(regime, [current])
+        return rows
+
+    def _make_rows(self, regime: str, strategies: list[Strategy]) -> list[tuple]:
+        round_s = self._round_s(regime, strategies)
+        return [
+            (k.sid, c, k.kind, k.chain, self._factor(regime, c), self._alpha_for(regime, c),
+             round_s[k.sid])
+            for c, k in ((c, self._known(c)) for c in strategies)
+        ]  # fmt: skip
+
     def warm(self) -> None:
         """Score every ranked regime's candidates and tabulate their trees' expected tokens
         now, before decoding starts (tens of ms per tree the first time), so that no round
@@ -452,9 +578,7 @@ class OnlineController:
         """Best candidate under the observed acceptance (``expected``: the current strategy's
         profiled alpha, None when it drafts nothing), or (None, 0) when none is worth it."""
         cfg = self.config
-        cands = dict(self._candidates(regime))
         now_id = self._id(current)
-        cands[now_id] = current
         # The current drafter's candidates shift by the relative change observed on it (so the
         # current strategy scores at exactly the observed acceptance); a shadowed drafter's
         # chains score at their shadow acceptance, its other trees shift by the shadow's change
@@ -463,19 +587,21 @@ class OnlineController:
         own_kind = current.drafter.kind if expected is not None else None
         if own_kind is not None:
             self._shift[own_kind] = self._alpha / expected if expected > 0 else 1.0
-        for kind, ref in self._shadow_refs(regime).items():
-            a, prof = self.shadow_alpha(regime, ref, current), self.profile.alpha_for(regime, ref)
+        for kind, ref in self._shadow_refs_memo(regime).items():
+            a, prof = self.shadow_alpha(regime, ref, current), self._alpha_for(regime, ref)
             if kind != own_kind and a is not None and prof > 0:
                 self._shift[kind] = a / prof
-        round_s = self._round_s(regime, list(cands.values()))
-        tpr, tps = {}, {}
-        for sid, c in cands.items():
-            a = None if sid == now_id else self.shadow_alpha(regime, c, current)
+        cands, tpr, tps = {}, {}, {}
+        for sid, c, kind, chain, factor, profiled, round_s in self._rows(regime, current):
+            cands[sid] = c
+            a = None
+            if sid != now_id and kind in self._shadow:
+                factor_now = self._factor(regime, current, kind)
+                a = self._shadow_alpha(kind, chain, c.tree, factor, factor_now)
             if a is None:
-                shift = self._shift.get(c.drafter.kind, 1.0)
-                a = min(1.0, self.profile.alpha_for(regime, c) * shift)
+                a = min(1.0, profiled * self._shift.get(kind, 1.0))
             tpr[sid] = expected_tokens(c.tree, a)
-            tps[sid] = self.batch * tpr[sid] / round_s[sid]
+            tps[sid] = self.batch * tpr[sid] / round_s
         top_id = max(tps, key=lambda k: (tps[k], k == now_id))
         if top_id == now_id:
             return None, 0.0

@@ -1,0 +1,164 @@
+"""The online controller's cheap per-round path (``benchmarks/controller_cost.py``) decides
+exactly as the plain one: memoised strategy records, profile look-ups, shadow references, probe
+and re-score rows, and the list interpolation of ``planner.profile`` change no switch, no round,
+no reason and no logged figure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import planner.controller as controller_module
+from perfmodel.strategy import parse_tree
+from planner.controller import OnlineController, _chain_length, _Known
+from planner.profile import _interp, _tokens_table, alpha_from_tokens, expected_tokens
+from planner.rank import strategy_from_json
+from planner.space import strategy_id
+
+ROOT = Path(__file__).resolve().parents[2]
+TREES = ("chain:1", "chain:4", "chain:7", "best:16:6", "best:32:8", "full:2x3")
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "controller_cost", ROOT / "benchmarks" / "controller_cost.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _load_benchmark()
+
+
+@pytest.fixture(scope="module")
+def setting():
+    """The ranking, model, GPU and profile of docs/validation/planner.json (the tiny pair)."""
+    return BENCH.load_setting()
+
+
+def _np_expected_tokens(tree: str, alpha: float) -> float:
+    """``expected_tokens`` as it was: ``np.interp`` on the arrays."""
+    if not parse_tree(tree):
+        return 1.0
+    alphas, tokens = _tokens_table(tree)
+    return float(np.interp(min(max(alpha, 0.0), alphas[-1]), alphas, tokens))
+
+
+def _np_alpha_from_tokens(tree: str, tokens_per_round: float) -> float:
+    """``alpha_from_tokens`` as it was: ``np.interp`` on the arrays."""
+    if not parse_tree(tree):
+        return 0.0
+    alphas, tokens = _tokens_table(tree)
+    if tokens_per_round <= tokens[0]:
+        return 0.0
+    if tokens_per_round >= tokens[-1]:
+        return 1.0
+    return float(np.interp(tokens_per_round, tokens, alphas))
+
+
+class PlainController(OnlineController):
+    """Every memo bypassed, every interpolation by ``np.interp``: the reference."""
+
+    def _known(self, s):
+        return _Known(strategy_id(s), s.drafter.kind, _chain_length(s.tree))
+
+    def _alpha_for(self, regime, s):
+        return self.profile.alpha_for(regime, s)
+
+    def _factor(self, regime, s, drafter=None):
+        return self.profile.attention_factor(regime, s, drafter)
+
+    def after_round(self, stats):
+        self._now = None
+        return super().after_round(stats)
+
+    def _shadow_refs_memo(self, regime):
+        self._refs.clear()
+        return super()._shadow_refs_memo(regime)
+
+    def _probe_strategy(self, regime):
+        self._probes.clear()
+        return super()._probe_strategy(regime)
+
+    def _rows(self, regime, current):
+        self._cand_rows.clear()
+        return super()._rows(regime, current)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_list_interpolation_is_np_interp_bit_for_bit(tree):
+    alphas, tokens = _tokens_table(tree)
+    rng = np.random.default_rng(7)
+    probes = np.concatenate(
+        [
+            rng.uniform(-0.2, 1.2, 4000),
+            rng.uniform(0.5, tokens[-1] + 0.5, 4000),
+            alphas, tokens,  # grid points exactly, and their neighbours
+            np.nextafter(alphas, 2.0), np.nextafter(tokens, -1.0),
+            [0.0, 1.0, -np.inf, np.inf],
+        ]
+    ).tolist()  # fmt: skip
+    for x in probes:
+        assert _interp(x, alphas.tolist(), tokens.tolist()) == np.interp(x, alphas, tokens)
+        assert _interp(x, tokens.tolist(), alphas.tolist()) == np.interp(x, tokens, alphas)
+        assert expected_tokens(tree, x) == _np_expected_tokens(tree, x)
+        assert alpha_from_tokens(tree, x) == _np_alpha_from_tokens(tree, x)
+    assert np.isnan(_interp(float("nan"), alphas.tolist(), tokens.tolist()))
+    assert expected_tokens("chain:0", 0.7) == 1.0 and alpha_from_tokens("chain:0", 2.0) == 0.0
+
+
+@pytest.mark.parametrize("scenario", sorted(BENCH.SCENARIOS))
+def test_memoised_controller_decides_as_the_plain_one(setting, scenario, monkeypatch):
+    fast = [BENCH.run_controller(setting, scenario, 400, seed) for seed in (0, 1)]
+    monkeypatch.setattr(controller_module, "alpha_from_tokens", _np_alpha_from_tokens)
+    monkeypatch.setattr(controller_module, "expected_tokens", _np_expected_tokens)
+    plain = [BENCH.run_controller(setting, scenario, 400, seed, PlainController)
+             for seed in (0, 1)]  # fmt: skip
+    for f, p in zip(fast, plain, strict=True):
+        # Same rounds, reasons, destinations and logged figures (observed and expected alpha,
+        # predicted gain), to the last bit; as many re-scores.
+        assert f["log"] == p["log"] and f["rescores"] == p["rescores"]
+    assert all(f["switches"] for f in fast)
+
+
+def test_memoised_controller_decides_as_the_plain_one_from_sparse_verification(
+    setting, monkeypatch
+):
+    """Sparse verification puts its attention factor (0.45 here) on every shadow estimate and
+    on its own profiled alpha, and the strategy is no re-score candidate: the memoised factors
+    and the extra re-score row must match the plain look-ups."""
+    ranking, _, _, profile = setting
+    start = next(
+        s for s in (strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"])
+        if s.is_sparse and parse_tree(s.tree) and profile.attention_factor("16K", s) < 0.9
+    )  # fmt: skip
+    fast = BENCH.run_controller(setting, "prose>code", 400, start=start)
+    monkeypatch.setattr(controller_module, "alpha_from_tokens", _np_alpha_from_tokens)
+    monkeypatch.setattr(controller_module, "expected_tokens", _np_expected_tokens)
+    plain = BENCH.run_controller(setting, "prose>code", 400, 0, PlainController, start=start)
+    assert fast["log"] == plain["log"] and fast["rescores"] == plain["rescores"]
+    assert fast["log"][0]["from"] == strategy_id(start)
+
+
+def test_the_scenarios_reach_every_kind_of_switch(setting):
+    reasons = {why for s in BENCH.SCENARIOS for _, why, _ in
+               BENCH.run_controller(setting, s, 400)["switches"]}  # fmt: skip
+    assert reasons == {"acceptance", "collapse", "probe", "shadow"}
+
+
+def test_benchmark_writes_its_figures(tmp_path):
+    out = tmp_path / "cost.json"
+    args = ["--rounds", "30", "--repeats", "1", "--flush-mib", "0,1", "--json", str(out)]
+    assert BENCH.main(args) == 0
+    doc = json.loads(out.read_text())
+    for run in ("flush_0mib", "flush_1mib"):
+        ctl, shadow = doc["runs"][run]["controller"], doc["runs"][run]["shadow"]
+        assert set(ctl) == set(BENCH.SCENARIOS) and set(shadow) == set(BENCH.SHADOW_PROMPTS)
+        assert all(0 < r["median_us"] <= r["p99_us"] <= r["max_us"] for r in ctl.values())
+        assert all(r["positions"] > 30 for r in shadow.values())
+    assert BENCH.main(["--flush-mib", "-1"]) == 2
