@@ -51,6 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels.timing import provenance
+from ssvkit.options import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]
 PLANNER_JSON = ROOT / "docs" / "validation" / "planner.json"
 CONTEXT = 15360
@@ -265,15 +268,24 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write the figures to this file")
     args = p.parse_args(argv)
     try:
-        flushes = [int(x) for x in args.flush_mib.split(",") if x]
-        if args.rounds < 1 or args.repeats < 1 or not flushes or min(flushes) < 0:
-            raise ValueError
-    except ValueError:
-        print("controller_cost: --rounds and --repeats must be >= 1, --flush-mib integers >= 0",
-              file=sys.stderr)  # fmt: skip
+        bad = ValueError(f"--flush-mib needs integers >= 0, got {args.flush_mib!r}")
+        try:
+            flushes = [int(x) for x in args.flush_mib.split(",") if x.strip()]
+        except ValueError:
+            raise bad from None
+        if not flushes or min(flushes) < 0:
+            raise bad
+        for name in ("rounds", "repeats"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+        if not Path(args.planner).is_file():
+            raise ValueError(f"--planner {args.planner!r} does not exist")
+    except ValueError as e:
+        print(f"controller_cost: {e}", file=sys.stderr)
         return 2
     setting = load_setting(Path(args.planner))
-    out = {"rounds": args.rounds, "repeats": args.repeats, "seed": args.seed, "runs": {}}
+    out = {"rounds": args.rounds, "repeats": args.repeats, "seed": args.seed,
+           "planner": str(args.planner), "provenance": provenance(), "runs": {}}  # fmt: skip
     for mib in flushes:
         out["runs"][f"flush_{mib}mib"] = row = measure(setting, args, cache_flush(mib))
         print(f"-- {mib} MiB written between calls")
@@ -293,7 +305,7 @@ def main(argv=None) -> int:
             print(f"-- cProfile: shadow, {kind}")
             print(_profiled(run_shadow, kind, args.rounds, args.seed))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        atomic_write(args.json, json.dumps(out, indent=1) + "\n")
     return 0
 
 
