@@ -90,8 +90,8 @@ class _Known:
 class _Now:
     """What every round works out the same way while the current strategy (this very object),
     the context's ranked regime and the shadowed chain lengths stay: contexts in ``(lo, hi]``
-    fall in ``regime``; ``expected`` and ``factor``: the strategy's profiled alpha and attention
-    factor there; ``refs``: per shadowed kind, its reference chain (``_shadow_refs``), that
+    fall in ``regime``; ``expected``: the strategy's profiled alpha there; ``refs``: per
+    shadowed kind, its reference chain (``_shadow_refs_memo``), that
     chain's length, attention factor and profiled alpha, and the current strategy's attention
     factor for that kind."""
 
@@ -102,7 +102,6 @@ class _Now:
     lens: tuple[tuple[str, int], ...]
     known: _Known
     expected: float
-    factor: float
     refs: tuple[tuple[str, Strategy, int, float, float, float], ...]
 
 
@@ -430,7 +429,7 @@ class OnlineController:
             for kind, ref in self._shadow_refs_memo(regime).items()
         )  # fmt: skip
         return _Now(s, lo, hi, regime, self._shadow_lens, self._known(s),
-                    self._alpha_for(regime, s), self._factor(regime, s), refs)  # fmt: skip
+                    self._alpha_for(regime, s), refs)  # fmt: skip
 
     def _observe_shadow(self, shadow) -> None:
         """Fold this round's shadow counts into the decayed sums (weight ``1 - ema`` per round
@@ -447,13 +446,10 @@ class OnlineController:
                 matched = [keep * a + b for a, b in zip(old[1], sh.matched, strict=True)]
                 self._shadow[kind] = (keep * old[0] + sh.positions, matched)
 
-    def _shadow_refs(self, regime: str) -> dict[str, Strategy]:
-        """Per shadowed drafter kind, its best-ranked chain among the regime's candidates: what
-        its shadow is compared with (its profile) and what shifts its other trees."""
-        return dict(self._shadow_refs_memo(regime))
-
     def _shadow_refs_memo(self, regime: str) -> dict[str, Strategy]:
-        """``_shadow_refs``'s memoised dictionary itself (not to be changed)."""
+        """Per shadowed drafter kind, its best-ranked chain among the regime's candidates: what
+        its shadow is compared with (its profile) and what shifts its other trees. Memoised:
+        the dictionary itself, not to be changed."""
         key = (regime, self._shadow_lens)
         refs = self._refs.get(key)
         if refs is None:  # depends on the regime and the shadowed chain lengths only
