@@ -186,7 +186,7 @@ class OnlineController:
         self._last_switch = -(10**9)
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
-        self._refs: dict[tuple, dict[str, Strategy]] = {}  # _shadow_refs, memoised
+        self._refs: dict[tuple, dict[str, Strategy]] = {}  # _shadow_refs_memo
         self._probes: dict[tuple, Strategy | None] = {}  # _probe_strategy, memoised
         self._round_cache: dict[str, dict[str, float]] = {}
         self._cand_rows: dict[str, list[tuple]] = {}  # _rows, per regime
