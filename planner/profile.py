@@ -56,7 +56,15 @@ from perfmodel.strategy import Strategy, Workload, parse_tree, tree_expected_tok
 PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 # Loop overhead per round = sum of coefficient x feature (``overhead_features``).
-OVERHEAD_TERMS = ("round", "speculative", "draft_model", "node", "draft_level", "sparse")
+OVERHEAD_TERMS = (
+    "round",
+    "speculative",
+    "draft_model",
+    "node",
+    "draft_level",
+    "sparse",
+    "host_node",
+)
 REGIMES = {"<=4K": 4096, "8K": 8192, "16K": 16384, "32K": 32768, "64K+": 65536}
 
 
@@ -86,12 +94,22 @@ def overhead_features(s: Strategy) -> np.ndarray:
     """The features of ``OVERHEAD_TERMS`` for a strategy: 1 per round, 1 when it drafts at all
     (an autoregressive round has no drafting, tree or acceptance work on the host), 1 when a
     draft model drafts, tree nodes, draft levels (tree depth) of a draft model, 1 for sparse
-    attention."""
+    attention, and tree nodes of an n-gram drafter (whose lookups run on the host).
+
+    The last term keeps apart two costs that one node term confounds. The engine's step times
+    (run 13, ``docs/notes/planner.md``) show a draft model's drafting growing with the tree's
+    depth (one draft forward per level, ~45 us per level beyond the step model), whatever the
+    number of nodes, while an n-gram drafter's host lookups grow with the nodes (~25 us each);
+    the acceptance walk grows with the nodes for both. With one node term the fit charged a
+    draft model's levels to its nodes (``draft_level`` fitted 0 at <=4K-16K), so it priced
+    chains of a draft model too cheap and its branching trees too dear."""
     parents = parse_tree(s.tree)
     depth = max(node_depths_ranks(list(parents))[0], default=0)
     spec = float(len(parents) > 0)
     dm = float(s.drafter.kind == "draft_model") * spec
-    return np.array([1.0, spec, dm, float(len(parents)), depth * dm, float(s.is_sparse)])
+    nodes = float(len(parents))
+    host = float(s.drafter.kind == "ngram") * nodes
+    return np.array([1.0, spec, dm, nodes, depth * dm, float(s.is_sparse), host])
 
 
 def fit_overhead(strategies: list[Strategy], residual_s: list[float],

@@ -554,6 +554,13 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     assert prof.overhead_s("16K", dense) == pytest.approx(1e-4 + 4e-5)
     assert prof.overhead_s("16K", sparse) == pytest.approx(1e-4 + 4e-5 + 2e-4)
     assert prof.overhead_s("8K", sparse) == 0.0  # no fit for the regime, no default
+    # Host lookups per node are an n-gram drafter's; a draft model pays per level instead.
+    host = Profile(overhead={"16K": {"host_node": 1e-5, "draft_level": 1e-4}})
+    dm7 = dataclasses.replace(tree7, drafter=DrafterSpec(kind="draft_model", model="x"))
+    wide = dataclasses.replace(dm7, tree="parents:-1,-1,-1,0,1,2")
+    assert host.overhead_s("16K", tree7) == pytest.approx(7e-5)
+    assert host.overhead_s("16K", dm7) == pytest.approx(7e-4)
+    assert host.overhead_s("16K", wide) == pytest.approx(2e-4)  # 6 nodes, 2 levels
     # The ranking scores with both: a round costs the step model plus the loop overhead.
     tiny = get_model("engine/checkpoints/tiny-target")
     (with_loop,), _ = score(tiny, G, [sparse], 16000, prof, "16K")
@@ -582,7 +589,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
         for t in ("chain:0", "chain:2", "chain:7", "best:16:6")
         for d in (ng, dm)
     ]
-    truth = np.array([2e-4, 3e-4, 1e-4, 2e-5, 5e-5, 1.5e-4])
+    truth = np.array([2e-4, 3e-4, 1e-4, 2e-5, 5e-5, 1.5e-4, 3e-5])
     y = [float(overhead_features(s) @ truth) for s in strategies]
     coef, fit = fit_overhead(strategies, y)
     assert list(coef) == list(OVERHEAD_TERMS) and fit["rows"] == len(strategies)
