@@ -122,13 +122,15 @@ def simulate_shadow(positions: int, alpha: float, chain: int, rng):
     return ShadowAcceptance(positions, tuple(int((m > k).sum()) for k in range(chain)))
 
 
-def run_controller(setting, scenario: str, rounds: int, seed: int = 0, controller_cls=None,
+def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls=None,
                    prof: cProfile.Profile | None = None, flush=None,
-                   start=None) -> dict:  # fmt: skip
-    """Drive a fresh, warmed controller (``controller_cls``, ``OnlineController`` by default)
-    through ``rounds`` synthetic rounds of ``scenario`` from ``start`` (the regime's offline
-    best by default); per-round ``after_round`` seconds, the number of re-scores and the
-    switches (``prof`` profiles the ``after_round`` calls only, ``flush`` runs before each)."""
+                   start=None, config=None) -> dict:  # fmt: skip
+    """Drive a fresh, warmed controller (``controller_cls``, ``OnlineController`` by default,
+    with ``config``, ``ControllerConfig()`` by default) through ``rounds`` synthetic rounds of
+    ``scenario`` (a name of ``SCENARIOS``, or such an entry itself) from ``start`` (the
+    regime's offline best by default); per-round ``after_round`` seconds, the number of
+    re-scores and the switches (``prof`` profiles the ``after_round`` calls only, ``flush``
+    runs before each)."""
     from engine.controller import RoundStats
     from engine.ngram import SHADOW_MAX_CHAIN
     from perfmodel.strategy import parse_tree
@@ -136,9 +138,10 @@ def run_controller(setting, scenario: str, rounds: int, seed: int = 0, controlle
     from planner.profile import regime_of
 
     ranking, model, gpu, profile = setting
-    phases = SCENARIOS[scenario]
+    phases = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     phases = [(0, phases)] if isinstance(phases, dict) else phases
-    ctl = (controller_cls or OnlineController)(ranking, model, gpu, profile, ControllerConfig())
+    ctl = (controller_cls or OnlineController)(ranking, model, gpu, profile,
+                                               config or ControllerConfig())  # fmt: skip
     ctl.warm()
     rescores = 0
     rescore = ctl._rescore

@@ -10,7 +10,13 @@ is scored once, not every ``patience`` rounds). When they differ by more than ``
 strategy of every (drafter, tree), and switches to the best one if it beats the current
 strategy's re-scored throughput by more than ``hysteresis`` plus the measured switch cost
 amortised over ``horizon_rounds``, and no switch happened in the last ``cooldown`` rounds.
-Hysteresis and cooldown keep it from oscillating. A chain whose acceptance has collapsed (the
+Hysteresis and cooldown keep it from oscillating. While the current strategy drafts, the switch
+must also pay at both ends of the observed acceptance's confidence interval (``confidence_z``
+standard errors of the EMA, from the EMA's own variance and effective sample size): a
+deviation of ``epsilon`` is within the noise of ~40 rounds of a chain (a 4-chain's tokens per
+round spread by ~1.4), and on the H100 (run 13, repetitive text) a draft model whose EMA
+dipped 0.05-0.1 left for autoregressive decoding in 4 of 5 runs while its fixed runs measured
+above autoregressive decoding. A chain whose acceptance has collapsed (the
 likelihood ratio of its rounds since it started, a quarter of the expected alpha against it,
 above ``collapse_llr``; ``_collapsed``) re-scores at once, cooldown or not (reason
 ``collapse``): n-gram
@@ -130,6 +136,14 @@ class ControllerConfig:
         default=4.6,
         metadata={"help": "log-likelihood ratio at which a chain's acceptance drop acts at once"},
     )
+    # 1.645: the switch pays at both ends of a 90% interval of the observed acceptance.
+    confidence_z: float = field(
+        default=1.645,
+        metadata={
+            "help": "standard errors of the observed acceptance a switch must pay across "
+            "(0: the point estimate alone)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.ema <= 1:
@@ -143,6 +157,8 @@ class ControllerConfig:
             raise ValueError("epsilon, hysteresis and cooldown must be >= 0")
         if not self.collapse_llr >= 0:
             raise ValueError(f"collapse_llr must be >= 0, got {self.collapse_llr}")
+        if not self.confidence_z >= 0:
+            raise ValueError(f"confidence_z must be >= 0, got {self.confidence_z}")
 
 
 class OnlineController:
@@ -176,6 +192,9 @@ class OnlineController:
         self._probe_wait = self.config.probe_after
         self._drafting_since: int | None = None
         self._ema_tokens: float | None = None
+        # The EMA's second moment and its weights' sum of squares (1 / effective rounds).
+        self._ema_sq = 0.0
+        self._ema_w2 = 1.0
         self._alpha = 0.0
         self._strategy_key: str | None = None
         self._deviating = 0
@@ -263,16 +282,23 @@ class OnlineController:
         return self._shadow_alpha(c.drafter.kind, self._known(c).chain, c.tree, factor, now)
 
     def _shadow_alpha(self, kind: str, chain: int, tree: str, factor: float,
-                      factor_now: float) -> float | None:  # fmt: skip
+                      factor_now: float, z: float = 0.0) -> float | None:  # fmt: skip
         """``shadow_alpha`` of a candidate of drafter ``kind`` on ``tree`` (a chain of
-        ``chain``, or 0), its attention factor and the current strategy's given."""
+        ``chain``, or 0), its attention factor and the current strategy's given; ``z`` > 0:
+        at the low end of its confidence interval, ``z`` standard errors of the matched length
+        (the variance of min(geometric, chain) at the estimate, over the decayed positions --
+        fewer than the effective ones, so the interval errs wide)."""
         est = self._shadow.get(kind)
         if est is None or est[0] < SHADOW_MIN_POSITIONS or not 1 <= chain <= len(est[1]):
             return None
         if factor_now <= 0:
             return None
-        tokens = 1.0 + sum(est[1][:chain]) / est[0]
-        return min(1.0, alpha_from_tokens(tree, tokens) * factor / factor_now)
+        mean = sum(est[1][:chain]) / est[0]
+        if z > 0:
+            a = alpha_from_tokens(tree, 1.0 + mean)
+            second = sum((2 * j - 1) * a**j for j in range(1, chain + 1))
+            mean -= z * math.sqrt(max(second - mean * mean, 0.0) / est[0])
+        return min(1.0, alpha_from_tokens(tree, 1.0 + mean) * factor / factor_now)
 
     def after_round(self, stats) -> Strategy | None:
         cfg = self.config
@@ -298,10 +324,14 @@ class OnlineController:
             tokens = stats.mean_accepted + 1.0
             if key != self._strategy_key:  # a new strategy: its own acceptance history
                 self._strategy_key, self._ema_tokens, self._deviating = key, tokens, 0
+                self._ema_sq, self._ema_w2 = tokens * tokens, 1.0
                 self._scored_alpha = None
                 self._chain_obs = [0, 0]
             else:
-                self._ema_tokens = (1 - cfg.ema) * self._ema_tokens + cfg.ema * tokens
+                w = cfg.ema
+                self._ema_tokens = (1 - w) * self._ema_tokens + w * tokens
+                self._ema_sq = (1 - w) * self._ema_sq + w * tokens * tokens
+                self._ema_w2 = (1 - w) * (1 - w) * self._ema_w2 + w * w
             self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
             expected = now.expected
             ref = expected if self._scored_alpha is None else self._scored_alpha
@@ -316,7 +346,8 @@ class OnlineController:
         if stats.round - self._last_switch < cfg.cooldown and not collapse:
             return None
         if own or shadow_kind is not None:
-            best, gain = self._rescore(s, regime, ctx, expected)
+            spread = self._spread(s.tree) if drafting and not collapse else ()
+            best, gain = self._rescore(s, regime, ctx, expected, spread)
             # What this re-score saw: the same deviation does not trigger another one.
             self._deviating = 0
             self._chain_obs = [0, 0]
@@ -346,6 +377,19 @@ class OnlineController:
                 self._probe_wait = max(min(2 * self._probe_wait, cfg.probe_max), cfg.probe_after)
                 return probe
         return None
+
+    def _spread(self, tree: str) -> tuple[float, ...]:
+        """The acceptance at both ends of the observed one's confidence interval:
+        ``confidence_z`` standard errors of the tokens-per-round EMA (its variance from the
+        EMA's second moment, over its effective number of rounds, ``1 / sum of squared
+        weights``), inverted on ``tree``; () when ``confidence_z`` is 0."""
+        z = self.config.confidence_z
+        if z <= 0 or self._ema_tokens is None:
+            return ()
+        var = max(self._ema_sq - self._ema_tokens * self._ema_tokens, 0.0)
+        half = z * math.sqrt(var * self._ema_w2)
+        return (alpha_from_tokens(tree, self._ema_tokens - half),
+                alpha_from_tokens(tree, self._ema_tokens + half))  # fmt: skip
 
     def _collapsed(self, s: Strategy, accepted, ref: float) -> bool:
         """Whether the current chain's acceptance has collapsed: Wald's sequential ratio test
@@ -570,9 +614,11 @@ class OnlineController:
                 expected_tokens(c.tree, 0.5)
 
     def _rescore(self, current: Strategy, regime: str, context_len: int,
-                 expected: float | None):  # fmt: skip
+                 expected: float | None, spread: tuple[float, ...] = ()):  # fmt: skip
         """Best candidate under the observed acceptance (``expected``: the current strategy's
-        profiled alpha, None when it drafts nothing), or (None, 0) when none is worth it."""
+        profiled alpha, None when it drafts nothing), or (None, gain) when none is worth it --
+        also when, with ``spread`` (the current strategy's acceptance at the ends of its
+        confidence interval, ``_spread``), the switch would not pay at one of them."""
         cfg = self.config
         now_id = self._id(current)
         # The current drafter's candidates shift by the relative change observed on it (so the
@@ -587,27 +633,53 @@ class OnlineController:
             a, prof = self.shadow_alpha(regime, ref, current), self._alpha_for(regime, ref)
             if kind != own_kind and a is not None and prof > 0:
                 self._shift[kind] = a / prof
+        cands, tpr, tps = self._tally(current, regime)
+        top_id = max(tps, key=lambda k: (tps[k], k == now_id))
+        if top_id == now_id:
+            return None, 0.0
+        gain = self._gain(cands, tpr, tps, now_id, top_id)
+        if gain <= cfg.hysteresis:
+            return None, gain
+        if own_kind is not None and expected > 0:
+            point = self._shift[own_kind]
+            try:
+                for a in spread:  # shadowed candidates at the low end of theirs
+                    self._shift[own_kind] = a / expected
+                    _, tpr_b, tps_b = self._tally(current, regime, cfg.confidence_z)
+                    g = self._gain(cands, tpr_b, tps_b, now_id, top_id)
+                    if g <= cfg.hysteresis:
+                        return None, g
+            finally:
+                self._shift[own_kind] = point
+        return cands[top_id], gain
+
+    def _tally(self, current: Strategy, regime: str,
+               z: float = 0.0) -> tuple[dict, dict, dict]:  # fmt: skip
+        """Every candidate (by id), its expected tokens per round and tokens/s, at the
+        acceptance the shifts and shadows say now (``_rescore``; shadow estimates ``z``
+        standard errors low)."""
+        now_id = self._id(current)
         cands, tpr, tps = {}, {}, {}
         for sid, c, kind, chain, factor, profiled, round_s in self._rows(regime, current):
             cands[sid] = c
             a = None
             if sid != now_id and kind in self._shadow:
                 factor_now = self._factor(regime, current, kind)
-                a = self._shadow_alpha(kind, chain, c.tree, factor, factor_now)
+                a = self._shadow_alpha(kind, chain, c.tree, factor, factor_now, z)
             if a is None:
                 a = min(1.0, profiled * self._shift.get(kind, 1.0))
             tpr[sid] = expected_tokens(c.tree, a)
             tps[sid] = self.batch * tpr[sid] / round_s
-        top_id = max(tps, key=lambda k: (tps[k], k == now_id))
-        if top_id == now_id:
-            return None, 0.0
-        # Time per token now vs after switching, the switch cost spread over the horizon.
+        return cands, tpr, tps
+
+    def _gain(self, cands: dict, tpr: dict, tps: dict, now_id: str, to_id: str) -> float:
+        """Relative gain of switching to ``to_id``: time per token now vs after switching, the
+        switch cost spread over ``horizon_rounds``."""
         per_tok_now = 1.0 / tps[now_id]
-        per_tok_new = 1.0 / tps[top_id] + self.switch_cost(cands[top_id]) / (
-            cfg.horizon_rounds * tpr[top_id] * self.batch
+        per_tok_new = 1.0 / tps[to_id] + self.switch_cost(cands[to_id]) / (
+            self.config.horizon_rounds * tpr[to_id] * self.batch
         )
-        gain = per_tok_now / per_tok_new - 1.0
-        return (cands[top_id], gain) if gain > cfg.hysteresis else (None, gain)
+        return per_tok_now / per_tok_new - 1.0
 
 
 def switch_kind(s: Strategy) -> str:
