@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
-    p.add_argument("--profile-prompts", type=int, default=3,
+    p.add_argument("--profile-prompts", type=int, default=5,
                    help="code prompts per profile entry (at most 5; planner.evaluate)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
@@ -64,6 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
     p.add_argument("--drafters", default="draft_model,ngram", help="drafter axis of the space")
     p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS))
+    p.add_argument("--no-oracle", dest="oracle", action="store_false",
+                   help="skip the fixed strategies measured per prompt set (the adaptive "
+                        "ceiling; planner.evaluate.oracle_strategies)")  # fmt: skip
     p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the predictions")
     p.add_argument("--device", default="auto", help="cuda | cpu")
     p.add_argument("--out", required=True, help="evaluation JSON")
@@ -129,6 +132,7 @@ def main(argv=None) -> int:
         profile_prompts=args.profile_prompts,
         controller=ControllerConfig(),
         provenance={**provenance(), "command": " ".join(sys.argv)},
+        oracle=args.oracle,
     )
     if bench.cache is not None:
         doc["provenance"]["runs_from_cache"] = bench.cache.reused

@@ -671,8 +671,28 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
             **q, "strategies": rows}  # fmt: skip
 
 
+def oracle_strategies(ranking: dict, regime: str, ok) -> list[Strategy]:
+    """The fixed strategies a per-prompt-set oracle picks among: the best-ranked strategy of
+    each (drafter kind, tree) of the regime's ranking that ``ok`` accepts, autoregressive
+    decoding once (it drafts nothing, so its drafter does not matter) -- the choices the
+    controller re-scores (``OnlineController._candidates``), at their best attention."""
+    out, seen = [], set()
+    for r in ranking["regimes"][regime]["ranking"]:
+        s = strategy_from_json(r["strategy"])
+        key = (s.drafter.kind, s.tree) if parse_tree(s.tree) else ("", "chain:0")
+        if key not in seen and ok(s):
+            seen.add(key)
+            out.append(s)
+    return out
+
+
 def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
-                      prompt_sets: tuple[str, ...], config: ControllerConfig) -> dict:  # fmt: skip
+                      prompt_sets: tuple[str, ...], config: ControllerConfig,
+                      oracle: bool = True) -> dict:  # fmt: skip
+    """Per prompt set: a fixed default, the fixed offline best and the controller (median of
+    ``repeats`` paired runs each); with ``oracle``, also every strategy of
+    ``oracle_strategies`` fixed on the same prompt and seeds: the best of them bounds what any
+    choice of one fixed strategy per prompt set gains over the offline best (``ceiling``)."""
     regime = regime_of(ctx)
     best = strategy_from_json(ranking["regimes"][regime]["ranking"][0]["strategy"])
     default = dataclasses.replace(Strategy.from_name("ssv"), drafter=_drafter(bench, "draft_model"))
@@ -717,11 +737,34 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         # Without a switch the adaptive run decodes what the offline best does: its "gain" is
         # the spread of the measurement, and says so.
         row["switched"] = bool(adaptive["switches"])
+        if oracle:
+            # Same keys as the offline best's runs (``measure``): those are not run again.
+            fixed_all = []
+            for s in oracle_strategies(ranking, regime, lambda s: bench.runnable(s) is None):
+                m = measure(bench, s, prompt, key)
+                fixed_all.append({"id": strategy_id(s), "describe": describe(s),
+                                  "tokens_per_s": m["tokens_per_s"],
+                                  "runs_tokens_per_s": m["runs_tokens_per_s"],
+                                  "mean_accepted": m["mean_accepted"]})  # fmt: skip
+            top = max(fixed_all, key=lambda x: x["tokens_per_s"])
+            row["oracle"] = {
+                "best": top["id"],
+                "describe": top["describe"],
+                "tokens_per_s": top["tokens_per_s"],
+                "ceiling": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
+                "strategies": fixed_all,
+            }
         bench.log(f"adapt {kind:10s} default {row['default']['tokens_per_s']:8.1f} best "
                   f"{row['offline_best']['tokens_per_s']:8.1f} adaptive "
                   f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches"
                   f"{''.join(' ' + x['reason'] for x in adaptive['switches'])},"
                   f" gain {row['adaptive_gain']:+.1%})")  # fmt: skip
+        if oracle:
+            o = row["oracle"]
+            bench.log(
+                f"oracle {kind:10s} best fixed {o['tokens_per_s']:8.1f} tok/s "
+                f"({o['ceiling']:+.1%} over the offline best): {o['describe']}"
+            )
         out[kind] = row
     return {"context_len": ctx, "regime": regime, "controller": dataclasses.asdict(config),
             "prompt_sets": out}  # fmt: skip
@@ -738,7 +781,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
              adaptive_context: int | None = None, prompt_sets: tuple[str, ...] = PROMPT_SETS,
              ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
              profile_prompts: int = 3, controller: ControllerConfig | None = None,
-             provenance: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+             provenance: dict | None = None, oracle: bool = True) -> tuple[dict, dict]:  # fmt: skip
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
     profile, overhead_fits, per_key = measure_profile(
@@ -753,9 +796,11 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
     if regime_of(actx) not in ranking["regimes"]:
         raise ValueError(f"adaptive context {actx} falls in regime {regime_of(actx)}, not ranked")
     adaptive = evaluate_adaptive(bench, ranking, profile, actx, prompt_sets,
-                                 controller or ControllerConfig())  # fmt: skip
+                                 controller or ControllerConfig(), oracle)  # fmt: skip
     gains = {k: v["adaptive_gain"] for k, v in adaptive["prompt_sets"].items()}
     off = [gains[k] for k in OFF_DISTRIBUTION if k in gains]
+    sets = adaptive["prompt_sets"]
+    ceiling = {k: v["oracle"]["ceiling"] for k, v in sets.items()} if oracle else None
     doc = {
         "version": EVAL_VERSION,
         "provenance": {**(provenance or {}), "wall_s": time.perf_counter() - t0},
@@ -776,6 +821,9 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "regret": {r: v["regret"] for r, v in regimes.items()},
         "adaptive_gain": gains,
         "adaptive_gain_off_distribution_mean": float(np.mean(off)) if off else None,
+        # The best fixed strategy per prompt set over the offline best: what a controller
+        # that picked the right fixed strategy from the first round would gain.
+        "adaptive_ceiling": ceiling,
         "targets": TARGETS,
         "met": {
             "kendall_tau": all(
@@ -798,11 +846,14 @@ def summary_table(doc: dict) -> str:
                      f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}")  # fmt: skip
     a = doc["adaptive"]
     lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
-    lines.append("prompts      default  offline_best  adaptive  switches  gain")
+    lines.append("prompts      default  offline_best  adaptive  switches  gain"
+                 "   best fixed  ceiling")  # fmt: skip
     for k, v in a["prompt_sets"].items():
+        o = v.get("oracle")
+        tail = f" {o['tokens_per_s']:11.1f} {o['ceiling']:+8.1%}" if o else ""
         lines.append(f"{k:10s} {v['default']['tokens_per_s']:9.1f} "
                      f"{v['offline_best']['tokens_per_s']:13.1f} "
                      f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "
-                     f"{v['adaptive_gain']:+6.1%}")  # fmt: skip
+                     f"{v['adaptive_gain']:+6.1%}{tail}")  # fmt: skip
     lines.append(f"met: {doc['met']}")
     return "\n".join(lines)

@@ -84,6 +84,7 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
             "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
             "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
+            "--profile-prompts", "3",
             "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json"),
             "--resume", str(tmp_path / "runs.jsonl")]  # fmt: skip
     assert planner_eval.main(args) == 0
@@ -158,16 +159,38 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         known = row["adaptive"]["known_switch_cost_s"]
         assert isinstance(known, dict) and all(v >= 0 for v in known.values())
         assert {"cold", "warm"} <= set(row["adaptive"])
+        # The oracle: each (drafter, tree) at its best-ranked attention, AR once; the offline
+        # best among them, from the very runs it was measured with, so the ceiling is >= 0.
+        o = row["oracle"]
+        fixed = {x["id"]: x for x in o["strategies"]}
+        assert len(fixed) == len(o["strategies"]) == 2 * 2 + 1
+        assert fixed[ids[0]]["tokens_per_s"] == row["offline_best"]["tokens_per_s"]
+        assert o["tokens_per_s"] == max(x["tokens_per_s"] for x in fixed.values())
+        assert o["ceiling"] == pytest.approx(o["tokens_per_s"] / fixed[ids[0]]["tokens_per_s"] - 1)
+        assert o["ceiling"] >= 0 and fixed[o["best"]]["describe"] == o["describe"]
+    assert doc["adaptive_ceiling"] == {k: v["oracle"]["ceiling"] for k, v in a.items()}
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
-    assert doc["provenance"]["runs_from_cache"] == 0
+    # Only the oracle's runs of the offline best (and of the default, when it is one of the
+    # oracle's) come from the cache in a first call: one repeat each.
+    reused = sum(1 + (r["default"]["id"] in {x["id"] for x in r["oracle"]["strategies"]}
+                      and r["default"]["id"] != ids[0]) for r in a.values())  # fmt: skip
+    assert doc["provenance"]["runs_from_cache"] == reused
+    # Re-scored from its runs on the CPU by the same code: the very figures it recorded.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import planner_rescore
+    finally:
+        sys.path.pop(0)
+    again = planner_rescore.rescore(tmp_path / "runs.jsonl", out)["<=4K"]
+    assert again["kendall_tau"] == reg["kendall_tau"] and again["regret"] == reg["regret"]
     # The same command again resumes from the run cache: no run is decoded again, and the
     # evaluation is the same document.
     n_runs = len((tmp_path / "runs.jsonl").read_text().splitlines()) - 1
     assert planner_eval.main(args) == 0
     assert f"resuming: {n_runs} runs" in capsys.readouterr().out
     again = json.loads(out.read_text())
-    assert again["provenance"]["runs_from_cache"] == n_runs
+    assert again["provenance"]["runs_from_cache"] == n_runs + reused
     assert {k: v for k, v in again.items() if k != "provenance"} == {
         k: v for k, v in doc.items() if k != "provenance"
     }
