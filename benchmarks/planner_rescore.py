@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from planner.evaluate import make_bench, measure_profile, ranking_quality
+from planner.evaluate import make_bench, measure_profile, ranking_quality, read_runs
 from planner.rank import rank
 from planner.space import SpaceSpec
 from ssvkit.options import atomic_write
@@ -37,15 +37,7 @@ class CachedRuns:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:
             lines = fh.read().splitlines()
-        self.runs: dict[str, dict] = {}
-        for i, line in enumerate(lines[1:], start=2):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines):
-                    break  # a run cut off by a kill
-                raise ValueError(f"{path}: line {i} is not JSON") from None
-            self.runs[row["key"]] = row["value"]
+        self.runs = read_runs(lines, path)
 
     def get(self, key: str, fn) -> dict:
         if key not in self.runs:

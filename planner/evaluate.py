@@ -134,6 +134,21 @@ def prompt_tokens(kind: str, n: int, *, offset: int = 0, seed: int = 0) -> list[
 # ----------------------------------------------------------------------------- runs
 
 
+def read_runs(lines: list[str], path) -> dict[str, dict]:
+    """The runs by key of a run cache's lines (the first, its settings, skipped); a last line
+    cut short by a kill is dropped, any other line that is not JSON is an error."""
+    runs = {}
+    for i, line in enumerate(lines[1:], start=2):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break  # the run being written when the process was killed
+            raise ValueError(f"run cache {str(path)!r}: line {i} is not JSON") from None
+        runs[row["key"]] = row["value"]
+    return runs
+
+
 class RunCache:
     """Completed runs by key, appended to a JSONL file as each finishes, so an evaluation cut
     off by a time limit resumes where it stopped (device calls are at most 10 minutes).
@@ -157,15 +172,7 @@ class RunCache:
                     f"run cache {str(self.path)!r} was written for other settings "
                     f"({head.get('settings')}); give a new file or the same settings"
                 )
-            for i, line in enumerate(lines[1:], start=2):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    if i == len(lines):
-                        break  # the run being written when the process was killed
-                    msg = f"run cache {str(self.path)!r}: line {i} is not JSON"
-                    raise ValueError(msg) from None
-                self.runs[row["key"]] = row["value"]
+            self.runs = read_runs(lines, self.path)
             # Rewritten without a cut-off tail, whole or not at all: a kill here keeps the runs.
             kept = [json.dumps({"settings": settings})]
             kept += [json.dumps({"key": k, "value": v}) for k, v in self.runs.items()]
