@@ -20,7 +20,9 @@ chain of 8 would have matched at each committed position (``simulate_shadow``); 
 controller returns is the next round's. Scenarios (``SCENARIOS``: per-token acceptance per
 drafter kind): ``code`` -- n-gram near its profiled 0.52, ``prose`` -- n-gram far below it, the
 draft model below its profile too, so the controller leaves for autoregressive decoding and
-probes; ``random`` -- random bytes, n-gram ~0; ``prose>code`` -- prose, then from round 200
+probes; ``random`` -- random bytes, n-gram ~0; ``decay`` -- prose again, but the draft model
+accepts its first drafts as profiled and later ones far less (per-depth acceptance), so its
+chain:2 beats its chain:4; ``prose>code`` -- prose, then from round 200
 text the n-gram drafter suits, which its shadow reveals. Fixed numpy seed: every repeat makes
 the same decisions (checked), so per-round times are medians over repeats of the same round.
 
@@ -63,6 +65,9 @@ SCENARIOS = {
     "code": {"ngram": 0.52, "draft_model": 0.70},
     "prose": {"ngram": 0.15, "draft_model": 0.35},
     "random": {"ngram": 0.01, "draft_model": 0.30},
+    # prose whose later drafts fare worse: the draft model's chain:2 beats its chain:4, which
+    # its chain:4's own rounds reveal (reason ``truncation``)
+    "decay": {"ngram": 0.15, "draft_model": (0.75, 0.65, 0.45, 0.35)},
     # prose, then text the n-gram drafter suits: the shadow brings it back (reason ``shadow``)
     "prose>code": [
         (0, {"ngram": 0.15, "draft_model": 0.35}),
@@ -96,16 +101,19 @@ def load_setting(path: Path = PLANNER_JSON):
     return rank(model, gpu, space, profile, regimes=regimes), model, gpu, profile
 
 
-def simulate_accepted(parents: tuple[int, ...], alpha: float, rng) -> int:
+def simulate_accepted(parents: tuple[int, ...], alpha, rng) -> int:
     """Drafts a round accepts: from the root, the children of the last accepted node are
-    tried in order, each accepted with probability ``alpha``; the first accepted is followed."""
+    tried in order, each accepted with probability ``alpha`` (a number, or one per depth from
+    1: text whose later drafts fare worse); the first accepted is followed."""
     children: dict[int, list[int]] = {}
     for node, p in enumerate(parents):
         children.setdefault(p, []).append(node)
+    per_depth = alpha if isinstance(alpha, (tuple, list)) else None
     node, depth = -1, 0
     while True:
+        a = alpha if per_depth is None else per_depth[min(depth, len(per_depth) - 1)]
         for c in children.get(node, ()):
-            if rng.random() < alpha:
+            if rng.random() < a:
                 node, depth = c, depth + 1
                 break
         else:
@@ -159,7 +167,10 @@ def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls
         parents = parse_tree(s.tree)
         if parents:
             factor = profile.attention_factor(regime_of(ctx), s)
-            accepted = simulate_accepted(parents, min(1.0, world[s.drafter.kind] * factor), rng)
+            a = world[s.drafter.kind]
+            a = ([min(1.0, x * factor) for x in a] if isinstance(a, (tuple, list))
+                 else min(1.0, a * factor))  # fmt: skip
+            accepted = simulate_accepted(parents, a, rng)
         else:
             accepted = 0
         shadow = simulate_shadow(accepted + 1, world["ngram"], SHADOW_MAX_CHAIN, rng)

@@ -26,7 +26,20 @@ rounds, and each further round at the acceptance that failed is lost.
 What each candidate is scored at:
 
 - the current strategy: the acceptance observed on it; the current drafter's other trees: their
-  profiled acceptance shifted by the relative change observed;
+  profiled acceptance shifted by the relative change observed -- except its chains no longer
+  than the current chain at the same attention factor (**truncation**, ``_Own``): a chain of
+  k drafts of that drafter would have drafted the first k of the current chain's on the same
+  text, so it would have accepted min(m, k) of a round that accepted m. Once the chain has run
+  ``patience`` rounds, their tokens per round are its rounds', not modelled: on run 14's prose
+  the draft model's chain:2 measured 17% faster than its chain:4, which the profile (code)
+  ranks above it at 16K. The rounds' sums start from ``patience`` observations as profiled
+  (``_Own.prior``). A move to one of them is judged by the paired difference of the two chains'
+  tokens/s over the same rounds (``_Own.paired_low``: both come from one set of rounds, so the
+  variance of their difference is far below the sum of theirs) at the low end of
+  ``confidence_z`` standard errors, and it must pay more than ``hysteresis`` there for
+  ``patience`` consecutive rounds: it is checked every round, and one round's pass may be
+  noise (reason ``truncation``; no re-score). A drafter that stopped drafting keeps the sums of
+  its last chain for its chains no longer than it, where it has no shadow;
 - a drafter with a **shadow** estimate in the round statistics (``RoundStats.shadow``: what an
   n-gram chain would have accepted on the tokens just committed, which the decode loop scores
   every round whether or not that drafter drafts, see ``engine.ngram``): its chains at the
@@ -39,8 +52,9 @@ What each candidate is scored at:
   drafter need not defeat another (random bytes defeat n-gram lookup, not a draft model).
 
 A strategy that drafts nothing observes no acceptance: after ``probe_after`` rounds in one, the
-controller probes the best-ranked drafting strategy whose drafter has no shadow (reason
-``probe``). Each probe doubles the wait before the next one (up to ``probe_max`` rounds, or
+controller probes a drafting strategy of the best-ranked drafter that has no shadow: its
+candidate that scores best on what was last observed of it, its best-ranked one if nothing was
+(reason ``probe``). Each probe doubles the wait before the next one (up to ``probe_max`` rounds, or
 ``probe_after`` when that is longer): text that defeated a drafter twice is likely to go on
 doing so, and each probe costs ``patience`` rounds or more at the acceptance that lost. The
 wait is back to ``probe_after`` once a drafting strategy has held for ``probe_after`` rounds.
@@ -93,6 +107,99 @@ class _Known:
 
 
 @dataclass(slots=True)
+class _Own:
+    """Decayed sums over the rounds a chain of ``chain`` drafts ran (strategy ``sid``, its
+    attention factor ``factor`` for its drafter), one observation per sequence: ``m`` the
+    drafts accepted, and per shorter length k = 1..chain-1, ``x = min(m, k)`` -- what a chain
+    of k drafts of the same drafter would have accepted on the same text, since its drafts are
+    the first k of the longer chain's. ``w`` the weights' sum, ``w2`` their squares' (the
+    effective observations are ``w * w / w2``); weights decay by ``1 - ema`` per round, as the
+    acceptance EMA's."""
+
+    sid: str
+    chain: int
+    factor: float
+    rounds: int = 0
+    w: float = 0.0
+    w2: float = 0.0
+    m: float = 0.0
+    mm: float = 0.0
+    x: list[float] = field(default_factory=list)  # sum w min(m, k), k = 1..chain-1
+    xx: list[float] = field(default_factory=list)  # sum w min(m, k)^2
+    xm: list[float] = field(default_factory=list)  # sum w min(m, k) m
+
+    def __post_init__(self) -> None:
+        k1 = self.chain - 1
+        self.x, self.xx, self.xm = [0.0] * k1, [0.0] * k1, [0.0] * k1
+
+    def prior(self, alpha: float, n: float) -> None:
+        """Start from ``n`` observations as the profile expects them: each draft accepted with
+        probability ``alpha`` until the first rejection (their expected sums). The data
+        outweigh them as the weights decay; until then the rare full acceptances a few rounds
+        may lack (the heavy tail of the difference a longer chain makes) are not missing from
+        the mean and variance."""
+        k = self.chain
+        a = min(max(alpha, 0.0), 1.0)
+        p = [a**j * (1.0 - a) for j in range(k)] + [a**k]  # P(m = j), j = 0..K
+        self.w += n
+        self.w2 += n
+        self.m += n * sum(j * q for j, q in enumerate(p))
+        self.mm += n * sum(j * j * q for j, q in enumerate(p))
+        for i in range(k - 1):
+            x = [min(j, i + 1) for j in range(k + 1)]
+            self.x[i] += n * sum(v * q for v, q in zip(x, p, strict=True))
+            self.xx[i] += n * sum(v * v * q for v, q in zip(x, p, strict=True))
+            self.xm[i] += n * sum(v * j * q for j, (v, q) in enumerate(zip(x, p, strict=True)))
+
+    def add(self, accepted, keep: float) -> None:
+        k1 = self.chain - 1
+        if self.w:
+            self.w, self.w2, self.m, self.mm = (keep * self.w, keep * keep * self.w2,
+                                                keep * self.m, keep * self.mm)  # fmt: skip
+            self.x = [keep * v for v in self.x]
+            self.xx = [keep * v for v in self.xx]
+            self.xm = [keep * v for v in self.xm]
+        self.rounds += 1
+        for m in accepted:
+            m = min(m, self.chain)
+            self.w += 1.0
+            self.w2 += 1.0
+            self.m += m
+            self.mm += m * m
+            for k in range(1, min(m, k1) + 1):  # min(m, k) = k for k <= m
+                self.x[k - 1] += k
+                self.xx[k - 1] += k * k
+                self.xm[k - 1] += k * m
+            for k in range(m + 1, k1 + 1):  # min(m, k) = m for k > m
+                self.x[k - 1] += m
+                self.xx[k - 1] += m * m
+                self.xm[k - 1] += m * m
+
+    def tokens(self, k: int) -> float:
+        """Expected tokens per round of a chain of ``k`` <= ``chain`` drafts: 1 + E[min(m, k)]."""
+        return 1.0 + (self.m if k >= self.chain else self.x[k - 1]) / self.w
+
+    def paired_low(self, k: int, round_k: float, round_now: float, z: float) -> float:
+        """The low end (``z`` standard errors) of the tokens/s a chain of ``k`` drafts with
+        round time ``round_k`` gains over this chain with round time ``round_now``, per
+        sequence: the mean of the per-observation difference ``(1 + min(m, k)) / round_k -
+        (1 + m) / round_now``, whose two terms come from the same rounds -- the variance of
+        the difference, not the sum of the two variances."""
+        w = self.w
+        em = self.m / w
+        vm = max(self.mm / w - em * em, 0.0)
+        if k >= self.chain:  # the same drafts: x = m
+            ex, vx, cxm = em, vm, vm
+        else:
+            ex = self.x[k - 1] / w
+            vx = max(self.xx[k - 1] / w - ex * ex, 0.0)
+            cxm = self.xm[k - 1] / w - ex * em
+        mean = (1.0 + ex) / round_k - (1.0 + em) / round_now
+        var = vx / round_k**2 + vm / round_now**2 - 2.0 * cxm / (round_k * round_now)
+        return mean - z * math.sqrt(max(var, 0.0) * self.w2 / (w * w))
+
+
+@dataclass(slots=True)
 class _Now:
     """What every round works out the same way while the current strategy (this very object),
     the context's ranked regime and the shadowed chain lengths stay: contexts in ``(lo, hi]``
@@ -109,6 +216,9 @@ class _Now:
     known: _Known
     expected: float
     refs: tuple[tuple[str, Strategy, int, float, float, float], ...]
+    # ``_trunc_rows``: the current chain's drafter's shorter chains among the candidates
+    # (id, chain length, predicted round time) and the current strategy's round time.
+    trunc: tuple[tuple[tuple[str, int, float], ...], float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +330,10 @@ class OnlineController:
         self._now: _Now | None = None
         self._shadow_dev: dict[str, int] = {}
         self._shadow_scored: dict[str, float] = {}  # the shadow alpha the last re-score saw
+        # Per drafter kind, the rounds its last chain ran (``_Own``): the current one's, or the
+        # memory of one that stopped drafting.
+        self._own: dict[str, _Own] = {}
+        self._trunc_dev = 0  # consecutive rounds a shorter chain paid (``_shorter_pays``)
 
     @classmethod
     def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
@@ -333,6 +447,13 @@ class OnlineController:
                 self._ema_sq = (1 - w) * self._ema_sq + w * tokens * tokens
                 self._ema_w2 = (1 - w) * (1 - w) * self._ema_w2 + w * w
             self._alpha = alpha_from_tokens(s.tree, self._ema_tokens)
+            if now.known.chain:
+                own = self._own.get(now.known.kind)
+                if own is None or own.sid != key:
+                    own = self._own[now.known.kind] = _Own(key, now.known.chain,
+                                                           self._factor(regime, s))  # fmt: skip
+                    own.prior(now.expected, cfg.patience)
+                own.add(stats.accepted, 1.0 - cfg.ema)
             expected = now.expected
             ref = expected if self._scored_alpha is None else self._scored_alpha
             self._deviating = self._deviating + 1 if abs(self._alpha - ref) > cfg.epsilon else 0
@@ -345,6 +466,18 @@ class OnlineController:
         shadow_kind = self._shadow_rising(now, drafting)
         if stats.round - self._last_switch < cfg.cooldown and not collapse:
             return None
+        pick = self._shorter_pays(now, regime) if drafting else None
+        self._trunc_dev = self._trunc_dev + 1 if pick is not None else 0
+        if (pick is not None and self._trunc_dev >= cfg.patience and not own
+                and shadow_kind is None):  # fmt: skip
+            # A shorter chain of this drafter has paid across its paired interval for
+            # ``patience`` rounds: switch to it (no re-score: the rest stands as last scored).
+            self._deviating = self._trunc_dev = 0
+            self._chain_obs = [0, 0]
+            self._scored_alpha = self._alpha
+            self._log_switch(stats.round, key, pick[0], "truncation", self._alpha, expected,
+                             pick[1])  # fmt: skip
+            return pick[0]
         if own or shadow_kind is not None:
             spread = self._spread(s.tree) if drafting and not collapse else ()
             best, gain = self._rescore(s, regime, ctx, expected, spread)
@@ -371,7 +504,7 @@ class OnlineController:
         if not drafting and self.switches and stats.round - self._last_switch >= self._probe_wait:
             # A strategy that drafts nothing observes no acceptance, so without a shadow of a
             # drafter it could never leave: go back to the best-ranked drafting strategy.
-            probe = self._probe_strategy(regime)
+            probe = self._probe_choice(regime, s)
             if probe is not None:
                 self._log_switch(stats.round, key, probe, "probe", None, None, 0.0)
                 self._probe_wait = max(min(2 * self._probe_wait, cfg.probe_max), cfg.probe_after)
@@ -634,24 +767,127 @@ class OnlineController:
             if kind != own_kind and a is not None and prof > 0:
                 self._shift[kind] = a / prof
         cands, tpr, tps = self._tally(current, regime)
-        top_id = max(tps, key=lambda k: (tps[k], k == now_id))
+        # The current chain's drafter's shorter chains, once the chain has run ``patience``
+        # rounds (their tokens per round are then its rounds', ``_tally``): the paired test
+        # gates them, and only after they paid for ``patience`` rounds (``_shorter_pays``: it
+        # is checked every round, and one round's pass may be noise); until then they sit
+        # this re-score out.
+        shorter = {}
+        now = self._now
+        if own_kind is not None and now is not None and now.strategy is current:
+            own = self._own.get(own_kind)
+            if own is not None and own.sid == now_id and own.rounds >= cfg.patience:
+                rows, round_now = self._trunc_rows(now, regime)
+                shorter = {sid: (own, k, t, round_now) for sid, _, k, t in rows}
+        sustained = self._trunc_dev >= cfg.patience
+        ids = tps if sustained else [k for k in tps if k not in shorter]
+        top_id = max(ids, key=lambda k: (tps[k], k == now_id))
         if top_id == now_id:
             return None, 0.0
         gain = self._gain(cands, tpr, tps, now_id, top_id)
         if gain <= cfg.hysteresis:
             return None, gain
-        if own_kind is not None and expected > 0:
-            point = self._shift[own_kind]
-            try:
-                for a in spread:  # shadowed candidates at the low end of theirs
-                    self._shift[own_kind] = a / expected
-                    _, tpr_b, tps_b = self._tally(current, regime, cfg.confidence_z)
-                    g = self._gain(cands, tpr_b, tps_b, now_id, top_id)
-                    if g <= cfg.hysteresis:
-                        return None, g
-            finally:
-                self._shift[own_kind] = point
-        return cands[top_id], gain
+        if top_id in shorter:
+            if self._paired_gain(*shorter[top_id], cands[top_id]) > cfg.hysteresis:
+                return cands[top_id], gain
+        elif self._spread_pays(current, regime, cands, now_id, top_id, expected, spread):
+            return cands[top_id], gain
+        # The top did not pay across its interval: a shorter chain that pays across its own.
+        for sid in sorted(shorter if sustained else (), key=lambda k: -tps[k]):
+            if sid != top_id and tps[sid] > tps[now_id]:
+                if self._paired_gain(*shorter[sid], cands[sid]) > cfg.hysteresis:
+                    return cands[sid], self._gain(cands, tpr, tps, now_id, sid)
+        return None, gain
+
+    def _spread_pays(self, current: Strategy, regime: str, cands: dict, now_id: str,
+                     top_id: str, expected: float | None,
+                     spread: tuple[float, ...]) -> bool:  # fmt: skip
+        """Whether the switch to ``top_id`` pays by more than ``hysteresis`` with the current
+        strategy's acceptance at both ends of its interval (``spread``), shadowed candidates at
+        the low end of theirs."""
+        cfg = self.config
+        own_kind = current.drafter.kind if expected is not None else None
+        if own_kind is None or not expected > 0:
+            return True
+        point = self._shift[own_kind]
+        try:
+            for a in spread:
+                self._shift[own_kind] = a / expected
+                _, tpr_b, tps_b = self._tally(current, regime, cfg.confidence_z)
+                if self._gain(cands, tpr_b, tps_b, now_id, top_id) <= cfg.hysteresis:
+                    return False
+        finally:
+            self._shift[own_kind] = point
+        return True
+
+    def _trunc_rows(self, now: _Now, regime: str):
+        """(rows, round time of the current strategy): per candidate chain of the current
+        chain's drafter no longer than it, at the same attention factor (so the same
+        acceptance), not the current strategy itself: its id, strategy, chain length and
+        predicted round time. Memoised on ``now``."""
+        if now.trunc is None:
+            rows = self._rows(regime, now.strategy)
+            sid_now, k_now = now.known.sid, now.known.chain
+            f_now = self._factor(regime, now.strategy)
+            round_now = next(r[6] for r in rows if r[0] == sid_now)
+            trunc = tuple(
+                (sid, c, chain, round_s)
+                for sid, c, kind, chain, factor, _, round_s in rows
+                if kind == now.known.kind and 1 <= chain <= k_now and sid != sid_now
+                and factor == f_now
+            )  # fmt: skip
+            now.trunc = (trunc, round_now)
+        return now.trunc
+
+    def _paired_gain(self, own: _Own, k: int, round_k: float, round_now: float,
+                     to: Strategy, z: float | None = None) -> float:  # fmt: skip
+        """Relative gain of switching to ``to``, a chain of ``k`` drafts of the current
+        chain's drafter, at the low end of the paired interval of its tokens/s over the
+        current strategy's (``_Own.paired_low``, ``confidence_z`` standard errors), the
+        switch cost spread over ``horizon_rounds``."""
+        cfg = self.config
+        low = own.paired_low(k, round_k, round_now, cfg.confidence_z if z is None else z)
+        tps_now = self.batch * own.tokens(own.chain) / round_now
+        tps_low = tps_now + self.batch * low
+        if tps_low <= 0:
+            return -1.0
+        per_tok_new = 1.0 / tps_low + self.switch_cost(to) / (
+            cfg.horizon_rounds * own.tokens(k) * self.batch
+        )
+        return (1.0 / tps_now) / per_tok_new - 1.0
+
+    def _shorter_pays(self, now: _Now, regime: str) -> tuple[Strategy, float] | None:
+        """The shorter chain of the current chain's drafter (``_trunc_rows``) that gains
+        most at the low end of its paired interval, if that is more than ``hysteresis``, once
+        the current chain has run ``patience`` rounds: (it, its gain at the point estimate);
+        else None."""
+        own = self._own.get(now.known.kind)
+        if (own is None or own.sid != now.known.sid or own.chain < 2
+                or own.rounds < self.config.patience):  # fmt: skip
+            return None
+        rows, round_now = self._trunc_rows(now, regime)
+        best, low = None, self.config.hysteresis
+        for _, c, k, t in rows:
+            g = self._paired_gain(own, k, t, round_now, c)
+            if g > low:
+                best, low = (c, k, t), g
+        if best is None:
+            return None
+        c, k, t = best
+        return c, self._paired_gain(own, k, t, round_now, c, z=0.0)
+
+    def _probe_choice(self, regime: str, current: Strategy) -> Strategy | None:
+        """The strategy a probe goes to: of the drafter of ``_probe_strategy``, the candidate
+        that scores best on what was last observed of it (``_tally``: the rounds its last
+        chain ran, or the shift last observed) -- text that defeated its long chains may still
+        pay a short one; the best-ranked one when nothing was observed of it."""
+        base = self._probe_strategy(regime)
+        if base is None or base.drafter.kind not in self._own:
+            return base
+        cands, _, tps = self._tally(current, regime)
+        kind = base.drafter.kind
+        ids = [sid for sid, c in cands.items() if c.drafter.kind == kind and parse_tree(c.tree)]
+        return cands[max(ids, key=lambda k: tps[k])] if ids else base
 
     def _tally(self, current: Strategy, regime: str,
                z: float = 0.0) -> tuple[dict, dict, dict]:  # fmt: skip
@@ -659,9 +895,24 @@ class OnlineController:
         acceptance the shifts and shadows say now (``_rescore``; shadow estimates ``z``
         standard errors low)."""
         now_id = self._id(current)
+        now_kind = current.drafter.kind if parse_tree(current.tree) else None
         cands, tpr, tps = {}, {}, {}
         for sid, c, kind, chain, factor, profiled, round_s in self._rows(regime, current):
             cands[sid] = c
+            own = self._own.get(kind)
+            if (
+                own is not None
+                and own.rounds >= self.config.patience
+                and sid != now_id
+                and 1 <= chain <= own.chain
+                and factor == own.factor
+                and (own.sid == now_id if kind == now_kind else kind not in self._shadow)
+            ):
+                # What its drafts would have accepted in the rounds the current (or the last)
+                # chain of its drafter ran.
+                tpr[sid] = own.tokens(chain)
+                tps[sid] = self.batch * tpr[sid] / round_s
+                continue
             a = None
             if sid != now_id and kind in self._shadow:
                 factor_now = self._factor(regime, current, kind)

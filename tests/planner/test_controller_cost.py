@@ -147,13 +147,30 @@ def test_memoised_controller_decides_as_the_plain_one_from_sparse_verification(
     assert fast["log"][0]["from"] == strategy_id(start)
 
 
+def _world_tps(setting, world: dict, s) -> float:
+    """Tokens/s of ``s`` at 16K in a synthetic world of one acceptance per drafter kind: its
+    predicted round time (``planner.rank.score``) and the expected tokens of its tree at that
+    acceptance times its attention factor (what ``simulate_accepted`` draws)."""
+    from planner.rank import score
+
+    ranking, model, gpu, profile = setting
+    ctx = ranking["regimes"]["16K"]["context_len"]
+    (scored,), _ = score(model, gpu, [s], ctx, profile, "16K")
+    a = min(1.0, world[s.drafter.kind] * profile.attention_factor("16K", s))
+    return expected_tokens(s.tree, a) / scored.round_s
+
+
 def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting):
     """On the tiny pair's profile at 16K, starting from the offline best, text accepted as
     profiled: without the gate (``confidence_z=0``) the EMA's noise makes the controller
-    switch in many of ten runs (9 on run 14's profile, 6 on run 13's); with it, in at most 2
-    (1 and 0). The gate is re-checked at every patience window, so a long run can still pass
-    it by chance. A drafter whose acceptance really dropped (to 55% of its profile) is still
-    left in every run."""
+    switch in many of ten runs (9 on run 14's profile, 8 of them to a strategy slower than
+    the start in that world); with it, at most 2 runs switch to a slower one (1 on run 14's
+    profile, of 3 that switch).
+    The world draws every chain of a drafter at one acceptance, so the profile's lower alpha
+    for n-gram chain:2 does not hold in it, and the truncation estimates (which measure it)
+    may rightly move to that chain; that is no noise switch. The gate is re-checked at every
+    patience window, so a long run can still pass it by chance. A drafter whose acceptance
+    really dropped (to 55% of its profile) is still left in every run."""
     from planner.controller import ControllerConfig
 
     ranking, _, _, profile = setting
@@ -162,16 +179,24 @@ def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting)
     as_profiled = {k: profile.alpha("16K", k) for k in ("ngram", "draft_model")}
     as_profiled[start.drafter.kind] = profile.alpha_for("16K", start)
     dropped = {**as_profiled, start.drafter.kind: 0.55 * as_profiled[start.drafter.kind]}
+    strategies = {strategy_id(s): s for s in (strategy_from_json(r["strategy"])
+                  for r in ranking["regimes"]["16K"]["ranking"])}  # fmt: skip
+    base = _world_tps(setting, as_profiled, start)
 
-    def switched(world, z):
+    def runs(world, z):
         cfg = ControllerConfig(confidence_z=z)
-        return [bool(BENCH.run_controller(setting, world, 150, seed, config=cfg)["switches"])
+        return [BENCH.run_controller(setting, world, 150, seed, config=cfg)["log"]
                 for seed in range(10)]  # fmt: skip
 
-    ungated, gated = switched(as_profiled, 0.0), switched(as_profiled, 1.645)
-    assert sum(ungated) >= 5 and sum(gated) <= 2, (ungated, gated)
+    def worse(log):
+        return any(_world_tps(setting, as_profiled, strategies[x["to"]]) < base for x in log)
+
+    ungated, gated = runs(as_profiled, 0.0), runs(as_profiled, 1.645)
+    assert sum(map(bool, ungated)) >= 5, ungated
+    assert sum(map(worse, gated)) <= 2, gated
+    switched = lambda logs: [bool(x) for x in logs]  # noqa: E731
     assert ControllerConfig().confidence_z == 1.645
-    assert all(switched(dropped, ControllerConfig().confidence_z))
+    assert all(switched(runs(dropped, ControllerConfig().confidence_z)))
     with pytest.raises(ValueError, match="confidence_z must be >= 0"):
         ControllerConfig(confidence_z=-1)
 
@@ -182,8 +207,8 @@ def test_the_scenarios_reach_every_kind_of_switch(setting):
     # Whether prose>code also reaches a ``shadow`` switch depends on the committed profile's
     # offline best (run 13's, the draft model, does not); tests/planner/test_planner.py covers
     # shadow switches on a profile of its own.
-    assert {"acceptance", "collapse", "probe"} <= reasons <= {
-        "acceptance", "collapse", "probe", "shadow"
+    assert {"acceptance", "collapse", "probe", "truncation"} <= reasons <= {
+        "acceptance", "collapse", "probe", "shadow", "truncation"
     }  # fmt: skip
 
 
@@ -198,3 +223,67 @@ def test_benchmark_writes_its_figures(tmp_path):
         assert all(0 < r["median_us"] <= r["p99_us"] <= r["max_us"] for r in ctl.values())
         assert all(r["positions"] > 30 for r in shadow.values())
     assert BENCH.main(["--flush-mib", "-1"]) == 2
+
+
+def test_own_round_sums_are_the_weighted_moments():
+    """``_Own``: decayed sums of m and of min(m, k), their paired difference's low end and the
+    prior's expected sums, against numpy on the same observations."""
+    from planner.controller import _Own
+
+    rng = np.random.default_rng(3)
+    keep, chain = 0.95, 4
+    rounds = [rng.integers(0, chain + 1, rng.integers(1, 3)).tolist() for _ in range(60)]
+    own = _Own("s", chain, 1.0)
+    for acc in rounds:
+        own.add(acc, keep)
+    m = np.array([x for acc in rounds for x in acc], dtype=float)
+    w = np.array([keep ** (len(rounds) - 1 - i) for i, acc in enumerate(rounds) for _ in acc])
+    assert own.rounds == len(rounds) and np.isclose(own.w, w.sum())
+    assert np.isclose(own.w2, (w * w).sum())
+    t_k, t_now, z = 1.2e-3, 1.7e-3, 1.645
+    for k in range(1, chain + 1):
+        x = np.minimum(m, k)
+        assert np.isclose(own.tokens(k), 1 + np.average(x, weights=w))
+        d = (1 + x) / t_k - (1 + m) / t_now
+        mean = np.average(d, weights=w)
+        var = np.average((d - mean) ** 2, weights=w)
+        low = mean - z * np.sqrt(var * (w * w).sum() / w.sum() ** 2)
+        assert np.isclose(own.paired_low(k, t_k, t_now, z), low)
+    prior = _Own("p", chain, 1.0)
+    prior.prior(0.6, 16)
+    p = np.array([0.6**j * 0.4 for j in range(chain)] + [0.6**chain])
+    j = np.arange(chain + 1)
+    assert np.isclose(prior.w, 16) and np.isclose(prior.tokens(chain), 1 + (j * p).sum())
+    for k in range(1, chain):
+        assert np.isclose(prior.tokens(k), 1 + (np.minimum(j, k) * p).sum())
+
+
+def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
+    """``decay``: the draft model accepts its first drafts as profiled and later ones far
+    less. From its dense chain:4, its chain:2 is ~17% faster in that world; the chain's own
+    rounds show it, and the controller moves there (reason ``truncation``) in at least 8 of
+    10 runs of 200 rounds. In the same runs started at acceptance as profiled it does not."""
+    from planner.rank import score
+
+    ranking, _, _, profile = setting
+    ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
+    start, shorter = (
+        next(s for s in ranked
+             if s.drafter.kind == "draft_model" and s.tree == tree and not s.is_sparse)
+        for tree in ("chain:4", "chain:2")
+    )  # fmt: skip
+    world = BENCH.SCENARIOS["decay"]
+    ctx = ranking["regimes"]["16K"]["context_len"]
+    scored, _ = score(setting[1], setting[2], [start, shorter], ctx, profile, "16K")
+    rounds_s = {x.strategy.tree: x.round_s for x in scored}
+    reach = np.cumprod(world["draft_model"])  # P(the first j drafts accepted), j = 1..4
+    tps = {k: (1 + reach[:k].sum()) / rounds_s[f"chain:{k}"] for k in (2, 4)}
+    assert tps[2] / tps[4] > 1.15
+
+    def reached(world, seed):
+        log = BENCH.run_controller(setting, world, 200, seed, start=start)["log"]
+        return [x["reason"] for x in log if x["from"] == strategy_id(start)][:1] == ["truncation"]
+
+    assert sum(reached(world, seed) for seed in range(10)) >= 8
+    as_profiled = {**world, "draft_model": profile.alpha_for("16K", start)}
+    assert sum(reached(as_profiled, seed) for seed in range(10)) <= 1
