@@ -163,9 +163,9 @@ def _world_tps(setting, world: dict, s) -> float:
 def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting):
     """On the tiny pair's profile at 16K, starting from the offline best, text accepted as
     profiled: without the gate (``confidence_z=0``) the EMA's noise makes the controller
-    switch in many of ten runs (9 on run 14's profile, 8 of them to a strategy slower than
-    the start in that world); with it, at most 2 runs switch to a slower one (1 on run 14's
-    profile, of 3 that switch).
+    switch in many of ten runs (10 on run 15's profile, 7 of them to a strategy slower than
+    the start in that world; 9 and 8 on run 14's); with it, at most 2 runs switch to a
+    slower one (0 of 3 that switch on run 15's profile, 1 of 3 on run 14's).
     The world draws every chain of a drafter at one acceptance, so the profile's lower alpha
     for n-gram chain:2 does not hold in it, and the truncation estimates (which measure it)
     may rightly move to that chain; that is no noise switch. The gate is re-checked at every
