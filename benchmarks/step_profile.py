@@ -114,6 +114,10 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=15360)
     p.add_argument("--sets", default="code,random")
     p.add_argument("--strategies", default="draft_model:chain:0,draft_model:chain:2")
+    p.add_argument("--first", default="",
+                   help="baselines (perfmodel.strategy.BASELINES, e.g. ar_sparse) decoded once "
+                        "per prompt set before the profiled strategies, as an evaluation that "
+                        "measured them earlier on the same runners would have")  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top", type=int, default=12)
@@ -129,16 +133,19 @@ def main(argv=None) -> int:
         bench = make_bench(args.model, args.draft_model, args.context, args.new_tokens, 1,
                            "cuda", temperature=args.temperature)  # fmt: skip
         strategies = [parse_strategy(s, bench.draft_label) for s in args.strategies.split(",")]
+        first = [Strategy.from_name(x) for x in args.first.split(",") if x]
     except ValueError as e:
         print(f"step_profile: {e}", file=sys.stderr)
         return 2
     from kernels.timing import provenance
 
     out = {"provenance": {**provenance(), "command": " ".join(sys.argv)},
-           "context": args.context, "new_tokens": args.new_tokens,
+           "first": args.first, "context": args.context, "new_tokens": args.new_tokens,
            "temperature": args.temperature, "runs": []}  # fmt: skip
     for kind in sets:
         prompt = prompt_tokens(kind, args.context, offset=2 * args.context)
+        for s in first:
+            run_once(bench, s, prompt, seed=0)
         for s in strategies:
             r = profile_run(bench, s, prompt, args.top)
             out["runs"].append({"set": kind, "strategy": s.name, **r})
