@@ -129,6 +129,14 @@ class KVCache:
             self.comp.append((ck.to(self.kv.dtype), cv.to(self.kv.dtype)))
             self.comp_lens = lens.to(torch.int32)
 
+    def drop_summaries(self, *, meta: bool, comp: bool) -> None:
+        """Forget the block metadata and/or the compressed tokens: commits stop refreshing
+        them, and ``require_blocks`` / ``require_compressed`` build them again."""
+        if meta:
+            self.meta = None
+        if comp:
+            self.comp = self.comp_lens = self.comp_shape = None
+
     def _build_meta(self, layer: int, block_size: int, kinds) -> BlockMetadata:
         if self.use_triton:
             return BlockMetadata.build(self.k(layer), self.lens, block_size, kinds)

@@ -144,11 +144,16 @@ class Engine:
         self.strategy, self.tree, self.attn, self.drafter = strategy, tree, attn, drafter
         self.target.prepare(attn)
         self.stats = None
+        reads = [attn]  # the target cache's summaries this strategy reads
         if self.config.record_stats:
             scfg = self._stats_config(strategy, tree.num_nodes)
             self.target.prepare(scfg)
             self.stats = SelectionStats(scfg, self.target.config.num_layers,
                                         backend=self.target.backend)  # fmt: skip
+            reads.append(scfg)
+        if isinstance(drafter, SelfSparseDrafter):  # drafts from the target's cache
+            reads.append(drafter.expander.attn)
+        self.target.retain(reads)
         self._fresh = True
 
     def _stats_config(self, strategy: Strategy, t: int) -> AttentionConfig:

@@ -81,6 +81,19 @@ class ModelRunner:
         if (id(self.cache.meta), id(self.cache.comp)) != before:
             self.graphs.clear()  # captured graphs read the old summary tensors
 
+    def retain(self, attns) -> None:
+        """Drop the cache summaries none of ``attns`` reads: every commit refreshes the
+        summaries that exist, for every layer, so block metadata or compressed tokens left by
+        an earlier sparse strategy would tax each round of a dense one (on the H100, tiny pair
+        at 16K: 89 more kernels and ~110 us per round, docs/notes/planner.md). A later
+        ``prepare`` rebuilds what it needs from the committed prefix."""
+        kinds = {a.kind for a in attns}
+        drop_meta = self.cache.meta is not None and "sparse" not in kinds
+        drop_comp = self.cache.comp is not None and "nsa" not in kinds
+        if drop_meta or drop_comp:
+            self.cache.drop_summaries(meta=drop_meta, comp=drop_comp)
+            self.graphs.clear()  # the captured commits refresh the dropped summaries
+
     # ------------------------------------------------------------------ prefill
 
     @torch.no_grad()

@@ -199,3 +199,37 @@ def test_engine_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="head_dim"):
         odd = tiny_model(TINY.replace(head_dim=24))
         Engine(ModelRunner(odd, batch=1, t_max=64, backend="triton"), Strategy(name="a"), cfg)
+
+
+def test_summaries_follow_the_strategy_that_reads_them():
+    """A sparse strategy's block metadata and NSA's compressed tokens are refreshed by every
+    commit while they exist: a dense strategy run after them on the same runners must not keep
+    them (it would pay for them each round), must decode as on fresh runners, and a sparse
+    strategy switched to mid-generation must rebuild them from the committed prefix."""
+    nsa = Strategy(name="nsa", tree="chain:3", drafter=DM, attention="sparse", metadata="nsa",
+                   top_n=2, block_size=16, window=32, comp_block=16, comp_stride=8)  # fmt: skip
+    b, n = len(PROMPTS), 40
+    t_max = max(map(len, PROMPTS)) + n + 70
+    runner = ModelRunner(TARGET, batch=b, t_max=t_max, backend="torch")
+    drunner = ModelRunner(DRAFT, batch=b, t_max=t_max, backend="torch")
+    cfg = DecodeConfig(max_new_tokens=n)
+    for s in (nsa, Strategy(name="sd", tree="chain:4", drafter=DM, **SPARSE)):
+        Engine(runner, s, cfg, draft_runner=drunner).generate(PROMPTS)
+    assert runner.cache.meta is not None  # the sparse strategy's
+    dense = Engine(runner, SPEC["chain_draft_model"], cfg, draft_runner=drunner)
+    assert runner.cache.meta is None and runner.cache.comp is None
+    assert dense.generate(PROMPTS).tokens == AR_DENSE
+    assert runner.cache.meta is None and runner.cache.comp is None
+    # Dense for 3 rounds, then sparse (metadata "mean", exact per-query selection): the
+    # summaries are built at the switch and kept up; the output is the sparse decode's.
+    sparse = Strategy(name="ssv", tree="full:2x3", drafter=DM, mode="per_query", **SPARSE)
+    eng = Engine(runner, Strategy(name="ar_sparse", **SPARSE), cfg, draft_runner=drunner,
+                 controller=SwitchAfter(3, sparse))  # fmt: skip
+    assert eng.generate(PROMPTS).tokens == AR_SPARSE[1]
+    assert runner.cache.meta is not None and runner.cache.comp is None
+    eng = Engine(runner, Strategy(name="ar_dense"), cfg, draft_runner=drunner,
+                 controller=SwitchAfter(3, sparse))  # fmt: skip
+    assert (
+        eng.generate(PROMPTS).tokens
+        == generate(Strategy(name="ar_dense"), controller=SwitchAfter(3, sparse)).tokens
+    )
