@@ -43,11 +43,20 @@ def test_report_compares_every_baseline_at_every_context(rep):
 
 
 def test_simulator_replays_the_measured_acceptance(rep):
-    """With the same costs, the simulator's tokens/s differs from the analytic prediction only
-    by the replayed acceptance sequence vs its mean: close, but computed independently."""
+    """With the same costs, the simulator replaying the seed-0 run's accepted counts agrees with
+    the analytic prediction at that run's tokens per round (the prediction is at the seeds'
+    pooled ones: scaled by the ratio, since a dense round's time does not depend on what it
+    accepts): computed independently, equal to 1%. Against the pooled prediction itself an
+    outlying seed 0 would differ by its acceptance alone (7680 sd_dense in campaign 2952642:
+    3.72 drafts accepted per round against 2.69-3.57 in the other seeds, +15%)."""
+    camp = json.loads((rpt.ROOT / "docs/validation/campaign.json").read_text())
+    seed0 = {(r["baseline"], r["context_len"]): r["measured"] for r in camp["rows"]
+             if "rounds_trace" in r["measured"]}  # fmt: skip
     for r in rep["e2e"]["rows"]:
-        sim, pred = r["simulated"]["tokens_per_s"], r["predicted"]["tokens_per_s"]
-        assert sim == pytest.approx(pred, rel=0.15), r["baseline"]
+        trace = seed0[(r["baseline"], r["context_len"])]["rounds_trace"][1:]  # as replayed
+        tpr0 = sum(a + 1 for _, _, a in trace) / len(trace)
+        pred0 = r["predicted"]["tokens_per_s"] * tpr0 / r["measured"]["tokens_per_round"]
+        assert r["simulated"]["tokens_per_s"] == pytest.approx(pred0, rel=0.01), r["baseline"]
 
 
 def test_report_cli_writes_the_report_and_checks_targets(tmp_path, capsys, monkeypatch):

@@ -163,9 +163,9 @@ def _world_tps(setting, world: dict, s) -> float:
 def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting):
     """On the tiny pair's profile at 16K, starting from the offline best, text accepted as
     profiled: without the gate (``confidence_z=0``) the EMA's noise makes the controller
-    switch in many of ten runs (10 on run 15's profile, 7 of them to a strategy slower than
-    the start in that world; 9 and 8 on run 14's); with it, at most 2 runs switch to a
-    slower one (0 of 3 that switch on run 15's profile, 1 of 3 on run 14's).
+    switch in many of ten runs (8 on run 16's profile, 7 of them to a strategy slower than
+    the start in that world; 10 and 7 on run 15's); with it, at most 2 runs switch to a
+    slower one (0 of 4 that switch on run 16's profile, 0 of 3 on run 15's).
     The world draws every chain of a drafter at one acceptance, so the profile's lower alpha
     for n-gram chain:2 does not hold in it, and the truncation estimates (which measure it)
     may rightly move to that chain; that is no noise switch. The gate is re-checked at every
@@ -260,30 +260,41 @@ def test_own_round_sums_are_the_weighted_moments():
 
 def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
     """``decay``: the draft model accepts its first drafts as profiled and later ones far
-    less. From its dense chain:4, its chain:2 is ~17% faster in that world; the chain's own
-    rounds show it, and the controller moves there (reason ``truncation``) in at least 8 of
-    10 runs of 200 rounds. In the same runs started at acceptance as profiled it does not."""
+    less. From its dense chain:4, its chain:2 is >15% faster in that world; the chain's own
+    rounds show it. In at least 8 of 10 runs of 200 rounds the controller leaves chain:4 for a
+    strategy faster in that world: chain:2 (reason ``truncation``), or autoregressive decoding
+    when an acceptance re-score comes first (run 16's profile prices AR about 1% below chain:2
+    there). Started at acceptance as profiled, it leaves in at most 1."""
     from planner.rank import score
 
-    ranking, _, _, profile = setting
+    ranking, model, gpu, profile = setting
     ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
+    by_id = {strategy_id(s): s for s in ranked}
     start, shorter = (
         next(s for s in ranked
              if s.drafter.kind == "draft_model" and s.tree == tree and not s.is_sparse)
         for tree in ("chain:4", "chain:2")
     )  # fmt: skip
     world = BENCH.SCENARIOS["decay"]
-    ctx = ranking["regimes"]["16K"]["context_len"]
-    scored, _ = score(setting[1], setting[2], [start, shorter], ctx, profile, "16K")
-    rounds_s = {x.strategy.tree: x.round_s for x in scored}
     reach = np.cumprod(world["draft_model"])  # P(the first j drafts accepted), j = 1..4
-    tps = {k: (1 + reach[:k].sum()) / rounds_s[f"chain:{k}"] for k in (2, 4)}
-    assert tps[2] / tps[4] > 1.15
+    ctx = ranking["regimes"]["16K"]["context_len"]
 
-    def reached(world, seed):
+    def world_tps(s) -> float:
+        (x,), _ = score(model, gpu, [s], ctx, profile, "16K")
+        k = len(parse_tree(s.tree))
+        assert k == 0 or (s.tree == f"chain:{k}" and s.drafter.kind == "draft_model")
+        return (1 + reach[:k].sum()) / x.round_s
+
+    assert world_tps(shorter) / world_tps(start) > 1.15
+
+    def left(world, seed):
         log = BENCH.run_controller(setting, world, 200, seed, start=start)["log"]
-        return [x["reason"] for x in log if x["from"] == strategy_id(start)][:1] == ["truncation"]
+        return next((x for x in log if x["from"] == strategy_id(start)), None)
 
-    assert sum(reached(world, seed) for seed in range(10)) >= 8
+    moves = [left(world, seed) for seed in range(10)]
+    good = [m for m in moves if m is not None
+            and world_tps(by_id[m["to"]]) > world_tps(start)]  # fmt: skip
+    assert len(good) >= 8, moves
+    assert any(m["reason"] == "truncation" for m in good)
     as_profiled = {**world, "draft_model": profile.alpha_for("16K", start)}
-    assert sum(reached(as_profiled, seed) for seed in range(10)) <= 1
+    assert sum(left(as_profiled, seed) is not None for seed in range(10)) <= 1
