@@ -61,6 +61,12 @@ wait is back to ``probe_after`` once a drafting strategy has held for ``probe_af
 Every switch is logged (``switches``) with its reason. ``drafter_kinds()`` tells the decode
 loop which drafters to keep warm, so a switch costs a catch-up, not a restart.
 
+The rounds are taken ``stride`` at a time (4): the loop hands every round over at once, and
+the controller goes through the rounds since its last decision together, in order, then decides.
+Every counter, average and test advances round by round as with a stride of 1, so a decision
+comes at most ``stride - 1`` rounds late. The point is the host's time: a call that finds the
+CPU caches cold, as the rest of a decode round leaves them, costs about five warm ones.
+
 Switch costs are kept per destination (``switch_kind``: the drafter kind, or ``none`` for a
 strategy that drafts nothing) from the host time the loop reports for each switch: going to
 autoregressive decoding installs a strategy and nothing else, while going to a draft model runs
@@ -246,6 +252,13 @@ class ControllerConfig:
         default=4.6,
         metadata={"help": "log-likelihood ratio at which a chain's acceptance drop acts at once"},
     )
+    # 4: the work of four rounds in one call. Each call that finds the CPU caches cold (the
+    # rest of a decode round evicts them) costs ~5x a warm one (benchmarks/controller_cost.py:
+    # ~36 against ~7 us per round), and on the tiny pair a round is ~1 ms.
+    stride: int = field(
+        default=4,
+        metadata={"help": "rounds taken in one go (decisions up to stride - 1 rounds later)"},
+    )
     # 1.645: the switch pays at both ends of a 90% interval of the observed acceptance.
     confidence_z: float = field(
         default=1.645,
@@ -258,7 +271,7 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.ema <= 1:
             raise ValueError(f"ema must lie in (0, 1], got {self.ema}")
-        for name in ("patience", "candidates", "horizon_rounds", "probe_after"):
+        for name in ("patience", "candidates", "horizon_rounds", "probe_after", "stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.probe_max < 1:
@@ -334,6 +347,7 @@ class OnlineController:
         # memory of one that stopped drafting.
         self._own: dict[str, _Own] = {}
         self._trunc_dev = 0  # consecutive rounds a shorter chain paid (``_shorter_pays``)
+        self._queue: list = []  # rounds not taken yet (``stride``)
 
     @classmethod
     def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
@@ -415,6 +429,21 @@ class OnlineController:
         return min(1.0, alpha_from_tokens(tree, 1.0 + mean) * factor / factor_now)
 
     def after_round(self, stats) -> Strategy | None:
+        """Take the round: every ``stride`` rounds, the rounds since in order (counters,
+        averages and tests advance round by round as with a stride of 1), and a decision
+        after the last of them -- a switch, or None. In between, None."""
+        if self.config.stride <= 1:
+            return self._round(stats, True)
+        self._queue.append(stats)
+        if len(self._queue) < self.config.stride:
+            return None
+        queue, self._queue = self._queue, []
+        for st in queue[:-1]:
+            self._round(st, False)
+        return self._round(queue[-1], True)
+
+    def _round(self, stats, decide: bool) -> Strategy | None:
+        """One round's bookkeeping; with ``decide``, the decision too."""
         cfg = self.config
         s: Strategy = stats.strategy
         if "switch" in stats.step_s:  # what installing this strategy cost (catch-up included)
@@ -468,6 +497,8 @@ class OnlineController:
             return None
         pick = self._shorter_pays(now, regime) if drafting else None
         self._trunc_dev = self._trunc_dev + 1 if pick is not None else 0
+        if not decide:
+            return None
         if (pick is not None and self._trunc_dev >= cfg.patience and not own
                 and shadow_kind is None):  # fmt: skip
             # A shorter chain of this drafter has paid across its paired interval for

@@ -73,9 +73,9 @@ class PlainController(OnlineController):
     def _factor(self, regime, s, drafter=None):
         return self.profile.attention_factor(regime, s, drafter)
 
-    def after_round(self, stats):
+    def _round(self, stats, decide):
         self._now = None
-        return super().after_round(stats)
+        return super()._round(stats, decide)
 
     def _shadow_refs_memo(self, regime):
         self._refs.clear()
@@ -298,3 +298,45 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
     assert any(m["reason"] == "truncation" for m in good)
     as_profiled = {**world, "draft_model": profile.alpha_for("16K", start)}
     assert sum(left(as_profiled, seed) is not None for seed in range(10)) <= 1
+
+
+def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
+    """``stride`` 4: the rounds since the last decision are taken together, each as a stride
+    of 1 takes it (same averages, sums and counters after every fourth round), and decisions
+    come only after the fourth. In the scenarios that switch, the first switch goes where the
+    stride-1 controller's goes, at most 3 rounds later."""
+    import dataclasses
+
+    from engine.controller import RoundStats
+    from planner.controller import ControllerConfig
+
+    ranking, model, gpu, profile = setting
+    start = strategy_from_json(ranking["regimes"]["16K"]["ranking"][0]["strategy"])
+    ctls = {k: OnlineController(ranking, model, gpu, profile, ControllerConfig(stride=k))
+            for k in (1, 4)}  # fmt: skip
+    rng = np.random.default_rng(5)
+    ctx = 15360
+    for i in range(12):  # fewer rounds than patience: nothing to decide
+        acc = int(BENCH.simulate_accepted(parse_tree(start.tree), 0.5, rng))
+        shadow = BENCH.simulate_shadow(acc + 1, 0.5, 8, rng)
+        stats = RoundStats(round=i, strategy=start, context_lens=(ctx,), drafted=4,
+                           accepted=(acc,), step_s={}, tokens_generated=acc + 1,
+                           shadow={"ngram": shadow})  # fmt: skip
+        ctx += acc + 1
+        out = {k: c.after_round(stats) for k, c in ctls.items()}
+        assert out[1] is None and out[4] is None
+        if i % 4 == 3:
+            a, b = ctls[1], ctls[4]
+            assert (a._ema_tokens, a._ema_sq, a._deviating) == (b._ema_tokens, b._ema_sq,
+                                                                b._deviating)  # fmt: skip
+            assert a._shadow == b._shadow and a._chain_obs == b._chain_obs
+            oa, ob = a._own[start.drafter.kind], b._own[start.drafter.kind]
+            assert dataclasses.asdict(oa) == dataclasses.asdict(ob)
+        else:
+            assert len(ctls[4]._queue) == i % 4 + 1
+    for scenario in ("prose", "random", "decay"):
+        one = BENCH.run_controller(setting, scenario, 300, 0, config=ControllerConfig(stride=1))
+        four = BENCH.run_controller(setting, scenario, 300, 0)
+        assert four["switches"] and all(r % 4 == 3 for r, _, _ in four["switches"])
+        first1, first4 = one["switches"][0], four["switches"][0]
+        assert first1[2] == first4[2] and 0 <= first4[0] - first1[0] <= 3, (one, four)

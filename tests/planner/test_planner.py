@@ -204,7 +204,8 @@ def test_controller_leaves_a_strategy_without_drafts_by_probing():
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
     prof = Profile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
-    c = OnlineController(doc, M, G, prof, ControllerConfig(patience=2, cooldown=0, probe_after=5))
+    cfg = ControllerConfig(patience=2, cooldown=0, probe_after=5, stride=1)
+    c = OnlineController(doc, M, G, prof, cfg)
     s = first = c.initial_strategy(30000)
     assert parse_tree(s.tree)
     rounds = []
@@ -268,7 +269,7 @@ def test_controller_backs_off_probes_that_fail():
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
     prof = Profile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
-    cfg = ControllerConfig(patience=2, cooldown=0, probe_after=5, probe_max=20)
+    cfg = ControllerConfig(patience=2, cooldown=0, probe_after=5, probe_max=20, stride=1)
     c = OnlineController(doc, M, G, prof, cfg)
     s = c.initial_strategy(30000)
     for i in range(200):
@@ -292,7 +293,7 @@ def test_controller_prices_a_switch_by_its_destination():
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
     prof = Profile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
-    cfg = ControllerConfig(patience=2, cooldown=0)
+    cfg = ControllerConfig(patience=2, cooldown=0, stride=1)
 
     def first_switch(costs):
         c = OnlineController(doc, M, G, prof, cfg, switch_cost_s=costs)
@@ -327,7 +328,7 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses():
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     first = strategy_from_json(doc["regimes"]["32K"]["ranking"][0]["strategy"])
     assert first.drafter.kind == "ngram"
-    c = OnlineController(doc, M, G, prof, ControllerConfig(patience=3, cooldown=4))
+    c = OnlineController(doc, M, G, prof, ControllerConfig(patience=3, cooldown=4, stride=1))
     s = c.initial_strategy(30000)
     e6 = round(tree_expected_tokens(parse_tree("chain:6"), 0.8) - 1)
     for i in range(60):
