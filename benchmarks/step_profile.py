@@ -130,10 +130,13 @@ def main(argv=None) -> int:
             raise ValueError(f"unknown prompt set {bad[0]!r}; expected {', '.join(PROMPT_SETS)}")
         if args.context < 1 or args.new_tokens < 1:
             raise ValueError("--context and --new-tokens must be >= 1")
+        names = [x for x in args.strategies.split(",") if x]
+        for x in names:  # bad input fails before any model is built
+            parse_strategy(x, args.draft_model)
+        first = [Strategy.from_name(x) for x in args.first.split(",") if x]
         bench = make_bench(args.model, args.draft_model, args.context, args.new_tokens, 1,
                            "cuda", temperature=args.temperature)  # fmt: skip
-        strategies = [parse_strategy(s, bench.draft_label) for s in args.strategies.split(",")]
-        first = [Strategy.from_name(x) for x in args.first.split(",") if x]
+        strategies = [parse_strategy(x, bench.draft_label) for x in names]
     except ValueError as e:
         print(f"step_profile: {e}", file=sys.stderr)
         return 2
