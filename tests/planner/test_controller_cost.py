@@ -148,16 +148,24 @@ def test_memoised_controller_decides_as_the_plain_one_from_sparse_verification(
 
 
 def _world_tps(setting, world: dict, s) -> float:
-    """Tokens/s of ``s`` at 16K in a synthetic world of one acceptance per drafter kind: its
-    predicted round time (``planner.rank.score``) and the expected tokens of its tree at that
-    acceptance times its attention factor (what ``simulate_accepted`` draws)."""
+    """Tokens/s of ``s`` at 16K in a synthetic world of ``run_controller``: its predicted round
+    time (``planner.rank.score``) and the expected tokens of its tree at its drafter's
+    acceptance times its attention factor (what ``simulate_accepted`` draws); per-depth
+    acceptance for chains only."""
     from planner.rank import score
 
     ranking, model, gpu, profile = setting
     ctx = ranking["regimes"]["16K"]["context_len"]
     (scored,), _ = score(model, gpu, [s], ctx, profile, "16K")
-    a = min(1.0, world[s.drafter.kind] * profile.attention_factor("16K", s))
-    return expected_tokens(s.tree, a) / scored.round_s
+    k, f = len(parse_tree(s.tree)), profile.attention_factor("16K", s)
+    a = world.get(s.drafter.kind, 0.0) if k else 0.0
+    if isinstance(a, (tuple, list)):
+        assert s.tree == f"chain:{k}", s.tree
+        per_depth = np.minimum(np.asarray(a)[np.minimum(np.arange(k), len(a) - 1)] * f, 1.0)
+        tokens = 1.0 + float(np.cumprod(per_depth).sum())  # P(the first j drafts accepted)
+    else:
+        tokens = expected_tokens(s.tree, min(1.0, a * f))
+    return tokens / scored.round_s
 
 
 def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting):
@@ -194,9 +202,8 @@ def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting)
     ungated, gated = runs(as_profiled, 0.0), runs(as_profiled, 1.645)
     assert sum(map(bool, ungated)) >= 5, ungated
     assert sum(map(worse, gated)) <= 2, gated
-    switched = lambda logs: [bool(x) for x in logs]  # noqa: E731
     assert ControllerConfig().confidence_z == 1.645
-    assert all(switched(runs(dropped, ControllerConfig().confidence_z)))
+    assert all(runs(dropped, ControllerConfig().confidence_z))
     with pytest.raises(ValueError, match="confidence_z must be >= 0"):
         ControllerConfig(confidence_z=-1)
 
@@ -266,9 +273,7 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
     when an acceptance re-score comes first and the profile prices AR near chain:2 there
     (about 1% below it on run 16's profile, 8% on run 17's). Started at acceptance as
     profiled, it leaves in at most 1."""
-    from planner.rank import score
-
-    ranking, model, gpu, profile = setting
+    ranking, _, _, profile = setting
     ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
     by_id = {strategy_id(s): s for s in ranked}
     start, shorter = (
@@ -277,14 +282,9 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
         for tree in ("chain:4", "chain:2")
     )  # fmt: skip
     world = BENCH.SCENARIOS["decay"]
-    reach = np.cumprod(world["draft_model"])  # P(the first j drafts accepted), j = 1..4
-    ctx = ranking["regimes"]["16K"]["context_len"]
 
     def world_tps(s) -> float:
-        (x,), _ = score(model, gpu, [s], ctx, profile, "16K")
-        k = len(parse_tree(s.tree))
-        assert k == 0 or (s.tree == f"chain:{k}" and s.drafter.kind == "draft_model")
-        return (1 + reach[:k].sum()) / x.round_s
+        return _world_tps(setting, world, s)
 
     assert world_tps(shorter) / world_tps(start) > 1.15
 
