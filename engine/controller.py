@@ -13,6 +13,10 @@ context on the H100). A warm n-gram drafter also scores, every round, what an n-
 have accepted on the committed tokens (``RoundStats.shadow``), so a controller learns about
 n-gram drafting without drafting with it.
 
+A controller whose ``overlap`` attribute is true lets its decisions take effect one round late:
+the loop then calls it while the next round's GPU work runs, so its host time (and the shadow's)
+hides behind that work instead of adding to each round (``engine.loop``).
+
 ``--controller module:attr`` names a controller class (or factory) to instantiate with no
 arguments, or an object that already has ``after_round``.
 """

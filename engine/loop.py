@@ -21,6 +21,15 @@
    switch the strategy for the next round (its host time: ``step_s["control"]`` of the round
    it follows; a switch's: ``step_s["switch"]`` of the next one).
 
+   A controller with ``overlap`` true takes its decisions one round late instead: the loop
+   hands round r over during round r + 1, between the launch of r + 1's GPU work and its host
+   synchronisation, where the host would only wait -- the warm n-gram drafter's shadow of r's
+   tokens, r's trace records and ``after_round`` (host times ``step_s["shadow"]`` and
+   ``step_s["control_overlap"]`` of round r, inside round r + 1's wall time); a strategy it
+   returns is installed after round r + 1, for round r + 2. The last round's is handed over
+   after the loop (``step_s["control"]``). Each host microsecond there costs wall time only
+   when the GPU's queue runs dry first.
+
 The first round of each strategy on CUDA captures its graphs (and compiles the kernels); it is
 flagged ``warmup`` and left out of the tokens/s figures.
 """
@@ -122,6 +131,11 @@ class Engine:
         self._history: list[list[int]] | None = None  # set while generating
         self._shadow: NgramDrafter | None = None  # the n-gram drafter scoring its shadow
         self._switch_s: float | None = None
+        # Overlapped control (a controller with ``overlap``): the last round, whose host work
+        # runs in the next round's window, and the strategy the controller returned there.
+        self._overlap = False
+        self._pending: tuple[RoundRecord, Strategy] | None = None
+        self._decided: Strategy | None = None
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
 
@@ -221,10 +235,18 @@ class Engine:
         timer = StepTimer(dev)
         rounds: list[RoundRecord] = []
         self._t_start = time.perf_counter()
+        self._overlap = bool(getattr(self.controller, "overlap", False))
+        self._pending, self._decided = None, None
         while min(len(g) for g in generated) < cfg.max_new_tokens:
             rec, roots = self._round(len(rounds), roots, history, generated, timer)
             rounds.append(rec)
-            self._after_round(rec)
+            if self._overlap:
+                self._defer(rec)
+            else:
+                self._after_round(rec)
+        if self._pending is not None:  # the last round's, after the loop: nothing to hide it
+            self._run_pending(serial=True)
+            self._decided = None
         if self.trace is not None:
             self.trace.close(
                 timer=timer.source,
@@ -275,6 +297,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.commit(acc, draft.tokens)
         timer.mark("accept")
+        if self._pending is not None:  # the last round's host work, while this round's GPU runs
+            self._run_pending()
         host = packed.cpu().tolist()  # the round's one host synchronisation
         step_s = timer.read()
         if self._switch_s is not None:  # the controller's last switch (host wall clock)
@@ -287,7 +311,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.observe(history, counts)
         shadow = None
-        if self._shadow is not None:  # current or warm: its index follows every round
+        if self._shadow is not None and not self._overlap:  # current or warm: every round
             s0 = time.perf_counter()
             self._shadow.sync(history)
             shadow = {"ngram": self._shadow.take_shadow()}
@@ -341,11 +365,49 @@ class Engine:
         return target.graphs(key, fn, inputs, neutral)
 
     def _after_round(self, rec: RoundRecord) -> None:
+        """The round's trace records and controller call, serially; its switch at once."""
+        new = self._hand_over(rec, self.strategy, "control")
+        if new is not None and new != self.strategy:
+            self._switch(new)
+
+    def _defer(self, rec: RoundRecord) -> None:
+        """Overlapped control: install what the controller decided during this round (on the
+        round before), and leave this round's host work to the next round's window."""
+        strategy = self.strategy
+        if self._decided is not None:
+            new, self._decided = self._decided, None
+            self._switch(new)
+        self._pending = (rec, strategy)
+
+    def _run_pending(self, serial: bool = False) -> None:
+        """The pending round's host work: the warm n-gram drafter's shadow of its tokens, its
+        trace records and the controller call -- inside the next round's wall time, while that
+        round's GPU work runs (``step_s["shadow"]`` and ``step_s["control_overlap"]`` of the
+        pending round), or after the last round (``serial``: ``step_s["control"]``)."""
+        rec, strategy = self._pending
+        self._pending = None
+        if self._shadow is not None:
+            s0 = time.perf_counter()
+            self._shadow.sync(self._history)
+            rec.shadow = {"ngram": self._shadow.take_shadow()}
+            rec.step_s["shadow"] = time.perf_counter() - s0
+        new = self._hand_over(rec, strategy, "control" if serial else "control_overlap")
+        if new is not None and new != self.strategy:
+            self._decided = new
+
+    def _switch(self, new: Strategy) -> None:
+        s0 = time.perf_counter()
+        self.set_strategy(new)
+        self._switch_s = time.perf_counter() - s0
+
+    def _hand_over(self, rec: RoundRecord, strategy: Strategy, key: str) -> Strategy | None:
+        """Trace records of ``rec`` (a round of ``strategy``) and the controller's call with
+        its statistics (host time in ``rec.step_s[key]``); what the controller returned."""
         sel = rec.selection
         if self.trace is not None:
             for b, (ctx, a) in enumerate(zip(rec.context_lens, rec.accepted, strict=True)):
                 self.trace.add_round(
-                    self.strategy,
+                    strategy,
                     b,
                     round_index=len(self.trace.lines),
                     context_len=ctx,
@@ -360,7 +422,7 @@ class Engine:
                 )
         stats = RoundStats(
             round=rec.round,
-            strategy=self.strategy,
+            strategy=strategy,
             context_lens=tuple(rec.context_lens),
             drafted=rec.drafted,
             accepted=tuple(rec.accepted),
@@ -373,11 +435,8 @@ class Engine:
         )
         c0 = time.perf_counter()
         new = self.controller.after_round(stats)
-        rec.step_s["control"] = time.perf_counter() - c0
-        if new is not None and new != self.strategy:
-            s0 = time.perf_counter()
-            self.set_strategy(new)
-            self._switch_s = time.perf_counter() - s0
+        rec.step_s[key] = time.perf_counter() - c0
+        return new
 
     @staticmethod
     def _reuse_summary(rounds: list[RoundRecord]) -> dict:

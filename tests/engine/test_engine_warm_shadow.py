@@ -169,6 +169,41 @@ def test_controller_sees_the_shadow_every_round_autoregressive_included():
     assert all(r.shadow is None and "shadow" not in r.step_s for r in eng.generate(prompts).rounds)
 
 
+class OverlapPlan(WarmPlan):
+    overlap = True
+
+
+def test_overlapped_control_sees_what_the_serial_one_does_and_switches_a_round_later():
+    """A controller with ``overlap`` is handed round r during round r + 1 (its host time
+    ``control_overlap``, the last round's ``control`` after the loop) with the same
+    statistics and shadow as a serial one, and what it returns after round r drafts from
+    round r + 2 on; decoding stays lossless through every switch."""
+    prompts = random_prompts([90, 57])
+    ar, _ = _engine(AR, None, prompts)
+    reference = ar.generate(prompts).tokens
+    # No switch: the same rounds, statistics and shadows, serial or overlapped.
+    serial, overlapped = WarmPlan({}), OverlapPlan({})
+    res_s = _engine(DM4, serial, prompts)[0].generate(prompts)
+    res_o = _engine(DM4, overlapped, prompts)[0].generate(prompts)
+    assert res_s.tokens == res_o.tokens == reference
+    assert len(serial.seen) == len(overlapped.seen) == len(res_o.rounds)
+    for a, b in zip(serial.seen, overlapped.seen, strict=True):
+        assert (a.round, a.strategy, a.accepted, a.shadow) == (b.round, b.strategy, b.accepted,
+                                                               b.shadow)  # fmt: skip
+    assert all("control_overlap" in r.step_s and "control" not in r.step_s
+               for r in res_o.rounds[:-1])  # fmt: skip
+    assert "control" in res_o.rounds[-1].step_s
+    assert all("control" in r.step_s and "control_overlap" not in r.step_s for r in res_s.rounds)
+    # Switches: the plan's strategy drafts one round later than serially.
+    ctl = OverlapPlan(PLAN)
+    res = _engine(AR, ctl, prompts)[0].generate(prompts)
+    assert res.tokens == reference
+    names = "ar ar ar dm dm ng ng ar ar dm dm ngt ngt dm2".split()
+    assert [r.strategy for r in res.rounds[:14]] == names
+    assert [s.strategy.name for s in ctl.seen[:14]] == names  # each round with its own strategy
+    assert len([r for r in res.rounds if "switch" in r.step_s]) == len(PLAN)
+
+
 # ----------------------------------------------------------------------------- shadow
 
 
