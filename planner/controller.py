@@ -259,6 +259,23 @@ class ControllerConfig:
         default=4,
         metadata={"help": "rounds taken in one go (decisions up to stride - 1 rounds later)"},
     )
+    # True: the loop calls the controller while the next round's GPU work runs (its host time
+    # hidden there, a decision one round later); False: between rounds.
+    overlap: bool = field(
+        default=True,
+        metadata={"help": "take decisions a round late, behind the next round's GPU work"},
+    )
+    # 0.5: halfway between a drafter's profile and the drop seen on another drafter. On the
+    # tiny pair's off-distribution text (run 17) the n-gram drafter's acceptance fell on all
+    # three sets and the draft model's on two (prose, random bytes), not on repetitive text;
+    # a drafter not tried is a guess either way, and a probe finds out.
+    transfer: float = field(
+        default=0.5,
+        metadata={
+            "help": "share of the largest acceptance drop observed on this text that a "
+            "drafter not yet tried on it is scored with (0: its profile)"
+        },
+    )
     # 1.645: the switch pays at both ends of a 90% interval of the observed acceptance.
     confidence_z: float = field(
         default=1.645,
@@ -280,6 +297,8 @@ class ControllerConfig:
             raise ValueError("epsilon, hysteresis and cooldown must be >= 0")
         if not self.collapse_llr >= 0:
             raise ValueError(f"collapse_llr must be >= 0, got {self.collapse_llr}")
+        if not 0 <= self.transfer <= 1:
+            raise ValueError(f"transfer must lie in [0, 1], got {self.transfer}")
         if not self.confidence_z >= 0:
             raise ValueError(f"confidence_z must be >= 0, got {self.confidence_z}")
 
@@ -305,6 +324,7 @@ class OnlineController:
         self.config = config or ControllerConfig()
         self.batch = batch
         self.switches: list[dict] = []
+        self.overlap = self.config.overlap  # engine.loop: called behind the next round
         costs = (dict(switch_cost_s) if isinstance(switch_cost_s, dict)
                  else {"default": switch_cost_s})  # fmt: skip
         for kind, v in costs.items():
@@ -911,9 +931,11 @@ class OnlineController:
         """The strategy a probe goes to: of the drafter of ``_probe_strategy``, the candidate
         that scores best on what was last observed of it (``_tally``: the rounds its last
         chain ran, or the shift last observed) -- text that defeated its long chains may still
-        pay a short one; the best-ranked one when nothing was observed of it."""
+        pay a short one -- or, when nothing was, at the shift a drafter not yet tried on this
+        text is scored with (``transfer``: on text that defeated another drafter, its shorter
+        chains, which lose less if it fails here too)."""
         base = self._probe_strategy(regime)
-        if base is None or base.drafter.kind not in self._own:
+        if base is None:
             return base
         cands, _, tps = self._tally(current, regime)
         kind = base.drafter.kind
@@ -928,6 +950,7 @@ class OnlineController:
         now_id = self._id(current)
         now_kind = current.drafter.kind if parse_tree(current.tree) else None
         cands, tpr, tps = {}, {}, {}
+        untried = self._untried_shift()
         for sid, c, kind, chain, factor, profiled, round_s in self._rows(regime, current):
             cands[sid] = c
             own = self._own.get(kind)
@@ -949,10 +972,16 @@ class OnlineController:
                 factor_now = self._factor(regime, current, kind)
                 a = self._shadow_alpha(kind, chain, c.tree, factor, factor_now, z)
             if a is None:
-                a = min(1.0, profiled * self._shift.get(kind, 1.0))
+                a = min(1.0, profiled * self._shift.get(kind, untried))
             tpr[sid] = expected_tokens(c.tree, a)
             tps[sid] = self.batch * tpr[sid] / round_s
         return cands, tpr, tps
+
+    def _untried_shift(self) -> float:
+        """The shift a drafter not yet observed on this text is scored at: ``transfer`` of the
+        largest drop observed on any drafter (1: no drop observed, or ``transfer`` 0)."""
+        low = min(self._shift.values(), default=1.0)
+        return 1.0 - self.config.transfer * max(0.0, 1.0 - low)
 
     def _gain(self, cands: dict, tpr: dict, tps: dict, now_id: str, to_id: str) -> float:
         """Relative gain of switching to ``to_id``: time per token now vs after switching, the

@@ -208,13 +208,50 @@ def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting)
         ControllerConfig(confidence_z=-1)
 
 
+@pytest.mark.parametrize("scenario", ["prose", "random"])
+def test_an_untried_drafter_is_scored_with_part_of_the_drop_seen(setting, scenario):
+    """Text that defeats the n-gram drafter defeats the draft model too (the synthetic prose
+    and random bytes): scored as profiled (``transfer`` 0), the draft model's chain:4 is the
+    first move in every run, slower in that world than where it came from's best move,
+    autoregressive decoding; scored with half the n-gram drafter's drop (the default), the
+    first move is autoregressive decoding, and the probe that follows tries the draft model's
+    shortest chain."""
+    from planner.controller import ControllerConfig
+
+    ranking = setting[0]
+    world = BENCH.SCENARIOS[scenario]
+    strategies = {strategy_id(s): s for s in (strategy_from_json(r["strategy"])
+                  for r in ranking["regimes"]["16K"]["ranking"])}  # fmt: skip
+    dense = [s for s in strategies.values() if not s.is_sparse]
+    best = max(dense, key=lambda s: _world_tps(setting, world, s))
+    assert not parse_tree(best.tree)  # autoregressive decoding is this world's best
+    assert ControllerConfig().transfer == 0.5
+    for transfer in (0.0, 0.5):
+        for seed in range(3):
+            log = BENCH.run_controller(
+                setting, scenario, 120, seed, config=ControllerConfig(transfer=transfer)
+            )["log"]
+            first = strategies[log[0]["to"]]
+            if transfer:
+                assert first == best, log
+                probe = next(strategies[x["to"]] for x in log if x["reason"] == "probe")
+                assert probe.drafter.kind == "draft_model" and probe.tree == "chain:2"
+            else:
+                assert first.drafter.kind == "draft_model" and parse_tree(first.tree)
+                assert _world_tps(setting, world, first) < _world_tps(setting, world, best)
+    with pytest.raises(ValueError, match="transfer must lie in"):
+        ControllerConfig(transfer=1.5)
+
+
 def test_the_scenarios_reach_every_kind_of_switch(setting):
     reasons = {why for s in BENCH.SCENARIOS for _, why, _ in
                BENCH.run_controller(setting, s, 400)["switches"]}  # fmt: skip
     # Whether prose>code also reaches a ``shadow`` switch depends on the committed profile's
     # offline best (run 13's, the draft model, does not); tests/planner/test_planner.py covers
-    # shadow switches on a profile of its own.
-    assert {"acceptance", "collapse", "probe", "truncation"} <= reasons <= {
+    # shadow switches on a profile of its own. From the offline best, ``decay`` now goes to
+    # autoregressive decoding and probes the draft model's chain:2 itself (``transfer``); its
+    # truncation from chain:4 is tested from there (test_truncation_leaves_...).
+    assert {"acceptance", "collapse", "probe"} <= reasons <= {
         "acceptance", "collapse", "probe", "shadow", "truncation"
     }  # fmt: skip
 
