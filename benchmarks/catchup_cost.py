@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     p.add_argument("--tails", default="17,33,64,65,100,131", help="tail lengths")
     p.add_argument("--repeats", type=int, default=5, help="calls per length after the first")
     p.add_argument("--out", default=None, help="JSON of every call's time")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="then N more extends of the first tail length under torch.profiler: "
+                        "the top ops by host and by device time")  # fmt: skip
     args = p.parse_args(argv)
     try:
         tails = [int(x) for x in args.tails.split(",") if x]
@@ -81,6 +84,19 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{name:9s} tail {n:4d}: first {row['first_ms']:8.2f} ms, "
                   f"median {row['median_ms']:8.2f} ms", flush=True)  # fmt: skip
+    if args.profile > 0:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        with profile(activities=acts) as prof:
+            for i in range(args.profile):
+                runner.cache.set_lens(base + i % 7)
+                runner.extend([rng.integers(0, 256, tails[0]).tolist()])
+            torch.cuda.synchronize()
+        runner.cache.set_lens(base)
+        for key in ("self_cpu_time_total", "self_cuda_time_total"):
+            print(f"-- {args.profile} extends of {tails[0]} tokens, by {key}")
+            print(prof.key_averages().table(sort_by=key, row_limit=15))
     if args.out:
         from kernels.timing import provenance
 
