@@ -21,8 +21,11 @@ measured-to-predicted ratio of its drafter and tree dense, or of all measured on
 ``planner.evaluate.adaptive_run`` does: a fresh controller (``ControllerConfig()`` unless
 told), knowing the switch costs the document's timed adaptive runs knew
 (``known_switch_cost_s``), each switch charged the measured cost of its destination kind
-(``switch_costs``), and every round the measured host time of the controller (``control_s``
-over rounds) and of the shadow (``steps_s["shadow"]``) of that set's adaptive runs. Round 0 is
+(``switch_costs``, else ``known_switch_cost_s``), and -- a controller without ``overlap``
+only -- every round the measured host time of the controller (``control_s`` plus
+``control_overlap_s``, over rounds) and of the shadow (``steps_s["shadow"]``) of that set's
+adaptive runs; with ``overlap`` both hide behind the next round's GPU work, and a decision
+installs a round later. Round 0 is
 left out, as the evaluation leaves it out. Replayed gain = replayed adaptive tokens/s over the
 measured offline best's.
 
@@ -153,9 +156,18 @@ def build_worlds(doc: dict, ranking: dict) -> dict[str, World]:
             alpha={kind: per_depth_alpha(m) for kind, m in chains.items()},
             offline_best_tps=ps["offline_best"]["tokens_per_s"],
             measured_gain=ps["adaptive_gain"],
-            control_s=float(np.median([r["control_s"] for r in runs])) / rounds,
+            # Serial and overlapped calls alike: what the controller's host work costs a round.
+            control_s=float(
+                np.median([r["control_s"] + r.get("control_overlap_s", 0.0) for r in runs])
+            )
+            / rounds,  # fmt: skip
             shadow_s=adaptive["steps_s"].get("shadow", 0.0),
-            switch_s={k: v for k, v in adaptive["switch_costs"].items() if k != "default"},
+            # What the runs measured per destination kind, the earlier runs' where they did not.
+            switch_s={
+                k: v
+                for k, v in {**adaptive["known_switch_cost_s"], **adaptive["switch_costs"]}.items()
+                if k != "default"
+            },
             known_switch_s=dict(adaptive["known_switch_cost_s"]),
             max_new_tokens=doc["max_new_tokens"],
             ratio=ratio,
