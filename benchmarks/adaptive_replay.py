@@ -115,6 +115,7 @@ class World:
     switch_s: dict[str, float]  # per destination kind, charged
     known_switch_s: dict[str, float]  # what the controller is told before it switches
     max_new_tokens: int
+    context_len: int  # the adaptive runs' prompt length
     ratio: dict[tuple[str, str], float]  # (drafter, tree) -> measured / predicted round time
     ratio_all: float
 
@@ -170,6 +171,7 @@ def build_worlds(doc: dict, ranking: dict) -> dict[str, World]:
             },
             known_switch_s=dict(adaptive["known_switch_cost_s"]),
             max_new_tokens=doc["max_new_tokens"],
+            context_len=int(ad["context_len"]),
             ratio=ratio,
             ratio_all=float(np.median(ratios)) if ratios else 1.0,
         )
@@ -200,8 +202,7 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
     host_s = 0.0 if config.overlap else world.control_s + world.shadow_s
     ctl.warm()
     rng = np.random.default_rng(seed)
-    ctx = int(ranking["regimes"][regime_of(15360)]["context_len"])
-    ctx0 = ctx
+    ctx = ctx0 = world.context_len
     regime = regime_of(ctx)
     s = ctl.initial_strategy(ctx)
     tokens, wall, rnd, switch_cost, decided = 0, 0.0, 0, None, None
