@@ -59,6 +59,9 @@ def parse_args(argv=None):
                    help="code prompts per profile entry (at most 5; planner.evaluate)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
+    p.add_argument("--timing-passes", type=int, default=3,
+                   help="passes over the measured and adaptive runs; each run keeps its least "
+                        "disturbed (planner.evaluate.run_passes)")  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature (0 = greedy); see the module")  # fmt: skip
     p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
@@ -80,15 +83,18 @@ def parse_args(argv=None):
 def build_bench(args) -> Bench:
     contexts = parse_int_list(args.contexts, "--contexts")
     actx = parse_int_list(args.adaptive_context, "--adaptive-context")[0]
-    return make_bench(args.model, args.draft_model, max(contexts + [actx]), args.new_tokens,
-                      args.repeats, args.device, args.gpu, args.temperature)  # fmt: skip
+    bench = make_bench(args.model, args.draft_model, max(contexts + [actx]), args.new_tokens,
+                       args.repeats, args.device, args.gpu, args.temperature)  # fmt: skip
+    bench.timing_passes = args.timing_passes
+    return bench
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        if min(args.per_regime, args.new_tokens, args.repeats) < 1:
-            raise ValueError("--per-regime, --new-tokens and --repeats must be >= 1")
+        if min(args.per_regime, args.new_tokens, args.repeats, args.timing_passes) < 1:
+            raise ValueError("--per-regime, --new-tokens, --repeats and --timing-passes must be "
+                             ">= 1")  # fmt: skip
         if not 1 <= args.profile_prompts <= len(PROFILE_OFFSETS):
             raise ValueError(f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, "
                              f"got {args.profile_prompts}")  # fmt: skip
@@ -112,7 +118,7 @@ def main(argv=None) -> int:
             prov = {k: v for k, v in provenance().items() if k != "timestamp"}
             keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
                     "new_tokens", "repeats", "temperature", "trees", "drafters",
-                    "prompt_sets", "gpu", "profile_prompts")  # fmt: skip
+                    "prompt_sets", "gpu", "profile_prompts", "timing_passes")  # fmt: skip
             settings = {**{k: getattr(args, k) for k in keep}, **prov}
             bench.cache = RunCache(args.resume, settings)
             if bench.cache.runs:
