@@ -286,7 +286,7 @@ def test_own_round_sums_are_the_weighted_moments():
     assert own.rounds == len(rounds) and np.isclose(own.w, w.sum())
     assert np.isclose(own.w2, (w * w).sum())
     t_k, t_now, z = 1.2e-3, 1.7e-3, 1.645
-    for k in range(1, chain + 1):
+    for k in range(0, chain + 1):  # k = 0: autoregressive decoding, no drafts
         x = np.minimum(m, k)
         assert np.isclose(own.tokens(k), 1 + np.average(x, weights=w))
         d = (1 + x) / t_k - (1 + m) / t_now
@@ -338,6 +338,28 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
     assert any(m["reason"] == "truncation" for m in good)
     as_profiled = {**world, "draft_model": profile.alpha_for("16K", start)}
     assert sum(left(as_profiled, seed) is not None for seed in range(10)) <= 1
+
+
+def test_truncation_may_go_to_autoregressive_decoding(setting):
+    """Autoregressive decoding is the n-gram chain's truncation to no drafts: one token every
+    round, whatever the rounds accepted. From the dense n-gram chain:4 on text its drafts fit
+    half as well as profiled, every first move goes to a strategy faster than chain:4 in that
+    world, and at least one of ten is a ``truncation`` to autoregressive decoding."""
+    ranking = setting[0]
+    ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
+    by_id = {strategy_id(s): s for s in ranked}
+    start = next(s for s in ranked if s.drafter.kind == "ngram" and s.tree == "chain:4"
+                 and not s.is_sparse)  # fmt: skip
+    world = {"ngram": 0.25, "draft_model": 0.5}
+    firsts = []
+    for seed in range(10):
+        log = BENCH.run_controller(setting, world, 200, seed, start=start)["log"]
+        assert log, seed
+        firsts.append(log[0])
+    base = _world_tps(setting, world, start)
+    assert all(_world_tps(setting, world, by_id[m["to"]]) > base for m in firsts), firsts
+    assert any(m["reason"] == "truncation" and not parse_tree(by_id[m["to"]].tree)
+               for m in firsts), firsts  # fmt: skip
 
 
 def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
