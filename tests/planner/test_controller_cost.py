@@ -171,10 +171,10 @@ def _world_tps(setting, world: dict, s) -> float:
 def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting):
     """On the tiny pair's profile at 16K, starting from the offline best, text accepted as
     profiled: without the gate (``confidence_z=0``) the EMA's noise makes the controller
-    switch in many of ten runs (7 on run 19's profile, 5 of them to a strategy slower than
-    the start in that world; 7 and 6 on run 17's, 8 and 7 on run 16's); with it, at most 2
-    runs switch to a slower one (0 of 2 that switch on run 19's profile, 0 of 1 on run 17's,
-    0 of 4 on run 16's).
+    switch in many of ten runs (8 on run 21's profile, 7 of them to a strategy slower than
+    the start in that world; 7 and 5 on run 19's, 7 and 6 on run 17's, 8 and 7 on run 16's);
+    with it, at most 2 runs switch to a slower one (0 of 1 that switch on run 21's profile,
+    0 of 2 on run 19's, 0 of 1 on run 17's, 0 of 4 on run 16's).
     The world draws every chain of a drafter at one acceptance, so the profile's lower alpha
     for n-gram chain:2 does not hold in it, and the truncation estimates (which measure it)
     may rightly move to that chain; that is no noise switch. The gate is re-checked at every
@@ -307,11 +307,11 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
     """``decay``: the draft model accepts its first drafts as profiled and later ones far
     less. From its dense chain:4, its chain:2 is >15% faster in that world; the chain's own
     rounds show it. In at least 8 of 10 runs of 200 rounds the controller leaves chain:4 for a
-    strategy faster in that world: chain:2 (reason ``truncation``), or autoregressive decoding
-    when an acceptance re-score comes first and the profile prices AR near chain:2 there
-    (about 1% below it on run 16's profile, 8% on run 17's, 6% on run 19's). Started at
-    acceptance as
-    profiled, it leaves in at most 1."""
+    strategy faster in that world: chain:2 or autoregressive decoding (reason
+    ``truncation``: both are truncations of chain:4), or autoregressive decoding when an
+    acceptance re-score comes first; the profile prices AR near chain:2 there (about 1% below
+    it on run 16's profile, 8% on run 17's, 6% on run 19's, 3% on run 21's). Started at
+    acceptance as profiled, it leaves in at most 1."""
     ranking, _, _, profile = setting
     ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
     by_id = {strategy_id(s): s for s in ranked}
