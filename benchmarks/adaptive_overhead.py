@@ -17,6 +17,8 @@ Variants (each decodes the code prompt of the planner's adaptive phase, window 2
 Every variant runs ``--runs`` times, interleaved (run i of every variant, then run i + 1), and
 its figure is the mean round time (us) of its least disturbed run and the median over runs.
 A controller run that switched is reported and left out of the figures (its rounds differ).
+Each variant's text is compared with the fixed run's of the same seed: the position of the
+first token that differs (none: the same text).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
         "controller_stride16": ctl(stride=16),
         "controller_serial": ctl(overlap=False),
     }
-    runs = []
+    runs, text = [], {}
     for i in range(args.runs + 1):  # run 0 of each: warm-up (graphs, compilation), not kept
         for name, make in variants.items():
             c = make()
@@ -100,6 +102,7 @@ def main(argv=None) -> int:
                 c.warm()
             res = run_once(bench, best, prompt, controller=c, seed=args.seed)
             f = steady_figures(res)
+            text.setdefault(name, list(res.tokens[0]))
             if i:
                 runs.append({"variant": name, "repeat": i, "rounds": f["rounds"],
                              "tokens": f["tokens"], "round_us": 1e6 / f["rounds"] * (
@@ -107,6 +110,14 @@ def main(argv=None) -> int:
                              "control_overlap_us": 1e6 * f["control_overlap_s"] / f["rounds"],
                              "steps_us": {k: 1e6 * v for k, v in f["steps_s"].items()},
                              "switches": len(getattr(c, "switches", []))})  # fmt: skip
+    # Where each variant's text (its first run's) first differs from the fixed run's of the
+    # same seed: None when it decodes the same text (a paired comparison compares like with
+    # like only then).
+    differs = {}
+    for name, t in text.items():
+        ref = text["fixed"]
+        differs[name] = next((j for j, (x, y) in enumerate(zip(ref, t, strict=False)) if x != y),
+                             None if len(ref) == len(t) else min(len(ref), len(t)))  # fmt: skip
     rows = []
     for name in variants:
         rs = [r for r in runs if r["variant"] == name and not r["switches"]]
@@ -117,7 +128,7 @@ def main(argv=None) -> int:
                      "min_round_us": min(t) if t else None,
                      "median_round_us": float(np.median(t)) if t else None,
                      "control_overlap_us": float(np.median([r["control_overlap_us"] for r in rs]))
-                     if rs else None})  # fmt: skip
+                     if rs else None, "text_differs_at": differs[name]})  # fmt: skip
     doc = {"provenance": provenance(), "context": args.context, "seed": args.seed,
            "strategy": describe(best), "runs": runs, "summary": rows}  # fmt: skip
     if args.out:
@@ -126,14 +137,15 @@ def main(argv=None) -> int:
     base = rows[0]["min_round_us"]
     print(f"{describe(best)} at {args.context}, seed {args.seed}")
     print(f"{'variant':22s} {'kept':>4s} {'switched':>8s} {'min us':>7s} {'median':>7s} "
-          f"{'over fixed':>10s} {'ctl us/round':>12s}")  # fmt: skip
+          f"{'over fixed':>10s} {'ctl us/round':>12s} {'text differs at':>15s}")  # fmt: skip
     for r in rows:
         if r["min_round_us"] is None:
             print(f"{r['variant']:22s} {0:4d} {r['runs_switched']:8d}")
             continue
         print(f"{r['variant']:22s} {r['runs_kept']:4d} {r['runs_switched']:8d} "
               f"{r['min_round_us']:7.0f} {r['median_round_us']:7.0f} "
-              f"{r['min_round_us'] / base - 1:+10.1%} {r['control_overlap_us']:12.1f}")  # fmt: skip
+              f"{r['min_round_us'] / base - 1:+10.1%} {r['control_overlap_us']:12.1f} "
+              f"{str(r['text_differs_at']):>15s}")  # fmt: skip
     return 0
 
 
