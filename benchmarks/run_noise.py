@@ -60,20 +60,34 @@ def main(argv=None) -> int:
     if args.runs < 2 or args.context < 1:
         print("run_noise: --runs must be >= 2 and --context >= 1", file=sys.stderr)
         return 2
+    from perfmodel.strategy import parse_tree
+
+    pairs = []
+    for pair in (x for x in args.trees.split(",") if x):
+        kind, sep, tree = pair.partition(":")
+        try:
+            if not sep or kind not in ("draft_model", "ngram"):
+                raise ValueError("expected drafter:tree with drafter draft_model or ngram")
+            parse_tree(tree)
+        except ValueError as e:
+            print(f"run_noise: --trees {pair!r}: {e}", file=sys.stderr)
+            return 2
+        pairs.append((kind, tree))
+    if not pairs:
+        print("run_noise: --trees names no strategy", file=sys.stderr)
+        return 2
     import torch
 
     from kernels.timing import provenance
-    from perfmodel.strategy import DrafterSpec, Strategy
+    from perfmodel.strategy import Strategy
     from planner.evaluate import _drafter, make_bench, prompt_tokens, run_once
     from planner.space import describe
 
     bench = make_bench(args.model, args.draft_model, args.context, args.new_tokens, 1,
                        temperature=1.0)  # fmt: skip
     strategies = []
-    for pair in args.trees.split(","):
-        kind, tree = pair.split(":", 1)
-        d = _drafter(bench, kind) if kind != "none" else DrafterSpec(kind="ngram")
-        strategies.append(Strategy(tree=tree, drafter=d, traversal="bfs"))
+    for kind, tree in pairs:
+        strategies.append(Strategy(tree=tree, drafter=_drafter(bench, kind), traversal="bfs"))
     prompt = prompt_tokens("code", args.context, offset=args.context)
     all_cpus = sorted(os.sched_getaffinity(0))
     threads0 = torch.get_num_threads()
