@@ -9,8 +9,9 @@ leaf at depth D was never run through the draft model: it is run first at the ne
 (``catch-up``, the level-0 graph with the leaf as input), for the sequences that need it.
 
 The drafter keeps on the host how many committed tokens its cache holds per sequence, so after
-rounds it sat out (a warm drafter, ``resume``) it runs only the tokens committed since -- one
-chunked forward (``ModelRunner.extend``), not a prefill of the whole context again.
+rounds it sat out (a warm drafter, ``resume``) it runs only the tokens committed since -- a few
+graph-captured chain forwards (``ModelRunner.append``), not a prefill of the whole context
+again.
 
 ``SelfSparseDrafter`` drafts a chain with the target runner itself: every step is a tree forward
 of the chain so far whose attention is ``shared`` sparse attention with a budget of
@@ -116,10 +117,10 @@ class ModelDrafter:
 
     def resume(self, history: list[list[int]]) -> None:
         """Catch up with ``history`` (committed tokens, the root last, which a draft feeds
-        itself) after rounds it did not draft: one forward of the tokens it lacks, the kept leaf
-        it had not run yet included."""
+        itself) after rounds it did not draft: the tokens it lacks, the kept leaf it had not run
+        yet included, through ``ModelRunner.append``."""
         tails = [h[s : len(h) - 1] for h, s in zip(history, self.synced, strict=True)]
-        self.caught_up += self.runner.extend(tails)
+        self.caught_up += self.runner.append(tails)
         self.synced = [len(h) - 1 for h in history]
         self._catch_up = False
 

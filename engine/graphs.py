@@ -1,12 +1,16 @@
 """CUDA graphs for the engine's static-shape steps (verify forward, acceptance, commit, draft
 levels), keyed by everything that changes their shapes or code path.
 
-``GraphRunner(key, fn, inputs, neutral)`` runs ``fn(*inputs)`` eagerly when graphs are off.
-With graphs on, the first call per key warms ``fn`` up on a side stream (Triton compiles, the
+``GraphRunner(key, fn, inputs, neutral)`` runs ``fn(*inputs)`` eagerly when graphs are off. With
+graphs on, the first call per key warms ``fn`` up on a side stream (Triton compiles, the
 allocator settles) with the ``neutral`` inputs (a commit of nothing, so warming up leaves the
 state unchanged), captures it, and from then on copies ``inputs`` into the graph's static input
-tensors and replays it. The returned outputs are the graph's own tensors: valid until the same
-key is replayed again, so callers copy what they keep longer.
+tensors and replays it. The CUDA generator's state is put back after a capture: the warm-up runs
+draw from it eagerly and the capture advances it, so without that a decode that captures a graph
+(the first with a strategy) would draw other random numbers from then on than the same decode,
+same seed, replaying the graph another decode captured -- two runs meant to be paired by their
+seed would decode different texts. The returned outputs are the graph's own tensors: valid until
+the same key is replayed again, so callers copy what they keep longer.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class GraphRunner:
 
     def _capture(self, fn, inputs, neutral) -> _Entry:
         static = tuple(x.clone() for x in (neutral if neutral is not None else inputs))
+        rng = torch.cuda.get_rng_state()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -75,4 +80,7 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outputs = fn(*static)
+        # Replays read the generator's seed and offset when they run: putting the state back
+        # leaves the draws of the replay that follows as they would be had no capture happened.
+        torch.cuda.set_rng_state(rng)
         return _Entry(graph, static, outputs)

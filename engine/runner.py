@@ -7,8 +7,12 @@
   positions ``lens + depth``, writing its KV at ``lens + i``, attending through
   ``engine.attention.TreeAttention``. Eager; callers run it inside ``graphs``.
 - ``commit(path, count)``: ``KVCache.commit`` (accepted path kept, the rest rolled back).
-- ``extend(tails)``: prefill's chunked forward started at each sequence's committed length: how a
-  warm drafter that sat out some rounds catches up with the tokens committed meanwhile.
+- ``extend(tails)``: prefill's chunked forward started at each sequence's committed length.
+- ``append(tails)``: the same cache contents through the decode path instead -- chain tree
+  forwards of up to 64 tokens, each committed whole, one CUDA graph per chunk length: how a warm
+  drafter that sat out some rounds catches up with the tokens committed meanwhile (``extend``
+  runs eagerly, ~80 launches and a masked SDPA whose shape is new every time: ~3 ms per call on
+  the H100, against a few replays).
 
 Static shapes and no host reads in ``tree_forward`` and ``commit``, so ``graphs`` can capture
 them (``use_graphs`` needs CUDA and the Triton backend).
@@ -25,6 +29,12 @@ from engine.cache import KVCache
 from engine.graphs import GraphRunner
 from engine.model import CausalLM
 from engine.tree import DraftTree, TreeTensors
+from kernels.tree import MAX_TREE_NODES
+
+# Chunk lengths of ``append``: each chunk is a chain tree of one of these lengths (the shortest
+# that holds the longest remaining tail, at most ``MAX_TREE_NODES``, the tree kernels' limit),
+# so a catch-up of any length replays one of four graphs.
+APPEND_CHUNKS = (8, 16, 32, MAX_TREE_NODES)
 
 # SDPA backends of a masked (chunked / catch-up) prefill: every one but cuDNN (``_PrefillAttend``).
 _MASKED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -152,6 +162,69 @@ class ModelRunner:
             new = [s + len(t) for s, t in zip(starts, tails, strict=True)]
             cache.set_lens(torch.tensor(new, dtype=torch.int32))
         return sum(map(len, tails))
+
+    @torch.no_grad()
+    def append(self, tails: list[list[int]]) -> int:
+        """Append ``tails[b]`` to sequence ``b``'s committed prefix, as ``extend`` does, through
+        the decode path: chunks of a chain tree (each token sees the prefix and the chunk's
+        tokens before it, dense), each forward followed by a commit of the first ``count[b]``
+        nodes of row ``b`` -- its own chunk of its tail, the rest padding that no real token
+        sees and the commit drops. Under graphs each chunk length of ``APPEND_CHUNKS`` is one
+        captured graph (forward and commit) replayed for every chunk of that length. Falls back
+        to ``extend`` when a chunk's tail would not fit the cache. Reads ``lens`` on the host
+        once. Returns the tokens appended."""
+        cache = self.cache
+        if len(tails) != cache.batch:
+            raise ValueError(f"{len(tails)} tails for a batch of {cache.batch}")
+        longest = max(map(len, tails), default=0)
+        if longest == 0:
+            return 0
+        starts = cache.lens.tolist()
+        for b, tail in enumerate(tails):
+            if starts[b] + len(tail) >= cache.t_max:
+                raise ValueError(
+                    f"sequence {b}: {starts[b]} + {len(tail)} tokens exceed the cache's "
+                    f"{cache.t_max}"
+                )
+        plan, done = [], 0
+        while done < longest:
+            n = min(longest - done, APPEND_CHUNKS[-1])
+            size = next(c for c in APPEND_CHUNKS if c >= n)
+            if max(starts[b] + min(done, len(t)) for b, t in enumerate(tails)) + size > cache.t_max:
+                return self.extend(tails)  # the padded chunk's tail would not fit
+            plan.append((done, size))
+            done += n
+        for offset, size in plan:
+            rows = [t[offset : offset + size] for t in tails]
+            count = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+            tokens = torch.tensor([r + [0] * (size - len(r)) for r in rows], dtype=torch.int64)
+            self.graphs(
+                ("append", size),
+                self._append_fn(size),
+                (tokens.to(self.device), count.to(self.device)),
+                neutral=(torch.zeros((cache.batch, size), dtype=torch.int64, device=self.device),
+                         torch.zeros(cache.batch, dtype=torch.int32, device=self.device)),
+            )  # fmt: skip
+        return sum(map(len, tails))
+
+    def _append_fn(self, size: int):
+        """The graph body of one ``append`` chunk of ``size`` tokens: the chain's forward and
+        the commit of ``count[b]`` of its nodes (the path constant is kept on the runner, as
+        the graph reads it by address)."""
+        key = ("append_path", size)
+        if key not in self.graph_constants:
+            self.graph_constants[key] = (
+                DraftTree.from_parents(list(range(-1, size - 1))),
+                torch.arange(size, device=self.device).expand(self.batch, size).contiguous(),
+            )
+        chain, path = self.graph_constants[key]
+        dense = AttentionConfig()
+
+        def fn(tokens: torch.Tensor, count: torch.Tensor) -> None:
+            self.tree_forward(tokens, chain, dense)
+            self.cache.commit(path, count)
+
+        return fn
 
     def _forward(self, tokens: list[list[int]], rows: list[int], start: int, chunk: int):
         """Sequences ``rows`` (tokens of one length) through the model at positions ``start...``,

@@ -222,6 +222,26 @@ def test_sampling_under_graphs_runs():
     assert all(r.step_s["verify"] > 0 for r in res.rounds)
 
 
+def test_sampling_is_paired_by_seed_whether_or_not_the_run_captures():
+    """At temperature 1, a decode that captures its graphs (the first on fresh runners) and the
+    same decode replaying them draw the same numbers: the same seed, the same text (the
+    capture's warm-up runs and the capture itself advance the generator; ``GraphRunner`` puts
+    its state back). A run with another seed decodes another text."""
+    spec = CASES["dense_draft_model"][0]
+    t_max = max(map(len, PROMPTS)) + 48 + 70
+    runners = [ModelRunner(m, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
+               for m in (MODEL, DRAFT)]  # fmt: skip
+
+    def run(seed):
+        cfg = DecodeConfig(max_new_tokens=48, temperature=1.0, seed=seed)
+        return Engine(runners[0], spec, cfg, draft_runner=runners[1]).generate(PROMPTS).tokens
+
+    capturing = run(0)
+    assert len(runners[0].graphs) and len(runners[1].graphs)
+    assert run(0) == capturing
+    assert run(1) != capturing
+
+
 @pytest.mark.parametrize("case", ["dense_draft_model", "union_sparse"])
 def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch):
     """In fp32 (IEEE dots in the kernels, no TF32 in cuBLAS) the t-row and 1-row paths differ

@@ -12,6 +12,7 @@ import pytest
 import torch
 from engine_helpers import random_prompts, tiny_model
 
+from engine.attention import AttentionConfig
 from engine.controller import ShadowAcceptance
 from engine.loop import Engine
 from engine.ngram import NgramDrafter, NgramIndex
@@ -80,12 +81,12 @@ def test_warm_switches_are_lossless_and_catch_up_instead_of_restarting():
     ar, _ = _engine(AR, None, prompts)
     reference = ar.generate(prompts).tokens
     cold, cold_runner = _engine(AR, Plan(PLAN), prompts)
-    cold_calls = _count_calls(cold_runner, "prefill"), _count_calls(cold_runner, "extend")
+    cold_calls = _count_calls(cold_runner, "prefill"), _count_calls(cold_runner, "append")
     cold_res = cold.generate(prompts)
     warm, warm_runner = _engine(AR, WarmPlan(PLAN), prompts)
     assert warm.warm_kinds == ("draft_model", "ngram")
     prefills = _count_calls(warm_runner, "prefill")
-    extends = _count_calls(warm_runner, "extend")
+    extends = _count_calls(warm_runner, "append")
     res = warm.generate(prompts)
     assert res.tokens == reference == cold_res.tokens  # greedy: lossless through every switch
     names = "ar ar dm dm ng ng ar ar dm dm ngt ngt dm2".split()
@@ -111,7 +112,7 @@ def test_catch_up_runs_the_kept_leaf_the_draft_model_had_not_seen():
     prompts = random_prompts([70, 45])
     ar, _ = _engine(AR, None, prompts, n=30)
     eng, runner = _engine(DM4, WarmPlan({1: AR, 3: DM4}), prompts, n=30, draft=TARGET)
-    extends = _count_calls(runner, "extend")
+    extends = _count_calls(runner, "append")
     res = eng.generate(prompts)
     assert res.tokens == ar.generate(prompts).tokens
     assert [r.accepted for r in res.rounds[:2]] == [[4, 4], [4, 4]]  # every draft kept
@@ -133,6 +134,52 @@ def test_runner_extend_equals_a_prefill_of_the_whole():
         torch.testing.assert_close(a.cache.kv[:, :, row, :, :n], b.cache.kv[:, :, row, :, :n])
     with pytest.raises(ValueError, match="exceed the cache"):
         a.extend([[1] * 40, []])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_runner_append_equals_a_prefill_of_the_whole(backend):
+    """``append`` (chain tree forwards of 8-64 tokens, each committed) leaves the cache as a
+    prefill of the whole would: ragged tails across the batch, one longer than a 64-chunk (a
+    64-chunk, then a 16-chunk for its last 13), one empty; then the next position's logits
+    agree too."""
+    prompts = random_prompts([30, 45])
+    tails = [random_prompts([77], seed=5)[0], []]
+    more = random_prompts([5, 12], seed=6)
+    t_max = 200
+    a = ModelRunner(DRAFT, batch=2, t_max=t_max, backend=backend)
+    a.prefill(prompts)
+    chunks = _count_calls(a, "_append_fn")
+    assert a.append(tails) == 77 and a.append(more) == 17
+    assert [c[0] for c in chunks] == [64, 16, 16]
+    whole = [p + t + m for p, t, m in zip(prompts, tails, more, strict=True)]
+    b = ModelRunner(DRAFT, batch=2, t_max=t_max, backend=backend)
+    b.prefill(whole)
+    assert a.cache.lens.tolist() == b.cache.lens.tolist() == [112, 57]
+    for row, n in enumerate((112, 57)):
+        got, want = a.cache.kv[:, :, row, :, :n], b.cache.kv[:, :, row, :, :n]
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    root = DraftTree.from_parents([-1])
+    nxt = torch.tensor([[7], [9]])
+    la = a.tree_forward(nxt, root, AttentionConfig())[0]
+    lb = b.tree_forward(nxt, root, AttentionConfig())[0]
+    torch.testing.assert_close(la, lb, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="exceed the cache"):
+        a.append([[1] * 100, []])
+
+
+def test_runner_append_falls_back_to_extend_near_the_end_of_the_cache():
+    """A padded chunk whose tail would run past ``t_max`` goes through ``extend`` instead."""
+    prompts = random_prompts([50, 20])
+    a = ModelRunner(DRAFT, batch=2, t_max=56, backend="torch")
+    a.prefill(prompts)
+    extends = _count_calls(a, "extend")
+    assert a.append([[3] * 5, [4] * 5]) == 10  # 50 + an 8-chunk > 56
+    assert len(extends) == 1
+    b = ModelRunner(DRAFT, batch=2, t_max=56, backend="torch")
+    b.prefill([prompts[0] + [3] * 5, prompts[1] + [4] * 5])
+    assert a.cache.lens.tolist() == [55, 25]
+    torch.testing.assert_close(a.cache.kv[:, :, 0, :, :55], b.cache.kv[:, :, 0, :, :55])
 
 
 def test_warm_switch_costs_less_than_a_restart():
