@@ -60,7 +60,7 @@ def rescore(runs: Path, evaluation: Path, model: str = "tiny",
     bench.cache = CachedRuns(runs)
     space = SpaceSpec(**{k: tuple(v) if isinstance(v, list) else v
                          for k, v in doc["space"].items()})  # fmt: skip
-    profile, fits, _ = measure_profile(
+    profile, fits, _, _ = measure_profile(
         bench, contexts, space, doc["profile_reference_tree"], doc["profile_attention_tree"],
         doc["profile_prompts"],
     )  # fmt: skip

@@ -7,7 +7,8 @@ Four phases, all on one pair of model runners (target and draft) built once:
    the validation split of the built-in corpus, each with its own seed, none of them the
    prompts of phases 3 and 4): every drafter on every tree of the space (dense) gives alpha
    per drafter and tree (the inverse of the mean tokens per round over the prompts,
-   ``alpha_from_tokens``); on the first prompt, each drafter on one tree with each sparse
+   ``alpha_from_tokens``; a chain's pooled with its drafter's longer chains' first drafts,
+   ``pooled_chain_tokens``); on the first prompt, each drafter on one tree with each sparse
    attention of the space gives that drafter's factor on alpha (over the same tree dense on
    that prompt);
    a union strategy per traversal order with the selection statistics on gives the group
@@ -80,9 +81,12 @@ from planner.controller import ControllerConfig, OnlineController
 from planner.profile import (
     REGIMES,
     Profile,
+    accepted_histogram,
     alpha_from_tokens,
     attention_key,
+    chain_length,
     fit_overhead,
+    pooled_chain_tokens,
     regime_of,
 )
 from planner.rank import concrete, rank, score, strategy_from_json
@@ -333,6 +337,7 @@ def steady_figures(result) -> dict:
             for k in ("draft", "launch", "verify", "accept", "shadow")
         },
         "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
+        "accepted_hist": accepted_histogram(m for r in rounds for m in r.accepted),
     }
 
 
@@ -508,8 +513,11 @@ def shadow_summary(result) -> dict:
 
 # Windows of the code corpus, in prompt lengths, that the profile's prompts start at; the
 # measured prompts (phase 3, ``MEASURE_OFFSETS``) and the adaptive one (phase 4, window 2) are
-# others, which the profile must not see.
-PROFILE_OFFSETS = (0, 3, 4, 5, 6)
+# others, which the profile must not see. Ten: with five, the sampling error of n-gram
+# acceptance over the prompts (~0.3 tokens per round from one run to the next at 8K) put the
+# n-gram chain:4 at 2.05 tokens per round in runs 18-21 on the H100, where the five measured
+# prompts gave 1.84, and the ranking's best at 8K 5-6% behind the measured best.
+PROFILE_OFFSETS = (0, 3, 4, 5, 6, 11, 12, 13, 14, 15)
 # Dense runs (seeds) on the first profile prompt that the sparse-attention factors divide by.
 FACTOR_SEEDS = 3
 # Phase 3's prompt windows: repeat i of a measured strategy decodes window i mod 5 with seed i.
@@ -522,10 +530,13 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     """The profile of the space's strategies, measured per regime on ``prompts`` code prompts
     (windows ``PROFILE_OFFSETS`` of the corpus; prompt j decodes with seed j):
 
-    - alpha of every drafter kind on ``ref_tree`` (dense), then of every drafter on every tree
-      of the space (``best:N`` resolved at the drafter's alpha, as the ranking resolves it),
-      from the mean tokens per round over the prompts (one prompt at temperature 1 leaves
-      near-tied strategies in an order its draws set);
+    - alpha of every drafter kind on every chain of the space and ``ref_tree`` (dense), from
+      its tokens per round pooled over the runs of that drafter's chains at least as long
+      (``pooled_chain_tokens``: a k-chain accepts min(m, k) where a longer chain accepted m),
+      then on every other tree of the space (``best:N`` resolved at the drafter's alpha on
+      ``ref_tree``, as the ranking resolves it) from the mean tokens per round over the
+      prompts (one prompt at temperature 1 leaves near-tied strategies in an order its draws
+      set);
     - the factor sparse attention puts on alpha, per drafter kind and attention key of the
       space's valid sparse strategies: the drafter on ``attention_tree``
       (large enough for every group size; resolved at its alpha) with that attention, over the
@@ -540,14 +551,17 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
       residual being the measured round wall time minus the step model's round time, each run
       weighted by 1 / its round time (relative error).
 
-    Returns the profile, the overhead fits' figures per regime, and the factor each attention
-    key's run measured per regime and drafter (the profile holds their median per drafter)."""
+    Returns the profile, the overhead fits' figures per regime, the factor each attention
+    key's run measured per regime and drafter (the profile holds their median per drafter),
+    and per regime and ``kind@chain`` its own and pooled tokens per round and the runs
+    pooled."""
     acc: dict[str, dict[str, float]] = {}
     att: dict[str, dict[str, float]] = {}
     ovl: dict[str, dict[str, float]] = {}
     ovh: dict[str, dict[str, float]] = {}
     fits: dict[str, dict] = {}
     per_key: dict[str, dict[str, dict[str, float]]] = {}  # regime -> drafter -> key -> factor
+    chain_tokens: dict[str, dict[str, dict]] = {}  # regime -> kind@chain -> own / pooled
     if not 1 <= prompts <= len(PROFILE_OFFSETS):
         raise ValueError(f"profile prompts must lie in 1..{len(PROFILE_OFFSETS)}, got {prompts}")
     ref_kind = "ngram" if "ngram" in space.drafters else space.drafters[0]
@@ -563,29 +577,63 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                 runs.append((s, fig))
             return fig
 
-        def tokens(s: Strategy, ctx=ctx, texts=texts, runs=runs, first=first) -> float:
-            """Mean tokens per round of ``s`` over the profile prompts."""
+        hists: dict[str, list[tuple[int, list[int]]]] = {}  # kind -> (K, histogram) per run
+        unpooled: set[str] = set()  # kinds with a chain run lacking its histogram
+
+        def tokens(s: Strategy, ctx=ctx, texts=texts, runs=runs, first=first,
+                   hists=hists, unpooled=unpooled) -> float:  # fmt: skip
+            """Mean tokens per round of ``s`` over the profile prompts (a chain's runs kept
+            for ``pooled_chain_tokens``)."""
             figs = [go(s, "profile")]
             for j, text in enumerate(texts[1:], start=1):
                 key = f"profile|{ctx}|p{j}|{strategy_id(s)}"
                 figs.append(bench.run(key, steady_run, bench, s, text, seed=j))
                 runs.append((s, figs[-1]))
             first[strategy_id(s)] = figs[0]["mean_accepted"] + 1.0
+            k = chain_length(s.tree)
+            if k and s.attention == "dense":
+                for f in figs:
+                    if "accepted_hist" in f:
+                        hists.setdefault(s.drafter.kind, []).append((k, f["accepted_hist"]))
+                    else:  # a figure cached before histograms were recorded
+                        unpooled.add(s.drafter.kind)
             return float(np.mean([f["mean_accepted"] for f in figs])) + 1.0
 
+        # Every drafter's chains first (the reference chain among them), then each chain's
+        # tokens per round pooled over its drafter's chains at least as long
+        # (``pooled_chain_tokens``): a chain of k drafts read from its own runs and the
+        # longer chains' first k drafts.
         a: dict[str, float] = {}
+        chains = [t for t in dict.fromkeys((ref_tree, *space.trees))
+                  if t == ref_tree or (t.startswith("chain:") and chain_length(t))]  # fmt: skip
         for kind in space.drafters:
-            s = Strategy(name="profile", tree=ref_tree, drafter=_drafter(bench, kind))
-            tpr = tokens(s)
-            a[kind] = alpha_from_tokens(ref_tree, tpr)
-            a[f"{kind}@{ref_tree}"] = a[kind]
-            bench.log(f"profile {regime} {kind} {ref_tree}: {tpr:.2f} tokens/round, "
-                      f"alpha={a[kind]:.3f} ({len(texts)} prompts)")  # fmt: skip
+            own = {}
+            for tree in chains:
+                s = Strategy(name="profile", tree=tree, drafter=_drafter(bench, kind))
+                if tree == ref_tree or bench.runnable(s) is None:
+                    own[tree] = tokens(s)
+            for tree, tpr in own.items():
+                k = chain_length(tree)
+                pooled = pooled_chain_tokens(hists.get(kind, []), k) if k else None
+                n = sum(big >= k for big, _ in hists.get(kind, [])) if k else len(texts)
+                # Without every run's histogram, the chain's own mean.
+                use = tpr if pooled is None or kind in unpooled else pooled
+                a[f"{kind}@{tree}"] = alpha_from_tokens(tree, use)
+                chain_tokens.setdefault(regime, {})[f"{kind}@{tree}"] = {
+                    "own": tpr,
+                    "pooled": pooled,
+                    "runs": n,
+                    "used": use,
+                }
+                bench.log(f"profile {regime} {kind} {tree}: {tpr:.2f} tokens/round, pooled "
+                          f"{use:.2f} over {n} runs, alpha={a[f'{kind}@{tree}']:.3f} "
+                          f"({len(texts)} prompts)")  # fmt: skip
+            a[kind] = a[f"{kind}@{ref_tree}"]
         for kind in space.drafters:
             for tree in space.trees:
                 s = concrete(Strategy(name="profile", tree=tree, drafter=_drafter(bench, kind)),
                              a[kind])  # fmt: skip
-                if s.tree == ref_tree or bench.runnable(s) is not None:
+                if f"{kind}@{s.tree}" in a or bench.runnable(s) is not None:
                     continue
                 if not parse_tree(s.tree):
                     # Autoregressive: no acceptance and no drafter, one run for the overhead.
@@ -668,7 +716,8 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         terms = ", ".join(f"{t}={c * 1e6:.1f}us" for t, c in ovh[regime].items())
         rms = fits[regime]["rms_s"] * 1e6
         bench.log(f"profile {regime} loop overhead: {terms} (rms {rms:.0f} us, {len(runs)} runs)")
-    return Profile(acc, ovl, "measured:engine-code-prompts", att, ovh), fits, per_key
+    profile = Profile(acc, ovl, "measured:engine-code-prompts", att, ovh)
+    return profile, fits, per_key, chain_tokens
 
 
 def _overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:
@@ -888,7 +937,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
              provenance: dict | None = None, oracle: bool = True) -> tuple[dict, dict]:  # fmt: skip
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
-    profile, overhead_fits, per_key = measure_profile(
+    profile, overhead_fits, per_key, chain_tokens = measure_profile(
         bench, contexts, space, ref_tree, attention_tree, profile_prompts
     )
     ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
@@ -921,6 +970,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "profile_prompts": profile_prompts,
         "profile_overhead_fits": overhead_fits,
         "profile_attention_factor_per_key": per_key,
+        "profile_chain_tokens": chain_tokens,
         "space": dataclasses.asdict(space),
         "kendall_tau": {r: v["kendall_tau"] for r, v in regimes.items()},
         "regret": {r: v["regret"] for r, v in regimes.items()},

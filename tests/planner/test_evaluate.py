@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from planner.evaluate import pick, prompt_tokens, ranking_quality, steady_figures
-from planner.profile import OVERHEAD_TERMS
+from planner.profile import OVERHEAD_TERMS, alpha_from_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +61,7 @@ def test_steady_figures_leave_out_round_zero_and_count_switches():
     # The controller's host time (its re-scores) counts like the switch's.
     assert f["tokens_per_s"] == pytest.approx(7 / 4.5) and f["switch_s"] == 2.0
     assert f["control_s"] == 0.5 and f["steps_s"]["shadow"] == 0.0
+    assert f["accepted_hist"] == [0, 0, 1, 1]  # rounds 1 and 2 accepted 2 and 3
 
 
 def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
@@ -117,8 +118,8 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "unknown prompt set 'poetry'" in capsys.readouterr().err and not out.exists()
     assert planner_eval.main(["--contexts", "1K,2K", "--out", str(out)]) == 2  # same regime
     assert "two contexts fall in regime <=4K" in capsys.readouterr().err and not out.exists()
-    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--profile-prompts", "9"]) == 2
-    assert "--profile-prompts must lie in 1..5, got 9" in capsys.readouterr().err
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--profile-prompts", "11"]) == 2
+    assert "--profile-prompts must lie in 1..10, got 11" in capsys.readouterr().err
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
             "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
             "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
@@ -150,6 +151,16 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     for kind, resolved in (("draft_model", 2), ("ngram", 2)):
         assert {f"{kind}@chain:3"} <= set(acc)
         assert sum(k.startswith(f"{kind}@parents:") for k in acc) == resolved
+    # The chains' tokens per round pooled over the drafter's chains at least as long:
+    # chain:3 from the 3 prompts' runs of chain:3 and of the reference chain:4, chain:4
+    # (the longest) from its own, which pooling leaves as they are.
+    chains = doc["profile_chain_tokens"]["<=4K"]
+    for kind in ("draft_model", "ngram"):
+        c3, c4 = chains[f"{kind}@chain:3"], chains[f"{kind}@chain:4"]
+        assert (c3["runs"], c4["runs"]) == (6, 3)
+        assert c4["used"] == c4["pooled"] == pytest.approx(c4["own"])
+        assert 1 <= c3["used"] == c3["pooled"] <= 4
+        assert acc[f"{kind}@chain:3"] == pytest.approx(alpha_from_tokens("chain:3", c3["used"]))
     # A factor per drafter and attention key of the space's valid sparse strategies at 1K
     # (top16 x 64 fits, top32 x 64 does not; NSA selects per row whatever the grouping):
     # refresh every 1, 2, 4 and 8.

@@ -12,8 +12,11 @@ from planner.controller import ControllerConfig, OnlineController
 from planner.profile import (
     REGIMES,
     Profile,
+    accepted_histogram,
     alpha_from_tokens,
+    chain_length,
     load_profile,
+    pooled_chain_tokens,
     profile_from_traces,
     regime_of,
 )
@@ -92,6 +95,35 @@ def test_alpha_inverts_expected_tokens():
             assert alpha_from_tokens(tree, e) == pytest.approx(a, abs=1e-4)
     assert alpha_from_tokens("chain:4", 0.5) == 0.0 and alpha_from_tokens("chain:4", 9.0) == 1.0
     assert regime_of(3000) == "<=4K" and regime_of(20000) == "32K" and regime_of(10**6) == "64K+"
+
+
+def test_pooled_chain_tokens_read_shorter_chains_from_longer_ones():
+    assert [chain_length(t) for t in ("chain:0", "chain:1", "chain:7", "best:8:4")] == [0, 1, 7, 0]
+    assert accepted_histogram([0, 2, 2, 4]) == [1, 0, 2, 0, 1] and accepted_histogram([]) == []
+    with pytest.raises(ValueError, match="must be >= 0"):
+        accepted_histogram([1, -1])
+    # A 4-chain that accepted 0, 2, 2, 4 drafts in four rounds: a 2-chain would have accepted
+    # 0, 2, 2, 2 (tokens/round 1 + 6/4); a 2-chain's own run of 1, 1 (1 + 1).
+    four, two = (4, accepted_histogram([0, 2, 2, 4])), (2, accepted_histogram([1, 1]))
+    assert pooled_chain_tokens([four, two], 2) == pytest.approx(((1 + 6 / 4) + 2.0) / 2)
+    assert pooled_chain_tokens([four, two], 4) == pytest.approx(1 + 8 / 4)  # its own only
+    assert pooled_chain_tokens([two, (4, [])], 4) is None  # no run long enough with rounds
+    with pytest.raises(ValueError, match="chain length must be >= 1"):
+        pooled_chain_tokens([four], 0)
+    # Geometric acceptance: the pooled estimate of a short chain from long chains' rounds is
+    # the short chain's expected tokens, and its spread falls with the rounds added.
+    rng = np.random.default_rng(0)
+    a = 0.6
+
+    def run(k, n=400):
+        m = np.minimum(rng.geometric(1 - a, n) - 1, k)  # leading acceptances, capped at k
+        return k, accepted_histogram(m)
+
+    want = tree_expected_tokens(parse_tree("chain:2"), a)
+    own = [pooled_chain_tokens([run(2)], 2) for _ in range(200)]
+    pooled = [pooled_chain_tokens([run(2), run(4), run(7)], 2) for _ in range(200)]
+    assert np.mean(pooled) == pytest.approx(want, abs=0.01)
+    assert np.std(pooled) < 0.7 * np.std(own)
 
 
 def test_profile_file_and_traces(tmp_path):
