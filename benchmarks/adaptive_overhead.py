@@ -3,8 +3,9 @@ decoded fixed, against the same strategy under controllers that keep it.
 
     PYTHONPATH=. python benchmarks/adaptive_overhead.py --runs 8 --out /tmp/overhead.json
 
-Variants (each decodes the code prompt of the planner's adaptive phase, window 2, at
-``--context``, from the regime's offline best of the installed evaluation's profile):
+Variants (each decodes the ``--prompt-set`` prompt of the planner's adaptive phase, window 2, at
+``--context``, with the regime's offline best of the installed evaluation's ranking, or
+``--strategy`` DRAFTER:TREE, dense):
 
 - ``fixed``: no controller (``planner.evaluate.steady_run``);
 - ``plumbing``: a controller that never switches but, like ``OnlineController``, declares both
@@ -57,10 +58,31 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=384)
     p.add_argument("--seed", type=int, default=4, help="sampling seed of every run")
     p.add_argument("--runs", type=int, default=8, help="runs per variant")
+    p.add_argument("--strategy", default="",
+                   help="DRAFTER:TREE decoded (e.g. draft_model:chain:2; default: the offline "
+                        "best)")  # fmt: skip
+    p.add_argument("--prompt-set", default="code", help="code, prose, repetitive or random")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if args.runs < 1 or args.context < 1:
-        print("adaptive_overhead: --runs and --context must be >= 1", file=sys.stderr)
+    from perfmodel.strategy import DrafterSpec, Strategy, parse_tree
+    from planner.evaluate import PROMPT_SETS
+
+    try:
+        if args.runs < 1 or args.context < 1:
+            raise ValueError("--runs and --context must be >= 1")
+        if args.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"unknown --prompt-set {args.prompt_set!r}; one of "
+                             f"{', '.join(PROMPT_SETS)}")  # fmt: skip
+        chosen = None
+        if args.strategy:
+            kind, _, tree = args.strategy.partition(":")
+            if kind not in ("draft_model", "ngram") or not tree:
+                raise ValueError(f"--strategy {args.strategy!r}: expected DRAFTER:TREE with "
+                                 "DRAFTER draft_model or ngram")  # fmt: skip
+            parse_tree(tree)
+            chosen = Strategy(name="overhead", tree=tree, drafter=DrafterSpec(kind=kind))
+    except ValueError as e:
+        print(f"adaptive_overhead: {e}", file=sys.stderr)
         return 2
     from controller_cost import load_setting
 
@@ -73,7 +95,7 @@ def main(argv=None) -> int:
 
     ranking, model, gpu, profile = load_setting()
     regime = regime_of(args.context)
-    best = strategy_from_json(ranking["regimes"][regime]["ranking"][0]["strategy"])
+    best = chosen or strategy_from_json(ranking["regimes"][regime]["ranking"][0]["strategy"])
     bench = make_bench("tiny", "tiny-draft", args.context, args.new_tokens, 1, temperature=1.0)
     best = dataclasses.replace(
         best,
@@ -81,7 +103,7 @@ def main(argv=None) -> int:
             best.drafter, model=bench.draft_label if best.drafter.kind == "draft_model" else None
         ),
     )
-    prompt = prompt_tokens("code", args.context, offset=2 * args.context)
+    prompt = prompt_tokens(args.prompt_set, args.context, offset=2 * args.context)
 
     def ctl(**kw):
         return lambda: OnlineController(ranking, model, gpu, profile, ControllerConfig(**kw))
@@ -130,12 +152,13 @@ def main(argv=None) -> int:
                      "control_overlap_us": float(np.median([r["control_overlap_us"] for r in rs]))
                      if rs else None, "text_differs_at": differs[name]})  # fmt: skip
     doc = {"provenance": provenance(), "context": args.context, "seed": args.seed,
-           "strategy": describe(best), "runs": runs, "summary": rows}  # fmt: skip
+           "prompt_set": args.prompt_set, "strategy": describe(best), "runs": runs,
+           "summary": rows}  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
     base = rows[0]["min_round_us"]
-    print(f"{describe(best)} at {args.context}, seed {args.seed}")
+    print(f"{describe(best)} at {args.context}, {args.prompt_set} prompt, seed {args.seed}")
     print(f"{'variant':22s} {'kept':>4s} {'switched':>8s} {'min us':>7s} {'median':>7s} "
           f"{'over fixed':>10s} {'ctl us/round':>12s} {'text differs at':>15s}")  # fmt: skip
     for r in rows:

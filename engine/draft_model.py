@@ -111,6 +111,7 @@ class ModelDrafter:
 
     def start(self, prompts: list[list[int]]) -> None:
         self.runner.prefill(prompts)
+        self.runner.prepare_append()  # a later ``resume`` replays, never captures
         self._catch_up = False
         self.synced = [len(p) for p in prompts]
         self.caught_up = 0

@@ -39,6 +39,9 @@ class GraphRunner:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, key) -> bool:
+        return key in self._entries
+
     def clear(self) -> None:
         self._entries.clear()
 

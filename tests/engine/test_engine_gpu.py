@@ -242,6 +242,33 @@ def test_sampling_is_paired_by_seed_whether_or_not_the_run_captures():
     assert run(1) != capturing
 
 
+def test_append_captures_at_start_and_equals_extend():
+    """A draft model's start captures every ``append`` chunk graph (a later catch-up replays
+    only); under graphs ``append`` writes what ``extend`` writes (bf16 rounding apart)."""
+    from engine.draft_model import ModelDrafter
+    from engine.runner import APPEND_CHUNKS
+
+    t_max = max(map(len, PROMPTS)) + 200
+    runner = ModelRunner(DRAFT, batch=len(PROMPTS), t_max=t_max, backend="triton",
+                         use_graphs=True)  # fmt: skip
+    ModelDrafter(runner, 1.0).start(PROMPTS)
+    assert all(("append", s) in runner.graphs for s in APPEND_CHUNKS)
+    n = len(runner.graphs)
+    lens = runner.cache.lens.clone()
+    tails = random_prompts([77, 5], vocab=512, seed=3)
+    runner.append(tails)
+    assert len(runner.graphs) == n
+    got = runner.cache.kv.float().clone()
+    runner.cache.set_lens(lens)
+    runner.extend(tails)
+    want = [len(p) + len(t) for p, t in zip(PROMPTS, tails, strict=True)]
+    assert runner.cache.lens.tolist() == want
+    for b, (p, t) in enumerate(zip(PROMPTS, tails, strict=True)):
+        a, e = got[:, :, b, :, : len(p) + len(t)], runner.cache.kv[:, :, b, :, : len(p) + len(t)]
+        assert torch.isfinite(a).all()
+        assert (a - e.float()).abs().max() <= 2e-2 * e.float().abs().max()
+
+
 @pytest.mark.parametrize("case", ["dense_draft_model", "union_sparse"])
 def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch):
     """In fp32 (IEEE dots in the kernels, no TF32 in cuBLAS) the t-row and 1-row paths differ
