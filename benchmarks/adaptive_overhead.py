@@ -80,7 +80,10 @@ def main(argv=None) -> int:
                 raise ValueError(f"--strategy {args.strategy!r}: expected DRAFTER:TREE with "
                                  "DRAFTER draft_model or ngram")  # fmt: skip
             parse_tree(tree)
-            chosen = Strategy(name="overhead", tree=tree, drafter=DrafterSpec(kind=kind))
+            # The draft model's name is the bench's, set below.
+            model = "tiny-draft" if kind == "draft_model" else None
+            chosen = Strategy(name="overhead", tree=tree,
+                              drafter=DrafterSpec(kind=kind, model=model))  # fmt: skip
     except ValueError as e:
         print(f"adaptive_overhead: {e}", file=sys.stderr)
         return 2
