@@ -56,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
     p.add_argument("--profile-prompts", type=int, default=10,
-                   help="code prompts per profile entry (at most 10; planner.evaluate)")  # fmt: skip
+                   help="code prompts per profile entry (<= 10; planner.evaluate)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
     p.add_argument("--timing-passes", type=int, default=3,

@@ -118,7 +118,8 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "unknown prompt set 'poetry'" in capsys.readouterr().err and not out.exists()
     assert planner_eval.main(["--contexts", "1K,2K", "--out", str(out)]) == 2  # same regime
     assert "two contexts fall in regime <=4K" in capsys.readouterr().err and not out.exists()
-    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--profile-prompts", "11"]) == 2
+    too_many = ["--profile-prompts", "11"]
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out), *too_many]) == 2
     assert "--profile-prompts must lie in 1..10, got 11" in capsys.readouterr().err
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
             "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
