@@ -79,7 +79,6 @@ would price the cheap switch at the dear one's cost, or the other way round.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -90,6 +89,7 @@ from planner.profile import (
     REGIMES,
     Profile,
     alpha_from_tokens,
+    chain_length,
     expected_tokens,
     profile_from_json,
     regime_of,
@@ -105,7 +105,7 @@ SHADOW_MIN_POSITIONS = 8.0
 @dataclass(slots=True)
 class _Known:
     """What the controller asks of one strategy every round, worked out once: its id, drafter
-    kind, chain length (``_chain_length``), and per regime its profiled alpha and attention
+    kind, chain length (``chain_length``), and per regime its profiled alpha and attention
     factor."""
 
     sid: str
@@ -594,7 +594,7 @@ class OnlineController:
         one that collapsed does within a few rounds -- far fewer than ``patience`` -- and acts
         inside the cooldown: leaving a strategy that stopped working is no oscillation.
         Branching trees keep the EMA test alone."""
-        k = _chain_length(s.tree)
+        k = chain_length(s.tree)
         a0 = ref - self.config.epsilon
         if not k or self.config.collapse_llr <= 0 or not 0.0 < a0 < 1.0:
             return False
@@ -626,7 +626,7 @@ class OnlineController:
             return hit[1]
         known = self._known_of.get(s)
         if known is None:
-            known = _Known(strategy_id(s), s.drafter.kind, _chain_length(s.tree))
+            known = _Known(strategy_id(s), s.drafter.kind, chain_length(s.tree))
             self._known_of[s] = known
         if len(self._known_id) >= 4096:  # a caller building a new object per round
             self._known_id.clear()
@@ -692,7 +692,7 @@ class OnlineController:
             refs = {}
             for kind, n in key[1]:
                 for c in self._candidates(regime).values():
-                    if c.drafter.kind == kind and 1 <= _chain_length(c.tree) <= n:
+                    if c.drafter.kind == kind and 1 <= chain_length(c.tree) <= n:
                         refs[kind] = c
                         break
             self._refs[key] = refs
@@ -1008,13 +1008,3 @@ def switch_kind(s: Strategy) -> str:
     """What a switch to ``s`` has to start: its drafter kind, or ``none`` when it drafts
     nothing (autoregressive decoding)."""
     return s.drafter.kind if parse_tree(s.tree) else "none"
-
-
-@functools.lru_cache(maxsize=256)
-def _chain_length(tree: str) -> int:
-    """K for a chain of K drafts (node i's parent is node i - 1), else 0 (memoised: the
-    controller asks for every candidate every round)."""
-    parents = parse_tree(tree)
-    if not parents or any(p != i - 1 for i, p in enumerate(parents)):
-        return 0
-    return len(parents)

@@ -14,8 +14,14 @@ import pytest
 
 import planner.controller as controller_module
 from perfmodel.strategy import parse_tree
-from planner.controller import OnlineController, _chain_length, _Known
-from planner.profile import _interp, _tokens_table, alpha_from_tokens, expected_tokens
+from planner.controller import OnlineController, _Known
+from planner.profile import (
+    _interp,
+    _tokens_table,
+    alpha_from_tokens,
+    chain_length,
+    expected_tokens,
+)
 from planner.rank import strategy_from_json
 from planner.space import strategy_id
 
@@ -65,7 +71,7 @@ class PlainController(OnlineController):
     """Every memo bypassed, every interpolation by ``np.interp``: the reference."""
 
     def _known(self, s):
-        return _Known(strategy_id(s), s.drafter.kind, _chain_length(s.tree))
+        return _Known(strategy_id(s), s.drafter.kind, chain_length(s.tree))
 
     def _alpha_for(self, regime, s):
         return self.profile.alpha_for(regime, s)
