@@ -21,8 +21,9 @@ distributed as ``p_i``; by induction the emitted token is distributed as ``p``: 
 distribution is preserved exactly. Deterministic drafts (n-gram, greedy drafting) are the case
 ``q = one-hot``: ``draft_probs=None``.
 
-Both run on the device with static shapes and no host synchronisation (CUDA-graph safe); the
-loop over depth and sibling rank is unrolled to the tree's size.
+Both run on the device with static shapes and no host synchronisation (CUDA-graph safe). The
+stochastic walk is ``kernels.accept``'s: one Triton program per sequence on the triton backend,
+batched torch ops (the loop over depth and sibling rank unrolled) on the torch backend.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from engine.tree import TreeTensors
+from kernels.accept import (
+    MAX_VOCAB,
+    accept_sampled,
+    reference_accept_sampled,
+    reference_sample,
+    uniforms_needed,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +64,8 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of ``probs`` ``[B, V]`` (unnormalised is fine) by inverse CDF; no
     host synchronisation (``torch.multinomial`` checks its input on the host)."""
-    cdf = probs.float().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, generator=generator) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, u, right=True)[:, 0]
-    return idx.clamp(max=probs.shape[-1] - 1)
+    u = torch.rand(probs.shape[0], device=probs.device, generator=generator)
+    return reference_sample(probs, u)
 
 
 def accept_greedy(tree: TreeTensors, tokens: torch.Tensor, logits: torch.Tensor) -> Acceptance:
@@ -100,56 +106,25 @@ def accept_stochastic(
     draft_probs: torch.Tensor | None,
     temperature: float,
     generator: torch.Generator | None = None,
+    backend: str = "torch",
 ) -> Acceptance:
     """Multi-draft rejection sampling (module docstring).
 
     ``draft_probs`` ``[B, t, V]``: row ``i`` is the draft distribution node ``i``'s children
     were drawn from (without replacement, in sibling-rank order); ``None`` for deterministic
-    drafts.
+    drafts. The uniforms are drawn first, in one call (``kernels.accept``); ``backend`` "triton"
+    walks the tree in one kernel launch (vocabularies up to ``MAX_VOCAB``), "torch" in batched
+    torch ops; both decide the same from the same uniforms.
     """
-    b, t = tokens.shape
-    dev = tokens.device
-    p_all = target_probs(logits, temperature)
-    rows = torch.arange(b, device=dev)
-    cur = torch.zeros(b, dtype=torch.int64, device=dev)
-    p = p_all[:, 0]
-    q = draft_probs[:, 0].float() if draft_probs is not None else None
-    active = torch.ones(b, dtype=torch.bool, device=dev)
-    depth = tree.tree.max_depth
-    path = torch.arange(depth + 1, device=dev).expand(b, depth + 1).clone()
-    count = torch.ones(b, dtype=torch.int32, device=dev)
-    for level in range(depth):
-        moved = torch.zeros(b, dtype=torch.bool, device=dev)
-        for r in range(tree.children.shape[1]):
-            child = tree.children[cur, r]  # [B]
-            valid = active & ~moved & (child >= 0)
-            tok = tokens[rows, child.clamp(min=0)]
-            p_tok = p[rows, tok]
-            if q is None:
-                q_tok = torch.ones_like(p_tok)
-                resid = p.scatter(1, tok[:, None], 0.0)
-            else:
-                qn = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
-                q_tok = qn[rows, tok]
-                resid = (p - qn).clamp(min=0.0)
-            u = torch.rand(b, device=dev, generator=generator)
-            acc = valid & (q_tok > 0) & (u * q_tok < p_tok)
-            # A child the exhausted draft could not have proposed (q_i = 0) is skipped.
-            rej = valid & ~acc & (q_tok > 0)
-            mass = resid.sum(-1, keepdim=True)
-            resid = torch.where(mass > 0, resid / mass.clamp(min=1e-30), p)
-            p = torch.where(rej[:, None], resid, p)
-            if q is not None:
-                q = torch.where(rej[:, None], q.scatter(1, tok[:, None], 0.0), q)
-            cur = torch.where(acc, child, cur)
-            moved = moved | acc
-        active = active & moved
-        path[:, level + 1] = torch.where(moved, cur, path[:, level + 1])
-        count = count + moved.to(torch.int32)
-        p = torch.where(moved[:, None], p_all[rows, cur], p)
-        if q is not None:
-            q = torch.where(moved[:, None], draft_probs[rows, cur].float(), q)
-    return Acceptance(path, count, sample_from(p, generator))
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
+    b = tokens.shape[0]
+    depth, width = tree.tree.max_depth, tree.children.shape[1]
+    u = torch.rand(b, uniforms_needed(depth, width), device=tokens.device, generator=generator)
+    fused = backend == "triton" and logits.shape[-1] <= MAX_VOCAB
+    run = accept_sampled if fused else reference_accept_sampled
+    path, count, bonus = run(tokens, logits, draft_probs, tree.children, depth, temperature, u)
+    return Acceptance(path, count, bonus)
 
 
 def accept(
@@ -159,10 +134,12 @@ def accept(
     draft_probs: torch.Tensor | None,
     temperature: float,
     generator: torch.Generator | None = None,
+    backend: str = "torch",
 ) -> Acceptance:
-    """Greedy when ``temperature == 0`` (``draft_probs`` is then irrelevant), else stochastic."""
+    """Greedy when ``temperature == 0`` (``draft_probs`` is then irrelevant), else stochastic
+    (on ``backend``)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return accept_greedy(tree, tokens, logits)
-    return accept_stochastic(tree, tokens, logits, draft_probs, temperature, generator)
+    return accept_stochastic(tree, tokens, logits, draft_probs, temperature, generator, backend)

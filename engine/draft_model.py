@@ -2,11 +2,12 @@
 the target's own weights with sparse attention over a small share of its cache (seed 003).
 
 ``ModelDrafter`` expands the tree level by level (``engine.drafter``): each level is one tree
-forward plus the children draw, captured as one CUDA graph per level. Its cache holds the
-committed prefix; the tail of the last level's forward holds every node of depth < D, so after
-the target's acceptance the kept path is committed from it (``commit``, device-only). A kept
-leaf at depth D was never run through the draft model: it is run first at the next round
-(``catch-up``, the level-0 graph with the leaf as input), for the sequences that need it.
+forward plus the children draw; the whole draft (every level) is one CUDA graph per tree. Its
+cache holds the committed prefix; the tail of the last level's forward holds every node of
+depth < D, so after the target's acceptance the kept path is committed from it (``commit``,
+device-only). A kept leaf at depth D was never run through the draft model: it is run first at
+the next round (``catch-up``, a one-node forward of the leaf in its own graph), for the
+sequences that need it.
 
 The drafter keeps on the host how many committed tokens its cache holds per sequence, so after
 rounds it sat out (a warm drafter, ``resume``) it runs only the tokens committed since -- a few
@@ -39,7 +40,7 @@ class _LevelExpander:
 
     def __init__(self, runner: ModelRunner, attn: AttentionConfig, temperature: float) -> None:
         self.runner, self.attn, self.temperature = runner, attn, temperature
-        # The level graphs (keyed by attention, tree and level on the runner) index with the
+        # The draft graphs (keyed by attention, tree and temperature on the runner) index with the
         # plan's tensors: the plans are kept on the runner too, or a graph captured for an
         # earlier drafter would replay reading that drafter's freed tensors.
         self._plans: dict[DraftTree, tuple] = runner.graph_constants.setdefault("level_plans", {})
@@ -55,31 +56,30 @@ class _LevelExpander:
             self._plans[tree] = (lp, kids, torch.tensor(v2d, dtype=torch.int64, device=dev))
         return self._plans[tree]
 
-    def level_fn(self, lp: LevelPlan, level: int, kids):
-        """The graph body of one level: forward of the nodes up to ``level``, children draw."""
+    def level(self, lp: LevelPlan, level: int, kids, tokens_d: torch.Tensor):
+        """One level: the forward of the nodes up to ``level``, then its children's draw."""
         sub = lp.level_tree(level)
         lo = lp.upto[level - 1] if level > 0 else 0
         parent_row, rank = kids
-        width = lp.dtree.max_children
-
-        def fn(tokens_d: torch.Tensor):
-            logits, _, _ = self.runner.tree_forward(tokens_d, sub, self.attn)
-            rows = logits[:, lo:]  # [B, n_level, V]
-            cand, probs = draw_children(rows, width, self.temperature)
-            child = cand[:, parent_row, rank]  # [B, n_next]
-            return child, probs
-
-        return fn
+        logits, _, _ = self.runner.tree_forward(tokens_d, sub, self.attn)
+        rows = logits[:, lo:]  # [B, n_level, V]
+        cand, probs = draw_children(rows, lp.dtree.max_children, self.temperature)
+        return cand[:, parent_row, rank], probs  # [B, n_next], [B, n_level, V] or None
 
     def expand(self, roots: torch.Tensor, tree: DraftTree) -> Draft:
+        """The whole draft below ``roots`` ``[B]``: one CUDA graph per tree (every level and
+        the glue between them), so a round issues one replay, not a replay per level and the
+        eager ops between them (a draft-model round was host-bound, session 11's notes)."""
         lp, kids, v2d = self.plan(tree)
+        key = ("draft", self.attn, lp.dtree, self.temperature)
+        return self.runner.graphs(key, lambda r: self._expand(r, tree, lp, kids, v2d), (roots,))
+
+    def _expand(self, roots, tree, lp, kids, v2d) -> Draft:
         b = roots.shape[0]
         tokens_d = roots[:, None]
         prob_rows = []
         for level in range(lp.dtree.max_depth):
-            key = ("level", self.attn, lp.dtree, level, self.temperature)
-            fn = self.level_fn(lp, level, kids[level])
-            child, probs = self.runner.graphs(key, fn, (tokens_d,))
+            child, probs = self.level(lp, level, kids[level], tokens_d)
             tokens_d = torch.cat([tokens_d, child], dim=1)
             if probs is not None:
                 prob_rows.append(probs)

@@ -350,7 +350,8 @@ class Engine:
         probs = draft.probs if temp > 0 else None
 
         def fn(tokens, enable, *maybe_probs):
-            acc = accept(tt, tokens, logits, maybe_probs[0] if maybe_probs else None, temp)
+            acc = accept(tt, tokens, logits, maybe_probs[0] if maybe_probs else None, temp,
+                         backend=target.backend)  # fmt: skip
             count = acc.count * enable
             target.cache.commit(acc.path, count)
             packed = torch.cat(
