@@ -12,8 +12,8 @@ Variants (each decodes the ``--prompt-set`` prompt of the planner's adaptive pha
   drafter kinds (the loop keeps the draft model warm and the n-gram shadow scores every round)
   and takes its calls behind the next round's GPU work (``overlap``);
 - ``plumbing_no_shadow``: the same, declaring no drafter kind (nothing kept warm, no shadow);
-- ``controller`` / ``controller_stride16`` / ``controller_serial``: ``OnlineController`` with
-  its defaults, with ``stride`` 16, and without ``overlap``.
+- ``controller`` / ``controller_stride1`` / ``controller_stride16`` / ``controller_serial``:
+  ``OnlineController`` with its defaults, with ``stride`` 1 and 16, and without ``overlap``.
 
 Every variant runs ``--runs`` times, interleaved (run i of every variant, then run i + 1), and
 its figure is the mean round time (us) of its least disturbed run and the median over runs.
@@ -116,6 +116,7 @@ def main(argv=None) -> int:
         "plumbing": lambda: _Keep(("draft_model", "ngram")),
         "plumbing_no_shadow": lambda: _Keep(()),
         "controller": ctl(),
+        "controller_stride1": ctl(stride=1),
         "controller_stride16": ctl(stride=16),
         "controller_serial": ctl(overlap=False),
     }

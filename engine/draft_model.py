@@ -132,24 +132,34 @@ class ModelDrafter:
         return self.expander.expand(roots, tree)
 
     def _run_catch_up(self) -> None:
+        """The kept leaf of the last round, for the sequences that kept one (``_need``): a
+        one-node forward and its commit, one graph."""
         single = DraftTree.from_parents([-1])
-        attn = self.expander.attn
-        self.runner.graphs(
-            ("catch_up", attn),
-            lambda tok: self.runner.tree_forward(tok, single, attn)[0],
-            (self._pending[:, None],),
-        )
-        path = torch.zeros((self.runner.batch, 1), dtype=torch.int64, device=self.runner.device)
-        self.runner.commit(path, self._need)
+        attn, runner = self.expander.attn, self.runner
+
+        def fn(pending, need):
+            runner.tree_forward(pending[:, None], single, attn)
+            runner.cache.commit(torch.zeros_like(pending)[:, None], need)  # tail entry 0
+
+        runner.graphs(("catch_up", attn), fn, (self._pending, self._need),
+                      neutral=lambda: (self._pending, torch.zeros_like(self._need)))  # fmt: skip
         self._catch_up = False
 
     def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+        """Keep the path's first D nodes (the last level's forward ran every node of depth
+        < D), and note the kept leaf of depth D, which a catch-up runs: one graph."""
         depth = self._tree.max_depth
         _, _, v2d = self.expander.plan(self._tree)
-        # The last level's forward ran every node of depth < D: keep the path's first D nodes.
-        self.runner.commit(v2d[acc.path[:, :depth]], torch.clamp(acc.count, max=depth))
-        self._pending = tokens.gather(1, acc.path[:, depth:])[:, 0]
-        self._need = (acc.count > depth).to(torch.int32)
+        runner = self.runner
+
+        def fn(path, count, toks):
+            runner.cache.commit(v2d[path[:, :depth]], torch.clamp(count, max=depth))
+            return toks.gather(1, path[:, depth:])[:, 0], (count > depth).to(torch.int32)
+
+        self._pending, self._need = runner.graphs(
+            ("commit_draft", self._tree), fn, (acc.path, acc.count, tokens),
+            neutral=lambda: (acc.path, torch.zeros_like(acc.count), tokens),
+        )  # fmt: skip
 
     def observe(self, history, counts: list[int]) -> None:
         depth = self._tree.max_depth

@@ -1,16 +1,17 @@
-"""CUDA graphs for the engine's static-shape steps (verify forward, acceptance, commit, draft
-levels), keyed by everything that changes their shapes or code path.
+"""CUDA graphs for the engine's static-shape steps (verify forward, acceptance, commits, a
+drafter's whole draft), keyed by everything that changes their shapes or code path.
 
 ``GraphRunner(key, fn, inputs, neutral)`` runs ``fn(*inputs)`` eagerly when graphs are off. With
 graphs on, the first call per key warms ``fn`` up on a side stream (Triton compiles, the
 allocator settles) with the ``neutral`` inputs (a commit of nothing, so warming up leaves the
-state unchanged), captures it, and from then on copies ``inputs`` into the graph's static input
-tensors and replays it. The CUDA generator's state is put back after a capture: the warm-up runs
-draw from it eagerly and the capture advances it, so without that a decode that captures a graph
-(the first with a strategy) would draw other random numbers from then on than the same decode,
-same seed, replaying the graph another decode captured -- two runs meant to be paired by their
-seed would decode different texts. The returned outputs are the graph's own tensors: valid until
-the same key is replayed again, so callers copy what they keep longer.
+state unchanged; a callable is called then, so a replay builds none), captures it, and from then
+on copies ``inputs`` into the graph's static input tensors and replays it. The CUDA generator's
+state is put back after a capture: the warm-up runs draw from it eagerly and the capture
+advances it, so without that a decode that captures a graph (the first with a strategy) would
+draw other random numbers from then on than the same decode, same seed, replaying the graph
+another decode captured -- two runs meant to be paired by their seed would decode different
+texts. The returned outputs are the graph's own tensors: valid until the same key is replayed
+again, so callers copy what they keep longer.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class GraphRunner:
         key,
         fn: Callable[..., object],
         inputs: Sequence[torch.Tensor],
-        neutral: Sequence[torch.Tensor] | None = None,
+        neutral: Sequence[torch.Tensor] | Callable[[], Sequence[torch.Tensor]] | None = None,
         on_launch: Callable[[], None] | None = None,
     ):
         """``on_launch`` runs just before the step's first launch (the input copies, or ``fn``
@@ -72,6 +73,8 @@ class GraphRunner:
         return entry.outputs
 
     def _capture(self, fn, inputs, neutral) -> _Entry:
+        if callable(neutral):
+            neutral = neutral()
         static = tuple(x.clone() for x in (neutral if neutral is not None else inputs))
         rng = torch.cuda.get_rng_state()
         side = torch.cuda.Stream()

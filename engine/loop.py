@@ -136,6 +136,7 @@ class Engine:
         self._overlap = False
         self._pending: tuple[RoundRecord, Strategy] | None = None
         self._decided: Strategy | None = None
+        self._one: torch.Tensor | None = None  # the acceptance graph's "enable" input
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
 
@@ -359,9 +360,11 @@ class Engine:
             )
             return type(acc)(acc.path, count, acc.bonus), packed
 
-        one = torch.ones(1, dtype=torch.int32, device=target.device)
+        one = self._one
+        if one is None or one.device != draft.tokens.device:
+            one = self._one = torch.ones(1, dtype=torch.int32, device=draft.tokens.device)
         inputs = (draft.tokens, one) + ((probs,) if probs is not None else ())
-        neutral = (draft.tokens, torch.zeros_like(one)) + ((probs,) if probs is not None else ())
+        neutral = lambda: (draft.tokens, torch.zeros_like(one)) + inputs[2:]  # noqa: E731
         key = ("accept", verify_key, temp, probs is not None)
         return target.graphs(key, fn, inputs, neutral)
 

@@ -202,8 +202,9 @@ class ModelRunner:
                 ("append", size),
                 self._append_fn(size),
                 (tokens.to(self.device), count.to(self.device)),
-                neutral=(torch.zeros((cache.batch, size), dtype=torch.int64, device=self.device),
-                         torch.zeros(cache.batch, dtype=torch.int32, device=self.device)),
+                neutral=lambda size=size: (
+                    torch.zeros((cache.batch, size), dtype=torch.int64, device=self.device),
+                    torch.zeros(cache.batch, dtype=torch.int32, device=self.device)),
             )  # fmt: skip
         return sum(map(len, tails))
 
@@ -301,7 +302,7 @@ class ModelRunner:
             ("commit", p),
             self.cache.commit,
             (path, count),
-            neutral=(torch.zeros_like(path), torch.zeros_like(count)),
+            neutral=lambda: (torch.zeros_like(path), torch.zeros_like(count)),
         )
 
 

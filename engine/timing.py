@@ -4,6 +4,11 @@
 recorded on the stream (no synchronisation); ``read()`` returns the step durations once the
 stream has passed the last mark, which the loop guarantees by reading the accepted counts
 first. On the CPU every op is synchronous, so ``time.perf_counter`` deltas are the step times.
+
+The stream is looked up once per round (``start``): ``Event.record()`` without one looks up the
+current stream through torch's device-index helpers, which measured ~35 us of host time per
+mark on the H100's host under a profiler (five marks a round; ``docs/notes/planner.md``,
+session 12), host time a round then waits for.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ class StepTimer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.source = "cuda-events" if self.cuda else "wall-clock"
+        self._stream = None
         self._marks: list[tuple[str, object]] = []
 
     def start(self) -> None:
+        self._stream = torch.cuda.current_stream() if self.cuda else None
         self._marks = [("", self._now())]
 
     def mark(self, name: str) -> None:
@@ -30,7 +37,7 @@ class StepTimer:
     def _now(self):
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(self._stream)
             return ev
         return time.perf_counter()
 
