@@ -38,10 +38,16 @@ class ShadowAcceptance:
 
     ``positions`` proposals were resolved; ``matched[k - 1]`` of them had their first ``k``
     tokens all equal to the committed ones (k = 1 .. ``len(matched)``, the longest chain scored).
+    ``rounds[k - 1]`` and ``drafts[k - 1]``: the rounds a chain of ``k`` drafts walked over the
+    resolved positions as its own run would have, and the drafts they accepted (``engine.ngram``:
+    the per-round figure, which the average over positions overstates on bursty text); empty
+    when not walked (then ``accepted`` is the average over positions).
     """
 
     positions: int
     matched: tuple[int, ...]
+    rounds: tuple[int, ...] = ()
+    drafts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.positions < 0:
@@ -55,10 +61,33 @@ class ShadowAcceptance:
                     f"matched must be non-increasing, >= 0 and <= positions, got {self.matched}"
                 )
             bound = m
+        if self.rounds or self.drafts:
+            k = len(self.matched)
+            if len(self.rounds) != k or len(self.drafts) != k:
+                raise ValueError(
+                    f"rounds and drafts must hold {k} chain lengths each, got "
+                    f"{self.rounds} and {self.drafts}"
+                )
+            for c, (r, d) in enumerate(zip(self.rounds, self.drafts, strict=True), 1):
+                if r < 0 or not 0 <= d <= c * r:
+                    raise ValueError(
+                        f"chain {c}: rounds must be >= 0 and drafts in [0, {c} * rounds], got "
+                        f"{r} rounds and {d} drafts"
+                    )
 
     def accepted(self, chain: int) -> float | None:
-        """Mean accepted drafts per round of a chain of ``chain`` drafts, ``E[min(m, chain)]``
-        over the positions (None when none was resolved)."""
+        """Mean accepted drafts per round of a chain of ``chain`` drafts: its walk's (drafts
+        over rounds) when walked, else ``E[min(m, chain)]`` over the positions (None when
+        nothing was resolved)."""
+        if not 1 <= chain <= len(self.matched):
+            raise ValueError(f"chain must lie in [1, {len(self.matched)}], got {chain}")
+        if self.rounds:
+            r = self.rounds[chain - 1]
+            return self.drafts[chain - 1] / r if r else None
+        return self.accepted_per_position(chain)
+
+    def accepted_per_position(self, chain: int) -> float | None:
+        """``E[min(m, chain)]`` over the resolved positions (None when none was)."""
         if not 1 <= chain <= len(self.matched):
             raise ValueError(f"chain must lie in [1, {len(self.matched)}], got {chain}")
         if not self.positions:

@@ -22,9 +22,18 @@ Why the leading matches estimate the acceptance without bias: the proposals are 
 ``p_target`` (whatever strategy decoded it, losslessly), so it equals ``x`` with the same
 probability ``p_target(x)``. Position by position, ``P(m >= k)`` is the probability that a
 chain drafted at ``p`` has its first ``k`` drafts accepted, and ``E[min(m, K')]`` the expected
-accepted drafts of a chain of ``K' <= K``. (A real n-gram run starts its rounds at the
-positions its own acceptance leads to; the shadow averages over every position -- the same
-expectation per position, weighted a little differently.) Greedy decoding makes it exact.
+accepted drafts of a chain of ``K' <= K`` drafted at a position picked at random.
+
+**Per round, a walk.** A real chain run does not draft at random positions: it drafts where
+its own last round left it, ``p + min(m_p, K') + 1`` after a round at ``p``, so it crosses a
+stretch of matching positions in a few rounds and spends a round on each position of a
+stretch that does not match. The average over every position weights the matching stretches
+by their length instead: on the H100's run 23 (``docs/notes/planner.md``, session 12) it put
+n-gram chain:7 at 2.56 tokens per round on code and 1.81 on repetitive text, where the chain
+run measured 2.08 and 1.27. So the shadow also walks each chain length ``K' <= K`` over the
+resolved positions as that chain's run would have (``rounds`` and ``drafts`` of
+``ShadowAcceptance``): accepted drafts per round = drafts / rounds, the chain's own figure on
+this text -- exact under greedy decoding, where the text is the same whatever decodes it.
 
 Cost: per new position, one look-up per n-gram ending there (the first draft and the index
 update share them: one table holds each n-gram's continuations and its best one), then up to
@@ -130,9 +139,17 @@ class ShadowChain:
         if max_chain < 1:
             raise ValueError(f"max_chain must be >= 1, got {max_chain}")
         self.max_chain = max_chain
-        self.pending: list[tuple[list[int], int]] = []  # (proposal, tokens matched so far)
+        # (proposal, tokens matched so far, its position)
+        self.pending: list[tuple[list[int], int, int]] = []
         self.positions = 0
         self.matched = [0] * max_chain
+        # The walks (module): resolved positions not yet passed by every walk (position ->
+        # leading matches), per chain length the position its walk drafts at next, and the
+        # rounds walked and drafts accepted since the last ``take``.
+        self.resolved: dict[int, int] = {}
+        self.walk_next: list[int] | None = None
+        self.walk_rounds = [0] * max_chain
+        self.walk_drafts = [0] * max_chain
 
     def advance(self, idx: NgramIndex, new: list[int]) -> None:
         """Index ``new`` (the tokens committed after ``idx.tokens``), scoring each position's
@@ -141,17 +158,21 @@ class ShadowChain:
         k_max, max_n, n_new = self.max_chain, idx.max_n, len(new)
         toks, table = idx.tokens, idx.table
         positions, matched, pending = self.positions, self.matched, self.pending
+        resolved, base = self.resolved, len(toks)
+        if self.walk_next is None:  # every walk starts after the first decoded token (the
+            self.walk_next = [base + 1] * k_max  # first root, which the prefill samples)
         opened = []  # proposals compared with every token of ``new``: they wait for the next call
         for i, tok in enumerate(new):
             if pending:  # earlier proposals, every token before ``tok`` matched
                 still = []
-                for prop, m in pending:
+                for prop, m, at in pending:
                     if prop[m] == tok:
                         m += 1
                         if m < k_max:
-                            still.append((prop, m))
+                            still.append((prop, m, at))
                             continue
                     positions += 1
+                    resolved[at] = m
                     for k in range(m):
                         matched[k] += 1
                 pending = still
@@ -168,6 +189,7 @@ class ShadowChain:
                 c = key[-1] if key else None  # nothing indexed: no proposal, nothing accepted
             if c != tok:  # the first draft missed (the common case): m = 0
                 positions += 1
+                resolved[base + i] = 0
                 idx.push(tok, key, hits)
                 continue
             prop, m, open_, ctx = [c], 1, False, (key + (c,))[-max_n:]
@@ -188,19 +210,45 @@ class ShadowChain:
                     else:
                         m += 1
             if open_:
-                opened.append((prop, m))
+                opened.append((prop, m, base + i))
             else:
                 positions += 1
+                resolved[base + i] = m
                 for k in range(m):
                     matched[k] += 1
             idx.push(tok, key, hits)
         self.pending = pending + opened
         self.positions = positions
+        self._walk()
 
-    def take(self) -> tuple[int, list[int]]:
-        """The counts resolved since the last call (then reset)."""
-        out = (self.positions, self.matched)
-        self.positions, self.matched = 0, [0] * self.max_chain
+    def _walk(self) -> None:
+        """Advance every chain length's walk over the positions resolved so far: a round at
+        ``p`` accepts ``min(m_p, k)`` drafts and the next one drafts after its bonus token."""
+        resolved, nxt = self.resolved, self.walk_next
+        rounds, drafts = self.walk_rounds, self.walk_drafts
+        for k in range(self.max_chain):  # chain length k + 1
+            p, r, d = nxt[k], 0, 0
+            m = resolved.get(p)
+            while m is not None:
+                a = m if m <= k else k + 1
+                r += 1
+                d += a
+                p += a + 1
+                m = resolved.get(p)
+            nxt[k] = p
+            rounds[k] += r
+            drafts[k] += d
+        lo = min(nxt)
+        for q in [q for q in resolved if q < lo]:
+            del resolved[q]
+
+    def take(self) -> tuple[int, list[int], list[int], list[int]]:
+        """The counts resolved since the last call: positions, matches, and per chain length
+        the rounds walked and the drafts they accepted (then reset)."""
+        out = (self.positions, self.matched, self.walk_rounds, self.walk_drafts)
+        k = self.max_chain
+        self.positions, self.matched = 0, [0] * k
+        self.walk_rounds, self.walk_drafts = [0] * k, [0] * k
         return out
 
 
@@ -248,12 +296,14 @@ class NgramDrafter:
         shadow)."""
         if not self.shadows:
             return None
-        positions, matched = self.shadows[0].take()
+        positions, matched, rounds, drafts = self.shadows[0].take()
         for sh in self.shadows[1:]:
-            n, m = sh.take()
+            n, m, r, d = sh.take()
             positions += n
             matched = [a + b for a, b in zip(matched, m, strict=True)]
-        return ShadowAcceptance(positions, tuple(matched))
+            rounds = [a + b for a, b in zip(rounds, r, strict=True)]
+            drafts = [a + b for a, b in zip(drafts, d, strict=True)]
+        return ShadowAcceptance(positions, tuple(matched), tuple(rounds), tuple(drafts))
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:
         self.sync(history)

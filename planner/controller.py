@@ -97,8 +97,8 @@ from planner.profile import (
 from planner.rank import score, strategy_from_json
 from planner.space import strategy_id
 
-# Decayed positions a shadow estimate needs before the controller uses it (about one round of
-# a long chain; fewer is a coin toss).
+# Decayed positions a shadow estimate needs before the controller uses it, and decayed rounds
+# a chain length's walk needs (about one round of a long chain; fewer is a coin toss).
 SHADOW_MIN_POSITIONS = 8.0
 
 
@@ -366,7 +366,9 @@ class OnlineController:
         self._known_id: dict[int, tuple[Strategy, _Known]] = {}
         # Shadow estimates per drafter kind: decayed resolved positions and, per chain length
         # k, decayed positions whose first k drafts matched.
-        self._shadow: dict[str, tuple[float, list[float]]] = {}
+        # per shadowed kind: decayed positions, matches per chain length, and the walks'
+        # rounds and accepted drafts per chain length (None when the shadow walks none)
+        self._shadow: dict[str, tuple[float, list[float], list | None, list | None]] = {}
         self._shadow_lens: tuple[tuple[str, int], ...] = ()  # (kind, chain lengths) shadowed
         self._now: _Now | None = None
         self._shadow_dev: dict[str, int] = {}
@@ -449,11 +451,17 @@ class OnlineController:
             return None
         if factor_now <= 0:
             return None
-        mean = sum(est[1][:chain]) / est[0]
+        if est[2] is not None:  # the chain's walk: its own rounds on this text (engine.ngram)
+            n = est[2][chain - 1]
+            if n < SHADOW_MIN_POSITIONS:
+                return None
+            mean = est[3][chain - 1] / n
+        else:
+            n, mean = est[0], sum(est[1][:chain]) / est[0]
         if z > 0:
             a = alpha_from_tokens(tree, 1.0 + mean)
             second = sum((2 * j - 1) * a**j for j in range(1, chain + 1))
-            mean -= z * math.sqrt(max(second - mean * mean, 0.0) / est[0])
+            mean -= z * math.sqrt(max(second - mean * mean, 0.0) / n)
         return min(1.0, alpha_from_tokens(tree, 1.0 + mean) * factor / factor_now)
 
     def after_round(self, stats) -> Strategy | None:
@@ -675,12 +683,21 @@ class OnlineController:
         keep = 1.0 - self.config.ema
         for kind, sh in shadow.items():
             old = self._shadow.get(kind)
-            if old is None or len(old[1]) != len(sh.matched):
-                self._shadow[kind] = (float(sh.positions), [float(x) for x in sh.matched])
-                self._shadow_lens = tuple((k, len(m)) for k, (_, m) in self._shadow.items())
+            walked = bool(getattr(sh, "rounds", ()))
+            if old is None or len(old[1]) != len(sh.matched) or (old[2] is not None) != walked:
+                self._shadow[kind] = (
+                    float(sh.positions), [float(x) for x in sh.matched],
+                    [float(x) for x in sh.rounds] if walked else None,
+                    [float(x) for x in sh.drafts] if walked else None,
+                )  # fmt: skip
+                self._shadow_lens = tuple((k, len(v[1])) for k, v in self._shadow.items())
             else:
                 matched = [keep * a + b for a, b in zip(old[1], sh.matched, strict=True)]
-                self._shadow[kind] = (keep * old[0] + sh.positions, matched)
+                rounds = drafts = None
+                if walked:
+                    rounds = [keep * a + b for a, b in zip(old[2], sh.rounds, strict=True)]
+                    drafts = [keep * a + b for a, b in zip(old[3], sh.drafts, strict=True)]
+                self._shadow[kind] = (keep * old[0] + sh.positions, matched, rounds, drafts)
 
     def _shadow_refs_memo(self, regime: str) -> dict[str, Strategy]:
         """Per shadowed drafter kind, its best-ranked chain among the regime's candidates: what

@@ -495,16 +495,25 @@ def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: d
 
 
 def shadow_summary(result) -> dict:
-    """Per drafter kind, the run's shadow estimate over all its rounds: positions scored and the
-    expected tokens per round of each chain length it scores (``1 + E[min(m, K)]``)."""
+    """Per drafter kind, the run's shadow estimate over all its rounds: positions scored, the
+    tokens per round of each chain length it scores as its walk found them (``engine.ngram``:
+    1 + accepted drafts per walked round; what the controller uses) and as the average over
+    positions (``1 + E[min(m, K)]``, which overstates bursty text)."""
     out = {}
     for kind in {k for r in result.rounds for k in (r.shadow or {})}:
         rows = [r.shadow[kind] for r in result.rounds if r.shadow and kind in r.shadow]
         n = sum(x.positions for x in rows)
         matched = np.sum([x.matched for x in rows], axis=0)
-        tpr = {f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
-               for k in range(1, len(matched) + 1)}  # fmt: skip
-        out[kind] = {"positions": int(n), "tokens_per_round": tpr}
+        per_position = {f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
+                        for k in range(1, len(matched) + 1)}  # fmt: skip
+        tpr = per_position
+        if all(x.rounds for x in rows):
+            walked = np.sum([x.rounds for x in rows], axis=0)
+            drafts = np.sum([x.drafts for x in rows], axis=0)
+            tpr = {f"chain:{k}": 1.0 + float(drafts[k - 1]) / walked[k - 1]
+                   if walked[k - 1] else None for k in range(1, len(matched) + 1)}  # fmt: skip
+        out[kind] = {"positions": int(n), "tokens_per_round": tpr,
+                     "tokens_per_round_per_position": per_position}  # fmt: skip
     return out
 
 

@@ -270,15 +270,24 @@ def test_shadow_hand_computed_on_a_repetitive_history():
     # 1 2 3 matches whole (m = 3); at 7, 2 3 | 1 and at 8, 3 | 1 2 wait for the next tokens.
     # Round 2 commits 1 5: position 7 completes (m = 3), 8 fails on 5 (m = 2); position 9
     # proposes 1 2 (m = 1), position 10 proposes 2 (m = 0).
+    # The walks start at position 7 (6 holds the first root, which no chain drafts), resolved
+    # in round 2: chain:1 accepts 1 at 7 (m = 3) and 1 at 9 (m = 1); chain:2 accepts 2 at 7
+    # and 0 at 10; chain:3 accepts 3 at 7.
     first, second = _shadow_after([1, 2, 3, 1, 2, 3], [[1, 2, 3], [1, 5]], chain=3)
-    assert first == ShadowAcceptance(1, (1, 1, 1))
-    assert second == ShadowAcceptance(4, (3, 2, 1))
-    assert second.accepted(3) == (3 + 2 + 1 + 0) / 4
-    assert second.accepted(1) == 3 / 4
+    assert first == ShadowAcceptance(1, (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert second == ShadowAcceptance(4, (3, 2, 1), (2, 2, 1), (2, 2, 3))
+    assert second.accepted_per_position(3) == (3 + 2 + 1 + 0) / 4
+    assert second.accepted_per_position(1) == 3 / 4
+    assert second.accepted(1) == 1.0 and second.accepted(3) == 3.0  # the walks'
+    assert ShadowAcceptance(4, (3, 2, 1)).accepted(1) == 3 / 4  # not walked: over positions
     with pytest.raises(ValueError, match="chain must lie in"):
         second.accepted(4)
     with pytest.raises(ValueError, match="non-increasing"):
         ShadowAcceptance(2, (1, 2))
+    with pytest.raises(ValueError, match="chain 2: rounds must be >= 0 and drafts in"):
+        ShadowAcceptance(2, (1, 1), (1, 1), (1, 3))
+    with pytest.raises(ValueError, match="rounds and drafts must hold 2"):
+        ShadowAcceptance(2, (1, 1), (1,), (1,))
 
 
 def _drafted_chain(history: list[int], chain: int) -> list[int]:
@@ -342,6 +351,7 @@ def _reference_shadow(prompt: list[int], rounds: list[list[int]], chain: int, ma
     for tok in prompt:
         index(tok)
     waiting, out = [], []
+    resolved, walk = {}, [len(seq) + 1] * chain  # the walks: after the first decoded token
     for new in rounds:
         for tok in new:
             ctx, prop = seq[-max_n:], []
@@ -359,10 +369,18 @@ def _reference_shadow(prompt: list[int], rounds: list[list[int]], chain: int, ma
                 still.append((p, prop))  # every committed token matched: wait for more
                 continue
             positions += 1
+            resolved[p] = m
             for k in range(m):
                 matched[k] += 1
         waiting = still
-        out.append(ShadowAcceptance(positions, tuple(matched)))
+        rounds_k, drafts_k = [0] * chain, [0] * chain
+        for k in range(1, chain + 1):
+            while walk[k - 1] in resolved:  # a round of chain k, then one after its bonus
+                a = min(resolved[walk[k - 1]], k)
+                rounds_k[k - 1] += 1
+                drafts_k[k - 1] += a
+                walk[k - 1] += a + 1
+        out.append(ShadowAcceptance(positions, tuple(matched), tuple(rounds_k), tuple(drafts_k)))
     return out
 
 
@@ -419,3 +437,29 @@ def test_top_continuation_is_the_first_ranked_candidate():
     for key, hits in idx.table.items():
         ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
         assert idx.top(key) == ranked[0][0] == idx.candidates(list(key), 1)[0]
+
+
+@pytest.mark.parametrize("chain", [2, 4, 7])
+def test_shadow_walk_is_the_chain_run_on_the_same_text(chain):
+    """Greedy decoding writes the same text whatever decodes it, so the shadow's walk of a
+    chain length over an autoregressive run is that chain's own run: the same accepted drafts,
+    round by round, over the rounds the walk resolved (the last few positions may still wait
+    for tokens). The average over positions is not: it counts a matching stretch once per
+    position, the run once per round."""
+    base = random_prompts([40], seed=5)[0]
+    prompts = [base * 3]  # repeated text: the n-gram drafter has matches to find
+    ar, _ = _engine(AR, WarmPlan({}), prompts, n=90)
+    ar_res = ar.generate(prompts)
+    shadows = [r.shadow["ngram"] for r in ar_res.rounds]
+    walked = sum(s.rounds[chain - 1] for s in shadows)
+    drafts = sum(s.drafts[chain - 1] for s in shadows)
+    ng, _ = _engine(Strategy(name="ng", tree=f"chain:{chain}", drafter=NG), Plan({}), prompts, n=90)
+    run = ng.generate(prompts)
+    assert run.tokens == ar_res.tokens  # greedy: the same text
+    real = [r.accepted[0] for r in run.rounds]
+    assert len(real) - 3 <= walked <= len(real)
+    assert drafts == sum(real[:walked])
+    assert sum(real) >= 10  # the chain accepts: the walk is exercised
+    positions = sum(s.positions for s in shadows)
+    per_position = sum(sum(s.matched[:chain]) for s in shadows) / positions
+    assert abs(per_position - drafts / walked) > 0.05  # what the walk corrects

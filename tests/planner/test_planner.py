@@ -441,6 +441,27 @@ def test_controller_declares_its_drafters_and_reads_the_shadow():
     assert c.shadow_alpha("32K", dataclasses.replace(ng6, tree="full:2x2"), s) is None
 
 
+def test_controller_reads_a_chains_walk_not_the_average_over_positions():
+    """Bursty text: the shadow's positions match whole chains of 8 one time in four (a long
+    matching stretch counts at each of its positions), so the average over positions puts
+    chain:6 well above what a chain:6 run accepts, which its walk measured: 0.5 drafts a
+    round. The controller scores chain:6 at the walk's figure."""
+    from engine.controller import ShadowAcceptance
+
+    c = _shadow_controller()
+    s = c.initial_strategy(30000)
+    ng6 = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, kind="ngram"),
+                              tree="chain:6")  # fmt: skip
+    walks = tuple(range(4, 12))  # rounds a walk of chain k took over the 12 positions
+    sh = ShadowAcceptance(12, (3,) * 8, walks, tuple(w // 2 for w in walks))
+    assert sh.accepted(6) == pytest.approx(4 / 9) and sh.accepted_per_position(6) == 1.5
+    for i in range(60):
+        c.after_round(Stats(i, s, (4,), drafted=6, shadow={"ngram": sh}))
+    walked = alpha_from_tokens("chain:6", 1.0 + 4 / 9)
+    assert c.shadow_alpha("32K", ng6, s) == pytest.approx(walked, abs=1e-9)
+    assert walked < alpha_from_tokens("chain:6", 2.5) - 0.2
+
+
 def test_controller_switches_to_ngram_when_its_shadow_accepts_whole_chains():
     """Repetitive text: the draft drafter does as profiled, but the n-gram shadow matches
     nearly every chain. The controller re-scores on the shadow (reason ``shadow``), goes to the
