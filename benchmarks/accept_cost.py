@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                 probs[:, node] = q[:, 0]
         logits = target.to(torch.bfloat16)
         for kind, dp in (("ngram", None), ("draft_model", probs)):
-            u = torch.rand(b * 64, uniforms_needed(depth, w), device=dev)
+            u = torch.rand(b * 64, uniforms_needed(depth, w, deterministic=dp is None), device=dev)
             for i in range(0, b * 64, b):  # the same decisions from the same uniforms
                 ui = u[i : i + b]
                 got = accept_sampled(tokens, logits, dp, tt.children, depth, 1.0, ui)
@@ -74,7 +74,8 @@ def main(argv=None) -> int:
             for name, fn in (("torch", reference_accept_sampled), ("triton", accept_sampled)):
 
                 def step(_, fn=fn, a=(tokens, logits, dp, tt.children, depth)):
-                    uu = torch.rand(b, uniforms_needed(a[-1], a[3].shape[1]), device=dev)
+                    n = uniforms_needed(a[-1], a[3].shape[1], deterministic=a[2] is None)
+                    uu = torch.rand(b, n, device=dev)
                     return fn(*a, 1.0, uu)
 
                 row[f"{name}_us"] = bench_graph(step).median_s * 1e6

@@ -18,8 +18,13 @@ accepted node with target distribution ``p`` and draft distribution ``q`` whose 
 Each step is a standard speculative-sampling step of ``p_i`` against ``q_i``, and ``c_i ~ q_i``
 given the earlier draws, so its outcome (the accepted ``c_i`` or a draw from the residual) is
 distributed as ``p_i``; by induction the emitted token is distributed as ``p``: the target
-distribution is preserved exactly. Deterministic drafts (n-gram, greedy drafting) are the case
-``q = one-hot``: ``draft_probs=None``.
+distribution is preserved exactly. Deterministic drafts (n-gram, greedy drafting;
+``draft_probs=None``) are the case ``q = one-hot``, walked in an equivalent form: draw
+``x ~ p`` at the accepted node and descend to the child holding ``x`` (a one-hot child is
+accepted with probability ``p_i(c_i)`` either way). The emitted token then depends on ``p`` and
+the node's uniform only, so the decode loop keys those uniforms by sequence position
+(``uniforms``): runs that differ only in deterministic drafts emit the same text, and their
+speeds are compared on it.
 
 Both run on the device with static shapes and no host synchronisation (CUDA-graph safe). The
 stochastic walk is ``kernels.accept``'s: one Triton program per sequence on the triton backend,
@@ -37,7 +42,6 @@ from kernels.accept import (
     MAX_VOCAB,
     accept_sampled,
     reference_accept_sampled,
-    reference_sample,
     uniforms_needed,
 )
 
@@ -59,13 +63,6 @@ class Acceptance:
 def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``softmax(logits / temperature)`` in float32 (temperature > 0)."""
     return torch.softmax(logits.float() / temperature, dim=-1)
-
-
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of ``probs`` ``[B, V]`` (unnormalised is fine) by inverse CDF; no
-    host synchronisation (``torch.multinomial`` checks its input on the host)."""
-    u = torch.rand(probs.shape[0], device=probs.device, generator=generator)
-    return reference_sample(probs, u)
 
 
 def accept_greedy(tree: TreeTensors, tokens: torch.Tensor, logits: torch.Tensor) -> Acceptance:
@@ -107,6 +104,7 @@ def accept_stochastic(
     temperature: float,
     generator: torch.Generator | None = None,
     backend: str = "torch",
+    uniforms: torch.Tensor | None = None,
 ) -> Acceptance:
     """Multi-draft rejection sampling (module docstring).
 
@@ -114,13 +112,18 @@ def accept_stochastic(
     were drawn from (without replacement, in sibling-rank order); ``None`` for deterministic
     drafts. The uniforms are drawn first, in one call (``kernels.accept``); ``backend`` "triton"
     walks the tree in one kernel launch (vocabularies up to ``MAX_VOCAB``), "torch" in batched
-    torch ops; both decide the same from the same uniforms.
+    torch ops; both decide the same from the same uniforms. ``uniforms`` (``kernels.accept``'s
+    ``u``) are used instead of fresh ones when given: the decode loop passes, for
+    deterministic drafts, those of the positions the kept path's tokens will take.
     """
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
     b = tokens.shape[0]
     depth, width = tree.tree.max_depth, tree.children.shape[1]
-    u = torch.rand(b, uniforms_needed(depth, width), device=tokens.device, generator=generator)
+    u = uniforms
+    if u is None:
+        n = uniforms_needed(depth, width, deterministic=draft_probs is None)
+        u = torch.rand(b, n, device=tokens.device, generator=generator)
     fused = backend == "triton" and logits.shape[-1] <= MAX_VOCAB
     run = accept_sampled if fused else reference_accept_sampled
     path, count, bonus = run(tokens, logits, draft_probs, tree.children, depth, temperature, u)
@@ -135,11 +138,13 @@ def accept(
     temperature: float,
     generator: torch.Generator | None = None,
     backend: str = "torch",
+    uniforms: torch.Tensor | None = None,
 ) -> Acceptance:
-    """Greedy when ``temperature == 0`` (``draft_probs`` is then irrelevant), else stochastic
-    (on ``backend``)."""
+    """Greedy when ``temperature == 0`` (``draft_probs`` and ``uniforms`` are then
+    irrelevant), else stochastic (on ``backend``, from ``uniforms`` when given)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return accept_greedy(tree, tokens, logits)
-    return accept_stochastic(tree, tokens, logits, draft_probs, temperature, generator, backend)
+    return accept_stochastic(tree, tokens, logits, draft_probs, temperature, generator, backend,
+                             uniforms)  # fmt: skip

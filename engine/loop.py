@@ -2,7 +2,11 @@
 
 ``Engine.generate`` (nano-vllm's ``LLMEngine.step`` loop in one sitting):
 
-1. **prefill** the prompts (target and drafter), sample the first token: the first root. Then
+1. **prefill** the prompts (target and drafter), sample the first token: the first root
+   (at temperature > 0, by inverse CDF at the uniform of its position: each run draws one
+   uniform per sequence position from its seed, and acceptance of deterministic drafts uses
+   the uniforms of the positions it samples, ``engine.acceptance``, so runs with the same seed
+   whose drafts are deterministic -- n-gram, autoregressive -- emit the same text). Then
    start the *warm* drafters the controller declares (``drafter_kinds()``), timed apart
    (``DecodeResult.warm_s``): a later switch to one only catches it up (``Drafter.resume``).
 2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
@@ -41,7 +45,7 @@ import time
 import numpy as np
 import torch
 
-from engine.acceptance import accept, sample_from, target_probs
+from engine.acceptance import accept, target_probs
 from engine.attention import AttentionConfig
 from engine.config import ModelConfig
 from engine.controller import Controller, KeepStrategy, RoundStats
@@ -55,6 +59,7 @@ from engine.stats import RoundSelection, SelectionStats
 from engine.timing import StepTimer
 from engine.trace_writer import TraceWriter
 from engine.tree import DraftTree
+from kernels.accept import reference_sample
 from perfmodel.strategy import Strategy
 
 
@@ -137,6 +142,9 @@ class Engine:
         self._pending: tuple[RoundRecord, Strategy] | None = None
         self._decided: Strategy | None = None
         self._one: torch.Tensor | None = None  # the acceptance graph's "enable" input
+        # One uniform per (sequence, position), drawn from the seed at each generate call; a
+        # fixed buffer, because the acceptance graphs read it (``_position_uniforms``).
+        self._uniforms: torch.Tensor | None = None
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
 
@@ -218,7 +226,9 @@ class Engine:
         if cfg.temperature == 0:
             roots = first.argmax(-1)
         else:
-            roots = sample_from(target_probs(first, cfg.temperature))
+            u = self._position_uniforms(cfg.seed)
+            at = self.target.cache.lens.long()[:, None].clamp(max=u.shape[1] - 1)
+            roots = reference_sample(target_probs(first, cfg.temperature), u.gather(1, at)[:, 0])
         if self.drafter is not None:
             self.drafter.start(prompts)
         self._started = {self.drafter.kind} if self.drafter is not None else set()
@@ -258,6 +268,19 @@ class Engine:
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
         return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
+
+    def _position_uniforms(self, seed: int) -> torch.Tensor:
+        """``[B, t_max + 1]`` uniforms, column ``j`` sampling the token at position ``j``,
+        drawn from ``seed`` alone (a generator of their own, on the CPU: the same on every
+        device and whatever else drew from the global one) into a buffer kept across calls."""
+        cache = self.target.cache
+        shape = (cache.batch, cache.t_max + 1)
+        g = torch.Generator().manual_seed(seed)
+        fresh = torch.rand(shape, generator=g)
+        if self._uniforms is None or tuple(self._uniforms.shape) != shape:
+            self._uniforms = torch.empty(shape, device=cache.lens.device)
+        self._uniforms.copy_(fresh)
+        return self._uniforms
 
     def _start_warm(self, prompts: list[list[int]]) -> float:
         """Start the warm drafters that are not the current one; their host wall time."""
@@ -350,9 +373,20 @@ class Engine:
         tt = target.tree_tensors(tree)
         probs = draft.probs if temp > 0 else None
 
+        table = self._uniforms
+        if probs is None and temp > 0:  # deterministic drafts: the positions' own uniforms
+            depth = tree.max_depth
+            steps = torch.arange(1, depth + 2, device=draft.tokens.device)
+
+            def uniforms():
+                at = (target.cache.lens.long()[:, None] + steps).clamp(max=table.shape[1] - 1)
+                return table.gather(1, at)
+        else:
+            uniforms = lambda: None  # noqa: E731
+
         def fn(tokens, enable, *maybe_probs):
             acc = accept(tt, tokens, logits, maybe_probs[0] if maybe_probs else None, temp,
-                         backend=target.backend)  # fmt: skip
+                         backend=target.backend, uniforms=uniforms())  # fmt: skip
             count = acc.count * enable
             target.cache.commit(acc.path, count)
             packed = torch.cat(

@@ -9,7 +9,14 @@ distribution ``q`` whose children ``c_1, c_2, ...`` were drawn in that order,
                         else p_{i+1} = norm(max(0, p_i - q_i))
     no child accepted:  the bonus token ~ p_last (inverse CDF)
 
-``q = None`` is the deterministic draft (``q`` one-hot on the child). The torch version
+``q = None`` is the deterministic draft (``q`` one-hot on the child). Its walk draws the
+target's token ``x ~ p`` at each kept node (inverse CDF at that level's uniform) and descends to
+the child holding ``x``; none holds it: ``x`` is the bonus token. That is the loop above in
+distribution -- a one-hot ``c_i`` is accepted with probability ``p_i(c_i)`` either way, and
+the token emitted is distributed as ``p`` -- and it makes every emitted token a function of its
+node's ``p`` and its level's uniform alone, not of the drafts: with uniforms keyed by sequence
+position (``engine.loop``), decodes that differ only in their deterministic drafts (n-gram
+chains and trees, autoregressive) emit the same text. The torch version
 (``reference_accept_sampled``) runs that loop as ~20 small batched ops per sibling rank and
 level: on the H100 each is a launch of a few microseconds over a ``[B, V]`` row, and the walk
 cost ~60 us per chain node (``docs/notes/planner.md``, session 11). ``accept_sampled`` runs the
@@ -20,8 +27,10 @@ decisions from the same ``u`` (up to float rounding in the softmax and the CDF).
 
 Shapes: ``tokens`` ``[B, t]`` int64 (column 0 the root), ``logits`` ``[B, t, V]`` (any float
 dtype; softmax in fp32 at ``temperature``), ``draft_probs`` ``[B, t, V]`` or None, ``children``
-``[t, W]`` int64 (``-1`` pads), ``u`` ``[B, depth * W + 1]`` float32 in [0, 1): entry
-``level * W + r`` decides sibling rank ``r`` at ``level``, the last one draws the bonus token.
+``[t, W]`` int64 (``-1`` pads), ``u`` float32 in [0, 1): with ``draft_probs``
+``[B, depth * W + 1]`` (entry ``level * W + r`` decides sibling rank ``r`` at ``level``, the
+last one draws the bonus token), without ``[B, depth + 1]`` (entry ``level`` draws the target's
+token at the node kept at ``level``; the bonus token is the draw at the last kept node).
 Outputs: ``path`` ``[B, depth + 1]`` int64 (kept labels root first; entry ``j >= count`` holds
 ``j``), ``count`` ``[B]`` int32 kept nodes, ``bonus`` ``[B]`` int64.
 """
@@ -35,9 +44,19 @@ import triton.language as tl
 MAX_VOCAB = 8192  # one fp32 register row per distribution; beyond this the torch path runs
 
 
-def uniforms_needed(depth: int, width: int) -> int:
-    """Columns of ``u``: one per (level, sibling rank), one for the bonus token."""
-    return depth * width + 1
+def uniforms_needed(depth: int, width: int, *, deterministic: bool) -> int:
+    """Columns of ``u``: sampled drafts one per (level, sibling rank) and one for the bonus
+    token; deterministic drafts one per level of the kept path (``depth + 1``)."""
+    return depth + 1 if deterministic else depth * width + 1
+
+
+@triton.jit
+def _inv_cdf(p, vmask, uu, V):
+    """The token at ``uu`` in [0, 1) of ``p``'s CDF (``reference_sample``)."""
+    cdf = tl.cumsum(p, axis=0)
+    x = uu * tl.max(tl.where(vmask, cdf, 0.0), axis=0)
+    idx = tl.sum(((cdf <= x) & vmask).to(tl.int64), axis=0)
+    return tl.minimum(idx, V - 1)
 
 
 @triton.jit
@@ -73,53 +92,65 @@ def _accept_kernel(
     row0 = b * NUM_T
     zero = b * 0  # int64 scalar: the loop-carried integers share its type
     p = _softmax_row(logits_ptr + row0 * V, offs, vmask, temperature)
-    if HAS_Q:
-        q = tl.load(probs_ptr + row0 * V + offs, mask=vmask, other=0.0).to(tl.float32)
     cur = zero
     active = zero + 1
     count = zero + 1
     tl.store(path_ptr + b * (DEPTH + 1), zero)
-    for level in range(DEPTH):
-        moved = zero
-        for r in range(WIDTH):
-            child = tl.load(children_ptr + cur * WIDTH + r)
-            valid = (active != 0) & (moved == 0) & (child >= 0)
-            tok = tl.load(tokens_ptr + row0 + tl.maximum(child, 0))
-            is_tok = offs == tok
-            p_tok = tl.sum(tl.where(is_tok, p, 0.0), axis=0)
-            if HAS_Q:
+    if not HAS_Q:
+        # Deterministic drafts: the target's token at the kept node, then the child holding it.
+        for level in range(DEPTH):
+            x = _inv_cdf(p, vmask, tl.load(u_ptr + b * NUM_U + level), V)
+            moved = zero
+            for r in range(WIDTH):
+                child = tl.load(children_ptr + cur * WIDTH + r)
+                tok = tl.load(tokens_ptr + row0 + tl.maximum(child, 0))
+                acc = (active != 0) & (moved == 0) & (child >= 0) & (tok == x)
+                cur = tl.where(acc, child, cur)
+                moved = tl.where(acc, zero + 1, moved)
+            active = active * moved
+            count += moved
+            kept = tl.where(moved != 0, cur, zero + level + 1)
+            tl.store(path_ptr + b * (DEPTH + 1) + level + 1, kept)
+            p_next = _softmax_row(logits_ptr + (row0 + cur) * V, offs, vmask, temperature)
+            p = tl.where(moved != 0, p_next, p)
+        tl.store(count_ptr + b, count.to(tl.int32))
+        # The bonus token: the draw at the last kept node (level count - 1), whose p is kept.
+        uu = tl.load(u_ptr + b * NUM_U + count - 1)
+        tl.store(bonus_ptr + b, _inv_cdf(p, vmask, uu, V))
+    else:
+        q = tl.load(probs_ptr + row0 * V + offs, mask=vmask, other=0.0).to(tl.float32)
+        for level in range(DEPTH):
+            moved = zero
+            for r in range(WIDTH):
+                child = tl.load(children_ptr + cur * WIDTH + r)
+                valid = (active != 0) & (moved == 0) & (child >= 0)
+                tok = tl.load(tokens_ptr + row0 + tl.maximum(child, 0))
+                is_tok = offs == tok
+                p_tok = tl.sum(tl.where(is_tok, p, 0.0), axis=0)
                 qn = q / tl.maximum(tl.sum(q, axis=0), 1e-30)
                 q_tok = tl.sum(tl.where(is_tok, qn, 0.0), axis=0)
                 resid = tl.maximum(p - qn, 0.0)
-            else:
-                q_tok = p_tok * 0.0 + 1.0
-                resid = tl.where(is_tok, 0.0, p)
-            uu = tl.load(u_ptr + b * NUM_U + level * WIDTH + r)
-            acc = valid & (q_tok > 0) & (uu * q_tok < p_tok)
-            # A child the exhausted draft could not have proposed (q_i = 0) is skipped.
-            rej = valid & (q_tok > 0) & (uu * q_tok >= p_tok)
-            mass = tl.sum(resid, axis=0)
-            resid = tl.where(mass > 0, resid / tl.maximum(mass, 1e-30), p)
-            p = tl.where(rej, resid, p)
-            if HAS_Q:
+                uu = tl.load(u_ptr + b * NUM_U + level * WIDTH + r)
+                acc = valid & (q_tok > 0) & (uu * q_tok < p_tok)
+                # A child the exhausted draft could not have proposed (q_i = 0) is skipped.
+                rej = valid & (q_tok > 0) & (uu * q_tok >= p_tok)
+                mass = tl.sum(resid, axis=0)
+                resid = tl.where(mass > 0, resid / tl.maximum(mass, 1e-30), p)
+                p = tl.where(rej, resid, p)
                 q = tl.where(rej & is_tok, 0.0, q)
-            cur = tl.where(acc, child, cur)
-            moved = tl.where(acc, zero + 1, moved)
-        active = active * moved
-        count += moved
-        kept = tl.where(moved != 0, cur, zero + level + 1)
-        tl.store(path_ptr + b * (DEPTH + 1) + level + 1, kept)
-        p_next = _softmax_row(logits_ptr + (row0 + cur) * V, offs, vmask, temperature)
-        p = tl.where(moved != 0, p_next, p)
-        if HAS_Q:
+                cur = tl.where(acc, child, cur)
+                moved = tl.where(acc, zero + 1, moved)
+            active = active * moved
+            count += moved
+            kept = tl.where(moved != 0, cur, zero + level + 1)
+            tl.store(path_ptr + b * (DEPTH + 1) + level + 1, kept)
+            p_next = _softmax_row(logits_ptr + (row0 + cur) * V, offs, vmask, temperature)
+            p = tl.where(moved != 0, p_next, p)
             q_next = tl.load(probs_ptr + (row0 + cur) * V + offs, mask=vmask, other=0.0)
             q = tl.where(moved != 0, q_next.to(tl.float32), q)
-    tl.store(count_ptr + b, count.to(tl.int32))
-    # The bonus token: inverse CDF of p at u * total (``engine.acceptance.sample_from``).
-    cdf = tl.cumsum(p, axis=0)
-    x = tl.load(u_ptr + b * NUM_U + NUM_U - 1) * tl.max(tl.where(vmask, cdf, 0.0), axis=0)
-    idx = tl.sum(((cdf <= x) & vmask).to(tl.int64), axis=0)
-    tl.store(bonus_ptr + b, tl.minimum(idx, V - 1))
+        tl.store(count_ptr + b, count.to(tl.int32))
+        # The bonus token: inverse CDF of p at u * total (``reference_sample``).
+        tl.store(bonus_ptr + b, _inv_cdf(p, vmask, tl.load(u_ptr + b * NUM_U + NUM_U - 1), V))
 
 
 def _check(tokens, logits, draft_probs, children, depth, temperature, u) -> tuple[int, int, int]:
@@ -138,7 +169,7 @@ def _check(tokens, logits, draft_probs, children, depth, temperature, u) -> tupl
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     w = children.shape[1]
-    need = uniforms_needed(depth, w)
+    need = uniforms_needed(depth, w, deterministic=draft_probs is None)
     if tuple(u.shape) != (b, need) or u.dtype != torch.float32:
         raise ValueError(f"u must be [{b}, {need}] float32, got {tuple(u.shape)} {u.dtype}")
     return b, v, w
@@ -199,10 +230,25 @@ def reference_accept_sampled(
     rows = torch.arange(b, device=dev)
     cur = torch.zeros(b, dtype=torch.int64, device=dev)
     p = p_all[:, 0]
-    q = draft_probs[:, 0].float() if draft_probs is not None else None
     active = torch.ones(b, dtype=torch.bool, device=dev)
     path = torch.arange(depth + 1, device=dev).expand(b, depth + 1).clone()
     count = torch.ones(b, dtype=torch.int32, device=dev)
+    if draft_probs is None:  # the target's token at the kept node, then the child holding it
+        for level in range(depth):
+            x = reference_sample(p, u[:, level])
+            moved = torch.zeros(b, dtype=torch.bool, device=dev)
+            for r in range(w):
+                child = children[cur, r]
+                tok = tokens[rows, child.clamp(min=0)]
+                acc = active & ~moved & (child >= 0) & (tok == x)
+                cur = torch.where(acc, child, cur)
+                moved = moved | acc
+            active = active & moved
+            path[:, level + 1] = torch.where(moved, cur, path[:, level + 1])
+            count = count + moved.to(torch.int32)
+            p = torch.where(moved[:, None], p_all[rows, cur], p)
+        return path, count, reference_sample(p, u.gather(1, (count.long() - 1)[:, None])[:, 0])
+    q = draft_probs[:, 0].float()
     for level in range(depth):
         moved = torch.zeros(b, dtype=torch.bool, device=dev)
         for r in range(w):
@@ -210,13 +256,9 @@ def reference_accept_sampled(
             valid = active & ~moved & (child >= 0)
             tok = tokens[rows, child.clamp(min=0)]
             p_tok = p[rows, tok]
-            if q is None:
-                q_tok = torch.ones_like(p_tok)
-                resid = p.scatter(1, tok[:, None], 0.0)
-            else:
-                qn = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
-                q_tok = qn[rows, tok]
-                resid = (p - qn).clamp(min=0.0)
+            qn = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
+            q_tok = qn[rows, tok]
+            resid = (p - qn).clamp(min=0.0)
             uu = u[:, level * w + r]
             acc = valid & (q_tok > 0) & (uu * q_tok < p_tok)
             # A child the exhausted draft could not have proposed (q_i = 0) is skipped.
@@ -224,14 +266,12 @@ def reference_accept_sampled(
             mass = resid.sum(-1, keepdim=True)
             resid = torch.where(mass > 0, resid / mass.clamp(min=1e-30), p)
             p = torch.where(rej[:, None], resid, p)
-            if q is not None:
-                q = torch.where(rej[:, None], q.scatter(1, tok[:, None], 0.0), q)
+            q = torch.where(rej[:, None], q.scatter(1, tok[:, None], 0.0), q)
             cur = torch.where(acc, child, cur)
             moved = moved | acc
         active = active & moved
         path[:, level + 1] = torch.where(moved, cur, path[:, level + 1])
         count = count + moved.to(torch.int32)
         p = torch.where(moved[:, None], p_all[rows, cur], p)
-        if q is not None:
-            q = torch.where(moved[:, None], draft_probs[rows, cur].float(), q)
+        q = torch.where(moved[:, None], draft_probs[rows, cur].float(), q)
     return path, count, reference_sample(p, u[:, -1])

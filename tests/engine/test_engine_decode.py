@@ -180,6 +180,25 @@ def test_stochastic_decoding_preserves_the_target_distribution():
     assert np.mean([np.mean(r.accepted) for r in res.rounds]) > 0.3  # drafts were accepted
 
 
+def test_sampling_with_deterministic_drafts_emits_the_autoregressive_text():
+    """When sampling, each position's token is drawn by inverse CDF at its own uniform (drawn
+    from the seed), and deterministic drafts are accepted when they hold that token: the
+    n-gram drafter's chains and trees emit exactly the autoregressive run's text, so their
+    speeds compare on the same text. Another seed writes another text. (Temperature 0.05: the
+    random tiny model's text repeats enough for n-gram drafts to be accepted, and still differs
+    from the greedy text.)"""
+    prompts = [p * 3 for p in random_prompts([40, 23], seed=5)]  # repeats: n-gram matches
+    kw = dict(prompts=prompts, n=60, temperature=0.05)
+    ar = generate(Strategy(name="ar"), seed=3, **kw)
+    assert ar.tokens != generate(Strategy(name="ar"), prompts=prompts, n=60).tokens  # not greedy
+    ng = DrafterSpec(kind="ngram")
+    for tree in ("chain:2", "chain:6", "full:3x2"):
+        run = generate(Strategy(name="ng", tree=tree, drafter=ng), seed=3, **kw)
+        assert run.tokens == ar.tokens, tree
+        assert sum(sum(r.accepted) for r in run.rounds) >= 10, tree  # drafts were accepted
+    assert generate(Strategy(name="ar"), seed=4, **kw).tokens != ar.tokens
+
+
 def test_batch_rows_are_independent():
     alone = generate(SPEC["tree_dfs"], prompts=PROMPTS[1:]).tokens
     assert alone[0] == AR_DENSE[1]

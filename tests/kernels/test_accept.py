@@ -35,7 +35,8 @@ def _case(spec, b, v, stochastic, dtype, device, seed):
                 tokens[:, c] = cand[:, 0, r]
             if q is not None:
                 probs[:, node] = q[:, 0]
-    u = torch.rand(b, uniforms_needed(tree.max_depth, tt.children.shape[1]), generator=g)
+    n = uniforms_needed(tree.max_depth, tt.children.shape[1], deterministic=not stochastic)
+    u = torch.rand(b, n, generator=g)
     args = (
         tokens.to(device),
         target.to(dtype).to(device),
@@ -84,7 +85,7 @@ def test_an_exhausted_draft_skips_children_it_could_not_propose(device):
     tokens = torch.tensor([[0, 3, 5]])
     probs = torch.zeros(1, 3, v)
     probs[0, 0, 3] = 1.0
-    u = torch.full((1, uniforms_needed(1, 2)), 0.5)
+    u = torch.full((1, uniforms_needed(1, 2, deterministic=False)), 0.5)
     args = (tokens, logits, probs, tt.children, 1, 1.0, u)
     args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     path, count, bonus = accept_sampled(*args)
@@ -112,7 +113,7 @@ def test_bad_inputs_name_the_bad_value(change, match):
         "children": tree.tensors(2, "cpu").children,
         "depth": 4,
         "temperature": 1.0,
-        "u": torch.zeros(2, uniforms_needed(4, 1)),
+        "u": torch.zeros(2, uniforms_needed(4, 1, deterministic=True)),
     }
     kw.update(change)
     for fn in (accept_sampled, reference_accept_sampled):
