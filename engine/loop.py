@@ -142,9 +142,6 @@ class Engine:
         self._pending: tuple[RoundRecord, Strategy] | None = None
         self._decided: Strategy | None = None
         self._one: torch.Tensor | None = None  # the acceptance graph's "enable" input
-        # One uniform per (sequence, position), drawn from the seed at each generate call; a
-        # fixed buffer, because the acceptance graphs read it (``_position_uniforms``).
-        self._uniforms: torch.Tensor | None = None
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
 
@@ -269,18 +266,22 @@ class Engine:
         tokens = [g[: cfg.max_new_tokens] for g in generated]
         return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
 
-    def _position_uniforms(self, seed: int) -> torch.Tensor:
-        """``[B, t_max + 1]`` uniforms, column ``j`` sampling the token at position ``j``,
-        drawn from ``seed`` alone (a generator of their own, on the CPU: the same on every
-        device and whatever else drew from the global one) into a buffer kept across calls."""
+    def _position_uniforms(self, seed: int | None = None) -> torch.Tensor:
+        """``[B, t_max + 1]`` uniforms, column ``j`` sampling the token at position ``j``; with
+        ``seed``, drawn afresh from it alone (a generator of their own, on the CPU: the same on
+        every device and whatever else drew from the global one). The buffer is the target
+        runner's (``graph_constants``): the acceptance graphs read it by address, and a later
+        Engine on the same runner replays them."""
         cache = self.target.cache
         shape = (cache.batch, cache.t_max + 1)
-        g = torch.Generator().manual_seed(seed)
-        fresh = torch.rand(shape, generator=g)
-        if self._uniforms is None or tuple(self._uniforms.shape) != shape:
-            self._uniforms = torch.empty(shape, device=cache.lens.device)
-        self._uniforms.copy_(fresh)
-        return self._uniforms
+        table = self.target.graph_constants.get("position_uniforms")
+        if table is None or tuple(table.shape) != shape:
+            table = torch.rand(shape, generator=torch.Generator().manual_seed(seed or 0))
+            table = self.target.graph_constants["position_uniforms"] = table.to(cache.lens.device)
+        elif seed is not None:
+            g = torch.Generator().manual_seed(seed)
+            table.copy_(torch.rand(shape, generator=g))
+        return table
 
     def _start_warm(self, prompts: list[list[int]]) -> float:
         """Start the warm drafters that are not the current one; their host wall time."""
@@ -373,8 +374,8 @@ class Engine:
         tt = target.tree_tensors(tree)
         probs = draft.probs if temp > 0 else None
 
-        table = self._uniforms
-        if probs is None and temp > 0:  # deterministic drafts: the positions' own uniforms
+        table = self._position_uniforms() if probs is None and temp > 0 else None
+        if table is not None:  # deterministic drafts: the positions' own uniforms
             depth = tree.max_depth
             steps = torch.arange(1, depth + 2, device=draft.tokens.device)
 

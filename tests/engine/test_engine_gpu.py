@@ -242,6 +242,36 @@ def test_sampling_is_paired_by_seed_whether_or_not_the_run_captures():
     assert run(1) != capturing
 
 
+def test_position_uniforms_outlive_the_engine_that_captured():
+    """Sampling with deterministic drafts reads each position's uniform from a buffer that the
+    acceptance graph captured by address: it lives with the target runner, so a later Engine's
+    replay reads its own seed's uniforms (regression: an Engine-owned buffer left replays
+    reading the first Engine's freed one -- degenerate text and a device-side assert in the
+    planner evaluation). Replays equal an eager decode of the same seed."""
+    spec = Strategy(name="ng", tree="chain:4", drafter=DrafterSpec(kind="ngram"))
+    t_max = max(map(len, PROMPTS)) + 48 + 70
+
+    def runner(graphs):
+        return ModelRunner(MODEL, batch=len(PROMPTS), t_max=t_max, backend="triton",
+                           use_graphs=graphs)  # fmt: skip
+
+    shared = runner(True)
+
+    def run(seed, target=shared):
+        cfg = DecodeConfig(max_new_tokens=48, temperature=1.0, seed=seed)
+        return Engine(target, spec, cfg).generate(PROMPTS).tokens
+
+    first = run(0)
+    assert len(shared.graphs)
+    torch.cuda.empty_cache()
+    junk = [torch.rand(1 << 20, device="cuda") for _ in range(8)]
+    again, other = run(0), run(1)
+    del junk
+    assert again == first
+    assert other != first
+    assert other == run(1, runner(False))
+
+
 def test_append_captures_at_start_and_equals_extend():
     """A draft model's start captures every ``append`` chunk graph (a later catch-up replays
     only); under graphs ``append`` writes what ``extend`` writes (bf16 rounding apart)."""
