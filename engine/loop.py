@@ -377,9 +377,11 @@ class Engine:
         table = self._position_uniforms() if probs is None and temp > 0 else None
         if table is not None:  # deterministic drafts: the positions' own uniforms
             depth = tree.max_depth
-            steps = torch.arange(1, depth + 2, device=draft.tokens.device)
 
             def uniforms():
+                # Built inside the captured work: a tensor made out here would be read by
+                # address after this call freed it.
+                steps = torch.arange(1, depth + 2, device=table.device)
                 at = (target.cache.lens.long()[:, None] + steps).clamp(max=table.shape[1] - 1)
                 return table.gather(1, at)
         else:
