@@ -31,6 +31,7 @@ import time
 
 from planner.controller import ControllerConfig
 from planner.evaluate import (
+    MEASURE_OFFSETS,
     PROFILE_OFFSETS,
     PROMPT_SETS,
     Bench,
@@ -59,6 +60,9 @@ def parse_args(argv=None):
                    help="code prompts per profile entry (<= 10; planner.evaluate)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
+    p.add_argument("--measure-texts", type=int, default=10,
+                   help="code prompts each measured strategy decodes, one run each (<= 10; "
+                        "fewer where fewer fit in the corpus; planner.evaluate)")  # fmt: skip
     p.add_argument("--timing-passes", type=int, default=3,
                    help="passes over the measured and adaptive runs; each run keeps its least "
                         "disturbed (planner.evaluate.run_passes)")  # fmt: skip
@@ -86,6 +90,7 @@ def build_bench(args) -> Bench:
     bench = make_bench(args.model, args.draft_model, max(contexts + [actx]), args.new_tokens,
                        args.repeats, args.device, args.gpu, args.temperature)  # fmt: skip
     bench.timing_passes = args.timing_passes
+    bench.measure_texts = args.measure_texts
     return bench
 
 
@@ -95,6 +100,9 @@ def main(argv=None) -> int:
         if min(args.per_regime, args.new_tokens, args.repeats, args.timing_passes) < 1:
             raise ValueError("--per-regime, --new-tokens, --repeats and --timing-passes must be "
                              ">= 1")  # fmt: skip
+        if not 1 <= args.measure_texts <= len(MEASURE_OFFSETS):
+            raise ValueError(f"--measure-texts must lie in 1..{len(MEASURE_OFFSETS)}, "
+                             f"got {args.measure_texts}")  # fmt: skip
         if not 1 <= args.profile_prompts <= len(PROFILE_OFFSETS):
             raise ValueError(f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, "
                              f"got {args.profile_prompts}")  # fmt: skip
@@ -118,7 +126,8 @@ def main(argv=None) -> int:
             prov = {k: v for k, v in provenance().items() if k != "timestamp"}
             keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
                     "new_tokens", "repeats", "temperature", "trees", "drafters",
-                    "prompt_sets", "gpu", "profile_prompts", "timing_passes")  # fmt: skip
+                    "prompt_sets", "gpu", "profile_prompts", "timing_passes",
+                    "measure_texts")  # fmt: skip
             settings = {**{k: getattr(args, k) for k in keep}, **prov}
             bench.cache = RunCache(args.resume, settings)
             if bench.cache.runs:

@@ -138,6 +138,15 @@ def split_streams(docs: list[Document], seed: int = 0) -> tuple[np.ndarray, np.n
     return to_stream(train, seed), to_stream(val, seed)
 
 
+def validation_bytes(limit: int, roots: list[Path] | None = None) -> int:
+    """Bytes of the validation stream ``corpus_sample`` draws from, counted up to ``limit``
+    (a window ending past it would repeat the stream's start)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    docs = collect_documents(roots, max_bytes=limit, split="validation")
+    return len(to_stream(docs)) if docs else 0
+
+
 def corpus_sample(num_tokens: int, roots: list[Path] | None = None) -> list[int]:
     """``num_tokens`` bytes of validation documents (repeated when the split is shorter)."""
     if num_tokens < 1:

@@ -17,8 +17,9 @@ Four phases, all on one pair of model runners (target and draft) built once:
 2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
    under that profile.
 3. **measure** -- per regime, ``per_regime`` strategies the engine can run (the predicted top
-   ones plus ranks spread evenly over the rest) are decoded ``repeats`` times, run i on the
-   i-th of five *other* code prompts (``MEASURE_OFFSETS``) with seed i, and their runs pooled
+   ones plus ranks spread evenly over the rest) are decoded once on each of ``measure_texts``
+   *other* code prompts (``MEASURE_OFFSETS``; those that fit in the corpus at that context,
+   ``measure_windows``), run i with seed i, and their runs pooled
    (``measure_prompts``: a regime's throughput, as the profile's acceptance is a regime's,
    not one prompt's -- n-gram acceptance moves with the prompt as much as with the strategy);
    each is scored again at the measured context. Kendall tau (predicted vs measured tokens/s) and
@@ -221,6 +222,8 @@ class Bench:
     draft_label: str
     max_new_tokens: int = 256
     repeats: int = 2
+    # Code prompts each measured strategy decodes, one run each (``measure_windows``).
+    measure_texts: int = 5
     # Passes over a phase's runs (``run_passes``): each run's figure is its least disturbed.
     timing_passes: int = 1
     log: object = print
@@ -424,13 +427,14 @@ def measure(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> di
 
 
 def _prompts_jobs(bench: Bench, strategy: Strategy, prompts: dict[int, list[int]],
-                  key: str) -> dict:  # fmt: skip
-    """The jobs of ``measure_prompts``: run i on the i-th prompt (cyclically), seed i; the
-    window each decodes is its key's third field from the end."""
+                  key: str, runs: int | None = None) -> dict:  # fmt: skip
+    """The jobs of ``measure_prompts``: ``runs`` (default ``repeats``) runs, run i on the i-th
+    prompt (cyclically), seed i; the window each decodes is its key's third field from the
+    end."""
     sid = strategy_id(strategy)
     windows = list(prompts)
     jobs = {}
-    for i in range(bench.repeats):
+    for i in range(bench.repeats if runs is None else runs):
         w = windows[i % len(windows)]
         jobs[f"{key}|{w}|{sid}|{i}"] = (steady_run, (bench, strategy, prompts[w]), {"seed": i})
     return jobs
@@ -529,8 +533,41 @@ def shadow_summary(result) -> dict:
 PROFILE_OFFSETS = (0, 3, 4, 5, 6, 11, 12, 13, 14, 15)
 # Dense runs (seeds) on the first profile prompt that the sparse-attention factors divide by.
 FACTOR_SEEDS = 3
-# Phase 3's prompt windows: repeat i of a measured strategy decodes window i mod 5 with seed i.
-MEASURE_OFFSETS = (1, 7, 8, 9, 10)
+# Phase 3's prompt windows: run i of a measured strategy decodes window i with seed i, the
+# first ``measure_texts`` of them that fit (``measure_windows``). Ten: the strategies at the top
+# of a regime are predicted within 1-7% of each other, and on five texts their measured order
+# turned with the texts (run 25: at <=4K the n-gram tree(n=8,d=4) accepted 2.04 tokens per round
+# where chain:7 accepted 1.87 on the same five texts, 2.12 and 2.20 on the profile's ten).
+MEASURE_OFFSETS = (1, 7, 8, 9, 10, 16, 17, 18, 19, 20)
+
+
+def _log_wrapped(bench: Bench, what: str, offsets, ctx: int) -> None:
+    """Log the windows of ``offsets`` whose prompt of ``ctx`` tokens runs past the code
+    corpus's end (and so repeats its start)."""
+    from engine.corpus import validation_bytes
+
+    size = validation_bytes((max(offsets) + 1) * ctx)
+    wrapped = [o for o in offsets if (o + 1) * ctx > size]
+    if wrapped:
+        bench.log(f"{what}: prompt windows {wrapped} run past the code corpus ({size} bytes) "
+                  "and repeat its start")  # fmt: skip
+
+
+def measure_windows(ctx: int, texts: int, available=None) -> tuple[int, ...]:
+    """The first ``texts`` windows of ``MEASURE_OFFSETS`` whose prompt of ``ctx`` tokens ends
+    inside the code corpus (``available(limit)``: its bytes up to ``limit``, default
+    ``engine.corpus.validation_bytes``): a window past its end would repeat the corpus's start,
+    where the profile's prompts are."""
+    if not 1 <= texts <= len(MEASURE_OFFSETS):
+        raise ValueError(f"measured texts must lie in 1..{len(MEASURE_OFFSETS)}, got {texts}")
+    if available is None:
+        from engine.corpus import validation_bytes as available
+    size = available((max(MEASURE_OFFSETS) + 1) * ctx)
+    fit = tuple(o for o in MEASURE_OFFSETS if (o + 1) * ctx <= size)
+    if not fit:
+        raise ValueError(f"no measured prompt window of {ctx} tokens fits in the code corpus "
+                         f"({size} bytes)")  # fmt: skip
+    return fit[:texts]
 
 
 def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
@@ -576,6 +613,7 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     ref_kind = "ngram" if "ngram" in space.drafters else space.drafters[0]
     for regime, ctx in contexts.items():
         texts = [prompt_tokens("code", ctx, offset=o * ctx) for o in PROFILE_OFFSETS[:prompts]]
+        _log_wrapped(bench, f"profile {regime}", PROFILE_OFFSETS[:prompts], ctx)
         prompt = texts[0]
         runs: list[tuple[Strategy, dict]] = []
         first: dict[str, float] = {}  # tokens per round on the first prompt, per strategy id
@@ -778,13 +816,18 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
     scored, prov = score(bench.model, bench.gpu, strategies, ctx, profile, regime)
     pred = {strategy_id(x.strategy): x for x in scored}
     rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
-    prompts = {o: prompt_tokens("code", ctx, offset=o * ctx) for o in MEASURE_OFFSETS}
-    jobs = {strategy_id(s): _prompts_jobs(bench, s, prompts, f"measure|code|{ctx}")
+    windows = measure_windows(ctx, bench.measure_texts)
+    if len(windows) < bench.measure_texts:
+        bench.log(f"{regime} measured on {len(windows)} code prompts: only those fit in the "
+                  f"corpus at {ctx} tokens")  # fmt: skip
+    prompts = {o: prompt_tokens("code", ctx, offset=o * ctx) for o in windows}
+    jobs = {strategy_id(s): _prompts_jobs(bench, s, prompts, f"measure|code|{ctx}",
+                                          runs=len(windows))
             for s in strategies}  # fmt: skip
     t0 = time.perf_counter()
     # All strategies' runs in one set of passes: a run's passes lie a whole pass apart.
     done = run_passes(bench, {k: v for j in jobs.values() for k, v in j.items()})
-    bench.log(f"{regime} measured {len(strategies)} strategies x {bench.repeats} runs x "
+    bench.log(f"{regime} measured {len(strategies)} strategies x {len(windows)} runs x "
               f"{bench.timing_passes} passes ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
     rows = []
     for s in strategies:
@@ -808,7 +851,7 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
         [r["predicted_tokens_per_s"] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
     )
     return {"context_len": ctx, "provenance": prov, "space_size": entry["num_valid"],
-            **q, "strategies": rows}  # fmt: skip
+            "measure_windows": list(windows), **q, "strategies": rows}  # fmt: skip
 
 
 def oracle_strategies(ranking: dict, regime: str, ok) -> list[Strategy]:
@@ -972,6 +1015,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "max_new_tokens": bench.max_new_tokens,
         "temperature": bench.temperature,
         "repeats": bench.repeats,
+        "measure_texts": bench.measure_texts,
         "timing_passes": bench.timing_passes,
         "profile": profile.to_json(),
         "profile_reference_tree": ref_tree,

@@ -16,6 +16,7 @@ from engine.corpus import (
     collect_documents,
     corpus_sample,
     split_streams,
+    validation_bytes,
 )
 from engine.settings import TrainConfig
 from engine.train import lm_loss, train_tiny
@@ -54,6 +55,10 @@ def test_corpus_keeps_packages_whole_and_splits_by_package(site):
     assert collect_documents([site], max_bytes=1)[:1] == docs[:1]  # stops at the cap
     sample = corpus_sample(5000, [site])
     assert len(sample) == 5000 and max(sample) < 256
+    # The validation stream's length: past it a sample repeats its start.
+    size = validation_bytes(10**9, [site])
+    assert size == val.size and validation_bytes(1, [site]) >= 1
+    assert corpus_sample(2 * size, [site])[size:] == corpus_sample(size, [site])
 
 
 def test_a_few_training_steps_learn_and_save_a_loadable_pair(site, tmp_path):

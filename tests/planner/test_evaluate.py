@@ -6,7 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.evaluate import pick, prompt_tokens, ranking_quality, steady_figures
+from planner.evaluate import (
+    MEASURE_OFFSETS,
+    measure_windows,
+    pick,
+    prompt_tokens,
+    ranking_quality,
+    steady_figures,
+)
 from planner.profile import OVERHEAD_TERMS, alpha_from_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,8 +128,10 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     too_many = ["--profile-prompts", "11"]
     assert planner_eval.main(["--contexts", "1K", "--out", str(out), *too_many]) == 2
     assert "--profile-prompts must lie in 1..10, got 11" in capsys.readouterr().err
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--measure-texts", "0"]) == 2
+    assert "--measure-texts must lie in 1..10, got 0" in capsys.readouterr().err
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
-            "--new-tokens", "12", "--repeats", "1", "--device", "cpu",
+            "--new-tokens", "12", "--repeats", "1", "--measure-texts", "2", "--device", "cpu",
             "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
             "--profile-prompts", "3", "--timing-passes", "2",
             "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json"),
@@ -140,8 +149,10 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     for row in reg["strategies"]:
         m = row["measured"]
         assert math.isfinite(m["tokens_per_s"]) and m["tokens_per_s"] > 0
-        # One repeat: the first measured prompt window (planner.evaluate.MEASURE_OFFSETS).
-        assert m["runs_window"] == [1] and m["runs_tokens_per_s"] == [m["tokens_per_s"]]
+        # Two measured texts: the first two prompt windows (planner.evaluate.MEASURE_OFFSETS),
+        # one run each (seeds 0 and 1), pooled.
+        assert m["runs_window"] == [1, 7] and len(m["runs_tokens_per_s"]) == 2
+        assert min(m["runs_tokens_per_s"]) <= m["tokens_per_s"] <= max(m["runs_tokens_per_s"])
         assert row["predicted_tokens_per_s"] > 0 and ids[row["offline_rank"]] == row["id"]
     assert [r["offline_rank"] for r in reg["strategies"]][:3] == [0, 1, 2]
     prof = doc["profile"]["regimes"]["<=4K"]
@@ -259,6 +270,20 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     out.unlink()
     assert planner_eval.main([*args, "--new-tokens", "13"]) == 2
     assert "written for other settings" in capsys.readouterr().err and not out.exists()
+
+
+def test_measured_windows_stay_inside_the_corpus():
+    """A measured prompt window that would run past the corpus's end repeats its start (where
+    the profile's prompts are): such windows are left out, the rest taken in order."""
+    assert measure_windows(1000, 3, available=lambda limit: limit) == MEASURE_OFFSETS[:3]
+    assert measure_windows(1000, 10, available=lambda limit: limit) == MEASURE_OFFSETS
+    # 17 windows of 1000 tokens fit in 17000 bytes: windows 16 and below.
+    assert measure_windows(1000, 10, available=lambda limit: 17_000) == (1, 7, 8, 9, 10, 16)
+    assert measure_windows(1000, 2, available=lambda limit: 17_000) == (1, 7)
+    with pytest.raises(ValueError, match="no measured prompt window of 1000 tokens"):
+        measure_windows(1000, 5, available=lambda limit: 1500)
+    with pytest.raises(ValueError, match="measured texts must lie in 1..10, got 11"):
+        measure_windows(1000, 11, available=lambda limit: limit)
 
 
 def test_run_cache_resumes_and_drops_a_cut_off_tail(tmp_path):
