@@ -67,7 +67,7 @@ SCENARIOS = {
     "random": {"ngram": 0.01, "draft_model": 0.30},
     # prose whose later drafts fare worse: the draft model's chain:2 beats its chain:4, which
     # its chain:4's own rounds reveal (reason ``truncation``, from chain:4; from the offline
-    # best the controller now probes chain:2 itself, ``ControllerConfig.transfer``)
+    # best, with ``ControllerConfig.transfer`` 0.5, the controller probes chain:2 itself)
     "decay": {"ngram": 0.15, "draft_model": (0.75, 0.65, 0.45, 0.35)},
     # prose, then text the n-gram drafter suits: the shadow brings it back (reason ``shadow``)
     "prose>code": [

@@ -273,12 +273,15 @@ class ControllerConfig:
         default=True,
         metadata={"help": "take decisions a round late, behind the next round's GPU work"},
     )
-    # 0.5: halfway between a drafter's profile and the drop seen on another drafter. On the
-    # tiny pair's off-distribution text (run 17) the n-gram drafter's acceptance fell on all
-    # three sets and the draft model's on two (prose, random bytes), not on repetitive text;
-    # a drafter not tried is a guess either way, and a probe finds out.
+    # 0: a drafter not tried on this text is scored at its profile, and trying it finds out
+    # (a chain that fails collapses within a few rounds). On the H100's fixed runs since the
+    # n-gram drafter's empty rounds became cheap (runs 24-26), the draft model's first-depth
+    # acceptance moved by +3% to -20% off-distribution where the n-gram drafter's fell 29-65%,
+    # and the replay (benchmarks/adaptive_replay.py) of those runs' worlds gains more at 0
+    # than at 0.5 on every off-distribution set (run 26: repetitive +13.9% against +5.5%); on
+    # run 17's and run 22's worlds, where the draft model fell further, 0.5 gained more.
     transfer: float = field(
-        default=0.5,
+        default=0.0,
         metadata={
             "help": "share of the largest acceptance drop observed on this text that a "
             "drafter not yet tried on it is scored with (0: its profile)"
@@ -960,8 +963,8 @@ class OnlineController:
         that scores best on what was last observed of it (``_tally``: the rounds its last
         chain ran, or the shift last observed) -- text that defeated its long chains may still
         pay a short one -- or, when nothing was, at the shift a drafter not yet tried on this
-        text is scored with (``transfer``: on text that defeated another drafter, its shorter
-        chains, which lose less if it fails here too)."""
+        text is scored with (its profile; with ``transfer`` above 0, on text that defeated
+        another drafter, its shorter chains, which lose less if it fails here too)."""
         base = self._probe_strategy(regime)
         if base is None:
             return base

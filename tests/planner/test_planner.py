@@ -353,7 +353,7 @@ def test_controller_prices_a_switch_by_its_destination():
 @pytest.mark.parametrize("transfer", [0.0, 0.5])
 def test_controller_moves_to_another_drafter_when_only_its_own_collapses(transfer):
     """The n-gram drafter finds nothing (random bytes). The EAGLE candidates score as profiled
-    (``transfer`` 0) or with half the n-gram drafter's drop (the default): on this large
+    (``transfer`` 0, the default) or with half the n-gram drafter's drop: on this large
     model drafting costs little, so either way EAGLE beats autoregressive decoding, and the
     controller goes to it at once; EAGLE then doing as profiled, it stays there. (Scored with
     the whole drop, ``transfer`` 1, nothing pays by more than the hysteresis here.)"""
