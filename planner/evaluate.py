@@ -593,6 +593,8 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     - gamma per traversal that a valid sparse strategy uses: a union C4 strategy on the
       reference drafter's (``ngram`` when in the space) ``attention_tree``, with selection
       statistics;
+    - autoregressive decoding (when the space has ``chain:0``) on every prompt, for the
+      overhead fit;
     - the loop overhead per round: ``fit_overhead`` on every run without statistics, the
       residual being the measured round wall time minus the step model's round time, each run
       weighted by 1 / its round time (relative error).
@@ -683,9 +685,12 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                 if f"{kind}@{s.tree}" in a or bench.runnable(s) is not None:
                     continue
                 if not parse_tree(s.tree):
-                    # Autoregressive: no acceptance and no drafter, one run for the overhead.
+                    # Autoregressive: no acceptance and no drafter; its runs on every prompt
+                    # are what sets the overhead of a round apart from a drafting round's
+                    # (``fit_overhead``). With one run, that run's draw moved autoregressive
+                    # decoding's prediction at 32K by 9% between runs 26 and 27.
                     if kind == space.drafters[0]:
-                        go(s, "profile")
+                        tokens(s)
                     continue
                 tpr = tokens(s)
                 a[f"{kind}@{s.tree}"] = alpha_from_tokens(s.tree, tpr)

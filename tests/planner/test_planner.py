@@ -658,11 +658,13 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     with pytest.raises(ValueError, match="one residual per strategy"):
         fit_overhead(strategies, y[:-1])
     # Weighted by 1 / round time: exact data is still recovered; on data the terms cannot fit
-    # (AR rounds 0.1 ms cheaper than the intercept says) the relative error is the smaller one.
+    # (dense AR rounds 0.1 ms cheaper than the terms say, sparse ones not) the relative error
+    # is the smaller one.
     rounds = [0.7e-3 if s.tree == "chain:0" else 3e-3 for s in strategies]
     coef_w, _ = fit_overhead(strategies, y, rounds)
     assert np.allclose([coef_w[t] for t in OVERHEAD_TERMS], truth, atol=1e-9)
-    y_off = [v - 1e-4 * (s.tree == "chain:0") for v, s in zip(y, strategies, strict=True)]
+    y_off = [v - 1e-4 * (s.tree == "chain:0" and not s.is_sparse)
+             for v, s in zip(y, strategies, strict=True)]  # fmt: skip
     rel = {}
     for name, r in (("plain", None), ("weighted", rounds)):
         c, fit = fit_overhead(strategies, y_off, r)
@@ -671,3 +673,18 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     assert rel["weighted"] < rel["plain"] and fit["rms_rel"] == pytest.approx(rel["weighted"])
     with pytest.raises(ValueError, match="positive round time"):
         fit_overhead(strategies, y, [0.0] * len(y))
+    # A drafting round whose residual is below an autoregressive one's (the step model prices
+    # its GPU work high): with autoregressive rows, ``speculative`` takes the sign and
+    # ``round`` stays what the autoregressive rounds say; held at 0 or above (as without
+    # autoregressive rows, where the two terms are one column), ``round`` absorbs it.
+    signed = truth.copy()
+    signed[OVERHEAD_TERMS.index("speculative")] = -5e-5
+    y_neg = [float(overhead_features(s) @ signed) for s in strategies]
+    coef, fit = fit_overhead(strategies, y_neg, rounds)
+    assert np.allclose([coef[t] for t in OVERHEAD_TERMS], signed, atol=1e-9)
+    assert fit["autoregressive_rows"] == 4 and fit["rms_s"] < 1e-9
+    drafting = [s for s in strategies if s.tree != "chain:0"]
+    y_d = [float(overhead_features(s) @ signed) for s in drafting]
+    coef, fit = fit_overhead(drafting, y_d)
+    assert fit["autoregressive_rows"] == 0 and coef["speculative"] >= 0
+    assert coef["round"] + coef["speculative"] == pytest.approx(signed[0] + signed[1], abs=1e-9)
