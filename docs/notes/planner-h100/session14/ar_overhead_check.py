@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from kernels.timing import provenance
 from planner.evaluate import make_bench, measure_profile, ranking_quality
 from planner.rank import rank
 from planner.space import SpaceSpec
@@ -50,7 +51,7 @@ def main(out: str) -> int:
         doc["profile_prompts"],
     )
     ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
-    res = {"overhead": profile.overhead, "fits": fits, "regimes": {}}
+    res = {"provenance": provenance(), "overhead": profile.overhead, "fits": fits, "regimes": {}}
     for regime in contexts:
         pred = {r["id"]: r["tokens_per_s"] for r in ranking["regimes"][regime]["ranking"]}
         res["regimes"][regime] = row = {}
