@@ -235,6 +235,12 @@ def _check_prob(where: str, v) -> float:
     return float(v)
 
 
+def _check_finite(where: str, v) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        raise ValueError(f"{where} must be a finite number, got {v!r}")
+    return float(v)
+
+
 def _check_nonneg(where: str, v) -> float:
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
     if not ok:
@@ -279,9 +285,15 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Prof
             terms = ", ".join(OVERHEAD_TERMS)
             raise ValueError(f"{regime}.overhead.{bad[0]} is not one of {terms}")
         ovh[regime] = {
-            k: _check_nonneg(f"{regime}.overhead.{k}", v)
+            k: (_check_finite if k == "speculative" else _check_nonneg)(f"{regime}.overhead.{k}", v)
             for k, v in (entry.get("overhead") or {}).items()
         }
+        # ``speculative`` is signed (``fit_overhead``), but no round's overhead goes below 0.
+        if ovh[regime].get("round", 0.0) + ovh[regime].get("speculative", 0.0) < 0:
+            raise ValueError(
+                f"{regime}.overhead: round + speculative must be >= 0, got "
+                f"{ovh[regime].get('round', 0.0)!r} + {ovh[regime].get('speculative', 0.0)!r}"
+            )
     return Profile(acc, ovl, f"{label}:{d.get('source', 'unknown')}", att, ovh)
 
 

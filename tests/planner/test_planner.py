@@ -641,6 +641,19 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"attention": {"k": -1}}}}))
     with pytest.raises(ValueError, match="16K.attention.k must be a finite number >= 0"):
         load_profile(p)
+    # ``speculative`` is signed (the fit's difference of two groups' residuals: run 28's 16K
+    # fitted -34 us), the other terms are not, and no round's overhead goes below 0.
+    signed = {"round": 1.2e-4, "speculative": -3.4e-5}
+    p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": signed}}}))
+    assert load_profile(p).overhead_s("16K", tree7) == pytest.approx(1.2e-4 - 3.4e-5)
+    for bad, msg in (
+        ({"round": 1e-5, "speculative": -3e-5}, "round \\+ speculative must be >= 0"),
+        ({"node": -1e-6}, "16K.overhead.node must be a finite number >= 0"),
+        ({"speculative": float("nan")}, "16K.overhead.speculative must be a finite number"),
+    ):
+        p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": bad}}}))
+        with pytest.raises(ValueError, match=msg):
+            load_profile(p)
     # The fit recovers known non-negative coefficients from noiseless residuals.
     dm = DrafterSpec(kind="draft_model", model="x")
     strategies = [
