@@ -36,6 +36,10 @@ class GraphRunner:
         self.enabled = enabled
         self.warmup = warmup
         self._entries: dict[object, _Entry] = {}
+        # Graphs captured so far (a round that captured one carries a start-up cost: a server
+        # captures its graphs before requests arrive, ``engine.results.RoundRecord.captured``).
+        self.captures = 0
+        self.clears = 0  # times the cache was dropped (``clear``)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -45,6 +49,7 @@ class GraphRunner:
 
     def clear(self) -> None:
         self._entries.clear()
+        self.clears += 1
 
     def __call__(
         self,
@@ -65,6 +70,7 @@ class GraphRunner:
         if entry is None:
             entry = self._capture(fn, inputs, neutral)
             self._entries[key] = entry
+            self.captures += 1
         if on_launch is not None:
             on_launch()
         for dst, src in zip(entry.inputs, inputs, strict=True):

@@ -142,6 +142,7 @@ class Engine:
         self._pending: tuple[RoundRecord, Strategy] | None = None
         self._decided: Strategy | None = None
         self._one: torch.Tensor | None = None  # the acceptance graph's "enable" input
+        self._clears0 = 0  # graph drops before this generate call's rounds (``_captures``)
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
 
@@ -242,6 +243,7 @@ class Engine:
         generated = [[r] for r in host_roots]
         timer = StepTimer(dev)
         rounds: list[RoundRecord] = []
+        self._clears0 = self._captures()[1]
         self._t_start = time.perf_counter()
         self._overlap = bool(getattr(self.controller, "overlap", False))
         self._pending, self._decided = None, None
@@ -304,6 +306,7 @@ class Engine:
         wall0 = time.perf_counter()
         record = self.stats is not None
         lens_before = self.target.cache.lens.clone() if record else None
+        captures = self._captures()
         timer.start()
         draft = (
             self.drafter.draft(roots, tree, history)
@@ -364,8 +367,15 @@ class Engine:
             selection=selection,
             stats_s=stats_s,
             shadow=shadow,
+            captured=self._captures()[0] != captures[0] and captures[1] == self._clears0,
         )
         return rec, acc.bonus.clone()
+
+    def _captures(self) -> tuple[int, int]:
+        """CUDA graphs the target's and the draft model's runners have captured so far, and
+        the times they dropped their graphs."""
+        gs = [self.target.graphs] + ([self.draft_runner.graphs] if self.draft_runner else [])
+        return sum(g.captures for g in gs), sum(g.clears for g in gs)
 
     def _accept(self, tree: DraftTree, draft: Draft, logits: torch.Tensor, verify_key):
         """Acceptance + target commit as one graph; ``enable`` = 0 makes warm-up a no-op.

@@ -32,6 +32,11 @@ class RoundRecord:
     selection: RoundSelection | None = None
     stats_s: float = 0.0
     shadow: dict | None = None  # drafter kind -> engine.controller.ShadowAcceptance
+    # The round captured a CUDA graph (of the target or the draft model) that the run had not
+    # dropped itself: one missing when the run began, a start-up cost a server pays before
+    # requests arrive. (A capture after a switch of this run dropped the graphs -- a change of
+    # the cache's summaries, ``ModelRunner.prepare``/``retain`` -- is that switch's cost.)
+    captured: bool = False
 
     @property
     def tokens(self) -> int:

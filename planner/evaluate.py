@@ -52,9 +52,17 @@ from one evaluation to the next. The profile's runs (phase 1) go once.
 Tokens/s of every run: generated tokens over round wall time (the shadow's host time included)
 plus the controller's host time (``control``, its re-scores; an overlapped controller's calls
 run inside the next round's wall time, ``control_overlap``, and are counted there) and switch
-time, leaving out round 0
-(the first strategy's graph capture) and nothing else -- a switch's re-capture round counts
-against the adaptive run.
+time, leaving out round 0 (the first strategy's graph capture) and the later rounds that
+captured a graph missing when the run began (``engine.results.RoundRecord.captured``). Those
+are the first rounds after an adaptive run's switches, and whether the graphs were there is
+the order of the evaluation's runs, not the controller: a server captures its strategies'
+graphs before requests arrive, while here a sparse run (the default's, some of the oracle's)
+drops every graph (``engine.runner.ModelRunner.retain``), so the first adaptive run of each
+pass to switch to a strategy captured it again -- on the H100 (run 28) 17-31 ms of a ~200 ms
+run, in the seed-0 runs of prose and random and seed 1 of prose (``steps_s["launch"]`` 99-124
+us per round against 2-13 us). A capture
+after the run itself dropped the graphs (a switch that changed the cache's summaries) is that
+switch's cost and counts.
 """
 
 from __future__ import annotations
@@ -319,8 +327,12 @@ def regime_contexts(text: str, flag: str, new_tokens: int) -> dict[str, int]:
 
 def steady_figures(result) -> dict:
     """tokens/s, mean accepted, round count and mean step times (CUDA events on the GPU) of a
-    run, without round 0 (see the module)."""
-    rounds = result.rounds[1:] or result.rounds
+    run, without round 0 and without the later rounds that captured a CUDA graph missing when
+    the run began (``RoundRecord.captured``; ``capture_rounds``, their wall time
+    ``capture_s``). See the module."""
+    later = result.rounds[1:]
+    captured = [r for r in later if r.captured]
+    rounds = [r for r in later if not r.captured] or result.rounds
     tokens = sum(r.tokens for r in rounds)
     wall = sum(r.wall_s for r in rounds)
     switch = sum(r.step_s.get("switch", 0.0) for r in rounds)
@@ -335,6 +347,8 @@ def steady_figures(result) -> dict:
         "switch_s": switch,
         "control_s": control,
         "control_overlap_s": overlapped,
+        "capture_rounds": len(captured),
+        "capture_s": sum(r.wall_s for r in captured),
         "steps_s": {
             k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
             for k in ("draft", "launch", "verify", "accept", "shadow")
@@ -937,6 +951,8 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
             "control_overlap_s",
             "warm_s",
             "shadow",
+            "capture_rounds",
+            "capture_s",
         )
         if bench.timing_passes > 1:
             keep = (*keep, "passes_tokens_per_s", "passes_kept")

@@ -252,3 +252,58 @@ def test_summaries_follow_the_strategy_that_reads_them():
         eng.generate(PROMPTS).tokens
         == generate(Strategy(name="ar_dense"), controller=SwitchAfter(3, sparse)).tokens
     )
+
+
+class CountingGraphs:
+    """Stands in for ``GraphRunner`` on the CPU: runs eagerly, counting a capture the first
+    time it sees a key (as the CUDA one captures) and the drops of its keys."""
+
+    def __init__(self):
+        from engine.graphs import GraphRunner
+
+        self.inner, self.seen = GraphRunner(False), set()
+        self.enabled, self.captures, self.clears = False, 0, 0
+
+    def __call__(self, key, fn, inputs, neutral=None, on_launch=None):
+        if key not in self.seen:
+            self.seen.add(key)
+            self.captures += 1
+        return self.inner(key, fn, inputs, neutral, on_launch)
+
+    def __contains__(self, key):
+        return key in self.seen
+
+    def __len__(self):
+        return len(self.seen)
+
+    def clear(self):
+        self.seen.clear()
+        self.clears += 1
+
+
+def test_rounds_flag_captures_missing_when_the_run_began():
+    """A round that captures a graph missing when the run began carries a start-up cost (the
+    evaluation leaves it out, ``planner.evaluate.steady_figures``); a capture after the run's
+    own switch dropped the graphs (a change of the cache's summaries) is that switch's cost."""
+    b, n = len(PROMPTS), 40
+    t_max = max(map(len, PROMPTS)) + n + 70
+    runner = ModelRunner(TARGET, batch=b, t_max=t_max, backend="torch")
+    drunner = ModelRunner(DRAFT, batch=b, t_max=t_max, backend="torch")
+    runner.graphs, drunner.graphs = CountingGraphs(), CountingGraphs()
+    cfg = DecodeConfig(max_new_tokens=n)
+    ngram = dataclasses.replace(SPEC["ngram_tree"], tree="chain:2")
+
+    def run(start, to):
+        eng = Engine(runner, start, cfg, draft_runner=drunner, controller=SwitchAfter(3, to))
+        return [r.round for r in eng.generate(PROMPTS).rounds if r.captured]
+
+    # Fresh runners: round 0 captures the first strategy's graphs, round 4 the second's.
+    assert run(SPEC["chain_draft_model"], ngram) == [0, 4]
+    # Both strategies' graphs are there now: no round captures.
+    assert run(SPEC["chain_draft_model"], ngram) == []
+    # A switch to a sparse strategy builds block metadata, which drops the graphs: what the
+    # rounds after it capture is the switch's (no flag), though they do capture.
+    sparse = Strategy(name="sp", tree="chain:2", drafter=DM, **SPARSE)
+    before = runner.graphs.captures
+    assert run(SPEC["chain_draft_model"], sparse) == []
+    assert runner.graphs.captures > before

@@ -69,6 +69,14 @@ def test_steady_figures_leave_out_round_zero_and_count_switches():
     assert f["tokens_per_s"] == pytest.approx(7 / 4.5) and f["switch_s"] == 2.0
     assert f["control_s"] == 0.5 and f["steps_s"]["shadow"] == 0.0
     assert f["accepted_hist"] == [0, 0, 1, 1]  # rounds 1 and 2 accepted 2 and 3
+    assert f["capture_rounds"] == 0 and f["capture_s"] == 0
+    # A later round that captured a graph missing when the run began is left out too (a
+    # server captures before requests arrive), and said so.
+    late = rec(3, 1, 7.0)
+    late.captured = True
+    g = steady_figures(DecodeResult([[1]], [*rounds, late], 0, ""))
+    assert g["tokens"] == f["tokens"] and g["tokens_per_s"] == f["tokens_per_s"]
+    assert g["capture_rounds"] == 1 and g["capture_s"] == 7.0
 
 
 def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
