@@ -102,10 +102,12 @@ def load_setting(path: Path = PLANNER_JSON):
     return rank(model, gpu, space, profile, regimes=regimes), model, gpu, profile
 
 
-def simulate_accepted(parents: tuple[int, ...], alpha, rng) -> int:
+def simulate_accepted(parents: tuple[int, ...], alpha, rng, sibling: float = 1.0) -> int:
     """Drafts a round accepts: from the root, the children of the last accepted node are
     tried in order, each accepted with probability ``alpha`` (a number, or one per depth from
-    1: text whose later drafts fare worse); the first accepted is followed."""
+    1: text whose later drafts fare worse) times ``sibling`` to the power of its rank among
+    its siblings (0 for the first: a drafter's second choice, tried after its first failed,
+    is right less often); the first accepted is followed."""
     children: dict[int, list[int]] = {}
     for node, p in enumerate(parents):
         children.setdefault(p, []).append(node)
@@ -113,8 +115,8 @@ def simulate_accepted(parents: tuple[int, ...], alpha, rng) -> int:
     node, depth = -1, 0
     while True:
         a = alpha if per_depth is None else per_depth[min(depth, len(per_depth) - 1)]
-        for c in children.get(node, ()):
-            if rng.random() < a:
+        for rank, c in enumerate(children.get(node, ())):
+            if rng.random() < a * sibling**rank:
                 node, depth = c, depth + 1
                 break
         else:

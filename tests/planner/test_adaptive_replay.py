@@ -84,3 +84,58 @@ def test_worlds_charge_the_measured_rounds_and_the_replay_runs(tmp_path, capsys)
     for bad in (["--sets", "poetry"], ["--config", "nope=1"], ["--config", "transfer=x"],
                 ["--runs", "0"]):  # fmt: skip
         assert REPLAY.main(bad) == 2
+
+
+def test_expected_accepted_is_the_simulated_mean_and_the_sibling_fit_recovers_it():
+    import numpy as np
+    from controller_cost import simulate_accepted
+
+    from perfmodel.strategy import parse_tree
+
+    tree = parse_tree("best:8:4")
+    alpha = [0.7, 0.6, 0.5, 0.4]
+    rng = np.random.default_rng(0)
+    for s in (1.0, 0.5, 0.0):
+        sim = np.mean([simulate_accepted(tree, alpha, rng, s) for _ in range(20000)])
+        exact = REPLAY.expected_accepted(tree, alpha, s)
+        assert sim == pytest.approx(exact, abs=0.03)
+    # Second choices right less often: fewer accepted, down to the top chain's at 0.
+    assert REPLAY.expected_accepted(tree, alpha, 0.5) < REPLAY.expected_accepted(tree, alpha, 1)
+    chain = [i - 1 for i in range(4)]  # the tree's depth as a chain: its top path
+    top = REPLAY.expected_accepted(tuple(chain), alpha, 1.0)
+    assert REPLAY.expected_accepted(tree, alpha, 0.0) == pytest.approx(top)
+    # The fit finds the factor that made the measurement; chains alone leave it at 1.
+    wide = parse_tree("best:16:6")
+    made = [(p, REPLAY.expected_accepted(p, alpha, 0.37)) for p in (tree, wide)]
+    assert REPLAY.fit_sibling(made, alpha) == pytest.approx(0.37, abs=0.006)
+    assert REPLAY.fit_sibling([(tuple(chain), 1.2)], alpha) == 1.0
+
+
+def test_worlds_fit_siblings_to_the_measured_trees():
+    from perfmodel.strategy import parse_tree
+    from planner.rank import strategy_from_json
+    from planner.space import strategy_id
+
+    doc = json.loads(REPLAY.PLANNER_JSON.read_text())
+    ranking = REPLAY.load_setting()[0]
+    by_id = {}
+    for reg in ranking["regimes"].values():
+        for r in reg["ranking"]:
+            s = strategy_from_json(r["strategy"])
+            by_id[strategy_id(s)] = s
+    worlds = REPLAY.build_worlds(doc, ranking)
+    for name, w in worlds.items():
+        err = {}  # per kind: squared errors at the fitted factor and at 1
+        for x in doc["adaptive"]["prompt_sets"][name]["oracle"]["strategies"]:
+            s = by_id.get(x["id"])
+            if s is None or s.is_sparse or REPLAY._chain_len(s.tree) or not parse_tree(s.tree):
+                continue
+            k, m = s.drafter.kind, x["mean_accepted"]
+            assert 0.0 <= w.sibling[k] <= 1.0
+            got = REPLAY.expected_accepted(parse_tree(s.tree), w.alpha[k], w.sibling[k])
+            one = REPLAY.expected_accepted(parse_tree(s.tree), w.alpha[k], 1.0)
+            e = err.setdefault(k, [0.0, 0.0])
+            e[0], e[1] = e[0] + (got - m) ** 2, e[1] + (one - m) ** 2
+            if k == "draft_model":  # within 15% of each measured tree (at 1: up to 33% over)
+                assert got == pytest.approx(m, rel=0.15), (name, s.tree)
+        assert err and all(fit <= one for fit, one in err.values())
