@@ -60,9 +60,8 @@ graphs before requests arrive, while here a sparse run (the default's, some of t
 drops every graph (``engine.runner.ModelRunner.retain``), so the first adaptive run of each
 pass to switch to a strategy captured it again -- on the H100 (run 28) 17-31 ms of a ~200 ms
 run, in the seed-0 runs of prose and random and seed 1 of prose (``steps_s["launch"]`` 99-124
-us per round against 2-13 us). A capture
-after the run itself dropped the graphs (a switch that changed the cache's summaries) is that
-switch's cost and counts.
+us per round against 2-13 us). A capture after the run itself dropped the graphs (a switch that
+changed the cache's summaries) is that switch's cost and counts.
 """
 
 from __future__ import annotations
