@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import lsq_linear, nnls
+from scipy.optimize import nnls
 
 from perfmodel.acceptance import node_depths_ranks
 from perfmodel.strategy import Strategy, Workload, parse_tree, tree_expected_tokens
@@ -119,8 +119,9 @@ def fit_overhead(strategies: list[Strategy], residual_s: list[float],
     max absolute error, seconds; rms relative error when weighted; the autoregressive rows).
 
     Every coefficient is non-negative except ``speculative`` when autoregressive rows are
-    among the runs: it is then the difference between a drafting round's residual and an
-    autoregressive one's, whose sign is the step model's (it may price a drafting round's GPU
+    among the runs (``round + speculative``, a drafting round's intercept, is non-negative): it
+    is then the difference between a drafting round's residual and an autoregressive one's,
+    whose sign is the step model's (it may price a drafting round's GPU
     work above what it takes, run 27). Held at 0 or above, that difference leaked into
     ``round`` -- the whole of an autoregressive round's overhead -- and moved autoregressive
     decoding's prediction at 32K by 9% between two runs of one code (runs 26 and 27: ``round``
@@ -142,11 +143,16 @@ def fit_overhead(strategies: list[Strategy], residual_s: list[float],
         if r.shape != y.shape or not (r > 0).all():
             raise ValueError("fit_overhead: round_s needs one positive round time per strategy")
         w = 1.0 / r
-    ar = x[:, OVERHEAD_TERMS.index("speculative")] == 0
+    i, j = OVERHEAD_TERMS.index("round"), OVERHEAD_TERMS.index("speculative")
+    ar = x[:, j] == 0
     if ar.any() and not ar.all():
-        low = np.zeros(x.shape[1])
-        low[OVERHEAD_TERMS.index("speculative")] = -np.inf
-        coef = lsq_linear(x * w[:, None], y * w, bounds=(low, np.inf), method="bvls").x
+        # Solved for an autoregressive round's intercept and a drafting round's, both >= 0
+        # (what ``profile_from_json`` checks: ``round`` and ``round + speculative``); then
+        # ``speculative`` is their difference.
+        xr = x.copy()
+        xr[:, i], xr[:, j] = ar, ~ar
+        coef, _ = nnls(xr * w[:, None], y * w)
+        coef[j] -= coef[i]
     else:
         coef, _ = nnls(x * w[:, None], y * w)
     err = x @ coef - y

@@ -565,7 +565,13 @@ def test_rank_cli(tmp_path, capsys):
 
 def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):
     from perfmodel.strategy import DrafterSpec
-    from planner.profile import OVERHEAD_TERMS, attention_key, fit_overhead, overhead_features
+    from planner.profile import (
+        OVERHEAD_TERMS,
+        attention_key,
+        fit_overhead,
+        overhead_features,
+        profile_from_json,
+    )
     from planner.rank import score
 
     ng = DrafterSpec(kind="ngram")
@@ -701,3 +707,11 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     coef, fit = fit_overhead(drafting, y_d)
     assert fit["autoregressive_rows"] == 0 and coef["speculative"] >= 0
     assert coef["round"] + coef["speculative"] == pytest.approx(signed[0] + signed[1], abs=1e-9)
+    # A drafting round's intercept never goes below 0 (what the loader checks): data asking for
+    # round + speculative < 0 is fitted at 0 there, and the file the fit makes loads.
+    below = truth.copy()
+    below[OVERHEAD_TERMS.index("speculative")] = -2.0 * truth[OVERHEAD_TERMS.index("round")]
+    y_below = [float(overhead_features(s) @ below) for s in strategies]
+    coef, _ = fit_overhead(strategies, y_below, rounds)
+    assert coef["round"] >= 0 and coef["round"] + coef["speculative"] >= -1e-12
+    profile_from_json({"version": 2, "regimes": {"16K": {"overhead": coef}}})
