@@ -81,3 +81,15 @@ def test_report_cli_writes_the_report_and_checks_targets(tmp_path, capsys, monke
     bad.write_text(json.dumps({"version": 7}))
     assert main(["report", "--no-files", "--campaign", str(bad)]) == 2
     assert "not a version-1 campaign" in capsys.readouterr().err
+
+
+def test_report_gives_the_adaptive_gains_with_capture_rounds_counted_when_recorded(rep):
+    pl = dict(rep["planner"])
+    pl["adaptive_gain"] = {"code": 0.01, "random": 0.132}
+    pl["adaptive_gain_captures_counted"] = {"code": 0.01, "random": -0.03}
+    md = rpt.markdown({**rep, "planner": pl})
+    line = next(x for x in md.splitlines() if x.startswith("With the rounds that captured"))
+    assert line.endswith("code +1.0%, random -3.0%.")
+    # An evaluation that did not record them gets no such line.
+    pl["adaptive_gain_captures_counted"] = None
+    assert "With the rounds that captured" not in rpt.markdown({**rep, "planner": pl})

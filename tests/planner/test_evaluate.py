@@ -8,6 +8,7 @@ import pytest
 
 from planner.evaluate import (
     MEASURE_OFFSETS,
+    captures_counted,
     measure_windows,
     pick,
     prompt_tokens,
@@ -76,7 +77,13 @@ def test_steady_figures_leave_out_round_zero_and_count_switches():
     late.captured = True
     g = steady_figures(DecodeResult([[1]], [*rounds, late], 0, ""))
     assert g["tokens"] == f["tokens"] and g["tokens_per_s"] == f["tokens_per_s"]
-    assert g["capture_rounds"] == 1 and g["capture_s"] == 7.0
+    assert g["capture_rounds"] == 1 and g["capture_s"] == 7.0 and g["capture_tokens"] == 2
+    # Reported beside it: the run with those rounds put back (its 2 tokens over 7 s too).
+    assert captures_counted(g) == pytest.approx((7 + 2) / (4.5 + 7.0))
+    assert captures_counted(f) == pytest.approx(f["tokens_per_s"])
+    # A run cached before capture_tokens was recorded counts the rounds' time only.
+    old = {k: v for k, v in g.items() if k != "capture_tokens"}
+    assert captures_counted(old) == pytest.approx(7 / (4.5 + 7.0))
 
 
 def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
@@ -216,6 +223,9 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         assert row["adaptive_gain"] == pytest.approx(
             row["adaptive"]["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1
         )
+        # No CUDA graphs on the CPU, so no capture rounds: counting them changes nothing.
+        assert row["adaptive"]["capture_rounds"] == 0
+        assert row["adaptive_gain_captures_counted"] == pytest.approx(row["adaptive_gain"])
         # Adaptive runs keep both drafters warm and record what the n-gram shadow saw.
         (run,) = row["adaptive"]["runs"]
         assert run["warm_s"] > 0 and isinstance(run["switches"], list)
@@ -238,6 +248,9 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         assert o["ceiling"] == pytest.approx(o["tokens_per_s"] / fixed[ids[0]]["tokens_per_s"] - 1)
         assert o["ceiling"] >= 0 and fixed[o["best"]]["describe"] == o["describe"]
     assert doc["adaptive_ceiling"] == {k: v["oracle"]["ceiling"] for k, v in a.items()}
+    assert doc["adaptive_gain_captures_counted"] == {
+        k: v["adaptive_gain_captures_counted"] for k, v in a.items()
+    }
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
     # Every run is decoded once in a first call: the oracle's runs of the offline best (and
