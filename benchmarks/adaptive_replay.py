@@ -13,8 +13,10 @@ mean accepted drafts on that set (chain:2, chain:4, chain:7 in the evaluation's 
 per-depth acceptance (``per_depth_alpha``: piecewise constant between the measured lengths,
 each piece solved so that the chain of that length accepts what was measured), which draws
 every round of any of its trees (``controller_cost.simulate_accepted``: children tried in rank
-order, the r-th sibling accepted at the depth's acceptance times ``sibling`` ** r) and the
-n-gram shadow's leading matches of every committed position. ``sibling`` is fitted per drafter
+order, the r-th sibling accepted at the depth's acceptance times ``sibling`` ** r), the
+n-gram shadow's leading matches of every committed position, and its walks over the committed
+tokens of every chain length and of each n-gram tree it walks
+(``OnlineController.shadow_trees``). ``sibling`` is fitted per drafter
 kind to the mean accepted drafts of its branching trees measured fixed on the set
 (``fit_sibling``; 1 when none was): with siblings tried at the depth's acceptance, the replay
 had the draft model's tree(n=8,d=4) accept 15-18% more than measured on prose and random in
@@ -256,6 +258,14 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
     s = ctl.initial_strategy(ctx)
     tokens, wall, rnd, switch_cost, decided = 0, 0.0, 0, None, None
     ngram = world.alpha.get("ngram", [0.0] * SHADOW_MAX_CHAIN)
+    # The walks of the n-gram shadow (``engine.ngram``), per chain length and per tree it
+    # walks: rounds of that chain or tree drafted by the n-gram drafter, drawn over the
+    # tokens committed (a round in progress waits for the next round's tokens).
+    walked = [(k, parse_tree(f"chain:{k}")) for k in range(1, SHADOW_MAX_CHAIN + 1)]
+    walked += [(spec, parse_tree(spec)) for spec in ctl.shadow_trees(world.context_len)]
+    walk_pos = [0] * len(walked)  # tokens each walk has passed
+    committed = 0
+    sib = world.sibling.get("ngram", 1.0)
     while tokens < world.max_new_tokens:
         sid = strategy_id(s)
         parents = parse_tree(s.tree)
@@ -273,6 +283,19 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
                 if rng.random() >= ngram[k]:
                     break
                 matched[k] += 1
+        committed += n
+        chain_r, chain_d, trees = [], [], []
+        for j, (key, tree) in enumerate(walked):
+            r = d = sq = 0
+            while walk_pos[j] < committed:
+                a = simulate_accepted(tree, ngram, rng, sib)
+                walk_pos[j] += a + 1
+                r, d, sq = r + 1, d + a, sq + a * a
+            if isinstance(key, int):
+                chain_r.append(r)
+                chain_d.append(d)
+            else:
+                trees.append((key, r, d, sq))
         t = _round_time(world, s, sid, ctl, regime) + host_s
         step_s = {"verify": t}
         if switch_cost is not None:
@@ -280,7 +303,9 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
             t += switch_cost
         stats = RoundStats(round=rnd, strategy=s, context_lens=(ctx,), drafted=len(parents),
                            accepted=(accepted,), step_s=step_s, tokens_generated=n,
-                           shadow={"ngram": ShadowAcceptance(n, tuple(matched))})  # fmt: skip
+                           shadow={"ngram": ShadowAcceptance(
+                               n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees)
+                           )})  # fmt: skip
         if rnd > 0:  # round 0 is left out, as the evaluation does
             tokens, wall = tokens + n, wall + t
         switch_cost = None

@@ -28,7 +28,9 @@ the same decisions (checked), so per-round times are medians over repeats of the
 
 **Shadow.** ``NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN)`` started on a 15360-token prompt of the
 prompt set (``planner.evaluate.prompt_tokens``), then per round 1-5 further tokens of the same
-text appended and ``sync`` + ``take_shadow`` timed.
+text appended and ``sync`` + ``take_shadow`` timed; then again walking the n-gram trees the
+controller declares for that context (``OnlineController.shadow_trees``: its candidates'
+branching n-gram trees in the 16K regime, ``<set>+trees``).
 
 Each is timed twice by default (``--flush-mib 0,32``): back to back, its code and data hot in
 the CPU caches, and with 32 MiB written between two calls (``cache_flush``), as the rest of a
@@ -202,17 +204,17 @@ def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls
 
 
 def run_shadow(kind: str, rounds: int, seed: int = 0, prof: cProfile.Profile | None = None,
-               flush=None) -> dict:  # fmt: skip
+               flush=None, trees: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """Per-round seconds of ``sync`` + ``take_shadow`` of a warm n-gram drafter on a
-    ``CONTEXT``-token prompt of ``kind``, 1-5 tokens of the same text committed per round; the
-    counts it returned."""
+    ``CONTEXT``-token prompt of ``kind``, 1-5 tokens of the same text committed per round,
+    walking ``trees`` too; the counts it returned."""
     from engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
     from planner.evaluate import prompt_tokens
 
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 6, rounds).tolist()
     text = prompt_tokens(kind, CONTEXT + sum(sizes))
-    d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN)
+    d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN, trees)
     d.start([text[:CONTEXT]])
     hist, times, counts = text[:CONTEXT], [], []
     for n in sizes:
@@ -311,7 +313,7 @@ def main(argv=None) -> int:
                   f"{r['median_us']:6.1f} p99 {r['p99_us']:6.1f} us/round, {r['rescores']} "
                   f"re-scores, switches {[(i, why) for i, why, _ in r['switches']]}")  # fmt: skip
         for kind, r in row["shadow"].items():
-            print(f"shadow      {kind:7s} mean {r['mean_us']:6.1f} median {r['median_us']:6.1f} "
+            print(f"shadow {kind:12s} mean {r['mean_us']:6.1f} median {r['median_us']:6.1f} "
                   f"p99 {r['p99_us']:6.1f} us/round ({r['positions']} positions, matched "
                   f"{r['matched']})")  # fmt: skip
     if args.profile:
@@ -327,9 +329,13 @@ def main(argv=None) -> int:
 
 
 def measure(setting, args, flush) -> dict:
-    """Per-round figures of every scenario (controller) and prompt set (shadow), medians over
+    """Per-round figures of every scenario (controller) and prompt set (shadow: chains alone,
+    and with the n-gram trees the controller has walked, ``+trees``), medians over
     ``args.repeats`` runs of each round."""
-    out = {"controller": {}, "shadow": {}}
+    from planner.controller import OnlineController
+
+    trees = OnlineController(*setting[:4]).shadow_trees(CONTEXT)
+    out = {"controller": {}, "shadow": {}, "shadow_trees": list(trees)}
     for scenario in SCENARIOS:
         runs = [_timed(run_controller, setting, scenario, args.rounds, args.seed, flush=flush)
                 for _ in range(args.repeats)]  # fmt: skip
@@ -339,13 +345,15 @@ def measure(setting, args, flush) -> dict:
         out["controller"][scenario] = {**summary_us(per_round), "rescores": runs[0]["rescores"],
                                        "switches": runs[0]["switches"]}  # fmt: skip
     for kind in SHADOW_PROMPTS:
-        runs = [_timed(run_shadow, kind, args.rounds, args.seed, flush=flush)
-                for _ in range(args.repeats)]  # fmt: skip
-        per_round = np.median([r["times_s"] for r in runs], axis=0)
-        counts = runs[0]["counts"]
-        matched = [sum(m[k] for _, m in counts) for k in range(len(counts[0][1]))]
-        out["shadow"][kind] = {**summary_us(per_round), "positions": sum(n for n, _ in counts),
-                               "matched": matched}  # fmt: skip
+        for name, walked in ((kind, ()), (f"{kind}+trees", trees)):
+            runs = [_timed(run_shadow, kind, args.rounds, args.seed, flush=flush, trees=walked)
+                    for _ in range(args.repeats)]  # fmt: skip
+            per_round = np.median([r["times_s"] for r in runs], axis=0)
+            counts = runs[0]["counts"]
+            matched = [sum(m[k] for _, m in counts) for k in range(len(counts[0][1]))]
+            out["shadow"][name] = {**summary_us(per_round),
+                                   "positions": sum(n for n, _ in counts),
+                                   "matched": matched}  # fmt: skip
     return out
 
 

@@ -13,6 +13,10 @@ context on the H100). A warm n-gram drafter also scores, every round, what an n-
 have accepted on the committed tokens (``RoundStats.shadow``), so a controller learns about
 n-gram drafting without drafting with it.
 
+A controller may also declare ``shadow_trees(context_len)``: the branching tree specs whose
+walks the warm n-gram drafter's shadow scores as well (``ShadowAcceptance.trees``), asked with
+the longest prompt's length when the drafter starts.
+
 A controller whose ``overlap`` attribute is true lets its decisions take effect one round late:
 the loop then calls it while the next round's GPU work runs, so its host time (and the shadow's)
 hides behind that work instead of adding to each round (``engine.loop``).
@@ -41,13 +45,16 @@ class ShadowAcceptance:
     ``rounds[k - 1]`` and ``drafts[k - 1]``: the rounds a chain of ``k`` drafts walked over the
     resolved positions as its own run would have, and the drafts they accepted (``engine.ngram``:
     the per-round figure, which the average over positions overstates on bursty text); empty
-    when not walked (then ``accepted`` is the average over positions).
+    when not walked (then ``accepted`` is the average over positions). ``trees``: per branching
+    tree the shadow walks, ``(spec, rounds, accepted drafts, their squares)`` (``engine.ngram``:
+    each round accepts the tree's longest root path matching the committed tokens).
     """
 
     positions: int
     matched: tuple[int, ...]
     rounds: tuple[int, ...] = ()
     drafts: tuple[int, ...] = ()
+    trees: tuple[tuple[str, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.positions < 0:
@@ -74,6 +81,13 @@ class ShadowAcceptance:
                         f"chain {c}: rounds must be >= 0 and drafts in [0, {c} * rounds], got "
                         f"{r} rounds and {d} drafts"
                     )
+        for spec, r, d, sq in self.trees:
+            # accepted counts a_i >= 0 are integers: sum a <= sum a^2, (sum a)^2 <= r sum a^2
+            if r < 0 or d < 0 or sq < d or d * d > r * sq:
+                raise ValueError(
+                    f"tree {spec}: rounds, drafts and squares must be >= 0 with drafts <= "
+                    f"squares and drafts^2 <= rounds * squares, got {r}, {d} and {sq}"
+                )
 
     def accepted(self, chain: int) -> float | None:
         """Mean accepted drafts per round of a chain of ``chain`` drafts: its walk's (drafts
@@ -85,6 +99,14 @@ class ShadowAcceptance:
             r = self.rounds[chain - 1]
             return self.drafts[chain - 1] / r if r else None
         return self.accepted_per_position(chain)
+
+    def tree_accepted(self, spec: str) -> float | None:
+        """Mean accepted drafts per round of the walked tree ``spec`` (None when it walked no
+        round; ``KeyError`` when it is not walked)."""
+        for s, r, d, _ in self.trees:
+            if s == spec:
+                return d / r if r else None
+        raise KeyError(f"tree {spec!r} is not walked (walked: {[t[0] for t in self.trees]})")
 
     def accepted_per_position(self, chain: int) -> float | None:
         """``E[min(m, chain)]`` over the resolved positions (None when none was)."""

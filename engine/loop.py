@@ -200,7 +200,9 @@ class Engine:
                 d = ModelDrafter(self.draft_runner, temp)
             elif kind == "ngram":
                 shadow = SHADOW_MAX_CHAIN if "ngram" in self.warm_kinds else 0
-                d = NgramDrafter(self.target.device, self.config.ngram_max_n, shadow)
+                trees = getattr(self.controller, "shadow_trees", None)
+                d = NgramDrafter(self.target.device, self.config.ngram_max_n, shadow,
+                                 trees if trees and shadow else ())  # fmt: skip
             else:
                 attn = SelfSparseDrafter.attention(
                     self.target.cache.t_max, strategy.drafter.sparsity_ratio,

@@ -35,6 +35,18 @@ resolved positions as that chain's run would have (``rounds`` and ``drafts`` of
 ``ShadowAcceptance``): accepted drafts per round = drafts / rounds, the chain's own figure on
 this text -- exact under greedy decoding, where the text is the same whatever decodes it.
 
+**Branching trees, walked too.** With ``shadow_trees`` the shadow also walks each of those
+trees as its own run would: at the position its walk drafts at next it builds the whole tree
+from the index as it stands there (``NgramIndex.tree_tokens``, what ``draft`` builds), and the
+round accepts the longest root path whose tokens the committed ones match -- the chain's
+argument per sibling: lossless multi-draft verification of one-hot drafts accepts some child
+with the summed target probability of the distinct children, and the committed token is one of
+them with that same probability. The next round drafts after the bonus token. On the H100's
+prose (``docs/notes/planner.md``, session 16) the n-gram tree(n=8,d=4) accepted 1.74-1.75
+tokens per round where chain:7 accepted 1.49-1.58, which shifting the tree by the chain's
+shadow could not show. Each walked round costs one tree build (a look-up and a partial sort
+per branching node); a round in progress, one comparison per matched node and token.
+
 Cost: per new position, one look-up per n-gram ending there (the first draft and the index
 update share them: one table holds each n-gram's continuations and its best one), then up to
 ``max_n`` per further draft while they match; the whole chain only for positions within ``K``
@@ -47,6 +59,9 @@ between rounds as the rest of a round evicts the CPU caches (``benchmarks/contro
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable
+
 import torch
 
 from engine.acceptance import Acceptance
@@ -56,14 +71,19 @@ from engine.tree import DraftTree
 
 # The longest chain the shadow scores: the planner's space drafts chains of up to 7.
 SHADOW_MAX_CHAIN = 8
+# Continuations an n-gram keeps ranked between changes of its counts (a tree node of the
+# planner's space has at most 4 children).
+RANKED_KEPT = 4
 
 
 class _Hits(dict):
     """The continuations of one n-gram, token -> [count, last position], and ``top``: the
     first-ranked one, kept as the counts grow (a chain drafts and the shadow scores with one
-    look-up per node, not a sort of up to 256 continuations)."""
+    look-up per node, not a sort of up to 256 continuations); ``ranked``: the first
+    ``RANKED_KEPT`` (or all, when fewer), kept in order as the counts grow once a tree asked
+    for them (None until then)."""
 
-    __slots__ = ("top",)
+    __slots__ = ("top", "ranked")
 
 
 class NgramIndex:
@@ -93,6 +113,7 @@ class NgramIndex:
                 h = self.table[key[s:]] = _Hits()
                 h[tok] = [1, pos]
                 h.top = tok
+                h.ranked = None
                 continue
             slot = h.get(tok)
             if slot is None:
@@ -105,6 +126,16 @@ class NgramIndex:
             top = h.top
             if top != tok and slot[0] >= h[top][0]:
                 h.top = tok
+            ranked = h.ranked
+            if ranked is not None:  # kept ranked: ``tok`` moves up to its place
+                if tok in ranked:
+                    ranked.remove(tok)
+                c, i = slot[0], 0
+                while i < len(ranked) and h[ranked[i]][0] > c:
+                    i += 1
+                ranked.insert(i, tok)
+                if len(ranked) > RANKED_KEPT:
+                    ranked.pop()
         self.tokens.append(tok)
 
     def candidates(self, context: list[int], k: int) -> list[int]:
@@ -112,12 +143,58 @@ class NgramIndex:
         if k == 1:
             top = self.top(context)
             return [] if top is None else [top]
-        for n in range(min(self.max_n, len(context)), 0, -1):
-            hits = self.table.get(tuple(context[-n:]))
+        return self._ranked(tuple(context[-self.max_n :]), k)
+
+    def _ranked(self, key: tuple[int, ...], k: int) -> list[int]:
+        """``candidates`` of ``key``, the context's last ``max_n`` tokens (or all of them)."""
+        table = self.table
+        for s in range(len(key)):
+            hits = table.get(key[s:])
             if hits:
-                ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
-                return [tok for tok, _ in ranked[:k]]
+                if k == 1:
+                    return [hits.top]
+                ranked = hits.ranked
+                if ranked is None or k > RANKED_KEPT:
+                    # (count, last position) orders the continuations totally: no two share
+                    # a last position. ``nlargest``: the sort's first few, in linear time;
+                    # the first ``RANKED_KEPT`` are kept ranked as the counts grow (``push``:
+                    # the shadow's trees ask the same n-grams again and again).
+                    top = heapq.nlargest(max(k, RANKED_KEPT), hits.items(),
+                                         key=lambda kv: (kv[1][0], kv[1][1]))  # fmt: skip
+                    ranked = [tok for tok, _ in top]
+                    if k <= RANKED_KEPT:
+                        hits.ranked = ranked
+                return ranked[:k]
         return []
+
+    def tree_tokens(self, tail: list[int], tree: DraftTree,
+                    children: tuple[tuple[int, ...], ...] | None = None,
+                    first: int | None = None) -> list[int]:  # fmt: skip
+        """The token of every node of ``tree`` drafted after ``tail`` (the sequence's last
+        ``max_n`` tokens or more, the root last): the root's, then each node's children the
+        ranked continuations of the longest indexed n-gram ending at it (its path below the
+        root included); missing candidates repeat the last one, none at all the node's own
+        token. What ``NgramDrafter.draft`` drafts, and the tree shadow scores. ``children``:
+        ``tree.children``, when the caller holds them. With ``first`` (the token committed
+        after ``tail``), only the subtrees of the root's children that hold it are drafted
+        (the others' tokens are left 0): a shadow walk needs no more, and on text where the
+        first draft mostly misses, that saves all but the root's look-up."""
+        m = self.max_n
+        children = children or tree.children
+        toks = [tail[-1]] + [0] * tree.num_drafts
+        # nodes to draft below, each with its last ``m`` tokens (its path below the root
+        # included); a node's children depend on that alone, so the order does not matter
+        todo = [(0, tuple(tail[-m:]))]
+        while todo:
+            node, ctx = todo.pop()
+            kids = children[node]
+            cand = self._ranked(ctx, len(kids)) or [toks[node]]
+            cand += [cand[-1]] * (len(kids) - len(cand))
+            for c, tok in zip(kids, cand, strict=False):
+                toks[c] = tok
+                if children[c] and (node or first is None or tok == first):
+                    todo.append((c, (ctx + (tok,))[-m:]))
+        return toks
 
     def top(self, context) -> int | None:
         """The first-ranked continuation of the longest indexed n-gram ending ``context`` (a
@@ -130,15 +207,57 @@ class NgramIndex:
         return None
 
 
+class _TreeWalk:
+    """One branching tree's walk (see the module): where its next round drafts, the round in
+    progress (its nodes' tokens, the nodes whose paths match every token committed since, and
+    their depth; None between rounds), and the rounds, accepted drafts and their squares
+    since the last ``take``."""
+
+    __slots__ = ("spec", "tree", "children", "next", "toks", "alive", "depth", "start",
+                 "rounds", "drafts", "squares")  # fmt: skip
+
+    def __init__(self, spec: str, tree: DraftTree) -> None:
+        self.spec, self.tree, self.children = spec, tree, tree.children
+        self.next: int | None = None
+        self.toks: list[int] | None = None
+        self.alive: list[int] = []
+        self.depth = self.start = 0
+        self.rounds = self.drafts = self.squares = 0
+
+    def feed(self, idx: NgramIndex, pos: int, tok: int) -> None:
+        """The token committed at ``pos``, the index holding the tokens before it: draft the
+        tree there if its walk drafts there next, then match ``tok`` below the matched
+        nodes; a round ends when none of their children holds it (or none has children)."""
+        if self.toks is None:
+            if pos != self.next:
+                return
+            self.toks = idx.tree_tokens(idx.tokens, self.tree, self.children, tok)
+            self.alive, self.depth, self.start = [0], 0, pos
+        toks, children = self.toks, self.children
+        alive = [c for n in self.alive for c in children[n] if toks[c] == tok]
+        if alive:
+            self.depth += 1
+            if any(children[c] for c in alive):
+                self.alive = alive
+                return
+        a = self.depth  # accepted drafts: the longest root path the committed tokens match
+        self.rounds += 1
+        self.drafts += a
+        self.squares += a * a
+        self.next = self.start + a + 1  # the next round drafts after this one's bonus token
+        self.toks = None
+
+
 class ShadowChain:
     """The shadow acceptance of one sequence (see the module): chain proposals still waiting
     for committed tokens, and the leading-match counts of those resolved since the last
-    ``take``."""
+    ``take``; with ``trees`` ((spec, tree) pairs), those branching trees' walks too."""
 
-    def __init__(self, max_chain: int) -> None:
+    def __init__(self, max_chain: int, trees: tuple[tuple[str, DraftTree], ...] = ()) -> None:
         if max_chain < 1:
             raise ValueError(f"max_chain must be >= 1, got {max_chain}")
         self.max_chain = max_chain
+        self.trees = [_TreeWalk(spec, tree) for spec, tree in trees]
         # (proposal, tokens matched so far, its position)
         self.pending: list[tuple[list[int], int, int]] = []
         self.positions = 0
@@ -159,10 +278,15 @@ class ShadowChain:
         toks, table = idx.tokens, idx.table
         positions, matched, pending = self.positions, self.matched, self.pending
         resolved, base = self.resolved, len(toks)
+        trees = self.trees
         if self.walk_next is None:  # every walk starts after the first decoded token (the
             self.walk_next = [base + 1] * k_max  # first root, which the prefill samples)
+            for w in trees:
+                w.next = base + 1
         opened = []  # proposals compared with every token of ``new``: they wait for the next call
         for i, tok in enumerate(new):
+            for w in trees:  # before ``tok`` is indexed: a tree drafted here sees what precedes
+                w.feed(idx, base + i, tok)
             if pending:  # earlier proposals, every token before ``tok`` matched
                 still = []
                 for prop, m, at in pending:
@@ -242,10 +366,14 @@ class ShadowChain:
         for q in [q for q in resolved if q < lo]:
             del resolved[q]
 
-    def take(self) -> tuple[int, list[int], list[int], list[int]]:
-        """The counts resolved since the last call: positions, matches, and per chain length
-        the rounds walked and the drafts they accepted (then reset)."""
-        out = (self.positions, self.matched, self.walk_rounds, self.walk_drafts)
+    def take(self) -> tuple[int, list[int], list[int], list[int], list[tuple[str, int, int, int]]]:
+        """The counts resolved since the last call: positions, matches, per chain length the
+        rounds walked and the drafts they accepted, and per tree its (spec, rounds, accepted
+        drafts, their squares) (then reset)."""
+        walks = [(w.spec, w.rounds, w.drafts, w.squares) for w in self.trees]
+        for w in self.trees:
+            w.rounds = w.drafts = w.squares = 0
+        out = (self.positions, self.matched, self.walk_rounds, self.walk_drafts, walks)
         k = self.max_chain
         self.positions, self.matched = 0, [0] * k
         self.walk_rounds, self.walk_drafts = [0] * k, [0] * k
@@ -258,14 +386,37 @@ class NgramDrafter:
 
     kind = "ngram"
 
-    def __init__(self, device, max_n: int = 3, shadow_chain: int = 0) -> None:
+    def __init__(self, device, max_n: int = 3, shadow_chain: int = 0,
+                 shadow_trees: tuple[str, ...] | Callable[[int], tuple[str, ...]] = (),
+                 ) -> None:  # fmt: skip
+        """``shadow_trees``: tree specs (``perfmodel.strategy.parse_tree``) whose walks the
+        shadow scores too, with ``shadow_chain > 0`` (chains among them are left out: the
+        chain walks score those); or a callable giving them for a context length, called at
+        ``start`` with the longest prompt's (a controller's trees for that context's
+        regime)."""
         if shadow_chain < 0:
             raise ValueError(f"shadow_chain must be >= 0, got {shadow_chain}")
+        if shadow_trees and not shadow_chain:
+            raise ValueError("shadow_trees need shadow_chain > 0")
         self.device = torch.device(device)
         self.max_n = max_n
         self.shadow_chain = shadow_chain
+        self._trees_for = shadow_trees
+        self.shadow_trees: tuple[tuple[str, DraftTree], ...] = ()
+        if not callable(shadow_trees):
+            self.shadow_trees = self._walked(shadow_trees)
         self.indexes: list[NgramIndex] = []
         self.shadows: list[ShadowChain] = []
+
+    @staticmethod
+    def _walked(specs) -> tuple[tuple[str, DraftTree], ...]:
+        """(spec, tree) of each branching tree among ``specs``."""
+        trees = {}
+        for spec in specs:
+            tree = DraftTree.from_spec(spec)
+            if tree.max_children > 1:
+                trees[spec] = tree
+        return tuple(trees.items())
 
     def start(self, prompts: list[list[int]]) -> None:
         self.indexes = []
@@ -273,8 +424,11 @@ class NgramDrafter:
             idx = NgramIndex(self.max_n)
             idx.extend(p)
             self.indexes.append(idx)
+        if callable(self._trees_for) and self.shadow_chain:
+            self.shadow_trees = self._walked(self._trees_for(max(map(len, prompts))))
         # The shadow scores decoded positions only: the prompt is not what the target writes.
-        self.shadows = [ShadowChain(self.shadow_chain) for _ in prompts if self.shadow_chain]
+        self.shadows = [ShadowChain(self.shadow_chain, self.shadow_trees)
+                        for _ in prompts if self.shadow_chain]  # fmt: skip
 
     def sync(self, history: list[list[int]]) -> None:
         """Index the committed tokens not indexed yet (scoring the shadow on the way)."""
@@ -296,31 +450,22 @@ class NgramDrafter:
         shadow)."""
         if not self.shadows:
             return None
-        positions, matched, rounds, drafts = self.shadows[0].take()
+        positions, matched, rounds, drafts, walks = self.shadows[0].take()
         for sh in self.shadows[1:]:
-            n, m, r, d = sh.take()
+            n, m, r, d, w = sh.take()
             positions += n
             matched = [a + b for a, b in zip(matched, m, strict=True)]
             rounds = [a + b for a, b in zip(rounds, r, strict=True)]
             drafts = [a + b for a, b in zip(drafts, d, strict=True)]
-        return ShadowAcceptance(positions, tuple(matched), tuple(rounds), tuple(drafts))
+            walks = [(a[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+                     for a, b in zip(walks, w, strict=True)]  # fmt: skip
+        return ShadowAcceptance(positions, tuple(matched), tuple(rounds), tuple(drafts),
+                                tuple(walks))  # fmt: skip
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:
         self.sync(history)
-        rows = []
-        for b, hist in enumerate(history):
-            idx = self.indexes[b]
-            toks = [hist[-1]] + [0] * tree.num_drafts
-            for node in range(tree.num_nodes):  # parents precede children
-                kids = tree.children[node]
-                if not kids:
-                    continue
-                ctx = hist[-self.max_n :] + _path_tokens(tree, toks, node)
-                cand = idx.candidates(ctx, len(kids)) or [toks[node]]
-                cand += [cand[-1]] * (len(kids) - len(cand))
-                for c, tok in zip(kids, cand, strict=False):
-                    toks[c] = tok
-            rows.append(toks)
+        rows = [self.indexes[b].tree_tokens(hist[-self.max_n :], tree)
+                for b, hist in enumerate(history)]  # fmt: skip
         tokens = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         return Draft(tokens, None)
 
@@ -329,12 +474,3 @@ class NgramDrafter:
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:
         self.sync(history)
-
-
-def _path_tokens(tree: DraftTree, toks: list[int], node: int) -> list[int]:
-    """Tokens of the path below the root down to ``node`` (root excluded)."""
-    out = []
-    while node > 0:
-        out.append(toks[node])
-        node = tree.parents[node]
-    return out[::-1]

@@ -10,7 +10,14 @@ is scored once, not every ``patience`` rounds). When they differ by more than ``
 strategy of every (drafter, tree), and switches to the best one if it beats the current
 strategy's re-scored throughput by more than ``hysteresis`` plus the measured switch cost
 amortised over ``horizon_rounds``, and no switch happened in the last ``cooldown`` rounds.
-Hysteresis and cooldown keep it from oscillating. While the current strategy drafts, the switch
+Hysteresis and cooldown keep it from oscillating. A candidate the shadow walks (an n-gram
+chain or tree, see below) is judged against the current strategy by a paired test instead
+(``_walk_gain``): the rounds its walk took over the tokens the current strategy committed,
+round by round -- the same text on both sides, so the bursts of real text, which make each
+side's own interval wide, cancel. A re-score whose best paid at its point
+estimate but not across the confidence intervals below is repeated ``patience`` rounds later
+(reason ``recheck``): the intervals narrow as rounds come in while the estimates stay put, so
+neither trigger would fire again. While the current strategy drafts, the switch
 must also pay at both ends of the observed acceptance's confidence interval (``confidence_z``
 standard errors of the EMA, from the EMA's own variance and effective sample size): a
 deviation of ``epsilon`` is within the noise of ~40 rounds of a chain (a 4-chain's tokens per
@@ -214,13 +221,44 @@ class _Own:
 
 
 @dataclass(slots=True)
+class _Pair:
+    """Decayed sums, over the rounds of one shadowed drafter kind, for the paired test of
+    its walked candidates against the current strategy (``OnlineController._walk_gain``):
+    ``w`` the weights' sum, ``w2`` their squares', ``n`` the tokens the current strategy
+    committed (per sequence), and per walk key (a chain length, or a tree spec) the rounds its
+    walk took over the same tokens (``r``) and their squares (``rr``). Weights decay by
+    ``1 - ema`` per round, as every other average of the controller."""
+
+    w: float = 0.0
+    w2: float = 0.0
+    n: float = 0.0
+    r: dict = field(default_factory=dict)
+    rr: dict = field(default_factory=dict)
+
+    def add(self, tokens: float, walked: dict, keep: float) -> None:
+        if self.w:
+            self.w, self.w2, self.n = keep * self.w, keep * keep * self.w2, keep * self.n
+            for key in self.r:
+                self.r[key] *= keep
+                self.rr[key] *= keep
+        self.w += 1.0
+        self.w2 += 1.0
+        self.n += tokens
+        r, rr = self.r, self.rr
+        for key, x in walked.items():
+            r[key] = r.get(key, 0.0) + x
+            rr[key] = rr.get(key, 0.0) + x * x
+
+
+@dataclass(slots=True)
 class _Now:
     """What every round works out the same way while the current strategy (this very object),
     the context's ranked regime and the shadowed chain lengths stay: contexts in ``(lo, hi]``
     fall in ``regime``; ``expected``: the strategy's profiled alpha there; ``refs``: per
-    shadowed kind, its reference chain (``_shadow_refs_memo``), that
-    chain's length, attention factor and profiled alpha, and the current strategy's attention
-    factor for that kind."""
+    shadow key (``_shadow_keys``: a shadowed kind's reference chain, or a walked tree's
+    best-ranked candidate), the key, that strategy, its chain length (0 for a tree),
+    attention factor and profiled alpha, and the current strategy's attention factor for its
+    kind."""
 
     strategy: Strategy
     lo: float
@@ -229,7 +267,7 @@ class _Now:
     lens: tuple[tuple[str, int], ...]
     known: _Known
     expected: float
-    refs: tuple[tuple[str, Strategy, int, float, float, float], ...]
+    refs: tuple[tuple[object, Strategy, int, float, float, float], ...]
     # ``_trunc_rows``: the current chain's drafter's shorter chains among the candidates
     # (id, chain length, predicted round time) and the current strategy's round time.
     trunc: tuple[tuple[tuple[str, int, float], ...], float] | None = None
@@ -360,6 +398,7 @@ class OnlineController:
         self._shift: dict[str, float] = {}  # observed / profiled acceptance, per drafter kind
         self._cands: dict[str, dict[str, Strategy]] = {}
         self._refs: dict[tuple, dict[str, Strategy]] = {}  # _shadow_refs_memo
+        self._keys: dict[tuple, tuple] = {}  # _shadow_keys
         self._probes: dict[tuple, Strategy | None] = {}  # _probe_strategy, memoised
         self._round_cache: dict[str, dict[str, float]] = {}
         self._cand_rows: dict[str, list[tuple]] = {}  # _rows, per regime
@@ -372,15 +411,25 @@ class OnlineController:
         # per shadowed kind: decayed positions, matches per chain length, and the walks'
         # rounds and accepted drafts per chain length (None when the shadow walks none)
         self._shadow: dict[str, tuple[float, list[float], list | None, list | None]] = {}
-        self._shadow_lens: tuple[tuple[str, int], ...] = ()  # (kind, chain lengths) shadowed
+        # per shadowed kind, per walked branching tree: decayed rounds, accepted drafts and
+        # their squares
+        self._walks: dict[str, dict[str, list[float]]] = {}
+        self._pairs: dict[str, _Pair] = {}  # per shadowed kind (``_walk_gain``)
+        # (kind, chain lengths, walked trees) shadowed
+        self._shadow_lens: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
         self._now: _Now | None = None
-        self._shadow_dev: dict[str, int] = {}
-        self._shadow_scored: dict[str, float] = {}  # the shadow alpha the last re-score saw
+        # per shadow key (``_shadow_keys``): rounds rising, and the shadow alpha the last
+        # re-score saw
+        self._shadow_dev: dict = {}
+        self._shadow_scored: dict = {}
         # Per drafter kind, the rounds its last chain ran (``_Own``): the current one's, or the
         # memory of one that stopped drafting.
         self._own: dict[str, _Own] = {}
         self._trunc_dev = 0  # consecutive rounds a shorter chain paid (``_shorter_pays``)
         self._queue: list = []  # rounds not taken yet (``stride``)
+        # The round of a re-score due because the last one's top paid at its point estimate
+        # but not across its interval (None: none due).
+        self._recheck_at: int | None = None
 
     @classmethod
     def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
@@ -430,12 +479,29 @@ class OnlineController:
         }
         return tuple(sorted(kinds))
 
+    def shadow_trees(self, context_len: int | None = None) -> tuple[str, ...]:
+        """The branching trees of the n-gram candidates of the context's ranked regime (every
+        ranked regime's without ``context_len``): the trees the warm n-gram drafter's shadow
+        walks (``engine.ngram``), so that they are scored from their own walks rather than
+        shifted by the chains'. (The ranking resolves ``best:N`` trees per regime, so each
+        regime has trees of its own; walking only the context's keeps the shadow's host time
+        to its three.)"""
+        regimes = (self.ranking["regimes"] if context_len is None
+                   else (self._ranked_regime(context_len),))  # fmt: skip
+        trees = {
+            c.tree
+            for regime in regimes
+            for c in self._candidates(regime).values()
+            if c.drafter.kind == "ngram" and not self._known(c).chain and parse_tree(c.tree)
+        }
+        return tuple(sorted(trees))
+
     def shadow_alpha(self, regime: str, c: Strategy, current: Strategy) -> float | None:
         """The acceptance the shadow estimate implies for candidate ``c`` (None when its drafter
-        has no estimate yet or ``c`` is no chain the shadow scores): the expected tokens per
-        round of its chain length inverted on its tree, times its attention factor over the
-        current strategy's, both for ``c``'s drafter (the shadow saw the current strategy's
-        target)."""
+        has no estimate yet or ``c`` is neither a chain nor a walked tree the shadow scores):
+        the expected tokens per round of its chain length, or its tree's walk, inverted on its
+        tree, times its attention factor over the current strategy's, both for ``c``'s drafter
+        (the shadow saw the current strategy's target)."""
         kind = c.drafter.kind
         if kind not in self._shadow:
             return None
@@ -448,11 +514,20 @@ class OnlineController:
         ``chain``, or 0), its attention factor and the current strategy's given; ``z`` > 0:
         at the low end of its confidence interval, ``z`` standard errors of the matched length
         (the variance of min(geometric, chain) at the estimate, over the decayed positions --
-        fewer than the effective ones, so the interval errs wide)."""
+        fewer than the effective ones, so the interval errs wide; a walked tree's: its rounds'
+        own variance, over its decayed rounds)."""
         est = self._shadow.get(kind)
-        if est is None or est[0] < SHADOW_MIN_POSITIONS or not 1 <= chain <= len(est[1]):
+        if est is None or est[0] < SHADOW_MIN_POSITIONS or factor_now <= 0:
             return None
-        if factor_now <= 0:
+        if not chain:  # a branching tree: its own walk, when the shadow walks it
+            walk = self._walks.get(kind, {}).get(tree)
+            if walk is None or walk[0] < SHADOW_MIN_POSITIONS:
+                return None
+            n, mean = walk[0], walk[1] / walk[0]
+            if z > 0:
+                mean -= z * math.sqrt(max(walk[2] / n - mean * mean, 0.0) / n)
+            return min(1.0, alpha_from_tokens(tree, 1.0 + mean) * factor / factor_now)
+        if chain > len(est[1]):
             return None
         if est[2] is not None:  # the chain's walk: its own rounds on this text (engine.ngram)
             n = est[2][chain - 1]
@@ -487,7 +562,7 @@ class OnlineController:
         s: Strategy = stats.strategy
         if "switch" in stats.step_s:  # what installing this strategy cost (catch-up included)
             self.switch_costs[switch_kind(s)] = float(stats.step_s["switch"])
-        self._observe_shadow(getattr(stats, "shadow", None))
+        self._observe_shadow(getattr(stats, "shadow", None), stats.mean_accepted + 1.0)
         ctx = max(stats.context_lens)
         now = self._now
         if (now is None or now.strategy is not s or now.lens is not self._shadow_lens
@@ -548,25 +623,32 @@ class OnlineController:
             self._log_switch(stats.round, key, pick[0], "truncation", self._alpha, expected,
                              pick[1])  # fmt: skip
             return pick[0]
-        if own or shadow_kind is not None:
+        recheck = self._recheck_at is not None and stats.round >= self._recheck_at
+        if own or shadow_kind is not None or recheck:
             spread = self._spread(s.tree) if drafting and not collapse else ()
             best, gain = self._rescore(s, regime, ctx, expected, spread)
+            # A top that paid at its point estimate but not across its interval: look again
+            # once ``patience`` more rounds have narrowed the interval (reason ``recheck``).
+            # Its estimate need not move for that, so no deviation or rise would trigger it.
+            self._recheck_at = (stats.round + cfg.patience
+                                if best is None and gain > cfg.hysteresis else None)  # fmt: skip
             # What this re-score saw: the same deviation does not trigger another one.
             self._deviating = 0
             self._chain_obs = [0, 0]
             self._scored_alpha = self._alpha if drafting else None
-            for kind, ref in self._shadow_refs_memo(regime).items():
-                self._shadow_dev[kind] = 0
+            for skey, ref in self._shadow_keys(regime):
+                self._shadow_dev[skey] = 0
                 a = self.shadow_alpha(regime, ref, s)
                 if a is not None:
-                    self._shadow_scored[kind] = a
+                    self._shadow_scored[skey] = a
             if best is None:
                 return None
-            if own:
-                reason = "collapse" if collapse else "acceptance"
-                self._log_switch(stats.round, key, best, reason, self._alpha, expected, gain)
+            if own or shadow_kind is None:
+                reason = "collapse" if collapse else "acceptance" if own else "recheck"
+                observed = self._alpha if drafting else None
+                self._log_switch(stats.round, key, best, reason, observed, expected, gain)
             else:
-                ref = self._shadow_refs_memo(regime)[shadow_kind]
+                ref = dict(self._shadow_keys(regime))[shadow_kind]
                 self._log_switch(stats.round, key, best, "shadow",
                                  self._shadow_scored[shadow_kind],
                                  self._alpha_for(regime, ref), gain)  # fmt: skip
@@ -671,29 +753,46 @@ class OnlineController:
             i = list(REGIMES).index(regime)
             lo, hi = bounds[i], bounds[i + 1] if i + 1 < len(REGIMES) else math.inf
         refs = tuple(
-            (kind, ref, self._known(ref).chain, self._factor(regime, ref),
-             self._alpha_for(regime, ref), self._factor(regime, s, kind))
-            for kind, ref in self._shadow_refs_memo(regime).items()
+            (skey, ref, self._known(ref).chain, self._factor(regime, ref),
+             self._alpha_for(regime, ref), self._factor(regime, s, ref.drafter.kind))
+            for skey, ref in self._shadow_keys(regime)
         )  # fmt: skip
         return _Now(s, lo, hi, regime, self._shadow_lens, self._known(s),
                     self._alpha_for(regime, s), refs)  # fmt: skip
 
-    def _observe_shadow(self, shadow) -> None:
+    def _observe_shadow(self, shadow, tokens: float) -> None:
         """Fold this round's shadow counts into the decayed sums (weight ``1 - ema`` per round
-        on the past, as the acceptance EMA)."""
+        on the past, as the acceptance EMA), and with ``tokens`` (what the round committed per
+        sequence) the paired sums (``_Pair``)."""
         if not shadow:
             return
         keep = 1.0 - self.config.ema
         for kind, sh in shadow.items():
+            walked = {k: r for k, r in enumerate(getattr(sh, "rounds", ()), 1)}
+            walked.update((t[0], t[1]) for t in getattr(sh, "trees", ()))
+            pair = self._pairs.get(kind)
+            if pair is None or pair.r.keys() != walked.keys():
+                pair = self._pairs[kind] = _Pair()
+            pair.add(tokens, walked, keep)
             old = self._shadow.get(kind)
             walked = bool(getattr(sh, "rounds", ()))
+            trees = getattr(sh, "trees", ())
+            walks = self._walks.get(kind)
+            if walks is None or len(walks) != len(trees) or any(t[0] not in walks for t in trees):
+                walks = self._walks[kind] = {t[0]: [float(x) for x in t[1:]] for t in trees}
+                old = None  # what is shadowed changed: start over
+            else:
+                for spec, r, d, sq in trees:
+                    w = walks[spec]
+                    w[0], w[1], w[2] = keep * w[0] + r, keep * w[1] + d, keep * w[2] + sq
             if old is None or len(old[1]) != len(sh.matched) or (old[2] is not None) != walked:
                 self._shadow[kind] = (
                     float(sh.positions), [float(x) for x in sh.matched],
                     [float(x) for x in sh.rounds] if walked else None,
                     [float(x) for x in sh.drafts] if walked else None,
                 )  # fmt: skip
-                self._shadow_lens = tuple((k, len(v[1])) for k, v in self._shadow.items())
+                self._shadow_lens = tuple((k, len(v[1]), tuple(self._walks.get(k, ())))
+                                          for k, v in self._shadow.items())  # fmt: skip
             else:
                 matched = [keep * a + b for a, b in zip(old[1], sh.matched, strict=True)]
                 rounds = drafts = None
@@ -710,7 +809,7 @@ class OnlineController:
         refs = self._refs.get(key)
         if refs is None:  # depends on the regime and the shadowed chain lengths only
             refs = {}
-            for kind, n in key[1]:
+            for kind, n, _ in key[1]:
                 for c in self._candidates(regime).values():
                     if c.drafter.kind == kind and 1 <= chain_length(c.tree) <= n:
                         refs[kind] = c
@@ -718,26 +817,46 @@ class OnlineController:
             self._refs[key] = refs
         return refs
 
-    def _shadow_rising(self, now: _Now, drafting: bool) -> str | None:
-        """Count, per drafter kind other than the drafting one, the rounds its shadow stands
-        more than ``epsilon`` above its profile (or above what the last re-score saw: a drafter
-        doing worse than assumed cannot win a re-score, so only a rise triggers one); the kind
-        whose count reached ``patience``, if any."""
+    def _shadow_keys(self, regime: str) -> tuple[tuple, ...]:
+        """What a rising shadow is watched on: per shadowed drafter kind, its reference chain
+        (``_shadow_refs_memo``; key: the kind), and per tree its shadow walks, the regime's
+        best-ranked candidate of that kind on it (key: (kind, tree)). Memoised."""
+        key = (regime, self._shadow_lens)
+        keys = self._keys.get(key)
+        if keys is None:
+            out = list(self._shadow_refs_memo(regime).items())
+            for kind, _, trees in self._shadow_lens:
+                for spec in trees:
+                    ref = next((c for c in self._candidates(regime).values()
+                                if c.drafter.kind == kind and c.tree == spec), None)  # fmt: skip
+                    if ref is not None:
+                        out.append(((kind, spec), ref))
+            keys = self._keys[key] = tuple(out)
+        return keys
+
+    def _shadow_rising(self, now: _Now, drafting: bool):
+        """Count, per shadow key (``_shadow_keys``) the current strategy does not observe
+        itself, the rounds its shadow stands more than ``epsilon`` above its profile (or above
+        what the last re-score saw: a candidate doing worse than assumed cannot win a
+        re-score, so only a rise triggers one); the key whose count reached ``patience``, if
+        any. A drafting chain observes its drafter's chains (``_Own``), not its trees."""
         cfg, hit = self.config, None
-        for kind, ref, chain, factor, profiled, factor_now in now.refs:
-            if drafting and kind == now.known.kind:
+        for skey, ref, chain, factor, profiled, factor_now in now.refs:
+            kind = ref.drafter.kind
+            if drafting and kind == now.known.kind and (chain or ref.tree == now.strategy.tree):
                 continue  # the drafting drafter observes itself
             a = self._shadow_alpha(kind, chain, ref.tree, factor, factor_now)
-            base = max(profiled, self._shadow_scored.get(kind, 0.0))
+            base = max(profiled, self._shadow_scored.get(skey, 0.0))
             rising = a is not None and a - base > cfg.epsilon
-            self._shadow_dev[kind] = self._shadow_dev.get(kind, 0) + 1 if rising else 0
-            if self._shadow_dev[kind] >= cfg.patience and hit is None:
-                hit = kind
+            self._shadow_dev[skey] = self._shadow_dev.get(skey, 0) + 1 if rising else 0
+            if self._shadow_dev[skey] >= cfg.patience and hit is None:
+                hit = skey
         return hit
 
     def _log_switch(self, round_: int, key: str, to: Strategy, reason: str, observed,
                     expected, gain: float) -> None:  # fmt: skip
         self._last_switch = round_
+        self._recheck_at = None
         self.switches.append(
             {
                 "round": round_,
@@ -869,8 +988,14 @@ class OnlineController:
         if top_id in shorter:
             if self._paired_gain(*shorter[top_id], cands[top_id]) > cfg.hysteresis:
                 return cands[top_id], gain
-        elif self._spread_pays(current, regime, cands, now_id, top_id, expected, spread):
-            return cands[top_id], gain
+        else:
+            walk = self._walk_gain(regime, current, cands[top_id], tpr[top_id])
+            if (
+                walk > cfg.hysteresis
+                if walk is not None
+                else self._spread_pays(current, regime, cands, now_id, top_id, expected, spread)
+            ):
+                return cands[top_id], gain  # fmt: skip
         # The top did not pay across its interval: a shorter chain that pays across its own.
         for sid in sorted(shorter if sustained else (), key=lambda k: -tps[k]):
             if sid != top_id and tps[sid] > tps[now_id]:
@@ -898,6 +1023,43 @@ class OnlineController:
         finally:
             self._shift[own_kind] = point
         return True
+
+    def _walk_gain(self, regime: str, current: Strategy, c: Strategy,
+                   tokens: float) -> float | None:  # fmt: skip
+        """Relative gain of switching to ``c``, a candidate whose shadow walk (a chain length,
+        or a tree) ran over the very tokens the current strategy committed, at the low end of
+        a paired interval; None when ``c`` has no such walk.
+
+        Per round ``i`` the current strategy took one round for the tokens it committed, and
+        the walk ``r_i`` rounds over the same tokens (up to the walk's round in progress), so
+        ``c`` spends ``mean(r) * round_c`` where the current spends ``round_now``: the same
+        text on both sides, so the text's bursts, which make each side's own estimate noisy,
+        cancel. ``mean(r)`` is taken ``confidence_z`` standard errors high (the decayed rounds'
+        effective count, ``w^2 / w2``) and scaled by ``c``'s attention factor over the
+        current's (``tokens``: what the re-score expects of ``c``, against its walk's own
+        figure); the switch cost spreads over ``horizon_rounds`` of ``c``'s rounds."""
+        kind, known = c.drafter.kind, self._known(c)
+        pair = self._pairs.get(kind)
+        key = known.chain or c.tree
+        if pair is None or pair.w < SHADOW_MIN_POSITIONS or key not in pair.r or tokens <= 1.0:
+            return None
+        raw = self._shadow_alpha(kind, known.chain, c.tree, 1.0, 1.0)
+        if raw is None:
+            return None
+        scale = expected_tokens(c.tree, raw) / tokens  # > 1: c's attention accepts less
+        w = pair.w
+        mean = pair.r[key] / w
+        var = max(pair.rr[key] / w - mean * mean, 0.0)
+        high = (mean + self.config.confidence_z * math.sqrt(var * pair.w2) / w) * scale
+        if high <= 0:
+            return None
+        rs = self._round_s(regime, [current, c])
+        n = pair.n / w  # tokens per round of the current strategy, per sequence
+        per_tok_now = rs[self._id(current)] / (n * self.batch)
+        per_tok_new = high * rs[known.sid] / (n * self.batch) + self.switch_cost(c) / (
+            self.config.horizon_rounds * tokens * self.batch
+        )
+        return per_tok_now / per_tok_new - 1.0
 
     def _trunc_rows(self, now: _Now, regime: str):
         """(rows, round time of the current strategy): per candidate chain of the current

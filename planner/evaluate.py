@@ -527,7 +527,8 @@ def shadow_summary(result) -> dict:
     """Per drafter kind, the run's shadow estimate over all its rounds: positions scored, the
     tokens per round of each chain length it scores as its walk found them (``engine.ngram``:
     1 + accepted drafts per walked round; what the controller uses) and as the average over
-    positions (``1 + E[min(m, K)]``, which overstates bursty text)."""
+    positions (``1 + E[min(m, K)]``, which overstates bursty text); the branching trees it
+    walked, under their specs, as their walks found them."""
     out = {}
     for kind in {k for r in result.rounds for k in (r.shadow or {})}:
         rows = [r.shadow[kind] for r in result.rounds if r.shadow and kind in r.shadow]
@@ -535,12 +536,17 @@ def shadow_summary(result) -> dict:
         matched = np.sum([x.matched for x in rows], axis=0)
         per_position = {f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
                         for k in range(1, len(matched) + 1)}  # fmt: skip
-        tpr = per_position
+        tpr = dict(per_position)
         if all(x.rounds for x in rows):
             walked = np.sum([x.rounds for x in rows], axis=0)
             drafts = np.sum([x.drafts for x in rows], axis=0)
             tpr = {f"chain:{k}": 1.0 + float(drafts[k - 1]) / walked[k - 1]
                    if walked[k - 1] else None for k in range(1, len(matched) + 1)}  # fmt: skip
+        # Branching trees the shadow walked: 1 + accepted drafts per walked round.
+        for spec in dict.fromkeys(t[0] for x in rows for t in getattr(x, "trees", ())):
+            walked = [t for x in rows for t in x.trees if t[0] == spec]
+            r, d = sum(t[1] for t in walked), sum(t[2] for t in walked)
+            tpr[spec] = 1.0 + d / r if r else None
         out[kind] = {"positions": int(n), "tokens_per_round": tpr,
                      "tokens_per_round_per_position": per_position}  # fmt: skip
     return out

@@ -439,6 +439,24 @@ def test_top_continuation_is_the_first_ranked_candidate():
         assert idx.top(key) == ranked[0][0] == idx.candidates(list(key), 1)[0]
 
 
+def test_kept_rankings_follow_the_counts():
+    """Continuations ranked once (a tree asked for them) stay ranked as the counts grow:
+    asked again between any two tokens, the first k equal a fresh sort's."""
+    rng = random.Random(2)
+    idx = NgramIndex(3)
+    for step in range(4000):
+        idx.extend([rng.randrange(6) if rng.random() < 0.7 else rng.randrange(40)])
+        ctx = idx.tokens[-rng.randint(1, 3) :]
+        k = rng.randint(2, 4)
+        for n in range(len(ctx), 0, -1):
+            hits = idx.table.get(tuple(ctx[-n:]))
+            if hits:
+                ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
+                assert idx.candidates(ctx, k) == [t for t, _ in ranked[:k]], step
+                break
+    assert sum(h.ranked is not None for h in idx.table.values()) > 50
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.05])
 @pytest.mark.parametrize("chain", [2, 4, 7])
 def test_shadow_walk_is_the_chain_run_on_the_same_text(chain, temperature):
@@ -467,3 +485,114 @@ def test_shadow_walk_is_the_chain_run_on_the_same_text(chain, temperature):
     positions = sum(s.positions for s in shadows)
     per_position = sum(sum(s.matched[:chain]) for s in shadows) / positions
     assert abs(per_position - drafts / walked) > 0.05  # what the walk corrects
+
+
+# ----------------------------------------------------------------------------- tree walks
+
+
+def _tree_walk_reference(seq: list[int], start: int, spec: str, max_n: int = 3):
+    """A branching tree's walk the plain way: at each position it drafts at, a fresh drafter
+    on the sequence before it drafts the tree (``NgramDrafter.draft``); the round accepts the
+    longest root path whose tokens the committed ones match, and the next one drafts after
+    its bonus token. Rounds whose tree outlasts the sequence are left out (still waiting)."""
+    tree = DraftTree.from_spec(spec, "bfs")
+    accepted, p = [], start + 1  # after the first decoded token, as the shadow's walks
+    while p < len(seq):
+        d = NgramDrafter("cpu", max_n)
+        d.start([seq[: p - 1]])
+        toks = d.draft(torch.tensor([seq[p - 1]]), tree, [seq[:p]]).tokens[0].tolist()
+        depth, alive, waiting = 0, [0], False
+        while True:
+            kids = [c for n in alive for c in tree.children[n]]
+            if not kids:
+                break
+            if p + depth == len(seq):
+                waiting = True
+                break
+            alive = [c for c in kids if toks[c] == seq[p + depth]]
+            if not alive:
+                break
+            depth += 1
+        if waiting:
+            break
+        accepted.append(depth)
+        p += depth + 1
+    return accepted
+
+
+@pytest.mark.parametrize("text", ["code", "repetitive", "random16"])
+def test_tree_walks_equal_the_drafters_own_trees_round_by_round(text):
+    """Each walked tree is the tree the n-gram drafter itself drafts at that position from the
+    sequence before it, and each round accepts its longest matching path: the same rounds and
+    accepted drafts as the plain reference, over random chunks of committed tokens."""
+    from planner.evaluate import prompt_tokens
+
+    rng = random.Random(7)
+    seq = ([rng.randrange(16) for _ in range(1700)] if text == "random16"
+           else prompt_tokens(text, 1700))  # fmt: skip
+    start, specs = 1200, ("best:8:4", "best:16:6", "full:3x2")
+    d = NgramDrafter("cpu", 3, 8, specs + ("chain:3",))  # a chain among them: left to the chains
+    assert [s for s, _ in d.shadow_trees] == list(specs)
+    d.start([seq[:start]])
+    hist, got, i = list(seq[:start]), [], start
+    while i < len(seq):
+        n = rng.randint(1, 9)
+        hist += seq[i : i + n]
+        i += n
+        d.sync([hist])
+        got.append(d.take_shadow())
+    for j, spec in enumerate(specs):
+        ref = _tree_walk_reference(seq, start, spec)
+        rounds = sum(g.trees[j][1] for g in got)
+        assert all(g.trees[j][0] == spec for g in got)
+        assert rounds == len(ref) > 60
+        assert sum(g.trees[j][2] for g in got) == sum(ref)
+        assert sum(g.trees[j][3] for g in got) == sum(a * a for a in ref)
+    if text != "random16":
+        best = sum(g.trees[2][2] for g in got) / sum(g.trees[2][1] for g in got)
+        assert best > 0.5  # trees accept: the walk is exercised
+
+
+def test_tree_walk_hand_computed():
+    """Prompt 1 2 1 3 1 2, tree full:2x1 (two children of the root). Round 1 commits 1 (the
+    first root, which no round drafts) then 4 at position 7: drafted after 2 1, whose only
+    continuation is 3 (the trigram 1 2 1), the children are 3 and 3 again; 4 matches neither:
+    0 accepted, next at 8. Round 2 commits 1 2 5: at 8 (after 4, which nothing followed yet)
+    the drafter repeats 4: 0, next at 9; at 9, after 4 1 (only the unigram 1 indexed: 2
+    twice, then 4 most recent, 3) the children are 2 and 4: 2 matches, 1 accepted at a leaf;
+    the next round drafts at 11, after the bonus token 5."""
+    d = NgramDrafter("cpu", 3, 1, ("full:2x1",))
+    prompt = [1, 2, 1, 3, 1, 2]
+    d.start([prompt])
+    hist = prompt + [1, 4]
+    d.sync([hist])
+    first = d.take_shadow()
+    assert first.trees == (("full:2x1", 1, 0, 0),)
+    hist += [1, 2, 5]
+    d.sync([hist])
+    second = d.take_shadow()
+    assert second.trees == (("full:2x1", 2, 1, 1),)
+    assert second.tree_accepted("full:2x1") == 0.5
+    with pytest.raises(KeyError, match="not walked"):
+        second.tree_accepted("best:8:4")
+    with pytest.raises(ValueError, match="tree t: rounds, drafts and squares"):
+        ShadowAcceptance(1, (1,), trees=(("t", 1, 2, 2),))  # 2 drafts in 1 round: 4 > 2
+    with pytest.raises(ValueError, match="shadow_trees need shadow_chain"):
+        NgramDrafter("cpu", 3, 0, ("full:2x1",))
+
+
+def test_engine_hands_the_controllers_shadow_trees_to_the_warm_drafter():
+    class TreePlan(WarmPlan):
+        def shadow_trees(self, context_len):
+            self.asked = context_len
+            return ("best:8:4",)
+
+    base = random_prompts([40], seed=5)[0]
+    prompts = [base * 3]
+    ctl = TreePlan({})
+    eng, _ = _engine(AR, ctl, prompts, n=60)
+    eng.generate(prompts)
+    assert ctl.asked == 120  # the longest prompt's length
+    walks = [s.shadow["ngram"].trees for s in ctl.seen]
+    assert all(w[0][0] == "best:8:4" for w in walks)
+    assert sum(w[0][1] for w in walks) > 10

@@ -280,9 +280,15 @@ def test_benchmark_writes_its_figures(tmp_path):
     doc = json.loads(out.read_text())
     for run in ("flush_0mib", "flush_1mib"):
         ctl, shadow = doc["runs"][run]["controller"], doc["runs"][run]["shadow"]
-        assert set(ctl) == set(BENCH.SCENARIOS) and set(shadow) == set(BENCH.SHADOW_PROMPTS)
+        walked = {f"{k}+trees" for k in BENCH.SHADOW_PROMPTS}
+        assert set(ctl) == set(BENCH.SCENARIOS)
+        assert set(shadow) == set(BENCH.SHADOW_PROMPTS) | walked
         assert all(0 < r["median_us"] <= r["p99_us"] <= r["max_us"] for r in ctl.values())
         assert all(r["positions"] > 30 for r in shadow.values())
+        # the same chains' counts with the trees walked too; the trees of the 16K regime
+        assert all(shadow[k]["matched"] == shadow[f"{k}+trees"]["matched"]
+                   for k in BENCH.SHADOW_PROMPTS)  # fmt: skip
+        assert len(doc["runs"][run]["shadow_trees"]) == 3
     assert BENCH.main(["--flush-mib", "-1"]) == 2
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from perfmodel.strategy import parse_tree
 from planner.evaluate import (
     MEASURE_OFFSETS,
     captures_counted,
@@ -230,9 +231,14 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         (run,) = row["adaptive"]["runs"]
         assert run["warm_s"] > 0 and isinstance(run["switches"], list)
         shadow = run["shadow"]["ngram"]
-        assert shadow["positions"] > 0 and len(shadow["tokens_per_round"]) == 8
-        tpr = list(shadow["tokens_per_round"].values())
+        assert shadow["positions"] > 0
+        chains = [f"chain:{k}" for k in range(1, 9)]
+        tpr = [shadow["tokens_per_round"][k] for k in chains]
         assert tpr == sorted(tpr) and 1 <= tpr[0] and tpr[-1] <= 9
+        # and the n-gram trees among the candidates, from their own walks
+        trees = set(shadow["tokens_per_round"]) - set(chains)
+        assert trees and trees == {t for t in trees if len(parse_tree(t)) > 1}
+        assert all(1 <= shadow["tokens_per_round"][t] for t in trees)
         assert "shadow" not in row["offline_best"] and row["offline_best"]["control_s"] < 0.01
         # Switch costs the timed runs knew: per destination kind, from the untimed runs.
         known = row["adaptive"]["known_switch_cost_s"]

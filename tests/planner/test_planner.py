@@ -715,3 +715,126 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     coef, _ = fit_overhead(strategies, y_below, rounds)
     assert coef["round"] >= 0 and coef["round"] + coef["speculative"] >= -1e-12
     profile_from_json({"version": 2, "regimes": {"16K": {"overhead": coef}}})
+
+
+TREE_SPACE = dataclasses.replace(SHADOW_SPACE, trees=("chain:0", "chain:4", "full:2x4"))
+TREE_PROFILE = Profile(acceptance={"32K": {"eagle": 0.5, "ngram": 0.3}})
+
+
+def _tree_shadow(rng, spec: str, alpha: float, walked: float, positions: int = 3):
+    """``_shadow`` with the walk of tree ``spec`` (depth 4): one round a call, accepting all
+    four drafts with probability ``walked`` and none otherwise."""
+    from engine.controller import ShadowAcceptance
+
+    sh = _shadow(rng, alpha, positions)["ngram"]
+    a = 4 if rng.random() < walked else 0
+    return {"ngram": ShadowAcceptance(sh.positions, sh.matched, trees=((spec, 1, a, a * a),))}
+
+
+def test_controller_scores_ngram_trees_from_their_own_walks():
+    """The n-gram chains' shadow as profiled, but the walk of the n-gram tree full:2x4 accepts
+    whole paths of 4 nine rounds in ten (prose, where the tree's siblings find what the chain
+    misses). Its candidates are scored from that walk, not shifted by the chains' shadow: a
+    rising tree walk re-scores (reason ``shadow``, keyed by the tree) and the controller goes
+    to the n-gram tree; with the walk's figure as profiled it stays put."""
+    from planner.profile import expected_tokens
+
+    doc = rank(M, G, TREE_SPACE, TREE_PROFILE, regimes={"32K": 32768})
+    c = OnlineController(doc, M, G, TREE_PROFILE, ControllerConfig())
+    (spec,) = c.shadow_trees()
+    assert spec == "full:2x4"
+    s = first = c.initial_strategy(30000)
+    assert s.drafter.kind == "eagle"
+    tree = next(x for x in c._candidates("32K").values()
+                if x.drafter.kind == "ngram" and x.tree == spec)  # fmt: skip
+    mean = expected_tokens(s.tree, 0.5) - 1.0  # the eagle tree as profiled, round by round
+
+    def eagle(rng) -> int:
+        return int(mean) + (rng.random() < mean - int(mean))
+
+    rng = np.random.default_rng(0)
+    for i in range(200):
+        acc = eagle(rng) if s.drafter.kind == "eagle" else 4
+        drafted = len(parse_tree(s.tree))
+        new = c.after_round(Stats(i, s, (acc,), drafted=drafted,
+                                  shadow=_tree_shadow(rng, spec, 0.3, 0.9)))  # fmt: skip
+        if i == 40:
+            # the decayed walk's accepted drafts per round (~3.6), inverted on the tree
+            r, d, _ = c._walks["ngram"][spec]
+            assert 3.0 < d / r <= 4.0
+            walked = alpha_from_tokens(spec, 1.0 + d / r)
+            assert c.shadow_alpha("32K", tree, first) == pytest.approx(walked, abs=1e-9)
+        s = new or s
+    assert [x["reason"] for x in c.switches] == ["shadow"], c.switches
+    assert s.drafter.kind == "ngram" and s.tree == spec
+    sw = c.switches[0]  # the tree's walk against its profile
+    assert sw["expected_alpha"] == c._alpha_for("32K", tree) and sw["observed_alpha"] > 0.6
+    # A walk at what the profile says of the tree: no switch.
+    c = OnlineController(doc, M, G, TREE_PROFILE, ControllerConfig())
+    prof = expected_tokens(spec, c._alpha_for("32K", tree)) - 1.0
+    s, rng = c.initial_strategy(30000), np.random.default_rng(1)
+    for i in range(200):
+        c.after_round(Stats(i, s, (eagle(rng),), drafted=len(parse_tree(s.tree)),
+                            shadow=_tree_shadow(rng, spec, 0.3, prof / 4)))  # fmt: skip
+    assert c.switches == []
+
+
+def test_walk_gain_is_the_paired_time_over_the_same_tokens():
+    """From autoregressive decoding (one token a round), the walk of n-gram chain:6 took a
+    round every other token: chain:6 spends half a round of its own per round of the current
+    strategy. ``_walk_gain`` is the current's round time over that (taken ``confidence_z``
+    standard errors high, over the decayed rounds' effective count) times chain:6's, less
+    the amortised switch cost -- checked here against the decayed sums by hand."""
+    import math
+
+    from engine.controller import ShadowAcceptance
+
+    c = _shadow_controller()
+    ar = dataclasses.replace(c.initial_strategy(30000), tree="chain:0")
+    ng6 = next(x for x in c._candidates("32K").values()
+               if x.drafter.kind == "ngram" and x.tree == "chain:6")  # fmt: skip
+    assert c._walk_gain("32K", ar, ng6, 2.0) is None  # nothing walked yet
+    keep, w, w2, r1, r2 = 1.0 - c.config.ema, 0.0, 0.0, 0.0, 0.0
+    for i in range(80):
+        r = i % 2  # a walked round of chain:6 every other token, accepting one draft
+        walks = tuple(r for _ in range(8))
+        sh = ShadowAcceptance(1, (r,) + (0,) * 7, walks, walks)
+        c._observe_shadow({"ngram": sh}, 1.0)
+        w, w2 = keep * w + 1.0, keep * keep * w2 + 1.0
+        r1, r2 = keep * r1 + r, keep * r2 + r * r
+    mean, var = r1 / w, r2 / w - (r1 / w) ** 2
+    high = mean + c.config.confidence_z * math.sqrt(var * w2) / w
+    rs = c._round_s("32K", [ar, ng6])
+    tokens = 2.0  # as the re-score expects of chain:6 (the walk: 1 draft a round)
+    want = (rs[strategy_id(ar)]) / (high * rs[strategy_id(ng6)]) - 1.0  # no switch cost known
+    assert c._walk_gain("32K", ar, ng6, tokens) == pytest.approx(want, rel=1e-9)
+    # Expected fewer tokens than its walk (a sparser attention): more of its rounds.
+    assert c._walk_gain("32K", ar, ng6, 1.5) < want
+
+
+def test_a_rescore_whose_top_did_not_pay_across_its_interval_is_repeated():
+    """The re-score's top paid at its point estimate but not across its interval: the
+    controller re-scores again ``patience`` rounds later (reason ``recheck`` when it then
+    switches), though nothing deviated or rose since (epsilon 1, no collapse test)."""
+    c = _shadow_controller(stride=1, epsilon=1.0, collapse_llr=0.0)
+    s = c.initial_strategy(30000)
+    other = next(x for x in c._candidates("32K").values() if x.tree == "chain:2")
+    calls = []
+
+    def rescore(current, regime, ctx, expected, spread=()):
+        calls.append(current)
+        return (None, 0.3) if len(calls) == 1 else (other, 0.3)
+
+    c._rescore = rescore
+    c._recheck_at = 20  # as a re-score before round 20 would have left it
+    out = [c.after_round(Stats(i, s, (3,), drafted=6)) for i in range(60)]
+    switched = [i for i, x in enumerate(out) if x is not None]
+    assert len(calls) == 2 and switched == [20 + c.config.patience]
+    assert out[switched[0]] is other and c.switches[-1]["reason"] == "recheck"
+    assert c._recheck_at is None
+    # A top that did not pay even at its point estimate: no recheck.
+    c = _shadow_controller(stride=1, epsilon=1.0, collapse_llr=0.0)
+    c._rescore = lambda *a, **k: (None, 0.01)
+    c._recheck_at = 5
+    assert not any(c.after_round(Stats(i, s, (3,), drafted=6)) for i in range(40))
+    assert c._recheck_at is None
