@@ -825,8 +825,8 @@ def pick(ranking: list[dict], n: int, ok, top: int = 4) -> list[dict]:
     runnable = [r for r in ranking if ok(strategy_from_json(r["strategy"]))]
     if len(runnable) <= n:
         return runnable
-    head = runnable[:top]
-    rest = runnable[top:]
+    head = runnable[: min(top, n)]  # n < top: the first n (run 30's smoke asked for 2)
+    rest = runnable[len(head) :]
     k = n - len(head)
     idx = np.unique(np.round(np.linspace(0, len(rest) - 1, k)).astype(int))
     return head + [rest[i] for i in idx]

@@ -56,6 +56,8 @@ def test_pick_takes_the_top_then_spreads_over_runnable_ranks():
     assert got[:3] == runnable[:3] and got[-1] == runnable[-1]
     assert len(got) == len(set(got)) == 8 and all(g in runnable for g in got)
     assert len(pick(ranking[:5], 8, ok)) == 3
+    # Fewer than ``top`` asked for: the first ones (it raised in linspace before).
+    assert [r["strategy"]["name"] for r in pick(ranking, 2, ok, top=3)] == got[:2]
 
 
 def test_steady_figures_leave_out_round_zero_and_count_switches():
