@@ -44,8 +44,15 @@ with the summed target probability of the distinct children, and the committed t
 them with that same probability. The next round drafts after the bonus token. On the H100's
 prose (``docs/notes/planner.md``, session 16) the n-gram tree(n=8,d=4) accepted 1.74-1.75
 tokens per round where chain:7 accepted 1.49-1.58, which shifting the tree by the chain's
-shadow could not show. Each walked round costs one tree build (a look-up and a partial sort
-per branching node); a round in progress, one comparison per matched node and token.
+shadow could not show. A walked round drafts the root's children, and the subtrees below only
+those of them the next committed token matches (``tree_tokens(first=...)``: the others cannot
+be accepted); a round in progress costs one comparison per matched node and token. The first
+continuations of each n-gram a tree asked for are kept ranked as the counts grow
+(``_Hits.ranked``), so a lookup is a dictionary hit, not a partial sort. The three n-gram trees
+of the 16K regime add ~35 us a round to the shadow on the development CPU with its caches hot,
+~50 us with 32 MiB written between rounds (``benchmarks/controller_cost.py``,
+``docs/notes/planner-h100/session17/controller-cost-de09235.json``: code 16 -> 52 us, random
+13 -> 52 us hot).
 
 Cost: per new position, one look-up per n-gram ending there (the first draft and the index
 update share them: one table holds each n-gram's continuations and its best one), then up to

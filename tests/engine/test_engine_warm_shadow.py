@@ -596,3 +596,30 @@ def test_engine_hands_the_controllers_shadow_trees_to_the_warm_drafter():
     walks = [s.shadow["ngram"].trees for s in ctl.seen]
     assert all(w[0][0] == "best:8:4" for w in walks)
     assert sum(w[0][1] for w in walks) > 10
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.05])
+def test_tree_walk_is_the_tree_run_on_the_same_text(temperature):
+    """As the chains' walk: greedy decoding, and sampling with deterministic drafts, write the
+    same text whatever decodes it, so the shadow's walk of an n-gram tree over an
+    autoregressive run is that tree's own run, round by round over the rounds it resolved."""
+    spec = "full:2x3"
+
+    class TreePlan(WarmPlan):
+        def shadow_trees(self, context_len):
+            return (spec,)
+
+    base = random_prompts([40], seed=5)[0]
+    prompts = [base * 3]
+    ctl = TreePlan({})
+    ar, _ = _engine(AR, ctl, prompts, n=90, temperature=temperature)
+    ar_res = ar.generate(prompts)
+    walks = [s.shadow["ngram"].trees[0] for s in ctl.seen]
+    walked, drafts = sum(w[1] for w in walks), sum(w[2] for w in walks)
+    tr, _ = _engine(Strategy(name="ngt", tree=spec, drafter=NG), Plan({}), prompts, n=90,
+                    temperature=temperature)  # fmt: skip
+    run = tr.generate(prompts)
+    assert run.tokens == ar_res.tokens  # the same text
+    real = [r.accepted[0] for r in run.rounds]
+    assert len(real) - 3 <= walked <= len(real)
+    assert drafts == sum(real[:walked]) >= 10  # the tree accepts: the walk is exercised
