@@ -13,7 +13,10 @@ Variants (each decodes the ``--prompt-set`` prompt of the planner's adaptive pha
   and takes its calls behind the next round's GPU work (``overlap``);
 - ``plumbing_no_shadow``: the same, declaring no drafter kind (nothing kept warm, no shadow);
 - ``controller`` / ``controller_stride1`` / ``controller_stride16`` / ``controller_serial``:
-  ``OnlineController`` with its defaults, with ``stride`` 1 and 16, and without ``overlap``.
+  ``OnlineController`` with its defaults, with ``stride`` 1 and 16, and without ``overlap``;
+- ``spin_50us`` / ``spin_200us_every_4th``: a controller that declares nothing and holds the
+  host for 50 us every call, or 200 us every fourth (the default controller's stride), behind
+  the next round's GPU work: whether host time there is hidden at all.
 
 Every variant runs ``--runs`` times, interleaved (run i of every variant, then run i + 1), and
 its figure is the mean round time (us) of its least disturbed run and the median over runs.
@@ -29,6 +32,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -49,6 +53,24 @@ class _Keep:
         return self.kinds
 
     def after_round(self, stats):
+        return None
+
+
+class _Spin(_Keep):
+    """Declares nothing (no warm drafter, no shadow) and holds the host for ``us``
+    microseconds every ``every``-th call, behind the next round's GPU work (``overlap``):
+    whether host time there is hidden at all, whatever it computes."""
+
+    def __init__(self, us: float, every: int = 1):
+        super().__init__(())
+        self.s, self.every, self.calls = us * 1e-6, every, 0
+
+    def after_round(self, stats):
+        self.calls += 1
+        if self.calls % self.every == 0:
+            end = time.perf_counter() + self.s
+            while time.perf_counter() < end:
+                pass
         return None
 
 
@@ -119,6 +141,8 @@ def main(argv=None) -> int:
         "controller_stride1": ctl(stride=1),
         "controller_stride16": ctl(stride=16),
         "controller_serial": ctl(overlap=False),
+        "spin_50us": lambda: _Spin(50.0),
+        "spin_200us_every_4th": lambda: _Spin(200.0, 4),
     }
     runs, text = [], {}
     for i in range(args.runs + 1):  # run 0 of each: warm-up (graphs, compilation), not kept
