@@ -11,6 +11,8 @@ Variants (each decodes the ``--prompt-set`` prompt of the planner's adaptive pha
 - ``plumbing``: a controller that never switches but, like ``OnlineController``, declares both
   drafter kinds (the loop keeps the draft model warm and the n-gram shadow scores every round)
   and takes its calls behind the next round's GPU work (``overlap``);
+- ``plumbing_trees``: ``plumbing`` whose shadow also walks the n-gram trees the controller
+  would have it walk (``OnlineController.shadow_trees``);
 - ``plumbing_no_shadow``: the same, declaring no drafter kind (nothing kept warm, no shadow);
 - ``controller`` / ``controller_stride1`` / ``controller_stride16`` / ``controller_serial``:
   ``OnlineController`` with its defaults, with ``stride`` 1 and 16, and without ``overlap``;
@@ -46,11 +48,15 @@ class _Keep:
 
     overlap = True
 
-    def __init__(self, kinds: tuple[str, ...]):
-        self.kinds = kinds
+    def __init__(self, kinds: tuple[str, ...], trees=None):
+        self.kinds, self.trees = kinds, trees
 
     def drafter_kinds(self) -> tuple[str, ...]:
         return self.kinds
+
+    def shadow_trees(self, context_len: int) -> tuple[str, ...]:
+        """The n-gram trees the shadow walks: the controller's (``trees``), or none."""
+        return self.trees(context_len) if self.trees else ()
 
     def after_round(self, stats):
         return None
@@ -136,6 +142,7 @@ def main(argv=None) -> int:
     variants = {
         "fixed": lambda: None,
         "plumbing": lambda: _Keep(("draft_model", "ngram")),
+        "plumbing_trees": lambda: _Keep(("draft_model", "ngram"), ctl()().shadow_trees),
         "plumbing_no_shadow": lambda: _Keep(()),
         "controller": ctl(),
         "controller_stride1": ctl(stride=1),
