@@ -12,9 +12,11 @@ O(max_n) per committed token. Nothing runs on the device except one copy of the 
 **Shadow acceptance.** With ``shadow_chain = K > 0`` the drafter also scores, for every newly
 committed position ``p``, the chain of ``K`` tokens it would have proposed there (from the index
 of ``history[:p]``) against the tokens actually committed at ``p, p + 1, ...``: the number ``m``
-of leading matches. It does so whether or not it drafts (a warm drafter: the engine keeps its
-index up to date every round), so a controller sees what n-gram drafting would accept on this
-very sequence while another drafter, or none, decodes it.
+of leading matches. It does so whether or not it drafts (a warm drafter: the engine calls
+``sync`` every round), so a controller sees what n-gram drafting would accept on this very
+sequence while another drafter, or none, decodes it. The shadow runs on an index of its own,
+which only ``sync`` advances: the drafter's own calls update the drafting index alone, so the
+shadow's host time stays behind the GPU work even while this drafter drafts (``sync``).
 
 Why the leading matches estimate the acceptance without bias: the proposals are deterministic
 (one-hot), and lossless rejection sampling accepts a one-hot proposal ``x`` with probability
@@ -414,6 +416,7 @@ class NgramDrafter:
             self.shadow_trees = self._walked(shadow_trees)
         self.indexes: list[NgramIndex] = []
         self.shadows: list[ShadowChain] = []
+        self.shadow_indexes: list[NgramIndex] = []
 
     @staticmethod
     def _walked(specs) -> tuple[tuple[str, DraftTree], ...]:
@@ -426,31 +429,46 @@ class NgramDrafter:
         return tuple(trees.items())
 
     def start(self, prompts: list[list[int]]) -> None:
-        self.indexes = []
-        for p in prompts:
-            idx = NgramIndex(self.max_n)
-            idx.extend(p)
-            self.indexes.append(idx)
+        self.indexes = [self._indexed(p) for p in prompts]
         if callable(self._trees_for) and self.shadow_chain:
             self.shadow_trees = self._walked(self._trees_for(max(map(len, prompts))))
         # The shadow scores decoded positions only: the prompt is not what the target writes.
         self.shadows = [ShadowChain(self.shadow_chain, self.shadow_trees)
                         for _ in prompts if self.shadow_chain]  # fmt: skip
+        # ... on an index of its own (see ``sync``).
+        self.shadow_indexes = [self._indexed(p) for p in prompts] if self.shadows else []
+
+    def _indexed(self, prompt: list[int]) -> NgramIndex:
+        idx = NgramIndex(self.max_n)
+        idx.extend(prompt)
+        return idx
 
     def sync(self, history: list[list[int]]) -> None:
-        """Index the committed tokens not indexed yet (scoring the shadow on the way)."""
+        """Index the committed tokens not indexed yet, and with a shadow, score it on them.
+
+        The shadow keeps an index of its own: the drafter's own calls (``draft``, ``observe``,
+        ``resume``) update only the drafting index (``_index``), so the shadow's walks, which
+        must run as each token is indexed, stay out of the host time between a round's
+        synchronisation and the next round's launch while this drafter drafts; the decode
+        loop calls ``sync`` behind the next round's GPU work (``engine.loop``, overlap). On
+        the H100 the walks of the 16K regime's three n-gram trees cost 4.2% of a round there
+        (``benchmarks/adaptive_overhead.py``, ``docs/notes/planner.md``, session 17)."""
+        self._index(history)
+        for b, hist in enumerate(history):
+            idx = self.shadow_indexes[b] if self.shadows else None
+            if idx is not None and len(idx.tokens) < len(hist):
+                self.shadows[b].advance(idx, hist[len(idx.tokens) :])
+
+    def _index(self, history: list[list[int]]) -> None:
+        """Index the committed tokens the drafting index lacks."""
         for b, hist in enumerate(history):
             idx = self.indexes[b]
             if len(idx.tokens) < len(hist):
-                new = hist[len(idx.tokens) :]
-                if self.shadows:
-                    self.shadows[b].advance(idx, new)
-                else:
-                    idx.extend(new)
+                idx.extend(hist[len(idx.tokens) :])
 
     def resume(self, history: list[list[int]]) -> None:
         """A warm drafter drafts again: its index only lacks the tokens committed since."""
-        self.sync(history)
+        self._index(history)
 
     def take_shadow(self) -> ShadowAcceptance | None:
         """The shadow counts resolved since the last call, summed over the batch (None without a
@@ -470,7 +488,7 @@ class NgramDrafter:
                                 tuple(walks))  # fmt: skip
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:
-        self.sync(history)
+        self._index(history)
         rows = [self.indexes[b].tree_tokens(hist[-self.max_n :], tree)
                 for b, hist in enumerate(history)]  # fmt: skip
         tokens = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
@@ -480,4 +498,4 @@ class NgramDrafter:
         """Nothing on the device."""
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:
-        self.sync(history)
+        self._index(history)

@@ -623,3 +623,28 @@ def test_tree_walk_is_the_tree_run_on_the_same_text(temperature):
     real = [r.accepted[0] for r in run.rounds]
     assert len(real) - 3 <= walked <= len(real)
     assert drafts == sum(real[:walked]) >= 10  # the tree accepts: the walk is exercised
+
+
+def test_the_drafters_own_calls_leave_the_shadow_to_sync():
+    """``draft`` and ``observe`` index the committed tokens for drafting and score nothing:
+    the shadow, on an index of its own, advances on ``sync`` alone (the loop's call behind
+    the next round's GPU work), and scores the same counts whenever that comes."""
+    from planner.evaluate import prompt_tokens
+
+    seq = prompt_tokens("code", 700)
+    a, b = NgramDrafter("cpu", 3, 8, ("full:2x3",)), NgramDrafter("cpu", 3, 8, ("full:2x3",))
+    a.start([seq[:500]])
+    b.start([seq[:500]])
+    tree = DraftTree.from_spec("full:2x3", "bfs")
+    got_a, got_b = [], []
+    for end in range(520, 700, 20):
+        hist = seq[:end]
+        a.observe([hist], [1])
+        a.draft(torch.tensor([hist[-1]]), tree, [hist])
+        assert a.take_shadow().positions == 0  # nothing scored by the drafter's own calls
+        assert len(a.indexes[0].tokens) == end  # ... which indexed for drafting
+        a.sync([hist])
+        got_a.append(a.take_shadow())
+        b.sync([hist])
+        got_b.append(b.take_shadow())
+    assert got_a == got_b and sum(g.positions for g in got_a) > 150
