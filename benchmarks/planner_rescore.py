@@ -48,11 +48,10 @@ class CachedRuns:
         return self.runs[key]
 
 
-def rescore(runs: Path, evaluation: Path, model: str = "tiny",
-            draft_model: str = "tiny-draft") -> dict:  # fmt: skip
-    """Per regime: tau and regret now and as recorded, the predicted best now, and the profile's
-    overhead fit figures now."""
-    doc = json.loads(evaluation.read_text())
+def profile_from_runs(runs: Path, doc: dict, model: str = "tiny",
+                      draft_model: str = "tiny-draft"):  # fmt: skip
+    """The evaluation ``doc``'s profile rebuilt with the current code from its run cache
+    ``runs`` (decoding nothing): the bench, space, regime contexts, profile and overhead fits."""
     contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
     bench = make_bench(model, draft_model, max(contexts.values()), doc["max_new_tokens"],
                        doc["repeats"], "cpu", doc["gpu_model"], doc["temperature"])  # fmt: skip
@@ -64,6 +63,15 @@ def rescore(runs: Path, evaluation: Path, model: str = "tiny",
         bench, contexts, space, doc["profile_reference_tree"], doc["profile_attention_tree"],
         doc["profile_prompts"],
     )  # fmt: skip
+    return bench, space, contexts, profile, fits
+
+
+def rescore(runs: Path, evaluation: Path, model: str = "tiny",
+            draft_model: str = "tiny-draft") -> dict:  # fmt: skip
+    """Per regime: tau and regret now and as recorded, the predicted best now, and the profile's
+    overhead fit figures now."""
+    doc = json.loads(evaluation.read_text())
+    bench, space, contexts, profile, fits = profile_from_runs(runs, doc, model, draft_model)
     ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
     out = {}
     for regime, v in doc["regimes"].items():

@@ -10,27 +10,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, "benchmarks")
-from planner_rescore import CachedRuns  # noqa: E402
+from planner_rescore import profile_from_runs  # noqa: E402
 
-from planner.evaluate import make_bench, measure_profile  # noqa: E402
-from planner.space import SpaceSpec  # noqa: E402
-
-runs, ev = Path(sys.argv[1]), Path(sys.argv[2])
-doc = json.loads(ev.read_text())
-contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
-bench = make_bench("tiny", "tiny-draft", max(contexts.values()), doc["max_new_tokens"],
-                   doc["repeats"], "cpu", doc["gpu_model"], doc["temperature"])  # fmt: skip
-bench.log = lambda m: None
-bench.cache = CachedRuns(runs)
-space = SpaceSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()})
-profile, _, _, _ = measure_profile(
-    bench,
-    contexts,
-    space,
-    doc["profile_reference_tree"],
-    doc["profile_attention_tree"],
-    doc["profile_prompts"],
-)
+doc = json.loads(Path(sys.argv[2]).read_text())
+profile = profile_from_runs(Path(sys.argv[1]), doc)[3]
 for regime, v in doc["regimes"].items():
     print(regime, {k: round(x * 1e6, 1) for k, x in profile.overhead.get(regime, {}).items()})
     for r in v["strategies"]:
