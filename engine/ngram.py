@@ -38,7 +38,7 @@ resolved positions as that chain's run would have (``rounds`` and ``drafts`` of
 this text -- exact under greedy decoding, where the text is the same whatever decodes it.
 
 **Branching trees, walked too.** With ``shadow_trees`` the shadow also walks each of those
-trees as its own run would: at the position its walk drafts at next it builds the whole tree
+trees as its own run would: at the position its walk drafts at next it builds the tree
 from the index as it stands there (``NgramIndex.tree_tokens``, what ``draft`` builds), and the
 round accepts the longest root path whose tokens the committed ones match -- the chain's
 argument per sibling: lossless multi-draft verification of one-hot drafts accepts some child
@@ -444,7 +444,8 @@ class NgramDrafter:
         return idx
 
     def sync(self, history: list[list[int]]) -> None:
-        """Index the committed tokens not indexed yet, and with a shadow, score it on them.
+        """With a shadow, score it on the committed tokens its index lacks; without one, index
+        them for drafting.
 
         The shadow keeps an index of its own: the drafter's own calls (``draft``, ``observe``,
         ``resume``) update only the drafting index (``_index``), so the shadow's walks, which
@@ -452,12 +453,14 @@ class NgramDrafter:
         synchronisation and the next round's launch while this drafter drafts; the decode
         loop calls ``sync`` behind the next round's GPU work (``engine.loop``, overlap). On
         the H100 the walks of the 16K regime's three n-gram trees cost 4.2% of a round there
-        (``benchmarks/adaptive_overhead.py``, ``docs/notes/planner.md``, session 17)."""
-        self._index(history)
-        for b, hist in enumerate(history):
-            idx = self.shadow_indexes[b] if self.shadows else None
-            if idx is not None and len(idx.tokens) < len(hist):
-                self.shadows[b].advance(idx, hist[len(idx.tokens) :])
+        (``benchmarks/adaptive_overhead.py``, ``docs/notes/planner.md``, session 17). A warm
+        drafter's drafting index waits for ``resume``, as a draft model's catch-up does."""
+        if not self.shadows:
+            self._index(history)
+            return
+        for sh, idx, hist in zip(self.shadows, self.shadow_indexes, history, strict=True):
+            if len(idx.tokens) < len(hist):
+                sh.advance(idx, hist[len(idx.tokens) :])
 
     def _index(self, history: list[list[int]]) -> None:
         """Index the committed tokens the drafting index lacks."""

@@ -225,28 +225,26 @@ class _Pair:
     """Decayed sums, over the rounds of one shadowed drafter kind, for the paired test of
     its walked candidates against the current strategy (``OnlineController._walk_gain``):
     ``w`` the weights' sum, ``w2`` their squares', ``n`` the tokens the current strategy
-    committed (per sequence), and per walk key (a chain length, or a tree spec) the rounds its
-    walk took over the same tokens (``r``) and their squares (``rr``). Weights decay by
-    ``1 - ema`` per round, as every other average of the controller."""
+    committed (per sequence), and per walk key (a chain length, or a tree spec) the squares of
+    the rounds its walk took over the same tokens (``rr``; the rounds' own decayed sums are the
+    shadow's, ``OnlineController._walk_rounds``). Weights decay by ``1 - ema`` per round, as
+    every other average of the controller."""
 
     w: float = 0.0
     w2: float = 0.0
     n: float = 0.0
-    r: dict = field(default_factory=dict)
     rr: dict = field(default_factory=dict)
 
     def add(self, tokens: float, walked: dict, keep: float) -> None:
         if self.w:
             self.w, self.w2, self.n = keep * self.w, keep * keep * self.w2, keep * self.n
-            for key in self.r:
-                self.r[key] *= keep
+            for key in self.rr:
                 self.rr[key] *= keep
         self.w += 1.0
         self.w2 += 1.0
         self.n += tokens
-        r, rr = self.r, self.rr
+        rr = self.rr
         for key, x in walked.items():
-            r[key] = r.get(key, 0.0) + x
             rr[key] = rr.get(key, 0.0) + x * x
 
 
@@ -771,7 +769,7 @@ class OnlineController:
             walked = {k: r for k, r in enumerate(getattr(sh, "rounds", ()), 1)}
             walked.update((t[0], t[1]) for t in getattr(sh, "trees", ()))
             pair = self._pairs.get(kind)
-            if pair is None or pair.r.keys() != walked.keys():
+            if pair is None or pair.rr.keys() != walked.keys():
                 pair = self._pairs[kind] = _Pair()
             pair.add(tokens, walked, keep)
             old = self._shadow.get(kind)
@@ -1041,14 +1039,15 @@ class OnlineController:
         kind, known = c.drafter.kind, self._known(c)
         pair = self._pairs.get(kind)
         key = known.chain or c.tree
-        if pair is None or pair.w < SHADOW_MIN_POSITIONS or key not in pair.r or tokens <= 1.0:
+        if pair is None or pair.w < SHADOW_MIN_POSITIONS or key not in pair.rr or tokens <= 1.0:
             return None
         raw = self._shadow_alpha(kind, known.chain, c.tree, 1.0, 1.0)
-        if raw is None:
+        rounds = self._walk_rounds(kind, key)
+        if raw is None or rounds is None:
             return None
         scale = expected_tokens(c.tree, raw) / tokens  # > 1: c's attention accepts less
         w = pair.w
-        mean = pair.r[key] / w
+        mean = rounds / w
         var = max(pair.rr[key] / w - mean * mean, 0.0)
         high = (mean + self.config.confidence_z * math.sqrt(var * pair.w2) / w) * scale
         if high <= 0:
@@ -1060,6 +1059,15 @@ class OnlineController:
             self.config.horizon_rounds * tokens * self.batch
         )
         return per_tok_now / per_tok_new - 1.0
+
+    def _walk_rounds(self, kind: str, key) -> float | None:
+        """The decayed rounds the shadow's walk ``key`` (a chain length, or a tree spec) of
+        drafter ``kind`` took: the chains' walks' or the trees' (None when not walked)."""
+        if isinstance(key, int):
+            est = self._shadow.get(kind)
+            return est[2][key - 1] if est is not None and est[2] is not None else None
+        walk = self._walks.get(kind, {}).get(key)
+        return None if walk is None else walk[0]
 
     def _trunc_rows(self, now: _Now, regime: str):
         """(rows, round time of the current strategy): per candidate chain of the current
