@@ -264,13 +264,18 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     # Every run is decoded once in a first call: the oracle's runs of the offline best (and
     # of the default, when it is one of the oracle's) are the same jobs.
     assert doc["provenance"]["runs_from_cache"] == 0
-    # Two timing passes of every measured and adaptive run, the second cached as "|t1";
-    # the profile's runs go once.
-    assert doc["timing_passes"] == 2
-    timed = [k for k in keys if k.startswith(("measure|", "adapt|")) and "|cold|" not in k
+    # Two timing passes of every measured and adaptive run and of every steady profile run
+    # (the overhead fit's), the second cached as "|t1"; the profile's selection-statistics
+    # runs (gamma) go once.
+    assert doc["timing_passes"] == doc["profile_timing_passes"] == 2
+    steady = ("measure|", "adapt|", "profile|", "attention|", "attention-dense|")
+    timed = [k for k in keys if k.startswith(steady) and "|cold|" not in k
              and "|warm|" not in k and not k.endswith("|t1")]  # fmt: skip
+    assert any(k.startswith("profile|") for k in timed)
     assert timed and {f"{k}|t1" for k in timed} == {k for k in keys if k.endswith("|t1")}
-    assert not any(k.startswith("profile|") and k.endswith("|t1") for k in keys)
+    assert not any(k.startswith("overlap|") and k.endswith("|t1") for k in keys)
+    fit = doc["profile_overhead_fits"]["<=4K"]
+    assert fit["timing_passes"] == 2 and fit["passes_kept_min"] in (1, 2)
     for row in a.values():
         (run,) = row["adaptive"]["runs"]
         assert len(run["passes_tokens_per_s"]) == 2 and run["passes_kept"] in (1, 2)
