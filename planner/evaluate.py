@@ -44,9 +44,11 @@ Four phases, all on one pair of model runners (target and draft) built once:
 **Timing passes.** The measured and adaptive runs of phases 3 and 4 go ``timing_passes``
 times (``run_passes``): a whole pass over a phase's runs (a regime's, a prompt set's), then the
 next, and each run's figure is its least disturbed pass among those that decoded the same
-(``least_disturbed``). So do the profile's steady runs (phase 1) for the overhead fit: after a
-regime's runs have measured its acceptance, the later passes go over all of them in the order
-they ran. On the H100 machine one decode's round time, the same tokens and rounds
+(``least_disturbed``). Within a pass the strategies' runs are interleaved (``interleave``: the
+i-th run of every strategy in turn), so a slow stretch of the machine falls on a few runs of
+every strategy instead of on one strategy's block. So do the profile's steady runs (phase 1)
+for the overhead fit: after a regime's runs have measured its acceptance (strategy by
+strategy), the later passes go over all of them interleaved. On the H100 machine one decode's round time, the same tokens and rounds
 every time, moves by up to ~40% from run to run in slow stretches of the shared host and never
 below a floor (``benchmarks/run_noise.py``): with one pass, two strategies 3% apart trade places
 from one evaluation to the next. In run 30, whose profile went once, the runs of one strategy
@@ -424,6 +426,25 @@ def least_disturbed(passes: list[dict]) -> dict:
     out = dict(max(same, key=lambda r: r["tokens_per_s"]))
     out["passes_tokens_per_s"] = [r["tokens_per_s"] for r in passes]
     out["passes_kept"] = len(same)
+    return out
+
+
+def interleave(groups: list[dict]) -> dict:
+    """The jobs of ``groups`` (each one strategy's runs, in order) in one order that takes the
+    i-th run of every group in turn, the groups' order rotated by one each turn (group i mod n
+    first): so one strategy's runs lie spread over the whole pass instead of side by side. On
+    the H100 host slow stretches last several seconds -- in run 31 the ten runs of one strategy
+    in one pass (one after another, ~5 s) were slowed together, by up to 15%, and a strategy's
+    figure moved with the stretches its blocks met (16K: the same decodes 7-14% apart between
+    runs 30 and 31 for some strategies, 1% for others). Spread out, a stretch falls on a few
+    runs of every strategy instead. A key in several groups keeps its first place."""
+    lists = [list(g.items()) for g in groups]
+    out: dict = {}
+    for i in range(max(map(len, lists), default=0)):
+        for j in range(len(lists)):
+            items = lists[(i + j) % len(lists)]
+            if i < len(items) and items[i][0] not in out:
+                out[items[i][0]] = items[i][1]
     return out
 
 
@@ -807,8 +828,14 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         # above their measured ones at <=4K).
         if bench.timing_passes > 1:
             passes = [[fig] for _, fig in runs]
+            # The later passes go over the strategies' runs interleaved (``interleave``);
+            # the first went strategy by strategy, as the acceptance needed them.
+            groups: dict[str, dict] = {}
+            for i, ((s, _), (key, job)) in enumerate(zip(runs, jobs, strict=True)):
+                groups.setdefault(strategy_id(s), {})[i] = (key, job)
+            order = interleave(list(groups.values()))
             for p in range(1, bench.timing_passes):
-                for i, (key, (fn, args, kwargs)) in enumerate(jobs):
+                for i, (key, (fn, args, kwargs)) in order.items():
                     passes[i].append(bench.run(f"{key}|t{p}", fn, *args, **kwargs))
             runs = [(s, least_disturbed(ps)) for (s, _), ps in zip(runs, passes, strict=True)]
             kept = [f["passes_kept"] for _, f in runs]
@@ -889,8 +916,9 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
                                           runs=len(windows))
             for s in strategies}  # fmt: skip
     t0 = time.perf_counter()
-    # All strategies' runs in one set of passes: a run's passes lie a whole pass apart.
-    done = run_passes(bench, {k: v for j in jobs.values() for k, v in j.items()})
+    # All strategies' runs in one set of passes, interleaved: a run's passes lie a whole pass
+    # apart, and one strategy's runs of a pass are spread over it (``interleave``).
+    done = run_passes(bench, interleave(list(jobs.values())))
     bench.log(f"{regime} measured {len(strategies)} strategies x {len(windows)} runs x "
               f"{bench.timing_passes} passes ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
     rows = []
@@ -961,22 +989,21 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         warm = bench.run(f"{key}|warm|{bid}", *adapt, seed=bench.repeats + 1,
                          switch_cost_s=_costs(cold))  # fmt: skip
         known_cost = {**_costs(cold), **_costs(warm, measured_only=True)}
-        # The timed runs, each pass over all of them (``run_passes``): the default, then the
-        # offline best and the controller interleaved (so a drift of the machine hits both
-        # alike; both runs of repeat i draw with seed i), then the oracle's strategies (the
-        # offline best's runs among them are the same jobs, not run again).
-        jobs = _measure_jobs(bench, default, prompt, key)
-        fixed_keys, adaptive_keys = [], []
+        # The timed runs, each pass over all of them (``run_passes``), interleaved seed by
+        # seed (``interleave``): the default, the offline best, the controller and the
+        # oracle's strategies (the offline best's runs among them are the same jobs, not run
+        # again), so a drift of the machine falls on every one alike; all runs of repeat i
+        # draw with seed i.
+        fixed, adaptive_jobs = {}, {}
         for i in range(bench.repeats):
-            fixed_keys.append(f"{key}|{bid}|{i}")
-            adaptive_keys.append(f"{key}|adaptive|{bid}|{i}")
-            jobs[fixed_keys[-1]] = (steady_run, (bench, best, prompt), {"seed": i})
-            jobs[adaptive_keys[-1]] = (adapt[0], adapt[1:],
-                                       {"seed": i, "switch_cost_s": known_cost})  # fmt: skip
+            fixed[f"{key}|{bid}|{i}"] = (steady_run, (bench, best, prompt), {"seed": i})
+            adaptive_jobs[f"{key}|adaptive|{bid}|{i}"] = (
+                adapt[0], adapt[1:], {"seed": i, "switch_cost_s": known_cost})  # fmt: skip
+        fixed_keys, adaptive_keys = list(fixed), list(adaptive_jobs)
         oracle_jobs = {strategy_id(s): _measure_jobs(bench, s, prompt, key) for s in oracles}
-        for j in oracle_jobs.values():
-            jobs.update(j)
-        done = run_passes(bench, jobs)
+        groups = [_measure_jobs(bench, default, prompt, key), fixed, adaptive_jobs,
+                  *oracle_jobs.values()]  # fmt: skip
+        done = run_passes(bench, interleave(groups))
         default_keys = _measure_jobs(bench, default, prompt, key)
         row = {"default": _median_run([done[k] for k in default_keys])}
         row["default"]["id"] = strategy_id(default)

@@ -127,6 +127,18 @@ def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
     assert set(cache) == {"a"}
 
 
+def test_interleave_takes_every_strategys_ith_run_in_turn_rotating_the_first():
+    from planner.evaluate import interleave
+
+    a = {"a0": 1, "a1": 2, "a2": 3}
+    b = {"b0": 4, "b1": 5}
+    c = {"c0": 6, "a1": 2, "c2": 8}  # a's job "a1" is c's too: run once, where first met
+    got = interleave([a, b, c])
+    assert list(got) == ["a0", "b0", "c0", "b1", "a1", "c2", "a2"]
+    assert got == {**a, **b, **c}
+    assert interleave([]) == {} and interleave([{}, {"x": 1}]) == {"x": 1}
+
+
 def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     """The benchmark on the trained tiny pair, tiny settings: every figure is there and sane,
     and bad arguments fail with one line and exit 2 before any model is built."""
