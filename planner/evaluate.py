@@ -41,19 +41,20 @@ Four phases, all on one pair of model runners (target and draft) built once:
    adaptive run's switches (with reasons), warm-up time and shadow estimates are recorded
    (``adaptive.runs``).
 
-**Timing passes.** The measured and adaptive runs of phases 3 and 4 go ``timing_passes``
-times (``run_passes``): a whole pass over a phase's runs (a regime's, a prompt set's), then the
-next, and each run's figure is its least disturbed pass among those that decoded the same
+**Timing passes.** The measured and adaptive runs of phases 3 and 4 go ``timing_passes`` times
+(``run_passes``): a whole pass over a phase's runs (a regime's, a prompt set's), then the next,
+and each run's figure is its least disturbed pass among those that decoded the same
 (``least_disturbed``). Within a pass the strategies' runs are interleaved (``interleave``: the
 i-th run of every strategy in turn), so a slow stretch of the machine falls on a few runs of
 every strategy instead of on one strategy's block. So do the profile's steady runs (phase 1)
 for the overhead fit: after a regime's runs have measured its acceptance (strategy by
-strategy), the later passes go over all of them interleaved. On the H100 machine one decode's round time, the same tokens and rounds
-every time, moves by up to ~40% from run to run in slow stretches of the shared host and never
-below a floor (``benchmarks/run_noise.py``): with one pass, two strategies 3% apart trade places
-from one evaluation to the next. In run 30, whose profile went once, the runs of one strategy
-(its prompts one after another) shared slow stretches: the n-gram trees' profile rounds sat
-20-24% above their measured ones at <=4K, and the overhead fit's host terms took that up.
+strategy), the later passes go over all of them interleaved. On the H100 machine one decode's
+round time, the same tokens and rounds every time, moves by up to ~40% from run to run in slow
+stretches of the shared host and never below a floor (``benchmarks/run_noise.py``): with one
+pass, two strategies 3% apart trade places from one evaluation to the next. In run 30, whose
+profile went once, the runs of one strategy (its prompts one after another) shared slow
+stretches: the n-gram trees' profile rounds sat 20-24% above their measured ones at <=4K, and
+the overhead fit's host terms took that up.
 
 Tokens/s of every run: generated tokens over round wall time (the shadow's host time included)
 plus the controller's host time (``control``, its re-scores; an overlapped controller's calls
