@@ -389,6 +389,26 @@ class ShadowChain:
         return out
 
 
+def walk_text(prompt: list[int], text: list[int], specs: tuple[str, ...],
+              max_n: int = 3) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """The shadow's walks (see the module) of n-gram drafting with each tree of ``specs``
+    (chains and branching trees) over one decoded ``text`` after its ``prompt``: per spec, the
+    rounds its own run would have taken over that text and the drafts they accepted (a round
+    still open at the text's end is left out). Unbiased for a run of that tree on any text the
+    target wrote losslessly, whichever strategy decoded it: so every tree can be scored on the
+    same texts (``planner.evaluate.measure_profile``)."""
+    chains = {s: t.num_drafts for s in specs if (t := DraftTree.from_spec(s)).max_children <= 1}
+    trees = NgramDrafter._walked(specs)
+    idx = NgramIndex(max_n)
+    idx.extend(prompt)
+    sh = ShadowChain(max(chains.values(), default=1), trees)
+    sh.advance(idx, list(text))
+    _, _, rounds, drafts, walks = sh.take()
+    out = {s: (rounds[k - 1], drafts[k - 1]) for s, k in chains.items() if k}
+    out.update({spec: (r, d) for spec, r, d, _ in walks})
+    return out
+
+
 class NgramDrafter:
     """Prompt lookup over each sequence's own history; with ``shadow_chain > 0`` it also scores
     the shadow acceptance of chains of up to that many drafts (see the module)."""

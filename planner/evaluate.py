@@ -409,7 +409,11 @@ def _decoded(run: dict) -> tuple:
     destination). Runs of one strategy, prompt and seed decode the same (sampling is seeded);
     an adaptive run's controller may still decide otherwise where a measured switch cost sits
     at a threshold."""
-    return (run["tokens"], run["rounds"],
+    # The rounds a run captured a graph in are left out of its steady figures, not out of
+    # what it decoded: a pass that captured (the first after a sparse run dropped the graphs)
+    # decoded the same as one that did not (run 31: 7 passes had been left out for that).
+    return (run["tokens"] + run.get("capture_tokens", 0),
+            run["rounds"] + run.get("capture_rounds", 0),
             tuple((w["round"], w["to"]) for w in run.get("switches", ())))  # fmt: skip
 
 
@@ -530,9 +534,14 @@ def pooled_figures(runs: list[dict]) -> dict:
     }
 
 
-def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0) -> dict:
-    """One run's steady figures."""
-    return steady_figures(run_once(bench, strategy, prompt, seed=seed))
+def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0,
+               keep_text: bool = False) -> dict:  # fmt: skip
+    """One run's steady figures; with ``keep_text``, the tokens it decoded too (``text``)."""
+    result = run_once(bench, strategy, prompt, seed=seed)
+    fig = steady_figures(result)
+    if keep_text:
+        fig["text"] = [int(t) for t in result.tokens[0]]
+    return fig
 
 
 def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: dict,
@@ -639,7 +648,9 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
       then on every other tree of the space (``best:N`` resolved at the drafter's alpha on
       ``ref_tree``, as the ranking resolves it) from the mean tokens per round over the
       prompts (one prompt at temperature 1 leaves near-tied strategies in an order its draws
-      set);
+      set); the n-gram drafter's, on each of its trees, then replaced by its walks over the
+      texts of every dense profile run of the regime (``walk_ngram``: every tree on the same
+      ~140 texts instead of ten of its own);
     - the factor sparse attention puts on alpha, per drafter kind and attention key of the
       space's valid sparse strategies: the drafter on ``attention_tree``
       (large enough for every group size; resolved at its alpha) with that attention, over the
@@ -678,14 +689,18 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         runs: list[tuple[Strategy, dict]] = []
         # The steady runs' keys and calls, in the order they ran: the later timing passes.
         jobs: list[tuple[str, tuple]] = []
+        prompts_of: list[list[int]] = []  # each steady run's prompt
+        own_tpr: dict[str, float] = {}  # kind@tree -> its own runs' mean tokens per round
         first: dict[str, float] = {}  # tokens per round on the first prompt, per strategy id
 
-        def steady(key: str, s: Strategy, text: list[int], seed: int = 0, runs=runs,
-                   jobs=jobs) -> dict:  # fmt: skip
-            """A steady run of the profile, kept for the overhead fit's timing passes."""
-            fig = bench.run(key, steady_run, bench, s, text, seed=seed)
+        def steady(key: str, s: Strategy, tokens: list[int], seed: int = 0, runs=runs,
+                   jobs=jobs, prompts_of=prompts_of) -> dict:  # fmt: skip
+            """A steady run of the profile (its text kept for the n-gram walks), kept for the
+            overhead fit's timing passes."""
+            fig = bench.run(key, steady_run, bench, s, tokens, seed=seed, keep_text=True)
             runs.append((s, fig))
-            jobs.append((key, (steady_run, (bench, s, text), {"seed": seed})))
+            prompts_of.append(tokens)
+            jobs.append((key, (steady_run, (bench, s, tokens), {"seed": seed})))
             return fig
 
         def go(s: Strategy, tag: str, fn=steady_run, ctx=ctx, prompt=prompt) -> dict:
@@ -697,8 +712,8 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         hists: dict[str, list[tuple[int, list[int]]]] = {}  # kind -> (K, histogram) per run
         unpooled: set[str] = set()  # kinds with a chain run lacking its histogram
 
-        def tokens(s: Strategy, ctx=ctx, texts=texts, runs=runs, first=first,
-                   hists=hists, unpooled=unpooled) -> float:  # fmt: skip
+        def tokens(s: Strategy, ctx=ctx, texts=texts, first=first, hists=hists,
+                   unpooled=unpooled, own_tpr=own_tpr) -> float:  # fmt: skip
             """Mean tokens per round of ``s`` over the profile prompts (a chain's runs kept
             for ``pooled_chain_tokens``)."""
             figs = [go(s, "profile")]
@@ -712,7 +727,10 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                         hists.setdefault(s.drafter.kind, []).append((k, f["accepted_hist"]))
                     else:  # a figure cached before histograms were recorded
                         unpooled.add(s.drafter.kind)
-            return float(np.mean([f["mean_accepted"] for f in figs])) + 1.0
+            own_tpr[f"{s.drafter.kind}@{s.tree}"] = float(
+                np.mean([f["mean_accepted"] for f in figs]) + 1.0
+            )
+            return own_tpr[f"{s.drafter.kind}@{s.tree}"]
 
         # Every drafter's chains first (the reference chain among them), then each chain's
         # tokens per round pooled over its drafter's chains at least as long
@@ -821,6 +839,8 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
             if v is not None:
                 ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
                 bench.log(f"profile {regime} {trav}: gamma={v:.3f}")
+        if "ngram" in space.drafters:
+            walk_ngram(bench, regime, a, runs, prompts_of, own_tpr, chain_tokens)
         # The loop overhead: what the step model leaves out of the measured rounds, timed as
         # the measured runs are (``run_passes``): the regime's steady runs again in whole
         # passes, each run's round time its least disturbed pass. With one pass, the runs of
@@ -857,6 +877,53 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         bench.log(f"profile {regime} loop overhead: {terms} (rms {rms:.0f} us, {len(runs)} runs)")
     profile = Profile(acc, ovl, "measured:engine-code-prompts", att, ovh)
     return profile, fits, per_key, chain_tokens
+
+
+def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[Strategy, dict]],
+               prompts: list[list[int]], own: dict[str, float], record: dict) -> None:  # fmt: skip
+    """Set the n-gram drafter's acceptance on each of its trees in ``a`` (``ngram@<tree>``,
+    chains and branching trees) from its walks (``engine.ngram.walk_text``) over the texts of
+    every dense profile run of the regime (``runs``, with their ``prompts``), whatever decoded
+    them: accepted drafts over rounds, summed over the texts. Each tree's own runs decode ten
+    texts of their own, and at temperature 1 a text's draw moves a tree's tokens per round by
+    more than the trees differ: in run 31 the n-gram chain:7 accepted 2.20 tokens a round on
+    the profile's prompts and 1.87 on the measured ones, while in another process on the H100
+    the same prompts and seeds wrote texts on which it accepted 2.07
+    (``docs/notes/planner-h100/session18/order_check.py``); ranked first at <=4K on 2.20, it
+    measured last of the five dense n-gram strategies (regret 14.6%). Walked over the same
+    ~140 texts, every tree sees the same draws, so their order is the texts' and not their
+    luck. Unbiased for the same reason the shadow is (``engine.ngram``): every text is the
+    target's own samples. The drafter's reference alpha ``a["ngram"]`` stays its own runs'
+    (the ``best:N`` trees were resolved at it, as the ranking resolves them). ``own``: each
+    tree's own runs' tokens per round; ``record`` (per regime and key) gets both figures."""
+    from engine.ngram import walk_text
+
+    keys = [k for k in a if k.startswith("ngram@") and parse_tree(k.split("@", 1)[1])]
+    specs = tuple(k.split("@", 1)[1] for k in keys)
+    if not specs:
+        return
+    sums = {sp: [0, 0] for sp in specs}
+    texts = 0
+    max_n = bench.decode().ngram_max_n
+    for (s, fig), prompt in zip(runs, prompts, strict=True):
+        if s.attention != "dense" or "text" not in fig:
+            continue  # sparse attention writes another distribution; old caches kept no text
+        texts += 1
+        for sp, (r, d) in walk_text(prompt, fig["text"], specs, max_n).items():
+            sums[sp][0] += r
+            sums[sp][1] += d
+    if not texts:
+        return
+    for k, sp in zip(keys, specs, strict=True):
+        rounds, drafts = sums[sp]
+        if not rounds:
+            continue
+        tpr = 1.0 + drafts / rounds
+        a[k] = alpha_from_tokens(sp, tpr)
+        entry = record.setdefault(regime, {}).setdefault(k, {"own": own.get(k)})
+        entry.update({"walked": tpr, "walked_texts": texts, "used": tpr})
+        bench.log(f"profile {regime} {k}: walked {tpr:.2f} tokens/round over {texts} texts "
+                  f"(own runs {own.get(k, float('nan')):.2f}), alpha={a[k]:.3f}")  # fmt: skip
 
 
 def _overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:

@@ -15,7 +15,7 @@ from engine_helpers import random_prompts, tiny_model
 from engine.attention import AttentionConfig
 from engine.controller import ShadowAcceptance
 from engine.loop import Engine
-from engine.ngram import NgramDrafter, NgramIndex
+from engine.ngram import NgramDrafter, NgramIndex, walk_text
 from engine.runner import ModelRunner
 from engine.settings import DecodeConfig
 from engine.tree import DraftTree
@@ -623,6 +623,29 @@ def test_tree_walk_is_the_tree_run_on_the_same_text(temperature):
     real = [r.accepted[0] for r in run.rounds]
     assert len(real) - 3 <= walked <= len(real)
     assert drafts == sum(real[:walked]) >= 10  # the tree accepts: the walk is exercised
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.05])
+def test_walk_text_is_each_trees_own_run_on_that_text(temperature):
+    """``walk_text`` over a decoded text, offline (what the planner's profile scores every
+    n-gram tree with): each chain's and tree's rounds and accepted drafts are that tree's own
+    run's on the same text, over the rounds it resolved."""
+    base = random_prompts([40], seed=5)[0]
+    prompts = [base * 3]
+    ar, _ = _engine(AR, Plan({}), prompts, n=90, temperature=temperature)
+    text = ar.generate(prompts).tokens[0]
+    specs = ("chain:3", "chain:7", "full:2x3")
+    got = walk_text(prompts[0], text, ("chain:0", *specs))
+    assert set(got) == set(specs)  # chain:0 drafts nothing: no walk
+    for spec in specs:
+        eng, _ = _engine(Strategy(name="w", tree=spec, drafter=NG), Plan({}), prompts, n=90,
+                         temperature=temperature)  # fmt: skip
+        run = eng.generate(prompts)
+        assert run.tokens[0] == text  # the same text
+        real = [r.accepted[0] for r in run.rounds]
+        rounds, drafts = got[spec]
+        assert len(real) - 3 <= rounds <= len(real)
+        assert drafts == sum(real[:rounds]) >= 10, spec
 
 
 def test_the_drafters_own_calls_leave_the_shadow_to_sync():

@@ -118,6 +118,14 @@ def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
             {"tokens_per_s": 20.0, "tokens": 5, "rounds": 3, "switches": sw(1, "x")}]  # fmt: skip
     got = least_disturbed(runs)
     assert got["tokens_per_s"] == 20.0 and got["passes_kept"] == 2
+    # A pass whose first round captured a graph (left out of its steady figures) decoded the
+    # same as the others.
+    runs = [{"tokens_per_s": 10.0, "tokens": 5, "rounds": 3, "capture_tokens": 2,
+             "capture_rounds": 1},
+            {"tokens_per_s": 30.0, "tokens": 7, "rounds": 4, "capture_tokens": 0,
+             "capture_rounds": 0}]  # fmt: skip
+    got = least_disturbed(runs)
+    assert got["tokens_per_s"] == 30.0 and got["passes_kept"] == 2
     # One pass: each job's run as it is, under its own key.
     bench.timing_passes, calls[:] = 1, []
     cache = {}
@@ -200,9 +208,19 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     for kind in ("draft_model", "ngram"):
         c3, c4 = chains[f"{kind}@chain:3"], chains[f"{kind}@chain:4"]
         assert (c3["runs"], c4["runs"]) == (6, 3)
-        assert c4["used"] == c4["pooled"] == pytest.approx(c4["own"])
-        assert 1 <= c3["used"] == c3["pooled"] <= 4
+        assert c4["pooled"] == pytest.approx(c4["own"]) and 1 <= c3["pooled"] <= 4
+        if kind == "draft_model":
+            assert c4["used"] == c4["pooled"] and c3["used"] == c3["pooled"]
         assert acc[f"{kind}@chain:3"] == pytest.approx(alpha_from_tokens("chain:3", c3["used"]))
+    # The n-gram drafter's trees, chains and branching ones, from their walks over the texts
+    # of every dense profile run (engine.ngram.walk_text), each tree's own runs beside them.
+    walked = {k: v for k, v in chains.items() if k.startswith("ngram@")}
+    assert len(walked) == 4 and {k for k in acc if k.startswith("ngram@")} == set(walked)
+    texts = {v["walked_texts"] for v in walked.values()}
+    assert len(texts) == 1 and texts.pop() >= 3 * 5  # 3 prompts x (chains, trees, AR) at least
+    for k, v in walked.items():
+        assert v["used"] == v["walked"] and 1 <= v["walked"] and v["own"] >= 1
+        assert acc[k] == pytest.approx(alpha_from_tokens(k.split("@")[1], v["walked"]))
     # A factor per drafter and attention key of the space's valid sparse strategies at 1K
     # (top16 x 64 fits, top32 x 64 does not; NSA selects per row whatever the grouping):
     # refresh every 1, 2, 4 and 8.
