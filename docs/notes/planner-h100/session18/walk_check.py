@@ -21,16 +21,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--max-context", type=int, default=30720)
     p.add_argument("--context", type=int, default=3584)
+    p.add_argument("--new-tokens", type=int, default=384)
+    p.add_argument("--prompts", type=int, default=10)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    bench = make_bench("tiny", "tiny-draft", args.max_context, 384, 1, args.device, "h100-sxm",
-                       1.0)  # fmt: skip
+    bench = make_bench("tiny", "tiny-draft", args.max_context, args.new_tokens, 1, args.device,
+                       "h100-sxm", 1.0)  # fmt: skip
     bench.log = lambda m: print(m, flush=True) if "ngram" in m else None
     space = SpaceSpec(drafters=("draft_model", "ngram"), trees=TREES,
                       draft_model=bench.draft_label)  # fmt: skip
     t0 = time.perf_counter()
-    _, _, _, chain_tokens = measure_profile(bench, {"<=4K": args.context}, space, prompts=10)
+    _, _, _, chain_tokens = measure_profile(bench, {"<=4K": args.context}, space,
+                                          prompts=args.prompts)  # fmt: skip
     rows = {k: v for k, v in chain_tokens["<=4K"].items() if k.startswith("ngram@")}
     with open(args.out, "w") as fh:
         json.dump({"context": args.context, "max_context": args.max_context, "ngram": rows,
