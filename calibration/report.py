@@ -284,6 +284,9 @@ def planner_section(planner: dict) -> dict:
         "adaptive_gain": planner["adaptive_gain"],
         # Absent from evaluations made before it was recorded.
         "adaptive_gain_captures_counted": planner.get("adaptive_gain_captures_counted"),
+        # The best fixed strategy per prompt set over the offline best (None without the
+        # oracle's runs): what choosing among the space's fixed strategies could gain at most.
+        "adaptive_ceiling": planner.get("adaptive_ceiling"),
         "targets": planner["targets"],
         "met": planner["met"],
         "provenance": planner["provenance"],
@@ -442,6 +445,15 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
             "With the rounds that captured a CUDA graph inside an adaptive run counted (left "
             "out above, as a server captures before requests arrive): "
             + ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in counted.items())
+            + ".",
+        ]
+    ceiling = pl.get("adaptive_ceiling")
+    if ceiling:  # evaluations without the oracle's runs lack it
+        lines += [
+            "",
+            "The best fixed strategy of each prompt set over the fixed offline best (the most "
+            "a controller that picks among the space's fixed strategies could gain): "
+            + ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in ceiling.items())
             + ".",
         ]
     lines += [

@@ -93,3 +93,13 @@ def test_report_gives_the_adaptive_gains_with_capture_rounds_counted_when_record
     # An evaluation that did not record them gets no such line.
     pl["adaptive_gain_captures_counted"] = None
     assert "With the rounds that captured" not in rpt.markdown({**rep, "planner": pl})
+
+
+def test_report_gives_the_adaptive_ceiling_when_recorded(rep):
+    pl = dict(rep["planner"])
+    pl["adaptive_ceiling"] = {"code": 0.0, "repetitive": 0.056}
+    md = rpt.markdown({**rep, "planner": pl})
+    line = next(x for x in md.splitlines() if x.startswith("The best fixed strategy"))
+    assert line.endswith("code +0.0%, repetitive +5.6%.")
+    pl["adaptive_ceiling"] = None  # an evaluation without the oracle's runs
+    assert "The best fixed strategy" not in rpt.markdown({**rep, "planner": pl})
