@@ -269,7 +269,7 @@ def test_the_scenarios_reach_every_kind_of_switch(setting):
     # of its chain:2); its truncation from chain:4 is tested from there
     # (test_truncation_leaves_...).
     assert {"acceptance", "collapse", "probe"} <= reasons <= {
-        "acceptance", "collapse", "probe", "shadow", "truncation"
+        "acceptance", "collapse", "probe", "recheck", "shadow", "truncation"
     }  # fmt: skip
 
 
