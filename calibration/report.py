@@ -430,32 +430,28 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
     ]
     for reg, tau in pl["kendall_tau"].items():
         lines.append(f"| {reg} | {tau:.3f} | {100 * pl['regret'][reg]:.1f}% |")
-    gains = ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in pl["adaptive_gain"].items())
+
+    def per_set(figures: dict) -> str:
+        return ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in figures.items())
+
     lines += [
         "",
-        f"Adaptive vs fixed offline best: {gains}. Targets: tau >= "
+        f"Adaptive vs fixed offline best: {per_set(pl['adaptive_gain'])}. Targets: tau >= "
         f"{pl['targets']['kendall_tau_min']}, regret <= {100 * pl['targets']['regret_max']:.0f}%, "
         f"adaptive >= {100 * pl['targets']['adaptive_gain_min']:.0f}% off distribution; met: "
         f"{', '.join(f'{k2} {v}' for k2, v in pl['met'].items())}.",
     ]
-    counted = pl.get("adaptive_gain_captures_counted")
-    if counted:  # evaluations before it was recorded lack it
-        lines += [
-            "",
-            "With the rounds that captured a CUDA graph inside an adaptive run counted (left "
-            "out above, as a server captures before requests arrive): "
-            + ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in counted.items())
-            + ".",
-        ]
-    ceiling = pl.get("adaptive_ceiling")
-    if ceiling:  # evaluations without the oracle's runs lack it
-        lines += [
-            "",
-            "The best fixed strategy of each prompt set over the fixed offline best (the most "
-            "a controller that picks among the space's fixed strategies could gain): "
-            + ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in ceiling.items())
-            + ".",
-        ]
+    # Each absent from evaluations made before it was recorded (or without the oracle's runs).
+    for key, text in (
+        ("adaptive_gain_captures_counted", "With the rounds that captured a CUDA graph inside "
+         "an adaptive run counted (left out above, as a server captures before requests "
+         "arrive): "),
+        ("adaptive_ceiling", "The best fixed strategy of each prompt set over the fixed offline "
+         "best (the most a controller that picks among the space's fixed strategies could "
+         "gain): "),
+    ):  # fmt: skip
+        if pl.get(key):
+            lines += ["", text + per_set(pl[key]) + "."]
     lines += [
         "",
         "Figures: `verify.png`, `tokens_per_s.png`, `speedup.png` (predicted vs measured).",

@@ -1069,11 +1069,10 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
                 adapt[0], adapt[1:], {"seed": i, "switch_cost_s": known_cost})  # fmt: skip
         fixed_keys, adaptive_keys = list(fixed), list(adaptive_jobs)
         oracle_jobs = {strategy_id(s): _measure_jobs(bench, s, prompt, key) for s in oracles}
-        groups = [_measure_jobs(bench, default, prompt, key), fixed, adaptive_jobs,
-                  *oracle_jobs.values()]  # fmt: skip
+        default_jobs = _measure_jobs(bench, default, prompt, key)
+        groups = [default_jobs, fixed, adaptive_jobs, *oracle_jobs.values()]
         done = run_passes(bench, interleave(groups))
-        default_keys = _measure_jobs(bench, default, prompt, key)
-        row = {"default": _median_run([done[k] for k in default_keys])}
+        row = {"default": _median_run([done[k] for k in default_jobs])}
         row["default"]["id"] = strategy_id(default)
         runs = [done[k] for k in adaptive_keys]
         row["offline_best"] = _median_run([done[k] for k in fixed_keys])
