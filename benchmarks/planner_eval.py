@@ -34,6 +34,7 @@ from planner.evaluate import (
     MEASURE_OFFSETS,
     PROFILE_OFFSETS,
     PROMPT_SETS,
+    WALK_OFFSETS,
     Bench,
     RunCache,
     evaluate,
@@ -58,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
     p.add_argument("--profile-prompts", type=int, default=10,
                    help="code prompts per profile entry (<= 10; planner.evaluate)")  # fmt: skip
+    p.add_argument("--walk-prompts", type=int, default=20,
+                   help="code prompts past the measured ones whose autoregressive texts the "
+                   "n-gram trees' walks add (one each, where the corpus holds them)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
     p.add_argument("--measure-texts", type=int, default=10,
@@ -106,6 +110,9 @@ def main(argv=None) -> int:
         if not 1 <= args.profile_prompts <= len(PROFILE_OFFSETS):
             raise ValueError(f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, "
                              f"got {args.profile_prompts}")  # fmt: skip
+        if not 0 <= args.walk_prompts <= len(WALK_OFFSETS):
+            raise ValueError(f"--walk-prompts must lie in 0..{len(WALK_OFFSETS)}, "
+                             f"got {args.walk_prompts}")  # fmt: skip
         if not args.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
         contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
@@ -127,7 +134,7 @@ def main(argv=None) -> int:
             keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
                     "new_tokens", "repeats", "temperature", "trees", "drafters",
                     "prompt_sets", "gpu", "profile_prompts", "timing_passes",
-                    "measure_texts")  # fmt: skip
+                    "measure_texts", "walk_prompts")  # fmt: skip
             settings = {**{k: getattr(args, k) for k in keep}, **prov}
             bench.cache = RunCache(args.resume, settings)
             if bench.cache.runs:
@@ -145,6 +152,7 @@ def main(argv=None) -> int:
         adaptive_context=parse_int_list(args.adaptive_context, "--adaptive-context")[0],
         prompt_sets=sets,
         profile_prompts=args.profile_prompts,
+        walk_prompts=args.walk_prompts,
         controller=ControllerConfig(),
         provenance={**provenance(), "command": " ".join(sys.argv)},
         oracle=args.oracle,

@@ -63,7 +63,7 @@ def profile_from_runs(runs: Path, doc: dict, model: str = "tiny",
                          for k, v in doc["space"].items()})  # fmt: skip
     profile, fits, _, _ = measure_profile(
         bench, contexts, space, doc["profile_reference_tree"], doc["profile_attention_tree"],
-        doc["profile_prompts"],
+        doc["profile_prompts"], doc.get("profile_walk_prompts", 0),
     )  # fmt: skip
     return bench, space, contexts, profile, fits
 

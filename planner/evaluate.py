@@ -605,6 +605,13 @@ FACTOR_SEEDS = 3
 # turned with the texts (run 25: at <=4K the n-gram tree(n=8,d=4) accepted 2.04 tokens per round
 # where chain:7 accepted 1.87 on the same five texts, 2.12 and 2.20 on the profile's ten).
 MEASURE_OFFSETS = (1, 7, 8, 9, 10, 16, 17, 18, 19, 20)
+# Windows past every measured one whose autoregressive texts only the n-gram walks read
+# (``walk_ngram``, ``walk_windows``): the walks' error is the prompts' more than the texts' --
+# n-gram acceptance moves with the prompt -- and ten profile prompts left the walked tokens per
+# round of tree(n=32,d=6) over tree(n=16,d=5) at 1.053 at 16K in run 32 where the ten measured
+# windows gave 1.094 (9 of 10 windows above 1.0); the predicted best there measured 5.7% behind
+# the best. One autoregressive decode per window, outside the overhead fit.
+WALK_OFFSETS = tuple(range(21, 61))
 
 
 def _log_wrapped(bench: Bench, what: str, offsets, ctx: int) -> None:
@@ -626,19 +633,36 @@ def measure_windows(ctx: int, texts: int, available=None) -> tuple[int, ...]:
     where the profile's prompts are."""
     if not 1 <= texts <= len(MEASURE_OFFSETS):
         raise ValueError(f"measured texts must lie in 1..{len(MEASURE_OFFSETS)}, got {texts}")
-    if available is None:
-        from engine.corpus import validation_bytes as available
-    size = available((max(MEASURE_OFFSETS) + 1) * ctx)
-    fit = tuple(o for o in MEASURE_OFFSETS if (o + 1) * ctx <= size)
+    fit, size = _in_corpus(MEASURE_OFFSETS, ctx, available)
     if not fit:
         raise ValueError(f"no measured prompt window of {ctx} tokens fits in the code corpus "
                          f"({size} bytes)")  # fmt: skip
     return fit[:texts]
 
 
+def walk_windows(ctx: int, prompts: int, available=None) -> tuple[int, ...]:
+    """The first ``prompts`` windows of ``WALK_OFFSETS`` whose prompt of ``ctx`` tokens ends
+    inside the code corpus (``available`` as in ``measure_windows``); fewer, or none, where the
+    corpus is shorter."""
+    if not 0 <= prompts <= len(WALK_OFFSETS):
+        raise ValueError(f"walk prompts must lie in 0..{len(WALK_OFFSETS)}, got {prompts}")
+    if not prompts:
+        return ()
+    return _in_corpus(WALK_OFFSETS, ctx, available)[0][:prompts]
+
+
+def _in_corpus(offsets: tuple[int, ...], ctx: int, available) -> tuple[tuple[int, ...], int]:
+    """The windows of ``offsets`` whose prompt of ``ctx`` tokens ends inside the code corpus,
+    and the corpus's size (up to the last window's end)."""
+    if available is None:
+        from engine.corpus import validation_bytes as available
+    size = available((max(offsets) + 1) * ctx)
+    return tuple(o for o in offsets if (o + 1) * ctx <= size), size
+
+
 def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                     ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
-                    prompts: int = 3) -> tuple[Profile, dict]:  # fmt: skip
+                    prompts: int = 3, walk_prompts: int = 0) -> tuple[Profile, dict]:  # fmt: skip
     """The profile of the space's strategies, measured per regime on ``prompts`` code prompts
     (windows ``PROFILE_OFFSETS`` of the corpus; prompt j decodes with seed j):
 
@@ -649,8 +673,9 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
       ``ref_tree``, as the ranking resolves it) from the mean tokens per round over the
       prompts (one prompt at temperature 1 leaves near-tied strategies in an order its draws
       set); the n-gram drafter's, on each of its trees, then replaced by its walks over the
-      texts of every dense profile run of the regime (``walk_ngram``: every tree on the same
-      ~140 texts instead of ten of its own);
+      texts of every dense profile run of the regime and of one autoregressive run on each of
+      ``walk_prompts`` further windows (``walk_windows``) (``walk_ngram``: every tree on the
+      same texts instead of ten of its own, each prompt weighted alike);
     - the factor sparse attention puts on alpha, per drafter kind and attention key of the
       space's valid sparse strategies: the drafter on ``attention_tree``
       (large enough for every group size; resolved at its alpha) with that attention, over the
@@ -840,7 +865,8 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                 ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
                 bench.log(f"profile {regime} {trav}: gamma={v:.3f}")
         if "ngram" in space.drafters:
-            walk_ngram(bench, regime, a, runs, prompts_of, own_tpr, chain_tokens)
+            extra = walk_texts(bench, space, ctx, walk_prompts, regime)
+            walk_ngram(bench, regime, a, runs, prompts_of, own_tpr, chain_tokens, extra)
         # The loop overhead: what the step model leaves out of the measured rounds, timed as
         # the measured runs are (``run_passes``): the regime's steady runs again in whole
         # passes, each run's round time its least disturbed pass. With one pass, the runs of
@@ -879,12 +905,34 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     return profile, fits, per_key, chain_tokens
 
 
+def walk_texts(bench: Bench, space: SpaceSpec, ctx: int, prompts: int,
+               regime: str) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+    """(prompt, text) of one autoregressive run (seed: the window) on each of the first
+    ``prompts`` windows of ``walk_windows`` at ``ctx``, for ``walk_ngram``."""
+    windows = walk_windows(ctx, prompts)
+    if len(windows) < prompts:
+        bench.log(f"profile {regime}: {len(windows)} of {prompts} walk prompts fit in the "
+                  f"corpus at {ctx} tokens")  # fmt: skip
+    ar = Strategy(name="walk", tree="chain:0", drafter=_drafter(bench, space.drafters[0]))
+    out = []
+    for o in windows:
+        prompt = prompt_tokens("code", ctx, offset=o * ctx)
+        fig = bench.run(f"walk|{ctx}|w{o}|{strategy_id(ar)}", steady_run, bench, ar, prompt,
+                        seed=o, keep_text=True)  # fmt: skip
+        out.append((prompt, fig["text"]))
+    return out
+
+
 def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[Strategy, dict]],
-               prompts: list[list[int]], own: dict[str, float], record: dict) -> None:  # fmt: skip
+               prompts: list[list[int]], own: dict[str, float], record: dict,
+               extra: list[tuple[list[int], list[int]]] = ()) -> None:  # fmt: skip
     """Set the n-gram drafter's acceptance on each of its trees in ``a`` (``ngram@<tree>``,
     chains and branching trees) from its walks (``engine.ngram.walk_text``) over the texts of
     every dense profile run of the regime (``runs``, with their ``prompts``), whatever decoded
-    them: accepted drafts over rounds, summed over the texts. Each tree's own runs decode ten
+    them, and the (prompt, text) pairs of ``extra`` (``walk_texts``): accepted drafts over
+    rounds, summed over the texts of each prompt over their number, then over the prompts --
+    each prompt weighs alike, however many runs decoded it (the profile's first prompt has its
+    attention runs' dense seeds too; a walk prompt one text). Each tree's own runs decode ten
     texts of their own, and at temperature 1 a text's draw moves a tree's tokens per round by
     more than the trees differ: in run 31 the n-gram chain:7 accepted 2.20 tokens a round on
     the profile's prompts and 1.87 on the measured ones, while in another process on the H100
@@ -902,28 +950,31 @@ def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[
     specs = tuple(k.split("@", 1)[1] for k in keys)
     if not specs:
         return
-    sums = {sp: [0, 0] for sp in specs}
-    texts = 0
-    max_n = bench.decode().ngram_max_n
-    for (s, fig), prompt in zip(runs, prompts, strict=True):
-        if s.attention != "dense" or "text" not in fig:
-            continue  # sparse attention writes another distribution; old caches kept no text
-        texts += 1
-        for sp, (r, d) in walk_text(prompt, fig["text"], specs, max_n).items():
-            sums[sp][0] += r
-            sums[sp][1] += d
-    if not texts:
+    pairs = [(prompt, fig["text"]) for (s, fig), prompt in zip(runs, prompts, strict=True)
+             # sparse attention writes another distribution; old caches kept no text
+             if s.attention == "dense" and "text" in fig]  # fmt: skip
+    pairs += list(extra)
+    if not pairs:
         return
+    by_prompt: dict[bytes, dict[str, np.ndarray]] = {}  # prompt -> spec -> [rounds, drafts, texts]
+    max_n = bench.decode().ngram_max_n
+    for prompt, text in pairs:
+        sums = by_prompt.setdefault(bytes(prompt), {sp: np.zeros(3) for sp in specs})
+        for sp, (r, d) in walk_text(prompt, text, specs, max_n).items():
+            sums[sp] += (r, d, 1)
     for k, sp in zip(keys, specs, strict=True):
-        rounds, drafts = sums[sp]
+        rounds = sum(v[sp][0] / v[sp][2] for v in by_prompt.values())
+        drafts = sum(v[sp][1] / v[sp][2] for v in by_prompt.values())
         if not rounds:
             continue
         tpr = 1.0 + drafts / rounds
         a[k] = alpha_from_tokens(sp, tpr)
         entry = record.setdefault(regime, {}).setdefault(k, {"own": own.get(k)})
-        entry.update({"walked": tpr, "walked_texts": texts, "used": tpr})
-        bench.log(f"profile {regime} {k}: walked {tpr:.2f} tokens/round over {texts} texts "
-                  f"(own runs {own.get(k, float('nan')):.2f}), alpha={a[k]:.3f}")  # fmt: skip
+        entry.update({"walked": tpr, "walked_texts": len(pairs),
+                      "walked_prompts": len(by_prompt), "used": tpr})  # fmt: skip
+        bench.log(f"profile {regime} {k}: walked {tpr:.2f} tokens/round over {len(pairs)} texts "
+                  f"of {len(by_prompt)} prompts (own runs {own.get(k, float('nan')):.2f}), "
+                  f"alpha={a[k]:.3f}")  # fmt: skip
 
 
 def _overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:
@@ -1155,12 +1206,13 @@ def _costs(run: dict, measured_only: bool = False) -> dict[str, float]:
 def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_regime: int = 12,
              adaptive_context: int | None = None, prompt_sets: tuple[str, ...] = PROMPT_SETS,
              ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
-             profile_prompts: int = 3, controller: ControllerConfig | None = None,
-             provenance: dict | None = None, oracle: bool = True) -> tuple[dict, dict]:  # fmt: skip
+             profile_prompts: int = 3, walk_prompts: int = 0,
+             controller: ControllerConfig | None = None, provenance: dict | None = None,
+             oracle: bool = True) -> tuple[dict, dict]:  # fmt: skip
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
     profile, overhead_fits, per_key, chain_tokens = measure_profile(
-        bench, contexts, space, ref_tree, attention_tree, profile_prompts
+        bench, contexts, space, ref_tree, attention_tree, profile_prompts, walk_prompts
     )
     ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
     regimes = {
@@ -1191,6 +1243,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "profile_reference_tree": ref_tree,
         "profile_attention_tree": attention_tree,
         "profile_prompts": profile_prompts,
+        "profile_walk_prompts": walk_prompts,
         # The profile's steady runs' timing passes (``measure_profile``; run 30 and earlier: one).
         "profile_timing_passes": bench.timing_passes,
         "profile_overhead_fits": overhead_fits,

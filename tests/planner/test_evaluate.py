@@ -9,12 +9,16 @@ import pytest
 from perfmodel.strategy import parse_tree
 from planner.evaluate import (
     MEASURE_OFFSETS,
+    PROFILE_OFFSETS,
+    WALK_OFFSETS,
     captures_counted,
     measure_windows,
     pick,
     prompt_tokens,
     ranking_quality,
     steady_figures,
+    walk_ngram,
+    walk_windows,
 )
 from planner.profile import OVERHEAD_TERMS, alpha_from_tokens
 
@@ -168,10 +172,12 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "--profile-prompts must lie in 1..10, got 11" in capsys.readouterr().err
     assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--measure-texts", "0"]) == 2
     assert "--measure-texts must lie in 1..10, got 0" in capsys.readouterr().err
+    assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--walk-prompts", "41"]) == 2
+    assert "--walk-prompts must lie in 0..40, got 41" in capsys.readouterr().err
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
             "--new-tokens", "12", "--repeats", "1", "--measure-texts", "2", "--device", "cpu",
             "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "code,random",
-            "--profile-prompts", "3", "--timing-passes", "2",
+            "--profile-prompts", "3", "--timing-passes", "2", "--walk-prompts", "2",
             "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json"),
             "--resume", str(tmp_path / "runs.jsonl")]  # fmt: skip
     assert planner_eval.main(args) == 0
@@ -217,7 +223,10 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     walked = {k: v for k, v in chains.items() if k.startswith("ngram@")}
     assert len(walked) == 4 and {k for k in acc if k.startswith("ngram@")} == set(walked)
     texts = {v["walked_texts"] for v in walked.values()}
-    assert len(texts) == 1 and texts.pop() >= 3 * 5  # 3 prompts x (chains, trees, AR) at least
+    assert len(texts) == 1 and texts.pop() >= 3 * 5 + 2  # 3 prompts x (chains, trees, AR) at
+    # least, and one autoregressive text on each of the 2 walk prompts
+    assert {v["walked_prompts"] for v in walked.values()} == {3 + 2}
+    assert doc["profile_walk_prompts"] == 2
     for k, v in walked.items():
         assert v["used"] == v["walked"] and 1 <= v["walked"] and v["own"] >= 1
         assert acc[k] == pytest.approx(alpha_from_tokens(k.split("@")[1], v["walked"]))
@@ -334,6 +343,54 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     out.unlink()
     assert planner_eval.main([*args, "--new-tokens", "13"]) == 2
     assert "written for other settings" in capsys.readouterr().err and not out.exists()
+
+
+def test_walk_ngram_weighs_each_prompt_alike():
+    """Texts of one prompt count as one text's worth together (their sums over their number),
+    so a prompt decoded by many runs does not outweigh one decoded once."""
+    from engine.ngram import walk_text
+
+    class B:
+        log = staticmethod(lambda m: None)
+
+        @staticmethod
+        def decode():
+            return type("D", (), {"ngram_max_n": 3})()
+
+    rng = np.random.default_rng(0)
+    rep = [int(x) for x in rng.integers(0, 8, 40)]
+    loud = (rep * 4, [rep[:30] * 3, rep[5:35] * 3, rep[:20] * 4])  # repeats: n-gram hits
+    quiet = (
+        [int(x) for x in rng.integers(0, 256, 160)],
+        [[int(x) for x in rng.integers(0, 256, 90)]],
+    )
+    pairs = [(loud[0], t) for t in loud[1]] + [(quiet[0], quiet[1][0])]
+    specs = ("chain:3", "parents:-1,-1,0,1")
+    a = {f"ngram@{sp}": 0.5 for sp in specs}
+    record: dict = {}
+    walk_ngram(B(), "<=4K", a, [], [], {}, record, pairs)
+    for sp in specs:
+        per = [walk_text(p, t, (sp,))[sp] for p, t in pairs]
+        loud_r = np.mean([r for r, _ in per[:3]]), np.mean([d for _, d in per[:3]])
+        want = 1 + (loud_r[1] + per[3][1]) / (loud_r[0] + per[3][0])
+        pooled = 1 + sum(d for _, d in per) / sum(r for r, _ in per)
+        got = record["<=4K"][f"ngram@{sp}"]
+        assert got["walked"] == pytest.approx(want) and got["walked"] != pytest.approx(pooled)
+        assert (got["walked_texts"], got["walked_prompts"]) == (4, 2)
+        assert a[f"ngram@{sp}"] == pytest.approx(alpha_from_tokens(sp, want))
+
+
+def test_walk_windows_lie_past_the_others_and_inside_the_corpus():
+    """The walk prompts' windows are none of the profile's, the measured ones or the adaptive
+    phase's (window 2), and like the measured ones stay inside the corpus."""
+    assert not set(WALK_OFFSETS) & {*PROFILE_OFFSETS, *MEASURE_OFFSETS, 2}
+    assert walk_windows(1000, 5, available=lambda limit: limit) == WALK_OFFSETS[:5]
+    assert walk_windows(1000, 0, available=lambda limit: limit) == ()
+    # 24 windows of 1000 tokens fit in 24000 bytes: windows 21-23 of the walks.
+    assert walk_windows(1000, 20, available=lambda limit: 24_000) == (21, 22, 23)
+    assert walk_windows(1000, 20, available=lambda limit: 5_000) == ()
+    with pytest.raises(ValueError, match="walk prompts must lie in 0..40, got 41"):
+        walk_windows(1000, 41, available=lambda limit: limit)
 
 
 def test_measured_windows_stay_inside_the_corpus():
