@@ -12,6 +12,11 @@ Kendall tau and regret per regime against the same measured tokens/s, beside the
 evaluation recorded. A change to the step model, the overhead terms or the profile's reduction
 is thus checked on real H100 runs without a GPU. It decodes nothing: a run the current code
 would ask for that the file lacks (another tree axis, more profile prompts) is an error.
+
+Run it where the evaluation ran, or on a machine with the same installed packages: the code
+prompts are cut from the installed packages' sources, so another machine's prompts differ past
+some window, and the n-gram walks of the runs' texts after those prompts would be wrong. Runs
+that kept their text also kept their prompt's CRC-32, and a mismatch is an error.
 """
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ import os
 import site
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -536,12 +537,20 @@ def pooled_figures(runs: list[dict]) -> dict:
 
 def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0,
                keep_text: bool = False) -> dict:  # fmt: skip
-    """One run's steady figures; with ``keep_text``, the tokens it decoded too (``text``)."""
+    """One run's steady figures; with ``keep_text``, the tokens it decoded too (``text``) and
+    the CRC-32 of its prompt (``prompt_crc32``: the prompts come from the installed packages'
+    sources, which differ between machines, so a walk of the text elsewhere checks it)."""
     result = run_once(bench, strategy, prompt, seed=seed)
     fig = steady_figures(result)
     if keep_text:
         fig["text"] = [int(t) for t in result.tokens[0]]
+        fig["prompt_crc32"] = prompt_crc32(prompt)
     return fig
+
+
+def prompt_crc32(prompt: list[int]) -> int:
+    """CRC-32 of a byte-token prompt."""
+    return zlib.crc32(bytes(prompt))
 
 
 def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: dict,
@@ -919,8 +928,19 @@ def walk_texts(bench: Bench, space: SpaceSpec, ctx: int, prompts: int,
         prompt = prompt_tokens("code", ctx, offset=o * ctx)
         fig = bench.run(f"walk|{ctx}|w{o}|{strategy_id(ar)}", steady_run, bench, ar, prompt,
                         seed=o, keep_text=True)  # fmt: skip
+        _same_prompt(fig, prompt, f"walk|{ctx}|w{o}")
         out.append((prompt, fig["text"]))
     return out
+
+
+def _same_prompt(fig: dict, prompt: list[int], where: str) -> None:
+    """Raise when a kept text was decoded after another prompt than ``prompt`` (a run cache
+    from a machine whose package sources, the code corpus, differ); runs cached before the
+    check kept no CRC and pass."""
+    crc = fig.get("prompt_crc32")
+    if crc is not None and crc != prompt_crc32(prompt):
+        raise ValueError(f"run {where!r} decoded another prompt than this machine's corpus "
+                         "gives (its package sources differ): walk it where it ran")  # fmt: skip
 
 
 def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[Strategy, dict]],
@@ -950,9 +970,12 @@ def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[
     specs = tuple(k.split("@", 1)[1] for k in keys)
     if not specs:
         return
-    pairs = [(prompt, fig["text"]) for (s, fig), prompt in zip(runs, prompts, strict=True)
-             # sparse attention writes another distribution; old caches kept no text
-             if s.attention == "dense" and "text" in fig]  # fmt: skip
+    pairs = []
+    for i, ((s, fig), prompt) in enumerate(zip(runs, prompts, strict=True)):
+        # sparse attention writes another distribution; old caches kept no text
+        if s.attention == "dense" and "text" in fig:
+            _same_prompt(fig, prompt, f"profile run {i} of {regime}")
+            pairs.append((prompt, fig["text"]))
     pairs += list(extra)
     if not pairs:
         return

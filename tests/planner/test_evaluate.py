@@ -14,6 +14,7 @@ from planner.evaluate import (
     captures_counted,
     measure_windows,
     pick,
+    prompt_crc32,
     prompt_tokens,
     ranking_quality,
     steady_figures,
@@ -327,6 +328,9 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         import planner_rescore
     finally:
         sys.path.pop(0)
+    kept = [json.loads(x)["value"] for x in (tmp_path / "runs.jsonl").read_text().splitlines()[1:]]
+    kept = [v for v in kept if "text" in v]
+    assert len(kept) >= 3 * 5 + 2 and all(isinstance(v["prompt_crc32"], int) for v in kept)
     again = planner_rescore.rescore(tmp_path / "runs.jsonl", out)["<=4K"]
     assert again["kendall_tau"] == reg["kendall_tau"] and again["regret"] == reg["regret"]
     # The same command again resumes from the run cache: no run is decoded again, and the
@@ -378,6 +382,15 @@ def test_walk_ngram_weighs_each_prompt_alike():
         assert got["walked"] == pytest.approx(want) and got["walked"] != pytest.approx(pooled)
         assert (got["walked_texts"], got["walked_prompts"]) == (4, 2)
         assert a[f"ngram@{sp}"] == pytest.approx(alpha_from_tokens(sp, want))
+    # A kept text whose prompt CRC is not this prompt's (a run cache from a machine whose
+    # package sources, the code corpus, differ) is refused, not walked after the wrong prompt.
+    from perfmodel.strategy import DrafterSpec, Strategy
+
+    s = Strategy(name="x", tree="chain:3", drafter=DrafterSpec(kind="ngram"))
+    ok = {"text": loud[1][0], "prompt_crc32": prompt_crc32(loud[0])}
+    walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [loud[0]], {}, {})
+    with pytest.raises(ValueError, match="another prompt than this machine's corpus"):
+        walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [quiet[0]], {}, {})
 
 
 def test_walk_windows_lie_past_the_others_and_inside_the_corpus():
