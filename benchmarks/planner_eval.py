@@ -64,8 +64,8 @@ def parse_args(argv=None):
                    "n-gram trees' walks add (one each, where the corpus holds them)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
-    p.add_argument("--measure-texts", type=int, default=10,
-                   help="code prompts each measured strategy decodes, one run each (<= 10; "
+    p.add_argument("--measure-texts", type=int, default=20,
+                   help="code prompts each measured strategy decodes, one run each (<= 20; "
                         "fewer where fewer fit in the corpus; planner.evaluate)")  # fmt: skip
     p.add_argument("--timing-passes", type=int, default=3,
                    help="passes over the measured and adaptive runs; each run keeps its least "

@@ -172,7 +172,7 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert planner_eval.main(["--contexts", "1K", "--out", str(out), *too_many]) == 2
     assert "--profile-prompts must lie in 1..10, got 11" in capsys.readouterr().err
     assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--measure-texts", "0"]) == 2
-    assert "--measure-texts must lie in 1..10, got 0" in capsys.readouterr().err
+    assert "--measure-texts must lie in 1..20, got 0" in capsys.readouterr().err
     assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--walk-prompts", "41"]) == 2
     assert "--walk-prompts must lie in 0..40, got 41" in capsys.readouterr().err
     args = ["--contexts", "1K", "--adaptive-context", "1K", "--per-regime", "4",
@@ -399,9 +399,9 @@ def test_walk_windows_lie_past_the_others_and_inside_the_corpus():
     assert not set(WALK_OFFSETS) & {*PROFILE_OFFSETS, *MEASURE_OFFSETS, 2}
     assert walk_windows(1000, 5, available=lambda limit: limit) == WALK_OFFSETS[:5]
     assert walk_windows(1000, 0, available=lambda limit: limit) == ()
-    # 24 windows of 1000 tokens fit in 24000 bytes: windows 21-23 of the walks.
-    assert walk_windows(1000, 20, available=lambda limit: 24_000) == (21, 22, 23)
-    assert walk_windows(1000, 20, available=lambda limit: 5_000) == ()
+    # 34 windows of 1000 tokens fit in 34000 bytes: windows 31-33 of the walks.
+    assert walk_windows(1000, 20, available=lambda limit: 34_000) == (31, 32, 33)
+    assert walk_windows(1000, 20, available=lambda limit: 30_000) == ()
     with pytest.raises(ValueError, match="walk prompts must lie in 0..40, got 41"):
         walk_windows(1000, 41, available=lambda limit: limit)
 
@@ -410,14 +410,16 @@ def test_measured_windows_stay_inside_the_corpus():
     """A measured prompt window that would run past the corpus's end repeats its start (where
     the profile's prompts are): such windows are left out, the rest taken in order."""
     assert measure_windows(1000, 3, available=lambda limit: limit) == MEASURE_OFFSETS[:3]
-    assert measure_windows(1000, 10, available=lambda limit: limit) == MEASURE_OFFSETS
+    assert measure_windows(1000, 20, available=lambda limit: limit) == MEASURE_OFFSETS
     # 17 windows of 1000 tokens fit in 17000 bytes: windows 16 and below.
     assert measure_windows(1000, 10, available=lambda limit: 17_000) == (1, 7, 8, 9, 10, 16)
     assert measure_windows(1000, 2, available=lambda limit: 17_000) == (1, 7)
     with pytest.raises(ValueError, match="no measured prompt window of 1000 tokens"):
         measure_windows(1000, 5, available=lambda limit: 1500)
-    with pytest.raises(ValueError, match="measured texts must lie in 1..10, got 11"):
-        measure_windows(1000, 11, available=lambda limit: limit)
+    assert measure_windows(1000, 10, available=lambda limit: limit) == MEASURE_OFFSETS[:10]
+    assert MEASURE_OFFSETS[:10] == (1, 7, 8, 9, 10, 16, 17, 18, 19, 20)  # runs 25-32's ten
+    with pytest.raises(ValueError, match="measured texts must lie in 1..20, got 21"):
+        measure_windows(1000, 21, available=lambda limit: limit)
 
 
 def test_run_cache_resumes_and_drops_a_cut_off_tail(tmp_path):

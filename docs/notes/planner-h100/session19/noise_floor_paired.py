@@ -11,7 +11,9 @@ predictor that knew each strategy's figure exactly (the measured one) scored aga
 Second, the other way round: a predictor that ranks by a draw (it saw another sample of the
 same prompts, timed exactly) scored against the measured figures -- the regret that a profile
 of a finite sample of prompts leaves with no other error. Each with the probability of a regret
-at least the recorded one.
+at least the recorded one. Last, the standard error (over the draws) of the measured ratio of
+each pair among the five strategies predicted best, its median over the pairs: how finely the
+measurement tells near-tied strategies apart.
 
     python docs/notes/planner-h100/session19/noise_floor_paired.py PLANNER.json [--draws 4000]
 """
@@ -41,7 +43,9 @@ def main() -> None:
         runs = np.array([r["measured"]["runs_tokens_per_s"] for r in rows])  # [strategy, text]
         truth = np.array([r["measured"]["tokens_per_s"] for r in rows])
         k = runs.shape[1]
-        taus, regrets, ptaus, pregrets = [], [], [], []
+        top = np.argsort([-r["predicted_tokens_per_s"] for r in rows])[:5]
+        pairs = [(i, j) for n, i in enumerate(top) for j in top[n + 1 :]]
+        taus, regrets, ptaus, pregrets, ratios = [], [], [], [], []
         for _ in range(args.draws):
             idx = rng.integers(0, k, k)
             draw = k / np.sum(1.0 / runs[:, idx], axis=1)
@@ -49,6 +53,7 @@ def main() -> None:
             regrets.append(1.0 - draw[np.argmax(truth)] / draw.max())
             ptaus.append(taus[-1])  # tau is symmetric
             pregrets.append(1.0 - truth[np.argmax(draw)] / truth.max())
+            ratios.append([np.log(draw[i] / draw[j]) for i, j in pairs])
         taus, regrets = np.array(taus), np.array(regrets)
         ptaus, pregrets = np.array(ptaus), np.array(pregrets)
         rec = v["regret"] - 1e-12
@@ -56,7 +61,8 @@ def main() -> None:
               f"{taus.mean():.2f} ({np.percentile(taus, 10):.2f}), "
               f"{regrets.mean():5.1%} ({np.percentile(regrets, 90):5.1%}), "
               f"{np.mean(regrets >= rec):.2f} | {ptaus.mean():.2f}, {pregrets.mean():5.1%} "
-              f"({np.percentile(pregrets, 90):5.1%}), {np.mean(pregrets >= rec):.2f}")  # fmt: skip
+              f"({np.percentile(pregrets, 90):5.1%}), {np.mean(pregrets >= rec):.2f} | "
+              f"pair ratio s.e. {np.median(np.std(ratios, axis=0)):.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":
