@@ -620,10 +620,10 @@ FACTOR_SEEDS = 3
 MEASURE_OFFSETS = (1, 7, 8, 9, 10, *range(16, 31))
 # Windows past every measured one whose autoregressive texts only the n-gram walks read
 # (``walk_ngram``, ``walk_windows``): the walks' error is the prompts' more than the texts' --
-# n-gram acceptance moves with the prompt -- and ten profile prompts left the walked tokens per
-# round of tree(n=32,d=6) over tree(n=16,d=5) at 1.053 at 16K in run 32 where the ten measured
-# windows gave 1.094 (9 of 10 windows above 1.0); the predicted best there measured 5.7% behind
-# the best. One autoregressive decode per window, outside the overhead fit.
+# n-gram acceptance moves with the prompt. Run 32's walks over its ten profile prompts and 20
+# such windows more (session 19's projection, docs/notes/planner.md) put every n-gram tree's
+# tokens per round 2.6-4.5% lower at <=4K, 0.8-1.4% at 8K and 2.0-3.1% at 16K than the ten
+# alone did. One autoregressive decode per window, outside the overhead fit.
 WALK_OFFSETS = tuple(range(31, 71))
 
 
