@@ -278,9 +278,17 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
 
 
 def planner_section(planner: dict) -> dict:
+    from planner.evaluate import measurement_resolution
+
     return {
         "kendall_tau": planner["kendall_tau"],
         "regret": planner["regret"],
+        # How finely each regime's measurement orders its strategies (None where the
+        # evaluation kept no runs per window): derived from the measured runs.
+        "measurement": {
+            r: v.get("measurement") or measurement_resolution(v["strategies"])
+            for r, v in planner.get("regimes", {}).items()
+        },
         "adaptive_gain": planner["adaptive_gain"],
         # Absent from evaluations made before it was recorded.
         "adaptive_gain_captures_counted": planner.get("adaptive_gain_captures_counted"),
@@ -425,11 +433,24 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
         "",
         f"## Ranking quality ({link(src['planner'])})",
         "",
-        "| regime | Kendall tau | regret |",
-        "|---|---|---|",
+        "| regime | Kendall tau | regret | measured pair s.e. | regret p90, exact predictor |",
+        "|---|---|---|---|---|",
     ]
+    res = pl.get("measurement") or {}
     for reg, tau in pl["kendall_tau"].items():
-        lines.append(f"| {reg} | {tau:.3f} | {100 * pl['regret'][reg]:.1f}% |")
+        m = res.get(reg)
+        tail = (f"{100 * m['pair_ratio_se']:.1f}% | {100 * m['draw_regret_p90']:.1f}%" if m
+                else "n/a | n/a")  # fmt: skip
+        lines.append(f"| {reg} | {tau:.3f} | {100 * pl['regret'][reg]:.1f}% | {tail} |")
+    if any(res.values()):
+        lines += [
+            "",
+            "The last two columns say how finely the measurement orders a regime's strategies: "
+            "the measured windows resampled jointly, the standard error of the ratio of two of "
+            "the five strategies predicted best (median pair), and the 90th percentile of the "
+            "regret of a predictor that ranked by such a draw (exact timing, another sample of "
+            "the same prompts).",
+        ]
 
     def per_set(figures: dict) -> str:
         return ", ".join(f"{k2} {100 * v:+.1f}%" for k2, v in figures.items())

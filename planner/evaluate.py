@@ -1045,6 +1045,38 @@ def ranking_quality(predicted: list[float], measured: list[float]) -> dict:
     }
 
 
+def measurement_resolution(rows: list[dict], top: int = 5, draws: int = 2000,
+                           seed: int = 0) -> dict | None:  # fmt: skip
+    """How finely a regime's measurement orders its strategies (``rows``: the regime's
+    ``strategies`` entries). Every measured strategy decodes the same windows with the same
+    seeds, so the window is the unit of sampling: ``draws`` resamples of the windows, jointly,
+    each strategy pooled over them (the harmonic mean of its runs' tokens/s: its runs' tokens
+    are equal to within 1%). Returns the standard error of the log ratio of two of the ``top``
+    strategies predicted best (the median over their pairs), and the regret (mean, p90) of a
+    predictor that ranked by one such draw -- one that saw another sample of the same prompts,
+    timed exactly -- against the measured figures: the regret a measurement this coarse leaves
+    a perfect predictor. None when the rows lack their runs per window (evaluations before
+    ``runs_window`` was recorded) or decoded different windows."""
+    ms = [r["measured"] for r in rows]
+    if len(ms) < 2 or any("runs_window" not in m or "runs_tokens_per_s" not in m for m in ms):
+        return None
+    if len({tuple(m["runs_window"]) for m in ms}) != 1:
+        return None
+    runs = np.array([m["runs_tokens_per_s"] for m in ms], dtype=float)  # [strategy, window]
+    k = runs.shape[1]
+    truth = np.array([m["tokens_per_s"] for m in ms], dtype=float)
+    best = np.argsort([-r["predicted_tokens_per_s"] for r in rows], kind="stable")[:top]
+    pairs = np.array([(i, j) for n, i in enumerate(best) for j in best[n + 1 :]])
+    idx = np.random.default_rng(seed).integers(0, k, (draws, k))
+    pooled = k / np.sum(1.0 / runs[:, idx], axis=2)  # [strategy, draw]
+    ratio = np.log(pooled[pairs[:, 0]] / pooled[pairs[:, 1]])  # [pair, draw]
+    regret = 1.0 - truth[np.argmax(pooled, axis=0)] / truth.max()
+    return {"windows": k, "draws": draws,
+            "pair_ratio_se": float(np.median(ratio.std(axis=1))),
+            "draw_regret_mean": float(regret.mean()),
+            "draw_regret_p90": float(np.percentile(regret, 90))}  # fmt: skip
+
+
 def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile: Profile,
                     per_regime: int) -> dict:  # fmt: skip
     entry = ranking["regimes"][regime]
@@ -1089,7 +1121,8 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
         [r["predicted_tokens_per_s"] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
     )
     return {"context_len": ctx, "provenance": prov, "space_size": entry["num_valid"],
-            "measure_windows": list(windows), **q, "strategies": rows}  # fmt: skip
+            "measure_windows": list(windows), **q,
+            "measurement": measurement_resolution(rows), "strategies": rows}  # fmt: skip
 
 
 def oracle_strategies(ranking: dict, regime: str, ok) -> list[Strategy]:
@@ -1304,10 +1337,12 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
 
 
 def summary_table(doc: dict) -> str:
-    lines = ["regime   ctx     n  kendall_tau  p_value  regret"]
+    lines = ["regime   ctx     n  kendall_tau  p_value  regret  pair s.e.  draw regret p90"]
     for r, v in doc["regimes"].items():
+        m = v.get("measurement") or measurement_resolution(v["strategies"])
+        res = f"  {m['pair_ratio_se']:9.1%}  {m['draw_regret_p90']:15.1%}" if m else ""
         lines.append(f"{r:7s} {v['context_len']:6d} {v['n']:3d}  {v['kendall_tau']:11.3f}  "
-                     f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}")  # fmt: skip
+                     f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}{res}")  # fmt: skip
     a = doc["adaptive"]
     lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
     lines.append("prompts      default  offline_best  adaptive  switches  gain"

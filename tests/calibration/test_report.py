@@ -103,3 +103,20 @@ def test_report_gives_the_adaptive_ceiling_when_recorded(rep):
     assert line.endswith("code +0.0%, repetitive +5.6%.")
     pl["adaptive_ceiling"] = None  # an evaluation without the oracle's runs
     assert "The best fixed strategy" not in rpt.markdown({**rep, "planner": pl})
+
+
+def test_report_gives_each_regimes_measurement_resolution(rep):
+    """The ranking table says how finely each regime's measurement orders its strategies
+    (derived from the measured runs per window); n/a where an evaluation kept none."""
+    pl = dict(rep["planner"])
+    regs = list(pl["kendall_tau"])
+    pl["measurement"] = {r: {"pair_ratio_se": 0.021, "draw_regret_p90": 0.037} for r in regs}
+    pl["measurement"][regs[0]] = None
+    md = rpt.markdown({**rep, "planner": pl})
+    rows = [x for x in md.splitlines() if x.startswith("| ") and "%" in x and "Kendall" not in x]
+    first = next(x for x in rows if x.startswith(f"| {regs[0]} |"))
+    assert first.endswith("| n/a | n/a |")
+    if len(regs) > 1:
+        other = next(x for x in rows if x.startswith(f"| {regs[1]} |"))
+        assert other.endswith("| 2.1% | 3.7% |")
+    assert "how finely the measurement orders" in md

@@ -13,6 +13,7 @@ from planner.evaluate import (
     WALK_OFFSETS,
     captures_counted,
     measure_windows,
+    measurement_resolution,
     pick,
     prompt_crc32,
     prompt_tokens,
@@ -200,6 +201,7 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         assert min(m["runs_tokens_per_s"]) <= m["tokens_per_s"] <= max(m["runs_tokens_per_s"])
         assert row["predicted_tokens_per_s"] > 0 and ids[row["offline_rank"]] == row["id"]
     assert [r["offline_rank"] for r in reg["strategies"]][:3] == [0, 1, 2]
+    assert reg["measurement"]["windows"] == 2 and reg["measurement"]["pair_ratio_se"] >= 0
     prof = doc["profile"]["regimes"]["<=4K"]
     acc = prof["acceptance"]
     assert {"draft_model", "ngram"} <= set(acc) and all(0 <= a <= 1 for a in acc.values())
@@ -391,6 +393,33 @@ def test_walk_ngram_weighs_each_prompt_alike():
     walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [loud[0]], {}, {})
     with pytest.raises(ValueError, match="another prompt than this machine's corpus"):
         walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [quiet[0]], {}, {})
+
+
+def test_measurement_resolution_resamples_the_windows_jointly():
+    """Strategies whose runs move together window by window (the prompt sets the pace) are
+    told apart exactly however much the windows differ; independent noise blurs them; rows
+    without runs per window, or on different windows, give None."""
+    rng = np.random.default_rng(1)
+    pace = rng.uniform(1000, 3000, 10)  # per window
+    speed = np.array([1.0, 0.97, 0.95, 0.9, 0.8, 0.7])
+
+    def rows(runs):
+        return [{"predicted_tokens_per_s": 10.0 - i,
+                 "measured": {"runs_window": list(range(10)), "runs_tokens_per_s": list(r),
+                              "tokens_per_s": float(len(r) / np.sum(1.0 / r))}}
+                for i, r in enumerate(runs)]  # fmt: skip
+
+    tied = measurement_resolution(rows([f * pace for f in speed]))
+    assert tied["windows"] == 10 and tied["pair_ratio_se"] == pytest.approx(0.0, abs=1e-12)
+    assert tied["draw_regret_mean"] == tied["draw_regret_p90"] == 0.0
+    noisy = measurement_resolution(rows([f * pace * rng.lognormal(0, 0.1, 10) for f in speed]))
+    assert 0.01 < noisy["pair_ratio_se"] < 0.1 and 0 <= noisy["draw_regret_p90"] < 0.2
+    bare = rows([f * pace for f in speed])
+    del bare[2]["measured"]["runs_window"]
+    assert measurement_resolution(bare) is None
+    moved = rows([f * pace for f in speed])
+    moved[0]["measured"]["runs_window"] = list(range(1, 11))
+    assert measurement_resolution(moved) is None
 
 
 def test_walk_windows_lie_past_the_others_and_inside_the_corpus():
