@@ -278,17 +278,14 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
 
 
 def planner_section(planner: dict) -> dict:
-    from planner.evaluate import measurement_resolution
+    from planner.evaluate import regime_resolution
 
     return {
         "kendall_tau": planner["kendall_tau"],
         "regret": planner["regret"],
         # How finely each regime's measurement orders its strategies (None where the
         # evaluation kept no runs per window): derived from the measured runs.
-        "measurement": {
-            r: v.get("measurement") or measurement_resolution(v["strategies"])
-            for r, v in planner.get("regimes", {}).items()
-        },
+        "measurement": {r: regime_resolution(v) for r, v in planner.get("regimes", {}).items()},
         "adaptive_gain": planner["adaptive_gain"],
         # Absent from evaluations made before it was recorded.
         "adaptive_gain_captures_counted": planner.get("adaptive_gain_captures_counted"),

@@ -1077,6 +1077,12 @@ def measurement_resolution(rows: list[dict], top: int = 5, draws: int = 2000,
             "draw_regret_p90": float(np.percentile(regret, 90))}  # fmt: skip
 
 
+def regime_resolution(regime: dict) -> dict | None:
+    """A regime entry's recorded ``measurement``, or one derived from its runs per window for
+    evaluations made before it was recorded (``measurement_resolution``)."""
+    return regime.get("measurement") or measurement_resolution(regime["strategies"])
+
+
 def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile: Profile,
                     per_regime: int) -> dict:  # fmt: skip
     entry = ranking["regimes"][regime]
@@ -1339,7 +1345,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
 def summary_table(doc: dict) -> str:
     lines = ["regime   ctx     n  kendall_tau  p_value  regret  pair s.e.  draw regret p90"]
     for r, v in doc["regimes"].items():
-        m = v.get("measurement") or measurement_resolution(v["strategies"])
+        m = regime_resolution(v)
         res = f"  {m['pair_ratio_se']:9.1%}  {m['draw_regret_p90']:15.1%}" if m else ""
         lines.append(f"{r:7s} {v['context_len']:6d} {v['n']:3d}  {v['kendall_tau']:11.3f}  "
                      f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}{res}")  # fmt: skip
