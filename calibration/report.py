@@ -278,7 +278,7 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
 
 
 def planner_section(planner: dict) -> dict:
-    from planner.evaluate import regime_resolution
+    from planner.evaluate import regime_resolution, set_resolution
 
     return {
         "kendall_tau": planner["kendall_tau"],
@@ -287,6 +287,12 @@ def planner_section(planner: dict) -> dict:
         # evaluation kept no runs per window): derived from the measured runs.
         "measurement": {r: regime_resolution(v) for r, v in planner.get("regimes", {}).items()},
         "adaptive_gain": planner["adaptive_gain"],
+        # How finely each prompt set's adaptive gain and its strongest fixed alternative are
+        # measured (None where the runs per seed were not kept): derived from the timed runs.
+        "adaptive_resolution": {
+            k: set_resolution(v)
+            for k, v in planner.get("adaptive", {}).get("prompt_sets", {}).items()
+        },
         # Absent from evaluations made before it was recorded.
         "adaptive_gain_captures_counted": planner.get("adaptive_gain_captures_counted"),
         # The best fixed strategy per prompt set over the offline best (None without the
@@ -459,6 +465,30 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
         f"adaptive >= {100 * pl['targets']['adaptive_gain_min']:.0f}% off distribution; met: "
         f"{', '.join(f'{k2} {v}' for k2, v in pl['met'].items())}.",
     ]
+    sets = {k: v for k, v in (pl.get("adaptive_resolution") or {}).items() if v}
+    if sets:
+        lines += [
+            "",
+            "| prompt set | adaptive gain | 90% interval | per seed | strongest fixed alternative "
+            "| its gain | 90% interval |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for k2, m in sets.items():
+            seeds = " ".join(f"{100 * g:+.1f}" for g in m["paired_gains"])
+            c = m.get("challenger")
+            name = c["describe"].replace("|", "\\|") if c else ""  # a table cell
+            alt = (f"{name} | {100 * c['gain']:+.1f}% | {100 * c['gain_p05']:+.1f}% to "
+                   f"{100 * c['gain_p95']:+.1f}%" if c else "n/a | n/a | n/a")  # fmt: skip
+            lines.append(f"| {k2} | {100 * m['gain']:+.1f}% | "
+                         f"{100 * m['gain_p05']:+.1f}% to {100 * m['gain_p95']:+.1f}% | {seeds} "
+                         f"| {alt} |")  # fmt: skip
+        lines += [
+            "",
+            "Each repeat of the controller, the offline best and every fixed alternative decodes "
+            "the prompt with the same seed; the intervals resample the seeds jointly (the ratio "
+            "of medians, as recorded). The alternative is the best fixed strategy other than the "
+            "offline best, chosen once on the recorded medians.",
+        ]
     # Each absent from evaluations made before it was recorded (or without the oracle's runs).
     for key, text in (
         ("adaptive_gain_captures_counted", "With the rounds that captured a CUDA graph inside "

@@ -1077,6 +1077,52 @@ def measurement_resolution(rows: list[dict], top: int = 5, draws: int = 2000,
             "draw_regret_p90": float(np.percentile(regret, 90))}  # fmt: skip
 
 
+def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | None:
+    """How finely a prompt set's adaptive figures are measured (``row``: an entry of the
+    adaptive evaluation's ``prompt_sets``). Repeat i of the offline best, the controller and
+    every oracle strategy decodes the same prompt with seed i, so the seed is the unit of
+    sampling: ``draws`` resamples of the seeds, jointly, each figure recomputed as recorded
+    (the ratio of medians). Returns the gain (as recorded: ``adaptive_gain``), the gain of each
+    paired run (the controller's run over the offline best's of the same seed), the 5th and
+    95th percentiles of the gain over the draws,
+    and with the oracle's runs the ``challenger``: the best fixed strategy other than the
+    offline best, its gain over it as recorded and the same percentiles (chosen once; chosen
+    again on every draw, the maximum of a dozen noisy medians would only say how noisy they
+    are). The ceiling is the challenger's gain where positive. With five repeats the intervals
+    are coarse: read a target against them, not against the point figure alone. None when the
+    runs per seed were not kept or do not pair up."""
+    best = row.get("offline_best", {}).get("runs_tokens_per_s")
+    runs = row.get("adaptive", {}).get("runs")
+    if not best or not runs or len(runs) != len(best) or len(best) < 2:
+        return None
+    b = np.asarray(best, dtype=float)
+    a = np.array([r["tokens_per_s"] for r in runs], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(b), (draws, len(b)))
+    base = np.median(b[idx], axis=1)
+    gain = np.median(a[idx], axis=1) / base - 1.0
+    out = {"seeds": len(b), "draws": draws, "gain": float(np.median(a) / np.median(b) - 1.0),
+           "paired_gains": (a / b - 1.0).tolist(),
+           "gain_p05": float(np.percentile(gain, 5)),
+           "gain_p95": float(np.percentile(gain, 95))}  # fmt: skip
+    others = [x for x in (row.get("oracle") or {}).get("strategies", [])
+              if x["id"] != row["offline_best"].get("id")
+              and len(x.get("runs_tokens_per_s") or ()) == len(b)]  # fmt: skip
+    if others:
+        top = max(others, key=lambda x: x["tokens_per_s"])
+        ratio = np.median(np.asarray(top["runs_tokens_per_s"], dtype=float)[idx], axis=1)
+        out["challenger"] = {"id": top["id"], "describe": top["describe"],
+                             "gain": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
+                             "gain_p05": float(np.percentile(ratio / base - 1.0, 5)),
+                             "gain_p95": float(np.percentile(ratio / base - 1.0, 95))}  # fmt: skip
+    return out
+
+
+def set_resolution(row: dict) -> dict | None:
+    """A prompt set's recorded adaptive ``resolution``, or one derived from its runs per seed
+    for evaluations made before it was recorded (``adaptive_resolution``)."""
+    return row.get("resolution") or adaptive_resolution(row)
+
+
 def regime_resolution(regime: dict) -> dict | None:
     """A regime entry's recorded ``measurement``, or one derived from its runs per window for
     evaluations made before it was recorded (``measurement_resolution``)."""
@@ -1245,6 +1291,7 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
                 "ceiling": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
                 "strategies": fixed_all,
             }
+        row["resolution"] = adaptive_resolution(row)
         bench.log(f"adapt {kind:10s} default {row['default']['tokens_per_s']:8.1f} best "
                   f"{row['offline_best']['tokens_per_s']:8.1f} adaptive "
                   f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches"
@@ -1351,14 +1398,16 @@ def summary_table(doc: dict) -> str:
                      f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}{res}")  # fmt: skip
     a = doc["adaptive"]
     lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
-    lines.append("prompts      default  offline_best  adaptive  switches  gain"
-                 "   best fixed  ceiling")  # fmt: skip
+    lines.append("prompts      default  offline_best  adaptive  switches  gain   gain 90%"
+                 "         best fixed  ceiling")  # fmt: skip
     for k, v in a["prompt_sets"].items():
         o = v.get("oracle")
+        m = set_resolution(v)
+        band = f"{m['gain_p05']:+6.1%}..{m['gain_p95']:+6.1%}" if m else " " * 16
         tail = f" {o['tokens_per_s']:11.1f} {o['ceiling']:+8.1%}" if o else ""
         lines.append(f"{k:10s} {v['default']['tokens_per_s']:9.1f} "
                      f"{v['offline_best']['tokens_per_s']:13.1f} "
                      f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "
-                     f"{v['adaptive_gain']:+6.1%}{tail}")  # fmt: skip
+                     f"{v['adaptive_gain']:+6.1%}  {band}{tail}")  # fmt: skip
     lines.append(f"met: {doc['met']}")
     return "\n".join(lines)

@@ -120,3 +120,24 @@ def test_report_gives_each_regimes_measurement_resolution(rep):
         other = next(x for x in rows if x.startswith(f"| {regs[1]} |"))
         assert other.endswith("| 2.1% | 3.7% |")
     assert "how finely the measurement orders" in md
+
+
+def test_report_gives_the_adaptive_gains_interval_and_the_strongest_alternative(rep):
+    """A table per prompt set: the gain, its interval over the seeds, each seed's paired gain
+    and the strongest fixed alternative (its name's pipes escaped, a table cell); no table
+    where no prompt set kept its runs per seed."""
+    pl = dict(rep["planner"])
+    pl["adaptive_resolution"] = {
+        "prose": {"gain": -0.032, "paired_gains": [-0.03, 0.01], "gain_p05": -0.049,
+                  "gain_p95": -0.006,
+                  "challenger": {"describe": "ngram chain:7 bfs | dense", "gain": -0.025,
+                                 "gain_p05": -0.04, "gain_p95": 0.028}},
+        "random": None,
+    }  # fmt: skip
+    md = rpt.markdown({**rep, "planner": pl})
+    row = next(x for x in md.splitlines() if x.startswith("| prose |"))
+    assert row == ("| prose | -3.2% | -4.9% to -0.6% | -3.0 +1.0 | ngram chain:7 bfs \\| dense "
+                   "| -2.5% | -4.0% to +2.8% |")  # fmt: skip
+    assert not any(x.startswith("| random |") for x in md.splitlines())
+    pl["adaptive_resolution"] = {"random": None}
+    assert "strongest fixed alternative" not in rpt.markdown({**rep, "planner": pl})

@@ -11,6 +11,7 @@ from planner.evaluate import (
     MEASURE_OFFSETS,
     PROFILE_OFFSETS,
     WALK_OFFSETS,
+    adaptive_resolution,
     captures_counted,
     measure_windows,
     measurement_resolution,
@@ -18,7 +19,9 @@ from planner.evaluate import (
     prompt_crc32,
     prompt_tokens,
     ranking_quality,
+    set_resolution,
     steady_figures,
+    summary_table,
     walk_ngram,
     walk_windows,
 )
@@ -420,6 +423,60 @@ def test_measurement_resolution_resamples_the_windows_jointly():
     moved = rows([f * pace for f in speed])
     moved[0]["measured"]["runs_window"] = list(range(1, 11))
     assert measurement_resolution(moved) is None
+
+
+def _adaptive_row(best, adaptive, others=()):
+    """A prompt set's entry as ``evaluate_adaptive`` writes it (the figures the resolution
+    reads): runs per seed, the recorded medians."""
+    fixed = [("s-best", best), *((f"s-{i}", r) for i, r in enumerate(others))]
+    strategies = [{"id": i, "describe": f"fixed {i}", "tokens_per_s": float(np.median(r)),
+                   "runs_tokens_per_s": list(r)} for i, r in fixed]  # fmt: skip
+    return {"offline_best": {"id": "s-best", "tokens_per_s": float(np.median(best)),
+                             "runs_tokens_per_s": list(best)},
+            "adaptive": {"tokens_per_s": float(np.median(adaptive)),
+                         "runs": [{"tokens_per_s": float(x)} for x in adaptive]},
+            "oracle": {"strategies": strategies}}  # fmt: skip
+
+
+def test_adaptive_resolution_pairs_the_seeds():
+    """A controller run that gains the same over the offline best's run of its seed is measured
+    exactly, however much the seeds differ; independent noise widens the interval around the
+    recorded gain; the strongest fixed alternative is the best other than the offline best,
+    measured the same way; runs that do not pair up give None."""
+    rng = np.random.default_rng(3)
+    pace = rng.uniform(1000, 3000, 5)  # per seed
+    row = _adaptive_row(pace, 1.1 * pace, [0.9 * pace, 1.05 * pace])
+    m = adaptive_resolution(row)
+    assert m["seeds"] == 5 and m["paired_gains"] == pytest.approx([0.1] * 5)
+    assert m["gain"] == pytest.approx(0.1)
+    assert m["gain_p05"] == pytest.approx(0.1) and m["gain_p95"] == pytest.approx(0.1)
+    c = m["challenger"]
+    assert c["id"] == "s-1" and c["gain"] == pytest.approx(0.05)
+    assert c["gain_p05"] == pytest.approx(0.05) and c["gain_p95"] == pytest.approx(0.05)
+    noisy = _adaptive_row(pace, 1.1 * pace * rng.lognormal(0, 0.1, 5))
+    n = adaptive_resolution(noisy)
+    gain = noisy["adaptive"]["tokens_per_s"] / noisy["offline_best"]["tokens_per_s"] - 1
+    assert n["gain"] == pytest.approx(gain)
+    assert n["gain_p05"] < gain < n["gain_p95"] and n["gain_p95"] - n["gain_p05"] > 0.02
+    assert "challenger" not in n  # the oracle ran only the offline best
+    short = _adaptive_row(pace, 1.1 * pace)
+    short["adaptive"]["runs"].pop()
+    assert adaptive_resolution(short) is None
+    bare = _adaptive_row(pace, 1.1 * pace)
+    del bare["offline_best"]["runs_tokens_per_s"]
+    assert adaptive_resolution(bare) is None and set_resolution(bare) is None
+    # A recorded resolution is read as it is; the summary table prints the interval.
+    row["resolution"] = {**m, "gain_p05": -0.5}
+    assert set_resolution(row)["gain_p05"] == -0.5
+
+
+def test_summary_table_gives_the_adaptive_interval():
+    doc = json.loads((ROOT / "docs/validation/planner.json").read_text())
+    table = summary_table(doc)
+    for k, v in doc["adaptive"]["prompt_sets"].items():
+        m = set_resolution(v)
+        line = next(x for x in table.splitlines() if x.startswith(k))
+        assert f"{m['gain_p05']:+6.1%}..{m['gain_p95']:+6.1%}" in line
 
 
 def test_walk_windows_lie_past_the_others_and_inside_the_corpus():
