@@ -32,20 +32,8 @@ from planner.rank import strategy_from_json
 from planner.space import strategy_id
 
 HERE = Path(__file__).resolve().parent
-
-
-class Recorder:
-    """A run cache that runs every job and keeps it, in the cache's line format."""
-
-    reused = 0
-
-    def __init__(self):
-        self.lines = []
-
-    def get(self, key, fn):
-        value = fn()
-        self.lines.append(json.dumps({"key": key, "value": value}))
-        return value
+sys.path.insert(0, str(HERE.parent / "session19"))
+from walk_texts import Recorder  # noqa: E402  (a run cache that runs and keeps every job)
 
 
 def dense_ngram(describe: str) -> bool:
