@@ -1084,13 +1084,13 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
     sampling: ``draws`` resamples of the seeds, jointly, each figure recomputed as recorded
     (the ratio of medians). Returns the gain (as recorded: ``adaptive_gain``), the gain of each
     paired run (the controller's run over the offline best's of the same seed), the 5th and
-    95th percentiles of the gain over the draws,
-    and with the oracle's runs the ``challenger``: the best fixed strategy other than the
-    offline best, its gain over it as recorded and the same percentiles (chosen once; chosen
-    again on every draw, the maximum of a dozen noisy medians would only say how noisy they
-    are). The ceiling is the challenger's gain where positive. With five repeats the intervals
-    are coarse: read a target against them, not against the point figure alone. None when the
-    runs per seed were not kept or do not pair up."""
+    95th percentiles of the gain over the draws, and with the oracle's runs the
+    ``challenger``: the best fixed strategy other than the offline best, its gain over it as
+    recorded and the same percentiles (chosen once; chosen again on every draw, the maximum of
+    a dozen noisy medians would only say how noisy they are). The ceiling is the challenger's
+    gain where positive. With five repeats the intervals are coarse: read a target against
+    them, not against the point figure alone. None when the runs per seed were not kept or do
+    not pair up."""
     best = row.get("offline_best", {}).get("runs_tokens_per_s")
     runs = row.get("adaptive", {}).get("runs")
     if not best or not runs or len(runs) != len(best) or len(best) < 2:
@@ -1109,11 +1109,11 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
               and len(x.get("runs_tokens_per_s") or ()) == len(b)]  # fmt: skip
     if others:
         top = max(others, key=lambda x: x["tokens_per_s"])
-        ratio = np.median(np.asarray(top["runs_tokens_per_s"], dtype=float)[idx], axis=1)
+        drawn = np.median(np.asarray(top["runs_tokens_per_s"], dtype=float)[idx], axis=1)
+        lo, hi = np.percentile(drawn / base - 1.0, [5, 95])
         out["challenger"] = {"id": top["id"], "describe": top["describe"],
                              "gain": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
-                             "gain_p05": float(np.percentile(ratio / base - 1.0, 5)),
-                             "gain_p95": float(np.percentile(ratio / base - 1.0, 95))}  # fmt: skip
+                             "gain_p05": float(lo), "gain_p95": float(hi)}  # fmt: skip
     return out
 
 
