@@ -196,7 +196,7 @@ def _time_ops(runner, attn, tree, tokens) -> dict:
 
 def campaign_main(args) -> dict:
     """Verify-step GPU time of every (baseline, context) of a campaign document."""
-    from calibration.report import _local_model, _strategy
+    from calibration.report import _strategy, local_model
     from engine.corpus import corpus_sample
 
     doc = json.loads(Path(args.campaign).read_text())
@@ -208,7 +208,7 @@ def campaign_main(args) -> dict:
     contexts = sorted({c for _, c in points})
     t_max = max(contexts) + 128
     torch.manual_seed(0)
-    src = resolve_source(_local_model(doc["model"]))
+    src = resolve_source(local_model(doc["model"]))
     model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
     runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
     rows = []

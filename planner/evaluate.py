@@ -1088,9 +1088,12 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
     ``challenger``: the best fixed strategy other than the offline best, its gain over it as
     recorded and the same percentiles (chosen once; chosen again on every draw, the maximum of
     a dozen noisy medians would only say how noisy they are). The ceiling is the challenger's
-    gain where positive. With five repeats the intervals are coarse: read a target against
-    them, not against the point figure alone. None when the runs per seed were not kept or do
-    not pair up."""
+    gain where positive. ``hindsight`` takes, for each seed, the fastest of the offline best
+    and every oracle strategy on that seed, picked after the fact: the most a controller could
+    gain by running one fixed strategy of them per prompt (more, in fact: a maximum over a
+    dozen noisy runs leans high); switching inside a run is not bound by it. With five
+    repeats the intervals are coarse: read a target against them, not against the point
+    figure alone. None when the runs per seed were not kept or do not pair up."""
     best = row.get("offline_best", {}).get("runs_tokens_per_s")
     runs = row.get("adaptive", {}).get("runs")
     if not best or not runs or len(runs) != len(best) or len(best) < 2:
@@ -1114,6 +1117,11 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
         out["challenger"] = {"id": top["id"], "describe": top["describe"],
                              "gain": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
                              "gain_p05": float(lo), "gain_p95": float(hi)}  # fmt: skip
+        fastest = np.max([b, *(np.asarray(x["runs_tokens_per_s"], dtype=float)
+                                for x in others)], axis=0)  # fmt: skip
+        out["hindsight"] = {"strategies": len(others) + 1,
+                            "gain": float(np.median(fastest) / np.median(b) - 1.0),
+                            "paired_gains": (fastest / b - 1.0).tolist()}  # fmt: skip
     return out
 
 
@@ -1399,12 +1407,14 @@ def summary_table(doc: dict) -> str:
     a = doc["adaptive"]
     lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
     lines.append("prompts      default  offline_best  adaptive  switches  gain   gain 90%"
-                 "         best fixed  ceiling")  # fmt: skip
+                 "         best fixed  ceiling  hindsight")  # fmt: skip
     for k, v in a["prompt_sets"].items():
         o = v.get("oracle")
         m = set_resolution(v)
         band = f"{m['gain_p05']:+6.1%}..{m['gain_p95']:+6.1%}" if m else " " * 16
         tail = f" {o['tokens_per_s']:11.1f} {o['ceiling']:+8.1%}" if o else ""
+        if m and m.get("hindsight"):
+            tail += f" {m['hindsight']['gain']:+10.1%}"
         lines.append(f"{k:10s} {v['default']['tokens_per_s']:9.1f} "
                      f"{v['offline_best']['tokens_per_s']:13.1f} "
                      f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "

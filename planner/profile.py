@@ -35,7 +35,9 @@ File format (version 2; version 1 files, which lack ``attention`` and ``overhead
                          "overhead": {"round": 4e-4, "node": 2e-5}}, ...}}
 
 A regime missing from the file, or an entry missing from a regime, falls back to the file's
-``default`` entry when present, else to the workload defaults.
+``default`` entry when present, else to the workload defaults (``Profile.assumed`` lists what
+a regime takes from them). A planner evaluation (``docs/validation/planner.json``) or a ranking
+document holds the profile it measured or used under ``"profile"``; ``load_profile`` reads that.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ OVERHEAD_TERMS = (
     "sparse",
     "host_node",
 )
+PROFILE_TABLES = ("acceptance", "overlap", "attention", "overhead")
 REGIMES = {"<=4K": 4096, "8K": 8192, "16K": 16384, "32K": 32768, "64K+": 65536}
 
 
@@ -224,6 +227,38 @@ class Profile:
                 return v
         return Workload().overlap
 
+    def assumed(self, regime: str, strategies) -> list[str]:
+        """What the prediction of ``strategies`` in ``regime`` takes from the workload defaults
+        rather than from this profile (the regime's entry or ``default``): one line each, empty
+        when the profile covers them all."""
+        kinds, traversals, unfactored = set(), set(), set()
+        for s in strategies:
+            if not parse_tree(s.tree):
+                continue  # drafts nothing: no acceptance to assume
+            if (self._get(self.acceptance, regime, f"{s.drafter.kind}@{s.tree}") is None
+                    and self._get(self.acceptance, regime, s.drafter.kind) is None):  # fmt: skip
+                kinds.add(s.drafter.kind)
+            if s.is_sparse:
+                if self._get(self.overlap, regime, s.traversal) is None:
+                    traversals.add(s.traversal)
+                kind, key = s.drafter.kind, attention_key(s)
+                if all(self._get(self.attention, regime, k) is None
+                       for k in (f"{kind}@{key}", f"{kind}@sparse", key)):  # fmt: skip
+                    unfactored.add(kind)
+        out = []
+        if kinds:
+            out.append(f"acceptance of {', '.join(sorted(kinds))} (workload default "
+                       f"{Workload().acceptance})")  # fmt: skip
+        if unfactored:
+            out.append(f"sparse attention's effect on the acceptance of "
+                       f"{', '.join(sorted(unfactored))} (none)")  # fmt: skip
+        if traversals:
+            out.append(f"block overlap of {', '.join(sorted(traversals))} (workload default "
+                       f"{Workload().overlap})")  # fmt: skip
+        if not (self.overhead.get(regime) or self.overhead.get("default")):
+            out.append("loop overhead per round (none: the step model alone)")
+        return out
+
     def to_json(self) -> dict:
         tables = {"acceptance": self.acceptance, "attention": self.attention,
                   "overlap": self.overlap, "overhead": self.overhead}  # fmt: skip
@@ -263,6 +298,10 @@ def load_profile(path: str | Path) -> Profile:
         raise ValueError(f"acceptance profile {str(p)!r} does not exist") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"acceptance profile {str(p)!r} is not valid JSON: {e.msg}") from None
+    if isinstance(d, dict) and isinstance(d.get("profile"), dict):
+        # An evaluation or a ranking document: the profile it measured or ranked with.
+        return profile_from_json(d["profile"], f"acceptance profile {str(p)!r} (its 'profile')",
+                                 f"profile:{p.name}#profile")  # fmt: skip
     return profile_from_json(d, f"acceptance profile {str(p)!r}", f"profile:{p.name}")
 
 
@@ -270,10 +309,19 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Prof
     """A profile from its JSON document (version 1 or 2); ``ValueError`` names the bad entry."""
     if not isinstance(d, dict) or d.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"{where} must have version {' or '.join(map(str, READABLE_VERSIONS))}")
+    if not isinstance(d.get("regimes"), dict):
+        raise ValueError(f"{where} has no 'regimes' object: not a profile")
     acc, ovl, att, ovh = {}, {}, {}, {}
-    for regime, entry in (d.get("regimes") or {}).items():
+    for regime, entry in d["regimes"].items():
         if regime not in REGIMES and regime != "default":
             raise ValueError(f"profile regime {regime!r} is not one of {', '.join(REGIMES)}")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: regime {regime} must be an object, got {entry!r}")
+        extra = sorted(set(entry) - set(PROFILE_TABLES))
+        if extra:
+            # e.g. an evaluation's own regime entries, read as if they were a profile's
+            raise ValueError(f"{where}: regime {regime} has {extra[0]!r}, not one of "
+                             f"{', '.join(PROFILE_TABLES)}")  # fmt: skip
         acc[regime] = {
             k: _check_prob(f"{regime}.acceptance.{k}", v)
             for k, v in (entry.get("acceptance") or {}).items()

@@ -116,8 +116,12 @@ def rank(
     batch: int = 1,
     regimes: dict[str, int] | None = None,
 ) -> dict:
-    """The ranking document (version 1) for every regime."""
+    """The ranking document (version 1) for every regime. A regime whose context lies past
+    the model's trained positions (``max_position_embeddings``, when known) is not ranked:
+    ``skipped`` says why. Each ranked regime lists under ``assumed`` what its predictions take
+    from the workload defaults rather than from ``profile`` (``Profile.assumed``)."""
     regimes = regimes or REGIMES
+    limit = model.max_position_embeddings
     doc = {
         "version": RANKING_VERSION,
         "model": model.name,
@@ -127,7 +131,11 @@ def rank(
         "profile": profile.to_json(),
         "regimes": {},
     }
+    skipped = {}
     for regime, ctx in regimes.items():
+        if limit and ctx > limit:
+            skipped[regime] = f"context {ctx} > the model's {limit} trained positions"
+            continue
         valid, rejected = valid_strategies(spec, model, gpu, ctx)
         valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
         scored, prov = score(model, gpu, valid, ctx, profile, regime, batch)
@@ -135,6 +143,7 @@ def rank(
             "context_len": ctx,
             "provenance": prov,
             "acceptance_source": profile.source,
+            "assumed": profile.assumed(regime, valid),
             "num_valid": len(valid),
             "rejected": rejected,
             "ranking": [
@@ -151,6 +160,11 @@ def rank(
                 for x in scored
             ],
         }
+    if skipped:
+        if not doc["regimes"]:
+            raise ValueError(f"no regime to rank for {model.name}: "
+                             f"{'; '.join(f'{r}: {w}' for r, w in skipped.items())}")  # fmt: skip
+        doc["skipped"] = skipped
     return doc
 
 

@@ -2,11 +2,19 @@
 
 ssvkit rank                                   # llama-3.1-8b on h100-sxm, default space
 ssvkit rank --acceptance-profile prof.json --out ranking.json --top 5
+ssvkit rank --evaluation docs/validation/planner.json   # the ranking the H100 evaluation used
+
+``--acceptance-profile`` also reads the profile inside a planner evaluation or a ranking
+document. ``--evaluation`` ranks as a planner evaluation did -- its model and draft model (found
+in this checkout's ``engine/checkpoints``), GPU, space, regime contexts and measured profile --,
+so the ranking it validated is reproduced on the CPU from committed files (the strategy ids of
+a draft model differ where its checkpoint's path does: the id hashes the drafter's fields).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
@@ -26,9 +34,9 @@ def _tuple(text: str, kind):
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="llama-3.1-8b", help="registry name or config.json path")
-    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key")
-    p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--model", help="registry name or config.json path (default llama-3.1-8b)")
+    p.add_argument("--gpu", help="GPU registry key (default h100-sxm)")
+    p.add_argument("--batch", type=int, help="sequences decoded together (default 1)")
     p.add_argument(
         "--acceptance-profile",
         metavar="FILE",
@@ -41,15 +49,59 @@ def add_arguments(p) -> None:
         "--metadata",
         help="comma-separated sparse selections: nsa (default), mean, quest (grouped modes)",
     )
+    p.add_argument(
+        "--evaluation",
+        metavar="FILE",
+        help="rank as this planner evaluation did (its model, GPU, space, contexts, profile)",
+    )
     p.add_argument("--out", metavar="FILE", help="write the ranking JSON here")
     p.add_argument("--top", type=int, default=5, help="strategies printed per regime")
     p.add_argument("--json", action="store_true", help="print the ranking JSON")
 
 
+# What ``--evaluation`` sets, by option (dest, flag).
+_FROM_EVALUATION = (("model", "--model"), ("gpu", "--gpu"), ("batch", "--batch"),
+                    ("acceptance_profile", "--acceptance-profile"), ("drafters", "--drafters"),
+                    ("draft_model", "--draft-model"), ("trees", "--trees"),
+                    ("metadata", "--metadata"))  # fmt: skip
+
+
+def _from_evaluation(path: str):
+    """(model, gpu, space, profile, regime contexts, label) of a planner evaluation."""
+    from calibration.report import load_json, local_model
+    from planner.profile import profile_from_json
+
+    p = Path(path)
+    d = load_json(p, "planner evaluation")
+    need = ("model", "gpu_model", "space", "profile", "regimes")
+    if not isinstance(d, dict) or any(k not in d for k in need):
+        raise ValueError(f"{path!r} is not a planner evaluation (it needs {', '.join(need)})")
+    space = {k: tuple(v) if isinstance(v, list) else v for k, v in d["space"].items()}
+    space["draft_model"] = local_model(space.get("draft_model"))
+    contexts = {r: int(v["context_len"]) for r, v in d["regimes"].items()}
+    profile = profile_from_json(d["profile"], f"{path!r}'s profile",
+                                f"evaluation:{p.name}")  # fmt: skip
+    commit = (d.get("provenance") or {}).get("git_commit") or "unknown"
+    return (get_model(local_model(d["model"])), get_gpu(d["gpu_model"]), SpaceSpec(**space),
+            profile, contexts, f"the evaluation {p.name} (commit {commit[:7]})")  # fmt: skip
+
+
 def run(args) -> int:
-    if args.batch < 1 or args.top < 1:
-        raise ValueError(f"--batch and --top must be >= 1, got {args.batch} and {args.top}")
-    model, gpu = get_model(args.model), get_gpu(args.gpu)
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    if args.evaluation:
+        given = [flag for dest, flag in _FROM_EVALUATION if getattr(args, dest) is not None]
+        if given:
+            raise ValueError(f"--evaluation sets the model, GPU, space and profile; drop "
+                             f"{', '.join(given)}")  # fmt: skip
+        model, gpu, spec, profile, contexts, what = _from_evaluation(args.evaluation)
+        doc = rank(model, gpu, spec, profile, regimes=contexts)
+        _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
+        return 0
+    batch = 1 if args.batch is None else args.batch
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    model, gpu = get_model(args.model or "llama-3.1-8b"), get_gpu(args.gpu or "h100-sxm")
     profile = load_profile(args.acceptance_profile) if args.acceptance_profile else Profile()
     kw = {}
     if args.drafters:
@@ -63,20 +115,28 @@ def run(args) -> int:
     spec = SpaceSpec(**kw)
     if "draft_model" in spec.drafters and not spec.draft_model:
         raise ValueError("the draft_model drafter needs --draft-model")
-    doc = rank(model, gpu, spec, profile, batch=args.batch)
+    doc = rank(model, gpu, spec, profile, batch=batch)
+    _emit(args, doc, model, gpu, profile)
+    return 0
+
+
+def _emit(args, doc: dict, model, gpu, profile: Profile, how: str = "") -> None:
     text = json.dumps(doc, indent=1)
     if args.out:
         atomic_write(args.out, text + "\n")
     if args.json:
         print(text)
-        return 0
-    print(f"{model.name} on {gpu.name}, batch {args.batch}; acceptance: {profile.source}")
+        return
+    print(f"{model.name} on {gpu.name}, batch {doc['batch']}; acceptance: {profile.source}{how}")
+    for regime, why in doc.get("skipped", {}).items():
+        print(f"\n{regime}: not ranked ({why})")
     for regime, entry in doc["regimes"].items():
         print(
             f"\n{regime} (context {entry['context_len']}): {entry['num_valid']} valid, "
             f"rejected {entry['rejected'] or 'none'} [{entry['provenance']}]"
         )
+        if entry["assumed"]:
+            print(f"  assumed, not profiled: {'; '.join(entry['assumed'])}")
         for i, r in enumerate(entry["ranking"][: args.top], 1):
             flag = " (extrapolated)" if r["extrapolated"] else ""
             print(f"  {i:2d}. {r['tokens_per_s']:8.1f} tok/s  {r['describe']}  [{r['id']}]{flag}")
-    return 0

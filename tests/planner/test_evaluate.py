@@ -453,12 +453,19 @@ def test_adaptive_resolution_pairs_the_seeds():
     c = m["challenger"]
     assert c["id"] == "s-1" and c["gain"] == pytest.approx(0.05)
     assert c["gain_p05"] == pytest.approx(0.05) and c["gain_p95"] == pytest.approx(0.05)
+    assert m["hindsight"]["strategies"] == 3 and m["hindsight"]["gain"] == pytest.approx(0.05)
+    # Per seed, the fastest of them after the fact: here each alternative wins some seeds.
+    swap = np.array([1.2, 0.8, 1.2, 0.8, 1.0])
+    h = adaptive_resolution(_adaptive_row(pace, pace, [swap * pace, pace / swap]))["hindsight"]
+    assert h["paired_gains"] == pytest.approx([0.2, 0.25, 0.2, 0.25, 0.0])
+    assert h["gain"] == pytest.approx(np.median(pace * [1.2, 1.25, 1.2, 1.25, 1.0])
+                                      / np.median(pace) - 1)  # fmt: skip
     noisy = _adaptive_row(pace, 1.1 * pace * rng.lognormal(0, 0.1, 5))
     n = adaptive_resolution(noisy)
     gain = noisy["adaptive"]["tokens_per_s"] / noisy["offline_best"]["tokens_per_s"] - 1
     assert n["gain"] == pytest.approx(gain)
     assert n["gain_p05"] < gain < n["gain_p95"] and n["gain_p95"] - n["gain_p05"] > 0.02
-    assert "challenger" not in n  # the oracle ran only the offline best
+    assert "challenger" not in n and "hindsight" not in n  # the oracle ran only the best
     short = _adaptive_row(pace, 1.1 * pace)
     short["adaptive"]["runs"].pop()
     assert adaptive_resolution(short) is None

@@ -1,6 +1,8 @@
 import dataclasses
+import gzip
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -561,6 +563,72 @@ def test_rank_cli(tmp_path, capsys):
     assert {r["strategy"]["metadata"] for r in ranked if r["strategy"]["attention"] != "dense"} == {
         "nsa", "mean"
     }  # fmt: skip
+
+
+ROOT = Path(__file__).resolve().parents[2]
+EVALUATION = ROOT / "docs" / "validation" / "planner.json"
+
+
+def test_rank_cli_reproduces_the_installed_evaluations_ranking(tmp_path, capsys):
+    """``--evaluation`` ranks with the evaluation's model, GPU, space, contexts and profile:
+    the committed ranking it validated (``--ranking-out``, installed beside it) comes back on
+    the CPU. A change to the step model, the calibrated profile or the space that moves it
+    fails here: the recorded tau and regret were measured for that ranking."""
+    out = tmp_path / "r.json"
+    assert main(["rank", "--evaluation", str(EVALUATION), "--top", "1", "--out", str(out)]) == 0
+    assert "ranked as the evaluation planner.json (commit " in capsys.readouterr().out
+    got = json.loads(out.read_text())
+    with gzip.open(EVALUATION.with_name("planner-ranking.json.gz"), "rt") as fh:
+        want = json.load(fh)
+    assert set(got["regimes"]) == set(want["regimes"]) and "skipped" not in got
+    for regime, entry in want["regimes"].items():
+        mine = got["regimes"][regime]
+        assert mine["context_len"] == entry["context_len"] and mine["assumed"] == []
+        # By description: a draft model's ids hash its checkpoint's path, which is this
+        # checkout's here and the H100's there.
+        rows = lambda e: sorted((r["describe"], r["tokens_per_s"]) for r in e["ranking"])  # noqa: E731
+        for (d1, t1), (d2, t2) in zip(rows(mine), rows(entry), strict=True):
+            # On a miss after installing an evaluation: is planner-ranking.json.gz its ranking?
+            assert d1 == d2 and t1 == pytest.approx(t2, rel=1e-9), (regime, d1)
+    assert main(["rank", "--evaluation", str(EVALUATION), "--trees", "chain:4"]) == 2
+    assert "--evaluation sets the model, GPU, space and profile; drop --trees" in (
+        capsys.readouterr().err
+    )
+    assert main(["rank", "--evaluation", str(ROOT / "docs/validation/campaign.json")]) == 2
+    assert "is not a planner evaluation" in capsys.readouterr().err
+
+
+def test_profile_inside_a_document_and_what_is_not_a_profile(tmp_path):
+    prof = load_profile(EVALUATION)  # the evaluation's measured profile, not its own regimes
+    assert prof.source.startswith("profile:planner.json#profile:")
+    assert prof.overhead["16K"] and 0 < prof.alpha("16K", "ngram") < 1
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({"version": 1, "regimes": {"16K": {"context_len": 15360}}}))
+    with pytest.raises(ValueError, match="regime 16K has 'context_len', not one of acceptance"):
+        load_profile(p)
+    p.write_text(json.dumps({"version": 1, "rows": []}))
+    with pytest.raises(ValueError, match="has no 'regimes' object: not a profile"):
+        load_profile(p)
+
+
+def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
+    small = dataclasses.replace(M, max_position_embeddings=16384)
+    doc = rank(small, G, SMALL, Profile(acceptance={"default": {"eagle": 0.6}}))
+    assert set(doc["regimes"]) == {"<=4K", "8K", "16K"}
+    assert doc["skipped"]["32K"] == "context 32768 > the model's 16384 trained positions"
+    notes = doc["regimes"]["16K"]["assumed"]
+    assert not any(n.startswith("acceptance of") for n in notes)  # from ``default``
+    assert "loop overhead per round (none: the step model alone)" in notes
+    assert any(n.startswith("block overlap of bfs") for n in notes)
+    bare = rank(M, G, SMALL, Profile(), regimes={"32K": 32768})["regimes"]["32K"]["assumed"]
+    assert bare[0] == "acceptance of eagle (workload default 0.7)"
+    full = Profile(acceptance={"32K": {"eagle": 0.6}}, overlap={"32K": {"bfs": 0.7}},
+                   attention={"32K": {"eagle@sparse": 0.9}},
+                   overhead={"32K": {"round": 1e-4}})  # fmt: skip
+    assert rank(M, G, SMALL, full, regimes={"32K": 32768})["regimes"]["32K"]["assumed"] == []
+    tiny = dataclasses.replace(M, max_position_embeddings=2048)
+    with pytest.raises(ValueError, match="no regime to rank for .*: <=4K: context 4096 > "):
+        rank(tiny, G, SMALL, Profile())
 
 
 def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):

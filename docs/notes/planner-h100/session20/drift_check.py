@@ -44,7 +44,7 @@ def main(out: str, *contexts: str) -> None:
     t0 = time.perf_counter()
     ctxs = [int(c) for c in contexts] or [15360, 3584]
     doc = json.loads((HERE.parents[2] / "validation/planner.json").read_text())
-    with gzip.open(HERE / "ranking-run33.json.gz", "rt") as fh:
+    with gzip.open(HERE.parents[2] / "validation/planner-ranking.json.gz", "rt") as fh:
         ranking = json.load(fh)
     bench = make_bench("tiny", "tiny-draft", 30720, 384, 5, "auto", "h100-sxm", 1.0)
     bench.timing_passes = 3
