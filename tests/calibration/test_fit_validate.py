@@ -226,7 +226,7 @@ def test_validate_cli_and_readme_block(capsys):
     capsys.readouterr()
     assert rc == (0 if all(t["met"] for t in doc["targets"].values()) else 1)
     text = README.read_text()
-    assert render(text) == text, "README calibration block is stale: python -m calibration.readme"
+    assert render(text) == text, "README's generated blocks are stale: python -m calibration.readme"
 
 
 def test_validate_plots(tmp_path, capsys):

@@ -145,3 +145,29 @@ def test_report_gives_the_adaptive_gains_interval_and_the_strongest_alternative(
     assert not any(x.startswith("| random |") for x in md.splitlines())
     pl["adaptive_resolution"] = {"random": None}
     assert "strongest fixed alternative" not in rpt.markdown({**rep, "planner": pl})
+
+
+def test_readme_planner_block_follows_the_evaluation(tmp_path):
+    """The README's planner block: each regime's figures and each prompt set's gain as the
+    installed evaluation records them, and the verdict of its ``met``."""
+    from calibration.readme import planner_block
+
+    path = rpt.ROOT / "docs" / "validation" / "planner.json"
+    doc = json.loads(path.read_text())
+    block = planner_block()
+    for r, v in doc["regimes"].items():
+        assert (f"| {r} | {v['context_len']} | {v['n']} | {doc['kendall_tau'][r]:.2f} | "
+                f"{100 * doc['regret'][r]:.1f}% |") in block  # fmt: skip
+    for k, g in doc["adaptive_gain"].items():
+        assert any(x.startswith(f"| {k}") and f"| {100 * g:+.1f}% |" in x
+                   for x in block.splitlines())  # fmt: skip
+    assert block.rstrip().endswith("on every off-distribution set (not met).")
+    doc["met"]["adaptive_gain_off_distribution"] = True
+    for v in doc["adaptive"]["prompt_sets"].values():
+        v.pop("oracle")  # no fixed alternatives, no hindsight
+    other = tmp_path / "planner.json"
+    other.write_text(json.dumps(doc))
+    block = planner_block(other)
+    assert block.startswith(f"Evaluation `{other}` (commit ")
+    assert block.rstrip().endswith("on every off-distribution set (met).")
+    assert "| n/a | n/a |" in block
