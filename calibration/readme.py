@@ -16,7 +16,6 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = ("validate", "planner")
 
 
 def _block(name: str) -> re.Pattern:
@@ -102,9 +101,14 @@ def planner_block(path: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Each block's markers and what fills them.
+BLOCKS = {"validate": current_block, "planner": planner_block}
+
+
 def render(text: str) -> str:
-    text = _block("validate").sub(lambda m: m.group(1) + current_block() + m.group(2), text)
-    return _block("planner").sub(lambda m: m.group(1) + planner_block() + m.group(2), text)
+    for name, fill in BLOCKS.items():
+        text = _block(name).sub(lambda m, fill=fill: m.group(1) + fill() + m.group(2), text)
+    return text
 
 
 if __name__ == "__main__":
