@@ -16,7 +16,10 @@
    per strategy);
    ``accept`` -- acceptance (greedy or rejection sampling), the KV commit of the kept path and
    the rollback of the rest, the drafter's commit (CUDA graphs too) -- then **one** host read:
-   the kept counts, the bonus tokens and the kept path's tokens.
+   the kept counts, the bonus tokens and the kept path's tokens. Sequences of a batch accept
+   different counts and so finish at different rounds: a sequence keeps at most the tokens it
+   may still emit (a device counter the acceptance graph lowers), and once done it rides along
+   in the batch's static shapes, keeping nothing, until the last one is done.
    A warm n-gram drafter then indexes the committed tokens and scores its shadow acceptance
    (``engine.ngram``; host time ``step_s["shadow"]``, inside the round's wall time -- in its own
    ``observe`` when it is the drafter drafting).
@@ -134,6 +137,7 @@ class Engine:
         self._drafters: dict[str, Drafter] = {}
         self._started: set[str] = set()  # drafter kinds started in this generate call
         self._history: list[list[int]] | None = None  # set while generating
+        self._longest_prompt = 0  # of the current generate call
         self._shadow: NgramDrafter | None = None  # the n-gram drafter scoring its shadow
         self._switch_s: float | None = None
         # Overlapped control (a controller with ``overlap``): the last round, whose host work
@@ -155,6 +159,8 @@ class Engine:
         tokens: a warm one (started in this call) with those it lacks, another from scratch."""
         draft_cfg = self.draft_runner.config if self.draft_runner is not None else None
         tree, attn = check_strategy(strategy, self.target.config, draft_cfg, self.target.backend)
+        if self._history is not None:
+            self._check_room(tree)
         drafter = self._drafter(strategy, tree) if tree.num_drafts else None
         if drafter is not None and drafter is not self.drafter and self._history is not None:
             if drafter.kind in self._started:
@@ -219,6 +225,13 @@ class Engine:
     def generate(self, prompts: list[list[int]]) -> DecodeResult:
         """Decode ``max_new_tokens`` after each prompt (a batch of ``target.batch``)."""
         cfg = self.config
+        if len(prompts) != self.target.batch or not all(prompts):
+            raise ValueError(
+                f"generate needs {self.target.batch} non-empty prompts, got lengths "
+                f"{[len(p) for p in prompts]}"
+            )
+        self._longest_prompt = max(map(len, prompts))
+        self._check_room(self.tree)
         torch.manual_seed(cfg.seed)
         dev = self.target.device
         t0 = time.perf_counter()
@@ -242,6 +255,7 @@ class Engine:
         self._shadow = shadow if shadow is not None and shadow.shadow_chain else None
         history = [list(p) + [r] for p, r in zip(prompts, host_roots, strict=True)]
         self._history = history
+        self._remaining().fill_(cfg.max_new_tokens - 1)  # the first root is generated
         generated = [[r] for r in host_roots]
         timer = StepTimer(dev)
         rounds: list[RoundRecord] = []
@@ -269,6 +283,32 @@ class Engine:
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
         return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
+
+    def _check_room(self, tree: DraftTree) -> None:
+        """``ValueError`` unless every cache holds the longest prompt, ``max_new_tokens`` and a
+        verify tail of ``tree`` past them. A sequence stops at ``max_new_tokens`` (its kept
+        count is capped there, ``_accept``) while the batch's slower ones go on, so its cache
+        length ends at most at ``prompt + max_new_tokens - 1`` and each later round still
+        writes its tail of ``tree.num_nodes`` entries after that."""
+        need = self._longest_prompt + self.config.max_new_tokens + tree.num_nodes - 1
+        for runner in (self.target, self.draft_runner):
+            if runner is not None and need > runner.cache.t_max:
+                raise ValueError(
+                    f"a prompt of {self._longest_prompt} tokens + {self.config.max_new_tokens} "
+                    f"new tokens + a verify tail of {tree.num_nodes} need {need} cache "
+                    f"positions; the cache holds {runner.cache.t_max}"
+                )
+
+    def _remaining(self) -> torch.Tensor:
+        """``[B]`` int32 tokens each sequence may still emit, on the device. The acceptance
+        graph caps each round's kept count by it and lowers it, so it lives on the target
+        runner (``graph_constants``): the graph reads it by address, also for a later Engine."""
+        cache = self.target.cache
+        buf = self.target.graph_constants.get("remaining")
+        if buf is None:
+            buf = torch.zeros(cache.batch, dtype=torch.int32, device=cache.lens.device)
+            self.target.graph_constants["remaining"] = buf
+        return buf
 
     def _position_uniforms(self, seed: int | None = None) -> torch.Tensor:
         """``[B, t_max + 1]`` uniforms, column ``j`` sampling the token at position ``j``; with
@@ -302,7 +342,10 @@ class Engine:
 
     def _round(self, index, roots, history, generated, timer):
         tree, attn = self.tree, self.attn
-        lens = [len(h) - 1 for h in history]
+        # The sequences still generating: the others ride along (static shapes) and keep
+        # nothing (their remaining count is 0 on the device).
+        active = [b for b, g in enumerate(generated) if len(g) < self.config.max_new_tokens]
+        lens = [len(history[b]) - 1 for b in active]
         warm = self._fresh and self.target.device.type == "cuda"
         self._fresh = False
         wall0 = time.perf_counter()
@@ -334,7 +377,8 @@ class Engine:
         if self._switch_s is not None:  # the controller's last switch (host wall clock)
             step_s["switch"], self._switch_s = self._switch_s, None
         counts = [row[0] for row in host]
-        for b, row in enumerate(host):
+        for b in active:
+            row = host[b]
             kept = row[3 : 2 + row[0]] + [row[1]]
             history[b] += kept
             generated[b] += kept
@@ -361,7 +405,9 @@ class Engine:
             strategy=self.strategy.name,
             context_lens=lens,
             drafted=tree.num_drafts,
-            accepted=[c - 1 for c in counts],
+            accepted=[host[b][-1] - 1 for b in active],
+            emitted=[counts[b] for b in active],
+            sequences=active,
             step_s=step_s,
             wall_s=wall_s,
             warmup=warm,
@@ -399,15 +445,30 @@ class Engine:
         else:
             uniforms = lambda: None  # noqa: E731
 
+        remaining = self._remaining()
+        last = tree.max_depth
+
         def fn(tokens, enable, *maybe_probs):
             acc = accept(tt, tokens, logits, maybe_probs[0] if maybe_probs else None, temp,
                          backend=target.backend, uniforms=uniforms())  # fmt: skip
-            count = acc.count * enable
+            # A sequence keeps at most the tokens it may still emit. Cut short, its path's next
+            # accepted node is a token the target emits there (greedy: its argmax; sampling:
+            # an accepted draft is distributed as the target), so it stands in for the bonus.
+            count = torch.minimum(acc.count, remaining) * enable
+            remaining.sub_(count)
+            cut = acc.path.gather(1, count.long().clamp(max=last)[:, None])
+            bonus = torch.where(count < acc.count, tokens.gather(1, cut)[:, 0], acc.bonus)
             target.cache.commit(acc.path, count)
             packed = torch.cat(
-                [count[:, None].long(), acc.bonus[:, None], tokens.gather(1, acc.path)], dim=1
+                [
+                    count[:, None].long(),
+                    bonus[:, None],
+                    tokens.gather(1, acc.path),
+                    acc.count[:, None].long(),
+                ],
+                dim=1,
             )
-            return type(acc)(acc.path, count, acc.bonus), packed
+            return type(acc)(acc.path, count, bonus), packed
 
         one = self._one
         if one is None or one.device != draft.tokens.device:
@@ -458,7 +519,8 @@ class Engine:
         its statistics (host time in ``rec.step_s[key]``); what the controller returned."""
         sel = rec.selection
         if self.trace is not None:
-            for b, (ctx, a) in enumerate(zip(rec.context_lens, rec.accepted, strict=True)):
+            rows = zip(rec.sequences, rec.context_lens, rec.accepted, strict=True)
+            for b, ctx, a in rows:
                 self.trace.add_round(
                     strategy,
                     b,
@@ -481,9 +543,9 @@ class Engine:
             accepted=tuple(rec.accepted),
             step_s=dict(rec.step_s),
             tokens_generated=rec.tokens,
-            group_overlap=_batch_mean(sel, "group_overlap"),
-            layer_overlap=_batch_mean(sel, "layer_overlap"),
-            predict_hit=_batch_mean(sel, "predict_hit"),
+            group_overlap=_batch_mean(sel, "group_overlap", rec.sequences),
+            layer_overlap=_batch_mean(sel, "layer_overlap", rec.sequences),
+            predict_hit=_batch_mean(sel, "predict_hit", rec.sequences),
             shadow=rec.shadow,
         )
         c0 = time.perf_counter()
@@ -503,10 +565,11 @@ class Engine:
         return {"reuse_hit_mean": [float(x) for x in np.nan_to_num(mean)]}
 
 
-def _batch_mean(sel: RoundSelection | None, name: str) -> tuple[float, ...] | None:
+def _batch_mean(sel: RoundSelection | None, name: str, rows: list[int]) -> tuple[float, ...] | None:
+    """Per-layer mean of ``name`` over the sequences ``rows`` (None when undefined)."""
     if sel is None:
         return None
-    v = getattr(sel, name)
+    v = getattr(sel, name)[rows]
     if np.isnan(v).all():
         return None
     return tuple(float(x) for x in np.nanmean(v, axis=0))

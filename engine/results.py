@@ -37,10 +37,22 @@ class RoundRecord:
     # requests arrive. (A capture after a switch of this run dropped the graphs -- a change of
     # the cache's summaries, ``ModelRunner.prepare``/``retain`` -- is that switch's cost.)
     captured: bool = False
+    # Tokens each sequence appended: accepted + 1, less where its max_new_tokens cut the round
+    # short (``accepted`` stays what the verification accepted). None: accepted + 1.
+    emitted: list[int] | None = None
+    # The sequences still generating this round, in the order of ``context_lens``, ``accepted``
+    # and ``emitted`` (a finished one rides along in the batch and keeps nothing). None: all.
+    sequences: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.sequences is None:
+            self.sequences = list(range(len(self.accepted)))
+        if self.emitted is None:
+            self.emitted = [a + 1 for a in self.accepted]
 
     @property
     def tokens(self) -> int:
-        return sum(self.accepted) + len(self.accepted)
+        return sum(self.emitted)
 
 
 @dataclass(slots=True)

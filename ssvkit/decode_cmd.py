@@ -196,9 +196,11 @@ def run(args) -> int:
     import torch
 
     from engine.checkpoint import build_model, resolve_source
+    from engine.controller import KeepStrategy
     from engine.loop import Engine, check_strategy
     from engine.runner import ModelRunner
     from engine.trace_writer import TraceWriter
+    from kernels.tree import MAX_TREE_NODES
 
     context = parse_int_list(args.context, "--context")[0]
     if args.batch < 1:
@@ -220,11 +222,13 @@ def run(args) -> int:
     tree, _ = check_strategy(
         strategy, target_src.config, draft_src.config if draft_src else None, backend
     )
-    t_max = context + decode.max_new_tokens + tree.num_nodes + 1
+    # A controller may switch to any tree: room for the largest verify tail the kernels take.
+    tail = tree.num_nodes if isinstance(controller, KeepStrategy) else MAX_TREE_NODES
+    t_max = context + decode.max_new_tokens + tail + 1
     limit = target_src.config.max_position_embeddings
     if t_max > limit:
         raise ValueError(
-            f"context {context} + {decode.max_new_tokens} new tokens + {tree.num_nodes} tail "
+            f"context {context} + {decode.max_new_tokens} new tokens + {tail} tail "
             f"rows = {t_max} positions exceed the model's {limit}"
         )
     cfgs = [target_src.config] + ([draft_src.config] if draft_src else [])

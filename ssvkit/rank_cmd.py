@@ -36,7 +36,9 @@ def _tuple(text: str, kind):
 def add_arguments(p) -> None:
     p.add_argument("--model", help="registry name or config.json path (default llama-3.1-8b)")
     p.add_argument("--gpu", help="GPU registry key (default h100-sxm)")
-    p.add_argument("--batch", type=int, help="sequences decoded together (default 1)")
+    p.add_argument(
+        "--batch", type=int, help="sequences decoded together (default 1; also with --evaluation)"
+    )
     p.add_argument(
         "--acceptance-profile",
         metavar="FILE",
@@ -60,7 +62,7 @@ def add_arguments(p) -> None:
 
 
 # What ``--evaluation`` sets, by option (dest, flag).
-_FROM_EVALUATION = (("model", "--model"), ("gpu", "--gpu"), ("batch", "--batch"),
+_FROM_EVALUATION = (("model", "--model"), ("gpu", "--gpu"),
                     ("acceptance_profile", "--acceptance-profile"), ("drafters", "--drafters"),
                     ("draft_model", "--draft-model"), ("trees", "--trees"),
                     ("metadata", "--metadata"))  # fmt: skip
@@ -89,18 +91,18 @@ def _from_evaluation(path: str):
 def run(args) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
+    batch = 1 if args.batch is None else args.batch
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
     if args.evaluation:
         given = [flag for dest, flag in _FROM_EVALUATION if getattr(args, dest) is not None]
         if given:
             raise ValueError(f"--evaluation sets the model, GPU, space and profile; drop "
                              f"{', '.join(given)}")  # fmt: skip
         model, gpu, spec, profile, contexts, what = _from_evaluation(args.evaluation)
-        doc = rank(model, gpu, spec, profile, regimes=contexts)
+        doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
-    batch = 1 if args.batch is None else args.batch
-    if batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
     model, gpu = get_model(args.model or "llama-3.1-8b"), get_gpu(args.gpu or "h100-sxm")
     profile = load_profile(args.acceptance_profile) if args.acceptance_profile else Profile()
     kw = {}
