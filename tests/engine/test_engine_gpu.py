@@ -345,35 +345,65 @@ BATCHED = {
     "draft_model_tree": CASES["dense_draft_model"][0],
     "ngram_chain": Strategy(name="sd", tree="chain:4", drafter=DrafterSpec(kind="ngram")),
     "union_sparse": CASES["union_sparse"][0],
-    "shared_sparse": Strategy(name="ssv", tree="full:2x2", mode="shared", group_size=2,
-                              drafter=DrafterSpec(kind="draft_model", model="d"), **SPARSE),
-    "nsa": Strategy(name="ssv", tree="chain:4", drafter=DrafterSpec(kind="ngram"),
-                    attention="sparse", metadata="nsa", top_n=8, block_size=64, window=128,
-                    refresh_every=2),
+    "shared_sparse": Strategy(
+        name="ssv",
+        tree="full:2x2",
+        mode="shared",
+        group_size=2,
+        drafter=DrafterSpec(kind="draft_model", model="d"),
+        **SPARSE,
+    ),
     "self_sparse": CASES["self_sparse"][0],
-}  # fmt: skip
+}
+NSA_NGRAM = Strategy(
+    name="ssv",
+    tree="chain:4",
+    drafter=DrafterSpec(kind="ngram"),
+    attention="sparse",
+    metadata="nsa",
+    top_n=8,
+    block_size=64,
+    window=128,
+    refresh_every=2,
+)
+RAGGED = random_prompts([1500, 700, 1203], vocab=512, seed=5)
+
+
+def _batched(model, draft, spec, prompts, n=64):
+    """Greedy decode of ``prompts`` as one batch under CUDA graphs, with caches of ``ssvkit
+    decode``'s size (longest prompt + new tokens + the verify tail + 1)."""
+    tree = DraftTree.from_spec(spec.tree, spec.traversal)
+    t_max = max(map(len, prompts)) + n + tree.num_nodes + 1
+    runners = [
+        ModelRunner(m, batch=len(prompts), t_max=t_max, backend="triton", use_graphs=True)
+        for m in (model, draft)
+    ]
+    cfg = DecodeConfig(max_new_tokens=n)
+    return Engine(runners[0], spec, cfg, draft_runner=runners[1]).generate(prompts)
 
 
 @pytest.mark.parametrize("case", list(BATCHED))
 def test_fp32_batched_decode_under_graphs_equals_each_sequence_alone(case, monkeypatch):
-    """Three sequences of ragged prompts in one batch, caches sized as ``ssvkit decode`` sizes
-    them, CUDA graphs on: each sequence stops at its own round (the others go on) and emits
-    exactly what it emits decoded alone (regression: a sequence that ran ahead wrote past its
-    cache, a device-side assert in ``KVCache.write``)."""
+    """Three sequences of ragged prompts in one batch: each stops at its own round (the others
+    go on) and emits exactly what it emits decoded alone (regression: a sequence that ran ahead
+    wrote past its cache, a device-side assert in ``KVCache.write``)."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     model = _model(dtype=torch.float32)
     draft = _model(seed=0, noise=0.3, dtype=torch.float32)
-    prompts = random_prompts([1500, 700, 1203], vocab=512, seed=5)
-    spec, n = BATCHED[case], 64
-    tree = DraftTree.from_spec(spec.tree, spec.traversal)
-
-    def run(rows):
-        t_max = max(map(len, rows)) + n + tree.num_nodes + 1
-        runners = [ModelRunner(m, batch=len(rows), t_max=t_max, backend="triton",
-                               use_graphs=True) for m in (model, draft)]  # fmt: skip
-        return Engine(runners[0], spec, DecodeConfig(max_new_tokens=n),
-                      draft_runner=runners[1]).generate(rows)  # fmt: skip
-
-    got = run(prompts)
-    alone = [run([p]).tokens[0] for p in prompts]
+    got = _batched(model, draft, BATCHED[case], RAGGED)
+    alone = [_batched(model, draft, BATCHED[case], [p]).tokens[0] for p in RAGGED]
     assert got.tokens == alone, _first_difference(got.tokens, alone)
+
+
+@pytest.mark.parametrize("spec", [NSA_NGRAM, *BATCHED.values()], ids=["nsa", *BATCHED])
+def test_bf16_batched_decode_under_graphs_finishes_every_sequence(spec):
+    """bf16 (the NSA kernels' dtypes): the batch decodes to the end, every sequence emits its
+    tokens."""
+    got = _batched(MODEL, DRAFT, spec, RAGGED)
+    assert [len(t) for t in got.tokens] == [64] * 3
+    assert all(0 <= x < 512 for t in got.tokens for x in t)
+    emitted = [0, 0, 0]
+    for r in got.rounds:
+        for b, e in zip(r.sequences, r.emitted, strict=True):
+            emitted[b] += e
+    assert emitted == [63] * 3
