@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from controller_cost import PLANNER_JSON, load_setting, simulate_accepted  # noqa: E402
 
 from kernels.timing import provenance  # noqa: E402
-from ssvkit.options import atomic_write  # noqa: E402
+from perfmodel.files import atomic_write  # noqa: E402
 
 
 def per_depth_alpha(measured: dict[int, float], depth: int = 8) -> list[float]:

@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from perfmodel.files import atomic_write
 from ssvkit.cli import main as ssvkit
-from ssvkit.options import atomic_write, parse_int_list
+from ssvkit.options import parse_int_list
 
 BASELINES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
 SPECULATIVE = ("sd_dense", "sd_sparse_naive", "ssv")

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels.timing import provenance
-from ssvkit.options import atomic_write
+from perfmodel.files import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANNER_JSON = ROOT / "docs" / "validation" / "planner.json"

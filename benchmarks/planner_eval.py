@@ -29,6 +29,7 @@ import json
 import sys
 import time
 
+from perfmodel.files import atomic_write
 from planner.controller import ControllerConfig
 from planner.evaluate import (
     MEASURE_OFFSETS,
@@ -43,7 +44,7 @@ from planner.evaluate import (
     summary_table,
 )
 from planner.space import SpaceSpec
-from ssvkit.options import atomic_write, parse_int_list
+from ssvkit.options import parse_int_list
 
 DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
 

@@ -27,10 +27,10 @@ import json
 import sys
 from pathlib import Path
 
+from perfmodel.files import atomic_write
 from planner.evaluate import make_bench, measure_profile, ranking_quality, read_runs
 from planner.rank import rank
 from planner.space import SpaceSpec
-from ssvkit.options import atomic_write
 
 
 class CachedRuns:

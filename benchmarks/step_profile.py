@@ -21,9 +21,9 @@ import json
 import sys
 from collections import defaultdict
 
+from perfmodel.files import atomic_write
 from perfmodel.strategy import DrafterSpec, Strategy
 from planner.evaluate import PROMPT_SETS, make_bench, prompt_tokens, run_once, steady_figures
-from ssvkit.options import atomic_write
 
 
 def parse_strategy(text: str, draft_label: str) -> Strategy:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ssvkit.options import atomic_write
+from perfmodel.files import atomic_write
 from sweep.grid import spec_from_doc
 from sweep.runner import run_sweep
 from sweep.table import encode

@@ -29,6 +29,7 @@ import json
 import sys
 import time
 
+from perfmodel.files import atomic_write
 from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 from planner.evaluate import (
     RunCache,
@@ -41,7 +42,6 @@ from planner.evaluate import (
 from planner.profile import profile_from_json
 from planner.rank import concrete, rank, strategy_from_json
 from planner.space import SpaceSpec, describe, strategy_id
-from ssvkit.options import atomic_write
 
 CAMPAIGN_VERSION = 1
 NAMES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")

@@ -23,13 +23,13 @@ acceptance profile's; the planner section is where predicted acceptance is judge
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from calibration.fit import error_stats
+from perfmodel.files import read_json
 
 
 def _checkout_root() -> Path:
@@ -51,12 +51,7 @@ BASELINE_ORDER = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv",
 
 def load_json(path: Path, what: str) -> dict:
     """A JSON document; ``ValueError`` in one line when it is missing or not JSON."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{what} {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {str(path)!r} is not valid JSON: {e.msg}") from None
+    return read_json(path, what)
 
 
 def local_model(label: str | None) -> str | None:
@@ -541,13 +536,13 @@ def plots(rep: dict) -> dict[str, bytes]:
     out = {}
     for name, (label, pts) in series.items():
         fig, ax = plt.subplots(figsize=(6, 5.5))
-        for b in BASELINE_ORDER:
+        for i, b in enumerate(BASELINE_ORDER):  # one colour and marker per baseline everywhere
             sel = [(m, p) for n, m, p in pts if n == b]
             if sel:
-                ax.plot(*zip(*sel, strict=True), "o", label=b, alpha=0.8)
+                ax.plot(*zip(*sel, strict=True), "osD^vP"[i], color=f"C{i}", label=b, alpha=0.8)
         vals = [v for _, m, p in pts for v in (m, p)]
         lo, hi = min(vals) * 0.9, max(vals) * 1.1
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel(f"predicted {label}")
         ax.set_title(f"{label}: predicted vs measured")

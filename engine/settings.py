@@ -4,6 +4,7 @@ string per field, torch-free, so the CLI builds its options from them without im
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -25,8 +26,11 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or (self.draft_temperature or 0) < 0:
-            raise ValueError("temperatures must be >= 0")
+        temps = (self.temperature, self.draft_temperature or 0.0)
+        if not all(math.isfinite(t) and t >= 0 for t in temps):
+            raise ValueError(f"temperatures must be finite and >= 0, got {temps}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
     @property
     def draft_temp(self) -> float:

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from perfmodel.files import atomic_write, check_output
 from perfmodel.strategy import Strategy
 from sim.trace import dumps_trace, make_header, make_round
 
@@ -29,9 +30,7 @@ class TraceWriter:
     """Collects rounds for one trace file."""
 
     def __init__(self, path: str | Path, model: str, num_layers: int, **header_extra) -> None:
-        self.path = Path(path)
-        if not self.path.parent.exists():
-            raise ValueError(f"trace folder {str(self.path.parent)!r} does not exist")
+        self.path = check_output(path, "trace")
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.model, self.num_layers, self.extra = model, num_layers, header_extra
         self.strategies: dict[str, dict] = {}
@@ -69,8 +68,6 @@ class TraceWriter:
         rounds = [json.loads(line) for line in self.lines]
         if not self.strategies:
             raise ValueError("the trace has no rounds")
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(dumps_trace(self.header(), rounds))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, dumps_trace(self.header(), rounds), "trace")
         os.unlink(self.partial)
         return self.path

@@ -367,6 +367,28 @@ def kv_capacity_tokens(
     return max(int(free // per_token), 0)
 
 
+def memory_shortfall(
+    model: ModelSpec, gpu, tp: int, kv_bytes: int, batch: int, context_len: int, num_draft: int = 0
+) -> str | None:
+    """None when the weights and ``batch * (context_len + num_draft + 1)`` KV tokens fit
+    ``kv_capacity_tokens`` (90% of ``tp`` GPUs' memory), else a one-line reason."""
+    cap = kv_capacity_tokens(model, gpu, tp, kv_bytes)
+    on = f"{tp} x {gpu.name}"
+    if cap == 0:
+        weights = model.num_params() * model.weight_bytes
+        return (
+            f"{model.name}'s weights ({weights / 1e9:,.0f} GB) leave no room for a KV cache "
+            f"on {on} ({tp * gpu.memory_bytes / 1e9:,.0f} GB)"
+        )
+    need = batch * (context_len + num_draft + 1)
+    if need <= cap:
+        return None
+    return (
+        f"batch {batch} x context {context_len} needs {need:,} KV tokens; {on} holds "
+        f"{cap:,} beside the weights"
+    )
+
+
 def kv_offload_seconds(num_tokens, model: ModelSpec, gpu, kv_bytes: int = 2) -> np.ndarray:
     """PCIe time to move ``num_tokens`` tokens of KV cache (all layers) to or from host memory
     (seed 003's dynamic KV manager): ``perfmodel.sparsespec.offload_time_s`` of their bytes."""

@@ -9,11 +9,12 @@ read with ``--model path/to/config.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
+from perfmodel.files import read_json
 from perfmodel.hardware import suggest
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
@@ -57,6 +58,7 @@ class ModelSpec:
             "num_q_heads",
             "num_kv_heads",
             "head_dim",
+            "intermediate_size",
             "vocab_size",
             "weight_bytes",
         ):
@@ -148,13 +150,58 @@ class ModelSpec:
         return active
 
 
-def _need(cfg: dict, key: str, source: str):
-    if key not in cfg:
-        raise ValueError(f"{source}: config.json has no {key!r}")
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ValueError(f"{source}: config.json field {key!r} must be a number, got {v!r}")
-    return v
+# Geometry fields of a config lie in 1..MAX_DIM (a bound past every real model that keeps the
+# cost model's integer products within int64).
+MAX_DIM = 1 << 24
+_MISSING = object()
+
+
+def _int_field(cfg: dict, key: str, source: str, default=_MISSING, minimum: int = 1) -> int:
+    """``cfg[key]`` as an integer in ``[minimum, MAX_DIM]``; a missing or null field takes
+    ``default`` (HF's own default for optional fields), or is an error without one."""
+    v = cfg.get(key)
+    if v is None:
+        if default is _MISSING:
+            state = "is null" if key in cfg else "is missing"
+            raise ValueError(f"{source}: config.json field {key!r} {state}")
+        return default
+    whole = isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
+    if isinstance(v, bool) or not whole:
+        raise ValueError(f"{source}: config.json field {key!r} must be an integer, got {v!r}")
+    if not minimum <= v <= MAX_DIM:
+        raise ValueError(
+            f"{source}: config.json field {key!r} must lie in {minimum}..{MAX_DIM}, got {v!r}"
+        )
+    return int(v)
+
+
+def _float_field(
+    cfg: dict, key: str, source: str, default: float, low: float = 0.0, high: float = float("inf")
+) -> float:
+    """``cfg[key]`` as a finite float in ``(low, high]`` (missing or null: ``default``)."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    number = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if not number or not low < v <= high:
+        bound = f"in ({low:g}, {high:g}]" if high != float("inf") else f"> {low:g}"
+        raise ValueError(f"{source}: config.json field {key!r} must be a number {bound}, got {v!r}")
+    return float(v)
+
+
+def _layer_list(cfg: dict, key: str, source: str, num_layers: int) -> set[int]:
+    """A list of layer indices (``mlp_only_layers``); missing or null: empty."""
+    v = cfg.get(key)
+    if v is None:
+        return set()
+    if not isinstance(v, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < num_layers for x in v
+    ):
+        raise ValueError(
+            f"{source}: config.json field {key!r} must be a list of layer indices in "
+            f"0..{num_layers - 1}, got {v!r}"
+        )
+    return set(v)
 
 
 def _weight_bytes(cfg: dict) -> int:
@@ -173,74 +220,78 @@ def spec_from_config(cfg: dict, name: str) -> ModelSpec:
         name=name,
         weight_bytes=_weight_bytes(cfg),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0) or 10000.0),
-        rope_scaling=cfg.get("rope_scaling"),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 0) or 0),
+        rope_theta=_float_field(cfg, "rope_theta", name, 10000.0),
+        rope_scaling=_rope_scaling(cfg, name),
+        rms_norm_eps=_float_field(cfg, "rms_norm_eps", name, 1e-6),
+        max_position_embeddings=_int_field(cfg, "max_position_embeddings", name, 0, minimum=0),
     )
     if mtype == "chatglm":  # THUDM's original GLM-4 format
-        layers = int(_need(cfg, "num_layers", name))
         return ModelSpec(
             family="glm",
-            num_layers=layers,
-            hidden_size=int(_need(cfg, "hidden_size", name)),
-            num_q_heads=int(_need(cfg, "num_attention_heads", name)),
-            num_kv_heads=int(_need(cfg, "multi_query_group_num", name)),
-            head_dim=int(_need(cfg, "kv_channels", name)),
-            intermediate_size=int(_need(cfg, "ffn_hidden_size", name)),
-            vocab_size=int(_need(cfg, "padded_vocab_size", name)),
+            num_layers=_int_field(cfg, "num_layers", name),
+            hidden_size=_int_field(cfg, "hidden_size", name),
+            num_q_heads=_int_field(cfg, "num_attention_heads", name),
+            num_kv_heads=_int_field(cfg, "multi_query_group_num", name),
+            head_dim=_int_field(cfg, "kv_channels", name),
+            intermediate_size=_int_field(cfg, "ffn_hidden_size", name),
+            vocab_size=_int_field(cfg, "padded_vocab_size", name),
             qkv_bias=bool(cfg.get("add_qkv_bias", True)),
             partial_rotary_factor=0.5,
-            **{**common, "max_position_embeddings": int(cfg.get("seq_length", 0) or 0)},
+            **{**common, "max_position_embeddings": _int_field(cfg, "seq_length", name, 0, 0)},
         )
     if mtype not in ("llama", "qwen2", "qwen3", "glm", "qwen3_moe", "deepseek_v3"):
         raise ValueError(
             f"{name}: model_type {mtype!r} is not supported "
             "(llama, qwen2, qwen3, glm, chatglm, qwen3_moe, deepseek_v3)"
         )
-    layers = int(_need(cfg, "num_hidden_layers", name))
-    hidden = int(_need(cfg, "hidden_size", name))
-    heads = int(_need(cfg, "num_attention_heads", name))
-    kv_heads = int(cfg.get("num_key_value_heads", heads))
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    layers = _int_field(cfg, "num_hidden_layers", name)
+    hidden = _int_field(cfg, "hidden_size", name)
+    heads = _int_field(cfg, "num_attention_heads", name)
     kw: dict = dict(
         family=mtype,
         num_layers=layers,
         hidden_size=hidden,
         num_q_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=int(_need(cfg, "intermediate_size", name)),
-        vocab_size=int(_need(cfg, "vocab_size", name)),
+        num_kv_heads=_int_field(cfg, "num_key_value_heads", name, heads),
+        head_dim=_int_field(cfg, "head_dim", name, max(hidden // heads, 1)),
+        intermediate_size=_int_field(cfg, "intermediate_size", name),
+        vocab_size=_int_field(cfg, "vocab_size", name),
         qkv_bias=bool(cfg.get("attention_bias", mtype == "qwen2")),
-        partial_rotary_factor=float(cfg.get("partial_rotary_factor", 1.0)),
+        partial_rotary_factor=_float_field(cfg, "partial_rotary_factor", name, 1.0, 0.0, 1.0),
     )
     if mtype == "qwen3_moe":
-        step = int(cfg.get("decoder_sparse_step", 1) or 1)
-        only_mlp = set(cfg.get("mlp_only_layers") or [])
+        step = _int_field(cfg, "decoder_sparse_step", name, 1)
+        only_mlp = _layer_list(cfg, "mlp_only_layers", name, layers)
         kw.update(
-            num_experts=int(_need(cfg, "num_experts", name)),
-            experts_per_token=int(_need(cfg, "num_experts_per_tok", name)),
-            expert_intermediate_size=int(_need(cfg, "moe_intermediate_size", name)),
+            num_experts=_int_field(cfg, "num_experts", name),
+            experts_per_token=_int_field(cfg, "num_experts_per_tok", name),
+            expert_intermediate_size=_int_field(cfg, "moe_intermediate_size", name),
             moe_layers=tuple(i not in only_mlp and (i + 1) % step == 0 for i in range(layers)),
         )
     if mtype == "deepseek_v3":
-        first_dense = int(cfg.get("first_k_dense_replace", 0))
-        freq = int(cfg.get("moe_layer_freq", 1) or 1)
+        first_dense = _int_field(cfg, "first_k_dense_replace", name, 0, minimum=0)
+        freq = _int_field(cfg, "moe_layer_freq", name, 1)
         kw.update(
             num_kv_heads=heads,  # MLA: every query head has its own decompressed K/V
-            head_dim=int(_need(cfg, "v_head_dim", name)),
-            num_experts=int(_need(cfg, "n_routed_experts", name)),
-            experts_per_token=int(_need(cfg, "num_experts_per_tok", name)),
-            expert_intermediate_size=int(_need(cfg, "moe_intermediate_size", name)),
-            num_shared_experts=int(cfg.get("n_shared_experts", 0) or 0),
+            head_dim=_int_field(cfg, "v_head_dim", name),
+            num_experts=_int_field(cfg, "n_routed_experts", name),
+            experts_per_token=_int_field(cfg, "num_experts_per_tok", name),
+            expert_intermediate_size=_int_field(cfg, "moe_intermediate_size", name),
+            num_shared_experts=_int_field(cfg, "n_shared_experts", name, 0, minimum=0),
             moe_layers=tuple(i >= first_dense and i % freq == 0 for i in range(layers)),
-            kv_lora_rank=int(_need(cfg, "kv_lora_rank", name)),
-            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-            qk_nope_head_dim=int(_need(cfg, "qk_nope_head_dim", name)),
-            qk_rope_head_dim=int(_need(cfg, "qk_rope_head_dim", name)),
+            kv_lora_rank=_int_field(cfg, "kv_lora_rank", name),
+            q_lora_rank=_int_field(cfg, "q_lora_rank", name, 0, minimum=0),
+            qk_nope_head_dim=_int_field(cfg, "qk_nope_head_dim", name),
+            qk_rope_head_dim=_int_field(cfg, "qk_rope_head_dim", name),
         )
     return ModelSpec(**kw, **common)
+
+
+def _rope_scaling(cfg: dict, source: str) -> dict | None:
+    v = cfg.get("rope_scaling")
+    if v is not None and not isinstance(v, dict):
+        raise ValueError(f"{source}: config.json field 'rope_scaling' must be an object or null")
+    return v
 
 
 def _registry_dir() -> Path:
@@ -257,14 +308,7 @@ def load_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"model config {str(p)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"model config {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}"
-        ) from None
+    return read_json(p, "model config")
 
 
 def get_model(name_or_path: str) -> ModelSpec:

@@ -68,55 +68,72 @@ def parse_tree(spec: str, acceptance: float = 0.7, num_ranks: int = 4) -> tuple[
     """Tree parents from ``chain:K``, ``full:BxD`` (branching x depth), ``best:N[:D]`` (the
     best tree of N nodes, optional max depth D, for ``acceptance`` with geometric sibling decay)
     or ``parents:P0,P1,...`` (explicit: node i hangs below node Pi, -1 = the root).
-    ``none`` or ``chain:0`` is autoregressive decoding (no drafts)."""
+    ``none`` or ``chain:0`` is autoregressive decoding (no drafts). The node count is checked
+    against ``MAX_TREE_NODES`` before anything is built."""
     s = spec.strip().lower()
+    if s in ("none", "ar"):
+        return ()
+    kind, _, arg = s.partition(":")
     try:
-        if s in ("none", "ar"):
-            return ()
-        kind, _, arg = s.partition(":")
-        if kind == "chain":
-            k = int(arg)
-            if k < 0:
-                raise ValueError
-            parents = tuple(chain_parents(k))
-        elif kind == "full":
-            b, d = (int(x) for x in arg.split("x"))
-            if b < 1 or d < 1:
-                raise ValueError
-            parents, level = [], [-1]
-            for _ in range(d):
-                nxt = []
-                for p in level:
-                    for _ in range(b):
-                        parents.append(p)
-                        nxt.append(len(parents) - 1)
-                level = nxt
-            parents = tuple(parents)
-        elif kind == "parents":  # an explicit tree: parents:-1,0,0,1 (node -> parent)
-            parents = tuple(int(x) for x in arg.split(",")) if arg else ()
-            if any(not -1 <= p < i for i, p in enumerate(parents)):
-                raise ValueError
-        elif kind == "best":
-            n, _, d = arg.partition(":")
-            if int(n) < 1 or (d and int(d) < 1):
-                raise ValueError
-            tree = best_tree(
-                int(n), TreeAcceptance.from_alpha(acceptance, num_ranks), int(d) if d else None
-            )
-            parents = tree.parents
-        else:
-            raise ValueError
+        size, args = _tree_size(kind, arg)
     except ValueError:
         raise ValueError(
             f"tree {spec!r} is not chain:K, full:BxD, best:N[:D] or parents:P0,P1,... "
             "with positive integers (parents in -1..i-1)"
         ) from None
-    if len(parents) > MAX_TREE_NODES:
+    if size is None or size > MAX_TREE_NODES:
+        shown = f"{size}" if size is not None else f"more than {MAX_TREE_NODES}"
         raise ValueError(
-            f"tree {spec!r} has {len(parents)} nodes; the verify kernels take "
-            f"at most {MAX_TREE_NODES}"
+            f"tree {spec!r} has {shown} nodes; the verify kernels take at most {MAX_TREE_NODES}"
         )
-    return parents
+    if kind == "chain":
+        return tuple(chain_parents(args[0]))
+    if kind == "full":
+        parents, level = [], [-1]
+        for _ in range(args[1]):
+            nxt = []
+            for p in level:
+                for _ in range(args[0]):
+                    parents.append(p)
+                    nxt.append(len(parents) - 1)
+            level = nxt
+        return tuple(parents)
+    if kind == "parents":
+        return args
+    n, d = args
+    return best_tree(n, TreeAcceptance.from_alpha(acceptance, num_ranks), d).parents
+
+
+def _tree_size(kind: str, arg: str) -> tuple[int | None, tuple]:
+    """The drafted nodes a tree spec asks for (None: more than ``MAX_TREE_NODES``, not counted
+    further) and its parsed arguments (``ValueError`` when malformed), without building it."""
+    if kind == "chain":
+        k = int(arg)
+        if k < 0:
+            raise ValueError
+        return k, (k,)
+    if kind == "full":
+        b, d = (int(x) for x in arg.split("x"))
+        if b < 1 or d < 1:
+            raise ValueError
+        size, level = 0, 1
+        for _ in range(d):
+            level *= b
+            size += level
+            if size > MAX_TREE_NODES:
+                return None, (b, d)
+        return size, (b, d)
+    if kind == "parents":  # an explicit tree: parents:-1,0,0,1 (node -> parent)
+        parents = tuple(int(x) for x in arg.split(",")) if arg else ()
+        if any(not -1 <= p < i for i, p in enumerate(parents)):
+            raise ValueError
+        return len(parents), parents
+    if kind == "best":
+        n, _, d = arg.partition(":")
+        if int(n) < 1 or (d and int(d) < 1):
+            raise ValueError
+        return int(n), (int(n), int(d) if d else None)
+    raise ValueError
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +172,11 @@ class Strategy:
             v = getattr(self, fname)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{fname} must be an integer >= 1, got {v!r}")
+        if self.group_size > MAX_TREE_NODES:
+            raise ValueError(
+                f"group_size {self.group_size} exceeds the {MAX_TREE_NODES} queries a verify "
+                "step can hold"
+            )
         for fname in ("window", "comp_block", "comp_stride"):
             v = getattr(self, fname)
             if not (isinstance(v, int) and v >= 0):

@@ -92,6 +92,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from perfmodel.files import atomic_write
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.strategy import DrafterSpec, Strategy, parse_tree
@@ -109,7 +110,6 @@ from planner.profile import (
 )
 from planner.rank import concrete, rank, score, strategy_from_json
 from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
-from ssvkit.options import atomic_write
 
 EVAL_VERSION = 1
 PROMPT_SETS = ("code", "prose", "repetitive", "random")

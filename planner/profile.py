@@ -43,7 +43,6 @@ document holds the profile it measured or used under ``"profile"``; ``load_profi
 from __future__ import annotations
 
 import functools
-import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from perfmodel.acceptance import node_depths_ranks
+from perfmodel.files import read_json
 from perfmodel.strategy import Strategy, Workload, parse_tree, tree_expected_tokens
 
 PROFILE_VERSION = 2
@@ -292,12 +292,7 @@ def _check_nonneg(where: str, v) -> float:
 def load_profile(path: str | Path) -> Profile:
     """Parse and validate a profile file; ``ValueError`` names the bad entry."""
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"acceptance profile {str(p)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"acceptance profile {str(p)!r} is not valid JSON: {e.msg}") from None
+    d = read_json(p, "acceptance profile")
     if isinstance(d, dict) and isinstance(d.get("profile"), dict):
         # An evaluation or a ranking document: the profile it measured or ranked with.
         return profile_from_json(d["profile"], f"acceptance profile {str(p)!r} (its 'profile')",

@@ -10,13 +10,14 @@ strategies by predicted tokens/s with their breakdown and provenance.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from perfmodel.baselines import op_group
 from perfmodel.calibrated import make_predictor
+from perfmodel.costs import memory_shortfall
+from perfmodel.files import read_json
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.step import build_columns, predict_columns
@@ -136,6 +137,10 @@ def rank(
         if limit and ctx > limit:
             skipped[regime] = f"context {ctx} > the model's {limit} trained positions"
             continue
+        short = memory_shortfall(model, gpu, 1, 2, batch, ctx)
+        if short:
+            skipped[regime] = short
+            continue
         valid, rejected = valid_strategies(spec, model, gpu, ctx)
         valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
         scored, prov = score(model, gpu, valid, ctx, profile, regime, batch)
@@ -175,14 +180,7 @@ def strategy_from_json(d: dict) -> Strategy:
 
 
 def load_ranking(path) -> dict:
-    from pathlib import Path
-
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"ranking {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"ranking {str(path)!r} is not valid JSON: {e.msg}") from None
+    doc = read_json(path, "ranking")
     if doc.get("version") != RANKING_VERSION:
         raise ValueError(f"ranking {str(path)!r} has version {doc.get('version')!r}, expected 1")
     return doc

@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 
 from perfmodel.acceptance import node_depths_ranks
-from perfmodel.hardware import GpuSpec
+from perfmodel.hardware import GpuSpec, suggest
 from perfmodel.models import ModelSpec
 from perfmodel.sparse import fits_shared_memory
 from perfmodel.strategy import METADATA, DrafterSpec, Strategy, parse_tree
@@ -100,6 +100,30 @@ class SpaceSpec:
         bad = set(self.metadata) - set(METADATA)
         if bad:
             raise ValueError(f"unknown metadata {sorted(bad)}; expected {', '.join(METADATA)}")
+
+
+def space_from_json(d, where: str) -> SpaceSpec:
+    """A ``SpaceSpec`` from its JSON form (lists for the axes, as ``dataclasses.asdict`` writes
+    it); ``ValueError`` naming ``where`` and the bad key or value."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: the space must be an object of axes, got {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(SpaceSpec)}
+    kw = {}
+    for key, value in d.items():
+        if key not in fields:
+            raise ValueError(f"{where}: unknown space key {key!r}{suggest(str(key), list(fields))}")
+        if key == "draft_model":
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{where}: draft_model must be a name or null, got {value!r}")
+            kw[key] = value
+            continue
+        kind = type(fields[key].default[0])
+        if not isinstance(value, list) or any(
+            isinstance(v, bool) or not isinstance(v, kind) for v in value
+        ):
+            raise ValueError(f"{where}: {key} must be a list of {kind.__name__}, got {value!r}")
+        kw[key] = tuple(value)
+    return SpaceSpec(**kw)
 
 
 def strategy_id(s: Strategy) -> str:

@@ -2,10 +2,10 @@
 
 ``iid``, ``positional`` and ``tree`` are independent across rounds: each draws the accepted
 depth from the exact distribution of a draft tree under a (depth, rank) acceptance table
-(``perfmodel.acceptance.TreeAcceptance``), so its mean is ``expected_tokens_tree - 1``. ``trace``
-replays the accepted counts of a recorded trace in order, wrapping around. Draws come in
-vectorised chunks from one seeded generator (inverse CDF on uniforms), so the sequence depends
-on the seed only, never on the chunk size.
+(``perfmodel.acceptance.TreeAcceptance``), so its mean is ``expected_tokens_tree - 1``.
+``trace`` replays the accepted counts of a recorded trace of the same tree in order, wrapping
+around. Draws come in vectorised chunks from one seeded generator (inverse CDF on uniforms), so
+the sequence depends on the seed only, never on the chunk size.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class Acceptance:
 
 
 class TraceAcceptance:
-    """Replays a trace's accepted counts in order (wrapping), clipped to the tree's depth."""
+    """Replays a trace's accepted counts in order (wrapping); none may exceed the tree's
+    depth ``max_accepted``."""
 
     name = "trace"
 
@@ -98,7 +99,9 @@ class TraceAcceptance:
         acc = np.asarray(accepted, dtype=int)
         if acc.size == 0:
             raise ValueError("the trace has no rounds to replay")
-        self.accepted = np.minimum(acc, max_accepted)
+        if acc.max() > max_accepted:
+            raise ValueError(f"the trace accepts up to {acc.max()} drafts, past {max_accepted}")
+        self.accepted = acc
         self._max = max_accepted
 
     @property
@@ -133,7 +136,14 @@ def build_acceptance(model: str, parents, alpha: float, table_text: str = "", tr
         if trace is None:
             raise ValueError("acceptance trace needs a trace")
         depth = max(node_depths_ranks(list(parents))[0], default=0)
-        return TraceAcceptance(trace.column("accepted"), depth)
+        drafted, accepted = trace.column("drafted"), trace.column("accepted")
+        if drafted.size and (drafted.max() > len(parents) or accepted.max() > depth):
+            raise ValueError(
+                f"the trace drafts up to {drafted.max()} tokens a round and accepts up to "
+                f"{accepted.max()}; the simulated tree drafts {len(parents)} at depth {depth}: "
+                "replay it with the tree that recorded it (--tree)"
+            )
+        return TraceAcceptance(accepted, depth)
     if model == "iid" or (model == "tree" and not table_text):
         return Acceptance(model, parents, TreeAcceptance.from_alpha(alpha, NUM_RANKS))
     if model == "positional":

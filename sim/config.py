@@ -28,7 +28,12 @@ SCENARIOS = (
     "serve",
 )
 LOOP_SCENARIOS = SCENARIOS[:5]
+# Scenarios that decode one fixed batch (the others admit num_requests requests over time).
+BATCH_SCENARIOS = (*LOOP_SCENARIOS, "prr", "ssd")
 ACCEPTANCE_MODELS = ("iid", "positional", "tree", "trace")
+# Most output tokens one run simulates (all requests together): every round stays in memory
+# (``sim.recorder``), and beyond this a run takes minutes.
+MAX_SIM_TOKENS = 10_000_000
 
 
 def _check_int(obj, names, lo):
@@ -228,6 +233,7 @@ class SimConfig:
             raise ValueError("PRR hit_source=trace needs a trace file (trace)")
         if self.acceptance_model in ("positional",) and not self.acceptance_table:
             raise ValueError("acceptance_model=positional needs acceptance_table a1,a2,...")
+        self._check_used_and_bounded()
         s = self.resolved_strategy
         if self.scenario == "prr" and not s.is_sparse:
             raise ValueError(f"scenario prr needs a sparse strategy, got {s.name!r} (dense)")
@@ -236,6 +242,33 @@ class SimConfig:
         ):
             raise ValueError(
                 f"scenario {self.scenario} drafts chains: tree must be chain:K, K >= 1"
+            )
+
+    def _check_used_and_bounded(self) -> None:
+        """Options the scenario would ignore are refused, and the run's size is bounded."""
+        if self.acceptance_table and self.acceptance_model not in ("positional", "tree"):
+            raise ValueError(
+                f"acceptance_table is read by acceptance_model positional or tree, not "
+                f"{self.acceptance_model}"
+            )
+        if self.scenario in BATCH_SCENARIOS and self.num_requests != 1:
+            raise ValueError(
+                f"scenario {self.scenario} decodes one batch (batch); num_requests is for "
+                "serve and sparsespec"
+            )
+        if self.serve.arrivals_file and self.serve.arrival != "trace":
+            raise ValueError("serve arrivals_file is read with arrival=trace")
+        if self.serve.arrival == "trace" and self.scenario != "serve":
+            raise ValueError(f"serve arrival=trace is for scenario serve, not {self.scenario}")
+        sequences = {
+            "serve": self.num_requests,
+            "sparsespec": max(self.num_requests, self.resolved_batch),
+        }.get(self.scenario, self.resolved_batch)
+        if self.num_tokens * sequences > MAX_SIM_TOKENS:
+            raise ValueError(
+                f"num_tokens={self.num_tokens} x {sequences} sequences = "
+                f"{self.num_tokens * sequences:,} tokens to simulate; a run takes at most "
+                f"{MAX_SIM_TOKENS:,}"
             )
 
     @property

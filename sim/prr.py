@@ -184,7 +184,7 @@ def run_prr(s):
     if pc.hit_source == "trace" and replay is None:
         raise ValueError("PRR hit_source=trace: the trace has no predict_hit per layer")
     misses = MissProcess(miss_rng, strategy.top_n, L, hit, replay)
-    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs)
+    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
     seq = _Seq(r0, acc.sampler(generators(s.seeds["acceptance"], 1)[0]))
     env = simpy.Environment()
     tokens = [0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.progress import Progress
 from sim.trace import make_round
 
 
@@ -73,6 +74,11 @@ class Recorder:
     spans: list[Span] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
     num_steps: int = 0
+    progress: Progress | None = None  # told the tokens of every round
+
+    def __post_init__(self) -> None:
+        if self.progress is not None:
+            self.progress.start(sum(r.target_tokens for r in self.requests))
 
     @property
     def num_rounds(self) -> int:
@@ -91,6 +97,8 @@ class Recorder:
         self.accepted.append(accepted)
         self.steps.append(steps)
         self.layers.append(layers)
+        if self.progress is not None:
+            self.progress.advance(accepted + 1)
 
     def span(self, lane: str, name: str, start_s: float, dur_s: float, args=None) -> None:
         if dur_s > 0:

@@ -16,12 +16,14 @@ import numpy as np
 import simpy
 
 from perfmodel.calibrated import make_predictor
+from perfmodel.costs import kv_capacity_tokens
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 from sim.acceptance import build_acceptance
-from sim.config import LOOP_SCENARIOS, SimConfig
+from sim.config import BATCH_SCENARIOS, LOOP_SCENARIOS, SimConfig
 from sim.loop import LANES, STEP_NAMES, DecodeLoop, Sequence
 from sim.overlap import LayerValues
+from sim.progress import Progress
 from sim.recorder import Recorder, RequestRecord
 from sim.tables import OVERLAP_GRID, CostContext, context_grid, loop_table, needs_overlap_axis
 from sim.trace import make_header, read_trace
@@ -59,14 +61,17 @@ class Setup:
     seeds: dict
     trace: object
     sim_provenance: str
+    progress: Progress | None = None
 
 
-def setup(cfg: SimConfig) -> Setup:
+def setup(cfg: SimConfig, progress: bool = False) -> Setup:
     ctx = CostContext.build(
         cfg.model, cfg.gpu, cfg.tp, cfg.kv_bytes, cfg.acceptance, roofline=cfg.roofline
     )
     strategy = cfg.resolved_strategy
     ctx.check(strategy, cfg.context_len)
+    if cfg.scenario in BATCH_SCENARIOS:
+        check_batch_fits(cfg, ctx, len(strategy.parents(cfg.acceptance)))
     trace = read_trace(cfg.trace) if cfg.trace else None
     if trace is not None and trace.header["num_layers"] != ctx.model.num_layers:
         raise ValueError(
@@ -77,8 +82,32 @@ def setup(cfg: SimConfig) -> Setup:
     if trace is not None:
         prov += f";replay:{trace.header.get('source', 'trace')}"
     return Setup(
-        cfg, ctx, strategy, strategy.parents(cfg.acceptance), streams(cfg.seed), trace, prov
+        cfg,
+        ctx,
+        strategy,
+        strategy.parents(cfg.acceptance),
+        streams(cfg.seed),
+        trace,
+        prov,
+        Progress(f"simulate {cfg.scenario}") if progress else None,
     )
+
+
+def check_batch_fits(cfg: SimConfig, ctx: CostContext, num_draft: int) -> None:
+    """A batch decoded together holds every sequence's KV to its last token: ``ValueError``
+    when ``batch * (context_len + num_tokens + num_draft + 1)`` tokens exceed the KV capacity
+    (``kv_capacity_tokens``, or what the GPUs' memory leaves beside the weights)."""
+    capacity = cfg.kv_capacity_tokens or kv_capacity_tokens(
+        ctx.model, ctx.gpu, cfg.tp, cfg.kv_bytes, cfg.memory_fraction
+    )
+    b = cfg.resolved_batch
+    need = b * (cfg.context_len + cfg.num_tokens + num_draft + 1)
+    if need > capacity:
+        raise ValueError(
+            f"batch {b} x (context {cfg.context_len} + {cfg.num_tokens} tokens + "
+            f"{num_draft + 1} tail) needs {need:,} KV tokens; {cfg.tp} x {ctx.gpu.name} hold "
+            f"{capacity:,} (kv_capacity_tokens)"
+        )
 
 
 def acceptance_for(s: Setup, parents=None):
@@ -161,7 +190,7 @@ def run_loop(s: Setup):
     varies = not g_proc.fixed
     overlaps = OVERLAP_GRID if needs_overlap_axis(strategy, varies) else [cfg.overlap]
     grid, levels = loop_table(ctx, strategy, contexts, b, overlaps)
-    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs)
+    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
     gens = generators(s.seeds["acceptance"], b)
     seqs = [Sequence(r, acc.sampler(g)) for r, g in zip(reqs, gens, strict=True)]
     env = simpy.Environment()
@@ -205,13 +234,18 @@ def register(name: str):
     return deco
 
 
-def simulate(cfg: SimConfig) -> SimResult:
-    """Build and run the scenario of ``cfg``; deterministic for a given config and seed."""
+def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
+    """Build and run the scenario of ``cfg``; deterministic for a given config and seed.
+    ``progress`` shows a bar on a terminal's stderr while a long run goes (``sim.progress``)."""
     from sim import prr, serving, sparsespec, ssd  # noqa: F401  (register their scenarios)
 
     build0 = time.perf_counter()
-    s = setup(cfg)
-    rec, lanes, tokens, sim_s, wall, analytic, aprov, extras = RUNNERS[cfg.scenario](s)
+    s = setup(cfg, progress)
+    try:
+        rec, lanes, tokens, sim_s, wall, analytic, aprov, extras = RUNNERS[cfg.scenario](s)
+    finally:
+        if s.progress is not None:
+            s.progress.close()
     total_wall = time.perf_counter() - build0
     if sim_s <= 0:
         raise ValueError("the simulation produced no time (nothing to decode)")

@@ -176,7 +176,7 @@ def run_serve(s):
     )
     acc = acceptance_for(s)
     samplers = [acc.sampler(g) for g in generators(s.seeds["acceptance"], len(reqs))]
-    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs)
+    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
     env = simpy.Environment()
     server = Server(env, rec, grid, prefill, samplers, capacity, b, k, strategy.name, cfg.overlap)
     env.process(server.arrivals(reqs))

@@ -236,7 +236,7 @@ def run_sparsespec(s):
     ]
     cdfs = [a.cdf.tolist() for a in accs]
     gens = generators(s.seeds["acceptance"], n)
-    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs)
+    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
     knobs = {
         "name": strategy.name,
         "batch": b,

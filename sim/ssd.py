@@ -159,7 +159,7 @@ def run_ssd(s):
         bs, v, h, cfg.acceptance, k, p_s, b_s, sc.backup_acceptance, sp
     )
     fallback = choose_fallback(sc.fallback, b, b_star)
-    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs)
+    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
     u_gens = generators(s.seeds["acceptance"], b)
     h_gens = generators(s.seeds["misses"], b)
     seqs = [

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.files import loads_json, read_text
+
 FORMAT = "ssvkit-trace"
 VERSION = 1
 HEADER_REQUIRED = ("format", "version", "source", "model", "num_layers", "strategies")
@@ -184,10 +186,7 @@ def loads_trace(text: str, name: str = "trace") -> Trace:
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            parsed.append((i, json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name}:{i}: not JSON ({e.msg})") from None
+        parsed.append((i, loads_json(line, "trace line", f"{name}:{i}", kind=None)))
     (i0, header), rest = parsed[0], parsed[1:]
     _check_header(header, f"{name}:{i0}")
     rounds = []
@@ -199,11 +198,4 @@ def loads_trace(text: str, name: str = "trace") -> Trace:
 
 def read_trace(path: str | Path) -> Trace:
     """Read and validate a trace file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"trace {str(p)!r} does not exist") from None
-    except (IsADirectoryError, UnicodeDecodeError) as e:
-        raise ValueError(f"trace {str(p)!r} cannot be read: {e}") from None
-    return loads_trace(text, str(p))
+    return loads_trace(read_text(path, "trace"), str(path))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from perfmodel.files import atomic_write
 from perfmodel.hardware import get_gpu
-from ssvkit.options import atomic_write
 
 HELP = "run the calibration sweeps on a GPU and fit the profile (or --fit-only from rows)"
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 from engine.settings import DecodeConfig
+from perfmodel.files import check_output, read_bytes
 from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 from ssvkit.decode_report import build_report, report_text
-from ssvkit.options import add_dataclass_options, given, parse_int_list
+from ssvkit.options import add_dataclass_options, given, parse_one
 
 HELP = "run the GPU decode loop (draft, verify, accept) and compare with the prediction"
 STRATEGY_FIELDS = (
@@ -153,10 +153,7 @@ def _prompts(args, context: int, batch: int, vocab: int) -> list[list[int]]:
     from engine.corpus import corpus_sample, encode
 
     if args.prompt_file:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise ValueError(f"prompt file {args.prompt_file!r} does not exist")
-        data = encode(path.read_bytes())
+        data = encode(read_bytes(args.prompt_file, "--prompt-file"))
         if not data:
             raise ValueError(f"prompt file {args.prompt_file!r} is empty")
         ids = (data * (-(-context // len(data))))[:context]
@@ -202,9 +199,11 @@ def run(args) -> int:
     from engine.trace_writer import TraceWriter
     from kernels.tree import MAX_TREE_NODES
 
-    context = parse_int_list(args.context, "--context")[0]
+    context = parse_one(args.context, "--context")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.trace:
+        check_output(args.trace, "--trace")
     kw = given(args, DECODE_FIELDS)
     if "draft_temperature" in kw:
         try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import tempfile
-from pathlib import Path
+
+from perfmodel.files import atomic_write  # noqa: F401  (the writers import it from here)
+from perfmodel.numbers import finite_float, parse_count, parse_count_list
 
 
 def add_dataclass_options(parser, cls, names, defaults=None, prefix="") -> None:
@@ -26,7 +26,7 @@ def add_dataclass_options(parser, cls, names, defaults=None, prefix="") -> None:
         parser.add_argument(
             f"--{prefix}{name.replace('_', '-')}",
             dest=f"{prefix.replace('-', '_')}{name}",
-            type=kind if kind in (int, float, str) else str,
+            type={int: int, float: finite}.get(kind, str),
             default=None,
             metavar=name.upper() if kind is str else kind.__name__.upper(),
             help=f"{f.metadata.get('help', '')} (default: {default})",
@@ -44,45 +44,23 @@ def given(args, names, prefix="") -> dict:
 
 
 def parse_int_list(text: str, what: str) -> list[int]:
-    """``8K,16K,32768`` -> [8192, 16384, 32768]; K and M are powers of two."""
-    out = []
-    for part in text.split(","):
-        p = part.strip().upper()
-        mult = {"K": 1024, "M": 1024 * 1024}.get(p[-1:], 1)
-        digits = p[:-1] if mult > 1 else p
-        try:
-            v = int(float(digits) * mult)
-        except ValueError:
-            raise ValueError(
-                f"{what} {part.strip()!r} is not an integer (K/M suffix allowed)"
-            ) from None
-        if v <= 0:
-            raise ValueError(f"{what} must be positive, got {part.strip()}")
-        out.append(v)
-    if not out:
-        raise ValueError(f"{what} needs at least one value")
-    return out
+    """``8K,16K,32768`` -> [8192, 16384, 32768] (``perfmodel.numbers.parse_count_list``)."""
+    return parse_count_list(text, what)
 
 
-def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write a file whole or not at all (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise ValueError(f"output folder {str(path.parent)!r} does not exist")
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def parse_one(text: str, what: str) -> int:
+    """One count (``16K``); a list is refused rather than cut to its first item."""
+    if "," in str(text):
+        raise ValueError(f"{what} takes one value, got {text!r}")
+    return parse_count(text, what)
+
+
+def finite(text: str) -> float:
+    """argparse ``type`` of a float option: ``nan`` and ``inf`` are refused."""
     try:
-        with os.fdopen(fd, mode) as fh:
-            fh.write(data)
-        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return finite_float(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number") from None
 
 
 def figure(value, unit: str, provenance: str) -> dict:

@@ -11,18 +11,23 @@ import csv
 import dataclasses
 import io
 import json
+from pathlib import Path
 
 from perfmodel.baselines import compare, grouped_seconds
+from perfmodel.costs import memory_shortfall
+from perfmodel.files import check_output, write_files
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
-from perfmodel.strategy import BASELINES, DrafterSpec, Strategy, Workload, check_feasible
-from ssvkit.options import (
-    add_dataclass_options,
-    atomic_write,
-    figure,
-    given,
-    parse_int_list,
+from perfmodel.numbers import parse_count_list
+from perfmodel.strategy import (
+    BASELINES,
+    DrafterSpec,
+    Strategy,
+    Workload,
+    check_feasible,
+    parse_tree,
 )
+from ssvkit.options import add_dataclass_options, figure, given
 from ssvkit.predict_plot import predict_plot
 
 HELP = "predict step times, tokens/s and speedups of ar/sd/sparse/ssv baselines"
@@ -32,6 +37,7 @@ SD_FIELDS = ("tree", "traversal")
 SPARSE_FIELDS = ("top_n", "block_size", "window", "comp_block", "comp_stride", "metadata")
 SSV_FIELDS = ("mode", "group_size", "refresh_every", "fusion")
 DRAFTER_FIELDS = ("kind", "model", "draft_vocab", "sparsity_ratio")
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def add_arguments(p) -> None:
@@ -67,7 +73,9 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (every figure with provenance)")
     p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     p.add_argument(
-        "--plot", metavar="FILE.png", help="also write a roofline of the ops and speedup vs context"
+        "--plot",
+        metavar="FILE",
+        help="also write a roofline of the ops and speedup vs context (.png, .pdf or .svg)",
     )
 
 
@@ -129,7 +137,7 @@ def _table(rows, model, gpu, workload, strategies) -> str:
     return "\n".join(lines)
 
 
-def _json(rows, model, gpu, workload) -> str:
+def _json(rows, model, gpu, workload, notes) -> str:
     out_rows = []
     for r in rows:
         p = r["provenance"]
@@ -160,6 +168,7 @@ def _json(rows, model, gpu, workload) -> str:
             "gpu": gpu.name,
             "provenance": gpu.provenance,
             "workload": dataclasses.asdict(workload),
+            "notes": notes,
             "rows": out_rows,
         },
         indent=2,
@@ -204,27 +213,58 @@ def _csv(rows) -> str:
     return buf.getvalue()
 
 
+def check_outputs(args) -> None:
+    """Refuse bad output paths before anything is computed: a folder, a missing or read-only
+    folder, a plot format matplotlib is not asked to write (the extension picks it)."""
+    if args.csv:
+        check_output(args.csv, "--csv")
+    if args.plot:
+        check_output(args.plot, "--plot", PLOT_SUFFIXES)
+
+
+def memory_notes(model, gpu, workload, contexts, strategies) -> list[str]:
+    """One line per context past the model's trained positions or the GPUs' memory;
+    ``ValueError`` when no context fits at all (absurd batches and contexts)."""
+    drafts = max(len(parse_tree(s.tree)) for s in strategies)
+    w = workload
+    short = {
+        T: memory_shortfall(model, gpu, w.tp, w.kv_bytes, w.batch, T, drafts) for T in contexts
+    }
+    if all(short.values()):
+        raise ValueError(f"no --context fits in memory: {short[min(contexts)]}")
+    notes = [f"context {T} does not fit: {why}" for T, why in short.items() if why]
+    limit = model.max_position_embeddings
+    past = [T for T in contexts if limit and T > limit]
+    if past:
+        notes.append(
+            f"context {', '.join(map(str, past))} is past {model.name}'s {limit} trained "
+            "positions (ssvkit rank skips such regimes)"
+        )
+    return notes
+
+
 def run(args) -> int:
     model = get_model(args.model)
     gpu = get_gpu(args.gpu, measured=not args.roofline)
-    contexts = parse_int_list(args.context, "context length")
+    contexts = parse_count_list(args.context, "--context")
+    check_outputs(args)
     workload = Workload(**{"context_len": contexts[0], **given(args, WORKLOAD_FIELDS)})
     strategies = build_strategies(args)
     for s in strategies:
         for T in contexts:
             check_feasible(s, dataclasses.replace(workload, context_len=T), model)
+    notes = memory_notes(model, gpu, workload, contexts, strategies)
     rows = compare(model, gpu, strategies, contexts, workload)
     # Everything is computed before anything is written: bad input never leaves a file behind.
     outputs = []
     if args.csv:
-        outputs.append((args.csv, _csv(rows)))
+        outputs.append((args.csv, _csv(rows), "--csv"))
     if args.plot:
-        outputs.append((args.plot, predict_plot(rows, gpu, workload.dtype)))
-    for path, data in outputs:
-        atomic_write(path, data)
-    print(
-        _json(rows, model, gpu, workload)
-        if args.json
-        else _table(rows, model, gpu, workload, strategies)
-    )
+        fmt = Path(args.plot).suffix.lower().lstrip(".")
+        outputs.append((args.plot, predict_plot(rows, gpu, workload.dtype, fmt), "--plot"))
+    write_files(outputs)
+    if args.json:
+        print(_json(rows, model, gpu, workload, notes))
+    else:
+        print("\n".join([_table(rows, model, gpu, workload, strategies)] + notes))
     return 0

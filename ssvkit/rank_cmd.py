@@ -13,15 +13,16 @@ a draft model differ where its checkpoint's path does: the id hashes the drafter
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+from perfmodel.files import atomic_write, check_output
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
 from planner.profile import Profile, load_profile
 from planner.rank import rank
-from planner.space import SpaceSpec
-from ssvkit.options import atomic_write
+from planner.space import SpaceSpec, space_from_json
 
 HELP = "rank every valid strategy per context regime with the calibrated model"
 
@@ -76,15 +77,24 @@ def _from_evaluation(path: str):
     p = Path(path)
     d = load_json(p, "planner evaluation")
     need = ("model", "gpu_model", "space", "profile", "regimes")
-    if not isinstance(d, dict) or any(k not in d for k in need):
+    if any(k not in d for k in need):
         raise ValueError(f"{path!r} is not a planner evaluation (it needs {', '.join(need)})")
-    space = {k: tuple(v) if isinstance(v, list) else v for k, v in d["space"].items()}
-    space["draft_model"] = local_model(space.get("draft_model"))
-    contexts = {r: int(v["context_len"]) for r, v in d["regimes"].items()}
+    where = f"planner evaluation {path!r}"
+    for key in ("model", "gpu_model"):
+        if not isinstance(d[key], str):
+            raise ValueError(f"{where}: {key} must be a name, got {d[key]!r}")
+    spec = space_from_json(d["space"], where)
+    spec = dataclasses.replace(spec, draft_model=local_model(spec.draft_model))
+    regimes = d["regimes"]
+    if not isinstance(regimes, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("context_len"), int) for v in regimes.values()
+    ):
+        raise ValueError(f"{where}: regimes must map each regime to an object with context_len")
+    contexts = {r: v["context_len"] for r, v in regimes.items()}
     profile = profile_from_json(d["profile"], f"{path!r}'s profile",
                                 f"evaluation:{p.name}")  # fmt: skip
     commit = (d.get("provenance") or {}).get("git_commit") or "unknown"
-    return (get_model(local_model(d["model"])), get_gpu(d["gpu_model"]), SpaceSpec(**space),
+    return (get_model(local_model(d["model"])), get_gpu(d["gpu_model"]), spec,
             profile, contexts, f"the evaluation {p.name} (commit {commit[:7]})")  # fmt: skip
 
 
@@ -94,6 +104,8 @@ def run(args) -> int:
     batch = 1 if args.batch is None else args.batch
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
+    if args.out:
+        check_output(args.out, "--out")
     if args.evaluation:
         given = [flag for dest, flag in _FROM_EVALUATION if getattr(args, dest) is not None]
         if given:
@@ -123,6 +135,9 @@ def run(args) -> int:
 
 
 def _emit(args, doc: dict, model, gpu, profile: Profile, how: str = "") -> None:
+    if not doc["regimes"]:
+        why = "; ".join(f"{r}: {w}" for r, w in doc.get("skipped", {}).items())
+        raise ValueError(f"no regime can be ranked ({why})")
     text = json.dumps(doc, indent=1)
     if args.out:
         atomic_write(args.out, text + "\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ssvkit.options import atomic_write
+from perfmodel.files import atomic_write
 
 HELP = "end-to-end validation report (measured vs predicted) from committed data"
 

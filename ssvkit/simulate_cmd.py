@@ -13,6 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from perfmodel.files import check_folder, check_output, write_files
 from perfmodel.strategy import DrafterSpec, Strategy
 from sim.config import (
     LOOP_SCENARIOS,
@@ -24,7 +25,7 @@ from sim.config import (
     SsdConfig,
     default_strategy,
 )
-from ssvkit.options import add_dataclass_options, atomic_write, given, parse_int_list
+from ssvkit.options import add_dataclass_options, given, parse_one
 
 HELP = "simulate the draft/verify loop, PRR, Saguaro SSD, SparseSpec or serving (simpy)"
 RUN_FIELDS = (
@@ -75,6 +76,8 @@ DEFAULT_FILES = {
     "chrome": "sim-{scenario}.chrome.json",
     "gantt": "sim-{scenario}-gantt.png",
 }
+OPTION = {"csv": "--csv", "chrome": "--chrome", "gantt": "--gantt", "trace": "--trace-out"}
+SUFFIXES = {"gantt": (".png",)}
 
 
 def _fields(cls) -> tuple[str, ...]:
@@ -102,7 +105,7 @@ def add_arguments(p) -> None:
     for prefix, cls, title in SUBCONFIGS:
         add_dataclass_options(p.add_argument_group(title), cls, _fields(cls), prefix=f"{prefix}-")
     o = p.add_argument_group("outputs")
-    o.add_argument("--out-dir", default=".", help="folder for the default output files")
+    o.add_argument("--out-dir", help="folder for the default output files (default: .)")
     o.add_argument("--csv", metavar="FILE", help=f"per-request CSV ({DEFAULT_FILES['csv']})")
     o.add_argument("--chrome", metavar="FILE", help=f"Chrome trace ({DEFAULT_FILES['chrome']})")
     o.add_argument("--gantt", metavar="FILE", help=f"Gantt PNG ({DEFAULT_FILES['gantt']})")
@@ -141,7 +144,7 @@ def build_config(args) -> SimConfig:
     }
     return SimConfig(
         scenario=args.scenario,
-        context_len=parse_int_list(args.context_len, "context length")[0],
+        context_len=parse_one(args.context_len, "--context-len"),
         roofline=args.roofline,
         per_layer=args.per_layer,
         strategy=build_strategy(args),
@@ -151,19 +154,26 @@ def build_config(args) -> SimConfig:
 
 
 def _outputs(args, scenario: str) -> dict[str, Path]:
-    if args.no_files:
-        paths = {}
-    else:
-        out = Path(args.out_dir)
+    """The files to write, each checked before the run (``--no-files`` with a file option is
+    a contradiction, not a silent drop)."""
+    named = [f"--{k}" for k in DEFAULT_FILES if getattr(args, k)]
+    named += ["--out-dir"] if args.out_dir is not None else []
+    if args.no_files and named:
+        flags = ", ".join(named)
+        raise ValueError(f"--no-files writes no file, but {flags} asks for one: drop one of them")
+    paths = {}
+    if not args.no_files:
+        out = Path(args.out_dir or ".")
+        if any(not getattr(args, k) for k in DEFAULT_FILES):
+            check_folder(out, "--out-dir")
         paths = {
             k: Path(getattr(args, k) or out / v.format(scenario=scenario))
             for k, v in DEFAULT_FILES.items()
         }
     if args.trace_out:
         paths["trace"] = Path(args.trace_out)
-    for p in paths.values():
-        if not p.parent.exists():
-            raise ValueError(f"output folder {str(p.parent)!r} does not exist")
+    for kind, p in paths.items():
+        check_output(p, OPTION[kind], SUFFIXES.get(kind, ()))
     return paths
 
 
@@ -189,7 +199,7 @@ def run(args) -> int:
 
     cfg = build_config(args)
     files = _outputs(args, cfg.scenario)
-    result = simulate(cfg)
+    result = simulate(cfg, progress=True)
     # Everything is built before anything is written: bad input never leaves a file behind.
     builders = {
         "csv": requests_csv,
@@ -197,9 +207,7 @@ def run(args) -> int:
         "gantt": gantt_png,
         "trace": trace_jsonl,
     }
-    data = {kind: builders[kind](result) for kind in files}
-    for kind, path in files.items():
-        atomic_write(path, data[kind])
+    write_files((path, builders[kind](result), OPTION[kind]) for kind, path in files.items())
     if args.json:
         doc = {
             "scenario": cfg.scenario,

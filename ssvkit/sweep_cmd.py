@@ -10,12 +10,14 @@ ssvkit sweep --context 32K --capacity-rates 10,50 --capacity-slo-tpot-s 0.05 --o
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 
-from ssvkit.options import add_dataclass_options, atomic_write, figure, given
+from perfmodel.files import check_output, write_files
+from ssvkit.options import add_dataclass_options, figure, given
 from sweep.grid import ALIASES, load_grid, spec_from_doc
 from sweep.spec import CapacitySpec, SimulateSpec, SweepSpec
 
@@ -110,14 +112,20 @@ def build_spec(args) -> SweepSpec:
     for name in LIST_OPTIONS:
         v = getattr(args, name)
         if v is not None:
-            doc[name] = [x.strip() for x in v.split(",") if x.strip()] or v
+            items = [x.strip() for x in v.split(",")]
+            if not all(items):
+                raise ValueError(f"--{LIST_OPTIONS[name]} {v!r} has an empty item")
+            doc[name] = items
     if args.vary:
         vary = dict(doc.get("vary") or {})
         for item in args.vary:
             key, eq, values = item.partition("=")
             if not eq or not values.strip():
                 raise ValueError(f"--vary {item!r} is not FIELD=V1,V2,...")
-            vary[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+            items = [v.strip() for v in values.split(",")]
+            if not all(items):
+                raise ValueError(f"--vary {item!r} has an empty item")
+            vary[key.strip()] = items
         doc["vary"] = vary
     if args.roofline:
         doc["roofline"] = True
@@ -298,8 +306,6 @@ def _check_extras(args) -> None:
     if args.out:
         if table_format(args.out) == "parquet":
             require_pyarrow("Parquet output")
-        if not Path(args.out).parent.exists():
-            raise ValueError(f"output folder {str(Path(args.out).parent)!r} does not exist")
     if args.scheduler:
         try:
             import dask.distributed  # noqa: F401
@@ -309,14 +315,45 @@ def _check_extras(args) -> None:
             ) from None
 
 
+def check_outputs(args, spec: SweepSpec) -> None:
+    """Every file the sweep writes, checked before it runs."""
+    from sweep.table import sibling
+
+    if args.out:
+        check_output(args.out, "--out", (".csv", ".parquet"))
+        if spec.capacity is not None:
+            check_output(sibling(args.out, "capacity"), "--out's capacity table")
+
+
+def check_some_point_fits(spec: SweepSpec) -> None:
+    """``ValueError`` before running when no point of the grid can hold its KV cache: the
+    smallest batch and context on every (model, GPU, TP, KV width) combination."""
+    from perfmodel.costs import memory_shortfall
+    from perfmodel.hardware import get_gpu
+    from perfmodel.models import get_model
+
+    reasons = []
+    for m, g, tp, kv in itertools.product(spec.models, spec.gpus, spec.tp, spec.kv_bytes):
+        model, gpu = get_model(m), get_gpu(g, measured=not spec.roofline)
+        why = memory_shortfall(model, gpu, tp, kv, min(spec.batch), min(spec.context_len))
+        if why is None:
+            return
+        reasons.append(why)
+    raise ValueError(f"no point of the grid fits in memory: {reasons[0]}")
+
+
 def run(args) -> int:
     from sweep.runner import plan, run_sweep
     from sweep.table import encode, sibling
 
     spec = build_spec(args)
     _check_extras(args)
-    if args.partition_points is not None and args.partition_points < 1:
-        raise ValueError(f"--partition-points must be >= 1, got {args.partition_points}")
+    counts = {"--top": args.top, "--partition-points": args.partition_points}
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    check_outputs(args, spec)
+    check_some_point_fits(spec)
     if args.dry_run:
         _, _, parts = plan(spec, args.partition_points)
         print(f"sweep: {spec.num_points:,} points ({spec.shape()}), {len(parts)} partitions")
@@ -337,8 +374,7 @@ def run(args) -> int:
         if result.capacity is not None:
             path = sibling(args.out, "capacity")
             outputs["capacity"] = (path, encode(result.capacity, path, meta))
-    for path, data in outputs.values():
-        atomic_write(path, data)
+    write_files((path, data, "--out") for path, data in outputs.values())
     files = {k: str(p) for k, (p, _) in outputs.items()}
     print(_json(result, files) if args.json else _summary(result, files, args.top))
     return 0

@@ -11,7 +11,7 @@ import io
 import json
 from pathlib import Path
 
-from ssvkit.options import atomic_write
+from perfmodel.files import atomic_write
 
 HELP = "measured-vs-predicted error of the calibrated profile (per op, ratios, worst rows)"
 

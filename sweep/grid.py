@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import math
 from pathlib import Path
 
+from perfmodel.files import loads_json, read_text
 from perfmodel.hardware import suggest
+from perfmodel.numbers import MAX_COUNT, finite_float, parse_count
 from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 from sweep.spec import (
     AXES,
@@ -50,9 +50,7 @@ SUBSPECS = {"simulate": SimulateSpec, "capacity": CapacitySpec}
 def load_grid(path: str | Path) -> dict:
     """Parse a YAML or JSON grid file into a dict (validated by ``spec_from_doc``)."""
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"grid file {str(p)!r} does not exist")
-    text = p.read_text()
+    text = read_text(p, "grid file")
     if p.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
@@ -69,10 +67,7 @@ def load_grid(path: str | Path) -> dict:
                 f"{p.name}: not valid YAML{where}: {getattr(e, 'problem', e)}"
             ) from None
     elif p.suffix.lower() == ".json":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p.name}: not valid JSON: {e.msg} at line {e.lineno}") from None
+        doc = loads_json(text, "grid file", path, kind=None)
     else:
         raise ValueError(f"grid file {p.name!r} must end in .yaml, .yml or .json")
     if doc is None:
@@ -147,33 +142,11 @@ def _list(name: str, value) -> list:
 
 
 def _int(where: str, v) -> int:
-    if isinstance(v, bool):
-        raise ValueError(f"{where}: {v!r} is not an integer")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    text = str(v).strip().upper()
-    mult = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
-    try:
-        out = float(text[:-1] if mult > 1 else text) * mult
-    except ValueError:
-        raise ValueError(f"{where}: {v!r} is not an integer (K/M suffix allowed)") from None
-    if not out.is_integer():
-        raise ValueError(f"{where}: {v!r} is not an integer")
-    return int(out)
+    return parse_count(v, where, minimum=-MAX_COUNT)
 
 
 def _float(where: str, v) -> float:
-    if isinstance(v, bool):
-        raise ValueError(f"{where}: {v!r} is not a number")
-    try:
-        out = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: {v!r} is not a number") from None
-    if not math.isfinite(out):
-        raise ValueError(f"{where}: {v!r} is not a finite number")
-    return out
+    return finite_float(v, where)
 
 
 STRATEGY_FIELDS = {f.name: f for f in dataclasses.fields(Strategy)}

@@ -172,7 +172,9 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
     out["extrapolated"] = np.asarray(pred.extrapolated, dtype=bool) & feasible
     out["provenance"] = pred.provenance
     if p.simulate is not None:
-        out.update(_simulate(p, cols, feasible & out["fits_memory"]))
+        # The simulated run grows every sequence by num_tokens: those points must fit too.
+        grown = need + cols.batch * p.simulate.num_tokens
+        out.update(_simulate(p, cols, feasible & (grown <= cap)))
     return out
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from perfmodel.hardware import get_gpu, suggest
 from perfmodel.models import get_model
 from perfmodel.strategy import BASELINES, Strategy
-from sim.config import ServeConfig
+from sim.config import MAX_SIM_TOKENS, ServeConfig
 
 SERVE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 AXES = ("context_len", "batch", "tp", "acceptance", "overlap", "kv_bytes")  # product_columns order
@@ -49,6 +49,11 @@ class SimulateSpec:
     def __post_init__(self) -> None:
         _positive_int(self, ("num_tokens", "max_points"))
         _positive_int(self, ("seed",), lo=0)
+        if self.num_tokens > MAX_SIM_TOKENS:
+            raise ValueError(
+                f"simulate.num_tokens={self.num_tokens} exceeds the {MAX_SIM_TOKENS:,} tokens a "
+                "simulated run takes"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,12 @@ class CapacitySpec:
             raise ValueError(f"capacity.attainment must lie in (0, 1], got {self.attainment!r}")
         _positive_int(self, ("num_requests", "output_tokens", "max_batch", "max_cells"))
         _positive_int(self, ("iterations", "seed"), lo=0)
+        if self.num_requests * self.output_tokens > MAX_SIM_TOKENS:
+            raise ValueError(
+                f"capacity.num_requests x output_tokens = "
+                f"{self.num_requests * self.output_tokens:,} exceeds the {MAX_SIM_TOKENS:,} "
+                "tokens a simulated run takes"
+            )
 
 
 def _positive_int(obj, names, lo=1) -> None:

@@ -51,7 +51,7 @@ def test_json_every_figure_has_provenance(capsys):
     [
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--gpu", "h1000"], "unknown GPU 'h1000'"),
-        (["--context=-8K"], "context length must be positive"),
+        (["--context=-8K"], "--context must be >= 1, got -8K"),
         (["--context", "8K", "--top-n", "256"], "exceeds context_len=8192"),
         (["--group-size", "0"], "group_size must be an integer >= 1"),
         (["--acceptance", "1.2"], "acceptance must lie in [0, 1]"),

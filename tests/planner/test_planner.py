@@ -723,7 +723,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     for bad, msg in (
         ({"round": 1e-5, "speculative": -3e-5}, "round \\+ speculative must be >= 0"),
         ({"node": -1e-6}, "16K.overhead.node must be a finite number >= 0"),
-        ({"speculative": float("nan")}, "16K.overhead.speculative must be a finite number"),
+        ({"speculative": float("nan")}, "p.json' holds NaN, not a finite number"),
     ):
         p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": bad}}}))
         with pytest.raises(ValueError, match=msg):

@@ -62,7 +62,7 @@ def test_header_checks():
         loads_trace(json.dumps(bad))
     with pytest.raises(ValueError, match="format"):
         loads_trace(json.dumps(dict(HEAD, format="other")))
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="'trace:1' is not valid JSON"):
         loads_trace("{nope")
     with pytest.raises(ValueError, match="empty trace"):
         loads_trace("")

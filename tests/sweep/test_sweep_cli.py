@@ -85,7 +85,7 @@ def test_json_every_figure_has_provenance(capsys):
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["--context", "4K,abc"], "context_len[1]: 'abc' is not an integer"),
+        (["--context", "4K,abc"], "context_len[1] 'abc' is not an integer"),
         (["--model", "llama-9"], "unknown model 'llama-9'"),
         (["--acceptance", "0.5,2"], "acceptance must lie in [0, 1], got 2.0"),
         (["--vary", "group_size"], "--vary 'group_size' is not FIELD=V1,V2"),
@@ -94,7 +94,7 @@ def test_json_every_figure_has_provenance(capsys):
         (["--capacity-rates", "0"], "capacity.rates must be positive numbers"),
         (["--grid", "missing.yaml"], "grid file 'missing.yaml' does not exist"),
         (["--partition-points", "0"], "--partition-points must be >= 1"),
-        (["--out", "nowhere/s.csv"], "output folder 'nowhere' does not exist"),
+        (["--out", "nowhere/s.csv"], "folder 'nowhere' does not exist"),
         (["--out", "s.txt"], "must end in .csv or .parquet"),
     ],
 )
@@ -163,8 +163,8 @@ def test_base_install_runs_sweep_and_plot_and_names_the_extra(tmp_path):
     assert rc_sweep == 0 and "sweep [" in err_sweep  # the progress bar, on stderr
     assert rc_plot == 0, err_plot
     assert sorted(p.name for p in tmp_path.glob("s-*.png")) == [
-        "s-heatmap-vs-ar_sparse.png",
-        "s-pareto.png",
+        "s-csv-heatmap-vs-ar_sparse.png",
+        "s-csv-pareto.png",
     ]
     for (rc, err), needle in zip(results[2:], failing.values(), strict=True):
         assert rc == 2 and needle in err and err.count("\n") == 1, err

@@ -71,7 +71,7 @@ def test_custom_strategy_with_drafter_and_round_trip():
     "doc,needle",
     [
         ({"contexts": [8192]}, "unknown key 'contexts' (did you mean: context"),
-        ({"context_len": ["8K", "abc"]}, "context_len[1]: 'abc' is not an integer"),
+        ({"context_len": ["8K", "abc"]}, "context_len[1] 'abc' is not an integer"),
         ({"context_len": [0]}, "context_len must hold integers >= 1, got 0"),
         ({"context_len": ["8K", 8192]}, "context_len lists 8192 twice"),
         ({"acceptance": [0.5, 1.5]}, "acceptance must lie in [0, 1], got 1.5"),
@@ -119,7 +119,7 @@ def test_grid_files(tmp_path):
         load_grid(bad)
     js = tmp_path / "bad.json"
     js.write_text('{"models": ["a",]}')
-    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+    with pytest.raises(ValueError, match="bad.json' is not valid JSON"):
         load_grid(js)
     lst = tmp_path / "list.json"
     lst.write_text("[1, 2]")

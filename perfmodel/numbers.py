@@ -1,0 +1,60 @@
+"""The numbers users type, parsed once: counts with K/M suffixes (``8K`` = 8192, ``1M`` =
+1048576), comma-separated lists of them, and finite floats. Errors are one line naming what
+was parsed and the text given.
+
+Counts are positive integers no larger than ``MAX_COUNT`` (2^40, past any context, batch or
+token count a model or GPU takes); ``inf``, ``nan``, fractions and empty list items are refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_COUNT = 1 << 40
+SUFFIXES = {"K": 1 << 10, "M": 1 << 20}
+
+
+def parse_count(value, what: str, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+    """An integer in ``[minimum, maximum]`` from an int, an integral float or a text such as
+    ``32768``, ``32K`` or ``1.5K``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is not an integer")
+    if isinstance(value, int):
+        out = value
+    else:
+        text = str(value).strip()
+        mult = SUFFIXES.get(text[-1:].upper(), 1)
+        digits = text[:-1] if mult > 1 else text
+        try:
+            number = float(digits) * mult
+        except ValueError:
+            raise ValueError(f"{what} {text!r} is not an integer (K/M suffix allowed)") from None
+        if not math.isfinite(number) or not number.is_integer():
+            raise ValueError(f"{what} {text!r} is not a whole number")
+        out = int(number)
+    if out < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    if out > maximum:
+        raise ValueError(f"{what} {value} is out of range (at most {maximum})")
+    return out
+
+
+def parse_count_list(text: str, what: str, **bounds) -> list[int]:
+    """``8K,16K,32768`` -> [8192, 16384, 32768]; an empty item is an error."""
+    items = str(text).split(",")
+    if any(not item.strip() for item in items):
+        raise ValueError(f"{what} {text!r} has an empty item")
+    return [parse_count(item, what, **bounds) for item in items]
+
+
+def finite_float(value, what: str) -> float:
+    """A finite float from a number or a text (``nan``, ``inf`` and booleans refused)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is not a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} {value!r} is not a number") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{what} {value!r} is not a finite number")
+    return out
