@@ -305,6 +305,13 @@ def build(gpu: str = "h100-sxm", campaign: str | Path | None = None,
     """The whole report as a dict (``targets`` says which hold)."""
     cpath = Path(campaign) if campaign else ROOT / "docs" / "validation" / "campaign.json"
     ppath = Path(planner) if planner else ROOT / "docs" / "validation" / "planner.json"
+    for given, path, flag in ((campaign, cpath, "--campaign"), (planner, ppath, "--planner")):
+        if not given and not path.is_file():
+            raise ValueError(
+                f"the committed measurements ({path.relative_to(ROOT)}) ship with a clone of "
+                f"the repository, not with the installed package: run from a clone, or give "
+                f"{flag} FILE"
+            )
     cdoc, pdoc = load_json(cpath, "campaign"), load_json(ppath, "planner evaluation")
     if cdoc.get("version") != 1 or "rows" not in cdoc:
         raise ValueError(f"campaign {str(cpath)!r} is not a version-1 campaign document")

@@ -5,8 +5,9 @@ the file as the user gave it.
   file, invalid JSON, JSON's non-finite constants (``NaN``, ``Infinity``, which Python's json
   accepts and no config means) and a top-level value of the wrong type each raise a
   ``ValueError`` naming the file.
-- ``check_output``: an output path is refused before anything is written when it is a folder,
-  its folder does not exist or cannot be written, or its extension is not one the writer makes.
+- ``check_output``: an output path is refused before anything is written when it is a folder
+  or a device, its folder does not exist or cannot be written, or its extension is not one the
+  writer makes.
 - ``write_files``: every output checked first, each written to a hidden temporary file beside
   it, then all renamed into place: a failure leaves neither an output nor a temporary file,
   and its error names the path given, not the temporary one.
@@ -91,6 +92,8 @@ def check_output(path: str | Path, what: str, suffixes: Sequence[str] = ()) -> P
         raise ValueError(f"{what} {_named(path)} must end in {' or '.join(suffixes)}")
     if p.is_dir():
         raise ValueError(f"{what} {_named(path)} is a folder; give a file name")
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{what} {_named(path)} is not a regular file (a device or a pipe?)")
     folder = p.parent
     if not folder.is_dir():
         raise ValueError(f"{what} {_named(path)}: folder {_named(folder)} does not exist")

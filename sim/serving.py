@@ -19,6 +19,7 @@ import numpy as np
 import simpy
 
 from perfmodel.costs import kv_capacity_tokens, prefill_seconds
+from sim.config import MAX_SIM_TOKENS
 from sim.loop import STEP_NAMES
 from sim.recorder import Recorder
 from sim.scenarios import acceptance_for, analytic_round, figure, register, request_records
@@ -145,6 +146,11 @@ def run_serve(s):
     k = len(s.parents)
     if sv.arrival == "trace":
         t, pl, ol = read_arrivals(sv.arrivals_file)
+        if ol.sum() > MAX_SIM_TOKENS:
+            raise ValueError(
+                f"arrivals file {sv.arrivals_file!r} asks for {int(ol.sum()):,} output tokens; a "
+                f"simulated run takes at most {MAX_SIM_TOKENS:,}"
+            )
         reqs = request_records(s, len(t), t, pl, ol)
     else:
         n = cfg.num_requests

@@ -9,9 +9,12 @@ arrivals are Poisson or read from a CSV file of ``arrival_s,prompt_len,output_le
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
+
+from perfmodel.files import read_text
 
 STREAMS = ("acceptance", "group_overlap", "layer_overlap", "lengths", "arrivals", "misses")
 
@@ -47,11 +50,7 @@ def read_arrivals(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """``(arrival_s, prompt_len, output_len)`` from a CSV with that header, sorted by arrival
     (stable, so equal times keep file order)."""
     p = Path(path)
-    try:
-        with p.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except FileNotFoundError:
-        raise ValueError(f"arrivals file {str(p)!r} does not exist") from None
+    rows = list(csv.DictReader(io.StringIO(read_text(p, "arrivals file"), newline="")))
     need = ("arrival_s", "prompt_len", "output_len")
     if not rows or any(k not in rows[0] for k in need):
         raise ValueError(f"arrivals file {str(p)!r} needs a header {','.join(need)} and rows")

@@ -1,5 +1,5 @@
 """Output writers of a ``SimResult``: per-request CSV, Chrome trace JSON (opens in Perfetto or
-chrome://tracing), Gantt PNG, and the round trace (``sim.trace`` format).
+chrome://tracing), a Gantt PNG of the first rounds, and the round trace (``sim.trace`` format).
 
 Each returns the file's content (text or bytes) so the caller can write everything atomically
 after every output was built. Only simulated quantities go in: same config and seed, same bytes.
@@ -10,7 +10,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 
+import numpy as np
+
+from sim.recorder import Span
 from sim.scenarios import SimResult
 from sim.trace import dumps_trace
 
@@ -109,47 +113,142 @@ def trace_jsonl(result: SimResult) -> str:
     return dumps_trace(header, result.recorder.trace_rounds())
 
 
-def gantt_png(result: SimResult) -> bytes:
-    """A Gantt chart of the recorded spans (one row per lane), as PNG bytes."""
-    import matplotlib
+GANTT_MAX_BARS_PER_LANE = 150
+GANTT_DPI = 100
+GANTT_MAX_LANES = 20
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    lanes = _lanes(result)
-    spans = result.recorder.spans
-    colors = plt.get_cmap("tab20").colors
-    names = list(dict.fromkeys(s.name.split(" ")[0] for s in spans))
-    color = {n: colors[i % len(colors)] for i, n in enumerate(names)}
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * len(lanes)))
-    row = {lane: i for i, lane in enumerate(lanes)}
-    for s in spans:
-        key = s.name.split(" ")[0]
-        ax.broken_barh(
-            [(s.start_s * 1e3, s.dur_s * 1e3)],
-            (row[s.lane] - 0.4, 0.8),
-            facecolors=color[key],
-            edgecolor="white",
-            linewidth=0.4,
+def event_kind(name: str) -> str:
+    """A span's kind, its name without the words that number it ("repair 3 L7" -> "repair")."""
+    words = [w for w in name.split() if not any(c.isdigit() for c in w)]
+    return " ".join(words).rstrip(":") or name
+
+
+@dataclass(frozen=True, slots=True)
+class GanttWindow:
+    """The rounds a Gantt chart shows: the spans that overlap ``[start_s, end_s)``."""
+
+    start_s: float
+    end_s: float
+    num_rounds: int
+    spans: list[Span]
+    capped: bool
+
+
+def gantt_window(result: SimResult, max_bars_per_lane: int = GANTT_MAX_BARS_PER_LANE):
+    """The first recorded rounds whose spans fit ``max_bars_per_lane`` per lane (at least one
+    round). Rounds are the recorder's (``t_s``); rounds sharing a start (a batch step) go
+    together; spans before the first round belong to it. The scenario's own lanes set the
+    window; spans of other lanes (a request's whole life in serving) are kept where they
+    overlap it."""
+    rec = result.recorder
+    core = [s for s in rec.spans if s.lane in result.lanes] or rec.spans
+    if not core:
+        return GanttWindow(0.0, 0.0, 0, [], False)
+    span_start = np.array([s.start_s for s in core])
+    bounds = np.unique(np.asarray(rec.t_s, dtype=float))
+    step = np.maximum(np.searchsorted(bounds, span_start, side="right") - 1, 0)
+    lane_ix = np.unique([s.lane for s in core], return_inverse=True)[1]
+    num_steps = int(step.max()) + 1
+    counts = np.zeros((num_steps, int(lane_ix.max()) + 1), dtype=int)
+    np.add.at(counts, (step, lane_ix), 1)
+    fits = np.cumsum(counts, axis=0).max(axis=1) <= max_bars_per_lane
+    shown = num_steps if fits.all() else max(int(np.argmin(fits)), 1)
+    start_s = float(min(span_start.min(), bounds[0] if len(bounds) else np.inf))
+    limit_s = float(bounds[shown]) if shown < len(bounds) else np.inf
+    end_s = min(limit_s, max(s.start_s + s.dur_s for s in core if s.start_s < limit_s))
+    keep = [s for s in rec.spans if s.start_s < end_s and s.start_s + s.dur_s > start_s]
+    t_s = np.asarray(rec.t_s)
+    num_rounds = int(np.count_nonzero((t_s >= start_s) & (t_s < end_s)))
+    return GanttWindow(start_s, end_s, num_rounds, keep, shown < num_steps)
+
+
+def _bars(spans, min_s: float, gap_s: float) -> list[tuple[float, float]]:
+    """(start, width) in ms: ``gap_s`` short of the span (back-to-back spans stay apart), at
+    least ``min_s`` wide."""
+    return [(1e3 * s.start_s, 1e3 * max(s.dur_s - gap_s, min_s)) for s in spans]
+
+
+def _gantt_title(result: SimResult, win: GanttWindow, max_bars_per_lane: int) -> str:
+    cfg, f, rec = result.config, result.figures, result.recorder
+    total_s = f["simulated_time_s"]["value"]
+    what = f"first {win.num_rounds} of {rec.num_rounds} rounds"
+    if win.capped:
+        what += (
+            f" (at most {max_bars_per_lane} events per lane; the Chrome trace has the first "
+            f"{cfg.timeline_rounds} steps)"
         )
-    ax.set_yticks(range(len(lanes)), lanes)
-    ax.invert_yaxis()
-    ax.set_xlabel("simulated time (ms)")
-    cfg = result.config
-    f = result.figures
-    ax.set_title(
-        f"{cfg.scenario} / {result.strategy.name}: "
-        f"{f['simulated_tokens_per_s']['value']:.1f} tok/s simulated, "
-        f"{f['analytic_tokens_per_s']['value']:.1f} analytic "
-        f"(first {cfg.timeline_rounds} rounds; costs {result.trace_header.get('provenance')})",
-        fontsize=9,
+    return (
+        f"{cfg.scenario} / {result.strategy.name}: {what}, "
+        f"{1e3 * win.start_s:,.1f}-{1e3 * win.end_s:,.1f} ms of {1e3 * total_s:,.1f} ms\n"
+        f"{f['simulated_tokens_per_s']['value']:.1f} tokens/s simulated, "
+        f"{f['analytic_tokens_per_s']['value']:.1f} analytic; "
+        f"costs {result.trace_header.get('provenance')}"
     )
-    handles = [plt.Rectangle((0, 0), 1, 1, color=color[n]) for n in names[:12]]
-    if handles:
-        ax.legend(handles, names[:12], fontsize=7, loc="upper right", ncol=min(6, len(handles)))
+
+
+def _gantt_lanes(result: SimResult, win: GanttWindow, max_lanes: int) -> tuple[list[str], str]:
+    """The lanes with events in the window (at most ``max_lanes``) and a note on the others."""
+    all_lanes = _lanes(result)
+    busy = {s.lane for s in win.spans}
+    lanes = [lane for lane in all_lanes if lane in busy]
+    notes = []
+    if len(lanes) > max_lanes:
+        notes.append(f"{len(lanes) - max_lanes} more lanes not drawn: {lanes[max_lanes]}, ...")
+        lanes = lanes[:max_lanes]
+    idle = [lane for lane in all_lanes if lane not in busy]
+    if idle:
+        notes.append(f"no events in this window: {', '.join(idle)}")
+    return lanes, "".join(f"; {n}" for n in notes)
+
+
+def gantt_figure(result: SimResult, max_bars_per_lane: int = GANTT_MAX_BARS_PER_LANE):
+    """A Gantt chart of the first rounds (``gantt_window``): one row per lane with events, one
+    colour per event kind, one collection per (lane, kind)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    win = gantt_window(result, max_bars_per_lane)
+    lanes, note = _gantt_lanes(result, win, GANTT_MAX_LANES)
+    row = {lane: i for i, lane in enumerate(lanes)}
+    groups: dict[tuple[str, str], list[Span]] = {}
+    for s in win.spans:
+        if s.lane in row:
+            groups.setdefault((s.lane, event_kind(s.name)), []).append(s)
+    kinds = list(dict.fromkeys(kind for _, kind in groups))
+    color = dict(zip(kinds, _palette(len(kinds)), strict=True))
+    fig = Figure(figsize=(12, 1.9 + 0.4 * max(len(lanes), 1)), layout="constrained")
+    ax = fig.add_subplot()
+    px_s = max(win.end_s - win.start_s, 1e-12) / (0.8 * 12 * GANTT_DPI)
+    for (lane, kind), spans in groups.items():
+        bars = _bars(spans, px_s, px_s)
+        ax.broken_barh(bars, (row[lane] - 0.38, 0.76), facecolors=color[kind], linewidth=0)
+    ax.set_yticks(range(len(lanes)), lanes)
+    if lanes:
+        ax.set_ylim(len(lanes) - 0.5, -0.5)
+        pad_ms = 0.01e3 * (win.end_s - win.start_s)  # room for the last round's instant events
+        ax.set_xlim(1e3 * win.start_s - pad_ms, 1e3 * win.end_s + pad_ms)
+    else:
+        ax.text(0.5, 0.5, "no events recorded (--timeline-rounds 0)", ha="center", va="center")
+    ax.set_xlabel(f"simulated time (ms); events under a pixel drawn 1 px wide{note}", fontsize=8)
+    ax.set_title(_gantt_title(result, win, max_bars_per_lane), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    if kinds:
+        handles = [Patch(color=color[k], label=k) for k in kinds]
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1))
+    return fig
+
+
+def _palette(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap.colors[i % len(cmap.colors)] for i in range(n)]
+
+
+def gantt_png(result: SimResult) -> bytes:
+    """``gantt_figure`` as PNG bytes (no timestamp: same run, same bytes)."""
+    fig = gantt_figure(result)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    fig.savefig(buf, format="png", dpi=GANTT_DPI, metadata={"Software": None})
     return buf.getvalue()

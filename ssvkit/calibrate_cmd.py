@@ -11,6 +11,7 @@ from pathlib import Path
 
 from perfmodel.files import atomic_write
 from perfmodel.hardware import get_gpu
+from ssvkit.options import finite
 
 HELP = "run the calibration sweeps on a GPU and fit the profile (or --fit-only from rows)"
 
@@ -24,7 +25,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--budget-s",
-        type=float,
+        type=finite,
         default=540.0,
         help="wall-clock budget of the sweeps in this run (resume with a rerun)",
     )
@@ -49,6 +50,8 @@ def fit(gpu: str, folder: Path | None = None) -> dict:
 
 def run(args) -> int:
     get_gpu(args.gpu, measured=False)  # validates the name
+    if args.budget_s <= 0:
+        raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
     if not args.fit_only:
         import torch
 

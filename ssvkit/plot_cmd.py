@@ -4,17 +4,27 @@ baseline, Pareto fronts (latency vs throughput), a roofline with the op groups, 
 ssvkit plot sweep.csv                                  # every plot the table supports
 ssvkit plot sweep.parquet --kind heatmap --baselines ar_sparse,sd_dense --batch 8
 ssvkit plot cap.csv --kind capacity,pareto --out-dir figs/
+
+PNG names start with the sweep file's name and format (``run.csv`` -> ``run-csv-pareto.png``),
+led by its folder's name when they go to another folder (``a/run.csv`` -> ``a-run-csv-...``):
+sweeps that share a stem or a folder name get PNGs of their own. Each PNG records the sweep it
+was drawn from; one drawn from another sweep (or any other file) is never overwritten.
 """
 
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from ssvkit.options import atomic_write, parse_int_list
 
 HELP = "plot a saved sweep: speedup heatmaps, Pareto fronts, roofline, capacity curves (PNG)"
 KINDS = ("heatmap", "pareto", "roofline", "capacity")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SOURCE_KEY = b"ssvkit sweep"
 
 
 def add_arguments(p) -> None:
@@ -68,6 +78,48 @@ def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
+def png_prefix(sweep: Path, out_dir: Path) -> str:
+    """``run.csv`` -> ``run-csv``; ``a/run.csv`` -> ``a-run-csv`` when ``out_dir`` is not ``a``."""
+    src = sweep.resolve()
+    prefix = f"{src.stem}-{src.suffix[1:]}" if src.suffix else src.name
+    return prefix if out_dir.resolve() == src.parent else f"{src.parent.name}-{prefix}"
+
+
+def with_source(png: bytes, source: str) -> bytes:
+    """``png`` with a tEXt chunk, right after IHDR, naming the sweep it was drawn from."""
+    data = SOURCE_KEY + b"\0" + quote(source).encode("ascii")
+    chunk = struct.pack(">I4s", len(data), b"tEXt") + data
+    chunk += struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    end = len(PNG_SIGNATURE) + 8 + 13 + 4  # IHDR: length, type, 13 bytes, CRC
+    return png[:end] + chunk + png[end:]
+
+
+def png_source(path: Path) -> str | None:
+    """The sweep a PNG of ``ssvkit plot`` was drawn from; None for any other file."""
+    data = path.read_bytes()
+    i = len(PNG_SIGNATURE)
+    while data.startswith(PNG_SIGNATURE) and i + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[i : i + 8])
+        if kind == b"IDAT":
+            break
+        key, _, text = data[i + 8 : i + 8 + size].partition(b"\0")
+        if kind == b"tEXt" and key == SOURCE_KEY:
+            return unquote(text.decode("ascii", "replace"))
+        i += 12 + size
+    return None
+
+
+def _check_overwrite(path: Path, source: str, given: str) -> None:
+    if not path.exists():
+        return
+    owner = path.is_file() and png_source(path)
+    if owner != source:
+        what = f"a plot of {owner!r}" if owner else "a file ssvkit plot did not draw"
+        raise ValueError(
+            f"{str(path)!r} holds {what}, not of {given!r}: choose another --out-dir or remove it"
+        )
+
+
 def run(args) -> int:
     from sweep import plots
     from sweep.table import read_table, sibling
@@ -92,24 +144,27 @@ def run(args) -> int:
             )
         kinds = tuple(k for k in kinds if k != "capacity")
     fixed = _fixed(args)
-    stem = Path(args.sweep).stem
+    prefix = png_prefix(Path(args.sweep), out_dir)
     images: dict[str, bytes] = {}
     # Everything is drawn before anything is written: a bad option leaves no file behind.
     if "heatmap" in kinds:
         baselines = _names(args.baselines) or plots.heatmap_baselines(table)
         for b in baselines:
-            images[f"{stem}-heatmap-vs-{b}.png"] = plots.heatmap(
+            images[f"{prefix}-heatmap-vs-{b}.png"] = plots.heatmap(
                 table, b, fixed, _names(args.strategies)
             )
     if "pareto" in kinds:
-        images[f"{stem}-pareto.png"] = plots.pareto(table, fixed)
+        images[f"{prefix}-pareto.png"] = plots.pareto(table, fixed)
     if "roofline" in kinds:
-        images[f"{stem}-roofline.png"] = plots.roofline(table, fixed)
+        images[f"{prefix}-roofline.png"] = plots.roofline(table, fixed)
     if "capacity" in kinds:
         cap, _ = read_table(cap_path)
-        images[f"{stem}-capacity.png"] = plots.capacity(cap, fixed)
+        images[f"{prefix}-capacity.png"] = plots.capacity(cap, fixed)
+    source = str(Path(args.sweep).resolve())
+    for name in images:
+        _check_overwrite(out_dir / name, source, args.sweep)
     for name, data in images.items():
-        atomic_write(out_dir / name, data)
+        atomic_write(out_dir / name, with_source(data, source))
     paths = [str(out_dir / n) for n in images]
     print(
         json.dumps({"files": paths}, indent=1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfmodel.files import atomic_write
+from perfmodel.files import check_folder, write_files
 
 HELP = "end-to-end validation report (measured vs predicted) from committed data"
 
@@ -54,18 +54,24 @@ def _table(rep: dict) -> str:
 def run(args) -> int:
     from calibration.report import ROOT, build, markdown, plots
 
+    if args.no_files and args.out:
+        raise ValueError("--no-files writes nothing, but --out names a folder: drop one of them")
     out = Path(args.out) if args.out else ROOT / "docs" / "validation"
-    if not args.no_files and not out.is_dir():
-        raise ValueError(f"--out folder {str(out)!r} does not exist")
+    if not args.no_files and args.out is None and not out.is_dir():
+        raise ValueError(
+            "the report goes to docs/validation of a clone of the repository by default: run "
+            "from a clone, or give --out DIR or --no-files"
+        )
+    if not args.no_files:
+        check_folder(out, "--out")
     rep = build(args.gpu, args.campaign, args.planner)
     if not args.no_files:
         try:
             prefix = "../" * len(out.resolve().relative_to(ROOT).parts)
         except ValueError:
             prefix = str(ROOT) + "/"
-        for name, data in plots(rep).items():
-            atomic_write(out / name, data)
-        atomic_write(out / "REPORT.md", markdown(rep, prefix))
+        files = [(out / name, data, "--out") for name, data in plots(rep).items()]
+        write_files(files + [(out / "REPORT.md", markdown(rep, prefix), "--out")])
     if args.json:
         print(json.dumps(rep, indent=1))
     else:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.files import check_output, write_files
-from ssvkit.options import add_dataclass_options, figure, given
+from ssvkit.options import add_dataclass_options, figure, finite, given
 from sweep.grid import ALIASES, load_grid, spec_from_doc
 from sweep.spec import CapacitySpec, SimulateSpec, SweepSpec
 
@@ -89,7 +89,7 @@ def add_arguments(p) -> None:
     r.add_argument("--scheduler", metavar="ADDR", help="Dask scheduler, e.g. tcp://host:8786")
     r.add_argument(
         "--scheduler-timeout-s",
-        type=float,
+        type=finite,
         default=10.0,
         help="seconds to wait for the scheduler (default: 10)",
     )

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
-from perfmodel.files import atomic_write
+from perfmodel.files import check_folder, write_files
 
 HELP = "measured-vs-predicted error of the calibrated profile (per op, ratios, worst rows)"
 
@@ -131,19 +130,21 @@ def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
         )
     lo = min(r["median_s"] for r in annotated) * 1e6 / 2
     hi = max(r["median_s"] for r in annotated) * 1e6 * 2
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
     ax.set_xlabel("measured (us)")
     ax.set_ylabel("predicted (us)")
     ax.legend()
     ax.set_title("calibrated profile: predicted vs measured")
     out["predicted_vs_measured.png"] = fig
-    fig2, ax2 = plt.subplots(figsize=(8, 5))
     classes = list(rep["classes"])
+    fig2, ax2 = plt.subplots(figsize=(8, max(5.0, 0.9 + 0.17 * len(classes))))
     for i, split in enumerate(("fit", "heldout")):
-        vals = [100 * rep["classes"][c][split].get("median_ape", 0) for c in classes]
+        vals = [100 * rep["classes"][c][split].get("median_ape", float("nan")) for c in classes]
         ax2.barh([j + 0.4 * i for j in range(len(classes))], vals, height=0.4, label=split)
     ax2.set_yticks([j + 0.2 for j in range(len(classes))], classes, fontsize=7)
-    ax2.set_xlabel("median APE (%)")
+    ax2.set_ylim(-0.5, len(classes))
+    ax2.set_xlabel("median APE (%); no bar: no rows of that split")
+    ax2.set_title("calibrated profile: median error per op class")
     ax2.legend()
     fig2.tight_layout()
     out["error_by_op.png"] = fig2
@@ -161,6 +162,7 @@ def run(args) -> int:
     from calibration.validate import annotate, report
     from perfmodel.calibrated import Profile
 
+    folder = check_folder(args.plot, "--plot") if args.plot else None
     path = ceilings.PROFILES / args.gpu / "profile.json"
     if not path.is_file():
         raise ValueError(f"no calibrated profile for {args.gpu!r} ({path} is missing)")
@@ -170,12 +172,10 @@ def run(args) -> int:
         raise ValueError(f"profile device {profile.device_name!r} does not match {args.gpu!r}")
     annotated = annotate(rows, profile)
     rep = report(annotated)
-    if args.plot:
-        folder = Path(args.plot)
-        if not folder.is_dir():
-            raise ValueError(f"--plot folder {args.plot!r} does not exist")
-        for name, data in _plots(annotated, rep).items():
-            atomic_write(folder / name, data)
+    if folder is not None:
+        write_files(
+            (folder / name, data, "--plot") for name, data in _plots(annotated, rep).items()
+        )
     if args.markdown:
         print(markdown(rep, profile.profile_id))
     elif args.json:

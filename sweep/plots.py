@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 
 import numpy as np
 
@@ -78,6 +79,17 @@ def _same(a, b) -> bool:
 
 def _title(pinned: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in pinned.items())
+
+
+def _fill(parts, width_in: float, fontsize: float) -> str:
+    """``parts`` one per line, each wrapped to ``width_in`` inches of ``fontsize`` text."""
+    chars = max(int(width_in * 72 / (0.6 * fontsize)), 20)
+    return "\n".join(textwrap.fill(p, chars) for p in parts if p)
+
+
+def _suptitle(fig, *parts: str, fontsize: float = 8) -> None:
+    """A figure title wrapped to the figure's width (so it is never cut off)."""
+    fig.suptitle(_fill(parts, fig.get_figwidth(), fontsize), fontsize=fontsize)
 
 
 def _ctx(t) -> str:
@@ -151,7 +163,9 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
     plt = _plt()
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows + 0.8), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(4.6 * cols, 3.6 * rows + 0.8), squeeze=False, layout="constrained"
+    )
     finite = np.concatenate([g[np.isfinite(g)] for _, g, _, _ in panels] + [np.array([1.0])])
     vmax = max(float(finite.max()), 1.01)
     vmin = min(float(finite.min()), 0.99)
@@ -164,7 +178,7 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
         ax.set_yticks(range(len(accs)), [f"{a:g}" for a in accs], fontsize=7)
         ax.set_xlabel("context")
         ax.set_ylabel("acceptance")
-        ax.set_title(name if len(name) < 40 else name[:37] + "...", fontsize=8)
+        ax.set_title(_fill([name], 3.6, 8), fontsize=8)
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
                 tag = f"\n#{win[i, j] + 1}" if name == "best per cell" else ""
@@ -176,8 +190,7 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
     if win is not None:
         shown = sorted(set(win.ravel().tolist()))
         notes = "   ".join(f"#{k + 1} {cands[k]}" for k in shown)
-    fig.suptitle(f"speedup over {baseline}   {_title(pinned)}\n{notes}", fontsize=8)
-    fig.tight_layout()
+    _suptitle(fig, f"speedup over {baseline}", _title(pinned), notes)
     return _png(fig)
 
 
@@ -203,7 +216,9 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
     if len(ctxs) > max_contexts:
         ctxs = [ctxs[round(i * (len(ctxs) - 1) / (max_contexts - 1))] for i in range(max_contexts)]
     plt = _plt()
-    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.8 * len(ctxs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(ctxs), figsize=(4.8 * len(ctxs), 4.2), squeeze=False, layout="constrained"
+    )
     labels = _uniq(table["strategy"][mask])
     lines = [s for s in labels if s in BASELINES][:MAX_LINES] or labels[:MAX_LINES]
     for ax, c in zip(axes[0], ctxs, strict=True):
@@ -217,9 +232,13 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
             order = np.argsort(table["batch"][m][k])
             ax.plot(lat[k][order], thr[k][order], marker="o", ms=3, lw=1, label=s)
         front = pareto_front(lat, thr)
-        ax.step(lat[front], thr[front], where="post", color="k", lw=1.6, label="Pareto front")
+        front_kw = {"color": "k", "lw": 1.6, "marker": "o", "mfc": "none", "ms": 7}
+        ax.step(lat[front], thr[front], where="post", label="Pareto front", **front_kw)
         for i in front[:: max(1, len(front) // 6)]:
-            ax.annotate(f"{strat[i]} b={table['batch'][m][i]}", (lat[i], thr[i]), fontsize=5)
+            text = f"{strat[i]} b={table['batch'][m][i]}"
+            ax.annotate(
+                text, (lat[i], thr[i]), xytext=(6, -3), textcoords="offset points", fontsize=6
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("time per output token (ms)")
@@ -227,8 +246,7 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
         ax.set_title(f"context {_ctx(c)}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=6)
-    fig.suptitle(f"latency vs throughput   {_title(pinned)}", fontsize=8)
-    fig.tight_layout()
+    _suptitle(fig, "latency vs throughput", _title(pinned))
     return _png(fig)
 
 
@@ -249,7 +267,7 @@ def roofline(table: dict, fixed: dict) -> bytes:
     gpu = get_gpu(str(pinned["gpu"]), measured=not prov.startswith("datasheet"))
     peak, bw = gpu.tensor_flops_per_s("bf16"), gpu.hbm_bytes_per_s
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    fig, ax = plt.subplots(figsize=(7.5, 5.2), layout="constrained")
     xs = np.logspace(-2, 4, 200)
     ax.loglog(
         xs, np.minimum(peak, xs * bw), "k-", lw=1, label=f"{gpu.name} roofline ({gpu.provenance})"
@@ -275,72 +293,117 @@ def roofline(table: dict, fixed: dict) -> bytes:
         ax.scatter([], [], marker=GROUP_MARKERS[g], color="0.4", label=g)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"op groups of one round\n{_title(pinned)}\n[{prov}]", fontsize=7)
+    ax.set_title(_fill(["op groups of one round", _title(pinned), f"[{prov}]"], 7, 7), fontsize=7)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
     return _png(fig)
+
+
+LINE_STYLES = ("-", "--", "-.", ":")
+SERIES_MARKERS = "osD^vPX*"
+OFFSET_PT = 1.5  # vertical spacing of drawn capacity lines, so coinciding ones stay visible
+LEGEND_IN = 4.4  # width of a capacity panel's legend text
+
+
+def capacity_series(cap: dict, m: np.ndarray, rates: np.ndarray) -> list[dict]:
+    """One entry per distinct curve of the rows ``m``: ``keys`` [(strategy, tp)] sharing it,
+    ``rstar`` per key, ``gpus`` = ceil(R / r*) tp over ``rates`` (None when r* is not
+    positive), the sized ``points`` and the ``status``."""
+    out: list[dict] = []
+    for i in np.flatnonzero(m):
+        key = (str(cap["strategy"][i]), int(cap["tp"][i]))
+        if any(key in e["keys"] for e in out):
+            continue
+        rstar = float(cap["replica_requests_per_s"][i])
+        gpus = np.ceil(rates / rstar - 1e-9) * key[1] if rstar > 0 else None
+        k = m & (cap["strategy"] == key[0]) & (cap["tp"] == key[1])
+        pts = (cap["requests_per_s"][k], cap["gpus_needed"][k])
+        same = [e for e in out if gpus is not None and e["gpus"] is not None]
+        same = [e for e in same if np.array_equal(e["gpus"], gpus)]
+        if same:
+            same[0]["keys"].append(key)
+            same[0]["rstar"].append(rstar)
+            continue
+        status = str(cap["status"][i])
+        out.append(dict(keys=[key], rstar=[rstar], gpus=gpus, points=pts, status=status))
+    return out
+
+
+def _series_label(e: dict) -> str:
+    """``name tp=N`` with r* (and the GPUs at the sized rates), ``a = b: identical here`` when
+    several series draw one curve."""
+    names = [f"{s} tp={tp}" for s, tp in e["keys"]]
+    rstar = "/".join(f"{r:.3g}" for r in dict.fromkeys(e["rstar"]))
+    if e["gpus"] is None:
+        return f"{names[0]}: {e['status']}"
+    gpus = ", ".join(f"{g:g}" for g in e["points"][1])
+    same = ": identical here" if len(names) > 1 else ""
+    return f"{' = '.join(names)}{same} (r*={rstar}/s; {gpus} GPUs)"
+
+
+def _capacity_panel(ax, series: list[dict], rates, style: dict) -> None:
+    from matplotlib.transforms import offset_copy
+
+    drawn = [e for e in series if e["gpus"] is not None]
+    for n, e in enumerate(drawn):
+        color, ls, marker = style[e["keys"][0]]
+        dy = OFFSET_PT * (n - (len(drawn) - 1) / 2)
+        shift = offset_copy(ax.transData, ax.figure, y=dy, units="points")
+        kw = {"color": color, "transform": shift}
+        label = _fill([_series_label(e)], LEGEND_IN, 6)
+        ax.step(
+            rates, e["gpus"], where="post", ls=ls, marker=marker, markevery=[], label=label, **kw
+        )
+        ax.scatter(*e["points"], marker=marker, s=28, zorder=3, **kw)
+    for e in series:
+        if e["gpus"] is None:
+            ax.plot([], [], " ", label=_fill([_series_label(e)], LEGEND_IN, 6))
+    # Shifted artists do not grow the data limits: set them from the data.
+    top = max([float(e["gpus"].max()) for e in drawn] + [1.0])
+    ax.set_xlim(0, float(rates[-1]))
+    ax.set_ylim(0, top * 1.06 + 0.4)
+    sized = ", ".join(f"{r:g}" for r in sorted({float(r) for e in drawn for r in e["points"][0]}))
+    title = f"markers and GPUs at the sized rates R = {sized}/s; lines drawn {OFFSET_PT:g} pt apart"
+    ax.legend(
+        fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), title=title, title_fontsize=6
+    )
 
 
 def capacity(cap: dict, fixed: dict, max_contexts: int = 4) -> bytes:
     """GPUs needed vs cluster request rate: ``ceil(R / r*) tp`` per (strategy, TP), one panel
-    per context; markers at the rates the sweep was sized for."""
-    mask = np.ones(len(cap["model"]), dtype=bool)
-    pinned = {}
-    for axis in ("model", "gpu", "acceptance", "overlap", "kv_bytes"):
-        values = _uniq(cap[axis][mask])
-        want = fixed.get(axis, values[0]) if values else None
-        if want is None:
-            continue
-        if not any(_same(want, v) for v in values):
-            raise ValueError(f"{axis} {want!r} is not in the capacity table")
-        mask &= np.array([_same(want, v) for v in cap[axis]])
-        pinned[axis] = want
+    per context; markers at the rates the sweep was sized for. Each series has its own colour,
+    line style and marker, lines are drawn a few points apart, and series whose curves are
+    identical over the drawn rates share one line whose label says so."""
+    mask, pinned = select(cap, fixed, ("tp", "context_len"))
     ctxs = sorted(set(cap["context_len"][mask].tolist()))[:max_contexts]
     if not ctxs:
         raise ValueError("the capacity table is empty")
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.8 * len(ctxs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(ctxs), figsize=(5.2 * len(ctxs), 5.4), squeeze=False, layout="constrained"
+    )
     rmax = float(np.max(cap["requests_per_s"][mask])) * 1.1
     rates = np.linspace(rmax / 400, rmax, 400)
+    keys = list(dict.fromkeys(zip(cap["strategy"][mask], cap["tp"][mask].tolist(), strict=True)))
+    style = {
+        k: (f"C{i % 10}", LINE_STYLES[i % len(LINE_STYLES)], SERIES_MARKERS[i % 8])
+        for i, k in enumerate(keys)
+    }
     for ax, c in zip(axes[0], ctxs, strict=True):
-        m = mask & (cap["context_len"] == c)
-        seen = set()
-        for i in np.flatnonzero(m):
-            key = (cap["strategy"][i], int(cap["tp"][i]))
-            if key in seen:
-                continue
-            seen.add(key)
-            rstar = cap["replica_requests_per_s"][i]
-            label = f"{key[0]} tp={key[1]}"
-            if not rstar > 0:
-                ax.plot([], [], " ", label=f"{label}: {cap['status'][i]}")
-                continue
-            gpus = np.ceil(rates / rstar - 1e-9) * key[1]
-            (line,) = ax.step(
-                rates, gpus, where="post", lw=1.2, label=f"{label} (r*={rstar:.3g}/s)"
-            )
-            k = m & (cap["strategy"] == key[0]) & (cap["tp"] == key[1])
-            ax.scatter(
-                cap["requests_per_s"][k],
-                cap["gpus_needed"][k],
-                color=line.get_color(),
-                s=18,
-                zorder=3,
-            )
+        _capacity_panel(
+            ax, capacity_series(cap, mask & (cap["context_len"] == c), rates), rates, style
+        )
         ax.set_xlabel("cluster request rate R (requests/s)")
         ax.set_ylabel("GPUs needed")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"context {_ctx(c)}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
     i0 = np.flatnonzero(mask)[0]
     slo = (
         f"TTFT <= {cap['slo_ttft_s'][i0]:g} s, TPOT <= {1e3 * cap['slo_tpot_s'][i0]:g} ms for "
         f"{100 * cap['attainment'][i0]:g}% of requests"
     )
-    fig.suptitle(f"capacity ({slo}; sim:serve)   {_title(pinned)}", fontsize=8)
-    fig.tight_layout()
+    _suptitle(fig, f"capacity ({slo}; sim:serve)", _title(pinned))
     return _png(fig)

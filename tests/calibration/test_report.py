@@ -74,7 +74,7 @@ def test_report_cli_writes_the_report_and_checks_targets(tmp_path, capsys, monke
     assert main(["report", "--no-files", "--check"]) == 0
     capsys.readouterr()
     assert main(["report", "--out", str(tmp_path / "nope")]) == 2
-    assert "--out folder" in capsys.readouterr().err
+    assert "nope' does not exist" in capsys.readouterr().err
     assert main(["report", "--no-files", "--campaign", str(tmp_path / "x.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
