@@ -26,6 +26,17 @@ def _named(path: str | Path) -> str:
     return repr(str(path))
 
 
+def check_input(path: str | Path, what: str) -> Path:
+    """``path`` as a ``Path`` when it is an existing file (for readers that open it
+    themselves, such as Parquet's); ``ValueError`` naming it otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{what} {_named(path)} does not exist")
+    if p.is_dir():
+        raise ValueError(f"{what} {_named(path)} is a folder, not a file")
+    return p
+
+
 def read_bytes(path: str | Path, what: str) -> bytes:
     """The bytes of ``path``; ``ValueError`` naming ``what`` and the path otherwise."""
     p = Path(path)

@@ -19,7 +19,8 @@ import zlib
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from ssvkit.options import atomic_write, parse_int_list
+from perfmodel.files import check_folder, write_files
+from ssvkit.options import finite, parse_one
 
 HELP = "plot a saved sweep: speedup heatmaps, Pareto fronts, roofline, capacity curves (PNG)"
 KINDS = ("heatmap", "pareto", "roofline", "capacity")
@@ -53,8 +54,8 @@ def add_arguments(p) -> None:
     g.add_argument("--tp", type=int)
     g.add_argument("--context", help="context length, K = 1024 (roofline: default the largest)")
     g.add_argument("--batch", type=int)
-    g.add_argument("--acceptance", type=float)
-    g.add_argument("--overlap", type=float)
+    g.add_argument("--acceptance", type=finite)
+    g.add_argument("--overlap", type=finite)
     g.add_argument("--kv-bytes", type=int)
     p.add_argument("--json", action="store_true", help="print the written files as JSON")
 
@@ -70,7 +71,7 @@ def _fixed(args) -> dict:
         "kv_bytes": args.kv_bytes,
     }
     if args.context:
-        out["context_len"] = parse_int_list(args.context, "context length")[0]
+        out["context_len"] = parse_one(args.context, "--context")
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -134,8 +135,7 @@ def run(args) -> int:
     if missing:
         raise ValueError(f"{args.sweep} is not a sweep table (no {missing[0]!r} column)")
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.sweep).resolve().parent
-    if not out_dir.is_dir():
-        raise ValueError(f"output folder {str(out_dir)!r} does not exist")
+    check_folder(out_dir, "--out-dir")
     cap_path = Path(args.capacity) if args.capacity else sibling(args.sweep, "capacity")
     if "capacity" in kinds and not cap_path.is_file():
         if args.kind != "all" or args.capacity:
@@ -163,8 +163,7 @@ def run(args) -> int:
     source = str(Path(args.sweep).resolve())
     for name in images:
         _check_overwrite(out_dir / name, source, args.sweep)
-    for name, data in images.items():
-        atomic_write(out_dir / name, with_source(data, source))
+    write_files((out_dir / n, with_source(data, source), "--out-dir") for n, data in images.items())
     paths = [str(out_dir / n) for n in images]
     print(
         json.dumps({"files": paths}, indent=1)

@@ -135,9 +135,6 @@ def run(args) -> int:
 
 
 def _emit(args, doc: dict, model, gpu, profile: Profile, how: str = "") -> None:
-    if not doc["regimes"]:
-        why = "; ".join(f"{r}: {w}" for r, w in doc.get("skipped", {}).items())
-        raise ValueError(f"no regime can be ranked ({why})")
     text = json.dumps(doc, indent=1)
     if args.out:
         atomic_write(args.out, text + "\n")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.files import check_input, read_text
+
 FORMATS = (".csv", ".parquet")
 META_KEY = b"ssvkit.sweep"
 
@@ -99,9 +101,8 @@ def read_table(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     """``(columns, meta)`` of a sweep file written by ``encode`` (meta is empty for CSV)."""
     p = Path(path)
     fmt = table_format(p)
-    if not p.is_file():
-        raise ValueError(f"sweep file {str(p)!r} does not exist")
     if fmt == "parquet":
+        check_input(p, "sweep file")
         require_pyarrow("reading Parquet")
         import pyarrow.parquet as pq
 
@@ -116,8 +117,7 @@ def read_table(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
             arr = c.to_numpy(zero_copy_only=False)
             cols[name] = arr.astype(object) if arr.dtype.kind in "OU" else arr
         return cols, meta
-    with p.open(newline="") as fh:
-        rows = list(csv.reader(fh))
+    rows = list(csv.reader(io.StringIO(read_text(p, "sweep file"), newline="")))
     if not rows:
         raise ValueError(f"{p.name} is empty")
     head, body = rows[0], rows[1:]
