@@ -8,6 +8,7 @@ ssvkit models
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ssvkit import (
@@ -41,14 +42,31 @@ COMMANDS = {
 }
 
 
+GLOSSARY = "terms (APE, gamma, b*, f_load, TTFT/TPOT, extrapolated, ...): docs/glossary.md"
+
+
+def examples(mod) -> str:
+    """The ``ssvkit ...`` example lines of a command's docstring, for its help page."""
+    lines = [ln.strip() for ln in (mod.__doc__ or "").splitlines()]
+    shown = [f"  {ln}" for ln in lines if ln.startswith("ssvkit ")]
+    return "\n".join(["examples:", *shown, "", GLOSSARY]) if shown else GLOSSARY
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="ssvkit",
         description="Predict, simulate and measure speculative decoding with sparse attention.",
+        epilog=GLOSSARY,
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, mod in COMMANDS.items():
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(
+            name,
+            help=mod.HELP,
+            description=mod.HELP,
+            epilog=examples(mod),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         mod.add_arguments(p)
         p.set_defaults(run=mod.run)
     return parser

@@ -19,6 +19,9 @@ def _si(v, unit: str) -> str:
 
 
 class Gpus:
+    """ssvkit gpus --sources                # every number with its source
+    ssvkit gpus --json"""
+
     HELP = "list the GPU registry (datasheet ceilings, measured overlays, sources)"
 
     @staticmethod
@@ -53,6 +56,9 @@ class Gpus:
 
 
 class Models:
+    """ssvkit models
+    ssvkit models --model path/to/config.json --json"""
+
     HELP = "list the model registry (geometry read from the shipped config.json files)"
 
     @staticmethod

@@ -3,7 +3,7 @@
 
 ssvkit simulate ssv --num-tokens 2048 --json
 ssvkit simulate ssd --batch 8 --ssd-fallback auto --out-dir out/
-ssvkit simulate serve --serve-rate 4 --num-requests 500 --length-spread 0.5 --no-files
+ssvkit simulate serve --context-len 8K --num-tokens 256 --serve-rate 2 --num-requests 300 --no-files
 ssvkit simulate sd_dense --acceptance-model trace --trace run.jsonl --trace-out replay.jsonl
 """
 

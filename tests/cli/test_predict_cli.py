@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,22 @@ def test_output_files_get_the_usual_permissions(tmp_path, capsys):
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+
+
+def test_every_help_page_shows_examples_that_parse_and_points_to_the_glossary():
+    import shlex
+
+    from ssvkit.cli import COMMANDS, GLOSSARY, build_parser, examples
+
+    parser = build_parser()
+    glossary = (Path(__file__).parents[2] / "docs" / "glossary.md").read_text()
+    for term in ("APE", "b\\*", "f_load", "γ (gamma", "TTFT / TPOT", "extrapolated"):
+        assert f"**{term}" in glossary, term
+    assert "docs/glossary.md" in GLOSSARY
+    for name, mod in COMMANDS.items():
+        text = examples(mod)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ssvkit ")]
+        assert lines and text.endswith(GLOSSARY), name
+        for line in lines:
+            argv = shlex.split(line.split("#")[0])[1:]
+            assert parser.parse_args(argv).command == name, line
