@@ -1,33 +1,56 @@
-"""Progress of a long simulation: a tqdm bar on stderr over the output tokens simulated.
+"""Progress of a long simulation: a tqdm bar over the output tokens simulated.
 
-The bar appears only once a run has taken a second (short runs print nothing), only on a
-terminal (tqdm's default), and is cleared when the run ends. The recorder reports every round;
-the bar is refreshed every ~1% of the total, so a round costs an integer addition.
+The bar goes to a terminal's stderr only, appears once a run has taken ``delay_s`` (short runs
+print nothing) and is cleared when the run ends. The recorder reports every round; the bar is
+refreshed every ~1% of the total, so a round costs an integer addition.
 """
 
 from __future__ import annotations
+
+import sys
 
 from tqdm import tqdm
 
 
 class Progress:
-    """Tokens simulated out of ``total`` (set by ``start``), shown under ``label``."""
+    """Tokens simulated out of ``total`` (set by ``start``), shown under ``label`` on ``file``
+    (default stderr) when it is a terminal, or always with ``enabled=True``."""
 
-    def __init__(self, label: str) -> None:
-        self.label = label
+    def __init__(
+        self, label: str, *, file=None, enabled: bool | None = None, delay_s: float = 1.0
+    ) -> None:
+        self.label, self.delay_s = label, delay_s
+        self.file = file if file is not None else sys.stderr
+        self.enabled = self.file.isatty() if enabled is None else enabled
         self._bar: tqdm | None = None
         self._pending = 0
         self._step = 1
 
+    @property
+    def done(self) -> int:
+        """Tokens counted so far (0 when not shown)."""
+        return 0 if self._bar is None else self._bar.n + self._pending
+
     def start(self, total: int) -> None:
         self.close()
-        self._bar = tqdm(total=total, desc=self.label, unit="tok", delay=1.0, leave=False)
+        if not self.enabled:
+            return
+        self._bar = tqdm(
+            total=total,
+            desc=self.label,
+            unit="tok",
+            file=self.file,
+            delay=self.delay_s,
+            leave=False,
+        )
         self._step = max(total // 100, 1)
         self._pending = 0
 
     def advance(self, tokens: int) -> None:
+        if self._bar is None:
+            return
         self._pending += tokens
-        if self._pending >= self._step and self._bar is not None:
+        if self._pending >= self._step:
             self._bar.update(min(self._pending, self._bar.total - self._bar.n))
             self._pending = 0
 
