@@ -34,6 +34,8 @@ ACCEPTANCE_MODELS = ("iid", "positional", "tree", "trace")
 # Most output tokens one run simulates (all requests together): every round stays in memory
 # (``sim.recorder``), and beyond this a run takes minutes.
 MAX_SIM_TOKENS = 10_000_000
+# Largest batch the b* search of Saguaro's fallback tabulates (one entry per batch size).
+MAX_SSD_BATCH = 1 << 16
 
 
 def _check_int(obj, names, lo):
@@ -77,6 +79,8 @@ class SsdConfig:
 
     def __post_init__(self) -> None:
         _check_int(self, ("budget", "max_batch"), 1)
+        if self.max_batch > MAX_SSD_BATCH:
+            raise ValueError(f"max_batch must be <= {MAX_SSD_BATCH}, got {self.max_batch}")
         _check_range(self, ("hit_at_one", "backup_acceptance"), 0.0, 1.0)
         _check_range(self, ("exponent",), 0.0, 100.0, lo_open=True)
         _check_choice("fallback", self.fallback, ("auto", "primary", "backup"))

@@ -326,8 +326,8 @@ def check_outputs(args, spec: SweepSpec) -> None:
 
 
 def check_some_point_fits(spec: SweepSpec) -> None:
-    """``ValueError`` before running when no point of the grid can hold its KV cache: the
-    smallest batch and context on every (model, GPU, TP, KV width) combination."""
+    """``ValueError`` before running when no point of the grid can run: the smallest batch and
+    context on every (model, GPU, TP, KV width) combination whose TP divides the heads."""
     from perfmodel.costs import memory_shortfall
     from perfmodel.hardware import get_gpu
     from perfmodel.models import get_model
@@ -335,11 +335,14 @@ def check_some_point_fits(spec: SweepSpec) -> None:
     reasons = []
     for m, g, tp, kv in itertools.product(spec.models, spec.gpus, spec.tp, spec.kv_bytes):
         model, gpu = get_model(m), get_gpu(g, measured=not spec.roofline)
+        if tp > 1 and model.num_q_heads % tp:
+            reasons.append(f"tp={tp} does not divide {model.name}'s {model.num_q_heads} heads")
+            continue
         why = memory_shortfall(model, gpu, tp, kv, min(spec.batch), min(spec.context_len))
         if why is None:
             return
         reasons.append(why)
-    raise ValueError(f"no point of the grid fits in memory: {reasons[0]}")
+    raise ValueError(f"no point of the grid can run: {reasons[0]}")
 
 
 def run(args) -> int:
