@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from perfmodel.files import atomic_write
+from perfmodel.numbers import parse_count_list
 from ssvkit.cli import main as ssvkit
-from ssvkit.options import parse_int_list
 
 BASELINES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
 SPECULATIVE = ("sd_dense", "sd_sparse_naive", "ssv")
@@ -60,7 +60,7 @@ def run_ssvkit(argv: list[str]) -> tuple[int, str, str]:
 
 def plan(args) -> list[dict]:
     """Every run: baseline, drafter (None for the autoregressive ones and ssv_planned), batch."""
-    batches = parse_int_list(args.batches, "--batches")
+    batches = parse_count_list(args.batches, "--batches")
     names = [n for n in args.baselines.split(",") if n]
     bad = sorted(set(names) - set(BASELINES))
     if bad:

@@ -30,6 +30,7 @@ import sys
 import time
 
 from perfmodel.files import atomic_write
+from perfmodel.numbers import parse_count_list
 from planner.controller import ControllerConfig
 from planner.evaluate import (
     MEASURE_OFFSETS,
@@ -44,7 +45,6 @@ from planner.evaluate import (
     summary_table,
 )
 from planner.space import SpaceSpec
-from ssvkit.options import parse_int_list
 
 DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
 
@@ -90,8 +90,8 @@ def parse_args(argv=None):
 
 
 def build_bench(args) -> Bench:
-    contexts = parse_int_list(args.contexts, "--contexts")
-    actx = parse_int_list(args.adaptive_context, "--adaptive-context")[0]
+    contexts = parse_count_list(args.contexts, "--contexts")
+    actx = parse_count_list(args.adaptive_context, "--adaptive-context")[0]
     bench = make_bench(args.model, args.draft_model, max(contexts + [actx]), args.new_tokens,
                        args.repeats, args.device, args.gpu, args.temperature)  # fmt: skip
     bench.timing_passes = args.timing_passes
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         contexts,
         space,
         per_regime=args.per_regime,
-        adaptive_context=parse_int_list(args.adaptive_context, "--adaptive-context")[0],
+        adaptive_context=parse_count_list(args.adaptive_context, "--adaptive-context")[0],
         prompt_sets=sets,
         profile_prompts=args.profile_prompts,
         walk_prompts=args.walk_prompts,

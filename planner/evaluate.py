@@ -317,11 +317,11 @@ def regime_contexts(text: str, flag: str, new_tokens: int) -> dict[str, int]:
     """One context per regime from ``text`` (``"3584,15K"``), in regime order. A context whose
     run (plus its new tokens and a full tree) would decode past its regime's bound is refused:
     the run would be judged against the next regime's profile."""
+    from perfmodel.numbers import parse_count_list
     from planner.space import MAX_KERNEL_ROWS
-    from ssvkit.options import parse_int_list
 
     contexts: dict[str, int] = {}
-    for c in parse_int_list(text, flag):
+    for c in parse_count_list(text, flag):
         r = regime_of(c)
         if r in contexts:
             raise ValueError(f"{flag} {text}: two contexts fall in regime {r}")

@@ -1,6 +1,8 @@
 """Command-line plumbing shared by every subcommand: options generated from config
-dataclasses (so help and defaults cannot drift from the configs), list parsing, atomic file
-output and provenance-carrying figures."""
+dataclasses (so help and defaults cannot drift from the configs), argparse types that refuse
+non-finite numbers, single counts, provenance-carrying figures and the one-line usage error.
+Numbers and files themselves are parsed and written by ``perfmodel.numbers`` and
+``perfmodel.files``."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import argparse
 import dataclasses
 
 from perfmodel.files import atomic_write  # noqa: F401  (the writers import it from here)
-from perfmodel.numbers import finite_float, parse_count, parse_count_list
+from perfmodel.numbers import finite_float, parse_count
 
 
 def add_dataclass_options(parser, cls, names, defaults=None, prefix="") -> None:
@@ -41,11 +43,6 @@ def given(args, names, prefix="") -> dict:
         if v is not None:
             out[n] = v
     return out
-
-
-def parse_int_list(text: str, what: str) -> list[int]:
-    """``8K,16K,32768`` -> [8192, 16384, 32768] (``perfmodel.numbers.parse_count_list``)."""
-    return parse_count_list(text, what)
 
 
 def parse_one(text: str, what: str) -> int:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from engine.settings import TrainConfig
-from ssvkit.options import add_dataclass_options, given, parse_int_list
+from ssvkit.options import add_dataclass_options, given, parse_one
 
 HELP = "train the byte-level tiny target + draft pair on a CUDA GPU and save them (HF format)"
 FIELDS = (
@@ -46,7 +46,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    context = parse_int_list(args.context, "--context")[0]
+    context = parse_one(args.context, "--context")
     if context < 8192 and args.device == "cuda":
         raise ValueError(f"--context must be at least 8K for the tiny pair, got {context}")
     cfg = TrainConfig(context=context, **given(args, FIELDS))
