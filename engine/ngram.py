@@ -60,8 +60,8 @@ Cost: per new position, one look-up per n-gram ending there (the first draft and
 update share them: one table holds each n-gram's continuations and its best one), then up to
 ``max_n`` per further draft while they match; the whole chain only for positions within ``K``
 of the end that still match. Index update plus shadow at ``K = 8`` on a 15K-token index
-(development CPU, median per round, ``sync`` + ``take_shadow``;
-``tests/engine/test_engine_warm_shadow.py`` bounds it): random bytes, 1 committed token
+(development CPU, median per round, ``sync`` + ``take_shadow``; the tests count its
+look-ups per token, which stay flat in the index's size): random bytes, 1 committed token
 ~4.5 us, 8 tokens ~20 us; 1-5 tokens of code per round ~11 us, ~38 us with 32 MiB written
 between rounds as the rest of a round evicts the CPU caches (``benchmarks/controller_cost.py``).
 """

@@ -26,10 +26,11 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ssvkit.options import atomic_write
+from perfmodel.files import atomic_write
 
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED, EXIT_AGAIN = 0, 1, 2, 3
 STAGE_STOPPED = 3  # calibration.sweep / kernels.benchmark STOPPED_AT_BUDGET
@@ -194,14 +195,16 @@ def run_stage(
     env: dict,
     grace_s: float,
     header: str,
+    clock: Callable[[], float] = time.monotonic,
 ) -> StageRun:
     """Run ``argv`` in ``root`` with its output appended to ``log``; kill it after
-    ``timeout_s`` (or when this process is interrupted)."""
+    ``timeout_s`` of wall time (or when this process is interrupted). ``clock`` (seconds)
+    times it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         fh.write(f"==== {header}: {shlex.join(argv)}\n".encode())
         fh.flush()
-        t0 = time.monotonic()
+        t0 = clock()
         proc = subprocess.Popen(
             argv,
             cwd=root,
@@ -220,7 +223,7 @@ def run_stage(
         except BaseException:  # KeyboardInterrupt, or SIGTERM (see main): never orphan it
             interrupted = True
             rc = _kill_group(proc, grace_s)
-        wall_s = time.monotonic() - t0
+        wall_s = clock() - t0
         if timed_out or interrupted:
             status = "partial"
         elif rc == 0:
@@ -278,10 +281,12 @@ def run_campaign(
     only: set[str] | None = None,
     out=None,
     started: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the stages not done yet, in order, within ``cfg.budget_s`` of wall time since
-    ``started``; returns the exit status (``EXIT_*``)."""
-    started = time.monotonic() if started is None else started
+    ``started`` (a reading of ``clock``, seconds; default: now); returns the exit status
+    (``EXIT_*``). ``clock`` times the call's budget and its stages."""
+    started = clock() if started is None else started
     out = out or (lambda line: print(line, flush=True))
     work.mkdir(parents=True, exist_ok=True)
     state = load_state(work, stages, commit)
@@ -295,17 +300,17 @@ def run_campaign(
         "SSVKIT_GIT_COMMIT": commit,
     }
     wa = work_arg(work, root)
-    clock = lambda: time.monotonic() - started  # noqa: E731
+    elapsed = lambda: clock() - started  # noqa: E731
     rc = EXIT_DONE
     for stage in stages:
         st = state["stages"][stage.name]
         if st["status"] == "done" or (only is not None and stage.name not in only):
             continue
-        left_s = cfg.budget_s - clock()
+        left_s = cfg.budget_s - elapsed()
         need_s = max(cfg.floor_s, stage.min_s)
         if left_s < need_s:
             out(
-                f"[{clock():6.1f} s] {stage.name}: {left_s:.0f} s left, it needs {need_s:.0f} s: "
+                f"[{elapsed():6.1f} s] {stage.name}: {left_s:.0f} s left, it needs {need_s:.0f} s: "
                 "incomplete, run the same command again"
             )
             rc = EXIT_AGAIN
@@ -313,7 +318,7 @@ def run_campaign(
         for done in stages:
             if done.early_install and state["stages"][done.name]["status"] == "done":
                 for p in install_files(done.installs, work, root, commit):
-                    out(f"[{clock():6.1f} s] {done.name}: installed {p.relative_to(root)}")
+                    out(f"[{elapsed():6.1f} s] {done.name}: installed {p.relative_to(root)}")
         budget_s = left_s - cfg.startup_s if stage.budgeted else None
         argv = stage.command(wa, budget_s)
         st["calls"] += 1
@@ -321,7 +326,7 @@ def run_campaign(
         save_state(work, state)
         shown = shlex.join(["python3", *argv[1:]])
         out(
-            f"[{clock():6.1f} s] {stage.name}: start (call {st['calls']}, {left_s:.0f} s left): "
+            f"[{elapsed():6.1f} s] {stage.name}: start (call {st['calls']}, {left_s:.0f} s left): "
             f"{shown}"
         )
         header = f"{stage.name}, call {st['calls']}, {_now_utc()}, commit {commit}"
@@ -334,19 +339,21 @@ def run_campaign(
             env,
             cfg.kill_grace_s,
             header,
+            clock,
         )
         st.update(status=r.status, last_rc=r.rc, timed_out=r.timed_out)
         st["wall_s"] += r.wall_s
         save_state(work, state)
         why = f": see {wa}/logs/{stage.name}.log" if r.status == "failed" else r.why()
-        out(f"[{clock():6.1f} s] {stage.name}: {r.status} after {r.wall_s:.1f} s, exit {r.rc}{why}")
+        ended = f"{r.status} after {r.wall_s:.1f} s, exit {r.rc}{why}"
+        out(f"[{elapsed():6.1f} s] {stage.name}: {ended}")
         if r.status == "done" and stage.early_install:
             for p in install_files(stage.installs, work, root, commit):
-                out(f"[{clock():6.1f} s] {stage.name}: installed {p.relative_to(root)}")
+                out(f"[{elapsed():6.1f} s] {stage.name}: installed {p.relative_to(root)}")
         if r.status != "done":
             rc = EXIT_FAILED if r.status == "failed" else EXIT_AGAIN
             break
-    call.update(wall_s=round(clock(), 3), exit=rc)
+    call.update(wall_s=round(elapsed(), 3), exit=rc)
     save_state(work, state)
     out(table(stages, state))
     if rc == EXIT_AGAIN:

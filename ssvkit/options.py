@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from perfmodel.files import atomic_write  # noqa: F401  (the writers import it from here)
 from perfmodel.numbers import finite_float, parse_count
 
 

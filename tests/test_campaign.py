@@ -1,15 +1,25 @@
 """The campaign orchestrator (``ssvkit.campaign``, ``benchmarks/campaign.py``) with fake stages:
-tiny Python commands that count their calls, stop at their budget, sleep past it or fail."""
+tiny Python commands that count their calls, stop at their budget, run past it or fail.
+
+The budget arithmetic runs on a virtual clock (``VirtualClock``): each fake stage says how
+long it took by appending its seconds to ``W/clock``, so budgets, floors and wall times are
+exact whatever the machine's load. Kills are checked on real processes, with lower bounds on
+time only (a kill never comes early) and generous hang guards."""
 
 import importlib.util
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+from ssvkit import campaign
 from ssvkit.campaign import (
     EXIT_AGAIN,
     EXIT_DONE,
@@ -27,12 +37,16 @@ from ssvkit.campaign import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = CallConfig(budget_s=60, floor_s=1, startup_s=0.5, end_slack_s=0.5, kill_grace_s=1)
+QUICK = CallConfig(budget_s=60, floor_s=2, startup_s=1, end_slack_s=1, kill_grace_s=1)
+HANG_S = 120.0  # a hang guard only: what a process is given to start or to die
 
-# Appends the budget it was given to W/rows; done (exit 0) on its third call, else stopped.
+# Takes 2 s (virtual), appends the budget it was given to W/rows; done (exit 0) on its third
+# call, else stopped.
 COUNTER = """
 import pathlib, sys
 w = pathlib.Path(sys.argv[1])
+with open(w / 'clock', 'a') as f:
+    f.write('2\\n')
 budget = sys.argv[sys.argv.index('--budget-s') + 1]
 n = len((w / 'rows').read_text().splitlines()) if (w / 'rows').exists() else 0
 with open(w / 'rows', 'a') as f:
@@ -40,16 +54,29 @@ with open(w / 'rows', 'a') as f:
 print('row', n + 1)
 sys.exit(0 if n + 1 == 3 else 3)
 """
-# First call: starts a grandchild and both sleep past any budget; later calls finish at once.
-SLOW_ONCE = """
-import os, pathlib, subprocess, sys, time
-w = pathlib.Path(sys.argv[1])
-if not (w / 'marker').exists():
-    (w / 'marker').write_text('x')
-    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
-    (w / 'pids').write_text(f'{os.getpid()} {child.pid}')
-    time.sleep(60)
+# Starts a grandchild, then writes both pids to ``argv[1]`` and sleeps with it;
+# with ``argv[2] == 'ignore'`` both ignore SIGTERM (the disposition is inherited).
+GROUP = """
+import os, pathlib, signal, subprocess, sys, time
+if sys.argv[2] == 'ignore':
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
+tmp = pathlib.Path(sys.argv[1] + '.tmp')
+tmp.write_text(f'{os.getpid()} {child.pid}')
+tmp.rename(sys.argv[1])
+time.sleep(600)
 """
+
+
+class VirtualClock:
+    """The seconds the fake stages said they took: the sum of what they appended to
+    ``W/clock``."""
+
+    def __init__(self, work):
+        self.path = work / "clock"
+
+    def __call__(self):
+        return sum(map(float, self.path.read_text().split())) if self.path.exists() else 0.0
 
 
 def stage(name, code, **kw):
@@ -60,8 +87,9 @@ def touch(name):
     return f"import pathlib, sys; pathlib.Path(sys.argv[1], {name!r}).write_text({name!r})"
 
 
-def sleeper(seconds):
-    return f"import time; time.sleep({seconds})"
+def took(seconds):
+    """A stage that takes ``seconds`` on the virtual clock."""
+    return f"import sys; open(sys.argv[1] + '/clock', 'a').write('{seconds}\\n')"
 
 
 def exits(code):
@@ -76,8 +104,10 @@ def tree(tmp_path):
 
 
 def run(stages, tree, commit="c0ffee1", cfg=QUICK, **kw):
+    """One call on the virtual clock (``clock=time.monotonic`` for the real one)."""
     root, work = tree
     lines = []
+    kw.setdefault("clock", VirtualClock(work))
     rc = run_campaign(stages, work, root, commit, cfg, out=lines.append, **kw)
     return rc, load_state(work, stages), "\n".join(lines)
 
@@ -89,9 +119,24 @@ def alive(pid):
         return False
 
 
-def test_a_budget_stop_resumes_and_the_next_stage_waits_until_it_is_done(tree):
-    stages = (stage("rows", COUNTER, budgeted=True), stage("after", touch("after")))
+def wait_until(ready, what):
+    deadline = time.monotonic() + HANG_S
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} within {HANG_S:.0f} s"
+        time.sleep(0.02)
+
+
+def test_a_budget_stop_resumes_and_the_next_stage_waits_until_it_is_done(tree, monkeypatch):
+    stages = (stage("warm", took(7)), stage("rows", COUNTER, budgeted=True),
+              stage("after", touch("after")))  # fmt: skip
     root, work = tree
+    timeouts, run_stage = [], campaign.run_stage
+
+    def spy(s, argv, root, log, timeout_s, *args):
+        timeouts.append((s.name, timeout_s))
+        return run_stage(s, argv, root, log, timeout_s, *args)
+
+    monkeypatch.setattr(campaign, "run_stage", spy)
     for call in (1, 2):
         rc, state, out = run(stages, tree)
         assert rc == EXIT_AGAIN and "run the same command again" in out
@@ -100,11 +145,14 @@ def test_a_budget_stop_resumes_and_the_next_stage_waits_until_it_is_done(tree):
         assert state["stages"]["after"]["calls"] == 0 and not (work / "after").exists()
     rc, state, out = run(stages, tree)
     assert rc == EXIT_DONE and (work / "after").exists()
-    assert [state["stages"][s]["status"] for s in ("rows", "after")] == ["done", "done"]
+    assert [state["stages"][s.name]["status"] for s in stages] == ["done"] * 3
     assert state["stages"]["rows"]["calls"] == 3 and state["stages"]["after"]["calls"] == 1
-    # Each call handed the stage what it had left, less the start-up margin.
-    budgets = [float(b) for b in (work / "rows").read_text().split()]
-    assert len(budgets) == 3 and all(55 <= b <= 60 - QUICK.startup_s + 0.5 for b in budgets)
+    # Each call handed the stage what it had left, less the start-up margin: the first call
+    # after the 7 s of "warm"; each stage is killed end_slack_s before the call's budget ends.
+    assert (work / "rows").read_text().split() == ["52", "59", "59"]
+    assert timeouts == [("warm", 59), ("rows", 52), ("rows", 59), ("rows", 59), ("after", 57)]
+    assert state["stages"]["warm"]["calls"] == 1 and state["stages"]["warm"]["wall_s"] == 7
+    assert state["stages"]["rows"]["wall_s"] == 3 * 2
     log = (work / "logs" / "rows.log").read_text()
     assert [log.count(f"==== rows, call {i}") for i in (1, 2, 3)] == [1, 1, 1]
     assert log.count("partial (stopped at its budget)") == 2 and "row 3" in log
@@ -112,6 +160,7 @@ def test_a_budget_stop_resumes_and_the_next_stage_waits_until_it_is_done(tree):
     rc, state, out = run(stages, tree)
     assert rc == EXIT_DONE and "start" not in out and state["stages"]["rows"]["calls"] == 3
     assert state["num_calls"] == 4 and [c["exit"] for c in state["calls"]] == [3, 3, 0, 0]
+    assert [c["wall_s"] for c in state["calls"]] == [9, 2, 2, 0]
 
 
 def test_done_only_when_it_ran_to_the_end(tree):
@@ -138,40 +187,65 @@ def test_done_only_when_it_ran_to_the_end(tree):
 
 
 def test_a_stage_killed_at_the_budget_finishes_on_the_next_call(tree):
+    """On the real clock: a stage that would run past the call's budget is killed no earlier
+    than ``end_slack_s`` before its end, marked partial, and the next call runs it again."""
     root, work = tree
-    stages = (stage("slow", SLOW_ONCE), stage("after", touch("after")))
-    cfg = CallConfig(budget_s=3, floor_s=1, startup_s=0.5, end_slack_s=0.5, kill_grace_s=1)
-    t0 = time.monotonic()
-    rc, state, out = run(stages, tree, cfg=cfg)
-    assert rc == EXIT_AGAIN and time.monotonic() - t0 < 10
+    after = stage("after", touch("after"))
+    cfg = CallConfig(budget_s=1.2, floor_s=0.2, startup_s=0.1, end_slack_s=0.1, kill_grace_s=30)
+    rc, state, out = run((stage("slow", "import time; time.sleep(600)"), after), tree, cfg=cfg,
+                         clock=time.monotonic)  # fmt: skip
+    assert rc == EXIT_AGAIN
     st = state["stages"]["slow"]
     assert st["status"] == "partial" and st["timed_out"] and st["calls"] == 1
-    assert 2.0 <= st["wall_s"] < 2.5 + cfg.kill_grace_s + 2
+    assert st["last_rc"] == -signal.SIGTERM  # its SIGTERM ended it, within the grace
+    (call,) = state["calls"]
+    assert cfg.budget_s - cfg.end_slack_s <= call["wall_s"]  # the call's, to the ms
+    assert 0 < round(st["wall_s"], 3) <= call["wall_s"]
     assert "killed at the call's budget" in out and not (work / "after").exists()
-    # The stage and the process it started are gone (the whole process group was killed).
-    pids = [int(p) for p in (work / "pids").read_text().split()]
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(p) for p in pids)
+    assert "killed at the call's budget" in (work / "logs" / "slow.log").read_text()
     first_s = st["wall_s"]
-    rc, state, _ = run(stages, tree, cfg=cfg)
+    rc, state, _ = run((stage("slow", took(0.5)), after), tree)
     st = state["stages"]["slow"]
     assert rc == EXIT_DONE and st["status"] == "done" and not st["timed_out"]
-    assert st["calls"] == 2 and first_s < st["wall_s"] < first_s + 2
+    assert st["calls"] == 2 and st["wall_s"] == first_s + 0.5
     assert (work / "after").exists()
 
 
+@pytest.mark.parametrize("sigterm", ["default", "ignore"])
+def test_a_kill_takes_the_whole_process_group(tmp_path, sigterm):
+    """``_kill_group``: SIGTERM to the stage's process group, SIGKILL after the grace when it
+    is ignored; the stage and the process it started are gone either way."""
+    from ssvkit.campaign import _kill_group
+
+    pids_file = tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, "-c", GROUP, str(pids_file), sigterm],
+                            start_new_session=True)  # fmt: skip
+    try:
+        wait_until(pids_file.exists, "the stage starts its grandchild")
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert pids[0] == proc.pid and os.getpgid(pids[1]) == proc.pid
+        # A grace long enough that a SIGTERM honoured is never taken for one ignored.
+        rc = _kill_group(proc, grace_s=HANG_S if sigterm == "default" else 0.2)
+        assert rc == (-signal.SIGTERM if sigterm == "default" else -signal.SIGKILL)
+        wait_until(lambda: not any(alive(p) for p in pids), "the process group dies")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def test_wall_time_is_summed_per_stage_and_per_call(tree):
-    stages = (stage("a", sleeper(0.3)), stage("b", sleeper(0.2)))
+    stages = (stage("a", took(0.25)), stage("b", took(0.5)))
     rc, state, out = run(stages, tree)
     a, b = state["stages"]["a"]["wall_s"], state["stages"]["b"]["wall_s"]
-    assert rc == EXIT_DONE and 0.3 <= a < 3 and 0.2 <= b < 3
-    assert state["calls"][0]["wall_s"] >= a + b
+    assert rc == EXIT_DONE and (a, b) == (0.25, 0.5)
+    assert state["calls"][0]["wall_s"] == a + b
+    assert "b: done after 0.5 s" in out and "[   0.8 s] b: done" in out
     total_line = next(line for line in out.splitlines() if line.startswith("total"))
     assert f"{a + b:.1f}" in total_line and "1500 s target" in total_line
     rc, state, _ = run(stages, tree)
     assert state["stages"]["a"]["wall_s"] == a and state["num_calls"] == 2
+    assert state["calls"][1]["wall_s"] == 0
 
 
 def test_no_stage_starts_below_its_floor(tree):
@@ -181,6 +255,13 @@ def test_no_stage_starts_below_its_floor(tree):
     rc, state, out = run(stages, tree, cfg=cfg)
     assert rc == EXIT_AGAIN and "it needs 30 s" in out and "run the same command again" in out
     assert state["stages"]["big"]["calls"] == 0 and not (work / "logs").exists()
+    # The call's floor: after 16 s of the 20, a stage needing only 1 s waits for the next call.
+    stages = (stage("long", took(16)), stage("next", touch("next"), min_s=1))
+    rc, state, out = run(stages, tree, cfg=cfg)
+    assert rc == EXIT_AGAIN and "next: 4 s left, it needs 5 s" in out
+    assert state["stages"]["next"]["calls"] == 0 and not (work / "next").exists()
+    rc, state, out = run(stages, tree, cfg=cfg)
+    assert rc == EXIT_DONE and "next: start (call 1, 20 s left)" in out and (work / "next").exists()
 
 
 def test_another_commits_state_is_refused(tree):

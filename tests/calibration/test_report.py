@@ -3,6 +3,7 @@ evaluation and kernel rows."""
 
 import json
 import math
+import re
 
 import pytest
 
@@ -36,8 +37,8 @@ def test_report_compares_every_baseline_at_every_context(rep):
     for key in ("verify", "tokens_per_s", "round", "speedup", "simulator"):
         assert e[key]["n"] > 0 and 0 <= e[key]["median_ape"] <= e[key]["max_ape"]
     assert set(rep["targets"]) == set(rpt.TARGETS)
-    for t in rep["targets"].values():
-        assert t["met"] == (t["value"] <= t["threshold"])
+    for k, t in rep["targets"].items():
+        assert t["threshold"] == rpt.TARGETS[k] and t["met"] == (t["value"] <= t["threshold"])
     assert rep["kernels"]["overall"]["heldout"]["n"] > 100
     assert set(rep["planner"]["kendall_tau"]) == set(rep["planner"]["regret"])
 
@@ -59,20 +60,27 @@ def test_simulator_replays_the_measured_acceptance(rep):
         assert r["simulated"]["tokens_per_s"] == pytest.approx(pred0, rel=0.01), r["baseline"]
 
 
-def test_report_cli_writes_the_report_and_checks_targets(tmp_path, capsys, monkeypatch):
+def test_report_cli_writes_the_report_and_checks_targets(rep, tmp_path, capsys, monkeypatch):
+    """The command writes the report of ``build`` (the module's, built once) and its PNGs;
+    ``--check`` exits 1 exactly when a target is missed."""
+    asked = []
+    monkeypatch.setattr(rpt, "build", lambda *args: asked.append(args) or rep)
     rc = main(["report", "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    assert rc == 0 and "speedup vs ar_dense" in out
+    assert rc == 0 and "speedup vs ar_dense" in out and asked == [("h100-sxm", None, None)]
     md = (tmp_path / "REPORT.md").read_text()
     assert "docs/validation/campaign.json" in md and "docs/validation/planner.json" in md
     assert "calibration/profiles/h100-sxm" in md and "ssv_planned" in md
     for png in ("verify.png", "tokens_per_s.png", "speedup.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-    missed = not all(t["met"] for t in rpt.build()["targets"].values())
+    missed = not all(t["met"] for t in rep["targets"].values())
     assert main(["report", "--no-files", "--check"]) == (1 if missed else 0)
-    monkeypatch.setattr(rpt, "TARGETS", {k: 10.0 for k in rpt.TARGETS})
-    assert main(["report", "--no-files", "--check"]) == 0
-    capsys.readouterr()
+    for met in (True, False):
+        judged = {**rep, "targets": {k: {**t, "met": met} for k, t in rep["targets"].items()}}
+        monkeypatch.setattr(rpt, "build", lambda *args, judged=judged: judged)
+        assert main(["report", "--no-files", "--check"]) == (0 if met else 1)
+        assert ("MISSED" in capsys.readouterr().out) != met
+    monkeypatch.undo()  # the errors below come from the real ``build``
     assert main(["report", "--out", str(tmp_path / "nope")]) == 2
     assert "nope' does not exist" in capsys.readouterr().err
     assert main(["report", "--no-files", "--campaign", str(tmp_path / "x.json")]) == 2
@@ -147,27 +155,40 @@ def test_report_gives_the_adaptive_gains_interval_and_the_strongest_alternative(
     assert "strongest fixed alternative" not in rpt.markdown({**rep, "planner": pl})
 
 
+def _verdicts(block: str) -> list[str]:
+    """The targets line's verdicts, in order: Kendall tau, regret, off-distribution gain."""
+    line = next(x for x in block.splitlines() if x.startswith("Targets:"))
+    return re.findall(r"\((met|not met)\)", line)
+
+
 def test_readme_planner_block_follows_the_evaluation(tmp_path):
     """The README's planner block: each regime's figures and each prompt set's gain as the
-    installed evaluation records them, and the verdict of its ``met``."""
+    installed evaluation records them, and the verdicts of its ``met``, whichever they are."""
     from calibration.readme import planner_block
 
     path = rpt.ROOT / "docs" / "validation" / "planner.json"
     doc = json.loads(path.read_text())
     block = planner_block()
+
+    def said(met):
+        targets = ("kendall_tau", "regret", "adaptive_gain_off_distribution")
+        return ["met" if met[k] else "not met" for k in targets]
+
     for r, v in doc["regimes"].items():
         assert (f"| {r} | {v['context_len']} | {v['n']} | {doc['kendall_tau'][r]:.2f} | "
                 f"{100 * doc['regret'][r]:.1f}% |") in block  # fmt: skip
     for k, g in doc["adaptive_gain"].items():
         assert any(x.startswith(f"| {k}") and f"| {100 * g:+.1f}% |" in x
                    for x in block.splitlines())  # fmt: skip
-    assert block.rstrip().endswith("on every off-distribution set (not met).")
-    doc["met"]["adaptive_gain_off_distribution"] = True
+    assert _verdicts(block) == said(doc["met"])
+    assert block.rstrip().endswith(f"on every off-distribution set ({said(doc['met'])[2]}).")
+    # The opposite verdicts, from an evaluation that records them.
+    doc["met"] = {k: not v for k, v in doc["met"].items()}
     for v in doc["adaptive"]["prompt_sets"].values():
         v.pop("oracle")  # no fixed alternatives, no hindsight
     other = tmp_path / "planner.json"
     other.write_text(json.dumps(doc))
     block = planner_block(other)
     assert block.startswith(f"Evaluation `{other}` (commit ")
-    assert block.rstrip().endswith("on every off-distribution set (met).")
+    assert _verdicts(block) == said(doc["met"])
     assert "| n/a | n/a |" in block

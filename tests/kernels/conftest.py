@@ -11,18 +11,10 @@ import os
 
 import pytest
 import torch
+from kernel_helpers import HAS_CUDA, assert_close
 
-HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# Per-dtype tolerances (atol, rtol) for outputs stored in the input dtype; the LSE is fp32 but
-# its scores come from low-precision q and k.
-TOLERANCES = {
-    torch.float32: {"o": (2e-5, 2e-5), "lse": (2e-5, 2e-5)},
-    torch.float16: {"o": (4e-3, 4e-3), "lse": (2e-3, 2e-3)},
-    torch.bfloat16: {"o": (3e-2, 3e-2), "lse": (2e-2, 2e-2)},
-}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,18 +29,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if HAS_CUDA else "cpu")
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, kind: str):
-    """``torch.testing.assert_close`` at the tolerance of ``dtype`` for ``kind`` (``o`` or
-    ``lse``); NaN never passes, and the message adds the mean absolute difference."""
-    atol, rtol = TOLERANCES[dtype][kind]
-    a, e = actual.float(), expected.float()
-    finite = torch.isfinite(a) & torch.isfinite(e)
-    mean_diff = (a - e)[finite].abs().mean().item() if bool(finite.any()) else 0.0
-    torch.testing.assert_close(
-        a, e, atol=atol, rtol=rtol, msg=lambda m: f"{kind}: {m}\nmean abs diff: {mean_diff:.3g}"
-    )
 
 
 @pytest.fixture

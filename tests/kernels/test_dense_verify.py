@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, assert_close
+from kernel_helpers import HAS_CUDA, assert_close
 
 from kernels.dense_verify import (
     DenseVerifyConfig,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, assert_close
+from kernel_helpers import HAS_CUDA, assert_close
 
 import kernels.nsa_verify as nv
 from kernels.nsa_verify import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, assert_close
+from kernel_helpers import HAS_CUDA, assert_close
 
 from kernels.repair import reference_repair, repair
 from kernels.timing import poisoned_allocations

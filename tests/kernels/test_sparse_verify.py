@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, assert_close
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import HAS_CUDA, assert_close
 
 from kernels.sparse_verify import (
     SparseVerifyConfig,

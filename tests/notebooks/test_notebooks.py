@@ -1,7 +1,6 @@
-"""The notebooks under notebooks/ run top to bottom on the CPU, each within a minute, and are
-committed without outputs (they are regenerated here, never stored)."""
+"""The notebooks under notebooks/ run top to bottom on the CPU and are committed without
+outputs (they are regenerated here, never stored)."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +8,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+# A hang guard for the kernel's start and each cell, not a speed check.
+HANG_S = 900
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 # What each notebook must print: evidence that its main steps ran, not just that nothing raised.
 EXPECT = {
@@ -23,17 +24,18 @@ def test_the_three_notebooks_are_there():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_clean_and_quickly(path, tmp_path):
+def test_notebook_runs_clean(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "commit without outputs"
-    t0 = time.perf_counter()
     client = nbclient.NotebookClient(
-        nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        nb,
+        timeout=HANG_S,
+        startup_timeout=HANG_S,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()  # raises CellExecutionError, naming the cell, on the first failure
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 60, f"{path.name} took {elapsed:.0f} s"
     text = []
     for c in code:
         for o in c.outputs:

@@ -58,10 +58,35 @@ def test_summary_and_no_files(tmp_path, capsys, monkeypatch):
         (["ssv", "--ssd-fallback", "sometimes"], "unknown fallback"),
     ],
 )
-def test_bad_input_one_line_exit_2_nothing_written(args, needle, tmp_path):
-    argv = [sys.executable, "-m", "ssvkit.cli", "simulate", *args, "--num-tokens", "16"]
+def test_bad_input_one_line_exit_2_nothing_written(args, needle, tmp_path, capsys, monkeypatch):
+    """In this process (``test_bad_input_from_the_console_script`` runs one case as the
+    console script does): an uncaught exception fails the test where a process would print
+    its traceback."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["simulate", *args, "--num-tokens", "16"]
     if "--out-dir" not in args:
         argv += ["--out-dir", str(tmp_path)]
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # a usage error, from argparse
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+    assert out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [(["nope"], "unknown scenario 'nope'"), (["ssv", "--acceptance", "1.5"], "acceptance must")],
+)
+def test_bad_input_from_the_console_script(args, needle, tmp_path):
+    """A usage error and a refused value in a process of their own: exit 2, one line on a
+    piped stderr, no traceback, nothing written."""
+    argv = [sys.executable, "-m", "ssvkit.cli", "simulate", *args, "--num-tokens", "16"]
+    argv += ["--out-dir", str(tmp_path)]
     p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()

@@ -154,7 +154,7 @@ def test_base_install_runs_sweep_and_plot_and_names_the_extra(tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a hang guard, not a speed check
     )
     assert r.returncode == 0, r.stderr
     *results, heavy = json.loads(r.stdout.splitlines()[-1])
