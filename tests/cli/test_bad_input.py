@@ -314,3 +314,11 @@ def test_predict_plot_format_follows_the_extension(workdir, capsys):
         assert main(["predict", "--context", "8K", "--plot", f"p.{fmt}"]) == 0
         assert (workdir / f"p.{fmt}").read_bytes().startswith(head)
     capsys.readouterr()
+
+
+def test_report_outside_a_clone_says_what_it_needs(workdir, capsys, monkeypatch):
+    import calibration.report
+
+    monkeypatch.setattr(calibration.report, "ROOT", workdir)  # a tree without the data
+    _check(["report", "--no-files"], "ship with a clone of the repository", workdir, capsys)
+    _check(["report"], "give --out DIR or --no-files", workdir, capsys)
