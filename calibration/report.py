@@ -22,6 +22,7 @@ acceptance profile's; the planner section is where predicted acceptance is judge
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -300,6 +301,16 @@ def planner_section(planner: dict) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _malformed(what: str):
+    """A document that lacks a field or holds one of the wrong type, as one ``ValueError``
+    naming the documents (their structure is checked by reading it)."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"{what} is malformed ({type(e).__name__}: {e})") from None
+
+
 def build(gpu: str = "h100-sxm", campaign: str | Path | None = None,
           planner: str | Path | None = None, sim: bool = True) -> dict:  # fmt: skip
     """The whole report as a dict (``targets`` says which hold)."""
@@ -315,7 +326,11 @@ def build(gpu: str = "h100-sxm", campaign: str | Path | None = None,
     cdoc, pdoc = load_json(cpath, "campaign"), load_json(ppath, "planner evaluation")
     if cdoc.get("version") != 1 or "rows" not in cdoc:
         raise ValueError(f"campaign {str(cpath)!r} is not a version-1 campaign document")
-    e2e = campaign_section(cdoc, pdoc, sim=sim)
+    what = f"campaign {str(cpath)!r} or planner evaluation {str(ppath)!r}"
+    with _malformed(what):
+        e2e = campaign_section(cdoc, pdoc, sim=sim)
+        planner_part = planner_section(pdoc)
+        provenance = cdoc["provenance"]
     values = {
         "verify_median_ape": e2e["verify"]["median_ape"],
         "tokens_per_s_median_ape": e2e["tokens_per_s"]["median_ape"],
@@ -324,10 +339,10 @@ def build(gpu: str = "h100-sxm", campaign: str | Path | None = None,
     return {
         "version": REPORT_VERSION,
         "sources": {"campaign": _rel(cpath), "planner": _rel(ppath)},
-        "campaign_provenance": cdoc["provenance"],
+        "campaign_provenance": provenance,
         "kernels": kernel_section(gpu),
         "e2e": e2e,
-        "planner": planner_section(pdoc),
+        "planner": planner_part,
         "targets": {
             k: {"value": v, "threshold": TARGETS[k], "met": bool(v <= TARGETS[k])}
             for k, v in values.items()

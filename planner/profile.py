@@ -317,25 +317,30 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Prof
             # e.g. an evaluation's own regime entries, read as if they were a profile's
             raise ValueError(f"{where}: regime {regime} has {extra[0]!r}, not one of "
                              f"{', '.join(PROFILE_TABLES)}")  # fmt: skip
+        tables = {}
+        for name in PROFILE_TABLES:
+            table = entry.get(name) or {}
+            if not isinstance(table, dict):
+                raise ValueError(
+                    f"{where}: {regime}.{name} must be an object of key -> number, got {table!r}"
+                )
+            tables[name] = table
         acc[regime] = {
-            k: _check_prob(f"{regime}.acceptance.{k}", v)
-            for k, v in (entry.get("acceptance") or {}).items()
+            k: _check_prob(f"{regime}.acceptance.{k}", v) for k, v in tables["acceptance"].items()
         }
         ovl[regime] = {
-            k: _check_prob(f"{regime}.overlap.{k}", v)
-            for k, v in (entry.get("overlap") or {}).items()
+            k: _check_prob(f"{regime}.overlap.{k}", v) for k, v in tables["overlap"].items()
         }
         att[regime] = {
-            k: _check_nonneg(f"{regime}.attention.{k}", v)
-            for k, v in (entry.get("attention") or {}).items()
+            k: _check_nonneg(f"{regime}.attention.{k}", v) for k, v in tables["attention"].items()
         }
-        bad = [k for k in (entry.get("overhead") or {}) if k not in OVERHEAD_TERMS]
+        bad = [k for k in tables["overhead"] if k not in OVERHEAD_TERMS]
         if bad:
             terms = ", ".join(OVERHEAD_TERMS)
             raise ValueError(f"{regime}.overhead.{bad[0]} is not one of {terms}")
         ovh[regime] = {
             k: (_check_finite if k == "speculative" else _check_nonneg)(f"{regime}.overhead.{k}", v)
-            for k, v in (entry.get("overhead") or {}).items()
+            for k, v in tables["overhead"].items()
         }
         # ``speculative`` is signed (``fit_overhead``), but no round's overhead goes below 0.
         if ovh[regime].get("round", 0.0) + ovh[regime].get("speculative", 0.0) < 0:

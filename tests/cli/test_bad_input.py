@@ -63,6 +63,8 @@ FILES = {
             "regimes": {},
         }
     ).encode(),
+    "prof_list.json": b'{"version": 2, "regimes": {"16K": {"acceptance": [1, 2]}}}',
+    "campaign_bare.json": b'{"version": 1, "rows": []}',
     "arrivals.csv": b"arrival_s,prompt_len,output_len\n0,1024,20000000\n",
 }
 
@@ -184,12 +186,14 @@ INPUT_FILES = [
     (["rank", "--acceptance-profile", "adir"], "acceptance profile 'adir' is a folder"),
     (["rank", "--acceptance-profile", "bin.json"], "acceptance profile 'bin.json' is not UTF-8"),
     (["rank", "--acceptance-profile", "nan.json"], "'nan.json' holds NaN"),
+    (["rank", "--acceptance-profile", "prof_list.json"], "16K.acceptance must be an object"),
     (["rank", "--evaluation", "eval_space_key.json"], "unknown space key 'bogus'"),
     (["rank", "--evaluation", "eval_space_list.json"], "the space must be an object of axes"),
     (["rank", "--evaluation", "adir"], "planner evaluation 'adir' is a folder"),
     (["report", "--planner", "list.json", "--no-files"], "must hold an object at its top level"),
     (["report", "--campaign", "list.json", "--no-files"], "must hold an object at its top level"),
     (["report", "--campaign", "adir", "--no-files"], "campaign 'adir' is a folder"),
+    (["report", "--campaign", "campaign_bare.json", "--no-files"], "is malformed (KeyError"),
     (["plot", "adir/x.csv"], "sweep file 'adir/x.csv' does not exist"),
     (["decode", "--ranking", "list.json", "--device", "cpu"], "ranking 'list.json' must hold"),
     (["decode", "--prompt-file", "adir", "--device", "cpu"], "--prompt-file 'adir' is a folder"),
@@ -322,3 +326,21 @@ def test_report_outside_a_clone_says_what_it_needs(workdir, capsys, monkeypatch)
     monkeypatch.setattr(calibration.report, "ROOT", workdir)  # a tree without the data
     _check(["report", "--no-files"], "ship with a clone of the repository", workdir, capsys)
     _check(["report"], "give --out DIR or --no-files", workdir, capsys)
+
+
+def test_a_trace_replays_only_against_a_tree_that_can_accept_its_counts(workdir, capsys):
+    wide = ["simulate", "sd_dense", "--tree", "best:32:8", "--num-tokens", "200", "--no-files"]
+    assert main([*wide, "--trace-out", "wide.jsonl"]) == 0
+    capsys.readouterr()
+    argv = [
+        "simulate",
+        "sd_dense",
+        "--tree",
+        "chain:2",
+        "--acceptance-model",
+        "trace",
+        "--trace",
+        "wide.jsonl",
+        "--no-files",
+    ]
+    _check(argv, "the trace drafts up to 32 tokens a round", workdir, capsys)
