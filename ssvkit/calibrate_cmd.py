@@ -26,10 +26,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--budget-s",
         type=finite,
-        default=540.0,
-        help="wall-clock budget of the sweeps in this run (resume with a rerun)",
+        help="wall-clock budget of the sweeps in this run, resumed by a rerun (default: 540)",
     )
-    p.add_argument("--sweeps", default="ops,kernels", help="ops (GEMM, element-wise), kernels")
+    p.add_argument("--sweeps", help="ops (GEMM, element-wise), kernels (default: both)")
 
 
 def fit(gpu: str, folder: Path | None = None) -> dict:
@@ -50,8 +49,14 @@ def fit(gpu: str, folder: Path | None = None) -> dict:
 
 def run(args) -> int:
     get_gpu(args.gpu, measured=False)  # validates the name
-    if args.budget_s <= 0:
-        raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
+    if args.fit_only and (args.budget_s is not None or args.sweeps is not None):
+        raise ValueError("--fit-only runs no sweep: drop --budget-s and --sweeps")
+    budget_s = 540.0 if args.budget_s is None else args.budget_s
+    if budget_s <= 0:
+        raise ValueError(f"--budget-s must be > 0, got {budget_s}")
+    sweeps = [s.strip() for s in (args.sweeps or "ops,kernels").split(",")]
+    if not sweeps or not set(sweeps) <= {"ops", "kernels"}:
+        raise ValueError(f"--sweeps {args.sweeps!r}: choose from ops, kernels")
     if not args.fit_only:
         import torch
 
@@ -61,11 +66,10 @@ def run(args) -> int:
         from kernels import benchmark
 
         out = ceilings.PROFILES / args.gpu
-        sweeps = {s.strip() for s in args.sweeps.split(",")}
         if "ops" in sweeps:
-            sweep.main(["--out", str(out), "--budget-s", str(args.budget_s / 2)])
+            sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
         if "kernels" in sweeps:
-            benchmark.main(["--out", str(out), "--budget-s", str(args.budget_s / 2)])
+            benchmark.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
     profile = fit(args.gpu)
     print(
         f"profile {profile['profile_id']}: {len(profile['classes'])} op classes from "

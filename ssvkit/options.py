@@ -59,6 +59,15 @@ def finite(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number") from None
 
 
+def check_drafter_model(drafter_kw: dict, strategies) -> None:
+    """``--drafter-model`` is read by the draft_model drafter only: refuse it when no strategy
+    drafts with one (it would be dropped silently)."""
+    if "model" in drafter_kw and not any(s.drafter.kind == "draft_model" for s in strategies):
+        raise ValueError(
+            f"--drafter-model {drafter_kw['model']!r} is read by --drafter-kind draft_model only"
+        )
+
+
 def figure(value, unit: str, provenance: str) -> dict:
     """A number as the JSON outputs carry it: value, unit and where it came from."""
     return {"value": value, "unit": unit, "provenance": provenance}

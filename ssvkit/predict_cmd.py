@@ -27,7 +27,7 @@ from perfmodel.strategy import (
     check_feasible,
     parse_tree,
 )
-from ssvkit.options import add_dataclass_options, figure, given
+from ssvkit.options import add_dataclass_options, check_drafter_model, figure, given
 from ssvkit.predict_plot import predict_plot
 
 HELP = "predict step times, tokens/s and speedups of ar/sd/sparse/ssv baselines"
@@ -99,6 +99,7 @@ def build_strategies(args) -> list[Strategy]:
         if n == "ssv":
             kw.update(ssv_kw)
         out.append(dataclasses.replace(s, **kw))
+    check_drafter_model(drafter_kw, out)
     return out
 
 

@@ -129,6 +129,8 @@ def run(args) -> int:
     spec = SpaceSpec(**kw)
     if "draft_model" in spec.drafters and not spec.draft_model:
         raise ValueError("the draft_model drafter needs --draft-model")
+    if spec.draft_model and "draft_model" not in spec.drafters:
+        raise ValueError(f"--draft-model {spec.draft_model!r} is read with --drafters draft_model")
     doc = rank(model, gpu, spec, profile, batch=batch)
     _emit(args, doc, model, gpu, profile)
     return 0

@@ -25,7 +25,7 @@ from sim.config import (
     SsdConfig,
     default_strategy,
 )
-from ssvkit.options import add_dataclass_options, given, parse_one
+from ssvkit.options import add_dataclass_options, check_drafter_model, given, parse_one
 
 HELP = "simulate the draft/verify loop, PRR, Saguaro SSD, SparseSpec or serving (simpy)"
 RUN_FIELDS = (
@@ -132,7 +132,9 @@ def build_strategy(args) -> Strategy | None:
         base = default_strategy(args.scenario)
     if drafter:
         overrides["drafter"] = dataclasses.replace(base.drafter, **drafter)
-    return dataclasses.replace(base, **overrides)
+    strategy = dataclasses.replace(base, **overrides)
+    check_drafter_model(drafter, [strategy])
+    return strategy
 
 
 def build_config(args) -> SimConfig:

@@ -351,6 +351,8 @@ def run(args) -> int:
 
     spec = build_spec(args)
     _check_extras(args)
+    if args.scheduler_timeout_s <= 0:
+        raise ValueError(f"--scheduler-timeout-s must be > 0, got {args.scheduler_timeout_s}")
     counts = {"--top": args.top, "--partition-points": args.partition_points}
     for flag, value in counts.items():
         if value is not None and value < 1:

@@ -226,6 +226,12 @@ IGNORED = [
     (["simulate", "ssv", "--acceptance-table", "0.5"], "acceptance_table is read by"),
     (["simulate", "serve", "--serve-arrivals-file", "arrivals.csv"], "read with arrival=trace"),
     (["report", "--no-files", "--out", "adir"], "--no-files writes nothing, but --out"),
+    (["predict", "--drafter-model", "qwen3-8b"], "is read by --drafter-kind draft_model only"),
+    (["simulate", "ssv", "--drafter-model", "x"], "is read by --drafter-kind draft_model only"),
+    (["rank", "--draft-model", "qwen3-8b"], "is read with --drafters draft_model"),
+    (["calibrate", "--fit-only", "--sweeps", "ops"], "--fit-only runs no sweep"),
+    (["calibrate", "--sweeps", "bogus"], "--sweeps 'bogus': choose from ops, kernels"),
+    (["sweep", "--scheduler-timeout-s", "-5"], "--scheduler-timeout-s must be > 0"),
 ]
 
 
