@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from engine_helpers import TINY, random_prompts, tiny_model
+from engine_helpers import random_prompts, tiny_model
 
 from engine.loop import Engine
 from engine.runner import ModelRunner
@@ -168,7 +168,3 @@ def test_cli_decodes_a_batch_with_an_ngram_chain(capsys):
     ]
     assert main(args) == 0
     assert '"tokens_per_s"' in capsys.readouterr().out
-
-
-def test_tiny_config_is_the_helpers():
-    assert TARGET.config == TINY
