@@ -15,7 +15,8 @@ the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, me
   rotating over the layers' weights and KV so each launch is cold), times its count per forward;
   ``graph_s / ops_sum_s`` is what the loop adds (target: <= 1.15);
 - ``floor_s``: (weights read + KV read) / the copy bandwidth measured in the same run
-  (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``;
+  (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``; a sparse step's KV read is
+  the least its attention must read (``floor_bytes``);
 - ``predicted_verify_s``: perfmodel's verify step for the same point (calibrated profile).
 
 The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
@@ -147,16 +148,24 @@ def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, token
     return ops
 
 
-def floor_bytes(model, cache, t: int) -> tuple[int, int]:
+def floor_bytes(model, cache, t: int, attn: AttentionConfig | None = None) -> tuple[int, int]:
     """(weights read, KV read) in bytes by one forward: every weight except the embedding
-    table (t rows of it), and every layer's K and V over ``T + t`` positions."""
+    table (t rows of it), and every layer's KV. Dense reads K and V over ``T + t`` positions;
+    NSA at least the compressed tokens, ``top_n`` selected blocks (rows that all agree), the
+    window and the tail; sparse at least ``top_n`` blocks, the window and the tail."""
     cfg = model.config
     elem = next(model.parameters()).element_size()
     emb = cfg.vocab_size * cfg.hidden_size
     weights = (cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)) * elem
     weights += t * cfg.hidden_size * elem
     lens = int(cache.lens.max())
-    kv = 2 * cfg.num_layers * cfg.num_kv_heads * (lens + t) * cfg.head_dim * elem
+    tokens = lens + t
+    if attn is not None and attn.kind != "dense":
+        sparse = min(attn.top_n * attn.block_size + attn.window, lens) + t
+        if attn.kind == "nsa":
+            sparse += max(0, (lens - attn.comp_block) // attn.comp_stride + 1)
+        tokens = min(tokens, sparse)
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * tokens * cfg.head_dim * elem
     return weights, kv
 
 
@@ -299,7 +308,7 @@ def main(argv=None) -> dict:
             eager_s = bench(step, "launch", config=STEP_TIMING).median_s
             ops = _time_ops(runner, attn, tree, tokens)
         ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
-        w_bytes, kv_bytes = floor_bytes(model, runner.cache, t)
+        w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
         floor_s = (w_bytes + kv_bytes) / copy_bps
         pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
         rows.append({

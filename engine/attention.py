@@ -10,9 +10,10 @@ refresh/reuse schedule over layers.
   ``union`` (exact: the group streams the deduplicated union) or ``shared`` (approx: the group's
   first row's blocks), with a ``build_group_plan`` shared by the layers of one refresh.
 - ``nsa``: ``kernels.nsa_verify``'s compressed/selected/window branches; the refresh path returns
-  the block indices it selected, reuse layers pass them back (``fusion=none`` runs the unfused
-  baseline ``nsa_verify_unfused`` instead). The model is not NSA-trained, so the learned gates
-  are constants (``gates``), as mean pooling stands in for NSA's learned compression.
+  the block indices it selected, reuse layers pass them back with the union plan built once per
+  refresh (``fusion=none`` runs the unfused baseline ``nsa_verify_unfused`` instead). The model
+  is not NSA-trained, so the learned gates are constants (``gates``), as mean pooling stands in
+  for NSA's learned compression.
 
 Sparse selection is *position-relative* so that speculative decoding stays lossless against
 autoregressive decoding with the same sparse attention: a row at absolute position ``p`` sees
@@ -37,7 +38,12 @@ import torch
 from engine.cache import KVCache
 from engine.tree import TreeTensors
 from kernels.dense_verify import dense_verify
-from kernels.nsa_verify import nsa_verify, nsa_verify_unfused, reference_nsa_verify
+from kernels.nsa_verify import (
+    nsa_union_plan,
+    nsa_verify,
+    nsa_verify_unfused,
+    reference_nsa_verify,
+)
 from kernels.select_blocks import block_scores
 from kernels.sparse_verify import build_group_plan, reference_sparse_verify, sparse_verify
 from perfmodel.strategy import Strategy
@@ -267,8 +273,17 @@ class TreeAttention:
         )
         gates = self.gates(q)
         if self.triton:
-            fn = nsa_verify if cfg.fused else nsa_verify_unfused
-            o, self.block_idx = fn(q, k, v, lens, mask, ck, cv, gates, validate=False, **kw)
+            if not cfg.fused:
+                o, self.block_idx = nsa_verify_unfused(
+                    q, k, v, lens, mask, ck, cv, gates, validate=False, **kw
+                )
+                return o
+            union = None if refresh else self.plan
+            o, self.block_idx = nsa_verify(
+                q, k, v, lens, mask, ck, cv, gates, validate=False, union=union, **kw
+            )
+            if refresh:  # the reuse layers of this refresh share one union plan
+                self.plan = nsa_union_plan(q, k, self.block_idx, block_size=cfg.block_size)
             return o
         o, self.block_idx = reference_nsa_verify(q, k, v, lens, mask, ck, cv, gates, **kw)
         return o.to(q.dtype)

@@ -15,39 +15,32 @@ each branch with its own softmax. With ``L = prefix_lens[b]``:
   64 tokens, so the window is anchored at the prefix end) plus the draft tail under the ancestor
   bitmask ``tree_mask``.
 
-**Reuse path** (``block_idx`` given, a reuse layer): one launch of ``nsa_fwd_kernel``, one
-program per (sequence x KV head, row tile). The ``G`` query heads x the tile's draft rows are
-packed into the MMA rows (row ``m`` = draft row ``m // G_PAD``, head ``m % G_PAD``, padded to
->= 16 rows), so every key tile is read once per KV head for all of them. The program runs the
-three branches one after the other, each with its own online-softmax state (finite sentinel,
-guarded exponentials), and folds each into the gated output in registers as soon as it
-finishes: no branch output touches HBM. Only one branch state and the gated output are live at
-a time; three live ``BLOCK_M x D`` fp32 states would not fit next to the tiles (the 64 x 128
-single pass already takes ~250 registers per thread at 8 warps on sm_90). The selected branch
-walks the union of the tile's per-row block lists in ascending block order (SSV's exact merged
-schedule): a block listed by several rows is loaded once and each row masks to its own list;
-the next block is found from registers, so its tile is prefetched while the current one is
-computed on.
+**Reuse path** (``block_idx`` given, a reuse layer): one ``nsa_fwd_kernel`` launch and one
+``nsa_merge_kernel`` launch. A (sequence x KV head, row tile) packs the ``G`` query heads x the
+tile's draft rows into the MMA rows (row ``m`` = draft row ``m // G_PAD``, head ``m % G_PAD``,
+padded to >= 16 rows), so every key tile is read once per KV head for all of them. Its work is
+cut into key tiles (compressed tiles, the selected blocks of the tile's union list, window
+tiles) and spread over slots, each slot a program that runs an equal slice of one branch in
+one software-pipelined loop and writes its ``(m, l, acc)`` partial; the slot count is sized so
+the grid fills the SMs (``_slots``). The merge combines each branch's slots on its own and
+gates them: the branches stay separate until gating, as the math requires, and no branch
+output touches HBM. The selected branch streams the deduplicated union of the tile's per-row
+block lists (SSV's exact merged schedule; ``kernels.sparse_verify.build_group_plan``), each
+block once with the bits of the rows that chose it; the plan can be built once per refresh and
+passed to the reuse layers (``union_plan``).
 
-When (sequences x KV heads x row tiles) would leave SMs idle, the wrapper splits: each extra
-program takes a slice of *one* branch (compressed tiles, a block-id range of the union, window
-tiles; slices apportioned by each branch's work), writes its partial ``(m, l, acc)``, and
-``nsa_merge_kernel`` merges the partials of each branch separately and gates them: the branches
-stay separate until gating, as the math requires. That is two launches instead of one, and
-``BLOCK_M x D`` fp32 per program written and read back.
+**Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
+kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and maps each
+compressed token's probability, summed over the ``G`` heads, onto every selection block its
+window overlaps (NSA's rule), (3) ``topk_blocks_kernel`` picks each row's ``top_n`` blocks with
+the first ``num_sink`` and last ``num_local`` forced, (4) the union plan, (5) the selected and
+window branches, (6) the merge with gating, which reuses the compressed partials from (1). The
+indices ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following
+reuse layers. Nothing is read on the host.
 
-**Refresh path** (``block_idx=None``): (1) the compressed branch alone in split mode (its partial
-states are kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and
-maps each compressed token's probability, summed over the ``G`` heads, onto every selection block
-its window overlaps (NSA's rule), (3) the top ``top_n`` blocks with the first ``num_sink`` and
-last ``num_local`` forced (``torch.topk``: acceptable here, a refresh layer is the minority),
-(4) the selected and window branches in split mode, (5) the merge with gating, which reuses the
-compressed partials from (1). The indices ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1``
-padded) are returned for the following reuse layers. Nothing is read on the host.
-
-:func:`nsa_verify_unfused` is the baseline of issue 3: the three branches launched separately
-(the same kernel with one branch enabled, each with the whole split budget and its own merge)
-and gated in torch.
+:func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
+kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge) and
+gated in torch.
 
 Example::
 
@@ -72,14 +65,22 @@ from kernels.nsa_compress import (
     reference_compress_kv,
     update_compressed_kv,
 )
-from kernels.nsa_kernels import block_score_kernel, nsa_fwd_kernel, nsa_merge_kernel
+from kernels.nsa_kernels import (
+    block_score_kernel,
+    nsa_fwd_kernel,
+    nsa_merge_kernel,
+    topk_blocks_kernel,
+    union_plan_kernel,
+)
 from kernels.nsa_reference import reference_nsa_verify
+from kernels.sparse_verify import GroupPlan
 from kernels.tree import MAX_TREE_NODES
 
 __all__ = [
     "NsaVerifyConfig",
     "compress_kv",
     "nsa_verify",
+    "nsa_union_plan",
     "nsa_verify_unfused",
     "reference_compress_kv",
     "reference_nsa_verify",
@@ -91,6 +92,8 @@ GPU_DTYPES = (torch.bfloat16, torch.float16)
 # The interpreter's bf16 tl.dot returns garbage, so CPU runs take fp16/fp32 only.
 CPU_DTYPES = (torch.float16, torch.float32)
 ALL_BRANCHES = (True, True, True)
+# Blocks of one row the top-n kernel holds in registers at once.
+TOPK_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +102,25 @@ class NsaVerifyConfig:
 
     block_m: int = field(default=64, metadata={"help": "most packed MMA rows per program"})
     block_n: int = field(
-        default=64, metadata={"help": "keys per tile (compressed, window; selected sub-tile)"}
+        default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
     )
     block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
-    num_warps: int = field(default=0, metadata={"help": "warps per program; 0 = by tile size"})
-    num_stages: int = field(default=2, metadata={"help": "software-pipeline depth of loads"})
+    num_warps: int = field(default=4, metadata={"help": "warps per forward program"})
+    num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of loads"})
     num_splits: int = field(
         default=0,
-        metadata={"help": "programs per (seq, KV head, row tile), shared by the branches (at "
-                  "least 3 when > 1); 0 = enough to fill the SMs, 1 = single fused pass"},
-    )  # fmt: skip
+        metadata={
+            "help": "slots per (seq, KV head, row tile), shared by the branches (at least "
+            "one each); 0 = enough to fill the SMs"
+        },
+    )
     ctas_per_sm: int = field(default=1, metadata={"help": "resident programs per SM assumed"})
-    max_splits: int = field(default=64, metadata={"help": "upper bound on programs per tile"})
+    min_tiles_per_slot: int = field(
+        default=8, metadata={"help": "fewest key tiles a slot is given when sizing slots"}
+    )
+    max_splits: int = field(default=64, metadata={"help": "upper bound on slots per tile"})
     expected_overlap: float = field(
-        default=0.7, metadata={"help": "row-to-row block overlap assumed to apportion splits"}
+        default=0.7, metadata={"help": "row-to-row block overlap assumed to size the slots"}
     )
 
     def __post_init__(self) -> None:
@@ -120,9 +128,9 @@ class NsaVerifyConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        if self.num_warps not in (0, 1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be 0 or a power of two <= 16, got {self.num_warps}")
-        for name in ("num_stages", "ctas_per_sm", "max_splits"):
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
+        for name in ("num_stages", "ctas_per_sm", "max_splits", "min_tiles_per_slot"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_splits < 0:
@@ -132,6 +140,10 @@ class NsaVerifyConfig:
 
 
 DEFAULT_CONFIG = NsaVerifyConfig()
+# Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
+MAX_TILE_ROWS = 16
+# Rows one merge program combines.
+MERGE_M = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +167,7 @@ class _Plan:
     num_local: int
     qk_scale: float
     block_m: int
+    rows: int
     num_tiles: int
     block_n: int
     block_j: int
@@ -163,7 +176,7 @@ class _Plan:
     dot_precision: str
 
     def rows_meta(self) -> dict:
-        """Constexprs of the row packing, shared by the three kernels."""
+        """Constexprs of the row packing, shared by the kernels."""
         return dict(
             NUM_KV_HEADS=self.num_kv_heads,
             GROUP=self.group,
@@ -172,14 +185,35 @@ class _Plan:
             BLOCK_M=self.block_m,
         )
 
+    @property
+    def programs(self) -> int:
+        """(sequence x KV head, row tile) pairs."""
+        return self.batch * self.num_kv_heads * self.num_tiles
+
+    def branch_tiles(self, expected_overlap: float) -> tuple[float, float, float]:
+        """Key tiles of one (sequence x KV head, row tile) per branch at the longest prefix
+        the cache holds: compressed, selected (the union of the tile's rows at
+        ``expected_overlap``), window plus draft tail."""
+        rows = min(self.num_t, self.rows)
+        union = self.top_n * (1 + (rows - 1) * (1.0 - expected_overlap))
+        subs = self.block_size // self.block_n
+        return (
+            math.ceil(self.nc_max / self.block_n),
+            min(union, self.nb_max) * subs,
+            math.ceil(
+                (min(self.window, self.nb_max * self.block_size) + self.num_t) / self.block_n
+            ),
+        )
+
 
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _check_tensors(q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates,
-                   block_idx, top_n) -> None:  # fmt: skip
+def _check_tensors(
+    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates, block_idx, top_n
+) -> None:
     if q.dim() != 4:
         raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
     b, t, h, d = q.shape
@@ -205,28 +239,52 @@ def _check_tensors(q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, 
         if x.dtype != q.dtype or x.device != q.device or x.stride(-1) != 1:
             raise ValueError(f"{name} must be {q.dtype} on {q.device} with a unit last stride")
     if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
-        raise ValueError(f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)} "
-                         f"{prefix_lens.dtype}")  # fmt: skip
+        raise ValueError(
+            f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)} {prefix_lens.dtype}"
+        )
     if tree_mask.shape != (b, t) or tree_mask.dtype != torch.int64:
-        raise ValueError(f"tree_mask must be [B={b}, t={t}] int64, got "
-                         f"{tuple(tree_mask.shape)} {tree_mask.dtype}")  # fmt: skip
+        raise ValueError(
+            f"tree_mask must be [B={b}, t={t}] int64, got "
+            f"{tuple(tree_mask.shape)} {tree_mask.dtype}"
+        )
     if gates.shape != (b, t, h, 3) or not gates.is_floating_point():
-        raise ValueError(f"gates must be float [B, t, H, 3]=({b}, {t}, {h}, 3), got "
-                         f"{tuple(gates.shape)} {gates.dtype}")  # fmt: skip
+        raise ValueError(
+            f"gates must be float [B, t, H, 3]=({b}, {t}, {h}, 3), got "
+            f"{tuple(gates.shape)} {gates.dtype}"
+        )
     if block_idx is not None and (
         block_idx.shape != (b, hkv, t, top_n) or block_idx.dtype != torch.int32
     ):
-        raise ValueError(f"block_idx must be [B, Hkv, t, top_n]=({b}, {hkv}, {t}, {top_n}) "
-                         f"int32, got {tuple(block_idx.shape)} {block_idx.dtype}")  # fmt: skip
-    named = (("prefix_lens", prefix_lens), ("tree_mask", tree_mask), ("gates", gates),
-             ("block_idx", block_idx))  # fmt: skip
+        raise ValueError(
+            f"block_idx must be [B, Hkv, t, top_n]=({b}, {hkv}, {t}, {top_n}) "
+            f"int32, got {tuple(block_idx.shape)} {block_idx.dtype}"
+        )
+    named = (
+        ("prefix_lens", prefix_lens),
+        ("tree_mask", tree_mask),
+        ("gates", gates),
+        ("block_idx", block_idx),
+    )
     for name, x in named:
         if x is not None and (x.device != q.device or not x.is_contiguous()):
             raise ValueError(f"{name} must be contiguous and on {q.device}")
 
 
-def _make_plan(q, k_cache, comp_k, *, top_n, block_size, window, comp_block, comp_stride,
-               num_sink, num_local, sm_scale, config: NsaVerifyConfig) -> _Plan:  # fmt: skip
+def _make_plan(
+    q,
+    k_cache,
+    comp_k,
+    *,
+    top_n,
+    block_size,
+    window,
+    comp_block,
+    comp_stride,
+    num_sink,
+    num_local,
+    sm_scale,
+    config: NsaVerifyConfig,
+) -> _Plan:
     if top_n < 1:
         raise ValueError(f"top_n must be >= 1, got {top_n}")
     if block_size < 16 or block_size & (block_size - 1):
@@ -238,8 +296,10 @@ def _make_plan(q, k_cache, comp_k, *, top_n, block_size, window, comp_block, com
     if not 1 <= comp_stride <= comp_block:
         raise ValueError(f"comp_stride must be in [1, comp_block={comp_block}], got {comp_stride}")
     if num_sink < 0 or num_local < 0 or num_sink + num_local > top_n:
-        raise ValueError(f"num_sink ({num_sink}) and num_local ({num_local}) must be >= 0 and "
-                         f"sum to at most top_n ({top_n})")  # fmt: skip
+        raise ValueError(
+            f"num_sink ({num_sink}) and num_local ({num_local}) must be >= 0 and "
+            f"sum to at most top_n ({top_n})"
+        )
     if sm_scale is not None and not sm_scale > 0:
         raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
     b, t, h, d = q.shape
@@ -247,21 +307,34 @@ def _make_plan(q, k_cache, comp_k, *, top_n, block_size, window, comp_block, com
     group_pad = triton.next_power_of_2(h // hkv)
     if group_pad > config.block_m:
         raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({h // hkv})")
-    block_m = max(16, min(config.block_m, triton.next_power_of_2(t * group_pad)))
+    rows = max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
+    block_m = max(16, rows * group_pad)
     return _Plan(
-        batch=b, num_t=t, num_kv_heads=hkv, group=h // hkv, group_pad=group_pad, head_dim=d,
-        nc_max=comp_k.shape[2], nb_max=triton.cdiv(t_max, block_size), top_n=top_n,
-        block_size=block_size, window=window, comp_block=comp_block, comp_stride=comp_stride,
-        num_sink=num_sink, num_local=num_local,
+        batch=b,
+        num_t=t,
+        num_kv_heads=hkv,
+        group=h // hkv,
+        group_pad=group_pad,
+        head_dim=d,
+        nc_max=comp_k.shape[2],
+        nb_max=triton.cdiv(t_max, block_size),
+        top_n=top_n,
+        block_size=block_size,
+        window=window,
+        comp_block=comp_block,
+        comp_stride=comp_stride,
+        num_sink=num_sink,
+        num_local=num_local,
         qk_scale=(sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E,
-        block_m=block_m, num_tiles=triton.cdiv(t, block_m // group_pad), block_n=config.block_n,
+        block_m=block_m,
+        rows=rows,
+        num_tiles=triton.cdiv(t, rows),
+        block_n=min(config.block_n, block_size),
         block_j=config.block_j,
-        # sm_90 compiles: with 4 warps, 64 x 128 spills (two BLOCK_M x D fp32 accumulators) and
-        # so does 16 x 128 (the selected branch's prefetched K/V tile); 64 x 64 fits.
-        num_warps=config.num_warps or (4 if block_m * d <= 64 * 64 and d <= 64 else 8),
+        num_warps=config.num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
-    )  # fmt: skip
+    )
 
 
 def _check_values(plan: _Plan, k_cache, prefix_lens, tree_mask, block_idx) -> None:
@@ -291,116 +364,210 @@ def _check_values(plan: _Plan, k_cache, prefix_lens, tree_mask, block_idx) -> No
             raise ValueError("block_idx has a duplicate block in a row")
 
 
-def _num_splits(plan: _Plan, device: torch.device, config: NsaVerifyConfig) -> int:
-    """Programs per (sequence, KV head, row tile): enough to fill the SMs, 1 when the grid
-    already (nearly) does, since a split pays for a second launch and for writing and reading
-    back ``BLOCK_M x D`` fp32 partials."""
+def _slots(
+    plan: _Plan,
+    device: torch.device,
+    config: NsaVerifyConfig,
+    branches: tuple[bool, bool, bool] = ALL_BRANCHES,
+) -> tuple[int, int, int]:
+    """Slots (programs) per (sequence x KV head, row tile) for each enabled branch.
+
+    Sized by work: every slot gets about the same number of key tiles, enough of them that the
+    grid fills ``ctas_per_sm`` programs on every SM, and at least ``min_tiles_per_slot`` (a slot
+    pays for its query load, its partial and a merge step). ``config.num_splits`` instead
+    apportions that many slots by work. The interpreter takes one slot per branch. Disabled
+    branches get 0, enabled ones at least 1."""
+    work = [
+        w if on else 0.0
+        for w, on in zip(plan.branch_tiles(config.expected_overlap), branches, strict=True)
+    ]
     if config.num_splits:
-        return config.num_splits
+        total = max(config.num_splits, sum(branches))
+        return tuple(max(1, round(total * w / sum(work))) if w else 0 for w in work)
     if device.type != "cuda":
-        return 1  # the interpreter gains nothing from more programs
-    programs = plan.batch * plan.num_kv_heads * plan.num_tiles
+        return tuple(int(on) for on in branches)
     index = device.index if device.index is not None else torch.cuda.current_device()
     capacity = _num_sms(index) * config.ctas_per_sm
-    # Floor: a grid that already fills most of a wave (B = 16, Hkv = 8 on 132 SMs) stays a
-    # single fused pass rather than paying the merge for the last few SMs.
-    return max(1, min(config.max_splits, capacity // programs))
-
-
-def _apportion(plan: _Plan, total: int, config: NsaVerifyConfig) -> tuple[int, int, int]:
-    """Split ``total`` programs over (compressed, selected, window) by each branch's work in
-    key tokens, at least one each. The selected branch's union is estimated with
-    ``config.expected_overlap``; the kernel walks the true union, this only balances slices."""
-    rows = min(plan.num_t, plan.block_m // plan.group_pad)
-    union_blocks = plan.top_n * (1 + (rows - 1) * (1.0 - config.expected_overlap))
-    works = (
-        plan.nc_max,
-        min(union_blocks, plan.nb_max) * plan.block_size,
-        min(plan.window, plan.nb_max * plan.block_size) + plan.num_t,
-    )
-    c, s, w = (max(1, round(max(total, 3) * x / sum(works))) for x in works)
-    return c, s, w
-
-
-def _only(splits: tuple[int, int, int], branches: tuple[bool, bool, bool]) -> tuple[int, ...]:
-    return tuple(n if on else 0 for n, on in zip(splits, branches, strict=True))
+    per_slot = max(config.min_tiles_per_slot, plan.programs * sum(work) / capacity)
+    slots = [math.ceil(w / per_slot) if w else 0 for w in work]
+    over = sum(slots) / config.max_splits
+    if over > 1:
+        slots = [max(1, math.floor(n / over)) if n else 0 for n in slots]
+    return tuple(max(1, n) if on else 0 for n, on in zip(slots, branches, strict=True))
 
 
 def _alloc_partials(plan: _Plan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    lead = (plan.batch * plan.num_kv_heads, plan.num_tiles, num_slots)
+    lead = (plan.programs, num_slots)
     return (
         torch.empty((*lead, plan.block_m, plan.head_dim), dtype=torch.float32, device=device),
         torch.empty((*lead, 2, plan.block_m), dtype=torch.float32, device=device),  # m, l
     )
 
 
-def _launch_fwd(plan: _Plan, args, block_idx, o, part, *, branches, splits, slot_base=0,
-                apply_gates=True) -> None:  # fmt: skip
-    """One ``nsa_fwd_kernel`` launch: a single pass into ``o`` (``part`` None) or a split."""
-    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates = args
-    c_s, s_s, w_s = _only(splits, branches)
-    split = part is not None
-    part_acc, part_ml = part if split else (q, q)  # unused pointers in a single pass
-    o = o if o is not None else q  # unused pointer when split
-    idx = block_idx if block_idx is not None else prefix_lens  # unused without the selection
-    grid = (plan.batch * plan.num_kv_heads, plan.num_tiles, c_s + s_s + w_s if split else 1)
-    nsa_fwd_kernel[grid](
-        q, k_cache, v_cache, comp_k, comp_v, gates, idx, tree_mask, prefix_lens, o, part_acc,
-        part_ml, *q.stride()[:3], *o.stride()[:3], *k_cache.stride()[:3], *comp_k.stride()[:3],
-        plan.num_t, plan.nc_max, plan.window, plan.comp_block, plan.comp_stride, plan.qk_scale,
-        c_s, s_s, w_s, slot_base, part_ml.shape[2] if split else 1,
-        BLOCK_N=plan.block_n, BLOCK_N_SEL=min(plan.block_size, plan.block_n), TOP_N=plan.top_n,
-        TOP_N_PAD=triton.next_power_of_2(plan.top_n), BLOCK_SIZE=plan.block_size,
-        HAS_COMP=branches[0], HAS_SEL=branches[1], HAS_WIN=branches[2], SPLIT=split,
-        APPLY_GATES=apply_gates, DOT_PRECISION=plan.dot_precision, **plan.rows_meta(),
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
-    )  # fmt: skip
+def union_plan(block_idx: torch.Tensor, rows: int, nb_max: int) -> GroupPlan:
+    """The selected branch's schedule: per (sequence, KV head, row tile of ``rows`` rows) the
+    ascending union of the rows' blocks (of ``nb_max`` possible) and each block's member bits
+    (``union_plan_kernel``); a tile of one row streams its own ``block_idx`` row."""
+    b, hkv, t, top_n = block_idx.shape
+    c = min(rows, t)
+    tiles = triton.cdiv(t, c)
+    if c == 1:
+        return GroupPlan("union", 1, tiles, block_idx, None, None, None)
+    dev = block_idx.device
+    list_len = min(c * top_n, nb_max)
+    lists = torch.empty((b, hkv, tiles, list_len), dtype=torch.int32, device=dev)
+    bits = torch.empty_like(lists)
+    counts = torch.empty((b, hkv, tiles), dtype=torch.int32, device=dev)
+    bitmap = torch.empty((b * hkv * tiles, nb_max), dtype=torch.int32, device=dev)
+    union_plan_kernel[(b * hkv * tiles,)](
+        block_idx,
+        bitmap,
+        lists,
+        bits,
+        counts,
+        t,
+        nb_max,
+        top_n,
+        list_len,
+        ROWS=triton.next_power_of_2(c),
+        TOP_N_PAD=triton.next_power_of_2(top_n),
+        CHUNK=min(triton.next_power_of_2(nb_max), 1024),
+        num_warps=4,
+    )
+    return GroupPlan("union", c, tiles, lists, bits, counts, None)
 
 
-def _launch_merge(plan: _Plan, part, gates, o, splits, *, apply_gates=True) -> None:
+def _launch_fwd(plan: _Plan, args, union: GroupPlan | None, part, *, slots, slot_base=0) -> None:
+    """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``."""
+    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, _ = args
+    c_s, s_s, w_s = slots
     part_acc, part_ml = part
-    nsa_merge_kernel[(plan.batch * plan.num_kv_heads, plan.num_tiles)](
-        part_acc, part_ml, gates, o, *o.stride()[:3], plan.num_t, *splits, part_ml.shape[2],
-        APPLY_GATES=apply_gates, **plan.rows_meta(), num_warps=plan.num_warps,
-    )  # fmt: skip
+    if union is not None:
+        lists = union.block_lists
+        bits = union.member_mask if union.member_mask is not None else lists
+        counts = union.counts if union.counts is not None else prefix_lens
+        all_members = union.member_mask is None
+        list_len = lists.shape[-1]
+    else:  # no selected slots: the plan pointers are never read
+        lists = bits = counts = prefix_lens
+        all_members, list_len = True, 1
+    nsa_fwd_kernel[(plan.programs, c_s + s_s + w_s)](
+        q,
+        k_cache,
+        v_cache,
+        comp_k,
+        comp_v,
+        lists,
+        bits,
+        counts,
+        tree_mask,
+        prefix_lens,
+        part_acc,
+        part_ml,
+        *q.stride()[:3],
+        *k_cache.stride()[:3],
+        *comp_k.stride()[:3],
+        plan.num_t,
+        plan.num_tiles,
+        plan.nc_max,
+        plan.window,
+        plan.comp_block,
+        plan.comp_stride,
+        plan.qk_scale,
+        list_len,
+        c_s,
+        s_s,
+        slot_base,
+        part_ml.shape[1],
+        BLOCK_N=plan.block_n,
+        BLOCK_SIZE=plan.block_size,
+        ALL_MEMBERS=all_members,
+        T_PAD=max(16, triton.next_power_of_2(plan.num_t)),
+        NUM_STAGES=plan.num_stages,
+        DOT_PRECISION=plan.dot_precision,
+        **plan.rows_meta(),
+        num_warps=plan.num_warps,
+    )
+
+
+def _launch_merge(plan: _Plan, part, gates, o, slots, *, apply_gates=True) -> None:
+    part_acc, part_ml = part
+    merge_m = min(MERGE_M, plan.block_m)
+    nsa_merge_kernel[(plan.programs, plan.block_m // merge_m)](
+        part_acc,
+        part_ml,
+        gates,
+        o,
+        *o.stride()[:3],
+        plan.num_t,
+        plan.num_tiles,
+        *slots,
+        part_ml.shape[1],
+        MERGE_M=merge_m,
+        S_PAD=max(2, triton.next_power_of_2(part_ml.shape[1])),
+        APPLY_GATES=apply_gates,
+        NUM_STAGES=3,
+        **plan.rows_meta(),
+        num_warps=4,
+    )
 
 
 def _select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: _Plan):
     """``[B, Hkv, t, NB_max]`` block importance -> ``[B, Hkv, t, top_n]`` int32 indices,
     ascending and ``-1`` padded, with the first ``num_sink`` and last ``num_local`` blocks of
-    each prefix forced. ``torch.topk`` does the selection: a handful of small launches on a
-    refresh layer, no host synchronisation."""
-    nb_max = scores.shape[-1]
-    j = torch.arange(nb_max, device=scores.device)
-    nb = torch.div(prefix_lens.long() + plan.block_size - 1, plan.block_size, rounding_mode="floor")
-    nb = nb.view(-1, 1, 1, 1)
-    valid = j < nb  # [B, 1, 1, NB]
-    forced = valid & ((j < plan.num_sink) | (j >= nb - plan.num_local))
-    s = scores.masked_fill(~valid, float("-inf")).masked_fill(forced, float("inf"))
-    k = min(plan.top_n, nb_max)
-    val, idx = torch.topk(s, k, dim=-1, sorted=False)
-    # Slots that could only take a block past the prefix become -1 and sort after real ones.
-    key = torch.sort(torch.where(val == float("-inf"), nb_max, idx), dim=-1).values
-    out = torch.where(key == nb_max, -1, key).to(torch.int32)
-    if k < plan.top_n:
-        out = torch.nn.functional.pad(out, (0, plan.top_n - k), value=-1)
-    return out.contiguous()
+    each prefix forced (``topk_blocks_kernel``; one launch, no host synchronisation)."""
+    out = torch.empty((*scores.shape[:3], plan.top_n), dtype=torch.int32, device=scores.device)
+    chunk = min(triton.next_power_of_2(plan.nb_max), TOPK_CHUNK)
+    topk_blocks_kernel[(plan.batch * plan.num_kv_heads * plan.num_t,)](
+        scores,
+        prefix_lens,
+        out,
+        plan.num_t,
+        plan.nb_max,
+        plan.num_sink,
+        plan.num_local,
+        NUM_KV_HEADS=plan.num_kv_heads,
+        BLOCK_SIZE=plan.block_size,
+        TOP_N=plan.top_n,
+        TOP_N_PAD=max(16, triton.next_power_of_2(plan.top_n)),
+        CHUNK=chunk,
+        NUM_CHUNKS=triton.cdiv(plan.nb_max, chunk),
+        num_warps=4 if chunk <= 2048 else 8,
+    )
+    return out
 
 
-def _refresh_indices(plan: _Plan, args, part, splits) -> torch.Tensor:
+def _refresh_indices(plan: _Plan, args, part, slots) -> torch.Tensor:
     """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
     q, _, _, prefix_lens, _, comp_k, _, _ = args
-    _launch_fwd(plan, args, None, None, part, branches=(True, False, False), splits=splits)
+    _launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0))
     shape = (plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max)
     scores = torch.empty(shape, dtype=torch.float32, device=q.device)
     grid = (plan.batch * plan.num_kv_heads, plan.num_tiles, triton.cdiv(plan.nb_max, plan.block_j))
     block_score_kernel[grid](
-        q, comp_k, part[1], prefix_lens, scores, *q.stride()[:3], *comp_k.stride()[:3],
-        plan.num_t, plan.nc_max, plan.nb_max, plan.comp_block, plan.comp_stride, plan.qk_scale,
-        splits[0], part[1].shape[2], BLOCK_C=plan.block_n, BLOCK_J=plan.block_j,
-        BLOCK_SIZE=plan.block_size, DOT_PRECISION=plan.dot_precision, **plan.rows_meta(),
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
-    )  # fmt: skip
+        q,
+        comp_k,
+        part[1],
+        prefix_lens,
+        scores,
+        *q.stride()[:3],
+        *comp_k.stride()[:3],
+        plan.num_t,
+        plan.nc_max,
+        plan.nb_max,
+        plan.comp_block,
+        plan.comp_stride,
+        plan.qk_scale,
+        slots[0],
+        part[1].shape[1],
+        BLOCK_C=plan.block_n,
+        BLOCK_J=plan.block_j,
+        BLOCK_SIZE=plan.block_size,
+        DOT_PRECISION=plan.dot_precision,
+        OVERLAP_SPLIT=plan.dot_precision != "ieee",
+        **plan.rows_meta(),
+        num_warps=8,
+    )
     return _select_top_blocks(scores, prefix_lens, plan)
 
 
@@ -411,6 +578,18 @@ def _prepare(args, block_idx, kw, validate, config) -> _Plan:
     if validate:
         _check_values(plan, k_cache, prefix_lens, tree_mask, block_idx)
     return plan
+
+
+def _union_for(plan: _Plan, block_idx: torch.Tensor, given: GroupPlan | None) -> GroupPlan:
+    if given is None:
+        return union_plan(block_idx, plan.rows, plan.nb_max)
+    want = min(plan.rows, plan.num_t)
+    if given.mode != "union" or given.group_size != want or given.order is not None:
+        raise ValueError(
+            f"union_plan must be union_plan(block_idx, {plan.rows}) of this call's "
+            f"block_idx, got mode {given.mode} with groups of {given.group_size}"
+        )
+    return given
 
 
 def nsa_verify(
@@ -434,6 +613,7 @@ def nsa_verify(
     sm_scale: float | None = None,
     validate: bool = True,
     config: NsaVerifyConfig | None = None,
+    union: GroupPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated three-branch NSA attention of ``t`` draft rows; fused when ``block_idx`` is given.
 
@@ -455,8 +635,7 @@ def nsa_verify(
         ``[B, t, H, 3]`` float gates ``(g_c, g_s, g_w)``, contiguous.
     block_idx : torch.Tensor, optional
         ``[B, Hkv, t, top_n]`` int32 selected blocks (``-1`` = unused slot, any order): a reuse
-        layer, one fused launch (plus a merge when split). ``None``: a refresh layer, which
-        selects them.
+        layer. ``None``: a refresh layer, which selects them.
     top_n, block_size : int
         Selected blocks per row and tokens per block (a power of two >= 16).
     window : int
@@ -472,6 +651,9 @@ def nsa_verify(
         duplicates); they synchronise with the host, so the engine passes False.
     config : NsaVerifyConfig, optional
         Launch parameters.
+    union : GroupPlan, optional
+        A reuse layer's union plan, :func:`nsa_union_plan` of ``block_idx`` (the layers of one
+        refresh share it); built here when omitted.
 
     Returns
     -------
@@ -482,30 +664,54 @@ def nsa_verify(
         ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded), on the device.
     """
     config = config or DEFAULT_CONFIG
-    kw = dict(top_n=top_n, block_size=block_size, window=window, comp_block=comp_block,
-              comp_stride=comp_stride, num_sink=num_sink, num_local=num_local,
-              sm_scale=sm_scale)  # fmt: skip
+    kw = dict(
+        top_n=top_n,
+        block_size=block_size,
+        window=window,
+        comp_block=comp_block,
+        comp_stride=comp_stride,
+        num_sink=num_sink,
+        num_local=num_local,
+        sm_scale=sm_scale,
+    )
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    total = _num_splits(plan, q.device, config)
+    slots = _slots(plan, q.device, config)
+    part = _alloc_partials(plan, sum(slots), q.device)
     if block_idx is None:
-        # Always split: the compressed partials serve both the scores and the output.
-        splits = _apportion(plan, total, config)
-        part = _alloc_partials(plan, sum(splits), q.device)
-        block_idx = _refresh_indices(plan, args, part, splits)
-        _launch_fwd(plan, args, block_idx, None, part, branches=(False, True, True),
-                    splits=splits, slot_base=splits[0])  # fmt: skip
-        _launch_merge(plan, part, gates, o, splits)
-        return o, block_idx
-    if total == 1:
-        _launch_fwd(plan, args, block_idx, o, None, branches=ALL_BRANCHES, splits=(1, 1, 1))
+        block_idx = _refresh_indices(plan, args, part, slots)
+        union = None
+        _launch_fwd(
+            plan,
+            args,
+            _union_for(plan, block_idx, None),
+            part,
+            slots=(0, *slots[1:]),
+            slot_base=slots[0],
+        )
     else:
-        splits = _apportion(plan, total, config)
-        part = _alloc_partials(plan, sum(splits), q.device)
-        _launch_fwd(plan, args, block_idx, None, part, branches=ALL_BRANCHES, splits=splits)
-        _launch_merge(plan, part, gates, o, splits)
+        _launch_fwd(plan, args, _union_for(plan, block_idx, union), part, slots=slots)
+    _launch_merge(plan, part, gates, o, slots)
     return o, block_idx
+
+
+def nsa_union_plan(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_idx: torch.Tensor,
+    *,
+    block_size: int,
+    config: NsaVerifyConfig | None = None,
+) -> GroupPlan:
+    """The union plan :func:`nsa_verify` builds from ``block_idx`` for ``q`` (``[B, t, H, D]``)
+    over ``k_cache`` (``[B, Hkv, T_max, D]``): build it once and pass it to every reuse layer of
+    one refresh."""
+    config = config or DEFAULT_CONFIG
+    t, h = q.shape[1], q.shape[2]
+    group_pad = triton.next_power_of_2(h // k_cache.shape[1])
+    rows = max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
+    return union_plan(block_idx, rows, triton.cdiv(k_cache.shape[2], block_size))
 
 
 def nsa_verify_unfused(
@@ -533,35 +739,36 @@ def nsa_verify_unfused(
     """Baseline of :func:`nsa_verify`: each branch launched on its own, gated in torch.
 
     Same parameters and result as :func:`nsa_verify`. Branch ``x`` is ``nsa_fwd_kernel`` with
-    only ``x`` enabled, writing its normalised output ``o_x`` to HBM; when the grid is split,
-    each branch gets the whole split budget to fill the SMs on its own, plus its own merge. The
-    gating ``g_c * o_c + g_s * o_s + g_w * o_w`` runs as torch element-wise ops. The refresh
-    path's selection is the one :func:`nsa_verify` uses.
+    only ``x``'s slots, sized to fill the SMs on its own, and its own merge writing its
+    normalised output ``o_x`` to HBM (the selected branch streams the same union as the fused
+    path). The gating ``g_c * o_c + g_s * o_s + g_w * o_w`` runs as torch element-wise
+    ops. The refresh path's selection is the one :func:`nsa_verify` uses.
     """
     config = config or DEFAULT_CONFIG
-    kw = dict(top_n=top_n, block_size=block_size, window=window, comp_block=comp_block,
-              comp_stride=comp_stride, num_sink=num_sink, num_local=num_local,
-              sm_scale=sm_scale)  # fmt: skip
+    kw = dict(
+        top_n=top_n,
+        block_size=block_size,
+        window=window,
+        comp_block=comp_block,
+        comp_stride=comp_stride,
+        num_sink=num_sink,
+        num_local=num_local,
+        sm_scale=sm_scale,
+    )
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
-    total = _num_splits(plan, q.device, config)
     if block_idx is None:
-        splits = _apportion(plan, total, config)
-        part = _alloc_partials(plan, splits[0], q.device)
-        block_idx = _refresh_indices(plan, args, part, splits)
+        slots = _slots(plan, q.device, config, (True, False, False))
+        part = _alloc_partials(plan, slots[0], q.device)
+        block_idx = _refresh_indices(plan, args, part, slots)
     outs = []
     for branches in ((True, False, False), (False, True, False), (False, False, True)):
         o_x = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if total == 1:
-            _launch_fwd(plan, args, block_idx, o_x, None, branches=branches, splits=(1, 1, 1),
-                        apply_gates=False)  # fmt: skip
-        else:
-            # Each branch alone gets the whole split budget: three individually sized launches.
-            splits = _only((total, total, total), branches)
-            part = _alloc_partials(plan, total, q.device)
-            _launch_fwd(plan, args, block_idx, None, part, branches=branches, splits=splits,
-                        apply_gates=False)  # fmt: skip
-            _launch_merge(plan, part, gates, o_x, splits, apply_gates=False)
+        slots = _slots(plan, q.device, config, branches)
+        part = _alloc_partials(plan, sum(slots), q.device)
+        union = _union_for(plan, block_idx, None) if branches[1] else None
+        _launch_fwd(plan, args, union, part, slots=slots)
+        _launch_merge(plan, part, gates, o_x, slots, apply_gates=False)
         outs.append(o_x)
     g = gates.float()
     o = g[..., 0:1] * outs[0].float() + g[..., 1:2] * outs[1].float() + g[..., 2:3] * outs[2]

@@ -1,8 +1,12 @@
-"""Launch geometry of the NSA verification kernels (``kernels.nsa_verify``), without torch.
+"""Launch geometry of the NSA verification kernels that the committed H100 rows were measured
+with (``calibration/profiles/h100-sxm``), without torch.
 
 The calibrated model prices an NSA call from its bytes and FLOPs, but at small batch its time
-is set by how the wrapper cuts the work (``kernels/nsa_verify.py``, default
-``NsaVerifyConfig``):
+is set by how the wrapper cut the work. The H100 profile's NSA classes were fitted on rows of the
+kernels described here, so their features keep this geometry; the current kernels
+(``kernels/nsa_verify.py``) size their slots by work instead (``_slots``: one pipelined loop per
+slot, a merge that reads all slots' maxima at once), and their rows need a profile fitted on
+them. The geometry of those earlier kernels (default ``NsaVerifyConfig`` of the time):
 
 - a program owns one (sequence x KV head, row tile); the tile packs ``BLOCK_M =
   max(16, min(64, next_pow2(t * G_pad)))`` MMA rows (``G_pad`` = next power of two of the

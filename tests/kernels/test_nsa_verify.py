@@ -280,65 +280,88 @@ def test_rejects_bad_config_and_compress_args():
         compress_kv(k, k, torch.zeros(1), comp_block=4, comp_stride=2)
 
 
-def test_split_heuristic_fills_132_sms(monkeypatch):
-    """Host-only: the split sizing the benchmark geometry gets on an H100 (132 SMs)."""
+def test_slots_fill_132_sms_by_work(monkeypatch):
+    """Host-only: the slot sizing the benchmark geometry gets on an H100/H200 (132 SMs)."""
     monkeypatch.setattr(nv, "_num_sms", lambda index: 132)
     cfg, cuda = NsaVerifyConfig(), torch.device("cuda", 0)
 
-    def plan(batch, t):
+    def plan(batch, t, context=65536):
         shape = dict(device="meta", dtype=torch.bfloat16)
         q = torch.empty((batch, t, 32, 128), **shape)
-        k = torch.empty((batch, 8, 65536 + 64, 128), **shape)
-        ck = torch.empty((batch, 8, 4095, 128), **shape)
-        return nv._make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None,
-                             **GPU_KW)  # fmt: skip
+        k = torch.empty((batch, 8, context + 64, 128), **shape)
+        ck = torch.empty((batch, 8, (context - 32) // 16 + 1, 128), **shape)
+        return nv._make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
 
     p = plan(1, 16)
-    assert (p.block_m, p.num_tiles, p.num_warps) == (64, 1, 8)  # 4 heads x 16 rows, one tile
-    assert nv._num_splits(p, cuda, cfg) == 16  # 8 (b, kv head) programs -> 128
-    c, s, w = nv._apportion(p, 16, cfg)
-    assert abs(c + s + w - 16) <= 1 and c > w and s > w >= 1  # work: ~4K, ~5.6K, 528 tokens
-    assert nv._num_splits(plan(16, 16), cuda, cfg) == 1  # 128 programs: one fused pass
+    assert (p.block_m, p.rows, p.num_tiles) == (64, 16, 1)  # 4 heads x 16 rows, one tile
+    c, s, w = nv._slots(p, cuda, cfg)
+    work = p.branch_tiles(cfg.expected_overlap)  # ~64 compressed, ~88 selected, 9 window tiles
+    assert c > w >= 1 and s > w
+    assert 132 <= p.programs * (c + s + w) <= 132 + 3 * p.programs  # one wave, rounded up
+    assert max(n / k for n, k in zip(work, (c, s, w), strict=True)) >= cfg.min_tiles_per_slot
+    assert nv._slots(plan(16, 16), cuda, cfg) == (1, 1, 1)  # 128 programs fill a wave already
+    c, s, w = nv._slots(plan(16, 16), cuda, cfg, (False, True, False))  # alone: ~one wave
+    assert c == w == 0 and 1 <= s <= 2
     p64 = plan(1, 64)
-    assert p64.num_tiles == 4 and nv._num_splits(p64, cuda, cfg) == 4
-    assert min(nv._apportion(plan(16, 16), 1, cfg)) == 1  # the refresh path: >= 1 per branch
+    assert p64.num_tiles == 4 and sum(nv._slots(p64, cuda, cfg)) <= cfg.max_splits
+    big = plan(1, 16, context=1 << 20)  # a million tokens: capped at max_splits slots
+    assert sum(nv._slots(big, cuda, cfg)) <= cfg.max_splits
+    forced = NsaVerifyConfig(num_splits=6)
+    assert sum(nv._slots(p, cuda, forced)) in (5, 6, 7) and min(nv._slots(p, cuda, forced)) >= 1
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])
-@pytest.mark.parametrize("t", [1, 3, 5, 12, 17, 33, 64])
-@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(8, 2, 64), (32, 8, 128), (28, 4, 128)])
-def test_perfmodel_plan_mirrors_the_wrapper(monkeypatch, batch, t, heads, kv_heads, d):
-    """perfmodel.nsa_plan (torch-free, used by the calibrated model and the step model) makes
-    the wrapper's plan: row tile, tiles, splits and the partial slots its merges walk (the
-    fused split's slots up to _apportion's rounding and one-slot floor per branch)."""
-    from perfmodel import nsa_plan
+def test_union_plan_is_the_ascending_union_with_member_bits():
+    gen = torch.Generator().manual_seed(3)
+    idx = random_block_idx([300, 90], 2, 11, 6, 16, gen).to(DEV)  # -1 holes, overlapping rows
+    plan = nv.union_plan(idx, 4, 20)
+    assert plan.group_size == 4 and plan.num_groups == 3
+    for b in range(2):
+        for h in range(2):
+            for g in range(3):
+                rows = idx[b, h, 4 * g : 4 * g + 4].tolist()
+                want = sorted({x for row in rows for x in row if x >= 0})
+                n = int(plan.counts[b, h, g])
+                assert plan.block_lists[b, h, g, :n].tolist() == want
+                for blk, bits in zip(want, plan.member_mask[b, h, g, :n].tolist(), strict=True):
+                    assert bits == sum(1 << r for r, row in enumerate(rows) if blk in row)
+    single = nv.union_plan(idx[:, :, :1].contiguous(), 4, 20)  # one row: its own list
+    assert single.member_mask is None and single.block_lists.shape[2] == 1
 
-    monkeypatch.setattr(nv, "_num_sms", lambda index: 132)
-    cfg, cuda = NsaVerifyConfig(), torch.device("cuda", 0)
-    assert (cfg.block_m, cfg.max_splits, cfg.ctas_per_sm) == (
-        nsa_plan.BLOCK_M_MAX,
-        nsa_plan.MAX_SPLITS,
-        nsa_plan.CTAS_PER_SM,
+
+def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block():
+    gen = torch.Generator().manual_seed(8)
+    nb_max, top_n = 300, 16
+    scores = torch.randn((2, 2, 3, nb_max), generator=gen).to(DEV)
+    scores[1, 0, 0, 10:20] = 0.5  # a tie across the cut
+    lens = torch.tensor([64 * 300 - 5, 700], dtype=torch.int32, device=DEV)
+    q = torch.empty((2, 3, 4, 16), device="meta")
+    k = torch.empty((2, 2, 64 * nb_max, 16), device="meta")
+    kw = dict(GPU_KW, top_n=top_n, block_size=64)
+    plan = nv._make_plan(
+        q, k, k, config=nv.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
     )
-    shape = dict(device="meta", dtype=torch.bfloat16)
-    q = torch.empty((batch, t, heads, d), **shape)
-    k = torch.empty((batch, kv_heads, 8192 + t, d), **shape)
-    ck = torch.empty((batch, kv_heads, 511, d), **shape)
-    p = nv._make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
-    total = nv._num_splits(p, cuda, cfg)
-    block_m, tiles = nsa_plan.row_tiles(t, heads, kv_heads)
-    assert (block_m, tiles) == (p.block_m, p.num_tiles)
-    assert nsa_plan.num_splits(t, heads, kv_heads, batch, 132) == total
-    slots = sum(nv._apportion(p, total, cfg))
-    steps = {
-        (True, False): 0 if total == 1 else slots,  # fused reuse: one pass or split + merge
-        (True, True): slots,  # fused refresh: always split
-        (False, False): 0 if total == 1 else 3 * total,  # unfused: a merge per branch
-        (False, True): 0 if total == 1 else 3 * total,
-    }
-    for (fused, refresh), want in steps.items():
-        got = nsa_plan.merge_steps(t, heads, kv_heads, batch, 132, fused=fused, refresh=refresh)
-        assert abs(got - want) <= 2, (fused, refresh, got, want)
+    got = nv._select_top_blocks(scores, lens, plan).cpu()
+    for b, length in enumerate(lens.tolist()):
+        nb = -(-length // 64)
+        for h in range(2):
+            for r in range(3):
+                s = scores[b, h, r, :nb].cpu().clone()
+                s[:2], s[nb - 1] = float("inf"), float("inf")
+                # the order of (score descending, block ascending)
+                order = sorted(range(nb), key=lambda j: (-float(s[j]), j))[:top_n]
+                want = sorted(order) + [-1] * (top_n - len(order))
+                assert got[b, h, r].tolist() == want
+
+
+def test_a_union_plan_of_other_rows_is_refused():
+    args, idx = make_inputs([150], 16, 4, 1, 16, torch.float32, seed=1)
+    wrong = nv.union_plan(idx, 2, 20)
+    with pytest.raises(ValueError, match="union_plan"):
+        nsa_verify(*args, block_idx=idx, union=wrong, **NSA_KW)
+    right = nv.nsa_union_plan(args[0], args[1], idx, block_size=NSA_KW["block_size"])
+    o1, _ = nsa_verify(*args, block_idx=idx, union=right, **NSA_KW)
+    o2, _ = nsa_verify(*args, block_idx=idx, **NSA_KW)
+    assert torch.equal(o1, o2)
 
 
 # --------------------------------------------------------------------------- GPU
