@@ -3,7 +3,8 @@ isolation, and vs the byte floor (issue 6's targets).
 
     python benchmarks/engine_verify.py                       # random:llama-3.1-8b, T = 32K
     python benchmarks/engine_verify.py --t 1,5,16 --out docs/notes/engine-verify-h100.json
-    python benchmarks/engine_verify.py --strategy ssv --context 64K
+    python benchmarks/engine_verify.py --strategy sd_dense,sd_sparse_naive,ssv \
+        --context 32K,64K,128K --t 1,16 --gpu h200 --out docs/validation/engine-verify-h200.json
 
 For each ``t`` (verify rows: the root plus ``t - 1`` chain drafts; dense cost does not depend on
 the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, median):
@@ -62,9 +63,13 @@ OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="random:llama-3.1-8b")
-    p.add_argument("--context", default="32K", help="committed tokens T (K = 1024)")
+    p.add_argument(
+        "--context", default="32K", help="committed tokens T (K = 1024), comma-separated"
+    )
     p.add_argument("--t", default="1,5,16", help="verify rows, comma-separated")
-    p.add_argument("--strategy", default="sd_dense", help="baseline whose attention is used")
+    p.add_argument(
+        "--strategy", default="sd_dense", help="baselines whose attention is used, comma-separated"
+    )
     p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the prediction")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--campaign", default=None, help="time the verify steps of this campaign")
@@ -281,72 +286,82 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.campaign:
         return campaign_main(args)
-    context = _int(args.context)
+    contexts = sorted(_int(c) for c in args.context.split(","))
     ts = [int(x) for x in args.t.split(",")]
-    strategy = Strategy.from_name(args.strategy)
-    attn = AttentionConfig.from_strategy(strategy)
+    strategies = [Strategy.from_name(name.strip()) for name in args.strategy.split(",")]
     src = resolve_source(args.model)
-    t_max = context + max(ts) + 1
+    t_max = max(contexts) + max(ts) + 1
     torch.manual_seed(0)
     model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
     runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
     runner.cache.kv.normal_()
-    runner.cache.set_lens(torch.tensor([context], dtype=torch.int32))
-    runner.prepare(attn)
     copy_bps = copy_bytes_per_s()
     rows = []
-    for t in ts:
-        tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
-        attn.check_tree(t, model.config.gqa_group)
-        tokens = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
-
-        def step(i, tree=tree, tokens=tokens):
-            return runner.tree_forward(tokens, tree, attn)[0]
-
-        with torch.no_grad():
-            graph_s = bench(step, "graph", config=STEP_TIMING).median_s
-            eager_s = bench(step, "launch", config=STEP_TIMING).median_s
-            ops = _time_ops(runner, attn, tree, tokens)
-        ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
-        w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
-        floor_s = (w_bytes + kv_bytes) / copy_bps
-        pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
-        rows.append({
-            "t": t,
-            "context": context,
-            "graph_s": graph_s,
-            "eager_s": eager_s,
-            "ops_sum_s": ops_sum,
-            "graph_over_ops_sum": graph_s / ops_sum,
-            "weights_bytes": w_bytes,
-            "kv_bytes": kv_bytes,
-            "floor_s": floor_s,
-            "graph_over_floor": graph_s / floor_s,
-            "achieved_bytes_per_s": (w_bytes + kv_bytes) / graph_s,
-            "predicted_verify_s": pred_s,
-            "prediction_provenance": pred_prov,
-            "ops": ops,
-        })  # fmt: skip
-        r = rows[-1]
-        print(
-            f"t={t:3d}  graph {graph_s * 1e3:7.3f} ms  eager {eager_s * 1e3:7.3f} ms  "
-            f"ops sum {ops_sum * 1e3:7.3f} ms (graph/sum {r['graph_over_ops_sum']:.3f})  "
-            f"floor {floor_s * 1e3:6.3f} ms (graph/floor {r['graph_over_floor']:.2f}, "
-            f"{r['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
-            + (f"{pred_s * 1e3:.3f} ms" if pred_s else pred_prov),
-            flush=True,
-        )
+    for context in contexts:
+        runner.cache.set_lens(torch.tensor([context], dtype=torch.int32))
+        for strategy in strategies:
+            attn = AttentionConfig.from_strategy(strategy)
+            runner.prepare(attn)
+            for t in ts:
+                row = _verify_row(runner, strategy, attn, args, context, t, copy_bps)
+                rows.append(row)
     result = {
         "benchmark": "engine_verify",
         "model": args.model,
-        "strategy": dataclasses.asdict(strategy),
-        "attention": dataclasses.asdict(attn),
         "copy_bytes_per_s": copy_bps,
         "provenance": provenance(),
         "rows": rows,
     }
     _write(result, args.out)
     return result
+
+
+def _verify_row(runner, strategy, attn, args, context: int, t: int, copy_bps: float) -> dict:
+    """One (strategy, context, t) row: graph, eager and op-sum times against the floor."""
+    model = runner.model
+    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+    attn.check_tree(t, model.config.gqa_group)
+    tokens = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
+
+    def step(i):
+        return runner.tree_forward(tokens, tree, attn)[0]
+
+    with torch.no_grad():
+        graph_s = bench(step, "graph", config=STEP_TIMING).median_s
+        eager_s = bench(step, "launch", config=STEP_TIMING).median_s
+        ops = _time_ops(runner, attn, tree, tokens)
+    ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
+    w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
+    floor_s = (w_bytes + kv_bytes) / copy_bps
+    pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
+    row = {
+        "strategy": strategy.name,
+        "attention": dataclasses.asdict(attn),
+        "t": t,
+        "context": context,
+        "graph_s": graph_s,
+        "eager_s": eager_s,
+        "ops_sum_s": ops_sum,
+        "graph_over_ops_sum": graph_s / ops_sum,
+        "weights_bytes": w_bytes,
+        "kv_bytes": kv_bytes,
+        "floor_s": floor_s,
+        "graph_over_floor": graph_s / floor_s,
+        "achieved_bytes_per_s": (w_bytes + kv_bytes) / graph_s,
+        "predicted_verify_s": pred_s,
+        "prediction_provenance": pred_prov,
+        "ops": ops,
+    }
+    print(
+        f"{strategy.name:16s} T={context:7d} t={t:3d}  graph {graph_s * 1e3:7.3f} ms  "
+        f"eager {eager_s * 1e3:7.3f} ms  ops sum {ops_sum * 1e3:7.3f} ms "
+        f"(graph/sum {row['graph_over_ops_sum']:.3f})  floor {floor_s * 1e3:6.3f} ms "
+        f"(graph/floor {row['graph_over_floor']:.2f}, "
+        f"{row['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
+        + (f"{pred_s * 1e3:.3f} ms" if pred_s else pred_prov),
+        flush=True,
+    )
+    return row
 
 
 if __name__ == "__main__":
