@@ -1,5 +1,5 @@
 """The engine's verify step on the GPU: one CUDA-graph replay vs the sum of its ops timed in
-isolation, and vs the byte floor (issue 6's targets).
+isolation, and vs the byte floor.
 
     python benchmarks/engine_verify.py                       # random:llama-3.1-8b, T = 32K
     python benchmarks/engine_verify.py --t 1,5,16 --out docs/notes/engine-verify-h100.json
