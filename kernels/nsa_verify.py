@@ -22,7 +22,7 @@ padded to >= 16 rows), so every key tile is read once per KV head for all of the
 cut into key tiles (compressed tiles, the selected blocks of the tile's union list, window
 tiles) and spread over slots, each slot a program that runs an equal slice of one branch in
 one software-pipelined loop and writes its ``(m, l, acc)`` partial; the slot count is sized so
-the grid fills the SMs (``_slots``). The merge combines each branch's slots on its own and
+the grid fills the SMs (``plan_slots``). The merge combines each branch's slots on its own and
 gates them: the branches stay separate until gating, as the math requires, and no branch
 output touches HBM. The selected branch streams the deduplicated union of the tile's per-row
 block lists (SSV's exact merged schedule; ``kernels.sparse_verify.build_group_plan``), each
@@ -52,10 +52,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass, field
-
 import torch
 import triton
 
@@ -65,14 +61,18 @@ from kernels.nsa_compress import (
     reference_compress_kv,
     update_compressed_kv,
 )
-from kernels.nsa_kernels import (
-    block_score_kernel,
-    nsa_fwd_kernel,
-    nsa_merge_kernel,
-    topk_blocks_kernel,
-    union_plan_kernel,
+from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
+from kernels.nsa_launch import (
+    DEFAULT_CONFIG,
+    MERGE_M,
+    LaunchPlan,
+    NsaVerifyConfig,
+    make_plan,
+    plan_slots,
+    tile_rows,
 )
 from kernels.nsa_reference import reference_nsa_verify
+from kernels.nsa_select_kernels import block_score_kernel, topk_blocks_kernel, union_plan_kernel
 from kernels.sparse_verify import GroupPlan
 
 __all__ = [
@@ -86,227 +86,11 @@ __all__ = [
     "update_compressed_kv",
 ]
 
-LOG2E = 1.4426950408889634
-ALL_BRANCHES = (True, True, True)
 # Blocks of one row the top-n kernel holds in registers at once.
 TOPK_CHUNK = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class NsaVerifyConfig:
-    """Launch parameters of :func:`nsa_verify` (tuning knobs, not semantics)."""
-
-    block_m: int = field(default=64, metadata={"help": "most packed MMA rows per program"})
-    block_n: int = field(
-        default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
-    )
-    block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
-    num_warps: int = field(default=4, metadata={"help": "warps per forward program"})
-    num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of loads"})
-    num_splits: int = field(
-        default=0,
-        metadata={
-            "help": "slots per (seq, KV head, row tile), shared by the branches (at least "
-            "one each); 0 = enough to fill the SMs"
-        },
-    )
-    ctas_per_sm: int = field(default=1, metadata={"help": "resident programs per SM assumed"})
-    min_tiles_per_slot: int = field(
-        default=8, metadata={"help": "fewest key tiles a slot is given when sizing slots"}
-    )
-    max_splits: int = field(default=64, metadata={"help": "upper bound on slots per tile"})
-    expected_overlap: float = field(
-        default=0.7, metadata={"help": "row-to-row block overlap assumed to size the slots"}
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_j"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
-        for name in ("num_stages", "ctas_per_sm", "max_splits", "min_tiles_per_slot"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_splits < 0:
-            raise ValueError(f"num_splits must be >= 0, got {self.num_splits}")
-        if not 0.0 <= self.expected_overlap <= 1.0:
-            raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")
-
-
-DEFAULT_CONFIG = NsaVerifyConfig()
-# Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
-MAX_TILE_ROWS = 16
-# Rows one merge program combines.
-MERGE_M = 8
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """Shapes, semantics and launch geometry of one call, all known on the host."""
-
-    batch: int
-    num_t: int
-    num_kv_heads: int
-    group: int
-    group_pad: int
-    head_dim: int
-    nc_max: int
-    nb_max: int
-    top_n: int
-    block_size: int
-    window: int
-    comp_block: int
-    comp_stride: int
-    num_sink: int
-    num_local: int
-    qk_scale: float
-    block_m: int
-    rows: int
-    num_tiles: int
-    block_n: int
-    block_j: int
-    num_warps: int
-    num_stages: int
-    dot_precision: str
-
-    def rows_meta(self) -> dict:
-        """Constexprs of the row packing, shared by the kernels."""
-        return dict(
-            NUM_KV_HEADS=self.num_kv_heads,
-            GROUP=self.group,
-            GROUP_PAD=self.group_pad,
-            HEAD_DIM=self.head_dim,
-            BLOCK_M=self.block_m,
-        )
-
-    @property
-    def programs(self) -> int:
-        """(sequence x KV head, row tile) pairs."""
-        return self.batch * self.num_kv_heads * self.num_tiles
-
-    def branch_tiles(self, expected_overlap: float) -> tuple[float, float, float]:
-        """Key tiles of one (sequence x KV head, row tile) per branch at the longest prefix
-        the cache holds: compressed, selected (the union of the tile's rows at
-        ``expected_overlap``), window plus draft tail."""
-        rows = min(self.num_t, self.rows)
-        union = self.top_n * (1 + (rows - 1) * (1.0 - expected_overlap))
-        subs = self.block_size // self.block_n
-        return (
-            math.ceil(self.nc_max / self.block_n),
-            min(union, self.nb_max) * subs,
-            math.ceil(
-                (min(self.window, self.nb_max * self.block_size) + self.num_t) / self.block_n
-            ),
-        )
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _make_plan(
-    q,
-    k_cache,
-    comp_k,
-    *,
-    top_n,
-    block_size,
-    window,
-    comp_block,
-    comp_stride,
-    num_sink,
-    num_local,
-    sm_scale,
-    config: NsaVerifyConfig,
-) -> _Plan:
-    if top_n < 1:
-        raise ValueError(f"top_n must be >= 1, got {top_n}")
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
-    if window < 0:
-        raise ValueError(f"window must be >= 0, got {window}")
-    if comp_block < 1:
-        raise ValueError(f"comp_block must be >= 1, got {comp_block}")
-    if not 1 <= comp_stride <= comp_block:
-        raise ValueError(f"comp_stride must be in [1, comp_block={comp_block}], got {comp_stride}")
-    if num_sink < 0 or num_local < 0 or num_sink + num_local > top_n:
-        raise ValueError(
-            f"num_sink ({num_sink}) and num_local ({num_local}) must be >= 0 and "
-            f"sum to at most top_n ({top_n})"
-        )
-    if sm_scale is not None and not sm_scale > 0:
-        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
-    b, t, h, d = q.shape
-    hkv, t_max = k_cache.shape[1], k_cache.shape[2]
-    group_pad = triton.next_power_of_2(h // hkv)
-    if group_pad > config.block_m:
-        raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({h // hkv})")
-    rows = max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
-    block_m = max(16, rows * group_pad)
-    return _Plan(
-        batch=b,
-        num_t=t,
-        num_kv_heads=hkv,
-        group=h // hkv,
-        group_pad=group_pad,
-        head_dim=d,
-        nc_max=comp_k.shape[2],
-        nb_max=triton.cdiv(t_max, block_size),
-        top_n=top_n,
-        block_size=block_size,
-        window=window,
-        comp_block=comp_block,
-        comp_stride=comp_stride,
-        num_sink=num_sink,
-        num_local=num_local,
-        qk_scale=(sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E,
-        block_m=block_m,
-        rows=rows,
-        num_tiles=triton.cdiv(t, rows),
-        block_n=min(config.block_n, block_size),
-        block_j=config.block_j,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
-    )
-
-
-def _slots(
-    plan: _Plan,
-    device: torch.device,
-    config: NsaVerifyConfig,
-    branches: tuple[bool, bool, bool] = ALL_BRANCHES,
-) -> tuple[int, int, int]:
-    """Slots (programs) per (sequence x KV head, row tile) for each enabled branch.
-
-    Sized by work: every slot gets about the same number of key tiles, enough of them that the
-    grid fills ``ctas_per_sm`` programs on every SM, and at least ``min_tiles_per_slot`` (a slot
-    pays for its query load, its partial and a merge step). ``config.num_splits`` instead
-    apportions that many slots by work. The interpreter takes one slot per branch. Disabled
-    branches get 0, enabled ones at least 1."""
-    work = [
-        w if on else 0.0
-        for w, on in zip(plan.branch_tiles(config.expected_overlap), branches, strict=True)
-    ]
-    if config.num_splits:
-        total = max(config.num_splits, sum(branches))
-        return tuple(max(1, round(total * w / sum(work))) if w else 0 for w in work)
-    if device.type != "cuda":
-        return tuple(int(on) for on in branches)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    capacity = _num_sms(index) * config.ctas_per_sm
-    per_slot = max(config.min_tiles_per_slot, plan.programs * sum(work) / capacity)
-    slots = [math.ceil(w / per_slot) if w else 0 for w in work]
-    over = sum(slots) / config.max_splits
-    if over > 1:
-        slots = [max(1, math.floor(n / over)) if n else 0 for n in slots]
-    return tuple(max(1, n) if on else 0 for n, on in zip(slots, branches, strict=True))
-
-
-def _alloc_partials(plan: _Plan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     lead = (plan.programs, num_slots)
     return (
         torch.empty((*lead, plan.block_m, plan.head_dim), dtype=torch.float32, device=device),
@@ -347,7 +131,9 @@ def union_plan(block_idx: torch.Tensor, rows: int, nb_max: int) -> GroupPlan:
     return GroupPlan("union", c, tiles, lists, bits, counts, None)
 
 
-def _launch_fwd(plan: _Plan, args, union: GroupPlan | None, part, *, slots, slot_base=0) -> None:
+def _launch_fwd(
+    plan: LaunchPlan, args, union: GroupPlan | None, part, *, slots, slot_base=0
+) -> None:
     """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``."""
     q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, _ = args
     c_s, s_s, w_s = slots
@@ -400,7 +186,7 @@ def _launch_fwd(plan: _Plan, args, union: GroupPlan | None, part, *, slots, slot
     )
 
 
-def _launch_merge(plan: _Plan, part, gates, o, slots, *, apply_gates=True) -> None:
+def _launch_merge(plan: LaunchPlan, part, gates, o, slots, *, apply_gates=True) -> None:
     part_acc, part_ml = part
     merge_m = min(MERGE_M, plan.block_m)
     nsa_merge_kernel[(plan.programs, plan.block_m // merge_m)](
@@ -422,7 +208,7 @@ def _launch_merge(plan: _Plan, part, gates, o, slots, *, apply_gates=True) -> No
     )
 
 
-def _select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: _Plan):
+def _select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: LaunchPlan):
     """``[B, Hkv, t, NB_max]`` block importance -> ``[B, Hkv, t, top_n]`` int32 indices,
     ascending and ``-1`` padded, with the first ``num_sink`` and last ``num_local`` blocks of
     each prefix forced (``topk_blocks_kernel``; one launch, no host synchronisation)."""
@@ -447,7 +233,7 @@ def _select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: _P
     return out
 
 
-def _refresh_indices(plan: _Plan, args, part, slots) -> torch.Tensor:
+def _refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
     """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
     q, _, _, prefix_lens, _, comp_k, _, _ = args
     _launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0))
@@ -481,16 +267,16 @@ def _refresh_indices(plan: _Plan, args, part, slots) -> torch.Tensor:
     return _select_top_blocks(scores, prefix_lens, plan)
 
 
-def _prepare(args, block_idx, kw, validate, config) -> _Plan:
+def _prepare(args, block_idx, kw, validate, config) -> LaunchPlan:
     q, k_cache, _, prefix_lens, tree_mask, comp_k, _, _ = args
     check_tensors(*args, block_idx, kw["top_n"])
-    plan = _make_plan(q, k_cache, comp_k, config=config, **kw)
+    plan = make_plan(q, k_cache, comp_k, config=config, **kw)
     if validate:
         check_values(plan, k_cache, prefix_lens, tree_mask, block_idx)
     return plan
 
 
-def _union_for(plan: _Plan, block_idx: torch.Tensor, given: GroupPlan | None) -> GroupPlan:
+def _union_for(plan: LaunchPlan, block_idx: torch.Tensor, given: GroupPlan | None) -> GroupPlan:
     if given is None:
         return union_plan(block_idx, plan.rows, plan.nb_max)
     want = min(plan.rows, plan.num_t)
@@ -587,11 +373,10 @@ def nsa_verify(
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    slots = _slots(plan, q.device, config)
+    slots = plan_slots(plan, q.device, config)
     part = _alloc_partials(plan, sum(slots), q.device)
     if block_idx is None:
         block_idx = _refresh_indices(plan, args, part, slots)
-        union = None
         _launch_fwd(
             plan,
             args,
@@ -620,8 +405,9 @@ def nsa_union_plan(
     config = config or DEFAULT_CONFIG
     t, h = q.shape[1], q.shape[2]
     group_pad = triton.next_power_of_2(h // k_cache.shape[1])
-    rows = max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
-    return union_plan(block_idx, rows, triton.cdiv(k_cache.shape[2], block_size))
+    return union_plan(
+        block_idx, tile_rows(t, group_pad, config), triton.cdiv(k_cache.shape[2], block_size)
+    )
 
 
 def nsa_verify_unfused(
@@ -668,13 +454,13 @@ def nsa_verify_unfused(
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
     if block_idx is None:
-        slots = _slots(plan, q.device, config, (True, False, False))
+        slots = plan_slots(plan, q.device, config, (True, False, False))
         part = _alloc_partials(plan, slots[0], q.device)
         block_idx = _refresh_indices(plan, args, part, slots)
     outs = []
     for branches in ((True, False, False), (False, True, False), (False, False, True)):
         o_x = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        slots = _slots(plan, q.device, config, branches)
+        slots = plan_slots(plan, q.device, config, branches)
         part = _alloc_partials(plan, sum(slots), q.device)
         union = _union_for(plan, block_idx, None) if branches[1] else None
         _launch_fwd(plan, args, union, part, slots=slots)

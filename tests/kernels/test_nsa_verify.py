@@ -12,6 +12,7 @@ import pytest
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
 
+import kernels.nsa_launch as nl
 import kernels.nsa_verify as nv
 from kernels.nsa_verify import (
     NsaVerifyConfig,
@@ -282,7 +283,7 @@ def test_rejects_bad_config_and_compress_args():
 
 def test_slots_fill_132_sms_by_work(monkeypatch):
     """Host-only: the slot sizing the benchmark geometry gets on an H100/H200 (132 SMs)."""
-    monkeypatch.setattr(nv, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(nl, "num_sms", lambda index: 132)
     cfg, cuda = NsaVerifyConfig(), torch.device("cuda", 0)
 
     def plan(batch, t, context=65536):
@@ -290,24 +291,27 @@ def test_slots_fill_132_sms_by_work(monkeypatch):
         q = torch.empty((batch, t, 32, 128), **shape)
         k = torch.empty((batch, 8, context + 64, 128), **shape)
         ck = torch.empty((batch, 8, (context - 32) // 16 + 1, 128), **shape)
-        return nv._make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
+        return nl.make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
 
     p = plan(1, 16)
     assert (p.block_m, p.rows, p.num_tiles) == (64, 16, 1)  # 4 heads x 16 rows, one tile
-    c, s, w = nv._slots(p, cuda, cfg)
+    c, s, w = nl.plan_slots(p, cuda, cfg)
     work = p.branch_tiles(cfg.expected_overlap)  # ~64 compressed, ~88 selected, 9 window tiles
     assert c > w >= 1 and s > w
     assert 132 <= p.programs * (c + s + w) <= 132 + 3 * p.programs  # one wave, rounded up
     assert max(n / k for n, k in zip(work, (c, s, w), strict=True)) >= cfg.min_tiles_per_slot
-    assert nv._slots(plan(16, 16), cuda, cfg) == (1, 1, 1)  # 128 programs fill a wave already
-    c, s, w = nv._slots(plan(16, 16), cuda, cfg, (False, True, False))  # alone: ~one wave
+    assert nl.plan_slots(plan(16, 16), cuda, cfg) == (1, 1, 1)  # 128 programs fill a wave already
+    c, s, w = nl.plan_slots(plan(16, 16), cuda, cfg, (False, True, False))  # alone: ~one wave
     assert c == w == 0 and 1 <= s <= 2
     p64 = plan(1, 64)
-    assert p64.num_tiles == 4 and sum(nv._slots(p64, cuda, cfg)) <= cfg.max_splits
+    assert p64.num_tiles == 4 and sum(nl.plan_slots(p64, cuda, cfg)) <= cfg.max_splits
     big = plan(1, 16, context=1 << 20)  # a million tokens: capped at max_splits slots
-    assert sum(nv._slots(big, cuda, cfg)) <= cfg.max_splits
+    assert sum(nl.plan_slots(big, cuda, cfg)) <= cfg.max_splits
     forced = NsaVerifyConfig(num_splits=6)
-    assert sum(nv._slots(p, cuda, forced)) in (5, 6, 7) and min(nv._slots(p, cuda, forced)) >= 1
+    assert (
+        sum(nl.plan_slots(p, cuda, forced)) in (5, 6, 7)
+        and min(nl.plan_slots(p, cuda, forced)) >= 1
+    )
 
 
 def test_union_plan_is_the_ascending_union_with_member_bits():
@@ -337,8 +341,8 @@ def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block():
     q = torch.empty((2, 3, 4, 16), device="meta")
     k = torch.empty((2, 2, 64 * nb_max, 16), device="meta")
     kw = dict(GPU_KW, top_n=top_n, block_size=64)
-    plan = nv._make_plan(
-        q, k, k, config=nv.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
+    plan = nl.make_plan(
+        q, k, k, config=nl.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
     )
     got = nv._select_top_blocks(scores, lens, plan).cpu()
     for b, length in enumerate(lens.tolist()):

@@ -1,0 +1,245 @@
+"""Triton code of the NSA refresh path's selection (:mod:`kernels.nsa_verify`): block
+importance from the compressed branch's partial states, the top-n pick per row, and the union
+plan of a row tile's picks that the selected branch streams."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.nsa_kernels import NEG_SENTINEL
+
+# Larger than any block id: "no block" in the top-n selection.
+NO_BLOCK = tl.constexpr(2**30)
+# Above every top-n key (``_block_keys``): the "previous pick" before the first round.
+NO_KEY = tl.constexpr(2**63 - 1)
+
+
+@triton.jit
+def block_score_kernel(
+    q_ptr,
+    ck_ptr,
+    part_ml_ptr,
+    prefix_ptr,  # [B,t,H,D], [B,Hkv,NC_max,D], partials, [B] i32
+    score_ptr,  # [B, Hkv, t, NB_max] fp32
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    num_t,
+    nc_max,
+    nb_max,
+    comp_block,
+    comp_stride,
+    qk_scale,
+    c_splits,
+    num_slots,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    OVERLAP_SPLIT: tl.constexpr,
+):
+    """Grid ``(B * Hkv, row tiles, NB_max / BLOCK_J)``: NSA block importance. The compressed
+    softmax normaliser comes from the compressed partials (slots ``[0, c_splits)``); each
+    compressed token's probability, summed over the tile's query heads, is added to every
+    selection block its window overlaps (a 0/1 overlap matrix built from indices, applied by
+    ``tl.dot``)."""
+    tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
+    tl.static_assert(BLOCK_C >= 16, "tl.dot needs at least 16 compressed tokens per tile")
+    tl.static_assert(BLOCK_J >= 16, "tl.dot needs at least 16 selection blocks per tile")
+    tl.static_assert(BLOCK_M % GROUP_PAD == 0, "a row tile holds whole head groups")
+    ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
+    bh = tl.program_id(0)
+    tile = tl.program_id(1)
+    b = (bh // NUM_KV_HEADS).to(tl.int64)
+    kvh = (bh % NUM_KV_HEADS).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = tile * ROWS + offs_m // GROUP_PAD
+    g = offs_m % GROUP_PAD
+    m_ok = (row < num_t) & (g < GROUP)
+    head = kvh * GROUP + g
+    q_off = b * stride_qb + row * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+
+    ml_base = part_ml_ptr + (bh * tl.num_programs(1) + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
+    m_c = tl.full([BLOCK_M], NEG_SENTINEL, dtype=tl.float32)
+    l_c = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for sl in range(0, c_splits):
+        m_s = tl.load(ml_base + sl * 2 * BLOCK_M + offs_m)
+        l_s = tl.load(ml_base + sl * 2 * BLOCK_M + BLOCK_M + offs_m)
+        m_new = tl.maximum(m_c, m_s)
+        l_c = l_c * tl.exp2(m_c - m_new) + l_s * tl.exp2(m_s - m_new)
+        m_c = m_new
+    # Padding rows and rows with no compressed token contribute nothing (and no 0 / 0).
+    inv_l = tl.where(m_ok & (l_c > 0.0), 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
+
+    prefix = tl.load(prefix_ptr + b)
+    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
+    nc = tl.minimum(nc, nc_max)
+    # Tokens i whose window [i * stride, i * stride + comp_block) overlaps blocks [j0, j0 +
+    # BLOCK_J) are i in [c_lo, c_hi) (c_lo written without negative integer division).
+    j0 = tl.program_id(2) * BLOCK_J
+    first_tok = j0 * BLOCK_SIZE - comp_block + 1
+    c_lo = tl.where(first_tok > 0, (first_tok + comp_stride - 1) // comp_stride, 0)
+    c_hi = tl.minimum(nc, ((j0 + BLOCK_J) * BLOCK_SIZE - 1) // comp_stride + 1)
+    offs_j = j0 + tl.arange(0, BLOCK_J)
+    c_base = ck_ptr + b * stride_cb + kvh * stride_ch
+    imp = tl.zeros([BLOCK_M, BLOCK_J], dtype=tl.float32)
+    for c0 in range(c_lo, c_hi, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        valid = c < c_hi
+        k = tl.load(
+            c_base + c.to(tl.int64)[:, None] * stride_ct + offs_d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        p = tl.where(valid[None, :], tl.exp2(s - m_c[:, None]), 0.0) * inv_l[:, None]
+        start = c * comp_stride
+        overlap = (start[:, None] < (offs_j[None, :] + 1) * BLOCK_SIZE) & (
+            start[:, None] + comp_block > offs_j[None, :] * BLOCK_SIZE
+        )  # [BLOCK_C, BLOCK_J]
+        ov = overlap.to(tl.float32)
+        if OVERLAP_SPLIT:
+            # One tf32 pass would round the probabilities and flip near-tied selections: split
+            # p into its tf32 head and the rest (the 0/1 overlap is exact in tf32), two passes.
+            hi = (p.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+            imp += tl.dot(hi, ov, input_precision="tf32")
+            imp += tl.dot(p - hi, ov, input_precision="tf32")
+        else:
+            imp += tl.dot(p, ov, input_precision="ieee")
+    imp = tl.sum(tl.reshape(imp, [ROWS, GROUP_PAD, BLOCK_J]), 1)  # sum over the query heads
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    out_off = ((b * NUM_KV_HEADS + kvh) * num_t + rows)[:, None] * nb_max + offs_j[None, :]
+    tl.store(score_ptr + out_off, imp, mask=(rows < num_t)[:, None] & (offs_j < nb_max)[None, :])
+
+
+@triton.jit
+def topk_blocks_kernel(
+    score_ptr,
+    prefix_ptr,
+    out_ptr,  # [B, Hkv, t, NB_max] fp32, [B] i32, [B, Hkv, t, TOP_N] i32
+    num_t,
+    nb_max,
+    num_sink,
+    num_local,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TOP_N: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+):
+    """Grid ``(B * Hkv * t,)``: one row's ``TOP_N`` best blocks of its prefix's ``nb`` blocks,
+    the first ``num_sink`` and last ``num_local`` forced, ascending, ``-1`` padded.
+
+    Each block gets one int64 key ordered by (score, then lower block): the score's bits made
+    order-preserving as an integer, above the complemented block id. ``TOP_N`` rounds each take
+    the largest key below the previous pick (one max-reduction), so ties resolve to the lower
+    block and nothing is written between rounds; a row of at most ``CHUNK`` blocks stays in
+    registers throughout."""
+    r = tl.program_id(0)
+    b = r // (NUM_KV_HEADS * num_t)
+    prefix = tl.load(prefix_ptr + b)
+    nb = (prefix + BLOCK_SIZE - 1) // BLOCK_SIZE
+    base = score_ptr + r.to(tl.int64) * nb_max
+    offs = tl.arange(0, CHUNK)
+    slots = tl.arange(0, TOP_N_PAD)
+    chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
+    prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
+    if NUM_CHUNKS == 1:
+        keys = _block_keys(base, offs, nb, num_sink, num_local)
+    for i in range(TOP_N):
+        best = tl.full([], -1, dtype=tl.int64) + 0
+        for c in range(NUM_CHUNKS):
+            if NUM_CHUNKS > 1:
+                keys = _block_keys(base, c * CHUNK + offs, nb, num_sink, num_local)
+            best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, -1)))
+        # A key's low 30 bits hold ~block; -1 (nothing left) maps to NO_BLOCK.
+        blk = tl.where(best >= 0, (~best & 0x3FFFFFFF).to(tl.int32), NO_BLOCK)
+        chosen = tl.where(slots == i, blk, chosen)
+        prev = tl.where(best >= 0, best, prev)
+    # Ascending order: each pick's rank among the picks (ties only among NO_BLOCK, by slot).
+    before = (chosen[None, :] < chosen[:, None]) | (
+        (chosen[None, :] == chosen[:, None]) & (slots[None, :] < slots[:, None])
+    )  # [TOP_N_PAD, TOP_N_PAD]: pick k comes before pick i
+    rank = tl.sum(before.to(tl.int32), 1)
+    ordered = tl.sum(tl.where(rank[:, None] == slots[None, :], chosen[:, None], 0), 0)
+    ordered = tl.where(ordered == NO_BLOCK, -1, ordered)
+    tl.store(out_ptr + r.to(tl.int64) * TOP_N + slots, ordered, mask=slots < TOP_N)
+
+
+@triton.jit
+def _block_keys(base, j, nb, num_sink, num_local):
+    """Non-negative int64 keys of blocks ``j`` ordered by (score, lower block): forced blocks
+    above every score, blocks past the prefix -1 (never picked, never read)."""
+    s = tl.load(base + j, mask=j < nb, other=0.0)
+    bits = s.to(tl.int32, bitcast=True)
+    # Order-preserving map of a float's bits onto [0, 2^32): flip all bits of negatives, the
+    # sign bit of the rest.
+    ordered = tl.where(bits < 0, ~bits, bits | -2147483648).to(tl.int64) & 0xFFFFFFFF
+    forced = (j < num_sink) | (j >= nb - num_local)
+    ordered = tl.where(forced, 0xFFFFFFFF + 1, ordered)  # above every finite score
+    key = (ordered << 30) | (~j & 0x3FFFFFFF).to(tl.int64)
+    return tl.where(j < nb, key, -1)
+
+
+@triton.jit
+def union_plan_kernel(
+    idx_ptr,
+    bitmap_ptr,
+    list_ptr,
+    bits_ptr,
+    count_ptr,
+    num_t,
+    nb_max,
+    top_n,
+    list_len,
+    ROWS: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Grid ``(B * Hkv * tiles,)``: the union of the ``ROWS`` rows' blocks of one tile,
+    ascending, with each block's member bits (bit ``r``: row ``tile * ROWS + r`` chose it).
+
+    A per-tile bitmap of the ``nb_max`` blocks in global scratch (``bitmap_ptr``, any content
+    on entry) is cleared, each row ORs its bit into its blocks' words (atomics, all rows at
+    once), and a scan compacts the non-zero words into the list. Barriers order the three
+    phases within the program."""
+    pid = tl.program_id(0)
+    tile = pid % tl.cdiv(num_t, ROWS)
+    bh = pid // tl.cdiv(num_t, ROWS)
+    bm = bitmap_ptr + pid.to(tl.int64) * nb_max
+    offs = tl.arange(0, CHUNK)
+    for j0 in range(0, nb_max, CHUNK):
+        tl.store(bm + j0 + offs, tl.zeros([CHUNK], dtype=tl.int32), mask=j0 + offs < nb_max)
+    tl.debug_barrier()
+    r = tl.arange(0, ROWS)
+    n = tl.arange(0, TOP_N_PAD)
+    row = tile * ROWS + r
+    ok = (row < num_t)[:, None] & (n < top_n)[None, :]
+    idx_off = (bh.to(tl.int64) * num_t + row)[:, None] * top_n + n[None, :]
+    idx = tl.load(idx_ptr + idx_off, mask=ok, other=-1)  # [ROWS, TOP_N_PAD]
+    bit = tl.broadcast_to((1 << r)[:, None], [ROWS, TOP_N_PAD])
+    tl.atomic_or(bm + tl.maximum(idx, 0), bit, mask=ok & (idx >= 0))
+    tl.debug_barrier()
+    out = pid.to(tl.int64) * list_len
+    total = tl.full([], 0, dtype=tl.int32) + 0
+    for j0 in range(0, nb_max, CHUNK):
+        j = j0 + offs
+        w = tl.load(bm + j, mask=j < nb_max, other=0)
+        used = w != 0
+        dest = total + tl.cumsum(used.to(tl.int32), 0) - 1
+        tl.store(list_ptr + out + dest, j, mask=used)
+        tl.store(bits_ptr + out + dest, w, mask=used)
+        total += tl.sum(used.to(tl.int32), 0)
+    tl.store(count_ptr + pid, total)
