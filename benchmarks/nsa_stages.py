@@ -31,27 +31,32 @@ import torch
 from kernels import benchmark as kb
 from kernels import nsa_verify as nv
 from kernels import timing as tm
-from kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots
+from kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
 
 KW = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
 TIMING = tm.TimingConfig(warmup=3, graph_launches=10, graph_reps=8, max_total_s=0.3)
+# (batch, draft rows t, context, cache capacity or None for context + t): the 32K case in a
+# 128K cache shows that a call's cost follows the prefix, not the capacity.
 CASES = (
-    (1, 16, 131072),
-    (1, 4, 131072),
-    (1, 1, 131072),
-    (1, 16, 32768),
-    (16, 16, 65536),
-    (16, 1, 65536),
+    (1, 16, 131072, None),
+    (1, 4, 131072, None),
+    (1, 1, 131072, None),
+    (1, 16, 32768, None),
+    (1, 16, 32768, 131072 + 17),
+    (16, 16, 65536, None),
+    (16, 1, 65536, None),
 )
 OVERLAP = 0.7
 K = 1024
 
 
-def input_sets(bsz: int, t: int, ctx: int, num_sets: int) -> list[tuple[tuple, torch.Tensor]]:
+def input_sets(
+    bsz: int, t: int, ctx: int, capacity: int, num_sets: int
+) -> list[tuple[tuple, torch.Tensor]]:
     """Rotation sets sharing one K/V cache: fresh q, compressed K/V and block indices each."""
     gen = kb._gen(1 + ctx + bsz)
     rng = np.random.default_rng(ctx + bsz)
-    q, k, v, lens, mask = kb.attention_inputs(bsz, t, ctx + t, [ctx] * bsz, gen)
+    q, k, v, lens, mask = kb.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
     ck, cv, _ = nv.compress_kv(k, v, lens, comp_block=KW["comp_block"], comp_stride=16)
     gates = torch.full((bsz, t, kb.NUM_Q_HEADS, 3), 1 / 3, device="cuda")
     nb = [ctx // KW["block_size"]] * bsz
@@ -90,8 +95,8 @@ def check(sets) -> None:
             torch.testing.assert_close(o.float(), ro.float(), atol=3e-2, rtol=3e-2)
 
 
-def calls(sets, plan, slots, unions, parts):
-    """``name -> fn(i)`` of every timed call and stage."""
+def calls(sets, plan, slots, rslots, unions, parts):
+    """``name -> fn(i)`` of every timed call and stage (``rslots``: a refresh call's slots)."""
     out = {
         "reuse": lambda i: nv.nsa_verify(
             *sets[i][0], block_idx=sets[i][1], union=unions[i], **KW, validate=False
@@ -103,40 +108,45 @@ def calls(sets, plan, slots, unions, parts):
         "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
     }
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
-    for name, sl in {**branch, "all": slots}.items():
+    for name, sl in {**branch, "all": slots, "refresh_comp": (rslots[0], 0, 0)}.items():
         out[f"stage_fwd_{name}"] = lambda i, sl=sl: nv._launch_fwd(
             plan, sets[i][0], unions[i], parts[i], slots=sl
         )
     o = torch.empty_like(sets[0][0][0])
     out["stage_merge"] = lambda i: nv._launch_merge(plan, parts[i], sets[i][0][7], o, slots)
     out["stage_union_plan"] = lambda i: nv.union_plan(sets[i][1], plan.rows, plan.nb_max)
-    out["stage_refresh_select"] = lambda i: nv._refresh_indices(plan, sets[i][0], parts[i], slots)
+    out["stage_refresh_select"] = lambda i: nv._refresh_indices(plan, sets[i][0], parts[i], rslots)
+    out["stage_scores"] = lambda i: nv._block_scores(plan, sets[i][0], parts[i], rslots[0])
     scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device="cuda")
     out["stage_topk"] = lambda i: nv._select_top_blocks(scores, sets[i][0][3], plan)
     return out
 
 
-def run_case(bsz: int, t: int, ctx: int, copy_bps: float) -> dict:
+def run_case(bsz: int, t: int, ctx: int, capacity: int | None, copy_bps: float) -> dict:
     num_sets = 4 if bsz == 1 else 2
-    sets = input_sets(bsz, t, ctx, num_sets)
+    capacity = capacity or ctx + t
+    sets = input_sets(bsz, t, ctx, capacity, num_sets)
     check(sets)
     kw = dict(KW, num_sink=1, num_local=1, sm_scale=None)
     plan = make_plan(sets[0][0][0], sets[0][0][1], sets[0][0][5], config=DEFAULT_CONFIG, **kw)
     slots = plan_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
+    rslots = refresh_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
     unions = [nv.union_plan(idx, plan.rows, plan.nb_max) for _, idx in sets]
-    parts = [nv._alloc_partials(plan, sum(slots), "cuda") for _ in sets]
+    parts = [nv._alloc_partials(plan, max(sum(slots), sum(rslots)), "cuda") for _ in sets]
     floor = floor_bytes(bsz, t, ctx, sets[0][1])
     row = dict(
         batch=bsz,
         num_query_tokens=t,
         context_len=ctx,
+        capacity=capacity,
         overlap=OVERLAP,
         slots=slots,
+        refresh_slots=rslots,
         unique_bytes=floor,
         floor_s=floor / copy_bps,
         times_s={},
     )
-    for name, fn in calls(sets, plan, slots, unions, parts).items():
+    for name, fn in calls(sets, plan, slots, rslots, unions, parts).items():
         row["times_s"][name] = tm.bench(fn, "graph", num_inputs=num_sets, config=TIMING).median_s
     torch.cuda.empty_cache()
     return row
@@ -147,7 +157,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="write the JSON document here")
     args = p.parse_args(argv)
     copy_bps = tm.copy_bytes_per_s()
-    rows = [run_case(b, t, ctx, copy_bps) for b, t, ctx in CASES]
+    rows = [run_case(*case, copy_bps) for case in CASES]
     doc = {
         "benchmark": "nsa_stages",
         "copy_bytes_per_s": copy_bps,
@@ -161,30 +171,32 @@ def main(argv=None) -> None:
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, out)
+    cols = {
+        "reuse": "reuse",
+        "reuse_unfused": "reuse_unf",
+        "refresh": "refresh",
+        "refresh_unfused": "refr_unf",
+        "stage_merge": "merge",
+        "stage_fwd_refresh_comp": "r_comp",
+        "stage_scores": "scores",
+        "stage_topk": "topk",
+        "stage_union_plan": "union",
+    }
     print(
         f"{'case':>18s} {'floor':>7s}"
-        + "".join(
-            f" {n:>9s}"
-            for n in ("reuse", "reuse_unf", "refresh", "refr_unf", "merge", "topk", "union")
-        )
-        + "  reuse/floor  fused/unfused"
+        + "".join(f" {n:>9s}" for n in cols.values())
+        + "  reuse/floor  refresh/floor  fused/unfused"
     )
     for r in rows:
         ts = {k: v * 1e6 for k, v in r["times_s"].items()}
+        floor_us = r["floor_s"] * 1e6
         case = f"b{r['batch']} t{r['num_query_tokens']} {r['context_len'] // K}K"
-        cols = (
-            "reuse",
-            "reuse_unfused",
-            "refresh",
-            "refresh_unfused",
-            "stage_merge",
-            "stage_topk",
-            "stage_union_plan",
-        )
+        if r["capacity"] > r["context_len"] + r["num_query_tokens"]:
+            case += f"/{r['capacity'] // K}K"
         print(
-            f"{case:>18s} {r['floor_s'] * 1e6:7.1f}"
+            f"{case:>18s} {floor_us:7.1f}"
             + "".join(f" {ts[c]:9.1f}" for c in cols)
-            + f"  {ts['reuse'] / (r['floor_s'] * 1e6):11.2f}"
+            + f"  {ts['reuse'] / floor_us:11.2f}  {ts['refresh'] / floor_us:13.2f}"
             + f"  {ts['reuse_unfused'] / ts['reuse']:13.2f}"
         )
 

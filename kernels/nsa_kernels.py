@@ -247,51 +247,16 @@ def nsa_fwd_kernel(
 
 
 @triton.jit
-def _fold(out, gate, l_i, acc):
-    """``out + gate * acc / l``; an empty branch (``l == 0``) adds 0, never 0 / 0."""
-    w = tl.where(l_i > 0.0, gate / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
-    return out + acc * w[:, None]
-
-
-@triton.jit
-def _load_gate(gate_ptr, gate_off, m_ok, BRANCH: tl.constexpr, APPLY_GATES: tl.constexpr):
-    if APPLY_GATES:
-        return tl.load(gate_ptr + gate_off + BRANCH, mask=m_ok, other=0.0).to(tl.float32)
-    else:
-        return 1.0
-
-
-@triton.jit
-def _merge_branch(
-    out,
-    ml_base,
-    acc_base,
-    rows,
-    m_all,
-    slot_ids,
-    slot_lo,
-    n_slots,
-    gate,
-    BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    """Merge the states of slots ``[slot_lo, slot_lo + n_slots)`` for MMA rows ``rows`` and fold
-    the result, gated, into ``out``. The branch maximum comes from ``m_all`` (every slot's
-    ``m``, ``[S_PAD, rows]``, loaded at once), so the weighted sum of the ``acc`` partials has
-    no loop-carried rescaling and its loads pipeline."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    mine = (slot_ids >= slot_lo) & (slot_ids < slot_lo + n_slots)
-    m_i = tl.max(tl.where(mine[:, None], m_all, NEG_SENTINEL), 0)
-    l_i = tl.zeros(rows.shape, dtype=tl.float32)
-    acc = tl.zeros([rows.shape[0], HEAD_DIM], dtype=tl.float32)
-    for s in tl.range(slot_lo, slot_lo + n_slots, num_stages=NUM_STAGES):
-        # Both values are finite (the sentinel at worst): no -inf - -inf here either.
-        w = tl.exp2(tl.load(ml_base + s * 2 * BLOCK_M + rows) - m_i)
-        l_i += w * tl.load(ml_base + s * 2 * BLOCK_M + BLOCK_M + rows)
-        a_s = tl.load(acc_base + s * BLOCK_M * HEAD_DIM + rows[:, None] * HEAD_DIM + offs_d)
-        acc += a_s * w[:, None]
-    return _fold(out, gate, l_i, acc)
+def _merge_branch(out, m_all, l_all, acc_all, mine, gate):
+    """Merge the slots ``mine`` (``[S_PAD]``) of one branch from every slot's ``m``, ``l``
+    (``[S_PAD]``) and ``acc`` (``[S_PAD, D]``), all in registers, and fold the result, gated,
+    into ``out`` (``[D]``). Slots outside the branch weigh 0; both exponents are finite (the
+    sentinel at worst), so no -inf - -inf."""
+    m_i = tl.max(tl.where(mine, m_all, NEG_SENTINEL), 0)
+    w = tl.where(mine, tl.exp2(tl.where(mine, m_all, m_i) - m_i), 0.0)
+    l_i = tl.sum(w * l_all, 0)
+    acc = tl.sum(w[:, None] * acc_all, 0)
+    return out + acc * tl.where(l_i > 0.0, gate / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
 
 
 @triton.jit
@@ -314,57 +279,42 @@ def nsa_merge_kernel(
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    MERGE_M: tl.constexpr,
     S_PAD: tl.constexpr,
     APPLY_GATES: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
 ):
-    """Grid ``(B * Hkv * tiles, BLOCK_M / MERGE_M)``: merge each branch's slots on its own for
-    ``MERGE_M`` MMA rows, gate, write ``o``. ``S_PAD`` >= the slots of the launch."""
+    """Grid ``(B * Hkv * tiles, BLOCK_M)``: merge each branch's slots on its own for one MMA
+    row, gate, write ``o``. ``S_PAD`` >= the slots of the launch. The row's partials of every
+    slot are loaded at once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent
+    loads."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     pid = tl.program_id(0)
-    bh = pid // num_tiles
-    tile = pid % num_tiles
-    b = (bh // NUM_KV_HEADS).to(tl.int64)
-    kvh = (bh % NUM_KV_HEADS).to(tl.int64)
-    offs_m = tl.program_id(1) * MERGE_M + tl.arange(0, MERGE_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row = tile * ROWS + offs_m // GROUP_PAD
-    g = offs_m % GROUP_PAD
-    m_ok = (row < num_t) & (g < GROUP)
-    head = kvh * GROUP + g
-    gate_off = ((b * num_t + row) * NUM_HEADS + head) * 3
-    base = pid.to(tl.int64) * num_slots
-    ml_base = part_ml_ptr + base * 2 * BLOCK_M
-    acc_base = part_acc_ptr + base * BLOCK_M * HEAD_DIM
-    slot_ids = tl.arange(0, S_PAD)
-    m_all = tl.load(
-        ml_base + slot_ids[:, None] * 2 * BLOCK_M + offs_m[None, :],
-        mask=(slot_ids < num_slots)[:, None],
-        other=NEG_SENTINEL,
-    )  # [S_PAD, MERGE_M]
-    out = tl.zeros([MERGE_M, HEAD_DIM], dtype=tl.float32)
-    lo = 0
-    for branch in tl.static_range(3):
-        n = c_slots if branch == 0 else (s_slots if branch == 1 else w_slots)
-        gate = _load_gate(gate_ptr, gate_off, m_ok, branch, APPLY_GATES)
-        out = _merge_branch(
-            out,
-            ml_base,
-            acc_base,
-            offs_m,
-            m_all,
-            slot_ids,
-            lo,
-            n,
-            gate,
-            BLOCK_M,
-            HEAD_DIM,
-            NUM_STAGES,
-        )
-        lo += n
-    o_off = b * stride_ob + row * stride_ot + head * stride_oh
-    tl.store(
-        o_ptr + o_off[:, None] + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None]
-    )
+    m = tl.program_id(1)
+    row = (pid % num_tiles) * ROWS + m // GROUP_PAD
+    g = m % GROUP_PAD
+    if (row < num_t) & (g < GROUP):
+        bh = pid // num_tiles
+        b = (bh // NUM_KV_HEADS).to(tl.int64)
+        head = (bh % NUM_KV_HEADS).to(tl.int64) * GROUP + g
+        gate_off = ((b * num_t + row) * NUM_HEADS + head) * 3
+        offs_d = tl.arange(0, HEAD_DIM)
+        slot_ids = tl.arange(0, S_PAD)
+        slot_ok = slot_ids < num_slots
+        base = pid.to(tl.int64) * num_slots + slot_ids  # [S_PAD]
+        m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
+        l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
+        acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
+        acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
+        out = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        lo = 0
+        for branch in tl.static_range(3):
+            n = c_slots if branch == 0 else (s_slots if branch == 1 else w_slots)
+            if APPLY_GATES:
+                gate = tl.load(gate_ptr + gate_off + branch).to(tl.float32)
+            else:
+                gate = 1.0
+            mine = (slot_ids >= lo) & (slot_ids < lo + n)
+            out = _merge_branch(out, m_all, l_all, acc_all, mine, gate)
+            lo += n
+        o_off = b * stride_ob + row * stride_ot + head * stride_oh
+        tl.store(o_ptr + o_off + offs_d, out.to(o_ptr.dtype.element_ty))

@@ -23,7 +23,8 @@ class NsaVerifyConfig:
     block_n: int = field(
         default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
     )
-    block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
+    block_j: int = field(default=32, metadata={"help": "selection blocks scored per program"})
+    score_warps: int = field(default=4, metadata={"help": "warps per block-scoring program"})
     num_warps: int = field(default=4, metadata={"help": "warps per forward program"})
     num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of loads"})
     num_splits: int = field(
@@ -47,8 +48,9 @@ class NsaVerifyConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
+        for name in ("num_warps", "score_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8, 16):
+                raise ValueError(f"{name} must be a power of two <= 16, got {getattr(self, name)}")
         for name in ("num_stages", "ctas_per_sm", "max_splits", "min_tiles_per_slot"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -61,8 +63,6 @@ class NsaVerifyConfig:
 DEFAULT_CONFIG = NsaVerifyConfig()
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = 16
-# Rows one merge program combines.
-MERGE_M = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,7 @@ class LaunchPlan:
     num_tiles: int
     block_n: int
     block_j: int
+    score_warps: int
     num_warps: int
     num_stages: int
     dot_precision: str
@@ -196,6 +197,7 @@ def make_plan(
         num_tiles=triton.cdiv(t, rows),
         block_n=min(config.block_n, block_size),
         block_j=config.block_j,
+        score_warps=config.score_warps,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
@@ -211,8 +213,9 @@ def plan_slots(
     """Slots (programs) per (sequence x KV head, row tile) for each enabled branch.
 
     Sized by work: every slot gets about the same number of key tiles, enough of them that the
-    grid fills ``ctas_per_sm`` programs on every SM, and at least ``min_tiles_per_slot`` (a slot
-    pays for its query load, its partial and a merge step). ``config.num_splits`` instead
+    grid fills ``ctas_per_sm`` programs on every SM without starting a second wave, and at
+    least ``min_tiles_per_slot`` (a slot pays for its query load, its partial and a merge
+    step). ``config.num_splits`` instead
     apportions that many slots by work. The interpreter takes one slot per branch. Disabled
     branches get 0, enabled ones at least 1."""
     work = [
@@ -227,8 +230,23 @@ def plan_slots(
     index = device.index if device.index is not None else torch.cuda.current_device()
     capacity = num_sms(index) * config.ctas_per_sm
     per_slot = max(config.min_tiles_per_slot, plan.programs * sum(work) / capacity)
-    slots = [math.ceil(w / per_slot) if w else 0 for w in work]
-    over = sum(slots) / config.max_splits
-    if over > 1:
-        slots = [max(1, math.floor(n / over)) if n else 0 for n in slots]
-    return tuple(max(1, n) if on else 0 for n, on in zip(slots, branches, strict=True))
+    slots = [
+        max(1, math.ceil(w / per_slot)) if on else 0 for w, on in zip(work, branches, strict=True)
+    ]
+    # At most one wave (a few programs past it would double the time) and max_splits slots:
+    # take slots from the branch with the least work per slot.
+    limit = max(min(config.max_splits, capacity // plan.programs), sum(branches))
+    while sum(slots) > limit:
+        i = min((k for k in range(3) if slots[k] > 1), key=lambda k: work[k] / slots[k])
+        slots[i] -= 1
+    return tuple(slots)
+
+
+def refresh_slots(
+    plan: LaunchPlan, device: torch.device, config: NsaVerifyConfig
+) -> tuple[int, int, int]:
+    """Slots of a refresh call, whose compressed branch runs in a launch of its own (its
+    states feed the selection) and the selected and window branches in a second one: each
+    launch is sized to fill the SMs on its own."""
+    c_slots = plan_slots(plan, device, config, (True, False, False))[0]
+    return (c_slots, *plan_slots(plan, device, config, (False, True, True))[1:])

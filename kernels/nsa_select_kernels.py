@@ -46,6 +46,7 @@ def block_score_kernel(
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     OVERLAP_SPLIT: tl.constexpr,
+    C_PAD: tl.constexpr,
 ):
     """Grid ``(B * Hkv, row tiles, NB_max / BLOCK_J)``: NSA block importance. The compressed
     softmax normaliser comes from the compressed partials (slots ``[0, c_splits)``); each
@@ -71,14 +72,14 @@ def block_score_kernel(
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
 
     ml_base = part_ml_ptr + (bh * tl.num_programs(1) + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
-    m_c = tl.full([BLOCK_M], NEG_SENTINEL, dtype=tl.float32)
-    l_c = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for sl in range(0, c_splits):
-        m_s = tl.load(ml_base + sl * 2 * BLOCK_M + offs_m)
-        l_s = tl.load(ml_base + sl * 2 * BLOCK_M + BLOCK_M + offs_m)
-        m_new = tl.maximum(m_c, m_s)
-        l_c = l_c * tl.exp2(m_c - m_new) + l_s * tl.exp2(m_s - m_new)
-        m_c = m_new
+    # Every compressed slot's (m, l) at once: [C_PAD, BLOCK_M], one round trip to memory.
+    sl = tl.arange(0, C_PAD)
+    ml_off = sl[:, None] * 2 * BLOCK_M + offs_m[None, :]
+    sl_ok = (sl < c_splits)[:, None]
+    m_s = tl.load(ml_base + ml_off, mask=sl_ok, other=NEG_SENTINEL)
+    l_s = tl.load(ml_base + ml_off + BLOCK_M, mask=sl_ok, other=0.0)
+    m_c = tl.max(m_s, 0)
+    l_c = tl.sum(l_s * tl.exp2(m_s - m_c[None, :]), 0)
     # Padding rows and rows with no compressed token contribute nothing (and no 0 / 0).
     inv_l = tl.where(m_ok & (l_c > 0.0), 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
 
@@ -146,11 +147,11 @@ def topk_blocks_kernel(
     order-preserving as an integer, above the complemented block id. ``TOP_N`` rounds each take
     the largest key below the previous pick (one max-reduction), so ties resolve to the lower
     block and nothing is written between rounds; a row of at most ``CHUNK`` blocks stays in
-    registers throughout."""
+    registers throughout, a longer one is walked in chunks up to its prefix's last block."""
     r = tl.program_id(0)
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
-    nb = (prefix + BLOCK_SIZE - 1) // BLOCK_SIZE
+    nb = tl.minimum((prefix + BLOCK_SIZE - 1) // BLOCK_SIZE, nb_max)
     base = score_ptr + r.to(tl.int64) * nb_max
     offs = tl.arange(0, CHUNK)
     slots = tl.arange(0, TOP_N_PAD)
@@ -160,7 +161,7 @@ def topk_blocks_kernel(
         keys = _block_keys(base, offs, nb, num_sink, num_local)
     for i in range(TOP_N):
         best = tl.full([], -1, dtype=tl.int64) + 0
-        for c in range(NUM_CHUNKS):
+        for c in range(tl.cdiv(nb, CHUNK)):
             if NUM_CHUNKS > 1:
                 keys = _block_keys(base, c * CHUNK + offs, nb, num_sink, num_local)
             best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, -1)))

@@ -64,11 +64,11 @@ from kernels.nsa_compress import (
 from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
 from kernels.nsa_launch import (
     DEFAULT_CONFIG,
-    MERGE_M,
     LaunchPlan,
     NsaVerifyConfig,
     make_plan,
     plan_slots,
+    refresh_slots,
     tile_rows,
 )
 from kernels.nsa_reference import reference_nsa_verify
@@ -188,8 +188,8 @@ def _launch_fwd(
 
 def _launch_merge(plan: LaunchPlan, part, gates, o, slots, *, apply_gates=True) -> None:
     part_acc, part_ml = part
-    merge_m = min(MERGE_M, plan.block_m)
-    nsa_merge_kernel[(plan.programs, plan.block_m // merge_m)](
+    s_pad = max(2, triton.next_power_of_2(part_ml.shape[1]))
+    nsa_merge_kernel[(plan.programs, plan.block_m)](
         part_acc,
         part_ml,
         gates,
@@ -199,12 +199,10 @@ def _launch_merge(plan: LaunchPlan, part, gates, o, slots, *, apply_gates=True) 
         plan.num_tiles,
         *slots,
         part_ml.shape[1],
-        MERGE_M=merge_m,
-        S_PAD=max(2, triton.next_power_of_2(part_ml.shape[1])),
+        S_PAD=s_pad,
         APPLY_GATES=apply_gates,
-        NUM_STAGES=3,
         **plan.rows_meta(),
-        num_warps=4,
+        num_warps=1 if s_pad * plan.head_dim <= 2048 else 4,
     )
 
 
@@ -233,10 +231,10 @@ def _select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: La
     return out
 
 
-def _refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
-    """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
+def _block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
+    """Step (2) of the refresh path: ``[B, Hkv, t, NB_max]`` fp32 block importance from the
+    compressed partials of ``c_slots`` slots in ``part``."""
     q, _, _, prefix_lens, _, comp_k, _, _ = args
-    _launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0))
     shape = (plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max)
     scores = torch.empty(shape, dtype=torch.float32, device=q.device)
     grid = (plan.batch * plan.num_kv_heads, plan.num_tiles, triton.cdiv(plan.nb_max, plan.block_j))
@@ -254,17 +252,25 @@ def _refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
         plan.comp_block,
         plan.comp_stride,
         plan.qk_scale,
-        slots[0],
+        c_slots,
         part[1].shape[1],
         BLOCK_C=plan.block_n,
         BLOCK_J=plan.block_j,
         BLOCK_SIZE=plan.block_size,
         DOT_PRECISION=plan.dot_precision,
         OVERLAP_SPLIT=plan.dot_precision != "ieee",
+        C_PAD=max(2, triton.next_power_of_2(c_slots)),
         **plan.rows_meta(),
-        num_warps=8,
+        num_warps=plan.score_warps,
     )
-    return _select_top_blocks(scores, prefix_lens, plan)
+    return scores
+
+
+def _refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
+    """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
+    _launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0))
+    scores = _block_scores(plan, args, part, slots[0])
+    return _select_top_blocks(scores, args[3], plan)
 
 
 def _prepare(args, block_idx, kw, validate, config) -> LaunchPlan:
@@ -373,7 +379,10 @@ def nsa_verify(
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    slots = plan_slots(plan, q.device, config)
+    if block_idx is None:
+        slots = refresh_slots(plan, q.device, config)
+    else:
+        slots = plan_slots(plan, q.device, config)
     part = _alloc_partials(plan, sum(slots), q.device)
     if block_idx is None:
         block_idx = _refresh_indices(plan, args, part, slots)
