@@ -17,7 +17,8 @@ the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, me
   ``graph_s / ops_sum_s`` is what the loop adds (target: <= 1.15);
 - ``floor_s``: (weights read + KV read) / the copy bandwidth measured in the same run
   (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``; a sparse step's KV read is
-  the least its attention must read (``floor_bytes``);
+  the least its attention must read (``floor_bytes``); each op's ``floor_s`` and ``over_floor``
+  likewise (``op_floors``: bytes, FLOPs or one graph-replayed launch, whichever is largest);
 - ``predicted_verify_s``: perfmodel's verify step for the same point (calibrated profile).
 
 The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
@@ -46,10 +47,17 @@ import torch
 
 from engine.attention import AttentionConfig, TreeAttention
 from engine.checkpoint import build_model, resolve_source
-from engine.rope import apply_rope, expand_angles
 from engine.runner import ModelRunner
 from engine.tree import DraftTree
-from kernels.timing import TimingConfig, bench, copy_bytes_per_s, provenance
+from kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from kernels.timing import (
+    TimingConfig,
+    bench,
+    copy_bytes_per_s,
+    empty_kernel_s,
+    gemm_flops_per_s,
+    provenance,
+)
 from perfmodel.calibrated import make_predictor
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
@@ -74,7 +82,25 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--campaign", default=None, help="time the verify steps of this campaign")
     p.add_argument("--ops", action="store_true", help="with --campaign: the op breakdown too")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows already in --out (same code commit) and measure only the others",
+    )
     return p.parse_args(argv)
+
+
+def _resumed(args) -> dict | None:
+    """With ``--resume``, the document in ``--out`` if it was measured at this code's commit."""
+    if not (args.resume and args.out and Path(args.out).exists()):
+        return None
+    doc = json.loads(Path(args.out).read_text())
+    if doc["provenance"]["git_commit"] != provenance()["git_commit"]:
+        raise SystemExit(
+            f"--resume: {args.out} was measured at {doc['provenance']['git_commit']}, "
+            f"this code is {provenance()['git_commit']}"
+        )
+    return doc
 
 
 def _int(text: str) -> int:
@@ -83,8 +109,13 @@ def _int(text: str) -> int:
 
 
 def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, tokens: torch.Tensor):
-    """``name -> (fn(i), count per forward)`` for every op of one tree forward; ``fn(i)`` uses
-    layer ``i % L``'s weights and cache."""
+    """``name -> (fn(i), count per forward)`` for every op of one tree forward on the Triton
+    backend (``engine.model``'s fused path); ``fn(i)`` uses layer ``i % L``'s weights and cache.
+
+    Norms: ``embed_norm`` is the first layer's input norm; each later one is ``input_norm``, the
+    MLP's residual add fused with it, as ``final_norm`` is with the final norm; ``post_norm`` is
+    the attention's residual add fused with the post-attention norm. ``rope_kv_write`` is the q/k
+    rotary (rope tables gathered inside) with the KV-tail store."""
     model, cache = runner.model, runner.cache
     layers = model.model.layers
     num_l = len(layers)
@@ -94,13 +125,10 @@ def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, token
     dev, dtype = runner.device, next(model.parameters()).dtype
     tt = runner.tree_tensors(tree)
     positions = cache.lens.long()[:, None] + tt.depth
-    slots, rows = cache.tail_slots(t), cache.tail_rows(t)
+    sink = cache.tail_writer(t)
     x = torch.randn(b, t, d, device=dev, dtype=dtype)
     q = torch.randn(b, t, h, dh, device=dev, dtype=dtype)
-    k = torch.randn(b, t, hkv, dh, device=dev, dtype=dtype)
-    cos, sin = expand_angles(model.rope_cos[positions], model.rope_sin[positions],
-                             interleaved=cfg.rope_interleaved)  # fmt: skip
-    qk = torch.randn(b, t, h + hkv, dh, device=dev, dtype=dtype)
+    qkv = torch.randn(b, t, (h + 2 * hkv) * dh, device=dev, dtype=dtype)
     inter = torch.randn(b, t, 2 * cfg.intermediate_size, device=dev, dtype=dtype)
     act = torch.randn(b, t, cfg.intermediate_size, device=dev, dtype=dtype)
     attn_o = torch.randn(b, t, h * dh, device=dev, dtype=dtype)
@@ -117,34 +145,29 @@ def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, token
         a(0, q)  # the refresh layer whose indices a reuse layer takes
         return a(reuse[i % len(reuse)], q)
 
+    def rope(i):
+        sa = layers[i % num_l].self_attn
+        return sa.rope_store(qkv, positions, model.rope_cos, model.rope_sin, sink.target(i % num_l))
+
+    def norm(i, which):
+        n = getattr(layers[i % num_l], which)
+        return add_rms_norm(x, x, n.weight, n.eps)
+
     refresh_layers = num_l if attn.kind == "dense" else math.ceil(num_l / attn.refresh_every)
+    first, final = layers[0].input_layernorm, model.model.norm
     ops = {
         "embed": (lambda i: model.model.embed_tokens(tokens), 1),
-        "rope_tables": (
-            lambda i: expand_angles(
-                model.rope_cos[positions],
-                model.rope_sin[positions],
-                interleaved=cfg.rope_interleaved,
-            ),
-            1,
-        ),  # fmt: skip
-        "input_norm": (lambda i: layers[i % num_l].input_layernorm(x), num_l),
+        "embed_norm": (lambda i: rms_norm(x, first.weight, first.eps), 1),
         "qkv_proj": (lambda i: layers[i % num_l].self_attn.qkv_proj(x), num_l),
-        "rope_qk": (
-            lambda i: apply_rope(qk, cos, sin, interleaved=cfg.rope_interleaved)[
-                :, :, :h
-            ].contiguous(),
-            num_l,
-        ),
-        "kv_write": (lambda i: cache.write(i % num_l, rows, slots, k, k), num_l),
+        "rope_kv_write": (rope, num_l),
         "attention": (attend, refresh_layers),
         "o_proj": (lambda i: layers[i % num_l].self_attn.o_proj(attn_o), num_l),
-        "residual_add": (lambda i: x + x, 2 * num_l),
-        "post_norm": (lambda i: layers[i % num_l].post_attention_layernorm(x), num_l),
+        "post_norm": (lambda i: norm(i, "post_attention_layernorm"), num_l),
         "gate_up_proj": (lambda i: layers[i % num_l].mlp.gate_up_proj(x), num_l),
-        "silu_mul": (lambda i: torch.nn.functional.silu(inter[..., : act.shape[-1]]) * act, num_l),
+        "silu_mul": (lambda i: silu_mul(inter), num_l),
         "down_proj": (lambda i: layers[i % num_l].mlp.down_proj(act), num_l),
-        "final_norm": (lambda i: model.model.norm(x), 1),
+        "input_norm": (lambda i: norm(i, "input_layernorm"), num_l - 1),
+        "final_norm": (lambda i: add_rms_norm(x, x, final.weight, final.eps), 1),
         "lm_head": (lambda i: torch.nn.functional.linear(x, head).float(), 1),
     }
     if num_l - refresh_layers > 0:
@@ -172,6 +195,47 @@ def floor_bytes(model, cache, t: int, attn: AttentionConfig | None = None) -> tu
         tokens = min(tokens, sparse)
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * tokens * cfg.head_dim * elem
     return weights, kv
+
+
+def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
+    """Each op's floor in seconds: max(bytes / copy rate, FLOPs / GEMM rate, one graph-replayed
+    launch), with the ceilings measured in the same run. Bytes: a projection reads its weight
+    and its ``t`` input rows and writes its output rows; attention at least a layer's share of
+    the step's least KV read (``floor_bytes``); an element-wise op reads and writes its rows."""
+    cfg = model.config
+    elem = next(model.parameters()).element_size()
+    d, inter, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * dh
+    q_out = cfg.num_heads * dh
+    gemms = {
+        "qkv_proj": (d, qkv),
+        "o_proj": (q_out, d),
+        "gate_up_proj": (d, 2 * inter),
+        "down_proj": (inter, d),
+        "lm_head": (d, cfg.vocab_size),
+    }
+    flops = {k: 2 * t * n_in * n_out for k, (n_in, n_out) in gemms.items()}
+    moved = {k: (n_in * n_out + t * (n_in + n_out)) * elem for k, (n_in, n_out) in gemms.items()}
+    rows = t * elem
+    moved |= {
+        "embed": 2 * d * rows,
+        "embed_norm": 2 * d * rows + d * elem,
+        "input_norm": 4 * d * rows + d * elem,
+        "post_norm": 4 * d * rows + d * elem,
+        "final_norm": 4 * d * rows + d * elem,
+        "rope_kv_write": 2 * qkv * rows,
+        "silu_mul": 3 * inter * rows,
+        "attention": kv_bytes // cfg.num_layers,
+        "attention_reuse": kv_bytes // cfg.num_layers,
+    }
+    return {
+        k: max(
+            b / ceilings["copy_bytes_per_s"],
+            flops.get(k, 0) / ceilings["gemm_flops_per_s"],
+            ceilings["graph_launch_s"],
+        )
+        for k, b in moved.items()
+    }
 
 
 def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int, gpu: str):
@@ -295,29 +359,44 @@ def main(argv=None) -> dict:
     model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
     runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
     runner.cache.kv.normal_()
-    copy_bps = copy_bytes_per_s()
-    rows = []
+    resumed = _resumed(args)
+    if resumed is None:  # the ceilings every row's floors use, measured once per document
+        ceilings = {
+            "copy_bytes_per_s": copy_bytes_per_s(),
+            "gemm_flops_per_s": gemm_flops_per_s(),
+            "graph_launch_s": empty_kernel_s("graph"),
+        }
+    else:
+        ceilings = {
+            k: resumed[k] for k in ("copy_bytes_per_s", "gemm_flops_per_s", "graph_launch_s")
+        }
+    rows = [] if resumed is None else resumed["rows"]
+    done = {(r["strategy"], r["context"], r["t"]) for r in rows}
+    result = {
+        "benchmark": "engine_verify",
+        "model": args.model,
+        **ceilings,
+        "provenance": provenance(),
+        "rows": rows,
+    }
     for context in contexts:
         runner.cache.set_lens(torch.tensor([context], dtype=torch.int32))
         for strategy in strategies:
             attn = AttentionConfig.from_strategy(strategy)
             runner.prepare(attn)
             for t in ts:
-                row = _verify_row(runner, strategy, attn, args, context, t, copy_bps)
-                rows.append(row)
-    result = {
-        "benchmark": "engine_verify",
-        "model": args.model,
-        "copy_bytes_per_s": copy_bps,
-        "provenance": provenance(),
-        "rows": rows,
-    }
+                if (strategy.name, context, t) in done:
+                    continue
+                rows.append(_verify_row(runner, strategy, attn, args, context, t, ceilings))
+                _write(result, args.out)  # each finished row survives an interrupted run
     _write(result, args.out)
     return result
 
 
-def _verify_row(runner, strategy, attn, args, context: int, t: int, copy_bps: float) -> dict:
-    """One (strategy, context, t) row: graph, eager and op-sum times against the floor."""
+def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: dict) -> dict:
+    """One (strategy, context, t) row: graph, eager and op-sum times against the floor, and
+    each op's time against its own floor (``op_floors``)."""
+    copy_bps = ceilings["copy_bytes_per_s"]
     model = runner.model
     tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
     attn.check_tree(t, model.config.gqa_group)
@@ -332,6 +411,10 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, copy_bps: fl
         ops = _time_ops(runner, attn, tree, tokens)
     ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
     w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
+    for name, floor in op_floors(model, t, kv_bytes, ceilings).items():
+        if name in ops:
+            ops[name]["floor_s"] = floor
+            ops[name]["over_floor"] = ops[name]["median_s"] / floor
     floor_s = (w_bytes + kv_bytes) / copy_bps
     pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
     row = {
@@ -359,6 +442,11 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, copy_bps: fl
         f"(graph/floor {row['graph_over_floor']:.2f}, "
         f"{row['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
         + (f"{pred_s * 1e3:.3f} ms" if pred_s else pred_prov),
+        flush=True,
+    )
+    print(
+        "    op / floor: "
+        + ", ".join(f"{k} {o['over_floor']:.2f}" for k, o in ops.items() if "over_floor" in o),
         flush=True,
     )
     return row

@@ -14,6 +14,8 @@ blocks only. Nothing here reads the lengths on the host on the Triton path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from engine.config import ModelConfig
@@ -27,6 +29,16 @@ from kernels.nsa_compress import (
 from kernels.select_blocks import BlockMetadata, reference_block_metadata
 
 META_KINDS = ("mean", "quest")
+
+
+@dataclass(frozen=True, slots=True)
+class KVTarget:
+    """Where one layer's keys and values of a forward go, for a kernel that stores them itself
+    (``kernels.rope_kv_write``)."""
+
+    k_cache: torch.Tensor = field(metadata={"help": "[B, Hkv, T_max, D] view of the layer's keys"})
+    v_cache: torch.Tensor = field(metadata={"help": "[B, Hkv, T_max, D] view of its values"})
+    slots: torch.Tensor = field(metadata={"help": "[B, t] int64 cache position of every row"})
 
 
 class KVCache:
@@ -87,6 +99,10 @@ class KVCache:
         (both ``[B, t]`` int64; ``rows[b, i] = b``, built once per forward)."""
         self.kv[layer, 0][rows, :, slots] = k.to(self.kv.dtype)
         self.kv[layer, 1][rows, :, slots] = v.to(self.kv.dtype)
+
+    def tail_writer(self, t: int) -> TailWriter:
+        """The KV sink of a ``t``-row verify forward: every sequence's tail at ``lens[b] + i``."""
+        return TailWriter(self, self.tail_slots(t))
 
     def tail_rows(self, t: int) -> torch.Tensor:
         """``[B, t]`` int64 sequence index of every tail entry (for ``write``)."""
@@ -236,3 +252,21 @@ class KVCache:
         """Set the committed lengths (after prefill) and rebuild the summaries."""
         self.lens.copy_(lens.to(self.lens.device, torch.int32))
         self.rebuild_summaries()
+
+
+class TailWriter:
+    """KV sink (``engine.model.KVSink``) of a forward over the draft tail of every sequence:
+    row ``(b, i)`` goes to ``slots[b, i]``. ``write`` is the torch path's indexed store,
+    ``target`` the views the Triton path's fused kernel stores into."""
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor) -> None:
+        self.cache, self.slots = cache, slots
+        self._rows: torch.Tensor | None = None  # built by the first ``write`` of a forward
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self._rows is None:
+            self._rows = self.cache.tail_rows(self.slots.shape[1])
+        self.cache.write(layer, self._rows, self.slots, k, v)
+
+    def target(self, layer: int) -> KVTarget:
+        return KVTarget(self.cache.k(layer), self.cache.v(layer), self.slots)

@@ -1,10 +1,15 @@
 """A Llama-family decoder in torch: RMSNorm, RoPE, GQA attention through a callback, SwiGLU.
 
 The model does not own its attention algorithm or its cache layout: every layer projects
-``q, k, v``, writes ``k, v`` into the cache at the given slots and hands ``q`` to an ``attend``
-callback (``engine.attention``), which runs dense, sparse or NSA verification (or causal
-prefill) over the cache. So one forward serves prefill, the draft-tree verify step and the
-drafters, on the Triton kernels or their torch references.
+``q, k, v``, stores ``k, v`` through a ``KVSink`` and hands ``q`` to an ``attend`` callback
+(``engine.attention``), which runs dense, sparse or NSA verification (or causal prefill) over the
+cache. So one forward serves prefill, the draft-tree verify step and the drafters.
+
+Two backends. ``torch`` runs every op in torch (the reference; training needs it for autograd).
+``triton`` runs the element-wise ops as ``kernels.layer_ops`` / ``kernels.rope_kv_write``
+launches: each residual add is fused with the RMSNorm after it (the MLP's add with the next
+layer's input norm, the last one with the final norm), rotary and the KV store are one launch
+that gathers the rope tables at the positions itself, and ``silu(gate) * up`` is one more.
 
 Parameters are named like Hugging Face's ``LlamaForCausalLM`` except that q/k/v and gate/up are
 fused into one projection each (one GEMM instead of three or two); ``engine.checkpoint`` maps the
@@ -14,16 +19,34 @@ names.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.cache import KVTarget
 from engine.config import ModelConfig
 from engine.rope import apply_rope, expand_angles, rope_tables
+from kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from kernels.rope_kv_write import rope_kv_write
+
+BACKENDS = ("torch", "triton")
 
 # attend(layer, q [B, t, H, D]) -> o [B, t, H, D]; the layer's k, v are already in the cache.
 Attend = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class KVSink(Protocol):
+    """Where each layer's keys and values go. The torch backend calls ``write``; the triton
+    backend calls ``target`` and its rotary kernel stores k and v there (a sink that keeps no
+    cache, like training's, serves the torch backend only)."""
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the layer's rotated ``k`` and ``v`` ``[B, t, Hkv, D]``."""
+
+    def target(self, layer: int) -> KVTarget:
+        """The layer's cache views and the rows' slots (no allocation, no host read)."""
 
 
 class RMSNorm(nn.Module):
@@ -46,13 +69,14 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         self.interleaved = cfg.rope_interleaved
+        self.rotary_dim = cfg.rotary_dim
         qkv_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, write_kv, attend: Attend, layer: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv: KVSink, attend: Attend, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
@@ -62,9 +86,38 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), dim=2)
         qk = apply_rope(qk, cos, sin, interleaved=self.interleaved)  # q and k in one pass
         q, k = qk[:, :, :h].contiguous(), qk[:, :, h:]
-        write_kv(layer, k, v)
+        kv.write(layer, k, v)
         o = attend(layer, q)  # [B, t, H, D]
         return self.o_proj(o.reshape(b, t, h * d))
+
+    def forward_fused(self, x, positions, cos_table, sin_table, kv: KVSink, attend, layer: int):
+        """``forward`` with the q/k norm, rotary and the KV store in one Triton launch."""
+        b, t, _ = x.shape
+        q = self.rope_store(self.qkv_proj(x), positions, cos_table, sin_table, kv.target(layer))
+        o = attend(layer, q)  # [B, t, H, D]
+        return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
+
+    def rope_store(self, qkv, positions, cos_table, sin_table, target: KVTarget) -> torch.Tensor:
+        """``kernels.rope_kv_write`` of the projection ``qkv``: k and v stored at ``target``,
+        the rotated q ``[B, t, H, D]`` returned."""
+        return rope_kv_write(
+            qkv,
+            cos_table,
+            sin_table,
+            positions,
+            target.k_cache,
+            target.v_cache,
+            target.slots,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rotary_dim=self.rotary_dim,
+            interleaved=self.interleaved,
+            q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
+            k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
+            eps=None if self.q_norm is None else self.q_norm.eps,
+            validate=False,
+        )
 
 
 class MLP(nn.Module):
@@ -77,6 +130,9 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -86,8 +142,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, write_kv, attend, layer) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, write_kv, attend, layer)
+    def forward(self, x, cos, sin, kv, attend, layer) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, attend, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -123,27 +179,55 @@ class CausalLM(nn.Module):
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        write_kv: Callable[[int, torch.Tensor, torch.Tensor], None],
+        kv: KVSink,
         attend: Attend,
         *,
+        backend: str = "torch",
         return_hidden: bool = False,
         last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``tokens`` ``[B, t]`` at RoPE ``positions`` ``[B, t]`` (int64, device).
 
-        ``write_kv(layer, k, v)`` stores the layer's ``[B, t, Hkv, D]`` keys/values in the
-        cache; ``attend(layer, q)`` returns the attention output. ``last_only`` computes the
-        logits (and hidden states) of the last row only (prefill). No host synchronisation.
+        ``kv`` stores each layer's ``[B, t, Hkv, D]`` keys/values in the cache; ``attend(layer,
+        q)`` returns the attention output. ``backend`` picks torch ops or the fused Triton
+        kernels (module docstring). ``last_only`` computes the logits (and hidden states) of the
+        last row only (prefill). No host synchronisation.
         """
-        cos, sin = expand_angles(
-            self.rope_cos[positions],
-            self.rope_sin[positions],
-            interleaved=self.config.rope_interleaved,
-        )  # [B, t, 1, R]
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         x = self.model.embed_tokens(tokens)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, write_kv, attend, i)
-        hidden = self.model.norm(x[:, -1:] if last_only else x)
+        if backend == "triton":
+            hidden = self._fused_layers(x, positions, kv, attend, last_only)
+        else:
+            cos, sin = expand_angles(
+                self.rope_cos[positions],
+                self.rope_sin[positions],
+                interleaved=self.config.rope_interleaved,
+            )  # [B, t, 1, R]
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, cos, sin, kv, attend, i)
+            hidden = self.model.norm(x[:, -1:] if last_only else x)
         head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
         logits = F.linear(hidden, head).float()
         return logits, (hidden if return_hidden else None)
+
+    def _fused_layers(self, x, positions, kv: KVSink, attend: Attend, last_only: bool):
+        """The layers and the final norm on the Triton kernels: ``h`` is the normed input of the
+        next block, ``x`` the residual stream, and each ``add_rms_norm`` is a residual add with
+        the norm that reads its sum. Returns the final normed hidden states."""
+        layers = self.model.layers
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        first = layers[0].input_layernorm
+        h = rms_norm(x, first.weight, first.eps)
+        for i, layer in enumerate(layers):
+            a = layer.self_attn.forward_fused(
+                h, positions, self.rope_cos, self.rope_sin, kv, attend, i
+            )
+            post = layer.post_attention_layernorm
+            x, h = add_rms_norm(x, a, post.weight, post.eps)
+            m = layer.mlp.forward_fused(h)
+            if last_only and i == len(layers) - 1:
+                x, m = x[:, -1:], m[:, -1:]
+            norm = next_norms[i]
+            x, h = add_rms_norm(x, m, norm.weight, norm.eps)
+        return h

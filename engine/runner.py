@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.attention import AttentionConfig, TreeAttention
-from engine.cache import KVCache
+from engine.cache import KVCache, KVTarget
 from engine.graphs import GraphRunner
 from engine.model import CausalLM
 from engine.tree import DraftTree, TreeTensors
@@ -249,20 +249,32 @@ class ModelRunner:
 
     def _forward(self, tokens: list[list[int]], rows: list[int], start: int, chunk: int):
         """Sequences ``rows`` (tokens of one length) through the model at positions ``start...``,
-        writing their KV; the last position's logits ``[len(rows), V]``."""
+        writing their KV; the last position's logits ``[len(rows), V]``. Each run of adjacent
+        rows goes as one batch, so its cache rows are a view (the fused KV store needs one)."""
+        out, i = [], 0
+        while i < len(rows):
+            j = i + 1
+            while j < len(rows) and rows[j] == rows[j - 1] + 1:
+                j += 1
+            out.append(
+                self._forward_run(tokens[i:j], slice(rows[i], rows[j - 1] + 1), start, chunk)
+            )
+            i = j
+        return torch.cat(out)
+
+    def _forward_run(self, tokens: list[list[int]], rows: slice, start: int, chunk: int):
         cache = self.cache
         n = len(tokens[0])
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        sel = slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) else idx
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            pos = torch.arange(start + s, start + e, device=self.device).expand(len(rows), -1)
+            pos = torch.arange(start + s, start + e, device=self.device).expand(len(tokens), -1)
             logits, _ = self.model(
                 ids[:, s:e],
                 pos,
-                _PrefillWriter(cache, sel, start + s, start + e),
-                _PrefillAttend(cache, sel, start + s, start + e),
+                _PrefillWriter(cache, rows, start + s, start + e, pos),
+                _PrefillAttend(cache, rows, start + s, start + e),
+                backend=self.backend,
                 last_only=True,
             )
         return logits[:, -1]
@@ -283,14 +295,14 @@ class ModelRunner:
         tt = self.tree_tensors(tree)
         cache = self.cache
         t = tokens.shape[1]
-        slots, rows = cache.tail_slots(t), cache.tail_rows(t)
         positions = cache.lens.long()[:, None] + tt.depth
         attend = TreeAttention(attn, cache, tt, positions, backend=self.backend, record=record)
         logits, hidden = self.model(
             tokens,
             positions,
-            lambda layer, k, v: cache.write(layer, rows, slots, k, v),
+            cache.tail_writer(t),
             attend,
+            backend=self.backend,
             return_hidden=return_hidden,
         )
         return logits, hidden, attend.recorded
@@ -307,21 +319,26 @@ class ModelRunner:
 
 
 class _PrefillWriter:
-    """``write_kv`` of a prefill chunk: positions ``[s, e)`` of the sequences ``rows``."""
+    """KV sink of a prefill chunk: positions ``[s, e)`` of the sequences ``rows``; ``pos``
+    ``[g, e - s]`` holds those positions on the device (the fused store's slots)."""
 
-    def __init__(self, cache: KVCache, rows: slice | torch.Tensor, s: int, e: int) -> None:
-        self.cache, self.rows, self.s, self.e = cache, rows, s, e
+    def __init__(self, cache: KVCache, rows: slice, s: int, e: int, pos: torch.Tensor) -> None:
+        self.cache, self.rows, self.s, self.e, self.pos = cache, rows, s, e, pos
 
-    def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         kv = self.cache.kv
         kv[layer, 0, self.rows, :, self.s : self.e] = k.transpose(1, 2).to(kv.dtype)
         kv[layer, 1, self.rows, :, self.s : self.e] = v.transpose(1, 2).to(kv.dtype)
+
+    def target(self, layer: int) -> KVTarget:
+        kv = self.cache.kv
+        return KVTarget(kv[layer, 0, self.rows], kv[layer, 1, self.rows], self.pos)
 
 
 class _PrefillAttend:
     """Causal attention of a prefill chunk over its sequences' cache ``[0, e)``."""
 
-    def __init__(self, cache: KVCache, rows: slice | torch.Tensor, s: int, e: int) -> None:
+    def __init__(self, cache: KVCache, rows: slice, s: int, e: int) -> None:
         self.cache, self.rows, self.s, self.e = cache, rows, s, e
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:

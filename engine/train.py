@@ -57,7 +57,8 @@ DRAFT = ModelConfig(
 
 
 class _CausalSelfAttention:
-    """``write_kv``/``attend`` for training: each layer attends causally to its own k, v."""
+    """KV sink and ``attend`` for training (torch backend): each layer attends causally to its
+    own k, v."""
 
     def __init__(self) -> None:
         self.k = self.v = None
@@ -81,7 +82,7 @@ def lm_loss(model: CausalLM, window: torch.Tensor) -> tuple[torch.Tensor, torch.
     x, y = window[:, :-1], window[:, 1:]
     pos = torch.arange(x.shape[1], device=x.device).expand_as(x)
     ctx = _CausalSelfAttention()
-    logits, _ = model(x, pos, ctx.write, ctx.attend)
+    logits, _ = model(x, pos, ctx, ctx.attend)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), logits
 
 

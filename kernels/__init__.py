@@ -1,8 +1,9 @@
 """Triton kernels for sparse speculative verification, each with an fp32 torch reference.
 
 One op per module: ``dense_verify``, ``select_blocks``, ``sparse_verify``, ``nsa_verify``,
-``repair``. Each module holds the ``@triton.jit`` code, a thin validating wrapper and a
-``reference_*`` function in fp32 torch.
+``repair``, and the decoder layer's element-wise ops: ``layer_ops`` (RMSNorm alone or fused with
+the residual add, SwiGLU's ``silu_mul``) and ``rope_kv_write``. Each module holds the
+``@triton.jit`` code, a thin validating wrapper and a ``reference_*`` function in fp32 torch.
 
 Layout conventions shared by every op (names as in DESIGN.md):
 

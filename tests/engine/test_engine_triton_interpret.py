@@ -1,6 +1,8 @@
 """The engine on the real Triton kernels, run by Triton's CPU interpreter (fp32: the
 interpreter's bf16 ``tl.dot`` is broken): the verify forward of each attention kind agrees with
-the torch path, and a short greedy decode gives the same tokens on both backends."""
+the torch path, a short greedy decode gives the same tokens on both backends, and the fused
+layer ops (qk norm, GLM's interleaved partial rotary) match the torch path through prefill and
+verify."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import os
 
 import pytest
 import torch
-from engine_helpers import HAS_CUDA, random_prompts, tiny_model
+from engine_helpers import HAS_CUDA, TINY, random_prompts, tiny_model
 
 from engine.attention import AttentionConfig
 from engine.loop import Engine
@@ -63,3 +65,28 @@ def test_greedy_decode_is_the_same_on_triton_and_torch():
         eng = Engine(runner, s, DecodeConfig(max_new_tokens=6))
         tokens[backend] = eng.generate(PROMPTS).tokens
     assert tokens["triton"] == tokens["torch"]
+
+
+FAMILIES = {
+    "qwen3": TINY.replace(model_type="qwen3"),  # per-head q/k RMSNorm
+    "glm": TINY.replace(model_type="glm", qkv_bias=True, partial_rotary_factor=0.5),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_fused_layer_ops_match_the_torch_path(family):
+    """The fused norms, rotary + KV store and SwiGLU give the torch path's logits, hidden states
+    and cache, through prefill (equal-length prompts in rows 0 and 2: two runs of adjacent rows)
+    and a verify forward."""
+    model = tiny_model(FAMILIES[family], seed=6)
+    prompts = random_prompts([12, 7, 12], seed=5)
+    tree = DraftTree.from_spec("full:2x2", "position")
+    tokens = torch.randint(0, 256, (3, tree.num_nodes), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for backend in ("torch", "triton"):
+        runner = ModelRunner(model, batch=3, t_max=32, backend=backend)
+        last = runner.prefill(prompts)
+        logits, hidden, _ = runner.tree_forward(tokens, tree, AttentionConfig(), return_hidden=True)
+        out[backend] = (last, logits, hidden, runner.cache.kv.clone())
+    for got, want in zip(out["triton"], out["torch"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
