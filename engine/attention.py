@@ -39,7 +39,6 @@ from engine.cache import KVCache
 from engine.tree import TreeTensors
 from kernels.dense_verify import dense_verify
 from kernels.nsa_verify import (
-    nsa_union_plan,
     nsa_verify,
     nsa_verify_unfused,
     reference_nsa_verify,
@@ -278,12 +277,21 @@ class TreeAttention:
                     q, k, v, lens, mask, ck, cv, gates, validate=False, **kw
                 )
                 return o
-            union = None if refresh else self.plan
-            o, self.block_idx = nsa_verify(
-                q, k, v, lens, mask, ck, cv, gates, validate=False, union=union, **kw
+            # A refresh's union plan is the one the reuse layers after it share.
+            o, self.block_idx, self.plan = nsa_verify(
+                q,
+                k,
+                v,
+                lens,
+                mask,
+                ck,
+                cv,
+                gates,
+                validate=False,
+                union=None if refresh else self.plan,
+                return_union=True,
+                **kw,
             )
-            if refresh:  # the reuse layers of this refresh share one union plan
-                self.plan = nsa_union_plan(q, k, self.block_idx, block_size=cfg.block_size)
             return o
         o, self.block_idx = reference_nsa_verify(q, k, v, lens, mask, ck, cv, gates, **kw)
         return o.to(q.dtype)

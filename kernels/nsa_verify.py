@@ -316,7 +316,8 @@ def nsa_verify(
     validate: bool = True,
     config: NsaVerifyConfig | None = None,
     union: GroupPlan | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_union: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, GroupPlan]:
     """Gated three-branch NSA attention of ``t`` draft rows; fused when ``block_idx`` is given.
 
     Parameters
@@ -356,6 +357,9 @@ def nsa_verify(
     union : GroupPlan, optional
         A reuse layer's union plan, :func:`nsa_union_plan` of ``block_idx`` (the layers of one
         refresh share it); built here when omitted.
+    return_union : bool
+        Also return the union plan the call streamed (a refresh call's is the one its reuse
+        layers take: no second build).
 
     Returns
     -------
@@ -364,6 +368,8 @@ def nsa_verify(
     block_idx : torch.Tensor
         The indices used: ``block_idx`` itself on a reuse layer, else the refresh path's
         ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded), on the device.
+    union : GroupPlan
+        With ``return_union`` only: the union plan of ``block_idx``.
     """
     config = config or DEFAULT_CONFIG
     kw = dict(
@@ -386,18 +392,13 @@ def nsa_verify(
     part = _alloc_partials(plan, sum(slots), q.device)
     if block_idx is None:
         block_idx = _refresh_indices(plan, args, part, slots)
-        _launch_fwd(
-            plan,
-            args,
-            _union_for(plan, block_idx, None),
-            part,
-            slots=(0, *slots[1:]),
-            slot_base=slots[0],
-        )
+        union = _union_for(plan, block_idx, None)
+        _launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), slot_base=slots[0])
     else:
-        _launch_fwd(plan, args, _union_for(plan, block_idx, union), part, slots=slots)
+        union = _union_for(plan, block_idx, union)
+        _launch_fwd(plan, args, union, part, slots=slots)
     _launch_merge(plan, part, gates, o, slots)
-    return o, block_idx
+    return (o, block_idx, union) if return_union else (o, block_idx)
 
 
 def nsa_union_plan(

@@ -8,6 +8,7 @@ if a wrapper synchronises with the host).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
@@ -373,6 +374,21 @@ def test_a_union_plan_of_other_rows_is_refused():
     o1, _ = nsa_verify(*args, block_idx=idx, union=right, **NSA_KW)
     o2, _ = nsa_verify(*args, block_idx=idx, **NSA_KW)
     assert torch.equal(o1, o2)
+
+
+def test_a_refresh_returns_the_union_plan_of_its_selection():
+    args, _ = make_inputs([150, 77], 5, 4, 1, 16, torch.float32, seed=2)
+    o, idx, union = nsa_verify(*args, return_union=True, **NSA_KW)
+    o_plain, idx_plain = nsa_verify(*args, **NSA_KW)
+    assert torch.equal(o, o_plain) and torch.equal(idx, idx_plain)
+    built = nv.nsa_union_plan(args[0], args[1], idx, block_size=NSA_KW["block_size"])
+    assert union.group_size == built.group_size and torch.equal(union.counts, built.counts)
+    for b, h, g in np.ndindex(*built.counts.shape):
+        n = int(built.counts[b, h, g])
+        assert torch.equal(union.block_lists[b, h, g, :n], built.block_lists[b, h, g, :n])
+        assert torch.equal(union.member_mask[b, h, g, :n], built.member_mask[b, h, g, :n])
+    o_reuse, _ = nsa_verify(*args, block_idx=idx, union=union, **NSA_KW)
+    assert torch.equal(o_reuse, nsa_verify(*args, block_idx=idx, **NSA_KW)[0])
 
 
 # --------------------------------------------------------------------------- GPU
