@@ -74,6 +74,9 @@ class KVCache:
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.meta: list[BlockMetadata] | None = None
+        # Compressed tokens [L, B, Hkv, NC_max, D] and their per-layer (k, v) views.
+        self.comp_k: torch.Tensor | None = None
+        self.comp_v: torch.Tensor | None = None
         self.comp: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.comp_lens: torch.Tensor | None = None
         self.comp_shape: tuple[int, int] | None = None  # (comp_block, comp_stride)
@@ -132,18 +135,23 @@ class KVCache:
         if self.comp_shape == (comp_block, comp_stride):
             return
         self.comp_shape = (comp_block, comp_stride)
-        fn = compress_kv if self.use_triton else reference_compress_kv
-        self.comp = []
-        for layer in range(self.num_layers):
-            ck, cv, lens = fn(
-                self.k(layer),
-                self.v(layer),
-                self.lens,
-                comp_block=comp_block,
-                comp_stride=comp_stride,
-            )
-            self.comp.append((ck.to(self.kv.dtype), cv.to(self.kv.dtype)))
-            self.comp_lens = lens.to(torch.int32)
+        self.comp_k, self.comp_v, self.comp_lens = self._compress_all()
+        self.comp = [(self.comp_k[layer], self.comp_v[layer]) for layer in range(self.num_layers)]
+
+    def _compress_all(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every layer's compressed tokens ``[L, B, Hkv, NC_max, D]`` (one launch on Triton)
+        and the ``[B]`` int32 window counts."""
+        comp_block, comp_stride = self.comp_shape
+        kw = dict(comp_block=comp_block, comp_stride=comp_stride)
+        if self.use_triton:
+            return compress_kv(self.kv[:, 0], self.kv[:, 1], self.lens, **kw)
+        per_layer = [
+            reference_compress_kv(self.k(layer), self.v(layer), self.lens, **kw)
+            for layer in range(self.num_layers)
+        ]
+        ck = torch.stack([c[0] for c in per_layer]).to(self.kv.dtype)
+        cv = torch.stack([c[1] for c in per_layer]).to(self.kv.dtype)
+        return ck, cv, per_layer[0][2].to(torch.int32)
 
     def drop_summaries(self, *, meta: bool, comp: bool) -> None:
         """Forget the block metadata and/or the compressed tokens: commits stop refreshing
@@ -151,7 +159,7 @@ class KVCache:
         if meta:
             self.meta = None
         if comp:
-            self.comp = self.comp_lens = self.comp_shape = None
+            self.comp = self.comp_k = self.comp_v = self.comp_lens = self.comp_shape = None
 
     def _build_meta(self, layer: int, block_size: int, kinds) -> BlockMetadata:
         if self.use_triton:
@@ -178,23 +186,23 @@ class KVCache:
                             dst.copy_(ref[key])
         if self.comp is not None:
             comp_block, comp_stride = self.comp_shape
-            if self.use_triton:
-                new = None
-                for layer, (ck, cv) in enumerate(self.comp):
-                    new = update_compressed_kv(
-                        self.k(layer), self.v(layer), ck, cv, self.comp_lens, self.lens,
-                        comp_block=comp_block, comp_stride=comp_stride,
-                        max_new_tokens=max_growth,
-                    )  # fmt: skip
+            if self.use_triton:  # every layer in one launch
+                new = update_compressed_kv(
+                    self.kv[:, 0],
+                    self.kv[:, 1],
+                    self.comp_k,
+                    self.comp_v,
+                    self.comp_lens,
+                    self.lens,
+                    comp_block=comp_block,
+                    comp_stride=comp_stride,
+                    max_new_tokens=max_growth,
+                )
                 self.comp_lens.copy_(new)
             else:
-                for layer, (ck, cv) in enumerate(self.comp):
-                    rk, rv, _ = reference_compress_kv(
-                        self.k(layer), self.v(layer), self.lens,
-                        comp_block=comp_block, comp_stride=comp_stride,
-                    )  # fmt: skip
-                    ck.copy_(rk)
-                    cv.copy_(rv)
+                fresh_k, fresh_v, _ = self._compress_all()
+                self.comp_k.copy_(fresh_k)
+                self.comp_v.copy_(fresh_v)
                 self.comp_lens.copy_(
                     torch.clamp(
                         num_compressed(self.lens, comp_block, comp_stride),
@@ -213,15 +221,9 @@ class KVCache:
                     if dst is not None:
                         dst.copy_(getattr(fresh, name))
         if self.comp is not None:
-            comp_block, comp_stride = self.comp_shape
-            fn = compress_kv if self.use_triton else reference_compress_kv
-            for layer, (ck, cv) in enumerate(self.comp):
-                fk, fv, lens = fn(
-                    self.k(layer), self.v(layer), self.lens,
-                    comp_block=comp_block, comp_stride=comp_stride,
-                )  # fmt: skip
-                ck.copy_(fk)
-                cv.copy_(fv)
+            fresh_k, fresh_v, lens = self._compress_all()
+            self.comp_k.copy_(fresh_k)
+            self.comp_v.copy_(fresh_v)
             self.comp_lens.copy_(lens)
 
     # ------------------------------------------------------------------ commit

@@ -31,43 +31,57 @@ KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _compress_kernel(
-    k_ptr,  # [B, Hkv, T_max, D]
-    v_ptr,  # [B, Hkv, T_max, D]
-    ck_ptr,  # [B, Hkv, NC_max, D]
-    cv_ptr,  # [B, Hkv, NC_max, D]
+    k_ptr,  # [L, B, Hkv, T_max, D]
+    v_ptr,  # [L, B, Hkv, T_max, D]
+    ck_ptr,  # [L, B, Hkv, NC_max, D]
+    cv_ptr,  # [L, B, Hkv, NC_max, D]
     start_ptr,  # [B] int32: first window to write
-    end_ptr,  # [B] int32: one past the last window to write
+    prefix_ptr,  # [B] int32: prefix lengths, whose complete windows end the range
+    new_lens_ptr,  # [B] int32 out: one past the last window written
+    stride_kl,
     stride_kb,
     stride_kh,
     stride_kt,
+    stride_cl,
     stride_cb,
     stride_ch,
     stride_ct,
+    nc_max,
     comp_block,
     comp_stride,
     NUM_KV_HEADS: tl.constexpr,
+    BATCH: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
+    """Grid ``(L * B * Hkv, window tiles)``: mean-pool windows ``[start, end)`` of one layer,
+    sequence and KV head, ``end`` the prefix's complete windows (at most ``nc_max``); the
+    programs of layer 0, head 0, tile 0 also write ``end`` to ``new_lens``."""
     tl.static_assert(BLOCK_W >= 1, "at least one window per program")
-    bh = tl.program_id(0)
-    b = (bh // NUM_KV_HEADS).to(tl.int64)
-    h = (bh % NUM_KV_HEADS).to(tl.int64)
+    lbh = tl.program_id(0)
+    layer = (lbh // (BATCH * NUM_KV_HEADS)).to(tl.int64)
+    b = ((lbh // NUM_KV_HEADS) % BATCH).to(tl.int64)
+    h = (lbh % NUM_KV_HEADS).to(tl.int64)
     start = tl.load(start_ptr + b)
-    end = tl.load(end_ptr + b)
+    prefix = tl.load(prefix_ptr + b)
+    end = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
+    end = tl.minimum(end, nc_max)
+    if (lbh < NUM_KV_HEADS * BATCH) & (h == 0) & (tl.program_id(1) == 0):
+        tl.store(new_lens_ptr + b, end)
     w = start + tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)  # [BLOCK_W] window ids
     valid = w < end
     offs_d = tl.arange(0, HEAD_DIM)
     tok0 = w.to(tl.int64) * comp_stride
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_kb + h * stride_kh
+    k_base = k_ptr + layer * stride_kl + b * stride_kb + h * stride_kh
+    v_base = v_ptr + layer * stride_kl + b * stride_kb + h * stride_kh
     sum_k = tl.zeros([BLOCK_W, HEAD_DIM], dtype=tl.float32)
     sum_v = tl.zeros([BLOCK_W, HEAD_DIM], dtype=tl.float32)
     for i in range(comp_block):
         off = (tok0 + i)[:, None] * stride_kt + offs_d[None, :]
         sum_k += tl.load(k_base + off, mask=valid[:, None], other=0.0).to(tl.float32)
         sum_v += tl.load(v_base + off, mask=valid[:, None], other=0.0).to(tl.float32)
-    c_off = b * stride_cb + h * stride_ch + w.to(tl.int64)[:, None] * stride_ct + offs_d[None, :]
+    c_base = layer * stride_cl + b * stride_cb + h * stride_ch
+    c_off = c_base + w.to(tl.int64)[:, None] * stride_ct + offs_d[None, :]
     inv = 1.0 / comp_block
     tl.store(ck_ptr + c_off, (sum_k * inv).to(ck_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(cv_ptr + c_off, (sum_v * inv).to(cv_ptr.dtype.element_ty), mask=valid[:, None])
@@ -87,8 +101,11 @@ def max_compressed(t_max: int, comp_block: int, comp_stride: int) -> int:
 
 
 def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride: int) -> None:
-    if k_cache.dim() != 4:
-        raise ValueError(f"k_cache must be [B, Hkv, T_max, D], got shape {tuple(k_cache.shape)}")
+    if k_cache.dim() not in (4, 5):
+        raise ValueError(
+            f"k_cache must be [B, Hkv, T_max, D] or [L, B, Hkv, T_max, D], got shape "
+            f"{tuple(k_cache.shape)}"
+        )
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
         raise ValueError("v_cache must have the shape and strides of k_cache")
     if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
@@ -98,7 +115,7 @@ def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride
     d = k_cache.shape[-1]
     if d < 16 or d & (d - 1):
         raise ValueError(f"k_cache head dim must be a power of two >= 16, got {d}")
-    if prefix_lens.shape != (k_cache.shape[0],) or prefix_lens.dtype != torch.int32:
+    if prefix_lens.shape != (k_cache.shape[-4],) or prefix_lens.dtype != torch.int32:
         raise ValueError(f"prefix_lens must be [B] int32, got {tuple(prefix_lens.shape)}")
     if prefix_lens.device != k_cache.device:
         raise ValueError("prefix_lens must be on the device of k_cache")
@@ -108,25 +125,40 @@ def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride
         raise ValueError(f"comp_stride must be in [1, comp_block], got {comp_stride}")
 
 
-def _launch(k_cache, v_cache, comp_k, comp_v, start, end, max_windows, comp_block, comp_stride):
-    b, hkv, _, d = k_cache.shape
+def _layers(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a leading layer dimension (a view)."""
+    return x if x.dim() == 5 else x.unsqueeze(0)
+
+
+def _launch(
+    k_cache, v_cache, comp_k, comp_v, start, prefix_lens, max_windows, comp_block, comp_stride
+):
+    """One launch over every layer of the (layer-stacked) tensors; returns the new ``[B]``
+    window counts the kernel writes."""
+    k_cache, v_cache, comp_k, comp_v = map(_layers, (k_cache, v_cache, comp_k, comp_v))
+    num_layers, b, hkv, _, d = k_cache.shape
+    new_lens = torch.empty_like(prefix_lens)
     block_w = min(16, triton.next_power_of_2(max_windows))
-    grid = (b * hkv, triton.cdiv(max_windows, block_w))
+    grid = (num_layers * b * hkv, triton.cdiv(max_windows, block_w))
     _compress_kernel[grid](
         k_cache,
         v_cache,
         comp_k,
         comp_v,
         start,
-        end,
-        *k_cache.stride()[:3],
-        *comp_k.stride()[:3],
+        prefix_lens,
+        new_lens,
+        *k_cache.stride()[:4],
+        *comp_k.stride()[:4],
+        comp_k.shape[-2],
         comp_block,
         comp_stride,
         NUM_KV_HEADS=hkv,
+        BATCH=b,
         HEAD_DIM=d,
         BLOCK_W=block_w,
     )
+    return new_lens
 
 
 def compress_kv(
@@ -142,7 +174,8 @@ def compress_kv(
     Parameters
     ----------
     k_cache, v_cache : torch.Tensor
-        ``[B, Hkv, T_max, D]`` KV cache (fp16, bf16 or fp32; unit stride in ``D``).
+        ``[B, Hkv, T_max, D]`` KV cache (fp16, bf16 or fp32; unit stride in ``D``), or
+        ``[L, B, Hkv, T_max, D]``: every layer in one launch.
     prefix_lens : torch.Tensor
         ``[B]`` int32 committed prefix lengths, on the device (never read on the host).
     comp_block : int
@@ -153,7 +186,7 @@ def compress_kv(
     Returns
     -------
     comp_k, comp_v : torch.Tensor
-        ``[B, Hkv, NC_max, D]`` in the cache dtype with ``NC_max = max_compressed(T_max, ...)``.
+        ``[(L,) B, Hkv, NC_max, D]`` in the cache dtype, ``NC_max = max_compressed(T_max, ...)``.
         Window ``i`` is the mean of tokens ``[i * comp_stride, i * comp_stride + comp_block)``;
         slots past ``comp_lens[b]`` are zero. NSA learns an MLP here; mean pooling is the
         parameter-free stand-in (same shapes and traffic, no weights).
@@ -161,15 +194,14 @@ def compress_kv(
         ``[B]`` int32 count of complete windows per sequence.
     """
     _check_comp_args(k_cache, v_cache, prefix_lens, comp_block, comp_stride)
-    b, hkv, t_max, d = k_cache.shape
+    *lead, t_max, d = k_cache.shape
     nc_max = max_compressed(t_max, comp_block, comp_stride)
-    comp_k = torch.zeros((b, hkv, nc_max, d), dtype=k_cache.dtype, device=k_cache.device)
+    comp_k = torch.zeros((*lead, nc_max, d), dtype=k_cache.dtype, device=k_cache.device)
     comp_v = torch.zeros_like(comp_k)
-    comp_lens = torch.minimum(
-        num_compressed(prefix_lens, comp_block, comp_stride), torch.full_like(prefix_lens, nc_max)
+    start = torch.zeros_like(prefix_lens)
+    comp_lens = _launch(
+        k_cache, v_cache, comp_k, comp_v, start, prefix_lens, nc_max, comp_block, comp_stride
     )
-    start = torch.zeros_like(comp_lens)
-    _launch(k_cache, v_cache, comp_k, comp_v, start, comp_lens, nc_max, comp_block, comp_stride)
     return comp_k, comp_v, comp_lens
 
 
@@ -188,17 +220,21 @@ def update_compressed_kv(
     """Compress, in place, the windows completed since ``comp_lens`` by a grown prefix.
 
     Writes windows ``[comp_lens[b], num_compressed(prefix_lens)[b])`` of ``comp_k``/``comp_v``
-    and returns the new ``comp_lens``; nothing is read on the host, so it can be captured in a
-    CUDA graph. ``max_new_tokens`` bounds how far any prefix grew since ``comp_lens`` was
+    and returns the new ``comp_lens``, in one launch; nothing is read on the host, so it can be
+    captured in a CUDA graph. The tensors may carry a leading layer dimension (``[L, B, Hkv,
+    ...]``, e.g. views of a cache holding every layer): all layers are updated by the same
+    launch. ``max_new_tokens`` bounds how far any prefix grew since ``comp_lens`` was
     computed (``t + 1`` after a verification round); it sizes the grid, ``max_new_tokens //
     comp_stride + 1`` windows per sequence, so a larger growth would leave windows unwritten.
 
     Parameters
     ----------
     k_cache, v_cache, prefix_lens, comp_block, comp_stride
-        As in :func:`compress_kv`; ``prefix_lens`` holds the new lengths.
+        As in :func:`compress_kv` (or ``[L, B, Hkv, T_max, D]``); ``prefix_lens`` holds the
+        new lengths.
     comp_k, comp_v : torch.Tensor
-        ``[B, Hkv, NC_max, D]`` from :func:`compress_kv`, updated in place.
+        ``[B, Hkv, NC_max, D]`` from :func:`compress_kv` (or ``[L, ...]`` matching
+        ``k_cache``), updated in place.
     comp_lens : torch.Tensor
         ``[B]`` int32 window counts the compressed cache holds now.
     max_new_tokens : int
@@ -210,24 +246,28 @@ def update_compressed_kv(
         ``[B]`` int32 new window counts.
     """
     _check_comp_args(k_cache, v_cache, prefix_lens, comp_block, comp_stride)
-    b, hkv, t_max, d = k_cache.shape
+    *lead, t_max, d = k_cache.shape
     nc_max = max_compressed(t_max, comp_block, comp_stride)
-    expect = (b, hkv, nc_max, d)
+    expect = (*lead, nc_max, d)
     for name, x in (("comp_k", comp_k), ("comp_v", comp_v)):
         if tuple(x.shape) != expect or x.dtype != k_cache.dtype or x.stride(-1) != 1:
             raise ValueError(f"{name} must be {expect} {k_cache.dtype}, got {tuple(x.shape)}")
-    if comp_lens.shape != (b,) or comp_lens.dtype != torch.int32:
+    if comp_lens.shape != prefix_lens.shape or comp_lens.dtype != torch.int32:
         raise ValueError(f"comp_lens must be [B] int32, got {tuple(comp_lens.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    new_lens = torch.minimum(
-        num_compressed(prefix_lens, comp_block, comp_stride), torch.full_like(prefix_lens, nc_max)
-    )
     max_windows = min(nc_max, max_new_tokens // comp_stride + 1)
-    _launch(
-        k_cache, v_cache, comp_k, comp_v, comp_lens, new_lens, max_windows, comp_block, comp_stride
+    return _launch(
+        k_cache,
+        v_cache,
+        comp_k,
+        comp_v,
+        comp_lens,
+        prefix_lens,
+        max_windows,
+        comp_block,
+        comp_stride,
     )
-    return new_lens
 
 
 def reference_compress_kv(

@@ -223,6 +223,23 @@ def test_compress_kv_and_incremental_update_match_reference(dtype):
     assert_close(cv, rv, dtype, "o")
 
 
+def test_compress_kv_and_update_take_every_layer_in_one_call():
+    gen = torch.Generator().manual_seed(4)
+    kv = torch.randn((3, 2, 2, 2, 90, 16), generator=gen).to(DEV)  # [L, 2, B, Hkv, T, D]
+    k_all, v_all = kv[:, 0], kv[:, 1]  # strided views, as the engine's cache holds them
+    kw = dict(comp_block=8, comp_stride=4)
+    old = torch.tensor([9, 40], dtype=torch.int32, device=DEV)
+    new = torch.tensor([30, 44], dtype=torch.int32, device=DEV)
+    ck, cv, cl = compress_kv(k_all, v_all, old, **kw)
+    assert ck.shape == (3, 2, 2, 21, 16) and cl.tolist() == [1, 9]
+    cl = update_compressed_kv(k_all, v_all, ck, cv, cl, new, max_new_tokens=21, **kw)
+    assert cl.tolist() == [6, 10]
+    for layer in range(3):
+        rk, rv, _ = reference_compress_kv(kv[layer, 0], kv[layer, 1], new, **kw)
+        assert_close(ck[layer], rk, torch.float32, "o")
+        assert_close(cv[layer], rv, torch.float32, "o")
+
+
 def _valid():
     args, idx = make_inputs([40, 21], 3, 4, 2, 16, torch.float16, seed=9)
     return list(args), idx
