@@ -318,3 +318,26 @@ def nsa_merge_kernel(
             lo += n
         o_off = b * stride_ob + row * stride_ot + head * stride_oh
         tl.store(o_ptr + o_off + offs_d, out.to(o_ptr.dtype.element_ty))
+
+
+@triton.jit
+def nsa_gate_kernel(
+    branch_ptr,  # [3, rows, D]: the branches' normalised outputs (compressed, selected, window)
+    gate_ptr,  # [rows, 3] fp32
+    o_ptr,  # [rows, D]
+    num_rows,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Grid ``(cdiv(rows, BLOCK_R),)``: ``o = g_c * o_c + g_s * o_s + g_w * o_w`` per row
+    (``rows`` = B * t * H), in fp32 with one rounding: the unfused baseline's gating in one
+    launch."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < num_rows
+    off = rows.to(tl.int64)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    for x in tl.static_range(3):
+        g = tl.load(gate_ptr + rows.to(tl.int64) * 3 + x, mask=ok, other=0.0).to(tl.float32)
+        o_x = tl.load(branch_ptr + x * num_rows * HEAD_DIM + off, mask=ok[:, None], other=0.0)
+        acc += g[:, None] * o_x.to(tl.float32)
+    tl.store(o_ptr + off, acc.to(o_ptr.dtype.element_ty), mask=ok[:, None])

@@ -61,7 +61,7 @@ from kernels.nsa_compress import (
     reference_compress_kv,
     update_compressed_kv,
 )
-from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
+from kernels.nsa_kernels import nsa_fwd_kernel, nsa_gate_kernel, nsa_merge_kernel
 from kernels.nsa_launch import (
     DEFAULT_CONFIG,
     LaunchPlan,
@@ -447,8 +447,9 @@ def nsa_verify_unfused(
     Same parameters and result as :func:`nsa_verify`. Branch ``x`` is ``nsa_fwd_kernel`` with
     only ``x``'s slots, sized to fill the SMs on its own, and its own merge writing its
     normalised output ``o_x`` to HBM (the selected branch streams the same union as the fused
-    path). The gating ``g_c * o_c + g_s * o_s + g_w * o_w`` runs as torch element-wise
-    ops. The refresh path's selection is the one :func:`nsa_verify` uses.
+    path); one more launch gates them, ``g_c * o_c + g_s * o_s + g_w * o_w``. The refresh
+    path's selection is the one :func:`nsa_verify` uses, and its compressed states (which the
+    selection needs) are the compressed branch's: that branch is not computed twice.
     """
     config = config or DEFAULT_CONFIG
     kw = dict(
@@ -463,19 +464,27 @@ def nsa_verify_unfused(
     )
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
-    if block_idx is None:
+    outs = torch.empty((3, *q.shape), dtype=q.dtype, device=q.device)
+    refreshed = None
+    if block_idx is None:  # the selection's compressed states are the compressed branch's
         slots = plan_slots(plan, q.device, config, (True, False, False))
-        part = _alloc_partials(plan, slots[0], q.device)
-        block_idx = _refresh_indices(plan, args, part, slots)
-    outs = []
-    for branches in ((True, False, False), (False, True, False), (False, False, True)):
-        o_x = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        slots = plan_slots(plan, q.device, config, branches)
-        part = _alloc_partials(plan, sum(slots), q.device)
-        union = _union_for(plan, block_idx, None) if branches[1] else None
-        _launch_fwd(plan, args, union, part, slots=slots)
-        _launch_merge(plan, part, gates, o_x, slots, apply_gates=False)
-        outs.append(o_x)
-    g = gates.float()
-    o = g[..., 0:1] * outs[0].float() + g[..., 1:2] * outs[1].float() + g[..., 2:3] * outs[2]
-    return o.to(q.dtype), block_idx
+        refreshed = (_alloc_partials(plan, slots[0], q.device), slots)
+        block_idx = _refresh_indices(plan, args, *refreshed)
+    for x, branches in enumerate(
+        ((True, False, False), (False, True, False), (False, False, True))
+    ):
+        if x == 0 and refreshed is not None:
+            part, slots = refreshed
+        else:
+            slots = plan_slots(plan, q.device, config, branches)
+            part = _alloc_partials(plan, sum(slots), q.device)
+            union = _union_for(plan, block_idx, None) if branches[1] else None
+            _launch_fwd(plan, args, union, part, slots=slots)
+        _launch_merge(plan, part, gates, outs[x], slots, apply_gates=False)
+    o = torch.empty_like(q)
+    rows = o.numel() // plan.head_dim
+    block_r = max(1, min(64, 4096 // plan.head_dim))
+    nsa_gate_kernel[(triton.cdiv(rows, block_r),)](
+        outs, gates, o, rows, HEAD_DIM=plan.head_dim, BLOCK_R=block_r, num_warps=4
+    )
+    return o, block_idx
