@@ -102,7 +102,7 @@ class Sweep:
     sparse_tokens: int = 16  # two groups of C = 8
     top_ns: tuple[int, ...] = (16, 32, 64)
     overlaps: tuple[float, ...] = (0.5, 0.7, 0.9)
-    group_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    group_sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     sparse_min_large_batch: int = 16  # raised until the working set reaches 200 MB
     repair_contexts: tuple[int, ...] = (16 * K, 64 * K)
     repair_batches: tuple[int, ...] = (1, 4, 16)

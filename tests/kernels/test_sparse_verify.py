@@ -90,7 +90,15 @@ SHAPES = [
     ([61, 83], 16, 4, 1, 16),
 ]
 # per_query is C = 1; C = 1 in the grouped modes is the same launch.
-MODE_C = [("per_query", 1), ("union", 2), ("union", 4), ("shared", 2), ("shared", 4)]
+MODE_C = [
+    ("per_query", 1),
+    ("union", 2),
+    ("union", 3),
+    ("union", 4),
+    ("shared", 2),
+    ("shared", 3),
+    ("shared", 4),
+]
 
 
 @pytest.mark.parametrize("mode, c", MODE_C, ids=lambda x: str(x))
