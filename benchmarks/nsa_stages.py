@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from kernels import benchmark as kb
+from kernels import nsa_steps as steps
 from kernels import nsa_verify as nv
 from kernels import timing as tm
 from kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
@@ -109,16 +110,18 @@ def calls(sets, plan, slots, rslots, unions, parts):
     }
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
     for name, sl in {**branch, "all": slots, "refresh_comp": (rslots[0], 0, 0)}.items():
-        out[f"stage_fwd_{name}"] = lambda i, sl=sl: nv._launch_fwd(
+        out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
             plan, sets[i][0], unions[i], parts[i], slots=sl
         )
     o = torch.empty_like(sets[0][0][0])
-    out["stage_merge"] = lambda i: nv._launch_merge(plan, parts[i], sets[i][0][7], o, slots)
-    out["stage_union_plan"] = lambda i: nv.union_plan(sets[i][1], plan.rows, plan.nb_max)
-    out["stage_refresh_select"] = lambda i: nv._refresh_indices(plan, sets[i][0], parts[i], rslots)
-    out["stage_scores"] = lambda i: nv._block_scores(plan, sets[i][0], parts[i], rslots[0])
+    out["stage_merge"] = lambda i: steps.launch_merge(plan, parts[i], sets[i][0][7], o, slots)
+    out["stage_union_plan"] = lambda i: steps.union_plan(sets[i][1], plan.rows, plan.nb_max)
+    out["stage_refresh_select"] = lambda i: steps.refresh_indices(
+        plan, sets[i][0], parts[i], rslots
+    )
+    out["stage_scores"] = lambda i: steps.block_scores(plan, sets[i][0], parts[i], rslots[0])
     scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device="cuda")
-    out["stage_topk"] = lambda i: nv._select_top_blocks(scores, sets[i][0][3], plan)
+    out["stage_topk"] = lambda i: steps.select_top_blocks(scores, sets[i][0][3], plan)
     return out
 
 
@@ -131,8 +134,8 @@ def run_case(bsz: int, t: int, ctx: int, capacity: int | None, copy_bps: float) 
     plan = make_plan(sets[0][0][0], sets[0][0][1], sets[0][0][5], config=DEFAULT_CONFIG, **kw)
     slots = plan_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
     rslots = refresh_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
-    unions = [nv.union_plan(idx, plan.rows, plan.nb_max) for _, idx in sets]
-    parts = [nv._alloc_partials(plan, max(sum(slots), sum(rslots)), "cuda") for _ in sets]
+    unions = [steps.union_plan(idx, plan.rows, plan.nb_max) for _, idx in sets]
+    parts = [steps.alloc_partials(plan, max(sum(slots), sum(rslots)), "cuda") for _ in sets]
     floor = floor_bytes(bsz, t, ctx, sets[0][1])
     row = dict(
         batch=bsz,

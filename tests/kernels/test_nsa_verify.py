@@ -14,6 +14,7 @@ import torch
 from kernel_helpers import HAS_CUDA, assert_close
 
 import kernels.nsa_launch as nl
+import kernels.nsa_steps as steps
 import kernels.nsa_verify as nv
 from kernels.nsa_verify import (
     NsaVerifyConfig,
@@ -337,7 +338,7 @@ def test_slots_fill_132_sms_by_work(monkeypatch):
 def test_union_plan_is_the_ascending_union_with_member_bits():
     gen = torch.Generator().manual_seed(3)
     idx = random_block_idx([300, 90], 2, 11, 6, 16, gen).to(DEV)  # -1 holes, overlapping rows
-    plan = nv.union_plan(idx, 4, 20)
+    plan = steps.union_plan(idx, 4, 20)
     assert plan.group_size == 4 and plan.num_groups == 3
     for b in range(2):
         for h in range(2):
@@ -348,13 +349,13 @@ def test_union_plan_is_the_ascending_union_with_member_bits():
                 assert plan.block_lists[b, h, g, :n].tolist() == want
                 for blk, bits in zip(want, plan.member_mask[b, h, g, :n].tolist(), strict=True):
                     assert bits == sum(1 << r for r, row in enumerate(rows) if blk in row)
-    single = nv.union_plan(idx[:, :, :1].contiguous(), 4, 20)  # one row: its own list
+    single = steps.union_plan(idx[:, :, :1].contiguous(), 4, 20)  # one row: its own list
     assert single.member_mask is None and single.block_lists.shape[2] == 1
 
 
-@pytest.mark.parametrize("chunk", [64, nv.TOPK_CHUNK])
+@pytest.mark.parametrize("chunk", [64, steps.TOPK_CHUNK])
 def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block(monkeypatch, chunk):
-    monkeypatch.setattr(nv, "TOPK_CHUNK", chunk)  # 64: a row in five chunks
+    monkeypatch.setattr(steps, "TOPK_CHUNK", chunk)  # 64: a row in five chunks
     gen = torch.Generator().manual_seed(8)
     nb_max, top_n = 300, 16
     scores = torch.randn((2, 2, 3, nb_max), generator=gen).to(DEV)
@@ -369,7 +370,7 @@ def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block(monkeyp
     plan = nl.make_plan(
         q, k, k, config=nl.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
     )
-    got = nv._select_top_blocks(scores, lens, plan).cpu()
+    got = steps.select_top_blocks(scores, lens, plan).cpu()
     for b, length in enumerate(lens.tolist()):
         nb = -(-length // 64)
         for h in range(2):
@@ -384,7 +385,7 @@ def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block(monkeyp
 
 def test_a_union_plan_of_other_rows_is_refused():
     args, idx = make_inputs([150], 16, 4, 1, 16, torch.float32, seed=1)
-    wrong = nv.union_plan(idx, 2, 20)
+    wrong = steps.union_plan(idx, 2, 20)
     with pytest.raises(ValueError, match="union_plan"):
         nsa_verify(*args, block_idx=idx, union=wrong, **NSA_KW)
     right = nv.nsa_union_plan(args[0], args[1], idx, block_size=NSA_KW["block_size"])
