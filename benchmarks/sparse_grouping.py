@@ -174,7 +174,7 @@ def ncu_bytes(args) -> list[dict]:
         child = [sys.executable, __file__, "--child", "--seed", str(args.seed)]
         child += ["--contexts", *map(str, args.contexts), "--top-ns", *map(str, args.top_ns)]
         child += ["--overlaps", *map(str, args.overlaps)]
-        base = [args.ncu, "--clock-control", "none", "--profile-from-start", "off"]
+        base = [args.ncu, "--quiet", "--clock-control", "none", "--profile-from-start", "off"]
         metrics = ",".join((*DRAM_METRICS, "gpu__time_duration.sum"))
         subprocess.run([*base, "--metrics", metrics, "-o", str(rep), *child], check=True)
         out = subprocess.run(
@@ -197,10 +197,15 @@ def ncu_bytes(args) -> list[dict]:
             continue
         if not calls:
             raise RuntimeError(f"kernel {name} ran before the first marker")
-        calls[-1]["dram_bytes"] += sum(int(float(rec[m])) for m in DRAM_METRICS)
-        calls[-1]["kernel_s"] += float(rec["gpu__time_duration.sum"]) * 1e-9
+        calls[-1]["dram_bytes"] += sum(_number(rec[m]) for m in DRAM_METRICS)
+        calls[-1]["kernel_s"] += _number(rec["gpu__time_duration.sum"]) * 1e-9
         calls[-1]["kernels"].append(name.split("(")[0])
     return calls
+
+
+def _number(text: str) -> float:
+    """A value of ncu's CSV, which groups thousands with commas."""
+    return float(text.replace(",", ""))
 
 
 def report(rows: list[dict], calls: list[dict]) -> list[dict]:
