@@ -48,18 +48,22 @@ _PLAN_TILE = 16384
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SparseVerifyConfig:
-    """Launch tunables of ``sparse_verify`` (H100 defaults)."""
+    """Launch tunables of ``sparse_verify`` (defaults tuned on the H200)."""
 
     num_warps: int | None = dataclasses.field(
         default=None,
-        metadata={"help": "warps per program (None: 4 up to 16 packed rows, else 8)"},
+        metadata={"help": "warps per program (None: 4 up to 32 packed rows, else 8)"},
     )
     num_stages: int | None = dataclasses.field(
         default=None,
         metadata={"help": "pipeline depth of the K/V loop (None: 3, or 2 for tiles > 16 KB)"},
     )
     programs_per_sm: int = dataclasses.field(
-        default=4, metadata={"help": "split the block lists until the grid reaches this x SMs"}
+        default=2, metadata={"help": "programs one SM runs at once: the wave the splits fill"}
+    )
+    split_overhead: float = dataclasses.field(
+        default=0.1,
+        metadata={"help": "relative cost of splitting (partials written, a merge launched)"},
     )
     min_blocks_per_split: int = dataclasses.field(
         default=4, metadata={"help": "never split a list of top_n blocks finer than this"}
@@ -79,6 +83,8 @@ class SparseVerifyConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_splits < 1:
             raise ValueError(f"max_splits must be >= 1, got {self.max_splits}")
+        if not self.split_overhead >= 0.0:
+            raise ValueError(f"split_overhead must be >= 0, got {self.split_overhead}")
         if self.num_splits is not None and self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
 
@@ -458,11 +464,25 @@ def _num_sms(device: torch.device) -> int:
     return 132  # H100 SXM: the CPU interpreter plans as if it were one
 
 
-def _num_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device) -> int:
+def choose_num_splits(
+    cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device
+) -> int:
+    """Splits per group's block list: the count that minimises the waves each list's share
+    of the work occupies, ``ceil(programs * s / wave) / s`` with ``wave = programs_per_sm x
+    SMs``, charged ``1 + split_overhead`` once split. One full wave is never split further
+    (the merge would cost more than it balances), a partial last wave is (``programs`` =
+    1.5 waves runs as 3 waves of half lists), and a batch-1 grid is split until it fills
+    one wave. At most ``max_splits`` and ``top_n / min_blocks_per_split``."""
     if cfg.num_splits is not None:
         return cfg.num_splits
-    want = triton.cdiv(cfg.programs_per_sm * _num_sms(device), programs)
-    return max(1, min(want, cfg.max_splits, top_n // cfg.min_blocks_per_split))
+    wave = cfg.programs_per_sm * _num_sms(device)
+    most = max(1, min(cfg.max_splits, top_n // cfg.min_blocks_per_split))
+    best, best_cost = 1, float(triton.cdiv(programs, wave))
+    for s in range(2, most + 1):
+        cost = triton.cdiv(programs * s, wave) / s * (1.0 + cfg.split_overhead)
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
 
 
 def _validate_values(
@@ -603,7 +623,7 @@ def sparse_verify(
         raise ValueError(f"plan was built for other inputs (mode={plan.mode}, C={plan.group_size})")
     top_n = block_idx.shape[3]
     group_lists = plan.counts is not None
-    num_splits = _num_splits(cfg, b * hkv * plan.num_groups, top_n, q.device)
+    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, top_n, q.device)
 
     o = torch.empty_like(q)
     lse = torch.empty((b, h, t), dtype=torch.float32, device=q.device)
@@ -620,8 +640,9 @@ def sparse_verify(
         lse_strides = (ls[3], ls[0], ls[2], ls[1])
     lists = plan.block_lists
     m_pad = max(16, triton.next_power_of_2(c * g_heads))
-    # 4 warps hold a 16-row tile in ~150 registers; wider tiles need 8 to stay under 255.
-    num_warps = cfg.num_warps or (4 if m_pad <= 16 else 8)
+    # 4 warps hold up to 32 packed rows (acc [32, D] is 32 fp32 registers a thread at D = 128)
+    # and stream faster than 8 on the H200; 64 rows and more take 8.
+    num_warps = cfg.num_warps or (4 if m_pad <= 32 else 8)
     # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
     # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB.
     num_stages = cfg.num_stages or (3 if block_size * d <= 64 * 128 else 2)

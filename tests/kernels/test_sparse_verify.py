@@ -15,6 +15,7 @@ from kernel_helpers import HAS_CUDA, assert_close
 from kernels.sparse_verify import (
     SparseVerifyConfig,
     build_group_plan,
+    choose_num_splits,
     reference_sparse_verify,
     sparse_verify,
 )
@@ -316,3 +317,16 @@ def test_gpu_cuda_graph_capture(mode):
     ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, **kw)
     assert_close(lse, rlse, dtype, "lse")
     assert_close(o, ro, dtype, "o")
+
+
+def test_split_plan_fills_waves_without_splitting_a_full_one():
+    cfg, cpu = SparseVerifyConfig(), torch.device("cpu")  # 132 SMs x 2 programs: waves of 264
+    assert choose_num_splits(cfg, 256, 32, cpu) == 1  # one full wave
+    assert choose_num_splits(cfg, 2048, 32, cpu) == 1  # eight waves: splitting balances nothing
+    assert choose_num_splits(cfg, 384, 32, cpu) == 2  # 1.45 waves -> 3 balanced waves of half lists
+    assert choose_num_splits(cfg, 64, 32, cpu) == 4  # batch 1: split until one wave is full
+    assert choose_num_splits(cfg, 16, 32, cpu) == 8  # ... but never below 4 blocks a split
+    assert choose_num_splits(cfg, 16, 64, cpu) == 16  # max_splits
+    assert choose_num_splits(SparseVerifyConfig(num_splits=3), 256, 32, cpu) == 3
+    with pytest.raises(ValueError, match="split_overhead"):
+        SparseVerifyConfig(split_overhead=-1.0)
