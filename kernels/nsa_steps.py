@@ -9,11 +9,9 @@ import triton
 
 from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
 from kernels.nsa_launch import LaunchPlan
-from kernels.nsa_select_kernels import block_score_kernel, topk_blocks_kernel, union_plan_kernel
+from kernels.nsa_select_kernels import block_score_kernel, union_plan_kernel
 from kernels.sparse_verify import GroupPlan
-
-# Blocks of one row the top-n kernel holds in registers at once.
-TOPK_CHUNK = 4096
+from kernels.top_blocks import top_blocks
 
 
 def alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,26 +133,15 @@ def launch_merge(plan: LaunchPlan, part, gates, o, slots, *, apply_gates=True) -
 def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: LaunchPlan):
     """``[B, Hkv, t, NB_max]`` block importance -> ``[B, Hkv, t, top_n]`` int32 indices,
     ascending and ``-1`` padded, with the first ``num_sink`` and last ``num_local`` blocks of
-    each prefix forced (``topk_blocks_kernel``; one launch, no host synchronisation)."""
-    out = torch.empty((*scores.shape[:3], plan.top_n), dtype=torch.int32, device=scores.device)
-    chunk = min(triton.next_power_of_2(plan.nb_max), TOPK_CHUNK)
-    topk_blocks_kernel[(plan.batch * plan.num_kv_heads * plan.num_t,)](
+    each prefix forced (``kernels.top_blocks``; one launch, no host synchronisation)."""
+    return top_blocks(
         scores,
         prefix_lens,
-        out,
-        plan.num_t,
-        plan.nb_max,
-        plan.num_sink,
-        plan.num_local,
-        NUM_KV_HEADS=plan.num_kv_heads,
-        BLOCK_SIZE=plan.block_size,
-        TOP_N=plan.top_n,
-        TOP_N_PAD=max(16, triton.next_power_of_2(plan.top_n)),
-        CHUNK=chunk,
-        NUM_CHUNKS=triton.cdiv(plan.nb_max, chunk),
-        num_warps=4 if chunk <= 2048 else 8,
+        block_size=plan.block_size,
+        top_n=plan.top_n,
+        num_sink=plan.num_sink,
+        num_local=plan.num_local,
     )
-    return out
 
 
 def block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:

@@ -15,8 +15,9 @@ ceil(T_max / block_size)``; a partial last block is summarised over its present 
 ``BlockMetadata.update`` refreshes just the blocks touched by appended (or rolled-back) tokens,
 reading the lengths on the device, so the decode loop can capture it in a CUDA graph.
 
-Top-n is ``torch.topk`` on the score tensor: the score tensor is ``t x NB_max`` per head (a few
-thousand floats), so a fused selection kernel would save one small launch, not bandwidth.
+Top-n is one ``kernels.top_blocks`` launch on the score tensor (a pick per max-reduction round,
+forced blocks, ascending output), so a selection is two launches; ``topn_from_scores`` is its
+fp32 torch reference (``torch.topk`` and a sort).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+
+from kernels.top_blocks import top_blocks
 
 KINDS = ("mean", "quest")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -419,7 +422,8 @@ def topn_from_scores(
     num_sink: int = 1,
     num_local: int = 1,
 ) -> torch.Tensor:
-    """``[B, Hkv, t, NB]`` scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` last.
+    """``[B, Hkv, t, NB]`` scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` last:
+    the torch reference of ``kernels.top_blocks.top_blocks`` (ties may resolve differently).
 
     The first ``num_sink`` and last ``num_local`` live blocks (the last one may be partial) are
     forced in by raising their score to ``+inf``; the rest is ``torch.topk``. Static shapes, no
@@ -485,8 +489,13 @@ def select_blocks(
         raise ValueError(f"top_n must be >= 1, got {top_n}")
     rows = q[:, :1] if first_token_only else q
     scores = block_scores(rows, meta, prefix_lens, method=method)
-    idx = topn_from_scores(
-        scores, prefix_lens, meta.block_size, top_n=top_n, num_sink=num_sink, num_local=num_local
+    idx = top_blocks(
+        scores,
+        prefix_lens,
+        block_size=meta.block_size,
+        top_n=top_n,
+        num_sink=num_sink,
+        num_local=num_local,
     )
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()

@@ -13,7 +13,9 @@ class, 128 -> 1024 elements: 5.1, 6.0, 8.3, 8.2 us (1, 2, 4, 4 steps)
 latency bound beside the roofline (``perfmodel.calibrated``'s ``t_k``).
 
 Block selection (``kernels.select_blocks.select_blocks``) scores every block in one Triton
-kernel, then picks the top-n in torch (``topn_from_scores``): ``torch.topk`` over each of the
+kernel. The committed H100 rows (``calibration/profiles/h100-sxm``) were timed with its top-n in
+torch (``topn_from_scores``, the reference of the one-launch ``kernels.top_blocks``), and
+``topn_counts`` prices that path: ``torch.topk`` over each of the
 ``R = B x Hkv x t`` score rows of ``NB`` blocks (a radix select that scans the row), which
 returns its ``top_n`` picks sorted, and a ``torch.sort`` of the picked ids: two sorts of R rows
 of ``top_n`` keys, by another ATen path above 32 keys (a bitonic sort up to 32, a warp merge

@@ -16,6 +16,7 @@ from kernel_helpers import HAS_CUDA, assert_close
 import kernels.nsa_launch as nl
 import kernels.nsa_steps as steps
 import kernels.nsa_verify as nv
+import kernels.top_blocks as top_blocks_mod
 from kernels.nsa_verify import (
     NsaVerifyConfig,
     compress_kv,
@@ -353,9 +354,9 @@ def test_union_plan_is_the_ascending_union_with_member_bits():
     assert single.member_mask is None and single.block_lists.shape[2] == 1
 
 
-@pytest.mark.parametrize("chunk", [64, steps.TOPK_CHUNK])
+@pytest.mark.parametrize("chunk", [64, top_blocks_mod.TOPK_CHUNK])
 def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block(monkeypatch, chunk):
-    monkeypatch.setattr(steps, "TOPK_CHUNK", chunk)  # 64: a row in five chunks
+    monkeypatch.setattr(top_blocks_mod, "TOPK_CHUNK", chunk)  # 64: a row in five chunks
     gen = torch.Generator().manual_seed(8)
     nb_max, top_n = 300, 16
     scores = torch.randn((2, 2, 3, nb_max), generator=gen).to(DEV)

@@ -21,6 +21,7 @@ from kernels.select_blocks import (
     select_blocks,
 )
 from kernels.timing import poisoned_allocations
+from kernels.top_blocks import top_blocks
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -120,6 +121,18 @@ def test_select_blocks(method, top_n, num_sink, num_local):
     assert_selection_valid(idx.cpu(), ref_scores, lens.cpu(), 16, top_n, num_sink, num_local)
     ref = reference_select_blocks(q, k, lens, 16, **kw)
     assert (idx == ref).float().mean() > 0.95  # equal but for rare near-ties
+
+
+def test_top_blocks_pad_empty_and_short_prefixes():
+    scores = torch.randn((3, 1, 2, 8), generator=torch.Generator().manual_seed(1)).to(DEV)
+    lens = torch.tensor([0, 20, 128], dtype=torch.int32, device=DEV)  # 0, 2 and 8 live blocks
+    with poisoned_allocations():
+        idx = top_blocks(scores, lens, block_size=16, top_n=4, num_sink=1, num_local=1).cpu()
+    assert (idx[0] == -1).all()
+    assert idx[1].tolist() == [[[0, 1, -1, -1], [0, 1, -1, -1]]]
+    for r in range(2):  # sink and local forced, the two best of blocks 1..6 between them
+        best = sorted((torch.topk(scores[2, 0, r, 1:7].cpu(), 2).indices + 1).tolist())
+        assert idx[2, 0, r].tolist() == [0, *best, 7]
 
 
 def test_first_token_only_selects_for_every_row():
