@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -31,12 +30,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.device import num_sms
 from kernels.merge import merge_partials
 from kernels.tree import MAX_TREE_NODES
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-CPU_NUM_SMS = 132  # H100 SXM, so CPU runs pick the splits the GPU would
 # fp32 runs its dots in IEEE fp32 (not TF32): the precision runs that check exactness use.
 GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The interpreter's bf16 tl.dot is broken, so CPU runs take fp16/fp32 only.
@@ -215,19 +214,6 @@ def _dense_verify_kernel(
     )
     l_rows = b * stride_lb + tok * stride_lt + head * stride_lh + split * stride_ls
     tl.store(lse_ptr + l_rows, lse, mask=row_ok)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def num_sms(device: torch.device) -> int:
-    """SM count of ``device`` (read once per device and cached); 132 on the CPU."""
-    if device.type != "cuda":
-        return CPU_NUM_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _num_sms(index)
 
 
 def choose_num_splits(

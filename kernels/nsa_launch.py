@@ -4,12 +4,13 @@ shapes and row packing of one call (``make_plan``) and how many slots each branc
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
 import torch
 import triton
+
+from kernels.device import num_sms
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
@@ -131,11 +132,6 @@ def tile_rows(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
     return max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
 
 
-@functools.cache
-def num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def make_plan(
     q,
     k_cache,
@@ -227,8 +223,7 @@ def plan_slots(
         return tuple(max(1, round(total * w / sum(work))) if w else 0 for w in work)
     if device.type != "cuda":
         return tuple(int(on) for on in branches)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    capacity = num_sms(index) * config.ctas_per_sm
+    capacity = num_sms(device) * config.ctas_per_sm
     per_slot = max(config.min_tiles_per_slot, plan.programs * sum(work) / capacity)
     slots = [
         max(1, math.ceil(w / per_slot)) if on else 0 for w, on in zip(work, branches, strict=True)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.device import num_sms
 from kernels.top_blocks import top_blocks
 
 KINDS = ("mean", "quest")
@@ -35,9 +36,9 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Programs per (b, kv head) in ``update``: an append of up to 64 draft tokens + 1 bonus token
 # touches at most ceil(65 / block_size) + 1 blocks; programs loop if more are touched.
 _APPEND_TOKENS_HINT = 65
-# Scores are fp32 "ieee" dots (FMA, exact ranking against the fp32 reference). A [T_PAD, 32]
-# score tile (16 blocks at t > 32) keeps the operands spill-free on sm_90 with Triton 3.6 and 3.9
-# (4 warps up to t = 16, 8 above); tf32x3 or 64-block tiles spill.
+# Scores are fp32-accurate dots: three tf32 MMA passes (``tf32x3``, ~2^-21 relative) on the GPU,
+# FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
+# operands spill-free on sm_90 (2 warps up to t = 16, 8 above).
 _SCORE_TILE = 1024
 
 
@@ -120,11 +121,14 @@ def _block_scores_kernel(
     G: tl.constexpr,
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
+    TILES: tl.constexpr,
     D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: a program averages its KV head's queries
+    once, then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a pipelined loop."""
     tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
     tl.static_assert(BLOCK_NB >= 16)
     pid_n = tl.program_id(0)
@@ -132,9 +136,7 @@ def _block_scores_kernel(
     b = tl.program_id(2)
     offs_t = tl.arange(0, T_PAD)
     offs_d = tl.arange(0, D)
-    offs_nb = pid_n * BLOCK_NB + tl.arange(0, BLOCK_NB)
     row_ok = offs_t < num_rows
-    blk_ok = offs_nb < num_blocks
 
     q_base = q_ptr + b.to(tl.int64) * stride_qb + (h * G).to(tl.int64) * stride_qh
     q_offs = offs_t[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
@@ -144,32 +146,30 @@ def _block_scores_kernel(
             tl.float32
         )
     qbar = qbar / G  # [T_PAD, D]
-
-    m_offs = (
-        b.to(tl.int64) * stride_mb
-        + h.to(tl.int64) * stride_mh
-        + offs_nb[:, None].to(tl.int64) * stride_mn
-        + offs_d[None, :]
-    )
     if QUEST:
-        kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D]
-        kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
-        # max(q*lo, q*hi) = relu(q)*hi + min(q, 0)*lo, elementwise: two exact matrix products.
-        s = tl.dot(tl.maximum(qbar, 0.0), tl.trans(kmax), input_precision=PRECISION)
-        s += tl.dot(tl.minimum(qbar, 0.0), tl.trans(kmin), input_precision=PRECISION)
-    else:
-        kmean = tl.load(mean_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
-        s = tl.dot(qbar, tl.trans(kmean), input_precision=PRECISION)  # [T_PAD, BLOCK_NB]
+        q_pos = tl.maximum(qbar, 0.0)
+        q_neg = tl.minimum(qbar, 0.0)
     prefix_len = tl.load(prefix_ptr + b)
-    live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
-    s = tl.where(live[None, :], s, -float("inf"))
-    out_offs = (
-        b.to(tl.int64) * stride_ob
-        + h.to(tl.int64) * stride_oh
-        + offs_t[:, None].to(tl.int64) * stride_ot
-        + offs_nb[None, :]
-    )
-    tl.store(out_ptr + out_offs, s, mask=row_ok[:, None] & blk_ok[None, :])
+    m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_base += offs_t[:, None].to(tl.int64) * stride_ot
+
+    for i in tl.range(0, TILES, num_stages=3):
+        offs_nb = (pid_n * TILES + i) * BLOCK_NB + tl.arange(0, BLOCK_NB)
+        blk_ok = offs_nb < num_blocks
+        m_offs = m_base + offs_nb[:, None].to(tl.int64) * stride_mn + offs_d[None, :]
+        if QUEST:
+            kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D]
+            kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
+            # max(q*lo, q*hi) = relu(q)*hi + min(q, 0)*lo, elementwise: two matrix products.
+            s = tl.dot(q_pos, tl.trans(kmax), input_precision=PRECISION)
+            s += tl.dot(q_neg, tl.trans(kmin), input_precision=PRECISION)
+        else:
+            kmean = tl.load(mean_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
+            s = tl.dot(qbar, tl.trans(kmean), input_precision=PRECISION)  # [T_PAD, BLOCK_NB]
+        live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
+        s = tl.where(live[None, :], s, -float("inf"))
+        tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
 
 
 def _check_k_cache(k_cache: torch.Tensor, block_size: int) -> None:
@@ -382,8 +382,9 @@ def block_scores(
     out = torch.empty((b, hkv, t, nb), dtype=torch.float32, device=q.device)
     t_pad = max(16, triton.next_power_of_2(t))
     block_nb = min(32, _SCORE_TILE // t_pad)
+    tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)
     ref = meta._any()
-    _block_scores_kernel[(triton.cdiv(nb, block_nb), hkv, b)](
+    _block_scores_kernel[(triton.cdiv(nb, block_nb * tiles), hkv, b)](
         q,
         meta.mean if method == "mean" else ref,
         meta.kmin if method == "quest" else ref,
@@ -404,13 +405,25 @@ def block_scores(
         G=h // hkv,
         T_PAD=t_pad,
         BLOCK_NB=block_nb,
+        TILES=tiles,
         D=d,
         BLOCK_SIZE=meta.block_size,
         QUEST=method == "quest",
-        PRECISION="ieee",
-        num_warps=4 if t_pad <= 16 else 8,
+        PRECISION="tf32x3" if q.device.type == "cuda" else "ieee",
+        num_warps=2 if t_pad <= 16 else 8,
     )
     return out
+
+
+def _score_tiles(num_tiles: int, device: torch.device) -> int:
+    """Score tiles per program: the most (up to 16) that still leave two programs per SM, so
+    a large batch amortises each program's query average over many tiles and a small one keeps
+    every SM busy."""
+    sms = num_sms(device)
+    tiles = 16
+    while tiles > 1 and triton.cdiv(num_tiles, tiles) < 2 * sms:
+        tiles //= 2
+    return tiles
 
 
 def topn_from_scores(

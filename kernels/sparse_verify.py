@@ -27,7 +27,6 @@ plus the ``t``-entry tail once per group.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import torch
@@ -35,6 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.dense_verify import dot_precision
+from kernels.device import num_sms
 from kernels.merge import merge_partials
 
 MODES = ("per_query", "union", "shared")
@@ -457,13 +457,6 @@ def build_group_plan(
     return GroupPlan(mode, c, num_groups, lists, masks, counts, order)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # H100 SXM: the CPU interpreter plans as if it were one
-
-
 def choose_num_splits(
     cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device
 ) -> int:
@@ -475,7 +468,7 @@ def choose_num_splits(
     one wave. At most ``max_splits`` and ``top_n / min_blocks_per_split``."""
     if cfg.num_splits is not None:
         return cfg.num_splits
-    wave = cfg.programs_per_sm * _num_sms(device)
+    wave = cfg.programs_per_sm * num_sms(device)
     most = max(1, min(cfg.max_splits, top_n // cfg.min_blocks_per_split))
     best, best_cost = 1, float(triton.cdiv(programs, wave))
     for s in range(2, most + 1):

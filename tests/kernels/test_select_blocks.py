@@ -89,9 +89,9 @@ def test_block_scores_match_reference(dtype, t, h, hkv, method):
     torch.testing.assert_close(s, ref, atol=tol, rtol=tol)
 
 
-def assert_selection_valid(idx, scores, lens, block_size, top_n, num_sink, num_local):
+def assert_selection_valid(idx, scores, lens, block_size, top_n, num_sink, num_local, tol=1e-5):
     """Ascending, -1 only at the end, the forced blocks present, and every pick at least as good
-    as every block left out (up to ties in the fp32 scores)."""
+    as every block left out (up to ``tol``: ties in the scores the kernel computed)."""
     for b, nb in enumerate(live_blocks(lens.tolist(), block_size)):
         want = min(top_n, nb)
         forced = {j for j in range(nb) if j < num_sink or j >= nb - num_local}
@@ -106,7 +106,7 @@ def assert_selection_valid(idx, scores, lens, block_size, top_n, num_sink, num_l
                 free = [j for j in picks if j not in forced]
                 if rest and free:
                     s = scores[b, h, i]
-                    assert s[free].min() >= s[rest].max() - 1e-5
+                    assert s[free].min() >= s[rest].max() - tol
 
 
 @pytest.mark.parametrize("method", ["mean", "quest"])
@@ -195,7 +195,8 @@ def test_gpu_bf16_select_matches_reference(method):
     ref = reference_block_scores(q, k, lens, 64, method=method)
     torch.testing.assert_close(s, ref, atol=1e-3, rtol=1e-3)
     idx = select_blocks(q, meta, lens, top_n=16, method=method)
-    assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1)
+    # tf32x3 scores on the GPU: ~2^-21 relative, a few 1e-5 at these magnitudes.
+    assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1, tol=1e-4)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,25 @@
+"""The one device property the launch plans read: the SM count."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# H100 SXM and H200 both have 132 SMs, so interpreter runs on the CPU plan the GPU's launches.
+CPU_NUM_SMS = 132
+
+
+def num_sms(device: torch.device | int) -> int:
+    """SM count of ``device`` (a device or a CUDA index; read once per device and cached);
+    ``CPU_NUM_SMS`` off the GPU."""
+    if isinstance(device, int):
+        return _cuda_sms(device)
+    if device.type != "cuda":
+        return CPU_NUM_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
