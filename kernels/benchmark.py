@@ -436,10 +436,14 @@ class Runner:
             self.longest_s = max(self.longest_s, time.monotonic() - start)
             self.write(op, params, t, unique_bytes, flops)
             tbs = unique_bytes / t.median_s / 1e12
+            floor = max(
+                unique_bytes / self.ceil["copy_bytes_per_s"], flops / self.ceil["gemm_flops_per_s"]
+            )
             short = {k: v for k, v in params.items() if v is not None and k in SHOW}
             print(
                 f"[{self.elapsed_s():6.1f}s] {op:<20} {timing:<6} {t.median_s * 1e6:9.1f} us "
-                f"{tbs:5.2f} TB/s  {short}"
+                f"{tbs:5.2f} TB/s {t.median_s / floor if floor else float('nan'):6.2f} x floor "
+                f"({floor * 1e6:.1f} us)  {short}"
             )
 
 
@@ -918,10 +922,46 @@ def _dense_target(p: dict, r: dict, floor: float) -> bool | None:
     return r["median_s"] <= 1.3 * floor
 
 
+SPARSE_PATH_OPS = ("sparse_verify", "select_blocks", "repair", "nsa_verify")
+
+
+def floor_target_met(median_s: float, floor_s: float) -> bool:
+    """The sparse path's kernel target: <= 1.5 x the floor where the floor is >= 20 us, else
+    <= the floor + 8 us."""
+    return median_s <= (1.5 * floor_s if floor_s >= 20e-6 else floor_s + 8e-6)
+
+
+def _floor_targets(g: list[dict]) -> list[dict]:
+    """Per sparse-path op and batch: rows meeting ``floor_target_met``, the median and worst
+    time / floor."""
+    out = []
+    for op in SPARSE_PATH_OPS:
+        for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):
+            sel = [r for r in g if r["op"] == op and r["params"]["batch"] == bsz]
+            floors = [
+                max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
+                for r in sel
+            ]
+            ratios = [r["median_s"] / f for r, f in zip(sel, floors, strict=True)]
+            met = sum(floor_target_met(r["median_s"], f) for r, f in zip(sel, floors, strict=True))
+            out.append(
+                {
+                    "op": op,
+                    "B": bsz,
+                    "rows": len(sel),
+                    "met": met,
+                    "median_x": float(np.median(ratios)),
+                    "worst_x": max(ratios),
+                }
+            )
+    return out
+
+
 def summarise(rows: list[dict]) -> dict[str, list[dict]]:
     """Graph-replay headline figures per op, from every row in the file."""
     g = [r for r in rows if r["timing"] == "graph"]
     out: dict[str, list[dict]] = {"dense": [], "sparse": [], "repair": [], "nsa": []}
+    out["floor targets"] = _floor_targets(g)
     sdpa = {
         json.dumps({k: v for k, v in r["params"].items() if k not in DERIVED}, sort_keys=True): r
         for r in g

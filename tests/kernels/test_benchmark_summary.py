@@ -1,0 +1,36 @@
+"""The kernel benchmark's floor targets, on synthetic rows (no GPU)."""
+
+from __future__ import annotations
+
+from kernels.benchmark import floor_target_met, summarise
+
+
+def test_floor_target_is_relative_above_20us_and_absolute_below():
+    assert floor_target_met(29e-6, 20e-6) and not floor_target_met(31e-6, 20e-6)
+    assert floor_target_met(17.9e-6, 10e-6) and not floor_target_met(18.1e-6, 10e-6)
+
+
+def _row(op, batch, median_s, unique_bytes):
+    return {
+        "op": op,
+        "timing": "graph",
+        "params": {"batch": batch, "mode": "reuse", "context_len": 1, "impl": "fused"},
+        "median_s": median_s,
+        "unique_bytes": unique_bytes,
+        "flops": 0,
+        "copy_bytes_per_s": 1e12,
+        "gemm_flops_per_s": 1e15,
+    }
+
+
+def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
+    rows = [
+        _row("nsa_verify", 1, 30e-6, 10_000_000),  # floor 10 us: 30 > 18, missed
+        _row("nsa_verify", 1, 15e-6, 10_000_000),  # met
+        _row("nsa_verify", 16, 40e-6, 30_000_000),  # floor 30 us: 1.33 x, met
+        _row("nsa_verify", 16, 60e-6, 30_000_000),  # 2 x, missed
+    ]
+    got = {(e["op"], e["B"]): e for e in summarise(rows)["floor targets"]}
+    assert (got["nsa_verify", 1]["rows"], got["nsa_verify", 1]["met"]) == (2, 1)
+    assert (got["nsa_verify", 16]["rows"], got["nsa_verify", 16]["met"]) == (2, 1)
+    assert got["nsa_verify", 16]["worst_x"] == 2.0
