@@ -52,7 +52,7 @@ def top_blocks(
     out = torch.empty((b, hkv, t, top_n), dtype=torch.int32, device=scores.device)
     if out.numel() == 0:
         return out
-    chunk = min(triton.next_power_of_2(max(nb_max, 1)), TOPK_CHUNK)
+    chunk, tail, num_chunks = _row_layout(nb_max)
     topk_blocks_kernel[(b * hkv * t,)](
         scores,
         prefix_lens,
@@ -66,10 +66,26 @@ def top_blocks(
         TOP_N=top_n,
         TOP_N_PAD=max(16, triton.next_power_of_2(top_n)),
         CHUNK=chunk,
-        NUM_CHUNKS=triton.cdiv(nb_max, chunk),
-        num_warps=_warps(b * hkv * t, chunk, scores.device),
+        TAIL=tail,
+        NUM_CHUNKS=num_chunks,
+        num_warps=_warps(b * hkv * t, chunk + tail, scores.device),
     )
     return out
+
+
+def _row_layout(nb_max: int) -> tuple[int, int, int]:
+    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a row of ``nb_max`` blocks. A row that fits in one
+    power-of-two chunk of at most ``TOPK_CHUNK`` plus a smaller power-of-two tail stays in
+    registers (``NUM_CHUNKS`` 1): 2049 blocks are 2048 + 16 keys, not 4096. A longer row is
+    walked in ``TOPK_CHUNK`` chunks every round."""
+    nb_max = max(nb_max, 1)
+    chunk = min(1 << (nb_max.bit_length() - 1), TOPK_CHUNK)
+    rest = nb_max - chunk
+    if rest == 0:
+        return chunk, 0, 1
+    if rest <= chunk:
+        return chunk, min(chunk, max(16, triton.next_power_of_2(rest))), 1
+    return TOPK_CHUNK, 0, triton.cdiv(nb_max, TOPK_CHUNK)
 
 
 def _warps(rows: int, chunk: int, device: torch.device) -> int:
@@ -96,6 +112,7 @@ def topk_blocks_kernel(
     TOP_N: tl.constexpr,
     TOP_N_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
+    TAIL: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
 ):
     """Grid ``(B * Hkv * t,)``: one row's ``TOP_N`` best blocks of its prefix's ``nb`` blocks,
@@ -104,8 +121,9 @@ def topk_blocks_kernel(
     Each block gets one int64 key ordered by (score, then lower block): the score's bits made
     order-preserving as an integer, above the complemented block id. ``TOP_N`` rounds each take
     the largest key below the previous pick (one max-reduction), so ties resolve to the lower
-    block and nothing is written between rounds; a row of at most ``CHUNK`` blocks stays in
-    registers throughout, a longer one is walked in chunks up to its prefix's last block."""
+    block and nothing is written between rounds; a row of at most ``CHUNK + TAIL`` blocks
+    (``NUM_CHUNKS`` 1) stays in registers throughout, a longer one is walked in chunks up to
+    its prefix's last block."""
     r = tl.program_id(0)
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
@@ -117,12 +135,18 @@ def topk_blocks_kernel(
     prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
     if NUM_CHUNKS == 1:
         keys = _block_keys(base, offs, nb, num_sink, num_local)
+        if TAIL > 0:
+            keys_tail = _block_keys(base, CHUNK + tl.arange(0, TAIL), nb, num_sink, num_local)
     for i in range(TOP_N):
-        best = tl.full([], -1, dtype=tl.int64) + 0
-        for c in range(tl.cdiv(nb, CHUNK)):
-            if NUM_CHUNKS > 1:
+        if NUM_CHUNKS == 1:
+            best = tl.max(tl.where(keys < prev, keys, -1))
+            if TAIL > 0:
+                best = tl.maximum(best, tl.max(tl.where(keys_tail < prev, keys_tail, -1)))
+        else:
+            best = tl.full([], -1, dtype=tl.int64) + 0
+            for c in range(tl.cdiv(nb, CHUNK)):
                 keys = _block_keys(base, c * CHUNK + offs, nb, num_sink, num_local)
-            best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, -1)))
+                best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, -1)))
         # A key's low 30 bits hold ~block; -1 (nothing left) maps to NO_BLOCK.
         blk = tl.where(best >= 0, (~best & 0x3FFFFFFF).to(tl.int32), NO_BLOCK)
         chosen = tl.where(slots == i, blk, chosen)

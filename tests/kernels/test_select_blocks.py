@@ -135,6 +135,15 @@ def test_top_blocks_pad_empty_and_short_prefixes():
         assert idx[2, 0, r].tolist() == [0, *best, 7]
 
 
+def test_top_blocks_row_layout_keeps_ragged_rows_in_registers():
+    from kernels.top_blocks import TOPK_CHUNK, _row_layout
+
+    assert _row_layout(2048) == (2048, 0, 1)
+    assert _row_layout(2049) == (2048, 16, 1)  # a 128K cache plus the draft: not 4096 keys
+    assert _row_layout(3000) == (2048, 1024, 1)
+    assert _row_layout(2 * TOPK_CHUNK + 1) == (TOPK_CHUNK, 0, 3)  # walked in chunks
+
+
 def test_first_token_only_selects_for_every_row():
     q, k, lens = make_inputs([200, 90], 16, 4, 2, 16, torch.float32, seed=3)
     meta = BlockMetadata.build(k, lens, 16)
