@@ -67,8 +67,9 @@ def main(argv=None) -> int:
                 got = accept_sampled(tokens, logits, dp, tt.children, depth, 1.0, ui)
                 ref = reference_accept_sampled(tokens, logits, dp, tt.children, depth, 1.0, ui)
                 if not all(torch.equal(x, y) for x, y in zip(got, ref, strict=True)):
-                    print(f"accept_cost: {spec} {kind}: kernel and reference differ",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"accept_cost: {spec} {kind}: kernel and reference differ", file=sys.stderr
+                    )
                     return 1
             row = {"tree": spec, "nodes": t, "depth": depth, "draft": kind}
             for name, fn in (("torch", reference_accept_sampled), ("triton", accept_sampled)):
@@ -86,8 +87,10 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
     print(f"{'tree':<10} {'draft':<12} {'nodes':>5} {'torch us':>9} {'triton us':>9}")
     for r in rows:
-        print(f"{r['tree']:<10} {r['draft']:<12} {r['nodes']:>5} {r['torch_us']:>9.1f} "
-              f"{r['triton_us']:>9.1f}")  # fmt: skip
+        print(
+            f"{r['tree']:<10} {r['draft']:<12} {r['nodes']:>5} {r['torch_us']:>9.1f} "
+            f"{r['triton_us']:>9.1f}"
+        )
     return 0
 
 

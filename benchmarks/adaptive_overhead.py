@@ -86,9 +86,11 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=384)
     p.add_argument("--seed", type=int, default=4, help="sampling seed of every run")
     p.add_argument("--runs", type=int, default=8, help="runs per variant")
-    p.add_argument("--strategy", default="",
-                   help="DRAFTER:TREE decoded (e.g. draft_model:chain:2; default: the offline "
-                        "best)")  # fmt: skip
+    p.add_argument(
+        "--strategy",
+        default="",
+        help="DRAFTER:TREE decoded (e.g. draft_model:chain:2; default: the offline best)",
+    )
     p.add_argument("--prompt-set", default="code", help="code, prose, repetitive or random")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -99,19 +101,23 @@ def main(argv=None) -> int:
         if args.runs < 1 or args.context < 1:
             raise ValueError("--runs and --context must be >= 1")
         if args.prompt_set not in PROMPT_SETS:
-            raise ValueError(f"unknown --prompt-set {args.prompt_set!r}; one of "
-                             f"{', '.join(PROMPT_SETS)}")  # fmt: skip
+            raise ValueError(
+                f"unknown --prompt-set {args.prompt_set!r}; one of {', '.join(PROMPT_SETS)}"
+            )
         chosen = None
         if args.strategy:
             kind, _, tree = args.strategy.partition(":")
             if kind not in ("draft_model", "ngram") or not tree:
-                raise ValueError(f"--strategy {args.strategy!r}: expected DRAFTER:TREE with "
-                                 "DRAFTER draft_model or ngram")  # fmt: skip
+                raise ValueError(
+                    f"--strategy {args.strategy!r}: expected DRAFTER:TREE with "
+                    "DRAFTER draft_model or ngram"
+                )
             parse_tree(tree)
             # The draft model's name is the bench's, set below.
             model = "tiny-draft" if kind == "draft_model" else None
-            chosen = Strategy(name="overhead", tree=tree,
-                              drafter=DrafterSpec(kind=kind, model=model))  # fmt: skip
+            chosen = Strategy(
+                name="overhead", tree=tree, drafter=DrafterSpec(kind=kind, model=model)
+            )
     except ValueError as e:
         print(f"adaptive_overhead: {e}", file=sys.stderr)
         return 2
@@ -161,49 +167,76 @@ def main(argv=None) -> int:
             f = steady_figures(res)
             text.setdefault(name, list(res.tokens[0]))
             if i:
-                runs.append({"variant": name, "repeat": i, "rounds": f["rounds"],
-                             "tokens": f["tokens"], "round_us": 1e6 / f["rounds"] * (
-                                 f["wall_s"] + f["switch_s"] + f["control_s"]),
-                             "control_overlap_us": 1e6 * f["control_overlap_s"] / f["rounds"],
-                             "steps_us": {k: 1e6 * v for k, v in f["steps_s"].items()},
-                             "switches": len(getattr(c, "switches", []))})  # fmt: skip
+                runs.append(
+                    {
+                        "variant": name,
+                        "repeat": i,
+                        "rounds": f["rounds"],
+                        "tokens": f["tokens"],
+                        "round_us": 1e6
+                        / f["rounds"]
+                        * (f["wall_s"] + f["switch_s"] + f["control_s"]),
+                        "control_overlap_us": 1e6 * f["control_overlap_s"] / f["rounds"],
+                        "steps_us": {k: 1e6 * v for k, v in f["steps_s"].items()},
+                        "switches": len(getattr(c, "switches", [])),
+                    }
+                )
     # Where each variant's text (its first run's) first differs from the fixed run's of the
     # same seed: None when it decodes the same text (a paired comparison compares like with
     # like only then).
     differs = {}
     for name, t in text.items():
         ref = text["fixed"]
-        differs[name] = next((j for j, (x, y) in enumerate(zip(ref, t, strict=False)) if x != y),
-                             None if len(ref) == len(t) else min(len(ref), len(t)))  # fmt: skip
+        differs[name] = next(
+            (j for j, (x, y) in enumerate(zip(ref, t, strict=False)) if x != y),
+            None if len(ref) == len(t) else min(len(ref), len(t)),
+        )
     rows = []
     for name in variants:
         rs = [r for r in runs if r["variant"] == name and not r["switches"]]
         t = [r["round_us"] for r in rs]
-        rows.append({"variant": name, "runs_kept": len(rs),
-                     "runs_switched": sum(1 for r in runs if r["variant"] == name) - len(rs),
-                     "rounds": sorted({r["rounds"] for r in rs}),
-                     "min_round_us": min(t) if t else None,
-                     "median_round_us": float(np.median(t)) if t else None,
-                     "control_overlap_us": float(np.median([r["control_overlap_us"] for r in rs]))
-                     if rs else None, "text_differs_at": differs[name]})  # fmt: skip
-    doc = {"provenance": provenance(), "context": args.context, "seed": args.seed,
-           "prompt_set": args.prompt_set, "strategy": describe(best), "runs": runs,
-           "summary": rows}  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "runs_kept": len(rs),
+                "runs_switched": sum(1 for r in runs if r["variant"] == name) - len(rs),
+                "rounds": sorted({r["rounds"] for r in rs}),
+                "min_round_us": min(t) if t else None,
+                "median_round_us": float(np.median(t)) if t else None,
+                "control_overlap_us": float(np.median([r["control_overlap_us"] for r in rs]))
+                if rs
+                else None,
+                "text_differs_at": differs[name],
+            }
+        )
+    doc = {
+        "provenance": provenance(),
+        "context": args.context,
+        "seed": args.seed,
+        "prompt_set": args.prompt_set,
+        "strategy": describe(best),
+        "runs": runs,
+        "summary": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
     base = rows[0]["min_round_us"]
     print(f"{describe(best)} at {args.context}, {args.prompt_set} prompt, seed {args.seed}")
-    print(f"{'variant':22s} {'kept':>4s} {'switched':>8s} {'min us':>7s} {'median':>7s} "
-          f"{'over fixed':>10s} {'ctl us/round':>12s} {'text differs at':>15s}")  # fmt: skip
+    print(
+        f"{'variant':22s} {'kept':>4s} {'switched':>8s} {'min us':>7s} {'median':>7s} "
+        f"{'over fixed':>10s} {'ctl us/round':>12s} {'text differs at':>15s}"
+    )
     for r in rows:
         if r["min_round_us"] is None:
             print(f"{r['variant']:22s} {0:4d} {r['runs_switched']:8d}")
             continue
-        print(f"{r['variant']:22s} {r['runs_kept']:4d} {r['runs_switched']:8d} "
-              f"{r['min_round_us']:7.0f} {r['median_round_us']:7.0f} "
-              f"{r['min_round_us'] / base - 1:+10.1%} {r['control_overlap_us']:12.1f} "
-              f"{str(r['text_differs_at']):>15s}")  # fmt: skip
+        print(
+            f"{r['variant']:22s} {r['runs_kept']:4d} {r['runs_switched']:8d} "
+            f"{r['min_round_us']:7.0f} {r['median_round_us']:7.0f} "
+            f"{r['min_round_us'] / base - 1:+10.1%} {r['control_overlap_us']:12.1f} "
+            f"{str(r['text_differs_at']):>15s}"
+        )
     return 0
 
 

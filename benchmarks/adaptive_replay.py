@@ -178,8 +178,9 @@ def build_worlds(doc: dict, ranking: dict) -> dict[str, World]:
     worlds = {}
     for name, ps in ad["prompt_sets"].items():
         measured = {x["id"]: x for x in ps["oracle"]["strategies"]}
-        round_s = {sid: (1.0 + x["mean_accepted"]) / x["tokens_per_s"]
-                   for sid, x in measured.items()}  # fmt: skip
+        round_s = {
+            sid: (1.0 + x["mean_accepted"]) / x["tokens_per_s"] for sid, x in measured.items()
+        }
         chains: dict[str, dict[int, float]] = {}
         branching: dict[str, list[tuple[tuple[int, ...], float]]] = {}
         ratio, ratios = {}, []
@@ -212,7 +213,7 @@ def build_worlds(doc: dict, ranking: dict) -> dict[str, World]:
             control_s=float(
                 np.median([r["control_s"] + r.get("control_overlap_s", 0.0) for r in runs])
             )
-            / rounds,  # fmt: skip
+            / rounds,
             shadow_s=adaptive["steps_s"].get("shadow", 0.0),
             # What the runs measured per destination kind, the earlier runs' where they did not.
             switch_s={
@@ -247,8 +248,7 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
 
     ranking, model, gpu, profile = setting
     config = config or ControllerConfig()
-    ctl = OnlineController(ranking, model, gpu, profile, config,
-                           switch_cost_s=world.known_switch_s)  # fmt: skip
+    ctl = OnlineController(ranking, model, gpu, profile, config, switch_cost_s=world.known_switch_s)
     # Overlapped, the controller and the shadow run behind the next round's GPU work.
     host_s = 0.0 if config.overlap else world.control_s + world.shadow_s
     ctl.warm()
@@ -301,11 +301,20 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
         if switch_cost is not None:
             step_s["switch"] = switch_cost
             t += switch_cost
-        stats = RoundStats(round=rnd, strategy=s, context_lens=(ctx,), drafted=len(parents),
-                           accepted=(accepted,), step_s=step_s, tokens_generated=n,
-                           shadow={"ngram": ShadowAcceptance(
-                               n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees)
-                           )})  # fmt: skip
+        stats = RoundStats(
+            round=rnd,
+            strategy=s,
+            context_lens=(ctx,),
+            drafted=len(parents),
+            accepted=(accepted,),
+            step_s=step_s,
+            tokens_generated=n,
+            shadow={
+                "ngram": ShadowAcceptance(
+                    n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees)
+                )
+            },
+        )
         if rnd > 0:  # round 0 is left out, as the evaluation does
             tokens, wall = tokens + n, wall + t
         switch_cost = None
@@ -318,8 +327,12 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
             switch_cost = world.switch_s.get(switch_kind(s), 0.0)
         ctx += n
         rnd += 1
-    return {"tokens_per_s": tokens / wall, "rounds": rnd, "context": ctx - ctx0,
-            "switches": [(x["round"], x["reason"], x["to"]) for x in ctl.switches]}  # fmt: skip
+    return {
+        "tokens_per_s": tokens / wall,
+        "rounds": rnd,
+        "context": ctx - ctx0,
+        "switches": [(x["round"], x["reason"], x["to"]) for x in ctl.switches],
+    }
 
 
 def summarise(world: World, runs: list[dict], repeats: int) -> dict:
@@ -357,12 +370,16 @@ def parse_config(text: str):
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, sep, value = item.partition("=")
         if not sep or name not in fields:
-            raise ValueError(f"--config {item!r}: expected name=value with a name of "
-                             f"{', '.join(fields)}")  # fmt: skip
+            raise ValueError(
+                f"--config {item!r}: expected name=value with a name of {', '.join(fields)}"
+            )
         default = fields[name].default
         try:
-            kw[name] = type(default)(value) if not isinstance(default, bool) else (
-                value.lower() in ("1", "true", "yes"))  # fmt: skip
+            kw[name] = (
+                type(default)(value)
+                if not isinstance(default, bool)
+                else (value.lower() in ("1", "true", "yes"))
+            )
         except ValueError:
             raise ValueError(
                 f"--config {item!r}: {value!r} is no {type(default).__name__}"
@@ -374,8 +391,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--planner", default=str(PLANNER_JSON), help="planner evaluation JSON")
     p.add_argument("--runs", type=int, default=200, help="replayed runs per prompt set")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="runs per median, for the spread of a median of that many")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="runs per median, for the spread of a median of that many",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sets", default="", help="prompt sets to replay (default: all)")
     p.add_argument(
@@ -388,8 +409,7 @@ def main(argv=None) -> int:
     try:
         config = parse_config(args.config)
         if args.runs < 1 or args.repeats < 1:
-            raise ValueError(f"--runs and --repeats must be >= 1, got {args.runs}, "
-                             f"{args.repeats}")  # fmt: skip
+            raise ValueError(f"--runs and --repeats must be >= 1, got {args.runs}, {args.repeats}")
         if not Path(args.planner).is_file():
             raise ValueError(f"--planner {args.planner!r} does not exist")
         doc = json.loads(Path(args.planner).read_text())
@@ -398,16 +418,23 @@ def main(argv=None) -> int:
         sets = [x for x in args.sets.split(",") if x] or list(doc["adaptive"]["prompt_sets"])
         bad = [x for x in sets if x not in doc["adaptive"]["prompt_sets"]]
         if bad:
-            raise ValueError(f"unknown prompt set {bad[0]!r}; the document has "
-                             f"{', '.join(doc['adaptive']['prompt_sets'])}")  # fmt: skip
+            raise ValueError(
+                f"unknown prompt set {bad[0]!r}; the document has "
+                f"{', '.join(doc['adaptive']['prompt_sets'])}"
+            )
     except (ValueError, json.JSONDecodeError) as e:
         print(f"adaptive_replay: {e}", file=sys.stderr)
         return 2
     setting = load_setting(Path(args.planner))
     worlds = build_worlds(doc, setting[0])
-    out = {"planner": str(args.planner), "runs": args.runs, "seed": args.seed,
-           "controller": dataclasses.asdict(config),
-           "provenance": provenance(), "sets": {}}  # fmt: skip
+    out = {
+        "planner": str(args.planner),
+        "runs": args.runs,
+        "seed": args.seed,
+        "controller": dataclasses.asdict(config),
+        "provenance": provenance(),
+        "sets": {},
+    }
     for name in sets:
         w = worlds[name]
         runs = [replay(w, setting, config, seed=args.seed + i) for i in range(args.runs)]
@@ -415,12 +442,14 @@ def main(argv=None) -> int:
         row["alpha"] = {k: [round(a, 3) for a in v] for k, v in w.alpha.items()}
         row["sibling"] = w.sibling
         top = ", ".join(f"{k} x{v}" for k, v in list(row["first_switch"].items())[:3])
-        print(f"{name:10s} replayed gain mean {row['mean_gain']:+6.1%} median "
-              f"{row['median_gain']:+6.1%}  median of {args.repeats}: "
-              f"{row[f'median_of_{args.repeats}_p05']:+6.1%} .. "
-              f"{row[f'median_of_{args.repeats}_p95']:+6.1%}  measured "
-              f"{row['measured_gain']:+6.1%}  {row['switches_per_run']:.1f} switches/run; "
-              f"first: {top}")  # fmt: skip
+        print(
+            f"{name:10s} replayed gain mean {row['mean_gain']:+6.1%} median "
+            f"{row['median_gain']:+6.1%}  median of {args.repeats}: "
+            f"{row[f'median_of_{args.repeats}_p05']:+6.1%} .. "
+            f"{row[f'median_of_{args.repeats}_p95']:+6.1%}  measured "
+            f"{row['measured_gain']:+6.1%}  {row['switches_per_run']:.1f} switches/run; "
+            f"first: {top}"
+        )
     if args.json:
         atomic_write(args.json, json.dumps(out, indent=1) + "\n")
     return 0

@@ -65,33 +65,88 @@ PACK_LIMIT_BYTES = 16 * 2**20  # the device tool brings back files of at most 16
 
 _PROFILE_FILES = ("op_sweep.jsonl", "kernel_bench.jsonl", "ceilings.json", "profile.json")
 STAGES = (
-    Stage("ops", ("-m", "calibration.sweep", "--out", "{work}/profile"), budgeted=True,
-          min_s=60, estimate_s=75, outputs=("profile/op_sweep.jsonl",)),
-    Stage("kernels", ("-m", "kernels.benchmark", "--out", "{work}/profile"), budgeted=True,
-          min_s=90, estimate_s=480, outputs=("profile/kernel_bench.jsonl",)),
-    Stage("kernels_tiny", ("-m", "kernels.benchmark", "--out", "{work}/profile", "--geometry",
-                           "tiny"), budgeted=True, min_s=60, estimate_s=121),
-    Stage("fit", ("benchmarks/campaign.py", "--fit", "{work}/profile"), estimate_s=5,
-          outputs=("profile/ceilings.json", "profile/profile.json"),
-          installs=tuple((f"profile/{f}", f"{PROFILE}/{f}") for f in _PROFILE_FILES),
-          early_install=True),
+    Stage(
+        "ops",
+        ("-m", "calibration.sweep", "--out", "{work}/profile"),
+        budgeted=True,
+        min_s=60,
+        estimate_s=75,
+        outputs=("profile/op_sweep.jsonl",),
+    ),
+    Stage(
+        "kernels",
+        ("-m", "kernels.benchmark", "--out", "{work}/profile"),
+        budgeted=True,
+        min_s=90,
+        estimate_s=480,
+        outputs=("profile/kernel_bench.jsonl",),
+    ),
+    Stage(
+        "kernels_tiny",
+        ("-m", "kernels.benchmark", "--out", "{work}/profile", "--geometry", "tiny"),
+        budgeted=True,
+        min_s=60,
+        estimate_s=121,
+    ),
+    Stage(
+        "fit",
+        ("benchmarks/campaign.py", "--fit", "{work}/profile"),
+        estimate_s=5,
+        outputs=("profile/ceilings.json", "profile/profile.json"),
+        installs=tuple((f"profile/{f}", f"{PROFILE}/{f}") for f in _PROFILE_FILES),
+        early_install=True,
+    ),
     # No --ranking-out: atomic_write would replace /dev/null itself by a regular file.
-    Stage("planner", ("benchmarks/planner_eval.py", "--repeats", "5", "--out",
-                      "{work}/planner.json", "--resume", "{work}/planner-runs.jsonl"),
-          min_s=60, estimate_s=500, outputs=("planner.json", "planner-runs.jsonl"),
-          installs=(("planner.json", "docs/validation/planner.json"),)),
+    Stage(
+        "planner",
+        (
+            "benchmarks/planner_eval.py",
+            "--repeats",
+            "5",
+            "--out",
+            "{work}/planner.json",
+            "--resume",
+            "{work}/planner-runs.jsonl",
+        ),
+        min_s=60,
+        estimate_s=500,
+        outputs=("planner.json", "planner-runs.jsonl"),
+        installs=(("planner.json", "docs/validation/planner.json"),),
+    ),
     # 5 seeds (not the script's default 3): an autoregressive run is ~0.3 s, and its spread
     # over seeds moves every speedup, which divides by ar_dense.
-    Stage("validation", ("benchmarks/validation_campaign.py", "--planner", "{work}/planner.json",
-                         "--seeds", "5", "--out", "{work}/campaign.json", "--resume",
-                         "{work}/campaign-runs.jsonl"),
-          estimate_s=100, outputs=("campaign.json", "campaign-runs.jsonl"),
-          installs=(("campaign.json", "docs/validation/campaign.json"),)),
-    Stage("verify_breakdown", ("benchmarks/engine_verify.py", "--campaign", "{work}/campaign.json",
-                               "--ops", "--out", "{work}/verify-breakdown.json"),
-          estimate_s=30, outputs=("verify-breakdown.json",),
-          installs=(("verify-breakdown.json", f"{NOTES}/verify-breakdown.json"),)),
-)  # fmt: skip
+    Stage(
+        "validation",
+        (
+            "benchmarks/validation_campaign.py",
+            "--planner",
+            "{work}/planner.json",
+            "--seeds",
+            "5",
+            "--out",
+            "{work}/campaign.json",
+            "--resume",
+            "{work}/campaign-runs.jsonl",
+        ),
+        estimate_s=100,
+        outputs=("campaign.json", "campaign-runs.jsonl"),
+        installs=(("campaign.json", "docs/validation/campaign.json"),),
+    ),
+    Stage(
+        "verify_breakdown",
+        (
+            "benchmarks/engine_verify.py",
+            "--campaign",
+            "{work}/campaign.json",
+            "--ops",
+            "--out",
+            "{work}/verify-breakdown.json",
+        ),
+        estimate_s=30,
+        outputs=("verify-breakdown.json",),
+        installs=(("verify-breakdown.json", f"{NOTES}/verify-breakdown.json"),),
+    ),
+)
 
 
 def fit_here(gpu: str, folder: Path) -> dict:

@@ -31,9 +31,14 @@ def main(argv=None) -> int:
     p.add_argument("--tails", default="17,33,64,65,100,131", help="tail lengths")
     p.add_argument("--repeats", type=int, default=5, help="calls per length after the first")
     p.add_argument("--out", default=None, help="JSON of every call's time")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="then N more extends of the first tail length under torch.profiler: "
-                        "the top ops by host and by device time")  # fmt: skip
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N more extends of the first tail length under torch.profiler: "
+        "the top ops by host and by device time",
+    )
     args = p.parse_args(argv)
     try:
         tails = [int(x) for x in args.tails.split(",") if x]
@@ -52,8 +57,9 @@ def main(argv=None) -> int:
         print("catchup_cost: no CUDA device", file=sys.stderr)
         return 1
     t_max = args.context + max(tails) * (args.repeats + 2) + 64
-    m = build_model(resolve_source(args.model), max_positions=t_max, device="cuda",
-                    dtype=torch.bfloat16)  # fmt: skip
+    m = build_model(
+        resolve_source(args.model), max_positions=t_max, device="cuda", dtype=torch.bfloat16
+    )
     runner = ModelRunner(m, batch=1, t_max=t_max, backend="triton", use_graphs=True)
     rng = np.random.default_rng(0)
     runner.prefill([rng.integers(0, 256, args.context).tolist()])
@@ -102,12 +108,19 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
             runner.cache.set_lens(base)
-            row = {"backends": name, "tail": n, "first_ms": times[0] * 1e3,
-                   "median_ms": float(np.median(times[1:])) * 1e3,
-                   "all_ms": [t * 1e3 for t in times]}  # fmt: skip
+            row = {
+                "backends": name,
+                "tail": n,
+                "first_ms": times[0] * 1e3,
+                "median_ms": float(np.median(times[1:])) * 1e3,
+                "all_ms": [t * 1e3 for t in times],
+            }
             rows.append(row)
-            print(f"{name:9s} tail {n:4d}: first {row['first_ms']:8.2f} ms, "
-                  f"median {row['median_ms']:8.2f} ms", flush=True)  # fmt: skip
+            print(
+                f"{name:9s} tail {n:4d}: first {row['first_ms']:8.2f} ms, "
+                f"median {row['median_ms']:8.2f} ms",
+                flush=True,
+            )
     if args.profile > 0:
         from torch.profiler import ProfilerActivity, profile
 
@@ -125,9 +138,16 @@ def main(argv=None) -> int:
         from kernels.timing import provenance
 
         with open(args.out, "w") as fh:
-            json.dump({"provenance": provenance(), "context": args.context,
-                       "append_vs_extend_max_rel": worst, "rows": rows}, fh,
-                      indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "provenance": provenance(),
+                    "context": args.context,
+                    "append_vs_extend_max_rel": worst,
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
     return 0
 
 

@@ -94,8 +94,9 @@ def load_setting(path: Path = PLANNER_JSON):
 
     doc = json.loads(Path(path).read_text())
     profile = profile_from_json(doc["profile"], str(path), "planner")
-    space = SpaceSpec(**{k: tuple(v) if isinstance(v, list) else v
-                         for k, v in doc["space"].items()})  # fmt: skip
+    space = SpaceSpec(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
+    )
     model_path = Path(doc["model"])
     if not model_path.exists():  # the document names the checkpoint where it was measured
         model_path = ROOT / "engine" / "checkpoints" / model_path.name
@@ -130,14 +131,25 @@ def simulate_shadow(positions: int, alpha: float, chain: int, rng):
     n-gram chain of ``chain`` each run on with probability ``alpha``."""
     from engine.controller import ShadowAcceptance
 
-    m = np.minimum(rng.geometric(1.0 - alpha, positions) - 1, chain) if alpha < 1 else (
-        np.full(positions, chain))  # fmt: skip
+    m = (
+        np.minimum(rng.geometric(1.0 - alpha, positions) - 1, chain)
+        if alpha < 1
+        else (np.full(positions, chain))
+    )
     return ShadowAcceptance(positions, tuple(int((m > k).sum()) for k in range(chain)))
 
 
-def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls=None,
-                   prof: cProfile.Profile | None = None, flush=None,
-                   start=None, config=None) -> dict:  # fmt: skip
+def run_controller(
+    setting,
+    scenario,
+    rounds: int,
+    seed: int = 0,
+    controller_cls=None,
+    prof: cProfile.Profile | None = None,
+    flush=None,
+    start=None,
+    config=None,
+) -> dict:
     """Drive a fresh, warmed controller (``controller_cls``, ``OnlineController`` by default,
     with ``config``, ``ControllerConfig()`` by default) through ``rounds`` synthetic rounds of
     ``scenario`` (a name of ``SCENARIOS``, or such an entry itself) from ``start`` (the
@@ -153,8 +165,9 @@ def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls
     ranking, model, gpu, profile = setting
     phases = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     phases = [(0, phases)] if isinstance(phases, dict) else phases
-    ctl = (controller_cls or OnlineController)(ranking, model, gpu, profile,
-                                               config or ControllerConfig())  # fmt: skip
+    ctl = (controller_cls or OnlineController)(
+        ranking, model, gpu, profile, config or ControllerConfig()
+    )
     ctl.warm()
     rescores = 0
     rescore = ctl._rescore
@@ -173,8 +186,11 @@ def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls
         if parents:
             factor = profile.attention_factor(regime_of(ctx), s)
             a = world[s.drafter.kind]
-            a = ([min(1.0, x * factor) for x in a] if isinstance(a, (tuple, list))
-                 else min(1.0, a * factor))  # fmt: skip
+            a = (
+                [min(1.0, x * factor) for x in a]
+                if isinstance(a, (tuple, list))
+                else min(1.0, a * factor)
+            )
             accepted = simulate_accepted(parents, a, rng)
         else:
             accepted = 0
@@ -182,9 +198,16 @@ def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls
         step_s = {"draft": 1e-4, "verify": 6e-4, "accept": 1e-4}
         if switched:
             step_s["switch"] = SWITCH_S[switch_kind(s)]
-        stats = RoundStats(round=i, strategy=s, context_lens=(ctx,), drafted=len(parents),
-                           accepted=(accepted,), step_s=step_s, tokens_generated=accepted + 1,
-                           shadow={"ngram": shadow})  # fmt: skip
+        stats = RoundStats(
+            round=i,
+            strategy=s,
+            context_lens=(ctx,),
+            drafted=len(parents),
+            accepted=(accepted,),
+            step_s=step_s,
+            tokens_generated=accepted + 1,
+            shadow={"ngram": shadow},
+        )
         if flush is not None:
             flush()
         if prof is not None:
@@ -199,12 +222,17 @@ def run_controller(setting, scenario, rounds: int, seed: int = 0, controller_cls
         if switched:
             s = new
     switches = [(x["round"], x["reason"], x["to"]) for x in ctl.switches]
-    return {"times_s": times, "rescores": rescores, "switches": switches,
-            "log": ctl.switches}  # fmt: skip
+    return {"times_s": times, "rescores": rescores, "switches": switches, "log": ctl.switches}
 
 
-def run_shadow(kind: str, rounds: int, seed: int = 0, prof: cProfile.Profile | None = None,
-               flush=None, trees: tuple[str, ...] = ()) -> dict:  # fmt: skip
+def run_shadow(
+    kind: str,
+    rounds: int,
+    seed: int = 0,
+    prof: cProfile.Profile | None = None,
+    flush=None,
+    trees: tuple[str, ...] = (),
+) -> dict:
     """Per-round seconds of ``sync`` + ``take_shadow`` of a warm n-gram drafter on a
     ``CONTEXT``-token prompt of ``kind``, 1-5 tokens of the same text committed per round,
     walking ``trees`` too; the counts it returned."""
@@ -235,8 +263,12 @@ def run_shadow(kind: str, rounds: int, seed: int = 0, prof: cProfile.Profile | N
 
 def summary_us(times_s) -> dict:
     t = np.asarray(times_s) * 1e6
-    return {"mean_us": float(t.mean()), "median_us": float(np.median(t)),
-            "p99_us": float(np.percentile(t, 99)), "max_us": float(t.max())}  # fmt: skip
+    return {
+        "mean_us": float(t.mean()),
+        "median_us": float(np.median(t)),
+        "p99_us": float(np.percentile(t, 99)),
+        "max_us": float(t.max()),
+    }
 
 
 def _profiled(fn, *args, top: int = 15, **kwargs) -> str:
@@ -303,19 +335,29 @@ def main(argv=None) -> int:
         print(f"controller_cost: {e}", file=sys.stderr)
         return 2
     setting = load_setting(Path(args.planner))
-    out = {"rounds": args.rounds, "repeats": args.repeats, "seed": args.seed,
-           "planner": str(args.planner), "provenance": provenance(), "runs": {}}  # fmt: skip
+    out = {
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "planner": str(args.planner),
+        "provenance": provenance(),
+        "runs": {},
+    }
     for mib in flushes:
         out["runs"][f"flush_{mib}mib"] = row = measure(setting, args, cache_flush(mib))
         print(f"-- {mib} MiB written between calls")
         for scenario, r in row["controller"].items():
-            print(f"after_round {scenario:7s} mean {r['mean_us']:6.1f} median "
-                  f"{r['median_us']:6.1f} p99 {r['p99_us']:6.1f} us/round, {r['rescores']} "
-                  f"re-scores, switches {[(i, why) for i, why, _ in r['switches']]}")  # fmt: skip
+            print(
+                f"after_round {scenario:7s} mean {r['mean_us']:6.1f} median "
+                f"{r['median_us']:6.1f} p99 {r['p99_us']:6.1f} us/round, {r['rescores']} "
+                f"re-scores, switches {[(i, why) for i, why, _ in r['switches']]}"
+            )
         for kind, r in row["shadow"].items():
-            print(f"shadow {kind:12s} mean {r['mean_us']:6.1f} median {r['median_us']:6.1f} "
-                  f"p99 {r['p99_us']:6.1f} us/round ({r['positions']} positions, matched "
-                  f"{r['matched']})")  # fmt: skip
+            print(
+                f"shadow {kind:12s} mean {r['mean_us']:6.1f} median {r['median_us']:6.1f} "
+                f"p99 {r['p99_us']:6.1f} us/round ({r['positions']} positions, matched "
+                f"{r['matched']})"
+            )
     if args.profile:
         for scenario in SCENARIOS:
             print(f"-- cProfile: after_round, {scenario}")
@@ -337,23 +379,32 @@ def measure(setting, args, flush) -> dict:
     trees = OnlineController(*setting[:4]).shadow_trees(CONTEXT)
     out = {"controller": {}, "shadow": {}, "shadow_trees": list(trees)}
     for scenario in SCENARIOS:
-        runs = [_timed(run_controller, setting, scenario, args.rounds, args.seed, flush=flush)
-                for _ in range(args.repeats)]  # fmt: skip
+        runs = [
+            _timed(run_controller, setting, scenario, args.rounds, args.seed, flush=flush)
+            for _ in range(args.repeats)
+        ]
         if any(r["switches"] != runs[0]["switches"] for r in runs):
             raise RuntimeError(f"{scenario}: the repeats made different decisions")
         per_round = np.median([r["times_s"] for r in runs], axis=0)
-        out["controller"][scenario] = {**summary_us(per_round), "rescores": runs[0]["rescores"],
-                                       "switches": runs[0]["switches"]}  # fmt: skip
+        out["controller"][scenario] = {
+            **summary_us(per_round),
+            "rescores": runs[0]["rescores"],
+            "switches": runs[0]["switches"],
+        }
     for kind in SHADOW_PROMPTS:
         for name, walked in ((kind, ()), (f"{kind}+trees", trees)):
-            runs = [_timed(run_shadow, kind, args.rounds, args.seed, flush=flush, trees=walked)
-                    for _ in range(args.repeats)]  # fmt: skip
+            runs = [
+                _timed(run_shadow, kind, args.rounds, args.seed, flush=flush, trees=walked)
+                for _ in range(args.repeats)
+            ]
             per_round = np.median([r["times_s"] for r in runs], axis=0)
             counts = runs[0]["counts"]
             matched = [sum(m[k] for _, m in counts) for k in range(len(counts[0][1]))]
-            out["shadow"][name] = {**summary_us(per_round),
-                                   "positions": sum(n for n, _ in counts),
-                                   "matched": matched}  # fmt: skip
+            out["shadow"][name] = {
+                **summary_us(per_round),
+                "positions": sum(n for n, _ in counts),
+                "matched": matched,
+            }
     return out
 
 

@@ -240,8 +240,9 @@ def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
 
 def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int, gpu: str):
     try:
-        spec = get_model(model_name.split(":", 1)[1] if model_name.startswith("random:")
-                         else model_name)  # fmt: skip
+        spec = get_model(
+            model_name.split(":", 1)[1] if model_name.startswith("random:") else model_name
+        )
         s = dataclasses.replace(strategy, tree=f"chain:{t - 1}")
         cols = build_columns(spec, [(s, Workload(context_len=context))])
         pred = predict_columns(spec, cols, make_predictor(get_gpu(gpu)), s.drafter)
@@ -303,8 +304,9 @@ def campaign_main(args) -> dict:
             with torch.no_grad():
                 if attn.kind != "dense":  # summaries of the prefilled keys
                     runner.cache.rebuild_summaries()
-                tokens = torch.randint(0, model.config.vocab_size, (1, tree.num_nodes),
-                                       device="cuda")  # fmt: skip
+                tokens = torch.randint(
+                    0, model.config.vocab_size, (1, tree.num_nodes), device="cuda"
+                )
 
                 def step(i, tree=tree, tokens=tokens, attn=attn):
                     return runner.tree_forward(tokens, tree, attn)[0]

@@ -53,47 +53,87 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
     p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
-    p.add_argument("--contexts", default="3584,7680,15360,30720",
-                   help="one context per regime, with room in it for the new tokens")  # fmt: skip
+    p.add_argument(
+        "--contexts",
+        default="3584,7680,15360,30720",
+        help="one context per regime, with room in it for the new tokens",
+    )
     p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
-    p.add_argument("--profile-prompts", type=int, default=10,
-                   help="code prompts per profile entry (<= 10; planner.evaluate)")  # fmt: skip
-    p.add_argument("--walk-prompts", type=int, default=20,
-                   help="code prompts past the measured ones whose autoregressive texts the "
-                   "n-gram trees' walks add (one each, where the corpus holds them)")  # fmt: skip
-    p.add_argument("--repeats", type=int, default=3,
-                   help="runs per measurement (median), seeds 0, 1, ...")  # fmt: skip
-    p.add_argument("--measure-texts", type=int, default=20,
-                   help="code prompts each measured strategy decodes, one run each (<= 20; "
-                        "fewer where fewer fit in the corpus; planner.evaluate)")  # fmt: skip
-    p.add_argument("--timing-passes", type=int, default=3,
-                   help="passes over the measured and adaptive runs; each run keeps its least "
-                        "disturbed (planner.evaluate.run_passes)")  # fmt: skip
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="sampling temperature (0 = greedy); see the module")  # fmt: skip
+    p.add_argument(
+        "--profile-prompts",
+        type=int,
+        default=10,
+        help="code prompts per profile entry (<= 10; planner.evaluate)",
+    )
+    p.add_argument(
+        "--walk-prompts",
+        type=int,
+        default=20,
+        help="code prompts past the measured ones whose autoregressive texts the "
+        "n-gram trees' walks add (one each, where the corpus holds them)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="runs per measurement (median), seeds 0, 1, ..."
+    )
+    p.add_argument(
+        "--measure-texts",
+        type=int,
+        default=20,
+        help="code prompts each measured strategy decodes, one run each (<= 20; "
+        "fewer where fewer fit in the corpus; planner.evaluate)",
+    )
+    p.add_argument(
+        "--timing-passes",
+        type=int,
+        default=3,
+        help="passes over the measured and adaptive runs; each run keeps its least "
+        "disturbed (planner.evaluate.run_passes)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature (0 = greedy); see the module",
+    )
     p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
     p.add_argument("--drafters", default="draft_model,ngram", help="drafter axis of the space")
     p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS))
-    p.add_argument("--no-oracle", dest="oracle", action="store_false",
-                   help="skip the fixed strategies measured per prompt set (the adaptive "
-                        "ceiling; planner.evaluate.oracle_strategies)")  # fmt: skip
+    p.add_argument(
+        "--no-oracle",
+        dest="oracle",
+        action="store_false",
+        help="skip the fixed strategies measured per prompt set (the adaptive "
+        "ceiling; planner.evaluate.oracle_strategies)",
+    )
     p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the predictions")
     p.add_argument("--device", default="auto", help="cuda | cpu")
     p.add_argument("--out", required=True, help="evaluation JSON")
     p.add_argument("--ranking-out", default=None, help="the full ranking JSON")
-    p.add_argument("--resume", default=None, metavar="FILE",
-                   help="run cache (JSONL): each finished run is appended; a later call with the "
-                        "same settings, device and commit skips them")  # fmt: skip
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="FILE",
+        help="run cache (JSONL): each finished run is appended; a later call with the "
+        "same settings, device and commit skips them",
+    )
     return p.parse_args(argv)
 
 
 def build_bench(args) -> Bench:
     contexts = parse_count_list(args.contexts, "--contexts")
     actx = parse_count_list(args.adaptive_context, "--adaptive-context")[0]
-    bench = make_bench(args.model, args.draft_model, max(contexts + [actx]), args.new_tokens,
-                       args.repeats, args.device, args.gpu, args.temperature)  # fmt: skip
+    bench = make_bench(
+        args.model,
+        args.draft_model,
+        max(contexts + [actx]),
+        args.new_tokens,
+        args.repeats,
+        args.device,
+        args.gpu,
+        args.temperature,
+    )
     bench.timing_passes = args.timing_passes
     bench.measure_texts = args.measure_texts
     return bench
@@ -103,17 +143,22 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if min(args.per_regime, args.new_tokens, args.repeats, args.timing_passes) < 1:
-            raise ValueError("--per-regime, --new-tokens, --repeats and --timing-passes must be "
-                             ">= 1")  # fmt: skip
+            raise ValueError(
+                "--per-regime, --new-tokens, --repeats and --timing-passes must be >= 1"
+            )
         if not 1 <= args.measure_texts <= len(MEASURE_OFFSETS):
-            raise ValueError(f"--measure-texts must lie in 1..{len(MEASURE_OFFSETS)}, "
-                             f"got {args.measure_texts}")  # fmt: skip
+            raise ValueError(
+                f"--measure-texts must lie in 1..{len(MEASURE_OFFSETS)}, got {args.measure_texts}"
+            )
         if not 1 <= args.profile_prompts <= len(PROFILE_OFFSETS):
-            raise ValueError(f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, "
-                             f"got {args.profile_prompts}")  # fmt: skip
+            raise ValueError(
+                f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, "
+                f"got {args.profile_prompts}"
+            )
         if not 0 <= args.walk_prompts <= len(WALK_OFFSETS):
-            raise ValueError(f"--walk-prompts must lie in 0..{len(WALK_OFFSETS)}, "
-                             f"got {args.walk_prompts}")  # fmt: skip
+            raise ValueError(
+                f"--walk-prompts must lie in 0..{len(WALK_OFFSETS)}, got {args.walk_prompts}"
+            )
         if not args.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
         contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
@@ -132,10 +177,24 @@ def main(argv=None) -> int:
 
         if args.resume:
             prov = {k: v for k, v in provenance().items() if k != "timestamp"}
-            keep = ("model", "draft_model", "contexts", "adaptive_context", "per_regime",
-                    "new_tokens", "repeats", "temperature", "trees", "drafters",
-                    "prompt_sets", "gpu", "profile_prompts", "timing_passes",
-                    "measure_texts", "walk_prompts")  # fmt: skip
+            keep = (
+                "model",
+                "draft_model",
+                "contexts",
+                "adaptive_context",
+                "per_regime",
+                "new_tokens",
+                "repeats",
+                "temperature",
+                "trees",
+                "drafters",
+                "prompt_sets",
+                "gpu",
+                "profile_prompts",
+                "timing_passes",
+                "measure_texts",
+                "walk_prompts",
+            )
             settings = {**{k: getattr(args, k) for k in keep}, **prov}
             bench.cache = RunCache(args.resume, settings)
             if bench.cache.runs:

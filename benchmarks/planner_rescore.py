@@ -53,28 +53,42 @@ class CachedRuns:
         return self.runs[key]
 
 
-def profile_from_runs(runs: Path, doc: dict, model: str = "tiny",
-                      draft_model: str = "tiny-draft"):  # fmt: skip
+def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: str = "tiny-draft"):
     """The evaluation ``doc``'s profile rebuilt with the current code from its run cache
     ``runs`` (decoding nothing): the bench, space, regime contexts, profile and overhead fits."""
     contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
-    bench = make_bench(model, draft_model, max(contexts.values()), doc["max_new_tokens"],
-                       doc["repeats"], "cpu", doc["gpu_model"], doc["temperature"])  # fmt: skip
+    bench = make_bench(
+        model,
+        draft_model,
+        max(contexts.values()),
+        doc["max_new_tokens"],
+        doc["repeats"],
+        "cpu",
+        doc["gpu_model"],
+        doc["temperature"],
+    )
     bench.log = lambda m: None
     # An evaluation before the profile's timing passes timed its profile runs once.
     bench.timing_passes = doc.get("profile_timing_passes", 1)
     bench.cache = CachedRuns(runs)
-    space = SpaceSpec(**{k: tuple(v) if isinstance(v, list) else v
-                         for k, v in doc["space"].items()})  # fmt: skip
+    space = SpaceSpec(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
+    )
     profile, fits, _, _ = measure_profile(
-        bench, contexts, space, doc["profile_reference_tree"], doc["profile_attention_tree"],
-        doc["profile_prompts"], doc.get("profile_walk_prompts", 0),
-    )  # fmt: skip
+        bench,
+        contexts,
+        space,
+        doc["profile_reference_tree"],
+        doc["profile_attention_tree"],
+        doc["profile_prompts"],
+        doc.get("profile_walk_prompts", 0),
+    )
     return bench, space, contexts, profile, fits
 
 
-def rescore(runs: Path, evaluation: Path, model: str = "tiny",
-            draft_model: str = "tiny-draft") -> dict:  # fmt: skip
+def rescore(
+    runs: Path, evaluation: Path, model: str = "tiny", draft_model: str = "tiny-draft"
+) -> dict:
     """Per regime: tau and regret now and as recorded, the predicted best now, and the profile's
     overhead fit figures now."""
     doc = json.loads(evaluation.read_text())
@@ -85,8 +99,9 @@ def rescore(runs: Path, evaluation: Path, model: str = "tiny",
         ranked = ranking["regimes"][regime]["ranking"]
         pred = {r["id"]: r["tokens_per_s"] for r in ranked}
         rows = v["strategies"]
-        q = ranking_quality([pred[r["id"]] for r in rows],
-                            [r["measured"]["tokens_per_s"] for r in rows])  # fmt: skip
+        q = ranking_quality(
+            [pred[r["id"]] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
+        )
         best = max(rows, key=lambda r: pred[r["id"]])
         out[regime] = {
             "kendall_tau": q["kendall_tau"],
@@ -119,13 +134,18 @@ def main(argv=None) -> int:
         return 2
     print("regime   tau (recorded)   regret (recorded)   overhead rms   predicted best")
     for regime, r in res.items():
-        print(f"{regime:6s} {r['kendall_tau']:5.3f} ({r['recorded_kendall_tau']:5.3f}) "
-              f"{r['regret']:9.1%} ({r['recorded_regret']:6.1%}) "
-              f"{r['overhead_rms_rel']:12.1%}   {r['predicted_best']} "
-              f"({r['predicted_best_measured_tokens_per_s']:.0f} tok/s measured)")  # fmt: skip
+        print(
+            f"{regime:6s} {r['kendall_tau']:5.3f} ({r['recorded_kendall_tau']:5.3f}) "
+            f"{r['regret']:9.1%} ({r['recorded_regret']:6.1%}) "
+            f"{r['overhead_rms_rel']:12.1%}   {r['predicted_best']} "
+            f"({r['predicted_best_measured_tokens_per_s']:.0f} tok/s measured)"
+        )
     if args.out:
-        atomic_write(args.out, json.dumps({"runs": args.runs, "evaluation": args.evaluation,
-                                           "regimes": res}, indent=1) + "\n")  # fmt: skip
+        atomic_write(
+            args.out,
+            json.dumps({"runs": args.runs, "evaluation": args.evaluation, "regimes": res}, indent=1)
+            + "\n",
+        )
     return 0
 
 

@@ -45,8 +45,11 @@ def main(argv=None) -> int:
     p.add_argument("--draft-model", default="tiny-draft")
     p.add_argument("--context", type=int, default=7680)
     p.add_argument("--new-tokens", type=int, default=384)
-    p.add_argument("--trees", default="ngram:chain:4,draft_model:chain:0",
-                   help="drafter:tree pairs, comma-separated (dense attention)")  # fmt: skip
+    p.add_argument(
+        "--trees",
+        default="ngram:chain:4,draft_model:chain:0",
+        help="drafter:tree pairs, comma-separated (dense attention)",
+    )
     p.add_argument("--runs", type=int, default=12, help="runs per setting and strategy")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--out", default=None, help="JSON of every run")
@@ -54,8 +57,11 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        print(f"run_noise: unknown mode {bad[0] if bad else '(none)'}; expected one of "
-              f"{', '.join(MODES)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"run_noise: unknown mode {bad[0] if bad else '(none)'}; expected one of "
+            f"{', '.join(MODES)}",
+            file=sys.stderr,
+        )
         return 2
     if args.runs < 2 or args.context < 1:
         print("run_noise: --runs must be >= 2 and --context >= 1", file=sys.stderr)
@@ -83,8 +89,9 @@ def main(argv=None) -> int:
     from planner.evaluate import _drafter, make_bench, prompt_tokens, run_once
     from planner.space import describe
 
-    bench = make_bench(args.model, args.draft_model, args.context, args.new_tokens, 1,
-                       temperature=1.0)  # fmt: skip
+    bench = make_bench(
+        args.model, args.draft_model, args.context, args.new_tokens, 1, temperature=1.0
+    )
     strategies = []
     for kind, tree in pairs:
         strategies.append(Strategy(tree=tree, drafter=_drafter(bench, kind), traversal="bfs"))
@@ -112,11 +119,18 @@ def main(argv=None) -> int:
                 res = run_once(bench, s, prompt, seed=0)
                 walls = np.array([r.wall_s for r in res.rounds[1:]])
                 tokens = int(sum(r.tokens for r in res.rounds[1:]))
-                runs.append({"strategy": describe(s), "mode": mode, "repeat": i,
-                             "rounds": len(walls), "tokens": tokens,
-                             "mean_round_s": float(walls.mean()),
-                             "median_round_s": float(np.median(walls)),
-                             "p90_round_s": float(np.percentile(walls, 90))})  # fmt: skip
+                runs.append(
+                    {
+                        "strategy": describe(s),
+                        "mode": mode,
+                        "repeat": i,
+                        "rounds": len(walls),
+                        "tokens": tokens,
+                        "mean_round_s": float(walls.mean()),
+                        "median_round_s": float(np.median(walls)),
+                        "p90_round_s": float(np.percentile(walls, 90)),
+                    }
+                )
     setting("plain")
     rows = []
     for s in strategies:
@@ -124,26 +138,42 @@ def main(argv=None) -> int:
             rs = [r for r in runs if r["strategy"] == describe(s) and r["mode"] == mode]
             means = [r["mean_round_s"] for r in rs]
             meds = [r["median_round_s"] for r in rs]
-            rows.append({"strategy": describe(s), "mode": mode, "runs": len(rs),
-                         "rounds_distinct": len({r["rounds"] for r in rs}),
-                         "median_mean_round_us": float(np.median(means)) * 1e6,
-                         "min_mean_round_us": float(min(means)) * 1e6,
-                         "max_mean_round_us": float(max(means)) * 1e6,
-                         "robust_sd_log_mean": _robust_sd_log(means),
-                         "sd_log_mean": float(np.std(np.log(means))),
-                         "robust_sd_log_median": _robust_sd_log(meds)})  # fmt: skip
-    doc = {"provenance": provenance(), "host": host, "context": args.context,
-           "new_tokens": args.new_tokens, "runs": runs, "summary": rows}  # fmt: skip
+            rows.append(
+                {
+                    "strategy": describe(s),
+                    "mode": mode,
+                    "runs": len(rs),
+                    "rounds_distinct": len({r["rounds"] for r in rs}),
+                    "median_mean_round_us": float(np.median(means)) * 1e6,
+                    "min_mean_round_us": float(min(means)) * 1e6,
+                    "max_mean_round_us": float(max(means)) * 1e6,
+                    "robust_sd_log_mean": _robust_sd_log(means),
+                    "sd_log_mean": float(np.std(np.log(means))),
+                    "robust_sd_log_median": _robust_sd_log(meds),
+                }
+            )
+    doc = {
+        "provenance": provenance(),
+        "host": host,
+        "context": args.context,
+        "new_tokens": args.new_tokens,
+        "runs": runs,
+        "summary": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
-    print(f"{'strategy':34s} {'mode':9s} {'median us':>9s} {'min':>6s} {'max':>6s} "
-          f"{'sd(log mean)':>12s} {'robust':>7s} {'robust(median)':>14s}")  # fmt: skip
+    print(
+        f"{'strategy':34s} {'mode':9s} {'median us':>9s} {'min':>6s} {'max':>6s} "
+        f"{'sd(log mean)':>12s} {'robust':>7s} {'robust(median)':>14s}"
+    )
     for r in rows:
-        print(f"{r['strategy'][:34]:34s} {r['mode']:9s} {r['median_mean_round_us']:9.0f} "
-              f"{r['min_mean_round_us']:6.0f} {r['max_mean_round_us']:6.0f} "
-              f"{r['sd_log_mean']:12.3f} {r['robust_sd_log_mean']:7.3f} "
-              f"{r['robust_sd_log_median']:14.3f}")  # fmt: skip
+        print(
+            f"{r['strategy'][:34]:34s} {r['mode']:9s} {r['median_mean_round_us']:9.0f} "
+            f"{r['min_mean_round_us']:6.0f} {r['max_mean_round_us']:6.0f} "
+            f"{r['sd_log_mean']:12.3f} {r['robust_sd_log_mean']:7.3f} "
+            f"{r['robust_sd_log_median']:14.3f}"
+        )
     return 0
 
 

@@ -89,13 +89,19 @@ def profile_run(bench, strategy: Strategy, prompt: list[int], top: int) -> dict:
     kernels: dict[str, list[float]] = defaultdict(list)
     for ev in prof.events():
         if ev.device_type.name == "CUDA":  # kernels and memcpys on the device
-            kernels[ev.name].append(ev.device_time if hasattr(ev, "device_time")
-                                    else ev.cuda_time)  # fmt: skip
+            kernels[ev.name].append(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time)
     rows = sorted(
-        ({"name": k, "count_per_round": len(v) / rounds, "us_per_round": sum(v) / rounds,
-          "us_each": sum(v) / len(v)} for k, v in kernels.items()),
+        (
+            {
+                "name": k,
+                "count_per_round": len(v) / rounds,
+                "us_per_round": sum(v) / rounds,
+                "us_each": sum(v) / len(v),
+            }
+            for k, v in kernels.items()
+        ),
         key=lambda r: -r["us_per_round"],
-    )  # fmt: skip
+    )
     return {
         "timed": timed,
         "host_us": marks.means_us(),
@@ -114,10 +120,13 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=15360)
     p.add_argument("--sets", default="code,random")
     p.add_argument("--strategies", default="draft_model:chain:0,draft_model:chain:2")
-    p.add_argument("--first", default="",
-                   help="baselines (perfmodel.strategy.BASELINES, e.g. ar_sparse) decoded once "
-                        "per prompt set before the profiled strategies, as an evaluation that "
-                        "measured them earlier on the same runners would have")  # fmt: skip
+    p.add_argument(
+        "--first",
+        default="",
+        help="baselines (perfmodel.strategy.BASELINES, e.g. ar_sparse) decoded once "
+        "per prompt set before the profiled strategies, as an evaluation that "
+        "measured them earlier on the same runners would have",
+    )
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top", type=int, default=12)
@@ -134,17 +143,29 @@ def main(argv=None) -> int:
         for x in names:  # bad input fails before any model is built
             parse_strategy(x, args.draft_model)
         first = [Strategy.from_name(x) for x in args.first.split(",") if x]
-        bench = make_bench(args.model, args.draft_model, args.context, args.new_tokens, 1,
-                           "cuda", temperature=args.temperature)  # fmt: skip
+        bench = make_bench(
+            args.model,
+            args.draft_model,
+            args.context,
+            args.new_tokens,
+            1,
+            "cuda",
+            temperature=args.temperature,
+        )
         strategies = [parse_strategy(x, bench.draft_label) for x in names]
     except ValueError as e:
         print(f"step_profile: {e}", file=sys.stderr)
         return 2
     from kernels.timing import provenance
 
-    out = {"provenance": {**provenance(), "command": " ".join(sys.argv)},
-           "first": args.first, "context": args.context, "new_tokens": args.new_tokens,
-           "temperature": args.temperature, "runs": []}  # fmt: skip
+    out = {
+        "provenance": {**provenance(), "command": " ".join(sys.argv)},
+        "first": args.first,
+        "context": args.context,
+        "new_tokens": args.new_tokens,
+        "temperature": args.temperature,
+        "runs": [],
+    }
     for kind in sets:
         prompt = prompt_tokens(kind, args.context, offset=2 * args.context)
         for s in first:
@@ -154,13 +175,18 @@ def main(argv=None) -> int:
             out["runs"].append({"set": kind, "strategy": s.name, **r})
             steps = {k: round(v * 1e6) for k, v in r["timed"]["steps_s"].items() if v}
             host = {k: round(v) for k, v in r["host_us"].items()}
-            print(f"{kind:10s} {s.name:22s} {r['timed']['tokens_per_s']:7.1f} tok/s, device "
-                  f"steps us {steps}, host us {host}; profiled: kernels/round "
-                  f"{r['kernels_per_round']:.1f} ({r['kernel_us_per_round']:.0f} us)",
-                  flush=True)  # fmt: skip
+            print(
+                f"{kind:10s} {s.name:22s} {r['timed']['tokens_per_s']:7.1f} tok/s, device "
+                f"steps us {steps}, host us {host}; profiled: kernels/round "
+                f"{r['kernels_per_round']:.1f} ({r['kernel_us_per_round']:.0f} us)",
+                flush=True,
+            )
             for k in r["top"]:
-                print(f"    {k['us_per_round']:8.1f} us/round {k['count_per_round']:6.2f}x "
-                      f"{k['us_each']:7.2f} us  {k['name'][:90]}", flush=True)  # fmt: skip
+                print(
+                    f"    {k['us_per_round']:8.1f} us/round {k['count_per_round']:6.2f}x "
+                    f"{k['us_each']:7.2f} us  {k['name'][:90]}",
+                    flush=True,
+                )
     atomic_write(args.out, json.dumps(out, indent=1) + "\n")
     return 0
 

@@ -52,14 +52,20 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
     p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
-    p.add_argument("--contexts", default="3584,7680,15360,30720",
-                   help="one context per regime, with room in it for the new tokens")  # fmt: skip
+    p.add_argument(
+        "--contexts",
+        default="3584,7680,15360,30720",
+        help="one context per regime, with room in it for the new tokens",
+    )
     p.add_argument("--baselines", default=",".join(NAMES))
     p.add_argument("--seeds", type=int, default=3, help="runs per (baseline, context)")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--planner", default="docs/validation/planner.json",
-                   help="planner evaluation whose profile ranks ssv_planned")  # fmt: skip
+    p.add_argument(
+        "--planner",
+        default="docs/validation/planner.json",
+        help="planner evaluation whose profile ranks ssv_planned",
+    )
     p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the ranking")
     p.add_argument("--device", default="auto", help="cuda | cpu")
     p.add_argument("--out", required=True, help="campaign JSON")
@@ -77,8 +83,9 @@ def load_planner(path: str):
     if "profile" not in doc or "space" not in doc:
         raise ValueError(f"--planner {path!r} has no profile or space (not a planner evaluation)")
     profile = profile_from_json(doc["profile"], f"--planner {path!r}", "planner")
-    space = SpaceSpec(**{k: tuple(v) if isinstance(v, list) else v
-                         for k, v in doc["space"].items()})  # fmt: skip
+    space = SpaceSpec(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
+    )
     return profile, space
 
 
@@ -88,8 +95,13 @@ def strategies_for(bench, profile, space, regime: str, ctx: int, names) -> dict[
     out = {}
     for name in names:
         if name == "ssv_planned":
-            ranking = rank(bench.model, bench.gpu, dataclasses.replace(
-                space, draft_model=bench.draft_label), profile, regimes={regime: ctx})  # fmt: skip
+            ranking = rank(
+                bench.model,
+                bench.gpu,
+                dataclasses.replace(space, draft_model=bench.draft_label),
+                profile,
+                regimes={regime: ctx},
+            )
             best = ranking["regimes"][regime]["ranking"][0]["strategy"]
             s = dataclasses.replace(strategy_from_json(best), name="ssv_planned")
         else:
@@ -110,8 +122,9 @@ def campaign_run(bench, strategy: Strategy, prompt: list[int], seed: int, trace:
     result = run_once(bench, strategy, prompt, seed=seed)
     fig = steady_figures(result)
     if trace:
-        fig["rounds_trace"] = [[max(r.context_lens), r.drafted, r.accepted[0]]
-                               for r in result.rounds]  # fmt: skip
+        fig["rounds_trace"] = [
+            [max(r.context_lens), r.drafted, r.accepted[0]] for r in result.rounds
+        ]
     return fig
 
 
@@ -128,15 +141,31 @@ def main(argv=None) -> int:
             raise ValueError(f"unknown baseline {bad[0]!r}; expected {', '.join(NAMES)}")
         contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
         profile, space = load_planner(args.planner)
-        bench = make_bench(args.model, args.draft_model, max(contexts.values()), args.new_tokens,
-                           1, args.device, args.gpu, args.temperature)  # fmt: skip
-        plans = {r: strategies_for(bench, profile, space, r, c, names)
-                 for r, c in contexts.items()}  # fmt: skip
+        bench = make_bench(
+            args.model,
+            args.draft_model,
+            max(contexts.values()),
+            args.new_tokens,
+            1,
+            args.device,
+            args.gpu,
+            args.temperature,
+        )
+        plans = {r: strategies_for(bench, profile, space, r, c, names) for r, c in contexts.items()}
         from kernels.timing import provenance
 
         if args.resume:
-            keep = ("model", "draft_model", "contexts", "baselines", "seeds", "new_tokens",
-                    "temperature", "planner", "gpu")  # fmt: skip
+            keep = (
+                "model",
+                "draft_model",
+                "contexts",
+                "baselines",
+                "seeds",
+                "new_tokens",
+                "temperature",
+                "planner",
+                "gpu",
+            )
             prov = {k: v for k, v in provenance().items() if k != "timestamp"}
             bench.cache = RunCache(args.resume, {**{k: getattr(args, k) for k in keep}, **prov})
     except ValueError as e:
@@ -150,9 +179,17 @@ def main(argv=None) -> int:
             for seed in range(args.seeds):
                 key = f"{name}|{ctx}|{strategy_id(s)}|{seed}"
                 fig = bench.run(key, campaign_run, bench, s, prompt, seed, seed == 0)
-                rows.append({"baseline": name, "regime": regime, "context_len": ctx,
-                             "seed": seed, "strategy": dataclasses.asdict(s),
-                             "describe": describe(s), "measured": fig})  # fmt: skip
+                rows.append(
+                    {
+                        "baseline": name,
+                        "regime": regime,
+                        "context_len": ctx,
+                        "seed": seed,
+                        "strategy": dataclasses.asdict(s),
+                        "describe": describe(s),
+                        "measured": fig,
+                    }
+                )
                 print(
                     f"{regime:5s} {name:16s} seed {seed}: {fig['tokens_per_s']:8.1f} tok/s, "
                     f"{fig['mean_accepted'] + 1:.2f} tokens/round, verify "
@@ -166,7 +203,7 @@ def main(argv=None) -> int:
             "command": " ".join(sys.argv),
             "wall_s": time.perf_counter() - t0,
             "runs_from_cache": bench.cache.reused if bench.cache else 0,
-        },  # fmt: skip
+        },
         "model": bench.model.name,
         "draft_model": bench.draft_label,
         "gpu": bench.gpu.name,

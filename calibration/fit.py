@@ -275,10 +275,19 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         l2 = float(x[n_lat + n_stage]) if has_l2 else 0.0
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
         return ClassFit(
-            name, float(x[0]), bk, eb, fk, ef, h, t_depth_s=t_depth, t_step_s=t_step,
-            t_row_s=t_row, t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
+            name,
+            float(x[0]),
+            bk,
+            eb,
+            fk,
+            ef,
+            h,
+            t_depth_s=t_depth,
+            t_step_s=t_step,
+            t_row_s=t_row,
+            t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
             l2_ratio=l2,
-        )  # fmt: skip
+        )
 
     def resid(x):
         t = unpack(x).call_time_s(

@@ -56,8 +56,10 @@ def planner_block(path: Path | None = None) -> str:
     for r, v in doc["regimes"].items():
         m = pl["measurement"].get(r)
         se = f"{100 * m['pair_ratio_se']:.1f}%" if m else "n/a"
-        lines.append(f"| {r} | {v['context_len']} | {v['n']} | {pl['kendall_tau'][r]:.2f} | "
-                     f"{100 * pl['regret'][r]:.1f}% | {se} |")  # fmt: skip
+        lines.append(
+            f"| {r} | {v['context_len']} | {v['n']} | {pl['kendall_tau'][r]:.2f} | "
+            f"{100 * pl['regret'][r]:.1f}% | {se} |"
+        )
     a = doc["adaptive"]
     # The offline best by name: the oracle's strategies and the measured ones carry it.
     names = {
@@ -86,9 +88,11 @@ def planner_block(path: Path | None = None) -> str:
         c, h = m.get("challenger"), m.get("hindsight")
         alt = f"{_pct(c['gain'])} ({c['describe'].split(' | ')[0]})" if c else "n/a"
         off = " (off distribution)" if k in OFF_DISTRIBUTION else ""
-        lines.append(f"| {k}{off} | {names.get(v['offline_best']['id'], v['offline_best']['id'])} "
-                     f"| {v['offline_best']['tokens_per_s']:.0f} | {_pct(v['adaptive_gain'])} "
-                     f"| {band} | {alt} | {_pct(h['gain']) if h else 'n/a'} |")  # fmt: skip
+        lines.append(
+            f"| {k}{off} | {names.get(v['offline_best']['id'], v['offline_best']['id'])} "
+            f"| {v['offline_best']['tokens_per_s']:.0f} | {_pct(v['adaptive_gain'])} "
+            f"| {band} | {alt} | {_pct(h['gain']) if h else 'n/a'} |"
+        )
     met = pl["met"]
     lines += [
         "",

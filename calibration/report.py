@@ -104,11 +104,17 @@ def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float):
     from perfmodel.step import build_columns, predict_columns
     from perfmodel.strategy import DrafterSpec, Workload
 
-    wl = Workload(context_len=context_len, acceptance=min(max(alpha, 0.0), 1.0),
-                  overlap=min(max(gamma, 0.0), 1.0))  # fmt: skip
+    wl = Workload(
+        context_len=context_len,
+        acceptance=min(max(alpha, 0.0), 1.0),
+        overlap=min(max(gamma, 0.0), 1.0),
+    )
     cols = build_columns(model, [(s, wl)])
-    drafter = (DrafterSpec(kind="draft_model", model=s.drafter.model)
-               if s.drafter.kind == "draft_model" and s.drafter.model else None)  # fmt: skip
+    drafter = (
+        DrafterSpec(kind="draft_model", model=s.drafter.model)
+        if s.drafter.kind == "draft_model" and s.drafter.model
+        else None
+    )
     if drafter is not None:
         get_model(drafter.model)  # fails with the model's name when it cannot be found
     return predict_columns(model, cols, make_predictor(gpu, "bf16", cols.tp), drafter)
@@ -193,16 +199,20 @@ def campaign_section(campaign: dict, planner: dict, sim: bool = True) -> dict:
         for name, r in at.items():
             if name == "ar_dense":
                 continue
-            speedups.append({
-                "baseline": name,
-                "context_len": ctx,
-                "measured": r["measured"]["tokens_per_s"] / base["measured"]["tokens_per_s"],
-                "predicted": r["predicted"]["tokens_per_s"] / base["predicted"]["tokens_per_s"],
-            })  # fmt: skip
+            speedups.append(
+                {
+                    "baseline": name,
+                    "context_len": ctx,
+                    "measured": r["measured"]["tokens_per_s"] / base["measured"]["tokens_per_s"],
+                    "predicted": r["predicted"]["tokens_per_s"] / base["predicted"]["tokens_per_s"],
+                }
+            )
 
     def stats(key):
-        return error_stats(np.array([r["predicted"][key] for r in rows]),
-                           np.array([r["measured"][key] for r in rows]))  # fmt: skip
+        return error_stats(
+            np.array([r["predicted"][key] for r in rows]),
+            np.array([r["measured"][key] for r in rows]),
+        )
 
     out = {
         "rows": rows,
@@ -252,19 +262,28 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
     sid = s.name
     # The campaign keeps per-round (context, drafted, accepted) only; every round carries the
     # run's mean step times (the replay reads the accepted counts, not the times).
-    head = make_header("engine:validation-campaign (step_s: the run's means)", model_label,
-                       layers, {sid: {}})  # fmt: skip
+    head = make_header(
+        "engine:validation-campaign (step_s: the run's means)", model_label, layers, {sid: {}}
+    )
     steps = seed0["measured"]["steps_s"]
     lines = [make_round(i, 0, sid, c, d, a, steps) for i, (c, d, a) in enumerate(trace_rounds)]
     tokens = sum(a + 1 for _, _, a in trace_rounds)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.jsonl"
         path.write_text(dumps_trace(head, lines))
-        cfg = SimConfig(scenario="sd_dense" if s.tree != "chain:0" else "ar_dense",
-                        model=model_label, gpu=_gpu_key(campaign["gpu"]), strategy=s,
-                        context_len=trace_rounds[0][0], num_tokens=tokens,
-                        acceptance_model="trace", trace=str(path), overlap=gamma,
-                        loop_overhead_s=loop, timeline_rounds=0)  # fmt: skip
+        cfg = SimConfig(
+            scenario="sd_dense" if s.tree != "chain:0" else "ar_dense",
+            model=model_label,
+            gpu=_gpu_key(campaign["gpu"]),
+            strategy=s,
+            context_len=trace_rounds[0][0],
+            num_tokens=tokens,
+            acceptance_model="trace",
+            trace=str(path),
+            overlap=gamma,
+            loop_overhead_s=loop,
+            timeline_rounds=0,
+        )
         res = simulate(cfg)
     return {
         "tokens_per_s": res.figures["simulated_tokens_per_s"]["value"],
@@ -311,8 +330,12 @@ def _malformed(what: str):
         raise ValueError(f"{what} is malformed ({type(e).__name__}: {e})") from None
 
 
-def build(gpu: str = "h100-sxm", campaign: str | Path | None = None,
-          planner: str | Path | None = None, sim: bool = True) -> dict:  # fmt: skip
+def build(
+    gpu: str = "h100-sxm",
+    campaign: str | Path | None = None,
+    planner: str | Path | None = None,
+    sim: bool = True,
+) -> dict:
     """The whole report as a dict (``targets`` says which hold)."""
     cpath = Path(campaign) if campaign else ROOT / "docs" / "validation" / "campaign.json"
     ppath = Path(planner) if planner else ROOT / "docs" / "validation" / "planner.json"
@@ -391,8 +414,10 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
         "|---|---|---|---|",
     ]
     for name, t in rep["targets"].items():
-        lines.append(f"| {name} | {100 * t['value']:.1f}% | <= {100 * t['threshold']:.0f}% | "
-                     f"{'yes' if t['met'] else '**no**'} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {100 * t['value']:.1f}% | <= {100 * t['threshold']:.0f}% | "
+            f"{'yes' if t['met'] else '**no**'} |"
+        )
     lines += [
         "",
         "## Kernels (calibrated profile, held-out rows)",
@@ -404,8 +429,10 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
     ]
     for split in ("heldout", "fit"):
         o, r = k["overall"][split], k["ratios"][split]
-        lines.append(f"| {split} | {o.get('n', 0)} | {_pct(o)} | {_pct(o, 'p90_ape')} | "
-                     f"{_pct(o, 'max_ape')} | {_pct(r)} |")  # fmt: skip
+        lines.append(
+            f"| {split} | {o.get('n', 0)} | {_pct(o)} | {_pct(o, 'p90_ape')} | "
+            f"{_pct(o, 'max_ape')} | {_pct(r)} |"
+        )
     lines += [
         "",
         f"## Verify step, tokens/s and speedups ({link(src['campaign'])})",
@@ -443,13 +470,18 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
         "| error over all rows | n | median APE | p90 APE | max APE |",
         "|---|---|---|---|---|",
     ]
-    for name, key in (("verify step", "verify"), ("round time", "round"),
-                      ("tokens/s", "tokens_per_s"), ("speedup over ar_dense", "speedup"),
-                      ("simulator (replaying seed 0) vs measured", "simulator")):  # fmt: skip
+    for name, key in (
+        ("verify step", "verify"),
+        ("round time", "round"),
+        ("tokens/s", "tokens_per_s"),
+        ("speedup over ar_dense", "speedup"),
+        ("simulator (replaying seed 0) vs measured", "simulator"),
+    ):
         d = e.get(key)
         if d:
-            lines.append(f"| {name} | {d['n']} | {_pct(d)} | {_pct(d, 'p90_ape')} | "
-                         f"{_pct(d, 'max_ape')} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {d['n']} | {_pct(d)} | {_pct(d, 'p90_ape')} | {_pct(d, 'max_ape')} |"
+            )
     lines += [
         "",
         f"## Ranking quality ({link(src['planner'])})",
@@ -460,8 +492,11 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
     res = pl.get("measurement") or {}
     for reg, tau in pl["kendall_tau"].items():
         m = res.get(reg)
-        tail = (f"{100 * m['pair_ratio_se']:.1f}% | {100 * m['draw_regret_p90']:.1f}%" if m
-                else "n/a | n/a")  # fmt: skip
+        tail = (
+            f"{100 * m['pair_ratio_se']:.1f}% | {100 * m['draw_regret_p90']:.1f}%"
+            if m
+            else "n/a | n/a"
+        )
         lines.append(f"| {reg} | {tau:.3f} | {100 * pl['regret'][reg]:.1f}% | {tail} |")
     if any(res.values()):
         lines += [
@@ -495,16 +530,22 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
             seeds = " ".join(f"{100 * g:+.1f}" for g in m["paired_gains"])
             c = m.get("challenger")
             name = c["describe"].replace("|", "\\|") if c else ""  # a table cell
-            alt = (f"{name} | {100 * c['gain']:+.1f}% | {100 * c['gain_p05']:+.1f}% to "
-                   f"{100 * c['gain_p95']:+.1f}%" if c else "n/a | n/a | n/a")  # fmt: skip
+            alt = (
+                f"{name} | {100 * c['gain']:+.1f}% | {100 * c['gain_p05']:+.1f}% to "
+                f"{100 * c['gain_p95']:+.1f}%"
+                if c
+                else "n/a | n/a | n/a"
+            )
             h = m.get("hindsight")
             late = "n/a"
             if h:
                 per = " ".join(f"{100 * g:+.1f}" for g in h["paired_gains"])
                 late = f"{100 * h['gain']:+.1f}% ({per})"
-            lines.append(f"| {k2} | {100 * m['gain']:+.1f}% | "
-                         f"{100 * m['gain_p05']:+.1f}% to {100 * m['gain_p95']:+.1f}% | {seeds} "
-                         f"| {alt} | {late} |")  # fmt: skip
+            lines.append(
+                f"| {k2} | {100 * m['gain']:+.1f}% | "
+                f"{100 * m['gain_p05']:+.1f}% to {100 * m['gain_p95']:+.1f}% | {seeds} "
+                f"| {alt} | {late} |"
+            )
         lines += [
             "",
             "Each repeat of the controller, the offline best and every fixed alternative decodes "
@@ -518,13 +559,19 @@ def markdown(rep: dict, link_prefix: str = "../../") -> str:
         ]
     # Each absent from evaluations made before it was recorded (or without the oracle's runs).
     for key, text in (
-        ("adaptive_gain_captures_counted", "With the rounds that captured a CUDA graph inside "
-         "an adaptive run counted (left out above, as a server captures before requests "
-         "arrive): "),
-        ("adaptive_ceiling", "The best fixed strategy of each prompt set over the fixed offline "
-         "best (the most a controller that picks among the space's fixed strategies could "
-         "gain): "),
-    ):  # fmt: skip
+        (
+            "adaptive_gain_captures_counted",
+            "With the rounds that captured a CUDA graph inside "
+            "an adaptive run counted (left out above, as a server captures before requests "
+            "arrive): ",
+        ),
+        (
+            "adaptive_ceiling",
+            "The best fixed strategy of each prompt set over the fixed offline "
+            "best (the most a controller that picks among the space's fixed strategies could "
+            "gain): ",
+        ),
+    ):
         if pl.get(key):
             lines += ["", text + per_set(pl[key]) + "."]
     lines += [
@@ -546,15 +593,25 @@ def plots(rep: dict) -> dict[str, bytes]:
 
     e = rep["e2e"]
     series = {
-        "verify.png": ("verify step (ms)",
-                       [(r["baseline"], 1e3 * r["measured"]["verify_s"],
-                         1e3 * r["predicted"]["verify_s"]) for r in e["rows"]]),
-        "tokens_per_s.png": ("tokens/s",
-                             [(r["baseline"], r["measured"]["tokens_per_s"],
-                               r["predicted"]["tokens_per_s"]) for r in e["rows"]]),
-        "speedup.png": ("speedup over ar_dense",
-                        [(x["baseline"], x["measured"], x["predicted"]) for x in e["speedups"]]),
-    }  # fmt: skip
+        "verify.png": (
+            "verify step (ms)",
+            [
+                (r["baseline"], 1e3 * r["measured"]["verify_s"], 1e3 * r["predicted"]["verify_s"])
+                for r in e["rows"]
+            ],
+        ),
+        "tokens_per_s.png": (
+            "tokens/s",
+            [
+                (r["baseline"], r["measured"]["tokens_per_s"], r["predicted"]["tokens_per_s"])
+                for r in e["rows"]
+            ],
+        ),
+        "speedup.png": (
+            "speedup over ar_dense",
+            [(x["baseline"], x["measured"], x["predicted"]) for x in e["speedups"]],
+        ),
+    }
     out = {}
     for name, (label, pts) in series.items():
         fig, ax = plt.subplots(figsize=(6, 5.5))

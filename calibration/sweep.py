@@ -221,8 +221,14 @@ def _rope_inputs(gen, m: int, num_q: int, num_kv: int, head_dim: int):
 
 def _head_params(m: int, num_q: int, num_kv: int, head_dim: int) -> dict:
     """Row params of a per-head op as the engine runs it."""
-    return {"m": m, "num_q_heads": num_q, "num_kv_heads": num_kv, "head_dim": head_dim,
-            "dtype": "bfloat16", "impl": "engine"}  # fmt: skip
+    return {
+        "m": m,
+        "num_q_heads": num_q,
+        "num_kv_heads": num_kv,
+        "head_dim": head_dim,
+        "dtype": "bfloat16",
+        "impl": "engine",
+    }
 
 
 def _rope_qk(qk, cos, sin, num_q: int):
@@ -244,9 +250,15 @@ def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
     from engine.cache import KVCache
     from engine.config import ModelConfig
 
-    cfg = ModelConfig(vocab_size=256, hidden_size=num_kv_heads * head_dim, intermediate_size=64,
-                      num_layers=1, num_heads=num_kv_heads, num_kv_heads=num_kv_heads,
-                      head_dim=head_dim)  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=256,
+        hidden_size=num_kv_heads * head_dim,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
     return KVCache(cfg, 1, t_max, dtype=ACT, device="cuda", use_triton=True)
 
 
@@ -298,7 +310,7 @@ def engine_op_sweep(s: Sweep, models: dict | None = None) -> None:
                     "head_dim": dh,
                     "dtype": "bfloat16",
                     "impl": "engine",
-                },  # fmt: skip
+                },
                 lambda i, caches=caches, kvs=kvs, idx=idx: caches[i].write(
                     0, *idx[i], kvs[2 * i], kvs[2 * i + 1]
                 ),

@@ -146,5 +146,6 @@ def accept(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return accept_greedy(tree, tokens, logits)
-    return accept_stochastic(tree, tokens, logits, draft_probs, temperature, generator, backend,
-                             uniforms)  # fmt: skip
+    return accept_stochastic(
+        tree, tokens, logits, draft_probs, temperature, generator, backend, uniforms
+    )

@@ -255,8 +255,11 @@ def save_checkpoint(
         names = [SINGLE_FILE]
     else:
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    for stale in [*folder.glob("model-*-of-*.safetensors"), folder / SINGLE_FILE,
-                  folder / INDEX_FILE]:  # fmt: skip
+    for stale in [
+        *folder.glob("model-*-of-*.safetensors"),
+        folder / SINGLE_FILE,
+        folder / INDEX_FILE,
+    ]:
         if stale.name not in names and stale.is_file():
             stale.unlink()
     for name, shard in zip(names, shards, strict=True):

@@ -141,8 +141,12 @@ class ModelDrafter:
             runner.tree_forward(pending[:, None], single, attn)
             runner.cache.commit(torch.zeros_like(pending)[:, None], need)  # tail entry 0
 
-        runner.graphs(("catch_up", attn), fn, (self._pending, self._need),
-                      neutral=lambda: (self._pending, torch.zeros_like(self._need)))  # fmt: skip
+        runner.graphs(
+            ("catch_up", attn),
+            fn,
+            (self._pending, self._need),
+            neutral=lambda: (self._pending, torch.zeros_like(self._need)),
+        )
         self._catch_up = False
 
     def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
@@ -157,9 +161,11 @@ class ModelDrafter:
             return toks.gather(1, path[:, depth:])[:, 0], (count > depth).to(torch.int32)
 
         self._pending, self._need = runner.graphs(
-            ("commit_draft", self._tree), fn, (acc.path, acc.count, tokens),
+            ("commit_draft", self._tree),
+            fn,
+            (acc.path, acc.count, tokens),
             neutral=lambda: (acc.path, torch.zeros_like(acc.count), tokens),
-        )  # fmt: skip
+        )
 
     def observe(self, history, counts: list[int]) -> None:
         depth = self._tree.max_depth

@@ -126,9 +126,10 @@ class Engine:
         # Kinds with state of their own to keep warm (self_sparse drafts from the target's
         # cache; a draft model needs its runner).
         self.warm_kinds = tuple(
-            k for k in (declared() if declared else ())
+            k
+            for k in (declared() if declared else ())
             if k == "ngram" or (k == "draft_model" and draft_runner is not None)
-        )  # fmt: skip
+        )
         if draft_runner is not None and draft_runner.config.vocab_size != target.config.vocab_size:
             raise ValueError(
                 f"draft vocabulary {draft_runner.config.vocab_size} differs from the target's "
@@ -175,8 +176,9 @@ class Engine:
         if self.config.record_stats:
             scfg = self._stats_config(strategy, tree.num_nodes)
             self.target.prepare(scfg)
-            self.stats = SelectionStats(scfg, self.target.config.num_layers,
-                                        backend=self.target.backend)  # fmt: skip
+            self.stats = SelectionStats(
+                scfg, self.target.config.num_layers, backend=self.target.backend
+            )
             reads.append(scfg)
         if isinstance(drafter, SelfSparseDrafter):  # drafts from the target's cache
             reads.append(drafter.expander.attn)
@@ -196,8 +198,9 @@ class Engine:
             window=max(strategy.window, t),
         )
 
-    def _drafter(self, strategy: Strategy | None, tree: DraftTree | None,
-                 kind: str = "") -> Drafter:  # fmt: skip
+    def _drafter(
+        self, strategy: Strategy | None, tree: DraftTree | None, kind: str = ""
+    ) -> Drafter:
         """The drafter of ``strategy`` (or of ``kind``: draft_model or ngram), built once."""
         kind = kind or strategy.drafter.kind
         if kind not in self._drafters:
@@ -207,13 +210,19 @@ class Engine:
             elif kind == "ngram":
                 shadow = SHADOW_MAX_CHAIN if "ngram" in self.warm_kinds else 0
                 trees = getattr(self.controller, "shadow_trees", None)
-                d = NgramDrafter(self.target.device, self.config.ngram_max_n, shadow,
-                                 trees if trees and shadow else ())  # fmt: skip
+                d = NgramDrafter(
+                    self.target.device,
+                    self.config.ngram_max_n,
+                    shadow,
+                    trees if trees and shadow else (),
+                )
             else:
                 attn = SelfSparseDrafter.attention(
-                    self.target.cache.t_max, strategy.drafter.sparsity_ratio,
-                    strategy.block_size, max(strategy.window, tree.num_nodes),
-                )  # fmt: skip
+                    self.target.cache.t_max,
+                    strategy.drafter.sparsity_ratio,
+                    strategy.block_size,
+                    max(strategy.window, tree.num_nodes),
+                )
                 attn.check_tree(tree.num_nodes, self.target.config.gqa_group)
                 d = SelfSparseDrafter(self.target, attn, temp)
             self._drafters[kind] = d
@@ -246,8 +255,9 @@ class Engine:
             self.drafter.start(prompts)
         self._started = {self.drafter.kind} if self.drafter is not None else set()
         if self.stats is not None:
-            self.stats = SelectionStats(self.stats.cfg, self.target.config.num_layers,
-                                        backend=self.target.backend)  # fmt: skip
+            self.stats = SelectionStats(
+                self.stats.cfg, self.target.config.num_layers, backend=self.target.backend
+            )
         host_roots = roots.tolist()
         prefill_s = time.perf_counter() - t0
         warm_s = self._start_warm(prompts)
@@ -449,8 +459,15 @@ class Engine:
         last = tree.max_depth
 
         def fn(tokens, enable, *maybe_probs):
-            acc = accept(tt, tokens, logits, maybe_probs[0] if maybe_probs else None, temp,
-                         backend=target.backend, uniforms=uniforms())  # fmt: skip
+            acc = accept(
+                tt,
+                tokens,
+                logits,
+                maybe_probs[0] if maybe_probs else None,
+                temp,
+                backend=target.backend,
+                uniforms=uniforms(),
+            )
             # A sequence keeps at most the tokens it may still emit. Cut short, its path's next
             # accepted node is a token the target emits there (greedy: its argmax; sampling:
             # an accepted draft is distributed as the target), so it stands in for the bonus.

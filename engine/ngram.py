@@ -168,17 +168,22 @@ class NgramIndex:
                     # a last position. ``nlargest``: the sort's first few, in linear time;
                     # the first ``RANKED_KEPT`` are kept ranked as the counts grow (``push``:
                     # the shadow's trees ask the same n-grams again and again).
-                    top = heapq.nlargest(max(k, RANKED_KEPT), hits.items(),
-                                         key=lambda kv: (kv[1][0], kv[1][1]))  # fmt: skip
+                    top = heapq.nlargest(
+                        max(k, RANKED_KEPT), hits.items(), key=lambda kv: (kv[1][0], kv[1][1])
+                    )
                     ranked = [tok for tok, _ in top]
                     if k <= RANKED_KEPT:
                         hits.ranked = ranked
                 return ranked[:k]
         return []
 
-    def tree_tokens(self, tail: list[int], tree: DraftTree,
-                    children: tuple[tuple[int, ...], ...] | None = None,
-                    first: int | None = None) -> list[int]:  # fmt: skip
+    def tree_tokens(
+        self,
+        tail: list[int],
+        tree: DraftTree,
+        children: tuple[tuple[int, ...], ...] | None = None,
+        first: int | None = None,
+    ) -> list[int]:
         """The token of every node of ``tree`` drafted after ``tail`` (the sequence's last
         ``max_n`` tokens or more, the root last): the root's, then each node's children the
         ranked continuations of the longest indexed n-gram ending at it (its path below the
@@ -222,8 +227,19 @@ class _TreeWalk:
     their depth; None between rounds), and the rounds, accepted drafts and their squares
     since the last ``take``."""
 
-    __slots__ = ("spec", "tree", "children", "next", "toks", "alive", "depth", "start",
-                 "rounds", "drafts", "squares")  # fmt: skip
+    __slots__ = (
+        "spec",
+        "tree",
+        "children",
+        "next",
+        "toks",
+        "alive",
+        "depth",
+        "start",
+        "rounds",
+        "drafts",
+        "squares",
+    )
 
     def __init__(self, spec: str, tree: DraftTree) -> None:
         self.spec, self.tree, self.children = spec, tree, tree.children
@@ -389,8 +405,9 @@ class ShadowChain:
         return out
 
 
-def walk_text(prompt: list[int], text: list[int], specs: tuple[str, ...],
-              max_n: int = 3) -> dict[str, tuple[int, int]]:  # fmt: skip
+def walk_text(
+    prompt: list[int], text: list[int], specs: tuple[str, ...], max_n: int = 3
+) -> dict[str, tuple[int, int]]:
     """The shadow's walks (see the module) of n-gram drafting with each tree of ``specs``
     (chains and branching trees) over one decoded ``text`` after its ``prompt``: per spec, the
     rounds its own run would have taken over that text and the drafts they accepted (a round
@@ -415,9 +432,13 @@ class NgramDrafter:
 
     kind = "ngram"
 
-    def __init__(self, device, max_n: int = 3, shadow_chain: int = 0,
-                 shadow_trees: tuple[str, ...] | Callable[[int], tuple[str, ...]] = (),
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        device,
+        max_n: int = 3,
+        shadow_chain: int = 0,
+        shadow_trees: tuple[str, ...] | Callable[[int], tuple[str, ...]] = (),
+    ) -> None:
         """``shadow_trees``: tree specs (``perfmodel.strategy.parse_tree``) whose walks the
         shadow scores too, with ``shadow_chain > 0`` (chains among them are left out: the
         chain walks score those); or a callable giving them for a context length, called at
@@ -453,8 +474,9 @@ class NgramDrafter:
         if callable(self._trees_for) and self.shadow_chain:
             self.shadow_trees = self._walked(self._trees_for(max(map(len, prompts))))
         # The shadow scores decoded positions only: the prompt is not what the target writes.
-        self.shadows = [ShadowChain(self.shadow_chain, self.shadow_trees)
-                        for _ in prompts if self.shadow_chain]  # fmt: skip
+        self.shadows = [
+            ShadowChain(self.shadow_chain, self.shadow_trees) for _ in prompts if self.shadow_chain
+        ]
         # ... on an index of its own (see ``sync``).
         self.shadow_indexes = [self._indexed(p) for p in prompts] if self.shadows else []
 
@@ -505,15 +527,18 @@ class NgramDrafter:
             matched = [a + b for a, b in zip(matched, m, strict=True)]
             rounds = [a + b for a, b in zip(rounds, r, strict=True)]
             drafts = [a + b for a, b in zip(drafts, d, strict=True)]
-            walks = [(a[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
-                     for a, b in zip(walks, w, strict=True)]  # fmt: skip
-        return ShadowAcceptance(positions, tuple(matched), tuple(rounds), tuple(drafts),
-                                tuple(walks))  # fmt: skip
+            walks = [
+                (a[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]) for a, b in zip(walks, w, strict=True)
+            ]
+        return ShadowAcceptance(
+            positions, tuple(matched), tuple(rounds), tuple(drafts), tuple(walks)
+        )
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:
         self._index(history)
-        rows = [self.indexes[b].tree_tokens(hist[-self.max_n :], tree)
-                for b, hist in enumerate(history)]  # fmt: skip
+        rows = [
+            self.indexes[b].tree_tokens(hist[-self.max_n :], tree) for b, hist in enumerate(history)
+        ]
         tokens = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         return Draft(tokens, None)
 

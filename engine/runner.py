@@ -204,8 +204,9 @@ class ModelRunner:
                 (tokens.to(self.device), count.to(self.device)),
                 neutral=lambda size=size: (
                     torch.zeros((cache.batch, size), dtype=torch.int64, device=self.device),
-                    torch.zeros(cache.batch, dtype=torch.int32, device=self.device)),
-            )  # fmt: skip
+                    torch.zeros(cache.batch, dtype=torch.int32, device=self.device),
+                ),
+            )
         return sum(map(len, tails))
 
     @torch.no_grad()
@@ -222,8 +223,10 @@ class ModelRunner:
         for size in APPEND_CHUNKS:
             if ("append", size) in self.graphs or size > room:
                 continue
-            nothing = (torch.zeros((cache.batch, size), dtype=torch.int64, device=self.device),
-                       torch.zeros(cache.batch, dtype=torch.int32, device=self.device))  # fmt: skip
+            nothing = (
+                torch.zeros((cache.batch, size), dtype=torch.int64, device=self.device),
+                torch.zeros(cache.batch, dtype=torch.int32, device=self.device),
+            )
             self.graphs(("append", size), self._append_fn(size), nothing, neutral=nothing)
             done += 1
         return done

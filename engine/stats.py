@@ -144,8 +144,9 @@ class SelectionStats:
             if cfg.kind == "nsa":
                 nb = -(-cache.t_max // cfg.block_size)
                 imp = nsa_block_importance(q, cache.comp[layer][0], lens, cfg, nb)
-                sel = topn_from_scores(imp, lens, cfg.block_size, top_n=cfg.top_n,
-                                       num_sink=cfg.num_sink, num_local=1)  # fmt: skip
+                sel = topn_from_scores(
+                    imp, lens, cfg.block_size, top_n=cfg.top_n, num_sink=cfg.num_sink, num_local=1
+                )
                 root_imp = imp[:, :, 0]
                 cand = root_imp > 0
             else:

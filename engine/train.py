@@ -143,8 +143,10 @@ def train_tiny(
     torch.manual_seed(cfg.seed)
     docs = collect_documents(roots, max_bytes=cfg.max_corpus_bytes)
     train_np, val_np = split_streams(docs, cfg.seed)
-    log(f"corpus: {len(docs)} packages, {train_np.size / 1e6:.1f} MB train, "
-        f"{val_np.size / 1e6:.2f} MB validation")  # fmt: skip
+    log(
+        f"corpus: {len(docs)} packages, {train_np.size / 1e6:.1f} MB train, "
+        f"{val_np.size / 1e6:.2f} MB validation"
+    )
     train_s = torch.from_numpy(train_np).to(dev)
     val_s = torch.from_numpy(val_np).to(dev)
     positions = max(cfg.context + 1, target_config.max_position_embeddings)

@@ -196,12 +196,24 @@ def accept_sampled(
     logits = logits.contiguous()
     probs = draft_probs.contiguous() if draft_probs is not None else logits
     _accept_kernel[(b,)](
-        logits, probs, tokens.contiguous(), children.contiguous(), u.contiguous(),
-        path, count, bonus, float(temperature),
-        tokens.shape[1], v, w, depth, u.shape[1],
-        HAS_Q=draft_probs is not None, BLOCK_V=triton.next_power_of_2(v),
+        logits,
+        probs,
+        tokens.contiguous(),
+        children.contiguous(),
+        u.contiguous(),
+        path,
+        count,
+        bonus,
+        float(temperature),
+        tokens.shape[1],
+        v,
+        w,
+        depth,
+        u.shape[1],
+        HAS_Q=draft_probs is not None,
+        BLOCK_V=triton.next_power_of_2(v),
         num_warps=4 if v <= 2048 else 8,
-    )  # fmt: skip
+    )
     return path, count, bonus
 
 

@@ -1012,8 +1012,9 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
                     "time/floor": r["median_s"] / (floor + r["launch_s"]),
                 }
             )
-    repair_keys = {(r["params"]["context_len"], r["params"]["batch"]) for r in g
-                   if r["op"] == "repair"}  # fmt: skip
+    repair_keys = {
+        (r["params"]["context_len"], r["params"]["batch"]) for r in g if r["op"] == "repair"
+    }
     for ctx, bsz in sorted(repair_keys):
         rep = [
             r

@@ -331,11 +331,14 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
     # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention
     # (a no-op for one row: its q slice is already contiguous).
     rope_io = (
-        2 * qk_elems * ACT_BYTES + 2 * m * hq * model.head_dim * ACT_BYTES
+        2 * qk_elems * ACT_BYTES
+        + 2 * m * hq * model.head_dim * ACT_BYTES
         + 2 * m * model.head_dim * F32
-    )  # fmt: skip
-    for name, on, kernel in (("rope", 1.0 - one_row, "rope_qk"),
-                             ("rope_row", one_row, "rope_qk/m1")):  # fmt: skip
+    )
+    for name, on, kernel in (
+        ("rope", 1.0 - one_row, "rope_qk"),
+        ("rope_row", one_row, "rope_qk/m1"),
+    ):
         op = _elementwise(on * rope_io, on * 6 * qk_elems, on, kernel, on)
         acc.add(prefix + name, op.scaled(layers))
     # The KV tail written into the cache: an indexed store of K and V, whose threads each store
@@ -343,8 +346,10 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
     kv_io = 2 * m * _kv_token_bytes(model, hkv, ACT_BYTES)  # read k, v and write them
     kv_elems = m * _kv_token_bytes(model, hkv, ACT_BYTES) / (2 * ACT_BYTES)  # per store
     kv_chain = KV_WRITE_STORES * index_put_steps(kv_elems)
-    for name, on, kernel in (("kv_write", 1.0 - one_row, "kv_write"),
-                             ("kv_write_row", one_row, "kv_write/m1")):  # fmt: skip
+    for name, on, kernel in (
+        ("kv_write", 1.0 - one_row, "kv_write"),
+        ("kv_write_row", one_row, "kv_write/m1"),
+    ):
         op = _elementwise(on * kv_io, 0 * m, 2 * on, kernel, on, on * kv_chain)
         acc.add(prefix + name, op.scaled(layers))
     acc.add(prefix + "o_proj", _gemm(m, d, hq * model.head_dim, wb).scaled(layers))
@@ -353,8 +358,10 @@ def _linear_ops(acc: _Acc, model: ModelSpec, m, tp, layers, prefix: str) -> None
         acc.add(prefix + "ffn_gate_up", _gemm(m, 2 * f, d, wb).scaled(dense_layers))
         # SiLU(gate) * up over the GEMM's two halves: strided views for several rows, a
         # contiguous one for a single row (a cheaper path): one measured class each.
-        for name, on, kernel in (("ffn_act", 1.0 - one_row, "silu_mul"),
-                                 ("ffn_act_row", one_row, "silu_mul/m1")):  # fmt: skip
+        for name, on, kernel in (
+            ("ffn_act", 1.0 - one_row, "silu_mul"),
+            ("ffn_act_row", one_row, "silu_mul/m1"),
+        ):
             act = _elementwise(on * 3 * m * f * ACT_BYTES, on * 5 * m * f, on, kernel, on)
             acc.add(prefix + name, act.scaled(dense_layers))
         acc.add(prefix + "ffn_down", _gemm(m, d, f, wb).scaled(dense_layers))
@@ -744,8 +751,9 @@ def predict_columns(
     cu = take(c, first)
     draft_acc = _Acc()
     _draft_ops(draft_acc, model, draft, cu, draft_vocab)
-    _mark_resident(draft_acc, lambda k: draft if k.startswith("draft.model.") else model,
-                   predictor.gpu)  # fmt: skip
+    _mark_resident(
+        draft_acc, lambda k: draft if k.startswith("draft.model.") else model, predictor.gpu
+    )
     draft_pred = predictor.at(first) if hasattr(predictor, "at") else predictor
     for k, op in draft_acc.items():
         secs[k] = (draft_pred.op_time_s(op) * np.ones(len(cu)))[inverse]

@@ -170,8 +170,12 @@ class _Own:
     def add(self, accepted, keep: float) -> None:
         k1 = self.chain - 1
         if self.w:
-            self.w, self.w2, self.m, self.mm = (keep * self.w, keep * keep * self.w2,
-                                                keep * self.m, keep * self.mm)  # fmt: skip
+            self.w, self.w2, self.m, self.mm = (
+                keep * self.w,
+                keep * keep * self.w2,
+                keep * self.m,
+                keep * self.mm,
+            )
             self.x = [keep * v for v in self.x]
             self.xx = [keep * v for v in self.xx]
             self.xm = [keep * v for v in self.xm]
@@ -372,8 +376,9 @@ class OnlineController:
         self.batch = batch
         self.switches: list[dict] = []
         self.overlap = self.config.overlap  # engine.loop: called behind the next round
-        costs = (dict(switch_cost_s) if isinstance(switch_cost_s, dict)
-                 else {"default": switch_cost_s})  # fmt: skip
+        costs = (
+            dict(switch_cost_s) if isinstance(switch_cost_s, dict) else {"default": switch_cost_s}
+        )
         for kind, v in costs.items():
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"switch_cost_s[{kind!r}] must be a number >= 0, got {v!r}")
@@ -430,8 +435,9 @@ class OnlineController:
         self._recheck_at: int | None = None
 
     @classmethod
-    def from_ranking(cls, ranking: dict, config: ControllerConfig | None = None,
-                     batch: int = 1) -> OnlineController:  # fmt: skip
+    def from_ranking(
+        cls, ranking: dict, config: ControllerConfig | None = None, batch: int = 1
+    ) -> OnlineController:
         """The controller of a ranking document: its model, GPU and acceptance profile."""
         from perfmodel.hardware import get_gpu
         from perfmodel.models import get_model
@@ -440,8 +446,9 @@ class OnlineController:
         if missing:
             raise ValueError(f"the ranking lacks {', '.join(missing)}")
         profile = profile_from_json(ranking["profile"], "the ranking's profile", "ranking")
-        return cls(ranking, get_model(ranking["model"]), get_gpu(ranking["gpu"]), profile,
-                   config, batch)  # fmt: skip
+        return cls(
+            ranking, get_model(ranking["model"]), get_gpu(ranking["gpu"]), profile, config, batch
+        )
 
     def initial_strategy(self, context_len: int) -> Strategy:
         """The offline-best strategy of the context's regime."""
@@ -484,8 +491,9 @@ class OnlineController:
         shifted by the chains'. (The ranking resolves ``best:N`` trees per regime, so each
         regime has trees of its own; walking only the context's keeps the shadow's host time
         to its three.)"""
-        regimes = (self.ranking["regimes"] if context_len is None
-                   else (self._ranked_regime(context_len),))  # fmt: skip
+        regimes = (
+            self.ranking["regimes"] if context_len is None else (self._ranked_regime(context_len),)
+        )
         trees = {
             c.tree
             for regime in regimes
@@ -506,8 +514,9 @@ class OnlineController:
         factor, now = self._factor(regime, c), self._factor(regime, current, kind)
         return self._shadow_alpha(c.drafter.kind, self._known(c).chain, c.tree, factor, now)
 
-    def _shadow_alpha(self, kind: str, chain: int, tree: str, factor: float,
-                      factor_now: float, z: float = 0.0) -> float | None:  # fmt: skip
+    def _shadow_alpha(
+        self, kind: str, chain: int, tree: str, factor: float, factor_now: float, z: float = 0.0
+    ) -> float | None:
         """``shadow_alpha`` of a candidate of drafter ``kind`` on ``tree`` (a chain of
         ``chain``, or 0), its attention factor and the current strategy's given; ``z`` > 0:
         at the low end of its confidence interval, ``z`` standard errors of the matched length
@@ -563,8 +572,12 @@ class OnlineController:
         self._observe_shadow(getattr(stats, "shadow", None), stats.mean_accepted + 1.0)
         ctx = max(stats.context_lens)
         now = self._now
-        if (now is None or now.strategy is not s or now.lens is not self._shadow_lens
-                or not now.lo < ctx <= now.hi):  # fmt: skip
+        if (
+            now is None
+            or now.strategy is not s
+            or now.lens is not self._shadow_lens
+            or not now.lo < ctx <= now.hi
+        ):
             now = self._now = self._make_now(s, ctx)
         key, regime = now.known.sid, now.regime
         drafting = bool(stats.drafted)
@@ -591,8 +604,9 @@ class OnlineController:
             if now.known.chain:
                 own = self._own.get(now.known.kind)
                 if own is None or own.sid != key:
-                    own = self._own[now.known.kind] = _Own(key, now.known.chain,
-                                                           self._factor(regime, s))  # fmt: skip
+                    own = self._own[now.known.kind] = _Own(
+                        key, now.known.chain, self._factor(regime, s)
+                    )
                     own.prior(now.expected, cfg.patience)
                 own.add(stats.accepted, 1.0 - cfg.ema)
             expected = now.expected
@@ -611,15 +625,15 @@ class OnlineController:
         self._trunc_dev = self._trunc_dev + 1 if pick is not None else 0
         if not decide:
             return None
-        if (pick is not None and self._trunc_dev >= cfg.patience and not own
-                and shadow_kind is None):  # fmt: skip
+        if pick is not None and self._trunc_dev >= cfg.patience and not own and shadow_kind is None:
             # A shorter chain of this drafter has paid across its paired interval for
             # ``patience`` rounds: switch to it (no re-score: the rest stands as last scored).
             self._deviating = self._trunc_dev = 0
             self._chain_obs = [0, 0]
             self._scored_alpha = self._alpha
-            self._log_switch(stats.round, key, pick[0], "truncation", self._alpha, expected,
-                             pick[1])  # fmt: skip
+            self._log_switch(
+                stats.round, key, pick[0], "truncation", self._alpha, expected, pick[1]
+            )
             return pick[0]
         recheck = self._recheck_at is not None and stats.round >= self._recheck_at
         if own or shadow_kind is not None or recheck:
@@ -628,8 +642,9 @@ class OnlineController:
             # A top that paid at its point estimate but not across its interval: look again
             # once ``patience`` more rounds have narrowed the interval (reason ``recheck``).
             # Its estimate need not move for that, so no deviation or rise would trigger it.
-            self._recheck_at = (stats.round + cfg.patience
-                                if best is None and gain > cfg.hysteresis else None)  # fmt: skip
+            self._recheck_at = (
+                stats.round + cfg.patience if best is None and gain > cfg.hysteresis else None
+            )
             # What this re-score saw: the same deviation does not trigger another one.
             self._deviating = 0
             self._chain_obs = [0, 0]
@@ -647,9 +662,15 @@ class OnlineController:
                 self._log_switch(stats.round, key, best, reason, observed, expected, gain)
             else:
                 ref = dict(self._shadow_keys(regime))[shadow_kind]
-                self._log_switch(stats.round, key, best, "shadow",
-                                 self._shadow_scored[shadow_kind],
-                                 self._alpha_for(regime, ref), gain)  # fmt: skip
+                self._log_switch(
+                    stats.round,
+                    key,
+                    best,
+                    "shadow",
+                    self._shadow_scored[shadow_kind],
+                    self._alpha_for(regime, ref),
+                    gain,
+                )
             return best
         if not drafting and self.switches and stats.round - self._last_switch >= self._probe_wait:
             # A strategy that drafts nothing observes no acceptance, so without a shadow of a
@@ -671,8 +692,10 @@ class OnlineController:
             return ()
         var = max(self._ema_sq - self._ema_tokens * self._ema_tokens, 0.0)
         half = z * math.sqrt(var * self._ema_w2)
-        return (alpha_from_tokens(tree, self._ema_tokens - half),
-                alpha_from_tokens(tree, self._ema_tokens + half))  # fmt: skip
+        return (
+            alpha_from_tokens(tree, self._ema_tokens - half),
+            alpha_from_tokens(tree, self._ema_tokens + half),
+        )
 
     def _collapsed(self, s: Strategy, accepted, ref: float) -> bool:
         """Whether the current chain's acceptance has collapsed: Wald's sequential ratio test
@@ -751,12 +774,19 @@ class OnlineController:
             i = list(REGIMES).index(regime)
             lo, hi = bounds[i], bounds[i + 1] if i + 1 < len(REGIMES) else math.inf
         refs = tuple(
-            (skey, ref, self._known(ref).chain, self._factor(regime, ref),
-             self._alpha_for(regime, ref), self._factor(regime, s, ref.drafter.kind))
+            (
+                skey,
+                ref,
+                self._known(ref).chain,
+                self._factor(regime, ref),
+                self._alpha_for(regime, ref),
+                self._factor(regime, s, ref.drafter.kind),
+            )
             for skey, ref in self._shadow_keys(regime)
-        )  # fmt: skip
-        return _Now(s, lo, hi, regime, self._shadow_lens, self._known(s),
-                    self._alpha_for(regime, s), refs)  # fmt: skip
+        )
+        return _Now(
+            s, lo, hi, regime, self._shadow_lens, self._known(s), self._alpha_for(regime, s), refs
+        )
 
     def _observe_shadow(self, shadow, tokens: float) -> None:
         """Fold this round's shadow counts into the decayed sums (weight ``1 - ema`` per round
@@ -785,12 +815,14 @@ class OnlineController:
                     w[0], w[1], w[2] = keep * w[0] + r, keep * w[1] + d, keep * w[2] + sq
             if old is None or len(old[1]) != len(sh.matched) or (old[2] is not None) != walked:
                 self._shadow[kind] = (
-                    float(sh.positions), [float(x) for x in sh.matched],
+                    float(sh.positions),
+                    [float(x) for x in sh.matched],
                     [float(x) for x in sh.rounds] if walked else None,
                     [float(x) for x in sh.drafts] if walked else None,
-                )  # fmt: skip
-                self._shadow_lens = tuple((k, len(v[1]), tuple(self._walks.get(k, ())))
-                                          for k, v in self._shadow.items())  # fmt: skip
+                )
+                self._shadow_lens = tuple(
+                    (k, len(v[1]), tuple(self._walks.get(k, ()))) for k, v in self._shadow.items()
+                )
             else:
                 matched = [keep * a + b for a, b in zip(old[1], sh.matched, strict=True)]
                 rounds = drafts = None
@@ -825,8 +857,14 @@ class OnlineController:
             out = list(self._shadow_refs_memo(regime).items())
             for kind, _, trees in self._shadow_lens:
                 for spec in trees:
-                    ref = next((c for c in self._candidates(regime).values()
-                                if c.drafter.kind == kind and c.tree == spec), None)  # fmt: skip
+                    ref = next(
+                        (
+                            c
+                            for c in self._candidates(regime).values()
+                            if c.drafter.kind == kind and c.tree == spec
+                        ),
+                        None,
+                    )
                     if ref is not None:
                         out.append(((kind, spec), ref))
             keys = self._keys[key] = tuple(out)
@@ -851,8 +889,9 @@ class OnlineController:
                 hit = skey
         return hit
 
-    def _log_switch(self, round_: int, key: str, to: Strategy, reason: str, observed,
-                    expected, gain: float) -> None:  # fmt: skip
+    def _log_switch(
+        self, round_: int, key: str, to: Strategy, reason: str, observed, expected, gain: float
+    ) -> None:
         self._last_switch = round_
         self._recheck_at = None
         self.switches.append(
@@ -927,10 +966,17 @@ class OnlineController:
     def _make_rows(self, regime: str, strategies: list[Strategy]) -> list[tuple]:
         round_s = self._round_s(regime, strategies)
         return [
-            (k.sid, c, k.kind, k.chain, self._factor(regime, c), self._alpha_for(regime, c),
-             round_s[k.sid])
+            (
+                k.sid,
+                c,
+                k.kind,
+                k.chain,
+                self._factor(regime, c),
+                self._alpha_for(regime, c),
+                round_s[k.sid],
+            )
             for c, k in ((c, self._known(c)) for c in strategies)
-        ]  # fmt: skip
+        ]
 
     def warm(self) -> None:
         """Score every ranked regime's candidates and tabulate their trees' expected tokens
@@ -942,8 +988,14 @@ class OnlineController:
             for c in cands:
                 expected_tokens(c.tree, 0.5)
 
-    def _rescore(self, current: Strategy, regime: str, context_len: int,
-                 expected: float | None, spread: tuple[float, ...] = ()):  # fmt: skip
+    def _rescore(
+        self,
+        current: Strategy,
+        regime: str,
+        context_len: int,
+        expected: float | None,
+        spread: tuple[float, ...] = (),
+    ):
         """Best candidate under the observed acceptance (``expected``: the current strategy's
         profiled alpha, None when it drafts nothing), or (None, gain) when none is worth it --
         also when, with ``spread`` (the current strategy's acceptance at the ends of its
@@ -993,7 +1045,7 @@ class OnlineController:
                 if walk is not None
                 else self._spread_pays(current, regime, cands, now_id, top_id, expected, spread)
             ):
-                return cands[top_id], gain  # fmt: skip
+                return cands[top_id], gain
         # The top did not pay across its interval: a shorter chain that pays across its own.
         for sid in sorted(shorter if sustained else (), key=lambda k: -tps[k]):
             if sid != top_id and tps[sid] > tps[now_id]:
@@ -1001,9 +1053,16 @@ class OnlineController:
                     return cands[sid], self._gain(cands, tpr, tps, now_id, sid)
         return None, gain
 
-    def _spread_pays(self, current: Strategy, regime: str, cands: dict, now_id: str,
-                     top_id: str, expected: float | None,
-                     spread: tuple[float, ...]) -> bool:  # fmt: skip
+    def _spread_pays(
+        self,
+        current: Strategy,
+        regime: str,
+        cands: dict,
+        now_id: str,
+        top_id: str,
+        expected: float | None,
+        spread: tuple[float, ...],
+    ) -> bool:
         """Whether the switch to ``top_id`` pays by more than ``hysteresis`` with the current
         strategy's acceptance at both ends of its interval (``spread``), shadowed candidates at
         the low end of theirs."""
@@ -1022,8 +1081,9 @@ class OnlineController:
             self._shift[own_kind] = point
         return True
 
-    def _walk_gain(self, regime: str, current: Strategy, c: Strategy,
-                   tokens: float) -> float | None:  # fmt: skip
+    def _walk_gain(
+        self, regime: str, current: Strategy, c: Strategy, tokens: float
+    ) -> float | None:
         """Relative gain of switching to ``c``, a candidate whose shadow walk (a chain length,
         or a tree) ran over the very tokens the current strategy committed, at the low end of
         a paired interval; None when ``c`` has no such walk.
@@ -1083,15 +1143,24 @@ class OnlineController:
             trunc = tuple(
                 (sid, c, chain, round_s)
                 for sid, c, kind, chain, factor, _, round_s in rows
-                if sid != sid_now and (
+                if sid != sid_now
+                and (
                     (kind == now.known.kind and 1 <= chain <= k_now and factor == f_now)
-                    or not parse_tree(c.tree))
-            )  # fmt: skip
+                    or not parse_tree(c.tree)
+                )
+            )
             now.trunc = (trunc, round_now)
         return now.trunc
 
-    def _paired_gain(self, own: _Own, k: int, round_k: float, round_now: float,
-                     to: Strategy, z: float | None = None) -> float:  # fmt: skip
+    def _paired_gain(
+        self,
+        own: _Own,
+        k: int,
+        round_k: float,
+        round_now: float,
+        to: Strategy,
+        z: float | None = None,
+    ) -> float:
         """Relative gain of switching to ``to``, a chain of ``k`` drafts of the current
         chain's drafter, at the low end of the paired interval of its tokens/s over the
         current strategy's (``_Own.paired_low``, ``confidence_z`` standard errors), the
@@ -1143,8 +1212,7 @@ class OnlineController:
         ids = [sid for sid, c in cands.items() if c.drafter.kind == kind and parse_tree(c.tree)]
         return cands[max(ids, key=lambda k: tps[k])] if ids else base
 
-    def _tally(self, current: Strategy, regime: str,
-               z: float = 0.0) -> tuple[dict, dict, dict]:  # fmt: skip
+    def _tally(self, current: Strategy, regime: str, z: float = 0.0) -> tuple[dict, dict, dict]:
         """Every candidate (by id), its expected tokens per round and tokens/s, at the
         acceptance the shifts and shadows say now (``_rescore``; shadow estimates ``z``
         standard errors low)."""

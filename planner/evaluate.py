@@ -250,8 +250,12 @@ class Bench:
     def decode(self, record_stats: bool = False, seed: int = 0):
         from engine.settings import DecodeConfig
 
-        return DecodeConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                            seed=seed, record_stats=record_stats)  # fmt: skip
+        return DecodeConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            seed=seed,
+            record_stats=record_stats,
+        )
 
     def run(self, key: str, fn, *args, **kwargs) -> dict:
         """``fn(*args, **kwargs)`` (a JSON-able dict of one run's figures), through the cache
@@ -275,9 +279,16 @@ class Bench:
         return None
 
 
-def make_bench(model: str, draft_model: str, max_context: int, new_tokens: int, repeats: int,
-               device: str = "auto", gpu: str = "h100-sxm",
-               temperature: float = 0.0) -> Bench:  # fmt: skip
+def make_bench(
+    model: str,
+    draft_model: str,
+    max_context: int,
+    new_tokens: int,
+    repeats: int,
+    device: str = "auto",
+    gpu: str = "h100-sxm",
+    temperature: float = 0.0,
+) -> Bench:
     """Target and draft runners (batch 1, room for ``max_context`` plus the new tokens and a
     tree), bf16 Triton kernels and CUDA graphs on the GPU, fp32 torch on the CPU."""
     import torch
@@ -368,15 +379,26 @@ def steady_figures(result) -> dict:
     }
 
 
-def run_once(bench: Bench, strategy: Strategy, prompt: list[int], controller=None,
-             record_stats: bool = False, seed: int = 0):  # fmt: skip
+def run_once(
+    bench: Bench,
+    strategy: Strategy,
+    prompt: list[int],
+    controller=None,
+    record_stats: bool = False,
+    seed: int = 0,
+):
     """One ``generate`` call, with Python's garbage collector held off while it runs (as a
     benchmark harness does: a collection pause of tens of ms in a 50 ms run is noise, not the
     strategy)."""
     from engine.loop import Engine
 
-    eng = Engine(bench.target, strategy, bench.decode(record_stats, seed),
-                 draft_runner=bench.draft, controller=controller)  # fmt: skip
+    eng = Engine(
+        bench.target,
+        strategy,
+        bench.decode(record_stats, seed),
+        draft_runner=bench.draft,
+        controller=controller,
+    )
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
@@ -413,9 +435,11 @@ def _decoded(run: dict) -> tuple:
     # The rounds a run captured a graph in are left out of its steady figures, not out of
     # what it decoded: a pass that captured (the first after a sparse run dropped the graphs)
     # decoded the same as one that did not (run 31: 7 passes had been left out for that).
-    return (run["tokens"] + run.get("capture_tokens", 0),
-            run["rounds"] + run.get("capture_rounds", 0),
-            tuple((w["round"], w["to"]) for w in run.get("switches", ())))  # fmt: skip
+    return (
+        run["tokens"] + run.get("capture_tokens", 0),
+        run["rounds"] + run.get("capture_rounds", 0),
+        tuple((w["round"], w["to"]) for w in run.get("switches", ())),
+    )
 
 
 def least_disturbed(passes: list[dict]) -> dict:
@@ -470,8 +494,10 @@ def run_passes(bench: Bench, jobs: dict[str, tuple]) -> dict[str, dict]:
 def _measure_jobs(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> dict:
     """The jobs of ``measure``: run i with seed i."""
     sid = strategy_id(strategy)
-    return {f"{key}|{sid}|{i}": (steady_run, (bench, strategy, prompt), {"seed": i})
-            for i in range(bench.repeats)}  # fmt: skip
+    return {
+        f"{key}|{sid}|{i}": (steady_run, (bench, strategy, prompt), {"seed": i})
+        for i in range(bench.repeats)
+    }
 
 
 def measure(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> dict:
@@ -482,8 +508,13 @@ def measure(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> di
     return _median_run(list(done.values()))
 
 
-def _prompts_jobs(bench: Bench, strategy: Strategy, prompts: dict[int, list[int]],
-                  key: str, runs: int | None = None) -> dict:  # fmt: skip
+def _prompts_jobs(
+    bench: Bench,
+    strategy: Strategy,
+    prompts: dict[int, list[int]],
+    key: str,
+    runs: int | None = None,
+) -> dict:
     """The jobs of ``measure_prompts``: ``runs`` (default ``repeats``) runs, run i on the i-th
     prompt (cyclically), seed i; the window each decodes is its key's third field from the
     end."""
@@ -505,8 +536,9 @@ def pooled_prompts(done: dict[str, dict], jobs: dict) -> dict:
     return out
 
 
-def measure_prompts(bench: Bench, strategy: Strategy, prompts: dict[int, list[int]],
-                    key: str) -> dict:  # fmt: skip
+def measure_prompts(
+    bench: Bench, strategy: Strategy, prompts: dict[int, list[int]], key: str
+) -> dict:
     """``repeats`` runs, run i on the i-th prompt (cyclically; ``prompts`` by corpus window)
     with seed i, each the least disturbed of its ``timing_passes``: the figures pooled over the
     runs -- tokens/s is their tokens over their time, what the model predicts (expected tokens
@@ -523,8 +555,10 @@ def pooled_figures(runs: list[dict]) -> dict:
     w = np.array([r["rounds"] for r in runs], dtype=float) / max(rounds, 1)
     sums = {k: float(sum(r[k] for r in runs)) for k in ("wall_s", "switch_s", "control_s")}
     tokens = int(sum(r["tokens"] for r in runs))
-    steps = {k: float(sum(wi * r["steps_s"].get(k, 0.0) for wi, r in zip(w, runs, strict=True)))
-             for k in runs[0]["steps_s"]}  # fmt: skip
+    steps = {
+        k: float(sum(wi * r["steps_s"].get(k, 0.0) for wi, r in zip(w, runs, strict=True)))
+        for k in runs[0]["steps_s"]
+    }
     return {
         "tokens_per_s": tokens / max(sum(sums.values()), 1e-12),
         "tokens": tokens,
@@ -535,8 +569,9 @@ def pooled_figures(runs: list[dict]) -> dict:
     }
 
 
-def steady_run(bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0,
-               keep_text: bool = False) -> dict:  # fmt: skip
+def steady_run(
+    bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0, keep_text: bool = False
+) -> dict:
     """One run's steady figures; with ``keep_text``, the tokens it decoded too (``text``) and
     the CRC-32 of its prompt (``prompt_crc32``: the prompts come from the installed packages'
     sources, which differ between machines, so a walk of the text elsewhere checks it)."""
@@ -553,18 +588,31 @@ def prompt_crc32(prompt: list[int]) -> int:
     return zlib.crc32(bytes(prompt))
 
 
-def adaptive_run(bench: Bench, strategy: Strategy, prompt: list[int], ranking: dict,
-                 profile: Profile, config: ControllerConfig, seed: int = 0,
-                 switch_cost_s: float = 0.0) -> dict:  # fmt: skip
+def adaptive_run(
+    bench: Bench,
+    strategy: Strategy,
+    prompt: list[int],
+    ranking: dict,
+    profile: Profile,
+    config: ControllerConfig,
+    seed: int = 0,
+    switch_cost_s: float = 0.0,
+) -> dict:
     """One run under a fresh ``OnlineController`` starting from ``strategy`` (knowing
     ``switch_cost_s`` from earlier runs: one figure, or one per destination kind): its steady
     figures, the controller's switches and the switch costs it knows at the end."""
-    ctl = OnlineController(ranking, bench.model, bench.gpu, profile, config,
-                           switch_cost_s=switch_cost_s)  # fmt: skip
+    ctl = OnlineController(
+        ranking, bench.model, bench.gpu, profile, config, switch_cost_s=switch_cost_s
+    )
     ctl.warm()  # before decoding, as a server scores its candidates before requests arrive
     result = run_once(bench, strategy, prompt, controller=ctl, seed=seed)
-    return {**steady_figures(result), "switches": ctl.switches, "warm_s": result.warm_s,
-            "shadow": shadow_summary(result), "switch_costs": ctl.switch_costs}  # fmt: skip
+    return {
+        **steady_figures(result),
+        "switches": ctl.switches,
+        "warm_s": result.warm_s,
+        "shadow": shadow_summary(result),
+        "switch_costs": ctl.switch_costs,
+    }
 
 
 def shadow_summary(result) -> dict:
@@ -578,21 +626,28 @@ def shadow_summary(result) -> dict:
         rows = [r.shadow[kind] for r in result.rounds if r.shadow and kind in r.shadow]
         n = sum(x.positions for x in rows)
         matched = np.sum([x.matched for x in rows], axis=0)
-        per_position = {f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
-                        for k in range(1, len(matched) + 1)}  # fmt: skip
+        per_position = {
+            f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
+            for k in range(1, len(matched) + 1)
+        }
         tpr = dict(per_position)
         if all(x.rounds for x in rows):
             walked = np.sum([x.rounds for x in rows], axis=0)
             drafts = np.sum([x.drafts for x in rows], axis=0)
-            tpr = {f"chain:{k}": 1.0 + float(drafts[k - 1]) / walked[k - 1]
-                   if walked[k - 1] else None for k in range(1, len(matched) + 1)}  # fmt: skip
+            tpr = {
+                f"chain:{k}": 1.0 + float(drafts[k - 1]) / walked[k - 1] if walked[k - 1] else None
+                for k in range(1, len(matched) + 1)
+            }
         # Branching trees the shadow walked: 1 + accepted drafts per walked round.
         for spec in dict.fromkeys(t[0] for x in rows for t in getattr(x, "trees", ())):
             walked = [t for x in rows for t in x.trees if t[0] == spec]
             r, d = sum(t[1] for t in walked), sum(t[2] for t in walked)
             tpr[spec] = 1.0 + d / r if r else None
-        out[kind] = {"positions": int(n), "tokens_per_round": tpr,
-                     "tokens_per_round_per_position": per_position}  # fmt: skip
+        out[kind] = {
+            "positions": int(n),
+            "tokens_per_round": tpr,
+            "tokens_per_round_per_position": per_position,
+        }
     return out
 
 
@@ -635,8 +690,10 @@ def _log_wrapped(bench: Bench, what: str, offsets, ctx: int) -> None:
     size = validation_bytes((max(offsets) + 1) * ctx)
     wrapped = [o for o in offsets if (o + 1) * ctx > size]
     if wrapped:
-        bench.log(f"{what}: prompt windows {wrapped} run past the code corpus ({size} bytes) "
-                  "and repeat its start")  # fmt: skip
+        bench.log(
+            f"{what}: prompt windows {wrapped} run past the code corpus ({size} bytes) "
+            "and repeat its start"
+        )
 
 
 def measure_windows(ctx: int, texts: int, available=None) -> tuple[int, ...]:
@@ -648,8 +705,9 @@ def measure_windows(ctx: int, texts: int, available=None) -> tuple[int, ...]:
         raise ValueError(f"measured texts must lie in 1..{len(MEASURE_OFFSETS)}, got {texts}")
     fit, size = _in_corpus(MEASURE_OFFSETS, ctx, available)
     if not fit:
-        raise ValueError(f"no measured prompt window of {ctx} tokens fits in the code corpus "
-                         f"({size} bytes)")  # fmt: skip
+        raise ValueError(
+            f"no measured prompt window of {ctx} tokens fits in the code corpus ({size} bytes)"
+        )
     return fit[:texts]
 
 
@@ -673,9 +731,15 @@ def _in_corpus(offsets: tuple[int, ...], ctx: int, available) -> tuple[tuple[int
     return tuple(o for o in offsets if (o + 1) * ctx <= size), size
 
 
-def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
-                    ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
-                    prompts: int = 3, walk_prompts: int = 0) -> tuple[Profile, dict]:  # fmt: skip
+def measure_profile(
+    bench: Bench,
+    contexts: dict[str, int],
+    space: SpaceSpec,
+    ref_tree: str = "chain:4",
+    attention_tree: str = "best:16:6",
+    prompts: int = 3,
+    walk_prompts: int = 0,
+) -> tuple[Profile, dict]:
     """The profile of the space's strategies, measured per regime on ``prompts`` code prompts
     (windows ``PROFILE_OFFSETS`` of the corpus; prompt j decodes with seed j):
 
@@ -731,8 +795,15 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         own_tpr: dict[str, float] = {}  # kind@tree -> its own runs' mean tokens per round
         first: dict[str, float] = {}  # tokens per round on the first prompt, per strategy id
 
-        def steady(key: str, s: Strategy, tokens: list[int], seed: int = 0, runs=runs,
-                   jobs=jobs, prompts_of=prompts_of) -> dict:  # fmt: skip
+        def steady(
+            key: str,
+            s: Strategy,
+            tokens: list[int],
+            seed: int = 0,
+            runs=runs,
+            jobs=jobs,
+            prompts_of=prompts_of,
+        ) -> dict:
             """A steady run of the profile (its text kept for the n-gram walks), kept for the
             overhead fit's timing passes."""
             fig = bench.run(key, steady_run, bench, s, tokens, seed=seed, keep_text=True)
@@ -750,8 +821,15 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         hists: dict[str, list[tuple[int, list[int]]]] = {}  # kind -> (K, histogram) per run
         unpooled: set[str] = set()  # kinds with a chain run lacking its histogram
 
-        def tokens(s: Strategy, ctx=ctx, texts=texts, first=first, hists=hists,
-                   unpooled=unpooled, own_tpr=own_tpr) -> float:  # fmt: skip
+        def tokens(
+            s: Strategy,
+            ctx=ctx,
+            texts=texts,
+            first=first,
+            hists=hists,
+            unpooled=unpooled,
+            own_tpr=own_tpr,
+        ) -> float:
             """Mean tokens per round of ``s`` over the profile prompts (a chain's runs kept
             for ``pooled_chain_tokens``)."""
             figs = [go(s, "profile")]
@@ -775,8 +853,11 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         # (``pooled_chain_tokens``): a chain of k drafts read from its own runs and the
         # longer chains' first k drafts.
         a: dict[str, float] = {}
-        chains = [t for t in dict.fromkeys((ref_tree, *space.trees))
-                  if t == ref_tree or (t.startswith("chain:") and chain_length(t))]  # fmt: skip
+        chains = [
+            t
+            for t in dict.fromkeys((ref_tree, *space.trees))
+            if t == ref_tree or (t.startswith("chain:") and chain_length(t))
+        ]
         for kind in space.drafters:
             own = {}
             for tree in chains:
@@ -796,14 +877,17 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                     "runs": n,
                     "used": use,
                 }
-                bench.log(f"profile {regime} {kind} {tree}: {tpr:.2f} tokens/round, pooled "
-                          f"{use:.2f} over {n} runs, alpha={a[f'{kind}@{tree}']:.3f} "
-                          f"({len(texts)} prompts)")  # fmt: skip
+                bench.log(
+                    f"profile {regime} {kind} {tree}: {tpr:.2f} tokens/round, pooled "
+                    f"{use:.2f} over {n} runs, alpha={a[f'{kind}@{tree}']:.3f} "
+                    f"({len(texts)} prompts)"
+                )
             a[kind] = a[f"{kind}@{ref_tree}"]
         for kind in space.drafters:
             for tree in space.trees:
-                s = concrete(Strategy(name="profile", tree=tree, drafter=_drafter(bench, kind)),
-                             a[kind])  # fmt: skip
+                s = concrete(
+                    Strategy(name="profile", tree=tree, drafter=_drafter(bench, kind)), a[kind]
+                )
                 if f"{kind}@{s.tree}" in a or bench.runnable(s) is not None:
                     continue
                 if not parse_tree(s.tree):
@@ -816,8 +900,10 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                     continue
                 tpr = tokens(s)
                 a[f"{kind}@{s.tree}"] = alpha_from_tokens(s.tree, tpr)
-                bench.log(f"profile {regime} {kind} {describe(s)}: {tpr:.2f} tokens/round, "
-                          f"alpha={a[f'{kind}@{s.tree}']:.3f}")  # fmt: skip
+                bench.log(
+                    f"profile {regime} {kind} {describe(s)}: {tpr:.2f} tokens/round, "
+                    f"alpha={a[f'{kind}@{s.tree}']:.3f}"
+                )
         acc[regime] = a
         valid, _ = valid_strategies(space, bench.model, bench.gpu, ctx)
         keys: dict[str, Strategy] = {}
@@ -827,8 +913,10 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
                 keys[k] = v
         bases = {}
         for kind in space.drafters:
-            base = concrete(Strategy(name="profile", tree=attention_tree,
-                                     drafter=_drafter(bench, kind)), a[kind])  # fmt: skip
+            base = concrete(
+                Strategy(name="profile", tree=attention_tree, drafter=_drafter(bench, kind)),
+                a[kind],
+            )
             if bench.runnable(base) is not None or not parse_tree(base.tree):
                 continue
             bases[kind] = base
@@ -843,21 +931,22 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
             # in run 11).
             dense = [first[strategy_id(base)]]
             for j in range(1, FACTOR_SEEDS):
-                fig = steady(f"attention-dense|{ctx}|s{j}|{strategy_id(base)}", base, prompt,
-                             seed=j)  # fmt: skip
+                fig = steady(
+                    f"attention-dense|{ctx}|s{j}|{strategy_id(base)}", base, prompt, seed=j
+                )
                 dense.append(fig["mean_accepted"] + 1.0)
             dense_alpha = alpha_from_tokens(base.tree, float(np.mean(dense)))
             factors = {}
             for k, v in keys.items():
-                s = dataclasses.replace(v, name="profile", drafter=base.drafter, tree=base.tree,
-                                        traversal="bfs")  # fmt: skip
+                s = dataclasses.replace(
+                    v, name="profile", drafter=base.drafter, tree=base.tree, traversal="bfs"
+                )
                 if bench.runnable(s) is not None or dense_alpha <= 0:
                     continue
                 fig = go(s, "attention")
                 sa = alpha_from_tokens(base.tree, fig["mean_accepted"] + 1.0)
                 factors[k] = sa / dense_alpha
-                bench.log(f"profile {regime} {kind}@{k}: alpha={sa:.3f} "
-                          f"(dense {dense_alpha:.3f})")  # fmt: skip
+                bench.log(f"profile {regime} {kind}@{k}: alpha={sa:.3f} (dense {dense_alpha:.3f})")
             if factors:
                 # One factor per drafter, the median over the keys: the keys' runs differ by
                 # no more than their draws do (run 12: a draft model's 0.43-0.50 at 8K, with
@@ -871,8 +960,9 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
         base = bases.get(ref_kind) or next(iter(bases.values()), None)
         used = {v.traversal for v in valid if v.is_sparse}
         for trav in (x for x in space.traversals if x in used and base is not None):
-            s = dataclasses.replace(base, traversal=trav, attention="sparse", mode="union",
-                                    group_size=4)  # fmt: skip
+            s = dataclasses.replace(
+                base, traversal=trav, attention="sparse", mode="union", group_size=4
+            )
             v = go(s, "overlap", _overlap_run)["gamma"]
             if v is not None:
                 ovl.setdefault(regime, {})[trav] = min(max(v, 0.0), 1.0)
@@ -918,20 +1008,30 @@ def measure_profile(bench: Bench, contexts: dict[str, int], space: SpaceSpec,
     return profile, fits, per_key, chain_tokens
 
 
-def walk_texts(bench: Bench, space: SpaceSpec, ctx: int, prompts: int,
-               regime: str) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+def walk_texts(
+    bench: Bench, space: SpaceSpec, ctx: int, prompts: int, regime: str
+) -> list[tuple[list[int], list[int]]]:
     """(prompt, text) of one autoregressive run (seed: the window) on each of the first
     ``prompts`` windows of ``walk_windows`` at ``ctx``, for ``walk_ngram``."""
     windows = walk_windows(ctx, prompts)
     if len(windows) < prompts:
-        bench.log(f"profile {regime}: {len(windows)} of {prompts} walk prompts fit in the "
-                  f"corpus at {ctx} tokens")  # fmt: skip
+        bench.log(
+            f"profile {regime}: {len(windows)} of {prompts} walk prompts fit in the "
+            f"corpus at {ctx} tokens"
+        )
     ar = Strategy(name="walk", tree="chain:0", drafter=_drafter(bench, space.drafters[0]))
     out = []
     for o in windows:
         prompt = prompt_tokens("code", ctx, offset=o * ctx)
-        fig = bench.run(f"walk|{ctx}|w{o}|{strategy_id(ar)}", steady_run, bench, ar, prompt,
-                        seed=o, keep_text=True)  # fmt: skip
+        fig = bench.run(
+            f"walk|{ctx}|w{o}|{strategy_id(ar)}",
+            steady_run,
+            bench,
+            ar,
+            prompt,
+            seed=o,
+            keep_text=True,
+        )
         _same_prompt(fig, prompt, f"walk|{ctx}|w{o}")
         out.append((prompt, fig["text"]))
     return out
@@ -943,13 +1043,22 @@ def _same_prompt(fig: dict, prompt: list[int], where: str) -> None:
     check kept no CRC and pass."""
     crc = fig.get("prompt_crc32")
     if crc is not None and crc != prompt_crc32(prompt):
-        raise ValueError(f"run {where!r} decoded another prompt than this machine's corpus "
-                         "gives (its package sources differ): walk it where it ran")  # fmt: skip
+        raise ValueError(
+            f"run {where!r} decoded another prompt than this machine's corpus "
+            "gives (its package sources differ): walk it where it ran"
+        )
 
 
-def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[Strategy, dict]],
-               prompts: list[list[int]], own: dict[str, float], record: dict,
-               extra: list[tuple[list[int], list[int]]] = ()) -> None:  # fmt: skip
+def walk_ngram(
+    bench: Bench,
+    regime: str,
+    a: dict[str, float],
+    runs: list[tuple[Strategy, dict]],
+    prompts: list[list[int]],
+    own: dict[str, float],
+    record: dict,
+    extra: list[tuple[list[int], list[int]]] = (),
+) -> None:
     """Set the n-gram drafter's acceptance on each of its trees in ``a`` (``ngram@<tree>``,
     chains and branching trees) from its walks (``engine.ngram.walk_text``) over the texts of
     every dense profile run of the regime (``runs``, with their ``prompts``), whatever decoded
@@ -997,11 +1106,19 @@ def walk_ngram(bench: Bench, regime: str, a: dict[str, float], runs: list[tuple[
         tpr = 1.0 + drafts / rounds
         a[k] = alpha_from_tokens(sp, tpr)
         entry = record.setdefault(regime, {}).setdefault(k, {"own": own.get(k)})
-        entry.update({"walked": tpr, "walked_texts": len(pairs),
-                      "walked_prompts": len(by_prompt), "used": tpr})  # fmt: skip
-        bench.log(f"profile {regime} {k}: walked {tpr:.2f} tokens/round over {len(pairs)} texts "
-                  f"of {len(by_prompt)} prompts (own runs {own.get(k, float('nan')):.2f}), "
-                  f"alpha={a[k]:.3f}")  # fmt: skip
+        entry.update(
+            {
+                "walked": tpr,
+                "walked_texts": len(pairs),
+                "walked_prompts": len(by_prompt),
+                "used": tpr,
+            }
+        )
+        bench.log(
+            f"profile {regime} {k}: walked {tpr:.2f} tokens/round over {len(pairs)} texts "
+            f"of {len(by_prompt)} prompts (own runs {own.get(k, float('nan')):.2f}), "
+            f"alpha={a[k]:.3f}"
+        )
 
 
 def _overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:
@@ -1045,8 +1162,9 @@ def ranking_quality(predicted: list[float], measured: list[float]) -> dict:
     }
 
 
-def measurement_resolution(rows: list[dict], top: int = 5, draws: int = 2000,
-                           seed: int = 0) -> dict | None:  # fmt: skip
+def measurement_resolution(
+    rows: list[dict], top: int = 5, draws: int = 2000, seed: int = 0
+) -> dict | None:
     """How finely a regime's measurement orders its strategies (``rows``: the regime's
     ``strategies`` entries). Every measured strategy decodes the same windows with the same
     seeds, so the window is the unit of sampling: ``draws`` resamples of the windows, jointly,
@@ -1071,10 +1189,13 @@ def measurement_resolution(rows: list[dict], top: int = 5, draws: int = 2000,
     pooled = k / np.sum(1.0 / runs[:, idx], axis=2)  # [strategy, draw]
     ratio = np.log(pooled[pairs[:, 0]] / pooled[pairs[:, 1]])  # [pair, draw]
     regret = 1.0 - truth[np.argmax(pooled, axis=0)] / truth.max()
-    return {"windows": k, "draws": draws,
-            "pair_ratio_se": float(np.median(ratio.std(axis=1))),
-            "draw_regret_mean": float(regret.mean()),
-            "draw_regret_p90": float(np.percentile(regret, 90))}  # fmt: skip
+    return {
+        "windows": k,
+        "draws": draws,
+        "pair_ratio_se": float(np.median(ratio.std(axis=1))),
+        "draw_regret_mean": float(regret.mean()),
+        "draw_regret_p90": float(np.percentile(regret, 90)),
+    }
 
 
 def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | None:
@@ -1103,25 +1224,39 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
     idx = np.random.default_rng(seed).integers(0, len(b), (draws, len(b)))
     base = np.median(b[idx], axis=1)
     gain = np.median(a[idx], axis=1) / base - 1.0
-    out = {"seeds": len(b), "draws": draws, "gain": float(np.median(a) / np.median(b) - 1.0),
-           "paired_gains": (a / b - 1.0).tolist(),
-           "gain_p05": float(np.percentile(gain, 5)),
-           "gain_p95": float(np.percentile(gain, 95))}  # fmt: skip
-    others = [x for x in (row.get("oracle") or {}).get("strategies", [])
-              if x["id"] != row["offline_best"].get("id")
-              and len(x.get("runs_tokens_per_s") or ()) == len(b)]  # fmt: skip
+    out = {
+        "seeds": len(b),
+        "draws": draws,
+        "gain": float(np.median(a) / np.median(b) - 1.0),
+        "paired_gains": (a / b - 1.0).tolist(),
+        "gain_p05": float(np.percentile(gain, 5)),
+        "gain_p95": float(np.percentile(gain, 95)),
+    }
+    others = [
+        x
+        for x in (row.get("oracle") or {}).get("strategies", [])
+        if x["id"] != row["offline_best"].get("id")
+        and len(x.get("runs_tokens_per_s") or ()) == len(b)
+    ]
     if others:
         top = max(others, key=lambda x: x["tokens_per_s"])
         drawn = np.median(np.asarray(top["runs_tokens_per_s"], dtype=float)[idx], axis=1)
         lo, hi = np.percentile(drawn / base - 1.0, [5, 95])
-        out["challenger"] = {"id": top["id"], "describe": top["describe"],
-                             "gain": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
-                             "gain_p05": float(lo), "gain_p95": float(hi)}  # fmt: skip
-        fastest = np.max([b, *(np.asarray(x["runs_tokens_per_s"], dtype=float)
-                                for x in others)], axis=0)  # fmt: skip
-        out["hindsight"] = {"strategies": len(others) + 1,
-                            "gain": float(np.median(fastest) / np.median(b) - 1.0),
-                            "paired_gains": (fastest / b - 1.0).tolist()}  # fmt: skip
+        out["challenger"] = {
+            "id": top["id"],
+            "describe": top["describe"],
+            "gain": top["tokens_per_s"] / row["offline_best"]["tokens_per_s"] - 1,
+            "gain_p05": float(lo),
+            "gain_p95": float(hi),
+        }
+        fastest = np.max(
+            [b, *(np.asarray(x["runs_tokens_per_s"], dtype=float) for x in others)], axis=0
+        )
+        out["hindsight"] = {
+            "strategies": len(others) + 1,
+            "gain": float(np.median(fastest) / np.median(b) - 1.0),
+            "paired_gains": (fastest / b - 1.0).tolist(),
+        }
     return out
 
 
@@ -1137,8 +1272,9 @@ def regime_resolution(regime: dict) -> dict | None:
     return regime.get("measurement") or measurement_resolution(regime["strategies"])
 
 
-def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile: Profile,
-                    per_regime: int) -> dict:  # fmt: skip
+def evaluate_regime(
+    bench: Bench, ranking: dict, regime: str, ctx: int, profile: Profile, per_regime: int
+) -> dict:
     entry = ranking["regimes"][regime]
     chosen = pick(entry["ranking"], per_regime, lambda s: bench.runnable(s) is None)
     strategies = [strategy_from_json(r["strategy"]) for r in chosen]
@@ -1147,18 +1283,23 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
     rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
     windows = measure_windows(ctx, bench.measure_texts)
     if len(windows) < bench.measure_texts:
-        bench.log(f"{regime} measured on {len(windows)} code prompts: only those fit in the "
-                  f"corpus at {ctx} tokens")  # fmt: skip
+        bench.log(
+            f"{regime} measured on {len(windows)} code prompts: only those fit in the "
+            f"corpus at {ctx} tokens"
+        )
     prompts = {o: prompt_tokens("code", ctx, offset=o * ctx) for o in windows}
-    jobs = {strategy_id(s): _prompts_jobs(bench, s, prompts, f"measure|code|{ctx}",
-                                          runs=len(windows))
-            for s in strategies}  # fmt: skip
+    jobs = {
+        strategy_id(s): _prompts_jobs(bench, s, prompts, f"measure|code|{ctx}", runs=len(windows))
+        for s in strategies
+    }
     t0 = time.perf_counter()
     # All strategies' runs in one set of passes, interleaved: a run's passes lie a whole pass
     # apart, and one strategy's runs of a pass are spread over it (``interleave``).
     done = run_passes(bench, interleave(list(jobs.values())))
-    bench.log(f"{regime} measured {len(strategies)} strategies x {len(windows)} runs x "
-              f"{bench.timing_passes} passes ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
+    bench.log(
+        f"{regime} measured {len(strategies)} strategies x {len(windows)} runs x "
+        f"{bench.timing_passes} passes ({time.perf_counter() - t0:.1f}s)"
+    )
     rows = []
     for s in strategies:
         sid = strategy_id(s)
@@ -1175,14 +1316,22 @@ def evaluate_regime(bench: Bench, ranking: dict, regime: str, ctx: int, profile:
                 "measured": m,
             }
         )
-        bench.log(f"{regime} #{rank_of[sid]:4d} pred {p.tokens_per_s:9.1f} meas "
-                  f"{m['tokens_per_s']:9.1f} tok/s {describe(s)}")  # fmt: skip
+        bench.log(
+            f"{regime} #{rank_of[sid]:4d} pred {p.tokens_per_s:9.1f} meas "
+            f"{m['tokens_per_s']:9.1f} tok/s {describe(s)}"
+        )
     q = ranking_quality(
         [r["predicted_tokens_per_s"] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
     )
-    return {"context_len": ctx, "provenance": prov, "space_size": entry["num_valid"],
-            "measure_windows": list(windows), **q,
-            "measurement": measurement_resolution(rows), "strategies": rows}  # fmt: skip
+    return {
+        "context_len": ctx,
+        "provenance": prov,
+        "space_size": entry["num_valid"],
+        "measure_windows": list(windows),
+        **q,
+        "measurement": measurement_resolution(rows),
+        "strategies": rows,
+    }
 
 
 def oracle_strategies(ranking: dict, regime: str, ok) -> list[Strategy]:
@@ -1200,9 +1349,15 @@ def oracle_strategies(ranking: dict, regime: str, ok) -> list[Strategy]:
     return out
 
 
-def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
-                      prompt_sets: tuple[str, ...], config: ControllerConfig,
-                      oracle: bool = True) -> dict:  # fmt: skip
+def evaluate_adaptive(
+    bench: Bench,
+    ranking: dict,
+    profile: Profile,
+    ctx: int,
+    prompt_sets: tuple[str, ...],
+    config: ControllerConfig,
+    oracle: bool = True,
+) -> dict:
     """Per prompt set: a fixed default, the fixed offline best and the controller (median of
     ``repeats`` paired runs each); with ``oracle``, also every strategy of
     ``oracle_strategies`` fixed on the same prompt and seeds: the best of them bounds what any
@@ -1225,8 +1380,9 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         # is known to the timed runs' controllers per destination kind, as a server knows it
         # from earlier requests: the cold run's figures hold first-time compilation, so a
         # second run, told them, measures again where it switches.
-        warm = bench.run(f"{key}|warm|{bid}", *adapt, seed=bench.repeats + 1,
-                         switch_cost_s=_costs(cold))  # fmt: skip
+        warm = bench.run(
+            f"{key}|warm|{bid}", *adapt, seed=bench.repeats + 1, switch_cost_s=_costs(cold)
+        )
         known_cost = {**_costs(cold), **_costs(warm, measured_only=True)}
         # The timed runs, each pass over all of them (``run_passes``), interleaved seed by
         # seed (``interleave``): the default, the offline best, the controller and the
@@ -1237,7 +1393,10 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         for i in range(bench.repeats):
             fixed[f"{key}|{bid}|{i}"] = (steady_run, (bench, best, prompt), {"seed": i})
             adaptive_jobs[f"{key}|adaptive|{bid}|{i}"] = (
-                adapt[0], adapt[1:], {"seed": i, "switch_cost_s": known_cost})  # fmt: skip
+                adapt[0],
+                adapt[1:],
+                {"seed": i, "switch_cost_s": known_cost},
+            )
         fixed_keys, adaptive_keys = list(fixed), list(adaptive_jobs)
         oracle_jobs = {strategy_id(s): _measure_jobs(bench, s, prompt, key) for s in oracles}
         default_jobs = _measure_jobs(bench, default, prompt, key)
@@ -1249,10 +1408,16 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
         row["offline_best"] = _median_run([done[k] for k in fixed_keys])
         row["offline_best"]["id"] = strategy_id(best)
         adaptive = _median_run(runs)
-        adaptive["cold"] = {"tokens_per_s": cold["tokens_per_s"], "switch_s": cold["switch_s"],
-                            "switches": cold["switches"]}  # fmt: skip
-        adaptive["warm"] = {"tokens_per_s": warm["tokens_per_s"], "switch_s": warm["switch_s"],
-                            "switches": warm["switches"]}  # fmt: skip
+        adaptive["cold"] = {
+            "tokens_per_s": cold["tokens_per_s"],
+            "switch_s": cold["switch_s"],
+            "switches": cold["switches"],
+        }
+        adaptive["warm"] = {
+            "tokens_per_s": warm["tokens_per_s"],
+            "switch_s": warm["switch_s"],
+            "switches": warm["switches"],
+        }
         keep = (
             "tokens_per_s",
             "switches",
@@ -1287,10 +1452,15 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
             fixed_all = []
             for s in oracles:
                 m = _median_run([done[k] for k in oracle_jobs[strategy_id(s)]])
-                fixed_all.append({"id": strategy_id(s), "describe": describe(s),
-                                  "tokens_per_s": m["tokens_per_s"],
-                                  "runs_tokens_per_s": m["runs_tokens_per_s"],
-                                  "mean_accepted": m["mean_accepted"]})  # fmt: skip
+                fixed_all.append(
+                    {
+                        "id": strategy_id(s),
+                        "describe": describe(s),
+                        "tokens_per_s": m["tokens_per_s"],
+                        "runs_tokens_per_s": m["runs_tokens_per_s"],
+                        "mean_accepted": m["mean_accepted"],
+                    }
+                )
             top = max(fixed_all, key=lambda x: x["tokens_per_s"])
             row["oracle"] = {
                 "best": top["id"],
@@ -1300,12 +1470,14 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
                 "strategies": fixed_all,
             }
         row["resolution"] = adaptive_resolution(row)
-        bench.log(f"adapt {kind:10s} default {row['default']['tokens_per_s']:8.1f} best "
-                  f"{row['offline_best']['tokens_per_s']:8.1f} adaptive "
-                  f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches"
-                  f"{''.join(' ' + x['reason'] for x in adaptive['switches'])},"
-                  f" gain {row['adaptive_gain']:+.1%}, captures counted "
-                  f"{row['adaptive_gain_captures_counted']:+.1%})")  # fmt: skip
+        bench.log(
+            f"adapt {kind:10s} default {row['default']['tokens_per_s']:8.1f} best "
+            f"{row['offline_best']['tokens_per_s']:8.1f} adaptive "
+            f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches"
+            f"{''.join(' ' + x['reason'] for x in adaptive['switches'])},"
+            f" gain {row['adaptive_gain']:+.1%}, captures counted "
+            f"{row['adaptive_gain_captures_counted']:+.1%})"
+        )
         if oracle:
             o = row["oracle"]
             bench.log(
@@ -1313,8 +1485,12 @@ def evaluate_adaptive(bench: Bench, ranking: dict, profile: Profile, ctx: int,
                 f"({o['ceiling']:+.1%} over the offline best): {o['describe']}"
             )
         out[kind] = row
-    return {"context_len": ctx, "regime": regime, "controller": dataclasses.asdict(config),
-            "prompt_sets": out}  # fmt: skip
+    return {
+        "context_len": ctx,
+        "regime": regime,
+        "controller": dataclasses.asdict(config),
+        "prompt_sets": out,
+    }
 
 
 def _costs(run: dict, measured_only: bool = False) -> dict[str, float]:
@@ -1324,12 +1500,22 @@ def _costs(run: dict, measured_only: bool = False) -> dict[str, float]:
     return {k: v for k, v in costs.items() if not (measured_only and k == "default")}
 
 
-def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_regime: int = 12,
-             adaptive_context: int | None = None, prompt_sets: tuple[str, ...] = PROMPT_SETS,
-             ref_tree: str = "chain:4", attention_tree: str = "best:16:6",
-             profile_prompts: int = 3, walk_prompts: int = 0,
-             controller: ControllerConfig | None = None, provenance: dict | None = None,
-             oracle: bool = True) -> tuple[dict, dict]:  # fmt: skip
+def evaluate(
+    bench: Bench,
+    contexts: dict[str, int],
+    space: SpaceSpec,
+    *,
+    per_regime: int = 12,
+    adaptive_context: int | None = None,
+    prompt_sets: tuple[str, ...] = PROMPT_SETS,
+    ref_tree: str = "chain:4",
+    attention_tree: str = "best:16:6",
+    profile_prompts: int = 3,
+    walk_prompts: int = 0,
+    controller: ControllerConfig | None = None,
+    provenance: dict | None = None,
+    oracle: bool = True,
+) -> tuple[dict, dict]:
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
     profile, overhead_fits, per_key, chain_tokens = measure_profile(
@@ -1343,8 +1529,9 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
     actx = adaptive_context or max(contexts.values())
     if regime_of(actx) not in ranking["regimes"]:
         raise ValueError(f"adaptive context {actx} falls in regime {regime_of(actx)}, not ranked")
-    adaptive = evaluate_adaptive(bench, ranking, profile, actx, prompt_sets,
-                                 controller or ControllerConfig(), oracle)  # fmt: skip
+    adaptive = evaluate_adaptive(
+        bench, ranking, profile, actx, prompt_sets, controller or ControllerConfig(), oracle
+    )
     gains = {k: v["adaptive_gain"] for k, v in adaptive["prompt_sets"].items()}
     off = [gains[k] for k in OFF_DISTRIBUTION if k in gains]
     sets = adaptive["prompt_sets"]
@@ -1386,7 +1573,7 @@ def evaluate(bench: Bench, contexts: dict[str, int], space: SpaceSpec, *, per_re
         "met": {
             "kendall_tau": all(
                 v["kendall_tau"] >= TARGETS["kendall_tau_min"] for v in regimes.values()
-            ),  # fmt: skip
+            ),
             "regret": all(v["regret"] <= TARGETS["regret_max"] for v in regimes.values()),
             "adaptive_gain_off_distribution": bool(off)
             and all(g >= TARGETS["adaptive_gain_min"] for g in off),
@@ -1402,12 +1589,16 @@ def summary_table(doc: dict) -> str:
     for r, v in doc["regimes"].items():
         m = regime_resolution(v)
         res = f"  {m['pair_ratio_se']:9.1%}  {m['draw_regret_p90']:15.1%}" if m else ""
-        lines.append(f"{r:7s} {v['context_len']:6d} {v['n']:3d}  {v['kendall_tau']:11.3f}  "
-                     f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}{res}")  # fmt: skip
+        lines.append(
+            f"{r:7s} {v['context_len']:6d} {v['n']:3d}  {v['kendall_tau']:11.3f}  "
+            f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}{res}"
+        )
     a = doc["adaptive"]
     lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
-    lines.append("prompts      default  offline_best  adaptive  switches  gain   gain 90%"
-                 "         best fixed  ceiling  hindsight")  # fmt: skip
+    lines.append(
+        "prompts      default  offline_best  adaptive  switches  gain   gain 90%"
+        "         best fixed  ceiling  hindsight"
+    )
     for k, v in a["prompt_sets"].items():
         o = v.get("oracle")
         m = set_resolution(v)
@@ -1415,9 +1606,11 @@ def summary_table(doc: dict) -> str:
         tail = f" {o['tokens_per_s']:11.1f} {o['ceiling']:+8.1%}" if o else ""
         if m and m.get("hindsight"):
             tail += f" {m['hindsight']['gain']:+10.1%}"
-        lines.append(f"{k:10s} {v['default']['tokens_per_s']:9.1f} "
-                     f"{v['offline_best']['tokens_per_s']:13.1f} "
-                     f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "
-                     f"{v['adaptive_gain']:+6.1%}  {band}{tail}")  # fmt: skip
+        lines.append(
+            f"{k:10s} {v['default']['tokens_per_s']:9.1f} "
+            f"{v['offline_best']['tokens_per_s']:13.1f} "
+            f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "
+            f"{v['adaptive_gain']:+6.1%}  {band}{tail}"
+        )
     lines.append(f"met: {doc['met']}")
     return "\n".join(lines)

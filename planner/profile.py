@@ -115,8 +115,9 @@ def overhead_features(s: Strategy) -> np.ndarray:
     return np.array([1.0, spec, dm, nodes, depth * dm, float(s.is_sparse), host])
 
 
-def fit_overhead(strategies: list[Strategy], residual_s: list[float],
-                 round_s: list[float] | None = None) -> tuple[dict, dict]:  # fmt: skip
+def fit_overhead(
+    strategies: list[Strategy], residual_s: list[float], round_s: list[float] | None = None
+) -> tuple[dict, dict]:
     """Least squares of the per-round residual (measured round wall time minus the step model's
     round time) on ``overhead_features``: the coefficients and the fit's figures (rows, rms and
     max absolute error, seconds; rms relative error when weighted; the autoregressive rows).
@@ -159,9 +160,12 @@ def fit_overhead(strategies: list[Strategy], residual_s: list[float],
     else:
         coef, _ = nnls(x * w[:, None], y * w)
     err = x @ coef - y
-    fit = {"rows": len(y), "autoregressive_rows": int(ar.sum()),
-           "rms_s": float(np.sqrt(np.mean(err**2))),
-           "max_abs_s": float(np.max(np.abs(err)))}  # fmt: skip
+    fit = {
+        "rows": len(y),
+        "autoregressive_rows": int(ar.sum()),
+        "rms_s": float(np.sqrt(np.mean(err**2))),
+        "max_abs_s": float(np.max(np.abs(err))),
+    }
     if round_s is not None:
         fit["rms_rel"] = float(np.sqrt(np.mean((err * w) ** 2)))
     return dict(zip(OVERHEAD_TERMS, map(float, coef), strict=True)), fit
@@ -235,33 +239,47 @@ class Profile:
         for s in strategies:
             if not parse_tree(s.tree):
                 continue  # drafts nothing: no acceptance to assume
-            if (self._get(self.acceptance, regime, f"{s.drafter.kind}@{s.tree}") is None
-                    and self._get(self.acceptance, regime, s.drafter.kind) is None):  # fmt: skip
+            if (
+                self._get(self.acceptance, regime, f"{s.drafter.kind}@{s.tree}") is None
+                and self._get(self.acceptance, regime, s.drafter.kind) is None
+            ):
                 kinds.add(s.drafter.kind)
             if s.is_sparse:
                 if self._get(self.overlap, regime, s.traversal) is None:
                     traversals.add(s.traversal)
                 kind, key = s.drafter.kind, attention_key(s)
-                if all(self._get(self.attention, regime, k) is None
-                       for k in (f"{kind}@{key}", f"{kind}@sparse", key)):  # fmt: skip
+                if all(
+                    self._get(self.attention, regime, k) is None
+                    for k in (f"{kind}@{key}", f"{kind}@sparse", key)
+                ):
                     unfactored.add(kind)
         out = []
         if kinds:
-            out.append(f"acceptance of {', '.join(sorted(kinds))} (workload default "
-                       f"{Workload().acceptance})")  # fmt: skip
+            out.append(
+                f"acceptance of {', '.join(sorted(kinds))} (workload default "
+                f"{Workload().acceptance})"
+            )
         if unfactored:
-            out.append(f"sparse attention's effect on the acceptance of "
-                       f"{', '.join(sorted(unfactored))} (none)")  # fmt: skip
+            out.append(
+                f"sparse attention's effect on the acceptance of "
+                f"{', '.join(sorted(unfactored))} (none)"
+            )
         if traversals:
-            out.append(f"block overlap of {', '.join(sorted(traversals))} (workload default "
-                       f"{Workload().overlap})")  # fmt: skip
+            out.append(
+                f"block overlap of {', '.join(sorted(traversals))} (workload default "
+                f"{Workload().overlap})"
+            )
         if not (self.overhead.get(regime) or self.overhead.get("default")):
             out.append("loop overhead per round (none: the step model alone)")
         return out
 
     def to_json(self) -> dict:
-        tables = {"acceptance": self.acceptance, "attention": self.attention,
-                  "overlap": self.overlap, "overhead": self.overhead}  # fmt: skip
+        tables = {
+            "acceptance": self.acceptance,
+            "attention": self.attention,
+            "overlap": self.overlap,
+            "overhead": self.overhead,
+        }
         regimes = sorted(set().union(*tables.values()))
         return {
             "version": PROFILE_VERSION,
@@ -295,8 +313,11 @@ def load_profile(path: str | Path) -> Profile:
     d = read_json(p, "acceptance profile")
     if isinstance(d, dict) and isinstance(d.get("profile"), dict):
         # An evaluation or a ranking document: the profile it measured or ranked with.
-        return profile_from_json(d["profile"], f"acceptance profile {str(p)!r} (its 'profile')",
-                                 f"profile:{p.name}#profile")  # fmt: skip
+        return profile_from_json(
+            d["profile"],
+            f"acceptance profile {str(p)!r} (its 'profile')",
+            f"profile:{p.name}#profile",
+        )
     return profile_from_json(d, f"acceptance profile {str(p)!r}", f"profile:{p.name}")
 
 
@@ -315,8 +336,9 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Prof
         extra = sorted(set(entry) - set(PROFILE_TABLES))
         if extra:
             # e.g. an evaluation's own regime entries, read as if they were a profile's
-            raise ValueError(f"{where}: regime {regime} has {extra[0]!r}, not one of "
-                             f"{', '.join(PROFILE_TABLES)}")  # fmt: skip
+            raise ValueError(
+                f"{where}: regime {regime} has {extra[0]!r}, not one of {', '.join(PROFILE_TABLES)}"
+            )
         tables = {}
         for name in PROFILE_TABLES:
             table = entry.get(name) or {}

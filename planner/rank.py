@@ -63,8 +63,11 @@ def score(
     for draft_model, group in by_draft.items():
         points = []
         for s in group:
-            scale = (acceptance_scale.get(s.drafter.kind, 1.0)
-                     if isinstance(acceptance_scale, dict) else acceptance_scale)  # fmt: skip
+            scale = (
+                acceptance_scale.get(s.drafter.kind, 1.0)
+                if isinstance(acceptance_scale, dict)
+                else acceptance_scale
+            )
             alpha = min(1.0, profile.alpha_for(regime, s) * scale)
             w = Workload(
                 context_len=context_len,
@@ -167,8 +170,10 @@ def rank(
         }
     if skipped:
         if not doc["regimes"]:
-            raise ValueError(f"no regime to rank for {model.name}: "
-                             f"{'; '.join(f'{r}: {w}' for r, w in skipped.items())}")  # fmt: skip
+            raise ValueError(
+                f"no regime to rank for {model.name}: "
+                f"{'; '.join(f'{r}: {w}' for r, w in skipped.items())}"
+            )
         doc["skipped"] = skipped
     return doc
 

@@ -206,9 +206,11 @@ class SimConfig:
     context_bucket: int = field(default=1024, metadata={"help": "cost-table context step"})
     loop_overhead_s: float = field(
         default=0.0,
-        metadata={"help": "host time per round the step model leaves out (e.g. a planner "
-                          "profile's fitted loop overhead); 0 = the step model alone"},
-    )  # fmt: skip
+        metadata={
+            "help": "host time per round the step model leaves out (e.g. a planner "
+            "profile's fitted loop overhead); 0 = the step model alone"
+        },
+    )
     timeline_rounds: int = field(
         default=48, metadata={"help": "rounds/steps drawn in the Chrome trace and Gantt"}
     )

@@ -117,8 +117,10 @@ def _controller_and_strategy(args, context: int, draft_name: str | None):
 
     overrides = given(args, STRATEGY_FIELDS) or given(args, DRAFTER_FIELDS, prefix="drafter_")
     if args.controller or args.strategy or overrides:
-        raise ValueError("--ranking chooses the strategy and the controller: drop --controller, "
-                         "--strategy and the strategy fields")  # fmt: skip
+        raise ValueError(
+            "--ranking chooses the strategy and the controller: drop --controller, "
+            "--strategy and the strategy fields"
+        )
     ctl = OnlineController.from_ranking(load_ranking(args.ranking), batch=args.batch)
     ctl.warm()  # score the candidates before decoding, not in the first re-scoring round
     # The ranking's strategies keep their drafter labels: the controller re-scores them with the
@@ -236,26 +238,48 @@ def run(args) -> int:
     trace = None
     if args.trace:
         gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-        trace = TraceWriter(args.trace, target_src.name, target_src.config.num_layers,
-                            device=device, gpu=gpu, backend=backend, seed=decode.seed,
-                            dtype=str(dtype).removeprefix("torch."), graphs=graphs)  # fmt: skip
+        trace = TraceWriter(
+            args.trace,
+            target_src.name,
+            target_src.config.num_layers,
+            device=device,
+            gpu=gpu,
+            backend=backend,
+            seed=decode.seed,
+            dtype=str(dtype).removeprefix("torch."),
+            graphs=graphs,
+        )
 
     # Input checked: from here on models are built and the device is used.
     def load(src):
         return build_model(src, max_positions=t_max, device=device, dtype=dtype)
 
-    target = ModelRunner(load(target_src), batch=args.batch, t_max=t_max, backend=backend,
-                         use_graphs=graphs)  # fmt: skip
+    target = ModelRunner(
+        load(target_src), batch=args.batch, t_max=t_max, backend=backend, use_graphs=graphs
+    )
     draft = None
     if draft_src is not None:
-        draft = ModelRunner(load(draft_src), batch=args.batch, t_max=t_max, backend=backend,
-                            use_graphs=graphs)  # fmt: skip
+        draft = ModelRunner(
+            load(draft_src), batch=args.batch, t_max=t_max, backend=backend, use_graphs=graphs
+        )
     engine = Engine(
         target, strategy, decode, draft_runner=draft, controller=controller, trace=trace
     )
     result = engine.generate(prompts)
-    report = build_report(args, result, strategy, tree, target_src, draft_src, context,
-                          device, dtype, backend, graphs, note)  # fmt: skip
+    report = build_report(
+        args,
+        result,
+        strategy,
+        tree,
+        target_src,
+        draft_src,
+        context,
+        device,
+        dtype,
+        backend,
+        graphs,
+        note,
+    )
     switches = getattr(controller, "switches", None)
     if switches is not None:
         report["switches"] = switches

@@ -30,8 +30,16 @@ def fit_acceptance(parents, mean_accepted: float) -> float:
     return (lo + hi) / 2
 
 
-def predict(strategy, target_spec: str, draft_spec: str | None, context: int, batch: int,
-            alpha: float, overlap: float | None, gpu_name: str) -> dict:  # fmt: skip
+def predict(
+    strategy,
+    target_spec: str,
+    draft_spec: str | None,
+    context: int,
+    batch: int,
+    alpha: float,
+    overlap: float | None,
+    gpu_name: str,
+) -> dict:
     """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
     from perfmodel.calibrated import make_predictor
     from perfmodel.hardware import get_gpu
@@ -77,15 +85,35 @@ def _mean_layers(result, name: str) -> float | None:
     return None if v.size == 0 or np.isnan(v).all() else float(np.nanmean(v))
 
 
-def build_report(args, result, strategy, tree, target_src, draft_src, context, device, dtype,
-            backend, graphs, note) -> dict:  # fmt: skip
+def build_report(
+    args,
+    result,
+    strategy,
+    tree,
+    target_src,
+    draft_src,
+    context,
+    device,
+    dtype,
+    backend,
+    graphs,
+    note,
+) -> dict:
     timer = f"measured:{result.timer}"
     mean_acc = result.mean_accepted()
     alpha = fit_acceptance(tree.parents[1:] and [p - 1 for p in tree.parents[1:]], mean_acc)
     overlap = _mean_layers(result, "group_overlap")
     ctx_mean = context + args.max_new_tokens // 2 if args.max_new_tokens else context
-    pred = predict(strategy, target_src.config_path, draft_src.config_path if draft_src else None,
-                   ctx_mean, args.batch, alpha, overlap, args.gpu)  # fmt: skip
+    pred = predict(
+        strategy,
+        target_src.config_path,
+        draft_src.config_path if draft_src else None,
+        ctx_mean,
+        args.batch,
+        alpha,
+        overlap,
+        args.gpu,
+    )
     steps = result.mean_step_s()
     round_s = sum(steps.values())
     timed = result.timed()

@@ -63,10 +63,15 @@ def add_arguments(p) -> None:
 
 
 # What ``--evaluation`` sets, by option (dest, flag).
-_FROM_EVALUATION = (("model", "--model"), ("gpu", "--gpu"),
-                    ("acceptance_profile", "--acceptance-profile"), ("drafters", "--drafters"),
-                    ("draft_model", "--draft-model"), ("trees", "--trees"),
-                    ("metadata", "--metadata"))  # fmt: skip
+_FROM_EVALUATION = (
+    ("model", "--model"),
+    ("gpu", "--gpu"),
+    ("acceptance_profile", "--acceptance-profile"),
+    ("drafters", "--drafters"),
+    ("draft_model", "--draft-model"),
+    ("trees", "--trees"),
+    ("metadata", "--metadata"),
+)
 
 
 def _from_evaluation(path: str):
@@ -91,11 +96,16 @@ def _from_evaluation(path: str):
     ):
         raise ValueError(f"{where}: regimes must map each regime to an object with context_len")
     contexts = {r: v["context_len"] for r, v in regimes.items()}
-    profile = profile_from_json(d["profile"], f"{path!r}'s profile",
-                                f"evaluation:{p.name}")  # fmt: skip
+    profile = profile_from_json(d["profile"], f"{path!r}'s profile", f"evaluation:{p.name}")
     commit = (d.get("provenance") or {}).get("git_commit") or "unknown"
-    return (get_model(local_model(d["model"])), get_gpu(d["gpu_model"]), spec,
-            profile, contexts, f"the evaluation {p.name} (commit {commit[:7]})")  # fmt: skip
+    return (
+        get_model(local_model(d["model"])),
+        get_gpu(d["gpu_model"]),
+        spec,
+        profile,
+        contexts,
+        f"the evaluation {p.name} (commit {commit[:7]})",
+    )
 
 
 def run(args) -> int:
@@ -109,8 +119,9 @@ def run(args) -> int:
     if args.evaluation:
         given = [flag for dest, flag in _FROM_EVALUATION if getattr(args, dest) is not None]
         if given:
-            raise ValueError(f"--evaluation sets the model, GPU, space and profile; drop "
-                             f"{', '.join(given)}")  # fmt: skip
+            raise ValueError(
+                f"--evaluation sets the model, GPU, space and profile; drop {', '.join(given)}"
+            )
         model, gpu, spec, profile, contexts, what = _from_evaluation(args.evaluation)
         doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")

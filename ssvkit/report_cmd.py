@@ -19,12 +19,15 @@ HELP = "end-to-end validation report (measured vs predicted) from committed data
 
 def add_arguments(p) -> None:
     p.add_argument("--gpu", default="h100-sxm", help="registry GPU of the kernel profile")
-    p.add_argument("--campaign", default=None,
-                   help="campaign JSON (default docs/validation/campaign.json)")  # fmt: skip
-    p.add_argument("--planner", default=None,
-                   help="planner evaluation (default docs/validation/planner.json)")  # fmt: skip
-    p.add_argument("--out", default=None,
-                   help="folder for REPORT.md and PNGs (default docs/validation)")  # fmt: skip
+    p.add_argument(
+        "--campaign", default=None, help="campaign JSON (default docs/validation/campaign.json)"
+    )
+    p.add_argument(
+        "--planner", default=None, help="planner evaluation (default docs/validation/planner.json)"
+    )
+    p.add_argument(
+        "--out", default=None, help="folder for REPORT.md and PNGs (default docs/validation)"
+    )
     p.add_argument("--no-files", action="store_true", help="write nothing, print only")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
@@ -38,16 +41,24 @@ def add_arguments(p) -> None:
 def _table(rep: dict) -> str:
     e = rep["e2e"]
     lines = ["figure                      n   median     p90     max"]
-    for name, key in (("verify step", "verify"), ("round time", "round"),
-                      ("tokens/s", "tokens_per_s"), ("speedup vs ar_dense", "speedup"),
-                      ("simulator vs measured", "simulator")):  # fmt: skip
+    for name, key in (
+        ("verify step", "verify"),
+        ("round time", "round"),
+        ("tokens/s", "tokens_per_s"),
+        ("speedup vs ar_dense", "speedup"),
+        ("simulator vs measured", "simulator"),
+    ):
         d = e.get(key)
         if d and d.get("n"):
-            lines.append(f"{name:24s} {d['n']:4d} {100 * d['median_ape']:7.1f}% "
-                         f"{100 * d['p90_ape']:6.1f}% {100 * d['max_ape']:6.1f}%")  # fmt: skip
+            lines.append(
+                f"{name:24s} {d['n']:4d} {100 * d['median_ape']:7.1f}% "
+                f"{100 * d['p90_ape']:6.1f}% {100 * d['max_ape']:6.1f}%"
+            )
     for name, t in rep["targets"].items():
-        lines.append(f"{name:28s} {100 * t['value']:6.1f}%  (<= {100 * t['threshold']:.0f}%)  "
-                     f"{'met' if t['met'] else 'MISSED'}")  # fmt: skip
+        lines.append(
+            f"{name:28s} {100 * t['value']:6.1f}%  (<= {100 * t['threshold']:.0f}%)  "
+            f"{'met' if t['met'] else 'MISSED'}"
+        )
     return "\n".join(lines)
 
 

@@ -57,9 +57,15 @@ def capacity_tasks(spec: SweepSpec) -> list[CapacityTask]:
     wanted = set(cap.strategies) if cap.strategies else None
     strategies = [s for s in spec.strategies if wanted is None or s.label in wanted]
     cells = itertools.product(
-        spec.models, spec.gpus, spec.tp, spec.context_len, spec.acceptance, spec.overlap,
-        spec.kv_bytes, strategies,
-    )  # fmt: skip
+        spec.models,
+        spec.gpus,
+        spec.tp,
+        spec.context_len,
+        spec.acceptance,
+        spec.overlap,
+        spec.kv_bytes,
+        strategies,
+    )
     out = [
         CapacityTask(m, g, spec.roofline, tp, ctx, acc, ov, kv, s, cap)
         for m, g, tp, ctx, acc, ov, kv, s in cells

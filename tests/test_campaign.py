@@ -127,8 +127,11 @@ def wait_until(ready, what):
 
 
 def test_a_budget_stop_resumes_and_the_next_stage_waits_until_it_is_done(tree, monkeypatch):
-    stages = (stage("warm", took(7)), stage("rows", COUNTER, budgeted=True),
-              stage("after", touch("after")))  # fmt: skip
+    stages = (
+        stage("warm", took(7)),
+        stage("rows", COUNTER, budgeted=True),
+        stage("after", touch("after")),
+    )
     root, work = tree
     timeouts, run_stage = [], campaign.run_stage
 
@@ -140,8 +143,12 @@ def test_a_budget_stop_resumes_and_the_next_stage_waits_until_it_is_done(tree, m
     for call in (1, 2):
         rc, state, out = run(stages, tree)
         assert rc == EXIT_AGAIN and "run the same command again" in out
-        assert state["stages"]["rows"] == {**state["stages"]["rows"], "status": "partial",
-                                           "calls": call, "last_rc": STAGE_STOPPED}  # fmt: skip
+        assert state["stages"]["rows"] == {
+            **state["stages"]["rows"],
+            "status": "partial",
+            "calls": call,
+            "last_rc": STAGE_STOPPED,
+        }
         assert state["stages"]["after"]["calls"] == 0 and not (work / "after").exists()
     rc, state, out = run(stages, tree)
     assert rc == EXIT_DONE and (work / "after").exists()
@@ -192,8 +199,9 @@ def test_a_stage_killed_at_the_budget_finishes_on_the_next_call(tree):
     root, work = tree
     after = stage("after", touch("after"))
     cfg = CallConfig(budget_s=1.2, floor_s=0.2, startup_s=0.1, end_slack_s=0.1, kill_grace_s=30)
-    rc, state, out = run((stage("slow", "import time; time.sleep(600)"), after), tree, cfg=cfg,
-                         clock=time.monotonic)  # fmt: skip
+    rc, state, out = run(
+        (stage("slow", "import time; time.sleep(600)"), after), tree, cfg=cfg, clock=time.monotonic
+    )
     assert rc == EXIT_AGAIN
     st = state["stages"]["slow"]
     assert st["status"] == "partial" and st["timed_out"] and st["calls"] == 1
@@ -218,8 +226,9 @@ def test_a_kill_takes_the_whole_process_group(tmp_path, sigterm):
     from ssvkit.campaign import _kill_group
 
     pids_file = tmp_path / "pids"
-    proc = subprocess.Popen([sys.executable, "-c", GROUP, str(pids_file), sigterm],
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GROUP, str(pids_file), sigterm], start_new_session=True
+    )
     try:
         wait_until(pids_file.exists, "the stage starts its grandchild")
         pids = [int(p) for p in pids_file.read_text().split()]
@@ -307,11 +316,16 @@ def test_install_refuses_an_unfinished_campaign_then_copies_the_products(tree):
     root, work = tree
     make = "import pathlib, sys; w = pathlib.Path(sys.argv[1]); "
     stages = (
-        stage("m", make + "(w / 'm.json').write_text('{}'); (w / 'cache.jsonl').write_text('c')",
-              installs=(("m.json", "docs/validation/m.json"),
-                        ("m.json", "docs/notes/x/{commit}/m.json"))),
+        stage(
+            "m",
+            make + "(w / 'm.json').write_text('{}'); (w / 'cache.jsonl').write_text('c')",
+            installs=(
+                ("m.json", "docs/validation/m.json"),
+                ("m.json", "docs/notes/x/{commit}/m.json"),
+            ),
+        ),
         stage("n", COUNTER, budgeted=True),
-    )  # fmt: skip
+    )
     run(stages, tree, commit="0123456789abcdef")
     with pytest.raises(CampaignError, match=r"not every stage is done: n \(partial\)"):
         install(stages, work, root, "docs/notes/x/{commit}")
@@ -321,10 +335,14 @@ def test_install_refuses_an_unfinished_campaign_then_copies_the_products(tree):
     written = install(stages, work, root, "docs/notes/x/{commit}")
     notes = root / "docs/notes/x/0123456"
     assert sorted(p.relative_to(root).as_posix() for p in written) == sorted(
-        ["docs/validation/m.json", f"{notes.relative_to(root)}/m.json",
-         f"{notes.relative_to(root)}/m.log", f"{notes.relative_to(root)}/n.log",
-         f"{notes.relative_to(root)}/state.json"]
-    )  # fmt: skip
+        [
+            "docs/validation/m.json",
+            f"{notes.relative_to(root)}/m.json",
+            f"{notes.relative_to(root)}/m.log",
+            f"{notes.relative_to(root)}/n.log",
+            f"{notes.relative_to(root)}/state.json",
+        ]
+    )
     assert (root / "docs/validation/m.json").read_text() == "{}"
     assert (notes / "n.log").read_bytes() == (work / "logs" / "n.log").read_bytes()
     copied = {p.name for p in (root / "docs").rglob("*") if p.is_file()}
@@ -334,15 +352,20 @@ def test_install_refuses_an_unfinished_campaign_then_copies_the_products(tree):
 
 def test_an_early_install_reaches_the_tree_before_every_later_stage(tree):
     root, work = tree
-    fit = stage("fit", "import pathlib, sys; pathlib.Path(sys.argv[1], 'p.json').write_text('P')",
-                installs=(("p.json", "prof/p.json"),), early_install=True)  # fmt: skip
+    fit = stage(
+        "fit",
+        "import pathlib, sys; pathlib.Path(sys.argv[1], 'p.json').write_text('P')",
+        installs=(("p.json", "prof/p.json"),),
+        early_install=True,
+    )
     use = "import pathlib, sys; pathlib.Path(sys.argv[1], '{0}').write_text(open('prof/p.json').read())"  # noqa: E501
     rc, _, out = run((fit, stage("use", use.format("seen"))), tree)
     assert rc == EXIT_DONE and (work / "seen").read_text() == "P" and "installed prof/p.json" in out
     # A fresh machine has the tree's own files again: they are installed before the next stage.
     (root / "prof" / "p.json").write_text("committed")
-    rc, _, out = run((fit, stage("use", use.format("seen")), stage("use2", use.format("seen2"))),
-                     tree)  # fmt: skip
+    rc, _, out = run(
+        (fit, stage("use", use.format("seen")), stage("use2", use.format("seen2"))), tree
+    )
     assert rc == EXIT_DONE and (work / "seen2").read_text() == "P"
 
 
@@ -385,8 +408,15 @@ def test_the_script_one_line_errors_pack_and_plan(tree, tmp_path, capsys, monkey
     # The real plan: every stage's command, the sweeps with a budget, nothing run.
     assert main("--dry-run", stages=cli.STAGES) == EXIT_DONE
     plan = capsys.readouterr().out
-    assert [s.name for s in cli.STAGES] == ["ops", "kernels", "kernels_tiny", "fit", "planner",
-                                            "validation", "verify_breakdown"]  # fmt: skip
+    assert [s.name for s in cli.STAGES] == [
+        "ops",
+        "kernels",
+        "kernels_tiny",
+        "fit",
+        "planner",
+        "validation",
+        "verify_breakdown",
+    ]
     assert [s.name for s in cli.STAGES if s.budgeted] == ["ops", "kernels", "kernels_tiny"]
     assert "-m kernels.benchmark --out build/campaign/profile --geometry tiny --budget-s" in plan
     assert "--resume build/campaign/planner-runs.jsonl" in plan and "/dev/null" not in plan
@@ -443,8 +473,9 @@ def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monke
     class FakeRunner:
         def __init__(self, opts):
             self.path, self.stopped, self.num_written = tmp_path / "k.jsonl", False, 0
-            self.prov = dict(device_name="fake", torch_version="-", triton_version="-",
-                             git_commit="-")  # fmt: skip
+            self.prov = dict(
+                device_name="fake", torch_version="-", triton_version="-", git_commit="-"
+            )
 
         def elapsed_s(self):
             return 0.0

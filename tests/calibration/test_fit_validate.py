@@ -96,11 +96,15 @@ def test_repair_rows_carry_their_chain(rows):
     recompute walks the selected blocks; the fitted repair classes price it (t_k > 0)."""
     h100 = get_gpu("h100-sxm", measured=False)
     rep = {
-        (r["params"]["num_q_heads"], r["params"]["batch"], r["params"]["mode"],
-         r["params"].get("missed_blocks")): r
+        (
+            r["params"]["num_q_heads"],
+            r["params"]["batch"],
+            r["params"]["mode"],
+            r["params"].get("missed_blocks"),
+        ): r
         for r in rows
         if r["op"] == "repair" and r["params"]["context_len"] == 16384
-    }  # fmt: skip
+    }
     assert depth(rep[(8, 1, "repair", 32)], h100) == 32
     assert depth(rep[(32, 16, "repair", 3)], h100) == 24  # 2048 programs, 8 waves of 264
     assert depth(rep[(8, 1, "recompute", 64)], h100) == 64
@@ -265,9 +269,16 @@ def test_resident_ops_take_the_resident_class_or_fall_back_to_the_cold_one():
     assert op_class({**row, "params": {"m": 1, "n": 64, "k": 64}}) == "gemm"
     prof, g = Profile.load(PROFILE), get_gpu("h100-sxm")
     tiny = ModelSpec(
-        name="tiny", family="llama", num_layers=2, hidden_size=256, num_q_heads=4,
-        num_kv_heads=2, head_dim=64, intermediate_size=512, vocab_size=256,
-    )  # fmt: skip
+        name="tiny",
+        family="llama",
+        num_layers=2,
+        hidden_size=256,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        vocab_size=256,
+    )
     c = build_columns(tiny, [(Strategy.from_name("ar_dense"), Workload(context_len=4096))])
     cold = {k: v for k, v in prof.classes.items() if not k.endswith("@l2")}
     p_cold = predict_columns(tiny, c, CalibratedPredictor(g, replace(prof, classes=cold)))

@@ -51,8 +51,11 @@ def test_simulator_replays_the_measured_acceptance(rep):
     outlying seed 0 would differ by its acceptance alone (7680 sd_dense in campaign 2952642:
     3.72 drafts accepted per round against 2.69-3.57 in the other seeds, +15%)."""
     camp = json.loads((rpt.ROOT / "docs/validation/campaign.json").read_text())
-    seed0 = {(r["baseline"], r["context_len"]): r["measured"] for r in camp["rows"]
-             if "rounds_trace" in r["measured"]}  # fmt: skip
+    seed0 = {
+        (r["baseline"], r["context_len"]): r["measured"]
+        for r in camp["rows"]
+        if "rounds_trace" in r["measured"]
+    }
     for r in rep["e2e"]["rows"]:
         trace = seed0[(r["baseline"], r["context_len"])]["rounds_trace"][1:]  # as replayed
         tpr0 = sum(a + 1 for _, _, a in trace) / len(trace)
@@ -136,20 +139,31 @@ def test_report_gives_the_adaptive_gains_interval_and_the_strongest_alternative(
     where no prompt set kept its runs per seed."""
     pl = dict(rep["planner"])
     pl["adaptive_resolution"] = {
-        "prose": {"gain": -0.032, "paired_gains": [-0.03, 0.01], "gain_p05": -0.049,
-                  "gain_p95": -0.006,
-                  "challenger": {"describe": "ngram chain:7 bfs | dense", "gain": -0.025,
-                                 "gain_p05": -0.04, "gain_p95": 0.028},
-                  "hindsight": {"strategies": 13, "gain": 0.0, "paired_gains": [0.0, 0.084]}},
+        "prose": {
+            "gain": -0.032,
+            "paired_gains": [-0.03, 0.01],
+            "gain_p05": -0.049,
+            "gain_p95": -0.006,
+            "challenger": {
+                "describe": "ngram chain:7 bfs | dense",
+                "gain": -0.025,
+                "gain_p05": -0.04,
+                "gain_p95": 0.028,
+            },
+            "hindsight": {"strategies": 13, "gain": 0.0, "paired_gains": [0.0, 0.084]},
+        },
         "random": None,
-    }  # fmt: skip
+    }
     md = rpt.markdown({**rep, "planner": pl})
     row = next(x for x in md.splitlines() if x.startswith("| prose |"))
-    assert row == ("| prose | -3.2% | -4.9% to -0.6% | -3.0 +1.0 | ngram chain:7 bfs \\| dense "
-                   "| -2.5% | -4.0% to +2.8% | +0.0% (+0.0 +8.4) |")  # fmt: skip
+    assert row == (
+        "| prose | -3.2% | -4.9% to -0.6% | -3.0 +1.0 | ngram chain:7 bfs \\| dense "
+        "| -2.5% | -4.0% to +2.8% | +0.0% (+0.0 +8.4) |"
+    )
     del pl["adaptive_resolution"]["prose"]["hindsight"]  # derived from older evaluations
-    assert next(x for x in rpt.markdown({**rep, "planner": pl}).splitlines()
-                if x.startswith("| prose |")).endswith("| n/a |")  # fmt: skip
+    assert next(
+        x for x in rpt.markdown({**rep, "planner": pl}).splitlines() if x.startswith("| prose |")
+    ).endswith("| n/a |")
     assert not any(x.startswith("| random |") for x in md.splitlines())
     pl["adaptive_resolution"] = {"random": None}
     assert "strongest fixed alternative" not in rpt.markdown({**rep, "planner": pl})
@@ -175,11 +189,14 @@ def test_readme_planner_block_follows_the_evaluation(tmp_path):
         return ["met" if met[k] else "not met" for k in targets]
 
     for r, v in doc["regimes"].items():
-        assert (f"| {r} | {v['context_len']} | {v['n']} | {doc['kendall_tau'][r]:.2f} | "
-                f"{100 * doc['regret'][r]:.1f}% |") in block  # fmt: skip
+        assert (
+            f"| {r} | {v['context_len']} | {v['n']} | {doc['kendall_tau'][r]:.2f} | "
+            f"{100 * doc['regret'][r]:.1f}% |"
+        ) in block
     for k, g in doc["adaptive_gain"].items():
-        assert any(x.startswith(f"| {k}") and f"| {100 * g:+.1f}% |" in x
-                   for x in block.splitlines())  # fmt: skip
+        assert any(
+            x.startswith(f"| {k}") and f"| {100 * g:+.1f}% |" in x for x in block.splitlines()
+        )
     assert _verdicts(block) == said(doc["met"])
     assert block.rstrip().endswith(f"on every off-distribution set ({said(doc['met'])[2]}).")
     # The opposite verdicts, from an evaluation that records them.

@@ -19,12 +19,23 @@ TINY = ModelConfig(
 )
 
 
-def tiny_model(cfg: ModelConfig = TINY, seed: int = 0, *, max_positions: int = 512, noise=0.0,
-               device="cpu", dtype=torch.float32):  # fmt: skip
+def tiny_model(
+    cfg: ModelConfig = TINY,
+    seed: int = 0,
+    *,
+    max_positions: int = 512,
+    noise=0.0,
+    device="cpu",
+    dtype=torch.float32,
+):
     """A random model; ``noise`` > 0 perturbs every weight by that share of its std (a draft
     that agrees with the target part of the time)."""
-    m = build_model(ModelSource("tiny", cfg, None, seed), max_positions=max_positions,
-                    device=device, dtype=torch.float32)  # fmt: skip
+    m = build_model(
+        ModelSource("tiny", cfg, None, seed),
+        max_positions=max_positions,
+        device=device,
+        dtype=torch.float32,
+    )
     if noise:
         g = torch.Generator(device=device).manual_seed(seed + 1000)
         with torch.no_grad():

@@ -63,12 +63,21 @@ def test_corpus_keeps_packages_whole_and_splits_by_package(site):
 
 def test_a_few_training_steps_learn_and_save_a_loadable_pair(site, tmp_path):
     tcfg = TINY.replace(num_kv_heads=1, max_position_embeddings=1024)  # GQA 4:1
-    dcfg = TINY.replace(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
-                        max_position_embeddings=1024)  # fmt: skip
-    cfg = TrainConfig(context=128, batch=4, time_budget_s=60, max_steps=40, warmup_steps=4,
-                      val_windows=2)  # fmt: skip
-    summary = train_tiny(cfg, out_dir=tmp_path, device="cpu", target_config=tcfg,
-                         draft_config=dcfg, roots=[site], log=lambda m: None)  # fmt: skip
+    dcfg = TINY.replace(
+        num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=1024
+    )
+    cfg = TrainConfig(
+        context=128, batch=4, time_budget_s=60, max_steps=40, warmup_steps=4, val_windows=2
+    )
+    summary = train_tiny(
+        cfg,
+        out_dir=tmp_path,
+        device="cpu",
+        target_config=tcfg,
+        draft_config=dcfg,
+        roots=[site],
+        log=lambda m: None,
+    )
     assert summary["steps"] == 40
     assert summary["final_train_loss"]["target"] < 4.0  # ln 256 = 5.55 at the start
     assert 0 <= summary["greedy_agreement"] <= 1
@@ -85,15 +94,44 @@ def test_a_few_training_steps_learn_and_save_a_loadable_pair(site, tmp_path):
 def test_decode_command_runs_on_the_cpu_and_reports(site, tmp_path, capsys):
     tcfg = TINY.replace(max_position_embeddings=4096)
     cfg = TrainConfig(context=64, batch=2, time_budget_s=30, max_steps=3, val_windows=1)
-    train_tiny(cfg, out_dir=tmp_path, device="cpu", target_config=tcfg, draft_config=tcfg,
-               roots=[site], log=lambda m: None)  # fmt: skip
+    train_tiny(
+        cfg,
+        out_dir=tmp_path,
+        device="cpu",
+        target_config=tcfg,
+        draft_config=tcfg,
+        roots=[site],
+        log=lambda m: None,
+    )
     prompt = tmp_path / "prompt.py"
     prompt.write_text("def f(x):\n    return x\n" * 20)
     trace = tmp_path / "t.jsonl"
-    argv = ["decode", "--model", str(tmp_path / "tiny-target"), "--draft-model",
-            str(tmp_path / "tiny-draft"), "--context", "300", "--prompt-file", str(prompt),
-            "--strategy", "ssv", "--metadata", "mean", "--block-size", "16", "--window", "32",
-            "--top-n", "4", "--max-new-tokens", "24", "--trace", str(trace), "--json"]  # fmt: skip
+    argv = [
+        "decode",
+        "--model",
+        str(tmp_path / "tiny-target"),
+        "--draft-model",
+        str(tmp_path / "tiny-draft"),
+        "--context",
+        "300",
+        "--prompt-file",
+        str(prompt),
+        "--strategy",
+        "ssv",
+        "--metadata",
+        "mean",
+        "--block-size",
+        "16",
+        "--window",
+        "32",
+        "--top-n",
+        "4",
+        "--max-new-tokens",
+        "24",
+        "--trace",
+        str(trace),
+        "--json",
+    ]
     rc = main(argv)
     assert rc == 0
     out = json.loads(capsys.readouterr().out)

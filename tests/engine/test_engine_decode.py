@@ -27,8 +27,20 @@ DM = DrafterSpec(kind="draft_model", model="draft")
 SPARSE = dict(attention="sparse", top_n=2, block_size=16, window=32, metadata="mean")
 
 
-def generate(strategy, *, prompts=PROMPTS, n=40, backend="torch", trace=None, controller=None,
-             stats=False, target=TARGET, draft=DRAFT, temperature=0.0, seed=0):  # fmt: skip
+def generate(
+    strategy,
+    *,
+    prompts=PROMPTS,
+    n=40,
+    backend="torch",
+    trace=None,
+    controller=None,
+    stats=False,
+    target=TARGET,
+    draft=DRAFT,
+    temperature=0.0,
+    seed=0,
+):
     b, t_max = len(prompts), max(map(len, prompts)) + n + 70
     runner = ModelRunner(target, batch=b, t_max=t_max, backend=backend)
     drunner = ModelRunner(draft, batch=b, t_max=t_max, backend=backend)
@@ -53,7 +65,7 @@ SPEC = {
         drafter=DrafterSpec(kind="self_sparse", sparsity_ratio=0.3),
         block_size=16,
         window=32,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -67,23 +79,41 @@ def test_greedy_speculative_equals_autoregressive_dense(case):
 @pytest.mark.parametrize("mode", ["union", "per_query", "shared"])
 @pytest.mark.parametrize("refresh_every", [1, 2])
 def test_greedy_speculative_equals_autoregressive_sparse(mode, refresh_every):
-    s = Strategy(name="ssv", tree="full:2x3", drafter=DM, mode=mode, group_size=3,
-                 refresh_every=refresh_every, **SPARSE)  # fmt: skip
+    s = Strategy(
+        name="ssv",
+        tree="full:2x3",
+        drafter=DM,
+        mode=mode,
+        group_size=3,
+        refresh_every=refresh_every,
+        **SPARSE,
+    )
     res = generate(s)
     ar = AR_SPARSE[refresh_every]  # autoregressive with the same sparse attention
     assert ar != AR_DENSE and AR_SPARSE[1] != AR_SPARSE[2]  # both really change the attention
     if mode == "shared":  # approximate: a group shares its first query's blocks
-        agree = np.mean([a == b for x, y in zip(res.tokens, ar, strict=True)
-                         for a, b in zip(x, y, strict=True)])  # fmt: skip
+        agree = np.mean(
+            [a == b for x, y in zip(res.tokens, ar, strict=True) for a, b in zip(x, y, strict=True)]
+        )
         assert agree > 0.2
     else:  # exact: every query keeps its own blocks
         assert res.tokens == ar
 
 
 def test_nsa_branches_run_with_refresh_reuse():
-    s = Strategy(name="nsa", tree="chain:3", drafter=DM, attention="sparse", metadata="nsa",
-                 top_n=2, block_size=16, window=32, comp_block=16, comp_stride=8,
-                 refresh_every=2)  # fmt: skip
+    s = Strategy(
+        name="nsa",
+        tree="chain:3",
+        drafter=DM,
+        attention="sparse",
+        metadata="nsa",
+        top_n=2,
+        block_size=16,
+        window=32,
+        comp_block=16,
+        comp_stride=8,
+        refresh_every=2,
+    )
     res = generate(s, stats=True)
     assert len(res.tokens[0]) == 40 and res.rounds[1].selection is not None
 
@@ -105,8 +135,13 @@ def test_controller_switches_strategy_and_drafter(tmp_path):
     ctl = SwitchAfter(3, dataclasses.replace(SPEC["ngram_tree"], **small))
     trace = TraceWriter(tmp_path / "run.jsonl", "tiny", TINY.num_layers)
     prompts = random_prompts([150, 120])
-    res = generate(dataclasses.replace(SPEC["tree_dfs"], **small), controller=ctl, trace=trace,
-                   stats=True, prompts=prompts)  # fmt: skip
+    res = generate(
+        dataclasses.replace(SPEC["tree_dfs"], **small),
+        controller=ctl,
+        trace=trace,
+        stats=True,
+        prompts=prompts,
+    )
     assert res.tokens == generate(Strategy(name="ar"), prompts=prompts).tokens
     assert {r.strategy for r in res.rounds} == {"sd"}
     assert ctl.seen[0].drafted == 6 and ctl.seen[-1].drafted == 12  # full:2x2, full:3x2
@@ -226,8 +261,18 @@ def test_summaries_follow_the_strategy_that_reads_them():
     commit while they exist: a dense strategy run after them on the same runners must not keep
     them (it would pay for them each round), must decode as on fresh runners, and a sparse
     strategy switched to mid-generation must rebuild them from the committed prefix."""
-    nsa = Strategy(name="nsa", tree="chain:3", drafter=DM, attention="sparse", metadata="nsa",
-                   top_n=2, block_size=16, window=32, comp_block=16, comp_stride=8)  # fmt: skip
+    nsa = Strategy(
+        name="nsa",
+        tree="chain:3",
+        drafter=DM,
+        attention="sparse",
+        metadata="nsa",
+        top_n=2,
+        block_size=16,
+        window=32,
+        comp_block=16,
+        comp_stride=8,
+    )
     b, n = len(PROMPTS), 40
     t_max = max(map(len, PROMPTS)) + n + 70
     runner = ModelRunner(TARGET, batch=b, t_max=t_max, backend="torch")
@@ -243,12 +288,22 @@ def test_summaries_follow_the_strategy_that_reads_them():
     # Dense for 3 rounds, then sparse (metadata "mean", exact per-query selection): the
     # summaries are built at the switch and kept up; the output is the sparse decode's.
     sparse = Strategy(name="ssv", tree="full:2x3", drafter=DM, mode="per_query", **SPARSE)
-    eng = Engine(runner, Strategy(name="ar_sparse", **SPARSE), cfg, draft_runner=drunner,
-                 controller=SwitchAfter(3, sparse))  # fmt: skip
+    eng = Engine(
+        runner,
+        Strategy(name="ar_sparse", **SPARSE),
+        cfg,
+        draft_runner=drunner,
+        controller=SwitchAfter(3, sparse),
+    )
     assert eng.generate(PROMPTS).tokens == AR_SPARSE[1]
     assert runner.cache.meta is not None and runner.cache.comp is None
-    eng = Engine(runner, Strategy(name="ar_dense"), cfg, draft_runner=drunner,
-                 controller=SwitchAfter(3, sparse))  # fmt: skip
+    eng = Engine(
+        runner,
+        Strategy(name="ar_dense"),
+        cfg,
+        draft_runner=drunner,
+        controller=SwitchAfter(3, sparse),
+    )
     assert (
         eng.generate(PROMPTS).tokens
         == generate(Strategy(name="ar_dense"), controller=SwitchAfter(3, sparse)).tokens

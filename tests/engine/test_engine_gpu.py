@@ -57,10 +57,10 @@ ATTN = {
         block_size=64,
         window=128,
         refresh_every=2,
-    ),  # fmt: skip
+    ),
     "sparse_shared": AttentionConfig(
         kind="sparse", mode="shared", group_size=4, top_n=8, block_size=64, window=128
-    ),  # fmt: skip
+    ),
     "nsa": AttentionConfig(kind="nsa", top_n=8, block_size=64, window=128, refresh_every=2),
 }
 
@@ -99,12 +99,14 @@ def test_verify_step_under_cuda_graphs_equals_eager(kind):
 
 def _generate(model, strategy, prompts, *, graphs=True, n=96, draft=None, temperature=0.0):
     t_max = max(map(len, prompts)) + n + 70
-    runner = ModelRunner(model, batch=len(prompts), t_max=t_max, backend="triton",
-                         use_graphs=graphs)  # fmt: skip
+    runner = ModelRunner(
+        model, batch=len(prompts), t_max=t_max, backend="triton", use_graphs=graphs
+    )
     drunner = None
     if draft is not None:
-        drunner = ModelRunner(draft, batch=len(prompts), t_max=t_max, backend="triton",
-                              use_graphs=graphs)  # fmt: skip
+        drunner = ModelRunner(
+            draft, batch=len(prompts), t_max=t_max, backend="triton", use_graphs=graphs
+        )
     cfg = DecodeConfig(max_new_tokens=n, temperature=temperature)
     return Engine(runner, strategy, cfg, draft_runner=drunner).generate(prompts)
 
@@ -129,11 +131,11 @@ CASES = {
     "dense_ngram_tree": (
         Strategy(name="sd", tree="full:3x2", drafter=DrafterSpec(kind="ngram")),
         Strategy(name="ar"),
-    ),  # fmt: skip
+    ),
     "dense_draft_model": (
         Strategy(name="sd", tree="best:16:6", drafter=DrafterSpec(kind="draft_model", model="d")),
         Strategy(name="ar"),
-    ),  # fmt: skip
+    ),
     "union_sparse": (
         Strategy(
             name="ssv",
@@ -145,7 +147,7 @@ CASES = {
             **SPARSE,
         ),
         Strategy(name="ar", refresh_every=2, **SPARSE),
-    ),  # fmt: skip
+    ),
     "self_sparse": (
         Strategy(
             name="self",
@@ -206,8 +208,10 @@ def test_runners_serve_a_second_engine_under_graphs():
     tensors, a device-side index assert at 16K in the planner evaluation)."""
     spec = CASES["dense_draft_model"][0]
     t_max = max(map(len, PROMPTS)) + 48 + 70
-    runners = [ModelRunner(m, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
-               for m in (MODEL, DRAFT)]  # fmt: skip
+    runners = [
+        ModelRunner(m, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
+        for m in (MODEL, DRAFT)
+    ]
     cfg = DecodeConfig(max_new_tokens=48)
     first = Engine(runners[0], spec, cfg, draft_runner=runners[1]).generate(PROMPTS)
     torch.cuda.empty_cache()
@@ -232,8 +236,10 @@ def test_sampling_is_paired_by_seed_whether_or_not_the_run_captures():
     its state back). A run with another seed decodes another text."""
     spec = CASES["dense_draft_model"][0]
     t_max = max(map(len, PROMPTS)) + 48 + 70
-    runners = [ModelRunner(m, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
-               for m in (MODEL, DRAFT)]  # fmt: skip
+    runners = [
+        ModelRunner(m, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
+        for m in (MODEL, DRAFT)
+    ]
 
     def run(seed):
         cfg = DecodeConfig(max_new_tokens=48, temperature=1.0, seed=seed)
@@ -255,8 +261,9 @@ def test_position_uniforms_outlive_the_engine_that_captured():
     t_max = max(map(len, PROMPTS)) + 48 + 70
 
     def runner(graphs):
-        return ModelRunner(MODEL, batch=len(PROMPTS), t_max=t_max, backend="triton",
-                           use_graphs=graphs)  # fmt: skip
+        return ModelRunner(
+            MODEL, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=graphs
+        )
 
     shared = runner(True)
 
@@ -282,8 +289,7 @@ def test_append_captures_at_start_and_equals_extend():
     from engine.runner import APPEND_CHUNKS
 
     t_max = max(map(len, PROMPTS)) + 200
-    runner = ModelRunner(DRAFT, batch=len(PROMPTS), t_max=t_max, backend="triton",
-                         use_graphs=True)  # fmt: skip
+    runner = ModelRunner(DRAFT, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)
     ModelDrafter(runner, 1.0).start(PROMPTS)
     assert all(("append", s) in runner.graphs for s in APPEND_CHUNKS)
     n = len(runner.graphs)
@@ -330,12 +336,19 @@ def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch
 def test_trained_pair_greedy_speculative_equals_autoregressive(case, dtype, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     target = build_model(resolve_source("tiny"), max_positions=8192, device="cuda", dtype=dtype)
-    draft = build_model(resolve_source(str(TINY_DRAFT)), max_positions=8192, device="cuda",
-                        dtype=dtype)  # fmt: skip
+    draft = build_model(
+        resolve_source(str(TINY_DRAFT)), max_positions=8192, device="cuda", dtype=dtype
+    )
     prompts = [corpus_sample(4096)]
     sparse = dict(SPARSE, top_n=16) if case == "union" else {}
-    spec = Strategy(name="sd", tree="best:16:6", mode="union", group_size=4,
-                    drafter=DrafterSpec(kind="draft_model", model="d"), **sparse)  # fmt: skip
+    spec = Strategy(
+        name="sd",
+        tree="best:16:6",
+        mode="union",
+        group_size=4,
+        drafter=DrafterSpec(kind="draft_model", model="d"),
+        **sparse,
+    )
     got = _generate(target, spec, prompts, draft=draft, n=256)
     want = _generate(target, Strategy(name="ar", **sparse), prompts, graphs=False, n=256)
     assert got.tokens == want.tokens, _first_difference(got.tokens, want.tokens)

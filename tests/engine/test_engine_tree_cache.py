@@ -71,8 +71,9 @@ def test_commit_compacts_the_path_and_rolls_back_the_rest():
         ref = reference_block_metadata(c.k(layer), c.lens, 16)
         assert torch.allclose(c.meta[layer].mean, ref["mean"], atol=1e-6)
         assert torch.allclose(c.meta[layer].kmax, ref["kmax"], atol=1e-6)
-        ck, _, n = reference_compress_kv(c.k(layer), c.v(layer), c.lens, comp_block=16,
-                                         comp_stride=8)  # fmt: skip
+        ck, _, n = reference_compress_kv(
+            c.k(layer), c.v(layer), c.lens, comp_block=16, comp_stride=8
+        )
         assert torch.allclose(c.comp[layer][0], ck, atol=1e-6)
         assert torch.equal(c.comp_lens, n.to(torch.int32))
 

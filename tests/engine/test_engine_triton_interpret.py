@@ -36,10 +36,10 @@ KINDS = {
         block_size=16,
         window=32,
         refresh_every=2,
-    ),  # fmt: skip
+    ),
     "nsa": AttentionConfig(
         kind="nsa", top_n=2, block_size=16, window=32, comp_block=16, comp_stride=8, refresh_every=2
-    ),  # fmt: skip
+    ),
 }
 
 

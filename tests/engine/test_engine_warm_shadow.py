@@ -196,8 +196,9 @@ def test_warm_switch_costs_less_than_a_restart():
         def spy(strategy, install=install, calls=calls, switches=switches):
             before = {k: len(v) for k, v in calls.items()}
             install(strategy)
-            switches.append({k: [sum(map(len, c[0])) for c in v[before[k] :]]
-                             for k, v in calls.items()})  # fmt: skip
+            switches.append(
+                {k: [sum(map(len, c[0])) for c in v[before[k] :]] for k, v in calls.items()}
+            )
 
         eng.set_strategy = spy
         res = eng.generate(prompts)
@@ -250,10 +251,15 @@ def test_overlapped_control_sees_what_the_serial_one_does_and_switches_a_round_l
     assert res_s.tokens == res_o.tokens == reference
     assert len(serial.seen) == len(overlapped.seen) == len(res_o.rounds)
     for a, b in zip(serial.seen, overlapped.seen, strict=True):
-        assert (a.round, a.strategy, a.accepted, a.shadow) == (b.round, b.strategy, b.accepted,
-                                                               b.shadow)  # fmt: skip
-    assert all("control_overlap" in r.step_s and "control" not in r.step_s
-               for r in res_o.rounds[:-1])  # fmt: skip
+        assert (a.round, a.strategy, a.accepted, a.shadow) == (
+            b.round,
+            b.strategy,
+            b.accepted,
+            b.shadow,
+        )
+    assert all(
+        "control_overlap" in r.step_s and "control" not in r.step_s for r in res_o.rounds[:-1]
+    )
     assert "control" in res_o.rounds[-1].step_s
     assert all("control" in r.step_s and "control_overlap" not in r.step_s for r in res_s.rounds)
     # Switches: the plan's strategy drafts one round later than serially.
@@ -508,8 +514,13 @@ def test_shadow_walk_is_the_chain_run_on_the_same_text(chain, temperature):
     shadows = [r.shadow["ngram"] for r in ar_res.rounds]
     walked = sum(s.rounds[chain - 1] for s in shadows)
     drafts = sum(s.drafts[chain - 1] for s in shadows)
-    ng, _ = _engine(Strategy(name="ng", tree=f"chain:{chain}", drafter=NG), Plan({}), prompts,
-                    n=90, temperature=temperature)  # fmt: skip
+    ng, _ = _engine(
+        Strategy(name="ng", tree=f"chain:{chain}", drafter=NG),
+        Plan({}),
+        prompts,
+        n=90,
+        temperature=temperature,
+    )
     run = ng.generate(prompts)
     assert run.tokens == ar_res.tokens  # the same text
     real = [r.accepted[0] for r in run.rounds]
@@ -562,8 +573,11 @@ def test_tree_walks_equal_the_drafters_own_trees_round_by_round(text):
     from planner.evaluate import prompt_tokens
 
     rng = random.Random(7)
-    seq = ([rng.randrange(16) for _ in range(1000)] if text == "random16"
-           else prompt_tokens(text, 1000))  # fmt: skip
+    seq = (
+        [rng.randrange(16) for _ in range(1000)]
+        if text == "random16"
+        else prompt_tokens(text, 1000)
+    )
     start, specs = 600, ("best:8:4", "best:16:6", "full:3x2")
     d = NgramDrafter("cpu", 3, 8, specs + ("chain:3",))  # a chain among them: left to the chains
     assert [s for s, _ in d.shadow_trees] == list(specs)
@@ -650,8 +664,13 @@ def test_tree_walk_is_the_tree_run_on_the_same_text(temperature):
     ar_res = ar.generate(prompts)
     walks = [s.shadow["ngram"].trees[0] for s in ctl.seen]
     walked, drafts = sum(w[1] for w in walks), sum(w[2] for w in walks)
-    tr, _ = _engine(Strategy(name="ngt", tree=spec, drafter=NG), Plan({}), prompts, n=90,
-                    temperature=temperature)  # fmt: skip
+    tr, _ = _engine(
+        Strategy(name="ngt", tree=spec, drafter=NG),
+        Plan({}),
+        prompts,
+        n=90,
+        temperature=temperature,
+    )
     run = tr.generate(prompts)
     assert run.tokens == ar_res.tokens  # the same text
     real = [r.accepted[0] for r in run.rounds]
@@ -672,8 +691,13 @@ def test_walk_text_is_each_trees_own_run_on_that_text(temperature):
     got = walk_text(prompts[0], text, ("chain:0", *specs))
     assert set(got) == set(specs)  # chain:0 drafts nothing: no walk
     for spec in specs:
-        eng, _ = _engine(Strategy(name="w", tree=spec, drafter=NG), Plan({}), prompts, n=90,
-                         temperature=temperature)  # fmt: skip
+        eng, _ = _engine(
+            Strategy(name="w", tree=spec, drafter=NG),
+            Plan({}),
+            prompts,
+            n=90,
+            temperature=temperature,
+        )
         run = eng.generate(prompts)
         assert run.tokens[0] == text  # the same text
         real = [r.accepted[0] for r in run.rounds]

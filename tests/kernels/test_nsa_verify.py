@@ -72,8 +72,9 @@ def make_inputs(prefix_lens, t, h, hkv, d, dtype, *, tree="tree", seed=0, slack=
     k = torch.randn((bsz, hkv, t_max, d), generator=gen).to(dtype).to(DEV)
     v = torch.randn((bsz, hkv, t_max, d), generator=gen).to(dtype).to(DEV)
     lens = torch.tensor(prefix_lens, dtype=torch.int32, device=DEV)
-    comp_k, comp_v, comp_lens = compress_kv(k, v, lens, comp_block=NSA_KW["comp_block"],
-                                            comp_stride=NSA_KW["comp_stride"])  # fmt: skip
+    comp_k, comp_v, comp_lens = compress_kv(
+        k, v, lens, comp_block=NSA_KW["comp_block"], comp_stride=NSA_KW["comp_stride"]
+    )
     for b, length in enumerate(prefix_lens):
         k[b, :, length + t :] = float("nan")
         v[b, :, length + t :] = float("nan")
@@ -118,8 +119,9 @@ def test_reuse_fused_split_and_unfused_match_reference(shape, dtype):
     assert_close(o, o_unfused, dtype, "o")
     if dtype == torch.float16:  # the unfused baseline split (one merge per branch), once
         with poisoned_allocations():
-            o_unfused_split, _ = nsa_verify_unfused(*args, block_idx=idx, config=SPLIT_CONFIG,
-                                                    **NSA_KW)  # fmt: skip
+            o_unfused_split, _ = nsa_verify_unfused(
+                *args, block_idx=idx, config=SPLIT_CONFIG, **NSA_KW
+            )
         assert_close(o_unfused_split, ro, dtype, "o")
 
 
@@ -194,10 +196,12 @@ def test_empty_branches_give_zero_not_nan(num_splits):
     kw = dict(NSA_KW, window=0)
     cfg = NsaVerifyConfig(num_splits=num_splits)
     with poisoned_allocations():
-        o, _ = nsa_verify(q, k, v, lens, mask, ck, cv, gates, block_idx=idx, validate=False,
-                          config=cfg, **kw)  # fmt: skip
-        o_ref_path, ridx = nsa_verify(q, k, v, lens, mask, ck, cv, gates, validate=False,
-                                      config=cfg, **kw)  # fmt: skip
+        o, _ = nsa_verify(
+            q, k, v, lens, mask, ck, cv, gates, block_idx=idx, validate=False, config=cfg, **kw
+        )
+        o_ref_path, ridx = nsa_verify(
+            q, k, v, lens, mask, ck, cv, gates, validate=False, config=cfg, **kw
+        )
     assert not torch.isnan(o).any() and not torch.isnan(o_ref_path).any()
     assert (o[0, 0] == 0).all()
     ro, _ = reference_nsa_verify(q, k, v, lens, mask, ck, cv, gates, block_idx=idx, **kw)

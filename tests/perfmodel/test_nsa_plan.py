@@ -51,8 +51,9 @@ TINY = ModelSpec(
         (64, 64, 4, 16, 16, 16, 48),
     ],
 )
-def test_tiny_heads_plan_hand_computed(t, block_m, tiles, splits, fused_reuse, fused_refresh,
-                                       unfused):  # fmt: skip
+def test_tiny_heads_plan_hand_computed(
+    t, block_m, tiles, splits, fused_reuse, fused_refresh, unfused
+):
     bm, nt = row_tiles(t, 8, 2)
     assert (bm, nt) == (block_m, tiles)
     assert num_splits(t, 8, 2, 1, SMS) == splits
@@ -75,8 +76,9 @@ def test_full_grid_is_one_pass_except_the_refresh_split():
 
 def test_plan_is_vectorised_over_points():
     t = np.array([1.0, 5.0, 17.0])
-    steps = merge_steps(t, 8, 2, np.array([1.0, 1.0, 1.0]), SMS, fused=np.array([1, 0, 1]),
-                        refresh=0)  # fmt: skip
+    steps = merge_steps(
+        t, 8, 2, np.array([1.0, 1.0, 1.0]), SMS, fused=np.array([1, 0, 1]), refresh=0
+    )
     np.testing.assert_array_equal(steps, [64, 192, 33])
     np.testing.assert_array_equal(row_tiles(t, 8, 2)[0], [16, 32, 64])
 
@@ -101,8 +103,7 @@ def test_step_model_nsa_ops_carry_the_launch_plan():
     call, the merge steps and row tile of the plan the kernels make on this GPU's SMs."""
     gpu = get_gpu("h100-sxm", measured=False)
     w = Workload(context_len=16384)
-    pts = [(_nsa("chain:11"), w), (_nsa("chain:16"), w),
-           (_nsa("chain:11", "refresh_reuse", 2), w)]  # fmt: skip
+    pts = [(_nsa("chain:11"), w), (_nsa("chain:16"), w), (_nsa("chain:11", "refresh_reuse", 2), w)]
     c = build_columns(TINY, pts)
     p = predict_columns(TINY, c, RooflinePredictor(gpu, tp=c.tp))
     assert list(c.rows) == [12, 17, 12]

@@ -155,9 +155,11 @@ def test_single_row_ops_take_their_own_classes():
     w = Workload(context_len=4096)
     ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:3")
     _, p = run(TINY, [(ar, w), (sd, w)])
-    for general, row in (("verify.kv_write", "verify.kv_write_row"),
-                         ("verify.ffn_act", "verify.ffn_act_row"),
-                         ("verify.rope", "verify.rope_row")):  # fmt: skip
+    for general, row in (
+        ("verify.kv_write", "verify.kv_write_row"),
+        ("verify.ffn_act", "verify.ffn_act_row"),
+        ("verify.rope", "verify.rope_row"),
+    ):
         assert p.ops[row].kernel.removesuffix("@l2").endswith("/m1")
         assert float(p.ops[row].calls[0]) > 0 == float(p.ops[row].calls[1])
         assert float(p.ops[general].calls[1]) > 0 == float(p.ops[general].calls[0])

@@ -81,8 +81,12 @@ def test_worlds_charge_the_measured_rounds_and_the_replay_runs(tmp_path, capsys)
         doc["adaptive"]["prompt_sets"]["random"]["adaptive_gain"]
     )
     assert "random" in capsys.readouterr().out
-    for bad in (["--sets", "poetry"], ["--config", "nope=1"], ["--config", "transfer=x"],
-                ["--runs", "0"]):  # fmt: skip
+    for bad in (
+        ["--sets", "poetry"],
+        ["--config", "nope=1"],
+        ["--config", "transfer=x"],
+        ["--runs", "0"],
+    ):
         assert REPLAY.main(bad) == 2
 
 

@@ -112,11 +112,13 @@ def test_list_interpolation_is_np_interp_bit_for_bit(tree):
         [
             rng.uniform(-0.2, 1.2, 4000),
             rng.uniform(0.5, tokens[-1] + 0.5, 4000),
-            alphas, tokens,  # grid points exactly, and their neighbours
-            np.nextafter(alphas, 2.0), np.nextafter(tokens, -1.0),
+            alphas,
+            tokens,  # grid points exactly, and their neighbours
+            np.nextafter(alphas, 2.0),
+            np.nextafter(tokens, -1.0),
             [0.0, 1.0, -np.inf, np.inf],
         ]
-    ).tolist()  # fmt: skip
+    ).tolist()
     for x in probes:
         assert _interp(x, alphas.tolist(), tokens.tolist()) == np.interp(x, alphas, tokens)
         assert _interp(x, tokens.tolist(), alphas.tolist()) == np.interp(x, tokens, alphas)
@@ -131,8 +133,7 @@ def test_memoised_controller_decides_as_the_plain_one(setting, scenario, monkeyp
     fast = [BENCH.run_controller(setting, scenario, 400, seed) for seed in (0, 1)]
     monkeypatch.setattr(controller_module, "alpha_from_tokens", _np_alpha_from_tokens)
     monkeypatch.setattr(controller_module, "expected_tokens", _np_expected_tokens)
-    plain = [BENCH.run_controller(setting, scenario, 400, seed, PlainController)
-             for seed in (0, 1)]  # fmt: skip
+    plain = [BENCH.run_controller(setting, scenario, 400, seed, PlainController) for seed in (0, 1)]
     for f, p in zip(fast, plain, strict=True):
         # Same rounds, reasons, destinations and logged figures (observed and expected alpha,
         # predicted gain), to the last bit; as many re-scores.
@@ -150,9 +151,10 @@ def test_memoised_controller_decides_as_the_plain_one_from_sparse_verification(
     and the extra re-score row must match the plain look-ups."""
     ranking, _, _, profile = setting
     start = next(
-        s for s in (strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"])
+        s
+        for s in (strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"])
         if s.is_sparse and parse_tree(s.tree) and profile.attention_factor("16K", s) < 0.9
-    )  # fmt: skip
+    )
     fast = BENCH.run_controller(setting, "prose>code", 400, start=start)
     monkeypatch.setattr(controller_module, "alpha_from_tokens", _np_alpha_from_tokens)
     monkeypatch.setattr(controller_module, "expected_tokens", _np_expected_tokens)
@@ -203,14 +205,17 @@ def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting)
     as_profiled = {k: profile.alpha("16K", k) for k in ("ngram", "draft_model")}
     as_profiled[start.drafter.kind] = profile.alpha_for("16K", start)
     dropped = {**as_profiled, start.drafter.kind: 0.55 * as_profiled[start.drafter.kind]}
-    strategies = {strategy_id(s): s for s in (strategy_from_json(r["strategy"])
-                  for r in ranking["regimes"]["16K"]["ranking"])}  # fmt: skip
+    strategies = {
+        strategy_id(s): s
+        for s in (strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"])
+    }
     base = _world_tps(setting, as_profiled, start)
 
     def runs(world, z):
         cfg = ControllerConfig(confidence_z=z)
-        return [BENCH.run_controller(setting, world, 150, seed, config=cfg)["log"]
-                for seed in range(10)]  # fmt: skip
+        return [
+            BENCH.run_controller(setting, world, 150, seed, config=cfg)["log"] for seed in range(10)
+        ]
 
     def worse(log):
         return any(_world_tps(setting, as_profiled, strategies[x["to"]]) < base for x in log)
@@ -237,8 +242,10 @@ def test_an_untried_drafter_is_scored_with_part_of_the_drop_seen(setting, scenar
 
     ranking = setting[0]
     world = BENCH.SCENARIOS[scenario]
-    strategies = {strategy_id(s): s for s in (strategy_from_json(r["strategy"])
-                  for r in ranking["regimes"]["16K"]["ranking"])}  # fmt: skip
+    strategies = {
+        strategy_id(s): s
+        for s in (strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"])
+    }
     dense = [s for s in strategies.values() if not s.is_sparse]
     best = max(dense, key=lambda s: _world_tps(setting, world, s))
     assert not parse_tree(best.tree)  # autoregressive decoding is this world's best
@@ -261,17 +268,22 @@ def test_an_untried_drafter_is_scored_with_part_of_the_drop_seen(setting, scenar
 
 
 def test_the_scenarios_reach_every_kind_of_switch(setting):
-    reasons = {why for s in BENCH.SCENARIOS for _, why, _ in
-               BENCH.run_controller(setting, s, 400)["switches"]}  # fmt: skip
+    reasons = {
+        why
+        for s in BENCH.SCENARIOS
+        for _, why, _ in BENCH.run_controller(setting, s, 400)["switches"]
+    }
     # Whether prose>code also reaches a ``shadow`` switch depends on the committed profile's
     # offline best (run 13's, the draft model, does not); tests/planner/test_planner.py covers
     # shadow switches on a profile of its own. From the offline best, ``decay`` goes to the
     # draft model at once (``transfer`` 0; at 0.5, to autoregressive decoding, then a probe
     # of its chain:2); its truncation from chain:4 is tested from there
     # (test_truncation_leaves_...).
-    assert {"acceptance", "collapse", "probe"} <= reasons <= {
-        "acceptance", "collapse", "probe", "recheck", "shadow", "truncation"
-    }  # fmt: skip
+    assert (
+        {"acceptance", "collapse", "probe"}
+        <= reasons
+        <= {"acceptance", "collapse", "probe", "recheck", "shadow", "truncation"}
+    )
 
 
 def test_benchmark_writes_its_figures(tmp_path, monkeypatch):
@@ -290,8 +302,9 @@ def test_benchmark_writes_its_figures(tmp_path, monkeypatch):
         assert all(0 < r["median_us"] <= r["p99_us"] <= r["max_us"] for r in ctl.values())
         assert all(r["positions"] > 30 for r in shadow.values())
         # the same chains' counts with the trees walked too; the trees of the 16K regime
-        assert all(shadow[k]["matched"] == shadow[f"{k}+trees"]["matched"]
-                   for k in BENCH.SHADOW_PROMPTS)  # fmt: skip
+        assert all(
+            shadow[k]["matched"] == shadow[f"{k}+trees"]["matched"] for k in BENCH.SHADOW_PROMPTS
+        )
         assert len(doc["runs"][run]["shadow_trees"]) == 3
     assert BENCH.main(["--flush-mib", "-1"]) == 2
 
@@ -344,10 +357,13 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
     ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
     by_id = {strategy_id(s): s for s in ranked}
     start, shorter = (
-        next(s for s in ranked
-             if s.drafter.kind == "draft_model" and s.tree == tree and not s.is_sparse)
+        next(
+            s
+            for s in ranked
+            if s.drafter.kind == "draft_model" and s.tree == tree and not s.is_sparse
+        )
         for tree in ("chain:4", "chain:2")
-    )  # fmt: skip
+    )
     world = BENCH.SCENARIOS["decay"]
 
     def world_tps(s) -> float:
@@ -360,8 +376,7 @@ def test_truncation_leaves_a_chain_whose_later_drafts_fail(setting):
         return next((x for x in log if x["from"] == strategy_id(start)), None)
 
     moves = [left(world, seed) for seed in range(10)]
-    good = [m for m in moves if m is not None
-            and world_tps(by_id[m["to"]]) > world_tps(start)]  # fmt: skip
+    good = [m for m in moves if m is not None and world_tps(by_id[m["to"]]) > world_tps(start)]
     assert len(good) >= 8, moves
     assert any(m["reason"] == "truncation" for m in good)
     as_profiled = {**world, "draft_model": profile.alpha_for("16K", start)}
@@ -379,8 +394,9 @@ def test_truncation_may_go_to_autoregressive_decoding(setting):
     ranking = setting[0]
     ranked = [strategy_from_json(r["strategy"]) for r in ranking["regimes"]["16K"]["ranking"]]
     by_id = {strategy_id(s): s for s in ranked}
-    start = next(s for s in ranked if s.drafter.kind == "ngram" and s.tree == "chain:4"
-                 and not s.is_sparse)  # fmt: skip
+    start = next(
+        s for s in ranked if s.drafter.kind == "ngram" and s.tree == "chain:4" and not s.is_sparse
+    )
     world = {"ngram": 0.25, "draft_model": 0.5}
     firsts = []
     for seed in range(10):
@@ -389,8 +405,9 @@ def test_truncation_may_go_to_autoregressive_decoding(setting):
         firsts.append(log[0])
     base = _world_tps(setting, world, start)
     assert all(_world_tps(setting, world, by_id[m["to"]]) > base for m in firsts), firsts
-    assert any(m["reason"] == "truncation" and not parse_tree(by_id[m["to"]].tree)
-               for m in firsts), firsts  # fmt: skip
+    assert any(
+        m["reason"] == "truncation" and not parse_tree(by_id[m["to"]].tree) for m in firsts
+    ), firsts
 
 
 def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
@@ -405,23 +422,35 @@ def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
 
     ranking, model, gpu, profile = setting
     start = strategy_from_json(ranking["regimes"]["16K"]["ranking"][0]["strategy"])
-    ctls = {k: OnlineController(ranking, model, gpu, profile, ControllerConfig(stride=k))
-            for k in (1, 4)}  # fmt: skip
+    ctls = {
+        k: OnlineController(ranking, model, gpu, profile, ControllerConfig(stride=k))
+        for k in (1, 4)
+    }
     rng = np.random.default_rng(5)
     ctx = 15360
     for i in range(12):  # fewer rounds than patience: nothing to decide
         acc = int(BENCH.simulate_accepted(parse_tree(start.tree), 0.5, rng))
         shadow = BENCH.simulate_shadow(acc + 1, 0.5, 8, rng)
-        stats = RoundStats(round=i, strategy=start, context_lens=(ctx,), drafted=4,
-                           accepted=(acc,), step_s={}, tokens_generated=acc + 1,
-                           shadow={"ngram": shadow})  # fmt: skip
+        stats = RoundStats(
+            round=i,
+            strategy=start,
+            context_lens=(ctx,),
+            drafted=4,
+            accepted=(acc,),
+            step_s={},
+            tokens_generated=acc + 1,
+            shadow={"ngram": shadow},
+        )
         ctx += acc + 1
         out = {k: c.after_round(stats) for k, c in ctls.items()}
         assert out[1] is None and out[4] is None
         if i % 4 == 3:
             a, b = ctls[1], ctls[4]
-            assert (a._ema_tokens, a._ema_sq, a._deviating) == (b._ema_tokens, b._ema_sq,
-                                                                b._deviating)  # fmt: skip
+            assert (a._ema_tokens, a._ema_sq, a._deviating) == (
+                b._ema_tokens,
+                b._ema_sq,
+                b._deviating,
+            )
             assert a._shadow == b._shadow and a._chain_obs == b._chain_obs
             oa, ob = a._own[start.drafter.kind], b._own[start.drafter.kind]
             assert dataclasses.asdict(oa) == dataclasses.asdict(ob)

@@ -63,8 +63,10 @@ def test_ranking_quality():
 
 
 def test_pick_takes_the_top_then_spreads_over_runnable_ranks():
-    ranking = [{"strategy": {"name": f"s{i}", "drafter": {"kind": "ngram"}, "tree": "chain:2"}}
-               for i in range(40)]  # fmt: skip
+    ranking = [
+        {"strategy": {"name": f"s{i}", "drafter": {"kind": "ngram"}, "tree": "chain:2"}}
+        for i in range(40)
+    ]
     ok = lambda s: int(s.name[1:]) % 3 != 1  # noqa: E731
     got = [r["strategy"]["name"] for r in pick(ranking, 8, ok, top=3)]
     runnable = [f"s{i}" for i in range(40) if i % 3 != 1]
@@ -109,8 +111,7 @@ def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
 
     calls = []
     # Per job, per pass: (tokens/s, rounds); job "b"'s second pass decodes otherwise.
-    script = {"a": [(100.0, 10), (120.0, 10), (90.0, 10)],
-              "b": [(50.0, 8), (80.0, 9), (60.0, 8)]}  # fmt: skip
+    script = {"a": [(100.0, 10), (120.0, 10), (90.0, 10)], "b": [(50.0, 8), (80.0, 9), (60.0, 8)]}
 
     def fn(job):
         p = sum(c == job for c in calls)
@@ -118,8 +119,7 @@ def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
         tps, rounds = script[job][p]
         return {"tokens_per_s": tps, "tokens": 40, "rounds": rounds, "switches": []}
 
-    bench = Bench(target=None, draft=None, model=None, gpu=None, draft_label="",
-                  timing_passes=3)  # fmt: skip
+    bench = Bench(target=None, draft=None, model=None, gpu=None, draft_label="", timing_passes=3)
     done = run_passes(bench, {"a": (fn, ("a",), {}), "b": (fn, ("b",), {})})
     assert calls == ["a", "b"] * 3  # a whole pass, then the next
     assert done["a"]["tokens_per_s"] == 120.0 and done["a"]["passes_kept"] == 3
@@ -128,17 +128,19 @@ def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
     assert done["b"]["tokens_per_s"] == 60.0 and done["b"]["passes_kept"] == 2
     # An adaptive run whose controller switched elsewhere in a pass: that pass is left out.
     sw = lambda r, to: [{"round": r, "to": to}]  # noqa: E731
-    runs = [{"tokens_per_s": 10.0, "tokens": 5, "rounds": 3, "switches": sw(1, "x")},
-            {"tokens_per_s": 30.0, "tokens": 5, "rounds": 3, "switches": sw(1, "y")},
-            {"tokens_per_s": 20.0, "tokens": 5, "rounds": 3, "switches": sw(1, "x")}]  # fmt: skip
+    runs = [
+        {"tokens_per_s": 10.0, "tokens": 5, "rounds": 3, "switches": sw(1, "x")},
+        {"tokens_per_s": 30.0, "tokens": 5, "rounds": 3, "switches": sw(1, "y")},
+        {"tokens_per_s": 20.0, "tokens": 5, "rounds": 3, "switches": sw(1, "x")},
+    ]
     got = least_disturbed(runs)
     assert got["tokens_per_s"] == 20.0 and got["passes_kept"] == 2
     # A pass whose first round captured a graph (left out of its steady figures) decoded the
     # same as the others.
-    runs = [{"tokens_per_s": 10.0, "tokens": 5, "rounds": 3, "capture_tokens": 2,
-             "capture_rounds": 1},
-            {"tokens_per_s": 30.0, "tokens": 7, "rounds": 4, "capture_tokens": 0,
-             "capture_rounds": 0}]  # fmt: skip
+    runs = [
+        {"tokens_per_s": 10.0, "tokens": 5, "rounds": 3, "capture_tokens": 2, "capture_rounds": 1},
+        {"tokens_per_s": 30.0, "tokens": 7, "rounds": 4, "capture_tokens": 0, "capture_rounds": 0},
+    ]
     got = least_disturbed(runs)
     assert got["tokens_per_s"] == 30.0 and got["passes_kept"] == 2
     # One pass: each job's run as it is, under its own key.
@@ -193,8 +195,12 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
     out = tmp_path / "planner.json"
     assert planner_eval.main(["--contexts", "1K", "--out", str(out), "--per-regime", "0"]) == 2
     assert "--per-regime" in capsys.readouterr().err and not out.exists()
-    assert planner_eval.main(["--contexts", "1K", "--out", str(out)]
-                             + ["--prompt-sets", "code,poetry"]) == 2  # fmt: skip
+    assert (
+        planner_eval.main(
+            ["--contexts", "1K", "--out", str(out)] + ["--prompt-sets", "code,poetry"]
+        )
+        == 2
+    )
     assert "unknown prompt set 'poetry'" in capsys.readouterr().err and not out.exists()
     assert planner_eval.main(["--contexts", "1K,2K", "--out", str(out)]) == 2  # same regime
     assert "two contexts fall in regime <=4K" in capsys.readouterr().err and not out.exists()
@@ -215,12 +221,39 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
     # top4 x 64 fits 256 tokens, top8 x 64 does not; refresh every 1 and 2.
     space = functools.partial(SpaceSpec, top_ns=(4, 8), refresh_every=(1, 2))
     monkeypatch.setattr(planner_eval, "SpaceSpec", space)
-    args = ["--contexts", "256", "--adaptive-context", "256", "--per-regime", "3",
-            "--new-tokens", "8", "--repeats", "1", "--measure-texts", "1", "--device", "cpu",
-            "--trees", "chain:0,chain:3,best:8:4", "--prompt-sets", "random",
-            "--profile-prompts", "1", "--timing-passes", "1", "--walk-prompts", "1",
-            "--no-oracle", "--out", str(out), "--ranking-out", str(tmp_path / "ranking.json"),
-            "--resume", str(tmp_path / "runs.jsonl")]  # fmt: skip
+    args = [
+        "--contexts",
+        "256",
+        "--adaptive-context",
+        "256",
+        "--per-regime",
+        "3",
+        "--new-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--measure-texts",
+        "1",
+        "--device",
+        "cpu",
+        "--trees",
+        "chain:0,chain:3,best:8:4",
+        "--prompt-sets",
+        "random",
+        "--profile-prompts",
+        "1",
+        "--timing-passes",
+        "1",
+        "--walk-prompts",
+        "1",
+        "--no-oracle",
+        "--out",
+        str(out),
+        "--ranking-out",
+        str(tmp_path / "ranking.json"),
+        "--resume",
+        str(tmp_path / "runs.jsonl"),
+    ]
     assert planner_eval.main(args) == 0
     table = capsys.readouterr().out
     assert "kendall_tau" in table and "adaptive at 256" in table
@@ -238,8 +271,9 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
     prof = doc["profile"]["regimes"]["<=4K"]
     acc = prof["acceptance"]
     assert {"draft_model", "ngram"} <= set(acc) and all(0 <= a <= 1 for a in acc.values())
-    walked = {k: v for k, v in doc["profile_chain_tokens"]["<=4K"].items()
-              if k.startswith("ngram@")}  # fmt: skip
+    walked = {
+        k: v for k, v in doc["profile_chain_tokens"]["<=4K"].items() if k.startswith("ngram@")
+    }
     assert len(walked) == 4 and {v["walked_prompts"] for v in walked.values()} == {1 + 1}
     assert all(v["walked"] >= 1 and v["used"] == v["walked"] for v in walked.values())
     # The sparse strategies ran: a factor per drafter and attention key.
@@ -330,9 +364,19 @@ class FakeDecodes:
         while made < bench.max_new_tokens:
             a = int(rng.integers(0, depth + 1))
             n = min(a + 1, bench.max_new_tokens - made)
-            rounds.append(RoundRecord(len(rounds), strategy.name, [len(prompt) + made],
-                                      len(parents), [a], {"verify": round_s}, round_s,
-                                      not rounds, emitted=[n]))  # fmt: skip
+            rounds.append(
+                RoundRecord(
+                    len(rounds),
+                    strategy.name,
+                    [len(prompt) + made],
+                    len(parents),
+                    [a],
+                    {"verify": round_s},
+                    round_s,
+                    not rounds,
+                    emitted=[n],
+                )
+            )
             made += n
         return DecodeResult([prompt[:made]], rounds, 0.0, "fake", warm_s=1e-3 * bool(controller))
 
@@ -352,10 +396,19 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     bench.log = lambda m: None
     bench.timing_passes, bench.measure_texts = 2, 2
     bench.cache = ev.RunCache(tmp_path / "runs.jsonl", {"decodes": "fake"})
-    space = SpaceSpec(drafters=("draft_model", "ngram"), trees=("chain:0", "chain:3", "best:8:4"),
-                      draft_model=bench.draft_label)  # fmt: skip
-    settings = dict(per_regime=4, adaptive_context=1024, prompt_sets=("code", "random"),
-                    profile_prompts=3, walk_prompts=2, controller=ControllerConfig())  # fmt: skip
+    space = SpaceSpec(
+        drafters=("draft_model", "ngram"),
+        trees=("chain:0", "chain:3", "best:8:4"),
+        draft_model=bench.draft_label,
+    )
+    settings = dict(
+        per_regime=4,
+        adaptive_context=1024,
+        prompt_sets=("code", "random"),
+        profile_prompts=3,
+        walk_prompts=2,
+        controller=ControllerConfig(),
+    )
     doc, ranking = ev.evaluate(bench, {"<=4K": 1024}, space, **settings)
     assert set(doc["kendall_tau"]) == set(doc["regret"]) == {"<=4K"}
     reg = doc["regimes"]["<=4K"]
@@ -423,8 +476,9 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     assert doc["profile_prompts"] == 3
     assert fit["rows"] >= 3 * 4 + 1 + 8 and fit["rms_s"] >= 0
     keys = [json.loads(x)["key"] for x in (tmp_path / "runs.jsonl").read_text().splitlines()[1:]]
-    per_prompt = [{k.split("|")[-1] for k in keys if k.startswith(f"profile|1024|p{j}|")}
-                  for j in (1, 2)]  # fmt: skip
+    per_prompt = [
+        {k.split("|")[-1] for k in keys if k.startswith(f"profile|1024|p{j}|")} for j in (1, 2)
+    ]
     assert per_prompt[0] == per_prompt[1] and len(per_prompt[0]) >= 7, keys
     a = doc["adaptive"]["prompt_sets"]
     assert set(a) == {"code", "random"} == set(doc["adaptive_gain"])
@@ -458,8 +512,14 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     # runs (gamma) and the walks' texts go once.
     assert doc["timing_passes"] == doc["profile_timing_passes"] == 2
     steady = ("measure|", "adapt|", "profile|", "attention|", "attention-dense|")
-    timed = [k for k in keys if k.startswith(steady) and "|cold|" not in k
-             and "|warm|" not in k and not k.endswith("|t1")]  # fmt: skip
+    timed = [
+        k
+        for k in keys
+        if k.startswith(steady)
+        and "|cold|" not in k
+        and "|warm|" not in k
+        and not k.endswith("|t1")
+    ]
     assert any(k.startswith("profile|") for k in timed)
     assert timed and {f"{k}|t1" for k in timed} == {k for k in keys if k.endswith("|t1")}
     assert any(k.startswith("overlap|") for k in keys)
@@ -535,10 +595,17 @@ def test_measurement_resolution_resamples_the_windows_jointly():
     speed = np.array([1.0, 0.97, 0.95, 0.9, 0.8, 0.7])
 
     def rows(runs):
-        return [{"predicted_tokens_per_s": 10.0 - i,
-                 "measured": {"runs_window": list(range(10)), "runs_tokens_per_s": list(r),
-                              "tokens_per_s": float(len(r) / np.sum(1.0 / r))}}
-                for i, r in enumerate(runs)]  # fmt: skip
+        return [
+            {
+                "predicted_tokens_per_s": 10.0 - i,
+                "measured": {
+                    "runs_window": list(range(10)),
+                    "runs_tokens_per_s": list(r),
+                    "tokens_per_s": float(len(r) / np.sum(1.0 / r)),
+                },
+            }
+            for i, r in enumerate(runs)
+        ]
 
     tied = measurement_resolution(rows([f * pace for f in speed]))
     assert tied["windows"] == 10 and tied["pair_ratio_se"] == pytest.approx(0.0, abs=1e-12)
@@ -557,13 +624,27 @@ def _adaptive_row(best, adaptive, others=()):
     """A prompt set's entry as ``evaluate_adaptive`` writes it (the figures the resolution
     reads): runs per seed, the recorded medians."""
     fixed = [("s-best", best), *((f"s-{i}", r) for i, r in enumerate(others))]
-    strategies = [{"id": i, "describe": f"fixed {i}", "tokens_per_s": float(np.median(r)),
-                   "runs_tokens_per_s": list(r)} for i, r in fixed]  # fmt: skip
-    return {"offline_best": {"id": "s-best", "tokens_per_s": float(np.median(best)),
-                             "runs_tokens_per_s": list(best)},
-            "adaptive": {"tokens_per_s": float(np.median(adaptive)),
-                         "runs": [{"tokens_per_s": float(x)} for x in adaptive]},
-            "oracle": {"strategies": strategies}}  # fmt: skip
+    strategies = [
+        {
+            "id": i,
+            "describe": f"fixed {i}",
+            "tokens_per_s": float(np.median(r)),
+            "runs_tokens_per_s": list(r),
+        }
+        for i, r in fixed
+    ]
+    return {
+        "offline_best": {
+            "id": "s-best",
+            "tokens_per_s": float(np.median(best)),
+            "runs_tokens_per_s": list(best),
+        },
+        "adaptive": {
+            "tokens_per_s": float(np.median(adaptive)),
+            "runs": [{"tokens_per_s": float(x)} for x in adaptive],
+        },
+        "oracle": {"strategies": strategies},
+    }
 
 
 def test_adaptive_resolution_pairs_the_seeds():
@@ -586,8 +667,9 @@ def test_adaptive_resolution_pairs_the_seeds():
     swap = np.array([1.2, 0.8, 1.2, 0.8, 1.0])
     h = adaptive_resolution(_adaptive_row(pace, pace, [swap * pace, pace / swap]))["hindsight"]
     assert h["paired_gains"] == pytest.approx([0.2, 0.25, 0.2, 0.25, 0.0])
-    assert h["gain"] == pytest.approx(np.median(pace * [1.2, 1.25, 1.2, 1.25, 1.0])
-                                      / np.median(pace) - 1)  # fmt: skip
+    assert h["gain"] == pytest.approx(
+        np.median(pace * [1.2, 1.25, 1.2, 1.25, 1.0]) / np.median(pace) - 1
+    )
     noisy = _adaptive_row(pace, 1.1 * pace * rng.lognormal(0, 0.1, 5))
     n = adaptive_resolution(noisy)
     gain = noisy["adaptive"]["tokens_per_s"] / noisy["offline_best"]["tokens_per_s"] - 1
@@ -671,14 +753,35 @@ def test_decode_adapts_online_from_a_ranking(tmp_path, capsys):
 
     ck = ROOT / "engine" / "checkpoints"
     ranking = tmp_path / "r.json"
-    argv = ["rank", "--model", str(ck / "tiny-target"), "--drafters", "ngram,draft_model",
-            "--draft-model", str(ck / "tiny-draft"), "--trees", "chain:0,chain:3,best:8:4",
-            "--out", str(ranking)]  # fmt: skip
+    argv = [
+        "rank",
+        "--model",
+        str(ck / "tiny-target"),
+        "--drafters",
+        "ngram,draft_model",
+        "--draft-model",
+        str(ck / "tiny-draft"),
+        "--trees",
+        "chain:0,chain:3,best:8:4",
+        "--out",
+        str(ranking),
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     best = json.loads(ranking.read_text())["regimes"]["<=4K"]["ranking"][0]["strategy"]
-    argv = ["decode", "--model", "tiny", "--device", "cpu", "--context", "600",
-            "--max-new-tokens", "16", "--ranking", str(ranking)]  # fmt: skip
+    argv = [
+        "decode",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--context",
+        "600",
+        "--max-new-tokens",
+        "16",
+        "--ranking",
+        str(ranking),
+    ]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["strategy"] == best and isinstance(out["switches"], list)

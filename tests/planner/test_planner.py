@@ -55,16 +55,19 @@ def test_space_enumeration_is_deduplicated_and_ids_are_stable():
     }
     assert len(nsa) == 3 * 2  # trees x refresh schedules
     # block-metadata selection: per_query one traversal, union/shared all three, C in 1, 4
-    mean = [s for s in enumerate_space(dataclasses.replace(SMALL, metadata=("mean",)))
-            if s.is_sparse]  # fmt: skip
+    mean = [
+        s for s in enumerate_space(dataclasses.replace(SMALL, metadata=("mean",))) if s.is_sparse
+    ]
     assert len(mean) == 3 * 2 * (1 + 2 * 3 * 2) and {s.metadata for s in mean} == {"mean"}
     with pytest.raises(ValueError, match="unknown metadata"):
         SpaceSpec(metadata=("nsa", "lsh"))
     # a tree that drafts nothing is one strategy, whatever the drafter
     ar = SpaceSpec(drafters=("eagle", "ngram"), trees=("chain:0", "chain:2"), modes=("dense",))
     assert [(s.drafter.kind, s.tree) for s in enumerate_space(ar)] == [
-        ("eagle", "chain:0"), ("eagle", "chain:2"), ("ngram", "chain:2")
-    ]  # fmt: skip
+        ("eagle", "chain:0"),
+        ("eagle", "chain:2"),
+        ("ngram", "chain:2"),
+    ]
     s = space[5]
     assert strategy_id(dataclasses.replace(s, name="other")) == strategy_id(s) == s.name
     assert strategy_id(dataclasses.replace(s, top_n=s.top_n * 2)) != strategy_id(s)
@@ -359,8 +362,9 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses(transfe
     model drafting costs little, so either way EAGLE beats autoregressive decoding, and the
     controller goes to it at once; EAGLE then doing as profiled, it stays there. (Scored with
     the whole drop, ``transfer`` 1, nothing pays by more than the hysteresis here.)"""
-    space = dataclasses.replace(SMALL, drafters=("ngram", "eagle"), trees=("chain:0", "chain:6"),
-                                modes=("dense",))  # fmt: skip
+    space = dataclasses.replace(
+        SMALL, drafters=("ngram", "eagle"), trees=("chain:0", "chain:6"), modes=("dense",)
+    )
     prof = Profile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.85}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     first = strategy_from_json(doc["regimes"]["32K"]["ranking"][0]["strategy"])
@@ -379,8 +383,9 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses(transfe
     assert set(kinds) == {"ngram", "eagle"} and s.drafter.kind == "eagle" and parse_tree(s.tree)
 
 
-SHADOW_SPACE = dataclasses.replace(SMALL, drafters=("eagle", "ngram"), modes=("dense",),
-                                   trees=("chain:0", "chain:2", "chain:6"))  # fmt: skip
+SHADOW_SPACE = dataclasses.replace(
+    SMALL, drafters=("eagle", "ngram"), modes=("dense",), trees=("chain:0", "chain:2", "chain:6")
+)
 SHADOW_PROFILE = Profile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.3}})
 
 
@@ -412,8 +417,9 @@ def _accepted(rng, tree: str, alpha: float) -> int:
     return k
 
 
-def _drive(c: OnlineController, s: Strategy, rounds: int, alpha: dict, shadow_alpha: float,
-           seed: int = 0) -> Strategy:  # fmt: skip
+def _drive(
+    c: OnlineController, s: Strategy, rounds: int, alpha: dict, shadow_alpha: float, seed: int = 0
+) -> Strategy:
     """Feed ``rounds`` rounds: the current drafter accepts at ``alpha[kind]``, the shadow sees
     n-gram chains matching at ``shadow_alpha``; switch whenever the controller says so."""
     rng = np.random.default_rng(seed)
@@ -430,8 +436,9 @@ def test_controller_declares_its_drafters_and_reads_the_shadow():
     assert c.drafter_kinds() == ("eagle", "ngram")
     s = c.initial_strategy(30000)
     assert s.drafter.kind == "eagle" and parse_tree(s.tree)
-    ng6 = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, kind="ngram"),
-                              tree="chain:6")  # fmt: skip
+    ng6 = dataclasses.replace(
+        s, drafter=dataclasses.replace(s.drafter, kind="ngram"), tree="chain:6"
+    )
     assert c.shadow_alpha("32K", ng6, s) is None  # nothing seen yet
     rng = np.random.default_rng(1)
     for i in range(60):
@@ -452,8 +459,9 @@ def test_controller_reads_a_chains_walk_not_the_average_over_positions():
 
     c = _shadow_controller()
     s = c.initial_strategy(30000)
-    ng6 = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, kind="ngram"),
-                              tree="chain:6")  # fmt: skip
+    ng6 = dataclasses.replace(
+        s, drafter=dataclasses.replace(s.drafter, kind="ngram"), tree="chain:6"
+    )
     walks = tuple(range(4, 12))  # rounds a walk of chain k took over the 12 positions
     sh = ShadowAcceptance(12, (3,) * 8, walks, tuple(w // 2 for w in walks))
     assert sh.accepted(6) == pytest.approx(4 / 9) and sh.accepted_per_position(6) == 1.5
@@ -561,8 +569,9 @@ def test_rank_cli(tmp_path, capsys):
     assert main(["rank", "--trees", "best:16:6", "--metadata", "nsa,mean", "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)["regimes"]["16K"]["ranking"]
     assert {r["strategy"]["metadata"] for r in ranked if r["strategy"]["attention"] != "dense"} == {
-        "nsa", "mean"
-    }  # fmt: skip
+        "nsa",
+        "mean",
+    }
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -622,9 +631,12 @@ def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
     assert any(n.startswith("block overlap of bfs") for n in notes)
     bare = rank(M, G, SMALL, Profile(), regimes={"32K": 32768})["regimes"]["32K"]["assumed"]
     assert bare[0] == "acceptance of eagle (workload default 0.7)"
-    full = Profile(acceptance={"32K": {"eagle": 0.6}}, overlap={"32K": {"bfs": 0.7}},
-                   attention={"32K": {"eagle@sparse": 0.9}},
-                   overhead={"32K": {"round": 1e-4}})  # fmt: skip
+    full = Profile(
+        acceptance={"32K": {"eagle": 0.6}},
+        overlap={"32K": {"bfs": 0.7}},
+        attention={"32K": {"eagle@sparse": 0.9}},
+        overhead={"32K": {"round": 1e-4}},
+    )
     assert rank(M, G, SMALL, full, regimes={"32K": 32768})["regimes"]["32K"]["assumed"] == []
     tiny = dataclasses.replace(M, max_position_embeddings=2048)
     with pytest.raises(ValueError, match="no regime to rank for .*: <=4K: context 4096 > "):
@@ -645,14 +657,22 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     ng = DrafterSpec(kind="ngram")
     dense = Strategy(tree="chain:4", drafter=ng)
     tree7 = dataclasses.replace(dense, tree="chain:7")
-    sparse = dataclasses.replace(dense, attention="sparse", mode="union", group_size=4,
-                                 refresh_every=2, fusion="refresh_reuse")  # fmt: skip
+    sparse = dataclasses.replace(
+        dense,
+        attention="sparse",
+        mode="union",
+        group_size=4,
+        refresh_every=2,
+        fusion="refresh_reuse",
+    )
     shared = dataclasses.replace(sparse, mode="shared")
     assert attention_key(dense) is None
     assert attention_key(sparse) == "exact:nsa32s16:top16x64w512:r2"
-    exact = {attention_key(dataclasses.replace(sparse, mode="per_query", group_size=1)),
-             attention_key(dataclasses.replace(shared, group_size=1)),
-             attention_key(dataclasses.replace(sparse, fusion="none"))}  # fmt: skip
+    exact = {
+        attention_key(dataclasses.replace(sparse, mode="per_query", group_size=1)),
+        attention_key(dataclasses.replace(shared, group_size=1)),
+        attention_key(dataclasses.replace(sparse, fusion="none")),
+    }
     assert exact == {"exact:nsa32s16:top16x64w512:r2"}
     # NSA selects per row whatever the mode: sharing applies to block-metadata selection.
     assert attention_key(shared) == "exact:nsa32s16:top16x64w512:r2"
@@ -668,7 +688,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
                 "shared4:mean:top16x64w512:r2": 3.0,
                 "draft_model@exact:nsa32s16:top16x64w512:r2": 0.9,
             }
-        },  # fmt: skip
+        },
         {"16K": {"round": 1e-4, "node": 1e-5, "sparse": 2e-4}},
     )
     assert prof.alpha_for("16K", dense) == 0.6 and prof.alpha_for("16K", tree7) == 0.5
@@ -750,8 +770,10 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     rounds = [0.7e-3 if s.tree == "chain:0" else 3e-3 for s in strategies]
     coef_w, _ = fit_overhead(strategies, y, rounds)
     assert np.allclose([coef_w[t] for t in OVERHEAD_TERMS], truth, atol=1e-9)
-    y_off = [v - 1e-4 * (s.tree == "chain:0" and not s.is_sparse)
-             for v, s in zip(y, strategies, strict=True)]  # fmt: skip
+    y_off = [
+        v - 1e-4 * (s.tree == "chain:0" and not s.is_sparse)
+        for v, s in zip(y, strategies, strict=True)
+    ]
     rel = {}
     for name, r in (("plain", None), ("weighted", rounds)):
         c, fit = fit_overhead(strategies, y_off, r)
@@ -813,8 +835,9 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     assert spec == "full:2x4"
     s = first = c.initial_strategy(30000)
     assert s.drafter.kind == "eagle"
-    tree = next(x for x in c._candidates("32K").values()
-                if x.drafter.kind == "ngram" and x.tree == spec)  # fmt: skip
+    tree = next(
+        x for x in c._candidates("32K").values() if x.drafter.kind == "ngram" and x.tree == spec
+    )
     mean = expected_tokens(s.tree, 0.5) - 1.0  # the eagle tree as profiled, round by round
 
     def eagle(rng) -> int:
@@ -824,8 +847,9 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     for i in range(200):
         acc = eagle(rng) if s.drafter.kind == "eagle" else 4
         drafted = len(parse_tree(s.tree))
-        new = c.after_round(Stats(i, s, (acc,), drafted=drafted,
-                                  shadow=_tree_shadow(rng, spec, 0.3, 0.9)))  # fmt: skip
+        new = c.after_round(
+            Stats(i, s, (acc,), drafted=drafted, shadow=_tree_shadow(rng, spec, 0.3, 0.9))
+        )
         if i == 40:
             # the decayed walk's accepted drafts per round (~3.6), inverted on the tree
             r, d, _ = c._walks["ngram"][spec]
@@ -842,8 +866,15 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     prof = expected_tokens(spec, c._alpha_for("32K", tree)) - 1.0
     s, rng = c.initial_strategy(30000), np.random.default_rng(1)
     for i in range(200):
-        c.after_round(Stats(i, s, (eagle(rng),), drafted=len(parse_tree(s.tree)),
-                            shadow=_tree_shadow(rng, spec, 0.3, prof / 4)))  # fmt: skip
+        c.after_round(
+            Stats(
+                i,
+                s,
+                (eagle(rng),),
+                drafted=len(parse_tree(s.tree)),
+                shadow=_tree_shadow(rng, spec, 0.3, prof / 4),
+            )
+        )
     assert c.switches == []
 
 
@@ -859,8 +890,11 @@ def test_walk_gain_is_the_paired_time_over_the_same_tokens():
 
     c = _shadow_controller()
     ar = dataclasses.replace(c.initial_strategy(30000), tree="chain:0")
-    ng6 = next(x for x in c._candidates("32K").values()
-               if x.drafter.kind == "ngram" and x.tree == "chain:6")  # fmt: skip
+    ng6 = next(
+        x
+        for x in c._candidates("32K").values()
+        if x.drafter.kind == "ngram" and x.tree == "chain:6"
+    )
     assert c._walk_gain("32K", ar, ng6, 2.0) is None  # nothing walked yet
     keep, w, w2, r1, r2 = 1.0 - c.config.ema, 0.0, 0.0, 0.0, 0.0
     for i in range(80):

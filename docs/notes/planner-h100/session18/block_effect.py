@@ -30,13 +30,23 @@ def main(path: str, ctx: str) -> None:
         by[k.split("|")[-2]].append(k)
     block_sd, within_sd = [], []
     for keys in by.values():
-        rel = np.array([[runs[k]["tokens_per_s"], runs[f"{k}|t1"]["tokens_per_s"],
-                         runs[f"{k}|t2"]["tokens_per_s"]] for k in keys])  # fmt: skip
+        rel = np.array(
+            [
+                [
+                    runs[k]["tokens_per_s"],
+                    runs[f"{k}|t1"]["tokens_per_s"],
+                    runs[f"{k}|t2"]["tokens_per_s"],
+                ]
+                for k in keys
+            ]
+        )
         rel = rel / rel.max(axis=1, keepdims=True)
         block_sd.append(rel.mean(axis=0).std(ddof=1))  # across the 3 passes' block means
         within_sd.append(rel.std(axis=0, ddof=1).mean() / np.sqrt(len(keys)))
-    print(f"{path}: {len(by)} strategies, pass-block means sd {np.mean(block_sd):.3f} "
-          f"(independent runs would give {np.mean(within_sd):.3f})")  # fmt: skip
+    print(
+        f"{path}: {len(by)} strategies, pass-block means sd {np.mean(block_sd):.3f} "
+        f"(independent runs would give {np.mean(within_sd):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ def main() -> None:
     args = p.parse_args()
     doc = json.load(open(args.planner))
     rng = np.random.default_rng(0)
-    print("regime  n  recorded tau / regret | perfect predictor: tau mean (p10), regret mean "
-          "(p90); pooled-figure check")  # fmt: skip
+    print(
+        "regime  n  recorded tau / regret | perfect predictor: tau mean (p10), regret mean "
+        "(p90); pooled-figure check"
+    )
     for regime, v in doc["regimes"].items():
         rows = v["strategies"]
         runs = [np.asarray(r["measured"]["runs_tokens_per_s"]) for r in rows]
@@ -37,10 +39,12 @@ def main() -> None:
             taus.append(kendalltau(truth, draw)[0])
             regrets.append(1.0 - draw[np.argmax(truth)] / draw.max())
         taus, regrets = np.array(taus), np.array(regrets)
-        print(f"{regime:6s} {len(rows):2d}  {v['kendall_tau']:.2f} / {v['regret']:5.1%}       | "
-              f"{taus.mean():.2f} ({np.percentile(taus, 10):.2f}), "
-              f"{regrets.mean():5.1%} ({np.percentile(regrets, 90):5.1%}); "
-              f"max |hm/pooled - 1| {np.max(np.abs(hm / truth - 1)):.1%}")  # fmt: skip
+        print(
+            f"{regime:6s} {len(rows):2d}  {v['kendall_tau']:.2f} / {v['regret']:5.1%}       | "
+            f"{taus.mean():.2f} ({np.percentile(taus, 10):.2f}), "
+            f"{regrets.mean():5.1%} ({np.percentile(regrets, 90):5.1%}); "
+            f"max |hm/pooled - 1| {np.max(np.abs(hm / truth - 1)):.1%}"
+        )
 
 
 if __name__ == "__main__":

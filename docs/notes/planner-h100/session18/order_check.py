@@ -37,8 +37,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    bench = make_bench("tiny", "tiny-draft", args.context, args.new_tokens, 1, args.device,
-                       "h100-sxm", 1.0)  # fmt: skip
+    bench = make_bench(
+        "tiny", "tiny-draft", args.context, args.new_tokens, 1, args.device, "h100-sxm", 1.0
+    )
     ng = _drafter(bench, "ngram")
     s = {t: Strategy(name="profile", tree=t, drafter=ng) for t in ("chain:7", "chain:4", "chain:2")}
     out: dict = {"context": args.context, "runs": []}
@@ -48,8 +49,16 @@ def main(argv=None) -> int:
         res = run_once(bench, s[tree], prompt, seed=j)
         text = hashlib.sha1(np.asarray(res.tokens[0], dtype=np.int64).tobytes()).hexdigest()
         tpr = steady_figures(res)["mean_accepted"] + 1.0  # as the evaluation counts it
-        out["runs"].append({"label": label, "tree": tree, "window": offsets[j], "seed": j,
-                            "tokens_per_round": tpr, "text": text[:12]})  # fmt: skip
+        out["runs"].append(
+            {
+                "label": label,
+                "tree": tree,
+                "window": offsets[j],
+                "seed": j,
+                "tokens_per_round": tpr,
+                "text": text[:12],
+            }
+        )
         return tpr
 
     n = args.prompts
@@ -61,8 +70,12 @@ def main(argv=None) -> int:
     measured = [go("measured", "chain:7", MEASURE_OFFSETS, j) for j in range(n)]
     texts = {(r["label"], r["window"]): r["text"] for r in out["runs"] if r["tree"] == "chain:7"}
     same = sum(texts[("first", w)] == texts[("again", w)] for w in PROFILE_OFFSETS[:n])
-    out["summary"] = {"first": float(np.mean(first)), "again": float(np.mean(again)),
-                      "measured_windows": float(np.mean(measured)), "same_text": same}  # fmt: skip
+    out["summary"] = {
+        "first": float(np.mean(first)),
+        "again": float(np.mean(again)),
+        "measured_windows": float(np.mean(measured)),
+        "same_text": same,
+    }
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)
     print(" ".join(f"{x:.2f}" for x in first), "| first")

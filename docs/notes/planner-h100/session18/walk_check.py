@@ -26,21 +26,31 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    bench = make_bench("tiny", "tiny-draft", args.max_context, args.new_tokens, 1, args.device,
-                       "h100-sxm", 1.0)  # fmt: skip
+    bench = make_bench(
+        "tiny", "tiny-draft", args.max_context, args.new_tokens, 1, args.device, "h100-sxm", 1.0
+    )
     bench.log = lambda m: print(m, flush=True) if "ngram" in m else None
-    space = SpaceSpec(drafters=("draft_model", "ngram"), trees=TREES,
-                      draft_model=bench.draft_label)  # fmt: skip
+    space = SpaceSpec(drafters=("draft_model", "ngram"), trees=TREES, draft_model=bench.draft_label)
     t0 = time.perf_counter()
-    _, _, _, chain_tokens = measure_profile(bench, {"<=4K": args.context}, space,
-                                          prompts=args.prompts)  # fmt: skip
+    _, _, _, chain_tokens = measure_profile(
+        bench, {"<=4K": args.context}, space, prompts=args.prompts
+    )
     rows = {k: v for k, v in chain_tokens["<=4K"].items() if k.startswith("ngram@")}
     with open(args.out, "w") as fh:
-        json.dump({"context": args.context, "max_context": args.max_context, "ngram": rows,
-                   "wall_s": time.perf_counter() - t0}, fh, indent=1)  # fmt: skip
+        json.dump(
+            {
+                "context": args.context,
+                "max_context": args.max_context,
+                "ngram": rows,
+                "wall_s": time.perf_counter() - t0,
+            },
+            fh,
+            indent=1,
+        )
     for k, v in rows.items():
-        print(f"{k[:60]:60s} own {v['own']:.2f} walked {v['walked']:.2f} "
-              f"({v['walked_texts']} texts)")  # fmt: skip
+        print(
+            f"{k[:60]:60s} own {v['own']:.2f} walked {v['walked']:.2f} ({v['walked_texts']} texts)"
+        )
     return 0
 
 

@@ -32,20 +32,27 @@ def main() -> None:
     acc = profile.acceptance["<=4K"]
     for key, v in walked.items():
         own_alpha = alpha_from_tokens(key.split("@", 1)[1], v["own"])
-        print(f"{key[:40]:40s} own {v['own']:.2f} (alpha {acc[key]:.3f}, from own "
-              f"{own_alpha:.3f}) walked {v['walked']:.2f}")  # fmt: skip
+        print(
+            f"{key[:40]:40s} own {v['own']:.2f} (alpha {acc[key]:.3f}, from own "
+            f"{own_alpha:.3f}) walked {v['walked']:.2f}"
+        )
         acc[key] = alpha_from_tokens(key.split("@", 1)[1], v["walked"])
     ranking = rank(bench.model, bench.gpu, space, profile, regimes={"<=4K": contexts["<=4K"]})
     pred = {r["id"]: r["tokens_per_s"] for r in ranking["regimes"]["<=4K"]["ranking"]}
     rows = doc["regimes"]["<=4K"]["strategies"]
-    q = ranking_quality([pred[r["id"]] for r in rows],
-                        [r["measured"]["tokens_per_s"] for r in rows])  # fmt: skip
-    print(f"<=4K with walked n-gram acceptance: tau {q['kendall_tau']:.3f}, regret "
-          f"{q['regret']:.1%} (recorded: tau {doc['regimes']['<=4K']['kendall_tau']:.3f}, "
-          f"regret {doc['regimes']['<=4K']['regret']:.1%})")  # fmt: skip
+    q = ranking_quality(
+        [pred[r["id"]] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
+    )
+    print(
+        f"<=4K with walked n-gram acceptance: tau {q['kendall_tau']:.3f}, regret "
+        f"{q['regret']:.1%} (recorded: tau {doc['regimes']['<=4K']['kendall_tau']:.3f}, "
+        f"regret {doc['regimes']['<=4K']['regret']:.1%})"
+    )
     for r in sorted(rows, key=lambda r: -pred[r["id"]])[:6]:
-        print(f"  pred {pred[r['id']]:7.1f}  meas {r['measured']['tokens_per_s']:7.1f}  "
-              f"{r['describe']}")  # fmt: skip
+        print(
+            f"  pred {pred[r['id']]:7.1f}  meas {r['measured']['tokens_per_s']:7.1f}  "
+            f"{r['describe']}"
+        )
 
 
 if __name__ == "__main__":

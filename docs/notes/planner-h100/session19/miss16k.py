@@ -44,8 +44,10 @@ def main(runs_path: str, planner_path: str) -> None:
             if s.drafter.kind == "ngram" and not s.is_sparse:
                 own.setdefault(s.tree, []).append(m)
         pred = {r["id"]: r for r in ranking["regimes"][regime]["ranking"]}
-        print(f"== {regime}: round ms predicted / profile's runs / measured; measured tokens "
-              f"per round on windows {doc['regimes'][regime]['measure_windows']}")  # fmt: skip
+        print(
+            f"== {regime}: round ms predicted / profile's runs / measured; measured tokens "
+            f"per round on windows {doc['regimes'][regime]['measure_windows']}"
+        )
         for row in doc["regimes"][regime]["strategies"]:
             if not (row["describe"].startswith("ngram") and row["describe"].endswith("dense")):
                 continue
@@ -55,11 +57,12 @@ def main(runs_path: str, planner_path: str) -> None:
             for i, w in enumerate(doc["regimes"][regime]["measure_windows"]):
                 fig = runs[f"measure|code|{ctx}|{w}|{row['id']}|{i}"]
                 tpr.append(fig["tokens"] / fig["rounds"])
-            print(f"  {row['describe'][:30]:30s} {1e3 * p['round_s']:.3f} / "
-                  f"{1e3 * np.median(own.get(tree, [np.nan])):.3f} / "
-                  f"{1e3 * m['wall_s'] / m['rounds']:.3f}  tpr pred {p['tokens_per_round']:.2f}"
-                  f" meas {m['tokens'] / m['rounds']:.2f}: "
-                  + " ".join(f"{x:.2f}" for x in tpr))  # fmt: skip
+            print(
+                f"  {row['describe'][:30]:30s} {1e3 * p['round_s']:.3f} / "
+                f"{1e3 * np.median(own.get(tree, [np.nan])):.3f} / "
+                f"{1e3 * m['wall_s'] / m['rounds']:.3f}  tpr pred {p['tokens_per_round']:.2f}"
+                f" meas {m['tokens'] / m['rounds']:.2f}: " + " ".join(f"{x:.2f}" for x in tpr)
+            )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,11 @@ def main() -> None:
     args = p.parse_args()
     doc = json.load(open(args.planner))
     rng = np.random.default_rng(0)
-    print("regime  n  recorded tau / regret | perfect predictor, windows drawn jointly: tau "
-          "mean (p10), regret mean (p90), P(regret >= recorded) | predictor from a draw: "
-          "the same")  # fmt: skip
+    print(
+        "regime  n  recorded tau / regret | perfect predictor, windows drawn jointly: tau "
+        "mean (p10), regret mean (p90), P(regret >= recorded) | predictor from a draw: "
+        "the same"
+    )
     for regime, v in doc["regimes"].items():
         rows = v["strategies"]
         windows = [tuple(r["measured"]["runs_window"]) for r in rows]
@@ -57,12 +59,14 @@ def main() -> None:
         taus, regrets = np.array(taus), np.array(regrets)
         ptaus, pregrets = np.array(ptaus), np.array(pregrets)
         rec = v["regret"] - 1e-12
-        print(f"{regime:6s} {len(rows):2d}  {v['kendall_tau']:.2f} / {v['regret']:5.1%}       | "
-              f"{taus.mean():.2f} ({np.percentile(taus, 10):.2f}), "
-              f"{regrets.mean():5.1%} ({np.percentile(regrets, 90):5.1%}), "
-              f"{np.mean(regrets >= rec):.2f} | {ptaus.mean():.2f}, {pregrets.mean():5.1%} "
-              f"({np.percentile(pregrets, 90):5.1%}), {np.mean(pregrets >= rec):.2f} | "
-              f"pair ratio s.e. {np.median(np.std(ratios, axis=0)):.1%}")  # fmt: skip
+        print(
+            f"{regime:6s} {len(rows):2d}  {v['kendall_tau']:.2f} / {v['regret']:5.1%}       | "
+            f"{taus.mean():.2f} ({np.percentile(taus, 10):.2f}), "
+            f"{regrets.mean():5.1%} ({np.percentile(regrets, 90):5.1%}), "
+            f"{np.mean(regrets >= rec):.2f} | {ptaus.mean():.2f}, {pregrets.mean():5.1%} "
+            f"({np.percentile(pregrets, 90):5.1%}), {np.mean(pregrets >= rec):.2f} | "
+            f"pair ratio s.e. {np.median(np.std(ratios, axis=0)):.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -57,11 +57,15 @@ def main(out: str, *contexts: str) -> None:
         by_id = {r["id"]: r for r in ranking["regimes"][regime]["ranking"]}
         strategies = [strategy_from_json(by_id[i]["strategy"]) for i in ids]
         sets = {
-            "profile": [(j, prompt_tokens("code", ctx, offset=o * ctx))
-                        for j, o in enumerate(PROFILE_OFFSETS)],
-            "measured": [(i, prompt_tokens("code", ctx, offset=o * ctx))
-                         for i, o in enumerate(MEASURE_OFFSETS)],
-        }  # fmt: skip
+            "profile": [
+                (j, prompt_tokens("code", ctx, offset=o * ctx))
+                for j, o in enumerate(PROFILE_OFFSETS)
+            ],
+            "measured": [
+                (i, prompt_tokens("code", ctx, offset=o * ctx))
+                for i, o in enumerate(MEASURE_OFFSETS)
+            ],
+        }
         groups = {}
         for s in strategies:
             sid = strategy_id(s)
@@ -69,17 +73,19 @@ def main(out: str, *contexts: str) -> None:
                 groups[(sid, name)] = {
                     f"drift|{ctx}|{name}|{k}|{sid}": (steady_run, (bench, s, p), {"seed": k})
                     for k, p in prompts
-                }  # fmt: skip
+                }
         done = run_passes(bench, interleave(list(groups.values())))
         for s in strategies:
             sid = strategy_id(s)
             row = {"regime": regime, "id": sid, "describe": by_id[sid]["describe"]}
             for name in sets:
                 figs = [done[k] for k in groups[(sid, name)]]
-                row[f"{name}_round_ms"] = float(np.median([1e3 * f["wall_s"] / f["rounds"]
-                                                            for f in figs]))  # fmt: skip
-                row[f"{name}_tokens_per_round"] = float(np.mean([f["tokens"] / f["rounds"]
-                                                                 for f in figs]))  # fmt: skip
+                row[f"{name}_round_ms"] = float(
+                    np.median([1e3 * f["wall_s"] / f["rounds"] for f in figs])
+                )
+                row[f"{name}_tokens_per_round"] = float(
+                    np.mean([f["tokens"] / f["rounds"] for f in figs])
+                )
             table.append(row)
         print(f"{regime}: {time.perf_counter() - t0:.0f} s", flush=True)
     with open(out, "w") as fh:
@@ -88,10 +94,12 @@ def main(out: str, *contexts: str) -> None:
     print(f"{'regime':6s} {'strategy':36s} round ms profile / measured   tpr profile / measured")
     for r in table:
         gap = r["profile_round_ms"] / r["measured_round_ms"] - 1
-        print(f"{r['regime']:6s} {r['describe'][:36]:36s} {r['profile_round_ms']:.3f} / "
-              f"{r['measured_round_ms']:.3f} ({gap:+.1%})   "
-              f"{r['profile_tokens_per_round']:.2f} / "
-              f"{r['measured_tokens_per_round']:.2f}")  # fmt: skip
+        print(
+            f"{r['regime']:6s} {r['describe'][:36]:36s} {r['profile_round_ms']:.3f} / "
+            f"{r['measured_round_ms']:.3f} ({gap:+.1%})   "
+            f"{r['profile_tokens_per_round']:.2f} / "
+            f"{r['measured_tokens_per_round']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ def main(runs_path: str, planner_path: str) -> None:
     ev.walk_ngram = lambda *a, **k: None
     doc = json.loads(Path(planner_path).read_text())
     planner_rescore.profile_from_runs(Path(runs_path), doc)
-    for regime, (strategies, residual, measured, coef) in zip(doc["regimes"], captured,
-                                                               strict=True):  # fmt: skip
+    for regime, (strategies, residual, measured, coef) in zip(
+        doc["regimes"], captured, strict=True
+    ):
         c = np.array(list(coef.values()))
-        print(f"== {regime}: " + ", ".join(f"{k} {1e6 * v:.1f}" for k, v in coef.items())
-              + " (us)")  # fmt: skip
+        print(f"== {regime}: " + ", ".join(f"{k} {1e6 * v:.1f}" for k, v in coef.items()) + " (us)")
         groups = defaultdict(list)
         for s, y, m in zip(strategies, residual, measured, strict=True):
             fitted = float(overhead_features(s) @ c)
@@ -48,13 +48,16 @@ def main(runs_path: str, planner_path: str) -> None:
                 label = f"ngram {s.tree}"
             else:
                 label = ("ar" if s.tree == "chain:0" else s.drafter.kind) + (
-                    " sparse" if s.is_sparse else " dense")  # fmt: skip
+                    " sparse" if s.is_sparse else " dense"
+                )
             groups[label].append((m, m - y, (fitted - y) / m))
         for label, rows in sorted(groups.items()):
             a = np.array(rows)
-            print(f"  {label:24s} n={len(a):3d} round {1e3 * np.median(a[:, 0]):.3f} ms, step "
-                  f"model {1e3 * np.median(a[:, 1]):.3f} ms, fit error median "
-                  f"{np.median(a[:, 2]):+.1%}")  # fmt: skip
+            print(
+                f"  {label:24s} n={len(a):3d} round {1e3 * np.median(a[:, 0]):.3f} ms, step "
+                f"model {1e3 * np.median(a[:, 1]):.3f} ms, fit error median "
+                f"{np.median(a[:, 2]):+.1%}"
+            )
 
 
 if __name__ == "__main__":

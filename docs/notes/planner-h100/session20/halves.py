@@ -23,18 +23,24 @@ def main(paths: list[str]) -> None:
             rows = [r for r in reg["strategies"] if dense_ngram(r["describe"])]
             pred = max(rows, key=lambda r: r["predicted_tokens_per_s"])
             out = []
-            for label, sel in (("all", slice(None)), ("first10", slice(0, 10)),
-                               ("last10", slice(10, None))):  # fmt: skip
-                runs = {r["describe"]: np.array(r["measured"]["runs_tokens_per_s"])[sel]
-                        for r in rows}  # fmt: skip
+            for label, sel in (
+                ("all", slice(None)),
+                ("first10", slice(0, 10)),
+                ("last10", slice(10, None)),
+            ):
+                runs = {
+                    r["describe"]: np.array(r["measured"]["runs_tokens_per_s"])[sel] for r in rows
+                }
                 if not len(runs[pred["describe"]]):
                     continue
                 hm = {k: len(v) / np.sum(1 / v) for k, v in runs.items()}
                 best = max(hm, key=hm.get)
                 got = hm[pred["describe"]]
                 regret = 1 - got / hm[best]
-                out.append(f"{label}: best {best.split(' bfs')[0]} {hm[best]:.0f}, "
-                           f"predicted best {got:.0f}, regret {regret:.1%}")  # fmt: skip
+                out.append(
+                    f"{label}: best {best.split(' bfs')[0]} {hm[best]:.0f}, "
+                    f"predicted best {got:.0f}, regret {regret:.1%}"
+                )
             print(name, "predicted best", pred["describe"].split(" bfs")[0], "|", "; ".join(out))
 
 

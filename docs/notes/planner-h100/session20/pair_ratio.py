@@ -28,8 +28,11 @@ def main(runs_path: str, planner_path: str) -> None:
                 v = r["value"]
                 runs[(int(f[2]), f[4], int(f[3]))][p] = (v["tokens"], v["rounds"], v["wall_s"])
     for reg, e in doc["regimes"].items():
-        rows = {r["describe"].split(" bfs")[0]: r for r in e["strategies"]
-                if r["describe"].startswith("ngram") and "dense" in r["describe"]}  # fmt: skip
+        rows = {
+            r["describe"].split(" bfs")[0]: r
+            for r in e["strategies"]
+            if r["describe"].startswith("ngram") and "dense" in r["describe"]
+        }
         windows = next(iter(rows.values()))["measured"]["runs_window"]
         by_meas = sorted(rows, key=lambda k: -rows[k]["measured"]["tokens_per_s"])
         a = max(rows, key=lambda k: rows[k]["predicted_tokens_per_s"])
@@ -49,10 +52,12 @@ def main(runs_path: str, planner_path: str) -> None:
         pb, ps = rows[big], rows[small]
         tpr_pred = pb["predicted_tokens_per_round"] / ps["predicted_tokens_per_round"]
         round_pred = tpr_pred * ps["predicted_tokens_per_s"] / pb["predicted_tokens_per_s"]
-        print(f"{reg} {big} / {small}: tpr ratio pred {tpr_pred:.3f}, meas all "
-              f"{tb.mean() / ts.mean():.3f} first10 {tb[:10].mean() / ts[:10].mean():.3f} "
-              f"last10 {tb[10:].mean() / ts[10:].mean():.3f}; round ratio pred "
-              f"{round_pred:.3f} meas {np.median(mb) / np.median(msm):.3f}")  # fmt: skip
+        print(
+            f"{reg} {big} / {small}: tpr ratio pred {tpr_pred:.3f}, meas all "
+            f"{tb.mean() / ts.mean():.3f} first10 {tb[:10].mean() / ts[:10].mean():.3f} "
+            f"last10 {tb[10:].mean() / ts[10:].mean():.3f}; round ratio pred "
+            f"{round_pred:.3f} meas {np.median(mb) / np.median(msm):.3f}"
+        )
 
 
 if __name__ == "__main__":

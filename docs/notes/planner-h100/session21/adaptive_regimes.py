@@ -32,8 +32,14 @@ from planner.profile import profile_from_json
 
 HERE = Path(__file__).resolve().parent
 VALIDATION = HERE.parents[2] / "validation"
-SETTINGS = {"script": "session21/adaptive_regimes.py", "evaluation": "run 33 (02258d9)",
-            "new_tokens": 384, "repeats": 5, "temperature": 1.0, "timing_passes": 3}  # fmt: skip
+SETTINGS = {
+    "script": "session21/adaptive_regimes.py",
+    "evaluation": "run 33 (02258d9)",
+    "new_tokens": 384,
+    "repeats": 5,
+    "temperature": 1.0,
+    "timing_passes": 3,
+}
 
 
 def main(cache: str, out: str, *contexts: str) -> None:
@@ -46,22 +52,29 @@ def main(cache: str, out: str, *contexts: str) -> None:
     bench = make_bench("tiny", "tiny-draft", 30720, 384, 5, "auto", "h100-sxm", 1.0)
     bench.timing_passes = 3
     bench.cache = RunCache(cache, SETTINGS)
-    print(f"{len(bench.cache.runs)} runs in the cache; commit "
-          f"{os.environ.get('SSVKIT_GIT_COMMIT', 'unknown')}", flush=True)  # fmt: skip
+    print(
+        f"{len(bench.cache.runs)} runs in the cache; commit "
+        f"{os.environ.get('SSVKIT_GIT_COMMIT', 'unknown')}",
+        flush=True,
+    )
     for ctx in map(int, contexts):
         res = evaluate_adaptive(bench, ranking, profile, ctx, PROMPT_SETS, config, oracle=True)
         Path(out, f"adaptive-{ctx}.json").write_text(json.dumps(res) + "\n")
         print(f"{ctx} done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print(f"\n{'ctx':>6s} {'prompts':10s} {'best':>7s} {'gain':>7s} {'90% interval':>16s} "
-          f"{'alternative':>11s} {'hindsight':>9s}  alternative")  # fmt: skip
+    print(
+        f"\n{'ctx':>6s} {'prompts':10s} {'best':>7s} {'gain':>7s} {'90% interval':>16s} "
+        f"{'alternative':>11s} {'hindsight':>9s}  alternative"
+    )
     for ctx in map(int, contexts):
         res = json.loads(Path(out, f"adaptive-{ctx}.json").read_text())
         for k, v in res["prompt_sets"].items():
             m = set_resolution(v)
             c, h = m["challenger"], m["hindsight"]
-            print(f"{ctx:6d} {k:10s} {v['offline_best']['tokens_per_s']:7.0f} "
-                  f"{v['adaptive_gain']:+7.1%} {m['gain_p05']:+7.1%}..{m['gain_p95']:+7.1%} "
-                  f"{c['gain']:+11.1%} {h['gain']:+9.1%}  {c['describe']}")  # fmt: skip
+            print(
+                f"{ctx:6d} {k:10s} {v['offline_best']['tokens_per_s']:7.0f} "
+                f"{v['adaptive_gain']:+7.1%} {m['gain_p05']:+7.1%}..{m['gain_p95']:+7.1%} "
+                f"{c['gain']:+11.1%} {h['gain']:+9.1%}  {c['describe']}"
+            )
 
 
 if __name__ == "__main__":

@@ -20,18 +20,22 @@ def main() -> None:
     results = [doc["adaptive"]]
     results += [json.loads(p.read_text()) for p in HERE.glob("adaptive-*.json")]
     results.sort(key=lambda r: r["context_len"])
-    print(f"{'regime':6s} {'prompts':10s} {'best':>6s} {'gain':>7s} {'90% interval':>16s} "
-          f"{'switched':>8s} {'alternative':>11s} {'hindsight':>9s}  alternative")  # fmt: skip
+    print(
+        f"{'regime':6s} {'prompts':10s} {'best':>6s} {'gain':>7s} {'90% interval':>16s} "
+        f"{'switched':>8s} {'alternative':>11s} {'hindsight':>9s}  alternative"
+    )
     verdict = {}
     for res in results:
         for k, v in res["prompt_sets"].items():
             m = set_resolution(v)
             c, h = m["challenger"], m["hindsight"]
             runs = sum(bool(r["switches"]) for r in v["adaptive"]["runs"])
-            print(f"{res['regime']:6s} {k:10s} {v['offline_best']['tokens_per_s']:6.0f} "
-                  f"{v['adaptive_gain']:+7.1%} {m['gain_p05']:+7.1%}..{m['gain_p95']:+7.1%} "
-                  f"{runs:4d} of {len(v['adaptive']['runs'])} {c['gain']:+11.1%} "
-                  f"{h['gain']:+9.1%}  {c['describe']}")  # fmt: skip
+            print(
+                f"{res['regime']:6s} {k:10s} {v['offline_best']['tokens_per_s']:6.0f} "
+                f"{v['adaptive_gain']:+7.1%} {m['gain_p05']:+7.1%}..{m['gain_p95']:+7.1%} "
+                f"{runs:4d} of {len(v['adaptive']['runs'])} {c['gain']:+11.1%} "
+                f"{h['gain']:+9.1%}  {c['describe']}"
+            )
             if k in OFF_DISTRIBUTION:
                 ok = v["adaptive_gain"] >= TARGETS["adaptive_gain_min"]
                 verdict[res["regime"]] = verdict.get(res["regime"], True) and ok
