@@ -19,6 +19,10 @@ the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, me
   (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``; a sparse step's KV read is
   the least its attention must read (``floor_bytes``); each op's ``floor_s`` and ``over_floor``
   likewise (``op_floors``: bytes, FLOPs or one graph-replayed launch, whichever is largest);
+- ``selection`` (sparse steps): the blocks the refresh layers select from the model's own
+  queries in one recorded forward (``selection_stats``), and each attention op's time against
+  the least read with that selection (``floor_selected_s``, ``over_floor_selected``); the
+  attention ops are timed with those recorded queries;
 - ``predicted_verify_s``: perfmodel's verify step for the same point (calibrated profile).
 
 The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
@@ -108,9 +112,17 @@ def _int(text: str) -> int:
     return int(float(t[:-1]) * 1024) if t.endswith("K") else int(t)
 
 
-def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, tokens: torch.Tensor):
+def layer_ops(
+    runner: ModelRunner,
+    attn: AttentionConfig,
+    tree: DraftTree,
+    tokens: torch.Tensor,
+    queries: list[torch.Tensor] | None = None,
+):
     """``name -> (fn(i), count per forward)`` for every op of one tree forward on the Triton
     backend (``engine.model``'s fused path); ``fn(i)`` uses layer ``i % L``'s weights and cache.
+    The attention ops take each layer's recorded ``queries`` (the step's own selections) when
+    given, else random queries.
 
     Norms: ``embed_norm`` is the first layer's input norm; each later one is ``input_norm``, the
     MLP's residual add fused with it, as ``final_norm`` is with the final norm; ``post_norm`` is
@@ -135,15 +147,22 @@ def layer_ops(runner: ModelRunner, attn: AttentionConfig, tree: DraftTree, token
     head = model.lm_head.weight if model.lm_head is not None else model.model.embed_tokens.weight
 
     reuse = [layer for layer in range(num_l) if not attn.is_refresh(layer)]
+    refresh = [layer for layer in range(num_l) if attn.is_refresh(layer)]
+
+    def q_of(layer):
+        return q if queries is None else queries[layer]
 
     def attend(i):  # a refresh layer (a fresh state always refreshes)
+        layer = refresh[i % len(refresh)] if attn.kind != "dense" else i % num_l
         a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
-        return a(i % num_l, q)
+        return a(layer, q_of(layer))
 
     def attend_reuse(i):
+        layer = reuse[i % len(reuse)]
+        source = layer - layer % attn.refresh_every  # the refresh whose indices it takes
         a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
-        a(0, q)  # the refresh layer whose indices a reuse layer takes
-        return a(reuse[i % len(reuse)], q)
+        a(source, q_of(source))
+        return a(layer, q_of(layer))
 
     def rope(i):
         sa = layers[i % num_l].self_attn
@@ -195,6 +214,49 @@ def floor_bytes(model, cache, t: int, attn: AttentionConfig | None = None) -> tu
         tokens = min(tokens, sparse)
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * tokens * cfg.head_dim * elem
     return weights, kv
+
+
+def selection_stats(runner, attn: AttentionConfig, tree: DraftTree, queries) -> dict | None:
+    """The blocks a sparse step's refresh layers select from the model's own ``queries`` (one
+    recorded forward), per (sequence, KV head), averaged over the refresh layers: the distinct
+    blocks of all rows (``unique_blocks``, the least any kernel must read) and the blocks the
+    kernel streams (``streamed_blocks``: each row tile's union, or each row's own list). A
+    layer's least read with them (``layer_bytes``): the compressed tokens (NSA), the distinct
+    selected blocks, the window and the tail, K and V. None for dense attention."""
+    if attn.kind == "dense":
+        return None
+    cache, cfg = runner.cache, runner.model.config
+    tt = runner.tree_tensors(tree)
+    positions = cache.lens.long()[:, None] + tt.depth
+    unique, streamed = [], []
+    for layer in range(cfg.num_layers):
+        if not attn.is_refresh(layer):
+            continue
+        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+        a(layer, queries[layer])
+        idx = a.block_idx.long()  # [B, Hkv, t, n]
+        flat = idx.flatten(2).sort(-1).values
+        distinct = (flat[..., 1:] != flat[..., :-1]) & (flat[..., 1:] >= 0)
+        unique.append((distinct.sum(-1) + (flat[..., 0] >= 0)).float().mean().item())
+        counts = getattr(a.plan, "counts", None)
+        if counts is not None:
+            streamed.append(counts.sum(-1).float().mean().item())
+        else:
+            streamed.append((idx >= 0).sum((-1, -2)).float().mean().item())
+    u, st = sum(unique) / len(unique), sum(streamed) / len(streamed)
+    lens = int(cache.lens.max())
+    tokens = u * attn.block_size + min(attn.window, lens) + tree.num_nodes
+    if attn.kind == "nsa":
+        tokens += max(0, (lens - attn.comp_block) // attn.comp_stride + 1)
+    elem = next(runner.model.parameters()).element_size()
+    batch = cache.lens.shape[0]
+    layer_bytes = 2 * batch * cfg.num_kv_heads * tokens * cfg.head_dim * elem
+    return {
+        "unique_blocks": u,
+        "streamed_blocks": st,
+        "top_n": attn.top_n,
+        "layer_bytes": int(layer_bytes),
+    }
 
 
 def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
@@ -259,9 +321,9 @@ def _write(result: dict, path: str | None) -> None:
         os.replace(tmp, out)
 
 
-def _time_ops(runner, attn, tree, tokens) -> dict:
+def _time_ops(runner, attn, tree, tokens, queries=None) -> dict:
     ops = {}
-    for name, (fn, count) in layer_ops(runner, attn, tree, tokens).items():
+    for name, (fn, count) in layer_ops(runner, attn, tree, tokens, queries).items():
         tm = bench(fn, "graph", num_inputs=runner.config.num_layers, config=OP_TIMING)
         ops[name] = {"median_s": tm.median_s, "count": count}
     if "attention_reuse_plus_refresh" in ops:
@@ -410,13 +472,21 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
     with torch.no_grad():
         graph_s = bench(step, "graph", config=STEP_TIMING).median_s
         eager_s = bench(step, "launch", config=STEP_TIMING).median_s
-        ops = _time_ops(runner, attn, tree, tokens)
+        queries = runner.tree_forward(tokens, tree, attn, record=True)[2]
+        selection = selection_stats(runner, attn, tree, queries)
+        ops = _time_ops(runner, attn, tree, tokens, queries)
     ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
     w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
     for name, floor in op_floors(model, t, kv_bytes, ceilings).items():
         if name in ops:
             ops[name]["floor_s"] = floor
             ops[name]["over_floor"] = ops[name]["median_s"] / floor
+    if selection is not None:
+        layer_floor = selection["layer_bytes"] / copy_bps
+        for name in ("attention", "attention_reuse"):
+            if name in ops:
+                ops[name]["floor_selected_s"] = layer_floor
+                ops[name]["over_floor_selected"] = ops[name]["median_s"] / layer_floor
     floor_s = (w_bytes + kv_bytes) / copy_bps
     pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
     row = {
@@ -435,6 +505,7 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
         "achieved_bytes_per_s": (w_bytes + kv_bytes) / graph_s,
         "predicted_verify_s": pred_s,
         "prediction_provenance": pred_prov,
+        "selection": selection,
         "ops": ops,
     }
     print(
@@ -451,6 +522,18 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
         + ", ".join(f"{k} {o['over_floor']:.2f}" for k, o in ops.items() if "over_floor" in o),
         flush=True,
     )
+    if selection is not None:
+        print(
+            f"    selection: {selection['unique_blocks']:.0f} distinct / "
+            f"{selection['streamed_blocks']:.0f} streamed blocks per (sequence, KV head) "
+            f"(top_n {selection['top_n']}); attention / floor with them: "
+            + ", ".join(
+                f"{k} {o['over_floor_selected']:.2f}"
+                for k, o in ops.items()
+                if "over_floor_selected" in o
+            ),
+            flush=True,
+        )
     return row
 
 
