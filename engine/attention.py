@@ -38,13 +38,14 @@ import torch
 from engine.cache import KVCache
 from engine.tree import TreeTensors
 from kernels.dense_verify import dense_verify
+from kernels.group_plan import build_group_plan
 from kernels.nsa_verify import (
     nsa_verify,
     nsa_verify_unfused,
     reference_nsa_verify,
 )
 from kernels.select_blocks import block_scores
-from kernels.sparse_verify import build_group_plan, reference_sparse_verify, sparse_verify
+from kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from perfmodel.strategy import Strategy
 
 KINDS = ("dense", "sparse", "nsa")

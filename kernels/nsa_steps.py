@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 import triton
 
+from kernels.group_plan import GroupPlan
 from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
 from kernels.nsa_launch import LaunchPlan
 from kernels.nsa_select_kernels import block_score_kernel, union_plan_kernel
-from kernels.sparse_verify import GroupPlan
 from kernels.top_blocks import top_blocks
 
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from kernels.group_plan import GroupPlan
 from kernels.nsa_checks import check_tensors, check_values
 from kernels.nsa_compress import (
     compress_kv,
@@ -80,7 +81,6 @@ from kernels.nsa_steps import (
     union_for,
     union_plan,
 )
-from kernels.sparse_verify import GroupPlan
 
 __all__ = [
     "NsaVerifyConfig",

@@ -15,9 +15,8 @@ Kernel layout (H100): the group's C x G query-head rows are packed into the MMA 
 feeds all of them; the score tile gets a per-row mask from the membership bits. The union list
 of a (b, kv head, group) is split across ``num_splits`` programs when ``B * Hkv * num_groups``
 alone cannot fill the SMs; the last split also attends to the tail, and
-``kernels.merge.merge_partials`` combines the fp32 partial ``(o, lse)``. Union plans come from
-one small Triton kernel that deduplicates by comparing each member's list with all the others'
-(C^2 x top_n^2 compares in C wide steps: no sort, no host synchronisation).
+``kernels.merge.merge_partials`` combines the fp32 partial ``(o, lse)``. The group plans
+(``kernels.group_plan``) say which blocks each program streams.
 
 Traffic model: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of
 K/V (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
@@ -35,15 +34,12 @@ import triton.language as tl
 
 from kernels.dense_verify import dot_precision
 from kernels.device import num_sms
+from kernels.group_plan import MODES, GroupPlan, build_group_plan, check_block_idx, check_order
 from kernels.merge import merge_partials
 
-MODES = ("per_query", "union", "shared")
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
-# Plan kernel: one step compares a member's list with CHUNK entries of the group's lists; a
-# [N_PAD, CHUNK] tile of 16K int32 stays spill-free at 4 warps (sm_90, Triton 3.6 and 3.9).
-_PLAN_TILE = 16384
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,127 +83,6 @@ class SparseVerifyConfig:
             raise ValueError(f"split_overhead must be >= 0, got {self.split_overhead}")
         if self.num_splits is not None and self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GroupPlan:
-    """Which blocks each (b, kv head, group) program streams, and for which members.
-
-    Attributes
-    ----------
-    mode : str
-        One of ``MODES``.
-    group_size : int
-        Members per group (``min(group_size, t)``; 1 for ``per_query``).
-    num_groups : int
-        ``ceil(t / group_size)``.
-    block_lists : torch.Tensor
-        ``union``: ``[B, Hkv, num_groups, group_size * top_n]`` int32, the deduplicated union,
-        compacted to the front in first-occurrence order (member 0's blocks, then member 1's new
-        ones, ...), ``-1`` after. ``per_query`` / ``shared``: ``block_idx`` itself, indexed by the
-        query row of the group's first member.
-    member_mask : torch.Tensor or None
-        ``union``: ``[B, Hkv, num_groups, group_size * top_n]`` int32, bit ``c`` set when member
-        ``c`` (position ``g * group_size + c`` in ``order``) selected the block.
-    counts : torch.Tensor or None
-        ``union``: ``[B, Hkv, num_groups]`` int32 union sizes.
-    order : torch.Tensor or None
-        ``[B, t]`` int32 traversal order; None is the identity.
-    """
-
-    mode: str
-    group_size: int
-    num_groups: int
-    block_lists: torch.Tensor
-    member_mask: torch.Tensor | None
-    counts: torch.Tensor | None
-    order: torch.Tensor | None
-
-
-@triton.jit
-def _bit_or(a, b):
-    return a | b
-
-
-@triton.jit
-def _union_plan_kernel(
-    idx_ptr,
-    order_ptr,
-    list_ptr,
-    mask_ptr,
-    count_ptr,
-    stride_ib,
-    stride_ih,
-    stride_it,
-    stride_lb,
-    stride_lh,
-    stride_lg,
-    num_rows,
-    top_n,
-    C: tl.constexpr,
-    N_PAD: tl.constexpr,
-    CHUNK: tl.constexpr,
-    U_BLOCK: tl.constexpr,
-    HAS_ORDER: tl.constexpr,
-):
-    tl.static_assert(C <= 31)  # membership bits live in an int32
-    tl.static_assert(CHUNK % N_PAD == 0)
-    MEMBERS_PER_CHUNK: tl.constexpr = CHUNK // N_PAD
-    g = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    num_groups = tl.num_programs(0)
-    idx_base = idx_ptr + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih
-    out_base = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + g.to(tl.int64) * stride_lg
-    offs = tl.arange(0, N_PAD)
-    # A chunk is MEMBERS_PER_CHUNK members' lists side by side: [CHUNK] = [members x N_PAD].
-    offs_f = tl.arange(0, CHUNK)
-    member_f = offs_f // N_PAD
-    total = tl.full([], 0, tl.int32)  # a tensor, so the loop can carry it
-    for c in range(0, C):
-        slot = g * C + c
-        if HAS_ORDER:
-            row = tl.load(order_ptr + b * num_rows + slot, mask=slot < num_rows, other=0)
-        else:
-            row = slot
-        mine = tl.load(
-            idx_base + row.to(tl.int64) * stride_it + offs,
-            mask=offs < tl.where(slot < num_rows, top_n, 0),
-            other=-1,
-        )  # [N_PAD]
-        # bits[j]: which members list block mine[j]. One [N_PAD, CHUNK] compare per chunk keeps
-        # this throughput-bound (C x C narrow compares would be C^2 dependent load latencies).
-        bits = tl.zeros([N_PAD], dtype=tl.int32)
-        for c0 in range(0, C, MEMBERS_PER_CHUNK):
-            member = c0 + member_f
-            slot_f = g * C + member
-            ok_f = (member < C) & (slot_f < num_rows) & (offs_f % N_PAD < top_n)
-            if HAS_ORDER:
-                row_f = tl.load(order_ptr + b * num_rows + slot_f, mask=ok_f, other=0)
-            else:
-                row_f = slot_f
-            theirs = tl.load(
-                idx_base + row_f.to(tl.int64) * stride_it + offs_f % N_PAD, mask=ok_f, other=-1
-            )  # [CHUNK]
-            their_bit = tl.where(theirs >= 0, 1 << tl.minimum(member, 30), 0)
-            hit = tl.where(mine[:, None] == theirs[None, :], their_bit[None, :], 0)
-            bits = bits | tl.reduce(hit, 1, _bit_or)
-        bits = tl.where(mine >= 0, bits, 0)
-        # The first member that selected a block owns its slot in the compacted list.
-        owner = ((bits & ((1 << c) - 1)) == 0) & (mine >= 0)
-        owner_i = owner.to(tl.int32)
-        dest = total + tl.cumsum(owner_i, axis=0) - 1
-        tl.store(list_ptr + out_base + dest, mine, mask=owner)
-        tl.store(mask_ptr + out_base + dest, bits, mask=owner)
-        total += tl.sum(owner_i, axis=0)
-    tl.store(count_ptr + (b * tl.num_programs(1) + h) * num_groups + g, total)
-    # Positions past the union get -1 / 0; they never overlap the owners' stores above.
-    list_len = C * top_n
-    for start in range(0, list_len, U_BLOCK):
-        p = start + tl.arange(0, U_BLOCK)
-        pad = (p >= total) & (p < list_len)
-        tl.store(list_ptr + out_base + p, tl.full([U_BLOCK], -1, tl.int32), mask=pad)
-        tl.store(mask_ptr + out_base + p, tl.zeros([U_BLOCK], dtype=tl.int32), mask=pad)
 
 
 @triton.jit
@@ -365,98 +240,6 @@ def _sparse_verify_kernel(
     tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
 
 
-def _check_order(order: torch.Tensor | None, b: int, t: int, device: torch.device) -> None:
-    if order is None:
-        return
-    if order.shape != (b, t) or order.dtype != torch.int32:
-        raise ValueError(
-            f"order must be [B={b}, t={t}] int32, got {tuple(order.shape)} {order.dtype}"
-        )
-    if not order.is_contiguous() or order.device != device:
-        raise ValueError(f"order must be contiguous on {device}")
-
-
-def _check_block_idx(block_idx: torch.Tensor, b: int, hkv: int, t: int, device) -> None:
-    if block_idx.dim() != 4 or tuple(block_idx.shape[:3]) != (b, hkv, t):
-        raise ValueError(
-            f"block_idx must be [B={b}, Hkv={hkv}, t={t}, top_n], got {tuple(block_idx.shape)}"
-        )
-    if block_idx.dtype != torch.int32:
-        raise ValueError(f"block_idx must be int32, got {block_idx.dtype}")
-    if not block_idx.is_contiguous() or block_idx.device != device:
-        raise ValueError(f"block_idx must be contiguous on {device}")
-    if block_idx.shape[3] < 1:
-        raise ValueError("block_idx must have top_n >= 1")
-
-
-def build_group_plan(
-    block_idx: torch.Tensor,
-    order: torch.Tensor | None,
-    group_size: int,
-    mode: str,
-) -> GroupPlan:
-    """Group plan for ``sparse_verify``; static shapes, no host synchronisation.
-
-    Parameters
-    ----------
-    block_idx : torch.Tensor
-        ``[B, Hkv, t, top_n]`` int32, ``-1`` pads; no duplicates within a row.
-    order : torch.Tensor or None
-        ``[B, t]`` int32 permutation of the query rows (None: identity); group ``g`` is
-        ``order[:, g * C : (g + 1) * C]``.
-    group_size : int
-        C >= 1; clamped to ``t``. Ignored (1) for ``per_query``.
-    mode : str
-        ``"per_query"``, ``"union"`` or ``"shared"``.
-
-    Returns
-    -------
-    GroupPlan
-        Only ``union`` launches a kernel (one program per (b, kv head, group)); the other modes
-        stream rows of ``block_idx`` directly.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if block_idx.dim() != 4 or block_idx.dtype != torch.int32 or not block_idx.is_contiguous():
-        raise ValueError("block_idx must be a contiguous [B, Hkv, t, top_n] int32 tensor")
-    b, hkv, t, top_n = block_idx.shape
-    _check_order(order, b, t, block_idx.device)
-    c = 1 if mode == "per_query" else min(group_size, t)
-    num_groups = triton.cdiv(t, c)
-    if mode != "union" or c == 1:
-        return GroupPlan(mode, c, num_groups, block_idx, None, None, order)
-    if c > 31:
-        raise ValueError(f"group_size must be <= 31 for union mode, got {group_size}")
-    list_len = c * top_n
-    lists = torch.empty((b, hkv, num_groups, list_len), dtype=torch.int32, device=block_idx.device)
-    masks = torch.empty_like(lists)
-    counts = torch.empty((b, hkv, num_groups), dtype=torch.int32, device=block_idx.device)
-    n_pad = max(16, triton.next_power_of_2(top_n))
-    _union_plan_kernel[(num_groups, hkv, b)](
-        block_idx,
-        order if order is not None else block_idx,
-        lists,
-        masks,
-        counts,
-        block_idx.stride(0),
-        block_idx.stride(1),
-        block_idx.stride(2),
-        lists.stride(0),
-        lists.stride(1),
-        lists.stride(2),
-        t,
-        top_n,
-        C=c,
-        N_PAD=n_pad,
-        CHUNK=max(n_pad, min(n_pad * triton.next_power_of_2(c), _PLAN_TILE // n_pad)),
-        U_BLOCK=min(1024, max(16, triton.next_power_of_2(list_len))),
-        HAS_ORDER=order is not None,
-    )
-    return GroupPlan(mode, c, num_groups, lists, masks, counts, order)
-
-
 def choose_num_splits(
     cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device
 ) -> int:
@@ -595,8 +378,8 @@ def sparse_verify(
         raise ValueError(f"tree_mask must be [B={b}, t={t}] int64, got {tuple(tree_mask.shape)}")
     if not tree_mask.is_contiguous() or tree_mask.device != q.device:
         raise ValueError(f"tree_mask must be contiguous on {q.device}")
-    _check_block_idx(block_idx, b, hkv, t, q.device)
-    _check_order(order, b, t, q.device)
+    check_block_idx(block_idx, b, hkv, t, q.device)
+    check_order(order, b, t, q.device)
     g_heads = h // hkv
     c = 1 if mode == "per_query" else min(group_size, t)
     if c * g_heads > MAX_ROWS:

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA, assert_close
 
+from kernels.group_plan import build_group_plan
 from kernels.sparse_verify import (
     SparseVerifyConfig,
-    build_group_plan,
     choose_num_splits,
     reference_sparse_verify,
     sparse_verify,
