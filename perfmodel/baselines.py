@@ -14,7 +14,7 @@ import numpy as np
 from perfmodel.calibrated import make_predictor
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
-from perfmodel.step import build_columns, predict_columns
+from perfmodel.step import ATTENTION_OPS, build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 
 GEMM_OPS = (
@@ -37,7 +37,7 @@ def op_group(name: str) -> str:
         return "draft"
     if op in GEMM_OPS:
         return "gemm"
-    if op in ("attention", "sparse_attention", "sparse_attention_fused"):
+    if op in ATTENTION_OPS:  # dense, and every sparse class: reuse and refresh, fused or not
         return "attention"
     if op == "selection":
         return op

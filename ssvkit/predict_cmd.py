@@ -135,6 +135,10 @@ def _table(rows, model, gpu, workload, strategies) -> str:
             f"{r['round_s'] * 1e3:9.2f} | {g['draft'] * 1e3:6.2f} {g['gemm'] * 1e3:6.2f} "
             f"{g['attention'] * 1e3:6.2f} {g['selection'] * 1e3:6.2f} {g['other'] * 1e3:6.2f}"
         )
+    if any(s.is_sparse and s.metadata == "nsa" for s in strategies):
+        lines.append(
+            "NSA strategies select inside their refresh attention call: in attn, not select."
+        )
     return "\n".join(lines)
 
 

@@ -259,3 +259,20 @@ def test_product_columns_equals_explicit_points():
 def test_infeasible_strategy_is_rejected():
     with pytest.raises(ValueError, match="exceeds context_len"):
         build_columns(TINY, [(Strategy.from_name("ssv", top_n=64), Workload(context_len=1024))])
+
+
+def test_predict_groups_every_attention_op_refresh_included():
+    from perfmodel.baselines import compare, grouped_seconds, op_group
+    from perfmodel.step import ATTENTION_OPS
+
+    assert all(op_group(f"verify.{name}") == "attention" for name in ATTENTION_OPS)
+    strategies = [Strategy.from_name(n) for n in ("ar_sparse", "ssv")]
+    rows = compare(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), strategies, [32768], Workload())
+    for row in rows:
+        attention = sum(
+            v
+            for k, v in row["op_s"].items()
+            if k.startswith("verify.") and k.split(".", 1)[1] in ATTENTION_OPS
+        )
+        assert attention > 0 and grouped_seconds(row)["attention"] == pytest.approx(attention)
+        assert any("refresh" in k for k in row["op_s"])  # the refresh layers are counted there
