@@ -18,6 +18,7 @@ import numpy as np
 
 from perfmodel.models import ModelSpec
 from perfmodel.predictor import Op
+from perfmodel.repair_plan import chain_tiles
 from perfmodel.sparsespec import offload_time_s
 from perfmodel.step import (
     ACT_BYTES,
@@ -206,21 +207,34 @@ def repair_seconds(
 
     The kernel reads the speculative output O, its running max m and denominator l for every
     query row and head, streams the ``missed_blocks`` blocks of ``block_size`` tokens once, and
-    writes the corrected O: bytes ``b (missed B kv_token + rows Hq (2 d_h act + 2 fp32))``,
-    FLOPs ``b rows missed B (4 Hq d_h)``, one launch. Work scales with the misses only; at zero
-    misses it still launches (PRR's fixed repair cost). Vectorised over every argument.
+    writes the corrected O: bytes ``b rows (missed B kv_token + Hq (2 d_h act + 2 fp32))``
+    (each row's own missed blocks, as the kernel gathers them), FLOPs ``b rows missed B (4 Hq
+    d_h)``, one launch. Work scales with the misses only; at zero
+    misses it still launches (PRR's fixed repair cost). The op is the measured ``repair/repair``
+    class with its serial chain as depth (``perfmodel.repair_plan.chain_tiles``: each program
+    walks its row's missed blocks one after another), so a calibrated predictor prices a missed
+    block at its measured latency, not at its bytes alone. Vectorised over every argument.
     """
     tp = predictor.tp
     hq, hkv = _local_heads(model, tp)
     b = np.asarray(batch, dtype=float)
     r = np.asarray(rows, dtype=float)
-    tokens = np.asarray(missed_blocks, dtype=float) * np.asarray(block_size, dtype=float)
+    blocks = np.asarray(missed_blocks, dtype=float)
+    tokens = blocks * np.asarray(block_size, dtype=float)
     state = b * r * hq * (2 * model.head_dim * ACT_BYTES + 2 * F32)
+    gpu = predictor.gpu
+    chain = chain_tiles(
+        r, hkv, b, blocks, block_size, model.head_dim, gpu.num_sms, gpu.smem_per_sm_bytes
+    )
+    ones = np.ones_like(tokens + b + r)
     op = Op(
         "attention",
         b * r * tokens * _attn_flops_per_row_token(model, hq),
-        b * tokens * _kv_token_bytes(model, hkv, kv_bytes) + state,
-        np.ones_like(tokens + b),
+        b * r * tokens * _kv_token_bytes(model, hkv, kv_bytes) + state,
+        ones,
+        kernel="repair/repair",
+        calls=ones,
+        depth=chain * ones,
     )
     return predictor.op_time_s(op)
 

@@ -2,12 +2,17 @@
 tiny pair's (8 q / 2 KV heads, D = 64) and Llama-3.1-8B's (32 / 8, D = 128) heads on an H100,
 and the launch constants it copies from ``kernels/repair.py``."""
 
+import json
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from perfmodel.calibrated import make_predictor
+from perfmodel.costs import repair_seconds
 from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
 from perfmodel.repair_plan import BLOCK_N_MAX, NUM_STAGES, chain_tiles, programs_per_sm
 
 H100 = get_gpu("h100-sxm", measured=False)
@@ -40,3 +45,22 @@ def test_constants_match_the_wrapper():
     assert f"num_stages={NUM_STAGES}" in src
     assert re.search(rf"block_n = min\(block_size, {BLOCK_N_MAX}\)", src)
     assert "grid = (t, num_kv_heads, bsz)" in src
+
+
+def test_repair_seconds_prices_a_missed_block_at_the_measured_class():
+    """PRR's repair op is the measured repair class with its serial chain: the cost of a missed
+    block at batch 1 follows the committed H100 rows' slope (64K, 16 rows, 0 -> 32 blocks),
+    not the bytes of one block."""
+    rows = Path(__file__).resolve().parents[2] / "calibration/profiles/h100-sxm/kernel_bench.jsonl"
+    measured = {}
+    for line in rows.read_text().splitlines():
+        r = json.loads(line)
+        p = r["params"]
+        key = (r["op"], r["timing"], p.get("mode"), p.get("batch"), p.get("context_len"))
+        if key == ("repair", "graph", "repair", 1, 65536) and p["num_q_heads"] == 32:
+            measured[p["missed_blocks"]] = r["median_s"]
+    slope = (measured[32] - measured[0]) / 32
+    pred = make_predictor(get_gpu("h100-sxm", measured=True))
+    model = get_model("llama-3.1-8b")
+    t0, t32 = (float(repair_seconds(model, pred, 16, n, 64, 1)) for n in (0, 32))
+    assert (t32 - t0) / 32 == pytest.approx(slope, rel=0.35)
