@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from calibration.schema import seal
 from kernels import timing as tm
+from kernels.bench_summary import DERIVED, print_summary, summarise
 from kernels.tree import ancestor_bitmask
 
 OPS = ("dense", "sparse", "repair", "nsa", "select")
@@ -67,16 +68,6 @@ K = 1024
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2
 SPAN = 8  # rows over which fresh blocks are new: groups of C in {1, 2, 4, 8} nest in it
 # Params that describe a measurement rather than define a config: not part of the resume key.
-DERIVED = frozenset(
-    {
-        "num_splits",
-        "f_load",
-        "f_load_formula",
-        "global_unique_bytes",
-        "rotations",
-        "missed_blocks",
-    }
-)
 TOL = {"o": (3e-2, 3e-2), "lse": (2e-2, 2e-2)}  # bf16
 DEVICE = "cuda"
 
@@ -907,182 +898,6 @@ def _select_config(r: Runner, mod, p: dict) -> None:
         return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method)
 
     r.time_op("select_blocks", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
-
-
-# --------------------------------------------------------------------------- summary
-
-
-def _dense_target(p: dict, r: dict, floor: float) -> bool | None:
-    """Issue 3's dense targets (T >= 32K): >= 80% of copy bandwidth for t <= 16, else
-    <= 1.3 x the byte/FLOP floor; None where no target applies."""
-    if p["context_len"] < 32 * K:
-        return None
-    if p["num_query_tokens"] <= 16:
-        return r["achieved_bytes_per_s"] >= 0.8 * r["copy_bytes_per_s"]
-    return r["median_s"] <= 1.3 * floor
-
-
-SPARSE_PATH_OPS = ("sparse_verify", "select_blocks", "repair", "nsa_verify")
-
-
-def floor_target_met(median_s: float, floor_s: float) -> bool:
-    """The sparse path's kernel target: <= 1.5 x the floor where the floor is >= 20 us, else
-    <= the floor + 8 us."""
-    return median_s <= (1.5 * floor_s if floor_s >= 20e-6 else floor_s + 8e-6)
-
-
-def _floor_targets(g: list[dict]) -> list[dict]:
-    """Per sparse-path op and batch: rows meeting ``floor_target_met``, the median and worst
-    time / floor."""
-    out = []
-    for op in SPARSE_PATH_OPS:
-        for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):
-            sel = [r for r in g if r["op"] == op and r["params"]["batch"] == bsz]
-            floors = [
-                max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
-                for r in sel
-            ]
-            ratios = [r["median_s"] / f for r, f in zip(sel, floors, strict=True)]
-            met = sum(floor_target_met(r["median_s"], f) for r, f in zip(sel, floors, strict=True))
-            out.append(
-                {
-                    "op": op,
-                    "B": bsz,
-                    "rows": len(sel),
-                    "met": met,
-                    "median_x": float(np.median(ratios)),
-                    "worst_x": max(ratios),
-                }
-            )
-    return out
-
-
-def summarise(rows: list[dict]) -> dict[str, list[dict]]:
-    """Graph-replay headline figures per op, from every row in the file."""
-    g = [r for r in rows if r["timing"] == "graph"]
-    out: dict[str, list[dict]] = {"dense": [], "sparse": [], "repair": [], "nsa": []}
-    out["floor targets"] = _floor_targets(g)
-    sdpa = {
-        json.dumps({k: v for k, v in r["params"].items() if k not in DERIVED}, sort_keys=True): r
-        for r in g
-        if r["op"] == "torch_sdpa"
-    }
-    for r in g:
-        p = r["params"]
-        floor = max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
-        if r["op"] == "dense_verify":
-            key = json.dumps({k: v for k, v in p.items() if k not in DERIVED}, sort_keys=True)
-            base = sdpa.get(key)
-            out["dense"].append(
-                {
-                    "T": p["context_len"],
-                    "t": p["num_query_tokens"],
-                    "B": p["batch"],
-                    "us": r["median_s"] * 1e6,
-                    "TB/s": r["achieved_bytes_per_s"] / 1e12,
-                    "copy%": 100 * r["achieved_bytes_per_s"] / r["copy_bytes_per_s"],
-                    "x_floor": r["median_s"] / floor,
-                    "vs_sdpa": base["median_s"] / r["median_s"] if base else None,
-                    "target_met": _dense_target(p, r, floor),
-                }
-            )
-    pq = {}
-    for r in g:
-        p = r["params"]
-        if r["op"] == "sparse_verify" and p["mode"] == "per_query":
-            pq[(p["context_len"], p["top_n"], p["overlap"], p["batch"])] = r["median_s"]
-    for r in g:
-        p = r["params"]
-        if r["op"] == "sparse_verify" and p["mode"] == "union":
-            base = pq.get((p["context_len"], p["top_n"], p["overlap"], p["batch"]))
-            floor = max(
-                r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"]
-            )
-            out["sparse"].append(
-                {
-                    "T": p["context_len"],
-                    "n": p["top_n"],
-                    "gamma": p["overlap"],
-                    "B": p["batch"],
-                    "C": p["group_size"],
-                    "us": r["median_s"] * 1e6,
-                    "copy%": 100 * r["achieved_bytes_per_s"] / r["copy_bytes_per_s"],
-                    "speedup": base / r["median_s"] if base else None,
-                    "target": 0.85 / p["f_load"],
-                    "time/floor": r["median_s"] / (floor + r["launch_s"]),
-                }
-            )
-    repair_keys = {
-        (r["params"]["context_len"], r["params"]["batch"]) for r in g if r["op"] == "repair"
-    }
-    for ctx, bsz in sorted(repair_keys):
-        rep = [
-            r
-            for r in g
-            if r["op"] == "repair"
-            and r["params"]["batch"] == bsz
-            and r["params"]["context_len"] == ctx
-        ]
-        pts = [
-            (r["params"]["missed_blocks"], r["median_s"])
-            for r in rep
-            if r["params"]["mode"] == "repair"
-        ]
-        rec = [r["median_s"] for r in rep if r["params"]["mode"] == "recompute"]
-        if len(pts) < 3:
-            continue
-        x, y = np.array(sorted(pts), dtype=float).T
-        slope, icept = np.polyfit(x, y, 1)
-        resid = y - (slope * x + icept)
-        r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum() or 1.0)
-        out["repair"].append(
-            {
-                "T": ctx,
-                "B": bsz,
-                "r2": r2,
-                "us_per_block": slope * 1e6,
-                "us_at_max": y[-1] * 1e6,
-                "max_missed": int(x[-1]),
-                "recompute_us": rec[0] * 1e6 if rec else None,
-            }
-        )
-    nsa = {}
-    for r in g:
-        if r["op"] == "nsa_verify":
-            p = r["params"]
-            gamma = p.get("overlap") or -1.0  # -1: the refresh path's own indices
-            nsa[(p["context_len"], p["batch"], p["mode"], gamma, p["impl"])] = r["median_s"]
-    for (ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
-        if impl == "fused" and (ctx, bsz, mode, gamma, "unfused") in nsa:
-            out["nsa"].append(
-                {
-                    "T": ctx,
-                    "B": bsz,
-                    "mode": mode,
-                    "gamma": gamma if gamma >= 0 else None,
-                    "fused_us": s * 1e6,
-                    "speedup": nsa[(ctx, bsz, mode, gamma, "unfused")] / s,
-                }
-            )
-    return out
-
-
-def print_summary(summary: dict[str, list[dict]]) -> None:
-    def fmt(v):
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
-        return str(v)
-
-    for name, items in summary.items():
-        if not items:
-            continue
-        print(f"\n{name} (graph replay)")
-        cols = list(items[0])
-        print("  " + " ".join(f"{c:>9}" for c in cols))
-        for it in items:
-            print("  " + " ".join(f"{fmt(it[c]):>9}" for c in cols))
 
 
 # --------------------------------------------------------------------------- entry point

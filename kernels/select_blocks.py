@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import num_sms
-from kernels.top_blocks import top_blocks
+from kernels.top_blocks import check_forced, top_blocks
 
 KINDS = ("mean", "quest")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -442,10 +442,7 @@ def topn_from_scores(
     forced in by raising their score to ``+inf``; the rest is ``torch.topk``. Static shapes, no
     host synchronisation.
     """
-    if num_sink < 0 or num_local < 0 or num_sink + num_local > top_n:
-        raise ValueError(
-            f"num_sink={num_sink} and num_local={num_local} must be >= 0 and fit in top_n={top_n}"
-        )
+    check_forced(num_sink, num_local, top_n)
     nb = scores.shape[-1]
     live = ((prefix_lens.to(torch.int64) + block_size - 1) // block_size).view(-1, 1, 1, 1)
     j = torch.arange(nb, device=scores.device)

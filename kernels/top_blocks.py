@@ -41,10 +41,7 @@ def top_blocks(
         raise ValueError(f"scores must be [B, Hkv, t, NB] float32, got {tuple(scores.shape)}")
     if top_n < 1 or top_n >= 2**30:
         raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
-    if num_sink < 0 or num_local < 0 or num_sink + num_local > top_n:
-        raise ValueError(
-            f"num_sink={num_sink} and num_local={num_local} must be >= 0 and fit in top_n={top_n}"
-        )
+    check_forced(num_sink, num_local, top_n)
     b, hkv, t, nb_max = scores.shape
     if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
         raise ValueError(f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)}")
@@ -71,6 +68,14 @@ def top_blocks(
         num_warps=_warps(b * hkv * t, chunk + tail, scores.device),
     )
     return out
+
+
+def check_forced(num_sink: int, num_local: int, top_n: int) -> None:
+    """The forced first and last blocks must be non-negative counts that fit in ``top_n``."""
+    if num_sink < 0 or num_local < 0 or num_sink + num_local > top_n:
+        raise ValueError(
+            f"num_sink={num_sink} and num_local={num_local} must be >= 0 and fit in top_n={top_n}"
+        )
 
 
 def _row_layout(nb_max: int) -> tuple[int, int, int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.benchmark import floor_target_met, summarise
+from kernels.bench_summary import floor_target_met, summarise
 
 
 def test_floor_target_is_relative_above_20us_and_absolute_below():
