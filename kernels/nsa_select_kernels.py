@@ -16,7 +16,7 @@ def block_score_kernel(
     ck_ptr,
     part_ml_ptr,
     prefix_ptr,  # [B,t,H,D], [B,Hkv,NC_max,D], partials, [B] i32
-    score_ptr,  # [B, Hkv, t, NB_max] fp32
+    score_ptr,  # [B, Hkv, t, NB_max] fp32, rows score_stride apart
     stride_qb,
     stride_qt,
     stride_qh,
@@ -26,6 +26,7 @@ def block_score_kernel(
     num_t,
     nc_max,
     nb_max,
+    score_stride,
     comp_block,
     comp_stride,
     qk_scale,
@@ -115,7 +116,7 @@ def block_score_kernel(
             imp += tl.dot(p, ov, input_precision="ieee")
     imp = tl.sum(tl.reshape(imp, [ROWS, GROUP_PAD, BLOCK_J]), 1)  # sum over the query heads
     rows = tile * ROWS + tl.arange(0, ROWS)
-    out_off = ((b * NUM_KV_HEADS + kvh) * num_t + rows)[:, None] * nb_max + offs_j[None, :]
+    out_off = ((b * NUM_KV_HEADS + kvh) * num_t + rows)[:, None] * score_stride + offs_j[None, :]
     tl.store(score_ptr + out_off, imp, mask=(rows < num_t)[:, None] & (offs_j < nb_max)[None, :])
 
 

@@ -11,7 +11,7 @@ from kernels.group_plan import GroupPlan
 from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
 from kernels.nsa_launch import LaunchPlan
 from kernels.nsa_select_kernels import block_score_kernel, union_plan_kernel
-from kernels.top_blocks import top_blocks
+from kernels.top_blocks import empty_scores, top_blocks
 
 
 def alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,8 +148,7 @@ def block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
     """Step (2) of the refresh path: ``[B, Hkv, t, NB_max]`` fp32 block importance from the
     compressed partials of ``c_slots`` slots in ``part``."""
     q, _, _, prefix_lens, _, comp_k, _, _ = args
-    shape = (plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max)
-    scores = torch.empty(shape, dtype=torch.float32, device=q.device)
+    scores = empty_scores(plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max, q.device)
     grid = (plan.batch * plan.num_kv_heads, plan.num_tiles, triton.cdiv(plan.nb_max, plan.block_j))
     block_score_kernel[grid](
         q,
@@ -162,6 +161,7 @@ def block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
         plan.num_t,
         plan.nc_max,
         plan.nb_max,
+        scores.stride(2),
         plan.comp_block,
         plan.comp_stride,
         plan.qk_scale,

@@ -32,7 +32,7 @@ passed to the reuse layers (``union_plan``).
 **Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
 kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and maps each
 compressed token's probability, summed over the ``G`` heads, onto every selection block its
-window overlaps (NSA's rule), (3) ``topk_blocks_kernel`` picks each row's ``top_n`` blocks with
+window overlaps (NSA's rule), (3) ``kernels.top_blocks`` picks each row's ``top_n`` blocks with
 the first ``num_sink`` and last ``num_local`` forced, (4) the union plan, (5) the selected and
 window branches, (6) the merge with gating, which reuses the compressed partials from (1). The
 indices ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following

@@ -15,8 +15,8 @@ ceil(T_max / block_size)``; a partial last block is summarised over its present 
 ``BlockMetadata.update`` refreshes just the blocks touched by appended (or rolled-back) tokens,
 reading the lengths on the device, so the decode loop can capture it in a CUDA graph.
 
-Top-n is one ``kernels.top_blocks`` launch on the score tensor (a pick per max-reduction round,
-forced blocks, ascending output), so a selection is two launches; ``topn_from_scores`` is its
+Top-n is one ``kernels.top_blocks`` launch on the score tensor (forced blocks, ascending
+output), so a selection is two launches; ``topn_from_scores`` is its
 fp32 torch reference (``torch.topk`` and a sort).
 """
 
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import num_sms
-from kernels.top_blocks import check_forced, top_blocks
+from kernels.top_blocks import check_forced, empty_scores, top_blocks
 
 KINDS = ("mean", "quest")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -379,7 +379,7 @@ def block_scores(
     b, t, h, d = q.shape
     _, hkv, nb, _ = meta._any().shape
     _check_lens(prefix_lens, b, q.device, "prefix_lens")
-    out = torch.empty((b, hkv, t, nb), dtype=torch.float32, device=q.device)
+    out = empty_scores(b, hkv, t, nb, q.device)
     t_pad = max(16, triton.next_power_of_2(t))
     block_nb = min(32, _SCORE_TILE // t_pad)
     tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)

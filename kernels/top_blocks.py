@@ -5,9 +5,14 @@ selections (:mod:`kernels.select_blocks` from block metadata, the NSA refresh pa
 One program per ``[B, Hkv, t]`` row of ``[.., NB_max]`` fp32 scores picks the row's ``top_n``
 best blocks of its prefix's ``ceil(prefix / block_size)`` live blocks, the first ``num_sink``
 and last ``num_local`` forced in, ties to the lower block, and writes them ascending with ``-1``
-padding when fewer blocks are live. No sort and no host synchronisation: the rounds of the
-kernel (one max-reduction per pick) replace ``torch.topk`` + ``torch.sort`` and the five masks
-and copies around them. ``kernels.select_blocks.topn_from_scores`` is the torch reference.
+padding when fewer blocks are live, with no host synchronisation.
+
+Two kernels make the same pick. ``threshold_blocks_kernel`` (rows that fit in registers,
+``top_n`` up to ``THRESHOLD_MAX_TOP_N``) bounds the answer by the ``top_n``-th largest maximum
+of strided groups, compacts the few blocks above it and cuts them exactly: work linear in the
+row. ``topk_blocks_kernel`` takes one max-reduction over the row per pick: longer rows, larger
+``top_n``, and the threshold kernel's fallback when scores defeat its groups.
+``kernels.select_blocks.topn_from_scores`` is the torch reference.
 """
 
 from __future__ import annotations
@@ -22,8 +27,19 @@ from kernels.device import num_sms
 NO_BLOCK = tl.constexpr(2**30)
 # Above every top-n key (``_block_keys``): the "previous pick" before the first round.
 NO_KEY = tl.constexpr(2**63 - 1)
+# The lowest key (``_key``) of a live block in the threshold pick.
+LIVE_KEY = tl.constexpr(2**30)
+# Score rows start at multiples of this many floats. Triton 3.6's LLVM (SLP vectorizer) aborts
+# compiling the threshold pick for some rows of unaligned length.
+ROW_ALIGN = 16
 # Blocks of one row the kernel holds in registers at once.
 TOPK_CHUNK = 4096
+# The threshold pick (``threshold_blocks_kernel``) serves rows that fit in registers with
+# ``top_n`` up to this; its strided groups number this many per padded pick, and its compacted
+# candidates up to this many per padded pick before it falls back to the rounds.
+THRESHOLD_MAX_TOP_N = 256
+GROUPS_PER_PICK = 2
+CANDIDATES_PER_PICK = 2
 
 
 def top_blocks(
@@ -36,7 +52,8 @@ def top_blocks(
     num_local: int = 1,
 ) -> torch.Tensor:
     """``[B, Hkv, t, NB_max]`` fp32 scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending,
-    ``-1`` padded; ``prefix_lens`` ``[B]`` int32 sets each sequence's live blocks."""
+    ``-1`` padded; ``prefix_lens`` ``[B]`` int32 sets each sequence's live blocks. Scores from
+    ``empty_scores`` are read in place; other layouts are copied first."""
     if scores.dim() != 4 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be [B, Hkv, t, NB] float32, got {tuple(scores.shape)}")
     if top_n < 1 or top_n >= 2**30:
@@ -45,28 +62,77 @@ def top_blocks(
     b, hkv, t, nb_max = scores.shape
     if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
         raise ValueError(f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)}")
-    scores = scores.contiguous()
+    scores = _aligned_rows(scores)
     out = torch.empty((b, hkv, t, top_n), dtype=torch.int32, device=scores.device)
     if out.numel() == 0:
         return out
     chunk, tail, num_chunks = _row_layout(nb_max)
-    topk_blocks_kernel[(b * hkv * t,)](
-        scores,
-        prefix_lens,
-        out,
-        t,
-        nb_max,
-        num_sink,
-        num_local,
+    rows = b * hkv * t
+    top_n_pad = max(16, triton.next_power_of_2(top_n))
+    common = dict(
         NUM_KV_HEADS=hkv,
         BLOCK_SIZE=block_size,
         TOP_N=top_n,
-        TOP_N_PAD=max(16, triton.next_power_of_2(top_n)),
+        TOP_N_PAD=top_n_pad,
         CHUNK=chunk,
         TAIL=tail,
-        NUM_CHUNKS=num_chunks,
-        num_warps=_warps(b * hkv * t, chunk + tail, scores.device),
+        num_warps=_warps(rows, chunk + tail, scores.device),
     )
+    if num_chunks == 1 and top_n_pad <= min(chunk, THRESHOLD_MAX_TOP_N):
+        groups = min(chunk, GROUPS_PER_PICK * top_n_pad)
+        cap = CANDIDATES_PER_PICK * top_n_pad
+        scratch = torch.empty((rows, cap), dtype=torch.int64, device=scores.device)
+        threshold_blocks_kernel[(rows,)](
+            scores,
+            prefix_lens,
+            out,
+            scratch,
+            t,
+            nb_max,
+            scores.stride(2),
+            num_sink,
+            num_local,
+            GROUPS=groups,
+            TAIL_ROWS=max(2, tail // groups),
+            CAP=cap,
+            **common,
+        )
+    else:
+        topk_blocks_kernel[(rows,)](
+            scores,
+            prefix_lens,
+            out,
+            t,
+            nb_max,
+            scores.stride(2),
+            num_sink,
+            num_local,
+            NUM_CHUNKS=num_chunks,
+            **common,
+        )
+    return out
+
+
+def empty_scores(
+    batch: int, num_kv_heads: int, num_rows: int, num_blocks: int, device: torch.device
+) -> torch.Tensor:
+    """An fp32 ``[B, Hkv, t, NB]`` score tensor whose rows start 64-byte aligned (row stride
+    a multiple of ``ROW_ALIGN``): what ``top_blocks`` reads without a copy."""
+    stride = triton.cdiv(max(num_blocks, 1), ROW_ALIGN) * ROW_ALIGN
+    full = torch.empty((batch, num_kv_heads, num_rows, stride), dtype=torch.float32, device=device)
+    return full[..., :num_blocks]
+
+
+def _aligned_rows(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` itself when its rows are evenly strided by a multiple of ``ROW_ALIGN``, else
+    a copy that is."""
+    b, hkv, t, nb = scores.shape
+    s = scores.stride(2)
+    if scores.stride()[1:] == (t * s, s, 1) and scores.stride(0) == hkv * t * s:
+        if s % ROW_ALIGN == 0:
+            return scores
+    out = empty_scores(b, hkv, t, nb, scores.device)
+    out.copy_(scores)
     return out
 
 
@@ -110,6 +176,7 @@ def topk_blocks_kernel(
     out_ptr,  # [B, Hkv, t, NB_max] fp32, [B] i32, [B, Hkv, t, TOP_N] i32
     num_t,
     nb_max,
+    row_stride,
     num_sink,
     num_local,
     NUM_KV_HEADS: tl.constexpr,
@@ -133,7 +200,7 @@ def topk_blocks_kernel(
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
     nb = tl.minimum((prefix + BLOCK_SIZE - 1) // BLOCK_SIZE, nb_max)
-    base = score_ptr + r.to(tl.int64) * nb_max
+    base = score_ptr + r.to(tl.int64) * row_stride
     offs = tl.arange(0, CHUNK)
     slots = tl.arange(0, TOP_N_PAD)
     chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
@@ -156,14 +223,20 @@ def topk_blocks_kernel(
         blk = tl.where(best >= 0, (~best & 0x3FFFFFFF).to(tl.int32), NO_BLOCK)
         chosen = tl.where(slots == i, blk, chosen)
         prev = tl.where(best >= 0, best, prev)
-    # Ascending order: each pick's rank among the picks (ties only among NO_BLOCK, by slot).
+    _store_ascending(chosen, slots, out_ptr + r.to(tl.int64) * TOP_N, TOP_N)
+
+
+@triton.jit
+def _store_ascending(chosen, slots, out_row, TOP_N: tl.constexpr):
+    """Write the picks ``chosen`` (``NO_BLOCK`` for none) ascending, ``-1`` padded."""
+    # Each pick's rank among the picks (ties only among NO_BLOCK, by slot).
     before = (chosen[None, :] < chosen[:, None]) | (
         (chosen[None, :] == chosen[:, None]) & (slots[None, :] < slots[:, None])
     )  # [TOP_N_PAD, TOP_N_PAD]: pick k comes before pick i
     rank = tl.sum(before.to(tl.int32), 1)
     ordered = tl.sum(tl.where(rank[:, None] == slots[None, :], chosen[:, None], 0), 0)
     ordered = tl.where(ordered == NO_BLOCK, -1, ordered)
-    tl.store(out_ptr + r.to(tl.int64) * TOP_N + slots, ordered, mask=slots < TOP_N)
+    tl.store(out_row + slots, ordered, mask=slots < TOP_N)
 
 
 @triton.jit
@@ -179,3 +252,149 @@ def _block_keys(base, j, nb, num_sink, num_local):
     ordered = tl.where(forced, 0xFFFFFFFF + 1, ordered)  # above every finite score
     key = (ordered << 30) | (~j & 0x3FFFFFFF).to(tl.int64)
     return tl.where(j < nb, key, -1)
+
+
+@triton.jit
+def threshold_blocks_kernel(
+    score_ptr,
+    prefix_ptr,
+    out_ptr,
+    scratch_ptr,  # [B, Hkv, t, NB_max] fp32, [B] i32, [B, Hkv, t, TOP_N] i32, [rows, CAP] i64
+    num_t,
+    nb_max,
+    row_stride,
+    num_sink,
+    num_local,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TOP_N: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TAIL: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    CAP: tl.constexpr,
+):
+    """Grid ``(B * Hkv * t,)``: the same pick as ``topk_blocks_kernel`` (the ``TOP_N`` largest
+    keys of the row), with work linear in the row instead of ``TOP_N`` passes over it.
+
+    Block ``j`` falls into group ``j % GROUPS`` (strided, so a run of neighbouring high scores
+    spreads over groups). The ``TOP_N``-th largest group maximum ``tau`` bounds the answer from
+    below: at least ``TOP_N`` keys reach it. The keys at or above ``tau`` (about ``1.4 TOP_N``
+    of random scores with ``GROUPS = 2 TOP_N_PAD``) are compacted in block order into scratch
+    memory; the ``TOP_N``-th largest of them is the exact cut, and the keys at or above it are
+    written in that order: ascending. Scores are held as 32-bit order-preserving integers; a
+    key is (score, lower block) in 64 bits only for the ``GROUPS`` maxima and the ``CAP``
+    candidates. More than ``CAP`` candidates (scores that defeat the strided groups) fall back
+    to the rounds of ``topk_blocks_kernel``."""
+    tl.static_assert(CHUNK % GROUPS == 0)
+    tl.static_assert(GROUPS >= TOP_N_PAD)
+    tl.static_assert(CAP >= TOP_N_PAD)
+    r = tl.program_id(0)
+    b = r // (NUM_KV_HEADS * num_t)
+    prefix = tl.load(prefix_ptr + b)
+    nb = tl.minimum((prefix + BLOCK_SIZE - 1) // BLOCK_SIZE, nb_max)
+    base = score_ptr + r.to(tl.int64) * row_stride
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, CHUNK // GROUPS)[:, None] * GROUPS + g[None, :]  # [SPAN, GROUPS]
+    v = _ordered_scores(base, j, nb, num_sink, num_local)
+    gv = tl.max(v, 0)
+    # The tail joins the groups as a tile of at least two rows; its blocks past nb_max are
+    # never live.
+    if TAIL > 0:
+        jt = CHUNK + tl.arange(0, TAIL_ROWS)[:, None] * GROUPS + g[None, :]
+        vt = _ordered_scores(base, jt, nb, num_sink, num_local)
+        gv = tl.maximum(gv, tl.max(vt, 0))
+    # Each group's key: its best score and, among ties, its lowest block.
+    gj = tl.min(tl.where(v == gv[None, :], j, 2**30), 0)
+    if TAIL > 0:
+        gj = tl.minimum(gj, tl.min(tl.where(vt == gv[None, :], jt, 2**30), 0))
+    tau = _kth_largest(_key(gv, gj), TOP_N)
+    # Below the lowest live key: fewer than TOP_N live blocks, every live block a candidate.
+    tau = tl.maximum(tau, LIVE_KEY)
+    cand = (_key_at_least(v, j, tau) & (j < nb)).to(tl.int32)
+    num_main = tl.sum(tl.sum(cand, 1), 0)
+    num_cand = num_main
+    if TAIL > 0:
+        cand_t = (_key_at_least(vt, jt, tau) & (jt < nb)).to(tl.int32)
+        num_cand += tl.sum(tl.sum(cand_t, 1), 0)
+    out_row = out_ptr + r.to(tl.int64) * TOP_N
+    slots = tl.arange(0, TOP_N_PAD)
+    if num_cand <= CAP:
+        # Candidates in block order: row-major over the main tile, then the tail.
+        work = scratch_ptr + r.to(tl.int64) * CAP
+        tl.store(work + _positions(cand, True), _key(v, j), mask=cand > 0)
+        if TAIL > 0:
+            pos_t = num_main + _positions(cand_t, True)
+            tl.store(work + pos_t, _key(vt, jt), mask=cand_t > 0)
+        tl.debug_barrier()
+        c = tl.arange(0, CAP)
+        ckey = tl.load(work + c, mask=c < num_cand, other=-1, cache_modifier=".cg")
+        cut = tl.maximum(_kth_largest(ckey, TOP_N), LIVE_KEY)
+        keep = (ckey >= cut).to(tl.int32)
+        tl.store(out_row + _positions(keep, False), (~ckey & 0x3FFFFFFF).to(tl.int32), keep > 0)
+        num_kept = tl.sum(keep, 0)
+        tl.store(out_row + slots, -1, mask=(slots >= num_kept) & (slots < TOP_N))
+    else:
+        chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
+        prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
+        keys = tl.where(j < nb, _key(v, j), -1)
+        if TAIL > 0:
+            keys_t = tl.where(jt < nb, _key(vt, jt), -1)
+        for i in range(TOP_N):
+            best = tl.max(tl.max(tl.where(keys < prev, keys, -1), 1), 0)
+            if TAIL > 0:
+                below = tl.where(keys_t < prev, keys_t, -1)
+                best = tl.maximum(best, tl.max(tl.max(below, 1), 0))
+            blk = tl.where(best >= 0, (~best & 0x3FFFFFFF).to(tl.int32), NO_BLOCK)
+            chosen = tl.where(slots == i, blk, chosen)
+            prev = tl.where(best >= 0, best, prev)
+        _store_ascending(chosen, slots, out_row, TOP_N)
+
+
+@triton.jit
+def _positions(flag, WIDE: tl.constexpr):
+    """Exclusive prefix count of the int32 ``flag`` (a 2-D tile if ``WIDE``, else a vector)
+    in row-major order: where each flagged element goes when the flagged ones are packed."""
+    if WIDE:
+        per_row = tl.sum(flag, 1)
+        return (tl.cumsum(per_row, 0) - per_row)[:, None] + tl.cumsum(flag, 1) - flag
+    else:
+        return tl.cumsum(flag, 0) - flag
+
+
+@triton.jit
+def _ordered_scores(base, j, nb, num_sink, num_local):
+    """Scores of blocks ``j`` as int32 in the same order (forced blocks above every score),
+    ``-2^31`` for blocks past the prefix."""
+    s = tl.load(base + j, mask=j < nb, other=0.0)
+    bits = s.to(tl.int32, bitcast=True)
+    # Flip all bits of negatives, the sign bit of the rest: unsigned order; then the sign bit
+    # again for signed order. -2^31 stays free for "not live".
+    v = tl.where(bits < 0, ~bits, bits | -2147483648) ^ -2147483648
+    v = tl.maximum(v, -2147483647)
+    forced = (j < num_sink) | (j >= nb - num_local)
+    v = tl.where(forced, 2147483647, v)
+    return tl.where(j < nb, v, -2147483648)
+
+
+@triton.jit
+def _key(v, j):
+    """Non-negative int64 keys ordered by (score, lower block) of ordered scores ``v`` of
+    blocks ``j``; live blocks from ``2^30`` up, blocks past the prefix below."""
+    return ((v.to(tl.int64) + 2147483648) << 30) | (~j & 0x3FFFFFFF).to(tl.int64)
+
+
+@triton.jit
+def _key_at_least(v, j, key):
+    """Whether (``v``, block ``j``) has a key at or above ``key``, without forming it."""
+    kv = ((key >> 30) - 2147483648).to(tl.int32)
+    kj = (~key & 0x3FFFFFFF).to(tl.int32)
+    return (v > kv) | ((v == kv) & (j <= kj))
+
+
+@triton.jit
+def _kth_largest(x, K: tl.constexpr):
+    """The ``K``-th largest element of the 1-D tensor ``x`` (``K`` <= its length)."""
+    ranked = tl.sort(x, descending=True)
+    return tl.max(tl.where(tl.arange(0, x.shape[0]) == K - 1, ranked, -(2**62)), 0)

@@ -6,12 +6,15 @@ D = 128, block 64, plus CUDA-graph capture of ``update`` and ``select_blocks``.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA
 
+import kernels.top_blocks as top_blocks_mod
 from kernels.select_blocks import (
     BlockMetadata,
     block_scores,
@@ -142,6 +145,72 @@ def test_top_blocks_row_layout_keeps_ragged_rows_in_registers():
     assert _row_layout(2049) == (2048, 16, 1)  # a 128K cache plus the draft: not 4096 keys
     assert _row_layout(3000) == (2048, 1024, 1)
     assert _row_layout(2 * TOPK_CHUNK + 1) == (TOPK_CHUNK, 0, 3)  # walked in chunks
+
+
+def exact_top_blocks(scores, lens, block_size, top_n, num_sink, num_local):
+    """The pick by its definition: ``top_n`` best of (score descending, block ascending) with
+    the forced blocks first, written ascending and ``-1`` padded."""
+    b_, h_, t_, nb_max = scores.shape
+    out = torch.full((b_, h_, t_, top_n), -1, dtype=torch.int32)
+    for b in range(b_):
+        nb = min(-(-int(lens[b]) // block_size), nb_max)
+        for h, r in itertools.product(range(h_), range(t_)):
+            row = scores[b, h, r, :nb].tolist()
+            forced = [j < num_sink or j >= nb - num_local for j in range(nb)]
+            order = sorted(range(nb), key=lambda j: (not forced[j], -row[j], j))[:top_n]
+            out[b, h, r, : len(order)] = torch.tensor(sorted(order), dtype=torch.int32)
+    return out
+
+
+def adversarial_scores(nb_max, groups):
+    """Scores that defeat the strided groups of the threshold pick: every group but one holds
+    only high scores and that one a single middling score, so its maximum (the threshold) lets
+    nearly the whole row through as candidates and the kernel falls back to its rounds."""
+    j = torch.arange(nb_max)
+    g = j % groups
+    s = torch.where(g < groups // 2 - 1, 50.0, 10.0)
+    s[groups // 2 - 1] = 20.0
+    return s + 1e-3 * torch.rand(nb_max, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize(
+    "nb_max, top_n, pattern",
+    [
+        (300, 16, "randn"),
+        (2049, 16, "randn"),  # a 128K cache plus the draft: a tail beside the groups
+        (2049, 64, "runs"),
+        (129, 64, "tied"),
+        (20, 64, "randn"),  # fewer blocks than top_n: the rounds kernel
+        (3000, 32, "few_values"),
+        (1024, 16, "adversarial"),
+        (5000, 16, "randn"),  # beyond one register chunk: the rounds kernel
+    ],
+)
+def test_top_blocks_match_the_definition(nb_max, top_n, pattern):
+    gen = torch.Generator().manual_seed(nb_max + top_n)
+    scores = torch.randn((3, 1, 2, nb_max), generator=gen)
+    if pattern == "runs":  # neighbouring blocks score alike, as attention does
+        scores = scores.cumsum(-1)
+    elif pattern == "tied":
+        scores[:] = 0.0
+    elif pattern == "few_values":
+        scores = torch.randint(0, 3, scores.shape, generator=gen).float()
+    elif pattern == "adversarial":
+        groups = top_blocks_mod.GROUPS_PER_PICK * 16
+        scores[:] = adversarial_scores(nb_max, groups)
+    lens = torch.tensor([64 * nb_max, 64 * (nb_max // 3) + 5, 64 * 17], dtype=torch.int32)
+    with poisoned_allocations():
+        got = top_blocks(scores.to(DEV), lens.to(DEV), block_size=64, top_n=top_n, num_local=2)
+    assert torch.equal(got.cpu(), exact_top_blocks(scores, lens, 64, top_n, 1, 2))
+
+
+def test_score_rows_are_aligned_and_read_in_place():
+    scores = top_blocks_mod.empty_scores(2, 3, 5, 2049, torch.device(DEV))
+    assert scores.shape == (2, 3, 5, 2049) and scores.stride(2) % top_blocks_mod.ROW_ALIGN == 0
+    assert top_blocks_mod._aligned_rows(scores) is scores
+    packed = torch.randn((2, 3, 5, 2049), device=DEV)  # rows 2049 floats apart: copied
+    copied = top_blocks_mod._aligned_rows(packed)
+    assert copied.stride(2) == scores.stride(2) and torch.equal(copied, packed)
 
 
 def test_first_token_only_selects_for_every_row():
