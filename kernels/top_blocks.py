@@ -35,10 +35,13 @@ ROW_ALIGN = 16
 # Blocks of one row the kernel holds in registers at once.
 TOPK_CHUNK = 4096
 # The threshold pick (``threshold_blocks_kernel``) serves rows that fit in registers with
-# ``top_n`` up to this; its strided groups number this many per padded pick, and its compacted
-# candidates up to this many per padded pick before it falls back to the rounds.
+# ``top_n`` up to this; its strided groups number this many per padded pick (and at least
+# ``MIN_GROUPS``), and its compacted candidates up to this many per padded pick before it falls
+# back to the rounds. Two per pick and 64 at least are the fastest
+# of 2 and 4 per pick on the H200 at 32K and 128K rows, batch 1, 4 and 16, or near it.
 THRESHOLD_MAX_TOP_N = 256
 GROUPS_PER_PICK = 2
+MIN_GROUPS = 64
 CANDIDATES_PER_PICK = 2
 
 
@@ -76,10 +79,9 @@ def top_blocks(
         TOP_N_PAD=top_n_pad,
         CHUNK=chunk,
         TAIL=tail,
-        num_warps=_warps(rows, chunk + tail, scores.device),
     )
     if num_chunks == 1 and top_n_pad <= min(chunk, THRESHOLD_MAX_TOP_N):
-        groups = min(chunk, GROUPS_PER_PICK * top_n_pad)
+        groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
         cap = CANDIDATES_PER_PICK * top_n_pad
         scratch = torch.empty((rows, cap), dtype=torch.int64, device=scores.device)
         threshold_blocks_kernel[(rows,)](
@@ -95,6 +97,7 @@ def top_blocks(
             GROUPS=groups,
             TAIL_ROWS=max(2, tail // groups),
             CAP=cap,
+            num_warps=_threshold_warps(rows, chunk, scores.device),
             **common,
         )
     else:
@@ -108,6 +111,7 @@ def top_blocks(
             num_sink,
             num_local,
             NUM_CHUNKS=num_chunks,
+            num_warps=_warps(rows, chunk + tail, scores.device),
             **common,
         )
     return out
@@ -167,6 +171,16 @@ def _warps(rows: int, chunk: int, device: torch.device) -> int:
     if rows <= num_sms(device):
         return 4 if chunk <= 2048 else 8
     return max(1, chunk // 2048)
+
+
+def _threshold_warps(rows: int, chunk: int, device: torch.device) -> int:
+    """Warps of one row's threshold pick: 4 (8 for chunks beyond 2048 blocks) up to a row per
+    SM, 2 up to eight, then 1: the fastest of 1-8 warps, or near it, on the H200 at 32K and 128K,
+    batch 1, 4 and 16, top_n 16-64."""
+    sms = num_sms(device)
+    if rows <= sms:
+        return 4 if chunk <= 2048 else 8
+    return 2 if rows <= 8 * sms else 1
 
 
 @triton.jit
