@@ -222,3 +222,55 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
             {**r, "class": cls, "predicted_s": pred, "split": "heldout" if is_heldout(r) else "fit"}
         )
     return out
+
+
+# Two fits of the same rows agree when their predictions are equal on the median row and
+# within 5 % on 99 % of rows, and no class's fit or held-out median APE moves by two points.
+AGREEMENT_LIMITS = {"median_rel_diff": 1e-3, "p99_rel_diff": 0.05, "max_median_ape_change": 0.02}
+
+
+def disagreements(agreement: dict) -> list[str]:
+    """The limits of ``AGREEMENT_LIMITS`` that a ``fit_agreement`` result exceeds."""
+    return [
+        f"{k} {agreement[k]:.3g} > {limit}"
+        for k, limit in AGREEMENT_LIMITS.items()
+        if agreement[k] > limit
+    ]
+
+
+def fit_agreement(rows: list[dict], a: dict, b: dict) -> dict:
+    """How far two fitted profiles (JSON documents) of the same rows are apart: the relative
+    difference of their predictions on every graph row (median, p99, max), and per class the
+    larger change of its fit and held-out median APE.
+
+    A profile's efficiency parameters are not all identified by its rows (a bandwidth-bound
+    class says little about its FLOP efficiency), so a refit under another scipy or numpy build
+    can stop at another optimum of equal error: a fit is reproducible in what it predicts, not
+    in every parameter (nor in its id, a hash of them).
+    """
+    if set(a["classes"]) != set(b["classes"]):
+        diff = sorted(set(a["classes"]) ^ set(b["classes"]))
+        raise ValueError(f"the profiles fit different classes: {diff}")
+    pa = annotate(rows, Profile.from_json(a))
+    pb = annotate(rows, Profile.from_json(b))
+    x = np.array([r["predicted_s"] for r in pa])
+    rel = np.abs(x - np.array([r["predicted_s"] for r in pb])) / x
+    ape_change = {}
+    for name, ca in a["classes"].items():
+        cb = b["classes"][name]
+        ape_change[name] = max(
+            (
+                abs(ca["error"][s]["median_ape"] - cb["error"][s]["median_ape"])
+                for s in ("fit", "heldout")
+                if ca["error"][s].get("n") and cb["error"][s].get("n")
+            ),
+            default=0.0,
+        )
+    return {
+        "rows": int(rel.size),
+        "median_rel_diff": float(np.median(rel)),
+        "p99_rel_diff": float(np.quantile(rel, 0.99)),
+        "max_rel_diff": float(rel.max()),
+        "max_median_ape_change": max(ape_change.values()),
+        "median_ape_change": ape_change,
+    }

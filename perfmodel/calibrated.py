@@ -178,9 +178,13 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path, gpu: str | None = None) -> Profile:
-        d = json.loads(Path(path).read_text())
+        return cls.from_json(json.loads(Path(path).read_text()), gpu, source=str(path))
+
+    @classmethod
+    def from_json(cls, d: dict, gpu: str | None = None, *, source: str = "profile") -> Profile:
+        """A profile from its JSON document; ``gpu`` refuses one measured on another GPU."""
         if d.get("version") != PROFILE_VERSION:
-            raise ValueError(f"profile {path} has version {d.get('version')!r}, expected 1")
+            raise ValueError(f"{source} has version {d.get('version')!r}, expected 1")
         if gpu is not None and d["gpu"] != gpu:
             raise ValueError(
                 f"profile {d['profile_id']} was measured on {d['gpu']!r} "

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from calibration import ceilings
+from calibration.validate import disagreements, fit_agreement
 from ssvkit import campaign
 from ssvkit.campaign import (
     EXIT_AGAIN,
@@ -423,8 +425,9 @@ def test_the_script_one_line_errors_pack_and_plan(tree, tmp_path, capsys, monkey
 
 
 def test_the_fit_stage_fits_a_folder_as_the_committed_fit_does(tmp_path, capsys):
-    """Committed rows copied elsewhere fit to the committed ceilings and profile, byte for
-    byte, written there and not in the committed folder."""
+    """Committed rows copied elsewhere fit to the committed ceilings, byte for byte, and to a
+    profile that predicts what the committed one does (``calibration.validate.fit_agreement``),
+    written there and not in the committed folder."""
     committed = ROOT / "calibration" / "profiles" / "h100-sxm"
     rows = tmp_path / "profile"
     rows.mkdir()
@@ -432,8 +435,12 @@ def test_the_fit_stage_fits_a_folder_as_the_committed_fit_does(tmp_path, capsys)
         shutil.copy(committed / name, rows / name)
     before = {p.name: p.stat().st_mtime_ns for p in committed.iterdir()}
     assert _campaign_module().main(["--fit", str(rows)]) == EXIT_DONE
-    for name in ("ceilings.json", "profile.json"):
-        assert (rows / name).read_bytes() == (committed / name).read_bytes(), name
+    assert (rows / "ceilings.json").read_bytes() == (committed / "ceilings.json").read_bytes()
+    fitted, committed_fit = (
+        json.loads((d / "profile.json").read_text()) for d in (rows, committed)
+    )
+    agree = fit_agreement(ceilings.profile_rows("h100-sxm"), fitted, committed_fit)
+    assert not disagreements(agree), agree
     assert {p.name: p.stat().st_mtime_ns for p in committed.iterdir()} == before
     assert _campaign_module().main(["--fit", str(tmp_path / "none")]) == 2
     assert "no such folder" in capsys.readouterr().err

@@ -1,7 +1,6 @@
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from calibration import ceilings
@@ -15,7 +14,7 @@ from calibration.fit import (
     tile_rows,
 )
 from calibration.readme import README, render
-from calibration.validate import annotate, ratio_pairs, report
+from calibration.validate import disagreements, fit_agreement, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
 from perfmodel.hardware import get_gpu
 from perfmodel.models import ModelSpec, get_model
@@ -32,22 +31,23 @@ def rows():
 
 
 def test_committed_profile_is_the_fit_of_the_committed_rows(rows):
+    """A refit predicts what the committed profile predicts (``AGREEMENT_LIMITS``); its
+    parameters need not be equal (``fit_agreement``)."""
     overlay = json.loads((ceilings.PROFILES / "h100-sxm" / "ceilings.json").read_text())
     refit, _ = fit_profile(rows, "h100-sxm", overlay["ceilings"])
+    agree = fit_agreement(rows, refit, json.loads(PROFILE.read_text()))
+    assert agree["rows"] > 2000
+    assert not disagreements(agree), agree
+
+
+def test_fit_agreement_tells_another_fit_apart(rows):
     committed = json.loads(PROFILE.read_text())
-    assert set(refit["classes"]) == set(committed["classes"])
-    assert refit["profile_id"] == committed["profile_id"]
-    a = Profile.load(PROFILE)
-    b_path = PROFILE.parent / "refit.json"
-    try:
-        b_path.write_text(json.dumps(refit))
-        b = Profile.load(b_path)
-    finally:
-        b_path.unlink()
-    pa, pb = annotate(rows, a), annotate(rows, b)
-    np.testing.assert_allclose(
-        [r["predicted_s"] for r in pa], [r["predicted_s"] for r in pb], rtol=1e-6
-    )
+    assert fit_agreement(rows, committed, committed)["max_rel_diff"] == 0.0
+    slower = json.loads(PROFILE.read_text())
+    fit = slower["classes"]["dense_verify"]["fit"]
+    fit["t0_s"] *= 2  # a class with a doubled launch cost
+    agree = fit_agreement(rows, committed, slower)
+    assert disagreements(agree) == [f"p99_rel_diff {agree['p99_rel_diff']:.3g} > 0.05"]
 
 
 def test_heldout_rule_holds_out_whole_values(rows):
