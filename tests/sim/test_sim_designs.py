@@ -123,3 +123,15 @@ def test_sparsespec_delayed_verification_and_offload():
     assert value(tight, "max_kv_tokens") <= 40000
     assert {s.lane for s in tight.recorder.spans} >= {"gpu", "cpu"}
     assert all(q.output_tokens == 400 for q in tight.requests)
+
+
+@pytest.mark.parametrize("scenario", ["ar_dense", "ar_sparse", "sd_dense", "ssv"])
+def test_batch_decoding_holds_the_kv_capacity_sparsespec_offloads_against(scenario):
+    """AR and SD decode a fixed batch whose KV must fit beside the weights: a batch that
+    overflows the capacity SparseSpec is given is refused with the figures, not simulated as if
+    memory were endless; one that fits runs."""
+    kw = dict(num_tokens=400, batch=16, context_len=4096)
+    need = 16 * (4096 + 400 + 1)  # the draft tail on top for SD
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        run(scenario, kv_capacity_tokens=need - 1, **kw)
+    assert value(run(scenario, kv_capacity_tokens=2 * need, **kw), "simulated_tokens_per_s") > 0
