@@ -13,9 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import planner.controller as controller_module
+import planner.candidates
+import planner.estimators
+import planner.rescore
+import planner.shadow
 from perfmodel.strategy import parse_tree
-from planner.controller import OnlineController, _Known
+from planner.candidates import CandidateBook, Known
+from planner.controller import OnlineController
 from planner.profile import (
     _interp,
     _tokens_table,
@@ -75,33 +79,53 @@ def _np_alpha_from_tokens(tree: str, tokens_per_round: float) -> float:
     return float(np.interp(tokens_per_round, tokens, alphas))
 
 
+def _plain_interpolation(monkeypatch) -> None:
+    """The controller's modules interpolate by ``np.interp`` on the arrays."""
+    for module in (planner.candidates, planner.estimators, planner.rescore, planner.shadow):
+        for name, plain in (
+            ("alpha_from_tokens", _np_alpha_from_tokens),
+            ("expected_tokens", _np_expected_tokens),
+        ):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, plain)
+
+
+class PlainBook(CandidateBook):
+    """Every memo of the candidate book bypassed."""
+
+    def known(self, s):
+        return Known(strategy_id(s), s.drafter.kind, chain_length(s.tree))
+
+    def alpha_for(self, regime, s):
+        return self.profile.alpha_for(regime, s)
+
+    def factor(self, regime, s, drafter=None):
+        return self.profile.attention_factor(regime, s, drafter)
+
+    def shadow_refs(self, regime, lens):
+        self._refs.clear()
+        return super().shadow_refs(regime, lens)
+
+    def probe_strategy(self, regime, lens):
+        self._probes.clear()
+        return super().probe_strategy(regime, lens)
+
+    def rows(self, regime, current):
+        self._cand_rows.clear()
+        return super().rows(regime, current)
+
+
 class PlainController(OnlineController):
     """Every memo bypassed, every interpolation by ``np.interp``: the reference."""
 
-    def _known(self, s):
-        return _Known(strategy_id(s), s.drafter.kind, chain_length(s.tree))
-
-    def _alpha_for(self, regime, s):
-        return self.profile.alpha_for(regime, s)
-
-    def _factor(self, regime, s, drafter=None):
-        return self.profile.attention_factor(regime, s, drafter)
+    def __init__(self, ranking, model, gpu, profile, config=None, batch=1, switch_cost_s=0.0):
+        super().__init__(ranking, model, gpu, profile, config, batch, switch_cost_s)
+        book = PlainBook(ranking, model, gpu, profile, batch, self.config.candidates)
+        self._book = self._scorer.book = book
 
     def _round(self, stats, decide):
         self._now = None
         return super()._round(stats, decide)
-
-    def _shadow_refs_memo(self, regime):
-        self._refs.clear()
-        return super()._shadow_refs_memo(regime)
-
-    def _probe_strategy(self, regime):
-        self._probes.clear()
-        return super()._probe_strategy(regime)
-
-    def _rows(self, regime, current):
-        self._cand_rows.clear()
-        return super()._rows(regime, current)
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -131,8 +155,7 @@ def test_list_interpolation_is_np_interp_bit_for_bit(tree):
 @pytest.mark.parametrize("scenario", sorted(BENCH.SCENARIOS))
 def test_memoised_controller_decides_as_the_plain_one(setting, scenario, monkeypatch):
     fast = [BENCH.run_controller(setting, scenario, 400, seed) for seed in (0, 1)]
-    monkeypatch.setattr(controller_module, "alpha_from_tokens", _np_alpha_from_tokens)
-    monkeypatch.setattr(controller_module, "expected_tokens", _np_expected_tokens)
+    _plain_interpolation(monkeypatch)
     plain = [BENCH.run_controller(setting, scenario, 400, seed, PlainController) for seed in (0, 1)]
     for f, p in zip(fast, plain, strict=True):
         # Same rounds, reasons, destinations and logged figures (observed and expected alpha,
@@ -156,8 +179,7 @@ def test_memoised_controller_decides_as_the_plain_one_from_sparse_verification(
         if s.is_sparse and parse_tree(s.tree) and profile.attention_factor("16K", s) < 0.9
     )
     fast = BENCH.run_controller(setting, "prose>code", 400, start=start)
-    monkeypatch.setattr(controller_module, "alpha_from_tokens", _np_alpha_from_tokens)
-    monkeypatch.setattr(controller_module, "expected_tokens", _np_expected_tokens)
+    _plain_interpolation(monkeypatch)
     plain = BENCH.run_controller(setting, "prose>code", 400, 0, PlainController, start=start)
     assert fast["log"] == plain["log"] and fast["rescores"] == plain["rescores"]
     assert fast["log"][0]["from"] == strategy_id(start)
@@ -310,14 +332,14 @@ def test_benchmark_writes_its_figures(tmp_path, monkeypatch):
 
 
 def test_own_round_sums_are_the_weighted_moments():
-    """``_Own``: decayed sums of m and of min(m, k), their paired difference's low end and the
-    prior's expected sums, against numpy on the same observations."""
-    from planner.controller import _Own
+    """``ChainRounds``: decayed sums of m and of min(m, k), their paired difference's low end
+    and the prior's expected sums, against numpy on the same observations."""
+    from planner.estimators import ChainRounds
 
     rng = np.random.default_rng(3)
     keep, chain = 0.95, 4
     rounds = [rng.integers(0, chain + 1, rng.integers(1, 3)).tolist() for _ in range(60)]
-    own = _Own("s", chain, 1.0)
+    own = ChainRounds("s", chain, 1.0)
     for acc in rounds:
         own.add(acc, keep)
     m = np.array([x for acc in rounds for x in acc], dtype=float)
@@ -333,7 +355,7 @@ def test_own_round_sums_are_the_weighted_moments():
         var = np.average((d - mean) ** 2, weights=w)
         low = mean - z * np.sqrt(var * (w * w).sum() / w.sum() ** 2)
         assert np.isclose(own.paired_low(k, t_k, t_now, z), low)
-    prior = _Own("p", chain, 1.0)
+    prior = ChainRounds("p", chain, 1.0)
     prior.prior(0.6, 16)
     p = np.array([0.6**j * 0.4 for j in range(chain)] + [0.6**chain])
     j = np.arange(chain + 1)
@@ -446,13 +468,9 @@ def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
         assert out[1] is None and out[4] is None
         if i % 4 == 3:
             a, b = ctls[1], ctls[4]
-            assert (a._ema_tokens, a._ema_sq, a._deviating) == (
-                b._ema_tokens,
-                b._ema_sq,
-                b._deviating,
-            )
-            assert a._shadow == b._shadow and a._chain_obs == b._chain_obs
-            oa, ob = a._own[start.drafter.kind], b._own[start.drafter.kind]
+            assert a._ema == b._ema and a._deviating == b._deviating
+            assert a._shadow.chains == b._shadow.chains and a._collapse == b._collapse
+            oa, ob = a._scorer.own[start.drafter.kind], b._scorer.own[start.drafter.kind]
             assert dataclasses.asdict(oa) == dataclasses.asdict(ob)
         else:
             assert len(ctls[4]._queue) == i % 4 + 1
