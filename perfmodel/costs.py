@@ -2,10 +2,11 @@
 splits of a round, PRR's speculative attention and repair, Saguaro's pre-speculation,
 SparseSpec's mixed draft/verify step, host scheduling time and KV-cache capacity.
 
-Every function reuses the op builders and the predictor of ``perfmodel.step`` so the counts agree
-with the step model: a split of a round sums back to the step model's round (tests check it),
-and a new cost (prefill attention, repair of missed blocks) is counted in the same units and run
-through the same ``op_time_s``. Pure numpy; vectorised over the ``Columns`` points or arrays.
+Every function reuses the op builders (``perfmodel.ops``) and the predictor of the step model
+(``perfmodel.step``) so the counts agree with it: a split of a round sums back to the step
+model's round (tests check it), and a new cost (prefill attention, repair of missed blocks) is
+counted in the same units and run through the same ``op_time_s``. Pure numpy; vectorised over
+the ``Columns`` points or arrays.
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ from types import SimpleNamespace
 import numpy as np
 
 from perfmodel.models import ModelSpec
+from perfmodel.ops import (
+    ACT_BYTES,
+    F32,
+    OpSum,
+    attn_flops_per_row_token,
+    dense_attention,
+    head_ops,
+    kv_token_bytes,
+    linear_ops,
+    local_heads,
+)
 from perfmodel.predictor import Op
 from perfmodel.repair_plan import chain_tiles
 from perfmodel.sparsespec import offload_time_s
 from perfmodel.step import (
-    ACT_BYTES,
-    F32,
     Columns,
     StepPrediction,
-    _Acc,
-    _attn_flops_per_row_token,
-    _dense_attention,
-    _head_ops,
-    _kv_token_bytes,
-    _linear_ops,
-    _local_heads,
     attention_seconds,
     predict_columns,
 )
@@ -61,21 +64,21 @@ def prefill_ops(model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2) ->
     p = np.asarray(prompt_len, dtype=float)
     b = np.asarray(batch, dtype=float) * np.ones_like(p)
     tp = predictor.tp
-    hq, hkv = _local_heads(model, tp)
+    hq, hkv = local_heads(model, tp)
     L = model.num_layers
-    acc = _Acc()
-    _linear_ops(acc, model, b * p, tp, L, "prefill.")
+    acc = OpSum()
+    linear_ops(acc, model, b * p, tp, L, "prefill.")
     pairs = b * p * (p + 1) / 2
     reads = b * np.ceil(p / PREFILL_Q_TILE) * (p + 1) / 2
     qo = 2 * b * p * hq * model.head_dim * ACT_BYTES
     attn = Op(
         "attention",
-        pairs * _attn_flops_per_row_token(model, hq),
-        reads * _kv_token_bytes(model, hkv, kv_bytes) + qo,
+        pairs * attn_flops_per_row_token(model, hq),
+        reads * kv_token_bytes(model, hkv, kv_bytes) + qo,
         np.ones_like(p),
     )
     acc.add("prefill.attention", attn.scaled(L))
-    _head_ops(acc, model, b, tp, model.vocab_size, "prefill.")
+    head_ops(acc, model, b, tp, model.vocab_size, "prefill.")
     return dict(acc)
 
 
@@ -216,7 +219,7 @@ def repair_seconds(
     block at its measured latency, not at its bytes alone. Vectorised over every argument.
     """
     tp = predictor.tp
-    hq, hkv = _local_heads(model, tp)
+    hq, hkv = local_heads(model, tp)
     b = np.asarray(batch, dtype=float)
     r = np.asarray(rows, dtype=float)
     blocks = np.asarray(missed_blocks, dtype=float)
@@ -229,8 +232,8 @@ def repair_seconds(
     ones = np.ones_like(tokens + b + r)
     op = Op(
         "attention",
-        b * r * tokens * _attn_flops_per_row_token(model, hq),
-        b * r * tokens * _kv_token_bytes(model, hkv, kv_bytes) + state,
+        b * r * tokens * attn_flops_per_row_token(model, hq),
+        b * r * tokens * kv_token_bytes(model, hkv, kv_bytes) + state,
         ones,
         kernel="repair/repair",
         calls=ones,
@@ -332,9 +335,9 @@ def mixed_step_seconds(
     tp = predictor.tp
     L = model.num_layers
     m = nd + nv * (k + 1)
-    lin, head = _Acc(), _Acc()
-    _linear_ops(lin, model, m, tp, L, "step.")
-    _head_ops(head, model, m, tp, model.vocab_size, "step.")
+    lin, head = OpSum(), OpSum()
+    linear_ops(lin, model, m, tp, L, "step.")
+    head_ops(head, model, m, tp, model.vocab_size, "step.")
     on_m = m > 0
     out = {
         "linear_s": _total(lin, predictor) * on_m,
@@ -344,9 +347,9 @@ def mixed_step_seconds(
         ("draft_attention_s", nd, np.ones_like(nd), s * T + k),
         ("verify_attention_s", nv, k + 1, T + k + 1),
     ):
-        acc = _Acc()
+        acc = OpSum()
         shim = SimpleNamespace(tp=tp, batch=n, kv_bytes=kv_bytes)
-        _dense_attention(acc, model, shim, rows, kv, L * np.ones_like(n), "step.")
+        dense_attention(acc, model, shim, rows, kv, L * np.ones_like(n), "step.")
         out[name] = predictor.op_time_s(acc["step.attention"]) * (n > 0)
     out["total_s"] = sum(out.values())
     return out

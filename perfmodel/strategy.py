@@ -31,7 +31,7 @@ MAX_TREE_NODES = 64
 
 @dataclass(frozen=True, slots=True)
 class DrafterSpec:
-    """How draft tokens are produced (costs in ``perfmodel.step.draft_ops``).
+    """How draft tokens are produced (costs in ``perfmodel.draft_ops``).
 
     ``eagle``: one decoder layer at the target's width plus an LM head, fed the target's hidden
     states (EAGLE-3). ``draft_model``: a separate small model (``model`` names its ModelSpec).

@@ -524,10 +524,11 @@ def test_controller_rescore_agrees_with_a_full_score():
     c.warm()
     s = c.initial_strategy(30000)
     for alpha in (0.1, 0.5, 0.95):
-        c._alpha = alpha
+        c._ema.alpha = alpha
         best, gain = c._rescore(s, "32K", 32768, 0.8)
-        cands = list(c._candidates("32K").values())
-        full, _ = score(M, G, cands, 32768, c.profile, "32K", acceptance_scale=dict(c._shift))
+        cands = list(c._book.candidates("32K").values())
+        shift = dict(c._scorer.shift)
+        full, _ = score(M, G, cands, 32768, c.profile, "32K", acceptance_scale=shift)
         top = full[0].strategy
         if best is not None:
             assert strategy_id(best) == strategy_id(top)
@@ -735,8 +736,8 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"attention": {"k": -1}}}}))
     with pytest.raises(ValueError, match="16K.attention.k must be a finite number >= 0"):
         load_profile(p)
-    # ``speculative`` is signed (the fit's difference of two groups' residuals: run 28's 16K
-    # fitted -34 us), the other terms are not, and no round's overhead goes below 0.
+    # ``speculative`` is signed (the fit's difference of two groups' residuals; a 16K fit can
+    # come out at -34 us), the other terms are not, and no round's overhead goes below 0.
     signed = {"round": 1.2e-4, "speculative": -3.4e-5}
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": signed}}}))
     assert load_profile(p).overhead_s("16K", tree7) == pytest.approx(1.2e-4 - 3.4e-5)
@@ -836,7 +837,9 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     s = first = c.initial_strategy(30000)
     assert s.drafter.kind == "eagle"
     tree = next(
-        x for x in c._candidates("32K").values() if x.drafter.kind == "ngram" and x.tree == spec
+        x
+        for x in c._book.candidates("32K").values()
+        if x.drafter.kind == "ngram" and x.tree == spec
     )
     mean = expected_tokens(s.tree, 0.5) - 1.0  # the eagle tree as profiled, round by round
 
@@ -852,7 +855,7 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
         )
         if i == 40:
             # the decayed walk's accepted drafts per round (~3.6), inverted on the tree
-            r, d, _ = c._walks["ngram"][spec]
+            r, d, _ = c._shadow.walks["ngram"][spec]
             assert 3.0 < d / r <= 4.0
             walked = alpha_from_tokens(spec, 1.0 + d / r)
             assert c.shadow_alpha("32K", tree, first) == pytest.approx(walked, abs=1e-9)
@@ -860,10 +863,10 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     assert [x["reason"] for x in c.switches] == ["shadow"], c.switches
     assert s.drafter.kind == "ngram" and s.tree == spec
     sw = c.switches[0]  # the tree's walk against its profile
-    assert sw["expected_alpha"] == c._alpha_for("32K", tree) and sw["observed_alpha"] > 0.6
+    assert sw["expected_alpha"] == c._book.alpha_for("32K", tree) and sw["observed_alpha"] > 0.6
     # A walk at what the profile says of the tree: no switch.
     c = OnlineController(doc, M, G, TREE_PROFILE, ControllerConfig())
-    prof = expected_tokens(spec, c._alpha_for("32K", tree)) - 1.0
+    prof = expected_tokens(spec, c._book.alpha_for("32K", tree)) - 1.0
     s, rng = c.initial_strategy(30000), np.random.default_rng(1)
     for i in range(200):
         c.after_round(
@@ -881,7 +884,7 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
 def test_walk_gain_is_the_paired_time_over_the_same_tokens():
     """From autoregressive decoding (one token a round), the walk of n-gram chain:6 took a
     round every other token: chain:6 spends half a round of its own per round of the current
-    strategy. ``_walk_gain`` is the current's round time over that (taken ``confidence_z``
+    strategy. ``Rescorer.walk_gain`` is the current's round time over that (taken ``confidence_z``
     standard errors high, over the decayed rounds' effective count) times chain:6's, less
     the amortised switch cost -- checked here against the decayed sums by hand."""
     import math
@@ -892,26 +895,26 @@ def test_walk_gain_is_the_paired_time_over_the_same_tokens():
     ar = dataclasses.replace(c.initial_strategy(30000), tree="chain:0")
     ng6 = next(
         x
-        for x in c._candidates("32K").values()
+        for x in c._book.candidates("32K").values()
         if x.drafter.kind == "ngram" and x.tree == "chain:6"
     )
-    assert c._walk_gain("32K", ar, ng6, 2.0) is None  # nothing walked yet
+    assert c._scorer.walk_gain("32K", ar, ng6, 2.0) is None  # nothing walked yet
     keep, w, w2, r1, r2 = 1.0 - c.config.ema, 0.0, 0.0, 0.0, 0.0
     for i in range(80):
         r = i % 2  # a walked round of chain:6 every other token, accepting one draft
         walks = tuple(r for _ in range(8))
         sh = ShadowAcceptance(1, (r,) + (0,) * 7, walks, walks)
-        c._observe_shadow({"ngram": sh}, 1.0)
+        c._shadow.observe({"ngram": sh}, 1.0, keep)
         w, w2 = keep * w + 1.0, keep * keep * w2 + 1.0
         r1, r2 = keep * r1 + r, keep * r2 + r * r
     mean, var = r1 / w, r2 / w - (r1 / w) ** 2
     high = mean + c.config.confidence_z * math.sqrt(var * w2) / w
-    rs = c._round_s("32K", [ar, ng6])
+    rs = c._book.round_s("32K", [ar, ng6])
     tokens = 2.0  # as the re-score expects of chain:6 (the walk: 1 draft a round)
     want = (rs[strategy_id(ar)]) / (high * rs[strategy_id(ng6)]) - 1.0  # no switch cost known
-    assert c._walk_gain("32K", ar, ng6, tokens) == pytest.approx(want, rel=1e-9)
+    assert c._scorer.walk_gain("32K", ar, ng6, tokens) == pytest.approx(want, rel=1e-9)
     # Expected fewer tokens than its walk (a sparser attention): more of its rounds.
-    assert c._walk_gain("32K", ar, ng6, 1.5) < want
+    assert c._scorer.walk_gain("32K", ar, ng6, 1.5) < want
 
 
 def test_a_rescore_whose_top_did_not_pay_across_its_interval_is_repeated():
@@ -920,7 +923,7 @@ def test_a_rescore_whose_top_did_not_pay_across_its_interval_is_repeated():
     switches), though nothing deviated or rose since (epsilon 1, no collapse test)."""
     c = _shadow_controller(stride=1, epsilon=1.0, collapse_llr=0.0)
     s = c.initial_strategy(30000)
-    other = next(x for x in c._candidates("32K").values() if x.tree == "chain:2")
+    other = next(x for x in c._book.candidates("32K").values() if x.tree == "chain:2")
     calls = []
 
     def rescore(current, regime, ctx, expected, spread=()):

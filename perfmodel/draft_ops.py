@@ -1,0 +1,104 @@
+"""Op builders of the drafting in one round, by drafter kind (masked per point).
+
+eagle: per tree level with m nodes, one decoder layer at target width over the context plus a
+3d -> d feature fusion GEMM, the LM head and top-k sampling (EAGLE-3). draft_model: per level,
+a full forward of the draft model over the context. ngram: one scan of the context's token
+ids. self_sparse: K chain steps of the target with attention over s T tokens. Ignores the
+drafter's pass over the previous round's accepted tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.columns import Columns
+from perfmodel.models import ModelSpec
+from perfmodel.ops import OpSum, dense_attention, elementwise, gemm, head_ops, linear_ops
+
+
+def draft_ops(
+    acc: OpSum, model: ModelSpec, draft: ModelSpec | None, c: Columns, draft_vocab: int | None
+) -> None:
+    """Drafting cost of one round of every point of ``c`` (``draft``: the draft model's spec,
+    ``draft_vocab``: EAGLE's draft vocabulary), ops named ``draft.*``."""
+    b, T = c.batch, c.context_len
+    is_ngram = (c.drafter == 2) * 1.0
+    is_self = (c.drafter == 3) * 1.0
+    spec = c.num_draft > 0
+    drafted = np.zeros_like(T)
+    for lvl in range(c.level_sizes.shape[1]):
+        nodes = c.level_sizes[:, lvl]
+        on = (nodes > 0) & spec
+        if not on.any():
+            continue
+        kv = T + drafted + nodes
+        for k, op in _level_ops(model, draft, c, draft_vocab, nodes, kv, on).items():
+            acc.add(k, op)
+        drafted = drafted + nodes
+    # n-gram / prompt lookup: one pass over int32 token ids.
+    acc.add(
+        "draft.ngram",
+        elementwise(b * T * 4.0 * is_ngram * spec, b * T * is_ngram * spec, is_ngram * spec),
+    )
+    # Self-speculation: K chain steps of the target with attention over s T tokens.
+    steps = c.num_draft * is_self
+    if (steps > 0).any():
+        for k, op in _self_step_ops(model, c).items():
+            acc.add(k, op.scaled(steps))
+
+
+def _level_ops(
+    model: ModelSpec,
+    draft: ModelSpec | None,
+    c: Columns,
+    draft_vocab: int | None,
+    nodes,
+    kv,
+    on,
+) -> OpSum:
+    """One tree level's drafting forward of ``nodes`` nodes per sequence over ``kv`` cached
+    tokens (``on``: the points that draft this level): the EAGLE head or the draft model."""
+    is_eagle = (c.drafter == 0) * 1.0
+    is_model = (c.drafter == 1) * 1.0
+    sub = OpSum()
+    # EAGLE head: one target-width layer, fused features, LM head.
+    m = c.batch * nodes
+    linear_ops(sub, model, m, c.tp, is_eagle * on, "draft.")
+    dense_attention(sub, model, c, nodes, kv, is_eagle * on, "draft.")
+    sub.add(
+        "draft.fc",
+        gemm(m, model.hidden_size, 3 * model.hidden_size, model.weight_bytes).scaled(is_eagle * on),
+    )
+    head = OpSum()
+    head_ops(head, model, m, c.tp, draft_vocab or model.vocab_size, "draft.")
+    for k, op in head.items():
+        sub.add(k, op.scaled(is_eagle * on))
+    if draft is not None:
+        dl = draft.num_layers * is_model * on
+        linear_ops(sub, draft, m, c.tp, dl, "draft.model.")
+        dense_attention(sub, draft, c, nodes, kv, dl, "draft.model.")
+        head = OpSum()
+        head_ops(head, draft, m, c.tp, draft.vocab_size, "draft.model.")
+        for k, op in head.items():
+            sub.add(k, op.scaled(is_model * on))
+    return sub
+
+
+def _self_step_ops(model: ModelSpec, c: Columns) -> OpSum:
+    """One self-speculation step: a forward of the target over one row with attention over
+    ``sparsity_ratio * T`` tokens plus the drafts so far."""
+    T = c.context_len
+    one = np.ones_like(T)
+    sub = OpSum()
+    linear_ops(sub, model, c.batch * one, c.tp, model.num_layers * one, "draft.self.")
+    dense_attention(
+        sub,
+        model,
+        c,
+        one,
+        c.sparsity_ratio * T + c.num_draft,
+        model.num_layers * one,
+        "draft.self.",
+    )
+    head_ops(sub, model, c.batch * one, c.tp, model.vocab_size, "draft.self.")
+    return sub

@@ -1,0 +1,182 @@
+"""Op builders of NSA-style sparse verification attention and block selection (seed 000).
+
+Each query attends to ``T / stride`` compressed tokens, ``min(n B, T)`` selected and
+``min(w, T)`` window tokens plus its draft-tree ancestors. Grouping changes only the bytes
+loaded (``perfmodel.sparse.blocks_loaded_per_layer``), never the FLOPs. Refresh layers (a
+fraction 1 / refresh_every of layers) run block selection; reuse layers do not. Without fusion
+every layer launches the three branches and a combine kernel and round-trips the branch
+outputs through memory; with ``refresh_reuse`` fusion a refresh layer runs a partially fused
+pair of kernels and a reuse layer one fused kernel (seed 000, Mechanism 2). Caches are
+ignored: repeated block loads of ``per_query`` kernels count as device-memory traffic (the
+calibrated predictor corrects for L2 hits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.columns import MODE_CODES, Columns
+from perfmodel.models import ModelSpec
+from perfmodel.nsa_plan import merge_steps, mma_row_cost
+from perfmodel.ops import (
+    ACT_BYTES,
+    F32,
+    I32,
+    OpSum,
+    attn_flops_per_row_token,
+    kv_token_bytes,
+    local_heads,
+)
+from perfmodel.predictor import Op
+from perfmodel.sparse import blocks_loaded_per_layer
+from perfmodel.torch_plan import topn_counts
+
+
+@dataclass(frozen=True, slots=True)
+class Branches:
+    """Per point: tokens per query of the compressed (``comp``), selected (``sel``) and window
+    (``win``) branches, kernel groups per sequence (``groups``: one query for ``per_query``, C
+    queries otherwise), blocks of the context (``nb``), and the tokens each branch loads per
+    layer and sequence (``loaded``)."""
+
+    comp: np.ndarray
+    sel: np.ndarray
+    win: np.ndarray
+    groups: np.ndarray
+    nb: np.ndarray
+    loaded: dict[str, np.ndarray]
+
+
+def branches(c: Columns) -> Branches:
+    """A kernel group reads the compressed keys and the window once; the selected blocks it
+    reads are ``blocks_loaded_per_layer`` of its mode."""
+    t, T = c.rows, c.context_len
+    comp = np.where(c.comp_stride > 0, np.floor(T / np.maximum(c.comp_stride, 1)), 0.0)
+    sel = np.minimum(c.top_n * c.block_size, T)
+    win = np.minimum(c.window, T)
+    groups = np.where(c.mode == 0, t, np.ceil(t / c.group_size))
+    nb = np.ceil(T / c.block_size)
+    sel_blocks = np.zeros_like(t)
+    for name, code in MODE_CODES.items():
+        m = c.mode == code
+        if m.any():
+            sel_blocks[m] = blocks_loaded_per_layer(
+                t[m], c.top_n[m], name, c.group_size[m], c.overlap[m], nb[m]
+            )
+    loaded = {
+        "compressed": groups * comp,
+        "selected": sel_blocks * c.block_size,
+        "window": groups * (win + t),
+    }
+    return Branches(comp, sel, win, groups, nb, loaded)
+
+
+def sparse_attention(
+    acc: OpSum, model: ModelSpec, c: Columns, layers, prefix: str, num_sms: int
+) -> dict:
+    """NSA-style sparse verification attention and block selection (target forward); the
+    bytes each branch loads, per point.
+
+    Selection (refresh layers): scores over block metadata (mean: 1 vector per block, quest:
+    2) or, for NSA, over the compressed attention probabilities, then a top-n; ``shared`` mode
+    selects for the group's representative only. Each attention call also carries the merge
+    steps of its launch plan on ``num_sms`` SMs (``perfmodel.nsa_plan``), the serial tail the
+    calibrated NSA classes price.
+    """
+    hq, hkv = local_heads(model, c.tp)
+    br = branches(c)
+    kv_tok = kv_token_bytes(model, hkv, c.kv_bytes)
+    nsa = (c.meta_vectors == 0) * 1.0  # NSA selects inside its attention kernels
+    flops, nbytes, launches = _attention_counts(model, c, br, nsa, hq, kv_tok)
+    _attention_ops(acc, c, (flops, nbytes, launches), nsa, hq, hkv, layers, prefix, num_sms)
+    _selection_op(acc, model, c, br, nsa, hq, hkv, layers, prefix)
+    return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in br.loaded.items()}
+
+
+def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_tok):
+    """FLOPs, bytes and launches of one layer's sparse attention call, per point."""
+    b, t, T = c.batch, c.rows, c.context_len
+    attended = br.comp + br.sel + br.win + t
+    m_rows = b * t
+    branch_out = m_rows * hq * model.head_dim * F32  # one branch's fp32 output
+    # Fusion level: unfused = 3 branch kernels + combine, 3 outputs round-trip; refresh layer of
+    # refresh_reuse = 2 kernels, 1 output round-trips; reuse layer = 1 fused kernel.
+    r = c.refresh_frac
+    launches = np.where(c.fused > 0, 2 * r + 1 * (1 - r), 4.0)
+    intermediates = np.where(c.fused > 0, r * 2 * branch_out, 3 * 2 * branch_out)
+    qo = 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
+    flops = m_rows * attended * attn_flops_per_row_token(model, hq)
+    nbytes = b * kv_tok * sum(br.loaded.values()) + qo + intermediates
+    # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
+    # (sequence, KV head), the compressed keys once and the union of its rows' selected blocks
+    # and window -- the bytes ``kernels.benchmark`` counts for the nsa_verify rows. Grouping
+    # modes do not apply there.
+    nsa_sel = blocks_loaded_per_layer(t, c.top_n, "union", t, c.overlap, br.nb) * c.block_size
+    gates = m_rows * hq * 3 * F32
+    nsa_bytes = b * kv_tok * (br.comp + np.minimum(nsa_sel + br.win, T) + t) + qo + gates
+    nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
+    return flops, nbytes, launches
+
+
+def _attention_ops(
+    acc: OpSum, c: Columns, counts, nsa, hq, hkv, layers, prefix: str, num_sms: int
+) -> None:
+    """One op per measured class: the three NSA branches launched apart and gated in torch
+    (unfused) or the fused kernels; refresh layers (NSA: selection inside) and reuse layers.
+    One call per layer each (``counts``: FLOPs, bytes and launches of the call)."""
+    b, t, sparse = c.batch, c.rows, c.sparse
+    flops, nbytes, launches = counts
+    fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
+    refresh = nsa * c.refresh_frac
+    tile_rows = mma_row_cost(t, hq, hkv)
+    for name, on, kernel, is_fused, is_refresh in (
+        ("sparse_attention", unfused * (1 - refresh), "nsa_verify/reuse/unfused", 0, 0),
+        ("sparse_attention_refresh", unfused * refresh, "nsa_verify/refresh/unfused", 0, 1),
+        ("sparse_attention_fused", fused * (1 - refresh), "nsa_verify/reuse/fused", 1, 0),
+        ("sparse_attention_fused_refresh", fused * refresh, "nsa_verify/refresh/fused", 1, 1),
+    ):
+        steps = merge_steps(t, hq, hkv, b, num_sms, fused=is_fused, refresh=is_refresh)
+        attn = Op(
+            "attention",
+            on * flops,
+            on * nbytes,
+            on * launches,
+            kernel=kernel,
+            calls=on * 1.0,
+            serial_steps=on * steps,
+            tile_rows=on * tile_rows,
+        )
+        acc.add(prefix + name, attn.scaled(layers))
+
+
+def _selection_op(
+    acc: OpSum, model: ModelSpec, c: Columns, br: Branches, nsa, hq, hkv, layers, prefix: str
+) -> None:
+    """Selection over block metadata (mean / quest), in refresh layers only."""
+    b, t, T = c.batch, c.rows, c.context_len
+    on_meta = c.sparse * (1 - nsa)
+    q_sel = np.where(c.mode == 2, br.groups, t)
+    v = c.meta_vectors
+    # Bytes as the measured class counts them (kernels/benchmark.py): the fp32 metadata
+    # vectors, the scored query rows and the selected ids; the score rows the top-n stage
+    # scans are priced by its stage counts (below), not as bytes.
+    meta = b * hkv * br.nb * v * model.head_dim * F32
+    scores = b * q_sel * hq * model.head_dim * ACT_BYTES + b * q_sel * hkv * c.top_n * I32
+    nsa_probs = np.where(v == 0, 2 * b * q_sel * hq * br.comp * F32, 0.0)
+    update = b * t * hkv * model.head_dim * ACT_BYTES * (1 + 2 * v)
+    # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys
+    # (perfmodel.torch_plan), over the blocks of the context plus the draft rows.
+    topn = topn_counts(b * q_sel * hkv, np.ceil((T + t) / c.block_size), c.top_n)
+    nb, comp = br.nb, br.comp
+    sel_op = Op(
+        "selection",
+        on_meta * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
+        on_meta * (meta + scores + nsa_probs + update),
+        on_meta * 2.0,
+        kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
+        calls=on_meta * 1.0,
+        stage_counts=tuple(on_meta * x for x in topn),
+    )
+    acc.add(prefix + "selection", sel_op.scaled(layers * c.refresh_frac))
