@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from perfmodel.costs import HOST_PER_REQUEST_S
 from perfmodel.hardware import suggest
+from perfmodel.prr import PAPER_HIT_RATE
 from perfmodel.strategy import DrafterSpec, Strategy
 
 SCENARIOS = (
@@ -94,7 +95,8 @@ class PrrConfig:
         default="fixed", metadata={"help": "fixed (hit_rate) | ema (Holt predictor) | trace"}
     )
     hit_rate: float = field(
-        default=0.98, metadata={"help": "share of true top-n blocks predicted (seed 004: 0.98)"}
+        default=PAPER_HIT_RATE,
+        metadata={"help": "share of true top-n blocks predicted (seed 004: 0.98)"},
     )
     budget_ratio: float = field(default=1.0, metadata={"help": "predicted blocks / top_n, rho"})
     ema_drift: float = field(
@@ -113,7 +115,8 @@ class SparseSpecConfig:
 
     delayed: str = field(default="on", metadata={"help": "delayed verification: on | off"})
     host_per_request_s: float = field(
-        default=HOST_PER_REQUEST_S, metadata={"help": "CPU scheduling seconds per request"}
+        default=HOST_PER_REQUEST_S,
+        metadata={"help": "CPU scheduling seconds per request (seed 003: 3.2 ms per 128)"},
     )
     offload_threshold: float = field(
         default=0.95, metadata={"help": "resident KV share of capacity that triggers offload"}

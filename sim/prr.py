@@ -18,7 +18,13 @@ import simpy
 
 from perfmodel.calibrated import make_predictor
 from perfmodel.costs import prr_layer_costs
-from perfmodel.prr import HoltParams, calibrate, critical_path_s, predictor_hit_rate
+from perfmodel.prr import (
+    PAPER_HIT_RATE,
+    HoltParams,
+    calibrate,
+    critical_path_s,
+    predictor_hit_rate,
+)
 from perfmodel.step import build_columns
 from perfmodel.strategy import Workload
 from sim.acceptance import CHUNK
@@ -211,8 +217,17 @@ def run_prr(s):
     serial_s = float((p.draft_s + p.serial_verify_s)[0])
     e = acc.expected_tokens()
     extras = {
-        "hit_rate": figure(mean_hit, "share", f"model:prr:{pc.hit_source}"),
+        "hit_rate": figure(mean_hit, "share", _hit_rate_source(pc)),
         "serial_dsa_tokens_per_s": figure(e / serial_s, "tokens/s", ctx.provenance),
         "prr_speedup_vs_serial": figure(serial_s / round_s, "x", ctx.provenance),
     }
     return rec, LANES, tokens[0], env.now, wall, e / round_s, ctx.provenance, extras
+
+
+def _hit_rate_source(pc) -> str:
+    """Where the hit rate comes from: the paper's constant, the user's, or a model of it."""
+    if pc.hit_source != "fixed":
+        return f"model:prr:{pc.hit_source}"
+    if pc.hit_rate == PAPER_HIT_RATE:
+        return f"paper:004 (PRR's reported hit rate {PAPER_HIT_RATE}; --prr-hit-rate sets another)"
+    return "input:prr_hit_rate"

@@ -24,6 +24,7 @@ import simpy
 
 from perfmodel.acceptance import chain_parents
 from perfmodel.costs import (
+    HOST_PER_REQUEST_S,
     host_step_seconds,
     kv_capacity_tokens,
     kv_offload_seconds,
@@ -262,6 +263,7 @@ def run_sparsespec(s):
     round_s = float(dv["delayed_round_s" if delayed else "sync_round_s"])
     analytic = b * accs[k].expected_tokens() / round_s
     extras = {
+        "host_per_request_s": figure(sc.host_per_request_s, "s", _host_source(sc)),
         "kv_capacity_tokens": figure(
             capacity, "tokens", ctx.provenance if not cfg.kv_capacity_tokens else "config"
         ),
@@ -270,3 +272,10 @@ def run_sparsespec(s):
         "offload_tokens": figure(run.offload_tokens, "tokens", s.sim_provenance),
     }
     return rec, LANES, run.tokens, env.now, wall, analytic, ctx.provenance, extras
+
+
+def _host_source(sc) -> str:
+    """Where the CPU time per request comes from: the paper's constant or the user's."""
+    if sc.host_per_request_s == HOST_PER_REQUEST_S:
+        return "paper:003 (3.2 ms of CPU per step at batch 128; --sparsespec-host-per-request-s)"
+    return "input:sparsespec_host_per_request_s"

@@ -135,3 +135,22 @@ def test_batch_decoding_holds_the_kv_capacity_sparsespec_offloads_against(scenar
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         run(scenario, kv_capacity_tokens=need - 1, **kw)
     assert value(run(scenario, kv_capacity_tokens=2 * need, **kw), "simulated_tokens_per_s") > 0
+
+
+def test_paper_constants_are_labelled_and_overridable():
+    kw = dict(num_tokens=200, num_requests=8, batch=8, context_len=4096)
+    paper = run("sparsespec", **kw).figures["host_per_request_s"]
+    assert paper["value"] == pytest.approx(3.2e-3 / 128) and paper["provenance"].startswith(
+        "paper:003"
+    )
+    mine = run("sparsespec", sparsespec=SparseSpecConfig(host_per_request_s=1e-5), **kw)
+    assert mine.figures["host_per_request_s"]["provenance"] == "input:sparsespec_host_per_request_s"
+    prr = dict(num_tokens=200, batch=1, context_len=4096)
+    assert run("prr", **prr).figures["hit_rate"]["provenance"].startswith("paper:004")
+    other = run("prr", prr=PrrConfig(hit_rate=0.9), **prr).figures["hit_rate"]
+    assert other["provenance"] == "input:prr_hit_rate"
+    assert (
+        run("prr", prr=PrrConfig(hit_source="ema"), **prr)
+        .figures["hit_rate"]["provenance"]
+        .startswith("model:prr:ema")
+    )
