@@ -246,9 +246,9 @@ def _gpu_key(name: str) -> str:
 def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
     """The simulator replaying the seed-0 run's accepted counts (its first round, graph capture,
     left out as in the measurement) with the step model's costs and the loop overhead."""
+    from perfmodel.trace import dumps_trace, make_header, make_round
     from sim.config import SimConfig
     from sim.scenarios import simulate
-    from sim.trace import dumps_trace, make_header, make_round
 
     seed0 = next((r for r in runs if "rounds_trace" in r["measured"]), None)
     if seed0 is None:

@@ -481,7 +481,7 @@ def pooled_chain_tokens(runs: list[tuple[int, list[int]]], k: int) -> float | No
 def profile_from_traces(headers_rounds, strategies: dict) -> Profile:
     """Build a profile from engine traces.
 
-    ``headers_rounds`` is a list of (header, rounds) from ``sim.trace``; ``strategies`` maps a
+    ``headers_rounds`` is a list of (header, rounds) from ``perfmodel.trace``; ``strategies`` maps a
     trace's strategy id to its ``Strategy``. alpha per (regime, drafter) inverts the mean tokens
     per round of each strategy's tree; gamma per (regime, traversal) is the mean of the rounds'
     per-layer group overlaps.

@@ -18,7 +18,7 @@ from engine.runner import ModelRunner
 from engine.settings import DecodeConfig
 from engine.trace_writer import TraceWriter
 from perfmodel.strategy import DrafterSpec, Strategy
-from sim.trace import read_trace
+from perfmodel.trace import read_trace
 
 TARGET = tiny_model(seed=0)
 DRAFT = tiny_model(seed=0, noise=0.3)

@@ -1,7 +1,9 @@
-"""The round trace: versioned JSONL written by the simulator and the GPU engine (issue #6).
+"""The round trace: versioned JSONL written by the simulator and the GPU engine.
 
 Line 1 is a header object, every further line one verification round. The format is specified
-in ``docs/trace-format.md``; this module is its reference reader, writer and validator.
+in ``docs/trace-format.md``; this module is its reference reader, writer and validator. It
+lives in the bottom layer (pure Python and numpy, like the rest of perfmodel) because the
+engine writes traces and the simulator replays them, and neither may import the other.
 Writing is deterministic: keys in a fixed order, floats as Python's shortest repr, no spaces.
 """
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from sim.trace import dumps_trace, loads_trace, make_header, make_round
+from perfmodel.trace import dumps_trace, loads_trace, make_header, make_round
 
 HEAD = make_header("engine", "llama-3.1-8b", 2, {"ssv": {"tree": "chain:4"}}, gpu="h100-sxm")
 
