@@ -31,12 +31,15 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration import ceilings
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
+from perfmodel.files import atomic_write
 from perfmodel.hardware import GpuSpec, get_gpu
 from perfmodel.nsa_plan import merge_steps, mma_row_cost
 from perfmodel.predictor import RESIDENT_SUFFIX
@@ -405,3 +408,16 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
 
 def dumps(profile: dict) -> str:
     return json.dumps(profile, indent=1, sort_keys=True) + "\n"
+
+
+def fit_folder(gpu: str, folder: Path | None = None) -> dict:
+    """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
+    ``*.jsonl`` there), written into ``folder``; by default the committed
+    ``calibration/profiles/<gpu>/``. Returns the profile."""
+    folder = folder or ceilings.PROFILES / gpu
+    rows = ceilings.profile_rows(gpu, folder)
+    overlay = ceilings.derive(gpu, rows)
+    profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
+    atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
+    atomic_write(folder / "profile.json", dumps(profile))
+    return profile

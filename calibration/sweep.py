@@ -40,7 +40,7 @@ ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
 RESIDENT_TIMING = dataclasses.replace(TIMING, flush_l2=False)
 OPS = ("gemm", "elementwise", "engine", "resident")
-STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (benchmarks/campaign.py)
+STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (validation.campaign)
 
 
 def swept_models() -> dict[str, object]:

@@ -6,10 +6,7 @@ ssvkit calibrate --gpu h100-sxm --fit-only      # anywhere: re-derive from commi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from perfmodel.files import atomic_write
+from calibration.fit import fit_folder
 from perfmodel.hardware import get_gpu
 from ssvkit.options import finite
 
@@ -29,22 +26,6 @@ def add_arguments(p) -> None:
         help="wall-clock budget of the sweeps in this run, resumed by a rerun (default: 540)",
     )
     p.add_argument("--sweeps", help="ops (GEMM, element-wise), kernels (default: both)")
-
-
-def fit(gpu: str, folder: Path | None = None) -> dict:
-    """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
-    ``*.jsonl`` there), written into ``folder``; by default the committed
-    ``calibration/profiles/<gpu>/``."""
-    from calibration import ceilings
-    from calibration.fit import dumps, fit_profile
-
-    folder = folder or ceilings.PROFILES / gpu
-    rows = ceilings.profile_rows(gpu, folder)
-    overlay = ceilings.derive(gpu, rows)
-    profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
-    atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
-    atomic_write(folder / "profile.json", dumps(profile))
-    return profile
 
 
 def run(args) -> int:
@@ -70,7 +51,7 @@ def run(args) -> int:
             sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
         if "kernels" in sweeps:
             benchmark.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
-    profile = fit(args.gpu)
+    profile = fit_folder(args.gpu)
     print(
         f"profile {profile['profile_id']}: {len(profile['classes'])} op classes from "
         f"{profile['rows']['graph']} graph rows"

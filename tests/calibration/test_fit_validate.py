@@ -14,7 +14,6 @@ from calibration.fit import (
     stage_counts,
     tile_rows,
 )
-from calibration.readme import README, render
 from calibration.validate import annotate, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
 from perfmodel.hardware import get_gpu
@@ -22,6 +21,7 @@ from perfmodel.models import ModelSpec, get_model
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 from ssvkit.cli import main
+from validation.readme import README, render
 
 PROFILE = ceilings.PROFILES / "h100-sxm" / "profile.json"
 
@@ -230,7 +230,7 @@ def test_validate_cli_and_readme_block(capsys):
     capsys.readouterr()
     assert rc == (0 if all(t["met"] for t in doc["targets"].values()) else 1)
     text = README.read_text()
-    assert render(text) == text, "README's generated blocks are stale: python -m calibration.readme"
+    assert render(text) == text, "README's generated blocks are stale: python -m validation.readme"
 
 
 def test_validate_plots(tmp_path, capsys):

@@ -2,7 +2,6 @@ import dataclasses
 import gzip
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from planner.space import (
     valid_strategies,
 )
 from ssvkit.cli import main
+from validation.records import record_path
 
 M, G = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
 SMALL = SpaceSpec(
@@ -574,8 +574,7 @@ def test_rank_cli(tmp_path, capsys):
     }
 
 
-ROOT = Path(__file__).resolve().parents[2]
-EVALUATION = ROOT / "docs" / "validation" / "planner.json"
+EVALUATION = record_path("planner.json")
 
 
 def test_rank_cli_reproduces_the_installed_evaluations_ranking(tmp_path, capsys):
@@ -603,7 +602,7 @@ def test_rank_cli_reproduces_the_installed_evaluations_ranking(tmp_path, capsys)
     assert "--evaluation sets the model, GPU, space and profile; drop --trees" in (
         capsys.readouterr().err
     )
-    assert main(["rank", "--evaluation", str(ROOT / "docs/validation/campaign.json")]) == 2
+    assert main(["rank", "--evaluation", str(record_path("campaign.json"))]) == 2
     assert "is not a planner evaluation" in capsys.readouterr().err
 
 
