@@ -49,8 +49,8 @@ from perfmodel.torch_plan import kv_write_chain, topn_counts
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
 HELDOUT_MOD = 5
-# Rows that are not op classes: the ceilings themselves, and torch SDPA, issue 3's baseline,
-# which perfmodel never predicts (the step model's attention is ours).
+# Rows that are not op classes: the ceilings themselves, and torch SDPA, the dense kernel's
+# baseline, which perfmodel never predicts (the step model's attention is ours).
 UNFITTED_OPS = ("device_copy", "empty_triton_kernel", "torch_sdpa")
 DEDUP_OPS = ("sparse_verify",)
 ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
@@ -64,7 +64,7 @@ L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio
 
 def op_class(row: dict) -> str:
     """The class a row is fitted in: its op class, with ``RESIDENT_SUFFIX`` when the row was
-    timed L2-resident (``calibration.sweep --ops resident``; ``perfmodel.predictor``)."""
+    timed L2-resident (``validation.engine_op_sweep --ops resident``; ``perfmodel.predictor``)."""
     base = _op_class(row)
     return base + RESIDENT_SUFFIX if row["params"].get("l2") == "resident" else base
 

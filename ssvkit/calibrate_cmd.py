@@ -43,12 +43,13 @@ def run(args) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("the calibration sweeps need a CUDA GPU (use --fit-only to refit)")
-        from calibration import ceilings, sweep
+        from calibration import ceilings
         from kernels import benchmark
+        from validation import engine_op_sweep
 
         out = ceilings.PROFILES / args.gpu
         if "ops" in sweeps:
-            sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
+            engine_op_sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
         if "kernels" in sweeps:
             benchmark.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
     profile = fit_folder(args.gpu)

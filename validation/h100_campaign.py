@@ -8,7 +8,7 @@
     python3 -m validation.h100_campaign --work build/campaign --unpack campaign-state.tar.gz \\
         --install
 
-Stages (``STAGES``), in order: ``ops`` (``calibration.sweep``), ``kernels`` and
+Stages (``STAGES``), in order: ``ops`` (``validation.engine_op_sweep``), ``kernels`` and
 ``kernels_tiny`` (``kernels.benchmark``, the 8B and the tiny geometry) write rows under
 ``W/profile``; ``fit`` derives ``ceilings.json`` and ``profile.json`` from them, and the four
 files go into this tree's ``calibration/profiles/h100-sxm/`` (perfmodel reads its profile there)
@@ -66,7 +66,7 @@ _PROFILE_FILES = ("op_sweep.jsonl", "kernel_bench.jsonl", "ceilings.json", "prof
 STAGES = (
     Stage(
         "ops",
-        ("-m", "calibration.sweep", "--out", "{work}/profile"),
+        ("-m", "validation.engine_op_sweep", "--out", "{work}/profile"),
         budgeted=True,
         min_s=60,
         estimate_s=75,
