@@ -1,3 +1,3 @@
 """Strategy space, offline per-context-regime rankings from the calibrated model, and the online
-controller the engine calls after each verification round (issue #7).
+controller the engine calls after each verification round.
 """

@@ -1,6 +1,7 @@
-"""Regenerate the README's generated blocks from the measurements of record.
+"""Regenerate the generated blocks of the README and the results pages from the measurements
+of record.
 
-python -m validation.readme          # rewrites the blocks between their markers
+python -m validation.readme          # rewrites the blocks between their markers in DOCUMENTS
 
 - ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
 - ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
@@ -19,7 +20,14 @@ from validation.prompts import OFF_DISTRIBUTION
 from validation.records import project_label, record_path
 from validation.report import planner_section
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+# The checkout's documents that embed generated blocks (the docs are the checkout's, not data).
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = (
+    README,
+    ROOT / "docs" / "results" / "calibration.md",
+    ROOT / "docs" / "results" / "planner.md",
+)
 
 
 def _block(name: str) -> re.Pattern:
@@ -130,4 +138,5 @@ def render(text: str) -> str:
 
 
 if __name__ == "__main__":
-    README.write_text(render(README.read_text()))
+    for doc in DOCUMENTS:
+        doc.write_text(render(doc.read_text()))

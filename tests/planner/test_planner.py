@@ -734,8 +734,8 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"attention": {"k": -1}}}}))
     with pytest.raises(ValueError, match="16K.attention.k must be a finite number >= 0"):
         load_profile(p)
-    # ``speculative`` is signed (the fit's difference of two groups' residuals: run 28's 16K
-    # fitted -34 us), the other terms are not, and no round's overhead goes below 0.
+    # ``speculative`` is signed (the fit's difference of two groups' residuals: -34 us at 16K
+    # in an H100 evaluation), the other terms are not, and no round's overhead goes below 0.
     signed = {"round": 1.2e-4, "speculative": -3.4e-5}
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": signed}}}))
     assert load_profile(p).overhead_s("16K", tree7) == pytest.approx(1.2e-4 - 3.4e-5)

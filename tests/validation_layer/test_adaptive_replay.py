@@ -24,7 +24,7 @@ def _chain_mean(alpha: list[float], k: int) -> float:
 @pytest.mark.parametrize(
     "measured",
     [
-        {2: 0.43, 4: 0.48, 7: 0.60},  # n-gram on prose (run 17): a burst after depth 4
+        {2: 0.43, 4: 0.48, 7: 0.60},  # n-gram on prose: a burst after depth 4
         {2: 1.18, 4: 1.67, 7: 2.25},  # the draft model on code
         {2: 0.24, 4: 0.19, 7: 0.21},  # a longer chain measured below a shorter one: noise
     ],
