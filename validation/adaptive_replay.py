@@ -62,6 +62,32 @@ def _round_time(world: World, s, sid: str, ctl, regime: str) -> float:
     return pred * world.ratio.get((s.drafter.kind, s.tree), world.ratio_all)
 
 
+def _shadow(n, committed, ngram, walked, walk_pos, rng, sib) -> ShadowAcceptance:
+    """The n-gram shadow of a round that committed ``n`` tokens (``committed`` in all): what an
+    n-gram chain would have matched at each of them (per-depth acceptance ``ngram``), and the
+    walks (``walked``: chain lengths and trees, each at ``walk_pos``, advanced in place) over
+    the committed tokens -- a round in progress waits for the next round's tokens."""
+    matched = [0] * SHADOW_MAX_CHAIN
+    for _ in range(n):
+        for k in range(SHADOW_MAX_CHAIN):
+            if rng.random() >= ngram[k]:
+                break
+            matched[k] += 1
+    chain_r, chain_d, trees = [], [], []
+    for j, (key, tree) in enumerate(walked):
+        r = d = sq = 0
+        while walk_pos[j] < committed:
+            a = simulate_accepted(tree, ngram, rng, sib)
+            walk_pos[j] += a + 1
+            r, d, sq = r + 1, d + a, sq + a * a
+        if isinstance(key, int):
+            chain_r.append(r)
+            chain_d.append(d)
+        else:
+            trees.append((key, r, d, sq))
+    return ShadowAcceptance(n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees))
+
+
 def replay(world: World, setting, config=None, seed: int = 0) -> dict:
     """One adaptive run in ``world``: tokens/s, rounds and the switches (round, reason, to)."""
 
@@ -95,26 +121,8 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
         else:
             accepted = 0
         n = accepted + 1
-        # What an n-gram chain would have matched at each of the n committed positions.
-        matched = [0] * SHADOW_MAX_CHAIN
-        for _ in range(n):
-            for k in range(SHADOW_MAX_CHAIN):
-                if rng.random() >= ngram[k]:
-                    break
-                matched[k] += 1
         committed += n
-        chain_r, chain_d, trees = [], [], []
-        for j, (key, tree) in enumerate(walked):
-            r = d = sq = 0
-            while walk_pos[j] < committed:
-                a = simulate_accepted(tree, ngram, rng, sib)
-                walk_pos[j] += a + 1
-                r, d, sq = r + 1, d + a, sq + a * a
-            if isinstance(key, int):
-                chain_r.append(r)
-                chain_d.append(d)
-            else:
-                trees.append((key, r, d, sq))
+        shadow = _shadow(n, committed, ngram, walked, walk_pos, rng, sib)
         t = _round_time(world, s, sid, ctl, regime) + host_s
         step_s = {"verify": t}
         if switch_cost is not None:
@@ -128,11 +136,7 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
             accepted=(accepted,),
             step_s=step_s,
             tokens_generated=n,
-            shadow={
-                "ngram": ShadowAcceptance(
-                    n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees)
-                )
-            },
+            shadow={"ngram": shadow},
         )
         if rnd > 0:  # round 0 is left out, as the evaluation does
             tokens, wall = tokens + n, wall + t

@@ -263,6 +263,61 @@ def work_arg(work: Path, root: Path) -> str:
         return str(work.resolve())
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """What every stage of one call shares: W, the tree, the commit measured, the time limits,
+    the stages' environment, the clock, the output and the call's elapsed time."""
+
+    work: Path
+    root: Path
+    commit: str
+    cfg: CallConfig
+    env: dict
+    clock: Callable[[], float]
+    out: Callable[[str], None]
+    elapsed: Callable[[], float]
+
+    def log(self, stage: Stage, text: str) -> None:
+        self.out(f"[{self.elapsed():6.1f} s] {stage.name}: {text}")
+
+    def install(self, stage: Stage) -> None:
+        """Copy ``stage``'s products into the tree, saying which files changed."""
+        for p in install_files(stage.installs, self.work, self.root):
+            self.log(stage, f"installed {p.relative_to(self.root)}")
+
+
+def _call_stage(c: _Call, stage: Stage, state: dict, left_s: float) -> StageRun:
+    """Run ``stage`` once with ``left_s`` of the call's budget left (a budgeted stage gets it
+    less the start-up margin), its state saved before and after."""
+    st = state["stages"][stage.name]
+    wa = work_arg(c.work, c.root)
+    argv = stage.command(wa, left_s - c.cfg.startup_s if stage.budgeted else None)
+    st["calls"] += 1
+    st["status"] = "partial"  # from its first start until it ends done
+    save_state(c.work, state)
+    shown = shlex.join(["python3", *argv[1:]])
+    c.log(stage, f"start (call {st['calls']}, {left_s:.0f} s left): {shown}")
+    header = f"{stage.name}, call {st['calls']}, {_now_utc()}, commit {c.commit}"
+    log_path = c.work / "logs" / f"{stage.name}.log"
+    r = run_stage(
+        stage,
+        argv,
+        c.root,
+        log_path,
+        left_s - c.cfg.end_slack_s,
+        c.env,
+        c.cfg.kill_grace_s,
+        header,
+        c.clock,
+    )
+    st.update(status=r.status, last_rc=r.rc, timed_out=r.timed_out)
+    st["wall_s"] += r.wall_s
+    save_state(c.work, state)
+    why = f": see {wa}/logs/{stage.name}.log" if r.status == "failed" else r.why()
+    c.log(stage, f"{r.status} after {r.wall_s:.1f} s, exit {r.rc}{why}")
+    return r
+
+
 def run_campaign(
     stages,
     work: Path,
@@ -290,8 +345,8 @@ def run_campaign(
         "PYTHONUNBUFFERED": "1",
         "SSVKIT_GIT_COMMIT": commit,
     }
-    wa = work_arg(work, root)
     elapsed = lambda: clock() - started  # noqa: E731
+    c = _Call(work, root, commit, cfg, env, clock, out, elapsed)
     rc = EXIT_DONE
     for stage in stages:
         st = state["stages"][stage.name]
@@ -300,47 +355,19 @@ def run_campaign(
         left_s = cfg.budget_s - elapsed()
         need_s = max(cfg.floor_s, stage.min_s)
         if left_s < need_s:
-            out(
-                f"[{elapsed():6.1f} s] {stage.name}: {left_s:.0f} s left, it needs {need_s:.0f} s: "
-                "incomplete, run the same command again"
+            c.log(
+                stage,
+                f"{left_s:.0f} s left, it needs {need_s:.0f} s: incomplete, run the same "
+                "command again",
             )
             rc = EXIT_AGAIN
             break
         for done in stages:
             if done.early_install and state["stages"][done.name]["status"] == "done":
-                for p in install_files(done.installs, work, root):
-                    out(f"[{elapsed():6.1f} s] {done.name}: installed {p.relative_to(root)}")
-        budget_s = left_s - cfg.startup_s if stage.budgeted else None
-        argv = stage.command(wa, budget_s)
-        st["calls"] += 1
-        st["status"] = "partial"  # from its first start until it ends done
-        save_state(work, state)
-        shown = shlex.join(["python3", *argv[1:]])
-        out(
-            f"[{elapsed():6.1f} s] {stage.name}: start (call {st['calls']}, {left_s:.0f} s left): "
-            f"{shown}"
-        )
-        header = f"{stage.name}, call {st['calls']}, {_now_utc()}, commit {commit}"
-        r = run_stage(
-            stage,
-            argv,
-            root,
-            work / "logs" / f"{stage.name}.log",
-            left_s - cfg.end_slack_s,
-            env,
-            cfg.kill_grace_s,
-            header,
-            clock,
-        )
-        st.update(status=r.status, last_rc=r.rc, timed_out=r.timed_out)
-        st["wall_s"] += r.wall_s
-        save_state(work, state)
-        why = f": see {wa}/logs/{stage.name}.log" if r.status == "failed" else r.why()
-        ended = f"{r.status} after {r.wall_s:.1f} s, exit {r.rc}{why}"
-        out(f"[{elapsed():6.1f} s] {stage.name}: {ended}")
+                c.install(done)
+        r = _call_stage(c, stage, state, left_s)
         if r.status == "done" and stage.early_install:
-            for p in install_files(stage.installs, work, root):
-                out(f"[{elapsed():6.1f} s] {stage.name}: installed {p.relative_to(root)}")
+            c.install(stage)
         if r.status != "done":
             rc = EXIT_FAILED if r.status == "failed" else EXIT_AGAIN
             break

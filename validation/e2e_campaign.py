@@ -125,55 +125,61 @@ def campaign_run(bench, strategy: Strategy, prompt: list[int], seed: int, trace:
     return fig
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        if min(args.seeds, args.new_tokens) < 1:
-            raise ValueError("--seeds and --new-tokens must be >= 1")
-        if not args.temperature >= 0:
-            raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-        names = tuple(x for x in args.baselines.split(",") if x)
-        bad = [x for x in names if x not in NAMES]
-        if bad:
-            raise ValueError(f"unknown baseline {bad[0]!r}; expected {', '.join(NAMES)}")
-        contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
-        profile, space = load_planner(args.planner)
-        bench = make_bench(
-            args.model,
-            args.draft_model,
-            max(contexts.values()),
-            args.new_tokens,
-            1,
-            args.device,
-            args.gpu,
-            args.temperature,
-        )
-        plans = {r: strategies_for(bench, profile, space, r, c, names) for r, c in contexts.items()}
-        from kernels.timing import provenance
+# The settings a run cache is keyed by (with the provenance but its timestamp).
+CACHE_SETTINGS = (
+    "model",
+    "draft_model",
+    "contexts",
+    "baselines",
+    "seeds",
+    "new_tokens",
+    "temperature",
+    "planner",
+    "gpu",
+)
 
-        if args.resume:
-            keep = (
-                "model",
-                "draft_model",
-                "contexts",
-                "baselines",
-                "seeds",
-                "new_tokens",
-                "temperature",
-                "planner",
-                "gpu",
-            )
-            prov = {k: v for k, v in provenance().items() if k != "timestamp"}
-            bench.cache = RunCache(args.resume, {**{k: getattr(args, k) for k in keep}, **prov})
-    except ValueError as e:
-        print(f"e2e_campaign: {e}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
+
+def setup(args):
+    """The bench (with its run cache under ``--resume``), the regimes' contexts and each
+    regime's strategy per baseline name; ``ValueError`` in one line on bad input."""
+    from kernels.timing import provenance
+
+    if min(args.seeds, args.new_tokens) < 1:
+        raise ValueError("--seeds and --new-tokens must be >= 1")
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    names = tuple(x for x in args.baselines.split(",") if x)
+    bad = [x for x in names if x not in NAMES]
+    if bad:
+        raise ValueError(f"unknown baseline {bad[0]!r}; expected {', '.join(NAMES)}")
+    contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
+    profile, space = load_planner(args.planner)
+    bench = make_bench(
+        args.model,
+        args.draft_model,
+        max(contexts.values()),
+        args.new_tokens,
+        1,
+        args.device,
+        args.gpu,
+        args.temperature,
+    )
+    plans = {r: strategies_for(bench, profile, space, r, c, names) for r, c in contexts.items()}
+    if args.resume:
+        prov = {k: v for k, v in provenance().items() if k != "timestamp"}
+        settings = {**{k: getattr(args, k) for k in CACHE_SETTINGS}, **prov}
+        bench.cache = RunCache(args.resume, settings)
+    return bench, contexts, plans
+
+
+def measure_rows(bench, contexts: dict[str, int], plans: dict, seeds: int) -> list[dict]:
+    """Every (regime, baseline, seed) decoded on the regime's code prompt (seed 0 with its
+    rounds' trace), as the campaign's rows."""
     rows = []
     for regime, ctx in contexts.items():
         prompt = prompt_tokens("code", ctx, offset=PROMPT_OFFSET * ctx)
         for name, s in plans[regime].items():
-            for seed in range(args.seeds):
+            for seed in range(seeds):
                 key = f"{name}|{ctx}|{strategy_id(s)}|{seed}"
                 fig = bench.run(key, campaign_run, bench, s, prompt, seed, seed == 0)
                 rows.append(
@@ -193,11 +199,27 @@ def main(argv=None) -> int:
                     f"{fig['steps_s']['verify'] * 1e3:.3f} ms  {describe(s)}",
                     flush=True,
                 )
+    return rows
+
+
+def main(argv=None) -> int:
+    from kernels.timing import provenance
+
+    args = parse_args(argv)
+    try:
+        bench, contexts, plans = setup(args)
+    except ValueError as e:
+        print(f"e2e_campaign: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    rows = measure_rows(bench, contexts, plans, args.seeds)
     doc = {
         "version": CAMPAIGN_VERSION,
         "provenance": {
             **provenance(),
-            "command": command_line("validation.e2e_campaign", sys.argv[1:]),
+            "command": command_line(
+                "validation.e2e_campaign", sys.argv[1:] if argv is None else argv
+            ),
             "wall_s": time.perf_counter() - t0,
             "runs_from_cache": bench.cache.reused if bench.cache else 0,
         },

@@ -58,3 +58,13 @@ def test_labels_are_relative_to_the_project_and_resolve_here(tmp_path):
     assert file_label("build/x.json") == "build/x.json"  # relative: as given
     line = command_line("validation.planner_eval", ["--out", str(tmp_path / "p.json"), "-x=1"])
     assert line == "python -m validation.planner_eval --out p.json -x=1"
+
+
+def test_a_project_relative_model_label_resolves_from_any_working_directory(tmp_path, monkeypatch):
+    from perfmodel.models import get_model
+
+    monkeypatch.chdir(tmp_path)
+    spec = get_model("engine/checkpoints/tiny-draft")
+    assert spec.name == "engine/checkpoints/tiny-draft" and spec.num_layers >= 1
+    with pytest.raises(ValueError, match="unknown model 'engine/checkpoints/none'"):
+        get_model("engine/checkpoints/none")
