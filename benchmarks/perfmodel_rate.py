@@ -4,7 +4,7 @@
 
 Builds a grid of strategies (tree x sparse mode x group size x top_n x refresh) times workload
 axes (context x acceptance x overlap x batch), then times ``predict_columns`` over it (column
-construction is timed separately). Prints the rate; issue #2 asks for >= 100,000 points/s.
+construction is timed separately). Prints the rate; the target is >= 100,000 points/s.
 """
 
 from __future__ import annotations

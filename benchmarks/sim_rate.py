@@ -3,7 +3,7 @@
     python benchmarks/sim_rate.py [--rounds 100000] [--scenarios sd_dense,ssv]
 
 Times ``env.run()`` only (the cost tables are built once per scenario beforehand and reported
-separately). Round-granularity scenarios are the target of issue #5: >= 20,000 rounds/s. The
+separately). Round-granularity scenarios have a target of >= 20,000 rounds/s. The
 per-layer designs (``prr``, ``--per-layer``) run one event per layer and are listed for
 reference.
 """

@@ -6,7 +6,7 @@ Runs a ~107,000-point grid (2 models x 8 contexts x 6 batches x 5 acceptances x 
 overlaps x 56 strategies: the five baselines with the sparse budget, group size and refresh
 interval varied) the way ``ssvkit sweep --out`` does: partitioned, on local processes (one per
 core by default), assembled, speedups and best-per-cell added, and the table encoded and written
-to a temporary folder. Prints points/s for evaluation alone and end to end; issue #8 asks for
+to a temporary folder. Prints points/s for evaluation alone and end to end; the target is
 100,000 points in <= 30 s on a 2-core CPU.
 """
 

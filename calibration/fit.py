@@ -31,12 +31,15 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration import ceilings
 from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
+from perfmodel.files import atomic_write
 from perfmodel.hardware import GpuSpec, get_gpu
 from perfmodel.nsa_plan import merge_steps, mma_row_cost
 from perfmodel.predictor import RESIDENT_SUFFIX
@@ -46,8 +49,8 @@ from perfmodel.torch_plan import kv_write_chain, topn_counts
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
 HELDOUT_MOD = 5
-# Rows that are not op classes: the ceilings themselves, and torch SDPA, issue 3's baseline,
-# which perfmodel never predicts (the step model's attention is ours).
+# Rows that are not op classes: the ceilings themselves, and torch SDPA, the dense kernel's
+# baseline, which perfmodel never predicts (the step model's attention is ours).
 UNFITTED_OPS = ("device_copy", "empty_triton_kernel", "torch_sdpa")
 DEDUP_OPS = ("sparse_verify",)
 ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
@@ -61,7 +64,7 @@ L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio
 
 def op_class(row: dict) -> str:
     """The class a row is fitted in: its op class, with ``RESIDENT_SUFFIX`` when the row was
-    timed L2-resident (``calibration.sweep --ops resident``; ``perfmodel.predictor``)."""
+    timed L2-resident (``validation.engine_op_sweep --ops resident``; ``perfmodel.predictor``)."""
     base = _op_class(row)
     return base + RESIDENT_SUFFIX if row["params"].get("l2") == "resident" else base
 
@@ -405,3 +408,16 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
 
 def dumps(profile: dict) -> str:
     return json.dumps(profile, indent=1, sort_keys=True) + "\n"
+
+
+def fit_folder(gpu: str, folder: Path | None = None) -> dict:
+    """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
+    ``*.jsonl`` there), written into ``folder``; by default the committed
+    ``calibration/profiles/<gpu>/``. Returns the profile."""
+    folder = folder or ceilings.PROFILES / gpu
+    rows = ceilings.profile_rows(gpu, folder)
+    overlay = ceilings.derive(gpu, rows)
+    profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
+    atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
+    atomic_write(folder / "profile.json", dumps(profile))
+    return profile

@@ -1,15 +1,15 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
-(GEMMs at every registry model's shapes, M = 1..512 tokens), the element-wise ops (RMSNorm,
-rotary embedding, SiLU-and-multiply, greedy sampling over the vocabulary) and the decoder's
-other ops (residual adds, q/k rotary with q's copy, the KV-tail write, the rotary factors per
-forward), each exactly as the decode loop (``engine/``) runs it. One sealed row per config
-(``calibration.schema``), CUDA-graph replay with a cold L2 (``kernels.timing``), resumable: a
-config already in the output file is skipped.
+(GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops the decode
+loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy sampling over the vocabulary). One
+sealed row per config (``calibration.schema``), CUDA-graph replay with a cold L2
+(``kernels.timing``), resumable: a config already in the output file is skipped.
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
 Exit status 0 when every config is in the file, ``STOPPED_AT_BUDGET`` (3) when the budget left
-configs out (run the same command again to resume).
+configs out (run the same command again to resume). ``main`` takes the op groups to run, so a
+caller above this layer adds its own: ``validation.engine_op_sweep`` adds the ops the engine
+implements (rotary, the KV-tail write, ...) and is the sweep of record.
 
 The attention kernels' rows come from ``python -m kernels.benchmark`` (same schema and file
 folder); ``ssvkit calibrate`` runs both.
@@ -23,6 +23,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -39,17 +40,17 @@ ACT = torch.bfloat16
 ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
 RESIDENT_TIMING = dataclasses.replace(TIMING, flush_l2=False)
-OPS = ("gemm", "elementwise", "engine", "resident")
-STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (benchmarks/campaign.py)
+STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (validation.campaign)
+# The engine's trained tiny pair, read as data (its config.json): the sweep times its shapes too.
+TINY_PAIR = ("tiny-target", "tiny-draft")
 
 
 def swept_models() -> dict[str, object]:
     """name -> ModelSpec of every model whose shapes are swept: the registry's, and the trained
     tiny pair the engine validates against (``engine/checkpoints``, when it is there)."""
-    from engine.checkpoint import TINY_DRAFT, TINY_TARGET
-
     models = {name: get_model(name) for name in model_names()}
-    for folder in (TINY_TARGET, TINY_DRAFT):
+    for name in TINY_PAIR:
+        folder = Path(str(files("engine"))) / "checkpoints" / name
         if (folder / "config.json").is_file():
             models[folder.name] = get_model(str(folder))
     return models
@@ -198,139 +199,8 @@ def _silu_mul(gate_up):
     return F.silu(gate) * up
 
 
-def _rotary(qk, cos, sin):
-    from engine.rope import apply_rope
-
-    return apply_rope(qk, cos, sin, interleaved=False)  # q and k heads rotated together
-
-
 def _greedy(logits):
     return logits.float().argmax(-1)  # engine.acceptance at temperature 0
-
-
-def _rope_inputs(gen, m: int, num_q: int, num_kv: int, head_dim: int):
-    """Two q/k inputs ``[1, m, Hq + Hkv, D]``, rotary factors and the rotated element count."""
-    qks = [
-        torch.randn(1, m, num_q + num_kv, head_dim, generator=gen, device="cuda", dtype=ACT)
-        for _ in range(2)
-    ]
-    cos = torch.randn(1, m, 1, head_dim, generator=gen, device="cuda")
-    sin = torch.randn(1, m, 1, head_dim, generator=gen, device="cuda")
-    return qks, cos, sin, m * (num_q + num_kv) * head_dim
-
-
-def _head_params(m: int, num_q: int, num_kv: int, head_dim: int) -> dict:
-    """Row params of a per-head op as the engine runs it."""
-    return {
-        "m": m,
-        "num_q_heads": num_q,
-        "num_kv_heads": num_kv,
-        "head_dim": head_dim,
-        "dtype": "bfloat16",
-        "impl": "engine",
-    }
-
-
-def _rope_qk(qk, cos, sin, num_q: int):
-    """engine.model.Attention: q and k rotated in one pass, q made contiguous for attention."""
-    from engine.rope import apply_rope
-
-    out = apply_rope(qk, cos, sin, interleaved=False)
-    return out[:, :, :num_q].contiguous(), out[:, :, num_q:]
-
-
-def _rope_tables(cos_table, sin_table, positions):
-    """engine.model: the forward's rotary factors, gathered at the rows' positions."""
-    from engine.rope import expand_angles
-
-    return expand_angles(cos_table[positions], sin_table[positions], interleaved=False)
-
-
-def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
-    from engine.cache import KVCache
-    from engine.config import ModelConfig
-
-    cfg = ModelConfig(
-        vocab_size=256,
-        hidden_size=num_kv_heads * head_dim,
-        intermediate_size=64,
-        num_layers=1,
-        num_heads=num_kv_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-    )
-    return KVCache(cfg, 1, t_max, dtype=ACT, device="cuda", use_triton=True)
-
-
-def engine_op_sweep(s: Sweep, models: dict | None = None) -> None:
-    """The decoder's other per-layer and per-forward ops as ``engine.model`` runs them at the
-    swept models' shapes: the two residual adds, q/k rotary with q's copy, the KV-tail write
-    into the cache (a batch of 1, the tail after a 1024-token prefix), and the rotary factors
-    gathered once per forward."""
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    models = [m for m in (swept_models() if models is None else models).values() if not m.is_mla]
-    widths = sorted({m.hidden_size for m in models})
-    heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models})
-    for m in TOKENS:
-        for d in widths:
-            rot = s.rotations(3 * m * d * 2)
-            xs = [torch.randn(1, m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
-            s.run(
-                "residual_add",
-                {"m": m, "d": d, "dtype": "bfloat16", "impl": "engine"},
-                lambda i, xs=xs: xs[i] + xs[i - 1],
-                rot,
-                3 * m * d * 2,
-                m * d,
-            )
-        for num_q, kv_heads, dh in heads:
-            qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
-            s.run(
-                "rope_qk",
-                _head_params(m, num_q, kv_heads, dh),
-                lambda i, qks=qks, cos=cos, sin=sin, h=num_q: _rope_qk(qks[i], cos, sin, h),
-                2,
-                2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
-                6 * elems,
-            )
-            caches = [_kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
-            for c in caches:
-                c.lens.fill_(1024)
-            # rows and slots are built once per forward (engine.runner), not per layer
-            idx = [(c.tail_rows(m), c.tail_slots(m)) for c in caches]
-            kvs = [
-                torch.randn(1, m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
-                for _ in range(4)
-            ]
-            s.run(
-                "kv_write",
-                {
-                    "m": m,
-                    "num_kv_heads": kv_heads,
-                    "head_dim": dh,
-                    "dtype": "bfloat16",
-                    "impl": "engine",
-                },
-                lambda i, caches=caches, kvs=kvs, idx=idx: caches[i].write(
-                    0, *idx[i], kvs[2 * i], kvs[2 * i + 1]
-                ),
-                2,
-                2 * 2 * m * kv_heads * dh * 2,
-                0,
-            )
-        for dh in sorted({h[2] for h in heads}):
-            table = 32768
-            cos_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
-            sin_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
-            pos = [torch.randint(0, table, (1, m), generator=gen, device="cuda") for _ in range(2)]
-            s.run(
-                "rope_tables",
-                {"m": m, "head_dim": dh, "impl": "engine"},
-                lambda i, pos=pos, c=cos_t, sn=sin_t: _rope_tables(c, sn, pos[i]),
-                2,
-                2 * m * dh * 4 + 2 * m * (dh // 2) * 4,
-                0,
-            )
 
 
 def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
@@ -341,7 +211,6 @@ def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
     widths = sorted({m.hidden_size for m in models})
     vocabs = sorted({m.vocab_size for m in models} | extra_vocabs)
     ffn = sorted({m.intermediate_size for m in models})
-    heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models if not m.is_mla})
     for m in TOKENS:
         for d in widths:
             rot = s.rotations(m * d * 2 * 2)
@@ -368,16 +237,6 @@ def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
                 3 * m * f * 2,
                 5 * m * f,
             )
-        for num_q, kv_heads, dh in heads:
-            qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
-            s.run(
-                "rotary",
-                _head_params(m, num_q, kv_heads, dh),
-                lambda i, qks=qks, cos=cos, sin=sin: _rotary(qks[i], cos, sin),
-                2,
-                2 * elems * 2 + 2 * m * dh * 4,
-                6 * elems,
-            )
         for v in vocabs:
             rot = s.rotations(m * v * 4)
             ls = [torch.randn(m, v, generator=gen, device="cuda") for _ in range(rot)]
@@ -391,16 +250,25 @@ def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_groups() -> dict[str, Callable]:
+    """The op groups this module times, by name (looked up at call time)."""
+    return {"gemm": gemm_sweep, "elementwise": elementwise_sweep}
+
+
+def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = None) -> int:
+    """Run the op ``groups`` (name -> ``fn(sweep, models=None)``; default ``default_groups``)
+    that ``--ops`` selects, and ``resident``: every group again at the L2-resident models."""
+    groups = default_groups() if groups is None else groups
+    names = (*groups, "resident")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder of the rows file")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock limit (s)")
-    ap.add_argument("--ops", default=",".join(OPS), help=", ".join(OPS))
+    ap.add_argument("--ops", default=",".join(names), help=", ".join(names))
     args = ap.parse_args(argv)
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
-    bad = sorted(ops - set(OPS))
+    bad = sorted(ops - set(names))
     if bad:  # bad input: one line, exit 2 (3 means stopped at the budget)
-        print(f"sweep: unknown op group {bad[0]!r}; expected {', '.join(OPS)}", file=sys.stderr)
+        print(f"sweep: unknown op group {bad[0]!r}; expected {', '.join(names)}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         raise SystemExit("calibration sweeps need a CUDA GPU")
@@ -411,19 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{s.prov['device_name']}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, GEMM "
         f"{c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, graph launch {c['launch_s'] * 1e6:.2f} us"
     )
-    if "gemm" in ops:
-        gemm_sweep(s)
-    if "elementwise" in ops:
-        elementwise_sweep(s)
-    if "engine" in ops:
-        engine_op_sweep(s)
+    for name, fn in groups.items():
+        if name in ops:
+            fn(s)
     if "resident" in ops:
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         models = resident_models(l2)
         print(f"L2-resident rows ({l2 / 2**20:.0f} MiB L2): {', '.join(models) or 'no model'}")
         s.resident = True
-        for sweep in (gemm_sweep, elementwise_sweep, engine_op_sweep):
-            sweep(s, models)
+        for fn in groups.values():
+            fn(s, models)
     print(
         f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
         + (" (stopped at the budget: run again to resume)" if s.stopped else "")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from calibration import ceilings
 from calibration.fit import (
     UNFITTED_OPS,
     depth,
@@ -274,3 +275,38 @@ def fit_agreement(rows: list[dict], a: dict, b: dict) -> dict:
         "max_median_ape_change": max(ape_change.values()),
         "median_ape_change": ape_change,
     }
+
+
+def committed_report(gpu: str) -> tuple[Profile, list[dict], dict]:
+    """The committed profile of ``gpu``, its committed rows annotated with its predictions, and
+    their ``report``; ``ValueError`` when the profile is missing or of another device."""
+    path = ceilings.PROFILES / gpu / "profile.json"
+    if not path.is_file():
+        raise ValueError(f"no calibrated profile for {gpu!r} ({path} is missing)")
+    profile = Profile.load(path, gpu=gpu)
+    rows = ceilings.profile_rows(gpu)
+    if profile.device_name not in ceilings.DEVICE_NAMES[gpu]:
+        raise ValueError(f"profile device {profile.device_name!r} does not match {gpu!r}")
+    annotated = annotate(rows, profile)
+    return profile, annotated, report(annotated)
+
+
+def summary_markdown(rep: dict, pid: str) -> str:
+    """The summary the README embeds (``ssvkit validate --markdown``; regenerated, never typed:
+    the tests check it)."""
+    h, f = rep["overall"]["heldout"], rep["overall"]["fit"]
+    rh = rep["ratios"]["all"]["heldout"]
+    lines = [
+        f"Profile `{pid}` (`ssvkit validate --markdown`):",
+        "",
+        "| rows | n | median APE | p90 APE | max APE |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, d in (("held-out op times", h), ("fitted op times", f), ("held-out ratios", rh)):
+        lines.append(
+            f"| {name} | {d['n']} | {100 * d['median_ape']:.1f}% | "
+            f"{100 * d['p90_ape']:.1f}% | {100 * d['max_ape']:.1f}% |"
+        )
+    met = [f"{k} {'met' if t['met'] else 'missed'}" for k, t in rep["targets"].items()]
+    lines += ["", "Targets: " + ", ".join(met) + "."]
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 """The real GPU decode loop: a Llama-family model, KV cache with block metadata, drafters, tree
-verification through ``kernels``, lossless acceptance and per-round traces (issue #6).
+verification through ``kernels``, lossless acceptance and per-round traces.
 
 One concept per module (nano-vllm's layout):
 
@@ -15,7 +15,7 @@ One concept per module (nano-vllm's layout):
   multi-draft rejection sampling);
 - ``loop`` (``Engine.generate``), ``settings`` (``DecodeConfig``, ``TrainConfig``), ``stats``
   (selection overlaps, PRR hit rates), ``timing``, ``trace_writer``, ``controller`` (the online
-  hook of issue #7);
+  hook the planner's controller implements);
 - ``corpus`` and ``train`` (``ssvkit train-tiny``).
 
 Importing this package does not import torch; ``config``, ``settings`` and ``controller`` do

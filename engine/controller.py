@@ -1,5 +1,5 @@
 """The online-control hook: after each round the decode loop hands the round's statistics to a
-controller, which may return the strategy to switch to (issue #7's planner implements it).
+controller, which may return the strategy to switch to (``planner.controller`` implements it).
 
 The loop switches at the round boundary: the new tree, attention and drafter take effect in the
 next round (their CUDA graphs are captured outside the timed steps). Returning ``None`` keeps

@@ -69,7 +69,7 @@ class _LevelExpander:
     def expand(self, roots: torch.Tensor, tree: DraftTree) -> Draft:
         """The whole draft below ``roots`` ``[B]``: one CUDA graph per tree (every level and
         the glue between them), so a round issues one replay, not a replay per level and the
-        eager ops between them (a draft-model round was host-bound, session 11's notes)."""
+        eager ops between them (launched one by one, a draft-model round is host-bound)."""
         lp, kids, v2d = self.plan(tree)
         key = ("draft", self.attn, lp.dtree, self.temperature)
         return self.runner.graphs(key, lambda r: self._expand(r, tree, lp, kids, v2d), (roots,))

@@ -30,12 +30,12 @@ accepted drafts of a chain of ``K' <= K`` drafted at a position picked at random
 its own last round left it, ``p + min(m_p, K') + 1`` after a round at ``p``, so it crosses a
 stretch of matching positions in a few rounds and spends a round on each position of a
 stretch that does not match. The average over every position weights the matching stretches
-by their length instead: on the H100's run 23 (``docs/notes/planner.md``, session 12) it put
-n-gram chain:7 at 2.56 tokens per round on code and 1.81 on repetitive text, where the chain
-run measured 2.08 and 1.27. So the shadow also walks each chain length ``K' <= K`` over the
-resolved positions as that chain's run would have (``rounds`` and ``drafts`` of
-``ShadowAcceptance``): accepted drafts per round = drafts / rounds, the chain's own figure on
-this text -- exact under greedy decoding, where the text is the same whatever decodes it.
+by their length instead: on the H100 it put n-gram chain:7 at 2.56 tokens per round on code and
+1.81 on repetitive text, where the chain run measured 2.08 and 1.27. So the shadow also walks
+each chain length ``K' <= K`` over the resolved positions as that chain's run would have
+(``rounds`` and ``drafts`` of ``ShadowAcceptance``): accepted drafts per round = drafts /
+rounds, the chain's own figure on this text -- exact under greedy decoding, where the text is
+the same whatever decodes it.
 
 **Branching trees, walked too.** With ``shadow_trees`` the shadow also walks each of those
 trees as its own run would: at the position its walk drafts at next it builds the tree
@@ -43,18 +43,16 @@ from the index as it stands there (``NgramIndex.tree_tokens``, what ``draft`` bu
 round accepts the longest root path whose tokens the committed ones match -- the chain's
 argument per sibling: lossless multi-draft verification of one-hot drafts accepts some child
 with the summed target probability of the distinct children, and the committed token is one of
-them with that same probability. The next round drafts after the bonus token. On the H100's
-prose (``docs/notes/planner.md``, session 16) the n-gram tree(n=8,d=4) accepted 1.74-1.75
-tokens per round where chain:7 accepted 1.49-1.58, which shifting the tree by the chain's
-shadow could not show. A walked round drafts the root's children, and the subtrees below only
-those of them the next committed token matches (``tree_tokens(first=...)``: the others cannot
-be accepted); a round in progress costs one comparison per matched node and token. The first
+them with that same probability. The next round drafts after the bonus token. On prose on the
+H100 the n-gram tree(n=8,d=4) accepts 1.74-1.75 tokens per round where chain:7 accepts
+1.49-1.58, which shifting the tree by the chain's shadow cannot show. A walked round drafts
+the root's children, and the subtrees below only those of them the next committed token
+matches (``tree_tokens(first=...)``: the others cannot be accepted); a round in progress
+costs one comparison per matched node and token. The first
 continuations of each n-gram a tree asked for are kept ranked as the counts grow
 (``_Hits.ranked``), so a lookup is a dictionary hit, not a partial sort. The three n-gram trees
-of the 16K regime add ~35 us a round to the shadow on the development CPU with its caches hot,
-~50 us with 32 MiB written between rounds (``benchmarks/controller_cost.py``,
-``docs/notes/planner-h100/session17/controller-cost-de09235.json``: code 16 -> 52 us, random
-13 -> 52 us hot).
+of the 16K regime add ~35 us a round to the shadow on a development CPU with its caches hot,
+~50 us with 32 MiB written between rounds (``python -m validation.controller_cost``).
 
 Cost: per new position, one look-up per n-gram ending there (the first draft and the index
 update share them: one table holds each n-gram's continuations and its best one), then up to
@@ -63,7 +61,7 @@ of the end that still match. Index update plus shadow at ``K = 8`` on a 15K-toke
 (development CPU, median per round, ``sync`` + ``take_shadow``; the tests count its
 look-ups per token, which stay flat in the index's size): random bytes, 1 committed token
 ~4.5 us, 8 tokens ~20 us; 1-5 tokens of code per round ~11 us, ~38 us with 32 MiB written
-between rounds as the rest of a round evicts the CPU caches (``benchmarks/controller_cost.py``).
+between rounds as the rest of a round evicts the CPU caches (``validation.controller_cost``).
 """
 
 from __future__ import annotations
@@ -413,7 +411,7 @@ def walk_text(
     rounds its own run would have taken over that text and the drafts they accepted (a round
     still open at the text's end is left out). Unbiased for a run of that tree on any text the
     target wrote losslessly, whichever strategy decoded it: so every tree can be scored on the
-    same texts (``planner.evaluate.measure_profile``)."""
+    same texts (``validation.walks``)."""
     chains = {s: t.num_drafts for s in specs if (t := DraftTree.from_spec(s)).max_children <= 1}
     trees = NgramDrafter._walked(specs)
     idx = NgramIndex(max_n)
@@ -494,9 +492,8 @@ class NgramDrafter:
         must run as each token is indexed, stay out of the host time between a round's
         synchronisation and the next round's launch while this drafter drafts; the decode
         loop calls ``sync`` behind the next round's GPU work (``engine.loop``, overlap). On
-        the H100 the walks of the 16K regime's three n-gram trees cost 4.2% of a round there
-        (``benchmarks/adaptive_overhead.py``, ``docs/notes/planner.md``, session 17). A warm
-        drafter's drafting index waits for ``resume``, as a draft model's catch-up does."""
+        the H100 the walks of the 16K regime's three n-gram trees cost 4.2% of a round there. A
+        warm drafter's drafting index waits for ``resume``, as a draft model's catch-up does."""
         if not self.shadows:
             self._index(history)
             return

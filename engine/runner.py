@@ -95,7 +95,7 @@ class ModelRunner:
         """Drop the cache summaries none of ``attns`` reads: every commit refreshes the
         summaries that exist, for every layer, so block metadata or compressed tokens left by
         an earlier sparse strategy would tax each round of a dense one (on the H100, tiny pair
-        at 16K: 89 more kernels and ~110 us per round, docs/notes/planner.md). A later
+        at 16K: 89 more kernels and ~110 us per round). A later
         ``prepare`` rebuilds what it needs from the committed prefix."""
         kinds = {a.kind for a in attns}
         drop_meta = self.cache.meta is not None and "sparse" not in kinds
@@ -214,7 +214,7 @@ class ModelRunner:
         """Capture ``append``'s graphs now (each chunk length whose tail fits the cache), with
         a commit of nothing: a drafter that will be caught up calls it when it starts, so that
         no switch pays for a capture (or the dense kernel's first compilation for that tail
-        length -- 0.86 s inside one switch on the H100, run 22). Returns the graphs captured;
+        length: 0.86 s inside one switch on the H100). Returns the graphs captured;
         0 without graphs."""
         if not self.graphs.enabled:
             return 0
@@ -357,7 +357,7 @@ class _PrefillAttend:
             # Not cuDNN: it builds an attention plan per shape, and every catch-up of a warm
             # drafter (``extend`` after a longer prefix each time) has a shape of its own --
             # 67-82 ms per call on the H100 for 17-131 tokens after 15K, against 2.8-3.6 ms
-            # with flash / memory-efficient / math (benchmarks/catchup_cost.py).
+            # with flash / memory-efficient / math.
             with sdpa_kernel(_MASKED_BACKENDS):
                 o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, enable_gqa=True)
         return o.transpose(1, 2).contiguous()

@@ -1,10 +1,10 @@
 """The engine's round trace in the ``ssvkit-trace`` format (``docs/trace-format.md``), written
-with ``sim.trace``'s record builders and validator.
+with ``perfmodel.trace``'s record builders and validator.
 
 Each round's records are appended, one line per sequence, to ``FILE.jsonl.partial`` as the run
 goes (so a crashed run leaves its rounds behind); ``close`` writes the final file atomically:
 the header (which names every strategy the controller used) and the rounds, validated as a
-whole by ``sim.trace.dumps_trace``, then removes the partial file.
+whole by ``perfmodel.trace.dumps_trace``, then removes the partial file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from perfmodel.files import atomic_write, check_output
 from perfmodel.strategy import Strategy
-from sim.trace import dumps_trace, make_header, make_round
+from perfmodel.trace import dumps_trace, make_header, make_round
 
 
 def strategy_doc(strategy: Strategy) -> dict:
@@ -51,7 +51,7 @@ class TraceWriter:
         raise AssertionError("unreachable")
 
     def add_round(self, strategy: Strategy, request: int, **fields) -> dict:
-        """Append one round record (``sim.trace.make_round`` fields) and return it."""
+        """Append one round record (``perfmodel.trace.make_round`` fields) and return it."""
         sid = self.strategy_id(strategy)
         row = make_round(fields.pop("round_index"), request, sid, **fields)
         dumps_trace(self.header(), [row])  # validate before anything is written

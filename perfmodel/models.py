@@ -311,12 +311,25 @@ def load_config(path: str | Path) -> dict:
     return read_json(p, "model config")
 
 
+def _in_project(path: Path) -> Path:
+    """A relative path that does not exist from the working directory, looked up relative to
+    the installed packages' root instead: committed data names a checkpoint relative to the
+    project (``engine/checkpoints/tiny-draft``), and the package folders keep the project's
+    layout, in a clone and in site-packages alike."""
+    if path.is_absolute() or path.exists():
+        return path
+    inside = Path(str(files("perfmodel"))).parent / path
+    return inside if inside.exists() else path
+
+
 def get_model(name_or_path: str) -> ModelSpec:
-    """A registry name (``llama-3.1-8b``) or a path to a ``config.json`` (or its folder)."""
+    """A registry name (``llama-3.1-8b``) or a path to a ``config.json`` (or its folder); a
+    relative path may also be relative to the project (``_in_project``). The spec is named as
+    given."""
     key = name_or_path.lower()
     if key in model_names():
         return spec_from_config(load_config(_registry_dir() / f"{key}.json"), key)
-    p = Path(name_or_path)
+    p = _in_project(Path(name_or_path))
     if p.suffix == ".json" or p.is_dir() or p.exists():
         return spec_from_config(load_config(p), str(name_or_path))
     raise ValueError(f"unknown model {name_or_path!r}{suggest(name_or_path, model_names())}")

@@ -35,7 +35,7 @@ one warpgroup's ``wgmma``, which runs at about twice ``mma.sync``'s rate on an H
 unfused reuse call takes 87-92 us at t = 1-3 (16 rows), 105-111 us at t = 5 (32) and 101-110 us
 at t = 12 (64). ``mma_row_cost`` prices a tile's rows at ``WGMMA_ROW_COST`` (1/2) each on the
 ``wgmma`` path; that factor is the H100's rate ratio, and on the fit rows of the four NSA
-classes it is also the lowest loss of 0.3 ... 1 (``docs/notes/calibration.md``).
+classes it is also the lowest loss of 0.3 ... 1.
 
 ``merge_steps`` counts, per call, the slots its merges walk, summed over merges that run one
 after another:

@@ -19,8 +19,8 @@ OP_KINDS = ("gemm", "attention", "elementwise", "selection", "comm", "host")
 # Kernel-name suffix of a GEMM or element-wise op of a model whose weights fit in the GPU's L2
 # (``weights_fit_l2``): across a forward its weights stay in L2 and every op reads activations
 # the op before it just wrote. A calibrated predictor prices such an op with its class timed
-# L2-resident (``calibration.sweep --ops resident``) when the profile has one, else with the
-# cold class; the roofline ignores it.
+# L2-resident (``validation.engine_op_sweep --ops resident``) when the profile has one, else
+# with the cold class; the roofline ignores it.
 RESIDENT_SUFFIX = "@l2"
 RESIDENT_KINDS = ("gemm", "elementwise")
 

@@ -36,7 +36,7 @@ File format (version 2; version 1 files, which lack ``attention`` and ``overhead
 
 A regime missing from the file, or an entry missing from a regime, falls back to the file's
 ``default`` entry when present, else to the workload defaults (``Profile.assumed`` lists what
-a regime takes from them). A planner evaluation (``docs/validation/planner.json``) or a ranking
+a regime takes from them). A planner evaluation (``validation/data/planner.json``) or a ranking
 document holds the profile it measured or used under ``"profile"``; ``load_profile`` reads that.
 """
 
@@ -100,11 +100,10 @@ def overhead_features(s: Strategy) -> np.ndarray:
     attention, and tree nodes of an n-gram drafter (whose lookups run on the host).
 
     The last term keeps apart two costs that one node term confounds. The engine's step times
-    (run 13, ``docs/notes/planner.md``) show a draft model's drafting growing with the tree's
-    depth (one draft forward per level, ~45 us per level beyond the step model), whatever the
-    number of nodes, while an n-gram drafter's host lookups grow with the nodes (~25 us each);
-    the acceptance walk grows with the nodes for both. With one node term the fit charged a
-    draft model's levels to its nodes (``draft_level`` fitted 0 at <=4K-16K), so it priced
+    show a draft model's drafting growing with the tree's depth (one draft forward per level,
+    ~45 us per level beyond the step model), whatever the number of nodes, while an n-gram
+    drafter's host lookups grow with the nodes (~25 us each); the acceptance walk grows with the
+    nodes for both. One node term charges a draft model's levels to its nodes, so it prices
     chains of a draft model too cheap and its branching trees too dear."""
     parents = parse_tree(s.tree)
     depth = max(node_depths_ranks(list(parents))[0], default=0)
@@ -125,12 +124,11 @@ def fit_overhead(
     Every coefficient is non-negative except ``speculative`` when autoregressive rows are
     among the runs (``round + speculative``, a drafting round's intercept, is non-negative): it
     is then the difference between a drafting round's residual and an autoregressive one's,
-    whose sign is the step model's (it may price a drafting round's GPU
-    work above what it takes, run 27). Held at 0 or above, that difference leaked into
-    ``round`` -- the whole of an autoregressive round's overhead -- and moved autoregressive
-    decoding's prediction at 32K by 9% between two runs of one code (runs 26 and 27: ``round``
-    134 and 193 us). Without autoregressive rows the two terms are one column and
-    ``speculative`` stays non-negative.
+    whose sign is the step model's (it may price a drafting round's GPU work above what it
+    takes). Held at 0 or above, that difference leaks into ``round`` -- the whole of an
+    autoregressive round's overhead -- and moves autoregressive decoding's prediction at 32K by
+    9% between two evaluations of one code. Without autoregressive rows the two terms are one
+    column and ``speculative`` stays non-negative.
 
     With ``round_s`` (the measured round times) each row is weighted by 1 / its round time, so
     the fit minimises relative round-time error -- what tokens/s and speedup errors are: an
@@ -464,9 +462,9 @@ def pooled_chain_tokens(runs: list[tuple[int, list[int]]], k: int) -> float | No
     ``1 + E[min(m, k)]``), as the profile's per-run means do. None when no run has ``K >= k``
     and rounds.
 
-    One evaluation's five prompts put an n-gram chain:7 below its own chain:4 (H100 run 21,
-    8K: 1.90 against 2.05 tokens per round), which no text can do; pooled, the shorter chains
-    are read from two to three times the rounds, and their order is the truncation's."""
+    Five prompts' own runs can put an n-gram chain:7 below its own chain:4 (1.90 against 2.05
+    tokens per round at 8K on the H100), which no text can do; pooled, the shorter chains are
+    read from two to three times the rounds, and their order is the truncation's."""
     if k < 1:
         raise ValueError(f"chain length must be >= 1, got {k}")
     means = []
@@ -481,7 +479,7 @@ def pooled_chain_tokens(runs: list[tuple[int, list[int]]], k: int) -> float | No
 def profile_from_traces(headers_rounds, strategies: dict) -> Profile:
     """Build a profile from engine traces.
 
-    ``headers_rounds`` is a list of (header, rounds) from ``sim.trace``; ``strategies`` maps a
+    ``headers_rounds`` is a list of (header, rounds) from ``perfmodel.trace``; ``strategies`` maps a
     trace's strategy id to its ``Strategy``. alpha per (regime, drafter) inverts the mean tokens
     per round of each strategy's tree; gamma per (regime, traversal) is the mean of the rounds'
     per-layer group overlaps.

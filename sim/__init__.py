@@ -3,7 +3,7 @@ and of serving.
 
 Every duration comes from ``perfmodel`` through cost tables built once per run
 (``sim.tables``); acceptance is iid, positional, tree-shaped or replayed from a round trace
-(``sim.acceptance``, ``sim.trace``, format in ``docs/trace-format.md``). Entry point::
+(``sim.acceptance``, ``perfmodel.trace``, format in ``docs/trace-format.md``). Entry point::
 
     from sim.config import SimConfig
     from sim.scenarios import simulate
@@ -11,7 +11,8 @@ Every duration comes from ``perfmodel`` through cost tables built once per run
     result.figures["simulated_tokens_per_s"]
 
 Modules: ``config`` (frozen configs), ``acceptance``, ``overlap`` (per-layer overlaps),
-``trace``, ``tables``, ``recorder``, ``workload`` (seeded streams, lengths, arrivals),
-``loop`` (ar/sd/ssv), ``prr``, ``ssd``, ``sparsespec``, ``serving``, ``scenarios`` (build and
-run), ``writers`` (CSV, Chrome trace, Gantt PNG, trace JSONL).
+``tables``, ``recorder``, ``workload`` (seeded streams, lengths, arrivals), ``setup`` (what
+every scenario builds first, and its ``ScenarioRun`` result), ``loop`` (ar/sd/ssv), ``prr``,
+``ssd``, ``sparsespec``, ``serving``, ``scenarios`` (the runners' table, build and run),
+``writers`` (CSV, Chrome trace, Gantt PNG, trace JSONL).
 """

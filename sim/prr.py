@@ -29,7 +29,7 @@ from perfmodel.step import build_columns
 from perfmodel.strategy import Workload
 from sim.acceptance import CHUNK
 from sim.recorder import Recorder
-from sim.scenarios import acceptance_for, figure, register, request_records
+from sim.setup import ScenarioRun, acceptance_for, figure, request_records
 from sim.tables import context_grid, prr_table
 from sim.workload import generators
 
@@ -168,7 +168,6 @@ class _Seq:
         )
 
 
-@register("prr")
 def run_prr(s):
     cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
     pc = cfg.prr
@@ -221,7 +220,7 @@ def run_prr(s):
         "serial_dsa_tokens_per_s": figure(e / serial_s, "tokens/s", ctx.provenance),
         "prr_speedup_vs_serial": figure(serial_s / round_s, "x", ctx.provenance),
     }
-    return rec, LANES, tokens[0], env.now, wall, e / round_s, ctx.provenance, extras
+    return ScenarioRun(rec, LANES, tokens[0], env.now, wall, e / round_s, ctx.provenance, extras)
 
 
 def _hit_rate_source(pc) -> str:

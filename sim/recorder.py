@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfmodel.trace import make_round
 from sim.progress import Progress
-from sim.trace import make_round
 
 
 @dataclass(slots=True)
@@ -105,7 +105,7 @@ class Recorder:
             self.spans.append(Span(lane, name, start_s, dur_s, args))
 
     def trace_rounds(self):
-        """The rounds as trace records (``sim.trace.make_round``), in simulation order."""
+        """The rounds as trace records (``perfmodel.trace.make_round``), in simulation order."""
         for i in range(self.num_rounds):
             lay = self.layers[i]
             g, c, h = lay if lay is not None else (None, None, None)

@@ -22,7 +22,7 @@ from perfmodel.costs import kv_capacity_tokens, prefill_seconds
 from sim.config import MAX_SIM_TOKENS
 from sim.loop import STEP_NAMES
 from sim.recorder import Recorder
-from sim.scenarios import acceptance_for, analytic_round, figure, register, request_records
+from sim.setup import ScenarioRun, acceptance_for, analytic_round, figure, request_records
 from sim.tables import context_grid, loop_table, prefill_table
 from sim.workload import generators, poisson_arrivals, read_arrivals
 
@@ -139,7 +139,6 @@ def _pct(x, q):
     return float(np.percentile(x, q)) if len(x) else 0.0
 
 
-@register("serve")
 def run_serve(s):
     cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
     sv = cfg.serve
@@ -232,4 +231,4 @@ def run_serve(s):
         "max_kv_tokens": figure(server.max_kv, "tokens", sp),
         "max_reserved_kv_tokens": figure(server.max_reserved, "tokens", sp),
     }
-    return rec, LANES, server.tokens, env.now, wall, analytic, pred.provenance, extras
+    return ScenarioRun(rec, LANES, server.tokens, env.now, wall, analytic, pred.provenance, extras)

@@ -33,7 +33,7 @@ from perfmodel.costs import (
 from perfmodel.sparsespec import delayed_verification
 from sim.acceptance import build_acceptance
 from sim.recorder import Recorder
-from sim.scenarios import figure, register, request_records
+from sim.setup import ScenarioRun, figure, request_records
 from sim.ssd import uniforms
 from sim.tables import context_grid, mixed_tables
 from sim.workload import generators
@@ -206,7 +206,6 @@ class SparseSpecRun:
             rec.num_steps += 1
 
 
-@register("sparsespec")
 def run_sparsespec(s):
     cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
     sc = cfg.sparsespec
@@ -271,7 +270,7 @@ def run_sparsespec(s):
         "offloads": figure(run.offloads, "requests", s.sim_provenance),
         "offload_tokens": figure(run.offload_tokens, "tokens", s.sim_provenance),
     }
-    return rec, LANES, run.tokens, env.now, wall, analytic, ctx.provenance, extras
+    return ScenarioRun(rec, LANES, run.tokens, env.now, wall, analytic, ctx.provenance, extras)
 
 
 def _host_source(sc) -> str:

@@ -27,7 +27,7 @@ from perfmodel.saguaro import (
 )
 from sim.acceptance import CHUNK, build_acceptance
 from sim.recorder import Recorder
-from sim.scenarios import acceptance_for, analytic_round, figure, register, request_records
+from sim.setup import ScenarioRun, acceptance_for, analytic_round, figure, request_records
 from sim.tables import context_grid, ssd_table
 from sim.workload import generators
 
@@ -132,7 +132,6 @@ class SsdRun:
             active = still
 
 
-@register("ssd")
 def run_ssd(s):
     cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
     sc = cfg.ssd
@@ -199,4 +198,4 @@ def run_ssd(s):
         "sd_analytic_tokens_per_s": figure(sd, "tokens/s", prov),
         "fanout": figure([int(x) for x in fan], "speculations", "model:saguaro:integer_fanout"),
     }
-    return rec, LANES, run.tokens, env.now, wall, analytic, prov, extras
+    return ScenarioRun(rec, LANES, run.tokens, env.now, wall, analytic, prov, extras)

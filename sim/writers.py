@@ -1,5 +1,6 @@
 """Output writers of a ``SimResult``: per-request CSV, Chrome trace JSON (opens in Perfetto or
-chrome://tracing), a Gantt PNG of the first rounds, and the round trace (``sim.trace`` format).
+chrome://tracing), a Gantt PNG of the first rounds, and the round trace (``perfmodel.trace``
+format).
 
 Each returns the file's content (text or bytes) so the caller can write everything atomically
 after every output was built. Only simulated quantities go in: same config and seed, same bytes.
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.trace import dumps_trace
 from sim.recorder import Span
 from sim.scenarios import SimResult
-from sim.trace import dumps_trace
 
 CSV_FIELDS = (
     "request",

@@ -6,10 +6,7 @@ ssvkit calibrate --gpu h100-sxm --fit-only      # anywhere: re-derive from commi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from perfmodel.files import atomic_write
+from calibration.fit import fit_folder
 from perfmodel.hardware import get_gpu
 from ssvkit.options import finite
 
@@ -31,22 +28,6 @@ def add_arguments(p) -> None:
     p.add_argument("--sweeps", help="ops (GEMM, element-wise), kernels (default: both)")
 
 
-def fit(gpu: str, folder: Path | None = None) -> dict:
-    """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
-    ``*.jsonl`` there), written into ``folder``; by default the committed
-    ``calibration/profiles/<gpu>/``."""
-    from calibration import ceilings
-    from calibration.fit import dumps, fit_profile
-
-    folder = folder or ceilings.PROFILES / gpu
-    rows = ceilings.profile_rows(gpu, folder)
-    overlay = ceilings.derive(gpu, rows)
-    profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
-    atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
-    atomic_write(folder / "profile.json", dumps(profile))
-    return profile
-
-
 def run(args) -> int:
     get_gpu(args.gpu, measured=False)  # validates the name
     if args.fit_only and (args.budget_s is not None or args.sweeps is not None):
@@ -62,15 +43,16 @@ def run(args) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("the calibration sweeps need a CUDA GPU (use --fit-only to refit)")
-        from calibration import ceilings, sweep
+        from calibration import ceilings
         from kernels import benchmark
+        from validation import engine_op_sweep
 
         out = ceilings.PROFILES / args.gpu
         if "ops" in sweeps:
-            sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
+            engine_op_sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
         if "kernels" in sweeps:
             benchmark.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
-    profile = fit(args.gpu)
+    profile = fit_folder(args.gpu)
     print(
         f"profile {profile['profile_id']}: {len(profile['classes'])} op classes from "
         f"{profile['rows']['graph']} graph rows"

@@ -2,7 +2,7 @@
 
 ssvkit rank                                   # llama-3.1-8b on h100-sxm, default space
 ssvkit rank --acceptance-profile prof.json --out ranking.json --top 5
-ssvkit rank --evaluation docs/validation/planner.json   # the ranking the H100 evaluation used
+ssvkit rank --evaluation validation/data/planner.json   # the ranking the H100 evaluation used
 
 ``--acceptance-profile`` also reads the profile inside a planner evaluation or a ranking
 document. ``--evaluation`` ranks as a planner evaluation did -- its model and draft model (found
@@ -17,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from perfmodel.files import atomic_write, check_output
+from perfmodel.files import atomic_write, check_output, read_json
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
 from planner.profile import Profile, load_profile
@@ -76,11 +76,11 @@ _FROM_EVALUATION = (
 
 def _from_evaluation(path: str):
     """(model, gpu, space, profile, regime contexts, label) of a planner evaluation."""
-    from calibration.report import load_json, local_model
     from planner.profile import profile_from_json
+    from validation.records import local_model
 
     p = Path(path)
-    d = load_json(p, "planner evaluation")
+    d = read_json(p, "planner evaluation")
     need = ("model", "gpu_model", "space", "profile", "regimes")
     if any(k not in d for k in need):
         raise ValueError(f"{path!r} is not a planner evaluation (it needs {', '.join(need)})")

@@ -1,15 +1,16 @@
-"""``ssvkit report``: the end-to-end validation report from committed measurements only.
+"""``ssvkit report``: the end-to-end validation report from the measurements of record only.
 
-ssvkit report                          # writes docs/validation/REPORT.md and its PNGs
+ssvkit report                          # writes docs/results/validation/REPORT.md and its PNGs
 ssvkit report --out DIR --json         # elsewhere; the report as JSON on stdout
 ssvkit report --check                  # exit 1 when a target is missed
 
-``calibration.report`` says what each section compares and which data file it reads.
+``validation.report`` says what each section compares and which data file it reads.
 """
 
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
 from perfmodel.files import check_folder, write_files
@@ -20,13 +21,17 @@ HELP = "end-to-end validation report (measured vs predicted) from committed data
 def add_arguments(p) -> None:
     p.add_argument("--gpu", default="h100-sxm", help="registry GPU of the kernel profile")
     p.add_argument(
-        "--campaign", default=None, help="campaign JSON (default docs/validation/campaign.json)"
+        "--campaign", default=None, help="campaign JSON (default validation/data/campaign.json)"
     )
     p.add_argument(
-        "--planner", default=None, help="planner evaluation (default docs/validation/planner.json)"
+        "--planner",
+        default=None,
+        help="planner evaluation (default validation/data/planner.json)",
     )
     p.add_argument(
-        "--out", default=None, help="folder for REPORT.md and PNGs (default docs/validation)"
+        "--out",
+        default=None,
+        help="folder for REPORT.md and PNGs (default docs/results/validation)",
     )
     p.add_argument("--no-files", action="store_true", help="write nothing, print only")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -63,14 +68,17 @@ def _table(rep: dict) -> str:
 
 
 def run(args) -> int:
-    from calibration.report import ROOT, build, markdown, plots
+    from validation.report import build
+    from validation.report_markdown import REPORT_DIR, markdown, plots
 
     if args.no_files and args.out:
         raise ValueError("--no-files writes nothing, but --out names a folder: drop one of them")
-    out = Path(args.out) if args.out else ROOT / "docs" / "validation"
+    # The checkout these packages are part of (a clone or an editable install).
+    root = Path(str(files("validation"))).parent
+    out = Path(args.out) if args.out else root / REPORT_DIR
     if not args.no_files and args.out is None and not out.is_dir():
         raise ValueError(
-            "the report goes to docs/validation of a clone of the repository by default: run "
+            f"the report goes to {REPORT_DIR} of a clone of the repository by default: run "
             "from a clone, or give --out DIR or --no-files"
         )
     if not args.no_files:
@@ -78,11 +86,11 @@ def run(args) -> int:
     rep = build(args.gpu, args.campaign, args.planner)
     if not args.no_files:
         try:
-            prefix = "../" * len(out.resolve().relative_to(ROOT).parts)
+            prefix = "../" * len(out.resolve().relative_to(root.resolve()).parts)
         except ValueError:
-            prefix = str(ROOT) + "/"
-        files = [(out / name, data, "--out") for name, data in plots(rep).items()]
-        write_files(files + [(out / "REPORT.md", markdown(rep, prefix), "--out")])
+            prefix = str(root) + "/"
+        files_out = [(out / name, data, "--out") for name, data in plots(rep).items()]
+        write_files(files_out + [(out / "REPORT.md", markdown(rep, prefix), "--out")])
     if args.json:
         print(json.dumps(rep, indent=1))
     else:

@@ -91,26 +91,6 @@ def _table(rep: dict, pid: str) -> str:
     return "\n".join(lines)
 
 
-def markdown(rep: dict, pid: str) -> str:
-    """The summary the README embeds (regenerated, never typed: tests/calibration checks it)."""
-    h, f = rep["overall"]["heldout"], rep["overall"]["fit"]
-    rh = rep["ratios"]["all"]["heldout"]
-    lines = [
-        f"Profile `{pid}` (`ssvkit validate --markdown`):",
-        "",
-        "| rows | n | median APE | p90 APE | max APE |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for name, d in (("held-out op times", h), ("fitted op times", f), ("held-out ratios", rh)):
-        lines.append(
-            f"| {name} | {d['n']} | {100 * d['median_ape']:.1f}% | "
-            f"{100 * d['p90_ape']:.1f}% | {100 * d['max_ape']:.1f}% |"
-        )
-    met = [f"{k} {'met' if t['met'] else 'missed'}" for k, t in rep["targets"].items()]
-    lines += ["", "Targets: " + ", ".join(met) + "."]
-    return "\n".join(lines)
-
-
 def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
     import matplotlib
 
@@ -158,26 +138,16 @@ def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
 
 
 def run(args) -> int:
-    from calibration import ceilings
-    from calibration.validate import annotate, report
-    from perfmodel.calibrated import Profile
+    from calibration.validate import committed_report, summary_markdown
 
     folder = check_folder(args.plot, "--plot") if args.plot else None
-    path = ceilings.PROFILES / args.gpu / "profile.json"
-    if not path.is_file():
-        raise ValueError(f"no calibrated profile for {args.gpu!r} ({path} is missing)")
-    profile = Profile.load(path, gpu=args.gpu)
-    rows = ceilings.profile_rows(args.gpu)
-    if profile.device_name not in ceilings.DEVICE_NAMES[args.gpu]:
-        raise ValueError(f"profile device {profile.device_name!r} does not match {args.gpu!r}")
-    annotated = annotate(rows, profile)
-    rep = report(annotated)
+    profile, annotated, rep = committed_report(args.gpu)
     if folder is not None:
         write_files(
             (folder / name, data, "--plot") for name, data in _plots(annotated, rep).items()
         )
     if args.markdown:
-        print(markdown(rep, profile.profile_id))
+        print(summary_markdown(rep, profile.profile_id))
     elif args.json:
         print(json.dumps({k: v for k, v in rep.items() if k != "pairs"}, indent=1))
     else:

@@ -9,9 +9,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_perfmodel_never_imports_torch():
+    """perfmodel, the CLI's entry point and what ``ssvkit report`` runs import neither torch nor
+    Triton: the base install has neither."""
     code = (
         "import sys, perfmodel, perfmodel.step, perfmodel.baselines, perfmodel.saguaro, "
-        "perfmodel.prr, perfmodel.sparsespec, perfmodel.refresh, perfmodel.flops, ssvkit.cli; "
+        "perfmodel.prr, perfmodel.sparsespec, perfmodel.refresh, perfmodel.flops, ssvkit.cli, "
+        "validation.report, validation.report_markdown, validation.readme; "
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

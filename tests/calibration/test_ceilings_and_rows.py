@@ -84,3 +84,9 @@ def test_sweep_refuses_an_unknown_op_group_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'bogus'" in err and "resident" in err
     assert not any(tmp_path.iterdir())  # nothing written
+    # The sweep of record adds the engine's own ops as a group of its own.
+    from validation import engine_op_sweep
+
+    assert engine_op_sweep.main(["--out", str(tmp_path), "--ops", "engine,bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'bogus'" in err and "engine" in err and "elementwise" in err

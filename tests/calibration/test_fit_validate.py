@@ -13,7 +13,6 @@ from calibration.fit import (
     stage_counts,
     tile_rows,
 )
-from calibration.readme import README, render
 from calibration.validate import disagreements, fit_agreement, ratio_pairs, report
 from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
 from perfmodel.hardware import get_gpu
@@ -21,6 +20,7 @@ from perfmodel.models import ModelSpec, get_model
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import Strategy, Workload
 from ssvkit.cli import main
+from validation.readme import DOCUMENTS, render
 
 PROFILE = ceilings.PROFILES / "h100-sxm" / "profile.json"
 
@@ -229,8 +229,11 @@ def test_validate_cli_and_readme_block(capsys):
     rc = main(["validate", "--check"])
     capsys.readouterr()
     assert rc == (0 if all(t["met"] for t in doc["targets"].values()) else 1)
-    text = README.read_text()
-    assert render(text) == text, "README's generated blocks are stale: python -m calibration.readme"
+    for doc in DOCUMENTS:
+        text = doc.read_text()
+        assert render(text) == text, (
+            f"{doc.name}'s generated blocks are stale: python -m validation.readme"
+        )
 
 
 def test_validate_plots(tmp_path, capsys):

@@ -18,7 +18,7 @@ from engine.runner import ModelRunner
 from engine.settings import DecodeConfig
 from engine.trace_writer import TraceWriter
 from perfmodel.strategy import DrafterSpec, Strategy
-from sim.trace import read_trace
+from perfmodel.trace import read_trace
 
 TARGET = tiny_model(seed=0)
 DRAFT = tiny_model(seed=0, noise=0.3)
@@ -339,7 +339,7 @@ class CountingGraphs:
 
 def test_rounds_flag_captures_missing_when_the_run_began():
     """A round that captures a graph missing when the run began carries a start-up cost (the
-    evaluation leaves it out, ``planner.evaluate.steady_figures``); a capture after the run's
+    evaluation leaves it out, ``validation.bench.steady_figures``); a capture after the run's
     own switch dropped the graphs (a change of the cache's summaries) is that switch's cost."""
     b, n = len(PROMPTS), 40
     t_max = max(map(len, PROMPTS)) + n + 70

@@ -2,7 +2,6 @@ import dataclasses
 import gzip
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from planner.space import (
     valid_strategies,
 )
 from ssvkit.cli import main
+from validation.records import record_path
 
 M, G = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
 SMALL = SpaceSpec(
@@ -575,8 +575,7 @@ def test_rank_cli(tmp_path, capsys):
     }
 
 
-ROOT = Path(__file__).resolve().parents[2]
-EVALUATION = ROOT / "docs" / "validation" / "planner.json"
+EVALUATION = record_path("planner.json")
 
 
 def test_rank_cli_reproduces_the_installed_evaluations_ranking(tmp_path, capsys):
@@ -604,7 +603,7 @@ def test_rank_cli_reproduces_the_installed_evaluations_ranking(tmp_path, capsys)
     assert "--evaluation sets the model, GPU, space and profile; drop --trees" in (
         capsys.readouterr().err
     )
-    assert main(["rank", "--evaluation", str(ROOT / "docs/validation/campaign.json")]) == 2
+    assert main(["rank", "--evaluation", str(record_path("campaign.json"))]) == 2
     assert "is not a planner evaluation" in capsys.readouterr().err
 
 
@@ -736,8 +735,8 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"attention": {"k": -1}}}}))
     with pytest.raises(ValueError, match="16K.attention.k must be a finite number >= 0"):
         load_profile(p)
-    # ``speculative`` is signed (the fit's difference of two groups' residuals; a 16K fit can
-    # come out at -34 us), the other terms are not, and no round's overhead goes below 0.
+    # ``speculative`` is signed (the fit's difference of two groups' residuals: -34 us at 16K
+    # in an H100 evaluation), the other terms are not, and no round's overhead goes below 0.
     signed = {"round": 1.2e-4, "speculative": -3.4e-5}
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": signed}}}))
     assert load_profile(p).overhead_s("16K", tree7) == pytest.approx(1.2e-4 - 3.4e-5)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from perfmodel.strategy import Strategy
-from sim.scenarios import analytic_round
+from sim.setup import analytic_round
 from sim.tables import CostContext, Grid, context_grid, loop_table
 
 
@@ -27,7 +27,7 @@ def test_loop_table_sums_to_perfmodel_round(name):
     strategy = Strategy.from_name(name)
     grid, levels = loop_table(ctx, strategy, context_grid(8192, 12000, 1024), 2, [0.75])
 
-    class S:  # the bits of sim.scenarios.Setup that analytic_round reads
+    class S:  # the bits of sim.setup.Setup that analytic_round reads
         cfg = type("C", (), dict(tp=1, acceptance=0.7, overlap=0.75, kv_bytes=2))
 
     S.ctx, S.strategy = ctx, strategy

@@ -1,0 +1,213 @@
+"""``ssvkit report``: the end-to-end validation report from the committed campaign, planner
+evaluation and kernel rows."""
+
+import json
+import math
+import re
+
+import pytest
+
+from ssvkit.cli import main
+from validation import report as rpt
+from validation.records import record_path
+from validation.report_markdown import markdown
+
+
+@pytest.fixture(scope="module")
+def rep():
+    return rpt.build()
+
+
+def test_report_compares_every_baseline_at_every_context(rep):
+    camp = json.loads(record_path("campaign.json").read_text())
+    pairs = {(r["baseline"], r["context_len"]) for r in camp["rows"]}
+    e = rep["e2e"]
+    assert {(r["baseline"], r["context_len"]) for r in e["rows"]} == pairs
+    assert {r["baseline"] for r in e["rows"]} == set(rpt.BASELINE_ORDER)
+    for r in e["rows"]:
+        for side in ("measured", "predicted"):
+            for k in ("tokens_per_s", "verify_s", "round_s"):
+                assert math.isfinite(r[side][k]) and r[side][k] > 0, (r["baseline"], side, k)
+        # The prediction is at the measured acceptance: same tokens per round.
+        assert r["predicted"]["tokens_per_round"] == pytest.approx(
+            r["measured"]["tokens_per_round"], rel=1e-3
+        )
+        sim = r["simulated"]
+        assert sim["rounds"] > 10 and sim["tokens_per_s"] > 0
+    contexts = {c for _, c in pairs}
+    assert len(e["speedups"]) == len(pairs) - len(contexts)  # all but ar_dense, per context
+    for key in ("verify", "tokens_per_s", "round", "speedup", "simulator"):
+        assert e[key]["n"] > 0 and 0 <= e[key]["median_ape"] <= e[key]["max_ape"]
+    assert set(rep["targets"]) == set(rpt.TARGETS)
+    for k, t in rep["targets"].items():
+        assert t["threshold"] == rpt.TARGETS[k] and t["met"] == (t["value"] <= t["threshold"])
+    assert rep["kernels"]["overall"]["heldout"]["n"] > 100
+    assert set(rep["planner"]["kendall_tau"]) == set(rep["planner"]["regret"])
+
+
+def test_simulator_replays_the_measured_acceptance(rep):
+    """With the same costs, the simulator replaying the seed-0 run's accepted counts agrees with
+    the analytic prediction at that run's tokens per round (the prediction is at the seeds'
+    pooled ones: scaled by the ratio, since a dense round's time does not depend on what it
+    accepts): computed independently, equal to 1%. Against the pooled prediction itself an
+    outlying seed 0 would differ by its acceptance alone (a seed that accepts 3.7 drafts per round
+    where the others accept 2.7-3.6 moves it by 15%)."""
+    camp = json.loads(record_path("campaign.json").read_text())
+    seed0 = {
+        (r["baseline"], r["context_len"]): r["measured"]
+        for r in camp["rows"]
+        if "rounds_trace" in r["measured"]
+    }
+    for r in rep["e2e"]["rows"]:
+        trace = seed0[(r["baseline"], r["context_len"])]["rounds_trace"][1:]  # as replayed
+        tpr0 = sum(a + 1 for _, _, a in trace) / len(trace)
+        pred0 = r["predicted"]["tokens_per_s"] * tpr0 / r["measured"]["tokens_per_round"]
+        assert r["simulated"]["tokens_per_s"] == pytest.approx(pred0, rel=0.01), r["baseline"]
+
+
+def test_report_cli_writes_the_report_and_checks_targets(rep, tmp_path, capsys, monkeypatch):
+    """The command writes the report of ``build`` (the module's, built once) and its PNGs;
+    ``--check`` exits 1 exactly when a target is missed."""
+    asked = []
+    monkeypatch.setattr(rpt, "build", lambda *args: asked.append(args) or rep)
+    rc = main(["report", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "speedup vs ar_dense" in out and asked == [("h100-sxm", None, None)]
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "validation/data/campaign.json" in md and "validation/data/planner.json" in md
+    assert "calibration/profiles/h100-sxm" in md and "ssv_planned" in md
+    for png in ("verify.png", "tokens_per_s.png", "speedup.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    missed = not all(t["met"] for t in rep["targets"].values())
+    assert main(["report", "--no-files", "--check"]) == (1 if missed else 0)
+    for met in (True, False):
+        judged = {**rep, "targets": {k: {**t, "met": met} for k, t in rep["targets"].items()}}
+        monkeypatch.setattr(rpt, "build", lambda *args, judged=judged: judged)
+        assert main(["report", "--no-files", "--check"]) == (0 if met else 1)
+        assert ("MISSED" in capsys.readouterr().out) != met
+    monkeypatch.undo()  # the errors below come from the real ``build``
+    assert main(["report", "--out", str(tmp_path / "nope")]) == 2
+    assert "nope' does not exist" in capsys.readouterr().err
+    assert main(["report", "--no-files", "--campaign", str(tmp_path / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 7}))
+    assert main(["report", "--no-files", "--campaign", str(bad)]) == 2
+    assert "not a version-1 campaign" in capsys.readouterr().err
+
+
+def test_report_gives_the_adaptive_gains_with_capture_rounds_counted_when_recorded(rep):
+    pl = dict(rep["planner"])
+    pl["adaptive_gain"] = {"code": 0.01, "random": 0.132}
+    pl["adaptive_gain_captures_counted"] = {"code": 0.01, "random": -0.03}
+    md = markdown({**rep, "planner": pl})
+    line = next(x for x in md.splitlines() if x.startswith("With the rounds that captured"))
+    assert line.endswith("code +1.0%, random -3.0%.")
+    # An evaluation that did not record them gets no such line.
+    pl["adaptive_gain_captures_counted"] = None
+    assert "With the rounds that captured" not in markdown({**rep, "planner": pl})
+
+
+def test_report_gives_the_adaptive_ceiling_when_recorded(rep):
+    pl = dict(rep["planner"])
+    pl["adaptive_ceiling"] = {"code": 0.0, "repetitive": 0.056}
+    md = markdown({**rep, "planner": pl})
+    line = next(x for x in md.splitlines() if x.startswith("The best fixed strategy"))
+    assert line.endswith("code +0.0%, repetitive +5.6%.")
+    pl["adaptive_ceiling"] = None  # an evaluation without the oracle's runs
+    assert "The best fixed strategy" not in markdown({**rep, "planner": pl})
+
+
+def test_report_gives_each_regimes_measurement_resolution(rep):
+    """The ranking table says how finely each regime's measurement orders its strategies
+    (derived from the measured runs per window); n/a where an evaluation kept none."""
+    pl = dict(rep["planner"])
+    regs = list(pl["kendall_tau"])
+    pl["measurement"] = {r: {"pair_ratio_se": 0.021, "draw_regret_p90": 0.037} for r in regs}
+    pl["measurement"][regs[0]] = None
+    md = markdown({**rep, "planner": pl})
+    rows = [x for x in md.splitlines() if x.startswith("| ") and "%" in x and "Kendall" not in x]
+    first = next(x for x in rows if x.startswith(f"| {regs[0]} |"))
+    assert first.endswith("| n/a | n/a |")
+    if len(regs) > 1:
+        other = next(x for x in rows if x.startswith(f"| {regs[1]} |"))
+        assert other.endswith("| 2.1% | 3.7% |")
+    assert "how finely the measurement orders" in md
+
+
+def test_report_gives_the_adaptive_gains_interval_and_the_strongest_alternative(rep):
+    """A table per prompt set: the gain, its interval over the seeds, each seed's paired gain
+    and the strongest fixed alternative (its name's pipes escaped, a table cell); no table
+    where no prompt set kept its runs per seed."""
+    pl = dict(rep["planner"])
+    pl["adaptive_resolution"] = {
+        "prose": {
+            "gain": -0.032,
+            "paired_gains": [-0.03, 0.01],
+            "gain_p05": -0.049,
+            "gain_p95": -0.006,
+            "challenger": {
+                "describe": "ngram chain:7 bfs | dense",
+                "gain": -0.025,
+                "gain_p05": -0.04,
+                "gain_p95": 0.028,
+            },
+            "hindsight": {"strategies": 13, "gain": 0.0, "paired_gains": [0.0, 0.084]},
+        },
+        "random": None,
+    }
+    md = markdown({**rep, "planner": pl})
+    row = next(x for x in md.splitlines() if x.startswith("| prose |"))
+    assert row == (
+        "| prose | -3.2% | -4.9% to -0.6% | -3.0 +1.0 | ngram chain:7 bfs \\| dense "
+        "| -2.5% | -4.0% to +2.8% | +0.0% (+0.0 +8.4) |"
+    )
+    del pl["adaptive_resolution"]["prose"]["hindsight"]  # derived from older evaluations
+    assert next(
+        x for x in markdown({**rep, "planner": pl}).splitlines() if x.startswith("| prose |")
+    ).endswith("| n/a |")
+    assert not any(x.startswith("| random |") for x in md.splitlines())
+    pl["adaptive_resolution"] = {"random": None}
+    assert "strongest fixed alternative" not in markdown({**rep, "planner": pl})
+
+
+def _verdicts(block: str) -> list[str]:
+    """The targets line's verdicts, in order: Kendall tau, regret, off-distribution gain."""
+    line = next(x for x in block.splitlines() if x.startswith("Targets:"))
+    return re.findall(r"\((met|not met)\)", line)
+
+
+def test_readme_planner_block_follows_the_evaluation(tmp_path):
+    """The README's planner block: each regime's figures and each prompt set's gain as the
+    installed evaluation records them, and the verdicts of its ``met``, whichever they are."""
+    from validation.readme import planner_block
+
+    path = record_path("planner.json")
+    doc = json.loads(path.read_text())
+    block = planner_block()
+
+    def said(met):
+        targets = ("kendall_tau", "regret", "adaptive_gain_off_distribution")
+        return ["met" if met[k] else "not met" for k in targets]
+
+    for r, v in doc["regimes"].items():
+        assert (
+            f"| {r} | {v['context_len']} | {v['n']} | {doc['kendall_tau'][r]:.2f} | "
+            f"{100 * doc['regret'][r]:.1f}% |"
+        ) in block
+    for k, g in doc["adaptive_gain"].items():
+        assert any(
+            x.startswith(f"| {k}") and f"| {100 * g:+.1f}% |" in x for x in block.splitlines()
+        )
+    assert _verdicts(block) == said(doc["met"])
+    assert block.rstrip().endswith(f"on every off-distribution set ({said(doc['met'])[2]}).")
+    # The opposite verdicts, from an evaluation that records them.
+    doc["met"] = {k: not v for k, v in doc["met"].items()}
+    for v in doc["adaptive"]["prompt_sets"].values():
+        v.pop("oracle")  # no fixed alternatives, no hindsight
+    other = tmp_path / "planner.json"
+    other.write_text(json.dumps(doc))
+    block = planner_block(other)
+    assert block.startswith(f"Evaluation `{other}` (commit ")
+    assert _verdicts(block) == said(doc["met"])
+    assert "| n/a | n/a |" in block

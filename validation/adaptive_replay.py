@@ -1,0 +1,285 @@
+"""Replay the online controller, on the CPU, in worlds built from a planner evaluation's fixed
+measurements: what adaptive gain its decisions would earn on each prompt set, and how widely
+the median of a few runs spreads around it.
+
+    python -m validation.adaptive_replay          # the planner evaluation of record
+    python -m validation.adaptive_replay --runs 400 --json /tmp/replay.json
+
+**The worlds** (``validation.replay_worlds``): per prompt set, every strategy the evaluation
+ran fixed costs its measured round time, and each drafter's per-depth acceptance, fitted to its
+measured chains, draws every round of any of its trees (``controller_world.simulate_accepted``:
+children tried in rank order, the r-th sibling accepted at the depth's acceptance times
+``sibling`` ** r), the n-gram shadow's leading matches of every committed position, and its
+walks over the committed tokens of every chain length and of each n-gram tree it walks
+(``OnlineController.shadow_trees``).
+
+**The adaptive run** starts from the regime's offline best and decodes ``max_new_tokens``, as
+``validation.adaptive.adaptive_run`` does: a fresh controller (``ControllerConfig()`` unless
+told), knowing the switch costs the document's timed adaptive runs knew
+(``known_switch_cost_s``), each switch charged the measured cost of its destination kind
+(``switch_costs``, else ``known_switch_cost_s``), and -- a controller without ``overlap``
+only -- every round the measured host time of the controller (``control_s`` plus
+``control_overlap_s``, over rounds) and of the shadow (``steps_s["shadow"]``) of that set's
+adaptive runs; with ``overlap`` both hide behind the next round's GPU work, and a decision
+installs a round later. Round 0 is
+left out, as the evaluation leaves it out. Replayed gain = replayed adaptive tokens/s over the
+measured offline best's.
+
+**What it leaves out**, so its figures are a model's, not a measurement: rounds are drawn
+independently (n-gram acceptance on real text comes in bursts, which widens the real spread),
+every round of a strategy costs its median fixed round, and a seed's text is not the same
+across strategies. Checked against the measured adaptive gains of the same document
+(``measured_gain`` beside each replayed one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from engine.controller import RoundStats, ShadowAcceptance
+from engine.ngram import SHADOW_MAX_CHAIN
+from kernels.timing import provenance
+from perfmodel.files import atomic_write
+from perfmodel.strategy import parse_tree
+from planner.controller import ControllerConfig, OnlineController, switch_kind
+from planner.profile import regime_of
+from planner.space import strategy_id
+from validation.controller_world import load_setting, simulate_accepted
+from validation.records import file_label, record_path
+from validation.replay_worlds import World, build_worlds
+
+
+def _round_time(world: World, s, sid: str, ctl, regime: str) -> float:
+    if sid in world.round_s:
+        return world.round_s[sid]
+    pred = ctl._round_s(regime, [s])[sid]
+    return pred * world.ratio.get((s.drafter.kind, s.tree), world.ratio_all)
+
+
+def _shadow(n, committed, ngram, walked, walk_pos, rng, sib) -> ShadowAcceptance:
+    """The n-gram shadow of a round that committed ``n`` tokens (``committed`` in all): what an
+    n-gram chain would have matched at each of them (per-depth acceptance ``ngram``), and the
+    walks (``walked``: chain lengths and trees, each at ``walk_pos``, advanced in place) over
+    the committed tokens -- a round in progress waits for the next round's tokens."""
+    matched = [0] * SHADOW_MAX_CHAIN
+    for _ in range(n):
+        for k in range(SHADOW_MAX_CHAIN):
+            if rng.random() >= ngram[k]:
+                break
+            matched[k] += 1
+    chain_r, chain_d, trees = [], [], []
+    for j, (key, tree) in enumerate(walked):
+        r = d = sq = 0
+        while walk_pos[j] < committed:
+            a = simulate_accepted(tree, ngram, rng, sib)
+            walk_pos[j] += a + 1
+            r, d, sq = r + 1, d + a, sq + a * a
+        if isinstance(key, int):
+            chain_r.append(r)
+            chain_d.append(d)
+        else:
+            trees.append((key, r, d, sq))
+    return ShadowAcceptance(n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees))
+
+
+def replay(world: World, setting, config=None, seed: int = 0) -> dict:
+    """One adaptive run in ``world``: tokens/s, rounds and the switches (round, reason, to)."""
+
+    ranking, model, gpu, profile = setting
+    config = config or ControllerConfig()
+    ctl = OnlineController(ranking, model, gpu, profile, config, switch_cost_s=world.known_switch_s)
+    # Overlapped, the controller and the shadow run behind the next round's GPU work.
+    host_s = 0.0 if config.overlap else world.control_s + world.shadow_s
+    ctl.warm()
+    rng = np.random.default_rng(seed)
+    ctx = ctx0 = world.context_len
+    regime = regime_of(ctx)
+    s = ctl.initial_strategy(ctx)
+    tokens, wall, rnd, switch_cost, decided = 0, 0.0, 0, None, None
+    ngram = world.alpha.get("ngram", [0.0] * SHADOW_MAX_CHAIN)
+    # The walks of the n-gram shadow (``engine.ngram``), per chain length and per tree it
+    # walks: rounds of that chain or tree drafted by the n-gram drafter, drawn over the
+    # tokens committed (a round in progress waits for the next round's tokens).
+    walked = [(k, parse_tree(f"chain:{k}")) for k in range(1, SHADOW_MAX_CHAIN + 1)]
+    walked += [(spec, parse_tree(spec)) for spec in ctl.shadow_trees(world.context_len)]
+    walk_pos = [0] * len(walked)  # tokens each walk has passed
+    committed = 0
+    sib = world.sibling.get("ngram", 1.0)
+    while tokens < world.max_new_tokens:
+        sid = strategy_id(s)
+        parents = parse_tree(s.tree)
+        if parents:
+            f = profile.attention_factor(regime, s)
+            a = [min(1.0, x * f) for x in world.alpha[s.drafter.kind]]
+            accepted = simulate_accepted(parents, a, rng, world.sibling.get(s.drafter.kind, 1.0))
+        else:
+            accepted = 0
+        n = accepted + 1
+        committed += n
+        shadow = _shadow(n, committed, ngram, walked, walk_pos, rng, sib)
+        t = _round_time(world, s, sid, ctl, regime) + host_s
+        step_s = {"verify": t}
+        if switch_cost is not None:
+            step_s["switch"] = switch_cost
+            t += switch_cost
+        stats = RoundStats(
+            round=rnd,
+            strategy=s,
+            context_lens=(ctx,),
+            drafted=len(parents),
+            accepted=(accepted,),
+            step_s=step_s,
+            tokens_generated=n,
+            shadow={"ngram": shadow},
+        )
+        if rnd > 0:  # round 0 is left out, as the evaluation does
+            tokens, wall = tokens + n, wall + t
+        switch_cost = None
+        if config.overlap:  # this round's decision is the last round's, installed now
+            new, decided = decided, ctl.after_round(stats)
+        else:
+            new = ctl.after_round(stats)
+        if new is not None and strategy_id(new) != sid:
+            s = new
+            switch_cost = world.switch_s.get(switch_kind(s), 0.0)
+        ctx += n
+        rnd += 1
+    return {
+        "tokens_per_s": tokens / wall,
+        "rounds": rnd,
+        "context": ctx - ctx0,
+        "switches": [(x["round"], x["reason"], x["to"]) for x in ctl.switches],
+    }
+
+
+def summarise(world: World, runs: list[dict], repeats: int) -> dict:
+    """Mean replayed gain, the gain of the median run, and the spread of the median of
+    ``repeats`` runs (5th-95th percentile over consecutive groups)."""
+    tps = np.array([r["tokens_per_s"] for r in runs])
+    gains = tps / world.offline_best_tps - 1.0
+    groups = len(tps) // repeats
+    med = np.median(tps[: groups * repeats].reshape(groups, repeats), axis=1) if groups else tps
+    med_gain = med / world.offline_best_tps - 1.0
+    first = {}
+    for r in runs:
+        if r["switches"]:
+            key = f"{r['switches'][0][1]}:{r['switches'][0][2]}"
+            first[key] = first.get(key, 0) + 1
+    return {
+        "runs": len(runs),
+        "mean_gain": float(gains.mean()),
+        "median_gain": float(np.median(gains)),
+        f"median_of_{repeats}_p05": float(np.percentile(med_gain, 5)),
+        f"median_of_{repeats}_p95": float(np.percentile(med_gain, 95)),
+        "measured_gain": world.measured_gain,
+        "first_switch": dict(sorted(first.items(), key=lambda kv: -kv[1])),
+        "switches_per_run": float(np.mean([len(r["switches"]) for r in runs])),
+    }
+
+
+def parse_config(text: str):
+    """``ControllerConfig`` from ``name=value`` pairs separated by commas (its defaults for the
+    rest); ``ValueError`` names a field it lacks or a value that is no number."""
+
+    fields = {f.name: f for f in dataclasses.fields(ControllerConfig)}
+    kw = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields:
+            raise ValueError(
+                f"--config {item!r}: expected name=value with a name of {', '.join(fields)}"
+            )
+        default = fields[name].default
+        try:
+            kw[name] = (
+                type(default)(value)
+                if not isinstance(default, bool)
+                else (value.lower() in ("1", "true", "yes"))
+            )
+        except ValueError:
+            raise ValueError(
+                f"--config {item!r}: {value!r} is no {type(default).__name__}"
+            ) from None
+    return ControllerConfig(**kw)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--planner",
+        default=str(record_path("planner.json")),
+        help="planner evaluation JSON (default: the one of record)",
+    )
+    p.add_argument("--runs", type=int, default=200, help="replayed runs per prompt set")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="runs per median, for the spread of a median of that many",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sets", default="", help="prompt sets to replay (default: all)")
+    p.add_argument(
+        "--config",
+        default="",
+        help="controller settings, e.g. transfer=0,patience=8 (ControllerConfig)",
+    )
+    p.add_argument("--json", default=None, help="write the figures to this file")
+    args = p.parse_args(argv)
+    try:
+        config = parse_config(args.config)
+        if args.runs < 1 or args.repeats < 1:
+            raise ValueError(f"--runs and --repeats must be >= 1, got {args.runs}, {args.repeats}")
+        if not Path(args.planner).is_file():
+            raise ValueError(f"--planner {args.planner!r} does not exist")
+        doc = json.loads(Path(args.planner).read_text())
+        if "adaptive" not in doc or "prompt_sets" not in doc["adaptive"]:
+            raise ValueError(f"--planner {args.planner!r} holds no adaptive evaluation")
+        sets = [x for x in args.sets.split(",") if x] or list(doc["adaptive"]["prompt_sets"])
+        bad = [x for x in sets if x not in doc["adaptive"]["prompt_sets"]]
+        if bad:
+            raise ValueError(
+                f"unknown prompt set {bad[0]!r}; the document has "
+                f"{', '.join(doc['adaptive']['prompt_sets'])}"
+            )
+    except (ValueError, json.JSONDecodeError) as e:
+        print(f"adaptive_replay: {e}", file=sys.stderr)
+        return 2
+    setting = load_setting(Path(args.planner))
+    worlds = build_worlds(doc, setting[0])
+    out = {
+        "planner": file_label(args.planner),
+        "runs": args.runs,
+        "seed": args.seed,
+        "controller": dataclasses.asdict(config),
+        "provenance": provenance(),
+        "sets": {},
+    }
+    for name in sets:
+        w = worlds[name]
+        runs = [replay(w, setting, config, seed=args.seed + i) for i in range(args.runs)]
+        out["sets"][name] = row = summarise(w, runs, args.repeats)
+        row["alpha"] = {k: [round(a, 3) for a in v] for k, v in w.alpha.items()}
+        row["sibling"] = w.sibling
+        top = ", ".join(f"{k} x{v}" for k, v in list(row["first_switch"].items())[:3])
+        print(
+            f"{name:10s} replayed gain mean {row['mean_gain']:+6.1%} median "
+            f"{row['median_gain']:+6.1%}  median of {args.repeats}: "
+            f"{row[f'median_of_{args.repeats}_p05']:+6.1%} .. "
+            f"{row[f'median_of_{args.repeats}_p95']:+6.1%}  measured "
+            f"{row['measured_gain']:+6.1%}  {row['switches_per_run']:.1f} switches/run; "
+            f"first: {top}"
+        )
+    if args.json:
+        atomic_write(args.json, json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

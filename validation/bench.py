@@ -1,0 +1,298 @@
+"""The planner evaluation's bench: the model runners, one decode and its steady figures, and the
+run cache that lets an evaluation cut off by a time limit resume where it stopped.
+
+Tokens/s of every run: generated tokens over round wall time (the shadow's host time included)
+plus the controller's host time (``control``; an overlapped controller's calls run inside the
+next round's wall time, ``control_overlap``, and count there) and switch time, leaving out
+round 0 (the first strategy's graph capture) and the later rounds that captured a graph missing
+when the run began (``engine.results.RoundRecord.captured``): a server captures its strategies'
+graphs before requests arrive, while here a sparse run drops every graph
+(``engine.runner.ModelRunner.retain``) and the next run to switch to a strategy captures it
+again. ``captures_counted`` gives the figure with those rounds put back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.files import atomic_write
+from perfmodel.hardware import GpuSpec
+from perfmodel.models import ModelSpec
+from perfmodel.strategy import DrafterSpec, Strategy
+from planner.profile import accepted_histogram
+from validation.prompts import prompt_crc32
+from validation.records import model_label
+
+
+def read_runs(lines: list[str], path) -> dict[str, dict]:
+    """The runs by key of a run cache's lines (the first, its settings, skipped); a last line
+    cut short by a kill is dropped, any other line that is not JSON is an error."""
+    runs = {}
+    for i, line in enumerate(lines[1:], start=2):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break  # the run being written when the process was killed
+            raise ValueError(f"run cache {str(path)!r}: line {i} is not JSON") from None
+        runs[row["key"]] = row["value"]
+    return runs
+
+
+class RunCache:
+    """Completed runs by key, appended to a JSONL file as each finishes, so an evaluation cut
+    off by a time limit resumes where it stopped (device calls are at most 10 minutes).
+
+    The first line holds the settings the runs were measured under; a cache written under other
+    settings is refused. A last line cut short by a kill is dropped (that run goes again)."""
+
+    def __init__(self, path: str | Path, settings: dict):
+        self.path = Path(path)
+        self.settings = settings
+        self.runs: dict[str, dict] = {}
+        self.reused = 0
+        if self.path.exists() and self.path.stat().st_size:
+            self._resume()
+        else:
+            if self.path.parent and not self.path.parent.exists():
+                raise ValueError(f"run cache folder {str(self.path.parent)!r} does not exist")
+            self.path.write_text(json.dumps({"settings": self.settings}) + "\n")
+
+    def _resume(self) -> None:
+        lines = self.path.read_text().splitlines()
+        try:
+            head = json.loads(lines[0])
+        except json.JSONDecodeError:
+            raise ValueError(f"run cache {str(self.path)!r}: first line is not JSON") from None
+        if head.get("settings") != self.settings:
+            raise ValueError(
+                f"run cache {str(self.path)!r} was written for other settings "
+                f"({head.get('settings')}); give a new file or the same settings"
+            )
+        self.runs = read_runs(lines, self.path)
+        # Rewritten without a cut-off tail, whole or not at all: a kill here keeps the runs.
+        kept = [json.dumps({"settings": self.settings})]
+        kept += [json.dumps({"key": k, "value": v}) for k, v in self.runs.items()]
+        atomic_write(self.path, "\n".join(kept) + "\n")
+
+    def get(self, key: str, fn) -> dict:
+        """The cached value of ``key``, or ``fn()`` -- then appended to the file at once."""
+        if key in self.runs:
+            self.reused += 1
+            return self.runs[key]
+        value = fn()
+        self.runs[key] = value
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"key": key, "value": value}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return value
+
+
+@dataclass
+class Bench:
+    """The runners, decode settings and the models' specs (for the prediction)."""
+
+    target: object  # engine.runner.ModelRunner
+    draft: object | None
+    model: ModelSpec
+    gpu: GpuSpec
+    draft_label: str
+    max_new_tokens: int = 256
+    repeats: int = 2
+    # Code prompts each measured strategy decodes, one run each (``measure_windows``).
+    measure_texts: int = 5
+    # Passes over a phase's runs (``run_passes``): each run's figure is its least disturbed.
+    timing_passes: int = 1
+    log: object = print
+    cache: RunCache | None = None
+    temperature: float = 0.0
+
+    def decode(self, record_stats: bool = False, seed: int = 0):
+        from engine.settings import DecodeConfig
+
+        return DecodeConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            seed=seed,
+            record_stats=record_stats,
+        )
+
+    def run(self, key: str, fn, *args, **kwargs) -> dict:
+        """``fn(*args, **kwargs)`` (a JSON-able dict of one run's figures), through the cache
+        when there is one."""
+        call = functools.partial(fn, *args, **kwargs)
+        return call() if self.cache is None else self.cache.get(key, call)
+
+    def runnable(self, s: Strategy) -> str | None:
+        """Why the engine cannot run ``s`` (None when it can)."""
+        from engine.loop import check_strategy
+
+        try:
+            check_strategy(
+                s,
+                self.target.config,
+                self.draft.config if self.draft is not None else None,
+                self.target.backend,
+            )
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def generate(
+        self,
+        strategy: Strategy,
+        prompt: list[int],
+        controller=None,
+        record_stats: bool = False,
+        seed: int = 0,
+    ):
+        """One decode of ``prompt`` under ``strategy`` (``run_once``)."""
+        return run_once(self, strategy, prompt, controller, record_stats, seed)
+
+    def drafter(self, kind: str) -> DrafterSpec:
+        """The drafter of ``kind`` on this bench (the draft model's checkpoint label)."""
+        return DrafterSpec(kind=kind, model=self.draft_label if kind == "draft_model" else None)
+
+
+def make_bench(
+    model: str,
+    draft_model: str,
+    max_context: int,
+    new_tokens: int,
+    repeats: int,
+    device: str = "auto",
+    gpu: str = "h100-sxm",
+    temperature: float = 0.0,
+) -> Bench:
+    """Target and draft runners (batch 1, room for ``max_context`` plus the new tokens and a
+    tree), bf16 Triton kernels and CUDA graphs on the GPU, fp32 torch on the CPU. The models
+    are named by ``model_label``: a checkpoint shipped with the engine reads the same on any
+    machine."""
+    import torch
+
+    from engine.checkpoint import build_model, resolve_source
+    from engine.runner import ModelRunner
+    from perfmodel.hardware import get_gpu
+    from perfmodel.models import get_model
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    backend = "triton" if cuda else "torch"
+    t_max = max_context + new_tokens + 64 + 1
+    tsrc, dsrc = resolve_source(model), resolve_source(draft_model)
+    runners = []
+    for src in (tsrc, dsrc):
+        m = build_model(src, max_positions=t_max, device=device, dtype=dtype)
+        runners.append(ModelRunner(m, batch=1, t_max=t_max, backend=backend, use_graphs=cuda))
+    spec = dataclasses.replace(get_model(str(tsrc.path)), name=model_label(tsrc.path))
+    return Bench(
+        target=runners[0],
+        draft=runners[1],
+        model=spec,
+        gpu=get_gpu(gpu),
+        draft_label=model_label(dsrc.path),
+        max_new_tokens=new_tokens,
+        repeats=repeats,
+        log=lambda m: print(m, flush=True),
+        temperature=temperature,
+    )
+
+
+def steady_figures(result) -> dict:
+    """tokens/s, mean accepted, round count and mean step times (CUDA events on the GPU) of a
+    run, without round 0 and without the later rounds that captured a CUDA graph missing when
+    the run began (``RoundRecord.captured``; ``capture_rounds``, their wall time
+    ``capture_s``). See the module."""
+    later = result.rounds[1:]
+    captured = [r for r in later if r.captured]
+    rounds = [r for r in later if not r.captured] or result.rounds
+    tokens = sum(r.tokens for r in rounds)
+    wall = sum(r.wall_s for r in rounds)
+    switch = sum(r.step_s.get("switch", 0.0) for r in rounds)
+    control = sum(r.step_s.get("control", 0.0) for r in rounds)
+    # An overlapped controller's calls ran inside the next round's wall time: counted there.
+    overlapped = sum(r.step_s.get("control_overlap", 0.0) for r in rounds)
+    return {
+        "tokens_per_s": tokens / max(wall + switch + control, 1e-12),
+        "tokens": tokens,
+        "rounds": len(rounds),
+        "wall_s": wall,
+        "switch_s": switch,
+        "control_s": control,
+        "control_overlap_s": overlapped,
+        "capture_rounds": len(captured),
+        "capture_s": sum(r.wall_s for r in captured),
+        "capture_tokens": sum(r.tokens for r in captured),
+        "steps_s": {
+            k: float(np.mean([r.step_s.get(k, 0.0) for r in rounds]))
+            for k in ("draft", "launch", "verify", "accept", "shadow")
+        },
+        "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
+        "accepted_hist": accepted_histogram(m for r in rounds for m in r.accepted),
+    }
+
+
+def run_once(
+    bench: Bench,
+    strategy: Strategy,
+    prompt: list[int],
+    controller=None,
+    record_stats: bool = False,
+    seed: int = 0,
+):
+    """One ``generate`` call, with Python's garbage collector held off while it runs (as a
+    benchmark harness does: a collection pause of tens of ms in a 50 ms run is noise, not the
+    strategy). Every decode of the evaluation goes through here."""
+    from engine.loop import Engine
+
+    eng = Engine(
+        bench.target,
+        strategy,
+        bench.decode(record_stats, seed),
+        draft_runner=bench.draft,
+        controller=controller,
+    )
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return eng.generate([prompt])
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def captures_counted(run: dict) -> float:
+    """A run's tokens/s with the rounds that captured a CUDA graph inside it put back
+    (``steady_figures`` leaves them out; see the module): its tokens and theirs over its time
+    and theirs. Runs cached before ``capture_tokens`` was recorded count those rounds' time
+    only (a few tokens of a few hundred)."""
+    time_s = run["tokens"] / run["tokens_per_s"] + run.get("capture_s", 0.0)
+    return (run["tokens"] + run.get("capture_tokens", 0)) / time_s
+
+
+def steady_run(
+    bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0, keep_text: bool = False
+) -> dict:
+    """One run's steady figures; with ``keep_text``, the tokens it decoded too (``text``) and
+    the CRC-32 of its prompt (``prompt_crc32``: the prompts come from the installed packages'
+    sources, which differ between machines, so a walk of the text elsewhere checks it)."""
+    result = bench.generate(strategy, prompt, seed=seed)
+    fig = steady_figures(result)
+    if keep_text:
+        fig["text"] = [int(t) for t in result.tokens[0]]
+        fig["prompt_crc32"] = prompt_crc32(prompt)
+    return fig

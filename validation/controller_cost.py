@@ -1,0 +1,201 @@
+"""What the decode loop's host bookkeeping costs per round, on the CPU: the online controller
+(``OnlineController.after_round``, the loop's ``step_s["control"]``) and the warm n-gram
+drafter's shadow (``sync`` + ``take_shadow``, ``step_s["shadow"]``), in the synthetic world of
+``validation.controller_world``.
+
+    python -m validation.controller_cost --json /tmp/controller_cost.json
+    python -m validation.controller_cost --profile   # cProfile of each, top 15
+
+Both run between a round's one host synchronisation and the next round's launch, so each
+microsecond is one the GPU idles (an autoregressive round of the tiny pair at 16K takes ~756 us
+on the H100). The shadow is timed on a 15360-token prompt of each prompt set, 1-5 further tokens
+of the same text committed per round, with chains alone and walking the n-gram trees the
+controller declares for that context (``OnlineController.shadow_trees``, ``<set>+trees``).
+
+Each is timed twice by default (``--flush-mib 0,32``): back to back, its code and data hot in
+the CPU caches, and with 32 MiB written between two calls (``cache_flush``), as the rest of a
+decode round evicts them (5-7x slower on a development CPU; the H100 runs' 20-50 us of control
+per round are nearer this figure). The garbage collector is held off, as
+``validation.bench.run_once`` does. Per-round figures: mean, median and p99 in microseconds;
+re-scores (``_rescore`` calls) and the switches (round, reason) for the controller, positions
+and leading-match counts for the shadow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kernels.timing import provenance
+from perfmodel.files import atomic_write
+from planner.controller import OnlineController
+from validation.controller_world import (
+    CONTEXT,
+    SCENARIOS,
+    SHADOW_PROMPTS,
+    load_setting,
+    run_controller,
+    run_shadow,
+)
+from validation.records import file_label, record_path
+
+
+def summary_us(times_s) -> dict:
+    t = np.asarray(times_s) * 1e6
+    return {
+        "mean_us": float(t.mean()),
+        "median_us": float(np.median(t)),
+        "p99_us": float(np.percentile(t, 99)),
+        "max_us": float(t.max()),
+    }
+
+
+def _profiled(fn, *args, top: int = 15, **kwargs) -> str:
+    prof = cProfile.Profile()
+    fn(*args, prof=prof, **kwargs)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def cache_flush(mib: int):
+    """A callable that writes ``mib`` MiB between two timed calls (None for 0): what the rest of
+    a decode round does to the CPU caches, roughly -- a tight loop of ``after_round`` calls
+    alone finds its dictionaries and code hot, which the real loop does not."""
+    if mib <= 0:
+        return None
+    buf = np.zeros(mib << 20, dtype=np.uint8)
+
+    def flush() -> None:
+        np.add(buf, 1, out=buf)
+
+    return flush
+
+
+def _timed(fn, *args, **kwargs):
+    """``fn`` with the garbage collector held off, as ``validation.bench.run_once`` runs a
+    decode (a collection pause is not the code under test)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        gc.enable()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=400, help="rounds per scenario")
+    p.add_argument("--repeats", type=int, default=5, help="fresh runs per scenario (median)")
+    p.add_argument("--seed", type=int, default=0, help="numpy seed of the synthetic rounds")
+    p.add_argument(
+        "--planner",
+        default=str(record_path("planner.json")),
+        help="planner evaluation JSON (default: the one of record)",
+    )
+    p.add_argument(
+        "--flush-mib",
+        default="0,32",
+        help="MiB written between two timed calls, one setting per value (0: none)",
+    )
+    p.add_argument("--profile", action="store_true", help="print a cProfile of each part")
+    p.add_argument("--json", default=None, help="write the figures to this file")
+    args = p.parse_args(argv)
+    try:
+        bad = ValueError(f"--flush-mib needs integers >= 0, got {args.flush_mib!r}")
+        try:
+            flushes = [int(x) for x in args.flush_mib.split(",") if x.strip()]
+        except ValueError:
+            raise bad from None
+        if not flushes or min(flushes) < 0:
+            raise bad
+        for name in ("rounds", "repeats"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+        if not Path(args.planner).is_file():
+            raise ValueError(f"--planner {args.planner!r} does not exist")
+    except ValueError as e:
+        print(f"controller_cost: {e}", file=sys.stderr)
+        return 2
+    setting = load_setting(Path(args.planner))
+    out = {
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "planner": file_label(args.planner),
+        "provenance": provenance(),
+        "runs": {},
+    }
+    for mib in flushes:
+        out["runs"][f"flush_{mib}mib"] = row = measure(setting, args, cache_flush(mib))
+        print(f"-- {mib} MiB written between calls")
+        for scenario, r in row["controller"].items():
+            print(
+                f"after_round {scenario:7s} mean {r['mean_us']:6.1f} median "
+                f"{r['median_us']:6.1f} p99 {r['p99_us']:6.1f} us/round, {r['rescores']} "
+                f"re-scores, switches {[(i, why) for i, why, _ in r['switches']]}"
+            )
+        for kind, r in row["shadow"].items():
+            print(
+                f"shadow {kind:12s} mean {r['mean_us']:6.1f} median {r['median_us']:6.1f} "
+                f"p99 {r['p99_us']:6.1f} us/round ({r['positions']} positions, matched "
+                f"{r['matched']})"
+            )
+    if args.profile:
+        for scenario in SCENARIOS:
+            print(f"-- cProfile: after_round, {scenario}")
+            print(_profiled(run_controller, setting, scenario, args.rounds, args.seed))
+        for kind in SHADOW_PROMPTS:
+            print(f"-- cProfile: shadow, {kind}")
+            print(_profiled(run_shadow, kind, args.rounds, args.seed))
+    if args.json:
+        atomic_write(args.json, json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+def measure(setting, args, flush) -> dict:
+    """Per-round figures of every scenario (controller) and prompt set (shadow: chains alone,
+    and with the n-gram trees the controller has walked, ``+trees``), medians over
+    ``args.repeats`` runs of each round."""
+    trees = OnlineController(*setting[:4]).shadow_trees(CONTEXT)
+    out = {"controller": {}, "shadow": {}, "shadow_trees": list(trees)}
+    for scenario in SCENARIOS:
+        runs = [
+            _timed(run_controller, setting, scenario, args.rounds, args.seed, flush=flush)
+            for _ in range(args.repeats)
+        ]
+        if any(r["switches"] != runs[0]["switches"] for r in runs):
+            raise RuntimeError(f"{scenario}: the repeats made different decisions")
+        per_round = np.median([r["times_s"] for r in runs], axis=0)
+        out["controller"][scenario] = {
+            **summary_us(per_round),
+            "rescores": runs[0]["rescores"],
+            "switches": runs[0]["switches"],
+        }
+    for kind in SHADOW_PROMPTS:
+        for name, walked in ((kind, ()), (f"{kind}+trees", trees)):
+            runs = [
+                _timed(run_shadow, kind, args.rounds, args.seed, flush=flush, trees=walked)
+                for _ in range(args.repeats)
+            ]
+            per_round = np.median([r["times_s"] for r in runs], axis=0)
+            counts = runs[0]["counts"]
+            matched = [sum(m[k] for _, m in counts) for k in range(len(counts[0][1]))]
+            out["shadow"][name] = {
+                **summary_us(per_round),
+                "positions": sum(n for n, _ in counts),
+                "matched": matched,
+            }
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

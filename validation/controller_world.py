@@ -1,0 +1,220 @@
+"""A synthetic world the online controller and the n-gram shadow run in, on the CPU.
+
+``run_controller`` feeds a fresh, warmed ``OnlineController`` synthetic ``RoundStats`` at a
+15360-token context (growing by the tokens each round commits), starting from the regime's
+offline best of a planner evaluation's ranking (``load_setting``: regenerated on the CPU from
+the document's profile, space, model and regimes). Each round the world draws what the current
+strategy accepts (``simulate_accepted``: per-token acceptance ``alpha`` of its drafter kind
+times the profile's attention factor; a tree's children tried in rank order) and what an n-gram
+chain of 8 would have matched at each committed position (``simulate_shadow``); the strategy
+the controller returns is the next round's. Scenarios (``SCENARIOS``: per-token acceptance per
+drafter kind): ``code`` -- n-gram near its profiled 0.52; ``prose`` -- n-gram far below it,
+the draft model below its profile too, so the controller leaves for autoregressive decoding and
+probes; ``random`` -- random bytes, n-gram ~0; ``decay`` -- prose whose later drafts fare
+worse, so the draft model's chain:2 beats its chain:4; ``prose>code`` -- prose, then from round
+200 text the n-gram drafter suits, which its shadow reveals. A fixed numpy seed makes every
+repeat decide the same. ``run_shadow`` drives a warm ``NgramDrafter`` over a prompt set's text.
+``validation.controller_cost`` times both; the tests check the controller's decisions in it.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.controller import RoundStats, ShadowAcceptance
+from engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
+from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
+from perfmodel.strategy import parse_tree
+from planner.controller import ControllerConfig, OnlineController, switch_kind
+from planner.profile import profile_from_json, regime_of
+from planner.rank import rank
+from planner.space import SpaceSpec
+from validation.prompts import prompt_tokens
+from validation.records import local_model, record_path
+
+CONTEXT = 15360
+# Per scenario, the per-token acceptance of each drafter kind (before the profile's attention
+# factor), or phases of it: (first round, acceptance per kind), in order.
+SCENARIOS = {
+    "code": {"ngram": 0.52, "draft_model": 0.70},
+    "prose": {"ngram": 0.15, "draft_model": 0.35},
+    "random": {"ngram": 0.01, "draft_model": 0.30},
+    # prose whose later drafts fare worse: the draft model's chain:2 beats its chain:4, which
+    # its chain:4's own rounds reveal (reason ``truncation``, from chain:4; from the offline
+    # best, with ``ControllerConfig.transfer`` 0.5, the controller probes chain:2 itself)
+    "decay": {"ngram": 0.15, "draft_model": (0.75, 0.65, 0.45, 0.35)},
+    # prose, then text the n-gram drafter suits: the shadow brings it back (reason ``shadow``)
+    "prose>code": [
+        (0, {"ngram": 0.15, "draft_model": 0.35}),
+        (200, {"ngram": 0.80, "draft_model": 0.70}),
+    ],
+}
+# Prompt sets the shadow is timed on (``validation.prompts.prompt_tokens``).
+SHADOW_PROMPTS = ("code", "prose", "random")
+# Host time a switch to each kind costs (``step_s["switch"]`` of the next round), seconds.
+SWITCH_S = {"none": 1e-4, "ngram": 1e-4, "draft_model": 4e-3}
+
+
+def load_setting(path: str | Path | None = None):
+    """(ranking, model, gpu, profile) of a planner evaluation document (the one of record by
+    default), the ranking regenerated on the CPU over the document's regimes."""
+    path = path or record_path("planner.json")
+    doc = json.loads(Path(path).read_text())
+    profile = profile_from_json(doc["profile"], str(path), "planner")
+    space = SpaceSpec(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
+    )
+    model, gpu = get_model(local_model(doc["model"])), get_gpu(doc["gpu_model"])
+    regimes = {r: v["context_len"] for r, v in doc["regimes"].items()}
+    return rank(model, gpu, space, profile, regimes=regimes), model, gpu, profile
+
+
+def simulate_accepted(parents: tuple[int, ...], alpha, rng, sibling: float = 1.0) -> int:
+    """Drafts a round accepts: from the root, the children of the last accepted node are
+    tried in order, each accepted with probability ``alpha`` (a number, or one per depth from
+    1: text whose later drafts fare worse) times ``sibling`` to the power of its rank among
+    its siblings (0 for the first: a drafter's second choice, tried after its first failed,
+    is right less often); the first accepted is followed."""
+    children: dict[int, list[int]] = {}
+    for node, p in enumerate(parents):
+        children.setdefault(p, []).append(node)
+    per_depth = alpha if isinstance(alpha, (tuple, list)) else None
+    node, depth = -1, 0
+    while True:
+        a = alpha if per_depth is None else per_depth[min(depth, len(per_depth) - 1)]
+        for order, c in enumerate(children.get(node, ())):
+            if rng.random() < a * sibling**order:
+                node, depth = c, depth + 1
+                break
+        else:
+            return depth
+
+
+def simulate_shadow(positions: int, alpha: float, chain: int, rng):
+    """``ShadowAcceptance`` of ``positions`` committed positions whose leading matches with an
+    n-gram chain of ``chain`` each run on with probability ``alpha``."""
+    m = (
+        np.minimum(rng.geometric(1.0 - alpha, positions) - 1, chain)
+        if alpha < 1
+        else (np.full(positions, chain))
+    )
+    return ShadowAcceptance(positions, tuple(int((m > k).sum()) for k in range(chain)))
+
+
+def run_controller(
+    setting,
+    scenario,
+    rounds: int,
+    seed: int = 0,
+    controller_cls=None,
+    prof: cProfile.Profile | None = None,
+    flush=None,
+    start=None,
+    config=None,
+) -> dict:
+    """Drive a fresh, warmed controller (``controller_cls``, ``OnlineController`` by default,
+    with ``config``, ``ControllerConfig()`` by default) through ``rounds`` synthetic rounds of
+    ``scenario`` (a name of ``SCENARIOS``, or such an entry itself) from ``start`` (the
+    regime's offline best by default); per-round ``after_round`` seconds, the number of
+    re-scores and the switches (``prof`` profiles the ``after_round`` calls only, ``flush``
+    runs before each)."""
+    ranking, model, gpu, profile = setting
+    phases = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+    phases = [(0, phases)] if isinstance(phases, dict) else phases
+    ctl = (controller_cls or OnlineController)(
+        ranking, model, gpu, profile, config or ControllerConfig()
+    )
+    ctl.warm()
+    rescores = 0
+    rescore = ctl._rescore
+
+    def counted(*args, **kwargs):
+        nonlocal rescores
+        rescores += 1
+        return rescore(*args, **kwargs)
+
+    ctl._rescore = counted
+    rng = np.random.default_rng(seed)
+    s, ctx, switched, times = start or ctl.initial_strategy(CONTEXT), CONTEXT, False, []
+    for i in range(rounds):
+        world = next(w for first, w in reversed(phases) if i >= first)
+        parents = parse_tree(s.tree)
+        if parents:
+            factor = profile.attention_factor(regime_of(ctx), s)
+            a = world[s.drafter.kind]
+            a = (
+                [min(1.0, x * factor) for x in a]
+                if isinstance(a, (tuple, list))
+                else min(1.0, a * factor)
+            )
+            accepted = simulate_accepted(parents, a, rng)
+        else:
+            accepted = 0
+        shadow = simulate_shadow(accepted + 1, world["ngram"], SHADOW_MAX_CHAIN, rng)
+        step_s = {"draft": 1e-4, "verify": 6e-4, "accept": 1e-4}
+        if switched:
+            step_s["switch"] = SWITCH_S[switch_kind(s)]
+        stats = RoundStats(
+            round=i,
+            strategy=s,
+            context_lens=(ctx,),
+            drafted=len(parents),
+            accepted=(accepted,),
+            step_s=step_s,
+            tokens_generated=accepted + 1,
+            shadow={"ngram": shadow},
+        )
+        if flush is not None:
+            flush()
+        if prof is not None:
+            prof.enable()
+        t0 = time.perf_counter()
+        new = ctl.after_round(stats)
+        times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.disable()
+        ctx += accepted + 1
+        switched = new is not None and new != s
+        if switched:
+            s = new
+    switches = [(x["round"], x["reason"], x["to"]) for x in ctl.switches]
+    return {"times_s": times, "rescores": rescores, "switches": switches, "log": ctl.switches}
+
+
+def run_shadow(
+    kind: str,
+    rounds: int,
+    seed: int = 0,
+    prof: cProfile.Profile | None = None,
+    flush=None,
+    trees: tuple[str, ...] = (),
+) -> dict:
+    """Per-round seconds of ``sync`` + ``take_shadow`` of a warm n-gram drafter on a
+    ``CONTEXT``-token prompt of ``kind``, 1-5 tokens of the same text committed per round,
+    walking ``trees`` too; the counts it returned."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 6, rounds).tolist()
+    text = prompt_tokens(kind, CONTEXT + sum(sizes))
+    d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN, trees)
+    d.start([text[:CONTEXT]])
+    hist, times, counts = text[:CONTEXT], [], []
+    for n in sizes:
+        hist += text[len(hist) : len(hist) + n]  # in place, as the loop commits
+        if flush is not None:
+            flush()
+        if prof is not None:
+            prof.enable()
+        t0 = time.perf_counter()
+        d.sync([hist])
+        sh = d.take_shadow()
+        times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.disable()
+        counts.append((sh.positions, sh.matched))
+    return {"times_s": times, "counts": counts}

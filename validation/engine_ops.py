@@ -1,0 +1,245 @@
+"""The engine's verify step op by op: every op of a decoder layer's forward as a callable the
+GPU timer can replay on its own (``layer_ops``), each op's floor (``op_floors``: bytes, FLOPs
+or one graph-replayed launch), the least a (sparse) step must read (``floor_bytes``), the blocks
+a sparse step's refresh layers select from the model's own queries (``selection_stats``), and
+perfmodel's verify time for the same point (``predicted_verify_s``). ``validation.engine_verify``
+times a whole step against them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from engine.attention import AttentionConfig, TreeAttention
+from engine.runner import ModelRunner
+from engine.tree import DraftTree
+from kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from kernels.timing import (
+    TimingConfig,
+    bench,
+)
+from perfmodel.calibrated import make_predictor
+from perfmodel.hardware import get_gpu
+from perfmodel.models import get_model
+from perfmodel.step import build_columns, predict_columns
+from perfmodel.strategy import Strategy, Workload
+
+OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s=1.0)
+
+
+def layer_ops(
+    runner: ModelRunner,
+    attn: AttentionConfig,
+    tree: DraftTree,
+    tokens: torch.Tensor,
+    queries: list[torch.Tensor] | None = None,
+):
+    """``name -> (fn(i), count per forward)`` for every op of one tree forward on the Triton
+    backend (``engine.model``'s fused path); ``fn(i)`` uses layer ``i % L``'s weights and cache.
+    The attention ops take each layer's recorded ``queries`` (the step's own selections) when
+    given, else random queries.
+
+    Norms: ``embed_norm`` is the first layer's input norm; each later one is ``input_norm``, the
+    MLP's residual add fused with it, as ``final_norm`` is with the final norm; ``post_norm`` is
+    the attention's residual add fused with the post-attention norm. ``rope_kv_write`` is the q/k
+    rotary (rope tables gathered inside) with the KV-tail store."""
+    model, cache = runner.model, runner.cache
+    layers = model.model.layers
+    num_l = len(layers)
+    cfg = model.config
+    b, t = tokens.shape
+    d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dev, dtype = runner.device, next(model.parameters()).dtype
+    tt = runner.tree_tensors(tree)
+    positions = cache.lens.long()[:, None] + tt.depth
+    sink = cache.tail_writer(t)
+    x = torch.randn(b, t, d, device=dev, dtype=dtype)
+    q = torch.randn(b, t, h, dh, device=dev, dtype=dtype)
+    qkv = torch.randn(b, t, (h + 2 * hkv) * dh, device=dev, dtype=dtype)
+    inter = torch.randn(b, t, 2 * cfg.intermediate_size, device=dev, dtype=dtype)
+    act = torch.randn(b, t, cfg.intermediate_size, device=dev, dtype=dtype)
+    attn_o = torch.randn(b, t, h * dh, device=dev, dtype=dtype)
+    head = model.lm_head.weight if model.lm_head is not None else model.model.embed_tokens.weight
+
+    reuse = [layer for layer in range(num_l) if not attn.is_refresh(layer)]
+    refresh = [layer for layer in range(num_l) if attn.is_refresh(layer)]
+
+    def q_of(layer):
+        return q if queries is None else queries[layer]
+
+    def attend(i):  # a refresh layer (a fresh state always refreshes)
+        layer = refresh[i % len(refresh)] if attn.kind != "dense" else i % num_l
+        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+        return a(layer, q_of(layer))
+
+    def attend_reuse(i):
+        layer = reuse[i % len(reuse)]
+        source = layer - layer % attn.refresh_every  # the refresh whose indices it takes
+        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+        a(source, q_of(source))
+        return a(layer, q_of(layer))
+
+    def rope(i):
+        sa = layers[i % num_l].self_attn
+        return sa.rope_store(qkv, positions, model.rope_cos, model.rope_sin, sink.target(i % num_l))
+
+    def norm(i, which):
+        n = getattr(layers[i % num_l], which)
+        return add_rms_norm(x, x, n.weight, n.eps)
+
+    refresh_layers = num_l if attn.kind == "dense" else math.ceil(num_l / attn.refresh_every)
+    first, final = layers[0].input_layernorm, model.model.norm
+    ops = {
+        "embed": (lambda i: model.model.embed_tokens(tokens), 1),
+        "embed_norm": (lambda i: rms_norm(x, first.weight, first.eps), 1),
+        "qkv_proj": (lambda i: layers[i % num_l].self_attn.qkv_proj(x), num_l),
+        "rope_kv_write": (rope, num_l),
+        "attention": (attend, refresh_layers),
+        "o_proj": (lambda i: layers[i % num_l].self_attn.o_proj(attn_o), num_l),
+        "post_norm": (lambda i: norm(i, "post_attention_layernorm"), num_l),
+        "gate_up_proj": (lambda i: layers[i % num_l].mlp.gate_up_proj(x), num_l),
+        "silu_mul": (lambda i: silu_mul(inter), num_l),
+        "down_proj": (lambda i: layers[i % num_l].mlp.down_proj(act), num_l),
+        "input_norm": (lambda i: norm(i, "input_layernorm"), num_l - 1),
+        "final_norm": (lambda i: add_rms_norm(x, x, final.weight, final.eps), 1),
+        "lm_head": (lambda i: torch.nn.functional.linear(x, head).float(), 1),
+    }
+    if num_l - refresh_layers > 0:
+        # The reuse op includes one refresh call; subtract it with the refresh op's time below.
+        ops["attention_reuse_plus_refresh"] = (attend_reuse, num_l - refresh_layers)
+    return ops
+
+
+def floor_bytes(model, cache, t: int, attn: AttentionConfig | None = None) -> tuple[int, int]:
+    """(weights read, KV read) in bytes by one forward: every weight except the embedding
+    table (t rows of it), and every layer's KV. Dense reads K and V over ``T + t`` positions;
+    NSA at least the compressed tokens, ``top_n`` selected blocks (rows that all agree), the
+    window and the tail; sparse at least ``top_n`` blocks, the window and the tail."""
+    cfg = model.config
+    elem = next(model.parameters()).element_size()
+    emb = cfg.vocab_size * cfg.hidden_size
+    weights = (cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)) * elem
+    weights += t * cfg.hidden_size * elem
+    lens = int(cache.lens.max())
+    tokens = lens + t
+    if attn is not None and attn.kind != "dense":
+        sparse = min(attn.top_n * attn.block_size + attn.window, lens) + t
+        if attn.kind == "nsa":
+            sparse += max(0, (lens - attn.comp_block) // attn.comp_stride + 1)
+        tokens = min(tokens, sparse)
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * tokens * cfg.head_dim * elem
+    return weights, kv
+
+
+def selection_stats(runner, attn: AttentionConfig, tree: DraftTree, queries) -> dict | None:
+    """The blocks a sparse step's refresh layers select from the model's own ``queries`` (one
+    recorded forward), per (sequence, KV head), averaged over the refresh layers: the distinct
+    blocks of all rows (``unique_blocks``, the least any kernel must read) and the blocks the
+    kernel streams (``streamed_blocks``: each row tile's union, or each row's own list). A
+    layer's least read with them (``layer_bytes``): the compressed tokens (NSA), the distinct
+    selected blocks, the window and the tail, K and V. None for dense attention."""
+    if attn.kind == "dense":
+        return None
+    cache, cfg = runner.cache, runner.model.config
+    tt = runner.tree_tensors(tree)
+    positions = cache.lens.long()[:, None] + tt.depth
+    unique, streamed = [], []
+    for layer in range(cfg.num_layers):
+        if not attn.is_refresh(layer):
+            continue
+        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+        a(layer, queries[layer])
+        idx = a.block_idx.long()  # [B, Hkv, t, n]
+        flat = idx.flatten(2).sort(-1).values
+        distinct = (flat[..., 1:] != flat[..., :-1]) & (flat[..., 1:] >= 0)
+        unique.append((distinct.sum(-1) + (flat[..., 0] >= 0)).float().mean().item())
+        counts = getattr(a.plan, "counts", None)
+        if counts is not None:
+            streamed.append(counts.sum(-1).float().mean().item())
+        else:
+            streamed.append((idx >= 0).sum((-1, -2)).float().mean().item())
+    u, st = sum(unique) / len(unique), sum(streamed) / len(streamed)
+    lens = int(cache.lens.max())
+    tokens = u * attn.block_size + min(attn.window, lens) + tree.num_nodes
+    if attn.kind == "nsa":
+        tokens += max(0, (lens - attn.comp_block) // attn.comp_stride + 1)
+    elem = next(runner.model.parameters()).element_size()
+    batch = cache.lens.shape[0]
+    layer_bytes = 2 * batch * cfg.num_kv_heads * tokens * cfg.head_dim * elem
+    return {
+        "unique_blocks": u,
+        "streamed_blocks": st,
+        "top_n": attn.top_n,
+        "layer_bytes": int(layer_bytes),
+    }
+
+
+def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
+    """Each op's floor in seconds: max(bytes / copy rate, FLOPs / GEMM rate, one graph-replayed
+    launch), with the ceilings measured in the same run. Bytes: a projection reads its weight
+    and its ``t`` input rows and writes its output rows; attention at least a layer's share of
+    the step's least KV read (``floor_bytes``); an element-wise op reads and writes its rows."""
+    cfg = model.config
+    elem = next(model.parameters()).element_size()
+    d, inter, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * dh
+    q_out = cfg.num_heads * dh
+    gemms = {
+        "qkv_proj": (d, qkv),
+        "o_proj": (q_out, d),
+        "gate_up_proj": (d, 2 * inter),
+        "down_proj": (inter, d),
+        "lm_head": (d, cfg.vocab_size),
+    }
+    flops = {k: 2 * t * n_in * n_out for k, (n_in, n_out) in gemms.items()}
+    moved = {k: (n_in * n_out + t * (n_in + n_out)) * elem for k, (n_in, n_out) in gemms.items()}
+    rows = t * elem
+    moved |= {
+        "embed": 2 * d * rows,
+        "embed_norm": 2 * d * rows + d * elem,
+        "input_norm": 4 * d * rows + d * elem,
+        "post_norm": 4 * d * rows + d * elem,
+        "final_norm": 4 * d * rows + d * elem,
+        "rope_kv_write": 2 * qkv * rows,
+        "silu_mul": 3 * inter * rows,
+        "attention": kv_bytes // cfg.num_layers,
+        "attention_reuse": kv_bytes // cfg.num_layers,
+    }
+    return {
+        k: max(
+            b / ceilings["copy_bytes_per_s"],
+            flops.get(k, 0) / ceilings["gemm_flops_per_s"],
+            ceilings["graph_launch_s"],
+        )
+        for k, b in moved.items()
+    }
+
+
+def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int, gpu: str):
+    try:
+        spec = get_model(
+            model_name.split(":", 1)[1] if model_name.startswith("random:") else model_name
+        )
+        s = dataclasses.replace(strategy, tree=f"chain:{t - 1}")
+        cols = build_columns(spec, [(s, Workload(context_len=context))])
+        pred = predict_columns(spec, cols, make_predictor(get_gpu(gpu)), s.drafter)
+        return float(pred.verify_s[0]), pred.provenance
+    except ValueError as e:
+        return None, str(e).splitlines()[0]
+
+
+def time_ops(runner, attn, tree, tokens, queries=None) -> dict:
+    ops = {}
+    for name, (fn, count) in layer_ops(runner, attn, tree, tokens, queries).items():
+        tm = bench(fn, "graph", num_inputs=runner.config.num_layers, config=OP_TIMING)
+        ops[name] = {"median_s": tm.median_s, "count": count}
+    if "attention_reuse_plus_refresh" in ops:
+        reuse = ops.pop("attention_reuse_plus_refresh")
+        ops["attention_reuse"] = {
+            "median_s": max(reuse["median_s"] - ops["attention"]["median_s"], 0.0),
+            "count": reuse["count"],
+        }
+    return ops

@@ -1,0 +1,322 @@
+"""The engine's verify step on the GPU: one CUDA-graph replay vs the sum of its ops timed in
+isolation, and vs the byte floor.
+
+    python -m validation.engine_verify                    # random:llama-3.1-8b, T = 32K
+    python -m validation.engine_verify --t 1,5,16 --out /tmp/engine-verify.json
+    python -m validation.engine_verify --strategy sd_dense,sd_sparse_naive,ssv \
+        --context 32K,64K,128K --t 1,16 --gpu h200 --out validation/data/engine-verify-h200.json
+
+For each ``t`` (verify rows: the root plus ``t - 1`` chain drafts; dense cost does not depend on
+the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, median):
+
+- ``graph_s``: ``ModelRunner.tree_forward`` (embedding ... LM head, with the strategy's attention
+  and the KV-tail write) captured in a CUDA graph, per replay;
+- ``eager_s``: the same forward launched from Python;
+- ``ops_sum_s``: every op of the forward timed alone in its own graph (the model's own modules,
+  rotating over the layers' weights and KV so each launch is cold), times its count per forward;
+  ``graph_s / ops_sum_s`` is what the loop adds (target: <= 1.15);
+- ``floor_s``: (weights read + KV read) / the copy bandwidth measured in the same run
+  (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``; a sparse step's KV read is
+  the least its attention must read (``floor_bytes``); each op's ``floor_s`` and ``over_floor``
+  likewise (``op_floors``: bytes, FLOPs or one graph-replayed launch, whichever is largest);
+- ``selection`` (sparse steps): the blocks the refresh layers select from the model's own
+  queries in one recorded forward (``selection_stats``), and each attention op's time against
+  the least read with that selection (``floor_selected_s``, ``over_floor_selected``); the
+  attention ops are timed with those recorded queries;
+- ``predicted_verify_s``: perfmodel's verify step for the same point (calibrated profile).
+
+The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
+document (rows + provenance) to ``--out`` when given, and prints a table.
+
+``--campaign FILE`` (a ``validation.e2e_campaign`` document) measures instead the
+verify forward of every (baseline, context) of that campaign with its own tree, attention and
+model (the tiny pair: a corpus prompt is prefilled, so sparse selections see real keys): the
+graph replayed back to back is the GPU time of the verify step alone, to hold beside the
+campaign's CUDA-event ``verify`` step of the decode loop. ``--ops`` adds the op breakdown there.
+
+    python -m validation.engine_verify --campaign validation/data/campaign.json --ops \
+        --out /tmp/verify-breakdown.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from engine.attention import AttentionConfig
+from engine.checkpoint import build_model, resolve_source
+from engine.runner import ModelRunner
+from engine.tree import DraftTree
+from kernels.timing import (
+    TimingConfig,
+    bench,
+    copy_bytes_per_s,
+    empty_kernel_s,
+    gemm_flops_per_s,
+    provenance,
+)
+from perfmodel.strategy import Strategy
+from planner.space import describe
+from validation.engine_ops import (
+    floor_bytes,
+    op_floors,
+    predicted_verify_s,
+    selection_stats,
+    time_ops,
+)
+from validation.records import file_label, local_model, local_strategy
+
+STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=10, reps=10, max_total_s=2.0)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="random:llama-3.1-8b")
+    p.add_argument(
+        "--context", default="32K", help="committed tokens T (K = 1024), comma-separated"
+    )
+    p.add_argument("--t", default="1,5,16", help="verify rows, comma-separated")
+    p.add_argument(
+        "--strategy", default="sd_dense", help="baselines whose attention is used, comma-separated"
+    )
+    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the prediction")
+    p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--campaign", default=None, help="time the verify steps of this campaign")
+    p.add_argument("--ops", action="store_true", help="with --campaign: the op breakdown too")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows already in --out (same code commit) and measure only the others",
+    )
+    return p.parse_args(argv)
+
+
+def _resumed(args) -> dict | None:
+    """With ``--resume``, the document in ``--out`` if it was measured at this code's commit."""
+    if not (args.resume and args.out and Path(args.out).exists()):
+        return None
+    doc = json.loads(Path(args.out).read_text())
+    if doc["provenance"]["git_commit"] != provenance()["git_commit"]:
+        raise SystemExit(
+            f"--resume: {args.out} was measured at {doc['provenance']['git_commit']}, "
+            f"this code is {provenance()['git_commit']}"
+        )
+    return doc
+
+
+def _int(text: str) -> int:
+    t = text.strip().upper()
+    return int(float(t[:-1]) * 1024) if t.endswith("K") else int(t)
+
+
+def _write(result: dict, path: str | None) -> None:
+    if path:
+        out = Path(path)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, out)
+
+
+def campaign_main(args) -> dict:
+    """Verify-step GPU time of every (baseline, context) of a campaign document."""
+
+    from engine.corpus import corpus_sample
+
+    doc = json.loads(Path(args.campaign).read_text())
+    points: dict[tuple[str, int], dict] = {}
+    for r in doc["rows"]:
+        key = (r["baseline"], r["context_len"])
+        pt = points.setdefault(key, {"strategy": r["strategy"], "verify_s": []})
+        pt["verify_s"].append(r["measured"]["steps_s"]["verify"])
+    contexts = sorted({c for _, c in points})
+    t_max = max(contexts) + 128
+    torch.manual_seed(0)
+    src = resolve_source(local_model(doc["model"]))
+    model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
+    runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
+    rows = []
+    for ctx in contexts:
+        with torch.no_grad():
+            runner.prefill([corpus_sample(ctx)])
+        for (name, c), pt in sorted(points.items()):
+            if c != ctx:
+                continue
+            s = local_strategy(pt["strategy"])
+            attn = AttentionConfig.from_strategy(s)
+            tree = DraftTree.from_spec(s.tree, s.traversal)
+            runner.prepare(attn)
+            with torch.no_grad():
+                if attn.kind != "dense":  # summaries of the prefilled keys
+                    runner.cache.rebuild_summaries()
+                tokens = torch.randint(
+                    0, model.config.vocab_size, (1, tree.num_nodes), device="cuda"
+                )
+
+                def step(i, tree=tree, tokens=tokens, attn=attn):
+                    return runner.tree_forward(tokens, tree, attn)[0]
+
+                graph_s = bench(step, "graph", config=STEP_TIMING).median_s
+                ops = time_ops(runner, attn, tree, tokens) if args.ops else None
+            row = {
+                "baseline": name,
+                "context_len": ctx,
+                "t": tree.num_nodes,
+                "describe": describe(s),
+                "graph_s": graph_s,
+                "campaign_verify_s": float(sorted(pt["verify_s"])[len(pt["verify_s"]) // 2]),
+                "ops": ops,
+            }
+            rows.append(row)
+            ops_sum = sum(o["median_s"] * o["count"] for o in ops.values()) if ops else None
+            print(
+                f"{name:16s} {ctx:6d} t={tree.num_nodes:3d}  graph {graph_s * 1e3:7.3f} ms  "
+                f"campaign verify {row['campaign_verify_s'] * 1e3:7.3f} ms"
+                + (f"  ops sum {ops_sum * 1e3:7.3f} ms" if ops else ""),
+                flush=True,
+            )
+    result = {
+        "benchmark": "engine_verify_campaign",
+        "campaign": file_label(args.campaign),
+        "campaign_commit": doc["provenance"].get("git_commit"),
+        "model": doc["model"],
+        "provenance": provenance(),
+        "rows": rows,
+    }
+    _write(result, args.out)
+    return result
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.campaign:
+        return campaign_main(args)
+    contexts = sorted(_int(c) for c in args.context.split(","))
+    ts = [int(x) for x in args.t.split(",")]
+    strategies = [Strategy.from_name(name.strip()) for name in args.strategy.split(",")]
+    src = resolve_source(args.model)
+    t_max = max(contexts) + max(ts) + 1
+    torch.manual_seed(0)
+    model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
+    runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
+    runner.cache.kv.normal_()
+    resumed = _resumed(args)
+    if resumed is None:  # the ceilings every row's floors use, measured once per document
+        ceilings = {
+            "copy_bytes_per_s": copy_bytes_per_s(),
+            "gemm_flops_per_s": gemm_flops_per_s(),
+            "graph_launch_s": empty_kernel_s("graph"),
+        }
+    else:
+        ceilings = {
+            k: resumed[k] for k in ("copy_bytes_per_s", "gemm_flops_per_s", "graph_launch_s")
+        }
+    rows = [] if resumed is None else resumed["rows"]
+    done = {(r["strategy"], r["context"], r["t"]) for r in rows}
+    result = {
+        "benchmark": "engine_verify",
+        "model": args.model,
+        **ceilings,
+        "provenance": provenance(),
+        "rows": rows,
+    }
+    for context in contexts:
+        runner.cache.set_lens(torch.tensor([context], dtype=torch.int32))
+        for strategy in strategies:
+            attn = AttentionConfig.from_strategy(strategy)
+            runner.prepare(attn)
+            for t in ts:
+                if (strategy.name, context, t) in done:
+                    continue
+                rows.append(_verify_row(runner, strategy, attn, args, context, t, ceilings))
+                _write(result, args.out)  # each finished row survives an interrupted run
+    _write(result, args.out)
+    return result
+
+
+def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: dict) -> dict:
+    """One (strategy, context, t) row: graph, eager and op-sum times against the floor, and
+    each op's time against its own floor (``op_floors``)."""
+    copy_bps = ceilings["copy_bytes_per_s"]
+    model = runner.model
+    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+    attn.check_tree(t, model.config.gqa_group)
+    tokens = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
+
+    def step(i):
+        return runner.tree_forward(tokens, tree, attn)[0]
+
+    with torch.no_grad():
+        graph_s = bench(step, "graph", config=STEP_TIMING).median_s
+        eager_s = bench(step, "launch", config=STEP_TIMING).median_s
+        queries = runner.tree_forward(tokens, tree, attn, record=True)[2]
+        selection = selection_stats(runner, attn, tree, queries)
+        ops = time_ops(runner, attn, tree, tokens, queries)
+    ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
+    w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
+    for name, floor in op_floors(model, t, kv_bytes, ceilings).items():
+        if name in ops:
+            ops[name]["floor_s"] = floor
+            ops[name]["over_floor"] = ops[name]["median_s"] / floor
+    if selection is not None:
+        layer_floor = selection["layer_bytes"] / copy_bps
+        for name in ("attention", "attention_reuse"):
+            if name in ops:
+                ops[name]["floor_selected_s"] = layer_floor
+                ops[name]["over_floor_selected"] = ops[name]["median_s"] / layer_floor
+    floor_s = (w_bytes + kv_bytes) / copy_bps
+    pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
+    row = {
+        "strategy": strategy.name,
+        "attention": dataclasses.asdict(attn),
+        "t": t,
+        "context": context,
+        "graph_s": graph_s,
+        "eager_s": eager_s,
+        "ops_sum_s": ops_sum,
+        "graph_over_ops_sum": graph_s / ops_sum,
+        "weights_bytes": w_bytes,
+        "kv_bytes": kv_bytes,
+        "floor_s": floor_s,
+        "graph_over_floor": graph_s / floor_s,
+        "achieved_bytes_per_s": (w_bytes + kv_bytes) / graph_s,
+        "predicted_verify_s": pred_s,
+        "prediction_provenance": pred_prov,
+        "selection": selection,
+        "ops": ops,
+    }
+    print(
+        f"{strategy.name:16s} T={context:7d} t={t:3d}  graph {graph_s * 1e3:7.3f} ms  "
+        f"eager {eager_s * 1e3:7.3f} ms  ops sum {ops_sum * 1e3:7.3f} ms "
+        f"(graph/sum {row['graph_over_ops_sum']:.3f})  floor {floor_s * 1e3:6.3f} ms "
+        f"(graph/floor {row['graph_over_floor']:.2f}, "
+        f"{row['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
+        + (f"{pred_s * 1e3:.3f} ms" if pred_s else pred_prov),
+        flush=True,
+    )
+    print(
+        "    op / floor: "
+        + ", ".join(f"{k} {o['over_floor']:.2f}" for k, o in ops.items() if "over_floor" in o),
+        flush=True,
+    )
+    if selection is not None:
+        print(
+            f"    selection: {selection['unique_blocks']:.0f} distinct / "
+            f"{selection['streamed_blocks']:.0f} streamed blocks per (sequence, KV head) "
+            f"(top_n {selection['top_n']}); attention / floor with them: "
+            + ", ".join(
+                f"{k} {o['over_floor_selected']:.2f}"
+                for k, o in ops.items()
+                if "over_floor_selected" in o
+            ),
+            flush=True,
+        )
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""One NSA refresh call and one reuse call under Nsight Compute, for the profiler's view of each
+kernel (duration, DRAM throughput, registers, occupancy, warp stalls).
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section MemoryWorkloadAnalysis python -m validation.nsa_profile --t 16 \
+        > validation/data/nsa-ncu-h200.txt
+
+The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention, NSA's published geometry,
+reuse indices with adjacent-row overlap 0.7). Three unprofiled warm-up rounds compile and settle
+the kernels; the profiled region is one refresh call then one reuse call. The provenance is
+printed first, so the profiler's report carries it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from kernels import nsa_verify as nv
+from kernels.timing import provenance
+from validation import nsa_stages as ns
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--t", type=int, default=16, help="draft rows")
+    p.add_argument("--context", type=int, default=131072, help="prefix tokens")
+    args = p.parse_args(argv)
+    print(json.dumps({"provenance": provenance(), "args": vars(args), "kwargs": ns.KW}))
+    sets = ns.input_sets(args.batch, args.t, args.context, args.context + args.t, 1)
+    qkv_args, idx = sets[0]
+    for _ in range(3):
+        nv.nsa_verify(*qkv_args, **ns.KW, validate=False)
+        nv.nsa_verify(*qkv_args, block_idx=idx, **ns.KW, validate=False)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    nv.nsa_verify(*qkv_args, **ns.KW, validate=False)
+    nv.nsa_verify(*qkv_args, block_idx=idx, **ns.KW, validate=False)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()

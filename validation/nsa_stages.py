@@ -1,0 +1,208 @@
+"""NSA verification on the GPU, whole calls and their stages, against the byte floor.
+
+    python -m validation.nsa_stages --out validation/data/nsa-stages-h200.json
+
+Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry (top_n
+16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused and unfused
+calls against the fp32 reference (reuse with the reference's indices; a mismatch or NaN stops
+the run), then times with ``kernels.timing`` (CUDA graphs, L2 flushed per sample, median):
+
+- ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse`` with
+  the union plan passed in, as the engine's reuse layers do);
+- ``stage_*``: one launch each of the forward over one branch's slots, the merge, the union
+  plan, the refresh path's steps (1)-(3) and the top-n kernel alone.
+
+Reuse indices have an exact adjacent-row overlap of 0.7 (``kernels.benchmark.overlap_block_idx``,
+the regime SSV measured); input sets rotate so each launch reads cold data. ``floor_s`` is the
+call's unique bytes (compressed K/V, each (sequence, KV head)'s union of selected blocks and the
+window, the tail, q and o) over the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kernels import benchmark as kb
+from kernels import nsa_steps as steps
+from kernels import nsa_verify as nv
+from kernels import timing as tm
+from kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
+
+KW = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
+TIMING = tm.TimingConfig(warmup=3, graph_launches=10, graph_reps=8, max_total_s=0.3)
+# (batch, draft rows t, context, cache capacity or None for context + t): the 32K case in a
+# 128K cache shows that a call's cost follows the prefix, not the capacity.
+CASES = (
+    (1, 16, 131072, None),
+    (1, 4, 131072, None),
+    (1, 1, 131072, None),
+    (1, 16, 32768, None),
+    (1, 16, 32768, 131072 + 17),
+    (16, 16, 65536, None),
+    (16, 1, 65536, None),
+)
+OVERLAP = 0.7
+K = 1024
+
+
+def input_sets(
+    bsz: int, t: int, ctx: int, capacity: int, num_sets: int
+) -> list[tuple[tuple, torch.Tensor]]:
+    """Rotation sets sharing one K/V cache: fresh q, compressed K/V and block indices each."""
+    gen = kb._gen(1 + ctx + bsz)
+    rng = np.random.default_rng(ctx + bsz)
+    q, k, v, lens, mask = kb.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
+    ck, cv, _ = nv.compress_kv(k, v, lens, comp_block=KW["comp_block"], comp_stride=16)
+    gates = torch.full((bsz, t, kb.NUM_Q_HEADS, 3), 1 / 3, device="cuda")
+    nb = [ctx // KW["block_size"]] * bsz
+    out = []
+    for s in range(num_sets):
+        ck_s, cv_s = (ck, cv) if s == 0 else (torch.randn_like(ck), torch.randn_like(cv))
+        if t > 1:
+            idx = kb.overlap_block_idx(nb, t, KW["top_n"], OVERLAP, rng)
+        else:
+            idx = kb.random_block_idx(nb, t, KW["top_n"], rng)
+        args = (torch.randn_like(q), k, v, lens, mask, ck_s, cv_s, gates)
+        out.append((args, torch.from_numpy(idx).cuda()))
+    return out
+
+
+def floor_bytes(bsz: int, t: int, ctx: int, idx: torch.Tensor) -> int:
+    idx_np = idx.cpu().numpy()
+    bs = KW["block_size"]
+    window = set(range((ctx - KW["window"]) // bs, ctx // bs))
+    tokens = 0
+    for b in range(bsz):
+        for h in range(kb.NUM_KV_HEADS):
+            tokens += len((set(idx_np[b, h].ravel().tolist()) - {-1}) | window) * bs + t
+    comp = bsz * kb.NUM_KV_HEADS * ((ctx - KW["comp_block"]) // KW["comp_stride"] + 1)
+    return kb.kv_bytes(tokens + comp) + kb.qol_bytes(bsz, t)
+
+
+def check(sets) -> None:
+    args, _ = sets[0]
+    ro, ridx = nv.reference_nsa_verify(*args, **KW)
+    with tm.poisoned_allocations():
+        for name, fn in (("fused", nv.nsa_verify), ("unfused", nv.nsa_verify_unfused)):
+            o, _ = fn(*args, block_idx=ridx.int(), **KW)
+            if torch.isnan(o).any():
+                raise SystemExit(f"nsa_verify {name}: NaN in the output")
+            torch.testing.assert_close(o.float(), ro.float(), atol=3e-2, rtol=3e-2)
+
+
+def calls(sets, plan, slots, rslots, unions, parts):
+    """``name -> fn(i)`` of every timed call and stage (``rslots``: a refresh call's slots)."""
+    out = {
+        "reuse": lambda i: nv.nsa_verify(
+            *sets[i][0], block_idx=sets[i][1], union=unions[i], **KW, validate=False
+        ),
+        "reuse_unfused": lambda i: nv.nsa_verify_unfused(
+            *sets[i][0], block_idx=sets[i][1], **KW, validate=False
+        ),
+        "refresh": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False),
+        "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
+    }
+    branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
+    for name, sl in {**branch, "all": slots, "refresh_comp": (rslots[0], 0, 0)}.items():
+        out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
+            plan, sets[i][0], unions[i], parts[i], slots=sl
+        )
+    o = torch.empty_like(sets[0][0][0])
+    out["stage_merge"] = lambda i: steps.launch_merge(plan, parts[i], sets[i][0][7], o, slots)
+    out["stage_union_plan"] = lambda i: steps.union_plan(sets[i][1], plan.rows, plan.nb_max)
+    out["stage_refresh_select"] = lambda i: steps.refresh_indices(
+        plan, sets[i][0], parts[i], rslots
+    )
+    out["stage_scores"] = lambda i: steps.block_scores(plan, sets[i][0], parts[i], rslots[0])
+    scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device="cuda")
+    out["stage_topk"] = lambda i: steps.select_top_blocks(scores, sets[i][0][3], plan)
+    return out
+
+
+def run_case(bsz: int, t: int, ctx: int, capacity: int | None, copy_bps: float) -> dict:
+    num_sets = 4 if bsz == 1 else 2
+    capacity = capacity or ctx + t
+    sets = input_sets(bsz, t, ctx, capacity, num_sets)
+    check(sets)
+    kw = dict(KW, num_sink=1, num_local=1, sm_scale=None)
+    plan = make_plan(sets[0][0][0], sets[0][0][1], sets[0][0][5], config=DEFAULT_CONFIG, **kw)
+    slots = plan_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
+    rslots = refresh_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
+    unions = [steps.union_plan(idx, plan.rows, plan.nb_max) for _, idx in sets]
+    parts = [steps.alloc_partials(plan, max(sum(slots), sum(rslots)), "cuda") for _ in sets]
+    floor = floor_bytes(bsz, t, ctx, sets[0][1])
+    row = dict(
+        batch=bsz,
+        num_query_tokens=t,
+        context_len=ctx,
+        capacity=capacity,
+        overlap=OVERLAP,
+        slots=slots,
+        refresh_slots=rslots,
+        unique_bytes=floor,
+        floor_s=floor / copy_bps,
+        times_s={},
+    )
+    for name, fn in calls(sets, plan, slots, rslots, unions, parts).items():
+        row["times_s"][name] = tm.bench(fn, "graph", num_inputs=num_sets, config=TIMING).median_s
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="write the JSON document here")
+    args = p.parse_args(argv)
+    copy_bps = tm.copy_bytes_per_s()
+    rows = [run_case(*case, copy_bps) for case in CASES]
+    doc = {
+        "benchmark": "nsa_stages",
+        "copy_bytes_per_s": copy_bps,
+        "kwargs": KW,
+        "config": str(DEFAULT_CONFIG),
+        "provenance": tm.provenance(),
+        "rows": rows,
+    }
+    if args.out:
+        out = Path(args.out)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, out)
+    cols = {
+        "reuse": "reuse",
+        "reuse_unfused": "reuse_unf",
+        "refresh": "refresh",
+        "refresh_unfused": "refr_unf",
+        "stage_merge": "merge",
+        "stage_fwd_refresh_comp": "r_comp",
+        "stage_scores": "scores",
+        "stage_topk": "topk",
+        "stage_union_plan": "union",
+    }
+    print(
+        f"{'case':>18s} {'floor':>7s}"
+        + "".join(f" {n:>9s}" for n in cols.values())
+        + "  reuse/floor  refresh/floor  fused/unfused"
+    )
+    for r in rows:
+        ts = {k: v * 1e6 for k, v in r["times_s"].items()}
+        floor_us = r["floor_s"] * 1e6
+        case = f"b{r['batch']} t{r['num_query_tokens']} {r['context_len'] // K}K"
+        if r["capacity"] > r["context_len"] + r["num_query_tokens"]:
+            case += f"/{r['capacity'] // K}K"
+        print(
+            f"{case:>18s} {floor_us:7.1f}"
+            + "".join(f" {ts[c]:9.1f}" for c in cols)
+            + f"  {ts['reuse'] / floor_us:11.2f}  {ts['refresh'] / floor_us:13.2f}"
+            + f"  {ts['reuse_unfused'] / ts['reuse']:13.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

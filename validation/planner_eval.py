@@ -1,0 +1,241 @@
+"""The planner's evaluation in the real decode loop on the trained tiny pair.
+
+    python -m validation.planner_eval --out validation/data/planner.json \\
+        --ranking-out validation/data/planner-ranking.json --resume build/planner-runs.jsonl
+    python -m validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
+        --new-tokens 32 --repeats 1 --out /tmp/planner.json          # a CPU smoke run
+
+Profiles the acceptance and overlap of the tiny pair per regime, ranks the space with the
+calibrated model, decodes ``--per-regime`` strategies per regime, then compares a fixed default,
+the fixed offline best and the online controller on four prompt sets (``validation.evaluate``
+says how). Writes the evaluation JSON to ``--out`` (whole or not at all), the full ranking to
+``--ranking-out`` when given, logs each run as it goes and prints a summary table last. With
+``--resume FILE`` every finished run is appended to FILE, and a call cut off by a time limit
+is continued by the same command (same settings, device and commit).
+
+The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured with it.
+
+Sampling (temperature 1 by default) rather than greedy decoding: greedy decoding of a byte-level
+13M model falls into loops, where an n-gram drafter is accepted whole, and whether and when a
+run enters one flips with the last bits of the attention, so two nearly identical strategies
+measure 2-4x apart. Each repeat draws with its own seed; the adaptive and fixed runs of one
+repeat share theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from perfmodel.files import atomic_write
+from perfmodel.numbers import parse_count_list
+from planner.controller import ControllerConfig
+from planner.space import SpaceSpec
+from validation.bench import Bench, RunCache, make_bench
+from validation.evaluate import evaluate, summary_table
+from validation.prompts import (
+    MEASURE_OFFSETS,
+    PROFILE_OFFSETS,
+    PROMPT_SETS,
+    WALK_OFFSETS,
+    regime_contexts,
+)
+from validation.records import command_line
+
+DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
+    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
+    p.add_argument(
+        "--contexts",
+        default="3584,7680,15360,30720",
+        help="one context per regime, with room in it for the new tokens",
+    )
+    p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
+    p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
+    p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
+    p.add_argument(
+        "--profile-prompts",
+        type=int,
+        default=10,
+        help="code prompts per profile entry (<= 10; validation.profile_runs)",
+    )
+    p.add_argument(
+        "--walk-prompts",
+        type=int,
+        default=20,
+        help="code prompts past the measured ones whose autoregressive texts the "
+        "n-gram trees' walks add (one each, where the corpus holds them)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="runs per measurement (median), seeds 0, 1, ..."
+    )
+    p.add_argument(
+        "--measure-texts",
+        type=int,
+        default=20,
+        help="code prompts each measured strategy decodes, one run each (<= 20; "
+        "fewer where fewer fit in the corpus; validation.prompts)",
+    )
+    p.add_argument(
+        "--timing-passes",
+        type=int,
+        default=3,
+        help="passes over the measured and adaptive runs; each run keeps its least "
+        "disturbed (validation.passes.run_passes)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature (0 = greedy); see the module",
+    )
+    p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
+    p.add_argument("--drafters", default="draft_model,ngram", help="drafter axis of the space")
+    p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS))
+    p.add_argument(
+        "--no-oracle",
+        dest="oracle",
+        action="store_false",
+        help="skip the fixed strategies measured per prompt set (the adaptive "
+        "ceiling; validation.adaptive.oracle_strategies)",
+    )
+    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the predictions")
+    p.add_argument("--device", default="auto", help="cuda | cpu")
+    p.add_argument("--out", required=True, help="evaluation JSON")
+    p.add_argument("--ranking-out", default=None, help="the full ranking JSON")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="FILE",
+        help="run cache (JSONL): each finished run is appended; a later call with the "
+        "same settings, device and commit skips them",
+    )
+    return p.parse_args(argv)
+
+
+def build_bench(args) -> Bench:
+    contexts = parse_count_list(args.contexts, "--contexts")
+    actx = parse_count_list(args.adaptive_context, "--adaptive-context")[0]
+    bench = make_bench(
+        args.model,
+        args.draft_model,
+        max(contexts + [actx]),
+        args.new_tokens,
+        args.repeats,
+        args.device,
+        args.gpu,
+        args.temperature,
+    )
+    bench.timing_passes = args.timing_passes
+    bench.measure_texts = args.measure_texts
+    return bench
+
+
+# The settings a run cache is keyed by (with the provenance but its timestamp).
+CACHE_SETTINGS = (
+    "model",
+    "draft_model",
+    "contexts",
+    "adaptive_context",
+    "per_regime",
+    "new_tokens",
+    "repeats",
+    "temperature",
+    "trees",
+    "drafters",
+    "prompt_sets",
+    "gpu",
+    "profile_prompts",
+    "timing_passes",
+    "measure_texts",
+    "walk_prompts",
+)
+
+
+def check_args(args) -> None:
+    """``ValueError`` in one line for a bad count or temperature, before any model is built."""
+    if min(args.per_regime, args.new_tokens, args.repeats, args.timing_passes) < 1:
+        raise ValueError("--per-regime, --new-tokens, --repeats and --timing-passes must be >= 1")
+    if not 1 <= args.measure_texts <= len(MEASURE_OFFSETS):
+        raise ValueError(
+            f"--measure-texts must lie in 1..{len(MEASURE_OFFSETS)}, got {args.measure_texts}"
+        )
+    if not 1 <= args.profile_prompts <= len(PROFILE_OFFSETS):
+        raise ValueError(
+            f"--profile-prompts must lie in 1..{len(PROFILE_OFFSETS)}, got {args.profile_prompts}"
+        )
+    if not 0 <= args.walk_prompts <= len(WALK_OFFSETS):
+        raise ValueError(
+            f"--walk-prompts must lie in 0..{len(WALK_OFFSETS)}, got {args.walk_prompts}"
+        )
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+
+
+def setup(args) -> tuple[Bench, dict[str, int], SpaceSpec, tuple[str, ...]]:
+    """The bench (with its run cache under ``--resume``), the regimes' contexts, the space and
+    the prompt sets of ``args``."""
+    from kernels.timing import provenance
+
+    check_args(args)
+    contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
+    regime_contexts(args.adaptive_context, "--adaptive-context", args.new_tokens)
+    sets = tuple(x for x in args.prompt_sets.split(",") if x)
+    bad = [x for x in sets if x not in PROMPT_SETS]
+    if bad:
+        raise ValueError(f"unknown prompt set {bad[0]!r}; expected {', '.join(PROMPT_SETS)}")
+    space = SpaceSpec(drafters=tuple(args.drafters.split(",")), trees=tuple(args.trees.split(",")))
+    bench = build_bench(args)
+    space = dataclasses.replace(space, draft_model=bench.draft_label)
+    if args.resume:
+        prov = {k: v for k, v in provenance().items() if k != "timestamp"}
+        settings = {**{k: getattr(args, k) for k in CACHE_SETTINGS}, **prov}
+        bench.cache = RunCache(args.resume, settings)
+        if bench.cache.runs:
+            print(f"resuming: {len(bench.cache.runs)} runs in {args.resume}", flush=True)
+    return bench, contexts, space, sets
+
+
+def main(argv=None) -> int:
+    from kernels.timing import provenance
+
+    args = parse_args(argv)
+    try:
+        bench, contexts, space, sets = setup(args)
+    except ValueError as e:
+        print(f"planner_eval: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    command = command_line("validation.planner_eval", sys.argv[1:] if argv is None else argv)
+    doc, ranking = evaluate(
+        bench,
+        contexts,
+        space,
+        per_regime=args.per_regime,
+        adaptive_context=parse_count_list(args.adaptive_context, "--adaptive-context")[0],
+        prompt_sets=sets,
+        profile_prompts=args.profile_prompts,
+        walk_prompts=args.walk_prompts,
+        controller=ControllerConfig(),
+        provenance={**provenance(), "command": command},
+        oracle=args.oracle,
+    )
+    if bench.cache is not None:
+        doc["provenance"]["runs_from_cache"] = bench.cache.reused
+        doc["provenance"]["wall_s_note"] = "this call only; runs from the cache took earlier calls"
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    if args.ranking_out:
+        atomic_write(args.ranking_out, json.dumps(ranking) + "\n")
+    print(f"\n({time.perf_counter() - t0:.0f} s)\n" + summary_table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

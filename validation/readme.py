@@ -1,0 +1,142 @@
+"""Regenerate the generated blocks of the README and the results pages from the measurements
+of record.
+
+python -m validation.readme          # rewrites the blocks between their markers in DOCUMENTS
+
+- ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
+- ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
+  quality per regime and adaptive gain per prompt set, with what the measurement resolves
+  (``validation.report.planner_section``, as the report derives it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from calibration.validate import committed_report, summary_markdown
+from perfmodel.files import read_json
+from validation.prompts import OFF_DISTRIBUTION
+from validation.records import project_label, record_path
+from validation.report import planner_section
+
+# The checkout's documents that embed generated blocks (the docs are the checkout's, not data).
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = (
+    README,
+    ROOT / "docs" / "results" / "calibration.md",
+    ROOT / "docs" / "results" / "planner.md",
+)
+
+
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+
+
+def validate_block(gpu: str = "h100-sxm") -> str:
+    """The calibrated profile's accuracy (``ssvkit validate --markdown``'s output)."""
+    profile, _, rep = committed_report(gpu)
+    return summary_markdown(rep, profile.profile_id) + "\n"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _strategy_names(doc: dict) -> dict[str, str]:
+    """Strategy ids by name (drafter and tree): the oracle's strategies and the measured ones
+    carry them."""
+    names = {
+        x["id"]: x["describe"].split(" | ")[0]
+        for v in doc["adaptive"]["prompt_sets"].values()
+        for x in (v.get("oracle") or {}).get("strategies", [])
+    }
+    names.update(
+        {
+            x["id"]: x["describe"].split(" | ")[0]
+            for v in doc["regimes"].values()
+            for x in v["strategies"]
+        }
+    )
+    return names
+
+
+def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
+    """One table row per prompt set: the offline best, the gain and its interval, the best
+    fixed alternative and the hindsight bound."""
+    names = _strategy_names(doc)
+    rows = []
+    for k, v in doc["adaptive"]["prompt_sets"].items():
+        m = pl["adaptive_resolution"].get(k) or {}
+        band = f"{_pct(m['gain_p05'])} to {_pct(m['gain_p95'])}" if m else "n/a"
+        c, h = m.get("challenger"), m.get("hindsight")
+        alt = f"{_pct(c['gain'])} ({c['describe'].split(' | ')[0]})" if c else "n/a"
+        off = " (off distribution)" if k in OFF_DISTRIBUTION else ""
+        best = v["offline_best"]
+        rows.append(
+            f"| {k}{off} | {names.get(best['id'], best['id'])} "
+            f"| {best['tokens_per_s']:.0f} | {_pct(v['adaptive_gain'])} "
+            f"| {band} | {alt} | {_pct(h['gain']) if h else 'n/a'} |"
+        )
+    return rows
+
+
+def planner_block(path: Path | None = None) -> str:
+    """The planner evaluation's figures as README markdown (tables, targets, provenance)."""
+    path = path or record_path("planner.json")
+    doc = read_json(path, "planner evaluation")
+    pl = planner_section(doc)
+    prov, t = pl["provenance"], pl["targets"]
+    lines = [
+        f"Evaluation `{project_label(path)}` "
+        f"(commit {str(prov.get('git_commit'))[:7]}, {str(prov.get('timestamp'))[:10]}, "
+        f"{prov.get('device_name')}): the trained tiny pair, {doc['measure_texts']} held-out "
+        f"code windows per measured strategy, {doc['repeats']} seeds per prompt set.",
+        "",
+        "| regime | context | strategies measured | Kendall tau | regret | measured pair s.e. |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r, v in doc["regimes"].items():
+        m = pl["measurement"].get(r)
+        se = f"{100 * m['pair_ratio_se']:.1f}%" if m else "n/a"
+        lines.append(
+            f"| {r} | {v['context_len']} | {v['n']} | {pl['kendall_tau'][r]:.2f} | "
+            f"{100 * pl['regret'][r]:.1f}% | {se} |"
+        )
+    a = doc["adaptive"]
+    lines += [
+        "",
+        f"Adaptive at {a['context_len']} tokens ({a['regime']}), against the fixed offline best:",
+        "",
+        "| prompt set | offline best | its tokens/s | adaptive gain | 90% interval "
+        "| best fixed alternative | fastest per seed, in hindsight |",
+        "|---|---|---|---|---|---|---|",
+        *_adaptive_rows(doc, pl),
+    ]
+    met = pl["met"]
+    lines += [
+        "",
+        f"Targets: Kendall tau >= {t['kendall_tau_min']} in every regime "
+        f"({'met' if met['kendall_tau'] else 'not met'}), regret <= "
+        f"{100 * t['regret_max']:.0f}% ({'met' if met['regret'] else 'not met'}), adaptive gain "
+        f">= {100 * t['adaptive_gain_min']:.0f}% on every off-distribution set "
+        f"({'met' if met['adaptive_gain_off_distribution'] else 'not met'}).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# Each block's markers and what fills them.
+BLOCKS = {"validate": validate_block, "planner": planner_block}
+
+
+def render(text: str) -> str:
+    """``text`` with every block between its markers regenerated."""
+    for name, fill in BLOCKS.items():
+        text = _block(name).sub(lambda m, fill=fill: m.group(1) + fill() + m.group(2), text)
+    return text
+
+
+if __name__ == "__main__":
+    for doc in DOCUMENTS:
+        doc.write_text(render(doc.read_text()))

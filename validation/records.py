@@ -1,0 +1,109 @@
+"""The measurements of record and the names they use for files and models.
+
+The documents the GPU campaigns produced (the end-to-end campaign, the planner evaluation and
+its ranking, the engine's and the kernels' H200 measurements) ship as package data under
+``validation/data/``, indexed with the command and commit behind each in
+``validation/data/INDEX.md``; ``record_path`` finds them through package resources, so an
+installed package reads the same files as a clone. Committed data names files and models
+relative to the project (``model_label``), never by a path of the machine that measured them,
+and ``local_model`` finds such a name on this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib.resources import files
+from pathlib import Path
+
+from perfmodel.strategy import Strategy
+from planner.rank import strategy_from_json
+
+DATA = "data"
+# Where the engine's checkpoints (the trained tiny pair) live, relative to the project.
+CHECKPOINTS = "engine/checkpoints"
+
+
+def data_dir() -> Path:
+    """The folder of the measurements of record (``validation/data``)."""
+    return Path(str(files("validation"))) / DATA
+
+
+def record_path(name: str) -> Path:
+    """A measurement of record by file name; ``ValueError`` in one line when it is missing."""
+    path = data_dir() / name
+    if not path.is_file():
+        raise ValueError(f"no measurement of record {name!r} in {data_dir()}")
+    return path
+
+
+def project_label(path: str | Path) -> str:
+    """``path`` as the project names it: relative to the installed packages' root when it lies
+    under one of them (``validation/data/planner.json``), else as given."""
+    p = Path(path).resolve()
+    for pkg in ("validation", "calibration", "engine"):
+        root = Path(str(files(pkg))).resolve()
+        if p == root or root in p.parents:
+            return str(Path(pkg) / p.relative_to(root))
+    return str(path)
+
+
+def file_label(path: str | Path) -> str:
+    """A file as committed data names it: an absolute path by ``project_label``, or by its name
+    alone when it lies outside the project (an output folder of the machine that wrote it); a
+    relative path as given."""
+    if not Path(path).is_absolute():
+        return str(path)
+    label = project_label(path)
+    return Path(path).name if Path(label).is_absolute() else label
+
+
+def command_line(module: str, argv: list[str]) -> str:
+    """The command that wrote a document, as its provenance records it: ``python -m module``
+    and its arguments, each path among them by ``file_label``."""
+
+    def arg(a: str) -> str:
+        if a.startswith("--") and "=" in a:
+            flag, value = a.split("=", 1)
+            return f"{flag}={file_label(value)}"
+        return file_label(a)
+
+    return " ".join([f"python -m {module}", *map(arg, argv)])
+
+
+def _checkpoint_dir() -> Path:
+    return Path(str(files("engine"))) / "checkpoints"
+
+
+def model_label(path: str | Path | None) -> str | None:
+    """A model's name in committed data: ``engine/checkpoints/<name>`` for a checkpoint of the
+    engine's folder, else the path as given (a registry name stays a name)."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_absolute() and p.resolve().parent == _checkpoint_dir().resolve():
+        return f"{CHECKPOINTS}/{p.name}"
+    return str(path)
+
+
+def local_model(label: str | None) -> str | None:
+    """The model a committed label names, on this machine: ``engine/checkpoints/<name>``
+    resolves to the engine's checkpoint folder, as does a checkpoint path recorded on another
+    machine whose folder this checkout has; registry names and existing paths pass through."""
+    if not label or "/" not in label:
+        return label
+    local = _checkpoint_dir() / Path(label).name
+    if not label.startswith(f"{CHECKPOINTS}/") and Path(label).exists():
+        return label
+    if local.exists():
+        return str(local)
+    raise ValueError(f"model {label!r} is not in this checkout ({CHECKPOINTS})")
+
+
+def local_strategy(d: dict) -> Strategy:
+    """A committed strategy document with its draft model found on this machine
+    (``local_model``)."""
+    s = strategy_from_json(d)
+    if s.drafter.model:
+        drafter = dataclasses.replace(s.drafter, model=local_model(s.drafter.model))
+        s = dataclasses.replace(s, drafter=drafter)
+    return s

@@ -1,0 +1,154 @@
+"""Re-score a finished planner evaluation under the current model, on the CPU, from its runs.
+
+    python -m validation.rescore --runs build/planner-runs.jsonl.gz \\
+        --evaluation validation/data/planner.json
+
+``python -m validation.planner_eval --resume FILE`` keeps every run it decoded (profile runs and
+measured strategies) in FILE. This rebuilds the profile from those runs with the current code
+(``validation.profile_runs.measure_profile``: acceptance, attention factors, overlap and
+the loop-overhead fit), ranks the space again and scores the strategies the evaluation measured:
+Kendall tau and regret per regime against the same measured tokens/s, beside the figures the
+evaluation recorded. A change to the step model, the overhead terms or the profile's reduction
+is thus checked on real H100 runs without a GPU. It decodes nothing: a run the current code
+would ask for that the file lacks (another tree axis, more profile prompts) is an error.
+
+Run it where the evaluation ran, or on a machine with the same installed packages: the code
+prompts are cut from the installed packages' sources, so another machine's prompts differ past
+some window, and the n-gram walks of the runs' texts after those prompts would be wrong. Runs
+that kept their text also kept their prompt's CRC-32, and a mismatch is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from perfmodel.files import atomic_write
+from planner.rank import rank
+from planner.space import SpaceSpec
+from validation.bench import make_bench, read_runs
+from validation.profile_runs import measure_profile
+from validation.stats import ranking_quality
+
+
+class CachedRuns:
+    """The run cache's figures by key, read-only: a key it lacks is an error, not a run."""
+
+    reused = 0
+
+    def __init__(self, path: Path):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as fh:
+            lines = fh.read().splitlines()
+        self.runs = read_runs(lines, path)
+
+    def get(self, key: str, fn) -> dict:
+        if key not in self.runs:
+            raise ValueError(
+                f"the runs lack {key!r}: the current code asks for a run "
+                "the evaluation did not decode; re-run planner_eval on the GPU"
+            )
+        return self.runs[key]
+
+
+def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: str = "tiny-draft"):
+    """The evaluation ``doc``'s profile rebuilt with the current code from its run cache
+    ``runs`` (decoding nothing): the bench, space, regime contexts, profile and overhead fits."""
+    contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
+    bench = make_bench(
+        model,
+        draft_model,
+        max(contexts.values()),
+        doc["max_new_tokens"],
+        doc["repeats"],
+        "cpu",
+        doc["gpu_model"],
+        doc["temperature"],
+    )
+    bench.log = lambda m: None
+    # An evaluation before the profile's timing passes timed its profile runs once.
+    bench.timing_passes = doc.get("profile_timing_passes", 1)
+    bench.cache = CachedRuns(runs)
+    space = SpaceSpec(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
+    )
+    profile, fits, _, _ = measure_profile(
+        bench,
+        contexts,
+        space,
+        doc["profile_reference_tree"],
+        doc["profile_attention_tree"],
+        doc["profile_prompts"],
+        doc.get("profile_walk_prompts", 0),
+    )
+    return bench, space, contexts, profile, fits
+
+
+def rescore(
+    runs: Path, evaluation: Path, model: str = "tiny", draft_model: str = "tiny-draft"
+) -> dict:
+    """Per regime: tau and regret now and as recorded, the predicted best now, and the profile's
+    overhead fit figures now."""
+    doc = json.loads(evaluation.read_text())
+    bench, space, contexts, profile, fits = profile_from_runs(runs, doc, model, draft_model)
+    ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
+    out = {}
+    for regime, v in doc["regimes"].items():
+        ranked = ranking["regimes"][regime]["ranking"]
+        pred = {r["id"]: r["tokens_per_s"] for r in ranked}
+        rows = v["strategies"]
+        q = ranking_quality(
+            [pred[r["id"]] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
+        )
+        best = max(rows, key=lambda r: pred[r["id"]])
+        out[regime] = {
+            "kendall_tau": q["kendall_tau"],
+            "regret": q["regret"],
+            "recorded_kendall_tau": v["kendall_tau"],
+            "recorded_regret": v["regret"],
+            "predicted_best": best["describe"],
+            "predicted_best_measured_tokens_per_s": best["measured"]["tokens_per_s"],
+            "overhead_rms_rel": fits[regime].get("rms_rel"),
+            "overhead": profile.overhead.get(regime, {}),
+        }
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", required=True, help="the evaluation's run cache (JSONL, or .gz)")
+    p.add_argument("--evaluation", required=True, help="the evaluation JSON of those runs")
+    p.add_argument("--model", default="tiny", help="target checkpoint (for the spec)")
+    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = p.parse_args(argv)
+    try:
+        for flag, path in (("--runs", args.runs), ("--evaluation", args.evaluation)):
+            if not Path(path).is_file():
+                raise ValueError(f"{flag} {path!r} is not a file")
+        res = rescore(Path(args.runs), Path(args.evaluation), args.model, args.draft_model)
+    except (ValueError, KeyError, json.JSONDecodeError) as e:
+        print(f"rescore: {e}", file=sys.stderr)
+        return 2
+    print("regime   tau (recorded)   regret (recorded)   overhead rms   predicted best")
+    for regime, r in res.items():
+        print(
+            f"{regime:6s} {r['kendall_tau']:5.3f} ({r['recorded_kendall_tau']:5.3f}) "
+            f"{r['regret']:9.1%} ({r['recorded_regret']:6.1%}) "
+            f"{r['overhead_rms_rel']:12.1%}   {r['predicted_best']} "
+            f"({r['predicted_best_measured_tokens_per_s']:.0f} tok/s measured)"
+        )
+    if args.out:
+        atomic_write(
+            args.out,
+            json.dumps({"runs": args.runs, "evaluation": args.evaluation, "regimes": res}, indent=1)
+            + "\n",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
