@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from calibration.schema import load_rows
+from perfmodel.rows import load_rows
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 # What torch.cuda.get_device_name() reports for each registry GPU we have measured.

@@ -37,13 +37,13 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration import ceilings
-from calibration.schema import canonical
 from perfmodel.calibrated import PROFILE_VERSION, ClassFit
 from perfmodel.files import atomic_write
 from perfmodel.hardware import GpuSpec, get_gpu
 from perfmodel.nsa_plan import merge_steps, mma_row_cost
 from perfmodel.predictor import RESIDENT_SUFFIX
 from perfmodel.repair_plan import chain_tiles
+from perfmodel.rows import canonical
 from perfmodel.torch_plan import kv_write_chain, topn_counts
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)

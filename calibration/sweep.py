@@ -1,7 +1,7 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
 (GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops the decode
 loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy sampling over the vocabulary). One
-sealed row per config (``calibration.schema``), CUDA-graph replay with a cold L2
+sealed row per config (``perfmodel.rows``), CUDA-graph replay with a cold L2
 (``kernels.timing``), resumable: a config already in the output file is skipped.
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from calibration.schema import load_rows, params_key, seal
 from kernels import timing as tm
 from perfmodel.models import get_model, model_names
+from perfmodel.rows import load_rows, params_key, seal
 
 # Token counts M: powers of two and the points halfway between them (in log space), so that a
 # size the held-out hash takes out of a class still has fitted neighbours on both sides.

@@ -52,10 +52,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.schema import seal
 from kernels import timing as tm
 from kernels.bench_summary import DERIVED, print_summary, summarise
 from kernels.tree import ancestor_bitmask
+from perfmodel.rows import seal
 
 OPS = ("dense", "sparse", "repair", "nsa", "select")
 OUT_NAME = "kernel_bench.jsonl"

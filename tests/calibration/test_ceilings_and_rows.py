@@ -3,8 +3,8 @@ import json
 import pytest
 
 from calibration import ceilings
-from calibration.schema import checksum, load_rows, seal, validate
 from perfmodel.hardware import get_gpu
+from perfmodel.rows import checksum, load_rows, seal, validate
 
 
 def test_committed_overlay_is_derived_from_the_rows():

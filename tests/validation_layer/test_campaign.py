@@ -426,8 +426,8 @@ def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monke
     import torch
 
     from calibration import sweep
-    from calibration.schema import params_key
     from kernels import benchmark
+    from perfmodel.rows import params_key
 
     assert sweep.STOPPED_AT_BUDGET == benchmark.STOPPED_AT_BUDGET == STAGE_STOPPED
     # Past the deadline, a config already in the file is no stop; a missing one is.
