@@ -18,8 +18,8 @@ node's ``p`` and its level's uniform alone, not of the drafts: with uniforms key
 position (``engine.loop``), decodes that differ only in their deterministic drafts (n-gram
 chains and trees, autoregressive) emit the same text. The torch version
 (``reference_accept_sampled``) runs that loop as ~20 small batched ops per sibling rank and
-level: on the H100 each is a launch of a few microseconds over a ``[B, V]`` row, and the walk
-cost ~60 us per chain node (``docs/notes/planner.md``, session 11). ``accept_sampled`` runs the
+level: on the H100 each is a launch of a few microseconds over a ``[B, V]`` row, so the walk
+costs tens of microseconds per chain node. ``accept_sampled`` runs the
 whole walk of one sequence in one program: its ``p`` and ``q`` rows live in registers (the
 vocabulary is one block, ``V <= MAX_VOCAB``), the tree's child table and the tokens are scalar
 loads, and every uniform is read from ``u``, drawn beforehand, so both versions make the same

@@ -22,7 +22,7 @@ DERIVED = frozenset(
 
 
 def _dense_target(p: dict, r: dict, floor: float) -> bool | None:
-    """Issue 3's dense targets (T >= 32K): >= 80% of copy bandwidth for t <= 16, else
+    """The dense kernel's targets (T >= 32K): >= 80% of copy bandwidth for t <= 16, else
     <= 1.3 x the byte/FLOP floor; None where no target applies."""
     if p["context_len"] < 32 * 1024:
         return None

@@ -1,4 +1,4 @@
-"""Kernel benchmark of issue 3: correctness first, then the timed sweep, one JSONL row per config.
+"""Kernel benchmark: correctness first, then the timed sweep, one JSONL row per config.
 
     python -m kernels.benchmark --out calibration/profiles/h100-sxm [--quick] \
         [--ops dense,sparse,repair,nsa,select] [--budget-s 540] [--json] [--geometry tiny]
@@ -83,9 +83,9 @@ def _free() -> None:
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
-    """The configs timed (issue 3's "Benchmark" section); ``QUICK_SWEEP`` is a subset."""
+    """The configs timed; ``QUICK_SWEEP`` is a subset."""
 
-    # 48K, 96K and t = 12 are calibration's held-out values (issue 4): timed, never fitted.
+    # 48K, 96K and t = 12 are calibration's held-out values: timed, never fitted.
     dense_contexts: tuple[int, ...] = (8 * K, 16 * K, 32 * K, 48 * K, 64 * K, 96 * K, 128 * K)
     dense_tokens: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)
     dense_batches: tuple[int, ...] = (1, 16)

@@ -61,7 +61,7 @@ class DenseVerifyConfig:
     num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of KV loads"})
     # One program per SM when sizing splits: at batch 1 and 32K, 16 splits (one wave of 128
     # programs) beat the 29 that two-per-SM wave filling picks by 5-8%, the merge pass being
-    # shorter (docs/notes/kernels.md, H100 tuning run 3).
+    # shorter (H100).
     ctas_per_sm: int = field(
         default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M <= 64"}
     )
