@@ -36,7 +36,7 @@ from planner.rank import concrete, rank, strategy_from_json
 from planner.space import SpaceSpec, describe, strategy_id
 from validation.bench import RunCache, make_bench, steady_figures
 from validation.prompts import prompt_tokens, regime_contexts
-from validation.records import command_line, file_label, record_path
+from validation.records import add_pair_args, command_line, file_label, record_path
 
 CAMPAIGN_VERSION = 1
 NAMES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
@@ -45,13 +45,7 @@ PROMPT_OFFSET = 3  # prompt window: context x 3 (profile used x 0, the planner x
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
-    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
-    p.add_argument(
-        "--contexts",
-        default="3584,7680,15360,30720",
-        help="one context per regime, with room in it for the new tokens",
-    )
+    add_pair_args(p)
     p.add_argument("--baselines", default=",".join(NAMES))
     p.add_argument("--seeds", type=int, default=3, help="runs per (baseline, context)")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")

@@ -43,20 +43,14 @@ from validation.prompts import (
     WALK_OFFSETS,
     regime_contexts,
 )
-from validation.records import command_line
+from validation.records import add_pair_args, command_line
 
 DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
-    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
-    p.add_argument(
-        "--contexts",
-        default="3584,7680,15360,30720",
-        help="one context per regime, with room in it for the new tokens",
-    )
+    add_pair_args(p)
     p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
     p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
     p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")

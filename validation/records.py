@@ -11,6 +11,7 @@ and ``local_model`` finds such a name on this machine.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from importlib.resources import files
 from pathlib import Path
@@ -21,6 +22,19 @@ from planner.rank import strategy_from_json
 DATA = "data"
 # Where the engine's checkpoints (the trained tiny pair) live, relative to the project.
 CHECKPOINTS = "engine/checkpoints"
+
+
+def add_pair_args(p: argparse.ArgumentParser, *, contexts: bool = True) -> None:
+    """The target and draft models the GPU campaigns decode with (the trained tiny pair by
+    default) and, with ``contexts``, one context per regime."""
+    p.add_argument("--model", default="tiny", help="target: tiny | checkpoint folder")
+    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
+    if contexts:
+        p.add_argument(
+            "--contexts",
+            default="3584,7680,15360,30720",
+            help="one context per regime, with room in it for the new tokens",
+        )
 
 
 def data_dir() -> Path:

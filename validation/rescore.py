@@ -31,6 +31,7 @@ from planner.rank import rank
 from planner.space import SpaceSpec
 from validation.bench import make_bench, read_runs
 from validation.profile_runs import measure_profile
+from validation.records import add_pair_args
 from validation.stats import ranking_quality
 
 
@@ -121,8 +122,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", required=True, help="the evaluation's run cache (JSONL, or .gz)")
     p.add_argument("--evaluation", required=True, help="the evaluation JSON of those runs")
-    p.add_argument("--model", default="tiny", help="target checkpoint (for the spec)")
-    p.add_argument("--draft-model", default="tiny-draft", help="draft checkpoint")
+    add_pair_args(p, contexts=False)
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     try:
