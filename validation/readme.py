@@ -83,7 +83,7 @@ def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
 
 
 def planner_block(path: Path | None = None) -> str:
-    """The planner evaluation's figures as README markdown (tables, targets, provenance)."""
+    """The planner evaluation's figures as markdown (tables, targets, provenance)."""
     path = path or record_path("planner.json")
     doc = read_json(path, "planner evaluation")
     pl = planner_section(doc)
