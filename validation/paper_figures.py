@@ -38,7 +38,7 @@ NESTED = {"ssd": SsdConfig, "prr": PrrConfig, "sparsespec": SparseSpecConfig}
 def cost_label(provenance: str, gpu: str) -> str:
     """A predictor's provenance, with the datasheet roofline named as such."""
     if provenance == "datasheet":
-        return f"roofline:{gpu} (datasheet; no calibrated profile)"
+        return f"roofline:{gpu} (datasheet, no calibrated profile)"
     return provenance
 
 

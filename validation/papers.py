@@ -215,12 +215,12 @@ def markdown(rep: dict) -> str:
             prov = r["ssvkit"]["provenance"] if r["ssvkit"] else "-"
             ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
             out.append(
-                f"| {r['what']} | {_fmt(r['paper']['value'], r['paper']['unit'])} "
+                f"| {r['what']} (`{r['id']}`) | {_fmt(r['paper']['value'], r['paper']['unit'])} "
                 f"| {_fmt(sv, r['paper']['unit'])} | {ratio} | {r['status']} | {r['ref']} "
-                f"| {_inferred(r)} | {prov.split(';')[-1]} |"
+                f"| {_inferred(r)} | {prov.rpartition('costs:')[2]} |"
             )
             if r["reason"]:
-                notes.append(f"- *{r['what']}* ({r['status']}): {r['reason']}.")
+                notes.append(f"- `{r['id']}` ({r['status']}): {r['reason']}.")
         out += ["", *notes, ""] if notes else [""]
     c = rep["counts"]
     out.append(
