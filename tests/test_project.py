@@ -12,12 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_perfmodel_never_imports_torch():
-    """perfmodel, the CLI's entry point and what ``ssvkit report`` runs import neither torch nor
-    Triton: the base install has neither."""
+    """perfmodel, the CLI's entry point and what ``ssvkit report`` and ``ssvkit papers`` run
+    import neither torch nor Triton: the base install has neither."""
     code = (
         "import sys, perfmodel, perfmodel.step, perfmodel.baselines, perfmodel.saguaro, "
-        "perfmodel.prr, perfmodel.sparsespec, perfmodel.refresh, perfmodel.flops, ssvkit.cli, "
-        "validation.report, validation.report_markdown, validation.readme; "
+        "perfmodel.prr, perfmodel.sparsespec, perfmodel.refresh, perfmodel.seed_formulas, "
+        "ssvkit.cli, ssvkit.papers_cmd, validation.report, validation.report_markdown, "
+        "validation.readme, validation.papers; "
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
