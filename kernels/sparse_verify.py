@@ -342,6 +342,27 @@ def sparse_verify(
         ``[B, H, t]`` float32 natural-log sum of exp of the scaled scores; ``-inf`` when empty.
     """
     cfg = config or SparseVerifyConfig()
+    c = _check_inputs(
+        q, k_cache, v_cache, prefix_lens, tree_mask, block_idx, order, mode, group_size, block_size
+    )
+    if validate:
+        _validate_values(prefix_lens, block_idx, order, k_cache.shape[2], q.shape[1], block_size)
+    launch = _plan_launch(
+        q, k_cache, block_idx, order, mode, group_size, c, block_size, sm_scale, plan, cfg
+    )
+    _launch(q, k_cache, v_cache, prefix_lens, tree_mask, order, block_size, launch)
+    if launch.num_splits > 1:
+        merge_partials(
+            launch.o_dst, launch.lse_dst, o_out=launch.o, lse_out=launch.lse.transpose(1, 2)
+        )
+    return launch.o, launch.lse
+
+
+def _check_inputs(
+    q, k_cache, v_cache, prefix_lens, tree_mask, block_idx, order, mode, group_size, block_size
+) -> int:
+    """Check shapes, dtypes, devices and layouts (no host synchronisation); returns the
+    group size C the kernel packs (1 for ``per_query``, at most ``t``)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if group_size < 1:
@@ -361,7 +382,7 @@ def sparse_verify(
             f"k_cache and v_cache must both be [B, Hkv, T_max, D], got "
             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
-    _, hkv, t_max, _ = k_cache.shape
+    hkv = k_cache.shape[1]
     if k_cache.shape[0] != b or k_cache.shape[3] != d or h % hkv != 0:
         raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not fit q {tuple(q.shape)}")
     if not 1 <= t <= 64:
@@ -380,13 +401,42 @@ def sparse_verify(
         raise ValueError(f"tree_mask must be contiguous on {q.device}")
     check_block_idx(block_idx, b, hkv, t, q.device)
     check_order(order, b, t, q.device)
-    g_heads = h // hkv
     c = 1 if mode == "per_query" else min(group_size, t)
-    if c * g_heads > MAX_ROWS:
-        raise ValueError(f"group_size * (H / Hkv) = {c} * {g_heads} exceeds {MAX_ROWS} packed rows")
-    if validate:
-        _validate_values(prefix_lens, block_idx, order, t_max, t, block_size)
+    if c * (h // hkv) > MAX_ROWS:
+        raise ValueError(
+            f"group_size * (H / Hkv) = {c} * {h // hkv} exceeds {MAX_ROWS} packed rows"
+        )
+    return c
 
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Launch:
+    """What one call launches: its group plan, the packed group size C and the split count,
+    the outputs, and the destinations the kernel writes (the outputs themselves, or the fp32
+    partials ``merge_partials`` combines) with their strides."""
+
+    plan: GroupPlan
+    c: int
+    num_splits: int
+    o: torch.Tensor
+    lse: torch.Tensor
+    o_dst: torch.Tensor
+    lse_dst: torch.Tensor
+    o_strides: tuple[int, ...]  # (split, b, t, h)
+    lse_strides: tuple[int, ...]  # (split, b, h, t)
+    m_pad: int  # packed query-head rows of a program, padded for the MMA
+    num_warps: int
+    num_stages: int
+    scale: float  # softmax scale times log2(e): the kernel works in base 2
+
+
+def _plan_launch(
+    q, k_cache, block_idx, order, mode, group_size, c, block_size, sm_scale, plan, cfg
+) -> _Launch:
+    """The group plan (built, or the caller's checked against the inputs), the split count,
+    the outputs the launch writes, and the kernel's tile and pipeline choices."""
+    b, t, h, d = q.shape
+    hkv = k_cache.shape[1]
     if plan is None:
         plan = build_group_plan(block_idx, order, group_size, mode)
     elif (
@@ -397,16 +447,13 @@ def sparse_verify(
         or (c > 1 and plan.order is not order)
     ):
         raise ValueError(f"plan was built for other inputs (mode={plan.mode}, C={plan.group_size})")
-    top_n = block_idx.shape[3]
-    group_lists = plan.counts is not None
-    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, top_n, q.device)
-
+    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, block_idx.shape[3], q.device)
     o = torch.empty_like(q)
     lse = torch.empty((b, h, t), dtype=torch.float32, device=q.device)
     if num_splits == 1:
         o_dst, lse_dst = o, lse
-        o_strides = (0, *o.stride()[:3])  # (split, b, t, h)
-        lse_strides = (0, *lse.stride())  # (split, b, h, t)
+        o_strides = (0, *o.stride()[:3])
+        lse_strides = (0, *lse.stride())
     else:
         # merge_partials' layout: [B, t, H, S, D] and [B, t, H, S].
         o_dst = torch.empty((b, t, h, num_splits, d), dtype=torch.float32, device=q.device)
@@ -414,8 +461,7 @@ def sparse_verify(
         o_strides = (o_dst.stride(3), *o_dst.stride()[:3])
         ls = lse_dst.stride()
         lse_strides = (ls[3], ls[0], ls[2], ls[1])
-    lists = plan.block_lists
-    m_pad = max(16, triton.next_power_of_2(c * g_heads))
+    m_pad = max(16, triton.next_power_of_2(c * (h // hkv)))
     # 4 warps hold up to 32 packed rows (acc [32, D] is 32 fp32 registers a thread at D = 128)
     # and stream faster than 8 on the H200; 64 rows and more take 8.
     num_warps = cfg.num_warps or (4 if m_pad <= 32 else 8)
@@ -423,7 +469,31 @@ def sparse_verify(
     # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB.
     num_stages = cfg.num_stages or (3 if block_size * d <= 64 * 128 else 2)
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
-    _sparse_verify_kernel[(plan.num_groups * num_splits, hkv, b)](
+    return _Launch(
+        plan,
+        c,
+        num_splits,
+        o,
+        lse,
+        o_dst,
+        lse_dst,
+        o_strides,
+        lse_strides,
+        m_pad,
+        num_warps,
+        num_stages,
+        scale,
+    )
+
+
+def _launch(q, k_cache, v_cache, prefix_lens, tree_mask, order, block_size, la: _Launch) -> None:
+    """Launch the kernel over (group x split, KV head, sequence) programs."""
+    b, t, h, d = q.shape
+    hkv = k_cache.shape[1]
+    plan, c = la.plan, la.c
+    group_lists = plan.counts is not None
+    lists = plan.block_lists
+    _sparse_verify_kernel[(plan.num_groups * la.num_splits, hkv, b)](
         q,
         k_cache,
         v_cache,
@@ -433,8 +503,8 @@ def sparse_verify(
         lists,
         plan.member_mask if group_lists else lists,
         plan.counts if group_lists else prefix_lens,
-        o_dst,
-        lse_dst,
+        la.o_dst,
+        la.lse_dst,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -444,28 +514,25 @@ def sparse_verify(
         lists.stride(0),
         lists.stride(1),
         lists.stride(2),
-        *o_strides,
-        *lse_strides,
-        scale,
+        *la.o_strides,
+        *la.lse_strides,
+        la.scale,
         t,
         lists.shape[3],
         plan.num_groups,
-        num_splits,
-        G=g_heads,
+        la.num_splits,
+        G=h // hkv,
         C=c,
-        M_PAD=m_pad,
+        M_PAD=la.m_pad,
         D=d,
         BLOCK_N=block_size,
         T_PAD=max(16, triton.next_power_of_2(t)),
         HAS_ORDER=order is not None and c > 1,
         GROUP_LISTS=group_lists,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        num_warps=la.num_warps,
+        num_stages=la.num_stages,
     )
-    if num_splits > 1:
-        merge_partials(o_dst, lse_dst, o_out=o, lse_out=lse.transpose(1, 2))
-    return o, lse
 
 
 def reference_sparse_verify(
