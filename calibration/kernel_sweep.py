@@ -231,6 +231,7 @@ def _print_summary(path: Path, as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command (the module docstring); returns its exit status."""
     try:
         opts = parse_args(argv)
     except ValueError as e:
