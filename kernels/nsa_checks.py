@@ -4,9 +4,8 @@ the checks that read tensor values (host synchronisation, ``validate=True`` only
 from __future__ import annotations
 
 import torch
-
-from kernels.nsa_compress import num_compressed
-from kernels.tree import MAX_TREE_NODES
+from ssvkit.kernels.nsa_compress import num_compressed
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 GPU_DTYPES = (torch.bfloat16, torch.float16)
 # The interpreter's bf16 tl.dot returns garbage, so CPU runs take fp16/fp32 only.

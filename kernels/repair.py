@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.dense_verify import (
+from ssvkit.kernels.dense_verify import (
     LN2_C,
     LOG2E,
     check_attention_inputs,

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.layer_ops import check_float_dtype, norm_eps, reference_rms_norm
+from ssvkit.kernels.layer_ops import check_float_dtype, norm_eps, reference_rms_norm
 
 ROPE_TILE = 2048  # elements of a program's ((row, head) pairs x head dims) tile
 

@@ -27,9 +27,8 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
-
-from kernels.device import num_sms
-from kernels.top_blocks import check_forced, empty_scores, top_blocks
+from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.top_blocks import check_forced, empty_scores, top_blocks
 
 KINDS = ("mean", "quest")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

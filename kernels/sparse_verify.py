@@ -31,11 +31,10 @@ import math
 import torch
 import triton
 import triton.language as tl
-
-from kernels.dense_verify import dot_precision
-from kernels.group_plan import MODES, GroupPlan, check_block_idx, check_order
-from kernels.merge import merge_partials
-from kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
+from ssvkit.kernels.dense_verify import dot_precision
+from ssvkit.kernels.group_plan import MODES, GroupPlan, check_block_idx, check_order
+from ssvkit.kernels.merge import merge_partials
+from ssvkit.kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

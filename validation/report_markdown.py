@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 
-from validation.report import BASELINE_ORDER
+from ssvkit.validation.report import BASELINE_ORDER
 
 # Where ``ssvkit report`` writes the report in a checkout, relative to the project.
 REPORT_DIR = "docs/results/validation"

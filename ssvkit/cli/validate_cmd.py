@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 
-from perfmodel.files import check_folder, write_files
+from ssvkit.perfmodel.files import check_folder, write_files
 
 HELP = "measured-vs-predicted error of the calibrated profile (per op, ratios, worst rows)"
 
@@ -138,7 +138,7 @@ def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
 
 
 def run(args) -> int:
-    from calibration.validate import committed_report, summary_markdown
+    from ssvkit.calibration.validate import committed_report, summary_markdown
 
     folder = check_folder(args.plot, "--plot") if args.plot else None
     profile, annotated, rep = committed_report(args.gpu)

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 
-from perfmodel.strategy import BASELINES
+from ssvkit.perfmodel.strategy import BASELINES
 
 FORMATS = ("png", "pdf", "svg")
 MARKERS = "osD^vPX*hp<>"
