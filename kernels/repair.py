@@ -44,7 +44,7 @@ def _repair_kernel(
     lse_ptr,  # [B, H, t] fp32
     qk_scale,  # sm_scale * log2(e)
     NUM_T,
-    NUM_HEADS,
+    NUM_Q_HEADS,
     NUM_KV_HEADS,
     GROUP,
     T_MAX,
@@ -68,10 +68,10 @@ def _repair_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
 
-    qo_rows = ((b * NUM_T + tok) * NUM_HEADS + head) * HEAD_DIM  # int64
+    qo_rows = ((b * NUM_T + tok) * NUM_Q_HEADS + head) * HEAD_DIM  # int64
     qo_off = qo_rows[:, None] + offs_d[None, :]
     q = tl.load(q_ptr + qo_off, mask=row_ok[:, None], other=0.0)
-    lse_off = (b * NUM_HEADS + head) * NUM_T + tok
+    lse_off = (b * NUM_Q_HEADS + head) * NUM_T + tok
     lse_in = tl.load(lse_in_ptr + lse_off, mask=row_ok, other=float("-inf"))
 
     # Warm start: o is normalised by exp(lse), so (m, l, acc) = (lse, 1, o) in the log2 domain.
@@ -185,11 +185,11 @@ def repair(
         New tensors ``[B, t, H, D]`` in ``o.dtype`` and ``[B, H, t]`` float32.
     """
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
-    bsz, t, num_heads, head_dim = q.shape
+    bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
     if o.shape != q.shape or o.dtype != q.dtype or o.device != q.device or not o.is_contiguous():
         raise ValueError(f"o must be contiguous {q.dtype} {tuple(q.shape)} like q, got {o.dtype}")
-    want_lse = (bsz, num_heads, t)
+    want_lse = (bsz, num_q_heads, t)
     if lse.shape != want_lse or lse.dtype != torch.float32 or lse.device != q.device:
         raise ValueError(f"lse must be float32 {want_lse}, got {lse.dtype} {tuple(lse.shape)}")
     if not lse.is_contiguous():
@@ -209,7 +209,7 @@ def repair(
     o_new = torch.empty_like(o)
     lse_new = torch.empty_like(lse)
     num_slots = missed_idx.shape[3]
-    group = num_heads // num_kv_heads
+    group = num_q_heads // num_kv_heads
     block_m = max(16, triton.next_power_of_2(group))
     block_n = min(block_size, 64)
     grid = (t, num_kv_heads, bsz)
@@ -225,7 +225,7 @@ def repair(
         lse_new,
         sm_scale * LOG2E,
         t,
-        num_heads,
+        num_q_heads,
         num_kv_heads,
         group,
         t_max,
@@ -273,9 +273,9 @@ def reference_repair(
     """fp32 torch reference of :func:`repair`: attention over the missed blocks, merged with
     ``(o, lse)`` by log-sum-exp weights. Returns fp32 ``o`` ``[B, t, H, D]``, ``lse``
     ``[B, H, t]``."""
-    bsz, t, num_heads, head_dim = q.shape
+    bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    group = num_q_heads // num_kv_heads
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     visible = block_positions_mask(missed_idx, prefix_lens, block_size, t_max)  # [B, Hkv, t, T]
     visible = visible.repeat_interleave(group, 1)  # [B, H, t, T]

@@ -32,13 +32,13 @@ def random_parents(bsz: int, t: int, gen: torch.Generator) -> torch.Tensor:
     return p
 
 
-def make_inputs(prefix_lens, t, num_heads, num_kv_heads, head_dim, dtype, device, *, tree, seed):
+def make_inputs(prefix_lens, t, num_q_heads, num_kv_heads, head_dim, dtype, device, *, tree, seed):
     """Random ragged inputs; the cache holds ``max(prefix) + t`` positions plus slack that is
     not a multiple of any tile, filled with random values the kernel must not read."""
     gen = torch.Generator().manual_seed(seed)
     bsz = len(prefix_lens)
     t_max = max(prefix_lens) + t + 5
-    q = torch.randn((bsz, t, num_heads, head_dim), generator=gen).to(dtype)
+    q = torch.randn((bsz, t, num_q_heads, head_dim), generator=gen).to(dtype)
     k = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
     v = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
     parents = chain_parents(bsz, t) if tree == "chain" else random_parents(bsz, t, gen)
