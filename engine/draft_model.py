@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from engine.acceptance import Acceptance
+from engine.acceptance import AcceptedPath
 from engine.attention import AttentionConfig
 from engine.drafter import Draft, LevelPlan, draw_children
 from engine.runner import ModelRunner
@@ -149,7 +149,7 @@ class ModelDrafter:
         )
         self._catch_up = False
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Keep the path's first D nodes (the last level's forward ran every node of depth
         < D), and note the kept leaf of depth D, which a catch-up runs: one graph."""
         depth = self._tree.max_depth
@@ -213,7 +213,7 @@ class SelfSparseDrafter:
             raise ValueError("the self_sparse drafter drafts chains only (tree chain:K)")
         return self.expander.expand(roots, tree)
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Nothing: the draft wrote only the target's tail, which the target's commit handled."""
 
     def observe(self, history, counts) -> None:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from engine.acceptance import Acceptance
+from engine.acceptance import AcceptedPath
 from engine.tree import DraftTree
 
 
@@ -48,7 +48,7 @@ class Drafter(Protocol):
         """Tokens for ``tree`` below ``roots`` ``[B]`` (device); ``history`` holds each
         sequence's committed tokens, the root last."""
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Device-side bookkeeping after the target kept ``acc``'s path (no host reads)."""
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:

@@ -71,7 +71,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.acceptance import Acceptance
+from engine.acceptance import AcceptedPath
 from engine.controller import ShadowAcceptance
 from engine.drafter import Draft
 from engine.tree import DraftTree
@@ -539,7 +539,7 @@ class NgramDrafter:
         tokens = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         return Draft(tokens, None)
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Nothing on the device."""
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:
