@@ -30,16 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import check_attention_inputs, check_tree_mask, validate_prefix_lens
 from kernels.device import num_sms
 from kernels.merge import merge_partials
 from kernels.tree import MAX_TREE_NODES
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# fp32 runs its dots in IEEE fp32 (not TF32): the precision runs that check exactness use.
-GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# The interpreter's bf16 tl.dot is broken, so CPU runs take fp16/fp32 only.
-CPU_DTYPES = (torch.float16, torch.float32)
 MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 LN2_C = tl.constexpr(LN2)
 
@@ -286,60 +283,6 @@ def plan_dense_verify(
         num_warps=config.num_warps_large if large else config.num_warps_small,
         num_stages=config.num_stages,
     )
-
-
-def check_attention_inputs(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor
-) -> None:
-    """Shape, dtype, device and layout checks shared by the verification ops (no host sync)."""
-    if q.dim() != 4:
-        raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
-    allowed = GPU_DTYPES if q.is_cuda else CPU_DTYPES
-    if q.dtype not in allowed:
-        raise ValueError(f"q dtype {q.dtype} not supported on {q.device.type}; use {allowed}")
-    bsz, _, num_q_heads, head_dim = q.shape
-    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(f"q head dim must be a power of two in [16, 256], got {head_dim}")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dim() != 4 or x.shape[0] != bsz or x.shape[3] != head_dim:
-            raise ValueError(f"{name} must be [B={bsz}, Hkv, T_max, D={head_dim}], got {x.shape}")
-        if x.dtype != q.dtype:
-            raise ValueError(f"{name} dtype {x.dtype} differs from q dtype {q.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device}, q on {q.device}")
-        if not x.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
-    if not q.is_contiguous():
-        raise ValueError("q must be contiguous")
-    num_kv_heads = k_cache.shape[1]
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"q heads {num_q_heads} not a multiple of k_cache heads {num_kv_heads}")
-    if prefix_lens.shape != (bsz,) or prefix_lens.dtype != torch.int32:
-        raise ValueError(
-            f"prefix_lens must be int32 [{bsz}], got {prefix_lens.dtype} {tuple(prefix_lens.shape)}"
-        )
-    if prefix_lens.device != q.device:
-        raise ValueError(f"prefix_lens is on {prefix_lens.device}, q on {q.device}")
-
-
-def check_tree_mask(tree_mask: torch.Tensor, bsz: int, t: int, device: torch.device) -> None:
-    """Shape/dtype checks of the ``[B, t]`` int64 ancestor bitmask (no host sync)."""
-    if tree_mask.shape != (bsz, t) or tree_mask.dtype != torch.int64:
-        raise ValueError(
-            f"tree_mask must be int64 [{bsz}, {t}], got {tree_mask.dtype} {tuple(tree_mask.shape)}"
-        )
-    if tree_mask.device != device:
-        raise ValueError(f"tree_mask is on {tree_mask.device}, q on {device}")
-    if not tree_mask.is_contiguous():
-        raise ValueError("tree_mask must be contiguous")
-
-
-def validate_prefix_lens(prefix_lens: torch.Tensor, t: int, t_max: int) -> None:
-    """Value check (synchronises): every ``prefix_lens[b] + t`` fits the cache."""
-    if bool(((prefix_lens < 0) | (prefix_lens > t_max - t)).any()):
-        raise ValueError(f"prefix_lens must lie in [0, T_max - t] = [0, {t_max - t}]")
 
 
 def dense_verify(

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from kernels.checks import check_float_dtype
 
 
 @triton.jit
@@ -108,8 +108,9 @@ def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride
         )
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
         raise ValueError("v_cache must have the shape and strides of k_cache")
-    if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"k_cache/v_cache dtype must be one of {KV_DTYPES}, got {k_cache.dtype}")
+    check_float_dtype("k_cache", k_cache)
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
     if k_cache.stride(-1) != 1:
         raise ValueError("k_cache must have a unit stride in its last (head-dim) dimension")
     d = k_cache.shape[-1]

@@ -20,10 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import (
+    check_attention_inputs,
+    check_block_idx,
+    validate_block_idx,
+    validate_prefix_lens,
+)
 from kernels.dense_verify import (
     LN2_C,
     LOG2E,
-    check_attention_inputs,
     dot_precision,
     online_softmax_step,
 )
@@ -111,34 +116,6 @@ def _repair_kernel(
     tl.store(lse_ptr + lse_off, lse, mask=row_ok)
 
 
-def check_block_idx(
-    idx: torch.Tensor, name: str, shape: tuple[int, ...], device: torch.device
-) -> None:
-    """Shape/dtype/layout checks of an int32 ``[B, Hkv, t, M]`` block-index tensor (no sync)."""
-    if idx.dim() != 4 or tuple(idx.shape[:3]) != shape or idx.dtype != torch.int32:
-        want = ", ".join(map(str, shape))
-        raise ValueError(f"{name} must be int32 [{want}, M], got {idx.dtype} {tuple(idx.shape)}")
-    if idx.device != device:
-        raise ValueError(f"{name} is on {idx.device}, q on {device}")
-    if not idx.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
-def validate_block_idx(
-    idx: torch.Tensor, name: str, prefix_lens: torch.Tensor, block_size: int
-) -> None:
-    """Value checks (synchronise): every entry is -1 or a block starting inside its sequence's
-    prefix, and no block repeats within a row."""
-    if idx.numel() == 0:
-        return
-    limit = ((prefix_lens.to(torch.int64) + block_size - 1) // block_size).view(-1, 1, 1, 1)
-    if bool(((idx < -1) | (idx.to(torch.int64) >= limit)).any()):
-        raise ValueError(f"{name} has entries outside [-1, ceil(prefix_lens[b] / block_size))")
-    srt = torch.sort(idx, dim=-1).values
-    if bool(((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any()):
-        raise ValueError(f"{name} repeats a block index within a row")
-
-
 def repair(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -202,8 +179,7 @@ def repair(
     if not sm_scale > 0:
         raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
     if validate:
-        if bool(((prefix_lens < 0) | (prefix_lens > t_max)).any()):
-            raise ValueError(f"prefix_lens must lie in [0, T_max={t_max}]")
+        validate_prefix_lens(prefix_lens, 0, t_max)
         validate_block_idx(missed_idx, "missed_idx", prefix_lens, block_size)
 
     o_new = torch.empty_like(o)

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.layer_ops import check_float_dtype, norm_eps, reference_rms_norm
+from kernels.checks import check_float_dtype
+from kernels.layer_ops import norm_eps, reference_rms_norm
 
 ROPE_TILE = 2048  # elements of a program's ((row, head) pairs x head dims) tile
 
