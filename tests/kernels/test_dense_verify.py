@@ -19,7 +19,8 @@ from kernels.dense_verify import (
 )
 from kernels.merge import merge_partials, reference_merge_partials
 from kernels.timing import poisoned_allocations
-from kernels.tree import ancestor_bitmask, chain_parents
+from kernels.tree import ancestor_bitmask, batch_parents
+from perfmodel.acceptance import chain_parents
 
 CPU_DTYPES = [torch.float16, torch.float32]
 
@@ -41,7 +42,9 @@ def make_inputs(prefix_lens, t, num_q_heads, num_kv_heads, head_dim, dtype, devi
     q = torch.randn((bsz, t, num_q_heads, head_dim), generator=gen).to(dtype)
     k = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
     v = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
-    parents = chain_parents(bsz, t) if tree == "chain" else random_parents(bsz, t, gen)
+    parents = (
+        batch_parents(chain_parents(t), bsz) if tree == "chain" else random_parents(bsz, t, gen)
+    )
     mask = ancestor_bitmask(parents)
     lens = torch.tensor(prefix_lens, dtype=torch.int32)
     return tuple(x.to(device) for x in (q, k, v, lens, mask))

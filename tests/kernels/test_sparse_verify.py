@@ -20,7 +20,8 @@ from kernels.sparse_verify import (
     sparse_verify,
 )
 from kernels.timing import poisoned_allocations
-from kernels.tree import ancestor_bitmask, chain_parents, full_tree_parents, traversal_order
+from kernels.tree import ancestor_bitmask, batch_parents, traversal_order
+from perfmodel.acceptance import chain_parents, full_tree_parents
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -72,9 +73,9 @@ def make_case(
     k = torch.randn((bsz, hkv, t_max, d), generator=gen).to(dtype)
     v = torch.randn((bsz, hkv, t_max, d), generator=gen).to(dtype)
     if tree == "chain":
-        parents = chain_parents(bsz, t)
+        parents = batch_parents(chain_parents(t), bsz)
     else:
-        parents = torch.tensor([full_tree_parents(2, 5)[:t]] * bsz, dtype=torch.int32)
+        parents = batch_parents(full_tree_parents(2, 5)[:t], bsz)
     mask = ancestor_bitmask(parents)
     lens = torch.tensor(prefix_lens, dtype=torch.int32)
     idx = make_block_idx(prefix_lens, hkv, t, top_n, block_size, overlap, c, gen)
