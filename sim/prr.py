@@ -18,6 +18,7 @@ import simpy
 
 from perfmodel.calibrated import make_predictor
 from perfmodel.costs import prr_layer_costs
+from perfmodel.numbers import figure
 from perfmodel.prr import (
     PAPER_HIT_RATE,
     HoltParams,
@@ -29,7 +30,7 @@ from perfmodel.step import build_columns
 from perfmodel.strategy import Workload
 from sim.acceptance import CHUNK
 from sim.recorder import Recorder
-from sim.setup import ScenarioRun, acceptance_for, figure, request_records
+from sim.setup import ScenarioRun, acceptance_for, request_records
 from sim.tables import context_grid, prr_table
 from sim.workload import generators
 

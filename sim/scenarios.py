@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from perfmodel.numbers import figure
 from perfmodel.strategy import Strategy
 from perfmodel.trace import make_header
 from sim.config import LOOP_SCENARIOS, SimConfig
@@ -28,7 +29,6 @@ from sim.setup import (
     Setup,
     acceptance_for,
     analytic_round,
-    figure,
     layer_processes,
     request_records,
     setup,

@@ -30,10 +30,11 @@ from perfmodel.costs import (
     kv_offload_seconds,
     mixed_step_seconds,
 )
+from perfmodel.numbers import figure
 from perfmodel.sparsespec import delayed_verification
 from sim.acceptance import build_acceptance
 from sim.recorder import Recorder
-from sim.setup import ScenarioRun, figure, request_records
+from sim.setup import ScenarioRun, request_records
 from sim.ssd import uniforms
 from sim.tables import context_grid, mixed_tables
 from sim.workload import generators

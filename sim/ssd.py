@@ -18,6 +18,7 @@ import time
 import numpy as np
 import simpy
 
+from perfmodel.numbers import figure
 from perfmodel.saguaro import (
     cache_hit_probability,
     critical_batch_size,
@@ -27,7 +28,7 @@ from perfmodel.saguaro import (
 )
 from sim.acceptance import CHUNK, build_acceptance
 from sim.recorder import Recorder
-from sim.setup import ScenarioRun, acceptance_for, analytic_round, figure, request_records
+from sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
 from sim.tables import context_grid, ssd_table
 from sim.workload import generators
 

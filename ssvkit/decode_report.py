@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ssvkit.options import figure
+from perfmodel.numbers import figure
 
 
 def fit_acceptance(parents, mean_accepted: float) -> float:

@@ -18,7 +18,7 @@ from perfmodel.costs import memory_shortfall
 from perfmodel.files import check_output, write_files
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
-from perfmodel.numbers import parse_count_list
+from perfmodel.numbers import count_label, figure, parse_count_list
 from perfmodel.strategy import (
     BASELINES,
     DrafterSpec,
@@ -27,7 +27,7 @@ from perfmodel.strategy import (
     check_feasible,
     parse_tree,
 )
-from ssvkit.options import add_dataclass_options, check_drafter_model, figure, given
+from ssvkit.options import add_dataclass_options, check_drafter_model, given
 from ssvkit.predict_plot import predict_plot
 
 HELP = "predict step times, tokens/s and speedups of ar/sd/sparse/ssv baselines"
@@ -124,11 +124,7 @@ def _table(rows, model, gpu, workload, strategies) -> str:
     lines += [head, "-" * len(head)]
     for r in rows:
         g = grouped_seconds(r)
-        ctx = (
-            f"{r['context_len'] // 1024}K"
-            if r["context_len"] % 1024 == 0
-            else str(r["context_len"])
-        )
+        ctx = count_label(r["context_len"])
         lines.append(
             f"{ctx:>8s} {r['strategy']:16s} {r['tokens_per_s']:8.1f} "
             f"{r['speedup_vs_ar_dense']:10.2f}x {r['speedup_vs_ar_sparse']:11.2f}x "

@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     )
 
 
-def _errors(rows) -> list[str]:
+def _ape_lines(rows) -> list[str]:
     return ape_text_lines("", rows, name_width=30, n_width=5, percent_widths=(7, 7, 7))
 
 
@@ -41,10 +41,10 @@ def _error_report(rep: dict, pid: str) -> str:
     lines = [f"profile {pid}: absolute percentage error of predicted vs measured time", ""]
     for split in ("heldout", "fit"):
         rows = [(cls, d[split]) for cls, d in rep["classes"].items()]
-        lines += [f"{split} rows", *_errors([*rows, ("ALL", rep["overall"][split])]), ""]
+        lines += [f"{split} rows", *_ape_lines([*rows, ("ALL", rep["overall"][split])]), ""]
     for split in ("heldout", "fit"):
         rows = [(kind, d[split]) for kind, d in rep["ratios"].items()]
-        lines += [f"ratio error, {split}", *_errors(rows), ""]
+        lines += [f"ratio error, {split}", *_ape_lines(rows), ""]
     lines.append("worst held-out rows")
     for w in rep["worst"]["heldout"]:
         short = {
