@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
     )
 
 
-def _summary(rep: dict) -> str:
+def _error_summary(rep: dict) -> str:
     e = rep["e2e"]
     rows = [
         (name, e[key])
@@ -93,7 +93,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rep, indent=1))
     else:
-        print(_summary(rep))
+        print(_error_summary(rep))
     if args.check and not all(t["met"] for t in rep["targets"].values()):
         return 1
     return 0

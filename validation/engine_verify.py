@@ -60,6 +60,7 @@ from kernels.timing import (
     gemm_flops_per_s,
     provenance,
 )
+from perfmodel.numbers import parse_count_list
 from perfmodel.strategy import Strategy
 from planner.space import describe
 from validation.engine_ops import (
@@ -107,11 +108,6 @@ def _resumed(args) -> dict | None:
             f"this code is {provenance()['git_commit']}"
         )
     return doc
-
-
-def _int(text: str) -> int:
-    t = text.strip().upper()
-    return int(float(t[:-1]) * 1024) if t.endswith("K") else int(t)
 
 
 def _write(result: dict, path: str | None) -> None:
@@ -195,7 +191,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.campaign:
         return campaign_main(args)
-    contexts = sorted(_int(c) for c in args.context.split(","))
+    contexts = sorted(parse_count_list(args.context, "--context"))
     ts = [int(x) for x in args.t.split(",")]
     strategies = [Strategy.from_name(name.strip()) for name in args.strategy.split(",")]
     src = resolve_source(args.model)
