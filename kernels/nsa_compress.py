@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import check_float_dtype
+from kernels.checks import check_float_dtype, check_lens
 
 
 @triton.jit
@@ -116,10 +116,7 @@ def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride
     d = k_cache.shape[-1]
     if d < 16 or d & (d - 1):
         raise ValueError(f"k_cache head dim must be a power of two >= 16, got {d}")
-    if prefix_lens.shape != (k_cache.shape[-4],) or prefix_lens.dtype != torch.int32:
-        raise ValueError(f"prefix_lens must be [B] int32, got {tuple(prefix_lens.shape)}")
-    if prefix_lens.device != k_cache.device:
-        raise ValueError("prefix_lens must be on the device of k_cache")
+    check_lens(prefix_lens, k_cache.shape[-4], k_cache.device, "prefix_lens")
     if comp_block < 1:
         raise ValueError(f"comp_block must be >= 1, got {comp_block}")
     if not 1 <= comp_stride <= comp_block:
@@ -253,8 +250,7 @@ def update_compressed_kv(
     for name, x in (("comp_k", comp_k), ("comp_v", comp_v)):
         if tuple(x.shape) != expect or x.dtype != k_cache.dtype or x.stride(-1) != 1:
             raise ValueError(f"{name} must be {expect} {k_cache.dtype}, got {tuple(x.shape)}")
-    if comp_lens.shape != prefix_lens.shape or comp_lens.dtype != torch.int32:
-        raise ValueError(f"comp_lens must be [B] int32, got {tuple(comp_lens.shape)}")
+    check_lens(comp_lens, prefix_lens.shape[0], k_cache.device, "comp_lens")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     max_windows = min(nc_max, max_new_tokens // comp_stride + 1)
