@@ -110,7 +110,7 @@ def is_heldout(row: dict) -> bool:
 
 def repair_dedup_bytes(p: dict, requested: float) -> float:
     """Expected distinct-block bytes of a repair call whose rows each gather ``w`` distinct
-    blocks drawn uniformly from the prefix's ``N`` blocks (the benchmark's construction): per
+    blocks drawn uniformly from the prefix's ``N`` blocks (the kernel sweep's construction): per
     (sequence, KV head) ``N (1 - (1 - w / N)^t)`` distinct blocks of the ``t w`` requested, so
     ``requested`` scales by that share (the q/o/lse bytes are a small part and scale alike)."""
     n = p["context_len"] // p["block_size"]

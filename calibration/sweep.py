@@ -1,8 +1,8 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
 (GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops the decode
 loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy sampling over the vocabulary). One
-sealed row per config (``perfmodel.rows``), CUDA-graph replay with a cold L2
-(``kernels.timing``), resumable: a config already in the output file is skipped.
+sealed row per config, CUDA-graph replay with a cold L2, resumable: a config already in the
+output file is skipped (the runner the kernel sweep shares, ``calibration.runner``).
 
     python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
@@ -11,17 +11,14 @@ configs out (run the same command again to resume). ``main`` takes the op groups
 caller above this layer adds its own: ``validation.engine_op_sweep`` adds the ops the engine
 implements (rotary, the KV-tail write, ...) and is the sweep of record.
 
-The attention kernels' rows come from ``python -m kernels.benchmark`` (same schema and file
-folder); ``ssvkit calibrate`` runs both.
+The attention kernels' rows come from ``python -m calibration.kernel_sweep`` (same runner and
+file folder); ``ssvkit calibrate`` runs both.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
-import time
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
@@ -29,9 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from calibration.runner import STOPPED_AT_BUDGET, Runner
 from kernels import timing as tm
 from perfmodel.models import get_model, model_names
-from perfmodel.rows import load_rows, params_key, seal
 
 # Token counts M: powers of two and the points halfway between them (in log space), so that a
 # size the held-out hash takes out of a class still has fitted neighbours on both sides.
@@ -39,8 +36,6 @@ TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ACT = torch.bfloat16
 ROWS_FILE = "op_sweep.jsonl"
 TIMING = tm.TimingConfig(warmup=3, reps=10, graph_launches=10, graph_reps=9, max_total_s=0.3)
-RESIDENT_TIMING = dataclasses.replace(TIMING, flush_l2=False)
-STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (validation.campaign)
 # The engine's trained tiny pair, read as data (its config.json): the sweep times its shapes too.
 TINY_PAIR = ("tiny-target", "tiny-draft")
 
@@ -91,84 +86,7 @@ def linear_shapes(models: dict | None = None) -> dict[tuple[int, int], list[str]
     return shapes
 
 
-class Sweep:
-    """Times configs and appends sealed rows to ``out / ROWS_FILE``. With ``resident`` set,
-    every config is timed L2-resident instead (one input set, no flush) and its params say so
-    (``"l2": "resident"``)."""
-
-    def __init__(self, out: Path, budget_s: float):
-        self.resident = False
-        self.path = out / ROWS_FILE
-        self.done = {params_key(r["op"], r["params"], r["timing"]) for r in self._existing()}
-        self.deadline = time.monotonic() + budget_s
-        self.start = time.monotonic()
-        self.prov = tm.provenance()
-        self.written = 0
-        self.stopped = False  # a config not in the file was left out at the budget
-        c = tm.copy_rates(2**31, TIMING)
-        self.ceil = {
-            "copy_bytes_per_s": max(c.values()),
-            "gemm_flops_per_s": tm.gemm_flops_per_s(config=TIMING),
-            "launch_s": tm.empty_kernel_s("graph", TIMING),
-        }
-
-    def _existing(self) -> list[dict]:
-        return load_rows(self.path) if self.path.exists() else []
-
-    def out_of_time(self) -> bool:
-        return time.monotonic() > self.deadline
-
-    def rotations(self, working_set_bytes: int) -> int:
-        """Input sets to rotate over: enough to exceed the L2 when timing cold, one when the
-        inputs are to stay resident."""
-        return 1 if self.resident else tm.num_rotations(working_set_bytes)
-
-    def run(
-        self,
-        op: str,
-        params: dict,
-        fn: Callable[[int], object],
-        num_inputs: int,
-        unique_bytes: float,
-        flops: float,
-    ) -> None:
-        if self.resident:
-            params = {**params, "l2": "resident"}
-            num_inputs = 1
-        if params_key(op, params, "graph") in self.done:
-            return
-        if self.out_of_time():
-            self.stopped = True
-            return
-        config = RESIDENT_TIMING if self.resident else TIMING
-        t = tm.bench(fn, "graph", num_inputs=num_inputs, config=config)
-        row = seal(
-            {
-                "op": op,
-                "params": params,
-                "median_s": t.median_s,
-                "p10_s": t.p10_s,
-                "p90_s": t.p90_s,
-                "timing": "graph",
-                "unique_bytes": float(unique_bytes),
-                "flops": float(flops),
-                "achieved_bytes_per_s": unique_bytes / t.median_s,
-                **self.ceil,
-                **self.prov,
-            }
-        )
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        self.done.add(params_key(op, params, "graph"))
-        self.written += 1
-        print(
-            f"[{time.monotonic() - self.start:6.1f}s] {op:<12} {t.median_s * 1e6:9.2f} us "
-            f"{unique_bytes / t.median_s / 1e12:5.2f} TB/s {flops / t.median_s / 1e12:6.1f} "
-            f"TFLOP/s {json.dumps(params)}"
-        )
-
-
-def gemm_sweep(s: Sweep, models: dict | None = None) -> None:
+def gemm_sweep(s: Runner, models: dict | None = None) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1)
     for (n, k), users in sorted(linear_shapes(models).items()):
         w_bytes = n * k * 2
@@ -176,17 +94,16 @@ def gemm_sweep(s: Sweep, models: dict | None = None) -> None:
         weights = [torch.randn(n, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
         for m in TOKENS:
             if s.out_of_time():
-                s.stopped = True
                 return
             xs = [torch.randn(m, k, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
             params = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "used_by": users}
-            s.run(
+            s.time_op(
                 "gemm",
                 params,
                 lambda i, xs=xs, ws=weights: F.linear(xs[i], ws[i]),
-                rot,
-                w_bytes + 2 * (m * k + m * n),
-                2 * m * n * k,
+                num_inputs=rot,
+                unique_bytes=w_bytes + 2 * (m * k + m * n),
+                flops=2 * m * n * k,
             )
 
 
@@ -203,7 +120,7 @@ def _greedy(logits):
     return logits.float().argmax(-1)  # engine.acceptance at temperature 0
 
 
-def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
+def elementwise_sweep(s: Runner, models: dict | None = None) -> None:
     """The element-wise ops as the engine runs them (``impl: engine`` in the params)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
     extra_vocabs = {256, 32000} if models is None else set()
@@ -216,38 +133,43 @@ def elementwise_sweep(s: Sweep, models: dict | None = None) -> None:
             rot = s.rotations(m * d * 2 * 2)
             xs = [torch.randn(m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
             w = torch.randn(d, generator=gen, device="cuda", dtype=ACT)
-            s.run(
+            s.time_op(
                 "rmsnorm",
                 {"m": m, "d": d, "dtype": "bfloat16", "impl": "engine"},
                 lambda i, xs=xs, w=w: _rmsnorm(xs[i], w),
-                rot,
-                2 * m * d * 2 + d * 2,
-                5 * m * d,
+                num_inputs=rot,
+                unique_bytes=2 * m * d * 2 + d * 2,
+                flops=5 * m * d,
             )
         for f in ffn:
             gu = [
                 torch.randn(m, 2 * f, generator=gen, device="cuda", dtype=ACT)
                 for _ in range(s.rotations(m * 2 * f * 2))
             ]
-            s.run(
+            s.time_op(
                 "silu_mul",
                 {"m": m, "f": f, "dtype": "bfloat16", "impl": "engine"},
                 lambda i, gu=gu: _silu_mul(gu[i]),
-                len(gu),
-                3 * m * f * 2,
-                5 * m * f,
+                num_inputs=len(gu),
+                unique_bytes=3 * m * f * 2,
+                flops=5 * m * f,
             )
         for v in vocabs:
             rot = s.rotations(m * v * 4)
             ls = [torch.randn(m, v, generator=gen, device="cuda") for _ in range(rot)]
-            s.run(
+            s.time_op(
                 "sampling",
                 {"m": m, "vocab": v, "dtype": "float32", "impl": "engine"},
                 lambda i, ls=ls: _greedy(ls[i]),
-                rot,
-                m * v * 4,
-                m * v,
+                num_inputs=rot,
+                unique_bytes=m * v * 4,
+                flops=m * v,
             )
+
+
+def new_runner(out: Path, budget_s: float) -> Runner:
+    """The runner of the op rows: CUDA-graph replay only, float work counts."""
+    return Runner(out / ROWS_FILE, budget_s, config=TIMING, timings=("graph",))
 
 
 def default_groups() -> dict[str, Callable]:
@@ -256,7 +178,7 @@ def default_groups() -> dict[str, Callable]:
 
 
 def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = None) -> int:
-    """Run the op ``groups`` (name -> ``fn(sweep, models=None)``; default ``default_groups``)
+    """Run the op ``groups`` (name -> ``fn(runner, models=None)``; default ``default_groups``)
     that ``--ops`` selects, and ``resident``: every group again at the L2-resident models."""
     groups = default_groups() if groups is None else groups
     names = (*groups, "resident")
@@ -272,12 +194,12 @@ def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = Non
         return 2
     if not torch.cuda.is_available():
         raise SystemExit("calibration sweeps need a CUDA GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
-    s = Sweep(args.out, args.budget_s)
+    s = new_runner(args.out, args.budget_s)
+    s.measure_ceilings()
     c = s.ceil
     print(
         f"{s.prov['device_name']}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, GEMM "
-        f"{c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, graph launch {c['launch_s'] * 1e6:.2f} us"
+        f"{c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, graph launch {c['graph'] * 1e6:.2f} us"
     )
     for name, fn in groups.items():
         if name in ops:
@@ -290,7 +212,7 @@ def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = Non
         for fn in groups.values():
             fn(s, models)
     print(
-        f"{s.written} rows written to {s.path}; {len(s.done)} in the file"
+        f"{s.num_written} rows written to {s.path}; {len(s.done)} in the file"
         + (" (stopped at the budget: run again to resume)" if s.stopped else "")
     )
     return STOPPED_AT_BUDGET if s.stopped else 0

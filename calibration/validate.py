@@ -33,17 +33,11 @@ from calibration.fit import (
 )
 from perfmodel.calibrated import Profile
 from perfmodel.hardware import get_gpu
+from perfmodel.rows import DERIVED
 
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}
 
 
-# Params that describe a measurement rather than define a configuration (``kernels.benchmark``'s
-# ``DERIVED``): the split count the wrapper chose, the load fractions and distinct bytes of the
-# selections, the input sets rotated, the missed blocks of a fraction. Two rows of one
-# configuration but one knob may differ in these.
-MEASURED_PARAMS = frozenset(
-    {"num_splits", "f_load", "f_load_formula", "global_unique_bytes", "rotations", "missed_blocks"}
-)
 # The shape both sides of ``sparse_vs_dense`` share (the two ops have different knobs).
 SHARED_SHAPE = (
     "context_len",
@@ -60,9 +54,7 @@ def _key(r: dict, knobs: tuple[str, ...]) -> tuple:
     """Every configuration param of ``r`` but ``knobs``: rows with equal keys are the same
     configuration (geometry included) but for the knobs."""
     p = r["params"]
-    return tuple(
-        sorted((k, repr(v)) for k, v in p.items() if k not in knobs + tuple(MEASURED_PARAMS))
-    )
+    return tuple(sorted((k, repr(v)) for k, v in p.items() if k not in knobs and k not in DERIVED))
 
 
 def _shape(r: dict) -> tuple:

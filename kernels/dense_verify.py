@@ -56,9 +56,9 @@ class DenseVerifyConfig:
     num_warps_small: int = field(default=4, metadata={"help": "warps when BLOCK_M <= 64"})
     num_warps_large: int = field(default=8, metadata={"help": "warps when BLOCK_M > 64"})
     num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of KV loads"})
-    # One program per SM when sizing splits: at batch 1 and 32K, 16 splits (one wave of 128
-    # programs) beat the 29 that two-per-SM wave filling picks by 5-8%, the merge pass being
-    # shorter (H100).
+    # One program per SM when sizing splits: fewer splits than two-per-SM wave filling picks
+    # (at batch 1 and 32K, 16 splits, one wave of 128 programs, against 29) leave the merge
+    # pass fewer partials to read, which gains more than a second resident program per SM.
     ctas_per_sm: int = field(
         default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M <= 64"}
     )

@@ -16,7 +16,8 @@ feeds all of them; the score tile gets a per-row mask from the membership bits. 
 of a (b, kv head, group) is split across ``num_splits`` programs when ``B * Hkv * num_groups``
 alone cannot fill the SMs; the last split also attends to the tail, and
 ``kernels.merge.merge_partials`` combines the fp32 partial ``(o, lse)``. The group plans
-(``kernels.group_plan``) say which blocks each program streams.
+(``kernels.group_plan``) say which blocks each program streams; the split count and the tile
+choices are the launch plan's (``kernels.sparse_launch``).
 
 Traffic model: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of
 K/V (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
@@ -25,7 +26,6 @@ plus the ``t``-entry tail once per group.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -41,56 +41,12 @@ from kernels.checks import (
     validate_prefix_lens,
 )
 from kernels.dense_verify import dot_precision
-from kernels.device import num_sms
-from kernels.group_plan import MODES, GroupPlan, build_group_plan
+from kernels.group_plan import MODES, GroupPlan
 from kernels.merge import merge_partials
+from kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
 from kernels.tree import MAX_TREE_NODES
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
-_LOG2E = 1.4426950408889634
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SparseVerifyConfig:
-    """Launch tunables of ``sparse_verify`` (defaults tuned on the H200)."""
-
-    num_warps: int | None = dataclasses.field(
-        default=None,
-        metadata={"help": "warps per program (None: 4 up to 32 packed rows, else 8)"},
-    )
-    num_stages: int | None = dataclasses.field(
-        default=None,
-        metadata={"help": "pipeline depth of the K/V loop (None: 3, or 2 for tiles > 16 KB)"},
-    )
-    programs_per_sm: int = dataclasses.field(
-        default=2, metadata={"help": "programs one SM runs at once: the wave the splits fill"}
-    )
-    split_overhead: float = dataclasses.field(
-        default=0.1,
-        metadata={"help": "relative cost of splitting (partials written, a merge launched)"},
-    )
-    min_blocks_per_split: int = dataclasses.field(
-        default=4, metadata={"help": "never split a list of top_n blocks finer than this"}
-    )
-    max_splits: int = dataclasses.field(default=16, metadata={"help": "upper bound on splits"})
-    num_splits: int | None = dataclasses.field(
-        default=None, metadata={"help": "force this many splits (None: heuristic)"}
-    )
-
-    def __post_init__(self) -> None:
-        if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
-        if self.num_stages is not None and self.num_stages < 1:
-            raise ValueError(f"num_stages must be >= 1 or None, got {self.num_stages}")
-        for name in ("programs_per_sm", "min_blocks_per_split"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_splits < 1:
-            raise ValueError(f"max_splits must be >= 1, got {self.max_splits}")
-        if not self.split_overhead >= 0.0:
-            raise ValueError(f"split_overhead must be >= 0, got {self.split_overhead}")
-        if self.num_splits is not None and self.num_splits < 1:
-            raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
 
 
 @triton.jit
@@ -248,27 +204,6 @@ def _sparse_verify_kernel(
     tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
 
 
-def choose_num_splits(
-    cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device
-) -> int:
-    """Splits per group's block list: the count that minimises the waves each list's share
-    of the work occupies, ``ceil(programs * s / wave) / s`` with ``wave = programs_per_sm x
-    SMs``, charged ``1 + split_overhead`` once split. One full wave is never split further
-    (the merge would cost more than it balances), a partial last wave is (``programs`` =
-    1.5 waves runs as 3 waves of half lists), and a batch-1 grid is split until it fills
-    one wave. At most ``max_splits`` and ``top_n / min_blocks_per_split``."""
-    if cfg.num_splits is not None:
-        return cfg.num_splits
-    wave = cfg.programs_per_sm * num_sms(device)
-    most = max(1, min(cfg.max_splits, top_n // cfg.min_blocks_per_split))
-    best, best_cost = 1, float(triton.cdiv(programs, wave))
-    for s in range(2, most + 1):
-        cost = triton.cdiv(programs * s, wave) / s * (1.0 + cfg.split_overhead)
-        if cost < best_cost - 1e-9:
-            best, best_cost = s, cost
-    return best
-
-
 def _validate_values(
     prefix_lens: torch.Tensor,
     block_idx: torch.Tensor,
@@ -344,13 +279,34 @@ def sparse_verify(
         ``[B, H, t]`` float32 natural-log sum of exp of the scaled scores; ``-inf`` when empty.
     """
     cfg = config or SparseVerifyConfig()
+    c = _check_inputs(
+        q, k_cache, v_cache, prefix_lens, tree_mask, block_idx, order, mode, group_size, block_size
+    )
+    if validate:
+        _validate_values(prefix_lens, block_idx, order, k_cache.shape[2], q.shape[1], block_size)
+    launch = plan_launch(
+        q, k_cache, block_idx, order, mode, group_size, c, block_size, sm_scale, plan, cfg
+    )
+    _launch(q, k_cache, v_cache, prefix_lens, tree_mask, order, block_size, launch)
+    if launch.num_splits > 1:
+        merge_partials(
+            launch.o_dst, launch.lse_dst, o_out=launch.o, lse_out=launch.lse.transpose(1, 2)
+        )
+    return launch.o, launch.lse
+
+
+def _check_inputs(
+    q, k_cache, v_cache, prefix_lens, tree_mask, block_idx, order, mode, group_size, block_size
+) -> int:
+    """Check shapes, dtypes, devices and layouts (no host synchronisation); returns the
+    group size C the kernel packs (1 for ``per_query``, at most ``t``)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
     b, t, h, d = q.shape
-    _, hkv, t_max, _ = k_cache.shape
+    hkv = k_cache.shape[1]
     if not 1 <= t <= MAX_TREE_NODES:
         raise ValueError(f"q has t={t} rows; 1..{MAX_TREE_NODES} are supported")
     if block_size < 16 or block_size & (block_size - 1):
@@ -360,50 +316,24 @@ def sparse_verify(
     if block_idx.shape[3] < 1:
         raise ValueError("block_idx must have top_n >= 1")
     check_order(order, b, t, q.device)
-    g_heads = h // hkv
     c = 1 if mode == "per_query" else min(group_size, t)
-    if c * g_heads > MAX_ROWS:
-        raise ValueError(f"group_size * (H / Hkv) = {c} * {g_heads} exceeds {MAX_ROWS} packed rows")
-    if validate:
-        _validate_values(prefix_lens, block_idx, order, t_max, t, block_size)
+    if c * (h // hkv) > MAX_ROWS:
+        raise ValueError(
+            f"group_size * (H / Hkv) = {c} * {h // hkv} exceeds {MAX_ROWS} packed rows"
+        )
+    return c
 
-    if plan is None:
-        plan = build_group_plan(block_idx, order, group_size, mode)
-    elif (
-        plan.mode != mode
-        or plan.group_size != c
-        or tuple(plan.block_lists.shape[:2]) != (b, hkv)
-        or (plan.counts is None and plan.block_lists is not block_idx)
-        or (c > 1 and plan.order is not order)
-    ):
-        raise ValueError(f"plan was built for other inputs (mode={plan.mode}, C={plan.group_size})")
-    top_n = block_idx.shape[3]
+
+def _launch(
+    q, k_cache, v_cache, prefix_lens, tree_mask, order, block_size, la: SparseLaunch
+) -> None:
+    """Launch the kernel over (group x split, KV head, sequence) programs."""
+    b, t, h, d = q.shape
+    hkv = k_cache.shape[1]
+    plan, c = la.plan, la.c
     group_lists = plan.counts is not None
-    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, top_n, q.device)
-
-    o = torch.empty_like(q)
-    lse = torch.empty((b, h, t), dtype=torch.float32, device=q.device)
-    if num_splits == 1:
-        o_dst, lse_dst = o, lse
-        o_strides = (0, *o.stride()[:3])  # (split, b, t, h)
-        lse_strides = (0, *lse.stride())  # (split, b, h, t)
-    else:
-        # merge_partials' layout: [B, t, H, S, D] and [B, t, H, S].
-        o_dst = torch.empty((b, t, h, num_splits, d), dtype=torch.float32, device=q.device)
-        lse_dst = torch.empty((b, t, h, num_splits), dtype=torch.float32, device=q.device)
-        o_strides = (o_dst.stride(3), *o_dst.stride()[:3])
-        ls = lse_dst.stride()
-        lse_strides = (ls[3], ls[0], ls[2], ls[1])
     lists = plan.block_lists
-    m_pad = max(16, triton.next_power_of_2(c * g_heads))
-    # 4 warps hold up to 32 packed rows (acc [32, D] is 32 fp32 registers a thread at D = 128)
-    # and stream faster than 8 on the H200; 64 rows and more take 8.
-    num_warps = cfg.num_warps or (4 if m_pad <= 32 else 8)
-    # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
-    # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB.
-    num_stages = cfg.num_stages or (3 if block_size * d <= 64 * 128 else 2)
-    scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
-    _sparse_verify_kernel[(plan.num_groups * num_splits, hkv, b)](
+    _sparse_verify_kernel[(plan.num_groups * la.num_splits, hkv, b)](
         q,
         k_cache,
         v_cache,
@@ -413,8 +343,8 @@ def sparse_verify(
         lists,
         plan.member_mask if group_lists else lists,
         plan.counts if group_lists else prefix_lens,
-        o_dst,
-        lse_dst,
+        la.o_dst,
+        la.lse_dst,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -424,28 +354,25 @@ def sparse_verify(
         lists.stride(0),
         lists.stride(1),
         lists.stride(2),
-        *o_strides,
-        *lse_strides,
-        scale,
+        *la.o_strides,
+        *la.lse_strides,
+        la.scale,
         t,
         lists.shape[3],
         plan.num_groups,
-        num_splits,
-        G=g_heads,
+        la.num_splits,
+        G=h // hkv,
         C=c,
-        M_PAD=m_pad,
+        M_PAD=la.m_pad,
         D=d,
         BLOCK_N=block_size,
         T_PAD=max(16, triton.next_power_of_2(t)),
         HAS_ORDER=order is not None and c > 1,
         GROUP_LISTS=group_lists,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        num_warps=la.num_warps,
+        num_stages=la.num_stages,
     )
-    if num_splits > 1:
-        merge_partials(o_dst, lse_dst, o_out=o, lse_out=lse.transpose(1, 2))
-    return o, lse
 
 
 def reference_sparse_verify(

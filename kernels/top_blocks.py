@@ -36,10 +36,11 @@ ROW_ALIGN = 16
 # Blocks of one row the kernel holds in registers at once.
 TOPK_CHUNK = 4096
 # The threshold pick (``threshold_blocks_kernel``) serves rows that fit in registers with
-# ``top_n`` up to this; its strided groups number this many per padded pick (and at least
-# ``MIN_GROUPS``), and its compacted candidates up to this many per padded pick before it falls
-# back to the rounds. Two per pick and 64 at least are the fastest
-# of 2 and 4 per pick on the H200 at 32K and 128K rows, batch 1, 4 and 16, or near it.
+# ``top_n`` up to this. Its strided groups number ``GROUPS_PER_PICK`` per padded pick (at least
+# ``MIN_GROUPS``): more groups raise the bound towards the exact cut, so fewer candidates pass
+# it, but make the pick among the group maxima longer. Random scores leave about 1.4 ``top_n``
+# candidates at two groups a pick, so ``CANDIDATES_PER_PICK`` = 2 holds them with room to
+# spare; a row with more falls back to the rounds.
 THRESHOLD_MAX_TOP_N = 256
 GROUPS_PER_PICK = 2
 MIN_GROUPS = 64
@@ -164,19 +165,21 @@ def _row_layout(nb_max: int) -> tuple[int, int, int]:
 
 
 def _warps(rows: int, chunk: int, device: torch.device) -> int:
-    """Warps of one row's program. Up to one row per SM, 4 (8 for 4096-block chunks) split
-    each round's max-reduction; beyond, rows run side by side and the fewest warps that hold
-    a chunk's int64 keys in registers (1 up to 2048) avoid the rounds' cross-warp barriers
-    (H200, 128K at batch 16, top_n 64: 163 us at 1 warp, 198 at 4)."""
+    """Warps of one row's program. Up to one row per SM, a row has the SM to itself and 4
+    warps (8 for 4096-block chunks) split each round's max-reduction, shortening the row.
+    Beyond, rows share the SMs and run side by side, so a row takes the fewest warps that
+    hold a chunk's int64 keys in registers (1 up to 2048 blocks): its rounds then need no
+    cross-warp barrier, and the SM's other warps serve other rows."""
     if rows <= num_sms(device):
         return 4 if chunk <= 2048 else 8
     return max(1, chunk // 2048)
 
 
 def _threshold_warps(rows: int, chunk: int, device: torch.device) -> int:
-    """Warps of one row's threshold pick: 4 (8 for chunks beyond 2048 blocks) up to a row per
-    SM, 2 up to eight, then 1: the fastest of 1-8 warps, or near it, on the H200 at 32K and 128K,
-    batch 1, 4 and 16, top_n 16-64."""
+    """Warps of one row's threshold pick: 4 (8 for chunks beyond 2048 blocks) while a row has
+    an SM to itself, so more warps share its pass over the scores; 2 up to eight rows an SM,
+    then 1, as rows side by side fill the SM with their own warps and fewer warps a row spend
+    less on cross-warp reductions."""
     sms = num_sms(device)
     if rows <= sms:
         return 4 if chunk <= 2048 else 8

@@ -54,12 +54,17 @@ def expected_tokens_positional(alphas) -> float:
 def outcome_probabilities(alpha: float, num_draft_tokens: int) -> np.ndarray:
     """P(exactly k drafts accepted), k = 0..K, for a chain with iid alpha (seed 002: the
     verification outcomes the speculation cache is keyed on): alpha^k (1 - alpha) for k < K and
-    alpha^K for k = K."""
+    alpha^K for k = K.
+
+    Each power is Python's scalar ``pow`` (the C library's), not numpy's vectorised power,
+    which may differ from it in the last bit by build and CPU: the online controller's priors
+    (``planner.estimators.ChainRounds``) read these probabilities too, and their decisions
+    replay bit for bit only when every caller sees the same values."""
     _check_prob("acceptance", alpha)
-    k = np.arange(num_draft_tokens + 1)
-    p = alpha**k * (1.0 - alpha)
-    p[-1] = alpha**num_draft_tokens
-    return p
+    if num_draft_tokens < 0:
+        raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens!r}")
+    a, k = float(alpha), int(num_draft_tokens)
+    return np.array([a**j * (1.0 - a) for j in range(k)] + [a**k])
 
 
 def sibling_acceptance(alpha: float, num_ranks: int) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Predict, Reuse, Repair (seed 004): the Holt EMA block-score predictor, its score-weighted
-hit rate, per-prompt calibration, the speculation budget and the critical path with repair.
+hit rate, per-prompt calibration and the critical path with repair (the speculation budget and
+the serial path are in ``perfmodel.seed_formulas``).
 
 The seed's equations (2)-(8) did not survive text extraction; they are Holt's damped-trend
 exponential smoothing as the text describes it (level, trend; alpha, beta, phi):
@@ -125,15 +126,6 @@ def calibrate(scores, top_n, budget_ratio=1.0, grid=DEFAULT_GRID):
     return best, best_h
 
 
-def speculation_budget(budget_ratios, speculative_attention_s, selection_s):
-    """Largest budget ratio whose speculative attention fits inside the selection window
-    (seed 004 §4.4): ``max{rho : T_spec(rho) <= T_sel}``, or None when none fits.
-    ``speculative_attention_s`` holds T_spec at each ratio of ``budget_ratios``."""
-    r = np.asarray(budget_ratios, dtype=float)
-    ok = np.asarray(speculative_attention_s, dtype=float) <= selection_s
-    return float(r[ok].max()) if ok.any() else None
-
-
 def critical_path_s(
     selection_s, speculative_attention_s, top_n, hit_rate, repair_block_s, repair_fixed_s=0.0
 ):
@@ -150,8 +142,3 @@ def critical_path_s(
         + repair_fixed_s
         + miss * np.asarray(repair_block_s)
     )
-
-
-def dsa_path_s(selection_s, attention_s):
-    """Serial dynamic sparse attention: ``T_sel + T_attn`` (seed 004 §2.1)."""
-    return np.asarray(selection_s) + np.asarray(attention_s)

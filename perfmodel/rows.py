@@ -65,11 +65,26 @@ def seal(row: dict) -> dict:
     return out
 
 
-def params_key(op: str, params: dict, timing: str) -> str:
-    """Stable identity of a configuration (resume and de-duplication key)."""
-    return hashlib.sha1(
-        canonical({"op": op, "params": params, "timing": timing}).encode()
-    ).hexdigest()[:16]
+# Params derived from a row's defining ones (the split count the wrapper chose, the load
+# fractions and distinct bytes of the selections, the input sets rotated, the missed blocks of a
+# fraction): not part of its key, ignored when matching rows of one configuration.
+DERIVED = frozenset(
+    {
+        "num_splits",
+        "f_load",
+        "f_load_formula",
+        "global_unique_bytes",
+        "rotations",
+        "missed_blocks",
+    }
+)
+
+
+def row_key(op: str, timing: str, params: dict) -> str:
+    """Stable identity of a measured configuration (resume and de-duplication key): op, timing
+    and the params that define the configuration (``DERIVED`` left out)."""
+    defining = {k: v for k, v in params.items() if k not in DERIVED}
+    return f"{op}|{timing}|{json.dumps(defining, sort_keys=True)}"
 
 
 def validate(row: dict, *, check_sum: bool = True, where: str = "row") -> None:

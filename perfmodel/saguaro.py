@@ -1,5 +1,6 @@
 """Speculative speculative decoding (Saguaro, seed 002): speculation cache, geometric fan-out,
-Saguaro sampling, the backup-speculator fallback threshold b*, and SSD speedups.
+the backup-speculator fallback threshold b* and the SSD round time the simulator uses (Saguaro
+sampling and the closed-form speedups are in ``perfmodel.seed_formulas``).
 
 Notation: K drafts per round, a_p the draft's per-token acceptance, a verification *outcome* is
 (k accepted, bonus token). The draft pre-speculates F_k continuations (bonus-token guesses) for
@@ -79,38 +80,6 @@ def cache_hit_probability(fanout, acceptance, hit_at_one, exponent) -> float:
     return float((p * hit_rate_of_fanout(f, hit_at_one, exponent)).sum())
 
 
-def saguaro_sampling(p_target, p_draft, num_cached, downweight):
-    """Acceptance and bonus-token hit rate under Saguaro sampling sigma_{F,C} (seed 002).
-
-    The draft samples from ``q' ∝ q`` with its top-F probabilities multiplied by C in [0, 1]
-    (C = 1 is ordinary sampling). Acceptance is ``sum_x min(p(x), q'(x))``; on rejection the bonus
-    token comes from the residual ``∝ max(p - q', 0)``, and the cache hits when it is one of the
-    F cached tokens (the draft's top F). Exact for the given distributions; returns
-    ``(acceptance, hit_rate_given_rejection)``. Lower C moves residual mass onto the cached
-    tokens (higher hit rate) at the price of acceptance.
-    """
-    p = np.asarray(p_target, dtype=float)
-    q = np.asarray(p_draft, dtype=float)
-    if p.shape != q.shape or p.ndim != 1:
-        raise ValueError("p_target and p_draft must be 1-D distributions of the same size")
-    for name, d in (("p_target", p), ("p_draft", q)):
-        if (d < 0).any() or not np.isclose(d.sum(), 1.0):
-            raise ValueError(f"{name} must be a probability vector")
-    _check("downweight", downweight, 0, 1)
-    if not 1 <= num_cached <= p.size:
-        raise ValueError(f"num_cached must be in 1..{p.size}, got {num_cached}")
-    top = np.argsort(-q, kind="stable")[:num_cached]
-    q2 = q.copy()
-    q2[top] *= downweight
-    if q2.sum() <= 0:
-        raise ValueError("downweight=0 with all draft mass in the cached tokens leaves no draft")
-    q2 /= q2.sum()
-    acceptance = float(np.minimum(p, q2).sum())
-    resid = np.maximum(p - q2, 0.0)
-    hit = float(resid[top].sum() / resid.sum()) if resid.sum() > 0 else 1.0
-    return acceptance, hit
-
-
 def ssd_round_time_s(verify_s, fallback_s, hit_rate, batch_size, speculate_s=0.0):
     """Expected time of one SSD round for a batch: ``max(T_v, T_spec) + (1 - h^b) T_fb``.
 
@@ -158,32 +127,3 @@ def critical_batch_size(
     wins = np.nonzero(tok_b > tok_p)[0]  # ties keep the primary
     b_star = float(b[wins[0]]) if wins.size else None
     return b_star, tok_p, tok_b
-
-
-def ssd_speedups(
-    verify_s,
-    draft_step_s,
-    num_draft_tokens,
-    acceptance,
-    hit_rate,
-    ar_step_s,
-    batch_size=1,
-    fallback_s=None,
-    speculate_s=0.0,
-):
-    """SSD speedup over SD and over AR for the same target, draft and batch.
-
-    SD: E(a_p) tokens per ``K T_draft + T_v``. SSD: E(a_p) tokens per ``ssd_round_time_s`` with
-    the primary as fallback (``fallback_s`` defaults to ``K T_draft``). AR: one token per
-    ``ar_step_s``. Returns ``(over_sd, over_ar)``; strictly above 1 over SD whenever the cache
-    hits with positive probability and drafting takes time (seed 002, theory section).
-    """
-    k = num_draft_tokens
-    t_draft = k * np.asarray(draft_step_s)
-    fb = t_draft if fallback_s is None else fallback_s
-    e = expected_tokens_per_round(acceptance, k)
-    t_sd = sd_round_time_s(verify_s, t_draft)
-    t_ssd = ssd_round_time_s(verify_s, fb, hit_rate, batch_size, speculate_s)
-    over_sd = t_sd / t_ssd
-    over_ar = (e / t_ssd) * np.asarray(ar_step_s)
-    return over_sd, over_ar

@@ -1,9 +1,9 @@
 """Sparse-attention traffic: NSA branches, block metadata, budgets, grouped-query unions.
 
 Sources: seed 000 (NSA's compressed / selected / sliding-window branches; SSV's grouped
-execution, union size and load fraction f_load; exact vs approximate modes), seed 001 §3.1-3.2
-(block retrieval by mean keys, piecewise budget eq. 6), seed 004 A.1 (Quest min/max keys under
-GQA). All functions broadcast over numpy arrays.
+execution, union size and load fraction f_load; exact vs approximate modes), seed 001 §3.1
+(block retrieval by mean keys; its piecewise budget, eq. 6, is in ``perfmodel.seed_formulas``),
+seed 004 A.1 (Quest min/max keys under GQA). All functions broadcast over numpy arrays.
 """
 
 from __future__ import annotations
@@ -73,20 +73,6 @@ def blocks_loaded_per_layer(num_queries, top_n, mode, group_size=1, overlap=0.0,
                 last > 0, last_union, 0.0
             )
     return float(out) if np.ndim(out) == 0 else out
-
-
-def piecewise_budget(seq_len, base_len, sparsity, num_kv_heads, block_size):
-    """Blocks retained by 001's piecewise budget control (seed 001, eq. 6).
-
-    ``N = ((L - L0) rho + L0) H / B`` for L > L0, and no eviction (all ``ceil(L / B) H`` blocks)
-    for L <= L0, with H KV heads and block size B. Counts blocks over all KV heads.
-    """
-    L, L0, rho = _arr(seq_len), _arr(base_len), _arr(sparsity)
-    if ((rho <= 0) | (rho >= 1)).any():
-        raise ValueError(f"sparsity coefficient must lie in (0, 1), got {sparsity!r}")
-    h, b = _arr(num_kv_heads), _arr(block_size)
-    out = np.where(L > L0, ((L - L0) * rho + L0) * h / b, np.ceil(L / b) * h)
-    return float(out) if out.ndim == 0 else out
 
 
 def nsa_branch_tokens(context_len, top_n, block_size, window, comp_stride):

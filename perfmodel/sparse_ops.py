@@ -111,7 +111,7 @@ def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_to
     nbytes = b * kv_tok * sum(br.loaded.values()) + qo + intermediates
     # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
     # (sequence, KV head), the compressed keys once and the union of its rows' selected blocks
-    # and window -- the bytes ``kernels.benchmark`` counts for the nsa_verify rows. Grouping
+    # and window -- the bytes ``calibration.kernel_ops`` counts for the nsa_verify rows. Grouping
     # modes do not apply there.
     nsa_sel = blocks_loaded_per_layer(t, c.top_n, "union", t, c.overlap, br.nb) * c.block_size
     gates = m_rows * hq * 3 * F32
@@ -159,7 +159,7 @@ def _selection_op(
     on_meta = c.sparse * (1 - nsa)
     q_sel = np.where(c.mode == 2, br.groups, t)
     v = c.meta_vectors
-    # Bytes as the measured class counts them (kernels/benchmark.py): the fp32 metadata
+    # Bytes as the measured class counts them (calibration/kernel_ops.py): the fp32 metadata
     # vectors, the scored query rows and the selected ids; the score rows the top-n stage
     # scans are priced by its stage counts (below), not as bytes.
     meta = b * hkv * br.nb * v * model.head_dim * F32

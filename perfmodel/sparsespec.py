@@ -1,48 +1,12 @@
-"""SparseSpec (seed 003): self-speculation with a sparse-attention draft, delayed verification,
-and KV-cache offload traffic.
-
-The seed's theoretical-speedup formula was lost in text extraction; it is re-derived here from
-the mechanism the seed describes: the same model drafts k tokens with attention over a fraction
-s of the KV cache (PillarAttn's top-K) and verifies them with one full-attention pass.
+"""SparseSpec (seed 003): delayed verification, the step and round times the simulator's
+unified batch uses, and the host-offload transfer time. The seed's closed-form speedup and
+whether an offload hides behind a step are in
+``perfmodel.seed_formulas`` (off the cost path).
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.acceptance import expected_tokens_per_round
-
-
-def _check_fraction(name, x):
-    a = np.asarray(x, dtype=float)
-    if ((a < 0) | (a > 1)).any():
-        raise ValueError(f"{name} must lie in [0, 1], got {x!r}")
-
-
-def attention_reduction(num_draft_steps, sparsity_ratio):
-    """KV bytes that AR decoding loads for k + 1 tokens over what one SparseSpec round loads:
-    ``(k + 1) / (k s + 1)`` -- k sparse draft steps read s T each, one verification reads T
-    once for all k + 1 queries. An upper bound: it assumes every draft is accepted."""
-    _check_fraction("sparsity_ratio", sparsity_ratio)
-    k = np.asarray(num_draft_steps, dtype=float)
-    return (k + 1) / (k * np.asarray(sparsity_ratio) + 1)
-
-
-def self_spec_speedup(num_draft_steps, sparsity_ratio, acceptance, attention_fraction):
-    """Speedup of sparse self-speculation over AR decoding of the same model.
-
-    With an AR step normalised to 1 and a fraction f of it spent loading the KV cache: a draft
-    step costs ``f s + (1 - f)``, the verification of k + 1 tokens costs about one AR step
-    (memory-bound: weights and KV read once). Speedup = ``E(alpha, k) / (k (f s + 1 - f) + 1)``.
-    Ignores the verification's extra FLOPs and the scheduler's CPU time (see
-    ``delayed_verification``). f = 1 and alpha = 1 recover ``attention_reduction``.
-    """
-    _check_fraction("attention_fraction", attention_fraction)
-    _check_fraction("sparsity_ratio", sparsity_ratio)
-    k = np.asarray(num_draft_steps, dtype=float)
-    f, s = np.asarray(attention_fraction), np.asarray(sparsity_ratio)
-    e = expected_tokens_per_round(acceptance, num_draft_steps)
-    return e / (k * (f * s + 1 - f) + 1)
 
 
 def delayed_verification(gpu_step_s, cpu_step_s, num_draft_steps):
@@ -65,20 +29,6 @@ def delayed_verification(gpu_step_s, cpu_step_s, num_draft_steps):
     }
 
 
-def new_kv_bytes_per_step(batch_size, kv_bytes_per_token_per_layer, num_layers):
-    """KV bytes a decode step appends: ``B L kv_bytes_per_token`` (seed 003: 18 MB for
-    Qwen3-8B at batch 128)."""
-    return (
-        np.asarray(batch_size, dtype=float) * kv_bytes_per_token_per_layer * np.asarray(num_layers)
-    )
-
-
 def offload_time_s(num_bytes, pcie_bytes_per_s):
     """Host-offload transfer time over PCIe (one direction)."""
     return np.asarray(num_bytes, dtype=float) / pcie_bytes_per_s
-
-
-def offload_hidden(num_bytes, pcie_bytes_per_s, step_s):
-    """True when the asynchronous offload of ``num_bytes`` finishes within one step, so it
-    stays off the critical path (seed 003's dynamic KV manager offloads chunk-wise)."""
-    return offload_time_s(num_bytes, pcie_bytes_per_s) <= np.asarray(step_s)

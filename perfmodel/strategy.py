@@ -264,3 +264,13 @@ def tree_expected_tokens(parents, acceptance: float, num_ranks: int = 4) -> floa
 
 def tree_depth(parents) -> int:
     return max(node_depths_ranks(list(parents))[0], default=0)
+
+
+@functools.lru_cache(maxsize=256)
+def chain_length(tree: str) -> int:
+    """K for a chain of K drafts (node i's parent is node i - 1), else 0 (autoregressive
+    decoding and branching trees)."""
+    parents = parse_tree(tree)
+    if not parents or any(p != i - 1 for i, p in enumerate(parents)):
+        return 0
+    return len(parents)

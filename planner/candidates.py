@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
-from perfmodel.strategy import Strategy, parse_tree
-from planner.profile import REGIMES, Profile, chain_length, expected_tokens, regime_of
+from perfmodel.strategy import Strategy, chain_length, parse_tree
+from perfmodel.tree_tokens import expected_tokens_interp
+from planner.profile import REGIMES, RegimeProfile, regime_of
 from planner.rank import score, strategy_from_json
 from planner.space import strategy_id
 
@@ -67,7 +68,7 @@ class CandidateBook:
         ranking: dict,
         model: ModelSpec,
         gpu: GpuSpec,
-        profile: Profile,
+        profile: RegimeProfile,
         batch: int,
         num_candidates: int,
     ):
@@ -292,4 +293,4 @@ class CandidateBook:
             cands = list(self.candidates(regime).values())
             self.round_s(regime, cands)
             for c in cands:
-                expected_tokens(c.tree, 0.5)
+                expected_tokens_interp(c.tree, 0.5)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
-from perfmodel.strategy import Strategy, parse_tree
+from perfmodel.strategy import Strategy, chain_length, parse_tree
 from planner.candidates import CandidateBook, Now
 from planner.controller_config import ControllerConfig
 from planner.estimators import (
@@ -45,7 +45,7 @@ from planner.estimators import (
     SwitchCosts,
     switch_kind,
 )
-from planner.profile import Profile, chain_length, profile_from_json, regime_of
+from planner.profile import RegimeProfile, profile_from_json, regime_of
 from planner.rank import strategy_from_json
 from planner.rescore import Rescorer
 from planner.shadow import ShadowTracker
@@ -61,7 +61,7 @@ class OnlineController:
         ranking: dict,
         model: ModelSpec,
         gpu: GpuSpec,
-        profile: Profile,
+        profile: RegimeProfile,
         config: ControllerConfig | None = None,
         batch: int = 1,
         switch_cost_s: float | dict[str, float] = 0.0,

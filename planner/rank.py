@@ -19,10 +19,11 @@ from perfmodel.calibrated import make_predictor
 from perfmodel.costs import memory_shortfall
 from perfmodel.files import read_json
 from perfmodel.hardware import GpuSpec
+from perfmodel.host_overhead import host_overhead_s
 from perfmodel.models import ModelSpec
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import DrafterSpec, Strategy, Workload, parse_tree
-from planner.profile import REGIMES, Profile
+from planner.profile import REGIMES, RegimeProfile
 from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 
 RANKING_VERSION = 1
@@ -43,14 +44,14 @@ def score(
     gpu: GpuSpec,
     strategies: list[Strategy],
     context_len: int,
-    profile: Profile,
+    profile: RegimeProfile,
     regime: str,
     batch: int = 1,
     acceptance_scale: float | dict[str, float] = 1.0,
 ) -> tuple[list[Scored], str]:
     """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
     drafter model): the step model at the strategy's acceptance from ``profile``
-    (``Profile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
+    (``RegimeProfile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
     1 for a kind it lacks --, at most 1) plus the profile's loop
     overhead per round (``loop`` in the breakdown)."""
     if not strategies:
@@ -85,7 +86,7 @@ def score(
             groups.setdefault(op_group(k), []).append(v)
         grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
         for i, s in enumerate(group):
-            loop = profile.overhead_s(regime, s)
+            loop = host_overhead_s(profile.overhead_coefficients(regime), s)
             round_s = float(pred.round_s[i]) + loop
             tpr = float(pred.tokens_per_round[i])
             out.append(
@@ -116,14 +117,14 @@ def rank(
     model: ModelSpec,
     gpu: GpuSpec,
     spec: SpaceSpec,
-    profile: Profile,
+    profile: RegimeProfile,
     batch: int = 1,
     regimes: dict[str, int] | None = None,
 ) -> dict:
     """The ranking document (version 1) for every regime. A regime whose context lies past
     the model's trained positions (``max_position_embeddings``, when known) is not ranked:
     ``skipped`` says why. Each ranked regime lists under ``assumed`` what its predictions take
-    from the workload defaults rather than from ``profile`` (``Profile.assumed``)."""
+    from the workload defaults rather than from ``profile`` (``RegimeProfile.assumed``)."""
     regimes = regimes or REGIMES
     limit = model.max_position_embeddings
     doc = {

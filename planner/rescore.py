@@ -29,10 +29,10 @@ from __future__ import annotations
 import math
 
 from perfmodel.strategy import Strategy, parse_tree
+from perfmodel.tree_tokens import expected_tokens_interp
 from planner.candidates import CandidateBook, Now
 from planner.controller_config import ControllerConfig
 from planner.estimators import ChainRounds, SwitchCosts
-from planner.profile import expected_tokens
 from planner.shadow import ShadowTracker
 
 
@@ -194,7 +194,7 @@ class Rescorer:
         if walk is None:
             return None
         rounds_high, raw, n = walk  # n: tokens per round of the current strategy, per sequence
-        scale = expected_tokens(c.tree, raw) / tokens  # > 1: c's attention accepts less
+        scale = expected_tokens_interp(c.tree, raw) / tokens  # > 1: c's attention accepts less
         high = rounds_high * scale
         if high <= 0:
             return None
@@ -295,7 +295,7 @@ class Rescorer:
                 a = self.shadow.alpha(kind, chain, c.tree, factor, factor_now, z)
             if a is None:
                 a = min(1.0, profiled * self.shift.get(kind, untried))
-            tpr[sid] = expected_tokens(c.tree, a)
+            tpr[sid] = expected_tokens_interp(c.tree, a)
             tps[sid] = self.batch * tpr[sid] / round_s
         return cands, tpr, tps
 

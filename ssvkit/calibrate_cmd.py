@@ -43,15 +43,14 @@ def run(args) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("the calibration sweeps need a CUDA GPU (use --fit-only to refit)")
-        from calibration import ceilings
-        from kernels import benchmark
+        from calibration import ceilings, kernel_sweep
         from validation import engine_op_sweep
 
         out = ceilings.PROFILES / args.gpu
         if "ops" in sweeps:
             engine_op_sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
         if "kernels" in sweeps:
-            benchmark.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
+            kernel_sweep.main(["--out", str(out), "--budget-s", str(budget_s / 2)])
     profile = fit_folder(args.gpu)
     print(
         f"profile {profile['profile_id']}: {len(profile['classes'])} op classes from "

@@ -14,6 +14,7 @@ import sys
 from ssvkit import (
     calibrate_cmd,
     decode_cmd,
+    papers_cmd,
     plot_cmd,
     predict_cmd,
     rank_cmd,
@@ -39,6 +40,7 @@ COMMANDS = {
     "decode": decode_cmd,
     "train-tiny": train_tiny_cmd,
     "report": report_cmd,
+    "papers": papers_cmd,
 }
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from perfmodel.files import atomic_write, check_output, read_json
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
-from planner.profile import Profile, load_profile
+from planner.profile import RegimeProfile, load_profile
 from planner.rank import rank
 from planner.space import SpaceSpec, space_from_json
 
@@ -127,7 +127,7 @@ def run(args) -> int:
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
     model, gpu = get_model(args.model or "llama-3.1-8b"), get_gpu(args.gpu or "h100-sxm")
-    profile = load_profile(args.acceptance_profile) if args.acceptance_profile else Profile()
+    profile = load_profile(args.acceptance_profile) if args.acceptance_profile else RegimeProfile()
     kw = {}
     if args.drafters:
         kw["drafters"] = _tuple(args.drafters, str)
@@ -147,7 +147,7 @@ def run(args) -> int:
     return 0
 
 
-def _emit(args, doc: dict, model, gpu, profile: Profile, how: str = "") -> None:
+def _emit(args, doc: dict, model, gpu, profile: RegimeProfile, how: str = "") -> None:
     text = json.dumps(doc, indent=1)
     if args.out:
         atomic_write(args.out, text + "\n")

@@ -21,7 +21,7 @@ import numpy as np
 
 from perfmodel.strategy import Strategy, parse_tree
 from planner.controller import ControllerConfig, OnlineController
-from planner.profile import Profile, regime_of
+from planner.profile import RegimeProfile, regime_of
 from planner.rank import strategy_from_json
 from planner.space import describe, strategy_id
 from validation.bench import Bench, captures_counted, steady_figures, steady_run
@@ -50,7 +50,7 @@ def adaptive_run(
     strategy: Strategy,
     prompt: list[int],
     ranking: dict,
-    profile: Profile,
+    profile: RegimeProfile,
     config: ControllerConfig,
     seed: int = 0,
     switch_cost_s: float = 0.0,
@@ -187,7 +187,7 @@ def prompt_set_row(
     kind: str,
     ctx: int,
     strategies: tuple[Strategy, Strategy, list[Strategy]],
-    controller: tuple[dict, Profile, ControllerConfig],
+    controller: tuple[dict, RegimeProfile, ControllerConfig],
 ) -> dict:
     """One prompt set's figures: ``strategies`` is (offline best, default, oracle's),
     ``controller`` the adaptive runs' (ranking, profile, config). The timed runs go in whole
@@ -255,7 +255,7 @@ def _log_row(bench: Bench, kind: str, row: dict) -> None:
 def evaluate_adaptive(
     bench: Bench,
     ranking: dict,
-    profile: Profile,
+    profile: RegimeProfile,
     ctx: int,
     prompt_sets: tuple[str, ...],
     config: ControllerConfig,

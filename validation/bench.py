@@ -27,7 +27,7 @@ from perfmodel.files import atomic_write
 from perfmodel.hardware import GpuSpec
 from perfmodel.models import ModelSpec
 from perfmodel.strategy import DrafterSpec, Strategy
-from planner.profile import accepted_histogram
+from planner.estimators import accepted_histogram
 from validation.prompts import prompt_crc32
 from validation.records import model_label
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from perfmodel.files import atomic_write
 
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED, EXIT_AGAIN = 0, 1, 2, 3
-STAGE_STOPPED = 3  # calibration.sweep / kernels.benchmark STOPPED_AT_BUDGET
+STAGE_STOPPED = 3  # calibration.runner.STOPPED_AT_BUDGET, the sweeps' exit status
 TARGET_S = 1500.0  # every measurement of record in <= 25 minutes of GPU time
 STATE_VERSION = 1
 

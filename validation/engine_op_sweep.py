@@ -2,8 +2,8 @@
 timed exactly as the decode loop runs them -- the rotary embedding (``engine.rope``), and the
 decoder's other per-layer and per-forward ops (residual adds, q/k rotary with q's copy, the
 KV-tail write into ``engine.cache.KVCache``, the rotary factors per forward). It lives above the
-engine because it calls the engine's code; calibration provides the sweep machinery (``Sweep``,
-the rows' schema, the budget) and reads the rows.
+engine because it calls the engine's code; calibration provides the sweep machinery
+(``calibration.runner.Runner``: the rows, the resume keys, the budget) and reads the rows.
 
     python -m validation.engine_op_sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
@@ -19,7 +19,8 @@ import sys
 import torch
 
 from calibration import sweep as base
-from calibration.sweep import ACT, TOKENS, Sweep, swept_models
+from calibration.runner import Runner
+from calibration.sweep import ACT, TOKENS, swept_models
 from engine.cache import KVCache
 from engine.config import ModelConfig
 from engine.rope import apply_rope, expand_angles
@@ -76,7 +77,7 @@ def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
     return KVCache(cfg, 1, t_max, dtype=ACT, device="cuda", use_triton=True)
 
 
-def engine_ops(s: Sweep, models: dict | None = None) -> None:
+def engine_ops(s: Runner, models: dict | None = None) -> None:
     """The decoder's other per-layer and per-forward ops as ``engine.model`` runs them at the
     swept models' shapes: the two residual adds, q/k rotary with q's copy, the KV-tail write
     into the cache (a batch of 1, the tail after a 1024-token prefix), and the rotary factors
@@ -89,23 +90,23 @@ def engine_ops(s: Sweep, models: dict | None = None) -> None:
         for d in widths:
             rot = s.rotations(3 * m * d * 2)
             xs = [torch.randn(1, m, d, generator=gen, device="cuda", dtype=ACT) for _ in range(rot)]
-            s.run(
+            s.time_op(
                 "residual_add",
                 {"m": m, "d": d, "dtype": "bfloat16", "impl": "engine"},
                 lambda i, xs=xs: xs[i] + xs[i - 1],
-                rot,
-                3 * m * d * 2,
-                m * d,
+                num_inputs=rot,
+                unique_bytes=3 * m * d * 2,
+                flops=m * d,
             )
         for num_q, kv_heads, dh in heads:
             qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
-            s.run(
+            s.time_op(
                 "rope_qk",
                 _head_params(m, num_q, kv_heads, dh),
                 lambda i, qks=qks, cos=cos, sin=sin, h=num_q: _rope_qk(qks[i], cos, sin, h),
-                2,
-                2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
-                6 * elems,
+                num_inputs=2,
+                unique_bytes=2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
+                flops=6 * elems,
             )
             caches = [_kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
             for c in caches:
@@ -116,7 +117,7 @@ def engine_ops(s: Sweep, models: dict | None = None) -> None:
                 torch.randn(1, m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
                 for _ in range(4)
             ]
-            s.run(
+            s.time_op(
                 "kv_write",
                 {
                     "m": m,
@@ -128,26 +129,26 @@ def engine_ops(s: Sweep, models: dict | None = None) -> None:
                 lambda i, caches=caches, kvs=kvs, idx=idx: caches[i].write(
                     0, *idx[i], kvs[2 * i], kvs[2 * i + 1]
                 ),
-                2,
-                2 * 2 * m * kv_heads * dh * 2,
-                0,
+                num_inputs=2,
+                unique_bytes=2 * 2 * m * kv_heads * dh * 2,
+                flops=0,
             )
         for dh in sorted({h[2] for h in heads}):
             table = 32768
             cos_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
             sin_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
             pos = [torch.randint(0, table, (1, m), generator=gen, device="cuda") for _ in range(2)]
-            s.run(
+            s.time_op(
                 "rope_tables",
                 {"m": m, "head_dim": dh, "impl": "engine"},
                 lambda i, pos=pos, c=cos_t, sn=sin_t: _rope_tables(c, sn, pos[i]),
-                2,
-                2 * m * dh * 4 + 2 * m * (dh // 2) * 4,
-                0,
+                num_inputs=2,
+                unique_bytes=2 * m * dh * 4 + 2 * m * (dh // 2) * 4,
+                flops=0,
             )
 
 
-def rotary_sweep(s: Sweep, models: dict | None = None) -> None:
+def rotary_sweep(s: Runner, models: dict | None = None) -> None:
     """The rotary embedding of q and k heads together, as ``engine.rope`` applies it."""
     gen = torch.Generator(device="cuda").manual_seed(2)
     models = (swept_models() if models is None else models).values()
@@ -155,17 +156,17 @@ def rotary_sweep(s: Sweep, models: dict | None = None) -> None:
     for m in TOKENS:
         for num_q, kv_heads, dh in heads:
             qks, cos, sin, elems = _rope_inputs(gen, m, num_q, kv_heads, dh)
-            s.run(
+            s.time_op(
                 "rotary",
                 _head_params(m, num_q, kv_heads, dh),
                 lambda i, qks=qks, cos=cos, sin=sin: _rotary(qks[i], cos, sin),
-                2,
-                2 * elems * 2 + 2 * m * dh * 4,
-                6 * elems,
+                num_inputs=2,
+                unique_bytes=2 * elems * 2 + 2 * m * dh * 4,
+                flops=6 * elems,
             )
 
 
-def engine_group(s: Sweep, models: dict | None = None) -> None:
+def engine_group(s: Runner, models: dict | None = None) -> None:
     """The ``engine`` group: the rotary embedding, then the decoder's other ops."""
     rotary_sweep(s, models)
     engine_ops(s, models)

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from planner.controller import ControllerConfig
-from planner.profile import Profile, regime_of
+from planner.profile import RegimeProfile, regime_of
 from planner.rank import rank, score, strategy_from_json
 from planner.space import SpaceSpec, describe, strategy_id
 from validation.adaptive import evaluate_adaptive
@@ -73,7 +73,7 @@ def _measure_strategies(bench: Bench, strategies, regime: str, ctx: int) -> tupl
 
 
 def evaluate_regime(
-    bench: Bench, ranking: dict, regime: str, ctx: int, profile: Profile, per_regime: int
+    bench: Bench, ranking: dict, regime: str, ctx: int, profile: RegimeProfile, per_regime: int
 ) -> dict:
     """Phase 3 for one regime: its measured strategies, each predicted and measured, and how
     well the ranking orders them (``ranking_quality``, ``measurement_resolution``)."""

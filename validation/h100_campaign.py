@@ -9,7 +9,7 @@
         --install
 
 Stages (``STAGES``), in order: ``ops`` (``validation.engine_op_sweep``), ``kernels`` and
-``kernels_tiny`` (``kernels.benchmark``, the 8B and the tiny geometry) write rows under
+``kernels_tiny`` (``calibration.kernel_sweep``, the 8B and the tiny geometry) write rows under
 ``W/profile``; ``fit`` derives ``ceilings.json`` and ``profile.json`` from them, and the four
 files go into this tree's ``calibration/profiles/h100-sxm/`` (perfmodel reads its profile there)
 before every later stage of every call; ``planner`` (``validation.planner_eval``),
@@ -74,7 +74,7 @@ STAGES = (
     ),
     Stage(
         "kernels",
-        ("-m", "kernels.benchmark", "--out", "{work}/profile"),
+        ("-m", "calibration.kernel_sweep", "--out", "{work}/profile"),
         budgeted=True,
         min_s=90,
         estimate_s=480,
@@ -82,7 +82,7 @@ STAGES = (
     ),
     Stage(
         "kernels_tiny",
-        ("-m", "kernels.benchmark", "--out", "{work}/profile", "--geometry", "tiny"),
+        ("-m", "calibration.kernel_sweep", "--out", "{work}/profile", "--geometry", "tiny"),
         budgeted=True,
         min_s=60,
         estimate_s=121,

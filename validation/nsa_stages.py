@@ -12,10 +12,11 @@ the run), then times with ``kernels.timing`` (CUDA graphs, L2 flushed per sample
 - ``stage_*``: one launch each of the forward over one branch's slots, the merge, the union
   plan, the refresh path's steps (1)-(3) and the top-n kernel alone.
 
-Reuse indices have an exact adjacent-row overlap of 0.7 (``kernels.benchmark.overlap_block_idx``,
-the regime SSV measured); input sets rotate so each launch reads cold data. ``floor_s`` is the
-call's unique bytes (compressed K/V, each (sequence, KV head)'s union of selected blocks and the
-window, the tail, q and o) over the copy bandwidth measured in the same run.
+Reuse indices have an exact adjacent-row overlap of 0.7
+(``calibration.kernel_inputs.overlap_block_idx``, the regime SSV measured); input sets rotate so
+each launch reads cold data. ``floor_s`` is the call's unique bytes (compressed K/V, each
+(sequence, KV head)'s union of selected blocks and the window, the tail, q and o) over the copy
+bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels import benchmark as kb
+from calibration import kernel_inputs as ki
 from kernels import nsa_steps as steps
 from kernels import nsa_verify as nv
 from kernels import timing as tm
@@ -55,19 +56,19 @@ def input_sets(
     bsz: int, t: int, ctx: int, capacity: int, num_sets: int
 ) -> list[tuple[tuple, torch.Tensor]]:
     """Rotation sets sharing one K/V cache: fresh q, compressed K/V and block indices each."""
-    gen = kb._gen(1 + ctx + bsz)
+    gen = ki.generator(1 + ctx + bsz)
     rng = np.random.default_rng(ctx + bsz)
-    q, k, v, lens, mask = kb.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
+    q, k, v, lens, mask = ki.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
     ck, cv, _ = nv.compress_kv(k, v, lens, comp_block=KW["comp_block"], comp_stride=16)
-    gates = torch.full((bsz, t, kb.NUM_Q_HEADS, 3), 1 / 3, device="cuda")
+    gates = torch.full((bsz, t, ki.NUM_Q_HEADS, 3), 1 / 3, device="cuda")
     nb = [ctx // KW["block_size"]] * bsz
     out = []
     for s in range(num_sets):
         ck_s, cv_s = (ck, cv) if s == 0 else (torch.randn_like(ck), torch.randn_like(cv))
         if t > 1:
-            idx = kb.overlap_block_idx(nb, t, KW["top_n"], OVERLAP, rng)
+            idx = ki.overlap_block_idx(nb, t, KW["top_n"], OVERLAP, rng)
         else:
-            idx = kb.random_block_idx(nb, t, KW["top_n"], rng)
+            idx = ki.random_block_idx(nb, t, KW["top_n"], rng)
         args = (torch.randn_like(q), k, v, lens, mask, ck_s, cv_s, gates)
         out.append((args, torch.from_numpy(idx).cuda()))
     return out
@@ -79,10 +80,10 @@ def floor_bytes(bsz: int, t: int, ctx: int, idx: torch.Tensor) -> int:
     window = set(range((ctx - KW["window"]) // bs, ctx // bs))
     tokens = 0
     for b in range(bsz):
-        for h in range(kb.NUM_KV_HEADS):
+        for h in range(ki.NUM_KV_HEADS):
             tokens += len((set(idx_np[b, h].ravel().tolist()) - {-1}) | window) * bs + t
-    comp = bsz * kb.NUM_KV_HEADS * ((ctx - KW["comp_block"]) // KW["comp_stride"] + 1)
-    return kb.kv_bytes(tokens + comp) + kb.qol_bytes(bsz, t)
+    comp = bsz * ki.NUM_KV_HEADS * ((ctx - KW["comp_block"]) // KW["comp_stride"] + 1)
+    return ki.kv_bytes(tokens + comp) + ki.qol_bytes(bsz, t)
 
 
 def check(sets) -> None:

@@ -20,15 +20,11 @@ import math
 
 import numpy as np
 
-from perfmodel.strategy import Strategy, parse_tree
-from planner.profile import (
-    Profile,
-    alpha_from_tokens,
-    attention_key,
-    chain_length,
-    fit_overhead,
-    pooled_chain_tokens,
-)
+from calibration.host_overhead_fit import fit_overhead
+from perfmodel.strategy import Strategy, chain_length, parse_tree
+from perfmodel.tree_tokens import alpha_from_tokens
+from planner.estimators import pooled_chain_tokens
+from planner.profile import RegimeProfile, attention_key
 from planner.rank import concrete, score
 from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 from validation.bench import Bench, steady_figures, steady_run
@@ -278,7 +274,7 @@ def retimed_runs(rr: RegimeRuns) -> tuple[list[tuple[Strategy, dict]], dict]:
 
 
 def fit_regime_overhead(
-    rr: RegimeRuns, runs: list[tuple[Strategy, dict]], partial: Profile
+    rr: RegimeRuns, runs: list[tuple[Strategy, dict]], partial: RegimeProfile
 ) -> tuple[dict[str, float], dict]:
     """The loop overhead per round (``fit_overhead``) over the regime's steady ``runs``: the
     residual is each run's measured round wall time minus the step model's round time under
@@ -305,7 +301,7 @@ def measure_profile(
     attention_tree: str = "best:16:6",
     prompts: int = 3,
     walk_prompts: int = 0,
-) -> tuple[Profile, dict, dict, dict]:
+) -> tuple[RegimeProfile, dict, dict, dict]:
     """The profile of the space's strategies, measured per regime on ``prompts`` code prompts
     (windows ``PROFILE_OFFSETS`` of the corpus; prompt j decodes with seed j); see the module.
 
@@ -339,8 +335,8 @@ def measure_profile(
             extra = walk_texts(bench, space, ctx, walk_prompts, regime)
             walk_ngram(bench, regime, a, rr.runs, rr.prompts_of, rr.own_tpr, chain_tokens, extra)
         runs, note = retimed_runs(rr)
-        partial = Profile(acc, ovl, "partial", att)
+        partial = RegimeProfile(acc, ovl, "partial", att)
         ovh[regime], fits[regime] = fit_regime_overhead(rr, runs, partial)
         fits[regime].update(note)
-    profile = Profile(acc, ovl, "measured:engine-code-prompts", att, ovh)
+    profile = RegimeProfile(acc, ovl, "measured:engine-code-prompts", att, ovh)
     return profile, fits, per_key, chain_tokens

@@ -6,7 +6,8 @@ python -m validation.readme          # rewrites the blocks between their markers
 - ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
 - ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
   quality per regime and adaptive gain per prompt set, with what the measurement resolves
-  (``validation.report.planner_section``, as the report derives it).
+  (``validation.report.planner_section``, as the report derives it);
+- ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from calibration.validate import committed_report, summary_markdown
 from perfmodel.files import read_json
+from validation.papers import markdown as papers_markdown
+from validation.papers import reproduce
 from validation.prompts import OFF_DISTRIBUTION
 from validation.records import project_label, record_path
 from validation.report import planner_section
@@ -27,6 +30,7 @@ DOCUMENTS = (
     README,
     ROOT / "docs" / "results" / "calibration.md",
     ROOT / "docs" / "results" / "planner.md",
+    ROOT / "docs" / "results" / "papers.md",
 )
 
 
@@ -83,7 +87,7 @@ def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
 
 
 def planner_block(path: Path | None = None) -> str:
-    """The planner evaluation's figures as README markdown (tables, targets, provenance)."""
+    """The planner evaluation's figures as markdown (tables, targets, provenance)."""
     path = path or record_path("planner.json")
     doc = read_json(path, "planner evaluation")
     pl = planner_section(doc)
@@ -126,8 +130,13 @@ def planner_block(path: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def papers_block() -> str:
+    """The seeds' figures beside ssvkit's (``ssvkit papers --markdown``'s output)."""
+    return papers_markdown(reproduce())
+
+
 # Each block's markers and what fills them.
-BLOCKS = {"validate": validate_block, "planner": planner_block}
+BLOCKS = {"validate": validate_block, "planner": planner_block, "papers": papers_block}
 
 
 def render(text: str) -> str:

@@ -16,7 +16,7 @@ Sections, each with the data file it reads:
    with the same costs and loop overhead, vs that run's measured tokens/s.
 
 The prediction is at the measured acceptance (alpha fitted to the run's mean tokens per round,
-``planner.profile.alpha_from_tokens``), so the error is the performance model's, not the
+``perfmodel.tree_tokens.alpha_from_tokens``), so the error is the performance model's, not the
 acceptance profile's; the planner section is where predicted acceptance is judged. The report
 renders as markdown and PNGs in ``validation.report_markdown``.
 """
@@ -35,11 +35,13 @@ from calibration.validate import annotate, report
 from perfmodel.calibrated import Profile, make_predictor
 from perfmodel.files import read_json
 from perfmodel.hardware import get_gpu, gpu_names
+from perfmodel.host_overhead import host_overhead_s
 from perfmodel.models import get_model
 from perfmodel.step import build_columns, predict_columns
 from perfmodel.strategy import DrafterSpec, Workload, parse_tree
 from perfmodel.trace import dumps_trace, make_header, make_round
-from planner.profile import alpha_from_tokens, profile_from_json
+from perfmodel.tree_tokens import alpha_from_tokens
+from planner.profile import profile_from_json
 from sim.config import SimConfig
 from sim.scenarios import simulate
 from validation.records import local_model, local_strategy, project_label, record_path
@@ -106,7 +108,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
     alpha = alpha_from_tokens(s.tree, tpr) if parse_tree(s.tree) else 0.0
     gamma = profile.gamma(regime, s.traversal)
     pred = _predict(model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma)
-    loop = profile.overhead_s(regime, s)
+    loop = host_overhead_s(profile.overhead_coefficients(regime), s)
     round_s = float(pred.round_s[0]) + loop
     row = {
         "baseline": runs[0]["baseline"],

@@ -5,13 +5,13 @@
 The grouping target: for working sets beyond L2, ``union`` (exact) and ``shared`` (approx) at
 group size C must beat ``per_query`` by at least ``TARGET_SHARE`` of the ratio of their DRAM
 bytes, ``speedup >= TARGET_SHARE * dram_per_query / dram_mode``. The counted bytes of the kernel
-benchmark (every row's blocks for ``per_query``) overstate what ``per_query`` reads from DRAM at
+sweep (every row's blocks for ``per_query``) overstate what ``per_query`` reads from DRAM at
 batch >= 16: rows of one (sequence, KV head) that chose the same block run at the same time and
 the second read hits L2. So the bytes here are measured, per call, by Nsight Compute
 (``dram__bytes_read.sum + dram__bytes_write.sum``, L2 flushed before each kernel), and the
 times by CUDA-graph replay (``kernels.timing``, L2 flushed per sample, median).
 
-Inputs are the kernel benchmark's sparse sweep at its large batch (``kernels.benchmark``: the
+Inputs are the kernel sweep's sparse configs at their large batch (``calibration.kernel_ops``: the
 smallest batch >= 16 whose deduplicated working set reaches 200 MB, Llama-3.1-8B attention,
 t = 16 rows of a binary tree, blocks of 64, exact adjacent-row overlap). A union call builds its
 plan inside the call, so both its time and its bytes include the plan kernel. Each row's
@@ -42,7 +42,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import benchmark as kb
+from calibration import kernel_checks as checks
+from calibration import kernel_inputs as ki
+from calibration.kernel_ops import sparse_batch
+from calibration.kernel_sweep import FULL_SWEEP
 from kernels import sparse_verify as sv
 from kernels import timing as tm
 
@@ -77,31 +80,31 @@ def configs(args) -> list[dict]:
 
 def config_inputs(cfg: dict, seed: int) -> tuple[dict, list[tuple], np.ndarray]:
     """The sweep's large-batch inputs of one config: rotation sets and the block indices."""
-    sw = kb.FULL_SWEEP
+    sw = FULL_SWEEP
     ctx, top_n, gamma = cfg["context_len"], cfg["top_n"], cfg["overlap"]
     t, bs = sw.sparse_tokens, sw.block_size
     rng = np.random.default_rng([seed, ctx, top_n, int(gamma * 1000)])
-    bsz = kb._sparse_batch(sw, ctx, top_n, gamma, rng)
-    idx_np = kb.overlap_block_idx([ctx // bs] * bsz, t, top_n, gamma, rng)
-    fixed = bsz * kb.NUM_KV_HEADS * kb.kv_bytes(t) + kb.qol_bytes(bsz, t) + idx_np.nbytes
-    rot = tm.num_rotations(kb.group_blocks(idx_np, t) * kb.kv_bytes(bs) + fixed)
-    gen = kb._gen(seed + ctx + top_n + bsz)
+    bsz = sparse_batch(sw, ctx, top_n, gamma, rng)
+    idx_np = ki.overlap_block_idx([ctx // bs] * bsz, t, top_n, gamma, rng)
+    fixed = bsz * ki.NUM_KV_HEADS * ki.kv_bytes(t) + ki.qol_bytes(bsz, t) + idx_np.nbytes
+    rot = tm.num_rotations(ki.group_blocks(idx_np, t) * ki.kv_bytes(bs) + fixed)
+    gen = ki.generator(seed + ctx + top_n + bsz)
     idx = torch.from_numpy(idx_np).cuda()
-    sets = [(*kb.attention_inputs(bsz, t, ctx + t, [ctx] * bsz, gen), idx) for _ in range(rot)]
+    sets = [(*ki.attention_inputs(bsz, t, ctx + t, [ctx] * bsz, gen), idx) for _ in range(rot)]
     params = dict(cfg, batch=bsz, num_query_tokens=t, block_size=bs, rotations=rot, fixed=fixed)
     return params, sets, idx_np
 
 
 def counted_bytes(mode: str, c: int, idx_np: np.ndarray) -> int:
-    """The kernel benchmark's count: K/V of the blocks the mode's algorithm loads."""
+    """The kernel sweep's count: K/V of the blocks the mode's algorithm loads."""
     bsz, hkv, t, top_n = idx_np.shape
     if mode == "per_query":
         blocks = bsz * hkv * t * top_n
     elif mode == "union":
-        blocks = kb.group_blocks(idx_np, c)
+        blocks = ki.group_blocks(idx_np, c)
     else:
         blocks = bsz * hkv * math.ceil(t / c) * top_n
-    return blocks * kb.kv_bytes(kb.FULL_SWEEP.block_size)
+    return blocks * ki.kv_bytes(FULL_SWEEP.block_size)
 
 
 def floor_bytes(mode: str, c: int, idx_np: np.ndarray, fixed: int) -> int:
@@ -110,7 +113,7 @@ def floor_bytes(mode: str, c: int, idx_np: np.ndarray, fixed: int) -> int:
     indices (``fixed``)."""
     t = idx_np.shape[2]
     rows = idx_np[:, :, ::c] if mode == "shared" else idx_np
-    return kb.group_blocks(rows, t) * kb.kv_bytes(kb.FULL_SWEEP.block_size) + fixed
+    return ki.group_blocks(rows, t) * ki.kv_bytes(FULL_SWEEP.block_size) + fixed
 
 
 def call(sets, i: int, mode: str, c: int):
@@ -126,8 +129,8 @@ def check(sets) -> None:
         with tm.poisoned_allocations():
             o, lse = sv.sparse_verify(*sets[0], **kw)
         ref_o, ref_lse = sv.reference_sparse_verify(*sets[0], **kw)
-        kb._check(f"sparse_verify {mode} C={c}", o, ref_o, "o")
-        kb._check(f"sparse_verify {mode} C={c}", lse, ref_lse, "lse")
+        checks.check(f"sparse_verify {mode} C={c}", o, ref_o, "o")
+        checks.check(f"sparse_verify {mode} C={c}", lse, ref_lse, "lse")
         del ref_o, ref_lse
         torch.cuda.empty_cache()
 
@@ -236,7 +239,7 @@ def report(rows: list[dict], calls: list[dict], ceilings: dict) -> list[dict]:
             row["counted_ratio"] = base["counted_bytes"] / row["counted_bytes"]
             row["target_speedup"] = TARGET_SHARE * row["dram_ratio"]
             row["met"] = bool(row["speedup"] >= row["target_speedup"])
-            flops = 4 * row["batch"] * kb.NUM_Q_HEADS * kb.HEAD_DIM * row["num_query_tokens"]
+            flops = 4 * row["batch"] * ki.NUM_Q_HEADS * ki.HEAD_DIM * row["num_query_tokens"]
             flops *= row["top_n"] * row["block_size"] + (row["num_query_tokens"] + 1) / 2
             row["floor_s"] = max(
                 row["floor_bytes"] / ceilings["copy_bytes_per_s"],
@@ -284,7 +287,7 @@ def main(argv=None) -> None:
     ceilings = dict(copy_bytes_per_s=tm.copy_bytes_per_s(), gemm_flops_per_s=tm.gemm_flops_per_s())
     try:
         check(config_inputs(configs(args)[0], args.seed)[1])
-    except kb.CorrectnessError as e:
+    except checks.CorrectnessError as e:
         print(e, file=sys.stderr)
         sys.exit(2)
     torch.cuda.empty_cache()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.strategy import Strategy, parse_tree
-from planner.profile import alpha_from_tokens
+from perfmodel.tree_tokens import alpha_from_tokens
 from planner.space import SpaceSpec, strategy_id
 from validation.bench import Bench, steady_run
 from validation.prompts import prompt_crc32, prompt_tokens, walk_windows

@@ -137,3 +137,32 @@ def test_every_help_page_shows_examples_that_parse_and_points_to_the_glossary():
         for line in lines:
             argv = shlex.split(line.split("#")[0])[1:]
             assert parser.parse_args(argv).command == name, line
+
+
+def test_attention_column_holds_every_attention_op(capsys):
+    """The table's attn column sums every attention op of a row, the NSA refresh calls included
+    (``ar_sparse`` runs only refresh calls at refresh_every 1), and the five columns add up to
+    the round."""
+    from perfmodel.baselines import compare, grouped_seconds
+    from perfmodel.hardware import get_gpu
+    from perfmodel.models import get_model
+    from perfmodel.strategy import Strategy, Workload
+
+    rows = compare(
+        get_model("llama-3.1-8b"),
+        get_gpu("h100-sxm"),
+        [Strategy.from_name(n) for n in ("ar_sparse", "ssv")],
+        [32768],
+        Workload(),
+    )
+    for r in rows:
+        g = grouped_seconds(r)
+        refresh = sum(v for k, v in r["op_s"].items() if "sparse_attention" in k)
+        assert refresh > 0 and g["attention"] == pytest.approx(refresh)
+        assert sum(g.values()) == pytest.approx(r["round_s"])
+    assert main(["predict", "--strategies", "ar_sparse", "--context", "32K"]) == 0
+    line = next(
+        x for x in capsys.readouterr().out.splitlines() if x.split()[:2] == ["32K", "ar_sparse"]
+    )
+    attn = float(line.split("|")[1].split()[2])
+    assert attn == pytest.approx(1e3 * grouped_seconds(rows[0])["attention"], abs=0.006)

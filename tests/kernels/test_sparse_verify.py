@@ -13,12 +13,8 @@ from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA, assert_close
 
 from kernels.group_plan import build_group_plan
-from kernels.sparse_verify import (
-    SparseVerifyConfig,
-    choose_num_splits,
-    reference_sparse_verify,
-    sparse_verify,
-)
+from kernels.sparse_launch import SparseVerifyConfig, choose_num_splits
+from kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from kernels.timing import poisoned_allocations
 from kernels.tree import ancestor_bitmask, batch_parents, traversal_order
 from perfmodel.acceptance import chain_parents, full_tree_parents

@@ -50,6 +50,13 @@ def test_outcome_probabilities_sum_to_one():
     assert p.sum() == pytest.approx(1.0)
     assert p[-1] == pytest.approx(0.7**5)
     assert p[0] == pytest.approx(0.3)
+    # Each probability is a scalar power, bit for bit, whatever numpy's vectorised power gives.
+    for a in (0.0, 0.13, 0.6, 0.97, 1.0):
+        for k in (0, 1, 4, 9):
+            want = [a**j * (1.0 - a) for j in range(k)] + [a**k]
+            assert outcome_probabilities(a, k).tolist() == want
+    with pytest.raises(ValueError, match="num_draft_tokens must be >= 0, got -1"):
+        outcome_probabilities(0.5, -1)
 
 
 @given(st.floats(0, 1), st.floats(0, 1), st.integers(0, 12), st.integers(0, 12))

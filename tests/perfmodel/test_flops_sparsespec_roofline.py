@@ -1,26 +1,26 @@
 import pytest
 
-from perfmodel.flops import (
-    dense_ffn_flops,
-    full_attention_flops,
-    moe_ffn_flops,
-    reduction,
-    sparse_attention_flops,
-    sparse_ffn_flops,
-    sparse_moe_flops,
-)
 from perfmodel.roofline import (
     attention_intensity,
     gemm_intensity,
     op_time_s,
     sparse_attention_intensity,
 )
-from perfmodel.sparsespec import (
+from perfmodel.seed_formulas import (
     attention_reduction,
-    delayed_verification,
+    dense_ffn_flops,
+    full_attention_flops,
+    moe_ffn_flops,
     new_kv_bytes_per_step,
     offload_hidden,
+    reduction,
     self_spec_speedup,
+    sparse_attention_flops,
+    sparse_ffn_flops,
+    sparse_moe_flops,
+)
+from perfmodel.sparsespec import (
+    delayed_verification,
 )
 
 
@@ -68,3 +68,19 @@ def test_sparsespec():
     assert d["delayed_round_s"] == pytest.approx(60e-3) and d["sync_round_s"] == pytest.approx(
         65e-3
     )
+
+
+def test_seed_formulas_stay_off_the_cost_path():
+    """The formulas the step model does not price live in ``perfmodel.seed_formulas``; no module
+    of the cost path (perfmodel, sim, planner, sweep) imports it, so none looks priced."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    users = [
+        p.relative_to(root).as_posix()
+        for pkg in ("perfmodel", "sim", "planner", "sweep", "engine", "calibration")
+        for p in (root / pkg).rglob("*.py")
+        if re.search(r"import seed_formulas|seed_formulas import", p.read_text())
+    ]
+    assert users == []

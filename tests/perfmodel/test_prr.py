@@ -5,10 +5,12 @@ from perfmodel.prr import (
     HoltParams,
     calibrate,
     critical_path_s,
-    dsa_path_s,
     holt_predictions,
     predictor_hit_rate,
     score_weighted_hit_rate,
+)
+from perfmodel.seed_formulas import (
+    dsa_path_s,
     speculation_budget,
 )
 

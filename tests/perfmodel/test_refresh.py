@@ -4,12 +4,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfmodel.refresh import (
+    schedule_every,
+)
+from perfmodel.seed_formulas import (
     adjacent_jaccard,
     choose_anchor_layers,
     jaccard,
     reuse_source,
     schedule_cost_s,
-    schedule_every,
     schedule_from_anchors,
 )
 

@@ -3,15 +3,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfmodel.acceptance import expected_tokens_per_round
+from perfmodel.acceptance import (
+    expected_tokens_per_round,
+)
 from perfmodel.saguaro import (
     cache_hit_probability,
     critical_batch_size,
     geometric_fanout,
     hit_rate_of_fanout,
     integer_fanout,
-    saguaro_sampling,
     ssd_round_time_s,
+)
+from perfmodel.seed_formulas import (
+    saguaro_sampling,
     ssd_speedups,
 )
 

@@ -3,13 +3,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from perfmodel.seed_formulas import (
+    piecewise_budget,
+)
 from perfmodel.sparse import (
     blocks_loaded_per_layer,
     fits_shared_memory,
     load_fraction,
     metadata_bytes,
     nsa_branch_tokens,
-    piecewise_budget,
     union_blocks,
 )
 

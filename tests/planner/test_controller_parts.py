@@ -14,6 +14,7 @@ from perfmodel.acceptance import expected_tokens_per_round, outcome_probabilitie
 from perfmodel.hardware import get_gpu
 from perfmodel.models import get_model
 from perfmodel.strategy import Strategy
+from perfmodel.tree_tokens import alpha_from_tokens
 from planner.candidates import CandidateBook
 from planner.estimators import (
     AcceptanceEma,
@@ -22,7 +23,7 @@ from planner.estimators import (
     SwitchCosts,
     switch_kind,
 )
-from planner.profile import Profile, alpha_from_tokens
+from planner.profile import RegimeProfile
 from planner.rank import rank
 from planner.shadow import SHADOW_MIN_POSITIONS, ShadowTracker
 from planner.space import SpaceSpec, strategy_id
@@ -83,6 +84,12 @@ def test_chain_prior_is_perfmodels_acceptance(alpha, chain):
     assert rounds.mm / rounds.w == pytest.approx((j * j * p).sum(), abs=1e-12)
     for k in range(chain + 1):
         assert rounds.tokens(k) == pytest.approx(expected_tokens_per_round(alpha, k), abs=1e-12)
+    # One formula: the prior's sums are the outcome probabilities' own, to the last bit.
+    q = p.tolist()
+    assert rounds.m == 16 * sum(i * x for i, x in enumerate(q))
+    assert rounds.mm == 16 * sum(i * i * x for i, x in enumerate(q))
+    for k in range(1, chain):
+        assert rounds.x[k - 1] == 16 * sum(min(i, k) * x for i, x in enumerate(q))
 
 
 def test_chain_rounds_decay_and_truncate():
@@ -157,7 +164,7 @@ def test_candidate_book_memoises_by_identity_and_lists_truncations():
     space = SpaceSpec(
         drafters=("eagle",), modes=("dense",), trees=("chain:0", "chain:2", "chain:6")
     )
-    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     book = CandidateBook(doc, M, G, prof, batch=1, num_candidates=1)
     cands = book.candidates("32K")

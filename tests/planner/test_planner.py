@@ -7,17 +7,16 @@ import numpy as np
 import pytest
 
 from perfmodel.hardware import get_gpu
+from perfmodel.host_overhead import host_overhead_s
 from perfmodel.models import get_model
 from perfmodel.strategy import Strategy, parse_tree, tree_expected_tokens
+from perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp
 from planner.controller import ControllerConfig, OnlineController
+from planner.estimators import accepted_histogram, pooled_chain_tokens
 from planner.profile import (
     REGIMES,
-    Profile,
-    accepted_histogram,
-    alpha_from_tokens,
-    chain_length,
+    RegimeProfile,
     load_profile,
-    pooled_chain_tokens,
     profile_from_traces,
     regime_of,
 )
@@ -93,17 +92,11 @@ def test_validity_rules_name_the_reason():
     assert all(invalid_reason(s, M, G, 4096) is None for s in keep)
 
 
-def test_alpha_inverts_expected_tokens():
-    for tree in ("chain:4", "best:16:6"):
-        for a in (0.2, 0.55, 0.85):
-            e = tree_expected_tokens(parse_tree(tree), a)
-            assert alpha_from_tokens(tree, e) == pytest.approx(a, abs=1e-4)
-    assert alpha_from_tokens("chain:4", 0.5) == 0.0 and alpha_from_tokens("chain:4", 9.0) == 1.0
+def test_regime_of_a_context():
     assert regime_of(3000) == "<=4K" and regime_of(20000) == "32K" and regime_of(10**6) == "64K+"
 
 
 def test_pooled_chain_tokens_read_shorter_chains_from_longer_ones():
-    assert [chain_length(t) for t in ("chain:0", "chain:1", "chain:7", "best:8:4")] == [0, 1, 7, 0]
     assert accepted_histogram([0, 2, 2, 4]) == [1, 0, 2, 0, 1] and accepted_histogram([]) == []
     with pytest.raises(ValueError, match="must be >= 0"):
         accepted_histogram([1, -1])
@@ -172,14 +165,14 @@ def test_profile_file_and_traces(tmp_path):
 
 def test_ranking_is_sorted_and_reacts_to_acceptance():
     regimes = {"32K": 32768}
-    hi = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.9}}), regimes=regimes)
+    hi = rank(M, G, SMALL, RegimeProfile(acceptance={"32K": {"eagle": 0.9}}), regimes=regimes)
     r_hi = hi["regimes"]["32K"]["ranking"]
     assert [x["tokens_per_s"] for x in r_hi] == sorted(
         (x["tokens_per_s"] for x in r_hi), reverse=True
     )
     chains = SpaceSpec(trees=("chain:2", "chain:6"), modes=("dense",))
-    deep = rank(M, G, chains, Profile(acceptance={"32K": {"eagle": 0.9}}), regimes=regimes)
-    shallow = rank(M, G, chains, Profile(acceptance={"32K": {"eagle": 0.1}}), regimes=regimes)
+    deep = rank(M, G, chains, RegimeProfile(acceptance={"32K": {"eagle": 0.9}}), regimes=regimes)
+    shallow = rank(M, G, chains, RegimeProfile(acceptance={"32K": {"eagle": 0.1}}), regimes=regimes)
     top = lambda d: d["regimes"]["32K"]["ranking"][0]["strategy"]["tree"]  # noqa: E731
     # long chains pay for their drafting steps only when drafts get accepted
     assert top(deep) == "chain:6" and top(shallow) == "chain:2"
@@ -204,8 +197,10 @@ class Stats:
 
 
 def _controller(**cfg):
-    doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
-    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    doc = rank(
+        M, G, SMALL, RegimeProfile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768}
+    )
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8}})
     return OnlineController(doc, M, G, prof, ControllerConfig(**cfg))
 
 
@@ -239,7 +234,7 @@ def test_controller_leaves_a_strategy_without_drafts_by_probing():
     acceptance, so after ``probe_after`` rounds the controller probes the best drafting
     strategy again instead of staying there for good."""
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
-    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     cfg = ControllerConfig(patience=2, cooldown=0, probe_after=5, stride=1)
     c = OnlineController(doc, M, G, prof, cfg)
@@ -276,7 +271,7 @@ def test_controller_collapse_trigger_is_fast_on_a_collapse_and_quiet_otherwise()
     the cooldown (reason ``collapse``); at its profiled acceptance, or after a mild drop, the
     collapse test stays quiet over hundreds of rounds (the EMA's patience handles drifts)."""
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
-    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     huge = 10**6  # no patience and no cooldown reach: only a collapse can act
     cfg = ControllerConfig(patience=huge, cooldown=huge, probe_after=huge)
@@ -304,7 +299,7 @@ def test_controller_backs_off_probes_that_fail():
     """A drafter that collapses for good: every probe goes back to autoregressive decoding, and
     each one doubles the wait before the next (5, 10, 20, then ``probe_max``)."""
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
-    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     cfg = ControllerConfig(patience=2, cooldown=0, probe_after=5, probe_max=20, stride=1)
     c = OnlineController(doc, M, G, prof, cfg)
@@ -328,7 +323,7 @@ def test_controller_prices_a_switch_by_its_destination():
     """Switch costs are kept per destination kind: a dear catch-up of the draft model must not
     stop a cheap switch to autoregressive decoding, and each switch measures its own kind."""
     space = dataclasses.replace(SMALL, trees=("chain:0", "chain:6"), modes=("dense",))
-    prof = Profile(acceptance={"32K": {"eagle": 0.8}})
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     cfg = ControllerConfig(patience=2, cooldown=0, stride=1)
 
@@ -365,7 +360,7 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses(transfe
     space = dataclasses.replace(
         SMALL, drafters=("ngram", "eagle"), trees=("chain:0", "chain:6"), modes=("dense",)
     )
-    prof = Profile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.85}})
+    prof = RegimeProfile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.85}})
     doc = rank(M, G, space, prof, regimes={"32K": 32768})
     first = strategy_from_json(doc["regimes"]["32K"]["ranking"][0]["strategy"])
     assert first.drafter.kind == "ngram"
@@ -386,7 +381,7 @@ def test_controller_moves_to_another_drafter_when_only_its_own_collapses(transfe
 SHADOW_SPACE = dataclasses.replace(
     SMALL, drafters=("eagle", "ngram"), modes=("dense",), trees=("chain:0", "chain:2", "chain:6")
 )
-SHADOW_PROFILE = Profile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.3}})
+SHADOW_PROFILE = RegimeProfile(acceptance={"32K": {"eagle": 0.8, "ngram": 0.3}})
 
 
 def _shadow_controller(**cfg) -> OnlineController:
@@ -512,14 +507,8 @@ def test_controller_leaves_a_collapsing_drafter_and_keeps_ngram_off_random_text(
 def test_controller_rescore_agrees_with_a_full_score():
     """The controller re-scores from cached round times and interpolated tokens per round;
     it must rank the candidates as a full ``score`` at the same shifted acceptance does."""
-    from planner.profile import expected_tokens
     from planner.rank import score
 
-    for tree in ("chain:4", "best:16:6"):
-        for a in (0.0, 0.3, 0.77, 1.0):
-            exact = tree_expected_tokens(parse_tree(tree), min(a, 1 - 1e-9))
-            assert expected_tokens(tree, a) == pytest.approx(exact, abs=1e-4)
-    assert expected_tokens("chain:0", 0.5) == 1.0
     c = _controller()
     c.warm()
     s = c.initial_strategy(30000)
@@ -537,7 +526,9 @@ def test_controller_rescore_agrees_with_a_full_score():
 
 
 def test_controller_from_a_ranking_document_and_regimes_it_lacks():
-    doc = rank(M, G, SMALL, Profile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768})
+    doc = rank(
+        M, G, SMALL, RegimeProfile(acceptance={"32K": {"eagle": 0.8}}), regimes={"32K": 32768}
+    )
     doc = json.loads(json.dumps(doc))  # as read back from the file
     c = OnlineController.from_ranking(doc, ControllerConfig(patience=2, cooldown=0))
     assert c.model.name == M.name and c.gpu.name == G.name
@@ -622,16 +613,16 @@ def test_profile_inside_a_document_and_what_is_not_a_profile(tmp_path):
 
 def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
     small = dataclasses.replace(M, max_position_embeddings=16384)
-    doc = rank(small, G, SMALL, Profile(acceptance={"default": {"eagle": 0.6}}))
+    doc = rank(small, G, SMALL, RegimeProfile(acceptance={"default": {"eagle": 0.6}}))
     assert set(doc["regimes"]) == {"<=4K", "8K", "16K"}
     assert doc["skipped"]["32K"] == "context 32768 > the model's 16384 trained positions"
     notes = doc["regimes"]["16K"]["assumed"]
     assert not any(n.startswith("acceptance of") for n in notes)  # from ``default``
     assert "loop overhead per round (none: the step model alone)" in notes
     assert any(n.startswith("block overlap of bfs") for n in notes)
-    bare = rank(M, G, SMALL, Profile(), regimes={"32K": 32768})["regimes"]["32K"]["assumed"]
+    bare = rank(M, G, SMALL, RegimeProfile(), regimes={"32K": 32768})["regimes"]["32K"]["assumed"]
     assert bare[0] == "acceptance of eagle (workload default 0.7)"
-    full = Profile(
+    full = RegimeProfile(
         acceptance={"32K": {"eagle": 0.6}},
         overlap={"32K": {"bfs": 0.7}},
         attention={"32K": {"eagle@sparse": 0.9}},
@@ -640,18 +631,12 @@ def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
     assert rank(M, G, SMALL, full, regimes={"32K": 32768})["regimes"]["32K"]["assumed"] == []
     tiny = dataclasses.replace(M, max_position_embeddings=2048)
     with pytest.raises(ValueError, match="no regime to rank for .*: <=4K: context 4096 > "):
-        rank(tiny, G, SMALL, Profile())
+        rank(tiny, G, SMALL, RegimeProfile())
 
 
 def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):
     from perfmodel.strategy import DrafterSpec
-    from planner.profile import (
-        OVERHEAD_TERMS,
-        attention_key,
-        fit_overhead,
-        overhead_features,
-        profile_from_json,
-    )
+    from planner.profile import attention_key
     from planner.rank import score
 
     ng = DrafterSpec(kind="ngram")
@@ -678,7 +663,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     assert attention_key(shared) == "exact:nsa32s16:top16x64w512:r2"
     shared = dataclasses.replace(shared, metadata="mean")
     assert attention_key(shared) == "shared4:mean:top16x64w512:r2"
-    prof = Profile(
+    prof = RegimeProfile(
         {"16K": {"ngram": 0.6, "ngram@chain:7": 0.5, "draft_model": 0.8}},
         {},
         "t",
@@ -700,25 +685,22 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     assert prof.attention_factor("16K", dm, "ngram") == 0.5
     assert prof.attention_factor("16K", sparse, "draft_model") == 0.9
     # a drafter's factor for every key sits between its per-key factor and the key's
-    pooled = Profile(
+    pooled = RegimeProfile(
         attention={"16K": {"ngram@sparse": 0.4, "exact:nsa32s16:top16x64w512:r2": 0.5}}
     )
     assert pooled.attention_factor("16K", sparse) == 0.4
     assert pooled.attention_factor("16K", dm) == 0.5 and pooled.attention_factor("16K", dense) == 1
-    assert prof.overhead_s("16K", dense) == pytest.approx(1e-4 + 4e-5)
-    assert prof.overhead_s("16K", sparse) == pytest.approx(1e-4 + 4e-5 + 2e-4)
-    assert prof.overhead_s("8K", sparse) == 0.0  # no fit for the regime, no default
-    # Host lookups per node are an n-gram drafter's; a draft model pays per level instead.
-    host = Profile(overhead={"16K": {"host_node": 1e-5, "draft_level": 1e-4}})
-    dm7 = dataclasses.replace(tree7, drafter=DrafterSpec(kind="draft_model", model="x"))
-    wide = dataclasses.replace(dm7, tree="parents:-1,-1,-1,0,1,2")
-    assert host.overhead_s("16K", tree7) == pytest.approx(7e-5)
-    assert host.overhead_s("16K", dm7) == pytest.approx(7e-4)
-    assert host.overhead_s("16K", wide) == pytest.approx(2e-4)  # 6 nodes, 2 levels
+    # The profile holds the loop overhead's coefficients per regime (``default`` for the
+    # others); ``perfmodel.host_overhead`` prices a round from them.
+    assert prof.overhead_coefficients("16K") == {"round": 1e-4, "node": 1e-5, "sparse": 2e-4}
+    assert prof.overhead_coefficients("8K") == {}  # no fit for the regime, no default
+    fallback = RegimeProfile(overhead={"default": {"round": 3e-4}})
+    assert fallback.overhead_coefficients("8K") == {"round": 3e-4}
+    assert host_overhead_s(prof.overhead_coefficients("16K"), sparse) == pytest.approx(3.4e-4)
     # The ranking scores with both: a round costs the step model plus the loop overhead.
     tiny = get_model("engine/checkpoints/tiny-target")
     (with_loop,), _ = score(tiny, G, [sparse], 16000, prof, "16K")
-    (bare,), _ = score(tiny, G, [sparse], 16000, Profile({"16K": {"ngram": 0.3}}), "16K")
+    (bare,), _ = score(tiny, G, [sparse], 16000, RegimeProfile({"16K": {"ngram": 0.3}}), "16K")
     assert with_loop.breakdown_s["loop"] == pytest.approx(3.4e-4) and bare.breakdown_s["loop"] == 0
     assert with_loop.round_s == pytest.approx(bare.round_s + 3.4e-4)
     assert with_loop.tokens_per_round == pytest.approx(bare.tokens_per_round)
@@ -728,7 +710,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     p.write_text(json.dumps(prof.to_json()))
     again = load_profile(p)
     assert again.alpha_for("16K", sparse) == pytest.approx(0.3)
-    assert again.overhead_s("16K", sparse) == pytest.approx(prof.overhead_s("16K", sparse))
+    assert again.overhead_coefficients("16K") == prof.overhead_coefficients("16K")
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": {"launch": 1.0}}}}))
     with pytest.raises(ValueError, match="16K.overhead.launch is not one of round"):
         load_profile(p)
@@ -739,7 +721,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     # in an H100 evaluation), the other terms are not, and no round's overhead goes below 0.
     signed = {"round": 1.2e-4, "speculative": -3.4e-5}
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": signed}}}))
-    assert load_profile(p).overhead_s("16K", tree7) == pytest.approx(1.2e-4 - 3.4e-5)
+    assert load_profile(p).overhead_coefficients("16K") == signed
     for bad, msg in (
         ({"round": 1e-5, "speculative": -3e-5}, "round \\+ speculative must be >= 0"),
         ({"node": -1e-6}, "16K.overhead.node must be a finite number >= 0"),
@@ -748,67 +730,10 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
         p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": bad}}}))
         with pytest.raises(ValueError, match=msg):
             load_profile(p)
-    # The fit recovers known non-negative coefficients from noiseless residuals.
-    dm = DrafterSpec(kind="draft_model", model="x")
-    strategies = [
-        dataclasses.replace(s, tree=t, drafter=d)
-        for s in (dense, sparse)
-        for t in ("chain:0", "chain:2", "chain:7", "best:16:6")
-        for d in (ng, dm)
-    ]
-    truth = np.array([2e-4, 3e-4, 1e-4, 2e-5, 5e-5, 1.5e-4, 3e-5])
-    y = [float(overhead_features(s) @ truth) for s in strategies]
-    coef, fit = fit_overhead(strategies, y)
-    assert list(coef) == list(OVERHEAD_TERMS) and fit["rows"] == len(strategies)
-    assert np.allclose([coef[t] for t in OVERHEAD_TERMS], truth, atol=1e-9)
-    assert fit["rms_s"] < 1e-9
-    with pytest.raises(ValueError, match="one residual per strategy"):
-        fit_overhead(strategies, y[:-1])
-    # Weighted by 1 / round time: exact data is still recovered; on data the terms cannot fit
-    # (dense AR rounds 0.1 ms cheaper than the terms say, sparse ones not) the relative error
-    # is the smaller one.
-    rounds = [0.7e-3 if s.tree == "chain:0" else 3e-3 for s in strategies]
-    coef_w, _ = fit_overhead(strategies, y, rounds)
-    assert np.allclose([coef_w[t] for t in OVERHEAD_TERMS], truth, atol=1e-9)
-    y_off = [
-        v - 1e-4 * (s.tree == "chain:0" and not s.is_sparse)
-        for v, s in zip(y, strategies, strict=True)
-    ]
-    rel = {}
-    for name, r in (("plain", None), ("weighted", rounds)):
-        c, fit = fit_overhead(strategies, y_off, r)
-        pred = np.array([overhead_features(s) @ [c[t] for t in OVERHEAD_TERMS] for s in strategies])
-        rel[name] = np.sqrt(np.mean(((pred - np.array(y_off)) / np.array(rounds)) ** 2))
-    assert rel["weighted"] < rel["plain"] and fit["rms_rel"] == pytest.approx(rel["weighted"])
-    with pytest.raises(ValueError, match="positive round time"):
-        fit_overhead(strategies, y, [0.0] * len(y))
-    # A drafting round whose residual is below an autoregressive one's (the step model prices
-    # its GPU work high): with autoregressive rows, ``speculative`` takes the sign and
-    # ``round`` stays what the autoregressive rounds say; held at 0 or above (as without
-    # autoregressive rows, where the two terms are one column), ``round`` absorbs it.
-    signed = truth.copy()
-    signed[OVERHEAD_TERMS.index("speculative")] = -5e-5
-    y_neg = [float(overhead_features(s) @ signed) for s in strategies]
-    coef, fit = fit_overhead(strategies, y_neg, rounds)
-    assert np.allclose([coef[t] for t in OVERHEAD_TERMS], signed, atol=1e-9)
-    assert fit["autoregressive_rows"] == 4 and fit["rms_s"] < 1e-9
-    drafting = [s for s in strategies if s.tree != "chain:0"]
-    y_d = [float(overhead_features(s) @ signed) for s in drafting]
-    coef, fit = fit_overhead(drafting, y_d)
-    assert fit["autoregressive_rows"] == 0 and coef["speculative"] >= 0
-    assert coef["round"] + coef["speculative"] == pytest.approx(signed[0] + signed[1], abs=1e-9)
-    # A drafting round's intercept never goes below 0 (what the loader checks): data asking for
-    # round + speculative < 0 is fitted at 0 there, and the file the fit makes loads.
-    below = truth.copy()
-    below[OVERHEAD_TERMS.index("speculative")] = -2.0 * truth[OVERHEAD_TERMS.index("round")]
-    y_below = [float(overhead_features(s) @ below) for s in strategies]
-    coef, _ = fit_overhead(strategies, y_below, rounds)
-    assert coef["round"] >= 0 and coef["round"] + coef["speculative"] >= -1e-12
-    profile_from_json({"version": 2, "regimes": {"16K": {"overhead": coef}}})
 
 
 TREE_SPACE = dataclasses.replace(SHADOW_SPACE, trees=("chain:0", "chain:4", "full:2x4"))
-TREE_PROFILE = Profile(acceptance={"32K": {"eagle": 0.5, "ngram": 0.3}})
+TREE_PROFILE = RegimeProfile(acceptance={"32K": {"eagle": 0.5, "ngram": 0.3}})
 
 
 def _tree_shadow(rng, spec: str, alpha: float, walked: float, positions: int = 3):
@@ -827,8 +752,6 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     misses). Its candidates are scored from that walk, not shifted by the chains' shadow: a
     rising tree walk re-scores (reason ``shadow``, keyed by the tree) and the controller goes
     to the n-gram tree; with the walk's figure as profiled it stays put."""
-    from planner.profile import expected_tokens
-
     doc = rank(M, G, TREE_SPACE, TREE_PROFILE, regimes={"32K": 32768})
     c = OnlineController(doc, M, G, TREE_PROFILE, ControllerConfig())
     (spec,) = c.shadow_trees()
@@ -840,7 +763,7 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
         for x in c._book.candidates("32K").values()
         if x.drafter.kind == "ngram" and x.tree == spec
     )
-    mean = expected_tokens(s.tree, 0.5) - 1.0  # the eagle tree as profiled, round by round
+    mean = expected_tokens_interp(s.tree, 0.5) - 1.0  # the eagle tree as profiled, round by round
 
     def eagle(rng) -> int:
         return int(mean) + (rng.random() < mean - int(mean))
@@ -865,7 +788,7 @@ def test_controller_scores_ngram_trees_from_their_own_walks():
     assert sw["expected_alpha"] == c._book.alpha_for("32K", tree) and sw["observed_alpha"] > 0.6
     # A walk at what the profile says of the tree: no switch.
     c = OnlineController(doc, M, G, TREE_PROFILE, ControllerConfig())
-    prof = expected_tokens(spec, c._book.alpha_for("32K", tree)) - 1.0
+    prof = expected_tokens_interp(spec, c._book.alpha_for("32K", tree)) - 1.0
     s, rng = c.initial_strategy(30000), np.random.default_rng(1)
     for i in range(200):
         c.after_round(

@@ -396,7 +396,10 @@ def test_the_script_one_line_errors_pack_and_plan(tree, tmp_path, capsys, monkey
         "verify_breakdown",
     ]
     assert [s.name for s in cli.STAGES if s.budgeted] == ["ops", "kernels", "kernels_tiny"]
-    assert "-m kernels.benchmark --out build/campaign/profile --geometry tiny --budget-s" in plan
+    assert (
+        "-m calibration.kernel_sweep --out build/campaign/profile --geometry tiny --budget-s"
+        in plan
+    )
     assert "--resume build/campaign/planner-runs.jsonl" in plan and "/dev/null" not in plan
 
 
@@ -425,51 +428,37 @@ def test_the_fit_stage_fits_a_folder_as_the_committed_fit_does(tmp_path, capsys)
 def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monkeypatch):
     import torch
 
-    from calibration import sweep
-    from kernels import benchmark
-    from perfmodel.rows import params_key
+    from calibration import kernel_sweep, runner, sweep
+    from kernels import timing as tm
 
-    assert sweep.STOPPED_AT_BUDGET == benchmark.STOPPED_AT_BUDGET == STAGE_STOPPED
-    # Past the deadline, a config already in the file is no stop; a missing one is.
-    s = object.__new__(sweep.Sweep)
-    s.path, s.written, s.stopped, s.resident = tmp_path / "rows.jsonl", 0, False, False
-    s.done = {params_key("op", {"m": 1}, "graph")}
-    s.deadline = time.monotonic() - 1
-    s.run("op", {"m": 1}, lambda i: pytest.fail("timed a done config"), 1, 1.0, 1.0)
-    assert not s.stopped
-    s.run("op", {"m": 2}, lambda i: pytest.fail("timed past the deadline"), 1, 1.0, 1.0)
-    assert s.stopped and not s.path.exists()
+    assert sweep.STOPPED_AT_BUDGET == kernel_sweep.STOPPED_AT_BUDGET == STAGE_STOPPED
+    # Past the budget, a config already in the file is no stop; a missing one is.
+    r = runner.Runner(tmp_path / "rows.jsonl", 1.0, config=tm.QUICK_TIMING, timings=("graph",))
+    r.done = {runner.row_key("op", "graph", {"m": 1})}
+    work = dict(num_inputs=1, unique_bytes=1.0, flops=1.0)
+    r.time_op("op", {"m": 1}, lambda i: pytest.fail("timed a done config"), **work)
+    assert not r.stopped
+    r.time_op("op", {"m": 2}, lambda i: pytest.fail("timed past the budget"), **work)
+    assert r.stopped and not r.path.exists()
 
-    class FakeSweep:
-        def __init__(self, out, budget_s):
-            self.path, self.done, self.written, self.stopped = out / "rows.jsonl", set(), 0, False
-            self.ceil = dict(copy_bytes_per_s=1e12, gemm_flops_per_s=1e15, launch_s=1e-6)
-            self.prov = {"device_name": "fake"}
+    def fake_runner(*args):
+        r = runner.Runner(tmp_path / "rows.jsonl", 1.0, config=tm.QUICK_TIMING)
+        r.ceil = dict(copy_bytes_per_s=1e12, gemm_flops_per_s=1e15, launch=1e-6, graph=1e-6)
+        r.measure_ceilings = dict
+        return r
 
+    prov = dict(device_name="fake", torch_version="-", triton_version="-", git_commit="-")
+    monkeypatch.setattr(tm, "provenance", lambda: prov)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(sweep, "Sweep", FakeSweep)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(sweep, "new_runner", fake_runner)
+    monkeypatch.setattr(kernel_sweep, "new_runner", fake_runner)
+    monkeypatch.setattr(kernel_sweep, "write_ceilings", lambda r: None)
     for stop in (False, True):
         monkeypatch.setattr(sweep, "gemm_sweep", lambda s, stop=stop: setattr(s, "stopped", stop))
         argv = ["--out", str(tmp_path), "--ops", "gemm"]
         assert sweep.main(argv) == (STAGE_STOPPED if stop else 0)
-
-    class FakeRunner:
-        def __init__(self, opts):
-            self.path, self.stopped, self.num_written = tmp_path / "k.jsonl", False, 0
-            self.prov = dict(
-                device_name="fake", torch_version="-", triton_version="-", git_commit="-"
-            )
-
-        def elapsed_s(self):
-            return 0.0
-
-        def measure_ceilings(self):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(benchmark, "Runner", FakeRunner)
-    monkeypatch.setattr(benchmark, "check_dense", lambda: None)
-    for stop in (False, True):
-        monkeypatch.setattr(benchmark, "dense_sweep", lambda r, m, s=stop: setattr(r, "stopped", s))
+        dense = lambda r, sw, seed, mod, stop=stop: setattr(r, "stopped", stop)
+        monkeypatch.setitem(kernel_sweep.STEPS, "dense", (lambda mod: None, dense, None))
         argv = ["--out", str(tmp_path), "--ops", "dense"]
-        assert benchmark.main(argv) == (STAGE_STOPPED if stop else 0)
+        assert kernel_sweep.main(argv) == (STAGE_STOPPED if stop else 0)

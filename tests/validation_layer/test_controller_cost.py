@@ -1,7 +1,7 @@
 """The online controller's cheap per-round path (``validation.controller_cost``) decides
 exactly as the plain one: memoised strategy records, profile look-ups, shadow references, probe
-and re-score rows, and the list interpolation of ``planner.profile`` change no switch, no round,
-no reason and no logged figure."""
+and re-score rows, and the list interpolation of ``perfmodel.tree_tokens`` change no switch, no
+round, no reason and no logged figure."""
 
 from __future__ import annotations
 
@@ -16,16 +16,10 @@ import planner.candidates
 import planner.estimators
 import planner.rescore
 import planner.shadow
-from perfmodel.strategy import parse_tree
+from perfmodel.strategy import chain_length, parse_tree
+from perfmodel.tree_tokens import _interp, alpha_from_tokens, expected_tokens_interp, tokens_grid
 from planner.candidates import CandidateBook, Known
 from planner.controller import OnlineController
-from planner.profile import (
-    _interp,
-    _tokens_table,
-    alpha_from_tokens,
-    chain_length,
-    expected_tokens,
-)
 from planner.rank import strategy_from_json
 from planner.space import strategy_id
 from validation import controller_cost
@@ -47,18 +41,18 @@ def setting():
 
 
 def _np_expected_tokens(tree: str, alpha: float) -> float:
-    """``expected_tokens`` as it was: ``np.interp`` on the arrays."""
+    """``expected_tokens_interp`` by ``np.interp`` on the arrays."""
     if not parse_tree(tree):
         return 1.0
-    alphas, tokens = _tokens_table(tree)
+    alphas, tokens = tokens_grid(tree)
     return float(np.interp(min(max(alpha, 0.0), alphas[-1]), alphas, tokens))
 
 
 def _np_alpha_from_tokens(tree: str, tokens_per_round: float) -> float:
-    """``alpha_from_tokens`` as it was: ``np.interp`` on the arrays."""
+    """``alpha_from_tokens`` by ``np.interp`` on the arrays."""
     if not parse_tree(tree):
         return 0.0
-    alphas, tokens = _tokens_table(tree)
+    alphas, tokens = tokens_grid(tree)
     if tokens_per_round <= tokens[0]:
         return 0.0
     if tokens_per_round >= tokens[-1]:
@@ -71,7 +65,7 @@ def _plain_interpolation(monkeypatch) -> None:
     for module in (planner.candidates, planner.estimators, planner.rescore, planner.shadow):
         for name, plain in (
             ("alpha_from_tokens", _np_alpha_from_tokens),
-            ("expected_tokens", _np_expected_tokens),
+            ("expected_tokens_interp", _np_expected_tokens),
         ):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, plain)
@@ -117,7 +111,7 @@ class PlainController(OnlineController):
 
 @pytest.mark.parametrize("tree", TREES)
 def test_list_interpolation_is_np_interp_bit_for_bit(tree):
-    alphas, tokens = _tokens_table(tree)
+    alphas, tokens = tokens_grid(tree)
     rng = np.random.default_rng(7)
     probes = np.concatenate(
         [
@@ -133,10 +127,12 @@ def test_list_interpolation_is_np_interp_bit_for_bit(tree):
     for x in probes:
         assert _interp(x, alphas.tolist(), tokens.tolist()) == np.interp(x, alphas, tokens)
         assert _interp(x, tokens.tolist(), alphas.tolist()) == np.interp(x, tokens, alphas)
-        assert expected_tokens(tree, x) == _np_expected_tokens(tree, x)
+        assert expected_tokens_interp(tree, x) == _np_expected_tokens(tree, x)
         assert alpha_from_tokens(tree, x) == _np_alpha_from_tokens(tree, x)
     assert np.isnan(_interp(float("nan"), alphas.tolist(), tokens.tolist()))
-    assert expected_tokens("chain:0", 0.7) == 1.0 and alpha_from_tokens("chain:0", 2.0) == 0.0
+    assert (
+        expected_tokens_interp("chain:0", 0.7) == 1.0 and alpha_from_tokens("chain:0", 2.0) == 0.0
+    )
 
 
 @pytest.mark.parametrize("scenario", sorted(cw.SCENARIOS))
@@ -189,7 +185,7 @@ def _world_tps(setting, world: dict, s) -> float:
         per_depth = np.minimum(np.asarray(a)[np.minimum(np.arange(k), len(a) - 1)] * f, 1.0)
         tokens = 1.0 + float(np.cumprod(per_depth).sum())  # P(the first j drafts accepted)
     else:
-        tokens = expected_tokens(s.tree, min(1.0, a * f))
+        tokens = expected_tokens_interp(s.tree, min(1.0, a * f))
     return tokens / scored.round_s
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from perfmodel.host_overhead import OVERHEAD_TERMS
 from perfmodel.strategy import parse_tree
+from perfmodel.tree_tokens import alpha_from_tokens
 from planner.controller import ControllerConfig
-from planner.profile import OVERHEAD_TERMS, alpha_from_tokens, profile_from_json
+from planner.profile import profile_from_json
 from planner.space import SpaceSpec, strategy_id
 from validation import planner_eval, rescore
 from validation.bench import captures_counted, steady_figures

@@ -178,8 +178,9 @@ def _verdicts(block: str) -> list[str]:
 
 
 def test_readme_planner_block_follows_the_evaluation(tmp_path):
-    """The README's planner block: each regime's figures and each prompt set's gain as the
-    installed evaluation records them, and the verdicts of its ``met``, whichever they are."""
+    """The planner block of the results page: each regime's figures and each prompt set's gain
+    as the installed evaluation records them, and the verdicts of its ``met``, whichever they
+    are."""
     from validation.readme import planner_block
 
     path = record_path("planner.json")

@@ -1,4 +1,4 @@
-"""The kernel benchmark's summary (:mod:`kernels.benchmark`): headline figures per op from the
+"""The kernel sweep's summary (:mod:`calibration.kernel_sweep`): headline figures per op from the
 rows of ``kernel_bench.jsonl``, and per sparse-path op and batch the rows within the floor target.
 """
 
@@ -8,17 +8,7 @@ import json
 
 import numpy as np
 
-# Params derived from a row's defining ones: not part of its key, ignored when matching rows.
-DERIVED = frozenset(
-    {
-        "num_splits",
-        "f_load",
-        "f_load_formula",
-        "global_unique_bytes",
-        "rotations",
-        "missed_blocks",
-    }
-)
+from perfmodel.rows import DERIVED
 
 
 def _dense_target(p: dict, r: dict, floor: float) -> bool | None:
@@ -47,10 +37,7 @@ def _floor_targets(g: list[dict]) -> list[dict]:
     for op in SPARSE_PATH_OPS:
         for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):
             sel = [r for r in g if r["op"] == op and r["params"]["batch"] == bsz]
-            floors = [
-                max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
-                for r in sel
-            ]
+            floors = [_floor(r) for r in sel]
             ratios = [r["median_s"] / f for r, f in zip(sel, floors, strict=True)]
             met = sum(floor_target_met(r["median_s"], f) for r, f in zip(sel, floors, strict=True))
             out.append(
@@ -66,65 +53,75 @@ def _floor_targets(g: list[dict]) -> list[dict]:
     return out
 
 
-def summarise(rows: list[dict]) -> dict[str, list[dict]]:
-    """Graph-replay headline figures per op, from every row in the file."""
-    g = [r for r in rows if r["timing"] == "graph"]
-    out: dict[str, list[dict]] = {"dense": [], "sparse": [], "repair": [], "nsa": []}
-    out["floor targets"] = _floor_targets(g)
-    sdpa = {
-        json.dumps({k: v for k, v in r["params"].items() if k not in DERIVED}, sort_keys=True): r
-        for r in g
-        if r["op"] == "torch_sdpa"
-    }
+def _floor(r: dict) -> float:
+    """The row's floor: max(bytes / copy bandwidth, FLOPs / GEMM rate)."""
+    return max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
+
+
+def _defining(p: dict) -> str:
+    return json.dumps({k: v for k, v in p.items() if k not in DERIVED}, sort_keys=True)
+
+
+def _dense(g: list[dict]) -> list[dict]:
+    """dense_verify rows: bandwidth, time / floor, speedup over torch SDPA, target met."""
+    sdpa = {_defining(r["params"]): r for r in g if r["op"] == "torch_sdpa"}
+    out = []
     for r in g:
-        p = r["params"]
-        floor = max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
-        if r["op"] == "dense_verify":
-            key = json.dumps({k: v for k, v in p.items() if k not in DERIVED}, sort_keys=True)
-            base = sdpa.get(key)
-            out["dense"].append(
-                {
-                    "T": p["context_len"],
-                    "t": p["num_query_tokens"],
-                    "B": p["batch"],
-                    "us": r["median_s"] * 1e6,
-                    "TB/s": r["achieved_bytes_per_s"] / 1e12,
-                    "copy%": 100 * r["achieved_bytes_per_s"] / r["copy_bytes_per_s"],
-                    "x_floor": r["median_s"] / floor,
-                    "vs_sdpa": base["median_s"] / r["median_s"] if base else None,
-                    "target_met": _dense_target(p, r, floor),
-                }
-            )
+        if r["op"] != "dense_verify":
+            continue
+        p, floor = r["params"], _floor(r)
+        base = sdpa.get(_defining(p))
+        out.append(
+            {
+                "T": p["context_len"],
+                "t": p["num_query_tokens"],
+                "B": p["batch"],
+                "us": r["median_s"] * 1e6,
+                "TB/s": r["achieved_bytes_per_s"] / 1e12,
+                "copy%": 100 * r["achieved_bytes_per_s"] / r["copy_bytes_per_s"],
+                "x_floor": r["median_s"] / floor,
+                "vs_sdpa": base["median_s"] / r["median_s"] if base else None,
+                "target_met": _dense_target(p, r, floor),
+            }
+        )
+    return out
+
+
+def _sparse(g: list[dict]) -> list[dict]:
+    """sparse_verify union rows: speedup over per_query at the same selection, its target."""
     pq = {}
     for r in g:
         p = r["params"]
         if r["op"] == "sparse_verify" and p["mode"] == "per_query":
             pq[(p["context_len"], p["top_n"], p["overlap"], p["batch"])] = r["median_s"]
+    out = []
     for r in g:
         p = r["params"]
-        if r["op"] == "sparse_verify" and p["mode"] == "union":
-            base = pq.get((p["context_len"], p["top_n"], p["overlap"], p["batch"]))
-            floor = max(
-                r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"]
-            )
-            out["sparse"].append(
-                {
-                    "T": p["context_len"],
-                    "n": p["top_n"],
-                    "gamma": p["overlap"],
-                    "B": p["batch"],
-                    "C": p["group_size"],
-                    "us": r["median_s"] * 1e6,
-                    "copy%": 100 * r["achieved_bytes_per_s"] / r["copy_bytes_per_s"],
-                    "speedup": base / r["median_s"] if base else None,
-                    "target": 0.85 / p["f_load"],
-                    "time/floor": r["median_s"] / (floor + r["launch_s"]),
-                }
-            )
-    repair_keys = {
-        (r["params"]["context_len"], r["params"]["batch"]) for r in g if r["op"] == "repair"
-    }
-    for ctx, bsz in sorted(repair_keys):
+        if r["op"] != "sparse_verify" or p["mode"] != "union":
+            continue
+        base = pq.get((p["context_len"], p["top_n"], p["overlap"], p["batch"]))
+        out.append(
+            {
+                "T": p["context_len"],
+                "n": p["top_n"],
+                "gamma": p["overlap"],
+                "B": p["batch"],
+                "C": p["group_size"],
+                "us": r["median_s"] * 1e6,
+                "copy%": 100 * r["achieved_bytes_per_s"] / r["copy_bytes_per_s"],
+                "speedup": base / r["median_s"] if base else None,
+                "target": 0.85 / p["f_load"],
+                "time/floor": r["median_s"] / (_floor(r) + r["launch_s"]),
+            }
+        )
+    return out
+
+
+def _repair(g: list[dict]) -> list[dict]:
+    """Per context and batch: a line fitted to repair time over missed blocks, and recompute."""
+    out = []
+    keys = {(r["params"]["context_len"], r["params"]["batch"]) for r in g if r["op"] == "repair"}
+    for ctx, bsz in sorted(keys):
         rep = [
             r
             for r in g
@@ -144,7 +141,7 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
         slope, icept = np.polyfit(x, y, 1)
         resid = y - (slope * x + icept)
         r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum() or 1.0)
-        out["repair"].append(
+        out.append(
             {
                 "T": ctx,
                 "B": bsz,
@@ -155,15 +152,21 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
                 "recompute_us": rec[0] * 1e6 if rec else None,
             }
         )
+    return out
+
+
+def _nsa(g: list[dict]) -> list[dict]:
+    """nsa_verify: the fused kernel's time and its speedup over the unfused calls."""
     nsa = {}
     for r in g:
         if r["op"] == "nsa_verify":
             p = r["params"]
             gamma = p.get("overlap") or -1.0  # -1: the refresh path's own indices
             nsa[(p["context_len"], p["batch"], p["mode"], gamma, p["impl"])] = r["median_s"]
+    out = []
     for (ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
         if impl == "fused" and (ctx, bsz, mode, gamma, "unfused") in nsa:
-            out["nsa"].append(
+            out.append(
                 {
                     "T": ctx,
                     "B": bsz,
@@ -176,7 +179,21 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def summarise(rows: list[dict]) -> dict[str, list[dict]]:
+    """Graph-replay headline figures per op, from every row in the file."""
+    g = [r for r in rows if r["timing"] == "graph"]
+    return {
+        "dense": _dense(g),
+        "sparse": _sparse(g),
+        "repair": _repair(g),
+        "nsa": _nsa(g),
+        "floor targets": _floor_targets(g),
+    }
+
+
 def print_summary(summary: dict[str, list[dict]]) -> None:
+    """The summary as one aligned table per section (empty sections left out)."""
+
     def fmt(v):
         if v is None:
             return "-"

@@ -1,8 +1,14 @@
-"""The kernel benchmark's floor targets, on synthetic rows (no GPU)."""
+"""The kernel sweep's summary: floor targets on synthetic rows, the command on committed rows
+(no GPU)."""
 
 from __future__ import annotations
 
-from kernels.bench_summary import floor_target_met, summarise
+import json
+
+import pytest
+
+from calibration import ceilings, kernel_sweep
+from calibration.kernel_summary import floor_target_met, summarise
 
 
 def test_floor_target_is_relative_above_20us_and_absolute_below():
@@ -34,3 +40,29 @@ def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
     assert (got["nsa_verify", 1]["rows"], got["nsa_verify", 1]["met"]) == (2, 1)
     assert (got["nsa_verify", 16]["rows"], got["nsa_verify", 16]["met"]) == (2, 1)
     assert got["nsa_verify", 16]["worst_x"] == 2.0
+
+
+def test_summary_only_prints_the_committed_rows_without_a_gpu(capsys):
+    out = str(ceilings.PROFILES / "h200")
+    assert kernel_sweep.main(["--out", out, "--summary-only", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    targets = {(e["op"], e["B"]): e for e in summary["floor targets"]}
+    assert targets["sparse_verify", 16]["rows"] > 0 and not summary["dense"]
+    assert kernel_sweep.main(["--out", out, "--summary-only"]) == 0
+    text = capsys.readouterr().out
+    assert "floor targets (graph replay)" in text and "dense (graph replay)" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, bad",
+    [
+        (["--ops", "dense,bogus"], "bogus"),
+        (["--geometry", "huge"], "huge"),
+        (["--budget-s", "0"], "0"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_exit_2(tmp_path, capsys, argv, bad):
+    assert kernel_sweep.main(["--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and bad in err
+    assert not any(tmp_path.iterdir())
