@@ -17,12 +17,11 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target is stated per core
 
 import numpy as np  # noqa: E402
-
-from perfmodel.calibrated import make_predictor  # noqa: E402
-from perfmodel.hardware import get_gpu  # noqa: E402
-from perfmodel.models import get_model  # noqa: E402
-from perfmodel.step import predict_columns, product_columns  # noqa: E402
-from perfmodel.strategy import Strategy  # noqa: E402
+from ssvkit.perfmodel.calibrated import make_predictor  # noqa: E402
+from ssvkit.perfmodel.hardware import get_gpu  # noqa: E402
+from ssvkit.perfmodel.models import get_model  # noqa: E402
+from ssvkit.perfmodel.step import predict_columns, product_columns  # noqa: E402
+from ssvkit.perfmodel.strategy import Strategy  # noqa: E402
 
 
 def strategy_grid() -> list[Strategy]:

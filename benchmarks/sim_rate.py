@@ -15,9 +15,9 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target is stated per core
 
-from perfmodel.strategy import parse_tree, tree_expected_tokens  # noqa: E402
-from sim.config import SimConfig, default_strategy  # noqa: E402
-from sim.scenarios import simulate  # noqa: E402
+from ssvkit.perfmodel.strategy import parse_tree, tree_expected_tokens  # noqa: E402
+from ssvkit.sim.config import SimConfig, default_strategy  # noqa: E402
+from ssvkit.sim.scenarios import simulate  # noqa: E402
 
 TARGET = 20_000
 

@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfmodel.files import atomic_write
-from sweep.grid import spec_from_doc
-from sweep.runner import run_sweep
-from sweep.table import encode
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.sweep.grid import spec_from_doc
+from ssvkit.sweep.runner import run_sweep
+from ssvkit.sweep.table import encode
 
 GRID = {
     "models": ["llama-3.1-8b", "qwen3-8b"],

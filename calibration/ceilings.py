@@ -1,7 +1,8 @@
 """Measured ceilings of a GPU, derived from its committed measurement rows, as the overlay that
 ``perfmodel.hardware.get_gpu`` applies over the datasheet.
 
-    python -m calibration.ceilings --gpu h100-sxm        # rewrites profiles/h100-sxm/ceilings.json
+    # rewrites profiles/h100-sxm/ceilings.json
+    python -m ssvkit.calibration.ceilings --gpu h100-sxm
 
 Every row carries the ceilings measured in its own run (``copy_bytes_per_s``,
 ``gemm_flops_per_s``, ``launch_s``). The overlay takes, over all runs, the best copy rate (read +
@@ -17,7 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
-from perfmodel.rows import load_rows
+from ssvkit.perfmodel.rows import load_rows
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 # What torch.cuda.get_device_name() reports for each registry GPU we have measured.

@@ -35,16 +35,15 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
-
-from calibration import ceilings
-from perfmodel.calibrated import PROFILE_VERSION, ClassFit
-from perfmodel.files import atomic_write
-from perfmodel.hardware import GpuSpec, get_gpu
-from perfmodel.nsa_plan import merge_steps, mma_row_cost
-from perfmodel.predictor import RESIDENT_SUFFIX
-from perfmodel.repair_plan import chain_tiles
-from perfmodel.rows import canonical
-from perfmodel.torch_plan import kv_write_chain, topn_counts
+from ssvkit.calibration import ceilings
+from ssvkit.perfmodel.calibrated import PROFILE_VERSION, ClassFit
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
+from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost
+from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
+from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.rows import canonical
+from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)

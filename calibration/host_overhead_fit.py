@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import nnls
-
-from perfmodel.host_overhead import OVERHEAD_TERMS, overhead_features
-from perfmodel.strategy import Strategy
+from ssvkit.perfmodel.host_overhead import OVERHEAD_TERMS, overhead_features
+from ssvkit.perfmodel.strategy import Strategy
 
 
 def fit_overhead(

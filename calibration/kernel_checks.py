@@ -9,9 +9,8 @@ import math
 
 import numpy as np
 import torch
-
-from calibration import kernel_inputs as ki
-from kernels import timing as tm
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels import timing as tm
 
 TOL = {"o": (3e-2, 3e-2), "lse": (2e-2, 2e-2)}  # bf16
 
@@ -33,7 +32,7 @@ def check(name: str, actual: torch.Tensor, expected: torch.Tensor, kind: str) ->
 
 
 def check_dense() -> None:
-    from kernels.dense_verify import dense_verify, reference_dense_verify
+    from ssvkit.kernels.dense_verify import dense_verify, reference_dense_verify
 
     gen = ki.generator(1)
     for t in (1, 5, 16, 64):
@@ -47,7 +46,7 @@ def check_dense() -> None:
 
 
 def check_repair() -> None:
-    from kernels.repair import reference_repair, repair
+    from ssvkit.kernels.repair import reference_repair, repair
 
     gen = ki.generator(2)
     rng = np.random.default_rng(2)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from kernels.tree import ancestor_bitmask
+from ssvkit.kernels.tree import ancestor_bitmask
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention (use_geometry)
 GEOMETRIES = {"llama-3.1-8b": (32, 8, 128), "tiny": (8, 2, 64)}

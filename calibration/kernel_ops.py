@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from calibration import kernel_inputs as ki
-from calibration.runner import Runner
-from kernels import timing as tm
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.runner import Runner
+from ssvkit.kernels import timing as tm
 
 if TYPE_CHECKING:
-    from calibration.kernel_sweep import Sweep
+    from ssvkit.calibration.kernel_sweep import Sweep
 
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2
 NSA_REUSE_OVERLAP = 0.7
@@ -41,7 +40,7 @@ def free() -> None:
 
 def dense_sweep(r: Runner, sw: Sweep, seed: int, mod=None) -> None:
     """dense_verify and torch SDPA on the same inputs, per batch, context and tree size."""
-    from kernels.dense_verify import dense_verify, plan_dense_verify
+    from ssvkit.kernels.dense_verify import dense_verify, plan_dense_verify
 
     for bsz in sw.dense_batches:
         for ctx in sw.dense_contexts:
@@ -215,7 +214,7 @@ def repair_sweep(r: Runner, sw: Sweep, seed: int, mod=None) -> None:
 
 def _repair_config(r: Runner, seed: int, common: dict, todo) -> None:
     """One KV cache; the rotation sets differ in their selections (so in the blocks read)."""
-    from kernels.repair import repair
+    from ssvkit.kernels.repair import repair
 
     bsz, ctx, t = common["batch"], common["context_len"], common["num_query_tokens"]
     top_n, bs = common["top_n"], common["block_size"]

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
-from perfmodel.rows import DERIVED
+from ssvkit.perfmodel.rows import DERIVED
 
 
 def _dense_target(p: dict, r: dict, floor: float) -> bool | None:

@@ -1,6 +1,6 @@
 """The kernel sweep: correctness first, then the timed sweep, one sealed row per config.
 
-    python -m calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \
+    python -m ssvkit.calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \
         [--ops dense,sparse,repair,nsa,select] [--budget-s 540] [--json] [--geometry tiny]
 
 1. Checks every selected op against its fp32 reference (:mod:`calibration.kernel_checks`); a
@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from calibration import kernel_checks as checks
-from calibration import kernel_inputs as ki
-from calibration import kernel_ops as ops
-from calibration.kernel_summary import print_summary, summarise
-from calibration.runner import COPY_BYTES, STOPPED_AT_BUDGET, Runner, read_rows
-from kernels import timing as tm
+from ssvkit.calibration import kernel_checks as checks
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration import kernel_ops as ops
+from ssvkit.calibration.kernel_summary import print_summary, summarise
+from ssvkit.calibration.runner import COPY_BYTES, STOPPED_AT_BUDGET, Runner, read_rows
+from ssvkit.kernels import timing as tm
 
 OPS = ("dense", "sparse", "repair", "nsa", "select")
 OUT_NAME = "kernel_bench.jsonl"
@@ -104,10 +103,10 @@ TINY_SWEEP = Sweep(
 # op -> (its correctness check, its sweep, the op module both take, None for a fixed one).
 STEPS: dict[str, tuple[Callable, Callable, str | None]] = {
     "dense": (lambda mod: checks.check_dense(), ops.dense_sweep, None),
-    "sparse": (checks.check_sparse, ops.sparse_sweep, "kernels.sparse_verify"),
+    "sparse": (checks.check_sparse, ops.sparse_sweep, "ssvkit.kernels.sparse_verify"),
     "repair": (lambda mod: checks.check_repair(), ops.repair_sweep, None),
-    "nsa": (checks.check_nsa, ops.nsa_sweep, "kernels.nsa_verify"),
-    "select": (checks.check_select, ops.select_sweep, "kernels.select_blocks"),
+    "nsa": (checks.check_nsa, ops.nsa_sweep, "ssvkit.kernels.nsa_verify"),
+    "select": (checks.check_select, ops.select_sweep, "ssvkit.kernels.select_blocks"),
 }
 
 
@@ -241,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_summary(opts.out / OUT_NAME, opts.json)
         return 0
     if not torch.cuda.is_available():
-        print("calibration.kernel_sweep needs a CUDA GPU", file=sys.stderr)
+        print("ssvkit.calibration.kernel_sweep needs a CUDA GPU", file=sys.stderr)
         return 1
     ki.use_geometry(opts.geometry)
     r = new_runner(opts)

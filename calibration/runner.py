@@ -20,9 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-from kernels import timing as tm
-from perfmodel.rows import row_key, seal
+from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.rows import row_key, seal
 
 STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (validation.campaign)
 COPY_BYTES = 2**31  # the device copy that measures the copy-bandwidth ceiling

@@ -4,14 +4,14 @@ loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy sampling over the v
 sealed row per config, CUDA-graph replay with a cold L2, resumable: a config already in the
 output file is skipped (the runner the kernel sweep shares, ``calibration.runner``).
 
-    python -m calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
+    python -m ssvkit.calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
 Exit status 0 when every config is in the file, ``STOPPED_AT_BUDGET`` (3) when the budget left
 configs out (run the same command again to resume). ``main`` takes the op groups to run, so a
 caller above this layer adds its own: ``validation.engine_op_sweep`` adds the ops the engine
 implements (rotary, the KV-tail write, ...) and is the sweep of record.
 
-The attention kernels' rows come from ``python -m calibration.kernel_sweep`` (same runner and
+The attention kernels' rows come from ``python -m ssvkit.calibration.kernel_sweep`` (same runner and
 file folder); ``ssvkit calibrate`` runs both.
 """
 
@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from calibration.runner import STOPPED_AT_BUDGET, Runner
-from kernels import timing as tm
-from perfmodel.models import get_model, model_names
+from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner
+from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.models import get_model, model_names
 
 # Token counts M: powers of two and the points halfway between them (in log space), so that a
 # size the held-out hash takes out of a class still has fitted neighbours on both sides.
@@ -45,7 +44,7 @@ def swept_models() -> dict[str, object]:
     tiny pair the engine validates against (``engine/checkpoints``, when it is there)."""
     models = {name: get_model(name) for name in model_names()}
     for name in TINY_PAIR:
-        folder = Path(str(files("engine"))) / "checkpoints" / name
+        folder = Path(str(files("ssvkit.engine"))) / "checkpoints" / name
         if (folder / "config.json").is_file():
             models[folder.name] = get_model(str(folder))
     return models

@@ -17,10 +17,9 @@ A ratio counts as held out when either of its two rows is. Error = |predicted / 
 from __future__ import annotations
 
 import numpy as np
-
-from calibration import ceilings
-from calibration.error_table import ape_markdown_row
-from calibration.fit import (
+from ssvkit.calibration import ceilings
+from ssvkit.calibration.error_table import ape_markdown_row
+from ssvkit.calibration.fit import (
     UNFITTED_OPS,
     depth,
     error_stats,
@@ -31,9 +30,9 @@ from calibration.fit import (
     stage_counts,
     tile_rows,
 )
-from perfmodel.calibrated import Profile
-from perfmodel.hardware import get_gpu
-from perfmodel.rows import DERIVED
+from ssvkit.perfmodel.calibrated import Profile
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.rows import DERIVED
 
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}
 

@@ -36,9 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from engine.tree import TreeTensors
-from kernels.accept import (
+from ssvkit.engine.tree import TreeTensors
+from ssvkit.kernels.accept import (
     MAX_VOCAB,
     accept_sampled,
     reference_accept_sampled,

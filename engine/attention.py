@@ -34,19 +34,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from engine.cache import KVCache
-from engine.tree import TreeTensors
-from kernels.dense_verify import dense_verify
-from kernels.group_plan import build_group_plan
-from kernels.nsa_verify import (
+from ssvkit.engine.cache import KVCache
+from ssvkit.engine.tree import TreeTensors
+from ssvkit.kernels.dense_verify import dense_verify
+from ssvkit.kernels.group_plan import build_group_plan
+from ssvkit.kernels.nsa_verify import (
     nsa_verify,
     nsa_verify_unfused,
     reference_nsa_verify,
 )
-from kernels.select_blocks import block_scores
-from kernels.sparse_verify import reference_sparse_verify, sparse_verify
-from perfmodel.strategy import Strategy
+from ssvkit.kernels.select_blocks import block_scores
+from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
+from ssvkit.perfmodel.strategy import Strategy
 
 KINDS = ("dense", "sparse", "nsa")
 BACKENDS = ("torch", "triton")

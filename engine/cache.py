@@ -17,16 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from engine.config import ModelConfig
-from kernels.nsa_compress import (
+from ssvkit.engine.config import ModelConfig
+from ssvkit.kernels.nsa_compress import (
     compress_kv,
     max_compressed,
     num_compressed,
     reference_compress_kv,
     update_compressed_kv,
 )
-from kernels.select_blocks import BlockMetadata, reference_block_metadata
+from ssvkit.kernels.select_blocks import BlockMetadata, reference_block_metadata
 
 META_KINDS = ("mean", "quest")
 

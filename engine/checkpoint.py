@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from engine.config import ModelConfig
-from engine.model import CausalLM
-from engine.rope import rope_tables
-from perfmodel.models import get_model, load_config
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.model import CausalLM
+from ssvkit.engine.rope import rope_tables
+from ssvkit.perfmodel.models import get_model, load_config
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 TINY_TARGET = CHECKPOINT_DIR / "tiny-target"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from perfmodel.models import ModelSpec, spec_from_config
+from ssvkit.perfmodel.models import ModelSpec, spec_from_config
 
 FAMILIES = ("llama", "qwen2", "qwen3", "glm")
 ROPE_TYPES = ("default", "llama3", "linear")

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from perfmodel.strategy import Strategy
+from ssvkit.perfmodel.strategy import Strategy
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,12 +27,11 @@ from __future__ import annotations
 import math
 
 import torch
-
-from engine.acceptance import AcceptedPath
-from engine.attention import AttentionConfig
-from engine.drafter import Draft, LevelPlan, draw_children
-from engine.runner import ModelRunner
-from engine.tree import DraftTree
+from ssvkit.engine.acceptance import AcceptedPath
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.drafter import Draft, LevelPlan, draw_children
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.tree import DraftTree
 
 
 class _LevelExpander:

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-
-from engine.acceptance import AcceptedPath
-from engine.tree import DraftTree
+from ssvkit.engine.acceptance import AcceptedPath
+from ssvkit.engine.tree import DraftTree
 
 
 @dataclass(slots=True)

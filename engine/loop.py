@@ -47,23 +47,22 @@ import time
 
 import numpy as np
 import torch
-
-from engine.acceptance import accept, target_probs
-from engine.attention import AttentionConfig
-from engine.config import ModelConfig
-from engine.controller import Controller, KeepStrategy, RoundStats
-from engine.draft_model import ModelDrafter, SelfSparseDrafter
-from engine.drafter import Draft, Drafter
-from engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
-from engine.results import DecodeResult, RoundRecord
-from engine.runner import ModelRunner
-from engine.settings import DecodeConfig
-from engine.stats import RoundSelection, SelectionStats
-from engine.timing import StepTimer
-from engine.trace_writer import TraceWriter
-from engine.tree import DraftTree
-from kernels.accept import reference_sample
-from perfmodel.strategy import Strategy
+from ssvkit.engine.acceptance import accept, target_probs
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.controller import Controller, KeepStrategy, RoundStats
+from ssvkit.engine.draft_model import ModelDrafter, SelfSparseDrafter
+from ssvkit.engine.drafter import Draft, Drafter
+from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
+from ssvkit.engine.results import DecodeResult, RoundRecord
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.stats import RoundSelection, SelectionStats
+from ssvkit.engine.timing import StepTimer
+from ssvkit.engine.trace_writer import TraceWriter
+from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels.accept import reference_sample
+from ssvkit.perfmodel.strategy import Strategy
 
 
 def check_strategy(

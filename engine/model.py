@@ -23,13 +23,12 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from ssvkit.engine.cache import KVTarget
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.rope import apply_rope, expand_angles, rope_tables
+from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.rope_kv_write import rope_kv_write
 from torch import nn
-
-from engine.cache import KVTarget
-from engine.config import ModelConfig
-from engine.rope import apply_rope, expand_angles, rope_tables
-from kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
-from kernels.rope_kv_write import rope_kv_write
 
 BACKENDS = ("torch", "triton")
 

@@ -52,7 +52,7 @@ costs one comparison per matched node and token. The first
 continuations of each n-gram a tree asked for are kept ranked as the counts grow
 (``_Hits.ranked``), so a lookup is a dictionary hit, not a partial sort. The three n-gram trees
 of the 16K regime add ~35 us a round to the shadow on a development CPU with its caches hot,
-~50 us with 32 MiB written between rounds (``python -m validation.controller_cost``).
+~50 us with 32 MiB written between rounds (``python -m ssvkit.validation.controller_cost``).
 
 Cost: per new position, one look-up per n-gram ending there (the first draft and the index
 update share them: one table holds each n-gram's continuations and its best one), then up to
@@ -70,11 +70,10 @@ import heapq
 from collections.abc import Callable
 
 import torch
-
-from engine.acceptance import AcceptedPath
-from engine.controller import ShadowAcceptance
-from engine.drafter import Draft
-from engine.tree import DraftTree
+from ssvkit.engine.acceptance import AcceptedPath
+from ssvkit.engine.controller import ShadowAcceptance
+from ssvkit.engine.drafter import Draft
+from ssvkit.engine.tree import DraftTree
 
 # The longest chain the shadow scores: the planner's space drafts chains of up to 7.
 SHADOW_MAX_CHAIN = 8

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from engine.stats import RoundSelection
+from ssvkit.engine.stats import RoundSelection
 
 STEPS = ("draft", "launch", "verify", "accept")
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-from engine.config import ModelConfig
+from ssvkit.engine.config import ModelConfig
 
 
 def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from ssvkit.engine.attention import AttentionConfig, TreeAttention
+from ssvkit.engine.cache import KVCache, KVTarget
+from ssvkit.engine.graphs import GraphRunner
+from ssvkit.engine.model import CausalLM
+from ssvkit.engine.tree import DraftTree, TreeTensors
+from ssvkit.kernels.tree import MAX_TREE_NODES
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from engine.attention import AttentionConfig, TreeAttention
-from engine.cache import KVCache, KVTarget
-from engine.graphs import GraphRunner
-from engine.model import CausalLM
-from engine.tree import DraftTree, TreeTensors
-from kernels.tree import MAX_TREE_NODES
 
 # Chunk lengths of ``append``: each chunk is a chain tree of one of these lengths (the shortest
 # that holds the longest remaining tail, at most ``MAX_TREE_NODES``, the tree kernels' limit),

@@ -30,11 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from engine.attention import AttentionConfig, select_exact, torch_block_scores
-from engine.cache import KVCache
-from kernels.select_blocks import block_scores, topn_from_scores
-from perfmodel.prr import HoltParams
+from ssvkit.engine.attention import AttentionConfig, select_exact, torch_block_scores
+from ssvkit.engine.cache import KVCache
+from ssvkit.kernels.select_blocks import block_scores, topn_from_scores
+from ssvkit.perfmodel.prr import HoltParams
 
 DEFAULT_HOLT = HoltParams(alpha=0.5, beta=0.0, phi=1.0)
 

@@ -14,9 +14,9 @@ import json
 import os
 from pathlib import Path
 
-from perfmodel.files import atomic_write, check_output
-from perfmodel.strategy import Strategy
-from perfmodel.trace import dumps_trace, make_header, make_round
+from ssvkit.perfmodel.files import atomic_write, check_output
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.perfmodel.trace import dumps_trace, make_header, make_round
 
 
 def strategy_doc(strategy: Strategy) -> dict:

@@ -25,12 +25,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from engine.checkpoint import ModelSource, build_model, save_checkpoint
-from engine.config import ModelConfig
-from engine.corpus import VOCAB_SIZE, collect_documents, split_streams
-from engine.model import CausalLM
-from engine.settings import TrainConfig
+from ssvkit.engine.checkpoint import ModelSource, build_model, save_checkpoint
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.corpus import VOCAB_SIZE, collect_documents, split_streams
+from ssvkit.engine.model import CausalLM
+from ssvkit.engine.settings import TrainConfig
 
 TARGET = ModelConfig(
     vocab_size=VOCAB_SIZE,

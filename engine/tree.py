@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from kernels.tree import MAX_TREE_NODES, ancestor_bitmask, traversal_order
-from perfmodel.strategy import parse_tree
+from ssvkit.kernels.tree import MAX_TREE_NODES, ancestor_bitmask, traversal_order
+from ssvkit.perfmodel.strategy import parse_tree
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import check_attention_inputs, check_tree_mask, validate_prefix_lens
-from kernels.device import num_sms
-from kernels.merge import merge_partials
-from kernels.tree import MAX_TREE_NODES
+from ssvkit.kernels.checks import check_attention_inputs, check_tree_mask, validate_prefix_lens
+from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.merge import merge_partials
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

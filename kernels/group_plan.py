@@ -14,8 +14,7 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import check_order
+from ssvkit.kernels.checks import check_order
 
 MODES = ("per_query", "union", "shared")
 # Plan kernel: one step compares a member's list with CHUNK entries of the group's lists; a

@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from kernels.checks import check_float_dtype
+from ssvkit.kernels.checks import check_float_dtype
 
 MAX_NORM_BLOCK = 16384  # widest row a norm keeps in registers
 TILE = 4096  # elements of a program's tile: narrow rows are packed several to a program

@@ -4,10 +4,9 @@ the checks that read tensor values (host synchronisation, ``validate=True`` only
 from __future__ import annotations
 
 import torch
-
-from kernels.checks import CPU_DTYPES, check_lens, validate_block_idx, validate_prefix_lens
-from kernels.nsa_compress import num_compressed
-from kernels.tree import MAX_TREE_NODES
+from ssvkit.kernels.checks import CPU_DTYPES, check_lens, validate_block_idx, validate_prefix_lens
+from ssvkit.kernels.nsa_compress import num_compressed
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 # The NSA kernels take half precision on the GPU; on the CPU, kernels.checks' rule.
 NSA_GPU_DTYPES = (torch.bfloat16, torch.float16)

@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import check_float_dtype, check_lens
+from ssvkit.kernels.checks import check_float_dtype, check_lens
 
 
 @triton.jit

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from kernels.tree import MAX_TREE_NODES
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 # Finite stand-in for -inf: masked scores and empty states stay finite, so no exp(-inf - -inf).
 NEG_SENTINEL = tl.constexpr(-1.0e30)

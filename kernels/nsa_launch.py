@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
-
-from kernels.device import num_sms
+from ssvkit.kernels.device import num_sms
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 
 import torch
-
-from kernels.nsa_compress import num_compressed
-from kernels.tree import MAX_TREE_NODES
+from ssvkit.kernels.nsa_compress import num_compressed
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 
 def _masked_attention(q, k, v, mask, scale):

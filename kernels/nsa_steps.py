@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import torch
 import triton
-
-from kernels.group_plan import GroupPlan
-from kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
-from kernels.nsa_launch import LaunchPlan
-from kernels.nsa_select_kernels import block_score_kernel, union_plan_kernel
-from kernels.top_blocks import empty_scores, top_blocks
+from ssvkit.kernels.group_plan import GroupPlan
+from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
+from ssvkit.kernels.nsa_launch import LaunchPlan
+from ssvkit.kernels.nsa_select_kernels import block_score_kernel, union_plan_kernel
+from ssvkit.kernels.top_blocks import empty_scores, top_blocks
 
 
 def alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:

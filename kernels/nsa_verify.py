@@ -54,16 +54,15 @@ from __future__ import annotations
 
 import torch
 import triton
-
-from kernels.group_plan import GroupPlan
-from kernels.nsa_checks import check_tensors, check_values
-from kernels.nsa_compress import (
+from ssvkit.kernels.group_plan import GroupPlan
+from ssvkit.kernels.nsa_checks import check_tensors, check_values
+from ssvkit.kernels.nsa_compress import (
     compress_kv,
     reference_compress_kv,
     update_compressed_kv,
 )
-from kernels.nsa_kernels import nsa_gate_kernel
-from kernels.nsa_launch import (
+from ssvkit.kernels.nsa_kernels import nsa_gate_kernel
+from ssvkit.kernels.nsa_launch import (
     DEFAULT_CONFIG,
     LaunchPlan,
     NsaVerifyConfig,
@@ -72,8 +71,8 @@ from kernels.nsa_launch import (
     plan_slots,
     refresh_slots,
 )
-from kernels.nsa_reference import reference_nsa_verify
-from kernels.nsa_steps import (
+from ssvkit.kernels.nsa_reference import reference_nsa_verify
+from ssvkit.kernels.nsa_steps import (
     alloc_partials,
     launch_fwd,
     launch_merge,

@@ -19,14 +19,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import (
+from ssvkit.kernels.checks import (
     check_attention_inputs,
     check_block_idx,
     validate_block_idx,
     validate_prefix_lens,
 )
-from kernels.dense_verify import (
+from ssvkit.kernels.dense_verify import (
     LN2_C,
     LOG2E,
     dot_precision,

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import check_float_dtype
-from kernels.layer_ops import norm_eps, reference_rms_norm
+from ssvkit.kernels.checks import check_float_dtype
+from ssvkit.kernels.layer_ops import norm_eps, reference_rms_norm
 
 ROPE_TILE = 2048  # elements of a program's ((row, head) pairs x head dims) tile
 

@@ -27,10 +27,9 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import check_float_dtype, check_lens
-from kernels.device import num_sms
-from kernels.top_blocks import check_forced, empty_scores, top_blocks
+from ssvkit.kernels.checks import check_float_dtype, check_lens
+from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.top_blocks import check_forced, empty_scores, top_blocks
 
 KINDS = ("mean", "quest")
 # Programs per (b, kv head) in ``update``: an append of up to 64 draft tokens + 1 bonus token

@@ -11,9 +11,8 @@ import math
 
 import torch
 import triton
-
-from kernels.device import num_sms
-from kernels.group_plan import GroupPlan, build_group_plan
+from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.group_plan import GroupPlan, build_group_plan
 
 LOG2E = 1.4426950408889634
 

@@ -31,8 +31,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import (
+from ssvkit.kernels.checks import (
     check_attention_inputs,
     check_block_idx,
     check_order,
@@ -40,11 +39,11 @@ from kernels.checks import (
     validate_block_idx,
     validate_prefix_lens,
 )
-from kernels.dense_verify import dot_precision
-from kernels.group_plan import MODES, GroupPlan
-from kernels.merge import merge_partials
-from kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
-from kernels.tree import MAX_TREE_NODES
+from ssvkit.kernels.dense_verify import dot_precision
+from ssvkit.kernels.group_plan import MODES, GroupPlan
+from ssvkit.kernels.merge import merge_partials
+from ssvkit.kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.checks import check_lens
-from kernels.device import num_sms
+from ssvkit.kernels.checks import check_lens
+from ssvkit.kernels.device import num_sms
 
 # Larger than any block id: "no block" in the top-n selection.
 NO_BLOCK = tl.constexpr(2**30)

@@ -9,8 +9,7 @@ is ``i`` or one of its ancestors), which limits ``t`` to 64.
 from __future__ import annotations
 
 import torch
-
-from perfmodel.strategy import MAX_TREE_NODES
+from ssvkit.perfmodel.strategy import MAX_TREE_NODES
 
 
 def check_parents(parents: torch.Tensor, name: str = "parents") -> None:

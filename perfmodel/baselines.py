@@ -10,12 +10,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-
-from perfmodel.calibrated import make_predictor
-from perfmodel.hardware import GpuSpec
-from perfmodel.models import ModelSpec
-from perfmodel.step import ATTENTION_OPS, build_columns, predict_columns
-from perfmodel.strategy import Strategy, Workload
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.step import ATTENTION_OPS, build_columns, predict_columns
+from ssvkit.perfmodel.strategy import Strategy, Workload
 
 GEMM_OPS = (
     "qkv_proj",

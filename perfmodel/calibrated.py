@@ -54,9 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.hardware import GpuSpec
-from perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
+from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
 PROFILE_VERSION = 1
 
@@ -212,7 +211,7 @@ def profile_path(gpu: str) -> Path | None:
     try:
         from importlib.resources import files
 
-        p = Path(str(files("calibration"))) / "profiles" / gpu / "profile.json"
+        p = Path(str(files("ssvkit.calibration"))) / "profiles" / gpu / "profile.json"
     except ModuleNotFoundError:
         return None
     return p if p.is_file() else None

@@ -13,10 +13,9 @@ import itertools
 from dataclasses import dataclass, fields
 
 import numpy as np
-
-from perfmodel.acceptance import tree_level_sizes
-from perfmodel.models import ModelSpec
-from perfmodel.strategy import (
+from ssvkit.perfmodel.acceptance import tree_level_sizes
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
     check_feasible,

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
-
-from perfmodel.models import ModelSpec
-from perfmodel.ops import (
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.ops import (
     ACT_BYTES,
     F32,
     OpSum,
@@ -29,16 +28,16 @@ from perfmodel.ops import (
     linear_ops,
     local_heads,
 )
-from perfmodel.predictor import Op
-from perfmodel.repair_plan import chain_tiles
-from perfmodel.sparsespec import offload_time_s
-from perfmodel.step import (
+from ssvkit.perfmodel.predictor import Op
+from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.sparsespec import offload_time_s
+from ssvkit.perfmodel.step import (
     Columns,
     StepPrediction,
     attention_seconds,
     predict_columns,
 )
-from perfmodel.strategy import DrafterSpec
+from ssvkit.perfmodel.strategy import DrafterSpec
 
 HEAD_OPS = ("verify.embed_norm", "verify.lm_head", "verify.sampling")
 # Seed 003's Qwen3-8B execution breakdown: 3.2 ms of CPU scheduling per step at batch 128.

@@ -10,10 +10,9 @@ drafter's pass over the previous round's accepted tokens.
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.columns import Columns
-from perfmodel.models import ModelSpec
-from perfmodel.ops import OpSum, dense_attention, elementwise, gemm, head_ops, linear_ops
+from ssvkit.perfmodel.columns import Columns
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.ops import OpSum, dense_attention, elementwise, gemm, head_ops, linear_ops
 
 
 def draft_ops(

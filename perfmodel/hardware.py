@@ -254,7 +254,7 @@ def measured_overlay_path(name: str) -> Path | None:
     try:
         from importlib.resources import files
 
-        p = Path(str(files("calibration"))) / "profiles" / name / "ceilings.json"
+        p = Path(str(files("ssvkit.calibration"))) / "profiles" / name / "ceilings.json"
     except ModuleNotFoundError:
         return None
     return p if p.is_file() else None

@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from perfmodel.strategy import Strategy, parse_tree, tree_depth
+from ssvkit.perfmodel.strategy import Strategy, parse_tree, tree_depth
 
 # Host time per round = sum of coefficient x feature (``overhead_features``).
 OVERHEAD_TERMS = (

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from perfmodel.files import read_json
-from perfmodel.hardware import suggest
+from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.hardware import suggest
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
@@ -295,7 +295,7 @@ def _rope_scaling(cfg: dict, source: str) -> dict | None:
 
 
 def _registry_dir() -> Path:
-    return Path(str(files("perfmodel"))) / "data" / "models"
+    return Path(str(files("ssvkit.perfmodel"))) / "data" / "models"
 
 
 def model_names() -> list[str]:
@@ -318,7 +318,7 @@ def _in_project(path: Path) -> Path:
     layout, in a clone and in site-packages alike."""
     if path.is_absolute() or path.exists():
         return path
-    inside = Path(str(files("perfmodel"))).parent / path
+    inside = Path(str(files("ssvkit.perfmodel"))).parent / path
     return inside if inside.exists() else path
 
 

@@ -14,11 +14,10 @@ tokens (independent uniform routing), each touched expert's weights read once.
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.columns import Columns
-from perfmodel.models import ModelSpec
-from perfmodel.predictor import Op
-from perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
+from ssvkit.perfmodel.columns import Columns
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.predictor import Op
+from ssvkit.perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
 
 ACT_BYTES = 2  # bf16 activations
 F32 = 4

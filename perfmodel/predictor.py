@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.hardware import GpuSpec
 
 OP_KINDS = ("gemm", "attention", "elementwise", "selection", "comm", "host")
 # Kernel-name suffix of a GEMM or element-wise op of a model whose weights fit in the GPU's L2

@@ -8,8 +8,7 @@ and the roofline model (Williams, Waterman, Patterson, CACM 2009).
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.sparse import blocks_loaded_per_layer
+from ssvkit.perfmodel.sparse import blocks_loaded_per_layer
 
 
 def op_time_s(flops, bytes_moved, flops_per_s, bytes_per_s, launch_s=0.0, launches=1):

@@ -13,8 +13,7 @@ makes the optimal allocation geometric).
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.acceptance import expected_tokens_per_round, outcome_probabilities
+from ssvkit.perfmodel.acceptance import expected_tokens_per_round, outcome_probabilities
 
 
 def _check(name, x, lo, hi, lo_open=False, hi_open=False):

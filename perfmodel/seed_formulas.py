@@ -17,10 +17,9 @@ A formula that enters the cost path moves to the module of its op (``perfmodel.s
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.acceptance import expected_tokens_per_round
-from perfmodel.saguaro import _check, sd_round_time_s, ssd_round_time_s
-from perfmodel.sparsespec import offload_time_s
+from ssvkit.perfmodel.acceptance import expected_tokens_per_round
+from ssvkit.perfmodel.saguaro import _check, sd_round_time_s, ssd_round_time_s
+from ssvkit.perfmodel.sparsespec import offload_time_s
 
 
 def _f(x):

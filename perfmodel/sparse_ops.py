@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.columns import MODE_CODES, Columns
-from perfmodel.models import ModelSpec
-from perfmodel.nsa_plan import merge_steps, mma_row_cost
-from perfmodel.ops import (
+from ssvkit.perfmodel.columns import MODE_CODES, Columns
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost
+from ssvkit.perfmodel.ops import (
     ACT_BYTES,
     F32,
     I32,
@@ -29,9 +28,9 @@ from perfmodel.ops import (
     kv_token_bytes,
     local_heads,
 )
-from perfmodel.predictor import Op
-from perfmodel.sparse import blocks_loaded_per_layer
-from perfmodel.torch_plan import topn_counts
+from ssvkit.perfmodel.predictor import Op
+from ssvkit.perfmodel.sparse import blocks_loaded_per_layer
+from ssvkit.perfmodel.torch_plan import topn_counts
 
 
 @dataclass(frozen=True, slots=True)

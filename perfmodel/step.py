@@ -20,8 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.columns import (
+from ssvkit.perfmodel.columns import (
     DRAFTER_CODES,
     META_VECTORS,
     MODE_CODES,
@@ -32,9 +31,9 @@ from perfmodel.columns import (
     take,
     unique_points,
 )
-from perfmodel.draft_ops import draft_ops
-from perfmodel.models import ModelSpec
-from perfmodel.ops import (
+from ssvkit.perfmodel.draft_ops import draft_ops
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.ops import (
     OpSum,
     dense_attention,
     elementwise,
@@ -43,15 +42,15 @@ from perfmodel.ops import (
     linear_ops,
     local_heads,
 )
-from perfmodel.predictor import (
+from ssvkit.perfmodel.predictor import (
     RESIDENT_KINDS,
     RESIDENT_SUFFIX,
     Op,
     RooflinePredictor,
     weights_fit_l2,
 )
-from perfmodel.sparse_ops import sparse_attention
-from perfmodel.strategy import DrafterSpec
+from ssvkit.perfmodel.sparse_ops import sparse_attention
+from ssvkit.perfmodel.strategy import DrafterSpec
 
 __all__ = [
     "ATTENTION_OPS",

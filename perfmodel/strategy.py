@@ -11,7 +11,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass, field
 
-from perfmodel.acceptance import (
+from ssvkit.perfmodel.acceptance import (
     TreeAcceptance,
     best_tree,
     chain_parents,
@@ -19,8 +19,8 @@ from perfmodel.acceptance import (
     full_tree_parents,
     node_depths_ranks,
 )
-from perfmodel.hardware import suggest
-from perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.hardware import suggest
+from ssvkit.perfmodel.models import ModelSpec, get_model
 
 DRAFTER_KINDS = ("eagle", "draft_model", "ngram", "self_sparse")
 TRAVERSALS = ("bfs", "dfs", "position")

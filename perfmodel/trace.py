@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.files import loads_json, read_text
+from ssvkit.perfmodel.files import loads_json, read_text
 
 FORMAT = "ssvkit-trace"
 VERSION = 1

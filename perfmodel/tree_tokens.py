@@ -16,8 +16,7 @@ import functools
 from bisect import bisect_right
 
 import numpy as np
-
-from perfmodel.strategy import parse_tree, tree_expected_tokens
+from ssvkit.perfmodel.strategy import parse_tree, tree_expected_tokens
 
 GRID_POINTS = 513
 

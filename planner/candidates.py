@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from perfmodel.hardware import GpuSpec
-from perfmodel.models import ModelSpec
-from perfmodel.strategy import Strategy, chain_length, parse_tree
-from perfmodel.tree_tokens import expected_tokens_interp
-from planner.profile import REGIMES, RegimeProfile, regime_of
-from planner.rank import score, strategy_from_json
-from planner.space import strategy_id
+from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.strategy import Strategy, chain_length, parse_tree
+from ssvkit.perfmodel.tree_tokens import expected_tokens_interp
+from ssvkit.planner.profile import REGIMES, RegimeProfile, regime_of
+from ssvkit.planner.rank import score, strategy_from_json
+from ssvkit.planner.space import strategy_id
 
 
 @dataclass(slots=True)

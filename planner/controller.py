@@ -33,22 +33,22 @@ so a switch costs a catch-up, not a restart.
 
 from __future__ import annotations
 
-from perfmodel.hardware import GpuSpec
-from perfmodel.models import ModelSpec
-from perfmodel.strategy import Strategy, chain_length, parse_tree
-from planner.candidates import CandidateBook, Now
-from planner.controller_config import ControllerConfig
-from planner.estimators import (
+from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.strategy import Strategy, chain_length, parse_tree
+from ssvkit.planner.candidates import CandidateBook, Now
+from ssvkit.planner.controller_config import ControllerConfig
+from ssvkit.planner.estimators import (
     AcceptanceEma,
     ChainRounds,
     CollapseTest,
     SwitchCosts,
     switch_kind,
 )
-from planner.profile import RegimeProfile, profile_from_json, regime_of
-from planner.rank import strategy_from_json
-from planner.rescore import Rescorer
-from planner.shadow import ShadowTracker
+from ssvkit.planner.profile import RegimeProfile, profile_from_json, regime_of
+from ssvkit.planner.rank import strategy_from_json
+from ssvkit.planner.rescore import Rescorer
+from ssvkit.planner.shadow import ShadowTracker
 
 __all__ = ["ControllerConfig", "OnlineController", "switch_kind"]
 
@@ -100,8 +100,8 @@ class OnlineController:
         cls, ranking: dict, config: ControllerConfig | None = None, batch: int = 1
     ) -> OnlineController:
         """The controller of a ranking document: its model, GPU and acceptance profile."""
-        from perfmodel.hardware import get_gpu
-        from perfmodel.models import get_model
+        from ssvkit.perfmodel.hardware import get_gpu
+        from ssvkit.perfmodel.models import get_model
 
         missing = [k for k in ("model", "gpu", "regimes", "profile") if k not in ranking]
         if missing:

@@ -14,10 +14,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from perfmodel.acceptance import outcome_probabilities
-from perfmodel.strategy import Strategy, parse_tree
-from perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.perfmodel.acceptance import outcome_probabilities
+from ssvkit.perfmodel.strategy import Strategy, parse_tree
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 
 
 def switch_kind(s: Strategy) -> str:

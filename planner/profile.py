@@ -50,11 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.files import read_json
-from perfmodel.host_overhead import check_overhead
-from perfmodel.strategy import Strategy, Workload, parse_tree
-from perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.host_overhead import check_overhead
+from ssvkit.perfmodel.strategy import Strategy, Workload, parse_tree
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 
 PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)

@@ -13,18 +13,17 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.baselines import op_group
-from perfmodel.calibrated import make_predictor
-from perfmodel.costs import memory_shortfall
-from perfmodel.files import read_json
-from perfmodel.hardware import GpuSpec
-from perfmodel.host_overhead import host_overhead_s
-from perfmodel.models import ModelSpec
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import DrafterSpec, Strategy, Workload, parse_tree
-from planner.profile import REGIMES, RegimeProfile
-from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
+from ssvkit.perfmodel.baselines import op_group
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.costs import memory_shortfall
+from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.host_overhead import host_overhead_s
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload, parse_tree
+from ssvkit.planner.profile import REGIMES, RegimeProfile
+from ssvkit.planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 
 RANKING_VERSION = 1
 

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 
-from perfmodel.strategy import Strategy, parse_tree
-from perfmodel.tree_tokens import expected_tokens_interp
-from planner.candidates import CandidateBook, Now
-from planner.controller_config import ControllerConfig
-from planner.estimators import ChainRounds, SwitchCosts
-from planner.shadow import ShadowTracker
+from ssvkit.perfmodel.strategy import Strategy, parse_tree
+from ssvkit.perfmodel.tree_tokens import expected_tokens_interp
+from ssvkit.planner.candidates import CandidateBook, Now
+from ssvkit.planner.controller_config import ControllerConfig
+from ssvkit.planner.estimators import ChainRounds, SwitchCosts
+from ssvkit.planner.shadow import ShadowTracker
 
 
 class Rescorer:

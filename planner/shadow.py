@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 
 SHADOW_MIN_POSITIONS = 8.0
 

@@ -35,11 +35,11 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
-from perfmodel.acceptance import node_depths_ranks
-from perfmodel.hardware import GpuSpec, suggest
-from perfmodel.models import ModelSpec
-from perfmodel.sparse import fits_shared_memory
-from perfmodel.strategy import METADATA, DrafterSpec, Strategy, parse_tree
+from ssvkit.perfmodel.acceptance import node_depths_ranks
+from ssvkit.perfmodel.hardware import GpuSpec, suggest
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.sparse import fits_shared_memory
+from ssvkit.perfmodel.strategy import METADATA, DrafterSpec, Strategy, parse_tree
 
 MAX_KERNEL_ROWS = 64
 MAX_PACKED_ROWS = 128

@@ -5,8 +5,8 @@ Every duration comes from ``perfmodel`` through cost tables built once per run
 (``sim.tables``); acceptance is iid, positional, tree-shaped or replayed from a round trace
 (``sim.acceptance``, ``perfmodel.trace``, format in ``docs/trace-format.md``). Entry point::
 
-    from sim.config import SimConfig
-    from sim.scenarios import simulate
+    from ssvkit.sim.config import SimConfig
+    from ssvkit.sim.scenarios import simulate
     result = simulate(SimConfig(scenario="ssv", num_tokens=2048))
     result.figures["simulated_tokens_per_s"]
 

@@ -11,8 +11,7 @@ the sequence depends on the seed only, never on the chunk size.
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.acceptance import TreeAcceptance, node_depths_ranks
+from ssvkit.perfmodel.acceptance import TreeAcceptance, node_depths_ranks
 
 CHUNK = 4096
 NUM_RANKS = 4  # perfmodel's geometric sibling decay (TreeAcceptance.from_alpha default)

@@ -12,10 +12,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from perfmodel.costs import HOST_PER_REQUEST_S
-from perfmodel.hardware import suggest
-from perfmodel.prr import PAPER_HIT_RATE
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.perfmodel.costs import HOST_PER_REQUEST_S
+from ssvkit.perfmodel.hardware import suggest
+from ssvkit.perfmodel.prr import PAPER_HIT_RATE
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 SCENARIOS = (
     "ar_dense",

@@ -14,9 +14,9 @@ show in detail.
 
 from __future__ import annotations
 
-from perfmodel.refresh import schedule_every
-from sim.recorder import Recorder, RequestRecord
-from sim.tables import Grid
+from ssvkit.perfmodel.refresh import schedule_every
+from ssvkit.sim.recorder import Recorder, RequestRecord
+from ssvkit.sim.tables import Grid
 
 STEP_NAMES = ("draft", "select", "verify", "accept")
 LANES = ("drafter", "selector", "verifier", "acceptor")

@@ -10,8 +10,7 @@ a trace, in order, wrapping around (a round without the field falls back to the 
 from __future__ import annotations
 
 import numpy as np
-
-from sim.acceptance import CHUNK
+from ssvkit.sim.acceptance import CHUNK
 
 
 def beta_params(mean: float, std: float, what: str) -> tuple[float, float]:

@@ -15,24 +15,23 @@ import time
 
 import numpy as np
 import simpy
-
-from perfmodel.calibrated import make_predictor
-from perfmodel.costs import prr_layer_costs
-from perfmodel.numbers import figure
-from perfmodel.prr import (
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.costs import prr_layer_costs
+from ssvkit.perfmodel.numbers import figure
+from ssvkit.perfmodel.prr import (
     PAPER_HIT_RATE,
     HoltParams,
     calibrate,
     critical_path_s,
     predictor_hit_rate,
 )
-from perfmodel.step import build_columns
-from perfmodel.strategy import Workload
-from sim.acceptance import CHUNK
-from sim.recorder import Recorder
-from sim.setup import ScenarioRun, acceptance_for, request_records
-from sim.tables import context_grid, prr_table
-from sim.workload import generators
+from ssvkit.perfmodel.step import build_columns
+from ssvkit.perfmodel.strategy import Workload
+from ssvkit.sim.acceptance import CHUNK
+from ssvkit.sim.recorder import Recorder
+from ssvkit.sim.setup import ScenarioRun, acceptance_for, request_records
+from ssvkit.sim.tables import context_grid, prr_table
+from ssvkit.sim.workload import generators
 
 STEP_NAMES = ("draft", "select", "speculate", "repair", "verify", "accept")
 LANES = ("drafter", "selector", "speculator", "repairer", "verifier", "acceptor")

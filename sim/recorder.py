@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfmodel.trace import make_round
-from sim.progress import Progress
+from ssvkit.perfmodel.trace import make_round
+from ssvkit.sim.progress import Progress
 
 
 @dataclass(slots=True)

@@ -15,16 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
-
-from perfmodel.numbers import figure
-from perfmodel.strategy import Strategy
-from perfmodel.trace import make_header
-from sim.config import LOOP_SCENARIOS, SimConfig
-from sim.loop import LANES, STEP_NAMES, DecodeLoop, Sequence
-from sim.prr import run_prr
-from sim.recorder import Recorder, RequestRecord
-from sim.serving import run_serve
-from sim.setup import (
+from ssvkit.perfmodel.numbers import figure
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.perfmodel.trace import make_header
+from ssvkit.sim.config import LOOP_SCENARIOS, SimConfig
+from ssvkit.sim.loop import LANES, STEP_NAMES, DecodeLoop, Sequence
+from ssvkit.sim.prr import run_prr
+from ssvkit.sim.recorder import Recorder, RequestRecord
+from ssvkit.sim.serving import run_serve
+from ssvkit.sim.setup import (
     ScenarioRun,
     Setup,
     acceptance_for,
@@ -33,10 +32,10 @@ from sim.setup import (
     request_records,
     setup,
 )
-from sim.sparsespec import run_sparsespec
-from sim.ssd import run_ssd
-from sim.tables import OVERLAP_GRID, context_grid, loop_table, needs_overlap_axis
-from sim.workload import generators
+from ssvkit.sim.sparsespec import run_sparsespec
+from ssvkit.sim.ssd import run_ssd
+from ssvkit.sim.tables import OVERLAP_GRID, context_grid, loop_table, needs_overlap_axis
+from ssvkit.sim.workload import generators
 
 
 @dataclass(slots=True)

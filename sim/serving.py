@@ -17,15 +17,14 @@ from collections import deque
 
 import numpy as np
 import simpy
-
-from perfmodel.costs import kv_capacity_tokens, prefill_seconds
-from perfmodel.numbers import figure
-from sim.config import MAX_SIM_TOKENS
-from sim.loop import STEP_NAMES
-from sim.recorder import Recorder
-from sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
-from sim.tables import context_grid, loop_table, prefill_table
-from sim.workload import generators, poisson_arrivals, read_arrivals
+from ssvkit.perfmodel.costs import kv_capacity_tokens, prefill_seconds
+from ssvkit.perfmodel.numbers import figure
+from ssvkit.sim.config import MAX_SIM_TOKENS
+from ssvkit.sim.loop import STEP_NAMES
+from ssvkit.sim.recorder import Recorder
+from ssvkit.sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
+from ssvkit.sim.tables import context_grid, loop_table, prefill_table
+from ssvkit.sim.workload import generators, poisson_arrivals, read_arrivals
 
 LANES = ("gpu",)
 

@@ -12,19 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from perfmodel.calibrated import make_predictor
-from perfmodel.costs import kv_capacity_tokens
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import Strategy, Workload
-from perfmodel.trace import read_trace
-from sim.acceptance import build_acceptance
-from sim.config import BATCH_SCENARIOS, SimConfig
-from sim.overlap import LayerValues
-from sim.progress import Progress
-from sim.recorder import Recorder, RequestRecord
-from sim.tables import CostContext
-from sim.workload import lengths, streams
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.costs import kv_capacity_tokens
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import Strategy, Workload
+from ssvkit.perfmodel.trace import read_trace
+from ssvkit.sim.acceptance import build_acceptance
+from ssvkit.sim.config import BATCH_SCENARIOS, SimConfig
+from ssvkit.sim.overlap import LayerValues
+from ssvkit.sim.progress import Progress
+from ssvkit.sim.recorder import Recorder, RequestRecord
+from ssvkit.sim.tables import CostContext
+from ssvkit.sim.workload import lengths, streams
 
 
 @dataclass(frozen=True, slots=True)

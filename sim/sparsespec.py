@@ -21,23 +21,22 @@ import time
 
 import numpy as np
 import simpy
-
-from perfmodel.acceptance import chain_parents
-from perfmodel.costs import (
+from ssvkit.perfmodel.acceptance import chain_parents
+from ssvkit.perfmodel.costs import (
     HOST_PER_REQUEST_S,
     host_step_seconds,
     kv_capacity_tokens,
     kv_offload_seconds,
     mixed_step_seconds,
 )
-from perfmodel.numbers import figure
-from perfmodel.sparsespec import delayed_verification
-from sim.acceptance import build_acceptance
-from sim.recorder import Recorder
-from sim.setup import ScenarioRun, request_records
-from sim.ssd import uniforms
-from sim.tables import context_grid, mixed_tables
-from sim.workload import generators
+from ssvkit.perfmodel.numbers import figure
+from ssvkit.perfmodel.sparsespec import delayed_verification
+from ssvkit.sim.acceptance import build_acceptance
+from ssvkit.sim.recorder import Recorder
+from ssvkit.sim.setup import ScenarioRun, request_records
+from ssvkit.sim.ssd import uniforms
+from ssvkit.sim.tables import context_grid, mixed_tables
+from ssvkit.sim.workload import generators
 
 STEP_NAMES = ("gpu", "cpu", "offload")
 LANES = ("gpu", "cpu", "pcie")

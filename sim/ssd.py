@@ -17,20 +17,19 @@ import time
 
 import numpy as np
 import simpy
-
-from perfmodel.numbers import figure
-from perfmodel.saguaro import (
+from ssvkit.perfmodel.numbers import figure
+from ssvkit.perfmodel.saguaro import (
     cache_hit_probability,
     critical_batch_size,
     hit_rate_of_fanout,
     integer_fanout,
     sd_round_time_s,
 )
-from sim.acceptance import CHUNK, build_acceptance
-from sim.recorder import Recorder
-from sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
-from sim.tables import context_grid, ssd_table
-from sim.workload import generators
+from ssvkit.sim.acceptance import CHUNK, build_acceptance
+from ssvkit.sim.recorder import Recorder
+from ssvkit.sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
+from ssvkit.sim.tables import context_grid, ssd_table
+from ssvkit.sim.workload import generators
 
 STEP_NAMES = ("verify", "speculate", "fallback")
 LANES = ("target", "draft device")

@@ -12,9 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.calibrated import make_predictor
-from perfmodel.costs import (
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.costs import (
     draft_level_seconds,
     mixed_step_seconds,
     prefill_seconds,
@@ -22,11 +21,11 @@ from perfmodel.costs import (
     speculation_seconds,
     verify_layer_split,
 )
-from perfmodel.hardware import GpuSpec, get_gpu
-from perfmodel.models import ModelSpec, get_model
-from perfmodel.predictor import RooflinePredictor
-from perfmodel.step import product_columns
-from perfmodel.strategy import DrafterSpec, Strategy, Workload, check_feasible
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
+from ssvkit.perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.step import product_columns
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload, check_feasible
 
 OVERLAP_GRID = np.linspace(0.0, 1.0, 11)
 

@@ -13,8 +13,7 @@ import io
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.files import read_text
+from ssvkit.perfmodel.files import read_text
 
 STREAMS = ("acceptance", "group_overlap", "layer_overlap", "lengths", "arrivals", "misses")
 

@@ -14,10 +14,9 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.trace import dumps_trace
-from sim.recorder import Span
-from sim.scenarios import SimResult
+from ssvkit.perfmodel.trace import dumps_trace
+from ssvkit.sim.recorder import Span
+from ssvkit.sim.scenarios import SimResult
 
 CSV_FIELDS = (
     "request",

@@ -26,10 +26,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.strategy import Workload, check_feasible
-from sweep.partition import cached_model, kv_capacity
-from sweep.spec import CapacitySpec, SweepSpec, SweepStrategy
+from ssvkit.perfmodel.strategy import Workload, check_feasible
+from ssvkit.sweep.partition import cached_model, kv_capacity
+from ssvkit.sweep.spec import CapacitySpec, SweepSpec, SweepStrategy
 
 LOW_LOAD_FRACTION = 1 / 64
 STATUSES = ("slo_bound", "throughput_bound", "slo_unattainable", "does_not_fit", "infeasible")
@@ -80,8 +79,8 @@ def capacity_tasks(spec: SweepSpec) -> list[CapacityTask]:
 
 
 def _serve(t: CapacityTask, rate: float):
-    from sim.config import ServeConfig, SimConfig
-    from sim.scenarios import simulate
+    from ssvkit.sim.config import ServeConfig, SimConfig
+    from ssvkit.sim.scenarios import simulate
 
     c = t.spec
     cfg = SimConfig(

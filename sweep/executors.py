@@ -103,7 +103,7 @@ def _context():
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["sweep.partition", "sweep.capacity"])
+        ctx.set_forkserver_preload(["ssvkit.sweep.partition", "ssvkit.sweep.capacity"])
     return ctx
 
 

@@ -23,11 +23,11 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from perfmodel.files import loads_json, read_text
-from perfmodel.hardware import suggest
-from perfmodel.numbers import MAX_COUNT, finite_float, parse_count
-from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
-from sweep.spec import (
+from ssvkit.perfmodel.files import loads_json, read_text
+from ssvkit.perfmodel.hardware import suggest
+from ssvkit.perfmodel.numbers import MAX_COUNT, finite_float, parse_count
+from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy
+from ssvkit.sweep.spec import (
     AXES,
     CapacitySpec,
     SimulateSpec,

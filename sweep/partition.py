@@ -19,14 +19,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from perfmodel.baselines import op_group
-from perfmodel.calibrated import make_predictor
-from perfmodel.costs import kv_capacity_tokens
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.step import feasible_mask, predict_columns, product_columns
-from sweep.spec import AXES, SimulateSpec, SweepSpec, SweepStrategy
+from ssvkit.perfmodel.baselines import op_group
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.costs import kv_capacity_tokens
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.step import feasible_mask, predict_columns, product_columns
+from ssvkit.sweep.spec import AXES, SimulateSpec, SweepSpec, SweepStrategy
 
 OP_GROUPS = ("gemm", "attention", "selection", "other", "draft")
 DEFAULT_PARTITION_POINTS = 5000
@@ -180,8 +179,8 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
 
 def _simulate(p: Partition, cols, run: np.ndarray) -> dict[str, np.ndarray]:
     """One ``sim.scenarios.simulate`` run of the base loop per runnable point."""
-    from sim.config import SimConfig
-    from sim.scenarios import simulate
+    from ssvkit.sim.config import SimConfig
+    from ssvkit.sim.scenarios import simulate
 
     n = len(cols)
     tps = np.full(n, np.nan)

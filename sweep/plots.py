@@ -14,10 +14,9 @@ import math
 import textwrap
 
 import numpy as np
-
-from perfmodel.hardware import get_gpu
-from perfmodel.numbers import count_label
-from perfmodel.strategy import BASELINES
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.numbers import count_label
+from ssvkit.perfmodel.strategy import BASELINES
 
 FIXED = ("model", "gpu", "tp", "context_len", "batch", "acceptance", "overlap", "kv_bytes")
 HEATMAP_BASELINES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive")

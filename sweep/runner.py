@@ -15,18 +15,17 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from perfmodel.strategy import BASELINES
-from sim.progress import Progress
-from sweep import capacity as cap
-from sweep.executors import make_executor
-from sweep.partition import (
+from ssvkit.perfmodel.strategy import BASELINES
+from ssvkit.sim.progress import Progress
+from ssvkit.sweep import capacity as cap
+from ssvkit.sweep.executors import make_executor
+from ssvkit.sweep.partition import (
     DEFAULT_PARTITION_POINTS,
     DEFAULT_SIM_PARTITION_POINTS,
     evaluate,
     partitions,
 )
-from sweep.spec import AXES, SweepSpec, SweepStrategy
+from ssvkit.sweep.spec import AXES, SweepSpec, SweepStrategy
 
 ANCHORS = ("ar_dense", "ar_sparse")
 STRATEGY_COLUMNS = (
@@ -55,12 +54,12 @@ class SweepResult:
         return len(self.table["tokens_per_s"])
 
     def to_pandas(self):
-        from sweep.table import to_pandas
+        from ssvkit.sweep.table import to_pandas
 
         return to_pandas(self.table)
 
     def capacity_frame(self):
-        from sweep.table import to_pandas
+        from ssvkit.sweep.table import to_pandas
 
         return None if self.capacity is None else to_pandas(self.capacity)
 

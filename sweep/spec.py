@@ -10,10 +10,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from perfmodel.hardware import get_gpu, suggest
-from perfmodel.models import get_model
-from perfmodel.strategy import BASELINES, Strategy
-from sim.config import MAX_SIM_TOKENS, ServeConfig
+from ssvkit.perfmodel.hardware import get_gpu, suggest
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import BASELINES, Strategy
+from ssvkit.sim.config import MAX_SIM_TOKENS, ServeConfig
 
 SERVE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 AXES = ("context_len", "batch", "tp", "acceptance", "overlap", "kv_bytes")  # product_columns order

@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.files import check_input, read_text
+from ssvkit.perfmodel.files import check_input, read_text
 
 FORMATS = (".csv", ".parquet")
 META_KEY = b"ssvkit.sweep"

@@ -1,6 +1,7 @@
 """Project-level invariants: the base install stays torch-free, README and CI agree, the README's
 sample output is current and the layer pictures match the import contract."""
 
+import ast
 import re
 import shlex
 import subprocess
@@ -15,10 +16,12 @@ def test_perfmodel_never_imports_torch():
     """perfmodel, the CLI's entry point and what ``ssvkit report`` and ``ssvkit papers`` run
     import neither torch nor Triton: the base install has neither."""
     code = (
-        "import sys, perfmodel, perfmodel.step, perfmodel.baselines, perfmodel.saguaro, "
-        "perfmodel.prr, perfmodel.sparsespec, perfmodel.refresh, perfmodel.seed_formulas, "
-        "ssvkit.cli, ssvkit.papers_cmd, validation.report, validation.report_markdown, "
-        "validation.readme, validation.papers; "
+        "import sys, ssvkit.perfmodel, ssvkit.perfmodel.step, ssvkit.perfmodel.baselines, "
+        "ssvkit.perfmodel.saguaro, ssvkit.perfmodel.prr, ssvkit.perfmodel.sparsespec, "
+        "ssvkit.perfmodel.refresh, ssvkit.perfmodel.seed_formulas, ssvkit.cli, "
+        "ssvkit.cli.papers_cmd, ssvkit.validation.report, "
+        "ssvkit.validation.report_markdown, ssvkit.validation.readme, "
+        "ssvkit.validation.papers; "
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -56,10 +59,12 @@ def test_readme_samples_are_the_current_output(capsys):
 
 def _picture_rows(path: Path, heading: str) -> list[set[str]]:
     """The packages of each row of the first code block under ``heading``: one row per line
-    that names a package (``name/``)."""
+    that names a package (``name/``, ``ssvkit/cli/`` for ``cli``)."""
     text = path.read_text()
     block = re.search(rf"{re.escape(heading)}\n.*?```\n(.*?)```", text, flags=re.S).group(1)
-    rows = [set(re.findall(r"\b(\w+)/", line)) for line in block.splitlines()]
+    rows = [
+        {m.split("/")[-1] for m in re.findall(r"\b([\w/]+)/", line)} for line in block.splitlines()
+    ]
     return [r for r in rows if r]
 
 
@@ -73,3 +78,51 @@ def test_layer_pictures_match_the_import_contract():
         layers
     )
     assert _picture_rows(ROOT / "README.md", "## Layers") == layers
+
+
+PACKAGES = (
+    "perfmodel",
+    "sim",
+    "kernels",
+    "calibration",
+    "engine",
+    "planner",
+    "sweep",
+    "validation",
+)
+SOURCE_FOLDERS = ("ssvkit", *PACKAGES, "tests", "benchmarks")
+
+
+def test_every_package_folder_installs_under_ssvkit():
+    """pip installs one import package: each top-level folder maps to ``ssvkit.<folder>`` and
+    every folder with an ``__init__.py`` under them is listed (none left out of a wheel)."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = cfg["package-dir"]
+    assert dirs == {"ssvkit": "ssvkit", **{f"ssvkit.{p}": p for p in PACKAGES}}
+    found = {
+        ".".join((name, *init.parent.relative_to(ROOT / folder).parts))
+        for name, folder in dirs.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert found == set(cfg["packages"])
+
+
+def _top_level_imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_code_imports_the_packages_only_through_ssvkit():
+    """``import perfmodel`` would load a second copy of a module beside ``ssvkit.perfmodel``
+    in a checkout (and fail when installed)."""
+    bad = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for folder in SOURCE_FOLDERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name in _top_level_imports(path)
+        if name.split(".")[0] in PACKAGES
+    ]
+    assert not bad, bad

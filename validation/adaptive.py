@@ -18,16 +18,15 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-
-from perfmodel.strategy import Strategy, parse_tree
-from planner.controller import ControllerConfig, OnlineController
-from planner.profile import RegimeProfile, regime_of
-from planner.rank import strategy_from_json
-from planner.space import describe, strategy_id
-from validation.bench import Bench, captures_counted, steady_figures, steady_run
-from validation.passes import interleave, measure_jobs, median_run, run_passes
-from validation.prompts import prompt_tokens
-from validation.stats import adaptive_resolution
+from ssvkit.perfmodel.strategy import Strategy, parse_tree
+from ssvkit.planner.controller import ControllerConfig, OnlineController
+from ssvkit.planner.profile import RegimeProfile, regime_of
+from ssvkit.planner.rank import strategy_from_json
+from ssvkit.planner.space import describe, strategy_id
+from ssvkit.validation.bench import Bench, captures_counted, steady_figures, steady_run
+from ssvkit.validation.passes import interleave, measure_jobs, median_run, run_passes
+from ssvkit.validation.prompts import prompt_tokens
+from ssvkit.validation.stats import adaptive_resolution
 
 # What an adaptive run keeps of each timed run (with timing passes, their figures too).
 RUN_FIELDS = (

@@ -2,8 +2,8 @@
 measurements: what adaptive gain its decisions would earn on each prompt set, and how widely
 the median of a few runs spreads around it.
 
-    python -m validation.adaptive_replay          # the planner evaluation of record
-    python -m validation.adaptive_replay --runs 400 --json /tmp/replay.json
+    python -m ssvkit.validation.adaptive_replay          # the planner evaluation of record
+    python -m ssvkit.validation.adaptive_replay --runs 400 --json /tmp/replay.json
 
 **The worlds** (``validation.replay_worlds``): per prompt set, every strategy the evaluation
 ran fixed costs its measured round time, and each drafter's per-depth acceptance, fitted to its
@@ -41,18 +41,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-from engine.controller import RoundStats, ShadowAcceptance
-from engine.ngram import SHADOW_MAX_CHAIN
-from kernels.timing import provenance
-from perfmodel.files import atomic_write
-from perfmodel.strategy import parse_tree
-from planner.controller import ControllerConfig, OnlineController, switch_kind
-from planner.profile import regime_of
-from planner.space import strategy_id
-from validation.controller_world import load_setting, simulate_accepted
-from validation.records import file_label, record_path
-from validation.replay_worlds import World, build_worlds
+from ssvkit.engine.controller import RoundStats, ShadowAcceptance
+from ssvkit.engine.ngram import SHADOW_MAX_CHAIN
+from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.strategy import parse_tree
+from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
+from ssvkit.planner.profile import regime_of
+from ssvkit.planner.space import strategy_id
+from ssvkit.validation.controller_world import load_setting, simulate_accepted
+from ssvkit.validation.records import file_label, record_path
+from ssvkit.validation.replay_worlds import World, build_worlds
 
 
 def _round_time(world: World, s, sid: str, ctl, regime: str) -> float:

@@ -1,7 +1,7 @@
 """Batched decoding of every baseline through ``ssvkit decode``: tokens/s, acceptance and step
 times per (baseline, drafter, batch), written with their provenance as one JSON document.
 
-    python -m validation.batched_decode --gpu h200 \\
+    python -m ssvkit.validation.batched_decode --gpu h200 \\
         --out validation/data/batched-decode-h200.json --resume build/batched-decode.jsonl
 
 Each run is ``ssvkit decode --model tiny --context C --batch B --strategy S --json`` (greedy,
@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfmodel.files import atomic_write
-from perfmodel.numbers import parse_count_list
-from validation.records import file_label, record_path
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.validation.records import file_label, record_path
 
 BASELINES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
 SPECULATIVE = ("sd_dense", "sd_sparse_naive", "ssv")
@@ -128,7 +128,7 @@ def measure(args, run: dict, folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    from kernels.timing import provenance
+    from ssvkit.kernels.timing import provenance
 
     args = parse_args(argv)
     try:

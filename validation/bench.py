@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.files import atomic_write
-from perfmodel.hardware import GpuSpec
-from perfmodel.models import ModelSpec
-from perfmodel.strategy import DrafterSpec, Strategy
-from planner.estimators import accepted_histogram
-from validation.prompts import prompt_crc32
-from validation.records import model_label
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.planner.estimators import accepted_histogram
+from ssvkit.validation.prompts import prompt_crc32
+from ssvkit.validation.records import model_label
 
 
 def read_runs(lines: list[str], path) -> dict[str, dict]:
@@ -117,7 +116,7 @@ class Bench:
     temperature: float = 0.0
 
     def decode(self, record_stats: bool = False, seed: int = 0):
-        from engine.settings import DecodeConfig
+        from ssvkit.engine.settings import DecodeConfig
 
         return DecodeConfig(
             max_new_tokens=self.max_new_tokens,
@@ -134,7 +133,7 @@ class Bench:
 
     def runnable(self, s: Strategy) -> str | None:
         """Why the engine cannot run ``s`` (None when it can)."""
-        from engine.loop import check_strategy
+        from ssvkit.engine.loop import check_strategy
 
         try:
             check_strategy(
@@ -178,11 +177,10 @@ def make_bench(
     are named by ``model_label``: a checkpoint shipped with the engine reads the same on any
     machine."""
     import torch
-
-    from engine.checkpoint import build_model, resolve_source
-    from engine.runner import ModelRunner
-    from perfmodel.hardware import get_gpu
-    from perfmodel.models import get_model
+    from ssvkit.engine.checkpoint import build_model, resolve_source
+    from ssvkit.engine.runner import ModelRunner
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -256,7 +254,7 @@ def run_once(
     """One ``generate`` call, with Python's garbage collector held off while it runs (as a
     benchmark harness does: a collection pause of tens of ms in a 50 ms run is noise, not the
     strategy). Every decode of the evaluation goes through here."""
-    from engine.loop import Engine
+    from ssvkit.engine.loop import Engine
 
     eng = Engine(
         bench.target,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.files import atomic_write
+from ssvkit.perfmodel.files import atomic_write
 
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED, EXIT_AGAIN = 0, 1, 2, 3
 STAGE_STOPPED = 3  # calibration.runner.STOPPED_AT_BUDGET, the sweeps' exit status

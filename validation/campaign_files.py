@@ -13,8 +13,8 @@ import json
 import tarfile
 from pathlib import Path
 
-from perfmodel.files import atomic_write
-from validation.campaign import CampaignError, install_files, load_state
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation.campaign import CampaignError, install_files, load_state
 
 
 def pack(work: Path, dest: Path) -> int:

@@ -3,8 +3,8 @@
 drafter's shadow (``sync`` + ``take_shadow``, ``step_s["shadow"]``), in the synthetic world of
 ``validation.controller_world``.
 
-    python -m validation.controller_cost --json /tmp/controller_cost.json
-    python -m validation.controller_cost --profile   # cProfile of each, top 15
+    python -m ssvkit.validation.controller_cost --json /tmp/controller_cost.json
+    python -m ssvkit.validation.controller_cost --profile   # cProfile of each, top 15
 
 Both run between a round's one host synchronisation and the next round's launch, so each
 microsecond is one the GPU idles (an autoregressive round of the tiny pair at 16K takes ~756 us
@@ -33,11 +33,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-from kernels.timing import provenance
-from perfmodel.files import atomic_write
-from planner.controller import OnlineController
-from validation.controller_world import (
+from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.planner.controller import OnlineController
+from ssvkit.validation.controller_world import (
     CONTEXT,
     SCENARIOS,
     SHADOW_PROMPTS,
@@ -45,7 +44,7 @@ from validation.controller_world import (
     run_controller,
     run_shadow,
 )
-from validation.records import file_label, record_path
+from ssvkit.validation.records import file_label, record_path
 
 
 def summary_us(times_s) -> dict:

@@ -25,18 +25,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from engine.controller import RoundStats, ShadowAcceptance
-from engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.strategy import parse_tree
-from planner.controller import ControllerConfig, OnlineController, switch_kind
-from planner.profile import profile_from_json, regime_of
-from planner.rank import rank
-from planner.space import SpaceSpec
-from validation.prompts import prompt_tokens
-from validation.records import local_model, record_path
+from ssvkit.engine.controller import RoundStats, ShadowAcceptance
+from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import parse_tree
+from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
+from ssvkit.planner.profile import profile_from_json, regime_of
+from ssvkit.planner.rank import rank
+from ssvkit.planner.space import SpaceSpec
+from ssvkit.validation.prompts import prompt_tokens
+from ssvkit.validation.records import local_model, record_path
 
 CONTEXT = 15360
 # Per scenario, the per-token acceptance of each drafter kind (before the profile's attention

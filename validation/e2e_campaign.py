@@ -1,9 +1,9 @@
 """The end-to-end validation campaign: every baseline decoded by the real engine on the trained
 tiny pair, per context regime, for ``ssvkit report``.
 
-    python -m validation.e2e_campaign --out validation/data/campaign.json \\
+    python -m ssvkit.validation.e2e_campaign --out validation/data/campaign.json \\
         --resume build/campaign-runs.jsonl                                   # on the H100
-    python -m validation.e2e_campaign --contexts 1K --seeds 1 \\
+    python -m ssvkit.validation.e2e_campaign --contexts 1K --seeds 1 \\
         --new-tokens 16 --device cpu --out /tmp/campaign.json                # a CPU smoke run
 
 Baselines: ``ar_dense``, ``ar_sparse``, ``sd_dense``, ``sd_sparse_naive``, ``ssv`` (perfmodel's
@@ -29,14 +29,14 @@ import json
 import sys
 import time
 
-from perfmodel.files import atomic_write
-from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
-from planner.profile import profile_from_json
-from planner.rank import concrete, rank, strategy_from_json
-from planner.space import SpaceSpec, describe, strategy_id
-from validation.bench import RunCache, make_bench, steady_figures
-from validation.prompts import prompt_tokens, regime_contexts
-from validation.records import add_pair_args, command_line, file_label, record_path
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy
+from ssvkit.planner.profile import profile_from_json
+from ssvkit.planner.rank import concrete, rank, strategy_from_json
+from ssvkit.planner.space import SpaceSpec, describe, strategy_id
+from ssvkit.validation.bench import RunCache, make_bench, steady_figures
+from ssvkit.validation.prompts import prompt_tokens, regime_contexts
+from ssvkit.validation.records import add_pair_args, command_line, file_label, record_path
 
 CAMPAIGN_VERSION = 1
 NAMES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
@@ -136,7 +136,7 @@ CACHE_SETTINGS = (
 def setup(args):
     """The bench (with its run cache under ``--resume``), the regimes' contexts and each
     regime's strategy per baseline name; ``ValueError`` in one line on bad input."""
-    from kernels.timing import provenance
+    from ssvkit.kernels.timing import provenance
 
     if min(args.seeds, args.new_tokens) < 1:
         raise ValueError("--seeds and --new-tokens must be >= 1")
@@ -197,7 +197,7 @@ def measure_rows(bench, contexts: dict[str, int], plans: dict, seeds: int) -> li
 
 
 def main(argv=None) -> int:
-    from kernels.timing import provenance
+    from ssvkit.kernels.timing import provenance
 
     args = parse_args(argv)
     try:
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         "provenance": {
             **provenance(),
             "command": command_line(
-                "validation.e2e_campaign", sys.argv[1:] if argv is None else argv
+                "ssvkit.validation.e2e_campaign", sys.argv[1:] if argv is None else argv
             ),
             "wall_s": time.perf_counter() - t0,
             "runs_from_cache": bench.cache.reused if bench.cache else 0,

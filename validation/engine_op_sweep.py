@@ -5,7 +5,7 @@ KV-tail write into ``engine.cache.KVCache``, the rotary factors per forward). It
 engine because it calls the engine's code; calibration provides the sweep machinery
 (``calibration.runner.Runner``: the rows, the resume keys, the budget) and reads the rows.
 
-    python -m validation.engine_op_sweep --out calibration/profiles/h100-sxm [--budget-s 540]
+    python -m ssvkit.validation.engine_op_sweep --out calibration/profiles/h100-sxm [--budget-s 540]
 
 Groups: ``gemm``, ``elementwise`` (``calibration.sweep``), ``engine`` (this module) and
 ``resident`` (every group again at the L2-resident models). Exit status as
@@ -17,13 +17,12 @@ from __future__ import annotations
 import sys
 
 import torch
-
-from calibration import sweep as base
-from calibration.runner import Runner
-from calibration.sweep import ACT, TOKENS, swept_models
-from engine.cache import KVCache
-from engine.config import ModelConfig
-from engine.rope import apply_rope, expand_angles
+from ssvkit.calibration import sweep as base
+from ssvkit.calibration.runner import Runner
+from ssvkit.calibration.sweep import ACT, TOKENS, swept_models
+from ssvkit.engine.cache import KVCache
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.rope import apply_rope, expand_angles
 
 
 def _rotary(qk, cos, sin):
@@ -60,7 +59,7 @@ def _rope_qk(qk, cos, sin, num_q: int):
 
 
 def _rope_tables(cos_table, sin_table, positions):
-    """engine.model: the forward's rotary factors, gathered at the rows' positions."""
+    """ssvkit.engine.model: the forward's rotary factors, gathered at the rows' positions."""
     return expand_angles(cos_table[positions], sin_table[positions], interleaved=False)
 
 

@@ -12,20 +12,19 @@ import dataclasses
 import math
 
 import torch
-
-from engine.attention import AttentionConfig, TreeAttention
-from engine.runner import ModelRunner
-from engine.tree import DraftTree
-from kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
-from kernels.timing import (
+from ssvkit.engine.attention import AttentionConfig, TreeAttention
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
 )
-from perfmodel.calibrated import make_predictor
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import Strategy, Workload
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import Strategy, Workload
 
 OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s=1.0)
 

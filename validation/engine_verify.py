@@ -1,9 +1,9 @@
 """The engine's verify step on the GPU: one CUDA-graph replay vs the sum of its ops timed in
 isolation, and vs the byte floor.
 
-    python -m validation.engine_verify                    # random:llama-3.1-8b, T = 32K
-    python -m validation.engine_verify --t 1,5,16 --out /tmp/engine-verify.json
-    python -m validation.engine_verify --strategy sd_dense,sd_sparse_naive,ssv \
+    python -m ssvkit.validation.engine_verify                    # random:llama-3.1-8b, T = 32K
+    python -m ssvkit.validation.engine_verify --t 1,5,16 --out /tmp/engine-verify.json
+    python -m ssvkit.validation.engine_verify --strategy sd_dense,sd_sparse_naive,ssv \
         --context 32K,64K,128K --t 1,16 --gpu h200 --out validation/data/engine-verify-h200.json
 
 For each ``t`` (verify rows: the root plus ``t - 1`` chain drafts; dense cost does not depend on
@@ -34,7 +34,7 @@ model (the tiny pair: a corpus prompt is prefilled, so sparse selections see rea
 graph replayed back to back is the GPU time of the verify step alone, to hold beside the
 campaign's CUDA-event ``verify`` step of the decode loop. ``--ops`` adds the op breakdown there.
 
-    python -m validation.engine_verify --campaign validation/data/campaign.json --ops \
+    python -m ssvkit.validation.engine_verify --campaign validation/data/campaign.json --ops \
         --out /tmp/verify-breakdown.json
 """
 
@@ -47,12 +47,11 @@ import os
 from pathlib import Path
 
 import torch
-
-from engine.attention import AttentionConfig
-from engine.checkpoint import build_model, resolve_source
-from engine.runner import ModelRunner
-from engine.tree import DraftTree
-from kernels.timing import (
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.checkpoint import build_model, resolve_source
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
     copy_bytes_per_s,
@@ -60,17 +59,17 @@ from kernels.timing import (
     gemm_flops_per_s,
     provenance,
 )
-from perfmodel.numbers import parse_count_list
-from perfmodel.strategy import Strategy
-from planner.space import describe
-from validation.engine_ops import (
+from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.planner.space import describe
+from ssvkit.validation.engine_ops import (
     floor_bytes,
     op_floors,
     predicted_verify_s,
     selection_stats,
     time_ops,
 )
-from validation.records import file_label, local_model, local_strategy
+from ssvkit.validation.records import file_label, local_model, local_strategy
 
 STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=10, reps=10, max_total_s=2.0)
 
@@ -121,7 +120,7 @@ def _write(result: dict, path: str | None) -> None:
 def campaign_main(args) -> dict:
     """Verify-step GPU time of every (baseline, context) of a campaign document."""
 
-    from engine.corpus import corpus_sample
+    from ssvkit.engine.corpus import corpus_sample
 
     doc = json.loads(Path(args.campaign).read_text())
     points: dict[tuple[str, int], dict] = {}

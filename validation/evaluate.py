@@ -26,17 +26,16 @@ import dataclasses
 import time
 
 import numpy as np
-
-from planner.controller import ControllerConfig
-from planner.profile import RegimeProfile, regime_of
-from planner.rank import rank, score, strategy_from_json
-from planner.space import SpaceSpec, describe, strategy_id
-from validation.adaptive import evaluate_adaptive
-from validation.bench import Bench
-from validation.passes import interleave, pooled_prompts, prompts_jobs, run_passes
-from validation.profile_runs import measure_profile
-from validation.prompts import OFF_DISTRIBUTION, PROMPT_SETS, measure_windows, prompt_tokens
-from validation.stats import (
+from ssvkit.planner.controller import ControllerConfig
+from ssvkit.planner.profile import RegimeProfile, regime_of
+from ssvkit.planner.rank import rank, score, strategy_from_json
+from ssvkit.planner.space import SpaceSpec, describe, strategy_id
+from ssvkit.validation.adaptive import evaluate_adaptive
+from ssvkit.validation.bench import Bench
+from ssvkit.validation.passes import interleave, pooled_prompts, prompts_jobs, run_passes
+from ssvkit.validation.profile_runs import measure_profile
+from ssvkit.validation.prompts import OFF_DISTRIBUTION, PROMPT_SETS, measure_windows, prompt_tokens
+from ssvkit.validation.stats import (
     measurement_resolution,
     pick,
     ranking_quality,

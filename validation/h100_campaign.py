@@ -2,10 +2,11 @@
 
     # on the GPU machine, one call per device run; the same command again until it exits 0
     export PYTHONUNBUFFERED=1 SSVKIT_GIT_COMMIT=<commit>
-    python3 -m validation.h100_campaign --work build/campaign --budget-s 540 \\
+    python3 -m ssvkit.validation.h100_campaign --work build/campaign --budget-s 540 \\
         --pack $OUT/campaign-state.tar.gz [--unpack campaign-state.tar.gz]
     # on the CPU, after the last call
-    python3 -m validation.h100_campaign --work build/campaign --unpack campaign-state.tar.gz \\
+    python3 -m ssvkit.validation.h100_campaign --work build/campaign \\
+        --unpack campaign-state.tar.gz \\
         --install
 
 Stages (``STAGES``), in order: ``ops`` (``validation.engine_op_sweep``), ``kernels`` and
@@ -39,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from calibration.fit import fit_folder
-from validation.campaign import (
+from ssvkit.calibration.fit import fit_folder
+from ssvkit.validation.campaign import (
     EXIT_DONE,
     EXIT_REFUSED,
     CallConfig,
@@ -52,7 +53,7 @@ from validation.campaign import (
     table,
     work_arg,
 )
-from validation.campaign_files import install, pack, unpack
+from ssvkit.validation.campaign_files import install, pack, unpack
 
 # The tree the campaign installs into: the checkout these packages are part of.
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ _PROFILE_FILES = ("op_sweep.jsonl", "kernel_bench.jsonl", "ceilings.json", "prof
 STAGES = (
     Stage(
         "ops",
-        ("-m", "validation.engine_op_sweep", "--out", "{work}/profile"),
+        ("-m", "ssvkit.validation.engine_op_sweep", "--out", "{work}/profile"),
         budgeted=True,
         min_s=60,
         estimate_s=75,
@@ -74,7 +75,7 @@ STAGES = (
     ),
     Stage(
         "kernels",
-        ("-m", "calibration.kernel_sweep", "--out", "{work}/profile"),
+        ("-m", "ssvkit.calibration.kernel_sweep", "--out", "{work}/profile"),
         budgeted=True,
         min_s=90,
         estimate_s=480,
@@ -82,14 +83,14 @@ STAGES = (
     ),
     Stage(
         "kernels_tiny",
-        ("-m", "calibration.kernel_sweep", "--out", "{work}/profile", "--geometry", "tiny"),
+        ("-m", "ssvkit.calibration.kernel_sweep", "--out", "{work}/profile", "--geometry", "tiny"),
         budgeted=True,
         min_s=60,
         estimate_s=121,
     ),
     Stage(
         "fit",
-        ("-m", "validation.h100_campaign", "--fit", "{work}/profile"),
+        ("-m", "ssvkit.validation.h100_campaign", "--fit", "{work}/profile"),
         estimate_s=5,
         outputs=("profile/ceilings.json", "profile/profile.json"),
         installs=tuple((f"profile/{f}", f"{PROFILE}/{f}") for f in _PROFILE_FILES),
@@ -100,7 +101,7 @@ STAGES = (
         "planner",
         (
             "-m",
-            "validation.planner_eval",
+            "ssvkit.validation.planner_eval",
             "--repeats",
             "5",
             "--out",
@@ -119,7 +120,7 @@ STAGES = (
         "validation",
         (
             "-m",
-            "validation.e2e_campaign",
+            "ssvkit.validation.e2e_campaign",
             "--planner",
             "{work}/planner.json",
             "--seeds",
@@ -137,7 +138,7 @@ STAGES = (
         "verify_breakdown",
         (
             "-m",
-            "validation.engine_verify",
+            "ssvkit.validation.engine_verify",
             "--campaign",
             "{work}/campaign.json",
             "--ops",
@@ -167,7 +168,7 @@ def fit_rows(folder: Path) -> None:
 def resolve_commit() -> str:
     if os.environ.get("SSVKIT_GIT_COMMIT"):
         return os.environ["SSVKIT_GIT_COMMIT"]
-    from kernels.timing import git_commit  # the rows' provenance says the same
+    from ssvkit.kernels.timing import git_commit  # the rows' provenance says the same
 
     return git_commit()
 

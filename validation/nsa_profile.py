@@ -3,7 +3,7 @@ kernel (duration, DRAM throughput, registers, occupancy, warp stalls).
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section LaunchStats --section Occupancy --section WarpStateStats \
-        --section MemoryWorkloadAnalysis python -m validation.nsa_profile --t 16 \
+        --section MemoryWorkloadAnalysis python -m ssvkit.validation.nsa_profile --t 16 \
         > validation/data/nsa-ncu-h200.txt
 
 The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention, NSA's published geometry,
@@ -18,10 +18,9 @@ import argparse
 import json
 
 import torch
-
-from kernels import nsa_verify as nv
-from kernels.timing import provenance
-from validation import nsa_stages as ns
+from ssvkit.kernels import nsa_verify as nv
+from ssvkit.kernels.timing import provenance
+from ssvkit.validation import nsa_stages as ns
 
 
 def main(argv=None) -> None:

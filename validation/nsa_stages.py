@@ -1,6 +1,6 @@
 """NSA verification on the GPU, whole calls and their stages, against the byte floor.
 
-    python -m validation.nsa_stages --out validation/data/nsa-stages-h200.json
+    python -m ssvkit.validation.nsa_stages --out validation/data/nsa-stages-h200.json
 
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry (top_n
 16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused and unfused
@@ -28,12 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from calibration import kernel_inputs as ki
-from kernels import nsa_steps as steps
-from kernels import nsa_verify as nv
-from kernels import timing as tm
-from kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels import nsa_steps as steps
+from ssvkit.kernels import nsa_verify as nv
+from ssvkit.kernels import timing as tm
+from ssvkit.kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
 
 KW = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
 TIMING = tm.TimingConfig(warmup=3, graph_launches=10, graph_reps=8, max_total_s=0.3)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfmodel.baselines import compare, grouped_seconds
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.seed_formulas import (
+from ssvkit.perfmodel.baselines import compare, grouped_seconds
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.seed_formulas import (
     dense_ffn_flops,
     full_attention_flops,
     moe_ffn_flops,
@@ -25,9 +25,9 @@ from perfmodel.seed_formulas import (
     sparse_ffn_flops,
     sparse_moe_flops,
 )
-from perfmodel.strategy import DrafterSpec, Strategy, Workload
-from sim.config import PrrConfig, SimConfig, SparseSpecConfig, SsdConfig, default_strategy
-from sim.scenarios import simulate
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload
+from ssvkit.sim.config import PrrConfig, SimConfig, SparseSpecConfig, SsdConfig, default_strategy
+from ssvkit.sim.scenarios import simulate
 
 WORKLOAD_KEYS = ("context_len", "batch", "tp", "acceptance", "overlap")
 STRATEGY_KEYS = ("tree", "metadata", "drafter", "draft_model")

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from validation.paper_figures import ANALYTIC, KINDS, SIMULATED, mean_length
-from validation.records import record_path
+from ssvkit.validation.paper_figures import ANALYTIC, KINDS, SIMULATED, mean_length
+from ssvkit.validation.records import record_path
 
 TOLERANCE = 0.15
 STATUSES = ("reproduced", "differs", "not modelled")

@@ -15,10 +15,9 @@ instead of on one strategy's block. Several runs of one strategy pool into one f
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.strategy import Strategy
-from planner.space import strategy_id
-from validation.bench import Bench, steady_run
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.planner.space import strategy_id
+from ssvkit.validation.bench import Bench, steady_run
 
 
 def median_run(runs: list[dict]) -> dict:

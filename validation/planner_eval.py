@@ -1,8 +1,8 @@
 """The planner's evaluation in the real decode loop on the trained tiny pair.
 
-    python -m validation.planner_eval --out validation/data/planner.json \\
+    python -m ssvkit.validation.planner_eval --out validation/data/planner.json \\
         --ranking-out validation/data/planner-ranking.json --resume build/planner-runs.jsonl
-    python -m validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
+    python -m ssvkit.validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
         --new-tokens 32 --repeats 1 --out /tmp/planner.json          # a CPU smoke run
 
 Profiles the acceptance and overlap of the tiny pair per regime, ranks the space with the
@@ -30,20 +30,20 @@ import json
 import sys
 import time
 
-from perfmodel.files import atomic_write
-from perfmodel.numbers import parse_count_list
-from planner.controller import ControllerConfig
-from planner.space import SpaceSpec
-from validation.bench import Bench, RunCache, make_bench
-from validation.evaluate import evaluate, summary_table
-from validation.prompts import (
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.planner.controller import ControllerConfig
+from ssvkit.planner.space import SpaceSpec
+from ssvkit.validation.bench import Bench, RunCache, make_bench
+from ssvkit.validation.evaluate import evaluate, summary_table
+from ssvkit.validation.prompts import (
     MEASURE_OFFSETS,
     PROFILE_OFFSETS,
     PROMPT_SETS,
     WALK_OFFSETS,
     regime_contexts,
 )
-from validation.records import add_pair_args, command_line
+from ssvkit.validation.records import add_pair_args, command_line
 
 DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
 
@@ -176,7 +176,7 @@ def check_args(args) -> None:
 def setup(args) -> tuple[Bench, dict[str, int], SpaceSpec, tuple[str, ...]]:
     """The bench (with its run cache under ``--resume``), the regimes' contexts, the space and
     the prompt sets of ``args``."""
-    from kernels.timing import provenance
+    from ssvkit.kernels.timing import provenance
 
     check_args(args)
     contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
@@ -198,7 +198,7 @@ def setup(args) -> tuple[Bench, dict[str, int], SpaceSpec, tuple[str, ...]]:
 
 
 def main(argv=None) -> int:
-    from kernels.timing import provenance
+    from ssvkit.kernels.timing import provenance
 
     args = parse_args(argv)
     try:
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
         print(f"planner_eval: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    command = command_line("validation.planner_eval", sys.argv[1:] if argv is None else argv)
+    command = command_line("ssvkit.validation.planner_eval", sys.argv[1:] if argv is None else argv)
     doc, ranking = evaluate(
         bench,
         contexts,

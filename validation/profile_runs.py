@@ -19,18 +19,17 @@ import dataclasses
 import math
 
 import numpy as np
-
-from calibration.host_overhead_fit import fit_overhead
-from perfmodel.strategy import Strategy, chain_length, parse_tree
-from perfmodel.tree_tokens import alpha_from_tokens
-from planner.estimators import pooled_chain_tokens
-from planner.profile import RegimeProfile, attention_key
-from planner.rank import concrete, score
-from planner.space import SpaceSpec, describe, strategy_id, valid_strategies
-from validation.bench import Bench, steady_figures, steady_run
-from validation.passes import interleave, least_disturbed
-from validation.prompts import PROFILE_OFFSETS, log_wrapped, prompt_tokens
-from validation.walks import walk_ngram, walk_texts
+from ssvkit.calibration.host_overhead_fit import fit_overhead
+from ssvkit.perfmodel.strategy import Strategy, chain_length, parse_tree
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.planner.estimators import pooled_chain_tokens
+from ssvkit.planner.profile import RegimeProfile, attention_key
+from ssvkit.planner.rank import concrete, score
+from ssvkit.planner.space import SpaceSpec, describe, strategy_id, valid_strategies
+from ssvkit.validation.bench import Bench, steady_figures, steady_run
+from ssvkit.validation.passes import interleave, least_disturbed
+from ssvkit.validation.prompts import PROFILE_OFFSETS, log_wrapped, prompt_tokens
+from ssvkit.validation.walks import walk_ngram, walk_texts
 
 # Dense runs (seeds) on the first profile prompt that the sparse-attention factors divide by:
 # one dense run is the denominator of every key's factor, so its draw would move them all.

@@ -19,10 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
-from perfmodel.numbers import parse_count_list
-from planner.profile import REGIMES, regime_of
-from planner.space import MAX_KERNEL_ROWS
+from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.planner.profile import REGIMES, regime_of
+from ssvkit.planner.space import MAX_KERNEL_ROWS
 
 PROMPT_SETS = ("code", "prose", "repetitive", "random")
 OFF_DISTRIBUTION = ("prose", "repetitive", "random")
@@ -80,7 +79,7 @@ def prose_stream() -> bytes:
 def prompt_tokens(kind: str, n: int, *, offset: int = 0, seed: int = 0) -> list[int]:
     """``n`` byte tokens of prompt set ``kind``; ``offset`` selects a different window of the
     same source (code and prose), so a profile prompt and a measured prompt differ."""
-    from engine.corpus import corpus_sample
+    from ssvkit.engine.corpus import corpus_sample
 
     if n < 1:
         raise ValueError(f"prompt length must be >= 1, got {n}")
@@ -108,7 +107,7 @@ def prompt_crc32(prompt: list[int]) -> int:
 def log_wrapped(log: Callable[[str], None], what: str, offsets, ctx: int) -> None:
     """Log the windows of ``offsets`` whose prompt of ``ctx`` tokens runs past the code
     corpus's end (and so repeats its start)."""
-    from engine.corpus import validation_bytes
+    from ssvkit.engine.corpus import validation_bytes
 
     size = validation_bytes((max(offsets) + 1) * ctx)
     wrapped = [o for o in offsets if (o + 1) * ctx > size]
@@ -149,6 +148,6 @@ def _in_corpus(offsets: tuple[int, ...], ctx: int, available) -> tuple[tuple[int
     """The windows of ``offsets`` whose prompt of ``ctx`` tokens ends inside the code corpus,
     and the corpus's size (up to the last window's end)."""
     if available is None:
-        from engine.corpus import validation_bytes as available
+        from ssvkit.engine.corpus import validation_bytes as available
     size = available((max(offsets) + 1) * ctx)
     return tuple(o for o in offsets if (o + 1) * ctx <= size), size

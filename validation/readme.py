@@ -1,7 +1,7 @@
 """Regenerate the generated blocks of the README and the results pages from the measurements
 of record.
 
-python -m validation.readme          # rewrites the blocks between their markers in DOCUMENTS
+python -m ssvkit.validation.readme          # rewrites the blocks between their markers in DOCUMENTS
 
 - ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
 - ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
@@ -15,13 +15,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from calibration.validate import committed_report, summary_markdown
-from perfmodel.files import read_json
-from validation.papers import markdown as papers_markdown
-from validation.papers import reproduce
-from validation.prompts import OFF_DISTRIBUTION
-from validation.records import project_label, record_path
-from validation.report import planner_section
+from ssvkit.calibration.validate import committed_report, summary_markdown
+from ssvkit.perfmodel.files import read_json
+from ssvkit.validation.papers import markdown as papers_markdown
+from ssvkit.validation.papers import reproduce
+from ssvkit.validation.prompts import OFF_DISTRIBUTION
+from ssvkit.validation.records import project_label, record_path
+from ssvkit.validation.report import planner_section
 
 # The checkout's documents that embed generated blocks (the docs are the checkout's, not data).
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import dataclasses
 from importlib.resources import files
 from pathlib import Path
 
-from perfmodel.strategy import Strategy
-from planner.rank import strategy_from_json
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.planner.rank import strategy_from_json
 
 DATA = "data"
 # Where the engine's checkpoints (the trained tiny pair) live, relative to the project.
@@ -39,7 +39,7 @@ def add_pair_args(p: argparse.ArgumentParser, *, contexts: bool = True) -> None:
 
 def data_dir() -> Path:
     """The folder of the measurements of record (``validation/data``)."""
-    return Path(str(files("validation"))) / DATA
+    return Path(str(files("ssvkit.validation"))) / DATA
 
 
 def record_path(name: str) -> Path:
@@ -85,7 +85,7 @@ def command_line(module: str, argv: list[str]) -> str:
 
 
 def _checkpoint_dir() -> Path:
-    return Path(str(files("engine"))) / "checkpoints"
+    return Path(str(files("ssvkit.engine"))) / "checkpoints"
 
 
 def model_label(path: str | Path | None) -> str | None:

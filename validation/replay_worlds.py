@@ -19,10 +19,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-
-from perfmodel.strategy import parse_tree
-from planner.rank import strategy_from_json
-from planner.space import strategy_id
+from ssvkit.perfmodel.strategy import parse_tree
+from ssvkit.planner.rank import strategy_from_json
+from ssvkit.planner.space import strategy_id
 
 
 def per_depth_alpha(measured: dict[int, float], depth: int = 8) -> list[float]:

@@ -28,24 +28,23 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from calibration import ceilings
-from calibration.fit import error_stats
-from calibration.validate import annotate, report
-from perfmodel.calibrated import Profile, make_predictor
-from perfmodel.files import read_json
-from perfmodel.hardware import get_gpu, gpu_names
-from perfmodel.host_overhead import host_overhead_s
-from perfmodel.models import get_model
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import DrafterSpec, Workload, parse_tree
-from perfmodel.trace import dumps_trace, make_header, make_round
-from perfmodel.tree_tokens import alpha_from_tokens
-from planner.profile import profile_from_json
-from sim.config import SimConfig
-from sim.scenarios import simulate
-from validation.records import local_model, local_strategy, project_label, record_path
-from validation.stats import regime_resolution, set_resolution
+from ssvkit.calibration import ceilings
+from ssvkit.calibration.fit import error_stats
+from ssvkit.calibration.validate import annotate, report
+from ssvkit.perfmodel.calibrated import Profile, make_predictor
+from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.hardware import get_gpu, gpu_names
+from ssvkit.perfmodel.host_overhead import host_overhead_s
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import DrafterSpec, Workload, parse_tree
+from ssvkit.perfmodel.trace import dumps_trace, make_header, make_round
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.planner.profile import profile_from_json
+from ssvkit.sim.config import SimConfig
+from ssvkit.sim.scenarios import simulate
+from ssvkit.validation.records import local_model, local_strategy, project_label, record_path
+from ssvkit.validation.stats import regime_resolution, set_resolution
 
 REPORT_VERSION = 1
 TARGETS = {"verify_median_ape": 0.08, "tokens_per_s_median_ape": 0.10, "speedup_median_ape": 0.08}

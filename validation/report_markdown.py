@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 
-from calibration.error_table import ape_markdown_row, ape_percents
-from validation.report import BASELINE_ORDER
+from ssvkit.calibration.error_table import ape_markdown_row, ape_percents
+from ssvkit.validation.report import BASELINE_ORDER
 
 # Where ``ssvkit report`` writes the report in a checkout, relative to the project.
 REPORT_DIR = "docs/results/validation"

@@ -1,9 +1,10 @@
 """Re-score a finished planner evaluation under the current model, on the CPU, from its runs.
 
-    python -m validation.rescore --runs build/planner-runs.jsonl.gz \\
+    python -m ssvkit.validation.rescore --runs build/planner-runs.jsonl.gz \\
         --evaluation validation/data/planner.json
 
-``python -m validation.planner_eval --resume FILE`` keeps every run it decoded (profile runs and
+``python -m ssvkit.validation.planner_eval --resume FILE`` keeps every run it decoded (profile runs
+and
 measured strategies) in FILE. This rebuilds the profile from those runs with the current code
 (``validation.profile_runs.measure_profile``: acceptance, attention factors, overlap and
 the loop-overhead fit), ranks the space again and scores the strategies the evaluation measured:
@@ -26,13 +27,13 @@ import json
 import sys
 from pathlib import Path
 
-from perfmodel.files import atomic_write
-from planner.rank import rank
-from planner.space import SpaceSpec
-from validation.bench import make_bench, read_runs
-from validation.profile_runs import measure_profile
-from validation.records import add_pair_args
-from validation.stats import ranking_quality
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.planner.rank import rank
+from ssvkit.planner.space import SpaceSpec
+from ssvkit.validation.bench import make_bench, read_runs
+from ssvkit.validation.profile_runs import measure_profile
+from ssvkit.validation.records import add_pair_args
+from ssvkit.validation.stats import ranking_quality
 
 
 class CachedRuns:

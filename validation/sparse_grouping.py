@@ -1,6 +1,6 @@
 """Grouped sparse verification against per-query loads, in time and in measured DRAM bytes.
 
-    python -m validation.sparse_grouping --out validation/data/sparse-grouping-h200.json
+    python -m ssvkit.validation.sparse_grouping --out validation/data/sparse-grouping-h200.json
 
 The grouping target: for working sets beyond L2, ``union`` (exact) and ``shared`` (approx) at
 group size C must beat ``per_query`` by at least ``TARGET_SHARE`` of the ratio of their DRAM
@@ -41,13 +41,12 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-
-from calibration import kernel_checks as checks
-from calibration import kernel_inputs as ki
-from calibration.kernel_ops import sparse_batch
-from calibration.kernel_sweep import FULL_SWEEP
-from kernels import sparse_verify as sv
-from kernels import timing as tm
+from ssvkit.calibration import kernel_checks as checks
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.kernel_ops import sparse_batch
+from ssvkit.calibration.kernel_sweep import FULL_SWEEP
+from ssvkit.kernels import sparse_verify as sv
+from ssvkit.kernels import timing as tm
 
 TARGET_SHARE = 0.7
 K = 1024
@@ -187,7 +186,7 @@ def ncu_bytes(args) -> list[dict]:
     """Run the profiled child; per call, the summed DRAM bytes and kernel time of its kernels."""
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "calls"
-        child = [sys.executable, "-m", "validation.sparse_grouping", "--child"]
+        child = [sys.executable, "-m", "ssvkit.validation.sparse_grouping", "--child"]
         child += ["--seed", str(args.seed)]
         child += ["--contexts", *map(str, args.contexts), "--top-ns", *map(str, args.top_ns)]
         child += ["--overlaps", *map(str, args.overlaps)]

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.stats import bootstrap, kendalltau
-
-from planner.rank import strategy_from_json
+from ssvkit.planner.rank import strategy_from_json
 
 
 def pick(ranking: list[dict], n: int, ok, top: int = 4) -> list[dict]:

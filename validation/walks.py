@@ -12,12 +12,11 @@ texts' and not their luck. Unbiased for the same reason the engine's shadow is
 from __future__ import annotations
 
 import numpy as np
-
-from perfmodel.strategy import Strategy, parse_tree
-from perfmodel.tree_tokens import alpha_from_tokens
-from planner.space import SpaceSpec, strategy_id
-from validation.bench import Bench, steady_run
-from validation.prompts import prompt_crc32, prompt_tokens, walk_windows
+from ssvkit.perfmodel.strategy import Strategy, parse_tree
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.planner.space import SpaceSpec, strategy_id
+from ssvkit.validation.bench import Bench, steady_run
+from ssvkit.validation.prompts import prompt_crc32, prompt_tokens, walk_windows
 
 
 def walk_texts(
@@ -64,7 +63,7 @@ def same_prompt(fig: dict, prompt: list[int], where: str) -> None:
 def _walk_sums(pairs, specs: tuple[str, ...], max_n: int) -> dict[bytes, dict[str, np.ndarray]]:
     """Per prompt and tree spec, [walked rounds, accepted drafts, texts] summed over the texts
     decoded after that prompt (``engine.ngram.walk_text``)."""
-    from engine.ngram import walk_text
+    from ssvkit.engine.ngram import walk_text
 
     by_prompt: dict[bytes, dict[str, np.ndarray]] = {}
     for prompt, text in pairs:

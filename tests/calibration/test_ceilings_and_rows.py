@@ -1,10 +1,9 @@
 import json
 
 import pytest
-
-from calibration import ceilings
-from perfmodel.hardware import get_gpu
-from perfmodel.rows import checksum, load_rows, seal, validate
+from ssvkit.calibration import ceilings
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.rows import checksum, load_rows, seal, validate
 
 
 def test_committed_overlay_is_derived_from_the_rows():
@@ -78,14 +77,14 @@ def test_committed_rows_are_all_valid():
 
 
 def test_sweep_refuses_an_unknown_op_group_in_one_line(tmp_path, capsys):
-    from calibration import sweep
+    from ssvkit.calibration import sweep
 
     assert sweep.main(["--out", str(tmp_path), "--ops", "gemm,bogus"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'bogus'" in err and "resident" in err
     assert not any(tmp_path.iterdir())  # nothing written
     # The sweep of record adds the engine's own ops as a group of its own.
-    from validation import engine_op_sweep
+    from ssvkit.validation import engine_op_sweep
 
     assert engine_op_sweep.main(["--out", str(tmp_path), "--ops", "engine,bogus"]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,4 +1,4 @@
-from calibration.error_table import ape_markdown_row, ape_percents, ape_text_lines
+from ssvkit.calibration.error_table import ape_markdown_row, ape_percents, ape_text_lines
 
 STATS = {"n": 24, "median_ape": 0.05, "p90_ape": 0.1134, "max_ape": 1.5}
 

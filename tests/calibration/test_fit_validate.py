@@ -2,9 +2,8 @@ import json
 from dataclasses import replace
 
 import pytest
-
-from calibration import ceilings
-from calibration.fit import (
+from ssvkit.calibration import ceilings
+from ssvkit.calibration.fit import (
     depth,
     fit_profile,
     is_heldout,
@@ -13,14 +12,15 @@ from calibration.fit import (
     stage_counts,
     tile_rows,
 )
-from calibration.validate import disagreements, fit_agreement, ratio_pairs, report
-from perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
-from perfmodel.hardware import get_gpu
-from perfmodel.models import ModelSpec, get_model
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import Strategy, Workload
+from ssvkit.calibration.validate import disagreements, fit_agreement, ratio_pairs, report
+from ssvkit.perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import Strategy, Workload
+from ssvkit.validation.readme import DOCUMENTS, render
+
 from ssvkit.cli import main
-from validation.readme import DOCUMENTS, render
 
 PROFILE = ceilings.PROFILES / "h100-sxm" / "profile.json"
 
@@ -232,7 +232,7 @@ def test_validate_cli_and_readme_block(capsys):
     for doc in DOCUMENTS:
         text = doc.read_text()
         assert render(text) == text, (
-            f"{doc.name}'s generated blocks are stale: python -m validation.readme"
+            f"{doc.name}'s generated blocks are stale: python -m ssvkit.validation.readme"
         )
 
 

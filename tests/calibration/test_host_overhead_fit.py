@@ -6,10 +6,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from calibration.host_overhead_fit import fit_overhead
-from perfmodel.host_overhead import OVERHEAD_TERMS, check_overhead, overhead_features
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.calibration.host_overhead_fit import fit_overhead
+from ssvkit.perfmodel.host_overhead import OVERHEAD_TERMS, check_overhead, overhead_features
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 
 def test_fit_recovers_weights_and_signs_the_overhead_coefficients():

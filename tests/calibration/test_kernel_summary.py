@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from calibration import ceilings, kernel_sweep
-from calibration.kernel_summary import floor_target_met, summarise
+from ssvkit.calibration import ceilings, kernel_sweep
+from ssvkit.calibration.kernel_summary import floor_target_met, summarise
 
 
 def test_floor_target_is_relative_above_20us_and_absolute_below():

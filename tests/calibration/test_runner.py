@@ -7,11 +7,10 @@ import json
 
 import numpy as np
 import pytest
-
-from calibration import kernel_inputs as ki
-from calibration.runner import Runner, read_rows
-from kernels import timing as tm
-from perfmodel.rows import load_rows, row_key
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.runner import Runner, read_rows
+from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.rows import load_rows, row_key
 
 CEIL = dict(copy_bytes_per_s=1e12, gemm_flops_per_s=1e15, launch=2e-6, graph=1e-6)
 

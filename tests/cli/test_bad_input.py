@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from ssvkit.perfmodel.files import read_json, write_files
+from ssvkit.perfmodel.numbers import parse_count, parse_count_list
 
-from perfmodel.files import read_json, write_files
-from perfmodel.numbers import parse_count, parse_count_list
 from ssvkit.cli import main
 
 LLAMA = json.loads(
@@ -329,10 +329,10 @@ def test_predict_plot_format_follows_the_extension(workdir, capsys):
 def test_report_outside_a_clone_says_what_it_needs(workdir, capsys, monkeypatch):
     """The measurements of record ship with the package: the report reads them from any working
     directory; only its default output folder needs a clone."""
-    import validation.report_markdown
+    import ssvkit.validation.report_markdown
 
     assert main(["report", "--no-files"]) == 0 and "speedup vs ar_dense" in capsys.readouterr().out
-    monkeypatch.setattr(validation.report_markdown, "REPORT_DIR", "no/such/folder")
+    monkeypatch.setattr(ssvkit.validation.report_markdown, "REPORT_DIR", "no/such/folder")
     _check(["report"], "give --out DIR or --no-files", workdir, capsys)
 
 

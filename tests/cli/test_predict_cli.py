@@ -143,10 +143,10 @@ def test_attention_column_holds_every_attention_op(capsys):
     """The table's attn column sums every attention op of a row, the NSA refresh calls included
     (``ar_sparse`` runs only refresh calls at refresh_every 1), and the five columns add up to
     the round."""
-    from perfmodel.baselines import compare, grouped_seconds
-    from perfmodel.hardware import get_gpu
-    from perfmodel.models import get_model
-    from perfmodel.strategy import Strategy, Workload
+    from ssvkit.perfmodel.baselines import compare, grouped_seconds
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.strategy import Strategy, Workload
 
     rows = compare(
         get_model("llama-3.1-8b"),

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-
-from engine.checkpoint import ModelSource, build_model
-from engine.config import ModelConfig
+from ssvkit.engine.checkpoint import ModelSource, build_model
+from ssvkit.engine.config import ModelConfig
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = ModelConfig(

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-
-from engine.acceptance import accept_greedy, accept_stochastic
-from engine.drafter import draw_children
-from engine.tree import DraftTree
+from ssvkit.engine.acceptance import accept_greedy, accept_stochastic
+from ssvkit.engine.drafter import draw_children
+from ssvkit.engine.tree import DraftTree
 
 V = 6
 

@@ -10,12 +10,11 @@ import dataclasses
 
 import pytest
 from engine_helpers import random_prompts, tiny_model
-
-from engine.loop import Engine
-from engine.runner import ModelRunner
-from engine.settings import DecodeConfig
-from engine.tree import DraftTree
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.engine.loop import Engine
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 TARGET = tiny_model(seed=3)
 DRAFT = tiny_model(seed=3, noise=0.3)

@@ -8,9 +8,8 @@ import json
 import pytest
 import torch
 from engine_helpers import HAS_CUDA, TINY
-
-from engine.checkpoint import build_model, resolve_source
-from engine.corpus import (
+from ssvkit.engine.checkpoint import build_model, resolve_source
+from ssvkit.engine.corpus import (
     SEPARATOR,
     Document,
     collect_documents,
@@ -18,8 +17,9 @@ from engine.corpus import (
     split_streams,
     validation_bytes,
 )
-from engine.settings import TrainConfig
-from engine.train import lm_loss, train_tiny
+from ssvkit.engine.settings import TrainConfig
+from ssvkit.engine.train import lm_loss, train_tiny
+
 from ssvkit.cli import main
 
 

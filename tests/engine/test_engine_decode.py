@@ -11,14 +11,13 @@ import pytest
 import torch
 from engine_helpers import TINY, random_prompts, tiny_model
 from scipy.stats import chisquare
-
-from engine.controller import RoundStats
-from engine.loop import Engine
-from engine.runner import ModelRunner
-from engine.settings import DecodeConfig
-from engine.trace_writer import TraceWriter
-from perfmodel.strategy import DrafterSpec, Strategy
-from perfmodel.trace import read_trace
+from ssvkit.engine.controller import RoundStats
+from ssvkit.engine.loop import Engine
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.trace_writer import TraceWriter
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.perfmodel.trace import read_trace
 
 TARGET = tiny_model(seed=0)
 DRAFT = tiny_model(seed=0, noise=0.3)
@@ -315,7 +314,7 @@ class CountingGraphs:
     time it sees a key (as the CUDA one captures) and the drops of its keys."""
 
     def __init__(self):
-        from engine.graphs import GraphRunner
+        from ssvkit.engine.graphs import GraphRunner
 
         self.inner, self.seen = GraphRunner(False), set()
         self.enabled, self.captures, self.clears = False, 0, 0

@@ -21,16 +21,15 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import random_prompts, tiny_model
-
-from engine.attention import AttentionConfig
-from engine.checkpoint import TINY_DRAFT, TINY_TARGET, build_model, resolve_source
-from engine.config import ModelConfig
-from engine.corpus import corpus_sample
-from engine.loop import Engine
-from engine.runner import ModelRunner
-from engine.settings import DecodeConfig
-from engine.tree import DraftTree
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.checkpoint import TINY_DRAFT, TINY_TARGET, build_model, resolve_source
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.corpus import corpus_sample
+from ssvkit.engine.loop import Engine
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -285,8 +284,8 @@ def test_position_uniforms_outlive_the_engine_that_captured():
 def test_append_captures_at_start_and_equals_extend():
     """A draft model's start captures every ``append`` chunk graph (a later catch-up replays
     only); under graphs ``append`` writes what ``extend`` writes (bf16 rounding apart)."""
-    from engine.draft_model import ModelDrafter
-    from engine.runner import APPEND_CHUNKS
+    from ssvkit.engine.draft_model import ModelDrafter
+    from ssvkit.engine.runner import APPEND_CHUNKS
 
     t_max = max(map(len, PROMPTS)) + 200
     runner = ModelRunner(DRAFT, batch=len(PROMPTS), t_max=t_max, backend="triton", use_graphs=True)

@@ -10,18 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_helpers import TINY, tiny_model
-
-from engine.checkpoint import (
+from ssvkit.engine.checkpoint import (
     _hf_names,
     build_model,
     hf_state_dict,
     resolve_source,
     save_checkpoint,
 )
-from engine.config import ModelConfig
-from engine.rope import inv_frequencies
-from engine.runner import ModelRunner
-from perfmodel.models import get_model
+from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.rope import inv_frequencies
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.perfmodel.models import get_model
 
 
 def reference_logits(sd: dict[str, torch.Tensor], cfg: ModelConfig, ids: torch.Tensor):
@@ -112,8 +111,8 @@ def test_prefill_and_tree_forward_match_reference(family, n):
     last = runner.prefill([ids.tolist()])
     torch.testing.assert_close(last[0].double(), expect[-1], atol=2e-4, rtol=2e-4)
     if n > 1:  # the same positions decoded one at a time through the verify path
-        from engine.attention import AttentionConfig
-        from engine.tree import DraftTree
+        from ssvkit.engine.attention import AttentionConfig
+        from ssvkit.engine.tree import DraftTree
 
         runner.prefill([ids[: n - 3].tolist()])
         one = DraftTree.from_parents([-1])
@@ -125,7 +124,7 @@ def test_prefill_and_tree_forward_match_reference(family, n):
 
 def test_llama3_rope_scaling_matches_hand_values():
     cfg = get_model("llama-3.1-8b")
-    from engine.config import ModelConfig as MC
+    from ssvkit.engine.config import ModelConfig as MC
 
     inv = inv_frequencies(MC.from_spec(cfg))
     base = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import TINY
-
-from engine.cache import KVCache
-from engine.drafter import LevelPlan
-from engine.tree import DraftTree
-from kernels.nsa_compress import reference_compress_kv
-from kernels.select_blocks import reference_block_metadata
-from kernels.tree import ancestor_bitmask
+from ssvkit.engine.cache import KVCache
+from ssvkit.engine.drafter import LevelPlan
+from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels.nsa_compress import reference_compress_kv
+from ssvkit.kernels.select_blocks import reference_block_metadata
+from ssvkit.kernels.tree import ancestor_bitmask
 
 
 @pytest.mark.parametrize("spec", ["chain:0", "chain:5", "full:2x3", "full:3x2", "best:16:6"])
@@ -93,9 +92,8 @@ def test_drafters_on_one_runner_share_the_plans_its_graphs_read():
     """Level graphs are keyed on the runner, so the plan tensors they index with must be the
     runner's too: a later drafter gets the very tensors an earlier one's graphs captured."""
     from engine_helpers import tiny_model
-
-    from engine.draft_model import ModelDrafter
-    from engine.runner import ModelRunner
+    from ssvkit.engine.draft_model import ModelDrafter
+    from ssvkit.engine.runner import ModelRunner
 
     runner = ModelRunner(tiny_model(), batch=1, t_max=64, backend="torch")
     tree = DraftTree.from_spec("full:2x3", "position")

@@ -11,13 +11,12 @@ import os
 import pytest
 import torch
 from engine_helpers import HAS_CUDA, TINY, random_prompts, tiny_model
-
-from engine.attention import AttentionConfig
-from engine.loop import Engine
-from engine.runner import ModelRunner
-from engine.settings import DecodeConfig
-from engine.tree import DraftTree
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.loop import Engine
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 pytestmark = pytest.mark.skipif(
     HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1",

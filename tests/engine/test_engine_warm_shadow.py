@@ -10,15 +10,14 @@ import random
 import pytest
 import torch
 from engine_helpers import random_prompts, tiny_model
-
-from engine.attention import AttentionConfig
-from engine.controller import ShadowAcceptance
-from engine.loop import Engine
-from engine.ngram import NgramDrafter, NgramIndex, walk_text
-from engine.runner import ModelRunner
-from engine.settings import DecodeConfig
-from engine.tree import DraftTree
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.controller import ShadowAcceptance
+from ssvkit.engine.loop import Engine
+from ssvkit.engine.ngram import NgramDrafter, NgramIndex, walk_text
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 TARGET = tiny_model(seed=0)
 DRAFT = tiny_model(seed=0, noise=0.3)
@@ -409,7 +408,7 @@ def _reference_shadow(prompt: list[int], rounds: list[list[int]], chain: int, ma
 def test_shadow_equals_a_plain_reference_round_by_round(text):
     """The index's kept best continuation, its single table and the proposals drafted only
     as far as they match: the same counts, round by round, as the plain reference."""
-    from validation.prompts import prompt_tokens
+    from ssvkit.validation.prompts import prompt_tokens
 
     rng = random.Random(11)
     if text == "random16":
@@ -570,7 +569,7 @@ def test_tree_walks_equal_the_drafters_own_trees_round_by_round(text):
     """Each walked tree is the tree the n-gram drafter itself drafts at that position from the
     sequence before it, and each round accepts its longest matching path: the same rounds and
     accepted drafts as the plain reference, over random chunks of committed tokens."""
-    from validation.prompts import prompt_tokens
+    from ssvkit.validation.prompts import prompt_tokens
 
     rng = random.Random(7)
     seq = (
@@ -710,7 +709,7 @@ def test_the_drafters_own_calls_leave_the_shadow_to_sync():
     """``draft`` and ``observe`` index the committed tokens for drafting and score nothing:
     the shadow, on an index of its own, advances on ``sync`` alone (the loop's call behind
     the next round's GPU work), and scores the same counts whenever that comes."""
-    from validation.prompts import prompt_tokens
+    from ssvkit.validation.prompts import prompt_tokens
 
     seq = prompt_tokens("code", 700)
     a, b = NgramDrafter("cpu", 3, 8, ("full:2x3",)), NgramDrafter("cpu", 3, 8, ("full:2x3",))

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from engine.drafter import draw_children
-from engine.tree import DraftTree
-from kernels.accept import accept_sampled, reference_accept_sampled, uniforms_needed
+from ssvkit.engine.drafter import draw_children
+from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels.accept import accept_sampled, reference_accept_sampled, uniforms_needed
 
 SPECS = ["chain:1", "chain:4", "full:3x2", "best:10:4", "best:7:3"]
 

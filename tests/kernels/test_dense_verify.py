@@ -9,18 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
-
-from kernels.dense_verify import (
+from ssvkit.kernels.dense_verify import (
     DenseVerifyConfig,
     choose_num_splits,
     dense_verify,
     plan_dense_verify,
     reference_dense_verify,
 )
-from kernels.merge import merge_partials, reference_merge_partials
-from kernels.timing import poisoned_allocations
-from kernels.tree import ancestor_bitmask, batch_parents
-from perfmodel.acceptance import chain_parents
+from ssvkit.kernels.merge import merge_partials, reference_merge_partials
+from ssvkit.kernels.timing import poisoned_allocations
+from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
+from ssvkit.perfmodel.acceptance import chain_parents
 
 CPU_DTYPES = [torch.float16, torch.float32]
 

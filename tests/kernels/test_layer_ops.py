@@ -12,9 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_helpers import assert_close
-
-from engine.rope import apply_rope, expand_angles
-from kernels.layer_ops import (
+from ssvkit.engine.rope import apply_rope, expand_angles
+from ssvkit.kernels.layer_ops import (
     add_rms_norm,
     reference_add_rms_norm,
     reference_rms_norm,
@@ -22,8 +21,8 @@ from kernels.layer_ops import (
     rms_norm,
     silu_mul,
 )
-from kernels.rope_kv_write import reference_rope_kv_write, rope_kv_write
-from kernels.timing import poisoned_allocations
+from ssvkit.kernels.rope_kv_write import reference_rope_kv_write, rope_kv_write
+from ssvkit.kernels.timing import poisoned_allocations
 
 CPU_DTYPES = [torch.float16, torch.float32]
 EPS = 1e-5
@@ -176,8 +175,8 @@ def test_rope_kv_write_reads_16_bit_tables_as_the_torch_path_does(device):
 def test_rope_kv_write_writes_what_kv_cache_write_writes(device):
     """The fused store and ``KVCache.write`` of the torch path's rotated k leave the same cache
     (fp32: the rotation agrees to rounding)."""
-    from engine.cache import KVCache
-    from engine.config import ModelConfig
+    from ssvkit.engine.cache import KVCache
+    from ssvkit.engine.config import ModelConfig
 
     geometry = (4, 2, 16, 16, False, False)
     qkv, cos_t, sin_t, pos, _, slots, kw = _rope_case(geometry, 2, 3, torch.float32, 9, device)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import ssvkit.kernels.nsa_launch as nl
+import ssvkit.kernels.nsa_steps as steps
+import ssvkit.kernels.nsa_verify as nv
+import ssvkit.kernels.top_blocks as top_blocks_mod
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
-
-import kernels.nsa_launch as nl
-import kernels.nsa_steps as steps
-import kernels.nsa_verify as nv
-import kernels.top_blocks as top_blocks_mod
-from kernels.nsa_verify import (
+from ssvkit.kernels.nsa_verify import (
     NsaVerifyConfig,
     compress_kv,
     nsa_verify,
@@ -26,9 +25,9 @@ from kernels.nsa_verify import (
     reference_nsa_verify,
     update_compressed_kv,
 )
-from kernels.timing import poisoned_allocations
-from kernels.tree import ancestor_bitmask, batch_parents
-from perfmodel.acceptance import chain_parents
+from ssvkit.kernels.timing import poisoned_allocations
+from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
+from ssvkit.perfmodel.acceptance import chain_parents
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 CPU_DTYPES = [torch.float16, torch.float32]

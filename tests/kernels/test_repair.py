@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
-
-from kernels.repair import reference_repair, repair
-from kernels.timing import poisoned_allocations
+from ssvkit.kernels.repair import reference_repair, repair
+from ssvkit.kernels.timing import poisoned_allocations
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"

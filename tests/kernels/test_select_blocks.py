@@ -9,13 +9,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import ssvkit.kernels.top_blocks as top_blocks_mod
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA
-
-import kernels.top_blocks as top_blocks_mod
-from kernels.select_blocks import (
+from ssvkit.kernels.select_blocks import (
     BlockMetadata,
     block_scores,
     reference_block_metadata,
@@ -23,8 +22,8 @@ from kernels.select_blocks import (
     reference_select_blocks,
     select_blocks,
 )
-from kernels.timing import poisoned_allocations
-from kernels.top_blocks import top_blocks
+from ssvkit.kernels.timing import poisoned_allocations
+from ssvkit.kernels.top_blocks import top_blocks
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -139,7 +138,7 @@ def test_top_blocks_pad_empty_and_short_prefixes():
 
 
 def test_top_blocks_row_layout_keeps_ragged_rows_in_registers():
-    from kernels.top_blocks import TOPK_CHUNK, _row_layout
+    from ssvkit.kernels.top_blocks import TOPK_CHUNK, _row_layout
 
     assert _row_layout(2048) == (2048, 0, 1)
     assert _row_layout(2049) == (2048, 16, 1)  # a 128K cache plus the draft: not 4096 keys
@@ -226,9 +225,9 @@ def test_first_token_only_selects_for_every_row():
 
 def test_selection_feeds_sparse_verify():
     """select_blocks output is a valid sparse_verify input (validate=True checks it)."""
-    from kernels.sparse_verify import reference_sparse_verify, sparse_verify
-    from kernels.tree import ancestor_bitmask, batch_parents
-    from perfmodel.acceptance import chain_parents
+    from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
+    from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
+    from ssvkit.perfmodel.acceptance import chain_parents
 
     q, k, lens = make_inputs([100, 45], 4, 4, 2, 16, torch.float32, seed=9)
     v = torch.randn_like(k)

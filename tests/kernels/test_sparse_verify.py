@@ -11,13 +11,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA, assert_close
-
-from kernels.group_plan import build_group_plan
-from kernels.sparse_launch import SparseVerifyConfig, choose_num_splits
-from kernels.sparse_verify import reference_sparse_verify, sparse_verify
-from kernels.timing import poisoned_allocations
-from kernels.tree import ancestor_bitmask, batch_parents, traversal_order
-from perfmodel.acceptance import chain_parents, full_tree_parents
+from ssvkit.kernels.group_plan import build_group_plan
+from ssvkit.kernels.sparse_launch import SparseVerifyConfig, choose_num_splits
+from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
+from ssvkit.kernels.timing import poisoned_allocations
+from ssvkit.kernels.tree import ancestor_bitmask, batch_parents, traversal_order
+from ssvkit.perfmodel.acceptance import chain_parents, full_tree_parents
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from perfmodel.acceptance import (
+from ssvkit.perfmodel.acceptance import (
     TreeAcceptance,
     best_tree,
     chain_parents,

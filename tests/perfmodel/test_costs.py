@@ -2,8 +2,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from perfmodel.costs import (
+from ssvkit.perfmodel.costs import (
     draft_level_seconds,
     host_step_seconds,
     kv_capacity_tokens,
@@ -16,11 +15,11 @@ from perfmodel.costs import (
     speculation_seconds,
     verify_layer_split,
 )
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.predictor import RooflinePredictor
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import BASELINES, Strategy, Workload
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import BASELINES, Strategy, Workload
 
 MODEL = get_model("llama-3.1-8b")
 GPU = get_gpu("h100-sxm", measured=False)

@@ -1,12 +1,11 @@
 import pytest
-
-from perfmodel.roofline import (
+from ssvkit.perfmodel.roofline import (
     attention_intensity,
     gemm_intensity,
     op_time_s,
     sparse_attention_intensity,
 )
-from perfmodel.seed_formulas import (
+from ssvkit.perfmodel.seed_formulas import (
     attention_reduction,
     dense_ffn_flops,
     full_attention_flops,
@@ -19,7 +18,7 @@ from perfmodel.seed_formulas import (
     sparse_ffn_flops,
     sparse_moe_flops,
 )
-from perfmodel.sparsespec import (
+from ssvkit.perfmodel.sparsespec import (
     delayed_verification,
 )
 

@@ -5,14 +5,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from perfmodel.host_overhead import (
+from ssvkit.perfmodel.host_overhead import (
     OVERHEAD_TERMS,
     check_overhead,
     host_overhead_s,
     overhead_features,
 )
-from perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 NGRAM = Strategy(tree="chain:4", drafter=DrafterSpec(kind="ngram"))
 DM = DrafterSpec(kind="draft_model", model="x")

@@ -1,4 +1,4 @@
-"""perfmodel.nsa_plan: the NSA kernels' launch plan (hand-computed at the tiny pair's and
+"""ssvkit.perfmodel.nsa_plan: the NSA kernels' launch plan (hand-computed at the tiny pair's and
 Llama-3.1-8B's heads on 132 SMs), and the step model's NSA ops carrying it.
 
 The cross-check against the wrapper itself (``kernels.nsa_verify``) is in
@@ -8,20 +8,19 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from perfmodel.calibrated import CalibratedPredictor, Profile, profile_path
-from perfmodel.hardware import get_gpu
-from perfmodel.models import ModelSpec
-from perfmodel.nsa_plan import (
+from ssvkit.perfmodel.calibrated import CalibratedPredictor, Profile, profile_path
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.nsa_plan import (
     WGMMA_ROW_COST,
     merge_steps,
     mma_row_cost,
     num_splits,
     row_tiles,
 )
-from perfmodel.predictor import RooflinePredictor
-from perfmodel.step import build_columns, predict_columns
-from perfmodel.strategy import Strategy, Workload
+from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.strategy import Strategy, Workload
 
 SMS = 132
 # The engine's trained tiny target (engine/checkpoints/tiny-target/config.json).

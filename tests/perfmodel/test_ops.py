@@ -4,13 +4,12 @@
 import dataclasses
 
 import numpy as np
-
-from perfmodel.columns import build_columns
-from perfmodel.draft_ops import draft_ops
-from perfmodel.models import get_model
-from perfmodel.ops import OpSum, elementwise, gemm, linear_ops
-from perfmodel.sparse_ops import branches
-from perfmodel.strategy import DrafterSpec, Strategy, Workload
+from ssvkit.perfmodel.columns import build_columns
+from ssvkit.perfmodel.draft_ops import draft_ops
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.ops import OpSum, elementwise, gemm, linear_ops
+from ssvkit.perfmodel.sparse_ops import branches
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload
 
 LLAMA = get_model("llama-3.1-8b")
 

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-
-from perfmodel.prr import (
+from ssvkit.perfmodel.prr import (
     HoltParams,
     calibrate,
     critical_path_s,
@@ -9,7 +8,7 @@ from perfmodel.prr import (
     predictor_hit_rate,
     score_weighted_hit_rate,
 )
-from perfmodel.seed_formulas import (
+from ssvkit.perfmodel.seed_formulas import (
     dsa_path_s,
     speculation_budget,
 )

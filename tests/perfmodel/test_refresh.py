@@ -2,11 +2,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from perfmodel.refresh import (
+from ssvkit.perfmodel.refresh import (
     schedule_every,
 )
-from perfmodel.seed_formulas import (
+from ssvkit.perfmodel.seed_formulas import (
     adjacent_jaccard,
     choose_anchor_layers,
     jaccard,

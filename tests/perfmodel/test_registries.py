@@ -2,10 +2,9 @@ import dataclasses
 import json
 
 import pytest
-
-from perfmodel import hardware
-from perfmodel.hardware import get_gpu, gpu_names
-from perfmodel.models import get_model, model_names, spec_from_config
+from ssvkit.perfmodel import hardware
+from ssvkit.perfmodel.hardware import get_gpu, gpu_names
+from ssvkit.perfmodel.models import get_model, model_names, spec_from_config
 
 
 def test_every_gpu_number_has_a_source():

@@ -1,4 +1,4 @@
-"""perfmodel.repair_plan: the repair kernel's serial chain per SM slot, hand-computed at the
+"""ssvkit.perfmodel.repair_plan: the repair kernel's serial chain per SM slot, hand-computed at the
 tiny pair's (8 q / 2 KV heads, D = 64) and Llama-3.1-8B's (32 / 8, D = 128) heads on an H100,
 and the launch constants it copies from ``kernels/repair.py``."""
 
@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from perfmodel.calibrated import make_predictor
-from perfmodel.costs import repair_seconds
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.repair_plan import BLOCK_N_MAX, NUM_STAGES, chain_tiles, programs_per_sm
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.costs import repair_seconds
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.repair_plan import BLOCK_N_MAX, NUM_STAGES, chain_tiles, programs_per_sm
 
 H100 = get_gpu("h100-sxm", measured=False)
 SMEM = H100.smem_per_sm_bytes  # 228 KiB

@@ -2,11 +2,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from perfmodel.acceptance import (
+from ssvkit.perfmodel.acceptance import (
     expected_tokens_per_round,
 )
-from perfmodel.saguaro import (
+from ssvkit.perfmodel.saguaro import (
     cache_hit_probability,
     critical_batch_size,
     geometric_fanout,
@@ -14,7 +13,7 @@ from perfmodel.saguaro import (
     integer_fanout,
     ssd_round_time_s,
 )
-from perfmodel.seed_formulas import (
+from ssvkit.perfmodel.seed_formulas import (
     saguaro_sampling,
     ssd_speedups,
 )

@@ -2,11 +2,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from perfmodel.seed_formulas import (
+from ssvkit.perfmodel.seed_formulas import (
     piecewise_budget,
 )
-from perfmodel.sparse import (
+from ssvkit.perfmodel.sparse import (
     blocks_loaded_per_layer,
     fits_shared_memory,
     load_fraction,

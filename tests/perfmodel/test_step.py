@@ -2,12 +2,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from perfmodel.hardware import get_gpu
-from perfmodel.models import ModelSpec, get_model
-from perfmodel.predictor import RooflinePredictor
-from perfmodel.step import build_columns, predict_columns, product_columns
-from perfmodel.strategy import BASELINES, DrafterSpec, Strategy, Workload
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.step import build_columns, predict_columns, product_columns
+from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy, Workload
 
 TINY = ModelSpec(
     name="tiny",
@@ -181,7 +180,7 @@ def test_ops_of_models_whose_weights_fit_in_l2_are_named_resident():
     """TINY's weights fit in the H100's L2: its GEMM and element-wise ops (and a draft model's
     that fits) are named ``@l2``, attention never; an 8B model's stay cold."""
     w = Workload(context_len=4096)
-    from engine.checkpoint import TINY_DRAFT  # the trained draft model's config: 2.6 MB
+    from ssvkit.engine.checkpoint import TINY_DRAFT  # the trained draft model's config: 2.6 MB
 
     big = get_model("llama-3.1-8b")
     drafter = DrafterSpec(kind="draft_model", model=str(TINY_DRAFT))
@@ -262,8 +261,8 @@ def test_infeasible_strategy_is_rejected():
 
 
 def test_predict_groups_every_attention_op_refresh_included():
-    from perfmodel.baselines import compare, grouped_seconds, op_group
-    from perfmodel.step import ATTENTION_OPS
+    from ssvkit.perfmodel.baselines import compare, grouped_seconds, op_group
+    from ssvkit.perfmodel.step import ATTENTION_OPS
 
     assert all(op_group(f"verify.{name}") == "attention" for name in ATTENTION_OPS)
     strategies = [Strategy.from_name(n) for n in ("ar_sparse", "ssv")]

@@ -1,10 +1,9 @@
-"""perfmodel.torch_plan: the serial steps of ATen's index_put_ kernel (128 threads x 4
+"""ssvkit.perfmodel.torch_plan: the serial steps of ATen's index_put_ kernel (128 threads x 4
 elements per block) behind the engine's KV write and the counts of block selection's top-n stage,
 hand-computed."""
 
 import numpy as np
-
-from perfmodel.torch_plan import index_put_steps, kv_write_chain, topn_counts
+from ssvkit.perfmodel.torch_plan import index_put_steps, kv_write_chain, topn_counts
 
 
 def test_index_put_steps_grow_to_four_then_stay():

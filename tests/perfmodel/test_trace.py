@@ -1,8 +1,7 @@
 import json
 
 import pytest
-
-from perfmodel.trace import dumps_trace, loads_trace, make_header, make_round
+from ssvkit.perfmodel.trace import dumps_trace, loads_trace, make_header, make_round
 
 HEAD = make_header("engine", "llama-3.1-8b", 2, {"ssv": {"tree": "chain:4"}}, gpu="h100-sxm")
 

@@ -3,9 +3,8 @@
 
 import numpy as np
 import pytest
-
-from perfmodel.strategy import chain_length, parse_tree, tree_expected_tokens
-from perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp, tokens_grid
+from ssvkit.perfmodel.strategy import chain_length, parse_tree, tree_expected_tokens
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp, tokens_grid
 
 
 @pytest.mark.parametrize("tree", ["chain:1", "chain:4", "full:2x3", "best:16:6"])

@@ -8,25 +8,24 @@ import math
 
 import numpy as np
 import pytest
-
-from engine.controller import ShadowAcceptance
-from perfmodel.acceptance import expected_tokens_per_round, outcome_probabilities
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.strategy import Strategy
-from perfmodel.tree_tokens import alpha_from_tokens
-from planner.candidates import CandidateBook
-from planner.estimators import (
+from ssvkit.engine.controller import ShadowAcceptance
+from ssvkit.perfmodel.acceptance import expected_tokens_per_round, outcome_probabilities
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.planner.candidates import CandidateBook
+from ssvkit.planner.estimators import (
     AcceptanceEma,
     ChainRounds,
     CollapseTest,
     SwitchCosts,
     switch_kind,
 )
-from planner.profile import RegimeProfile
-from planner.rank import rank
-from planner.shadow import SHADOW_MIN_POSITIONS, ShadowTracker
-from planner.space import SpaceSpec, strategy_id
+from ssvkit.planner.profile import RegimeProfile
+from ssvkit.planner.rank import rank
+from ssvkit.planner.shadow import SHADOW_MIN_POSITIONS, ShadowTracker
+from ssvkit.planner.space import SpaceSpec, strategy_id
 
 M, G = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
 

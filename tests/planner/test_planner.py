@@ -5,23 +5,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-
-from perfmodel.hardware import get_gpu
-from perfmodel.host_overhead import host_overhead_s
-from perfmodel.models import get_model
-from perfmodel.strategy import Strategy, parse_tree, tree_expected_tokens
-from perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp
-from planner.controller import ControllerConfig, OnlineController
-from planner.estimators import accepted_histogram, pooled_chain_tokens
-from planner.profile import (
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.host_overhead import host_overhead_s
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import Strategy, parse_tree, tree_expected_tokens
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp
+from ssvkit.planner.controller import ControllerConfig, OnlineController
+from ssvkit.planner.estimators import accepted_histogram, pooled_chain_tokens
+from ssvkit.planner.profile import (
     REGIMES,
     RegimeProfile,
     load_profile,
     profile_from_traces,
     regime_of,
 )
-from planner.rank import rank, strategy_from_json
-from planner.space import (
+from ssvkit.planner.rank import rank, strategy_from_json
+from ssvkit.planner.space import (
     SpaceSpec,
     describe,
     enumerate_space,
@@ -29,8 +28,9 @@ from planner.space import (
     strategy_id,
     valid_strategies,
 )
+from ssvkit.validation.records import record_path
+
 from ssvkit.cli import main
-from validation.records import record_path
 
 M, G = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
 SMALL = SpaceSpec(
@@ -392,7 +392,7 @@ def _shadow_controller(**cfg) -> OnlineController:
 def _shadow(rng, alpha: float, positions: int = 3, chain: int = 8):
     """What the engine reports: leading matches of ``positions`` chain proposals, each draft
     matching with probability ``alpha``."""
-    from engine.controller import ShadowAcceptance
+    from ssvkit.engine.controller import ShadowAcceptance
 
     matched = [0] * chain
     for _ in range(positions):
@@ -450,7 +450,7 @@ def test_controller_reads_a_chains_walk_not_the_average_over_positions():
     matching stretch counts at each of its positions), so the average over positions puts
     chain:6 well above what a chain:6 run accepts, which its walk measured: 0.5 drafts a
     round. The controller scores chain:6 at the walk's figure."""
-    from engine.controller import ShadowAcceptance
+    from ssvkit.engine.controller import ShadowAcceptance
 
     c = _shadow_controller()
     s = c.initial_strategy(30000)
@@ -507,7 +507,7 @@ def test_controller_leaves_a_collapsing_drafter_and_keeps_ngram_off_random_text(
 def test_controller_rescore_agrees_with_a_full_score():
     """The controller re-scores from cached round times and interpolated tokens per round;
     it must rank the candidates as a full ``score`` at the same shifted acceptance does."""
-    from planner.rank import score
+    from ssvkit.planner.rank import score
 
     c = _controller()
     c.warm()
@@ -635,9 +635,9 @@ def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
 
 
 def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):
-    from perfmodel.strategy import DrafterSpec
-    from planner.profile import attention_key
-    from planner.rank import score
+    from ssvkit.perfmodel.strategy import DrafterSpec
+    from ssvkit.planner.profile import attention_key
+    from ssvkit.planner.rank import score
 
     ng = DrafterSpec(kind="ngram")
     dense = Strategy(tree="chain:4", drafter=ng)
@@ -739,7 +739,7 @@ TREE_PROFILE = RegimeProfile(acceptance={"32K": {"eagle": 0.5, "ngram": 0.3}})
 def _tree_shadow(rng, spec: str, alpha: float, walked: float, positions: int = 3):
     """``_shadow`` with the walk of tree ``spec`` (depth 4): one round a call, accepting all
     four drafts with probability ``walked`` and none otherwise."""
-    from engine.controller import ShadowAcceptance
+    from ssvkit.engine.controller import ShadowAcceptance
 
     sh = _shadow(rng, alpha, positions)["ngram"]
     a = 4 if rng.random() < walked else 0
@@ -811,7 +811,7 @@ def test_walk_gain_is_the_paired_time_over_the_same_tokens():
     the amortised switch cost -- checked here against the decayed sums by hand."""
     import math
 
-    from engine.controller import ShadowAcceptance
+    from ssvkit.engine.controller import ShadowAcceptance
 
     c = _shadow_controller()
     ar = dataclasses.replace(c.initial_strategy(30000), tree="chain:0")

@@ -1,7 +1,7 @@
 """Helpers shared by the sim tests (a plain module: tests/*/conftest.py names would clash)."""
 
-from sim.config import SimConfig
-from sim.scenarios import simulate
+from ssvkit.sim.config import SimConfig
+from ssvkit.sim.scenarios import simulate
 
 # Short contexts keep cost tables and runs small; the physics does not change.
 BASE = dict(context_len=8192, timeline_rounds=8)

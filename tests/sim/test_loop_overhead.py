@@ -1,9 +1,8 @@
 """The simulator's per-round loop overhead (``SimConfig.loop_overhead_s``)."""
 
 import pytest
-
-from sim.config import SimConfig
-from sim.scenarios import simulate
+from ssvkit.sim.config import SimConfig
+from ssvkit.sim.scenarios import simulate
 
 
 def test_loop_overhead_adds_to_every_round_and_to_the_analytic_figure():

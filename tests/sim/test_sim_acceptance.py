@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
-
-from perfmodel.acceptance import TreeAcceptance, expected_tokens_positional, expected_tokens_tree
-from perfmodel.strategy import parse_tree, tree_expected_tokens
-from sim.acceptance import build_acceptance, outcome_distribution
+from ssvkit.perfmodel.acceptance import (
+    TreeAcceptance,
+    expected_tokens_positional,
+    expected_tokens_tree,
+)
+from ssvkit.perfmodel.strategy import parse_tree, tree_expected_tokens
+from ssvkit.sim.acceptance import build_acceptance, outcome_distribution
 
 
 @pytest.mark.parametrize("tree", ["chain:1", "chain:6", "full:2x3", "best:16:6", "best:32:8"])

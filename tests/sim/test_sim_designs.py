@@ -2,9 +2,8 @@ import dataclasses
 
 import pytest
 from simrun import run, value
-
-from perfmodel.strategy import DrafterSpec
-from sim.config import PrrConfig, SparseSpecConfig, SsdConfig, default_strategy
+from ssvkit.perfmodel.strategy import DrafterSpec
+from ssvkit.sim.config import PrrConfig, SparseSpecConfig, SsdConfig, default_strategy
 
 SSD = default_strategy("ssd")
 TARGETS = {

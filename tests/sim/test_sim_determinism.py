@@ -1,8 +1,7 @@
 import pytest
 from simrun import run
-
-from sim.config import ServeConfig
-from sim.writers import chrome_trace, requests_csv, trace_jsonl
+from ssvkit.sim.config import ServeConfig
+from ssvkit.sim.writers import chrome_trace, requests_csv, trace_jsonl
 
 CASES = [
     ("ssv", dict(num_tokens=400, overlap_spread=0.1, per_layer=True)),

@@ -2,10 +2,9 @@ from types import SimpleNamespace
 
 import pytest
 from simrun import run
-
-from sim.config import ServeConfig
-from sim.recorder import Span
-from sim.writers import event_kind, gantt_figure, gantt_png, gantt_window
+from ssvkit.sim.config import ServeConfig
+from ssvkit.sim.recorder import Span
+from ssvkit.sim.writers import event_kind, gantt_figure, gantt_png, gantt_window
 
 
 def _fake(rounds_t_s, spans, lanes):

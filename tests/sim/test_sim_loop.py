@@ -3,11 +3,10 @@ import dataclasses
 import numpy as np
 import pytest
 from simrun import run, value
-
-from perfmodel.calibrated import make_predictor
-from perfmodel.hardware import get_gpu
-from sim.config import default_strategy
-from sim.writers import trace_jsonl
+from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.sim.config import default_strategy
+from ssvkit.sim.writers import trace_jsonl
 
 
 @pytest.mark.parametrize(

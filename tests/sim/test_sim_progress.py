@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 
-from sim.config import SimConfig
-from sim.progress import Progress
-from sim.scenarios import simulate
+from ssvkit.sim.config import SimConfig
+from ssvkit.sim.progress import Progress
+from ssvkit.sim.scenarios import simulate
 
 
 def test_bar_counts_tokens_up_to_the_total_and_shows_its_label():

@@ -3,9 +3,8 @@ import io
 
 import pytest
 from simrun import run, value
-
-from sim.config import ServeConfig
-from sim.writers import requests_csv
+from ssvkit.sim.config import ServeConfig
+from ssvkit.sim.writers import requests_csv
 
 SLO = ServeConfig(rate=6.0, max_batch=16, slo_ttft_s=0.5, slo_tpot_s=0.004)
 

@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
-
-from perfmodel.strategy import Strategy
-from sim.setup import analytic_round
-from sim.tables import CostContext, Grid, context_grid, loop_table
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.sim.setup import analytic_round
+from ssvkit.sim.tables import CostContext, Grid, context_grid, loop_table
 
 
 def test_grid_interpolates_linear_data_exactly():

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from ssvkit.cli import build_parser, main
-from ssvkit.simulate_cmd import build_config
+from ssvkit.cli.simulate_cmd import build_config
 
 FAST = ["--context", "8K", "--num-tokens", "64", "--timeline-rounds", "4"]
 

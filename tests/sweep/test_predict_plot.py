@@ -1,10 +1,10 @@
 import pytest
+from ssvkit.perfmodel.baselines import compare
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import BASELINES, Workload
 
-from perfmodel.baselines import compare
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.strategy import BASELINES, Workload
-from ssvkit import predict_plot as pp
+from ssvkit.cli import predict_plot as pp
 
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "pdf": b"%PDF-", "svg": b"<?xml"}
 

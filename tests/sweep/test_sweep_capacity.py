@@ -2,10 +2,9 @@ import math
 
 import numpy as np
 import pytest
-
-from sweep.capacity import LOW_LOAD_FRACTION, _serve, capacity_table, capacity_tasks, search
-from sweep.grid import spec_from_doc
-from sweep.runner import run_sweep
+from ssvkit.sweep.capacity import LOW_LOAD_FRACTION, _serve, capacity_table, capacity_tasks, search
+from ssvkit.sweep.grid import spec_from_doc
+from ssvkit.sweep.runner import run_sweep
 
 # Short prompts and few requests keep each serving run to a few hundredths of a second.
 CAP = {"num_requests": 40, "output_tokens": 64, "iterations": 4}

@@ -4,11 +4,11 @@ import sys
 
 import numpy as np
 import pytest
+from ssvkit.sweep.grid import spec_from_doc
+from ssvkit.sweep.runner import run_sweep
+from ssvkit.sweep.table import read_table, to_csv
 
 from ssvkit.cli import main
-from sweep.grid import spec_from_doc
-from sweep.runner import run_sweep
-from sweep.table import read_table, to_csv
 
 ARGS = ["sweep", "--context", "4K,32K", "--batch", "1,8", "--no-progress", "--workers", "1"]
 # The base install: the sweep extra's packages cannot be imported. Runs each argv of a JSON list

@@ -2,12 +2,11 @@ import io
 
 import numpy as np
 import pytest
+from ssvkit.sweep import plots
+from ssvkit.sweep.grid import spec_from_doc
+from ssvkit.sweep.runner import run_sweep
 
-from ssvkit import plot_cmd
-from ssvkit.cli import main
-from sweep import plots
-from sweep.grid import spec_from_doc
-from sweep.runner import run_sweep
+from ssvkit.cli import main, plot_cmd
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -1,14 +1,13 @@
 import numpy as np
 import pytest
-
-from perfmodel.baselines import compare
-from perfmodel.costs import kv_capacity_tokens
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.strategy import Strategy, Workload
-from sweep.grid import spec_from_doc
-from sweep.partition import partitions
-from sweep.runner import grid_strategies, run_sweep
+from ssvkit.perfmodel.baselines import compare
+from ssvkit.perfmodel.costs import kv_capacity_tokens
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import Strategy, Workload
+from ssvkit.sweep.grid import spec_from_doc
+from ssvkit.sweep.partition import partitions
+from ssvkit.sweep.runner import grid_strategies, run_sweep
 
 SMALL = {
     "context_len": ["4K", "32K"],

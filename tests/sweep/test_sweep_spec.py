@@ -1,10 +1,9 @@
 import json
 
 import pytest
-
-from perfmodel.strategy import BASELINES
-from sweep.grid import load_grid, spec_from_doc
-from sweep.spec import SweepSpec
+from ssvkit.perfmodel.strategy import BASELINES
+from ssvkit.sweep.grid import load_grid, spec_from_doc
+from ssvkit.sweep.spec import SweepSpec
 
 
 def test_defaults_are_the_baselines_on_predicts_contexts():

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from validation import adaptive_replay as replay
-from validation import replay_worlds as rw
-from validation.controller_world import load_setting, simulate_accepted
-from validation.records import record_path
+from ssvkit.validation import adaptive_replay as replay
+from ssvkit.validation import replay_worlds as rw
+from ssvkit.validation.controller_world import load_setting, simulate_accepted
+from ssvkit.validation.records import record_path
 
 
 def _chain_mean(alpha: list[float], k: int) -> float:
@@ -78,8 +77,7 @@ def test_worlds_charge_the_measured_rounds_and_the_replay_runs(tmp_path, capsys)
 
 def test_expected_accepted_is_the_simulated_mean_and_the_sibling_fit_recovers_it():
     import numpy as np
-
-    from perfmodel.strategy import parse_tree
+    from ssvkit.perfmodel.strategy import parse_tree
 
     tree = parse_tree("best:8:4")
     alpha = [0.7, 0.6, 0.5, 0.4]
@@ -101,9 +99,9 @@ def test_expected_accepted_is_the_simulated_mean_and_the_sibling_fit_recovers_it
 
 
 def test_worlds_fit_siblings_to_the_measured_trees():
-    from perfmodel.strategy import parse_tree
-    from planner.rank import strategy_from_json
-    from planner.space import strategy_id
+    from ssvkit.perfmodel.strategy import parse_tree
+    from ssvkit.planner.rank import strategy_from_json
+    from ssvkit.planner.space import strategy_id
 
     doc = json.loads(record_path("planner.json").read_text())
     ranking = load_setting()[0]

@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from calibration import ceilings
-from calibration.validate import disagreements, fit_agreement
-from validation import campaign, h100_campaign
-from validation.campaign import (
+from ssvkit.calibration import ceilings
+from ssvkit.calibration.validate import disagreements, fit_agreement
+from ssvkit.validation import campaign, h100_campaign
+from ssvkit.validation.campaign import (
     EXIT_AGAIN,
     EXIT_DONE,
     EXIT_FAILED,
@@ -33,7 +32,7 @@ from validation.campaign import (
     restart,
     run_campaign,
 )
-from validation.campaign_files import install, pack, unpack
+from ssvkit.validation.campaign_files import install, pack, unpack
 
 QUICK = CallConfig(budget_s=60, floor_s=2, startup_s=1, end_slack_s=1, kill_grace_s=1)
 HANG_S = 120.0  # a hang guard only: what a process is given to start or to die
@@ -221,7 +220,7 @@ def test_a_stage_killed_at_the_budget_finishes_on_the_next_call(tree):
 def test_a_kill_takes_the_whole_process_group(tmp_path, sigterm):
     """``_kill_group``: SIGTERM to the stage's process group, SIGKILL after the grace when it
     is ignored; the stage and the process it started are gone either way."""
-    from validation.campaign import _kill_group
+    from ssvkit.validation.campaign import _kill_group
 
     pids_file = tmp_path / "pids"
     proc = subprocess.Popen(
@@ -397,7 +396,7 @@ def test_the_script_one_line_errors_pack_and_plan(tree, tmp_path, capsys, monkey
     ]
     assert [s.name for s in cli.STAGES if s.budgeted] == ["ops", "kernels", "kernels_tiny"]
     assert (
-        "-m calibration.kernel_sweep --out build/campaign/profile --geometry tiny --budget-s"
+        "-m ssvkit.calibration.kernel_sweep --out build/campaign/profile --geometry tiny --budget-s"
         in plan
     )
     assert "--resume build/campaign/planner-runs.jsonl" in plan and "/dev/null" not in plan
@@ -427,9 +426,8 @@ def test_the_fit_stage_fits_a_folder_as_the_committed_fit_does(tmp_path, capsys)
 
 def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monkeypatch):
     import torch
-
-    from calibration import kernel_sweep, runner, sweep
-    from kernels import timing as tm
+    from ssvkit.calibration import kernel_sweep, runner, sweep
+    from ssvkit.kernels import timing as tm
 
     assert sweep.STOPPED_AT_BUDGET == kernel_sweep.STOPPED_AT_BUDGET == STAGE_STOPPED
     # Past the budget, a config already in the file is no stop; a missing one is.

@@ -11,19 +11,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import planner.candidates
-import planner.estimators
-import planner.rescore
-import planner.shadow
-from perfmodel.strategy import chain_length, parse_tree
-from perfmodel.tree_tokens import _interp, alpha_from_tokens, expected_tokens_interp, tokens_grid
-from planner.candidates import CandidateBook, Known
-from planner.controller import OnlineController
-from planner.rank import strategy_from_json
-from planner.space import strategy_id
-from validation import controller_cost
-from validation import controller_world as cw
+import ssvkit.planner.candidates
+import ssvkit.planner.estimators
+import ssvkit.planner.rescore
+import ssvkit.planner.shadow
+from ssvkit.perfmodel.strategy import chain_length, parse_tree
+from ssvkit.perfmodel.tree_tokens import (
+    _interp,
+    alpha_from_tokens,
+    expected_tokens_interp,
+    tokens_grid,
+)
+from ssvkit.planner.candidates import CandidateBook, Known
+from ssvkit.planner.controller import OnlineController
+from ssvkit.planner.rank import strategy_from_json
+from ssvkit.planner.space import strategy_id
+from ssvkit.validation import controller_cost
+from ssvkit.validation import controller_world as cw
 
 TREES = ("chain:1", "chain:4", "chain:7", "best:16:6", "best:32:8", "full:2x3")
 # The ranking's model, GPU, space, regimes and profile of an evaluation of the tiny pair, which
@@ -62,7 +66,12 @@ def _np_alpha_from_tokens(tree: str, tokens_per_round: float) -> float:
 
 def _plain_interpolation(monkeypatch) -> None:
     """The controller's modules interpolate by ``np.interp`` on the arrays."""
-    for module in (planner.candidates, planner.estimators, planner.rescore, planner.shadow):
+    for module in (
+        ssvkit.planner.candidates,
+        ssvkit.planner.estimators,
+        ssvkit.planner.rescore,
+        ssvkit.planner.shadow,
+    ):
         for name, plain in (
             ("alpha_from_tokens", _np_alpha_from_tokens),
             ("expected_tokens_interp", _np_expected_tokens),
@@ -173,7 +182,7 @@ def _world_tps(setting, world: dict, s) -> float:
     time (``planner.rank.score``) and the expected tokens of its tree at its drafter's
     acceptance times its attention factor (what ``simulate_accepted`` draws); per-depth
     acceptance for chains only."""
-    from planner.rank import score
+    from ssvkit.planner.rank import score
 
     ranking, model, gpu, profile = setting
     ctx = ranking["regimes"]["16K"]["context_len"]
@@ -200,7 +209,7 @@ def test_confidence_gate_ignores_noise_and_still_leaves_a_dropped_chain(setting)
     may rightly move to that chain; that is no noise switch. The gate is re-checked at every
     patience window, so a long run can still pass it by chance. A drafter whose acceptance
     really dropped (to 55% of its profile) is still left in every run."""
-    from planner.controller import ControllerConfig
+    from ssvkit.planner.controller import ControllerConfig
 
     ranking, _, _, profile = setting
     start = strategy_from_json(ranking["regimes"]["16K"]["ranking"][0]["strategy"])
@@ -241,7 +250,7 @@ def test_an_untried_drafter_is_scored_with_part_of_the_drop_seen(setting, scenar
     H100's they do not, see ``ControllerConfig.transfer``); scored with half the n-gram
     drafter's drop, the first move is autoregressive decoding, and the probe that follows
     tries the draft model's shortest chain."""
-    from planner.controller import ControllerConfig
+    from ssvkit.planner.controller import ControllerConfig
 
     ranking = setting[0]
     world = cw.SCENARIOS[scenario]
@@ -313,7 +322,7 @@ def test_benchmark_writes_its_figures(tmp_path, monkeypatch):
 def test_own_round_sums_are_the_weighted_moments():
     """``ChainRounds``: decayed sums of m and of min(m, k), their paired difference's low end
     and the prior's expected sums, against numpy on the same observations."""
-    from planner.estimators import ChainRounds
+    from ssvkit.planner.estimators import ChainRounds
 
     rng = np.random.default_rng(3)
     keep, chain = 0.95, 4
@@ -418,8 +427,8 @@ def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
     stride-1 controller's goes, at most 3 rounds later."""
     import dataclasses
 
-    from engine.controller import RoundStats
-    from planner.controller import ControllerConfig
+    from ssvkit.engine.controller import RoundStats
+    from ssvkit.planner.controller import ControllerConfig
 
     ranking, model, gpu, profile = setting
     start = strategy_from_json(ranking["regimes"]["16K"]["ranking"][0]["strategy"])

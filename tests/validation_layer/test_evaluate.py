@@ -7,17 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from perfmodel.host_overhead import OVERHEAD_TERMS
-from perfmodel.strategy import parse_tree
-from perfmodel.tree_tokens import alpha_from_tokens
-from planner.controller import ControllerConfig
-from planner.profile import profile_from_json
-from planner.space import SpaceSpec, strategy_id
-from validation import planner_eval, rescore
-from validation.bench import captures_counted, steady_figures
-from validation.evaluate import summary_table
-from validation.prompts import (
+from ssvkit.perfmodel.host_overhead import OVERHEAD_TERMS
+from ssvkit.perfmodel.strategy import parse_tree
+from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
+from ssvkit.planner.controller import ControllerConfig
+from ssvkit.planner.profile import profile_from_json
+from ssvkit.planner.space import SpaceSpec, strategy_id
+from ssvkit.validation import planner_eval, rescore
+from ssvkit.validation.bench import captures_counted, steady_figures
+from ssvkit.validation.evaluate import summary_table
+from ssvkit.validation.prompts import (
     MEASURE_OFFSETS,
     PROFILE_OFFSETS,
     WALK_OFFSETS,
@@ -26,15 +25,15 @@ from validation.prompts import (
     prompt_tokens,
     walk_windows,
 )
-from validation.records import record_path
-from validation.stats import (
+from ssvkit.validation.records import record_path
+from ssvkit.validation.stats import (
     adaptive_resolution,
     measurement_resolution,
     pick,
     ranking_quality,
     set_resolution,
 )
-from validation.walks import walk_ngram
+from ssvkit.validation.walks import walk_ngram
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +80,7 @@ def test_pick_takes_the_top_then_spreads_over_runnable_ranks():
 
 
 def test_steady_figures_leave_out_round_zero_and_count_switches():
-    from engine.results import DecodeResult, RoundRecord
+    from ssvkit.engine.results import DecodeResult, RoundRecord
 
     def rec(i, acc, wall, **step):
         return RoundRecord(i, "s", [100], 4, [acc], {"verify": wall, **step}, wall, i == 0)
@@ -110,8 +109,8 @@ def test_steady_figures_leave_out_round_zero_and_count_switches():
 
 
 def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
-    from validation.bench import Bench
-    from validation.passes import least_disturbed, run_passes
+    from ssvkit.validation.bench import Bench
+    from ssvkit.validation.passes import least_disturbed, run_passes
 
     calls = []
     # Per job, per pass: (tokens/s, rounds); job "b"'s second pass decodes otherwise.
@@ -157,7 +156,7 @@ def test_run_passes_go_pass_by_pass_and_keep_the_least_disturbed_same_decode():
 
 
 def test_interleave_takes_every_strategys_ith_run_in_turn_rotating_the_first():
-    from validation.passes import interleave
+    from ssvkit.validation.passes import interleave
 
     a = {"a0": 1, "a1": 2, "a2": 3}
     b = {"b0": 4, "b1": 5}
@@ -345,8 +344,8 @@ class FakeDecodes:
         self.runs: dict[str, int] = {}
 
     def __call__(self, bench, strategy, prompt, controller=None, record_stats=False, seed=0):
-        from engine.results import DecodeResult, RoundRecord
-        from perfmodel.acceptance import node_depths_ranks
+        from ssvkit.engine.results import DecodeResult, RoundRecord
+        from ssvkit.perfmodel.acceptance import node_depths_ranks
 
         parents = list(parse_tree(strategy.tree))
         depth = max(node_depths_ranks(parents)[0], default=0)
@@ -383,8 +382,8 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     for the runs it should, every timed run goes in two whole passes and keeps its least
     disturbed, and a second call with the run cache decodes nothing and gives the same
     document."""
-    from validation import bench as vb
-    from validation import evaluate as ev
+    from ssvkit.validation import bench as vb
+    from ssvkit.validation import evaluate as ev
 
     fake = FakeDecodes()
     monkeypatch.setattr(vb, "run_once", fake)
@@ -541,7 +540,7 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
 def test_walk_ngram_weighs_each_prompt_alike():
     """Texts of one prompt count as one text's worth together (their sums over their number),
     so a prompt decoded by many runs does not outweigh one decoded once."""
-    from engine.ngram import walk_text
+    from ssvkit.engine.ngram import walk_text
 
     class B:
         log = staticmethod(lambda m: None)
@@ -573,7 +572,7 @@ def test_walk_ngram_weighs_each_prompt_alike():
         assert a[f"ngram@{sp}"] == pytest.approx(alpha_from_tokens(sp, want))
     # A kept text whose prompt CRC is not this prompt's (a run cache from a machine whose
     # package sources, the code corpus, differ) is refused, not walked after the wrong prompt.
-    from perfmodel.strategy import DrafterSpec, Strategy
+    from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
     s = Strategy(name="x", tree="chain:3", drafter=DrafterSpec(kind="ngram"))
     ok = {"text": loud[1][0], "prompt_crc32": prompt_crc32(loud[0])}
@@ -722,7 +721,7 @@ def test_measured_windows_stay_inside_the_corpus():
 
 
 def test_run_cache_resumes_and_drops_a_cut_off_tail(tmp_path):
-    from validation.bench import RunCache
+    from ssvkit.validation.bench import RunCache
 
     path = tmp_path / "c.jsonl"
     c = RunCache(path, {"a": 1})

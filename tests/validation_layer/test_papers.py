@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from ssvkit.cli import main
-from validation.papers import (
+from ssvkit.validation.papers import (
     SEEDS,
     STATUSES,
     TOLERANCE,
@@ -17,8 +15,10 @@ from validation.papers import (
     markdown,
     reproduce,
 )
-from validation.readme import render
-from validation.records import record_path
+from ssvkit.validation.readme import render
+from ssvkit.validation.records import record_path
+
+from ssvkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,5 +126,7 @@ def test_bad_data_is_refused(tmp_path):
 def test_docs_page_is_current(report):
     page = ROOT / "docs" / "results" / "papers.md"
     text = page.read_text()
-    assert render(text) == text, "docs/results/papers.md is stale: python -m validation.readme"
+    assert render(text) == text, (
+        "docs/results/papers.md is stale: python -m ssvkit.validation.readme"
+    )
     assert markdown(report) in text

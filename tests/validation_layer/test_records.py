@@ -5,8 +5,7 @@ import gzip
 import re
 
 import pytest
-
-from validation.records import (
+from ssvkit.validation.records import (
     command_line,
     data_dir,
     file_label,
@@ -56,12 +55,14 @@ def test_labels_are_relative_to_the_project_and_resolve_here(tmp_path):
     assert project_label(record_path("planner.json")) == "validation/data/planner.json"
     assert file_label(tmp_path / "out.json") == "out.json"  # outside the project: its name
     assert file_label("build/x.json") == "build/x.json"  # relative: as given
-    line = command_line("validation.planner_eval", ["--out", str(tmp_path / "p.json"), "-x=1"])
-    assert line == "python -m validation.planner_eval --out p.json -x=1"
+    line = command_line(
+        "ssvkit.validation.planner_eval", ["--out", str(tmp_path / "p.json"), "-x=1"]
+    )
+    assert line == "python -m ssvkit.validation.planner_eval --out p.json -x=1"
 
 
 def test_a_project_relative_model_label_resolves_from_any_working_directory(tmp_path, monkeypatch):
-    from perfmodel.models import get_model
+    from ssvkit.perfmodel.models import get_model
 
     monkeypatch.chdir(tmp_path)
     spec = get_model("engine/checkpoints/tiny-draft")

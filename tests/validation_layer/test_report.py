@@ -6,11 +6,11 @@ import math
 import re
 
 import pytest
+from ssvkit.validation import report as rpt
+from ssvkit.validation.records import record_path
+from ssvkit.validation.report_markdown import markdown
 
 from ssvkit.cli import main
-from validation import report as rpt
-from validation.records import record_path
-from validation.report_markdown import markdown
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ def test_readme_planner_block_follows_the_evaluation(tmp_path):
     """The planner block of the results page: each regime's figures and each prompt set's gain
     as the installed evaluation records them, and the verdicts of its ``met``, whichever they
     are."""
-    from validation.readme import planner_block
+    from ssvkit.validation.readme import planner_block
 
     path = record_path("planner.json")
     doc = json.loads(path.read_text())

@@ -13,8 +13,8 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
-from calibration.error_table import ape_text_lines
-from perfmodel.files import check_folder, write_files
+from ssvkit.calibration.error_table import ape_text_lines
+from ssvkit.perfmodel.files import check_folder, write_files
 
 HELP = "end-to-end validation report (measured vs predicted) from committed data"
 
@@ -67,13 +67,13 @@ def _error_summary(rep: dict) -> str:
 
 
 def run(args) -> int:
-    from validation.report import build
-    from validation.report_markdown import REPORT_DIR, markdown, plots
+    from ssvkit.validation.report import build
+    from ssvkit.validation.report_markdown import REPORT_DIR, markdown, plots
 
     if args.no_files and args.out:
         raise ValueError("--no-files writes nothing, but --out names a folder: drop one of them")
     # The checkout these packages are part of (a clone or an editable install).
-    root = Path(str(files("validation"))).parent
+    root = Path(str(files("ssvkit.validation"))).parent
     out = Path(args.out) if args.out else root / REPORT_DIR
     if not args.no_files and args.out is None and not out.is_dir():
         raise ValueError(

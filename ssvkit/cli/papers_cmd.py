@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from validation.papers import SEEDS, check_seed, markdown, reproduce, text_table
+from ssvkit.validation.papers import SEEDS, check_seed, markdown, reproduce, text_table
 
 HELP = "the seeds' headline figures beside ssvkit's, with the settings and a status each"
 

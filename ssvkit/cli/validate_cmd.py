@@ -10,8 +10,8 @@ from __future__ import annotations
 import io
 import json
 
-from calibration.error_table import ape_text_lines
-from perfmodel.files import check_folder, write_files
+from ssvkit.calibration.error_table import ape_text_lines
+from ssvkit.perfmodel.files import check_folder, write_files
 
 HELP = "measured-vs-predicted error of the calibrated profile (per op, ratios, worst rows)"
 
@@ -128,7 +128,7 @@ def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
 
 
 def run(args) -> int:
-    from calibration.validate import committed_report, summary_markdown
+    from ssvkit.calibration.validate import committed_report, summary_markdown
 
     folder = check_folder(args.plot, "--plot") if args.plot else None
     profile, annotated, rep = committed_report(args.gpu)

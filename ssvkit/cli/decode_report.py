@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfmodel.numbers import figure
+from ssvkit.perfmodel.numbers import figure
 
 
 def fit_acceptance(parents, mean_accepted: float) -> float:
     """The per-draft alpha whose expected accepted drafts per round (perfmodel's tree model)
     equal ``mean_accepted`` (bisection; clamped to [0, 1])."""
-    from perfmodel.strategy import tree_expected_tokens
+    from ssvkit.perfmodel.strategy import tree_expected_tokens
 
     if not parents:
         return 0.0
@@ -41,11 +41,11 @@ def predict(
     gpu_name: str,
 ) -> dict:
     """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
-    from perfmodel.calibrated import make_predictor
-    from perfmodel.hardware import get_gpu
-    from perfmodel.models import get_model
-    from perfmodel.step import build_columns, predict_columns
-    from perfmodel.strategy import Workload, check_feasible
+    from ssvkit.perfmodel.calibrated import make_predictor
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.step import build_columns, predict_columns
+    from ssvkit.perfmodel.strategy import Workload, check_feasible
 
     try:
         model = get_model(target_spec)
@@ -152,7 +152,7 @@ def build_report(
 
 
 def _sample_text(tokens: list[int]) -> str:
-    from engine.corpus import decode
+    from ssvkit.engine.corpus import decode
 
     return decode(tokens[:80])
 

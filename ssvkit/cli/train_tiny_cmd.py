@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from engine.settings import TrainConfig
-from ssvkit.options import add_dataclass_options, given, parse_one
+from ssvkit.cli.options import add_dataclass_options, given, parse_one
+from ssvkit.engine.settings import TrainConfig
 
 HELP = "train the byte-level tiny target + draft pair on a CUDA GPU and save them (HF format)"
 FIELDS = (
@@ -56,8 +56,8 @@ def run(args) -> int:
             raise ValueError(f"--corpus-root {str(r)!r} is not a folder")
     import torch
 
-    from engine.checkpoint import CHECKPOINT_DIR
-    from engine.train import train_tiny
+    from ssvkit.engine.checkpoint import CHECKPOINT_DIR
+    from ssvkit.engine.train import train_tiny
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train-tiny needs a CUDA GPU (--device cuda); none is available")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from perfmodel.hardware import get_gpu, gpu_names
-from perfmodel.models import get_model, model_names
+from ssvkit.perfmodel.hardware import get_gpu, gpu_names
+from ssvkit.perfmodel.models import get_model, model_names
 
 
 def _si(v, unit: str) -> str:

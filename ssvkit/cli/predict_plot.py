@@ -13,8 +13,8 @@ import textwrap
 
 import numpy as np
 
-from perfmodel.numbers import count_label
-from perfmodel.strategy import BASELINES
+from ssvkit.perfmodel.numbers import count_label
+from ssvkit.perfmodel.strategy import BASELINES
 
 FORMATS = ("png", "pdf", "svg")
 MARKERS = "osD^vPX*hp<>"

@@ -6,9 +6,9 @@ ssvkit calibrate --gpu h100-sxm --fit-only      # anywhere: re-derive from commi
 
 from __future__ import annotations
 
-from calibration.fit import fit_folder
-from perfmodel.hardware import get_gpu
-from ssvkit.options import finite
+from ssvkit.calibration.fit import fit_folder
+from ssvkit.cli.options import finite
+from ssvkit.perfmodel.hardware import get_gpu
 
 HELP = "run the calibration sweeps on a GPU and fit the profile (or --fit-only from rows)"
 
@@ -43,8 +43,8 @@ def run(args) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("the calibration sweeps need a CUDA GPU (use --fit-only to refit)")
-        from calibration import ceilings, kernel_sweep
-        from validation import engine_op_sweep
+        from ssvkit.calibration import ceilings, kernel_sweep
+        from ssvkit.validation import engine_op_sweep
 
         out = ceilings.PROFILES / args.gpu
         if "ops" in sweeps:

@@ -13,13 +13,15 @@ import io
 import json
 from pathlib import Path
 
-from perfmodel.baselines import compare, grouped_seconds
-from perfmodel.costs import memory_shortfall
-from perfmodel.files import check_output, write_files
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from perfmodel.numbers import count_label, figure, parse_count_list
-from perfmodel.strategy import (
+from ssvkit.cli.options import add_dataclass_options, check_drafter_model, given
+from ssvkit.cli.predict_plot import predict_plot
+from ssvkit.perfmodel.baselines import compare, grouped_seconds
+from ssvkit.perfmodel.costs import memory_shortfall
+from ssvkit.perfmodel.files import check_output, write_files
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.numbers import count_label, figure, parse_count_list
+from ssvkit.perfmodel.strategy import (
     BASELINES,
     DrafterSpec,
     Strategy,
@@ -27,8 +29,6 @@ from perfmodel.strategy import (
     check_feasible,
     parse_tree,
 )
-from ssvkit.options import add_dataclass_options, check_drafter_model, given
-from ssvkit.predict_plot import predict_plot
 
 HELP = "predict step times, tokens/s and speedups of ar/sd/sparse/ssv baselines"
 DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K"

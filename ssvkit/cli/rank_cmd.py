@@ -17,12 +17,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-from perfmodel.files import atomic_write, check_output, read_json
-from perfmodel.hardware import get_gpu
-from perfmodel.models import get_model
-from planner.profile import RegimeProfile, load_profile
-from planner.rank import rank
-from planner.space import SpaceSpec, space_from_json
+from ssvkit.perfmodel.files import atomic_write, check_output, read_json
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.models import get_model
+from ssvkit.planner.profile import RegimeProfile, load_profile
+from ssvkit.planner.rank import rank
+from ssvkit.planner.space import SpaceSpec, space_from_json
 
 HELP = "rank every valid strategy per context regime with the calibrated model"
 
@@ -76,8 +76,8 @@ _FROM_EVALUATION = (
 
 def _from_evaluation(path: str):
     """(model, gpu, space, profile, regime contexts, label) of a planner evaluation."""
-    from planner.profile import profile_from_json
-    from validation.records import local_model
+    from ssvkit.planner.profile import profile_from_json
+    from ssvkit.validation.records import local_model
 
     p = Path(path)
     d = read_json(p, "planner evaluation")

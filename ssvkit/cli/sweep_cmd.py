@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.files import check_output, write_files
-from perfmodel.numbers import count_label, figure
-from ssvkit.options import add_dataclass_options, finite, given
-from sweep.grid import ALIASES, load_grid, spec_from_doc
-from sweep.spec import CapacitySpec, SimulateSpec, SweepSpec
+from ssvkit.cli.options import add_dataclass_options, finite, given
+from ssvkit.perfmodel.files import check_output, write_files
+from ssvkit.perfmodel.numbers import count_label, figure
+from ssvkit.sweep.grid import ALIASES, load_grid, spec_from_doc
+from ssvkit.sweep.spec import CapacitySpec, SimulateSpec, SweepSpec
 
 HELP = "evaluate grids of models x GPUs x TP x context x batch x acceptance x strategies"
 # SweepSpec list fields and their option names (predict's names where they exist).
@@ -298,7 +298,7 @@ def _json(result, files: dict) -> str:
 
 def _check_extras(args) -> None:
     """Fail before computing when an option needs the ``sweep`` extra."""
-    from sweep.table import require_pyarrow, table_format
+    from ssvkit.sweep.table import require_pyarrow, table_format
 
     if args.out:
         if table_format(args.out) == "parquet":
@@ -314,7 +314,7 @@ def _check_extras(args) -> None:
 
 def check_outputs(args, spec: SweepSpec) -> None:
     """Every file the sweep writes, checked before it runs."""
-    from sweep.table import sibling
+    from ssvkit.sweep.table import sibling
 
     if args.out:
         check_output(args.out, "--out", (".csv", ".parquet"))
@@ -325,9 +325,9 @@ def check_outputs(args, spec: SweepSpec) -> None:
 def check_some_point_fits(spec: SweepSpec) -> None:
     """``ValueError`` before running when no point of the grid can run: the smallest batch and
     context on every (model, GPU, TP, KV width) combination whose TP divides the heads."""
-    from perfmodel.costs import memory_shortfall
-    from perfmodel.hardware import get_gpu
-    from perfmodel.models import get_model
+    from ssvkit.perfmodel.costs import memory_shortfall
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
 
     reasons = []
     for m, g, tp, kv in itertools.product(spec.models, spec.gpus, spec.tp, spec.kv_bytes):
@@ -343,8 +343,8 @@ def check_some_point_fits(spec: SweepSpec) -> None:
 
 
 def run(args) -> int:
-    from sweep.runner import plan, run_sweep
-    from sweep.table import encode, sibling
+    from ssvkit.sweep.runner import plan, run_sweep
+    from ssvkit.sweep.table import encode, sibling
 
     spec = build_spec(args)
     _check_extras(args)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from engine.settings import DecodeConfig
-from perfmodel.files import check_output, read_bytes
-from perfmodel.strategy import BASELINES, DrafterSpec, Strategy
-from ssvkit.decode_report import build_report, report_text
-from ssvkit.options import add_dataclass_options, given, parse_one
+from ssvkit.cli.decode_report import build_report, report_text
+from ssvkit.cli.options import add_dataclass_options, given, parse_one
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.perfmodel.files import check_output, read_bytes
+from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 
 HELP = "run the GPU decode loop (draft, verify, accept) and compare with the prediction"
 STRATEGY_FIELDS = (
@@ -108,12 +108,12 @@ def build_strategy(args, draft_name: str | None) -> tuple[Strategy, str | None]:
 def _controller_and_strategy(args, context: int, draft_name: str | None):
     """The online controller and the starting strategy: ``--ranking``'s planner controller
     and its regime's offline best, else ``--controller`` (or none) and the given strategy."""
-    from engine.controller import load_controller
+    from ssvkit.engine.controller import load_controller
 
     if not args.ranking:
         return load_controller(args.controller), *build_strategy(args, draft_name)
-    from planner.controller import OnlineController
-    from planner.rank import load_ranking
+    from ssvkit.planner.controller import OnlineController
+    from ssvkit.planner.rank import load_ranking
 
     overrides = given(args, STRATEGY_FIELDS) or given(args, DRAFTER_FIELDS, prefix="drafter_")
     if args.controller or args.strategy or overrides:
@@ -152,7 +152,7 @@ def _device(args):
 
 
 def _prompts(args, context: int, batch: int, vocab: int) -> list[list[int]]:
-    from engine.corpus import corpus_sample, encode
+    from ssvkit.engine.corpus import corpus_sample, encode
 
     if args.prompt_file:
         data = encode(read_bytes(args.prompt_file, "--prompt-file"))
@@ -194,12 +194,12 @@ def _check_memory(device, dtype, cfgs, batch: int, t_max: int) -> None:
 def run(args) -> int:
     import torch
 
-    from engine.checkpoint import build_model, resolve_source
-    from engine.controller import KeepStrategy
-    from engine.loop import Engine, check_strategy
-    from engine.runner import ModelRunner
-    from engine.trace_writer import TraceWriter
-    from kernels.tree import MAX_TREE_NODES
+    from ssvkit.engine.checkpoint import build_model, resolve_source
+    from ssvkit.engine.controller import KeepStrategy
+    from ssvkit.engine.loop import Engine, check_strategy
+    from ssvkit.engine.runner import ModelRunner
+    from ssvkit.engine.trace_writer import TraceWriter
+    from ssvkit.kernels.tree import MAX_TREE_NODES
 
     context = parse_one(args.context, "--context")
     if args.batch < 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ssvkit import (
+from ssvkit.cli import (
     calibrate_cmd,
     decode_cmd,
     papers_cmd,
@@ -25,7 +25,7 @@ from ssvkit import (
     train_tiny_cmd,
     validate_cmd,
 )
-from ssvkit.options import OneLineParser
+from ssvkit.cli.options import OneLineParser
 
 COMMANDS = {
     "predict": predict_cmd,
@@ -84,7 +84,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

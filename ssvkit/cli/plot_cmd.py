@@ -19,8 +19,8 @@ import zlib
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from perfmodel.files import check_folder, write_files
-from ssvkit.options import finite, parse_one
+from ssvkit.cli.options import finite, parse_one
+from ssvkit.perfmodel.files import check_folder, write_files
 
 HELP = "plot a saved sweep: speedup heatmaps, Pareto fronts, roofline, capacity curves (PNG)"
 KINDS = ("heatmap", "pareto", "roofline", "capacity")
@@ -122,8 +122,8 @@ def _check_overwrite(path: Path, source: str, given: str) -> None:
 
 
 def run(args) -> int:
-    from sweep import plots
-    from sweep.table import read_table, sibling
+    from ssvkit.sweep import plots
+    from ssvkit.sweep.table import read_table, sibling
 
     kinds = KINDS if args.kind == "all" else tuple(_names(args.kind) or ())
     bad = [k for k in kinds if k not in KINDS]

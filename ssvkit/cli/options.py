@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from perfmodel.numbers import finite_float, parse_count
+from ssvkit.perfmodel.numbers import finite_float, parse_count
 
 
 def add_dataclass_options(parser, cls, names, defaults=None, prefix="") -> None:

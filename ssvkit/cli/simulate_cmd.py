@@ -14,9 +14,10 @@ import json
 from argparse import SUPPRESS
 from pathlib import Path
 
-from perfmodel.files import check_folder, check_output, write_files
-from perfmodel.strategy import DrafterSpec, Strategy
-from sim.config import (
+from ssvkit.cli.options import add_dataclass_options, check_drafter_model, given, parse_one
+from ssvkit.perfmodel.files import check_folder, check_output, write_files
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.sim.config import (
     LOOP_SCENARIOS,
     SCENARIOS,
     PrrConfig,
@@ -26,7 +27,6 @@ from sim.config import (
     SsdConfig,
     default_strategy,
 )
-from ssvkit.options import add_dataclass_options, check_drafter_model, given, parse_one
 
 HELP = "simulate the draft/verify loop, PRR, Saguaro SSD, SparseSpec or serving (simpy)"
 RUN_FIELDS = (
@@ -199,8 +199,8 @@ def _summary(result, files) -> str:
 
 
 def run(args) -> int:
-    from sim.scenarios import simulate
-    from sim.writers import chrome_trace, gantt_png, requests_csv, trace_jsonl
+    from ssvkit.sim.scenarios import simulate
+    from ssvkit.sim.writers import chrome_trace, gantt_png, requests_csv, trace_jsonl
 
     cfg = build_config(args)
     files = _outputs(args, cfg.scenario)
