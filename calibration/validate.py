@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 from ssvkit.calibration import ceilings
+from ssvkit.calibration.error_table import ape_markdown_row
 from ssvkit.calibration.fit import (
     UNFITTED_OPS,
     depth,
@@ -294,10 +295,7 @@ def summary_markdown(rep: dict, pid: str) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for name, d in (("held-out op times", h), ("fitted op times", f), ("held-out ratios", rh)):
-        lines.append(
-            f"| {name} | {d['n']} | {100 * d['median_ape']:.1f}% | "
-            f"{100 * d['p90_ape']:.1f}% | {100 * d['max_ape']:.1f}% |"
-        )
+        lines.append(ape_markdown_row(name, d))
     met = [f"{k} {'met' if t['met'] else 'missed'}" for k, t in rep["targets"].items()]
     lines += ["", "Targets: " + ", ".join(met) + "."]
     return "\n".join(lines)

@@ -46,8 +46,8 @@ from ssvkit.kernels.accept import (
 
 
 @dataclass(frozen=True, slots=True)
-class Acceptance:
-    """Outcome of one round, on the device.
+class AcceptedPath:
+    """The path one round keeps and its bonus token, on the device.
 
     ``path`` ``[B, max_depth + 1]`` int64: tail labels of the kept nodes, root first (entry
     ``j >= count[b]`` holds ``j``); ``count`` ``[B]`` int32 kept nodes (1 + accepted drafts);
@@ -64,7 +64,7 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def accept_greedy(tree: TreeTensors, tokens: torch.Tensor, logits: torch.Tensor) -> Acceptance:
+def accept_greedy(tree: TreeTensors, tokens: torch.Tensor, logits: torch.Tensor) -> AcceptedPath:
     """Greedy acceptance of ``tokens`` ``[B, t]`` (``tokens[:, 0]`` the root) given the target
     ``logits`` ``[B, t, V]`` of the same rows."""
     b, t = tokens.shape
@@ -79,7 +79,7 @@ def accept_greedy(tree: TreeTensors, tokens: torch.Tensor, logits: torch.Tensor)
     best = score.argmax(-1)  # [B]
     count = (tree.depth[best] + 1).to(torch.int32)
     bonus = tgt.gather(1, best[:, None])[:, 0]
-    return Acceptance(_path_of(tree, best), count, bonus)
+    return AcceptedPath(_path_of(tree, best), count, bonus)
 
 
 def _path_of(tree: TreeTensors, node: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ def accept_stochastic(
     generator: torch.Generator | None = None,
     backend: str = "torch",
     uniforms: torch.Tensor | None = None,
-) -> Acceptance:
+) -> AcceptedPath:
     """Multi-draft rejection sampling (module docstring).
 
     ``draft_probs`` ``[B, t, V]``: row ``i`` is the draft distribution node ``i``'s children
@@ -126,7 +126,7 @@ def accept_stochastic(
     fused = backend == "triton" and logits.shape[-1] <= MAX_VOCAB
     run = accept_sampled if fused else reference_accept_sampled
     path, count, bonus = run(tokens, logits, draft_probs, tree.children, depth, temperature, u)
-    return Acceptance(path, count, bonus)
+    return AcceptedPath(path, count, bonus)
 
 
 def accept(
@@ -138,7 +138,7 @@ def accept(
     generator: torch.Generator | None = None,
     backend: str = "torch",
     uniforms: torch.Tensor | None = None,
-) -> Acceptance:
+) -> AcceptedPath:
     """Greedy when ``temperature == 0`` (``draft_probs`` and ``uniforms`` are then
     irrelevant), else stochastic (on ``backend``, from ``uniforms`` when given)."""
     if temperature < 0:

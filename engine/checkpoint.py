@@ -205,7 +205,7 @@ def hf_state_dict(model: CausalLM, dtype: torch.dtype | None = None) -> dict[str
             continue
         cfg = model.config
         if "qkv" in ours:
-            sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+            sizes = [cfg.num_q_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
         else:
             sizes = [cfg.intermediate_size] * 2
         for name, part in zip(theirs, value.split(sizes, dim=0), strict=True):

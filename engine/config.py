@@ -29,7 +29,7 @@ class ModelConfig:
     hidden_size: int = field(metadata={"help": "model width d"})
     intermediate_size: int = field(metadata={"help": "SwiGLU width d_f"})
     num_layers: int = field(metadata={"help": "decoder layers L"})
-    num_heads: int = field(metadata={"help": "query heads H"})
+    num_q_heads: int = field(metadata={"help": "query heads H"})
     num_kv_heads: int = field(metadata={"help": "key/value heads Hkv (GQA)"})
     head_dim: int = field(metadata={"help": "per-head dimension D"})
     model_type: str = field(default="llama", metadata={"help": "llama | qwen2 | qwen3 | glm"})
@@ -50,7 +50,7 @@ class ModelConfig:
             "hidden_size",
             "intermediate_size",
             "num_layers",
-            "num_heads",
+            "num_q_heads",
             "num_kv_heads",
             "head_dim",
         ):
@@ -62,9 +62,9 @@ class ModelConfig:
                 f"model config: model_type {self.model_type!r} is not one the engine runs "
                 f"({', '.join(FAMILIES)})"
             )
-        if self.num_heads % self.num_kv_heads:
+        if self.num_q_heads % self.num_kv_heads:
             raise ValueError(
-                f"model config: num_heads={self.num_heads} is not a multiple of "
+                f"model config: num_q_heads={self.num_q_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads}"
             )
         if self.head_dim % 2 or self.rotary_dim % 2 or self.rotary_dim < 2:
@@ -99,11 +99,11 @@ class ModelConfig:
 
     @property
     def gqa_group(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        return self.num_q_heads // self.num_kv_heads
 
     def num_params(self) -> int:
         """Weight elements, embeddings and LM head included."""
-        d, h, hkv, dh = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        d, h, hkv, dh = self.hidden_size, self.num_q_heads, self.num_kv_heads, self.head_dim
         attn = d * (h + 2 * hkv) * dh + h * dh * d + (h + 2 * hkv) * dh * self.qkv_bias
         attn += 2 * dh * self.qk_norm
         layer = attn + 3 * d * self.intermediate_size + 2 * d
@@ -134,7 +134,7 @@ class ModelConfig:
             hidden_size=spec.hidden_size,
             intermediate_size=spec.intermediate_size,
             num_layers=spec.num_layers,
-            num_heads=spec.num_q_heads,
+            num_q_heads=spec.num_q_heads,
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
             model_type=family,
@@ -163,7 +163,7 @@ class ModelConfig:
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
+            "num_attention_heads": self.num_q_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,

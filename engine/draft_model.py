@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 import torch
-from ssvkit.engine.acceptance import Acceptance
+from ssvkit.engine.acceptance import AcceptedPath
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.drafter import Draft, LevelPlan, draw_children
 from ssvkit.engine.runner import ModelRunner
@@ -148,7 +148,7 @@ class ModelDrafter:
         )
         self._catch_up = False
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Keep the path's first D nodes (the last level's forward ran every node of depth
         < D), and note the kept leaf of depth D, which a catch-up runs: one graph."""
         depth = self._tree.max_depth
@@ -212,7 +212,7 @@ class SelfSparseDrafter:
             raise ValueError("the self_sparse drafter drafts chains only (tree chain:K)")
         return self.expander.expand(roots, tree)
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Nothing: the draft wrote only the target's tail, which the target's commit handled."""
 
     def observe(self, history, counts) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from ssvkit.engine.acceptance import Acceptance
+from ssvkit.engine.acceptance import AcceptedPath
 from ssvkit.engine.tree import DraftTree
 
 
@@ -47,7 +47,7 @@ class Drafter(Protocol):
         """Tokens for ``tree`` below ``roots`` ``[B]`` (device); ``history`` holds each
         sequence's committed tokens, the root last."""
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Device-side bookkeeping after the target kept ``acc``'s path (no host reads)."""
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:

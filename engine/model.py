@@ -62,22 +62,22 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
+        self.num_q_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_q_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
         )
         self.interleaved = cfg.rope_interleaved
         self.rotary_dim = cfg.rotary_dim
-        qkv_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        qkv_out = (cfg.num_q_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(cfg.num_q_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin, kv: KVSink, attend: Attend, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h, hkv, d = self.num_q_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
         qk = qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d)
         v = qkv[..., (h + hkv) * d :].view(b, t, hkv, d)
@@ -94,7 +94,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         q = self.rope_store(self.qkv_proj(x), positions, cos_table, sin_table, kv.target(layer))
         o = attend(layer, q)  # [B, t, H, D]
-        return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
+        return self.o_proj(o.reshape(b, t, self.num_q_heads * self.head_dim))
 
     def rope_store(self, qkv, positions, cos_table, sin_table, target: KVTarget) -> torch.Tensor:
         """``kernels.rope_kv_write`` of the projection ``qkv``: k and v stored at ``target``,
@@ -107,7 +107,7 @@ class Attention(nn.Module):
             target.k_cache,
             target.v_cache,
             target.slots,
-            num_heads=self.num_heads,
+            num_q_heads=self.num_q_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             rotary_dim=self.rotary_dim,

@@ -70,7 +70,7 @@ import heapq
 from collections.abc import Callable
 
 import torch
-from ssvkit.engine.acceptance import Acceptance
+from ssvkit.engine.acceptance import AcceptedPath
 from ssvkit.engine.controller import ShadowAcceptance
 from ssvkit.engine.drafter import Draft
 from ssvkit.engine.tree import DraftTree
@@ -538,7 +538,7 @@ class NgramDrafter:
         tokens = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         return Draft(tokens, None)
 
-    def commit(self, acc: Acceptance, tokens: torch.Tensor) -> None:
+    def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Nothing on the device."""
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:

@@ -29,16 +29,13 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import check_attention_inputs, check_tree_mask, validate_prefix_lens
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# fp32 runs its dots in IEEE fp32 (not TF32): the precision runs that check exactness use.
-GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# The interpreter's bf16 tl.dot is broken, so CPU runs take fp16/fp32 only.
-CPU_DTYPES = (torch.float16, torch.float32)
 MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 LN2_C = tl.constexpr(LN2)
 
@@ -116,7 +113,7 @@ def _dense_verify_kernel(
     lse_ptr,  # final [B, H, t] or partial [B, t, H, S]
     qk_scale,  # sm_scale * log2(e)
     NUM_T,
-    NUM_HEADS,
+    NUM_Q_HEADS,
     NUM_KV_HEADS,
     GROUP,
     T_MAX,
@@ -152,7 +149,7 @@ def _dense_verify_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
 
-    q_rows = (b * NUM_T + tok) * NUM_HEADS + head  # int64
+    q_rows = (b * NUM_T + tok) * NUM_Q_HEADS + head  # int64
     q_off = q_rows[:, None] * HEAD_DIM + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D]
 
@@ -253,7 +250,7 @@ class DenseVerifyPlan:
 def plan_dense_verify(
     bsz: int,
     t: int,
-    num_heads: int,
+    num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
     t_max: int,
@@ -263,7 +260,7 @@ def plan_dense_verify(
 ) -> DenseVerifyPlan:
     """Tile sizes, warps and split count for a call; ``T_max`` bounds the sequence length so
     no length is read on the host."""
-    rows = num_heads // num_kv_heads * t
+    rows = num_q_heads // num_kv_heads * t
     # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
     cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)
     block_m = min(max(16, triton.next_power_of_2(rows)), cap)
@@ -285,60 +282,6 @@ def plan_dense_verify(
         num_warps=config.num_warps_large if large else config.num_warps_small,
         num_stages=config.num_stages,
     )
-
-
-def check_attention_inputs(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor
-) -> None:
-    """Shape, dtype, device and layout checks shared by the verification ops (no host sync)."""
-    if q.dim() != 4:
-        raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
-    allowed = GPU_DTYPES if q.is_cuda else CPU_DTYPES
-    if q.dtype not in allowed:
-        raise ValueError(f"q dtype {q.dtype} not supported on {q.device.type}; use {allowed}")
-    bsz, _, num_heads, head_dim = q.shape
-    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(f"q head dim must be a power of two in [16, 256], got {head_dim}")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dim() != 4 or x.shape[0] != bsz or x.shape[3] != head_dim:
-            raise ValueError(f"{name} must be [B={bsz}, Hkv, T_max, D={head_dim}], got {x.shape}")
-        if x.dtype != q.dtype:
-            raise ValueError(f"{name} dtype {x.dtype} differs from q dtype {q.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device}, q on {q.device}")
-        if not x.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
-    if not q.is_contiguous():
-        raise ValueError("q must be contiguous")
-    num_kv_heads = k_cache.shape[1]
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(f"q heads {num_heads} not a multiple of k_cache heads {num_kv_heads}")
-    if prefix_lens.shape != (bsz,) or prefix_lens.dtype != torch.int32:
-        raise ValueError(
-            f"prefix_lens must be int32 [{bsz}], got {prefix_lens.dtype} {tuple(prefix_lens.shape)}"
-        )
-    if prefix_lens.device != q.device:
-        raise ValueError(f"prefix_lens is on {prefix_lens.device}, q on {q.device}")
-
-
-def check_tree_mask(tree_mask: torch.Tensor, bsz: int, t: int, device: torch.device) -> None:
-    """Shape/dtype checks of the ``[B, t]`` int64 ancestor bitmask (no host sync)."""
-    if tree_mask.shape != (bsz, t) or tree_mask.dtype != torch.int64:
-        raise ValueError(
-            f"tree_mask must be int64 [{bsz}, {t}], got {tree_mask.dtype} {tuple(tree_mask.shape)}"
-        )
-    if tree_mask.device != device:
-        raise ValueError(f"tree_mask is on {tree_mask.device}, q on {device}")
-    if not tree_mask.is_contiguous():
-        raise ValueError("tree_mask must be contiguous")
-
-
-def validate_prefix_lens(prefix_lens: torch.Tensor, t: int, t_max: int) -> None:
-    """Value check (synchronises): every ``prefix_lens[b] + t`` fits the cache."""
-    if bool(((prefix_lens < 0) | (prefix_lens > t_max - t)).any()):
-        raise ValueError(f"prefix_lens must lie in [0, T_max - t] = [0, {t_max - t}]")
 
 
 def dense_verify(
@@ -387,7 +330,7 @@ def dense_verify(
         (with ``o = 0``) for a row that sees nothing.
     """
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
-    bsz, t, num_heads, head_dim = q.shape
+    bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
     if not 1 <= t <= MAX_TREE_NODES:
         raise ValueError(f"q has t={t} draft rows; 1..{MAX_TREE_NODES} are supported")
@@ -406,20 +349,22 @@ def dense_verify(
             raise ValueError(f"tree_mask has bits set at positions >= t={t}")
 
     plan = plan_dense_verify(
-        bsz, t, num_heads, num_kv_heads, head_dim, t_max, q.device, num_splits, config
+        bsz, t, num_q_heads, num_kv_heads, head_dim, t_max, q.device, num_splits, config
     )
     num_splits = plan.num_splits
     o = torch.empty_like(q)
-    lse = torch.empty((bsz, num_heads, t), dtype=torch.float32, device=q.device)
+    lse = torch.empty((bsz, num_q_heads, t), dtype=torch.float32, device=q.device)
     if num_splits == 1:
         o_dst, lse_dst = o, lse
         so = (o.stride(0) // head_dim, o.stride(1) // head_dim, o.stride(2) // head_dim, 0)
         sl = (lse.stride(0), lse.stride(2), lse.stride(1), 0)
     else:
         o_dst = torch.empty(
-            (bsz, t, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+            (bsz, t, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
-        lse_dst = torch.empty((bsz, t, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        lse_dst = torch.empty(
+            (bsz, t, num_q_heads, num_splits), dtype=torch.float32, device=q.device
+        )
         so = tuple(st // head_dim for st in o_dst.stride()[:4])
         sl = lse_dst.stride()
 
@@ -434,9 +379,9 @@ def dense_verify(
         lse_dst,
         sm_scale * LOG2E,
         t,
-        num_heads,
+        num_q_heads,
         num_kv_heads,
-        num_heads // num_kv_heads,
+        num_q_heads // num_kv_heads,
         t_max,
         num_splits,
         *so,
@@ -469,11 +414,11 @@ def reference_dense_verify(
     host, one sequence at a time.
     """
     del num_splits
-    bsz, t, num_heads, head_dim = q.shape
-    group = num_heads // k_cache.shape[1]
+    bsz, t, num_q_heads, head_dim = q.shape
+    group = num_q_heads // k_cache.shape[1]
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    o = torch.zeros((bsz, t, num_heads, head_dim), dtype=torch.float32, device=q.device)
-    lse = torch.full((bsz, num_heads, t), float("-inf"), dtype=torch.float32, device=q.device)
+    o = torch.zeros((bsz, t, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.full((bsz, num_q_heads, t), float("-inf"), dtype=torch.float32, device=q.device)
     j = torch.arange(t, device=q.device, dtype=torch.int64)
     for b in range(bsz):
         prefix = int(prefix_lens[b])

@@ -14,6 +14,7 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import check_order
 
 MODES = ("per_query", "union", "shared")
 # Plan kernel: one step compares a member's list with CHUNK entries of the group's lists; a
@@ -140,30 +141,6 @@ def _union_plan_kernel(
         pad = (p >= total) & (p < list_len)
         tl.store(list_ptr + out_base + p, tl.full([U_BLOCK], -1, tl.int32), mask=pad)
         tl.store(mask_ptr + out_base + p, tl.zeros([U_BLOCK], dtype=tl.int32), mask=pad)
-
-
-def check_order(order: torch.Tensor | None, b: int, t: int, device: torch.device) -> None:
-    if order is None:
-        return
-    if order.shape != (b, t) or order.dtype != torch.int32:
-        raise ValueError(
-            f"order must be [B={b}, t={t}] int32, got {tuple(order.shape)} {order.dtype}"
-        )
-    if not order.is_contiguous() or order.device != device:
-        raise ValueError(f"order must be contiguous on {device}")
-
-
-def check_block_idx(block_idx: torch.Tensor, b: int, hkv: int, t: int, device) -> None:
-    if block_idx.dim() != 4 or tuple(block_idx.shape[:3]) != (b, hkv, t):
-        raise ValueError(
-            f"block_idx must be [B={b}, Hkv={hkv}, t={t}, top_n], got {tuple(block_idx.shape)}"
-        )
-    if block_idx.dtype != torch.int32:
-        raise ValueError(f"block_idx must be int32, got {block_idx.dtype}")
-    if not block_idx.is_contiguous() or block_idx.device != device:
-        raise ValueError(f"block_idx must be contiguous on {device}")
-    if block_idx.shape[3] < 1:
-        raise ValueError("block_idx must have top_n >= 1")
 
 
 def build_group_plan(

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import check_float_dtype
 
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_NORM_BLOCK = 16384  # widest row a norm keeps in registers
 TILE = 4096  # elements of a program's tile: narrow rows are packed several to a program
 SILU_BLOCK = 1024
@@ -108,12 +108,6 @@ def _silu_mul_kernel(
     y = gate / (1.0 + tl.exp(-gate)) * up  # torch's silu: x / (1 + exp(-x))
     dst = out_ptr + (rows * NUM_COLS)[:, None] + cols[None, :]
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def check_float_dtype(name: str, x: torch.Tensor, dtypes=DTYPES) -> None:
-    """``x.dtype`` is one the element-wise kernels take."""
-    if x.dtype not in dtypes:
-        raise ValueError(f"{name} dtype {x.dtype} is not supported; use one of {dtypes}")
 
 
 def norm_eps(eps: float | None) -> float:

@@ -4,12 +4,12 @@ the checks that read tensor values (host synchronisation, ``validate=True`` only
 from __future__ import annotations
 
 import torch
+from ssvkit.kernels.checks import CPU_DTYPES, check_lens, validate_block_idx, validate_prefix_lens
 from ssvkit.kernels.nsa_compress import num_compressed
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
-GPU_DTYPES = (torch.bfloat16, torch.float16)
-# The interpreter's bf16 tl.dot returns garbage, so CPU runs take fp16/fp32 only.
-CPU_DTYPES = (torch.float16, torch.float32)
+# The NSA kernels take half precision on the GPU; on the CPU, kernels.checks' rule.
+NSA_GPU_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def check_tensors(
@@ -19,7 +19,7 @@ def check_tensors(
     if q.dim() != 4:
         raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
     b, t, h, d = q.shape
-    allowed = GPU_DTYPES if q.is_cuda else CPU_DTYPES
+    allowed = NSA_GPU_DTYPES if q.is_cuda else CPU_DTYPES
     if q.dtype not in allowed:
         raise ValueError(f"q dtype must be one of {allowed} on {q.device.type}, got {q.dtype}")
     if not 1 <= t <= MAX_TREE_NODES:
@@ -40,10 +40,7 @@ def check_tensors(
     for name, x in (("q", q), ("k_cache", k_cache), ("comp_k", comp_k), ("comp_v", comp_v)):
         if x.dtype != q.dtype or x.device != q.device or x.stride(-1) != 1:
             raise ValueError(f"{name} must be {q.dtype} on {q.device} with a unit last stride")
-    if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
-        raise ValueError(
-            f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)} {prefix_lens.dtype}"
-        )
+    check_lens(prefix_lens, b, q.device, "prefix_lens")
     if tree_mask.shape != (b, t) or tree_mask.dtype != torch.int64:
         raise ValueError(
             f"tree_mask must be [B={b}, t={t}] int64, got "
@@ -75,9 +72,7 @@ def check_tensors(
 def check_values(plan, k_cache, prefix_lens, tree_mask, block_idx) -> None:
     """Checks that read tensor values (host synchronisation): ``validate=True`` only."""
     t_max = k_cache.shape[2]
-    lens = prefix_lens.long()
-    if bool(((lens < 0) | (lens + plan.num_t > t_max)).any()):
-        raise ValueError(f"prefix_lens must be in [0, T_max - t] = [0, {t_max - plan.num_t}]")
+    validate_prefix_lens(prefix_lens, plan.num_t, t_max)
     nc_need = int(num_compressed(prefix_lens, plan.comp_block, plan.comp_stride).max())
     if nc_need > plan.nc_max:
         raise ValueError(
@@ -90,10 +85,4 @@ def check_values(plan, k_cache, prefix_lens, tree_mask, block_idx) -> None:
     if bool((self_bit != 1).any()) or bool((above != 0).any()):
         raise ValueError("tree_mask row i must have bit i set and no bit above i")
     if block_idx is not None:
-        nb = torch.div(lens + plan.block_size - 1, plan.block_size, rounding_mode="floor")
-        idx = block_idx.long()
-        if bool(((idx < -1) | (idx >= nb.view(-1, 1, 1, 1))).any()):
-            raise ValueError("block_idx entries must be -1 or a block of the prefix")
-        srt = torch.sort(idx, dim=-1).values
-        if bool(((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any()):
-            raise ValueError("block_idx has a duplicate block in a row")
+        validate_block_idx(block_idx, "block_idx", prefix_lens, plan.block_size)

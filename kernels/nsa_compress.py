@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from ssvkit.kernels.checks import check_float_dtype, check_lens
 
 
 @triton.jit
@@ -108,17 +107,15 @@ def _check_comp_args(k_cache, v_cache, prefix_lens, comp_block: int, comp_stride
         )
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
         raise ValueError("v_cache must have the shape and strides of k_cache")
-    if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"k_cache/v_cache dtype must be one of {KV_DTYPES}, got {k_cache.dtype}")
+    check_float_dtype("k_cache", k_cache)
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
     if k_cache.stride(-1) != 1:
         raise ValueError("k_cache must have a unit stride in its last (head-dim) dimension")
     d = k_cache.shape[-1]
     if d < 16 or d & (d - 1):
         raise ValueError(f"k_cache head dim must be a power of two >= 16, got {d}")
-    if prefix_lens.shape != (k_cache.shape[-4],) or prefix_lens.dtype != torch.int32:
-        raise ValueError(f"prefix_lens must be [B] int32, got {tuple(prefix_lens.shape)}")
-    if prefix_lens.device != k_cache.device:
-        raise ValueError("prefix_lens must be on the device of k_cache")
+    check_lens(prefix_lens, k_cache.shape[-4], k_cache.device, "prefix_lens")
     if comp_block < 1:
         raise ValueError(f"comp_block must be >= 1, got {comp_block}")
     if not 1 <= comp_stride <= comp_block:
@@ -252,8 +249,7 @@ def update_compressed_kv(
     for name, x in (("comp_k", comp_k), ("comp_v", comp_v)):
         if tuple(x.shape) != expect or x.dtype != k_cache.dtype or x.stride(-1) != 1:
             raise ValueError(f"{name} must be {expect} {k_cache.dtype}, got {tuple(x.shape)}")
-    if comp_lens.shape != prefix_lens.shape or comp_lens.dtype != torch.int32:
-        raise ValueError(f"comp_lens must be [B] int32, got {tuple(comp_lens.shape)}")
+    check_lens(comp_lens, prefix_lens.shape[0], k_cache.device, "comp_lens")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     max_windows = min(nc_max, max_new_tokens // comp_stride + 1)

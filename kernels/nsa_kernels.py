@@ -286,7 +286,7 @@ def nsa_merge_kernel(
     slot are loaded at once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent
     loads."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
-    NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
+    NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     pid = tl.program_id(0)
     m = tl.program_id(1)
     row = (pid % num_tiles) * ROWS + m // GROUP_PAD
@@ -295,7 +295,7 @@ def nsa_merge_kernel(
         bh = pid // num_tiles
         b = (bh // NUM_KV_HEADS).to(tl.int64)
         head = (bh % NUM_KV_HEADS).to(tl.int64) * GROUP + g
-        gate_off = ((b * num_t + row) * NUM_HEADS + head) * 3
+        gate_off = ((b * num_t + row) * NUM_Q_HEADS + head) * 3
         offs_d = tl.arange(0, HEAD_DIM)
         slot_ids = tl.arange(0, S_PAD)
         slot_ok = slot_ids < num_slots

@@ -126,7 +126,7 @@ class LaunchPlan:
         )
 
 
-def tile_rows(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
+def draft_rows_per_tile(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
     """Draft rows of one row tile: at most ``MAX_TILE_ROWS`` and ``block_m // group_pad``."""
     return max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
 
@@ -168,7 +168,7 @@ def make_plan(
     group_pad = triton.next_power_of_2(h // hkv)
     if group_pad > config.block_m:
         raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({h // hkv})")
-    rows = tile_rows(t, group_pad, config)
+    rows = draft_rows_per_tile(t, group_pad, config)
     block_m = max(16, rows * group_pad)
     return LaunchPlan(
         batch=b,

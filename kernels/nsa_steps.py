@@ -143,7 +143,7 @@ def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: Lau
     )
 
 
-def block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
+def compressed_block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
     """Step (2) of the refresh path: ``[B, Hkv, t, NB_max]`` fp32 block importance from the
     compressed partials of ``c_slots`` slots in ``part``."""
     q, _, _, prefix_lens, _, comp_k, _, _ = args
@@ -181,7 +181,7 @@ def block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
 def refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
     """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
     launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0))
-    scores = block_scores(plan, args, part, slots[0])
+    scores = compressed_block_scores(plan, args, part, slots[0])
     return select_top_blocks(scores, args[3], plan)
 
 

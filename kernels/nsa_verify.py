@@ -66,10 +66,10 @@ from ssvkit.kernels.nsa_launch import (
     DEFAULT_CONFIG,
     LaunchPlan,
     NsaVerifyConfig,
+    draft_rows_per_tile,
     make_plan,
     plan_slots,
     refresh_slots,
-    tile_rows,
 )
 from ssvkit.kernels.nsa_reference import reference_nsa_verify
 from ssvkit.kernels.nsa_steps import (
@@ -224,7 +224,9 @@ def nsa_union_plan(
     t, h = q.shape[1], q.shape[2]
     group_pad = triton.next_power_of_2(h // k_cache.shape[1])
     return union_plan(
-        block_idx, tile_rows(t, group_pad, config), triton.cdiv(k_cache.shape[2], block_size)
+        block_idx,
+        draft_rows_per_tile(t, group_pad, config),
+        triton.cdiv(k_cache.shape[2], block_size),
     )
 
 

@@ -19,10 +19,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import (
+    check_attention_inputs,
+    check_block_idx,
+    validate_block_idx,
+    validate_prefix_lens,
+)
 from ssvkit.kernels.dense_verify import (
     LN2_C,
     LOG2E,
-    check_attention_inputs,
     dot_precision,
     online_softmax_step,
 )
@@ -43,7 +48,7 @@ def _repair_kernel(
     lse_ptr,  # [B, H, t] fp32
     qk_scale,  # sm_scale * log2(e)
     NUM_T,
-    NUM_HEADS,
+    NUM_Q_HEADS,
     NUM_KV_HEADS,
     GROUP,
     T_MAX,
@@ -67,10 +72,10 @@ def _repair_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
 
-    qo_rows = ((b * NUM_T + tok) * NUM_HEADS + head) * HEAD_DIM  # int64
+    qo_rows = ((b * NUM_T + tok) * NUM_Q_HEADS + head) * HEAD_DIM  # int64
     qo_off = qo_rows[:, None] + offs_d[None, :]
     q = tl.load(q_ptr + qo_off, mask=row_ok[:, None], other=0.0)
-    lse_off = (b * NUM_HEADS + head) * NUM_T + tok
+    lse_off = (b * NUM_Q_HEADS + head) * NUM_T + tok
     lse_in = tl.load(lse_in_ptr + lse_off, mask=row_ok, other=float("-inf"))
 
     # Warm start: o is normalised by exp(lse), so (m, l, acc) = (lse, 1, o) in the log2 domain.
@@ -108,34 +113,6 @@ def _repair_kernel(
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2_C, float("-inf"))
     tl.store(o_ptr + qo_off, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(lse_ptr + lse_off, lse, mask=row_ok)
-
-
-def check_block_idx(
-    idx: torch.Tensor, name: str, shape: tuple[int, ...], device: torch.device
-) -> None:
-    """Shape/dtype/layout checks of an int32 ``[B, Hkv, t, M]`` block-index tensor (no sync)."""
-    if idx.dim() != 4 or tuple(idx.shape[:3]) != shape or idx.dtype != torch.int32:
-        want = ", ".join(map(str, shape))
-        raise ValueError(f"{name} must be int32 [{want}, M], got {idx.dtype} {tuple(idx.shape)}")
-    if idx.device != device:
-        raise ValueError(f"{name} is on {idx.device}, q on {device}")
-    if not idx.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
-def validate_block_idx(
-    idx: torch.Tensor, name: str, prefix_lens: torch.Tensor, block_size: int
-) -> None:
-    """Value checks (synchronise): every entry is -1 or a block starting inside its sequence's
-    prefix, and no block repeats within a row."""
-    if idx.numel() == 0:
-        return
-    limit = ((prefix_lens.to(torch.int64) + block_size - 1) // block_size).view(-1, 1, 1, 1)
-    if bool(((idx < -1) | (idx.to(torch.int64) >= limit)).any()):
-        raise ValueError(f"{name} has entries outside [-1, ceil(prefix_lens[b] / block_size))")
-    srt = torch.sort(idx, dim=-1).values
-    if bool(((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any()):
-        raise ValueError(f"{name} repeats a block index within a row")
 
 
 def repair(
@@ -184,11 +161,11 @@ def repair(
         New tensors ``[B, t, H, D]`` in ``o.dtype`` and ``[B, H, t]`` float32.
     """
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
-    bsz, t, num_heads, head_dim = q.shape
+    bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
     if o.shape != q.shape or o.dtype != q.dtype or o.device != q.device or not o.is_contiguous():
         raise ValueError(f"o must be contiguous {q.dtype} {tuple(q.shape)} like q, got {o.dtype}")
-    want_lse = (bsz, num_heads, t)
+    want_lse = (bsz, num_q_heads, t)
     if lse.shape != want_lse or lse.dtype != torch.float32 or lse.device != q.device:
         raise ValueError(f"lse must be float32 {want_lse}, got {lse.dtype} {tuple(lse.shape)}")
     if not lse.is_contiguous():
@@ -201,14 +178,13 @@ def repair(
     if not sm_scale > 0:
         raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
     if validate:
-        if bool(((prefix_lens < 0) | (prefix_lens > t_max)).any()):
-            raise ValueError(f"prefix_lens must lie in [0, T_max={t_max}]")
+        validate_prefix_lens(prefix_lens, 0, t_max)
         validate_block_idx(missed_idx, "missed_idx", prefix_lens, block_size)
 
     o_new = torch.empty_like(o)
     lse_new = torch.empty_like(lse)
     num_slots = missed_idx.shape[3]
-    group = num_heads // num_kv_heads
+    group = num_q_heads // num_kv_heads
     block_m = max(16, triton.next_power_of_2(group))
     block_n = min(block_size, 64)
     grid = (t, num_kv_heads, bsz)
@@ -224,7 +200,7 @@ def repair(
         lse_new,
         sm_scale * LOG2E,
         t,
-        num_heads,
+        num_q_heads,
         num_kv_heads,
         group,
         t_max,
@@ -272,9 +248,9 @@ def reference_repair(
     """fp32 torch reference of :func:`repair`: attention over the missed blocks, merged with
     ``(o, lse)`` by log-sum-exp weights. Returns fp32 ``o`` ``[B, t, H, D]``, ``lse``
     ``[B, H, t]``."""
-    bsz, t, num_heads, head_dim = q.shape
+    bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    group = num_q_heads // num_kv_heads
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     visible = block_positions_mask(missed_idx, prefix_lens, block_size, t_max)  # [B, Hkv, t, T]
     visible = visible.repeat_interleave(group, 1)  # [B, H, t, T]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from ssvkit.kernels.layer_ops import check_float_dtype, norm_eps, reference_rms_norm
+from ssvkit.kernels.checks import check_float_dtype
+from ssvkit.kernels.layer_ops import norm_eps, reference_rms_norm
 
 ROPE_TILE = 2048  # elements of a program's ((row, head) pairs x head dims) tile
 
@@ -56,7 +57,7 @@ def _rope_kv_write_kernel(
     stride_vh,
     stride_vt,
     eps,
-    NUM_HEADS: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,  # rotary_dim / 2
@@ -71,11 +72,11 @@ def _rope_kv_write_kernel(
     tl.static_assert(D_PAD >= HEAD_DIM, "D_PAD must cover the head")
     item = tl.program_id(0).to(tl.int64) * BLOCK_ITEMS + tl.arange(0, BLOCK_ITEMS)
     item_ok = item < NUM_ITEMS
-    row = item // (NUM_HEADS + NUM_KV_HEADS)  # b * t + i
-    heads = (item % (NUM_HEADS + NUM_KV_HEADS)).to(tl.int32)  # q heads, then k heads
+    row = item // (NUM_Q_HEADS + NUM_KV_HEADS)  # b * t + i
+    heads = (item % (NUM_Q_HEADS + NUM_KV_HEADS)).to(tl.int32)  # q heads, then k heads
     b = row // NUM_T
     i = row % NUM_T
-    is_q = heads < NUM_HEADS
+    is_q = heads < NUM_Q_HEADS
     is_k = item_ok & ~is_q
     src = qkv_ptr + (b * stride_xb + i * stride_xt + heads * HEAD_DIM)[:, None]
     j = tl.arange(0, HALF_PAD)
@@ -111,13 +112,13 @@ def _rope_kv_write_kernel(
     o2 = (x2 * cos + x1 * sin).to(dtype)
     op = xp.to(dtype)
 
-    q_row = q_ptr + (row * NUM_HEADS + heads)[:, None] * HEAD_DIM
+    q_row = q_ptr + (row * NUM_Q_HEADS + heads)[:, None] * HEAD_DIM
     tl.store(q_row + c1[None, :], o1, mask=m & is_q[:, None])
     tl.store(q_row + c2[None, :], o2, mask=m & is_q[:, None])
     tl.store(q_row + cp[None, :], op, mask=mp & is_q[:, None])
 
     slot = tl.load(slot_ptr + b * stride_sb + i * stride_st, mask=is_k, other=0)
-    kvh = tl.where(is_q, 0, heads - NUM_HEADS)
+    kvh = tl.where(is_q, 0, heads - NUM_Q_HEADS)
     k_row = k_cache_ptr + (b * stride_kb + kvh * stride_kh + slot * stride_kt)[:, None]
     k_ty = k_cache_ptr.dtype.element_ty
     tl.store(k_row + c1[None, :], o1.to(k_ty), mask=m & is_k[:, None])
@@ -197,7 +198,7 @@ def rope_kv_write(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     *,
-    num_heads: int,
+    num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
     rotary_dim: int,
@@ -222,12 +223,14 @@ def rope_kv_write(
 
     Returns ``q`` ``[B, t, H, D]`` contiguous in ``qkv.dtype``.
     """
-    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+    if num_q_heads < 1 or num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads={num_q_heads} must be a multiple of num_kv_heads={num_kv_heads}"
+        )
     if not (head_dim >= 2 and rotary_dim >= 2 and rotary_dim % 2 == 0 and rotary_dim <= head_dim):
         raise ValueError(f"rotary_dim={rotary_dim} must be even in [2, head_dim={head_dim}]")
     check_float_dtype("qkv", qkv)
-    width = (num_heads + 2 * num_kv_heads) * head_dim
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 3 or qkv.shape[2] != width or qkv.stride(2) != 1:
         raise ValueError(
             f"qkv must be [B, t, {width}] with a contiguous last dim, got {tuple(qkv.shape)} "
@@ -246,12 +249,12 @@ def rope_kv_write(
             raise ValueError(f"positions must lie in [0, {max_pos}) (the rope tables' rows)")
         if bool(((slots < 0) | (slots >= t_max)).any()):
             raise ValueError(f"slots must lie in [0, T_max={t_max})")
-    q = torch.empty((bsz, t, num_heads, head_dim), dtype=qkv.dtype, device=dev)
+    q = torch.empty((bsz, t, num_q_heads, head_dim), dtype=qkv.dtype, device=dev)
     if q.numel() == 0:
         return q
     d_pad = triton.next_power_of_2(head_dim)
     half_pad = triton.next_power_of_2(rotary_dim // 2)
-    num_items = bsz * t * (num_heads + num_kv_heads)
+    num_items = bsz * t * (num_q_heads + num_kv_heads)
     block = min(triton.next_power_of_2(num_items), max(1, ROPE_TILE // d_pad))
     norm_w = (q_norm_weight, k_norm_weight) if qk_norm else (cos_table, cos_table)  # unread
     _rope_kv_write_kernel[(triton.cdiv(num_items, block),)](
@@ -272,7 +275,7 @@ def rope_kv_write(
         *k_cache.stride()[:3],
         *v_cache.stride()[:3],
         eps,
-        NUM_HEADS=num_heads,
+        NUM_Q_HEADS=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         HALF=rotary_dim // 2,
@@ -293,7 +296,7 @@ def reference_rope_kv_write(
     sin_table,
     positions,
     *,
-    num_heads,
+    num_q_heads,
     num_kv_heads,
     head_dim,
     rotary_dim,
@@ -305,7 +308,7 @@ def reference_rope_kv_write(
     """fp32 ``(q [B, t, H, D], k [B, t, Hkv, D], v [B, t, Hkv, D])`` of :func:`rope_kv_write`
     (k and v are what it stores at the rows' slots), computed without intermediate rounding."""
     b, t, _ = qkv.shape
-    h, hkv, d, r = num_heads, num_kv_heads, head_dim, rotary_dim
+    h, hkv, d, r = num_q_heads, num_kv_heads, head_dim, rotary_dim
     x = qkv.float().reshape(b, t, h + 2 * hkv, d)
     qk, v = x[:, :, : h + hkv], x[:, :, h + hkv :]
     if q_norm_weight is not None:

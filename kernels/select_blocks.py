@@ -27,11 +27,11 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import check_float_dtype, check_lens
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.top_blocks import check_forced, empty_scores, top_blocks
 
 KINDS = ("mean", "quest")
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Programs per (b, kv head) in ``update``: an append of up to 64 draft tokens + 1 bonus token
 # touches at most ceil(65 / block_size) + 1 blocks; programs loop if more are touched.
 _APPEND_TOKENS_HINT = 65
@@ -174,8 +174,7 @@ def _block_scores_kernel(
 def _check_k_cache(k_cache: torch.Tensor, block_size: int) -> None:
     if k_cache.dim() != 4:
         raise ValueError(f"k_cache must be [B, Hkv, T_max, D], got shape {tuple(k_cache.shape)}")
-    if k_cache.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"k_cache must be float16, bfloat16 or float32, got {k_cache.dtype}")
+    check_float_dtype("k_cache", k_cache)
     if not k_cache.is_contiguous():
         raise ValueError("k_cache must be contiguous")
     d = k_cache.shape[3]
@@ -183,13 +182,6 @@ def _check_k_cache(k_cache: torch.Tensor, block_size: int) -> None:
         raise ValueError(f"k_cache head_dim must be a power of two >= 16, got {d}")
     if block_size < 1 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 1, got {block_size}")
-
-
-def _check_lens(lens: torch.Tensor, batch: int, device: torch.device, name: str) -> None:
-    if lens.shape != (batch,) or lens.dtype != torch.int32:
-        raise ValueError(f"{name} must be [B={batch}] int32, got {tuple(lens.shape)} {lens.dtype}")
-    if lens.device != device:
-        raise ValueError(f"{name} must be on {device}, got {lens.device}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,7 +249,7 @@ class BlockMetadata:
         if not kinds or any(k not in KINDS for k in kinds):
             raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
         b, hkv, t_max, d = k_cache.shape
-        _check_lens(prefix_lens, b, k_cache.device, "prefix_lens")
+        check_lens(prefix_lens, b, k_cache.device, "prefix_lens")
         nb = triton.cdiv(t_max, block_size)
 
         def alloc() -> torch.Tensor:
@@ -293,8 +285,8 @@ class BlockMetadata:
             raise ValueError(
                 f"k_cache shape {tuple(k_cache.shape)} does not match metadata {tuple(ref.shape)}"
             )
-        _check_lens(old_lens, b, k_cache.device, "old_lens")
-        _check_lens(new_lens, b, k_cache.device, "new_lens")
+        check_lens(old_lens, b, k_cache.device, "old_lens")
+        check_lens(new_lens, b, k_cache.device, "new_lens")
         num_progs = triton.cdiv(_APPEND_TOKENS_HINT, self.block_size) + 1
         self._launch(k_cache, old_lens, new_lens, num_progs=min(num_progs, ref.shape[2]))
 
@@ -330,8 +322,7 @@ def _check_q(q: torch.Tensor, meta: BlockMetadata) -> None:
     ref = meta._any()
     if q.dim() != 4:
         raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
-    if q.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    check_float_dtype("q", q)
     if q.stride(3) != 1:
         raise ValueError("q must have a contiguous last dimension")
     b, t, h, d = q.shape
@@ -377,7 +368,7 @@ def block_scores(
     _check_q(q, meta)
     b, t, h, d = q.shape
     _, hkv, nb, _ = meta._any().shape
-    _check_lens(prefix_lens, b, q.device, "prefix_lens")
+    check_lens(prefix_lens, b, q.device, "prefix_lens")
     out = empty_scores(b, hkv, t, nb, q.device)
     t_pad = max(16, triton.next_power_of_2(t))
     block_nb = min(32, _SCORE_TILE // t_pad)

@@ -31,13 +31,21 @@ import math
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import (
+    check_attention_inputs,
+    check_block_idx,
+    check_order,
+    check_tree_mask,
+    validate_block_idx,
+    validate_prefix_lens,
+)
 from ssvkit.kernels.dense_verify import dot_precision
-from ssvkit.kernels.group_plan import MODES, GroupPlan, check_block_idx, check_order
+from ssvkit.kernels.group_plan import MODES, GroupPlan
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
@@ -204,14 +212,8 @@ def _validate_values(
     block_size: int,
 ) -> None:
     # Host-synchronising checks: only with validate=True, never in the engine's hot path.
-    if bool(((prefix_lens < 0) | (prefix_lens > t_max - t)).any()):
-        raise ValueError(f"prefix_lens must lie in [0, T_max - t] = [0, {t_max - t}]")
-    live = ((prefix_lens.long() + block_size - 1) // block_size).view(-1, 1, 1, 1)
-    if bool(((block_idx < -1) | (block_idx.long() >= live)).any()):
-        raise ValueError("block_idx must hold -1 or a block id < ceil(prefix_lens[b] / block_size)")
-    srt = torch.sort(block_idx, dim=-1).values
-    if bool(((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any()):
-        raise ValueError("block_idx has a duplicate block id within a row")
+    validate_prefix_lens(prefix_lens, t, t_max)
+    validate_block_idx(block_idx, "block_idx", prefix_lens, block_size)
     if order is not None:
         ident = torch.arange(t, device=order.device, dtype=order.dtype).expand(order.shape[0], t)
         if not torch.equal(torch.sort(order, dim=-1).values, ident):
@@ -301,39 +303,17 @@ def _check_inputs(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if q.dim() != 4:
-        raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
-    if q.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    check_attention_inputs(q, k_cache, v_cache, prefix_lens)
     b, t, h, d = q.shape
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not x.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        if x.dtype != q.dtype or x.device != q.device:
-            raise ValueError(f"{name} must be {q.dtype} on {q.device}, got {x.dtype} on {x.device}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"k_cache and v_cache must both be [B, Hkv, T_max, D], got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
     hkv = k_cache.shape[1]
-    if k_cache.shape[0] != b or k_cache.shape[3] != d or h % hkv != 0:
-        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not fit q {tuple(q.shape)}")
-    if not 1 <= t <= 64:
-        raise ValueError(f"q has t={t} rows; 1..64 are supported")
-    if d < 16 or d > 256 or d & (d - 1):
-        raise ValueError(f"q head_dim must be a power of two in [16, 256], got {d}")
+    if not 1 <= t <= MAX_TREE_NODES:
+        raise ValueError(f"q has t={t} rows; 1..{MAX_TREE_NODES} are supported")
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
-    if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
-        raise ValueError(f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)}")
-    if prefix_lens.device != q.device:
-        raise ValueError(f"prefix_lens must be on {q.device}")
-    if tree_mask.shape != (b, t) or tree_mask.dtype != torch.int64:
-        raise ValueError(f"tree_mask must be [B={b}, t={t}] int64, got {tuple(tree_mask.shape)}")
-    if not tree_mask.is_contiguous() or tree_mask.device != q.device:
-        raise ValueError(f"tree_mask must be contiguous on {q.device}")
-    check_block_idx(block_idx, b, hkv, t, q.device)
+    check_tree_mask(tree_mask, b, t, q.device)
+    check_block_idx(block_idx, "block_idx", (b, hkv, t), q.device)
+    if block_idx.shape[3] < 1:
+        raise ValueError("block_idx must have top_n >= 1")
     check_order(order, b, t, q.device)
     c = 1 if mode == "per_query" else min(group_size, t)
     if c * (h // hkv) > MAX_ROWS:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.checks import check_lens
 from ssvkit.kernels.device import num_sms
 
 # Larger than any block id: "no block" in the top-n selection.
@@ -63,8 +64,7 @@ def top_blocks(
         raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
     check_forced(num_sink, num_local, top_n)
     b, hkv, t, nb_max = scores.shape
-    if prefix_lens.shape != (b,) or prefix_lens.dtype != torch.int32:
-        raise ValueError(f"prefix_lens must be [B={b}] int32, got {tuple(prefix_lens.shape)}")
+    check_lens(prefix_lens, b, scores.device, "prefix_lens")
     scores = _aligned_rows(scores)
     out = torch.empty((b, hkv, t, top_n), dtype=torch.int32, device=scores.device)
     if out.numel() == 0:

@@ -9,8 +9,7 @@ is ``i`` or one of its ancestors), which limits ``t`` to 64.
 from __future__ import annotations
 
 import torch
-
-MAX_TREE_NODES = 64
+from ssvkit.perfmodel.strategy import MAX_TREE_NODES
 
 
 def check_parents(parents: torch.Tensor, name: str = "parents") -> None:
@@ -44,28 +43,13 @@ def ancestor_bitmask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def chain_parents(batch: int, t: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Parents of a chain ``0 <- 1 <- ... <- t-1`` for every sequence of a batch."""
-    p = torch.arange(-1, t - 1, dtype=torch.int32, device=device)
-    return p.expand(batch, t).contiguous()
-
-
-def full_tree_parents(branching: int, depth: int) -> list[int]:
-    """Parent array of a full ``branching``-ary tree of ``depth`` levels, in BFS order."""
-    if branching < 1 or depth < 1:
-        raise ValueError(f"branching and depth must be >= 1, got {branching}, {depth}")
-    parents: list[int] = []
-    level = [-1]
-    for _ in range(depth):
-        nxt = []
-        for p in level:
-            for _ in range(branching):
-                parents.append(p)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    if len(parents) > MAX_TREE_NODES:
-        raise ValueError(f"tree has {len(parents)} nodes; at most {MAX_TREE_NODES} are supported")
-    return parents
+def batch_parents(
+    parents: list[int], batch: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``[B, t]`` int32: the parent array ``parents`` (``perfmodel.acceptance``'s
+    ``chain_parents``, ``full_tree_parents``...) for every sequence of a batch."""
+    p = torch.tensor(parents, dtype=torch.int32, device=device)
+    return p.expand(batch, len(parents)).contiguous()
 
 
 def traversal_order(parents: list[int], order: str) -> list[int]:

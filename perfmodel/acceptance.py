@@ -213,6 +213,22 @@ def chain_parents(num_draft_tokens: int) -> list[int]:
     return list(range(-1, num_draft_tokens - 1))
 
 
+def full_tree_parents(branching: int, depth: int) -> list[int]:
+    """Parents of a full ``branching``-ary tree of ``depth`` levels, in BFS order."""
+    if branching < 1 or depth < 1:
+        raise ValueError(f"branching and depth must be >= 1, got {branching}, {depth}")
+    parents: list[int] = []
+    level = [-1]
+    for _ in range(depth):
+        nxt = []
+        for p in level:
+            for _ in range(branching):
+                parents.append(p)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return parents
+
+
 def tree_level_sizes(parents: list[int]) -> list[int]:
     """Number of nodes per depth (the M of each drafting forward pass)."""
     depth, _ = node_depths_ranks(parents)

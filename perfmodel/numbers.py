@@ -1,6 +1,7 @@
 """The numbers users type, parsed once: counts with K/M suffixes (``8K`` = 8192, ``1M`` =
 1048576), comma-separated lists of them, and finite floats. Errors are one line naming what
-was parsed and the text given.
+was parsed and the text given. ``count_label`` writes a count back the short way, and
+``figure`` is a number as the JSON outputs carry it.
 
 Counts are positive integers no larger than ``MAX_COUNT`` (2^40, past any context, batch or
 token count a model or GPU takes); ``inf``, ``nan``, fractions and empty list items are refused.
@@ -58,3 +59,14 @@ def finite_float(value, what: str) -> float:
     if not math.isfinite(out):
         raise ValueError(f"{what} {value!r} is not a finite number")
     return out
+
+
+def count_label(n: int) -> str:
+    """``8192`` -> ``"8K"``: a multiple of 1024 in K, any other count as it is."""
+    n = int(n)
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def figure(value, unit: str, provenance: str) -> dict:
+    """A number as the JSON outputs carry it: value, unit and where it came from."""
+    return {"value": value, "unit": unit, "provenance": provenance}

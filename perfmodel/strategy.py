@@ -16,6 +16,7 @@ from ssvkit.perfmodel.acceptance import (
     best_tree,
     chain_parents,
     expected_tokens_tree,
+    full_tree_parents,
     node_depths_ranks,
 )
 from ssvkit.perfmodel.hardware import suggest
@@ -26,6 +27,7 @@ TRAVERSALS = ("bfs", "dfs", "position")
 SPARSE_MODES = ("per_query", "union", "shared")
 FUSIONS = ("none", "refresh_reuse")
 METADATA = ("mean", "quest", "nsa")
+# The verify kernels' int64 ancestor bitmask (kernels.tree) holds one bit per node.
 MAX_TREE_NODES = 64
 
 
@@ -89,15 +91,7 @@ def parse_tree(spec: str, acceptance: float = 0.7, num_ranks: int = 4) -> tuple[
     if kind == "chain":
         return tuple(chain_parents(args[0]))
     if kind == "full":
-        parents, level = [], [-1]
-        for _ in range(args[1]):
-            nxt = []
-            for p in level:
-                for _ in range(args[0]):
-                    parents.append(p)
-                    nxt.append(len(parents) - 1)
-            level = nxt
-        return tuple(parents)
+        return tuple(full_tree_parents(args[0], args[1]))
     if kind == "parents":
         return args
     n, d = args

@@ -55,8 +55,9 @@ def parse_table(text: str, what: str) -> tuple[tuple[float, ...], ...]:
     return rows
 
 
-class Acceptance:
-    """An iid-across-rounds acceptance process over one draft tree."""
+class TableAcceptance:
+    """Accepted depths drawn iid across rounds from a (depth, rank) acceptance table over one
+    draft tree."""
 
     def __init__(self, name: str, parents, table: TreeAcceptance):
         self.name = name
@@ -144,10 +145,12 @@ def build_acceptance(model: str, parents, alpha: float, table_text: str = "", tr
             )
         return TraceAcceptance(accepted, depth)
     if model == "iid" or (model == "tree" and not table_text):
-        return Acceptance(model, parents, TreeAcceptance.from_alpha(alpha, NUM_RANKS))
+        return TableAcceptance(model, parents, TreeAcceptance.from_alpha(alpha, NUM_RANKS))
     if model == "positional":
         rows = parse_table(table_text.replace(";", ","), "positional acceptance")
-        return Acceptance(model, parents, TreeAcceptance(tuple((a,) for a in rows[0])))
+        return TableAcceptance(model, parents, TreeAcceptance(tuple((a,) for a in rows[0])))
     if model == "tree":
-        return Acceptance(model, parents, TreeAcceptance(parse_table(table_text, "tree table")))
+        return TableAcceptance(
+            model, parents, TreeAcceptance(parse_table(table_text, "tree table"))
+        )
     raise ValueError(f"unknown acceptance model {model!r}")

@@ -1,8 +1,8 @@
-"""Progress of a long simulation: a tqdm bar over the output tokens simulated.
+"""Progress of a long run: a tqdm bar over the units done (tokens simulated, sweep points).
 
-The bar goes to a terminal's stderr only, appears once a run has taken ``delay_s`` (short runs
-print nothing) and is cleared when the run ends. The recorder reports every round; the bar is
-refreshed every ~1% of the total, so a round costs an integer addition.
+The bar goes to a terminal's stderr unless told otherwise, appears once a run has taken
+``delay_s`` (short runs print nothing) and is cleared when the run ends. It is refreshed every
+~1% of the total, so a report (the recorder's, every round) costs an integer addition.
 """
 
 from __future__ import annotations
@@ -13,13 +13,20 @@ from tqdm import tqdm
 
 
 class Progress:
-    """Tokens simulated out of ``total`` (set by ``start``), shown under ``label`` on ``file``
-    (default stderr) when it is a terminal, or always with ``enabled=True``."""
+    """Units (``unit``, default tokens) done out of ``total`` (set by ``start``), shown under
+    ``label`` on ``file`` (default stderr) when it is a terminal, or always with
+    ``enabled=True``, never with ``enabled=False``."""
 
     def __init__(
-        self, label: str, *, file=None, enabled: bool | None = None, delay_s: float = 1.0
+        self,
+        label: str,
+        *,
+        unit: str = "tok",
+        file=None,
+        enabled: bool | None = None,
+        delay_s: float = 1.0,
     ) -> None:
-        self.label, self.delay_s = label, delay_s
+        self.label, self.unit, self.delay_s = label, unit, delay_s
         self.file = file if file is not None else sys.stderr
         self.enabled = self.file.isatty() if enabled is None else enabled
         self._bar: tqdm | None = None
@@ -28,7 +35,7 @@ class Progress:
 
     @property
     def done(self) -> int:
-        """Tokens counted so far (0 when not shown)."""
+        """Units counted so far (0 when not shown)."""
         return 0 if self._bar is None else self._bar.n + self._pending
 
     def start(self, total: int) -> None:
@@ -38,7 +45,7 @@ class Progress:
         self._bar = tqdm(
             total=total,
             desc=self.label,
-            unit="tok",
+            unit=self.unit,
             file=self.file,
             delay=self.delay_s,
             leave=False,

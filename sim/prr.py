@@ -17,6 +17,7 @@ import numpy as np
 import simpy
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.costs import prr_layer_costs
+from ssvkit.perfmodel.numbers import figure
 from ssvkit.perfmodel.prr import (
     PAPER_HIT_RATE,
     HoltParams,
@@ -28,7 +29,7 @@ from ssvkit.perfmodel.step import build_columns
 from ssvkit.perfmodel.strategy import Workload
 from ssvkit.sim.acceptance import CHUNK
 from ssvkit.sim.recorder import Recorder
-from ssvkit.sim.setup import ScenarioRun, acceptance_for, figure, request_records
+from ssvkit.sim.setup import ScenarioRun, acceptance_for, request_records
 from ssvkit.sim.tables import context_grid, prr_table
 from ssvkit.sim.workload import generators
 

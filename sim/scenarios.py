@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+from ssvkit.perfmodel.numbers import figure
 from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.perfmodel.trace import make_header
 from ssvkit.sim.config import LOOP_SCENARIOS, SimConfig
@@ -27,7 +28,6 @@ from ssvkit.sim.setup import (
     Setup,
     acceptance_for,
     analytic_round,
-    figure,
     layer_processes,
     request_records,
     setup,

@@ -18,10 +18,11 @@ from collections import deque
 import numpy as np
 import simpy
 from ssvkit.perfmodel.costs import kv_capacity_tokens, prefill_seconds
+from ssvkit.perfmodel.numbers import figure
 from ssvkit.sim.config import MAX_SIM_TOKENS
 from ssvkit.sim.loop import STEP_NAMES
 from ssvkit.sim.recorder import Recorder
-from ssvkit.sim.setup import ScenarioRun, acceptance_for, analytic_round, figure, request_records
+from ssvkit.sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
 from ssvkit.sim.tables import context_grid, loop_table, prefill_table
 from ssvkit.sim.workload import generators, poisson_arrivals, read_arrivals
 
@@ -134,7 +135,7 @@ class Server:
         return done
 
 
-def _pct(x, q):
+def _percentile(x, q):
     return float(np.percentile(x, q)) if len(x) else 0.0
 
 
@@ -220,10 +221,10 @@ def run_serve(s):
     extras = {
         "goodput_requests_per_s": figure(met / span_s, "requests/s", sp),
         "slo_met": figure(met, "requests", sp),
-        "ttft_p50_s": figure(_pct(ttft, 50), "s", sp),
-        "ttft_p99_s": figure(_pct(ttft, 99), "s", sp),
-        "tpot_p50_s": figure(_pct(tpot, 50), "s", sp),
-        "tpot_p99_s": figure(_pct(tpot, 99), "s", sp),
+        "ttft_p50_s": figure(_percentile(ttft, 50), "s", sp),
+        "ttft_p99_s": figure(_percentile(ttft, 99), "s", sp),
+        "tpot_p50_s": figure(_percentile(tpot, 50), "s", sp),
+        "tpot_p99_s": figure(_percentile(tpot, 99), "s", sp),
         "kv_capacity_tokens": figure(
             capacity, "tokens", "config" if cfg.kv_capacity_tokens else ctx.provenance
         ),

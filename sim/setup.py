@@ -26,10 +26,6 @@ from ssvkit.sim.tables import CostContext
 from ssvkit.sim.workload import lengths, streams
 
 
-def figure(value, unit: str, provenance: str) -> dict:
-    return {"value": value, "unit": unit, "provenance": provenance}
-
-
 @dataclass(frozen=True, slots=True)
 class ScenarioRun:
     """What a scenario's runner hands back: the recorder and lanes of its timeline, the tokens

@@ -29,10 +29,11 @@ from ssvkit.perfmodel.costs import (
     kv_offload_seconds,
     mixed_step_seconds,
 )
+from ssvkit.perfmodel.numbers import figure
 from ssvkit.perfmodel.sparsespec import delayed_verification
 from ssvkit.sim.acceptance import build_acceptance
 from ssvkit.sim.recorder import Recorder
-from ssvkit.sim.setup import ScenarioRun, figure, request_records
+from ssvkit.sim.setup import ScenarioRun, request_records
 from ssvkit.sim.ssd import uniforms
 from ssvkit.sim.tables import context_grid, mixed_tables
 from ssvkit.sim.workload import generators

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import simpy
+from ssvkit.perfmodel.numbers import figure
 from ssvkit.perfmodel.saguaro import (
     cache_hit_probability,
     critical_batch_size,
@@ -26,7 +27,7 @@ from ssvkit.perfmodel.saguaro import (
 )
 from ssvkit.sim.acceptance import CHUNK, build_acceptance
 from ssvkit.sim.recorder import Recorder
-from ssvkit.sim.setup import ScenarioRun, acceptance_for, analytic_round, figure, request_records
+from ssvkit.sim.setup import ScenarioRun, acceptance_for, analytic_round, request_records
 from ssvkit.sim.tables import context_grid, ssd_table
 from ssvkit.sim.workload import generators
 

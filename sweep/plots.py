@@ -15,6 +15,7 @@ import textwrap
 
 import numpy as np
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.strategy import BASELINES
 
 FIXED = ("model", "gpu", "tp", "context_len", "batch", "acceptance", "overlap", "kv_bytes")
@@ -89,11 +90,6 @@ def _fill(parts, width_in: float, fontsize: float) -> str:
 def _suptitle(fig, *parts: str, fontsize: float = 8) -> None:
     """A figure title wrapped to the figure's width (so it is never cut off)."""
     fig.suptitle(_fill(parts, fig.get_figwidth(), fontsize), fontsize=fontsize)
-
-
-def _ctx(t) -> str:
-    t = int(t)
-    return f"{t // 1024}K" if t % 1024 == 0 else str(t)
 
 
 def _pivot(table, mask, strategy, value):
@@ -173,7 +169,7 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
     norm = TwoSlopeNorm(vcenter=1.0, vmin=vmin, vmax=vmax)  # 1x (no speedup) is neutral
     for ax, (name, grid, ctxs, accs) in zip(axes.flat, panels, strict=False):
         im = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdYlGn", norm=norm)
-        ax.set_xticks(range(len(ctxs)), [_ctx(c) for c in ctxs], fontsize=7)
+        ax.set_xticks(range(len(ctxs)), [count_label(c) for c in ctxs], fontsize=7)
         ax.set_yticks(range(len(accs)), [f"{a:g}" for a in accs], fontsize=7)
         ax.set_xlabel("context")
         ax.set_ylabel("acceptance")
@@ -242,7 +238,7 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
         ax.set_yscale("log")
         ax.set_xlabel("time per output token (ms)")
         ax.set_ylabel("tokens/s per GPU")
-        ax.set_title(f"context {_ctx(c)}", fontsize=9)
+        ax.set_title(f"context {count_label(c)}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=6)
     _suptitle(fig, "latency vs throughput", _title(pinned))
@@ -397,7 +393,7 @@ def capacity(cap: dict, fixed: dict, max_contexts: int = 4) -> bytes:
         ax.set_xlabel("cluster request rate R (requests/s)")
         ax.set_ylabel("GPUs needed")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"context {_ctx(c)}", fontsize=9)
+        ax.set_title(f"context {count_label(c)}", fontsize=9)
         ax.grid(alpha=0.3)
     i0 = np.flatnonzero(mask)[0]
     slo = (

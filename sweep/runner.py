@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from ssvkit.perfmodel.strategy import BASELINES
+from ssvkit.sim.progress import Progress
 from ssvkit.sweep import capacity as cap
 from ssvkit.sweep.executors import make_executor
 from ssvkit.sweep.partition import (
@@ -24,7 +25,6 @@ from ssvkit.sweep.partition import (
     evaluate,
     partitions,
 )
-from ssvkit.sweep.progress import Progress
 from ssvkit.sweep.spec import AXES, SweepSpec, SweepStrategy
 
 ANCHORS = ("ar_dense", "ar_sparse")
@@ -77,6 +77,14 @@ def grid_strategies(spec: SweepSpec) -> tuple[list[SweepStrategy], np.ndarray]:
     return [*spec.strategies, *extra], requested
 
 
+def _bar(label: str, total: int, unit: str, show: bool) -> Progress:
+    """A progress bar over ``total`` ``unit``, drawn from the start when ``show`` (on a
+    terminal or not: sweeps run in CI logs too), never otherwise."""
+    bar = Progress(label, unit=unit, enabled=show, delay_s=0.0)
+    bar.start(total)
+    return bar
+
+
 def plan(spec: SweepSpec, partition_points: int | None = None):
     """``(strategies, requested mask, partitions)`` of a run."""
     strategies, requested = grid_strategies(spec)
@@ -111,18 +119,18 @@ def run_sweep(
     )
     try:
         results: list = [None] * len(parts)
-        bar = Progress("sweep", total, "points", enabled=progress)
+        bar = _bar("sweep", total, "points", progress)
         for i, res in ex.map(evaluate, parts):
             results[i] = res
-            bar.update(parts[i].num_points)
+            bar.advance(parts[i].num_points)
         bar.close()
         t_points = time.perf_counter() - t0
         cap_results: list = [None] * len(cap_tasks)
         if cap_tasks:
-            bar = Progress("capacity", len(cap_tasks), "searches", enabled=progress)
+            bar = _bar("capacity", len(cap_tasks), "searches", progress)
             for i, res in ex.map(cap.search, cap_tasks):
                 cap_results[i] = res
-                bar.update(1)
+                bar.advance(1)
             bar.close()
     finally:
         ex.close()

@@ -69,7 +69,7 @@ def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
         hidden_size=num_kv_heads * head_dim,
         intermediate_size=64,
         num_layers=1,
-        num_heads=num_kv_heads,
+        num_q_heads=num_kv_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
     )

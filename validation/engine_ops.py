@@ -50,7 +50,7 @@ def layer_ops(
     num_l = len(layers)
     cfg = model.config
     b, t = tokens.shape
-    d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    d, h, hkv, dh = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
     dev, dtype = runner.device, next(model.parameters()).dtype
     tt = runner.tree_tensors(tree)
     positions = cache.lens.long()[:, None] + tt.depth
@@ -184,8 +184,8 @@ def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
     cfg = model.config
     elem = next(model.parameters()).element_size()
     d, inter, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * dh
-    q_out = cfg.num_heads * dh
+    qkv = (cfg.num_q_heads + 2 * cfg.num_kv_heads) * dh
+    q_out = cfg.num_q_heads * dh
     gemms = {
         "qkv_proj": (d, qkv),
         "o_proj": (q_out, d),

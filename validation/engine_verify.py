@@ -59,6 +59,7 @@ from ssvkit.kernels.timing import (
     gemm_flops_per_s,
     provenance,
 )
+from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.planner.space import describe
 from ssvkit.validation.engine_ops import (
@@ -106,11 +107,6 @@ def _resumed(args) -> dict | None:
             f"this code is {provenance()['git_commit']}"
         )
     return doc
-
-
-def _int(text: str) -> int:
-    t = text.strip().upper()
-    return int(float(t[:-1]) * 1024) if t.endswith("K") else int(t)
 
 
 def _write(result: dict, path: str | None) -> None:
@@ -194,7 +190,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.campaign:
         return campaign_main(args)
-    contexts = sorted(_int(c) for c in args.context.split(","))
+    contexts = sorted(parse_count_list(args.context, "--context"))
     ts = [int(x) for x in args.t.split(",")]
     strategies = [Strategy.from_name(name.strip()) for name in args.strategy.split(",")]
     src = resolve_source(args.model)

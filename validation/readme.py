@@ -44,7 +44,7 @@ def validate_block(gpu: str = "h100-sxm") -> str:
     return summary_markdown(rep, profile.profile_id) + "\n"
 
 
-def _pct(x: float) -> str:
+def _signed_pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
@@ -73,15 +73,15 @@ def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
     rows = []
     for k, v in doc["adaptive"]["prompt_sets"].items():
         m = pl["adaptive_resolution"].get(k) or {}
-        band = f"{_pct(m['gain_p05'])} to {_pct(m['gain_p95'])}" if m else "n/a"
+        band = f"{_signed_pct(m['gain_p05'])} to {_signed_pct(m['gain_p95'])}" if m else "n/a"
         c, h = m.get("challenger"), m.get("hindsight")
-        alt = f"{_pct(c['gain'])} ({c['describe'].split(' | ')[0]})" if c else "n/a"
+        alt = f"{_signed_pct(c['gain'])} ({c['describe'].split(' | ')[0]})" if c else "n/a"
         off = " (off distribution)" if k in OFF_DISTRIBUTION else ""
         best = v["offline_best"]
         rows.append(
             f"| {k}{off} | {names.get(best['id'], best['id'])} "
-            f"| {best['tokens_per_s']:.0f} | {_pct(v['adaptive_gain'])} "
-            f"| {band} | {alt} | {_pct(h['gain']) if h else 'n/a'} |"
+            f"| {best['tokens_per_s']:.0f} | {_signed_pct(v['adaptive_gain'])} "
+            f"| {band} | {alt} | {_signed_pct(h['gain']) if h else 'n/a'} |"
         )
     return rows
 

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import io
 
+from ssvkit.calibration.error_table import ape_markdown_row, ape_percents
 from ssvkit.validation.report import BASELINE_ORDER
 
 # Where ``ssvkit report`` writes the report in a checkout, relative to the project.
 REPORT_DIR = "docs/results/validation"
-
-
-def _pct(d: dict, key: str = "median_ape") -> str:
-    return f"{100 * d[key]:.1f}%" if d.get("n") else "-"
 
 
 def _per_set(figures: dict) -> str:
@@ -62,10 +59,7 @@ def _kernels(rep: dict, link) -> list[str]:
     ]
     for split in ("heldout", "fit"):
         o, r = k["overall"][split], k["ratios"][split]
-        lines.append(
-            f"| {split} | {o.get('n', 0)} | {_pct(o)} | {_pct(o, 'p90_ape')} | "
-            f"{_pct(o, 'max_ape')} | {_pct(r)} |"
-        )
+        lines.append(ape_markdown_row(split, o, ape_percents(r)[0]))
     return lines
 
 
@@ -119,9 +113,7 @@ def _e2e(rep: dict, link) -> list[str]:
     ):
         d = e.get(key)
         if d:
-            lines.append(
-                f"| {name} | {d['n']} | {_pct(d)} | {_pct(d, 'p90_ape')} | {_pct(d, 'max_ape')} |"
-            )
+            lines.append(ape_markdown_row(name, d))
     return lines
 
 

@@ -10,7 +10,7 @@ decodes; the report derives the same figures from committed evaluations.
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import kendalltau
+from scipy.stats import bootstrap, kendalltau
 from ssvkit.planner.rank import strategy_from_json
 
 
@@ -25,6 +25,29 @@ def pick(ranking: list[dict], n: int, ok, top: int = 4) -> list[dict]:
     k = n - len(head)
     idx = np.unique(np.round(np.linspace(0, len(rest) - 1, k)).astype(int))
     return head + [rest[i] for i in idx]
+
+
+def _draws(samples, statistic, draws: int, seed: int) -> np.ndarray:
+    """``statistic`` (vectorised over the last axis) on ``draws`` resamples of the last axis,
+    taken jointly across ``samples`` (``scipy.stats.bootstrap``, paired): its bootstrap
+    distribution, the draws on the last axis."""
+    rng = np.random.default_rng(seed)
+    res = bootstrap(
+        samples,
+        statistic,
+        paired=True,
+        vectorized=True,
+        axis=-1,
+        n_resamples=draws,
+        method="percentile",
+        rng=rng,
+    )
+    return np.asarray(res.bootstrap_distribution)
+
+
+def _median_draws(samples: list[np.ndarray], draws: int, seed: int) -> np.ndarray:
+    """``[sample, draw]`` medians of each sample over joint resamples of its entries."""
+    return _draws(samples, lambda *xs, axis: np.median(np.stack(xs), axis=axis), draws, seed)
 
 
 def ranking_quality(predicted: list[float], measured: list[float]) -> dict:
@@ -45,11 +68,12 @@ def measurement_resolution(
     """How finely a regime's measurement orders its strategies (``rows``: the regime's
     ``strategies`` entries): ``draws`` resamples of the windows, jointly, each strategy pooled
     over them (the harmonic mean of its runs' tokens/s: its runs' tokens are equal to within
-    1%). Returns the standard error of the log ratio of two of the ``top`` strategies predicted
-    best (the median over their pairs), and the regret (mean, p90) of a predictor that ranked
-    by one such draw -- one that saw another sample of the same prompts, timed exactly --
-    against the measured figures: the regret a measurement this coarse leaves a perfect
-    predictor. None when the rows lack their runs per window or decoded different windows."""
+    1%; ``scipy.stats.bootstrap`` draws the windows). Returns the standard error of the log
+    ratio of two of the ``top`` strategies predicted best (the median over their pairs), and
+    the regret (mean, p90) of a predictor that ranked by one such draw -- one that saw another
+    sample of the same prompts, timed exactly -- against the measured figures: the regret a
+    measurement this coarse leaves a perfect predictor. None when the rows lack their runs
+    per window, decoded different windows or fewer than two."""
     ms = [r["measured"] for r in rows]
     if len(ms) < 2 or any("runs_window" not in m or "runs_tokens_per_s" not in m for m in ms):
         return None
@@ -57,11 +81,12 @@ def measurement_resolution(
         return None
     runs = np.array([m["runs_tokens_per_s"] for m in ms], dtype=float)  # [strategy, window]
     k = runs.shape[1]
+    if k < 2:
+        return None
     truth = np.array([m["tokens_per_s"] for m in ms], dtype=float)
     best = np.argsort([-r["predicted_tokens_per_s"] for r in rows], kind="stable")[:top]
     pairs = np.array([(i, j) for n, i in enumerate(best) for j in best[n + 1 :]])
-    idx = np.random.default_rng(seed).integers(0, k, (draws, k))
-    pooled = k / np.sum(1.0 / runs[:, idx], axis=2)  # [strategy, draw]
+    pooled = _draws((runs,), lambda x, axis: k / np.sum(1.0 / x, axis=axis), draws, seed)
     ratio = np.log(pooled[pairs[:, 0]] / pooled[pairs[:, 1]])  # [pair, draw]
     regret = 1.0 - truth[np.argmax(pooled, axis=0)] / truth.max()
     return {
@@ -89,9 +114,18 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
         return None
     b = np.asarray(best, dtype=float)
     a = np.array([r["tokens_per_s"] for r in runs], dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(b), (draws, len(b)))
-    base = np.median(b[idx], axis=1)
-    gain = np.median(a[idx], axis=1) / base - 1.0
+    others = [
+        x
+        for x in (row.get("oracle") or {}).get("strategies", [])
+        if x["id"] != row["offline_best"].get("id")
+        and len(x.get("runs_tokens_per_s") or ()) == len(b)
+    ]
+    # The challenger is chosen once, from the recorded figures; its runs are drawn with the
+    # same seeds as the offline best's and the controller's.
+    top = max(others, key=lambda x: x["tokens_per_s"]) if others else None
+    samples = [b, a] + ([np.asarray(top["runs_tokens_per_s"], dtype=float)] if top else [])
+    medians = _median_draws(samples, draws, seed)  # [sample, draw]
+    gain = medians[1] / medians[0] - 1.0
     out = {
         "seeds": len(b),
         "draws": draws,
@@ -100,27 +134,19 @@ def adaptive_resolution(row: dict, draws: int = 4000, seed: int = 0) -> dict | N
         "gain_p05": float(np.percentile(gain, 5)),
         "gain_p95": float(np.percentile(gain, 95)),
     }
-    others = [
-        x
-        for x in (row.get("oracle") or {}).get("strategies", [])
-        if x["id"] != row["offline_best"].get("id")
-        and len(x.get("runs_tokens_per_s") or ()) == len(b)
-    ]
-    if others:
-        out["challenger"] = _challenger(row, others, idx, base)
+    if top is not None:
+        out["challenger"] = _challenger(row, top, medians[2] / medians[0] - 1.0)
         out["hindsight"] = _hindsight(b, others)
     return out
 
 
-def _challenger(row: dict, others: list[dict], idx: np.ndarray, base: np.ndarray) -> dict:
-    """The best fixed strategy other than the offline best, its gain over it as recorded and
-    the 5th and 95th percentiles of that gain over the seeds' draws (``idx``; ``base``: the
-    offline best's median per draw). Chosen once: chosen again on every draw, the maximum of a
-    dozen noisy medians would only say how noisy they are. The adaptive ceiling is its gain
-    where positive."""
-    top = max(others, key=lambda x: x["tokens_per_s"])
-    drawn = np.median(np.asarray(top["runs_tokens_per_s"], dtype=float)[idx], axis=1)
-    lo, hi = np.percentile(drawn / base - 1.0, [5, 95])
+def _challenger(row: dict, top: dict, drawn_gain: np.ndarray) -> dict:
+    """The best fixed strategy other than the offline best (``top``), its gain over it as
+    recorded and the 5th and 95th percentiles of that gain over the seeds' draws
+    (``drawn_gain``). Chosen once: chosen again on every draw, the maximum of a dozen noisy
+    medians would only say how noisy they are. The adaptive ceiling is its gain where
+    positive."""
+    lo, hi = np.percentile(drawn_gain, [5, 95])
     return {
         "id": top["id"],
         "describe": top["describe"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ssvkit.cli.options import figure
+from ssvkit.perfmodel.numbers import figure
 
 
 def fit_acceptance(parents, mean_accepted: float) -> float:

@@ -68,11 +68,6 @@ def check_drafter_model(drafter_kw: dict, strategies) -> None:
         )
 
 
-def figure(value, unit: str, provenance: str) -> dict:
-    """A number as the JSON outputs carry it: value, unit and where it came from."""
-    return {"value": value, "unit": unit, "provenance": provenance}
-
-
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line on stderr, exit code 2."""
 

@@ -13,14 +13,14 @@ import io
 import json
 from pathlib import Path
 
-from ssvkit.cli.options import add_dataclass_options, check_drafter_model, figure, given
+from ssvkit.cli.options import add_dataclass_options, check_drafter_model, given
 from ssvkit.cli.predict_plot import predict_plot
 from ssvkit.perfmodel.baselines import compare, grouped_seconds
 from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import check_output, write_files
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.perfmodel.numbers import count_label, figure, parse_count_list
 from ssvkit.perfmodel.strategy import (
     BASELINES,
     DrafterSpec,
@@ -124,11 +124,7 @@ def _table(rows, model, gpu, workload, strategies) -> str:
     lines += [head, "-" * len(head)]
     for r in rows:
         g = grouped_seconds(r)
-        ctx = (
-            f"{r['context_len'] // 1024}K"
-            if r["context_len"] % 1024 == 0
-            else str(r["context_len"])
-        )
+        ctx = count_label(r["context_len"])
         lines.append(
             f"{ctx:>8s} {r['strategy']:16s} {r['tokens_per_s']:8.1f} "
             f"{r['speedup_vs_ar_dense']:10.2f}x {r['speedup_vs_ar_sparse']:11.2f}x "

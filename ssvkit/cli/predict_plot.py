@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 
+from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.strategy import BASELINES
 
 FORMATS = ("png", "pdf", "svg")
@@ -21,10 +22,6 @@ ROOFLINE_AXES_IN = (7.0, 4.4)  # the roofline panel's size, for telling points a
 LABEL_BOX = {"boxstyle": "square,pad=0.05", "fc": "white", "ec": "none", "alpha": 0.8}
 # No timestamps in the file: same rows, same bytes.
 METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
-
-
-def _ctx(t: int) -> str:
-    return f"{t // 1024}K" if t % 1024 == 0 else str(t)
 
 
 def _style(rows) -> dict[str, tuple[str, str]]:
@@ -121,7 +118,7 @@ def _roofline_panel(ax, rows, gpu, dtype: str, style: dict) -> None:
     ax.legend(fontsize=7, loc="upper left")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"verify ops at context {_ctx(ctx)} ({ctx} tokens)", fontsize=10)
+    ax.set_title(f"verify ops at context {count_label(ctx)} ({ctx} tokens)", fontsize=10)
     ax.grid(alpha=0.3, which="major")
 
 
@@ -133,7 +130,7 @@ def _speedup_panel(ax, rows, style: dict) -> None:
         )
         ax.plot(*zip(*pts, strict=True), color=color, marker=marker, mfc="none", label=name)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(contexts, [_ctx(c) for c in contexts])
+    ax.set_xticks(contexts, [count_label(c) for c in contexts])
     ax.minorticks_off()
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("speedup over ar_dense")

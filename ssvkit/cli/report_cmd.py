@@ -13,6 +13,7 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
+from ssvkit.calibration.error_table import ape_text_lines
 from ssvkit.perfmodel.files import check_folder, write_files
 
 HELP = "end-to-end validation report (measured vs predicted) from committed data"
@@ -43,22 +44,20 @@ def add_arguments(p) -> None:
     )
 
 
-def _table(rep: dict) -> str:
+def _error_summary(rep: dict) -> str:
     e = rep["e2e"]
-    lines = ["figure                      n   median     p90     max"]
-    for name, key in (
-        ("verify step", "verify"),
-        ("round time", "round"),
-        ("tokens/s", "tokens_per_s"),
-        ("speedup vs ar_dense", "speedup"),
-        ("simulator vs measured", "simulator"),
-    ):
-        d = e.get(key)
-        if d and d.get("n"):
-            lines.append(
-                f"{name:24s} {d['n']:4d} {100 * d['median_ape']:7.1f}% "
-                f"{100 * d['p90_ape']:6.1f}% {100 * d['max_ape']:6.1f}%"
-            )
+    rows = [
+        (name, e[key])
+        for name, key in (
+            ("verify step", "verify"),
+            ("round time", "round"),
+            ("tokens/s", "tokens_per_s"),
+            ("speedup vs ar_dense", "speedup"),
+            ("simulator vs measured", "simulator"),
+        )
+        if e.get(key) and e[key].get("n")
+    ]
+    lines = ape_text_lines("figure", rows, name_width=24, n_width=4, percent_widths=(8, 7, 7))
     for name, t in rep["targets"].items():
         lines.append(
             f"{name:28s} {100 * t['value']:6.1f}%  (<= {100 * t['threshold']:.0f}%)  "
@@ -94,7 +93,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rep, indent=1))
     else:
-        print(_table(rep))
+        print(_error_summary(rep))
     if args.check and not all(t["met"] for t in rep["targets"].values()):
         return 1
     return 0

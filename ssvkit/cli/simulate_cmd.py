@@ -3,7 +3,7 @@
 
 ssvkit simulate ssv --num-tokens 2048 --json
 ssvkit simulate ssd --batch 8 --ssd-fallback auto --out-dir out/
-ssvkit simulate serve --context-len 8K --num-tokens 256 --serve-rate 2 --num-requests 300 --no-files
+ssvkit simulate serve --context 8K --num-tokens 256 --serve-rate 2 --num-requests 300 --no-files
 ssvkit simulate sd_dense --acceptance-model trace --trace run.jsonl --trace-out replay.jsonl
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from argparse import SUPPRESS
 from pathlib import Path
 
 from ssvkit.cli.options import add_dataclass_options, check_drafter_model, given, parse_one
@@ -87,10 +88,12 @@ def _fields(cls) -> tuple[str, ...]:
 def add_arguments(p) -> None:
     p.add_argument("scenario", metavar="SCENARIO", help=f"one of {', '.join(SCENARIOS)}")
     p.add_argument(
-        "--context-len",
+        "--context",
         default="32K",
         help="prompt tokens per request, K = 1024 (default: 32K)",
     )
+    # --context-len is accepted too, out of the help, so scripts written with it still run.
+    p.add_argument("--context-len", dest="context", default=SUPPRESS, help=SUPPRESS)
     add_dataclass_options(p, SimConfig, RUN_FIELDS)
     p.add_argument("--roofline", action="store_true", help="datasheet ceilings only")
     p.add_argument("--per-layer", action="store_true", help="one event per layer and draft level")
@@ -146,7 +149,7 @@ def build_config(args) -> SimConfig:
     }
     return SimConfig(
         scenario=args.scenario,
-        context_len=parse_one(args.context_len, "--context-len"),
+        context_len=parse_one(args.context, "--context"),
         roofline=args.roofline,
         per_layer=args.per_layer,
         strategy=build_strategy(args),

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ssvkit.cli.options import add_dataclass_options, figure, finite, given
+from ssvkit.cli.options import add_dataclass_options, finite, given
 from ssvkit.perfmodel.files import check_output, write_files
+from ssvkit.perfmodel.numbers import count_label, figure
 from ssvkit.sweep.grid import ALIASES, load_grid, spec_from_doc
 from ssvkit.sweep.spec import CapacitySpec, SimulateSpec, SweepSpec
 
@@ -45,7 +46,7 @@ def _default_text(name: str) -> str:
     if name == "strategies":
         return ",".join(s.label for s in value)
     if name == "context_len":
-        return ",".join(f"{v // 1024}K" for v in value)
+        return ",".join(count_label(v) for v in value)
     return ",".join(str(v) for v in value)
 
 
@@ -146,10 +147,6 @@ def build_spec(args) -> SweepSpec:
     return spec_from_doc(doc, where)
 
 
-def _fmt_ctx(t: int) -> str:
-    return f"{t // 1024}K" if t % 1024 == 0 else str(t)
-
-
 CELL_COLUMNS = (  # (column, header, width, format): printed when the sweep varies them
     ("model", "model", 14, "s"),
     ("gpu", "gpu", 9, "s"),
@@ -179,7 +176,7 @@ def _best_rows(table: dict, spec, top: int) -> tuple[list[str], int]:
         cells = []
         for col, _, w, fmt in shown:
             v = table[col][i]
-            text = _fmt_ctx(int(v)) if fmt == "ctx" else format(v if fmt != "s" else str(v), fmt)
+            text = count_label(int(v)) if fmt == "ctx" else format(v if fmt != "s" else str(v), fmt)
             cells.append(f"{text[:w]:>{w}s}")
         lines.append(
             " ".join(cells) + f" {str(table['strategy'][i])[:28]:28s} "
@@ -203,7 +200,7 @@ def _capacity_rows(cap: dict) -> list[str]:
         gpus = cap["gpus_needed"][i]
         lines.append(
             f"{str(cap['model'][i])[:14]:14s} {str(cap['gpu'][i])[:9]:9s} {cap['tp'][i]:2d} "
-            f"{_fmt_ctx(int(cap['context_len'][i])):>7s} {str(cap['strategy'][i])[:28]:28s} "
+            f"{count_label(int(cap['context_len'][i])):>7s} {str(cap['strategy'][i])[:28]:28s} "
             f"{cap['replica_requests_per_s'][i]:17.3f} {cap['requests_per_s'][i]:8g} "
             f"{'-' if np.isnan(gpus) else f'{gpus:.0f}':>6s}{'*' if cap['best'][i] else ' '} "
             f"{cap['status'][i]}"

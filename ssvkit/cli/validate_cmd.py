@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 
+from ssvkit.calibration.error_table import ape_text_lines
 from ssvkit.perfmodel.files import check_folder, write_files
 
 HELP = "measured-vs-predicted error of the calibrated profile (per op, ratios, worst rows)"
@@ -32,29 +33,18 @@ def add_arguments(p) -> None:
     )
 
 
-def _fmt(d: dict) -> str:
-    if not d.get("n"):
-        return f"{'-':>5s} {'-':>7s} {'-':>7s} {'-':>7s}"
-    return (
-        f"{d['n']:5d} {100 * d['median_ape']:6.1f}% {100 * d['p90_ape']:6.1f}% "
-        f"{100 * d['max_ape']:6.1f}%"
-    )
+def _ape_lines(rows) -> list[str]:
+    return ape_text_lines("", rows, name_width=30, n_width=5, percent_widths=(7, 7, 7))
 
 
-def _table(rep: dict, pid: str) -> str:
-    head = f"{'':30s} {'n':>5s} {'median':>7s} {'p90':>7s} {'max':>7s}"
+def _error_report(rep: dict, pid: str) -> str:
     lines = [f"profile {pid}: absolute percentage error of predicted vs measured time", ""]
     for split in ("heldout", "fit"):
-        lines += [f"{split} rows", head]
-        for cls, d in rep["classes"].items():
-            lines.append(f"{cls:30s} {_fmt(d[split])}")
-        lines.append(f"{'ALL':30s} {_fmt(rep['overall'][split])}")
-        lines.append("")
+        rows = [(cls, d[split]) for cls, d in rep["classes"].items()]
+        lines += [f"{split} rows", *_ape_lines([*rows, ("ALL", rep["overall"][split])]), ""]
     for split in ("heldout", "fit"):
-        lines += [f"ratio error, {split}", head]
-        for kind, d in rep["ratios"].items():
-            lines.append(f"{kind:30s} {_fmt(d[split])}")
-        lines.append("")
+        rows = [(kind, d[split]) for kind, d in rep["ratios"].items()]
+        lines += [f"ratio error, {split}", *_ape_lines(rows), ""]
     lines.append("worst held-out rows")
     for w in rep["worst"]["heldout"]:
         short = {
@@ -151,7 +141,7 @@ def run(args) -> int:
     elif args.json:
         print(json.dumps({k: v for k, v in rep.items() if k != "pairs"}, indent=1))
     else:
-        print(_table(rep, profile.profile_id))
+        print(_error_report(rep, profile.profile_id))
     if args.check and not all(t["met"] for t in rep["targets"].values()):
         return 1
     return 0

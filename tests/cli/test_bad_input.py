@@ -112,8 +112,8 @@ NUMBERS = [
     (["sweep", "--vary", "group_size=2,,4"], "'group_size=2,,4' has an empty item"),
     (["sweep", "--top", "-1"], "--top must be >= 1, got -1"),
     (["sweep", "--scheduler-timeout-s", "nan"], "'nan' is not a finite number"),
-    (["simulate", "ssv", "--context-len", "inf"], "--context-len 'inf' is not a whole number"),
-    (["simulate", "ssv", "--context-len", "8K,16K"], "--context-len takes one value"),
+    (["simulate", "ssv", "--context", "inf"], "--context 'inf' is not a whole number"),
+    (["simulate", "ssv", "--context", "8K,16K"], "--context takes one value"),
     (["simulate", "ssv", "--acceptance", "nan"], "'nan' is not a finite number"),
     (["decode", "--context", "inf", "--device", "cpu"], "--context 'inf' is not a whole number"),
     (["decode", "--temperature", "inf", "--device", "cpu"], "'inf' is not a finite number"),
@@ -136,7 +136,7 @@ SIZES = [
     (["sweep", "--simulate", "--sim-num-tokens", "100000000000"], "simulate.num_tokens"),
     (["simulate", "ssv", "--num-tokens", "10000000000"], "tokens to simulate; a run takes"),
     (["simulate", "ssv", "--batch", "64"], "needs 2,131,008 KV tokens"),
-    (["simulate", "ssv", "--context-len", "1e12"], "KV tokens"),
+    (["simulate", "ssv", "--context", "1e12"], "KV tokens"),
     (
         [
             "simulate",

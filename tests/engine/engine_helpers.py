@@ -12,7 +12,7 @@ TINY = ModelConfig(
     hidden_size=64,
     intermediate_size=128,
     num_layers=2,
-    num_heads=4,
+    num_q_heads=4,
     num_kv_heads=2,
     head_dim=16,
 )

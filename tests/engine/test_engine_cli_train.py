@@ -64,7 +64,7 @@ def test_corpus_keeps_packages_whole_and_splits_by_package(site):
 def test_a_few_training_steps_learn_and_save_a_loadable_pair(site, tmp_path):
     tcfg = TINY.replace(num_kv_heads=1, max_position_embeddings=1024)  # GQA 4:1
     dcfg = TINY.replace(
-        num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=1024
+        num_layers=1, hidden_size=32, num_q_heads=2, num_kv_heads=1, max_position_embeddings=1024
     )
     cfg = TrainConfig(
         context=128, batch=4, time_budget_s=60, max_steps=40, warmup_steps=4, val_windows=2

@@ -41,7 +41,7 @@ CFG = ModelConfig(
     hidden_size=512,
     intermediate_size=1024,
     num_layers=4,
-    num_heads=8,
+    num_q_heads=8,
     num_kv_heads=2,
     head_dim=64,
 )

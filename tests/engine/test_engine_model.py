@@ -28,7 +28,7 @@ def reference_logits(sd: dict[str, torch.Tensor], cfg: ModelConfig, ids: torch.T
     interleaved pairs on the first ``partial_rotary_factor`` share), GQA by repeating K/V,
     softmax attention with a causal mask, SwiGLU."""
     w = {k: v.double() for k, v in sd.items()}
-    n, h, hkv, dh = ids.numel(), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    n, h, hkv, dh = ids.numel(), cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
 
     def rms(x, weight):
         return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.rms_norm_eps) * weight

@@ -18,7 +18,8 @@ from ssvkit.kernels.dense_verify import (
 )
 from ssvkit.kernels.merge import merge_partials, reference_merge_partials
 from ssvkit.kernels.timing import poisoned_allocations
-from ssvkit.kernels.tree import ancestor_bitmask, chain_parents
+from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
+from ssvkit.perfmodel.acceptance import chain_parents
 
 CPU_DTYPES = [torch.float16, torch.float32]
 
@@ -31,16 +32,18 @@ def random_parents(bsz: int, t: int, gen: torch.Generator) -> torch.Tensor:
     return p
 
 
-def make_inputs(prefix_lens, t, num_heads, num_kv_heads, head_dim, dtype, device, *, tree, seed):
+def make_inputs(prefix_lens, t, num_q_heads, num_kv_heads, head_dim, dtype, device, *, tree, seed):
     """Random ragged inputs; the cache holds ``max(prefix) + t`` positions plus slack that is
     not a multiple of any tile, filled with random values the kernel must not read."""
     gen = torch.Generator().manual_seed(seed)
     bsz = len(prefix_lens)
     t_max = max(prefix_lens) + t + 5
-    q = torch.randn((bsz, t, num_heads, head_dim), generator=gen).to(dtype)
+    q = torch.randn((bsz, t, num_q_heads, head_dim), generator=gen).to(dtype)
     k = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
     v = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
-    parents = chain_parents(bsz, t) if tree == "chain" else random_parents(bsz, t, gen)
+    parents = (
+        batch_parents(chain_parents(t), bsz) if tree == "chain" else random_parents(bsz, t, gen)
+    )
     mask = ancestor_bitmask(parents)
     lens = torch.tensor(prefix_lens, dtype=torch.int32)
     return tuple(x.to(device) for x in (q, k, v, lens, mask))

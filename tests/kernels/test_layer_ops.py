@@ -103,7 +103,7 @@ def _rope_case(geometry, bsz, t, dtype, seed, device):
     ang = torch.rand((max_pos, r // 2), generator=gen) * 50
     kv = _rand((2, 2, bsz, hkv, t_max, d), dtype, seed + 1, device)
     slots = torch.stack([torch.randperm(t_max, generator=gen)[:t] for _ in range(bsz)])
-    kw = dict(num_heads=h, num_kv_heads=hkv, head_dim=d, rotary_dim=r, interleaved=interleaved)
+    kw = dict(num_q_heads=h, num_kv_heads=hkv, head_dim=d, rotary_dim=r, interleaved=interleaved)
     if qk_norm:
         kw |= dict(
             q_norm_weight=_rand((d,), dtype, seed + 2, device) + 1,
@@ -117,7 +117,7 @@ def _rope_case(geometry, bsz, t, dtype, seed, device):
 def _engine_rope(qkv, cos_t, sin_t, pos, kw):
     """``engine.model.Attention.forward``'s torch path: norm modules, then ``apply_rope``."""
     b, t, _ = qkv.shape
-    h, hkv, d = kw["num_heads"], kw["num_kv_heads"], kw["head_dim"]
+    h, hkv, d = kw["num_q_heads"], kw["num_kv_heads"], kw["head_dim"]
     qk = qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d)
     if "q_norm_weight" in kw:
         q = _torch_norm(qk[:, :, :h], kw["q_norm_weight"], EPS)
@@ -142,7 +142,7 @@ def test_rope_kv_write_matches_reference_and_the_engine_path(geometry, bsz, t, d
     k_cache, v_cache = kv[1, 0], kv[1, 1]  # layer 1's views
     with poisoned_allocations():
         q = rope_kv_write(qkv, cos_t, sin_t, pos, k_cache, v_cache, slots, eps=EPS, **kw)
-    h, hkv, d = kw["num_heads"], kw["num_kv_heads"], kw["head_dim"]
+    h, hkv, d = kw["num_q_heads"], kw["num_kv_heads"], kw["head_dim"]
     assert q.shape == (bsz, t, h, d) and q.is_contiguous() and q.dtype == dtype
     rq, rk, rv = reference_rope_kv_write(qkv, cos_t, sin_t, pos, eps=EPS, **kw)
     k, v = _gather(k_cache, slots), _gather(v_cache, slots)
@@ -185,7 +185,7 @@ def test_rope_kv_write_writes_what_kv_cache_write_writes(device):
         hidden_size=64,
         intermediate_size=8,
         num_layers=2,
-        num_heads=4,
+        num_q_heads=4,
         num_kv_heads=2,
         head_dim=16,
     )
@@ -243,7 +243,7 @@ def _bad_rope_calls():
         (dict(positions=lambda a: a + 1000), "positions must lie in"),
         (dict(slots=lambda a: a - 100), "slots must lie in"),
         (dict(rotary_dim=7), "rotary_dim=7"),
-        (dict(num_kv_heads=3), "num_heads=4"),
+        (dict(num_kv_heads=3), "num_q_heads=4"),
         (dict(q_norm_weight=torch.ones(16)), "given together"),
         (dict(eps=-1.0), "eps"),
     ]

@@ -26,7 +26,8 @@ from ssvkit.kernels.nsa_verify import (
     update_compressed_kv,
 )
 from ssvkit.kernels.timing import poisoned_allocations
-from ssvkit.kernels.tree import ancestor_bitmask, chain_parents
+from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
+from ssvkit.perfmodel.acceptance import chain_parents
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 CPU_DTYPES = [torch.float16, torch.float32]
@@ -38,7 +39,7 @@ GPU_KW = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16
 
 def tree_parents(bsz: int, t: int, tree: str) -> torch.Tensor:
     if tree == "chain":
-        return chain_parents(bsz, t)
+        return batch_parents(chain_parents(t), bsz)
     # A binary tree in BFS order (node i hangs under (i - 1) // 2): branching at every level.
     heap = [-1] + [(i - 1) // 2 for i in range(1, t)]
     return torch.tensor(heap, dtype=torch.int32).expand(bsz, t).contiguous()

@@ -14,11 +14,11 @@ CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"
 
 
-def make_qkv(prefix_lens, t, num_heads, num_kv_heads, head_dim, dtype, seed):
+def make_qkv(prefix_lens, t, num_q_heads, num_kv_heads, head_dim, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     bsz = len(prefix_lens)
     t_max = max(prefix_lens) + t + 3
-    q = torch.randn((bsz, t, num_heads, head_dim), generator=gen).to(dtype)
+    q = torch.randn((bsz, t, num_q_heads, head_dim), generator=gen).to(dtype)
     k = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
     v = torch.randn((bsz, num_kv_heads, t_max, head_dim), generator=gen).to(dtype)
     lens = torch.tensor(prefix_lens, dtype=torch.int32)

@@ -226,13 +226,14 @@ def test_first_token_only_selects_for_every_row():
 def test_selection_feeds_sparse_verify():
     """select_blocks output is a valid sparse_verify input (validate=True checks it)."""
     from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
-    from ssvkit.kernels.tree import ancestor_bitmask, chain_parents
+    from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
+    from ssvkit.perfmodel.acceptance import chain_parents
 
     q, k, lens = make_inputs([100, 45], 4, 4, 2, 16, torch.float32, seed=9)
     v = torch.randn_like(k)
     meta = BlockMetadata.build(k, lens, 16)
     idx = select_blocks(q, meta, lens, top_n=4)
-    mask = ancestor_bitmask(chain_parents(2, 4, device=DEV))
+    mask = ancestor_bitmask(batch_parents(chain_parents(4), 2, device=DEV))
     o, lse = sparse_verify(q, k, v, lens, mask, idx, mode="union", group_size=2, block_size=16)
     ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, block_size=16)
     torch.testing.assert_close(o, ro, atol=2e-5, rtol=2e-5)

@@ -15,7 +15,8 @@ from ssvkit.kernels.group_plan import build_group_plan
 from ssvkit.kernels.sparse_launch import SparseVerifyConfig, choose_num_splits
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from ssvkit.kernels.timing import poisoned_allocations
-from ssvkit.kernels.tree import ancestor_bitmask, chain_parents, full_tree_parents, traversal_order
+from ssvkit.kernels.tree import ancestor_bitmask, batch_parents, traversal_order
+from ssvkit.perfmodel.acceptance import chain_parents, full_tree_parents
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -67,9 +68,9 @@ def make_case(
     k = torch.randn((bsz, hkv, t_max, d), generator=gen).to(dtype)
     v = torch.randn((bsz, hkv, t_max, d), generator=gen).to(dtype)
     if tree == "chain":
-        parents = chain_parents(bsz, t)
+        parents = batch_parents(chain_parents(t), bsz)
     else:
-        parents = torch.tensor([full_tree_parents(2, 5)[:t]] * bsz, dtype=torch.int32)
+        parents = batch_parents(full_tree_parents(2, 5)[:t], bsz)
     mask = ancestor_bitmask(parents)
     lens = torch.tensor(prefix_lens, dtype=torch.int32)
     idx = make_block_idx(prefix_lens, hkv, t, top_n, block_size, overlap, c, gen)

@@ -4,9 +4,10 @@ import sys
 
 import pytest
 
-from ssvkit.cli import main
+from ssvkit.cli import build_parser, main
+from ssvkit.cli.simulate_cmd import build_config
 
-FAST = ["--context-len", "8K", "--num-tokens", "64", "--timeline-rounds", "4"]
+FAST = ["--context", "8K", "--num-tokens", "64", "--timeline-rounds", "4"]
 
 
 def test_json_figures_and_files(tmp_path, capsys):
@@ -39,6 +40,19 @@ def test_summary_and_no_files(tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_context_len_is_a_hidden_alias_of_context(capsys):
+    """``--context-len`` sets the same context as ``--context`` and stays out of the help."""
+    parse = build_parser().parse_args
+    old = build_config(parse(["simulate", "ssv", "--context-len", "8K"]))
+    new = build_config(parse(["simulate", "ssv", "--context", "8K"]))
+    assert old.context_len == new.context_len == 8192
+    assert build_config(parse(["simulate", "ssv"])).context_len == 32768
+    with pytest.raises(SystemExit):
+        parse(["simulate", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--context " in help_text and "--context-len" not in help_text
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -53,7 +67,7 @@ def test_summary_and_no_files(tmp_path, capsys, monkeypatch):
         (["ssv", "--trace", "/no/t.jsonl", "--acceptance-model", "trace"], "does not exist"),
         (["ssd", "--tree", "best:8"], "tree must be chain:K"),
         (["prr", "--strategy", "sd_dense"], "needs a sparse strategy"),
-        (["ssv", "--context-len", "100"], "exceeds context_len=100"),
+        (["ssv", "--context", "100"], "exceeds context_len=100"),
         (["ssv", "--overlap-spread", "0.49"], "too large"),
         (["ssv", "--ssd-fallback", "sometimes"], "unknown fallback"),
     ],

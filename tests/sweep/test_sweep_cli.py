@@ -160,7 +160,7 @@ def test_base_install_runs_sweep_and_plot_and_names_the_extra(tmp_path):
     *results, heavy = json.loads(r.stdout.splitlines()[-1])
     assert heavy == []  # neither torch nor triton is imported
     (rc_sweep, err_sweep), (rc_plot, err_plot) = results[:2]
-    assert rc_sweep == 0 and "sweep [" in err_sweep  # the progress bar, on stderr
+    assert rc_sweep == 0 and "sweep: " in err_sweep  # the progress bar, on stderr
     assert rc_plot == 0, err_plot
     assert sorted(p.name for p in tmp_path.glob("s-*.png")) == [
         "s-csv-heatmap-vs-ar_sparse.png",
