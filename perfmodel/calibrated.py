@@ -45,16 +45,33 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
 
 Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
 efficiency. It ignores contention between concurrent kernels and clock variation.
+
+A GPU without a fitted profile is priced by a transferred one (``transfer``): the source
+profile's fitted parameters evaluated with the target's ceilings. What transfers: ``BW`` and
+``PEAK`` become the target's copy bandwidth and bf16 tensor rate (its measured ``ceilings.json``
+when committed, else its datasheet figures), and the op counts come from the target's spec (SM
+count for the NSA and repair launch plans, L2 size for L2-resident classes), so a call's roofline
+terms scale with the target. What is assumed to carry over unchanged: the efficiencies ``e_b``,
+``e_c`` at a given call size (same memory system and tensor cores, so the same fraction of the
+ceiling), the fixed and per-unit latencies ``t0``, ``t_k``, ``t_s``, ``t_r``, ``t_x`` (launch,
+synchronisation and SM clock costs), and the L2 terms ``h`` and ``r``. Datasheet ceilings are
+peaks that copies and GEMMs do not reach, so a transfer onto them is optimistic by the source
+GPU's gap between measured and datasheet ceilings. The source is the GPU's own profile, else the
+profile of its architecture whose GPU is closest in datasheet copy bandwidth; another
+architecture's only when the spec asks for it (``GpuSpec.pricing``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu, gpu_names
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
 PROFILE_VERSION = 1
@@ -217,24 +234,81 @@ def profile_path(gpu: str) -> Path | None:
     return p if p.is_file() else None
 
 
+@functools.cache
+def shipped_profile(gpu: str) -> Profile:
+    """The fitted profile the calibration data ships for ``gpu`` (read once per process)."""
+    path = profile_path(gpu)
+    if path is None:
+        raise ValueError(f"no fitted profile ships for {gpu!r}")
+    return Profile.load(path, gpu=gpu)
+
+
+def profile_gpus() -> list[str]:
+    """Registry keys of the GPUs with a fitted profile, in registry order."""
+    return [g for g in gpu_names() if profile_path(g) is not None]
+
+
+def transfer(profile: Profile, gpu: GpuSpec) -> tuple[Profile, str]:
+    """``profile`` evaluated with ``gpu``'s ceilings (module docstring), and the provenance of
+    the figures priced with it: ``transferred:<profile id>-><gpu>``, or
+    ``transferred-cross-arch:...`` when the architectures differ, which ``gpu.pricing`` must
+    allow (``any-architecture``); else ``ValueError`` naming both GPUs and architectures."""
+    source_arch = get_gpu(profile.gpu, measured=False).architecture
+    cross = source_arch != gpu.architecture
+    if cross and gpu.pricing != "any-architecture":
+        raise ValueError(
+            f"profile {profile.profile_id} is for {profile.gpu} ({source_arch}), not "
+            f"{gpu.name} ({gpu.architecture}): a transfer across architectures is refused "
+            "unless asked for (--transfer-across-architectures)"
+        )
+    moved = dataclasses.replace(
+        profile,
+        gpu=gpu.name,
+        copy_bytes_per_s=gpu.hbm_bytes_per_s,
+        gemm_flops_per_s=gpu.tensor_flops_per_s("bf16"),
+    )
+    kind = "transferred-cross-arch" if cross else "transferred"
+    return moved, f"{kind}:{profile.profile_id}->{gpu.name}"
+
+
+def nearest_profile_gpu(gpu: GpuSpec) -> str:
+    """The GPU whose profile prices ``gpu`` when it has none: among the GPUs with a profile of
+    its architecture (of any, when ``gpu.pricing`` is ``any-architecture``), the closest in
+    datasheet copy bandwidth (ratio), ties to registry order. ``ValueError`` when none may."""
+    have = profile_gpus()
+    specs = {g: get_gpu(g, measured=False) for g in have}
+    same = [g for g in have if specs[g].architecture == gpu.architecture]
+    cands = same or (have if gpu.pricing == "any-architecture" else [])
+    if not cands:
+        archs = ", ".join(f"{specs[g].architecture} ({g})" for g in have) or "none"
+        raise ValueError(
+            f"no calibrated profile for {gpu.name} or its architecture ({gpu.architecture}); "
+            f"profiles exist for {archs}: --roofline gives its datasheet roofline, "
+            "--transfer-across-architectures borrows another architecture's profile"
+        )
+    own_bw = get_gpu(gpu.name, measured=False).hbm_bytes_per_s
+    return min(cands, key=lambda g: abs(math.log(specs[g].hbm_bytes_per_s / own_bw)))
+
+
 class CalibratedPredictor(RooflinePredictor):
     """``op_time_s`` from a fitted profile for ops tagged with a measured class; the roofline
     (on the same GPU spec) for the rest. ``outside`` flags the points where some op was
     evaluated outside its class's measured range (accumulated over calls)."""
 
-    def __init__(self, gpu: GpuSpec, profile: Profile, dtype: str = "bf16", tp=1):
+    def __init__(self, gpu: GpuSpec, profile: Profile, dtype: str = "bf16", tp=1, provenance=None):
         super().__init__(gpu, dtype, tp)
         if profile.gpu != gpu.name:
             raise ValueError(
                 f"profile {profile.profile_id} is for {profile.gpu!r}, not {gpu.name!r}"
             )
         self.profile = profile
-        self.provenance = f"calibrated:{profile.profile_id}"
+        # A transferred profile carries its own label (``transfer``).
+        self.provenance = provenance or f"calibrated:{profile.profile_id}"
         self.outside = None  # per point, see op_time_s
 
     def at(self, idx: np.ndarray) -> CalibratedPredictor:
         tp = self.tp[idx] if self.tp.ndim else self.tp
-        return CalibratedPredictor(self.gpu, self.profile, self.dtype, tp)
+        return CalibratedPredictor(self.gpu, self.profile, self.dtype, tp, self.provenance)
 
     def _resolve(self, kernel: str | None) -> tuple[ClassFit | None, bool]:
         """The class for ``kernel``; a per-size class family (``rmsnorm/d4096``) falls back to
@@ -293,11 +367,15 @@ class CalibratedPredictor(RooflinePredictor):
         return np.where(calls > 0, t, 0.0)
 
 
-def make_predictor(gpu: GpuSpec, dtype: str = "bf16", tp=1, *, calibrated: bool = True):
-    """The predictor perfmodel uses by default: the calibrated one when ``gpu`` carries measured
-    ceilings (``get_gpu(..., measured=True)``) and a fitted profile ships for it, else the
-    roofline on ``gpu``'s ceilings."""
-    path = profile_path(gpu.name) if calibrated and gpu.provenance != "datasheet" else None
-    if path is None:
+def make_predictor(gpu: GpuSpec, dtype: str = "bf16", tp=1):
+    """The predictor perfmodel uses for ``gpu``, by ``gpu.pricing``: ``roofline`` (the spec of
+    ``get_gpu(..., measured=False)``) gives the bare roofline on its ceilings; otherwise the
+    GPU's own fitted profile (``calibrated:<id>``), else one transferred from the nearest
+    profile of its architecture (``transferred:<id>-><gpu>``), or of another architecture when
+    the pricing allows it; ``ValueError`` when no profile may price it."""
+    if gpu.pricing == "roofline":
         return RooflinePredictor(gpu, dtype, tp)
-    return CalibratedPredictor(gpu, Profile.load(path, gpu=gpu.name), dtype, tp)
+    if profile_path(gpu.name) is not None:
+        return CalibratedPredictor(gpu, shipped_profile(gpu.name), dtype, tp)
+    moved, label = transfer(shipped_profile(nearest_profile_gpu(gpu)), gpu)
+    return CalibratedPredictor(gpu, moved, dtype, tp, label)

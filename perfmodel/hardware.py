@@ -4,7 +4,8 @@ Every throughput is stored in SI units (bytes/s, FLOP/s). Datasheet tensor rates
 *dense* figures (NVIDIA quotes 2:4-sparse rates first; those are halved here and the source
 says so). A ``measured`` overlay from ``calibration/profiles/<gpu>/ceilings.json`` replaces the
 datasheet ceilings when present; the figures computed from it are then labelled with the
-overlay's provenance instead of ``datasheet``.
+overlay's provenance instead of ``datasheet``. Each GPU names its architecture: a GPU without a
+fitted profile is priced with a profile of its architecture (``perfmodel.calibrated``).
 """
 
 from __future__ import annotations
@@ -37,12 +38,19 @@ _LAUNCH = (
 )
 
 
+# How a GpuSpec's ops are priced (``perfmodel.calibrated.make_predictor``).
+PRICINGS = ("profile", "any-architecture", "roofline")
+# GpuSpec fields that are labels, not figures: no positivity check, no source.
+LABEL_FIELDS = ("name", "description", "architecture", "sources", "provenance", "pricing")
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     """One accelerator's ceilings. Rates are dense; link bandwidths are per direction."""
 
     name: str = field(metadata={"help": "registry key, e.g. h100-sxm"})
     description: str = field(metadata={"help": "marketing name of the part"})
+    architecture: str = field(metadata={"help": "architecture family, e.g. hopper, ampere"})
     hbm_bytes_per_s: float = field(metadata={"help": "peak device-memory bandwidth"})
     bf16_flops_per_s: float = field(metadata={"help": "dense bf16 tensor-core rate"})
     fp16_flops_per_s: float = field(metadata={"help": "dense fp16 tensor-core rate"})
@@ -58,19 +66,29 @@ class GpuSpec:
     launch_overhead_s: float = field(metadata={"help": "fixed cost per kernel launch"})
     sources: dict[str, str] = field(metadata={"help": "field name -> where the number comes from"})
     provenance: str = field(default="datasheet", metadata={"help": "datasheet or calibrated:<id>"})
+    pricing: str = field(
+        default="profile",
+        metadata={
+            "help": "how predictors price ops on it: profile (its own or one of its "
+            "architecture), any-architecture (also a profile of another architecture), roofline"
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.pricing not in PRICINGS:
+            raise ValueError(
+                f"GpuSpec.pricing must be one of {', '.join(PRICINGS)}, got {self.pricing!r}"
+            )
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name in ("name", "description", "sources", "provenance") or v is None:
+            if f.name in LABEL_FIELDS or v is None:
                 continue
             if not v > 0:
                 raise ValueError(f"GpuSpec.{f.name} must be > 0, got {v!r}")
         missing = [
             f.name
             for f in dataclasses.fields(self)
-            if f.name not in ("name", "description", "sources", "provenance")
-            and f.name not in self.sources
+            if f.name not in LABEL_FIELDS and f.name not in self.sources
         ]
         if missing:
             raise ValueError(f"GpuSpec {self.name}: no source for {', '.join(missing)}")
@@ -108,10 +126,13 @@ class GpuSpec:
         )
 
 
-def _spec(name: str, description: str, values: dict[str, tuple[float | None, str]]) -> GpuSpec:
+def _spec(
+    name: str, description: str, architecture: str, values: dict[str, tuple[float | None, str]]
+) -> GpuSpec:
     return GpuSpec(
         name=name,
         description=description,
+        architecture=architecture,
         sources={k: src for k, (_, src) in values.items()},
         **{k: v for k, (v, _) in values.items()},
     )
@@ -123,6 +144,7 @@ _REGISTRY: dict[str, GpuSpec] = {
         _spec(
             "h100-sxm",
             "NVIDIA H100 80GB HBM3 (SXM5)",
+            "hopper",
             {
                 "hbm_bytes_per_s": (3.35 * TB, _NV_H100),
                 "bf16_flops_per_s": (989.4e12, _NV_H100 + _HALF_SPARSE),
@@ -142,6 +164,7 @@ _REGISTRY: dict[str, GpuSpec] = {
         _spec(
             "h100-pcie",
             "NVIDIA H100 80GB PCIe",
+            "hopper",
             {
                 "hbm_bytes_per_s": (2.0 * TB, _NV_H100_PCIE),
                 "bf16_flops_per_s": (756.5e12, _NV_H100_PCIE + _HALF_SPARSE),
@@ -161,6 +184,7 @@ _REGISTRY: dict[str, GpuSpec] = {
         _spec(
             "h200",
             "NVIDIA H200 141GB HBM3e (SXM)",
+            "hopper",
             {
                 "hbm_bytes_per_s": (4.8 * TB, _NV_H200),
                 "bf16_flops_per_s": (989.4e12, _NV_H200 + _HALF_SPARSE),
@@ -180,6 +204,7 @@ _REGISTRY: dict[str, GpuSpec] = {
         _spec(
             "a100-80g",
             "NVIDIA A100 80GB (SXM4)",
+            "ampere",
             {
                 "hbm_bytes_per_s": (2.039 * TB, _NV_A100),
                 "bf16_flops_per_s": (312e12, _NV_A100),
@@ -199,6 +224,7 @@ _REGISTRY: dict[str, GpuSpec] = {
         _spec(
             "b200",
             "NVIDIA B200 (HGX B200, 1000 W)",
+            "blackwell",
             {
                 "hbm_bytes_per_s": (8.0 * TB, _NV_DGX_B200 + ": 64 TB/s aggregate / 8"),
                 "bf16_flops_per_s": (2.25e15, _NV_HGX_B200 + _HALF_SPARSE),
@@ -218,6 +244,7 @@ _REGISTRY: dict[str, GpuSpec] = {
         _spec(
             "mi300x",
             "AMD Instinct MI300X",
+            "cdna3",
             {
                 "hbm_bytes_per_s": (5.3 * TB, _AMD_MI300X),
                 "bf16_flops_per_s": (1307.4e12, _AMD_MI300X + ", dense"),
@@ -260,9 +287,11 @@ def measured_overlay_path(name: str) -> Path | None:
     return p if p.is_file() else None
 
 
-def get_gpu(name: str, *, measured: bool = True) -> GpuSpec:
+def get_gpu(name: str, *, measured: bool = True, any_architecture: bool = False) -> GpuSpec:
     """Look up a GPU by registry key; overlay measured ceilings when they exist and
-    ``measured`` is true. Raises ``ValueError`` naming the bad key and close matches."""
+    ``measured`` is true. ``measured=False`` gives the datasheet spec priced by the bare
+    roofline; ``any_architecture`` lets a GPU without a profile of its architecture borrow one
+    of another. Raises ``ValueError`` naming the bad key and close matches."""
     key = name.lower()
     if key not in _REGISTRY:
         raise ValueError(f"unknown GPU {name!r}{suggest(name, gpu_names())}")
@@ -275,4 +304,6 @@ def get_gpu(name: str, *, measured: bool = True) -> GpuSpec:
                 f"measured overlay {path} is for GPU {overlay.get('gpu')!r}, not {key!r}"
             )
         spec = spec.with_measured(overlay)
-    return spec
+    if not measured:
+        return dataclasses.replace(spec, pricing="roofline")
+    return dataclasses.replace(spec, pricing="any-architecture") if any_architecture else spec

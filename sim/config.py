@@ -170,7 +170,11 @@ class SimConfig:
     scenario: str = field(default="ssv", metadata={"help": "scenario to simulate"})
     model: str = field(default="llama-3.1-8b", metadata={"help": "model registry name or config"})
     gpu: str = field(default="h100-sxm", metadata={"help": "GPU registry key"})
-    roofline: bool = field(default=False, metadata={"help": "datasheet ceilings only"})
+    roofline: bool = field(default=False, metadata={"help": "the bare datasheet roofline"})
+    any_architecture: bool = field(
+        default=False,
+        metadata={"help": "a GPU without a profile of its architecture borrows another's"},
+    )
     strategy: Strategy | None = field(default=None, metadata={"help": "strategy tuple"})
     context_len: int = field(default=32768, metadata={"help": "prompt tokens per request"})
     num_tokens: int = field(default=512, metadata={"help": "output tokens per request (mean)"})

@@ -59,7 +59,13 @@ class Setup:
 
 def setup(cfg: SimConfig, progress: bool = False) -> Setup:
     ctx = CostContext.build(
-        cfg.model, cfg.gpu, cfg.tp, cfg.kv_bytes, cfg.acceptance, roofline=cfg.roofline
+        cfg.model,
+        cfg.gpu,
+        cfg.tp,
+        cfg.kv_bytes,
+        cfg.acceptance,
+        roofline=cfg.roofline,
+        any_architecture=cfg.any_architecture,
     )
     strategy = cfg.resolved_strategy
     ctx.check(strategy, cfg.context_len)

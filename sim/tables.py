@@ -99,15 +99,27 @@ class CostContext:
     dtype: str = "bf16"
 
     @classmethod
-    def build(cls, model: str, gpu: str, tp: int, kv_bytes: int, acceptance: float, roofline=False):
-        return cls(get_model(model), get_gpu(gpu, measured=not roofline), tp, kv_bytes, acceptance)
+    def build(
+        cls,
+        model: str,
+        gpu: str,
+        tp: int,
+        kv_bytes: int,
+        acceptance: float,
+        roofline=False,
+        any_architecture=False,
+    ):
+        spec = get_gpu(gpu, measured=not roofline, any_architecture=any_architecture)
+        return cls(get_model(model), spec, tp, kv_bytes, acceptance)
 
     def predictor(self, tp: int | None = None) -> RooflinePredictor:
         return make_predictor(self.gpu, self.dtype, self.tp if tp is None else tp)
 
     @property
     def provenance(self) -> str:
-        return self.gpu.provenance
+        """Where the durations come from: the predictor's label (its profile, own or
+        transferred, or the GPU's ceilings for the roofline)."""
+        return self.predictor().provenance
 
     def check(self, strategy: Strategy, context_len: int) -> None:
         w = Workload(context_len=context_len, tp=self.tp, kv_bytes=self.kv_bytes)

@@ -41,6 +41,7 @@ class CapacityTask:
     model: str
     gpu: str
     roofline: bool
+    any_architecture: bool
     tp: int
     context_len: int
     acceptance: float
@@ -66,7 +67,7 @@ def capacity_tasks(spec: SweepSpec) -> list[CapacityTask]:
         strategies,
     )
     out = [
-        CapacityTask(m, g, spec.roofline, tp, ctx, acc, ov, kv, s, cap)
+        CapacityTask(m, g, spec.roofline, spec.any_architecture, tp, ctx, acc, ov, kv, s, cap)
         for m, g, tp, ctx, acc, ov, kv, s in cells
     ]
     if len(out) > cap.max_cells:
@@ -88,6 +89,7 @@ def _serve(t: CapacityTask, rate: float):
         model=t.model,
         gpu=t.gpu,
         roofline=t.roofline,
+        any_architecture=t.any_architecture,
         strategy=t.strategy.strategy,
         context_len=t.context_len,
         num_tokens=c.output_tokens,

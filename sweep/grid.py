@@ -42,7 +42,17 @@ SPARSE_FIELDS = ("top_n", "block_size", "window", "comp_block", "comp_stride", "
 GROUPING_FIELDS = ("mode", "group_size", "refresh_every", "fusion")
 VARY_FIELDS = SPECULATIVE_FIELDS + SPARSE_FIELDS + GROUPING_FIELDS
 
-KEYS = ("models", "gpus", *AXES, "strategies", "vary", "roofline", "simulate", "capacity")
+KEYS = (
+    "models",
+    "gpus",
+    *AXES,
+    "strategies",
+    "vary",
+    "roofline",
+    "any_architecture",
+    "simulate",
+    "capacity",
+)
 ALIASES = {"model": "models", "gpu": "gpus", "context": "context_len"}
 SUBSPECS = {"simulate": SimulateSpec, "capacity": CapacitySpec}
 
@@ -110,10 +120,11 @@ def _spec_from_doc(doc: dict) -> SweepSpec:
             out[name] = tuple(
                 _float(f"{name}[{i}]", v) for i, v in enumerate(_list(name, kw[name]))
             )
-    if "roofline" in kw:
-        if not isinstance(kw["roofline"], bool):
-            raise ValueError(f"roofline must be true or false, got {kw['roofline']!r}")
-        out["roofline"] = kw["roofline"]
+    for name in ("roofline", "any_architecture"):
+        if name in kw:
+            if not isinstance(kw[name], bool):
+                raise ValueError(f"{name} must be true or false, got {kw[name]!r}")
+            out[name] = kw[name]
     strategies = (
         [_strategy(i, s) for i, s in enumerate(_list("strategies", kw["strategies"]))]
         if ("strategies" in kw)

@@ -40,6 +40,7 @@ class Partition:
     model: str
     gpu: str
     roofline: bool
+    any_architecture: bool
     strategies: tuple[SweepStrategy, ...]
     axes: tuple[tuple[str, tuple], ...]  # AXES order; contexts may be a sub-run
     simulate: SimulateSpec | None
@@ -102,7 +103,14 @@ def partitions(spec: SweepSpec, strategies, partition_points: int) -> list[Parti
 
 def _part(start, model, gpu, spec, strategies, axes) -> Partition:
     return Partition(
-        start, model, gpu, spec.roofline, tuple(strategies), tuple(axes), spec.simulate
+        start,
+        model,
+        gpu,
+        spec.roofline,
+        spec.any_architecture,
+        tuple(strategies),
+        tuple(axes),
+        spec.simulate,
     )
 
 
@@ -112,8 +120,8 @@ def cached_model(name: str):
 
 
 @functools.lru_cache(maxsize=64)
-def cached_gpu(name: str, roofline: bool):
-    return get_gpu(name, measured=not roofline)
+def cached_gpu(name: str, roofline: bool, any_architecture: bool = False):
+    return get_gpu(name, measured=not roofline, any_architecture=any_architecture)
 
 
 @functools.lru_cache(maxsize=256)
@@ -130,7 +138,7 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
     (weights plus ``batch (T + K + 1)`` KV tokens fit in 90% of ``tp`` GPUs' memory) and
     ``extrapolated`` (some op outside the calibrated range). Figures of infeasible points are NaN.
     """
-    model, gpu = cached_model(p.model), cached_gpu(p.gpu, p.roofline)
+    model, gpu = cached_model(p.model), cached_gpu(p.gpu, p.roofline, p.any_architecture)
     axes = dict(p.axes)
     cols = product_columns(model, [s.strategy for s in p.strategies], **axes)
     spec_strats = [s for s in p.strategies if s.speculative]
@@ -193,6 +201,7 @@ def _simulate(p: Partition, cols, run: np.ndarray) -> dict[str, np.ndarray]:
             model=p.model,
             gpu=p.gpu,
             roofline=p.roofline,
+            any_architecture=p.any_architecture,
             strategy=s.strategy,
             context_len=int(cols.context_len[i]),
             num_tokens=p.simulate.num_tokens,

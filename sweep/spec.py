@@ -10,6 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import get_gpu, suggest
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.strategy import BASELINES, Strategy
@@ -145,7 +146,11 @@ class SweepSpec:
         default_factory=default_strategies,
         metadata={"help": "DESIGN.md baselines (custom strategies: in a grid file)"},
     )
-    roofline: bool = field(default=False, metadata={"help": "datasheet ceilings only"})
+    roofline: bool = field(default=False, metadata={"help": "the bare datasheet roofline"})
+    any_architecture: bool = field(
+        default=False,
+        metadata={"help": "a GPU without a profile of its architecture borrows another's"},
+    )
     simulate: SimulateSpec | None = field(
         default=None, metadata={"help": "a discrete-event run per point"}
     )
@@ -175,8 +180,11 @@ class SweepSpec:
         for s in self.strategies:
             if s.strategy.drafter.kind == "draft_model":
                 get_model(s.strategy.drafter.model)  # fail here, not in a worker
+        if self.roofline and self.any_architecture:
+            raise ValueError("roofline and any_architecture exclude each other")
         for g in self.gpus:
-            get_gpu(g, measured=False)
+            gpu = get_gpu(g, measured=not self.roofline, any_architecture=self.any_architecture)
+            make_predictor(gpu)  # a GPU no profile may price fails here, not in a worker
         if self.capacity is not None:
             labels = {s.label for s in self.strategies}
             for name in self.capacity.strategies:
@@ -218,6 +226,8 @@ class SweepSpec:
         doc = {n: list(getattr(self, n)) for n in ("models", "gpus", *AXES)}
         doc["strategies"] = [_strategy_doc(s) for s in self.strategies]
         doc["roofline"] = self.roofline
+        if self.any_architecture:
+            doc["any_architecture"] = True
         for name in ("simulate", "capacity"):
             sub = getattr(self, name)
             if sub is not None:

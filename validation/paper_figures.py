@@ -5,8 +5,8 @@ through ``perfmodel.seed_formulas``.
 
 A computation takes the figure's ``compute`` entry of ``validation/data/papers.json`` and the
 settings (``Settings``: the paper's, with the figure's overrides) and returns the value and the
-provenance of the costs behind it. GPUs without a calibrated profile are priced with their
-datasheet roofline, and the provenance says so.
+provenance of the costs behind it. A GPU without a fitted profile is priced with the profile
+of its architecture transferred to its ceilings (``transferred:<profile>-><gpu>``).
 """
 
 from __future__ import annotations
@@ -35,13 +35,6 @@ SIM_KEYS = ("model", "gpu", "context_len", "num_tokens", "batch", "tp", "accepta
 NESTED = {"ssd": SsdConfig, "prr": PrrConfig, "sparsespec": SparseSpecConfig}
 
 
-def cost_label(provenance: str, gpu: str) -> str:
-    """A predictor's provenance, with the datasheet roofline named as such."""
-    if provenance == "datasheet":
-        return f"roofline:{gpu} (datasheet, no calibrated profile)"
-    return provenance
-
-
 def strategy_for(name: str, s: dict) -> Strategy:
     """A baseline (or a simulator scenario's default strategy) with the settings' tree, drafter
     and sparse metadata, as ``ssvkit predict`` and ``ssvkit simulate`` apply their options."""
@@ -67,7 +60,7 @@ def predict_speedup(c: dict, s: dict) -> tuple[float, str]:
     """tokens/s of ``strategy`` over ``over`` at the settings (``ssvkit predict``'s rows)."""
     rows = _predict(s, [c["strategy"], c["over"]])
     a, b = rows[c["strategy"]], rows[c["over"]]
-    return a["tokens_per_s"] / b["tokens_per_s"], cost_label(a["provenance"], s["gpu"])
+    return a["tokens_per_s"] / b["tokens_per_s"], a["provenance"]
 
 
 def predict_stage_ratio(c: dict, s: dict) -> tuple[float, str]:
@@ -79,14 +72,14 @@ def predict_stage_ratio(c: dict, s: dict) -> tuple[float, str]:
         return r["verify_s"] if c["stage"] == "verify" else grouped_seconds(r)[c["stage"]]
 
     a, b = rows[c["strategy"]], rows[c["over"]]
-    return secs(b) / secs(a), cost_label(a["provenance"], s["gpu"])
+    return secs(b) / secs(a), a["provenance"]
 
 
 def predict_step_ms(c: dict, s: dict) -> tuple[float, str]:
     """Milliseconds of one step of ``strategy`` in an op group (``total``: the whole step)."""
     r = _predict(s, [c["strategy"]])[c["strategy"]]
     secs = r["round_s"] if c["group"] == "total" else grouped_seconds(r)[c["group"]]
-    return 1e3 * secs, cost_label(r["provenance"], s["gpu"])
+    return 1e3 * secs, r["provenance"]
 
 
 def _sim_config(scenario: str, s: dict) -> SimConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.numbers import finite_float, parse_count
 
 
@@ -32,6 +33,28 @@ def add_dataclass_options(parser, cls, names, defaults=None, prefix="") -> None:
             metavar=name.upper() if kind is str else kind.__name__.upper(),
             help=f"{f.metadata.get('help', '')} (default: {default})",
         )
+
+
+def add_pricing_options(p) -> None:
+    """``--roofline`` and ``--transfer-across-architectures``: how ``--gpu`` is priced (its own
+    profile, else one transferred from its architecture, else refused)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--roofline",
+        action="store_true",
+        help="the bare datasheet roofline, ignoring measured ceilings and profiles",
+    )
+    g.add_argument(
+        "--transfer-across-architectures",
+        dest="any_architecture",
+        action="store_true",
+        help="a GPU without a profile of its architecture borrows the nearest other one",
+    )
+
+
+def pricing_gpu(args, name: str) -> GpuSpec:
+    """The GPU ``name`` priced as ``add_pricing_options``' flags ask."""
+    return get_gpu(name, measured=not args.roofline, any_architecture=args.any_architecture)
 
 
 def given(args, names, prefix="") -> dict:

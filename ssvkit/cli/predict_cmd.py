@@ -3,6 +3,8 @@
 ssvkit predict                                  # Llama-3.1-8B, h100-sxm, 8K..128K
 ssvkit predict --model qwen3-8b --context 16K,64K --acceptance 0.8 --json
 ssvkit predict --csv out.csv --plot out.png
+ssvkit predict --gpu h200                       # h100-sxm's profile on h200's ceilings
+ssvkit predict --gpu a100-80g --roofline        # no Ampere profile: the datasheet roofline
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ import io
 import json
 from pathlib import Path
 
-from ssvkit.cli.options import add_dataclass_options, check_drafter_model, given
+from ssvkit.cli.options import (
+    add_dataclass_options,
+    add_pricing_options,
+    check_drafter_model,
+    given,
+    pricing_gpu,
+)
 from ssvkit.cli.predict_plot import predict_plot
 from ssvkit.perfmodel.baselines import compare, grouped_seconds
 from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import check_output, write_files
-from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.numbers import count_label, figure, parse_count_list
 from ssvkit.perfmodel.strategy import (
@@ -57,11 +64,7 @@ def add_arguments(p) -> None:
         default=",".join(BASELINES),
         help=f"baselines to compare (default: {','.join(BASELINES)})",
     )
-    p.add_argument(
-        "--roofline",
-        action="store_true",
-        help="datasheet ceilings only, ignoring measured overlays",
-    )
+    add_pricing_options(p)
     add_dataclass_options(p, Workload, WORKLOAD_FIELDS)
     g = p.add_argument_group("speculative strategies (sd_*, ssv)")
     add_dataclass_options(g, Strategy, SD_FIELDS, defaults=BASELINES["ssv"])
@@ -246,7 +249,7 @@ def memory_notes(model, gpu, workload, contexts, strategies) -> list[str]:
 
 def run(args) -> int:
     model = get_model(args.model)
-    gpu = get_gpu(args.gpu, measured=not args.roofline)
+    gpu = pricing_gpu(args, args.gpu)
     contexts = parse_count_list(args.context, "--context")
     check_outputs(args)
     workload = Workload(**{"context_len": contexts[0], **given(args, WORKLOAD_FIELDS)})

@@ -17,6 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ssvkit.cli.options import add_pricing_options, pricing_gpu
 from ssvkit.perfmodel.files import atomic_write, check_output, read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
@@ -57,6 +58,7 @@ def add_arguments(p) -> None:
         metavar="FILE",
         help="rank as this planner evaluation did (its model, GPU, space, contexts, profile)",
     )
+    add_pricing_options(p)
     p.add_argument("--out", metavar="FILE", help="write the ranking JSON here")
     p.add_argument("--top", type=int, default=5, help="strategies printed per regime")
     p.add_argument("--json", action="store_true", help="print the ranking JSON")
@@ -71,6 +73,11 @@ _FROM_EVALUATION = (
     ("draft_model", "--draft-model"),
     ("trees", "--trees"),
     ("metadata", "--metadata"),
+)
+# The evaluation's GPU is priced as it was when ranked: its own or a transferred profile.
+_PRICING_FLAGS = (
+    ("roofline", "--roofline"),
+    ("any_architecture", "--transfer-across-architectures"),
 )
 
 
@@ -118,6 +125,7 @@ def run(args) -> int:
         check_output(args.out, "--out")
     if args.evaluation:
         given = [flag for dest, flag in _FROM_EVALUATION if getattr(args, dest) is not None]
+        given += [flag for dest, flag in _PRICING_FLAGS if getattr(args, dest)]
         if given:
             raise ValueError(
                 f"--evaluation sets the model, GPU, space and profile; drop {', '.join(given)}"
@@ -126,7 +134,7 @@ def run(args) -> int:
         doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
-    model, gpu = get_model(args.model or "llama-3.1-8b"), get_gpu(args.gpu or "h100-sxm")
+    model, gpu = get_model(args.model or "llama-3.1-8b"), pricing_gpu(args, args.gpu or "h100-sxm")
     profile = load_profile(args.acceptance_profile) if args.acceptance_profile else RegimeProfile()
     kw = {}
     if args.drafters:

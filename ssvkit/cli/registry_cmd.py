@@ -37,13 +37,13 @@ class Gpus:
             print(json.dumps([dataclasses.asdict(s) for s in specs], indent=2))
             return 0
         print(
-            f"{'gpu':10s} {'HBM':>11s} {'bf16':>12s} {'fp8':>12s} {'SMs':>4s} "
+            f"{'gpu':10s} {'arch':9s} {'HBM':>11s} {'bf16':>12s} {'fp8':>12s} {'SMs':>4s} "
             f"{'L2':>8s} {'link/dir':>10s} {'memory':>8s}  provenance"
         )
         for s in specs:
             l2 = f"{s.l2_bytes / 2**20:.0f} MiB" if s.l2_bytes else "-"
             print(
-                f"{s.name:10s} {_si(s.hbm_bytes_per_s, 'B/s'):>11s} "
+                f"{s.name:10s} {s.architecture:9s} {_si(s.hbm_bytes_per_s, 'B/s'):>11s} "
                 f"{_si(s.bf16_flops_per_s, 'FLOP/s'):>12s} "
                 f"{_si(s.fp8_flops_per_s, 'FLOP/s'):>12s} {s.num_sms:>4d} {l2:>8s} "
                 f"{_si(s.link_bytes_per_s, 'B/s'):>10s} {s.memory_bytes / 1e9:>5.0f} GB  "

@@ -14,7 +14,13 @@ import json
 from argparse import SUPPRESS
 from pathlib import Path
 
-from ssvkit.cli.options import add_dataclass_options, check_drafter_model, given, parse_one
+from ssvkit.cli.options import (
+    add_dataclass_options,
+    add_pricing_options,
+    check_drafter_model,
+    given,
+    parse_one,
+)
 from ssvkit.perfmodel.files import check_folder, check_output, write_files
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 from ssvkit.sim.config import (
@@ -95,7 +101,7 @@ def add_arguments(p) -> None:
     # --context-len is accepted too, out of the help, so scripts written with it still run.
     p.add_argument("--context-len", dest="context", default=SUPPRESS, help=SUPPRESS)
     add_dataclass_options(p, SimConfig, RUN_FIELDS)
-    p.add_argument("--roofline", action="store_true", help="datasheet ceilings only")
+    add_pricing_options(p)
     p.add_argument("--per-layer", action="store_true", help="one event per layer and draft level")
     g = p.add_argument_group("strategy (defaults: the scenario's baseline)")
     g.add_argument(
@@ -151,6 +157,7 @@ def build_config(args) -> SimConfig:
         scenario=args.scenario,
         context_len=parse_one(args.context, "--context"),
         roofline=args.roofline,
+        any_architecture=args.any_architecture,
         per_layer=args.per_layer,
         strategy=build_strategy(args),
         **given(args, RUN_FIELDS),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ssvkit.cli.options import add_dataclass_options, finite, given
+from ssvkit.cli.options import add_dataclass_options, add_pricing_options, finite, given
 from ssvkit.perfmodel.files import check_output, write_files
 from ssvkit.perfmodel.numbers import count_label, figure
 from ssvkit.sweep.grid import ALIASES, load_grid, spec_from_doc
@@ -70,7 +70,7 @@ def add_arguments(p) -> None:
         "group_size=2,4,8; tree fields apply to speculative strategies, sparse ones to sparse, "
         "grouping ones (mode, group_size, refresh_every, fusion) to grouped ones like ssv",
     )
-    g.add_argument("--roofline", action="store_true", help="datasheet ceilings only")
+    add_pricing_options(g)
     s = p.add_argument_group("simulation (a discrete-event run per point)")
     s.add_argument("--simulate", action="store_true", help="run the simulator at every point")
     add_dataclass_options(s, SimulateSpec, SIM_FIELDS, prefix="sim-")
@@ -130,6 +130,8 @@ def build_spec(args) -> SweepSpec:
         doc["vary"] = vary
     if args.roofline:
         doc["roofline"] = True
+    if args.any_architecture:
+        doc["any_architecture"] = True
     sim = given(args, SIM_FIELDS, prefix="sim_")
     if args.simulate or sim:
         base = doc.get("simulate") if isinstance(doc.get("simulate"), dict) else {}

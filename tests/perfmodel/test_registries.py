@@ -3,7 +3,7 @@ import json
 
 import pytest
 from ssvkit.perfmodel import hardware
-from ssvkit.perfmodel.hardware import get_gpu, gpu_names
+from ssvkit.perfmodel.hardware import LABEL_FIELDS, get_gpu, gpu_names
 from ssvkit.perfmodel.models import get_model, model_names, spec_from_config
 
 
@@ -13,8 +13,10 @@ def test_every_gpu_number_has_a_source():
         g = get_gpu(name, measured=False)
         assert g.provenance == "datasheet"
         for f in dataclasses.fields(g):
-            if f.name not in ("name", "description", "sources", "provenance"):
+            if f.name not in LABEL_FIELDS:
                 assert g.sources[f.name], (name, f.name)
+    assert {get_gpu(n).architecture for n in ("h100-sxm", "h100-pcie", "h200")} == {"hopper"}
+    assert get_gpu("a100-80g").architecture == "ampere"
 
 
 def test_unknown_gpu_suggests_close_names():
