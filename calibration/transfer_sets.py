@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+from collections import Counter
 
 import numpy as np
 from ssvkit.calibration import ceilings
@@ -120,11 +121,8 @@ def predict(rows: list[dict], classes: dict, gpu: str, ceiling: dict) -> tuple[l
         classes={c: classes[k] for c, k in chosen.items() if k is not None},
     )
     annotated = [{**r, "from": chosen[r["class"]]} for r in annotate(rows, profile)]
-    missing: dict[str, int] = {}
-    for r in rows:
-        if chosen[op_class(r)] is None:
-            missing[op_class(r)] = missing.get(op_class(r), 0) + 1
-    return annotated, missing
+    missing = Counter(c for c in map(op_class, rows) if chosen[c] is None)
+    return annotated, dict(missing)
 
 
 def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -> dict:
@@ -158,7 +156,7 @@ def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: di
     values: dict[str, set] = {}
     for r in graph:
         values.setdefault(op_class(r), set()).add(left_out_value(name, r))
-    annotated, missing = [], {}
+    annotated, missing = [], Counter()
     for v in sorted({left_out_value(name, r) for r in graph}, key=repr):
         left = [r for r in graph if left_out_value(name, r) == v]
         hit = {op_class(r) for r in left}
@@ -167,8 +165,7 @@ def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: di
         classes.update(fit_classes(kept, gpu, ceiling))
         got, miss = predict(left, classes, gpu, ceiling)
         annotated += got
-        for c, n in miss.items():
-            missing[c] = missing.get(c, 0) + n
+        missing.update(miss)
     out = summarize(annotated, missing, TARGETS["leave_one_out"], values)
     out["title"] = TITLES[name]
     return out
