@@ -4,6 +4,9 @@ of record.
 python -m ssvkit.validation.readme          # rewrites the blocks between their markers in DOCUMENTS
 
 - ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
+- ``transfer``: the calibration's transfer test sets (leave one head geometry, group size or
+  context out; cross-GPU), as ``ssvkit validate --markdown --sets head,group,context,gpu``
+  prints them;
 - ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
   quality per regime and adaptive gain per prompt set, with what the measurement resolves
   (``validation.report.planner_section``, as the report derives it);
@@ -15,6 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.files import read_json
 from ssvkit.validation.papers import markdown as papers_markdown
@@ -42,6 +46,11 @@ def validate_block(gpu: str = "h100-sxm") -> str:
     """The calibrated profile's accuracy (``ssvkit validate --markdown``'s output)."""
     profile, _, rep = committed_report(gpu)
     return summary_markdown(rep, profile.profile_id) + "\n"
+
+
+def transfer_block(gpu: str = "h100-sxm") -> str:
+    """The transfer test sets (``ssvkit validate --markdown --sets head,group,context,gpu``)."""
+    return transfer_markdown(transfer_report(gpu, TRANSFER_SETS))
 
 
 def _signed_pct(x: float) -> str:
@@ -136,7 +145,12 @@ def papers_block() -> str:
 
 
 # Each block's markers and what fills them.
-BLOCKS = {"validate": validate_block, "planner": planner_block, "papers": papers_block}
+BLOCKS = {
+    "validate": validate_block,
+    "transfer": transfer_block,
+    "planner": planner_block,
+    "papers": papers_block,
+}
 
 
 def render(text: str) -> str:

@@ -1,8 +1,10 @@
 """``ssvkit validate``: measured-vs-predicted error of the committed profile, from data only.
 
-ssvkit validate                       # tables, held-out and fit rows apart
+ssvkit validate                       # tables, held-out and fit rows apart, then the transfer sets
+ssvkit validate --sets interp,head    # the interpolation split and leave-one-head-geometry-out
 ssvkit validate --json --plot out/    # machine-readable; PNGs
-ssvkit validate --check               # exit 1 when a target is missed
+ssvkit validate --check               # exit 1 when an interpolation target is missed
+ssvkit validate --check-transfer      # exit 1 when a transfer target is missed
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ def add_arguments(p) -> None:
         action="store_true",
         help="exit 1 when a held-out target is missed (median APE <= 5%%, p90 <= 10%%, "
         "ratio median <= 5%%)",
+    )
+    p.add_argument(
+        "--sets",
+        help="comma-separated test sets: interp (the held-out split), head, group, context "
+        "(leave one head geometry, group size, context length out), gpu (cross-GPU), or all "
+        "(default: all; with --markdown: interp, the README's table)",
+    )
+    p.add_argument(
+        "--check-transfer",
+        action="store_true",
+        help="exit 1 when a chosen transfer set misses its target for some op class "
+        "(leave-one-out: median APE <= 6%%, p90 <= 15%%; cross-GPU: median <= 8%%, p90 <= 15%%)",
     )
 
 
@@ -81,6 +95,27 @@ def _error_report(rep: dict, pid: str) -> str:
     return "\n".join(lines)
 
 
+def _transfer_report(transfer: dict) -> str:
+    from ssvkit.calibration.transfer_sets import target_text
+
+    lines = []
+    for key, s in transfer.items():
+        met = sum(c["met"] for c in s["classes"].values())
+        lines += [
+            f"{key}: {s['title']}",
+            f"target {target_text(s['target'])}: {met} of {len(s['classes'])} classes met",
+        ]
+        table = _ape_lines(list(s["classes"].items()))
+        lines.append(table[0] + "  target   predicted by")
+        for line, (cls, st) in zip(table[1:], s["classes"].items(), strict=True):
+            by = ", ".join(k for k in st["from"] if k != cls)
+            lines.append(f"{line}  {'met' if st['met'] else 'MISSED':8s} {by}".rstrip())
+        for cls, n in s["unpredicted"].items():
+            lines.append(f"  no fit predicts {cls} ({n} rows)")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
     import matplotlib
 
@@ -128,20 +163,31 @@ def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
 
 
 def run(args) -> int:
+    from ssvkit.calibration.transfer_sets import TARGETS, parse_sets, transfer_report
+    from ssvkit.calibration.transfer_sets import transfer_markdown as transfer_md
     from ssvkit.calibration.validate import committed_report, summary_markdown
 
+    sets = parse_sets(args.sets or ("interp" if args.markdown else "all"))
     folder = check_folder(args.plot, "--plot") if args.plot else None
     profile, annotated, rep = committed_report(args.gpu)
+    transfer = transfer_report(args.gpu, sets) if set(sets) - {"interp"} else {}
     if folder is not None:
         write_files(
             (folder / name, data, "--plot") for name, data in _plots(annotated, rep).items()
         )
+    interp = "interp" in sets
     if args.markdown:
-        print(summary_markdown(rep, profile.profile_id))
+        parts = [summary_markdown(rep, profile.profile_id) + "\n"] if interp else []
+        print("\n".join([*parts, transfer_md(transfer)]).rstrip("\n"))
     elif args.json:
-        print(json.dumps({k: v for k, v in rep.items() if k != "pairs"}, indent=1))
+        doc = {k: v for k, v in rep.items() if k != "pairs"}
+        print(json.dumps({**doc, "transfer_targets": TARGETS, "transfer": transfer}, indent=1))
     else:
-        print(_error_report(rep, profile.profile_id))
+        if interp:
+            print(_error_report(rep, profile.profile_id) + ("\n" if transfer else ""))
+        print(_transfer_report(transfer), end="")
     if args.check and not all(t["met"] for t in rep["targets"].values()):
+        return 1
+    if args.check_transfer and not all(s["met"] for s in transfer.values()):
         return 1
     return 0

@@ -1,0 +1,252 @@
+"""Test sets that measure transfer: how well the calibrated model predicts configurations its
+fit never saw, computed from the committed rows (``ssvkit validate --sets ...``).
+
+- ``head``: leave one head geometry (``num_q_heads``, ``num_kv_heads``, ``head_dim``) out;
+- ``group``: leave one group size out;
+- ``context``: leave one context length out;
+- ``gpu``: cross-GPU -- fit on one GPU's rows and predict another's with that GPU's measured
+  copy and GEMM ceilings, in both directions where the rows allow a fit.
+
+A leave-one-out set refits, for each value of its parameter, every class that has rows with
+that value on the class's other rows (``calibration.fit.fit_profile``, held-out rule included,
+the profile's own fit) and predicts the left-out rows. Sparse verification has one class per
+group size, so a left-out group size (or one the fit GPU never measured) is predicted from the
+class of the nearest measured group size of the same mode and batch regime. Rows that no fit
+can predict (a class measured at one value only, a class the other GPU's rows do not fit) are
+counted apart and do not enter the targets. The interpolation split stays ``calibration.validate``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections import Counter
+
+import numpy as np
+from ssvkit.calibration import ceilings
+from ssvkit.calibration.error_table import ape_markdown_row
+from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
+from ssvkit.calibration.validate import annotate
+from ssvkit.perfmodel.calibrated import ClassFit, Profile
+
+LEAVE_ONE_OUT = ("head", "group", "context")
+TRANSFER_SETS = (*LEAVE_ONE_OUT, "gpu")
+SETS = ("interp", *TRANSFER_SETS)
+TARGETS = {
+    "leave_one_out": {"median_ape": 0.06, "p90_ape": 0.15},
+    "cross_gpu": {"median_ape": 0.08, "p90_ape": 0.15},
+}
+TITLES = {
+    "head": "leave one head geometry (num_q_heads, num_kv_heads, head_dim) out",
+    "group": "leave one group size out",
+    "context": "leave one context length out",
+}
+HEAD_GEOMETRY = ("num_q_heads", "num_kv_heads", "head_dim")
+_GROUP = re.compile(r"/C(\d+)/")
+
+
+def left_out_value(name: str, row: dict):
+    """The value of ``row`` that the leave-one-out set ``name`` leaves out, or None when the
+    row has none (the row is not part of the set)."""
+    p = row["params"]
+    if name == "head":
+        geometry = tuple(p.get(k) for k in HEAD_GEOMETRY)
+        return None if all(x is None for x in geometry) else geometry
+    if name == "group":
+        m = _GROUP.search(op_class(row))
+        return int(m.group(1)) if m else None
+    if name == "context":
+        return p.get("context_len")
+    raise ValueError(f"unknown leave-one-out set {name!r} (choose from {LEAVE_ONE_OUT})")
+
+
+def parse_sets(text: str) -> tuple[str, ...]:
+    """The sets of a comma-separated list, in ``SETS`` order; ``all`` is every set."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if names == ["all"]:
+        return SETS
+    bad = [s for s in names if s not in SETS] or ([] if names else [text])
+    if bad:
+        raise ValueError(f"unknown test set {bad[0]!r}: choose from {', '.join(SETS)} or all")
+    return tuple(s for s in SETS if s in names)
+
+
+def fitted_rows(rows: list[dict]) -> list[dict]:
+    """The rows a profile fits: CUDA-graph timings of op classes."""
+    return [r for r in rows if r["timing"] == "graph" and r["op"] not in UNFITTED_OPS]
+
+
+def fit_classes(rows: list[dict], gpu: str, ceiling: dict) -> dict[str, ClassFit]:
+    """The class fits of ``fit_profile`` on ``rows`` (classes with too few fit rows absent)."""
+    if not rows:
+        return {}
+    profile, _ = fit_profile(rows, gpu, ceiling)
+    return Profile.from_json(profile).classes
+
+
+def predicting_class(name: str, classes: dict) -> str | None:
+    """The class whose fit predicts rows of class ``name``: itself when fitted, else for a
+    group-size class the fitted class of the nearest group size (the smaller on a tie) of the
+    same mode and batch regime; None when there is none."""
+    if name in classes:
+        return name
+    m = _GROUP.search(name)
+    if not m:
+        return None
+    family = _GROUP.sub("/C*/", name)
+    c = int(m.group(1))
+    sizes = [
+        int(_GROUP.search(k).group(1))
+        for k in classes
+        if _GROUP.search(k) and _GROUP.sub("/C*/", k) == family
+    ]
+    if not sizes:
+        return None
+    return _GROUP.sub(f"/C{min(sizes, key=lambda s: (abs(s - c), s))}/", name)
+
+
+def predict(rows: list[dict], classes: dict, gpu: str, ceiling: dict) -> tuple[list, dict]:
+    """``rows`` annotated with the prediction of their predicting class (``predicting_class``)
+    on ``gpu`` with ``ceiling``'s copy and GEMM rates, each with its ``from`` class; and the
+    count of rows per class that no fit predicts."""
+    by_name = {op_class(r) for r in rows}
+    chosen = {c: predicting_class(c, classes) for c in by_name}
+    profile = Profile(
+        profile_id="transfer",
+        gpu=gpu,
+        device_name="",
+        copy_bytes_per_s=ceiling["hbm_bytes_per_s"],
+        gemm_flops_per_s=ceiling["bf16_flops_per_s"],
+        classes={c: classes[k] for c, k in chosen.items() if k is not None},
+    )
+    annotated = [{**r, "from": chosen[r["class"]]} for r in annotate(rows, profile)]
+    missing = Counter(c for c in map(op_class, rows) if chosen[c] is None)
+    return annotated, dict(missing)
+
+
+def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -> dict:
+    """Per class: n, median / p90 / max APE, the classes whose fits predicted it, the left-out
+    values it has (``values``), and whether it meets ``target``; the rows no fit predicts; and
+    whether every predicted class meets the target."""
+    classes = {}
+    for c in sorted({r["class"] for r in annotated}):
+        sub = [r for r in annotated if r["class"] == c]
+        stats = error_stats(
+            np.array([r["predicted_s"] for r in sub]), np.array([r["median_s"] for r in sub])
+        )
+        stats["from"] = sorted({r["from"] for r in sub})
+        if values is not None:
+            stats["values"] = len(values[c])
+        stats["met"] = all(stats[k] <= t for k, t in target.items())
+        classes[c] = stats
+    return {
+        "target": target,
+        "classes": classes,
+        "unpredicted": dict(sorted(missing.items())),
+        "met": all(s["met"] for s in classes.values()),
+    }
+
+
+def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict) -> dict:
+    """The leave-one-out set ``name`` of ``gpu``'s rows: for each value, refit every class that
+    has rows with it on its other rows and predict those rows; ``base`` holds the fits of all
+    rows, which a class without the value keeps (its rows, and so its fit, are unchanged)."""
+    graph = [r for r in fitted_rows(rows) if left_out_value(name, r) is not None]
+    values: dict[str, set] = {}
+    for r in graph:
+        values.setdefault(op_class(r), set()).add(left_out_value(name, r))
+    annotated, missing = [], Counter()
+    for v in sorted({left_out_value(name, r) for r in graph}, key=repr):
+        left = [r for r in graph if left_out_value(name, r) == v]
+        hit = {op_class(r) for r in left}
+        kept = [r for r in fitted_rows(rows) if op_class(r) in hit and left_out_value(name, r) != v]
+        classes = {k: f for k, f in base.items() if k not in hit}
+        classes.update(fit_classes(kept, gpu, ceiling))
+        got, miss = predict(left, classes, gpu, ceiling)
+        annotated += got
+        missing.update(miss)
+    out = summarize(annotated, missing, TARGETS["leave_one_out"], values)
+    out["title"] = TITLES[name]
+    return out
+
+
+def cross_gpu(fit_gpu: str, fit: dict, other: str, rows: list[dict], ceiling: dict) -> dict:
+    """``other``'s rows predicted by ``fit_gpu``'s class fits ``fit`` with ``other``'s measured
+    ceilings ``ceiling``."""
+    annotated, missing = predict(fitted_rows(rows), fit, other, ceiling)
+    out = summarize(annotated, missing, TARGETS["cross_gpu"])
+    out["title"] = f"fit on {fit_gpu}'s rows, predict {other}'s with its measured ceilings"
+    return out
+
+
+def measured_gpus() -> tuple[str, ...]:
+    """The GPUs with committed measurement rows."""
+    return tuple(g for g in ceilings.DEVICE_NAMES if any((ceilings.PROFILES / g).glob("*.jsonl")))
+
+
+@functools.lru_cache(maxsize=4)
+def _committed(gpu: str) -> tuple[list[dict], dict, dict]:
+    """``gpu``'s committed rows, the ceilings derived from them, and the class fits of all of
+    them (the rows are package data: one process reads and fits them once)."""
+    rows = ceilings.profile_rows(gpu)
+    ceiling = ceilings.derive(gpu, rows)["ceilings"]
+    return rows, ceiling, fit_classes(fitted_rows(rows), gpu, ceiling)
+
+
+@functools.lru_cache(maxsize=16)
+def _committed_set(gpu: str, name: str) -> dict:
+    """The set ``name`` of ``gpu``'s committed rows, keyed as ``transfer_report`` keys it."""
+    rows, ceiling, base = _committed(gpu)
+    if name in LEAVE_ONE_OUT:
+        return {name: leave_one_out(name, rows, gpu, ceiling, base)}
+    out = {}
+    for other in measured_gpus():
+        if other != gpu:
+            o_rows, o_ceiling, o_fit = _committed(other)
+            out[f"{gpu}->{other}"] = cross_gpu(gpu, base, other, o_rows, o_ceiling)
+            out[f"{other}->{gpu}"] = cross_gpu(other, o_fit, gpu, rows, ceiling)
+    return out
+
+
+def transfer_report(gpu: str = "h100-sxm", sets=TRANSFER_SETS) -> dict:
+    """The transfer sets of ``sets`` for the fit GPU ``gpu``, by set key: the leave-one-out
+    sets by name, the cross-GPU sets as ``<fit gpu>-><predicted gpu>`` for every other GPU with
+    rows, both directions. Computed from the committed rows once per process."""
+    out = {}
+    for name in TRANSFER_SETS:
+        if name in sets:
+            out.update(copy.deepcopy(_committed_set(gpu, name)))
+    return out
+
+
+def target_text(target: dict) -> str:
+    return ", ".join(f"{k.removesuffix('_ape')} APE <= {100 * v:.0f}%" for k, v in target.items())
+
+
+def set_markdown(key: str, s: dict) -> list[str]:
+    """One set as a markdown paragraph and table: a row per class, then the rows no fit
+    predicts."""
+    met = sum(c["met"] for c in s["classes"].values())
+    lines = [
+        f"**{key}**: {s['title']}; target {target_text(s['target'])}; "
+        f"{met} of {len(s['classes'])} classes meet it.",
+        "",
+        "| class | n | median APE | p90 APE | max APE | predicted by | target |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c, st in s["classes"].items():
+        by = ", ".join(f"`{k}`" for k in st["from"])
+        lines.append(ape_markdown_row(f"`{c}`", st, by, "met" if st["met"] else "missed"))
+    if s["unpredicted"]:
+        no_fit = ", ".join(f"`{c}` ({n} rows)" for c, n in s["unpredicted"].items())
+        lines += ["", f"No fit predicts: {no_fit}."]
+    return lines
+
+
+def transfer_markdown(report: dict) -> str:
+    """Every set of ``report`` in markdown (``docs/results/calibration.md`` embeds it)."""
+    lines: list[str] = []
+    for key, s in report.items():
+        lines += [*set_markdown(key, s), ""]
+    return "\n".join(lines)

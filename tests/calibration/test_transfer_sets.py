@@ -1,0 +1,187 @@
+import json
+
+import pytest
+from ssvkit.calibration import ceilings, transfer_sets
+from ssvkit.calibration.fit import op_class
+from ssvkit.calibration.transfer_sets import (
+    TARGETS,
+    fit_classes,
+    leave_one_out,
+    left_out_value,
+    parse_sets,
+    predicting_class,
+    summarize,
+)
+
+from ssvkit.cli import main
+
+CEILING = {"hbm_bytes_per_s": 3.0e12, "bf16_flops_per_s": 7.0e14}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return ceilings.profile_rows("h100-sxm")
+
+
+def _sparse_and_dense(rows):
+    keep = ("dense_verify", "sparse_verify/union/")
+    return [r for r in rows if r["timing"] == "graph" and op_class(r).startswith(keep)]
+
+
+@pytest.mark.parametrize("name", ["head", "group", "context"])
+def test_left_out_value_never_reaches_its_fit(rows, monkeypatch, name):
+    """Every refit of a leave-one-out set sees none of the rows it then predicts, nor any other
+    row with their value; every left-out row is predicted or counted as unpredicted."""
+    calls = []
+
+    def fit(kept, gpu, ceiling):
+        calls.append({"fit": kept})
+        return fit_classes(kept, gpu, ceiling)
+
+    def predict(left, classes, gpu, ceiling):
+        calls[-1]["left"] = left
+        return real_predict(left, classes, gpu, ceiling)
+
+    real_predict = transfer_sets.predict
+    subset = _sparse_and_dense(rows)
+    base = fit_classes(subset, "h100-sxm", CEILING)
+    monkeypatch.setattr(transfer_sets, "fit_classes", fit)
+    monkeypatch.setattr(transfer_sets, "predict", predict)
+    out = leave_one_out(name, subset, "h100-sxm", CEILING, base)
+    assert len(calls) >= 2 and out["classes"]
+    for call in calls:
+        (value,) = {left_out_value(name, r) for r in call["left"]}
+        assert value is not None
+        assert all(left_out_value(name, r) != value for r in call["fit"])
+    scored = sum(c["n"] for c in out["classes"].values()) + sum(out["unpredicted"].values())
+    assert scored == sum(left_out_value(name, r) is not None for r in subset)
+    if name == "group":  # a group-size class is predicted by another group size's fit
+        for cls, stats in out["classes"].items():
+            assert stats["from"] and cls not in stats["from"]
+
+
+def test_predicting_class_takes_the_nearest_group_size():
+    classes = {f"sparse_verify/union/C{c}/b1": None for c in (1, 2, 8)} | {"dense_verify": None}
+    assert predicting_class("dense_verify", classes) == "dense_verify"
+    assert predicting_class("sparse_verify/union/C4/b1", classes) == "sparse_verify/union/C2/b1"
+    assert predicting_class("sparse_verify/union/C6/b1", classes) == "sparse_verify/union/C8/b1"
+    assert predicting_class("sparse_verify/union/C4/bN", classes) is None
+    assert predicting_class("sparse_verify/shared/C4/b1", classes) is None
+    assert predicting_class("nsa_verify/reuse/fused", classes) is None
+
+
+def _row(context_len, batch, seconds_scale=1.0):
+    nbytes = batch * context_len * 8 * 128 * 2 * 2
+    p = {
+        "context_len": context_len,
+        "batch": batch,
+        "num_query_tokens": 16,
+        "num_q_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+    }
+    return {
+        "op": "dense_verify",
+        "params": p,
+        "timing": "graph",
+        "unique_bytes": nbytes,
+        "flops": 4 * batch * 16 * 32 * context_len * 128,
+        "median_s": seconds_scale * (4e-6 + nbytes / (0.7 * CEILING["hbm_bytes_per_s"])),
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "timestamp": "2026-01-01T00:00:00+00:00",
+        "git_commit": "0000000",
+    }
+
+
+def test_tiny_synthetic_set_meets_and_misses_its_target():
+    """Rows that follow the model exactly transfer to every left-out context; the same rows
+    with one context 1.6x slower miss the target (their own refit cannot know)."""
+    contexts, batches = (4096, 8192, 16384, 32768, 65536), (1, 2, 4, 8, 16)
+    exact = [_row(t, b) for t in contexts for b in batches]
+    good = leave_one_out("context", exact, "h100-sxm", CEILING, base={})
+    assert good["classes"]["dense_verify"]["n"] == len(exact)
+    assert good["classes"]["dense_verify"]["median_ape"] < 0.01
+    assert good["met"] and good["classes"]["dense_verify"]["values"] == len(contexts)
+    slow = [_row(t, b, 1.6 if t == 16384 else 1.0) for t in contexts for b in batches]
+    bad = leave_one_out("context", slow, "h100-sxm", CEILING, base={})
+    assert bad["classes"]["dense_verify"]["p90_ape"] > TARGETS["leave_one_out"]["p90_ape"]
+    assert not bad["met"] and not bad["classes"]["dense_verify"]["met"]
+
+
+def test_summarize_judges_median_and_p90_per_class():
+    def rows(cls, apes):
+        return [{"class": cls, "from": cls, "median_s": 1.0, "predicted_s": 1.0 + a} for a in apes]
+
+    target = TARGETS["cross_gpu"]
+    ok = rows("a", [0.01] * 9 + [0.5])  # median 1%, p90 5.9%: met despite one outlier
+    tail = rows("b", [0.01] * 7 + [0.3] * 3)  # median 1%, p90 30%: missed
+    out = summarize(ok + tail, {"c": 4}, target)
+    assert out["classes"]["a"]["met"] and not out["classes"]["b"]["met"]
+    assert not out["met"] and out["unpredicted"] == {"c": 4}
+    assert summarize(ok, {}, target)["met"]
+
+
+def test_parse_sets():
+    assert parse_sets("all") == ("interp", "head", "group", "context", "gpu")
+    assert parse_sets("gpu,interp") == ("interp", "gpu")
+    with pytest.raises(ValueError, match="'heads'"):
+        parse_sets("interp,heads")
+
+
+def test_validate_prints_the_chosen_sets(capsys):
+    assert main(["validate", "--sets", "group"]) == 0
+    out = capsys.readouterr().out
+    assert "profile h100-sxm-" not in out  # the interpolation tables only when chosen
+    lines = out.splitlines()
+    assert lines[0] == "group: leave one group size out"
+    assert lines[1].startswith("target median APE <= 6%, p90 APE <= 15%: ")
+    c8 = next(x for x in lines if x.startswith("sparse_verify/union/C8/b1 "))
+    assert c8.split()[-1] == "sparse_verify/union/C4/b1"  # predicted by the nearest size
+    assert c8.split()[-2] in ("met", "MISSED")
+    assert main(["validate", "--sets", "interp,context"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("profile h100-sxm-") and "\ncontext: leave one context length" in out
+    assert main(["validate", "--sets", "heads"]) == 2
+    assert "unknown test set 'heads'" in capsys.readouterr().err
+
+
+def test_validate_json_carries_the_sets(capsys):
+    assert main(["validate", "--json", "--sets", "interp,context,gpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["overall"]["heldout"]["n"] > 100  # the interpolation report is unchanged
+    assert doc["transfer_targets"] == TARGETS
+    assert set(doc["transfer"]) == {"context", "h100-sxm->h200", "h200->h100-sxm"}
+    for key, s in doc["transfer"].items():
+        target = TARGETS["leave_one_out" if key == "context" else "cross_gpu"]
+        assert s["target"] == target
+        for stats in s["classes"].values():
+            assert stats["n"] > 0
+            met = stats["median_ape"] <= target["median_ape"] and stats["p90_ape"] <= 0.15
+            assert stats["met"] == met
+        assert s["met"] == all(c["met"] for c in s["classes"].values())
+    # the H200 rows fit no GEMM class: the H100's GEMM rows are listed, not scored
+    back = doc["transfer"]["h200->h100-sxm"]
+    assert back["unpredicted"]["gemm"] > 0 and "gemm" not in back["classes"]
+    assert "sparse_verify/union/C2/b1" in back["classes"]
+
+
+def test_check_transfer_exits_1_on_a_missed_target(monkeypatch, capsys):
+    def fake(met):
+        stats = {"n": 3, "median_ape": 0.01, "p90_ape": 0.02, "max_ape": 0.03}
+        cls = {**stats, "from": ["x"], "met": met}
+        return {
+            "head": {
+                "title": "t",
+                "target": TARGETS["leave_one_out"],
+                "classes": {"x": cls},
+                "unpredicted": {},
+                "met": met,
+            }
+        }
+
+    for met in (True, False):
+        monkeypatch.setattr(transfer_sets, "transfer_report", lambda *a, met=met: fake(met))
+        assert main(["validate", "--sets", "head", "--check-transfer"]) == (0 if met else 1)
+        assert main(["validate", "--sets", "head"]) == 0  # measured, not gated
+        assert main(["validate", "--sets", "head", "--check"]) == 0  # the held-out split only
+    capsys.readouterr()
