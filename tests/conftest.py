@@ -9,12 +9,18 @@ CPU tests ran about 3x slower with two threads than with one beside a single bus
 2-core machine, and up to 70x under heavier load. Set here, before any test module imports
 torch or numpy, which read these variables once, at import.
 
+Bare package names: the project's folders are ``ssvkit``'s subpackages, but from a clone the
+repository root is on ``sys.path`` too, so ``import validation`` (or ``files("engine")``) would
+quietly import a second copy where an installed ssvkit has none. A finder refuses those names.
+
 Hypothesis: no per-example deadline and no too-slow health check (both time examples on the
 wall clock, which a loaded machine stretches); a property that holds passes however long its
 examples take.
 """
 
+import importlib.abc
 import os
+import sys
 
 from hypothesis import HealthCheck, settings
 
@@ -23,3 +29,26 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 settings.register_profile("untimed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("untimed")
+
+PACKAGES = (
+    "perfmodel",
+    "sim",
+    "kernels",
+    "calibration",
+    "engine",
+    "planner",
+    "sweep",
+    "validation",
+)
+
+
+class _BarePackageRefusal(importlib.abc.MetaPathFinder):
+    """Refuses a top-level import of a project folder's name: it is ``ssvkit.<name>``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if path is None and name.split(".")[0] in PACKAGES:
+            raise ModuleNotFoundError(f"No module named {name!r}: it is ssvkit.{name}")
+        return None
+
+
+sys.meta_path.insert(0, _BarePackageRefusal())

@@ -55,7 +55,7 @@ def project_label(path: str | Path) -> str:
     under one of them (``validation/data/planner.json``), else as given."""
     p = Path(path).resolve()
     for pkg in ("validation", "calibration", "engine"):
-        root = Path(str(files(pkg))).resolve()
+        root = Path(str(files(f"ssvkit.{pkg}"))).resolve()
         if p == root or root in p.parents:
             return str(Path(pkg) / p.relative_to(root))
     return str(path)
