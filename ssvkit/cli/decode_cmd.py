@@ -10,9 +10,11 @@ Bad input (a missing checkpoint, a context beyond the model's positions, a strat
 cannot run, no CUDA for ``--device cuda``) fails with one line and exit 2 before any model is
 built. The prediction comes from ``perfmodel`` for ``--gpu`` at the measured acceptance (the
 per-draft alpha that reproduces the mean accepted drafts per round) and, when measured, the
-mean group overlap. ``--drafter oracle`` drafts the target's own continuation corrupted to a
-chosen acceptance (``engine.oracle``): verification stays real, the acceptance is synthetic and
-labelled so, and the prediction prices the oracle's lookup as ``ngram`` drafting.
+mean group overlap (``--stats``; always with ``--drafter oracle`` on a sparse strategy, whose
+random-weight selections overlap less than a trained model's). ``--drafter oracle`` drafts the
+target's own continuation corrupted to a chosen acceptance (``engine.oracle``): verification
+stays real, the acceptance is synthetic and labelled so, and the prediction prices the oracle's
+lookup as ``ngram`` drafting.
 """
 
 from __future__ import annotations
@@ -274,6 +276,8 @@ def run(args) -> int:
         if not tree.num_drafts:
             raise ValueError(f"--drafter oracle needs a strategy that drafts; tree {strategy.tree}")
         decode.oracle_profile(tree.max_depth)
+        if strategy.is_sparse:  # measure the overlap: random weights select unlike trained ones
+            decode = dataclasses.replace(decode, record_stats=True)
     # A controller may switch to any tree: room for the largest verify tail the kernels take.
     tail = tree.num_nodes if isinstance(controller, KeepStrategy) else MAX_TREE_NODES
     t_max = context + decode.max_new_tokens + tail + 1

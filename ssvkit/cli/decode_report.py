@@ -69,6 +69,9 @@ def predict(
         "round_s": float(pred.round_s[0]),
         "tokens_per_s": float(pred.tokens_per_s[0]),
         "tokens_per_round": float(pred.tokens_per_round[0]),
+        "overlap": figure(
+            wl.overlap, "share", "measured:group_overlap" if overlap is not None else "default"
+        ),
     }
 
 
@@ -236,7 +239,13 @@ def report_text(r: dict) -> str:
     pr = f"{p['round_s'] * ms:10.3f}" if "round_s" in p else "       n/a"
     lines.append(f"{'round (ms)':22s}{r['round_s']['value'] * ms:10.3f} {pr}")
     lines.append(
-        "prediction: " + (f"{p['gpu']} [{p['provenance']}]" if "error" not in p else p["error"])
+        "prediction: "
+        + (
+            f"{p['gpu']} [{p['provenance']}], overlap {p['overlap']['value']:.3f} "
+            f"[{p['overlap']['provenance']}]"
+            if "error" not in p
+            else p["error"]
+        )
     )
     sel = r["selection"]
     if any(v is not None for v in sel.values()):

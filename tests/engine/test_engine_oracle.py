@@ -1,7 +1,8 @@
 """The oracle drafter on the CPU: decoding with it emits the target's own tokens (greedy and
 sampled, batch 1 and ragged batches, chains and trees, dense and sparse), even from a wrong
 reference; its accepted lengths follow the chosen per-depth acceptance; ``ssvkit decode
---drafter oracle`` labels that acceptance synthetic and refuses bad values in one line."""
+--drafter oracle`` labels that acceptance synthetic, feeds the measured selection overlap of a
+sparse strategy to its prediction, and refuses bad values in one line."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def test_the_acceptance_profile_checks_its_values_and_length():
 def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     argv = ["decode", "--model", "tiny", "--device", "cpu", "--context", "128"]
-    argv += ["--strategy", "sd_dense", "--tree", "chain:3", "--max-new-tokens", "16"]
+    argv += ["--strategy", "ssv", "--metadata", "mean", "--top-n", "1", "--block-size", "32"]
+    argv += ["--window", "32", "--tree", "chain:3", "--max-new-tokens", "16"]
     argv += ["--batch", "2", "--drafter", "oracle", "--oracle-acceptance", "0.9,0.7,0.5"]
     assert main([*argv, "--trace", str(trace), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -123,11 +125,15 @@ def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys
     assert out["fitted_alpha"]["provenance"].endswith("synthetic:oracle")
     assert out["oracle"] == {"acceptance": [0.9, 0.7, 0.5], "diverged": 0, "sequences": 2}
     assert out["strategy"]["drafter"]["kind"] == "ngram" and "oracle" in out["note"]
+    # A sparse strategy records its selections: the prediction takes the measured overlap.
+    assert out["prediction"]["overlap"]["provenance"] == "measured:group_overlap"
+    assert out["prediction"]["overlap"]["value"] == pytest.approx(out["selection"]["group_overlap"])
     header = json.loads(trace.read_text().splitlines()[0])
     assert header["acceptance"] == "synthetic:oracle"
-    assert main(argv) == 0
+    assert main(argv) == 0  # no --trace or --stats: the oracle records the selections itself
     text = capsys.readouterr().out
     assert "[synthetic]" in text and "acceptance: synthetic (oracle drafter" in text
+    assert "[measured:group_overlap]" in text
 
 
 RANDOM = ["--model", "random:llama-3.1-8b", "--device", "cpu"]
