@@ -170,3 +170,32 @@ def test_decode_oracle_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     rc = main(["decode", *RANDOM, *argv])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+class _Cycle:
+    """A controller that switches every round, through autoregressive rounds and two trees."""
+
+    def __init__(self, strategies) -> None:
+        self.strategies, self.calls = strategies, 0
+
+    def after_round(self, stats):
+        self.calls += 1
+        return self.strategies[self.calls % len(self.strategies)]
+
+
+def test_the_oracle_keeps_drafting_across_strategy_switches():
+    prompts = random_prompts([80, 121], seed=4)
+    cycle = [
+        Strategy(name="ar", tree="chain:0", drafter=NGRAM),
+        CASES["chain_dense"],
+        CASES["tree_dense"],
+    ]
+    cfg = DecodeConfig(max_new_tokens=40, oracle_acceptance=(0.8,))
+    want = autoregressive(CASES["tree_dense"], prompts, DecodeConfig(max_new_tokens=40))
+    target = ModelRunner(TARGET, batch=2, t_max=max(map(len, prompts)) + 40 + 16, backend="torch")
+    engine = Engine(target, cycle[0], cfg, controller=_Cycle(cycle))
+    result = engine.generate(prompts)
+    assert result.tokens == want
+    assert not engine._drafters["oracle"].diverged
+    drafted = [r for r in result.rounds if r.drafted]
+    assert drafted and np.mean([np.mean(r.accepted) for r in drafted]) > 0.6
