@@ -2,11 +2,13 @@
 
 ``Engine.generate`` (nano-vllm's ``LLMEngine.step`` loop in one sitting):
 
-1. **prefill** the prompts (target and drafter), sample the first token: the first root
-   (at temperature > 0, by inverse CDF at the uniform of its position: each run draws one
-   uniform per sequence position from its seed, and acceptance of deterministic drafts uses
-   the uniforms of the positions it samples, ``engine.acceptance``, so runs with the same seed
-   whose drafts are deterministic -- n-gram, autoregressive -- emit the same text). Then
+1. **prefill** the prompts (target and drafter; with the oracle drafter, ``engine.oracle``,
+   first its reference: an autoregressive decode of the same prompts with the same settings),
+   sample the first token: the first root (at temperature > 0, by inverse CDF at the uniform
+   of its position: each run draws one uniform per sequence position from its seed, and
+   acceptance of deterministic drafts uses the uniforms of the positions it samples,
+   ``engine.acceptance``, so runs with the same seed whose drafts are deterministic --
+   n-gram, oracle, autoregressive -- emit the same text). Then
    start the *warm* drafters the controller declares (``drafter_kinds()``), timed apart
    (``DecodeResult.warm_s``): a later switch to one only catches it up (``Drafter.resume``).
 2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
@@ -43,9 +45,9 @@ flagged ``warmup`` and left out of the tokens/s figures.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-import numpy as np
 import torch
 from ssvkit.engine.acceptance import accept, target_probs
 from ssvkit.engine.attention import AttentionConfig
@@ -54,10 +56,11 @@ from ssvkit.engine.controller import Controller, KeepStrategy, RoundStats
 from ssvkit.engine.draft_model import ModelDrafter, SelfSparseDrafter
 from ssvkit.engine.drafter import Draft, Drafter
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
-from ssvkit.engine.results import DecodeResult, RoundRecord
+from ssvkit.engine.oracle import OracleDrafter, acceptance_label
+from ssvkit.engine.results import DecodeResult, RoundRecord, reuse_summary
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
-from ssvkit.engine.stats import RoundSelection, SelectionStats
+from ssvkit.engine.stats import SelectionStats, batch_mean
 from ssvkit.engine.timing import StepTimer
 from ssvkit.engine.trace_writer import TraceWriter
 from ssvkit.engine.tree import DraftTree
@@ -159,6 +162,8 @@ class Engine:
         tokens: a warm one (started in this call) with those it lacks, another from scratch."""
         draft_cfg = self.draft_runner.config if self.draft_runner is not None else None
         tree, attn = check_strategy(strategy, self.target.config, draft_cfg, self.target.backend)
+        if tree.num_drafts and self.config.oracle_acceptance is not None:
+            self.config.oracle_profile(tree.max_depth)  # one value, or one per depth
         if self._history is not None:
             self._check_room(tree)
         drafter = self._drafter(strategy, tree) if tree.num_drafts else None
@@ -200,11 +205,15 @@ class Engine:
     def _drafter(
         self, strategy: Strategy | None, tree: DraftTree | None, kind: str = ""
     ) -> Drafter:
-        """The drafter of ``strategy`` (or of ``kind``: draft_model or ngram), built once."""
-        kind = kind or strategy.drafter.kind
+        """The drafter of ``strategy`` (or of ``kind``: draft_model or ngram), built once; the
+        oracle for every strategy when the config gives its acceptance."""
+        oracle = self.config.oracle_acceptance is not None
+        kind = kind or ("oracle" if oracle else strategy.drafter.kind)
         if kind not in self._drafters:
             temp = self.config.draft_temp
-            if kind == "draft_model":
+            if kind == "oracle":
+                d = OracleDrafter(self.target.device, self.target.config.vocab_size, self.config)
+            elif kind == "draft_model":
                 d = ModelDrafter(self.draft_runner, temp)
             elif kind == "ngram":
                 shadow = SHADOW_MAX_CHAIN if "ngram" in self.warm_kinds else 0
@@ -240,6 +249,9 @@ class Engine:
             )
         self._longest_prompt = max(map(len, prompts))
         self._check_room(self.tree)
+        if cfg.oracle_acceptance is not None:
+            oracle = self._drafter(None, None, "oracle")
+            oracle.load(prompts, self._reference(prompts))
         torch.manual_seed(cfg.seed)
         dev = self.target.device
         t0 = time.perf_counter()
@@ -287,11 +299,28 @@ class Engine:
                 timer=timer.source,
                 provenance=f"measured:{timer.source}",
                 warmup_rounds=[r.round for r in rounds if r.warmup],
-                **self._reuse_summary(rounds),
+                **reuse_summary(rounds),
+                **acceptance_label(cfg),
             )
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
         return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
+
+    def _reference(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The oracle's reference: the target's autoregressive continuation of ``prompts`` with
+        this run's attention and sampling settings (seed included), ``max_new_tokens`` plus a
+        draft tree's depth long so that the last round's drafts have it too. The pass prepares
+        the target for its own strategy, so this one is installed again after it."""
+        cfg = dataclasses.replace(
+            self.config,
+            oracle_acceptance=None,
+            record_stats=False,
+            max_new_tokens=self.config.max_new_tokens + self.tree.max_depth,
+        )
+        ar = dataclasses.replace(self.strategy, tree="chain:0")
+        tokens = Engine(self.target, ar, cfg).generate(prompts).tokens
+        self.set_strategy(self.strategy)
+        return tokens
 
     def _check_room(self, tree: DraftTree) -> None:
         """``ValueError`` unless every cache holds the longest prompt, ``max_new_tokens`` and a
@@ -559,33 +588,12 @@ class Engine:
             accepted=tuple(rec.accepted),
             step_s=dict(rec.step_s),
             tokens_generated=rec.tokens,
-            group_overlap=_batch_mean(sel, "group_overlap", rec.sequences),
-            layer_overlap=_batch_mean(sel, "layer_overlap", rec.sequences),
-            predict_hit=_batch_mean(sel, "predict_hit", rec.sequences),
+            group_overlap=batch_mean(sel, "group_overlap", rec.sequences),
+            layer_overlap=batch_mean(sel, "layer_overlap", rec.sequences),
+            predict_hit=batch_mean(sel, "predict_hit", rec.sequences),
             shadow=rec.shadow,
         )
         c0 = time.perf_counter()
         new = self.controller.after_round(stats)
         rec.step_s[key] = time.perf_counter() - c0
         return new
-
-    @staticmethod
-    def _reuse_summary(rounds: list[RoundRecord]) -> dict:
-        """Per-layer means of the reuse-last-round hit rate for the trace header (each round
-        carries its own in ``reuse_hit``)."""
-        rows = [r.selection.reuse_hit for r in rounds if r.selection is not None]
-        rows = [x for x in rows if not np.isnan(x).all()]
-        if not rows:
-            return {}
-        mean = np.nanmean(np.concatenate(rows, axis=0), axis=0)
-        return {"reuse_hit_mean": [float(x) for x in np.nan_to_num(mean)]}
-
-
-def _batch_mean(sel: RoundSelection | None, name: str, rows: list[int]) -> tuple[float, ...] | None:
-    """Per-layer mean of ``name`` over the sequences ``rows`` (None when undefined)."""
-    if sel is None:
-        return None
-    v = getattr(sel, name)[rows]
-    if np.isnan(v).all():
-        return None
-    return tuple(float(x) for x in np.nanmean(v, axis=0))

@@ -88,3 +88,14 @@ class DecodeResult:
     def mean_step_s(self) -> dict[str, float]:
         rs = self.timed()
         return {k: float(np.mean([r.step_s.get(k, 0.0) for r in rs])) for k in STEPS}
+
+
+def reuse_summary(rounds: list[RoundRecord]) -> dict:
+    """Per-layer means of the reuse-last-round hit rate for the trace header (each round
+    carries its own in ``reuse_hit``)."""
+    rows = [r.selection.reuse_hit for r in rounds if r.selection is not None]
+    rows = [x for x in rows if not np.isnan(x).all()]
+    if not rows:
+        return {}
+    mean = np.nanmean(np.concatenate(rows, axis=0), axis=0)
+    return {"reuse_hit_mean": [float(x) for x in np.nan_to_num(mean)]}

@@ -22,6 +22,13 @@ class DecodeConfig:
         default=False, metadata={"help": "selection overlaps and PRR hit rates per round"}
     )
     ngram_max_n: int = field(default=3, metadata={"help": "longest n-gram the ngram drafter uses"})
+    oracle_acceptance: tuple[float, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "draft with the oracle (the target's own continuation, corrupted): its "
+            "synthetic acceptance per depth, one value for every depth or one per depth"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -31,6 +38,39 @@ class DecodeConfig:
             raise ValueError(f"temperatures must be finite and >= 0, got {temps}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        acc = self.oracle_acceptance
+        if acc is not None and (
+            not acc or not all(isinstance(a, (int, float)) and 0 < a <= 1 for a in acc)
+        ):
+            raise ValueError(f"oracle acceptance must be values in (0, 1], got {acc}")
+
+    def oracle_profile(self, depth: int) -> tuple[float, ...]:
+        """The oracle's acceptance at depths 1..``depth``: one value for every depth, or one
+        per depth (``ValueError`` naming the lengths otherwise)."""
+        acc = self.oracle_acceptance or ()
+        if len(acc) == 1:
+            return acc * depth
+        if len(acc) != depth:
+            raise ValueError(
+                f"oracle acceptance has {len(acc)} values; the tree has depth {depth} "
+                "(give one value, or one per depth)"
+            )
+        return acc
+
+    @staticmethod
+    def parse_acceptance(text: str) -> tuple[float, ...]:
+        """``"0.8"`` or ``"0.9,0.8,0.6"`` as acceptance values in (0, 1] (``ValueError``
+        naming the bad value)."""
+        out = []
+        for part in str(text).split(","):
+            try:
+                a = float(part)
+            except ValueError:
+                raise ValueError(f"oracle acceptance {part.strip()!r} is not a number") from None
+            if not (math.isfinite(a) and 0 < a <= 1):
+                raise ValueError(f"oracle acceptance {a} is outside (0, 1]")
+            out.append(a)
+        return tuple(out)
 
     @property
     def draft_temp(self) -> float:

@@ -231,3 +231,13 @@ class SelectionStats:
         trend = np.where(old, beta * (level - prev) + (1 - beta) * phi * trend, trend)
         self._level = np.where(new, obs, level)
         self._trend = np.where(new, 0.0, trend)
+
+
+def batch_mean(sel: RoundSelection | None, name: str, rows: list[int]) -> tuple[float, ...] | None:
+    """Per-layer mean of ``name`` over the sequences ``rows`` (None when undefined)."""
+    if sel is None:
+        return None
+    v = getattr(sel, name)[rows]
+    if np.isnan(v).all():
+        return None
+    return tuple(float(x) for x in np.nanmean(v, axis=0))

@@ -3,12 +3,18 @@
 ssvkit decode --model tiny --context 16K --strategy ssv --max-new-tokens 256
 ssvkit decode --model random:llama-3.1-8b --context 32K --strategy sd_dense --drafter-kind ngram
 ssvkit decode --model tiny --device cpu --context 2K --strategy ar_dense --trace run.jsonl --json
+ssvkit decode --model random:llama-3.1-8b --context 32K --strategy ssv --drafter oracle \
+    --oracle-acceptance 0.9,0.8,0.7,0.6,0.5
 
 Bad input (a missing checkpoint, a context beyond the model's positions, a strategy the engine
 cannot run, no CUDA for ``--device cuda``) fails with one line and exit 2 before any model is
 built. The prediction comes from ``perfmodel`` for ``--gpu`` at the measured acceptance (the
 per-draft alpha that reproduces the mean accepted drafts per round) and, when measured, the
-mean group overlap.
+mean group overlap (``--stats``; always with ``--drafter oracle`` on a sparse strategy, whose
+random-weight selections overlap less than a trained model's). ``--drafter oracle`` drafts the
+target's own continuation corrupted to a chosen acceptance (``engine.oracle``): verification
+stays real, the acceptance is synthetic and labelled so, and the prediction prices the oracle's
+lookup as ``ngram`` drafting.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ STRATEGY_FIELDS = (
 DRAFTER_FIELDS = ("kind", "sparsity_ratio")
 DECODE_FIELDS = ("max_new_tokens", "temperature", "draft_temperature", "seed", "ngram_max_n")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_ORACLE_HELP = {f.name: f for f in dataclasses.fields(DecodeConfig)}["oracle_acceptance"].metadata[
+    "help"
+]
 
 
 def add_arguments(p) -> None:
@@ -64,6 +73,19 @@ def add_arguments(p) -> None:
     add_dataclass_options(g, Strategy, STRATEGY_FIELDS, defaults=BASELINES["ssv"])
     add_dataclass_options(g, DrafterSpec, DRAFTER_FIELDS, prefix="drafter-")
     add_dataclass_options(p, DecodeConfig, DECODE_FIELDS)
+    p.add_argument(
+        "--drafter",
+        default=None,
+        metavar="oracle",
+        help="oracle: draft the target's own continuation with a synthetic acceptance "
+        "(--oracle-acceptance) in place of the strategy's drafter",
+    )
+    p.add_argument(
+        "--oracle-acceptance",
+        default=None,
+        metavar="A[,A...]",
+        help=_ORACLE_HELP + " (values in (0, 1])",
+    )
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
     p.add_argument("--device", default="auto", help="cuda | cpu (default: cuda when present)")
     p.add_argument("--dtype", default="auto", help="bf16 | fp16 | fp32 (default: bf16 on cuda)")
@@ -98,7 +120,10 @@ def build_strategy(args, draft_name: str | None) -> tuple[Strategy, str | None]:
     kw = given(args, STRATEGY_FIELDS)
     dkw = given(args, DRAFTER_FIELDS, prefix="drafter_")
     note = None
-    if "kind" not in dkw and s.drafter.kind == "eagle":
+    if args.drafter == "oracle":  # the oracle drafts; the prediction prices a lookup (ngram)
+        dkw["kind"] = "ngram"
+        note = "drafter: oracle (synthetic acceptance; the prediction prices ngram drafting)"
+    elif "kind" not in dkw and s.drafter.kind == "eagle":
         dkw["kind"] = "draft_model" if draft_name else "ngram"
         note = f"drafter: {dkw['kind']} (the engine has no EAGLE heads)"
     drafter = dataclasses.replace(s.drafter, **dkw, model=draft_name or "none")
@@ -127,6 +152,27 @@ def _controller_and_strategy(args, context: int, draft_name: str | None):
     # ranking's models; the engine drafts with --draft-model's runner whatever the label says.
     note = f"strategy: the offline best of {args.ranking} for this context, adapted online"
     return ctl, ctl.initial_strategy(context), note
+
+
+def _oracle_acceptance(args) -> tuple[float, ...] | None:
+    """``--oracle-acceptance`` parsed, after the checks that the oracle can stand in here."""
+    if args.drafter is None:
+        if args.oracle_acceptance is not None:
+            raise ValueError("--oracle-acceptance needs --drafter oracle")
+        return None
+    if args.drafter != "oracle":
+        raise ValueError(
+            f"--drafter takes oracle (other drafters: --drafter-kind), got {args.drafter!r}"
+        )
+    if args.ranking:
+        raise ValueError("--drafter oracle: --ranking chooses the drafter; drop one of them")
+    if args.drafter_kind is not None:
+        raise ValueError(
+            "--drafter oracle replaces the drafter (priced as ngram): drop --drafter-kind"
+        )
+    if args.oracle_acceptance is None:
+        raise ValueError("--drafter oracle needs --oracle-acceptance (one value, or one per depth)")
+    return DecodeConfig.parse_acceptance(args.oracle_acceptance)
 
 
 def _device(args):
@@ -213,7 +259,10 @@ def run(args) -> int:
         except ValueError:
             bad = kw["draft_temperature"]
             raise ValueError(f"--draft-temperature {bad!r} is not a number") from None
-    decode = DecodeConfig(**kw, record_stats=bool(args.stats or args.trace))
+    oracle = _oracle_acceptance(args)
+    decode = DecodeConfig(
+        **kw, record_stats=bool(args.stats or args.trace), oracle_acceptance=oracle
+    )
     target_src = resolve_source(args.model)
     draft_name = args.draft_model or ("tiny-draft" if args.model == "tiny" else None)
     controller, strategy, note = _controller_and_strategy(args, context, draft_name)
@@ -223,6 +272,12 @@ def run(args) -> int:
     tree, _ = check_strategy(
         strategy, target_src.config, draft_src.config if draft_src else None, backend
     )
+    if oracle is not None:
+        if not tree.num_drafts:
+            raise ValueError(f"--drafter oracle needs a strategy that drafts; tree {strategy.tree}")
+        decode.oracle_profile(tree.max_depth)
+        if strategy.is_sparse:  # measure the overlap: random weights select unlike trained ones
+            decode = dataclasses.replace(decode, record_stats=True)
     # A controller may switch to any tree: room for the largest verify tail the kernels take.
     tail = tree.num_nodes if isinstance(controller, KeepStrategy) else MAX_TREE_NODES
     t_max = context + decode.max_new_tokens + tail + 1
@@ -265,6 +320,7 @@ def run(args) -> int:
     engine = Engine(
         target, strategy, decode, draft_runner=draft, controller=controller, trace=trace
     )
+    oracle_drafter = engine.drafter if oracle is not None else None  # kept if a controller switches
     result = engine.generate(prompts)
     report = build_report(
         args,
@@ -279,6 +335,7 @@ def run(args) -> int:
         backend,
         graphs,
         note,
+        oracle=oracle_drafter,
     )
     switches = getattr(controller, "switches", None)
     if switches is not None:

@@ -69,6 +69,9 @@ def predict(
         "round_s": float(pred.round_s[0]),
         "tokens_per_s": float(pred.tokens_per_s[0]),
         "tokens_per_round": float(pred.tokens_per_round[0]),
+        "overlap": figure(
+            wl.overlap, "share", "measured:group_overlap" if overlap is not None else "default"
+        ),
     }
 
 
@@ -98,8 +101,12 @@ def build_report(
     backend,
     graphs,
     note,
+    oracle=None,
 ) -> dict:
+    """The run's figures with their provenance; with ``oracle`` (the oracle drafter) every
+    acceptance figure is labelled ``synthetic:oracle``."""
     timer = f"measured:{result.timer}"
+    source = "synthetic:oracle" if oracle is not None else None
     mean_acc = result.mean_accepted()
     alpha = fit_acceptance(tree.parents[1:] and [p - 1 for p in tree.parents[1:]], mean_acc)
     overlap = _mean_layers(result, "group_overlap")
@@ -114,6 +121,8 @@ def build_report(
         overlap,
         args.gpu,
     )
+    if source is not None and "error" not in pred:
+        pred["acceptance"] = source
     steps = result.mean_step_s()
     round_s = sum(steps.values())
     timed = result.timed()
@@ -133,9 +142,15 @@ def build_report(
         "warmup_rounds": len(result.rounds) - len(timed),
         "drafted_per_round": tree.num_drafts,
         "tokens_per_s": figure(result.tokens_per_s(), "tokens/s", f"{timer}+host"),
-        "mean_accepted": figure(mean_acc, "drafts/round", timer.split("+")[0]),
-        "acceptance_rate": figure(result.acceptance_rate(), "share", "measured"),
-        "fitted_alpha": figure(alpha, "share", "fit:perfmodel.tree_expected_tokens"),
+        "mean_accepted": figure(mean_acc, "drafts/round", source or timer.split("+")[0]),
+        "acceptance_rate": figure(result.acceptance_rate(), "share", source or "measured"),
+        "fitted_alpha": figure(
+            alpha,
+            "share",
+            "fit:perfmodel.tree_expected_tokens" + (f" of {source}" if source else ""),
+        ),
+        "acceptance": source or "measured",
+        "oracle": _oracle_summary(oracle, args.batch),
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
         "round_s": figure(round_s, "s", timer),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
@@ -149,6 +164,17 @@ def build_report(
         "sample": _sample_text(result.tokens[0]),
     }
     return out
+
+
+def _oracle_summary(oracle, batch: int) -> dict | None:
+    """The oracle's chosen acceptance and how many sequences left its reference."""
+    if oracle is None:
+        return None
+    return {
+        "acceptance": list(oracle.config.oracle_acceptance),
+        "diverged": len(oracle.diverged),
+        "sequences": batch,
+    }
 
 
 def _sample_text(tokens: list[int]) -> str:
@@ -192,7 +218,15 @@ def report_text(r: dict) -> str:
         f"{'mean accepted/round':22s}{r['mean_accepted']['value']:10.2f} "
         f"{p.get('tokens_per_round', float('nan')) - 1:10.2f}   (alpha fit "
         f"{r['fitted_alpha']['value']:.3f}, rate {r['acceptance_rate']['value']:.3f})"
+        + (" [synthetic]" if r.get("oracle") else "")
     )
+    if r.get("oracle"):
+        o = r["oracle"]
+        lines.append(
+            f"acceptance: synthetic (oracle drafter, alpha per depth "
+            f"{','.join(f'{a:g}' for a in o['acceptance'])}; {o['diverged']} of "
+            f"{o['sequences']} sequences left its reference)"
+        )
     for k, v in r["steps_s"].items():
         pv = p.get(f"{k}_s")
         # ``launch`` is the GPU waiting for the host: loop overhead, which the step model
@@ -205,7 +239,13 @@ def report_text(r: dict) -> str:
     pr = f"{p['round_s'] * ms:10.3f}" if "round_s" in p else "       n/a"
     lines.append(f"{'round (ms)':22s}{r['round_s']['value'] * ms:10.3f} {pr}")
     lines.append(
-        "prediction: " + (f"{p['gpu']} [{p['provenance']}]" if "error" not in p else p["error"])
+        "prediction: "
+        + (
+            f"{p['gpu']} [{p['provenance']}], overlap {p['overlap']['value']:.3f} "
+            f"[{p['overlap']['provenance']}]"
+            if "error" not in p
+            else p["error"]
+        )
     )
     sel = r["selection"]
     if any(v is not None for v in sel.values()):

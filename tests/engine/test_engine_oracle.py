@@ -1,0 +1,201 @@
+"""The oracle drafter on the CPU: decoding with it emits the target's own tokens (greedy and
+sampled, batch 1 and ragged batches, chains and trees, dense and sparse), even from a wrong
+reference; its accepted lengths follow the chosen per-depth acceptance; ``ssvkit decode
+--drafter oracle`` labels that acceptance synthetic, feeds the measured selection overlap of a
+sparse strategy to its prediction, and refuses bad values in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from engine_helpers import random_prompts, tiny_model
+from ssvkit.engine.loop import Engine
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.settings import DecodeConfig
+from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+
+from ssvkit.cli import main
+
+TARGET = tiny_model(seed=3)
+NGRAM = DrafterSpec(kind="ngram")
+SPARSE = dict(attention="sparse", top_n=2, block_size=16, window=32, metadata="mean")
+CASES = {
+    "chain_dense": Strategy(name="sd", tree="chain:4", drafter=NGRAM),
+    "tree_dense": Strategy(name="sd", tree="full:2x3", drafter=NGRAM),
+    "tree_sparse_union": Strategy(
+        name="ssv", tree="full:2x2", drafter=NGRAM, mode="union", group_size=3, **SPARSE
+    ),
+}
+
+
+def decode(strategy: Strategy, prompts, config: DecodeConfig, tail: int = 16):
+    """``config``'s decode of ``prompts`` as one batch; the cache holds ``tail`` rows past the
+    new tokens whatever the strategy, so sampled runs draw the same position uniforms."""
+    t_max = max(map(len, prompts)) + config.max_new_tokens + tail
+    target = ModelRunner(TARGET, batch=len(prompts), t_max=t_max, backend="torch")
+    engine = Engine(target, strategy, config)
+    return engine, engine.generate(prompts)
+
+
+def autoregressive(strategy: Strategy, prompts, config: DecodeConfig) -> list[list[int]]:
+    ar = dataclasses.replace(strategy, tree="chain:0")
+    return decode(ar, prompts, config)[1].tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("lengths", [[157], [157, 290, 93]])
+@pytest.mark.parametrize("case", list(CASES))
+def test_oracle_decoding_emits_the_targets_own_tokens(case, lengths, temperature):
+    prompts = random_prompts(lengths, seed=7)
+    plain = DecodeConfig(max_new_tokens=40, temperature=temperature, seed=5)
+    want = autoregressive(CASES[case], prompts, plain)
+    cfg = dataclasses.replace(plain, oracle_acceptance=(0.7,))
+    engine, result = decode(CASES[case], prompts, cfg)
+    assert result.tokens == want
+    assert engine.drafter.kind == "oracle" and not engine.drafter.diverged
+    assert result.mean_accepted() > 0.6  # expected: 1.19 (depth 2) to 1.77 (depth 4)
+
+
+def test_a_wrong_reference_is_rejected_and_the_output_stays_the_targets(monkeypatch):
+    prompts = random_prompts([120, 64], seed=2)
+    cfg = DecodeConfig(max_new_tokens=30, oracle_acceptance=(1.0,))
+    want = autoregressive(CASES["tree_dense"], prompts, DecodeConfig(max_new_tokens=30))
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(
+        Engine, "_reference", lambda self, p: rng.integers(0, 256, (len(p), 40)).tolist()
+    )
+    engine, result = decode(CASES["tree_dense"], prompts, cfg)
+    assert result.tokens == want
+    assert engine.drafter.diverged == {0, 1}
+    assert result.mean_accepted() < 0.2
+
+
+@pytest.mark.parametrize(
+    ("tree", "alpha"),
+    [("chain:3", (0.9, 0.6, 0.3)), ("full:2x3", (0.5, 0.8, 0.95)), ("best:12:4", (0.75,))],
+)
+def test_accepted_lengths_follow_the_chosen_acceptance_per_depth(tree, alpha):
+    """Each depth's conditional acceptance (rounds that kept >= k drafts among those that kept
+    >= k - 1) lies within 4 binomial standard deviations of alpha_k (a fixed seed: the draws,
+    and so the outcome, are the same every run)."""
+    prompts = random_prompts([64, 97, 80, 71], seed=11)
+    strategy = Strategy(name="sd", tree=tree, drafter=NGRAM)
+    cfg = DecodeConfig(max_new_tokens=240, oracle_acceptance=alpha, seed=3)
+    engine, result = decode(strategy, prompts, cfg)
+    assert not engine.drafter.diverged
+    accepted = np.concatenate([r.accepted for r in result.rounds])
+    depth = DraftTree.from_spec(tree).max_depth
+    for k, a in enumerate(cfg.oracle_profile(depth), start=1):
+        n = int((accepted >= k - 1).sum())
+        rate = (accepted >= k).sum() / n
+        assert n >= 30, (k, n)
+        assert abs(rate - a) <= 4 * math.sqrt(a * (1 - a) / n) + 1e-9, (k, rate, a, n)
+
+
+def test_the_acceptance_profile_checks_its_values_and_length():
+    assert DecodeConfig.parse_acceptance("0.9, 0.5,1") == (0.9, 0.5, 1.0)
+    cfg = DecodeConfig(oracle_acceptance=(0.9, 0.5))
+    assert cfg.oracle_profile(2) == (0.9, 0.5)
+    assert DecodeConfig(oracle_acceptance=(0.8,)).oracle_profile(3) == (0.8, 0.8, 0.8)
+    with pytest.raises(ValueError, match="has 2 values; the tree has depth 3"):
+        cfg.oracle_profile(3)
+    for bad in ((0.0,), (1.2,), ()):
+        with pytest.raises(ValueError, match="oracle acceptance"):
+            DecodeConfig(oracle_acceptance=bad)
+    with pytest.raises(ValueError, match="'x' is not a number"):
+        DecodeConfig.parse_acceptance("0.8,x")
+
+
+def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    argv = ["decode", "--model", "tiny", "--device", "cpu", "--context", "128"]
+    argv += ["--strategy", "ssv", "--metadata", "mean", "--top-n", "1", "--block-size", "32"]
+    argv += ["--window", "32", "--tree", "chain:3", "--max-new-tokens", "16"]
+    argv += ["--batch", "2", "--drafter", "oracle", "--oracle-acceptance", "0.9,0.7,0.5"]
+    assert main([*argv, "--trace", str(trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["acceptance"] == "synthetic:oracle"
+    for name in ("mean_accepted", "acceptance_rate"):
+        assert out[name]["provenance"] == "synthetic:oracle"
+    assert out["fitted_alpha"]["provenance"].endswith("synthetic:oracle")
+    assert out["oracle"] == {"acceptance": [0.9, 0.7, 0.5], "diverged": 0, "sequences": 2}
+    assert out["strategy"]["drafter"]["kind"] == "ngram" and "oracle" in out["note"]
+    # A sparse strategy records its selections: the prediction takes the measured overlap.
+    assert out["prediction"]["overlap"]["provenance"] == "measured:group_overlap"
+    assert out["prediction"]["overlap"]["value"] == pytest.approx(out["selection"]["group_overlap"])
+    header = json.loads(trace.read_text().splitlines()[0])
+    assert header["acceptance"] == "synthetic:oracle"
+    assert main(argv) == 0  # no --trace or --stats: the oracle records the selections itself
+    text = capsys.readouterr().out
+    assert "[synthetic]" in text and "acceptance: synthetic (oracle drafter" in text
+    assert "[measured:group_overlap]" in text
+
+
+RANDOM = ["--model", "random:llama-3.1-8b", "--device", "cpu"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--drafter", "oracle"], "needs --oracle-acceptance"),
+        (["--oracle-acceptance", "0.8"], "needs --drafter oracle"),
+        (["--drafter", "eagle", "--oracle-acceptance", "0.8"], "--drafter takes oracle"),
+        (["--drafter", "oracle", "--oracle-acceptance", "1.5"], "outside (0, 1]"),
+        (["--drafter", "oracle", "--oracle-acceptance", "0"], "outside (0, 1]"),
+        (["--drafter", "oracle", "--oracle-acceptance", "0.8,high"], "'high' is not a number"),
+        (
+            ["--drafter", "oracle", "--oracle-acceptance", "0.9,0.8", "--tree", "chain:3"],
+            "has 2 values; the tree has depth 3",
+        ),
+        (
+            ["--drafter", "oracle", "--oracle-acceptance", "0.8", "--strategy", "ar_dense"],
+            "needs a strategy that drafts",
+        ),
+        (
+            ["--drafter", "oracle", "--oracle-acceptance", "0.8", "--drafter-kind", "ngram"],
+            "drop --drafter-kind",
+        ),
+        (
+            ["--drafter", "oracle", "--oracle-acceptance", "0.8", "--ranking", "r.json"],
+            "--ranking chooses the drafter",
+        ),
+    ],
+)
+def test_decode_oracle_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    rc = main(["decode", *RANDOM, *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+class _Cycle:
+    """A controller that switches every round, through autoregressive rounds and two trees."""
+
+    def __init__(self, strategies) -> None:
+        self.strategies, self.calls = strategies, 0
+
+    def after_round(self, stats):
+        self.calls += 1
+        return self.strategies[self.calls % len(self.strategies)]
+
+
+def test_the_oracle_keeps_drafting_across_strategy_switches():
+    prompts = random_prompts([80, 121], seed=4)
+    cycle = [
+        Strategy(name="ar", tree="chain:0", drafter=NGRAM),
+        CASES["chain_dense"],
+        CASES["tree_dense"],
+    ]
+    cfg = DecodeConfig(max_new_tokens=40, oracle_acceptance=(0.8,))
+    want = autoregressive(CASES["tree_dense"], prompts, DecodeConfig(max_new_tokens=40))
+    target = ModelRunner(TARGET, batch=2, t_max=max(map(len, prompts)) + 40 + 16, backend="torch")
+    engine = Engine(target, cycle[0], cfg, controller=_Cycle(cycle))
+    result = engine.generate(prompts)
+    assert result.tokens == want
+    assert not engine._drafters["oracle"].diverged
+    drafted = [r for r in result.rounds if r.drafted]
+    assert drafted and np.mean([np.mean(r.accepted) for r in drafted]) > 0.6
