@@ -6,11 +6,12 @@ from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.rows import checksum, load_rows, seal, validate
 
 
-def test_committed_overlay_is_derived_from_the_rows():
-    rows = ceilings.profile_rows("h100-sxm")
-    committed = json.loads((ceilings.PROFILES / "h100-sxm" / "ceilings.json").read_text())
-    assert committed == ceilings.derive("h100-sxm", rows)
-    g = get_gpu("h100-sxm")
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
+def test_committed_overlay_is_derived_from_the_rows(gpu):
+    rows = ceilings.profile_rows(gpu)
+    committed = json.loads((ceilings.PROFILES / gpu / "ceilings.json").read_text())
+    assert committed == ceilings.derive(gpu, rows)
+    g = get_gpu(gpu)
     assert g.provenance == f"calibrated:{committed['profile_id']}"
     assert g.hbm_bytes_per_s == committed["ceilings"]["hbm_bytes_per_s"]
 

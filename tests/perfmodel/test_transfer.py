@@ -61,13 +61,14 @@ def _gemm(nbytes, flops, depth):
 
 def test_transferred_gemm_is_the_source_fit_on_the_target_ceilings():
     """A 1 GB GEMM call, evaluated by hand: t0 + max(t_k K, bytes / (e_b BW), flops / (e_c PEAK))
-    with the H100 SXM's fitted gemm class and the H200's datasheet BW and PEAK."""
+    with the H100 SXM's fitted gemm class and the H200's ceilings (measured, committed)."""
     nbytes, flops, depth = 1e9, 1e11, 4096
     h200 = get_gpu("h200")
     c = SOURCE.classes["gemm"]
     eb = np.interp(np.log10(nbytes), c.bytes_knots, c.bytes_eff)
     ef = np.interp(np.log10(flops), c.flops_knots, c.flops_eff)
-    bw, peak = 4.8e12, 989.4e12  # the H200's datasheet copy bandwidth and bf16 rate
+    bw, peak = h200.hbm_bytes_per_s, h200.bf16_flops_per_s
+    assert h200.provenance.startswith("calibrated:h200-ceilings")
     want = c.t0_s + max(c.t_depth_s * depth, nbytes / (eb * bw), flops / (ef * peak))
     got = make_predictor(h200).op_time_s(_gemm(nbytes, flops, depth))
     assert got[0] == pytest.approx(want, rel=1e-12)
