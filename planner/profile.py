@@ -199,13 +199,13 @@ class RegimeProfile:
         }
 
 
-def _check_prob(where: str, v) -> float:
+def _json_prob(where: str, v) -> float:
     if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
         raise ValueError(f"{where} must be a number in [0, 1], got {v!r}")
     return float(v)
 
 
-def _check_nonneg(where: str, v) -> float:
+def _json_nonneg(where: str, v) -> float:
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
     if not ok:
         raise ValueError(f"{where} must be a finite number >= 0, got {v!r}")
@@ -253,13 +253,13 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Regi
                 )
             tables[name] = table
         acc[regime] = {
-            k: _check_prob(f"{regime}.acceptance.{k}", v) for k, v in tables["acceptance"].items()
+            k: _json_prob(f"{regime}.acceptance.{k}", v) for k, v in tables["acceptance"].items()
         }
         ovl[regime] = {
-            k: _check_prob(f"{regime}.overlap.{k}", v) for k, v in tables["overlap"].items()
+            k: _json_prob(f"{regime}.overlap.{k}", v) for k, v in tables["overlap"].items()
         }
         att[regime] = {
-            k: _check_nonneg(f"{regime}.attention.{k}", v) for k, v in tables["attention"].items()
+            k: _json_nonneg(f"{regime}.attention.{k}", v) for k, v in tables["attention"].items()
         }
         ovh[regime] = check_overhead(f"{regime}.overhead", tables["overhead"])
     return RegimeProfile(acc, ovl, f"{label}:{d.get('source', 'unknown')}", att, ovh)
