@@ -21,6 +21,8 @@ examples take.
 import importlib.abc
 import os
 import sys
+import tomllib
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
@@ -30,16 +32,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 settings.register_profile("untimed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("untimed")
 
-PACKAGES = (
-    "perfmodel",
-    "sim",
-    "kernels",
-    "calibration",
-    "engine",
-    "planner",
-    "sweep",
-    "validation",
-)
+# The folders installed as ssvkit.<folder> (pyproject.toml's package-dir mapping).
+_DIRS = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]
+PACKAGES = tuple(p.split(".", 1)[1] for p in _DIRS["setuptools"]["package-dir"] if "." in p)
 
 
 class _BarePackageRefusal(importlib.abc.MetaPathFinder):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ssvkit.cli.decode_report import build_report, report_text
+from ssvkit.cli.decode_report import DecodeRun, build_report, report_text
 from ssvkit.cli.options import add_dataclass_options, given, parse_one
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.perfmodel.files import check_output, read_bytes
@@ -322,9 +322,7 @@ def run(args) -> int:
     )
     oracle_drafter = engine.drafter if oracle is not None else None  # kept if a controller switches
     result = engine.generate(prompts)
-    report = build_report(
-        args,
-        result,
+    run = DecodeRun(
         strategy,
         tree,
         target_src,
@@ -337,6 +335,7 @@ def run(args) -> int:
         note,
         oracle=oracle_drafter,
     )
+    report = build_report(args, result, run)
     switches = getattr(controller, "switches", None)
     if switches is not None:
         report["switches"] = switches

@@ -88,23 +88,29 @@ def _mean_layers(result, name: str) -> float | None:
     return None if v.size == 0 or np.isnan(v).all() else float(np.nanmean(v))
 
 
-def build_report(
-    args,
-    result,
-    strategy,
-    tree,
-    target_src,
-    draft_src,
-    context,
-    device,
-    dtype,
-    backend,
-    graphs,
-    note,
-    oracle=None,
-) -> dict:
-    """The run's figures with their provenance; with ``oracle`` (the oracle drafter) every
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """What ``ssvkit decode`` ran: the strategy and its tree, the models, the context and the
+    device setup, and the oracle drafter when it drafted."""
+
+    strategy: object
+    tree: object
+    target_src: object
+    draft_src: object
+    context: int
+    device: str
+    dtype: object
+    backend: str
+    graphs: bool
+    note: str | None
+    oracle: object = None
+
+
+def build_report(args, result, run: DecodeRun) -> dict:
+    """The run's figures with their provenance; with ``run.oracle`` (the oracle drafter) every
     acceptance figure is labelled ``synthetic:oracle``."""
+    strategy, tree, context, oracle = run.strategy, run.tree, run.context, run.oracle
+    target_src, draft_src = run.target_src, run.draft_src
     timer = f"measured:{result.timer}"
     source = "synthetic:oracle" if oracle is not None else None
     mean_acc = result.mean_accepted()
@@ -130,11 +136,11 @@ def build_report(
         "model": target_src.name,
         "draft_model": draft_src.name if draft_src else None,
         "strategy": dataclasses.asdict(strategy),
-        "note": note,
-        "device": device,
-        "dtype": str(dtype).removeprefix("torch."),
-        "backend": backend,
-        "cuda_graphs": graphs,
+        "note": run.note,
+        "device": run.device,
+        "dtype": str(run.dtype).removeprefix("torch."),
+        "backend": run.backend,
+        "cuda_graphs": run.graphs,
         "context": context,
         "batch": args.batch,
         "new_tokens": len(result.tokens[0]),
