@@ -1,5 +1,6 @@
-from ssvkit.cli.decode_report import predict
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+
+from ssvkit.cli.decode_report import predict
 
 
 def test_an_autoregressive_run_is_predicted_whatever_its_drafter():
