@@ -27,6 +27,13 @@ def test_perfmodel_never_imports_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_command_line_starts_without_the_simulator():
+    """``ssvkit.cli`` imports every command module at start; the simulator (and simpy) load only
+    when a command simulates, so ``ssvkit decode`` runs where simpy is absent."""
+    code = "import sys, ssvkit.cli; assert 'simpy' not in sys.modules, 'simpy imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def _readme_commands():
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S)

@@ -27,7 +27,15 @@ from ssvkit.perfmodel.seed_formulas import (
 )
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload
 from ssvkit.sim.config import PrrConfig, SimConfig, SparseSpecConfig, SsdConfig, default_strategy
-from ssvkit.sim.scenarios import simulate
+
+
+def simulate(config):
+    """``sim.scenarios.simulate``, imported when a figure simulates: the command line imports
+    this module at start, and a decode-only machine need not have simpy."""
+    from ssvkit.sim.scenarios import simulate as run
+
+    return run(config)
+
 
 WORKLOAD_KEYS = ("context_len", "batch", "tp", "acceptance", "overlap")
 STRATEGY_KEYS = ("tree", "metadata", "drafter", "draft_model")
