@@ -178,9 +178,12 @@ def predict_columns(
     the draft model's spec and EAGLE's draft vocabulary (the kind per point is in ``c``).
     """
     drafter = drafter or DrafterSpec()
-    draft = drafter.draft_spec()
+    # The draft model is resolved only when a point drafts with it: an autoregressive point
+    # keeps its strategy's drafter, which is never priced.
+    drafts_with_model = ((c.drafter == DRAFTER_CODES["draft_model"]) & (c.num_draft > 0)).any()
+    draft = drafter.draft_spec() if drafts_with_model else None
     draft_vocab = drafter.draft_vocab
-    if draft is None and (c.drafter == DRAFTER_CODES["draft_model"]).any():
+    if draft is None and drafts_with_model:
         raise ValueError("a draft_model drafter needs the draft model (DrafterSpec.model)")
     if hasattr(predictor, "outside"):
         predictor.outside = None  # extrapolation flags are per evaluation

@@ -45,16 +45,13 @@ def predict(
     from ssvkit.perfmodel.hardware import get_gpu
     from ssvkit.perfmodel.models import get_model
     from ssvkit.perfmodel.step import build_columns, predict_columns
-    from ssvkit.perfmodel.strategy import DrafterSpec, Workload, check_feasible
+    from ssvkit.perfmodel.strategy import Workload, check_feasible
 
     try:
         model = get_model(target_spec)
         s = strategy
-        if s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) == 0:
-            # An autoregressive run drafts nothing: its drafter (perhaps a checkpoint the
-            # registry does not know) is never priced.
-            s = dataclasses.replace(s, drafter=DrafterSpec(kind="ngram"))
-        elif s.drafter.kind == "draft_model":
+        drafts = s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) > 0
+        if s.drafter.kind == "draft_model" and drafts:
             s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
         wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
         if overlap is not None:
