@@ -28,7 +28,7 @@ MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 @triton.jit
 def _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
     """Fold keys ``k`` / values ``v`` [N, D] into the state of ``q`` [M, D]; ``visible`` is a
-    boolean broadcastable to [M, N]."""
+    boolean broadcastable to [M, N]. Also returns the masked log2-domain scores [M, N]."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
     s = tl.where(visible, s, NEG_SENTINEL)
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -37,7 +37,7 @@ def _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.
     p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+    return m_new, l_i, acc, s
 
 
 @triton.jit
@@ -46,6 +46,41 @@ def _chunk(n, chunk, n_chunks):
     per = tl.cdiv(n, n_chunks)
     lo = tl.minimum(chunk * per, n)
     return lo, tl.minimum(lo + per, n)
+
+
+@triton.jit
+def _branch_units(
+    prefix, n_list, nc_max, window, comp_block, comp_stride, BLOCK_N: tl.constexpr, SUBS
+):
+    """Key tiles of each branch of one (sequence x KV head, row tile) -- compressed,
+    selected (``n_list`` union entries of ``SUBS`` tiles), window -- and the compressed tokens
+    ``nc`` and the window's first token."""
+    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
+    nc = tl.minimum(nc, nc_max)
+    win_start = tl.maximum(prefix - window, 0)
+    units_c = tl.cdiv(nc, BLOCK_N)
+    units_w = tl.cdiv(prefix - win_start, BLOCK_N)
+    return units_c, n_list * SUBS, units_w, nc, win_start
+
+
+@triton.jit
+def _split_slots(branches, n, units_c, units_s, units_w):
+    """``n`` slots split between the enabled branches (bits 1, 2, 4 of ``branches``:
+    compressed, selected, window) in proportion to their key tiles, at least one each; the
+    last enabled branch takes the rest. Integer arithmetic, so the forward and the merge get
+    the same split. Returns the compressed and selected slot counts."""
+    on_c = (branches & 1) != 0
+    on_s = (branches & 2) != 0
+    on_w = (branches & 4) != 0
+    total = tl.maximum(
+        tl.where(on_c, units_c, 0) + tl.where(on_s, units_s, 0) + tl.where(on_w, units_w, 0), 1
+    )
+    later = on_s.to(tl.int32) + on_w.to(tl.int32)
+    share_c = tl.minimum(tl.maximum((2 * n * units_c + total) // (2 * total), 1), n - later)
+    c_n = tl.where(on_c, tl.where(later > 0, share_c, n), 0)
+    share_s = tl.minimum(tl.maximum((2 * n * units_s + total) // (2 * total), 1), n - c_n - 1)
+    s_n = tl.where(on_s, tl.where(on_w, share_s, n - c_n), 0)
+    return c_n, s_n
 
 
 @triton.jit
@@ -75,7 +110,10 @@ def _tail_update(
     v = tl.load(v_base + off, mask=tail_ok[:, None], other=0.0)
     shift = tl.minimum(offs_j, MAX_TREE_BIT).to(tl.int64)
     seen = ((row_bits[:, None] >> shift[None, :]) & 1) != 0
-    return _online_update(q, k, v, seen & tail_ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
+    m_i, l_i, acc, _ = _online_update(
+        q, k, v, seen & tail_ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION
+    )
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -92,6 +130,7 @@ def nsa_fwd_kernel(
     prefix_ptr,  # [B, t] i64, [B] i32
     part_acc_ptr,
     part_ml_ptr,  # [B*Hkv*tiles, slots, BLOCK_M, D], [.., slots, 2, BLOCK_M] fp32
+    s_ptr,  # [B*Hkv*tiles, ROWS * GROUP, NC_max] fp32 compressed scores (STORE_S only)
     stride_qb,
     stride_qt,
     stride_qh,
@@ -109,8 +148,7 @@ def nsa_fwd_kernel(
     comp_stride,
     qk_scale,
     list_len,
-    c_slots,
-    s_slots,
+    branches,
     slot_base,
     num_slots,
     NUM_KV_HEADS: tl.constexpr,
@@ -124,10 +162,13 @@ def nsa_fwd_kernel(
     T_PAD: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    STORE_S: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, slots)``: slot ``s`` runs an equal slice of one branch's units
-    (``c_slots`` compressed, then ``s_slots`` selected, then window) and writes its state to
-    slot ``slot_base + s``. All branches share one software-pipelined loop over key tiles: a
+    and writes its state to slot ``slot_base + s``. The slots go to the enabled branches
+    (``branches``) in proportion to the key tiles each has in this program -- compressed, then
+    selected, then window (``_split_slots``) -- so a union list longer or shorter than the host
+    expected still spreads evenly. All branches share one software-pipelined loop over key tiles: a
     tile's address comes from its unit alone (the selected branch's from one union-list entry),
     so the loads of the next tiles are in flight while one is computed on.
 
@@ -136,7 +177,9 @@ def nsa_fwd_kernel(
     one row per tile, whose list is the row's own ``block_idx`` (-1 pads load nothing). The
     window loop covers the window's prefix tokens; the last window slot then adds the draft
     tail (``T_PAD`` >= t entries) in one step under the ancestor bitmask, so the loop carries
-    no tree mask."""
+    no tree mask. ``STORE_S`` (a launch of compressed slots only: the refresh path's) also
+    writes each real MMA row's log2-domain score of every compressed token to ``s_ptr``, which
+    the block scoring reads instead of computing them again."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")
@@ -168,21 +211,18 @@ def nsa_fwd_kernel(
     list_base = pid.to(tl.int64) * list_len
 
     # The branch of this slot: its units, its key source and the end of its keys.
-    is_comp = slot < c_slots
-    is_sel = (slot >= c_slots) & (slot < c_slots + s_slots)
-    is_win = slot >= c_slots + s_slots
-    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
-    nc = tl.minimum(nc, nc_max)
     if ALL_MEMBERS:
         n_list = list_len
     else:
-        n_list = tl.load(count_ptr + pid, mask=is_sel, other=0)
-    win_start = tl.maximum(prefix - window, 0)
-    n_units = tl.where(
-        is_comp,
-        tl.cdiv(nc, BLOCK_N),
-        tl.where(is_sel, n_list * SUBS, tl.cdiv(prefix - win_start, BLOCK_N)),
+        n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
+    units_c, units_s, units_w, nc, win_start = _branch_units(
+        prefix, n_list, nc_max, window, comp_block, comp_stride, BLOCK_N, SUBS
     )
+    c_slots, s_slots = _split_slots(branches, tl.num_programs(1), units_c, units_s, units_w)
+    is_comp = slot < c_slots
+    is_sel = (slot >= c_slots) & (slot < c_slots + s_slots)
+    is_win = slot >= c_slots + s_slots
+    n_units = tl.where(is_comp, units_c, tl.where(is_sel, units_s, units_w))
     first_slot = tl.where(is_comp, 0, tl.where(is_sel, c_slots, c_slots + s_slots))
     branch_slots = tl.where(
         is_comp, c_slots, tl.where(is_sel, s_slots, tl.num_programs(1) - c_slots - s_slots)
@@ -218,7 +258,11 @@ def nsa_fwd_kernel(
         v = tl.load(v_base + off, mask=key_ok[:, None], other=0.0)
         member = ((bits >> row_in_tile) & 1) != 0  # [M] rows that chose the block
         visible = member[:, None] & key_ok[None, :]
-        m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+        m_i, l_i, acc, s = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+        if STORE_S:
+            s_row = (pid.to(tl.int64) * ROWS + row_in_tile) * GROUP + g
+            s_off = s_row[:, None] * nc_max + pos[None, :]
+            tl.store(s_ptr + s_off, s, mask=m_ok[:, None] & key_ok[None, :])
     if slot == tl.num_programs(1) - 1:
         if is_win:  # the draft tail, under the ancestor bitmask
             m_i, l_i, acc = _tail_update(
@@ -264,27 +308,39 @@ def nsa_merge_kernel(
     part_ml_ptr,
     gate_ptr,
     o_ptr,  # partials as in nsa_fwd_kernel, [B,t,H,3], o
+    prefix_ptr,
+    count_ptr,  # [B] i32, the union plan's [B, Hkv, tiles] counts
     stride_ob,
     stride_ot,
     stride_oh,
     num_t,
     num_tiles,
-    c_slots,
-    s_slots,
-    w_slots,
+    nc_max,
+    window,
+    comp_block,
+    comp_stride,
+    list_len,
+    comp_fixed,
+    branches,
+    used_slots,
     num_slots,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ALL_MEMBERS: tl.constexpr,
     S_PAD: tl.constexpr,
     APPLY_GATES: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, BLOCK_M)``: merge each branch's slots on its own for one MMA
-    row, gate, write ``o``. ``S_PAD`` >= the slots of the launch. The row's partials of every
-    slot are loaded at once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent
-    loads."""
+    row, gate, write ``o``. ``S_PAD`` >= the slots of the launch. Slots ``[0, comp_fixed)`` are
+    compressed (a launch of their own); the other ``used_slots - comp_fixed`` are split between
+    ``branches`` as the forward split them (``_split_slots`` of the same key tiles). The row's
+    partials of every slot are loaded at once, ``[S_PAD, D]``: one round trip to memory, no
+    chain of dependent loads."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     pid = tl.program_id(0)
@@ -304,10 +360,26 @@ def nsa_merge_kernel(
         l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
         acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
         acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
+        if ALL_MEMBERS:
+            n_list = list_len
+        else:
+            n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
+        units_c, units_s, units_w, _, _ = _branch_units(
+            tl.load(prefix_ptr + b),
+            n_list,
+            nc_max,
+            window,
+            comp_block,
+            comp_stride,
+            BLOCK_N,
+            BLOCK_SIZE // BLOCK_N,
+        )
+        c_n, s_n = _split_slots(branches, used_slots - comp_fixed, units_c, units_s, units_w)
+        c_slots = comp_fixed + c_n
         out = tl.zeros([HEAD_DIM], dtype=tl.float32)
         lo = 0
         for branch in tl.static_range(3):
-            n = c_slots if branch == 0 else (s_slots if branch == 1 else w_slots)
+            n = c_slots if branch == 0 else (s_n if branch == 1 else used_slots - c_slots - s_n)
             if APPLY_GATES:
                 gate = tl.load(gate_ptr + gate_off + branch).to(tl.float32)
             else:

@@ -13,6 +13,7 @@ from ssvkit.kernels.device import num_sms
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
+SCORE_SOURCES = ("auto", "stored", "computed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,7 @@ class NsaVerifyConfig:
     block_n: int = field(
         default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
     )
-    block_j: int = field(default=32, metadata={"help": "selection blocks scored per program"})
+    block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
     score_warps: int = field(default=4, metadata={"help": "warps per block-scoring program"})
     num_warps: int = field(default=4, metadata={"help": "warps per forward program"})
     num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of loads"})
@@ -36,11 +37,19 @@ class NsaVerifyConfig:
     )
     ctas_per_sm: int = field(default=1, metadata={"help": "resident programs per SM assumed"})
     min_tiles_per_slot: int = field(
-        default=8, metadata={"help": "fewest key tiles a slot is given when sizing slots"}
+        default=2, metadata={"help": "fewest key tiles a slot is given when sizing slots"}
     )
     max_splits: int = field(default=64, metadata={"help": "upper bound on slots per tile"})
     expected_overlap: float = field(
         default=0.7, metadata={"help": "row-to-row block overlap assumed to size the slots"}
+    )
+    score_source: str = field(
+        default="auto",
+        metadata={
+            "help": "where the refresh path's block scoring gets the compressed scores: "
+            "stored by the compressed launch, computed again from the compressed keys, or "
+            "auto (whichever moves fewer bytes)"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -56,6 +65,10 @@ class NsaVerifyConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_splits < 0:
             raise ValueError(f"num_splits must be >= 0, got {self.num_splits}")
+        if self.score_source not in SCORE_SOURCES:
+            raise ValueError(
+                f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
+            )
         if not 0.0 <= self.expected_overlap <= 1.0:
             raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")
 
@@ -91,6 +104,7 @@ class LaunchPlan:
     block_n: int
     block_j: int
     score_warps: int
+    score_source: str
     num_warps: int
     num_stages: int
     dot_precision: str
@@ -193,6 +207,7 @@ def make_plan(
         block_n=min(config.block_n, block_size),
         block_j=config.block_j,
         score_warps=config.score_warps,
+        score_source=config.score_source,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",

@@ -9,7 +9,11 @@ import triton
 from ssvkit.kernels.group_plan import GroupPlan
 from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
-from ssvkit.kernels.nsa_select_kernels import block_score_kernel, union_plan_kernel
+from ssvkit.kernels.nsa_select_kernels import (
+    block_score_kernel,
+    stored_block_score_kernel,
+    union_plan_kernel,
+)
 from ssvkit.kernels.top_blocks import empty_scores, top_blocks
 
 
@@ -55,21 +59,23 @@ def union_plan(block_idx: torch.Tensor, rows: int, nb_max: int) -> GroupPlan:
 
 
 def launch_fwd(
-    plan: LaunchPlan, args, union: GroupPlan | None, part, *, slots, slot_base=0
+    plan: LaunchPlan,
+    args,
+    union: GroupPlan | None,
+    part,
+    *,
+    slots,
+    slot_base=0,
+    comp_scores: torch.Tensor | None = None,
 ) -> None:
-    """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``."""
+    """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``;
+    ``comp_scores`` (:func:`alloc_comp_scores`) also receives the compressed tokens' scores."""
     q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, _ = args
     c_s, s_s, w_s = slots
+    if comp_scores is not None and (s_s or w_s):
+        raise ValueError("comp_scores needs a launch of compressed slots only")
     part_acc, part_ml = part
-    if union is not None:
-        lists = union.block_lists
-        bits = union.member_mask if union.member_mask is not None else lists
-        counts = union.counts if union.counts is not None else prefix_lens
-        all_members = union.member_mask is None
-        list_len = lists.shape[-1]
-    else:  # no selected slots: the plan pointers are never read
-        lists = bits = counts = prefix_lens
-        all_members, list_len = True, 1
+    lists, bits, counts, all_members, list_len = _plan_args(union, prefix_lens)
     nsa_fwd_kernel[(plan.programs, c_s + s_s + w_s)](
         q,
         k_cache,
@@ -83,6 +89,7 @@ def launch_fwd(
         prefix_lens,
         part_acc,
         part_ml,
+        comp_scores if comp_scores is not None else part_ml,
         *q.stride()[:3],
         *k_cache.stride()[:3],
         *comp_k.stride()[:3],
@@ -94,8 +101,7 @@ def launch_fwd(
         plan.comp_stride,
         plan.qk_scale,
         list_len,
-        c_s,
-        s_s,
+        branch_bits(slots),
         slot_base,
         part_ml.shape[1],
         BLOCK_N=plan.block_n,
@@ -104,29 +110,76 @@ def launch_fwd(
         T_PAD=max(16, triton.next_power_of_2(plan.num_t)),
         NUM_STAGES=plan.num_stages,
         DOT_PRECISION=plan.dot_precision,
+        STORE_S=comp_scores is not None,
         **plan.rows_meta(),
         num_warps=plan.num_warps,
     )
 
 
-def launch_merge(plan: LaunchPlan, part, gates, o, slots, *, apply_gates=True) -> None:
+def launch_merge(
+    plan: LaunchPlan,
+    args,
+    union: GroupPlan | None,
+    part,
+    o,
+    slots,
+    *,
+    comp_apart: bool = False,
+    apply_gates: bool = True,
+) -> None:
+    """Merge and gate the ``slots`` (compressed, selected, window) of ``part`` into ``o``;
+    ``comp_apart``: the compressed slots came from a launch of their own (the refresh path),
+    the rest from one launch over the other branches."""
     part_acc, part_ml = part
+    prefix_lens, gates = args[3], args[7]
+    _, _, counts, all_members, list_len = _plan_args(union, prefix_lens)
+    comp_fixed = slots[0] if comp_apart else 0
+    branches = branch_bits((0, *slots[1:]) if comp_apart else slots)
     s_pad = max(2, triton.next_power_of_2(part_ml.shape[1]))
     nsa_merge_kernel[(plan.programs, plan.block_m)](
         part_acc,
         part_ml,
         gates,
         o,
+        prefix_lens,
+        counts,
         *o.stride()[:3],
         plan.num_t,
         plan.num_tiles,
-        *slots,
+        plan.nc_max,
+        plan.window,
+        plan.comp_block,
+        plan.comp_stride,
+        list_len,
+        comp_fixed,
+        branches,
+        sum(slots),
         part_ml.shape[1],
+        BLOCK_N=plan.block_n,
+        BLOCK_SIZE=plan.block_size,
+        ALL_MEMBERS=all_members,
         S_PAD=s_pad,
         APPLY_GATES=apply_gates,
         **plan.rows_meta(),
         num_warps=1 if s_pad * plan.head_dim <= 2048 else 4,
     )
+
+
+def branch_bits(slots) -> int:
+    """The branches with slots, as ``nsa_fwd_kernel``'s ``branches`` bits (1 compressed, 2
+    selected, 4 window)."""
+    return sum(1 << x for x, n in enumerate(slots) if n)
+
+
+def _plan_args(union: GroupPlan | None, prefix_lens):
+    """The union plan's kernel arguments: lists, member bits, counts, whether every row is a
+    member of every entry (a plan of one row per tile), and the list length."""
+    if union is None:  # no selected slots: the plan pointers are never read
+        return prefix_lens, prefix_lens, prefix_lens, True, 1
+    lists = union.block_lists
+    bits = union.member_mask if union.member_mask is not None else lists
+    counts = union.counts if union.counts is not None else prefix_lens
+    return lists, bits, counts, union.member_mask is None, lists.shape[-1]
 
 
 def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: LaunchPlan):
@@ -143,13 +196,64 @@ def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: Lau
     )
 
 
-def compressed_block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch.Tensor:
+def alloc_comp_scores(plan: LaunchPlan, device) -> torch.Tensor:
+    """``[programs, row slots x G, NC_max]`` fp32 (``block_m / G_PAD`` row slots per tile):
+    every real MMA row's score of every compressed token, written by the refresh path's
+    compressed launch."""
+    rows = plan.block_m // plan.group_pad
+    return torch.empty(
+        (plan.programs, rows * plan.group, plan.nc_max), dtype=torch.float32, device=device
+    )
+
+
+def stores_comp_scores(plan: LaunchPlan, key_bytes: int) -> bool:
+    """Whether the refresh path stores the compressed scores instead of computing them again
+    for the block scoring: stored, they cost 8 bytes per real MMA row and compressed token (a
+    write and a read); computed again, the compressed key (``key_bytes``) and its product with
+    the queries. ``plan.score_source`` forces either."""
+    if plan.score_source != "auto":
+        return plan.score_source == "stored"
+    return 8 * min(plan.rows, plan.num_t) * plan.group < key_bytes
+
+
+def compressed_block_scores(
+    plan: LaunchPlan, args, part, c_slots: int, comp_scores: torch.Tensor | None = None
+) -> torch.Tensor:
     """Step (2) of the refresh path: ``[B, Hkv, t, NB_max]`` fp32 block importance from the
-    compressed partials of ``c_slots`` slots in ``part``."""
+    compressed partials of ``c_slots`` slots in ``part`` and the compressed scores: read from
+    ``comp_scores`` when given, else computed again from the compressed keys."""
     q, _, _, prefix_lens, _, comp_k, _, _ = args
     scores = empty_scores(plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max, q.device)
-    grid = (plan.batch * plan.num_kv_heads, plan.num_tiles, triton.cdiv(plan.nb_max, plan.block_j))
-    block_score_kernel[grid](
+    grid_j = triton.cdiv(plan.nb_max, plan.block_j)
+    c_pad = max(2, triton.next_power_of_2(c_slots))
+    if comp_scores is not None:
+        width = (plan.block_size + plan.comp_block - 2) // plan.comp_stride + 1
+        stored_block_score_kernel[(plan.programs, plan.rows, grid_j)](
+            comp_scores,
+            part[1],
+            prefix_lens,
+            scores,
+            plan.num_t,
+            plan.num_tiles,
+            plan.nc_max,
+            plan.nb_max,
+            scores.stride(2),
+            plan.comp_block,
+            plan.comp_stride,
+            c_slots,
+            part[1].shape[1],
+            NUM_KV_HEADS=plan.num_kv_heads,
+            GROUP=plan.group,
+            GROUP_PAD=plan.group_pad,
+            BLOCK_M=plan.block_m,
+            BLOCK_J=plan.block_j,
+            W_PAD=triton.next_power_of_2(width),
+            BLOCK_SIZE=plan.block_size,
+            C_PAD=c_pad,
+            num_warps=plan.score_warps,
+        )
+        return scores
+    block_score_kernel[(plan.batch * plan.num_kv_heads, plan.num_tiles, grid_j)](
         q,
         comp_k,
         part[1],
@@ -171,7 +275,7 @@ def compressed_block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch
         BLOCK_SIZE=plan.block_size,
         DOT_PRECISION=plan.dot_precision,
         OVERLAP_SPLIT=plan.dot_precision != "ieee",
-        C_PAD=max(2, triton.next_power_of_2(c_slots)),
+        C_PAD=c_pad,
         **plan.rows_meta(),
         num_warps=plan.score_warps,
     )
@@ -180,8 +284,12 @@ def compressed_block_scores(plan: LaunchPlan, args, part, c_slots: int) -> torch
 
 def refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
     """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
-    launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0))
-    scores = compressed_block_scores(plan, args, part, slots[0])
+    comp_k = args[5]
+    comp_scores = None
+    if stores_comp_scores(plan, comp_k.shape[-1] * comp_k.element_size()):
+        comp_scores = alloc_comp_scores(plan, comp_k.device)
+    launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0), comp_scores=comp_scores)
+    scores = compressed_block_scores(plan, args, part, slots[0], comp_scores)
     return select_top_blocks(scores, args[3], plan)
 
 

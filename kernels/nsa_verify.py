@@ -21,8 +21,10 @@ tile's draft rows into the MMA rows (row ``m`` = draft row ``m // G_PAD``, head 
 padded to >= 16 rows), so every key tile is read once per KV head for all of them. Its work is
 cut into key tiles (compressed tiles, the selected blocks of the tile's union list, window
 tiles) and spread over slots, each slot a program that runs an equal slice of one branch in
-one software-pipelined loop and writes its ``(m, l, acc)`` partial; the slot count is sized so
-the grid fills the SMs (``plan_slots``). The merge combines each branch's slots on its own and
+one software-pipelined loop and writes its ``(m, l, acc)`` partial. The host sizes the slot
+count so the grid fills the SMs (``plan_slots``); the kernel splits the slots between the
+branches by the key tiles each has in that program, union length included, which the host
+does not know. The merge combines each branch's slots on its own and
 gates them: the branches stay separate until gating, as the math requires, and no branch
 output touches HBM. The selected branch streams the deduplicated union of the tile's per-row
 block lists (SSV's exact merged schedule; ``kernels.sparse_verify.build_group_plan``), each
@@ -198,14 +200,15 @@ def nsa_verify(
     else:
         slots = plan_slots(plan, q.device, config)
     part = alloc_partials(plan, sum(slots), q.device)
-    if block_idx is None:
+    refresh = block_idx is None
+    if refresh:
         block_idx = refresh_indices(plan, args, part, slots)
         union = union_for(plan, block_idx, None)
         launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), slot_base=slots[0])
     else:
         union = union_for(plan, block_idx, union)
         launch_fwd(plan, args, union, part, slots=slots)
-    launch_merge(plan, part, gates, o, slots)
+    launch_merge(plan, args, union, part, o, slots, comp_apart=refresh)
     return (o, block_idx, union) if return_union else (o, block_idx)
 
 
@@ -283,6 +286,7 @@ def nsa_verify_unfused(
     for x, branches in enumerate(
         ((True, False, False), (False, True, False), (False, False, True))
     ):
+        union = None
         if x == 0 and refreshed is not None:
             part, slots = refreshed
         else:
@@ -290,7 +294,7 @@ def nsa_verify_unfused(
             part = alloc_partials(plan, sum(slots), q.device)
             union = union_for(plan, block_idx, None) if branches[1] else None
             launch_fwd(plan, args, union, part, slots=slots)
-        launch_merge(plan, part, gates, outs[x], slots, apply_gates=False)
+        launch_merge(plan, args, union, part, outs[x], slots, apply_gates=False)
     o = torch.empty_like(q)
     rows = o.numel() // plan.head_dim
     block_r = max(1, min(64, 4096 // plan.head_dim))

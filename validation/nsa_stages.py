@@ -109,17 +109,27 @@ def calls(sets, plan, slots, rslots, unions, parts):
         "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
     }
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
-    for name, sl in {**branch, "all": slots, "refresh_comp": (rslots[0], 0, 0)}.items():
+    for name, sl in {**branch, "all": slots}.items():
         out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
             plan, sets[i][0], unions[i], parts[i], slots=sl
         )
+    ck = sets[0][0][5]
+    stored = steps.stores_comp_scores(plan, ck.shape[-1] * ck.element_size())
+    cscores = [steps.alloc_comp_scores(plan, "cuda") if stored else None for _ in sets]
+    out["stage_fwd_refresh_comp"] = lambda i: steps.launch_fwd(
+        plan, sets[i][0], None, parts[i], slots=(rslots[0], 0, 0), comp_scores=cscores[i]
+    )
     o = torch.empty_like(sets[0][0][0])
-    out["stage_merge"] = lambda i: steps.launch_merge(plan, parts[i], sets[i][0][7], o, slots)
+    out["stage_merge"] = lambda i: steps.launch_merge(
+        plan, sets[i][0], unions[i], parts[i], o, slots
+    )
     out["stage_union_plan"] = lambda i: steps.union_plan(sets[i][1], plan.rows, plan.nb_max)
     out["stage_refresh_select"] = lambda i: steps.refresh_indices(
         plan, sets[i][0], parts[i], rslots
     )
-    out["stage_scores"] = lambda i: steps.block_scores(plan, sets[i][0], parts[i], rslots[0])
+    out["stage_scores"] = lambda i: steps.compressed_block_scores(
+        plan, sets[i][0], parts[i], rslots[0], cscores[i]
+    )
     scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device="cuda")
     out["stage_topk"] = lambda i: steps.select_top_blocks(scores, sets[i][0][3], plan)
     return out

@@ -125,16 +125,23 @@ def test_reuse_fused_split_and_unfused_match_reference(shape, dtype):
         assert_close(o_unfused_split, ro, dtype, "o")
 
 
+@pytest.mark.parametrize("source", ["stored", "computed"])
 @pytest.mark.parametrize("num_splits", [1, 4])
 @pytest.mark.parametrize("shape", CPU_SHAPES[:3], ids=lambda s: f"L{s[0]}-t{s[1]}-H{s[2]}")
-def test_refresh_selects_reference_blocks(shape, num_splits):
-    """Random data has no ties, so the indices must equal the reference's exactly."""
+def test_refresh_selects_reference_blocks(shape, num_splits, source):
+    """Random data has no ties, so the indices must equal the reference's exactly, whether the
+    block scoring reads the compressed scores the compressed launch stored or computes them."""
     dtype = torch.float16 if HAS_CUDA else torch.float32
     prefix_lens, t, h, hkv, d, tree = shape
     args, _ = make_inputs(prefix_lens, t, h, hkv, d, dtype, tree=tree, seed=11 * t)
     ro, ridx = reference_nsa_verify(*args, **NSA_KW)
     # Several score programs per tile; with splits, several row tiles too.
-    cfg = NsaVerifyConfig(num_splits=num_splits, block_j=16, block_m=64 if num_splits == 1 else 16)
+    cfg = NsaVerifyConfig(
+        num_splits=num_splits,
+        block_j=16,
+        block_m=64 if num_splits == 1 else 16,
+        score_source=source,
+    )
     with poisoned_allocations():
         o, idx = nsa_verify(*args, config=cfg, **NSA_KW)
         o_unfused, idx_unfused = nsa_verify_unfused(*args, config=cfg, **NSA_KW)
@@ -298,6 +305,8 @@ def test_rejects_bad_config_and_compress_args():
         NsaVerifyConfig(block_m=24)
     with pytest.raises(ValueError, match="expected_overlap"):
         NsaVerifyConfig(expected_overlap=1.5)
+    with pytest.raises(ValueError, match="score_source"):
+        NsaVerifyConfig(score_source="cached")
     k = torch.zeros((1, 1, 32, 16))
     with pytest.raises(ValueError, match="comp_stride"):
         compress_kv(k, k, torch.zeros(1, dtype=torch.int32), comp_block=4, comp_stride=8)
@@ -469,3 +478,31 @@ def test_gpu_cuda_graph_capture(refresh):
     torch.cuda.synchronize()
     o_eager, _ = nsa_verify(*args, **kw)
     torch.testing.assert_close(o_graph, o_eager, atol=0, rtol=0)
+
+
+def test_refresh_stores_compressed_scores_when_fewer_bytes_move():
+    """Host-only: at Llama-3.1-8B attention (4 query heads per KV head, D = 128, bf16) the stored
+    scores (8 bytes per real row and compressed token) beat re-reading a 256-byte key below 8
+    draft rows; the config forces either source."""
+    from ssvkit.kernels.nsa_steps import stores_comp_scores
+
+    def plan(t, **cfg):
+        shape = dict(device="meta", dtype=torch.bfloat16)
+        q = torch.empty((1, t, 32, 128), **shape)
+        k = torch.empty((1, 8, 4096, 128), **shape)
+        ck = torch.empty((1, 8, 255, 128), **shape)
+        config = NsaVerifyConfig(**cfg)
+        return nl.make_plan(
+            q, k, ck, config=config, num_sink=1, num_local=1, sm_scale=None, **GPU_KW
+        )
+
+    key_bytes = 128 * 2
+    assert [stores_comp_scores(plan(t), key_bytes) for t in (1, 4, 7, 8, 16)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert stores_comp_scores(plan(16, score_source="stored"), key_bytes)
+    assert not stores_comp_scores(plan(1, score_source="computed"), key_bytes)
