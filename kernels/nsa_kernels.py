@@ -163,6 +163,7 @@ def nsa_fwd_kernel(
     NUM_STAGES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     STORE_S: tl.constexpr,
+    HAS_SEL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, slots)``: slot ``s`` runs an equal slice of one branch's units
     and writes its state to slot ``slot_base + s``. The slots go to the enabled branches
@@ -177,7 +178,8 @@ def nsa_fwd_kernel(
     one row per tile, whose list is the row's own ``block_idx`` (-1 pads load nothing). The
     window loop covers the window's prefix tokens; the last window slot then adds the draft
     tail (``T_PAD`` >= t entries) in one step under the ancestor bitmask, so the loop carries
-    no tree mask. ``STORE_S`` (a launch of compressed slots only: the refresh path's) also
+    no tree mask. ``HAS_SEL``: the launch has selected slots (else the loop reads no list).
+    ``STORE_S`` (a launch of compressed slots only: the refresh path's) also
     writes each real MMA row's log2-domain score of every compressed token to ``s_ptr``, which
     the block scoring reads instead of computing them again."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
@@ -242,15 +244,19 @@ def nsa_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     for u in tl.range(lo, hi, num_stages=NUM_STAGES):
-        entry = u // SUBS
-        blk = tl.load(list_ptr + list_base + entry, mask=is_sel, other=0).to(tl.int64)
-        if ALL_MEMBERS:
+        if HAS_SEL:  # a key tile's address comes from the union list
+            entry = u // SUBS
+            blk = tl.load(list_ptr + list_base + entry, mask=is_sel, other=0).to(tl.int64)
+            if ALL_MEMBERS:
+                bits = -1
+            else:
+                bits = tl.load(bits_ptr + list_base + entry, mask=is_sel, other=-1)
+            tok0 = tl.where(
+                is_sel, blk * BLOCK_SIZE + (u - entry * SUBS) * BLOCK_N, first_tok + u * BLOCK_N
+            )
+        else:  # from the loop index alone: no dependent load in the pipeline
             bits = -1
-        else:
-            bits = tl.load(bits_ptr + list_base + entry, mask=is_sel, other=-1)
-        tok0 = tl.where(
-            is_sel, blk * BLOCK_SIZE + (u - entry * SUBS) * BLOCK_N, first_tok + u * BLOCK_N
-        )
+            tok0 = first_tok + u * BLOCK_N
         pos = tok0 + offs_n  # [N]; a -1 pad of the list gives negative positions
         key_ok = (pos >= 0) & (pos < key_end)
         off = pos[:, None] * stride_t + offs_d[None, :]

@@ -111,6 +111,7 @@ def launch_fwd(
         NUM_STAGES=plan.num_stages,
         DOT_PRECISION=plan.dot_precision,
         STORE_S=comp_scores is not None,
+        HAS_SEL=s_s > 0,
         **plan.rows_meta(),
         num_warps=plan.num_warps,
     )
