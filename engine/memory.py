@@ -208,6 +208,7 @@ def max_batch(
     elem_bytes: int = 2,
     draft: ModelConfig | None = None,
     scores: bool = False,
+    stats: bool = False,
     limit: int = 1 << 16,
 ) -> int:
     """The largest batch (<= ``limit``) whose ``plan_memory`` fits; 0 when not even one
@@ -224,6 +225,7 @@ def max_batch(
             elem_bytes=elem_bytes,
             draft=draft,
             scores=scores,
+            stats=stats,
         ).fits
 
     if not fits(1):
