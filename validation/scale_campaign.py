@@ -20,8 +20,9 @@ prediction at the measured acceptance and overlap with its speedups over ``ar_de
 has no simpy). A cell that cannot fit is recorded as skipped with the memory arithmetic.
 
 ``--resume FILE`` appends each finished cell and skips it on a later call with the same
-settings, device and commit, so the campaign runs as calls of at most 10 minutes; the JSON
-document is written whole (atomically) at the end of each call.
+settings, device and commit; ``--stop-after S`` starts no cell after S seconds, so the campaign
+runs as calls of at most 10 minutes. The JSON document is written whole (atomically) at the end
+of each call, ``complete`` false until a call finishes every cell.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def parse_args(argv=None):
     p.add_argument("--max-batch-limit", type=int, default=512, help="largest batch 'max' tries")
     p.add_argument("--out", required=True, help="campaign JSON")
     p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no cell after S seconds: the JSON holds the cells finished so far "
+        "(complete: false), a later call with --resume goes on",
+    )
     return p.parse_args(argv)
 
 
@@ -415,18 +424,23 @@ def run_cell(st: Setup, runners: Runners, cell: Cell) -> dict:
     return {**out, "status": "measured", "wall_s": time.perf_counter() - t0}
 
 
-def measure_rows(st: Setup, cache: RunCache | None) -> list[dict]:
-    """Every cell, through the run cache when there is one, as the campaign's rows."""
+def measure_rows(st: Setup, cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
+    """Every cell, through the run cache when there is one, as the campaign's rows; False
+    with the rows so far when ``time.perf_counter()`` passes ``stop_at`` before a cell that
+    must be decoded."""
     runners = Runners(st)
     rows = []
     for model in st.models:
         for ctx in st.contexts:
             for cell in cells_for(st, model, ctx, cache_positions(st, ctx)):
+                cached = cache is not None and cell.key in cache.runs
+                if not cached and time.perf_counter() > stop_at:
+                    return rows, False
                 call = lambda cell=cell: run_cell(st, runners, cell)  # noqa: E731
                 value = call() if cache is None else cache.get(cell.key, call)
                 rows.append({**dataclasses.asdict(cell), **value})
                 print(_line(rows[-1]), flush=True)
-    return rows
+    return rows, True
 
 
 def _line(row: dict) -> str:
@@ -464,9 +478,11 @@ def main(argv=None) -> int:
         print(f"scale_campaign: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows = measure_rows(st, cache)
+    stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
+    rows, complete = measure_rows(st, cache, stop_at)
     doc = {
         "version": CAMPAIGN_VERSION,
+        "complete": complete,
         "provenance": {
             **provenance(),
             "command": command_line(
@@ -486,7 +502,8 @@ def main(argv=None) -> int:
         "rows": rows,
     }
     atomic_write(args.out, json.dumps(doc) + "\n")
-    print(f"\n({time.perf_counter() - t0:.0f} s) {len(rows)} cells -> {args.out}")
+    left = "" if complete else " (stopped by --stop-after: run again with --resume)"
+    print(f"\n({time.perf_counter() - t0:.0f} s) {len(rows)} cells -> {args.out}{left}")
     return 0
 
 

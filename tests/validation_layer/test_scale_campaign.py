@@ -80,13 +80,22 @@ def test_the_campaign_runs_records_and_resumes(geometry, tmp_path, capsys, monke
     assert sparse["measured_acceptance"]["oracle"] == [0.8]
     assert sparse["selection"]["group_overlap"] is not None
     assert rows[0]["measured_acceptance"]["source"] == "measured"
-    assert doc["provenance"]["runs_from_cache"] == 0
+    assert doc["provenance"]["runs_from_cache"] == 0 and doc["complete"]
     # A second call decodes nothing: every cell comes from the run cache.
     monkeypatch.setattr(scale_campaign, "measure_cell", _never)
     assert scale_campaign.main(_argv(geometry, tmp_path)) == 0
     again = json.loads((tmp_path / "campaign.json").read_text())
     assert again["provenance"]["runs_from_cache"] == 4
     assert again["rows"] == rows
+
+
+def test_stop_after_writes_the_cells_so_far_and_a_later_call_goes_on(geometry, tmp_path):
+    assert scale_campaign.main([*_argv(geometry, tmp_path), "--stop-after", "0"]) == 0
+    doc = json.loads((tmp_path / "campaign.json").read_text())
+    assert doc["rows"] == [] and not doc["complete"]
+    assert scale_campaign.main(_argv(geometry, tmp_path, batches="1")) == 0
+    doc = json.loads((tmp_path / "campaign.json").read_text())
+    assert len(doc["rows"]) == 2 and doc["complete"]
 
 
 def _never(*args, **kwargs):
