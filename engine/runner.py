@@ -2,7 +2,8 @@
 
 - ``prefill(prompts)``: each prompt through the model in chunks with causal SDPA, writing its
   KV at positions ``0..n-1``; then the lengths are set and the block summaries built. Returns the
-  last position's logits per sequence.
+  last position's logits per sequence. A forward holds at most a token budget (rows x chunk)
+  sized from the model's width and the free memory (``engine.memory``).
 - ``tree_forward(tokens, tree, attn)``: one forward of the flattened tree tail ``[B, t]`` at
   positions ``lens + depth``, writing its KV at ``lens + i``, attending through
   ``engine.attention.TreeAttention``. Eager; callers run it inside ``graphs``.
@@ -25,10 +26,12 @@ import torch.nn.functional as F
 from ssvkit.engine.attention import AttentionConfig, TreeAttention
 from ssvkit.engine.cache import KVCache, KVTarget
 from ssvkit.engine.graphs import GraphRunner
+from ssvkit.engine.memory import free_memory, prefill_token_budget
 from ssvkit.engine.model import CausalLM
 from ssvkit.engine.tree import DraftTree, TreeTensors
 from ssvkit.kernels.tree import MAX_TREE_NODES
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 # Chunk lengths of ``append``: each chunk is a chain tree of one of these lengths (the shortest
 # that holds the longest remaining tail, at most ``MAX_TREE_NODES``, the tree kernels' limit),
@@ -106,17 +109,16 @@ class ModelRunner:
     # ------------------------------------------------------------------ prefill
 
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], chunk: int | None = None) -> torch.Tensor:
+    def prefill(self, prompts: list[list[int]], token_budget: int | None = None) -> torch.Tensor:
         """Write every prompt's KV and return the last position's logits ``[B, V]`` float32.
 
-        Prompts of equal length run together as one batch. On CUDA a prompt goes in one causal
-        SDPA call (flash attention: no score matrix); on the CPU in ``chunk``s of 1024 tokens
-        (masked SDPA materialises ``chunk x length`` scores)."""
-        if chunk is None:
-            chunk = 1 << 30 if self.device.type == "cuda" else 1024
+        Prompts of equal length run together, in chunked causal forwards of at most
+        ``token_budget`` tokens (rows x chunk; default ``prefill_budget``), so the activations
+        of a forward are bounded whatever the batch and the context."""
         cache = self.cache
         if len(prompts) != cache.batch:
             raise ValueError(f"{len(prompts)} prompts for a batch of {cache.batch}")
+        budget = self._budget(token_budget)
         by_len: dict[int, list[int]] = {}
         for b, prompt in enumerate(prompts):
             if not 1 <= len(prompt) < cache.t_max:
@@ -129,22 +131,21 @@ class ModelRunner:
         )
         for rows in by_len.values():
             last[torch.tensor(rows, device=self.device)] = self._forward(
-                [prompts[b] for b in rows], rows, 0, chunk
+                [prompts[b] for b in rows], rows, 0, budget
             )
         cache.set_lens(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
         return last
 
     @torch.no_grad()
-    def extend(self, tails: list[list[int]], chunk: int | None = None) -> int:
+    def extend(self, tails: list[list[int]], token_budget: int | None = None) -> int:
         """Append ``tails[b]`` to sequence ``b``'s committed prefix: its KV written at positions
         ``lens[b], lens[b] + 1, ...`` by chunked causal forwards (prefill's, started at the
         committed length, so the prefix is not run again), then the lengths and summaries.
         Reads ``lens`` on the host once. Returns the tokens appended."""
-        if chunk is None:
-            chunk = 1 << 30 if self.device.type == "cuda" else 1024
         cache = self.cache
         if len(tails) != cache.batch:
             raise ValueError(f"{len(tails)} tails for a batch of {cache.batch}")
+        budget = self._budget(token_budget)
         starts = cache.lens.tolist()
         groups: dict[tuple[int, int], list[int]] = {}
         for b, tail in enumerate(tails):
@@ -156,11 +157,26 @@ class ModelRunner:
             if tail:
                 groups.setdefault((starts[b], len(tail)), []).append(b)
         for (start, _), rows in groups.items():
-            self._forward([tails[b] for b in rows], rows, start, chunk)
+            self._forward([tails[b] for b in rows], rows, start, budget)
         if groups:
             new = [s + len(t) for s, t in zip(starts, tails, strict=True)]
             cache.set_lens(torch.tensor(new, dtype=torch.int32))
         return sum(map(len, tails))
+
+    def prefill_budget(self) -> int:
+        """Tokens per prefill forward that the memory free now allows
+        (``engine.memory.prefill_token_budget``; on the CPU SDPA materialises the scores over
+        up to ``t_max`` keys, which counts too)."""
+        elem = self.cache.kv.element_size()
+        scores = self.cache.t_max if self.device.type != "cuda" else 0
+        return prefill_token_budget(self.config, elem, free_memory(self.device), scores)
+
+    def _budget(self, token_budget: int | None) -> int:
+        if token_budget is None:
+            return self.prefill_budget()
+        if token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+        return token_budget
 
     @torch.no_grad()
     def append(self, tails: list[list[int]]) -> int:
@@ -249,15 +265,17 @@ class ModelRunner:
 
         return fn
 
-    def _forward(self, tokens: list[list[int]], rows: list[int], start: int, chunk: int):
+    def _forward(self, tokens: list[list[int]], rows: list[int], start: int, budget: int):
         """Sequences ``rows`` (tokens of one length) through the model at positions ``start...``,
         writing their KV; the last position's logits ``[len(rows), V]``. Each run of adjacent
-        rows goes as one batch, so its cache rows are a view (the fused KV store needs one)."""
+        rows (its cache rows a view: the fused KV store needs one) goes in groups of at most
+        ``budget`` rows, each in chunks of ``budget // rows`` tokens."""
         out, i = [], 0
         while i < len(rows):
             j = i + 1
-            while j < len(rows) and rows[j] == rows[j - 1] + 1:
+            while j < len(rows) and j - i < budget and rows[j] == rows[j - 1] + 1:
                 j += 1
+            chunk = max(1, budget // (j - i))
             out.append(
                 self._forward_run(tokens[i:j], slice(rows[i], rows[j - 1] + 1), start, chunk)
             )
@@ -351,12 +369,15 @@ class _PrefillAttend:
         if s == 0:
             o = F.scaled_dot_product_attention(qq, k, v, is_causal=True, enable_gqa=True)
         else:
-            rows = torch.arange(s, e, device=q.device)[:, None]
-            mask = torch.arange(e, device=q.device)[None, :] <= rows
-            # Not cuDNN: it builds an attention plan per shape, and every catch-up of a warm
-            # drafter (``extend`` after a longer prefix each time) has a shape of its own --
-            # 67-82 ms per call on the H100 for 17-131 tokens after 15K, against 2.8-3.6 ms
-            # with flash / memory-efficient / math.
+            # Causal aligned to the last key: flash attention runs it without a mask tensor
+            # (a materialised ``chunk x e`` mask sends SDPA to its math path, whose scores
+            # grow with rows x heads x chunk x context); where flash cannot run (the CPU),
+            # torch materialises the mask. Not cuDNN: it builds an attention plan per shape,
+            # and every catch-up of a warm drafter (``extend`` after a longer prefix each time)
+            # has a shape of its own -- 67-82 ms per call on the H100 for 17-131 tokens after
+            # 15K, against 2.8-3.6 ms with flash / memory-efficient / math.
             with sdpa_kernel(_MASKED_BACKENDS):
-                o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, enable_gqa=True)
+                o = F.scaled_dot_product_attention(
+                    qq, k, v, attn_mask=causal_lower_right(e - s, e), enable_gqa=True
+                )
         return o.transpose(1, 2).contiguous()

@@ -212,26 +212,28 @@ def _prompts(args, context: int, batch: int, vocab: int) -> list[list[int]]:
     return [[t % vocab for t in r] for r in rows]
 
 
-def _check_memory(device, dtype, cfgs, batch: int, t_max: int) -> None:
-    """Refuse a run whose weights + KV cache cannot fit (GPU memory, or free host memory)."""
-    import os
-
+def _check_memory(device, dtype, strategy, target_cfg, draft_cfg, decode, batch, context, t_max):
+    """Refuse a run whose peak memory (``engine.memory.plan_memory``: weights, KV cache,
+    summaries, the draft model, and the larger of the prefill and verify peaks) cannot fit."""
     import torch
 
-    elem = torch.tensor([], dtype=dtype).element_size()
-    need = 0
-    for cfg in cfgs:
-        need += cfg.num_params() * elem
-        need += 2 * cfg.num_layers * batch * cfg.num_kv_heads * t_max * cfg.head_dim * elem
-    if device == "cuda":
-        have, where = torch.cuda.get_device_properties(0).total_memory, "the GPU has"
-    else:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        where = "the host has free"
-    if need > 0.9 * have:
-        raise ValueError(
-            f"weights + KV cache need {need / 2**30:.1f} GiB, {where} {have / 2**30:.1f} GiB"
-        )
+    from ssvkit.engine.memory import available_memory, plan_memory
+
+    have, where = available_memory(device)
+    plan = plan_memory(
+        target_cfg,
+        strategy,
+        batch=batch,
+        context=context,
+        t_max=t_max,
+        available_bytes=have,
+        elem_bytes=torch.tensor([], dtype=dtype).element_size(),
+        draft=draft_cfg,
+        scores=device != "cuda",
+        stats=decode.record_stats,
+    )
+    if not plan.fits:
+        raise ValueError(f"{plan.refusal()} {where}")
 
 
 # ----------------------------------------------------------------------------- run
@@ -287,8 +289,17 @@ def run(args) -> int:
             f"context {context} + {decode.max_new_tokens} new tokens + {tail} tail "
             f"rows = {t_max} positions exceed the model's {limit}"
         )
-    cfgs = [target_src.config] + ([draft_src.config] if draft_src else [])
-    _check_memory(device, dtype, cfgs, args.batch, t_max)
+    _check_memory(
+        device,
+        dtype,
+        strategy,
+        target_src.config,
+        draft_src.config if draft_src else None,
+        decode,
+        args.batch,
+        context,
+        t_max,
+    )
     prompts = _prompts(args, context, args.batch, target_src.config.vocab_size)
     trace = None
     if args.trace:

@@ -11,82 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ssvkit.perfmodel.numbers import figure
-
-
-def fit_acceptance(parents, mean_accepted: float) -> float:
-    """The per-draft alpha whose expected accepted drafts per round (perfmodel's tree model)
-    equal ``mean_accepted`` (bisection; clamped to [0, 1])."""
-    from ssvkit.perfmodel.strategy import tree_expected_tokens
-
-    if not parents:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if tree_expected_tokens(parents, mid) - 1 < mean_accepted:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def predict(
-    strategy,
-    target_spec: str,
-    draft_spec: str | None,
-    context: int,
-    batch: int,
-    alpha: float,
-    overlap: float | None,
-    gpu_name: str,
-) -> dict:
-    """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
-    from ssvkit.perfmodel.calibrated import make_predictor
-    from ssvkit.perfmodel.hardware import get_gpu
-    from ssvkit.perfmodel.models import get_model
-    from ssvkit.perfmodel.step import build_columns, predict_columns
-    from ssvkit.perfmodel.strategy import Workload, check_feasible
-
-    try:
-        model = get_model(target_spec)
-        s = strategy
-        drafts = s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) > 0
-        if s.drafter.kind == "draft_model" and drafts:
-            s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
-        wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
-        if overlap is not None:
-            wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
-        check_feasible(s, wl, model)
-        gpu = get_gpu(gpu_name)
-        cols = build_columns(model, [(s, wl)])
-        pred = predict_columns(model, cols, make_predictor(gpu), s.drafter)
-    except ValueError as e:
-        return {"error": str(e).splitlines()[0]}
-    return {
-        "gpu": gpu.name,
-        "provenance": pred.provenance + (" (extrapolated)" if pred.extrapolated[0] else ""),
-        "draft_s": float(pred.draft_s[0]),
-        "verify_s": float(pred.verify_s[0]),
-        "round_s": float(pred.round_s[0]),
-        "tokens_per_s": float(pred.tokens_per_s[0]),
-        "tokens_per_round": float(pred.tokens_per_round[0]),
-        "overlap": figure(
-            wl.overlap, "share", "measured:group_overlap" if overlap is not None else "default"
-        ),
-    }
-
-
-def _mean_layers(result, name: str) -> float | None:
-    """Mean over rounds, sequences and layers (layer 0 has no previous layer to overlap)."""
-    import numpy as np
-
-    rows = [getattr(r.selection, name) for r in result.timed() if r.selection is not None]
-    if not rows:
-        return None
-    v = np.concatenate(rows, axis=0)
-    if name == "layer_overlap":
-        v = v[:, 1:]
-    return None if v.size == 0 or np.isnan(v).all() else float(np.nanmean(v))
+from ssvkit.validation.decode_figures import fit_acceptance, mean_selection, predict
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,7 +41,7 @@ def build_report(args, result, run: DecodeRun) -> dict:
     source = "synthetic:oracle" if oracle is not None else None
     mean_acc = result.mean_accepted()
     alpha = fit_acceptance(tree.parents[1:] and [p - 1 for p in tree.parents[1:]], mean_acc)
-    overlap = _mean_layers(result, "group_overlap")
+    overlap = mean_selection(result, "group_overlap")
     ctx_mean = context + args.max_new_tokens // 2 if args.max_new_tokens else context
     pred = predict(
         strategy,
@@ -163,7 +88,7 @@ def build_report(args, result, run: DecodeRun) -> dict:
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
         "warm_drafters_s": figure(result.warm_s, "s", "measured:wall-clock"),
         "selection": {
-            name: _mean_layers(result, name)
+            name: mean_selection(result, name)
             for name in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
         },
         "prediction": pred,

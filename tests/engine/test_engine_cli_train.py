@@ -153,6 +153,10 @@ def test_decode_command_runs_on_the_cpu_and_reports(site, tmp_path, capsys):
         (["--model", "random:qwen3-30b-a3b"], "Llama-family"),
         (["--model", "random:llama-3.1-8b", "--strategy", "sd_fast"], "unknown strategy"),
         (["--model", "random:llama-3.1-8b", "--tree", "full:5x5"], "at most 64"),
+        (
+            ["--model", "random:llama-3.1-8b", "--context", "32K", "--batch", "100000"],
+            "batch 100000 at context 32768 needs ",
+        ),
         (["--model", "random:llama-3.1-8b", "--device", "cuda"], "no CUDA"),
         (["--model", "random:llama-3.1-8b", "--ranking", "/no/such.json"], "does not exist"),
         (["--ranking", "r.json", "--strategy", "ssv"], "--ranking chooses the strategy"),

@@ -1,0 +1,86 @@
+"""A decode run's figures beside perfmodel's prediction, shared by ``ssvkit decode``'s report
+and the campaigns: the per-draft alpha that reproduces a measured mean of accepted drafts, the
+prediction at that alpha and the measured overlap, and the mean selection statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ssvkit.perfmodel.numbers import figure
+
+
+def fit_acceptance(parents, mean_accepted: float) -> float:
+    """The per-draft alpha whose expected accepted drafts per round (perfmodel's tree model)
+    equal ``mean_accepted`` (bisection; clamped to [0, 1])."""
+    from ssvkit.perfmodel.strategy import tree_expected_tokens
+
+    if not parents:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if tree_expected_tokens(parents, mid) - 1 < mean_accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def predict(
+    strategy,
+    target_spec: str,
+    draft_spec: str | None,
+    context: int,
+    batch: int,
+    alpha: float,
+    overlap: float | None,
+    gpu_name: str,
+) -> dict:
+    """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
+    from ssvkit.perfmodel.calibrated import make_predictor
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.step import build_columns, predict_columns
+    from ssvkit.perfmodel.strategy import Workload, check_feasible
+
+    try:
+        model = get_model(target_spec)
+        s = strategy
+        drafts = s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) > 0
+        if s.drafter.kind == "draft_model" and drafts:
+            s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
+        wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
+        if overlap is not None:
+            wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
+        check_feasible(s, wl, model)
+        gpu = get_gpu(gpu_name)
+        cols = build_columns(model, [(s, wl)])
+        pred = predict_columns(model, cols, make_predictor(gpu), s.drafter)
+    except ValueError as e:
+        return {"error": str(e).splitlines()[0]}
+    return {
+        "gpu": gpu.name,
+        "provenance": pred.provenance + (" (extrapolated)" if pred.extrapolated[0] else ""),
+        "draft_s": float(pred.draft_s[0]),
+        "verify_s": float(pred.verify_s[0]),
+        "round_s": float(pred.round_s[0]),
+        "tokens_per_s": float(pred.tokens_per_s[0]),
+        "tokens_per_round": float(pred.tokens_per_round[0]),
+        "overlap": figure(
+            wl.overlap, "share", "measured:group_overlap" if overlap is not None else "default"
+        ),
+    }
+
+
+def mean_selection(result, name: str) -> float | None:
+    """Mean over rounds, sequences and layers (layer 0 has no previous layer to overlap)."""
+    import numpy as np
+
+    rows = [getattr(r.selection, name) for r in result.timed() if r.selection is not None]
+    if not rows:
+        return None
+    v = np.concatenate(rows, axis=0)
+    if name == "layer_overlap":
+        v = v[:, 1:]
+    return None if v.size == 0 or np.isnan(v).all() else float(np.nanmean(v))
