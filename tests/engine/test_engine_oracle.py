@@ -61,18 +61,38 @@ def test_oracle_decoding_emits_the_targets_own_tokens(case, lengths, temperature
     assert result.mean_accepted() > 0.6  # expected: 1.19 (depth 2) to 1.77 (depth 4)
 
 
-def test_a_wrong_reference_is_rejected_and_the_output_stays_the_targets(monkeypatch):
+def wrong_from(reference: list[list[int]], starts: list[int], seed: int) -> list[list[int]]:
+    """``reference`` with every token from ``starts[b]`` on replaced by a random one."""
+    rng = np.random.default_rng(seed)
+    return [
+        r[:at] + rng.integers(0, 256, len(r) - at).tolist()
+        for r, at in zip(reference, starts, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("case", ["chain_dense", "tree_dense", "tree_sparse_union"])
+def test_a_reference_wrong_from_some_position_on_is_re_anchored(monkeypatch, case, temperature):
+    """The probes replace the wrong tokens: at acceptance 1 every round keeps the whole spine,
+    the output is the target's and no sequence leaves its probes; the corrections cost probes
+    beyond one per round."""
     prompts = random_prompts([120, 64], seed=2)
-    cfg = DecodeConfig(max_new_tokens=30, oracle_acceptance=(1.0,))
-    want = autoregressive(CASES["tree_dense"], prompts, DecodeConfig(max_new_tokens=30))
-    rng = np.random.default_rng(0)
+    plain = DecodeConfig(max_new_tokens=30, temperature=temperature, seed=4)
+    want = autoregressive(CASES[case], prompts, plain)
+    own = Engine._reference
     monkeypatch.setattr(
-        Engine, "_reference", lambda self, p: rng.integers(0, 256, (len(p), 40)).tolist()
+        Engine, "_reference", lambda self, p: wrong_from(own(self, p), [3, 11], seed=0)
     )
-    engine, result = decode(CASES["tree_dense"], prompts, cfg)
+    cfg = dataclasses.replace(plain, oracle_acceptance=(1.0,))
+    engine, result = decode(CASES[case], prompts, cfg)
     assert result.tokens == want
-    assert engine.drafter.diverged == {0, 1}
-    assert result.mean_accepted() < 0.2
+    assert not engine.drafter.diverged
+    depth = DraftTree.from_spec(CASES[case].tree).max_depth
+    for r in result.rounds:
+        capped = [e < depth + 1 for e in r.emitted]  # max_new_tokens cut the round short
+        assert all(a == depth or c for a, c in zip(r.accepted, capped, strict=True)), r
+    cost = result.oracle_overhead()
+    assert cost["probes"] > len(result.rounds) and cost["probes_per_round"] > 1
 
 
 @pytest.mark.parametrize(
@@ -123,7 +143,14 @@ def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys
     for name in ("mean_accepted", "acceptance_rate"):
         assert out[name]["provenance"] == "synthetic:oracle"
     assert out["fitted_alpha"]["provenance"].endswith("synthetic:oracle")
-    assert out["oracle"] == {"acceptance": [0.9, 0.7, 0.5], "diverged": 0, "sequences": 2}
+    oracle = out["oracle"]
+    assert {k: oracle[k] for k in ("acceptance", "diverged", "sequences")} == {
+        "acceptance": [0.9, 0.7, 0.5],
+        "diverged": 0,
+        "sequences": 2,
+    }
+    # The fp32 CPU decode agrees with its autoregressive reference: one probe per round.
+    assert oracle["probes_per_round"] == 1.0 and oracle["probe_s"]["value"] > 0
     assert out["strategy"]["drafter"]["kind"] == "ngram" and "oracle" in out["note"]
     # A sparse strategy records its selections: the prediction takes the measured overlap.
     assert out["prediction"]["overlap"]["provenance"] == "measured:group_overlap"
@@ -133,6 +160,7 @@ def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys
     assert main(argv) == 0  # no --trace or --stats: the oracle records the selections itself
     text = capsys.readouterr().out
     assert "[synthetic]" in text and "acceptance: synthetic (oracle drafter" in text
+    assert "oracle probes: 1.00 verify forwards per round" in text
     assert "[measured:group_overlap]" in text
 
 
