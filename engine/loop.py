@@ -11,7 +11,10 @@
    n-gram, oracle, autoregressive -- emit the same text). Then
    start the *warm* drafters the controller declares (``drafter_kinds()``), timed apart
    (``DecodeResult.warm_s``): a later switch to one only catches it up (``Drafter.resume``).
-2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
+2. per round, with the oracle drafter first its untimed probes (``engine.oracle``: verify
+   forwards of the round's own graph that commit nothing; their count and host time go to
+   ``RoundRecord.oracle_probes`` / ``oracle_s``, outside the step times and the wall time), then
+   timed step by step (CUDA events on the GPU, the wall clock on the CPU):
    ``draft`` the strategy's tree below the roots; ``launch`` -- the time the GPU waits for the
    host to issue the verify step (0 when the GPU is behind the host); ``verify`` it in one
    target forward of the flattened tail (tree mask, dense/sparse/NSA attention; one CUDA graph
@@ -309,10 +312,12 @@ class Engine:
         return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
 
     def _reference(self, prompts: list[list[int]]) -> list[list[int]]:
-        """The oracle's reference: the target's autoregressive continuation of ``prompts`` with
-        this run's attention and sampling settings (seed included), ``max_new_tokens`` plus a
-        draft tree's depth long so that the last round's drafts have it too. The pass prepares
-        the target for its own strategy, so this one is installed again after it."""
+        """The oracle's first guess of the continuation, which its probes correct where the
+        verify's numerics leave it: the target's autoregressive continuation of ``prompts``
+        with this run's attention and sampling settings (seed and position uniforms included),
+        ``max_new_tokens`` plus a draft tree's depth long so that the last round's drafts have
+        it too. The pass prepares the target for its own strategy, so this one is installed
+        again after it."""
         cfg = dataclasses.replace(
             self.config,
             oracle_acceptance=None,

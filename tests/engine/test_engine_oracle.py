@@ -1,8 +1,10 @@
 """The oracle drafter on the CPU: decoding with it emits the target's own tokens (greedy and
-sampled, batch 1 and ragged batches, chains and trees, dense and sparse), even from a wrong
-reference; its accepted lengths follow the chosen per-depth acceptance; ``ssvkit decode
---drafter oracle`` labels that acceptance synthetic, feeds the measured selection overlap of a
-sparse strategy to its prediction, and refuses bad values in one line."""
+sampled, batch 1 and ragged batches, chains and trees, dense and sparse); its accepted lengths
+follow the chosen per-depth acceptance, also where its reference is wrong or the verify's
+numerics leave it (the probes re-anchor it), and a probe leaves no state behind; ``ssvkit
+decode --drafter oracle`` labels that acceptance synthetic, reports the probes' cost, feeds the
+measured selection overlap of a sparse strategy to its prediction, and refuses bad values in
+one line."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from engine_helpers import random_prompts, tiny_model
 from ssvkit.engine.loop import Engine
+from ssvkit.engine.oracle import OracleDrafter
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
@@ -115,6 +119,129 @@ def test_accepted_lengths_follow_the_chosen_acceptance_per_depth(tree, alpha):
         rate = (accepted >= k).sum() / n
         assert n >= 30, (k, n)
         assert abs(rate - a) <= 4 * math.sqrt(a * (1 - a) / n) + 1e-9, (k, rate, a, n)
+
+
+def perturb_verify(monkeypatch) -> None:
+    """Verify forwards (more than one row) whose argmax at every fourth position is a token of
+    that position, as a stand-in for a verify whose numerics differ from the autoregressive
+    forward's (one row, untouched): the reference leaves the decode there."""
+    own = ModelRunner.tree_forward
+
+    def tree_forward(self, tokens, tree, attn, **kw):
+        logits, *rest = own(self, tokens, tree, attn, **kw)
+        if tokens.shape[1] == 1:
+            return (logits, *rest)
+        pos = self.cache.lens.long()[:, None] + self.tree_tensors(tree).depth  # [B, t]
+        bump = torch.zeros_like(logits).scatter_(2, ((pos * 37 + 11) % 256)[..., None], 1e3)
+        return (logits + bump * (pos % 4 == 0)[..., None], *rest)
+
+    monkeypatch.setattr(ModelRunner, "tree_forward", tree_forward)
+
+
+@pytest.mark.parametrize(
+    ("tree", "alpha", "temperature"),
+    [("chain:3", (0.9, 0.6, 0.3), 0.0), ("full:2x3", (0.8,), 0.9)],
+)
+def test_acceptance_follows_the_profile_where_the_verify_leaves_the_reference(
+    monkeypatch, tree, alpha, temperature
+):
+    """The verify's numerics differ from the reference pass's: the decode emits what the same
+    strategy emits with another drafter, no sequence leaves its probes, and each depth's
+    conditional acceptance lies within 4 binomial standard deviations of alpha_k."""
+    perturb_verify(monkeypatch)
+    prompts = random_prompts([64, 97, 80], seed=11)
+    strategy = Strategy(name="sd", tree=tree, drafter=NGRAM)
+    plain = DecodeConfig(max_new_tokens=160, temperature=temperature, seed=3)
+    want = decode(strategy, prompts, plain)[1].tokens
+    assert want != autoregressive(strategy, prompts, plain)  # the reference is wrong
+    engine, result = decode(strategy, prompts, dataclasses.replace(plain, oracle_acceptance=alpha))
+    assert result.tokens == want
+    assert not engine.drafter.diverged
+    accepted = np.concatenate([r.accepted for r in result.rounds])
+    for k, a in enumerate(engine.config.oracle_profile(engine.tree.max_depth), start=1):
+        n = int((accepted >= k - 1).sum())
+        rate = (accepted >= k).sum() / n
+        assert n >= 30, (k, n)
+        assert abs(rate - a) <= 4 * math.sqrt(a * (1 - a) / n) + 1e-9, (k, rate, a, n)
+    assert result.oracle_overhead()["probes_per_round"] > 1
+
+
+NSA = dict(SPARSE, metadata="nsa", comp_block=16, comp_stride=8)
+
+
+def persistent_state(engine: Engine) -> dict:
+    """Copies of what outlives a round: lengths, each sequence's committed KV, the cache's
+    summaries, the acceptance's device counters and uniforms, and the generators."""
+    cache = engine.target.cache
+    lens = cache.lens.tolist()
+    out = {
+        "lens": lens,
+        **{f"kv{b}": cache.kv[:, :, b, :, :n].clone() for b, n in enumerate(lens)},
+        "rng": torch.get_rng_state(),
+        "oracle_rng": engine.drafter._rng.bit_generator.state,
+        **{k: v.clone() for k, v in engine.target.graph_constants.items()},
+    }
+    for name in ("comp_k", "comp_v", "comp_lens"):
+        if getattr(cache, name) is not None:
+            out[name] = getattr(cache, name).clone()
+    for layer, meta in enumerate(cache.meta or ()):
+        out[f"meta{layer}"] = meta.mean.clone()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("strategy", "summary"),
+    [
+        pytest.param(
+            Strategy(name="ssv", tree="chain:4", drafter=NGRAM, refresh_every=2, **NSA),
+            "comp_k",
+            id="nsa",
+        ),
+        pytest.param(CASES["tree_sparse_union"], "meta0", id="union"),
+        pytest.param(
+            Strategy(
+                name="ssv", tree="chain:4", drafter=NGRAM, mode="shared", group_size=2, **SPARSE
+            ),
+            "meta0",
+            id="shared",
+        ),
+    ],
+)
+def test_a_probe_leaves_no_state_behind(monkeypatch, strategy, summary):
+    """Every probe of a sampled decode (NSA's compressed tokens, block metadata, shared
+    groups) leaves the lengths, the committed KV, the summaries, the device counters and
+    uniforms and the generators as they were; the verify reproduces the last probe."""
+    perturb_verify(monkeypatch)  # corrections too: more than one probe in some rounds
+    own = OracleDrafter.anchor
+    checked = []
+
+    def anchor(self, roots, tree, history, probe):
+        def watched(tokens):
+            before = persistent_state(engine)
+            out = probe(tokens)
+            after = persistent_state(engine)
+            for key, value in before.items():
+                same = (
+                    value == after[key]
+                    if not isinstance(value, torch.Tensor)
+                    else torch.equal(value, after[key])
+                )
+                assert same, key
+            checked.append(len(before))
+            return out
+
+        return own(self, roots, tree, history, watched)
+
+    monkeypatch.setattr(OracleDrafter, "anchor", anchor)
+    prompts = random_prompts([90, 133], seed=5)
+    cfg = DecodeConfig(max_new_tokens=40, temperature=0.9, seed=2, oracle_acceptance=(0.8,))
+    engine = Engine(
+        ModelRunner(TARGET, batch=2, t_max=133 + 40 + 16, backend="torch"), strategy, cfg
+    )
+    result = engine.generate(prompts)
+    assert not engine.drafter.diverged
+    assert len(checked) > len(result.rounds)
+    assert summary in persistent_state(engine)  # the summary the probes were checked on
 
 
 def test_the_acceptance_profile_checks_its_values_and_length():
