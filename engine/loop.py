@@ -305,7 +305,7 @@ class Engine:
                 provenance=f"measured:{timer.source}",
                 warmup_rounds=[r.round for r in rounds if r.warmup],
                 **reuse_summary(rounds),
-                **acceptance_label(cfg),
+                **acceptance_label(cfg, rounds),
             )
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]

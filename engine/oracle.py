@@ -172,10 +172,16 @@ class OracleDrafter:
         self._plan = {}
 
 
-def acceptance_label(config: DecodeConfig) -> dict:
-    """Trace header keys that mark a run's acceptance as the oracle's synthetic one (none for
-    another drafter)."""
+def acceptance_label(config: DecodeConfig, rounds=()) -> dict:
+    """Trace header keys that mark a run's acceptance as the oracle's synthetic one, with what
+    its probes cost over ``rounds`` (``engine.results.RoundRecord``: verify forwards and host
+    seconds, in no round's times); none for another drafter."""
     acc = config.oracle_acceptance
     if acc is None:
         return {}
-    return {"acceptance": "synthetic:oracle", "oracle_acceptance": list(acc)}
+    return {
+        "acceptance": "synthetic:oracle",
+        "oracle_acceptance": list(acc),
+        "oracle_probes": sum(r.oracle_probes for r in rounds),
+        "oracle_probe_s": sum(r.oracle_s for r in rounds),
+    }

@@ -284,6 +284,7 @@ def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys
     assert out["prediction"]["overlap"]["value"] == pytest.approx(out["selection"]["group_overlap"])
     header = json.loads(trace.read_text().splitlines()[0])
     assert header["acceptance"] == "synthetic:oracle"
+    assert header["oracle_probes"] == out["rounds"] and header["oracle_probe_s"] > 0
     assert main(argv) == 0  # no --trace or --stats: the oracle records the selections itself
     text = capsys.readouterr().out
     assert "[synthetic]" in text and "acceptance: synthetic (oracle drafter" in text
