@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_helpers import random_prompts, tiny_model
+from engine_helpers import changed_state, persistent_state, random_prompts, tiny_model
 from ssvkit.engine.loop import Engine
 from ssvkit.engine.oracle import OracleDrafter
 from ssvkit.engine.runner import ModelRunner
@@ -169,26 +169,6 @@ def test_acceptance_follows_the_profile_where_the_verify_leaves_the_reference(
 NSA = dict(SPARSE, metadata="nsa", comp_block=16, comp_stride=8)
 
 
-def persistent_state(engine: Engine) -> dict:
-    """Copies of what outlives a round: lengths, each sequence's committed KV, the cache's
-    summaries, the acceptance's device counters and uniforms, and the generators."""
-    cache = engine.target.cache
-    lens = cache.lens.tolist()
-    out = {
-        "lens": lens,
-        **{f"kv{b}": cache.kv[:, :, b, :, :n].clone() for b, n in enumerate(lens)},
-        "rng": torch.get_rng_state(),
-        "oracle_rng": engine.drafter._rng.bit_generator.state,
-        **{k: v.clone() for k, v in engine.target.graph_constants.items()},
-    }
-    for name in ("comp_k", "comp_v", "comp_lens"):
-        if getattr(cache, name) is not None:
-            out[name] = getattr(cache, name).clone()
-    for layer, meta in enumerate(cache.meta or ()):
-        out[f"meta{layer}"] = meta.mean.clone()
-    return out
-
-
 @pytest.mark.parametrize(
     ("strategy", "summary"),
     [
@@ -219,14 +199,7 @@ def test_a_probe_leaves_no_state_behind(monkeypatch, strategy, summary):
         def watched(tokens):
             before = persistent_state(engine)
             out = probe(tokens)
-            after = persistent_state(engine)
-            for key, value in before.items():
-                same = (
-                    value == after[key]
-                    if not isinstance(value, torch.Tensor)
-                    else torch.equal(value, after[key])
-                )
-                assert same, key
+            assert not changed_state(before, persistent_state(engine))
             checked.append(len(before))
             return out
 
