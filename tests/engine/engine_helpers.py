@@ -17,6 +17,18 @@ TINY = ModelConfig(
     head_dim=16,
 )
 
+# The GPU tests' random model: big enough for the Triton kernels' tiles and sparse selections
+# over 1-2K-token prompts.
+GPU_TINY = ModelConfig(
+    vocab_size=512,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_layers=4,
+    num_q_heads=8,
+    num_kv_heads=2,
+    head_dim=64,
+)
+
 
 def tiny_model(
     cfg: ModelConfig = TINY,
@@ -83,3 +95,21 @@ def changed_state(before: dict, after: dict) -> list[str]:
         for k, v in before.items()
         if not (torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k])
     ]
+
+
+def watch_probes(monkeypatch) -> list[list[str]]:
+    """Wrap every oracle probe (``Engine._probe``) of the engines built after this call: the
+    list returned collects, per probe in order, the ``persistent_state`` keys it changed."""
+    from ssvkit.engine.loop import Engine
+
+    own = Engine._probe
+    changes: list[list[str]] = []
+
+    def probe(self, tokens):
+        before = persistent_state(self)
+        out = own(self, tokens)
+        changes.append(changed_state(before, persistent_state(self)))
+        return out
+
+    monkeypatch.setattr(Engine, "_probe", probe)
+    return changes

@@ -15,9 +15,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_helpers import changed_state, persistent_state, random_prompts, tiny_model
+from engine_helpers import persistent_state, random_prompts, tiny_model, watch_probes
 from ssvkit.engine.loop import Engine
-from ssvkit.engine.oracle import OracleDrafter
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
@@ -192,20 +191,7 @@ def test_a_probe_leaves_no_state_behind(monkeypatch, strategy, summary):
     groups) leaves the lengths, the committed KV, the summaries, the device counters and
     uniforms and the generators as they were; the verify reproduces the last probe."""
     perturb_verify(monkeypatch)  # corrections too: more than one probe in some rounds
-    own = OracleDrafter.anchor
-    checked = []
-
-    def anchor(self, roots, tree, history, probe):
-        def watched(tokens):
-            before = persistent_state(engine)
-            out = probe(tokens)
-            assert not changed_state(before, persistent_state(engine))
-            checked.append(len(before))
-            return out
-
-        return own(self, roots, tree, history, watched)
-
-    monkeypatch.setattr(OracleDrafter, "anchor", anchor)
+    changes = watch_probes(monkeypatch)
     prompts = random_prompts([90, 133], seed=5)
     cfg = DecodeConfig(max_new_tokens=40, temperature=0.9, seed=2, oracle_acceptance=(0.8,))
     engine = Engine(
@@ -213,7 +199,7 @@ def test_a_probe_leaves_no_state_behind(monkeypatch, strategy, summary):
     )
     result = engine.generate(prompts)
     assert not engine.drafter.diverged
-    assert len(checked) > len(result.rounds)
+    assert len(changes) > len(result.rounds) and not any(changes), changes
     assert summary in persistent_state(engine)  # the summary the probes were checked on
 
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import changed_state, persistent_state, random_prompts, tiny_model
-from ssvkit.engine.config import ModelConfig
+from engine_helpers import GPU_TINY, random_prompts, tiny_model, watch_probes
 from ssvkit.engine.loop import Engine
-from ssvkit.engine.oracle import OracleDrafter
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
@@ -27,15 +25,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-CFG = ModelConfig(
-    vocab_size=512,
-    hidden_size=512,
-    intermediate_size=1024,
-    num_layers=4,
-    num_q_heads=8,
-    num_kv_heads=2,
-    head_dim=64,
-)
 NGRAM = DrafterSpec(kind="ngram")
 SPARSE = dict(attention="sparse", top_n=8, block_size=64, window=128, metadata="mean")
 CASES = {
@@ -57,7 +46,7 @@ CASES = {
     ),
 }
 MODEL = (
-    tiny_model(CFG, seed=0, max_positions=4096, device="cuda", dtype=torch.bfloat16)
+    tiny_model(GPU_TINY, seed=0, max_positions=4096, device="cuda", dtype=torch.bfloat16)
     if torch.cuda.is_available()
     else None
 )
@@ -90,22 +79,10 @@ def test_bf16_oracle_keeps_the_whole_spine_at_acceptance_one(case, temperature):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bf16_probe_under_graphs_leaves_no_state_behind(case, monkeypatch):
-    own = OracleDrafter.anchor
-    checked = []
-
-    def anchor(self, roots, tree, history, probe):
-        def watched(tokens):
-            before = persistent_state(engine)
-            out = probe(tokens)
-            changed = changed_state(before, persistent_state(engine))
-            assert changed in ([], ["graphs"]) and (not changed or not checked), changed
-            checked.append(changed)
-            return out
-
-        return own(self, roots, tree, history, watched)
-
-    monkeypatch.setattr(OracleDrafter, "anchor", anchor)
+    changes = watch_probes(monkeypatch)
     engine = _engine(CASES[case], 0.8, 0.8)
     result = engine.generate(PROMPTS)
     assert not engine.drafter.diverged
-    assert len(checked) >= len(result.rounds)
+    assert len(changes) >= len(result.rounds)
+    assert changes[0] in ([], ["graphs"])  # the first probe captures the verify graph
+    assert not any(changes[1:]), changes
