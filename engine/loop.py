@@ -11,7 +11,10 @@
    n-gram, oracle, autoregressive -- emit the same text). Then
    start the *warm* drafters the controller declares (``drafter_kinds()``), timed apart
    (``DecodeResult.warm_s``): a later switch to one only catches it up (``Drafter.resume``).
-2. per round, timed step by step (CUDA events on the GPU, the wall clock on the CPU):
+2. per round, with the oracle drafter first its untimed probes (``engine.oracle``: verify
+   forwards of the round's own graph that commit nothing; their count and host time go to
+   ``RoundRecord.oracle_probes`` / ``oracle_s``, outside the step times and the wall time), then
+   timed step by step (CUDA events on the GPU, the wall clock on the CPU):
    ``draft`` the strategy's tree below the roots; ``launch`` -- the time the GPU waits for the
    host to issue the verify step (0 when the GPU is behind the host); ``verify`` it in one
    target forward of the flattened tail (tree mask, dense/sparse/NSA attention; one CUDA graph
@@ -150,6 +153,7 @@ class Engine:
         self._decided: Strategy | None = None
         self._one: torch.Tensor | None = None  # the acceptance graph's "enable" input
         self._clears0 = 0  # graph drops before this generate call's rounds (``_captures``)
+        self._oracle_s = 0.0  # the oracle's probe time in this generate call (``_round``)
         self.drafter: Drafter | None = None
         self.set_strategy(strategy)
 
@@ -282,6 +286,7 @@ class Engine:
         rounds: list[RoundRecord] = []
         self._clears0 = self._captures()[1]
         self._t_start = time.perf_counter()
+        self._oracle_s = 0.0
         self._overlap = bool(getattr(self.controller, "overlap", False))
         self._pending, self._decided = None, None
         while min(len(g) for g in generated) < cfg.max_new_tokens:
@@ -300,17 +305,19 @@ class Engine:
                 provenance=f"measured:{timer.source}",
                 warmup_rounds=[r.round for r in rounds if r.warmup],
                 **reuse_summary(rounds),
-                **acceptance_label(cfg),
+                **acceptance_label(cfg, rounds),
             )
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
         return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
 
     def _reference(self, prompts: list[list[int]]) -> list[list[int]]:
-        """The oracle's reference: the target's autoregressive continuation of ``prompts`` with
-        this run's attention and sampling settings (seed included), ``max_new_tokens`` plus a
-        draft tree's depth long so that the last round's drafts have it too. The pass prepares
-        the target for its own strategy, so this one is installed again after it."""
+        """The oracle's first guess of the continuation, which its probes correct where the
+        verify's numerics leave it: the target's autoregressive continuation of ``prompts``
+        with this run's attention and sampling settings (seed and position uniforms included),
+        ``max_new_tokens`` plus a draft tree's depth long so that the last round's drafts have
+        it too. The pass prepares the target for its own strategy, so this one is installed
+        again after it."""
         cfg = dataclasses.replace(
             self.config,
             oracle_acceptance=None,
@@ -386,10 +393,16 @@ class Engine:
         lens = [len(history[b]) - 1 for b in active]
         warm = self._fresh and self.target.device.type == "cuda"
         self._fresh = False
-        wall0 = time.perf_counter()
         record = self.stats is not None
-        lens_before = self.target.cache.lens.clone() if record else None
         captures = self._captures()
+        probes, oracle_s = 0, 0.0
+        if isinstance(self.drafter, OracleDrafter):  # untimed: the oracle's own overhead
+            o0 = time.perf_counter()
+            probes = self.drafter.anchor(roots, tree, history, self._probe)
+            oracle_s = time.perf_counter() - o0
+            self._oracle_s += oracle_s
+        wall0 = time.perf_counter()
+        lens_before = self.target.cache.lens.clone() if record else None
         timer.start()
         draft = (
             self.drafter.draft(roots, tree, history)
@@ -397,12 +410,7 @@ class Engine:
             else Draft(roots[:, None], None)
         )
         timer.mark("draft")
-        logits, recorded = self.target.graphs(
-            ("verify", tree, attn, record),
-            lambda tok: self.target.tree_forward(tok, tree, attn, record=record)[::2],
-            (draft.tokens,),
-            on_launch=lambda: timer.mark("launch"),
-        )
+        logits, recorded = self._verify(draft.tokens, on_launch=lambda: timer.mark("launch"))
         timer.mark("verify")
         acc, packed = self._accept(tree, draft, logits, ("verify", tree, attn, record))
         if self.drafter is not None:
@@ -449,13 +457,66 @@ class Engine:
             step_s=step_s,
             wall_s=wall_s,
             warmup=warm,
-            t_s=wall0 - self._t_start,
+            t_s=wall0 - self._t_start - self._oracle_s,
             selection=selection,
             stats_s=stats_s,
             shadow=shadow,
             captured=self._captures()[0] != captures[0] and captures[1] == self._clears0,
+            oracle_probes=probes,
+            oracle_s=oracle_s,
         )
         return rec, acc.bonus.clone()
+
+    def _verify(self, tokens: torch.Tensor, on_launch=None):
+        """The round's verify forward of ``tokens`` ``[B, t]`` through its graph: the logits
+        ``[B, t, V]`` and the recorded per-layer ``q`` (None unless the statistics record)."""
+        tree, attn, record = self.tree, self.attn, self.stats is not None
+        return self.target.graphs(
+            ("verify", tree, attn, record),
+            lambda tok: self.target.tree_forward(tok, tree, attn, record=record)[::2],
+            (tokens,),
+            on_launch=on_launch,
+        )
+
+    def _probe(self, tokens: torch.Tensor) -> list[list[int]]:
+        """The tokens each sequence would emit from draft ``tokens`` ``[B, t]`` this round (its
+        accepted drafts, then the bonus; uncapped by ``max_new_tokens``): the round's own verify
+        graph and acceptance (the same uniforms), committing nothing. It changes no state
+        that outlives the round: the forward writes only the verify tail past each committed
+        length, which the round's verify writes again before anything reads it; the lengths,
+        block metadata, compressed tokens, ``remaining`` and every generator are untouched."""
+        tree, temp = self.tree, self.config.temperature
+        logits, _ = self._verify(tokens)
+        uniforms = self._uniforms(tree)
+        acc = accept(
+            self.target.tree_tensors(tree),
+            tokens,
+            logits,
+            None,
+            temp,
+            backend=self.target.backend,
+            uniforms=uniforms() if uniforms is not None else None,
+        )
+        packed = torch.cat(
+            [acc.count[:, None].long(), acc.bonus[:, None], tokens.gather(1, acc.path)], dim=1
+        )
+        return [row[3 : 2 + row[0]] + [row[1]] for row in packed.cpu().tolist()]
+
+    def _uniforms(self, tree: DraftTree):
+        """At temperature > 0, a function giving ``[B, max_depth + 1]`` the uniforms of the
+        positions a round's kept path takes (deterministic drafts: ``engine.acceptance``);
+        None when greedy. Called inside captured work: a tensor made outside would be read by
+        address after the caller freed it."""
+        if self.config.temperature == 0:
+            return None
+        table, cache, depth = self._position_uniforms(), self.target.cache, tree.max_depth
+
+        def uniforms():
+            steps = torch.arange(1, depth + 2, device=table.device)
+            at = (cache.lens.long()[:, None] + steps).clamp(max=table.shape[1] - 1)
+            return table.gather(1, at)
+
+        return uniforms
 
     def _captures(self) -> tuple[int, int]:
         """CUDA graphs the target's and the draft model's runners have captured so far, and
@@ -470,18 +531,9 @@ class Engine:
         tt = target.tree_tensors(tree)
         probs = draft.probs if temp > 0 else None
 
-        table = self._position_uniforms() if probs is None and temp > 0 else None
-        if table is not None:  # deterministic drafts: the positions' own uniforms
-            depth = tree.max_depth
-
-            def uniforms():
-                # Built inside the captured work: a tensor made out here would be read by
-                # address after this call freed it.
-                steps = torch.arange(1, depth + 2, device=table.device)
-                at = (target.cache.lens.long()[:, None] + steps).clamp(max=table.shape[1] - 1)
-                return table.gather(1, at)
-        else:
-            uniforms = lambda: None  # noqa: E731
+        # Deterministic drafts take the uniforms of the positions they sample.
+        positional = self._uniforms(tree) if probs is None else None
+        uniforms = positional or (lambda: None)
 
         remaining = self._remaining()
         last = tree.max_depth

@@ -1,28 +1,33 @@
 """The oracle drafter: the target's own continuation, corrupted to a chosen acceptance profile.
 
 Random-weight models have the real geometry and step costs but no draft model that agrees
-with them. The oracle stands in for one: before decoding, the decode loop runs the target
-autoregressively on the same prompts with the same sampling settings (``Engine.generate``; at
-temperature > 0 the same position uniforms, so the same tokens), and each round the oracle
-proposes the next tokens of that reference continuation. Every proposed token on the tree's
-spine (the rank-0 child at each level) is replaced, independently with probability
-``1 - alpha_k`` at depth ``k``, by a different token drawn from a seeded generator; every other
-node holds a token that differs from the reference at its depth. Verification is the target's
-own, so the output is the target's whatever the drafts, and the accepted length follows the
-profile: ``P(accepted >= k) = alpha_1 ... alpha_k``. Its acceptance is synthetic and is
-labelled so wherever it is reported.
+with them. The oracle stands in for one. Each round, every token on the tree's spine (the
+rank-0 child at each level) is the target's own next token, replaced, independently with
+probability ``1 - alpha_k`` at depth ``k``, by a different token drawn from a seeded generator;
+every other node holds a token that differs from the target's at its depth. Verification is the
+target's own, so the output is the target's whatever the drafts, and the accepted length
+follows the profile: ``P(accepted >= k) = alpha_1 ... alpha_k``. Its acceptance is synthetic
+and is labelled so wherever it is reported.
 
-The reference is the decode's own output where the verify forward's result at a position is a
-function of the prefix alone: dense attention, and sparse attention that selects per query from
-block summaries. Where it also depends on the round's shape -- NSA's compressed tokens are
-refreshed at commits, so a round's rows see those of its start; a ``shared`` group attends its
-representative's blocks -- or where near-tied logits round differently in the two passes, a
-sequence's tokens can leave the reference. The oracle then keeps proposing the reference's
-tokens at its position, which the target rejects: ``diverged`` counts those sequences (the
-decode report shows it), whose acceptance falls below the profile.
+The target's next tokens are those of the decode itself, not of a separate pass: a token's
+logits depend on the forward that computes them (GEMMs of another row count round
+differently, NSA's compressed tokens are refreshed at commits, a ``shared`` group attends its
+representative's blocks), so an autoregressive continuation leaves the decode at near-tied
+logits. The reference (``load``: the autoregressive continuation, ``Engine.generate``, with the
+run's sampling settings and position uniforms) is only the first guess. Before each round,
+untimed (``anchor``), the engine *probes* the draft: it runs the round's own verify forward and
+acceptance on it, committing nothing (``Engine._probe``), and the oracle compares what the
+target emits there with what the draft was built to make it emit. Where they differ, the
+emitted tokens replace the reference and the draft is built and probed again; a probe that
+goes as planned is the round's draft, so the real verify, on the same tokens from the same
+state, accepts exactly as planned. One probe per round when the reference holds, one more per
+spine level it had to correct. ``diverged`` counts the sequences whose verify did not
+reproduce their last probe (it stays empty where the verify is deterministic).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,9 +36,13 @@ from ssvkit.engine.drafter import Draft
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
 
+# What a probe returns per sequence: the tokens the target emits from a draft (its accepted
+# drafts, then the bonus token), as the round's verify and acceptance would emit them.
+Probe = Callable[[torch.Tensor], list[list[int]]]
+
 
 class OracleDrafter:
-    """Drafts of the reference continuation with acceptance ``alpha`` per depth
+    """Drafts of the target's own continuation with acceptance ``alpha`` per depth
     (``kind = oracle``)."""
 
     kind = "oracle"
@@ -47,21 +56,24 @@ class OracleDrafter:
         self.seed = config.seed
         self._prompt_lens: list[int] = []
         self._reference: list[list[int]] = []
-        self._checked: list[int] = []  # generated tokens compared with the reference
-        self.diverged: set[int] = set()  # sequences whose tokens left the reference
+        self.diverged: set[int] = set()  # sequences whose verify left their last probe
         self._rng = np.random.default_rng(self.seed)
         self._spines: dict[DraftTree, np.ndarray] = {}
+        # The round ``anchor`` probed: its draft and, per sequence still generating, the
+        # tokens generated before it and the tokens it plans to emit.
+        self._anchored: torch.Tensor | None = None
+        self._plan: dict[int, tuple[int, int]] = {}
 
     def load(self, prompts: list[list[int]], reference: list[list[int]]) -> None:
-        """The reference continuation of each prompt (its first token the first root), before
-        a decode of ``prompts``; the corruption draws restart from the seed."""
+        """The first guess of each prompt's continuation (its first token the first root),
+        before a decode of ``prompts``; the corruption draws restart from the seed."""
         if len(reference) != len(prompts):
             raise ValueError(f"{len(reference)} reference rows for {len(prompts)} prompts")
         self._prompt_lens = [len(p) for p in prompts]
         self._reference = [list(r) for r in reference]
-        self._checked = [0] * len(prompts)
         self.diverged = set()
         self._rng = np.random.default_rng(self.seed)
+        self._anchored, self._plan = None, {}
 
     def start(self, prompts: list[list[int]]) -> None:
         """Nothing to prefill: the reference is ``load``'s."""
@@ -80,52 +92,96 @@ class OracleDrafter:
             self._spines[tree] = np.array(spine)
         return self._spines[tree]
 
-    def _check(self, history: list[list[int]]) -> list[int]:
-        """Tokens generated per sequence (the root included); marks the diverged ones."""
-        done = []
-        for b, hist in enumerate(history):
-            start = self._prompt_lens[b]
-            gen = len(hist) - start
-            c, ref = self._checked[b], self._reference[b]
-            if b not in self.diverged and hist[start + c : start + gen] != ref[c:gen]:
-                self.diverged.add(b)
-            self._checked[b] = gen
-            done.append(gen)
-        return done
+    def anchor(
+        self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]], probe: Probe
+    ) -> int:
+        """Draw this round's corruption and probe its draft until the target emits what the
+        draft plans (module docstring): the accepted spine up to the first corrupted depth
+        ``k``, then the bonus. ``history`` holds each sequence's committed tokens, the root
+        last. Returns the probes run: at most ``max_depth + 2`` (each failed one fixes at
+        least one more spine level; a last one may still fail where the verify is not a
+        function of its inputs, which ``observe`` then reports)."""
+        depth = tree.max_depth
+        alpha = np.array(self.config.oracle_profile(depth))
+        b = len(history)
+        keep = self._rng.random((b, depth)) < alpha  # [B, D]
+        shift = self._rng.integers(1, self.vocab_size, size=(b, depth))  # a different token
+        first = np.where(keep.all(1), depth + 1, keep.argmin(1) + 1)  # [B] first corrupted
+        generated = [len(h) - n for h, n in zip(history, self._prompt_lens, strict=True)]
+        active = [s for s in range(b) if generated[s] < self.config.max_new_tokens]
+        spine = np.flatnonzero(self._spine(tree))  # spine labels, root first (one per depth)
+        probes = 0
+        while True:
+            below = self._below(tree, history, generated, keep, shift)  # [B, t - 1]
+            tokens = torch.cat([roots[:, None], torch.from_numpy(below).to(roots.device)], 1)
+            emitted = probe(tokens)
+            probes += 1
+            planned = True
+            for s in active:
+                k, e = int(first[s]), emitted[s]
+                planned &= len(e) == k and e[: k - 1] == below[s, spine[1:k] - 1].tolist()
+                self._write(s, generated[s], e)
+            if planned or probes == depth + 2:
+                break
+        self._anchored = tokens
+        self._plan = {s: (generated[s], int(first[s])) for s in active}
+        return probes
+
+    def _below(self, tree, history, generated, keep, shift) -> np.ndarray:
+        """``[B, t - 1]`` the draft below the roots from the reference: the spine's tokens
+        (corrupted where ``keep`` is false), others differing from the reference."""
+        depth, v = tree.max_depth, self.vocab_size
+        ref = np.zeros((len(history), depth + 1), dtype=np.int64)  # [B, D + 1] by depth
+        for s, (hist, g) in enumerate(zip(history, generated, strict=True)):
+            ref[s, 0] = hist[-1]  # the root (a finished sequence's is stale: it keeps nothing)
+            ahead = self._reference[s][g : g + depth]
+            ref[s, 1 : 1 + len(ahead)] = ahead
+        spine_tok = np.where(keep, ref[:, 1:], (ref[:, 1:] + shift) % v)
+        node_depth, node_rank = np.array(tree.depth), np.array(tree.rank)
+        tokens = (ref[:, node_depth] + 1 + node_rank) % v  # off the spine: not the reference
+        spine = self._spine(tree)
+        tokens[:, spine] = np.concatenate([ref[:, :1], spine_tok], axis=1)[:, node_depth[spine]]
+        return tokens[:, 1:]
+
+    def _write(self, s: int, at: int, tokens: list[int]) -> None:
+        """The target's tokens from generated position ``at`` on into sequence ``s``'s
+        reference (growing it where a probe saw past its end)."""
+        ref = self._reference[s]
+        ref.extend([0] * (at + len(tokens) - len(ref)))
+        ref[at : at + len(tokens)] = tokens
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:
-        depth, v = tree.max_depth, self.vocab_size
-        alpha = np.array(self.config.oracle_profile(depth))
-        generated = self._check(history)
-        b = len(history)
-        oracle = np.zeros((b, depth + 1), dtype=np.int64)  # [B, D + 1]: the reference by depth
-        for s, (hist, g) in enumerate(zip(history, generated, strict=True)):
-            oracle[s, 0] = hist[-1]  # the root (a finished sequence's is stale: it keeps nothing)
-            ahead = self._reference[s][g : g + depth]
-            oracle[s, 1 : 1 + len(ahead)] = ahead
-        keep = self._rng.random((b, depth)) < alpha  # [B, D]
-        shift = self._rng.integers(1, v, size=(b, depth))  # a different token when corrupted
-        spine_tok = np.where(keep, oracle[:, 1:], (oracle[:, 1:] + shift) % v)
-        node_depth = np.array(tree.depth)
-        node_rank = np.array(tree.rank)
-        at = oracle[:, node_depth]  # [B, t] the reference token at each node's depth
-        tokens = (at + 1 + node_rank) % v  # off the spine: differs from the reference
-        spine = self._spine(tree)
-        tokens[:, spine] = np.concatenate([oracle[:, :1], spine_tok], axis=1)[:, node_depth[spine]]
-        below = torch.from_numpy(tokens[:, 1:]).to(self.device, non_blocking=True)
-        return Draft(torch.cat([roots[:, None], below], dim=1), None)
+        """The draft ``anchor`` probed last (``ValueError`` when none is waiting)."""
+        if self._anchored is None:
+            raise ValueError("the oracle drafts what anchor() probed; anchor the round first")
+        tokens, self._anchored = self._anchored, None
+        return Draft(tokens, None)
 
     def commit(self, acc: AcceptedPath, tokens: torch.Tensor) -> None:
         """Nothing on the device."""
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:
-        """Nothing: ``draft`` reads the position from the history."""
+        """Marks the sequences whose round did not emit what their last probe did: the
+        reference's tokens from their position, as many as planned (fewer where
+        ``max_new_tokens`` cut the round short)."""
+        for s, (g, k) in self._plan.items():
+            start = self._prompt_lens[s] + g
+            want = self._reference[s][g : g + min(k, self.config.max_new_tokens - g)]
+            if counts[s] != len(want) or history[s][start : start + len(want)] != want:
+                self.diverged.add(s)
+        self._plan = {}
 
 
-def acceptance_label(config: DecodeConfig) -> dict:
-    """Trace header keys that mark a run's acceptance as the oracle's synthetic one (none for
-    another drafter)."""
+def acceptance_label(config: DecodeConfig, rounds=()) -> dict:
+    """Trace header keys that mark a run's acceptance as the oracle's synthetic one, with what
+    its probes cost over ``rounds`` (``engine.results.RoundRecord``: verify forwards and host
+    seconds, in no round's times); none for another drafter."""
     acc = config.oracle_acceptance
     if acc is None:
         return {}
-    return {"acceptance": "synthetic:oracle", "oracle_acceptance": list(acc)}
+    return {
+        "acceptance": "synthetic:oracle",
+        "oracle_acceptance": list(acc),
+        "oracle_probes": sum(r.oracle_probes for r in rounds),
+        "oracle_probe_s": sum(r.oracle_s for r in rounds),
+    }

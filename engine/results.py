@@ -42,6 +42,11 @@ class RoundRecord:
     # The sequences still generating this round, in the order of ``context_lens``, ``accepted``
     # and ``emitted`` (a finished one rides along in the batch and keeps nothing). None: all.
     sequences: list[int] | None = None
+    # The oracle drafter's probes before the round (``engine.oracle``): verify forwards run to
+    # anchor its draft, and their host wall time. Outside ``wall_s``, ``step_s`` and ``t_s``:
+    # the oracle's own overhead, no drafting cost.
+    oracle_probes: int = 0
+    oracle_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sequences is None:
@@ -84,6 +89,17 @@ class DecodeResult:
         rs = self.timed()
         drafted = sum(r.drafted * len(r.accepted) for r in rs)
         return sum(sum(r.accepted) for r in rs) / drafted if drafted else 0.0
+
+    def oracle_overhead(self) -> dict:
+        """The oracle drafter's probes over every round that drafted with it (warm-up
+        included): forwards, forwards per such round, and their host wall time."""
+        rs = [r for r in self.rounds if r.oracle_probes]
+        probes = sum(r.oracle_probes for r in rs)
+        return {
+            "probes": probes,
+            "probes_per_round": probes / len(rs) if rs else 0.0,
+            "seconds": sum(r.oracle_s for r in rs),
+        }
 
     def mean_step_s(self) -> dict[str, float]:
         rs = self.timed()

@@ -82,7 +82,7 @@ def build_report(args, result, run: DecodeRun) -> dict:
             "fit:perfmodel.tree_expected_tokens" + (f" of {source}" if source else ""),
         ),
         "acceptance": source or "measured",
-        "oracle": _oracle_summary(oracle, args.batch),
+        "oracle": _oracle_summary(oracle, args.batch, result),
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
         "round_s": figure(round_s, "s", timer),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
@@ -98,14 +98,18 @@ def build_report(args, result, run: DecodeRun) -> dict:
     return out
 
 
-def _oracle_summary(oracle, batch: int) -> dict | None:
-    """The oracle's chosen acceptance and how many sequences left its reference."""
+def _oracle_summary(oracle, batch: int, result) -> dict | None:
+    """The oracle's chosen acceptance, how many sequences' verify left its probes, and what
+    the probes cost (verify forwards and host wall time, outside every timed figure)."""
     if oracle is None:
         return None
+    cost = result.oracle_overhead()
     return {
         "acceptance": list(oracle.config.oracle_acceptance),
         "diverged": len(oracle.diverged),
         "sequences": batch,
+        "probes_per_round": cost["probes_per_round"],
+        "probe_s": figure(cost["seconds"], "s", "measured:wall-clock"),
     }
 
 
@@ -157,7 +161,11 @@ def report_text(r: dict) -> str:
         lines.append(
             f"acceptance: synthetic (oracle drafter, alpha per depth "
             f"{','.join(f'{a:g}' for a in o['acceptance'])}; {o['diverged']} of "
-            f"{o['sequences']} sequences left its reference)"
+            f"{o['sequences']} sequences left its probes)"
+        )
+        lines.append(
+            f"oracle probes: {o['probes_per_round']:.2f} verify forwards per round, "
+            f"{o['probe_s']['value']:.3f} s, outside every step time and tokens/s"
         )
     for k, v in r["steps_s"].items():
         pv = p.get(f"{k}_s")

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import random_prompts, tiny_model
+from engine_helpers import GPU_TINY, random_prompts, tiny_model
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.checkpoint import TINY_DRAFT, TINY_TARGET, build_model, resolve_source
-from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.corpus import corpus_sample
 from ssvkit.engine.loop import Engine
 from ssvkit.engine.runner import ModelRunner
@@ -36,15 +35,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-CFG = ModelConfig(
-    vocab_size=512,
-    hidden_size=512,
-    intermediate_size=1024,
-    num_layers=4,
-    num_q_heads=8,
-    num_kv_heads=2,
-    head_dim=64,
-)
+CFG = GPU_TINY
 SPARSE = dict(attention="sparse", top_n=8, block_size=64, window=128, metadata="mean")
 ATTN = {
     "dense": AttentionConfig(),

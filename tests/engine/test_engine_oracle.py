@@ -1,8 +1,10 @@
 """The oracle drafter on the CPU: decoding with it emits the target's own tokens (greedy and
-sampled, batch 1 and ragged batches, chains and trees, dense and sparse), even from a wrong
-reference; its accepted lengths follow the chosen per-depth acceptance; ``ssvkit decode
---drafter oracle`` labels that acceptance synthetic, feeds the measured selection overlap of a
-sparse strategy to its prediction, and refuses bad values in one line."""
+sampled, batch 1 and ragged batches, chains and trees, dense and sparse); its accepted lengths
+follow the chosen per-depth acceptance, also where its reference is wrong or the verify's
+numerics leave it (the probes re-anchor it), and a probe leaves no state behind; ``ssvkit
+decode --drafter oracle`` labels that acceptance synthetic, reports the probes' cost, feeds the
+measured selection overlap of a sparse strategy to its prediction, and refuses bad values in
+one line."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import math
 
 import numpy as np
 import pytest
-from engine_helpers import random_prompts, tiny_model
+import torch
+from engine_helpers import persistent_state, random_prompts, tiny_model, watch_probes
 from ssvkit.engine.loop import Engine
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
@@ -61,18 +64,38 @@ def test_oracle_decoding_emits_the_targets_own_tokens(case, lengths, temperature
     assert result.mean_accepted() > 0.6  # expected: 1.19 (depth 2) to 1.77 (depth 4)
 
 
-def test_a_wrong_reference_is_rejected_and_the_output_stays_the_targets(monkeypatch):
+def wrong_from(reference: list[list[int]], starts: list[int], seed: int) -> list[list[int]]:
+    """``reference`` with every token from ``starts[b]`` on replaced by a random one."""
+    rng = np.random.default_rng(seed)
+    return [
+        r[:at] + rng.integers(0, 256, len(r) - at).tolist()
+        for r, at in zip(reference, starts, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("case", ["chain_dense", "tree_dense", "tree_sparse_union"])
+def test_a_reference_wrong_from_some_position_on_is_re_anchored(monkeypatch, case, temperature):
+    """The probes replace the wrong tokens: at acceptance 1 every round keeps the whole spine,
+    the output is the target's and no sequence leaves its probes; the corrections cost probes
+    beyond one per round."""
     prompts = random_prompts([120, 64], seed=2)
-    cfg = DecodeConfig(max_new_tokens=30, oracle_acceptance=(1.0,))
-    want = autoregressive(CASES["tree_dense"], prompts, DecodeConfig(max_new_tokens=30))
-    rng = np.random.default_rng(0)
+    plain = DecodeConfig(max_new_tokens=30, temperature=temperature, seed=4)
+    want = autoregressive(CASES[case], prompts, plain)
+    own = Engine._reference
     monkeypatch.setattr(
-        Engine, "_reference", lambda self, p: rng.integers(0, 256, (len(p), 40)).tolist()
+        Engine, "_reference", lambda self, p: wrong_from(own(self, p), [3, 11], seed=0)
     )
-    engine, result = decode(CASES["tree_dense"], prompts, cfg)
+    cfg = dataclasses.replace(plain, oracle_acceptance=(1.0,))
+    engine, result = decode(CASES[case], prompts, cfg)
     assert result.tokens == want
-    assert engine.drafter.diverged == {0, 1}
-    assert result.mean_accepted() < 0.2
+    assert not engine.drafter.diverged
+    depth = DraftTree.from_spec(CASES[case].tree).max_depth
+    for r in result.rounds:
+        capped = [e < depth + 1 for e in r.emitted]  # max_new_tokens cut the round short
+        assert all(a == depth or c for a, c in zip(r.accepted, capped, strict=True)), r
+    cost = result.oracle_overhead()
+    assert cost["probes"] > len(result.rounds) and cost["probes_per_round"] > 1
 
 
 @pytest.mark.parametrize(
@@ -95,6 +118,89 @@ def test_accepted_lengths_follow_the_chosen_acceptance_per_depth(tree, alpha):
         rate = (accepted >= k).sum() / n
         assert n >= 30, (k, n)
         assert abs(rate - a) <= 4 * math.sqrt(a * (1 - a) / n) + 1e-9, (k, rate, a, n)
+
+
+def perturb_verify(monkeypatch) -> None:
+    """Verify forwards (more than one row) whose argmax at every fourth position is a token of
+    that position, as a stand-in for a verify whose numerics differ from the autoregressive
+    forward's (one row, untouched): the reference leaves the decode there."""
+    own = ModelRunner.tree_forward
+
+    def tree_forward(self, tokens, tree, attn, **kw):
+        logits, *rest = own(self, tokens, tree, attn, **kw)
+        if tokens.shape[1] == 1:
+            return (logits, *rest)
+        pos = self.cache.lens.long()[:, None] + self.tree_tensors(tree).depth  # [B, t]
+        bump = torch.zeros_like(logits).scatter_(2, ((pos * 37 + 11) % 256)[..., None], 1e3)
+        return (logits + bump * (pos % 4 == 0)[..., None], *rest)
+
+    monkeypatch.setattr(ModelRunner, "tree_forward", tree_forward)
+
+
+@pytest.mark.parametrize(
+    ("tree", "alpha", "temperature"),
+    [("chain:3", (0.9, 0.6, 0.3), 0.0), ("full:2x3", (0.8,), 0.9)],
+)
+def test_acceptance_follows_the_profile_where_the_verify_leaves_the_reference(
+    monkeypatch, tree, alpha, temperature
+):
+    """The verify's numerics differ from the reference pass's: the decode emits what the same
+    strategy emits with another drafter, no sequence leaves its probes, and each depth's
+    conditional acceptance lies within 4 binomial standard deviations of alpha_k."""
+    perturb_verify(monkeypatch)
+    prompts = random_prompts([64, 97, 80], seed=11)
+    strategy = Strategy(name="sd", tree=tree, drafter=NGRAM)
+    plain = DecodeConfig(max_new_tokens=160, temperature=temperature, seed=3)
+    want = decode(strategy, prompts, plain)[1].tokens
+    assert want != autoregressive(strategy, prompts, plain)  # the reference is wrong
+    engine, result = decode(strategy, prompts, dataclasses.replace(plain, oracle_acceptance=alpha))
+    assert result.tokens == want
+    assert not engine.drafter.diverged
+    accepted = np.concatenate([r.accepted for r in result.rounds])
+    for k, a in enumerate(engine.config.oracle_profile(engine.tree.max_depth), start=1):
+        n = int((accepted >= k - 1).sum())
+        rate = (accepted >= k).sum() / n
+        assert n >= 30, (k, n)
+        assert abs(rate - a) <= 4 * math.sqrt(a * (1 - a) / n) + 1e-9, (k, rate, a, n)
+    assert result.oracle_overhead()["probes_per_round"] > 1
+
+
+NSA = dict(SPARSE, metadata="nsa", comp_block=16, comp_stride=8)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "summary"),
+    [
+        pytest.param(
+            Strategy(name="ssv", tree="chain:4", drafter=NGRAM, refresh_every=2, **NSA),
+            "comp_k",
+            id="nsa",
+        ),
+        pytest.param(CASES["tree_sparse_union"], "meta0", id="union"),
+        pytest.param(
+            Strategy(
+                name="ssv", tree="chain:4", drafter=NGRAM, mode="shared", group_size=2, **SPARSE
+            ),
+            "meta0",
+            id="shared",
+        ),
+    ],
+)
+def test_a_probe_leaves_no_state_behind(monkeypatch, strategy, summary):
+    """Every probe of a sampled decode (NSA's compressed tokens, block metadata, shared
+    groups) leaves the lengths, the committed KV, the summaries, the device counters and
+    uniforms and the generators as they were; the verify reproduces the last probe."""
+    perturb_verify(monkeypatch)  # corrections too: more than one probe in some rounds
+    changes = watch_probes(monkeypatch)
+    prompts = random_prompts([90, 133], seed=5)
+    cfg = DecodeConfig(max_new_tokens=40, temperature=0.9, seed=2, oracle_acceptance=(0.8,))
+    engine = Engine(
+        ModelRunner(TARGET, batch=2, t_max=133 + 40 + 16, backend="torch"), strategy, cfg
+    )
+    result = engine.generate(prompts)
+    assert not engine.drafter.diverged
+    assert len(changes) > len(result.rounds) and not any(changes), changes
+    assert summary in persistent_state(engine)  # the summary the probes were checked on
 
 
 def test_the_acceptance_profile_checks_its_values_and_length():
@@ -123,16 +229,25 @@ def test_decode_command_labels_the_oracles_acceptance_synthetic(tmp_path, capsys
     for name in ("mean_accepted", "acceptance_rate"):
         assert out[name]["provenance"] == "synthetic:oracle"
     assert out["fitted_alpha"]["provenance"].endswith("synthetic:oracle")
-    assert out["oracle"] == {"acceptance": [0.9, 0.7, 0.5], "diverged": 0, "sequences": 2}
+    oracle = out["oracle"]
+    assert {k: oracle[k] for k in ("acceptance", "diverged", "sequences")} == {
+        "acceptance": [0.9, 0.7, 0.5],
+        "diverged": 0,
+        "sequences": 2,
+    }
+    # The fp32 CPU decode agrees with its autoregressive reference: one probe per round.
+    assert oracle["probes_per_round"] == 1.0 and oracle["probe_s"]["value"] > 0
     assert out["strategy"]["drafter"]["kind"] == "ngram" and "oracle" in out["note"]
     # A sparse strategy records its selections: the prediction takes the measured overlap.
     assert out["prediction"]["overlap"]["provenance"] == "measured:group_overlap"
     assert out["prediction"]["overlap"]["value"] == pytest.approx(out["selection"]["group_overlap"])
     header = json.loads(trace.read_text().splitlines()[0])
     assert header["acceptance"] == "synthetic:oracle"
+    assert header["oracle_probes"] == out["rounds"] and header["oracle_probe_s"] > 0
     assert main(argv) == 0  # no --trace or --stats: the oracle records the selections itself
     text = capsys.readouterr().out
     assert "[synthetic]" in text and "acceptance: synthetic (oracle drafter" in text
+    assert "oracle probes: 1.00 verify forwards per round" in text
     assert "[measured:group_overlap]" in text
 
 
