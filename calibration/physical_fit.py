@@ -31,7 +31,8 @@ KV_ELEM_BYTES = 2
 
 # Bounds of each constant (PARAMS order): launches and waves of a few microseconds, streaming
 # and MMA efficiencies up to the measured ceilings (a little above: the ceilings are medians of
-# other kernels), L2 at 1-6x HBM, a tile's load latency up to 20 us, a row's up to 1 us, a compare's up to 1 ns.
+# other kernels), L2 at 1-6x HBM, a tile's load latency up to 20 us, a row's up to 1 us, a
+# compare's up to 1 ns.
 LOWER = (0.0, 0.0, 0.3, 0.0, 1.0, 0.02, 0.0, 0.0, 0.0)
 UPPER = (2e-5, 2e-5, 1.2, 1.0, 6.0, 1.2, 2e-5, 1e-6, 1e-9)
 STARTS = (

@@ -31,6 +31,7 @@ from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.tree import MAX_TREE_NODES
 from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
     DenseVerifyConfig,
     DenseVerifyPlan,
     choose_dense_splits,
@@ -49,7 +50,7 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-DEFAULT_CONFIG = DenseVerifyConfig()
+DEFAULT_CONFIG = DEFAULT_DENSE_CONFIG
 
 
 @triton.jit

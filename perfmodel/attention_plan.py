@@ -66,8 +66,11 @@ class DenseVerifyConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+DEFAULT_DENSE_CONFIG = DenseVerifyConfig()
+
+
 def choose_dense_splits(
-    num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DenseVerifyConfig()
+    num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG
 ) -> int:
     """KV split count (flash-attention 2's wave-efficiency heuristic).
 
@@ -110,7 +113,7 @@ def dense_verify_plan(
     t_max: int,
     num_sms: int,
     num_splits: int | None = None,
-    config: DenseVerifyConfig = DenseVerifyConfig(),
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
 ) -> DenseVerifyPlan:
     """Tile sizes, warps and split count of a call on a GPU of ``num_sms`` SMs; ``T_max``
     bounds the sequence length so no length is read on the host."""
@@ -179,6 +182,9 @@ class SparseVerifyConfig:
             raise ValueError(f"split_overhead must be >= 0, got {self.split_overhead}")
         if self.num_splits is not None and self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
+
+
+DEFAULT_SPARSE_CONFIG = SparseVerifyConfig()
 
 
 def choose_sparse_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int) -> int:

@@ -21,7 +21,8 @@ A call's ``AttentionWork`` counts what the GPU executes, not what the algorithm 
 
 - ``plan_compares``: a union call's plan kernel compares block ids before the attention runs.
 
-It ignores the masked tail's extra passes and the spread of union sizes across groups (every group streams the mean).
+It ignores the masked tail's extra passes and the spread of union sizes across groups (every
+group streams the mean).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
+    DEFAULT_SPARSE_CONFIG,
     DenseVerifyConfig,
     SparseVerifyConfig,
     cdiv,
@@ -89,7 +92,7 @@ def dense_verify_work(
     head_dim: int,
     num_sms: int,
     smem_per_sm_bytes: int,
-    config: DenseVerifyConfig = DenseVerifyConfig(),
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
 ) -> AttentionWork:
     """The work of one ``dense_verify`` call over ``context_len`` cached positions plus ``t``
     draft rows, launched as the wrapper launches it with ``T_max = context_len + t``."""
@@ -146,7 +149,7 @@ def sparse_verify_work(
     list_blocks: float | None = None,
     unique_kv_bytes: float | None = None,
     split_rule: str = "wave_balance",
-    config: SparseVerifyConfig = SparseVerifyConfig(),
+    config: SparseVerifyConfig = DEFAULT_SPARSE_CONFIG,
 ) -> AttentionWork:
     """The work of one ``sparse_verify`` call (plan built inside the call, as the wrapper does).
 
