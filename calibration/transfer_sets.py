@@ -127,8 +127,9 @@ def predict(rows: list[dict], classes: dict, gpu: str, ceiling: dict) -> tuple[l
 
 def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -> dict:
     """Per class: n, median / p90 / max APE, the classes whose fits predicted it, the left-out
-    values it has (``values``), and whether it meets ``target``; the rows no fit predicts; and
-    whether every predicted class meets the target."""
+    values it has (``values``), and whether it meets ``target``; the same errors per op family
+    (every class of one op, the part of its name before the first ``/``, together); the rows
+    no fit predicts; and whether every predicted class meets the target."""
     classes = {}
     for c in sorted({r["class"] for r in annotated}):
         sub = [r for r in annotated if r["class"] == c]
@@ -140,9 +141,16 @@ def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -
             stats["values"] = len(values[c])
         stats["met"] = all(stats[k] <= t for k, t in target.items())
         classes[c] = stats
+    families = {}
+    for fam in sorted({r["class"].split("/")[0] for r in annotated}):
+        sub = [r for r in annotated if r["class"].split("/")[0] == fam]
+        families[fam] = error_stats(
+            np.array([r["predicted_s"] for r in sub]), np.array([r["median_s"] for r in sub])
+        )
     return {
         "target": target,
         "classes": classes,
+        "families": families,
         "unpredicted": dict(sorted(missing.items())),
         "met": all(s["met"] for s in classes.values()),
     }

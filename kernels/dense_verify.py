@@ -23,9 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +30,13 @@ from ssvkit.kernels.checks import check_attention_inputs, check_tree_mask, valid
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.tree import MAX_TREE_NODES
+from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
+    DenseVerifyConfig,
+    DenseVerifyPlan,
+    choose_dense_splits,
+    dense_verify_plan,
+)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -46,46 +50,7 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-@dataclass(frozen=True, slots=True)
-class DenseVerifyConfig:
-    """Launch parameters of :func:`dense_verify` (tuning knobs, not semantics)."""
-
-    block_n: int = field(default=64, metadata={"help": "KV positions per tile (power of two)"})
-    max_block_m: int = field(default=128, metadata={"help": "most packed rows per program"})
-    num_warps_small: int = field(default=4, metadata={"help": "warps when BLOCK_M <= 64"})
-    num_warps_large: int = field(default=8, metadata={"help": "warps when BLOCK_M > 64"})
-    num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of KV loads"})
-    # One program per SM when sizing splits: fewer splits than two-per-SM wave filling picks
-    # (at batch 1 and 32K, 16 splits, one wave of 128 programs, against 29) leave the merge
-    # pass fewer partials to read, which gains more than a second resident program per SM.
-    ctas_per_sm: int = field(
-        default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M <= 64"}
-    )
-    ctas_per_sm_large: int = field(
-        default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M > 64"}
-    )
-    min_tiles_per_split: int = field(default=4, metadata={"help": "fewest KV tiles in a split"})
-    max_splits: int = field(default=128, metadata={"help": "upper bound on KV splits"})
-
-    def __post_init__(self) -> None:
-        for name in ("block_n", "max_block_m"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        for name in (
-            "num_warps_small",
-            "num_warps_large",
-            "num_stages",
-            "ctas_per_sm",
-            "ctas_per_sm_large",
-            "min_tiles_per_split",
-            "max_splits",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-DEFAULT_CONFIG = DenseVerifyConfig()
+DEFAULT_CONFIG = DEFAULT_DENSE_CONFIG
 
 
 @triton.jit
@@ -215,36 +180,8 @@ def _dense_verify_kernel(
 def choose_num_splits(
     num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DEFAULT_CONFIG
 ) -> int:
-    """KV split count (flash-attention 2's wave-efficiency heuristic).
-
-    ``num_programs`` is the program count without splitting, ``num_tiles`` the KV tiles of the
-    longest possible sequence and ``slots`` the programs the GPU holds at once (SMs x resident
-    programs per SM). Picks the smallest split count whose last wave is at least 85% as full as
-    the best one, so splits are added only where they fill idle SMs, and never below
-    ``min_tiles_per_split`` tiles a split (the merge pass and per-split prologue would cost more
-    than they hide).
-    """
-    max_splits = min(config.max_splits, max(1, num_tiles // config.min_tiles_per_split))
-    if num_programs >= 0.8 * slots or max_splits == 1:
-        return 1
-    effs = []
-    for s in range(1, max_splits + 1):
-        waves = num_programs * s / slots
-        effs.append(waves / math.ceil(waves))
-    best = max(effs)
-    return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
-
-
-@dataclass(frozen=True, slots=True)
-class DenseVerifyPlan:
-    """Launch shape of one :func:`dense_verify` call (host-only integers)."""
-
-    block_m: int = field(metadata={"help": "packed (draft row x query head) rows per program"})
-    num_m_tiles: int = field(metadata={"help": "row tiles per KV head"})
-    block_n: int = field(metadata={"help": "KV positions per tile"})
-    num_splits: int = field(metadata={"help": "KV splits (1 = no merge pass)"})
-    num_warps: int = field(metadata={"help": "warps per program"})
-    num_stages: int = field(metadata={"help": "pipeline depth of the KV loads"})
+    """KV split count: ``perfmodel.attention_plan.choose_dense_splits``."""
+    return choose_dense_splits(num_programs, num_tiles, slots, config)
 
 
 def plan_dense_verify(
@@ -258,29 +195,10 @@ def plan_dense_verify(
     num_splits: int | None = None,
     config: DenseVerifyConfig = DEFAULT_CONFIG,
 ) -> DenseVerifyPlan:
-    """Tile sizes, warps and split count for a call; ``T_max`` bounds the sequence length so
-    no length is read on the host."""
-    rows = num_q_heads // num_kv_heads * t
-    # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
-    cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)
-    block_m = min(max(16, triton.next_power_of_2(rows)), cap)
-    num_m_tiles = triton.cdiv(rows, block_m)
-    large = block_m > 64
-    if num_splits is None:
-        per_sm = config.ctas_per_sm_large if large else config.ctas_per_sm
-        num_splits = choose_num_splits(
-            num_m_tiles * bsz * num_kv_heads,
-            triton.cdiv(t_max, config.block_n),
-            num_sms(device) * per_sm,
-            config,
-        )
-    return DenseVerifyPlan(
-        block_m=block_m,
-        num_m_tiles=num_m_tiles,
-        block_n=config.block_n,
-        num_splits=num_splits,
-        num_warps=config.num_warps_large if large else config.num_warps_small,
-        num_stages=config.num_stages,
+    """The launch plan of a call on ``device`` (``perfmodel.attention_plan.dense_verify_plan``
+    with the device's SM count)."""
+    return dense_verify_plan(
+        bsz, t, num_q_heads, num_kv_heads, head_dim, t_max, num_sms(device), num_splits, config
     )
 
 

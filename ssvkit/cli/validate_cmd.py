@@ -5,6 +5,7 @@ ssvkit validate --sets interp,head    # the interpolation split and leave-one-he
 ssvkit validate --json --plot out/    # machine-readable; PNGs
 ssvkit validate --check               # exit 1 when an interpolation target is missed
 ssvkit validate --check-transfer      # exit 1 when a transfer target is missed
+ssvkit validate --model physical      # the same sets for the physical attention model
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ def add_arguments(p) -> None:
         help="exit 1 when a chosen transfer set misses its target for some op class "
         "(leave-one-out: median APE <= 6%%, p90 <= 15%%; cross-GPU: median <= 8%%, p90 <= 15%%)",
     )
+
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="classes",
+        help="classes: the committed profile's per-class fits; physical: the dense and sparse "
+        "verification families priced from their launch plans by GPU-level constants, "
+        "refitted per set (perfmodel.physical)",
+    )
+
+
+MODELS = ("classes", "physical")
 
 
 def _ape_lines(rows) -> list[str]:
@@ -104,6 +117,8 @@ def _transfer_report(transfer: dict) -> str:
         lines += [
             f"{key}: {s['title']}",
             f"target {target_text(s['target'])}: {met} of {len(s['classes'])} classes met",
+            "per op family",
+            *_ape_lines(list(s["families"].items())),
         ]
         table = _ape_lines(list(s["classes"].items()))
         lines.append(table[0] + "  target   predicted by")
@@ -168,6 +183,8 @@ def run(args) -> int:
     from ssvkit.calibration.validate import committed_report, summary_markdown
 
     sets = parse_sets(args.sets or ("interp" if args.markdown else "all"))
+    if args.model == "physical":
+        return _run_physical(args, sets)
     folder = check_folder(args.plot, "--plot") if args.plot else None
     profile, annotated, rep = committed_report(args.gpu)
     transfer = transfer_report(args.gpu, sets) if set(sets) - {"interp"} else {}
@@ -189,5 +206,26 @@ def run(args) -> int:
     if args.check and not all(t["met"] for t in rep["targets"].values()):
         return 1
     if args.check_transfer and not all(s["met"] for s in transfer.values()):
+        return 1
+    return 0
+
+
+def _run_physical(args, sets) -> int:
+    """``--model physical``: every chosen set, ``interp`` included, for the physical model."""
+    from ssvkit.calibration.physical_sets import physical_report
+    from ssvkit.calibration.transfer_sets import TARGETS
+    from ssvkit.calibration.transfer_sets import transfer_markdown as transfer_md
+
+    for flag in ("plot", "check"):
+        if getattr(args, flag):
+            raise ValueError(f"--{flag} applies to --model classes, not {args.model!r}")
+    report = physical_report(args.gpu, sets)
+    if args.markdown:
+        print(transfer_md(report).rstrip("\n"))
+    elif args.json:
+        print(json.dumps({"model": args.model, "targets": TARGETS, "sets": report}, indent=1))
+    else:
+        print(_transfer_report(report), end="")
+    if args.check_transfer and not all(s["met"] for s in report.values()):
         return 1
     return 0

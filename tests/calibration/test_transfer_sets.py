@@ -119,6 +119,8 @@ def test_summarize_judges_median_and_p90_per_class():
     assert out["classes"]["a"]["met"] and not out["classes"]["b"]["met"]
     assert not out["met"] and out["unpredicted"] == {"c": 4}
     assert summarize(ok, {}, target)["met"]
+    fam = summarize(rows("op/x", [0.01] * 5) + rows("op/y", [0.3] * 5), {}, target)["families"]
+    assert fam["op"]["n"] == 10 and fam["op"]["median_ape"] == pytest.approx(0.155)
 
 
 def test_parse_sets():
@@ -174,6 +176,7 @@ def test_check_transfer_exits_1_on_a_missed_target(monkeypatch, capsys):
                 "title": "t",
                 "target": TARGETS["leave_one_out"],
                 "classes": {"x": cls},
+                "families": {"x": stats},
                 "unpredicted": {},
                 "met": met,
             }

@@ -232,6 +232,7 @@ IGNORED = [
     (["calibrate", "--fit-only", "--sweeps", "ops"], "--fit-only runs no sweep"),
     (["calibrate", "--sweeps", "bogus"], "--sweeps 'bogus': choose from ops, kernels"),
     (["sweep", "--scheduler-timeout-s", "-5"], "--scheduler-timeout-s must be > 0"),
+    (["validate", "--model", "physical", "--check"], "--check applies to --model classes"),
 ]
 
 

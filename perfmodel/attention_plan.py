@@ -1,0 +1,226 @@
+"""Launch plans of the dense and sparse verification kernels, without torch: the one source of
+the arithmetic their wrappers launch with (``kernels.dense_verify``, ``kernels.sparse_launch``)
+and the physical cost model prices (``perfmodel.attention_work``), so the two cannot drift.
+
+Every function takes the GPU's SM count as an argument; the kernel wrappers pass the device's.
+
+- dense: ``G = Hq / Hkv`` query heads x ``t`` draft rows packed into MMA rows, ``BLOCK_M`` of
+  them a program (``dense_verify_plan``), the KV prefix cut into ``num_splits`` chunks chosen by
+  flash-attention 2's wave-efficiency heuristic (``choose_dense_splits``);
+- sparse: a group of C queries x G heads packed into ``M_PAD`` rows a program, its block list
+  cut into ``num_splits`` lists by wave balance (``choose_sparse_splits``), pipeline depth and
+  warps by tile size (``sparse_tile_shape``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def next_pow2(x: int) -> int:
+    """Smallest power of two >= ``x`` (1 for x <= 1), as ``triton.next_power_of_2``."""
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+@dataclass(frozen=True, slots=True)
+class DenseVerifyConfig:
+    """Launch parameters of :func:`dense_verify` (tuning knobs, not semantics)."""
+
+    block_n: int = field(default=64, metadata={"help": "KV positions per tile (power of two)"})
+    max_block_m: int = field(default=128, metadata={"help": "most packed rows per program"})
+    num_warps_small: int = field(default=4, metadata={"help": "warps when BLOCK_M <= 64"})
+    num_warps_large: int = field(default=8, metadata={"help": "warps when BLOCK_M > 64"})
+    num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of KV loads"})
+    # One program per SM when sizing splits: fewer splits than two-per-SM wave filling picks
+    # (at batch 1 and 32K, 16 splits, one wave of 128 programs, against 29) leave the merge
+    # pass fewer partials to read, which gains more than a second resident program per SM.
+    ctas_per_sm: int = field(
+        default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M <= 64"}
+    )
+    ctas_per_sm_large: int = field(
+        default=1, metadata={"help": "resident programs per SM assumed when BLOCK_M > 64"}
+    )
+    min_tiles_per_split: int = field(default=4, metadata={"help": "fewest KV tiles in a split"})
+    max_splits: int = field(default=128, metadata={"help": "upper bound on KV splits"})
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "max_block_m"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        for name in (
+            "num_warps_small",
+            "num_warps_large",
+            "num_stages",
+            "ctas_per_sm",
+            "ctas_per_sm_large",
+            "min_tiles_per_split",
+            "max_splits",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+DEFAULT_DENSE_CONFIG = DenseVerifyConfig()
+
+
+def choose_dense_splits(
+    num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG
+) -> int:
+    """KV split count (flash-attention 2's wave-efficiency heuristic).
+
+    ``num_programs`` is the program count without splitting, ``num_tiles`` the KV tiles of the
+    longest possible sequence and ``slots`` the programs the GPU holds at once (SMs x resident
+    programs per SM). Picks the smallest split count whose last wave is at least 85% as full as
+    the best one, so splits are added only where they fill idle SMs, and never below
+    ``min_tiles_per_split`` tiles a split (the merge pass and per-split prologue would cost more
+    than they hide).
+    """
+    max_splits = min(config.max_splits, max(1, num_tiles // config.min_tiles_per_split))
+    if num_programs >= 0.8 * slots or max_splits == 1:
+        return 1
+    effs = []
+    for s in range(1, max_splits + 1):
+        waves = num_programs * s / slots
+        effs.append(waves / math.ceil(waves))
+    best = max(effs)
+    return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
+
+
+@dataclass(frozen=True, slots=True)
+class DenseVerifyPlan:
+    """Launch shape of one ``dense_verify`` call (host-only integers)."""
+
+    block_m: int = field(metadata={"help": "packed (draft row x query head) rows per program"})
+    num_m_tiles: int = field(metadata={"help": "row tiles per KV head"})
+    block_n: int = field(metadata={"help": "KV positions per tile"})
+    num_splits: int = field(metadata={"help": "KV splits (1 = no merge pass)"})
+    num_warps: int = field(metadata={"help": "warps per program"})
+    num_stages: int = field(metadata={"help": "pipeline depth of the KV loads"})
+
+
+def dense_verify_plan(
+    bsz: int,
+    t: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    t_max: int,
+    num_sms: int,
+    num_splits: int | None = None,
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
+) -> DenseVerifyPlan:
+    """Tile sizes, warps and split count of a call on a GPU of ``num_sms`` SMs; ``T_max``
+    bounds the sequence length so no length is read on the host."""
+    rows = num_q_heads // num_kv_heads * t
+    # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
+    cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)
+    block_m = min(max(16, next_pow2(rows)), cap)
+    num_m_tiles = cdiv(rows, block_m)
+    large = block_m > 64
+    if num_splits is None:
+        per_sm = config.ctas_per_sm_large if large else config.ctas_per_sm
+        num_splits = choose_dense_splits(
+            num_m_tiles * bsz * num_kv_heads,
+            cdiv(t_max, config.block_n),
+            num_sms * per_sm,
+            config,
+        )
+    return DenseVerifyPlan(
+        block_m=block_m,
+        num_m_tiles=num_m_tiles,
+        block_n=config.block_n,
+        num_splits=num_splits,
+        num_warps=config.num_warps_large if large else config.num_warps_small,
+        num_stages=config.num_stages,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SparseVerifyConfig:
+    """Launch tunables of ``sparse_verify`` (defaults tuned on the H200)."""
+
+    num_warps: int | None = field(
+        default=None,
+        metadata={"help": "warps per program (None: 4 up to 32 packed rows, else 8)"},
+    )
+    num_stages: int | None = field(
+        default=None,
+        metadata={"help": "pipeline depth of the K/V loop (None: 3, or 2 for tiles > 16 KB)"},
+    )
+    programs_per_sm: int = field(
+        default=2, metadata={"help": "programs one SM runs at once: the wave the splits fill"}
+    )
+    split_overhead: float = field(
+        default=0.1,
+        metadata={"help": "relative cost of splitting (partials written, a merge launched)"},
+    )
+    min_blocks_per_split: int = field(
+        default=4, metadata={"help": "never split a list of top_n blocks finer than this"}
+    )
+    max_splits: int = field(default=16, metadata={"help": "upper bound on splits"})
+    num_splits: int | None = field(
+        default=None, metadata={"help": "force this many splits (None: heuristic)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
+        if self.num_stages is not None and self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1 or None, got {self.num_stages}")
+        for name in ("programs_per_sm", "min_blocks_per_split"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_splits < 1:
+            raise ValueError(f"max_splits must be >= 1, got {self.max_splits}")
+        if not self.split_overhead >= 0.0:
+            raise ValueError(f"split_overhead must be >= 0, got {self.split_overhead}")
+        if self.num_splits is not None and self.num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
+
+
+DEFAULT_SPARSE_CONFIG = SparseVerifyConfig()
+
+
+def choose_sparse_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int) -> int:
+    """Splits per group's block list: the count that minimises the waves each list's share
+    of the work occupies, ``ceil(programs * s / wave) / s`` with ``wave = programs_per_sm x
+    SMs``, charged ``1 + split_overhead`` once split. One full wave is never split further
+    (the merge would cost more than it balances), a partial last wave is (``programs`` =
+    1.5 waves runs as 3 waves of half lists), and a batch-1 grid is split until it fills
+    one wave. At most ``max_splits`` and ``top_n / min_blocks_per_split``."""
+    if cfg.num_splits is not None:
+        return cfg.num_splits
+    wave = cfg.programs_per_sm * num_sms
+    most = max(1, min(cfg.max_splits, top_n // cfg.min_blocks_per_split))
+    best, best_cost = 1, float(cdiv(programs, wave))
+    for s in range(2, most + 1):
+        cost = cdiv(programs * s, wave) / s * (1.0 + cfg.split_overhead)
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
+
+
+def sparse_tile_shape(
+    cfg: SparseVerifyConfig,
+    group_size: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    block_size: int,
+    head_dim: int,
+) -> tuple[int, int, int]:
+    """(``M_PAD``, warps, pipeline stages) of a program packing ``group_size`` queries x
+    ``Hq / Hkv`` heads over K/V tiles of ``block_size`` tokens."""
+    m_pad = max(16, next_pow2(group_size * (num_q_heads // num_kv_heads)))
+    # 4 warps hold up to 32 packed rows (acc [32, D] is 32 fp32 registers a thread at D = 128)
+    # and stream faster than 8 on the H200; 64 rows and more take 8.
+    num_warps = cfg.num_warps or (4 if m_pad <= 32 else 8)
+    # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
+    # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB.
+    num_stages = cfg.num_stages or (3 if block_size * head_dim <= 64 * 128 else 2)
+    return m_pad, num_warps, num_stages

@@ -1,0 +1,210 @@
+"""The work one dense or sparse verification call does, derived from its launch plan
+(``perfmodel.attention_plan``, the arithmetic the kernel wrappers launch with).
+
+A call's ``AttentionWork`` counts what the GPU executes, not what the algorithm needs:
+
+- ``programs`` (the grid) and ``waves`` of it over ``SMs x resident`` slots, where a program's
+  residency per SM is what its K/V pipeline's shared memory allows
+  (``stages x 2 x BLOCK_N x D x 2`` bytes plus its query tile);
+- ``tiles_per_program``: the K/V tiles the busiest program walks in series (its split's share
+  of the list, plus the draft tail on the last split);
+- ``rows_pad``: MMA rows a program computes, padded to the kernel's row tile (the ``t x G``
+  dense rows or ``C x G`` sparse rows, packed as the kernel packs them), and ``row_cost``: those
+  rows in ``mma.sync`` rows (a ``wgmma`` tile of >= 64 rows counts half,
+  ``perfmodel.nsa_plan.mma_row_cost``'s factor);
+- ``requested_bytes``: the K/V bytes every program streams plus queries, outputs and indices;
+  ``unique_bytes``: the distinct bytes of the call (each KV block once), so the repeated share
+  ``requested - unique`` is what L2 may serve (row tiles of one KV head re-reading it; per-query
+  rows of one KV head re-reading blocks others chose);
+- ``mma_flops``: the FLOPs of the padded MMA tiles (``4 x rows_pad x D`` a key);
+- ``merge_bytes``: the fp32 partials a split call writes and its merge reads; ``launches``.
+
+- ``plan_compares``: a union call's plan kernel compares block ids before the attention runs.
+
+It ignores the masked tail's extra passes and the spread of union sizes across groups (every
+group streams the mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
+    DEFAULT_SPARSE_CONFIG,
+    DenseVerifyConfig,
+    SparseVerifyConfig,
+    cdiv,
+    choose_sparse_splits,
+    dense_verify_plan,
+    sparse_tile_shape,
+)
+from ssvkit.perfmodel.nsa_plan import WGMMA_MIN_ROWS, WGMMA_ROW_COST
+
+ELEM_BYTES = 2  # bf16 queries, keys, values, outputs
+PARTIAL_BYTES = 4  # fp32 partial outputs and log-sum-exps
+INDEX_BYTES = 4  # int32 block indices
+SPLIT_RULES = ("wave_balance", "fill")
+# The union plan kernel's [N_PAD, CHUNK] compare tile of 16K int32 over 4 warps holds 128
+# registers a thread: 4 programs fill an SM's 64K registers.
+UNION_PLAN_PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionWork:
+    """What one call executes (module docstring); counts and bytes as floats."""
+
+    programs: float
+    waves: float
+    resident: float  # programs one SM holds at once
+    tiles_per_program: float
+    stages: float  # K/V tiles a program keeps in flight
+    tile_bytes: float  # one K plus one V tile
+    rows_pad: float
+    row_cost: float
+    requested_bytes: float
+    unique_bytes: float
+    mma_flops: float
+    merge_bytes: float
+    launches: float
+    num_splits: float
+    plan_compares: float = 0.0  # block-id compares of the busiest union-plan SM slot
+
+
+def row_cost(rows_pad: int) -> float:
+    """A program's padded rows in ``mma.sync`` rows (``wgmma`` rows count ``WGMMA_ROW_COST``)."""
+    return float(rows_pad if rows_pad < WGMMA_MIN_ROWS else WGMMA_ROW_COST * rows_pad)
+
+
+def resident_programs(stages: int, block_n: int, rows_pad: int, head_dim: int, smem: int) -> int:
+    """Programs one SM holds as its shared memory allows: each buffers ``stages`` K and V
+    tiles and its query tile."""
+    per_program = (stages * 2 * block_n + rows_pad) * head_dim * ELEM_BYTES
+    return max(1, smem // per_program)
+
+
+def dense_verify_work(
+    batch: int,
+    t: int,
+    context_len: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_sms: int,
+    smem_per_sm_bytes: int,
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
+) -> AttentionWork:
+    """The work of one ``dense_verify`` call over ``context_len`` cached positions plus ``t``
+    draft rows, launched as the wrapper launches it with ``T_max = context_len + t``."""
+    seq = context_len + t
+    plan = dense_verify_plan(
+        batch, t, num_q_heads, num_kv_heads, head_dim, seq, num_sms, config=config
+    )
+    s, bn = plan.num_splits, plan.block_n
+    programs = plan.num_m_tiles * s * batch * num_kv_heads
+    resident = resident_programs(plan.num_stages, bn, plan.block_m, head_dim, smem_per_sm_bytes)
+    kv_row = 2 * head_dim * ELEM_BYTES  # one position's K and V
+    seq_tiles = cdiv(seq, bn)
+    heads = batch * num_kv_heads
+    qo = 2 * batch * t * num_q_heads * head_dim * ELEM_BYTES
+    return AttentionWork(
+        programs=float(programs),
+        waves=float(cdiv(programs, num_sms * resident)),
+        resident=float(resident),
+        tiles_per_program=float(cdiv(cdiv(seq, s), bn)),
+        stages=float(plan.num_stages),
+        tile_bytes=float(bn * kv_row),
+        rows_pad=float(plan.block_m),
+        row_cost=row_cost(plan.block_m),
+        requested_bytes=float(heads * plan.num_m_tiles * seq * kv_row + qo),
+        unique_bytes=float(heads * seq * kv_row + qo),
+        mma_flops=float(heads * plan.num_m_tiles * seq_tiles * bn * plan.block_m * head_dim * 4),
+        merge_bytes=_merge_bytes(batch, t, num_q_heads, head_dim, s),
+        launches=float(1 + (s > 1)),
+        num_splits=float(s),
+    )
+
+
+def fill_sparse_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int) -> int:
+    """The split rule of the sparse kernel that timed the committed H100 rows: split until the
+    grid fills one wave of ``programs_per_sm x SMs``, at most ``max_splits`` and ``top_n /
+    min_blocks_per_split``."""
+    want = cdiv(cfg.programs_per_sm * num_sms, programs)
+    return max(1, min(want, cfg.max_splits, top_n // cfg.min_blocks_per_split))
+
+
+def sparse_verify_work(
+    batch: int,
+    t: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    mode: str,
+    group_size: int,
+    top_n: int,
+    block_size: int,
+    num_sms: int,
+    smem_per_sm_bytes: int,
+    *,
+    list_blocks: float | None = None,
+    unique_kv_bytes: float | None = None,
+    split_rule: str = "wave_balance",
+    config: SparseVerifyConfig = DEFAULT_SPARSE_CONFIG,
+) -> AttentionWork:
+    """The work of one ``sparse_verify`` call (plan built inside the call, as the wrapper does).
+
+    ``list_blocks``: the blocks of one group's list (union mode: its mean union size; default
+    ``top_n``, the list of ``per_query`` and ``shared``); ``unique_kv_bytes``: the call's
+    distinct K/V bytes (default: the requested ones, no repeats); ``split_rule``:
+    ``wave_balance`` (``attention_plan.choose_sparse_splits``) or ``fill``
+    (``fill_sparse_splits``)."""
+    if split_rule not in SPLIT_RULES:
+        raise ValueError(f"split_rule must be one of {SPLIT_RULES}, got {split_rule!r}")
+    c = 1 if mode == "per_query" else min(group_size, t)
+    groups = cdiv(t, c)
+    n_list = float(top_n if list_blocks is None else list_blocks)
+    m_pad, _, stages = sparse_tile_shape(config, c, num_q_heads, num_kv_heads, block_size, head_dim)
+    lists = batch * num_kv_heads * groups
+    choose = choose_sparse_splits if split_rule == "wave_balance" else fill_sparse_splits
+    s = choose(config, lists, top_n, num_sms)
+    programs = lists * s
+    resident = resident_programs(stages, block_size, m_pad, head_dim, smem_per_sm_bytes)
+    kv_row = 2 * head_dim * ELEM_BYTES
+    tail_tiles = cdiv(t, block_size)
+    kv = lists * (n_list * block_size + t) * kv_row
+    other = 2 * batch * t * num_q_heads * head_dim * ELEM_BYTES
+    other += batch * num_kv_heads * t * top_n * INDEX_BYTES
+    return AttentionWork(
+        programs=float(programs),
+        waves=float(cdiv(programs, num_sms * resident)),
+        resident=float(resident),
+        tiles_per_program=float(-(-n_list // s) + tail_tiles),
+        stages=float(stages),
+        tile_bytes=float(block_size * kv_row),
+        rows_pad=float(m_pad),
+        row_cost=row_cost(m_pad),
+        requested_bytes=float(kv + other),
+        unique_bytes=float(min(kv, kv if unique_kv_bytes is None else unique_kv_bytes) + other),
+        mma_flops=float(lists * (n_list + tail_tiles) * block_size * m_pad * head_dim * 4),
+        merge_bytes=_merge_bytes(batch, t, num_q_heads, head_dim, s),
+        launches=float(1 + (s > 1) + (mode == "union" and c > 1)),
+        num_splits=float(s),
+        plan_compares=union_plan_compares(mode, c, top_n, lists, num_sms),
+    )
+
+
+def union_plan_compares(mode: str, c: int, top_n: int, lists: int, num_sms: int) -> float:
+    """Block-id compares one SM slot of the union plan kernel does in series: each of its
+    programs (one per group list) compares every member's ``top_n`` ids with the group's
+    ``C x top_n`` (``kernels.group_plan``), ``UNION_PLAN_PROGRAMS_PER_SM`` programs an SM."""
+    if mode != "union" or c <= 1:
+        return 0.0
+    waves = cdiv(lists, num_sms * UNION_PLAN_PROGRAMS_PER_SM)
+    return float(waves * c * c * top_n * top_n)
+
+
+def _merge_bytes(batch: int, t: int, num_q_heads: int, head_dim: int, splits: int) -> float:
+    """fp32 partials (o and lse) written by a split call and read by its merge."""
+    if splits <= 1:
+        return 0.0
+    return float(2 * batch * t * num_q_heads * splits * (head_dim + 1) * PARTIAL_BYTES)

@@ -1,0 +1,95 @@
+"""The work description of dense and sparse verification calls, from the kernels' own plan."""
+
+import pytest
+from ssvkit.perfmodel.attention_plan import dense_verify_plan
+from ssvkit.perfmodel.attention_work import dense_verify_work, sparse_verify_work
+from ssvkit.perfmodel.physical import PhysicalFit
+
+SMEM = 228 * 1024
+
+
+def test_dense_work_by_hand():
+    # 8 q / 2 KV heads, t = 3: G = 4, 12 packed rows -> BLOCK_M 16, one row tile; batch 1,
+    # 2 KV heads: 2 programs unsplit; 4096 + 3 positions = 65 tiles of 64, at most 16 splits;
+    # a wave of 2 s programs on 132 SMs is best filled at 16, and 14 is the first within 85%.
+    plan = dense_verify_plan(1, 3, 8, 2, 128, 4099, 132)
+    assert (plan.block_m, plan.num_m_tiles) == (16, 1)
+    w = dense_verify_work(1, 3, 4096, 8, 2, 128, 132, SMEM)
+    assert w.num_splits == plan.num_splits == 14
+    assert w.programs == 2 * 14
+    assert w.rows_pad == 16 and w.row_cost == 16
+    # smem a program: (3 stages x K and V x 64 + 16 query rows) x 128 x 2 B = 100 KB: 2 an SM
+    assert w.resident == 2 and w.waves == 1
+    assert w.tiles_per_program == 5  # ceil(ceil(4099 / 14) / 64)
+    kv = 2 * 4099 * 2 * 128 * 2
+    qo = 2 * 3 * 8 * 128 * 2
+    assert w.unique_bytes == w.requested_bytes == kv + qo
+    assert w.mma_flops == 2 * 65 * 64 * 16 * 128 * 4
+    assert w.merge_bytes == 2 * 3 * 8 * 14 * 129 * 4 and w.launches == 2
+
+
+def test_dense_row_tiles_reread_kv():
+    # 32 q / 8 KV heads, t = 64: 256 rows in two 128-row (wgmma) tiles, each streams the KV.
+    w = dense_verify_work(16, 64, 8192, 32, 8, 128, 132, SMEM)
+    assert w.rows_pad == 128 and w.row_cost == 64
+    qo = 2 * 16 * 64 * 32 * 128 * 2
+    assert w.requested_bytes - qo == pytest.approx(2 * (w.unique_bytes - qo))
+
+
+def test_sparse_work_by_hand():
+    # per_query, batch 1, 8 KV heads, t = 16, top_n 16: 128 lists; wave balance on 264 slots
+    # splits them 2 ways (4 blocks a split at least), rows 1 x 4 heads -> M_PAD 16.
+    w = sparse_verify_work(1, 16, 32, 8, 128, "per_query", 1, 16, 64, 132, SMEM)
+    assert w.num_splits == 2 and w.programs == 256 and w.rows_pad == 16
+    assert w.tiles_per_program == 8 + 1  # half the list, and the tail on the last split
+    # union of 4 queries: 4 groups; M_PAD 16; a group streams its mean union (40 blocks).
+    u = sparse_verify_work(
+        1, 16, 32, 8, 128, "union", 4, 16, 64, 132, SMEM, list_blocks=40, unique_kv_bytes=0
+    )
+    assert u.rows_pad == 16 and u.programs == 32 * u.num_splits
+    assert u.launches == 1 + (u.num_splits > 1) + 1  # the union plan kernel
+    assert u.plan_compares == 4 * 4 * 16 * 16
+    # shared streams one list a group: fewer requested bytes than per_query
+    s = sparse_verify_work(1, 16, 32, 8, 128, "shared", 4, 16, 64, 132, SMEM)
+    assert s.requested_bytes < w.requested_bytes and s.plan_compares == 0
+
+
+def test_group_size_three_is_a_point_of_the_model():
+    # C = 3 of 4 heads: 12 rows padded to 16, ceil(16 / 3) = 6 groups, each streaming its
+    # union and the 16-row tail; priced by the same constants as C = 2 and 4.
+    fit = PhysicalFit(2e-6, 1e-6, 0.9, 0.2, 2.0, 0.5, 1e-6, 2e-8, 1e-10)
+    kw = dict(list_blocks=48.0, unique_kv_bytes=0.0)
+    w = sparse_verify_work(16, 16, 32, 8, 128, "union", 3, 32, 64, 132, SMEM, **kw)
+    assert w.rows_pad == 16 and w.programs == 16 * 8 * 6 * w.num_splits
+    other = 2 * 16 * 16 * 32 * 128 * 2 + 16 * 8 * 16 * 32 * 4
+    assert w.requested_bytes == 16 * 8 * 6 * (48 * 64 + 16) * 512 + other
+    times = {
+        c: float(
+            fit.call_time_s(
+                sparse_verify_work(16, 16, 32, 8, 128, "union", c, 32, 64, 132, SMEM, **kw),
+                3e12,
+                7e14,
+            )
+        )
+        for c in (2, 3, 4)
+    }
+    assert times[2] > times[3] > times[4] > 0  # fewer groups stream fewer lists of equal size
+
+
+@pytest.mark.parametrize("op", ["dense", "sparse"])
+def test_more_context_more_bytes_more_time(op):
+    fit = PhysicalFit(2e-6, 1e-6, 0.9, 0.2, 2.0, 0.5, 1e-6, 2e-8, 1e-10)
+    last_b = last_t = 0.0
+    for ctx in (2048, 8192, 32768, 131072):
+        if op == "dense":
+            w = dense_verify_work(4, 8, ctx, 32, 8, 128, 132, SMEM)
+        else:  # more context: more blocks selected at a fixed share of the context
+            w = sparse_verify_work(4, 16, 32, 8, 128, "per_query", 1, ctx // 1024, 64, 132, SMEM)
+        t = float(fit.call_time_s(w, 3e12, 7e14))
+        assert w.requested_bytes > last_b and t > last_t
+        last_b, last_t = w.requested_bytes, t
+
+
+def test_split_rule_is_checked():
+    with pytest.raises(ValueError, match="split_rule"):
+        sparse_verify_work(1, 16, 32, 8, 128, "per_query", 1, 16, 64, 132, SMEM, split_rule="x")
