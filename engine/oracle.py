@@ -21,7 +21,14 @@ target emits there with what the draft was built to make it emit. Where they dif
 emitted tokens replace the reference and the draft is built and probed again; a probe that
 goes as planned is the round's draft, so the real verify, on the same tokens from the same
 state, accepts exactly as planned. One probe per round when the reference holds, one more per
-spine level it had to correct. ``diverged`` counts the sequences whose verify did not
+spine level it had to correct, where a row's outcome depends on its own tokens and prefix
+alone. Where it also depends on the other rows' tokens, correcting a deeper level can move a
+shallower one: a grouped schedule (``union``, NSA's row tiles) splits the union of the rows'
+blocks over programs, so a row's rounding follows the other rows' selections, and near-tied
+bf16 logits flip. After ``max_depth + 2`` probes the round takes its last probe's draft
+anyway: the real verify emits what that probe emitted, and ``off_plan`` counts the
+(sequence, round) pairs whose emission left the drawn plan, so the measured acceptance there
+is the verify's, not the profile's. ``diverged`` counts the sequences whose verify did not
 reproduce their last probe (it stays empty where the verify is deterministic).
 """
 
@@ -57,6 +64,7 @@ class OracleDrafter:
         self._prompt_lens: list[int] = []
         self._reference: list[list[int]] = []
         self.diverged: set[int] = set()  # sequences whose verify left their last probe
+        self.off_plan = 0  # (sequence, round) pairs whose last probe left the drawn plan
         self._rng = np.random.default_rng(self.seed)
         self._spines: dict[DraftTree, np.ndarray] = {}
         # The round ``anchor`` probed: its draft and, per sequence still generating, the
@@ -72,6 +80,7 @@ class OracleDrafter:
         self._prompt_lens = [len(p) for p in prompts]
         self._reference = [list(r) for r in reference]
         self.diverged = set()
+        self.off_plan = 0
         self._rng = np.random.default_rng(self.seed)
         self._anchored, self._plan = None, {}
 
@@ -99,8 +108,9 @@ class OracleDrafter:
         draft plans (module docstring): the accepted spine up to the first corrupted depth
         ``k``, then the bonus. ``history`` holds each sequence's committed tokens, the root
         last. Returns the probes run: at most ``max_depth + 2`` (each failed one fixes at
-        least one more spine level; a last one may still fail where the verify is not a
-        function of its inputs, which ``observe`` then reports)."""
+        least one more spine level where a row's outcome depends on its own tokens alone;
+        where it does not, the round takes the last probe's draft, and each sequence it left
+        off its plan counts in ``off_plan``)."""
         depth = tree.max_depth
         alpha = np.array(self.config.oracle_profile(depth))
         b = len(history)
@@ -116,15 +126,16 @@ class OracleDrafter:
             tokens = torch.cat([roots[:, None], torch.from_numpy(below).to(roots.device)], 1)
             emitted = probe(tokens)
             probes += 1
-            planned = True
+            on_plan = {}
             for s in active:
                 k, e = int(first[s]), emitted[s]
-                planned &= len(e) == k and e[: k - 1] == below[s, spine[1:k] - 1].tolist()
+                on_plan[s] = len(e) == k and e[: k - 1] == below[s, spine[1:k] - 1].tolist()
                 self._write(s, generated[s], e)
-            if planned or probes == depth + 2:
+            if all(on_plan.values()) or probes == depth + 2:
                 break
         self._anchored = tokens
-        self._plan = {s: (generated[s], int(first[s])) for s in active}
+        self.off_plan += sum(not ok for ok in on_plan.values())
+        self._plan = {s: (generated[s], len(emitted[s])) for s in active}
         return probes
 
     def _below(self, tree, history, generated, keep, shift) -> np.ndarray:
@@ -162,7 +173,7 @@ class OracleDrafter:
 
     def observe(self, history: list[list[int]], counts: list[int]) -> None:
         """Marks the sequences whose round did not emit what their last probe did: the
-        reference's tokens from their position, as many as planned (fewer where
+        reference's tokens from their position, as many as that probe emitted (fewer where
         ``max_new_tokens`` cut the round short)."""
         for s, (g, k) in self._plan.items():
             start = self._prompt_lens[s] + g

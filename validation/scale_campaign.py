@@ -343,6 +343,7 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
             "fitted_alpha": alpha,
             "oracle": list(oracle) if oracle else None,
             "diverged": len(engine.drafter.diverged) if oracle else 0,
+            "off_plan": engine.drafter.off_plan if oracle else 0,
         },
         "selection": selection,
         "prediction": predictions(st, cell, strategy, alpha, selection["group_overlap"]),

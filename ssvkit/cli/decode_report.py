@@ -99,14 +99,16 @@ def build_report(args, result, run: DecodeRun) -> dict:
 
 
 def _oracle_summary(oracle, batch: int, result) -> dict | None:
-    """The oracle's chosen acceptance, how many sequences' verify left its probes, and what
-    the probes cost (verify forwards and host wall time, outside every timed figure)."""
+    """The oracle's chosen acceptance, how many sequences' verify left its probes, how many
+    (sequence, round) pairs left the drawn plan, and what the probes cost (verify forwards and
+    host wall time, outside every timed figure)."""
     if oracle is None:
         return None
     cost = result.oracle_overhead()
     return {
         "acceptance": list(oracle.config.oracle_acceptance),
         "diverged": len(oracle.diverged),
+        "off_plan": oracle.off_plan,
         "sequences": batch,
         "probes_per_round": cost["probes_per_round"],
         "probe_s": figure(cost["seconds"], "s", "measured:wall-clock"),
@@ -161,7 +163,8 @@ def report_text(r: dict) -> str:
         lines.append(
             f"acceptance: synthetic (oracle drafter, alpha per depth "
             f"{','.join(f'{a:g}' for a in o['acceptance'])}; {o['diverged']} of "
-            f"{o['sequences']} sequences left its probes)"
+            f"{o['sequences']} sequences left its probes; {o['off_plan']} sequence-rounds "
+            "left the drawn plan)"
         )
         lines.append(
             f"oracle probes: {o['probes_per_round']:.2f} verify forwards per round, "

@@ -165,6 +165,44 @@ def test_acceptance_follows_the_profile_where_the_verify_leaves_the_reference(
     assert result.oracle_overhead()["probes_per_round"] > 1
 
 
+def couple_rows(monkeypatch) -> None:
+    """Verify forwards (more than one row) whose argmax at every third position is a token
+    that depends on every draft token of the sequence: a stand-in for a grouped schedule,
+    whose rounding of one row follows the other rows' selections, so correcting a deeper
+    spine level moves a shallower one's outcome."""
+    own = ModelRunner.tree_forward
+
+    def tree_forward(self, tokens, tree, attn, **kw):
+        logits, *rest = own(self, tokens, tree, attn, **kw)
+        if tokens.shape[1] == 1:
+            return (logits, *rest)
+        pos = self.cache.lens.long()[:, None] + self.tree_tensors(tree).depth  # [B, t]
+        whole = tokens.long().sum(1, keepdim=True)  # [B, 1]: every draft token
+        bump = torch.zeros_like(logits).scatter_(2, ((pos + whole * 7) % 256)[..., None], 1e3)
+        return (logits + bump * (pos % 3 == 0)[..., None], *rest)
+
+    monkeypatch.setattr(ModelRunner, "tree_forward", tree_forward)
+
+
+def test_rows_that_depend_on_other_rows_leave_the_plan_but_not_their_probes(monkeypatch):
+    """Where no draft makes the target emit the plan, the round takes its last probe's draft
+    after max_depth + 2 probes: the verify emits exactly what that probe did (no sequence
+    diverges), and the rounds that left the drawn plan are counted in ``off_plan``."""
+    couple_rows(monkeypatch)
+    prompts = random_prompts([90, 70], seed=6)
+    strategy = Strategy(name="sd", tree="chain:3", drafter=NGRAM)
+    cfg = DecodeConfig(max_new_tokens=40, seed=2, oracle_acceptance=(1.0,))
+    engine, result = decode(strategy, prompts, cfg)
+    assert not engine.drafter.diverged
+    short = sum(
+        a < 3 and e == a + 1
+        for r in result.rounds
+        for a, e in zip(r.accepted, r.emitted, strict=True)
+    )
+    assert 0 < short <= engine.drafter.off_plan
+    assert max(r.oracle_probes for r in result.rounds) == 3 + 2
+
+
 NSA = dict(SPARSE, metadata="nsa", comp_block=16, comp_stride=8)
 
 
