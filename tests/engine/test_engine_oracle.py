@@ -120,10 +120,10 @@ def test_accepted_lengths_follow_the_chosen_acceptance_per_depth(tree, alpha):
         assert abs(rate - a) <= 4 * math.sqrt(a * (1 - a) / n) + 1e-9, (k, rate, a, n)
 
 
-def perturb_verify(monkeypatch) -> None:
-    """Verify forwards (more than one row) whose argmax at every fourth position is a token of
-    that position, as a stand-in for a verify whose numerics differ from the autoregressive
-    forward's (one row, untouched): the reference leaves the decode there."""
+def bump_verify(monkeypatch, token_at, every: int) -> None:
+    """Verify forwards (more than one row) whose argmax at every ``every``-th position is
+    ``token_at(pos, tokens)`` (``[B, t]`` positions and draft tokens); one-row forwards are
+    untouched."""
     own = ModelRunner.tree_forward
 
     def tree_forward(self, tokens, tree, attn, **kw):
@@ -131,10 +131,17 @@ def perturb_verify(monkeypatch) -> None:
         if tokens.shape[1] == 1:
             return (logits, *rest)
         pos = self.cache.lens.long()[:, None] + self.tree_tensors(tree).depth  # [B, t]
-        bump = torch.zeros_like(logits).scatter_(2, ((pos * 37 + 11) % 256)[..., None], 1e3)
-        return (logits + bump * (pos % 4 == 0)[..., None], *rest)
+        bump = torch.zeros_like(logits).scatter_(2, token_at(pos, tokens)[..., None], 1e3)
+        return (logits + bump * (pos % every == 0)[..., None], *rest)
 
     monkeypatch.setattr(ModelRunner, "tree_forward", tree_forward)
+
+
+def perturb_verify(monkeypatch) -> None:
+    """A token of the position at every fourth position: a stand-in for a verify whose
+    numerics differ from the autoregressive forward's (one row, untouched), so the reference
+    leaves the decode there."""
+    bump_verify(monkeypatch, lambda pos, tokens: (pos * 37 + 11) % 256, every=4)
 
 
 @pytest.mark.parametrize(
@@ -166,22 +173,14 @@ def test_acceptance_follows_the_profile_where_the_verify_leaves_the_reference(
 
 
 def couple_rows(monkeypatch) -> None:
-    """Verify forwards (more than one row) whose argmax at every third position is a token
-    that depends on every draft token of the sequence: a stand-in for a grouped schedule,
-    whose rounding of one row follows the other rows' selections, so correcting a deeper
-    spine level moves a shallower one's outcome."""
-    own = ModelRunner.tree_forward
-
-    def tree_forward(self, tokens, tree, attn, **kw):
-        logits, *rest = own(self, tokens, tree, attn, **kw)
-        if tokens.shape[1] == 1:
-            return (logits, *rest)
-        pos = self.cache.lens.long()[:, None] + self.tree_tensors(tree).depth  # [B, t]
-        whole = tokens.long().sum(1, keepdim=True)  # [B, 1]: every draft token
-        bump = torch.zeros_like(logits).scatter_(2, ((pos + whole * 7) % 256)[..., None], 1e3)
-        return (logits + bump * (pos % 3 == 0)[..., None], *rest)
-
-    monkeypatch.setattr(ModelRunner, "tree_forward", tree_forward)
+    """A token that depends on every draft token of the sequence at every third position: a
+    stand-in for a grouped schedule, whose rounding of one row follows the other rows'
+    selections, so correcting a deeper spine level moves a shallower one's outcome."""
+    bump_verify(
+        monkeypatch,
+        lambda pos, tokens: (pos + tokens.long().sum(1, keepdim=True) * 7) % 256,
+        every=3,
+    )
 
 
 def test_rows_that_depend_on_other_rows_leave_the_plan_but_not_their_probes(monkeypatch):
