@@ -42,6 +42,8 @@ from ssvkit.validation.e2e_campaign import NAMES, load_planner
 from ssvkit.validation.records import command_line, file_label, record_path
 
 CAMPAIGN_VERSION = 1
+# The document's ``benchmark`` field: what ``ssvkit report --campaign`` recognises it by.
+BENCHMARK = "scale_campaign"
 MODELS = ("random:llama-3.1-8b", "random:glm-4-9b")
 AUTOREGRESSIVE = ("ar_dense", "ar_sparse")
 # The settings a run cache is keyed by (with the provenance but its timestamp).
@@ -482,6 +484,7 @@ def main(argv=None) -> int:
     stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
     rows, complete = measure_rows(st, cache, stop_at)
     doc = {
+        "benchmark": BENCHMARK,
         "version": CAMPAIGN_VERSION,
         "complete": complete,
         "provenance": {
