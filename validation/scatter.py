@@ -6,6 +6,7 @@ end-to-end report's PNGs and the scale campaign report's ``--plot`` draw through
 from __future__ import annotations
 
 import io
+import textwrap
 
 MARKERS = "osD^vP"
 
@@ -20,7 +21,7 @@ def scatter(
 ) -> bytes:
     """The figure of ``points`` ``(baseline, measured, predicted)`` as ``fmt`` bytes (png, pdf,
     svg); ``log`` draws both axes in log scale (points over decades: batches and contexts);
-    ``note`` is printed under the title."""
+    ``note`` is printed under the title, wrapped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +41,10 @@ def scatter(
         ax.set_yscale("log")
     ax.set_xlabel(f"measured {label}")
     ax.set_ylabel(f"predicted {label}")
-    ax.set_title(f"{label}: predicted vs measured" + (f"\n{note}" if note else ""), fontsize=10)
+    ax.set_title(
+        f"{label}: predicted vs measured" + (f"\n{textwrap.fill(note, 64)}" if note else ""),
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
