@@ -22,7 +22,8 @@ has no simpy). A cell that cannot fit is recorded as skipped with the memory ari
 ``--resume FILE`` appends each finished cell and skips it on a later call with the same
 settings, device and commit; ``--stop-after S`` starts no cell after S seconds, so the campaign
 runs as calls of at most 10 minutes. The JSON document is written whole (atomically) at the end
-of each call, ``complete`` false until a call finishes every cell.
+of each call, ``complete`` false until a call finishes every cell; ``ssvkit report --campaign``
+reads it (``validation.scale_report``).
 """
 
 from __future__ import annotations

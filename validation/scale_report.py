@@ -58,10 +58,9 @@ def is_scale_campaign(doc: dict) -> bool:
     return "available_bytes" in doc and doc.get("acceptance") == "synthetic:oracle"
 
 
-def _cell(doc: dict, r: dict) -> dict:
-    """A measured row's figures: measured, predicted, and its keys."""
-    m, p = r["measured"], r["prediction"]
-    out = {
+def _keys(doc: dict, r: dict) -> dict:
+    """What names a row's cell: the GPU, model, context, batch, baseline and acceptance."""
+    return {
         "gpu": doc["gpu"],
         "model": r["model"].removeprefix("random:"),
         "context": r["context"],
@@ -69,6 +68,14 @@ def _cell(doc: dict, r: dict) -> dict:
         "batch_label": r["label"],
         "baseline": r["baseline"],
         "acceptance": r["acceptance"],
+    }
+
+
+def _cell(doc: dict, r: dict) -> dict:
+    """A measured row's figures: measured, predicted, and its keys."""
+    m, p = r["measured"], r["prediction"]
+    out = {
+        **_keys(doc, r),
         "acceptance_source": r["measured_acceptance"]["source"],
         "overlap": r["selection"]["group_overlap"],
         "measured": {
@@ -165,13 +172,7 @@ def _groups(level: tuple[str, ...], cells, speedups, skipped) -> list[dict]:
 
 def _skipped(doc: dict, r: dict) -> dict:
     return {
-        "gpu": doc["gpu"],
-        "model": r["model"].removeprefix("random:"),
-        "context": r["context"],
-        "batch": r["batch"],
-        "batch_label": r["label"],
-        "baseline": r["baseline"],
-        "acceptance": r["acceptance"],
+        **_keys(doc, r),
         "reason": r["reason"],
         "memory": r.get("memory"),
     }
@@ -252,14 +253,14 @@ def _mp(stats: dict) -> str:
 
 def _group_lines(groups: dict) -> list[str]:
     head = f"{'model':20s} {'batch':>5s} {'context':>7s}"
-    lines = [
-        f"{head} {'verify':>18s} {'round':>18s} {'tokens/s':>18s} {'speedup':>18s} skipped",
-    ]
+    figs = " ".join(f"{k:>18s}" for k in ("verify", "round", "tokens/s", "speedup"))
+    lines = [f"{head} {figs} skipped acceptance"]
     for level in ("model", "batch", "context"):
         for g in groups[level]:
             key = f"{g['model']:20s} {g.get('batch', 'all')!s:>5s} {g.get('context', 'all')!s:>7s}"
             figs = " ".join(f"{_mp(g[k]):>18s}" for k in ("verify", "round", "tokens_per_s"))
-            lines.append(f"{key} {figs} {_mp(g['speedup']):>18s} {g['skipped']:7d}")
+            labels = ",".join(g["acceptance"]) or "-"
+            lines.append(f"{key} {figs} {_mp(g['speedup']):>18s} {g['skipped']:7d} {labels}")
     return lines
 
 
