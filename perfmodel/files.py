@@ -11,10 +11,13 @@ the file as the user gave it.
 - ``write_files``: every output checked first, each written to a hidden temporary file beside
   it, then all renamed into place: a failure leaves neither an output nor a temporary file,
   and its error names the path given, not the temporary one.
+- ``malformed``: a document read as JSON that lacks a field or holds one of the wrong type,
+  as one ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -80,6 +83,16 @@ def loads_json(text: str, what: str, source: str | Path, kind: type | None = dic
             f"{what} {_named(source)} must hold {want} at its top level, not {_json_type(value)}"
         )
     return value
+
+
+@contextlib.contextmanager
+def malformed(what: str):
+    """A document that lacks a field or holds one of the wrong type, as one ``ValueError``
+    naming the documents (their structure is checked by reading it)."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"{what} is malformed ({type(e).__name__}: {e})") from None
 
 
 def read_json(path: str | Path, what: str, kind: type | None = dict):

@@ -9,6 +9,9 @@ import dataclasses
 
 from ssvkit.perfmodel.numbers import figure
 
+# The step model's verify ops that the engine runs in its ``accept`` step, not in ``verify``.
+ACCEPT_STEP_OPS = ("verify.sampling", "verify.accept")
+
 
 def fit_acceptance(parents, mean_accepted: float) -> float:
     """The per-draft alpha whose expected accepted drafts per round (perfmodel's tree model)
@@ -25,6 +28,14 @@ def fit_acceptance(parents, mean_accepted: float) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def verify_forward_s(pred) -> float:
+    """The step model's verify time without sampling and acceptance: the target forward that
+    the engine's CUDA-event ``verify`` step times (its ``accept`` step samples and commits)."""
+    return float(pred.verify_s[0]) - sum(
+        float(pred.op_seconds[k][0]) for k in ACCEPT_STEP_OPS if k in pred.op_seconds
+    )
 
 
 def predict(
@@ -64,6 +75,7 @@ def predict(
         "provenance": pred.provenance + (" (extrapolated)" if pred.extrapolated[0] else ""),
         "draft_s": float(pred.draft_s[0]),
         "verify_s": float(pred.verify_s[0]),
+        "verify_forward_s": verify_forward_s(pred),
         "round_s": float(pred.round_s[0]),
         "tokens_per_s": float(pred.tokens_per_s[0]),
         "tokens_per_round": float(pred.tokens_per_round[0]),

@@ -23,7 +23,6 @@ renders as markdown and PNGs in ``validation.report_markdown``.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import error_stats
 from ssvkit.calibration.validate import annotate, report
 from ssvkit.perfmodel.calibrated import Profile, make_predictor
-from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.files import malformed, read_json
 from ssvkit.perfmodel.hardware import get_gpu, gpu_names
 from ssvkit.perfmodel.host_overhead import host_overhead_s
 from ssvkit.perfmodel.models import get_model
@@ -43,14 +42,13 @@ from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.profile import profile_from_json
 from ssvkit.sim.config import SimConfig
 from ssvkit.sim.scenarios import simulate
+from ssvkit.validation.decode_figures import verify_forward_s
 from ssvkit.validation.records import local_model, local_strategy, project_label, record_path
 from ssvkit.validation.stats import regime_resolution, set_resolution
 
 REPORT_VERSION = 1
 TARGETS = {"verify_median_ape": 0.08, "tokens_per_s_median_ape": 0.10, "speedup_median_ape": 0.08}
 BASELINE_ORDER = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
-# The step model's verify ops that the engine runs in its ``accept`` step, not in ``verify``.
-ACCEPT_STEP_OPS = ("verify.sampling", "verify.accept")
 
 
 def kernel_section(gpu: str) -> dict:
@@ -86,14 +84,6 @@ def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float):
     if drafter is not None:
         get_model(drafter.model)  # fails with the model's name when it cannot be found
     return predict_columns(model, cols, make_predictor(gpu, "bf16", cols.tp), drafter)
-
-
-def verify_forward_s(pred) -> float:
-    """The step model's verify time without sampling and acceptance: the target forward that
-    the engine's CUDA-event ``verify`` step times (its ``accept`` step samples and commits)."""
-    return float(pred.verify_s[0]) - sum(
-        float(pred.op_seconds[k][0]) for k in ACCEPT_STEP_OPS if k in pred.op_seconds
-    )
 
 
 def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -> dict:
@@ -277,16 +267,6 @@ def planner_section(planner: dict) -> dict:
     }
 
 
-@contextlib.contextmanager
-def _malformed(what: str):
-    """A document that lacks a field or holds one of the wrong type, as one ``ValueError``
-    naming the documents (their structure is checked by reading it)."""
-    try:
-        yield
-    except (KeyError, TypeError, AttributeError, IndexError) as e:
-        raise ValueError(f"{what} is malformed ({type(e).__name__}: {e})") from None
-
-
 def build(
     gpu: str = "h100-sxm",
     campaign: str | Path | None = None,
@@ -301,7 +281,7 @@ def build(
     if cdoc.get("version") != 1 or "rows" not in cdoc:
         raise ValueError(f"campaign {str(cpath)!r} is not a version-1 campaign document")
     what = f"campaign {str(cpath)!r} or planner evaluation {str(ppath)!r}"
-    with _malformed(what):
+    with malformed(what):
         e2e = campaign_section(cdoc, pdoc, sim=sim)
         planner_part = planner_section(pdoc)
         provenance = cdoc["provenance"]

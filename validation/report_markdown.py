@@ -7,10 +7,9 @@ links to the data files, relative to where the report is written (``link_prefix`
 
 from __future__ import annotations
 
-import io
-
 from ssvkit.calibration.error_table import ape_markdown_row, ape_percents
 from ssvkit.validation.report import BASELINE_ORDER
+from ssvkit.validation.scatter import scatter
 
 # Where ``ssvkit report`` writes the report in a checkout, relative to the project.
 REPORT_DIR = "docs/results/validation"
@@ -264,28 +263,6 @@ def _series(rep: dict) -> dict[str, tuple[str, list]]:
 
 def plots(rep: dict) -> dict[str, bytes]:
     """Predicted-vs-measured PNGs of the verify step, tokens/s and speedups."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = {}
-    for name, (label, pts) in _series(rep).items():
-        fig, ax = plt.subplots(figsize=(6, 5.5))
-        for i, b in enumerate(BASELINE_ORDER):  # one colour and marker per baseline everywhere
-            sel = [(m, p) for n, m, p in pts if n == b]
-            if sel:
-                ax.plot(*zip(*sel, strict=True), "osD^vP"[i], color=f"C{i}", label=b, alpha=0.8)
-        vals = [v for _, m, p in pts for v in (m, p)]
-        lo, hi = min(vals) * 0.9, max(vals) * 1.1
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
-        ax.set_xlabel(f"measured {label}")
-        ax.set_ylabel(f"predicted {label}")
-        ax.set_title(f"{label}: predicted vs measured")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
-        plt.close(fig)
-        out[name] = buf.getvalue()
-    return out
+    return {
+        name: scatter(label, pts, BASELINE_ORDER) for name, (label, pts) in _series(rep).items()
+    }

@@ -22,7 +22,8 @@ has no simpy). A cell that cannot fit is recorded as skipped with the memory ari
 ``--resume FILE`` appends each finished cell and skips it on a later call with the same
 settings, device and commit; ``--stop-after S`` starts no cell after S seconds, so the campaign
 runs as calls of at most 10 minutes. The JSON document is written whole (atomically) at the end
-of each call, ``complete`` false until a call finishes every cell.
+of each call, ``complete`` false until a call finishes every cell; ``ssvkit report --campaign``
+reads it (``validation.scale_report``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from ssvkit.validation.e2e_campaign import NAMES, load_planner
 from ssvkit.validation.records import command_line, file_label, record_path
 
 CAMPAIGN_VERSION = 1
+# The document's ``benchmark`` field: what ``ssvkit report --campaign`` recognises it by.
+BENCHMARK = "scale_campaign"
 MODELS = ("random:llama-3.1-8b", "random:glm-4-9b")
 AUTOREGRESSIVE = ("ar_dense", "ar_sparse")
 # The settings a run cache is keyed by (with the provenance but its timestamp).
@@ -482,6 +485,7 @@ def main(argv=None) -> int:
     stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
     rows, complete = measure_rows(st, cache, stop_at)
     doc = {
+        "benchmark": BENCHMARK,
         "version": CAMPAIGN_VERSION,
         "complete": complete,
         "provenance": {

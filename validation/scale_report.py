@@ -1,0 +1,327 @@
+"""The report over a scale campaign (``validation.scale_campaign``): the prediction the campaign
+stored for each cell beside what the cell measured, per GPU, model, batch and context.
+
+    ssvkit report --campaign build/scale-campaign.json [--json] [--check] [--plot FILE]
+
+Per group, the median / p90 / max absolute percentage error, with its count, of the verify
+step (perfmodel's verify forward against the engine's CUDA-event ``verify`` step), the round,
+tokens/s, and the speedups of ``SPEEDUP_PAIRS`` (both cells of a pair at the same model,
+context, batch and acceptance; an autoregressive cell pairs with every acceptance). The
+prediction is the campaign's: perfmodel's step model at the cell's measured acceptance and
+selection overlap, without a host-loop term. The acceptance is the oracle drafter's, labelled
+``synthetic:oracle``; skipped cells keep the campaign's reason (the memory arithmetic where
+memory refused them). No prediction carries an interval yet: the report says so, and its plot
+draws none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from ssvkit.calibration.error_table import ape_text_lines
+from ssvkit.calibration.fit import error_stats
+from ssvkit.perfmodel.files import malformed
+from ssvkit.validation.e2e_campaign import NAMES
+from ssvkit.validation.scale_campaign import AUTOREGRESSIVE, BENCHMARK
+
+# (baseline, over): every baseline over ar_dense, and the grouped strategies over the sparse
+# autoregressive baseline and both speculative ones (the seeds' headline ratios).
+SPEEDUP_PAIRS = tuple((b, "ar_dense") for b in NAMES[1:]) + tuple(
+    (b, over)
+    for b in ("ssv", "ssv_planned")
+    for over in ("ar_sparse", "sd_dense", "sd_sparse_naive")
+)
+# Issue targets of the campaign at scale: median and p90 APE per figure.
+TARGETS = {
+    f"{k}_{q}_ape": t
+    for k in ("verify", "tokens_per_s", "speedup")
+    for q, t in (("median", 0.08), ("p90", 0.15))
+}
+LEVELS = {
+    "gpu": ("gpu",),
+    "model": ("gpu", "model"),
+    "batch": ("gpu", "model", "batch"),
+    "context": ("gpu", "model", "batch", "context"),
+}
+NO_INTERVALS = (
+    "no prediction intervals: perfmodel's predictions carry none yet (the transferable-"
+    "predictions issue's intervals), so none is drawn"
+)
+
+
+def is_scale_campaign(doc: dict) -> bool:
+    """Whether ``doc`` is a scale campaign document: its ``benchmark`` field, or, in a document
+    without one, the device memory only the scale campaign records."""
+    if "benchmark" in doc:
+        return doc["benchmark"] == BENCHMARK
+    return "available_bytes" in doc and doc.get("acceptance") == "synthetic:oracle"
+
+
+def _keys(doc: dict, r: dict) -> dict:
+    """What names a row's cell: the GPU, model, context, batch, baseline and acceptance."""
+    return {
+        "gpu": doc["gpu"],
+        "model": r["model"].removeprefix("random:"),
+        "context": r["context"],
+        "batch": r["batch"],
+        "batch_label": r["label"],
+        "baseline": r["baseline"],
+        "acceptance": r["acceptance"],
+    }
+
+
+def _cell(doc: dict, r: dict) -> dict:
+    """A measured row's figures: measured, predicted, and its keys."""
+    m, p = r["measured"], r["prediction"]
+    out = {
+        **_keys(doc, r),
+        "acceptance_source": r["measured_acceptance"]["source"],
+        "overlap": r["selection"]["group_overlap"],
+        "measured": {
+            "tokens_per_s": m["tokens_per_s"],
+            "verify_s": m["steps_s"]["verify"],
+            "round_s": m["wall_s"] / m["rounds"],
+        },
+    }
+    if "error" in p:
+        return {**out, "predicted": None, "unpredicted": p["error"]}
+    out["predicted"] = {
+        "tokens_per_s": p["tokens_per_s"],
+        "verify_s": p.get("verify_forward_s"),
+        "round_s": p["round_s"],
+        "provenance": p["provenance"],
+    }
+    out["intervals"] = sorted(k for k in p if "interval" in k)
+    return out
+
+
+def _speedups(cells: list[dict]) -> list[dict]:
+    """Each pair of ``SPEEDUP_PAIRS`` measured and predicted at one (model, context, batch) and
+    acceptance."""
+    at = {(c["model"], c["context"], c["batch"], c["baseline"], c["acceptance"]): c for c in cells}
+    out = []
+    for model, ctx, batch in sorted({(c["model"], c["context"], c["batch"]) for c in cells}):
+        here = [c for c in cells if (c["model"], c["context"], c["batch"]) == (model, ctx, batch)]
+        accs = sorted({c["acceptance"] for c in here if c["acceptance"] is not None}) or [None]
+        for b, over in SPEEDUP_PAIRS:
+            both_ar = b in AUTOREGRESSIVE and over in AUTOREGRESSIVE
+            for a in [None] if both_ar else accs:
+                x = at.get((model, ctx, batch, b, None if b in AUTOREGRESSIVE else a))
+                y = at.get((model, ctx, batch, over, None if over in AUTOREGRESSIVE else a))
+                if x is None or y is None or not (x["predicted"] and y["predicted"]):
+                    continue
+                out.append(
+                    {
+                        **{k: x[k] for k in ("gpu", "model", "context", "batch")},
+                        "acceptance": a,
+                        "baseline": b,
+                        "over": over,
+                        "measured": x["measured"]["tokens_per_s"] / y["measured"]["tokens_per_s"],
+                        "predicted": x["predicted"]["tokens_per_s"]
+                        / y["predicted"]["tokens_per_s"],
+                    }
+                )
+    return out
+
+
+def _pairs(cells, key: str) -> list[tuple[float, float]]:
+    return [
+        (c["predicted"][key], c["measured"][key])
+        for c in cells
+        if c["predicted"] and c["predicted"][key] is not None
+    ]
+
+
+def _errors(pairs: list[tuple[float, float]]) -> dict:
+    return error_stats(np.array([p for p, _ in pairs]), np.array([m for _, m in pairs]))
+
+
+def _summary(cells: list[dict], speedups: list[dict]) -> dict:
+    """The error of every figure over ``cells`` and ``speedups``, each speedup pair apart."""
+    out = {k: _errors(_pairs(cells, f"{k}_s")) for k in ("verify", "round")}
+    out["tokens_per_s"] = _errors(_pairs(cells, "tokens_per_s"))
+    out["speedup"] = _errors([(x["predicted"], x["measured"]) for x in speedups])
+    out["speedups"] = {}
+    for b, over in SPEEDUP_PAIRS:
+        sel = [
+            (x["predicted"], x["measured"])
+            for x in speedups
+            if (x["baseline"], x["over"]) == (b, over)
+        ]
+        if sel:
+            out["speedups"][f"{b}/{over}"] = _errors(sel)
+    out["acceptance"] = sorted({c["acceptance_source"] for c in cells})
+    out["unpredicted"] = sum(c["predicted"] is None for c in cells)
+    return out
+
+
+def _groups(level: tuple[str, ...], cells, speedups, skipped) -> list[dict]:
+    keys = sorted({tuple(c[k] for k in level) for c in cells + skipped})
+    out = []
+    for key in keys:
+
+        def here(rows, key=key):
+            return [x for x in rows if tuple(x[k] for k in level) == key]
+
+        g = {**dict(zip(level, key, strict=True)), **_summary(here(cells), here(speedups))}
+        g["skipped"] = len(here(skipped))
+        out.append(g)
+    return out
+
+
+def _skipped(doc: dict, r: dict) -> dict:
+    return {
+        **_keys(doc, r),
+        "reason": r["reason"],
+        "memory": r.get("memory"),
+    }
+
+
+def build_scale(doc: dict, source: str | Path) -> dict:
+    """The report of a scale campaign document (``ValueError`` in one line when it holds no
+    cell or is malformed)."""
+    with malformed(f"scale campaign {str(source)!r}"):
+        if doc["version"] != 1:
+            raise ValueError(
+                f"scale campaign {str(source)!r} has version {doc['version']!r}, not 1"
+            )
+        rows = doc["rows"]
+        if not rows:
+            raise ValueError(f"scale campaign {str(source)!r} holds no cells")
+        cells = [_cell(doc, r) for r in rows if r["status"] == "measured"]
+        skipped = [_skipped(doc, r) for r in rows if r["status"] != "measured"]
+        speedups = _speedups(cells)
+        prov = doc["provenance"]
+    overall = _summary(cells, speedups)
+    carried = sorted({k for c in cells if c["predicted"] for k in c["intervals"]})
+    values = {
+        f"{k}_{q}_ape": overall[k].get(f"{q}_ape")
+        for k in ("verify", "tokens_per_s", "speedup")
+        for q in ("median", "p90")
+    }
+    return {
+        "benchmark": "scale_report",
+        "source": str(source),
+        "campaign": {
+            "gpu": doc["gpu"],
+            "device_name": prov.get("device_name"),
+            "git_commit": prov.get("git_commit"),
+            "command": prov.get("command"),
+            "complete": doc.get("complete"),
+            "dtype": doc.get("dtype"),
+            "new_tokens": doc.get("new_tokens"),
+            "acceptance": doc.get("acceptance"),
+        },
+        "prediction": "the campaign's: perfmodel's step model at the measured acceptance and "
+        "overlap, without a host-loop term",
+        "intervals": {
+            "drawn": False,
+            "note": NO_INTERVALS
+            if not carried
+            else (f"the predictions carry {', '.join(carried)}; this report does not draw them"),
+        },
+        "overall": overall,
+        "groups": {
+            name: _groups(level, cells, speedups, skipped) for name, level in LEVELS.items()
+        },
+        "cells": cells,
+        "speedups": speedups,
+        "skipped": skipped,
+        "targets": {
+            k: {"value": v, "threshold": TARGETS[k], "met": v is not None and v <= TARGETS[k]}
+            for k, v in values.items()
+        },
+    }
+
+
+def plot_points(rep: dict) -> list[tuple[str, float, float]]:
+    """(baseline, measured, predicted) tokens/s of every cell with a prediction."""
+    return [
+        (c["baseline"], c["measured"]["tokens_per_s"], c["predicted"]["tokens_per_s"])
+        for c in rep["cells"]
+        if c["predicted"]
+    ]
+
+
+def _mp(stats: dict) -> str:
+    """``median/p90% (n)`` of an error summary, ``-`` without rows."""
+    if not stats.get("n"):
+        return "-"
+    return f"{100 * stats['median_ape']:.1f}/{100 * stats['p90_ape']:.1f}% ({stats['n']})"
+
+
+def _group_lines(groups: dict) -> list[str]:
+    head = f"{'model':20s} {'batch':>5s} {'context':>7s}"
+    figs = " ".join(f"{k:>18s}" for k in ("verify", "round", "tokens/s", "speedup"))
+    lines = [f"{head} {figs} skipped acceptance"]
+    for level in ("model", "batch", "context"):
+        for g in groups[level]:
+            key = f"{g['model']:20s} {g.get('batch', 'all')!s:>5s} {g.get('context', 'all')!s:>7s}"
+            figs = " ".join(f"{_mp(g[k]):>18s}" for k in ("verify", "round", "tokens_per_s"))
+            labels = ",".join(g["acceptance"]) or "-"
+            lines.append(f"{key} {figs} {_mp(g['speedup']):>18s} {g['skipped']:7d} {labels}")
+    return lines
+
+
+def _cell_lines(rep: dict) -> list[str]:
+    lines = [
+        f"{'model':20s} {'context':>7s} {'batch':>5s} {'baseline':16s} {'accept':>6s} "
+        f"{'tok/s meas':>11s} {'pred':>11s} {'err':>7s} {'verify ms meas':>14s} {'pred':>8s}"
+    ]
+    for c in rep["cells"]:
+        m, p = c["measured"], c["predicted"]
+        head = (
+            f"{c['model']:20s} {c['context']:7d} {c['batch']:5d} {c['baseline']:16s} "
+            f"{c['acceptance'] or '-'!s:>6s} {m['tokens_per_s']:11.1f}"
+        )
+        if p is None:
+            lines.append(f"{head}  no prediction: {c['unpredicted']}")
+            continue
+        err = 100 * (p["tokens_per_s"] / m["tokens_per_s"] - 1)
+        verify = f"{1e3 * p['verify_s']:8.3f}" if p["verify_s"] is not None else f"{'-':>8s}"
+        lines.append(
+            f"{head} {p['tokens_per_s']:11.1f} {err:+6.1f}% {1e3 * m['verify_s']:14.3f} {verify}"
+        )
+    return lines
+
+
+def text(rep: dict) -> str:
+    """The report as fixed-width text: the campaign, the errors per group, every speedup pair,
+    the cells, the skipped cells and the targets."""
+    c, o = rep["campaign"], rep["overall"]
+    lines = [
+        f"scale campaign {rep['source']}: gpu {c['gpu']} ({c['device_name']}), commit "
+        f"{str(c['git_commit'])[:10]}, {'complete' if c['complete'] else 'INCOMPLETE'}",
+        f"acceptance: {', '.join(o['acceptance']) or '-'} (campaign: {c['acceptance']})",
+        f"prediction: {rep['prediction']}",
+        f"intervals: {rep['intervals']['note']}",
+        "",
+        "APE median/p90 (n) per model, per batch, per batch and context:",
+        *_group_lines(rep["groups"]),
+        "",
+    ]
+    pairs = [(f"speedup {k}", v) for k, v in o["speedups"].items()]
+    rows = [("verify step", o["verify"]), ("round", o["round"]), ("tokens/s", o["tokens_per_s"])]
+    lines += ape_text_lines(
+        "figure (all cells)",
+        rows + [("speedup (every pair)", o["speedup"]), *pairs],
+        name_width=32,
+        n_width=4,
+        percent_widths=(8, 7, 7),
+    )
+    lines += ["", *_cell_lines(rep), ""]
+    lines.append(f"skipped cells: {len(rep['skipped'])}")
+    for s in rep["skipped"]:
+        lines.append(
+            f"  {s['model']} context {s['context']} batch {s['batch']} ({s['batch_label']}) "
+            f"{s['baseline']} acceptance {s['acceptance'] or '-'}: {s['reason']}"
+        )
+    lines.append("")
+    for name, t in rep["targets"].items():
+        value = "-" if t["value"] is None else f"{100 * t['value']:5.1f}%"
+        lines.append(
+            f"{name:24s} {value:>6s}  (<= {100 * t['threshold']:.0f}%)  "
+            f"{'met' if t['met'] else 'MISSED'}"
+        )
+    return "\n".join(lines)
