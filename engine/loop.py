@@ -54,61 +54,22 @@ import time
 import torch
 from ssvkit.engine.acceptance import accept, target_probs
 from ssvkit.engine.attention import AttentionConfig
-from ssvkit.engine.config import ModelConfig
-from ssvkit.engine.controller import Controller, KeepStrategy, RoundStats
+from ssvkit.engine.controller import Controller, KeepStrategy
 from ssvkit.engine.draft_model import ModelDrafter, SelfSparseDrafter
 from ssvkit.engine.drafter import Draft, Drafter
+from ssvkit.engine.hand_over import report_round
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
 from ssvkit.engine.oracle import OracleDrafter, acceptance_label
 from ssvkit.engine.results import DecodeResult, RoundRecord, reuse_summary
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
-from ssvkit.engine.stats import SelectionStats, batch_mean
+from ssvkit.engine.stats import SelectionStats
+from ssvkit.engine.strategy_check import check_strategy
 from ssvkit.engine.timing import StepTimer
 from ssvkit.engine.trace_writer import TraceWriter
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.accept import reference_sample
 from ssvkit.perfmodel.strategy import Strategy
-
-
-def check_strategy(
-    strategy: Strategy,
-    target: ModelConfig,
-    draft: ModelConfig | None,
-    backend: str,
-) -> tuple[DraftTree, AttentionConfig]:
-    """The tree and attention of ``strategy``, or a one-line ``ValueError`` saying why the
-    engine cannot run it with these models (no model is loaded; nothing touches the GPU)."""
-    tree = DraftTree.from_spec(strategy.tree, strategy.traversal)
-    attn = AttentionConfig.from_strategy(strategy)
-    attn.check_tree(tree.num_nodes, target.gqa_group)
-    kind = strategy.drafter.kind
-    used = [target]
-    if tree.num_drafts:
-        if kind == "eagle":
-            raise ValueError(
-                "the engine has no EAGLE heads; use --drafter-kind draft_model, ngram or "
-                "self_sparse"
-            )
-        if kind == "draft_model":
-            if draft is None:
-                raise ValueError("drafter draft_model needs a draft model (--draft-model)")
-            if draft.vocab_size != target.vocab_size:
-                raise ValueError(
-                    f"draft vocabulary {draft.vocab_size} differs from the target's "
-                    f"{target.vocab_size}"
-                )
-            used.append(draft)
-        if kind == "self_sparse" and tree.max_children > 1:
-            raise ValueError("the self_sparse drafter drafts chains only (tree chain:K)")
-    if backend == "triton":
-        for cfg in used:
-            d = cfg.head_dim
-            if d < 16 or d > 256 or d & (d - 1):
-                raise ValueError(
-                    f"the Triton kernels need a power-of-two head_dim in [16, 256], got {d}"
-                )
-    return tree, attn
 
 
 class Engine:
@@ -577,7 +538,7 @@ class Engine:
 
     def _after_round(self, rec: RoundRecord) -> None:
         """The round's trace records and controller call, serially; its switch at once."""
-        new = self._hand_over(rec, self.strategy, "control")
+        new = report_round(rec, self.strategy, "control", self.trace, self.controller)
         if new is not None and new != self.strategy:
             self._switch(new)
 
@@ -602,7 +563,13 @@ class Engine:
             self._shadow.sync(self._history)
             rec.shadow = {"ngram": self._shadow.take_shadow()}
             rec.step_s["shadow"] = time.perf_counter() - s0
-        new = self._hand_over(rec, strategy, "control" if serial else "control_overlap")
+        new = report_round(
+            rec,
+            strategy,
+            "control" if serial else "control_overlap",
+            self.trace,
+            self.controller,
+        )
         if new is not None and new != self.strategy:
             self._decided = new
 
@@ -610,42 +577,3 @@ class Engine:
         s0 = time.perf_counter()
         self.set_strategy(new)
         self._switch_s = time.perf_counter() - s0
-
-    def _hand_over(self, rec: RoundRecord, strategy: Strategy, key: str) -> Strategy | None:
-        """Trace records of ``rec`` (a round of ``strategy``) and the controller's call with
-        its statistics (host time in ``rec.step_s[key]``); what the controller returned."""
-        sel = rec.selection
-        if self.trace is not None:
-            rows = zip(rec.sequences, rec.context_lens, rec.accepted, strict=True)
-            for b, ctx, a in rows:
-                self.trace.add_round(
-                    strategy,
-                    b,
-                    round_index=len(self.trace.lines),
-                    context_len=ctx,
-                    drafted=rec.drafted,
-                    accepted=a,
-                    step_s=rec.step_s,
-                    t_s=rec.t_s,
-                    group_overlap=sel.row(b, "group_overlap") if sel else None,
-                    layer_overlap=sel.row(b, "layer_overlap") if sel else None,
-                    predict_hit=sel.row(b, "predict_hit") if sel else None,
-                    reuse_hit=sel.row(b, "reuse_hit") if sel else None,
-                )
-        stats = RoundStats(
-            round=rec.round,
-            strategy=strategy,
-            context_lens=tuple(rec.context_lens),
-            drafted=rec.drafted,
-            accepted=tuple(rec.accepted),
-            step_s=dict(rec.step_s),
-            tokens_generated=rec.tokens,
-            group_overlap=batch_mean(sel, "group_overlap", rec.sequences),
-            layer_overlap=batch_mean(sel, "layer_overlap", rec.sequences),
-            predict_hit=batch_mean(sel, "predict_hit", rec.sequences),
-            shadow=rec.shadow,
-        )
-        c0 = time.perf_counter()
-        new = self.controller.after_round(stats)
-        rec.step_s[key] = time.perf_counter() - c0
-        return new

@@ -133,7 +133,7 @@ class Bench:
 
     def runnable(self, s: Strategy) -> str | None:
         """Why the engine cannot run ``s`` (None when it can)."""
-        from ssvkit.engine.loop import check_strategy
+        from ssvkit.engine.strategy_check import check_strategy
 
         try:
             check_strategy(

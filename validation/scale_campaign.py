@@ -305,8 +305,9 @@ def prompts_for(context: int, batch: int, vocab: int) -> list[list[int]]:
 def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, plan) -> dict:
     """One cell decoded: its steady figures, acceptance, selection overlap, prediction and
     rounds' trace."""
-    from ssvkit.engine.loop import Engine, check_strategy
+    from ssvkit.engine.loop import Engine
     from ssvkit.engine.settings import DecodeConfig
+    from ssvkit.engine.strategy_check import check_strategy
     from ssvkit.validation.decode_figures import fit_acceptance, mean_selection
 
     runner = runners.get(cell.model, cell.batch, plan.t_max, cache_positions(st, max(st.contexts)))
@@ -378,8 +379,8 @@ def run_cell(st: Setup, runners: Runners, cell: Cell) -> dict:
     strategy the engine cannot run)."""
     import torch
     from ssvkit.engine.checkpoint import resolve_source
-    from ssvkit.engine.loop import check_strategy
     from ssvkit.engine.memory import plan_memory
+    from ssvkit.engine.strategy_check import check_strategy
     from ssvkit.kernels.timing import provenance
     from ssvkit.planner.space import describe
 

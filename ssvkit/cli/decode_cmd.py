@@ -244,8 +244,9 @@ def run(args) -> int:
 
     from ssvkit.engine.checkpoint import build_model, resolve_source
     from ssvkit.engine.controller import KeepStrategy
-    from ssvkit.engine.loop import Engine, check_strategy
+    from ssvkit.engine.loop import Engine
     from ssvkit.engine.runner import ModelRunner
+    from ssvkit.engine.strategy_check import check_strategy
     from ssvkit.engine.trace_writer import TraceWriter
     from ssvkit.kernels.tree import MAX_TREE_NODES
 
