@@ -13,6 +13,10 @@ Bare package names: the project's folders are ``ssvkit``'s subpackages, but from
 repository root is on ``sys.path`` too, so ``import validation`` (or ``files("engine")``) would
 quietly import a second copy where an installed ssvkit has none. A finder refuses those names.
 
+Triton: without a CUDA GPU the kernels run under Triton's CPU interpreter. ``triton.jit`` reads
+``TRITON_INTERPRET`` when a kernel is decorated, so it is set here, before any test module
+imports a kernel (after the thread settings, which torch reads at its import).
+
 Hypothesis: no per-example deadline and no too-slow health check (both time examples on the
 wall clock, which a loaded machine stretches); a property that holds passes however long its
 examples take.
@@ -28,6 +32,11 @@ from hypothesis import HealthCheck, settings
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+import torch  # noqa: E402  (after the thread settings above)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile("untimed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("untimed")

@@ -59,7 +59,7 @@ def input_sets(
     rng = np.random.default_rng(ctx + bsz)
     q, k, v, lens, mask = ki.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
     ck, cv, _ = nv.compress_kv(k, v, lens, comp_block=KW["comp_block"], comp_stride=16)
-    gates = torch.full((bsz, t, ki.NUM_Q_HEADS, 3), 1 / 3, device="cuda")
+    gates = torch.full((bsz, t, ki.NUM_Q_HEADS, 3), 1 / 3, device=ki.DEVICE)
     nb = [ctx // KW["block_size"]] * bsz
     out = []
     for s in range(num_sets):
@@ -69,7 +69,7 @@ def input_sets(
         else:
             idx = ki.random_block_idx(nb, t, KW["top_n"], rng)
         args = (torch.randn_like(q), k, v, lens, mask, ck_s, cv_s, gates)
-        out.append((args, torch.from_numpy(idx).cuda()))
+        out.append((args, torch.from_numpy(idx).to(ki.DEVICE)))
     return out
 
 
@@ -115,7 +115,7 @@ def calls(sets, plan, slots, rslots, unions, parts):
         )
     ck = sets[0][0][5]
     stored = steps.stores_comp_scores(plan, ck.shape[-1] * ck.element_size())
-    cscores = [steps.alloc_comp_scores(plan, "cuda") if stored else None for _ in sets]
+    cscores = [steps.alloc_comp_scores(plan, ki.DEVICE) if stored else None for _ in sets]
     out["stage_fwd_refresh_comp"] = lambda i: steps.launch_fwd(
         plan, sets[i][0], None, parts[i], slots=(rslots[0], 0, 0), comp_scores=cscores[i]
     )
@@ -130,22 +130,30 @@ def calls(sets, plan, slots, rslots, unions, parts):
     out["stage_scores"] = lambda i: steps.compressed_block_scores(
         plan, sets[i][0], parts[i], rslots[0], cscores[i]
     )
-    scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device="cuda")
+    scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device=ki.DEVICE)
     out["stage_topk"] = lambda i: steps.select_top_blocks(scores, sets[i][0][3], plan)
     return out
+
+
+def prepare(bsz: int, t: int, ctx: int, capacity: int, num_sets: int):
+    """A case's input sets (checked against the fp32 reference), launch plan, slots of a reuse
+    and of a refresh call, union plans and partial buffers: what ``calls`` takes."""
+    sets = input_sets(bsz, t, ctx, capacity, num_sets)
+    check(sets)
+    kw = dict(KW, num_sink=1, num_local=1, sm_scale=None)
+    plan = make_plan(sets[0][0][0], sets[0][0][1], sets[0][0][5], config=DEFAULT_CONFIG, **kw)
+    device = torch.device(ki.DEVICE)
+    slots = plan_slots(plan, device, DEFAULT_CONFIG)
+    rslots = refresh_slots(plan, device, DEFAULT_CONFIG)
+    unions = [steps.union_plan(idx, plan.rows, plan.nb_max) for _, idx in sets]
+    parts = [steps.alloc_partials(plan, max(sum(slots), sum(rslots)), device) for _ in sets]
+    return sets, plan, slots, rslots, unions, parts
 
 
 def run_case(bsz: int, t: int, ctx: int, capacity: int | None, copy_bps: float) -> dict:
     num_sets = 4 if bsz == 1 else 2
     capacity = capacity or ctx + t
-    sets = input_sets(bsz, t, ctx, capacity, num_sets)
-    check(sets)
-    kw = dict(KW, num_sink=1, num_local=1, sm_scale=None)
-    plan = make_plan(sets[0][0][0], sets[0][0][1], sets[0][0][5], config=DEFAULT_CONFIG, **kw)
-    slots = plan_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
-    rslots = refresh_slots(plan, torch.device("cuda"), DEFAULT_CONFIG)
-    unions = [steps.union_plan(idx, plan.rows, plan.nb_max) for _, idx in sets]
-    parts = [steps.alloc_partials(plan, max(sum(slots), sum(rslots)), "cuda") for _ in sets]
+    sets, plan, slots, rslots, unions, parts = prepare(bsz, t, ctx, capacity, num_sets)
     floor = floor_bytes(bsz, t, ctx, sets[0][1])
     row = dict(
         batch=bsz,

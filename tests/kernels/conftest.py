@@ -1,20 +1,12 @@
-"""Kernel tests run on the GPU when there is one, else under Triton's CPU interpreter.
-
-``TRITON_INTERPRET`` must be set before triton is first imported (``triton.jit`` reads it when a
-kernel is decorated), so this runs before any test module imports ``kernels.*``. Tests marked
-``gpu`` are skipped without CUDA.
+"""Kernel tests run on the GPU when there is one, else under Triton's CPU interpreter (which
+``tests/conftest.py`` selects). Tests marked ``gpu`` are skipped without CUDA.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
-
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
