@@ -54,6 +54,13 @@ def examples(mod) -> str:
     return "\n".join(["examples:", *shown, "", GLOSSARY]) if shown else GLOSSARY
 
 
+# Packages the base install leaves out, and how to add them (README, "Install").
+OPTIONAL_MODULES = {
+    "torch": 'pip install ".[test]" after torch (README: the CPU build, or ".[gpu]" with CUDA)',
+    "triton": 'pip install ".[test]" (CPU interpreter) or ".[gpu]"',
+}
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="ssvkit",
@@ -81,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"ssvkit {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if e.name not in OPTIONAL_MODULES:
+            raise
+        print(
+            f"ssvkit {args.command}: error: this command needs {e.name}, which the base install "
+            f"leaves out: {OPTIONAL_MODULES[e.name]}",
+            file=sys.stderr,
+        )
         return 2
     except BrokenPipeError:
         return 0

@@ -353,3 +353,29 @@ def test_a_trace_replays_only_against_a_tree_that_can_accept_its_counts(workdir,
         "--no-files",
     ]
     _check(argv, "the trace drafts up to 32 tokens a round", workdir, capsys)
+
+
+@pytest.mark.parametrize("missing", ["torch", "triton"])
+def test_a_package_the_base_install_leaves_out_is_named_in_one_line(missing, monkeypatch, capsys):
+    """A command that needs torch or triton on a base install says which and how to add it."""
+    from ssvkit.cli import decode_cmd
+
+    def run(args):
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    monkeypatch.setattr(decode_cmd, "run", run)
+    assert main(["decode", "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"ssvkit decode: error: this command needs {missing}" in err and "pip install" in err
+
+
+def test_a_missing_module_of_the_project_itself_is_not_hidden(monkeypatch):
+    from ssvkit.cli import decode_cmd
+
+    def run(args):
+        raise ModuleNotFoundError("No module named 'ssvkit.nowhere'", name="ssvkit.nowhere")
+
+    monkeypatch.setattr(decode_cmd, "run", run)
+    with pytest.raises(ModuleNotFoundError):
+        main(["decode", "--model", "tiny"])
