@@ -85,7 +85,8 @@ def compare(
                     k: float(np.broadcast_to(op.bytes, cols.tp.shape)[i])
                     for k, op in pred.ops.items()
                 },
-                "provenance": pred.provenance + (":extrapolated" if pred.extrapolated[i] else ""),
+                "provenance": pred.label(i),
+                "stand_ins": pred.stood_in_for(i),
             }
         )
     by_key = {(r["context_len"], r["strategy"]): r for r in rows}

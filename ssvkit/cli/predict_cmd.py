@@ -138,6 +138,16 @@ def _table(rows, model, gpu, workload, strategies) -> str:
         lines.append(
             "NSA strategies select inside their refresh attention call: in attn, not select."
         )
+    stood_in = sorted({x for r in rows for x in r["stand_ins"]})
+    if stood_in:
+        names = sorted({r["strategy"] for r in rows if r["stand_ins"]})
+        lines.append(
+            f"stand-in ({', '.join(names)}): the profile has no rows of "
+            + ", ".join(x.split(" <- ")[0] for x in stood_in)
+            + "; priced with the rates of "
+            + ", ".join(x.split(" <- ")[1] for x in stood_in)
+            + " at their own bytes and launch geometry."
+        )
     return "\n".join(lines)
 
 

@@ -18,6 +18,8 @@ selections over 256 tokens.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from engine_helpers import GPU_TINY, random_prompts, tiny_model
@@ -52,6 +54,10 @@ ATTN = {
         kind="sparse", mode="shared", group_size=4, top_n=8, block_size=64, window=128
     ),
     "nsa": AttentionConfig(kind="nsa", top_n=8, block_size=64, window=128, refresh_every=2),
+    "nsa_union": AttentionConfig(
+        kind="nsa", mode="union", group_size=4, top_n=8, block_size=64, window=128
+    ),
+    "nsa_packed": AttentionConfig(kind="nsa", mode="shared", top_n=8, block_size=64, window=128),
 }
 
 
@@ -311,6 +317,38 @@ def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch
     want = _generate(model, ar, PROMPTS, graphs=False)
     assert got.mean_accepted() > 0
     assert got.tokens == want.tokens, _first_difference(got.tokens, want.tokens)
+
+
+NSA_SPEC = Strategy(
+    name="ssv",
+    tree="full:2x3",
+    drafter=DrafterSpec(kind="draft_model", model="d"),
+    attention="sparse",
+    metadata="nsa",
+    top_n=8,
+    block_size=64,
+    window=128,
+    refresh_every=2,
+    fusion="refresh_reuse",
+)
+
+
+@pytest.mark.parametrize("fusion", ["refresh_reuse", "none"])
+def test_fp32_nsa_row_schedules_decode_the_same_tokens(fusion, monkeypatch):
+    """The row schedule packs draft rows into tiles; it does not change what a row attends to:
+    one row a tile (``per_query``), tiles of 4 (``union``) and packed tiles (``shared``) decode
+    the same tokens in fp32, under CUDA graphs, fused and unfused."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    model = _model(dtype=torch.float32)
+    draft = _model(seed=0, noise=0.3, dtype=torch.float32)
+    got = {}
+    for mode, c in (("per_query", 1), ("union", 4), ("shared", 1)):
+        spec = dataclasses.replace(NSA_SPEC, mode=mode, group_size=c, fusion=fusion)
+        got[mode] = _generate(model, spec, PROMPTS, draft=draft, n=64)
+        assert got[mode].mean_accepted() > 0
+    want = got["shared"].tokens
+    for mode in ("per_query", "union"):
+        assert got[mode].tokens == want, (mode, _first_difference(got[mode].tokens, want))
 
 
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").is_file(), reason="no trained tiny pair")
