@@ -101,14 +101,37 @@ def sparse_attention(
     br = branches(c)
     kv_tok = kv_token_bytes(model, hkv, c.kv_bytes)
     nsa = (c.meta_vectors == 0) * 1.0  # NSA selects inside its attention kernels
+    # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
+    # (sequence, KV head), the compressed keys and the window once and each row tile's union of
+    # selected blocks -- the bytes ``calibration.kernel_ops`` counts for the nsa_verify rows.
+    nsa_loaded = {
+        "compressed": br.comp,
+        "selected": nsa_selected_tokens(c, br, hq, hkv),
+        "window": br.win + c.rows,
+    }
+    loaded = {k: np.where(nsa > 0, nsa_loaded[k], v) for k, v in br.loaded.items()}
     flops, nbytes, launches = _attention_counts(model, c, br, nsa, hq, kv_tok)
+    nsa_bytes = _nsa_io_bytes(model, c, hq) + c.batch * kv_tok * sum(nsa_loaded.values())
+    nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
     _attention_ops(acc, c, (flops, nbytes, launches), nsa, hq, hkv, layers, prefix, num_sms)
     _selection_op(acc, model, c, br, nsa, hq, hkv, layers, prefix)
-    return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in br.loaded.items()}
+    return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in loaded.items()}
+
+
+def _qo_bytes(model: ModelSpec, c: Columns, hq):
+    """Queries read and outputs written (activations) plus the fp32 LSE, of one call."""
+    m_rows = c.batch * c.rows
+    return 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
+
+
+def _nsa_io_bytes(model: ModelSpec, c: Columns, hq):
+    """An NSA call's bytes besides K/V: queries, outputs and LSE, and the fp32 gates."""
+    return _qo_bytes(model, c, hq) + c.batch * c.rows * hq * 3 * F32
 
 
 def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_tok):
-    """FLOPs, bytes and launches of one layer's sparse attention call, per point."""
+    """FLOPs, bytes and launches of one layer's block-metadata sparse attention call (NSA's
+    bytes are ``sparse_attention``'s), per point."""
     b, t = c.batch, c.rows
     attended = br.comp + br.sel + br.win + t
     m_rows = b * t
@@ -118,16 +141,8 @@ def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_to
     r = c.refresh_frac
     launches = np.where(c.fused > 0, 2 * r + 1 * (1 - r), 4.0)
     intermediates = np.where(c.fused > 0, r * 2 * branch_out, 3 * 2 * branch_out)
-    qo = 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
     flops = m_rows * attended * attn_flops_per_row_token(model, hq)
-    nbytes = b * kv_tok * sum(br.loaded.values()) + qo + intermediates
-    # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
-    # (sequence, KV head), the compressed keys and the window once and each row tile's union of
-    # selected blocks -- the bytes ``calibration.kernel_ops`` counts for the nsa_verify rows.
-    gates = m_rows * hq * 3 * F32
-    sel = nsa_selected_tokens(c, br, hq, local_heads(model, c.tp)[1])
-    nsa_bytes = b * kv_tok * (br.comp + sel + br.win + t) + qo + gates
-    nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
+    nbytes = b * kv_tok * sum(br.loaded.values()) + _qo_bytes(model, c, hq) + intermediates
     return flops, nbytes, launches
 
 
