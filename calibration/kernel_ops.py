@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.runner import Runner
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.nsa_plan import is_packed
 
 if TYPE_CHECKING:
     from ssvkit.calibration.kernel_sweep import Sweep
@@ -251,9 +252,13 @@ def _repair_config(r: Runner, seed: int, common: dict, todo) -> None:
         r.time_op("repair", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
 
 
-def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
-    """nsa_verify fused and unfused, refresh and reuse, per batch, tree size and context."""
+def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod, rows_per_tile: int = 0) -> None:
+    """nsa_verify fused and unfused, refresh and reuse, per batch, tree size and context;
+    ``rows_per_tile`` > 0: with that row schedule (``calibration.kernel_nsa_tiles``), its
+    configs whose tiles are the packed ones left out."""
     for bsz, t in itertools.product(sw.other_batches, sw.nsa_tokens):
+        if rows_per_tile and is_packed(t, ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, rows_per_tile):
+            continue
         for ctx, overlap in itertools.product(sw.nsa_contexts, (None, NSA_REUSE_OVERLAP)):
             # overlap None: the reuse layer takes the refresh path's indices (random q, so the
             # rows barely overlap); NSA_REUSE_OVERLAP: indices with that exact adjacent-row
@@ -265,6 +270,8 @@ def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
             if overlap is not None:
                 common["overlap"] = overlap
             extra = dict(window=ki.NSA_KW["window"], comp_block=32, comp_stride=16)
+            if rows_per_tile:  # the packed rows carry no key, as before the schedule existed
+                extra["rows_per_tile"] = rows_per_tile
             todo = [
                 (m, i)
                 for m, i in variants
@@ -278,18 +285,22 @@ def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
             free()
 
 
-def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int) -> int:
-    """Minimum bytes of one NSA call: per (sequence, KV head) the union of its rows' selected
-    blocks and the window, the tail, the compressed tokens; q, o and the gates."""
+def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int, draft_rows: int = 0) -> int:
+    """Bytes of one NSA call: per (sequence, KV head) the window and the compressed tokens
+    once, the union of each row tile's selected blocks outside the window (``draft_rows`` a
+    tile; 0: one union of all rows, the minimum), the tail; q, o and the gates."""
     bs, window = ki.NSA_KW["block_size"], ki.NSA_KW["window"]
     bsz = idx.shape[0]
     idx_np = idx.cpu().numpy()
     win_blocks = set(range((ctx - window) // bs, ctx // bs))
+    step = draft_rows or t
     tokens = 0
     for b in range(bsz):
         for h in range(ki.NUM_KV_HEADS):
-            sel = set(idx_np[b, h].ravel().tolist()) - {-1}
-            tokens += len(sel | win_blocks) * bs + t
+            for i in range(0, t, step):
+                sel = set(idx_np[b, h, i : i + step].ravel().tolist()) - {-1}
+                tokens += len(sel - win_blocks) * bs
+            tokens += len(win_blocks) * bs + t
     comp_tokens = (ctx - 32) // 16 + 1  # complete windows of 32 tokens at stride 16
     gates_bytes = bsz * t * ki.NUM_Q_HEADS * 3 * 4
     comp = bsz * ki.NUM_KV_HEADS * ki.kv_bytes(comp_tokens)
@@ -302,6 +313,7 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
     first = ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen)
     overlap = common.get("overlap")
     rng = np.random.default_rng(seed + ctx + bsz)
+    config = mod.NsaVerifyConfig(rows_per_tile=extra.get("rows_per_tile", 0))
 
     def indices(args):
         if overlap is None:  # the refresh layer's own selection
@@ -311,7 +323,12 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
         return torch.from_numpy(idx).to(ki.DEVICE)
 
     idx = indices(first)
-    unique = _nsa_bytes(idx, ctx, t)
+    draft_rows = 0  # of a row tile, as the launch plan packs them
+    if "rows_per_tile" in extra:
+        bs = ki.NSA_KW["block_size"]
+        plan = mod.nsa_union_plan(first[0], first[1], idx, block_size=bs, config=config)
+        draft_rows = plan.group_size
+    unique = _nsa_bytes(idx, ctx, t, draft_rows)
     rot = tm.num_rotations(unique)
     sets = [first] + [ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen) for _ in range(rot - 1)]
     # Reuse layers take the indices of the refresh layer before them: each set's own.
@@ -325,7 +342,7 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
         p.update(rotations=rot)
 
         def fn(i, fn_op=fn_op, mode=mode):
-            kw = dict(ki.NSA_KW, validate=False)
+            kw = dict(ki.NSA_KW, validate=False, config=config)
             if mode == "reuse":
                 kw["block_idx"] = idxs[i]
             return fn_op(*sets[i], **kw)

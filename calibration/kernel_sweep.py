@@ -1,7 +1,8 @@
 """The kernel sweep: correctness first, then the timed sweep, one sealed row per config.
 
     python -m ssvkit.calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \
-        [--ops dense,sparse,repair,nsa,select] [--budget-s 540] [--json] [--geometry tiny]
+        [--ops dense,sparse,repair,nsa,select,nsa_tiles] [--budget-s 540] [--json] \
+        [--geometry tiny]
 
 1. Checks every selected op against its fp32 reference (:mod:`calibration.kernel_checks`); a
    mismatch or a NaN aborts the run (exit status 2).
@@ -32,16 +33,17 @@ from pathlib import Path
 import torch
 from ssvkit.calibration import kernel_checks as checks
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration import kernel_nsa_tiles as tiles
 from ssvkit.calibration import kernel_ops as ops
 from ssvkit.calibration.kernel_summary import print_summary, summarise
 from ssvkit.calibration.runner import COPY_BYTES, STOPPED_AT_BUDGET, Runner, read_rows
 from ssvkit.kernels import timing as tm
 
-OPS = ("dense", "sparse", "repair", "nsa", "select")
+OPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
 OUT_NAME = "kernel_bench.jsonl"
 K = 1024
 SHOW = ("context_len", "num_query_tokens", "batch", "mode", "group_size", "overlap", "top_n")
-SHOW += ("missed_fraction", "impl", "method")
+SHOW += ("missed_fraction", "impl", "method", "rows_per_tile")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ STEPS: dict[str, tuple[Callable, Callable, str | None]] = {
     "repair": (lambda mod: checks.check_repair(), ops.repair_sweep, None),
     "nsa": (checks.check_nsa, ops.nsa_sweep, "ssvkit.kernels.nsa_verify"),
     "select": (checks.check_select, ops.select_sweep, "ssvkit.kernels.select_blocks"),
+    "nsa_tiles": (tiles.check_nsa_tiles, tiles.nsa_tile_sweep, "ssvkit.kernels.nsa_verify"),
 }
 
 

@@ -40,7 +40,7 @@ from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 from ssvkit.validation.bench import RunCache, steady_figures
 from ssvkit.validation.e2e_campaign import NAMES, load_planner
-from ssvkit.validation.records import command_line, file_label, record_path
+from ssvkit.validation.records import command_line, file_label, record_path, run_schedule
 
 CAMPAIGN_VERSION = 1
 # The document's ``benchmark`` field: what ``ssvkit report --campaign`` recognises it by.
@@ -397,6 +397,7 @@ def run_cell(st: Setup, runners: Runners, cell: Cell) -> dict:
     cuda = st.device == "cuda"
     out = {
         "strategy": dataclasses.asdict(strategy),
+        **run_schedule(strategy),
         "describe": describe(strategy),
         "provenance": {
             **provenance(),
