@@ -40,11 +40,10 @@ from ssvkit.calibration import ceilings
 from ssvkit.perfmodel.calibrated import PROFILE_VERSION, ClassFit
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.nsa_plan import is_packed, merge_steps, mma_row_cost
+from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed, merge_steps, mma_row_cost
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 from ssvkit.perfmodel.repair_plan import chain_tiles
 from ssvkit.perfmodel.rows import canonical
-from ssvkit.perfmodel.sparse_ops import PER_QUERY
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)

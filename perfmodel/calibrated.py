@@ -79,12 +79,13 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu, gpu_names
+from ssvkit.perfmodel.nsa_plan import PER_QUERY
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
 PROFILE_VERSION = 1
 # Suffix of a class whose rates, while a profile has no rows of it, are those of the class
 # without it (the module docstring).
-STAND_INS = ("/per_query",)
+STAND_INS = ("/" + PER_QUERY,)
 
 
 def stand_in(kernel: str) -> str | None:

@@ -71,6 +71,8 @@ CTAS_PER_SM = 1
 NUM_BRANCHES = 3
 WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take mma.sync
 WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
+# Name suffix of the NSA ops and classes of one draft row a tile (the kernels' one-row path).
+PER_QUERY = "per_query"
 
 
 def next_pow2(x) -> np.ndarray:

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.columns import MODE_CODES, Columns
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.nsa_plan import is_packed, merge_steps, mma_row_cost, tile_rows_of
+from ssvkit.perfmodel.nsa_plan import (
+    PER_QUERY,
+    is_packed,
+    merge_steps,
+    mma_row_cost,
+    tile_rows_of,
+)
 from ssvkit.perfmodel.ops import (
     ACT_BYTES,
     F32,
@@ -41,9 +47,6 @@ from ssvkit.perfmodel.ops import (
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.sparse import blocks_loaded_per_layer, union_blocks
 from ssvkit.perfmodel.torch_plan import topn_counts
-
-# Name suffix of the NSA ops and classes of one draft row per row tile.
-PER_QUERY = "per_query"
 
 
 @dataclass(frozen=True, slots=True)

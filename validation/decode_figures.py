@@ -72,7 +72,9 @@ def predict(
         return {"error": str(e).splitlines()[0]}
     return {
         "gpu": gpu.name,
-        "provenance": pred.provenance + (" (extrapolated)" if pred.extrapolated[0] else ""),
+        "provenance": pred.provenance
+        + (" (extrapolated)" if pred.extrapolated[0] else "")
+        + (" (stand-in)" if pred.stand_in[0] else ""),
         "draft_s": float(pred.draft_s[0]),
         "verify_s": float(pred.verify_s[0]),
         "verify_forward_s": verify_forward_s(pred),
