@@ -18,8 +18,6 @@ selections over 256 tokens.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from engine_helpers import GPU_TINY, random_prompts, tiny_model
@@ -319,36 +317,32 @@ def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch
     assert got.tokens == want.tokens, _first_difference(got.tokens, want.tokens)
 
 
-NSA_SPEC = Strategy(
-    name="ssv",
-    tree="full:2x3",
-    drafter=DrafterSpec(kind="draft_model", model="d"),
-    attention="sparse",
-    metadata="nsa",
-    top_n=8,
-    block_size=64,
-    window=128,
-    refresh_every=2,
-    fusion="refresh_reuse",
-)
-
-
-@pytest.mark.parametrize("fusion", ["refresh_reuse", "none"])
-def test_fp32_nsa_row_schedules_decode_the_same_tokens(fusion, monkeypatch):
-    """The row schedule packs draft rows into tiles; it does not change what a row attends to:
-    one row a tile (``per_query``), tiles of 4 (``union``) and packed tiles (``shared``) decode
-    the same tokens in fp32, under CUDA graphs, fused and unfused."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    model = _model(dtype=torch.float32)
-    draft = _model(seed=0, noise=0.3, dtype=torch.float32)
-    got = {}
-    for mode, c in (("per_query", 1), ("union", 4), ("shared", 1)):
-        spec = dataclasses.replace(NSA_SPEC, mode=mode, group_size=c, fusion=fusion)
-        got[mode] = _generate(model, spec, PROMPTS, draft=draft, n=64)
-        assert got[mode].mean_accepted() > 0
-    want = got["shared"].tokens
+@pytest.mark.parametrize("fused", [True, False])
+def test_bf16_nsa_row_schedules_give_the_packed_verify_logits(fused):
+    """The row schedule packs draft rows into tiles; it does not change what a row attends to
+    (the NSA kernels take bf16/fp16 only, so no fp32 decode here: the CPU interpreter's decode
+    test checks the tokens). One row a tile (``per_query``) and tiles of 4 (``union``) give the
+    packed tiles' verify logits within bf16 rounding and the same argmax wherever the packed
+    top two are apart, through a refresh and a reuse layer."""
+    kw = dict(kind="nsa", top_n=8, block_size=64, window=128, refresh_every=2, fused=fused)
+    runner = ModelRunner(MODEL, batch=2, t_max=2048, backend="triton")
+    runner.prefill(PROMPTS)
+    tree = DraftTree.from_spec("full:2x3", "position")
+    tokens = torch.randint(0, 512, (2, tree.num_nodes), generator=torch.Generator().manual_seed(3))
+    logits = {}
+    for mode, c in (("shared", 1), ("per_query", 1), ("union", 4)):
+        attn = AttentionConfig(mode=mode, group_size=c, **kw)
+        runner.prepare(attn)
+        logits[mode] = runner.tree_forward(tokens.cuda(), tree, attn)[0].float()
+    want = logits["shared"]
+    top2 = want.topk(2, dim=-1).values
+    apart = (top2[..., 0] - top2[..., 1]) > 0.05
+    assert int(apart.sum()) >= 5  # of 2 x 15 rows: the argmax check below is not empty
     for mode in ("per_query", "union"):
-        assert got[mode].tokens == want, (mode, _first_difference(got[mode].tokens, want))
+        got = logits[mode]
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+        assert torch.equal(got.argmax(-1)[apart], want.argmax(-1)[apart]), mode
 
 
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").is_file(), reason="no trained tiny pair")
