@@ -18,11 +18,14 @@ ones (its ``t`` rows fit one tile) is left out: the packed rows time it. Correct
 
 from __future__ import annotations
 
+import itertools
+
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration import kernel_ops
 from ssvkit.calibration.kernel_checks import check
 from ssvkit.calibration.runner import Runner
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.nsa_plan import is_packed
 
 NSA_TILE_ROWS = (1, 4)
 
@@ -46,9 +49,41 @@ def check_nsa_tiles(mod) -> None:
             check(f"{name} rows_per_tile={rows} reuse", o2, ro, "o")
 
 
+def tile_configs(sw, rows_per_tile: int) -> list[tuple[dict, dict, list[tuple[str, str]]]]:
+    """(common params, extra params, (mode, impl) variants) of each NSA config of ``sw``
+    (``kernel_ops.nsa_sweep``'s grid) under ``rows_per_tile``, those whose tiles are the
+    packed ones left out."""
+    out = []
+    for bsz, t in itertools.product(sw.other_batches, sw.nsa_tokens):
+        if is_packed(t, ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, rows_per_tile):
+            continue
+        for ctx, overlap in itertools.product(
+            sw.nsa_contexts, (None, kernel_ops.NSA_REUSE_OVERLAP)
+        ):
+            common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
+            common.update(top_n=ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
+            if overlap is not None:
+                common["overlap"] = overlap
+            extra = dict(window=ki.NSA_KW["window"], comp_block=32, comp_stride=16)
+            extra["rows_per_tile"] = rows_per_tile
+            modes = ("reuse", "refresh") if overlap is None else ("reuse",)
+            out.append((common, extra, [(m, i) for m in modes for i in ("fused", "unfused")]))
+    return out
+
+
 def nsa_tile_sweep(r: Runner, sw, seed: int, mod) -> None:
-    """The NSA configs of ``sw`` under each schedule of ``NSA_TILE_ROWS``."""
+    """The configs of ``tile_configs`` under each schedule of ``NSA_TILE_ROWS``, skipping those
+    whose rows are all in the file; stops at the runner's budget."""
     for rows in NSA_TILE_ROWS:
-        kernel_ops.nsa_sweep(r, sw, seed, mod, rows_per_tile=rows)
-        if r.stopped:
-            return
+        for common, extra, variants in tile_configs(sw, rows):
+            todo = [
+                (m, i)
+                for m, i in variants
+                if r.pending("nsa_verify", ki.base_params(mode=m, impl=i, **common, **extra))
+            ]
+            if not todo:
+                continue
+            if r.out_of_time():
+                return
+            kernel_ops._nsa_config(r, seed, mod, common, extra, todo)
+            kernel_ops.free()

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.runner import Runner
 from ssvkit.kernels import timing as tm
-from ssvkit.perfmodel.nsa_plan import is_packed
 
 if TYPE_CHECKING:
     from ssvkit.calibration.kernel_sweep import Sweep
@@ -252,13 +251,9 @@ def _repair_config(r: Runner, seed: int, common: dict, todo) -> None:
         r.time_op("repair", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
 
 
-def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod, rows_per_tile: int = 0) -> None:
-    """nsa_verify fused and unfused, refresh and reuse, per batch, tree size and context;
-    ``rows_per_tile`` > 0: with that row schedule (``calibration.kernel_nsa_tiles``), its
-    configs whose tiles are the packed ones left out."""
+def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
+    """nsa_verify fused and unfused, refresh and reuse, per batch, tree size and context."""
     for bsz, t in itertools.product(sw.other_batches, sw.nsa_tokens):
-        if rows_per_tile and is_packed(t, ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, rows_per_tile):
-            continue
         for ctx, overlap in itertools.product(sw.nsa_contexts, (None, NSA_REUSE_OVERLAP)):
             # overlap None: the reuse layer takes the refresh path's indices (random q, so the
             # rows barely overlap); NSA_REUSE_OVERLAP: indices with that exact adjacent-row
@@ -270,8 +265,6 @@ def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod, rows_per_tile: int = 0) -> N
             if overlap is not None:
                 common["overlap"] = overlap
             extra = dict(window=ki.NSA_KW["window"], comp_block=32, comp_stride=16)
-            if rows_per_tile:  # the packed rows carry no key, as before the schedule existed
-                extra["rows_per_tile"] = rows_per_tile
             todo = [
                 (m, i)
                 for m, i in variants
@@ -308,6 +301,8 @@ def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int, draft_rows: int = 0) -> int:
 
 
 def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
+    """Time the ``todo`` (mode, impl) variants of one NSA config; ``extra["rows_per_tile"]``
+    runs it with that row schedule (``calibration.kernel_nsa_tiles``)."""
     bsz, ctx, t = common["batch"], common["context_len"], common["num_query_tokens"]
     gen = ki.generator(seed + ctx + bsz)
     first = ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen)
