@@ -2,8 +2,9 @@
 cell's strategy, the largest batch memory allows, and the groups a shard runs.
 
 A cell is (model, context, batch, baseline, oracle acceptance); a *group* is the cells of one
-(model, context, batch label): they decode the same prompts on the same runner, so the group's
-first cell prefills and the others reuse its prefill (``engine.runner.ModelRunner.prefill``).
+(model, context, batch): they decode the same prompts on the same runner, so the group's first
+cell prefills and the others reuse its prefill (``engine.runner.ModelRunner.prefill``). A
+``max`` batch equal to a fixed one is the same group, and its cells the same decodes.
 A context beyond what the model's positions hold with the new tokens and the largest verify tail
 is cut to the longest that fits (Llama-3.1-8B and GLM-4-9B have 131,072 positions, so ``128K``
 decodes 130,879 prompt tokens at 128 new tokens); the cell records the context asked for too.
@@ -53,8 +54,8 @@ class Cell:
         return f"{self.key}|{self.label}"
 
     @property
-    def group(self) -> tuple[str, int, str]:
-        return (self.model, self.context_asked, self.label)
+    def group(self) -> tuple[str, int, int]:
+        return (self.model, self.context_asked, self.batch)
 
 
 @dataclasses.dataclass

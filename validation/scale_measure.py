@@ -213,12 +213,14 @@ def measure_rows(st: Setup, cells: list[Cell], cache: RunCache | None, stop_at: 
     row as it finishes. Returns False when ``time.perf_counter()`` passes ``stop_at`` before
     a cell that must be decoded, True when every cell has its row."""
     runners = Runners(st)
+    values: dict[str, dict] = {}  # by key: a cell of another label but the same decode
     for members in groups_of(cells).values():
         for cell in run_order(st, members):
-            cached = cache is not None and cell.key in cache.runs
+            cached = cell.key in values or (cache is not None and cell.key in cache.runs)
             if not cached and time.perf_counter() > stop_at:
                 return False
-            call = lambda cell=cell: run_cell(st, runners, cell)  # noqa: E731
-            value = call() if cache is None else cache.get(cell.key, call)
-            done(cell, {**dataclasses.asdict(cell), **value})
+            if cell.key not in values:
+                call = lambda cell=cell: run_cell(st, runners, cell)  # noqa: E731
+                values[cell.key] = call() if cache is None else cache.get(cell.key, call)
+            done(cell, {**dataclasses.asdict(cell), **values[cell.key]})
     return True

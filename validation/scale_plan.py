@@ -118,7 +118,9 @@ def group_estimates(st: Setup, cells: list[Cell]) -> list[dict]:
     out = []
     for group, members in groups_of(cells).items():
         references: dict = {}
-        est = {c.slot: cell_estimate(st, c, references) for c in run_order(st, members)}
+        est: dict[str, dict] = {}
+        for c in run_order(st, members):  # a cell of another label but the same decode: once
+            est.setdefault(c.key, cell_estimate(st, c, references))
         decoded = [e for e in est.values() if "skipped" not in e]
         prefill_s, flops = prefill_estimate(st, members[0]) if decoded else (0.0, 0.0)
         cells_s = sum(e["decode_s"] + e["reference_s"] for e in decoded)
@@ -126,10 +128,11 @@ def group_estimates(st: Setup, cells: list[Cell]) -> list[dict]:
             {
                 "model": group[0],
                 "context_asked": group[1],
-                "label": group[2],
+                "batch": group[2],
+                "labels": list(dict.fromkeys(c.label for c in members)),
                 "context": members[0].context,
-                "batch": members[0].batch,
                 "cells": [c.slot for c in members],
+                "decodes": len(decoded),
                 "skipped": len(est) - len(decoded),
                 "prefill_s": prefill_s,
                 "prefill_flops": flops,
@@ -167,7 +170,7 @@ def shard_cells(st: Setup, index: int, count: int) -> tuple[list[Cell], list[Cel
     shard = assign(est, count)
     by_group = groups_of(cells)
     mine = [
-        (g["model"], g["context_asked"], g["label"])
+        (g["model"], g["context_asked"], g["batch"])
         for g, i in ((est[i], i) for i in run_sequence(est))
         if shard[i] == index
     ]
@@ -226,9 +229,10 @@ def plan_text(p: dict) -> str:
         groups = [p["groups"][i] for i in run_sequence(p["groups"])]
         for g in (g for g in groups if g["shard"] == s["index"]):
             lines.append(
-                f"  {g['model']:24s} ctx {g['context']:7d} b {g['batch']:4d} ({g['label']}): "
+                f"  {g['model']:24s} ctx {g['context']:7d} b {g['batch']:4d} "
+                f"({','.join(g['labels'])}): "
                 f"prefill {g['prefill_s']:7.1f} s ({g['prefill_flops'] / 1e15:6.1f} PFLOP), "
-                f"{len(g['cells']) - g['skipped']:2d} cells {g['decode_s']:7.1f} s"
+                f"{g['decodes']:2d} decodes {g['decode_s']:7.1f} s"
                 + (f", {g['skipped']} skipped" if g["skipped"] else "")
             )
     total = sum(s["estimate_s"] for s in p["shards"])

@@ -209,3 +209,37 @@ def test_triton_interpreter_reuse_decodes_what_a_fresh_runner_decodes():
         assert generate(shared, strategy).tokens == generate(fresh, strategy).tokens
         assert _same(_state(shared), _state(fresh)) == []
     assert shared.prefills == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_reuse_under_graphs_decodes_what_fresh_runners_decode():
+    """On the GPU (bf16, Triton kernels, CUDA graphs): dense, union and NSA runs with the oracle
+    on one runner, the first prefilling, emit and accept what fresh runners do."""
+    from engine_helpers import GPU_TINY
+
+    model = tiny_model(GPU_TINY, device="cuda", max_positions=2048, dtype=torch.bfloat16)
+    prompts = random_prompts([1100, 900], vocab=512, seed=5)
+    sparse = dict(SPARSE, top_n=4, block_size=64, window=128)
+    runs = [
+        (Strategy(name="ar_dense"), None),
+        (Strategy(name="union", tree="full:2x2", mode="union", group_size=4, **sparse), (0.8,)),
+        (Strategy(name="nsa", tree="chain:4", **dict(sparse, metadata="nsa")), (0.7,)),
+    ]
+    t_max = 1100 + 24 + MAX_TREE_NODES + 1
+
+    def generate(runner, strategy, oracle):
+        strategy = dataclasses.replace(strategy, drafter=NGRAM)
+        cfg = DecodeConfig(max_new_tokens=24, oracle_acceptance=oracle)
+        return Engine(runner, strategy, cfg).generate(prompts)
+
+    def runner():
+        return ModelRunner(model, batch=2, t_max=t_max, backend="triton", use_graphs=True)
+
+    shared = runner()
+    for strategy, oracle in runs:
+        want = generate(runner(), strategy, oracle)
+        got = generate(shared, strategy, oracle)
+        assert got.tokens == want.tokens, strategy.name
+        assert [r.accepted for r in got.rounds] == [r.accepted for r in want.rounds]
+    assert shared.prefills == 1

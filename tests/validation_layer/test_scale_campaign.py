@@ -252,3 +252,19 @@ def test_plan_prints_each_shard_and_the_largest_batches(geometry, tmp_path, caps
     small = min(plan["groups"], key=lambda g: g["batch"])
     assert big["batch"] == 8 and big["prefill_flops"] == pytest.approx(8 * small["prefill_flops"])
     assert not (tmp_path / "campaign.json").exists()
+
+
+def test_a_max_batch_equal_to_a_fixed_one_decodes_once(geometry, tmp_path, monkeypatch):
+    calls = []
+    real = scale_measure.run_cell
+    monkeypatch.setattr(
+        scale_measure, "run_cell", lambda st, r, cell: calls.append(cell.slot) or real(st, r, cell)
+    )
+    argv = _argv(geometry, tmp_path, batches="1,max")
+    argv = argv[: argv.index("--resume")] + ["--max-batch-limit", "1", "--available-gib", "4"]
+    assert scale_campaign.main(argv) == 0
+    doc = json.loads((tmp_path / "campaign.json").read_text())
+    assert [(r["label"], r["batch"]) for r in doc["rows"]] == [("1", 1)] * 2 + [("max", 1)] * 2
+    assert len(calls) == 2 and doc["shard"]["groups"] == [[geometry, 256, 1]]
+    for a, b in zip(doc["rows"][:2], doc["rows"][2:], strict=True):
+        assert {**a, "label": "max"} == b
