@@ -19,7 +19,7 @@ simulator's replay, and whether its prefill was reused from the group's first ce
 measured seconds of the one it read (``validation.scale_measure``). A cell that cannot fit is
 recorded as skipped with the memory arithmetic.
 
-``--shard K/N`` runs the groups (model, context, batch label) assigned to shard K, balanced by
+``--shard K/N`` runs the groups (model, context, batch) assigned to shard K, balanced by
 perfmodel's estimate of their GPU seconds, the longest first (``validation.scale_plan``;
 ``--plan N`` prints the split, the estimates and the largest batches without decoding).
 ``--resume FILE`` appends each finished cell and skips it on a later call with the same
