@@ -1,9 +1,12 @@
 """The campaign at scale: random-weight registry geometries decoded by the engine with the oracle
 drafter, at long contexts and batches up to what memory allows, beside perfmodel's prediction.
 
-    python -m ssvkit.validation.scale_campaign --plan 4 --available-gib 126   # no decode
-    CUDA_VISIBLE_DEVICES=K python -m ssvkit.validation.scale_campaign --gpu h200 --shard K/4 \\
-        --out build/scale-K.json --resume build/scale-K.jsonl --stop-after 420   # K = 0..3
+    python -m ssvkit.validation.scale_campaign --plan 4 --available-gib 124   # no decode
+    CUDA_VISIBLE_DEVICES=K python -m ssvkit.validation.scale_campaign --gpu h200 \\
+        --available-gib 124 --shard K/4 --out build/scale-K.json --resume build/scale-K.jsonl \\
+        --stop-after 420                                                   # K = 0..3, in parallel
+    python -m ssvkit.validation.scale_campaign --join build/scale-0.jsonl,...,build/scale-3.jsonl \\
+        --out build/scale-all.jsonl    # each shard of a later call resumes from a copy of it
     python -m ssvkit.validation.scale_campaign --merge build/scale-0.json,...,build/scale-3.json \\
         --out validation/data/scale-campaign-h200.json
 
@@ -23,10 +26,11 @@ recorded as skipped with the memory arithmetic.
 perfmodel's estimate of their GPU seconds, the longest first (``validation.scale_plan``;
 ``--plan N`` prints the split, the estimates and the largest batches without decoding).
 ``--resume FILE`` appends each finished cell and skips it on a later call with the same
-settings, shard, device and commit; ``--stop-after S`` starts no cell after S seconds. The JSON
-document is written whole (atomically) after every cell, ``complete`` false until every cell of
-the shard is in; ``--merge`` joins the shards' documents into the campaign's
-(``validation.scale_document``), which ``ssvkit report --campaign`` reads
+settings, device and commit; the shards' files joined (``--join``) give each shard of a later
+call every finished cell, and the split balances what is left. ``--stop-after S`` starts no
+cell after S seconds. The JSON document is written whole (atomically) after every cell,
+``complete`` false until every cell of the shard is in; ``--merge`` joins the shards' documents
+into the campaign's (``validation.scale_document``), which ``ssvkit report --campaign`` reads
 (``validation.scale_report``).
 """
 
@@ -43,16 +47,10 @@ from ssvkit.validation.e2e_campaign import NAMES
 from ssvkit.validation.records import file_label, record_path
 from ssvkit.validation.scale_cells import MODELS, setup
 
-# The settings a run cache is keyed by (with the provenance but its timestamp).
-CACHE_SETTINGS = (
-    "new_tokens",
-    "planner",
-    "gpu",
-    "dtype",
-    "max_batch_limit",
-    "available_gib",
-    "shard",
-)
+# The settings a run cache is keyed by (with the provenance but its timestamp). A cell's value
+# does not depend on the shard or the batch limit (its key names its batch), so the shards'
+# caches may be joined into one that every shard resumes from.
+CACHE_SETTINGS = ("new_tokens", "planner", "gpu", "dtype", "available_gib")
 
 
 def parse_args(argv=None):
@@ -85,13 +83,19 @@ def parse_args(argv=None):
         default=None,
         metavar="N",
         help="print the split over N shards with estimated seconds and the largest batches; "
-        "no decode (--out: the plan as JSON)",
+        "no decode (--out: the plan as JSON; --resume: the cells there count as done)",
     )
     p.add_argument(
         "--merge",
         default=None,
         metavar="A.json,B.json,...",
         help="join shard documents into one campaign document (--out)",
+    )
+    p.add_argument(
+        "--join",
+        default=None,
+        metavar="A.jsonl,B.jsonl,...",
+        help="join the shards' run caches into one (--out) for every shard to resume from",
     )
     p.add_argument("--out", default=None, help="campaign JSON (required but with --plan)")
     p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")
@@ -137,11 +141,17 @@ def _run_cache(args, st) -> RunCache:
 
 
 def _plan(args, st) -> int:
+    from pathlib import Path
+
+    from ssvkit.validation.bench import read_runs
     from ssvkit.validation.scale_plan import plan, plan_text
 
     if args.plan < 1:
         raise ValueError(f"--plan takes the number of shards (>= 1), got {args.plan}")
-    p = plan(st, args.plan)
+    done = set()
+    if args.resume and Path(args.resume).exists():  # read from anywhere: no settings check
+        done = set(read_runs(Path(args.resume).read_text().splitlines(), args.resume))
+    p = plan(st, args.plan, done)
     print(plan_text(p))
     if args.out:
         atomic_write(args.out, json.dumps(p, indent=1) + "\n")
@@ -149,17 +159,20 @@ def _plan(args, st) -> int:
 
 
 def main(argv=None) -> int:
-    from ssvkit.validation.scale_document import document, merge_files
+    from ssvkit.validation.scale_document import document, join_caches, merge_files
     from ssvkit.validation.scale_measure import measure_rows
     from ssvkit.validation.scale_plan import parse_shard, shard_cells
 
     args = parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if args.merge is not None:
+        if args.merge is not None or args.join is not None:
             if not args.out:
-                raise ValueError("--merge needs --out")
-            print(merge_files(args.merge.split(","), args.out, argv))
+                raise ValueError("--merge and --join need --out")
+            if args.merge is not None:
+                print(merge_files(args.merge.split(","), args.out, argv))
+            else:
+                print(join_caches(args.join.split(","), args.out))
             return 0
         if args.plan is None and not args.out:
             raise ValueError("--out is required (but with --plan)")
@@ -167,8 +180,8 @@ def main(argv=None) -> int:
         if args.plan is not None:
             return _plan(args, st)
         index, count = parse_shard(args.shard)
-        cells, mine = shard_cells(st, index, count)
         cache = _run_cache(args, st) if args.resume else None
+        cells, mine = shard_cells(st, index, count, set(cache.runs) if cache else set())
     except ValueError as e:
         print(f"scale_campaign: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,15 @@
-"""The campaign at scale's JSON document, for one shard or the whole campaign, and the merge of
-shard documents into the campaign's.
+"""The campaign at scale's JSON document, for one shard or the whole campaign, the merge of
+shard documents into the campaign's, and the join of shard run caches into one.
 
 A document holds its ``settings`` (the axes and everything the cells depend on), its shard
 (``index`` of ``count``, and the groups it ran), the slots of every cell of the whole campaign
 in its canonical order (``cells``), its rows in that order, ``complete`` and the provenance.
 ``merge`` refuses, in one line, documents of another benchmark, version, settings, shard count,
 commit, device or versions, and a shard given twice; it writes the rows of every shard in the
-campaign's order, ``complete`` only when every cell of the campaign has its row.
+campaign's order, ``complete`` only when every cell of the campaign has its row. ``join_caches``
+writes the cells of several run caches of the same settings (``validation.bench.RunCache``; a
+line cut short by a kill at the end of one dropped) as one, for every shard of a later call to
+resume from.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 from pathlib import Path
 
 from ssvkit.perfmodel.files import atomic_write, malformed, read_json
+from ssvkit.validation.bench import read_runs
 from ssvkit.validation.records import command_line, file_label
 from ssvkit.validation.scale_cells import BENCHMARK, CAMPAIGN_VERSION, Cell
 
@@ -163,3 +167,23 @@ def merge_files(paths: list[str], out: str, argv=None) -> str:
         f"{len(doc['rows'])} of {len(doc['cells'])} cells from shards "
         f"{doc['shard']['merged']} of {doc['shard']['count']} -> {out} ({state})"
     )
+
+
+def join_caches(paths: list[str], out: str) -> str:
+    """Write the runs of the run caches at ``paths`` (one settings line, refused in one line
+    when they differ) as one cache at ``out``; one line saying what it wrote."""
+    head, runs = None, {}
+    for p in paths:
+        try:
+            lines = Path(p).read_text().splitlines()
+            first = json.loads(lines[0])
+        except (OSError, IndexError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read run cache {p}: {e}") from None
+        if head is None:
+            head = first
+        elif first != head:
+            raise ValueError(f"run cache {p} was written for other settings than {paths[0]}")
+        runs.update(read_runs(lines, p))
+    rows = [json.dumps(head)] + [json.dumps({"key": k, "value": v}) for k, v in runs.items()]
+    atomic_write(out, "\n".join(rows) + "\n")
+    return f"{len(runs)} cells from {len(paths)} run caches -> {out}"

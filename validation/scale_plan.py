@@ -13,7 +13,9 @@ bound, meant to balance the shards, not to predict the campaign.
 
 ``assign`` gives each group to a shard by longest-estimate-first onto the least loaded shard
 (ties to the one with fewer groups, then the lower index), from estimates rounded to six
-significant digits: every process computes the same split.
+significant digits: every process computes the same split. Cells already in the run cache cost
+nothing, so shards that all resume from one cache (every shard's finished cells) split the work
+left between them.
 """
 
 from __future__ import annotations
@@ -113,14 +115,16 @@ def prefill_estimate(st: Setup, cell: Cell) -> tuple[float, float]:
     return float(prefill_seconds(*args)), flops
 
 
-def group_estimates(st: Setup, cells: list[Cell]) -> list[dict]:
-    """Every group of ``cells`` (canonical order) with its cells' and prefill's estimates."""
+def group_estimates(st: Setup, cells: list[Cell], done=frozenset()) -> list[dict]:
+    """Every group of ``cells`` (canonical order) with the estimates of its cells whose keys
+    are not in ``done`` (a run cache's) and of its prefill when one of them decodes."""
     out = []
     for group, members in groups_of(cells).items():
         references: dict = {}
         est: dict[str, dict] = {}
         for c in run_order(st, members):  # a cell of another label but the same decode: once
-            est.setdefault(c.key, cell_estimate(st, c, references))
+            if c.key not in done:
+                est.setdefault(c.key, cell_estimate(st, c, references))
         decoded = [e for e in est.values() if "skipped" not in e]
         prefill_s, flops = prefill_estimate(st, members[0]) if decoded else (0.0, 0.0)
         cells_s = sum(e["decode_s"] + e["reference_s"] for e in decoded)
@@ -132,6 +136,7 @@ def group_estimates(st: Setup, cells: list[Cell]) -> list[dict]:
                 "labels": list(dict.fromkeys(c.label for c in members)),
                 "context": members[0].context,
                 "cells": [c.slot for c in members],
+                "done": len({c.key for c in members} & set(done)),
                 "decodes": len(decoded),
                 "skipped": len(est) - len(decoded),
                 "prefill_s": prefill_s,
@@ -162,11 +167,14 @@ def run_sequence(estimates: list[dict]) -> list[int]:
     return sorted(range(len(estimates)), key=lambda i: (-estimates[i]["estimate_s"], i))
 
 
-def shard_cells(st: Setup, index: int, count: int) -> tuple[list[Cell], list[Cell]]:
+def shard_cells(
+    st: Setup, index: int, count: int, done=frozenset()
+) -> tuple[list[Cell], list[Cell]]:
     """The campaign's cells (canonical order) and those of shard ``index`` of ``count`` in the
-    order it runs them (``run_sequence``; each group's cells together)."""
+    order it runs them (``run_sequence``; each group's cells together), the split balancing
+    the work not ``done`` (the keys of the run cache every shard reads)."""
     cells = campaign_cells(st)
-    est = group_estimates(st, cells)
+    est = group_estimates(st, cells, done)
     shard = assign(est, count)
     by_group = groups_of(cells)
     mine = [
@@ -177,11 +185,11 @@ def shard_cells(st: Setup, index: int, count: int) -> tuple[list[Cell], list[Cel
     return cells, [c for g in mine for c in by_group[g]]
 
 
-def plan(st: Setup, num_shards: int) -> dict:
-    """The split of the campaign over ``num_shards`` shards with every group's estimate, and
-    the largest batch per (model, context)."""
+def plan(st: Setup, num_shards: int, done=frozenset()) -> dict:
+    """The split of the campaign over ``num_shards`` shards with every group's estimate of the
+    work not ``done``, and the largest batch per (model, context)."""
     cells = campaign_cells(st)
-    est = group_estimates(st, cells)
+    est = group_estimates(st, cells, done)
     for g, k in zip(est, assign(est, num_shards), strict=True):
         g["shard"] = k
     max_batch = {
@@ -205,6 +213,7 @@ def plan(st: Setup, num_shards: int) -> dict:
         "max_batch": max_batch,
         "groups": est,
         "shards": shards,
+        "done": len(done),
         "probes_per_round": PROBES_PER_ROUND,
     }
 
@@ -213,7 +222,8 @@ def plan_text(p: dict) -> str:
     """The plan as lines: the largest batches, each shard's groups, the totals."""
     lines = [
         f"plan over {len(p['shards'])} shard(s): gpu {p['gpu']}, "
-        f"{p['available_bytes'] / GIB:.1f} GiB available, {p['new_tokens']} new tokens; "
+        f"{p['available_bytes'] / GIB:.1f} GiB available, {p['new_tokens']} new tokens, "
+        f"{p['done']} decodes done; "
         "perfmodel lower bounds (prefill once per group, rounds, one probe per round, "
         "references; no compilation, capture or host time)",
         "largest batch every baseline fits (engine.memory.max_batch):",

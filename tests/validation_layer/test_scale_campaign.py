@@ -268,3 +268,43 @@ def test_a_max_batch_equal_to_a_fixed_one_decodes_once(geometry, tmp_path, monke
     assert len(calls) == 2 and doc["shard"]["groups"] == [[geometry, 256, 1]]
     for a, b in zip(doc["rows"][:2], doc["rows"][2:], strict=True):
         assert {**a, "label": "max"} == b
+
+
+def test_shards_resume_from_their_joined_caches_and_split_what_is_left(
+    geometry, tmp_path, monkeypatch, capsys
+):
+    """A first call stops shard 0 after one group and shard 1 at once; the joined caches give
+    each shard of the next call every finished cell (none decoded again), the split balances
+    the rest, and the next call's shards merge into the whole campaign."""
+    first = _sharded(geometry, tmp_path, "c0", "--shard", "0/2")
+    _sharded(geometry, tmp_path, "c1", "--shard", "1/2", "--stop-after", "0")
+    caches = ",".join(str(tmp_path / f"c{k}.jsonl") for k in (0, 1))
+    joined = tmp_path / "all.jsonl"
+    assert scale_campaign.main(["--join", caches, "--out", str(joined)]) == 0
+    keys = {(r["batch"], r["baseline"]) for r in first["rows"]}
+    assert first["complete"] and f"{len(keys)} cells from 2" in capsys.readouterr().out
+    plan_argv = _argv(geometry, tmp_path, name="plan")
+    for opt in ("--baselines", "--batches", "--acceptances", "--resume", "--out"):
+        del plan_argv[plan_argv.index(opt) : plan_argv.index(opt) + 2]
+    plan_argv += [*SHARDED, "--max-batch-limit", "3", "--available-gib", "4"]
+    assert scale_campaign.main([*plan_argv, "--plan", "2", "--resume", str(joined)]) == 0
+    assert f"{len(keys)} decodes done" in capsys.readouterr().out
+    measured = []
+    real = scale_measure.measure_cell
+    monkeypatch.setattr(
+        scale_measure,
+        "measure_cell",
+        lambda st, r, cell, *a: measured.append(cell.key) or real(st, r, cell, *a),
+    )
+    for k in (0, 1):
+        (tmp_path / f"d{k}.jsonl").write_text(joined.read_text())
+        _sharded(geometry, tmp_path, f"d{k}", "--shard", f"{k}/2")
+    assert measured and not {k for k in measured if (int(k.split("|")[2]), k.split("|")[3]) in keys}
+    out = tmp_path / "merged.json"
+    files = ",".join(str(tmp_path / f"d{k}.json") for k in (0, 1))
+    assert scale_campaign.main(["--merge", files, "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["complete"] and len(merged["rows"]) == len(merged["cells"])
+    by_slot = {(r["label"], r["baseline"]): r for r in merged["rows"]}
+    for r in first["rows"]:
+        assert _decoded(by_slot[(r["label"], r["baseline"])]) == _decoded(r)
