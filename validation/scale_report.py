@@ -23,7 +23,7 @@ from ssvkit.calibration.error_table import ape_text_lines
 from ssvkit.calibration.fit import error_stats
 from ssvkit.perfmodel.files import malformed
 from ssvkit.validation.e2e_campaign import NAMES
-from ssvkit.validation.scale_campaign import AUTOREGRESSIVE, BENCHMARK
+from ssvkit.validation.scale_cells import AUTOREGRESSIVE, BENCHMARK, CAMPAIGN_VERSION
 
 # (baseline, over): every baseline over ar_dense, and the grouped strategies over the sparse
 # autoregressive baseline and both speculative ones (the seeds' headline ratios).
@@ -182,9 +182,10 @@ def build_scale(doc: dict, source: str | Path) -> dict:
     """The report of a scale campaign document (``ValueError`` in one line when it holds no
     cell or is malformed)."""
     with malformed(f"scale campaign {str(source)!r}"):
-        if doc["version"] != 1:
+        if doc["version"] != CAMPAIGN_VERSION:
             raise ValueError(
-                f"scale campaign {str(source)!r} has version {doc['version']!r}, not 1"
+                f"scale campaign {str(source)!r} has version {doc['version']!r}, "
+                f"not {CAMPAIGN_VERSION}"
             )
         rows = doc["rows"]
         if not rows:

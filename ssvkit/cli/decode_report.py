@@ -86,6 +86,10 @@ def build_report(args, result, run: DecodeRun) -> dict:
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
         "round_s": figure(round_s, "s", timer),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
+        # With the oracle its reference pass runs the prefill and the decode reuses it: the
+        # prefill's own time is the one measured when it ran.
+        "prefill_reused": result.prefill_reused,
+        "prefill_forward_s": figure(result.prefill_forward_s, "s", timer),
         "warm_drafters_s": figure(result.warm_s, "s", "measured:wall-clock"),
         "selection": {
             name: mean_selection(result, name)
