@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_grid import KernelConfig, Variant
 from ssvkit.calibration.shards import assign
-from ssvkit.kernels.timing import DEFAULT_TIMING, TimingConfig
+from ssvkit.kernels.timing import DEFAULT_TIMING, TimingConfig, num_rotations
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_SPARSE_CONFIG,
     choose_sparse_splits,
@@ -73,14 +73,17 @@ class PlanCosts:
         default=0.05, metadata={"help": "host seconds per row and timing (launches, flushes)"}
     )
     host_row_s: float = field(
-        default=4e-4, metadata={"help": "seconds to draw one draft row's selection on the host"}
+        default=4e-4, metadata={"help": "seconds to draw one row of overlapping selections"}
+    )
+    host_draw_s: float = field(
+        default=5e-6, metadata={"help": "seconds to draw one row of uniform random blocks"}
     )
     fill_bytes_per_s: float = field(
         default=5e11, metadata={"help": "random input bytes written per second on the device"}
     )
 
     def __post_init__(self) -> None:
-        for name in ("compile_s", "small_compile_s", "row_overhead_s", "host_row_s"):
+        for name in ("compile_s", "small_compile_s", "row_overhead_s", "host_row_s", "host_draw_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.fill_bytes_per_s > 0:
@@ -198,8 +201,11 @@ def config_cost(
     bsz, t, ctx = c["batch"], c["num_query_tokens"], c["context_len"]
     cache_bytes = 2 * bsz * hkv * (ctx + t) * d * ki.ELEM_BYTES  # K and V of one input set
     build = cache_bytes * max(1, math.ceil(2**28 / cache_bytes)) / costs.fill_bytes_per_s
-    if cfg.step == "sparse":
+    if cfg.step == "sparse":  # kernel_inputs.overlap_block_idx, a Python loop over rows
         build += costs.host_row_s * bsz * hkv * t
+    if cfg.step == "repair":  # kernel_inputs.random_block_idx per variant and input set
+        rot = num_rotations(int(min(variant_work(cfg, v)[0] for v in cfg.variants)) or 1)
+        build += costs.host_draw_s * bsz * hkv * t * rot * len(cfg.variants)
     peak = gpu.tensor_flops_per_s("bf16")
     times, keys, most = [], [], 0.0
     for v in cfg.variants:

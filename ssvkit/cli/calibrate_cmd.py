@@ -55,6 +55,12 @@ def add_arguments(p) -> None:
         help="merge these shard folders' rows into the profile folder (no sweep, no fit)",
     )
     p.add_argument(
+        "--redo",
+        default="",
+        help="comma-separated kernel row ops (nsa_verify, ...) to measure again although the "
+        "profile folder has them (after their kernels changed; merge them with --replace)",
+    )
+    p.add_argument(
         "--replace",
         default="",
         help="with --merge: comma-separated row ops whose merged rows replace committed ones",
@@ -75,6 +81,8 @@ def _check(args) -> list[str]:
         raise ValueError("--merge runs no sweep: drop --shard, --out, --budget-s and --sweeps")
     if args.replace and not args.merge:
         raise ValueError("--replace applies to --merge")
+    if args.redo and (args.merge or args.fit_only):
+        raise ValueError("--redo applies to the sweeps (merge their rows with --replace)")
     if args.shards is not None and not args.plan:
         raise ValueError("--shards applies to --plan (a sweep takes --shard K/N)")
     if args.shards is not None and args.shards < 1:
@@ -117,6 +125,9 @@ def _kernel_argv(args, out: Path, profile_dir: Path, budget_s: float) -> list[st
     argv += ["--budget-s", str(budget_s)]
     if out.resolve() != profile_dir.resolve():
         argv += ["--done-from", str(profile_dir / KERNEL_ROWS)]
+    elif args.redo:
+        raise ValueError("--redo writes new rows beside the committed ones: give --out DIR")
+    argv += ["--redo", args.redo] if args.redo else []
     return argv + (["--shard", args.shard] if args.shard else [])
 
 
@@ -166,6 +177,7 @@ def _plan(args, profile_dir: Path, sweeps: list[str]) -> int:
         out = Path(args.out or "shard-rows")
         argv = ["--out", str(out), "--grid", "calibration", "--gpu", args.gpu, "--timings"]
         argv += ["graph", "--done-from", str(profile_dir / KERNEL_ROWS), "--shard", shard]
+        argv += ["--redo", args.redo] if args.redo else []
         return kernel_sweep.main([*argv, "--plan"])
     return 0
 
