@@ -194,3 +194,27 @@ def _keys_of(path: Path) -> set[str]:
         for r in read_rows(path)
         if r["op"] not in ("device_copy", "empty_triton_kernel")
     }
+
+
+def test_a_graph_only_run_writes_its_ceilings_rows_by_graph_replay(tmp_path, monkeypatch):
+    from ssvkit.calibration.runner import Runner
+    from ssvkit.kernels import timing as tm
+
+    r = Runner(tmp_path / "rows.jsonl", 60.0, config=tm.QUICK_TIMING, timings=("graph",))
+    rates = {"memcpy_launch": 3e12, "memcpy_graph": 4e12, "triton_graph": 4.2e12}
+
+    def measure():
+        r.ceil = dict(copy_bytes_per_s=4.2e12, gemm_flops_per_s=7e14, graph=1e-6)
+        return rates
+
+    monkeypatch.setattr(r, "measure_ceilings", measure)
+    kernel_sweep.write_ceilings(r)
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert {(x["op"], x["timing"]) for x in rows} == {
+        ("empty_triton_kernel", "graph"),
+        ("device_copy", "graph"),
+    }
+    assert sorted(x["params"]["impl"] for x in rows if x["op"] == "device_copy") == [
+        "memcpy_graph",
+        "triton_graph",
+    ]
