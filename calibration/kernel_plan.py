@@ -14,7 +14,7 @@ are counted per (geometry, row tile, path) and (geometry, context, top_n) with a
 
 ``PlanCosts`` holds the planning model's assumed costs (compilation per specialisation, fixed
 host cost per row, selection building per draft row); they are planning figures, not
-measurements, and ``measured_lines`` puts them beside the ``wall_s`` and ``first_call_s`` a run
+measurements, and ``measured_text`` puts them beside the ``wall_s`` and ``first_call_s`` a run
 records in its rows.
 
 Shards (``calibration.shards.assign``): configs are grouped into units that share their
@@ -27,6 +27,7 @@ steps last in that order unfinished.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -57,6 +58,9 @@ SMALL_KERNELS = ("merge", "union_plan", "select")  # short kernels: ``small_comp
 CHECK_COMPILES = {"dense": 12, "sparse": 4, "repair": 1, "nsa": 18, "select": 3}
 GEOMETRY_CHECK_COMPILES = 4
 UNITS_PER_SHARD = 4  # a unit above 1 / (this x shards) of the total is cut into chunks
+# A first call longer than this compiled its kernel: a compiled launch takes micro- to
+# milliseconds, a Triton compilation seconds.
+COMPILED_FIRST_CALL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,3 +348,23 @@ def plan_text(plan: ShardPlan, pending, gpu: GpuSpec, shard=None) -> str:
         + ", ".join(f"{st} {small[st]} of {total[st]}" for st in STEP_ORDER if total[st])
     )
     return "\n".join(lines)
+
+
+def measured_text(rows: list[dict], plan_costs: PlanCosts = PlanCosts()) -> str | None:
+    """What earlier runs measured, beside the plan's assumptions: the rows' wall seconds and
+    their first calls that compiled (``calibration.runner``); None without such rows."""
+    timed = [r for r in rows if "wall_s" in r and "first_call_s" in r]
+    if not timed:
+        return None
+    wall = [r["wall_s"] for r in timed]
+    compiled = [r["first_call_s"] for r in timed if r["first_call_s"] > COMPILED_FIRST_CALL_S]
+    text = (
+        f"measured by earlier runs: {len(timed)} rows in {sum(wall) / 60:.1f} min, median "
+        f"{statistics.median(wall):.2f} s a row; {len(compiled)} first calls compiled"
+    )
+    if compiled:
+        text += (
+            f", median {statistics.median(compiled):.2f} s "
+            f"(the plan assumes {plan_costs.compile_s:g} s: --compile-s)"
+        )
+    return text

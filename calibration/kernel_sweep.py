@@ -51,7 +51,13 @@ from ssvkit.calibration.kernel_grid import (
     Sweep,
     sweep_configs,
 )
-from ssvkit.calibration.kernel_plan import PlanCosts, ShardPlan, plan_shards, plan_text
+from ssvkit.calibration.kernel_plan import (
+    PlanCosts,
+    ShardPlan,
+    measured_text,
+    plan_shards,
+    plan_text,
+)
 from ssvkit.calibration.kernel_summary import print_summary, summarise
 from ssvkit.calibration.runner import (
     COPY_BYTES,
@@ -336,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if opts.plan:
         print(plan_text(plan, pending, get_gpu(opts.gpu), opts.shard))
+        rows = [r for p in (*opts.done_from, opts.out / OUT_NAME) for r in read_rows(Path(p))]
+        measured = measured_text(rows, opts.plan_costs())
+        print(measured or "no earlier run recorded its rows' wall and first-call seconds")
         return 0
     if not torch.cuda.is_available():
         print("ssvkit.calibration.kernel_sweep needs a CUDA GPU", file=sys.stderr)

@@ -218,3 +218,13 @@ def test_a_graph_only_run_writes_its_ceilings_rows_by_graph_replay(tmp_path, mon
         "memcpy_graph",
         "triton_graph",
     ]
+
+
+def test_the_plan_reports_what_earlier_runs_measured():
+    from ssvkit.calibration.kernel_plan import PlanCosts, measured_text
+
+    assert measured_text([{"op": "gemm"}]) is None
+    rows = [{"wall_s": w, "first_call_s": f} for w, f in ((3.0, 2.5), (0.2, 0.01), (4.0, 3.5))]
+    text = measured_text(rows, PlanCosts(compile_s=2.0))
+    assert "3 rows in 0.1 min, median 3.00 s a row; 2 first calls compiled" in text
+    assert "median 3.00 s (the plan assumes 2 s" in text
