@@ -51,7 +51,7 @@ NSA_KERNELS = {("refresh", "fused"): 5, ("reuse", "fused"): 2}
 NSA_KERNELS |= {("refresh", "unfused"): 7, ("reuse", "unfused"): 4}
 SELECT_KERNELS = 3  # block metadata, block scores, top-n pick
 SMALL_KERNELS = ("merge", "union_plan", "select")  # short kernels: ``small_compile_s`` each
-# Attention-kernel compilations of the correctness checks run before a shard times anything
+# Attention-kernel compilations of the correctness checks a run makes before it times a step
 # (``calibration.kernel_checks``): per step at the default geometry (dense: 4 row counts x 3
 # split settings; NSA: both implementations' refresh and reuse calls), and per other geometry
 # (``check_geometry``: one dense and three sparse launches).
