@@ -115,3 +115,30 @@ def check_select(mod) -> None:
         agree = hits / idx.numel()
         if agree < 0.97:
             raise CorrectnessError(f"select_blocks {method}: only {agree:.3f} of blocks agree")
+
+
+def check_geometry(sparse_mod) -> None:
+    """The verification kernels at the geometry in use: dense verification at t = 5 split 3
+    ways, sparse verification per query and in groups of 3 (the sweeps' other head geometries
+    pack their rows differently: GQA 5 and 16, head dim 64)."""
+    from ssvkit.kernels.dense_verify import dense_verify, reference_dense_verify
+
+    gen = ki.generator(6)
+    args = ki.attention_inputs(2, 5, 2200, [2100, 700], gen)
+    with tm.poisoned_allocations():
+        o, lse = dense_verify(*args, num_splits=3)
+    ro, rlse = reference_dense_verify(*args)
+    check("dense_verify t=5 splits=3", lse, rlse, "lse")
+    check("dense_verify t=5 splits=3", o, ro, "o")
+    if sparse_mod is None:
+        return
+    rng = np.random.default_rng(6)
+    idx_np = ki.overlap_block_idx([n // 64 for n in (2100, 700)], 5, 8, 0.7, rng)
+    idx = torch.from_numpy(idx_np).to(ki.DEVICE)
+    for mode, group in (("per_query", 1), ("union", 3), ("shared", 3)):
+        kw = dict(mode=mode, group_size=group, block_size=64)
+        with tm.poisoned_allocations():
+            o, lse = sparse_mod.sparse_verify(*args, idx, **kw)
+        ro, rlse = sparse_mod.reference_sparse_verify(*args, idx, **kw)
+        check(f"sparse_verify {mode} C={group}", o, ro, "o")
+        check(f"sparse_verify {mode} C={group}", lse, rlse, "lse")

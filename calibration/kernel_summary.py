@@ -57,6 +57,11 @@ def _floor(r: dict) -> float:
     return max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
 
 
+def _heads(p: dict) -> str:
+    """The row's head geometry, ``Hq/Hkv/D``: rows of several geometries share one file."""
+    return "/".join(str(p.get(k)) for k in ("num_q_heads", "num_kv_heads", "head_dim"))
+
+
 def _defining(p: dict) -> str:
     return json.dumps({k: v for k, v in p.items() if k not in DERIVED}, sort_keys=True)
 
@@ -72,6 +77,7 @@ def _dense(g: list[dict]) -> list[dict]:
         base = sdpa.get(_defining(p))
         out.append(
             {
+                "heads": _heads(p),
                 "T": p["context_len"],
                 "t": p["num_query_tokens"],
                 "B": p["batch"],
@@ -88,19 +94,25 @@ def _dense(g: list[dict]) -> list[dict]:
 
 def _sparse(g: list[dict]) -> list[dict]:
     """sparse_verify union rows: speedup over per_query at the same selection, its target."""
+
+    def selection(p: dict) -> tuple:
+        return (_heads(p), p["num_query_tokens"], p["context_len"], p["top_n"], p["overlap"])
+
     pq = {}
     for r in g:
         p = r["params"]
         if r["op"] == "sparse_verify" and p["mode"] == "per_query":
-            pq[(p["context_len"], p["top_n"], p["overlap"], p["batch"])] = r["median_s"]
+            pq[(*selection(p), p["batch"])] = r["median_s"]
     out = []
     for r in g:
         p = r["params"]
         if r["op"] != "sparse_verify" or p["mode"] != "union":
             continue
-        base = pq.get((p["context_len"], p["top_n"], p["overlap"], p["batch"]))
+        base = pq.get((*selection(p), p["batch"]))
         out.append(
             {
+                "heads": _heads(p),
+                "t": p["num_query_tokens"],
                 "T": p["context_len"],
                 "n": p["top_n"],
                 "gamma": p["overlap"],
@@ -117,17 +129,17 @@ def _sparse(g: list[dict]) -> list[dict]:
 
 
 def _repair(g: list[dict]) -> list[dict]:
-    """Per context and batch: a line fitted to repair time over missed blocks, and recompute."""
+    """Per head geometry, draft rows, top_n, context and batch: a line fitted to repair time over
+    missed blocks, and recompute."""
+
+    def group(p: dict) -> tuple:
+        return (_heads(p), p["num_query_tokens"], p["top_n"], p["context_len"], p["batch"])
+
     out = []
-    keys = {(r["params"]["context_len"], r["params"]["batch"]) for r in g if r["op"] == "repair"}
-    for ctx, bsz in sorted(keys):
-        rep = [
-            r
-            for r in g
-            if r["op"] == "repair"
-            and r["params"]["batch"] == bsz
-            and r["params"]["context_len"] == ctx
-        ]
+    keys = {group(r["params"]) for r in g if r["op"] == "repair"}
+    for key in sorted(keys):
+        heads, t, _, ctx, bsz = key
+        rep = [r for r in g if r["op"] == "repair" and group(r["params"]) == key]
         pts = [
             (r["params"]["missed_blocks"], r["median_s"])
             for r in rep
@@ -142,6 +154,8 @@ def _repair(g: list[dict]) -> list[dict]:
         r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum() or 1.0)
         out.append(
             {
+                "heads": heads,
+                "t": t,
                 "T": ctx,
                 "B": bsz,
                 "r2": r2,
@@ -161,18 +175,22 @@ def _nsa(g: list[dict]) -> list[dict]:
         if r["op"] == "nsa_verify":
             p = r["params"]
             gamma = p.get("overlap") or -1.0  # -1: the refresh path's own indices
-            nsa[(p["context_len"], p["batch"], p["mode"], gamma, p["impl"])] = r["median_s"]
+            at = (_heads(p), p.get("num_query_tokens"), p["context_len"], p["batch"])
+            nsa[(*at, p["mode"], gamma, p["impl"])] = r["median_s"]
     out = []
-    for (ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
-        if impl == "fused" and (ctx, bsz, mode, gamma, "unfused") in nsa:
+    for (heads, t, ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
+        unfused = nsa.get((heads, t, ctx, bsz, mode, gamma, "unfused"))
+        if impl == "fused" and unfused is not None:
             out.append(
                 {
+                    "heads": heads,
+                    "t": t,
                     "T": ctx,
                     "B": bsz,
                     "mode": mode,
                     "gamma": gamma if gamma >= 0 else None,
                     "fused_us": s * 1e6,
-                    "speedup": nsa[(ctx, bsz, mode, gamma, "unfused")] / s,
+                    "speedup": unfused / s,
                 }
             )
     return out

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ssvkit.perfmodel import hardware
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu, gpu_names
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
@@ -225,13 +226,9 @@ class Profile:
 
 def profile_path(gpu: str) -> Path | None:
     """``calibration/profiles/<gpu>/profile.json`` when the calibration data ships one."""
-    try:
-        from importlib.resources import files
-
-        p = Path(str(files("ssvkit.calibration"))) / "profiles" / gpu / "profile.json"
-    except ModuleNotFoundError:
-        return None
-    return p if p.is_file() else None
+    root = hardware.profiles_dir()  # looked up at call time: one root for ceilings and profiles
+    p = None if root is None else root / gpu / "profile.json"
+    return p if p is not None and p.is_file() else None
 
 
 @functools.cache
