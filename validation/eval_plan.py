@@ -35,7 +35,7 @@ from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, chain_length, parse_tree
 from ssvkit.planner.profile import RegimeProfile, regime_of
 from ssvkit.planner.rank import concrete, score, strategy_from_json
-from ssvkit.planner.space import SpaceSpec, strategy_id, valid_strategies
+from ssvkit.planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 from ssvkit.validation.adaptive import oracle_strategies
 from ssvkit.validation.profile_runs import FACTOR_SEEDS, attention_keys
 from ssvkit.validation.records import record_path
@@ -315,7 +315,13 @@ def plan(st: Settings, space: SpaceSpec, model, gpu, profile, ranking, ok) -> di
         )
         for k, v in rates.family.items()
     }
+    measured = {
+        regime: [d.strategy for d in rows if d.phase == "measure" and d.regime == regime]
+        for regime in st.contexts
+    }
     return {
+        # What the ranking of this profile would measure per regime: rank order, sparse or not.
+        "measured": {r: [describe(s) for s in v] for r, v in measured.items()},
         "measured_over_model": measured_over_model,
         "phases": [
             {"phase": p, "regime": r, "decodes": n, "seconds": s}
@@ -340,6 +346,10 @@ def plan_table(p: dict, batch: int) -> str:
     for r in p["phases"]:
         lines.append(f"{r['phase']:16s} {r['regime']:7s} {r['decodes']:8d} {r['seconds']:9.1f}")
     lines.append(f"{'total':16s} {'':7s} {p['decodes']:8d} {p['seconds']:9.1f}")
+    for regime, names in p["measured"].items():
+        sparse = sum(" | dense" not in n for n in names)
+        lines.append(f"{regime} measures {len(names)} strategies, {sparse} sparse:")
+        lines += [f"  {n}" for n in names]
     ratios = ", ".join(f"{k} {v:.2f}" for k, v in p["measured_over_model"].items())
     lines.append(f"measured over predicted round at 16K and this batch (H200): {ratios}")
     lines.append(

@@ -211,6 +211,10 @@ def test_plan_counts_the_decodes_the_evaluation_asks_for(capsys):
     for regime in ("16K", "32K"):
         assert rows[("measure", regime)]["decodes"] == 10 * 2 * 1
         assert rows[("profile", regime)]["seconds"] > 0
+        # Sparse and dense strategies compete among the measured ones.
+        names = p["measured"][regime]
+        assert len(names) == 10 and any("| nsa |" in n for n in names)
+        assert any(n.endswith("| dense") for n in names)
     adapt = rows[("adapt", "32K")]["decodes"]
     assert adapt % 4 == 0 and (adapt // 4 - 2) % 2 == 0 and adapt // 4 > 2 + 2 * 3
     one = planner_eval.plan_of(planner_eval.parse_args(["--gpu", "h200", "--plan"]))
