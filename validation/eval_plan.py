@@ -254,24 +254,35 @@ def plan_decodes(st: Settings, space: SpaceSpec, model, gpu, profile, ranking, o
     return rows
 
 
-def walk_seconds(st: Settings, space: SpaceSpec, rows: list[Decodes]) -> dict[str, float]:
+def walk_seconds(
+    st: Settings, space: SpaceSpec, profile: RegimeProfile, rows: list[Decodes]
+) -> dict[str, float]:
     """Per regime, the host time of the n-gram walks over the profile's texts: every dense
-    steady profile run's and the walk runs' sequences, each walk timed here on a code prompt
-    of the regime's context."""
+    steady profile run's and the walk runs' sequences, each text's walk of every n-gram tree
+    (resolved as the ranking resolves it) timed here on a code prompt of the regime's
+    context."""
     from ssvkit.engine.ngram import walk_text
     from ssvkit.validation.prompts import prompt_tokens
 
     if "ngram" not in space.drafters:
         return {}
-    specs = tuple(t for t in space.trees if parse_tree(t) and not t.startswith("best:"))
     out = {}
     for regime, ctx in st.contexts.items():
+        ngram = DrafterSpec(kind="ngram")
+        alpha = profile.alpha(regime, "ngram")
+        specs = tuple(
+            dict.fromkeys(
+                concrete(Strategy(name="w", tree=t, drafter=ngram), alpha).tree
+                for t in space.trees
+                if parse_tree(t)
+            )
+        )
         prompt = prompt_tokens("code", ctx)
         text = prompt_tokens("code", st.new_tokens, offset=ctx)
         per_text = math.inf
         for _ in range(3):  # best of three: this CPU may be busy
             t0 = time.perf_counter()
-            walk_text(prompt, text, specs or ("chain:4",))
+            walk_text(prompt, text, specs)
             per_text = min(per_text, time.perf_counter() - t0)
         runs = sum(
             d.count
@@ -305,7 +316,7 @@ def plan(st: Settings, space: SpaceSpec, model, gpu, profile, ranking, ok) -> di
         cell = phases.setdefault((d.phase, d.regime), [0, 0.0])
         cell[0] += d.count
         cell[1] += d.count * each
-    for regime, s in walk_seconds(st, space, rows).items():
+    for regime, s in walk_seconds(st, space, profile, rows).items():
         phases[("walks (host)", regime)] = [0, s]
     total = sum(v[1] for v in phases.values())
     names = {"": "autoregressive", "draft_model": "draft model", "ngram": "n-gram"}
