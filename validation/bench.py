@@ -1,9 +1,10 @@
 """The planner evaluation's bench: the model runners, one decode and its steady figures, and the
 run cache that lets an evaluation cut off by a time limit resume where it stopped.
 
-Tokens/s of every run: generated tokens over round wall time (the shadow's host time included)
-plus the controller's host time (``control``; an overlapped controller's calls run inside the
-next round's wall time, ``control_overlap``, and count there) and switch time, leaving out
+Tokens/s of every run: generated tokens (every sequence's: a run decodes ``batch`` prompts
+together) over round wall time (the shadow's host time included) plus the controller's host
+time (``control``; an overlapped controller's calls run inside the next round's wall time,
+``control_overlap``, and count there) and switch time, leaving out
 round 0 (the first strategy's graph capture) and the later rounds that captured a graph missing
 when the run began (``engine.results.RoundRecord.captured``): a server captures its strategies'
 graphs before requests arrive, while here a sparse run drops every graph
