@@ -3,7 +3,7 @@
     python -m ssvkit.validation.planner_eval --out validation/data/planner.json \\
         --ranking-out validation/data/planner-ranking.json --resume build/planner-runs.jsonl
     python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --stop-after 480 \\
-        --out build/planner-b32.json --ranking-out build/planner-ranking-b32.json \\
+        --out build/planner-b32-h200.json --ranking-out build/planner-ranking-b32-h200.json \\
         --resume build/planner-b32-runs.jsonl                # batch 32, where sparse competes
     python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --plan   # its device time
     python -m ssvkit.validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
