@@ -39,7 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model", help="registry name or config.json path (default llama-3.1-8b)")
     p.add_argument("--gpu", help="GPU registry key (default h100-sxm)")
     p.add_argument(
-        "--batch", type=int, help="sequences decoded together (default 1; also with --evaluation)"
+        "--batch",
+        type=int,
+        help="sequences decoded together (default 1; with --evaluation, the evaluation's)",
     )
     p.add_argument(
         "--acceptance-profile",
@@ -82,7 +84,7 @@ _PRICING_FLAGS = (
 
 
 def _from_evaluation(path: str):
-    """(model, gpu, space, profile, regime contexts, label) of a planner evaluation."""
+    """(model, gpu, space, profile, regime contexts, label, batch) of a planner evaluation."""
     from ssvkit.planner.profile import profile_from_json
     from ssvkit.validation.records import local_model
 
@@ -112,6 +114,7 @@ def _from_evaluation(path: str):
         profile,
         contexts,
         f"the evaluation {p.name} (commit {commit[:7]})",
+        d.get("batch", 1),
     )
 
 
@@ -130,7 +133,8 @@ def run(args) -> int:
             raise ValueError(
                 f"--evaluation sets the model, GPU, space and profile; drop {', '.join(given)}"
             )
-        model, gpu, spec, profile, contexts, what = _from_evaluation(args.evaluation)
+        model, gpu, spec, profile, contexts, what, own = _from_evaluation(args.evaluation)
+        batch = own if args.batch is None else batch
         doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
