@@ -156,10 +156,14 @@ def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -
     }
 
 
-def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict) -> dict:
-    """The leave-one-out set ``name`` of ``gpu``'s rows: for each value, refit every class that
-    has rows with it on its other rows and predict those rows; ``base`` holds the fits of all
-    rows, which a class without the value keeps (its rows, and so its fit, are unchanged)."""
+def leave_one_out_rows(
+    name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict
+) -> tuple[list[dict], Counter, dict[str, set]]:
+    """The rows of the leave-one-out set ``name`` of ``gpu``'s rows, each annotated with the
+    prediction of a fit without its value: for each value, every class that has rows with it is
+    refitted on its other rows; ``base`` holds the fits of all rows, which a class without the
+    value keeps (its rows, and so its fit, are unchanged). Also the count of rows per class no
+    fit predicts and the left-out values of each class."""
     graph = [r for r in fitted_rows(rows) if left_out_value(name, r) is not None]
     values: dict[str, set] = {}
     for r in graph:
@@ -174,6 +178,12 @@ def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: di
         got, miss = predict(left, classes, gpu, ceiling)
         annotated += got
         missing.update(miss)
+    return annotated, missing, values
+
+
+def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict) -> dict:
+    """The leave-one-out set ``name`` of ``gpu``'s rows (``leave_one_out_rows``), summarized."""
+    annotated, missing, values = leave_one_out_rows(name, rows, gpu, ceiling, base)
     out = summarize(annotated, missing, TARGETS["leave_one_out"], values)
     out["title"] = TITLES[name]
     return out

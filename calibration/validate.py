@@ -83,6 +83,8 @@ def ratio_pairs(rows: list[dict]) -> list[dict]:
                     "measured": a["median_s"] / b["median_s"],
                     "predicted": a["predicted_s"] / b["predicted_s"],
                     "heldout": a["split"] == "heldout" or b["split"] == "heldout",
+                    "classes": (a["class"], b["class"]),
+                    "predicted_s": (a["predicted_s"], b["predicted_s"]),
                     "params": {
                         k: v
                         for k, v in a["params"].items()

@@ -1,0 +1,328 @@
+"""Prediction intervals of calibrated figures, from the leave-out residuals of kernel families.
+
+**Residuals.** ``calibration.intervals`` stores with a fitted profile, per kernel family (the op
+class's name before its first ``/``, L2-resident suffix dropped: ``gemm``, ``sparse_verify``),
+the log residuals ln(measured / predicted) of committed rows that the predicting fit never saw,
+in three sets: ``heldout`` (the interpolation split's held-out rows, the profile's own fits),
+``leave_one_out`` (the leave-one-head-geometry-, group-size- and context-out sets of
+``calibration.transfer_sets``, each row predicted by a refit without its value) and
+``cross_gpu`` (another measured GPU's rows, the profile's fits on that GPU's measured ceilings).
+Of each it keeps the median and the split-conformal bounds of a central ``coverage`` interval:
+the order statistics of rank floor((n + 1) a) and ceil((n + 1)(1 - a)), a = (1 - coverage) / 2,
+which hold a new exchangeable residual with probability >= coverage. A family with too few rows
+for those ranks (19 at 90%) is absent; the set's residuals of all families pooled stand in for
+it (``heldout`` and ``leave_one_out``; not ``cross_gpu``, whose rows mix kernels that changed
+between the GPUs' measurements, so one family's says nothing of another's).
+
+**Which residuals an op takes** (``IntervalSource.residuals``): the hull of ``heldout`` and, when
+its call is outside its class's measured range (``extrapolated``), ``leave_one_out``; a profile
+transferred to another GPU adds ``cross_gpu`` where the family has it, and a transfer onto
+datasheet ceilings widens the upper side by the source GPU's gap between its datasheet and
+measured ceilings (copy bandwidth; for tensor-core ops the larger of it and the GEMM rate's).
+A transfer across architectures, the bare roofline and ops without a fitted class (the
+all-reduce, the acceptance bookkeeping) have no residuals: their figures carry no interval, or
+count in the figure's ``uncovered`` share.
+
+**Combination** (``Spread``, ``interval``). With d = measured / predicted - 1 per op, a sum of op
+times T = sum S_k measures sum S_k (1 + d_k). Within a family the ops' errors are taken fully
+correlated (one fit: at a quantile level every op of the family sits at that level), so the
+family's deviation at level p is exactly sum_{k in f} S_k (d_k(p) - d_k(median)). Across families
+the errors are taken independent: each family's deviation is taken alone, as a log ratio, and
+the families combine in quadrature; the medians shift the centre. One family: its interval
+exactly; several: exact for Gaussian log errors, and never wider than the full-correlation sum.
+Tokens/s is batch x tokens per round / round time (acceptance is an input: it adds no width). The
+two sides of a ratio (a speedup) share families but at other call sizes, whose residuals differ
+(a family's residuals spread over its configurations): their errors are taken independent,
+which bounds the ratio's spread for non-negatively correlated sides rather than crediting a
+cancellation nothing measures; a strategy over itself has a zero-width interval. The full
+correlation within a figure's family makes a sum's interval the widest the rows allow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+COVERAGE = 0.9
+SETS = ("heldout", "leave_one_out", "cross_gpu")
+POOLED = "*"  # the family key of a set's residuals of all families pooled
+GAP = "datasheet_ceilings"  # the family axis entry of a transfer's datasheet-ceiling gap
+TENSOR_KINDS = ("gemm", "attention")
+RESIDENT_SUFFIX = "@l2"
+
+
+def kernel_family(class_name: str) -> str:
+    """The kernel family of an op class: its name before the first ``/``, without the
+    L2-resident suffix (``sparse_verify/union/C4/b1`` -> ``sparse_verify``, ``gemm@l2`` ->
+    ``gemm``)."""
+    return class_name.split("/")[0].removesuffix(RESIDENT_SUFFIX)
+
+
+def conformal_rank_bounds(n: int, coverage: float) -> tuple[int, int] | None:
+    """1-based ranks (low, high) of the order statistics bounding a split-conformal central
+    ``coverage`` interval from ``n`` residuals; None when ``n`` is too small."""
+    a = (1.0 - coverage) / 2.0
+    lo, hi = math.floor((n + 1) * a), math.ceil((n + 1) * (1.0 - a))
+    return (lo, hi) if lo >= 1 and hi <= n else None
+
+
+@dataclass(frozen=True, slots=True)
+class Residuals:
+    """One family's log residuals ln(measured / predicted) in one set: count, median and the
+    bounds of the central interval of the table's coverage."""
+
+    source: str  # the set, e.g. "heldout", or "heldout, all families" when pooled
+    n: int
+    low: float
+    median: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"Residuals.n must be >= 1, got {self.n!r}")
+        vals = (self.low, self.median, self.high)
+        if not all(math.isfinite(v) for v in vals) or not self.low <= self.median <= self.high:
+            raise ValueError(
+                f"Residuals of {self.source!r}: need low <= median <= high, got {vals}"
+            )
+
+    @classmethod
+    def of(cls, source: str, values, coverage: float = COVERAGE) -> Residuals | None:
+        """The residuals of ``values`` (log ratios); None when too few for ``coverage``."""
+        v = np.sort(np.asarray(values, dtype=float))
+        ranks = conformal_rank_bounds(len(v), coverage)
+        if ranks is None:
+            return None
+        low, high = float(v[ranks[0] - 1]), float(v[ranks[1] - 1])
+        return cls(source, len(v), low, float(np.median(v)), high)
+
+    def hull(self, other: Residuals) -> Residuals:
+        """The hull of two residual sets: the outer bounds, ``other``'s median (the set of the
+        wider case), the counts and sources joined."""
+        return Residuals(
+            f"{self.source} + {other.source}",
+            self.n + other.n,
+            min(self.low, other.low),
+            other.median,
+            max(self.high, other.high),
+        )
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "low": self.low, "median": self.median, "high": self.high}
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalTable:
+    """A profile's residuals: per set, per kernel family (``POOLED``: all families)."""
+
+    coverage: float
+    sets: dict[str, dict[str, Residuals]]
+    cross_gpus: tuple[str, ...] = ()  # the GPUs whose rows the cross_gpu set predicts
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.coverage < 1.0:
+            raise ValueError(f"IntervalTable.coverage must be in (0, 1), got {self.coverage!r}")
+        bad = sorted(set(self.sets) - set(SETS))
+        if bad:
+            raise ValueError(f"IntervalTable.sets: unknown set {bad[0]!r} (choose from {SETS})")
+
+    def get(self, name: str, family: str, pooled: bool) -> Residuals | None:
+        """The family's residuals in set ``name``, else (``pooled``) the set's pooled ones."""
+        s = self.sets.get(name, {})
+        return s.get(family) or (s.get(POOLED) if pooled else None)
+
+    @classmethod
+    def from_json(cls, d: dict) -> IntervalTable:
+        sets = {}
+        for name, fams in d["sets"].items():
+            sets[name] = {
+                f: Residuals(
+                    name if f != POOLED else f"{name}, all families",
+                    int(r["n"]),
+                    float(r["low"]),
+                    float(r["median"]),
+                    float(r["high"]),
+                )
+                for f, r in fams.items()
+            }
+        return cls(float(d["coverage"]), sets, tuple(d.get("cross_gpus", ())))
+
+    def families(self) -> tuple[str, ...]:
+        return tuple(sorted({f for s in self.sets.values() for f in s if f != POOLED}))
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalSource:
+    """What a calibrated prediction's intervals are made of: the profile's residual table,
+    whether the profile is priced on another GPU than it was fitted on, and, for a transfer onto
+    datasheet ceilings, the source GPU's datasheet-over-measured ceiling ratios minus one."""
+
+    table: IntervalTable
+    transferred: bool = False
+    gap_bytes: float = 0.0  # copy bandwidth: datasheet / measured - 1 of the source GPU
+    gap_flops: float = 0.0  # bf16 GEMM rate: the same
+
+    def __post_init__(self) -> None:
+        for name in ("gap_bytes", "gap_flops"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0.0):
+                raise ValueError(f"IntervalSource.{name} must be finite and >= 0, got {v!r}")
+
+    @property
+    def axis(self) -> dict[str, int]:
+        """Column of each family (and of the datasheet gap) in a ``Spread``."""
+        names = (*self.table.families(), POOLED, GAP)
+        return {n: i for i, n in enumerate(names)}
+
+    def residuals(self, family: str, extrapolated: bool) -> Residuals:
+        """The residuals of an op of ``family`` (module docstring: the hull of the sets its case
+        calls for); ``ValueError`` when the table has no heldout residuals at all."""
+        r = self.table.get("heldout", family, pooled=True)
+        if r is None:
+            raise ValueError(f"the profile's interval table has no heldout residuals for {family}")
+        if self.transferred:
+            x = self.table.get("cross_gpu", family, pooled=False)
+            r = r if x is None else r.hull(x)
+        if extrapolated:
+            x = self.table.get("leave_one_out", family, pooled=True)
+            r = r if x is None else r.hull(x)
+        return r
+
+    def gap(self, kind: str) -> float:
+        return max(self.gap_bytes, self.gap_flops) if kind in TENSOR_KINDS else self.gap_bytes
+
+
+@dataclass(slots=True)
+class Spread:
+    """The error model of a sum of op times over n points, in seconds: ``seconds`` predicted;
+    ``median_s`` = sum S_k (1 + d_k(median)); ``high_s`` / ``low_s`` [n, families] = per family
+    sum S_k (d_k(p) - d_k(median)) at the interval's upper / lower level; ``uncovered_s`` the
+    seconds of ops without residuals. Spreads of disjoint op sets add."""
+
+    seconds: np.ndarray
+    median_s: np.ndarray
+    high_s: np.ndarray
+    low_s: np.ndarray
+    uncovered_s: np.ndarray
+
+    @classmethod
+    def zeros(cls, n: int, num_families: int) -> Spread:
+        z = np.zeros(n)
+        return cls(z.copy(), z.copy(), np.zeros((n, num_families)), np.zeros((n, num_families)), z)
+
+    def __add__(self, other: Spread) -> Spread:
+        return Spread(
+            self.seconds + other.seconds,
+            self.median_s + other.median_s,
+            self.high_s + other.high_s,
+            self.low_s + other.low_s,
+            self.uncovered_s + other.uncovered_s,
+        )
+
+    def take(self, idx) -> Spread:
+        return Spread(
+            self.seconds[idx],
+            self.median_s[idx],
+            self.high_s[idx],
+            self.low_s[idx],
+            self.uncovered_s[idx],
+        )
+
+    def add_op(
+        self,
+        seconds,
+        column: int | None = None,
+        inside: Residuals | None = None,
+        outside: Residuals | None = None,
+        mask=None,
+        gap: float = 0.0,
+    ) -> None:
+        """Add one op's ``seconds`` [n], of the family at ``column``, with residuals ``inside``
+        (``outside`` where ``mask``: its extrapolated points); without residuals (``inside``
+        None) the op counts as uncovered. ``gap``: the datasheet-ceiling term's relative upward
+        width (``IntervalSource.gap``), in the last column."""
+        s = np.asarray(seconds, dtype=float)
+        self.seconds += s
+        if inside is None:
+            self.median_s += s
+            self.uncovered_s += s
+            return
+        d_low, d_med, d_high = _deltas(inside)
+        if outside is not None:
+            d_low, d_med, d_high = (
+                np.where(mask, b, a)
+                for a, b in zip((d_low, d_med, d_high), _deltas(outside), strict=True)
+            )
+        self.median_s += s * (1.0 + d_med)
+        self.high_s[:, column] += s * (d_high - d_med)
+        self.low_s[:, column] += s * (d_low - d_med)
+        if gap:
+            self.high_s[:, -1] += s * (1.0 + d_med) * gap
+
+
+def _deltas(r: Residuals) -> tuple[float, float, float]:
+    """d = measured / predicted - 1 at the lower bound, median and upper bound."""
+    return math.expm1(r.low), math.expm1(r.median), math.expm1(r.high)
+
+
+def _family_logs(sp: Spread) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per family, the log deviation of the figure with only that family at its upper / lower
+    level (others at their medians), and the log of the centre over the prediction."""
+    base = np.where(sp.median_s > 0, sp.median_s, 1.0)[:, None]
+    hi = np.log1p(sp.high_s / base)
+    lo = np.log1p(np.maximum(sp.low_s / base, -1.0 + 1e-12))
+    on = sp.seconds > 0
+    centre = np.log(np.where(on, sp.median_s / np.where(on, sp.seconds, 1.0), 1.0))
+    return hi, lo, centre
+
+
+def interval(value, over: Spread | None = None, under: Spread | None = None) -> np.ndarray:
+    """[n, 2] bounds of a figure ``value`` [n] proportional to the time of ``over`` and
+    inversely to the time of ``under`` (a time: ``over``; tokens/s: ``under`` its round; a
+    speedup: ``over`` the anchor's round, ``under`` the strategy's).
+
+    Centre: ``value x centre(over) / centre(under)``, a side's centre being its time with every
+    family at its median. Width: per family and side, the log deviation of the side with that
+    family alone at its upper and at its lower level, combined in quadrature over families and
+    over the two sides, whose errors are taken independent: for sides whose errors are
+    non-negatively correlated, which they are when they share families, that bounds the
+    ratio's spread instead of crediting a cancellation the residuals do not measure. A point
+    whose two sides are the same prediction (a strategy over itself) has a zero-width
+    interval."""
+    value = np.asarray(value, dtype=float)
+    up2 = down2 = centre = 0.0
+    for sp, sign in ((over, 1.0), (under, -1.0)):
+        if sp is None:
+            continue
+        hi, lo, c = _family_logs(sp)
+        up, down = (hi, lo) if sign > 0 else (-lo, -hi)
+        up2 = up2 + np.sum(np.square(np.maximum(up, 0.0)), axis=-1)
+        down2 = down2 + np.sum(np.square(np.minimum(down, 0.0)), axis=-1)
+        centre = centre + sign * c
+    if over is not None and under is not None:
+        same = _same(over, under)
+        up2, down2, centre = (np.where(same, 0.0, x) for x in (up2, down2, centre))
+    mid = value * np.exp(centre)
+    return np.stack([mid * np.exp(-np.sqrt(down2)), mid * np.exp(np.sqrt(up2))], axis=-1)
+
+
+def _same(a: Spread, b: Spread) -> np.ndarray:
+    """Per point: ``a`` and ``b`` are the same prediction."""
+    return (
+        (a.seconds == b.seconds)
+        & (a.median_s == b.median_s)
+        & np.all(a.high_s == b.high_s, axis=-1)
+        & np.all(a.low_s == b.low_s, axis=-1)
+    )
+
+
+def uncovered_share(*spreads: Spread | None) -> np.ndarray | float:
+    """The largest share of seconds without residuals among ``spreads``' figures."""
+    shares = [
+        np.where(sp.seconds > 0, sp.uncovered_s / np.where(sp.seconds > 0, sp.seconds, 1.0), 0.0)
+        for sp in spreads
+        if sp is not None
+    ]
+    return np.maximum.reduce(shares) if shares else 0.0
