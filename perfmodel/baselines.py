@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import GpuSpec
-from ssvkit.perfmodel.intervals import interval, uncovered_share
+from ssvkit.perfmodel.intervals import bounds, interval, uncovered_share
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.step import ATTENTION_OPS, StepPrediction, build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
@@ -122,14 +122,18 @@ def add_intervals(rows: list[dict], pred: StepPrediction, anchor_idx: dict) -> N
         "draft_s": pred.spread(prefix="draft."),
         "verify_s": pred.spread(prefix="verify."),
     }
-    ivs = {k: interval(getattr(pred, k), over=sp) for k, sp in spreads.items()}
-    ivs["tokens_per_s"] = interval(pred.tokens_per_s, under=rnd)
+    ivs = {k: interval(getattr(pred, k), over=bounds(sp)) for k, sp in spreads.items()}
+    rb = bounds(rnd)
+    ivs["tokens_per_s"] = interval(pred.tokens_per_s, under=rb)
+    own = np.arange(len(rows))
     for a, idx in anchor_idx.items():
         ratio = pred.tokens_per_s / pred.tokens_per_s[idx]
-        ivs[f"speedup_vs_{a}"] = interval(ratio, over=rnd.take(idx), under=rnd)
+        ivs[f"speedup_vs_{a}"] = interval(ratio, over=rb.take(idx), under=rb, same=idx == own)
     uncovered = uncovered_share(rnd)
     src = pred.interval_source
-    op_ivs = {k: interval(pred.op_seconds[k], over=pred.spread(keys=[k])) for k in pred.op_seconds}
+    op_ivs = {
+        k: interval(pred.op_seconds[k], over=bounds(pred.spread(keys=[k]))) for k in pred.op_seconds
+    }
     for i, r in enumerate(rows):
         r["intervals"] = {k: [float(x) for x in v[i]] for k, v in ivs.items()}
         r["intervals"]["op_s"] = {k: [float(x) for x in op_ivs[k][i]] for k in r["op_s"]}
@@ -139,6 +143,7 @@ def add_intervals(rows: list[dict], pred: StepPrediction, anchor_idx: dict) -> N
             outside = mask is not None and bool(mask[i])
             r["op_residuals"][k] = None if fam is None else src.residuals(fam, outside).source
         r["uncovered_share"] = float(uncovered[i])
+        r["interval_note"] = ""
 
 
 def grouped_seconds(row: dict) -> dict[str, float]:

@@ -29,7 +29,8 @@ correlated (one fit: at a quantile level every op of the family sits at that lev
 family's deviation at level p is exactly sum_{k in f} S_k (d_k(p) - d_k(median)). Across families
 the errors are taken independent: each family's deviation is taken alone, as a log ratio, and
 the families combine in quadrature; the medians shift the centre. One family: its interval
-exactly; several: exact for Gaussian log errors, and never wider than the full-correlation sum.
+exactly; several: exact for Gaussian log errors, and narrower than the sum of the families'
+deviations.
 Tokens/s is batch x tokens per round / round time (acceptance is an input: it adds no width). The
 two sides of a ratio (a speedup) share families but at other call sizes, whose residuals differ
 (a family's residuals spread over its configurations): their errors are taken independent,
@@ -44,13 +45,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 
 COVERAGE = 0.9
 SETS = ("heldout", "leave_one_out", "cross_gpu")
 POOLED = "*"  # the family key of a set's residuals of all families pooled
 GAP = "datasheet_ceilings"  # the family axis entry of a transfer's datasheet-ceiling gap
 TENSOR_KINDS = ("gemm", "attention")
-RESIDENT_SUFFIX = "@l2"
 
 
 def kernel_family(class_name: str) -> str:
@@ -199,7 +200,7 @@ class Spread:
     """The error model of a sum of op times over n points, in seconds: ``seconds`` predicted;
     ``median_s`` = sum S_k (1 + d_k(median)); ``high_s`` / ``low_s`` [n, families] = per family
     sum S_k (d_k(p) - d_k(median)) at the interval's upper / lower level; ``uncovered_s`` the
-    seconds of ops without residuals. Spreads of disjoint op sets add."""
+    seconds of ops without residuals."""
 
     seconds: np.ndarray
     median_s: np.ndarray
@@ -211,24 +212,6 @@ class Spread:
     def zeros(cls, n: int, num_families: int) -> Spread:
         z = np.zeros(n)
         return cls(z.copy(), z.copy(), np.zeros((n, num_families)), np.zeros((n, num_families)), z)
-
-    def __add__(self, other: Spread) -> Spread:
-        return Spread(
-            self.seconds + other.seconds,
-            self.median_s + other.median_s,
-            self.high_s + other.high_s,
-            self.low_s + other.low_s,
-            self.uncovered_s + other.uncovered_s,
-        )
-
-    def take(self, idx) -> Spread:
-        return Spread(
-            self.seconds[idx],
-            self.median_s[idx],
-            self.high_s[idx],
-            self.low_s[idx],
-            self.uncovered_s[idx],
-        )
 
     def add_op(
         self,
@@ -267,55 +250,56 @@ def _deltas(r: Residuals) -> tuple[float, float, float]:
     return math.expm1(r.low), math.expm1(r.median), math.expm1(r.high)
 
 
-def _family_logs(sp: Spread) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per family, the log deviation of the figure with only that family at its upper / lower
-    level (others at their medians), and the log of the centre over the prediction."""
+@dataclass(slots=True)
+class LogBounds:
+    """A time figure's interval in log form, per point: ``centre`` = ln(centre / predicted),
+    ``up2`` and ``down2`` the squared log widths above and below the centre (``Spread.bounds``);
+    what ``interval`` combines."""
+
+    centre: np.ndarray
+    up2: np.ndarray
+    down2: np.ndarray
+
+    def take(self, idx) -> LogBounds:
+        return LogBounds(self.centre[idx], self.up2[idx], self.down2[idx])
+
+
+def bounds(sp: Spread) -> LogBounds:
+    """``sp``'s interval in log form: per family, the log deviation of the figure with that
+    family alone at its upper and at its lower level (the others at their medians), squared and
+    summed over families (module docstring)."""
     base = np.where(sp.median_s > 0, sp.median_s, 1.0)[:, None]
     hi = np.log1p(sp.high_s / base)
     lo = np.log1p(np.maximum(sp.low_s / base, -1.0 + 1e-12))
+    up = np.maximum(np.maximum(hi, lo), 0.0)
+    down = np.minimum(np.minimum(hi, lo), 0.0)
     on = sp.seconds > 0
     centre = np.log(np.where(on, sp.median_s / np.where(on, sp.seconds, 1.0), 1.0))
-    return hi, lo, centre
+    return LogBounds(centre, np.sum(up * up, axis=-1), np.sum(down * down, axis=-1))
 
 
-def interval(value, over: Spread | None = None, under: Spread | None = None) -> np.ndarray:
-    """[n, 2] bounds of a figure ``value`` [n] proportional to the time of ``over`` and
-    inversely to the time of ``under`` (a time: ``over``; tokens/s: ``under`` its round; a
+def interval(
+    value, over: LogBounds | None = None, under: LogBounds | None = None, same=None
+) -> np.ndarray:
+    """[n, 2] bounds of a figure ``value`` [n] proportional to a time with bounds ``over`` and
+    inversely to one with bounds ``under`` (a time: ``over``; tokens/s: ``under`` its round; a
     speedup: ``over`` the anchor's round, ``under`` the strategy's).
 
-    Centre: ``value x centre(over) / centre(under)``, a side's centre being its time with every
-    family at its median. Width: per family and side, the log deviation of the side with that
-    family alone at its upper and at its lower level, combined in quadrature over families and
-    over the two sides, whose errors are taken independent: for sides whose errors are
-    non-negatively correlated, which they are when they share families, that bounds the
-    ratio's spread instead of crediting a cancellation the residuals do not measure. A point
-    whose two sides are the same prediction (a strategy over itself) has a zero-width
-    interval."""
+    Centre: ``value x centre(over) / centre(under)``. Width: the two sides' squared log widths
+    add, their errors taken independent: for sides whose errors are non-negatively correlated,
+    which they are when they share families, that bounds the ratio's spread instead of
+    crediting a cancellation the residuals do not measure. Points where ``same`` is true (a
+    strategy over itself: both sides one prediction) get a zero-width interval."""
     value = np.asarray(value, dtype=float)
     up2 = down2 = centre = 0.0
-    for sp, sign in ((over, 1.0), (under, -1.0)):
-        if sp is None:
-            continue
-        hi, lo, c = _family_logs(sp)
-        up, down = (hi, lo) if sign > 0 else (-lo, -hi)
-        up2 = up2 + np.sum(np.square(np.maximum(up, 0.0)), axis=-1)
-        down2 = down2 + np.sum(np.square(np.minimum(down, 0.0)), axis=-1)
-        centre = centre + sign * c
-    if over is not None and under is not None:
-        same = _same(over, under)
+    if over is not None:
+        up2, down2, centre = over.up2, over.down2, over.centre
+    if under is not None:
+        up2, down2, centre = up2 + under.down2, down2 + under.up2, centre - under.centre
+    if same is not None:
         up2, down2, centre = (np.where(same, 0.0, x) for x in (up2, down2, centre))
     mid = value * np.exp(centre)
     return np.stack([mid * np.exp(-np.sqrt(down2)), mid * np.exp(np.sqrt(up2))], axis=-1)
-
-
-def _same(a: Spread, b: Spread) -> np.ndarray:
-    """Per point: ``a`` and ``b`` are the same prediction."""
-    return (
-        (a.seconds == b.seconds)
-        & (a.median_s == b.median_s)
-        & np.all(a.high_s == b.high_s, axis=-1)
-        & np.all(a.low_s == b.low_s, axis=-1)
-    )
 
 
 def uncovered_share(*spreads: Spread | None) -> np.ndarray | float:

@@ -18,15 +18,17 @@ from pathlib import Path
 from ssvkit.cli.options import (
     add_dataclass_options,
     add_pricing_options,
+    bounded_parts,
     check_drafter_model,
     given,
+    interval_legend,
+    intervals_doc,
     pricing_gpu,
 )
 from ssvkit.cli.predict_plot import predict_plot
 from ssvkit.perfmodel.baselines import compare, grouped_seconds
 from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import check_output, write_files
-from ssvkit.perfmodel.intervals import COVERAGE
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.numbers import count_label, figure, parse_count_list
 from ssvkit.perfmodel.strategy import (
@@ -107,21 +109,12 @@ def build_strategies(args) -> list[Strategy]:
     return out
 
 
-def _bounded(value: float, iv, fmt: str, suffix: str = "") -> tuple[str, str]:
-    """``value`` and, when there is one, its interval, as two texts: ``327.4``,
-    ``[309.3, 340.3]``."""
-    return f"{value:{fmt}}{suffix}", "" if iv is None else f"[{iv[0]:{fmt}}, {iv[1]:{fmt}}]"
-
-
 def interval_lines(rows) -> list[str]:
     """What the intervals are (or why there are none), the extrapolation mark and the share of
     a round priced without residuals, as the text outputs say it."""
+    lines = interval_legend([r["intervals"] is not None for r in rows], rows[0]["interval_note"])
     if rows[0]["intervals"] is None:
-        return [f"no intervals: {rows[0]['interval_note']}"]
-    lines = [
-        f"[low, high]: {100 * COVERAGE:.0f}% intervals from the leave-out residuals of each "
-        "op's kernel family (docs/cli.md, 'Intervals')"
-    ]
+        return lines
     if any(r["extrapolated"] for r in rows):
         lines.append(
             "* extrapolated: some op outside its class's measured range; its interval takes "
@@ -156,10 +149,12 @@ def _table(rows, model, gpu, workload, strategies) -> str:
             (
                 count_label(r["context_len"]),
                 r["strategy"] + ("*" if r["extrapolated"] else ""),
-                _bounded(r["tokens_per_s"], iv.get("tokens_per_s"), ".1f"),
-                _bounded(r["speedup_vs_ar_dense"], iv.get("speedup_vs_ar_dense"), ".2f", "x"),
-                _bounded(r["speedup_vs_ar_sparse"], iv.get("speedup_vs_ar_sparse"), ".2f", "x"),
-                _bounded(r["round_s"] * 1e3, _ms(iv.get("round_s")), ".2f"),
+                bounded_parts(r["tokens_per_s"], iv.get("tokens_per_s"), ".1f"),
+                bounded_parts(r["speedup_vs_ar_dense"], iv.get("speedup_vs_ar_dense"), ".2f", "x"),
+                bounded_parts(
+                    r["speedup_vs_ar_sparse"], iv.get("speedup_vs_ar_sparse"), ".2f", "x"
+                ),
+                bounded_parts(r["round_s"] * 1e3, _ms(iv.get("round_s")), ".2f"),
             )
         )
     names = ("context", "strategy", "tok/s", "vs ar_dense", "vs ar_sparse", "round ms")
@@ -241,24 +236,15 @@ def _json(rows, model, gpu, workload, notes) -> str:
             "gpu": gpu.name,
             "provenance": rows[0]["provenance"].removesuffix(":extrapolated"),
             "ceilings": gpu.provenance,
-            "intervals": intervals_doc(rows),
+            "intervals": intervals_doc(
+                rows[0]["interval_note"] if rows[0]["intervals"] is None else None
+            ),
             "workload": dataclasses.asdict(workload),
             "notes": notes,
             "rows": out_rows,
         },
         indent=2,
     )
-
-
-def intervals_doc(rows) -> dict:
-    """The JSON outputs' note on the intervals: coverage and where they come from, or why none."""
-    if rows[0]["intervals"] is None:
-        return {"coverage": None, "note": rows[0]["interval_note"]}
-    return {
-        "coverage": COVERAGE,
-        "note": "from the leave-out residuals of each op's kernel family: an op's residual set "
-        "in its 'residuals'; combined per perfmodel.intervals (docs/cli.md, 'Intervals')",
-    }
 
 
 def _csv(rows) -> str:
