@@ -11,7 +11,7 @@ import dataclasses
 
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.intervals import COVERAGE
-from ssvkit.perfmodel.numbers import finite_float, parse_count
+from ssvkit.perfmodel.numbers import finite_float, interval_text, parse_count
 
 INTERVALS_NOTE = (
     "from the leave-out residuals of each op's kernel family, combined per "
@@ -89,7 +89,7 @@ def interval_legend(has_interval, no_interval_note: str) -> list[str]:
 def bounded_parts(value: float, iv, fmt: str, suffix: str = "") -> tuple[str, str]:
     """``value`` and, when there is one, its interval, as two texts: ``327.4``,
     ``[309.3, 340.3]``."""
-    return f"{value:{fmt}}{suffix}", "" if iv is None else f"[{iv[0]:{fmt}}, {iv[1]:{fmt}}]"
+    return f"{value:{fmt}}{suffix}", interval_text(iv, fmt)
 
 
 def bounded_text(value: float, iv, fmt: str, suffix: str = "") -> str:
