@@ -9,8 +9,9 @@ predicted) of rows that the predicting fit never saw:
 - ``heldout``: the interpolation split's held-out rows (``calibration.fit.is_heldout``) under the
   profile's own class fits;
 - ``leave_one_out``: the rows of the leave-one-head-geometry-, group-size- and context-out sets
-  (``calibration.transfer_sets.leave_one_out_rows``), each predicted by a refit of its classes
-  without its value, the profile's fits standing for the classes without it;
+  that ``ssvkit validate`` prints (``calibration.transfer_sets.leave_one_out_rows``), each
+  predicted by a refit of its classes without its value, a fit of all the rows standing for the
+  classes without it: the fitting procedure's error on values it never saw;
 - ``cross_gpu``: every other GPU's committed rows predicted by the profile's fits on that GPU's
   measured ceilings (``calibration.transfer_sets.predict``: a group size the profile lacks is
   priced by the nearest one).
@@ -35,6 +36,8 @@ from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import dumps, is_heldout
 from ssvkit.calibration.transfer_sets import (
     LEAVE_ONE_OUT,
+    committed_leave_one_out_rows,
+    fit_classes,
     fitted_rows,
     leave_one_out_rows,
     measured_gpus,
@@ -72,13 +75,16 @@ def log_residuals(annotated: list[dict]) -> dict[str, np.ndarray]:
     return {f: np.array(v) for f, v in sorted(out.items())}
 
 
-def residual_rows(gpu: str, rows: list[dict], ceiling: dict, profile: Profile) -> dict:
+def residual_rows(
+    gpu: str, rows: list[dict], ceiling: dict, profile: Profile, loo: list[dict] | None = None
+) -> dict:
     """The annotated rows of each residual set (module docstring) of ``profile``, fitted on
-    ``gpu``'s ``rows`` with measured ceilings ``ceiling``; and the other GPUs of ``cross_gpu``."""
+    ``gpu``'s ``rows`` with measured ceilings ``ceiling``, ``loo`` the leave-one-out sets' when
+    already computed (``committed_leave_one_out_rows``); and the other GPUs of ``cross_gpu``."""
     heldout = [r for r in annotate(rows, profile) if is_heldout(r)]
-    loo = []
-    for name in LEAVE_ONE_OUT:
-        loo += leave_one_out_rows(name, rows, gpu, ceiling, profile.classes)[0]
+    if loo is None:
+        base = fit_classes(fitted_rows(rows), gpu, ceiling)
+        loo = [r for n in LEAVE_ONE_OUT for r in leave_one_out_rows(n, rows, gpu, ceiling, base)[0]]
     cross, others = [], []
     for other in measured_gpus():
         if other == gpu:
@@ -89,6 +95,12 @@ def residual_rows(gpu: str, rows: list[dict], ceiling: dict, profile: Profile) -
         cross += got
         others.append(other)
     return {"heldout": heldout, "leave_one_out": loo, "cross_gpu": cross}, tuple(others)
+
+
+def committed_loo(gpu: str) -> list[dict]:
+    """The rows of ``gpu``'s committed leave-one-out sets, as ``ssvkit validate`` computes them
+    (once per process)."""
+    return [r for n in LEAVE_ONE_OUT for r in committed_leave_one_out_rows(gpu, n)[0]]
 
 
 def residual_table(sets: dict[str, list[dict]], coverage: float = COVERAGE) -> dict:
@@ -110,10 +122,10 @@ def residual_table(sets: dict[str, list[dict]], coverage: float = COVERAGE) -> d
     return out
 
 
-def intervals_json(gpu: str, rows: list[dict], ceiling: dict, profile: dict) -> dict:
+def intervals_json(gpu: str, rows: list[dict], ceiling: dict, profile: dict, loo=None) -> dict:
     """A profile's ``intervals`` document: coverage, rule, the other GPUs of ``cross_gpu``, the
-    row count of each set and its residual table."""
-    sets, others = residual_rows(gpu, rows, ceiling, Profile.from_json(profile))
+    row count of each set and its residual table (``loo``: as ``residual_rows``)."""
+    sets, others = residual_rows(gpu, rows, ceiling, Profile.from_json(profile), loo)
     return {
         "coverage": COVERAGE,
         "rule": RULE,
@@ -127,6 +139,7 @@ def add_intervals(gpu: str, folder: Path | None = None) -> dict:
     """Recompute the ``intervals`` of ``folder``'s ``profile.json`` (default: the committed
     ``calibration/profiles/<gpu>/``) from its rows, leaving its fits as they are; written in
     place. Returns the profile."""
+    committed = folder is None
     folder = folder or ceilings.PROFILES / gpu
     path = folder / "profile.json"
     if not path.is_file():
@@ -139,7 +152,8 @@ def add_intervals(gpu: str, folder: Path | None = None) -> dict:
         "hbm_bytes_per_s": profile["ceilings"]["copy_bytes_per_s"],
         "bf16_flops_per_s": profile["ceilings"]["gemm_flops_per_s"],
     }
-    profile["intervals"] = intervals_json(gpu, rows, ceiling, profile)
+    loo = committed_loo(gpu) if committed else None
+    profile["intervals"] = intervals_json(gpu, rows, ceiling, profile, loo)
     atomic_write(path, dumps(profile))
     return profile
 

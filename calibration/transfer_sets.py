@@ -183,10 +183,14 @@ def leave_one_out_rows(
 
 def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict) -> dict:
     """The leave-one-out set ``name`` of ``gpu``'s rows (``leave_one_out_rows``), summarized."""
-    annotated, missing, values = leave_one_out_rows(name, rows, gpu, ceiling, base)
-    out = summarize(annotated, missing, TARGETS["leave_one_out"], values)
-    out["title"] = TITLES[name]
-    return out
+    return _loo_summary(name, *leave_one_out_rows(name, rows, gpu, ceiling, base))
+
+
+def _loo_summary(name: str, annotated: list[dict], missing: Counter, values: dict) -> dict:
+    return {
+        **summarize(annotated, missing, TARGETS["leave_one_out"], values),
+        "title": TITLES[name],
+    }
 
 
 def cross_gpu(fit_gpu: str, fit: dict, other: str, rows: list[dict], ceiling: dict) -> dict:
@@ -213,11 +217,19 @@ def _committed(gpu: str) -> tuple[list[dict], dict, dict]:
 
 
 @functools.lru_cache(maxsize=16)
+def committed_leave_one_out_rows(gpu: str, name: str) -> tuple[list[dict], Counter, dict]:
+    """``leave_one_out_rows`` of the set ``name`` on ``gpu``'s committed rows, the fits of all
+    of them standing for the classes without the value (computed once per process)."""
+    rows, ceiling, base = _committed(gpu)
+    return leave_one_out_rows(name, rows, gpu, ceiling, base)
+
+
+@functools.lru_cache(maxsize=16)
 def _committed_set(gpu: str, name: str) -> dict:
     """The set ``name`` of ``gpu``'s committed rows, keyed as ``transfer_report`` keys it."""
     rows, ceiling, base = _committed(gpu)
     if name in LEAVE_ONE_OUT:
-        return {name: leave_one_out(name, rows, gpu, ceiling, base)}
+        return {name: _loo_summary(name, *committed_leave_one_out_rows(gpu, name))}
     out = {}
     for other in measured_gpus():
         if other != gpu:

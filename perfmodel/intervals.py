@@ -65,7 +65,8 @@ def conformal_rank_bounds(n: int, coverage: float) -> tuple[int, int] | None:
     """1-based ranks (low, high) of the order statistics bounding a split-conformal central
     ``coverage`` interval from ``n`` residuals; None when ``n`` is too small."""
     a = (1.0 - coverage) / 2.0
-    lo, hi = math.floor((n + 1) * a), math.ceil((n + 1) * (1.0 - a))
+    # (n + 1) a is often a whole number that floating point misses by an ulp (20 x 0.95)
+    lo, hi = math.floor((n + 1) * a + 1e-9), math.ceil((n + 1) * (1.0 - a) - 1e-9)
     return (lo, hi) if lo >= 1 and hi <= n else None
 
 
