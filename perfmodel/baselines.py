@@ -112,16 +112,13 @@ def add_intervals(rows: list[dict], pred: StepPrediction, anchor_idx: dict) -> N
     speedups over the anchor points ``anchor_idx[a][i]`` and every op with seconds; the residual
     set of each op (``op_residuals``) and the share of the round without residuals
     (``uncovered_share``); or None and ``interval_note`` saying why."""
-    rnd = pred.spread()
-    if rnd is None:
+    draft, verify = pred.spread(prefix="draft."), pred.spread(prefix="verify.")
+    if draft is None:
         for r in rows:
             r.update(intervals=None, interval_note=pred.interval_note, op_residuals={})
         return
-    spreads = {
-        "round_s": rnd,
-        "draft_s": pred.spread(prefix="draft."),
-        "verify_s": pred.spread(prefix="verify."),
-    }
+    rnd = draft + verify
+    spreads = {"round_s": rnd, "draft_s": draft, "verify_s": verify}
     ivs = {k: interval(getattr(pred, k), over=bounds(sp)) for k, sp in spreads.items()}
     rb = bounds(rnd)
     ivs["tokens_per_s"] = interval(pred.tokens_per_s, under=rb)

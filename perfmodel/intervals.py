@@ -199,7 +199,7 @@ class IntervalSource:
 @dataclass(slots=True)
 class Spread:
     """The error model of a sum of op times over n points, in seconds: ``seconds`` predicted;
-    ``median_s`` = sum S_k (1 + d_k(median)); ``high_s`` / ``low_s`` [n, families] = per family
+    ``median_s`` = sum S_k (1 + d_k(median)); ``high_s`` / ``low_s`` [families, n] = per family
     sum S_k (d_k(p) - d_k(median)) at the interval's upper / lower level; ``uncovered_s`` the
     seconds of ops without residuals."""
 
@@ -212,7 +212,17 @@ class Spread:
     @classmethod
     def zeros(cls, n: int, num_families: int) -> Spread:
         z = np.zeros(n)
-        return cls(z.copy(), z.copy(), np.zeros((n, num_families)), np.zeros((n, num_families)), z)
+        return cls(z.copy(), z.copy(), np.zeros((num_families, n)), np.zeros((num_families, n)), z)
+
+    def __add__(self, other: Spread) -> Spread:
+        """The spread of the ops of both (disjoint op sets)."""
+        return Spread(
+            self.seconds + other.seconds,
+            self.median_s + other.median_s,
+            self.high_s + other.high_s,
+            self.low_s + other.low_s,
+            self.uncovered_s + other.uncovered_s,
+        )
 
     def add_op(
         self,
@@ -240,10 +250,10 @@ class Spread:
                 for a, b in zip((d_low, d_med, d_high), _deltas(outside), strict=True)
             )
         self.median_s += s * (1.0 + d_med)
-        self.high_s[:, column] += s * (d_high - d_med)
-        self.low_s[:, column] += s * (d_low - d_med)
+        self.high_s[column] += s * (d_high - d_med)
+        self.low_s[column] += s * (d_low - d_med)
         if gap:
-            self.high_s[:, -1] += s * (1.0 + d_med) * gap
+            self.high_s[-1] += s * (1.0 + d_med) * gap
 
 
 def _deltas(r: Residuals) -> tuple[float, float, float]:
@@ -269,14 +279,14 @@ def bounds(sp: Spread) -> LogBounds:
     """``sp``'s interval in log form: per family, the log deviation of the figure with that
     family alone at its upper and at its lower level (the others at their medians), squared and
     summed over families (module docstring)."""
-    base = np.where(sp.median_s > 0, sp.median_s, 1.0)[:, None]
+    base = np.where(sp.median_s > 0, sp.median_s, 1.0)
     hi = np.log1p(sp.high_s / base)
     lo = np.log1p(np.maximum(sp.low_s / base, -1.0 + 1e-12))
     up = np.maximum(np.maximum(hi, lo), 0.0)
     down = np.minimum(np.minimum(hi, lo), 0.0)
     on = sp.seconds > 0
     centre = np.log(np.where(on, sp.median_s / np.where(on, sp.seconds, 1.0), 1.0))
-    return LogBounds(centre, np.sum(up * up, axis=-1), np.sum(down * down, axis=-1))
+    return LogBounds(centre, np.sum(up * up, axis=0), np.sum(down * down, axis=0))
 
 
 def interval(

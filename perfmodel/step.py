@@ -184,6 +184,8 @@ class StepPrediction:
         axis = src.axis
         out = Spread.zeros(len(self.round_s), len(axis))
         for k in keys:
+            if not self.op_seconds[k].any():
+                continue
             fam = self.op_family.get(k)
             if fam is None:
                 out.add_op(self.op_seconds[k])

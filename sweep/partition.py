@@ -203,18 +203,18 @@ def interval_figures(pred: StepPrediction) -> dict[str, np.ndarray]:
     """``<figure>_low`` and ``<figure>_high`` of ``INTERVAL_FIGURES``, ``uncovered_share``, and
     the round's ``ROUND_BOUNDS``; NaN without residuals (the roofline)."""
     n = len(pred.round_s)
-    rnd = pred.spread()
-    if rnd is None:
+    parts = {f: pred.spread(prefix=f.removesuffix("_s") + ".") for f in ("draft_s", "verify_s")}
+    if parts["draft_s"] is None:
         nan = np.full(n, np.nan)
         names = [f"{f}_{x}" for f in INTERVAL_FIGURES for x in ("low", "high")]
         return {k: nan.copy() for k in (*names, "uncovered_share", *ROUND_BOUNDS)}
+    rnd = parts["draft_s"] + parts["verify_s"]
     rb = bounds(rnd)
     ivs = {
         "tokens_per_s": interval(pred.tokens_per_s, under=rb),
         "round_s": interval(pred.round_s, over=rb),
     }
-    for f in ("draft_s", "verify_s"):
-        sp = pred.spread(prefix=f.removesuffix("_s") + ".")
+    for f, sp in parts.items():
         ivs[f] = interval(getattr(pred, f), over=bounds(sp))
     out = {}
     for f in INTERVAL_FIGURES:
