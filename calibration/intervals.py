@@ -26,12 +26,10 @@ land on another optimum of equal error (``calibration.validate.fit_agreement``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import binomtest
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import dumps, is_heldout
 from ssvkit.calibration.transfer_sets import (
@@ -43,7 +41,7 @@ from ssvkit.calibration.transfer_sets import (
     measured_gpus,
     predict,
 )
-from ssvkit.calibration.validate import annotate, ratio_pairs
+from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.calibrated import Profile
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.intervals import (
@@ -51,12 +49,8 @@ from ssvkit.perfmodel.intervals import (
     POOLED,
     SETS,
     Residuals,
-    Spread,
-    bounds,
-    interval,
     kernel_family,
 )
-from ssvkit.perfmodel.rows import canonical
 
 RULE = (
     "per kernel family, ln(measured / predicted) of rows the predicting fit never saw; "
@@ -156,81 +150,6 @@ def add_intervals(gpu: str, folder: Path | None = None) -> dict:
     profile["intervals"] = intervals_json(gpu, rows, ceiling, profile, loo)
     atomic_write(path, dumps(profile))
     return profile
-
-
-def half(row: dict) -> int:
-    """0 or 1: a fixed split of the rows in two halves, by hash bits other than the held-out
-    rule's, for checking intervals on rows they were not derived from."""
-    key = canonical({"op": row["op"], "params": row["params"], "timing": row["timing"]})
-    return int(hashlib.sha1(key.encode()).hexdigest()[8:16], 16) % 2
-
-
-def _family_residuals(table: dict, name: str, family: str) -> Residuals:
-    """A set's residuals of ``family`` from a ``residual_table``, else its pooled ones."""
-    fams = table[name]
-    source = name if family in fams else f"{name}, all families"
-    return Residuals(source, **fams.get(family, fams[POOLED]))
-
-
-def row_coverage(table: dict, name: str, annotated: list[dict]) -> tuple[int, int]:
-    """How many of ``annotated`` rows measured inside the interval their family's residuals of
-    set ``name`` in ``table`` give their prediction; and how many rows."""
-    inside = 0
-    for r in annotated:
-        res = _family_residuals(table, name, kernel_family(r["class"]))
-        inside += res.low <= float(np.log(r["median_s"] / r["predicted_s"])) <= res.high
-    return inside, len(annotated)
-
-
-def ratio_coverage(table: dict, name: str, pairs: list[dict]) -> tuple[int, int]:
-    """How many ratio pairs (``calibration.validate.ratio_pairs``) measured inside the interval
-    ``perfmodel.intervals.interval`` gives their predicted ratio, each side one op with its
-    family's residuals of set ``name``; and how many pairs."""
-    inside = 0
-    for p in pairs:
-        sides = []
-        for row in p["rows"]:
-            sp = Spread.zeros(1, 1)
-            res = _family_residuals(table, name, kernel_family(row["class"]))
-            sp.add_op(np.array([row["predicted_s"]]), 0, res)
-            sides.append(sp)
-        over, under = (bounds(sp) for sp in sides)
-        lo, hi = interval(np.array([p["predicted"]]), over=over, under=under)[0]
-        inside += lo <= p["measured"] <= hi
-    return inside, len(pairs)
-
-
-def coverage_check(inside: int, n: int, coverage: float = COVERAGE) -> dict:
-    """The observed coverage and the one-sided binomial p-value of seeing at most ``inside`` of
-    ``n`` if the true coverage were ``coverage``: a small p says the intervals cover less."""
-    p = binomtest(inside, n, coverage, alternative="less").pvalue if n else float("nan")
-    inside, n = int(inside), int(n)
-    return {"inside": inside, "n": n, "coverage": inside / n if n else float("nan"), "p": float(p)}
-
-
-def heldout_coverage(annotated: list[dict], coverage: float = COVERAGE) -> list[dict]:
-    """The held-out split's intervals derived from one half of the held-out rows and checked on
-    the other half's rows and on the held-out ratio pairs whose held-out rows all lie in it,
-    both ways round (``half``)."""
-    held = [r for r in annotated if r["split"] == "heldout"]
-    pairs = [p for p in ratio_pairs(annotated) if p["heldout"]]
-    out = []
-    for h in (0, 1):
-        table = residual_table({"heldout": [r for r in held if half(r) == h]}, coverage)
-        rows = [r for r in held if half(r) != h]
-        mine = [p for p in pairs if all(half(r) != h for r in p["rows"] if r["split"] == "heldout")]
-        for what, got in (
-            ("rows", row_coverage(table, "heldout", rows)),
-            ("ratios", ratio_coverage(table, "heldout", mine)),
-        ):
-            out.append(
-                {
-                    "from": f"half {h}",
-                    "checked_on": f"{what} of half {1 - h}",
-                    **coverage_check(*got, coverage),
-                }
-            )
-    return out
 
 
 def main(argv=None) -> int:

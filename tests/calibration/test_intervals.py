@@ -6,15 +6,14 @@ import json
 import numpy as np
 import pytest
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.intervals import (
-    committed_loo,
+from ssvkit.calibration.interval_coverage import (
     coverage_check,
     half,
     heldout_coverage,
-    intervals_json,
-    residual_table,
     row_coverage,
+    source_of,
 )
+from ssvkit.calibration.intervals import committed_loo, intervals_json
 from ssvkit.calibration.validate import committed_report
 from ssvkit.perfmodel.intervals import COVERAGE
 
@@ -50,7 +49,7 @@ def test_heldout_intervals_hold_their_coverage_on_the_other_half(annotated):
     held-out ratios (a grouped mode over per-query loads, t = 16 over 1, ...) by the speedup
     rule, at the stated coverage: no binomial evidence of less."""
     checks = heldout_coverage(annotated)
-    assert len(checks) == 4 and {c["checked_on"].split()[0] for c in checks} == {"rows", "ratios"}
+    assert len(checks) == 4 and {c["checked_on"].split()[1] for c in checks} == {"rows", "ratios"}
     for c in checks:
         assert c["n"] > 100 and c["p"] > P_MIN, c
 
@@ -60,8 +59,8 @@ def test_the_coverage_check_fails_intervals_narrower_than_stated(annotated):
     can tell."""
     held = [r for r in annotated if r["split"] == "heldout"]
     for h in (0, 1):
-        table = residual_table({"heldout": [r for r in held if half(r) == h]}, coverage=0.5)
-        inside, n = row_coverage(table, "heldout", [r for r in held if half(r) != h])
+        src = source_of({"heldout": [r for r in held if half(r) == h]}, coverage=0.5)
+        inside, n = row_coverage(src, [r for r in held if half(r) != h])
         assert coverage_check(inside, n, COVERAGE)["p"] < P_MIN
         assert 0.4 < inside / n < 0.6
 
