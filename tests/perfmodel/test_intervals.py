@@ -201,3 +201,18 @@ def test_a_transfer_takes_the_datasheet_gap_only_where_the_target_has_datasheet_
     assert pcie.gap_bytes == pytest.approx(sheet.hbm_bytes_per_s / sxm.copy_bytes_per_s - 1)
     assert pcie.gap_flops == pytest.approx(sheet.bf16_flops_per_s / sxm.gemm_flops_per_s - 1)
     assert not make_predictor(get_gpu("h100-sxm")).interval_source.transferred
+
+
+def test_a_transfer_that_leaves_the_measured_range_is_labelled_and_widened():
+    """The H100 profile moved to the H200: dense verification at 4M contexts lies outside the
+    class's range, so the point is ``extrapolated`` and the op takes the leave-one-out residuals
+    beside the held-out ones."""
+    pred = _predict(get_gpu("h200"), (32768, 1 << 22))
+    assert pred.provenance == f"transferred:{shipped_profile('h100-sxm').profile_id}->h200"
+    assert pred.extrapolated[1]
+    assert list(pred.op_outside["verify.attention"]) == [False, True]
+    src = pred.interval_source
+    assert src.residuals("dense_verify", True).source == "heldout + leave_one_out"
+    secs = pred.op_seconds["verify.attention"]
+    rel = interval(secs, over=bounds(pred.spread(keys=["verify.attention"]))) / secs[:, None]
+    assert rel[1, 1] - rel[1, 0] > 2 * (rel[0, 1] - rel[0, 0])
