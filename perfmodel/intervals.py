@@ -23,20 +23,18 @@ A transfer across architectures, the bare roofline and ops without a fitted clas
 all-reduce, the acceptance bookkeeping) have no residuals: their figures carry no interval, or
 count in the figure's ``uncovered`` share.
 
-**Combination** (``Spread``, ``interval``). With d = measured / predicted - 1 per op, a sum of op
-times T = sum S_k measures sum S_k (1 + d_k). Within a family the ops' errors are taken fully
-correlated (one fit: at a quantile level every op of the family sits at that level), so the
-family's deviation at level p is exactly sum_{k in f} S_k (d_k(p) - d_k(median)). Across families
-the errors are taken independent: each family's deviation is taken alone, as a log ratio, and
-the families combine in quadrature; the medians shift the centre. One family: its interval
-exactly; several: exact for Gaussian log errors, and narrower than the sum of the families'
-deviations.
-Tokens/s is batch x tokens per round / round time (acceptance is an input: it adds no width). The
-two sides of a ratio (a speedup) share families but at other call sizes, whose residuals differ
-(a family's residuals spread over its configurations): their errors are taken independent,
-which bounds the ratio's spread for non-negatively correlated sides rather than crediting a
-cancellation nothing measures; a strategy over itself has a zero-width interval. The full
-correlation within a figure's family makes a sum's interval the widest the rows allow.
+**Combination** (``Spread``, ``bounds``, ``interval``). With d = measured / predicted - 1, a sum
+of op times T = sum S_k measures sum S_k (1 + d_k). The ops of one family are taken fully
+correlated (one fit: at a quantile level all of them sit at that level), so the family's
+deviation at level p is exactly sum_{k in f} S_k (d_k(p) - d_k(median)), the widest the residuals
+allow; families are taken independent: each family's deviation alone, as a log ratio, combined
+in quadrature, the medians shifting the centre (exact for one family and for Gaussian log
+errors; narrower than the families' deviations summed). The datasheet-ceiling gap is one more
+family, upward only. Tokens/s is the round's interval inverted (acceptance is an input and adds
+no width). The two sides of a speedup share families at other call sizes, whose residuals
+differ: they are taken independent (their squared log widths add), which bounds the ratio's
+spread for non-negatively correlated sides instead of crediting a cancellation nothing measures;
+a strategy over itself has a zero-width interval.
 """
 
 from __future__ import annotations
