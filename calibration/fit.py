@@ -411,12 +411,17 @@ def dumps(profile: dict) -> str:
 
 def fit_folder(gpu: str, folder: Path | None = None) -> dict:
     """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
-    ``*.jsonl`` there), written into ``folder``; by default the committed
+    ``*.jsonl`` there), with the residuals of its prediction intervals
+    (``calibration.intervals``), written into ``folder``; by default the committed
     ``calibration/profiles/<gpu>/``. Returns the profile."""
+    # Imported here: the residual sets refit classes with this module's fit.
+    from ssvkit.calibration.intervals import intervals_json
+
     folder = folder or ceilings.PROFILES / gpu
     rows = ceilings.profile_rows(gpu, folder)
     overlay = ceilings.derive(gpu, rows)
     profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
+    profile["intervals"] = intervals_json(gpu, rows, overlay["ceilings"], profile)
     atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
     atomic_write(folder / "profile.json", dumps(profile))
     return profile

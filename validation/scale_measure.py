@@ -153,7 +153,7 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
 def predictions(st: Setup, cell: Cell, strategy: Strategy, alpha: float, overlap) -> dict:
     """perfmodel's prediction at the measured acceptance and overlap (the mean context of the
     run), with its speedups over the autoregressive baselines predicted alike."""
-    from ssvkit.validation.decode_figures import predict
+    from ssvkit.validation.decode_figures import predict, ratio_interval
 
     name = cell.model.removeprefix("random:")
     ctx = cell.context + st.args.new_tokens // 2
@@ -162,11 +162,18 @@ def predictions(st: Setup, cell: Cell, strategy: Strategy, alpha: float, overlap
         return pred
     if cell.acceptance is not None:
         pred["acceptance"] = "synthetic:oracle"
-    pred["speedup"] = {}
+    pred["speedup"], pred["speedup_intervals"] = {}, {}
     for base in AUTOREGRESSIVE:
         ar = predict(BASELINES[base], name, None, ctx, cell.batch, 0.0, overlap, st.args.gpu)
         if "tokens_per_s" in ar:
             pred["speedup"][base] = pred["tokens_per_s"] / ar["tokens_per_s"]
+            same = (ar["tokens_per_s"], ar["round_log_bounds"]) == (
+                pred["tokens_per_s"],
+                pred["round_log_bounds"],
+            )
+            pred["speedup_intervals"][base] = ratio_interval(
+                pred["speedup"][base], ar["round_log_bounds"], pred["round_log_bounds"], same
+            )
     return pred
 
 

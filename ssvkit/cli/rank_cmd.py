@@ -17,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ssvkit.cli.options import add_pricing_options, pricing_gpu
+from ssvkit.cli.options import add_pricing_options, bounded_text, interval_legend, pricing_gpu
 from ssvkit.perfmodel.files import atomic_write, check_output, read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
@@ -176,6 +176,19 @@ def _emit(args, doc: dict, model, gpu, profile: RegimeProfile, how: str = "") ->
         )
         if entry["assumed"]:
             print(f"  assumed, not profiled: {'; '.join(entry['assumed'])}")
-        for i, r in enumerate(entry["ranking"][: args.top], 1):
+        shown = entry["ranking"][: args.top]
+        texts = [
+            bounded_text(r["tokens_per_s"], r.get("tokens_per_s_interval"), ".1f") for r in shown
+        ]
+        width = max(map(len, texts), default=0)
+        for i, (r, text) in enumerate(zip(shown, texts, strict=True), 1):
             flag = " (extrapolated)" if r["extrapolated"] else ""
-            print(f"  {i:2d}. {r['tokens_per_s']:8.1f} tok/s  {r['describe']}  [{r['id']}]{flag}")
+            print(f"  {i:2d}. {text:>{width}s} tok/s  {r['describe']}  [{r['id']}]{flag}")
+    shown = [r for e in doc["regimes"].values() for r in e["ranking"][: args.top]]
+    legend = interval_legend(
+        [r.get("tokens_per_s_interval") is not None for r in shown],
+        "no residuals price the datasheet roofline or a transfer across architectures",
+    )
+    if legend and legend[0].startswith("[low, high]"):
+        legend[0] += "; the loop overhead adds no width"
+    print("\n" + "\n".join(legend))

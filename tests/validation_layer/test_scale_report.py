@@ -101,7 +101,31 @@ def test_groups_skipped_cells_and_intervals(doc):
     for s in rep["skipped"]:
         assert s["reason"].startswith("batch 2 at context 1100 needs ")
         assert s["memory"]["need_bytes"] > s["memory"]["available_bytes"] == 1 << 20
+    # Every prediction carries its interval; the report counts the measurements inside them.
+    cells = [r for r in doc["rows"] if r["status"] == "measured"]
+    iv = rep["intervals"]
+    assert iv["drawn"] and iv["inside"]["tokens_per_s"]["n"] == len(cells) == 4
+    want = sum(
+        lo <= r["measured"]["tokens_per_s"] <= hi
+        for r in cells
+        for lo, hi in [r["prediction"]["intervals"]["tokens_per_s"]]
+    )
+    assert iv["inside"]["tokens_per_s"]["inside"] == want
+    assert iv["inside"]["speedup"]["n"] == len(rep["speedups"])
+    for x in rep["speedups"]:
+        lo, hi = x["interval"]
+        assert 0 < lo < hi
+
+
+def test_a_campaign_predicted_without_intervals_says_so(doc):
+    bare = copy.deepcopy(doc)
+    for r in bare["rows"]:
+        if r["status"] == "measured":
+            r["prediction"].pop("intervals")
+            r["prediction"].pop("round_log_bounds")
+    rep = build_scale(bare, "scale.json")
     assert not rep["intervals"]["drawn"] and "no prediction intervals" in rep["intervals"]["note"]
+    assert all(x["interval"] is None for x in rep["speedups"])
 
 
 def test_cli_prints_json_and_plots(path, doc, tmp_path, capsys):
@@ -112,7 +136,7 @@ def test_cli_prints_json_and_plots(path, doc, tmp_path, capsys):
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert main(["report", "--campaign", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "no prediction intervals" in out and "speedup ssv/ar_sparse" in out
+    assert "90% prediction intervals" in out and "speedup ssv/ar_sparse" in out
     assert "batch 2 at context 1100 needs " in out and "synthetic:oracle" in out
 
 
