@@ -11,17 +11,18 @@ selected branch ``BLOCK_SIZE / BLOCK_N`` tiles per entry of the tile's union lis
 branch ``ceil((window + t) / BLOCK_N)`` tiles from ``prefix - window`` on. A forward program takes
 an equal slice of one branch's units and writes its state to one slot: ``m``, ``l``
 (``[2, BLOCK_M]``) and the unnormalised ``acc`` (``[BLOCK_M, D]``); slots ``[0, c)`` are
-compressed, ``[c, c + s)`` selected, the rest window.
+compressed, ``[c, c + s)`` selected, the rest window. :mod:`kernels.nsa_merge_kernels` holds the
+split and the merges (folded into this launch, or a launch of their own).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from ssvkit.kernels.arrivals import last_to_arrive
+from ssvkit.kernels.nsa_merge_kernels import NEG_SENTINEL, branch_units, merge_tile, split_slots
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
-# Finite stand-in for -inf: masked scores and empty states stay finite, so no exp(-inf - -inf).
-NEG_SENTINEL = tl.constexpr(-1.0e30)
 MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 
 
@@ -46,41 +47,6 @@ def _chunk(n, chunk, n_chunks):
     per = tl.cdiv(n, n_chunks)
     lo = tl.minimum(chunk * per, n)
     return lo, tl.minimum(lo + per, n)
-
-
-@triton.jit
-def _branch_units(
-    prefix, n_list, nc_max, window, comp_block, comp_stride, BLOCK_N: tl.constexpr, SUBS
-):
-    """Key tiles of each branch of one (sequence x KV head, row tile) -- compressed,
-    selected (``n_list`` union entries of ``SUBS`` tiles), window -- and the compressed tokens
-    ``nc`` and the window's first token."""
-    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
-    nc = tl.minimum(nc, nc_max)
-    win_start = tl.maximum(prefix - window, 0)
-    units_c = tl.cdiv(nc, BLOCK_N)
-    units_w = tl.cdiv(prefix - win_start, BLOCK_N)
-    return units_c, n_list * SUBS, units_w, nc, win_start
-
-
-@triton.jit
-def _split_slots(branches, n, units_c, units_s, units_w):
-    """``n`` slots split between the enabled branches (bits 1, 2, 4 of ``branches``:
-    compressed, selected, window) in proportion to their key tiles, at least one each; the
-    last enabled branch takes the rest. Integer arithmetic, so the forward and the merge get
-    the same split. Returns the compressed and selected slot counts."""
-    on_c = (branches & 1) != 0
-    on_s = (branches & 2) != 0
-    on_w = (branches & 4) != 0
-    total = tl.maximum(
-        tl.where(on_c, units_c, 0) + tl.where(on_s, units_s, 0) + tl.where(on_w, units_w, 0), 1
-    )
-    later = on_s.to(tl.int32) + on_w.to(tl.int32)
-    share_c = tl.minimum(tl.maximum((2 * n * units_c + total) // (2 * total), 1), n - later)
-    c_n = tl.where(on_c, tl.where(later > 0, share_c, n), 0)
-    share_s = tl.minimum(tl.maximum((2 * n * units_s + total) // (2 * total), 1), n - c_n - 1)
-    s_n = tl.where(on_s, tl.where(on_w, share_s, n - c_n), 0)
-    return c_n, s_n
 
 
 @triton.jit
@@ -131,6 +97,9 @@ def nsa_fwd_kernel(
     part_acc_ptr,
     part_ml_ptr,  # [B*Hkv*tiles, slots, BLOCK_M, D], [.., slots, 2, BLOCK_M] fp32
     s_ptr,  # [B*Hkv*tiles, ROWS * GROUP, NC_max] fp32 compressed scores (STORE_S only)
+    gate_ptr,
+    o_ptr,
+    arrive_ptr,  # [B, t, H, 3] gates, o, [B*Hkv*tiles] i32 zeroed counters (FOLD only)
     stride_qb,
     stride_qt,
     stride_qh,
@@ -140,6 +109,9 @@ def nsa_fwd_kernel(
     stride_cb,
     stride_ch,
     stride_ct,
+    stride_ob,
+    stride_ot,
+    stride_oh,
     num_t,
     num_tiles,
     nc_max,
@@ -164,11 +136,16 @@ def nsa_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     STORE_S: tl.constexpr,
     HAS_SEL: tl.constexpr,
+    FOLD: tl.constexpr,
+    APPLY_GATES: tl.constexpr,
+    S_PAD: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
+    MERGE_SLOTS: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, slots)``: slot ``s`` runs an equal slice of one branch's units
     and writes its state to slot ``slot_base + s``. The slots go to the enabled branches
     (``branches``) in proportion to the key tiles each has in this program -- compressed, then
-    selected, then window (``_split_slots``) -- so a union list longer or shorter than the host
+    selected, then window (``split_slots``) -- so a union list longer or shorter than the host
     expected still spreads evenly. All branches share one software-pipelined loop over key tiles: a
     tile's address comes from its unit alone (the selected branch's from one union-list entry),
     so the loads of the next tiles are in flight while one is computed on.
@@ -181,7 +158,12 @@ def nsa_fwd_kernel(
     no tree mask. ``HAS_SEL``: the launch has selected slots (else the loop reads no list).
     ``STORE_S`` (a launch of compressed slots only: the refresh path's) also
     writes each real MMA row's log2-domain score of every compressed token to ``s_ptr``, which
-    the block scoring reads instead of computing them again."""
+    the block scoring reads instead of computing them again.
+
+    ``FOLD``: the launch also merges. Each program, its partial written, arrives on its row
+    tile's counter (``kernels.arrivals``); the last of the tile's slots to arrive merges slots
+    ``[0, slot_base + slots)`` (``merge_tile``; slots below ``slot_base`` are compressed,
+    written by an earlier launch), gates them (``APPLY_GATES``) and writes ``o``."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")
@@ -217,10 +199,10 @@ def nsa_fwd_kernel(
         n_list = list_len
     else:
         n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
-    units_c, units_s, units_w, nc, win_start = _branch_units(
+    units_c, units_s, units_w, nc, win_start = branch_units(
         prefix, n_list, nc_max, window, comp_block, comp_stride, BLOCK_N, SUBS
     )
-    c_slots, s_slots = _split_slots(branches, tl.num_programs(1), units_c, units_s, units_w)
+    c_slots, s_slots = split_slots(branches, tl.num_programs(1), units_c, units_s, units_w)
     is_comp = slot < c_slots
     is_sel = (slot >= c_slots) & (slot < c_slots + s_slots)
     is_win = slot >= c_slots + s_slots
@@ -293,108 +275,35 @@ def nsa_fwd_kernel(
     tl.store(part_ml_ptr + out_slot * 2 * BLOCK_M + BLOCK_M + offs_m, l_i)
     acc_off = out_slot * BLOCK_M * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(part_acc_ptr + acc_off, acc)
-
-
-@triton.jit
-def _merge_branch(out, m_all, l_all, acc_all, mine, gate):
-    """Merge the slots ``mine`` (``[S_PAD]``) of one branch from every slot's ``m``, ``l``
-    (``[S_PAD]``) and ``acc`` (``[S_PAD, D]``), all in registers, and fold the result, gated,
-    into ``out`` (``[D]``). Slots outside the branch weigh 0; both exponents are finite (the
-    sentinel at worst), so no -inf - -inf."""
-    m_i = tl.max(tl.where(mine, m_all, NEG_SENTINEL), 0)
-    w = tl.where(mine, tl.exp2(tl.where(mine, m_all, m_i) - m_i), 0.0)
-    l_i = tl.sum(w * l_all, 0)
-    acc = tl.sum(w[:, None] * acc_all, 0)
-    return out + acc * tl.where(l_i > 0.0, gate / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
-
-
-@triton.jit
-def nsa_merge_kernel(
-    part_acc_ptr,
-    part_ml_ptr,
-    gate_ptr,
-    o_ptr,  # partials as in nsa_fwd_kernel, [B,t,H,3], o
-    prefix_ptr,
-    count_ptr,  # [B] i32, the union plan's [B, Hkv, tiles] counts
-    stride_ob,
-    stride_ot,
-    stride_oh,
-    num_t,
-    num_tiles,
-    nc_max,
-    window,
-    comp_block,
-    comp_stride,
-    list_len,
-    comp_fixed,
-    branches,
-    used_slots,
-    num_slots,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    ALL_MEMBERS: tl.constexpr,
-    S_PAD: tl.constexpr,
-    APPLY_GATES: tl.constexpr,
-):
-    """Grid ``(B * Hkv * tiles, BLOCK_M)``: merge each branch's slots on its own for one MMA
-    row, gate, write ``o``. ``S_PAD`` >= the slots of the launch. Slots ``[0, comp_fixed)`` are
-    compressed (a launch of their own); the other ``used_slots - comp_fixed`` are split between
-    ``branches`` as the forward split them (``_split_slots`` of the same key tiles). The row's
-    partials of every slot are loaded at once, ``[S_PAD, D]``: one round trip to memory, no
-    chain of dependent loads."""
-    ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
-    NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
-    pid = tl.program_id(0)
-    m = tl.program_id(1)
-    row = (pid % num_tiles) * ROWS + m // GROUP_PAD
-    g = m % GROUP_PAD
-    if (row < num_t) & (g < GROUP):
-        bh = pid // num_tiles
-        b = (bh // NUM_KV_HEADS).to(tl.int64)
-        head = (bh % NUM_KV_HEADS).to(tl.int64) * GROUP + g
-        gate_off = ((b * num_t + row) * NUM_Q_HEADS + head) * 3
-        offs_d = tl.arange(0, HEAD_DIM)
-        slot_ids = tl.arange(0, S_PAD)
-        slot_ok = slot_ids < num_slots
-        base = pid.to(tl.int64) * num_slots + slot_ids  # [S_PAD]
-        m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
-        l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
-        acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
-        acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
-        if ALL_MEMBERS:
-            n_list = list_len
-        else:
-            n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
-        units_c, units_s, units_w, _, _ = _branch_units(
-            tl.load(prefix_ptr + b),
-            n_list,
-            nc_max,
-            window,
-            comp_block,
-            comp_stride,
-            BLOCK_N,
-            BLOCK_SIZE // BLOCK_N,
-        )
-        c_n, s_n = _split_slots(branches, used_slots - comp_fixed, units_c, units_s, units_w)
-        c_slots = comp_fixed + c_n
-        out = tl.zeros([HEAD_DIM], dtype=tl.float32)
-        lo = 0
-        for branch in tl.static_range(3):
-            n = c_slots if branch == 0 else (s_n if branch == 1 else used_slots - c_slots - s_n)
-            if APPLY_GATES:
-                gate = tl.load(gate_ptr + gate_off + branch).to(tl.float32)
-            else:
-                gate = 1.0
-            mine = (slot_ids >= lo) & (slot_ids < lo + n)
-            out = _merge_branch(out, m_all, l_all, acc_all, mine, gate)
-            lo += n
-        o_off = b * stride_ob + row * stride_ot + head * stride_oh
-        tl.store(o_ptr + o_off + offs_d, out.to(o_ptr.dtype.element_ty))
+    if FOLD:
+        if last_to_arrive(arrive_ptr + pid, tl.num_programs(1)):
+            merge_tile(
+                part_acc_ptr,
+                part_ml_ptr,
+                gate_ptr,
+                o_ptr,
+                pid,
+                b,
+                kvh,
+                tile,
+                num_t,
+                num_slots,
+                slot_base + tl.num_programs(1),
+                slot_base + c_slots,
+                slot_base + c_slots + s_slots,
+                stride_ob,
+                stride_ot,
+                stride_oh,
+                NUM_KV_HEADS,
+                GROUP,
+                GROUP_PAD,
+                HEAD_DIM,
+                BLOCK_M,
+                S_PAD,
+                MERGE_ROWS,
+                MERGE_SLOTS,
+                APPLY_GATES,
+            )
 
 
 @triton.jit

@@ -14,6 +14,7 @@ from ssvkit.kernels.device import num_sms
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 SCORE_SOURCES = ("auto", "stored", "computed")
+MERGES = ("folded", "separate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,14 @@ class NsaVerifyConfig:
         },
     )
 
+    merge: str = field(
+        default="folded",
+        metadata={
+            "help": "where a split call merges its slots: folded into the forward launch (the "
+            "last program of a row tile to finish merges it) or separate (a launch of its own)"
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_j"):
             v = getattr(self, name)
@@ -69,6 +78,8 @@ class NsaVerifyConfig:
             raise ValueError(
                 f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
             )
+        if self.merge not in MERGES:
+            raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
         if not 0.0 <= self.expected_overlap <= 1.0:
             raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")
 
@@ -108,6 +119,7 @@ class LaunchPlan:
     num_warps: int
     num_stages: int
     dot_precision: str
+    merge: str
 
     def rows_meta(self) -> dict:
         """Constexprs of the row packing, shared by the kernels."""
@@ -211,6 +223,7 @@ def make_plan(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
+        merge=config.merge,
     )
 
 

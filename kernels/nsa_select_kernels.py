@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from ssvkit.kernels.nsa_kernels import NEG_SENTINEL
+from ssvkit.kernels.nsa_merge_kernels import NEG_SENTINEL
 
 
 @triton.jit

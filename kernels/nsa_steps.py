@@ -1,14 +1,17 @@
 """The launches of :mod:`kernels.nsa_verify`'s steps, on the host: partial-state buffers, the
 union plan, the forward and merge launches, and the refresh path's selection (compressed pass,
-block scores, top-n). Each function launches one step; nothing is read on the host."""
+block scores, top-n). Each function launches one step (``forward_and_merge`` one or two, by
+the plan's ``merge``); nothing is read on the host."""
 
 from __future__ import annotations
 
 import torch
 import triton
+from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.group_plan import GroupPlan
-from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
+from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
+from ssvkit.kernels.nsa_merge_kernels import nsa_merge_kernel
 from ssvkit.kernels.nsa_select_kernels import (
     block_score_kernel,
     stored_block_score_kernel,
@@ -67,15 +70,22 @@ def launch_fwd(
     slots,
     slot_base=0,
     comp_scores: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    apply_gates: bool = True,
 ) -> None:
     """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``;
-    ``comp_scores`` (:func:`alloc_comp_scores`) also receives the compressed tokens' scores."""
-    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, _ = args
+    ``comp_scores`` (:func:`alloc_comp_scores`) also receives the compressed tokens' scores.
+    With ``out``, the launch also merges slots ``[0, slot_base + sum(slots))`` of ``part`` into
+    ``out`` (gated when ``apply_gates``): the folded merge, on the device's arrival counters."""
+    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates = args
     c_s, s_s, w_s = slots
     if comp_scores is not None and (s_s or w_s):
         raise ValueError("comp_scores needs a launch of compressed slots only")
     part_acc, part_ml = part
     lists, bits, counts, all_members, list_len = _plan_args(union, prefix_lens)
+    fold = out is not None
+    arrive = arrival_counters(plan.programs, q.device) if fold else prefix_lens
+    merge_rows, merge_slots = _merge_chunks(plan, part_ml.shape[1])
     nsa_fwd_kernel[(plan.programs, c_s + s_s + w_s)](
         q,
         k_cache,
@@ -90,9 +100,13 @@ def launch_fwd(
         part_acc,
         part_ml,
         comp_scores if comp_scores is not None else part_ml,
+        gates,
+        out if fold else q,
+        arrive,
         *q.stride()[:3],
         *k_cache.stride()[:3],
         *comp_k.stride()[:3],
+        *(out if fold else q).stride()[:3],
         plan.num_t,
         plan.num_tiles,
         plan.nc_max,
@@ -112,9 +126,70 @@ def launch_fwd(
         DOT_PRECISION=plan.dot_precision,
         STORE_S=comp_scores is not None,
         HAS_SEL=s_s > 0,
+        FOLD=fold,
+        APPLY_GATES=apply_gates,
+        S_PAD=_slots_pad(part_ml.shape[1]),
+        MERGE_ROWS=merge_rows,
+        MERGE_SLOTS=merge_slots,
         **plan.rows_meta(),
         num_warps=plan.num_warps,
     )
+
+
+def forward_and_merge(
+    plan: LaunchPlan,
+    args,
+    union: GroupPlan | None,
+    part,
+    o,
+    slots,
+    *,
+    comp_apart: bool = False,
+    apply_gates: bool = True,
+) -> None:
+    """The forward over ``slots`` (compressed, selected, window) and their merge into ``o``:
+    one launch when ``plan.merge`` is ``folded``, a forward and a merge launch when it is
+    ``separate``. ``comp_apart``: the compressed slots ``[0, slots[0])`` are already in
+    ``part`` (the refresh path's compressed launch) and the forward runs the other branches."""
+    fwd_slots = (0, *slots[1:]) if comp_apart else tuple(slots)
+    base = slots[0] if comp_apart else 0
+    if plan.merge == "folded":
+        launch_fwd(
+            plan,
+            args,
+            union,
+            part,
+            slots=fwd_slots,
+            slot_base=base,
+            out=o,
+            apply_gates=apply_gates,
+        )
+        return
+    launch_fwd(plan, args, union, part, slots=fwd_slots, slot_base=base)
+    launch_merge(plan, args, union, part, o, slots, comp_apart=comp_apart, apply_gates=apply_gates)
+
+
+# Elements of one partial load of the folded merge (``merge_tile``): 64 fp32 per thread of a
+# 4-warp program, the most it holds without spilling beside its row chunk's output.
+MERGE_LOAD_ELEMS = 8192
+# MMA rows the folded merge handles at once (fewer when a tile has fewer real rows, not fewer
+# than MERGE_ROWS_MIN: no tensor dimension of 1).
+MERGE_ROWS_MAX = 16
+MERGE_ROWS_MIN = 4
+
+
+def _merge_chunks(plan: LaunchPlan, num_slots: int) -> tuple[int, int]:
+    """(``MERGE_ROWS``, ``MERGE_SLOTS``) of the folded merge: row chunks of at most
+    ``MERGE_ROWS_MAX`` MMA rows, no more than the tile's real draft rows span, and as many
+    slots per load as ``MERGE_LOAD_ELEMS`` holds (at most the padded slot count)."""
+    real = triton.next_power_of_2(min(plan.rows, plan.num_t) * plan.group_pad)
+    rows = max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, real))
+    per_load = max(1, MERGE_LOAD_ELEMS // (rows * plan.head_dim))
+    return rows, min(triton.next_power_of_2(per_load), _slots_pad(num_slots))
+
+
+def _slots_pad(num_slots: int) -> int:
+    return max(2, triton.next_power_of_2(num_slots))
 
 
 def launch_merge(
@@ -136,7 +211,7 @@ def launch_merge(
     _, _, counts, all_members, list_len = _plan_args(union, prefix_lens)
     comp_fixed = slots[0] if comp_apart else 0
     branches = branch_bits((0, *slots[1:]) if comp_apart else slots)
-    s_pad = max(2, triton.next_power_of_2(part_ml.shape[1]))
+    s_pad = _slots_pad(part_ml.shape[1])
     nsa_merge_kernel[(plan.programs, plan.block_m)](
         part_acc,
         part_ml,
