@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2
 NSA_REUSE_OVERLAP = 0.7
+# select_blocks' ``impl``: scores and pick in one launch (the default), or the two launches.
+SELECT_IMPLS = ("one_launch", "two_launch")
 
 
 def free() -> None:
@@ -334,7 +336,8 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
 
 
 def select_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
-    """select_blocks per metadata kind, batch, context and top_n."""
+    """select_blocks per metadata kind, batch, context and top_n, in one launch and in two
+    (``impl``) on the same inputs."""
     t, bs = sw.tokens, sw.block_size
     for bsz in sw.select_batches:
         for ctx in sw.select_contexts:
@@ -342,15 +345,16 @@ def select_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
                 for method in ("mean", "quest"):
                     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n)
                     p = ki.base_params(block_size=bs, method=method, **common)
-                    if not r.pending("select_blocks", p):
+                    todo = [i for i in SELECT_IMPLS if r.pending("select_blocks", {**p, "impl": i})]
+                    if not todo:
                         continue
                     if r.out_of_time():
                         return
-                    _select_config(r, seed, mod, p)
+                    _select_config(r, seed, mod, p, todo)
                     free()
 
 
-def _select_config(r: Runner, seed: int, mod, p: dict) -> None:
+def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     bsz, ctx, t = p["batch"], p["context_len"], p["num_query_tokens"]
     top_n, bs, method = p["top_n"], p["block_size"], p["method"]
     gen = ki.generator(seed + ctx + bsz)
@@ -373,11 +377,12 @@ def _select_config(r: Runner, seed: int, mod, p: dict) -> None:
             if isinstance(getattr(meta, f.name), torch.Tensor)
         }
         sets.append((torch.randn_like(q), dataclasses.replace(meta, **copies)))
-    p = dict(p, rotations=rot)
     flops = 2 * bsz * ki.NUM_KV_HEADS * t * nb * ki.HEAD_DIM * kinds
+    for impl in impls:
 
-    def fn(i):
-        qi, mi = sets[i]
-        return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method)
+        def fn(i, fused=impl == "one_launch"):
+            qi, mi = sets[i]
+            return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method, fused=fused)
 
-    r.time_op("select_blocks", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
+        pi = dict(p, impl=impl, rotations=rot)
+        r.time_op("select_blocks", pi, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
