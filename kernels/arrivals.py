@@ -1,17 +1,27 @@
-"""Arrival counters: the last program of a group finishes the group's work in the same launch.
+"""Arrival counters: a step that depends on other programs' results runs in the same launch.
 
-Several programs of one launch write partial results of one output (the slots of an NSA row
-tile, the score tiles of a selection row). Instead of a second launch that combines them, each
-program, after writing its part, increments the output's counter (``last_to_arrive``); the one
-that reads back ``arrivals - 1`` is the last, combines the parts and writes the output, and sets
-the counter back to 0. A launch therefore leaves its counters as it found them (zero): the next
-launch and every replay of a CUDA graph find them ready, with no memset and no host work.
+Several programs of one launch write parts of one output (the slots of an NSA row tile, the
+score ranges of a selection's rows). Instead of a second launch that combines them, the step
+that needs them runs in the launch, in one of two ways:
+
+- **last to arrive** (``last_to_arrive``): each program, its part written, increments the
+  output's counter; the one that reads back ``arrivals - 1`` is the last, combines the parts
+  and writes the output, and sets the counter back to 0. For a step one program does well.
+- **tickets** (``take_ticket``, ``arrive``, ``wait_for``, ``leave``): extra programs run the
+  step, as many as it has parts (a selection's rows). Every program takes a ticket when it
+  starts, and tickets, not program ids, assign the work: producers first, then the waiting
+  steps, so a waiting program only waits on producers that already hold a ticket, i.e. are
+  running, whatever order the GPU starts programs in: waiting cannot deadlock. The last waiter
+  of an output zeroes its counters, the last ticket the ticket counter.
+
+Either way a launch leaves its counters as it found them (zero): the next launch and every
+replay of a CUDA graph find them ready, with no memset and no host work.
 
 Memory order (Triton 3.6 inserts no CTA barrier around an atomic): a CTA barrier first puts
-every thread's partial stores before the one thread's increment, whose ``acq_rel`` at GPU scope
-releases them; the increment that reads ``arrivals - 1`` acquires the others' releases, and a
-second barrier orders it before the last program's threads read the parts (with L2 loads,
-``cache_modifier=".cg"``, so no stale L1 line is read).
+every thread's stores before the one thread's increment, whose release (``acq_rel`` or
+``release``) at GPU scope publishes them; the increment or poll that sees every arrival
+acquires them, and a second barrier orders it before the program's threads read the parts
+(with L2 loads, ``cache_modifier=".cg"``, so no stale L1 line is read).
 
 ``arrival_counters`` hands out one zeroed buffer per device, kept for the life of the process
 (a captured graph holds its address); launches that share it must be ordered on one stream, as
@@ -62,3 +72,40 @@ def last_to_arrive(counter_ptr, arrivals):
     last = seen == arrivals - 1
     tl.store(counter_ptr, 0, mask=last)
     return last
+
+
+@triton.jit
+def take_ticket(counter_ptr):
+    """This program's place in start order among the launch's (a 1-D grid); the last ticket
+    sets the counter back to 0 (every other program has taken its ticket by then)."""
+    ticket = tl.atomic_add(counter_ptr, 1, sem="relaxed", scope="gpu")
+    tl.store(counter_ptr, 0, mask=ticket == tl.num_programs(0) - 1)
+    return ticket
+
+
+@triton.jit
+def arrive(counter_ptr):
+    """Publish this program's stores and count it at ``counter_ptr``. Call it at the top level
+    of the program's branch, after its stores."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def wait_for(counter_ptr, arrivals):
+    """Wait until ``arrivals`` programs have arrived at ``counter_ptr``; their stores are then
+    visible to every thread of this program (read them with ``.cg`` loads)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < arrivals:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def leave(arrive_ptr, done_ptr, waiters):
+    """Count this program out of the ``waiters`` that waited at ``arrive_ptr``; the last sets
+    both counters back to 0 (every waiter has stopped reading ``arrive_ptr`` by then)."""
+    done = tl.atomic_add(done_ptr, 1, sem="relaxed", scope="gpu")
+    if done == waiters - 1:
+        tl.store(arrive_ptr, 0)
+        tl.store(done_ptr, 0)

@@ -14,7 +14,7 @@ from ssvkit.kernels.device import num_sms
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 SCORE_SOURCES = ("auto", "stored", "computed")
-MERGES = ("folded", "separate")
+FOLDS = ("folded", "separate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,15 @@ class NsaVerifyConfig:
         },
     )
 
+    pick: str = field(
+        default="folded",
+        metadata={
+            "help": "where the refresh path picks its top-n blocks: folded into the block "
+            "scoring launch (where kernels.top_blocks' threshold pick serves the rows) or "
+            "separate (a launch of its own)"
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_j"):
             v = getattr(self, name)
@@ -78,8 +87,11 @@ class NsaVerifyConfig:
             raise ValueError(
                 f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
             )
-        if self.merge not in MERGES:
-            raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
+        for name in ("merge", "pick"):
+            if getattr(self, name) not in FOLDS:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(FOLDS)}, got {getattr(self, name)!r}"
+                )
         if not 0.0 <= self.expected_overlap <= 1.0:
             raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")
 
@@ -120,6 +132,7 @@ class LaunchPlan:
     num_stages: int
     dot_precision: str
     merge: str
+    pick: str
 
     def rows_meta(self) -> dict:
         """Constexprs of the row packing, shared by the kernels."""
@@ -224,6 +237,7 @@ def make_plan(
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
         merge=config.merge,
+        pick=config.pick,
     )
 
 

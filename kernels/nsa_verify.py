@@ -76,11 +76,11 @@ from ssvkit.kernels.nsa_launch import (
     refresh_slots,
 )
 from ssvkit.kernels.nsa_reference import reference_nsa_verify
+from ssvkit.kernels.nsa_selection import refresh_indices
 from ssvkit.kernels.nsa_steps import (
     alloc_partials,
     forward_and_merge,
     launch_merge,
-    refresh_indices,
     union_for,
     union_plan,
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
 from ssvkit.kernels.top_blocks import threshold_pick
 
 
@@ -254,24 +255,17 @@ def select_kernel(
     """Grid ``(B * Hkv * (score_programs + t),)``: the scores and the top-n pick of every row
     in one launch.
 
-    A program takes a ticket (counter 0) when it starts. Tickets below ``B * Hkv *
-    score_programs`` score a block range of one (sequence, KV head) (``score_range``), then
-    arrive on that pair's counter (a CTA barrier, then ``release``). The later tickets pick one
-    row each (``kernels.top_blocks.threshold_pick``, scores read from L2): the row's program
-    waits until every score program of its pair has arrived (``acquire``), picks, and counts
-    itself done; the last row of a pair zeroes the pair's two counters, and the last ticket the
-    ticket counter, so the launch leaves every counter at 0 (``kernels.arrivals``).
-
-    Tickets, not program ids, assign the work: a row's program has its ticket only after every
-    score ticket was taken by a program already running, so the scores it waits for are being
-    computed whatever order the GPU starts programs in, and waiting cannot deadlock. A row's
-    pick runs in one program, as in the two-launch path, so the rows of a pair are picked side
-    by side."""
+    ``kernels.arrivals``' tickets (counter 0): tickets below ``B * Hkv * score_programs`` score
+    a block range of one (sequence, KV head) (``score_range``) and arrive on that pair's counter
+    (counters ``1 + pair``); each later ticket picks one row
+    (``kernels.top_blocks.threshold_pick``, scores read from L2) once every score program of
+    its pair has arrived, and counts itself out (counters ``1 + B * Hkv + pair``). A row's pick
+    runs in one program, as in the two-launch path, so a pair's rows are picked side by side
+    (the pair's last score program alone would pick them one after another)."""
     num_pairs = tl.num_programs(0) // (score_programs + num_rows)
     arrive_ptr = counter_ptr + 1
     done_ptr = counter_ptr + 1 + num_pairs
-    ticket = tl.atomic_add(counter_ptr, 1, sem="relaxed", scope="gpu")
-    tl.store(counter_ptr, 0, mask=ticket == tl.num_programs(0) - 1)
+    ticket = take_ticket(counter_ptr)
     num_scoring = num_pairs * score_programs
     if ticket < num_scoring:
         pair = ticket // score_programs
@@ -305,15 +299,11 @@ def select_kernel(
             QUEST,
             PRECISION,
         )
-        tl.debug_barrier()
-        tl.atomic_add(arrive_ptr + pair, 1, sem="release", scope="gpu")
+        arrive(arrive_ptr + pair)
     else:
         r = ticket - num_scoring  # row (b * Hkv + h) * t + i
         pair = r // num_rows
-        seen = tl.atomic_add(arrive_ptr + pair, 0, sem="acquire", scope="gpu")
-        while seen < score_programs:
-            seen = tl.atomic_add(arrive_ptr + pair, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
+        wait_for(arrive_ptr + pair, score_programs)
         threshold_pick(
             r,
             score_ptr,
@@ -336,7 +326,4 @@ def select_kernel(
             CAP,
             ".cg",
         )
-        done = tl.atomic_add(done_ptr + pair, 1, sem="relaxed", scope="gpu")
-        if done == num_rows - 1:
-            tl.store(arrive_ptr + pair, 0)
-            tl.store(done_ptr + pair, 0)
+        leave(arrive_ptr + pair, done_ptr + pair, num_rows)

@@ -12,10 +12,12 @@ flushed per sample, median):
 - ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse`` with
   the union plan passed in, as the engine's reuse layers do), the merge folded into the forward
   launch (the default config);
-- ``*_separate``: the same calls with ``NsaVerifyConfig(merge="separate")``, a merge launch of
-  its own: the difference is what folding saves;
+- ``*_separate``: the same calls with ``NsaVerifyConfig(merge="separate", pick="separate")``:
+  the merge and the refresh path's top-n pick each a launch of its own; the difference is what
+  folding them saves;
 - ``stage_*``: one launch each of the forward over one branch's slots (no merge), the merge, the
-  union plan, the refresh path's steps (1)-(3) and the top-n kernel alone. ``reuse`` minus
+  union plan, the refresh path's steps (1)-(3), its block importance alone, the top-n kernel
+  alone, and importance and pick in one launch (``stage_select_folded``). ``reuse`` minus
   ``stage_fwd_all`` is the folded merge's cost.
 
 Reuse indices have an exact adjacent-row overlap of 0.7
@@ -40,6 +42,7 @@ import time
 import numpy as np
 import torch
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels import nsa_selection as selection
 from ssvkit.kernels import nsa_steps as steps
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import timing as tm
@@ -62,7 +65,9 @@ CASES = (
 )
 OVERLAP = 0.7
 K = 1024
-SEPARATE = dataclasses.replace(DEFAULT_CONFIG, merge="separate")
+# The calls as two-launch steps: the merge after the forward, the refresh path's top-n pick
+# after its block importance.
+SEPARATE = dataclasses.replace(DEFAULT_CONFIG, merge="separate", pick="separate")
 
 
 def input_sets(
@@ -104,7 +109,7 @@ def check(sets) -> None:
     ro, ridx = nv.reference_nsa_verify(*args, **KW)
     variants = (
         ("fused", nv.nsa_verify, DEFAULT_CONFIG),
-        ("fused, merge separate", nv.nsa_verify, SEPARATE),
+        ("fused, steps separate", nv.nsa_verify, SEPARATE),
         ("unfused", nv.nsa_verify_unfused, DEFAULT_CONFIG),
     )
     with tm.poisoned_allocations():
@@ -147,8 +152,8 @@ def calls(sets, plan, slots, rslots, unions, parts):
             plan, sets[i][0], unions[i], parts[i], slots=sl
         )
     ck = sets[0][0][5]
-    stored = steps.stores_comp_scores(plan, ck.shape[-1] * ck.element_size())
-    cscores = [steps.alloc_comp_scores(plan, ki.DEVICE) if stored else None for _ in sets]
+    stored = selection.stores_comp_scores(plan, ck.shape[-1] * ck.element_size())
+    cscores = [selection.alloc_comp_scores(plan, ki.DEVICE) if stored else None for _ in sets]
     out["stage_fwd_refresh_comp"] = lambda i: steps.launch_fwd(
         plan, sets[i][0], None, parts[i], slots=(rslots[0], 0, 0), comp_scores=cscores[i]
     )
@@ -157,14 +162,17 @@ def calls(sets, plan, slots, rslots, unions, parts):
         plan, sets[i][0], unions[i], parts[i], o, slots
     )
     out["stage_union_plan"] = lambda i: steps.union_plan(sets[i][1], plan.rows, plan.nb_max)
-    out["stage_refresh_select"] = lambda i: steps.refresh_indices(
+    out["stage_refresh_select"] = lambda i: selection.refresh_indices(
         plan, sets[i][0], parts[i], rslots
     )
-    out["stage_scores"] = lambda i: steps.compressed_block_scores(
+    out["stage_scores"] = lambda i: selection.compressed_block_scores(
         plan, sets[i][0], parts[i], rslots[0], cscores[i]
     )
     scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device=ki.DEVICE)
-    out["stage_topk"] = lambda i: steps.select_top_blocks(scores, sets[i][0][3], plan)
+    out["stage_topk"] = lambda i: selection.select_top_blocks(scores, sets[i][0][3], plan)
+    out["stage_select_folded"] = lambda i: selection.picked_blocks(
+        plan, sets[i][0], parts[i], rslots[0], cscores[i]
+    )
     return out
 
 
@@ -244,6 +252,7 @@ COLUMNS = {
     "stage_fwd_refresh_comp": "r_comp",
     "stage_scores": "scores",
     "stage_topk": "topk",
+    "stage_select_folded": "sel_fold",
     "stage_union_plan": "union",
 }
 

@@ -113,9 +113,45 @@ def test_arrival_counters_are_zeroed_kept_and_grown():
         arrivals.arrival_counters(-1, dev)
 
 
-def test_rejects_an_unknown_merge():
+@pytest.mark.parametrize("source", ["stored", "computed"])
+@pytest.mark.parametrize(
+    "prefix_lens, t", [([600, 530, 0], 3), ([700], 16)], ids=["ragged-t3", "t16"]
+)
+def test_folded_pick_selects_the_reference_blocks_in_one_launch(
+    monkeypatch, prefix_lens, t, source
+):
+    """The refresh path's importance and top-n pick in one launch (``pick="folded"``): rows of
+    more than 32 blocks, so the threshold pick serves them, both score sources, an empty prefix.
+    Random data has no ties: the indices equal the reference's and the two launches' exactly."""
+    import ssvkit.kernels.nsa_selection as selection
+    from ssvkit.kernels.top_blocks import threshold_meta
+
+    args, _ = make_inputs(prefix_lens, t, 8, 2, 16, torch.float32, seed=t)
+    kw = dict(NSA_KW, top_n=6)
+    ro, ridx = reference_nsa_verify(*args, **kw)
+    folded = NsaVerifyConfig(block_j=16, score_source=source)
+    separate = NsaVerifyConfig(block_j=16, score_source=source, pick="separate")
+    with poisoned_allocations():
+        o_two, idx_two = nsa_verify(*args, config=separate, **kw)
+        monkeypatch.setattr(selection, "top_blocks", refused)
+        o, idx = nsa_verify(*args, config=folded, **kw)
+    nb_max = -(-args[1].shape[2] // kw["block_size"])
+    assert threshold_meta(nb_max, kw["top_n"]) is not None
+    assert torch.equal(idx.cpu(), ridx.cpu()) and torch.equal(idx, idx_two)
+    assert_close(o, ro, torch.float32, "o")
+    assert torch.equal(o, o_two)
+    assert counters_are_zero()
+
+
+def refused(*args, **kwargs):
+    raise AssertionError("a top-n launch")
+
+
+def test_rejects_an_unknown_merge_or_pick():
     with pytest.raises(ValueError, match="merge"):
         NsaVerifyConfig(merge="twice")
+    with pytest.raises(ValueError, match="pick"):
+        NsaVerifyConfig(pick="later")
 
 
 # --------------------------------------------------------------------------- GPU

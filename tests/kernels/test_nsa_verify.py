@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import ssvkit.kernels.nsa_launch as nl
+import ssvkit.kernels.nsa_selection as selection
 import ssvkit.kernels.nsa_steps as steps
 import ssvkit.kernels.nsa_verify as nv
 import ssvkit.kernels.top_blocks as top_blocks_mod
@@ -334,7 +335,7 @@ def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block(monkeyp
     plan = nl.make_plan(
         q, k, k, config=nl.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
     )
-    got = steps.select_top_blocks(scores, lens, plan).cpu()
+    got = selection.select_top_blocks(scores, lens, plan).cpu()
     for b, length in enumerate(lens.tolist()):
         nb = -(-length // 64)
         for h in range(2):
@@ -419,7 +420,7 @@ def test_refresh_stores_compressed_scores_when_fewer_bytes_move():
     """Host-only: at Llama-3.1-8B attention (4 query heads per KV head, D = 128, bf16) the stored
     scores (8 bytes per real row and compressed token) beat re-reading a 256-byte key below 8
     draft rows; the config forces either source."""
-    from ssvkit.kernels.nsa_steps import stores_comp_scores
+    from ssvkit.kernels.nsa_selection import stores_comp_scores
 
     def plan(t, **cfg):
         shape = dict(device="meta", dtype=torch.bfloat16)
