@@ -14,7 +14,8 @@ from ssvkit.kernels.device import num_sms
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 SCORE_SOURCES = ("auto", "stored", "computed")
-FOLDS = ("folded", "separate")
+MERGES = ("auto", "last", "parallel", "separate")
+PICKS = ("folded", "separate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +55,11 @@ class NsaVerifyConfig:
     )
 
     merge: str = field(
-        default="folded",
+        default="auto",
         metadata={
-            "help": "where a split call merges its slots: folded into the forward launch (the "
-            "last program of a row tile to finish merges it) or separate (a launch of its own)"
+            "help": "how a call merges its slots: in the forward launch, by the last program of "
+            "a row tile to finish (last) or by merge programs, one per draft row (parallel), "
+            "auto choosing (kernels.nsa_steps.merge_layout); or separate (a launch of its own)"
         },
     )
 
@@ -87,10 +89,10 @@ class NsaVerifyConfig:
             raise ValueError(
                 f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
             )
-        for name in ("merge", "pick"):
-            if getattr(self, name) not in FOLDS:
+        for name, allowed in (("merge", MERGES), ("pick", PICKS)):
+            if getattr(self, name) not in allowed:
                 raise ValueError(
-                    f"{name} must be one of {', '.join(FOLDS)}, got {getattr(self, name)!r}"
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
         if not 0.0 <= self.expected_overlap <= 1.0:
             raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")

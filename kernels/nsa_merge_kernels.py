@@ -1,6 +1,7 @@
-"""The slots of :mod:`kernels.nsa_kernels`'s forward and their merge (gating included), in two
-forms: folded into the forward launch (``merge_tile``, run by a row tile's last program to
-finish) or a launch of its own (``nsa_merge_kernel``).
+"""The slots of :mod:`kernels.nsa_kernels`'s forward and their merge (gating included): folded
+into the forward launch (``merge_rows``: a chunk of a row tile's rows, run by the tile's last
+program to finish for the whole tile, ``merge_tile``, or by merge programs of the launch, one
+chunk each) or a launch of its own (``nsa_merge_kernel``).
 
 A (sequence x KV head, row tile) program ``pid`` of the forward writes one partial state per
 slot: ``m``, ``l`` (``[2, BLOCK_M]``, log2 domain) and the unnormalised ``acc`` (``[BLOCK_M,
@@ -94,75 +95,132 @@ def merge_tile(
     MERGE_SLOTS: tl.constexpr,
     APPLY_GATES: tl.constexpr,
 ):
-    """Merge program ``pid``'s slots ``[0, used_slots)`` -- ``[0, c_end)`` compressed, ``[c_end,
-    s_end)`` selected, the rest window -- gate them (``APPLY_GATES``, else every gate is 1) and
-    write ``o``: the folded merge, run by the row tile's last program to finish.
+    """``merge_rows`` of every chunk of ``MERGE_ROWS`` MMA rows of program ``pid``'s tile, one
+    after another: the merge of a tile's last program to finish."""
+    for r0 in range(0, BLOCK_M, MERGE_ROWS):
+        merge_rows(
+            part_acc_ptr,
+            part_ml_ptr,
+            gate_ptr,
+            o_ptr,
+            pid,
+            b,
+            kvh,
+            tile,
+            num_t,
+            num_slots,
+            used_slots,
+            c_end,
+            s_end,
+            stride_ob,
+            stride_ot,
+            stride_oh,
+            r0,
+            NUM_KV_HEADS,
+            GROUP,
+            GROUP_PAD,
+            HEAD_DIM,
+            BLOCK_M,
+            S_PAD,
+            MERGE_ROWS,
+            MERGE_SLOTS,
+            APPLY_GATES,
+        )
 
-    ``MERGE_ROWS`` MMA rows at a time (row chunks past the last draft row are skipped): first
-    every slot's ``(m, l)`` (``[S_PAD, MERGE_ROWS]``) gives each branch's maximum and gated
-    ``1 / l``, then the slots' ``acc`` are summed with their weights ``MERGE_SLOTS`` slots per
-    load, in slot order (the result does not depend on which program runs the merge). Loads go
-    to L2 (``.cg``): the other programs' partials were written by other SMs."""
+
+@triton.jit
+def merge_rows(
+    part_acc_ptr,
+    part_ml_ptr,
+    gate_ptr,
+    o_ptr,
+    pid,
+    b,
+    kvh,
+    tile,
+    num_t,
+    num_slots,
+    used_slots,
+    c_end,
+    s_end,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    r0,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    S_PAD: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
+    MERGE_SLOTS: tl.constexpr,
+    APPLY_GATES: tl.constexpr,
+):
+    """Merge MMA rows ``[r0, r0 + MERGE_ROWS)`` of program ``pid``'s slots ``[0, used_slots)``
+    -- ``[0, c_end)`` compressed, ``[c_end, s_end)`` selected, the rest window -- gate them
+    (``APPLY_GATES``, else every gate is 1) and write their rows of ``o``; nothing when the
+    chunk starts past the last draft row. The merge folded into the forward launch.
+
+    First every slot's ``(m, l)`` (``[S_PAD, MERGE_ROWS]``) gives each branch's maximum and
+    gated ``1 / l``, then the slots' ``acc`` are summed with their weights ``MERGE_SLOTS`` slots
+    per load, in slot order (the result does not depend on which program merges). Loads go to
+    L2 (``.cg``): the partials were written by other programs."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
-    sl = tl.arange(0, S_PAD)
-    sl_ok = sl < used_slots
-    sl_branch = (sl >= c_end).to(tl.int32) + (sl >= s_end).to(tl.int32)
-    base = pid.to(tl.int64) * num_slots
-    offs_d = tl.arange(0, HEAD_DIM)
-    for r0 in range(0, BLOCK_M, MERGE_ROWS):
-        if tile * ROWS + r0 // GROUP_PAD < num_t:
-            m_idx = r0 + tl.arange(0, MERGE_ROWS)
-            row = tile * ROWS + m_idx // GROUP_PAD
-            g = m_idx % GROUP_PAD
-            ok = (row < num_t) & (g < GROUP)
-            head = kvh * GROUP + g  # [R] int64
-            ml_off = (base + sl)[:, None] * 2 * BLOCK_M + m_idx[None, :]  # [S_PAD, R]
-            ml_ok = sl_ok[:, None] & ok[None, :]
-            m_all = tl.load(
-                part_ml_ptr + ml_off, mask=ml_ok, other=NEG_SENTINEL, cache_modifier=".cg"
+    if tile * ROWS + r0 // GROUP_PAD < num_t:
+        sl = tl.arange(0, S_PAD)
+        sl_ok = sl < used_slots
+        sl_branch = (sl >= c_end).to(tl.int32) + (sl >= s_end).to(tl.int32)
+        base = pid.to(tl.int64) * num_slots
+        offs_d = tl.arange(0, HEAD_DIM)
+        m_idx = r0 + tl.arange(0, MERGE_ROWS)
+        row = tile * ROWS + m_idx // GROUP_PAD
+        g = m_idx % GROUP_PAD
+        ok = (row < num_t) & (g < GROUP)
+        head = kvh * GROUP + g  # [R] int64
+        ml_off = (base + sl)[:, None] * 2 * BLOCK_M + m_idx[None, :]  # [S_PAD, R]
+        ml_ok = sl_ok[:, None] & ok[None, :]
+        m_all = tl.load(part_ml_ptr + ml_off, mask=ml_ok, other=NEG_SENTINEL, cache_modifier=".cg")
+        l_all = tl.load(part_ml_ptr + ml_off + BLOCK_M, mask=ml_ok, other=0.0, cache_modifier=".cg")
+        gate_off = ((b * num_t + row) * NUM_Q_HEADS + head) * 3
+        if APPLY_GATES:
+            g_c = tl.load(gate_ptr + gate_off, mask=ok, other=0.0).to(tl.float32)
+            g_s = tl.load(gate_ptr + gate_off + 1, mask=ok, other=0.0).to(tl.float32)
+            g_w = tl.load(gate_ptr + gate_off + 2, mask=ok, other=0.0).to(tl.float32)
+        else:
+            g_c = tl.full([MERGE_ROWS], 1.0, dtype=tl.float32)
+            g_s = g_c
+            g_w = g_c
+        m_c, f_c = _branch_scale(m_all, l_all, ml_ok & (sl_branch == 0)[:, None], g_c)
+        m_s, f_s = _branch_scale(m_all, l_all, ml_ok & (sl_branch == 1)[:, None], g_s)
+        m_w, f_w = _branch_scale(m_all, l_all, ml_ok & (sl_branch == 2)[:, None], g_w)
+        out = tl.zeros([MERGE_ROWS, HEAD_DIM], dtype=tl.float32)
+        for s0 in range(0, used_slots, MERGE_SLOTS):
+            s = s0 + tl.arange(0, MERGE_SLOTS)
+            s_ok = (s < used_slots)[:, None] & ok[None, :]  # [SC, R]
+            br = ((s >= c_end).to(tl.int32) + (s >= s_end).to(tl.int32))[:, None]
+            m_b = tl.where(br == 0, m_c[None, :], tl.where(br == 1, m_s[None, :], m_w[None, :]))
+            f_b = tl.where(br == 0, f_c[None, :], tl.where(br == 1, f_s[None, :], f_w[None, :]))
+            slot_row = (base + s)[:, None] * BLOCK_M + m_idx[None, :]  # [SC, R]
+            m_slot = tl.load(
+                part_ml_ptr + (base + s)[:, None] * 2 * BLOCK_M + m_idx[None, :],
+                mask=s_ok,
+                other=NEG_SENTINEL,
+                cache_modifier=".cg",
             )
-            l_all = tl.load(
-                part_ml_ptr + ml_off + BLOCK_M, mask=ml_ok, other=0.0, cache_modifier=".cg"
-            )
-            gate_off = ((b * num_t + row) * NUM_Q_HEADS + head) * 3
-            if APPLY_GATES:
-                g_c = tl.load(gate_ptr + gate_off, mask=ok, other=0.0).to(tl.float32)
-                g_s = tl.load(gate_ptr + gate_off + 1, mask=ok, other=0.0).to(tl.float32)
-                g_w = tl.load(gate_ptr + gate_off + 2, mask=ok, other=0.0).to(tl.float32)
-            else:
-                g_c = tl.full([MERGE_ROWS], 1.0, dtype=tl.float32)
-                g_s = g_c
-                g_w = g_c
-            m_c, f_c = _branch_scale(m_all, l_all, ml_ok & (sl_branch == 0)[:, None], g_c)
-            m_s, f_s = _branch_scale(m_all, l_all, ml_ok & (sl_branch == 1)[:, None], g_s)
-            m_w, f_w = _branch_scale(m_all, l_all, ml_ok & (sl_branch == 2)[:, None], g_w)
-            out = tl.zeros([MERGE_ROWS, HEAD_DIM], dtype=tl.float32)
-            for s0 in range(0, used_slots, MERGE_SLOTS):
-                s = s0 + tl.arange(0, MERGE_SLOTS)
-                s_ok = (s < used_slots)[:, None] & ok[None, :]  # [SC, R]
-                br = ((s >= c_end).to(tl.int32) + (s >= s_end).to(tl.int32))[:, None]
-                m_b = tl.where(br == 0, m_c[None, :], tl.where(br == 1, m_s[None, :], m_w[None, :]))
-                f_b = tl.where(br == 0, f_c[None, :], tl.where(br == 1, f_s[None, :], f_w[None, :]))
-                slot_row = (base + s)[:, None] * BLOCK_M + m_idx[None, :]  # [SC, R]
-                m_slot = tl.load(
-                    part_ml_ptr + (base + s)[:, None] * 2 * BLOCK_M + m_idx[None, :],
-                    mask=s_ok,
-                    other=NEG_SENTINEL,
-                    cache_modifier=".cg",
-                )
-                # m_slot <= m_b for every slot of its branch: the weight is finite, at most f_b.
-                w = tl.where(s_ok, tl.exp2(tl.minimum(m_slot - m_b, 0.0)) * f_b, 0.0)
-                acc = tl.load(
-                    part_acc_ptr + slot_row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                    mask=s_ok[:, :, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )  # [SC, R, D]
-                out += tl.sum(w[:, :, None] * acc, 0)
-            o_off = b * stride_ob + row * stride_ot + head * stride_oh
-            o_ptrs = o_ptr + o_off[:, None] + offs_d[None, :]
-            tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=ok[:, None])
+            # m_slot <= m_b for every slot of its branch: the weight is finite, at most f_b.
+            w = tl.where(s_ok, tl.exp2(tl.minimum(m_slot - m_b, 0.0)) * f_b, 0.0)
+            acc = tl.load(
+                part_acc_ptr + slot_row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                mask=s_ok[:, :, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )  # [SC, R, D]
+            out += tl.sum(w[:, :, None] * acc, 0)
+        o_off = b * stride_ob + row * stride_ot + head * stride_oh
+        o_ptrs = o_ptr + o_off[:, None] + offs_d[None, :]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit

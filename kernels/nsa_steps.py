@@ -5,9 +5,12 @@ two, by the plan's ``merge``); nothing is read on the host."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 from ssvkit.kernels.arrivals import arrival_counters
+from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.group_plan import GroupPlan
 from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
@@ -79,9 +82,16 @@ def launch_fwd(
     part_acc, part_ml = part
     lists, bits, counts, all_members, list_len = _plan_args(union, prefix_lens)
     fold = out is not None
-    arrive = arrival_counters(plan.programs, q.device) if fold else prefix_lens
-    merge_rows, merge_slots = _merge_chunks(plan, part_ml.shape[1])
-    nsa_fwd_kernel[(plan.programs, c_s + s_s + w_s)](
+    launch_slots = c_s + s_s + w_s
+    layout = merge_layout(plan, slot_base + launch_slots, part_ml.shape[1], q.device)
+    mode = layout.mode if fold else 0
+    if mode == 2:
+        grid = (plan.programs * (launch_slots + layout.chunks),)
+        counters = arrival_counters(1 + 2 * plan.programs, q.device)
+    else:
+        grid = (plan.programs, launch_slots)
+        counters = arrival_counters(plan.programs, q.device) if fold else prefix_lens
+    nsa_fwd_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -97,7 +107,7 @@ def launch_fwd(
         comp_scores if comp_scores is not None else part_ml,
         gates,
         out if fold else q,
-        arrive,
+        counters,
         *q.stride()[:3],
         *k_cache.stride()[:3],
         *comp_k.stride()[:3],
@@ -113,6 +123,8 @@ def launch_fwd(
         branch_bits(slots),
         slot_base,
         part_ml.shape[1],
+        launch_slots,
+        layout.chunks,
         BLOCK_N=plan.block_n,
         BLOCK_SIZE=plan.block_size,
         ALL_MEMBERS=all_members,
@@ -121,11 +133,11 @@ def launch_fwd(
         DOT_PRECISION=plan.dot_precision,
         STORE_S=comp_scores is not None,
         HAS_SEL=s_s > 0,
-        FOLD=fold,
+        MERGE=mode,
         APPLY_GATES=apply_gates,
         S_PAD=_slots_pad(part_ml.shape[1]),
-        MERGE_ROWS=merge_rows,
-        MERGE_SLOTS=merge_slots,
+        MERGE_ROWS=layout.rows,
+        MERGE_SLOTS=layout.slots_per_load,
         **plan.rows_meta(),
         num_warps=plan.num_warps,
     )
@@ -143,12 +155,13 @@ def forward_and_merge(
     apply_gates: bool = True,
 ) -> None:
     """The forward over ``slots`` (compressed, selected, window) and their merge into ``o``:
-    one launch when ``plan.merge`` is ``folded``, a forward and a merge launch when it is
-    ``separate``. ``comp_apart``: the compressed slots ``[0, slots[0])`` are already in
-    ``part`` (the refresh path's compressed launch) and the forward runs the other branches."""
+    one launch (the merge folded in, ``merge_layout``), or a forward and a merge launch when
+    ``plan.merge`` is ``separate``. ``comp_apart``: the compressed slots ``[0, slots[0])`` are
+    already in ``part`` (the refresh path's compressed launch) and the forward runs the other
+    branches."""
     fwd_slots = (0, *slots[1:]) if comp_apart else tuple(slots)
     base = slots[0] if comp_apart else 0
-    if plan.merge == "folded":
+    if plan.merge != "separate":
         launch_fwd(
             plan,
             args,
@@ -164,23 +177,50 @@ def forward_and_merge(
     launch_merge(plan, args, union, part, o, slots, comp_apart=comp_apart, apply_gates=apply_gates)
 
 
-# Elements of one partial load of the folded merge (``merge_tile``): 64 fp32 per thread of a
+# Elements of one partial load of the folded merge (``merge_rows``): 64 fp32 per thread of a
 # 4-warp program, the most it holds without spilling beside its row chunk's output.
 MERGE_LOAD_ELEMS = 8192
-# MMA rows the folded merge handles at once (fewer when a tile has fewer real rows, not fewer
-# than MERGE_ROWS_MIN: no tensor dimension of 1).
+# MMA rows one merge step handles (fewer when a tile has fewer real rows, not fewer than
+# MERGE_ROWS_MIN: no tensor dimension of 1).
 MERGE_ROWS_MAX = 16
 MERGE_ROWS_MIN = 4
 
 
-def _merge_chunks(plan: LaunchPlan, num_slots: int) -> tuple[int, int]:
-    """(``MERGE_ROWS``, ``MERGE_SLOTS``) of the folded merge: row chunks of at most
-    ``MERGE_ROWS_MAX`` MMA rows, no more than the tile's real draft rows span, and as many
-    slots per load as ``MERGE_LOAD_ELEMS`` holds (at most the padded slot count)."""
-    real = triton.next_power_of_2(min(plan.rows, plan.num_t) * plan.group_pad)
-    rows = max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, real))
+@dataclass(frozen=True, slots=True)
+class MergeLayout:
+    """How a forward launch folds in its merge (``nsa_fwd_kernel``'s ``MERGE``): 1, the row
+    tile's last program merges it, ``rows`` MMA rows at a time; 2, ``chunks`` merge programs
+    per tile of ``rows`` rows each; ``slots_per_load`` partials per load either way."""
+
+    mode: int
+    rows: int
+    slots_per_load: int
+    chunks: int
+
+
+def merge_layout(
+    plan: LaunchPlan, used_slots: int, num_slots: int, device: torch.device
+) -> MergeLayout:
+    """The folded merge of ``used_slots`` slots (of ``num_slots`` in the partial buffers).
+
+    ``plan.merge`` ``last`` or ``parallel`` force a mode; ``auto`` takes the last program when
+    the tile's merge is one load of ``MERGE_LOAD_ELEMS`` (every slot's real rows) or when one
+    merge program per chunk would not fit beside one another on the SMs (many tiles: their last
+    programs merge side by side anyway), else merge programs of one draft row's heads each
+    (``max(MERGE_ROWS_MIN, G_PAD)`` rows), so a tile's merge does not run in series in one
+    program."""
+    real = min(plan.rows, plan.num_t) * plan.group_pad
+    whole = used_slots * triton.next_power_of_2(real) * plan.head_dim <= MERGE_LOAD_ELEMS
+    part_rows = max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, plan.group_pad))
+    chunks = triton.cdiv(real, part_rows)
+    mode = {"last": 1, "parallel": 2}.get(plan.merge)
+    if mode is None:
+        mode = 1 if whole or plan.programs * chunks > num_sms(device) else 2
+    rows = part_rows if mode == 2 else max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, real))
+    rows = triton.next_power_of_2(rows)
     per_load = max(1, MERGE_LOAD_ELEMS // (rows * plan.head_dim))
-    return rows, min(triton.next_power_of_2(per_load), _slots_pad(num_slots))
+    slots_per_load = min(triton.next_power_of_2(per_load), _slots_pad(num_slots))
+    return MergeLayout(mode, rows, slots_per_load, triton.cdiv(real, rows))
 
 
 def _slots_pad(num_slots: int) -> int:

@@ -25,22 +25,26 @@ program that runs an equal slice of one branch in one software-pipelined loop an
 (``plan_slots``); the kernel splits the slots between the branches by the key tiles each has in
 that program, union length included, which the host does not know. The merge combines each
 branch's slots on its own and gates them: the branches stay separate until gating, as the math
-requires, and no branch output touches HBM. The last program of a row tile to finish runs that
-merge in the same launch (an arrival counter per tile, ``kernels.arrivals``);
-``NsaVerifyConfig(merge="separate")`` runs it as a launch of its own (``nsa_merge_kernel``)
-instead. The selected branch streams the deduplicated union of the tile's per-row block lists
-(SSV's exact merged schedule; ``kernels.sparse_verify.build_group_plan``), each block once with
-the bits of the rows that chose it; the plan can be built once per refresh and passed to the
-reuse layers (``union_plan``).
+requires, and no branch output touches HBM. The merge runs in the same launch, on arrival
+counters (``kernels.arrivals``): the last program of a row tile to finish merges the tile, or,
+where that would be a long chain in one program (many slots of many rows, few tiles), merge
+programs of the launch take one draft row each (``kernels.nsa_steps.merge_layout``);
+``NsaVerifyConfig(merge="separate")`` runs it as a launch of its own (``nsa_merge_kernel``). The
+selected branch streams the deduplicated union of the tile's per-row block lists (SSV's exact
+merged schedule; ``kernels.sparse_verify.build_group_plan``), each block once with the bits of
+the rows that chose it; the plan can be built once per refresh and passed to the reuse layers
+(``union_plan``).
 
 **Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
 kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and maps each
 compressed token's probability, summed over the ``G`` heads, onto every selection block its
 window overlaps (NSA's rule), (3) ``kernels.top_blocks`` picks each row's ``top_n`` blocks with
-the first ``num_sink`` and last ``num_local`` forced, (4) the union plan, (5) the selected and
-window branches with (6) the merge and gating folded in as above, reading the compressed
-partials from (1) too. The indices ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are
-returned for the following reuse layers. Nothing is read on the host.
+the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) in one launch where the
+threshold pick serves the rows (``kernels.nsa_selection``; ``NsaVerifyConfig(pick="separate")``
+keeps two) --, (4) the union plan, (5) the selected and window branches with (6) the merge and
+gating folded in as above, reading the compressed partials from (1) too. The indices ``[B, Hkv,
+t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following reuse layers.
+Nothing is read on the host.
 
 :func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
 kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge, folded

@@ -15,6 +15,9 @@ flushed per sample, median):
 - ``*_separate``: the same calls with ``NsaVerifyConfig(merge="separate", pick="separate")``:
   the merge and the refresh path's top-n pick each a launch of its own; the difference is what
   folding them saves;
+- ``reuse_last`` / ``reuse_parallel``: the reuse call with the merge folded each way
+  (``merge="last"``: a row tile's last program merges it; ``"parallel"``: merge programs, one
+  per draft row), which the default (``auto``) chooses between;
 - ``stage_*``: one launch each of the forward over one branch's slots (no merge), the merge, the
   union plan, the refresh path's steps (1)-(3), its block importance alone, the top-n kernel
   alone, and importance and pick in one launch (``stage_select_folded``). ``reuse`` minus
@@ -68,6 +71,9 @@ K = 1024
 # The calls as two-launch steps: the merge after the forward, the refresh path's top-n pick
 # after its block importance.
 SEPARATE = dataclasses.replace(DEFAULT_CONFIG, merge="separate", pick="separate")
+# The merge folded either way the default config chooses between (kernels.nsa_steps.merge_layout).
+MERGE_LAST = dataclasses.replace(DEFAULT_CONFIG, merge="last")
+MERGE_PARALLEL = dataclasses.replace(DEFAULT_CONFIG, merge="parallel")
 
 
 def input_sets(
@@ -110,6 +116,8 @@ def check(sets) -> None:
     variants = (
         ("fused", nv.nsa_verify, DEFAULT_CONFIG),
         ("fused, steps separate", nv.nsa_verify, SEPARATE),
+        ("fused, merge in the last program", nv.nsa_verify, MERGE_LAST),
+        ("fused, merge programs", nv.nsa_verify, MERGE_PARALLEL),
         ("unfused", nv.nsa_verify_unfused, DEFAULT_CONFIG),
     )
     with tm.poisoned_allocations():
@@ -146,6 +154,15 @@ def calls(sets, plan, slots, rslots, unions, parts):
             *sets[i][0], **KW, validate=False, config=SEPARATE
         ),
     }
+    for name, config in (("reuse_last", MERGE_LAST), ("reuse_parallel", MERGE_PARALLEL)):
+        out[name] = lambda i, config=config: nv.nsa_verify(
+            *sets[i][0],
+            block_idx=sets[i][1],
+            union=unions[i],
+            **KW,
+            validate=False,
+            config=config,
+        )
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
     for name, sl in {**branch, "all": slots}.items():
         out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
@@ -243,6 +260,8 @@ def measure(cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
 COLUMNS = {
     "reuse": "reuse",
     "reuse_separate": "reuse_sep",
+    "reuse_last": "reuse_last",
+    "reuse_parallel": "reuse_par",
     "reuse_unfused": "reuse_unf",
     "refresh": "refresh",
     "refresh_separate": "refr_sep",
