@@ -48,9 +48,7 @@ def arrival_counters(num: int, device: torch.device) -> torch.Tensor:
     if num < 0:
         raise ValueError(f"num must be >= 0, got {num}")
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    bufs = _BUFFERS.setdefault(str(device), [])
+    bufs = _BUFFERS.setdefault(_key(device), [])
     if bufs and bufs[-1].numel() >= num:
         return bufs[-1]
     size = max(MIN_COUNTERS, triton.next_power_of_2(num))
@@ -58,6 +56,18 @@ def arrival_counters(num: int, device: torch.device) -> torch.Tensor:
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         bufs.append(buf)
     return buf
+
+
+def counter_buffers(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Every counter buffer made on ``device`` so far: all zero whenever no launch using them
+    is running."""
+    return tuple(_BUFFERS.get(_key(torch.device(device)), ()))
+
+
+def _key(device: torch.device) -> str:
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
 
 
 @triton.jit
