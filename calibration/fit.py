@@ -80,8 +80,8 @@ def _op_class(row: dict) -> str:
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":
         return f"{op}/{p['mode']}/{p['impl']}"
-    if op == "select_blocks":
-        return f"{op}/{p['method']}"
+    if op == "select_blocks":  # the two-launch baseline (``impl``) is a class of its own
+        return f"{op}/{p['method']}" + ("/two_launch" if p.get("impl") == "two_launch" else "")
     # Row-wise reductions: their time is set by the row length (one program walks a row), not
     # by the total bytes, so each hidden width / vocabulary is a class of its own.
     if op == "rmsnorm":

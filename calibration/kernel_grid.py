@@ -21,6 +21,8 @@ import numpy as np
 from ssvkit.calibration import kernel_inputs as ki
 
 STEPS = ("dense", "sparse", "repair", "nsa", "select")
+# select_blocks' ``impl``: scores and pick in one launch (the default), or the two launches.
+SELECT_IMPLS = ("one_launch", "two_launch")
 K = 1024
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2: the large sparse batch's target
 NSA_REUSE_OVERLAP = 0.7
@@ -196,10 +198,12 @@ def nsa_config(ctx: int, t: int, bsz: int, overlap: float | None) -> KernelConfi
 
 
 def select_config(ctx: int, t: int, bsz: int, top_n: int, method: str, block_size: int = 64):
-    """select_blocks of one metadata kind."""
+    """select_blocks of one metadata kind, in one launch and in two (``impl``) on the same
+    inputs."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n)
     p = ki.base_params(block_size=block_size, method=method, **common)
-    return KernelConfig("select", ki.current_geometry(), p, (Variant("select_blocks", p),))
+    vs = tuple(Variant("select_blocks", {**p, "impl": i}, (i,)) for i in SELECT_IMPLS)
+    return KernelConfig("select", ki.current_geometry(), p, vs)
 
 
 def selection_rng(seed: int, *key: float) -> np.random.Generator:

@@ -248,10 +248,10 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
 
 
 def _run_select(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) -> None:
-    _select_config(r, seed, mod, cfg.common)
+    _select_config(r, seed, mod, cfg.common, [v.knob[0] for v in todo])
 
 
-def _select_config(r: Runner, seed: int, mod, p: dict) -> None:
+def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     bsz, ctx, t = p["batch"], p["context_len"], p["num_query_tokens"]
     top_n, bs, method = p["top_n"], p["block_size"], p["method"]
     gen = ki.generator(seed + ctx + bsz)
@@ -274,14 +274,15 @@ def _select_config(r: Runner, seed: int, mod, p: dict) -> None:
             if isinstance(getattr(meta, f.name), torch.Tensor)
         }
         sets.append((torch.randn_like(q), dataclasses.replace(meta, **copies)))
-    p = dict(p, rotations=rot)
     flops = 2 * bsz * ki.NUM_KV_HEADS * t * nb * ki.HEAD_DIM * kinds
+    for impl in impls:
 
-    def fn(i):
-        qi, mi = sets[i]
-        return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method)
+        def fn(i, fused=impl == "one_launch"):
+            qi, mi = sets[i]
+            return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method, fused=fused)
 
-    r.time_op("select_blocks", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
+        pi = dict(p, impl=impl, rotations=rot)
+        r.time_op("select_blocks", pi, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
 
 
 _RUN = {

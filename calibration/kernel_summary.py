@@ -31,7 +31,9 @@ def floor_target_met(median_s: float, floor_s: float) -> bool:
 
 def _floor_targets(g: list[dict]) -> list[dict]:
     """Per sparse-path op and batch: rows meeting ``floor_target_met``, the median and worst
-    time / floor."""
+    time / floor. Selection rows timed in two launches (``impl``, the baseline of the one-launch
+    path) are left out."""
+    g = [r for r in g if r["params"].get("impl") != "two_launch"]
     out = []
     for op in SPARSE_PATH_OPS:
         for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):
@@ -196,6 +198,37 @@ def _nsa(g: list[dict]) -> list[dict]:
     return out
 
 
+def _select(g: list[dict]) -> list[dict]:
+    """select_blocks rows timed in one launch and in two on the same config: both times, the
+    floor, the one-launch time / floor and its floor target."""
+    by_impl = {}
+    for r in g:
+        if r["op"] == "select_blocks" and r["params"].get("impl"):
+            p = r["params"]
+            key = (p["context_len"], p["batch"], p["top_n"], p["method"])
+            by_impl[(*key, p["impl"])] = r
+    out = []
+    for key in sorted({k[:4] for k in by_impl}):
+        one, two = by_impl.get((*key, "one_launch")), by_impl.get((*key, "two_launch"))
+        if one is None or two is None:
+            continue
+        floor = _floor(one)
+        out.append(
+            {
+                "T": key[0],
+                "B": key[1],
+                "top_n": key[2],
+                "method": key[3],
+                "one_us": one["median_s"] * 1e6,
+                "two_us": two["median_s"] * 1e6,
+                "floor_us": floor * 1e6,
+                "x_floor": one["median_s"] / floor,
+                "target_met": floor_target_met(one["median_s"], floor),
+            }
+        )
+    return out
+
+
 def summarise(rows: list[dict]) -> dict[str, list[dict]]:
     """Graph-replay headline figures per op, from every row in the file."""
     g = [r for r in rows if r["timing"] == "graph"]
@@ -204,6 +237,7 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
         "sparse": _sparse(g),
         "repair": _repair(g),
         "nsa": _nsa(g),
+        "select": _select(g),
         "floor targets": _floor_targets(g),
     }
 

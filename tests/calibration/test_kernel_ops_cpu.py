@@ -52,7 +52,7 @@ def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep):
         assert ops.run_config(r, cfg, 0, mods.get(cfg.step))
         assert ki.current_geometry() == "llama-3.1-8b"
     rows = read_rows(r.path)
-    assert len(rows) == sum(len(c.variants) for c in configs) == 9
+    assert len(rows) == sum(len(c.variants) for c in configs) == 10
     assert {(x["params"]["num_q_heads"], x["params"]["head_dim"]) for x in rows} == {(16, 64)}
     by_op = {}
     for x in rows:
@@ -64,4 +64,5 @@ def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep):
     nsa = {(p["mode"], p["impl"], p["window"], p["overlap"]) for p in by_op["nsa_verify"]}
     assert nsa == {("reuse", i, 512, 0.7) for i in ("fused", "unfused")}
     assert all(not ops.run_config(r, cfg, 0, mods.get(cfg.step)) for cfg in configs)
-    assert len(read_rows(r.path)) == 9
+    assert len(read_rows(r.path)) == 10
+    assert {p["impl"] for p in by_op["select_blocks"]} == {"one_launch", "two_launch"}

@@ -60,6 +60,23 @@ def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
     assert got["nsa_verify", 16]["worst_x"] == 2.0
 
 
+def _select_row(impl, median_s):
+    row = _row("select_blocks", 1, median_s, 2_000_000)  # floor 2 us
+    row["params"] = {"batch": 1, "context_len": 131072, "top_n": 64, "method": "mean"}
+    row["params"]["impl"] = impl
+    return row
+
+
+def test_select_rows_pair_one_launch_with_two_and_only_one_counts_for_the_target():
+    rows = [_select_row("one_launch", 9e-6), _select_row("two_launch", 16e-6)]
+    summary = summarise(rows)
+    (pair,) = summary["select"]
+    assert (pair["one_us"], pair["two_us"], pair["floor_us"]) == pytest.approx((9, 16, 2))
+    assert pair["x_floor"] == pytest.approx(4.5) and pair["target_met"]  # 9 <= 2 + 8 us
+    (target,) = [e for e in summary["floor targets"] if e["op"] == "select_blocks"]
+    assert (target["rows"], target["met"]) == (1, 1)  # the two-launch row is left out
+
+
 def test_summary_only_prints_the_committed_rows_without_a_gpu(capsys):
     out = str(ceilings.PROFILES / "h200")
     assert kernel_sweep.main(["--out", out, "--summary-only", "--json"]) == 0
