@@ -3,9 +3,10 @@ measure its error on rows the fit never saw.
 
 Op classes: the op name, refined by ``mode`` (sparse modes, NSA refresh/reuse, repair),
 ``impl`` (NSA fused/unfused), NSA's one-row tiles (``/per_query``, rows timed with
-``rows_per_tile`` 1) and ``method`` (block-score metadata). Only CUDA-graph rows are
-fitted: the decode loop runs under graphs; plain-launch rows (which add Triton's tens of
-microseconds of Python launch path) stay in the data for reference.
+``rows_per_tile`` 1), ``method`` (block-score metadata) and select_blocks' two-launch
+baseline (``/two_launch``). Only CUDA-graph rows are fitted: the decode loop runs under graphs;
+plain-launch rows (which add Triton's tens of microseconds of Python launch path) stay in the
+data for reference.
 
 Held-out rule (documented in the README's "Calibration accuracy"): a row is held out when
 ``int(sha1(op, params, timing)[:8], 16) % 5 == 0`` or when it has one of the whole held-out
@@ -86,8 +87,8 @@ def _op_class(row: dict) -> str:
         heads = (p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])
         one_row = rows == 1 and not is_packed(*heads, rows)
         return f"{op}/{p['mode']}/{p['impl']}" + ("/" + PER_QUERY if one_row else "")
-    if op == "select_blocks":
-        return f"{op}/{p['method']}"
+    if op == "select_blocks":  # the two-launch baseline (``impl``) is a class of its own
+        return f"{op}/{p['method']}" + ("/two_launch" if p.get("impl") == "two_launch" else "")
     # Row-wise reductions: their time is set by the row length (one program walks a row), not
     # by the total bytes, so each hidden width / vocabulary is a class of its own.
     if op == "rmsnorm":
@@ -419,12 +420,17 @@ def dumps(profile: dict) -> str:
 
 def fit_folder(gpu: str, folder: Path | None = None) -> dict:
     """Derive ``ceilings.json`` and fit ``profile.json`` from the rows of ``folder`` (every
-    ``*.jsonl`` there), written into ``folder``; by default the committed
+    ``*.jsonl`` there), with the residuals of its prediction intervals
+    (``calibration.intervals``), written into ``folder``; by default the committed
     ``calibration/profiles/<gpu>/``. Returns the profile."""
+    # Imported here: the residual sets refit classes with this module's fit.
+    from ssvkit.calibration.intervals import intervals_json
+
     folder = folder or ceilings.PROFILES / gpu
     rows = ceilings.profile_rows(gpu, folder)
     overlay = ceilings.derive(gpu, rows)
     profile, _ = fit_profile(rows, gpu, overlay["ceilings"])
+    profile["intervals"] = intervals_json(gpu, rows, overlay["ceilings"], profile)
     atomic_write(folder / "ceilings.json", json.dumps(overlay, indent=2, sort_keys=True) + "\n")
     atomic_write(folder / "profile.json", dumps(profile))
     return profile

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.kernel_grid import NSA_TILE_ROWS
 from ssvkit.kernels import timing as tm
 
 TOL = {"o": (3e-2, 3e-2), "lse": (2e-2, 2e-2)}  # bf16
@@ -100,12 +101,34 @@ def check_nsa(mod) -> None:
         check(f"{name} reuse", o2, ro, "o")
 
 
+def check_nsa_tiles(mod) -> None:
+    """Each row schedule of the ``nsa_tiles`` step (``kernel_grid.NSA_TILE_ROWS``): refresh and
+    reuse calls, fused and unfused, against the fp32 reference on ragged inputs."""
+    gen = ki.generator(6)
+    args = ki.nsa_inputs(mod, 2, 9, [4100, 1500], 4200, gen)
+    for rows in NSA_TILE_ROWS:
+        kw = dict(ki.NSA_KW, config=mod.NsaVerifyConfig(rows_per_tile=rows))
+        for name, fn in (
+            ("nsa_verify", mod.nsa_verify),
+            ("nsa_verify_unfused", mod.nsa_verify_unfused),
+        ):
+            with tm.poisoned_allocations():
+                o, idx = fn(*args, **kw)
+                o2, _ = fn(*args, block_idx=idx, **kw)
+            ro, _ = mod.reference_nsa_verify(*args, block_idx=idx, **ki.NSA_KW)
+            check(f"{name} rows_per_tile={rows} refresh", o, ro, "o")
+            check(f"{name} rows_per_tile={rows} reuse", o2, ro, "o")
+
+
 def check_select(mod) -> None:
     gen = ki.generator(5)
     q, k, _, lens, _ = ki.attention_inputs(2, 8, 4200, [4100, 1500], gen)
     for method in ("mean", "quest"):
         meta = mod.BlockMetadata.build(k, lens, 64, kinds=(method,))
         idx = mod.select_blocks(q, meta, lens, top_n=16, method=method)
+        two = mod.select_blocks(q, meta, lens, top_n=16, method=method, fused=False)
+        if not torch.equal(idx, two):
+            raise CorrectnessError(f"select_blocks {method}: one launch and two launches differ")
         ref = mod.reference_select_blocks(q, k, lens, 64, top_n=16, method=method)
         # bf16 scores reorder near-ties: require almost every selected block to agree.
         hits = sum(
@@ -115,3 +138,30 @@ def check_select(mod) -> None:
         agree = hits / idx.numel()
         if agree < 0.97:
             raise CorrectnessError(f"select_blocks {method}: only {agree:.3f} of blocks agree")
+
+
+def check_geometry(sparse_mod) -> None:
+    """The verification kernels at the geometry in use: dense verification at t = 5 split 3
+    ways, sparse verification per query and in groups of 3 (the sweeps' other head geometries
+    pack their rows differently: GQA 5 and 16, head dim 64)."""
+    from ssvkit.kernels.dense_verify import dense_verify, reference_dense_verify
+
+    gen = ki.generator(6)
+    args = ki.attention_inputs(2, 5, 2200, [2100, 700], gen)
+    with tm.poisoned_allocations():
+        o, lse = dense_verify(*args, num_splits=3)
+    ro, rlse = reference_dense_verify(*args)
+    check("dense_verify t=5 splits=3", lse, rlse, "lse")
+    check("dense_verify t=5 splits=3", o, ro, "o")
+    if sparse_mod is None:
+        return
+    rng = np.random.default_rng(6)
+    idx_np = ki.overlap_block_idx([n // 64 for n in (2100, 700)], 5, 8, 0.7, rng)
+    idx = torch.from_numpy(idx_np).to(ki.DEVICE)
+    for mode, group in (("per_query", 1), ("union", 3), ("shared", 3)):
+        kw = dict(mode=mode, group_size=group, block_size=64)
+        with tm.poisoned_allocations():
+            o, lse = sparse_mod.sparse_verify(*args, idx, **kw)
+        ro, rlse = sparse_mod.reference_sparse_verify(*args, idx, **kw)
+        check(f"sparse_verify {mode} C={group}", o, ro, "o")
+        check(f"sparse_verify {mode} C={group}", lse, rlse, "lse")

@@ -7,17 +7,35 @@ top_n)`` blocks of the row before and draw the rest fresh (new to their span of 
 where the prefix has room), so the load fraction ``f_load`` of each group size is known.
 
 The geometry is module state that every builder and byte count reads at call time:
-``use_geometry`` switches it for a whole run (the kernel sweep's ``--geometry``).
+``use_geometry`` switches it (the kernel sweep sets each config's own, ``geometry`` for a block).
+``GEOMETRIES`` holds the heads timed: the registry models' (their counts read from
+``perfmodel.models``), the engine's trained tiny pair, and one head dimension of 64 at GQA 8
+that no registry model has.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from ssvkit.kernels.tree import ancestor_bitmask
+from ssvkit.perfmodel.models import get_model
 
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention (use_geometry)
-GEOMETRIES = {"llama-3.1-8b": (32, 8, 128), "tiny": (8, 2, 64)}
+
+def _heads(model: str) -> tuple[int, int, int]:
+    m = get_model(model)
+    return m.num_q_heads, m.num_kv_heads, m.head_dim
+
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = _heads("llama-3.1-8b")  # the default (use_geometry)
+# name -> (query heads, KV heads, head dim); GQA ratios 4, 16, 5, 8, 4 and 8.
+GEOMETRIES = {
+    name: _heads(name) for name in ("llama-3.1-8b", "glm-4-9b", "qwen3-14b", "qwen3-30b-a3b")
+}
+GEOMETRIES["tiny"] = (8, 2, 64)  # engine/checkpoints/tiny-target
+GEOMETRIES["16q-2kv-d64"] = (16, 2, 64)
 DTYPE = torch.bfloat16
 ELEM_BYTES = 2
 SPAN = 8  # rows over which fresh blocks are new: groups of C in {1, 2, 4, 8} nest in it
@@ -33,6 +51,23 @@ def use_geometry(name: str) -> None:
     if name not in GEOMETRIES:
         raise ValueError(f"geometry must be one of {', '.join(GEOMETRIES)}, got {name!r}")
     NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = GEOMETRIES[name]
+
+
+def current_geometry() -> str:
+    """The name of the geometry in use (the first of ``GEOMETRIES`` with its head counts)."""
+    heads = (NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM)
+    return next(name for name, g in GEOMETRIES.items() if g == heads)
+
+
+@contextlib.contextmanager
+def geometry(name: str) -> Iterator[None]:
+    """Use geometry ``name`` inside the block, then the one used before."""
+    before = current_geometry()
+    use_geometry(name)
+    try:
+        yield
+    finally:
+        use_geometry(before)
 
 
 def generator(seed: int) -> torch.Generator:

@@ -1,7 +1,8 @@
-"""The kernel sweep's per-op sweeps: dense verification (and torch SDPA on the same inputs),
-sparse verification per mode and group size, repair, NSA and block selection. Each walks its
-part of the ``Sweep`` grid, skips a config whose rows are all in the file, builds enough input
-sets to defeat the L2 (``kernels.timing.num_rotations``) and times the op through the runner.
+"""The kernel sweep's per-op timing: each step builds one ``KernelConfig``'s inputs
+(``calibration.kernel_grid``) -- dense verification (and torch SDPA), sparse verification per
+mode and group size, repair, NSA (packed row tiles and the row schedules) and block selection
+-- enough input sets to defeat the L2 (``kernels.timing.num_rotations``), and times the
+config's pending rows through the runner.
 
 Sparse modes count their own traffic: ``per_query`` every row's blocks, ``union`` the
 deduplicated union of each group, ``shared`` each group's representative set;
@@ -14,22 +15,15 @@ the SSV formula's.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.kernel_grid import KernelConfig, Variant, selection_rng
 from ssvkit.calibration.runner import Runner
 from ssvkit.kernels import timing as tm
-
-if TYPE_CHECKING:
-    from ssvkit.calibration.kernel_sweep import Sweep
-
-WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2
-NSA_REUSE_OVERLAP = 0.7
 
 
 def free() -> None:
@@ -38,23 +32,26 @@ def free() -> None:
         torch.cuda.empty_cache()
 
 
-def dense_sweep(r: Runner, sw: Sweep, seed: int, mod=None) -> None:
-    """dense_verify and torch SDPA on the same inputs, per batch, context and tree size."""
+def run_config(r: Runner, cfg: KernelConfig, seed: int, mod) -> bool:
+    """Time the variants of ``cfg`` not yet in the runner's file, at its geometry; False when
+    there were none (or the budget left no room)."""
+    todo = [v for v in cfg.variants if r.pending(v.op, v.params)]
+    if not todo or r.out_of_time():
+        return False
+    with ki.geometry(cfg.geometry):
+        _RUN[cfg.step](r, seed, mod, cfg, todo)
+    free()
+    return True
+
+
+def _run_dense(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) -> None:
     from ssvkit.kernels.dense_verify import dense_verify, plan_dense_verify
 
-    for bsz in sw.dense_batches:
-        for ctx in sw.dense_contexts:
-            for t in sw.dense_tokens:
-                p = ki.base_params(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
-                if not (r.pending("dense_verify", p) or r.pending("torch_sdpa", p)):
-                    continue
-                if r.out_of_time():
-                    return
-                _dense_config(r, seed, p, dense_verify, plan_dense_verify)
-                free()
+    sdpa = any(v.op == "torch_sdpa" for v in todo)
+    _dense_config(r, seed, cfg.common, dense_verify, plan_dense_verify, sdpa)
 
 
-def _dense_config(r: Runner, seed: int, p: dict, dense_verify, plan_dense_verify) -> None:
+def _dense_config(r: Runner, seed: int, p: dict, dense_verify, plan_dense_verify, sdpa) -> None:
     bsz, ctx, t = p["batch"], p["context_len"], p["num_query_tokens"]
     length = ctx + t
     unique = bsz * ki.NUM_KV_HEADS * ki.kv_bytes(length) + ki.qol_bytes(bsz, t)
@@ -75,6 +72,8 @@ def _dense_config(r: Runner, seed: int, p: dict, dense_verify, plan_dense_verify
         unique_bytes=unique,
         flops=flops,
     )
+    if not sdpa:
+        return
     # torch SDPA on the same inputs: [B, H, t, D] queries over the first ctx + t positions.
     sdpa_sets = []
     for q, k, v, _, mask in sets:
@@ -98,60 +97,15 @@ def _dense_config(r: Runner, seed: int, p: dict, dense_verify, plan_dense_verify
     )
 
 
-def sparse_batch(sw: Sweep, ctx: int, top_n: int, overlap: float, rng) -> int:
-    """Smallest batch >= ``sw.sparse_min_large_batch`` whose deduplicated working set reaches
-    200 MB (at most 64)."""
-    idx = ki.overlap_block_idx([ctx // sw.block_size], sw.sparse_tokens, top_n, overlap, rng)
-    per_seq = ki.group_blocks(idx, sw.sparse_tokens) * ki.kv_bytes(sw.block_size)
-    return int(min(64, max(sw.sparse_min_large_batch, math.ceil(WORKING_SET_BYTES / per_seq))))
-
-
-def sparse_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
-    """sparse_verify per mode and group size, per context, top_n and overlap, at batch 1 and
-    at the large batch ``sparse_batch``."""
-    t, bs, groups = sw.sparse_tokens, sw.block_size, sw.group_sizes
-    contexts, top_ns, overlaps = sw.sparse_contexts, sw.top_ns, sw.overlaps
-    for ctx in contexts:
-        for top_n in top_ns:
-            for gamma in overlaps:
-                big = sparse_batch(sw, ctx, top_n, gamma, _rng(seed, ctx, top_n, gamma))
-                for bsz in (1, big):
-                    variants = [("per_query", 1)] + [("union", c) for c in groups]
-                    variants += [("shared", c) for c in groups if c > 1]
-                    common = dict(
-                        context_len=ctx,
-                        num_query_tokens=t,
-                        batch=bsz,
-                        overlap=gamma,
-                        top_n=top_n,
-                        block_size=bs,
-                        tree="binary",
-                    )
-                    todo = [
-                        (m, c)
-                        for m, c in variants
-                        if r.pending(
-                            "sparse_verify", ki.base_params(mode=m, group_size=c, **common)
-                        )
-                    ]
-                    if not todo:
-                        continue
-                    if r.out_of_time():
-                        return
-                    _sparse_config(r, seed, mod, common, todo)
-                    free()
-
-
-def _rng(seed: int, *key: float) -> np.random.Generator:
-    """A generator per config, so a resumed run rebuilds the same selections."""
-    return np.random.default_rng([seed, *(int(round(k * 1000)) for k in key)])
+def _run_sparse(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) -> None:
+    _sparse_config(r, seed, mod, cfg.common, [v.knob for v in todo])
 
 
 def _sparse_config(r: Runner, seed: int, mod, common: dict, todo) -> None:
     bsz, ctx, t = common["batch"], common["context_len"], common["num_query_tokens"]
     top_n, gamma, bs = common["top_n"], common["overlap"], common["block_size"]
     length = ctx + t
-    rng = _rng(seed, ctx, top_n, gamma, bsz)
+    rng = selection_rng(seed, ctx, top_n, gamma, bsz)
     idx_np = ki.overlap_block_idx([ctx // bs] * bsz, t, top_n, gamma, rng)
     per_query_blocks = bsz * ki.NUM_KV_HEADS * t * top_n
     global_blocks = ki.group_blocks(idx_np, t)
@@ -192,24 +146,8 @@ def _sparse_config(r: Runner, seed: int, mod, common: dict, todo) -> None:
         )
 
 
-def repair_sweep(r: Runner, sw: Sweep, seed: int, mod=None) -> None:
-    """repair per missed fraction, and the recompute of every block, per batch and context."""
-    t, bs, top_n = sw.tokens, sw.block_size, sw.repair_top_n
-    fractions = sw.missed_fractions
-    for bsz, ctx in itertools.product(sw.repair_batches, sw.repair_contexts):
-        common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n, block_size=bs)
-        variants = [("repair", f) for f in fractions] + [("recompute", 1.0)]
-        todo = [
-            (m, f)
-            for m, f in variants
-            if r.pending("repair", ki.base_params(mode=m, missed_fraction=f, **common))
-        ]
-        if not todo:
-            continue
-        if r.out_of_time():
-            return
-        _repair_config(r, seed, common, todo)
-        free()
+def _run_repair(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) -> None:
+    _repair_config(r, seed, cfg.common, [v.knob for v in todo])
 
 
 def _repair_config(r: Runner, seed: int, common: dict, todo) -> None:
@@ -232,7 +170,7 @@ def _repair_config(r: Runner, seed: int, common: dict, todo) -> None:
         blocks = bsz * ki.NUM_KV_HEADS * t * width
         unique = blocks * ki.kv_bytes(bs) + qo + blocks * 4
         rot = tm.num_rotations(unique)
-        rng = _rng(seed, ctx, top_n, bsz, frac)
+        rng = selection_rng(seed, ctx, top_n, bsz, frac)
         missed = [
             torch.from_numpy(ki.random_block_idx([ctx // bs] * bsz, t, width, rng))
             .contiguous()
@@ -251,31 +189,8 @@ def _repair_config(r: Runner, seed: int, common: dict, todo) -> None:
         r.time_op("repair", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
 
 
-def nsa_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
-    """nsa_verify fused and unfused, refresh and reuse, per batch, tree size and context."""
-    for bsz, t in itertools.product(sw.other_batches, sw.nsa_tokens):
-        for ctx, overlap in itertools.product(sw.nsa_contexts, (None, NSA_REUSE_OVERLAP)):
-            # overlap None: the reuse layer takes the refresh path's indices (random q, so the
-            # rows barely overlap); NSA_REUSE_OVERLAP: indices with that exact adjacent-row
-            # overlap, the regime SSV measured (50-90%), for the reuse path only.
-            modes = ("reuse", "refresh") if overlap is None else ("reuse",)
-            variants = [(m, i) for m in modes for i in ("fused", "unfused")]
-            common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
-            common.update(top_n=ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
-            if overlap is not None:
-                common["overlap"] = overlap
-            extra = dict(window=ki.NSA_KW["window"], comp_block=32, comp_stride=16)
-            todo = [
-                (m, i)
-                for m, i in variants
-                if r.pending("nsa_verify", ki.base_params(mode=m, impl=i, **common, **extra))
-            ]
-            if not todo:
-                continue
-            if r.out_of_time():
-                return
-            _nsa_config(r, seed, mod, common, extra, todo)
-            free()
+def _run_nsa(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) -> None:
+    _nsa_config(r, seed, mod, cfg.common, cfg.extra, [v.knob for v in todo])
 
 
 def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int, draft_rows: int = 0) -> int:
@@ -301,14 +216,14 @@ def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int, draft_rows: int = 0) -> int:
 
 
 def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
-    """Time the ``todo`` (mode, impl) variants of one NSA config; ``extra["rows_per_tile"]``
-    runs it with that row schedule (``calibration.kernel_nsa_tiles``)."""
+    """Time the ``todo`` (mode, impl) variants of one NSA config; ``common["rows_per_tile"]``
+    runs it with that row schedule (``kernel_grid.nsa_tiles_configs``)."""
     bsz, ctx, t = common["batch"], common["context_len"], common["num_query_tokens"]
     gen = ki.generator(seed + ctx + bsz)
     first = ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen)
     overlap = common.get("overlap")
     rng = np.random.default_rng(seed + ctx + bsz)
-    config = mod.NsaVerifyConfig(rows_per_tile=extra.get("rows_per_tile", 0))
+    config = mod.NsaVerifyConfig(rows_per_tile=common.get("rows_per_tile", 0))
 
     def indices(args):
         if overlap is None:  # the refresh layer's own selection
@@ -319,7 +234,7 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
 
     idx = indices(first)
     draft_rows = 0  # of a row tile, as the launch plan packs them
-    if "rows_per_tile" in extra:
+    if "rows_per_tile" in common:
         bs = ki.NSA_KW["block_size"]
         plan = mod.nsa_union_plan(first[0], first[1], idx, block_size=bs, config=config)
         draft_rows = plan.group_size
@@ -345,24 +260,11 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
         r.time_op("nsa_verify", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
 
 
-def select_sweep(r: Runner, sw: Sweep, seed: int, mod) -> None:
-    """select_blocks per metadata kind, batch, context and top_n."""
-    t, bs = sw.tokens, sw.block_size
-    for bsz in sw.select_batches:
-        for ctx in sw.select_contexts:
-            for top_n in sw.select_top_ns:
-                for method in ("mean", "quest"):
-                    common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n)
-                    p = ki.base_params(block_size=bs, method=method, **common)
-                    if not r.pending("select_blocks", p):
-                        continue
-                    if r.out_of_time():
-                        return
-                    _select_config(r, seed, mod, p)
-                    free()
+def _run_select(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) -> None:
+    _select_config(r, seed, mod, cfg.common, [v.knob[0] for v in todo])
 
 
-def _select_config(r: Runner, seed: int, mod, p: dict) -> None:
+def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     bsz, ctx, t = p["batch"], p["context_len"], p["num_query_tokens"]
     top_n, bs, method = p["top_n"], p["block_size"], p["method"]
     gen = ki.generator(seed + ctx + bsz)
@@ -385,11 +287,22 @@ def _select_config(r: Runner, seed: int, mod, p: dict) -> None:
             if isinstance(getattr(meta, f.name), torch.Tensor)
         }
         sets.append((torch.randn_like(q), dataclasses.replace(meta, **copies)))
-    p = dict(p, rotations=rot)
     flops = 2 * bsz * ki.NUM_KV_HEADS * t * nb * ki.HEAD_DIM * kinds
+    for impl in impls:
 
-    def fn(i):
-        qi, mi = sets[i]
-        return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method)
+        def fn(i, fused=impl == "one_launch"):
+            qi, mi = sets[i]
+            return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method, fused=fused)
 
-    r.time_op("select_blocks", p, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
+        pi = dict(p, impl=impl, rotations=rot)
+        r.time_op("select_blocks", pi, fn, num_inputs=rot, unique_bytes=unique, flops=flops)
+
+
+_RUN = {
+    "dense": _run_dense,
+    "sparse": _run_sparse,
+    "repair": _run_repair,
+    "nsa": _run_nsa,
+    "select": _run_select,
+    "nsa_tiles": _run_nsa,
+}

@@ -31,7 +31,9 @@ def floor_target_met(median_s: float, floor_s: float) -> bool:
 
 def _floor_targets(g: list[dict]) -> list[dict]:
     """Per sparse-path op and batch: rows meeting ``floor_target_met``, the median and worst
-    time / floor."""
+    time / floor. Selection rows timed in two launches (``impl``, the baseline of the one-launch
+    path) are left out."""
+    g = [r for r in g if r["params"].get("impl") != "two_launch"]
     out = []
     for op in SPARSE_PATH_OPS:
         for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):
@@ -57,6 +59,11 @@ def _floor(r: dict) -> float:
     return max(r["unique_bytes"] / r["copy_bytes_per_s"], r["flops"] / r["gemm_flops_per_s"])
 
 
+def _heads(p: dict) -> str:
+    """The row's head geometry, ``Hq/Hkv/D``: rows of several geometries share one file."""
+    return "/".join(str(p.get(k)) for k in ("num_q_heads", "num_kv_heads", "head_dim"))
+
+
 def _defining(p: dict) -> str:
     return json.dumps({k: v for k, v in p.items() if k not in DERIVED}, sort_keys=True)
 
@@ -72,6 +79,7 @@ def _dense(g: list[dict]) -> list[dict]:
         base = sdpa.get(_defining(p))
         out.append(
             {
+                "heads": _heads(p),
                 "T": p["context_len"],
                 "t": p["num_query_tokens"],
                 "B": p["batch"],
@@ -88,19 +96,25 @@ def _dense(g: list[dict]) -> list[dict]:
 
 def _sparse(g: list[dict]) -> list[dict]:
     """sparse_verify union rows: speedup over per_query at the same selection, its target."""
+
+    def selection(p: dict) -> tuple:
+        return (_heads(p), p["num_query_tokens"], p["context_len"], p["top_n"], p["overlap"])
+
     pq = {}
     for r in g:
         p = r["params"]
         if r["op"] == "sparse_verify" and p["mode"] == "per_query":
-            pq[(p["context_len"], p["top_n"], p["overlap"], p["batch"])] = r["median_s"]
+            pq[(*selection(p), p["batch"])] = r["median_s"]
     out = []
     for r in g:
         p = r["params"]
         if r["op"] != "sparse_verify" or p["mode"] != "union":
             continue
-        base = pq.get((p["context_len"], p["top_n"], p["overlap"], p["batch"]))
+        base = pq.get((*selection(p), p["batch"]))
         out.append(
             {
+                "heads": _heads(p),
+                "t": p["num_query_tokens"],
                 "T": p["context_len"],
                 "n": p["top_n"],
                 "gamma": p["overlap"],
@@ -117,17 +131,17 @@ def _sparse(g: list[dict]) -> list[dict]:
 
 
 def _repair(g: list[dict]) -> list[dict]:
-    """Per context and batch: a line fitted to repair time over missed blocks, and recompute."""
+    """Per head geometry, draft rows, top_n, context and batch: a line fitted to repair time over
+    missed blocks, and recompute."""
+
+    def group(p: dict) -> tuple:
+        return (_heads(p), p["num_query_tokens"], p["top_n"], p["context_len"], p["batch"])
+
     out = []
-    keys = {(r["params"]["context_len"], r["params"]["batch"]) for r in g if r["op"] == "repair"}
-    for ctx, bsz in sorted(keys):
-        rep = [
-            r
-            for r in g
-            if r["op"] == "repair"
-            and r["params"]["batch"] == bsz
-            and r["params"]["context_len"] == ctx
-        ]
+    keys = {group(r["params"]) for r in g if r["op"] == "repair"}
+    for key in sorted(keys):
+        heads, t, _, ctx, bsz = key
+        rep = [r for r in g if r["op"] == "repair" and group(r["params"]) == key]
         pts = [
             (r["params"]["missed_blocks"], r["median_s"])
             for r in rep
@@ -142,6 +156,8 @@ def _repair(g: list[dict]) -> list[dict]:
         r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum() or 1.0)
         out.append(
             {
+                "heads": heads,
+                "t": t,
                 "T": ctx,
                 "B": bsz,
                 "r2": r2,
@@ -161,18 +177,22 @@ def _nsa(g: list[dict]) -> list[dict]:
         if r["op"] == "nsa_verify" and not r["params"].get("rows_per_tile"):
             p = r["params"]
             gamma = p.get("overlap") or -1.0  # -1: the refresh path's own indices
-            nsa[(p["context_len"], p["batch"], p["mode"], gamma, p["impl"])] = r["median_s"]
+            at = (_heads(p), p.get("num_query_tokens"), p["context_len"], p["batch"])
+            nsa[(*at, p["mode"], gamma, p["impl"])] = r["median_s"]
     out = []
-    for (ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
-        if impl == "fused" and (ctx, bsz, mode, gamma, "unfused") in nsa:
+    for (heads, t, ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
+        unfused = nsa.get((heads, t, ctx, bsz, mode, gamma, "unfused"))
+        if impl == "fused" and unfused is not None:
             out.append(
                 {
+                    "heads": heads,
+                    "t": t,
                     "T": ctx,
                     "B": bsz,
                     "mode": mode,
                     "gamma": gamma if gamma >= 0 else None,
                     "fused_us": s * 1e6,
-                    "speedup": nsa[(ctx, bsz, mode, gamma, "unfused")] / s,
+                    "speedup": unfused / s,
                 }
             )
     return out
@@ -211,6 +231,37 @@ def _nsa_tiles(g: list[dict]) -> list[dict]:
     return sorted(out, key=lambda x: tuple(str(v) for v in x.values()))
 
 
+def _select(g: list[dict]) -> list[dict]:
+    """select_blocks rows timed in one launch and in two on the same config: both times, the
+    floor, the one-launch time / floor and its floor target."""
+    by_impl = {}
+    for r in g:
+        if r["op"] == "select_blocks" and r["params"].get("impl"):
+            p = r["params"]
+            key = (p["context_len"], p["batch"], p["top_n"], p["method"])
+            by_impl[(*key, p["impl"])] = r
+    out = []
+    for key in sorted({k[:4] for k in by_impl}):
+        one, two = by_impl.get((*key, "one_launch")), by_impl.get((*key, "two_launch"))
+        if one is None or two is None:
+            continue
+        floor = _floor(one)
+        out.append(
+            {
+                "T": key[0],
+                "B": key[1],
+                "top_n": key[2],
+                "method": key[3],
+                "one_us": one["median_s"] * 1e6,
+                "two_us": two["median_s"] * 1e6,
+                "floor_us": floor * 1e6,
+                "x_floor": one["median_s"] / floor,
+                "target_met": floor_target_met(one["median_s"], floor),
+            }
+        )
+    return out
+
+
 def summarise(rows: list[dict]) -> dict[str, list[dict]]:
     """Graph-replay headline figures per op, from every row in the file."""
     g = [r for r in rows if r["timing"] == "graph"]
@@ -220,6 +271,7 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
         "repair": _repair(g),
         "nsa": _nsa(g),
         "nsa row schedules": _nsa_tiles(g),
+        "select": _select(g),
         "floor targets": _floor_targets(g),
     }
 

@@ -3,16 +3,25 @@
     python -m ssvkit.calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \
         [--ops dense,sparse,repair,nsa,select,nsa_tiles] [--budget-s 540] [--json] \
         [--geometry tiny]
+    # the calibration design, shard 2 of 4 (one process per GPU), graph timings only:
+    python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 2/4 \
+        --out OUT/s2 --done-from calibration/profiles/h200/kernel_bench.jsonl --timings graph
+    # the same without a GPU: every shard's configs and estimated minutes
+    python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 0/4 --plan ...
 
-1. Checks every selected op against its fp32 reference (:mod:`calibration.kernel_checks`); a
-   mismatch or a NaN aborts the run (exit status 2).
+1. Checks each op against its fp32 reference (:mod:`calibration.kernel_checks`) before its
+   first timed config, and the verification kernels at each other head geometry before their
+   first config there; a mismatch or a NaN ends the run (exit status 2), with nothing of that
+   op timed.
 2. Measures the ceilings of this run (:class:`calibration.runner.Runner`) and writes them as rows:
    device-to-device copy bandwidth (read + write bytes) and the empty Triton kernel.
-3. Times the ``Sweep`` grid (Llama-3.1-8B attention: 32 query heads, 8 KV heads, d = 128, bf16;
-   with ``--geometry tiny`` the engine's trained tiny pair, 8 query heads, 2 KV heads, d = 64,
-   over ``TINY_SWEEP``: the shapes the validation campaign decodes with), each config by plain
-   launch and by CUDA-graph replay (:mod:`calibration.kernel_ops`), one row per (config,
-   timing) in ``OUT/kernel_bench.jsonl``; configs already in the file are skipped.
+3. Times the configs (``calibration.kernel_grid``): the ``Sweep`` lines at one geometry
+   (Llama-3.1-8B attention by default: 32 query heads, 8 KV heads, d = 128, bf16; with
+   ``--geometry tiny`` the engine's trained tiny pair over ``TINY_SWEEP``), or with ``--grid
+   calibration`` the calibration design across geometries (``calibration.kernel_design``). Each
+   row goes to ``OUT/kernel_bench.jsonl``; a row already there or in a ``--done-from`` file is
+   skipped. ``--shard K/N`` times shard K of the configs pending against the ``--done-from``
+   files, split by estimated time (``calibration.kernel_plan``); ``--plan`` prints the split.
 4. Prints a summary of every row in the file (:mod:`calibration.kernel_summary`).
 
 Exit status: 0 when every config is in the file, 1 without a GPU, 2 on a correctness failure or
@@ -26,91 +35,65 @@ import dataclasses
 import importlib
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from ssvkit.calibration import kernel_checks as checks
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration import kernel_nsa_tiles as tiles
 from ssvkit.calibration import kernel_ops as ops
+from ssvkit.calibration.kernel_design import design_configs
+from ssvkit.calibration.kernel_grid import (
+    FULL_SWEEP,
+    QUICK_SWEEP,
+    STEPS,
+    TINY_SWEEP,
+    KernelConfig,
+    Sweep,
+    sweep_configs,
+)
+from ssvkit.calibration.kernel_plan import (
+    PlanCosts,
+    ShardPlan,
+    measured_text,
+    plan_shards,
+    plan_text,
+)
 from ssvkit.calibration.kernel_summary import print_summary, summarise
-from ssvkit.calibration.runner import COPY_BYTES, STOPPED_AT_BUDGET, Runner, read_rows
+from ssvkit.calibration.runner import (
+    COPY_BYTES,
+    STOPPED_AT_BUDGET,
+    Runner,
+    done_keys,
+    read_rows,
+)
+from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.rows import row_key
 
-OPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
+__all__ = ["FULL_SWEEP", "QUICK_SWEEP", "TINY_SWEEP", "Sweep", "main"]
+
+OPS = STEPS
 OUT_NAME = "kernel_bench.jsonl"
-K = 1024
+GRIDS = ("lines", "calibration")
 SHOW = ("context_len", "num_query_tokens", "batch", "mode", "group_size", "overlap", "top_n")
-SHOW += ("missed_fraction", "impl", "method", "rows_per_tile")
-
-
-@dataclass(frozen=True, slots=True)
-class Sweep:
-    """The configs timed; ``QUICK_SWEEP`` is a subset."""
-
-    # 48K, 96K and t = 12 are calibration's held-out values: timed, never fitted.
-    dense_contexts: tuple[int, ...] = (8 * K, 16 * K, 32 * K, 48 * K, 64 * K, 96 * K, 128 * K)
-    dense_tokens: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)
-    dense_batches: tuple[int, ...] = (1, 16)
-    sparse_contexts: tuple[int, ...] = (16 * K, 64 * K)
-    sparse_tokens: int = 16  # two groups of C = 8
-    top_ns: tuple[int, ...] = (16, 32, 64)
-    overlaps: tuple[float, ...] = (0.5, 0.7, 0.9)
-    group_sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
-    sparse_min_large_batch: int = 16  # raised until the working set reaches 200 MB
-    repair_contexts: tuple[int, ...] = (16 * K, 64 * K)
-    repair_batches: tuple[int, ...] = (1, 4, 16)
-    repair_top_n: int = 64
-    missed_fractions: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
-    other_batches: tuple[int, ...] = (1, 16)  # repair, nsa and select
-    nsa_contexts: tuple[int, ...] = (16 * K, 64 * K)
-    nsa_tokens: tuple[int, ...] = (16,)
-    select_contexts: tuple[int, ...] = (8 * K, 16 * K, 32 * K, 48 * K, 64 * K, 96 * K, 128 * K)
-    select_batches: tuple[int, ...] = (1, 4, 16)
-    select_top_ns: tuple[int, ...] = (16, 64)
-    block_size: int = 64
-    tokens: int = 16  # draft rows of the repair, nsa and select configs
-
-
-FULL_SWEEP = Sweep()
-QUICK_SWEEP = Sweep(
-    dense_contexts=(8 * K, 64 * K),
-    dense_tokens=(1, 16, 64),
-    dense_batches=(1,),
-    sparse_contexts=(64 * K,),
-    top_ns=(32,),
-    overlaps=(0.7,),
-    group_sizes=(1, 4),
-    missed_fractions=(0.0, 0.25, 0.5),
-    other_batches=(1,),
-    nsa_contexts=(64 * K,),
-    select_contexts=(64 * K,),
-    select_batches=(1,),
-    select_top_ns=(32,),
-    repair_contexts=(64 * K,),
-    repair_batches=(1,),
-)
-# The tiny pair's verify shapes (engine/checkpoints, validation/data/campaign.json): contexts
-# up to its 32K positions, the campaign's tree sizes (1, 3, 5, 17 rows), its NSA budget.
-TINY_SWEEP = Sweep(
-    dense_contexts=(2 * K, 4 * K, 8 * K, 16 * K, 30 * K),
-    dense_tokens=(1, 2, 3, 4, 5, 8, 12, 16, 17, 32),
-    dense_batches=(1,),
-    nsa_contexts=(4 * K, 8 * K, 16 * K, 30 * K),
-    nsa_tokens=(1, 3, 5, 12, 17),
-    other_batches=(1,),
-)
-# op -> (its correctness check, its sweep, the op module both take, None for a fixed one).
-STEPS: dict[str, tuple[Callable, Callable, str | None]] = {
-    "dense": (lambda mod: checks.check_dense(), ops.dense_sweep, None),
-    "sparse": (checks.check_sparse, ops.sparse_sweep, "ssvkit.kernels.sparse_verify"),
-    "repair": (lambda mod: checks.check_repair(), ops.repair_sweep, None),
-    "nsa": (checks.check_nsa, ops.nsa_sweep, "ssvkit.kernels.nsa_verify"),
-    "select": (checks.check_select, ops.select_sweep, "ssvkit.kernels.select_blocks"),
-    "nsa_tiles": (tiles.check_nsa_tiles, tiles.nsa_tile_sweep, "ssvkit.kernels.nsa_verify"),
+SHOW += ("missed_fraction", "impl", "method", "rows_per_tile", "num_q_heads", "num_kv_heads")
+SHOW += ("head_dim",)
+# op -> (its correctness check, the op module the check and the timing take; None for a fixed
+# one).
+STEPS_RUN: dict[str, tuple] = {
+    "dense": (lambda mod: checks.check_dense(), None),
+    "sparse": (checks.check_sparse, "ssvkit.kernels.sparse_verify"),
+    "repair": (lambda mod: checks.check_repair(), None),
+    "nsa": (checks.check_nsa, "ssvkit.kernels.nsa_verify"),
+    "select": (checks.check_select, "ssvkit.kernels.select_blocks"),
+    "nsa_tiles": (checks.check_nsa_tiles, "ssvkit.kernels.nsa_verify"),
 }
+
+
+def _help(name: str) -> str:
+    return next(f for f in dataclasses.fields(SweepOptions) if f.name == name).metadata["help"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +111,28 @@ class SweepOptions:
     )
     geometry: str = field(
         default="llama-3.1-8b",
-        metadata={"help": "attention heads timed: llama-3.1-8b (full sweep) or tiny (TINY_SWEEP)"},
+        metadata={"help": "attention heads of --grid lines: llama-3.1-8b (full sweep) or tiny"},
+    )
+    grid: str = field(
+        default="lines",
+        metadata={"help": "lines (the Sweep at --geometry) or calibration (every geometry)"},
+    )
+    gpu: str | None = field(
+        default=None, metadata={"help": "registry GPU whose SMs and ceilings --plan/--shard use"}
+    )
+    shard: Shard | None = field(default=None, metadata={"help": "time shard K/N of the configs"})
+    plan: bool = field(default=False, metadata={"help": "print the shards' estimates and exit"})
+    done_from: tuple[Path, ...] = field(
+        default=(), metadata={"help": "rows file whose configs count as done (repeatable)"}
+    )
+    redo: tuple[str, ...] = field(
+        default=(), metadata={"help": "row ops of --done-from to measure again (comma-separated)"}
+    )
+    timings: tuple[str, ...] = field(
+        default=tm.TIMINGS, metadata={"help": "comma-separated timings: launch, graph"}
+    )
+    compile_s: float | None = field(
+        default=None, metadata={"help": "planning: seconds per kernel compilation (default 2)"}
     )
 
     def __post_init__(self) -> None:
@@ -141,55 +145,122 @@ class SweepOptions:
             raise ValueError(
                 f"geometry must be one of {', '.join(ki.GEOMETRIES)}, got {self.geometry!r}"
             )
+        if self.grid not in GRIDS:
+            raise ValueError(f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
+        if not self.timings or not set(self.timings) <= set(tm.TIMINGS):
+            raise ValueError(f"timings must be a non-empty subset of {tm.TIMINGS}")
+        if (self.shard is not None or self.plan) and self.gpu is None:
+            raise ValueError("--shard and --plan split by estimated time: give --gpu")
+        if self.gpu is not None:
+            get_gpu(self.gpu, measured=False)  # a one-line error naming an unknown GPU
+        rows = (self.out / OUT_NAME).resolve()
+        if self.shard is not None and any(Path(p).resolve() == rows for p in self.done_from):
+            raise ValueError(
+                f"--done-from {rows} is the file this shard writes: the split must not move "
+                "while it runs (give each shard its own --out)"
+            )
 
     @property
     def sweep(self) -> Sweep:
-        """The grid the options select."""
+        """The grid of ``--grid lines``."""
         if self.geometry == "tiny":
             return TINY_SWEEP
         return QUICK_SWEEP if self.quick else FULL_SWEEP
+
+    def configs(self) -> list[KernelConfig]:
+        """Every config of the chosen grid and ops, in run order (host only)."""
+        if self.grid == "calibration":
+            return design_configs(self.ops, self.seed)
+        return sweep_configs(self.sweep, self.ops, self.geometry, self.seed)
+
+    def plan_costs(self) -> PlanCosts:
+        return PlanCosts() if self.compile_s is None else PlanCosts(compile_s=self.compile_s)
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(o.strip() for o in text.split(",") if o.strip())
 
 
 def parse_args(argv: list[str] | None = None) -> SweepOptions:
     """The options of the command line (``ValueError`` naming a bad one)."""
     fields = {f.name: f for f in dataclasses.fields(SweepOptions)}
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help=fields["out"].metadata["help"])
-    ap.add_argument("--quick", action="store_true", help=fields["quick"].metadata["help"])
-    ap.add_argument("--ops", default=",".join(OPS), help=fields["ops"].metadata["help"])
+    ap.add_argument("--out", type=Path, required=True, help=_help("out"))
+    ap.add_argument("--quick", action="store_true", help=_help("quick"))
+    ap.add_argument("--ops", default=",".join(OPS), help=_help("ops"))
     budget = fields["budget_s"]
     ap.add_argument("--budget-s", type=float, default=budget.default, help=budget.metadata["help"])
-    ap.add_argument(
-        "--seed", type=int, default=fields["seed"].default, help=fields["seed"].metadata["help"]
-    )
-    ap.add_argument("--json", action="store_true", help=fields["json"].metadata["help"])
-    ap.add_argument(
-        "--summary-only", action="store_true", help=fields["summary_only"].metadata["help"]
-    )
-    geometry = fields["geometry"]
-    ap.add_argument("--geometry", default=geometry.default, help=geometry.metadata["help"])
+    ap.add_argument("--seed", type=int, default=fields["seed"].default, help=_help("seed"))
+    ap.add_argument("--json", action="store_true", help=_help("json"))
+    ap.add_argument("--summary-only", action="store_true", help=_help("summary_only"))
+    ap.add_argument("--geometry", default=fields["geometry"].default, help=_help("geometry"))
+    ap.add_argument("--grid", default="lines", help=_help("grid"))
+    ap.add_argument("--gpu", default=None, help=_help("gpu"))
+    ap.add_argument("--shard", default=None, metavar="K/N", help=_help("shard"))
+    ap.add_argument("--plan", action="store_true", help=_help("plan"))
+    ap.add_argument("--done-from", type=Path, action="append", default=[], help=_help("done_from"))
+    ap.add_argument("--redo", default="", help=_help("redo"))
+    ap.add_argument("--timings", default=",".join(tm.TIMINGS), help=_help("timings"))
+    ap.add_argument("--compile-s", type=float, default=None, help=_help("compile_s"))
     a = ap.parse_args(argv)
     return SweepOptions(
         out=a.out,
         quick=a.quick,
-        ops=tuple(o.strip() for o in a.ops.split(",") if o.strip()),
+        ops=_list(a.ops),
         budget_s=a.budget_s,
         seed=a.seed,
         json=a.json,
         summary_only=a.summary_only,
         geometry=a.geometry,
+        grid=a.grid,
+        gpu=a.gpu,
+        shard=None if a.shard is None else Shard.parse(a.shard),
+        plan=a.plan,
+        done_from=tuple(a.done_from),
+        redo=_list(a.redo),
+        timings=_list(a.timings),
+        compile_s=a.compile_s,
     )
 
 
 def new_runner(opts: SweepOptions) -> Runner:
-    """The runner of the kernel rows: both timings, integer work counts."""
+    """The runner of the kernel rows: the chosen timings, integer work counts."""
     return Runner(
         opts.out / OUT_NAME,
         opts.budget_s,
         config=tm.QUICK_TIMING if opts.quick else tm.DEFAULT_TIMING,
+        timings=opts.timings,
         work_type=int,
         show=SHOW,
+        done_from=opts.done_from,
+        redo_ops=opts.redo,
     )
+
+
+def pending_against(done: set[str], timings: tuple[str, ...]):
+    """``pending(cfg)``: the variants of a config with a timing whose row is not in ``done``."""
+
+    def pending(cfg: KernelConfig):
+        return [
+            v for v in cfg.variants if any(row_key(v.op, t, v.params) not in done for t in timings)
+        ]
+
+    return pending
+
+
+def shard_plan(opts: SweepOptions) -> tuple[list[KernelConfig], ShardPlan | None, object]:
+    """The configs this run times (its shard's, in its order), the split, and ``pending``
+    against the ``--done-from`` files, the split's basis (the same for every shard)."""
+    pending = pending_against(done_keys(opts.done_from, opts.redo), opts.timings)
+    configs = opts.configs()
+    if opts.shard is None and not opts.plan:
+        return configs, None, pending
+    gpu = get_gpu(opts.gpu)
+    todo = [c for c in configs if pending(c)]
+    count = opts.shard.count if opts.shard is not None else 1
+    plan = plan_shards(todo, count, gpu, opts.timings, opts.plan_costs(), pending)
+    mine = list(plan.shards[opts.shard.index]) if opts.shard is not None else todo
+    return mine, plan, pending
 
 
 def write_ceilings(r: Runner) -> None:
@@ -197,10 +268,10 @@ def write_ceilings(r: Runner) -> None:
     and each device-copy method (read + write bytes)."""
     rates = r.measure_ceilings()
     c = r.ceil
+    empty = " / ".join(f"{c[t] * 1e6:.2f} us ({t})" for t in r.timings)
     print(
         f"ceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
-        f"GEMM {c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, empty kernel "
-        f"{c['launch'] * 1e6:.1f} us (launch) / {c['graph'] * 1e6:.2f} us (graph)"
+        f"GEMM {c['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s, empty kernel {empty}"
     )
     print("  copy rates (TB/s): " + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in rates.items()))
     for timing in r.timings:
@@ -208,9 +279,12 @@ def write_ceilings(r: Runner) -> None:
         r.write("empty_triton_kernel", ki.base_params(), t, 0, 0)
     for impl, rate in rates.items():
         secs = 2 * COPY_BYTES / rate
-        t = tm.Timing(secs, secs, secs, "launch" if impl.endswith("launch") else "graph", 1)
-        params = ki.base_params(impl=impl, nbytes=COPY_BYTES)
-        r.write("device_copy", params, t, 2 * COPY_BYTES, 0)
+        timing = "launch" if impl.endswith("launch") else "graph"
+        if timing in r.timings:  # the run's ceilings hold an empty kernel of its timings only
+            params = ki.base_params(impl=impl, nbytes=COPY_BYTES)
+            r.write(
+                "device_copy", params, tm.Timing(secs, secs, secs, timing, 1), 2 * COPY_BYTES, 0
+            )
 
 
 def _op_module(name: str | None):
@@ -232,38 +306,73 @@ def _print_summary(path: Path, as_json: bool) -> None:
         print_summary(summary)
 
 
+class Checks:
+    """Each step's correctness check, run before the step's first timed config, and the
+    verification kernels' check at each other geometry before its first dense or sparse config
+    (``CorrectnessError`` on a mismatch): a shard cut short by its budget skips the checks of
+    steps it never reached, and nothing is timed that was not checked."""
+
+    def __init__(self, mods: dict) -> None:
+        self.mods = mods
+        self.done: set[tuple[str, str]] = set()
+        self.default = ki.current_geometry()
+
+    def before(self, cfg: KernelConfig) -> None:
+        """Run the checks ``cfg`` needs that have not run yet."""
+        if ("step", cfg.step) not in self.done:
+            STEPS_RUN[cfg.step][0](self.mods[cfg.step])
+            print(f"correctness: {cfg.step} ok")
+            self.done.add(("step", cfg.step))
+        geometry = ("geometry", cfg.geometry)
+        if cfg.step in ("dense", "sparse") and cfg.geometry != self.default:
+            if geometry not in self.done:
+                with ki.geometry(cfg.geometry):
+                    checks.check_geometry(self.mods.get("sparse"))
+                print(f"correctness: dense and sparse verification at {cfg.geometry} ok")
+                self.done.add(geometry)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command (the module docstring); returns its exit status."""
     try:
         opts = parse_args(argv)
+        if opts.summary_only:
+            _print_summary(opts.out / OUT_NAME, opts.json)
+            return 0
+        configs, plan, pending = shard_plan(opts)
     except ValueError as e:
         print(f"kernel_sweep: {e}", file=sys.stderr)
         return 2
-    if opts.summary_only:
-        _print_summary(opts.out / OUT_NAME, opts.json)
+    if opts.plan:
+        print(plan_text(plan, pending, get_gpu(opts.gpu), opts.shard))
+        rows = [r for p in (*opts.done_from, opts.out / OUT_NAME) for r in read_rows(Path(p))]
+        measured = measured_text(rows, opts.plan_costs())
+        print(measured or "no earlier run recorded its rows' wall and first-call seconds")
         return 0
     if not torch.cuda.is_available():
         print("ssvkit.calibration.kernel_sweep needs a CUDA GPU", file=sys.stderr)
         return 1
-    ki.use_geometry(opts.geometry)
     r = new_runner(opts)
     print(
         f"{r.prov['device_name']}  torch {r.prov['torch_version']}  triton "
         f"{r.prov['triton_version']}  commit {r.prov['git_commit']}  -> {r.path}"
+        + (f"  shard {opts.shard}: {len(configs)} configs" if opts.shard else "")
     )
-    mods = {op: _op_module(STEPS[op][2]) for op in opts.ops}
-    todo = [op for op in opts.ops if STEPS[op][2] is None or mods[op] is not None]
-    try:
-        for op in todo:
-            STEPS[op][0](mods[op])
-            print(f"correctness: {op} ok")
-    except checks.CorrectnessError as e:
-        print(f"\nCORRECTNESS FAILURE, nothing timed: {e}", file=sys.stderr)
-        return 2
-    torch.cuda.synchronize()
+    mods = {op: _op_module(STEPS_RUN[op][1]) for op in opts.ops}
+    configs = [c for c in configs if STEPS_RUN[c.step][1] is None or mods[c.step] is not None]
+    gate = Checks(mods)
     write_ceilings(r)
-    for op in todo:
-        STEPS[op][1](r, opts.sweep, opts.seed, mods[op])
+    for cfg in configs:
+        if not any(r.pending(v.op, v.params) for v in cfg.variants):
+            continue
+        if r.out_of_time():
+            break
+        try:
+            gate.before(cfg)
+        except checks.CorrectnessError as e:
+            print(f"\nCORRECTNESS FAILURE, {cfg.step} not timed: {e}", file=sys.stderr)
+            return 2
+        ops.run_config(r, cfg, opts.seed, mods[cfg.step])
         if r.stopped:
             break
     print(

@@ -3,24 +3,34 @@
 stops before the wall budget runs out.
 
 A row's key is its op, its timing and its defining params (``perfmodel.rows.row_key``), so a
-rerun skips every (config, timing) already in the file. The
-ceilings every row carries (copy bandwidth, GEMM rate, the empty kernel per timing) are measured
-in the same run, with the runner's timing config. No config starts once the elapsed time is within
-twice the longest config timed so far of the budget; ``stopped`` then says a config not in the
-file was left out, and the command exits with ``STOPPED_AT_BUDGET``.
+rerun skips every (config, timing) already in the file, or in the read-only ``done_from`` files
+(the committed rows, when a shard writes its own file). Each row is one ``write`` of one line,
+synced: a kill leaves at most a last line cut short, which the next run drops (that row is
+measured again). Each row also records ``wall_s`` (seconds since the previous row of the run:
+input building, compilation and timing) and ``first_call_s`` (its op's untimed first call,
+compilation included when the kernel had no compiled specialisation yet), from which later
+sweeps are planned (``calibration.kernel_plan``). The ceilings every row carries (copy
+bandwidth, GEMM rate, the empty kernel per timing) are measured in the same run, with the
+runner's timing config. No config starts once the elapsed time is within twice the longest
+config timed so far of the budget; ``stopped`` then says a config not in the file was left out,
+and the command exits with ``STOPPED_AT_BUDGET``. With a ``shard``, configs other shards own
+(``calibration.shards.Shard.owns``) are not this runner's to time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.rows import row_key, seal
 
 STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (validation.campaign)
@@ -29,10 +39,50 @@ COPY_BYTES = 2**31  # the device copy that measures the copy-bandwidth ceiling
 
 def read_rows(path: Path) -> list[dict]:
     """Every row of a JSONL file ([] when there is none), unchecked: the resume keys and the
-    summary read them; ``perfmodel.rows.load_rows`` is the checked reader."""
+    summary read them; ``perfmodel.rows.load_rows`` is the checked reader. A last line cut
+    short by a kill (no newline at its end) is left out."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def drop_cut_tail(path: Path) -> bool:
+    """Rewrite ``path`` without a last line cut short by a kill; True when there was one."""
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    atomic_write(path, data[: data.rfind(b"\n") + 1])
+    return True
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` (ending in a newline) in one appending write, synced to disk."""
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def done_keys(paths: Iterable[Path], skip_ops: Iterable[str] = ()) -> set[str]:
+    """Resume keys of the rows of ``paths`` (those that exist), leaving out rows of
+    ``skip_ops`` (ops to measure again)."""
+    skip = set(skip_ops)
+    return {
+        row_key(r["op"], r["timing"], r["params"])
+        for p in paths
+        for r in read_rows(Path(p))
+        if r["op"] not in skip
+    }
 
 
 class Runner:
@@ -47,6 +97,9 @@ class Runner:
     work_type : number type of the rows' ``unique_bytes`` and ``flops`` (each rows file keeps
         the one its committed rows have).
     show : params printed on each row's progress line (None: all of them).
+    done_from : further rows files whose keys count as done (read, never written).
+    redo_ops : ops whose rows in ``done_from`` do not count (measured again).
+    shard : time only the configs this shard owns (``Shard.owns``); None: all.
     """
 
     def __init__(
@@ -58,10 +111,17 @@ class Runner:
         timings: tuple[str, ...] = tm.TIMINGS,
         work_type: type = float,
         show: tuple[str, ...] | None = None,
+        done_from: tuple[Path, ...] = (),
+        redo_ops: tuple[str, ...] = (),
+        shard: Shard | None = None,
     ) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.done = {row_key(r["op"], r["timing"], r["params"]) for r in read_rows(path)}
+        if drop_cut_tail(path):
+            print(f"{path}: dropped a last row cut short by a kill (it is measured again)")
+        others = [Path(p) for p in done_from if Path(p).resolve() != path.resolve()]
+        self.done = done_keys([path]) | done_keys(others, redo_ops)
+        self.shard = shard
         self.budget_s = budget_s
         self.config = config
         self.timings = timings
@@ -74,6 +134,7 @@ class Runner:
         self.stopped = False
         self.num_written = 0
         self.ceil: dict[str, float] = {}
+        self._since = time.monotonic()  # the previous row's write (``wall_s``)
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.t0
@@ -86,8 +147,10 @@ class Runner:
         return self.stopped
 
     def pending(self, op: str, params: dict) -> list[str]:
-        """The timings of a config not yet in the file."""
+        """The timings of a config not yet in the file (none of another shard's config)."""
         params = self._params(params)
+        if self.shard is not None and not self.shard.owns(row_key(op, "", params)):
+            return []
         return [t for t in self.timings if row_key(op, t, params) not in self.done]
 
     def rotations(self, working_set_bytes: int) -> int:
@@ -104,16 +167,26 @@ class Runner:
             "gemm_flops_per_s": tm.gemm_flops_per_s(config=cfg),
             **{t: tm.empty_kernel_s(t, cfg) for t in self.timings},
         }
+        self._since = time.monotonic()
         return rates
 
     def _params(self, params: dict) -> dict:
         return {**params, "l2": "resident"} if self.resident else params
 
-    def write(self, op: str, params: dict, t: tm.Timing, unique_bytes: float, flops: float) -> None:
+    def write(
+        self,
+        op: str,
+        params: dict,
+        t: tm.Timing,
+        unique_bytes: float,
+        flops: float,
+        first_call_s: float = 0.0,
+    ) -> None:
         """Seal and append one row (nothing when its key is in the file already)."""
         key = row_key(op, t.timing, params)
         if key in self.done:
             return
+        now = time.monotonic()
         row = seal(
             {
                 "op": op,
@@ -128,11 +201,13 @@ class Runner:
                 "copy_bytes_per_s": self.ceil["copy_bytes_per_s"],
                 "gemm_flops_per_s": self.ceil["gemm_flops_per_s"],
                 "launch_s": self.ceil[t.timing],
+                "wall_s": round(now - self._since, 3),
+                "first_call_s": round(first_call_s, 4),
                 **self.prov,
             }
         )
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_line(self.path, json.dumps(row) + "\n")
+        self._since = now
         self.done.add(key)
         self.num_written += 1
 
@@ -157,6 +232,7 @@ class Runner:
                 return
             start = time.monotonic()
             try:
+                first_call_s = _first_call_s(fn)
                 t = tm.bench(fn, timing, num_inputs=num_inputs, config=config)
             except torch.cuda.OutOfMemoryError:
                 print(f"  {op} {timing}: out of memory, skipped")
@@ -167,7 +243,7 @@ class Runner:
                 traceback.print_exc(limit=2)
                 return
             self.longest_s = max(self.longest_s, time.monotonic() - start)
-            self.write(op, params, t, unique_bytes, flops)
+            self.write(op, params, t, unique_bytes, flops, first_call_s)
             self._report(op, params, t, unique_bytes, flops)
 
     def _report(self, op: str, params: dict, t: tm.Timing, unique_bytes, flops) -> None:
@@ -185,3 +261,12 @@ class Runner:
             f"{t.median_s / floor if floor else float('nan'):6.2f} x floor "
             f"({floor * 1e6:.1f} us)  {short}"
         )
+
+
+def _first_call_s(fn: Callable[[int], object]) -> float:
+    """Wall seconds of one untimed call of ``fn(0)``, drained (compilation included)."""
+    start = time.monotonic()
+    fn(0)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.monotonic() - start

@@ -5,11 +5,19 @@ sealed row per config, CUDA-graph replay with a cold L2, resumable: a config alr
 output file is skipped (the runner the kernel sweep shares, ``calibration.runner``).
 
     python -m ssvkit.calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
+    # shard 1 of 4 (one process per GPU), skipping the rows the committed file has:
+    python -m ssvkit.calibration.sweep --out OUT/s1 --shard 1/4 \
+        --done-from calibration/profiles/h200/op_sweep.jsonl
 
 Exit status 0 when every config is in the file, ``STOPPED_AT_BUDGET`` (3) when the budget left
 configs out (run the same command again to resume). ``main`` takes the op groups to run, so a
 caller above this layer adds its own: ``validation.engine_op_sweep`` adds the ops the engine
 implements (rotary, the KV-tail write, ...) and is the sweep of record.
+
+``--shard K/N`` times the configs whose resume key hashes to K (``calibration.shards``): the
+configs take alike times (tens of milliseconds each), so equal counts balance the shards.
+``--plan`` prints each shard's count and estimated time without a GPU, over the configs of a
+reference rows file (``PLAN_REFERENCE``: the H100's op rows, the same registry's shapes).
 
 The attention kernels' rows come from ``python -m ssvkit.calibration.kernel_sweep`` (same runner and
 file folder); ``ssvkit calibrate`` runs both.
@@ -19,15 +27,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner
+from ssvkit.calibration.kernel_plan import PlanCosts, timing_s
+from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner, done_keys, read_rows
+from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.models import get_model, model_names
+from ssvkit.perfmodel.rows import row_key
 
 # Token counts M: powers of two and the points halfway between them (in log space), so that a
 # size the held-out hash takes out of a class still has fitted neighbours on both sides.
@@ -166,9 +178,45 @@ def elementwise_sweep(s: Runner, models: dict | None = None) -> None:
             )
 
 
-def new_runner(out: Path, budget_s: float) -> Runner:
+def new_runner(
+    out: Path, budget_s: float, shard: Shard | None = None, done_from: tuple[Path, ...] = ()
+) -> Runner:
     """The runner of the op rows: CUDA-graph replay only, float work counts."""
-    return Runner(out / ROWS_FILE, budget_s, config=TIMING, timings=("graph",))
+    return Runner(
+        out / ROWS_FILE,
+        budget_s,
+        config=TIMING,
+        timings=("graph",),
+        shard=shard,
+        done_from=done_from,
+    )
+
+
+PLAN_REFERENCE = Path(__file__).resolve().parent / "profiles" / "h100-sxm" / ROWS_FILE
+
+
+def plan_text(count: int, done: set[str], reference: Path = PLAN_REFERENCE) -> str:
+    """Per shard of ``count``: the reference file's configs it owns, those not in ``done``,
+    and their estimated minutes (the reference's measured call times under ``TIMING``, plus
+    ``PlanCosts.row_overhead_s`` a row)."""
+    overhead = PlanCosts().row_overhead_s
+    n, todo, secs = Counter(), Counter(), Counter()
+    for r in read_rows(reference):
+        if r["timing"] != "graph":
+            continue
+        k = next(i for i in range(count) if Shard(i, count).owns(row_key(r["op"], "", r["params"])))
+        n[k] += 1
+        if row_key(r["op"], "graph", r["params"]) not in done:
+            todo[k] += 1
+            secs[k] += timing_s(r["median_s"], "graph", TIMING) + overhead
+    lines = [
+        f"op sweep plan: the configs of {reference.parent.name}/{reference.name} "
+        f"({sum(n.values())}), split by key hash",
+        f"{'shard':>6} {'configs':>8} {'pending':>8} {'est. min':>9}",
+    ]
+    for k in range(count):
+        lines.append(f"{k:>6} {n[k]:>8} {todo[k]:>8} {secs[k] / 60:>9.1f}")
+    return "\n".join(lines)
 
 
 def default_groups() -> dict[str, Callable]:
@@ -185,15 +233,32 @@ def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = Non
     ap.add_argument("--out", type=Path, required=True, help="folder of the rows file")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock limit (s)")
     ap.add_argument("--ops", default=",".join(names), help=", ".join(names))
+    ap.add_argument("--shard", metavar="K/N", help="time shard K of N of the configs")
+    ap.add_argument(
+        "--done-from",
+        type=Path,
+        action="append",
+        default=[],
+        help="rows file whose configs count as done (repeatable)",
+    )
+    ap.add_argument("--plan", action="store_true", help="print the shards' estimates and exit")
     args = ap.parse_args(argv)
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
     bad = sorted(ops - set(names))
-    if bad:  # bad input: one line, exit 2 (3 means stopped at the budget)
-        print(f"sweep: unknown op group {bad[0]!r}; expected {', '.join(names)}", file=sys.stderr)
+    try:  # bad input: one line, exit 2 (3 means stopped at the budget)
+        if bad:
+            raise ValueError(f"unknown op group {bad[0]!r}; expected {', '.join(names)}")
+        shard = None if args.shard is None else Shard.parse(args.shard)
+    except ValueError as e:
+        print(f"sweep: {e}", file=sys.stderr)
         return 2
+    if args.plan:
+        done = done_keys([args.out / ROWS_FILE, *args.done_from])
+        print(plan_text(shard.count if shard else 1, done))
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit("calibration sweeps need a CUDA GPU")
-    s = new_runner(args.out, args.budget_s)
+    s = new_runner(args.out, args.budget_s, shard, tuple(args.done_from))
     s.measure_ceilings()
     c = s.ceil
     print(

@@ -156,10 +156,14 @@ def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -
     }
 
 
-def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict) -> dict:
-    """The leave-one-out set ``name`` of ``gpu``'s rows: for each value, refit every class that
-    has rows with it on its other rows and predict those rows; ``base`` holds the fits of all
-    rows, which a class without the value keeps (its rows, and so its fit, are unchanged)."""
+def leave_one_out_rows(
+    name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict
+) -> tuple[list[dict], Counter, dict[str, set]]:
+    """The rows of the leave-one-out set ``name`` of ``gpu``'s rows, each annotated with the
+    prediction of a fit without its value: for each value, every class that has rows with it is
+    refitted on its other rows; ``base`` holds the fits of all rows, which a class without the
+    value keeps (its rows, and so its fit, are unchanged). Also the count of rows per class no
+    fit predicts and the left-out values of each class."""
     graph = [r for r in fitted_rows(rows) if left_out_value(name, r) is not None]
     values: dict[str, set] = {}
     for r in graph:
@@ -174,9 +178,19 @@ def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: di
         got, miss = predict(left, classes, gpu, ceiling)
         annotated += got
         missing.update(miss)
-    out = summarize(annotated, missing, TARGETS["leave_one_out"], values)
-    out["title"] = TITLES[name]
-    return out
+    return annotated, missing, values
+
+
+def leave_one_out(name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict) -> dict:
+    """The leave-one-out set ``name`` of ``gpu``'s rows (``leave_one_out_rows``), summarized."""
+    return _loo_summary(name, *leave_one_out_rows(name, rows, gpu, ceiling, base))
+
+
+def _loo_summary(name: str, annotated: list[dict], missing: Counter, values: dict) -> dict:
+    return {
+        **summarize(annotated, missing, TARGETS["leave_one_out"], values),
+        "title": TITLES[name],
+    }
 
 
 def cross_gpu(fit_gpu: str, fit: dict, other: str, rows: list[dict], ceiling: dict) -> dict:
@@ -203,11 +217,19 @@ def _committed(gpu: str) -> tuple[list[dict], dict, dict]:
 
 
 @functools.lru_cache(maxsize=16)
+def committed_leave_one_out_rows(gpu: str, name: str) -> tuple[list[dict], Counter, dict]:
+    """``leave_one_out_rows`` of the set ``name`` on ``gpu``'s committed rows, the fits of all
+    of them standing for the classes without the value (computed once per process)."""
+    rows, ceiling, base = _committed(gpu)
+    return leave_one_out_rows(name, rows, gpu, ceiling, base)
+
+
+@functools.lru_cache(maxsize=16)
 def _committed_set(gpu: str, name: str) -> dict:
     """The set ``name`` of ``gpu``'s committed rows, keyed as ``transfer_report`` keys it."""
     rows, ceiling, base = _committed(gpu)
     if name in LEAVE_ONE_OUT:
-        return {name: leave_one_out(name, rows, gpu, ceiling, base)}
+        return {name: _loo_summary(name, *committed_leave_one_out_rows(gpu, name))}
     out = {}
     for other in measured_gpus():
         if other != gpu:

@@ -83,6 +83,7 @@ def ratio_pairs(rows: list[dict]) -> list[dict]:
                     "measured": a["median_s"] / b["median_s"],
                     "predicted": a["predicted_s"] / b["predicted_s"],
                     "heldout": a["split"] == "heldout" or b["split"] == "heldout",
+                    "rows": (a, b),
                     "params": {
                         k: v
                         for k, v in a["params"].items()

@@ -10,6 +10,13 @@ advances, and everything past it (the rejected entries) is dead: rolled back by 
 alone. Block metadata (``kernels.select_blocks.BlockMetadata``, mean or min/max keys per block)
 and NSA's compressed tokens (``kernels.nsa_compress``) are then refreshed for the touched
 blocks only. Nothing here reads the lengths on the host on the Triton path.
+
+``intact`` marks, per sequence, a length below which nothing has written the KV since the mark
+(``ModelRunner.prefill`` sets it to the prompt lengths, so that a later prefill of the same
+prompts can reuse them). Every write here lands at or past the committed length (a verify tail,
+a commit, a chunked extend), and the lengths only grow but through ``set_lens``, which drops the
+mark when it lowers a length below it. Code that writes ``kv`` below the lengths by other means
+sets ``intact`` to None.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class KVCache:
         self.comp: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.comp_lens: torch.Tensor | None = None
         self.comp_shape: tuple[int, int] | None = None  # (comp_block, comp_stride)
+        self.intact: list[int] | None = None  # see the module docstring
 
     @property
     def batch(self) -> int:
@@ -250,7 +258,12 @@ class KVCache:
         self.refresh_summaries(old, p)
 
     def set_lens(self, lens: torch.Tensor) -> None:
-        """Set the committed lengths (after prefill) and rebuild the summaries."""
+        """Set the committed lengths (after prefill) and rebuild the summaries; a length below
+        ``intact`` drops that mark (later writes may land below it)."""
+        if self.intact is not None and any(
+            n < k for n, k in zip(lens.tolist(), self.intact, strict=True)
+        ):
+            self.intact = None
         self.lens.copy_(lens.to(self.lens.device, torch.int32))
         self.rebuild_summaries()
 

@@ -59,7 +59,7 @@ from ssvkit.engine.draft_model import ModelDrafter, SelfSparseDrafter
 from ssvkit.engine.drafter import Draft, Drafter
 from ssvkit.engine.hand_over import report_round
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
-from ssvkit.engine.oracle import OracleDrafter, acceptance_label
+from ssvkit.engine.oracle import OracleDrafter, acceptance_label, reference
 from ssvkit.engine.results import DecodeResult, RoundRecord, reuse_summary
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
@@ -221,6 +221,7 @@ class Engine:
         dev = self.target.device
         t0 = time.perf_counter()
         first = self.target.prefill(prompts)
+        reused = self.target.prefill_reused
         if cfg.temperature == 0:
             roots = first.argmax(-1)
         else:
@@ -236,6 +237,7 @@ class Engine:
             )
         host_roots = roots.tolist()
         prefill_s = time.perf_counter() - t0
+        prefill_forward_s = self.target.prefill_seconds()
         warm_s = self._start_warm(prompts)
         shadow = self._drafters.get("ngram")
         self._shadow = shadow if shadow is not None and shadow.shadow_chain else None
@@ -270,15 +272,18 @@ class Engine:
             )
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
-        return DecodeResult(tokens, rounds, prefill_s, timer.source, warm_s)
+        return DecodeResult(
+            tokens, rounds, prefill_s, timer.source, warm_s, reused, prefill_forward_s
+        )
 
     def _reference(self, prompts: list[list[int]]) -> list[list[int]]:
         """The oracle's first guess of the continuation, which its probes correct where the
         verify's numerics leave it: the target's autoregressive continuation of ``prompts``
         with this run's attention and sampling settings (seed and position uniforms included),
         ``max_new_tokens`` plus a draft tree's depth long so that the last round's drafts have
-        it too. The pass prepares the target for its own strategy, so this one is installed
-        again after it."""
+        it too; kept with the runner's prefill for later runs (``engine.oracle.reference``).
+        The pass prepares the target for its own strategy, so this one is installed again
+        after it."""
         cfg = dataclasses.replace(
             self.config,
             oracle_acceptance=None,
@@ -286,9 +291,13 @@ class Engine:
             max_new_tokens=self.config.max_new_tokens + self.tree.max_depth,
         )
         ar = dataclasses.replace(self.strategy, tree="chain:0")
-        tokens = Engine(self.target, ar, cfg).generate(prompts).tokens
-        self.set_strategy(self.strategy)
-        return tokens
+
+        def decode() -> list[list[int]]:
+            tokens = Engine(self.target, ar, cfg).generate(prompts).tokens
+            self.set_strategy(self.strategy)
+            return tokens
+
+        return reference(self.target, prompts, AttentionConfig.from_strategy(ar), cfg, decode)
 
     def _check_room(self, tree: DraftTree) -> None:
         """``ValueError`` unless every cache holds the longest prompt, ``max_new_tokens`` and a

@@ -34,6 +34,7 @@ reproduce their last probe (it stays empty where the verify is deterministic).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -181,6 +182,30 @@ class OracleDrafter:
             if counts[s] != len(want) or history[s][start : start + len(want)] != want:
                 self.diverged.add(s)
         self._plan = {}
+
+
+def reference(runner, prompts, attn, config: DecodeConfig, decode) -> list[list[int]]:
+    """The oracle's reference: ``decode()``, the autoregressive continuation of ``prompts``
+    (``config.max_new_tokens`` tokens) with attention ``attn`` on ``runner``
+    (``engine.loop.Engine._reference``), or its first tokens from an earlier one.
+
+    The continuation is a function of the prefill, the attention and the settings alone, and an
+    autoregressive decode's first n tokens do not depend on how many follow (each round emits
+    one token per sequence and computes the same thing whatever the count still to go). So
+    it is kept in the runner's memo of that prefill (``ModelRunner.prefill_memo``: dropped with
+    the prefill), keyed by the attention and every other setting, and a later run that needs
+    at most as many tokens takes them from it; a longer one decodes and replaces it."""
+    n = config.max_new_tokens
+    key = ("oracle_reference", attn, dataclasses.replace(config, max_new_tokens=1))
+    memo = runner.prefill_memo(prompts)
+    kept = memo.get(key) if memo is not None else None
+    if kept is not None and len(kept[0]) >= n:
+        return [t[:n] for t in kept]
+    tokens = decode()
+    memo = runner.prefill_memo(prompts)  # the decode ran (or reused) the prefill
+    if memo is not None:
+        memo[key] = [list(t) for t in tokens]
+    return tokens
 
 
 def acceptance_label(config: DecodeConfig, rounds=()) -> dict:

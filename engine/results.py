@@ -62,13 +62,18 @@ class RoundRecord:
 @dataclass(slots=True)
 class DecodeResult:
     """Generated tokens per sequence (truncated to ``max_new_tokens``) and the rounds;
-    ``warm_s``: the start of the warm drafters after the prefill (host wall clock)."""
+    ``warm_s``: the start of the warm drafters after the prefill (host wall clock);
+    ``prefill_reused``: the target's prefill was one its cache already held
+    (``ModelRunner.prefill``), so ``prefill_s`` timed no forward; ``prefill_forward_s``: the
+    measured time of the prefill whose KV the decode read (that earlier one when reused)."""
 
     tokens: list[list[int]]
     rounds: list[RoundRecord]
     prefill_s: float
     timer: str
     warm_s: float = 0.0
+    prefill_reused: bool = False
+    prefill_forward_s: float | None = None
 
     def timed(self) -> list[RoundRecord]:
         """Rounds that count in the figures (warm-up rounds left out when others exist)."""

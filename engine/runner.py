@@ -1,9 +1,16 @@
 """``ModelRunner``: one model, its KV cache and its CUDA graphs (nano-vllm's ModelRunner).
 
-- ``prefill(prompts)``: each prompt through the model in chunks with causal SDPA, writing its
-  KV at positions ``0..n-1``; then the lengths are set and the block summaries built. Returns the
-  last position's logits per sequence. A forward holds at most a token budget (rows x chunk)
-  sized from the model's width and the free memory (``engine.memory``).
+- ``prefill(prompts)``: each prompt through the model in chunks with causal SDPA
+  (``engine.prefill.chunked_forward``), writing its KV at positions ``0..n-1``; then the lengths
+  are set and the block summaries built. Returns the last position's logits per sequence. A
+  forward holds at most a token budget (rows x chunk) sized from the model's width and the free
+  memory (``engine.memory``). A prefill of the very prompts whose KV the cache still holds
+  intact (``KVCache.intact``: nothing wrote below their lengths since; the same weights and
+  explicit budget) is reused: the lengths are set back, which rebuilds the summaries from the
+  prefix, and the saved logits returned: the KV and the logits are functions of the prompts, the
+  weights and the chunking alone (no strategy enters a prefill), so this is bitwise what running
+  it again with the same chunks gives (a budget sized from free memory may chunk another run
+  otherwise). ``prefill_seconds`` is the measured time of the prefill the cache holds.
 - ``tree_forward(tokens, tree, attn)``: one forward of the flattened tree tail ``[B, t]`` at
   positions ``lens + depth``, writing its KV at ``lens + i``, attending through
   ``engine.attention.TreeAttention``. Eager; callers run it inside ``graphs``.
@@ -22,24 +29,25 @@ them (``use_graphs`` needs CUDA and the Triton backend).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from ssvkit.engine.attention import AttentionConfig, TreeAttention
-from ssvkit.engine.cache import KVCache, KVTarget
+from ssvkit.engine.cache import KVCache
 from ssvkit.engine.graphs import GraphRunner
 from ssvkit.engine.memory import free_memory, prefill_token_budget
 from ssvkit.engine.model import CausalLM
+from ssvkit.engine.prefill import (
+    SavedPrefill,
+    chunked_forward,
+    mark,
+    prompt_tokens,
+    weights_key,
+)
 from ssvkit.engine.tree import DraftTree, TreeTensors
 from ssvkit.kernels.tree import MAX_TREE_NODES
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 # Chunk lengths of ``append``: each chunk is a chain tree of one of these lengths (the shortest
 # that holds the longest remaining tail, at most ``MAX_TREE_NODES``, the tree kernels' limit),
 # so a catch-up of any length replays one of four graphs.
 APPEND_CHUNKS = (8, 16, 32, MAX_TREE_NODES)
-
-# SDPA backends of a masked (chunked / catch-up) prefill: every one but cuDNN (``_PrefillAttend``).
-_MASKED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class ModelRunner:
@@ -73,6 +81,9 @@ class ModelRunner:
         # they live as long as the runner and its graphs, not as long as whoever built them,
         # so a graph replayed for a later Engine or drafter never reads freed memory.
         self.graph_constants: dict = {}
+        self._prefill: SavedPrefill | None = None
+        self.prefills = 0  # prefills run (not reused)
+        self.prefill_reused = False  # whether the last ``prefill`` call reused one
 
     @property
     def batch(self) -> int:
@@ -109,23 +120,36 @@ class ModelRunner:
     # ------------------------------------------------------------------ prefill
 
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], token_budget: int | None = None) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[list[int]], token_budget: int | None = None, *, reuse: bool = True
+    ) -> torch.Tensor:
         """Write every prompt's KV and return the last position's logits ``[B, V]`` float32.
 
         Prompts of equal length run together, in chunked causal forwards of at most
         ``token_budget`` tokens (rows x chunk; default ``prefill_budget``), so the activations
-        of a forward are bounded whatever the batch and the context."""
+        of a forward are bounded whatever the batch and the context. With ``reuse``, the
+        prefill the cache holds intact for the same prompts, weights and explicit budget is
+        reused instead (module docstring; ``prefill_reused`` says which happened)."""
         cache = self.cache
         if len(prompts) != cache.batch:
             raise ValueError(f"{len(prompts)} prompts for a batch of {cache.batch}")
+        lens = [len(p) for p in prompts]
+        for b, n in enumerate(lens):
+            if not 1 <= n < cache.t_max:
+                raise ValueError(f"prompt {b} has {n} tokens; the cache holds {cache.t_max}")
+        tokens = prompt_tokens(prompts)
+        held = self._held(tokens, lens)
+        if reuse and held is not None and held.token_budget == token_budget:
+            cache.set_lens(torch.tensor(lens, dtype=torch.int32))
+            self.prefill_reused = True
+            return held.logits.clone()
+        self._prefill, cache.intact = None, None
+        weights = weights_key(self.model)
         budget = self._budget(token_budget)
+        start = mark(self.device)
         by_len: dict[int, list[int]] = {}
-        for b, prompt in enumerate(prompts):
-            if not 1 <= len(prompt) < cache.t_max:
-                raise ValueError(
-                    f"prompt {b} has {len(prompt)} tokens; the cache holds {cache.t_max}"
-                )
-            by_len.setdefault(len(prompt), []).append(b)
+        for b, n in enumerate(lens):
+            by_len.setdefault(n, []).append(b)
         last = torch.empty(
             (cache.batch, self.config.vocab_size), dtype=torch.float32, device=self.device
         )
@@ -133,8 +157,40 @@ class ModelRunner:
             last[torch.tensor(rows, device=self.device)] = self._forward(
                 [prompts[b] for b in rows], rows, 0, budget
             )
-        cache.set_lens(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
+        cache.set_lens(torch.tensor(lens, dtype=torch.int32))
+        cache.intact = lens
+        span = (start, mark(self.device))
+        self._prefill = SavedPrefill(tokens, lens, token_budget, weights, last.clone(), span)
+        self.prefills += 1
+        self.prefill_reused = False
         return last
+
+    def prefill_memo(self, prompts: list[list[int]]) -> dict | None:
+        """A dict that lives as long as the cache holds the prefill of ``prompts`` intact
+        (None when it does not), for results that are functions of that prefill and of their
+        own key alone."""
+        held = self._held(prompt_tokens(prompts), [len(p) for p in prompts])
+        return held.memo if held is not None else None
+
+    def prefill_seconds(self) -> float | None:
+        """Seconds of the prefill the cache holds, measured when it ran (CUDA events on the
+        GPU, wall clock on the CPU); None when it holds none."""
+        return self._prefill.seconds() if self._prefill is not None else None
+
+    def _held(self, tokens: torch.Tensor, lens: list[int]) -> SavedPrefill | None:
+        """The saved prefill when it is of these prompts and weights and the cache still holds
+        its KV intact."""
+        p = self._prefill
+        if (
+            p is None
+            or self.cache.intact != lens
+            or not p.matches(tokens, lens, weights_key(self.model))
+        ):
+            return None
+        return p
+
+    def _forward(self, tokens: list[list[int]], rows: list[int], start: int, budget: int):
+        return chunked_forward(self.model, self.cache, tokens, rows, start, budget, self.backend)
 
     @torch.no_grad()
     def extend(self, tails: list[list[int]], token_budget: int | None = None) -> int:
@@ -265,42 +321,6 @@ class ModelRunner:
 
         return fn
 
-    def _forward(self, tokens: list[list[int]], rows: list[int], start: int, budget: int):
-        """Sequences ``rows`` (tokens of one length) through the model at positions ``start...``,
-        writing their KV; the last position's logits ``[len(rows), V]``. Each run of adjacent
-        rows (its cache rows a view: the fused KV store needs one) goes in groups of at most
-        ``budget`` rows, each in chunks of ``budget // rows`` tokens."""
-        out, i = [], 0
-        while i < len(rows):
-            j = i + 1
-            while j < len(rows) and j - i < budget and rows[j] == rows[j - 1] + 1:
-                j += 1
-            chunk = max(1, budget // (j - i))
-            out.append(
-                self._forward_run(tokens[i:j], slice(rows[i], rows[j - 1] + 1), start, chunk)
-            )
-            i = j
-        return torch.cat(out)
-
-    def _forward_run(self, tokens: list[list[int]], rows: slice, start: int, chunk: int):
-        cache = self.cache
-        n = len(tokens[0])
-        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
-            pos = torch.arange(start + s, start + e, device=self.device).expand(len(tokens), -1)
-            logits, _ = self.model(
-                ids[:, s:e],
-                pos,
-                _PrefillWriter(cache, rows, start + s, start + e, pos),
-                _PrefillAttend(cache, rows, start + s, start + e),
-                backend=self.backend,
-                last_only=True,
-            )
-        return logits[:, -1]
-
-    # ------------------------------------------------------------------ tree steps
-
     def tree_forward(
         self,
         tokens: torch.Tensor,
@@ -336,48 +356,3 @@ class ModelRunner:
             (path, count),
             neutral=lambda: (torch.zeros_like(path), torch.zeros_like(count)),
         )
-
-
-class _PrefillWriter:
-    """KV sink of a prefill chunk: positions ``[s, e)`` of the sequences ``rows``; ``pos``
-    ``[g, e - s]`` holds those positions on the device (the fused store's slots)."""
-
-    def __init__(self, cache: KVCache, rows: slice, s: int, e: int, pos: torch.Tensor) -> None:
-        self.cache, self.rows, self.s, self.e, self.pos = cache, rows, s, e, pos
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        kv = self.cache.kv
-        kv[layer, 0, self.rows, :, self.s : self.e] = k.transpose(1, 2).to(kv.dtype)
-        kv[layer, 1, self.rows, :, self.s : self.e] = v.transpose(1, 2).to(kv.dtype)
-
-    def target(self, layer: int) -> KVTarget:
-        kv = self.cache.kv
-        return KVTarget(kv[layer, 0, self.rows], kv[layer, 1, self.rows], self.pos)
-
-
-class _PrefillAttend:
-    """Causal attention of a prefill chunk over its sequences' cache ``[0, e)``."""
-
-    def __init__(self, cache: KVCache, rows: slice, s: int, e: int) -> None:
-        self.cache, self.rows, self.s, self.e = cache, rows, s, e
-
-    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        s, e = self.s, self.e
-        k = self.cache.kv[layer, 0, self.rows, :, :e]  # [g, Hkv, e, D]
-        v = self.cache.kv[layer, 1, self.rows, :, :e]
-        qq = q.transpose(1, 2)  # [g, H, c, D]
-        if s == 0:
-            o = F.scaled_dot_product_attention(qq, k, v, is_causal=True, enable_gqa=True)
-        else:
-            # Causal aligned to the last key: flash attention runs it without a mask tensor
-            # (a materialised ``chunk x e`` mask sends SDPA to its math path, whose scores
-            # grow with rows x heads x chunk x context); where flash cannot run (the CPU),
-            # torch materialises the mask. Not cuDNN: it builds an attention plan per shape,
-            # and every catch-up of a warm drafter (``extend`` after a longer prefix each time)
-            # has a shape of its own -- 67-82 ms per call on the H100 for 17-131 tokens after
-            # 15K, against 2.8-3.6 ms with flash / memory-efficient / math.
-            with sdpa_kernel(_MASKED_BACKENDS):
-                o = F.scaled_dot_product_attention(
-                    qq, k, v, attn_mask=causal_lower_right(e - s, e), enable_gqa=True
-                )
-        return o.transpose(1, 2).contiguous()

@@ -11,17 +11,24 @@ selected branch ``BLOCK_SIZE / BLOCK_N`` tiles per entry of the tile's union lis
 branch ``ceil((window + t) / BLOCK_N)`` tiles from ``prefix - window`` on. A forward program takes
 an equal slice of one branch's units and writes its state to one slot: ``m``, ``l``
 (``[2, BLOCK_M]``) and the unnormalised ``acc`` (``[BLOCK_M, D]``); slots ``[0, c)`` are
-compressed, ``[c, c + s)`` selected, the rest window.
+compressed, ``[c, c + s)`` selected, the rest window. :mod:`kernels.nsa_merge_kernels` holds the
+split and the merges (folded into this launch, or a launch of their own).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from ssvkit.kernels.arrivals import arrive, last_to_arrive, leave, take_ticket, wait_for
+from ssvkit.kernels.nsa_merge_kernels import (
+    NEG_SENTINEL,
+    branch_units,
+    merge_rows,
+    merge_tile,
+    split_slots,
+)
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
-# Finite stand-in for -inf: masked scores and empty states stay finite, so no exp(-inf - -inf).
-NEG_SENTINEL = tl.constexpr(-1.0e30)
 MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 
 
@@ -46,41 +53,6 @@ def _chunk(n, chunk, n_chunks):
     per = tl.cdiv(n, n_chunks)
     lo = tl.minimum(chunk * per, n)
     return lo, tl.minimum(lo + per, n)
-
-
-@triton.jit
-def _branch_units(
-    prefix, n_list, nc_max, window, comp_block, comp_stride, BLOCK_N: tl.constexpr, SUBS
-):
-    """Key tiles of each branch of one (sequence x KV head, row tile) -- compressed,
-    selected (``n_list`` union entries of ``SUBS`` tiles), window -- and the compressed tokens
-    ``nc`` and the window's first token."""
-    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
-    nc = tl.minimum(nc, nc_max)
-    win_start = tl.maximum(prefix - window, 0)
-    units_c = tl.cdiv(nc, BLOCK_N)
-    units_w = tl.cdiv(prefix - win_start, BLOCK_N)
-    return units_c, n_list * SUBS, units_w, nc, win_start
-
-
-@triton.jit
-def _split_slots(branches, n, units_c, units_s, units_w):
-    """``n`` slots split between the enabled branches (bits 1, 2, 4 of ``branches``:
-    compressed, selected, window) in proportion to their key tiles, at least one each; the
-    last enabled branch takes the rest. Integer arithmetic, so the forward and the merge get
-    the same split. Returns the compressed and selected slot counts."""
-    on_c = (branches & 1) != 0
-    on_s = (branches & 2) != 0
-    on_w = (branches & 4) != 0
-    total = tl.maximum(
-        tl.where(on_c, units_c, 0) + tl.where(on_s, units_s, 0) + tl.where(on_w, units_w, 0), 1
-    )
-    later = on_s.to(tl.int32) + on_w.to(tl.int32)
-    share_c = tl.minimum(tl.maximum((2 * n * units_c + total) // (2 * total), 1), n - later)
-    c_n = tl.where(on_c, tl.where(later > 0, share_c, n), 0)
-    share_s = tl.minimum(tl.maximum((2 * n * units_s + total) // (2 * total), 1), n - c_n - 1)
-    s_n = tl.where(on_s, tl.where(on_w, share_s, n - c_n), 0)
-    return c_n, s_n
 
 
 @triton.jit
@@ -117,20 +89,23 @@ def _tail_update(
 
 
 @triton.jit
-def nsa_fwd_kernel(
+def _forward_slot(
+    pid,
+    slot,
+    launch_slots,
     q_ptr,
     k_ptr,
-    v_ptr,  # [B, t, H, D], [B, Hkv, T_max, D] x 2
+    v_ptr,
     ck_ptr,
-    cv_ptr,  # [B, Hkv, NC_max, D] x 2
+    cv_ptr,
     list_ptr,
     bits_ptr,
-    count_ptr,  # union plan: [B, Hkv, tiles, LIST] i32 x 2, [B, Hkv, tiles]
+    count_ptr,
     tree_ptr,
-    prefix_ptr,  # [B, t] i64, [B] i32
+    prefix_ptr,
     part_acc_ptr,
-    part_ml_ptr,  # [B*Hkv*tiles, slots, BLOCK_M, D], [.., slots, 2, BLOCK_M] fp32
-    s_ptr,  # [B*Hkv*tiles, ROWS * GROUP, NC_max] fp32 compressed scores (STORE_S only)
+    part_ml_ptr,
+    s_ptr,
     stride_qb,
     stride_qt,
     stride_qh,
@@ -165,23 +140,10 @@ def nsa_fwd_kernel(
     STORE_S: tl.constexpr,
     HAS_SEL: tl.constexpr,
 ):
-    """Grid ``(B * Hkv * tiles, slots)``: slot ``s`` runs an equal slice of one branch's units
-    and writes its state to slot ``slot_base + s``. The slots go to the enabled branches
-    (``branches``) in proportion to the key tiles each has in this program -- compressed, then
-    selected, then window (``_split_slots``) -- so a union list longer or shorter than the host
-    expected still spreads evenly. All branches share one software-pipelined loop over key tiles: a
-    tile's address comes from its unit alone (the selected branch's from one union-list entry),
-    so the loads of the next tiles are in flight while one is computed on.
-
-    The selected branch walks the tile's union list (``kernels.sparse_verify``'s union plan:
-    each block once, with the bits of the rows that chose it); ``ALL_MEMBERS`` marks a plan of
-    one row per tile, whose list is the row's own ``block_idx`` (-1 pads load nothing). The
-    window loop covers the window's prefix tokens; the last window slot then adds the draft
-    tail (``T_PAD`` >= t entries) in one step under the ancestor bitmask, so the loop carries
-    no tree mask. ``HAS_SEL``: the launch has selected slots (else the loop reads no list).
-    ``STORE_S`` (a launch of compressed slots only: the refresh path's) also
-    writes each real MMA row's log2-domain score of every compressed token to ``s_ptr``, which
-    the block scoring reads instead of computing them again."""
+    """Slot ``slot`` (of ``launch_slots``) of (sequence x KV head, row tile) ``pid``: an equal
+    slice of one branch's key tiles, its state written to slot ``slot_base + slot`` of the
+    partials (see ``nsa_fwd_kernel``). Returns the launch's compressed and selected slot counts
+    of this program (``split_slots``)."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")
@@ -191,8 +153,6 @@ def nsa_fwd_kernel(
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     SUBS: tl.constexpr = BLOCK_SIZE // BLOCK_N
 
-    pid = tl.program_id(0)
-    slot = tl.program_id(1)
     bh = pid // num_tiles
     tile = pid % num_tiles
     b = (bh // NUM_KV_HEADS).to(tl.int64)
@@ -217,17 +177,17 @@ def nsa_fwd_kernel(
         n_list = list_len
     else:
         n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
-    units_c, units_s, units_w, nc, win_start = _branch_units(
+    units_c, units_s, units_w, nc, win_start = branch_units(
         prefix, n_list, nc_max, window, comp_block, comp_stride, BLOCK_N, SUBS
     )
-    c_slots, s_slots = _split_slots(branches, tl.num_programs(1), units_c, units_s, units_w)
+    c_slots, s_slots = split_slots(branches, launch_slots, units_c, units_s, units_w)
     is_comp = slot < c_slots
     is_sel = (slot >= c_slots) & (slot < c_slots + s_slots)
     is_win = slot >= c_slots + s_slots
     n_units = tl.where(is_comp, units_c, tl.where(is_sel, units_s, units_w))
     first_slot = tl.where(is_comp, 0, tl.where(is_sel, c_slots, c_slots + s_slots))
     branch_slots = tl.where(
-        is_comp, c_slots, tl.where(is_sel, s_slots, tl.num_programs(1) - c_slots - s_slots)
+        is_comp, c_slots, tl.where(is_sel, s_slots, launch_slots - c_slots - s_slots)
     )
     lo, hi = _chunk(n_units, slot - first_slot, branch_slots)
     first_tok = tl.where(is_win, win_start, 0).to(tl.int64)
@@ -269,7 +229,7 @@ def nsa_fwd_kernel(
             s_row = (pid.to(tl.int64) * ROWS + row_in_tile) * GROUP + g
             s_off = s_row[:, None] * nc_max + pos[None, :]
             tl.store(s_ptr + s_off, s, mask=m_ok[:, None] & key_ok[None, :])
-    if slot == tl.num_programs(1) - 1:
+    if slot == launch_slots - 1:
         if is_win:  # the draft tail, under the ancestor bitmask
             m_i, l_i, acc = _tail_update(
                 q,
@@ -293,29 +253,36 @@ def nsa_fwd_kernel(
     tl.store(part_ml_ptr + out_slot * 2 * BLOCK_M + BLOCK_M + offs_m, l_i)
     acc_off = out_slot * BLOCK_M * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(part_acc_ptr + acc_off, acc)
+    return c_slots, s_slots
 
 
 @triton.jit
-def _merge_branch(out, m_all, l_all, acc_all, mine, gate):
-    """Merge the slots ``mine`` (``[S_PAD]``) of one branch from every slot's ``m``, ``l``
-    (``[S_PAD]``) and ``acc`` (``[S_PAD, D]``), all in registers, and fold the result, gated,
-    into ``out`` (``[D]``). Slots outside the branch weigh 0; both exponents are finite (the
-    sentinel at worst), so no -inf - -inf."""
-    m_i = tl.max(tl.where(mine, m_all, NEG_SENTINEL), 0)
-    w = tl.where(mine, tl.exp2(tl.where(mine, m_all, m_i) - m_i), 0.0)
-    l_i = tl.sum(w * l_all, 0)
-    acc = tl.sum(w[:, None] * acc_all, 0)
-    return out + acc * tl.where(l_i > 0.0, gate / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
-
-
-@triton.jit
-def nsa_merge_kernel(
+def nsa_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,  # [B, t, H, D], [B, Hkv, T_max, D] x 2
+    ck_ptr,
+    cv_ptr,  # [B, Hkv, NC_max, D] x 2
+    list_ptr,
+    bits_ptr,
+    count_ptr,  # union plan: [B, Hkv, tiles, LIST] i32 x 2, [B, Hkv, tiles]
+    tree_ptr,
+    prefix_ptr,  # [B, t] i64, [B] i32
     part_acc_ptr,
-    part_ml_ptr,
+    part_ml_ptr,  # [B*Hkv*tiles, slots, BLOCK_M, D], [.., slots, 2, BLOCK_M] fp32
+    s_ptr,  # [B*Hkv*tiles, ROWS * GROUP, NC_max] fp32 compressed scores (STORE_S only)
     gate_ptr,
-    o_ptr,  # partials as in nsa_fwd_kernel, [B,t,H,3], o
-    prefix_ptr,
-    count_ptr,  # [B] i32, the union plan's [B, Hkv, tiles] counts
+    o_ptr,
+    counter_ptr,  # [B, t, H, 3] gates, o, zeroed i32 counters (kernels.arrivals; MERGE only)
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_cb,
+    stride_ch,
+    stride_ct,
     stride_ob,
     stride_ot,
     stride_oh,
@@ -325,11 +292,13 @@ def nsa_merge_kernel(
     window,
     comp_block,
     comp_stride,
+    qk_scale,
     list_len,
-    comp_fixed,
     branches,
-    used_slots,
+    slot_base,
     num_slots,
+    launch_slots,
+    merge_chunks,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -338,63 +307,236 @@ def nsa_merge_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     ALL_MEMBERS: tl.constexpr,
-    S_PAD: tl.constexpr,
+    T_PAD: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    STORE_S: tl.constexpr,
+    HAS_SEL: tl.constexpr,
+    MERGE: tl.constexpr,
     APPLY_GATES: tl.constexpr,
+    S_PAD: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
+    MERGE_SLOTS: tl.constexpr,
 ):
-    """Grid ``(B * Hkv * tiles, BLOCK_M)``: merge each branch's slots on its own for one MMA
-    row, gate, write ``o``. ``S_PAD`` >= the slots of the launch. Slots ``[0, comp_fixed)`` are
-    compressed (a launch of their own); the other ``used_slots - comp_fixed`` are split between
-    ``branches`` as the forward split them (``_split_slots`` of the same key tiles). The row's
-    partials of every slot are loaded at once, ``[S_PAD, D]``: one round trip to memory, no
-    chain of dependent loads."""
-    ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
-    NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
-    pid = tl.program_id(0)
-    m = tl.program_id(1)
-    row = (pid % num_tiles) * ROWS + m // GROUP_PAD
-    g = m % GROUP_PAD
-    if (row < num_t) & (g < GROUP):
-        bh = pid // num_tiles
-        b = (bh // NUM_KV_HEADS).to(tl.int64)
-        head = (bh % NUM_KV_HEADS).to(tl.int64) * GROUP + g
-        gate_off = ((b * num_t + row) * NUM_Q_HEADS + head) * 3
-        offs_d = tl.arange(0, HEAD_DIM)
-        slot_ids = tl.arange(0, S_PAD)
-        slot_ok = slot_ids < num_slots
-        base = pid.to(tl.int64) * num_slots + slot_ids  # [S_PAD]
-        m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
-        l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
-        acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
-        acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
-        if ALL_MEMBERS:
-            n_list = list_len
+    """Grid ``(B * Hkv * tiles, slots)`` (``(B * Hkv * tiles * (slots + merge_chunks),)`` with
+    ``MERGE`` 2): slot ``s`` runs an equal slice of one branch's units
+    and writes its state to slot ``slot_base + s``. The slots go to the enabled branches
+    (``branches``) in proportion to the key tiles each has in this program -- compressed, then
+    selected, then window (``split_slots``) -- so a union list longer or shorter than the host
+    expected still spreads evenly. All branches share one software-pipelined loop over key tiles: a
+    tile's address comes from its unit alone (the selected branch's from one union-list entry),
+    so the loads of the next tiles are in flight while one is computed on.
+
+    The selected branch walks the tile's union list (``kernels.sparse_verify``'s union plan:
+    each block once, with the bits of the rows that chose it); ``ALL_MEMBERS`` marks a plan of
+    one row per tile, whose list is the row's own ``block_idx`` (-1 pads load nothing). The
+    window loop covers the window's prefix tokens; the last window slot then adds the draft
+    tail (``T_PAD`` >= t entries) in one step under the ancestor bitmask, so the loop carries
+    no tree mask. ``HAS_SEL``: the launch has selected slots (else the loop reads no list).
+    ``STORE_S`` (a launch of compressed slots only: the refresh path's) also
+    writes each real MMA row's log2-domain score of every compressed token to ``s_ptr``, which
+    the block scoring reads instead of computing them again.
+
+    ``MERGE``: whether and how the launch also merges slots ``[0, slot_base + slots)`` (slots
+    below ``slot_base`` are compressed, written by an earlier launch), gates them
+    (``APPLY_GATES``) and writes ``o``, on ``kernels.arrivals``' counters:
+
+    - 0: it does not (the merge is a launch of its own, or the partials feed the selection);
+    - 1: each program, its partial written, arrives on its row tile's counter, and the tile's
+      last slot to arrive merges the whole tile (``merge_tile``);
+    - 2: programs take tickets; the first ``B * Hkv * tiles * slots`` run the slots and arrive
+      on their tile's counter (``1 + pid``), the others merge ``MERGE_ROWS`` MMA rows of one
+      tile each (``merge_rows``, ``merge_chunks`` per tile) once all of its slots arrived, so
+      a tile's merge is spread over programs."""
+    if MERGE == 2:
+        ticket = take_ticket(counter_ptr)
+        tiles_all = tl.num_programs(0) // (launch_slots + merge_chunks)
+        num_fwd = tiles_all * launch_slots
+        if ticket < num_fwd:
+            pid = ticket // launch_slots
+            _forward_slot(
+                pid,
+                ticket % launch_slots,
+                launch_slots,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                ck_ptr,
+                cv_ptr,
+                list_ptr,
+                bits_ptr,
+                count_ptr,
+                tree_ptr,
+                prefix_ptr,
+                part_acc_ptr,
+                part_ml_ptr,
+                s_ptr,
+                stride_qb,
+                stride_qt,
+                stride_qh,
+                stride_kb,
+                stride_kh,
+                stride_kt,
+                stride_cb,
+                stride_ch,
+                stride_ct,
+                num_t,
+                num_tiles,
+                nc_max,
+                window,
+                comp_block,
+                comp_stride,
+                qk_scale,
+                list_len,
+                branches,
+                slot_base,
+                num_slots,
+                NUM_KV_HEADS,
+                GROUP,
+                GROUP_PAD,
+                HEAD_DIM,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_SIZE,
+                ALL_MEMBERS,
+                T_PAD,
+                NUM_STAGES,
+                DOT_PRECISION,
+                STORE_S,
+                HAS_SEL,
+            )
+            arrive(counter_ptr + 1 + pid)
         else:
-            n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
-        units_c, units_s, units_w, _, _ = _branch_units(
-            tl.load(prefix_ptr + b),
-            n_list,
+            pid = (ticket - num_fwd) // merge_chunks
+            wait_for(counter_ptr + 1 + pid, launch_slots)
+            b = (pid // num_tiles // NUM_KV_HEADS).to(tl.int64)
+            if ALL_MEMBERS:
+                n_list = list_len
+            else:
+                n_list = tl.load(count_ptr + pid, mask=(branches & 2) != 0, other=0)
+            units_c, units_s, units_w, _, _ = branch_units(
+                tl.load(prefix_ptr + b),
+                n_list,
+                nc_max,
+                window,
+                comp_block,
+                comp_stride,
+                BLOCK_N,
+                BLOCK_SIZE // BLOCK_N,
+            )
+            c_slots, s_slots = split_slots(branches, launch_slots, units_c, units_s, units_w)
+            merge_rows(
+                part_acc_ptr,
+                part_ml_ptr,
+                gate_ptr,
+                o_ptr,
+                pid,
+                b,
+                (pid // num_tiles % NUM_KV_HEADS).to(tl.int64),
+                pid % num_tiles,
+                num_t,
+                num_slots,
+                slot_base + launch_slots,
+                slot_base + c_slots,
+                slot_base + c_slots + s_slots,
+                stride_ob,
+                stride_ot,
+                stride_oh,
+                (ticket - num_fwd) % merge_chunks * MERGE_ROWS,
+                NUM_KV_HEADS,
+                GROUP,
+                GROUP_PAD,
+                HEAD_DIM,
+                BLOCK_M,
+                S_PAD,
+                MERGE_ROWS,
+                MERGE_SLOTS,
+                APPLY_GATES,
+            )
+            leave(counter_ptr + 1 + pid, counter_ptr + 1 + tiles_all + pid, merge_chunks)
+    else:
+        pid = tl.program_id(0)
+        c_slots, s_slots = _forward_slot(
+            pid,
+            tl.program_id(1),
+            launch_slots,
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            ck_ptr,
+            cv_ptr,
+            list_ptr,
+            bits_ptr,
+            count_ptr,
+            tree_ptr,
+            prefix_ptr,
+            part_acc_ptr,
+            part_ml_ptr,
+            s_ptr,
+            stride_qb,
+            stride_qt,
+            stride_qh,
+            stride_kb,
+            stride_kh,
+            stride_kt,
+            stride_cb,
+            stride_ch,
+            stride_ct,
+            num_t,
+            num_tiles,
             nc_max,
             window,
             comp_block,
             comp_stride,
+            qk_scale,
+            list_len,
+            branches,
+            slot_base,
+            num_slots,
+            NUM_KV_HEADS,
+            GROUP,
+            GROUP_PAD,
+            HEAD_DIM,
+            BLOCK_M,
             BLOCK_N,
-            BLOCK_SIZE // BLOCK_N,
+            BLOCK_SIZE,
+            ALL_MEMBERS,
+            T_PAD,
+            NUM_STAGES,
+            DOT_PRECISION,
+            STORE_S,
+            HAS_SEL,
         )
-        c_n, s_n = _split_slots(branches, used_slots - comp_fixed, units_c, units_s, units_w)
-        c_slots = comp_fixed + c_n
-        out = tl.zeros([HEAD_DIM], dtype=tl.float32)
-        lo = 0
-        for branch in tl.static_range(3):
-            n = c_slots if branch == 0 else (s_n if branch == 1 else used_slots - c_slots - s_n)
-            if APPLY_GATES:
-                gate = tl.load(gate_ptr + gate_off + branch).to(tl.float32)
-            else:
-                gate = 1.0
-            mine = (slot_ids >= lo) & (slot_ids < lo + n)
-            out = _merge_branch(out, m_all, l_all, acc_all, mine, gate)
-            lo += n
-        o_off = b * stride_ob + row * stride_ot + head * stride_oh
-        tl.store(o_ptr + o_off + offs_d, out.to(o_ptr.dtype.element_ty))
+        if MERGE == 1:
+            if last_to_arrive(counter_ptr + pid, launch_slots):
+                bh = pid // num_tiles
+                merge_tile(
+                    part_acc_ptr,
+                    part_ml_ptr,
+                    gate_ptr,
+                    o_ptr,
+                    pid,
+                    (bh // NUM_KV_HEADS).to(tl.int64),
+                    (bh % NUM_KV_HEADS).to(tl.int64),
+                    pid % num_tiles,
+                    num_t,
+                    num_slots,
+                    slot_base + launch_slots,
+                    slot_base + c_slots,
+                    slot_base + c_slots + s_slots,
+                    stride_ob,
+                    stride_ot,
+                    stride_oh,
+                    NUM_KV_HEADS,
+                    GROUP,
+                    GROUP_PAD,
+                    HEAD_DIM,
+                    BLOCK_M,
+                    S_PAD,
+                    MERGE_ROWS,
+                    MERGE_SLOTS,
+                    APPLY_GATES,
+                )
 
 
 @triton.jit

@@ -23,6 +23,8 @@ from ssvkit.kernels.device import num_sms
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 SCORE_SOURCES = ("auto", "stored", "computed")
+MERGES = ("auto", "last", "parallel", "separate")
+PICKS = ("folded", "separate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,24 @@ class NsaVerifyConfig:
         },
     )
 
+    merge: str = field(
+        default="auto",
+        metadata={
+            "help": "how a call merges its slots: in the forward launch, by the last program of "
+            "a row tile to finish (last) or by merge programs, one per draft row (parallel), "
+            "auto choosing (kernels.nsa_steps.merge_layout); or separate (a launch of its own)"
+        },
+    )
+
+    pick: str = field(
+        default="folded",
+        metadata={
+            "help": "where the refresh path picks its top-n blocks: folded into the block "
+            "scoring launch (where kernels.top_blocks' threshold pick serves the rows) or "
+            "separate (a launch of its own)"
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_j"):
             v = getattr(self, name)
@@ -88,6 +108,11 @@ class NsaVerifyConfig:
             raise ValueError(
                 f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
             )
+        for name, allowed in (("merge", MERGES), ("pick", PICKS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         if not 0.0 <= self.expected_overlap <= 1.0:
             raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")
 
@@ -127,6 +152,8 @@ class LaunchPlan:
     num_warps: int
     num_stages: int
     dot_precision: str
+    merge: str
+    pick: str
 
     def rows_meta(self) -> dict:
         """Constexprs of the row packing, shared by the kernels."""
@@ -241,6 +268,8 @@ def make_plan(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
+        merge=config.merge,
+        pick=config.pick,
     )
 
 

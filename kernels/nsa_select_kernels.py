@@ -1,18 +1,25 @@
 """Triton code of the NSA refresh path's selection (:mod:`kernels.nsa_verify`): block
 importance from the compressed branch's partial states, with the compressed scores computed
 again from the compressed keys (``block_score_kernel``) or read from where the compressed launch
-stored them (``stored_block_score_kernel``), and the union plan of a row tile's picks that the
-selected branch streams (the top-n pick between them is :mod:`kernels.top_blocks`)."""
+stored them (``stored_block_score_kernel``), the same importance with the top-n pick of
+:mod:`kernels.top_blocks` in one launch (``refresh_select_kernel``), and the union plan of a row
+tile's picks that the selected branch streams."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-from ssvkit.kernels.nsa_kernels import NEG_SENTINEL
+from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
+from ssvkit.kernels.nsa_merge_kernels import NEG_SENTINEL
+from ssvkit.kernels.top_blocks import threshold_pick
 
 
 @triton.jit
-def block_score_kernel(
+def _computed_importance(
+    bh,
+    tile,
+    jb,
+    num_tiles,
     q_ptr,
     ck_ptr,
     part_ml_ptr,
@@ -45,7 +52,8 @@ def block_score_kernel(
     OVERLAP_SPLIT: tl.constexpr,
     C_PAD: tl.constexpr,
 ):
-    """Grid ``(B * Hkv, row tiles, NB_max / BLOCK_J)``: NSA block importance. The compressed
+    """NSA block importance of blocks ``[jb * BLOCK_J, (jb + 1) * BLOCK_J)`` for the draft rows
+    of row tile ``tile`` of (sequence x KV head) ``bh``. The compressed
     softmax normaliser comes from the compressed partials (slots ``[0, c_splits)``); each
     compressed token's probability, summed over the tile's query heads, is added to every
     selection block its window overlaps (a 0/1 overlap matrix built from indices, applied by
@@ -55,8 +63,6 @@ def block_score_kernel(
     tl.static_assert(BLOCK_J >= 16, "tl.dot needs at least 16 selection blocks per tile")
     tl.static_assert(BLOCK_M % GROUP_PAD == 0, "a row tile holds whole head groups")
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
-    bh = tl.program_id(0)
-    tile = tl.program_id(1)
     b = (bh // NUM_KV_HEADS).to(tl.int64)
     kvh = (bh % NUM_KV_HEADS).to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
@@ -68,7 +74,7 @@ def block_score_kernel(
     q_off = b * stride_qb + row * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
 
-    ml_base = part_ml_ptr + (bh * tl.num_programs(1) + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
+    ml_base = part_ml_ptr + (bh * num_tiles + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
     # Every compressed slot's (m, l) at once: [C_PAD, BLOCK_M], one round trip to memory.
     sl = tl.arange(0, C_PAD)
     ml_off = sl[:, None] * 2 * BLOCK_M + offs_m[None, :]
@@ -85,7 +91,7 @@ def block_score_kernel(
     nc = tl.minimum(nc, nc_max)
     # Tokens i whose window [i * stride, i * stride + comp_block) overlaps blocks [j0, j0 +
     # BLOCK_J) are i in [c_lo, c_hi) (c_lo written without negative integer division).
-    j0 = tl.program_id(2) * BLOCK_J
+    j0 = jb * BLOCK_J
     first_tok = j0 * BLOCK_SIZE - comp_block + 1
     c_lo = tl.where(first_tok > 0, (first_tok + comp_stride - 1) // comp_stride, 0)
     c_hi = tl.minimum(nc, ((j0 + BLOCK_J) * BLOCK_SIZE - 1) // comp_stride + 1)
@@ -122,7 +128,85 @@ def block_score_kernel(
 
 
 @triton.jit
-def stored_block_score_kernel(
+def block_score_kernel(
+    q_ptr,
+    ck_ptr,
+    part_ml_ptr,
+    prefix_ptr,  # [B,t,H,D], [B,Hkv,NC_max,D], partials, [B] i32
+    score_ptr,  # [B, Hkv, t, NB_max] fp32, rows score_stride apart
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    num_t,
+    nc_max,
+    nb_max,
+    score_stride,
+    comp_block,
+    comp_stride,
+    qk_scale,
+    c_splits,
+    num_slots,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    OVERLAP_SPLIT: tl.constexpr,
+    C_PAD: tl.constexpr,
+):
+    """Grid ``(B * Hkv, row tiles, NB_max / BLOCK_J)``: ``_computed_importance`` of each
+    program."""
+    _computed_importance(
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        tl.num_programs(1),
+        q_ptr,
+        ck_ptr,
+        part_ml_ptr,
+        prefix_ptr,
+        score_ptr,
+        stride_qb,
+        stride_qt,
+        stride_qh,
+        stride_cb,
+        stride_ch,
+        stride_ct,
+        num_t,
+        nc_max,
+        nb_max,
+        score_stride,
+        comp_block,
+        comp_stride,
+        qk_scale,
+        c_splits,
+        num_slots,
+        NUM_KV_HEADS,
+        GROUP,
+        GROUP_PAD,
+        HEAD_DIM,
+        BLOCK_M,
+        BLOCK_C,
+        BLOCK_J,
+        BLOCK_SIZE,
+        DOT_PRECISION,
+        OVERLAP_SPLIT,
+        C_PAD,
+    )
+
+
+@triton.jit
+def _stored_importance(
+    pid,
+    r,
+    jb,
     s_ptr,  # [B*Hkv*tiles, ROWS * GROUP, NC_max] fp32 compressed scores (nsa_fwd_kernel)
     part_ml_ptr,
     prefix_ptr,  # compressed partials, [B] i32
@@ -145,15 +229,14 @@ def stored_block_score_kernel(
     BLOCK_SIZE: tl.constexpr,
     C_PAD: tl.constexpr,
 ):
-    """Grid ``(B * Hkv * tiles, rows per tile, NB_max / BLOCK_J)``: NSA block importance of one
-    draft row. Each of the row's ``GROUP`` query heads gets its compressed softmax normaliser
-    from the compressed partials (slots ``[0, c_splits)``); each compressed token's
-    probability, from the score the compressed launch stored, summed over the heads, is added
-    to every selection block its window overlaps. Block ``j`` overlaps the compressed tokens
+    """NSA block importance of blocks ``[jb * BLOCK_J, (jb + 1) * BLOCK_J)`` for draft row ``r``
+    of (sequence x KV head, row tile) ``pid`` (nothing for a row past ``num_t``). Each of the
+    row's ``GROUP`` query heads gets its compressed softmax normaliser from the compressed
+    partials (slots ``[0, c_splits)``); each compressed token's probability, from the score the
+    compressed launch stored, summed over the heads, is added to every selection block its
+    window overlaps. Block ``j`` overlaps the compressed tokens
     ``[c_lo(j), c_hi(j)]``, at most ``W_PAD`` of them, gathered as ``[BLOCK_J, W_PAD]``."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
-    pid = tl.program_id(0)
-    r = tl.program_id(1)
     row = (pid % num_tiles) * ROWS + r
     if row < num_t:
         bh = pid // num_tiles
@@ -163,7 +246,7 @@ def stored_block_score_kernel(
         nc = tl.minimum(nc, nc_max)
         # Tokens i whose window [i * stride, i * stride + comp_block) overlaps block j
         # (c_lo written without negative integer division).
-        offs_j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+        offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
         first_tok = offs_j * BLOCK_SIZE - comp_block + 1
         c_lo = tl.where(first_tok > 0, (first_tok + comp_stride - 1) // comp_stride, 0)
         c_hi = tl.minimum(nc, (offs_j * BLOCK_SIZE + BLOCK_SIZE - 1) // comp_stride + 1)
@@ -187,6 +270,60 @@ def stored_block_score_kernel(
             imp += tl.sum(p, 1)
         out_off = (bh.to(tl.int64) * num_t + row) * score_stride + offs_j
         tl.store(score_ptr + out_off, imp, mask=offs_j < nb_max)
+
+
+@triton.jit
+def stored_block_score_kernel(
+    s_ptr,  # [B*Hkv*tiles, ROWS * GROUP, NC_max] fp32 compressed scores (nsa_fwd_kernel)
+    part_ml_ptr,
+    prefix_ptr,  # compressed partials, [B] i32
+    score_ptr,  # [B, Hkv, t, NB_max] fp32, rows score_stride apart
+    num_t,
+    num_tiles,
+    nc_max,
+    nb_max,
+    score_stride,
+    comp_block,
+    comp_stride,
+    c_splits,
+    num_slots,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    W_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    C_PAD: tl.constexpr,
+):
+    """Grid ``(B * Hkv * tiles, rows per tile, NB_max / BLOCK_J)``: ``_stored_importance`` of
+    each program."""
+    _stored_importance(
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        s_ptr,
+        part_ml_ptr,
+        prefix_ptr,
+        score_ptr,
+        num_t,
+        num_tiles,
+        nc_max,
+        nb_max,
+        score_stride,
+        comp_block,
+        comp_stride,
+        c_splits,
+        num_slots,
+        NUM_KV_HEADS,
+        GROUP,
+        GROUP_PAD,
+        BLOCK_M,
+        BLOCK_J,
+        W_PAD,
+        BLOCK_SIZE,
+        C_PAD,
+    )
 
 
 @triton.jit
@@ -239,3 +376,166 @@ def union_plan_kernel(
         tl.store(bits_ptr + out + dest, w, mask=used)
         total += tl.sum(used.to(tl.int32), 0)
     tl.store(count_ptr + pid, total)
+
+
+@triton.jit
+def refresh_select_kernel(
+    q_ptr,
+    ck_ptr,
+    s_ptr,
+    part_ml_ptr,
+    prefix_ptr,  # as block_score_kernel (s_ptr: stored_block_score_kernel's, STORED only)
+    score_ptr,  # [B, Hkv, t, NB_max] fp32 scratch, rows score_stride apart
+    out_ptr,  # [B, Hkv, t, TOP_N] i32
+    scratch_ptr,  # [B * Hkv * t, CAP] i64
+    counter_ptr,  # 1 + 2 * B * Hkv zeroed i32 counters (kernels.arrivals)
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    num_t,
+    num_tiles,
+    nc_max,
+    nb_max,
+    score_stride,
+    comp_block,
+    comp_stride,
+    qk_scale,
+    c_splits,
+    num_slots,
+    num_sink,
+    num_local,
+    grid_j,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    OVERLAP_SPLIT: tl.constexpr,
+    C_PAD: tl.constexpr,
+    W_PAD: tl.constexpr,
+    STORED: tl.constexpr,
+    TOP_N: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TAIL: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    CAP: tl.constexpr,
+):
+    """Grid ``(B * Hkv * (score programs + t),)``: the refresh path's block importance and
+    top-n pick in one launch, on ``kernels.arrivals``' tickets (counter 0). Tickets below ``B *
+    Hkv *`` score programs run one program of ``stored_block_score_kernel`` (``STORED``) or
+    ``block_score_kernel``'s grid for one (sequence x KV head) and arrive on its counter (``1 +
+    pair``); each later ticket picks one draft row (``kernels.top_blocks.threshold_pick``,
+    importance read from L2) once its pair's score programs have all arrived, and counts itself
+    out (counters ``1 + B * Hkv + pair``)."""
+    ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
+    per_pair = num_tiles * grid_j * (ROWS if STORED else 1)
+    num_pairs = tl.num_programs(0) // (per_pair + num_t)
+    arrive_ptr = counter_ptr + 1
+    done_ptr = counter_ptr + 1 + num_pairs
+    ticket = take_ticket(counter_ptr)
+    num_scoring = num_pairs * per_pair
+    if ticket < num_scoring:
+        pair = ticket // per_pair
+        rest = ticket % per_pair
+        if STORED:
+            _stored_importance(
+                pair * num_tiles + rest // (ROWS * grid_j),
+                (rest // grid_j) % ROWS,
+                rest % grid_j,
+                s_ptr,
+                part_ml_ptr,
+                prefix_ptr,
+                score_ptr,
+                num_t,
+                num_tiles,
+                nc_max,
+                nb_max,
+                score_stride,
+                comp_block,
+                comp_stride,
+                c_splits,
+                num_slots,
+                NUM_KV_HEADS,
+                GROUP,
+                GROUP_PAD,
+                BLOCK_M,
+                BLOCK_J,
+                W_PAD,
+                BLOCK_SIZE,
+                C_PAD,
+            )
+        else:
+            _computed_importance(
+                pair,
+                rest // grid_j,
+                rest % grid_j,
+                num_tiles,
+                q_ptr,
+                ck_ptr,
+                part_ml_ptr,
+                prefix_ptr,
+                score_ptr,
+                stride_qb,
+                stride_qt,
+                stride_qh,
+                stride_cb,
+                stride_ch,
+                stride_ct,
+                num_t,
+                nc_max,
+                nb_max,
+                score_stride,
+                comp_block,
+                comp_stride,
+                qk_scale,
+                c_splits,
+                num_slots,
+                NUM_KV_HEADS,
+                GROUP,
+                GROUP_PAD,
+                HEAD_DIM,
+                BLOCK_M,
+                BLOCK_C,
+                BLOCK_J,
+                BLOCK_SIZE,
+                DOT_PRECISION,
+                OVERLAP_SPLIT,
+                C_PAD,
+            )
+        arrive(arrive_ptr + pair)
+    else:
+        row = ticket - num_scoring  # (b * Hkv + h) * t + i
+        pair = row // num_t
+        wait_for(arrive_ptr + pair, per_pair)
+        threshold_pick(
+            row,
+            score_ptr,
+            prefix_ptr,
+            out_ptr,
+            scratch_ptr,
+            num_t,
+            nb_max,
+            score_stride,
+            num_sink,
+            num_local,
+            NUM_KV_HEADS,
+            BLOCK_SIZE,
+            TOP_N,
+            TOP_N_PAD,
+            CHUNK,
+            TAIL,
+            GROUPS,
+            TAIL_ROWS,
+            CAP,
+            ".cg",
+        )
+        leave(arrive_ptr + pair, done_ptr + pair, num_t)

@@ -1,20 +1,21 @@
 """The launches of :mod:`kernels.nsa_verify`'s steps, on the host: partial-state buffers, the
-union plan, the forward and merge launches, and the refresh path's selection (compressed pass,
-block scores, top-n). Each function launches one step; nothing is read on the host."""
+union plan, the forward and merge launches (the refresh path's selection is
+:mod:`kernels.nsa_selection`). Each function launches one step (``forward_and_merge`` one or
+two, by the plan's ``merge``); nothing is read on the host."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
+from ssvkit.kernels.arrivals import arrival_counters
+from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.group_plan import GroupPlan
-from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel, nsa_merge_kernel
+from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
-from ssvkit.kernels.nsa_select_kernels import (
-    block_score_kernel,
-    stored_block_score_kernel,
-    union_plan_kernel,
-)
-from ssvkit.kernels.top_blocks import empty_scores, top_blocks
+from ssvkit.kernels.nsa_merge_kernels import nsa_merge_kernel
+from ssvkit.kernels.nsa_select_kernels import union_plan_kernel
 
 
 def alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,16 +68,30 @@ def launch_fwd(
     slots,
     slot_base=0,
     comp_scores: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    apply_gates: bool = True,
 ) -> None:
     """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``;
-    ``comp_scores`` (:func:`alloc_comp_scores`) also receives the compressed tokens' scores."""
-    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, _ = args
+    ``comp_scores`` (:func:`alloc_comp_scores`) also receives the compressed tokens' scores.
+    With ``out``, the launch also merges slots ``[0, slot_base + sum(slots))`` of ``part`` into
+    ``out`` (gated when ``apply_gates``): the folded merge, on the device's arrival counters."""
+    q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates = args
     c_s, s_s, w_s = slots
     if comp_scores is not None and (s_s or w_s):
         raise ValueError("comp_scores needs a launch of compressed slots only")
     part_acc, part_ml = part
     lists, bits, counts, all_members, list_len = _plan_args(union, prefix_lens)
-    nsa_fwd_kernel[(plan.programs, c_s + s_s + w_s)](
+    fold = out is not None
+    launch_slots = c_s + s_s + w_s
+    layout = merge_layout(plan, slot_base + launch_slots, part_ml.shape[1], q.device)
+    mode = layout.mode if fold else 0
+    if mode == 2:
+        grid = (plan.programs * (launch_slots + layout.chunks),)
+        counters = arrival_counters(1 + 2 * plan.programs, q.device)
+    else:
+        grid = (plan.programs, launch_slots)
+        counters = arrival_counters(plan.programs, q.device) if fold else prefix_lens
+    nsa_fwd_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -90,9 +105,13 @@ def launch_fwd(
         part_acc,
         part_ml,
         comp_scores if comp_scores is not None else part_ml,
+        gates,
+        out if fold else q,
+        counters,
         *q.stride()[:3],
         *k_cache.stride()[:3],
         *comp_k.stride()[:3],
+        *(out if fold else q).stride()[:3],
         plan.num_t,
         plan.num_tiles,
         plan.nc_max,
@@ -104,6 +123,8 @@ def launch_fwd(
         branch_bits(slots),
         slot_base,
         part_ml.shape[1],
+        launch_slots,
+        layout.chunks,
         BLOCK_N=plan.block_n,
         BLOCK_SIZE=plan.block_size,
         ALL_MEMBERS=all_members,
@@ -112,9 +133,98 @@ def launch_fwd(
         DOT_PRECISION=plan.dot_precision,
         STORE_S=comp_scores is not None,
         HAS_SEL=s_s > 0,
+        MERGE=mode,
+        APPLY_GATES=apply_gates,
+        S_PAD=_slots_pad(part_ml.shape[1]),
+        MERGE_ROWS=layout.rows,
+        MERGE_SLOTS=layout.slots_per_load,
         **plan.rows_meta(),
         num_warps=plan.num_warps,
     )
+
+
+def forward_and_merge(
+    plan: LaunchPlan,
+    args,
+    union: GroupPlan | None,
+    part,
+    o,
+    slots,
+    *,
+    comp_apart: bool = False,
+    apply_gates: bool = True,
+) -> None:
+    """The forward over ``slots`` (compressed, selected, window) and their merge into ``o``:
+    one launch (the merge folded in, ``merge_layout``), or a forward and a merge launch when
+    ``plan.merge`` is ``separate``. ``comp_apart``: the compressed slots ``[0, slots[0])`` are
+    already in ``part`` (the refresh path's compressed launch) and the forward runs the other
+    branches."""
+    fwd_slots = (0, *slots[1:]) if comp_apart else tuple(slots)
+    base = slots[0] if comp_apart else 0
+    if plan.merge != "separate":
+        launch_fwd(
+            plan,
+            args,
+            union,
+            part,
+            slots=fwd_slots,
+            slot_base=base,
+            out=o,
+            apply_gates=apply_gates,
+        )
+        return
+    launch_fwd(plan, args, union, part, slots=fwd_slots, slot_base=base)
+    launch_merge(plan, args, union, part, o, slots, comp_apart=comp_apart, apply_gates=apply_gates)
+
+
+# Elements of one partial load of the folded merge (``merge_rows``): 64 fp32 per thread of a
+# 4-warp program, the most it holds without spilling beside its row chunk's output.
+MERGE_LOAD_ELEMS = 8192
+# MMA rows one merge step handles (fewer when a tile has fewer real rows, not fewer than
+# MERGE_ROWS_MIN: no tensor dimension of 1).
+MERGE_ROWS_MAX = 16
+MERGE_ROWS_MIN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MergeLayout:
+    """How a forward launch folds in its merge (``nsa_fwd_kernel``'s ``MERGE``): 1, the row
+    tile's last program merges it, ``rows`` MMA rows at a time; 2, ``chunks`` merge programs
+    per tile of ``rows`` rows each; ``slots_per_load`` partials per load either way."""
+
+    mode: int
+    rows: int
+    slots_per_load: int
+    chunks: int
+
+
+def merge_layout(
+    plan: LaunchPlan, used_slots: int, num_slots: int, device: torch.device
+) -> MergeLayout:
+    """The folded merge of ``used_slots`` slots (of ``num_slots`` in the partial buffers).
+
+    ``plan.merge`` ``last`` or ``parallel`` force a mode; ``auto`` takes the last program when
+    the tile's merge is one load of ``MERGE_LOAD_ELEMS`` (every slot's real rows) or when one
+    merge program per chunk would not fit beside one another on the SMs (many tiles: their last
+    programs merge side by side anyway), else merge programs of one draft row's heads each
+    (``max(MERGE_ROWS_MIN, G_PAD)`` rows), so a tile's merge does not run in series in one
+    program."""
+    real = min(plan.rows, plan.num_t) * plan.group_pad
+    whole = used_slots * triton.next_power_of_2(real) * plan.head_dim <= MERGE_LOAD_ELEMS
+    part_rows = max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, plan.group_pad))
+    chunks = triton.cdiv(real, part_rows)
+    mode = {"last": 1, "parallel": 2}.get(plan.merge)
+    if mode is None:
+        mode = 1 if whole or plan.programs * chunks > num_sms(device) else 2
+    rows = part_rows if mode == 2 else max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, real))
+    rows = triton.next_power_of_2(rows)
+    per_load = max(1, MERGE_LOAD_ELEMS // (rows * plan.head_dim))
+    slots_per_load = min(triton.next_power_of_2(per_load), _slots_pad(num_slots))
+    return MergeLayout(mode, rows, slots_per_load, triton.cdiv(real, rows))
+
+
+def _slots_pad(num_slots: int) -> int:
+    return max(2, triton.next_power_of_2(num_slots))
 
 
 def launch_merge(
@@ -136,7 +246,7 @@ def launch_merge(
     _, _, counts, all_members, list_len = _plan_args(union, prefix_lens)
     comp_fixed = slots[0] if comp_apart else 0
     branches = branch_bits((0, *slots[1:]) if comp_apart else slots)
-    s_pad = max(2, triton.next_power_of_2(part_ml.shape[1]))
+    s_pad = _slots_pad(part_ml.shape[1])
     nsa_merge_kernel[(plan.programs, plan.block_m)](
         part_acc,
         part_ml,
@@ -181,117 +291,6 @@ def _plan_args(union: GroupPlan | None, prefix_lens):
     bits = union.member_mask if union.member_mask is not None else lists
     counts = union.counts if union.counts is not None else prefix_lens
     return lists, bits, counts, union.member_mask is None, lists.shape[-1]
-
-
-def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: LaunchPlan):
-    """``[B, Hkv, t, NB_max]`` block importance -> ``[B, Hkv, t, top_n]`` int32 indices,
-    ascending and ``-1`` padded, with the first ``num_sink`` and last ``num_local`` blocks of
-    each prefix forced (``kernels.top_blocks``; one launch, no host synchronisation)."""
-    return top_blocks(
-        scores,
-        prefix_lens,
-        block_size=plan.block_size,
-        top_n=plan.top_n,
-        num_sink=plan.num_sink,
-        num_local=plan.num_local,
-    )
-
-
-def alloc_comp_scores(plan: LaunchPlan, device) -> torch.Tensor:
-    """``[programs, row slots x G, NC_max]`` fp32 (``block_m / G_PAD`` row slots per tile):
-    every real MMA row's score of every compressed token, written by the refresh path's
-    compressed launch."""
-    rows = plan.block_m // plan.group_pad
-    return torch.empty(
-        (plan.programs, rows * plan.group, plan.nc_max), dtype=torch.float32, device=device
-    )
-
-
-def stores_comp_scores(plan: LaunchPlan, key_bytes: int) -> bool:
-    """Whether the refresh path stores the compressed scores instead of computing them again
-    for the block scoring: stored, they cost 8 bytes per real MMA row and compressed token (a
-    write and a read); computed again, the compressed key (``key_bytes``) and its product with
-    the queries. ``plan.score_source`` forces either."""
-    if plan.score_source != "auto":
-        return plan.score_source == "stored"
-    return 8 * min(plan.rows, plan.num_t) * plan.group < key_bytes
-
-
-def compressed_block_scores(
-    plan: LaunchPlan, args, part, c_slots: int, comp_scores: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Step (2) of the refresh path: ``[B, Hkv, t, NB_max]`` fp32 block importance from the
-    compressed partials of ``c_slots`` slots in ``part`` and the compressed scores: read from
-    ``comp_scores`` when given, else computed again from the compressed keys."""
-    q, _, _, prefix_lens, _, comp_k, _, _ = args
-    scores = empty_scores(plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max, q.device)
-    grid_j = triton.cdiv(plan.nb_max, plan.block_j)
-    c_pad = max(2, triton.next_power_of_2(c_slots))
-    if comp_scores is not None:
-        width = (plan.block_size + plan.comp_block - 2) // plan.comp_stride + 1
-        stored_block_score_kernel[(plan.programs, plan.rows, grid_j)](
-            comp_scores,
-            part[1],
-            prefix_lens,
-            scores,
-            plan.num_t,
-            plan.num_tiles,
-            plan.nc_max,
-            plan.nb_max,
-            scores.stride(2),
-            plan.comp_block,
-            plan.comp_stride,
-            c_slots,
-            part[1].shape[1],
-            NUM_KV_HEADS=plan.num_kv_heads,
-            GROUP=plan.group,
-            GROUP_PAD=plan.group_pad,
-            BLOCK_M=plan.block_m,
-            BLOCK_J=plan.block_j,
-            W_PAD=triton.next_power_of_2(width),
-            BLOCK_SIZE=plan.block_size,
-            C_PAD=c_pad,
-            num_warps=plan.score_warps,
-        )
-        return scores
-    block_score_kernel[(plan.batch * plan.num_kv_heads, plan.num_tiles, grid_j)](
-        q,
-        comp_k,
-        part[1],
-        prefix_lens,
-        scores,
-        *q.stride()[:3],
-        *comp_k.stride()[:3],
-        plan.num_t,
-        plan.nc_max,
-        plan.nb_max,
-        scores.stride(2),
-        plan.comp_block,
-        plan.comp_stride,
-        plan.qk_scale,
-        c_slots,
-        part[1].shape[1],
-        BLOCK_C=plan.block_n,
-        BLOCK_J=plan.block_j,
-        BLOCK_SIZE=plan.block_size,
-        DOT_PRECISION=plan.dot_precision,
-        OVERLAP_SPLIT=plan.dot_precision != "ieee",
-        C_PAD=c_pad,
-        **plan.rows_meta(),
-        num_warps=plan.score_warps,
-    )
-    return scores
-
-
-def refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
-    """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
-    comp_k = args[5]
-    comp_scores = None
-    if stores_comp_scores(plan, comp_k.shape[-1] * comp_k.element_size()):
-        comp_scores = alloc_comp_scores(plan, comp_k.device)
-    launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0), comp_scores=comp_scores)
-    scores = compressed_block_scores(plan, args, part, slots[0], comp_scores)
-    return select_top_blocks(scores, args[3], plan)
 
 
 def union_for(plan: LaunchPlan, block_idx: torch.Tensor, given: GroupPlan | None) -> GroupPlan:

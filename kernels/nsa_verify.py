@@ -15,34 +15,40 @@ each branch with its own softmax. With ``L = prefix_lens[b]``:
   64 tokens, so the window is anchored at the prefix end) plus the draft tail under the ancestor
   bitmask ``tree_mask``.
 
-**Reuse path** (``block_idx`` given, a reuse layer): one ``nsa_fwd_kernel`` launch and one
-``nsa_merge_kernel`` launch. A (sequence x KV head, row tile) packs the ``G`` query heads x the
-tile's draft rows into the MMA rows (row ``m`` = draft row ``m // G_PAD``, head ``m % G_PAD``,
-padded to >= 16 rows), so every key tile is read once per KV head for all of them. Its work is
-cut into key tiles (compressed tiles, the selected blocks of the tile's union list, window
-tiles) and spread over slots, each slot a program that runs an equal slice of one branch in
-one software-pipelined loop and writes its ``(m, l, acc)`` partial. The host sizes the slot
-count so the grid fills the SMs (``plan_slots``); the kernel splits the slots between the
-branches by the key tiles each has in that program, union length included, which the host
-does not know. The merge combines each branch's slots on its own and
-gates them: the branches stay separate until gating, as the math requires, and no branch
-output touches HBM. The selected branch streams the deduplicated union of the tile's per-row
-block lists (SSV's exact merged schedule; ``kernels.sparse_verify.build_group_plan``), each
-block once with the bits of the rows that chose it; the plan can be built once per refresh and
-passed to the reuse layers (``union_plan``).
+**Reuse path** (``block_idx`` given, a reuse layer): one ``nsa_fwd_kernel`` launch. A (sequence
+x KV head, row tile) packs the ``G`` query heads x the tile's draft rows into the MMA rows (row
+``m`` = draft row ``m // G_PAD``, head ``m % G_PAD``, padded to >= 16 rows), so every key tile
+is read once per KV head for all of them. Its work is cut into key tiles (compressed tiles, the
+selected blocks of the tile's union list, window tiles) and spread over slots, each slot a
+program that runs an equal slice of one branch in one software-pipelined loop and writes its
+``(m, l, acc)`` partial. The host sizes the slot count so the grid fills the SMs
+(``plan_slots``); the kernel splits the slots between the branches by the key tiles each has in
+that program, union length included, which the host does not know. The merge combines each
+branch's slots on its own and gates them: the branches stay separate until gating, as the math
+requires, and no branch output touches HBM. The merge runs in the same launch, on arrival
+counters (``kernels.arrivals``): the last program of a row tile to finish merges the tile, or,
+where that would be a long chain in one program (many slots of many rows, few tiles), merge
+programs of the launch take one draft row each (``kernels.nsa_steps.merge_layout``);
+``NsaVerifyConfig(merge="separate")`` runs it as a launch of its own (``nsa_merge_kernel``). The
+selected branch streams the deduplicated union of the tile's per-row block lists (SSV's exact
+merged schedule; ``kernels.sparse_verify.build_group_plan``), each block once with the bits of
+the rows that chose it; the plan can be built once per refresh and passed to the reuse layers
+(``union_plan``).
 
 **Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
 kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and maps each
 compressed token's probability, summed over the ``G`` heads, onto every selection block its
 window overlaps (NSA's rule), (3) ``kernels.top_blocks`` picks each row's ``top_n`` blocks with
-the first ``num_sink`` and last ``num_local`` forced, (4) the union plan, (5) the selected and
-window branches, (6) the merge with gating, which reuses the compressed partials from (1). The
-indices ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following
-reuse layers. Nothing is read on the host.
+the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) in one launch where the
+threshold pick serves the rows (``kernels.nsa_selection``; ``NsaVerifyConfig(pick="separate")``
+keeps two) --, (4) the union plan, (5) the selected and window branches with (6) the merge and
+gating folded in as above, reading the compressed partials from (1) too. The indices ``[B, Hkv,
+t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following reuse layers.
+Nothing is read on the host.
 
 :func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
-kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge) and
-gated in torch.
+kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge, folded
+as configured) and gated in one more launch.
 
 Example::
 
@@ -74,11 +80,11 @@ from ssvkit.kernels.nsa_launch import (
     tile_packing,
 )
 from ssvkit.kernels.nsa_reference import reference_nsa_verify
+from ssvkit.kernels.nsa_selection import refresh_indices
 from ssvkit.kernels.nsa_steps import (
     alloc_partials,
-    launch_fwd,
+    forward_and_merge,
     launch_merge,
-    refresh_indices,
     union_for,
     union_plan,
 )
@@ -203,12 +209,8 @@ def nsa_verify(
     refresh = block_idx is None
     if refresh:
         block_idx = refresh_indices(plan, args, part, slots)
-        union = union_for(plan, block_idx, None)
-        launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), slot_base=slots[0])
-    else:
-        union = union_for(plan, block_idx, union)
-        launch_fwd(plan, args, union, part, slots=slots)
-    launch_merge(plan, args, union, part, o, slots, comp_apart=refresh)
+    union = union_for(plan, block_idx, None if refresh else union)
+    forward_and_merge(plan, args, union, part, o, slots, comp_apart=refresh)
     return (o, block_idx, union) if return_union else (o, block_idx)
 
 
@@ -251,7 +253,7 @@ def nsa_verify_unfused(
     validate: bool = True,
     config: NsaVerifyConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Baseline of :func:`nsa_verify`: each branch launched on its own, gated in torch.
+    """Baseline of :func:`nsa_verify`: each branch launched on its own, then gated.
 
     Same parameters and result as :func:`nsa_verify`. Branch ``x`` is ``nsa_fwd_kernel`` with
     only ``x``'s slots, sized to fill the SMs on its own, and its own merge writing its
@@ -282,15 +284,14 @@ def nsa_verify_unfused(
     for x, branches in enumerate(
         ((True, False, False), (False, True, False), (False, False, True))
     ):
-        union = None
         if x == 0 and refreshed is not None:
             part, slots = refreshed
-        else:
-            slots = plan_slots(plan, q.device, config, branches)
-            part = alloc_partials(plan, sum(slots), q.device)
-            union = union_for(plan, block_idx, None) if branches[1] else None
-            launch_fwd(plan, args, union, part, slots=slots)
-        launch_merge(plan, args, union, part, outs[x], slots, apply_gates=False)
+            launch_merge(plan, args, None, part, outs[x], slots, apply_gates=False)
+            continue
+        slots = plan_slots(plan, q.device, config, branches)
+        part = alloc_partials(plan, sum(slots), q.device)
+        union = union_for(plan, block_idx, None) if branches[1] else None
+        forward_and_merge(plan, args, union, part, outs[x], slots, apply_gates=False)
     o = torch.empty_like(q)
     rows = o.numel() // plan.head_dim
     block_r = max(1, min(64, 4096 // plan.head_dim))

@@ -15,9 +15,11 @@ ceil(T_max / block_size)``; a partial last block is summarised over its present 
 ``BlockMetadata.update`` refreshes just the blocks touched by appended (or rolled-back) tokens,
 reading the lengths on the device, so the decode loop can capture it in a CUDA graph.
 
-Top-n is one ``kernels.top_blocks`` launch on the score tensor (forced blocks, ascending
-output), so a selection is two launches; ``topn_from_scores`` is its
-fp32 torch reference (``torch.topk`` and a sort).
+``select_blocks`` scores and picks in one launch (``kernels.select_kernels.select_kernel``: the
+programs that pick a row wait on counters for its scores) where ``kernels.top_blocks``'
+threshold pick serves the rows; otherwise, or with ``fused=False``, ``block_scores`` and one
+``kernels.top_blocks`` launch on the score tensor (forced blocks, ascending output) make it
+two. ``topn_from_scores`` is the pick's fp32 torch reference (``torch.topk`` and a sort).
 """
 
 from __future__ import annotations
@@ -26,10 +28,21 @@ import dataclasses
 
 import torch
 import triton
-import triton.language as tl
+from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.checks import check_float_dtype, check_lens
 from ssvkit.kernels.device import num_sms
-from ssvkit.kernels.top_blocks import check_forced, empty_scores, top_blocks
+from ssvkit.kernels.select_kernels import (
+    block_metadata_kernel,
+    block_scores_kernel,
+    select_kernel,
+)
+from ssvkit.kernels.top_blocks import (
+    check_forced,
+    empty_scores,
+    threshold_meta,
+    threshold_warps,
+    top_blocks,
+)
 
 KINDS = ("mean", "quest")
 # Programs per (b, kv head) in ``update``: an append of up to 64 draft tokens + 1 bonus token
@@ -39,136 +52,6 @@ _APPEND_TOKENS_HINT = 65
 # FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
 # operands spill-free on sm_90 (2 warps up to t = 16, 8 above).
 _SCORE_TILE = 1024
-
-
-@triton.jit
-def _block_metadata_kernel(
-    k_ptr,
-    old_ptr,
-    new_ptr,
-    mean_ptr,
-    min_ptr,
-    max_ptr,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_mb,
-    stride_mh,
-    stride_mn,
-    num_kv_heads,
-    t_max,
-    NUM_PROGS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    D: tl.constexpr,
-    HAS_MEAN: tl.constexpr,
-    HAS_MINMAX: tl.constexpr,
-):
-    tl.static_assert(BLOCK_SIZE >= 1)
-    pid_bh = tl.program_id(0)
-    pid_p = tl.program_id(1)
-    b = pid_bh // num_kv_heads
-    h = pid_bh % num_kv_heads
-    # Clamped to the cache so that bad lengths cannot read or write out of bounds.
-    old_len = tl.minimum(tl.maximum(tl.load(old_ptr + b), 0), t_max)
-    new_len = tl.minimum(tl.maximum(tl.load(new_ptr + b), 0), t_max)
-    # A shrink (rolled-back tail) touches the same span as a growth: both ends are rewritten.
-    first = tl.minimum(old_len, new_len) // BLOCK_SIZE
-    end = (tl.maximum(old_len, new_len) + BLOCK_SIZE - 1) // BLOCK_SIZE
-    offs_n = tl.arange(0, BLOCK_SIZE)
-    offs_d = tl.arange(0, D)
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-    for blk_i in range(first + pid_p, end, NUM_PROGS):
-        blk = tl.cast(blk_i, tl.int64)  # the interpreter yields Python ints here
-        pos = blk * BLOCK_SIZE + offs_n  # [BLOCK_SIZE]
-        valid = pos < new_len
-        k = tl.load(
-            k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=valid[:, None], other=0.0
-        ).to(tl.float32)  # [BLOCK_SIZE, D]
-        count = tl.sum(valid.to(tl.int32), axis=0)
-        m_off = m_base + blk * stride_mn + offs_d
-        if HAS_MEAN:
-            mean = tl.sum(k, axis=0) / tl.maximum(count, 1).to(tl.float32)
-            tl.store(mean_ptr + m_off, mean)
-        if HAS_MINMAX:
-            # Empty blocks (past a rolled-back length) are zeroed: scores mask them anyway.
-            kmin = tl.min(tl.where(valid[:, None], k, float("inf")), axis=0)
-            kmax = tl.max(tl.where(valid[:, None], k, -float("inf")), axis=0)
-            tl.store(min_ptr + m_off, tl.where(count > 0, kmin, 0.0))
-            tl.store(max_ptr + m_off, tl.where(count > 0, kmax, 0.0))
-
-
-@triton.jit
-def _block_scores_kernel(
-    q_ptr,
-    mean_ptr,
-    min_ptr,
-    max_ptr,
-    prefix_ptr,
-    out_ptr,
-    stride_qb,
-    stride_qt,
-    stride_qh,
-    stride_mb,
-    stride_mh,
-    stride_mn,
-    stride_ob,
-    stride_oh,
-    stride_ot,
-    num_rows,
-    num_blocks,
-    G: tl.constexpr,
-    T_PAD: tl.constexpr,
-    BLOCK_NB: tl.constexpr,
-    TILES: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    QUEST: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: a program averages its KV head's queries
-    once, then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a pipelined loop."""
-    tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
-    tl.static_assert(BLOCK_NB >= 16)
-    pid_n = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    offs_t = tl.arange(0, T_PAD)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_t < num_rows
-
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + (h * G).to(tl.int64) * stride_qh
-    q_offs = offs_t[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
-    qbar = tl.zeros([T_PAD, D], dtype=tl.float32)
-    for g in tl.static_range(G):
-        qbar += tl.load(q_base + g * stride_qh + q_offs, mask=row_ok[:, None], other=0.0).to(
-            tl.float32
-        )
-    qbar = qbar / G  # [T_PAD, D]
-    if QUEST:
-        q_pos = tl.maximum(qbar, 0.0)
-        q_neg = tl.minimum(qbar, 0.0)
-    prefix_len = tl.load(prefix_ptr + b)
-    m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    o_base += offs_t[:, None].to(tl.int64) * stride_ot
-
-    for i in tl.range(0, TILES, num_stages=3):
-        offs_nb = (pid_n * TILES + i) * BLOCK_NB + tl.arange(0, BLOCK_NB)
-        blk_ok = offs_nb < num_blocks
-        m_offs = m_base + offs_nb[:, None].to(tl.int64) * stride_mn + offs_d[None, :]
-        if QUEST:
-            kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D]
-            kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
-            # max(q*lo, q*hi) = relu(q)*hi + min(q, 0)*lo, elementwise: two matrix products.
-            s = tl.dot(q_pos, tl.trans(kmax), input_precision=PRECISION)
-            s += tl.dot(q_neg, tl.trans(kmin), input_precision=PRECISION)
-        else:
-            kmean = tl.load(mean_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
-            s = tl.dot(qbar, tl.trans(kmean), input_precision=PRECISION)  # [T_PAD, BLOCK_NB]
-        live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
-        s = tl.where(live[None, :], s, -float("inf"))
-        tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
 
 
 def _check_k_cache(k_cache: torch.Tensor, block_size: int) -> None:
@@ -295,7 +178,7 @@ class BlockMetadata:
     ) -> None:
         ref = self._any()
         b, hkv, _, d = k_cache.shape
-        _block_metadata_kernel[(b * hkv, num_progs)](
+        block_metadata_kernel[(b * hkv, num_progs)](
             k_cache,
             old_lens,
             new_lens,
@@ -361,6 +244,29 @@ def block_scores(
     torch.Tensor
         ``[B, Hkv, t, NB_max]`` float32, ``-inf`` for blocks past the prefix.
     """
+    launch = _score_launch(q, meta, prefix_lens, method)
+    b, hkv = q.shape[0], launch.scores.shape[1]
+    block_scores_kernel[(launch.programs, hkv, b)](
+        *launch.args, **launch.meta, num_warps=launch.num_warps
+    )
+    return launch.scores
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ScoreLaunch:
+    """The scoring's output, its programs per (sequence, KV head), and the arguments,
+    constexprs and warps ``score_range`` takes (either kernel of ``kernels.select_kernels``)."""
+
+    scores: torch.Tensor
+    programs: int
+    args: tuple
+    meta: dict
+    num_warps: int
+
+
+def _score_launch(
+    q: torch.Tensor, meta: BlockMetadata, prefix_lens: torch.Tensor, method: str
+) -> _ScoreLaunch:
     if method not in KINDS:
         raise ValueError(f"method must be one of {KINDS}, got {method!r}")
     if method not in meta.kinds:
@@ -374,24 +280,16 @@ def block_scores(
     block_nb = min(32, _SCORE_TILE // t_pad)
     tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)
     ref = meta._any()
-    _block_scores_kernel[(triton.cdiv(nb, block_nb * tiles), hkv, b)](
+    args = (
         q,
         meta.mean if method == "mean" else ref,
         meta.kmin if method == "quest" else ref,
         meta.kmax if method == "quest" else ref,
         prefix_lens,
         out,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        ref.stride(0),
-        ref.stride(1),
-        ref.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        t,
-        nb,
+    )
+    strides = (*q.stride()[:3], *ref.stride()[:3], *out.stride()[:3])
+    constexprs = dict(
         G=h // hkv,
         T_PAD=t_pad,
         BLOCK_NB=block_nb,
@@ -400,9 +298,14 @@ def block_scores(
         BLOCK_SIZE=meta.block_size,
         QUEST=method == "quest",
         PRECISION="tf32x3" if q.device.type == "cuda" else "ieee",
-        num_warps=2 if t_pad <= 16 else 8,
     )
-    return out
+    return _ScoreLaunch(
+        out,
+        triton.cdiv(nb, block_nb * tiles),
+        (*args, *strides, t, nb),
+        constexprs,
+        2 if t_pad <= 16 else 8,
+    )
 
 
 def _score_tiles(num_tiles: int, device: torch.device) -> int:
@@ -459,6 +362,7 @@ def select_blocks(
     num_sink: int = 1,
     num_local: int = 1,
     first_token_only: bool = False,
+    fused: bool = True,
 ) -> torch.Tensor:
     """Top-n prefix blocks per (sequence, KV head, query row).
 
@@ -478,6 +382,11 @@ def select_blocks(
         First / last live blocks always selected (seed 001 §3.1).
     first_token_only : bool
         Seed 001's rule: row 0 (the first draft token) selects for every row.
+    fused : bool
+        Score and pick in one launch (``kernels.select_kernels.select_kernel``) where the
+        threshold pick serves the rows (``kernels.top_blocks.threshold_meta``); False, or rows
+        it does not serve: the scores, then ``kernels.top_blocks`` (two launches). Both pick
+        the same blocks.
 
     Returns
     -------
@@ -485,21 +394,66 @@ def select_blocks(
         ``[B, Hkv, t, top_n]`` int32, ascending per row, ``-1`` padding at the end when a
         sequence has fewer than ``top_n`` live blocks.
     """
-    if top_n < 1:
-        raise ValueError(f"top_n must be >= 1, got {top_n}")
+    if top_n < 1 or top_n >= 2**30:
+        raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
+    check_forced(num_sink, num_local, top_n)
     rows = q[:, :1] if first_token_only else q
-    scores = block_scores(rows, meta, prefix_lens, method=method)
-    idx = top_blocks(
-        scores,
-        prefix_lens,
-        block_size=meta.block_size,
-        top_n=top_n,
-        num_sink=num_sink,
-        num_local=num_local,
-    )
+    pick = threshold_meta(meta.num_blocks, top_n) if fused else None
+    if pick is None:
+        scores = block_scores(rows, meta, prefix_lens, method=method)
+        idx = top_blocks(
+            scores,
+            prefix_lens,
+            block_size=meta.block_size,
+            top_n=top_n,
+            num_sink=num_sink,
+            num_local=num_local,
+        )
+    else:
+        idx = _select_one_launch(rows, meta, prefix_lens, method, (num_sink, num_local), pick)
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()
     return idx
+
+
+def _select_one_launch(
+    q: torch.Tensor,
+    meta: BlockMetadata,
+    prefix_lens: torch.Tensor,
+    method: str,
+    forced: tuple[int, int],
+    pick: dict,
+) -> torch.Tensor:
+    """``select_kernel``: ``score_programs`` programs per (sequence, KV head) score, one per
+    row picks (``pick``: the threshold pick's constexprs), on ``1 + 2 B Hkv`` arrival
+    counters. Its warps are the more of the two steps' own."""
+    launch = _score_launch(q, meta, prefix_lens, method)
+    b, hkv, t, _ = launch.scores.shape
+    rows = b * hkv * t
+    out = torch.empty((b, hkv, t, pick["TOP_N"]), dtype=torch.int32, device=q.device)
+    scratch = torch.empty((rows, pick["CAP"]), dtype=torch.int64, device=q.device)
+    counters = arrival_counters(1 + 2 * b * hkv, q.device)
+    pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
+    q_, mean, kmin, kmax, lens, scores, *rest = launch.args
+    select_kernel[(b * hkv * (launch.programs + t),)](
+        q_,
+        mean,
+        kmin,
+        kmax,
+        lens,
+        scores,
+        out,
+        scratch,
+        counters,
+        *rest,
+        *forced,
+        launch.programs,
+        NUM_KV_HEADS=hkv,
+        **launch.meta,
+        **pick,
+        num_warps=max(launch.num_warps, pick_warps),
+    )
+    return out
 
 
 def reference_block_metadata(

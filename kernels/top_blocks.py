@@ -69,21 +69,10 @@ def top_blocks(
     out = torch.empty((b, hkv, t, top_n), dtype=torch.int32, device=scores.device)
     if out.numel() == 0:
         return out
-    chunk, tail, num_chunks = _row_layout(nb_max)
     rows = b * hkv * t
-    top_n_pad = max(16, triton.next_power_of_2(top_n))
-    common = dict(
-        NUM_KV_HEADS=hkv,
-        BLOCK_SIZE=block_size,
-        TOP_N=top_n,
-        TOP_N_PAD=top_n_pad,
-        CHUNK=chunk,
-        TAIL=tail,
-    )
-    if num_chunks == 1 and top_n_pad <= min(chunk, THRESHOLD_MAX_TOP_N):
-        groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
-        cap = CANDIDATES_PER_PICK * top_n_pad
-        scratch = torch.empty((rows, cap), dtype=torch.int64, device=scores.device)
+    meta = threshold_meta(nb_max, top_n)
+    if meta is not None:
+        scratch = torch.empty((rows, meta["CAP"]), dtype=torch.int64, device=scores.device)
         threshold_blocks_kernel[(rows,)](
             scores,
             prefix_lens,
@@ -94,13 +83,13 @@ def top_blocks(
             scores.stride(2),
             num_sink,
             num_local,
-            GROUPS=groups,
-            TAIL_ROWS=max(2, tail // groups),
-            CAP=cap,
-            num_warps=_threshold_warps(rows, chunk, scores.device),
-            **common,
+            NUM_KV_HEADS=hkv,
+            BLOCK_SIZE=block_size,
+            num_warps=threshold_warps(rows, meta["CHUNK"], scores.device),
+            **meta,
         )
     else:
+        chunk, tail, num_chunks = _row_layout(nb_max)
         topk_blocks_kernel[(rows,)](
             scores,
             prefix_lens,
@@ -110,9 +99,14 @@ def top_blocks(
             scores.stride(2),
             num_sink,
             num_local,
+            NUM_KV_HEADS=hkv,
+            BLOCK_SIZE=block_size,
+            TOP_N=top_n,
+            TOP_N_PAD=max(16, triton.next_power_of_2(top_n)),
+            CHUNK=chunk,
+            TAIL=tail,
             NUM_CHUNKS=num_chunks,
             num_warps=_warps(rows, chunk + tail, scores.device),
-            **common,
         )
     return out
 
@@ -148,6 +142,27 @@ def check_forced(num_sink: int, num_local: int, top_n: int) -> None:
         )
 
 
+def threshold_meta(nb_max: int, top_n: int) -> dict | None:
+    """The threshold pick's constexprs for rows of ``nb_max`` blocks (``TOP_N``, ``TOP_N_PAD``,
+    ``CHUNK``, ``TAIL``, ``GROUPS``, ``TAIL_ROWS``, ``CAP``), or None where the rounds kernel
+    serves the shape: a row longer than one chunk and its tail, or ``top_n`` above
+    ``THRESHOLD_MAX_TOP_N``."""
+    chunk, tail, num_chunks = _row_layout(nb_max)
+    top_n_pad = max(16, triton.next_power_of_2(top_n))
+    if num_chunks != 1 or top_n_pad > min(chunk, THRESHOLD_MAX_TOP_N):
+        return None
+    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
+    return dict(
+        TOP_N=top_n,
+        TOP_N_PAD=top_n_pad,
+        CHUNK=chunk,
+        TAIL=tail,
+        GROUPS=groups,
+        TAIL_ROWS=max(2, tail // groups),
+        CAP=CANDIDATES_PER_PICK * top_n_pad,
+    )
+
+
 def _row_layout(nb_max: int) -> tuple[int, int, int]:
     """``(CHUNK, TAIL, NUM_CHUNKS)`` of a row of ``nb_max`` blocks. A row that fits in one
     power-of-two chunk of at most ``TOPK_CHUNK`` plus a smaller power-of-two tail stays in
@@ -174,7 +189,7 @@ def _warps(rows: int, chunk: int, device: torch.device) -> int:
     return max(1, chunk // 2048)
 
 
-def _threshold_warps(rows: int, chunk: int, device: torch.device) -> int:
+def threshold_warps(rows: int, chunk: int, device: torch.device) -> int:
     """Warps of one row's threshold pick: 4 (8 for chunks beyond 2048 blocks) while a row has
     an SM to itself, so more warps share its pass over the scores; 2 up to eight rows an SM,
     then 1, as rows side by side fill the SM with their own warps and fewer warps a row spend
@@ -291,8 +306,58 @@ def threshold_blocks_kernel(
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
 ):
-    """Grid ``(B * Hkv * t,)``: the same pick as ``topk_blocks_kernel`` (the ``TOP_N`` largest
-    keys of the row), with work linear in the row instead of ``TOP_N`` passes over it.
+    """Grid ``(B * Hkv * t,)``: ``threshold_pick`` of row ``program_id``."""
+    threshold_pick(
+        tl.program_id(0),
+        score_ptr,
+        prefix_ptr,
+        out_ptr,
+        scratch_ptr,
+        num_t,
+        nb_max,
+        row_stride,
+        num_sink,
+        num_local,
+        NUM_KV_HEADS,
+        BLOCK_SIZE,
+        TOP_N,
+        TOP_N_PAD,
+        CHUNK,
+        TAIL,
+        GROUPS,
+        TAIL_ROWS,
+        CAP,
+        "",
+    )
+
+
+@triton.jit
+def threshold_pick(
+    r,
+    score_ptr,
+    prefix_ptr,
+    out_ptr,
+    scratch_ptr,
+    num_t,
+    nb_max,
+    row_stride,
+    num_sink,
+    num_local,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TOP_N: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TAIL: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    CAP: tl.constexpr,
+    CACHE: tl.constexpr,
+):
+    """Row ``r``'s pick, the same as ``topk_blocks_kernel``'s (the ``TOP_N`` largest keys of
+    the row), with work linear in the row instead of ``TOP_N`` passes over it. ``CACHE``: the
+    cache modifier of the score loads (``".cg"`` where other programs of the launch wrote
+    them).
 
     Block ``j`` falls into group ``j % GROUPS`` (strided, so a run of neighbouring high scores
     spreads over groups). The ``TOP_N``-th largest group maximum ``tau`` bounds the answer from
@@ -306,20 +371,19 @@ def threshold_blocks_kernel(
     tl.static_assert(CHUNK % GROUPS == 0)
     tl.static_assert(GROUPS >= TOP_N_PAD)
     tl.static_assert(CAP >= TOP_N_PAD)
-    r = tl.program_id(0)
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
     nb = tl.minimum((prefix + BLOCK_SIZE - 1) // BLOCK_SIZE, nb_max)
     base = score_ptr + r.to(tl.int64) * row_stride
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, CHUNK // GROUPS)[:, None] * GROUPS + g[None, :]  # [SPAN, GROUPS]
-    v = _ordered_scores(base, j, nb, num_sink, num_local)
+    v = _ordered_scores(base, j, nb, num_sink, num_local, CACHE)
     gv = tl.max(v, 0)
     # The tail joins the groups as a tile of at least two rows; its blocks past nb_max are
     # never live.
     if TAIL > 0:
         jt = CHUNK + tl.arange(0, TAIL_ROWS)[:, None] * GROUPS + g[None, :]
-        vt = _ordered_scores(base, jt, nb, num_sink, num_local)
+        vt = _ordered_scores(base, jt, nb, num_sink, num_local, CACHE)
         gv = tl.maximum(gv, tl.max(vt, 0))
     # Each group's key: its best score and, among ties, its lowest block.
     gj = tl.min(tl.where(v == gv[None, :], j, 2**30), 0)
@@ -380,10 +444,10 @@ def _positions(flag, WIDE: tl.constexpr):
 
 
 @triton.jit
-def _ordered_scores(base, j, nb, num_sink, num_local):
+def _ordered_scores(base, j, nb, num_sink, num_local, CACHE: tl.constexpr):
     """Scores of blocks ``j`` as int32 in the same order (forced blocks above every score),
     ``-2^31`` for blocks past the prefix."""
-    s = tl.load(base + j, mask=j < nb, other=0.0)
+    s = tl.load(base + j, mask=j < nb, other=0.0, cache_modifier=CACHE)
     bits = s.to(tl.int32, bitcast=True)
     # Flip all bits of negatives, the sign bit of the rest: unsigned order; then the sign bit
     # again for signed order. -2^31 stays free for "not live".

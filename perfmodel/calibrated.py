@@ -78,7 +78,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ssvkit.perfmodel import hardware
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu, gpu_names
+from ssvkit.perfmodel.intervals import IntervalSource, IntervalTable, kernel_family
 from ssvkit.perfmodel.nsa_plan import PER_QUERY
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
@@ -203,7 +205,10 @@ class ClassFit:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """A fitted profile: which GPU and device, its ceilings and its classes."""
+    """A fitted profile: which GPU and device, its ceilings and its classes; the residuals its
+    prediction intervals come from (``perfmodel.intervals``; None: the profile has none); for
+    one moved to another GPU by ``transfer``, the GPU it was fitted on and the interval
+    source's datasheet-ceiling gap."""
 
     profile_id: str
     gpu: str
@@ -211,6 +216,18 @@ class Profile:
     copy_bytes_per_s: float
     gemm_flops_per_s: float
     classes: dict[str, ClassFit]
+    intervals: IntervalTable | None = None
+    fit_gpu: str = ""  # "" : the profile's own GPU
+    interval_note: str = ""  # why a transferred profile has no intervals
+    gap_bytes: float = 0.0
+    gap_flops: float = 0.0
+
+    def interval_source(self) -> IntervalSource | None:
+        """The intervals of predictions priced with this profile (None: it has none)."""
+        if self.intervals is None:
+            return None
+        transferred = bool(self.fit_gpu) and self.fit_gpu != self.gpu
+        return IntervalSource(self.intervals, transferred, self.gap_bytes, self.gap_flops)
 
     @classmethod
     def load(cls, path: str | Path, gpu: str | None = None) -> Profile:
@@ -233,6 +250,8 @@ class Profile:
             copy_bytes_per_s=float(d["ceilings"]["copy_bytes_per_s"]),
             gemm_flops_per_s=float(d["ceilings"]["gemm_flops_per_s"]),
             classes={k: ClassFit.from_json(k, v["fit"]) for k, v in d["classes"].items()},
+            intervals=IntervalTable.from_json(d["intervals"]) if "intervals" in d else None,
+            interval_note="" if "intervals" in d else f"profile {d['profile_id']} has no residuals",
         )
 
     def call_time_s(
@@ -245,13 +264,9 @@ class Profile:
 
 def profile_path(gpu: str) -> Path | None:
     """``calibration/profiles/<gpu>/profile.json`` when the calibration data ships one."""
-    try:
-        from importlib.resources import files
-
-        p = Path(str(files("ssvkit.calibration"))) / "profiles" / gpu / "profile.json"
-    except ModuleNotFoundError:
-        return None
-    return p if p.is_file() else None
+    root = hardware.profiles_dir()  # looked up at call time: one root for ceilings and profiles
+    p = None if root is None else root / gpu / "profile.json"
+    return p if p is not None and p.is_file() else None
 
 
 @functools.cache
@@ -281,12 +296,26 @@ def transfer(profile: Profile, gpu: GpuSpec) -> tuple[Profile, str]:
             f"{gpu.name} ({gpu.architecture}): a transfer across architectures is refused "
             "unless asked for (--transfer-across-architectures)"
         )
+    source = get_gpu(profile.gpu, measured=False)
+
+    def gap(field: str, measured: float) -> float:
+        # A datasheet ceiling of the target is optimistic by what the source's is.
+        if gpu.sources.get(field, "").startswith("measured"):
+            return 0.0
+        return max(getattr(source, field) / measured - 1.0, 0.0)
+
     moved = dataclasses.replace(
         profile,
         gpu=gpu.name,
         copy_bytes_per_s=gpu.hbm_bytes_per_s,
         gemm_flops_per_s=gpu.tensor_flops_per_s("bf16"),
+        fit_gpu=profile.fit_gpu or profile.gpu,
+        gap_bytes=gap("hbm_bytes_per_s", profile.copy_bytes_per_s),
+        gap_flops=gap("bf16_flops_per_s", profile.gemm_flops_per_s),
     )
+    if cross:  # no residuals measure a transfer across architectures
+        note = f"no residuals measure a transfer from {source_arch} to {gpu.architecture}"
+        moved = dataclasses.replace(moved, intervals=None, interval_note=note)
     kind = "transferred-cross-arch" if cross else "transferred"
     return moved, f"{kind}:{profile.profile_id}->{gpu.name}"
 
@@ -360,10 +389,23 @@ class CalibratedPredictor(RooflinePredictor):
             return None, False
         return self.profile.classes[min(cands)[1]], True
 
+    @property
+    def interval_source(self) -> IntervalSource | None:
+        return self.profile.interval_source()
+
+    @property
+    def interval_note(self) -> str:
+        return self.profile.interval_note
+
     def op_time_s(self, op: Op) -> np.ndarray:
+        return self.price(op)[0]
+
+    def price(self, op: Op) -> tuple[np.ndarray, str | None, np.ndarray | None]:
+        """``op``'s seconds, the kernel family of the class that priced it (None: the roofline
+        did) and the points where that class was evaluated outside its measured range."""
         cls, nearest = self._resolve(op.kernel)
         if cls is None or op.kind == "comm":
-            return super().op_time_s(op)
+            return super().op_time_s(op), None, None
         calls = np.asarray(op.calls, dtype=float)
         per = np.maximum(calls, 1e-12)
         nbytes, flops = op.bytes / per, op.flops / per
@@ -389,7 +431,7 @@ class CalibratedPredictor(RooflinePredictor):
         outside = (calls > 0) & (~cls.in_range(nbytes, flops, bw, peak) | nearest)
         self.outside = _accumulate(self.outside, outside)
         self.stood_in = _accumulate(self.stood_in, (calls > 0) & (op.kernel in self.stand_ins))
-        return np.where(calls > 0, t, 0.0)
+        return np.where(calls > 0, t, 0.0), kernel_family(cls.name), outside
 
 
 def _accumulate(flags, new) -> np.ndarray:

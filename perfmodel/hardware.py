@@ -276,15 +276,22 @@ def suggest(name: str, choices: list[str]) -> str:
     return f" (did you mean: {', '.join(close)}?)" if close else f" (known: {', '.join(choices)})"
 
 
-def measured_overlay_path(name: str) -> Path | None:
-    """``calibration/profiles/<name>/ceilings.json`` if the calibration data ships it."""
+def profiles_dir() -> Path | None:
+    """``calibration/profiles``, the folder of the measured ceilings and fitted profiles the
+    calibration data ships (one folder per GPU), or None without that package."""
     try:
         from importlib.resources import files
 
-        p = Path(str(files("ssvkit.calibration"))) / "profiles" / name / "ceilings.json"
+        return Path(str(files("ssvkit.calibration"))) / "profiles"
     except ModuleNotFoundError:
         return None
-    return p if p.is_file() else None
+
+
+def measured_overlay_path(name: str) -> Path | None:
+    """``calibration/profiles/<name>/ceilings.json`` if the calibration data ships it."""
+    root = profiles_dir()
+    p = None if root is None else root / name / "ceilings.json"
+    return p if p is not None and p.is_file() else None
 
 
 def get_gpu(name: str, *, measured: bool = True, any_architecture: bool = False) -> GpuSpec:

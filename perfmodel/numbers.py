@@ -1,7 +1,8 @@
 """The numbers users type, parsed once: counts with K/M suffixes (``8K`` = 8192, ``1M`` =
 1048576), comma-separated lists of them, and finite floats. Errors are one line naming what
-was parsed and the text given. ``count_label`` writes a count back the short way, and
-``figure`` is a number as the JSON outputs carry it.
+was parsed and the text given. ``count_label`` writes a count back the short way, ``figure``
+is a number as the JSON outputs carry it, and ``interval_text`` a figure's interval as the text
+outputs print it.
 
 Counts are positive integers no larger than ``MAX_COUNT`` (2^40, past any context, batch or
 token count a model or GPU takes); ``inf``, ``nan``, fractions and empty list items are refused.
@@ -70,3 +71,8 @@ def count_label(n: int) -> str:
 def figure(value, unit: str, provenance: str) -> dict:
     """A number as the JSON outputs carry it: value, unit and where it came from."""
     return {"value": value, "unit": unit, "provenance": provenance}
+
+
+def interval_text(iv, fmt: str, scale: float = 1.0) -> str:
+    """``[low, high]`` of an interval (times ``scale``) in format ``fmt``; "" for None."""
+    return "" if iv is None else f"[{scale * iv[0]:{fmt}}, {scale * iv[1]:{fmt}}]"

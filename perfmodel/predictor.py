@@ -129,10 +129,19 @@ class RooflinePredictor:
         self.tp = np.asarray(tp, dtype=float)
         self.provenance = gpu.provenance
 
+    # The roofline is a floor, not a fit: no residuals, so its figures carry no interval.
+    interval_source = None
+    interval_note = "the datasheet roofline is a floor with no residuals"
+
     def at(self, idx: np.ndarray) -> RooflinePredictor:
         """The same predictor restricted to the points ``idx`` (for per-point ``tp``)."""
         tp = self.tp[idx] if self.tp.ndim else self.tp
         return RooflinePredictor(self.gpu, self.dtype, tp)
+
+    def price(self, op: Op) -> tuple[np.ndarray, str | None, np.ndarray | None]:
+        """``op``'s seconds, and (as ``perfmodel.calibrated``'s) no kernel family: the roofline
+        priced it."""
+        return self.op_time_s(op), None, None
 
     def op_time_s(self, op: Op) -> np.ndarray:
         g = self.gpu

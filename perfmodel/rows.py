@@ -12,7 +12,9 @@ Every timed configuration (a kernel, a GEMM, an elementwise op, an empty launch)
 - ceilings measured in the same run: ``copy_bytes_per_s``, ``gemm_flops_per_s``, ``launch_s``;
 - provenance: ``device_name``, ``torch_version``, ``triton_version``, ``git_commit``,
   ``timestamp``;
-- ``schema_version`` and ``checksum``: sha256 of the row's canonical JSON without the checksum.
+- ``schema_version`` and ``checksum``: sha256 of the row's canonical JSON without the checksum;
+- optional, in rows of the sweeps' runner (``calibration.runner``): ``wall_s`` and
+  ``first_call_s``, the wall seconds the row took and its op's first (compiling) call.
 
 Measured data is never edited by hand: ``load_rows`` recomputes every checksum and refuses a row
 whose content no longer matches it.

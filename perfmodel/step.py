@@ -32,6 +32,7 @@ from ssvkit.perfmodel.columns import (
     unique_points,
 )
 from ssvkit.perfmodel.draft_ops import draft_ops
+from ssvkit.perfmodel.intervals import POOLED, IntervalSource, Spread
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import (
     OpSum,
@@ -159,7 +160,9 @@ def attention_seconds(op_seconds: dict[str, np.ndarray], stage: str = "verify") 
 
 @dataclass(slots=True)
 class StepPrediction:
-    """Per-op seconds and counts for the evaluated points, and the round's totals."""
+    """Per-op seconds and counts for the evaluated points, and the round's totals; per op, the
+    kernel family of the class that priced it (None: the roofline) and the points where it was
+    extrapolated, from which ``spread`` builds the intervals (``perfmodel.intervals``)."""
 
     op_seconds: dict[str, np.ndarray]
     ops: dict[str, Op]
@@ -173,6 +176,10 @@ class StepPrediction:
     extrapolated: np.ndarray  # per point: some op outside its calibrated range
     stand_in: np.ndarray  # per point: some op priced by a stand-in class
     stand_ins: dict[str, str]  # kernel -> the measured class that priced it
+    op_family: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    op_outside: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
+    interval_source: IntervalSource | None = None
+    interval_note: str = ""  # why the figures carry no interval, when they carry none
 
     def stood_in_for(self, i: int) -> list[str]:
         """``kernel <- class`` of each op of point ``i`` priced by a stand-in class."""
@@ -184,6 +191,33 @@ class StepPrediction:
         """Point ``i``'s provenance with its flags: ``:extrapolated``, ``:stand-in``."""
         flags = (":extrapolated", self.extrapolated[i]), (":stand-in", self.stand_in[i])
         return self.provenance + "".join(f for f, on in flags if on)
+
+    def spread(self, keys=None, prefix: str = "") -> Spread | None:
+        """The error model (``perfmodel.intervals.Spread``) of the sum of the ops ``keys``
+        (default: every op whose name starts with ``prefix``); None without residuals."""
+        src = self.interval_source
+        if src is None:
+            return None
+        keys = [k for k in self.op_seconds if k.startswith(prefix)] if keys is None else keys
+        axis = src.axis
+        out = Spread.zeros(len(self.round_s), len(axis))
+        for k in keys:
+            if not self.op_seconds[k].any():
+                continue
+            fam = self.op_family.get(k)
+            if fam is None:
+                out.add_op(self.op_seconds[k])
+                continue
+            column = axis.get(fam, axis[POOLED])
+            gap = src.gap(self.ops[k].kind)
+            inside = src.residuals(fam, extrapolated=False)
+            mask = self.op_outside.get(k)
+            if mask is None or not np.any(mask):
+                out.add_op(self.op_seconds[k], column, inside, gap=gap)
+            else:
+                outside = src.residuals(fam, extrapolated=True)
+                out.add_op(self.op_seconds[k], column, inside, outside, mask, gap)
+        return out
 
 
 def predict_columns(
@@ -220,7 +254,12 @@ def predict_columns(
         ),
     )
     _mark_resident(acc, lambda _: model, predictor.gpu)
-    secs = {k: predictor.op_time_s(op) * np.ones(len(c)) for k, op in acc.items()}
+    n = len(c)
+    secs, family, flags = {}, {}, {}
+    for k, op in acc.items():
+        t, family[k], f = predictor.price(op)
+        secs[k] = t * np.ones(n)
+        flags[k] = None if f is None else np.broadcast_to(f, (n,))
     # Drafting depends on few columns: evaluate it once per distinct point, then gather.
     first, inverse = unique_points(c, DRAFT_KEYS)
     cu = take(c, first)
@@ -231,7 +270,9 @@ def predict_columns(
     )
     draft_pred = predictor.at(first) if hasattr(predictor, "at") else predictor
     for k, op in draft_acc.items():
-        secs[k] = (draft_pred.op_time_s(op) * np.ones(len(cu)))[inverse]
+        t, family[k], f = draft_pred.price(op)
+        secs[k] = (t * np.ones(len(cu)))[inverse]
+        flags[k] = None if f is None else np.broadcast_to(f, (len(cu),))[inverse]
         acc[k] = _gather(op, inverse, len(cu))
     outside = _flags(predictor, len(c)) | _flags(draft_pred, len(cu))[inverse]
     draft_s = sum((v for k, v in secs.items() if k.startswith("draft.")), np.zeros(len(c)))
@@ -250,4 +291,8 @@ def predict_columns(
         extrapolated=outside,
         stand_in=_flags(predictor, len(c), "stood_in"),
         stand_ins=dict(getattr(predictor, "stand_ins", {})),
+        op_family=family,
+        op_outside=flags,
+        interval_source=predictor.interval_source,
+        interval_note=predictor.interval_note,
     )

@@ -29,6 +29,14 @@ rounds, or ``probe_after`` when that is longer): text that defeated a drafter tw
 to go on doing so. The wait is back to ``probe_after`` once a drafting strategy has held for
 ``probe_after`` rounds. ``drafter_kinds()`` tells the decode loop which drafters to keep warm,
 so a switch costs a catch-up, not a restart.
+
+**At batch B > 1** the sequences of a round accept different counts; the controller decides
+on the batch's figures. The acceptance EMA takes the round's mean per sequence (its interval
+the batch mean's); the collapse test and ``ChainRounds`` take each sequence's count as an
+observation; the shadow's counts are summed over the batch, a walk's rounds read per sequence
+(the batch advances all its sequences each round). Candidates are scored at batch B (round
+time of the batch's step plus the loop's overhead; B x tokens per sequence over it), B the
+ranking's unless given; a round of more than B sequences is refused.
 """
 
 from __future__ import annotations
@@ -63,15 +71,19 @@ class OnlineController:
         gpu: GpuSpec,
         profile: RegimeProfile,
         config: ControllerConfig | None = None,
-        batch: int = 1,
+        batch: int | None = None,
         switch_cost_s: float | dict[str, float] = 0.0,
     ):
-        """``switch_cost_s``: what a switch is known to cost before this controller has seen
-        one (e.g. measured on earlier requests): one figure for every destination, or one per
-        destination kind (``switch_kind``; ``default`` for the kinds it lacks, else 0); each
-        switch it makes then measures its own destination's."""
+        """``batch``: the sequences each round decodes, which candidates are scored at (default:
+        the ranking's ``batch``, else 1). ``switch_cost_s``: what a switch is known to cost
+        before this controller has seen one (e.g. measured on earlier requests): one figure for
+        every destination, or one per destination kind (``switch_kind``; ``default`` for the
+        kinds it lacks, else 0); each switch it makes then measures its own destination's."""
         self.ranking, self.model, self.gpu, self.profile = ranking, model, gpu, profile
         self.config = config or ControllerConfig()
+        batch = ranking.get("batch", 1) if batch is None else batch
+        if not (isinstance(batch, int) and batch >= 1):
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         self.batch = batch
         self.switches: list[dict] = []
         self.overlap = self.config.overlap  # engine.loop: called behind the next round
@@ -97,9 +109,10 @@ class OnlineController:
 
     @classmethod
     def from_ranking(
-        cls, ranking: dict, config: ControllerConfig | None = None, batch: int = 1
+        cls, ranking: dict, config: ControllerConfig | None = None, batch: int | None = None
     ) -> OnlineController:
-        """The controller of a ranking document: its model, GPU and acceptance profile."""
+        """The controller of a ranking document: its model, GPU and acceptance profile (and its
+        batch unless ``batch`` is given)."""
         from ssvkit.perfmodel.hardware import get_gpu
         from ssvkit.perfmodel.models import get_model
 
@@ -185,6 +198,11 @@ class OnlineController:
         decision comes at most ``stride - 1`` rounds late. The point is the host's time: a
         call that finds the CPU caches cold, as the rest of a decode round leaves them, costs
         about five warm ones."""
+        if len(stats.accepted) > self.batch:
+            raise ValueError(
+                f"a round of {len(stats.accepted)} sequences handed to a controller that scores "
+                f"at batch {self.batch}"
+            )
         if self.config.stride <= 1:
             return self._round(stats, True)
         self._queue.append(stats)
@@ -199,10 +217,11 @@ class OnlineController:
         """One round's bookkeeping; with ``decide``, the decision too."""
         cfg = self.config
         s: Strategy = stats.strategy
+        sequences = len(stats.accepted)
         if "switch" in stats.step_s:  # what installing this strategy cost (catch-up included)
             self.switch_costs.record(s, stats.step_s["switch"])
         self._shadow.observe(
-            getattr(stats, "shadow", None), stats.mean_accepted + 1.0, 1.0 - cfg.ema
+            getattr(stats, "shadow", None), stats.mean_accepted + 1.0, 1.0 - cfg.ema, sequences
         )
         ctx = max(stats.context_lens)
         now = self._situation(s, ctx)

@@ -19,6 +19,7 @@ from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.host_overhead import host_overhead_s
+from ssvkit.perfmodel.intervals import bounds, interval
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload, parse_tree
@@ -36,6 +37,7 @@ class Scored:
     round_s: float
     breakdown_s: dict[str, float]
     extrapolated: bool
+    tokens_per_s_interval: tuple[float, float] | None = None  # perfmodel.intervals; None: none
 
 
 def score(
@@ -52,7 +54,8 @@ def score(
     drafter model): the step model at the strategy's acceptance from ``profile``
     (``RegimeProfile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
     1 for a kind it lacks --, at most 1) plus the profile's loop
-    overhead per round (``loop`` in the breakdown)."""
+    overhead per round (``loop`` in the breakdown), with the tokens/s interval of a calibrated
+    prediction (``perfmodel.intervals``; the loop overhead, a fit of its own, adds no width)."""
     if not strategies:
         return [], "none"
     out: list[Scored] = []
@@ -84,8 +87,15 @@ def score(
         for k, v in pred.op_seconds.items():
             groups.setdefault(op_group(k), []).append(v)
         grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
+        loops = np.array([host_overhead_s(profile.overhead_coefficients(regime), s) for s in group])
+        rnd = pred.spread()
+        ivs = None
+        if rnd is not None:
+            rnd.add_op(loops)
+            tps = batch * np.asarray(pred.tokens_per_round, dtype=float) / (pred.round_s + loops)
+            ivs = interval(tps, under=bounds(rnd))
         for i, s in enumerate(group):
-            loop = host_overhead_s(profile.overhead_coefficients(regime), s)
+            loop = float(loops[i])
             round_s = float(pred.round_s[i]) + loop
             tpr = float(pred.tokens_per_round[i])
             out.append(
@@ -96,6 +106,7 @@ def score(
                     round_s,
                     {**{g: float(v[i]) for g, v in grouped.items()}, "loop": loop},
                     bool(pred.extrapolated[i]),
+                    None if ivs is None else (float(ivs[i, 0]), float(ivs[i, 1])),
                 )
             )
     out.sort(key=lambda x: (-x.tokens_per_s, strategy_id(x.strategy)))
@@ -160,6 +171,7 @@ def rank(
                     "describe": describe(x.strategy),
                     "strategy": dataclasses.asdict(x.strategy),
                     "tokens_per_s": x.tokens_per_s,
+                    "tokens_per_s_interval": x.tokens_per_s_interval,
                     "tokens_per_round": x.tokens_per_round,
                     "round_s": x.round_s,
                     "breakdown_s": x.breakdown_s,

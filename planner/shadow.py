@@ -27,25 +27,32 @@ SHADOW_MIN_POSITIONS = 8.0
 class PairedWalk:
     """Decayed sums, over the rounds of one shadowed drafter kind, for the paired test of its
     walked candidates against the current strategy: ``w`` the weights' sum, ``w2`` their
-    squares', ``n`` the tokens the current strategy committed (per sequence), and per walk key
-    (a chain length, or a tree spec) the squares of the rounds its walk took over the same
-    tokens (``rr``; the rounds' own decayed sums are the tracker's, ``walk_rounds``)."""
+    squares', ``n`` the tokens the current strategy committed (per sequence), ``s`` the
+    sequences each round held, and per walk key (a chain length, or a tree spec) the squares
+    of the rounds its walk took over the same tokens per sequence (``rr``; the rounds' own
+    decayed sums, summed over the batch, are the tracker's, ``walk_rounds``)."""
 
     w: float = 0.0
     w2: float = 0.0
     n: float = 0.0
+    s: float = 0.0
     rr: dict = field(default_factory=dict)
 
-    def add(self, tokens: float, walked: dict, keep: float) -> None:
+    def add(self, tokens: float, walked: dict, keep: float, sequences: int = 1) -> None:
+        """One round: ``tokens`` per sequence, ``walked`` rounds per walk key summed over the
+        round's ``sequences``."""
         if self.w:
             self.w, self.w2, self.n = keep * self.w, keep * keep * self.w2, keep * self.n
+            self.s = keep * self.s
             for key in self.rr:
                 self.rr[key] *= keep
         self.w += 1.0
         self.w2 += 1.0
         self.n += tokens
+        self.s += sequences
         rr = self.rr
         for key, x in walked.items():
+            x = x / sequences
             rr[key] = rr.get(key, 0.0) + x * x
 
 
@@ -72,25 +79,25 @@ class ShadowTracker:
     def __contains__(self, kind: str) -> bool:
         return kind in self.chains
 
-    def observe(self, shadow, tokens: float, keep: float) -> None:
-        """Fold one round's shadow counts into the decayed sums (the past weighted by
-        ``keep``), and with ``tokens`` (what the round committed per sequence) the paired
-        sums. A change of what is shadowed (chain lengths, walked or not, trees) starts that
-        kind over."""
+    def observe(self, shadow, tokens: float, keep: float, sequences: int = 1) -> None:
+        """Fold one round's shadow counts (summed over its ``sequences``) into the decayed sums
+        (the past weighted by ``keep``), and with ``tokens`` (what the round committed per
+        sequence) the paired sums. A change of what is shadowed (chain lengths, walked or not,
+        trees) starts that kind over."""
         if not shadow:
             return
         for kind, sh in shadow.items():
-            self._observe_pair(kind, sh, tokens, keep)
+            self._observe_pair(kind, sh, tokens, keep, sequences)
             restart = self._observe_trees(kind, getattr(sh, "trees", ()), keep)
             self._observe_chains(kind, sh, keep, restart)
 
-    def _observe_pair(self, kind: str, sh, tokens: float, keep: float) -> None:
+    def _observe_pair(self, kind: str, sh, tokens: float, keep: float, sequences: int) -> None:
         walked = {k: r for k, r in enumerate(getattr(sh, "rounds", ()), 1)}
         walked.update((t[0], t[1]) for t in getattr(sh, "trees", ()))
         pair = self.pairs.get(kind)
         if pair is None or pair.rr.keys() != walked.keys():
             pair = self.pairs[kind] = PairedWalk()
-        pair.add(tokens, walked, keep)
+        pair.add(tokens, walked, keep, sequences)
 
     def _observe_trees(self, kind: str, trees, keep: float) -> bool:
         """Fold the walked trees' counts in; True when the set of trees changed (the kind's
@@ -176,9 +183,10 @@ class ShadowTracker:
     def walk_high(self, kind: str, chain: int, tree: str, z: float):
         """For a candidate whose walk (chain length ``chain``, or ``tree`` when 0) ran over the
         very tokens the current strategy committed: (its rounds per round of the current
-        strategy, ``z`` standard errors high over the decayed rounds' effective count, the
-        alpha its walk implies as is, the current strategy's tokens per round per sequence);
-        None when it has no such walk yet."""
+        strategy and per sequence -- a batch advances every sequence each round --, ``z``
+        standard errors high over the decayed rounds' effective count, the alpha its walk
+        implies as is, the current strategy's tokens per round per sequence); None when it
+        has no such walk yet."""
         pair = self.pairs.get(kind)
         key = chain or tree
         if pair is None or pair.w < SHADOW_MIN_POSITIONS or key not in pair.rr:
@@ -188,7 +196,7 @@ class ShadowTracker:
         if raw is None or rounds is None:
             return None
         w = pair.w
-        mean = rounds / w
+        mean = rounds / pair.s
         var = max(pair.rr[key] / w - mean * mean, 0.0)
         return mean + z * math.sqrt(var * pair.w2) / w, raw, pair.n / w
 

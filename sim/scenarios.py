@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+from ssvkit.perfmodel.intervals import bounds, interval
 from ssvkit.perfmodel.numbers import figure
 from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.perfmodel.trace import make_header
@@ -94,11 +95,20 @@ def run_loop(s: Setup):
     pred = analytic_round(s, mid, b)
     round_s = float(pred.round_s[0]) + cfg.loop_overhead_s
     analytic = b * acc.expected_tokens() / round_s
+    round_iv, tps_iv = None, None
+    rnd = pred.spread()
+    if rnd is not None:  # the loop overhead, an input here, adds no width
+        rnd.add_op(np.array([cfg.loop_overhead_s]))
+        rb = bounds(rnd)
+        round_iv = [float(x) for x in interval([round_s], over=rb)[0]]
+        tps_iv = [float(x) for x in interval([analytic], under=rb)[0]]
     extras = {
         "expected_tokens_per_round": figure(acc.expected_tokens(), "tokens", f"model:{acc.name}"),
-        "analytic_round_s": figure(round_s, "s", pred.provenance),
+        "analytic_round_s": {**figure(round_s, "s", pred.provenance), "interval": round_iv},
     }
-    return ScenarioRun(rec, LANES, loop.tokens, env.now, wall, analytic, pred.provenance, extras)
+    return ScenarioRun(
+        rec, LANES, loop.tokens, env.now, wall, analytic, pred.provenance, extras, tps_iv
+    )
 
 
 # Every scenario's runner, by ``SimConfig.scenario``: the five loop baselines share one.
@@ -127,9 +137,10 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     sim_s, rounds, prov = run.simulated_s, run.recorder.num_rounds, s.sim_provenance
     figures = {
         "simulated_tokens_per_s": figure(run.tokens / sim_s, "tokens/s", prov),
-        "analytic_tokens_per_s": figure(
-            run.analytic_tokens_per_s, "tokens/s", run.analytic_provenance
-        ),
+        "analytic_tokens_per_s": {
+            **figure(run.analytic_tokens_per_s, "tokens/s", run.analytic_provenance),
+            "interval": run.analytic_interval,
+        },
         "rounds_per_wall_s": figure(
             rounds / max(run.wall_s, 1e-9), "rounds/s", "measured:wall-clock"
         ),

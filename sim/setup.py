@@ -30,8 +30,9 @@ from ssvkit.sim.workload import lengths, streams
 class ScenarioRun:
     """What a scenario's runner hands back: the recorder and lanes of its timeline, the tokens
     it decoded in ``simulated_s`` of simulated time and ``wall_s`` of wall time, perfmodel's
-    analytic tokens/s for the same workload with its provenance, and the scenario's own
-    figures (``figure`` dicts)."""
+    analytic tokens/s for the same workload with its provenance and (where the scenario gives
+    one) its interval (``perfmodel.intervals``), and the scenario's own figures (``figure``
+    dicts)."""
 
     recorder: Recorder
     lanes: tuple[str, ...]
@@ -41,6 +42,7 @@ class ScenarioRun:
     analytic_tokens_per_s: float
     analytic_provenance: str
     extras: dict[str, dict] = field(default_factory=dict)
+    analytic_interval: list[float] | None = None
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.numbers import interval_text
 from ssvkit.perfmodel.trace import dumps_trace
 from ssvkit.sim.recorder import Span
 from ssvkit.sim.scenarios import SimResult
@@ -182,9 +183,14 @@ def _gantt_title(result: SimResult, win: GanttWindow, max_bars_per_lane: int) ->
         f"{cfg.scenario} / {result.strategy.name}: {what}, "
         f"{1e3 * win.start_s:,.1f}-{1e3 * win.end_s:,.1f} ms of {1e3 * total_s:,.1f} ms\n"
         f"{f['simulated_tokens_per_s']['value']:.1f} tokens/s simulated, "
-        f"{f['analytic_tokens_per_s']['value']:.1f} analytic; "
+        f"{f['analytic_tokens_per_s']['value']:.1f} analytic"
+        f"{_bracketed(f['analytic_tokens_per_s'].get('interval'))}; "
         f"costs {result.trace_header.get('provenance')}"
     )
+
+
+def _bracketed(iv) -> str:
+    return f" {interval_text(iv, '.1f')}" if iv else ""
 
 
 def _gantt_lanes(result: SimResult, win: GanttWindow, max_lanes: int) -> tuple[list[str], str]:

@@ -23,11 +23,22 @@ from ssvkit.perfmodel.baselines import op_group
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.costs import kv_capacity_tokens
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.intervals import bounds, interval, uncovered_share
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.step import feasible_mask, predict_columns, product_columns
+from ssvkit.perfmodel.step import (
+    StepPrediction,
+    feasible_mask,
+    predict_columns,
+    product_columns,
+)
 from ssvkit.sweep.spec import AXES, SimulateSpec, SweepSpec, SweepStrategy
 
 OP_GROUPS = ("gemm", "attention", "selection", "other", "draft")
+# The figures whose intervals a sweep carries as <figure>_low and <figure>_high, and the round's
+# interval in log form (``perfmodel.intervals.LogBounds``), which the runner's speedups combine
+# and then drops.
+INTERVAL_FIGURES = ("tokens_per_s", "round_s", "draft_s", "verify_s")
+ROUND_BOUNDS = ("_round_log_centre", "_round_log_up2", "_round_log_down2")
 DEFAULT_PARTITION_POINTS = 5000
 DEFAULT_SIM_PARTITION_POINTS = 8
 
@@ -137,7 +148,9 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
     ``feasible`` (sparse selection fits the context, TP divides the heads), ``fits_memory``
     (weights plus ``batch (T + K + 1)`` KV tokens fit in 90% of ``tp`` GPUs' memory) and
     ``extrapolated`` (some op outside the calibrated range) and ``stand_in`` (some op priced by
-    a stand-in class, ``perfmodel.calibrated``). Figures of infeasible points are NaN.
+    a stand-in class, ``perfmodel.calibrated``); the intervals of ``INTERVAL_FIGURES`` and the
+    share of the round without residuals (``interval_figures``). Figures of infeasible points
+    are NaN.
     """
     model, gpu = cached_model(p.model), cached_gpu(p.gpu, p.roofline, p.any_architecture)
     axes = dict(p.axes)
@@ -161,6 +174,7 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
         "tokens_per_round": np.asarray(pred.tokens_per_round, dtype=float),
         "num_draft_tokens": cols.num_draft.astype(np.int64),
     }
+    out.update(interval_figures(pred))
     for g in OP_GROUPS:
         for q in ("s", "flops", "bytes"):
             if f"{g}_{q}" not in out:  # draft_s is the step model's own total
@@ -184,6 +198,32 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
         # The simulated run grows every sequence by num_tokens: those points must fit too.
         grown = need + cols.batch * p.simulate.num_tokens
         out.update(_simulate(p, cols, feasible & (grown <= cap)))
+    return out
+
+
+def interval_figures(pred: StepPrediction) -> dict[str, np.ndarray]:
+    """``<figure>_low`` and ``<figure>_high`` of ``INTERVAL_FIGURES``, ``uncovered_share``, and
+    the round's ``ROUND_BOUNDS``; NaN without residuals (the roofline)."""
+    n = len(pred.round_s)
+    parts = {f: pred.spread(prefix=f.removesuffix("_s") + ".") for f in ("draft_s", "verify_s")}
+    if parts["draft_s"] is None:
+        nan = np.full(n, np.nan)
+        names = [f"{f}_{x}" for f in INTERVAL_FIGURES for x in ("low", "high")]
+        return {k: nan.copy() for k in (*names, "uncovered_share", *ROUND_BOUNDS)}
+    rnd = parts["draft_s"] + parts["verify_s"]
+    rb = bounds(rnd)
+    ivs = {
+        "tokens_per_s": interval(pred.tokens_per_s, under=rb),
+        "round_s": interval(pred.round_s, over=rb),
+    }
+    for f, sp in parts.items():
+        ivs[f] = interval(getattr(pred, f), over=bounds(sp))
+    out = {}
+    for f in INTERVAL_FIGURES:
+        out[f"{f}_low"], out[f"{f}_high"] = ivs[f][:, 0], ivs[f][:, 1]
+    out["uncovered_share"] = np.asarray(uncovered_share(rnd), dtype=float)
+    for k, v in zip(ROUND_BOUNDS, (rb.centre, rb.up2, rb.down2), strict=True):
+        out[k] = v
     return out
 
 

@@ -1,6 +1,9 @@
 """Plots of a saved sweep (PNG bytes; nothing is written here): speedup heatmaps (context x
-acceptance) per baseline, Pareto fronts (per-token latency vs throughput per GPU), a roofline
-with the op groups of one cell, and capacity curves (GPUs needed vs request rate).
+acceptance) per baseline, Pareto fronts (per-token latency vs throughput per GPU) and a
+roofline with the op groups of one cell; the capacity curves are ``sweep.capacity_plots``.
+Figures with intervals (``perfmodel.intervals``: the sweep's ``<figure>_low`` and ``_high``
+columns) are drawn with them: each heatmap cell's speedup interval, each baseline's error bars
+on the Pareto plot; a title says where a sweep has none.
 
 Each plot fixes the axes it does not draw: ``select`` takes a dict of column -> value and
 defaults every other fixed axis to its first value in the table (grid order), and the titles
@@ -15,6 +18,7 @@ import textwrap
 
 import numpy as np
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.intervals import COVERAGE
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.strategy import BASELINES
 
@@ -24,7 +28,7 @@ MAX_PANELS = 6
 MAX_LINES = 8
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,10 +37,10 @@ def _plt():
     return plt
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -77,19 +81,19 @@ def _same(a, b) -> bool:
     return math.isclose(float(a), float(b), rel_tol=1e-9)
 
 
-def _title(pinned: dict) -> str:
+def pinned_title(pinned: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in pinned.items())
 
 
-def _fill(parts, width_in: float, fontsize: float) -> str:
+def fill_lines(parts, width_in: float, fontsize: float) -> str:
     """``parts`` one per line, each wrapped to ``width_in`` inches of ``fontsize`` text."""
     chars = max(int(width_in * 72 / (0.6 * fontsize)), 20)
     return "\n".join(textwrap.fill(p, chars) for p in parts if p)
 
 
-def _suptitle(fig, *parts: str, fontsize: float = 8) -> None:
+def wrapped_suptitle(fig, *parts: str, fontsize: float = 8) -> None:
     """A figure title wrapped to the figure's width (so it is never cut off)."""
-    fig.suptitle(_fill(parts, fig.get_figwidth(), fontsize), fontsize=fontsize)
+    fig.suptitle(fill_lines(parts, fig.get_figwidth(), fontsize), fontsize=fontsize)
 
 
 def _pivot(table, mask, strategy, value):
@@ -101,6 +105,23 @@ def _pivot(table, mask, strategy, value):
     for c, a, v in zip(table["context_len"][m], table["acceptance"][m], value[m], strict=True):
         grid[accs.index(a), ctxs.index(c)] = v
     return grid, ctxs, accs
+
+
+def _interval_columns(table: dict, column: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``<column>_low`` and ``_high`` columns of a sweep; NaN where the sweep has none (a
+    table written before sweeps carried intervals, or a figure without them)."""
+    n = len(table["strategy"])
+    if column is None or f"{column}_low" not in table:
+        return np.full(n, np.nan), np.full(n, np.nan)
+    return tuple(np.asarray(table[f"{column}_{x}"], dtype=float) for x in ("low", "high"))
+
+
+def interval_note(low: np.ndarray, mask: np.ndarray) -> str:
+    """A title's word on the intervals of the drawn rows: what they are, or that there are
+    none."""
+    if np.isfinite(low[mask]).any():
+        return f"[low, high]: {100 * COVERAGE:.0f}% intervals (perfmodel.intervals)"
+    return "no intervals (the sweep has none for this figure)"
 
 
 def heatmap_baselines(table: dict) -> list[str]:
@@ -135,6 +156,7 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
         raise ValueError(f"baseline {baseline!r} is not in the sweep (add it to --strategies)")
     mask, pinned = select(table, fixed, ("context_len", "acceptance"))
     speed = _speedup_over(table, mask, baseline)
+    low, high = _interval_columns(table, ANCHOR_COLUMNS.get(baseline))
     labels = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
     if strategies:
         missing = [s for s in strategies if s not in labels]
@@ -145,6 +167,7 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
         med = {s: np.nanmedian(speed[mask & (table["strategy"] == s)]) for s in labels}
         labels = sorted(labels, key=lambda s: -med[s])[: MAX_PANELS - 1]
     panels = [(s, *_pivot(table, mask, s, speed)) for s in labels]
+    bands = {s: (_pivot(table, mask, s, low)[0], _pivot(table, mask, s, high)[0]) for s in labels}
     cands = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
     grids = [_pivot(table, mask, s, speed)[0] for s in cands]
     if len(cands) > 1:
@@ -155,7 +178,7 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
         panels.append(("best per cell", best, *_pivot(table, mask, cands[0], speed)[1:]))
     else:
         win = None
-    plt = _plt()
+    plt = pyplot()
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(
@@ -173,10 +196,13 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
         ax.set_yticks(range(len(accs)), [f"{a:g}" for a in accs], fontsize=7)
         ax.set_xlabel("context")
         ax.set_ylabel("acceptance")
-        ax.set_title(_fill([name], 3.6, 8), fontsize=8)
+        ax.set_title(fill_lines([name], 3.6, 8), fontsize=8)
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
                 tag = f"\n#{win[i, j] + 1}" if name == "best per cell" else ""
+                lo, hi = (b[i, j] for b in bands[name]) if name in bands else (np.nan, np.nan)
+                if np.isfinite(lo):
+                    tag += f"\n[{lo:.2f}, {hi:.2f}]"
                 ax.text(j, i, f"{v:.2f}{tag}", ha="center", va="center", fontsize=6)
         fig.colorbar(im, ax=ax, shrink=0.8)
     for ax in list(axes.flat)[len(panels) :]:
@@ -185,8 +211,10 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
     if win is not None:
         shown = sorted(set(win.ravel().tolist()))
         notes = "   ".join(f"#{k + 1} {cands[k]}" for k in shown)
-    _suptitle(fig, f"speedup over {baseline}", _title(pinned), notes)
-    return _png(fig)
+    wrapped_suptitle(
+        fig, f"speedup over {baseline}", pinned_title(pinned), interval_note(low, mask), notes
+    )
+    return png_bytes(fig)
 
 
 def pareto_front(latency: np.ndarray, throughput: np.ndarray) -> np.ndarray:
@@ -210,7 +238,7 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
     ctxs = sorted(set(table["context_len"][mask].tolist()))
     if len(ctxs) > max_contexts:
         ctxs = [ctxs[round(i * (len(ctxs) - 1) / (max_contexts - 1))] for i in range(max_contexts)]
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(
         1, len(ctxs), figsize=(4.8 * len(ctxs), 4.2), squeeze=False, layout="constrained"
     )
@@ -222,10 +250,17 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
         thr = table["tokens_per_s_per_gpu"][m]
         strat = table["strategy"][m]
         ax.scatter(lat, thr, s=6, color="0.75", label="all points")
+        lat_iv = [x[m] * 1e3 for x in _interval_columns(table, "tpot_s")]
+        thr_iv = [x[m] for x in _interval_columns(table, "tokens_per_s_per_gpu")]
         for s in lines:
             k = strat == s
             order = np.argsort(table["batch"][m][k])
-            ax.plot(lat[k][order], thr[k][order], marker="o", ms=3, lw=1, label=s)
+            (line,) = ax.plot(lat[k][order], thr[k][order], marker="o", ms=3, lw=1, label=s)
+            x, y = lat[k][order], thr[k][order]
+            xe = [x - lat_iv[0][k][order], lat_iv[1][k][order] - x]
+            ye = [y - thr_iv[0][k][order], thr_iv[1][k][order] - y]
+            if np.isfinite(ye).all() and np.isfinite(xe).all():
+                ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="none", ecolor=line.get_color(), lw=0.7)
         front = pareto_front(lat, thr)
         front_kw = {"color": "k", "lw": 1.6, "marker": "o", "mfc": "none", "ms": 7}
         ax.step(lat[front], thr[front], where="post", label="Pareto front", **front_kw)
@@ -241,8 +276,9 @@ def pareto(table: dict, fixed: dict, max_contexts: int = 4) -> bytes:
         ax.set_title(f"context {count_label(c)}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=6)
-    _suptitle(fig, "latency vs throughput", _title(pinned))
-    return _png(fig)
+    note = interval_note(_interval_columns(table, "tokens_per_s_per_gpu")[0], mask)
+    wrapped_suptitle(fig, "latency vs throughput", pinned_title(pinned), note)
+    return png_bytes(fig)
 
 
 GROUPS = ("gemm", "attention", "selection", "other", "draft")
@@ -261,7 +297,7 @@ def roofline(table: dict, fixed: dict) -> bytes:
     prov = str(table["provenance"][mask][0])
     gpu = get_gpu(str(pinned["gpu"]), measured=not prov.startswith("datasheet"))
     peak, bw = gpu.tensor_flops_per_s("bf16"), gpu.hbm_bytes_per_s
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5.2), layout="constrained")
     xs = np.logspace(-2, 4, 200)
     ax.loglog(
@@ -288,117 +324,9 @@ def roofline(table: dict, fixed: dict) -> bytes:
         ax.scatter([], [], marker=GROUP_MARKERS[g], color="0.4", label=g)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(_fill(["op groups of one round", _title(pinned), f"[{prov}]"], 7, 7), fontsize=7)
+    ax.set_title(
+        fill_lines(["op groups of one round", pinned_title(pinned), f"[{prov}]"], 7, 7), fontsize=7
+    )
     ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3, which="both")
-    return _png(fig)
-
-
-LINE_STYLES = ("-", "--", "-.", ":")
-SERIES_MARKERS = "osD^vPX*"
-OFFSET_PT = 1.5  # vertical spacing of drawn capacity lines, so coinciding ones stay visible
-LEGEND_IN = 4.4  # width of a capacity panel's legend text
-
-
-def capacity_series(cap: dict, m: np.ndarray, rates: np.ndarray) -> list[dict]:
-    """One entry per distinct curve of the rows ``m``: ``keys`` [(strategy, tp)] sharing it,
-    ``rstar`` per key, ``gpus`` = ceil(R / r*) tp over ``rates`` (None when r* is not
-    positive), the sized ``points`` and the ``status``."""
-    out: list[dict] = []
-    for i in np.flatnonzero(m):
-        key = (str(cap["strategy"][i]), int(cap["tp"][i]))
-        if any(key in e["keys"] for e in out):
-            continue
-        rstar = float(cap["replica_requests_per_s"][i])
-        gpus = np.ceil(rates / rstar - 1e-9) * key[1] if rstar > 0 else None
-        k = m & (cap["strategy"] == key[0]) & (cap["tp"] == key[1])
-        pts = (cap["requests_per_s"][k], cap["gpus_needed"][k])
-        same = [e for e in out if gpus is not None and e["gpus"] is not None]
-        same = [e for e in same if np.array_equal(e["gpus"], gpus)]
-        if same:
-            same[0]["keys"].append(key)
-            same[0]["rstar"].append(rstar)
-            continue
-        status = str(cap["status"][i])
-        out.append(dict(keys=[key], rstar=[rstar], gpus=gpus, points=pts, status=status))
-    return out
-
-
-def _series_label(e: dict) -> str:
-    """``name tp=N`` with r* (and the GPUs at the sized rates), ``a = b: identical here`` when
-    several series draw one curve."""
-    names = [f"{s} tp={tp}" for s, tp in e["keys"]]
-    rstar = "/".join(f"{r:.3g}" for r in dict.fromkeys(e["rstar"]))
-    if e["gpus"] is None:
-        return f"{names[0]}: {e['status']}"
-    gpus = ", ".join(f"{g:g}" for g in e["points"][1])
-    same = ": identical here" if len(names) > 1 else ""
-    return f"{' = '.join(names)}{same} (r*={rstar}/s; {gpus} GPUs)"
-
-
-def _capacity_panel(ax, series: list[dict], rates, style: dict) -> None:
-    from matplotlib.transforms import offset_copy
-
-    drawn = [e for e in series if e["gpus"] is not None]
-    for n, e in enumerate(drawn):
-        color, ls, marker = style[e["keys"][0]]
-        dy = OFFSET_PT * (n - (len(drawn) - 1) / 2)
-        shift = offset_copy(ax.transData, ax.figure, y=dy, units="points")
-        kw = {"color": color, "transform": shift}
-        label = _fill([_series_label(e)], LEGEND_IN, 6)
-        ax.step(
-            rates, e["gpus"], where="post", ls=ls, marker=marker, markevery=[], label=label, **kw
-        )
-        ax.scatter(*e["points"], marker=marker, s=28, zorder=3, **kw)
-    for e in series:
-        if e["gpus"] is None:
-            ax.plot([], [], " ", label=_fill([_series_label(e)], LEGEND_IN, 6))
-    # Shifted artists do not grow the data limits: set them from the data.
-    top = max([float(e["gpus"].max()) for e in drawn] + [1.0])
-    ax.set_xlim(0, float(rates[-1]))
-    ax.set_ylim(0, top * 1.06 + 0.4)
-    sized = ", ".join(f"{r:g}" for r in sorted({float(r) for e in drawn for r in e["points"][0]}))
-    title = f"markers and GPUs at the sized rates R = {sized}/s; lines drawn {OFFSET_PT:g} pt apart"
-    ax.legend(
-        fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), title=title, title_fontsize=6
-    )
-
-
-def capacity(cap: dict, fixed: dict, max_contexts: int = 4) -> bytes:
-    """GPUs needed vs cluster request rate: ``ceil(R / r*) tp`` per (strategy, TP), one panel
-    per context; markers at the rates the sweep was sized for. Each series has its own colour,
-    line style and marker, lines are drawn a few points apart, and series whose curves are
-    identical over the drawn rates share one line whose label says so."""
-    mask, pinned = select(cap, fixed, ("tp", "context_len"))
-    ctxs = sorted(set(cap["context_len"][mask].tolist()))[:max_contexts]
-    if not ctxs:
-        raise ValueError("the capacity table is empty")
-    plt = _plt()
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = plt.subplots(
-        1, len(ctxs), figsize=(5.2 * len(ctxs), 5.4), squeeze=False, layout="constrained"
-    )
-    rmax = float(np.max(cap["requests_per_s"][mask])) * 1.1
-    rates = np.linspace(rmax / 400, rmax, 400)
-    keys = list(dict.fromkeys(zip(cap["strategy"][mask], cap["tp"][mask].tolist(), strict=True)))
-    style = {
-        k: (f"C{i % 10}", LINE_STYLES[i % len(LINE_STYLES)], SERIES_MARKERS[i % 8])
-        for i, k in enumerate(keys)
-    }
-    for ax, c in zip(axes[0], ctxs, strict=True):
-        _capacity_panel(
-            ax, capacity_series(cap, mask & (cap["context_len"] == c), rates), rates, style
-        )
-        ax.set_xlabel("cluster request rate R (requests/s)")
-        ax.set_ylabel("GPUs needed")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"context {count_label(c)}", fontsize=9)
-        ax.grid(alpha=0.3)
-    i0 = np.flatnonzero(mask)[0]
-    slo = (
-        f"TTFT <= {cap['slo_ttft_s'][i0]:g} s, TPOT <= {1e3 * cap['slo_tpot_s'][i0]:g} ms for "
-        f"{100 * cap['attainment'][i0]:g}% of requests"
-    )
-    _suptitle(fig, f"capacity ({slo}; sim:serve)", _title(pinned))
-    return _png(fig)
+    return png_bytes(fig)

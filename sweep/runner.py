@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from ssvkit.perfmodel.intervals import LogBounds, interval
 from ssvkit.perfmodel.strategy import BASELINES
 from ssvkit.sim.progress import Progress
 from ssvkit.sweep import capacity as cap
@@ -22,6 +23,7 @@ from ssvkit.sweep.executors import make_executor
 from ssvkit.sweep.partition import (
     DEFAULT_PARTITION_POINTS,
     DEFAULT_SIM_PARTITION_POINTS,
+    ROUND_BOUNDS,
     evaluate,
     partitions,
 )
@@ -186,12 +188,29 @@ def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np
     tps = metrics["tokens_per_s"]
     grid = tps.reshape(n_b, n_s, n_w)
     labels = [s.label for s in strategies]
+    round_bounds = LogBounds(*(metrics.pop(k) for k in ROUND_BOUNDS))
     for a in ANCHORS:
         ref = grid[:, labels.index(a), :][:, None, :]
         table[f"speedup_vs_{a}"] = (grid / ref).reshape(-1)
+        # The anchor point of every point: same model, GPU and workload.
+        anchor = np.ravel_multi_index(
+            (b_idx, np.full_like(s_idx, labels.index(a)), *idx[2:]), sizes
+        )
+        iv = interval(
+            table[f"speedup_vs_{a}"],
+            over=round_bounds.take(anchor),
+            under=round_bounds,
+            same=s_idx == labels.index(a),
+        )
+        table[f"speedup_vs_{a}_low"], table[f"speedup_vs_{a}_high"] = iv[:, 0], iv[:, 1]
     table["tokens_per_s"] = tps
     table["tokens_per_s_per_gpu"] = tps / table["tp"]
     table["tpot_s"] = metrics["round_s"] / metrics["tokens_per_round"]
+    # tpot and per-GPU rate are the round and tokens/s scaled: their intervals scale alike
+    for x in ("low", "high"):
+        table[f"tpot_s_{x}"] = metrics[f"round_s_{x}"] / metrics["tokens_per_round"]
+    for x in ("low", "high"):
+        table[f"tokens_per_s_per_gpu_{x}"] = metrics[f"tokens_per_s_{x}"] / table["tp"]
     for k, v in metrics.items():
         if k not in table:
             table[k] = v

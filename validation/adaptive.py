@@ -11,6 +11,9 @@ switches as a server that has served requests before does; the switch costs they
 destination kind are what the timed runs' controllers know before they switch. Then every
 strategy's ``repeats`` runs go interleaved in whole timing passes (``validation.passes``).
 ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread.
+
+At batch B > 1 every run decodes B prompts of the set together (``validation.prompts.
+set_prompts``) and the controller decides on the batch's figures (``planner.controller``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ssvkit.planner.rank import strategy_from_json
 from ssvkit.planner.space import describe, strategy_id
 from ssvkit.validation.bench import Bench, captures_counted, steady_figures, steady_run
 from ssvkit.validation.passes import interleave, measure_jobs, median_run, run_passes
-from ssvkit.validation.prompts import prompt_tokens
+from ssvkit.validation.prompts import reuse_line, set_prompts
 from ssvkit.validation.stats import adaptive_resolution
 
 # What an adaptive run keeps of each timed run (with timing passes, their figures too).
@@ -47,21 +50,22 @@ RUN_FIELDS = (
 def adaptive_run(
     bench: Bench,
     strategy: Strategy,
-    prompt: list[int],
+    prompts: list[list[int]],
     ranking: dict,
     profile: RegimeProfile,
     config: ControllerConfig,
     seed: int = 0,
     switch_cost_s: float = 0.0,
 ) -> dict:
-    """One run under a fresh ``OnlineController`` starting from ``strategy`` (knowing
-    ``switch_cost_s`` from earlier runs: one figure, or one per destination kind): its steady
-    figures, the controller's switches and the switch costs it knows at the end."""
+    """One run of the batch ``prompts`` under a fresh ``OnlineController`` (scoring at the
+    bench's batch) starting from ``strategy`` (knowing ``switch_cost_s`` from earlier runs: one
+    figure, or one per destination kind): its steady figures, the controller's switches and the
+    switch costs it knows at the end."""
     ctl = OnlineController(
-        ranking, bench.model, bench.gpu, profile, config, switch_cost_s=switch_cost_s
+        ranking, bench.model, bench.gpu, profile, config, bench.batch, switch_cost_s
     )
     ctl.warm()  # before decoding, as a server scores its candidates before requests arrive
-    result = bench.generate(strategy, prompt, controller=ctl, seed=seed)
+    result = bench.generate(strategy, prompts, controller=ctl, seed=seed)
     return {
         **steady_figures(result),
         "switches": ctl.switches,
@@ -185,30 +189,31 @@ def prompt_set_row(
     bench: Bench,
     kind: str,
     ctx: int,
-    strategies: tuple[Strategy, Strategy, list[Strategy]],
+    strategies: tuple[Strategy, Strategy, list[Strategy], tuple[int, ...]],
     controller: tuple[dict, RegimeProfile, ControllerConfig],
 ) -> dict:
-    """One prompt set's figures: ``strategies`` is (offline best, default, oracle's),
+    """One prompt set's figures: ``strategies`` is (offline best, default, oracle's, the code
+    set's windows),
     ``controller`` the adaptive runs' (ranking, profile, config). The timed runs go in whole
     passes, interleaved seed by seed -- the default, the offline best, the controller and the
     oracle's strategies (the offline best's runs among them are the same jobs, not run again)
     -- so a drift of the machine falls on every one alike; all runs of repeat i draw with
     seed i."""
-    best, default, oracles = strategies
-    prompt = prompt_tokens(kind, ctx, offset=2 * ctx)
+    best, default, oracles, code_windows = strategies
+    prompts = set_prompts(kind, ctx, bench.batch, code_windows)
     key, bid = f"adapt|{kind}|{ctx}|{2 * ctx}", strategy_id(best)
-    adapt = (adaptive_run, bench, best, prompt, *controller)
+    adapt = (adaptive_run, bench, best, prompts, *controller)
     cold, warm, known_cost = _warm_up(bench, key, adapt, bid)
     fixed, adaptive_jobs = {}, {}
     for i in range(bench.repeats):
-        fixed[f"{key}|{bid}|{i}"] = (steady_run, (bench, best, prompt), {"seed": i})
+        fixed[f"{key}|{bid}|{i}"] = (steady_run, (bench, best, prompts), {"seed": i})
         adaptive_jobs[f"{key}|adaptive|{bid}|{i}"] = (
             adapt[0],
             adapt[1:],
             {"seed": i, "switch_cost_s": known_cost},
         )
-    oracle_jobs = {strategy_id(s): measure_jobs(bench, s, prompt, key) for s in oracles}
-    default_jobs = measure_jobs(bench, default, prompt, key)
+    oracle_jobs = {strategy_id(s): measure_jobs(bench, s, prompts, key) for s in oracles}
+    default_jobs = measure_jobs(bench, default, prompts, key)
     groups = [default_jobs, fixed, adaptive_jobs, *oracle_jobs.values()]
     done = run_passes(bench, interleave(groups))
     runs = [done[k] for k in adaptive_jobs]
@@ -259,11 +264,14 @@ def evaluate_adaptive(
     prompt_sets: tuple[str, ...],
     config: ControllerConfig,
     oracle: bool = True,
+    code_windows: tuple[int, ...] = (2,),
 ) -> dict:
     """Per prompt set: a fixed default, the fixed offline best and the controller (median of
     ``repeats`` paired runs each); with ``oracle``, also every strategy of
-    ``oracle_strategies`` fixed on the same prompt and seeds: the best of them bounds what any
-    choice of one fixed strategy per prompt set gains over the offline best (``ceiling``)."""
+    ``oracle_strategies`` fixed on the same prompts and seeds: the best of them bounds what any
+    choice of one fixed strategy per prompt set gains over the offline best (``ceiling``).
+    ``code_windows``: the corpus windows of the code set's batch
+    (``validation.prompts.adaptive_windows``)."""
     regime = regime_of(ctx)
     best = strategy_from_json(ranking["regimes"][regime]["ranking"][0]["strategy"])
     default = dataclasses.replace(Strategy.from_name("ssv"), drafter=bench.drafter("draft_model"))
@@ -271,9 +279,12 @@ def evaluate_adaptive(
         default = dataclasses.replace(default, drafter=bench.drafter("ngram"))
     ok = lambda s: bench.runnable(s) is None  # noqa: E731
     oracles = oracle_strategies(ranking, regime, ok) if oracle else []
+    line = reuse_line("adaptive code", code_windows, 1, bench.batch, ctx)
+    if line and "code" in prompt_sets:
+        bench.log(line)
     out = {}
     for kind in prompt_sets:
-        strategies = (best, default, oracles)
+        strategies = (best, default, oracles, code_windows)
         out[kind] = prompt_set_row(bench, kind, ctx, strategies, (ranking, profile, config))
         _log_row(bench, kind, out[kind])
     return {

@@ -1,16 +1,19 @@
 """Batched decoding of every baseline through ``ssvkit decode``: tokens/s, acceptance and step
-times per (baseline, drafter, batch), written with their provenance as one JSON document.
+times per (context, baseline, drafter, batch), written with their provenance as one JSON document.
 
-    python -m ssvkit.validation.batched_decode --gpu h200 \\
+    python -m ssvkit.validation.batched_decode --gpu h200 --contexts 8K,16K,max --batches 1,8,32 \\
         --out validation/data/batched-decode-h200.json --resume build/batched-decode.jsonl
 
 Each run is ``ssvkit decode --model tiny --context C --batch B --strategy S --json`` (greedy,
 CUDA graphs), a process of its own in the folder of the rankings: the speculative baselines
 with the draft model and with the n-gram drafter, ``ssv_planned`` with ``--ranking`` (the
 planner evaluation's space and profile ranked at batch B, ``ssvkit rank --evaluation FILE
---batch B``, named by its file name). A run that fails is recorded
-with its one-line error, not skipped. ``--resume FILE`` appends each finished run and skips
-those already there on a later call with the same settings and commit.
+--batch B``, named by its file name). ``max`` in ``--contexts`` is the longest prompt the tiny
+pair's positions hold with the new tokens and the largest verify tail (``ssv_planned``'s
+controller may switch to any tree). A run that fails is recorded with its one-line error, not
+skipped. ``--resume FILE`` appends each finished run and skips those already there on a later
+call with the same settings and commit; ``--stop-after S`` starts no run after S seconds (the
+document, rewritten after every run, then says ``complete: false``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.validation.bench import RunCache
 from ssvkit.validation.records import file_label, record_path
 
 BASELINES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
@@ -33,7 +37,11 @@ SPECULATIVE = ("sd_dense", "sd_sparse_naive", "ssv")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--context", default="16K", help="prompt tokens per sequence")
+    p.add_argument(
+        "--contexts",
+        default="16K",
+        help="prompt tokens per sequence; max: the longest the tiny pair's positions hold",
+    )
     p.add_argument("--batches", default="1,2,4,32", help="batch sizes")
     p.add_argument("--baselines", default=",".join(BASELINES))
     p.add_argument("--drafters", default="draft_model,ngram", help="of the speculative ones")
@@ -47,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True, help="the JSON document")
     p.add_argument("--resume", default=None, metavar="FILE", help="finished runs (JSONL)")
+    p.add_argument(
+        "--stop-after", type=float, default=None, metavar="S", help="start no run after S seconds"
+    )
     return p.parse_args(argv)
 
 
@@ -58,8 +69,30 @@ def run_ssvkit(argv: list[str], folder: Path) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
+def longest_context(new_tokens: int) -> int:
+    """The longest prompt of ``ssvkit decode --model tiny`` with ``new_tokens`` and the largest
+    verify tail (``ssvkit.cli.decode_cmd``'s positions check)."""
+    from ssvkit.engine.checkpoint import resolve_source
+    from ssvkit.kernels.tree import MAX_TREE_NODES
+
+    limit = resolve_source("tiny").config.max_position_embeddings
+    return limit - new_tokens - MAX_TREE_NODES - 1
+
+
+def parse_contexts(text: str, new_tokens: int) -> list[int]:
+    """``--contexts`` as prompt lengths (``max``: ``longest_context``)."""
+    parts = [c for c in text.split(",") if c]
+    counts = parse_count_list(",".join(c for c in parts if c != "max") or "1", "--contexts")
+    it = iter(counts)
+    return [longest_context(new_tokens) if c == "max" else next(it) for c in parts]
+
+
 def plan(args) -> list[dict]:
-    """Every run: baseline, drafter (None for the autoregressive ones and ssv_planned), batch."""
+    """Every run: context, baseline, drafter (None for the autoregressive ones and
+    ssv_planned), batch."""
+    if args.new_tokens < 1:
+        raise ValueError(f"--new-tokens must be >= 1, got {args.new_tokens}")
+    contexts = parse_contexts(args.contexts, args.new_tokens)
     batches = parse_count_list(args.batches, "--batches")
     names = [n for n in args.baselines.split(",") if n]
     bad = sorted(set(names) - set(BASELINES))
@@ -67,10 +100,11 @@ def plan(args) -> list[dict]:
         raise ValueError(f"unknown baseline(s) {bad}; choose from {', '.join(BASELINES)}")
     drafters = [d for d in args.drafters.split(",") if d]
     runs = []
-    for b in batches:
-        for name in names:
-            for d in drafters if name in SPECULATIVE else [None]:
-                runs.append({"baseline": name, "drafter": d, "batch": b})
+    for ctx in contexts:
+        for b in batches:
+            for name in names:
+                for d in drafters if name in SPECULATIVE else [None]:
+                    runs.append({"context": ctx, "baseline": name, "drafter": d, "batch": b})
     return runs
 
 
@@ -80,7 +114,7 @@ def decode_argv(args, run: dict, ranking: str | None) -> list[str]:
         "--model",
         "tiny",
         "--context",
-        args.context,
+        str(run["context"]),
         "--batch",
         str(run["batch"]),
         "--max-new-tokens",
@@ -131,75 +165,88 @@ def main(argv=None) -> int:
     from ssvkit.kernels.timing import provenance
 
     args = parse_args(argv)
-    try:
-        runs = plan(args)
-    except ValueError as e:
-        print(f"batched_decode: error: {e}", file=sys.stderr)
-        return 2
+    prov = provenance()
     settings = {
-        "context": args.context,
         "new_tokens": args.new_tokens,
         "planner": file_label(args.planner),
         "gpu": args.gpu,
         "device": args.device,
     }
-    prov = provenance()
-    done: dict[str, dict] = {}
-    cache = Path(args.resume) if args.resume else None
-    if cache is not None and cache.exists():
-        for line in cache.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("settings") == settings and row.get("commit") == prov["git_commit"]:
-                done[row["key"]] = row
-    rows = []
+    try:
+        runs = plan(args)
+        cache = None
+        if args.resume:
+            cache = RunCache(args.resume, {**settings, "commit": prov["git_commit"]})
+    except ValueError as e:
+        print(f"batched_decode: error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
+    contexts = list(dict.fromkeys(r["context"] for r in runs))
+    rows: list[dict] = []
+
+    def write(complete: bool) -> dict:
+        doc = {
+            "provenance": prov,
+            "settings": {**settings, "contexts": contexts},
+            "complete": complete,
+            "runs": rows,
+        }
+        atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+        return doc
+
+    complete = True
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
-            key = f"{run['baseline']}|{run['drafter']}|{run['batch']}"
-            if key not in done:
-                row = dict(
-                    measure(args, run, Path(tmp)),
-                    key=key,
-                    settings=settings,
-                    commit=prov["git_commit"],
-                )
-                if cache is not None:
-                    with cache.open("a") as fh:
-                        fh.write(json.dumps(row) + "\n")
-                done[key] = row
-            rows.append(done[key])
-            r = done[key]
+            key = f"{run['context']}|{run['baseline']}|{run['drafter']}|{run['batch']}"
+            if (cache is None or key not in cache.runs) and time.perf_counter() > stop_at:
+                complete = False
+                break
+            call = lambda run=run, key=key: dict(measure(args, run, Path(tmp)), key=key)  # noqa: E731
+            r = call() if cache is None else cache.get(key, call)
+            rows.append(r)
             tps = r["report"]["tokens_per_s"]["value"] if "report" in r else None
             print(
-                f"{key:34s} " + (f"{tps:10.1f} tok/s" if tps else f"failed: {r['error']}"),
+                f"{key:40s} " + (f"{tps:10.1f} tok/s" if tps else f"failed: {r['error']}"),
                 flush=True,
             )
-    doc = {"provenance": prov, "settings": settings, "runs": rows}
-    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+            write(False)
+    doc = write(complete)
     print(table(doc))
+    if not complete:
+        print(f"stopped by --stop-after after {len(rows)} of {len(runs)} runs: run again")
     return 0 if all(r["exit_code"] == 0 for r in rows) else 1
 
 
 def table(doc: dict) -> str:
-    """Tokens/s per baseline (rows) and batch (columns), one block per drafter."""
+    """Tokens/s per baseline (rows) and batch (columns), one block per context and drafter (a
+    document of one context names it in its settings)."""
     runs = doc["runs"]
     batches = sorted({r["batch"] for r in runs})
-    lines = [f"tokens/s, {doc['provenance']['device_name']}, context {doc['settings']['context']}"]
-    lines.append(f"{'baseline':16s} {'drafter':12s}" + "".join(f"{f'b={b}':>10s}" for b in batches))
-    keys = dict.fromkeys((r["baseline"], r["drafter"]) for r in runs)
-    for name, drafter in keys:
-        cells = []
-        for b in batches:
-            r = next(
-                (
-                    x
-                    for x in runs
-                    if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
-                ),
-                None,
-            )
-            ok = r is not None and "report" in r
-            cells.append(f"{r['report']['tokens_per_s']['value']:10.1f}" if ok else f"{'-':>10s}")
-        lines.append(f"{name:16s} {drafter or '':12s}" + "".join(cells))
+    one = doc["settings"].get("context")
+    contexts = list(dict.fromkeys(r.get("context", one) for r in runs))
+    lines = []
+    for ctx in contexts:
+        here = [r for r in runs if r.get("context", one) == ctx]
+        lines.append(f"tokens/s, {doc['provenance']['device_name']}, context {ctx}")
+        lines.append(
+            f"{'baseline':16s} {'drafter':12s}" + "".join(f"{f'b={b}':>10s}" for b in batches)
+        )
+        for name, drafter in dict.fromkeys((r["baseline"], r["drafter"]) for r in here):
+            cells = []
+            for b in batches:
+                r = next(
+                    (
+                        x
+                        for x in here
+                        if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
+                    ),
+                    None,
+                )
+                ok = r is not None and "report" in r
+                value = r["report"]["tokens_per_s"]["value"] if ok else None
+                cells.append(f"{value:10.1f}" if ok else f"{'-':>10s}")
+            lines.append(f"{name:16s} {drafter or '':12s}" + "".join(cells))
     return "\n".join(lines)
 
 

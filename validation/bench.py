@@ -1,9 +1,10 @@
 """The planner evaluation's bench: the model runners, one decode and its steady figures, and the
 run cache that lets an evaluation cut off by a time limit resume where it stopped.
 
-Tokens/s of every run: generated tokens over round wall time (the shadow's host time included)
-plus the controller's host time (``control``; an overlapped controller's calls run inside the
-next round's wall time, ``control_overlap``, and count there) and switch time, leaving out
+Tokens/s of every run: generated tokens (every sequence's: a run decodes ``batch`` prompts
+together) over round wall time (the shadow's host time included) plus the controller's host
+time (``control``; an overlapped controller's calls run inside the next round's wall time,
+``control_overlap``, and count there) and switch time, leaving out
 round 0 (the first strategy's graph capture) and the later rounds that captured a graph missing
 when the run began (``engine.results.RoundRecord.captured``): a server captures its strategies'
 graphs before requests arrive, while here a sparse run drops every graph
@@ -17,7 +18,9 @@ import dataclasses
 import functools
 import gc
 import json
+import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +117,11 @@ class Bench:
     log: object = print
     cache: RunCache | None = None
     temperature: float = 0.0
+    # Sequences each decode runs together (the runners' batch): every run decodes this many
+    # prompts, and its tokens/s counts all of theirs.
+    batch: int = 1
+    # ``time.perf_counter()`` after which no new run starts (``run`` raises ``StopAfter``).
+    stop_at: float = math.inf
 
     def decode(self, record_stats: bool = False, seed: int = 0):
         from ssvkit.engine.settings import DecodeConfig
@@ -127,8 +135,13 @@ class Bench:
 
     def run(self, key: str, fn, *args, **kwargs) -> dict:
         """``fn(*args, **kwargs)`` (a JSON-able dict of one run's figures), through the cache
-        when there is one."""
+        when there is one; ``StopAfter`` instead of a run not in the cache once ``stop_at`` has
+        passed."""
         call = functools.partial(fn, *args, **kwargs)
+        if self.cache is not None and key in self.cache.runs:
+            return self.cache.get(key, call)
+        if time.perf_counter() > self.stop_at:
+            raise StopAfter(key)
         return call() if self.cache is None else self.cache.get(key, call)
 
     def runnable(self, s: Strategy) -> str | None:
@@ -149,13 +162,14 @@ class Bench:
     def generate(
         self,
         strategy: Strategy,
-        prompt: list[int],
+        prompts: list[list[int]],
         controller=None,
         record_stats: bool = False,
         seed: int = 0,
     ):
-        """One decode of ``prompt`` under ``strategy`` (``run_once``)."""
-        return run_once(self, strategy, prompt, controller, record_stats, seed)
+        """One decode of the batch ``prompts`` (``batch`` of them) under ``strategy``
+        (``run_once``)."""
+        return run_once(self, strategy, prompts, controller, record_stats, seed)
 
     def drafter(self, kind: str) -> DrafterSpec:
         """The drafter of ``kind`` on this bench (the draft model's checkpoint label)."""
@@ -171,16 +185,18 @@ def make_bench(
     device: str = "auto",
     gpu: str = "h100-sxm",
     temperature: float = 0.0,
+    batch: int = 1,
 ) -> Bench:
-    """Target and draft runners (batch 1, room for ``max_context`` plus the new tokens and a
-    tree), bf16 Triton kernels and CUDA graphs on the GPU, fp32 torch on the CPU. The models
-    are named by ``model_label``: a checkpoint shipped with the engine reads the same on any
-    machine."""
+    """Target and draft runners (``batch`` sequences, room for ``max_context`` plus the new
+    tokens and a tree), bf16 Triton kernels and CUDA graphs on the GPU, fp32 torch on the CPU.
+    The models are named by ``model_label``: a checkpoint shipped with the engine reads the
+    same on any machine."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
     import torch
-    from ssvkit.engine.checkpoint import build_model, resolve_source
+    from ssvkit.engine.checkpoint import build_model
     from ssvkit.engine.runner import ModelRunner
     from ssvkit.perfmodel.hardware import get_gpu
-    from ssvkit.perfmodel.models import get_model
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,23 +206,35 @@ def make_bench(
     dtype = torch.bfloat16 if cuda else torch.float32
     backend = "triton" if cuda else "torch"
     t_max = max_context + new_tokens + 64 + 1
-    tsrc, dsrc = resolve_source(model), resolve_source(draft_model)
+    tsrc, dsrc, spec, draft_label = pair_sources(model, draft_model)
     runners = []
     for src in (tsrc, dsrc):
         m = build_model(src, max_positions=t_max, device=device, dtype=dtype)
-        runners.append(ModelRunner(m, batch=1, t_max=t_max, backend=backend, use_graphs=cuda))
-    spec = dataclasses.replace(get_model(str(tsrc.path)), name=model_label(tsrc.path))
+        runners.append(ModelRunner(m, batch=batch, t_max=t_max, backend=backend, use_graphs=cuda))
     return Bench(
         target=runners[0],
         draft=runners[1],
         model=spec,
         gpu=get_gpu(gpu),
-        draft_label=model_label(dsrc.path),
+        draft_label=draft_label,
         max_new_tokens=new_tokens,
         repeats=repeats,
         log=lambda m: print(m, flush=True),
         temperature=temperature,
+        batch=batch,
     )
+
+
+def pair_sources(model: str, draft_model: str):
+    """The target's and the draft's sources (``engine.checkpoint.resolve_source``: their
+    configs, no weights read), the target's spec named by ``model_label`` and the draft's
+    label."""
+    from ssvkit.engine.checkpoint import resolve_source
+    from ssvkit.perfmodel.models import get_model
+
+    tsrc, dsrc = resolve_source(model), resolve_source(draft_model)
+    spec = dataclasses.replace(get_model(str(tsrc.path)), name=model_label(tsrc.path))
+    return tsrc, dsrc, spec, model_label(dsrc.path)
 
 
 def steady_figures(result) -> dict:
@@ -246,14 +274,18 @@ def steady_figures(result) -> dict:
 def run_once(
     bench: Bench,
     strategy: Strategy,
-    prompt: list[int],
+    prompts: list[list[int]],
     controller=None,
     record_stats: bool = False,
     seed: int = 0,
 ):
-    """One ``generate`` call, with Python's garbage collector held off while it runs (as a
-    benchmark harness does: a collection pause of tens of ms in a 50 ms run is noise, not the
-    strategy). Every decode of the evaluation goes through here."""
+    """One ``generate`` call on the batch ``prompts``, with Python's garbage collector held off
+    while it runs (as a benchmark harness does: a collection pause of tens of ms in a 50 ms run
+    is noise, not the strategy). Every decode of the evaluation goes through here."""
+    if len(prompts) != bench.batch:
+        raise ValueError(
+            f"a decode of batch {bench.batch} needs {bench.batch} prompts, got {len(prompts)}"
+        )
     from ssvkit.engine.loop import Engine
 
     eng = Engine(
@@ -267,7 +299,7 @@ def run_once(
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return eng.generate([prompt])
+        return eng.generate(prompts)
     finally:
         if enabled:
             gc.enable()
@@ -283,14 +315,39 @@ def captures_counted(run: dict) -> float:
 
 
 def steady_run(
-    bench: Bench, strategy: Strategy, prompt: list[int], seed: int = 0, keep_text: bool = False
+    bench: Bench,
+    strategy: Strategy,
+    prompts: list[list[int]],
+    seed: int = 0,
+    keep_text: bool = False,
 ) -> dict:
-    """One run's steady figures; with ``keep_text``, the tokens it decoded too (``text``) and
-    the CRC-32 of its prompt (``prompt_crc32``: the prompts come from the installed packages'
-    sources, which differ between machines, so a walk of the text elsewhere checks it)."""
-    result = bench.generate(strategy, prompt, seed=seed)
+    """One run's steady figures (the batch ``prompts`` decoded together); with ``keep_text``,
+    the tokens it decoded too and the CRC-32 of their prompts (the prompts come from the
+    installed packages' sources, which differ between machines, so a walk of a text elsewhere
+    checks it): ``text`` and ``prompt_crc32`` at batch 1, ``texts`` and ``prompt_crc32s``, one
+    per sequence, at batch > 1 (``kept_texts`` reads either)."""
+    result = bench.generate(strategy, prompts, seed=seed)
     fig = steady_figures(result)
     if keep_text:
-        fig["text"] = [int(t) for t in result.tokens[0]]
-        fig["prompt_crc32"] = prompt_crc32(prompt)
+        texts = [[int(t) for t in toks] for toks in result.tokens]
+        crcs = [prompt_crc32(p) for p in prompts]
+        if len(prompts) == 1:
+            fig["text"], fig["prompt_crc32"] = texts[0], crcs[0]
+        else:
+            fig["texts"], fig["prompt_crc32s"] = texts, crcs
     return fig
+
+
+def kept_texts(fig: dict) -> list[tuple[int | None, list[int]]]:
+    """(prompt CRC-32, text) of each sequence whose text a run kept (``steady_run``); the CRC
+    None for runs cached before it was recorded, nothing for a run that kept no text."""
+    if "texts" in fig:
+        return list(zip(fig["prompt_crc32s"], fig["texts"], strict=True))
+    if "text" in fig:
+        return [(fig.get("prompt_crc32"), fig["text"])]
+    return []
+
+
+class StopAfter(Exception):
+    """A run would start after the bench's ``stop_at`` (``--stop-after``): the runs finished so
+    far are in the run cache, and the same command goes on from them."""

@@ -38,6 +38,52 @@ def verify_forward_s(pred) -> float:
     )
 
 
+def prediction_intervals(pred, loop_s: float = 0.0):
+    """The intervals (``perfmodel.intervals``) of point 0 of ``pred``, as {figure: [low, high]}:
+    its verify forward (``verify_forward_s``), verify and draft steps, its round plus a loop
+    overhead ``loop_s`` (a fit of its own, priced without residuals) and tokens/s over that
+    round; and that round's ``LogBounds``, which a speedup's interval combines. (None, None)
+    without residuals."""
+    import numpy as np
+    from ssvkit.perfmodel.intervals import bounds, interval
+
+    rnd = pred.spread()
+    if rnd is None:
+        return None, None
+    forward = [k for k in pred.op_seconds if k.startswith("verify.") and k not in ACCEPT_STEP_OPS]
+    rnd.add_op(np.full(len(pred.round_s), loop_s))
+    rb = bounds(rnd)
+    round_s = pred.round_s + loop_s
+    ivs = {
+        "verify_forward_s": interval(
+            [verify_forward_s(pred)], over=bounds(pred.spread(keys=forward))
+        ),
+        "verify_s": interval(pred.verify_s, over=bounds(pred.spread(prefix="verify."))),
+        "draft_s": interval(pred.draft_s, over=bounds(pred.spread(prefix="draft."))),
+        "round_s": interval(round_s, over=rb),
+        "tokens_per_s": interval(pred.tokens_per_s * pred.round_s / round_s, under=rb),
+    }
+    return {k: [float(x) for x in v[0]] for k, v in ivs.items()}, rb.take([0])
+
+
+def ratio_interval(value: float, over, under, same: bool = False) -> list[float] | None:
+    """The interval of a speedup ``value`` of two predictions from their rounds' log bounds
+    (``predict``'s ``round_log_bounds``: the base's ``over``, the strategy's ``under``; None:
+    no interval); ``same``: both are one prediction (zero width)."""
+    import numpy as np
+    from ssvkit.perfmodel.intervals import LogBounds, interval
+
+    if over is None or under is None:
+        return None
+    a, b = (LogBounds(*(np.array([x]) for x in v)) for v in (over, under))
+    return [float(x) for x in interval([value], over=a, under=b, same=same)[0]]
+
+
+def inside(iv, measured: float) -> bool | None:
+    """Whether ``measured`` lies in the interval ``iv`` ([low, high]; None: no interval)."""
+    return None if iv is None else bool(iv[0] <= measured <= iv[1])
+
+
 def predict(
     strategy,
     target_spec: str,
@@ -70,6 +116,7 @@ def predict(
         pred = predict_columns(model, cols, make_predictor(gpu), s.drafter)
     except ValueError as e:
         return {"error": str(e).splitlines()[0]}
+    ivs, rb = prediction_intervals(pred)
     return {
         "gpu": gpu.name,
         "provenance": pred.provenance
@@ -84,6 +131,10 @@ def predict(
         "overlap": figure(
             wl.overlap, "share", "measured:group_overlap" if overlap is not None else "default"
         ),
+        "intervals": ivs,
+        "round_log_bounds": None
+        if rb is None
+        else [float(rb.centre[0]), float(rb.up2[0]), float(rb.down2[0])],
     }
 
 

@@ -116,7 +116,7 @@ def strategies_for(bench, profile, space, regime: str, ctx: int, names) -> dict[
 def campaign_run(bench, strategy: Strategy, prompt: list[int], seed: int, trace: bool) -> dict:
     """One run's steady figures; with ``trace``, every round's (context, drafted, accepted):
     the trace the simulator replays."""
-    result = bench.generate(strategy, prompt, seed=seed)
+    result = bench.generate(strategy, [prompt], seed=seed)
     fig = steady_figures(result)
     if trace:
         fig["rounds_trace"] = [

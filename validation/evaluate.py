@@ -9,15 +9,19 @@ Four phases, all on one pair of model runners (target and draft) built once
 2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
    under that profile;
 3. **measure** (``evaluate_regime``) -- per regime, ``per_regime`` strategies the engine can
-   run (the predicted top ones plus ranks spread evenly over the rest, ``stats.pick``) decode
-   each of ``measure_texts`` other code prompts, run i with seed i, their runs pooled (a
-   regime's throughput, as the profile's acceptance is a regime's, not one prompt's), each
-   strategy scored again at the measured context: Kendall tau (predicted vs measured tokens/s)
-   and the regret of the predicted best;
+   run (the predicted top ones plus ranks spread evenly over the rest, ``stats.pick``; at
+   batch > 1 also the best-ranked of each attention and drafter family, so sparse and dense
+   strategies are both measured) decode each of ``measure_texts`` other code prompts (runs of
+   ``batch`` prompts each at batch > 1), run i with seed i, their runs pooled (a regime's
+   throughput, as the profile's acceptance is a regime's, not one prompt's), each strategy
+   scored again at the measured context: Kendall tau (predicted vs measured tokens/s) and the
+   regret of the predicted best;
 4. **adapt** (``validation.adaptive``) -- per prompt set, the fixed default, the fixed offline
    best and the online controller.
 
-The measured and adaptive runs go in timing passes (``validation.passes``).
+The measured and adaptive runs go in timing passes (``validation.passes``). Every phase runs
+at the bench's batch: the profile is measured, the space ranked and scored, and the
+controller decides at it; tokens/s counts every sequence's tokens.
 """
 
 from __future__ import annotations
@@ -34,8 +38,18 @@ from ssvkit.validation.adaptive import evaluate_adaptive
 from ssvkit.validation.bench import Bench
 from ssvkit.validation.passes import interleave, pooled_prompts, prompts_jobs, run_passes
 from ssvkit.validation.profile_runs import measure_profile
-from ssvkit.validation.prompts import OFF_DISTRIBUTION, PROMPT_SETS, measure_windows, prompt_tokens
+from ssvkit.validation.prompts import (
+    MEASURE_OFFSETS,
+    OFF_DISTRIBUTION,
+    PROMPT_SETS,
+    adaptive_windows,
+    batch_windows,
+    code_prompts,
+    measure_windows,
+    reuse_line,
+)
 from ssvkit.validation.stats import (
+    family,
     measurement_resolution,
     pick,
     ranking_quality,
@@ -47,27 +61,44 @@ EVAL_VERSION = 1
 TARGETS = {"kendall_tau_min": 0.8, "regret_max": 0.05, "adaptive_gain_min": 0.10}
 
 
+def measured_batches(bench: Bench, regime: str, ctx: int) -> dict[int, tuple[int, ...]]:
+    """The corpus windows of each measured run, by its label: at batch 1 the first
+    ``measure_texts`` windows that fit in the corpus, one per run (labelled by the window); at
+    batch B, ``measure_texts`` runs of B over every measured window that fits
+    (``batch_windows``, labelled by the run)."""
+    if bench.batch == 1:
+        windows = measure_windows(ctx, bench.measure_texts)
+        if len(windows) < bench.measure_texts:
+            bench.log(
+                f"{regime} measured on {len(windows)} code prompts: only those fit in the "
+                f"corpus at {ctx} tokens"
+            )
+        return {o: (o,) for o in windows}
+    windows = measure_windows(ctx, len(MEASURE_OFFSETS))
+    line = reuse_line(f"{regime} measured", windows, bench.measure_texts, bench.batch, ctx)
+    if line:
+        bench.log(line)
+    return dict(enumerate(batch_windows(windows, bench.measure_texts, bench.batch)))
+
+
 def _measure_strategies(bench: Bench, strategies, regime: str, ctx: int) -> tuple[dict, list]:
     """Every strategy's runs on the regime's measured windows, all strategies in one set of
     passes, interleaved (a run's passes lie a whole pass apart, and one strategy's runs of a
-    pass are spread over it): the pooled figures by strategy id, and the windows."""
-    windows = measure_windows(ctx, bench.measure_texts)
-    if len(windows) < bench.measure_texts:
-        bench.log(
-            f"{regime} measured on {len(windows)} code prompts: only those fit in the "
-            f"corpus at {ctx} tokens"
-        )
-    prompts = {o: prompt_tokens("code", ctx, offset=o * ctx) for o in windows}
+    pass are spread over it): the pooled figures by strategy id, and the windows (at batch > 1,
+    per run)."""
+    batches = measured_batches(bench, regime, ctx)
+    prompts = {label: code_prompts(ctx, ws) for label, ws in batches.items()}
     jobs = {
-        strategy_id(s): prompts_jobs(bench, s, prompts, f"measure|code|{ctx}", runs=len(windows))
+        strategy_id(s): prompts_jobs(bench, s, prompts, f"measure|code|{ctx}", runs=len(batches))
         for s in strategies
     }
     t0 = time.perf_counter()
     done = run_passes(bench, interleave(list(jobs.values())))
     bench.log(
-        f"{regime} measured {len(strategies)} strategies x {len(windows)} runs x "
+        f"{regime} measured {len(strategies)} strategies x {len(batches)} runs x "
         f"{bench.timing_passes} passes ({time.perf_counter() - t0:.1f}s)"
     )
+    windows = list(batches) if bench.batch == 1 else [list(ws) for ws in batches.values()]
     return {sid: pooled_prompts(done, j) for sid, j in jobs.items()}, windows
 
 
@@ -77,9 +108,10 @@ def evaluate_regime(
     """Phase 3 for one regime: its measured strategies, each predicted and measured, and how
     well the ranking orders them (``ranking_quality``, ``measurement_resolution``)."""
     entry = ranking["regimes"][regime]
-    chosen = pick(entry["ranking"], per_regime, lambda s: bench.runnable(s) is None)
+    strata = family if bench.batch > 1 else None
+    chosen = pick(entry["ranking"], per_regime, lambda s: bench.runnable(s) is None, strata=strata)
     strategies = [strategy_from_json(r["strategy"]) for r in chosen]
-    scored, prov = score(bench.model, bench.gpu, strategies, ctx, profile, regime)
+    scored, prov = score(bench.model, bench.gpu, strategies, ctx, profile, regime, bench.batch)
     pred = {strategy_id(x.strategy): x for x in scored}
     rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
     measured, windows = _measure_strategies(bench, strategies, regime, ctx)
@@ -109,7 +141,7 @@ def evaluate_regime(
         "context_len": ctx,
         "provenance": prov,
         "space_size": entry["num_valid"],
-        "measure_windows": list(windows),
+        "measure_windows": windows,
         **q,
         "measurement": measurement_resolution(rows),
         "strategies": rows,
@@ -175,7 +207,7 @@ def evaluate(
     profile, overhead_fits, per_key, chain_tokens = measure_profile(
         bench, contexts, space, ref_tree, attention_tree, profile_prompts, walk_prompts
     )
-    ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
+    ranking = rank(bench.model, bench.gpu, space, profile, batch=bench.batch, regimes=contexts)
     regimes = {
         r: evaluate_regime(bench, ranking, r, ctx, profile, per_regime)
         for r, ctx in contexts.items()
@@ -183,12 +215,22 @@ def evaluate(
     actx = adaptive_context or max(contexts.values())
     if regime_of(actx) not in ranking["regimes"]:
         raise ValueError(f"adaptive context {actx} falls in regime {regime_of(actx)}, not ranked")
+    code_windows = adaptive_windows(actx, bench.batch, walk_prompts)
     adaptive = evaluate_adaptive(
-        bench, ranking, profile, actx, prompt_sets, controller or ControllerConfig(), oracle
+        bench,
+        ranking,
+        profile,
+        actx,
+        prompt_sets,
+        controller or ControllerConfig(),
+        oracle,
+        code_windows,
     )
     doc = {
         "version": EVAL_VERSION,
         "provenance": {**(provenance or {}), "wall_s": time.perf_counter() - t0},
+        # Sequences per decode; absent at batch 1 (the documents before batches).
+        **({"batch": bench.batch} if bench.batch > 1 else {}),
         "model": bench.model.name,
         "draft_model": bench.draft_label,
         "gpu_model": bench.gpu.name,

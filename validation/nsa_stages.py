@@ -1,38 +1,57 @@
 """NSA verification on the GPU, whole calls and their stages, against the byte floor.
 
-    python -m ssvkit.validation.nsa_stages --out validation/data/nsa-stages-h200.json
+    python -m ssvkit.validation.nsa_stages --out validation/data/nsa-stages-h200.json \
+        [--resume build/nsa-stages.jsonl] [--stop-after 480]
 
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry (top_n
-16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused and unfused
-calls against the fp32 reference (reuse with the reference's indices; a mismatch or NaN stops
-the run), then times with ``kernels.timing`` (CUDA graphs, L2 flushed per sample, median):
+16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused calls (merge
+folded and separate) and the unfused one against the fp32 reference (reuse with the reference's
+indices; a mismatch or NaN stops the run), then times with ``kernels.timing`` (CUDA graphs, L2
+flushed per sample, median):
 
 - ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse`` with
-  the union plan passed in, as the engine's reuse layers do);
-- ``stage_*``: one launch each of the forward over one branch's slots, the merge, the union
-  plan, the refresh path's steps (1)-(3) and the top-n kernel alone.
+  the union plan passed in, as the engine's reuse layers do), the merge folded into the forward
+  launch (the default config);
+- ``*_separate``: the same calls with ``NsaVerifyConfig(merge="separate", pick="separate")``:
+  the merge and the refresh path's top-n pick each a launch of its own; the difference is what
+  folding them saves;
+- ``reuse_last`` / ``reuse_parallel``: the reuse call with the merge folded each way
+  (``merge="last"``: a row tile's last program merges it; ``"parallel"``: merge programs, one
+  per draft row), which the default (``auto``) chooses between;
+- ``stage_*``: one launch each of the forward over one branch's slots (no merge), the merge, the
+  union plan, the refresh path's steps (1)-(3), its block importance alone, the top-n kernel
+  alone, and importance and pick in one launch (``stage_select_folded``). ``reuse`` minus
+  ``stage_fwd_all`` is the folded merge's cost.
 
 Reuse indices have an exact adjacent-row overlap of 0.7
 (``calibration.kernel_inputs.overlap_block_idx``, the regime SSV measured); input sets rotate so
 each launch reads cold data. ``floor_s`` is the call's unique bytes (compressed K/V, each
 (sequence, KV head)'s union of selected blocks and the window, the tail, q and o) over the copy
 bandwidth measured in the same run.
+
+``--resume FILE`` keeps each finished case in a run cache (``validation.bench.RunCache``), so a
+run cut off goes on where it stopped; ``--stop-after S`` starts no case after S seconds (the
+JSON then says ``complete: false``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
-import os
-from pathlib import Path
+import time
 
 import numpy as np
 import torch
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels import nsa_selection as selection
 from ssvkit.kernels import nsa_steps as steps
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import timing as tm
 from ssvkit.kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation.bench import RunCache
 
 KW = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
 TIMING = tm.TimingConfig(warmup=3, graph_launches=10, graph_reps=8, max_total_s=0.3)
@@ -49,6 +68,12 @@ CASES = (
 )
 OVERLAP = 0.7
 K = 1024
+# The calls as two-launch steps: the merge after the forward, the refresh path's top-n pick
+# after its block importance.
+SEPARATE = dataclasses.replace(DEFAULT_CONFIG, merge="separate", pick="separate")
+# The merge folded either way the default config chooses between (kernels.nsa_steps.merge_layout).
+MERGE_LAST = dataclasses.replace(DEFAULT_CONFIG, merge="last")
+MERGE_PARALLEL = dataclasses.replace(DEFAULT_CONFIG, merge="parallel")
 
 
 def input_sets(
@@ -88,9 +113,16 @@ def floor_bytes(bsz: int, t: int, ctx: int, idx: torch.Tensor) -> int:
 def check(sets) -> None:
     args, _ = sets[0]
     ro, ridx = nv.reference_nsa_verify(*args, **KW)
+    variants = (
+        ("fused", nv.nsa_verify, DEFAULT_CONFIG),
+        ("fused, steps separate", nv.nsa_verify, SEPARATE),
+        ("fused, merge in the last program", nv.nsa_verify, MERGE_LAST),
+        ("fused, merge programs", nv.nsa_verify, MERGE_PARALLEL),
+        ("unfused", nv.nsa_verify_unfused, DEFAULT_CONFIG),
+    )
     with tm.poisoned_allocations():
-        for name, fn in (("fused", nv.nsa_verify), ("unfused", nv.nsa_verify_unfused)):
-            o, _ = fn(*args, block_idx=ridx.int(), **KW)
+        for name, fn, config in variants:
+            o, _ = fn(*args, block_idx=ridx.int(), config=config, **KW)
             if torch.isnan(o).any():
                 raise SystemExit(f"nsa_verify {name}: NaN in the output")
             torch.testing.assert_close(o.float(), ro.float(), atol=3e-2, rtol=3e-2)
@@ -107,15 +139,38 @@ def calls(sets, plan, slots, rslots, unions, parts):
         ),
         "refresh": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False),
         "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
+        "reuse_separate": lambda i: nv.nsa_verify(
+            *sets[i][0],
+            block_idx=sets[i][1],
+            union=unions[i],
+            **KW,
+            validate=False,
+            config=SEPARATE,
+        ),
+        "reuse_unfused_separate": lambda i: nv.nsa_verify_unfused(
+            *sets[i][0], block_idx=sets[i][1], **KW, validate=False, config=SEPARATE
+        ),
+        "refresh_separate": lambda i: nv.nsa_verify(
+            *sets[i][0], **KW, validate=False, config=SEPARATE
+        ),
     }
+    for name, config in (("reuse_last", MERGE_LAST), ("reuse_parallel", MERGE_PARALLEL)):
+        out[name] = lambda i, config=config: nv.nsa_verify(
+            *sets[i][0],
+            block_idx=sets[i][1],
+            union=unions[i],
+            **KW,
+            validate=False,
+            config=config,
+        )
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
     for name, sl in {**branch, "all": slots}.items():
         out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
             plan, sets[i][0], unions[i], parts[i], slots=sl
         )
     ck = sets[0][0][5]
-    stored = steps.stores_comp_scores(plan, ck.shape[-1] * ck.element_size())
-    cscores = [steps.alloc_comp_scores(plan, ki.DEVICE) if stored else None for _ in sets]
+    stored = selection.stores_comp_scores(plan, ck.shape[-1] * ck.element_size())
+    cscores = [selection.alloc_comp_scores(plan, ki.DEVICE) if stored else None for _ in sets]
     out["stage_fwd_refresh_comp"] = lambda i: steps.launch_fwd(
         plan, sets[i][0], None, parts[i], slots=(rslots[0], 0, 0), comp_scores=cscores[i]
     )
@@ -124,14 +179,17 @@ def calls(sets, plan, slots, rslots, unions, parts):
         plan, sets[i][0], unions[i], parts[i], o, slots
     )
     out["stage_union_plan"] = lambda i: steps.union_plan(sets[i][1], plan.rows, plan.nb_max)
-    out["stage_refresh_select"] = lambda i: steps.refresh_indices(
+    out["stage_refresh_select"] = lambda i: selection.refresh_indices(
         plan, sets[i][0], parts[i], rslots
     )
-    out["stage_scores"] = lambda i: steps.compressed_block_scores(
+    out["stage_scores"] = lambda i: selection.compressed_block_scores(
         plan, sets[i][0], parts[i], rslots[0], cscores[i]
     )
     scores = torch.randn((plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max), device=ki.DEVICE)
-    out["stage_topk"] = lambda i: steps.select_top_blocks(scores, sets[i][0][3], plan)
+    out["stage_topk"] = lambda i: selection.select_top_blocks(scores, sets[i][0][3], plan)
+    out["stage_select_folded"] = lambda i: selection.picked_blocks(
+        plan, sets[i][0], parts[i], rslots[0], cscores[i]
+    )
     return out
 
 
@@ -164,6 +222,7 @@ def run_case(bsz: int, t: int, ctx: int, capacity: int | None, copy_bps: float) 
         slots=slots,
         refresh_slots=rslots,
         unique_bytes=floor,
+        copy_bytes_per_s=copy_bps,
         floor_s=floor / copy_bps,
         times_s={},
     )
@@ -173,40 +232,57 @@ def run_case(bsz: int, t: int, ctx: int, capacity: int | None, copy_bps: float) 
     return row
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the JSON document here")
-    args = p.parse_args(argv)
-    copy_bps = tm.copy_bytes_per_s()
-    rows = [run_case(*case, copy_bps) for case in CASES]
-    doc = {
-        "benchmark": "nsa_stages",
-        "copy_bytes_per_s": copy_bps,
-        "kwargs": KW,
-        "config": str(DEFAULT_CONFIG),
-        "provenance": tm.provenance(),
-        "rows": rows,
-    }
-    if args.out:
-        out = Path(args.out)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, out)
-    cols = {
-        "reuse": "reuse",
-        "reuse_unfused": "reuse_unf",
-        "refresh": "refresh",
-        "refresh_unfused": "refr_unf",
-        "stage_merge": "merge",
-        "stage_fwd_refresh_comp": "r_comp",
-        "stage_scores": "scores",
-        "stage_topk": "topk",
-        "stage_union_plan": "union",
-    }
+def case_key(bsz: int, t: int, ctx: int, capacity: int | None) -> str:
+    return f"b{bsz}-t{t}-{ctx}-{capacity or ctx + t}"
+
+
+def measure(cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
+    """Every case's row (from the cache when it holds it); stops starting cases at
+    ``stop_at`` (``time.perf_counter``). Returns the rows and whether every case is in."""
+    copy_bps = None
+    rows = []
+    for case in CASES:
+        key = case_key(*case)
+        if cache is not None and key in cache.runs:
+            rows.append(cache.runs[key])
+            continue
+        if time.perf_counter() >= stop_at:
+            return rows, False
+        copy_bps = copy_bps or tm.copy_bytes_per_s()
+        if cache is None:
+            row = run_case(*case, copy_bps)
+        else:
+            row = cache.get(key, functools.partial(run_case, *case, copy_bps))
+        rows.append(row)
+    return rows, True
+
+
+COLUMNS = {
+    "reuse": "reuse",
+    "reuse_separate": "reuse_sep",
+    "reuse_last": "reuse_last",
+    "reuse_parallel": "reuse_par",
+    "reuse_unfused": "reuse_unf",
+    "refresh": "refresh",
+    "refresh_separate": "refr_sep",
+    "refresh_unfused": "refr_unf",
+    "stage_fwd_all": "fwd_all",
+    "stage_merge": "merge",
+    "stage_fwd_refresh_comp": "r_comp",
+    "stage_scores": "scores",
+    "stage_topk": "topk",
+    "stage_select_folded": "sel_fold",
+    "stage_union_plan": "union",
+}
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per case: the floor, the times (us), each call's ratio to the floor and what
+    folding the merge saved."""
     print(
         f"{'case':>18s} {'floor':>7s}"
-        + "".join(f" {n:>9s}" for n in cols.values())
-        + "  reuse/floor  refresh/floor  fused/unfused"
+        + "".join(f" {n:>9s}" for n in COLUMNS.values())
+        + "  reuse/floor  refresh/floor  fused/unfused  fold saves reuse, refresh (us)"
     )
     for r in rows:
         ts = {k: v * 1e6 for k, v in r["times_s"].items()}
@@ -216,11 +292,53 @@ def main(argv=None) -> None:
             case += f"/{r['capacity'] // K}K"
         print(
             f"{case:>18s} {floor_us:7.1f}"
-            + "".join(f" {ts[c]:9.1f}" for c in cols)
+            + "".join(f" {ts[c]:9.1f}" for c in COLUMNS)
             + f"  {ts['reuse'] / floor_us:11.2f}  {ts['refresh'] / floor_us:13.2f}"
             + f"  {ts['reuse_unfused'] / ts['reuse']:13.2f}"
+            + f"  {ts['reuse_separate'] - ts['reuse']:10.1f}, "
+            + f"{ts['refresh_separate'] - ts['refresh']:.1f}"
         )
 
 
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="write the JSON document here")
+    p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no case after S seconds; a later call with --resume goes on",
+    )
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    cache = None
+    if args.resume:
+        prov = {k: v for k, v in tm.provenance().items() if k != "timestamp"}
+        settings = dict(kwargs=KW, config=str(DEFAULT_CONFIG), timing=str(TIMING), **prov)
+        try:
+            cache = RunCache(args.resume, settings)
+        except ValueError as e:
+            p.exit(2, f"nsa_stages: {e}\n")
+    stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
+    rows, complete = measure(cache, stop_at)
+    doc = {
+        "benchmark": "nsa_stages",
+        "complete": complete,
+        "kwargs": KW,
+        "config": str(DEFAULT_CONFIG),
+        "provenance": tm.provenance(),
+        "rows": rows,
+    }
+    if args.out:
+        atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    print_table(rows)
+    if not complete:
+        left = f"{len(rows)} of {len(CASES)} cases"
+        print(f"stopped by --stop-after after {left}: run again with --resume")
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -86,12 +86,12 @@ def run_passes(bench: Bench, jobs: dict[str, tuple]) -> dict[str, dict]:
     return {k: v[0] if len(v) == 1 else least_disturbed(v) for k, v in passes.items()}
 
 
-def measure_jobs(bench: Bench, strategy: Strategy, prompt: list[int], key: str) -> dict:
-    """``repeats`` runs of ``strategy`` on one prompt (``key`` names it for the run cache), run
-    i with seed i, as jobs for ``run_passes``."""
+def measure_jobs(bench: Bench, strategy: Strategy, prompts: list[list[int]], key: str) -> dict:
+    """``repeats`` runs of ``strategy`` on one batch of prompts (``key`` names it for the run
+    cache), run i with seed i, as jobs for ``run_passes``."""
     sid = strategy_id(strategy)
     return {
-        f"{key}|{sid}|{i}": (steady_run, (bench, strategy, prompt), {"seed": i})
+        f"{key}|{sid}|{i}": (steady_run, (bench, strategy, prompts), {"seed": i})
         for i in range(bench.repeats)
     }
 
@@ -99,13 +99,14 @@ def measure_jobs(bench: Bench, strategy: Strategy, prompt: list[int], key: str) 
 def prompts_jobs(
     bench: Bench,
     strategy: Strategy,
-    prompts: dict[int, list[int]],
+    prompts: dict[int, list[list[int]]],
     key: str,
     runs: int | None = None,
 ) -> dict:
-    """``runs`` (default ``repeats``) runs of ``strategy``, run i on the i-th prompt
-    (cyclically; ``prompts`` by corpus window) with seed i, as jobs for ``run_passes``; the
-    window each decodes is its key's third field from the end."""
+    """``runs`` (default ``repeats``) runs of ``strategy``, run i on the i-th batch of prompts
+    (cyclically; ``prompts`` by label: the corpus window at batch 1, the run's index at batch >
+    1, ``validation.prompts.batch_windows``) with seed i, as jobs for ``run_passes``; the label
+    each decodes is its key's third field from the end."""
     sid = strategy_id(strategy)
     windows = list(prompts)
     jobs = {}

@@ -2,6 +2,10 @@
 
     python -m ssvkit.validation.planner_eval --out validation/data/planner.json \\
         --ranking-out validation/data/planner-ranking.json --resume build/planner-runs.jsonl
+    python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --stop-after 480 \\
+        --out build/planner-b32-h200.json --ranking-out build/planner-ranking-b32-h200.json \\
+        --resume build/planner-b32-runs.jsonl                # batch 32, where sparse competes
+    python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --plan   # its device time
     python -m ssvkit.validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
         --new-tokens 32 --repeats 1 --out /tmp/planner.json          # a CPU smoke run
 
@@ -14,6 +18,15 @@ says how). Writes the evaluation JSON to ``--out`` (whole or not at all), the fu
 is continued by the same command (same settings, device and commit).
 
 The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured with it.
+
+``--batch B`` decodes B prompts per run in every phase (``validation.prompts`` says which):
+the profile, the ranking (at batch B), the measured strategies and the adaptive runs; tokens/s
+counts every sequence's tokens. Where the defaults of a flag depend on the batch
+(``BATCH_DEFAULTS``), batch 1 keeps the evaluation of record's and batch > 1 takes a run that
+fits about nine minutes of one H200 (``--plan`` prints the decodes and their estimated
+seconds, ``validation.eval_plan``). ``--stop-after S`` starts no run after S seconds: the
+runs so far stay in the ``--resume`` file, nothing else is written, and the exit code is 3;
+the same command goes on.
 
 Sampling (temperature 1 by default) rather than greedy decoding: greedy decoding of a byte-level
 13M model falls into loops, where an n-gram drafter is accepted whole, and whether and when a
@@ -51,14 +64,18 @@ DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:1
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_pair_args(p)
-    p.add_argument("--adaptive-context", default="15360", help="context of the adaptive runs")
-    p.add_argument("--per-regime", type=int, default=12, help="strategies measured per regime")
-    p.add_argument("--new-tokens", type=int, default=384, help="tokens generated per run")
+    p.set_defaults(contexts=None)
+    p.add_argument(
+        "--batch", type=int, default=1, help="sequences each run decodes together (prompts)"
+    )
+    p.add_argument("--adaptive-context", default=None, help="context of the adaptive runs")
+    p.add_argument("--per-regime", type=int, default=None, help="strategies measured per regime")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per sequence")
     p.add_argument(
         "--profile-prompts",
         type=int,
-        default=10,
-        help="code prompts per profile entry (<= 10; validation.profile_runs)",
+        default=None,
+        help="runs of code prompts per profile entry (<= 10; validation.profile_runs)",
     )
     p.add_argument(
         "--walk-prompts",
@@ -68,19 +85,23 @@ def parse_args(argv=None):
         "n-gram trees' walks add (one each, where the corpus holds them)",
     )
     p.add_argument(
-        "--repeats", type=int, default=3, help="runs per measurement (median), seeds 0, 1, ..."
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per measurement (median), seeds 0, 1, ...",
     )
     p.add_argument(
         "--measure-texts",
         type=int,
-        default=20,
-        help="code prompts each measured strategy decodes, one run each (<= 20; "
-        "fewer where fewer fit in the corpus; validation.prompts)",
+        default=None,
+        help="runs each measured strategy decodes (<= 20): one code prompt each at batch 1 "
+        "(fewer where fewer fit in the corpus), a batch of them at batch > 1 "
+        "(validation.prompts)",
     )
     p.add_argument(
         "--timing-passes",
         type=int,
-        default=3,
+        default=None,
         help="passes over the measured and adaptive runs; each run keeps its least "
         "disturbed (validation.passes.run_passes)",
     )
@@ -102,7 +123,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the predictions")
     p.add_argument("--device", default="auto", help="cuda | cpu")
-    p.add_argument("--out", required=True, help="evaluation JSON")
+    p.add_argument("--out", default=None, help="evaluation JSON (needed but with --plan)")
     p.add_argument("--ranking-out", default=None, help="the full ranking JSON")
     p.add_argument(
         "--resume",
@@ -111,7 +132,43 @@ def parse_args(argv=None):
         help="run cache (JSONL): each finished run is appended; a later call with the "
         "same settings, device and commit skips them",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no run after S seconds (needs --resume): exit 3, the same command goes on",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the decodes and their estimated device seconds (CPU, nothing decoded)",
+    )
+    args = p.parse_args(argv)
+    at_batch = int(args.batch > 1)
+    for name, values in BATCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, values[at_batch])
+    return args
+
+
+# Flags whose default depends on the batch: (batch 1, batch > 1). Batch 1: the evaluation of
+# record's. Batch > 1: the regimes where sparse and dense strategies compete at batch 32
+# (``validation/data/batched-decode-h200.json``: ar_sparse 1.40x ar_dense at 16K), the
+# adaptive runs at the context ``python -m ssvkit.validation.adaptive_regime --batches 32
+# --regimes 16K,32K`` chooses, and a run a batch of 32 holds to about nine minutes of one H200
+# (``--plan``): every run decodes 32 prompts, so one run per profile entry and two per
+# measured strategy see more prompts than batch 1's ten and twenty.
+BATCH_DEFAULTS = {
+    "contexts": ("3584,7680,15360,30720", "15360,30720"),
+    "adaptive_context": ("15360", "30720"),
+    "per_regime": (12, 10),
+    "new_tokens": (384, 256),
+    "repeats": (3, 2),
+    "measure_texts": (20, 2),
+    "timing_passes": (3, 1),
+    "profile_prompts": (10, 1),
+}
 
 
 def build_bench(args) -> Bench:
@@ -126,6 +183,7 @@ def build_bench(args) -> Bench:
         args.device,
         args.gpu,
         args.temperature,
+        args.batch,
     )
     bench.timing_passes = args.timing_passes
     bench.measure_texts = args.measure_texts
@@ -157,6 +215,14 @@ def check_args(args) -> None:
     """``ValueError`` in one line for a bad count or temperature, before any model is built."""
     if min(args.per_regime, args.new_tokens, args.repeats, args.timing_passes) < 1:
         raise ValueError("--per-regime, --new-tokens, --repeats and --timing-passes must be >= 1")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if not args.out and not args.plan:
+        raise ValueError("--out is needed (the evaluation JSON), or --plan")
+    if args.stop_after is not None and (args.stop_after < 0 or not args.resume):
+        raise ValueError(
+            f"--stop-after {args.stop_after} needs --resume and a number of seconds >= 0"
+        )
     if not 1 <= args.measure_texts <= len(MEASURE_OFFSETS):
         raise ValueError(
             f"--measure-texts must lie in 1..{len(MEASURE_OFFSETS)}, got {args.measure_texts}"
@@ -173,11 +239,9 @@ def check_args(args) -> None:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
 
 
-def setup(args) -> tuple[Bench, dict[str, int], SpaceSpec, tuple[str, ...]]:
-    """The bench (with its run cache under ``--resume``), the regimes' contexts, the space and
-    the prompt sets of ``args``."""
-    from ssvkit.kernels.timing import provenance
-
+def settings_of(args) -> tuple[dict[str, int], SpaceSpec, tuple[str, ...]]:
+    """The regimes' contexts, the space (its draft model not yet named) and the prompt sets
+    of ``args``, checked (``ValueError`` in one line), before any model is built."""
     check_args(args)
     contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
     regime_contexts(args.adaptive_context, "--adaptive-context", args.new_tokens)
@@ -186,41 +250,114 @@ def setup(args) -> tuple[Bench, dict[str, int], SpaceSpec, tuple[str, ...]]:
     if bad:
         raise ValueError(f"unknown prompt set {bad[0]!r}; expected {', '.join(PROMPT_SETS)}")
     space = SpaceSpec(drafters=tuple(args.drafters.split(",")), trees=tuple(args.trees.split(",")))
+    return contexts, space, sets
+
+
+def cache_settings(args) -> dict:
+    """What a run cache is keyed by: ``CACHE_SETTINGS``, the batch when it is not 1 (so a cache
+    of batch 1 written before batches reads the same), and the provenance but its timestamp."""
+    from ssvkit.kernels.timing import provenance
+
+    prov = {k: v for k, v in provenance().items() if k != "timestamp"}
+    batch = {"batch": args.batch} if args.batch > 1 else {}
+    return {**{k: getattr(args, k) for k in CACHE_SETTINGS}, **batch, **prov}
+
+
+def setup(args) -> tuple[Bench, dict[str, int], SpaceSpec, tuple[str, ...]]:
+    """The bench (with its run cache under ``--resume``), the regimes' contexts, the space and
+    the prompt sets of ``args``."""
+    contexts, space, sets = settings_of(args)
     bench = build_bench(args)
     space = dataclasses.replace(space, draft_model=bench.draft_label)
     if args.resume:
-        prov = {k: v for k, v in provenance().items() if k != "timestamp"}
-        settings = {**{k: getattr(args, k) for k in CACHE_SETTINGS}, **prov}
-        bench.cache = RunCache(args.resume, settings)
+        bench.cache = RunCache(args.resume, cache_settings(args))
         if bench.cache.runs:
             print(f"resuming: {len(bench.cache.runs)} runs in {args.resume}", flush=True)
     return bench, contexts, space, sets
 
 
+def plan_of(args) -> dict:
+    """``validation.eval_plan.plan`` at ``args``: the ranking of the evaluation of record's
+    profile at this batch stands for the run's own (nothing decoded, no model built)."""
+    from ssvkit.engine.strategy_check import check_strategy
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.planner.profile import profile_from_json
+    from ssvkit.planner.rank import rank
+    from ssvkit.validation.bench import pair_sources
+    from ssvkit.validation.eval_plan import Settings, plan
+    from ssvkit.validation.records import record_path
+
+    contexts, space, sets = settings_of(args)
+    tsrc, dsrc, model, draft_label = pair_sources(args.model, args.draft_model)
+    space = dataclasses.replace(space, draft_model=draft_label)
+    doc = json.loads(record_path("planner.json").read_text())
+    profile = profile_from_json(doc["profile"], "the evaluation of record's profile", "record")
+    gpu = get_gpu(args.gpu)
+    ranking = rank(model, gpu, space, profile, batch=args.batch, regimes=contexts)
+
+    def ok(s) -> bool:
+        try:
+            check_strategy(s, tsrc.config, dsrc.config, "triton")
+        except ValueError:
+            return False
+        return True
+
+    st = Settings(
+        batch=args.batch,
+        contexts=contexts,
+        adaptive_context=parse_count_list(args.adaptive_context, "--adaptive-context")[0],
+        per_regime=args.per_regime,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        measure_texts=args.measure_texts,
+        timing_passes=args.timing_passes,
+        profile_prompts=args.profile_prompts,
+        walk_prompts=args.walk_prompts,
+        prompt_sets=sets,
+        oracle=args.oracle,
+    )
+    return plan(st, space, model, gpu, profile, ranking, ok)
+
+
 def main(argv=None) -> int:
     from ssvkit.kernels.timing import provenance
+    from ssvkit.validation.bench import StopAfter
+    from ssvkit.validation.eval_plan import plan_table
 
     args = parse_args(argv)
     try:
+        if args.plan:
+            print(plan_table(plan_of(args), args.batch))
+            return 0
         bench, contexts, space, sets = setup(args)
     except ValueError as e:
         print(f"planner_eval: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    if args.stop_after is not None:
+        bench.stop_at = t0 + args.stop_after
     command = command_line("ssvkit.validation.planner_eval", sys.argv[1:] if argv is None else argv)
-    doc, ranking = evaluate(
-        bench,
-        contexts,
-        space,
-        per_regime=args.per_regime,
-        adaptive_context=parse_count_list(args.adaptive_context, "--adaptive-context")[0],
-        prompt_sets=sets,
-        profile_prompts=args.profile_prompts,
-        walk_prompts=args.walk_prompts,
-        controller=ControllerConfig(),
-        provenance={**provenance(), "command": command},
-        oracle=args.oracle,
-    )
+    try:
+        doc, ranking = evaluate(
+            bench,
+            contexts,
+            space,
+            per_regime=args.per_regime,
+            adaptive_context=parse_count_list(args.adaptive_context, "--adaptive-context")[0],
+            prompt_sets=sets,
+            profile_prompts=args.profile_prompts,
+            walk_prompts=args.walk_prompts,
+            controller=ControllerConfig(),
+            provenance={**provenance(), "command": command},
+            oracle=args.oracle,
+        )
+    except StopAfter as stop:
+        print(
+            f"\nstopped by --stop-after {args.stop_after:g} before run {stop.args[0]!r}: "
+            f"{len(bench.cache.runs)} runs in {args.resume}; the same command goes on",
+            flush=True,
+        )
+        return 3
     if bench.cache is not None:
         doc["provenance"]["runs_from_cache"] = bench.cache.reused
         doc["provenance"]["wall_s_note"] = "this call only; runs from the cache took earlier calls"

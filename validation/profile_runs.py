@@ -11,6 +11,11 @@ profile the ranking scores with is read from its runs, one function per measured
 - the decode loop's overhead per round (``fit_regime_overhead``): what the step model leaves
   out of the measured round times, fitted over the regime's steady runs, each timed as its
   least disturbed of ``timing_passes`` interleaved passes (``retimed_runs``).
+
+A "prompt" of the profile is one run's batch of prompts: at batch B > 1 each run decodes B
+code windows together (``validation.prompts.batch_windows``), its acceptance the mean over
+its sequences, and the overhead is fitted against the step model at that batch (the host's
+per-sequence work, an n-gram drafter's lookups above all, grows with it).
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ from ssvkit.planner.rank import concrete, score
 from ssvkit.planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 from ssvkit.validation.bench import Bench, steady_figures, steady_run
 from ssvkit.validation.passes import interleave, least_disturbed
-from ssvkit.validation.prompts import PROFILE_OFFSETS, log_wrapped, prompt_tokens
+from ssvkit.validation.prompts import (
+    PROFILE_OFFSETS,
+    batch_windows,
+    code_prompts,
+    log_wrapped,
+    reuse_line,
+)
 from ssvkit.validation.walks import walk_ngram, walk_texts
 
 # Dense runs (seeds) on the first profile prompt that the sparse-attention factors divide by:
@@ -37,22 +48,23 @@ FACTOR_SEEDS = 3
 
 
 class RegimeRuns:
-    """The profile runs of one regime on its prompts (``texts``; the first, ``prompt``, also
-    decodes the attention and overlap runs). Every steady run is kept -- its strategy, figures,
-    prompt and job -- for the n-gram walks and the overhead fit's timing passes."""
+    """The profile runs of one regime on its batches of prompts (``texts``, one per run; the
+    first, ``prompt``, also decodes the attention and overlap runs). Every steady run is kept --
+    its strategy, figures, prompts and job -- for the n-gram walks and the overhead fit's
+    timing passes."""
 
-    def __init__(self, bench: Bench, regime: str, ctx: int, texts: list[list[int]]):
+    def __init__(self, bench: Bench, regime: str, ctx: int, texts: list[list[list[int]]]):
         self.bench, self.regime, self.ctx, self.texts = bench, regime, ctx, texts
         self.prompt = texts[0]
         self.runs: list[tuple[Strategy, dict]] = []
         self.jobs: list[tuple[str, tuple]] = []  # each steady run's key and call, in order
-        self.prompts_of: list[list[int]] = []  # each steady run's prompt
+        self.prompts_of: list[list[list[int]]] = []  # each steady run's batch of prompts
         self.own_tpr: dict[str, float] = {}  # kind@tree -> its own runs' mean tokens per round
         self.first: dict[str, float] = {}  # tokens per round on the first prompt, by strategy id
         self.hists: dict[str, list[tuple[int, list[int]]]] = {}  # kind -> (K, histogram) per run
         self.unpooled: set[str] = set()  # kinds with a chain run lacking its histogram
 
-    def steady(self, key: str, s: Strategy, tokens: list[int], seed: int = 0) -> dict:
+    def steady(self, key: str, s: Strategy, tokens: list[list[int]], seed: int = 0) -> dict:
         """A steady run of the profile (its text kept for the n-gram walks), kept for the
         overhead fit's timing passes."""
         fig = self.bench.run(key, steady_run, self.bench, s, tokens, seed=seed, keep_text=True)
@@ -124,7 +136,7 @@ def measure_chains(
             rr.bench.log(
                 f"profile {rr.regime} {kind} {tree}: {tpr:.2f} tokens/round, pooled "
                 f"{use:.2f} over {n} runs, alpha={a[f'{kind}@{tree}']:.3f} "
-                f"({len(rr.texts)} prompts)"
+                f"({len(rr.texts) * rr.bench.batch} prompts)"
             )
         a[kind] = a[f"{kind}@{ref_tree}"]
 
@@ -221,10 +233,10 @@ def _attention_factors(
     return factors
 
 
-def overlap_run(bench: Bench, s: Strategy, prompt: list[int]) -> dict:
+def overlap_run(bench: Bench, s: Strategy, prompts: list[list[int]]) -> dict:
     """A run with selection statistics: its steady figures and the mean group overlap (None
     when there are no statistics)."""
-    result = bench.generate(s, prompt, record_stats=True)
+    result = bench.generate(s, prompts, record_stats=True)
     fig = steady_figures(result)
     g = [r.selection.group_overlap for r in result.rounds if r.selection is not None]
     if not g:
@@ -280,7 +292,7 @@ def fit_regime_overhead(
     the ``partial`` profile, each run weighted by 1 / its round time (relative error)."""
     bench, regime = rr.bench, rr.regime
     strategies = [s for s, _ in runs]
-    scored, _ = score(bench.model, bench.gpu, strategies, rr.ctx, partial, regime)
+    scored, _ = score(bench.model, bench.gpu, strategies, rr.ctx, partial, regime, bench.batch)
     model_s = {strategy_id(x.strategy): x.round_s for x in scored}
     measured = [f["wall_s"] / f["rounds"] for _, f in runs]
     residual = [m - model_s[strategy_id(s)] for m, (s, _) in zip(measured, runs, strict=True)]
@@ -301,8 +313,9 @@ def measure_profile(
     prompts: int = 3,
     walk_prompts: int = 0,
 ) -> tuple[RegimeProfile, dict, dict, dict]:
-    """The profile of the space's strategies, measured per regime on ``prompts`` code prompts
-    (windows ``PROFILE_OFFSETS`` of the corpus; prompt j decodes with seed j); see the module.
+    """The profile of the space's strategies, measured per regime on ``prompts`` runs of code
+    prompts (windows ``PROFILE_OFFSETS`` of the corpus, ``bench.batch`` per run; run j decodes
+    with seed j); see the module.
 
     Returns the profile, the overhead fits' figures per regime, the factor each attention
     key's run measured per regime and drafter (the profile holds each drafter's median over
@@ -313,9 +326,12 @@ def measure_profile(
     acc, att, ovl, ovh, fits, per_key, chain_tokens = {}, {}, {}, {}, {}, {}, {}
     ref_kind = "ngram" if "ngram" in space.drafters else space.drafters[0]
     for regime, ctx in contexts.items():
-        offsets = PROFILE_OFFSETS[:prompts]
-        texts = [prompt_tokens("code", ctx, offset=o * ctx) for o in offsets]
-        log_wrapped(bench.log, f"profile {regime}", offsets, ctx)
+        batches = batch_windows(PROFILE_OFFSETS, prompts, bench.batch)
+        texts = [code_prompts(ctx, ws) for ws in batches]
+        log_wrapped(bench.log, f"profile {regime}", sorted({o for ws in batches for o in ws}), ctx)
+        line = reuse_line(f"profile {regime}", PROFILE_OFFSETS, prompts, bench.batch, ctx)
+        if line:
+            bench.log(line)
         rr = RegimeRuns(bench, regime, ctx, texts)
         acc[regime] = a = {}
         measure_chains(rr, space, ref_tree, a, chain_tokens)

@@ -7,11 +7,22 @@ Code prompts are windows of the validation split of the built-in corpus
 ``WALK_OFFSETS`` and the adaptive phase window 2, so no phase decodes a prompt another phase
 measured. Prose and repetitive prompts come from the installed packages' long descriptions
 (the training corpus skips them), random prompts are seeded bytes.
+
+At batch B > 1 a run decodes B prompts together: a phase's runs take its windows in turn,
+sequence j of run i the ``(i * B + j)``-th (``batch_windows``), so every window is decoded
+before any is decoded twice. The corpus rarely holds B windows per run of every phase (at 16K
+a run of 32 needs 0.5 MB of code): a window then serves several sequences of the phase, each
+drawing its own samples (the position uniforms differ per sequence, ``engine.loop``), and
+the phase says so in one line (``reuse_line``). The adaptive phase's code sequences take
+window 2 and the walk windows the walks leave (``adaptive_windows``); its other prompt sets
+give sequence j the window ``2 + j`` of their own source.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
+import math
 import site
 import sys
 import zlib
@@ -56,10 +67,11 @@ def regime_contexts(text: str, flag: str, new_tokens: int) -> dict[str, int]:
     return {r: contexts[r] for r in REGIMES if r in contexts}
 
 
+@functools.lru_cache(maxsize=1)
 def prose_stream() -> bytes:
     """English prose from the installed packages' ``.dist-info/METADATA`` long descriptions
-    (their bodies, after the header block). The training corpus skips ``.dist-info``, so the
-    tiny pair never saw these bytes."""
+    (their bodies, after the header block), read once per process. The training corpus skips
+    ``.dist-info``, so the tiny pair never saw these bytes."""
     roots = list(dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()] + sys.path))
     files = sorted({f for r in roots for f in glob.glob(f"{r}/*.dist-info/METADATA")})
     parts = []
@@ -79,12 +91,10 @@ def prose_stream() -> bytes:
 def prompt_tokens(kind: str, n: int, *, offset: int = 0, seed: int = 0) -> list[int]:
     """``n`` byte tokens of prompt set ``kind``; ``offset`` selects a different window of the
     same source (code and prose), so a profile prompt and a measured prompt differ."""
-    from ssvkit.engine.corpus import corpus_sample
-
     if n < 1:
         raise ValueError(f"prompt length must be >= 1, got {n}")
     if kind == "code":
-        return corpus_sample(offset + n)[offset:]
+        return list(_code(n, offset))
     if kind in ("prose", "repetitive"):
         data = prose_stream()
         if kind == "repetitive":  # one paragraph, over and over
@@ -97,6 +107,63 @@ def prompt_tokens(kind: str, n: int, *, offset: int = 0, seed: int = 0) -> list[
     if kind == "random":
         return np.random.default_rng(seed + offset).integers(0, 256, n).tolist()
     raise ValueError(f"unknown prompt set {kind!r}; expected one of {', '.join(PROMPT_SETS)}")
+
+
+@functools.lru_cache(maxsize=128)
+def _code(n: int, offset: int) -> tuple[int, ...]:
+    """``n`` bytes of the code corpus from ``offset``, read once per process: a batch's
+    sequences and every strategy of a phase decode the same windows."""
+    from ssvkit.engine.corpus import corpus_sample
+
+    return tuple(corpus_sample(offset + n)[offset:])
+
+
+def batch_windows(windows: tuple[int, ...], runs: int, batch: int) -> list[tuple[int, ...]]:
+    """The windows of ``runs`` runs of ``batch`` sequences each: sequence j of run i decodes
+    ``windows[(i * batch + j) % len(windows)]``, every window before any twice (at batch 1, run
+    i the i-th window, cyclically)."""
+    if not windows:
+        raise ValueError("no prompt window to decode")
+    if runs < 0 or batch < 1:
+        raise ValueError(f"runs must be >= 0 and batch >= 1, got {runs} and {batch}")
+    n = len(windows)
+    return [tuple(windows[(i * batch + j) % n] for j in range(batch)) for i in range(runs)]
+
+
+def reuse_line(what: str, windows: tuple[int, ...], runs: int, batch: int, ctx: int) -> str | None:
+    """The line a phase logs when its ``runs`` runs of ``batch`` sequences decode some of its
+    ``windows`` more than once (None when they do not)."""
+    n = runs * batch
+    if n <= len(windows):
+        return None
+    return (
+        f"{what}: {n} sequences over {len(windows)} prompt windows of {ctx} tokens (a window "
+        f"decoded by up to {math.ceil(n / len(windows))} sequences, each drawing its own samples)"
+    )
+
+
+def code_prompts(ctx: int, windows: tuple[int, ...]) -> list[list[int]]:
+    """The code prompt of ``ctx`` tokens of each of ``windows`` (a run's batch)."""
+    return [prompt_tokens("code", ctx, offset=o * ctx) for o in windows]
+
+
+def set_prompts(kind: str, ctx: int, batch: int, code_windows: tuple[int, ...]) -> list[list[int]]:
+    """The adaptive phase's batch of prompt set ``kind``: code from ``code_windows`` in turn
+    (``adaptive_windows``), any other set sequence j from window ``2 + j`` of its own source
+    (at batch 1, window 2 either way)."""
+    if kind == "code":
+        return code_prompts(ctx, batch_windows(code_windows, 1, batch)[0])
+    return [prompt_tokens(kind, ctx, offset=(2 + j) * ctx) for j in range(batch)]
+
+
+def adaptive_windows(ctx: int, batch: int, walk_prompts: int, available=None) -> tuple[int, ...]:
+    """The code windows of the adaptive phase: window 2, and at batch > 1 the walk windows the
+    walks leave (past their first ``walk_prompts``) that fit in the corpus (``available`` as in
+    ``measure_windows``), for the batch's other sequences."""
+    rest = WALK_OFFSETS[walk_prompts:]
+    if batch == 1 or not rest:
+        return (2,)
+    return (2, *_in_corpus(rest, ctx, available)[0])
 
 
 def prompt_crc32(prompt: list[int]) -> int:

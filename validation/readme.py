@@ -7,6 +7,8 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
 - ``transfer``: the calibration's transfer test sets (leave one head geometry, group size or
   context out; cross-GPU), as ``ssvkit validate --markdown --sets head,group,context,gpu``
   prints them;
+- ``intervals``: the committed profile's residual sets and how its prediction intervals cover
+  rows they were not derived from (``calibration.interval_coverage``);
 - ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
   quality per regime and adaptive gain per prompt set, with what the measurement resolves
   (``validation.report.planner_section``, as the report derives it);
@@ -18,6 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ssvkit.calibration.interval_coverage import intervals_markdown
 from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.files import read_json
@@ -51,6 +54,12 @@ def validate_block(gpu: str = "h100-sxm") -> str:
 def transfer_block(gpu: str = "h100-sxm") -> str:
     """The transfer test sets (``ssvkit validate --markdown --sets head,group,context,gpu``)."""
     return transfer_markdown(transfer_report(gpu, TRANSFER_SETS))
+
+
+def intervals_block(gpu: str = "h100-sxm") -> str:
+    """The prediction intervals' residuals and coverage checks."""
+    profile, annotated, _ = committed_report(gpu)
+    return intervals_markdown(gpu, profile, annotated)
 
 
 def _signed_pct(x: float) -> str:
@@ -148,6 +157,7 @@ def papers_block() -> str:
 BLOCKS = {
     "validate": validate_block,
     "transfer": transfer_block,
+    "intervals": intervals_block,
     "planner": planner_block,
     "papers": papers_block,
 }

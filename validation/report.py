@@ -36,6 +36,7 @@ from ssvkit.perfmodel.calibrated import Profile, make_predictor
 from ssvkit.perfmodel.files import malformed, read_json
 from ssvkit.perfmodel.hardware import get_gpu, gpu_names
 from ssvkit.perfmodel.host_overhead import host_overhead_s
+from ssvkit.perfmodel.intervals import COVERAGE, interval
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import DrafterSpec, Workload, parse_tree
@@ -44,13 +45,8 @@ from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.profile import profile_from_json
 from ssvkit.sim.config import SimConfig
 from ssvkit.sim.scenarios import simulate
-from ssvkit.validation.decode_figures import verify_forward_s
-from ssvkit.validation.records import (
-    local_model,
-    measured_strategy,
-    project_label,
-    record_path,
-)
+from ssvkit.validation.decode_figures import inside, prediction_intervals, verify_forward_s
+from ssvkit.validation.records import local_model, measured_strategy, project_label, record_path
 from ssvkit.validation.stats import regime_resolution, set_resolution
 
 REPORT_VERSION = 1
@@ -106,6 +102,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
     pred = _predict(model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma)
     loop = host_overhead_s(profile.overhead_coefficients(regime), s)
     round_s = float(pred.round_s[0]) + loop
+    intervals, round_bounds = prediction_intervals(pred, loop)
     row = {
         "baseline": runs[0]["baseline"],
         "context_len": ctx,
@@ -129,7 +126,9 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
             "provenance": pred.provenance,
             "extrapolated": bool(pred.extrapolated[0]),
             "stand_ins": pred.stood_in_for(0),
+            "intervals": intervals,
         },
+        "_round_bounds": round_bounds,
     }
     if sim:
         row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, loop)
@@ -148,12 +147,17 @@ def _speedups(rows: list[dict]) -> list[dict]:
         for name, r in at.items():
             if name == "ar_dense":
                 continue
+            predicted = r["predicted"]["tokens_per_s"] / base["predicted"]["tokens_per_s"]
+            over, under = base["_round_bounds"], r["_round_bounds"]
             out.append(
                 {
                     "baseline": name,
                     "context_len": ctx,
                     "measured": r["measured"]["tokens_per_s"] / base["measured"]["tokens_per_s"],
-                    "predicted": r["predicted"]["tokens_per_s"] / base["predicted"]["tokens_per_s"],
+                    "predicted": predicted,
+                    "interval": None
+                    if over is None
+                    else [float(x) for x in interval([predicted], over=over, under=under)[0]],
                 }
             )
     return out
@@ -179,6 +183,8 @@ def campaign_section(campaign: dict, planner: dict, sim: bool = True) -> dict:
     ]
     rows.sort(key=lambda r: (r["context_len"], BASELINE_ORDER.index(r["baseline"])))
     speedups = _speedups(rows)
+    for r in rows:
+        del r["_round_bounds"]
 
     def stats(key):
         return _errors([(r["predicted"][key], r["measured"][key]) for r in rows])
@@ -190,11 +196,33 @@ def campaign_section(campaign: dict, planner: dict, sim: bool = True) -> dict:
         "tokens_per_s": stats("tokens_per_s"),
         "round": stats("round_s"),
         "speedup": _errors([(x["predicted"], x["measured"]) for x in speedups]),
+        "coverage": _coverage(rows, speedups),
     }
     if sim:
         sims = [r["simulated"] for r in rows if r.get("simulated")]
         out["simulator"] = _errors([(x["tokens_per_s"], x["measured_tokens_per_s"]) for x in sims])
     return out
+
+
+def _coverage(rows: list[dict], speedups: list[dict]) -> dict:
+    """Per figure, how many measured values lie inside their predicted intervals, of how many
+    rows have one (``perfmodel.intervals``; the verify step, round, tokens/s, speedups)."""
+    out = {}
+    # The measured verify step is the target forward: the verify forward's interval.
+    for key, iv_key in (
+        ("verify_s", "verify_forward_s"),
+        ("round_s", "round_s"),
+        ("tokens_per_s", "tokens_per_s"),
+    ):
+        got = [
+            inside(r["predicted"]["intervals"][iv_key], r["measured"][key])
+            for r in rows
+            if r["predicted"]["intervals"]
+        ]
+        out[key] = {"inside": sum(got), "n": len(got)}
+    got = [inside(x["interval"], x["measured"]) for x in speedups if x["interval"]]
+    out["speedup"] = {"inside": sum(got), "n": len(got)}
+    return {**out, "coverage": COVERAGE}
 
 
 def _gpu_key(name: str) -> str:

@@ -71,6 +71,9 @@ def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: s
         doc["temperature"],
     )
     bench.log = lambda m: None
+    # The evaluation's batch prices the ranking and lays out its prompts; the runners hold one
+    # sequence, as nothing decodes here (the run cache answers every run).
+    bench.batch = doc.get("batch", 1)
     # An evaluation before the profile's timing passes timed its profile runs once.
     bench.timing_passes = doc.get("profile_timing_passes", 1)
     bench.cache = CachedRuns(runs)
@@ -96,7 +99,7 @@ def rescore(
     overhead fit figures now."""
     doc = json.loads(evaluation.read_text())
     bench, space, contexts, profile, fits = profile_from_runs(runs, doc, model, draft_model)
-    ranking = rank(bench.model, bench.gpu, space, profile, regimes=contexts)
+    ranking = rank(bench.model, bench.gpu, space, profile, batch=bench.batch, regimes=contexts)
     out = {}
     for regime, v in doc["regimes"].items():
         ranked = ranking["regimes"][regime]["ranking"]

@@ -10,8 +10,10 @@ context, batch and acceptance; an autoregressive cell pairs with every acceptanc
 prediction is the campaign's: perfmodel's step model at the cell's measured acceptance and
 selection overlap, without a host-loop term. The acceptance is the oracle drafter's, labelled
 ``synthetic:oracle``; skipped cells keep the campaign's reason (the memory arithmetic where
-memory refused them). No prediction carries an interval yet: the report says so, and its plot
-draws none.
+memory refused them). Each prediction the campaign stored with its interval
+(``perfmodel.intervals``, through ``validation.decode_figures.predict``) is drawn with it, and
+the report counts, per figure, the measured values inside their intervals; a campaign predicted
+without intervals is said to be so.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import numpy as np
 from ssvkit.calibration.error_table import ape_text_lines
 from ssvkit.calibration.fit import error_stats
 from ssvkit.perfmodel.files import malformed
+from ssvkit.perfmodel.intervals import COVERAGE
+from ssvkit.validation.decode_figures import inside, ratio_interval
 from ssvkit.validation.e2e_campaign import NAMES
-from ssvkit.validation.scale_campaign import AUTOREGRESSIVE, BENCHMARK
+from ssvkit.validation.scale_cells import AUTOREGRESSIVE, BENCHMARK, CAMPAIGN_VERSION
 
 # (baseline, over): every baseline over ar_dense, and the grouped strategies over the sparse
 # autoregressive baseline and both speculative ones (the seeds' headline ratios).
@@ -45,9 +49,16 @@ LEVELS = {
     "context": ("gpu", "model", "batch", "context"),
 }
 NO_INTERVALS = (
-    "no prediction intervals: perfmodel's predictions carry none yet (the transferable-"
-    "predictions issue's intervals), so none is drawn"
+    "no prediction intervals: the campaign's predictions carry none (predicted without "
+    "residuals: the roofline, or before perfmodel had intervals), so none is drawn"
 )
+# The cell figures with intervals, and the key of each in ``decode_figures.predict``'s (the
+# measured verify step is the target forward).
+INTERVAL_KEYS = {
+    "verify_s": "verify_forward_s",
+    "round_s": "round_s",
+    "tokens_per_s": "tokens_per_s",
+}
 
 
 def is_scale_campaign(doc: dict) -> bool:
@@ -91,8 +102,9 @@ def _cell(doc: dict, r: dict) -> dict:
         "verify_s": p.get("verify_forward_s"),
         "round_s": p["round_s"],
         "provenance": p["provenance"],
+        "intervals": p.get("intervals"),
+        "round_log_bounds": p.get("round_log_bounds"),
     }
-    out["intervals"] = sorted(k for k in p if "interval" in k)
     return out
 
 
@@ -111,6 +123,7 @@ def _speedups(cells: list[dict]) -> list[dict]:
                 y = at.get((model, ctx, batch, over, None if over in AUTOREGRESSIVE else a))
                 if x is None or y is None or not (x["predicted"] and y["predicted"]):
                     continue
+                predicted = x["predicted"]["tokens_per_s"] / y["predicted"]["tokens_per_s"]
                 out.append(
                     {
                         **{k: x[k] for k in ("gpu", "model", "context", "batch")},
@@ -118,8 +131,12 @@ def _speedups(cells: list[dict]) -> list[dict]:
                         "baseline": b,
                         "over": over,
                         "measured": x["measured"]["tokens_per_s"] / y["measured"]["tokens_per_s"],
-                        "predicted": x["predicted"]["tokens_per_s"]
-                        / y["predicted"]["tokens_per_s"],
+                        "predicted": predicted,
+                        "interval": ratio_interval(
+                            predicted,
+                            y["predicted"]["round_log_bounds"],
+                            x["predicted"]["round_log_bounds"],
+                        ),
                     }
                 )
     return out
@@ -170,6 +187,36 @@ def _groups(level: tuple[str, ...], cells, speedups, skipped) -> list[dict]:
     return out
 
 
+def coverage(cells: list[dict], speedups: list[dict]) -> dict:
+    """Per figure, how many measured values lie inside their predicted intervals, of how many
+    have one."""
+    out = {}
+    for key, iv_key in INTERVAL_KEYS.items():
+        got = [
+            inside(c["predicted"]["intervals"][iv_key], c["measured"][key])
+            for c in cells
+            if c["predicted"] and c["predicted"]["intervals"]
+        ]
+        out[key] = {"inside": sum(got), "n": len(got)}
+    got = [inside(x["interval"], x["measured"]) for x in speedups if x["interval"]]
+    out["speedup"] = {"inside": sum(got), "n": len(got)}
+    return out
+
+
+def _intervals_note(cov: dict) -> dict:
+    """Whether intervals are drawn, and the note that says what they are or why none is."""
+    if not any(v["n"] for v in cov.values()):
+        return {"drawn": False, "note": NO_INTERVALS}
+    counts = ", ".join(f"{k} {v['inside']}/{v['n']}" for k, v in cov.items())
+    return {
+        "drawn": True,
+        "coverage": COVERAGE,
+        "note": f"{100 * COVERAGE:.0f}% prediction intervals from the kernel families' leave-out "
+        f"residuals (perfmodel.intervals); measured inside: {counts}",
+        "inside": cov,
+    }
+
+
 def _skipped(doc: dict, r: dict) -> dict:
     return {
         **_keys(doc, r),
@@ -182,9 +229,10 @@ def build_scale(doc: dict, source: str | Path) -> dict:
     """The report of a scale campaign document (``ValueError`` in one line when it holds no
     cell or is malformed)."""
     with malformed(f"scale campaign {str(source)!r}"):
-        if doc["version"] != 1:
+        if doc["version"] != CAMPAIGN_VERSION:
             raise ValueError(
-                f"scale campaign {str(source)!r} has version {doc['version']!r}, not 1"
+                f"scale campaign {str(source)!r} has version {doc['version']!r}, "
+                f"not {CAMPAIGN_VERSION}"
             )
         rows = doc["rows"]
         if not rows:
@@ -194,7 +242,6 @@ def build_scale(doc: dict, source: str | Path) -> dict:
         speedups = _speedups(cells)
         prov = doc["provenance"]
     overall = _summary(cells, speedups)
-    carried = sorted({k for c in cells if c["predicted"] for k in c["intervals"]})
     values = {
         f"{k}_{q}_ape": overall[k].get(f"{q}_ape")
         for k in ("verify", "tokens_per_s", "speedup")
@@ -215,12 +262,7 @@ def build_scale(doc: dict, source: str | Path) -> dict:
         },
         "prediction": "the campaign's: perfmodel's step model at the measured acceptance and "
         "overlap, without a host-loop term",
-        "intervals": {
-            "drawn": False,
-            "note": NO_INTERVALS
-            if not carried
-            else (f"the predictions carry {', '.join(carried)}; this report does not draw them"),
-        },
+        "intervals": _intervals_note(coverage(cells, speedups)),
         "overall": overall,
         "groups": {
             name: _groups(level, cells, speedups, skipped) for name, level in LEVELS.items()
@@ -235,10 +277,16 @@ def build_scale(doc: dict, source: str | Path) -> dict:
     }
 
 
-def plot_points(rep: dict) -> list[tuple[str, float, float]]:
-    """(baseline, measured, predicted) tokens/s of every cell with a prediction."""
+def plot_points(rep: dict) -> list[tuple]:
+    """(baseline, measured, predicted, interval or None) tokens/s of every cell with a
+    prediction."""
     return [
-        (c["baseline"], c["measured"]["tokens_per_s"], c["predicted"]["tokens_per_s"])
+        (
+            c["baseline"],
+            c["measured"]["tokens_per_s"],
+            c["predicted"]["tokens_per_s"],
+            (c["predicted"]["intervals"] or {}).get("tokens_per_s"),
+        )
         for c in rep["cells"]
         if c["predicted"]
     ]

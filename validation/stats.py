@@ -11,20 +11,38 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.stats import bootstrap, kendalltau
+from ssvkit.perfmodel.strategy import Strategy, parse_tree
 from ssvkit.planner.rank import strategy_from_json
 
 
-def pick(ranking: list[dict], n: int, ok, top: int = 4) -> list[dict]:
+def family(s: Strategy) -> str:
+    """A strategy's family, the strata of a stratified ``pick``: its drafter kind
+    (``autoregressive`` when it drafts nothing) and its attention (``dense`` or ``sparse``)."""
+    kind = s.drafter.kind if parse_tree(s.tree) else "autoregressive"
+    return f"{kind}|{s.attention}"
+
+
+def pick(ranking: list[dict], n: int, ok, top: int = 4, strata=None) -> list[dict]:
     """The first ``top`` runnable entries, then runnable ranks spread evenly over the rest:
-    ``n`` entries in all (fewer when fewer are runnable)."""
+    ``n`` entries in all (fewer when fewer are runnable), in rank order. With ``strata`` (a
+    strategy's stratum, e.g. ``family``), the best-ranked runnable entry of every stratum the
+    first ``top`` miss joins them before the spread (while ``n`` allows), so that a ranking
+    whose top is all one family still measures the best of the others."""
     runnable = [r for r in ranking if ok(strategy_from_json(r["strategy"]))]
     if len(runnable) <= n:
         return runnable
-    head = runnable[: min(top, n)]  # n < top: the first n
-    rest = runnable[len(head) :]
+    head = list(range(min(top, n)))  # n < top: the first n
+    if strata is not None:
+        seen = {strata(strategy_from_json(runnable[i]["strategy"])) for i in head}
+        for i in range(len(head), len(runnable)):
+            label = strata(strategy_from_json(runnable[i]["strategy"]))
+            if len(head) < n and label not in seen:
+                seen.add(label)
+                head.append(i)
+    rest = [i for i in range(len(runnable)) if i not in set(head)]
     k = n - len(head)
-    idx = np.unique(np.round(np.linspace(0, len(rest) - 1, k)).astype(int))
-    return head + [rest[i] for i in idx]
+    idx = np.unique(np.round(np.linspace(0, len(rest) - 1, k)).astype(int)) if k else []
+    return [runnable[i] for i in sorted(head + [rest[j] for j in idx])]
 
 
 def _draws(samples, statistic, draws: int, seed: int) -> np.ndarray:

@@ -15,15 +15,16 @@ import numpy as np
 from ssvkit.perfmodel.strategy import Strategy, parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.space import SpaceSpec, strategy_id
-from ssvkit.validation.bench import Bench, steady_run
-from ssvkit.validation.prompts import prompt_crc32, prompt_tokens, walk_windows
+from ssvkit.validation.bench import Bench, kept_texts, steady_run
+from ssvkit.validation.prompts import batch_windows, code_prompts, prompt_crc32, walk_windows
 
 
 def walk_texts(
     bench: Bench, space: SpaceSpec, ctx: int, prompts: int, regime: str
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt, text) of one autoregressive run (seed: the window) on each of the first
-    ``prompts`` windows of ``walk_windows`` at ``ctx``, for ``walk_ngram``."""
+    """(prompt, text) of autoregressive runs over the first ``prompts`` windows of
+    ``walk_windows`` at ``ctx``, for ``walk_ngram``: one run per window at batch 1, at batch B
+    as few runs of B as hold them all (``batch_windows``; seed: the run's first window)."""
     windows = walk_windows(ctx, prompts)
     if len(windows) < prompts:
         bench.log(
@@ -31,28 +32,29 @@ def walk_texts(
             f"corpus at {ctx} tokens"
         )
     ar = Strategy(name="walk", tree="chain:0", drafter=bench.drafter(space.drafters[0]))
+    runs = -(-len(windows) // bench.batch)
     out = []
-    for o in windows:
-        prompt = prompt_tokens("code", ctx, offset=o * ctx)
+    for ws in batch_windows(windows, runs, bench.batch) if windows else ():
+        batch = code_prompts(ctx, ws)
         fig = bench.run(
-            f"walk|{ctx}|w{o}|{strategy_id(ar)}",
+            f"walk|{ctx}|w{ws[0]}|{strategy_id(ar)}",
             steady_run,
             bench,
             ar,
-            prompt,
-            seed=o,
+            batch,
+            seed=ws[0],
             keep_text=True,
         )
-        same_prompt(fig, prompt, f"walk|{ctx}|w{o}")
-        out.append((prompt, fig["text"]))
+        for prompt, (crc, text) in zip(batch, kept_texts(fig), strict=True):
+            same_prompt(crc, prompt, f"walk|{ctx}|w{ws[0]}")
+            out.append((prompt, text))
     return out
 
 
-def same_prompt(fig: dict, prompt: list[int], where: str) -> None:
-    """Raise when a kept text was decoded after another prompt than ``prompt`` (a run cache
-    from a machine whose package sources, the code corpus, differ); runs cached before the
-    check kept no CRC and pass."""
-    crc = fig.get("prompt_crc32")
+def same_prompt(crc: int | None, prompt: list[int], where: str) -> None:
+    """Raise when a kept text was decoded after another prompt than ``prompt`` (its CRC-32
+    ``crc``: a run cache from a machine whose package sources, the code corpus, differ); runs
+    cached before the check kept no CRC (None) and pass."""
     if crc is not None and crc != prompt_crc32(prompt):
         raise ValueError(
             f"run {where!r} decoded another prompt than this machine's corpus "
@@ -78,14 +80,15 @@ def walk_ngram(
     regime: str,
     a: dict[str, float],
     runs: list[tuple[Strategy, dict]],
-    prompts: list[list[int]],
+    prompts: list[list[list[int]]],
     own: dict[str, float],
     record: dict,
     extra: list[tuple[list[int], list[int]]] = (),
 ) -> None:
     """Set the n-gram drafter's acceptance on each of its trees in ``a`` (``ngram@<tree>``,
     chains and branching trees) from its walks over the texts of every dense profile run of
-    the regime (``runs``, with their ``prompts``) and the (prompt, text) pairs of ``extra``
+    the regime (``runs``, with their batches of ``prompts``: every sequence's text) and the
+    (prompt, text) pairs of ``extra``
     (``walk_texts``): accepted drafts over rounds, summed over the texts of each prompt over
     their number, then over the prompts -- each prompt weighs alike, however many runs decoded
     it. The drafter's reference alpha ``a["ngram"]`` stays its own runs' (the ``best:N``
@@ -96,11 +99,12 @@ def walk_ngram(
     if not specs:
         return
     pairs = []
-    for i, ((s, fig), prompt) in enumerate(zip(runs, prompts, strict=True)):
+    for i, ((s, fig), batch) in enumerate(zip(runs, prompts, strict=True)):
         # sparse attention writes another distribution; old caches kept no text
-        if s.attention == "dense" and "text" in fig:
-            same_prompt(fig, prompt, f"profile run {i} of {regime}")
-            pairs.append((prompt, fig["text"]))
+        texts = kept_texts(fig) if s.attention == "dense" else []
+        for prompt, (crc, text) in zip(batch, texts, strict=bool(texts)):
+            same_prompt(crc, prompt, f"profile run {i} of {regime}")
+            pairs.append((prompt, text))
     pairs += list(extra)
     if not pairs:
         return

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ssvkit.perfmodel.numbers import figure
+from ssvkit.perfmodel.numbers import figure, interval_text
 from ssvkit.validation.decode_figures import fit_acceptance, mean_selection, predict
 from ssvkit.validation.records import run_schedule
 
@@ -88,6 +88,10 @@ def build_report(args, result, run: DecodeRun) -> dict:
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
         "round_s": figure(round_s, "s", timer),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
+        # With the oracle its reference pass runs the prefill and the decode reuses it: the
+        # prefill's own time is the one measured when it ran.
+        "prefill_reused": result.prefill_reused,
+        "prefill_forward_s": figure(result.prefill_forward_s, "s", timer),
         "warm_drafters_s": figure(result.warm_s, "s", "measured:wall-clock"),
         "selection": {
             name: mean_selection(result, name)
@@ -123,6 +127,11 @@ def _sample_text(tokens: list[int]) -> str:
     return decode(tokens[:80])
 
 
+def _iv(iv, fmt: str, scale: float = 1.0) -> str:
+    """`` [low, high]`` after a predicted figure, or nothing without an interval."""
+    return f" {interval_text(iv, fmt, scale)}" if iv is not None else ""
+
+
 def report_text(r: dict) -> str:
     p = r["prediction"]
     ms = 1e3
@@ -151,7 +160,9 @@ def report_text(r: dict) -> str:
         f"context {r['context']}, batch {r['batch']}, {r['new_tokens']} new tokens, "
         f"{r['rounds']} rounds ({r['warmup_rounds']} warm-up left out)"
     )
+    ivs = p.get("intervals") or {}
     pred_tps = f"{p['tokens_per_s']:10.1f}" if "tokens_per_s" in p else "       n/a"
+    pred_tps += _iv(ivs.get("tokens_per_s"), ".1f")
     lines.append(f"{'':22s}{'measured':>10s} {'predicted':>10s}")
     lines.append(f"{'tokens/s':22s}{r['tokens_per_s']['value']:10.1f} {pred_tps}")
     lines.append(
@@ -178,10 +189,12 @@ def report_text(r: dict) -> str:
         # does not predict per step.
         note = "(host)" if k == "launch" else "(in verify)"
         pcol = f"{pv * ms:10.3f}" if pv is not None else f"{note:>10s}"
+        pcol += _iv(ivs.get(f"{k}_s"), ".3f", ms)
         if k == "verify" and pv is not None:
             pcol += "   (prediction includes accept)"
         lines.append(f"{k + ' (ms)':22s}{v['value'] * ms:10.3f} {pcol}")
     pr = f"{p['round_s'] * ms:10.3f}" if "round_s" in p else "       n/a"
+    pr += _iv(ivs.get("round_s"), ".3f", ms)
     lines.append(f"{'round (ms)':22s}{r['round_s']['value'] * ms:10.3f} {pr}")
     lines.append(
         "prediction: "

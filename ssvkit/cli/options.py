@@ -10,7 +10,14 @@ import argparse
 import dataclasses
 
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.numbers import finite_float, parse_count
+from ssvkit.perfmodel.intervals import COVERAGE
+from ssvkit.perfmodel.numbers import finite_float, interval_text, parse_count
+
+INTERVALS_NOTE = (
+    "from the leave-out residuals of each op's kernel family, combined per "
+    "perfmodel.intervals (docs/cli.md, 'Intervals'); null: no residuals price the figure "
+    "(the datasheet roofline, a transfer across architectures)"
+)
 
 
 def add_dataclass_options(parser, cls, names, defaults=None, prefix="") -> None:
@@ -55,6 +62,39 @@ def add_pricing_options(p) -> None:
 def pricing_gpu(args, name: str) -> GpuSpec:
     """The GPU ``name`` priced as ``add_pricing_options``' flags ask."""
     return get_gpu(name, measured=not args.roofline, any_architecture=args.any_architecture)
+
+
+def intervals_doc(note: str | None = None) -> dict:
+    """The JSON outputs' note on the intervals: their coverage and where they come from, or
+    (``note``) why there are none."""
+    return (
+        {"coverage": None, "note": note} if note else {"coverage": COVERAGE, "note": INTERVALS_NOTE}
+    )
+
+
+def interval_legend(has_interval, no_interval_note: str) -> list[str]:
+    """The text outputs' line on the intervals: what ``[low, high]`` is where shown
+    (``has_interval``: any figure shown has one), and ``no_interval_note`` where one lacks it."""
+    lines = []
+    if any(has_interval):
+        lines.append(
+            f"[low, high]: {100 * COVERAGE:.0f}% intervals from the leave-out residuals of each "
+            "op's kernel family (docs/cli.md, 'Intervals')"
+        )
+    if not all(has_interval):
+        lines.append(f"no intervals: {no_interval_note}")
+    return lines
+
+
+def bounded_parts(value: float, iv, fmt: str, suffix: str = "") -> tuple[str, str]:
+    """``value`` and, when there is one, its interval, as two texts: ``327.4``,
+    ``[309.3, 340.3]``."""
+    return f"{value:{fmt}}{suffix}", interval_text(iv, fmt)
+
+
+def bounded_text(value: float, iv, fmt: str, suffix: str = "") -> str:
+    """``327.4 [309.3, 340.3]``, or ``327.4`` without an interval."""
+    return " ".join(x for x in bounded_parts(value, iv, fmt, suffix) if x)
 
 
 def given(args, names, prefix="") -> dict:

@@ -122,7 +122,7 @@ def _check_overwrite(path: Path, source: str, given: str) -> None:
 
 
 def run(args) -> int:
-    from ssvkit.sweep import plots
+    from ssvkit.sweep import capacity_plots, plots
     from ssvkit.sweep.table import read_table, sibling
 
     kinds = KINDS if args.kind == "all" else tuple(_names(args.kind) or ())
@@ -159,7 +159,7 @@ def run(args) -> int:
         images[f"{prefix}-roofline.png"] = plots.roofline(table, fixed)
     if "capacity" in kinds:
         cap, _ = read_table(cap_path)
-        images[f"{prefix}-capacity.png"] = plots.capacity(cap, fixed)
+        images[f"{prefix}-capacity.png"] = capacity_plots.capacity(cap, fixed)
     source = str(Path(args.sweep).resolve())
     for name in images:
         _check_overwrite(out_dir / name, source, args.sweep)

@@ -18,12 +18,15 @@ from pathlib import Path
 from ssvkit.cli.options import (
     add_dataclass_options,
     add_pricing_options,
+    bounded_parts,
     check_drafter_model,
     given,
+    interval_legend,
+    intervals_doc,
     pricing_gpu,
 )
 from ssvkit.cli.predict_plot import predict_plot
-from ssvkit.perfmodel.baselines import compare, grouped_seconds
+from ssvkit.perfmodel.baselines import base_provenance, compare, grouped_seconds
 from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import check_output, write_files
 from ssvkit.perfmodel.models import get_model
@@ -106,8 +109,28 @@ def build_strategies(args) -> list[Strategy]:
     return out
 
 
+def interval_lines(rows) -> list[str]:
+    """What the intervals are (or why there are none), the extrapolation mark and the share of
+    a round priced without residuals, as the text outputs say it."""
+    lines = interval_legend([r["intervals"] is not None for r in rows], rows[0]["interval_note"])
+    if rows[0]["intervals"] is None:
+        return lines
+    if any(r["extrapolated"] for r in rows):
+        lines.append(
+            "* extrapolated: some op outside its class's measured range; its interval takes "
+            "the leave-one-out residuals too"
+        )
+    share = max(r["uncovered_share"] for r in rows)
+    if share >= 5e-4:
+        lines.append(
+            f"ops priced by the roofline (no residuals) are up to {100 * share:.1f}% of a "
+            "round, inside no interval"
+        )
+    return lines
+
+
 def _table(rows, model, gpu, workload, strategies) -> str:
-    prov = rows[0]["provenance"]
+    prov = base_provenance(rows[0])
     sd = next((s for s in strategies if s.tree != "chain:0"), None)
     lines = [
         f"{model.name} on {gpu.name} [{prov}]  batch {workload.batch}  tp {workload.tp}  "
@@ -119,21 +142,50 @@ def _table(rows, model, gpu, workload, strategies) -> str:
             f"draft: {sd.drafter.kind}, tree {sd.tree} ({r['num_draft_tokens']} nodes, "
             f"{r['tokens_per_round']:.2f} tokens/round)"
         )
-    head = (
-        f"{'context':>8s} {'strategy':16s} {'tok/s':>8s} {'vs ar_dense':>11s} "
-        f"{'vs ar_sparse':>12s} {'round ms':>9s} | {'draft':>6s} {'gemm':>6s} "
-        f"{'attn':>6s} {'select':>6s} {'other':>6s}  (ms)"
-    )
-    lines += [head, "-" * len(head)]
+    cells = []
     for r in rows:
-        g = grouped_seconds(r)
-        ctx = count_label(r["context_len"])
-        lines.append(
-            f"{ctx:>8s} {r['strategy']:16s} {r['tokens_per_s']:8.1f} "
-            f"{r['speedup_vs_ar_dense']:10.2f}x {r['speedup_vs_ar_sparse']:11.2f}x "
-            f"{r['round_s'] * 1e3:9.2f} | {g['draft'] * 1e3:6.2f} {g['gemm'] * 1e3:6.2f} "
-            f"{g['attention'] * 1e3:6.2f} {g['selection'] * 1e3:6.2f} {g['other'] * 1e3:6.2f}"
+        iv = r["intervals"] or {}
+        cells.append(
+            (
+                count_label(r["context_len"]),
+                r["strategy"] + ("*" if r["extrapolated"] else ""),
+                bounded_parts(r["tokens_per_s"], iv.get("tokens_per_s"), ".1f"),
+                bounded_parts(r["speedup_vs_ar_dense"], iv.get("speedup_vs_ar_dense"), ".2f", "x"),
+                bounded_parts(
+                    r["speedup_vs_ar_sparse"], iv.get("speedup_vs_ar_sparse"), ".2f", "x"
+                ),
+                bounded_parts(r["round_s"] * 1e3, _ms(iv.get("round_s")), ".2f"),
+            )
         )
+    names = ("context", "strategy", "tok/s", "vs ar_dense", "vs ar_sparse", "round ms")
+    value_w = [max(len(c[i][0]) for c in cells) for i in range(2, 6)]
+    iv_w = [max(len(c[i][1]) for c in cells) for i in range(2, 6)]
+    width = [
+        max(len(n), v + (i and i + 1)) for n, v, i in zip(names[2:], value_w, iv_w, strict=True)
+    ]
+
+    def figures(items) -> str:
+        out = ""
+        for (v, i), vw, iw, w in zip(items, value_w, iv_w, width, strict=True):
+            text = f"{v:>{vw}s}" + (f" {i:<{iw}s}" if iw else "")
+            out += f" {text:>{w}s}"
+        return out
+
+    head = f"{'context':>8s} {'strategy':16s}" + "".join(
+        f" {n:>{w}s}" for n, w in zip(names[2:], width, strict=True)
+    )
+    head += f" | {'draft':>6s} {'gemm':>6s} {'attn':>6s} {'select':>6s} {'other':>6s}  (ms)"
+    lines += [head, "-" * len(head)]
+    for r, c in zip(rows, cells, strict=True):
+        g = grouped_seconds(r)
+        lines.append(
+            f"{c[0]:>8s} {c[1]:16s}{figures(c[2:])} | {g['draft'] * 1e3:6.2f} "
+            f"{g['gemm'] * 1e3:6.2f} {g['attention'] * 1e3:6.2f} {g['selection'] * 1e3:6.2f} "
+            f"{g['other'] * 1e3:6.2f}"
+        )
+    lines += interval_lines(rows)
+    if rows[0]["intervals"] is not None:
+        lines.append("draft .. other: parts of round ms; each op's interval is in --json and --csv")
     if any(s.is_sparse and s.metadata == "nsa" for s in strategies):
         lines.append(
             "NSA strategies select inside their refresh attention call: in attn, not select."
@@ -151,24 +203,36 @@ def _table(rows, model, gpu, workload, strategies) -> str:
     return "\n".join(lines)
 
 
+def _ms(iv):
+    return None if iv is None else [x * 1e3 for x in iv]
+
+
 def _json(rows, model, gpu, workload, notes) -> str:
     out_rows = []
     for r in rows:
         p = r["provenance"]
+        iv = r["intervals"] or {}
+        op_iv = iv.get("op_s", {})
+
+        def fig(key, unit, r=r, p=p, iv=iv):
+            return {**figure(r[key], unit, p), "interval": iv.get(key)}
+
         out_rows.append(
             {
                 "context_len": r["context_len"],
                 "strategy": r["strategy"],
-                "tokens_per_s": figure(r["tokens_per_s"], "tokens/s", p),
-                "speedup_vs_ar_dense": figure(r["speedup_vs_ar_dense"], "x", p),
-                "speedup_vs_ar_sparse": figure(r["speedup_vs_ar_sparse"], "x", p),
+                "tokens_per_s": fig("tokens_per_s", "tokens/s"),
+                "speedup_vs_ar_dense": fig("speedup_vs_ar_dense", "x"),
+                "speedup_vs_ar_sparse": fig("speedup_vs_ar_sparse", "x"),
                 "tokens_per_round": figure(r["tokens_per_round"], "tokens", "model:acceptance"),
-                "round_s": figure(r["round_s"], "s", p),
-                "draft_s": figure(r["draft_s"], "s", p),
-                "verify_s": figure(r["verify_s"], "s", p),
+                "round_s": fig("round_s", "s"),
+                "draft_s": fig("draft_s", "s"),
+                "verify_s": fig("verify_s", "s"),
+                "uncovered_share": figure(r.get("uncovered_share"), "fraction of round_s", p),
                 "ops": {
                     k: {
-                        "time": figure(v, "s", p),
+                        "time": {**figure(v, "s", p), "interval": op_iv.get(k)},
+                        "residuals": r["op_residuals"].get(k),
                         "flops": figure(r["op_flops"][k], "FLOP", "model:counts"),
                         "bytes": figure(r["op_bytes"][k], "B", "model:counts"),
                     }
@@ -180,7 +244,11 @@ def _json(rows, model, gpu, workload, notes) -> str:
         {
             "model": model.name,
             "gpu": gpu.name,
-            "provenance": gpu.provenance,
+            "provenance": base_provenance(rows[0]),
+            "ceilings": gpu.provenance,
+            "intervals": intervals_doc(
+                rows[0]["interval_note"] if rows[0]["intervals"] is None else None
+            ),
             "workload": dataclasses.asdict(workload),
             "notes": notes,
             "rows": out_rows,
@@ -192,39 +260,53 @@ def _json(rows, model, gpu, workload, notes) -> str:
 def _csv(rows) -> str:
     buf = io.StringIO()
     ops = sorted({k for r in rows for k in r["op_s"]})
+    figures = [
+        "tokens_per_s",
+        "speedup_vs_ar_dense",
+        "speedup_vs_ar_sparse",
+        "round_s",
+        "draft_s",
+        "verify_s",
+    ]
     w = csv.writer(buf)
     w.writerow(
         [
             "context_len",
             "strategy",
-            "tokens_per_s",
-            "speedup_vs_ar_dense",
-            "speedup_vs_ar_sparse",
+            *[f"{f}{x}" for f in figures for x in ("", "_low", "_high")],
             "tokens_per_round",
-            "round_s",
-            "draft_s",
-            "verify_s",
-            *[f"{k}_s" for k in ops],
+            *[f"{k}_s{x}" for k in ops for x in ("", "_low", "_high")],
+            "uncovered_share",
+            "extrapolated",
             "provenance",
         ]
     )
     for r in rows:
+        iv = r["intervals"] or {}
+        op_iv = iv.get("op_s", {})
         w.writerow(
             [
                 r["context_len"],
                 r["strategy"],
-                r["tokens_per_s"],
-                r["speedup_vs_ar_dense"],
-                r["speedup_vs_ar_sparse"],
+                *[x for f in figures for x in (r[f], *(iv.get(f) or ("", "")))],
                 r["tokens_per_round"],
-                r["round_s"],
-                r["draft_s"],
-                r["verify_s"],
-                *[r["op_s"].get(k, 0.0) for k in ops],
+                *[
+                    x
+                    for k in ops
+                    for x in (r["op_s"].get(k, 0.0), *(op_iv.get(k) or _zero_or_blank(r, k)))
+                ],
+                r.get("uncovered_share", ""),
+                r["extrapolated"],
                 r["provenance"],
             ]
         )
     return buf.getvalue()
+
+
+def _zero_or_blank(row, op) -> tuple:
+    """The CSV's interval cells of an op a row does not run (0 s: a zero-width interval) or
+    of a prediction without intervals (blank)."""
+    return (0.0, 0.0) if row["intervals"] is not None and op not in row["op_s"] else ("", "")
 
 
 def check_outputs(args) -> None:

@@ -2,8 +2,10 @@
 each baseline's speedup over ``ar_dense`` against the context length, in one figure.
 
 Colour and marker say which strategy, in both panels; ops that land on one spot of the
-roofline share a number, listed beside the panel. The figure is rendered in the format asked
-for (PNG, PDF or SVG).
+roofline share a number, listed beside the panel. A calibrated prediction draws its intervals
+(``perfmodel.intervals``): each op's achieved FLOP/s as a vertical bar, each speedup as a band;
+the title says when there are none. The figure is rendered in the format asked for (PNG, PDF or
+SVG).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import textwrap
 
 import numpy as np
 
+from ssvkit.perfmodel.baselines import base_provenance
+from ssvkit.perfmodel.intervals import COVERAGE
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.strategy import BASELINES
 
@@ -32,16 +36,20 @@ def _style(rows) -> dict[str, tuple[str, str]]:
     return {n: styles[n] for n in ordered if n in names}
 
 
-def _op_points(rows, ctx: int) -> list[tuple[str, str, float, float]]:
-    """(strategy, op, FLOP/byte, FLOP/s) of every verify op with FLOPs, bytes and time."""
+def _op_points(rows, ctx: int) -> list[tuple]:
+    """(strategy, op, FLOP/byte, FLOP/s, (FLOP/s low, high) or None) of every verify op with
+    FLOPs, bytes and time."""
     out = []
     for r in rows:
         if r["context_len"] != ctx:
             continue
+        op_iv = (r.get("intervals") or {}).get("op_s", {})
         for k, t in r["op_s"].items():
             f, b = r["op_flops"][k], r["op_bytes"][k]
             if k.startswith("verify.") and f > 0 and b > 0 and t > 0:
-                out.append((r["strategy"], k.split(".", 1)[1], f / b, f / t))
+                iv = op_iv.get(k)
+                rate_iv = None if iv is None else (f / iv[1], f / iv[0])
+                out.append((r["strategy"], k.split(".", 1)[1], f / b, f / t, rate_iv))
     return out
 
 
@@ -96,12 +104,23 @@ def _roofline_panel(ax, rows, gpu, dtype: str, style: dict) -> None:
     peak, bw = gpu.tensor_flops_per_s(dtype), gpu.hbm_bytes_per_s
     ai = [p[2] for p in pts] or [peak / bw]
     xlim = (min(ai) / 3, max(max(ai), peak / bw) * 3)
-    ylim = (min([p[3] for p in pts] or [peak]) / 3, peak * 3)
+    ylim = (min([p[4][0] if p[4] else p[3] for p in pts] or [peak]) / 3, peak * 3)
     xs = np.logspace(*np.log10(xlim), 200)
     roof = f"roofline: {peak / 1e12:,.0f} TFLOP/s {dtype}, {bw / 1e12:.2f} TB/s"
     ax.loglog(xs, np.minimum(peak, xs * bw), "k-", lw=1, label=roof)
     for s, (color, marker) in style.items():
         mine = [p for p in pts if p[0] == s]
+        bars = [p for p in mine if p[4] is not None]
+        if bars:
+            ax.errorbar(
+                [p[2] for p in bars],
+                [p[3] for p in bars],
+                yerr=[[p[3] - p[4][0] for p in bars], [p[4][1] - p[3] for p in bars]],
+                fmt="none",
+                ecolor=color,
+                elinewidth=0.8,
+                alpha=0.7,
+            )
         ax.scatter(
             [p[2] for p in mine],
             [p[3] for p in mine],
@@ -125,16 +144,31 @@ def _roofline_panel(ax, rows, gpu, dtype: str, style: dict) -> None:
 def _speedup_panel(ax, rows, style: dict) -> None:
     contexts = sorted({r["context_len"] for r in rows})
     for name, (color, marker) in style.items():
-        pts = sorted(
-            (r["context_len"], r["speedup_vs_ar_dense"]) for r in rows if r["strategy"] == name
+        mine = sorted((r for r in rows if r["strategy"] == name), key=lambda r: r["context_len"])
+        xs = [r["context_len"] for r in mine]
+        ax.plot(
+            xs,
+            [r["speedup_vs_ar_dense"] for r in mine],
+            color=color,
+            marker=marker,
+            mfc="none",
+            label=name,
         )
-        ax.plot(*zip(*pts, strict=True), color=color, marker=marker, mfc="none", label=name)
+        ivs = [(r.get("intervals") or {}).get("speedup_vs_ar_dense") for r in mine]
+        if all(iv is not None for iv in ivs):
+            lo, hi = zip(*ivs, strict=True)
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
     ax.set_xscale("log", base=2)
     ax.set_xticks(contexts, [count_label(c) for c in contexts])
     ax.minorticks_off()
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("speedup over ar_dense")
-    ax.set_title("speedup over ar_dense vs context", fontsize=10)
+    bands = rows[0].get("intervals") is not None
+    ax.set_title(
+        "speedup over ar_dense vs context"
+        + (f" (bands: {100 * COVERAGE:.0f}% intervals)" if bands else " (no intervals)"),
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
 
@@ -151,7 +185,8 @@ def predict_plot(rows, gpu, dtype, fmt: str = "png") -> bytes:
     style = _style(rows)
     _roofline_panel(ax1, rows, gpu, dtype, style)
     _speedup_panel(ax2, rows, style)
-    fig.suptitle(f"{gpu.name}, {dtype}: predicted costs [{rows[0]['provenance']}]", fontsize=11)
+    prov = base_provenance(rows[0])
+    fig.suptitle(f"{gpu.name}, {dtype}: predicted costs [{prov}]", fontsize=11)
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "ssvkit", "svg.fonttype": "none"}):
         fig.savefig(buf, format=fmt, dpi=120, metadata=METADATA[fmt])

@@ -17,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ssvkit.cli.options import add_pricing_options, pricing_gpu
+from ssvkit.cli.options import add_pricing_options, bounded_text, interval_legend, pricing_gpu
 from ssvkit.perfmodel.files import atomic_write, check_output, read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
@@ -39,7 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model", help="registry name or config.json path (default llama-3.1-8b)")
     p.add_argument("--gpu", help="GPU registry key (default h100-sxm)")
     p.add_argument(
-        "--batch", type=int, help="sequences decoded together (default 1; also with --evaluation)"
+        "--batch",
+        type=int,
+        help="sequences decoded together (default 1; with --evaluation, the evaluation's)",
     )
     p.add_argument(
         "--acceptance-profile",
@@ -82,7 +84,7 @@ _PRICING_FLAGS = (
 
 
 def _from_evaluation(path: str):
-    """(model, gpu, space, profile, regime contexts, label) of a planner evaluation."""
+    """(model, gpu, space, profile, regime contexts, label, batch) of a planner evaluation."""
     from ssvkit.planner.profile import profile_from_json
     from ssvkit.validation.records import local_model
 
@@ -112,6 +114,7 @@ def _from_evaluation(path: str):
         profile,
         contexts,
         f"the evaluation {p.name} (commit {commit[:7]})",
+        d.get("batch", 1),
     )
 
 
@@ -130,7 +133,8 @@ def run(args) -> int:
             raise ValueError(
                 f"--evaluation sets the model, GPU, space and profile; drop {', '.join(given)}"
             )
-        model, gpu, spec, profile, contexts, what = _from_evaluation(args.evaluation)
+        model, gpu, spec, profile, contexts, what, own = _from_evaluation(args.evaluation)
+        batch = own if args.batch is None else batch
         doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
@@ -172,6 +176,19 @@ def _emit(args, doc: dict, model, gpu, profile: RegimeProfile, how: str = "") ->
         )
         if entry["assumed"]:
             print(f"  assumed, not profiled: {'; '.join(entry['assumed'])}")
-        for i, r in enumerate(entry["ranking"][: args.top], 1):
+        shown = entry["ranking"][: args.top]
+        texts = [
+            bounded_text(r["tokens_per_s"], r.get("tokens_per_s_interval"), ".1f") for r in shown
+        ]
+        width = max(map(len, texts), default=0)
+        for i, (r, text) in enumerate(zip(shown, texts, strict=True), 1):
             flag = " (extrapolated)" if r["extrapolated"] else ""
-            print(f"  {i:2d}. {r['tokens_per_s']:8.1f} tok/s  {r['describe']}  [{r['id']}]{flag}")
+            print(f"  {i:2d}. {text:>{width}s} tok/s  {r['describe']}  [{r['id']}]{flag}")
+    shown = [r for e in doc["regimes"].values() for r in e["ranking"][: args.top]]
+    legend = interval_legend(
+        [r.get("tokens_per_s_interval") is not None for r in shown],
+        "no residuals price the datasheet roofline or a transfer across architectures",
+    )
+    if legend and legend[0].startswith("[low, high]"):
+        legend[0] += "; the loop overhead adds no width"
+    print("\n" + "\n".join(legend))

@@ -22,6 +22,7 @@ from ssvkit.cli.options import (
     parse_one,
 )
 from ssvkit.perfmodel.files import check_folder, check_output, write_files
+from ssvkit.perfmodel.numbers import interval_text
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 from ssvkit.sim.config import (
     LOOP_SCENARIOS,
@@ -199,6 +200,8 @@ def _summary(result, files) -> str:
     for name, fig in f.items():
         v = fig["value"]
         text = f"{v:,.6g}" if isinstance(v, float) else str(v)
+        if fig.get("interval"):
+            text += " " + interval_text(fig["interval"], ",.6g")
         lines.append(f"  {name:28s} {text} {fig['unit']}  ({fig['provenance']})")
     for kind, path in files.items():
         lines.append(f"  wrote {kind}: {path}")

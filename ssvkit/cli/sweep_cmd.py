@@ -16,7 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ssvkit.cli.options import add_dataclass_options, add_pricing_options, finite, given
+from ssvkit.cli.options import (
+    add_dataclass_options,
+    add_pricing_options,
+    bounded_text,
+    finite,
+    given,
+    interval_legend,
+    intervals_doc,
+)
 from ssvkit.perfmodel.files import check_output, write_files
 from ssvkit.perfmodel.numbers import count_label, figure
 from ssvkit.sweep.grid import ALIASES, load_grid, spec_from_doc
@@ -169,23 +177,46 @@ def _best_rows(table: dict, spec, top: int) -> tuple[list[str], int]:
         if c[0] == "context_len" or len(axes.get(c[0], getattr(spec, c[0], ()))) > 1
     ]
     m = np.flatnonzero(table["best"])
-    head = " ".join(f"{h:>{w}s}" for _, h, w, _ in shown) + (
-        f" {'strategy':28s} {'tok/s':>9s} {'vs ar_dense':>11s} {'vs ar_sparse':>12s} "
-        f"{'tpot ms':>8s}"
+    figures = (
+        ("tokens_per_s", "tok/s", 1.0, ".1f", ""),
+        ("speedup_vs_ar_dense", "vs ar_dense", 1.0, ".2f", "x"),
+        ("speedup_vs_ar_sparse", "vs ar_sparse", 1.0, ".2f", "x"),
+        ("tpot_s", "tpot ms", 1e3, ".2f", ""),
     )
+    texts = {
+        col: [
+            bounded_text(
+                table[col][i] * scale,
+                _interval(table, col, i, scale),
+                fmt,
+                suffix,
+            )
+            for i in m[:top]
+        ]
+        for col, _, scale, fmt, suffix in figures
+    }
+    widths = {col: max([len(h), *map(len, texts[col])]) for col, h, *_ in figures}
+    head = " ".join(f"{h:>{w}s}" for _, h, w, _ in shown) + f" {'strategy':28s}"
+    head += "".join(f" {h:>{widths[col]}s}" for col, h, *_ in figures)
     lines = [head, "-" * len(head)]
-    for i in m[:top]:
+    for j, i in enumerate(m[:top]):
         cells = []
         for col, _, w, fmt in shown:
             v = table[col][i]
             text = count_label(int(v)) if fmt == "ctx" else format(v if fmt != "s" else str(v), fmt)
             cells.append(f"{text[:w]:>{w}s}")
         lines.append(
-            " ".join(cells) + f" {str(table['strategy'][i])[:28]:28s} "
-            f"{table['tokens_per_s'][i]:9.1f} {table['speedup_vs_ar_dense'][i]:10.2f}x "
-            f"{table['speedup_vs_ar_sparse'][i]:11.2f}x {table['tpot_s'][i] * 1e3:8.2f}"
+            " ".join(cells)
+            + f" {str(table['strategy'][i])[:28]:28s}"
+            + "".join(f" {texts[col][j]:>{widths[col]}s}" for col, *_ in figures)
         )
     return lines, len(m)
+
+
+def _interval(table: dict, col: str, i: int, scale: float = 1.0):
+    """[low, high] of ``col`` at row ``i`` (times ``scale``), or None (no interval)."""
+    lo, hi = table[f"{col}_low"][i], table[f"{col}_high"][i]
+    return None if np.isnan(lo) else [lo * scale, hi * scale]
 
 
 def _capacity_rows(cap: dict) -> list[str]:
@@ -223,6 +254,11 @@ def _summary(result, files: dict, top: int) -> str:
     ]
     rows, n = _best_rows(t, result.spec, top)
     lines += rows
+    shown = np.flatnonzero(t["best"])[:top]
+    lines += interval_legend(
+        [not np.isnan(t["tokens_per_s_low"][i]) for i in shown],
+        "no residuals price the datasheet roofline or a transfer across architectures",
+    )
     if n > top:
         lines.append(f"... {n - top:,} more cells (--top N, or the table's best column)")
     if result.capacity is not None:
@@ -237,11 +273,14 @@ def _row_doc(table: dict, i: int, prov_key: str = "provenance") -> dict:
     doc = {k: _plain(table[k][i]) for k in ("model", "gpu", "strategy", "base")}
     for k in ("tp", "context_len", "batch", "acceptance", "overlap", "kv_bytes"):
         doc[k] = _plain(table[k][i])
-    doc["tokens_per_s"] = figure(_plain(table["tokens_per_s"][i]), "tokens/s", p)
-    doc["tokens_per_s_per_gpu"] = figure(_plain(table["tokens_per_s_per_gpu"][i]), "tokens/s", p)
-    doc["tpot_s"] = figure(_plain(table["tpot_s"][i]), "s", p)
-    for a in ("ar_dense", "ar_sparse"):
-        doc[f"speedup_vs_{a}"] = figure(_plain(table[f"speedup_vs_{a}"][i]), "x", p)
+    units = {"tokens_per_s": "tokens/s", "tokens_per_s_per_gpu": "tokens/s", "tpot_s": "s"}
+    units.update({f"speedup_vs_{a}": "x" for a in ("ar_dense", "ar_sparse")})
+    for k, unit in units.items():
+        iv = _interval(table, k, i)
+        doc[k] = {
+            **figure(_plain(table[k][i]), unit, p),
+            "interval": None if iv is None else [float(x) for x in iv],
+        }
     if "sim_tokens_per_s" in table:
         doc["sim_tokens_per_s"] = figure(
             _plain(table["sim_tokens_per_s"][i]), "tokens/s", str(table["sim_provenance"][i])
@@ -287,6 +326,7 @@ def _json(result, files: dict) -> str:
         "elapsed_s": figure(f["elapsed_s"], "s", wall),
         "points_per_s": figure(f["points"] / max(f["points_s"], 1e-9), "points/s", wall),
         "provenance": f["provenance"],
+        "intervals": intervals_doc(),
         "spec": result.spec.to_doc(),
         "best": [_row_doc(t, int(i)) for i in np.flatnonzero(t["best"])],
         "files": {k: str(v) for k, v in files.items()},

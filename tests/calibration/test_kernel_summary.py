@@ -7,7 +7,8 @@ import json
 
 import pytest
 from ssvkit.calibration import ceilings, kernel_sweep
-from ssvkit.calibration.kernel_summary import floor_target_met, summarise
+from ssvkit.calibration.kernel_summary import _heads, floor_target_met, summarise
+from ssvkit.calibration.runner import read_rows
 
 
 def test_floor_target_is_relative_above_20us_and_absolute_below():
@@ -28,6 +29,24 @@ def _row(op, batch, median_s, unique_bytes):
     }
 
 
+def test_baselines_pair_rows_of_one_head_geometry_and_row_count():
+    """A union row's speedup is over per_query at its own heads and draft rows, not over
+    another geometry's row that shares its context, top_n, overlap and batch."""
+    rows = []
+    for heads, t, pq_s, union_s in (
+        ((32, 8, 128), 16, 40e-6, 20e-6),
+        ((32, 2, 128), 8, 9e-6, 3e-6),
+    ):
+        for mode, s in (("per_query", pq_s), ("union", union_s)):
+            p = dict(context_len=1, top_n=16, overlap=0.7, batch=1, mode=mode, group_size=4)
+            p.update(num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2])
+            p.update(num_query_tokens=t, f_load=0.5)
+            row = {**_row("sparse_verify", 1, s, 1), "params": p, "launch_s": 1e-6}
+            rows.append({**row, "achieved_bytes_per_s": 1.0})
+    speedups = {(e["heads"], e["t"]): e["speedup"] for e in summarise(rows)["sparse"]}
+    assert speedups == {("32/8/128", 16): 2.0, ("32/2/128", 8): 3.0}
+
+
 def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
     rows = [
         _row("nsa_verify", 1, 30e-6, 10_000_000),  # floor 10 us: 30 > 18, missed
@@ -41,15 +60,38 @@ def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
     assert got["nsa_verify", 16]["worst_x"] == 2.0
 
 
+def _select_row(impl, median_s):
+    row = _row("select_blocks", 1, median_s, 2_000_000)  # floor 2 us
+    row["params"] = {"batch": 1, "context_len": 131072, "top_n": 64, "method": "mean"}
+    row["params"]["impl"] = impl
+    return row
+
+
+def test_select_rows_pair_one_launch_with_two_and_only_one_counts_for_the_target():
+    rows = [_select_row("one_launch", 9e-6), _select_row("two_launch", 16e-6)]
+    summary = summarise(rows)
+    (pair,) = summary["select"]
+    assert (pair["one_us"], pair["two_us"], pair["floor_us"]) == pytest.approx((9, 16, 2))
+    assert pair["x_floor"] == pytest.approx(4.5) and pair["target_met"]  # 9 <= 2 + 8 us
+    (target,) = [e for e in summary["floor targets"] if e["op"] == "select_blocks"]
+    assert (target["rows"], target["met"]) == (1, 1)  # the two-launch row is left out
+
+
 def test_summary_only_prints_the_committed_rows_without_a_gpu(capsys):
     out = str(ceilings.PROFILES / "h200")
     assert kernel_sweep.main(["--out", out, "--summary-only", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     targets = {(e["op"], e["B"]): e for e in summary["floor targets"]}
-    assert targets["sparse_verify", 16]["rows"] > 0 and not summary["dense"]
+    rows = [r for r in read_rows(ceilings.PROFILES / "h200" / "kernel_bench.jsonl")]
+    graph = [r for r in rows if r["timing"] == "graph"]
+    assert targets["sparse_verify", 16]["rows"] > 0
+    assert len(summary["dense"]) == sum(r["op"] == "dense_verify" for r in graph)
+    assert {e["heads"] for e in summary["nsa"]} == {
+        _heads(r["params"]) for r in graph if r["op"] == "nsa_verify"
+    }
     assert kernel_sweep.main(["--out", out, "--summary-only"]) == 0
     text = capsys.readouterr().out
-    assert "floor targets (graph replay)" in text and "dense (graph replay)" not in text
+    assert "floor targets (graph replay)" in text and "  heads" in text
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.runner import Runner, read_rows
+from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.rows import load_rows, row_key
 
@@ -108,3 +109,50 @@ def test_the_tiny_geometry_changes_every_builder(monkeypatch):
     with pytest.raises(ValueError, match="'huge'"):
         ki.use_geometry("huge")
     assert json.dumps(p)  # params stay JSON
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_and_measured_again(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "rows.jsonl"
+    r, _ = _runner(path, monkeypatch, timings=("graph",))
+    r.time_op("op", {"m": 1}, lambda i: None, **_work())
+    r.time_op("op", {"m": 2}, lambda i: None, **_work())
+    whole = path.read_text()
+    path.write_text(whole[: len(whole) - 40])  # the second row's write was cut off
+    assert len(read_rows(path)) == 1
+    again, timed = _runner(path, monkeypatch, timings=("graph",))
+    assert "cut short" in capsys.readouterr().out
+    assert again.pending("op", {"m": 1}) == [] and again.pending("op", {"m": 2}) == ["graph"]
+    again.time_op("op", {"m": 2}, lambda i: None, **_work())
+    assert [row["params"]["m"] for row in load_rows(path)] == [1, 2]  # checksums verified
+
+
+def test_rows_record_their_wall_and_first_call_seconds(tmp_path, monkeypatch):
+    r, _ = _runner(tmp_path / "rows.jsonl", monkeypatch, timings=("graph",))
+    r.time_op("op", {"m": 1}, lambda i: None, **_work())
+    (row,) = load_rows(tmp_path / "rows.jsonl")
+    assert row["wall_s"] >= 0.0 and row["first_call_s"] >= 0.0
+    assert row["wall_s"] >= row["first_call_s"] - 1e-3
+
+
+def test_done_from_files_count_as_done_except_the_ops_to_redo(tmp_path, monkeypatch):
+    committed = tmp_path / "committed.jsonl"
+    r, _ = _runner(committed, monkeypatch, timings=("graph",))
+    r.time_op("a", {"m": 1}, lambda i: None, **_work())
+    r.time_op("b", {"m": 1}, lambda i: None, **_work())
+    out = tmp_path / "shard" / "rows.jsonl"
+    shard, _ = _runner(out, monkeypatch, timings=("graph",), done_from=(committed,))
+    assert shard.pending("a", {"m": 1}) == [] and shard.pending("b", {"m": 1}) == []
+    redo, _ = _runner(out, monkeypatch, timings=("graph",), done_from=(committed,), redo_ops=("b",))
+    assert redo.pending("a", {"m": 1}) == [] and redo.pending("b", {"m": 1}) == ["graph"]
+    redo.time_op("b", {"m": 1}, lambda i: None, **_work())
+    assert len(read_rows(committed)) == 2 and len(read_rows(out)) == 1  # never written there
+
+
+def test_a_sharded_runner_times_only_the_configs_its_shard_owns(tmp_path, monkeypatch):
+    configs = [{"m": m} for m in range(40)]
+    owned = []
+    for k in range(3):
+        r, _ = _runner(tmp_path / f"s{k}.jsonl", monkeypatch, timings=("graph",), shard=Shard(k, 3))
+        owned.append({c["m"] for c in configs if r.pending("op", c)})
+    assert set().union(*owned) == set(range(40))
+    assert sum(len(o) for o in owned) == 40 and all(owned)

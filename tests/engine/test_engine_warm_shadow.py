@@ -478,6 +478,37 @@ def test_top_continuation_is_the_first_ranked_candidate():
         assert idx.top(key) == ranked[0][0] == idx.candidates(list(key), 1)[0]
 
 
+@pytest.mark.parametrize("max_n", [1, 2, 3, 4])
+@pytest.mark.parametrize("alphabet", [3, 12, 256, 40_000, 2**20])
+def test_an_index_filled_at_once_is_the_one_built_token_by_token(max_n, alphabet):
+    """A prompt indexed into an empty index at once (``NgramIndex._fill``) holds what pushing
+    its tokens one by one holds -- every n-gram's continuations with their counts and last
+    positions, the first-ranked one on top, nothing ranked yet -- and drafts the same after
+    more tokens (a vocabulary whose codes would not fit 62 bits takes the token-by-token
+    path)."""
+    rng = random.Random(alphabet * 10 + max_n)
+    tokens = [rng.randrange(alphabet) for _ in range(1500)]
+    tokens[700:760] = tokens[100:160]  # a repeat: counts above 1 at every alphabet
+    filled = NgramIndex(max_n)
+    filled.extend(tokens)
+    pushed = NgramIndex(max_n)
+    for t in tokens:
+        pushed.extend([t])
+    assert filled.tokens == pushed.tokens == tokens
+    assert filled.table.keys() == pushed.table.keys()
+    for key, hits in pushed.table.items():
+        got = filled.table[key]
+        assert dict(got) == dict(hits) and got.top == hits.top, key
+        assert got.ranked is None and hits.ranked is None
+    more = [rng.randrange(alphabet) for _ in range(50)] + tokens[100:130]
+    filled.extend(more)
+    pushed.extend(more)
+    tree = DraftTree.from_spec("best:16:4", acceptance=0.6)
+    for end in range(len(tokens), len(filled.tokens), 7):
+        tail = filled.tokens[:end][-max_n:]
+        assert filled.tree_tokens(tail, tree) == pushed.tree_tokens(tail, tree)
+
+
 def test_kept_rankings_follow_the_counts():
     """Continuations ranked once (a tree asked for them) stay ranked as the counts grow:
     asked again between any two tokens, the first k equal a fresh sort's."""

@@ -15,6 +15,7 @@ import pytest
 import ssvkit.kernels.nsa_launch as nl
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
+from nsa_helpers import GPU_KW, NSA_KW, make_gpu_inputs, make_inputs
 from ssvkit.kernels.nsa_verify import (
     NsaVerifyConfig,
     nsa_union_plan,
@@ -24,7 +25,6 @@ from ssvkit.kernels.nsa_verify import (
 )
 from ssvkit.kernels.timing import poisoned_allocations
 from ssvkit.perfmodel import nsa_plan
-from test_nsa_verify import GPU_KW, NSA_KW, make_gpu_inputs, make_inputs
 
 CPU_DTYPES = [torch.float16, torch.float32]
 # (prefix_lens, t, H, Hkv, D, tree): one row per tile at G = 4, 3 (padded to 4) and 1, so a

@@ -240,6 +240,70 @@ def test_selection_feeds_sparse_verify():
     torch.testing.assert_close(lse, rlse, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("method", ["mean", "quest"])
+@pytest.mark.parametrize(
+    "lens, t, top_n, num_sink, num_local",
+    [
+        ([600, 0, 310], 3, 4, 1, 1),  # an empty prefix beside others
+        ([700, 17], 16, 12, 2, 1),  # t = 16 rows per KV head, a 2-block prefix below top_n
+        ([400], 1, 3, 0, 2),
+        ([20, 40], 2, 64, 1, 1),  # top_n past every row: the two-launch path serves it
+    ],
+)
+def test_one_launch_select_picks_what_the_two_launches_pick(
+    monkeypatch, method, lens, t, top_n, num_sink, num_local
+):
+    """The one-launch selection (scores, then each row's pick once its scores have arrived)
+    against the two launches and the pick's definition on the same scores, ties included. The
+    interpreter runs programs one after another, so this checks the ticket order, the arithmetic
+    and the counters' reset, not concurrent programs (the GPU tests do)."""
+    import ssvkit.kernels.arrivals as arrivals
+    import ssvkit.kernels.select_blocks as sb
+
+    q, k, lens_t = make_inputs(lens, t, 8, 2, 16, torch.float32, seed=top_n + t)
+    meta = BlockMetadata.build(k, lens_t, 16, kinds=(method,))
+    kw = dict(top_n=top_n, method=method, num_sink=num_sink, num_local=num_local)
+    with poisoned_allocations():
+        two = select_blocks(q, meta, lens_t, fused=False, **kw)
+        scores = block_scores(q, meta, lens_t, method=method)
+    monkeypatch.setattr(sb, "block_scores_kernel", Refused("scores"))
+    one_launch = sb.threshold_meta(meta.num_blocks, top_n) is not None
+    with poisoned_allocations():
+        if one_launch:
+            one = select_blocks(q, meta, lens_t, **kw)
+        else:
+            with pytest.raises(AssertionError, match="scores"):
+                select_blocks(q, meta, lens_t, **kw)
+            one = two
+    assert torch.equal(one, two)
+    want = exact_top_blocks(scores.cpu(), lens_t.cpu(), 16, top_n, num_sink, num_local)
+    assert torch.equal(one.cpu(), want)
+    counters = arrivals.counter_buffers(torch.device(DEV))
+    assert counters or not one_launch
+    assert all(int(b.abs().sum()) == 0 for b in counters)
+
+
+class Refused:
+    """A kernel stand-in that refuses to launch."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"a {self.name} launch")
+
+
+def test_one_launch_ties_resolve_to_the_lower_block():
+    """Every block of a row scores the same (zero queries): the pick is the lowest blocks."""
+    import ssvkit.kernels.select_blocks as sb
+
+    q, k, lens = make_inputs([400, 300], 4, 4, 2, 16, torch.float32, seed=5)
+    meta = BlockMetadata.build(k, lens, 16)
+    assert sb.threshold_meta(meta.num_blocks, 5) is not None  # the one-launch path
+    idx = select_blocks(torch.zeros_like(q), meta, lens, top_n=5, num_sink=0, num_local=0)
+    assert (idx.cpu() == torch.arange(5, dtype=torch.int32)).all()
+
+
 @pytest.mark.parametrize(
     "name, call",
     [
@@ -275,6 +339,19 @@ def test_gpu_bf16_select_matches_reference(method):
     idx = select_blocks(q, meta, lens, top_n=16, method=method)
     # tf32x3 scores on the GPU: ~2^-21 relative, a few 1e-5 at these magnitudes.
     assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1, tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t, top_n", [(1, 16), (16, 64)])
+def test_gpu_one_launch_select_is_repeatable_and_equals_two_launches(t, top_n):
+    """Programs run concurrently here: a pick that read a score before it was visible, or a
+    counter left non-zero, shows as a selection that differs between repeats or from the two
+    launches'."""
+    q, k, lens = make_inputs([130000, 5000, 77], t, 32, 8, 128, torch.bfloat16, seed=t)
+    meta = BlockMetadata.build(k, lens, 64, kinds=("mean",))
+    two = select_blocks(q, meta, lens, top_n=top_n, fused=False)
+    for _ in range(20):
+        assert torch.equal(select_blocks(q, meta, lens, top_n=top_n), two)
 
 
 @pytest.mark.gpu

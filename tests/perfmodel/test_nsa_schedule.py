@@ -10,7 +10,6 @@ import pytest
 from ssvkit.perfmodel.baselines import compare
 from ssvkit.perfmodel.calibrated import (
     CalibratedPredictor,
-    Profile,
     profile_path,
     shipped_profile,
     stand_in,
@@ -105,7 +104,7 @@ def test_a_profile_with_per_query_rows_prices_them_itself():
     packed = base.classes["nsa_verify/refresh/unfused"]
     own = dataclasses.replace(packed, t0_s=packed.t0_s + 1e-3)
     classes = {**base.classes, "nsa_verify/refresh/unfused/per_query": own}
-    profile = Profile(**{**dataclasses.asdict(base), "classes": classes})
+    profile = dataclasses.replace(base, classes=classes)
     naive = Strategy.from_name("sd_sparse_naive")
     c = build_columns(LLAMA, [(naive, Workload())])
     plain = predict_columns(LLAMA, c, CalibratedPredictor(gpu, base, tp=c.tp))

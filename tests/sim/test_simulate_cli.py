@@ -18,8 +18,12 @@ def test_json_figures_and_files(tmp_path, capsys):
     for name in ("simulated_tokens_per_s", "analytic_tokens_per_s", "rounds_per_wall_s"):
         fig = doc["figures"][name]
         assert fig["value"] > 0 and fig["unit"] and fig["provenance"], name
-    for f in doc["figures"].values():
-        assert set(f) == {"value", "unit", "provenance"}
+    # perfmodel's analytic figures carry their interval; the simulated ones none
+    for name, f in doc["figures"].items():
+        extra = {"interval"} if name.startswith("analytic_") else set()
+        assert set(f) == {"value", "unit", "provenance"} | extra, name
+    lo, hi = doc["figures"]["analytic_tokens_per_s"]["interval"]
+    assert 0 < lo < doc["figures"]["analytic_tokens_per_s"]["value"] < hi
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
         "sim-ssv-gantt.png",

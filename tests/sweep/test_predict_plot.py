@@ -44,7 +44,7 @@ def test_roofline_panel_names_every_strategy_and_every_op(rows):
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[0].startswith("roofline: ") and labels[1:] == ["ar_dense", "sd_dense", "ssv"]
     key = ax.texts[-1].get_text()
-    ops = {op for _, op, _, _ in pp._op_points(rows, 32768)}
+    ops = {p[1] for p in pp._op_points(rows, 32768)}
     assert all(op in key for op in ops) and "lm_head" in ops
     numbers = [t.get_text() for t in ax.texts[:-1]]
     assert numbers == [str(i) for i in range(1, len(numbers) + 1)]

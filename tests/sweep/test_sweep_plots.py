@@ -2,7 +2,7 @@ import io
 
 import numpy as np
 import pytest
-from ssvkit.sweep import plots
+from ssvkit.sweep import capacity_plots, plots
 from ssvkit.sweep.grid import spec_from_doc
 from ssvkit.sweep.runner import run_sweep
 
@@ -189,15 +189,15 @@ def test_capacity_series_share_a_line_only_when_their_curves_coincide():
         ]
     )
     rates = np.linspace(0.01, 4.0, 400)
-    series = plots.capacity_series(cap, np.ones(4, dtype=bool), rates)
+    series = capacity_plots.capacity_series(cap, np.ones(4, dtype=bool), rates)
     assert [e["keys"] for e in series] == [[("a", 1), ("b", 1)], [("c", 1)], [("d", 2)]]
     assert series[2]["gpus"] is None
-    labels = [plots._series_label(e) for e in series]
+    labels = [capacity_plots._series_label(e) for e in series]
     assert labels[0] == "a tp=1 = b tp=1: identical here (r*=4.5/5/s; 1 GPUs)"
     assert labels[1] == "c tp=1 (r*=1.5/s; 3 GPUs)" and labels[2] == "d tp=2: slo_bound"
-    wide = plots.capacity_series(cap, np.ones(4, dtype=bool), np.linspace(0.01, 8.0, 800))
+    wide = capacity_plots.capacity_series(cap, np.ones(4, dtype=bool), np.linspace(0.01, 8.0, 800))
     assert [e["keys"] for e in wide][:2] == [[("a", 1)], [("b", 1)]]  # 2 vs 1 GPUs at R=4.8
-    assert plots.capacity(cap, {}).startswith(PNG)
+    assert capacity_plots.capacity(cap, {}).startswith(PNG)
 
 
 def test_long_titles_wrap_inside_the_figure():
@@ -207,7 +207,9 @@ def test_long_titles_wrap_inside_the_figure():
     fig = Figure(figsize=(4.8, 4.2), layout="constrained")
     fig.add_subplot()
     pinned = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "acceptance": 0.6, "overlap": 0.75}
-    plots._suptitle(fig, "capacity (TTFT <= 2 s, TPOT <= 50 ms for 90% of requests)", str(pinned))
+    plots.wrapped_suptitle(
+        fig, "capacity (TTFT <= 2 s, TPOT <= 50 ms for 90% of requests)", str(pinned)
+    )
     renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw(renderer)
     box = fig._suptitle.get_window_extent(renderer)

@@ -439,8 +439,8 @@ def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monke
     r.time_op("op", {"m": 2}, lambda i: pytest.fail("timed past the budget"), **work)
     assert r.stopped and not r.path.exists()
 
-    def fake_runner(*args):
-        r = runner.Runner(tmp_path / "rows.jsonl", 1.0, config=tm.QUICK_TIMING)
+    def fake_runner(*args, **kwargs):
+        r = runner.Runner(tmp_path / "rows.jsonl", 600.0, config=tm.QUICK_TIMING)
         r.ceil = dict(copy_bytes_per_s=1e12, gemm_flops_per_s=1e15, launch=1e-6, graph=1e-6)
         r.measure_ceilings = dict
         return r
@@ -456,7 +456,8 @@ def test_the_sweeps_exit_3_only_when_the_budget_left_configs_out(tmp_path, monke
         monkeypatch.setattr(sweep, "gemm_sweep", lambda s, stop=stop: setattr(s, "stopped", stop))
         argv = ["--out", str(tmp_path), "--ops", "gemm"]
         assert sweep.main(argv) == (STAGE_STOPPED if stop else 0)
-        dense = lambda r, sw, seed, mod, stop=stop: setattr(r, "stopped", stop)
-        monkeypatch.setitem(kernel_sweep.STEPS, "dense", (lambda mod: None, dense, None))
+        dense = lambda r, cfg, seed, mod, stop=stop: setattr(r, "stopped", stop)
+        monkeypatch.setitem(kernel_sweep.STEPS_RUN, "dense", (lambda mod: None, None))
+        monkeypatch.setattr(kernel_sweep.ops, "run_config", dense)
         argv = ["--out", str(tmp_path), "--ops", "dense"]
         assert kernel_sweep.main(argv) == (STAGE_STOPPED if stop else 0)

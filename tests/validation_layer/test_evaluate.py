@@ -2,17 +2,17 @@ import functools
 import gc
 import json
 import math
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_decodes import FakeDecodes
 from ssvkit.perfmodel.host_overhead import OVERHEAD_TERMS
 from ssvkit.perfmodel.strategy import parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.controller import ControllerConfig
 from ssvkit.planner.profile import profile_from_json
-from ssvkit.planner.space import SpaceSpec, strategy_id
+from ssvkit.planner.space import SpaceSpec
 from ssvkit.validation import planner_eval, rescore
 from ssvkit.validation.bench import captures_counted, steady_figures
 from ssvkit.validation.evaluate import summary_table
@@ -331,50 +331,6 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert "written for other settings" in capsys.readouterr().err and not out.exists()
 
 
-class FakeDecodes:
-    """``validation.bench.run_once`` without the engine. A decode (strategy, prompt, seed, with
-    a controller or not) gives the same rounds each time it runs -- accepted drafts drawn from
-    its own seed, its text the prompt's first tokens -- and injected round times: its first
-    run takes ``SLOW`` times as long as its later ones, as a disturbed stretch of the machine
-    makes it."""
-
-    SLOW = 1.5
-
-    def __init__(self):
-        self.runs: dict[str, int] = {}
-
-    def __call__(self, bench, strategy, prompt, controller=None, record_stats=False, seed=0):
-        from ssvkit.engine.results import DecodeResult, RoundRecord
-        from ssvkit.perfmodel.acceptance import node_depths_ranks
-
-        parents = list(parse_tree(strategy.tree))
-        depth = max(node_depths_ranks(parents)[0], default=0)
-        key = f"{strategy_id(strategy)}|{prompt_crc32(prompt)}|{seed}|{controller is not None}"
-        self.runs[key] = self.runs.get(key, 0) + 1
-        rng = np.random.default_rng(zlib.crc32(key.encode()))
-        round_s = 1e-3 * (1 + 0.05 * len(parents) + 0.5 * strategy.is_sparse)
-        round_s *= self.SLOW if self.runs[key] == 1 else 1.0
-        rounds, made = [], 0
-        while made < bench.max_new_tokens:
-            a = int(rng.integers(0, depth + 1))
-            n = min(a + 1, bench.max_new_tokens - made)
-            rounds.append(
-                RoundRecord(
-                    len(rounds),
-                    strategy.name,
-                    [len(prompt) + made],
-                    len(parents),
-                    [a],
-                    {"verify": round_s},
-                    round_s,
-                    not rounds,
-                    emitted=[n],
-                )
-            )
-            made += n
-        return DecodeResult([prompt[:made]], rounds, 0.0, "fake", warm_s=1e-3 * bool(controller))
-
-
 def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     """``evaluate`` at the evaluation's own kind of settings (two drafters, three trees, a 1K
     context, three profile prompts and two walk prompts, two timing passes, two measured
@@ -576,9 +532,9 @@ def test_walk_ngram_weighs_each_prompt_alike():
 
     s = Strategy(name="x", tree="chain:3", drafter=DrafterSpec(kind="ngram"))
     ok = {"text": loud[1][0], "prompt_crc32": prompt_crc32(loud[0])}
-    walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [loud[0]], {}, {})
+    walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [[loud[0]]], {}, {})
     with pytest.raises(ValueError, match="another prompt than this machine's corpus"):
-        walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [quiet[0]], {}, {})
+        walk_ngram(B(), "<=4K", dict(a), [(s, ok)], [[quiet[0]]], {}, {})
 
 
 def test_measurement_resolution_resamples_the_windows_jointly():

@@ -1,5 +1,8 @@
 """The NSA stage benchmark's calls, each run once in the CPU interpreter on a small case, so a
-kernel step renamed or re-signed fails here rather than on the GPU machine."""
+kernel step renamed or re-signed fails here rather than on the GPU machine; and its run cache
+and stop rule, with the timing replaced."""
+
+import json
 
 import torch
 from ssvkit.calibration import kernel_inputs as ki
@@ -15,7 +18,49 @@ def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
     sets, plan, slots, rslots, unions, parts = ns.prepare(1, 4, 2048, 2052, num_sets=1)
     calls = ns.calls(sets, plan, slots, rslots, unions, parts)
     assert {"reuse", "refresh", "stage_scores", "stage_topk", "stage_merge"} <= set(calls)
+    assert set(ns.COLUMNS) <= set(calls)
     for fn in calls.values():
         fn(0)
     o, idx = calls["refresh"](0)
     assert not torch.isnan(o).any() and idx.shape == (1, ki.NUM_KV_HEADS, 4, ns.KW["top_n"])
+    o_sep, idx_sep = calls["refresh_separate"](0)
+    assert torch.equal(idx, idx_sep)
+    torch.testing.assert_close(o, o_sep, atol=1e-5, rtol=1e-5)
+
+
+def fake_case(bsz, t, ctx, capacity, copy_bps):
+    """A row as ``run_case`` writes it, with made-up times."""
+    times = {name: 1e-5 * (i + 1) for i, name in enumerate(ns.COLUMNS)}
+    return dict(
+        batch=bsz,
+        num_query_tokens=t,
+        context_len=ctx,
+        capacity=capacity or ctx + t,
+        floor_s=5e-6,
+        copy_bytes_per_s=copy_bps,
+        times_s=times,
+    )
+
+
+def test_stop_after_and_resume_go_on_where_the_run_stopped(monkeypatch, tmp_path, capsys):
+    ran = []
+
+    def case(*args):
+        ran.append(args[:4])
+        return fake_case(*args)
+
+    monkeypatch.setattr(ns, "run_case", case)
+    monkeypatch.setattr(ns.tm, "copy_bytes_per_s", lambda: 4e12)
+    out, cache = tmp_path / "stages.json", tmp_path / "stages.jsonl"
+    args = ["--out", str(out), "--resume", str(cache)]
+    assert ns.main([*args, "--stop-after", "0"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["rows"] == [] and ran == []
+    assert "run again with --resume" in capsys.readouterr().out
+    assert ns.main(args) == 0
+    assert len(ran) == len(ns.CASES)
+    assert ns.main(args) == 0  # every case from the cache: nothing runs again
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True and len(ran) == len(doc["rows"]) == len(ns.CASES)
+    printed = capsys.readouterr().out
+    assert "fold saves" in printed and "b1 t16 128K" in printed

@@ -72,6 +72,25 @@ def test_each_run_is_priced_with_the_nsa_schedule_it_ran():
         assert c["predicted"]["stand_ins"] and not a["predicted"]["stand_ins"]
 
 
+def test_report_counts_the_measurements_inside_their_intervals(rep):
+    """Every prediction carries its interval (the verify forward's for the engine's verify
+    step); the counts recount from the rows, and the markdown prints them."""
+    e = rep["e2e"]
+    inside = sum(
+        lo <= r["measured"]["verify_s"] <= hi
+        for r in e["rows"]
+        for lo, hi in [r["predicted"]["intervals"]["verify_forward_s"]]
+    )
+    assert e["coverage"]["verify_s"] == {"inside": inside, "n": len(e["rows"])}
+    ar = [r for r in e["rows"] if r["baseline"] == "ar_dense"]
+    for r in ar:  # the speedup over itself is not among the pairs
+        assert r["predicted"]["intervals"]["round_s"][0] < r["predicted"]["round_s"]
+    got = sum(x["interval"][0] <= x["measured"] <= x["interval"][1] for x in e["speedups"])
+    assert e["coverage"]["speedup"] == {"inside": got, "n": len(e["speedups"])}
+    md = markdown(rep)
+    assert f"| verify step | {len(e['rows'])} | {inside} |" in md
+
+
 def test_simulator_replays_the_measured_acceptance(rep):
     """With the same costs, the simulator replaying the seed-0 run's accepted counts agrees with
     the analytic prediction at that run's tokens per round (the prediction is at the seeds'

@@ -14,12 +14,12 @@ from ssvkit.validation import scale_campaign
 from ssvkit.validation.scale_report import SPEEDUP_PAIRS, build_scale, is_scale_campaign
 
 from ssvkit.cli import main
-from tests.validation_layer.test_scale_campaign import CONFIG, _with_memory
+from tests.validation_layer.test_scale_campaign import CONFIG, ONE_MIB_GIB
 
 BASELINES = "ar_dense,ar_sparse,sd_dense,ssv"
 
 
-def _campaign(tmp, name: str, batches: str) -> dict:
+def _campaign(tmp, name: str, batches: str, *extra: str) -> dict:
     out = tmp / f"{name}.json"
     argv = [
         "--models", f"random:{tmp / 'config.json'}",
@@ -30,6 +30,7 @@ def _campaign(tmp, name: str, batches: str) -> dict:
         "--new-tokens", "4",
         "--device", "cpu",
         "--out", str(out),
+        *extra,
     ]  # fmt: skip
     assert scale_campaign.main(argv) == 0
     return json.loads(out.read_text())
@@ -41,10 +42,7 @@ def doc(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scale")
     (tmp / "config.json").write_text(json.dumps(CONFIG))
     measured = _campaign(tmp, "measured", "1")
-    with pytest.MonkeyPatch.context() as mp:
-        real = scale_campaign.setup
-        mp.setattr(scale_campaign, "setup", _with_memory(real, available_bytes=1 << 20))
-        skipped = _campaign(tmp, "skipped", "2")
+    skipped = _campaign(tmp, "skipped", "2", "--available-gib", ONE_MIB_GIB)
     return {**measured, "rows": measured["rows"] + skipped["rows"]}
 
 
@@ -103,7 +101,31 @@ def test_groups_skipped_cells_and_intervals(doc):
     for s in rep["skipped"]:
         assert s["reason"].startswith("batch 2 at context 1100 needs ")
         assert s["memory"]["need_bytes"] > s["memory"]["available_bytes"] == 1 << 20
+    # Every prediction carries its interval; the report counts the measurements inside them.
+    cells = [r for r in doc["rows"] if r["status"] == "measured"]
+    iv = rep["intervals"]
+    assert iv["drawn"] and iv["inside"]["tokens_per_s"]["n"] == len(cells) == 4
+    want = sum(
+        lo <= r["measured"]["tokens_per_s"] <= hi
+        for r in cells
+        for lo, hi in [r["prediction"]["intervals"]["tokens_per_s"]]
+    )
+    assert iv["inside"]["tokens_per_s"]["inside"] == want
+    assert iv["inside"]["speedup"]["n"] == len(rep["speedups"])
+    for x in rep["speedups"]:
+        lo, hi = x["interval"]
+        assert 0 < lo < hi
+
+
+def test_a_campaign_predicted_without_intervals_says_so(doc):
+    bare = copy.deepcopy(doc)
+    for r in bare["rows"]:
+        if r["status"] == "measured":
+            r["prediction"].pop("intervals")
+            r["prediction"].pop("round_log_bounds")
+    rep = build_scale(bare, "scale.json")
     assert not rep["intervals"]["drawn"] and "no prediction intervals" in rep["intervals"]["note"]
+    assert all(x["interval"] is None for x in rep["speedups"])
 
 
 def test_cli_prints_json_and_plots(path, doc, tmp_path, capsys):
@@ -114,7 +136,7 @@ def test_cli_prints_json_and_plots(path, doc, tmp_path, capsys):
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert main(["report", "--campaign", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "no prediction intervals" in out and "speedup ssv/ar_sparse" in out
+    assert "90% prediction intervals" in out and "speedup ssv/ar_sparse" in out
     assert "batch 2 at context 1100 needs " in out and "synthetic:oracle" in out
 
 

@@ -1,0 +1,169 @@
+"""The residual sets that a fitted profile's prediction intervals come from, computed from the
+committed rows and stored in the profile under ``intervals`` (read by ``perfmodel.intervals``).
+
+    python -m ssvkit.calibration.intervals --gpu h100-sxm   # profile.json's intervals, in place
+
+Per kernel family (``perfmodel.intervals.kernel_family``), the log residuals ln(measured /
+predicted) of rows that the predicting fit never saw:
+
+- ``heldout``: the interpolation split's held-out rows (``calibration.fit.is_heldout``) under the
+  profile's own class fits;
+- ``leave_one_out``: the rows of the leave-one-head-geometry-, group-size- and context-out sets
+  that ``ssvkit validate`` prints (``calibration.transfer_sets.leave_one_out_rows``), each
+  predicted by a refit of its classes without its value, a fit of all the rows standing for the
+  classes without it: the fitting procedure's error on values it never saw;
+- ``cross_gpu``: every other GPU's committed rows predicted by the profile's fits on that GPU's
+  measured ceilings (``calibration.transfer_sets.predict``: a group size the profile lacks is
+  priced by the nearest one).
+
+Of each set, per family and pooled over families (``"*"``), the median and the split-conformal
+bounds of a central ``COVERAGE`` interval (``perfmodel.intervals.Residuals.of``). The fit
+(``calibration.fit.fit_folder``) stores them with every profile; this command recomputes them
+for a committed profile without refitting it, since a refit under other numerical libraries can
+land on another optimum of equal error (``calibration.validate.fit_agreement``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from ssvkit.calibration import ceilings
+from ssvkit.calibration.fit import dumps, is_heldout
+from ssvkit.calibration.transfer_sets import (
+    LEAVE_ONE_OUT,
+    committed_leave_one_out_rows,
+    fit_classes,
+    fitted_rows,
+    leave_one_out_rows,
+    measured_gpus,
+    predict,
+)
+from ssvkit.calibration.validate import annotate
+from ssvkit.perfmodel.calibrated import Profile
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.intervals import (
+    COVERAGE,
+    POOLED,
+    SETS,
+    Residuals,
+    kernel_family,
+)
+
+RULE = (
+    "per kernel family, ln(measured / predicted) of rows the predicting fit never saw; "
+    "median and split-conformal bounds (order statistics of rank floor((n+1)a) and "
+    "ceil((n+1)(1-a)), a = (1 - coverage) / 2)"
+)
+
+
+def log_residuals(annotated: list[dict]) -> dict[str, np.ndarray]:
+    """ln(measured / predicted) of annotated rows, per kernel family."""
+    out: dict[str, list[float]] = {}
+    for r in annotated:
+        out.setdefault(kernel_family(r["class"]), []).append(
+            float(np.log(r["median_s"] / r["predicted_s"]))
+        )
+    return {f: np.array(v) for f, v in sorted(out.items())}
+
+
+def residual_rows(
+    gpu: str, rows: list[dict], ceiling: dict, profile: Profile, loo: list[dict] | None = None
+) -> dict:
+    """The annotated rows of each residual set (module docstring) of ``profile``, fitted on
+    ``gpu``'s ``rows`` with measured ceilings ``ceiling``, ``loo`` the leave-one-out sets' when
+    already computed (``committed_leave_one_out_rows``); and the other GPUs of ``cross_gpu``."""
+    heldout = [r for r in annotate(rows, profile) if is_heldout(r)]
+    if loo is None:
+        base = fit_classes(fitted_rows(rows), gpu, ceiling)
+        loo = [r for n in LEAVE_ONE_OUT for r in leave_one_out_rows(n, rows, gpu, ceiling, base)[0]]
+    cross, others = [], []
+    for other in measured_gpus():
+        if other == gpu:
+            continue
+        o_rows = ceilings.profile_rows(other)
+        o_ceiling = ceilings.derive(other, o_rows)["ceilings"]
+        got = predict(fitted_rows(o_rows), profile.classes, other, o_ceiling)[0]
+        cross += got
+        others.append(other)
+    return {"heldout": heldout, "leave_one_out": loo, "cross_gpu": cross}, tuple(others)
+
+
+def committed_loo(gpu: str) -> list[dict]:
+    """The rows of ``gpu``'s committed leave-one-out sets, as ``ssvkit validate`` computes them
+    (once per process)."""
+    return [r for n in LEAVE_ONE_OUT for r in committed_leave_one_out_rows(gpu, n)[0]]
+
+
+def residual_table(sets: dict[str, list[dict]], coverage: float = COVERAGE) -> dict:
+    """The ``sets`` part of a profile's ``intervals``: per set, per family with enough rows for
+    ``coverage`` and pooled (``"*"``), ``Residuals.to_json``."""
+    out = {}
+    for name in SETS:
+        by_family = log_residuals(sets.get(name, []))
+        fams = {}
+        for fam, values in by_family.items():
+            r = Residuals.of(name, values, coverage)
+            if r is not None:
+                fams[fam] = r.to_json()
+        pooled = [v for vs in by_family.values() for v in vs]
+        r = Residuals.of(name, pooled, coverage) if pooled else None
+        if r is not None:
+            fams[POOLED] = r.to_json()
+        out[name] = fams
+    return out
+
+
+def intervals_json(gpu: str, rows: list[dict], ceiling: dict, profile: dict, loo=None) -> dict:
+    """A profile's ``intervals`` document: coverage, rule, the other GPUs of ``cross_gpu``, the
+    row count of each set and its residual table (``loo``: as ``residual_rows``)."""
+    sets, others = residual_rows(gpu, rows, ceiling, Profile.from_json(profile), loo)
+    return {
+        "coverage": COVERAGE,
+        "rule": RULE,
+        "cross_gpus": list(others),
+        "rows": {k: len(v) for k, v in sets.items()},
+        "sets": residual_table(sets),
+    }
+
+
+def add_intervals(gpu: str, folder: Path | None = None) -> dict:
+    """Recompute the ``intervals`` of ``folder``'s ``profile.json`` (default: the committed
+    ``calibration/profiles/<gpu>/``) from its rows, leaving its fits as they are; written in
+    place. Returns the profile."""
+    committed = folder is None
+    folder = folder or ceilings.PROFILES / gpu
+    path = folder / "profile.json"
+    if not path.is_file():
+        raise ValueError(f"no fitted profile for {gpu!r} ({path} is missing)")
+    profile = json.loads(path.read_text())
+    if profile.get("gpu") != gpu:
+        raise ValueError(f"{path} is a profile of {profile.get('gpu')!r}, not {gpu!r}")
+    rows = ceilings.profile_rows(gpu, folder)
+    ceiling = {
+        "hbm_bytes_per_s": profile["ceilings"]["copy_bytes_per_s"],
+        "bf16_flops_per_s": profile["ceilings"]["gemm_flops_per_s"],
+    }
+    loo = committed_loo(gpu) if committed else None
+    profile["intervals"] = intervals_json(gpu, rows, ceiling, profile, loo)
+    atomic_write(path, dumps(profile))
+    return profile
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", required=True, help="registry GPU whose committed profile to update")
+    args = ap.parse_args(argv)
+    profile = add_intervals(args.gpu)
+    n = profile["intervals"]["rows"]
+    print(
+        f"profile {profile['profile_id']}: residuals of "
+        + ", ".join(f"{k} {v} rows" for k, v in n.items())
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""The calibration design of a GPU's kernel sweep (``kernel_sweep --grid calibration``): the
+axis-aligned lines the per-class fits need, plus Latin-hypercube points across head geometries.
+
+- **Lines** (``LINES``): the full grid at Llama-3.1-8B attention (``FULL_SWEEP``), with every
+  group size 1-8 and without torch SDPA. Their rows keep the keys the committed rows have, so a
+  GPU's committed rows are not measured again.
+- **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally often
+  (a Latin hypercube on a lattice of levels, one seeded permutation per axis): head geometry
+  (``GEOMETRIES``: GQA 4, 5, 8 and 16, head dims 64 and 128), draft rows t up to 64, batch 1-64,
+  context, and the step's own axes (top_n, overlap, group size 1-8, missed fractions, metadata
+  kind, NSA rows per tile). Every level of every axis is thus measured at several other values
+  of the other axes, which is what the leave-one-head-geometry-out, leave-one-group-size-out
+  and leave-one-context-out sets of ``ssvkit validate`` test on. The levels are few (a left-out
+  value is refitted once per level), odd ones included (group sizes 3, 5, 7; t = 3, 5, 7, 11,
+  ...; batches 3, 6, 12, 24, 48), and include the held-out contexts 48K and 96K and t = 12.
+
+A sparse point times ``per_query`` and its group size in both modes on one set of selections
+(a group size above t is t); an ``nsa_tiles`` point whose schedule runs the packed tiles (its
+t rows fit one) is dropped, the ``nsa`` step's rows time those. Contexts start at 4K for dense
+verification and at 16K where a step selects blocks (top_n 64 of 64-token blocks needs 8K of
+distinct blocks before overlap). Working sets under the L2 (a small batch at a short context)
+are kept and counted by the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from ssvkit.calibration import kernel_grid as kg
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.kernel_grid import FULL_SWEEP, KernelConfig, sweep_configs
+
+K = 1024
+GEOMETRIES = ("llama-3.1-8b", "glm-4-9b", "qwen3-14b", "qwen3-30b-a3b", "16q-2kv-d64", "tiny")
+GROUP_SIZES = tuple(range(1, 9))
+LINES = dataclasses.replace(FULL_SWEEP, sdpa=False, group_sizes=GROUP_SIZES)
+TOKENS = (1, 2, 3, 4, 5, 7, 8, 11, 12, 16, 23, 32, 45, 64)
+BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DENSE_CONTEXTS = (4 * K, 8 * K, 16 * K, 24 * K, 32 * K, 48 * K, 64 * K, 96 * K, 128 * K)
+CONTEXTS = DENSE_CONTEXTS[2:]
+SELECT_CONTEXTS = (16 * K, 32 * K, 48 * K, 64 * K, 128 * K)
+OVERLAPS = (0.5, 0.6, 0.7, 0.8, 0.9)
+TOP_NS = (16, 32, 64)
+FRACTION_PAIRS = ((0.05, 0.3), (0.1, 0.4), (0.2, 0.5))
+# The largest KV cache (tokens x KV heads) a point may allocate: 64 sequences of 128K at 8 KV
+# heads, 34 GB of bf16 K and V at d = 128.
+MAX_CACHE_TOKENS = 64 * 128 * K * 8
+
+
+@dataclass(frozen=True, slots=True)
+class Points:
+    """How many Latin-hypercube points each step gets, and its axes' levels."""
+
+    n: int
+    axes: dict
+
+
+POINTS = {
+    "dense": Points(72, dict(t=TOKENS, batch=BATCHES, ctx=DENSE_CONTEXTS)),
+    "sparse": Points(
+        96,
+        dict(
+            t=TOKENS[3:],
+            batch=BATCHES,
+            ctx=CONTEXTS,
+            top_n=TOP_NS,
+            overlap=OVERLAPS,
+            group=GROUP_SIZES,
+        ),
+    ),
+    "repair": Points(24, dict(t=TOKENS, batch=BATCHES, ctx=CONTEXTS, top_n=TOP_NS)),
+    "select": Points(24, dict(t=TOKENS, batch=BATCHES, ctx=SELECT_CONTEXTS, top_n=TOP_NS[::2])),
+    "nsa": Points(18, dict(t=(1, 2, 4, 8, 16, 32, 64), batch=BATCHES[:9], ctx=CONTEXTS)),
+    "nsa_tiles": Points(
+        12, dict(t=(2, 4, 8, 16, 32, 64), batch=BATCHES[:9], ctx=CONTEXTS, rows=kg.NSA_TILE_ROWS)
+    ),
+}
+
+
+def lattice_lhs(axes: dict[str, tuple], n: int, seed: int) -> list[dict]:
+    """``n`` points: on each axis, slot ``j`` of ``n`` takes level ``floor(j L / n)`` of its
+    ``L`` levels (each level about ``n / L`` times), and the slots are permuted per axis by
+    one seeded generator, axes in the order given."""
+    rng = np.random.default_rng(seed)
+    cols = {}
+    for name, levels in axes.items():
+        slots = [levels[j * len(levels) // n] for j in range(n)]
+        cols[name] = [slots[i] for i in rng.permutation(n)]
+    return [{name: cols[name][i] for name in axes} for i in range(n)]
+
+
+def _fits(geometry: str, batch: int, ctx: int) -> bool:
+    return batch * ki.GEOMETRIES[geometry][1] * ctx <= MAX_CACHE_TOKENS
+
+
+def point_configs(step: str, seed: int = 0) -> list[KernelConfig]:
+    """The Latin-hypercube configs of ``step`` (``POINTS``), geometry an axis of its own."""
+    spec = POINTS[step]
+    axes = {"geometry": GEOMETRIES, **spec.axes}
+    if step == "repair":
+        axes["fractions"] = FRACTION_PAIRS
+    if step in ("select", "nsa", "nsa_tiles"):
+        axes["variant"] = ("mean", "quest") if step == "select" else (None, kg.NSA_REUSE_OVERLAP)
+    out = []
+    for pt in lattice_lhs(axes, spec.n, seed + STEPS_SEED[step]):
+        g, t, b, ctx = pt["geometry"], pt["t"], pt["batch"], pt["ctx"]
+        if not _fits(g, b, ctx):
+            continue
+        with ki.geometry(g):
+            if step == "nsa_tiles" and kg.nsa_tiles_packed(t, pt["rows"]):
+                continue  # the packed tiles: the nsa step's rows
+            out.append(_point(step, pt, t, b, ctx))
+    return out
+
+
+STEPS_SEED = {step: i for i, step in enumerate(kg.STEPS)}
+
+
+def _point(step: str, pt: dict, t: int, b: int, ctx: int) -> KernelConfig:
+    if step == "dense":
+        return kg.dense_config(ctx, t, b, sdpa=False)
+    if step == "sparse":
+        c = min(pt["group"], t)
+        variants = [("per_query", 1), ("union", c)] + ([("shared", c)] if c > 1 else [])
+        return kg.sparse_config(ctx, t, b, pt["top_n"], pt["overlap"], variants)
+    if step == "repair":
+        return kg.repair_config(ctx, t, b, pt["top_n"], pt["fractions"])
+    if step == "select":
+        return kg.select_config(ctx, t, b, pt["top_n"], pt["variant"])
+    return kg.nsa_config(ctx, t, b, pt["variant"], pt.get("rows", 0))
+
+
+def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[KernelConfig]:
+    """The lines, then the points, of ``steps``; a point whose rows the lines already time is
+    dropped."""
+    configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
+    seen = {_identity(c) for c in configs}
+    for step in steps:
+        for cfg in point_configs(step, seed):
+            if _identity(cfg) not in seen:
+                seen.add(_identity(cfg))
+                configs.append(cfg)
+    return configs
+
+
+def _identity(cfg: KernelConfig) -> tuple:
+    return (cfg.step, cfg.geometry, tuple(sorted(map(str, cfg.common.items()))))

@@ -1,0 +1,329 @@
+"""Triton code of :mod:`kernels.select_blocks`' launches: the block metadata
+(``block_metadata_kernel``), the block scores alone (``block_scores_kernel``, then
+``kernels.top_blocks`` picks in a second launch), and scores and pick in one launch
+(``select_kernel``).
+
+``score_range`` is the scoring of one program: it averages its KV head's ``G`` queries once,
+then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a pipelined loop, as fp32
+``[T_PAD, BLOCK_NB]`` matrix products against the metadata.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
+from ssvkit.kernels.top_blocks import threshold_pick
+
+
+@triton.jit
+def block_metadata_kernel(
+    k_ptr,
+    old_ptr,
+    new_ptr,
+    mean_ptr,
+    min_ptr,
+    max_ptr,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_mb,
+    stride_mh,
+    stride_mn,
+    num_kv_heads,
+    t_max,
+    NUM_PROGS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    D: tl.constexpr,
+    HAS_MEAN: tl.constexpr,
+    HAS_MINMAX: tl.constexpr,
+):
+    """Grid ``(B * Hkv, NUM_PROGS)``: the mean and/or min/max key of every block spanned by
+    positions ``[min(old, new), max(old, new))`` of one (sequence, KV head), the programs
+    taking every ``NUM_PROGS``-th block."""
+    tl.static_assert(BLOCK_SIZE >= 1)
+    pid_bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    b = pid_bh // num_kv_heads
+    h = pid_bh % num_kv_heads
+    # Clamped to the cache so that bad lengths cannot read or write out of bounds.
+    old_len = tl.minimum(tl.maximum(tl.load(old_ptr + b), 0), t_max)
+    new_len = tl.minimum(tl.maximum(tl.load(new_ptr + b), 0), t_max)
+    # A shrink (rolled-back tail) touches the same span as a growth: both ends are rewritten.
+    first = tl.minimum(old_len, new_len) // BLOCK_SIZE
+    end = (tl.maximum(old_len, new_len) + BLOCK_SIZE - 1) // BLOCK_SIZE
+    offs_n = tl.arange(0, BLOCK_SIZE)
+    offs_d = tl.arange(0, D)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+    for blk_i in range(first + pid_p, end, NUM_PROGS):
+        blk = tl.cast(blk_i, tl.int64)  # the interpreter yields Python ints here
+        pos = blk * BLOCK_SIZE + offs_n  # [BLOCK_SIZE]
+        valid = pos < new_len
+        k = tl.load(
+            k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=valid[:, None], other=0.0
+        ).to(tl.float32)  # [BLOCK_SIZE, D]
+        count = tl.sum(valid.to(tl.int32), axis=0)
+        m_off = m_base + blk * stride_mn + offs_d
+        if HAS_MEAN:
+            mean = tl.sum(k, axis=0) / tl.maximum(count, 1).to(tl.float32)
+            tl.store(mean_ptr + m_off, mean)
+        if HAS_MINMAX:
+            # Empty blocks (past a rolled-back length) are zeroed: scores mask them anyway.
+            kmin = tl.min(tl.where(valid[:, None], k, float("inf")), axis=0)
+            kmax = tl.max(tl.where(valid[:, None], k, -float("inf")), axis=0)
+            tl.store(min_ptr + m_off, tl.where(count > 0, kmin, 0.0))
+            tl.store(max_ptr + m_off, tl.where(count > 0, kmax, 0.0))
+
+
+@triton.jit
+def score_range(
+    q_ptr,
+    mean_ptr,
+    min_ptr,
+    max_ptr,
+    prefix_ptr,
+    out_ptr,
+    pid_n,
+    h,
+    b,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_mb,
+    stride_mh,
+    stride_mn,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    num_rows,
+    num_blocks,
+    G: tl.constexpr,
+    T_PAD: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    TILES: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    QUEST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Scores of blocks ``[pid_n * TILES * BLOCK_NB, (pid_n + 1) * TILES * BLOCK_NB)`` of KV head
+    ``h`` of sequence ``b`` for every query row; ``-inf`` past the prefix."""
+    tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
+    tl.static_assert(BLOCK_NB >= 16)
+    offs_t = tl.arange(0, T_PAD)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_t < num_rows
+
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + (h * G).to(tl.int64) * stride_qh
+    q_offs = offs_t[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
+    qbar = tl.zeros([T_PAD, D], dtype=tl.float32)
+    for g in tl.static_range(G):
+        qbar += tl.load(q_base + g * stride_qh + q_offs, mask=row_ok[:, None], other=0.0).to(
+            tl.float32
+        )
+    qbar = qbar / G  # [T_PAD, D]
+    if QUEST:
+        q_pos = tl.maximum(qbar, 0.0)
+        q_neg = tl.minimum(qbar, 0.0)
+    prefix_len = tl.load(prefix_ptr + b)
+    m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_base += offs_t[:, None].to(tl.int64) * stride_ot
+
+    for i in tl.range(0, TILES, num_stages=3):
+        offs_nb = (pid_n * TILES + i) * BLOCK_NB + tl.arange(0, BLOCK_NB)
+        blk_ok = offs_nb < num_blocks
+        m_offs = m_base + offs_nb[:, None].to(tl.int64) * stride_mn + offs_d[None, :]
+        if QUEST:
+            kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D]
+            kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
+            # max(q*lo, q*hi) = relu(q)*hi + min(q, 0)*lo, elementwise: two matrix products.
+            s = tl.dot(q_pos, tl.trans(kmax), input_precision=PRECISION)
+            s += tl.dot(q_neg, tl.trans(kmin), input_precision=PRECISION)
+        else:
+            kmean = tl.load(mean_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
+            s = tl.dot(qbar, tl.trans(kmean), input_precision=PRECISION)  # [T_PAD, BLOCK_NB]
+        live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
+        s = tl.where(live[None, :], s, -float("inf"))
+        tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
+
+
+@triton.jit
+def block_scores_kernel(
+    q_ptr,
+    mean_ptr,
+    min_ptr,
+    max_ptr,
+    prefix_ptr,
+    out_ptr,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_mb,
+    stride_mh,
+    stride_mn,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    num_rows,
+    num_blocks,
+    G: tl.constexpr,
+    T_PAD: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    TILES: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    QUEST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: ``score_range`` of each program."""
+    score_range(
+        q_ptr,
+        mean_ptr,
+        min_ptr,
+        max_ptr,
+        prefix_ptr,
+        out_ptr,
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        stride_qb,
+        stride_qt,
+        stride_qh,
+        stride_mb,
+        stride_mh,
+        stride_mn,
+        stride_ob,
+        stride_oh,
+        stride_ot,
+        num_rows,
+        num_blocks,
+        G,
+        T_PAD,
+        BLOCK_NB,
+        TILES,
+        D,
+        BLOCK_SIZE,
+        QUEST,
+        PRECISION,
+    )
+
+
+@triton.jit
+def select_kernel(
+    q_ptr,
+    mean_ptr,
+    min_ptr,
+    max_ptr,
+    prefix_ptr,
+    score_ptr,  # [B, Hkv, t, NB] fp32 scratch, rows stride_ot apart
+    out_ptr,  # [B, Hkv, t, TOP_N] i32
+    scratch_ptr,  # [B * Hkv * t, CAP] i64
+    counter_ptr,  # 1 + 2 * B * Hkv zeroed i32 counters (kernels.arrivals)
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_mb,
+    stride_mh,
+    stride_mn,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    num_rows,
+    num_blocks,
+    num_sink,
+    num_local,
+    score_programs,
+    NUM_KV_HEADS: tl.constexpr,
+    G: tl.constexpr,
+    T_PAD: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    TILES: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    QUEST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TOP_N: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TAIL: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    CAP: tl.constexpr,
+):
+    """Grid ``(B * Hkv * (score_programs + t),)``: the scores and the top-n pick of every row
+    in one launch.
+
+    ``kernels.arrivals``' tickets (counter 0): tickets below ``B * Hkv * score_programs`` score
+    a block range of one (sequence, KV head) (``score_range``) and arrive on that pair's counter
+    (counters ``1 + pair``); each later ticket picks one row
+    (``kernels.top_blocks.threshold_pick``, scores read from L2) once every score program of
+    its pair has arrived, and counts itself out (counters ``1 + B * Hkv + pair``). A row's pick
+    runs in one program, as in the two-launch path, so a pair's rows are picked side by side
+    (the pair's last score program alone would pick them one after another)."""
+    num_pairs = tl.num_programs(0) // (score_programs + num_rows)
+    arrive_ptr = counter_ptr + 1
+    done_ptr = counter_ptr + 1 + num_pairs
+    ticket = take_ticket(counter_ptr)
+    num_scoring = num_pairs * score_programs
+    if ticket < num_scoring:
+        pair = ticket // score_programs
+        score_range(
+            q_ptr,
+            mean_ptr,
+            min_ptr,
+            max_ptr,
+            prefix_ptr,
+            score_ptr,
+            ticket % score_programs,
+            pair % NUM_KV_HEADS,
+            pair // NUM_KV_HEADS,
+            stride_qb,
+            stride_qt,
+            stride_qh,
+            stride_mb,
+            stride_mh,
+            stride_mn,
+            stride_ob,
+            stride_oh,
+            stride_ot,
+            num_rows,
+            num_blocks,
+            G,
+            T_PAD,
+            BLOCK_NB,
+            TILES,
+            D,
+            BLOCK_SIZE,
+            QUEST,
+            PRECISION,
+        )
+        arrive(arrive_ptr + pair)
+    else:
+        r = ticket - num_scoring  # row (b * Hkv + h) * t + i
+        pair = r // num_rows
+        wait_for(arrive_ptr + pair, score_programs)
+        threshold_pick(
+            r,
+            score_ptr,
+            prefix_ptr,
+            out_ptr,
+            scratch_ptr,
+            num_rows,
+            num_blocks,
+            stride_ot,
+            num_sink,
+            num_local,
+            NUM_KV_HEADS,
+            BLOCK_SIZE,
+            TOP_N,
+            TOP_N_PAD,
+            CHUNK,
+            TAIL,
+            GROUPS,
+            TAIL_ROWS,
+            CAP,
+            ".cg",
+        )
+        leave(arrive_ptr + pair, done_ptr + pair, num_rows)

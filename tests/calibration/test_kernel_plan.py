@@ -1,0 +1,234 @@
+"""The kernel sweep's configs, calibration design, shard split and plan, on the CPU: the design
+keeps the committed rows' keys, covers the axes the transfer sets leave out, and every pending
+config lands in exactly one shard, the same whichever shard computes the split."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from ssvkit.calibration import ceilings, kernel_sweep
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.kernel_design import design_configs, lattice_lhs
+from ssvkit.calibration.kernel_grid import KernelConfig, sparse_config, sweep_configs
+from ssvkit.calibration.kernel_plan import STEP_ORDER, compile_keys, config_cost, plan_shards
+from ssvkit.calibration.runner import done_keys, read_rows
+from ssvkit.calibration.shards import Shard, assign
+from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.rows import row_key
+
+H200_ROWS = ceilings.PROFILES / "h200" / "kernel_bench.jsonl"
+GPU = get_gpu("h200")
+
+
+@pytest.fixture(scope="module")
+def design() -> list[KernelConfig]:
+    return design_configs()
+
+
+def _keys(configs, timing="graph") -> set[str]:
+    return {row_key(v.op, timing, v.params) for c in configs for v in c.variants}
+
+
+def test_shard_parsing_and_the_hash_rule():
+    assert Shard.parse("2/4") == Shard(2, 4) and str(Shard(2, 4)) == "2/4"
+    for bad in ("4/4", "1", "a/4", "-1/4", "1/0"):
+        with pytest.raises(ValueError, match="shard"):
+            Shard.parse(bad)
+    keys = [f"op||{i}" for i in range(200)]
+    owners = [[k for k in range(4) if Shard(k, 4).owns(key)] for key in keys]
+    assert all(len(o) == 1 for o in owners)
+    assert min(Counter(o[0] for o in owners).values()) > 30
+
+
+def test_assign_is_longest_first_to_the_least_loaded_shard():
+    units = [("a", 5.0), ("b", 4.0), ("c", 3.0), ("d", 3.0), ("e", 2.0), ("f", 2.0)]
+    owner = assign(units, 2)
+    assert owner == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 1, "f": 0}  # loads 10 and 9
+    assert assign(list(reversed(units)), 2) == owner  # the order given does not matter
+    with pytest.raises(ValueError, match="distinct"):
+        assign([("a", 1.0), ("a", 2.0)], 2)
+
+
+def test_lattice_lhs_uses_every_level_equally_often_and_is_seeded():
+    axes = {"x": (1, 2, 3), "y": tuple(range(12))}
+    pts = lattice_lhs(axes, 12, seed=3)
+    assert Counter(p["x"] for p in pts) == {1: 4, 2: 4, 3: 4}
+    assert sorted(p["y"] for p in pts) == list(range(12))
+    assert lattice_lhs(axes, 12, seed=3) == pts and lattice_lhs(axes, 12, seed=4) != pts
+
+
+def test_the_design_keeps_the_committed_rows_keys(design):
+    """Every kernel row the H200 has committed is a row of the design, so a calibration run
+    measures none of them again (only the ceilings rows of each run are not configs), except
+    select rows without an ``impl``: they timed the two-launch selection before it had a
+    one-launch form, and the design times both under new keys."""
+    committed = {
+        row_key(r["op"], r["timing"], r["params"])
+        for r in read_rows(H200_ROWS)
+        if r["timing"] == "graph"
+        and r["op"] not in ("device_copy", "empty_triton_kernel")
+        and not (r["op"] == "select_blocks" and "impl" not in r["params"])
+    }
+    assert len(committed) > 500 and committed <= _keys(design)
+    pending = kernel_sweep.pending_against(done_keys([H200_ROWS]), ("graph",))
+    left = [v for c in design for v in pending(c)]
+    assert not _keys([KernelConfig("dense", "llama-3.1-8b", {}, tuple(left))]) & committed
+
+
+def test_the_design_covers_the_transfer_sets_axes(design):
+    """At least three head geometries (GQA 4 to 16, head dims 64 and 128), group sizes 1-8,
+    t up to 64 and batches 1-64, each at several values of the others."""
+    by_step = {s: [c for c in design if c.step == s] for s in ("dense", "sparse")}
+    for step, configs in by_step.items():
+        geoms = {ki.GEOMETRIES[c.geometry] for c in configs}
+        assert {hq // hkv for hq, hkv, _ in geoms} >= {4, 5, 8, 16}, step
+        assert {d for *_, d in geoms} == {64, 128}, step
+        assert max(c.common["num_query_tokens"] for c in configs) == 64, step
+        batches = {c.common["batch"] for c in configs}
+        assert {1, 3, 64} <= batches, step
+    groups = Counter(
+        (v.params["mode"], v.params["group_size"], c.geometry)
+        for c in by_step["sparse"]
+        for v in c.variants
+    )
+    for c in range(1, 9):
+        geoms_at_c = {g for (m, gs, g) in groups if m == "union" and gs == c}
+        assert len(geoms_at_c) >= 2, c
+    lines = [c for c in by_step["sparse"] if c.geometry == "llama-3.1-8b"]
+    assert {v.params["group_size"] for c in lines for v in c.variants} >= set(range(1, 9))
+
+
+def test_compile_keys_follow_the_kernels_specialisations():
+    with ki.geometry("llama-3.1-8b"):
+        cfg = sparse_config(16384, 16, 1, 32, 0.7, [("per_query", 1), ("union", 1)])
+        c3 = sparse_config(16384, 16, 1, 32, 0.7, [("union", 3), ("union", 5)])
+        odd = sparse_config(16384, 11, 1, 32, 0.7, [("per_query", 1)])
+    pq, u1 = (compile_keys(cfg, v, 132) for v in cfg.variants)
+    assert pq == u1  # union of one query is the per-query kernel
+    k3, k5 = (compile_keys(c3, v, 132) for v in c3.variants)
+    assert k3 != k5 and any(k[0] == "union_plan" for k in k3)
+    assert compile_keys(odd, odd.variants[0], 132) != pq  # t = 11 is not divisible by 16
+    [dense] = sweep_configs(kernel_sweep.QUICK_SWEEP, ("dense",), "glm-4-9b")[:1]
+    assert {k[0] for k in compile_keys(dense, dense.variants[0], 132)} >= {"dense_verify"}
+    assert config_cost(dense, GPU, ("graph",)).build_s > 0
+
+
+def test_every_pending_config_is_in_exactly_one_shard(design):
+    pending = kernel_sweep.pending_against(done_keys([H200_ROWS]), ("graph",))
+    todo = [c for c in design if pending(c)]
+    plan = plan_shards(todo, 4, GPU, ("graph",), pending=pending)
+    ids = Counter(id(c) for shard in plan.shards for c in shard)
+    assert len(ids) == len(todo) and set(ids.values()) == {1}
+    totals = [plan.estimate(s, pending)["total_s"] for s in plan.shards]
+    assert max(totals) < 1.25 * (sum(totals) / 4)
+    again = plan_shards(todo, 4, GPU, ("graph",), pending=pending)
+    assert [[c.name for c in s] for s in again.shards] == [[c.name for c in s] for s in plan.shards]
+    steps = [c.step for c in plan.shards[0]]
+    assert steps == sorted(steps, key=STEP_ORDER.index)
+
+
+def test_the_plan_command_and_its_bad_options(tmp_path, capsys):
+    argv = ["--out", str(tmp_path), "--grid", "calibration", "--gpu", "h200", "--timings"]
+    argv += ["graph", "--done-from", str(H200_ROWS), "--shard", "1/4"]
+    assert kernel_sweep.main([*argv, "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "*     1" in out and "working set under the 60 MiB L2" in out
+    assert not (tmp_path / "kernel_bench.jsonl").exists()
+    for bad, message in (
+        (["--shard", "4/4"], "shard index must be in [0, 4)"),
+        (["--gpu", "h900"], "unknown GPU 'h900'"),
+        (["--grid", "grand"], "grid must be one of lines, calibration"),
+        (["--done-from", str(tmp_path / "kernel_bench.jsonl")], "the file this shard writes"),
+    ):
+        assert kernel_sweep.main([*argv, *bad, "--plan"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert kernel_sweep.main(["--out", str(tmp_path), "--shard", "0/2", "--plan"]) == 2
+    assert "give --gpu" in capsys.readouterr().err
+    assert Path(tmp_path).is_dir()
+
+
+def test_shards_time_their_own_configs_once_and_resume(tmp_path, monkeypatch, capsys):
+    """Two shards of the calibration design (repair and select, faked on the CPU) write
+    disjoint rows whose union is every pending row; a rerun writes nothing; each step is
+    checked once, before its first config, and not at all where nothing is pending."""
+    import torch
+    from ssvkit.kernels import timing as tm
+
+    checked: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    prov = dict(device_name="NVIDIA H200", torch_version="-", triton_version="-", git_commit="-")
+    monkeypatch.setattr(tm, "provenance", lambda: {**prov, "timestamp": "2026-11-28T00:00:00"})
+    ceil = dict(copy_bytes_per_s=4e12, gemm_flops_per_s=7e14, launch=2e-6, graph=1e-6)
+    monkeypatch.setattr(kernel_sweep, "write_ceilings", lambda r: setattr(r, "ceil", ceil))
+    for step in ("repair", "select"):
+        check = (lambda mod, s=step: checked.append(s), None)
+        monkeypatch.setitem(kernel_sweep.STEPS_RUN, step, check)
+
+    def fake_run(r, cfg, seed, mod):
+        for v in cfg.variants:
+            for timing in r.pending(v.op, v.params):
+                r.write(v.op, v.params, tm.Timing(1e-5, 9e-6, 1.1e-5, timing, 5), 1.0, 1.0)
+
+    monkeypatch.setattr(kernel_sweep.ops, "run_config", fake_run)
+    monkeypatch.setattr(kernel_sweep, "_print_summary", lambda path, as_json: None)
+    argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops"]
+    argv += ["repair,select", "--done-from", str(H200_ROWS)]
+    rows = []
+    for k in range(2):
+        out = tmp_path / f"s{k}"
+        assert kernel_sweep.main([*argv, "--out", str(out), "--shard", f"{k}/2"]) == 0
+        rows.append(_keys_of(out / "kernel_bench.jsonl"))
+    assert rows[0] and rows[1] and not rows[0] & rows[1]
+    pending = kernel_sweep.pending_against(done_keys([H200_ROWS]), ("graph",))
+    want = _keys([c for c in design_configs(("repair", "select")) if pending(c)])
+    assert rows[0] | rows[1] == {k for k in want if k not in done_keys([H200_ROWS])}
+    assert checked == ["repair", "select", "repair", "select"]
+    before = (tmp_path / "s0" / "kernel_bench.jsonl").read_text()
+    assert kernel_sweep.main([*argv, "--out", str(tmp_path / "s0"), "--shard", "0/2"]) == 0
+    assert (tmp_path / "s0" / "kernel_bench.jsonl").read_text() == before
+    assert checked[4:] == [] and "0 rows written" in capsys.readouterr().out
+
+
+def _keys_of(path: Path) -> set[str]:
+    return {
+        row_key(r["op"], r["timing"], r["params"])
+        for r in read_rows(path)
+        if r["op"] not in ("device_copy", "empty_triton_kernel")
+    }
+
+
+def test_a_graph_only_run_writes_its_ceilings_rows_by_graph_replay(tmp_path, monkeypatch):
+    from ssvkit.calibration.runner import Runner
+    from ssvkit.kernels import timing as tm
+
+    r = Runner(tmp_path / "rows.jsonl", 60.0, config=tm.QUICK_TIMING, timings=("graph",))
+    rates = {"memcpy_launch": 3e12, "memcpy_graph": 4e12, "triton_graph": 4.2e12}
+
+    def measure():
+        r.ceil = dict(copy_bytes_per_s=4.2e12, gemm_flops_per_s=7e14, graph=1e-6)
+        return rates
+
+    monkeypatch.setattr(r, "measure_ceilings", measure)
+    kernel_sweep.write_ceilings(r)
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert {(x["op"], x["timing"]) for x in rows} == {
+        ("empty_triton_kernel", "graph"),
+        ("device_copy", "graph"),
+    }
+    assert sorted(x["params"]["impl"] for x in rows if x["op"] == "device_copy") == [
+        "memcpy_graph",
+        "triton_graph",
+    ]
+
+
+def test_the_plan_reports_what_earlier_runs_measured():
+    from ssvkit.calibration.kernel_plan import PlanCosts, measured_text
+
+    assert measured_text([{"op": "gemm"}]) is None
+    rows = [{"wall_s": w, "first_call_s": f} for w, f in ((3.0, 2.5), (0.2, 0.01), (4.0, 3.5))]
+    text = measured_text(rows, PlanCosts(compile_s=2.0))
+    assert "3 rows in 0.1 min, median 3.00 s a row; 2 first calls compiled" in text
+    assert "median 3.00 s (the plan assumes 2 s" in text

@@ -1,0 +1,95 @@
+"""The tiny pair's batched decoding over several contexts (``validation.batched_decode``) on the
+CPU, each ``ssvkit decode`` run in this process instead of a process of its own: every
+(context, batch, baseline, drafter) has its run, a second call takes them all from the run
+cache, ``--stop-after`` writes what finished, ``max`` is the longest context the tiny pair's
+positions hold, and bad input is one line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+from ssvkit.engine.checkpoint import resolve_source
+from ssvkit.kernels.tree import MAX_TREE_NODES
+from ssvkit.validation import batched_decode
+
+from ssvkit.cli import main as cli_main
+
+
+def _in_process(argv, folder):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    return code or 0, out.getvalue(), err.getvalue()
+
+
+def _never(argv, folder):
+    raise AssertionError(f"a finished run went again: {argv}")
+
+
+def _argv(tmp_path, *extra):
+    return [
+        "--contexts", "200,300",
+        "--batches", "1,2",
+        "--baselines", "ar_dense,sd_dense",
+        "--drafters", "ngram",
+        "--new-tokens", "4",
+        "--device", "cpu",
+        "--out", str(tmp_path / "b.json"),
+        "--resume", str(tmp_path / "b.jsonl"),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_every_context_batch_and_baseline_runs_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(batched_decode, "run_ssvkit", _in_process)
+    assert batched_decode.main(_argv(tmp_path)) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["complete"] and doc["settings"]["contexts"] == [200, 300]
+    keys = [(r["context"], r["batch"], r["baseline"], r["drafter"]) for r in doc["runs"]]
+    assert keys == [
+        (c, b, n, d)
+        for c in (200, 300)
+        for b in (1, 2)
+        for n, d in (("ar_dense", None), ("sd_dense", "ngram"))
+    ]
+    for r in doc["runs"]:
+        rep = r["report"]
+        assert r["exit_code"] == 0 and rep["context"] == r["context"] and rep["batch"] == r["batch"]
+    text = capsys.readouterr().out
+    assert "context 200" in text and "context 300" in text
+    monkeypatch.setattr(batched_decode, "run_ssvkit", _never)
+    assert batched_decode.main(_argv(tmp_path)) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["runs"] == doc["runs"]
+
+
+def test_stop_after_writes_the_runs_so_far(tmp_path, monkeypatch):
+    monkeypatch.setattr(batched_decode, "run_ssvkit", _never)
+    assert batched_decode.main(_argv(tmp_path, "--stop-after", "0")) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["runs"] == [] and not doc["complete"]
+
+
+def test_max_is_the_longest_context_the_tiny_pair_holds():
+    limit = resolve_source("tiny").config.max_position_embeddings
+    got = batched_decode.parse_contexts("8K,max,16K", 128)
+    assert got == [8192, limit - 128 - MAX_TREE_NODES - 1, 16384]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--contexts", "8K,x"], "x"),
+        (["--baselines", "ar_fast"], "ar_fast"),
+        (["--new-tokens", "0"], "--new-tokens must be >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, change, message):
+    argv = _argv(tmp_path)
+    argv[argv.index(change[0]) + 1] = change[1]
+    assert batched_decode.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "b.json").exists()
