@@ -80,7 +80,8 @@ def test_folded_merge_merges_every_tile_of_a_row_schedule(rows_per_tile, refresh
     """With ``rows_per_tile`` rows a tile (1: the naive baseline's schedule, head slots padded
     to 16 MMA rows) a call has ``ceil(t / rows_per_tile)`` row tiles per (sequence, KV head),
     each with its own arrival counter: every tile is merged (a row no merge writes stays NaN),
-    as the reference and the merge launch, and the counters are zero after the call."""
+    as the reference and the merge launch, and the counters are zero after the call; the merge
+    covers a row's real head slots, not the padding."""
     prefix_lens, t, h, hkv, d = [77, 130], 5, 8, 2, 16
     args, idx = make_inputs(prefix_lens, t, h, hkv, d, torch.float32, seed=11)
     block_idx = None if refresh else idx
@@ -92,6 +93,8 @@ def test_folded_merge_merges_every_tile_of_a_row_schedule(rows_per_tile, refresh
     assert (plan.rows, plan.num_tiles) == (rows_per_tile, -(-t // rows_per_tile))
     layout = steps.merge_layout(plan, 5, 8, torch.device(DEV))
     assert layout.mode == {"last": 1, "parallel": 2}[merge]
+    if rows_per_tile == 1:  # G = 4 real head slots of 16: one chunk of 4 MMA rows merges them
+        assert (plan.group_pad, layout.rows, layout.chunks) == (16, 4, 1)
     separate = NsaVerifyConfig(num_splits=5, merge="separate", rows_per_tile=rows_per_tile)
     with poisoned_allocations():
         o_fold, idx_fold = nsa_verify(*args, block_idx=block_idx, config=cfg, **NSA_KW)
