@@ -46,9 +46,10 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
 A class the profile has no rows of may be priced by a *stand-in*, a measured class of a kernel
 that does the same work another way (``STAND_INS``): the call keeps its own counts (bytes, FLOPs,
 launch geometry), only the fitted rates are the stand-in's, and every figure priced so is
-labelled ``stand-in`` (``CalibratedPredictor.stood_in``). The NSA kernels' one-row path
-(``nsa_verify/<mode>/<impl>/per_query``, one draft row per row tile) stands in with the
-packed class of its call until a profile has per-query rows.
+labelled ``stand-in`` (``CalibratedPredictor.stood_in``); its interval takes the stand-in's
+leave-one-out residuals too, as an extrapolation's does (``perfmodel.intervals``). The NSA
+kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per row tile)
+stands in with the packed class of its call until a profile has per-query rows.
 
 Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
 efficiency. It ignores contention between concurrent kernels and clock variation.
@@ -402,7 +403,8 @@ class CalibratedPredictor(RooflinePredictor):
 
     def price(self, op: Op) -> tuple[np.ndarray, str | None, np.ndarray | None]:
         """``op``'s seconds, the kernel family of the class that priced it (None: the roofline
-        did) and the points where that class was evaluated outside its measured range."""
+        did) and the points where that class was evaluated outside its measured range or stood
+        in for another kernel (whose intervals so take the leave-one-out residuals too)."""
         cls, nearest = self._resolve(op.kernel)
         if cls is None or op.kind == "comm":
             return super().op_time_s(op), None, None
@@ -429,9 +431,10 @@ class CalibratedPredictor(RooflinePredictor):
         # remembered so that their figures can be labelled "extrapolated".
         bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
         outside = (calls > 0) & (~cls.in_range(nbytes, flops, bw, peak) | nearest)
+        stood_in = (calls > 0) & (op.kernel in self.stand_ins)
         self.outside = _accumulate(self.outside, outside)
-        self.stood_in = _accumulate(self.stood_in, (calls > 0) & (op.kernel in self.stand_ins))
-        return np.where(calls > 0, t, 0.0), kernel_family(cls.name), outside
+        self.stood_in = _accumulate(self.stood_in, stood_in)
+        return np.where(calls > 0, t, 0.0), kernel_family(cls.name), outside | stood_in
 
 
 def _accumulate(flags, new) -> np.ndarray:

@@ -198,7 +198,8 @@ def _table(rows, model, gpu, workload, strategies) -> str:
             + ", ".join(x.split(" <- ")[0] for x in stood_in)
             + "; priced with the rates of "
             + ", ".join(x.split(" <- ")[1] for x in stood_in)
-            + " at their own bytes and launch geometry."
+            + " at their own bytes and launch geometry; their intervals take the leave-one-out"
+            " residuals too."
         )
     return "\n".join(lines)
 

@@ -89,6 +89,10 @@ def test_the_one_row_path_is_priced_by_a_labelled_stand_in():
         "nsa_verify/refresh/unfused/per_query <- nsa_verify/refresh/unfused"
     ]
     assert naive["op_s"]["verify.sparse_attention_refresh_per_query"] > 0
+    # Its interval takes the leave-one-out residuals too, as an extrapolated op's does; the
+    # packed calls of ssv take the held-out ones.
+    assert "leave_one_out" in naive["op_residuals"]["verify.sparse_attention_refresh_per_query"]
+    assert by["ssv"]["op_residuals"]["verify.sparse_attention_fused_refresh"] == "heldout"
     # One draft row is one tile under every schedule: ar_sparse keeps the packed class.
     for name in ("ar_sparse", "ssv"):
         assert by[name]["stand_ins"] == [] and "stand-in" not in by[name]["provenance"]
