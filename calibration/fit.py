@@ -2,9 +2,11 @@
 measure its error on rows the fit never saw.
 
 Op classes: the op name, refined by ``mode`` (sparse modes, NSA refresh/reuse, repair),
-``impl`` (NSA fused/unfused) and ``method`` (block-score metadata). Only CUDA-graph rows are
-fitted: the decode loop runs under graphs; plain-launch rows (which add Triton's tens of
-microseconds of Python launch path) stay in the data for reference.
+``impl`` (NSA fused/unfused), NSA's one-row tiles (``/per_query``, rows timed with
+``rows_per_tile`` 1), ``method`` (block-score metadata) and select_blocks' two-launch
+baseline (``/two_launch``). Only CUDA-graph rows are fitted: the decode loop runs under graphs;
+plain-launch rows (which add Triton's tens of microseconds of Python launch path) stay in the
+data for reference.
 
 Held-out rule (documented in the README's "Calibration accuracy"): a row is held out when
 ``int(sha1(op, params, timing)[:8], 16) % 5 == 0`` or when it has one of the whole held-out
@@ -39,7 +41,7 @@ from ssvkit.calibration import ceilings
 from ssvkit.perfmodel.calibrated import PROFILE_VERSION, ClassFit
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost
+from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed, merge_steps, mma_row_cost
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 from ssvkit.perfmodel.repair_plan import chain_tiles
 from ssvkit.perfmodel.rows import canonical
@@ -79,7 +81,12 @@ def _op_class(row: dict) -> str:
     if op == "repair":
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":
-        return f"{op}/{p['mode']}/{p['impl']}"
+        # One draft row a tile (where that is not the packed tiles) runs the kernels' one-row
+        # path: a class of its own, the step model's per-query NSA class.
+        rows = p.get("rows_per_tile") or 0
+        heads = (p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])
+        one_row = rows == 1 and not is_packed(*heads, rows)
+        return f"{op}/{p['mode']}/{p['impl']}" + ("/" + PER_QUERY if one_row else "")
     if op == "select_blocks":  # the two-launch baseline (``impl``) is a class of its own
         return f"{op}/{p['method']}" + ("/two_launch" if p.get("impl") == "two_launch" else "")
     # Row-wise reductions: their time is set by the row length (one program walks a row), not
@@ -183,6 +190,7 @@ def serial_steps(row: dict, num_sms: int) -> float:
             num_sms,
             fused=p["impl"] == "fused",
             refresh=p["mode"] == "refresh",
+            rows_per_tile=p.get("rows_per_tile") or 0,
         )
     )
 
@@ -194,7 +202,8 @@ def tile_rows(row: dict) -> float:
     if row["op"] != "nsa_verify":
         return 0.0
     p = row["params"]
-    return float(mma_row_cost(p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"]))
+    heads = (p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])
+    return float(mma_row_cost(*heads, p.get("rows_per_tile") or 0))
 
 
 def stage_counts(row: dict) -> tuple[float, ...]:

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.calibration.kernel_grid import NSA_TILE_ROWS
 from ssvkit.kernels import timing as tm
 
 TOL = {"o": (3e-2, 3e-2), "lse": (2e-2, 2e-2)}  # bf16
@@ -98,6 +99,25 @@ def check_nsa(mod) -> None:
         ro, _ = mod.reference_nsa_verify(*args, block_idx=idx, **ki.NSA_KW)
         check(f"{name} refresh", o, ro, "o")
         check(f"{name} reuse", o2, ro, "o")
+
+
+def check_nsa_tiles(mod) -> None:
+    """Each row schedule of the ``nsa_tiles`` step (``kernel_grid.NSA_TILE_ROWS``): refresh and
+    reuse calls, fused and unfused, against the fp32 reference on ragged inputs."""
+    gen = ki.generator(6)
+    args = ki.nsa_inputs(mod, 2, 9, [4100, 1500], 4200, gen)
+    for rows in NSA_TILE_ROWS:
+        kw = dict(ki.NSA_KW, config=mod.NsaVerifyConfig(rows_per_tile=rows))
+        for name, fn in (
+            ("nsa_verify", mod.nsa_verify),
+            ("nsa_verify_unfused", mod.nsa_verify_unfused),
+        ):
+            with tm.poisoned_allocations():
+                o, idx = fn(*args, **kw)
+                o2, _ = fn(*args, block_idx=idx, **kw)
+            ro, _ = mod.reference_nsa_verify(*args, block_idx=idx, **ki.NSA_KW)
+            check(f"{name} rows_per_tile={rows} refresh", o, ro, "o")
+            check(f"{name} rows_per_tile={rows} reuse", o2, ro, "o")
 
 
 def check_select(mod) -> None:

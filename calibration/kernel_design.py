@@ -8,16 +8,18 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   (a Latin hypercube on a lattice of levels, one seeded permutation per axis): head geometry
   (``GEOMETRIES``: GQA 4, 5, 8 and 16, head dims 64 and 128), draft rows t up to 64, batch 1-64,
   context, and the step's own axes (top_n, overlap, group size 1-8, missed fractions, metadata
-  kind). Every level of every axis is thus measured at several other values of the other axes,
-  which is what the leave-one-head-geometry-out, leave-one-group-size-out and
-  leave-one-context-out sets of ``ssvkit validate`` test on. The levels are few (a left-out
+  kind, NSA rows per tile). Every level of every axis is thus measured at several other values
+  of the other axes, which is what the leave-one-head-geometry-out, leave-one-group-size-out
+  and leave-one-context-out sets of ``ssvkit validate`` test on. The levels are few (a left-out
   value is refitted once per level), odd ones included (group sizes 3, 5, 7; t = 3, 5, 7, 11,
   ...; batches 3, 6, 12, 24, 48), and include the held-out contexts 48K and 96K and t = 12.
 
 A sparse point times ``per_query`` and its group size in both modes on one set of selections
-(a group size above t is t). Contexts start at 4K for dense verification and at 16K where a
-step selects blocks (top_n 64 of 64-token blocks needs 8K of distinct blocks before overlap).
-Working sets under the L2 (a small batch at a short context) are kept and counted by the plan.
+(a group size above t is t); an ``nsa_tiles`` point whose schedule runs the packed tiles (its
+t rows fit one) is dropped, the ``nsa`` step's rows time those. Contexts start at 4K for dense
+verification and at 16K where a step selects blocks (top_n 64 of 64-token blocks needs 8K of
+distinct blocks before overlap). Working sets under the L2 (a small batch at a short context)
+are kept and counted by the plan.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ POINTS = {
     "repair": Points(24, dict(t=TOKENS, batch=BATCHES, ctx=CONTEXTS, top_n=TOP_NS)),
     "select": Points(24, dict(t=TOKENS, batch=BATCHES, ctx=SELECT_CONTEXTS, top_n=TOP_NS[::2])),
     "nsa": Points(18, dict(t=(1, 2, 4, 8, 16, 32, 64), batch=BATCHES[:9], ctx=CONTEXTS)),
+    "nsa_tiles": Points(
+        12, dict(t=(2, 4, 8, 16, 32, 64), batch=BATCHES[:9], ctx=CONTEXTS, rows=kg.NSA_TILE_ROWS)
+    ),
 }
 
 
@@ -96,7 +101,7 @@ def point_configs(step: str, seed: int = 0) -> list[KernelConfig]:
     axes = {"geometry": GEOMETRIES, **spec.axes}
     if step == "repair":
         axes["fractions"] = FRACTION_PAIRS
-    if step in ("select", "nsa"):
+    if step in ("select", "nsa", "nsa_tiles"):
         axes["variant"] = ("mean", "quest") if step == "select" else (None, kg.NSA_REUSE_OVERLAP)
     out = []
     for pt in lattice_lhs(axes, spec.n, seed + STEPS_SEED[step]):
@@ -104,6 +109,8 @@ def point_configs(step: str, seed: int = 0) -> list[KernelConfig]:
         if not _fits(g, b, ctx):
             continue
         with ki.geometry(g):
+            if step == "nsa_tiles" and kg.nsa_tiles_packed(t, pt["rows"]):
+                continue  # the packed tiles: the nsa step's rows
             out.append(_point(step, pt, t, b, ctx))
     return out
 
@@ -122,7 +129,7 @@ def _point(step: str, pt: dict, t: int, b: int, ctx: int) -> KernelConfig:
         return kg.repair_config(ctx, t, b, pt["top_n"], pt["fractions"])
     if step == "select":
         return kg.select_config(ctx, t, b, pt["top_n"], pt["variant"])
-    return kg.nsa_config(ctx, t, b, pt["variant"])
+    return kg.nsa_config(ctx, t, b, pt["variant"], pt.get("rows", 0))
 
 
 def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[KernelConfig]:

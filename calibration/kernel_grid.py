@@ -3,10 +3,12 @@
 A ``KernelConfig`` is one set of inputs built on the GPU (a KV cache, selections, queries) and
 the rows timed on it, its ``Variant`` s: dense verification (and torch SDPA), sparse
 verification per mode and group size, repair per missed fraction, NSA per path and
-implementation, block selection. Each variant's params are the row's params, so a variant is
-pending exactly when ``Runner.pending`` says its row is missing. Configs carry their head
-geometry (``kernel_inputs.GEOMETRIES``); ``sweep_configs`` lists a ``Sweep`` grid's configs at
-one geometry in the order the sweep runs them, with the keys of the rows already measured.
+implementation (step ``nsa``: the packed row tiles; step ``nsa_tiles``: the row schedules of
+``NSA_TILE_ROWS``, ``nsa_tiles_configs``), block selection. Each variant's params are the
+row's params, so a variant is pending exactly when ``Runner.pending`` says its row is missing.
+Configs carry their head geometry (``kernel_inputs.GEOMETRIES``); ``sweep_configs`` lists a
+``Sweep`` grid's configs at one geometry in the order the sweep runs them, with the keys of the
+rows already measured.
 
     configs = sweep_configs(FULL_SWEEP, ("dense", "sparse"), "llama-3.1-8b")
 """
@@ -19,14 +21,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.perfmodel.nsa_plan import is_packed
 
-STEPS = ("dense", "sparse", "repair", "nsa", "select")
+STEPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
 # select_blocks' ``impl``: scores and pick in one launch (the default), or the two launches.
 SELECT_IMPLS = ("one_launch", "two_launch")
 K = 1024
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2: the large sparse batch's target
 NSA_REUSE_OVERLAP = 0.7
 NSA_EXTRA = dict(window=ki.NSA_KW["window"], comp_block=32, comp_stride=16)
+# Draft rows a row tile of the ``nsa_tiles`` step: 1, seed 000's naive baseline
+# (``sd_sparse_naive``); 4, SSV's default grouping (``ssv``, union C = 4).
+NSA_TILE_ROWS = (1, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +109,7 @@ class Variant:
 class KernelConfig:
     """One set of inputs and the rows timed on it."""
 
-    step: str = field(metadata={"help": "the op step: dense, sparse, repair, nsa or select"})
+    step: str = field(metadata={"help": "the op step (STEPS)"})
     geometry: str = field(metadata={"help": "head geometry (kernel_inputs.GEOMETRIES)"})
     common: dict = field(metadata={"help": "params every variant shares (context, batch, ...)"})
     variants: tuple[Variant, ...] = field(metadata={"help": "the rows timed on the inputs"})
@@ -180,21 +186,34 @@ def repair_config(
     return KernelConfig("repair", ki.current_geometry(), common, vs)
 
 
-def nsa_config(ctx: int, t: int, bsz: int, overlap: float | None) -> KernelConfig:
+def nsa_config(
+    ctx: int, t: int, bsz: int, overlap: float | None, rows_per_tile: int = 0
+) -> KernelConfig:
     """nsa_verify fused and unfused: refresh and reuse on the refresh path's own indices
     (``overlap`` None: random queries, so rows barely overlap), or reuse alone on indices with
-    that exact adjacent-row overlap."""
+    that exact adjacent-row overlap. ``rows_per_tile`` > 0 times them with that row schedule
+    (step ``nsa_tiles``; the rows carry ``params.rows_per_tile``, the packed step's rows no
+    such key, so their keys stay those of the rows already measured)."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
     common.update(top_n=ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
     if overlap is not None:
         common["overlap"] = overlap
+    if rows_per_tile:
+        common["rows_per_tile"] = rows_per_tile
     modes = ("reuse", "refresh") if overlap is None else ("reuse",)
     vs = tuple(
         Variant("nsa_verify", ki.base_params(mode=m, impl=i, **common, **NSA_EXTRA), (m, i))
         for m in modes
         for i in ("fused", "unfused")
     )
-    return KernelConfig("nsa", ki.current_geometry(), common, vs, dict(NSA_EXTRA))
+    step = "nsa_tiles" if rows_per_tile else "nsa"
+    return KernelConfig(step, ki.current_geometry(), common, vs, dict(NSA_EXTRA))
+
+
+def nsa_tiles_packed(t: int, rows_per_tile: int) -> bool:
+    """Whether ``rows_per_tile`` runs the packed tiles at ``t`` draft rows and the geometry in
+    use (its rows fit one tile, or it packs as many rows): the ``nsa`` step times those."""
+    return bool(is_packed(t, ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, rows_per_tile))
 
 
 def select_config(ctx: int, t: int, bsz: int, top_n: int, method: str, block_size: int = 64):
@@ -265,6 +284,21 @@ def _nsa(sw: Sweep, seed: int) -> list[KernelConfig]:
     ]
 
 
+def nsa_tiles_configs(sw: Sweep, seed: int = 0) -> list[KernelConfig]:
+    """The NSA configs of ``sw`` (``_nsa``'s grid) under each schedule of ``NSA_TILE_ROWS``,
+    those whose tiles are the packed ones left out. One row a tile runs the kernels' one-row
+    path, fitted as ``nsa_verify/<mode>/<impl>/per_query`` (``calibration.fit``), the class the
+    step model prices the naive baseline with; four rows a tile are fitted with the packed
+    class, whose features carry each row's tile geometry."""
+    return [
+        nsa_config(ctx, t, bsz, overlap, rows)
+        for rows in NSA_TILE_ROWS
+        for bsz, t in itertools.product(sw.other_batches, sw.nsa_tokens)
+        if not nsa_tiles_packed(t, rows)
+        for ctx, overlap in itertools.product(sw.nsa_contexts, (None, NSA_REUSE_OVERLAP))
+    ]
+
+
 def _select(sw: Sweep, seed: int) -> list[KernelConfig]:
     return [
         select_config(ctx, sw.tokens, bsz, top_n, method, sw.block_size)
@@ -281,4 +315,5 @@ _STEP_CONFIGS = {
     "repair": _repair,
     "nsa": _nsa,
     "select": _select,
+    "nsa_tiles": nsa_tiles_configs,
 }

@@ -1,7 +1,8 @@
 """The kernel sweep's per-op timing: each step builds one ``KernelConfig``'s inputs
 (``calibration.kernel_grid``) -- dense verification (and torch SDPA), sparse verification per
-mode and group size, repair, NSA and block selection -- enough input sets to defeat the L2
-(``kernels.timing.num_rotations``), and times the config's pending rows through the runner.
+mode and group size, repair, NSA (packed row tiles and the row schedules) and block selection
+-- enough input sets to defeat the L2 (``kernels.timing.num_rotations``), and times the
+config's pending rows through the runner.
 
 Sparse modes count their own traffic: ``per_query`` every row's blocks, ``union`` the
 deduplicated union of each group, ``shared`` each group's representative set;
@@ -192,18 +193,22 @@ def _run_nsa(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant]) 
     _nsa_config(r, seed, mod, cfg.common, cfg.extra, [v.knob for v in todo])
 
 
-def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int) -> int:
-    """Minimum bytes of one NSA call: per (sequence, KV head) the union of its rows' selected
-    blocks and the window, the tail, the compressed tokens; q, o and the gates."""
+def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int, draft_rows: int = 0) -> int:
+    """Bytes of one NSA call: per (sequence, KV head) the window and the compressed tokens
+    once, the union of each row tile's selected blocks outside the window (``draft_rows`` a
+    tile; 0: one union of all rows, the minimum), the tail; q, o and the gates."""
     bs, window = ki.NSA_KW["block_size"], ki.NSA_KW["window"]
     bsz = idx.shape[0]
     idx_np = idx.cpu().numpy()
     win_blocks = set(range((ctx - window) // bs, ctx // bs))
+    step = draft_rows or t
     tokens = 0
     for b in range(bsz):
         for h in range(ki.NUM_KV_HEADS):
-            sel = set(idx_np[b, h].ravel().tolist()) - {-1}
-            tokens += len(sel | win_blocks) * bs + t
+            for i in range(0, t, step):
+                sel = set(idx_np[b, h, i : i + step].ravel().tolist()) - {-1}
+                tokens += len(sel - win_blocks) * bs
+            tokens += len(win_blocks) * bs + t
     comp_tokens = (ctx - 32) // 16 + 1  # complete windows of 32 tokens at stride 16
     gates_bytes = bsz * t * ki.NUM_Q_HEADS * 3 * 4
     comp = bsz * ki.NUM_KV_HEADS * ki.kv_bytes(comp_tokens)
@@ -211,11 +216,14 @@ def _nsa_bytes(idx: torch.Tensor, ctx: int, t: int) -> int:
 
 
 def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
+    """Time the ``todo`` (mode, impl) variants of one NSA config; ``common["rows_per_tile"]``
+    runs it with that row schedule (``kernel_grid.nsa_tiles_configs``)."""
     bsz, ctx, t = common["batch"], common["context_len"], common["num_query_tokens"]
     gen = ki.generator(seed + ctx + bsz)
     first = ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen)
     overlap = common.get("overlap")
     rng = np.random.default_rng(seed + ctx + bsz)
+    config = mod.NsaVerifyConfig(rows_per_tile=common.get("rows_per_tile", 0))
 
     def indices(args):
         if overlap is None:  # the refresh layer's own selection
@@ -225,7 +233,12 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
         return torch.from_numpy(idx).to(ki.DEVICE)
 
     idx = indices(first)
-    unique = _nsa_bytes(idx, ctx, t)
+    draft_rows = 0  # of a row tile, as the launch plan packs them
+    if "rows_per_tile" in common:
+        bs = ki.NSA_KW["block_size"]
+        plan = mod.nsa_union_plan(first[0], first[1], idx, block_size=bs, config=config)
+        draft_rows = plan.group_size
+    unique = _nsa_bytes(idx, ctx, t, draft_rows)
     rot = tm.num_rotations(unique)
     sets = [first] + [ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen) for _ in range(rot - 1)]
     # Reuse layers take the indices of the refresh layer before them: each set's own.
@@ -239,7 +252,7 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
         p.update(rotations=rot)
 
         def fn(i, fn_op=fn_op, mode=mode):
-            kw = dict(ki.NSA_KW, validate=False)
+            kw = dict(ki.NSA_KW, validate=False, config=config)
             if mode == "reuse":
                 kw["block_idx"] = idxs[i]
             return fn_op(*sets[i], **kw)
@@ -291,4 +304,5 @@ _RUN = {
     "repair": _run_repair,
     "nsa": _run_nsa,
     "select": _run_select,
+    "nsa_tiles": _run_nsa,
 }

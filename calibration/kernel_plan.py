@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration.kernel_grid import KernelConfig, Variant
+from ssvkit.calibration.kernel_grid import NSA_TILE_ROWS, KernelConfig, Variant
 from ssvkit.calibration.shards import assign
 from ssvkit.kernels.timing import DEFAULT_TIMING, TimingConfig, num_rotations
 from ssvkit.perfmodel.attention_plan import (
@@ -44,7 +44,7 @@ from ssvkit.perfmodel.attention_plan import (
 )
 from ssvkit.perfmodel.hardware import GpuSpec
 
-STEP_ORDER = ("sparse", "dense", "repair", "select", "nsa")
+STEP_ORDER = ("sparse", "dense", "repair", "select", "nsa", "nsa_tiles")
 # Kernels an NSA call launches per path and implementation (compressed pass, scoring, top-n
 # pick, selected + window pass, merges; the unfused path launches each branch apart).
 NSA_KERNELS = {("refresh", "fused"): 5, ("reuse", "fused"): 2}
@@ -53,9 +53,11 @@ SELECT_KERNELS = 3  # block metadata, block scores, top-n pick
 SMALL_KERNELS = ("merge", "union_plan", "select")  # short kernels: ``small_compile_s`` each
 # Attention-kernel compilations of the correctness checks a run makes before it times a step
 # (``calibration.kernel_checks``): per step at the default geometry (dense: 4 row counts x 3
-# split settings; NSA: both implementations' refresh and reuse calls), and per other geometry
+# split settings; NSA: both implementations' refresh and reuse calls, per row schedule of the
+# nsa_tiles step), and per other geometry
 # (``check_geometry``: one dense and three sparse launches).
 CHECK_COMPILES = {"dense": 12, "sparse": 4, "repair": 1, "nsa": 18, "select": 3}
+CHECK_COMPILES["nsa_tiles"] = len(NSA_TILE_ROWS) * CHECK_COMPILES["nsa"]  # per row schedule
 GEOMETRY_CHECK_COMPILES = 4
 UNITS_PER_SHARD = 4  # a unit above 1 / (this x shards) of the total is cut into chunks
 # A first call longer than this compiled its kernel: a compiled launch takes micro- to
@@ -139,6 +141,8 @@ def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
     if v.op == "nsa_verify":
         gpad = next_pow2(hq // hkv)
         tile = max(1, min(16, 64 // gpad, next_pow2(t)))
+        if p.get("rows_per_tile"):  # kernels.nsa_launch.draft_rows_per_tile's cap
+            tile = min(tile, 1 << (p["rows_per_tile"].bit_length() - 1))
         mode, impl = v.knob
         return {("nsa", cfg.geometry, tile, mode, impl, i) for i in range(NSA_KERNELS[v.knob])}
     if v.op == "select_blocks":
@@ -160,9 +164,10 @@ def variant_work(cfg: KernelConfig, v: Variant) -> tuple[float, float]:
     elif v.op == "repair":
         frac = 1.0 if v.knob[0] == "recompute" else v.knob[1]
         tokens = t * round(frac * p["top_n"]) * p["block_size"]
-    elif v.op == "nsa_verify":
-        tokens = min(ctx, t * ki.NSA_KW["top_n"] * ki.NSA_KW["block_size"]) + ctx // 16
-        tokens += ki.NSA_KW["window"]
+    elif v.op == "nsa_verify":  # each row tile's selected blocks (``rows_per_tile`` rows)
+        rows = min(t, p.get("rows_per_tile") or t)
+        per_tile = min(ctx, rows * ki.NSA_KW["top_n"] * ki.NSA_KW["block_size"])
+        tokens = math.ceil(t / rows) * per_tile + ctx // 16 + ki.NSA_KW["window"]
     else:  # select_blocks reads the block metadata (fp32 means, and maxima for quest)
         kinds = 1 if p["method"] == "mean" else 2
         return float(bsz * hkv * (ctx // p["block_size"]) * d * 4 * kinds), 0.0

@@ -174,7 +174,7 @@ def _nsa(g: list[dict]) -> list[dict]:
     """nsa_verify: the fused kernel's time and its speedup over the unfused calls."""
     nsa = {}
     for r in g:
-        if r["op"] == "nsa_verify":
+        if r["op"] == "nsa_verify" and not r["params"].get("rows_per_tile"):
             p = r["params"]
             gamma = p.get("overlap") or -1.0  # -1: the refresh path's own indices
             at = (_heads(p), p.get("num_query_tokens"), p["context_len"], p["batch"])
@@ -196,6 +196,39 @@ def _nsa(g: list[dict]) -> list[dict]:
                 }
             )
     return out
+
+
+def _nsa_tiles(g: list[dict]) -> list[dict]:
+    """nsa_verify with a row schedule (``calibration.kernel_nsa_tiles``): its time and how much
+    faster the packed schedule runs the same call."""
+    packed, out = {}, []
+
+    def key(p):
+        return tuple(
+            (k, v) for k, v in sorted(p.items()) if k not in ("rows_per_tile", "rotations")
+        )
+
+    nsa = [r for r in g if r["op"] == "nsa_verify"]
+    for r in nsa:
+        if not r["params"].get("rows_per_tile"):
+            packed[key(r["params"])] = r["median_s"]
+    for r in nsa:
+        p = r["params"]
+        if p.get("rows_per_tile") and key(p) in packed:
+            out.append(
+                {
+                    "T": p["context_len"],
+                    "B": p["batch"],
+                    "t": p["num_query_tokens"],
+                    "mode": p["mode"],
+                    "impl": p["impl"],
+                    "gamma": p.get("overlap"),
+                    "rows": p["rows_per_tile"],
+                    "us": r["median_s"] * 1e6,
+                    "packed_speedup": r["median_s"] / packed[key(p)],
+                }
+            )
+    return sorted(out, key=lambda x: tuple(str(v) for v in x.values()))
 
 
 def _select(g: list[dict]) -> list[dict]:
@@ -237,6 +270,7 @@ def summarise(rows: list[dict]) -> dict[str, list[dict]]:
         "sparse": _sparse(g),
         "repair": _repair(g),
         "nsa": _nsa(g),
+        "nsa row schedules": _nsa_tiles(g),
         "select": _select(g),
         "floor targets": _floor_targets(g),
     }

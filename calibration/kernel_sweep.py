@@ -1,7 +1,8 @@
 """The kernel sweep: correctness first, then the timed sweep, one sealed row per config.
 
     python -m ssvkit.calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \
-        [--ops dense,sparse,repair,nsa,select] [--budget-s 540] [--json] [--geometry tiny]
+        [--ops dense,sparse,repair,nsa,select,nsa_tiles] [--budget-s 540] [--json] \
+        [--geometry tiny]
     # the calibration design, shard 2 of 4 (one process per GPU), graph timings only:
     python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 2/4 \
         --out OUT/s2 --done-from calibration/profiles/h200/kernel_bench.jsonl --timings graph
@@ -77,7 +78,8 @@ OPS = STEPS
 OUT_NAME = "kernel_bench.jsonl"
 GRIDS = ("lines", "calibration")
 SHOW = ("context_len", "num_query_tokens", "batch", "mode", "group_size", "overlap", "top_n")
-SHOW += ("missed_fraction", "impl", "method", "num_q_heads", "num_kv_heads", "head_dim")
+SHOW += ("missed_fraction", "impl", "method", "rows_per_tile", "num_q_heads", "num_kv_heads")
+SHOW += ("head_dim",)
 # op -> (its correctness check, the op module the check and the timing take; None for a fixed
 # one).
 STEPS_RUN: dict[str, tuple] = {
@@ -86,6 +88,7 @@ STEPS_RUN: dict[str, tuple] = {
     "repair": (lambda mod: checks.check_repair(), None),
     "nsa": (checks.check_nsa, "ssvkit.kernels.nsa_verify"),
     "select": (checks.check_select, "ssvkit.kernels.select_blocks"),
+    "nsa_tiles": (checks.check_nsa_tiles, "ssvkit.kernels.nsa_verify"),
 }
 
 

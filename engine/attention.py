@@ -11,7 +11,10 @@ refresh/reuse schedule over layers.
   first row's blocks), with a ``build_group_plan`` shared by the layers of one refresh.
 - ``nsa``: ``kernels.nsa_verify``'s compressed/selected/window branches; the refresh path returns
   the block indices it selected, reuse layers pass them back with the union plan built once per
-  refresh (``fusion=none`` runs the unfused baseline ``nsa_verify_unfused`` instead). The model
+  refresh (``fusion=none`` runs the unfused baseline ``nsa_verify_unfused`` instead). The mode
+  sets the draft rows of a row tile, which share one load of their blocks' union
+  (``rows_per_tile``): ``per_query`` one (each row streams its own blocks, the naive baseline),
+  ``union`` C, ``shared`` as many as the tile holds. The model
   is not NSA-trained, so the learned gates are constants (``gates``), as mean pooling stands in
   for NSA's learned compression.
 
@@ -39,13 +42,14 @@ from ssvkit.engine.tree import TreeTensors
 from ssvkit.kernels.dense_verify import dense_verify
 from ssvkit.kernels.group_plan import build_group_plan
 from ssvkit.kernels.nsa_verify import (
+    NsaVerifyConfig,
     nsa_verify,
     nsa_verify_unfused,
     reference_nsa_verify,
 )
 from ssvkit.kernels.select_blocks import block_scores
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
-from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.perfmodel.strategy import Strategy, nsa_rows_per_tile
 
 KINDS = ("dense", "sparse", "nsa")
 BACKENDS = ("torch", "triton")
@@ -114,6 +118,12 @@ class AttentionConfig:
 
     def is_refresh(self, layer: int) -> bool:
         return layer % self.refresh_every == 0
+
+    @property
+    def rows_per_tile(self) -> int:
+        """NSA: draft rows of one row tile under the mode (``perfmodel.strategy``'s
+        ``nsa_rows_per_tile``; 0 = as many as the tile holds)."""
+        return nsa_rows_per_tile(self.mode, self.group_size)
 
     @property
     def local_slots(self) -> int:
@@ -232,6 +242,7 @@ class TreeAttention:
         self.block_idx: torch.Tensor | None = None
         self.plan = None
         self._gates: torch.Tensor | None = None
+        self.nsa_config = NsaVerifyConfig(rows_per_tile=cfg.rows_per_tile)
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         if self.recorded is not None:
@@ -274,7 +285,7 @@ class TreeAttention:
         if self.triton:
             if not cfg.fused:
                 o, self.block_idx = nsa_verify_unfused(
-                    q, k, v, lens, mask, ck, cv, gates, validate=False, **kw
+                    q, k, v, lens, mask, ck, cv, gates, validate=False, config=self.nsa_config, **kw
                 )
                 return o
             # A refresh's union plan is the one the reuse layers after it share.
@@ -290,6 +301,7 @@ class TreeAttention:
                 validate=False,
                 union=None if refresh else self.plan,
                 return_union=True,
+                config=self.nsa_config,
                 **kw,
             )
             return o

@@ -2,9 +2,9 @@
 
 Row packing shared by the kernels: a program owns one (sequence x KV head, row tile); MMA row
 ``m`` is draft row ``tile * ROWS + m // GROUP_PAD`` and query head ``kvh * GROUP + m %
-GROUP_PAD`` (``GROUP_PAD`` = next power of two of ``G``, rows with ``m % GROUP_PAD >= G`` are
-padding). Softmax states are in the log2 domain (scores pre-multiplied by ``sm_scale *
-log2(e)``).
+GROUP_PAD`` (``GROUP_PAD``: a power of two >= ``G``, ``kernels.nsa_launch``; rows with ``m %
+GROUP_PAD >= G`` are padding). Softmax states are in the log2 domain (scores pre-multiplied by
+``sm_scale * log2(e)``).
 
 Work units: the compressed branch is ``ceil(nc / BLOCK_N)`` tiles of compressed tokens, the
 selected branch ``BLOCK_SIZE / BLOCK_N`` tiles per entry of the tile's union list, the window

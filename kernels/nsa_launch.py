@@ -1,6 +1,15 @@
 """Launch plan of :mod:`kernels.nsa_verify`: its tuning knobs (``NsaVerifyConfig``), the
 shapes and row packing of one call (``make_plan``) and how many slots each branch gets
-(``plan_slots``), all on the host."""
+(``plan_slots``), all on the host.
+
+Row packing: a row tile holds ``rows`` draft rows x ``group_pad`` head slots, ``BLOCK_M =
+rows x group_pad`` MMA rows (at least 16, ``tl.dot``'s minimum), and streams the union of its
+rows' selected blocks. ``NsaVerifyConfig.rows_per_tile`` caps ``rows`` (the strategy's schedule,
+``perfmodel.strategy.nsa_rows_per_tile``: 1 for ``per_query``, C for ``union``, 0 = as many as
+fit), rounded down to a power of two (C = 3 packs 2 rows a tile). Where ``rows x
+next_pow2(G)`` is under 16, ``group_pad`` grows to ``16 / rows`` so that a tile still holds
+exactly ``rows`` draft rows (the kernels' ``ROWS = BLOCK_M // GROUP_PAD``); the extra head
+slots are padding, as those past ``G`` always are."""
 
 from __future__ import annotations
 
@@ -45,6 +54,14 @@ class NsaVerifyConfig:
     expected_overlap: float = field(
         default=0.7, metadata={"help": "row-to-row block overlap assumed to size the slots"}
     )
+    rows_per_tile: int = field(
+        default=0,
+        metadata={
+            "help": "most draft rows of one row tile, which share one load of their selected "
+            "blocks' union (1: each row streams its own; 0: as many as fit); rounded down to "
+            "a power of two"
+        },
+    )
     score_source: str = field(
         default="auto",
         metadata={
@@ -83,6 +100,8 @@ class NsaVerifyConfig:
         for name in ("num_stages", "ctas_per_sm", "max_splits", "min_tiles_per_slot"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rows_per_tile < 0:
+            raise ValueError(f"rows_per_tile must be >= 0, got {self.rows_per_tile}")
         if self.num_splits < 0:
             raise ValueError(f"num_splits must be >= 0, got {self.num_splits}")
         if self.score_source not in SCORE_SOURCES:
@@ -168,8 +187,23 @@ class LaunchPlan:
 
 
 def draft_rows_per_tile(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
-    """Draft rows of one row tile: at most ``MAX_TILE_ROWS`` and ``block_m // group_pad``."""
-    return max(1, min(MAX_TILE_ROWS, config.block_m // group_pad, triton.next_power_of_2(t)))
+    """Draft rows of one row tile: a power of two, at most ``MAX_TILE_ROWS``, ``block_m //
+    group_pad`` and ``config.rows_per_tile`` (when set)."""
+    cap = MAX_TILE_ROWS
+    if config.rows_per_tile:
+        cap = 1 << (min(config.rows_per_tile, MAX_TILE_ROWS).bit_length() - 1)
+    return max(1, min(cap, config.block_m // group_pad, triton.next_power_of_2(t)))
+
+
+def tile_packing(t: int, group: int, config: NsaVerifyConfig) -> tuple[int, int, int]:
+    """(draft rows, head slots ``group_pad``, MMA rows ``block_m``) of one row tile of a call
+    over ``t`` draft rows and a head group of ``group`` (module docstring)."""
+    group_pad = triton.next_power_of_2(group)
+    if group_pad > config.block_m:
+        raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({group})")
+    rows = draft_rows_per_tile(t, group_pad, config)
+    group_pad = max(group_pad, 16 // rows)
+    return rows, group_pad, rows * group_pad
 
 
 def make_plan(
@@ -206,11 +240,7 @@ def make_plan(
         raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
     b, t, h, d = q.shape
     hkv, t_max = k_cache.shape[1], k_cache.shape[2]
-    group_pad = triton.next_power_of_2(h // hkv)
-    if group_pad > config.block_m:
-        raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({h // hkv})")
-    rows = draft_rows_per_tile(t, group_pad, config)
-    block_m = max(16, rows * group_pad)
+    rows, group_pad, block_m = tile_packing(t, h // hkv, config)
     return LaunchPlan(
         batch=b,
         num_t=t,

@@ -165,10 +165,12 @@ def merge_rows(
     First every slot's ``(m, l)`` (``[S_PAD, MERGE_ROWS]``) gives each branch's maximum and
     gated ``1 / l``, then the slots' ``acc`` are summed with their weights ``MERGE_SLOTS`` slots
     per load, in slot order (the result does not depend on which program merges). Loads go to
-    L2 (``.cg``): the partials were written by other programs."""
+    L2 (``.cg``): the partials were written by other programs. A chunk of head-slot padding
+    alone (it starts at a slot ``>= GROUP`` of its draft row; chunks and ``GROUP_PAD`` are
+    powers of two) is skipped too."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
-    if tile * ROWS + r0 // GROUP_PAD < num_t:
+    if (tile * ROWS + r0 // GROUP_PAD < num_t) & (r0 % GROUP_PAD < GROUP):
         sl = tl.arange(0, S_PAD)
         sl_ok = sl < used_slots
         sl_branch = (sl >= c_end).to(tl.int32) + (sl >= s_end).to(tl.int32)

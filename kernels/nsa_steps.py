@@ -207,11 +207,17 @@ def merge_layout(
     the tile's merge is one load of ``MERGE_LOAD_ELEMS`` (every slot's real rows) or when one
     merge program per chunk would not fit beside one another on the SMs (many tiles: their last
     programs merge side by side anyway), else merge programs of one draft row's heads each
-    (``max(MERGE_ROWS_MIN, G_PAD)`` rows), so a tile's merge does not run in series in one
-    program."""
-    real = min(plan.rows, plan.num_t) * plan.group_pad
+    (``max(MERGE_ROWS_MIN, next_pow2(G))`` rows), so a tile's merge does not run in series in
+    one program.
+
+    A draft row's real rows are its ``next_pow2(G)`` first head slots: a tile of fewer draft
+    rows than fill 16 MMA rows pads its head slots further (``kernels.nsa_launch``), and the
+    merge steps over those (``merge_rows``) as over draft rows past ``t``."""
+    heads = triton.next_power_of_2(plan.group)
+    draft = min(plan.rows, plan.num_t)
+    real = (draft - 1) * plan.group_pad + heads  # MMA rows up to the last real one
     whole = used_slots * triton.next_power_of_2(real) * plan.head_dim <= MERGE_LOAD_ELEMS
-    part_rows = max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, plan.group_pad))
+    part_rows = max(MERGE_ROWS_MIN, min(MERGE_ROWS_MAX, heads))
     chunks = triton.cdiv(real, part_rows)
     mode = {"last": 1, "parallel": 2}.get(plan.merge)
     if mode is None:

@@ -74,10 +74,10 @@ from ssvkit.kernels.nsa_launch import (
     DEFAULT_CONFIG,
     LaunchPlan,
     NsaVerifyConfig,
-    draft_rows_per_tile,
     make_plan,
     plan_slots,
     refresh_slots,
+    tile_packing,
 )
 from ssvkit.kernels.nsa_reference import reference_nsa_verify
 from ssvkit.kernels.nsa_selection import refresh_indices
@@ -227,12 +227,8 @@ def nsa_union_plan(
     one refresh."""
     config = config or DEFAULT_CONFIG
     t, h = q.shape[1], q.shape[2]
-    group_pad = triton.next_power_of_2(h // k_cache.shape[1])
-    return union_plan(
-        block_idx,
-        draft_rows_per_tile(t, group_pad, config),
-        triton.cdiv(k_cache.shape[2], block_size),
-    )
+    rows = tile_packing(t, h // k_cache.shape[1], config)[0]
+    return union_plan(block_idx, rows, triton.cdiv(k_cache.shape[2], block_size))
 
 
 def nsa_verify_unfused(

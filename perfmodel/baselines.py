@@ -88,8 +88,9 @@ def compare(
                     k: float(np.broadcast_to(op.bytes, cols.tp.shape)[i])
                     for k, op in pred.ops.items()
                 },
-                "provenance": pred.provenance + (":extrapolated" if pred.extrapolated[i] else ""),
+                "provenance": pred.label(i),
                 "extrapolated": bool(pred.extrapolated[i]),
+                "stand_ins": pred.stood_in_for(i),
             }
         )
     by_key = {(r["context_len"], r["strategy"]): r for r in rows}
@@ -141,6 +142,11 @@ def add_intervals(rows: list[dict], pred: StepPrediction, anchor_idx: dict) -> N
             r["op_residuals"][k] = None if fam is None else src.residuals(fam, outside).source
         r["uncovered_share"] = float(uncovered[i])
         r["interval_note"] = ""
+
+
+def base_provenance(row: dict) -> str:
+    """A row's provenance without its point's flags (``StepPrediction.label``)."""
+    return row["provenance"].removesuffix(":stand-in").removesuffix(":extrapolated")
 
 
 def grouped_seconds(row: dict) -> dict[str, float]:

@@ -43,6 +43,14 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   G = 0.6 GB) while at overlap 0.5 and 64K context its 2.0 GB of distinct blocks set 866 us;
   without it the one share h (0.48) had to serve both (with it h = 0.12, r = 2.4).
 
+A class the profile has no rows of may be priced by a *stand-in*, a measured class of a kernel
+that does the same work another way (``STAND_INS``): the call keeps its own counts (bytes, FLOPs,
+launch geometry), only the fitted rates are the stand-in's, and every figure priced so is
+labelled ``stand-in`` (``CalibratedPredictor.stood_in``); its interval takes the stand-in's
+leave-one-out residuals too, as an extrapolation's does (``perfmodel.intervals``). The NSA
+kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per row tile)
+stands in with the packed class of its call until a profile has per-query rows.
+
 Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
 efficiency. It ignores contention between concurrent kernels and clock variation.
 
@@ -74,9 +82,22 @@ import numpy as np
 from ssvkit.perfmodel import hardware
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu, gpu_names
 from ssvkit.perfmodel.intervals import IntervalSource, IntervalTable, kernel_family
+from ssvkit.perfmodel.nsa_plan import PER_QUERY
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
 PROFILE_VERSION = 1
+# Suffix of a class whose rates, while a profile has no rows of it, are those of the class
+# without it (the module docstring).
+STAND_INS = ("/" + PER_QUERY,)
+
+
+def stand_in(kernel: str) -> str | None:
+    """The class that prices ``kernel`` when the profile has no class of it (``STAND_INS``);
+    None when none may."""
+    for suffix in STAND_INS:
+        if kernel.startswith("nsa_verify/") and kernel.endswith(suffix):
+            return kernel.removesuffix(suffix)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +355,8 @@ class CalibratedPredictor(RooflinePredictor):
         # A transferred profile carries its own label (``transfer``).
         self.provenance = provenance or f"calibrated:{profile.profile_id}"
         self.outside = None  # per point, see op_time_s
+        self.stood_in = None  # per point: some op priced by a stand-in class
+        self.stand_ins: dict[str, str] = {}  # kernel -> the class that stood in for it
 
     def at(self, idx: np.ndarray) -> CalibratedPredictor:
         tp = self.tp[idx] if self.tp.ndim else self.tp
@@ -351,6 +374,9 @@ class CalibratedPredictor(RooflinePredictor):
             kernel = kernel.removesuffix(RESIDENT_SUFFIX)  # not timed resident: the cold class
         if kernel in self.profile.classes:
             return self.profile.classes[kernel], False
+        if stand_in(kernel) in self.profile.classes:
+            self.stand_ins[kernel] = stand_in(kernel)
+            return self.profile.classes[stand_in(kernel)], False
         family, _, size = kernel.rpartition("/")
         digits = size.lstrip("dv")
         if not family or not digits.isdigit():
@@ -377,7 +403,8 @@ class CalibratedPredictor(RooflinePredictor):
 
     def price(self, op: Op) -> tuple[np.ndarray, str | None, np.ndarray | None]:
         """``op``'s seconds, the kernel family of the class that priced it (None: the roofline
-        did) and the points where that class was evaluated outside its measured range."""
+        did) and the points where that class was evaluated outside its measured range or stood
+        in for another kernel (whose intervals so take the leave-one-out residuals too)."""
         cls, nearest = self._resolve(op.kernel)
         if cls is None or op.kind == "comm":
             return super().op_time_s(op), None, None
@@ -404,9 +431,16 @@ class CalibratedPredictor(RooflinePredictor):
         # remembered so that their figures can be labelled "extrapolated".
         bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
         outside = (calls > 0) & (~cls.in_range(nbytes, flops, bw, peak) | nearest)
-        same = self.outside is not None and np.shape(self.outside) == np.shape(outside)
-        self.outside = self.outside | outside if same else outside
-        return np.where(calls > 0, t, 0.0), kernel_family(cls.name), outside
+        stood_in = (calls > 0) & (op.kernel in self.stand_ins)
+        self.outside = _accumulate(self.outside, outside)
+        self.stood_in = _accumulate(self.stood_in, stood_in)
+        return np.where(calls > 0, t, 0.0), kernel_family(cls.name), outside | stood_in
+
+
+def _accumulate(flags, new) -> np.ndarray:
+    """Per-point flags or-ed over the ops of one evaluation (reset when the shape changes)."""
+    same = flags is not None and np.shape(flags) == np.shape(new)
+    return flags | new if same else new
 
 
 def make_predictor(gpu: GpuSpec, dtype: str = "bf16", tp=1):

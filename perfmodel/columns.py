@@ -53,6 +53,7 @@ class Columns:
     meta_vectors: np.ndarray  # META_VECTORS
     refresh_frac: np.ndarray  # share of layers that refresh (run selection)
     fused: np.ndarray  # 1 = refresh_reuse kernels
+    nsa_rows_per_tile: np.ndarray  # NSA draft rows per row tile (Strategy.nsa_rows_per_tile)
 
     def __len__(self) -> int:
         return len(self.context_len)
@@ -82,6 +83,7 @@ def _strategy_columns(s: Strategy, num_layers: int) -> dict:
         "meta_vectors": META_VECTORS[s.metadata],
         "refresh_frac": np.ceil(num_layers / s.refresh_every) / num_layers,
         "fused": float(s.fusion == "refresh_reuse"),
+        "nsa_rows_per_tile": s.nsa_rows_per_tile,
     }
 
 

@@ -48,6 +48,13 @@ after another:
 - unfused (``nsa_verify_unfused``): each branch launched with the whole split budget and its
   own merge: ``3 S``, or 0 when S = 1.
 
+A call's row schedule (``rows_per_tile``, ``perfmodel.strategy.nsa_rows_per_tile``) caps the
+draft rows of a tile: 0 packs as many as the tile holds (the geometry above, the one every
+committed row was measured with); R > 0 packs ``min(R, packed)`` rows, rounded down to a power
+of two (the kernels' tile holds a power of two of rows), into ``max(16, rows x G_pad)`` MMA
+rows, so one draft row a tile (``per_query``) runs ``t`` tiles of 16 MMA rows at 8 q / 2 KV
+heads. More tiles leave fewer splits per tile.
+
 It ignores the block-score kernel's read of the compressed ``(m, l)`` partials (a refresh
 call's), and assumes one resident program per SM, as the wrapper does.
 """
@@ -64,6 +71,8 @@ CTAS_PER_SM = 1
 NUM_BRANCHES = 3
 WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take mma.sync
 WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
+# Name suffix of the NSA ops and classes of one draft row a tile (the kernels' one-row path).
+PER_QUERY = "per_query"
 
 
 def next_pow2(x) -> np.ndarray:
@@ -72,33 +81,59 @@ def next_pow2(x) -> np.ndarray:
     return np.exp2(np.ceil(np.log2(x) - 1e-9))
 
 
-def row_tiles(t, num_q_heads, num_kv_heads) -> tuple[np.ndarray, np.ndarray]:
-    """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows."""
+def prev_pow2(x) -> np.ndarray:
+    """Largest power of two <= x (x >= 1), elementwise."""
+    x = np.maximum(np.asarray(x, dtype=float), 1.0)
+    return np.exp2(np.floor(np.log2(x) + 1e-9))
+
+
+def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0):
+    """(``BLOCK_M``, draft rows per tile, row tiles per (sequence, KV head)) of a call over
+    ``t`` draft rows with ``rows_per_tile`` draft rows a tile (0: packed; module docstring)."""
     t = np.asarray(t, dtype=float)
     group_pad = next_pow2(np.ceil(np.asarray(num_q_heads, dtype=float) / num_kv_heads))
-    block_m = np.maximum(MIN_BLOCK_M, np.minimum(BLOCK_M_MAX, next_pow2(t * group_pad)))
-    return block_m, np.ceil(t / (block_m // group_pad))
+    packed_m = np.maximum(MIN_BLOCK_M, np.minimum(BLOCK_M_MAX, next_pow2(t * group_pad)))
+    packed = np.maximum(packed_m // group_pad, 1.0)
+    r = np.asarray(rows_per_tile, dtype=float)
+    rows = np.where(r > 0, np.minimum(prev_pow2(r), packed), packed)
+    block_m = np.where(r > 0, np.maximum(MIN_BLOCK_M, rows * group_pad), packed_m)
+    return block_m, rows, np.ceil(t / rows)
 
 
-def mma_row_cost(t, num_q_heads, num_kv_heads) -> np.ndarray:
+def row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile=0) -> tuple[np.ndarray, np.ndarray]:
+    """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows."""
+    block_m, _, tiles = tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile)
+    return block_m, tiles
+
+
+def is_packed(t, num_q_heads, num_kv_heads, rows_per_tile) -> np.ndarray:
+    """Where a ``rows_per_tile`` schedule runs the packed one's tiles (``t`` rows fit one of
+    its tiles, or it packs as many rows as the packed schedule)."""
+    _, tiles = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile)
+    return tiles == row_tiles(t, num_q_heads, num_kv_heads)[1]
+
+
+def mma_row_cost(t, num_q_heads, num_kv_heads, rows_per_tile=0) -> np.ndarray:
     """A program's row tile in ``mma.sync`` rows: ``BLOCK_M`` below ``WGMMA_MIN_ROWS``, else
     ``WGMMA_ROW_COST x BLOCK_M`` (the ``wgmma`` path; see the module docstring)."""
-    block_m, _ = row_tiles(t, num_q_heads, num_kv_heads)
+    block_m, _ = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile)
     return np.where(block_m < WGMMA_MIN_ROWS, block_m, WGMMA_ROW_COST * block_m)
 
 
-def num_splits(t, num_q_heads, num_kv_heads, batch, num_sms: int) -> np.ndarray:
+def num_splits(t, num_q_heads, num_kv_heads, batch, num_sms: int, rows_per_tile=0) -> np.ndarray:
     """Programs per (sequence, KV head, row tile): ``_num_splits`` at the default config."""
-    _, tiles = row_tiles(t, num_q_heads, num_kv_heads)
+    _, tiles = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile)
     programs = np.asarray(batch, dtype=float) * np.asarray(num_kv_heads, dtype=float) * tiles
     return np.maximum(1.0, np.minimum(MAX_SPLITS, np.floor(num_sms * CTAS_PER_SM / programs)))
 
 
-def merge_steps(t, num_q_heads, num_kv_heads, batch, num_sms: int, *, fused, refresh):
+def merge_steps(
+    t, num_q_heads, num_kv_heads, batch, num_sms: int, *, fused, refresh, rows_per_tile=0
+):
     """Partial slots one call's merge kernels walk in series (see the module docstring).
 
-    ``fused`` and ``refresh`` are booleans or 0/1 arrays broadcasting with ``t``."""
-    s = num_splits(t, num_q_heads, num_kv_heads, batch, num_sms)
+    ``fused``, ``refresh`` and ``rows_per_tile`` are scalars or arrays broadcasting with ``t``."""
+    s = num_splits(t, num_q_heads, num_kv_heads, batch, num_sms, rows_per_tile)
     fused = np.asarray(fused, dtype=float) > 0
     refresh = np.asarray(refresh, dtype=float) > 0
     split = s > 1

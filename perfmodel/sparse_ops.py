@@ -9,6 +9,16 @@ outputs through memory; with ``refresh_reuse`` fusion a refresh layer runs a par
 pair of kernels and a reuse layer one fused kernel (seed 000, Mechanism 2). Caches are
 ignored: repeated block loads of ``per_query`` kernels count as device-memory traffic (the
 calibrated predictor corrects for L2 hits).
+
+The NSA kernels pack ``Strategy.nsa_rows_per_tile`` draft rows into a row tile, and each tile
+streams the union of its rows' selected blocks: one draft row a tile (``per_query``, seed 000's
+naive baseline) loads every row's blocks on its own, tiles of C rows (``union``) each group's
+union, the packed schedule (``shared``) the union of all rows, as the measured NSA rows count
+it. The compressed tokens and the window are counted once per (sequence, KV head): the other
+tiles' reads of them hit L2. A schedule of one draft row per tile runs the one-row path of the
+kernels (no union plan, no member bits) and is priced as its own class,
+``nsa_verify/<mode>/<impl>/per_query``; a profile without rows of it prices it with the packed
+class, the label says ``stand-in`` (``perfmodel.calibrated.STAND_INS``).
 """
 
 from __future__ import annotations
@@ -18,7 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.columns import MODE_CODES, Columns
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost
+from ssvkit.perfmodel.nsa_plan import (
+    PER_QUERY,
+    is_packed,
+    merge_steps,
+    mma_row_cost,
+    tile_rows_of,
+)
 from ssvkit.perfmodel.ops import (
     ACT_BYTES,
     F32,
@@ -29,7 +45,7 @@ from ssvkit.perfmodel.ops import (
     local_heads,
 )
 from ssvkit.perfmodel.predictor import Op
-from ssvkit.perfmodel.sparse import blocks_loaded_per_layer
+from ssvkit.perfmodel.sparse import blocks_loaded_per_layer, union_blocks
 from ssvkit.perfmodel.torch_plan import topn_counts
 
 
@@ -88,15 +104,38 @@ def sparse_attention(
     br = branches(c)
     kv_tok = kv_token_bytes(model, hkv, c.kv_bytes)
     nsa = (c.meta_vectors == 0) * 1.0  # NSA selects inside its attention kernels
+    # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
+    # (sequence, KV head), the compressed keys and the window once and each row tile's union of
+    # selected blocks -- the bytes ``calibration.kernel_ops`` counts for the nsa_verify rows.
+    nsa_loaded = {
+        "compressed": br.comp,
+        "selected": nsa_selected_tokens(c, br, hq, hkv),
+        "window": br.win + c.rows,
+    }
+    loaded = {k: np.where(nsa > 0, nsa_loaded[k], v) for k, v in br.loaded.items()}
     flops, nbytes, launches = _attention_counts(model, c, br, nsa, hq, kv_tok)
+    nsa_bytes = _nsa_io_bytes(model, c, hq) + c.batch * kv_tok * sum(nsa_loaded.values())
+    nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
     _attention_ops(acc, c, (flops, nbytes, launches), nsa, hq, hkv, layers, prefix, num_sms)
     _selection_op(acc, model, c, br, nsa, hq, hkv, layers, prefix)
-    return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in br.loaded.items()}
+    return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in loaded.items()}
+
+
+def _qo_bytes(model: ModelSpec, c: Columns, hq):
+    """Queries read and outputs written (activations) plus the fp32 LSE, of one call."""
+    m_rows = c.batch * c.rows
+    return 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
+
+
+def _nsa_io_bytes(model: ModelSpec, c: Columns, hq):
+    """An NSA call's bytes besides K/V: queries, outputs and LSE, and the fp32 gates."""
+    return _qo_bytes(model, c, hq) + c.batch * c.rows * hq * 3 * F32
 
 
 def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_tok):
-    """FLOPs, bytes and launches of one layer's sparse attention call, per point."""
-    b, t, T = c.batch, c.rows, c.context_len
+    """FLOPs, bytes and launches of one layer's block-metadata sparse attention call (NSA's
+    bytes are ``sparse_attention``'s), per point."""
+    b, t = c.batch, c.rows
     attended = br.comp + br.sel + br.win + t
     m_rows = b * t
     branch_out = m_rows * hq * model.head_dim * F32  # one branch's fp32 output
@@ -105,18 +144,29 @@ def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_to
     r = c.refresh_frac
     launches = np.where(c.fused > 0, 2 * r + 1 * (1 - r), 4.0)
     intermediates = np.where(c.fused > 0, r * 2 * branch_out, 3 * 2 * branch_out)
-    qo = 2 * m_rows * hq * model.head_dim * ACT_BYTES + m_rows * hq * F32
     flops = m_rows * attended * attn_flops_per_row_token(model, hq)
-    nbytes = b * kv_tok * sum(br.loaded.values()) + qo + intermediates
-    # NSA metadata: the engine's NSA kernels select inside the refresh call and read, per
-    # (sequence, KV head), the compressed keys once and the union of its rows' selected blocks
-    # and window -- the bytes ``calibration.kernel_ops`` counts for the nsa_verify rows. Grouping
-    # modes do not apply there.
-    nsa_sel = blocks_loaded_per_layer(t, c.top_n, "union", t, c.overlap, br.nb) * c.block_size
-    gates = m_rows * hq * 3 * F32
-    nsa_bytes = b * kv_tok * (br.comp + np.minimum(nsa_sel + br.win, T) + t) + qo + gates
-    nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
+    nbytes = b * kv_tok * sum(br.loaded.values()) + _qo_bytes(model, c, hq) + intermediates
     return flops, nbytes, launches
+
+
+def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
+    """Selected-branch tokens one NSA call streams per (sequence, KV head) outside the window:
+    the union of each row tile's blocks (``c.nsa_rows_per_tile`` rows a tile, the last tile the
+    rest), each tile's at most the prefix before the window. The packed schedule is one union
+    of all ``t`` rows, as the measured rows count it."""
+    t, T = c.rows, c.context_len
+    _, rows, _ = tile_rows_of(t, hq, hkv, c.nsa_rows_per_tile)
+    rows = np.where(is_packed(t, hq, hkv, c.nsa_rows_per_tile), t, np.minimum(rows, t))
+    full = np.floor(t / rows)
+    last = t - full * rows
+    room = T - br.win
+
+    def tile(r):
+        return np.minimum(
+            union_blocks(c.top_n, np.maximum(r, 1), c.overlap, br.nb), room / c.block_size
+        )
+
+    return c.block_size * (full * tile(rows) + np.where(last > 0, tile(last), 0.0))
 
 
 def _attention_ops(
@@ -129,25 +179,34 @@ def _attention_ops(
     flops, nbytes, launches = counts
     fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
     refresh = nsa * c.refresh_frac
-    tile_rows = mma_row_cost(t, hq, hkv)
+    # Block-metadata selection (mean / quest) is priced at the packed NSA classes' rates.
+    r = np.where(nsa > 0, c.nsa_rows_per_tile, 0.0)
+    tile_rows = mma_row_cost(t, hq, hkv, r)
+    # One draft row a tile, where that is not what packing gives: the kernels' one-row path.
+    per_query = nsa * (r == 1) * (1 - is_packed(t, hq, hkv, r))
     for name, on, kernel, is_fused, is_refresh in (
         ("sparse_attention", unfused * (1 - refresh), "nsa_verify/reuse/unfused", 0, 0),
         ("sparse_attention_refresh", unfused * refresh, "nsa_verify/refresh/unfused", 0, 1),
         ("sparse_attention_fused", fused * (1 - refresh), "nsa_verify/reuse/fused", 1, 0),
         ("sparse_attention_fused_refresh", fused * refresh, "nsa_verify/refresh/fused", 1, 1),
     ):
-        steps = merge_steps(t, hq, hkv, b, num_sms, fused=is_fused, refresh=is_refresh)
-        attn = Op(
-            "attention",
-            on * flops,
-            on * nbytes,
-            on * launches,
-            kernel=kernel,
-            calls=on * 1.0,
-            serial_steps=on * steps,
-            tile_rows=on * tile_rows,
+        steps = merge_steps(
+            t, hq, hkv, b, num_sms, fused=is_fused, refresh=is_refresh, rows_per_tile=r
         )
-        acc.add(prefix + name, attn.scaled(layers))
+        for suffix, share in (("", 1 - per_query), (PER_QUERY, per_query)):
+            if suffix and not np.any(on * share):
+                continue
+            attn = Op(
+                "attention",
+                on * share * flops,
+                on * share * nbytes,
+                on * share * launches,
+                kernel=kernel + "/" + suffix if suffix else kernel,
+                calls=on * share * 1.0,
+                serial_steps=on * share * steps,
+                tile_rows=on * share * tile_rows,
+            )
+            acc.add(prefix + name + ("_" + suffix if suffix else ""), attn.scaled(layers))
 
 
 def _selection_op(

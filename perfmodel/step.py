@@ -87,9 +87,10 @@ def target_forward(
     return branches
 
 
-def _flags(predictor, n: int) -> np.ndarray:
-    """A predictor's per-point extrapolation flags as an [n] array (none: all False)."""
-    f = getattr(predictor, "outside", None)
+def _flags(predictor, n: int, name: str = "outside") -> np.ndarray:
+    """A predictor's per-point flags ``name`` (extrapolation; ``stood_in``: priced by a
+    stand-in class) as an [n] array (none: all False)."""
+    f = getattr(predictor, name, None)
     if f is None:
         return np.zeros(n, dtype=bool)
     try:
@@ -144,6 +145,10 @@ ATTENTION_OPS = (
     "sparse_attention_refresh",
     "sparse_attention_fused",
     "sparse_attention_fused_refresh",
+    "sparse_attention_per_query",
+    "sparse_attention_refresh_per_query",
+    "sparse_attention_fused_per_query",
+    "sparse_attention_fused_refresh_per_query",
 )
 
 
@@ -169,10 +174,23 @@ class StepPrediction:
     branch_bytes: dict[str, np.ndarray]
     provenance: str
     extrapolated: np.ndarray  # per point: some op outside its calibrated range
+    stand_in: np.ndarray  # per point: some op priced by a stand-in class
+    stand_ins: dict[str, str]  # kernel -> the measured class that priced it
     op_family: dict[str, str | None] = dataclasses.field(default_factory=dict)
     op_outside: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
     interval_source: IntervalSource | None = None
     interval_note: str = ""  # why the figures carry no interval, when they carry none
+
+    def stood_in_for(self, i: int) -> list[str]:
+        """``kernel <- class`` of each op of point ``i`` priced by a stand-in class."""
+        ops = (op for op in self.ops.values() if op.kernel in self.stand_ins)
+        used = {op.kernel for op in ops if np.broadcast_to(op.calls, self.round_s.shape)[i] > 0}
+        return [f"{k} <- {self.stand_ins[k]}" for k in sorted(used)]
+
+    def label(self, i: int) -> str:
+        """Point ``i``'s provenance with its flags: ``:extrapolated``, ``:stand-in``."""
+        flags = (":extrapolated", self.extrapolated[i]), (":stand-in", self.stand_in[i])
+        return self.provenance + "".join(f for f, on in flags if on)
 
     def spread(self, keys=None, prefix: str = "") -> Spread | None:
         """The error model (``perfmodel.intervals.Spread``) of the sum of the ops ``keys``
@@ -220,7 +238,8 @@ def predict_columns(
     if draft is None and drafts_with_model:
         raise ValueError("a draft_model drafter needs the draft model (DrafterSpec.model)")
     if hasattr(predictor, "outside"):
-        predictor.outside = None  # extrapolation flags are per evaluation
+        predictor.outside = None  # extrapolation and stand-in flags are per evaluation
+        predictor.stood_in = None
     acc = OpSum()
     branches = target_forward(acc, model, c, c.rows, "verify.", predictor.gpu.num_sms)
     spec = (c.num_draft > 0) * 1.0
@@ -270,6 +289,8 @@ def predict_columns(
         branch_bytes=branches,
         provenance=predictor.provenance,
         extrapolated=outside,
+        stand_in=_flags(predictor, len(c), "stood_in"),
+        stand_ins=dict(getattr(predictor, "stand_ins", {})),
         op_family=family,
         op_outside=flags,
         interval_source=predictor.interval_source,

@@ -27,6 +27,8 @@ TRAVERSALS = ("bfs", "dfs", "position")
 SPARSE_MODES = ("per_query", "union", "shared")
 FUSIONS = ("none", "refresh_reuse")
 METADATA = ("mean", "quest", "nsa")
+# NSA draft rows per row tile of the packed schedule: as many as the kernel's tile holds.
+PACKED_ROWS = 0
 # The verify kernels' int64 ancestor bitmask (kernels.tree) holds one bit per node.
 MAX_TREE_NODES = 64
 
@@ -183,6 +185,11 @@ class Strategy:
     def is_sparse(self) -> bool:
         return self.attention == "sparse"
 
+    @property
+    def nsa_rows_per_tile(self) -> int:
+        """Draft rows the NSA kernels pack into one row tile (``nsa_rows_per_tile``)."""
+        return nsa_rows_per_tile(self.mode, self.group_size)
+
     def parents(self, acceptance: float) -> tuple[int, ...]:
         return parse_tree(self.tree, acceptance)
 
@@ -196,6 +203,31 @@ class Strategy:
         if name not in BASELINES:
             raise ValueError(f"unknown strategy {name!r}{suggest(name, list(BASELINES))}")
         return dataclasses.replace(BASELINES[name], **overrides)
+
+
+def nsa_rows_per_tile(mode: str, group_size: int) -> int:
+    """Draft rows that share one NSA row tile, and so one load of the union of their selected
+    blocks, under a grouping ``mode``: ``per_query`` 1 (every row streams its own blocks, seed
+    000's decoding-oriented naive baseline), ``union`` C, ``shared`` ``PACKED_ROWS`` (as many
+    rows as the kernel's tile holds). NSA selects per row under every mode: it has no
+    shared-index approximation, so every schedule is exact."""
+    if mode not in SPARSE_MODES:
+        raise ValueError(f"mode must be one of {', '.join(SPARSE_MODES)}, got {mode!r}")
+    if mode == "per_query":
+        return 1
+    return group_size if mode == "union" else PACKED_ROWS
+
+
+def with_nsa_rows_per_tile(s: Strategy, rows_per_tile: int) -> Strategy:
+    """``s`` with the grouping whose NSA schedule is ``rows_per_tile`` draft rows a tile
+    (``PACKED_ROWS``: ``shared``; 1: ``per_query``; C: ``union`` C); ``s`` itself when it has it
+    already or is not an NSA strategy."""
+    if not (s.is_sparse and s.metadata == "nsa") or s.nsa_rows_per_tile == rows_per_tile:
+        return s
+    if not (isinstance(rows_per_tile, int) and rows_per_tile >= 0):
+        raise ValueError(f"nsa_rows_per_tile must be an integer >= 0, got {rows_per_tile!r}")
+    mode = {PACKED_ROWS: "shared", 1: "per_query"}.get(rows_per_tile, "union")
+    return dataclasses.replace(s, mode=mode, group_size=max(rows_per_tile, 1))
 
 
 DEFAULT_TREE = "best:16:6"

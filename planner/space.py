@@ -15,11 +15,12 @@ out:
 
 Grouping applies to block-metadata selection (``metadata`` ``mean``/``quest``: the
 ``sparse_verify`` kernel streams per query, per group union, or the group's shared blocks). The
-NSA kernels (``metadata`` ``nsa``, the default) run one program per (sequence, KV head) over all
-of its rows and stream the union of their blocks whatever the mode, C or traversal: the engine
-runs the same kernels for every one of them and the step model prices them alike, so the space
-holds one NSA strategy per (drafter, tree, budget, schedule) -- mode ``per_query``, the first
-traversal -- not aliases of it. (The step model prices ``mean``/``quest`` verification from
+NSA kernels (``metadata`` ``nsa``, the default) select per row under every mode; the mode only
+sets how many draft rows share a row tile and its union of blocks
+(``perfmodel.strategy.nsa_rows_per_tile``). The space holds one NSA strategy per (drafter,
+tree, budget, schedule): mode ``shared``, the packed tiles (as many rows as a tile holds, the
+fewest blocks streamed), with the first traversal; ``per_query`` NSA is seed 000's naive
+baseline, not a candidate. (The step model prices ``mean``/``quest`` verification from
 its grouped bytes at the NSA kernel classes' fitted rates: the calibrated profile has no
 ``sparse_verify`` class in the step model, so such rankings are less sure than NSA ones.)
 
@@ -39,7 +40,13 @@ from ssvkit.perfmodel.acceptance import node_depths_ranks
 from ssvkit.perfmodel.hardware import GpuSpec, suggest
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.sparse import fits_shared_memory
-from ssvkit.perfmodel.strategy import METADATA, DrafterSpec, Strategy, parse_tree
+from ssvkit.perfmodel.strategy import (
+    METADATA,
+    PACKED_ROWS,
+    DrafterSpec,
+    Strategy,
+    parse_tree,
+)
 
 MAX_KERNEL_ROWS = 64
 MAX_PACKED_ROWS = 128
@@ -145,8 +152,10 @@ def describe(s: Strategy) -> str:
     if not s.is_sparse:
         return f"{head} | dense"
     sched = f"refresh/{s.refresh_every}" + (" fused" if s.fusion == "refresh_reuse" else "")
-    if s.metadata == "nsa":
-        group = "nsa"  # one program per (sequence, KV head): the mode does not apply
+    if s.metadata == "nsa":  # the mode sets the row schedule only: packed tiles say nothing
+        group = "nsa"
+        if s.nsa_rows_per_tile != PACKED_ROWS:
+            group += " per_query" if s.mode == "per_query" else f" union C{s.group_size}"
     else:
         group = s.mode if s.mode == "per_query" else f"{s.mode} C{s.group_size}"
         group += f" {s.metadata}"
@@ -183,9 +192,9 @@ def invalid_reason(s: Strategy, model: ModelSpec, gpu: GpuSpec, context_len: int
 
 def enumerate_space(spec: SpaceSpec) -> list[Strategy]:
     """Every tuple of the product (before validity filtering), deduplicated: dense strategies
-    ignore the sparse axes, per_query ignores C, NSA ignores mode, C and traversal (the module
-    says why), a tree that drafts nothing (``chain:0``) ignores the drafter, and
-    refresh_every > 1 implies the fused refresh/reuse kernels."""
+    ignore the sparse axes, per_query ignores C, NSA takes the packed schedule and ignores C
+    and traversal (the module says why), a tree that drafts nothing (``chain:0``) ignores the
+    drafter, and refresh_every > 1 implies the fused refresh/reuse kernels."""
     out: dict[str, Strategy] = {}
     drafters = [
         DrafterSpec(kind=k, model=spec.draft_model if k == "draft_model" else None)
@@ -213,7 +222,7 @@ def enumerate_space(spec: SpaceSpec) -> list[Strategy]:
                     dataclasses.replace(
                         base,
                         attention="sparse",
-                        mode="per_query" if nsa else mode,
+                        mode="shared" if nsa else mode,
                         group_size=1 if one else c,
                         refresh_every=r,
                         fusion="refresh_reuse" if r > 1 else "none",

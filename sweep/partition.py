@@ -147,9 +147,10 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
     round, draft nodes, seconds/FLOPs/bytes per op group (``OP_GROUPS``), and the flags
     ``feasible`` (sparse selection fits the context, TP divides the heads), ``fits_memory``
     (weights plus ``batch (T + K + 1)`` KV tokens fit in 90% of ``tp`` GPUs' memory) and
-    ``extrapolated`` (some op outside the calibrated range); the intervals of ``INTERVAL_FIGURES``
-    and the share of the round without residuals (``interval_figures``). Figures of infeasible
-    points are NaN.
+    ``extrapolated`` (some op outside the calibrated range) and ``stand_in`` (some op priced by
+    a stand-in class, ``perfmodel.calibrated``); the intervals of ``INTERVAL_FIGURES`` and the
+    share of the round without residuals (``interval_figures``). Figures of infeasible points
+    are NaN.
     """
     model, gpu = cached_model(p.model), cached_gpu(p.gpu, p.roofline, p.any_architecture)
     axes = dict(p.axes)
@@ -191,6 +192,7 @@ def evaluate(p: Partition) -> dict[str, np.ndarray]:
     out["feasible"] = feasible
     out["fits_memory"] = need <= cap
     out["extrapolated"] = np.asarray(pred.extrapolated, dtype=bool) & feasible
+    out["stand_in"] = np.asarray(pred.stand_in, dtype=bool) & feasible
     out["provenance"] = pred.provenance
     if p.simulate is not None:
         # The simulated run grows every sequence by num_tokens: those points must fit too.

@@ -220,9 +220,8 @@ def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np
     best = np.zeros((n_b, n_s, n_w), dtype=bool)
     np.put_along_axis(best, winner[:, None, :], True, axis=1)
     table["best"] = best.reshape(-1) & ok
-    table["provenance"] = np.where(table["extrapolated"], prov + ":extrapolated", prov).astype(
-        object
-    )
+    flagged = np.where(table["extrapolated"], prov + ":extrapolated", prov).astype(object)
+    table["provenance"] = np.where(table["stand_in"], flagged + ":stand-in", flagged)
     keep = requested[s_idx]
     if keep.all():
         return table

@@ -119,7 +119,9 @@ def predict(
     ivs, rb = prediction_intervals(pred)
     return {
         "gpu": gpu.name,
-        "provenance": pred.provenance + (" (extrapolated)" if pred.extrapolated[0] else ""),
+        "provenance": pred.provenance
+        + (" (extrapolated)" if pred.extrapolated[0] else "")
+        + (" (stand-in)" if pred.stand_in[0] else ""),
         "draft_s": float(pred.draft_s[0]),
         "verify_s": float(pred.verify_s[0]),
         "verify_forward_s": verify_forward_s(pred),

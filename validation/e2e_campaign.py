@@ -36,7 +36,13 @@ from ssvkit.planner.rank import concrete, rank, strategy_from_json
 from ssvkit.planner.space import SpaceSpec, describe, strategy_id
 from ssvkit.validation.bench import RunCache, make_bench, steady_figures
 from ssvkit.validation.prompts import prompt_tokens, regime_contexts
-from ssvkit.validation.records import add_pair_args, command_line, file_label, record_path
+from ssvkit.validation.records import (
+    add_pair_args,
+    command_line,
+    file_label,
+    record_path,
+    run_schedule,
+)
 
 CAMPAIGN_VERSION = 1
 NAMES = ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv", "ssv_planned")
@@ -183,6 +189,7 @@ def measure_rows(bench, contexts: dict[str, int], plans: dict, seeds: int) -> li
                         "context_len": ctx,
                         "seed": seed,
                         "strategy": dataclasses.asdict(s),
+                        **run_schedule(s),
                         "describe": describe(s),
                         "measured": fig,
                     }

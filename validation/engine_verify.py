@@ -69,7 +69,12 @@ from ssvkit.validation.engine_ops import (
     selection_stats,
     time_ops,
 )
-from ssvkit.validation.records import file_label, local_model, local_strategy
+from ssvkit.validation.records import (
+    file_label,
+    local_model,
+    measured_strategy,
+    run_schedule,
+)
 
 STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=10, reps=10, max_total_s=2.0)
 
@@ -126,7 +131,7 @@ def campaign_main(args) -> dict:
     points: dict[tuple[str, int], dict] = {}
     for r in doc["rows"]:
         key = (r["baseline"], r["context_len"])
-        pt = points.setdefault(key, {"strategy": r["strategy"], "verify_s": []})
+        pt = points.setdefault(key, {"run": r, "verify_s": []})
         pt["verify_s"].append(r["measured"]["steps_s"]["verify"])
     contexts = sorted({c for _, c in points})
     t_max = max(contexts) + 128
@@ -141,7 +146,7 @@ def campaign_main(args) -> dict:
         for (name, c), pt in sorted(points.items()):
             if c != ctx:
                 continue
-            s = local_strategy(pt["strategy"])
+            s = measured_strategy(pt["run"])  # with the NSA schedule the campaign ran
             attn = AttentionConfig.from_strategy(s)
             tree = DraftTree.from_spec(s.tree, s.traversal)
             runner.prepare(attn)
@@ -268,6 +273,7 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
     row = {
         "strategy": strategy.name,
         "attention": dataclasses.asdict(attn),
+        **run_schedule(strategy),
         "t": t,
         "context": context,
         "graph_s": graph_s,

@@ -64,11 +64,17 @@ def _predict(s: dict, names: list[str]) -> dict[str, dict]:
     return {r["strategy"]: r for r in rows}
 
 
+def _provenance(a: dict, b: dict) -> str:
+    """The provenance of a figure of rows ``a`` and ``b``: ``a``'s, labelled ``stand-in`` when
+    ``b`` is priced by a stand-in class and ``a`` is not (``perfmodel.calibrated``)."""
+    return a["provenance"] + (":stand-in" if b["stand_ins"] and not a["stand_ins"] else "")
+
+
 def predict_speedup(c: dict, s: dict) -> tuple[float, str]:
     """tokens/s of ``strategy`` over ``over`` at the settings (``ssvkit predict``'s rows)."""
     rows = _predict(s, [c["strategy"], c["over"]])
     a, b = rows[c["strategy"]], rows[c["over"]]
-    return a["tokens_per_s"] / b["tokens_per_s"], a["provenance"]
+    return a["tokens_per_s"] / b["tokens_per_s"], _provenance(a, b)
 
 
 def predict_stage_ratio(c: dict, s: dict) -> tuple[float, str]:
@@ -80,7 +86,7 @@ def predict_stage_ratio(c: dict, s: dict) -> tuple[float, str]:
         return r["verify_s"] if c["stage"] == "verify" else grouped_seconds(r)[c["stage"]]
 
     a, b = rows[c["strategy"]], rows[c["over"]]
-    return secs(b) / secs(a), a["provenance"]
+    return secs(b) / secs(a), _provenance(a, b)
 
 
 def predict_step_ms(c: dict, s: dict) -> tuple[float, str]:

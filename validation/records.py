@@ -7,6 +7,12 @@ its ranking, the engine's and the kernels' H200 measurements) ship as package da
 installed package reads the same files as a clone. Committed data names files and models
 relative to the project (``model_label``), never by a path of the machine that measured them,
 and ``local_model`` finds such a name on this machine.
+
+A measured run of an NSA strategy records the row schedule the engine ran it with
+(``NSA_SCHEDULE``, draft rows per row tile: ``run_schedule``), and a run is priced with the
+schedule it was measured with (``measured_strategy``). Documents without the field were
+measured when the engine packed every NSA strategy's rows into as many as a tile holds,
+whatever its mode: they are priced with the packed schedule.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import dataclasses
 from importlib.resources import files
 from pathlib import Path
 
-from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.perfmodel.strategy import PACKED_ROWS, Strategy, with_nsa_rows_per_tile
 from ssvkit.planner.rank import strategy_from_json
 
 DATA = "data"
+# A measured run's NSA row schedule: draft rows per row tile (0: packed).
+NSA_SCHEDULE = "nsa_rows_per_tile"
 # Where the engine's checkpoints (the trained tiny pair) live, relative to the project.
 CHECKPOINTS = "engine/checkpoints"
 
@@ -121,3 +129,19 @@ def local_strategy(d: dict) -> Strategy:
         drafter = dataclasses.replace(s.drafter, model=local_model(s.drafter.model))
         s = dataclasses.replace(s, drafter=drafter)
     return s
+
+
+def run_schedule(s: Strategy) -> dict:
+    """What a measured run of ``s`` records of its NSA row schedule (``NSA_SCHEDULE``), merged
+    into the run's document; nothing for a strategy without NSA."""
+    if not (s.is_sparse and s.metadata == "nsa"):
+        return {}
+    return {NSA_SCHEDULE: s.nsa_rows_per_tile}
+
+
+def measured_strategy(run: dict) -> Strategy:
+    """The strategy of a measured run (``local_strategy`` of ``run["strategy"]``) with the NSA
+    row schedule it was measured with: the one to price it, or re-time it, by. A run without
+    ``NSA_SCHEDULE`` ran its NSA strategy with packed tiles (the module docstring)."""
+    s = local_strategy(run["strategy"])
+    return with_nsa_rows_per_tile(s, run.get(NSA_SCHEDULE, PACKED_ROWS))

@@ -15,10 +15,12 @@ Sections, each with the data file it reads:
 5. **simulator** -- ``sim`` replaying each seed-0 run's accepted counts (acceptance ``trace``)
    with the same costs and loop overhead, vs that run's measured tokens/s.
 
-The prediction is at the measured acceptance (alpha fitted to the run's mean tokens per round,
-``perfmodel.tree_tokens.alpha_from_tokens``), so the error is the performance model's, not the
-acceptance profile's; the planner section is where predicted acceptance is judged. The report
-renders as markdown and PNGs in ``validation.report_markdown``.
+Every run is priced with the NSA row schedule it was measured with
+(``validation.records.measured_strategy``), at the measured acceptance (alpha fitted to the
+run's mean tokens per round, ``perfmodel.tree_tokens.alpha_from_tokens``), so the error is the
+performance model's, not the acceptance profile's; the planner section is where predicted
+acceptance is judged. The report renders as markdown and PNGs in
+``validation.report_markdown``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from ssvkit.planner.profile import profile_from_json
 from ssvkit.sim.config import SimConfig
 from ssvkit.sim.scenarios import simulate
 from ssvkit.validation.decode_figures import inside, prediction_intervals, verify_forward_s
-from ssvkit.validation.records import local_model, local_strategy, project_label, record_path
+from ssvkit.validation.records import local_model, measured_strategy, project_label, record_path
 from ssvkit.validation.stats import regime_resolution, set_resolution
 
 REPORT_VERSION = 1
@@ -90,7 +92,7 @@ def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float):
 def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -> dict:
     """One (baseline, context) of the campaign: its seeds' measured figures and the
     prediction at their pooled acceptance (and the simulator's replay of seed 0)."""
-    s = local_strategy(runs[0]["strategy"])
+    s = measured_strategy(runs[0])
     regime, ctx = runs[0]["regime"], runs[0]["context_len"]
     m = [r["measured"] for r in runs]
     rounds = sum(x["rounds"] for x in m)
@@ -123,6 +125,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
             "round_s": round_s,
             "provenance": pred.provenance,
             "extrapolated": bool(pred.extrapolated[0]),
+            "stand_ins": pred.stood_in_for(0),
             "intervals": intervals,
         },
         "_round_bounds": round_bounds,

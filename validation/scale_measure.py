@@ -17,6 +17,7 @@ import zlib
 
 from ssvkit.perfmodel.strategy import BASELINES, Strategy
 from ssvkit.validation.bench import RunCache, steady_figures
+from ssvkit.validation.records import run_schedule
 from ssvkit.validation.scale_cells import (
     AUTOREGRESSIVE,
     Cell,
@@ -194,6 +195,7 @@ def run_cell(st: Setup, runners: Runners, cell: Cell) -> dict:
     cuda = st.device == "cuda"
     out = {
         "strategy": dataclasses.asdict(strategy),
+        **run_schedule(strategy),
         "describe": describe(strategy),
         "provenance": {
             **provenance(),

@@ -12,6 +12,7 @@ import dataclasses
 
 from ssvkit.perfmodel.numbers import figure, interval_text
 from ssvkit.validation.decode_figures import fit_acceptance, mean_selection, predict
+from ssvkit.validation.records import run_schedule
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ def build_report(args, result, run: DecodeRun) -> dict:
         "model": target_src.name,
         "draft_model": draft_src.name if draft_src else None,
         "strategy": dataclasses.asdict(strategy),
+        **run_schedule(strategy),
         "note": run.note,
         "device": run.device,
         "dtype": str(run.dtype).removeprefix("torch."),

@@ -26,7 +26,7 @@ from ssvkit.cli.options import (
     pricing_gpu,
 )
 from ssvkit.cli.predict_plot import predict_plot
-from ssvkit.perfmodel.baselines import compare, grouped_seconds
+from ssvkit.perfmodel.baselines import base_provenance, compare, grouped_seconds
 from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import check_output, write_files
 from ssvkit.perfmodel.models import get_model
@@ -130,7 +130,7 @@ def interval_lines(rows) -> list[str]:
 
 
 def _table(rows, model, gpu, workload, strategies) -> str:
-    prov = rows[0]["provenance"].removesuffix(":extrapolated")
+    prov = base_provenance(rows[0])
     sd = next((s for s in strategies if s.tree != "chain:0"), None)
     lines = [
         f"{model.name} on {gpu.name} [{prov}]  batch {workload.batch}  tp {workload.tp}  "
@@ -190,6 +190,17 @@ def _table(rows, model, gpu, workload, strategies) -> str:
         lines.append(
             "NSA strategies select inside their refresh attention call: in attn, not select."
         )
+    stood_in = sorted({x for r in rows for x in r["stand_ins"]})
+    if stood_in:
+        names = sorted({r["strategy"] for r in rows if r["stand_ins"]})
+        lines.append(
+            f"stand-in ({', '.join(names)}): the profile has no rows of "
+            + ", ".join(x.split(" <- ")[0] for x in stood_in)
+            + "; priced with the rates of "
+            + ", ".join(x.split(" <- ")[1] for x in stood_in)
+            + " at their own bytes and launch geometry; their intervals take the leave-one-out"
+            " residuals too."
+        )
     return "\n".join(lines)
 
 
@@ -234,7 +245,7 @@ def _json(rows, model, gpu, workload, notes) -> str:
         {
             "model": model.name,
             "gpu": gpu.name,
-            "provenance": rows[0]["provenance"].removesuffix(":extrapolated"),
+            "provenance": base_provenance(rows[0]),
             "ceilings": gpu.provenance,
             "intervals": intervals_doc(
                 rows[0]["interval_note"] if rows[0]["intervals"] is None else None

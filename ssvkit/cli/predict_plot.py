@@ -15,6 +15,7 @@ import textwrap
 
 import numpy as np
 
+from ssvkit.perfmodel.baselines import base_provenance
 from ssvkit.perfmodel.intervals import COVERAGE
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.strategy import BASELINES
@@ -184,7 +185,7 @@ def predict_plot(rows, gpu, dtype, fmt: str = "png") -> bytes:
     style = _style(rows)
     _roofline_panel(ax1, rows, gpu, dtype, style)
     _speedup_panel(ax2, rows, style)
-    prov = rows[0]["provenance"].removesuffix(":extrapolated")
+    prov = base_provenance(rows[0])
     fig.suptitle(f"{gpu.name}, {dtype}: predicted costs [{prov}]", fontsize=11)
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "ssvkit", "svg.fonttype": "none"}):

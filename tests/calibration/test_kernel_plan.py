@@ -12,7 +12,7 @@ from ssvkit.calibration import ceilings, kernel_sweep
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_design import design_configs, lattice_lhs
 from ssvkit.calibration.kernel_grid import KernelConfig, sparse_config, sweep_configs
-from ssvkit.calibration.kernel_plan import compile_keys, config_cost, plan_shards
+from ssvkit.calibration.kernel_plan import STEP_ORDER, compile_keys, config_cost, plan_shards
 from ssvkit.calibration.runner import done_keys, read_rows
 from ssvkit.calibration.shards import Shard, assign
 from ssvkit.perfmodel.hardware import get_gpu
@@ -126,7 +126,7 @@ def test_every_pending_config_is_in_exactly_one_shard(design):
     again = plan_shards(todo, 4, GPU, ("graph",), pending=pending)
     assert [[c.name for c in s] for s in again.shards] == [[c.name for c in s] for s in plan.shards]
     steps = [c.step for c in plan.shards[0]]
-    assert steps == sorted(steps, key=("sparse", "dense", "repair", "select", "nsa").index)
+    assert steps == sorted(steps, key=STEP_ORDER.index)
 
 
 def test_the_plan_command_and_its_bad_options(tmp_path, capsys):

@@ -52,6 +52,10 @@ ATTN = {
         kind="sparse", mode="shared", group_size=4, top_n=8, block_size=64, window=128
     ),
     "nsa": AttentionConfig(kind="nsa", top_n=8, block_size=64, window=128, refresh_every=2),
+    "nsa_union": AttentionConfig(
+        kind="nsa", mode="union", group_size=4, top_n=8, block_size=64, window=128
+    ),
+    "nsa_packed": AttentionConfig(kind="nsa", mode="shared", top_n=8, block_size=64, window=128),
 }
 
 
@@ -311,6 +315,34 @@ def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch
     want = _generate(model, ar, PROMPTS, graphs=False)
     assert got.mean_accepted() > 0
     assert got.tokens == want.tokens, _first_difference(got.tokens, want.tokens)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_bf16_nsa_row_schedules_give_the_packed_verify_logits(fused):
+    """The row schedule packs draft rows into tiles; it does not change what a row attends to
+    (the NSA kernels take bf16/fp16 only, so no fp32 decode here: the CPU interpreter's decode
+    test checks the tokens). One row a tile (``per_query``) and tiles of 4 (``union``) give the
+    packed tiles' verify logits within bf16 rounding and the same argmax wherever the packed
+    top two are apart, through a refresh and a reuse layer."""
+    kw = dict(kind="nsa", top_n=8, block_size=64, window=128, refresh_every=2, fused=fused)
+    runner = ModelRunner(MODEL, batch=2, t_max=2048, backend="triton")
+    runner.prefill(PROMPTS)
+    tree = DraftTree.from_spec("full:2x3", "position")
+    tokens = torch.randint(0, 512, (2, tree.num_nodes), generator=torch.Generator().manual_seed(3))
+    logits = {}
+    for mode, c in (("shared", 1), ("per_query", 1), ("union", 4)):
+        attn = AttentionConfig(mode=mode, group_size=c, **kw)
+        runner.prepare(attn)
+        logits[mode] = runner.tree_forward(tokens.cuda(), tree, attn)[0].float()
+    want = logits["shared"]
+    top2 = want.topk(2, dim=-1).values
+    apart = (top2[..., 0] - top2[..., 1]) > 0.05
+    assert int(apart.sum()) >= 5  # of 2 x 15 rows: the argmax check below is not empty
+    for mode in ("per_query", "union"):
+        got = logits[mode]
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+        assert torch.equal(got.argmax(-1)[apart], want.argmax(-1)[apart]), mode
 
 
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").is_file(), reason="no trained tiny pair")

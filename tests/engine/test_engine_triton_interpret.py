@@ -40,6 +40,11 @@ KINDS = {
         kind="nsa", top_n=2, block_size=16, window=32, comp_block=16, comp_stride=8, refresh_every=2
     ),
 }
+# NSA's row schedules: one draft row a tile (``per_query``, the default mode), tiles of C rows,
+# and as many rows as a tile holds (``shared``).
+NSA_KW = dict(top_n=2, block_size=16, window=32, comp_block=16, comp_stride=8, refresh_every=2)
+KINDS["nsa_union"] = AttentionConfig(kind="nsa", mode="union", group_size=2, **NSA_KW)
+KINDS["nsa_packed"] = AttentionConfig(kind="nsa", mode="shared", **NSA_KW)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -58,6 +63,30 @@ def test_verify_forward_matches_the_torch_path(kind):
 
 def test_greedy_decode_is_the_same_on_triton_and_torch():
     s = Strategy(name="sd", tree="chain:2", drafter=DrafterSpec(kind="ngram"))
+    tokens = {}
+    for backend in ("torch", "triton"):
+        runner = ModelRunner(MODEL, batch=2, t_max=128, backend=backend)
+        eng = Engine(runner, s, DecodeConfig(max_new_tokens=6))
+        tokens[backend] = eng.generate(PROMPTS).tokens
+    assert tokens["triton"] == tokens["torch"]
+
+
+@pytest.mark.parametrize("mode", ["per_query", "union"])
+def test_greedy_nsa_decode_with_a_row_schedule_is_the_reference_decode(mode):
+    """Speculative NSA decoding with one draft row per row tile (or tiles of 2) emits the
+    tokens of the same decode on the fp32 torch references, which have no row schedule."""
+    s = Strategy(
+        name="ssv",
+        tree="full:2x2",
+        drafter=DrafterSpec(kind="ngram"),
+        attention="sparse",
+        metadata="nsa",
+        mode=mode,
+        group_size=2,
+        fusion="refresh_reuse",
+        **NSA_KW,
+    )
+    assert AttentionConfig.from_strategy(s).rows_per_tile == (1 if mode == "per_query" else 2)
     tokens = {}
     for backend in ("torch", "triton"):
         runner = ModelRunner(MODEL, batch=2, t_max=128, backend=backend)

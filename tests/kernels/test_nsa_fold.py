@@ -6,10 +6,10 @@ arrival counters they run on.
 
 On the CPU the Triton interpreter runs a launch's programs one after another, so these tests
 check the folded steps' arithmetic (every branch's slots, gates, ragged rows and prefixes,
-padded head groups, several row tiles), the ticket order, that every output row is written,
-and that the counters are zero again after each call. They cannot exercise the race between
-programs (the memory order of the partial stores and the counters): only the GPU tests
-(``gpu`` marker) run programs concurrently.
+padded head groups, several row tiles, the row schedules of ``rows_per_tile``), the ticket
+order, that every output row is written, and that the counters are zero again after each call.
+They cannot exercise the race between programs (the memory order of the partial stores and the
+counters): only the GPU tests (``gpu`` marker) run programs concurrently.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import ssvkit.kernels.nsa_steps as steps
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
 from nsa_helpers import CPU_DTYPES, DEV, GPU_KW, NSA_KW, make_gpu_inputs, make_inputs
+from ssvkit.kernels.nsa_launch import make_plan
 from ssvkit.kernels.nsa_verify import (
     NsaVerifyConfig,
     nsa_verify,
@@ -70,6 +71,43 @@ def test_folded_merge_matches_the_merge_launch_and_the_reference(shape, dtype, r
     assert_close(o_fold, ro, dtype, "o")
     assert_close(o_fold, o_sep, dtype, "o")
     assert_close(o_unf, ro, dtype, "o")
+
+
+@pytest.mark.parametrize("merge", ["last", "parallel"])
+@pytest.mark.parametrize("refresh", [False, True], ids=["reuse", "refresh"])
+@pytest.mark.parametrize("rows_per_tile", [1, 2])
+def test_folded_merge_merges_every_tile_of_a_row_schedule(rows_per_tile, refresh, merge):
+    """With ``rows_per_tile`` rows a tile (1: the naive baseline's schedule, head slots padded
+    to 16 MMA rows) a call has ``ceil(t / rows_per_tile)`` row tiles per (sequence, KV head),
+    each with its own arrival counter: every tile is merged (a row no merge writes stays NaN),
+    as the reference and the merge launch, and the counters are zero after the call; the merge
+    covers a row's real head slots, not the padding."""
+    prefix_lens, t, h, hkv, d = [77, 130], 5, 8, 2, 16
+    args, idx = make_inputs(prefix_lens, t, h, hkv, d, torch.float32, seed=11)
+    block_idx = None if refresh else idx
+    ro, ridx = reference_nsa_verify(*args, block_idx=block_idx, **NSA_KW)
+    cfg = NsaVerifyConfig(num_splits=5, merge=merge, rows_per_tile=rows_per_tile)
+    plan = make_plan(
+        args[0], args[1], args[5], config=cfg, num_sink=1, num_local=1, sm_scale=None, **NSA_KW
+    )
+    assert (plan.rows, plan.num_tiles) == (rows_per_tile, -(-t // rows_per_tile))
+    layout = steps.merge_layout(plan, 5, 8, torch.device(DEV))
+    assert layout.mode == {"last": 1, "parallel": 2}[merge]
+    if rows_per_tile == 1:  # G = 4 real head slots of 16: one chunk of 4 MMA rows merges them
+        assert (plan.group_pad, layout.rows, layout.chunks) == (16, 4, 1)
+    separate = NsaVerifyConfig(num_splits=5, merge="separate", rows_per_tile=rows_per_tile)
+    with poisoned_allocations():
+        o_fold, idx_fold = nsa_verify(*args, block_idx=block_idx, config=cfg, **NSA_KW)
+        assert counters_are_zero()
+        o_sep, _ = nsa_verify(*args, block_idx=block_idx, config=separate, **NSA_KW)
+        o_unf, _ = nsa_verify_unfused(*args, block_idx=block_idx, config=cfg, **NSA_KW)
+    assert counters_are_zero()
+    if refresh:
+        assert torch.equal(idx_fold.cpu(), ridx.cpu())
+    assert not torch.isnan(o_fold).any() and not torch.isnan(o_unf).any()
+    assert_close(o_fold, ro, torch.float32, "o")
+    assert_close(o_fold, o_sep, torch.float32, "o")
+    assert_close(o_unf, ro, torch.float32, "o")
 
 
 def test_auto_merges_in_the_last_program_or_in_merge_programs_by_the_tile():

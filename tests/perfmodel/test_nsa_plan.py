@@ -13,6 +13,7 @@ from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
     WGMMA_ROW_COST,
+    is_packed,
     merge_steps,
     mma_row_cost,
     num_splits,
@@ -82,12 +83,13 @@ def test_plan_is_vectorised_over_points():
     np.testing.assert_array_equal(row_tiles(t, 8, 2)[0], [16, 32, 64])
 
 
-def _nsa(tree: str, fusion: str = "none", refresh_every: int = 1) -> Strategy:
+def _nsa(tree: str, fusion: str = "none", refresh_every: int = 1, mode: str = "shared") -> Strategy:
+    """An NSA strategy, by default with packed row tiles (the measured rows' geometry)."""
     return Strategy(
         name="nsa",
         tree=tree,
         attention="sparse",
-        mode="union",
+        mode=mode,
         group_size=4,
         top_n=16,
         block_size=64,
@@ -147,6 +149,57 @@ def test_calibrated_nsa_time_follows_the_plan_not_the_row_count():
     assert verify_attention_s("chain:11", 16384) > verify_attention_s("chain:16", 16384)
     assert verify_attention_s("chain:11", 30720) >= verify_attention_s("chain:11", 8192)
     assert verify_attention_s("chain:2", 16384) < verify_attention_s("chain:4", 16384)
+
+
+@pytest.mark.parametrize(
+    ("t", "rows_per_tile", "block_m", "tiles", "splits"),
+    [
+        # 8 q / 2 KV heads: one draft row a tile is t tiles of 16 MMA rows (4 heads padded)
+        (17, 1, 16, 17, 3),
+        (12, 1, 16, 12, 5),
+        (17, 4, 16, 5, 13),  # union C = 4
+        (17, 3, 16, 9, 7),  # C = 3 packs 2 rows a tile (a power of two)
+        (17, 16, 64, 2, 33),  # C = 16: the packed tiles
+        (17, 32, 64, 2, 33),  # never more than the packed tile holds
+        (1, 1, 16, 1, 64),  # one row: the packed call
+    ],
+)
+def test_row_schedule_sets_the_tiles_hand_computed(t, rows_per_tile, block_m, tiles, splits):
+    bm, nt = row_tiles(t, 8, 2, rows_per_tile)
+    assert (bm, nt) == (block_m, tiles)
+    assert num_splits(t, 8, 2, 1, SMS, rows_per_tile) == splits  # 132 // (2 KV heads x tiles)
+    packed = tiles == row_tiles(t, 8, 2)[1]
+    assert bool(is_packed(t, 8, 2, rows_per_tile)) == packed
+
+
+def test_per_query_nsa_loads_every_rows_own_blocks_and_union_tiles_their_unions():
+    """Selected bytes of one NSA call at 32K (no cap binds): one draft row a tile streams
+    t x top_n blocks, tiles of C rows ceil(t / C) unions of n (1 + (C - 1)(1 - gamma)) blocks,
+    the packed schedule one union of all t rows (what the measured rows count); the compressed
+    tokens and the window are counted once whatever the schedule."""
+    gpu = get_gpu("h100-sxm", measured=False)
+    w = Workload(context_len=32768, overlap=0.75)
+    modes = [("per_query", "chain:16"), ("union", "chain:16"), ("shared", "chain:16")]
+    c = build_columns(TINY, [(_nsa(tree, mode=m), w) for m, tree in modes])
+    p = predict_columns(TINY, c, RooflinePredictor(gpu, tp=c.tp))
+    n, bs, t = 16, 64, 17
+    union = lambda rows: n * (1 + (rows - 1) * 0.25)  # noqa: E731
+    blocks = [t * n, 4 * union(4) + union(1), union(17)]
+    kv_tok = 2 * TINY.num_kv_heads * TINY.head_dim * 2
+    comp, win = 32768 // 16, 512
+    qo = 2 * t * TINY.num_q_heads * TINY.head_dim * 2 + t * TINY.num_q_heads * 4
+    gates = t * TINY.num_q_heads * 3 * 4
+    for i, b in enumerate(blocks):
+        op = "verify.sparse_attention_refresh" + ("_per_query" if i == 0 else "")
+        want = kv_tok * (comp + b * bs + win + t) + qo + gates
+        got = float(p.ops[op].bytes[i]) / TINY.num_layers
+        assert got == pytest.approx(want)
+    # Only the one-row schedule takes the per-query op (and class); the others keep theirs.
+    assert np.asarray(p.ops["verify.sparse_attention_refresh_per_query"].calls).tolist() == [
+        TINY.num_layers,
+        0,
+        0,
+    ]
 
 
 def test_wgmma_tiles_cost_half_a_row_each():

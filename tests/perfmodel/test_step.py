@@ -71,24 +71,40 @@ def _sparse(mode, c, **kw):
     )
 
 
+GROUPINGS = [("per_query", 1), ("union", 1), ("union", 4), ("shared", 4)]
+
+
 def test_grouping_only_changes_selected_bytes():
     w = Workload(context_len=4096, overlap=0.75)
-    pts = [
-        (_sparse("per_query", 1), w),
-        (_sparse("union", 1), w),
-        (_sparse("union", 4), w),
-        (_sparse("shared", 4), w),
-    ]
-    _, p = run(TINY, pts)
+    _, p = run(TINY, [(_sparse(m, c, metadata="mean"), w) for m, c in GROUPINGS])
     sel = p.branch_bytes["selected"]
     assert sel[0] == sel[1]
     # 16 queries, C = 4, gamma = .75: 4 groups x 8 (1 + 3 * .25) blocks vs 16 x 8
     assert sel[2] / sel[0] == pytest.approx(4 * 8 * 1.75 / (16 * 8))
     assert sel[3] / sel[0] == pytest.approx(4 * 8 / (16 * 8))
-    # NSA metadata, refresh every layer: every layer is one refresh call (selection inside).
-    attn = p.ops["verify.sparse_attention_refresh"]
+    attn = p.ops["verify.sparse_attention"]
     assert attn.flops[0] == attn.flops[2] > 0
+
+
+def test_nsa_grouping_sets_the_row_tiles_each_loading_its_union():
+    """NSA selects per row under every mode (no shared-index approximation): per_query loads
+    every row's blocks (seed 000's naive baseline, its own op), union C each tile's union, shared
+    the union of all 16 rows in one packed tile; the FLOPs do not change."""
+    w = Workload(context_len=4096, overlap=0.75)
+    _, p = run(TINY, [(_sparse(m, c), w) for m, c in GROUPINGS])
+    sel = p.branch_bytes["selected"]
+    assert sel[0] == sel[1] and sel[2] / sel[0] == pytest.approx(4 * 8 * 1.75 / (16 * 8))
+    assert sel[3] / sel[0] == pytest.approx(8 * (1 + 15 * 0.25) / (16 * 8))
+    # Refresh every layer: every layer is one refresh call (selection inside).
+    one_row = p.ops["verify.sparse_attention_refresh_per_query"]
+    tiles = p.ops["verify.sparse_attention_refresh"]
+    assert np.asarray(one_row.calls).tolist() == [TINY.num_layers] * 2 + [0, 0]
+    assert np.asarray(tiles.calls).tolist() == [0, 0] + [TINY.num_layers] * 2
+    assert one_row.flops[0] == tiles.flops[2] == tiles.flops[3] > 0
     assert float(p.ops["verify.sparse_attention"].calls[0]) == 0.0
+    t = p.op_seconds
+    refresh = t["verify.sparse_attention_refresh"] + t["verify.sparse_attention_refresh_per_query"]
+    assert refresh[0] > refresh[2] > refresh[3]
 
 
 def test_refresh_reuse_cuts_selection_and_launches():

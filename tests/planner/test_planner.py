@@ -45,13 +45,15 @@ def test_space_enumeration_is_deduplicated_and_ids_are_stable():
     space = enumerate_space(SMALL)
     ids = [s.name for s in space]
     assert len(ids) == len(set(ids))
-    # dense and NSA keep one traversal and NSA one grouping (its kernels ignore both)
+    # dense and NSA keep one traversal and NSA one grouping: the packed row tiles (its kernels
+    # select per row under every mode; one draft row a tile is the naive baseline)
     dense = [s for s in space if not s.is_sparse]
     assert len(dense) == 3 and {s.traversal for s in dense} == {"bfs"}
     nsa = [s for s in space if s.is_sparse]
     assert {(s.traversal, s.mode, s.group_size, s.metadata) for s in nsa} == {
-        ("bfs", "per_query", 1, "nsa")
+        ("bfs", "shared", 1, "nsa")
     }
+    assert {s.nsa_rows_per_tile for s in nsa} == {0} and "| nsa |" in describe(nsa[0])
     assert len(nsa) == 3 * 2  # trees x refresh schedules
     # block-metadata selection: per_query one traversal, union/shared all three, C in 1, 4
     mean = [

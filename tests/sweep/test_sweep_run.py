@@ -36,11 +36,18 @@ def test_matches_perfmodel_compare_point_by_point():
     rows = compare(
         get_model("llama-3.1-8b"),
         get_gpu("h100-sxm"),
-        [Strategy.from_name(n) for n in ("ar_dense", "ar_sparse", "sd_dense", "ssv")],
+        [
+            Strategy.from_name(n)
+            for n in ("ar_dense", "ar_sparse", "sd_dense", "sd_sparse_naive", "ssv")
+        ],
         [8192, 65536],
         Workload(acceptance=0.8, batch=2),
     )
-    assert len(rows) == 8
+    assert len(rows) == 10
+    # the naive baseline's one-row NSA path is priced by a stand-in class, labelled so
+    assert {r["strategy"] for r in rows if r["provenance"].endswith(":stand-in")} == {
+        "sd_sparse_naive"
+    }
     for r in rows:
         i = np.flatnonzero(
             (t["strategy"] == r["strategy"]) & (t["context_len"] == r["context_len"])

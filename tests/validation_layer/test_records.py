@@ -1,18 +1,23 @@
 """The measurements of record: every file is indexed, read through package resources, and names
 models and files relative to the project."""
 
+import dataclasses
 import gzip
 import re
 
 import pytest
+from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.validation.records import (
+    NSA_SCHEDULE,
     command_line,
     data_dir,
     file_label,
     local_model,
+    measured_strategy,
     model_label,
     project_label,
     record_path,
+    run_schedule,
 )
 
 # A path of the machine that measured a document: a home, work or temporary folder.
@@ -69,3 +74,18 @@ def test_a_project_relative_model_label_resolves_from_any_working_directory(tmp_
     assert spec.name == "engine/checkpoints/tiny-draft" and spec.num_layers >= 1
     with pytest.raises(ValueError, match="unknown model 'engine/checkpoints/none'"):
         get_model("engine/checkpoints/none")
+
+
+def test_a_run_records_its_nsa_schedule_and_is_priced_with_it():
+    """Runs record their NSA row schedule; a run without one (documents measured when the
+    engine packed every NSA strategy's rows) is priced with the packed schedule."""
+    naive, ssv = Strategy.from_name("sd_sparse_naive"), Strategy.from_name("ssv")
+    assert run_schedule(naive) == {NSA_SCHEDULE: 1} and run_schedule(ssv) == {NSA_SCHEDULE: 4}
+    assert run_schedule(Strategy.from_name("sd_dense")) == {}
+    assert run_schedule(dataclasses.replace(ssv, metadata="mean")) == {}
+    run = {"strategy": dataclasses.asdict(naive)}
+    old = measured_strategy(run)
+    assert (old.mode, old.nsa_rows_per_tile, old.name) == ("shared", 0, "sd_sparse_naive")
+    assert measured_strategy({**run, **run_schedule(naive)}) == naive
+    dense = {"strategy": dataclasses.asdict(Strategy.from_name("sd_dense"))}
+    assert measured_strategy(dense) == Strategy.from_name("sd_dense")

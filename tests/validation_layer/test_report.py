@@ -7,7 +7,7 @@ import re
 
 import pytest
 from ssvkit.validation import report as rpt
-from ssvkit.validation.records import record_path
+from ssvkit.validation.records import NSA_SCHEDULE, record_path
 from ssvkit.validation.report_markdown import markdown
 
 from ssvkit.cli import main
@@ -43,6 +43,33 @@ def test_report_compares_every_baseline_at_every_context(rep):
         assert t["threshold"] == rpt.TARGETS[k] and t["met"] == (t["value"] <= t["threshold"])
     assert rep["kernels"]["overall"]["heldout"]["n"] > 100
     assert set(rep["planner"]["kendall_tau"]) == set(rep["planner"]["regret"])
+
+
+def test_each_run_is_priced_with_the_nsa_schedule_it_ran():
+    """The committed campaign ran every NSA strategy with packed row tiles and records no
+    schedule: its naive rows are priced so (as the step model prices ``shared``), not with the
+    per-query schedule their strategy runs now. A run recording one row a tile is priced with
+    it (at the tiny pair's 3.5K context its 17 one-row tiles walk fewer merge steps than two
+    packed tiles split 33 ways: the prediction moves, down)."""
+    camp = json.loads(record_path("campaign.json").read_text())
+    planner = json.loads(record_path("planner.json").read_text())
+    assert not any(NSA_SCHEDULE in r for r in camp["rows"])
+    keep = ("sd_sparse_naive", "ssv")
+    camp["rows"] = [r for r in camp["rows"] if r["baseline"] in keep and r["context_len"] < 8192]
+    as_measured = rpt.campaign_section(camp, planner, sim=False)["rows"]
+    packed = []
+    for r in camp["rows"]:
+        s = dict(r["strategy"], mode="shared", group_size=1)
+        packed.append(dict(r, strategy=s))
+    as_packed = rpt.campaign_section(dict(camp, rows=packed), planner, sim=False)["rows"]
+    # The same runs, had they recorded one draft row a tile (ssv's strategy says union C = 4).
+    per_query = [dict(r, **{NSA_SCHEDULE: 1}) for r in camp["rows"]]
+    as_per_query = rpt.campaign_section(dict(camp, rows=per_query), planner, sim=False)["rows"]
+    for a, b, c in zip(as_measured, as_packed, as_per_query, strict=True):
+        assert a["predicted"]["verify_s"] == pytest.approx(b["predicted"]["verify_s"], rel=1e-12)
+        ratio = c["predicted"]["verify_s"] / a["predicted"]["verify_s"]
+        assert abs(ratio - 1) > 0.02, a["baseline"]
+        assert c["predicted"]["stand_ins"] and not a["predicted"]["stand_ins"]
 
 
 def test_report_counts_the_measurements_inside_their_intervals(rep):

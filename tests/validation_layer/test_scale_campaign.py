@@ -12,6 +12,7 @@ import json
 
 import pytest
 from ssvkit.validation import scale_campaign, scale_measure
+from ssvkit.validation.records import NSA_SCHEDULE
 
 from ssvkit.cli import main as cli_main
 
@@ -87,6 +88,8 @@ def test_the_campaign_runs_records_and_resumes(geometry, tmp_path, capsys, monke
     assert sparse["measured_acceptance"]["oracle"] == [0.8]
     assert sparse["selection"]["group_overlap"] is not None
     assert rows[0]["measured_acceptance"]["source"] == "measured"
+    # The NSA run records its row schedule (the naive baseline: one draft row a tile).
+    assert NSA_SCHEDULE not in rows[0] and sparse[NSA_SCHEDULE] == 1
     assert doc["provenance"]["runs_from_cache"] == 0 and doc["complete"]
     # Each group's first cell prefills; the oracle cell reuses that prefill for its reference
     # pass and its decode, and records the measured seconds of the one it read.
