@@ -24,7 +24,7 @@ from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.perfmodel.nsa_plan import is_packed
 
 STEPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
-# select_blocks' ``impl``: scores and pick in one launch (the default), or the two launches.
+# select_blocks' ``impl``: scores and pick in one launch, or the two launches (the default).
 SELECT_IMPLS = ("one_launch", "two_launch")
 K = 1024
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2: the large sparse batch's target

@@ -72,20 +72,21 @@ class NsaVerifyConfig:
     )
 
     merge: str = field(
-        default="auto",
+        default="separate",
         metadata={
-            "help": "how a call merges its slots: in the forward launch, by the last program of "
-            "a row tile to finish (last) or by merge programs, one per draft row (parallel), "
-            "auto choosing (kernels.nsa_steps.merge_layout); or separate (a launch of its own)"
+            "help": "how a call merges its slots: separate (a launch of its own; the fastest "
+            "measured on the H200, validation/data/nsa-stages-h200.json), or in the forward "
+            "launch, by the last program of a row tile to finish (last) or by merge programs, "
+            "one per draft row (parallel), auto choosing (kernels.nsa_steps.merge_layout)"
         },
     )
 
     pick: str = field(
-        default="folded",
+        default="separate",
         metadata={
-            "help": "where the refresh path picks its top-n blocks: folded into the block "
-            "scoring launch (where kernels.top_blocks' threshold pick serves the rows) or "
-            "separate (a launch of its own)"
+            "help": "where the refresh path picks its top-n blocks: separate (a launch of its "
+            "own; no slower than the fold on the H200) or folded into the block scoring launch "
+            "(where kernels.top_blocks' threshold pick serves the rows)"
         },
     )
 

@@ -25,11 +25,13 @@ program that runs an equal slice of one branch in one software-pipelined loop an
 (``plan_slots``); the kernel splits the slots between the branches by the key tiles each has in
 that program, union length included, which the host does not know. The merge combines each
 branch's slots on its own and gates them: the branches stay separate until gating, as the math
-requires, and no branch output touches HBM. The merge runs in the same launch, on arrival
-counters (``kernels.arrivals``): the last program of a row tile to finish merges the tile, or,
-where that would be a long chain in one program (many slots of many rows, few tiles), merge
-programs of the launch take one draft row each (``kernels.nsa_steps.merge_layout``);
-``NsaVerifyConfig(merge="separate")`` runs it as a launch of its own (``nsa_merge_kernel``). The
+requires, and no branch output touches HBM. The merge is a launch of its own
+(``nsa_merge_kernel``). ``NsaVerifyConfig(merge=...)`` folds it into the forward launch on
+arrival counters (``kernels.arrivals``): the last program of a row tile to finish merges the
+tile (``last``), or merge programs of the launch take one draft row each (``parallel``;
+``auto`` chooses, ``kernels.nsa_steps.merge_layout``). On the H200 the fold is slower than the
+separate launch at every measured point (``validation/data/nsa-stages-h200.json``), which is
+why the separate merge is the default. The
 selected branch streams the deduplicated union of the tile's per-row block lists (SSV's exact
 merged schedule; ``kernels.sparse_verify.build_group_plan``), each block once with the bits of
 the rows that chose it; the plan can be built once per refresh and passed to the reuse layers
@@ -39,11 +41,12 @@ the rows that chose it; the plan can be built once per refresh and passed to the
 kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and maps each
 compressed token's probability, summed over the ``G`` heads, onto every selection block its
 window overlaps (NSA's rule), (3) ``kernels.top_blocks`` picks each row's ``top_n`` blocks with
-the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) in one launch where the
-threshold pick serves the rows (``kernels.nsa_selection``; ``NsaVerifyConfig(pick="separate")``
-keeps two) --, (4) the union plan, (5) the selected and window branches with (6) the merge and
-gating folded in as above, reading the compressed partials from (1) too. The indices ``[B, Hkv,
-t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following reuse layers.
+the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) fold into one launch with
+``NsaVerifyConfig(pick="folded")`` where the threshold pick serves the rows
+(``kernels.nsa_selection``) --, (4) the union plan, (5) the selected and window branches and
+(6) the merge and gating as above, reading the compressed partials from (1) too. The indices
+``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following reuse
+layers.
 Nothing is read on the host.
 
 :func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same

@@ -15,11 +15,12 @@ ceil(T_max / block_size)``; a partial last block is summarised over its present 
 ``BlockMetadata.update`` refreshes just the blocks touched by appended (or rolled-back) tokens,
 reading the lengths on the device, so the decode loop can capture it in a CUDA graph.
 
-``select_blocks`` scores and picks in one launch (``kernels.select_kernels.select_kernel``: the
-programs that pick a row wait on counters for its scores) where ``kernels.top_blocks``'
-threshold pick serves the rows; otherwise, or with ``fused=False``, ``block_scores`` and one
-``kernels.top_blocks`` launch on the score tensor (forced blocks, ascending output) make it
-two. ``topn_from_scores`` is the pick's fp32 torch reference (``torch.topk`` and a sort).
+``select_blocks`` runs ``block_scores`` and one ``kernels.top_blocks`` launch on the score
+tensor (forced blocks, ascending output); with ``fused=True`` it scores and picks in one launch
+(``kernels.select_kernels.select_kernel``: the programs that pick a row wait on counters for its
+scores) where ``kernels.top_blocks``' threshold pick serves the rows. The kernel sweep times
+both (``impl``); the two launches stay the default until the one launch measures faster.
+``topn_from_scores`` is the pick's fp32 torch reference (``torch.topk`` and a sort).
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ def select_blocks(
     num_sink: int = 1,
     num_local: int = 1,
     first_token_only: bool = False,
-    fused: bool = True,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Top-n prefix blocks per (sequence, KV head, query row).
 

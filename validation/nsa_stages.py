@@ -5,23 +5,23 @@
 
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry (top_n
 16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused calls (merge
-folded and separate) and the unfused one against the fp32 reference (reuse with the reference's
+separate and folded) and the unfused one against the fp32 reference (reuse with the reference's
 indices; a mismatch or NaN stops the run), then times with ``kernels.timing`` (CUDA graphs, L2
 flushed per sample, median):
 
 - ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse`` with
-  the union plan passed in, as the engine's reuse layers do), the merge folded into the forward
-  launch (the default config);
-- ``*_separate``: the same calls with ``NsaVerifyConfig(merge="separate", pick="separate")``:
-  the merge and the refresh path's top-n pick each a launch of its own; the difference is what
-  folding them saves;
+  the union plan passed in, as the engine's reuse layers do) with the default config: the merge
+  and the refresh path's top-n pick each a launch of its own;
+- ``*_folded``: the same calls with ``NsaVerifyConfig(merge="auto", pick="folded")``: the merge
+  folded into the forward launch and the pick into the block scoring; the difference is what
+  folding them saves (negative: the fold is slower);
 - ``reuse_last`` / ``reuse_parallel``: the reuse call with the merge folded each way
   (``merge="last"``: a row tile's last program merges it; ``"parallel"``: merge programs, one
-  per draft row), which the default (``auto``) chooses between;
+  per draft row), which ``auto`` chooses between;
 - ``stage_*``: one launch each of the forward over one branch's slots (no merge), the merge, the
   union plan, the refresh path's steps (1)-(3), its block importance alone, the top-n kernel
   alone, and importance and pick in one launch (``stage_select_folded``). ``reuse`` minus
-  ``stage_fwd_all`` is the folded merge's cost.
+  ``stage_fwd_all`` is what the merge launch adds.
 
 Reuse indices have an exact adjacent-row overlap of 0.7
 (``calibration.kernel_inputs.overlap_block_idx``, the regime SSV measured); input sets rotate so
@@ -68,10 +68,10 @@ CASES = (
 )
 OVERLAP = 0.7
 K = 1024
-# The calls as two-launch steps: the merge after the forward, the refresh path's top-n pick
-# after its block importance.
-SEPARATE = dataclasses.replace(DEFAULT_CONFIG, merge="separate", pick="separate")
-# The merge folded either way the default config chooses between (kernels.nsa_steps.merge_layout).
+# The calls with their dependent launches folded: the merge into the forward, the refresh path's
+# top-n pick into its block importance.
+FOLDED = dataclasses.replace(DEFAULT_CONFIG, merge="auto", pick="folded")
+# The merge folded either way ``auto`` chooses between (kernels.nsa_steps.merge_layout).
 MERGE_LAST = dataclasses.replace(DEFAULT_CONFIG, merge="last")
 MERGE_PARALLEL = dataclasses.replace(DEFAULT_CONFIG, merge="parallel")
 
@@ -115,7 +115,7 @@ def check(sets) -> None:
     ro, ridx = nv.reference_nsa_verify(*args, **KW)
     variants = (
         ("fused", nv.nsa_verify, DEFAULT_CONFIG),
-        ("fused, steps separate", nv.nsa_verify, SEPARATE),
+        ("fused, steps folded", nv.nsa_verify, FOLDED),
         ("fused, merge in the last program", nv.nsa_verify, MERGE_LAST),
         ("fused, merge programs", nv.nsa_verify, MERGE_PARALLEL),
         ("unfused", nv.nsa_verify_unfused, DEFAULT_CONFIG),
@@ -139,20 +139,18 @@ def calls(sets, plan, slots, rslots, unions, parts):
         ),
         "refresh": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False),
         "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
-        "reuse_separate": lambda i: nv.nsa_verify(
+        "reuse_folded": lambda i: nv.nsa_verify(
             *sets[i][0],
             block_idx=sets[i][1],
             union=unions[i],
             **KW,
             validate=False,
-            config=SEPARATE,
+            config=FOLDED,
         ),
-        "reuse_unfused_separate": lambda i: nv.nsa_verify_unfused(
-            *sets[i][0], block_idx=sets[i][1], **KW, validate=False, config=SEPARATE
+        "reuse_unfused_folded": lambda i: nv.nsa_verify_unfused(
+            *sets[i][0], block_idx=sets[i][1], **KW, validate=False, config=FOLDED
         ),
-        "refresh_separate": lambda i: nv.nsa_verify(
-            *sets[i][0], **KW, validate=False, config=SEPARATE
-        ),
+        "refresh_folded": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False, config=FOLDED),
     }
     for name, config in (("reuse_last", MERGE_LAST), ("reuse_parallel", MERGE_PARALLEL)):
         out[name] = lambda i, config=config: nv.nsa_verify(
@@ -259,12 +257,12 @@ def measure(cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
 
 COLUMNS = {
     "reuse": "reuse",
-    "reuse_separate": "reuse_sep",
+    "reuse_folded": "reuse_fold",
     "reuse_last": "reuse_last",
     "reuse_parallel": "reuse_par",
     "reuse_unfused": "reuse_unf",
     "refresh": "refresh",
-    "refresh_separate": "refr_sep",
+    "refresh_folded": "refr_fold",
     "refresh_unfused": "refr_unf",
     "stage_fwd_all": "fwd_all",
     "stage_merge": "merge",
@@ -278,7 +276,7 @@ COLUMNS = {
 
 def print_table(rows: list[dict]) -> None:
     """One line per case: the floor, the times (us), each call's ratio to the floor and what
-    folding the merge saved."""
+    folding the merge and the pick saved (negative: the fold is slower)."""
     print(
         f"{'case':>18s} {'floor':>7s}"
         + "".join(f" {n:>9s}" for n in COLUMNS.values())
@@ -295,8 +293,8 @@ def print_table(rows: list[dict]) -> None:
             + "".join(f" {ts[c]:9.1f}" for c in COLUMNS)
             + f"  {ts['reuse'] / floor_us:11.2f}  {ts['refresh'] / floor_us:13.2f}"
             + f"  {ts['reuse_unfused'] / ts['reuse']:13.2f}"
-            + f"  {ts['reuse_separate'] - ts['reuse']:10.1f}, "
-            + f"{ts['refresh_separate'] - ts['refresh']:.1f}"
+            + f"  {ts['reuse'] - ts['reuse_folded']:10.1f}, "
+            + f"{ts['refresh'] - ts['refresh_folded']:.1f}"
         )
 
 

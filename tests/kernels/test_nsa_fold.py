@@ -116,7 +116,7 @@ def test_auto_merges_in_the_last_program_or_in_merge_programs_by_the_tile():
     tiles' last programs already merge side by side."""
     from ssvkit.kernels import nsa_launch as nl
 
-    cfg, cpu = NsaVerifyConfig(), torch.device("cpu")
+    cfg, cpu = NsaVerifyConfig(merge="auto"), torch.device("cpu")
 
     def layout(batch, t):
         shape = dict(device="meta", dtype=torch.bfloat16)
@@ -196,7 +196,7 @@ def test_folded_pick_selects_the_reference_blocks_in_one_launch(
     args, _ = make_inputs(prefix_lens, t, 8, 2, 16, torch.float32, seed=t)
     kw = dict(NSA_KW, top_n=6)
     ro, ridx = reference_nsa_verify(*args, **kw)
-    folded = NsaVerifyConfig(block_j=16, score_source=source)
+    folded = NsaVerifyConfig(block_j=16, score_source=source, pick="folded")
     separate = NsaVerifyConfig(block_j=16, score_source=source, pick="separate")
     with poisoned_allocations():
         o_two, idx_two = nsa_verify(*args, config=separate, **kw)

@@ -270,10 +270,10 @@ def test_one_launch_select_picks_what_the_two_launches_pick(
     one_launch = sb.threshold_meta(meta.num_blocks, top_n) is not None
     with poisoned_allocations():
         if one_launch:
-            one = select_blocks(q, meta, lens_t, **kw)
+            one = select_blocks(q, meta, lens_t, fused=True, **kw)
         else:
             with pytest.raises(AssertionError, match="scores"):
-                select_blocks(q, meta, lens_t, **kw)
+                select_blocks(q, meta, lens_t, fused=True, **kw)
             one = two
     assert torch.equal(one, two)
     want = exact_top_blocks(scores.cpu(), lens_t.cpu(), 16, top_n, num_sink, num_local)
@@ -300,7 +300,8 @@ def test_one_launch_ties_resolve_to_the_lower_block():
     q, k, lens = make_inputs([400, 300], 4, 4, 2, 16, torch.float32, seed=5)
     meta = BlockMetadata.build(k, lens, 16)
     assert sb.threshold_meta(meta.num_blocks, 5) is not None  # the one-launch path
-    idx = select_blocks(torch.zeros_like(q), meta, lens, top_n=5, num_sink=0, num_local=0)
+    zeros = torch.zeros_like(q)
+    idx = select_blocks(zeros, meta, lens, top_n=5, num_sink=0, num_local=0, fused=True)
     assert (idx.cpu() == torch.arange(5, dtype=torch.int32)).all()
 
 
@@ -351,7 +352,7 @@ def test_gpu_one_launch_select_is_repeatable_and_equals_two_launches(t, top_n):
     meta = BlockMetadata.build(k, lens, 64, kinds=("mean",))
     two = select_blocks(q, meta, lens, top_n=top_n, fused=False)
     for _ in range(20):
-        assert torch.equal(select_blocks(q, meta, lens, top_n=top_n), two)
+        assert torch.equal(select_blocks(q, meta, lens, top_n=top_n, fused=True), two)
 
 
 @pytest.mark.gpu

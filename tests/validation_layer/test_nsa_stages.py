@@ -23,7 +23,7 @@ def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
         fn(0)
     o, idx = calls["refresh"](0)
     assert not torch.isnan(o).any() and idx.shape == (1, ki.NUM_KV_HEADS, 4, ns.KW["top_n"])
-    o_sep, idx_sep = calls["refresh_separate"](0)
+    o_sep, idx_sep = calls["refresh_folded"](0)
     assert torch.equal(idx, idx_sep)
     torch.testing.assert_close(o, o_sep, atol=1e-5, rtol=1e-5)
 
