@@ -5,8 +5,10 @@ A document holds its ``settings`` (the axes and everything the cells depend on),
 (``index`` of ``count``, and the groups it ran), the slots of every cell of the whole campaign
 in its canonical order (``cells``), its rows in that order, ``complete`` and the provenance.
 ``merge`` refuses, in one line, documents of another benchmark, version, settings, shard count,
-commit, device or versions, and a shard given twice; it writes the rows of every shard in the
-campaign's order, ``complete`` only when every cell of the campaign has its row. ``join_caches``
+commit, device or versions, a file given twice and a cell with different rows in two documents;
+documents of one shard from successive calls (each holds the cells its call decoded) merge like
+shards. It writes the rows in the campaign's order, ``complete`` only when every cell of the
+campaign has its row. ``join_caches``
 writes the cells of several run caches of the same settings (``validation.bench.RunCache``; a
 line cut short by a kill at the end of one dropped) as one, for every shard of a later call to
 resume from.
@@ -109,8 +111,13 @@ def merge(docs: list[tuple[str, dict]], argv=None) -> dict:
 
     if not docs:
         raise ValueError("--merge needs at least one document")
-    seen: dict[int, str] = {}
+    paths = [p for p, _ in docs]
+    twice = next((p for i, p in enumerate(paths) if p in paths[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{twice} is given twice")
+    seen: set[int] = set()
     rows: dict[str, dict] = {}
+    source: dict[str, str] = {}
     for path, doc in docs:
         with malformed(f"scale campaign {path!r}"):
             if doc.get("benchmark") != BENCHMARK or doc.get("version") != CAMPAIGN_VERSION:
@@ -118,12 +125,12 @@ def merge(docs: list[tuple[str, dict]], argv=None) -> dict:
                     f"{path} is not a scale campaign document of version {CAMPAIGN_VERSION}"
                 )
             _check(docs[0], (path, doc))
-            index = doc["shard"]["index"]
-            if index in seen:
-                raise ValueError(f"shard {index} is in both {seen[index]} and {path}")
-            seen[index] = path
+            seen.add(doc["shard"]["index"])
             for r in doc["rows"]:
-                rows[slot_of(r)] = r
+                slot = slot_of(r)
+                if slot in rows and rows[slot] != r:
+                    raise ValueError(f"cell {slot} has other rows in {source[slot]} and {path}")
+                rows[slot], source[slot] = r, path
     first = docs[0][1]
     order = first["cells"]
     unknown = sorted(set(rows) - set(order))

@@ -154,18 +154,39 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
 def predictions(st: Setup, cell: Cell, strategy: Strategy, alpha: float, overlap) -> dict:
     """perfmodel's prediction at the measured acceptance and overlap (the mean context of the
     run), with its speedups over the autoregressive baselines predicted alike."""
+    drafted = cell.acceptance is not None
+    return predict_cell(
+        strategy, cell.model, cell.context, cell.batch, drafted, alpha, overlap, st.args
+    )
+
+
+def predict_cell(
+    strategy: Strategy,
+    model: str,
+    context: int,
+    batch: int,
+    drafted: bool,
+    alpha: float,
+    overlap,
+    settings,
+) -> dict:
+    """perfmodel's prediction of one cell (``drafted``: the oracle's acceptance, labelled
+    synthetic) at the run's mean context (``settings.new_tokens``) on ``settings.gpu``, with its
+    speedups over the autoregressive baselines predicted alike and their intervals;
+    ``{"error": reason}`` where it cannot predict."""
     from ssvkit.validation.decode_figures import predict, ratio_interval
 
-    name = cell.model.removeprefix("random:")
-    ctx = cell.context + st.args.new_tokens // 2
-    pred = predict(strategy, name, None, ctx, cell.batch, alpha, overlap, st.args.gpu)
+    name = model.removeprefix("random:")
+    gpu = settings.gpu
+    ctx = context + settings.new_tokens // 2
+    pred = predict(strategy, name, None, ctx, batch, alpha, overlap, gpu)
     if "error" in pred:
         return pred
-    if cell.acceptance is not None:
+    if drafted:
         pred["acceptance"] = "synthetic:oracle"
     pred["speedup"], pred["speedup_intervals"] = {}, {}
     for base in AUTOREGRESSIVE:
-        ar = predict(BASELINES[base], name, None, ctx, cell.batch, 0.0, overlap, st.args.gpu)
+        ar = predict(BASELINES[base], name, None, ctx, batch, 0.0, overlap, gpu)
         if "tokens_per_s" in ar:
             pred["speedup"][base] = pred["tokens_per_s"] / ar["tokens_per_s"]
             same = (ar["tokens_per_s"], ar["round_log_bounds"]) == (

@@ -7,9 +7,11 @@ Per group, the median / p90 / max absolute percentage error, with its count, of 
 step (perfmodel's verify forward against the engine's CUDA-event ``verify`` step), the round,
 tokens/s, and the speedups of ``SPEEDUP_PAIRS`` (both cells of a pair at the same model,
 context, batch and acceptance; an autoregressive cell pairs with every acceptance). The
-prediction is the campaign's: perfmodel's step model at the cell's measured acceptance and
-selection overlap, without a host-loop term. The acceptance is the oracle drafter's, labelled
-``synthetic:oracle``; skipped cells keep the campaign's reason (the memory arithmetic where
+prediction is perfmodel's step model now, with the profile the campaign's GPU has when the
+report runs (the campaign's own prediction, stored with each row at measure time, is its
+provenance, not what the report compares), at the cell's measured acceptance, selection
+overlap and NSA row schedule, without a host-loop term. The acceptance is the oracle drafter's,
+labelled ``synthetic:oracle``; skipped cells keep the campaign's reason (the memory arithmetic where
 memory refused them). Each prediction the campaign stored with its interval
 (``perfmodel.intervals``, through ``validation.decode_figures.predict``) is drawn with it, and
 the report counts, per figure, the measured values inside their intervals; a campaign predicted
@@ -82,9 +84,26 @@ def _keys(doc: dict, r: dict) -> dict:
     }
 
 
+def predict_row(doc: dict, r: dict) -> dict:
+    """perfmodel's prediction of a measured row now, with the profile of the campaign's GPU,
+    at the row's measured acceptance and selection overlap and the NSA row schedule it ran with
+    (``validation.records.measured_strategy``)."""
+    from types import SimpleNamespace
+
+    from ssvkit.validation.records import measured_strategy
+    from ssvkit.validation.scale_measure import predict_cell
+
+    settings = SimpleNamespace(gpu=doc["gpu"], new_tokens=doc["new_tokens"])
+    alpha = r["measured_acceptance"]["fitted_alpha"]
+    overlap = r["selection"]["group_overlap"]
+    drafted = r["acceptance"] is not None
+    args = (r["model"], r["context"], r["batch"], drafted, alpha, overlap, settings)
+    return predict_cell(measured_strategy(r), *args)
+
+
 def _cell(doc: dict, r: dict) -> dict:
-    """A measured row's figures: measured, predicted, and its keys."""
-    m, p = r["measured"], r["prediction"]
+    """A measured row's figures: measured, predicted now (``predict_row``), and its keys."""
+    m, p = r["measured"], predict_row(doc, r)
     out = {
         **_keys(doc, r),
         "acceptance_source": r["measured_acceptance"]["source"],
@@ -260,8 +279,9 @@ def build_scale(doc: dict, source: str | Path) -> dict:
             "new_tokens": doc.get("new_tokens"),
             "acceptance": doc.get("acceptance"),
         },
-        "prediction": "the campaign's: perfmodel's step model at the measured acceptance and "
-        "overlap, without a host-loop term",
+        "prediction": "perfmodel's step model now ("
+        + ", ".join(sorted({c["predicted"]["provenance"] for c in cells if c["predicted"]}))
+        + ") at the measured acceptance, overlap and NSA row schedule, without a host-loop term",
         "intervals": _intervals_note(coverage(cells, speedups)),
         "overall": overall,
         "groups": {

@@ -4,7 +4,7 @@ synthetic acceptance, overlap, prediction, rounds' trace, provenance, memory ari
 prefill reused within a group), a cell that cannot fit recorded as skipped, that a second call
 reuses every finished cell, and the shards: a campaign split in two and merged holds the cells
 and decoded tokens of the unsharded one, in its order, and ``ssvkit report --campaign`` reads
-it; the merge refuses documents of other settings and shards given twice; ``--plan``."""
+it; the merge refuses documents of other settings and files given twice; ``--plan``."""
 
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ def test_merge_refuses_other_settings_and_a_shard_twice(geometry, tmp_path, caps
     out = tmp_path / "m.json"
     for files, message in [
         (["a", "b"], "in new_tokens: 5 vs 6"),
-        (["a", "a"], "shard 0 is in both"),
+        (["a", "a"], "a.json is given twice"),
         (["a", "missing"], "missing"),
     ]:
         paths = ",".join(str(tmp_path / f"{f}.json") for f in files)
@@ -311,3 +311,24 @@ def test_shards_resume_from_their_joined_caches_and_split_what_is_left(
     by_slot = {(r["label"], r["baseline"]): r for r in merged["rows"]}
     for r in first["rows"]:
         assert _decoded(by_slot[(r["label"], r["baseline"])]) == _decoded(r)
+
+
+def test_merge_joins_successive_calls_of_one_shard(geometry, tmp_path, capsys):
+    """Each call of a resumed shard writes the cells it decoded: the calls' documents merge into
+    the shard's whole; a cell whose rows differ between two documents is refused."""
+    whole = _sharded(geometry, tmp_path, "whole")
+    half = len(whole["rows"]) // 2
+    for name, rows in (("first", whole["rows"][:half]), ("second", whole["rows"][half:])):
+        (tmp_path / f"{name}.json").write_text(json.dumps(dict(whole, rows=rows)))
+    out = tmp_path / "m.json"
+    files = f"{tmp_path / 'second.json'},{tmp_path / 'first.json'}"
+    assert scale_campaign.main(["--merge", files, "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["complete"] and merged["rows"] == whole["rows"]
+    other = dict(whole["rows"][0], wall_s=-1.0)
+    (tmp_path / "other.json").write_text(json.dumps(dict(whole, rows=[other])))
+    files = f"{tmp_path / 'first.json'},{tmp_path / 'other.json'}"
+    capsys.readouterr()
+    assert scale_campaign.main(["--merge", files, "--out", str(tmp_path / "x.json")]) == 2
+    assert "has other rows in" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from ssvkit.validation import scale_campaign
+from ssvkit.validation import scale_campaign, scale_report
 from ssvkit.validation.scale_report import SPEEDUP_PAIRS, build_scale, is_scale_campaign
 
 from ssvkit.cli import main
@@ -117,7 +117,31 @@ def test_groups_skipped_cells_and_intervals(doc):
         assert 0 < lo < hi
 
 
-def test_a_campaign_predicted_without_intervals_says_so(doc):
+def _stored(monkeypatch):
+    """Report each row with the prediction the campaign stored (not one made now)."""
+    monkeypatch.setattr(scale_report, "predict_row", lambda doc, r: r["prediction"])
+
+
+def test_the_report_predicts_each_row_now(doc, monkeypatch):
+    """The report's prediction is made when it runs: a stored prediction that is off does not
+    reach it, and the row's recorded acceptance does."""
+    off = copy.deepcopy(doc)
+    rows = [r for r in off["rows"] if r["status"] == "measured"]
+    for r in rows:
+        r["prediction"]["tokens_per_s"] *= 10
+    rep = build_scale(off, "scale.json")
+    want = {r["baseline"]: r["prediction"]["tokens_per_s"] / 10 for r in rows}
+    got = {c["baseline"]: c["predicted"]["tokens_per_s"] for c in rep["cells"]}
+    assert got == pytest.approx(want)
+    sd = next(r for r in rows if r["baseline"] == "sd_dense")
+    sd["measured_acceptance"]["fitted_alpha"] = 0.99
+    faster = build_scale(off, "scale.json")
+    at = {c["baseline"]: c["predicted"]["tokens_per_s"] for c in faster["cells"]}
+    assert at["sd_dense"] > got["sd_dense"] and at["ar_dense"] == got["ar_dense"]
+
+
+def test_a_campaign_predicted_without_intervals_says_so(doc, monkeypatch):
+    _stored(monkeypatch)
     bare = copy.deepcopy(doc)
     for r in bare["rows"]:
         if r["status"] == "measured":
@@ -140,12 +164,13 @@ def test_cli_prints_json_and_plots(path, doc, tmp_path, capsys):
     assert "batch 2 at context 1100 needs " in out and "synthetic:oracle" in out
 
 
-def test_check_follows_the_targets(doc, tmp_path, capsys):
+def test_check_follows_the_targets(doc, tmp_path, capsys, monkeypatch):
     """CPU timings against H200 predictions miss every target (exit 1); the same cells with
     each prediction replaced by its measurement meet them all (exit 0)."""
     p = tmp_path / "scale.json"
     p.write_text(json.dumps(doc))
     assert main(["report", "--campaign", str(p), "--check"]) == 1
+    _stored(monkeypatch)
     same = copy.deepcopy(doc)
     for r in same["rows"]:
         if r["status"] == "measured":
