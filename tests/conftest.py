@@ -28,6 +28,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -56,3 +57,13 @@ class _BarePackageRefusal(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _BarePackageRefusal())
+
+
+@pytest.fixture
+def h200_without_a_profile(monkeypatch):
+    """Price the H200 by transfer from the H100 SXM's profile: its own shipped profile is hidden
+    (``tests/cli/test_h200_profile.py`` tests the H200 priced by its own profile)."""
+    from ssvkit.perfmodel import calibrated
+
+    own = calibrated.profile_path
+    monkeypatch.setattr(calibrated, "profile_path", lambda gpu: None if gpu == "h200" else own(gpu))

@@ -156,6 +156,7 @@ def papers_block() -> str:
 # Each block's markers and what fills them.
 BLOCKS = {
     "validate": validate_block,
+    "validate-h200": lambda: validate_block("h200"),
     "transfer": transfer_block,
     "intervals": intervals_block,
     "planner": planner_block,

@@ -74,7 +74,7 @@ def test_predict_roofline_has_no_intervals_and_says_why(capsys):
     assert "no intervals: the datasheet roofline" in out and "[" not in out.split("\n")[3]
 
 
-def test_predict_json_top_level_says_how_the_gpu_is_priced(capsys):
+def test_predict_json_top_level_says_how_the_gpu_is_priced(capsys, h200_without_a_profile):
     """A GPU without a profile is labelled transferred at the top too, not by its datasheet
     ceilings (which ``ceilings`` names), and its intervals widen for the datasheet gap."""
     doc = _json([*ARGS, "--gpu", "h100-pcie"], capsys)

@@ -5,7 +5,6 @@ roofline with ``--roofline``; a GPU nothing may price is refused in one line, ex
 import json
 
 import pytest
-from ssvkit.perfmodel import calibrated
 from ssvkit.perfmodel.calibrated import shipped_profile
 
 from ssvkit.cli import main
@@ -14,12 +13,8 @@ PID = shipped_profile("h100-sxm").profile_id
 ONE = ["--context", "16K", "--strategies", "ar_dense,ssv", "--json"]
 
 
-@pytest.fixture(autouse=True)
-def h200_without_a_profile(monkeypatch):
-    """These tests price the H200 by transfer: a profile of its own, once one ships, is hidden
-    (``tests/cli/test_h200_profile.py`` tests the H200 priced by its own profile)."""
-    own = calibrated.profile_path
-    monkeypatch.setattr(calibrated, "profile_path", lambda gpu: None if gpu == "h200" else own(gpu))
+# These tests price the H200 by transfer (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("h200_without_a_profile")
 
 
 def _provenances(capsys) -> set[str]:

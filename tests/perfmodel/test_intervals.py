@@ -193,7 +193,9 @@ def test_roofline_and_cross_architecture_predictions_carry_no_interval():
     assert cross.spread() is None and "hopper to ampere" in cross.interval_note
 
 
-def test_a_transfer_takes_the_datasheet_gap_only_where_the_target_has_datasheet_ceilings():
+def test_a_transfer_takes_the_datasheet_gap_only_where_the_target_has_datasheet_ceilings(
+    h200_without_a_profile,
+):
     h200, pcie = (make_predictor(get_gpu(g)).interval_source for g in ("h200", "h100-pcie"))
     assert h200.transferred and (h200.gap_bytes, h200.gap_flops) == (0.0, 0.0)
     sxm = shipped_profile("h100-sxm")
@@ -203,16 +205,17 @@ def test_a_transfer_takes_the_datasheet_gap_only_where_the_target_has_datasheet_
     assert not make_predictor(get_gpu("h100-sxm")).interval_source.transferred
 
 
-def test_a_transfer_that_leaves_the_measured_range_is_labelled_and_widened():
+def test_a_transfer_that_leaves_the_measured_range_is_labelled_and_widened(h200_without_a_profile):
     """The H100 profile moved to the H200: dense verification at 4M contexts lies outside the
     class's range, so the point is ``extrapolated`` and the op takes the leave-one-out residuals
-    beside the held-out ones."""
+    beside the held-out ones (and, transferred, the cross-GPU ones of its family's H200 rows)."""
     pred = _predict(get_gpu("h200"), (32768, 1 << 22))
     assert pred.provenance == f"transferred:{shipped_profile('h100-sxm').profile_id}->h200"
     assert pred.extrapolated[1]
     assert list(pred.op_outside["verify.attention"]) == [False, True]
     src = pred.interval_source
-    assert src.residuals("dense_verify", True).source == "heldout + leave_one_out"
+    assert src.residuals("dense_verify", True).source == "heldout + cross_gpu + leave_one_out"
+    assert src.residuals("dense_verify", False).source == "heldout + cross_gpu"
     secs = pred.op_seconds["verify.attention"]
     rel = interval(secs, over=bounds(pred.spread(keys=["verify.attention"]))) / secs[:, None]
     assert rel[1, 1] - rel[1, 0] > 2 * (rel[0, 1] - rel[0, 0])

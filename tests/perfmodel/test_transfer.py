@@ -18,12 +18,8 @@ SOURCE = shipped_profile("h100-sxm")
 PID = SOURCE.profile_id
 
 
-@pytest.fixture(autouse=True)
-def h200_without_a_profile(monkeypatch):
-    """These tests price the H200 by transfer: a profile of its own, once one ships, is hidden
-    (``tests/cli/test_h200_profile.py`` tests the H200 priced by its own profile)."""
-    own = calibrated.profile_path
-    monkeypatch.setattr(calibrated, "profile_path", lambda gpu: None if gpu == "h200" else own(gpu))
+# These tests price the H200 by transfer (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("h200_without_a_profile")
 
 
 @pytest.mark.parametrize(
