@@ -16,6 +16,7 @@ import time
 import zlib
 
 from ssvkit.perfmodel.strategy import BASELINES, Strategy
+from ssvkit.validation import full_batch
 from ssvkit.validation.bench import RunCache, steady_figures
 from ssvkit.validation.records import run_schedule
 from ssvkit.validation.scale_cells import (
@@ -91,8 +92,10 @@ def prompts_for(context: int, batch: int, vocab: int) -> list[list[int]]:
 
 
 def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, plan) -> dict:
-    """One cell decoded: its steady figures, acceptance, selection overlap, prediction, rounds'
-    trace and prefill (reused or run, and the measured seconds of the one it read)."""
+    """One cell decoded: its steady figures and those of its full-batch rounds
+    (``validation.full_batch``), acceptance, selection overlap, prediction (at the full-batch
+    rounds' acceptance), rounds' trace and prefill (reused or run, and the measured seconds of
+    the one it read)."""
     from ssvkit.engine.loop import Engine
     from ssvkit.engine.settings import DecodeConfig
     from ssvkit.engine.strategy_check import check_strategy
@@ -116,15 +119,23 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
     finally:
         gc.enable()
     fig = steady_figures(result)
+    full = full_batch.figures(result, cell.batch)
+    if full is not None:
+        fig["full_batch"] = full
     source = "synthetic:oracle" if oracle else "measured"
     parents = [p - 1 for p in tree.parents[1:]]
-    alpha = fit_acceptance(parents, fig["mean_accepted"]) if parents else 0.0
+    # The prediction is of a full batch: the acceptance of the full-batch rounds.
+    accepted = (full or fig)["mean_accepted"]
+    alpha = fit_acceptance(parents, accepted) if parents else 0.0
     selection = {
         k: mean_selection(result, k)
         for k in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
     }
+    # Per round: the longest context, the drafts and the accepted count of the first sequence
+    # still decoding; each decoding sequence's accepted count, and which sequences those are.
     fig["rounds_trace"] = [[max(r.context_lens), r.drafted, r.accepted[0]] for r in result.rounds]
     fig["accepted_per_sequence"] = [list(r.accepted) for r in result.rounds]
+    fig["sequences_per_round"] = [list(r.sequences) for r in result.rounds]
     # The decoded text, every sequence: equal wherever the decode is deterministic (another
     # shard, a reused prefill).
     fig["tokens_crc32"] = zlib.crc32(json.dumps(result.tokens).encode())
@@ -142,6 +153,7 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
             "mean_accepted": fig["mean_accepted"],
             "rate": result.acceptance_rate(),
             "fitted_alpha": alpha,
+            "fitted_over": "full-batch rounds" if full is not None else "run",
             "oracle": list(oracle) if oracle else None,
             "diverged": len(engine.drafter.diverged) if oracle else 0,
             "off_plan": engine.drafter.off_plan if oracle else 0,

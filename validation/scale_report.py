@@ -7,9 +7,12 @@ Per group, the median / p90 / max absolute percentage error, with its count, of 
 step (perfmodel's verify forward against the engine's CUDA-event ``verify`` step), the round,
 tokens/s, and the speedups of ``SPEEDUP_PAIRS`` (both cells of a pair at the same model,
 context, batch and acceptance; an autoregressive cell pairs with every acceptance). The
-prediction is perfmodel's step model now, with the profile the campaign's GPU has when the
-report runs (the campaign's own prediction, stored with each row at measure time, is its
-provenance, not what the report compares), at the cell's measured acceptance, selection
+measured round and tokens/s are those of the cell's full-batch rounds, every sequence decoding
+and none finishing (``validation.full_batch``: what perfmodel's round describes; the whole
+run's tokens/s, its tail of finished sequences included, stays beside them). The prediction is
+perfmodel's step model now, with the profile the campaign's GPU has when the report runs (the
+campaign's own prediction, stored with each row at measure time, is its provenance, not what
+the report compares), at the acceptance of those rounds and the cell's measured selection
 overlap and NSA row schedule, without a host-loop term. The acceptance is the oracle drafter's,
 labelled ``synthetic:oracle``; skipped cells keep the campaign's reason (the memory arithmetic where
 memory refused them). Each prediction the campaign stored with its interval
@@ -23,12 +26,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from ssvkit.calibration.error_table import ape_text_lines
 from ssvkit.calibration.fit import error_stats
 from ssvkit.perfmodel.files import malformed
 from ssvkit.perfmodel.intervals import COVERAGE
 from ssvkit.validation.decode_figures import inside, ratio_interval
 from ssvkit.validation.e2e_campaign import NAMES
+from ssvkit.validation.full_batch import row_figures
 from ssvkit.validation.scale_cells import AUTOREGRESSIVE, BENCHMARK, CAMPAIGN_VERSION
 
 # (baseline, over): every baseline over ar_dense, and the grouped strategies over the sparse
@@ -86,33 +89,51 @@ def _keys(doc: dict, r: dict) -> dict:
 
 def predict_row(doc: dict, r: dict) -> dict:
     """perfmodel's prediction of a measured row now, with the profile of the campaign's GPU,
-    at the row's measured acceptance and selection overlap and the NSA row schedule it ran with
-    (``validation.records.measured_strategy``)."""
+    at the acceptance of the row's full-batch rounds (``row_figures``), its measured selection
+    overlap and the NSA row schedule it ran with (``validation.records.measured_strategy``)."""
     from types import SimpleNamespace
 
     from ssvkit.validation.records import measured_strategy
     from ssvkit.validation.scale_measure import predict_cell
 
     settings = SimpleNamespace(gpu=doc["gpu"], new_tokens=doc["new_tokens"])
-    alpha = r["measured_acceptance"]["fitted_alpha"]
+    _, alpha = row_figures(r)
     overlap = r["selection"]["group_overlap"]
     drafted = r["acceptance"] is not None
     args = (r["model"], r["context"], r["batch"], drafted, alpha, overlap, settings)
     return predict_cell(measured_strategy(r), *args)
 
 
+def _measured(r: dict) -> dict:
+    """A row's measured figures as the report compares them: over its full-batch rounds where
+    it has them (``row_figures``), else over the whole run; the whole run's tokens/s beside
+    them."""
+    m = r["measured"]
+    full, _ = row_figures(r)
+    out = {
+        "tokens_per_s": m["tokens_per_s"],
+        "verify_s": m["steps_s"]["verify"],
+        "round_s": m["wall_s"] / m["rounds"],
+        "run_tokens_per_s": m["tokens_per_s"],
+        "rounds": f"whole run ({m['rounds']} rounds)",
+    }
+    if full is not None:
+        out.update(tokens_per_s=full["tokens_per_s"], round_s=full["round_s"])
+        out["rounds"] = (
+            f"full batch ({full['rounds']} of {m['rounds']} rounds, wall {full['wall']})"
+        )
+    return out
+
+
 def _cell(doc: dict, r: dict) -> dict:
-    """A measured row's figures: measured, predicted now (``predict_row``), and its keys."""
-    m, p = r["measured"], predict_row(doc, r)
+    """A measured row's figures: measured (``_measured``), predicted now (``predict_row``),
+    and its keys."""
+    p = predict_row(doc, r)
     out = {
         **_keys(doc, r),
         "acceptance_source": r["measured_acceptance"]["source"],
         "overlap": r["selection"]["group_overlap"],
-        "measured": {
-            "tokens_per_s": m["tokens_per_s"],
-            "verify_s": m["steps_s"]["verify"],
-            "round_s": m["wall_s"] / m["rounds"],
-        },
+        "measured": _measured(r),
     }
     if "error" in p:
         return {**out, "predicted": None, "unpredicted": p["error"]}
@@ -281,7 +302,10 @@ def build_scale(doc: dict, source: str | Path) -> dict:
         },
         "prediction": "perfmodel's step model now ("
         + ", ".join(sorted({c["predicted"]["provenance"] for c in cells if c["predicted"]}))
-        + ") at the measured acceptance, overlap and NSA row schedule, without a host-loop term",
+        + ") at the measured acceptance of the full-batch rounds, overlap and NSA row schedule, "
+        "without a host-loop term",
+        "measured": "full-batch rounds (every sequence decoding, none finishing) where a cell has "
+        "them, else the whole run; the whole run's tokens/s beside them",
         "intervals": _intervals_note(coverage(cells, speedups)),
         "overall": overall,
         "groups": {
@@ -310,86 +334,3 @@ def plot_points(rep: dict) -> list[tuple]:
         for c in rep["cells"]
         if c["predicted"]
     ]
-
-
-def _mp(stats: dict) -> str:
-    """``median/p90% (n)`` of an error summary, ``-`` without rows."""
-    if not stats.get("n"):
-        return "-"
-    return f"{100 * stats['median_ape']:.1f}/{100 * stats['p90_ape']:.1f}% ({stats['n']})"
-
-
-def _group_lines(groups: dict) -> list[str]:
-    head = f"{'model':20s} {'batch':>5s} {'context':>7s}"
-    figs = " ".join(f"{k:>18s}" for k in ("verify", "round", "tokens/s", "speedup"))
-    lines = [f"{head} {figs} skipped acceptance"]
-    for level in ("model", "batch", "context"):
-        for g in groups[level]:
-            key = f"{g['model']:20s} {g.get('batch', 'all')!s:>5s} {g.get('context', 'all')!s:>7s}"
-            figs = " ".join(f"{_mp(g[k]):>18s}" for k in ("verify", "round", "tokens_per_s"))
-            labels = ",".join(g["acceptance"]) or "-"
-            lines.append(f"{key} {figs} {_mp(g['speedup']):>18s} {g['skipped']:7d} {labels}")
-    return lines
-
-
-def _cell_lines(rep: dict) -> list[str]:
-    lines = [
-        f"{'model':20s} {'context':>7s} {'batch':>5s} {'baseline':16s} {'accept':>6s} "
-        f"{'tok/s meas':>11s} {'pred':>11s} {'err':>7s} {'verify ms meas':>14s} {'pred':>8s}"
-    ]
-    for c in rep["cells"]:
-        m, p = c["measured"], c["predicted"]
-        head = (
-            f"{c['model']:20s} {c['context']:7d} {c['batch']:5d} {c['baseline']:16s} "
-            f"{c['acceptance'] or '-'!s:>6s} {m['tokens_per_s']:11.1f}"
-        )
-        if p is None:
-            lines.append(f"{head}  no prediction: {c['unpredicted']}")
-            continue
-        err = 100 * (p["tokens_per_s"] / m["tokens_per_s"] - 1)
-        verify = f"{1e3 * p['verify_s']:8.3f}" if p["verify_s"] is not None else f"{'-':>8s}"
-        lines.append(
-            f"{head} {p['tokens_per_s']:11.1f} {err:+6.1f}% {1e3 * m['verify_s']:14.3f} {verify}"
-        )
-    return lines
-
-
-def text(rep: dict) -> str:
-    """The report as fixed-width text: the campaign, the errors per group, every speedup pair,
-    the cells, the skipped cells and the targets."""
-    c, o = rep["campaign"], rep["overall"]
-    lines = [
-        f"scale campaign {rep['source']}: gpu {c['gpu']} ({c['device_name']}), commit "
-        f"{str(c['git_commit'])[:10]}, {'complete' if c['complete'] else 'INCOMPLETE'}",
-        f"acceptance: {', '.join(o['acceptance']) or '-'} (campaign: {c['acceptance']})",
-        f"prediction: {rep['prediction']}",
-        f"intervals: {rep['intervals']['note']}",
-        "",
-        "APE median/p90 (n) per model, per batch, per batch and context:",
-        *_group_lines(rep["groups"]),
-        "",
-    ]
-    pairs = [(f"speedup {k}", v) for k, v in o["speedups"].items()]
-    rows = [("verify step", o["verify"]), ("round", o["round"]), ("tokens/s", o["tokens_per_s"])]
-    lines += ape_text_lines(
-        "figure (all cells)",
-        rows + [("speedup (every pair)", o["speedup"]), *pairs],
-        name_width=32,
-        n_width=4,
-        percent_widths=(8, 7, 7),
-    )
-    lines += ["", *_cell_lines(rep), ""]
-    lines.append(f"skipped cells: {len(rep['skipped'])}")
-    for s in rep["skipped"]:
-        lines.append(
-            f"  {s['model']} context {s['context']} batch {s['batch']} ({s['batch_label']}) "
-            f"{s['baseline']} acceptance {s['acceptance'] or '-'}: {s['reason']}"
-        )
-    lines.append("")
-    for name, t in rep["targets"].items():
-        value = "-" if t["value"] is None else f"{100 * t['value']:5.1f}%"
-        lines.append(
-            f"{name:24s} {value:>6s}  (<= {100 * t['threshold']:.0f}%)  "
-            f"{'met' if t['met'] else 'MISSED'}"
-        )
-    return "\n".join(lines)

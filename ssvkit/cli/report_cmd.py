@@ -86,7 +86,8 @@ def _error_summary(rep: dict) -> str:
 def _run_scale(args, doc: dict) -> int:
     """The report over a scale campaign: printed (or as JSON), its plot when asked for."""
     from ssvkit.validation.e2e_campaign import NAMES
-    from ssvkit.validation.scale_report import build_scale, plot_points, text
+    from ssvkit.validation.scale_report import build_scale, plot_points
+    from ssvkit.validation.scale_report_text import text
     from ssvkit.validation.scatter import scatter
 
     for given, option in ((args.gpu, "--gpu"), (args.planner, "--planner"), (args.out, "--out")):

@@ -1,0 +1,97 @@
+"""A batched run's figures over its full-batch rounds: the rounds in which every sequence of the
+batch decodes and none finishes.
+
+A campaign decodes a fixed number of new tokens per sequence; the sequences accept different
+counts and so finish at different rounds, and a finished one rides along in the batch's static
+shapes, keeping nothing, until the last one is done (``engine.loop``). The run's last rounds
+therefore cost a whole round each and emit fewer tokens, and each sequence's last round is cut
+short by its token budget. perfmodel prices a round of a batch whose every sequence decodes
+(``tokens_per_s = batch x E[tokens per round] / round_s``), as a server that keeps its batch
+full runs: the full-batch figures are what it predicts, and the whole run's stay beside them.
+Their acceptance is the mean accepted count over every (sequence, round) of those rounds (the
+run's ``mean_accepted`` averages each round's mean, so a tail round of one sequence weighs as
+much as a full one).
+
+A run records the figures when it is measured (``figures``, with the rounds' own wall times). A
+row measured before that has them derived from its per-round accepted counts
+(``accepted_per_sequence``, round 0 included; ``derived``), each round's wall time taken as the
+run's mean round: the batch's shapes are static, so a round's GPU work does not depend on how
+many of its sequences are still decoding. A row with rounds that captured a CUDA graph cannot
+say which rounds those were: it has no derived figures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# How a full-batch figure's wall time was obtained.
+MEASURED_WALL = "measured"
+MEAN_ROUND_WALL = "run mean round"
+
+
+def full_rounds(active: list[int], batch: int) -> list[bool]:
+    """Per round, from the number of sequences decoding in each round of a run (in order):
+    whether every one of the ``batch`` sequences decodes in it and in the next round (so none
+    finishes in it). The last round of a run is never one: its sequences finish."""
+    return [
+        n == batch and i + 1 < len(active) and active[i + 1] == batch for i, n in enumerate(active)
+    ]
+
+
+def _summary(accepted: list[list[int]], wall_s: float, batch: int, how: str) -> dict:
+    tokens = sum(a + 1 for row in accepted for a in row)
+    return {
+        "rounds": len(accepted),
+        "tokens": tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": tokens / max(wall_s, 1e-12),
+        "round_s": wall_s / len(accepted),
+        "tokens_per_round": tokens / (len(accepted) * batch),
+        "mean_accepted": float(np.mean([a for row in accepted for a in row])),
+        "wall": how,
+    }
+
+
+def figures(result, batch: int) -> dict | None:
+    """The full-batch figures of a decode (``engine.results.DecodeResult``) over the rounds
+    ``validation.bench.steady_figures`` counts (round 0 and the rounds that captured a graph
+    left out), with their wall, switch and controller times; None when it has no such round."""
+    rounds = result.rounds
+    full = full_rounds([len(r.sequences) for r in rounds], batch)
+    kept = [r for i, r in enumerate(rounds) if i > 0 and full[i] and not r.captured]
+    if not kept:
+        return None
+    wall = sum(r.wall_s + r.step_s.get("switch", 0.0) + r.step_s.get("control", 0.0) for r in kept)
+    return _summary([list(r.accepted) for r in kept], wall, batch, MEASURED_WALL)
+
+
+def derived(measured: dict, batch: int) -> dict | None:
+    """A measured row's full-batch figures: those it recorded, else derived from its per-round
+    accepted counts at the run's mean round (module docstring); None when it has none (no such
+    round, or rounds that captured a graph)."""
+    if "full_batch" in measured:
+        return measured["full_batch"]
+    if measured.get("capture_rounds", 0) or "accepted_per_sequence" not in measured:
+        return None
+    per = measured["accepted_per_sequence"]
+    full = full_rounds([len(row) for row in per], batch)
+    kept = [per[i] for i in range(1, len(per)) if full[i]]
+    if not kept:
+        return None
+    spent = measured["wall_s"] + measured.get("switch_s", 0.0) + measured.get("control_s", 0.0)
+    round_s = spent / measured["rounds"]
+    return _summary(kept, round_s * len(kept), batch, MEAN_ROUND_WALL)
+
+
+def row_figures(r: dict) -> tuple[dict | None, float]:
+    """A measured row's full-batch figures (``derived``; None: it has
+    none, and the whole run stands for them) and the per-draft alpha of their mean accepted
+    count under the row's tree (``fit_acceptance``; the run's fitted alpha without them)."""
+    from ssvkit.validation.decode_figures import fit_acceptance
+    from ssvkit.validation.records import measured_strategy
+
+    full = derived(r["measured"], r["batch"])
+    alpha = r["measured_acceptance"]["fitted_alpha"]
+    if full is not None and r["acceptance"] is not None:
+        alpha = fit_acceptance(list(measured_strategy(r).parents(alpha)), full["mean_accepted"])
+    return full, alpha
