@@ -1,6 +1,6 @@
 """The one GPU timing helper every benchmark uses (after flashinfer's ``bench_gpu_time``).
 
-Two ways to time an op, both with CUDA events, a warm-up, and a cold L2 per sample:
+Two ways to time an op on the GPU, both with CUDA events, a warm-up, and a cold L2 per sample:
 
 - ``launch``: one plain Python launch per sample, the stream drained before it, so the sample
   includes the host's launch path (Triton's Python launcher costs tens of microseconds);
@@ -10,6 +10,8 @@ Two ways to time an op, both with CUDA events, a warm-up, and a cold L2 per samp
 Cold L2: before every sample a 256 MB buffer is written (five times the H100's 50 MB L2). Inside
 one graph the launches run back to back, so the caller rotates over ``num_inputs`` input sets
 (``fn(i)`` uses set ``i % num_inputs``) whose total size exceeds the L2.
+
+On a device without CUDA events (the CPU), ``wall`` times plain calls by the host's wall clock.
 
 The ceilings measured in the same run (an empty Triton kernel, a large device-to-device copy
 counting read + write bytes, a large bf16 GEMM) and the provenance fields of a result row come
@@ -22,6 +24,7 @@ import contextlib
 import datetime
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,8 @@ import triton.language as tl
 
 L2_FLUSH_BYTES = 256 * 2**20
 TIMINGS = ("launch", "graph")
+# The host's wall clock (``bench_wall``): a CPU's timing, never a calibration row's.
+WALL = "wall"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +73,7 @@ class Timing:
     median_s: float
     p10_s: float
     p90_s: float
-    timing: str  # launch | graph
+    timing: str  # launch | graph | wall
     num_samples: int
 
 
@@ -169,6 +174,24 @@ def bench_graph(
     return _summarise(samples, "graph")
 
 
+def bench_wall(
+    fn: Callable[[int], object], *, num_inputs: int = 1, config: TimingConfig = DEFAULT_TIMING
+) -> Timing:
+    """Time plain calls by the host's wall clock, for a device without CUDA events (the CPU):
+    warm-up, then ``reps`` samples (fewer for slow calls, as ``bench_launch``), each one call."""
+    for i in range(config.warmup):
+        fn(i % num_inputs)
+    t0 = time.perf_counter()
+    fn(0)
+    reps = _scaled_reps(time.perf_counter() - t0, config.reps, config)
+    samples = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        fn(r % num_inputs)
+        samples.append(time.perf_counter() - t0)
+    return _summarise(samples, WALL)
+
+
 def bench(
     fn: Callable[[int], object],
     timing: str,
@@ -176,12 +199,15 @@ def bench(
     num_inputs: int = 1,
     config: TimingConfig = DEFAULT_TIMING,
 ) -> Timing:
-    """Time ``fn`` in mode ``timing`` (``launch`` or ``graph``)."""
+    """Time ``fn`` in mode ``timing`` (``launch`` or ``graph``; ``wall``: the host's wall
+    clock, ``bench_wall``)."""
+    if timing == WALL:
+        return bench_wall(fn, num_inputs=num_inputs, config=config)
     if timing == "launch":
         return bench_launch(fn, num_inputs=num_inputs, config=config)
     if timing == "graph":
         return bench_graph(fn, num_inputs=num_inputs, config=config)
-    raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
+    raise ValueError(f"timing must be one of {(*TIMINGS, WALL)}, got {timing!r}")
 
 
 def num_rotations(working_set_bytes: int, *, max_sets: int = 8) -> int:

@@ -84,6 +84,38 @@ def inside(iv, measured: float) -> bool | None:
     return None if iv is None else bool(iv[0] <= measured <= iv[1])
 
 
+def step_prediction(
+    strategy,
+    target_spec: str,
+    draft_spec: str | None,
+    context: int,
+    batch: int,
+    alpha: float,
+    overlap: float | None,
+    gpu_name: str,
+):
+    """perfmodel's step prediction (``perfmodel.step.StepPrediction``, one point) of a run, the
+    GPU spec it priced and its workload; ``ValueError`` where it cannot predict."""
+    from ssvkit.perfmodel.calibrated import make_predictor
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.step import build_columns, predict_columns
+    from ssvkit.perfmodel.strategy import Workload, check_feasible
+
+    model = get_model(target_spec)
+    s = strategy
+    drafts = s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) > 0
+    if s.drafter.kind == "draft_model" and drafts:
+        s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
+    wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
+    if overlap is not None:
+        wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
+    check_feasible(s, wl, model)
+    gpu = get_gpu(gpu_name)
+    cols = build_columns(model, [(s, wl)])
+    return predict_columns(model, cols, make_predictor(gpu), s.drafter), gpu, wl
+
+
 def predict(
     strategy,
     target_spec: str,
@@ -95,25 +127,10 @@ def predict(
     gpu_name: str,
 ) -> dict:
     """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
-    from ssvkit.perfmodel.calibrated import make_predictor
-    from ssvkit.perfmodel.hardware import get_gpu
-    from ssvkit.perfmodel.models import get_model
-    from ssvkit.perfmodel.step import build_columns, predict_columns
-    from ssvkit.perfmodel.strategy import Workload, check_feasible
-
     try:
-        model = get_model(target_spec)
-        s = strategy
-        drafts = s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) > 0
-        if s.drafter.kind == "draft_model" and drafts:
-            s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
-        wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
-        if overlap is not None:
-            wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
-        check_feasible(s, wl, model)
-        gpu = get_gpu(gpu_name)
-        cols = build_columns(model, [(s, wl)])
-        pred = predict_columns(model, cols, make_predictor(gpu), s.drafter)
+        pred, gpu, wl = step_prediction(
+            strategy, target_spec, draft_spec, context, batch, alpha, overlap, gpu_name
+        )
     except ValueError as e:
         return {"error": str(e).splitlines()[0]}
     ivs, rb = prediction_intervals(pred)

@@ -23,7 +23,7 @@ from ssvkit.kernels.timing import (
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.step import build_columns, predict_columns
+from ssvkit.perfmodel.step import ATTENTION_OPS, build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 
 OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s=1.0)
@@ -230,10 +230,13 @@ def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int
         return None, str(e).splitlines()[0]
 
 
-def time_ops(runner, attn, tree, tokens, queries=None) -> dict:
+def time_ops(runner, attn, tree, tokens, queries=None, timing: str = "graph") -> dict:
+    """Every op of ``layer_ops`` timed alone (``kernels.timing.bench`` in mode ``timing``,
+    rotating over the layers): ``{name: {median_s, count}}``, the reuse layers' attention less
+    the refresh call it includes."""
     ops = {}
     for name, (fn, count) in layer_ops(runner, attn, tree, tokens, queries).items():
-        tm = bench(fn, "graph", num_inputs=runner.config.num_layers, config=OP_TIMING)
+        tm = bench(fn, timing, num_inputs=runner.config.num_layers, config=OP_TIMING)
         ops[name] = {"median_s": tm.median_s, "count": count}
     if "attention_reuse_plus_refresh" in ops:
         reuse = ops.pop("attention_reuse_plus_refresh")
@@ -242,3 +245,53 @@ def time_ops(runner, attn, tree, tokens, queries=None) -> dict:
             "count": reuse["count"],
         }
     return ops
+
+
+# Each group of the engine's ops (``layer_ops``, as the Triton backend runs them: residual adds
+# fused into the norms; rotary, its tables and the KV-tail store in one launch) and the step
+# model's verify ops (``perfmodel.step``, names without the ``verify.`` prefix) that price the
+# same work. Attention is one group: the step model prices block-metadata selection and the
+# reuse layers' sparse attention over every layer, the engine times refresh and reuse layers
+# apart. The step model's sampling and acceptance run in the engine's accept step.
+OP_GROUPS = {
+    "norms": (
+        ("embed", "embed_norm", "input_norm", "post_norm", "final_norm"),
+        ("norms", "residual", "embed_norm"),
+    ),
+    "qkv_proj": (("qkv_proj",), ("qkv_proj",)),
+    "rope_kv_write": (
+        ("rope_kv_write",),
+        ("rope", "rope_row", "kv_write", "kv_write_row", "rope_tables"),
+    ),
+    "attention": (("attention", "attention_reuse"), (*ATTENTION_OPS, "selection")),
+    "o_proj": (("o_proj",), ("o_proj",)),
+    "gate_up_proj": (("gate_up_proj",), ("ffn_gate_up",)),
+    "silu_mul": (("silu_mul",), ("ffn_act", "ffn_act_row")),
+    "down_proj": (("down_proj",), ("ffn_down",)),
+    "lm_head": (("lm_head",), ("lm_head",)),
+}
+
+
+def op_groups(ops: dict | None, pred) -> dict:
+    """Per ``OP_GROUPS`` group, the measured seconds of its engine ops per forward (median x
+    count; None without ``ops``) and the predicted seconds of its step-model ops (``pred``: a
+    one-point ``perfmodel.step.StepPrediction``); ``other`` holds the step model's verify ops of
+    no group (MoE, all-reduce), predicted only."""
+    from ssvkit.validation.decode_figures import ACCEPT_STEP_OPS
+
+    predicted = {
+        k.removeprefix("verify."): float(v[0])
+        for k, v in pred.op_seconds.items()
+        if k.startswith("verify.") and k not in ACCEPT_STEP_OPS and float(v[0]) > 0
+    }
+    out = {}
+    for group, (engine_ops, model_ops) in OP_GROUPS.items():
+        measured = None
+        if ops is not None:
+            measured = sum(ops[o]["median_s"] * ops[o]["count"] for o in engine_ops if o in ops)
+        out[group] = {
+            "measured_s": measured,
+            "predicted_s": sum(predicted.pop(o, 0.0) for o in model_ops),
+        }
+    out["other"] = {"measured_s": None, "predicted_s": sum(predicted.values()), "ops": predicted}
+    return out

@@ -36,6 +36,11 @@ campaign's CUDA-event ``verify`` step of the decode loop. ``--ops`` adds the op 
 
     python -m ssvkit.validation.engine_verify --campaign validation/data/campaign.json --ops \
         --out /tmp/verify-breakdown.json
+
+A scale campaign document (``validation.scale_campaign``) goes to ``validation.scale_verify``:
+each cell at its batch and context, op by op beside perfmodel's prediction of each op,
+resumable (``--resume``) and stopped after ``--stop-after S`` seconds. ``--device cpu`` runs
+either campaign path on the torch backend, timed by the wall clock (the tests).
 """
 
 from __future__ import annotations
@@ -43,7 +48,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -52,6 +56,7 @@ from ssvkit.engine.checkpoint import build_model, resolve_source
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import (
+    WALL,
     TimingConfig,
     bench,
     copy_bytes_per_s,
@@ -59,6 +64,7 @@ from ssvkit.kernels.timing import (
     gemm_flops_per_s,
     provenance,
 )
+from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.planner.space import describe
@@ -89,7 +95,11 @@ def parse_args(argv=None):
     p.add_argument(
         "--strategy", default="sd_dense", help="baselines whose attention is used, comma-separated"
     )
-    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the prediction")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="GPU registry key of the prediction (default: a scale campaign's, else h100-sxm)",
+    )
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--campaign", default=None, help="time the verify steps of this campaign")
     p.add_argument("--ops", action="store_true", help="with --campaign: the op breakdown too")
@@ -97,6 +107,30 @@ def parse_args(argv=None):
         "--resume",
         action="store_true",
         help="keep the rows already in --out (same code commit) and measure only the others",
+    )
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="with --campaign: cuda, or cpu (the torch backend, timed by the wall clock)",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        help="scale campaign: start no new cell after this many seconds",
+    )
+    p.add_argument(
+        "--available-gib",
+        type=float,
+        default=None,
+        help="scale campaign: memory to plan with (default: the campaign's)",
+    )
+    p.add_argument(
+        "--random-kv",
+        action="store_true",
+        help="scale campaign: random KV at the cells' lengths instead of prefilling their "
+        "prompts (faster; sparse selections then see random keys)",
     )
     return p.parse_args(argv)
 
@@ -116,10 +150,17 @@ def _resumed(args) -> dict | None:
 
 def _write(result: dict, path: str | None) -> None:
     if path:
-        out = Path(path)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, out)
+        atomic_write(path, json.dumps(result, indent=2) + "\n", "--out")
+
+
+def device_setup(device: str):
+    """(backend, dtype, timing) of a run on ``device``: the GPU runs the Triton backend in bf16
+    and times CUDA-graph replays; the CPU runs the torch backend in fp32 by the wall clock."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        return "triton", torch.bfloat16, "graph"
+    return "torch", torch.float32, WALL
 
 
 def campaign_main(args) -> dict:
@@ -128,6 +169,7 @@ def campaign_main(args) -> dict:
     from ssvkit.engine.corpus import corpus_sample
 
     doc = json.loads(Path(args.campaign).read_text())
+    backend, dtype, timing = device_setup(args.device)
     points: dict[tuple[str, int], dict] = {}
     for r in doc["rows"]:
         key = (r["baseline"], r["context_len"])
@@ -137,8 +179,8 @@ def campaign_main(args) -> dict:
     t_max = max(contexts) + 128
     torch.manual_seed(0)
     src = resolve_source(local_model(doc["model"]))
-    model = build_model(src, max_positions=t_max, device="cuda", dtype=torch.bfloat16)
-    runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
+    model = build_model(src, max_positions=t_max, device=args.device, dtype=dtype)
+    runner = ModelRunner(model, batch=1, t_max=t_max, backend=backend, use_graphs=False)
     rows = []
     for ctx in contexts:
         with torch.no_grad():
@@ -154,14 +196,14 @@ def campaign_main(args) -> dict:
                 if attn.kind != "dense":  # summaries of the prefilled keys
                     runner.cache.rebuild_summaries()
                 tokens = torch.randint(
-                    0, model.config.vocab_size, (1, tree.num_nodes), device="cuda"
+                    0, model.config.vocab_size, (1, tree.num_nodes), device=args.device
                 )
 
                 def step(i, tree=tree, tokens=tokens, attn=attn):
                     return runner.tree_forward(tokens, tree, attn)[0]
 
-                graph_s = bench(step, "graph", config=STEP_TIMING).median_s
-                ops = time_ops(runner, attn, tree, tokens) if args.ops else None
+                graph_s = bench(step, timing, config=STEP_TIMING).median_s
+                ops = time_ops(runner, attn, tree, tokens, timing=timing) if args.ops else None
             row = {
                 "baseline": name,
                 "context_len": ctx,
@@ -194,7 +236,15 @@ def campaign_main(args) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.campaign:
+        from ssvkit.validation.scale_report import is_scale_campaign
+
+        doc = json.loads(Path(args.campaign).read_text())
+        if is_scale_campaign(doc):
+            from ssvkit.validation.scale_verify import scale_main
+
+            return scale_main(args, doc)
         return campaign_main(args)
+    args.gpu = args.gpu or "h100-sxm"
     contexts = sorted(parse_count_list(args.context, "--context"))
     ts = [int(x) for x in args.t.split(",")]
     strategies = [Strategy.from_name(name.strip()) for name in args.strategy.split(",")]

@@ -110,8 +110,9 @@ def model_label(path: str | Path | None) -> str | None:
 def local_model(label: str | None) -> str | None:
     """The model a committed label names, on this machine: ``engine/checkpoints/<name>``
     resolves to the engine's checkpoint folder, as does a checkpoint path recorded on another
-    machine whose folder this checkout has; registry names and existing paths pass through."""
-    if not label or "/" not in label:
+    machine whose folder this checkout has; registry names, random-weight geometries
+    (``random:NAME`` or ``random:CONFIG``) and existing paths pass through."""
+    if not label or "/" not in label or label.startswith("random:"):
         return label
     local = _checkpoint_dir() / Path(label).name
     if not label.startswith(f"{CHECKPOINTS}/") and Path(label).exists():

@@ -1,0 +1,145 @@
+"""``engine_verify --campaign`` on the CPU (the torch backend, timed by the wall clock), with the
+tiny random geometry of ``test_scale_campaign``: a scale campaign's cells at their batch and
+context, each op beside the step model's prediction of it, resumable, stopped after S seconds,
+memory planned as the campaign planned it; and the tiny-pair campaign's path as before."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ssvkit.validation import engine_verify, scale_campaign, scale_verify
+from ssvkit.validation.decode_figures import step_prediction
+from ssvkit.validation.engine_ops import OP_GROUPS
+from ssvkit.validation.full_batch import row_figures
+from ssvkit.validation.records import measured_strategy
+
+from tests.validation_layer.test_scale_campaign import CONFIG, ONE_MIB_GIB
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    """A scale campaign decoded on the CPU: batch 2 at context 1100 (the sparse baseline is
+    predicted there), a dense and a grouped sparse baseline with refresh and reuse layers."""
+    tmp = tmp_path_factory.mktemp("verify")
+    (tmp / "config.json").write_text(json.dumps(CONFIG))
+    out = tmp / "scale.json"
+    argv = [
+        "--models", f"random:{tmp / 'config.json'}",
+        "--contexts", "1100",
+        "--batches", "2",
+        "--baselines", "sd_dense,ssv",
+        "--acceptances", "0.8",
+        "--new-tokens", "3",
+        "--device", "cpu",
+        "--out", str(out),
+    ]  # fmt: skip
+    assert scale_campaign.main(argv) == 0
+    return out
+
+
+def _verify(campaign, out, *extra):
+    return engine_verify.main(
+        ["--campaign", str(campaign), "--device", "cpu", "--out", str(out), *extra]
+    )
+
+
+def test_a_scale_campaign_is_timed_op_by_op_beside_its_prediction(
+    campaign, tmp_path, capsys, monkeypatch
+):
+    doc = json.loads(campaign.read_text())
+    out = tmp_path / "verify.json"
+    got = _verify(campaign, out, "--ops")
+    assert json.loads(out.read_text()) == got
+    assert got["benchmark"] == scale_verify.BENCHMARK and got["complete"]
+    assert got["gpu"] == doc["gpu"] and got["kv"] == "prefill" and got["device"] == "cpu"
+    cells = [r for r in doc["rows"] if r["status"] == "measured"]
+    assert [r["key"] for r in got["rows"]] == [scale_verify.cell_key(r) for r in cells]
+    engine_ops = {o for names, _ in OP_GROUPS.values() for o in names}
+    for row, cell in zip(got["rows"], cells, strict=True):
+        s = measured_strategy(cell)
+        assert row["status"] == "measured" and row["batch"] == 2 and row["context"] == 1100
+        assert row["t"] == len(s.parents(0.8)) + 1 and row["graph_s"] > 0
+        assert row["campaign_verify_s"] == cell["measured"]["steps_s"]["verify"]
+        assert set(row["ops"]) <= engine_ops and "attention" in row["ops"]
+        # Each group: its engine ops' seconds per forward beside the step model's ops.
+        pred, _, _ = step_prediction(
+            s,
+            cell["model"].removeprefix("random:"),
+            None,
+            1100,
+            2,
+            row_figures(cell)[1],
+            cell["selection"]["group_overlap"],
+            doc["gpu"],
+        )
+        groups = row["groups"]
+        assert groups["qkv_proj"]["predicted_s"] == pytest.approx(
+            float(pred.op_seconds["verify.qkv_proj"][0])
+        )
+        ops = row["ops"]
+        assert groups["norms"]["measured_s"] == pytest.approx(
+            sum(ops[o]["median_s"] * ops[o]["count"] for o in OP_GROUPS["norms"][0])
+        )
+        grouped = sum(g["predicted_s"] for g in groups.values())
+        assert grouped == pytest.approx(row["predicted_verify_s"])
+    ssv = got["rows"][1]
+    assert ssv["baseline"] == "ssv" and ssv["ops"]["attention_reuse"]["count"] > 0
+    assert ssv["selection"]["top_n"] == measured_strategy(cells[1]).top_n
+    printed = capsys.readouterr().out
+    assert "measured/predicted ms per forward" in printed and "rope_kv_writ" in printed
+    # A second call with --resume measures nothing: every cell is in --out.
+    monkeypatch.setattr(scale_verify, "measure_cell", _never)
+    again = _verify(campaign, out, "--ops", "--resume")
+    assert again["rows"] == got["rows"] and again["complete"]
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("a cell already in --out measured again")
+
+
+def test_stop_after_memory_and_bad_input(campaign, tmp_path):
+    out = tmp_path / "verify.json"
+    stopped = _verify(campaign, out, "--stop-after", "0")
+    assert stopped["rows"] == [] and not stopped["complete"]
+    assert json.loads(out.read_text())["rows"] == []
+    small = _verify(campaign, tmp_path / "small.json", "--available-gib", ONE_MIB_GIB)
+    assert small["complete"] and {r["status"] for r in small["rows"]} == {"skipped"}
+    assert all(r["reason"].startswith("batch 2 at context 1100 needs ") for r in small["rows"])
+    with pytest.raises(ValueError, match="--stop-after must be >= 0"):
+        _verify(campaign, out, "--stop-after", "-1")
+    with pytest.raises(ValueError, match="not a scale campaign's verify breakdown"):
+        other = tmp_path / "other.json"
+        other.write_text(json.dumps({**stopped, "benchmark": "engine_verify"}))
+        _verify(campaign, other, "--resume")
+
+
+def test_the_tiny_pair_campaign_path_runs_as_before(campaign, tmp_path):
+    """An end-to-end campaign document (batch 1, ``context_len``): each (baseline, context)
+    verify forward timed, its op breakdown with ``--ops``."""
+    scale = json.loads(campaign.read_text())
+    run = next(r for r in scale["rows"] if r["baseline"] == "sd_dense")
+    doc = {
+        "model": run["model"],
+        "provenance": {"git_commit": "abc"},
+        "rows": [
+            {
+                "baseline": "sd_dense",
+                "context_len": 300,
+                "strategy": run["strategy"],
+                "measured": {"steps_s": {"verify": v}},
+            }
+            for v in (1e-3, 3e-3, 2e-3)
+        ],
+    }
+    path = tmp_path / "campaign.json"
+    path.write_text(json.dumps(doc))
+    got = engine_verify.main(
+        ["--campaign", str(path), "--ops", "--device", "cpu", "--out", str(tmp_path / "o.json")]
+    )
+    assert got["benchmark"] == "engine_verify_campaign"
+    (row,) = got["rows"]
+    assert row["baseline"] == "sd_dense" and row["context_len"] == 300
+    assert row["campaign_verify_s"] == 2e-3 and row["graph_s"] > 0
+    assert row["t"] == len(measured_strategy(run).parents(0.8)) + 1
+    assert {"qkv_proj", "attention", "lm_head"} <= set(row["ops"])
