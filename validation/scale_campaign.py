@@ -120,10 +120,15 @@ def _line(row: dict) -> str:
     m, p = row["measured"], row["prediction"]
     pred = f"{p['tokens_per_s']:10.1f}" if "tokens_per_s" in p else "       n/a"
     prefill = "reused" if row["prefill"]["reused"] else f"{row['prefill']['forward_s']:.2f} s"
+    # The figures the prediction is of: the full-batch rounds' (``validation.full_batch``).
+    full = m.get("full_batch") or {
+        "tokens_per_s": m["tokens_per_s"],
+        "tokens_per_round": m["mean_accepted"] + 1,
+    }
     return (
-        f"{head} {m['tokens_per_s']:10.1f} tok/s (predicted {pred}), "
-        f"{m['mean_accepted'] + 1:.2f} tokens/round, verify {m['steps_s']['verify'] * 1e3:.3f} "
-        f"ms, prefill {prefill}, {row['wall_s']:.1f} s"
+        f"{head} {full['tokens_per_s']:10.1f} tok/s (predicted {pred}; whole run "
+        f"{m['tokens_per_s']:.1f}), {full['tokens_per_round']:.2f} tokens/round, verify "
+        f"{m['steps_s']['verify'] * 1e3:.3f} ms, prefill {prefill}, {row['wall_s']:.1f} s"
     )
 
 

@@ -12,6 +12,7 @@ import json
 
 import pytest
 from ssvkit.validation import scale_campaign, scale_measure
+from ssvkit.validation.full_batch import derived
 from ssvkit.validation.records import NSA_SCHEDULE
 
 from ssvkit.cli import main as cli_main
@@ -81,8 +82,19 @@ def test_the_campaign_runs_records_and_resumes(geometry, tmp_path, capsys, monke
         assert m["tokens_per_s"] > 0 and set(m["steps_s"]) >= {"draft", "verify", "accept"}
         assert len(m["accepted_per_sequence"][0]) == r["batch"]
         assert all(len(x) == 3 for x in m["rounds_trace"])
+        assert [len(x) for x in m["sequences_per_round"]] == [
+            len(x) for x in m["accepted_per_sequence"]
+        ]
+        # The full-batch figures recorded from the rounds are those a row without them derives
+        # from its accepted counts (the wall time aside: measured per round here).
+        if "full_batch" in m:
+            kept = {k: v for k, v in m.items() if k != "full_batch"}
+            again = derived(kept, r["batch"])
+            for k in ("rounds", "tokens", "mean_accepted", "tokens_per_round"):
+                assert again[k] == pytest.approx(m["full_batch"][k])
         assert r["provenance"]["git_commit"] and r["provenance"]["torch_version"]
         assert "tokens_per_s" in r["prediction"] or "error" in r["prediction"]
+    assert all("full_batch" in r["measured"] for r in rows if r["acceptance"] is None)
     sparse = rows[1]
     assert sparse["measured_acceptance"]["source"] == "synthetic:oracle"
     assert sparse["measured_acceptance"]["oracle"] == [0.8]
