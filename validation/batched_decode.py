@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -64,9 +65,24 @@ def parse_args(argv=None):
 def run_ssvkit(argv: list[str], folder: Path) -> tuple[int, str, str]:
     """``ssvkit ARGV`` in a process of its own, in ``folder``: exit code, stdout, stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", "ssvkit.cli", *argv], cwd=folder, capture_output=True, text=True
+        [sys.executable, "-m", "ssvkit.cli", *argv],
+        cwd=folder,
+        env=child_env(),
+        capture_output=True,
+        text=True,
     )
     return done.returncode, done.stdout, done.stderr
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the folder that holds the imported ``ssvkit`` first on
+    ``PYTHONPATH``, so that a child started in another folder imports the same package, from a
+    clone that was never installed too."""
+    import ssvkit
+
+    root = str(Path(ssvkit.__file__).resolve().parent.parent)
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
 def longest_context(new_tokens: int) -> int:

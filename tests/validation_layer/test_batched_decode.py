@@ -93,3 +93,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, change, message):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "b.json").exists()
+
+
+def test_children_import_the_package_this_process_imported(tmp_path):
+    import subprocess
+    import sys
+
+    from ssvkit.validation.batched_decode import child_env
+
+    import ssvkit
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import ssvkit; print(ssvkit.__file__)"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == ssvkit.__file__
