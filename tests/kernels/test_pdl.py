@@ -12,6 +12,9 @@ overlap run only on the GPU (``gpu`` marker).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 import ssvkit.kernels.pdl as pdl
 import torch
@@ -103,7 +106,7 @@ LAUNCHES = {
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"L{s[0]}-t{s[1]}-H{s[2]}-kv{s[3]}")
 def test_nsa_with_pdl_is_the_call_without_it(launches, shape, refresh, fn):
     if HAS_CUDA:
-        pytest.skip("the interpreter's launch order; the GPU tests below run launches overlapped")
+        pytest.skip("fp32 is a CPU-interpreter dtype; the GPU tests below run launches overlapped")
     prefix_lens, t, h, hkv, d = shape
     args, idx = make_inputs(prefix_lens, t, h, hkv, d, torch.float32, seed=5 * t + h)
     block_idx = None if refresh else idx
@@ -130,6 +133,8 @@ def test_folded_steps_with_pdl_are_the_calls_without_it(merge, pick, refresh):
     arrival counters are zero again."""
     import ssvkit.kernels.arrivals as arrivals
 
+    if HAS_CUDA:
+        pytest.skip("fp32 is a CPU-interpreter dtype; the GPU tests below run the default steps")
     args, idx = make_inputs([600, 530, 0], 3, 8, 2, 16, torch.float32, seed=4)
     block_idx = None if refresh else idx
     kw = dict(NSA_KW, top_n=6) if refresh else NSA_KW  # rows the folded pick serves
@@ -173,14 +178,16 @@ def test_gpu_nsa_with_pdl_is_repeatable_and_bitwise_the_call_without_it(t):
     PDL (the same arithmetic)."""
     args = make_gpu_inputs([4093, 700, 2500], t, seed=t)
     kw = dict(GPU_KW, validate=False)
-    off, on = NsaVerifyConfig(), NsaVerifyConfig(pdl=True)
-    _, idx = nsa_verify(*args, config=off, **kw)
-    for fn in (nsa_verify, nsa_verify_unfused):
-        for block_idx in (idx, None):
-            o_off, idx_off = fn(*args, block_idx=block_idx, config=off, **kw)
-            for _ in range(20):
-                o_on, idx_on = fn(*args, block_idx=block_idx, config=on, **kw)
-                assert torch.equal(o_on, o_off) and torch.equal(idx_on, idx_off)
+    _, idx = nsa_verify(*args, **kw)
+    steps = (NsaVerifyConfig(), NsaVerifyConfig(merge="parallel", pick="folded"))
+    for fn, off, block_idx in itertools.product(
+        (nsa_verify, nsa_verify_unfused), steps, (idx, None)
+    ):
+        on = dataclasses.replace(off, pdl=True)
+        o_off, idx_off = fn(*args, block_idx=block_idx, config=off, **kw)
+        for _ in range(20):
+            o_on, idx_on = fn(*args, block_idx=block_idx, config=on, **kw)
+            assert torch.equal(o_on, o_off) and torch.equal(idx_on, idx_off)
 
 
 @pytest.mark.gpu
