@@ -170,7 +170,9 @@ def check_select(sets) -> None:
     q, k, _, lens = sets[0][0][:4]
     meta = select_metadata(sets[:1])[0]
     with tm.poisoned_allocations():
-        idx, idx_pdl = (sb.select_blocks(q, meta, lens, top_n=KW["top_n"], pdl=p) for p in (0, 1))
+        idx, idx_pdl = (
+            sb.select_blocks(q, meta, lens, top_n=KW["top_n"], pdl=p) for p in (False, True)
+        )
     if not torch.equal(idx_pdl, idx):
         raise SystemExit("select_blocks: the call with pdl differs from the call")
     ref = sb.reference_select_blocks(q, k, lens, KW["block_size"], top_n=KW["top_n"])
