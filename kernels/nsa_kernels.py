@@ -27,6 +27,7 @@ from ssvkit.kernels.nsa_merge_kernels import (
     merge_tile,
     split_slots,
 )
+from ssvkit.kernels.pdl import pdl_gate
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
 MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
@@ -139,11 +140,13 @@ def _forward_slot(
     DOT_PRECISION: tl.constexpr,
     STORE_S: tl.constexpr,
     HAS_SEL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Slot ``slot`` (of ``launch_slots``) of (sequence x KV head, row tile) ``pid``: an equal
     slice of one branch's key tiles, its state written to slot ``slot_base + slot`` of the
     partials (see ``nsa_fwd_kernel``). Returns the launch's compressed and selected slot counts
-    of this program (``split_slots``)."""
+    of this program (``split_slots``). ``PDL``: the queries, the length and the tree mask are
+    loaded before ``pdl_gate`` (the union plan, the previous launch's, after)."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")
@@ -171,6 +174,7 @@ def _forward_slot(
     prefix = tl.load(prefix_ptr + b)
     row_bits = tl.load(tree_ptr + b * num_t + row, mask=row_ok, other=0)  # [M] int64
     list_base = pid.to(tl.int64) * list_len
+    pdl_gate(PDL)
 
     # The branch of this slot: its units, its key source and the end of its keys.
     if ALL_MEMBERS:
@@ -317,6 +321,7 @@ def nsa_fwd_kernel(
     S_PAD: tl.constexpr,
     MERGE_ROWS: tl.constexpr,
     MERGE_SLOTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, slots)`` (``(B * Hkv * tiles * (slots + merge_chunks),)`` with
     ``MERGE`` 2): slot ``s`` runs an equal slice of one branch's units
@@ -347,8 +352,12 @@ def nsa_fwd_kernel(
     - 2: programs take tickets; the first ``B * Hkv * tiles * slots`` run the slots and arrive
       on their tile's counter (``1 + pid``), the others merge ``MERGE_ROWS`` MMA rows of one
       tile each (``merge_rows``, ``merge_chunks`` per tile) once all of its slots arrived, so
-      a tile's merge is spread over programs."""
+      a tile's merge is spread over programs.
+
+    ``PDL`` (``kernels.pdl``): a forward program loads its queries before it waits for the
+    previous launch; with ``MERGE`` 2 every program waits first (its ticket is a store)."""
     if MERGE == 2:
+        pdl_gate(PDL)
         ticket = take_ticket(counter_ptr)
         tiles_all = tl.num_programs(0) // (launch_slots + merge_chunks)
         num_fwd = tiles_all * launch_slots
@@ -404,6 +413,7 @@ def nsa_fwd_kernel(
                 DOT_PRECISION,
                 STORE_S,
                 HAS_SEL,
+                False,
             )
             arrive(counter_ptr + 1 + pid)
         else:
@@ -506,6 +516,7 @@ def nsa_fwd_kernel(
             DOT_PRECISION,
             STORE_S,
             HAS_SEL,
+            PDL,
         )
         if MERGE == 1:
             if last_to_arrive(counter_ptr + pid, launch_slots):

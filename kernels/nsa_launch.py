@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.pdl import check_pdl
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
@@ -90,6 +91,15 @@ class NsaVerifyConfig:
         },
     )
 
+    pdl: bool = field(
+        default=False,
+        metadata={
+            "help": "launch each step after a call's first as a programmatic dependent of the "
+            "one before (kernels.pdl; compute capability 9.0 or later): it starts while that "
+            "one drains; the same output"
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_j"):
             v = getattr(self, name)
@@ -155,6 +165,7 @@ class LaunchPlan:
     dot_precision: str
     merge: str
     pick: str
+    pdl: bool
 
     def rows_meta(self) -> dict:
         """Constexprs of the row packing, shared by the kernels."""
@@ -239,6 +250,8 @@ def make_plan(
         )
     if sm_scale is not None and not sm_scale > 0:
         raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
+    if config.pdl:
+        check_pdl(q.device)
     b, t, h, d = q.shape
     hkv, t_max = k_cache.shape[1], k_cache.shape[2]
     rows, group_pad, block_m = tile_packing(t, h // hkv, config)
@@ -271,6 +284,7 @@ def make_plan(
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
         merge=config.merge,
         pick=config.pick,
+        pdl=config.pdl,
     )
 
 

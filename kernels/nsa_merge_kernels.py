@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from ssvkit.kernels.pdl import pdl_gate
 
 # Finite stand-in for -inf: masked scores and empty states stay finite, so no exp(-inf - -inf).
 NEG_SENTINEL = tl.constexpr(-1.0e30)
@@ -270,13 +271,16 @@ def nsa_merge_kernel(
     ALL_MEMBERS: tl.constexpr,
     S_PAD: tl.constexpr,
     APPLY_GATES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, BLOCK_M)``: merge each branch's slots on its own for one MMA
     row, gate, write ``o``: the merge as a launch of its own. ``S_PAD`` >= the slots of the
     launch. Slots ``[0, comp_fixed)`` are compressed (a launch of their own); the other
     ``used_slots - comp_fixed`` are split between ``branches`` as the forward split them
     (``split_slots`` of the same key tiles). The row's partials of every slot are loaded at
-    once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent loads."""
+    once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent loads. The gates,
+    the length and the union count come first: with ``PDL`` (``kernels.pdl``) they load while
+    the forward launch drains, the partials after it."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     pid = tl.program_id(0)
@@ -292,10 +296,14 @@ def nsa_merge_kernel(
         slot_ids = tl.arange(0, S_PAD)
         slot_ok = slot_ids < num_slots
         base = pid.to(tl.int64) * num_slots + slot_ids  # [S_PAD]
-        m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
-        l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
-        acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
-        acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
+        if APPLY_GATES:
+            g_c = tl.load(gate_ptr + gate_off).to(tl.float32)
+            g_s = tl.load(gate_ptr + gate_off + 1).to(tl.float32)
+            g_w = tl.load(gate_ptr + gate_off + 2).to(tl.float32)
+        else:
+            g_c = 1.0
+            g_s = 1.0
+            g_w = 1.0
         if ALL_MEMBERS:
             n_list = list_len
         else:
@@ -312,14 +320,16 @@ def nsa_merge_kernel(
         )
         c_n, s_n = split_slots(branches, used_slots - comp_fixed, units_c, units_s, units_w)
         c_slots = comp_fixed + c_n
+        pdl_gate(PDL)
+        m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
+        l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
+        acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
+        acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
         out = tl.zeros([HEAD_DIM], dtype=tl.float32)
         lo = 0
         for branch in tl.static_range(3):
             n = c_slots if branch == 0 else (s_n if branch == 1 else used_slots - c_slots - s_n)
-            if APPLY_GATES:
-                gate = tl.load(gate_ptr + gate_off + branch).to(tl.float32)
-            else:
-                gate = 1.0
+            gate = g_c if branch == 0 else (g_s if branch == 1 else g_w)
             mine = (slot_ids >= lo) & (slot_ids < lo + n)
             out = _merge_branch(out, m_all, l_all, acc_all, mine, gate)
             lo += n

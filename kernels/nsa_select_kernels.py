@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
 from ssvkit.kernels.nsa_merge_kernels import NEG_SENTINEL
+from ssvkit.kernels.pdl import pdl_gate
 from ssvkit.kernels.top_blocks import threshold_pick
 
 
@@ -51,13 +52,15 @@ def _computed_importance(
     DOT_PRECISION: tl.constexpr,
     OVERLAP_SPLIT: tl.constexpr,
     C_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """NSA block importance of blocks ``[jb * BLOCK_J, (jb + 1) * BLOCK_J)`` for the draft rows
     of row tile ``tile`` of (sequence x KV head) ``bh``. The compressed
     softmax normaliser comes from the compressed partials (slots ``[0, c_splits)``); each
     compressed token's probability, summed over the tile's query heads, is added to every
     selection block its window overlaps (a 0/1 overlap matrix built from indices, applied by
-    ``tl.dot``)."""
+    ``tl.dot``). ``PDL``: the queries and the length load before ``pdl_gate``, the partials
+    after."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_C >= 16, "tl.dot needs at least 16 compressed tokens per tile")
     tl.static_assert(BLOCK_J >= 16, "tl.dot needs at least 16 selection blocks per tile")
@@ -73,6 +76,8 @@ def _computed_importance(
     head = kvh * GROUP + g
     q_off = b * stride_qb + row * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    prefix = tl.load(prefix_ptr + b)
+    pdl_gate(PDL)
 
     ml_base = part_ml_ptr + (bh * num_tiles + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
     # Every compressed slot's (m, l) at once: [C_PAD, BLOCK_M], one round trip to memory.
@@ -86,7 +91,6 @@ def _computed_importance(
     # Padding rows and rows with no compressed token contribute nothing (and no 0 / 0).
     inv_l = tl.where(m_ok & (l_c > 0.0), 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
 
-    prefix = tl.load(prefix_ptr + b)
     nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
     nc = tl.minimum(nc, nc_max)
     # Tokens i whose window [i * stride, i * stride + comp_block) overlaps blocks [j0, j0 +
@@ -160,6 +164,7 @@ def block_score_kernel(
     DOT_PRECISION: tl.constexpr,
     OVERLAP_SPLIT: tl.constexpr,
     C_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv, row tiles, NB_max / BLOCK_J)``: ``_computed_importance`` of each
     program."""
@@ -199,6 +204,7 @@ def block_score_kernel(
         DOT_PRECISION,
         OVERLAP_SPLIT,
         C_PAD,
+        PDL,
     )
 
 
@@ -228,6 +234,7 @@ def _stored_importance(
     W_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     C_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """NSA block importance of blocks ``[jb * BLOCK_J, (jb + 1) * BLOCK_J)`` for draft row ``r``
     of (sequence x KV head, row tile) ``pid`` (nothing for a row past ``num_t``). Each of the
@@ -235,7 +242,8 @@ def _stored_importance(
     partials (slots ``[0, c_splits)``); each compressed token's probability, from the score the
     compressed launch stored, summed over the heads, is added to every selection block its
     window overlaps. Block ``j`` overlaps the compressed tokens
-    ``[c_lo(j), c_hi(j)]``, at most ``W_PAD`` of them, gathered as ``[BLOCK_J, W_PAD]``."""
+    ``[c_lo(j), c_hi(j)]``, at most ``W_PAD`` of them, gathered as ``[BLOCK_J, W_PAD]``.
+    ``PDL``: the length loads before ``pdl_gate``, the partials and scores after."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     row = (pid % num_tiles) * ROWS + r
     if row < num_t:
@@ -252,6 +260,7 @@ def _stored_importance(
         c_hi = tl.minimum(nc, (offs_j * BLOCK_SIZE + BLOCK_SIZE - 1) // comp_stride + 1)
         c = c_lo[:, None] + tl.arange(0, W_PAD)[None, :]  # [BLOCK_J, W_PAD]
         valid = c < c_hi[:, None]
+        pdl_gate(PDL)
         ml_base = part_ml_ptr + pid.to(tl.int64) * num_slots * 2 * BLOCK_M
         sl = tl.arange(0, C_PAD)
         sl_ok = sl < c_splits
@@ -295,6 +304,7 @@ def stored_block_score_kernel(
     W_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     C_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, rows per tile, NB_max / BLOCK_J)``: ``_stored_importance`` of
     each program."""
@@ -323,6 +333,7 @@ def stored_block_score_kernel(
         W_PAD,
         BLOCK_SIZE,
         C_PAD,
+        PDL,
     )
 
 
@@ -340,6 +351,7 @@ def union_plan_kernel(
     ROWS: tl.constexpr,
     TOP_N_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles,)``: the union of the ``ROWS`` rows' blocks of one tile,
     ascending, with each block's member bits (bit ``r``: row ``tile * ROWS + r`` chose it).
@@ -347,12 +359,13 @@ def union_plan_kernel(
     A per-tile bitmap of the ``nb_max`` blocks in global scratch (``bitmap_ptr``, any content
     on entry) is cleared, each row ORs its bit into its blocks' words (atomics, all rows at
     once), and a scan compacts the non-zero words into the list. Barriers order the three
-    phases within the program."""
+    phases within the program. ``PDL``: it waits (``pdl_gate``) before its first store."""
     pid = tl.program_id(0)
     tile = pid % tl.cdiv(num_t, ROWS)
     bh = pid // tl.cdiv(num_t, ROWS)
     bm = bitmap_ptr + pid.to(tl.int64) * nb_max
     offs = tl.arange(0, CHUNK)
+    pdl_gate(PDL)
     for j0 in range(0, nb_max, CHUNK):
         tl.store(bm + j0 + offs, tl.zeros([CHUNK], dtype=tl.int32), mask=j0 + offs < nb_max)
     tl.debug_barrier()
@@ -428,6 +441,7 @@ def refresh_select_kernel(
     GROUPS: tl.constexpr,
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * (score programs + t),)``: the refresh path's block importance and
     top-n pick in one launch, on ``kernels.arrivals``' tickets (counter 0). Tickets below ``B *
@@ -435,7 +449,9 @@ def refresh_select_kernel(
     ``block_score_kernel``'s grid for one (sequence x KV head) and arrive on its counter (``1 +
     pair``); each later ticket picks one draft row (``kernels.top_blocks.threshold_pick``,
     importance read from L2) once its pair's score programs have all arrived, and counts itself
-    out (counters ``1 + B * Hkv + pair``)."""
+    out (counters ``1 + B * Hkv + pair``). With ``PDL`` every program waits
+    (``pdl_gate``) before its ticket."""
+    pdl_gate(PDL)
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     per_pair = num_tiles * grid_j * (ROWS if STORED else 1)
     num_pairs = tl.num_programs(0) // (per_pair + num_t)
@@ -472,6 +488,7 @@ def refresh_select_kernel(
                 W_PAD,
                 BLOCK_SIZE,
                 C_PAD,
+                False,
             )
         else:
             _computed_importance(
@@ -510,6 +527,7 @@ def refresh_select_kernel(
                 DOT_PRECISION,
                 OVERLAP_SPLIT,
                 C_PAD,
+                False,
             )
         arrive(arrive_ptr + pair)
     else:
@@ -537,5 +555,6 @@ def refresh_select_kernel(
             TAIL_ROWS,
             CAP,
             ".cg",
+            False,
         )
         leave(arrive_ptr + pair, done_ptr + pair, num_t)

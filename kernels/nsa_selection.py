@@ -3,7 +3,8 @@ the compressed launch (which keeps its partial states and may store the compress
 block importance, and the top-n pick, the last two in one launch
 (``nsa_select_kernels.refresh_select_kernel``) when the plan's ``pick`` is ``folded`` and
 ``kernels.top_blocks``' threshold pick serves the rows, else two (importance, then
-``kernels.top_blocks``). Nothing is read on the host."""
+``kernels.top_blocks``). Nothing is read on the host. ``chain``: as in
+:mod:`kernels.nsa_steps`."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ from ssvkit.kernels.nsa_select_kernels import (
     stored_block_score_kernel,
 )
 from ssvkit.kernels.nsa_steps import launch_fwd
+from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.top_blocks import empty_scores, threshold_meta, threshold_warps, top_blocks
 
 
-def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: LaunchPlan):
+def select_top_blocks(
+    scores: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    plan: LaunchPlan,
+    chain: LaunchChain | None = None,
+):
     """``[B, Hkv, t, NB_max]`` block importance -> ``[B, Hkv, t, top_n]`` int32 indices,
     ascending and ``-1`` padded, with the first ``num_sink`` and last ``num_local`` blocks of
     each prefix forced (``kernels.top_blocks``; one launch, no host synchronisation)."""
@@ -31,6 +38,7 @@ def select_top_blocks(scores: torch.Tensor, prefix_lens: torch.Tensor, plan: Lau
         top_n=plan.top_n,
         num_sink=plan.num_sink,
         num_local=plan.num_local,
+        chain=chain_for(chain, plan.pdl),
     )
 
 
@@ -55,7 +63,12 @@ def stores_comp_scores(plan: LaunchPlan, key_bytes: int) -> bool:
 
 
 def compressed_block_scores(
-    plan: LaunchPlan, args, part, c_slots: int, comp_scores: torch.Tensor | None = None
+    plan: LaunchPlan,
+    args,
+    part,
+    c_slots: int,
+    comp_scores: torch.Tensor | None = None,
+    chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """Step (2) of the refresh path: ``[B, Hkv, t, NB_max]`` fp32 block importance from the
     compressed partials of ``c_slots`` slots in ``part`` and the compressed scores: read from
@@ -64,6 +77,7 @@ def compressed_block_scores(
     scores = empty_scores(plan.batch, plan.num_kv_heads, plan.num_t, plan.nb_max, q.device)
     grid_j = triton.cdiv(plan.nb_max, plan.block_j)
     c_pad = max(2, triton.next_power_of_2(c_slots))
+    launch = chain_for(chain, plan.pdl).meta()
     if comp_scores is not None:
         width = (plan.block_size + plan.comp_block - 2) // plan.comp_stride + 1
         stored_block_score_kernel[(plan.programs, plan.rows, grid_j)](
@@ -88,6 +102,7 @@ def compressed_block_scores(
             W_PAD=triton.next_power_of_2(width),
             BLOCK_SIZE=plan.block_size,
             C_PAD=c_pad,
+            **launch,
             num_warps=plan.score_warps,
         )
         return scores
@@ -115,31 +130,41 @@ def compressed_block_scores(
         OVERLAP_SPLIT=plan.dot_precision != "ieee",
         C_PAD=c_pad,
         **plan.rows_meta(),
+        **launch,
         num_warps=plan.score_warps,
     )
     return scores
 
 
-def refresh_indices(plan: LaunchPlan, args, part, slots) -> torch.Tensor:
+def refresh_indices(
+    plan: LaunchPlan, args, part, slots, chain: LaunchChain | None = None
+) -> torch.Tensor:
     """Steps (1)-(3) of the refresh path; leaves the compressed partials in ``part``."""
+    chain = chain_for(chain, plan.pdl)
     comp_k = args[5]
     comp_scores = None
     if stores_comp_scores(plan, comp_k.shape[-1] * comp_k.element_size()):
         comp_scores = alloc_comp_scores(plan, comp_k.device)
-    launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0), comp_scores=comp_scores)
-    return picked_blocks(plan, args, part, slots[0], comp_scores)
+    launch_fwd(plan, args, None, part, slots=(slots[0], 0, 0), comp_scores=comp_scores, chain=chain)
+    return picked_blocks(plan, args, part, slots[0], comp_scores, chain)
 
 
 def picked_blocks(
-    plan: LaunchPlan, args, part, c_slots: int, comp_scores: torch.Tensor | None = None
+    plan: LaunchPlan,
+    args,
+    part,
+    c_slots: int,
+    comp_scores: torch.Tensor | None = None,
+    chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """Steps (2)-(3): the block importance (as ``compressed_block_scores``) and each row's
     top-n (as ``select_top_blocks``): one ``refresh_select_kernel`` launch when ``plan.pick``
     is ``folded`` and the threshold pick serves the rows, else the two launches."""
+    chain = chain_for(chain, plan.pdl)
     pick = threshold_meta(plan.nb_max, plan.top_n) if plan.pick == "folded" else None
     if pick is None:
-        scores = compressed_block_scores(plan, args, part, c_slots, comp_scores)
-        return select_top_blocks(scores, args[3], plan)
+        scores = compressed_block_scores(plan, args, part, c_slots, comp_scores, chain)
+        return select_top_blocks(scores, args[3], plan, chain)
     q, _, _, prefix_lens, _, comp_k, _, _ = args
     b, hkv, t = plan.batch, plan.num_kv_heads, plan.num_t
     scores = empty_scores(b, hkv, t, plan.nb_max, q.device)
@@ -183,6 +208,7 @@ def picked_blocks(
         STORED=comp_scores is not None,
         **plan.rows_meta(),
         **pick,
+        **chain.meta(),
         num_warps=max(plan.score_warps, threshold_warps(b * hkv * t, pick["CHUNK"], q.device)),
     )
     return out

@@ -1,7 +1,9 @@
 """The launches of :mod:`kernels.nsa_verify`'s steps, on the host: partial-state buffers, the
 union plan, the forward and merge launches (the refresh path's selection is
 :mod:`kernels.nsa_selection`). Each function launches one step (``forward_and_merge`` one or
-two, by the plan's ``merge``); nothing is read on the host."""
+two, by the plan's ``merge``); nothing is read on the host. ``chain`` (``kernels.pdl``) is the
+call's launches, of which the step's are the next; a step given none starts a chain of its own
+(with PDL when the plan has it)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
 from ssvkit.kernels.nsa_merge_kernels import nsa_merge_kernel
 from ssvkit.kernels.nsa_select_kernels import union_plan_kernel
+from ssvkit.kernels.pdl import LaunchChain, chain_for
 
 
 def alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +29,9 @@ def alloc_partials(plan: LaunchPlan, num_slots: int, device) -> tuple[torch.Tens
     )
 
 
-def union_plan(block_idx: torch.Tensor, rows: int, nb_max: int) -> GroupPlan:
+def union_plan(
+    block_idx: torch.Tensor, rows: int, nb_max: int, chain: LaunchChain | None = None
+) -> GroupPlan:
     """The selected branch's schedule: per (sequence, KV head, row tile of ``rows`` rows) the
     ascending union of the rows' blocks (of ``nb_max`` possible) and each block's member bits
     (``union_plan_kernel``); a tile of one row streams its own ``block_idx`` row."""
@@ -55,6 +60,7 @@ def union_plan(block_idx: torch.Tensor, rows: int, nb_max: int) -> GroupPlan:
         TOP_N_PAD=triton.next_power_of_2(top_n),
         CHUNK=min(triton.next_power_of_2(nb_max), 1024),
         num_warps=4,
+        **chain_for(chain).meta(),
     )
     return GroupPlan("union", c, tiles, lists, bits, counts, None)
 
@@ -70,6 +76,7 @@ def launch_fwd(
     comp_scores: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     apply_gates: bool = True,
+    chain: LaunchChain | None = None,
 ) -> None:
     """One ``nsa_fwd_kernel`` launch over the slots of the branches with ``slots[x] > 0``;
     ``comp_scores`` (:func:`alloc_comp_scores`) also receives the compressed tokens' scores.
@@ -139,6 +146,7 @@ def launch_fwd(
         MERGE_ROWS=layout.rows,
         MERGE_SLOTS=layout.slots_per_load,
         **plan.rows_meta(),
+        **chain_for(chain, plan.pdl).meta(),
         num_warps=plan.num_warps,
     )
 
@@ -153,6 +161,7 @@ def forward_and_merge(
     *,
     comp_apart: bool = False,
     apply_gates: bool = True,
+    chain: LaunchChain | None = None,
 ) -> None:
     """The forward over ``slots`` (compressed, selected, window) and their merge into ``o``:
     one launch (the merge folded in, ``merge_layout``), or a forward and a merge launch when
@@ -161,6 +170,7 @@ def forward_and_merge(
     branches."""
     fwd_slots = (0, *slots[1:]) if comp_apart else tuple(slots)
     base = slots[0] if comp_apart else 0
+    chain = chain_for(chain, plan.pdl)
     if plan.merge != "separate":
         launch_fwd(
             plan,
@@ -171,10 +181,21 @@ def forward_and_merge(
             slot_base=base,
             out=o,
             apply_gates=apply_gates,
+            chain=chain,
         )
         return
-    launch_fwd(plan, args, union, part, slots=fwd_slots, slot_base=base)
-    launch_merge(plan, args, union, part, o, slots, comp_apart=comp_apart, apply_gates=apply_gates)
+    launch_fwd(plan, args, union, part, slots=fwd_slots, slot_base=base, chain=chain)
+    launch_merge(
+        plan,
+        args,
+        union,
+        part,
+        o,
+        slots,
+        comp_apart=comp_apart,
+        apply_gates=apply_gates,
+        chain=chain,
+    )
 
 
 # Elements of one partial load of the folded merge (``merge_rows``): 64 fp32 per thread of a
@@ -243,6 +264,7 @@ def launch_merge(
     *,
     comp_apart: bool = False,
     apply_gates: bool = True,
+    chain: LaunchChain | None = None,
 ) -> None:
     """Merge and gate the ``slots`` (compressed, selected, window) of ``part`` into ``o``;
     ``comp_apart``: the compressed slots came from a launch of their own (the refresh path),
@@ -278,6 +300,7 @@ def launch_merge(
         S_PAD=s_pad,
         APPLY_GATES=apply_gates,
         **plan.rows_meta(),
+        **chain_for(chain, plan.pdl).meta(),
         num_warps=1 if s_pad * plan.head_dim <= 2048 else 4,
     )
 
@@ -299,9 +322,14 @@ def _plan_args(union: GroupPlan | None, prefix_lens):
     return lists, bits, counts, union.member_mask is None, lists.shape[-1]
 
 
-def union_for(plan: LaunchPlan, block_idx: torch.Tensor, given: GroupPlan | None) -> GroupPlan:
+def union_for(
+    plan: LaunchPlan,
+    block_idx: torch.Tensor,
+    given: GroupPlan | None,
+    chain: LaunchChain | None = None,
+) -> GroupPlan:
     if given is None:
-        return union_plan(block_idx, plan.rows, plan.nb_max)
+        return union_plan(block_idx, plan.rows, plan.nb_max, chain_for(chain, plan.pdl))
     want = min(plan.rows, plan.num_t)
     if given.mode != "union" or given.group_size != want or given.order is not None:
         raise ValueError(

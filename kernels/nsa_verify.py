@@ -49,6 +49,11 @@ the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) fold into on
 layers.
 Nothing is read on the host.
 
+``NsaVerifyConfig(pdl=True)`` launches every step of a call after its first as a programmatic
+dependent of the one before (``kernels.pdl``, compute capability 9.0 or later): a step starts,
+and does what does not need the step before it, while that one drains; the output is the same
+bit for bit. It is off by default; ``validation.nsa_stages`` times both (``*_pdl``).
+
 :func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
 kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge, folded
 as configured) and gated in one more launch.
@@ -91,6 +96,7 @@ from ssvkit.kernels.nsa_steps import (
     union_for,
     union_plan,
 )
+from ssvkit.kernels.pdl import LaunchChain
 
 __all__ = [
     "NsaVerifyConfig",
@@ -209,11 +215,12 @@ def nsa_verify(
     else:
         slots = plan_slots(plan, q.device, config)
     part = alloc_partials(plan, sum(slots), q.device)
+    chain = LaunchChain(plan.pdl)
     refresh = block_idx is None
     if refresh:
-        block_idx = refresh_indices(plan, args, part, slots)
-    union = union_for(plan, block_idx, None if refresh else union)
-    forward_and_merge(plan, args, union, part, o, slots, comp_apart=refresh)
+        block_idx = refresh_indices(plan, args, part, slots, chain)
+    union = union_for(plan, block_idx, None if refresh else union, chain)
+    forward_and_merge(plan, args, union, part, o, slots, comp_apart=refresh, chain=chain)
     return (o, block_idx, union) if return_union else (o, block_idx)
 
 
@@ -279,22 +286,23 @@ def nsa_verify_unfused(
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
     outs = torch.empty((3, *q.shape), dtype=q.dtype, device=q.device)
+    chain = LaunchChain(plan.pdl)
     refreshed = None
     if block_idx is None:  # the selection's compressed states are the compressed branch's
         slots = plan_slots(plan, q.device, config, (True, False, False))
         refreshed = (alloc_partials(plan, slots[0], q.device), slots)
-        block_idx = refresh_indices(plan, args, *refreshed)
+        block_idx = refresh_indices(plan, args, *refreshed, chain)
     for x, branches in enumerate(
         ((True, False, False), (False, True, False), (False, False, True))
     ):
         if x == 0 and refreshed is not None:
             part, slots = refreshed
-            launch_merge(plan, args, None, part, outs[x], slots, apply_gates=False)
+            launch_merge(plan, args, None, part, outs[x], slots, apply_gates=False, chain=chain)
             continue
         slots = plan_slots(plan, q.device, config, branches)
         part = alloc_partials(plan, sum(slots), q.device)
-        union = union_for(plan, block_idx, None) if branches[1] else None
-        forward_and_merge(plan, args, union, part, outs[x], slots, apply_gates=False)
+        union = union_for(plan, block_idx, None, chain) if branches[1] else None
+        forward_and_merge(plan, args, union, part, outs[x], slots, apply_gates=False, chain=chain)
     o = torch.empty_like(q)
     rows = o.numel() // plan.head_dim
     block_r = max(1, min(64, 4096 // plan.head_dim))

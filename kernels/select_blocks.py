@@ -20,6 +20,8 @@ tensor (forced blocks, ascending output); with ``fused=True`` it scores and pick
 (``kernels.select_kernels.select_kernel``: the programs that pick a row wait on counters for its
 scores) where ``kernels.top_blocks``' threshold pick serves the rows. The kernel sweep times
 both (``impl``); the two launches stay the default until the one launch measures faster.
+``pdl=True`` makes the pick a programmatic dependent launch of the scoring (``kernels.pdl``):
+it starts while the scoring drains; the same blocks either way.
 ``topn_from_scores`` is the pick's fp32 torch reference (``torch.topk`` and a sort).
 """
 
@@ -32,6 +34,7 @@ import triton
 from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.checks import check_float_dtype, check_lens
 from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.pdl import LaunchChain, chain_for, check_pdl
 from ssvkit.kernels.select_kernels import (
     block_metadata_kernel,
     block_scores_kernel,
@@ -226,6 +229,7 @@ def block_scores(
     prefix_lens: torch.Tensor,
     *,
     method: str = "mean",
+    chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """Score every block of every KV head for every query row.
 
@@ -239,6 +243,8 @@ def block_scores(
         ``[B]`` int32; block ``n`` is live when ``n * block_size < prefix_lens[b]``.
     method : str
         ``"mean"`` (seed 001 eq. 5) or ``"quest"`` (seed 004 A.1).
+    chain : LaunchChain, optional
+        The calling op's launches (``kernels.pdl``), of which this one is the next.
 
     Returns
     -------
@@ -248,7 +254,7 @@ def block_scores(
     launch = _score_launch(q, meta, prefix_lens, method)
     b, hkv = q.shape[0], launch.scores.shape[1]
     block_scores_kernel[(launch.programs, hkv, b)](
-        *launch.args, **launch.meta, num_warps=launch.num_warps
+        *launch.args, **launch.meta, **chain_for(chain).meta(), num_warps=launch.num_warps
     )
     return launch.scores
 
@@ -364,6 +370,7 @@ def select_blocks(
     num_local: int = 1,
     first_token_only: bool = False,
     fused: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Top-n prefix blocks per (sequence, KV head, query row).
 
@@ -388,6 +395,9 @@ def select_blocks(
         threshold pick serves the rows (``kernels.top_blocks.threshold_meta``); False, or rows
         it does not serve: the scores, then ``kernels.top_blocks`` (two launches). Both pick
         the same blocks.
+    pdl : bool
+        Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
+        capability 9.0 or later): the same blocks, one launch gap less.
 
     Returns
     -------
@@ -398,10 +408,13 @@ def select_blocks(
     if top_n < 1 or top_n >= 2**30:
         raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
     check_forced(num_sink, num_local, top_n)
+    if pdl:
+        check_pdl(q.device)
+    chain = LaunchChain(pdl)
     rows = q[:, :1] if first_token_only else q
     pick = threshold_meta(meta.num_blocks, top_n) if fused else None
     if pick is None:
-        scores = block_scores(rows, meta, prefix_lens, method=method)
+        scores = block_scores(rows, meta, prefix_lens, method=method, chain=chain)
         idx = top_blocks(
             scores,
             prefix_lens,
@@ -409,9 +422,11 @@ def select_blocks(
             top_n=top_n,
             num_sink=num_sink,
             num_local=num_local,
+            chain=chain,
         )
     else:
-        idx = _select_one_launch(rows, meta, prefix_lens, method, (num_sink, num_local), pick)
+        forced = (num_sink, num_local)
+        idx = _select_one_launch(rows, meta, prefix_lens, method, forced, pick, chain)
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()
     return idx
@@ -424,6 +439,7 @@ def _select_one_launch(
     method: str,
     forced: tuple[int, int],
     pick: dict,
+    chain: LaunchChain,
 ) -> torch.Tensor:
     """``select_kernel``: ``score_programs`` programs per (sequence, KV head) score, one per
     row picks (``pick``: the threshold pick's constexprs), on ``1 + 2 B Hkv`` arrival
@@ -452,6 +468,7 @@ def _select_one_launch(
         NUM_KV_HEADS=hkv,
         **launch.meta,
         **pick,
+        **chain.meta(),
         num_warps=max(launch.num_warps, pick_warps),
     )
     return out

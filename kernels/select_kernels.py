@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
+from ssvkit.kernels.pdl import pdl_gate
 from ssvkit.kernels.top_blocks import threshold_pick
 
 
@@ -106,9 +107,11 @@ def score_range(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Scores of blocks ``[pid_n * TILES * BLOCK_NB, (pid_n + 1) * TILES * BLOCK_NB)`` of KV head
-    ``h`` of sequence ``b`` for every query row; ``-inf`` past the prefix."""
+    ``h`` of sequence ``b`` for every query row; ``-inf`` past the prefix. ``PDL``: the
+    queries and the length load before ``pdl_gate``, the metadata after."""
     tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
     tl.static_assert(BLOCK_NB >= 16)
     offs_t = tl.arange(0, T_PAD)
@@ -130,6 +133,7 @@ def score_range(
     m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     o_base += offs_t[:, None].to(tl.int64) * stride_ot
+    pdl_gate(PDL)
 
     for i in tl.range(0, TILES, num_stages=3):
         offs_nb = (pid_n * TILES + i) * BLOCK_NB + tl.arange(0, BLOCK_NB)
@@ -176,6 +180,7 @@ def block_scores_kernel(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: ``score_range`` of each program."""
     score_range(
@@ -207,6 +212,7 @@ def block_scores_kernel(
         BLOCK_SIZE,
         QUEST,
         PRECISION,
+        PDL,
     )
 
 
@@ -251,6 +257,7 @@ def select_kernel(
     GROUPS: tl.constexpr,
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * (score_programs + t),)``: the scores and the top-n pick of every row
     in one launch.
@@ -261,7 +268,9 @@ def select_kernel(
     (``kernels.top_blocks.threshold_pick``, scores read from L2) once every score program of
     its pair has arrived, and counts itself out (counters ``1 + B * Hkv + pair``). A row's pick
     runs in one program, as in the two-launch path, so a pair's rows are picked side by side
-    (the pair's last score program alone would pick them one after another)."""
+    (the pair's last score program alone would pick them one after another). With ``PDL``
+    every program waits (``pdl_gate``) before its ticket."""
+    pdl_gate(PDL)
     num_pairs = tl.num_programs(0) // (score_programs + num_rows)
     arrive_ptr = counter_ptr + 1
     done_ptr = counter_ptr + 1 + num_pairs
@@ -298,6 +307,7 @@ def select_kernel(
             BLOCK_SIZE,
             QUEST,
             PRECISION,
+            False,
         )
         arrive(arrive_ptr + pair)
     else:
@@ -325,5 +335,6 @@ def select_kernel(
             TAIL_ROWS,
             CAP,
             ".cg",
+            False,
         )
         leave(arrive_ptr + pair, done_ptr + pair, num_rows)

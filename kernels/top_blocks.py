@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from ssvkit.kernels.checks import check_lens
 from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.pdl import LaunchChain, chain_for, pdl_gate
 
 # Larger than any block id: "no block" in the top-n selection.
 NO_BLOCK = tl.constexpr(2**30)
@@ -54,10 +55,12 @@ def top_blocks(
     top_n: int,
     num_sink: int = 1,
     num_local: int = 1,
+    chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """``[B, Hkv, t, NB_max]`` fp32 scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending,
     ``-1`` padded; ``prefix_lens`` ``[B]`` int32 sets each sequence's live blocks. Scores from
-    ``empty_scores`` are read in place; other layouts are copied first."""
+    ``empty_scores`` are read in place; other layouts are copied first. ``chain``: the calling
+    op's launches (``kernels.pdl``), of which this pick is the next."""
     if scores.dim() != 4 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be [B, Hkv, t, NB] float32, got {tuple(scores.shape)}")
     if top_n < 1 or top_n >= 2**30:
@@ -70,6 +73,7 @@ def top_blocks(
     if out.numel() == 0:
         return out
     rows = b * hkv * t
+    launch = chain_for(chain).meta()
     meta = threshold_meta(nb_max, top_n)
     if meta is not None:
         scratch = torch.empty((rows, meta["CAP"]), dtype=torch.int64, device=scores.device)
@@ -87,6 +91,7 @@ def top_blocks(
             BLOCK_SIZE=block_size,
             num_warps=threshold_warps(rows, meta["CHUNK"], scores.device),
             **meta,
+            **launch,
         )
     else:
         chunk, tail, num_chunks = _row_layout(nb_max)
@@ -107,6 +112,7 @@ def top_blocks(
             TAIL=tail,
             NUM_CHUNKS=num_chunks,
             num_warps=_warps(rows, chunk + tail, scores.device),
+            **launch,
         )
     return out
 
@@ -217,6 +223,7 @@ def topk_blocks_kernel(
     CHUNK: tl.constexpr,
     TAIL: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * t,)``: one row's ``TOP_N`` best blocks of its prefix's ``nb`` blocks,
     the first ``num_sink`` and last ``num_local`` forced, ascending, ``-1`` padded.
@@ -226,7 +233,7 @@ def topk_blocks_kernel(
     the largest key below the previous pick (one max-reduction), so ties resolve to the lower
     block and nothing is written between rounds; a row of at most ``CHUNK + TAIL`` blocks
     (``NUM_CHUNKS`` 1) stays in registers throughout, a longer one is walked in chunks up to
-    its prefix's last block."""
+    its prefix's last block. ``PDL``: the scores load after ``pdl_gate``."""
     r = tl.program_id(0)
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
@@ -236,6 +243,7 @@ def topk_blocks_kernel(
     slots = tl.arange(0, TOP_N_PAD)
     chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
     prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
+    pdl_gate(PDL)
     if NUM_CHUNKS == 1:
         keys = _block_keys(base, offs, nb, num_sink, num_local)
         if TAIL > 0:
@@ -305,6 +313,7 @@ def threshold_blocks_kernel(
     GROUPS: tl.constexpr,
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * t,)``: ``threshold_pick`` of row ``program_id``."""
     threshold_pick(
@@ -328,6 +337,7 @@ def threshold_blocks_kernel(
         TAIL_ROWS,
         CAP,
         "",
+        PDL,
     )
 
 
@@ -353,11 +363,12 @@ def threshold_pick(
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
     CACHE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Row ``r``'s pick, the same as ``topk_blocks_kernel``'s (the ``TOP_N`` largest keys of
     the row), with work linear in the row instead of ``TOP_N`` passes over it. ``CACHE``: the
     cache modifier of the score loads (``".cg"`` where other programs of the launch wrote
-    them).
+    them). ``PDL``: the scores load after ``pdl_gate``.
 
     Block ``j`` falls into group ``j % GROUPS`` (strided, so a run of neighbouring high scores
     spreads over groups). The ``TOP_N``-th largest group maximum ``tau`` bounds the answer from
@@ -377,6 +388,7 @@ def threshold_pick(
     base = score_ptr + r.to(tl.int64) * row_stride
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, CHUNK // GROUPS)[:, None] * GROUPS + g[None, :]  # [SPAN, GROUPS]
+    pdl_gate(PDL)
     v = _ordered_scores(base, j, nb, num_sink, num_local, CACHE)
     gv = tl.max(v, 0)
     # The tail joins the groups as a tile of at least two rows; its blocks past nb_max are

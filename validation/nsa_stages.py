@@ -5,9 +5,11 @@
 
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry (top_n
 16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused calls (merge
-separate and folded) and the unfused one against the fp32 reference (reuse with the reference's
-indices; a mismatch or NaN stops the run), then times with ``kernels.timing`` (CUDA graphs, L2
-flushed per sample, median):
+separate and folded, with and without PDL) and the unfused ones against the fp32 reference
+(reuse with the reference's indices), the calls with PDL against the calls without (bitwise,
+refresh and reuse), and select_blocks with and without PDL against its fp32 reference (a
+mismatch or NaN stops the run), then times with ``kernels.timing`` (CUDA graphs, L2 flushed per
+sample, median):
 
 - ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse`` with
   the union plan passed in, as the engine's reuse layers do) with the default config: the merge
@@ -15,6 +17,13 @@ flushed per sample, median):
 - ``*_folded``: the same calls with ``NsaVerifyConfig(merge="auto", pick="folded")``: the merge
   folded into the forward launch and the pick into the block scoring; the difference is what
   folding them saves (negative: the fold is slower);
+- ``*_pdl``: the whole calls with ``NsaVerifyConfig(pdl=True)``: every launch of a call after
+  its first a programmatic dependent of the one before (``kernels.pdl``); the difference is what
+  starting a launch while the one before drains saves; ``stage_refresh_select_pdl`` the
+  refresh path's steps (1)-(3) so, ``stage_fwd_all_pdl`` / ``stage_merge_pdl`` the two reuse
+  launches' PDL kernels launched on their own (what the wait and its prologue cost alone);
+- ``select`` / ``select_pdl``: ``kernels.select_blocks`` (block means, the case's top_n and
+  blocks, scoring and pick in two launches) without and with PDL;
 - ``reuse_last`` / ``reuse_parallel``: the reuse call with the merge folded each way
   (``merge="last"``: a row tile's last program merges it; ``"parallel"``: merge programs, one
   per draft row), which ``auto`` chooses between;
@@ -48,10 +57,12 @@ from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.kernels import nsa_selection as selection
 from ssvkit.kernels import nsa_steps as steps
 from ssvkit.kernels import nsa_verify as nv
+from ssvkit.kernels import select_blocks as sb
 from ssvkit.kernels import timing as tm
 from ssvkit.kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
+from ssvkit.validation.nsa_stages_table import print_pdl_table, print_table
 
 KW = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
 TIMING = tm.TimingConfig(warmup=3, graph_launches=10, graph_reps=8, max_total_s=0.3)
@@ -74,6 +85,18 @@ FOLDED = dataclasses.replace(DEFAULT_CONFIG, merge="auto", pick="folded")
 # The merge folded either way ``auto`` chooses between (kernels.nsa_steps.merge_layout).
 MERGE_LAST = dataclasses.replace(DEFAULT_CONFIG, merge="last")
 MERGE_PARALLEL = dataclasses.replace(DEFAULT_CONFIG, merge="parallel")
+# Every launch of a call after its first a programmatic dependent of the one before.
+PDL = dataclasses.replace(DEFAULT_CONFIG, pdl=True)
+# The whole calls timed with and without PDL: (function, reuse: with the set's indices).
+CALLS = {
+    "reuse": (nv.nsa_verify, True),
+    "reuse_unfused": (nv.nsa_verify_unfused, True),
+    "refresh": (nv.nsa_verify, False),
+    "refresh_unfused": (nv.nsa_verify_unfused, False),
+}
+# select_blocks' selections that must agree with its fp32 reference's (bf16 queries reorder
+# near-ties), as in the kernel sweep's check.
+SELECT_AGREEMENT = 0.97
 
 
 def input_sets(
@@ -118,7 +141,9 @@ def check(sets) -> None:
         ("fused, steps folded", nv.nsa_verify, FOLDED),
         ("fused, merge in the last program", nv.nsa_verify, MERGE_LAST),
         ("fused, merge programs", nv.nsa_verify, MERGE_PARALLEL),
+        ("fused, pdl", nv.nsa_verify, PDL),
         ("unfused", nv.nsa_verify_unfused, DEFAULT_CONFIG),
+        ("unfused, pdl", nv.nsa_verify_unfused, PDL),
     )
     with tm.poisoned_allocations():
         for name, fn, config in variants:
@@ -126,6 +151,48 @@ def check(sets) -> None:
             if torch.isnan(o).any():
                 raise SystemExit(f"nsa_verify {name}: NaN in the output")
             torch.testing.assert_close(o.float(), ro.float(), atol=3e-2, rtol=3e-2)
+        for name, (fn, reuse) in CALLS.items():
+            kw = dict(KW, block_idx=ridx.int() if reuse else None)
+            (o, idx), (o_pdl, idx_pdl) = (fn(*args, config=c, **kw) for c in (DEFAULT_CONFIG, PDL))
+            if not (torch.equal(o_pdl, o) and torch.equal(idx_pdl, idx)):
+                raise SystemExit(f"nsa_verify {name}: the call with pdl differs from the call")
+    check_select(sets)
+
+
+def select_metadata(sets) -> list[sb.BlockMetadata]:
+    """Each set's block means (the sets share their keys: a buffer each, read cold)."""
+    return [sb.BlockMetadata.build(a[1], a[3], KW["block_size"]) for a, _ in sets]
+
+
+def check_select(sets) -> None:
+    """select_blocks with and without PDL pick the same blocks, which agree with the fp32
+    reference's on at least ``SELECT_AGREEMENT`` of the picks."""
+    q, k, _, lens = sets[0][0][:4]
+    meta = select_metadata(sets[:1])[0]
+    with tm.poisoned_allocations():
+        idx, idx_pdl = (
+            sb.select_blocks(q, meta, lens, top_n=KW["top_n"], pdl=p) for p in (False, True)
+        )
+    if not torch.equal(idx_pdl, idx):
+        raise SystemExit("select_blocks: the call with pdl differs from the call")
+    ref = sb.reference_select_blocks(q, k, lens, KW["block_size"], top_n=KW["top_n"])
+    rows = zip(idx.flatten(0, 2).cpu().tolist(), ref.flatten(0, 2).cpu().tolist(), strict=True)
+    agree = sum(len(set(a) & set(b) - {-1}) for a, b in rows) / max(1, int((ref >= 0).sum()))
+    if agree < SELECT_AGREEMENT:
+        raise SystemExit(f"select_blocks: {agree:.3f} of the reference's blocks picked")
+
+
+def whole_call(sets, unions, name: str, config, i: int):
+    """Call ``name`` of ``CALLS`` on set ``i`` with ``config`` (the fused reuse call with the
+    set's union plan, as the engine's reuse layers)."""
+    fn, reuse = CALLS[name]
+    args, idx = sets[i]
+    kw = dict(KW, validate=False, config=config)
+    if reuse:
+        kw["block_idx"] = idx
+        if fn is nv.nsa_verify:
+            kw["union"] = unions[i]
+    return fn(*args, **kw)
 
 
 def calls(sets, plan, slots, rslots, unions, parts):
@@ -161,6 +228,8 @@ def calls(sets, plan, slots, rslots, unions, parts):
             validate=False,
             config=config,
         )
+    for name in CALLS:
+        out[f"{name}_pdl"] = functools.partial(whole_call, sets, unions, name, PDL)
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
     for name, sl in {**branch, "all": slots}.items():
         out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
@@ -188,6 +257,21 @@ def calls(sets, plan, slots, rslots, unions, parts):
     out["stage_select_folded"] = lambda i: selection.picked_blocks(
         plan, sets[i][0], parts[i], rslots[0], cscores[i]
     )
+    pdl_plan = dataclasses.replace(plan, pdl=True)
+    out["stage_refresh_select_pdl"] = lambda i: selection.refresh_indices(
+        pdl_plan, sets[i][0], parts[i], rslots
+    )
+    out["stage_fwd_all_pdl"] = lambda i: steps.launch_fwd(
+        pdl_plan, sets[i][0], unions[i], parts[i], slots=slots
+    )
+    out["stage_merge_pdl"] = lambda i: steps.launch_merge(
+        pdl_plan, sets[i][0], unions[i], parts[i], o, slots
+    )
+    metas = select_metadata(sets)
+    for name, on in (("select", False), ("select_pdl", True)):
+        out[name] = lambda i, on=on: sb.select_blocks(
+            sets[i][0][0], metas[i], sets[i][0][3], top_n=KW["top_n"], pdl=on
+        )
     return out
 
 
@@ -255,49 +339,6 @@ def measure(cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
     return rows, True
 
 
-COLUMNS = {
-    "reuse": "reuse",
-    "reuse_folded": "reuse_fold",
-    "reuse_last": "reuse_last",
-    "reuse_parallel": "reuse_par",
-    "reuse_unfused": "reuse_unf",
-    "refresh": "refresh",
-    "refresh_folded": "refr_fold",
-    "refresh_unfused": "refr_unf",
-    "stage_fwd_all": "fwd_all",
-    "stage_merge": "merge",
-    "stage_fwd_refresh_comp": "r_comp",
-    "stage_scores": "scores",
-    "stage_topk": "topk",
-    "stage_select_folded": "sel_fold",
-    "stage_union_plan": "union",
-}
-
-
-def print_table(rows: list[dict]) -> None:
-    """One line per case: the floor, the times (us), each call's ratio to the floor and what
-    folding the merge and the pick saved (negative: the fold is slower)."""
-    print(
-        f"{'case':>18s} {'floor':>7s}"
-        + "".join(f" {n:>9s}" for n in COLUMNS.values())
-        + "  reuse/floor  refresh/floor  fused/unfused  fold saves reuse, refresh (us)"
-    )
-    for r in rows:
-        ts = {k: v * 1e6 for k, v in r["times_s"].items()}
-        floor_us = r["floor_s"] * 1e6
-        case = f"b{r['batch']} t{r['num_query_tokens']} {r['context_len'] // K}K"
-        if r["capacity"] > r["context_len"] + r["num_query_tokens"]:
-            case += f"/{r['capacity'] // K}K"
-        print(
-            f"{case:>18s} {floor_us:7.1f}"
-            + "".join(f" {ts[c]:9.1f}" for c in COLUMNS)
-            + f"  {ts['reuse'] / floor_us:11.2f}  {ts['refresh'] / floor_us:13.2f}"
-            + f"  {ts['reuse_unfused'] / ts['reuse']:13.2f}"
-            + f"  {ts['reuse'] - ts['reuse_folded']:10.1f}, "
-            + f"{ts['refresh'] - ts['refresh_folded']:.1f}"
-        )
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the JSON document here")
@@ -332,6 +373,7 @@ def main(argv=None) -> int:
     if args.out:
         atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
+    print_pdl_table(rows)
     if not complete:
         left = f"{len(rows)} of {len(CASES)} cases"
         print(f"stopped by --stop-after after {left}: run again with --resume")

@@ -7,6 +7,10 @@ import json
 import torch
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.validation import nsa_stages as ns
+from ssvkit.validation import nsa_stages_table as nt
+
+# Every name the tables print.
+PRINTED = {*nt.COLUMNS, *nt.PDL_PAIRS, *(f"{n}_pdl" for n in nt.PDL_PAIRS)}
 
 
 def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
@@ -18,7 +22,7 @@ def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
     sets, plan, slots, rslots, unions, parts = ns.prepare(1, 4, 2048, 2052, num_sets=1)
     calls = ns.calls(sets, plan, slots, rslots, unions, parts)
     assert {"reuse", "refresh", "stage_scores", "stage_topk", "stage_merge"} <= set(calls)
-    assert set(ns.COLUMNS) <= set(calls)
+    assert PRINTED <= set(calls)
     for fn in calls.values():
         fn(0)
     o, idx = calls["refresh"](0)
@@ -26,11 +30,15 @@ def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
     o_sep, idx_sep = calls["refresh_folded"](0)
     assert torch.equal(idx, idx_sep)
     torch.testing.assert_close(o, o_sep, atol=1e-5, rtol=1e-5)
+    for name in ns.CALLS:  # the same arithmetic with and without PDL
+        for x, x_pdl in zip(calls[name](0), calls[f"{name}_pdl"](0), strict=True):
+            assert torch.equal(x, x_pdl)
+    assert torch.equal(calls["select"](0), calls["select_pdl"](0))
 
 
 def fake_case(bsz, t, ctx, capacity, copy_bps):
     """A row as ``run_case`` writes it, with made-up times."""
-    times = {name: 1e-5 * (i + 1) for i, name in enumerate(ns.COLUMNS)}
+    times = {name: 1e-5 * (i + 1) for i, name in enumerate(sorted(PRINTED))}
     return dict(
         batch=bsz,
         num_query_tokens=t,
@@ -64,3 +72,4 @@ def test_stop_after_and_resume_go_on_where_the_run_stopped(monkeypatch, tmp_path
     assert doc["complete"] is True and len(ran) == len(doc["rows"]) == len(ns.CASES)
     printed = capsys.readouterr().out
     assert "fold saves" in printed and "b1 t16 128K" in printed
+    assert "with PDL" in printed and "r_select" in printed
