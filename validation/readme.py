@@ -11,7 +11,8 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
   rows they were not derived from (``calibration.interval_coverage``);
 - ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
   quality per regime and adaptive gain per prompt set, with what the measurement resolves
-  (``validation.report.planner_section``, as the report derives it);
+  (``validation.report.planner_section``, as the report derives it); ``planner-b32``: the
+  evaluation at batch 32 on the H200 (``validation/data/planner-b32-h200.json``), the same way;
 - ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``).
 """
 
@@ -104,6 +105,15 @@ def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
     return rows
 
 
+def _measured_runs(doc: dict) -> str:
+    """What each measured strategy decodes: held-out code windows one at a time, or runs of a
+    batch of them (``validation.prompts``)."""
+    batch = int(doc.get("batch", 1))
+    if batch == 1:
+        return f"{doc['measure_texts']} held-out code windows"
+    return f"{doc['measure_texts']} runs of {batch} sequences on held-out code windows"
+
+
 def planner_block(path: Path | None = None) -> str:
     """The planner evaluation's figures as markdown (tables, targets, provenance)."""
     path = path or record_path("planner.json")
@@ -113,8 +123,8 @@ def planner_block(path: Path | None = None) -> str:
     lines = [
         f"Evaluation `{project_label(path)}` "
         f"(commit {str(prov.get('git_commit'))[:7]}, {str(prov.get('timestamp'))[:10]}, "
-        f"{prov.get('device_name')}): the trained tiny pair, {doc['measure_texts']} held-out "
-        f"code windows per measured strategy, {doc['repeats']} seeds per prompt set.",
+        f"{prov.get('device_name')}): the trained tiny pair, {_measured_runs(doc)} per "
+        f"measured strategy, {doc['repeats']} seeds per prompt set.",
         "",
         "| regime | context | strategies measured | Kendall tau | regret | measured pair s.e. |",
         "|---|---|---|---|---|---|",
@@ -160,6 +170,7 @@ BLOCKS = {
     "transfer": transfer_block,
     "intervals": intervals_block,
     "planner": planner_block,
+    "planner-b32": lambda: planner_block(record_path("planner-b32-h200.json")),
     "papers": papers_block,
 }
 
