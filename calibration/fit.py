@@ -21,9 +21,10 @@ bounded to [1, 4]), for repair the share h alone, for GEMMs, repair, the KV writ
 the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
 ``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
 ``perfmodel.torch_plan``; the vocabulary a sampling row walks), for NSA verification the
-latency t_s of a merge step (the serial walk over split partials) and t_r of a row-tile row
-(``perfmodel.nsa_plan``), and for block selection the rates t_x of its top-n stage's counts
-(``perfmodel.torch_plan``).
+latency t_s of a merge step (the serial walk over split partials), for NSA and dense
+verification t_r of a row-tile row (``perfmodel.nsa_plan``, ``perfmodel.attention_work``), and
+for block selection the rates t_x of its top-n stage's counts (``perfmodel.torch_plan``). Dense
+verification's FLOPs are its kernel's padded row tiles' (``features``).
 Deterministic (no random starts).
 """
 
@@ -38,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 from ssvkit.calibration import ceilings
+from ssvkit.perfmodel.attention_work import dense_verify_tiles
 from ssvkit.perfmodel.calibrated import PROFILE_VERSION, ClassFit
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
@@ -132,14 +134,27 @@ def features(row: dict) -> tuple[float, float, float | None]:
     """(requested bytes, FLOPs, deduplicated bytes or None) of one call.
 
     Sparse verification rows carry the measured ``global_unique_bytes`` of their selections;
-    repair rows get the expected distinct bytes of their uniform random selections."""
+    repair rows get the expected distinct bytes of their uniform random selections. Dense
+    verification's FLOPs are those of the row tiles its kernel runs, padding included
+    (``dense_tiles``), as the step model counts them."""
     p = row["params"]
-    dedup = None
+    dedup, flops = None, float(row["flops"])
     if row["op"] in DEDUP_OPS:
         dedup = p.get("global_unique_bytes")
     elif row["op"] == "repair":
         dedup = repair_dedup_bytes(p, float(row["unique_bytes"]))
-    return float(row["unique_bytes"]), float(row["flops"]), dedup
+    elif row["op"] == "dense_verify":
+        flops *= dense_tiles(row)[0]
+    return float(row["unique_bytes"]), flops, dedup
+
+
+def dense_tiles(row: dict) -> tuple[float, float]:
+    """``perfmodel.attention_work.dense_verify_tiles`` of a dense verification row: the padded
+    rows' share of its row tiles' FLOPs and the tile's cost in ``mma.sync`` rows."""
+    p = row["params"]
+    return dense_verify_tiles(
+        p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"], p["head_dim"]
+    )
 
 
 def depth(row: dict, gpu: GpuSpec) -> float:
@@ -198,7 +213,10 @@ def serial_steps(row: dict, num_sms: int) -> float:
 def tile_rows(row: dict) -> float:
     """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
     rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
-    call (``perfmodel.calibrated``'s t_r term); 0 for the other ops."""
+    or a dense verification call (``perfmodel.calibrated``'s t_r term; ``dense_tiles``); 0 for
+    the other ops."""
+    if row["op"] == "dense_verify":
+        return dense_tiles(row)[1]
     if row["op"] != "nsa_verify":
         return 0.0
     p = row["params"]

@@ -4,6 +4,11 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
 - **Lines** (``LINES``): the full grid at Llama-3.1-8B attention (``FULL_SWEEP``), with every
   group size 1-8 and without torch SDPA. Their rows keep the keys the committed rows have, so a
   GPU's committed rows are not measured again.
+- **Wave lines** (``WAVE_LINES``): dense verification at Llama-3.1-8B attention across the
+  wave boundary of 132 SMs, where its 128-row tiles (t > 16 at G = 4) run one program an SM:
+  batch 16 fills 128 SMs, 17-30 add a partial second wave (1.03-1.82 waves), at t = 16 (64-row
+  tiles), 17 and 32. The rows tell how a partial wave's programs run, which the dense class
+  does not yet price (``perfmodel.attention_work.dense_verify_tiles``).
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally often
   (a Latin hypercube on a lattice of levels, one seeded permutation per axis): head geometry
   (``GEOMETRIES``: GQA 4, 5, 8 and 16, head dims 64 and 128), draft rows t up to 64, batch 1-64,
@@ -44,6 +49,7 @@ SELECT_CONTEXTS = (16 * K, 32 * K, 48 * K, 64 * K, 128 * K)
 OVERLAPS = (0.5, 0.6, 0.7, 0.8, 0.9)
 TOP_NS = (16, 32, 64)
 FRACTION_PAIRS = ((0.05, 0.3), (0.1, 0.4), (0.2, 0.5))
+WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
 # The largest KV cache (tokens x KV heads) a point may allocate: 64 sequences of 128K at 8 KV
 # heads, 34 GB of bf16 K and V at d = 128.
 MAX_CACHE_TOKENS = 64 * 128 * K * 8
@@ -133,9 +139,11 @@ def _point(step: str, pt: dict, t: int, b: int, ctx: int) -> KernelConfig:
 
 
 def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[KernelConfig]:
-    """The lines, then the points, of ``steps``; a point whose rows the lines already time is
-    dropped."""
+    """The lines (with the wave lines when dense verification is a step), then the points, of
+    ``steps``; a point whose rows the lines already time is dropped."""
     configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
+    if "dense" in steps:
+        configs += wave_configs()
     seen = {_identity(c) for c in configs}
     for step in steps:
         for cfg in point_configs(step, seed):
@@ -143,6 +151,25 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
                 seen.add(_identity(cfg))
                 configs.append(cfg)
     return configs
+
+
+def wave_configs() -> list[KernelConfig]:
+    """The dense configs of ``WAVE_LINES`` that the lines do not time already."""
+    w = WAVE_LINES
+    lines = {
+        (b, t, ctx)
+        for b in LINES.dense_batches
+        for t in LINES.dense_tokens
+        for ctx in LINES.dense_contexts
+    }
+    with ki.geometry("llama-3.1-8b"):
+        return [
+            kg.dense_config(ctx, t, b, sdpa=False)
+            for b in w["batch"]
+            for ctx in w["ctx"]
+            for t in w["t"]
+            if (b, t, ctx) not in lines
+        ]
 
 
 def _identity(cfg: KernelConfig) -> tuple:

@@ -1,12 +1,13 @@
 """Launch plans of the dense and sparse verification kernels, without torch: the one source of
 the arithmetic their wrappers launch with (``kernels.dense_verify``, ``kernels.sparse_launch``)
-and the physical cost model prices (``perfmodel.attention_work``), so the two cannot drift.
+and the cost models price (``perfmodel.attention_work``), so the two cannot drift.
 
-Every function takes the GPU's SM count as an argument; the kernel wrappers pass the device's.
+Every function whose answer depends on the GPU takes its SM count as an argument; the kernel
+wrappers pass the device's.
 
 - dense: ``G = Hq / Hkv`` query heads x ``t`` draft rows packed into MMA rows, ``BLOCK_M`` of
-  them a program (``dense_verify_plan``), the KV prefix cut into ``num_splits`` chunks chosen by
-  flash-attention 2's wave-efficiency heuristic (``choose_dense_splits``);
+  them a program (``dense_row_tiles``), the KV prefix cut into ``num_splits`` chunks chosen by
+  flash-attention 2's wave-efficiency heuristic (``choose_dense_splits``): ``dense_verify_plan``;
 - sparse: a group of C queries x G heads packed into ``M_PAD`` rows a program, its block list
   cut into ``num_splits`` lists by wave balance (``choose_sparse_splits``), pipeline depth and
   warps by tile size (``sparse_tile_shape``).
@@ -104,6 +105,22 @@ class DenseVerifyPlan:
     num_stages: int = field(metadata={"help": "pipeline depth of the KV loads"})
 
 
+def dense_row_tiles(
+    t: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
+) -> tuple[int, int]:
+    """(``BLOCK_M``, row tiles) of a KV head's ``t x G`` packed rows: the smallest power of two
+    of at least 16 rows that holds them, at most ``max_block_m`` (64 for D > 128)."""
+    rows = num_q_heads // num_kv_heads * t
+    # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
+    cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)
+    block_m = min(max(16, next_pow2(rows)), cap)
+    return block_m, cdiv(rows, block_m)
+
+
 def dense_verify_plan(
     bsz: int,
     t: int,
@@ -117,11 +134,7 @@ def dense_verify_plan(
 ) -> DenseVerifyPlan:
     """Tile sizes, warps and split count of a call on a GPU of ``num_sms`` SMs; ``T_max``
     bounds the sequence length so no length is read on the host."""
-    rows = num_q_heads // num_kv_heads * t
-    # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
-    cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)
-    block_m = min(max(16, next_pow2(rows)), cap)
-    num_m_tiles = cdiv(rows, block_m)
+    block_m, num_m_tiles = dense_row_tiles(t, num_q_heads, num_kv_heads, head_dim, config)
     large = block_m > 64
     if num_splits is None:
         per_sm = config.ctas_per_sm_large if large else config.ctas_per_sm

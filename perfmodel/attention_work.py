@@ -21,6 +21,9 @@ A call's ``AttentionWork`` counts what the GPU executes, not what the algorithm 
 
 - ``plan_compares``: a union call's plan kernel compares block ids before the attention runs.
 
+``dense_verify_tiles`` gives the calibrated model's view of a dense call's row tiles: the
+share of padded rows in its MMA work and the tile's cost in ``mma.sync`` rows.
+
 It ignores the masked tail's extra passes and the spread of union sizes across groups (every
 group streams the mean).
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_DENSE_CONFIG,
     DEFAULT_SPARSE_CONFIG,
@@ -36,6 +40,7 @@ from ssvkit.perfmodel.attention_plan import (
     SparseVerifyConfig,
     cdiv,
     choose_sparse_splits,
+    dense_row_tiles,
     dense_verify_plan,
     sparse_tile_shape,
 )
@@ -123,6 +128,47 @@ def dense_verify_work(
         launches=float(1 + (s > 1)),
         num_splits=float(s),
     )
+
+
+def dense_verify_tiles(
+    t: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
+) -> tuple[float, float]:
+    """``(mma_factor, row_cost)`` of a ``dense_verify`` call's row tiles, from the tile the
+    wrapper's launch plan picks for its ``t x G`` packed rows (``G = Hq / Hkv``;
+    ``attention_plan.dense_row_tiles``):
+
+    - ``mma_factor``: the rows the tiles compute over the rows that hold a query: a KV head's
+      rows run in ``num_m_tiles`` tiles of ``BLOCK_M`` rows, and a tile computes all of them;
+      at ``G = 4``, t = 17 packs 68 rows into one 128-row tile (128 / 68), t = 16 packs 64
+      rows into a 64-row tile (1);
+    - ``row_cost``: a program's row tile in ``mma.sync`` rows (``row_cost``: a ``wgmma``
+      tile's rows count half), the rows every program loads, computes and writes.
+    """
+    block_m, num_m_tiles = dense_row_tiles(t, num_q_heads, num_kv_heads, head_dim, config)
+    return num_m_tiles * block_m / (num_q_heads // num_kv_heads * t), row_cost(block_m)
+
+
+def dense_tile_costs(t, num_q_heads, num_kv_heads, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``dense_verify_tiles`` at every point of broadcastable arrays of rows and heads, as two
+    arrays (rows rounded up to whole rows; a point without rows: factor 1, row cost 0),
+    evaluated once per distinct point."""
+    args = np.broadcast_arrays(
+        *(np.asarray(x, dtype=float) for x in (t, num_q_heads, num_kv_heads))
+    )
+    flat = np.ceil(np.stack([a.ravel() for a in args], axis=1))
+    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
+    out = np.array(
+        [
+            dense_verify_tiles(int(r), int(hq), int(hkv), head_dim) if r >= 1 else (1.0, 0.0)
+            for r, hq, hkv in distinct
+        ]
+    ).reshape(-1, 2)
+    shape = args[0].shape
+    return out[inverse.ravel(), 0].reshape(shape), out[inverse.ravel(), 1].reshape(shape)
 
 
 def fill_sparse_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int) -> int:

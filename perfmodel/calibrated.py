@@ -24,9 +24,12 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)
   runs faster than t = 12 (one tile, 64 splits) although it does more work;
 - ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
-  NSA verification only: every program computes, loads and writes ``BLOCK_M`` rows whatever
-  the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 with t (``perfmodel.nsa_plan``); R counts
-  ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``);
+  NSA and dense verification: every program computes, loads and writes ``BLOCK_M`` rows
+  whatever the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 (/ 128 dense) with t
+  (``perfmodel.nsa_plan``, ``perfmodel.attention_work.dense_verify_tiles``); R counts
+  ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``). Dense
+  verification's FLOPs are its padded tiles' too: at 32 q / 8 KV heads, t = 17 runs the
+  128-row tile of t = 32 (H200, batch 16, 32K: 495 us at t = 16, 665 us at t = 32);
 - ``t_x,i * X_i``: the stages a call runs after its streaming part that neither stream bytes nor
   walk one chain, one fitted rate per count X_i, fitted for block selection only: its top-n
   stage (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``) scans the R x NB

@@ -14,6 +14,7 @@ tokens (independent uniform routing), each touched expert's weights read once.
 from __future__ import annotations
 
 import numpy as np
+from ssvkit.perfmodel.attention_work import dense_tile_costs
 from ssvkit.perfmodel.columns import Columns
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.predictor import Op
@@ -236,16 +237,20 @@ def dense_attention(
     acc: OpSum, model: ModelSpec, c: Columns, rows, kv_tokens, layers, prefix: str
 ) -> None:
     """Dense attention of ``rows`` query rows per sequence over ``kv_tokens`` cached tokens
-    (prefix plus draft tail): KV read once per KV head (GQA rows packed), split-KV + merge."""
+    (prefix plus draft tail): KV read once per KV head (GQA rows packed), split-KV + merge.
+    Its FLOPs are those of the row tiles the kernel runs, and its row tile is the kernel's
+    (``attention_work.dense_verify_tiles``)."""
     hq, hkv = local_heads(model, c.tp)
     b = c.batch
     qo = 2 * b * rows * hq * model.head_dim * ACT_BYTES + b * rows * hq * F32
+    padded, row_cost = dense_tile_costs(rows, hq, hkv, model.head_dim)
     op = Op(
         "attention",
-        b * rows * kv_tokens * attn_flops_per_row_token(model, hq),
+        b * rows * kv_tokens * attn_flops_per_row_token(model, hq) * padded,
         b * kv_tokens * kv_token_bytes(model, hkv, c.kv_bytes) + qo,
         2.0 * np.ones_like(rows),
         kernel="dense_verify",
         calls=np.ones_like(rows),  # split-KV kernel + merge: one dense_verify call
+        tile_rows=row_cost * np.ones_like(rows),
     )
     acc.add(prefix + "attention", op.scaled(layers))

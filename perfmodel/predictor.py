@@ -41,8 +41,9 @@ class Op:
     a GEMM), whose latency a small call cannot hide; ``serial_steps`` sums each call's dependent
     steps that run after its parallel part (the partial slots an NSA split's merge walks one by
     one, ``perfmodel.nsa_plan``), whose latency adds to the call's time; ``tile_rows`` sums each
-    call's MMA rows per program, padded to the kernel's row tile (an NSA call's ``BLOCK_M``,
-    in ``mma.sync`` rows: ``perfmodel.nsa_plan.mma_row_cost``);
+    call's MMA rows per program, padded to the kernel's row tile (an NSA or dense verification
+    call's ``BLOCK_M``, in ``mma.sync`` rows: ``perfmodel.nsa_plan.mma_row_cost``,
+    ``perfmodel.attention_work.dense_verify_tiles``);
     ``stage_counts`` sums each call's counts of the units its extra stages work through, one
     array per count (block selection's top-n stage, ``perfmodel.torch_plan.topn_counts``).
     """

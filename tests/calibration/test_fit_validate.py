@@ -65,7 +65,8 @@ def test_heldout_rule_holds_out_whole_values(rows):
 def test_nsa_rows_carry_their_launch_plan(rows):
     """The NSA rows' merge steps and row tile come from the wrapper's plan on 132 SMs (8 q / 2
     KV heads: t = 12 is one tile of 64 rows split 64 ways, t = 17 two tiles split 33 ways);
-    other ops have none, and the fitted NSA classes price both terms."""
+    dense verification rows carry their kernel's row tile, other ops neither; the fitted NSA
+    classes price both terms, the dense class its row tile."""
     tiny = {
         (r["params"]["num_query_tokens"], r["params"]["impl"], r["params"]["mode"]): r
         for r in rows
@@ -84,10 +85,19 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     ]
     gemm = next(r for r in rows if r["op"] == "gemm")
     assert serial_steps(gemm, 132) == 0 == tile_rows(gemm)
+    # 32 q / 8 KV heads: t = 16 fills a 64-row wgmma tile, t = 17 and t = 32 a 128-row one
+    dense = {
+        r["params"]["num_query_tokens"]: r
+        for r in rows
+        if r["op"] == "dense_verify" and r["params"]["num_q_heads"] == 32
+    }
+    assert [tile_rows(dense[t]) for t in (1, 8, 16, 32)] == [16, 32, 32, 64]
+    assert serial_steps(dense[16], 132) == 0
     committed = json.loads(PROFILE.read_text())["classes"]
     for name, cls in committed.items():
-        has = name.startswith("nsa_verify/")
-        assert (cls["fit"]["t_step_s"] > 0) == has and (cls["fit"]["t_row_s"] > 0) == has, name
+        nsa = name.startswith("nsa_verify/")
+        assert (cls["fit"]["t_step_s"] > 0) == nsa, name
+        assert (cls["fit"]["t_row_s"] > 0) == (nsa or name == "dense_verify"), name
 
 
 def test_repair_rows_carry_their_chain(rows):

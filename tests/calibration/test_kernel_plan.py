@@ -15,6 +15,7 @@ from ssvkit.calibration.kernel_grid import KernelConfig, sparse_config, sweep_co
 from ssvkit.calibration.kernel_plan import STEP_ORDER, compile_keys, config_cost, plan_shards
 from ssvkit.calibration.runner import done_keys, read_rows
 from ssvkit.calibration.shards import Shard, assign
+from ssvkit.perfmodel.attention_plan import dense_verify_plan
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.rows import row_key
 
@@ -98,6 +99,21 @@ def test_the_design_covers_the_transfer_sets_axes(design):
         assert len(geoms_at_c) >= 2, c
     lines = [c for c in by_step["sparse"] if c.geometry == "llama-3.1-8b"]
     assert {v.params["group_size"] for c in lines for v in c.variants} >= set(range(1, 9))
+
+
+def test_the_design_times_dense_grids_between_one_and_two_waves(design):
+    """At Llama-3.1-8B attention, 128-row dense tiles (t = 17 and 32) at grids that fill one
+    wave of the H200's SMs and at several partial second waves."""
+    waves = set()
+    for c in design:
+        p = c.common
+        if c.step != "dense" or c.geometry != "llama-3.1-8b" or p["num_query_tokens"] < 17:
+            continue
+        t, b = p["num_query_tokens"], p["batch"]
+        plan = dense_verify_plan(b, t, 32, 8, 128, p["context_len"] + t, GPU.num_sms)
+        if plan.block_m == 128 and plan.num_splits == 1:
+            waves.add(round(plan.num_m_tiles * b * 8 / GPU.num_sms, 2))
+    assert {0.97, 1.03, 1.21, 1.45, 1.82} <= waves
 
 
 def test_compile_keys_follow_the_kernels_specialisations():

@@ -1,8 +1,14 @@
 """The work description of dense and sparse verification calls, from the kernels' own plan."""
 
+import numpy as np
 import pytest
-from ssvkit.perfmodel.attention_plan import dense_verify_plan
-from ssvkit.perfmodel.attention_work import dense_verify_work, sparse_verify_work
+from ssvkit.perfmodel.attention_plan import dense_row_tiles, dense_verify_plan
+from ssvkit.perfmodel.attention_work import (
+    dense_tile_costs,
+    dense_verify_tiles,
+    dense_verify_work,
+    sparse_verify_work,
+)
 from ssvkit.perfmodel.physical import PhysicalFit
 
 SMEM = 228 * 1024
@@ -34,6 +40,40 @@ def test_dense_row_tiles_reread_kv():
     assert w.rows_pad == 128 and w.row_cost == 64
     qo = 2 * 16 * 64 * 32 * 128 * 2
     assert w.requested_bytes - qo == pytest.approx(2 * (w.unique_bytes - qo))
+
+
+def test_dense_tiles_follow_the_row_tiles():
+    # 32 q / 8 KV heads, G = 4: t = 16 packs 64 rows into a 64-row (wgmma) tile
+    assert dense_verify_tiles(16, 32, 8, 128) == (1.0, 32)
+    # t = 17: 68 rows run in one 128-row tile, as t = 32 does
+    assert dense_verify_tiles(17, 32, 8, 128) == (pytest.approx(128 / 68), 64)
+    assert dense_verify_tiles(32, 32, 8, 128) == (1.0, 64)
+    # t = 1: 4 rows in a 16-row mma.sync tile; t = 8: 32 rows, no padding
+    assert dense_verify_tiles(1, 32, 8, 128) == (4.0, 16)
+    assert dense_verify_tiles(8, 32, 8, 128) == (1.0, 32)
+    # t = 64: 256 rows in two 128-row tiles; at D = 256 tiles stop at 64 rows (four of them)
+    assert dense_verify_tiles(64, 32, 8, 128) == (1.0, 64)
+    assert dense_verify_tiles(17, 32, 8, 256) == (pytest.approx(128 / 68), 32)
+
+
+def test_dense_tile_costs_vectorised_like_the_scalar():
+    rows = np.array([16.0, 17.0, 1.0, 0.0, 4.5])  # a fractional row count rounds up
+    factor, cost = dense_tile_costs(rows, 32, np.array([8, 8, 8, 8, 2]), 128)
+    want = [
+        dense_verify_tiles(16, 32, 8, 128),
+        dense_verify_tiles(17, 32, 8, 128),
+        dense_verify_tiles(1, 32, 8, 128),
+        (1.0, 0.0),  # no rows: nothing to price
+        dense_verify_tiles(5, 32, 2, 128),
+    ]
+    assert factor.tolist() == pytest.approx([w[0] for w in want])
+    assert cost.tolist() == [w[1] for w in want]
+
+
+def test_dense_plan_uses_the_row_tiles():
+    for t in (1, 5, 16, 17, 33, 64):
+        plan = dense_verify_plan(4, t, 32, 8, 128, 8192 + t, 132)
+        assert (plan.block_m, plan.num_m_tiles) == dense_row_tiles(t, 32, 8, 128)
 
 
 def test_sparse_work_by_hand():

@@ -43,7 +43,8 @@ def test_ar_step_hand_computed():
     kv = 1001 * 2 * 2 * 16 * 2  # T + 1 tokens, K and V, 2 KV heads, d_h 16, bf16
     qo = 2 * 4 * 16 * 2 + 4 * 4
     assert attn.bytes[0] == 2 * (kv + qo)
-    assert attn.flops[0] == 2 * 1001 * 4 * 4 * 16
+    # the G x t = 2 packed rows of a KV head run in a 16-row tile: 8x the rows' FLOPs
+    assert attn.flops[0] == 2 * 1001 * 4 * 4 * 16 * 8
     assert p.op_seconds["verify.attention"][0] == pytest.approx(2 * (kv + qo) / 1e12 + 4e-6)
     assert p.tokens_per_s[0] == pytest.approx(1 / p.round_s[0])
     assert p.draft_s[0] == 0
@@ -227,6 +228,18 @@ def test_dense_attention_grows_with_context_and_tp_splits_weights():
     _, p1 = run(m, [(Strategy.from_name("ar_dense"), Workload(tp=1))])
     assert p2.ops["verify.ffn_down"].bytes[0] < 0.51 * p1.ops["verify.ffn_down"].bytes[0]
     assert p2.op_seconds["verify.allreduce"][0] > 0 == p1.op_seconds["verify.allreduce"][0]
+
+
+def test_dense_verify_attention_follows_the_kernels_row_tiles():
+    # Llama-3.1-8B (G = 4) at batch 16: 16 draft nodes verify t = 17 rows, 68 packed rows a KV
+    # head, which run in the 128-row tile of t = 32; t = 16 packs 64 rows into a 64-row tile.
+    m = get_model("llama-3.1-8b")
+    w = Workload(context_len=32768, batch=16)
+    pts = [(Strategy.from_name("sd_dense", tree=f"chain:{k}"), w) for k in (15, 16, 31)]
+    _, p = run(m, pts)
+    flops = p.ops["verify.attention"].flops
+    assert flops[1] == pytest.approx(flops[2] * (32768 + 17) / (32768 + 32))
+    assert flops[1] > 1.8 * flops[0]
 
 
 def test_moe_touches_k_experts_for_one_token():
