@@ -1,7 +1,8 @@
 """Fit the calibrated model (``perfmodel.calibrated``) per op class on the committed rows, and
 measure its error on rows the fit never saw.
 
-Op classes: the op name, refined by ``mode`` (sparse modes, NSA refresh/reuse, repair),
+Op classes: the op name (the fused element-wise kernels' rows are named as
+``perfmodel.ops.FUSED_CLASSES``), refined by ``mode`` (sparse modes, NSA refresh/reuse, repair),
 ``impl`` (NSA fused/unfused), NSA's one-row tiles (``/per_query``, rows timed with
 ``rows_per_tile`` 1), ``method`` (block-score metadata) and select_blocks' two-launch
 baseline (``/two_launch``). Only CUDA-graph rows are fitted: the decode loop runs under graphs;
@@ -92,8 +93,9 @@ def _op_class(row: dict) -> str:
     if op == "select_blocks":  # the two-launch baseline (``impl``) is a class of its own
         return f"{op}/{p['method']}" + ("/two_launch" if p.get("impl") == "two_launch" else "")
     # Row-wise reductions: their time is set by the row length (one program walks a row), not
-    # by the total bytes, so each hidden width / vocabulary is a class of its own.
-    if op == "rmsnorm":
+    # by the total bytes, so each hidden width / vocabulary is a class of its own; the fused
+    # norm too (one program a row; rows wider than its register tile take two passes).
+    if op in ("rmsnorm", "add_rms_norm"):
         return f"{op}/d{p['d']}"
     # Ops whose single-row call takes another torch path than several rows (a contiguous
     # chunk; an indexed store of one entry; rotary, whose q slice of one row is already

@@ -50,9 +50,17 @@ A class the profile has no rows of may be priced by a *stand-in*, a measured cla
 that does the same work another way (``STAND_INS``): the call keeps its own counts (bytes, FLOPs,
 launch geometry), only the fitted rates are the stand-in's, and every figure priced so is
 labelled ``stand-in`` (``CalibratedPredictor.stood_in``); its interval takes the stand-in's
-leave-one-out residuals too, as an extrapolation's does (``perfmodel.intervals``). The NSA
-kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per row tile)
-stands in with the packed class of its call until a profile has per-query rows.
+leave-one-out residuals too, as an extrapolation's does (``perfmodel.intervals``). Two rules:
+
+- the NSA kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per row
+  tile) stands in with the packed class of its call until a profile has per-query rows;
+- the fused path's element-wise ops (``perfmodel.ops.FUSED_CLASSES``: ``add_rms_norm/d{d}``,
+  ``rope_kv_write``, ``silu_mul_fused``, ``embed``), while a profile has no class of their
+  family, stand in with ``residual_add`` (``ONE_LAUNCH_STAND_IN``): the one class of a single
+  element-wise launch that streams its rows once, fitted over the same row counts and widths
+  (t0 is its launch and ramp, its efficiencies the streaming of a few kilobytes to tens of
+  megabytes), while the torch path's other classes time several launches a call (a norm, SiLU
+  and multiply, rotary with its copies). Each fused op keeps its own bytes.
 
 Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
 efficiency. It ignores contention between concurrent kernels and clock variation.
@@ -86,20 +94,25 @@ from ssvkit.perfmodel import hardware
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu, gpu_names
 from ssvkit.perfmodel.intervals import IntervalSource, IntervalTable, kernel_family
 from ssvkit.perfmodel.nsa_plan import PER_QUERY
+from ssvkit.perfmodel.ops import FUSED_CLASSES
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 
 PROFILE_VERSION = 1
 # Suffix of a class whose rates, while a profile has no rows of it, are those of the class
 # without it (the module docstring).
 STAND_INS = ("/" + PER_QUERY,)
+# The class that prices a fused element-wise op while the profile has none of its family.
+ONE_LAUNCH_STAND_IN = "residual_add"
 
 
 def stand_in(kernel: str) -> str | None:
-    """The class that prices ``kernel`` when the profile has no class of it (``STAND_INS``);
-    None when none may."""
+    """The class that prices ``kernel`` when the profile has no class of it (the module
+    docstring's rules); None when none may."""
     for suffix in STAND_INS:
         if kernel.startswith("nsa_verify/") and kernel.endswith(suffix):
             return kernel.removesuffix(suffix)
+    if kernel.split("/")[0] in FUSED_CLASSES:
+        return ONE_LAUNCH_STAND_IN
     return None
 
 
@@ -368,30 +381,41 @@ class CalibratedPredictor(RooflinePredictor):
     def _resolve(self, kernel: str | None) -> tuple[ClassFit | None, bool]:
         """The class for ``kernel``; a per-size class family (``rmsnorm/d4096``) falls back to
         its nearest measured size, flagged as an extrapolation; an L2-resident kernel
-        (``gemm@l2``) without a resident class falls back to the cold one."""
+        (``gemm@l2``) without a resident class falls back to the cold one; a kernel of no
+        measured class (nor size of its family) to its stand-in (``stand_in``), resident when
+        the kernel is and the profile has it."""
         if not kernel:
             return None, False
-        if kernel.endswith(RESIDENT_SUFFIX):
+        asked, resident = kernel, kernel.endswith(RESIDENT_SUFFIX)
+        if resident:
             if kernel in self.profile.classes:
                 return self.profile.classes[kernel], False
             kernel = kernel.removesuffix(RESIDENT_SUFFIX)  # not timed resident: the cold class
         if kernel in self.profile.classes:
             return self.profile.classes[kernel], False
-        if stand_in(kernel) in self.profile.classes:
-            self.stand_ins[kernel] = stand_in(kernel)
-            return self.profile.classes[stand_in(kernel)], False
+        nearest = self._nearest_size(kernel)
+        if nearest is not None:
+            return self.profile.classes[nearest], True
+        sub = stand_in(kernel)
+        for name in (sub + RESIDENT_SUFFIX if resident and sub else None, sub):
+            if name in self.profile.classes:
+                self.stand_ins[asked] = name
+                return self.profile.classes[name], False
+        return None, False
+
+    def _nearest_size(self, kernel: str) -> str | None:
+        """The measured class of ``kernel``'s per-size family (``rmsnorm/d4096``) nearest in
+        size; None when it has no size or its family no class."""
         family, _, size = kernel.rpartition("/")
         digits = size.lstrip("dv")
         if not family or not digits.isdigit():
-            return None, False
+            return None
         cands = [
             (abs(int(k.rpartition("/")[2].lstrip("dv")) - int(digits)), k)
             for k in self.profile.classes
             if k.rpartition("/")[0] == family and k.rpartition("/")[2].lstrip("dv").isdigit()
         ]
-        if not cands:
-            return None, False
-        return self.profile.classes[min(cands)[1]], True
+        return min(cands)[1] if cands else None
 
     @property
     def interval_source(self) -> IntervalSource | None:

@@ -19,6 +19,7 @@ from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
     check_feasible,
+    fused_elementwise,
     parse_tree,
     tree_expected_tokens,
 )
@@ -54,6 +55,7 @@ class Columns:
     refresh_frac: np.ndarray  # share of layers that refresh (run selection)
     fused: np.ndarray  # 1 = refresh_reuse kernels
     nsa_rows_per_tile: np.ndarray  # NSA draft rows per row tile (Strategy.nsa_rows_per_tile)
+    fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
 
     def __len__(self) -> int:
         return len(self.context_len)
@@ -105,6 +107,7 @@ def build_columns(model: ModelSpec, points: list[tuple[Strategy, Workload]]) -> 
                 "kv_bytes": w.kv_bytes,
                 "num_draft": k,
                 "expected_tokens": e,
+                "fused_elementwise": fused_elementwise(w.elementwise),
                 **_strategy_columns(s, model.num_layers),
             }
         )
@@ -125,15 +128,18 @@ def _assemble(rows: list[dict], levels: list[list[int]]) -> Columns:
     return Columns(level_sizes=lv, **cols)
 
 
-def product_columns(model: ModelSpec, strategies: list[Strategy], **axes) -> Columns:
+def product_columns(
+    model: ModelSpec, strategies: list[Strategy], *, elementwise: str | None = None, **axes
+) -> Columns:
     """Cartesian product of strategies and workload axes (lists), evaluated without building a
     Python object per point: trees are resolved once per (tree, acceptance) pair.
 
     ``axes`` keys: context_len, batch, tp, acceptance, overlap, kv_bytes (missing ones take the
-    ``Workload`` defaults). Infeasible points (top_n * block_size > context) are kept and flagged
-    by ``feasible_mask``.
+    ``Workload`` defaults); ``elementwise`` holds for every point (default: the ``Workload``'s).
+    Infeasible points (top_n * block_size > context) are kept and flagged by ``feasible_mask``.
     """
     defaults = Workload()
+    fused = fused_elementwise(defaults.elementwise if elementwise is None else elementwise)
     names = ("context_len", "batch", "tp", "acceptance", "overlap", "kv_bytes")
     bad = set(axes) - set(names)
     if bad:
@@ -147,6 +153,7 @@ def product_columns(model: ModelSpec, strategies: list[Strategy], **axes) -> Col
     idx = np.indices(sizes).reshape(len(sizes), -1)
     s_idx = idx[0]
     cols = {n: grid[n][idx[i + 1]] for i, n in enumerate(names)}
+    cols["fused_elementwise"] = np.full(idx.shape[1], fused)
     # Strategy fields, gathered per point.
     per_s = [_strategy_columns(s, model.num_layers) for s in strategies]
     for key in per_s[0]:

@@ -37,9 +37,15 @@ from ssvkit.perfmodel.step import (
     attention_seconds,
     predict_columns,
 )
-from ssvkit.perfmodel.strategy import DrafterSpec
+from ssvkit.perfmodel.strategy import DrafterSpec, fused_elementwise
 
-HEAD_OPS = ("verify.embed_norm", "verify.lm_head", "verify.sampling")
+HEAD_OPS = (
+    "verify.embed_norm",
+    "verify.embed",
+    "verify.rms_norm",
+    "verify.lm_head",
+    "verify.sampling",
+)
 # Seed 003's Qwen3-8B execution breakdown: 3.2 ms of CPU scheduling per step at batch 128.
 HOST_PER_REQUEST_S = 3.2e-3 / 128
 PREFILL_Q_TILE = 128
@@ -49,8 +55,11 @@ def _total(acc: dict, predictor) -> np.ndarray:
     return sum((predictor.op_time_s(op) for op in acc.values()), 0.0)
 
 
-def prefill_ops(model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2) -> dict[str, Op]:
-    """Op counts of one prefill forward over ``prompt_len`` tokens for ``batch`` sequences.
+def prefill_ops(
+    model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2, elementwise: str = "fused"
+) -> dict[str, Op]:
+    """Op counts of one prefill forward over ``prompt_len`` tokens for ``batch`` sequences, the
+    element-wise ops as ``elementwise`` runs them (``perfmodel.strategy.ELEMENTWISE``).
 
     Linear ops (projections, FFN/MoE, norms, rotary + KV write, all-reduces) run on
     ``m = batch * P`` rows with ``perfmodel.step``'s formulas. Causal attention scores
@@ -66,7 +75,8 @@ def prefill_ops(model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2) ->
     hq, hkv = local_heads(model, tp)
     L = model.num_layers
     acc = OpSum()
-    linear_ops(acc, model, b * p, tp, L, "prefill.")
+    fused = fused_elementwise(elementwise)
+    linear_ops(acc, model, b * p, tp, L, "prefill.", fused)
     pairs = b * p * (p + 1) / 2
     reads = b * np.ceil(p / PREFILL_Q_TILE) * (p + 1) / 2
     qo = 2 * b * p * hq * model.head_dim * ACT_BYTES
@@ -77,13 +87,16 @@ def prefill_ops(model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2) ->
         np.ones_like(p),
     )
     acc.add("prefill.attention", attn.scaled(L))
-    head_ops(acc, model, b, tp, model.vocab_size, "prefill.")
+    head_ops(acc, model, b, tp, model.vocab_size, "prefill.", fused)
     return dict(acc)
 
 
-def prefill_seconds(model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2) -> np.ndarray:
+def prefill_seconds(
+    model: ModelSpec, predictor, prompt_len, batch=1, kv_bytes=2, elementwise: str = "fused"
+) -> np.ndarray:
     """Seconds of ``prefill_ops`` (the time to the first token, queueing excluded)."""
-    return _total(prefill_ops(model, predictor, prompt_len, batch, kv_bytes), predictor)
+    ops = prefill_ops(model, predictor, prompt_len, batch, kv_bytes, elementwise)
+    return _total(ops, predictor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +327,7 @@ def mixed_step_seconds(
     context_len,
     sparsity_ratio,
     kv_bytes=2,
+    elementwise: str = "fused",
 ) -> dict[str, np.ndarray]:
     """One SparseSpec step of the unified batch (seed 003): self-speculation with the target.
 
@@ -323,7 +337,7 @@ def mixed_step_seconds(
     n_v (k + 1)`` rows (weights read once for all), the two attention kinds are costed as two
     ops (the fused kernel dispatches each request to its own template). Returns seconds:
     ``linear_s`` (all layers), ``head_s``, ``draft_attention_s``, ``verify_attention_s`` and
-    ``total_s``. Arguments broadcast.
+    ``total_s``, the element-wise ops as ``elementwise`` runs them. Arguments broadcast.
     """
     nd, nv, k, T, s = np.broadcast_arrays(
         *(
@@ -335,8 +349,9 @@ def mixed_step_seconds(
     L = model.num_layers
     m = nd + nv * (k + 1)
     lin, head = OpSum(), OpSum()
-    linear_ops(lin, model, m, tp, L, "step.")
-    head_ops(head, model, m, tp, model.vocab_size, "step.")
+    fused = fused_elementwise(elementwise)
+    linear_ops(lin, model, m, tp, L, "step.", fused)
+    head_ops(head, model, m, tp, model.vocab_size, "step.", fused)
     on_m = m > 0
     out = {
         "linear_s": _total(lin, predictor) * on_m,

@@ -62,22 +62,22 @@ def _level_ops(
     sub = OpSum()
     # EAGLE head: one target-width layer, fused features, LM head.
     m = c.batch * nodes
-    linear_ops(sub, model, m, c.tp, is_eagle * on, "draft.")
+    linear_ops(sub, model, m, c.tp, is_eagle * on, "draft.", c.fused_elementwise)
     dense_attention(sub, model, c, nodes, kv, is_eagle * on, "draft.")
     sub.add(
         "draft.fc",
         gemm(m, model.hidden_size, 3 * model.hidden_size, model.weight_bytes).scaled(is_eagle * on),
     )
     head = OpSum()
-    head_ops(head, model, m, c.tp, draft_vocab or model.vocab_size, "draft.")
+    head_ops(head, model, m, c.tp, draft_vocab or model.vocab_size, "draft.", c.fused_elementwise)
     for k, op in head.items():
         sub.add(k, op.scaled(is_eagle * on))
     if draft is not None:
         dl = draft.num_layers * is_model * on
-        linear_ops(sub, draft, m, c.tp, dl, "draft.model.")
+        linear_ops(sub, draft, m, c.tp, dl, "draft.model.", c.fused_elementwise)
         dense_attention(sub, draft, c, nodes, kv, dl, "draft.model.")
         head = OpSum()
-        head_ops(head, draft, m, c.tp, draft.vocab_size, "draft.model.")
+        head_ops(head, draft, m, c.tp, draft.vocab_size, "draft.model.", c.fused_elementwise)
         for k, op in head.items():
             sub.add(k, op.scaled(is_model * on))
     return sub
@@ -89,7 +89,9 @@ def _self_step_ops(model: ModelSpec, c: Columns) -> OpSum:
     T = c.context_len
     one = np.ones_like(T)
     sub = OpSum()
-    linear_ops(sub, model, c.batch * one, c.tp, model.num_layers * one, "draft.self.")
+    linear_ops(
+        sub, model, c.batch * one, c.tp, model.num_layers * one, "draft.self.", c.fused_elementwise
+    )
     dense_attention(
         sub,
         model,
@@ -99,5 +101,5 @@ def _self_step_ops(model: ModelSpec, c: Columns) -> OpSum:
         model.num_layers * one,
         "draft.self.",
     )
-    head_ops(sub, model, c.batch * one, c.tp, model.vocab_size, "draft.self.")
+    head_ops(sub, model, c.batch * one, c.tp, model.vocab_size, "draft.self.", c.fused_elementwise)
     return sub

@@ -5,6 +5,16 @@ points of a ``perfmodel.columns.Columns`` table.
 Each builder adds its ops, named ``prefix + op``, to an ``OpSum``; ``perfmodel.step``
 assembles a verification (or AR) forward and the drafting from them, and ``perfmodel.costs``
 reuses them for the other stages. The measured class an op is priced by is its ``kernel``.
+
+The element-wise ops come in the engine's two implementations (``perfmodel.strategy.ELEMENTWISE``),
+chosen per point by ``fused`` (1: fused, 0: torch). ``torch`` runs separate residual adds, a
+torch RMSNorm, rotary with q's copy, the rope tables gathered per forward, the KV store as two
+indexed assignments and SiLU * up over strided views. ``fused`` (``engine.model``'s triton
+backend) runs per layer two ``add_rms_norm`` launches (a residual add with the norm after it;
+the last one is the final norm), one ``rope_kv_write`` (rotary of q and k with the KV-cache
+store, tables gathered inside) and one ``silu_mul``; per forward the embedding gather and the
+first layer's input norm (``rms_norm``, the same kernel without the add). Each fused op is one
+launch a call, priced by its kernel's class (``FUSED_CLASSES``).
 Assumptions: bf16 activations (``ACT_BYTES``); weights at the model's ``weight_bytes``;
 memory-bound ops read every weight once per forward; GEMM activations are read and written
 once; MoE layers touch ``E (1 - (1 - k/E)^M)`` routed experts in expectation for M routed
@@ -23,6 +33,10 @@ from ssvkit.perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
 ACT_BYTES = 2  # bf16 activations
 F32 = 4
 I32 = 4  # int32 selected block ids
+I64 = 8  # int64 token ids, positions and cache slots
+# The classes of the fused path's ops (kernel families: ``add_rms_norm`` per hidden width,
+# ``add_rms_norm/d{d}``, like the torch norm's), each one launch a call.
+FUSED_CLASSES = ("add_rms_norm", "rope_kv_write", "silu_mul_fused", "embed")
 
 
 def gemm(m, n, k, weight_bytes) -> Op:
@@ -60,6 +74,12 @@ class OpSum(dict):
     def add(self, name: str, op: Op) -> None:
         self[name] = self[name] + op if name in self else op
 
+    def add_where(self, name: str, op: Op, on) -> None:
+        """Add ``op`` repeated ``on`` times per point (0 where a point does not run it), when
+        some point runs it."""
+        if np.any(on):
+            self.add(name, op.scaled(on))
+
 
 def local_heads(model: ModelSpec, tp):
     """Query and KV heads on one tensor-parallel rank."""
@@ -83,39 +103,36 @@ def attn_flops_per_row_token(model: ModelSpec, hq):
     return 4 * hq * model.head_dim
 
 
-def linear_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str) -> None:
+def linear_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
     """Norms, QKV/O projections, rotary + KV append, FFN or MoE, TP all-reduces: per layer
-    counts times ``layers`` (an array or scalar; MoE layers counted in proportion)."""
+    counts times ``layers`` (an array or scalar; MoE layers counted in proportion), the
+    element-wise ops of the implementation ``fused`` picks per point (module docstring)."""
     d = model.hidden_size
     moe_share = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
     dense_layers = layers * (1 - moe_share)
     moe_layers = layers * moe_share
-    _attention_block_ops(acc, model, m, tp, layers, prefix)
+    _attention_block_ops(acc, model, m, tp, layers, prefix, fused)
     if not model.is_moe or moe_share < 1:
-        _ffn_ops(acc, model, m, tp, dense_layers, prefix)
+        _ffn_ops(acc, model, m, tp, dense_layers, prefix, fused)
     if model.is_moe:
         _moe_ops(acc, model, m, tp, moe_layers, prefix)
     ar = Op("comm", np.zeros_like(m), np.zeros_like(m), 2.0 * (tp > 1), 2 * m * d * ACT_BYTES)
     acc.add(prefix + "allreduce", ar.scaled(layers))
 
 
-def _attention_block_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str) -> None:
+def _attention_block_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
     """The block's two norms and residual adds, the QKV projection, rotary + KV append and
     the output projection."""
     d, wb = model.hidden_size, model.weight_bytes
     hq, hkv = local_heads(model, tp)
     attn_w = model.attention_weight_params()
-    acc.add(
-        prefix + "norms",
-        elementwise(8 * m * d * ACT_BYTES + 2 * d * wb, 10 * m * d, 2, f"rmsnorm/d{d}").scaled(
-            layers
-        ),
-    )
+    torch_layers = layers * (1.0 - fused)
+    norms = elementwise(8 * m * d * ACT_BYTES + 2 * d * wb, 10 * m * d, 2, f"rmsnorm/d{d}")
+    acc.add_where(prefix + "norms", norms, torch_layers)
     # The two residual adds of a pre-norm block (separate kernels in the engine).
-    acc.add(
-        prefix + "residual",
-        elementwise(2 * 3 * m * d * ACT_BYTES, 2 * m * d, 2, "residual_add").scaled(layers),
-    )
+    residual = elementwise(2 * 3 * m * d * ACT_BYTES, 2 * m * d, 2, "residual_add")
+    acc.add_where(prefix + "residual", residual, torch_layers)
+    acc.add_where(prefix + "add_rms_norm", add_rms_norm_op(model, m), 2 * layers * fused)
     if model.is_mla:
         qkv = Op(
             "gemm",
@@ -128,13 +145,36 @@ def _attention_block_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: st
     else:
         qkv = gemm(m, (hq + 2 * hkv) * model.head_dim, d, wb)
     acc.add(prefix + "qkv_proj", qkv.scaled(layers))
-    _rope_kv_ops(acc, model, m, hq, hkv, layers, prefix)
+    if np.any(1.0 - fused):
+        _rope_kv_ops(acc, model, m, hq, hkv, torch_layers, prefix)
+    acc.add_where(prefix + "rope_kv_write", rope_kv_write_op(model, m, hq, hkv), layers * fused)
     acc.add(prefix + "o_proj", gemm(m, d, hq * model.head_dim, wb).scaled(layers))
 
 
+def add_rms_norm_op(model: ModelSpec, m) -> Op:
+    """One ``add_rms_norm`` call over ``m`` rows: reads the residual and the delta, writes
+    their sum and its norm, reads the weight."""
+    d = model.hidden_size
+    return elementwise(
+        4 * m * d * ACT_BYTES + d * model.weight_bytes, 6 * m * d, 1, f"add_rms_norm/d{d}"
+    )
+
+
+def rope_kv_write_op(model: ModelSpec, m, hq, hkv) -> Op:
+    """One ``rope_kv_write`` call over ``m`` rows: reads q, k and v of the projection, the
+    rows' positions and slots and their cos/sin table rows; writes the rotated q and stores k
+    and v in the cache."""
+    dh = model.head_dim
+    kv = m * kv_token_bytes(model, hkv, ACT_BYTES)  # k and v, read and stored once each
+    q = m * hq * dh * ACT_BYTES
+    io = 2 * q + 2 * kv + m * dh * F32 + 2 * m * I64
+    return elementwise(io, 6 * m * (hq + hkv) * dh, 1, "rope_kv_write")
+
+
 def _rope_kv_ops(acc: OpSum, model: ModelSpec, m, hq, hkv, layers, prefix: str) -> None:
-    """Rotary on q and k, and the KV tail written into the cache. Ops whose single row takes
-    another (cheaper) torch path than several rows: one measured class each, masked by m."""
+    """Rotary on q and k, and the KV tail written into the cache, as torch ops. Ops whose
+    single row takes another (cheaper) torch path than several rows: one measured class each,
+    masked by m."""
     qk_elems = m * (hq + hkv) * model.head_dim
     one_row = (m == 1) * 1.0
     # Rotary on q and k in one pass (float32 inside), then q's contiguous copy for attention
@@ -163,20 +203,24 @@ def _rope_kv_ops(acc: OpSum, model: ModelSpec, m, hq, hkv, layers, prefix: str) 
         acc.add(prefix + name, op.scaled(layers))
 
 
-def _ffn_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str) -> None:
+def _ffn_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
     """The dense FFN: gate/up GEMM, SiLU(gate) * up, down GEMM."""
     d, wb = model.hidden_size, model.weight_bytes
     one_row = (m == 1) * 1.0
     f = model.intermediate_size / tp
     acc.add(prefix + "ffn_gate_up", gemm(m, 2 * f, d, wb).scaled(layers))
-    # SiLU(gate) * up over the GEMM's two halves: strided views for several rows, a
-    # contiguous one for a single row (a cheaper path): one measured class each.
-    for name, on, kernel in (
-        ("ffn_act", 1.0 - one_row, "silu_mul"),
-        ("ffn_act_row", one_row, "silu_mul/m1"),
-    ):
-        act = elementwise(on * 3 * m * f * ACT_BYTES, on * 5 * m * f, on, kernel, on)
-        acc.add(prefix + name, act.scaled(layers))
+    # SiLU(gate) * up over the GEMM's two halves: torch's strided views for several rows, a
+    # contiguous one for a single row (a cheaper path): one measured class each; or one fused
+    # launch that reads both halves and writes the product.
+    if np.any(1.0 - fused):
+        for name, on, kernel in (
+            ("ffn_act", 1.0 - one_row, "silu_mul"),
+            ("ffn_act_row", one_row, "silu_mul/m1"),
+        ):
+            act = elementwise(on * 3 * m * f * ACT_BYTES, on * 5 * m * f, on, kernel, on)
+            acc.add(prefix + name, act.scaled(layers * (1.0 - fused)))
+    fused_act = elementwise(3 * m * f * ACT_BYTES, 5 * m * f, 1, "silu_mul_fused")
+    acc.add_where(prefix + "silu_mul", fused_act, layers * fused)
     acc.add(prefix + "ffn_down", gemm(m, d, f, wb).scaled(layers))
 
 
@@ -200,19 +244,24 @@ def _moe_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str) -> None:
         acc.add(prefix + "moe_shared", shared.scaled(layers))
 
 
-def head_ops(acc: OpSum, model: ModelSpec, m, tp, vocab, prefix: str) -> None:
-    """Embedding gather, final norm, LM head GEMM and sampling over the vocabulary."""
+def head_ops(acc: OpSum, model: ModelSpec, m, tp, vocab, prefix: str, fused) -> None:
+    """Embedding gather, the norm outside the layers, LM head GEMM and sampling over the
+    vocabulary; the torch path gathers the rope tables here too (module docstring)."""
     d, wb = model.hidden_size, model.weight_bytes
     v = vocab / tp
-    acc.add(
-        prefix + "embed_norm",
-        elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2, f"rmsnorm/d{d}"),
-    )
+    torch_on = 1.0 - fused
+    # torch: the gather and the final norm, priced as one norm call (two launches).
+    embed_norm = elementwise(m * d * (wb + 3 * ACT_BYTES), 5 * m * d, 2, f"rmsnorm/d{d}")
+    acc.add_where(prefix + "embed_norm", embed_norm, torch_on)
     # The rows' rotary factors, gathered from the tables once per forward.
-    acc.add(
-        prefix + "rope_tables",
-        elementwise(3 * m * model.head_dim * F32, 0 * m, 1, "rope_tables"),
-    )
+    rope_tables = elementwise(3 * m * model.head_dim * F32, 0 * m, 1, "rope_tables")
+    acc.add_where(prefix + "rope_tables", rope_tables, torch_on)
+    # fused: the gather (token ids in, rows of the table out) and the first layer's input norm
+    # (the final norm is the last layer's second ``add_rms_norm``).
+    embed = elementwise(m * d * (wb + ACT_BYTES) + m * I64, 0 * m, 1, "embed")
+    acc.add_where(prefix + "embed", embed, fused)
+    first_norm = elementwise(2 * m * d * ACT_BYTES + d * wb, 5 * m * d, 1, f"add_rms_norm/d{d}")
+    acc.add_where(prefix + "rms_norm", first_norm, fused)
     acc.add(prefix + "lm_head", gemm(m, v, d, wb))
     # Softmax and sampling/acceptance over the vocabulary: one measured call (two launches),
     # whose rows each walk their v logits (the class's latency floor, depth v).

@@ -79,11 +79,11 @@ def target_forward(
     branch loads."""
     m = c.batch * rows
     layers = model.num_layers * np.ones_like(rows)
-    linear_ops(acc, model, m, c.tp, layers, prefix)
+    linear_ops(acc, model, m, c.tp, layers, prefix, c.fused_elementwise)
     dense = 1.0 - c.sparse
     dense_attention(acc, model, c, rows, c.context_len + rows, layers * dense, prefix)
     branches = sparse_attention(acc, model, c, layers, prefix, num_sms)
-    head_ops(acc, model, m, c.tp, model.vocab_size, prefix)
+    head_ops(acc, model, m, c.tp, model.vocab_size, prefix, c.fused_elementwise)
     return branches
 
 
@@ -108,6 +108,7 @@ DRAFT_KEYS = (
     "tp",
     "kv_bytes",
     "sparsity_ratio",
+    "fused_elementwise",
 )
 
 

@@ -27,6 +27,15 @@ TRAVERSALS = ("bfs", "dfs", "position")
 SPARSE_MODES = ("per_query", "union", "shared")
 FUSIONS = ("none", "refresh_reuse")
 METADATA = ("mean", "quest", "nsa")
+# How the engine runs the decoder's element-wise ops (norms, residual adds, rotary, the KV store,
+# SiLU-and-multiply): ``fused``, the Triton kernels of its ``triton`` backend (the default on a
+# GPU); ``torch``, plain torch ops (its ``torch`` backend, the CPU's). ``perfmodel.ops`` prices
+# each with its own ops.
+ELEMENTWISE = ("fused", "torch")
+BACKEND_ELEMENTWISE = {"triton": "fused", "torch": "torch"}
+# When the triton backend began running the element-wise ops as fused kernels (commit cdc7fc1);
+# before, both backends ran them in torch. Measured documents name their backend since.
+FUSED_ELEMENTWISE_SINCE = "2026-11-26T12:44:18+00:00"
 # NSA draft rows per row tile of the packed schedule: as many as the kernel's tile holds.
 PACKED_ROWS = 0
 # The verify kernels' int64 ancestor bitmask (kernels.tree) holds one bit per node.
@@ -251,7 +260,8 @@ BASELINES: dict[str, Strategy] = {
 @dataclass(frozen=True, slots=True)
 class Workload:
     """What a strategy runs on. ``overlap`` is gamma, the share of a query's selected blocks
-    that its neighbour in traversal order also selected (SSV measured 50-90%)."""
+    that its neighbour in traversal order also selected (SSV measured 50-90%); ``elementwise``
+    how the engine runs the element-wise ops (``ELEMENTWISE``)."""
 
     context_len: int = field(default=32768, metadata={"help": "tokens in the KV cache T"})
     batch: int = field(default=1, metadata={"help": "sequences decoded together"})
@@ -260,8 +270,13 @@ class Workload:
     overlap: float = field(default=0.75, metadata={"help": "adjacent-query block overlap gamma"})
     dtype: str = field(default="bf16", metadata={"help": "activation/compute dtype"})
     kv_bytes: int = field(default=2, metadata={"help": "bytes per KV-cache element"})
+    elementwise: str = field(
+        default="fused",
+        metadata={"help": "the engine's element-wise ops: fused (triton backend) | torch"},
+    )
 
     def __post_init__(self) -> None:
+        fused_elementwise(self.elementwise)  # validates it
         for fname in ("context_len", "batch", "tp", "kv_bytes"):
             v = getattr(self, fname)
             if not (isinstance(v, int) and v >= 1):
@@ -272,6 +287,39 @@ class Workload:
                 raise ValueError(f"{fname} must lie in [0, 1], got {v!r}")
         if self.dtype not in ("bf16", "fp16", "fp8"):
             raise ValueError(f"dtype must be bf16, fp16 or fp8, got {self.dtype!r}")
+
+
+def fused_elementwise(elementwise: str) -> float:
+    """1.0 for the fused element-wise implementation, 0.0 for torch's (``ELEMENTWISE``)."""
+    if elementwise not in ELEMENTWISE:
+        raise ValueError(
+            f"elementwise must be one of {', '.join(ELEMENTWISE)}, got {elementwise!r}"
+        )
+    return float(elementwise == "fused")
+
+
+def elementwise_of_backend(backend: str) -> str:
+    """The element-wise implementation (``ELEMENTWISE``) an engine backend runs."""
+    if backend not in BACKEND_ELEMENTWISE:
+        raise ValueError(
+            f"backend must be one of {', '.join(BACKEND_ELEMENTWISE)}, got {backend!r}"
+        )
+    return BACKEND_ELEMENTWISE[backend]
+
+
+def elementwise_of_run(provenance: dict) -> str:
+    """The element-wise implementation of the engine run a measured document's ``provenance``
+    records: its ``backend``'s; without one, the CPU's torch backend on the CPU, and on a GPU
+    (the triton backend) fused from ``FUSED_ELEMENTWISE_SINCE`` on, torch before (its
+    ``timestamp``, ISO 8601 UTC)."""
+    if "backend" in provenance:
+        return elementwise_of_backend(provenance["backend"])
+    if provenance.get("device_name") == "cpu":
+        return "torch"
+    stamp = provenance.get("timestamp")
+    if not isinstance(stamp, str):
+        raise ValueError(f"provenance names no backend and no timestamp: {provenance!r}")
+    return "fused" if stamp >= FUSED_ELEMENTWISE_SINCE else "torch"
 
 
 def check_feasible(strategy: Strategy, workload: Workload, model: ModelSpec) -> None:

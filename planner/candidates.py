@@ -74,6 +74,9 @@ class CandidateBook:
     ):
         self.ranking, self.model, self.gpu, self.profile = ranking, model, gpu, profile
         self.batch, self.num_candidates = batch, num_candidates
+        # Candidates are scored as the ranking scored its strategies; a ranking that names no
+        # implementation was priced before the step model knew the fused kernels: torch's ops.
+        self.elementwise = ranking.get("elementwise", "torch")
         self._cands: dict[str, dict[str, Strategy]] = {}
         self._refs: dict[tuple, dict[str, Strategy]] = {}  # shadow_refs
         self._keys: dict[tuple, tuple] = {}  # shadow_keys
@@ -157,7 +160,16 @@ class CandidateBook:
         missing = [s for s in strategies if self.sid(s) not in cache]
         if missing:
             ctx = self.ranking["regimes"][regime]["context_len"]
-            scored, _ = score(self.model, self.gpu, missing, ctx, self.profile, regime, self.batch)
+            scored, _ = score(
+                self.model,
+                self.gpu,
+                missing,
+                ctx,
+                self.profile,
+                regime,
+                self.batch,
+                elementwise=self.elementwise,
+            )
             cache.update({strategy_id(x.strategy): x.round_s for x in scored})
         return cache
 

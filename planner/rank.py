@@ -49,13 +49,15 @@ def score(
     regime: str,
     batch: int = 1,
     acceptance_scale: float | dict[str, float] = 1.0,
+    elementwise: str = "fused",
 ) -> tuple[list[Scored], str]:
     """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
     drafter model): the step model at the strategy's acceptance from ``profile``
     (``RegimeProfile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
     1 for a kind it lacks --, at most 1) plus the profile's loop
     overhead per round (``loop`` in the breakdown), with the tokens/s interval of a calibrated
-    prediction (``perfmodel.intervals``; the loop overhead, a fit of its own, adds no width)."""
+    prediction (``perfmodel.intervals``; the loop overhead, a fit of its own, adds no width);
+    the engine runs the element-wise ops as ``elementwise`` (``perfmodel.strategy.ELEMENTWISE``)."""
     if not strategies:
         return [], "none"
     out: list[Scored] = []
@@ -77,6 +79,7 @@ def score(
                 batch=batch,
                 acceptance=alpha,
                 overlap=profile.gamma(regime, s.traversal),
+                elementwise=elementwise,
             )
             points.append((s, w))
         cols = build_columns(model, points)
@@ -130,8 +133,10 @@ def rank(
     profile: RegimeProfile,
     batch: int = 1,
     regimes: dict[str, int] | None = None,
+    elementwise: str = "fused",
 ) -> dict:
-    """The ranking document (version 1) for every regime. A regime whose context lies past
+    """The ranking document (version 1) for every regime, the engine's element-wise ops priced
+    as ``elementwise`` runs them (``score``). A regime whose context lies past
     the model's trained positions (``max_position_embeddings``, when known) is not ranked:
     ``skipped`` says why. Each ranked regime lists under ``assumed`` what its predictions take
     from the workload defaults rather than from ``profile`` (``RegimeProfile.assumed``)."""
@@ -142,6 +147,7 @@ def rank(
         "model": model.name,
         "gpu": gpu.name,
         "batch": batch,
+        "elementwise": elementwise,
         "space": dataclasses.asdict(spec),
         "profile": profile.to_json(),
         "regimes": {},
@@ -157,7 +163,7 @@ def rank(
             continue
         valid, rejected = valid_strategies(spec, model, gpu, ctx)
         valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
-        scored, prov = score(model, gpu, valid, ctx, profile, regime, batch)
+        scored, prov = score(model, gpu, valid, ctx, profile, regime, batch, 1.0, elementwise)
         doc["regimes"][regime] = {
             "context_len": ctx,
             "provenance": prov,

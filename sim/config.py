@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ssvkit.perfmodel.costs import HOST_PER_REQUEST_S
 from ssvkit.perfmodel.hardware import suggest
 from ssvkit.perfmodel.prr import PAPER_HIT_RATE
-from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.perfmodel.strategy import ELEMENTWISE, DrafterSpec, Strategy
 
 SCENARIOS = (
     "ar_dense",
@@ -187,6 +187,10 @@ class SimConfig:
     )
     tp: int = field(default=1, metadata={"help": "tensor-parallel degree of the target"})
     kv_bytes: int = field(default=2, metadata={"help": "bytes per KV-cache element"})
+    elementwise: str = field(
+        default="fused",
+        metadata={"help": "the engine's element-wise ops: fused (triton backend) | torch"},
+    )
     acceptance: float = field(default=0.7, metadata={"help": "per-draft acceptance alpha"})
     acceptance_model: str = field(
         default="iid", metadata={"help": "iid | positional | tree | trace"}
@@ -232,6 +236,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         _check_choice("scenario", self.scenario, SCENARIOS)
         _check_choice("acceptance_model", self.acceptance_model, ACCEPTANCE_MODELS)
+        _check_choice("elementwise", self.elementwise, ELEMENTWISE)
         _check_int(self, ("context_len", "num_tokens", "num_requests", "tp", "kv_bytes"), 1)
         _check_int(self, ("context_bucket",), 16)
         _check_int(self, ("batch", "kv_capacity_tokens", "timeline_rounds", "seed"), 0)

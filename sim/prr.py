@@ -200,7 +200,13 @@ def run_prr(s):
     # Analytic: perfmodel.prr's critical path per layer at the run's midpoint context.
     mean_hit = float(np.mean(replay[~np.isnan(replay)])) if replay is not None else hit
     mid = int(round(r0.prompt_len + r0.target_tokens / 2))
-    w = Workload(context_len=mid, tp=cfg.tp, acceptance=cfg.acceptance, kv_bytes=cfg.kv_bytes)
+    w = Workload(
+        context_len=mid,
+        tp=cfg.tp,
+        acceptance=cfg.acceptance,
+        kv_bytes=cfg.kv_bytes,
+        elementwise=cfg.elementwise,
+    )
     cols = build_columns(ctx.model, [(strategy, w)])
     pred = make_predictor(ctx.gpu, "bf16", cols.tp)
     p = prr_layer_costs(ctx.model, cols, pred, pc.budget_ratio, strategy.drafter)

@@ -210,7 +210,9 @@ def run_serve(s):
     decode_rate = b_kv * acc.expected_tokens() / float(pred.round_s[0])
     mean_prompt = float(np.mean([r.prompt_len for r in reqs]))
     mean_out = float(np.mean([r.target_tokens for r in reqs]))
-    prefill_s = float(prefill_seconds(ctx.model, ctx.predictor(), mean_prompt, 1, cfg.kv_bytes))
+    prefill_s = float(
+        prefill_seconds(ctx.model, ctx.predictor(), mean_prompt, 1, cfg.kv_bytes, cfg.elementwise)
+    )
     capacity_rate = mean_out / (prefill_s + mean_out / decode_rate)
     offered = sum(r.target_tokens for r in reqs) / max(float(t[-1] - t[0]), 1e-9)
     analytic = min(offered, capacity_rate) if len(reqs) > 1 else capacity_rate

@@ -68,6 +68,7 @@ def setup(cfg: SimConfig, progress: bool = False) -> Setup:
         cfg.acceptance,
         roofline=cfg.roofline,
         any_architecture=cfg.any_architecture,
+        elementwise=cfg.elementwise,
     )
     strategy = cfg.resolved_strategy
     ctx.check(strategy, cfg.context_len)
@@ -169,6 +170,7 @@ def analytic_round(s: Setup, context_len: int, batch: int, strategy=None):
         acceptance=s.cfg.acceptance,
         overlap=s.cfg.overlap,
         kv_bytes=s.cfg.kv_bytes,
+        elementwise=s.ctx.elementwise,
     )
     cols = build_columns(s.ctx.model, [(strategy, w)])
     pred = predict_columns(

@@ -256,7 +256,15 @@ def run_sparsespec(s):
     # Analytic: balanced buckets of b requests at the midpoint context (seed 003 model).
     mid = float(np.mean([r.prompt_len + r.target_tokens / 2 for r in reqs]))
     gpu = mixed_step_seconds(
-        ctx.model, ctx.predictor(), b * k / cycle, b / cycle, k, mid, ratio, cfg.kv_bytes
+        ctx.model,
+        ctx.predictor(),
+        b * k / cycle,
+        b / cycle,
+        k,
+        mid,
+        ratio,
+        cfg.kv_bytes,
+        cfg.elementwise,
     )["total_s"]
     dv = delayed_verification(gpu, host_step_seconds(b, sc.host_per_request_s), k)
     round_s = float(dv["delayed_round_s" if delayed else "sync_round_s"])

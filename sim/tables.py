@@ -97,6 +97,7 @@ class CostContext:
     kv_bytes: int
     acceptance: float
     dtype: str = "bf16"
+    elementwise: str = "fused"  # perfmodel.strategy.ELEMENTWISE
 
     @classmethod
     def build(
@@ -108,9 +109,10 @@ class CostContext:
         acceptance: float,
         roofline=False,
         any_architecture=False,
+        elementwise: str = "fused",
     ):
         spec = get_gpu(gpu, measured=not roofline, any_architecture=any_architecture)
-        return cls(get_model(model), spec, tp, kv_bytes, acceptance)
+        return cls(get_model(model), spec, tp, kv_bytes, acceptance, elementwise=elementwise)
 
     def predictor(self, tp: int | None = None) -> RooflinePredictor:
         return make_predictor(self.gpu, self.dtype, self.tp if tp is None else tp)
@@ -122,7 +124,12 @@ class CostContext:
         return self.predictor().provenance
 
     def check(self, strategy: Strategy, context_len: int) -> None:
-        w = Workload(context_len=context_len, tp=self.tp, kv_bytes=self.kv_bytes)
+        w = Workload(
+            context_len=context_len,
+            tp=self.tp,
+            kv_bytes=self.kv_bytes,
+            elementwise=self.elementwise,
+        )
         check_feasible(strategy, w, self.model)
 
 
@@ -142,6 +149,7 @@ def _columns(ctx: CostContext, strategy, contexts, batches, overlaps, tp=None):
         acceptance=[ctx.acceptance],
         tp=[ctx.tp if tp is None else tp],
         kv_bytes=[ctx.kv_bytes],
+        elementwise=ctx.elementwise,
     )
 
 
@@ -272,18 +280,23 @@ def mixed_tables(
     """Tables of ``mixed_step_seconds`` for up to ``max_seqs`` sequences of k-step chains."""
     pred = ctx.predictor()
     m = np.arange(max_seqs * (k + 1) + 1, dtype=float)
-    lin = mixed_step_seconds(ctx.model, pred, m, 0, k, contexts[0], sparsity_ratio, ctx.kv_bytes)
+    ew = {"elementwise": ctx.elementwise}
+    lin = mixed_step_seconds(
+        ctx.model, pred, m, 0, k, contexts[0], sparsity_ratio, ctx.kv_bytes, **ew
+    )
     # With n_v = 0 the rows are n_d: the linear ops and the head depend on m only.
     linear_head = (lin["linear_s"] + lin["head_s"]).tolist()
     n = np.arange(1, max_seqs + 1, dtype=float)[:, None]
     T = np.asarray(contexts, dtype=float)[None, :]
-    d = mixed_step_seconds(ctx.model, pred, n, 0, k, T, sparsity_ratio, ctx.kv_bytes)
-    v = mixed_step_seconds(ctx.model, pred, 0, n, k, T, sparsity_ratio, ctx.kv_bytes)
+    d = mixed_step_seconds(ctx.model, pred, n, 0, k, T, sparsity_ratio, ctx.kv_bytes, **ew)
+    v = mixed_step_seconds(ctx.model, pred, 0, n, k, T, sparsity_ratio, ctx.kv_bytes, **ew)
     grid = lambda a: Grid(["s"], contexts, [0.0], a[:, :, None, None])
     return MixedTables(linear_head, grid(d["draft_attention_s"]), grid(v["verify_attention_s"]))
 
 
 def prefill_table(ctx: CostContext, contexts) -> Grid:
     """Prefill seconds of one prompt per context point (``perfmodel.costs.prefill_seconds``)."""
-    s = prefill_seconds(ctx.model, ctx.predictor(), np.asarray(contexts), 1, ctx.kv_bytes)
+    s = prefill_seconds(
+        ctx.model, ctx.predictor(), np.asarray(contexts), 1, ctx.kv_bytes, ctx.elementwise
+    )
     return Grid(["prefill_s"], contexts, [0.0], np.asarray(s)[None, :, None, None])

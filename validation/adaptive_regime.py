@@ -33,7 +33,7 @@ from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.numbers import parse_count_list
-from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, parse_tree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, elementwise_of_run, parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp
 from ssvkit.planner.profile import RegimeProfile, profile_from_json
 from ssvkit.planner.rank import concrete, rank
@@ -153,6 +153,7 @@ def candidate_rows(
     profile = profile_from_json(doc["profile"], "the evaluation's profile", "evaluation")
     ratios = set_ratios(fixed_strategies(doc), space, profile, doc["adaptive"]["regime"])
     model, g = get_model(local_model(doc["model"])), get_gpu(gpu)
+    ew = elementwise_of_run(doc["provenance"])
     profiles = {k: set_profile(profile, space, r) for k, r in ratios.items()}
     rows = []
     for b in batches:
@@ -160,11 +161,11 @@ def candidate_rows(
             if regimes and regime not in regimes:
                 continue
             ctx = {regime: v["context_len"]}
-            code_top = rank(model, g, space, profiles["code"], b, ctx)["regimes"][regime]
+            code_top = rank(model, g, space, profiles["code"], b, ctx, ew)["regimes"][regime]
             best_id = code_top["ranking"][0]["id"]
             sets = {}
             for name, prof in profiles.items():
-                ranked = rank(model, g, space, prof, b, ctx)["regimes"][regime]["ranking"]
+                ranked = rank(model, g, space, prof, b, ctx, ew)["regimes"][regime]["ranking"]
                 tps = {r["id"]: r["tokens_per_s"] for r in ranked}
                 sets[name] = {
                     "best": ranked[0]["describe"],
@@ -194,7 +195,8 @@ def _ranking_for(doc: dict) -> dict:
     profile = profile_from_json(doc["profile"], "the evaluation's profile", "evaluation")
     contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
     model, gpu = get_model(local_model(doc["model"])), get_gpu(doc["gpu_model"])
-    return rank(model, gpu, space, profile, doc.get("batch", 1), contexts)
+    ew = elementwise_of_run(doc["provenance"])
+    return rank(model, gpu, space, profile, doc.get("batch", 1), contexts, ew)
 
 
 def choose(rows: list[dict]) -> dict:

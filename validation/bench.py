@@ -28,7 +28,7 @@ import numpy as np
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, elementwise_of_backend
 from ssvkit.planner.estimators import accepted_histogram
 from ssvkit.validation.prompts import prompt_crc32
 from ssvkit.validation.records import model_label
@@ -122,6 +122,11 @@ class Bench:
     batch: int = 1
     # ``time.perf_counter()`` after which no new run starts (``run`` raises ``StopAfter``).
     stop_at: float = math.inf
+
+    @property
+    def elementwise(self) -> str:
+        """How the target's engine runs the element-wise ops (``perfmodel.strategy``)."""
+        return elementwise_of_backend(self.target.backend)
 
     def decode(self, record_stats: bool = False, seed: int = 0):
         from ssvkit.engine.settings import DecodeConfig

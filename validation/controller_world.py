@@ -29,7 +29,7 @@ from ssvkit.engine.controller import RoundStats, ShadowAcceptance
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.strategy import parse_tree
+from ssvkit.perfmodel.strategy import elementwise_of_run, parse_tree
 from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
 from ssvkit.planner.profile import profile_from_json, regime_of
 from ssvkit.planner.rank import rank
@@ -60,9 +60,10 @@ SHADOW_PROMPTS = ("code", "prose", "random")
 SWITCH_S = {"none": 1e-4, "ngram": 1e-4, "draft_model": 4e-3}
 
 
-def load_setting(path: str | Path | None = None):
+def load_setting(path: str | Path | None = None, elementwise: str | None = None):
     """(ranking, model, gpu, profile) of a planner evaluation document (the one of record by
-    default), the ranking regenerated on the CPU over the document's regimes."""
+    default), the ranking regenerated on the CPU over the document's regimes, its element-wise
+    ops priced as ``elementwise`` says (default: as the document's engine ran them)."""
     path = path or record_path("planner.json")
     doc = json.loads(Path(path).read_text())
     profile = profile_from_json(doc["profile"], str(path), "planner")
@@ -71,7 +72,9 @@ def load_setting(path: str | Path | None = None):
     )
     model, gpu = get_model(local_model(doc["model"])), get_gpu(doc["gpu_model"])
     regimes = {r: v["context_len"] for r, v in doc["regimes"].items()}
-    return rank(model, gpu, space, profile, regimes=regimes), model, gpu, profile
+    elementwise = elementwise or elementwise_of_run(doc["provenance"])
+    ranking = rank(model, gpu, space, profile, regimes=regimes, elementwise=elementwise)
+    return ranking, model, gpu, profile
 
 
 def simulate_accepted(parents: tuple[int, ...], alpha, rng, sibling: float = 1.0) -> int:

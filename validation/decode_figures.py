@@ -93,8 +93,11 @@ def step_prediction(
     alpha: float,
     overlap: float | None,
     gpu_name: str,
+    *,
+    elementwise: str,
 ):
-    """perfmodel's step prediction (``perfmodel.step.StepPrediction``, one point) of a run, the
+    """perfmodel's step prediction (``perfmodel.step.StepPrediction``, one point) of a run whose
+    engine ran the element-wise ops as ``elementwise`` (``perfmodel.strategy.ELEMENTWISE``), the
     GPU spec it priced and its workload; ``ValueError`` where it cannot predict."""
     from ssvkit.perfmodel.calibrated import make_predictor
     from ssvkit.perfmodel.hardware import get_gpu
@@ -107,7 +110,12 @@ def step_prediction(
     drafts = s.num_draft_tokens(min(max(alpha, 0.0), 1.0)) > 0
     if s.drafter.kind == "draft_model" and drafts:
         s = dataclasses.replace(s, drafter=dataclasses.replace(s.drafter, model=draft_spec))
-    wl = Workload(context_len=context, batch=batch, acceptance=min(max(alpha, 0.0), 1.0))
+    wl = Workload(
+        context_len=context,
+        batch=batch,
+        acceptance=min(max(alpha, 0.0), 1.0),
+        elementwise=elementwise,
+    )
     if overlap is not None:
         wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
     check_feasible(s, wl, model)
@@ -125,17 +133,29 @@ def predict(
     alpha: float,
     overlap: float | None,
     gpu_name: str,
+    *,
+    elementwise: str,
 ) -> dict:
-    """perfmodel's step prediction for the run (or ``{"error": reason}``)."""
+    """perfmodel's step prediction for the run (or ``{"error": reason}``), its element-wise
+    ops as ``elementwise`` runs them."""
     try:
         pred, gpu, wl = step_prediction(
-            strategy, target_spec, draft_spec, context, batch, alpha, overlap, gpu_name
+            strategy,
+            target_spec,
+            draft_spec,
+            context,
+            batch,
+            alpha,
+            overlap,
+            gpu_name,
+            elementwise=elementwise,
         )
     except ValueError as e:
         return {"error": str(e).splitlines()[0]}
     ivs, rb = prediction_intervals(pred)
     return {
         "gpu": gpu.name,
+        "elementwise": wl.elementwise,
         "provenance": pred.provenance
         + (" (extrapolated)" if pred.extrapolated[0] else "")
         + (" (stand-in)" if pred.stand_in[0] else ""),

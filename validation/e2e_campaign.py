@@ -96,6 +96,7 @@ def strategies_for(bench, profile, space, regime: str, ctx: int, names) -> dict[
                 dataclasses.replace(space, draft_model=bench.draft_label),
                 profile,
                 regimes={regime: ctx},
+                elementwise=bench.elementwise,
             )
             best = ranking["regimes"][regime]["ranking"][0]["strategy"]
             s = dataclasses.replace(strategy_from_json(best), name="ssv_planned")
@@ -218,6 +219,7 @@ def main(argv=None) -> int:
         "version": CAMPAIGN_VERSION,
         "provenance": {
             **provenance(),
+            "backend": bench.target.backend,
             "command": command_line(
                 "ssvkit.validation.e2e_campaign", sys.argv[1:] if argv is None else argv
             ),

@@ -1,28 +1,35 @@
 """The op sweep of record: ``calibration.sweep``'s groups plus the ops the engine implements,
-timed exactly as the decode loop runs them -- the rotary embedding (``engine.rope``), and the
-decoder's other per-layer and per-forward ops (residual adds, q/k rotary with q's copy, the
-KV-tail write into ``engine.cache.KVCache``, the rotary factors per forward). It lives above the
-engine because it calls the engine's code; calibration provides the sweep machinery
-(``calibration.runner.Runner``: the rows, the resume keys, the budget) and reads the rows.
+timed exactly as the decode loop runs them -- the rotary embedding (``engine.rope``), the
+decoder's other per-layer and per-forward ops of the torch backend (residual adds, q/k rotary
+with q's copy, the KV-tail write into ``engine.cache.KVCache``, the rotary factors per forward),
+and the fused element-wise kernels of the triton backend (``engine.model``'s fused path:
+``add_rms_norm``, ``rope_kv_write`` into the cache, ``silu_mul``, and the embedding gather). It
+lives above the engine because it calls the engine's code; calibration provides the sweep
+machinery (``calibration.runner.Runner``: the rows, the resume keys, the budget) and reads the
+rows.
 
     python -m ssvkit.validation.engine_op_sweep --out calibration/profiles/h100-sxm [--budget-s 540]
+    # the fused kernels' rows alone, appended to a copy of the committed file (resumable):
+    python -m ssvkit.validation.engine_op_sweep --out DIR --ops fused --budget-s 540
 
-Groups: ``gemm``, ``elementwise`` (``calibration.sweep``), ``engine`` (this module) and
-``resident`` (every group again at the L2-resident models). Exit status as
-``calibration.sweep``'s.
+Groups: ``gemm``, ``elementwise`` (``calibration.sweep``), ``engine`` (this module), ``fused``
+(``validation.fused_op_sweep``: checked against their fp32 references first; a table of their
+rows at Llama-3.1-8B's shapes is printed last) and ``resident`` (every group again at the
+L2-resident models). Exit status as ``calibration.sweep``'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
 import torch
 from ssvkit.calibration import sweep as base
-from ssvkit.calibration.runner import Runner
+from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner, read_rows
 from ssvkit.calibration.sweep import ACT, TOKENS, swept_models
-from ssvkit.engine.cache import KVCache
-from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.rope import apply_rope, expand_angles
+from ssvkit.validation.fused_op_sweep import fused_ops, fused_summary, kv_cache
 
 
 def _rotary(qk, cos, sin):
@@ -63,19 +70,6 @@ def _rope_tables(cos_table, sin_table, positions):
     return expand_angles(cos_table[positions], sin_table[positions], interleaved=False)
 
 
-def _kv_cache(num_kv_heads: int, head_dim: int, t_max: int):
-    cfg = ModelConfig(
-        vocab_size=256,
-        hidden_size=num_kv_heads * head_dim,
-        intermediate_size=64,
-        num_layers=1,
-        num_q_heads=num_kv_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-    )
-    return KVCache(cfg, 1, t_max, dtype=ACT, device="cuda", use_triton=True)
-
-
 def engine_ops(s: Runner, models: dict | None = None) -> None:
     """The decoder's other per-layer and per-forward ops as ``engine.model`` runs them at the
     swept models' shapes: the two residual adds, q/k rotary with q's copy, the KV-tail write
@@ -107,7 +101,7 @@ def engine_ops(s: Runner, models: dict | None = None) -> None:
                 unique_bytes=2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
                 flops=6 * elems,
             )
-            caches = [_kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
+            caches = [kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
             for c in caches:
                 c.lens.fill_(1024)
             # rows and slots are built once per forward (engine.runner), not per layer
@@ -172,7 +166,16 @@ def engine_group(s: Runner, models: dict | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return base.main(argv, {**base.default_groups(), "engine": engine_group})
+    groups = {**base.default_groups(), "engine": engine_group, "fused": fused_ops}
+    rc = base.main(argv, groups)
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", type=Path)
+    out.add_argument("--ops", default="fused")
+    args, _ = out.parse_known_args(argv)
+    path = None if args.out is None else args.out / base.ROWS_FILE
+    if rc in (0, STOPPED_AT_BUDGET) and "fused" in args.ops and path and path.exists():
+        print(fused_summary(read_rows(path)))
+    return rc
 
 
 if __name__ == "__main__":

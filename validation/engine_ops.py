@@ -217,13 +217,18 @@ def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
     }
 
 
-def predicted_verify_s(strategy: Strategy, model_name: str, context: int, t: int, gpu: str):
+def predicted_verify_s(
+    strategy: Strategy, model_name: str, context: int, t: int, gpu: str, elementwise: str
+):
+    """perfmodel's verify seconds of ``t`` rows at ``context`` (the engine's element-wise ops
+    as ``elementwise`` runs them) and its provenance; (None, the reason) where it cannot."""
     try:
         spec = get_model(
             model_name.split(":", 1)[1] if model_name.startswith("random:") else model_name
         )
         s = dataclasses.replace(strategy, tree=f"chain:{t - 1}")
-        cols = build_columns(spec, [(s, Workload(context_len=context))])
+        wl = Workload(context_len=context, elementwise=elementwise)
+        cols = build_columns(spec, [(s, wl)])
         pred = predict_columns(spec, cols, make_predictor(get_gpu(gpu)), s.drafter)
         return float(pred.verify_s[0]), pred.provenance
     except ValueError as e:
@@ -250,23 +255,24 @@ def time_ops(runner, attn, tree, tokens, queries=None, timing: str = "graph") ->
 # Each group of the engine's ops (``layer_ops``, as the Triton backend runs them: residual adds
 # fused into the norms; rotary, its tables and the KV-tail store in one launch) and the step
 # model's verify ops (``perfmodel.step``, names without the ``verify.`` prefix) that price the
-# same work. Attention is one group: the step model prices block-metadata selection and the
-# reuse layers' sparse attention over every layer, the engine times refresh and reuse layers
-# apart. The step model's sampling and acceptance run in the engine's accept step.
+# same work, those of either element-wise implementation (``perfmodel.ops``). Attention is one
+# group: the step model prices block-metadata selection and the reuse layers' sparse attention
+# over every layer, the engine times refresh and reuse layers apart. The step model's sampling
+# and acceptance run in the engine's accept step.
 OP_GROUPS = {
     "norms": (
         ("embed", "embed_norm", "input_norm", "post_norm", "final_norm"),
-        ("norms", "residual", "embed_norm"),
+        ("norms", "residual", "embed_norm", "add_rms_norm", "rms_norm", "embed"),
     ),
     "qkv_proj": (("qkv_proj",), ("qkv_proj",)),
     "rope_kv_write": (
         ("rope_kv_write",),
-        ("rope", "rope_row", "kv_write", "kv_write_row", "rope_tables"),
+        ("rope", "rope_row", "kv_write", "kv_write_row", "rope_tables", "rope_kv_write"),
     ),
     "attention": (("attention", "attention_reuse"), (*ATTENTION_OPS, "selection")),
     "o_proj": (("o_proj",), ("o_proj",)),
     "gate_up_proj": (("gate_up_proj",), ("ffn_gate_up",)),
-    "silu_mul": (("silu_mul",), ("ffn_act", "ffn_act_row")),
+    "silu_mul": (("silu_mul",), ("ffn_act", "ffn_act_row", "silu_mul")),
     "down_proj": (("down_proj",), ("ffn_down",)),
     "lm_head": (("lm_head",), ("lm_head",)),
 }

@@ -66,7 +66,7 @@ from ssvkit.kernels.timing import (
 )
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
-from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.perfmodel.strategy import Strategy, elementwise_of_backend
 from ssvkit.planner.space import describe
 from ssvkit.validation.engine_ops import (
     floor_bytes,
@@ -319,7 +319,8 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
                 ops[name]["floor_selected_s"] = layer_floor
                 ops[name]["over_floor_selected"] = ops[name]["median_s"] / layer_floor
     floor_s = (w_bytes + kv_bytes) / copy_bps
-    pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu)
+    elementwise = elementwise_of_backend(runner.backend)
+    pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu, elementwise)
     row = {
         "strategy": strategy.name,
         "attention": dataclasses.asdict(attn),

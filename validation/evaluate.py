@@ -111,7 +111,16 @@ def evaluate_regime(
     strata = family if bench.batch > 1 else None
     chosen = pick(entry["ranking"], per_regime, lambda s: bench.runnable(s) is None, strata=strata)
     strategies = [strategy_from_json(r["strategy"]) for r in chosen]
-    scored, prov = score(bench.model, bench.gpu, strategies, ctx, profile, regime, bench.batch)
+    scored, prov = score(
+        bench.model,
+        bench.gpu,
+        strategies,
+        ctx,
+        profile,
+        regime,
+        bench.batch,
+        elementwise=bench.elementwise,
+    )
     pred = {strategy_id(x.strategy): x for x in scored}
     rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
     measured, windows = _measure_strategies(bench, strategies, regime, ctx)
@@ -207,7 +216,7 @@ def evaluate(
     profile, overhead_fits, per_key, chain_tokens = measure_profile(
         bench, contexts, space, ref_tree, attention_tree, profile_prompts, walk_prompts
     )
-    ranking = rank(bench.model, bench.gpu, space, profile, batch=bench.batch, regimes=contexts)
+    ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, bench.elementwise)
     regimes = {
         r: evaluate_regime(bench, ranking, r, ctx, profile, per_regime)
         for r, ctx in contexts.items()
@@ -228,7 +237,11 @@ def evaluate(
     )
     doc = {
         "version": EVAL_VERSION,
-        "provenance": {**(provenance or {}), "wall_s": time.perf_counter() - t0},
+        "provenance": {
+            **(provenance or {}),
+            "backend": bench.target.backend,
+            "wall_s": time.perf_counter() - t0,
+        },
         # Sequences per decode; absent at batch 1 (the documents before batches).
         **({"batch": bench.batch} if bench.batch > 1 else {}),
         "model": bench.model.name,

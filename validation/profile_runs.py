@@ -292,7 +292,16 @@ def fit_regime_overhead(
     the ``partial`` profile, each run weighted by 1 / its round time (relative error)."""
     bench, regime = rr.bench, rr.regime
     strategies = [s for s, _ in runs]
-    scored, _ = score(bench.model, bench.gpu, strategies, rr.ctx, partial, regime, bench.batch)
+    scored, _ = score(
+        bench.model,
+        bench.gpu,
+        strategies,
+        rr.ctx,
+        partial,
+        regime,
+        bench.batch,
+        elementwise=bench.elementwise,
+    )
     model_s = {strategy_id(x.strategy): x.round_s for x in scored}
     measured = [f["wall_s"] / f["rounds"] for _, f in runs]
     residual = [m - model_s[strategy_id(s)] for m, (s, _) in zip(measured, runs, strict=True)]

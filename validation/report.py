@@ -39,7 +39,7 @@ from ssvkit.perfmodel.host_overhead import host_overhead_s
 from ssvkit.perfmodel.intervals import COVERAGE, interval
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.step import build_columns, predict_columns
-from ssvkit.perfmodel.strategy import DrafterSpec, Workload, parse_tree
+from ssvkit.perfmodel.strategy import DrafterSpec, Workload, elementwise_of_run, parse_tree
 from ssvkit.perfmodel.trace import dumps_trace, make_header, make_round
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.profile import profile_from_json
@@ -72,11 +72,12 @@ def kernel_section(gpu: str) -> dict:
     }
 
 
-def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float):
+def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float, elementwise: str):
     wl = Workload(
         context_len=context_len,
         acceptance=min(max(alpha, 0.0), 1.0),
         overlap=min(max(gamma, 0.0), 1.0),
+        elementwise=elementwise,
     )
     cols = build_columns(model, [(s, wl)])
     drafter = (
@@ -99,7 +100,8 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
     tpr = sum(x["tokens"] for x in m) / rounds
     alpha = alpha_from_tokens(s.tree, tpr) if parse_tree(s.tree) else 0.0
     gamma = profile.gamma(regime, s.traversal)
-    pred = _predict(model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma)
+    elementwise = elementwise_of_run(campaign["provenance"])
+    pred = _predict(model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma, elementwise)
     loop = host_overhead_s(profile.overhead_coefficients(regime), s)
     round_s = float(pred.round_s[0]) + loop
     intervals, round_bounds = prediction_intervals(pred, loop)
@@ -131,7 +133,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
         "_round_bounds": round_bounds,
     }
     if sim:
-        row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, loop)
+        row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, loop, elementwise)
     return row
 
 
@@ -232,7 +234,7 @@ def _gpu_key(name: str) -> str:
     raise ValueError(f"GPU {name!r} of the campaign is not in the registry")
 
 
-def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
+def _simulate(campaign, model_label, s, runs, ctx, gamma, loop, elementwise) -> dict | None:
     """The simulator replaying the seed-0 run's accepted counts (its first round, graph capture,
     left out as in the measurement) with the step model's costs and the loop overhead."""
     seed0 = next((r for r in runs if "rounds_trace" in r["measured"]), None)
@@ -265,6 +267,7 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop) -> dict | None:
             trace=str(path),
             overlap=gamma,
             loop_overhead_s=loop,
+            elementwise=elementwise,
             timeline_rounds=0,
         )
         res = simulate(cfg)

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.strategy import elementwise_of_run
 from ssvkit.planner.rank import rank
 from ssvkit.planner.space import SpaceSpec
 from ssvkit.validation.bench import make_bench, read_runs
@@ -99,7 +100,8 @@ def rescore(
     overhead fit figures now."""
     doc = json.loads(evaluation.read_text())
     bench, space, contexts, profile, fits = profile_from_runs(runs, doc, model, draft_model)
-    ranking = rank(bench.model, bench.gpu, space, profile, batch=bench.batch, regimes=contexts)
+    ew = elementwise_of_run(doc["provenance"])
+    ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, ew)
     out = {}
     for regime, v in doc["regimes"].items():
         ranked = ranking["regimes"][regime]["ranking"]

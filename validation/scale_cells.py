@@ -167,11 +167,17 @@ def oracle_strategy(name: str, acceptance: float | None) -> Strategy:
     return dataclasses.replace(concrete(s, acceptance), name=name)
 
 
+def backend_of(device: str) -> str:
+    """The engine backend a campaign runs on ``device``: triton on CUDA, torch on the CPU."""
+    return "triton" if device == "cuda" else "torch"
+
+
 def planned_strategy(st: Setup, cell: Cell) -> Strategy:
     """``ssv_planned``: the offline best of the planner's space for the cell's model, context
     and batch, with the oracle's acceptance as the drafter's profile."""
     from ssvkit.perfmodel.hardware import get_gpu
     from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.strategy import elementwise_of_backend
     from ssvkit.planner.profile import RegimeProfile
     from ssvkit.planner.rank import rank, strategy_from_json
 
@@ -186,6 +192,7 @@ def planned_strategy(st: Setup, cell: Cell) -> Strategy:
         profile,
         batch=cell.batch,
         regimes={"cell": cell.context},
+        elementwise=elementwise_of_backend(backend_of(st.device)),
     )
     if "cell" not in ranking["regimes"]:
         raise ValueError(f"the planner ranks nothing here: {ranking.get('skipped')}")

@@ -15,7 +15,7 @@ import json
 import time
 import zlib
 
-from ssvkit.perfmodel.strategy import BASELINES, Strategy
+from ssvkit.perfmodel.strategy import BASELINES, Strategy, elementwise_of_backend
 from ssvkit.validation import full_batch
 from ssvkit.validation.bench import RunCache, steady_figures
 from ssvkit.validation.records import run_schedule
@@ -23,6 +23,7 @@ from ssvkit.validation.scale_cells import (
     AUTOREGRESSIVE,
     Cell,
     Setup,
+    backend_of,
     cache_positions,
     cell_strategy,
     fitted_context,
@@ -59,13 +60,12 @@ class Runners:
         if self.key != (model, batch, t_max):
             self.runner = None
             _release(st.device)
-            cuda = st.device == "cuda"
             self.runner = ModelRunner(
                 self.model,
                 batch=batch,
                 t_max=t_max,
-                backend="triton" if cuda else "torch",
-                use_graphs=cuda,
+                backend=backend_of(st.device),
+                use_graphs=st.device == "cuda",
             )
             self.key = (model, batch, t_max)
         self.runner.graphs.clear()  # a cell's graphs, not the last cell's, hold memory
@@ -167,9 +167,9 @@ def predictions(st: Setup, cell: Cell, strategy: Strategy, alpha: float, overlap
     """perfmodel's prediction at the measured acceptance and overlap (the mean context of the
     run), with its speedups over the autoregressive baselines predicted alike."""
     drafted = cell.acceptance is not None
-    return predict_cell(
-        strategy, cell.model, cell.context, cell.batch, drafted, alpha, overlap, st.args
-    )
+    elementwise = elementwise_of_backend(backend_of(st.device))
+    args = (cell.model, cell.context, cell.batch, drafted, alpha, overlap, st.args, elementwise)
+    return predict_cell(strategy, *args)
 
 
 def predict_cell(
@@ -181,24 +181,28 @@ def predict_cell(
     alpha: float,
     overlap,
     settings,
+    elementwise: str,
 ) -> dict:
     """perfmodel's prediction of one cell (``drafted``: the oracle's acceptance, labelled
-    synthetic) at the run's mean context (``settings.new_tokens``) on ``settings.gpu``, with its
-    speedups over the autoregressive baselines predicted alike and their intervals;
-    ``{"error": reason}`` where it cannot predict."""
+    synthetic) at the run's mean context (``settings.new_tokens``) on ``settings.gpu``, the
+    element-wise ops as the run's engine ran them (``elementwise``), with its speedups over the
+    autoregressive baselines predicted alike and their intervals; ``{"error": reason}`` where
+    it cannot predict."""
     from ssvkit.validation.decode_figures import predict, ratio_interval
 
     name = model.removeprefix("random:")
     gpu = settings.gpu
     ctx = context + settings.new_tokens // 2
-    pred = predict(strategy, name, None, ctx, batch, alpha, overlap, gpu)
+    pred = predict(strategy, name, None, ctx, batch, alpha, overlap, gpu, elementwise=elementwise)
     if "error" in pred:
         return pred
     if drafted:
         pred["acceptance"] = "synthetic:oracle"
     pred["speedup"], pred["speedup_intervals"] = {}, {}
     for base in AUTOREGRESSIVE:
-        ar = predict(BASELINES[base], name, None, ctx, batch, 0.0, overlap, gpu)
+        ar = predict(
+            BASELINES[base], name, None, ctx, batch, 0.0, overlap, gpu, elementwise=elementwise
+        )
         if "tokens_per_s" in ar:
             pred["speedup"][base] = pred["tokens_per_s"] / ar["tokens_per_s"]
             same = (ar["tokens_per_s"], ar["round_log_bounds"]) == (
@@ -222,7 +226,7 @@ def run_cell(st: Setup, runners: Runners, cell: Cell) -> dict:
     cfg = resolve_source(cell.model).config
     try:
         strategy = cell_strategy(st, cell)
-        check_strategy(strategy, cfg, None, "triton" if st.device == "cuda" else "torch")
+        check_strategy(strategy, cfg, None, backend_of(st.device))
     except ValueError as e:
         return {"status": "skipped", "reason": str(e).splitlines()[0]}
     cuda = st.device == "cuda"
@@ -233,7 +237,7 @@ def run_cell(st: Setup, runners: Runners, cell: Cell) -> dict:
         "provenance": {
             **provenance(),
             "dtype": str(st.dtype).removeprefix("torch."),
-            "backend": "triton" if cuda else "torch",
+            "backend": backend_of(st.device),
             "cuda_graphs": cuda,
             "new_tokens": st.args.new_tokens,
             "temperature": 0.0,

@@ -85,15 +85,17 @@ def cell_estimate(st: Setup, cell: Cell, references: dict) -> dict:
 
 
 def _predict(st: Setup, cell: Cell, strategy, alpha: float) -> dict:
+    from ssvkit.perfmodel.strategy import BASELINES, elementwise_of_backend
     from ssvkit.validation.decode_figures import predict
+    from ssvkit.validation.scale_cells import backend_of
 
     ctx = cell.context + st.args.new_tokens // 2
     name = cell.model.removeprefix("random:")
-    pred = predict(strategy, name, None, ctx, cell.batch, alpha, None, st.args.gpu)
+    kw = {"elementwise": elementwise_of_backend(backend_of(st.device))}
+    pred = predict(strategy, name, None, ctx, cell.batch, alpha, None, st.args.gpu, **kw)
     if "error" in pred:  # priced as dense autoregressive decoding instead
-        from ssvkit.perfmodel.strategy import BASELINES
-
-        pred = predict(BASELINES["ar_dense"], name, None, ctx, cell.batch, 0.0, None, st.args.gpu)
+        ar = BASELINES["ar_dense"]
+        pred = predict(ar, name, None, ctx, cell.batch, 0.0, None, st.args.gpu, **kw)
     return pred
 
 

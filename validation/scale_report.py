@@ -90,9 +90,11 @@ def _keys(doc: dict, r: dict) -> dict:
 def predict_row(doc: dict, r: dict) -> dict:
     """perfmodel's prediction of a measured row now, with the profile of the campaign's GPU,
     at the acceptance of the row's full-batch rounds (``row_figures``), its measured selection
-    overlap and the NSA row schedule it ran with (``validation.records.measured_strategy``)."""
+    overlap, the NSA row schedule it ran with (``validation.records.measured_strategy``) and the
+    element-wise implementation of its backend (``perfmodel.strategy.elementwise_of_run``)."""
     from types import SimpleNamespace
 
+    from ssvkit.perfmodel.strategy import elementwise_of_run
     from ssvkit.validation.records import measured_strategy
     from ssvkit.validation.scale_measure import predict_cell
 
@@ -100,7 +102,8 @@ def predict_row(doc: dict, r: dict) -> dict:
     _, alpha = row_figures(r)
     overlap = r["selection"]["group_overlap"]
     drafted = r["acceptance"] is not None
-    args = (r["model"], r["context"], r["batch"], drafted, alpha, overlap, settings)
+    elementwise = elementwise_of_run(r["provenance"])
+    args = (r["model"], r["context"], r["batch"], drafted, alpha, overlap, settings, elementwise)
     return predict_cell(measured_strategy(r), *args)
 
 

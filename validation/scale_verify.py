@@ -43,6 +43,7 @@ from ssvkit.engine.memory import plan_memory
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import bench, provenance
+from ssvkit.perfmodel.strategy import elementwise_of_backend
 from ssvkit.planner.space import describe
 from ssvkit.validation.decode_figures import step_prediction, verify_forward_s
 from ssvkit.validation.engine_ops import (
@@ -198,6 +199,7 @@ def measure_cell(args, settings: dict, runner, r: dict, timing: str) -> dict:
             alpha,
             r["selection"]["group_overlap"],
             settings["gpu"],
+            elementwise=elementwise_of_backend(runner.backend),
         )
     except ValueError as e:
         pred, unpredicted = None, str(e).splitlines()[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ssvkit.perfmodel.numbers import figure, interval_text
+from ssvkit.perfmodel.strategy import elementwise_of_backend
 from ssvkit.validation.decode_figures import fit_acceptance, mean_selection, predict
 from ssvkit.validation.records import run_schedule
 
@@ -53,6 +54,7 @@ def build_report(args, result, run: DecodeRun) -> dict:
         alpha,
         overlap,
         args.gpu,
+        elementwise=elementwise_of_backend(run.backend),
     )
     if source is not None and "error" not in pred:
         pred["acceptance"] = source

@@ -6,7 +6,8 @@ ssvkit rank --evaluation validation/data/planner.json   # the ranking the H100 e
 
 ``--acceptance-profile`` also reads the profile inside a planner evaluation or a ranking
 document. ``--evaluation`` ranks as a planner evaluation did -- its model and draft model (found
-in this checkout's ``engine/checkpoints``), GPU, space, regime contexts and measured profile --,
+in this checkout's ``engine/checkpoints``), GPU, space, regime contexts, measured profile and
+the element-wise implementation its engine ran (``perfmodel.strategy.elementwise_of_run``) --,
 so the ranking it validated is reproduced on the CPU from committed files (the strategy ids of
 a draft model differ where its checkpoint's path does: the id hashes the drafter's fields).
 """
@@ -21,6 +22,7 @@ from ssvkit.cli.options import add_pricing_options, bounded_text, interval_legen
 from ssvkit.perfmodel.files import atomic_write, check_output, read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.strategy import ELEMENTWISE, elementwise_of_run, fused_elementwise
 from ssvkit.planner.profile import RegimeProfile, load_profile
 from ssvkit.planner.rank import rank
 from ssvkit.planner.space import SpaceSpec, space_from_json
@@ -60,6 +62,11 @@ def add_arguments(p) -> None:
         metavar="FILE",
         help="rank as this planner evaluation did (its model, GPU, space, contexts, profile)",
     )
+    p.add_argument(
+        "--elementwise",
+        help=f"the engine's element-wise ops: {' | '.join(ELEMENTWISE)} (default fused, the "
+        "triton backend's; with --evaluation, its engine's)",
+    )
     add_pricing_options(p)
     p.add_argument("--out", metavar="FILE", help="write the ranking JSON here")
     p.add_argument("--top", type=int, default=5, help="strategies printed per regime")
@@ -75,6 +82,7 @@ _FROM_EVALUATION = (
     ("draft_model", "--draft-model"),
     ("trees", "--trees"),
     ("metadata", "--metadata"),
+    ("elementwise", "--elementwise"),
 )
 # The evaluation's GPU is priced as it was when ranked: its own or a transferred profile.
 _PRICING_FLAGS = (
@@ -84,7 +92,8 @@ _PRICING_FLAGS = (
 
 
 def _from_evaluation(path: str):
-    """(model, gpu, space, profile, regime contexts, label, batch) of a planner evaluation."""
+    """(model, gpu, space, profile, regime contexts, label, batch, element-wise implementation)
+    of a planner evaluation."""
     from ssvkit.planner.profile import profile_from_json
     from ssvkit.validation.records import local_model
 
@@ -106,7 +115,8 @@ def _from_evaluation(path: str):
         raise ValueError(f"{where}: regimes must map each regime to an object with context_len")
     contexts = {r: v["context_len"] for r, v in regimes.items()}
     profile = profile_from_json(d["profile"], f"{path!r}'s profile", f"evaluation:{p.name}")
-    commit = (d.get("provenance") or {}).get("git_commit") or "unknown"
+    provenance = d.get("provenance") or {}
+    commit = provenance.get("git_commit") or "unknown"
     return (
         get_model(local_model(d["model"])),
         get_gpu(d["gpu_model"]),
@@ -115,6 +125,7 @@ def _from_evaluation(path: str):
         contexts,
         f"the evaluation {p.name} (commit {commit[:7]})",
         d.get("batch", 1),
+        elementwise_of_run(provenance),
     )
 
 
@@ -133,9 +144,9 @@ def run(args) -> int:
             raise ValueError(
                 f"--evaluation sets the model, GPU, space and profile; drop {', '.join(given)}"
             )
-        model, gpu, spec, profile, contexts, what, own = _from_evaluation(args.evaluation)
+        model, gpu, spec, profile, contexts, what, own, ew = _from_evaluation(args.evaluation)
         batch = own if args.batch is None else batch
-        doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts)
+        doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts, elementwise=ew)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
     model, gpu = get_model(args.model or "llama-3.1-8b"), pricing_gpu(args, args.gpu or "h100-sxm")
@@ -154,7 +165,9 @@ def run(args) -> int:
         raise ValueError("the draft_model drafter needs --draft-model")
     if spec.draft_model and "draft_model" not in spec.drafters:
         raise ValueError(f"--draft-model {spec.draft_model!r} is read with --drafters draft_model")
-    doc = rank(model, gpu, spec, profile, batch=batch)
+    elementwise = args.elementwise or "fused"
+    fused_elementwise(elementwise)  # a bad value fails here, in one line
+    doc = rank(model, gpu, spec, profile, batch=batch, elementwise=elementwise)
     _emit(args, doc, model, gpu, profile)
     return 0
 

@@ -45,6 +45,7 @@ RUN_FIELDS = (
     "batch",
     "tp",
     "kv_bytes",
+    "elementwise",
     "acceptance",
     "acceptance_model",
     "acceptance_table",

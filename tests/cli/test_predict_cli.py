@@ -58,6 +58,7 @@ def test_json_every_figure_has_provenance(capsys):
         (["--acceptance", "1.2"], "acceptance must lie in [0, 1]"),
         (["--strategies", "ssv,nope"], "unknown strategy 'nope'"),
         (["--tree", "best:x"], "tree 'best:x'"),
+        (["--elementwise", "triton"], "elementwise must be one of fused, torch, got 'triton'"),
     ],
 )
 def test_bad_input_one_line_exit_2(argv, needle, capsys, tmp_path):
@@ -67,6 +68,32 @@ def test_bad_input_one_line_exit_2(argv, needle, capsys, tmp_path):
     assert needle in err
     assert err.count("\n") == 1
     assert not out_csv.exists()
+
+
+def test_elementwise_picks_the_engine_implementation_priced(capsys):
+    """``--elementwise torch`` prices torch's separate ops (the header says which): slower than
+    the default fused kernels, and without their stand-in; the JSON carries the workload's."""
+    argv = ["predict", "--context", "32K", "--strategies", "ar_dense", "--json"]
+    tps = {}
+    for ew in ("fused", "torch"):
+        assert main([*argv, "--elementwise", ew]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["workload"]["elementwise"] == ew
+        (row,) = doc["rows"]
+        tps[ew] = row["tokens_per_s"]["value"]
+        ops = set(row["ops"])
+        assert ("verify.add_rms_norm" in ops) == (ew == "fused") != ("verify.norms" in ops)
+    assert tps["fused"] > tps["torch"]
+    assert main(["predict", "--context", "32K", "--elementwise", "torch"]) == 0
+    assert "element-wise torch" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_rank_takes_the_implementation_and_refuses_a_bad_one(capsys):
+    assert main(["rank", "--top", "1", "--elementwise", "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "elementwise must be one of fused, torch, got 'gpu'" in err
+    assert main(["rank", "--top", "1", "--elementwise", "torch", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["elementwise"] == "torch"
 
 
 def test_malformed_config_json(tmp_path, capsys):

@@ -75,12 +75,13 @@ def test_group_size_and_the_naive_baseline_change_the_prediction():
 
 @needs_profile
 def test_the_one_row_path_is_priced_by_a_labelled_stand_in():
+    # torch's element-wise ops, which the profile has classes of: NSA's is the only stand-in.
     rows = compare(
         LLAMA,
         get_gpu("h100-sxm"),
         [Strategy.from_name(n) for n in ("ar_sparse", "sd_sparse_naive", "ssv")],
         [32768],
-        Workload(),
+        Workload(elementwise="torch"),
     )
     by = {r["strategy"]: r for r in rows}
     naive = by["sd_sparse_naive"]
@@ -110,7 +111,7 @@ def test_a_profile_with_per_query_rows_prices_them_itself():
     classes = {**base.classes, "nsa_verify/refresh/unfused/per_query": own}
     profile = dataclasses.replace(base, classes=classes)
     naive = Strategy.from_name("sd_sparse_naive")
-    c = build_columns(LLAMA, [(naive, Workload())])
+    c = build_columns(LLAMA, [(naive, Workload(elementwise="torch"))])
     plain = predict_columns(LLAMA, c, CalibratedPredictor(gpu, base, tp=c.tp))
     mine = predict_columns(LLAMA, c, CalibratedPredictor(gpu, profile, tp=c.tp))
     key = "verify.sparse_attention_refresh_per_query"

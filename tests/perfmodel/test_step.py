@@ -168,7 +168,7 @@ def test_nsa_refresh_layers_select_inside_their_own_calls():
 def test_single_row_ops_take_their_own_classes():
     """kv_write, silu_mul and rotary run another torch path for one row: AR points use the
     /m1 classes, verify points of several rows the general ones."""
-    w = Workload(context_len=4096)
+    w = Workload(context_len=4096, elementwise="torch")
     ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:3")
     _, p = run(TINY, [(ar, w), (sd, w)])
     for general, row in (
@@ -185,7 +185,7 @@ def test_kv_write_carries_its_store_chain():
     """The KV write's depth per call is its two index_put_ stores' serial steps at the point's
     rows (perfmodel.torch_plan): TINY's 2 KV heads x 16 dims, 4 draft rows + 1 -> 160 elements,
     2 steps per store; one AR row (32 elements) -> 1 step."""
-    w = Workload(context_len=4096)
+    w = Workload(context_len=4096, elementwise="torch")
     ar, sd = Strategy(name="ar"), Strategy(name="sd", tree="chain:4")
     _, p = run(TINY, [(ar, w), (sd, w)])
     for name, point, steps in (("verify.kv_write_row", 0, 2), ("verify.kv_write", 1, 4)):

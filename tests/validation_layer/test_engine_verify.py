@@ -72,6 +72,7 @@ def test_a_scale_campaign_is_timed_op_by_op_beside_its_prediction(
             row_figures(cell)[1],
             cell["selection"]["group_overlap"],
             doc["gpu"],
+            elementwise="torch",  # the CPU runs the torch backend
         )
         groups = row["groups"]
         assert groups["qkv_proj"]["predicted_s"] == pytest.approx(

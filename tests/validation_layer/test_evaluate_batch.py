@@ -114,7 +114,10 @@ def test_every_phase_decodes_batches_of_prompts_and_counts_their_tokens(tmp_path
         m = row["measured"]
         # Two runs of two sequences of 12 tokens, less each run's first round (<= 2 x 5).
         assert 2 * (2 * 12 - 2 * 5) <= m["tokens"] <= 2 * 2 * 12
-        (p,), _ = score(bench.model, bench.gpu, [s], 1024, _profile(doc), "<=4K", 2)
+        # the CPU bench runs the torch backend: its element-wise ops are torch's
+        assert bench.elementwise == "torch" and doc["provenance"]["backend"] == "torch"
+        kw = {"elementwise": bench.elementwise}
+        (p,), _ = score(bench.model, bench.gpu, [s], 1024, _profile(doc), "<=4K", 2, **kw)
         assert row["predicted_tokens_per_s"] == pytest.approx(p.tokens_per_s)
     a = doc["adaptive"]["prompt_sets"]
     code = tuple(
