@@ -65,6 +65,17 @@ between rounds as the rest of a round evicts the CPU caches (``validation.contro
 A prompt is indexed into an empty index at once (``NgramIndex._fill``, counted with numpy):
 about a third of the token-by-token host time on 16K tokens of code, which a batch of 32
 such prompts pays at every drafter start.
+
+**A sample of the batch.** The shadow's work is per sequence: every committed token of every
+sequence costs an index update, a chain proposal and a step of each walk, ~25-30 us per
+sequence and round with the 32K regime's three trees (one token each, autoregressive), so a
+batch of 32 cost ~1 ms a round on the H200's host -- twice the verify step it runs behind.
+With ``shadow_sequences = S`` the shadow scores only a fixed sample of S sequences spread over
+the batch (``shadow_sample``; its indexes only theirs), each one's walks reported beside the
+sum (``ShadowAcceptance.by_sequence``) so that a controller can measure how far the sequences
+differ; the tokens it reads per round (``shadow_tokens``) are then at most S times a round's
+longest commit, whatever the batch. A sampled sequence that finishes leaves the sample
+smaller; one that never advances again counts 0 tokens.
 """
 
 from __future__ import annotations
