@@ -10,11 +10,12 @@ drafter's shadow (``sync`` + ``take_shadow``, ``step_s["shadow"]``), in the synt
 Both run between a round's one host synchronisation and the next round's launch, so each
 microsecond is one the GPU idles (an autoregressive round of the tiny pair at 16K takes ~756 us
 on the H100). The shadow is timed on a 15360-token prompt (``--context``) of each prompt set,
-1-5 further tokens of the same text committed per round, with chains alone and walking the
-n-gram trees the controller declares for that context (``OnlineController.shadow_trees``,
-``<set>+trees``). With ``--batch B`` it scores B such sequences (windows of their own): all of
-them (``@all``) and the controller's fixed sample (``@S``, ``--shadow-sequences``), with the
-tokens it read per round (its work, which the sample bounds).
+1-5 further tokens of the same text committed per round (``--per-round``), with chains alone
+and walking the n-gram trees the controller declares for that context
+(``OnlineController.shadow_trees``, ``<set>+trees``). With ``--batch B`` it scores B such
+sequences (windows of their own): all of them (``@all``) and the controller's fixed sample
+(``@S``, ``--shadow-sequences``), with the tokens it read per round (its work, which the
+sample bounds).
 
 Each is timed twice by default (``--flush-mib 0,32``): back to back, its code and data hot in
 the CPU caches, and with 32 MiB written between two calls (``cache_flush``), as the rest of a
@@ -119,6 +120,11 @@ def main(argv=None) -> int:
     p.add_argument(
         "--context", type=int, default=CONTEXT, help="prompt tokens (and the trees' regime)"
     )
+    p.add_argument(
+        "--per-round",
+        default="1-5",
+        help="tokens each sequence commits per round, N or N-M (1: autoregressive decoding)",
+    )
     p.add_argument("--profile", action="store_true", help="print a cProfile of each part")
     p.add_argument("--json", default=None, help="write the figures to this file")
     args = p.parse_args(argv)
@@ -135,6 +141,14 @@ def main(argv=None) -> int:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
         if args.shadow_sequences < 0:
             raise ValueError(f"--shadow-sequences must be >= 0, got {args.shadow_sequences}")
+        raw = args.per_round
+        lo, _, hi = raw.partition("-")
+        try:
+            args.per_round = (int(lo), int(hi or lo))
+        except ValueError:
+            args.per_round = (0, 0)
+        if not 1 <= args.per_round[0] <= args.per_round[1]:
+            raise ValueError(f"--per-round must be N or N-M with 1 <= N <= M, got {raw!r}")
         if not Path(args.planner).is_file():
             raise ValueError(f"--planner {args.planner!r} does not exist")
     except ValueError as e:
@@ -147,6 +161,7 @@ def main(argv=None) -> int:
         "seed": args.seed,
         "batch": args.batch,
         "context": args.context,
+        "per_round": list(args.per_round),
         "planner": file_label(args.planner),
         "provenance": provenance(),
         "runs": {},
@@ -182,7 +197,7 @@ def _world(args, sample: int | None = None) -> dict:
     """The shadow's world of ``args``: its batch, sample (``sample``, else the controller's)
     and context."""
     s = args.shadow_sequences if sample is None else sample
-    return {"batch": args.batch, "sample": s, "context": args.context}
+    return {"batch": args.batch, "sample": s, "context": args.context, "per_round": args.per_round}
 
 
 def _samples(args) -> list[tuple[str, int]]:

@@ -205,14 +205,15 @@ def run_shadow(
     batch: int = 1,
     sample: int = 0,
     context: int = CONTEXT,
+    per_round: tuple[int, int] = (1, 5),
 ) -> dict:
     """Per-round seconds of ``sync`` + ``take_shadow`` of a warm n-gram drafter scoring the
     shadow of ``batch`` sequences (``shadow_texts``; a fixed ``sample`` of them when 0 <
-    ``sample`` < ``batch``), each committing 1-5 tokens of its text per round, walking
-    ``trees`` too; the counts it returned (positions, matches), the tokens its shadow read
-    per round (its work) and the ``ShadowAcceptance`` of each round."""
+    ``sample`` < ``batch``), each committing ``per_round`` (1-5 by default) tokens of its
+    text per round, walking ``trees`` too; the counts it returned (positions, matches), the
+    tokens its shadow read per round (its work) and the ``ShadowAcceptance`` of each round."""
     rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 6, (rounds, batch))
+    sizes = rng.integers(per_round[0], per_round[1] + 1, (rounds, batch))
     texts = shadow_texts(kind, batch, context, sizes)
     d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN, trees, sample)
     d.start([t[:context] for t in texts])
