@@ -43,10 +43,51 @@ SHADOW_MIN_POSITIONS = 8.0
 
 @functools.lru_cache(maxsize=64)
 def t_for_z(z: float, dof: int) -> float:
-    """Student's t quantile of ``dof`` degrees of freedom at the normal ``z``'s probability."""
-    from scipy.stats import norm, t
+    """Student's t quantile of ``dof`` >= 1 degrees of freedom at the normal ``z``'s probability
+    p: from the Cornish-Fisher expansion in 1 / dof (Abramowitz & Stegun 26.7.5), Newton's
+    steps on the t distribution's closed form for integer degrees of freedom (26.7.3-4) to
+    machine precision. Pure Python: a re-score inside a decode must not stop to import scipy."""
+    if dof < 1:
+        raise ValueError(f"dof must be >= 1, got {dof}")
+    p = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    z2 = z * z
+    g = (
+        z * (z2 + 1.0) / 4.0,
+        z * ((5.0 * z2 + 16.0) * z2 + 3.0) / 96.0,
+        z * (((3.0 * z2 + 19.0) * z2 + 17.0) * z2 - 15.0) / 384.0,
+        z * ((((79.0 * z2 + 776.0) * z2 + 1482.0) * z2 - 1920.0) * z2 - 945.0) / 92160.0,
+    )
+    t = z + sum(gi / dof ** (i + 1) for i, gi in enumerate(g)) if dof > 2 else z
+    log_norm = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    for _ in range(50):
+        pdf = math.exp(log_norm - (dof + 1) / 2 * math.log1p(t * t / dof))
+        step = (_t_cdf(t, dof) - p) / pdf
+        t -= step
+        if abs(step) <= 1e-13 * max(1.0, abs(t)):
+            break
+    return t
 
-    return float(t.ppf(norm.cdf(z), dof))
+
+def _t_cdf(t: float, dof: int) -> float:
+    """The t distribution's CDF at ``t``, ``dof`` >= 1 an integer (A&S 26.7.3-4: a finite sum in
+    cos(theta)^2, theta = arctan(t / sqrt(dof)))."""
+    theta = math.atan(t / math.sqrt(dof))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if dof % 2 == 0:
+        term = total = 1.0
+        for k in range(1, dof // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = s * total
+    else:
+        total, term = 0.0, 1.0
+        if dof > 1:
+            total = 1.0
+            for k in range(1, (dof - 1) // 2):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+        a = 2.0 / math.pi * (theta + s * math.cos(theta) * total)
+    return 0.5 + 0.5 * a
 
 
 class SampleSpread:

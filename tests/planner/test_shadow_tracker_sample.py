@@ -65,6 +65,16 @@ def test_a_sampled_walks_interval_holds_the_sequences_spread_by_hand():
     assert "ngram" not in full.spread and full.share["ngram"] == 1.0
 
 
+@pytest.mark.parametrize("z", [0.5, 1.0, 1.645, 1.96, 2.576])
+def test_t_for_z_is_students_quantile(z):
+    from scipy.stats import norm, t
+
+    for dof in range(1, 40):
+        assert t_for_z(z, dof) == pytest.approx(t.ppf(norm.cdf(z), dof), rel=1e-9), dof
+    with pytest.raises(ValueError, match="dof must be >= 1, got 0"):
+        t_for_z(z, 0)
+
+
 def test_a_sample_that_cannot_measure_its_spread_gives_no_interval():
     # two of three sequences done: one live sequence, no spread to measure
     t = ShadowTracker()
