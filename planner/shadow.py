@@ -93,21 +93,18 @@ def _t_cdf(t: float, dof: int) -> float:
 class SampleSpread:
     """Per sampled sequence (a slot of ``ShadowAcceptance.by_sequence``) the decayed rounds it
     advanced in and, per walk (``index``: a chain length or a tree spec to its column), the
-    decayed rounds walked and drafts accepted; ``share``: the sampled sequences over the
-    round's, in the last round."""
+    decayed rounds walked and drafts accepted."""
 
-    __slots__ = ("sums", "index", "walks", "share")
+    __slots__ = ("sums", "index", "walks")
 
     def __init__(self, slots: int, index: dict) -> None:
         self.index, self.walks = index, len(index)
         self.sums = np.zeros((slots, 1 + 2 * self.walks))
-        self.share = 1.0
 
-    def add(self, by_sequence, keep: float, share: float) -> None:
+    def add(self, by_sequence, keep: float) -> None:
         rows = [(1.0 if x.tokens else 0.0, *x.rounds, *x.drafts) for x in by_sequence]
         self.sums *= keep
         self.sums += rows
-        self.share = share
 
     def cluster(self, key, pair: bool) -> tuple[float, int] | None:
         """The cluster variance (the module) of walk ``key``'s accepted drafts per round, or
@@ -182,7 +179,8 @@ class ShadowTracker:
         self.lens: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
         self.dev: dict = {}
         self.scored: dict = {}
-        self.share: dict[str, float] = {}  # per kind: sampled sequences over the round's
+        # per kind: the sequences its last round's counts cover over the round's
+        self.share: dict[str, float] = {}
         self.spread: dict[str, SampleSpread] = {}  # per kind scored on a sample
 
     def __contains__(self, kind: str) -> bool:
@@ -230,7 +228,7 @@ class ShadowTracker:
             index = {k: k - 1 for k in range(1, len(sh.rounds) + 1)}
             index.update((t[0], len(sh.rounds) + i) for i, t in enumerate(sh.trees))
             spread = self.spread[kind] = SampleSpread(len(by_sequence), index)
-        spread.add(by_sequence, keep, self.share[kind])
+        spread.add(by_sequence, keep)
 
     def _with_spread(self, kind: str, key, within: float, z: float, pair: bool) -> float | None:
         """``within`` (a walk's variance over its rounds) plus, when the shadow scores a sample
