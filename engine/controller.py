@@ -15,7 +15,9 @@ n-gram drafting without drafting with it.
 
 A controller may also declare ``shadow_trees(context_len)``: the branching tree specs whose
 walks the warm n-gram drafter's shadow scores as well (``ShadowAcceptance.trees``), asked with
-the longest prompt's length when the drafter starts.
+the longest prompt's length when the drafter starts, and ``shadow_sequences``: the most
+sequences of a batch the shadow scores (0 or absent: all of them), a fixed sample that bounds
+the shadow's host time per round whatever the batch (``engine.ngram``).
 
 A controller whose ``overlap`` attribute is true lets its decisions take effect one round late:
 the loop then calls it while the next round's GPU work runs, so its host time (and the shadow's)
@@ -36,9 +38,29 @@ from ssvkit.perfmodel.strategy import Strategy
 
 
 @dataclass(frozen=True, slots=True)
+class SequenceWalks:
+    """One sequence of a shadow's sample over one round (``ShadowAcceptance.by_sequence``): the
+    committed tokens the shadow read of it, and per walk -- the chain lengths 1..K, then the
+    walked trees in ``ShadowAcceptance.trees`` order -- the rounds walked and the drafts they
+    accepted."""
+
+    tokens: int
+    rounds: tuple[int, ...]
+    drafts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or len(self.rounds) != len(self.drafts):
+            raise ValueError(
+                f"a sequence's walks need tokens >= 0 and one drafts count per rounds count, got "
+                f"tokens={self.tokens}, rounds={self.rounds}, drafts={self.drafts}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class ShadowAcceptance:
     """What a chain drafter that did not draft would have accepted (``engine.ngram``'s shadow),
-    over the committed positions resolved in one round, summed over the batch.
+    over the committed positions resolved in one round, summed over the batch -- or over the
+    sample of its sequences the shadow scores.
 
     ``positions`` proposals were resolved; ``matched[k - 1]`` of them had their first ``k``
     tokens all equal to the committed ones (k = 1 .. ``len(matched)``, the longest chain scored).
@@ -48,6 +70,13 @@ class ShadowAcceptance:
     when not walked (then ``accepted`` is the average over positions). ``trees``: per branching
     tree the shadow walks, ``(spec, rounds, accepted drafts, their squares)`` (``engine.ngram``:
     each round accepts the tree's longest root path matching the committed tokens).
+
+    ``sequences``: None when the counts cover every sequence of the round; with a sample
+    (``engine.ngram``: a fixed few sequences of a larger batch), how many sampled sequences
+    advanced this round -- the counts are theirs -- and ``by_sequence`` each sampled
+    sequence's own walks (``SequenceWalks``; one slot per sampled sequence, the same sequence
+    in the same slot every round, tokens 0 when it did not advance), from which a controller
+    measures how far the sequences differ: the part of the batch the sample does not see.
     """
 
     positions: int
@@ -55,6 +84,8 @@ class ShadowAcceptance:
     rounds: tuple[int, ...] = ()
     drafts: tuple[int, ...] = ()
     trees: tuple[tuple[str, int, int, int], ...] = ()
+    sequences: int | None = None
+    by_sequence: tuple[SequenceWalks, ...] = ()
 
     def __post_init__(self) -> None:
         if self.positions < 0:
@@ -87,6 +118,20 @@ class ShadowAcceptance:
                 raise ValueError(
                     f"tree {spec}: rounds, drafts and squares must be >= 0 with drafts <= "
                     f"squares and drafts^2 <= rounds * squares, got {r}, {d} and {sq}"
+                )
+        if self.sequences is not None and self.sequences < 0:
+            raise ValueError(f"sequences must be None or >= 0, got {self.sequences}")
+        if self.by_sequence:
+            walks = len(self.rounds) + len(self.trees)
+            if self.sequences != sum(1 for x in self.by_sequence if x.tokens):
+                raise ValueError(
+                    f"sequences ({self.sequences}) must count the sampled sequences that "
+                    f"advanced ({[x.tokens for x in self.by_sequence]} tokens)"
+                )
+            if not self.rounds or any(len(x.rounds) != walks for x in self.by_sequence):
+                raise ValueError(
+                    f"each sampled sequence needs its rounds of the {walks} walks (chains "
+                    "walked, then trees)"
                 )
 
     def accepted(self, chain: int) -> float | None:

@@ -27,7 +27,8 @@
    in the batch's static shapes, keeping nothing, until the last one is done.
    A warm n-gram drafter then indexes the committed tokens and scores its shadow acceptance
    (``engine.ngram``; host time ``step_s["shadow"]``, inside the round's wall time -- in its own
-   ``observe`` when it is the drafter drafting).
+   ``observe`` when it is the drafter drafting) -- on a fixed sample of the batch when the
+   controller bounds it (``shadow_sequences``).
 3. optionally the selection statistics (``engine.stats``, outside the timed steps), one trace
    record per sequence (``engine.trace_writer``), and ``controller.after_round``, which may
    switch the strategy for the next round (its host time: ``step_s["control"]`` of the round
@@ -188,6 +189,7 @@ class Engine:
                     self.config.ngram_max_n,
                     shadow,
                     trees if trees and shadow else (),
+                    getattr(self.controller, "shadow_sequences", 0),
                 )
             else:
                 attn = SelfSparseDrafter.attention(

@@ -65,6 +65,17 @@ between rounds as the rest of a round evicts the CPU caches (``validation.contro
 A prompt is indexed into an empty index at once (``NgramIndex._fill``, counted with numpy):
 about a third of the token-by-token host time on 16K tokens of code, which a batch of 32
 such prompts pays at every drafter start.
+
+**A sample of the batch.** The shadow's work is per sequence: every committed token of every
+sequence costs an index update, a chain proposal and a step of each walk, ~25-30 us per
+sequence and round with the 32K regime's three trees (one token each, autoregressive), so a
+batch of 32 cost ~1 ms a round on the H200's host -- twice the verify step it runs behind.
+With ``shadow_sequences = S`` the shadow scores only a fixed sample of S sequences spread over
+the batch (``shadow_sample``; its indexes only theirs), each one's walks reported beside the
+sum (``ShadowAcceptance.by_sequence``) so that a controller can measure how far the sequences
+differ; the tokens it reads per round (``shadow_tokens``) are then at most S times a round's
+longest commit, whatever the batch. A sampled sequence that finishes leaves the sample
+smaller; one that never advances again counts 0 tokens.
 """
 
 from __future__ import annotations
@@ -75,7 +86,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from ssvkit.engine.acceptance import AcceptedPath
-from ssvkit.engine.controller import ShadowAcceptance
+from ssvkit.engine.controller import SequenceWalks, ShadowAcceptance
 from ssvkit.engine.drafter import Draft
 from ssvkit.engine.tree import DraftTree
 
@@ -344,12 +355,14 @@ class ShadowChain:
         self.walk_next: list[int] | None = None
         self.walk_rounds = [0] * max_chain
         self.walk_drafts = [0] * max_chain
+        self.tokens = 0  # committed tokens read since the last ``take``
 
     def advance(self, idx: NgramIndex, new: list[int]) -> None:
         """Index ``new`` (the tokens committed after ``idx.tokens``), scoring each position's
         proposal from the index as it stood before that position. A resolved proposal with
         ``m`` leading matches counts one position and adds 1 to ``matched[:m]``."""
         k_max, max_n, n_new = self.max_chain, idx.max_n, len(new)
+        self.tokens += n_new
         toks, table = idx.tokens, idx.table
         positions, matched, pending = self.positions, self.matched, self.pending
         resolved, base = self.resolved, len(toks)
@@ -441,17 +454,20 @@ class ShadowChain:
         for q in [q for q in resolved if q < lo]:
             del resolved[q]
 
-    def take(self) -> tuple[int, list[int], list[int], list[int], list[tuple[str, int, int, int]]]:
+    def take(
+        self,
+    ) -> tuple[int, list[int], list[int], list[int], list[tuple[str, int, int, int]], int]:
         """The counts resolved since the last call: positions, matches, per chain length the
-        rounds walked and the drafts they accepted, and per tree its (spec, rounds, accepted
-        drafts, their squares) (then reset)."""
+        rounds walked and the drafts they accepted, per tree its (spec, rounds, accepted
+        drafts, their squares), and the committed tokens read (then reset)."""
         walks = [(w.spec, w.rounds, w.drafts, w.squares) for w in self.trees]
         for w in self.trees:
             w.rounds = w.drafts = w.squares = 0
-        out = (self.positions, self.matched, self.walk_rounds, self.walk_drafts, walks)
+        out = (self.positions, self.matched, self.walk_rounds, self.walk_drafts, walks, self.tokens)
         k = self.max_chain
         self.positions, self.matched = 0, [0] * k
         self.walk_rounds, self.walk_drafts = [0] * k, [0] * k
+        self.tokens = 0
         return out
 
 
@@ -470,10 +486,22 @@ def walk_text(
     idx.extend(prompt)
     sh = ShadowChain(max(chains.values(), default=1), trees)
     sh.advance(idx, list(text))
-    _, _, rounds, drafts, walks = sh.take()
+    _, _, rounds, drafts, walks, _ = sh.take()
     out = {s: (rounds[k - 1], drafts[k - 1]) for s, k in chains.items() if k}
     out.update({spec: (r, d) for spec, r, d, _ in walks})
     return out
+
+
+def shadow_sample(batch: int, bound: int) -> tuple[int, ...]:
+    """The sequences of a batch of ``batch`` the shadow scores: all of them when ``bound`` is 0
+    or at least the batch, else ``bound`` of them spread evenly over it -- sequence
+    ``(2 j + 1) * batch // (2 * bound)``, the middle of the j-th of ``bound`` equal slices (a
+    batch's order follows its prompts, ``validation.prompts``, which the slices spread over)."""
+    if batch < 1 or bound < 0:
+        raise ValueError(f"batch must be >= 1 and bound >= 0, got {batch} and {bound}")
+    if not bound or bound >= batch:
+        return tuple(range(batch))
+    return tuple((2 * j + 1) * batch // (2 * bound) for j in range(bound))
 
 
 class NgramDrafter:
@@ -488,24 +516,34 @@ class NgramDrafter:
         max_n: int = 3,
         shadow_chain: int = 0,
         shadow_trees: tuple[str, ...] | Callable[[int], tuple[str, ...]] = (),
+        shadow_sequences: int = 0,
     ) -> None:
         """``shadow_trees``: tree specs (``perfmodel.strategy.parse_tree``) whose walks the
         shadow scores too, with ``shadow_chain > 0`` (chains among them are left out: the
         chain walks score those); or a callable giving them for a context length, called at
         ``start`` with the longest prompt's (a controller's trees for that context's
-        regime)."""
+        regime). ``shadow_sequences``: the most sequences of a batch the shadow scores
+        (``shadow_sample``; 0: all of them)."""
         if shadow_chain < 0:
             raise ValueError(f"shadow_chain must be >= 0, got {shadow_chain}")
         if shadow_trees and not shadow_chain:
             raise ValueError("shadow_trees need shadow_chain > 0")
+        if shadow_sequences < 0:
+            raise ValueError(f"shadow_sequences must be >= 0, got {shadow_sequences}")
         self.device = torch.device(device)
         self.max_n = max_n
         self.shadow_chain = shadow_chain
+        self.shadow_sequences = shadow_sequences
         self._trees_for = shadow_trees
         self.shadow_trees: tuple[tuple[str, DraftTree], ...] = ()
         if not callable(shadow_trees):
             self.shadow_trees = self._walked(shadow_trees)
         self.indexes: list[NgramIndex] = []
+        # The sampled sequences (``shadow_sample``), their shadows and the shadows' indexes;
+        # the committed tokens the shadow has read since ``start`` (its work: each costs an
+        # index update, a chain proposal and a step of every walk).
+        self.sampled: tuple[int, ...] = ()
+        self.shadow_tokens = 0
         self.shadows: list[ShadowChain] = []
         self.shadow_indexes: list[NgramIndex] = []
 
@@ -524,11 +562,12 @@ class NgramDrafter:
         if callable(self._trees_for) and self.shadow_chain:
             self.shadow_trees = self._walked(self._trees_for(max(map(len, prompts))))
         # The shadow scores decoded positions only: the prompt is not what the target writes.
-        self.shadows = [
-            ShadowChain(self.shadow_chain, self.shadow_trees) for _ in prompts if self.shadow_chain
-        ]
+        if self.shadow_chain:
+            self.sampled = shadow_sample(len(prompts), self.shadow_sequences)
+        self.shadows = [ShadowChain(self.shadow_chain, self.shadow_trees) for _ in self.sampled]
         # ... on an index of its own (see ``sync``).
-        self.shadow_indexes = [self._indexed(p) for p in prompts] if self.shadows else []
+        self.shadow_indexes = [self._indexed(prompts[b]) for b in self.sampled]
+        self.shadow_tokens = 0
 
     def _indexed(self, prompt: list[int]) -> NgramIndex:
         idx = NgramIndex(self.max_n)
@@ -549,9 +588,12 @@ class NgramDrafter:
         if not self.shadows:
             self._index(history)
             return
-        for sh, idx, hist in zip(self.shadows, self.shadow_indexes, history, strict=True):
+        for sh, idx, b in zip(self.shadows, self.shadow_indexes, self.sampled, strict=True):
+            hist = history[b]
             if len(idx.tokens) < len(hist):
-                sh.advance(idx, hist[len(idx.tokens) :])
+                new = hist[len(idx.tokens) :]
+                self.shadow_tokens += len(new)
+                sh.advance(idx, new)
 
     def _index(self, history: list[list[int]]) -> None:
         """Index the committed tokens the drafting index lacks."""
@@ -565,22 +607,31 @@ class NgramDrafter:
         self._index(history)
 
     def take_shadow(self) -> ShadowAcceptance | None:
-        """The shadow counts resolved since the last call, summed over the batch (None without a
-        shadow)."""
+        """The shadow counts resolved since the last call, summed over the batch -- over the
+        sampled sequences, each one's walks beside, when the shadow scores a sample (None
+        without a shadow)."""
         if not self.shadows:
             return None
-        positions, matched, rounds, drafts, walks = self.shadows[0].take()
-        for sh in self.shadows[1:]:
-            n, m, r, d, w = sh.take()
-            positions += n
-            matched = [a + b for a, b in zip(matched, m, strict=True)]
-            rounds = [a + b for a, b in zip(rounds, r, strict=True)]
-            drafts = [a + b for a, b in zip(drafts, d, strict=True)]
-            walks = [
-                (a[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]) for a, b in zip(walks, w, strict=True)
-            ]
+        takes = [sh.take() for sh in self.shadows]
+        trees = tuple(
+            (spec, *(sum(t[4][j][i] for t in takes) for i in (1, 2, 3)))
+            for j, spec in enumerate(w[0] for w in takes[0][4])
+        )
+        sequences, by_sequence = None, ()
+        if len(self.sampled) < len(self.indexes):
+            sequences = sum(1 for t in takes if t[5])
+            by_sequence = tuple(
+                SequenceWalks(t[5], (*t[2], *(w[1] for w in t[4])), (*t[3], *(w[2] for w in t[4])))
+                for t in takes
+            )
         return ShadowAcceptance(
-            positions, tuple(matched), tuple(rounds), tuple(drafts), tuple(walks)
+            sum(t[0] for t in takes),
+            tuple(map(sum, zip(*(t[1] for t in takes), strict=True))),
+            tuple(map(sum, zip(*(t[2] for t in takes), strict=True))),
+            tuple(map(sum, zip(*(t[3] for t in takes), strict=True))),
+            trees,
+            sequences,
+            by_sequence,
         )
 
     def draft(self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]]) -> Draft:

@@ -33,8 +33,10 @@ so a switch costs a catch-up, not a restart.
 **At batch B > 1** the sequences of a round accept different counts; the controller decides
 on the batch's figures. The acceptance EMA takes the round's mean per sequence (its interval
 the batch mean's); the collapse test and ``ChainRounds`` take each sequence's count as an
-observation; the shadow's counts are summed over the batch, a walk's rounds read per sequence
-(the batch advances all its sequences each round). Candidates are scored at batch B (round
+observation; the shadow's counts are summed over the batch -- or over the fixed sample of
+``shadow_sequences`` it scores, its intervals then widened by the sequences' spread
+(``planner.shadow``) --, a walk's rounds read per sequence (the batch advances all its
+sequences each round). Candidates are scored at batch B (round
 time of the batch's step plus the loop's overhead; B x tokens per sequence over it), B the
 ranking's unless given; a round of more than B sequences is refused.
 """
@@ -87,6 +89,7 @@ class OnlineController:
         self.batch = batch
         self.switches: list[dict] = []
         self.overlap = self.config.overlap  # engine.loop: called behind the next round
+        self.shadow_sequences = self.config.shadow_sequences  # engine.loop: the shadow's sample
         # Measured switch cost per destination kind.
         self.switch_costs = SwitchCosts(switch_cost_s)
         self._book = CandidateBook(ranking, model, gpu, profile, batch, self.config.candidates)

@@ -62,6 +62,15 @@ class ControllerConfig:
             "drafter not yet tried on it is scored with (0: its profile)"
         },
     )
+    # 8: the shadow's host time grows with the sequences it scores, ~25-30 us per sequence
+    # and round with the 32K regime's trees (``python -m ssvkit.validation.controller_cost
+    # --batch 32``): 1 ms a round at batch 32 on the H200's host, twice the verify step it
+    # hides behind; a sample of 8 bounds it at a quarter of that whatever the batch, its
+    # sequences' spread measured and carried into the intervals (``planner.shadow``).
+    shadow_sequences: int = field(
+        default=8,
+        metadata={"help": "most sequences of a batch the n-gram shadow scores (0: all)"},
+    )
     # 1.645: the switch pays at both ends of a 90% interval of the observed acceptance.
     confidence_z: float = field(
         default=1.645,
@@ -87,3 +96,8 @@ class ControllerConfig:
             raise ValueError(f"transfer must lie in [0, 1], got {self.transfer}")
         if not self.confidence_z >= 0:
             raise ValueError(f"confidence_z must be >= 0, got {self.confidence_z}")
+        if self.shadow_sequences < 0 or self.shadow_sequences == 1:
+            raise ValueError(
+                f"shadow_sequences must be 0 (all) or >= 2 (a sample's spread needs two), got "
+                f"{self.shadow_sequences}"
+            )

@@ -80,11 +80,13 @@ def shadow_summary(result) -> dict:
     tokens per round of each chain length it scores as its walk found them (``engine.ngram``:
     1 + accepted drafts per walked round; what the controller uses) and as the average over
     positions (``1 + E[min(m, K)]``, which overstates bursty text); the branching trees it
-    walked, under their specs, as their walks found them."""
+    walked, under their specs, as their walks found them; the most sequences a round's counts
+    covered (``sequences``: the sample's size when the shadow scores a sample, else None)."""
     out = {}
     for kind in {k for r in result.rounds for k in (r.shadow or {})}:
         rows = [r.shadow[kind] for r in result.rounds if r.shadow and kind in r.shadow]
         n = sum(x.positions for x in rows)
+        sampled = [len(x.by_sequence) for x in rows if getattr(x, "by_sequence", ())]
         matched = np.sum([x.matched for x in rows], axis=0)
         per_position = {
             f"chain:{k}": 1.0 + float(matched[:k].sum()) / n if n else None
@@ -105,6 +107,7 @@ def shadow_summary(result) -> dict:
             tpr[spec] = 1.0 + d / r if r else None
         out[kind] = {
             "positions": int(n),
+            "sequences": max(sampled) if sampled else None,
             "tokens_per_round": tpr,
             "tokens_per_round_per_position": per_position,
         }
@@ -246,7 +249,9 @@ def _log_row(bench: Bench, kind: str, row: dict) -> None:
         f"{adaptive['tokens_per_s']:8.1f} tok/s ({len(adaptive['switches'])} switches"
         f"{''.join(' ' + x['reason'] for x in adaptive['switches'])},"
         f" gain {row['adaptive_gain']:+.1%}, captures counted "
-        f"{row['adaptive_gain_captures_counted']:+.1%})"
+        f"{row['adaptive_gain_captures_counted']:+.1%}; per round shadow "
+        f"{adaptive['steps_s']['shadow'] * 1e6:.0f} us, verify "
+        f"{adaptive['steps_s']['verify'] * 1e6:.0f} us)"
     )
     if "oracle" in row:
         o = row["oracle"]

@@ -5,12 +5,17 @@ drafter's shadow (``sync`` + ``take_shadow``, ``step_s["shadow"]``), in the synt
 
     python -m ssvkit.validation.controller_cost --json /tmp/controller_cost.json
     python -m ssvkit.validation.controller_cost --profile   # cProfile of each, top 15
+    python -m ssvkit.validation.controller_cost --batch 32 --context 30720 --flush-mib 32
 
 Both run between a round's one host synchronisation and the next round's launch, so each
 microsecond is one the GPU idles (an autoregressive round of the tiny pair at 16K takes ~756 us
-on the H100). The shadow is timed on a 15360-token prompt of each prompt set, 1-5 further tokens
-of the same text committed per round, with chains alone and walking the n-gram trees the
-controller declares for that context (``OnlineController.shadow_trees``, ``<set>+trees``).
+on the H100). The shadow is timed on a 15360-token prompt (``--context``) of each prompt set,
+1-5 further tokens of the same text committed per round (``--per-round``), with chains alone
+and walking the n-gram trees the controller declares for that context
+(``OnlineController.shadow_trees``, ``<set>+trees``). With ``--batch B`` it scores B such
+sequences (windows of their own): all of them (``@all``) and the controller's fixed sample
+(``@S``, ``--shadow-sequences``), with the tokens it read per round (its work, which the
+sample bounds).
 
 Each is timed twice by default (``--flush-mib 0,32``): back to back, its code and data hot in
 the CPU caches, and with 32 MiB written between two calls (``cache_flush``), as the rest of a
@@ -35,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.files import atomic_write
-from ssvkit.planner.controller import OnlineController
+from ssvkit.planner.controller import ControllerConfig, OnlineController
 from ssvkit.validation.controller_world import (
     CONTEXT,
     SCENARIOS,
@@ -105,6 +110,21 @@ def main(argv=None) -> int:
         default="0,32",
         help="MiB written between two timed calls, one setting per value (0: none)",
     )
+    p.add_argument("--batch", type=int, default=1, help="sequences the shadow is timed on")
+    p.add_argument(
+        "--shadow-sequences",
+        type=int,
+        default=ControllerConfig().shadow_sequences,
+        help="the shadow's sample at batch > 1 (timed beside every sequence; 0: all only)",
+    )
+    p.add_argument(
+        "--context", type=int, default=CONTEXT, help="prompt tokens (and the trees' regime)"
+    )
+    p.add_argument(
+        "--per-round",
+        default="1-5",
+        help="tokens each sequence commits per round, N or N-M (1: autoregressive decoding)",
+    )
     p.add_argument("--profile", action="store_true", help="print a cProfile of each part")
     p.add_argument("--json", default=None, help="write the figures to this file")
     args = p.parse_args(argv)
@@ -116,9 +136,19 @@ def main(argv=None) -> int:
             raise bad from None
         if not flushes or min(flushes) < 0:
             raise bad
-        for name in ("rounds", "repeats"):
+        for name in ("rounds", "repeats", "batch", "context"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+        if args.shadow_sequences < 0:
+            raise ValueError(f"--shadow-sequences must be >= 0, got {args.shadow_sequences}")
+        raw = args.per_round
+        lo, _, hi = raw.partition("-")
+        try:
+            args.per_round = (int(lo), int(hi or lo))
+        except ValueError:
+            args.per_round = (0, 0)
+        if not 1 <= args.per_round[0] <= args.per_round[1]:
+            raise ValueError(f"--per-round must be N or N-M with 1 <= N <= M, got {raw!r}")
         if not Path(args.planner).is_file():
             raise ValueError(f"--planner {args.planner!r} does not exist")
     except ValueError as e:
@@ -129,6 +159,9 @@ def main(argv=None) -> int:
         "rounds": args.rounds,
         "repeats": args.repeats,
         "seed": args.seed,
+        "batch": args.batch,
+        "context": args.context,
+        "per_round": list(args.per_round),
         "planner": file_label(args.planner),
         "provenance": provenance(),
         "runs": {},
@@ -144,9 +177,9 @@ def main(argv=None) -> int:
             )
         for kind, r in row["shadow"].items():
             print(
-                f"shadow {kind:12s} mean {r['mean_us']:6.1f} median {r['median_us']:6.1f} "
-                f"p99 {r['p99_us']:6.1f} us/round ({r['positions']} positions, matched "
-                f"{r['matched']})"
+                f"shadow {kind:15s} mean {r['mean_us']:7.1f} median {r['median_us']:7.1f} "
+                f"p99 {r['p99_us']:7.1f} us/round, {r['tokens_per_round']:5.1f} tokens read "
+                f"per round ({r['positions']} positions, matched {r['matched']})"
             )
     if args.profile:
         for scenario in SCENARIOS:
@@ -154,17 +187,35 @@ def main(argv=None) -> int:
             print(_profiled(run_controller, setting, scenario, args.rounds, args.seed))
         for kind in SHADOW_PROMPTS:
             print(f"-- cProfile: shadow, {kind}")
-            print(_profiled(run_shadow, kind, args.rounds, args.seed))
+            print(_profiled(run_shadow, kind, args.rounds, args.seed, **_world(args)))
     if args.json:
         atomic_write(args.json, json.dumps(out, indent=1) + "\n")
     return 0
 
 
+def _world(args, sample: int | None = None) -> dict:
+    """The shadow's world of ``args``: its batch, sample (``sample``, else the controller's)
+    and context."""
+    s = args.shadow_sequences if sample is None else sample
+    return {"batch": args.batch, "sample": s, "context": args.context, "per_round": args.per_round}
+
+
+def _samples(args) -> list[tuple[str, int]]:
+    """The shadows timed: (suffix, sample) -- at batch 1 one; at batch B every sequence and,
+    when it is smaller, the controller's sample."""
+    if args.batch == 1:
+        return [("", 0)]
+    out = [("@all", 0)]
+    if 0 < args.shadow_sequences < args.batch:
+        out.append((f"@{args.shadow_sequences}", args.shadow_sequences))
+    return out
+
+
 def measure(setting, args, flush) -> dict:
     """Per-round figures of every scenario (controller) and prompt set (shadow: chains alone,
-    and with the n-gram trees the controller has walked, ``+trees``), medians over
-    ``args.repeats`` runs of each round."""
-    trees = OnlineController(*setting[:4]).shadow_trees(CONTEXT)
+    and with the n-gram trees the controller has walked, ``+trees``; at batch > 1 per sample,
+    ``_samples``), medians over ``args.repeats`` runs of each round."""
+    trees = OnlineController(*setting[:4]).shadow_trees(args.context)
     out = {"controller": {}, "shadow": {}, "shadow_trees": list(trees)}
     for scenario in SCENARIOS:
         runs = [
@@ -180,19 +231,25 @@ def measure(setting, args, flush) -> dict:
             "switches": runs[0]["switches"],
         }
     for kind in SHADOW_PROMPTS:
-        for name, walked in ((kind, ()), (f"{kind}+trees", trees)):
-            runs = [
-                _timed(run_shadow, kind, args.rounds, args.seed, flush=flush, trees=walked)
-                for _ in range(args.repeats)
-            ]
-            per_round = np.median([r["times_s"] for r in runs], axis=0)
-            counts = runs[0]["counts"]
-            matched = [sum(m[k] for _, m in counts) for k in range(len(counts[0][1]))]
-            out["shadow"][name] = {
-                **summary_us(per_round),
-                "positions": sum(n for n, _ in counts),
-                "matched": matched,
-            }
+        for suffix, sample in _samples(args):
+            for name, walked in ((kind, ()), (f"{kind}+trees", trees)):
+                world = _world(args, sample)
+                runs = [
+                    _timed(
+                        run_shadow, kind, args.rounds, args.seed, flush=flush, trees=walked, **world
+                    )
+                    for _ in range(args.repeats)
+                ]
+                per_round = np.median([r["times_s"] for r in runs], axis=0)
+                counts = runs[0]["counts"]
+                matched = [sum(m[k] for _, m in counts) for k in range(len(counts[0][1]))]
+                out["shadow"][name + suffix] = {
+                    **summary_us(per_round),
+                    "positions": sum(n for n, _ in counts),
+                    "matched": matched,
+                    "tokens_per_round": float(np.mean(runs[0]["work"])),
+                    "max_tokens_per_round": int(max(runs[0]["work"])),
+                }
     return out
 
 

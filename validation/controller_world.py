@@ -189,6 +189,15 @@ def run_controller(
     return {"times_s": times, "rescores": rescores, "switches": switches, "log": ctl.switches}
 
 
+def shadow_texts(kind: str, batch: int, context: int, sizes) -> list[list[int]]:
+    """Sequence j's text: ``context`` tokens of prompt set ``kind`` from its window j, and the
+    tokens ``sizes[:, j]`` commits after them (``sizes``: [rounds, batch] tokens per round)."""
+    return [
+        prompt_tokens(kind, context + int(sizes[:, j].sum()), offset=j * context)
+        for j in range(batch)
+    ]
+
+
 def run_shadow(
     kind: str,
     rounds: int,
@@ -196,27 +205,37 @@ def run_shadow(
     prof: cProfile.Profile | None = None,
     flush=None,
     trees: tuple[str, ...] = (),
+    batch: int = 1,
+    sample: int = 0,
+    context: int = CONTEXT,
+    per_round: tuple[int, int] = (1, 5),
 ) -> dict:
-    """Per-round seconds of ``sync`` + ``take_shadow`` of a warm n-gram drafter on a
-    ``CONTEXT``-token prompt of ``kind``, 1-5 tokens of the same text committed per round,
-    walking ``trees`` too; the counts it returned."""
+    """Per-round seconds of ``sync`` + ``take_shadow`` of a warm n-gram drafter scoring the
+    shadow of ``batch`` sequences (``shadow_texts``; a fixed ``sample`` of them when 0 <
+    ``sample`` < ``batch``), each committing ``per_round`` (1-5 by default) tokens of its
+    text per round, walking ``trees`` too; the counts it returned (positions, matches), the
+    tokens its shadow read per round (its work) and the ``ShadowAcceptance`` of each round."""
     rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 6, rounds).tolist()
-    text = prompt_tokens(kind, CONTEXT + sum(sizes))
-    d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN, trees)
-    d.start([text[:CONTEXT]])
-    hist, times, counts = text[:CONTEXT], [], []
-    for n in sizes:
-        hist += text[len(hist) : len(hist) + n]  # in place, as the loop commits
+    sizes = rng.integers(per_round[0], per_round[1] + 1, (rounds, batch))
+    texts = shadow_texts(kind, batch, context, sizes)
+    d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN, trees, sample)
+    d.start([t[:context] for t in texts])
+    hist, times, counts, work, shadows = [t[:context] for t in texts], [], [], [], []
+    for row in sizes.tolist():
+        for h, t, n in zip(hist, texts, row, strict=True):
+            h += t[len(h) : len(h) + n]  # in place, as the loop commits
         if flush is not None:
             flush()
         if prof is not None:
             prof.enable()
+        read = d.shadow_tokens
         t0 = time.perf_counter()
-        d.sync([hist])
+        d.sync(hist)
         sh = d.take_shadow()
         times.append(time.perf_counter() - t0)
         if prof is not None:
             prof.disable()
         counts.append((sh.positions, sh.matched))
-    return {"times_s": times, "counts": counts}
+        work.append(d.shadow_tokens - read)
+        shadows.append(sh)
+    return {"times_s": times, "counts": counts, "work": work, "shadows": shadows, "sizes": sizes}

@@ -5,7 +5,8 @@ CPU.
 Per decode (the tiny pair; every phase decodes batches of ``batch`` prompts):
 
 - the prefill of ``batch x context`` prompt tokens: the target's, the draft model's and the
-  n-gram drafter's index (twice when an adaptive run keeps it warm with its shadow), at the
+  n-gram drafter's index (and the shadow's indexes of its sample of the batch, at most
+  ``ControllerConfig.shadow_sequences``, when an adaptive run keeps it warm), at the
   per-token rates the committed H200 decodes measured at their largest batch
   (``validation/data/batched-decode-h200.json``: ``ar_dense`` and ``sd_dense`` with either
   drafter), the n-gram index's divided by how much faster its fill is than the
@@ -31,8 +32,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.engine.ngram import shadow_sample
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, chain_length, parse_tree
+from ssvkit.planner.controller_config import ControllerConfig
 from ssvkit.planner.profile import RegimeProfile, regime_of
 from ssvkit.planner.rank import concrete, score, strategy_from_json
 from ssvkit.planner.space import SpaceSpec, describe, strategy_id, valid_strategies
@@ -103,13 +106,15 @@ class Rates:
 
     def prefill_s(self, d: Decodes, batch: int, kinds: tuple[str, ...]) -> float:
         """Prefill of ``d``: the target and the drafters it starts (every kind of ``kinds``
-        warm, the n-gram index twice, for an adaptive decode)."""
+        warm for an adaptive decode, the n-gram drafter with the shadow's indexes of its
+        sample, ``engine.ngram.shadow_sample``)."""
         drafting = d.strategy.drafter.kind if parse_tree(d.strategy.tree) else None
         started = set(kinds) if d.adaptive else {drafting} - {None}
-        per_token = self.target_s
-        per_token += self.draft_model_s * ("draft_model" in started)
-        per_token += self.ngram_s * ("ngram" in started) * (2 if d.adaptive else 1)
-        return per_token * batch * d.context
+        per_token = self.target_s + self.draft_model_s * ("draft_model" in started)
+        indexes = batch * ("ngram" in started)
+        if d.adaptive and indexes:
+            indexes += len(shadow_sample(batch, ControllerConfig().shadow_sequences))
+        return (per_token * batch + self.ngram_s * indexes) * d.context
 
 
 def fill_speedup(context: int) -> float:

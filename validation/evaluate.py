@@ -280,8 +280,16 @@ def summary_table(doc: dict) -> str:
             f"{r:7s} {v['context_len']:6d} {v['n']:3d}  {v['kendall_tau']:11.3f}  "
             f"{v['tau_p_value']:7.3f}  {v['regret']:6.1%}{res}"
         )
-    a = doc["adaptive"]
-    lines.append(f"\nadaptive at {a['context_len']} ({a['regime']}): tokens/s")
+    lines.append("\n" + adaptive_table(doc["adaptive"]))
+    lines.append(f"met: {doc['met']}")
+    return "\n".join(lines)
+
+
+def adaptive_table(a: dict) -> str:
+    """The adaptive phase (``evaluate_adaptive``'s document) as a plain-text table: per prompt
+    set the fixed default, the offline best and the controller, the gain with its resolution,
+    the best fixed strategy and hindsight."""
+    lines = [f"adaptive at {a['context_len']} ({a['regime']}): tokens/s"]
     lines.append(
         "prompts      default  offline_best  adaptive  switches  gain   gain 90%"
         "         best fixed  ceiling  hindsight"
@@ -299,5 +307,4 @@ def summary_table(doc: dict) -> str:
             f"{v['adaptive']['tokens_per_s']:9.1f} {len(v['adaptive']['switches']):9d} "
             f"{v['adaptive_gain']:+6.1%}  {band}{tail}"
         )
-    lines.append(f"met: {doc['met']}")
     return "\n".join(lines)

@@ -6,6 +6,9 @@
         --out build/planner-b32-h200.json --ranking-out build/planner-ranking-b32-h200.json \\
         --resume build/planner-b32-runs.jsonl                # batch 32, where sparse competes
     python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --plan   # its device time
+    python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 \
+        --adaptive-from build/planner-b32-h200.json --out build/adaptive-b32-h200.json \
+        --resume build/adaptive-b32-runs.jsonl      # the adaptive phase alone, on its profile
     python -m ssvkit.validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
         --new-tokens 32 --repeats 1 --out /tmp/planner.json          # a CPU smoke run
 
@@ -27,6 +30,10 @@ fits about nine minutes of one H200 (``--plan`` prints the decodes and their est
 seconds, ``validation.eval_plan``). ``--stop-after S`` starts no run after S seconds: the
 runs so far stay in the ``--resume`` file, nothing else is written, and the exit code is 3;
 the same command goes on.
+
+``--adaptive-from EVAL.json`` runs the adaptive phase alone on that earlier evaluation's
+profile, space and regimes (``validation.adaptive_phase``): ``--out`` gets that phase's
+document, and the table prints each prompt set's shadow and verify time per round.
 
 Sampling (temperature 1 by default) rather than greedy decoding: greedy decoding of a byte-level
 13M model falls into loops, where an n-gram drafter is accepted whole, and whether and when a
@@ -138,6 +145,13 @@ def parse_args(argv=None):
         default=None,
         metavar="S",
         help="start no run after S seconds (needs --resume): exit 3, the same command goes on",
+    )
+    p.add_argument(
+        "--adaptive-from",
+        default=None,
+        metavar="EVAL.json",
+        help="run the adaptive phase alone on this evaluation's profile, space and regimes "
+        "(same batch; validation.adaptive_phase)",
     )
     p.add_argument(
         "--plan",
@@ -321,6 +335,7 @@ def plan_of(args) -> dict:
 
 def main(argv=None) -> int:
     from ssvkit.kernels.timing import provenance
+    from ssvkit.validation.adaptive_phase import adaptive_phase, load_source, phase_table
     from ssvkit.validation.bench import StopAfter
     from ssvkit.validation.eval_plan import plan_table
 
@@ -329,6 +344,10 @@ def main(argv=None) -> int:
         if args.plan:
             print(plan_table(plan_of(args), args.batch))
             return 0
+        source = None
+        if args.adaptive_from:
+            source = load_source(args.adaptive_from, args.batch)
+            settings_of(args)  # the flags checked before any model is built
         bench, contexts, space, sets = setup(args)
     except ValueError as e:
         print(f"planner_eval: {e}", file=sys.stderr)
@@ -337,20 +356,34 @@ def main(argv=None) -> int:
     if args.stop_after is not None:
         bench.stop_at = t0 + args.stop_after
     command = command_line("ssvkit.validation.planner_eval", sys.argv[1:] if argv is None else argv)
+    actx = parse_count_list(args.adaptive_context, "--adaptive-context")[0]
+    ranking = None
     try:
-        doc, ranking = evaluate(
-            bench,
-            contexts,
-            space,
-            per_regime=args.per_regime,
-            adaptive_context=parse_count_list(args.adaptive_context, "--adaptive-context")[0],
-            prompt_sets=sets,
-            profile_prompts=args.profile_prompts,
-            walk_prompts=args.walk_prompts,
-            controller=ControllerConfig(),
-            provenance={**provenance(), "command": command},
-            oracle=args.oracle,
-        )
+        if source is not None:
+            doc = adaptive_phase(
+                bench,
+                source,
+                args.adaptive_from,
+                actx,
+                sets,
+                args.walk_prompts,
+                args.oracle,
+                {**provenance(), "command": command},
+            )
+        else:
+            doc, ranking = evaluate(
+                bench,
+                contexts,
+                space,
+                per_regime=args.per_regime,
+                adaptive_context=actx,
+                prompt_sets=sets,
+                profile_prompts=args.profile_prompts,
+                walk_prompts=args.walk_prompts,
+                controller=ControllerConfig(),
+                provenance={**provenance(), "command": command},
+                oracle=args.oracle,
+            )
     except StopAfter as stop:
         print(
             f"\nstopped by --stop-after {args.stop_after:g} before run {stop.args[0]!r}: "
@@ -362,9 +395,10 @@ def main(argv=None) -> int:
         doc["provenance"]["runs_from_cache"] = bench.cache.reused
         doc["provenance"]["wall_s_note"] = "this call only; runs from the cache took earlier calls"
     atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
-    if args.ranking_out:
+    if args.ranking_out and ranking is not None:
         atomic_write(args.ranking_out, json.dumps(ranking) + "\n")
-    print(f"\n({time.perf_counter() - t0:.0f} s)\n" + summary_table(doc))
+    table = phase_table(doc) if source is not None else summary_table(doc)
+    print(f"\n({time.perf_counter() - t0:.0f} s)\n" + table)
     return 0
 
 

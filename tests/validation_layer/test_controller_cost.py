@@ -320,6 +320,24 @@ def test_benchmark_writes_its_figures(tmp_path, monkeypatch):
     assert controller_cost.main(["--flush-mib", "-1"]) == 2
 
 
+def test_benchmark_times_the_shadow_of_a_batch_and_of_its_sample(tmp_path, monkeypatch):
+    """At batch 6, one token a sequence a round: the shadow of every sequence reads 6 tokens a
+    round, the sample of 2 reads 2 (its work, which does not grow with the batch)."""
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)
+    out = tmp_path / "cost.json"
+    args = ["--rounds", "6", "--repeats", "1", "--flush-mib", "0", "--batch", "6"]
+    args += ["--shadow-sequences", "2", "--context", "512", "--per-round", "1"]
+    assert controller_cost.main([*args, "--json", str(out)]) == 0
+    shadow = json.loads(out.read_text())["runs"]["flush_0mib"]["shadow"]
+    assert set(shadow) == {
+        f"{k}{t}@{s}" for k in cw.SHADOW_PROMPTS for t in ("", "+trees") for s in ("all", "2")
+    }
+    for name, r in shadow.items():
+        want = 6 if name.endswith("@all") else 2
+        assert r["tokens_per_round"] == r["max_tokens_per_round"] == want, name
+    assert controller_cost.main(["--per-round", "2-1"]) == 2
+
+
 def test_own_round_sums_are_the_weighted_moments():
     """``ChainRounds``: decayed sums of m and of min(m, k), their paired difference's low end
     and the prior's expected sums, against numpy on the same observations."""

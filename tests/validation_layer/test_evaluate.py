@@ -325,6 +325,21 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert {k: v for k, v in again.items() if k != "provenance"} == {
         k: v for k, v in doc.items() if k != "provenance"
     }
+    # The adaptive phase alone on the evaluation's own profile (``--adaptive-from``): the same
+    # offline best, from the same cached runs, the same figures; each set's shadow and
+    # verify time per round in the table.
+    alone = tmp_path / "adaptive.json"
+    from_args = [*args[: args.index("--out")], "--out", str(alone), "--resume", args[-1]]
+    assert planner_eval.main([*from_args, "--adaptive-from", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "adaptive at 256" in table and "shadow us/round" in table and "differs" not in table
+    phase = json.loads(alone.read_text())
+    assert phase["adaptive"] == doc["adaptive"] and phase["from"] == str(out.name)
+    assert phase["offline_best_before"] == {"random": row["offline_best"]["id"]}
+    assert planner_eval.main([*from_args, "--adaptive-from", str(tmp_path / "none.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert planner_eval.main([*from_args, "--adaptive-from", str(out), "--batch", "2"]) == 2
+    assert "was evaluated at batch 1, not 2" in capsys.readouterr().err
     # Other settings with that cache: refused before any run, the output left alone.
     out.unlink()
     assert planner_eval.main([*args, "--new-tokens", "9"]) == 2
