@@ -1,4 +1,4 @@
-"""Fit the calibrated model (``perfmodel.calibrated``) per op class on the committed rows, and
+"""Fit the calibrated model (``perfmodel.class_fit``) per op class on the committed rows, and
 measure its error on rows the fit never saw.
 
 Op classes: the op name (the fused element-wise kernels' rows are named as
@@ -17,7 +17,7 @@ fit never sees those sizes at all.
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
 the row count), for sparse verification the L2-miss share h and the L2 throughput ratio r
-(``perfmodel.calibrated``: requested bytes / (r BW) bound the call beside the HBM bytes;
+(``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside the HBM bytes;
 bounded to [1, 4]), for repair the share h alone, for GEMMs, repair, the KV write and sampling
 the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
 ``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
@@ -41,11 +41,12 @@ import numpy as np
 from scipy.optimize import least_squares
 from ssvkit.calibration import ceilings
 from ssvkit.perfmodel.attention_work import dense_verify_tiles
-from ssvkit.perfmodel.calibrated import PROFILE_VERSION, ClassFit
+from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed, merge_steps, mma_row_cost
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
+from ssvkit.perfmodel.profiles import PROFILE_VERSION
 from ssvkit.perfmodel.repair_plan import chain_tiles
 from ssvkit.perfmodel.rows import canonical
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
@@ -160,7 +161,7 @@ def dense_tiles(row: dict) -> tuple[float, float]:
 
 
 def depth(row: dict, gpu: GpuSpec) -> float:
-    """Serial chain of one call (``perfmodel.calibrated``'s t_k term): K of a GEMM; for repair,
+    """Serial chain of one call (``perfmodel.class_fit``'s t_k term): K of a GEMM; for repair,
     the KV tiles one SM slot walks in series on ``gpu`` (``perfmodel.repair_plan``, the
     missed blocks, or the selected ones when recomputing, times the grid's waves); for the KV
     write, the elements one thread of its two ``index_put_`` kernels stores in series
@@ -191,7 +192,7 @@ def depth(row: dict, gpu: GpuSpec) -> float:
 
 
 def serial_steps(row: dict, num_sms: int) -> float:
-    """Dependent steps one call runs after its parallel part (``perfmodel.calibrated``'s t_s
+    """Dependent steps one call runs after its parallel part (``perfmodel.class_fit``'s t_s
     term): the partial slots an NSA call's merges walk, from the launch plan the wrapper makes
     for this shape on ``num_sms`` SMs -- the same function the step model's NSA ops use; 0 for
     the other ops."""
@@ -215,7 +216,7 @@ def serial_steps(row: dict, num_sms: int) -> float:
 def tile_rows(row: dict) -> float:
     """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
     rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
-    or a dense verification call (``perfmodel.calibrated``'s t_r term; ``dense_tiles``); 0 for
+    or a dense verification call (``perfmodel.class_fit``'s t_r term; ``dense_tiles``); 0 for
     the other ops."""
     if row["op"] == "dense_verify":
         return dense_tiles(row)[1]
@@ -227,7 +228,7 @@ def tile_rows(row: dict) -> float:
 
 
 def stage_counts(row: dict) -> tuple[float, ...]:
-    """Counts of a call's extra stages (``perfmodel.calibrated``'s t_x terms): for block
+    """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block
     selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
     sorted, a row's sort length), over the score rows of every KV head's query rows and the
     blocks of the scored cache (context plus draft rows); none for the other ops."""

@@ -30,8 +30,8 @@ from ssvkit.calibration.fit import (
     stage_counts,
     tile_rows,
 )
-from ssvkit.perfmodel.calibrated import Profile
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.rows import DERIVED
 
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}

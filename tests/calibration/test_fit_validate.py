@@ -13,9 +13,10 @@ from ssvkit.calibration.fit import (
     tile_rows,
 )
 from ssvkit.calibration.validate import disagreements, fit_agreement, ratio_pairs, report
-from ssvkit.perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
+from ssvkit.perfmodel.calibrated import CalibratedPredictor, make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 from ssvkit.validation.readme import DOCUMENTS, render
