@@ -42,7 +42,6 @@ from ssvkit.calibration.transfer_sets import (
     predict,
 )
 from ssvkit.calibration.validate import annotate
-from ssvkit.perfmodel.calibrated import Profile
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.intervals import (
     COVERAGE,
@@ -51,6 +50,7 @@ from ssvkit.perfmodel.intervals import (
     Residuals,
     kernel_family,
 )
+from ssvkit.perfmodel.profiles import Profile
 
 RULE = (
     "per kernel family, ln(measured / predicted) of rows the predicting fit never saw; "

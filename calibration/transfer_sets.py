@@ -28,7 +28,8 @@ from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
 from ssvkit.calibration.validate import annotate
-from ssvkit.perfmodel.calibrated import ClassFit, Profile
+from ssvkit.perfmodel.class_fit import ClassFit
+from ssvkit.perfmodel.profiles import Profile
 
 LEAVE_ONE_OUT = ("head", "group", "context")
 TRANSFER_SETS = (*LEAVE_ONE_OUT, "gpu")

@@ -19,19 +19,10 @@ from __future__ import annotations
 import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row
-from ssvkit.calibration.fit import (
-    UNFITTED_OPS,
-    depth,
-    error_stats,
-    features,
-    is_heldout,
-    op_class,
-    serial_steps,
-    stage_counts,
-    tile_rows,
-)
-from ssvkit.perfmodel.calibrated import Profile
+from ssvkit.calibration.features import depth, features, serial_steps, stage_counts, tile_rows
+from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, is_heldout, op_class
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.rows import DERIVED
 
 TARGETS = {"heldout_median_ape": 0.05, "heldout_p90_ape": 0.10, "heldout_ratio_median": 0.05}

@@ -5,7 +5,7 @@ Every throughput is stored in SI units (bytes/s, FLOP/s). Datasheet tensor rates
 says so). A ``measured`` overlay from ``calibration/profiles/<gpu>/ceilings.json`` replaces the
 datasheet ceilings when present; the figures computed from it are then labelled with the
 overlay's provenance instead of ``datasheet``. Each GPU names its architecture: a GPU without a
-fitted profile is priced with a profile of its architecture (``perfmodel.calibrated``).
+fitted profile is priced with a profile of its architecture (``perfmodel.profiles``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ at 8 q / 2 KV heads and batch 1 (32 programs on 132 SMs) a call over 32 missed b
 ``SMs x programs per SM`` slots times one program's tiles. A slot's programs per SM come from
 the shared memory one program's pipeline holds (``3 x 2 x BLOCK_N x D x 2`` bytes: 96 KB at
 D = 128, so 2 per SM; 48 KB at D = 64, so 4); registers and warps are assumed not to bind. The
-calibrated model prices it as a latency bound beside the roofline (``perfmodel.calibrated``'s
+calibrated model prices it as a latency bound beside the roofline (``perfmodel.class_fit``'s
 ``t_k``). It ignores the spread of the missed blocks across programs (every row is taken to
 miss the same number) and the partial last block.
 """

@@ -10,7 +10,7 @@ measured call takes 8.7 / 10.2 / 11.1 us at 256 / 384 / 512 elements per store (
 and then stays at 11.2 us up to 48K elements (more blocks, not longer chains); the single-row
 class, 128 -> 1024 elements: 5.1, 6.0, 8.3, 8.2 us (1, 2, 4, 4 steps)
 (``calibration/profiles/h100-sxm/op_sweep.jsonl``). The calibrated model prices the chain as a
-latency bound beside the roofline (``perfmodel.calibrated``'s ``t_k``).
+latency bound beside the roofline (``perfmodel.class_fit``'s ``t_k``).
 
 Block selection (``kernels.select_blocks.select_blocks``) scores every block in one Triton
 kernel. The committed H100 rows (``calibration/profiles/h100-sxm``) were timed with its top-n in
@@ -23,7 +23,7 @@ sort up to 128). At equal bytes the measured call with top_n = 64 takes 4-5 us m
 16 at R = 32, 6-7 us at R = 128, 9-13 us at R = 512 and 34-45 us at R = 2048, the same at every
 context; at R = 2048 the call's time grows by ~4.5 us per 1K context, ~10x what its metadata
 bytes explain (``kernel_bench.jsonl``). ``topn_counts`` gives the stage's three counts, each
-priced at a fitted rate (``perfmodel.calibrated``'s ``t_x``).
+priced at a fitted rate (``perfmodel.class_fit``'s ``t_x``).
 """
 
 from __future__ import annotations

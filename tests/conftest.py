@@ -63,7 +63,7 @@ sys.meta_path.insert(0, _BarePackageRefusal())
 def h200_without_a_profile(monkeypatch):
     """Price the H200 by transfer from the H100 SXM's profile: its own shipped profile is hidden
     (``tests/cli/test_h200_profile.py`` tests the H200 priced by its own profile)."""
-    from ssvkit.perfmodel import calibrated
+    from ssvkit.perfmodel import profiles
 
-    own = calibrated.profile_path
-    monkeypatch.setattr(calibrated, "profile_path", lambda gpu: None if gpu == "h200" else own(gpu))
+    own = profiles.profile_path
+    monkeypatch.setattr(profiles, "profile_path", lambda gpu: None if gpu == "h200" else own(gpu))

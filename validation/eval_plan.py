@@ -10,7 +10,7 @@ Per decode (the tiny pair; every phase decodes batches of ``batch`` prompts):
   per-token rates the committed H200 decodes measured at their largest batch
   (``validation/data/batched-decode-h200.json``: ``ar_dense`` and ``sd_dense`` with either
   drafter), the n-gram index's divided by how much faster its fill is than the
-  token-by-token build those decodes ran (``engine.ngram.NgramIndex._fill``, timed here);
+  token-by-token build those decodes ran (``engine.ngram_index.NgramIndex._fill``, timed here);
 - its rounds: ``new_tokens`` over the tokens per round the ranking predicts for the strategy,
   each round the calibrated step model's at the batch and context times the measured over
   predicted round of the strategy's family (autoregressive, or drafting with its drafter;
@@ -120,7 +120,7 @@ class Rates:
 def fill_speedup(context: int) -> float:
     """The n-gram index's token-by-token build time over its fill's on a code prompt of
     ``context`` tokens, timed here (best of three each)."""
-    from ssvkit.engine.ngram import NgramIndex
+    from ssvkit.engine.ngram_index import NgramIndex
     from ssvkit.validation.prompts import prompt_tokens
 
     prompt = prompt_tokens("code", context)
@@ -266,7 +266,7 @@ def walk_seconds(
     steady profile run's and the walk runs' sequences, each text's walk of every n-gram tree
     (resolved as the ranking resolves it) timed here on a code prompt of the regime's
     context."""
-    from ssvkit.engine.ngram import walk_text
+    from ssvkit.engine.ngram_shadow import walk_text
     from ssvkit.validation.prompts import prompt_tokens
 
     if "ngram" not in space.drafters:

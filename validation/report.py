@@ -32,12 +32,13 @@ import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import error_stats
 from ssvkit.calibration.validate import annotate, report
-from ssvkit.perfmodel.calibrated import Profile, make_predictor
+from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.files import malformed, read_json
 from ssvkit.perfmodel.hardware import get_gpu, gpu_names
 from ssvkit.perfmodel.host_overhead import host_overhead_s
 from ssvkit.perfmodel.intervals import COVERAGE, interval
 from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import DrafterSpec, Workload, elementwise_of_run, parse_tree
 from ssvkit.perfmodel.trace import dumps_trace, make_header, make_round

@@ -64,8 +64,8 @@ def same_prompt(crc: int | None, prompt: list[int], where: str) -> None:
 
 def _walk_sums(pairs, specs: tuple[str, ...], max_n: int) -> dict[bytes, dict[str, np.ndarray]]:
     """Per prompt and tree spec, [walked rounds, accepted drafts, texts] summed over the texts
-    decoded after that prompt (``engine.ngram.walk_text``)."""
-    from ssvkit.engine.ngram import walk_text
+    decoded after that prompt (``engine.ngram_shadow.walk_text``)."""
+    from ssvkit.engine.ngram_shadow import walk_text
 
     by_prompt: dict[bytes, dict[str, np.ndarray]] = {}
     for prompt, text in pairs:

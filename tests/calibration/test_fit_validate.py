@@ -3,19 +3,13 @@ from dataclasses import replace
 
 import pytest
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.fit import (
-    depth,
-    fit_profile,
-    is_heldout,
-    op_class,
-    serial_steps,
-    stage_counts,
-    tile_rows,
-)
+from ssvkit.calibration.features import depth, serial_steps, stage_counts, tile_rows
+from ssvkit.calibration.fit import fit_profile, is_heldout, op_class
 from ssvkit.calibration.validate import disagreements, fit_agreement, ratio_pairs, report
-from ssvkit.perfmodel.calibrated import CalibratedPredictor, Profile, make_predictor
+from ssvkit.perfmodel.calibrated import CalibratedPredictor, make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 from ssvkit.validation.readme import DOCUMENTS, render

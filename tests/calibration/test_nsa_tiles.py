@@ -10,7 +10,8 @@ from ssvkit.calibration import kernel_checks as checks
 from ssvkit.calibration import kernel_grid as kg
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration import kernel_ops, kernel_sweep
-from ssvkit.calibration.fit import op_class, serial_steps, tile_rows
+from ssvkit.calibration.features import serial_steps, tile_rows
+from ssvkit.calibration.fit import op_class
 from ssvkit.calibration.kernel_design import design_configs
 from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
 from ssvkit.calibration.kernel_plan import compile_keys, plan_shards, variant_work

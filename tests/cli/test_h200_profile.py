@@ -11,8 +11,8 @@ import shutil
 import pytest
 from ssvkit.calibration import ceilings, physical_sets, transfer_sets
 from ssvkit.calibration.fit import fit_folder
-from ssvkit.perfmodel import calibrated, hardware
-from ssvkit.perfmodel.calibrated import Profile
+from ssvkit.perfmodel import hardware
+from ssvkit.perfmodel.profiles import Profile, shipped_profile
 from ssvkit.perfmodel.rows import load_rows, seal
 
 from ssvkit.cli import main
@@ -41,7 +41,7 @@ def root(tmp_path_factory):
 
 
 def _clear() -> None:
-    calibrated.shipped_profile.cache_clear()
+    shipped_profile.cache_clear()
     for cached in (transfer_sets._committed, transfer_sets._committed_set, physical_sets.committed):
         cached.cache_clear()
 

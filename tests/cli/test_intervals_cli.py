@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 from ssvkit.perfmodel.baselines import compare
-from ssvkit.perfmodel.calibrated import shipped_profile
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.profiles import shipped_profile
 from ssvkit.perfmodel.strategy import Strategy, Workload
 
 from ssvkit.cli import main

@@ -5,7 +5,7 @@ roofline with ``--roofline``; a GPU nothing may price is refused in one line, ex
 import json
 
 import pytest
-from ssvkit.perfmodel.calibrated import shipped_profile
+from ssvkit.perfmodel.profiles import shipped_profile
 
 from ssvkit.cli import main
 

@@ -13,7 +13,9 @@ from engine_helpers import random_prompts, tiny_model
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.controller import ShadowAcceptance
 from ssvkit.engine.loop import Engine
-from ssvkit.engine.ngram import NgramDrafter, NgramIndex, walk_text
+from ssvkit.engine.ngram import NgramDrafter
+from ssvkit.engine.ngram_index import NgramIndex
+from ssvkit.engine.ngram_shadow import walk_text
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree

@@ -7,17 +7,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.calibrated import (
-    ONE_LAUNCH_STAND_IN,
-    CalibratedPredictor,
-    profile_path,
-    shipped_profile,
-    stand_in,
-)
+from ssvkit.perfmodel.calibrated import ONE_LAUNCH_STAND_IN, CalibratedPredictor, stand_in
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.ops import FUSED_CLASSES
 from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.profiles import profile_path, shipped_profile
 from ssvkit.perfmodel.step import build_columns, predict_columns, product_columns
 from ssvkit.perfmodel.strategy import (
     Strategy,

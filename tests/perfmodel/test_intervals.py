@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.calibrated import make_predictor, shipped_profile
+from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.intervals import (
     IntervalSource,
@@ -20,6 +20,7 @@ from ssvkit.perfmodel.intervals import (
     uncovered_share,
 )
 from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.profiles import shipped_profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.calibrated import CalibratedPredictor, Profile, profile_path
+from ssvkit.perfmodel.calibrated import CalibratedPredictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
@@ -20,6 +20,7 @@ from ssvkit.perfmodel.nsa_plan import (
     row_tiles,
 )
 from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.profiles import Profile, profile_path
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 

@@ -8,14 +8,10 @@ import dataclasses
 
 import pytest
 from ssvkit.perfmodel.baselines import compare
-from ssvkit.perfmodel.calibrated import (
-    CalibratedPredictor,
-    profile_path,
-    shipped_profile,
-    stand_in,
-)
+from ssvkit.perfmodel.calibrated import CalibratedPredictor, stand_in
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.profiles import profile_path, shipped_profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import (
     PACKED_ROWS,

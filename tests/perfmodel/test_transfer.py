@@ -3,16 +3,11 @@ target's ceilings), another architecture's only when asked, the bare roofline on
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel import calibrated
-from ssvkit.perfmodel.calibrated import (
-    CalibratedPredictor,
-    make_predictor,
-    nearest_profile_gpu,
-    shipped_profile,
-    transfer,
-)
+from ssvkit.perfmodel import profiles
+from ssvkit.perfmodel.calibrated import CalibratedPredictor, make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.predictor import Op, RooflinePredictor
+from ssvkit.perfmodel.profiles import nearest_profile_gpu, shipped_profile, transfer
 
 SOURCE = shipped_profile("h100-sxm")
 PID = SOURCE.profile_id
@@ -109,7 +104,7 @@ def test_a_transfer_outside_the_measured_range_is_flagged_extrapolated():
 
 
 def test_nearest_profile_is_the_closest_copy_bandwidth_of_the_architecture(monkeypatch):
-    monkeypatch.setattr(calibrated, "profile_gpus", lambda: ["h200", "h100-sxm"])
+    monkeypatch.setattr(profiles, "profile_gpus", lambda: ["h200", "h100-sxm"])
     # 2.0 TB/s is closer to the H100 SXM's 3.35 than to the H200's 4.8 (as a ratio).
     assert nearest_profile_gpu(get_gpu("h100-pcie")) == "h100-sxm"
     # Only with the opt-in does another architecture's nearest profile count.

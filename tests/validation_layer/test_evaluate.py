@@ -411,7 +411,7 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
             assert c4["used"] == c4["pooled"] and c3["used"] == c3["pooled"]
         assert acc[f"{kind}@chain:3"] == pytest.approx(alpha_from_tokens("chain:3", c3["used"]))
     # The n-gram drafter's trees, chains and branching ones, from their walks over the texts
-    # of every dense profile run (engine.ngram.walk_text), each tree's own runs beside them.
+    # of every dense profile run (engine.ngram_shadow.walk_text), each tree's own runs beside them.
     walked = {k: v for k, v in chains.items() if k.startswith("ngram@")}
     assert len(walked) == 4 and {k for k in acc if k.startswith("ngram@")} == set(walked)
     texts = {v["walked_texts"] for v in walked.values()}
@@ -511,7 +511,7 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
 def test_walk_ngram_weighs_each_prompt_alike():
     """Texts of one prompt count as one text's worth together (their sums over their number),
     so a prompt decoded by many runs does not outweigh one decoded once."""
-    from ssvkit.engine.ngram import walk_text
+    from ssvkit.engine.ngram_shadow import walk_text
 
     class B:
         log = staticmethod(lambda m: None)

@@ -8,10 +8,11 @@ import pytest
 import torch
 from ssvkit.calibration.fit import fit_profile, op_class
 from ssvkit.calibration.sweep import TOKENS
-from ssvkit.perfmodel.calibrated import CalibratedPredictor, Profile
+from ssvkit.perfmodel.calibrated import CalibratedPredictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import FUSED_CLASSES
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 from ssvkit.validation import fused_op_sweep as sweep

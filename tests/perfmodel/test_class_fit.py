@@ -1,11 +1,11 @@
-"""ssvkit.perfmodel.calibrated.ClassFit: how the fitted latency terms combine (hand-computed on a
+"""ssvkit.perfmodel.class_fit.ClassFit: how the fitted latency terms combine (hand-computed on a
 synthetic class with unit efficiencies, BW = 1e12 B/s, PEAK = 1e15 FLOP/s)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.calibrated import ClassFit
+from ssvkit.perfmodel.class_fit import ClassFit
 
 BW, PEAK = 1e12, 1e15
 CF = ClassFit(

@@ -1,0 +1,163 @@
+"""The fitted model of one op class (``ClassFit``): per-op-class efficiencies and latencies
+over the measured ceilings, as ``calibration.fit`` fits them and ``perfmodel.calibrated``
+prices ops with them.
+
+Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
+op class, fitted by ``calibration.fit`` on GPU measurements:
+
+    t = t0 + t_s * S + t_r * R + sum_i t_x,i * X_i
+          + max(t_k * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+
+- ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
+- ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
+  fitted knots, held constant outside the measured range (such a figure is labelled
+  ``extrapolated``);
+- ``t0``: fixed cost per call (launches, host-free graph replay);
+- ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
+  fitted for GEMMs and repair (K: the tiles one SM slot walks in series,
+  ``perfmodel.repair_plan``; 32 programs of the tiny pair's batch-1 call walk 32 missed blocks
+  in 24.6 us, 0.7 TB/s): a small GEMM's time grows with K at equal bytes (one CTA walks the
+  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls). The
+  loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
+  bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
+  too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
+- ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
+  fitted for NSA verification only: a split call's merge walks its tile's partial slots one by
+  one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)
+  runs faster than t = 12 (one tile, 64 splits) although it does more work;
+- ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
+  NSA and dense verification: every program computes, loads and writes ``BLOCK_M`` rows
+  whatever the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 (/ 128 dense) with t
+  (``perfmodel.nsa_plan``, ``perfmodel.attention_work.dense_verify_tiles``); R counts
+  ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``). Dense
+  verification's FLOPs are its padded tiles' too: at 32 q / 8 KV heads, t = 17 runs the
+  128-row tile of t = 32 (H200, batch 16, 32K: 495 us at t = 16, 665 us at t = 32);
+- ``t_x,i * X_i``: the stages a call runs after its streaming part that neither stream bytes nor
+  walk one chain, one fitted rate per count X_i, fitted for block selection only: its top-n
+  stage (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``) scans the R x NB
+  scores (R = B x Hkv x t rows), orders R x top_n keys, and a row's sort lengthens with top_n:
+  at equal bytes top_n = 64 costs 4-5 us more than 16 at R = 32 and 34-45 us more at R = 2048,
+  whatever the context;
+- ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
+  same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
+  G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
+  classes use U. For sparse verification also ``bytes_eff = max(G + h (U - G), U / r)``: every
+  requested byte, hit or miss, crosses the L2-to-SM path, whose throughput is r x BW (fitted,
+  1 to 4). With it the big-batch calls are what the two levels say: at overlap 0.9 the
+  8B-geometry call streams its 4.3 GB of requests in 587-596 us (7.2-7.3 TB/s, L2-bound,
+  G = 0.6 GB) while at overlap 0.5 and 64K context its 2.0 GB of distinct blocks set 866 us;
+  without it the one share h (0.48) had to serve both (with it h = 0.12, r = 2.4).
+
+Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
+efficiency. It ignores contention between concurrent kernels and clock variation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFit:
+    """Fitted parameters of one op class."""
+
+    name: str
+    t0_s: float
+    bytes_knots: tuple[float, ...]  # log10 bytes
+    bytes_eff: tuple[float, ...]
+    flops_knots: tuple[float, ...]  # log10 FLOPs
+    flops_eff: tuple[float, ...]
+    l2_miss: float | None  # h, for classes with a dedup term
+    # log10 ranges of bytes and FLOPs over every measured row of the class (fit and held out):
+    # a figure outside them is an extrapolation.
+    bytes_range: tuple[float, float] = (0.0, 0.0)
+    flops_range: tuple[float, float] = (0.0, 0.0)
+    t_depth_s: float = 0.0  # t_k: seconds per unit of reduction depth
+    t_step_s: float = 0.0  # t_s: seconds per serial step after the parallel part
+    t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
+    t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
+    l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
+
+    def efficiencies(self, nbytes, flops):
+        lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        lf = np.log10(np.maximum(np.asarray(flops, dtype=float), 1.0))
+        eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
+        ef = np.interp(lf, self.flops_knots, self.flops_eff)
+        return eb, ef
+
+    def in_range(self, nbytes, flops, bw, peak):
+        """True where the binding term of the model lies inside the measured range: bytes
+        always (the fixed cost and memory term), FLOPs where the compute term binds."""
+        nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
+        lb = np.log10(np.maximum(nbytes, 1.0))
+        lf = np.log10(np.maximum(flops, 1.0))
+        tol = 1e-9
+        ok_b = (lb >= self.bytes_range[0] - tol) & (lb <= self.bytes_range[1] + tol)
+        ok_f = (lf >= self.flops_range[0] - tol) & (lf <= self.flops_range[1] + tol)
+        eb, ef = self.efficiencies(nbytes, flops)
+        compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
+        return ok_b & (ok_f | ~compute_bound)
+
+    def call_time_s(
+        self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
+    ):
+        """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a serial
+        chain of ``depth``, followed by ``steps`` serial steps, over row tiles of ``rows``
+        padded rows, with extra stages of ``stages`` counts (the model in the module
+        docstring)."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        eff_bytes = nbytes
+        if self.l2_miss is not None and dedup_bytes is not None:
+            g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
+            eff_bytes = g + self.l2_miss * (nbytes - g)
+            if self.l2_ratio > 0:
+                eff_bytes = np.maximum(eff_bytes, nbytes / self.l2_ratio)
+        eb, ef = self.efficiencies(nbytes, flops)
+        fixed = (
+            self.t0_s
+            + self.t_step_s * np.asarray(steps, dtype=float)
+            + self.t_row_s * np.asarray(rows, dtype=float)
+        )
+        for rate, count in zip(self.t_stage_s, stages, strict=False):
+            fixed = fixed + rate * np.asarray(count, dtype=float)
+        chain = self.t_depth_s * np.asarray(depth, dtype=float)
+        roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        return fixed + np.maximum(chain, roof)
+
+    def to_json(self) -> dict:
+        return {
+            "t0_s": self.t0_s,
+            "bytes_knots": list(self.bytes_knots),
+            "bytes_eff": list(self.bytes_eff),
+            "flops_knots": list(self.flops_knots),
+            "flops_eff": list(self.flops_eff),
+            "l2_miss": self.l2_miss,
+            "bytes_range": list(self.bytes_range),
+            "flops_range": list(self.flops_range),
+            "t_depth_s": self.t_depth_s,
+            "t_step_s": self.t_step_s,
+            "t_row_s": self.t_row_s,
+            "t_stage_s": list(self.t_stage_s),
+            "l2_ratio": self.l2_ratio,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, d: dict) -> ClassFit:
+        return cls(
+            name=name,
+            t0_s=float(d["t0_s"]),
+            bytes_knots=tuple(d["bytes_knots"]),
+            bytes_eff=tuple(d["bytes_eff"]),
+            flops_knots=tuple(d["flops_knots"]),
+            flops_eff=tuple(d["flops_eff"]),
+            l2_miss=d.get("l2_miss"),
+            bytes_range=tuple(d["bytes_range"]),
+            flops_range=tuple(d["flops_range"]),
+            t_depth_s=float(d.get("t_depth_s", 0.0)),
+            t_step_s=float(d.get("t_step_s", 0.0)),
+            t_row_s=float(d.get("t_row_s", 0.0)),
+            t_stage_s=tuple(float(x) for x in d.get("t_stage_s", ())),
+            l2_ratio=float(d.get("l2_ratio", 0.0)),
+        )
