@@ -54,9 +54,22 @@ def counters_are_zero() -> bool:
     return bool(bufs) and all(int(b.abs().sum()) == 0 for b in bufs)
 
 
-@pytest.mark.parametrize("merge", ["last", "parallel"])
-@pytest.mark.parametrize("refresh", [False, True], ids=["reuse", "refresh"])
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def fold_case(shape, refresh: bool, merge: str):
+    path = "refresh" if refresh else "reuse"
+    return pytest.param(shape, refresh, merge, id=f"{shape_id(shape)}-{path}-{merge}")
+
+
+# Each shape on both paths and with both merge modes; the one-row shape with all four pairs.
+FOLD_CASES = [
+    fold_case(SHAPES[0], False, "last"),
+    fold_case(SHAPES[0], True, "parallel"),
+    fold_case(SHAPES[1], False, "parallel"),
+    fold_case(SHAPES[1], True, "last"),
+    *(fold_case(SHAPES[2], r, m) for r in (False, True) for m in ("last", "parallel")),
+]
+
+
+@pytest.mark.parametrize(("shape", "refresh", "merge"), FOLD_CASES)
 def test_folded_merge_matches_the_merge_launch_and_the_reference(shape, refresh, merge):
     prefix_lens, t, h, hkv, d, dtype = shape
     dtype = case_dtype(dtype)
