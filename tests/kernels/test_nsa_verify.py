@@ -134,7 +134,7 @@ def test_refresh_forces_sink_and_local_blocks_and_pads():
 @pytest.mark.parametrize("branch", [0, 1, 2])
 def test_zero_gate_removes_its_branch(branch):
     """With g_x = 0, changing only what branch x reads leaves the output bit-identical."""
-    prefix_lens, t = [90, 130], 3
+    prefix_lens, t = [130], 3
     args, idx = make_inputs(prefix_lens, t, 4, 1, 16, torch.float16, seed=2)
     q, k, v, lens, mask, ck, cv, gates = args
     gates = gates.clone()
