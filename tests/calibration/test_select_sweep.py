@@ -50,5 +50,9 @@ def test_select_rows_time_one_and_two_launches_on_the_same_inputs(monkeypatch):
 
 
 def test_the_select_check_passes_on_the_interpreter(monkeypatch):
+    """On one KV head of the tiny geometry's four-head groups: the check's pick runs a program
+    per (sequence, KV head, draft row), and a second head would only repeat them."""
     _tiny_cpu(monkeypatch)
+    monkeypatch.setattr(ki, "NUM_Q_HEADS", ki.NUM_Q_HEADS // ki.NUM_KV_HEADS)
+    monkeypatch.setattr(ki, "NUM_KV_HEADS", 1)
     checks.check_select(sb)

@@ -74,7 +74,10 @@ def test_greedy_decode_is_the_same_on_triton_and_torch():
 @pytest.mark.parametrize("mode", ["per_query", "union"])
 def test_greedy_nsa_decode_with_a_row_schedule_is_the_reference_decode(mode):
     """Speculative NSA decoding with one draft row per row tile (or tiles of 2) emits the
-    tokens of the same decode on the fp32 torch references, which have no row schedule."""
+    tokens of the same decode on the fp32 torch references, which have no row schedule. Two
+    rounds (one token each: the random model rejects the drafts), each through a refresh layer
+    and a layer reusing its selection: the second round runs on the caches the first
+    committed."""
     s = Strategy(
         name="ssv",
         tree="full:2x2",
@@ -90,8 +93,10 @@ def test_greedy_nsa_decode_with_a_row_schedule_is_the_reference_decode(mode):
     tokens = {}
     for backend in ("torch", "triton"):
         runner = ModelRunner(MODEL, batch=2, t_max=128, backend=backend)
-        eng = Engine(runner, s, DecodeConfig(max_new_tokens=6))
-        tokens[backend] = eng.generate(PROMPTS).tokens
+        eng = Engine(runner, s, DecodeConfig(max_new_tokens=3))
+        result = eng.generate(PROMPTS)
+        tokens[backend] = result.tokens
+    assert len(result.rounds) == 2
     assert tokens["triton"] == tokens["torch"]
 
 

@@ -16,6 +16,12 @@ TOLERANCES = {
 }
 
 
+def case_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a case written for the CPU interpreter runs in here: fp32 is a CPU-interpreter
+    dtype, so on the GPU such a case runs in fp16."""
+    return torch.float16 if HAS_CUDA and dtype == torch.float32 else dtype
+
+
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, kind: str):
     """``torch.testing.assert_close`` at the tolerance of ``dtype`` for ``kind`` (``o`` or
     ``lse``); NaN never passes, and the message adds the mean absolute difference."""

@@ -18,8 +18,8 @@ import pytest
 import ssvkit.kernels.arrivals as arrivals
 import ssvkit.kernels.nsa_steps as steps
 import torch
-from kernel_helpers import HAS_CUDA, assert_close
-from nsa_helpers import CPU_DTYPES, DEV, GPU_KW, NSA_KW, make_gpu_inputs, make_inputs
+from kernel_helpers import assert_close, case_dtype
+from nsa_helpers import DEV, GPU_KW, NSA_KW, make_gpu_inputs, make_inputs
 from ssvkit.kernels.nsa_launch import make_plan
 from ssvkit.kernels.nsa_verify import (
     NsaVerifyConfig,
@@ -29,13 +29,19 @@ from ssvkit.kernels.nsa_verify import (
 )
 from ssvkit.kernels.timing import poisoned_allocations
 
-# (prefix_lens, t, H, Hkv, D): several 16-row tiles with a ragged last one (t = 5, G = 4), a
-# padded head group (G = 3), a prefix of 0 beside longer ones, one row per tile (t = 1).
+# (prefix_lens, t, H, Hkv, D, dtype): several 16-row tiles with a ragged last one (t = 5,
+# G = 4), a padded head group (G = 3) beside a second KV head, a prefix of 0 beside longer ones,
+# one row per tile (t = 1). The kernels' arithmetic is fp32 whatever the inputs' dtype: fp16
+# once, on the cheapest shape, for the casts of the loads and of the merged output.
 SHAPES = [
-    ([77, 130], 5, 8, 2, 32),
-    ([50, 0, 33], 3, 6, 2, 16),
-    ([150], 1, 4, 1, 16),
+    ([77, 130], 5, 4, 1, 32, torch.float32),
+    ([50, 0, 33], 3, 6, 2, 16, torch.float32),
+    ([150], 1, 4, 1, 16, torch.float16),
 ]
+
+
+def shape_id(shape) -> str:
+    return f"L{shape[0]}-t{shape[1]}-H{shape[2]}-kv{shape[3]}-{str(shape[5]).split('.')[-1]}"
 
 
 def config(merge: str, num_splits: int = 5) -> NsaVerifyConfig:
@@ -48,14 +54,25 @@ def counters_are_zero() -> bool:
     return bool(bufs) and all(int(b.abs().sum()) == 0 for b in bufs)
 
 
-@pytest.mark.parametrize("merge", ["last", "parallel"])
-@pytest.mark.parametrize("refresh", [False, True], ids=["reuse", "refresh"])
-@pytest.mark.parametrize("dtype", CPU_DTYPES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"L{s[0]}-t{s[1]}-H{s[2]}-kv{s[3]}")
-def test_folded_merge_matches_the_merge_launch_and_the_reference(shape, dtype, refresh, merge):
-    if HAS_CUDA and dtype == torch.float32:
-        pytest.skip("fp32 is a CPU-interpreter dtype")
-    prefix_lens, t, h, hkv, d = shape
+def fold_case(shape, refresh: bool, merge: str):
+    path = "refresh" if refresh else "reuse"
+    return pytest.param(shape, refresh, merge, id=f"{shape_id(shape)}-{path}-{merge}")
+
+
+# Each shape on both paths and with both merge modes; the one-row shape with all four pairs.
+FOLD_CASES = [
+    fold_case(SHAPES[0], False, "last"),
+    fold_case(SHAPES[0], True, "parallel"),
+    fold_case(SHAPES[1], False, "parallel"),
+    fold_case(SHAPES[1], True, "last"),
+    *(fold_case(SHAPES[2], r, m) for r in (False, True) for m in ("last", "parallel")),
+]
+
+
+@pytest.mark.parametrize(("shape", "refresh", "merge"), FOLD_CASES)
+def test_folded_merge_matches_the_merge_launch_and_the_reference(shape, refresh, merge):
+    prefix_lens, t, h, hkv, d, dtype = shape
+    dtype = case_dtype(dtype)
     args, idx = make_inputs(prefix_lens, t, h, hkv, d, dtype, seed=3 * t + h)
     block_idx = None if refresh else idx
     ro, ridx = reference_nsa_verify(*args, block_idx=block_idx, **NSA_KW)
@@ -73,16 +90,19 @@ def test_folded_merge_matches_the_merge_launch_and_the_reference(shape, dtype, r
     assert_close(o_unf, ro, dtype, "o")
 
 
-@pytest.mark.parametrize("merge", ["last", "parallel"])
-@pytest.mark.parametrize("refresh", [False, True], ids=["reuse", "refresh"])
-@pytest.mark.parametrize("rows_per_tile", [1, 2])
+@pytest.mark.parametrize(
+    ("rows_per_tile", "refresh", "merge"),
+    [(1, False, "last"), (1, True, "parallel"), (2, False, "parallel"), (2, True, "last")],
+)
 def test_folded_merge_merges_every_tile_of_a_row_schedule(rows_per_tile, refresh, merge):
     """With ``rows_per_tile`` rows a tile (1: the naive baseline's schedule, head slots padded
     to 16 MMA rows) a call has ``ceil(t / rows_per_tile)`` row tiles per (sequence, KV head),
     each with its own arrival counter: every tile is merged (a row no merge writes stays NaN),
     as the reference and the merge launch, and the counters are zero after the call; the merge
-    covers a row's real head slots, not the padding."""
-    prefix_lens, t, h, hkv, d = [77, 130], 5, 8, 2, 16
+    covers a row's real head slots, not the padding. Each schedule runs with both merge modes
+    and on both paths (every pair of the three choices once; the test above crosses path and
+    merge mode)."""
+    prefix_lens, t, h, hkv, d = [77, 130], 5, 4, 1, 16
     args, idx = make_inputs(prefix_lens, t, h, hkv, d, torch.float32, seed=11)
     block_idx = None if refresh else idx
     ro, ridx = reference_nsa_verify(*args, block_idx=block_idx, **NSA_KW)
@@ -141,7 +161,7 @@ def test_the_folded_call_launches_no_merge_kernel(monkeypatch):
             raise AssertionError("a merge launch")
 
     monkeypatch.setattr(steps, "nsa_merge_kernel", Refused())
-    args, idx = make_inputs([90, 41], 3, 8, 2, 16, torch.float32, seed=1)
+    args, idx = make_inputs([90, 41], 3, 4, 1, 16, torch.float32, seed=1)
     for merge in ("auto", "last", "parallel"):
         cfg = config(merge, num_splits=4)
         o, _ = nsa_verify(*args, block_idx=idx, config=cfg, **NSA_KW)
@@ -156,7 +176,7 @@ def test_repeated_calls_share_one_counter_buffer_and_repeat_their_output():
     """A CUDA graph replays a call on the same buffers: the counters the first call used must be
     ready for the second, which then writes the same output (the merge reads the slots in a
     fixed order, whichever program is last)."""
-    args, idx = make_inputs([120, 70], 5, 8, 2, 16, torch.float32, seed=2)
+    args, idx = make_inputs([120, 70], 5, 4, 1, 16, torch.float32, seed=2)
     outs = []
     for merge in ("last", "parallel"):
         o1, _ = nsa_verify(*args, block_idx=idx, config=config(merge), **NSA_KW)
@@ -182,18 +202,21 @@ def test_arrival_counters_are_zeroed_kept_and_grown():
 
 @pytest.mark.parametrize("source", ["stored", "computed"])
 @pytest.mark.parametrize(
-    "prefix_lens, t", [([600, 530, 0], 3), ([700], 16)], ids=["ragged-t3", "t16"]
+    "prefix_lens, t, h, hkv",
+    [([520, 410, 0], 3, 8, 2), ([530], 16, 4, 1)],
+    ids=["ragged-t3", "t16"],
 )
 def test_folded_pick_selects_the_reference_blocks_in_one_launch(
-    monkeypatch, prefix_lens, t, source
+    monkeypatch, prefix_lens, t, h, hkv, source
 ):
     """The refresh path's importance and top-n pick in one launch (``pick="folded"``): rows of
-    more than 32 blocks, so the threshold pick serves them, both score sources, an empty prefix.
+    more than 32 blocks (a chunk and a tail), so the threshold pick serves them, both score
+    sources, an empty prefix beside two KV heads, and 16 draft rows of 4 heads in one tile.
     Random data has no ties: the indices equal the reference's and the two launches' exactly."""
     import ssvkit.kernels.nsa_selection as selection
-    from ssvkit.kernels.top_blocks import threshold_meta
+    from ssvkit.kernels.top_blocks import _row_layout, threshold_meta
 
-    args, _ = make_inputs(prefix_lens, t, 8, 2, 16, torch.float32, seed=t)
+    args, _ = make_inputs(prefix_lens, t, h, hkv, 16, torch.float32, seed=t)
     kw = dict(NSA_KW, top_n=6)
     ro, ridx = reference_nsa_verify(*args, **kw)
     folded = NsaVerifyConfig(block_j=16, score_source=source, pick="folded")
@@ -203,7 +226,7 @@ def test_folded_pick_selects_the_reference_blocks_in_one_launch(
         monkeypatch.setattr(selection, "top_blocks", refused)
         o, idx = nsa_verify(*args, config=folded, **kw)
     nb_max = -(-args[1].shape[2] // kw["block_size"])
-    assert threshold_meta(nb_max, kw["top_n"]) is not None
+    assert threshold_meta(nb_max, kw["top_n"]) is not None and _row_layout(nb_max)[:2] == (32, 16)
     assert torch.equal(idx.cpu(), ridx.cpu()) and torch.equal(idx, idx_two)
     assert_close(o, ro, torch.float32, "o")
     assert torch.equal(o, o_two)

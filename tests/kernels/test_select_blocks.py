@@ -242,16 +242,16 @@ def test_selection_feeds_sparse_verify():
 
 @pytest.mark.parametrize("method", ["mean", "quest"])
 @pytest.mark.parametrize(
-    "lens, t, top_n, num_sink, num_local",
+    "lens, t, hkv, top_n, num_sink, num_local",
     [
-        ([600, 0, 310], 3, 4, 1, 1),  # an empty prefix beside others
-        ([700, 17], 16, 12, 2, 1),  # t = 16 rows per KV head, a 2-block prefix below top_n
-        ([400], 1, 3, 0, 2),
-        ([20, 40], 2, 64, 1, 1),  # top_n past every row: the two-launch path serves it
+        ([600, 0, 310], 3, 2, 4, 1, 1),  # an empty prefix beside others, two KV heads
+        ([700, 17], 16, 1, 12, 2, 1),  # t = 16 rows per KV head, a 2-block prefix below top_n
+        ([400], 1, 2, 3, 0, 2),
+        ([20, 40], 2, 2, 64, 1, 1),  # top_n past every row: the two-launch path serves it
     ],
 )
 def test_one_launch_select_picks_what_the_two_launches_pick(
-    monkeypatch, method, lens, t, top_n, num_sink, num_local
+    monkeypatch, method, lens, t, hkv, top_n, num_sink, num_local
 ):
     """The one-launch selection (scores, then each row's pick once its scores have arrived)
     against the two launches and the pick's definition on the same scores, ties included. The
@@ -260,7 +260,7 @@ def test_one_launch_select_picks_what_the_two_launches_pick(
     import ssvkit.kernels.arrivals as arrivals
     import ssvkit.kernels.select_blocks as sb
 
-    q, k, lens_t = make_inputs(lens, t, 8, 2, 16, torch.float32, seed=top_n + t)
+    q, k, lens_t = make_inputs(lens, t, 4 * hkv, hkv, 16, torch.float32, seed=top_n + t)
     meta = BlockMetadata.build(k, lens_t, 16, kinds=(method,))
     kw = dict(top_n=top_n, method=method, num_sink=num_sink, num_local=num_local)
     with poisoned_allocations():

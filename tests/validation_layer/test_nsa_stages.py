@@ -23,17 +23,16 @@ def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
     calls = ns.calls(sets, plan, slots, rslots, unions, parts)
     assert {"reuse", "refresh", "stage_scores", "stage_topk", "stage_merge"} <= set(calls)
     assert PRINTED <= set(calls)
-    for fn in calls.values():
-        fn(0)
-    o, idx = calls["refresh"](0)
+    out = {name: fn(0) for name, fn in calls.items()}
+    o, idx = out["refresh"]
     assert not torch.isnan(o).any() and idx.shape == (1, ki.NUM_KV_HEADS, 4, ns.KW["top_n"])
-    o_sep, idx_sep = calls["refresh_folded"](0)
+    o_sep, idx_sep = out["refresh_folded"]
     assert torch.equal(idx, idx_sep)
     torch.testing.assert_close(o, o_sep, atol=1e-5, rtol=1e-5)
     for name in ns.CALLS:  # the same arithmetic with and without PDL
-        for x, x_pdl in zip(calls[name](0), calls[f"{name}_pdl"](0), strict=True):
+        for x, x_pdl in zip(out[name], out[f"{name}_pdl"], strict=True):
             assert torch.equal(x, x_pdl)
-    assert torch.equal(calls["select"](0), calls["select_pdl"](0))
+    assert torch.equal(out["select"], out["select_pdl"])
 
 
 def fake_case(bsz, t, ctx, capacity, copy_bps):

@@ -36,9 +36,9 @@ CONFIG = {
 ONE_MIB_GIB = str(1 / 1024)
 
 
-@pytest.fixture
-def geometry(tmp_path):
-    path = tmp_path / "config.json"
+@pytest.fixture(scope="module")
+def geometry(tmp_path_factory):
+    path = tmp_path_factory.mktemp("geometry") / "config.json"
     path.write_text(json.dumps(CONFIG))
     return f"random:{path}"
 
@@ -108,7 +108,7 @@ def test_the_campaign_runs_records_and_resumes(geometry, tmp_path, capsys, monke
     assert [r["prefill"]["reused"] for r in rows] == [False, True, False, True]
     assert rows[1]["prefill"]["forward_s"] == rows[0]["prefill"]["forward_s"] > 0
     assert doc["cells"] == [
-        f"random:{CONFIG_PATH(tmp_path)}|256|{b}|{n}|{a}|{b}"
+        f"{geometry}|256|{b}|{n}|{a}|{b}"
         for b, n, a in [(1, "ar_dense", None), (1, "sd_sparse_naive", 0.8)]
         + [(2, "ar_dense", None), (2, "sd_sparse_naive", 0.8)]
     ]
@@ -169,10 +169,6 @@ def test_bad_input_is_one_line_and_exit_2(geometry, tmp_path, capsys, change, me
     assert not (tmp_path / "campaign.json").exists()
 
 
-def CONFIG_PATH(tmp_path):
-    return tmp_path / "config.json"
-
-
 SHARDED = ["--baselines", "ar_dense,ssv", "--acceptances", "0.8", "--batches", "1,2,max"]
 
 
@@ -186,6 +182,16 @@ def _sharded(geometry, tmp_path, name, *extra):
     return json.loads((tmp_path / f"{name}.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def shards(geometry, tmp_path_factory):
+    """The sharded settings' campaign, whole (``whole``) and as its two shards (``part0``,
+    ``part1``): the folder of their documents and run caches, and the documents. The tests read
+    them and write elsewhere."""
+    folder = tmp_path_factory.mktemp("shards")
+    runs = {"whole": (), "part0": ("--shard", "0/2"), "part1": ("--shard", "1/2")}
+    return folder, {name: _sharded(geometry, folder, name, *extra) for name, extra in runs.items()}
+
+
 def _decoded(row: dict) -> dict:
     """What a deterministic decode of a cell gives whatever its shard or prefill."""
     m = row["measured"]
@@ -193,15 +199,15 @@ def _decoded(row: dict) -> dict:
     return {**{k: m[k] for k in keys}, "acceptance": row["measured_acceptance"]}
 
 
-def test_two_shards_merged_hold_the_unsharded_campaign(geometry, tmp_path, capsys):
-    whole = _sharded(geometry, tmp_path, "whole")
-    parts = [_sharded(geometry, tmp_path, f"part{k}", "--shard", f"{k}/2") for k in (0, 1)]
+def test_two_shards_merged_hold_the_unsharded_campaign(shards, tmp_path, capsys):
+    folder, docs = shards
+    whole, parts = docs["whole"], [docs["part0"], docs["part1"]]
     groups = [tuple(g) for p in parts for g in p["shard"]["groups"]]
     assert len(groups) == len(set(groups)) == 3  # batches 1, 2 and max (3), each in one shard
     assert all(p["shard"]["groups"] and p["complete"] for p in parts)
     assert sorted(len(p["rows"]) for p in parts) != [0, len(whole["rows"])]
     out = tmp_path / "merged.json"
-    files = ",".join(str(tmp_path / f"part{k}.json") for k in (1, 0))
+    files = ",".join(str(folder / f"part{k}.json") for k in (1, 0))
     assert scale_campaign.main(["--merge", files, "--out", str(out)]) == 0
     merged = json.loads(out.read_text())
     assert merged["complete"] and merged["cells"] == whole["cells"]
@@ -217,7 +223,7 @@ def test_two_shards_merged_hold_the_unsharded_campaign(geometry, tmp_path, capsy
     rep = json.loads(capsys.readouterr().out)
     assert rep["campaign"]["complete"] and len(rep["cells"]) == len(whole["rows"])
     # One shard alone: the cells of the other are missing.
-    assert scale_campaign.main(["--merge", str(tmp_path / "part0.json"), "--out", str(out)]) == 0
+    assert scale_campaign.main(["--merge", str(folder / "part0.json"), "--out", str(out)]) == 0
     alone = json.loads(out.read_text())
     assert not alone["complete"] and alone["rows"] == parts[0]["rows"]
 
@@ -286,14 +292,15 @@ def test_a_max_batch_equal_to_a_fixed_one_decodes_once(geometry, tmp_path, monke
 
 
 def test_shards_resume_from_their_joined_caches_and_split_what_is_left(
-    geometry, tmp_path, monkeypatch, capsys
+    geometry, shards, tmp_path, monkeypatch, capsys
 ):
     """A first call stops shard 0 after one group and shard 1 at once; the joined caches give
     each shard of the next call every finished cell (none decoded again), the split balances
     the rest, and the next call's shards merge into the whole campaign."""
-    first = _sharded(geometry, tmp_path, "c0", "--shard", "0/2")
+    folder, docs = shards
+    first = docs["part0"]
     _sharded(geometry, tmp_path, "c1", "--shard", "1/2", "--stop-after", "0")
-    caches = ",".join(str(tmp_path / f"c{k}.jsonl") for k in (0, 1))
+    caches = f"{folder / 'part0.jsonl'},{tmp_path / 'c1.jsonl'}"
     joined = tmp_path / "all.jsonl"
     assert scale_campaign.main(["--join", caches, "--out", str(joined)]) == 0
     keys = {(r["batch"], r["baseline"]) for r in first["rows"]}
@@ -325,10 +332,10 @@ def test_shards_resume_from_their_joined_caches_and_split_what_is_left(
         assert _decoded(by_slot[(r["label"], r["baseline"])]) == _decoded(r)
 
 
-def test_merge_joins_successive_calls_of_one_shard(geometry, tmp_path, capsys):
+def test_merge_joins_successive_calls_of_one_shard(shards, tmp_path, capsys):
     """Each call of a resumed shard writes the cells it decoded: the calls' documents merge into
     the shard's whole; a cell whose rows differ between two documents is refused."""
-    whole = _sharded(geometry, tmp_path, "whole")
+    whole = shards[1]["whole"]
     half = len(whole["rows"]) // 2
     for name, rows in (("first", whole["rows"][:half]), ("second", whole["rows"][half:])):
         (tmp_path / f"{name}.json").write_text(json.dumps(dict(whole, rows=rows)))
