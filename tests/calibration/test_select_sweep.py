@@ -4,6 +4,9 @@ check of the two against each other and the reference."""
 
 from __future__ import annotations
 
+import types
+
+import pytest
 import torch
 from ssvkit.calibration import kernel_checks as checks
 from ssvkit.calibration import kernel_grid as kg
@@ -56,3 +59,25 @@ def test_the_select_check_passes_on_the_interpreter(monkeypatch):
     monkeypatch.setattr(ki, "NUM_Q_HEADS", ki.NUM_Q_HEADS // ki.NUM_KV_HEADS)
     monkeypatch.setattr(ki, "NUM_KV_HEADS", 1)
     checks.check_select(sb)
+
+
+def test_the_select_check_compares_the_one_launch_pick_with_the_two_launch_one(monkeypatch):
+    """A one-launch pick that differs from the two-launch pick fails the check: it runs both."""
+    _tiny_cpu(monkeypatch)
+    monkeypatch.setattr(ki, "NUM_Q_HEADS", ki.NUM_Q_HEADS // ki.NUM_KV_HEADS)
+    monkeypatch.setattr(ki, "NUM_KV_HEADS", 1)
+    seen = []
+
+    def select_blocks(*args, fused=False, **kwargs):
+        seen.append(fused)
+        idx = sb.select_blocks(*args, fused=False, **kwargs)
+        return idx.flip(-1) if fused else idx
+
+    broken = types.SimpleNamespace(
+        select_blocks=select_blocks,
+        BlockMetadata=sb.BlockMetadata,
+        reference_select_blocks=sb.reference_select_blocks,
+    )
+    with pytest.raises(checks.CorrectnessError, match="one launch and two launches differ"):
+        checks.check_select(broken)
+    assert seen == [False, True]
