@@ -24,7 +24,7 @@ from ssvkit.planner.rank import rank
 from ssvkit.planner.space import space_from_json
 from ssvkit.validation.adaptive import evaluate_adaptive
 from ssvkit.validation.bench import Bench
-from ssvkit.validation.evaluate import EVAL_VERSION, adaptive_table
+from ssvkit.validation.evaluate import EVAL_VERSION, adaptive_table, bench_settings
 from ssvkit.validation.prompts import OFF_DISTRIBUTION, adaptive_windows
 from ssvkit.validation.records import file_label
 
@@ -77,16 +77,13 @@ def adaptive_phase(
     }
     return {
         "version": EVAL_VERSION,
-        "provenance": {**provenance, "wall_s": time.perf_counter() - t0},
-        **({"batch": bench.batch} if bench.batch > 1 else {}),
+        "provenance": {
+            **provenance,
+            "backend": bench.target.backend,
+            "wall_s": time.perf_counter() - t0,
+        },
         "from": file_label(source_path),
-        "model": bench.model.name,
-        "draft_model": bench.draft_label,
-        "gpu_model": bench.gpu.name,
-        "max_new_tokens": bench.max_new_tokens,
-        "temperature": bench.temperature,
-        "repeats": bench.repeats,
-        "timing_passes": bench.timing_passes,
+        **bench_settings(bench),
         "adaptive_gain": gains,
         "adaptive_gain_off_distribution_mean": float(np.mean(off)) if off else None,
         "offline_best_before": before,

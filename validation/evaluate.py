@@ -195,6 +195,22 @@ def _headline(regimes: dict, adaptive: dict, oracle: bool) -> dict:
     }
 
 
+def bench_settings(bench: Bench) -> dict:
+    """The decode settings an evaluation document records of its bench: the batch (absent at
+    batch 1, as in the documents before batches), the models, the GPU of the predictions,
+    the tokens, temperature, seeds and timing passes."""
+    return {
+        **({"batch": bench.batch} if bench.batch > 1 else {}),
+        "model": bench.model.name,
+        "draft_model": bench.draft_label,
+        "gpu_model": bench.gpu.name,
+        "max_new_tokens": bench.max_new_tokens,
+        "temperature": bench.temperature,
+        "repeats": bench.repeats,
+        "timing_passes": bench.timing_passes,
+    }
+
+
 def evaluate(
     bench: Bench,
     contexts: dict[str, int],
@@ -242,16 +258,8 @@ def evaluate(
             "backend": bench.target.backend,
             "wall_s": time.perf_counter() - t0,
         },
-        # Sequences per decode; absent at batch 1 (the documents before batches).
-        **({"batch": bench.batch} if bench.batch > 1 else {}),
-        "model": bench.model.name,
-        "draft_model": bench.draft_label,
-        "gpu_model": bench.gpu.name,
-        "max_new_tokens": bench.max_new_tokens,
-        "temperature": bench.temperature,
-        "repeats": bench.repeats,
+        **bench_settings(bench),
         "measure_texts": bench.measure_texts,
-        "timing_passes": bench.timing_passes,
         "profile": profile.to_json(),
         "profile_reference_tree": ref_tree,
         "profile_attention_tree": attention_tree,
