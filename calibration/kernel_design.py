@@ -9,6 +9,13 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   batch 16 fills 128 SMs, 17-30 add a partial second wave (1.03-1.82 waves), at t = 16 (64-row
   tiles), 17 and 32. The rows tell how a partial wave's programs run, which the dense class
   does not yet price (``perfmodel.attention_work.dense_verify_tiles``).
+- **Engine lines** (``ENGINE_LINES``): NSA verification at Llama-3.1-8B attention at the
+  contexts, batches, draft rows and row schedules the engine's scale campaign decodes
+  (``validation.scale_plan``): one row (``ar_sparse``), 9, 17 and 33 packed rows (the planned
+  strategies' shared schedule), 17 rows one a tile (``sd_sparse_naive``) and four a tile
+  (``ssv``'s union of 4), at 32K-128K and batch 1 to the largest that fits. The lines and the
+  points leave these outside their axes; the campaign's verify steps are then priced from rows
+  at their own kernel shapes, and its report measures how the step composes them.
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally often
   (a Latin hypercube on a lattice of levels, one seeded permutation per axis): head geometry
   (``GEOMETRIES``: GQA 4, 5, 8 and 16, head dims 64 and 128), draft rows t up to 64, batch 1-64,
@@ -49,6 +56,10 @@ SELECT_CONTEXTS = (16 * K, 32 * K, 48 * K, 64 * K, 128 * K)
 OVERLAPS = (0.5, 0.6, 0.7, 0.8, 0.9)
 TOP_NS = (16, 32, 64)
 FRACTION_PAIRS = ((0.05, 0.3), (0.1, 0.4), (0.2, 0.5))
+ENGINE_LINES = dict(
+    cells=((32 * K, (1, 4, 16, 25)), (64 * K, (1, 4, 12, 16)), (128 * K, (1, 4, 6, 16))),
+    schedules=((1, 0), (9, 0), (17, 0), (33, 0), (17, 1), (17, 4)),  # (t, rows_per_tile)
+)
 WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
 # The largest KV cache (tokens x KV heads) a point may allocate: 64 sequences of 128K at 8 KV
 # heads, 34 GB of bf16 K and V at d = 128.
@@ -144,6 +155,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
     if "dense" in steps:
         configs += wave_configs()
+    configs += [c for c in engine_configs() if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
         for cfg in point_configs(step, seed):
@@ -170,6 +182,19 @@ def wave_configs() -> list[KernelConfig]:
             for t in w["t"]
             if (b, t, ctx) not in lines
         ]
+
+
+def engine_configs() -> list[KernelConfig]:
+    """The NSA configs of ``ENGINE_LINES``: refresh and reuse, fused and unfused, on the
+    refresh path's own indices; a schedule that runs the packed tiles is timed as packed."""
+    out = []
+    with ki.geometry("llama-3.1-8b"):
+        for ctx, batches in ENGINE_LINES["cells"]:
+            for b in batches:
+                for t, rows in ENGINE_LINES["schedules"]:
+                    rows = 0 if rows and kg.nsa_tiles_packed(t, rows) else rows
+                    out.append(kg.nsa_config(ctx, t, b, None, rows))
+    return out
 
 
 def _identity(cfg: KernelConfig) -> tuple:
