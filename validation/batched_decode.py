@@ -2,7 +2,7 @@
 times per (context, baseline, drafter, batch), written with their provenance as one JSON document.
 
     python -m ssvkit.validation.batched_decode --gpu h200 --contexts 8K,16K,max --batches 1,8,32 \\
-        --out validation/data/batched-decode-h200.json --resume build/batched-decode.jsonl
+        --out validation/data/batched-decode-contexts-h200.json --resume build/batched-decode.jsonl
 
 Each run is ``ssvkit decode --model tiny --context C --batch B --strategy S --json`` (greedy,
 CUDA graphs), a process of its own in the folder of the rankings: the speculative baselines

@@ -13,6 +13,8 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
   quality per regime and adaptive gain per prompt set, with what the measurement resolves
   (``validation.report.planner_section``, as the report derives it); ``planner-b32``: the
   evaluation at batch 32 on the H200 (``validation/data/planner-b32-h200.json``), the same way;
+  ``adaptive-b32``: its adaptive phase run again on its profile
+  (``validation/data/planner-adaptive-b32-h200.json``), with the shadow's time per round;
 - ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``).
 """
 
@@ -30,6 +32,7 @@ from ssvkit.validation.papers import reproduce
 from ssvkit.validation.prompts import OFF_DISTRIBUTION
 from ssvkit.validation.records import project_label, record_path
 from ssvkit.validation.report import planner_section
+from ssvkit.validation.stats import set_resolution
 
 # The checkout's documents that embed generated blocks (the docs are the checkout's, not data).
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +161,37 @@ def planner_block(path: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def adaptive_phase_block(path: Path) -> str:
+    """An adaptive-phase document (``planner_eval --adaptive-from``) as markdown: per prompt
+    set the offline best, the adaptive run, its gain with the 90% interval, and the shadow's
+    and the verify step's time per round."""
+    doc = read_json(path, "adaptive phase")
+    a, prov = doc["adaptive"], doc["provenance"]
+    lines = [
+        f"Adaptive phase `{project_label(path)}` (commit {str(prov.get('git_commit'))[:7]}, "
+        f"{str(prov.get('timestamp'))[:10]}, {prov.get('device_name')}), on the profile of "
+        f"`{doc['from']}`: batch {doc['batch']}, {a['context_len']} tokens ({a['regime']}), "
+        f"the n-gram shadow scoring {a['controller']['shadow_sequences']} sequences.",
+        "",
+        "| prompt set | offline best tokens/s | adaptive tokens/s | switches | adaptive gain "
+        "| 90% interval | best fixed strategy over the offline best | shadow us/round "
+        "| verify us/round |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k, v in a["prompt_sets"].items():
+        m, run = set_resolution(v) or {}, v["adaptive"]
+        band = f"{_signed_pct(m['gain_p05'])} to {_signed_pct(m['gain_p95'])}" if m else "n/a"
+        off = " (off distribution)" if k in OFF_DISTRIBUTION else ""
+        o = v.get("oracle")
+        ceiling = f"{_signed_pct(o['ceiling'])} ({o['describe'].split(' | ')[0]})" if o else "n/a"
+        lines.append(
+            f"| {k}{off} | {v['offline_best']['tokens_per_s']:.0f} | {run['tokens_per_s']:.0f} "
+            f"| {len(run['switches'])} | {_signed_pct(v['adaptive_gain'])} | {band} | {ceiling} "
+            f"| {run['steps_s']['shadow'] * 1e6:.0f} | {run['steps_s']['verify'] * 1e6:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def papers_block() -> str:
     """The seeds' figures beside ssvkit's (``ssvkit papers --markdown``'s output)."""
     return papers_markdown(reproduce())
@@ -171,6 +205,7 @@ BLOCKS = {
     "intervals": intervals_block,
     "planner": planner_block,
     "planner-b32": lambda: planner_block(record_path("planner-b32-h200.json")),
+    "adaptive-b32": lambda: adaptive_phase_block(record_path("planner-adaptive-b32-h200.json")),
     "papers": papers_block,
 }
 

@@ -259,3 +259,31 @@ def test_readme_planner_block_follows_the_evaluation(tmp_path):
     assert block.startswith(f"Evaluation `{other}` (commit ")
     assert _verdicts(block) == said(doc["met"])
     assert "| n/a | n/a |" in block
+
+
+def test_readme_adaptive_phase_block_follows_the_document(tmp_path):
+    """The adaptive-phase block: each prompt set's gain, switches, oracle ceiling and shadow
+    time as the document records them; a set without the oracle's runs says n/a."""
+    from ssvkit.validation.readme import adaptive_phase_block
+
+    path = record_path("planner-adaptive-b32-h200.json")
+    doc = json.loads(path.read_text())
+    rows = {
+        x.split(" | ")[0].lstrip("| ").split(" (")[0]: x
+        for x in adaptive_phase_block(path).splitlines()
+        if x.startswith("| ") and "---" not in x
+    }
+    for k, v in doc["adaptive"]["prompt_sets"].items():
+        run = v["adaptive"]
+        assert f"| {100 * v['adaptive_gain']:+.1f}% |" in rows[k]
+        assert f"| {len(run['switches'])} |" in rows[k]
+        assert rows[k].endswith(
+            f"| {run['steps_s']['shadow'] * 1e6:.0f} | {run['steps_s']['verify'] * 1e6:.0f} |"
+        )
+        assert f"{100 * v['oracle']['ceiling']:+.1f}% (" in rows[k]
+    first = next(iter(doc["adaptive"]["prompt_sets"]))
+    doc["adaptive"]["prompt_sets"][first].pop("oracle")
+    other = tmp_path / "adaptive.json"
+    other.write_text(json.dumps(doc))
+    line = next(x for x in adaptive_phase_block(other).splitlines() if x.startswith(f"| {first}"))
+    assert "| n/a |" in line
