@@ -75,7 +75,9 @@ def test_the_design_keeps_the_committed_rows_keys(design):
     assert len(committed) > 500 and committed <= _keys(design)
     pending = kernel_sweep.pending_against(done_keys([H200_ROWS]), ("graph",))
     left = [v for c in design for v in pending(c)]
-    assert not _keys([KernelConfig("dense", "llama-3.1-8b", {}, tuple(left))]) & committed
+    assert (
+        not left or not _keys([KernelConfig("dense", "llama-3.1-8b", {}, tuple(left))]) & committed
+    )
 
 
 def test_the_design_covers_the_transfer_sets_axes(design):

