@@ -15,11 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.attention_work import dense_verify_tiles
 from ssvkit.perfmodel.hardware import GpuSpec
-from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost
+from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
+from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_plan import chain_tiles
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 DEDUP_OPS = ("sparse_verify",)
+# NSA rows timed with the kernels that split a row tile's whole grid and walked the partials in
+# series (``perfmodel.nsa_plan``'s split geometry; the committed H100 rows): their features
+# keep that geometry. Later rows follow the slot plan (``perfmodel.nsa_work``).
+NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
 # Row-wise reductions whose time has a floor: every row's program walks the row (its length the
 # param named here) whatever the row count, and many rows stream at bandwidth and hide it. The
 # argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
@@ -41,7 +46,7 @@ def repair_dedup_bytes(p: dict, requested: float) -> float:
     return requested * distinct / (t * w)
 
 
-def features(row: dict) -> tuple[float, float, float | None]:
+def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float | None]:
     """(requested bytes, FLOPs, deduplicated bytes or None) of one call.
 
     Sparse verification rows carry the measured ``global_unique_bytes`` of their selections;
@@ -56,7 +61,69 @@ def features(row: dict) -> tuple[float, float, float | None]:
         dedup = repair_dedup_bytes(p, float(row["unique_bytes"]))
     elif row["op"] == "dense_verify":
         flops *= dense_tiles(row)[0]
+    elif is_slot_plan(row):
+        w = nsa_work(row, gpu)
+        return w.requested_bytes, flops, w.unique_bytes
     return float(row["unique_bytes"]), flops, dedup
+
+
+def is_slot_plan(row: dict) -> bool:
+    """Whether ``row`` is an NSA call of the slot-planned kernels (``perfmodel.nsa_work``)."""
+    return row["op"] == "nsa_verify" and row.get("git_commit", "")[:7] not in NSA_SPLIT_PLAN_COMMITS
+
+
+def nsa_row_overlap(row: dict) -> float:
+    """The selection overlap gamma that gives an NSA row's measured selected blocks: the row
+    counts, per (sequence, KV head), the union of each row tile's blocks outside the window
+    (its rows' tiles as the plan packs them with a row schedule, else one union of all rows:
+    ``calibration.kernel_ops``), and the selection model puts ``n (1 + (r - 1)(1 - gamma))``
+    blocks in a union of ``r`` rows. 0.7 (the host's assumption) where no union has two rows."""
+    p = row["params"]
+    b, t, hq, hkv, d = (
+        p[k] for k in ("batch", "num_query_tokens", "num_q_heads", "num_kv_heads", "head_dim")
+    )
+    comp_tokens = (p["context_len"] - p["comp_block"]) // p["comp_stride"] + 1
+    kv_row = 2 * d * 2
+    rest = 2 * b * t * hq * d * 2 + b * hq * t * 4 + b * t * hq * 3 * 4
+    rest += b * hkv * comp_tokens * kv_row
+    sel = ((row["unique_bytes"] - rest) / kv_row / (b * hkv) - p["window"] - t) / p["block_size"]
+    step = tile_packing(t, hq // hkv, p["rows_per_tile"])[0] if "rows_per_tile" in p else t
+    rows = [min(step, t - i) for i in range(0, t, step)]
+    spread = sum(r - 1 for r in rows)
+    if spread == 0:
+        return 0.7
+    n = p["top_n"]
+    return float(min(max(1.0 - (sel - n * len(rows)) / (n * spread), 0.0), 1.0))
+
+
+def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
+    """``perfmodel.nsa_work`` of the call an NSA row timed, at its measured selection overlap,
+    on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None)."""
+    p = row["params"]
+    shape = NsaShape(
+        batch=p["batch"],
+        t=p["num_query_tokens"],
+        num_q_heads=p["num_q_heads"],
+        num_kv_heads=p["num_kv_heads"],
+        head_dim=p["head_dim"],
+        context_len=p["context_len"],
+        overlap=nsa_row_overlap(row),
+        rows_per_tile=p.get("rows_per_tile") or 0,
+        top_n=p["top_n"],
+        block_size=p["block_size"],
+        window=p["window"],
+        comp_block=p["comp_block"],
+        comp_stride=p["comp_stride"],
+    )
+    sms = gpu.num_sms if gpu is not None else 132
+    smem = gpu.smem_per_sm_bytes if gpu is not None else 227 * 1024
+    return nsa_call_work(
+        shape,
+        fused=p["impl"] == "fused",
+        refresh=p["mode"] == "refresh",
+        num_sms=sms,
+        smem_per_sm_bytes=smem,
+    )
 
 
 def dense_tiles(row: dict) -> tuple[float, float]:
@@ -76,6 +143,8 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     (``perfmodel.torch_plan``); for sampling, the row length (``ROW_WALK_OPS``); 0 for the
     other ops, whose t0 and efficiencies hold their latency."""
     p = row["params"]
+    if is_slot_plan(row):
+        return nsa_work(row, gpu).chain_tiles
     if row["op"] == "gemm":
         return float(p["k"])
     if row["op"] == "kv_write":
@@ -99,13 +168,15 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     return 0.0
 
 
-def serial_steps(row: dict, num_sms: int) -> float:
+def serial_steps(row: dict, num_sms: int, gpu: GpuSpec | None = None) -> float:
     """Dependent steps one call runs after its parallel part (``perfmodel.class_fit``'s t_s
     term): the partial slots an NSA call's merges walk, from the launch plan the wrapper makes
     for this shape on ``num_sms`` SMs -- the same function the step model's NSA ops use; 0 for
     the other ops."""
     if row["op"] != "nsa_verify":
         return 0.0
+    if is_slot_plan(row):
+        return nsa_work(row, gpu).merge_steps
     p = row["params"]
     return float(
         merge_steps(
@@ -130,16 +201,21 @@ def tile_rows(row: dict) -> float:
         return dense_tiles(row)[1]
     if row["op"] != "nsa_verify":
         return 0.0
+    if is_slot_plan(row):
+        return nsa_work(row, None).row_cost
     p = row["params"]
     heads = (p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"])
     return float(mma_row_cost(*heads, p.get("rows_per_tile") or 0))
 
 
-def stage_counts(row: dict) -> tuple[float, ...]:
+def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block
     selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
     sorted, a row's sort length), over the score rows of every KV head's query rows and the
     blocks of the scored cache (context plus draft rows); none for the other ops."""
+    if is_slot_plan(row):
+        w = nsa_work(row, gpu)
+        return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
     if row["op"] != "select_blocks":
         return ()
     p = row["params"]
@@ -164,7 +240,7 @@ class Data:
 
 
 def class_data(name: str, rows: list[dict], gpu: GpuSpec) -> Data:
-    f = [features(r) for r in rows]
+    f = [features(r, gpu) for r in rows]
     dedup = [x[2] for x in f]
     return Data(
         name,
@@ -173,7 +249,7 @@ def class_data(name: str, rows: list[dict], gpu: GpuSpec) -> Data:
         None if any(d is None for d in dedup) else np.array(dedup, dtype=float),
         np.array([r["median_s"] for r in rows]),
         np.array([depth(r, gpu) for r in rows]),
-        np.array([serial_steps(r, gpu.num_sms) for r in rows]),
+        np.array([serial_steps(r, gpu.num_sms, gpu) for r in rows]),
         np.array([tile_rows(r) for r in rows]),
-        tuple(np.array(x) for x in zip(*(stage_counts(r) for r in rows), strict=True)),
+        tuple(np.array(x) for x in zip(*(stage_counts(r, gpu) for r in rows), strict=True)),
     )

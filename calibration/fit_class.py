@@ -54,15 +54,18 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     has_depth = bool(d.depth.any())
     has_steps = bool(d.steps.any())
     has_rows = bool(d.rows.any())
+    # A chain whose tiles cost by the row tile's rows: the slot-planned NSA calls'.
+    has_depth_row = has_depth and has_rows and name.startswith("nsa_verify")
     n_stage = len(d.stages)
     n_eff = 1 + 2 * k
-    n_lat = n_eff + has_h + has_depth + has_steps + has_rows
+    n_lat = n_eff + has_h + has_depth + has_steps + has_rows + has_depth_row
 
     def unpack(x):
         h = float(x[n_eff]) if has_h else None
         t_depth = float(x[n_eff + has_h]) if has_depth else 0.0
         t_step = float(x[n_eff + has_h + has_depth]) if has_steps else 0.0
         t_row = float(x[n_eff + has_h + has_depth + has_steps]) if has_rows else 0.0
+        t_depth_row = float(x[n_lat - 1]) if has_depth_row else 0.0
         l2 = float(x[n_lat + n_stage]) if has_l2 else 0.0
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
         return ClassFit(
@@ -78,6 +81,8 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
             t_row_s=t_row,
             t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
             l2_ratio=l2,
+            t_depth_row_s=t_depth_row,
+            slot_plan=has_depth_row,
         )
 
     def resid(x):
@@ -100,6 +105,9 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     if has_rows:
         row_hi = _latency_bound(d.seconds, d.rows)
         x0, lo, hi = x0 + [0.3 * row_hi], lo + [0.0], hi + [row_hi]
+    if has_depth_row:
+        depth_row_hi = _latency_bound(d.seconds, d.depth * d.rows)
+        x0, lo, hi = x0 + [0.3 * depth_row_hi], lo + [0.0], hi + [depth_row_hi]
     for count in d.stages:
         stage_hi = _latency_bound(d.seconds, count)
         x0, lo, hi = x0 + [0.1 * stage_hi], lo + [0.0], hi + [stage_hi]

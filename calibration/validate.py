@@ -196,11 +196,18 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         cls = op_class(r)
         if cls not in profile.classes:
             continue
-        nbytes, flops, dedup = features(r)
-        steps, rows = serial_steps(r, spec.num_sms), tile_rows(r)
+        nbytes, flops, dedup = features(r, spec)
+        steps, rows = serial_steps(r, spec.num_sms, spec), tile_rows(r)
         pred = float(
             profile.call_time_s(
-                cls, nbytes, max(flops, 1.0), dedup, depth(r, spec), steps, rows, stage_counts(r)
+                cls,
+                nbytes,
+                max(flops, 1.0),
+                dedup,
+                depth(r, spec),
+                steps,
+                rows,
+                stage_counts(r, spec),
             )
         )
         out.append(

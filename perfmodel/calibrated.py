@@ -132,6 +132,8 @@ class CalibratedPredictor(RooflinePredictor):
         cls, nearest = self._resolve(op.kernel)
         if cls is None or op.kind == "comm":
             return super().op_time_s(op), None, None
+        if cls.slot_plan and op.slot_plan is not None:
+            op = op.slot_plan
         calls = np.asarray(op.calls, dtype=float)
         per = np.maximum(calls, 1e-12)
         nbytes, flops = op.bytes / per, op.flops / per

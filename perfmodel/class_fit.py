@@ -6,7 +6,7 @@ Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including i
 op class, fitted by ``calibration.fit`` on GPU measurements:
 
     t = t0 + t_s * S + t_r * R + sum_i t_x,i * X_i
-          + max(t_k * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+          + max((t_k + t_kr * R) * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
 
 - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
 - ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
@@ -21,6 +21,10 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
   bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
   too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
+- ``t_kr``: for NSA verification the chain is the key tiles one program walks in series
+  (``perfmodel.nsa_work``), each at ``t_k + t_kr x R``: a tile's load latency over the
+  pipeline's depth plus its MMAs and softmax over the row tile's R padded rows (a 64-row union
+  tile with its member masks takes longer per key tile than a 16-row one);
 - ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
   fitted for NSA verification only: a split call's merge walks its tile's partial slots one by
   one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)
@@ -79,6 +83,8 @@ class ClassFit:
     t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
     l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
+    t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
+    slot_plan: bool = False  # fitted on the NSA slot plan's counts (``perfmodel.nsa_work``)
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
@@ -122,7 +128,9 @@ class ClassFit:
         )
         for rate, count in zip(self.t_stage_s, stages, strict=False):
             fixed = fixed + rate * np.asarray(count, dtype=float)
-        chain = self.t_depth_s * np.asarray(depth, dtype=float)
+        chain = np.asarray(depth, dtype=float) * (
+            self.t_depth_s + self.t_depth_row_s * np.asarray(rows, dtype=float)
+        )
         roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
         return fixed + np.maximum(chain, roof)
 
@@ -141,6 +149,8 @@ class ClassFit:
             "t_row_s": self.t_row_s,
             "t_stage_s": list(self.t_stage_s),
             "l2_ratio": self.l2_ratio,
+            **({"t_depth_row_s": self.t_depth_row_s} if self.slot_plan else {}),
+            **({"slot_plan": True} if self.slot_plan else {}),
         }
 
     @classmethod
@@ -160,4 +170,6 @@ class ClassFit:
             t_row_s=float(d.get("t_row_s", 0.0)),
             t_stage_s=tuple(float(x) for x in d.get("t_stage_s", ())),
             l2_ratio=float(d.get("l2_ratio", 0.0)),
+            t_depth_row_s=float(d.get("t_depth_row_s", 0.0)),
+            slot_plan=bool(d.get("slot_plan", False)),
         )

@@ -61,6 +61,8 @@ call's), and assumes one resident program per SM, as the wrapper does.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # NsaVerifyConfig defaults (kernels/nsa_verify.py); tests/perfmodel/test_nsa_plan.py checks them.
@@ -140,3 +142,66 @@ def merge_steps(
     fused_steps = np.where(split | refresh, np.maximum(s, NUM_BRANCHES), 0.0)
     unfused_steps = np.where(split, NUM_BRANCHES * s, 0.0)
     return np.where(fused, fused_steps, unfused_steps)
+
+
+# The current kernels' plan (``kernels.nsa_launch``: ``tile_packing``, ``plan_slots``,
+# ``refresh_slots``; ``kernels.nsa_merge_kernels.split_slots``), scalar and without torch. The
+# calibrated NSA classes' work counts (``perfmodel.nsa_work``) follow it.
+MAX_TILE_ROWS = 16  # a row tile's draft rows are bits of an int32 in the union plan
+MIN_TILES_PER_SLOT = 2
+EXPECTED_OVERLAP = 0.7  # the row-to-row overlap the host assumes when sizing slots
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def tile_packing(t: int, group: int, rows_per_tile: int = 0) -> tuple[int, int, int]:
+    """(draft rows, head slots, MMA rows ``BLOCK_M``) of one row tile of the current kernels
+    over ``t`` draft rows and a head group of ``group`` (``kernels.nsa_launch.tile_packing`` at
+    the default config): rows a power of two of at most ``MAX_TILE_ROWS``, ``BLOCK_M_MAX /
+    group_pad`` and ``rows_per_tile`` (when > 0), head slots padded so a tile has >= 16 rows."""
+    group_pad = _pow2_ceil(group)
+    cap = _pow2_floor(min(rows_per_tile, MAX_TILE_ROWS)) if rows_per_tile else MAX_TILE_ROWS
+    rows = max(1, min(cap, BLOCK_M_MAX // group_pad, _pow2_ceil(t)))
+    group_pad = max(group_pad, MIN_BLOCK_M // rows)
+    return rows, group_pad, rows * group_pad
+
+
+def slot_counts(
+    work: tuple[float, float, float], programs: int, num_sms: int, branches=(True, True, True)
+) -> tuple[int, int, int]:
+    """Slots per (sequence x KV head, row tile) of one launch of the enabled ``branches``
+    (``kernels.nsa_launch.plan_slots`` at the default config, on a GPU): ``work`` is the key
+    tiles the host expects per branch; every slot gets about equal tiles, the grid at most one
+    wave of ``num_sms`` programs and ``MAX_SPLITS`` slots, at least one slot a branch."""
+    work = [w if on else 0.0 for w, on in zip(work, branches, strict=True)]
+    capacity = num_sms * CTAS_PER_SM
+    per_slot = max(MIN_TILES_PER_SLOT, programs * sum(work) / capacity)
+    slots = [
+        max(1, math.ceil(w / per_slot)) if on else 0 for w, on in zip(work, branches, strict=True)
+    ]
+    limit = max(min(MAX_SPLITS, capacity // programs), sum(branches))
+    while sum(slots) > limit:
+        i = min((k for k in range(3) if slots[k] > 1), key=lambda k: work[k] / slots[k])
+        slots[i] -= 1
+    return tuple(slots)
+
+
+def split_slots(n: int, units: tuple[int, int, int], branches) -> tuple[int, int, int]:
+    """The kernel's split of a launch's ``n`` slots between its enabled branches in proportion
+    to each branch's key tiles ``units`` (at least one each, the last enabled takes the rest;
+    ``kernels.nsa_merge_kernels.split_slots``)."""
+    on_c, on_s, on_w = branches
+    uc, us, uw = units
+    total = max(uc * on_c + us * on_s + uw * on_w, 1)
+    later = int(on_s) + int(on_w)
+    share_c = min(max((2 * n * uc + total) // (2 * total), 1), n - later)
+    c_n = (share_c if later else n) if on_c else 0
+    share_s = min(max((2 * n * us + total) // (2 * total), 1), n - c_n - 1)
+    s_n = (share_s if on_w else n - c_n) if on_s else 0
+    return c_n, s_n, (n - c_n - s_n) if on_w else 0

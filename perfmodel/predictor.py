@@ -60,6 +60,9 @@ class Op:
     serial_steps: np.ndarray | float = 0.0
     tile_rows: np.ndarray | float = 0.0
     stage_counts: tuple = ()
+    # The same calls counted by the NSA kernels' slot plan (``perfmodel.nsa_work``), which the
+    # classes fitted on that plan's counts price (``ClassFit.slot_plan``).
+    slot_plan: Op | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -90,6 +93,7 @@ class Op:
             self.serial_steps + other.serial_steps,
             self.tile_rows + other.tile_rows,
             _add_counts(self.stage_counts, other.stage_counts),
+            _add_plans(self.slot_plan, other.slot_plan),
         )
 
     def scaled(self, factor) -> Op:
@@ -107,7 +111,15 @@ class Op:
             self.serial_steps * factor,
             self.tile_rows * factor,
             tuple(x * factor for x in self.stage_counts),
+            None if self.slot_plan is None else self.slot_plan.scaled(factor),
         )
+
+
+def _add_plans(a: Op | None, b: Op | None) -> Op | None:
+    """Sum of two ``slot_plan`` ops (a missing one counts nothing)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return a + b
 
 
 def _add_counts(a: tuple, b: tuple) -> tuple:

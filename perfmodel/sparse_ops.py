@@ -35,6 +35,7 @@ from ssvkit.perfmodel.nsa_plan import (
     mma_row_cost,
     tile_rows_of,
 )
+from ssvkit.perfmodel.nsa_work import nsa_work_arrays
 from ssvkit.perfmodel.ops import (
     ACT_BYTES,
     F32,
@@ -116,7 +117,9 @@ def sparse_attention(
     flops, nbytes, launches = _attention_counts(model, c, br, nsa, hq, kv_tok)
     nsa_bytes = _nsa_io_bytes(model, c, hq) + c.batch * kv_tok * sum(nsa_loaded.values())
     nbytes = np.where(nsa > 0, nsa_bytes, nbytes)
-    _attention_ops(acc, c, (flops, nbytes, launches), nsa, hq, hkv, layers, prefix, num_sms)
+    shape = nsa_shape(model, c, hq, hkv)
+    counts = (flops, nbytes, launches)
+    _attention_ops(acc, c, counts, nsa, hq, hkv, layers, prefix, num_sms, shape)
     _selection_op(acc, model, c, br, nsa, hq, hkv, layers, prefix)
     return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in loaded.items()}
 
@@ -169,8 +172,49 @@ def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
     return c.block_size * (full * tile(rows) + np.where(last > 0, tile(last), 0.0))
 
 
+def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
+    """The ``perfmodel.nsa_work.NsaShape`` fields of every point (the compression window twice
+    its stride, as the strategies' defaults have it)."""
+    return dict(
+        batch=c.batch,
+        t=np.ceil(c.rows),
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=model.head_dim,
+        context_len=c.context_len,
+        overlap=np.clip(c.overlap, 0.0, 1.0),
+        rows_per_tile=c.nsa_rows_per_tile,
+        top_n=np.maximum(c.top_n, 1),
+        block_size=c.block_size,
+        window=c.window,
+        comp_block=2 * np.maximum(c.comp_stride, 1),
+        comp_stride=np.maximum(c.comp_stride, 1),
+    )
+
+
+def _slot_plan_op(flops, launches, kernel: str, on, shape, num_sms, fused, refresh) -> Op:
+    """One NSA call per point where ``on`` counted by the slot plan (``perfmodel.nsa_work``):
+    the counts the slot-planned classes are fitted on (``calibration.features``)."""
+    live = {k: np.where(on > 0, v, 0) for k, v in shape.items() if k in ("batch", "t")}
+    w = nsa_work_arrays({**shape, **live}, fused=fused, refresh=refresh, num_sms=num_sms)
+    stages = (w["waves"], w["pick_rows"]) if refresh else (w["waves"],)
+    return Op(
+        "attention",
+        on * flops,
+        on * w["requested_bytes"],
+        on * launches,
+        kernel=kernel,
+        calls=on * 1.0,
+        dedup_bytes=on * w["unique_bytes"],
+        depth=on * w["chain_tiles"],
+        serial_steps=on * w["merge_steps"],
+        tile_rows=on * w["row_cost"],
+        stage_counts=tuple(on * x for x in stages),
+    )
+
+
 def _attention_ops(
-    acc: OpSum, c: Columns, counts, nsa, hq, hkv, layers, prefix: str, num_sms: int
+    acc: OpSum, c: Columns, counts, nsa, hq, hkv, layers, prefix: str, num_sms: int, shape
 ) -> None:
     """One op per measured class: the three NSA branches launched apart and gated in torch
     (unfused) or the fused kernels; refresh layers (NSA: selection inside) and reuse layers.
@@ -196,15 +240,29 @@ def _attention_ops(
         for suffix, share in (("", 1 - per_query), (PER_QUERY, per_query)):
             if suffix and not np.any(on * share):
                 continue
+            cls = kernel + "/" + suffix if suffix else kernel
+            live = on * share * nsa
             attn = Op(
                 "attention",
                 on * share * flops,
                 on * share * nbytes,
                 on * share * launches,
-                kernel=kernel + "/" + suffix if suffix else kernel,
+                kernel=cls,
                 calls=on * share * 1.0,
                 serial_steps=on * share * steps,
                 tile_rows=on * share * tile_rows,
+                slot_plan=_slot_plan_op(
+                    flops,
+                    launches,
+                    cls,
+                    on * share,
+                    shape,
+                    num_sms,
+                    bool(is_fused),
+                    bool(is_refresh),
+                )
+                if np.any(live)
+                else None,
             )
             acc.add(prefix + name + ("_" + suffix if suffix else ""), attn.scaled(layers))
 

@@ -25,6 +25,7 @@ def _nsa_row(t=16, rows_per_tile=None, mode="reuse", impl="fused", median_s=1e-4
         context_len=16384, num_query_tokens=t, batch=1, tree="binary", mode=mode, impl=impl
     )
     p.update(num_q_heads=heads[0], num_kv_heads=heads[1], top_n=16, block_size=64, window=512)
+    p.update(comp_block=32, comp_stride=16)
     if rows_per_tile is not None:
         p["rows_per_tile"] = rows_per_tile
     return {
@@ -41,14 +42,15 @@ def _nsa_row(t=16, rows_per_tile=None, mode="reuse", impl="fused", median_s=1e-4
 
 def test_one_row_tiles_are_the_per_query_class_and_carry_their_plan():
     """Llama-3.1-8B heads at t = 16 on 132 SMs: packed, one tile of 64 MMA rows (wgmma: 32
-    mma.sync rows), 16 splits; one row a tile, 16 tiles of 16 rows, 1 split (no merge); four,
-    4 tiles of 16 rows, 4 splits (x 3 for the unfused call's merges)."""
+    mma.sync rows), 16 slots; one row a tile, 16 tiles of 16 rows, 3 slots (one a branch: 128
+    programs fill the SMs); four, 4 tiles of 16 rows, 4 slots (x 3 for the unfused call's
+    merges), as the slot plan (``perfmodel.nsa_work``) sizes them."""
     packed, one, four = _nsa_row(), _nsa_row(rows_per_tile=1), _nsa_row(rows_per_tile=4)
     assert op_class(packed) == "nsa_verify/reuse/fused"
     assert op_class(one) == "nsa_verify/reuse/fused/per_query"
     assert op_class(four) == "nsa_verify/reuse/fused"  # the packed class, its own geometry
     assert [tile_rows(r) for r in (packed, one, four)] == [32, 16, 16]
-    assert [serial_steps(r, 132) for r in (packed, one, four)] == [16, 0, 4]
+    assert [serial_steps(r, 132) for r in (packed, one, four)] == [16, 3, 4]
     unfused = _nsa_row(rows_per_tile=4, impl="unfused")
     assert serial_steps(unfused, 132) == 12
     # One draft row is one tile whatever the schedule: the packed class prices it.

@@ -1,0 +1,220 @@
+"""The work one NSA verification call does, counted from the launch plan the current kernels
+make (``perfmodel.nsa_plan``: ``tile_packing``, ``slot_counts``, ``split_slots``), without torch.
+
+A call runs its launches in series; each forward launch has ``B x Hkv x tiles x S`` programs,
+each an equal slice of one branch's key tiles of one row tile (compressed tokens, the tile's
+union of selected blocks, window plus draft tail). ``NsaWork`` counts:
+
+- ``requested_bytes``: what the programs read and write: every row tile's K/V tiles (the
+  compressed tokens and the window once per tile, the tile's own union of selected blocks),
+  queries, outputs, gates, the fp32 slot partials a merge reads back, an unfused call's branch
+  outputs, a refresh call's block scores; ``unique_bytes``: the same with the compressed tokens
+  and the window once per (sequence, KV head) -- the other tiles' reads of them may hit L2;
+- ``chain_tiles``: key tiles in series, summed over the forward launches: per launch the busiest
+  program's slice, or the launch's tiles over its resident programs when the grid overfills the
+  SMs (``resident_programs``: what shared memory holds); a tile's load latency over the
+  pipeline's depth prices it (Little's law: the bytes in flight per SM set the rate);
+- ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series;
+- ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count half);
+- ``waves``: program waves summed over the launches (each pays a prologue and an epilogue);
+- ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one program of
+  the top-n pick.
+
+The selected blocks of a tile of ``r`` draft rows follow the selection model
+(``perfmodel.sparse.union_blocks``): ``n (1 + (r - 1)(1 - overlap))`` capped by the context's
+blocks. It ignores the union plan's launch and the spread of union sizes across tiles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from ssvkit.perfmodel.nsa_plan import (
+    EXPECTED_OVERLAP,
+    WGMMA_MIN_ROWS,
+    WGMMA_ROW_COST,
+    slot_counts,
+    split_slots,
+    tile_packing,
+)
+
+ELEM_BYTES = 2  # bf16 K/V, queries, outputs
+F32 = 4
+NUM_STAGES = 3  # NsaVerifyConfig.num_stages: K/V tiles a program keeps in flight
+BLOCK_N = 64  # NsaVerifyConfig.block_n: keys per tile
+DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
+ONLY = ((True, False, False), (False, True, False), (False, False, True))
+ALL = (True, True, True)
+
+
+@dataclass(frozen=True, slots=True)
+class NsaShape:
+    """What an NSA call's work depends on (the kernel sweep's defaults for the branches)."""
+
+    batch: int
+    t: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    context_len: int
+    overlap: float  # row-to-row overlap of the selections (the selection model's gamma)
+    rows_per_tile: int = 0
+    top_n: int = 16
+    block_size: int = 64
+    window: int = 512
+    comp_block: int = 32
+    comp_stride: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
+        if self.rows_per_tile < 0:
+            raise ValueError(f"rows_per_tile must be >= 0, got {self.rows_per_tile}")
+
+
+@dataclass(frozen=True, slots=True)
+class NsaWork:
+    """What one NSA call executes (module docstring); counts and bytes as floats."""
+
+    requested_bytes: float
+    unique_bytes: float
+    chain_tiles: float
+    merge_steps: float
+    row_cost: float
+    waves: float
+    pick_rows: float
+
+
+def resident_programs(block_m: int, head_dim: int, smem_per_sm_bytes: int) -> int:
+    """Forward programs one SM holds: each buffers ``NUM_STAGES`` K and V tiles and its query
+    tile in shared memory."""
+    per_program = (NUM_STAGES * 2 * BLOCK_N + block_m) * head_dim * ELEM_BYTES
+    return max(1, smem_per_sm_bytes // per_program)
+
+
+def tile_rows(s: NsaShape) -> list[int]:
+    """Draft rows of each row tile (the last one the rest)."""
+    rows = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[0]
+    return [min(rows, s.t - i) for i in range(0, s.t, rows)]
+
+
+def tile_union_blocks(s: NsaShape, rows: int) -> float:
+    """Selected blocks a row tile of ``rows`` draft rows streams (module docstring)."""
+    num_blocks = math.ceil((s.context_len + s.t) / s.block_size)
+    return min(s.top_n * (1 + (rows - 1) * (1.0 - s.overlap)), num_blocks)
+
+
+def branch_units(s: NsaShape, union: float) -> tuple[int, int, int]:
+    """Key tiles of one row tile per branch: compressed, selected, window plus draft tail."""
+    nc = (s.context_len - s.comp_block) // s.comp_stride + 1 if s.context_len >= s.comp_block else 0
+    subs = s.block_size // min(BLOCK_N, s.block_size)
+    return (
+        math.ceil(nc / BLOCK_N),
+        math.ceil(union) * subs,
+        math.ceil((min(s.window, s.context_len) + s.t) / BLOCK_N),
+    )
+
+
+def nsa_call_work(
+    s: NsaShape, *, fused: bool, refresh: bool, num_sms: int, smem_per_sm_bytes: int
+) -> NsaWork:
+    """The work of one ``nsa_verify`` (``fused``) or ``nsa_verify_unfused`` call, a refresh
+    call (it selects its blocks) or a reuse one, on ``num_sms`` SMs."""
+    group = s.num_q_heads // s.num_kv_heads
+    _, _, block_m = tile_packing(s.t, group, s.rows_per_tile)
+    rows = tile_rows(s)
+    units = [branch_units(s, tile_union_blocks(s, r)) for r in rows]
+    heads = s.batch * s.num_kv_heads
+    programs = heads * len(rows)
+    resident = resident_programs(block_m, s.head_dim, smem_per_sm_bytes)
+    # The host sizes the slots at the longest prefix and its assumed overlap.
+    assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
+    host = branch_units(assumed, tile_union_blocks(assumed, rows[0]))
+    if refresh:
+        launches = [(True, False, False), (False, True, True)] if fused else list(ONLY)
+    else:
+        launches = [ALL] if fused else list(ONLY)
+    chain = waves = partial_bytes = 0.0
+    for branches in launches:
+        slots = slot_counts(host, programs, num_sms, branches)
+        n = sum(slots)
+        busiest = total = 0.0
+        for u in units:
+            split = split_slots(n, u, branches)
+            for x in range(3):
+                if branches[x]:
+                    busiest = max(busiest, math.ceil(u[x] / max(split[x], 1)))
+                    total += heads * u[x]
+        chain += max(busiest, total / (num_sms * resident))
+        waves += math.ceil(programs * n / (num_sms * resident))
+        partial_bytes += 2 * programs * n * block_m * (s.head_dim + 2) * F32
+    # Merges in series: fused, one over every slot (a refresh call's reads the compressed
+    # launch's slots too); unfused, one per branch: the slots of every launch.
+    per_launch = [sum(slot_counts(host, programs, num_sms, b)) for b in launches]
+    merge = float(sum(per_launch))
+    kv_row = 2 * s.head_dim * ELEM_BYTES
+    comp_units, _, win_units = units[0]
+    shared = (comp_units + win_units) * BLOCK_N * kv_row  # read by every tile of a KV head
+    selected = sum(u[1] for u in units) * BLOCK_N * kv_row
+    rows_q = s.batch * s.t * s.num_q_heads
+    other = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * 3 * F32 + partial_bytes
+    if not fused:
+        other += 3 * 2 * rows_q * s.head_dim * ELEM_BYTES  # branch outputs, gated apart
+    pick_rows = heads * s.t if refresh else 0.0
+    if refresh:
+        other += 2 * pick_rows * math.ceil((s.context_len + s.t) / s.block_size) * F32
+    return NsaWork(
+        requested_bytes=float(heads * (len(rows) * shared + selected) + other),
+        unique_bytes=float(heads * (shared + selected) + other),
+        chain_tiles=float(chain),
+        merge_steps=merge,
+        row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
+        waves=float(waves),
+        pick_rows=float(pick_rows),
+    )
+
+
+def _fields(s: NsaShape) -> dict:
+    return {name: getattr(s, name) for name in NsaShape.__slots__}
+
+
+WORK_FIELDS = NsaWork.__slots__
+
+
+def nsa_work_arrays(
+    shape: dict,
+    *,
+    fused: bool,
+    refresh: bool,
+    num_sms: int,
+    smem_per_sm_bytes: int = DEFAULT_SMEM_PER_SM_BYTES,
+) -> dict[str, np.ndarray]:
+    """``nsa_call_work`` at every point of ``shape`` (``NsaShape`` field names to arrays or
+    scalars that broadcast), as one array per ``NsaWork`` field, evaluated once per distinct
+    point; a point of no draft rows or heads counts nothing."""
+    names = list(shape)
+    args = np.broadcast_arrays(*(np.asarray(shape[n], dtype=float) for n in names))
+    flat = np.stack([a.ravel() for a in args], axis=1)
+    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
+    out = np.zeros((len(distinct), len(WORK_FIELDS)))
+    for i, point in enumerate(distinct):
+        kw = {
+            n: (float(v) if n == "overlap" else int(round(v)))
+            for n, v in zip(names, point, strict=True)
+        }
+        if min(kw["batch"], kw["t"], kw["num_q_heads"], kw["num_kv_heads"]) < 1:
+            continue
+        w = nsa_call_work(
+            NsaShape(**kw),
+            fused=fused,
+            refresh=refresh,
+            num_sms=num_sms,
+            smem_per_sm_bytes=smem_per_sm_bytes,
+        )
+        out[i] = [getattr(w, f) for f in WORK_FIELDS]
+    return {f: out[inverse.ravel(), j].reshape(args[0].shape) for j, f in enumerate(WORK_FIELDS)}

@@ -1,0 +1,96 @@
+"""ssvkit.perfmodel.nsa_work: the NSA call's work follows the kernels' slot plan, and the
+calibrated classes fitted on it price that plan (hand-computed at Llama-3.1-8B's heads)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from ssvkit.perfmodel.class_fit import ClassFit
+from ssvkit.perfmodel.nsa_plan import slot_counts, split_slots, tile_packing
+from ssvkit.perfmodel.nsa_work import NsaShape, nsa_call_work, nsa_work_arrays
+
+SMS, SMEM = 132, 228 * 1024
+SHAPE = NsaShape(
+    batch=1, t=17, num_q_heads=32, num_kv_heads=8, head_dim=128, context_len=32768, overlap=0.3
+)
+
+
+def test_seventeen_rows_at_group_four_pack_sixteen_plus_one():
+    assert tile_packing(17, 4) == (16, 4, 64)
+    assert tile_packing(17, 4, 1) == (1, 16, 16)
+    assert tile_packing(17, 1) == (16, 1, 16)  # a tile holds at most 16 draft rows
+
+
+def test_slots_fill_one_wave_and_split_by_work():
+    # 8 programs on 132 SMs: 16 slots; 32 + 16 + 9 tiles at 2 a slot at least
+    assert slot_counts((32, 16, 9), 8, SMS) == (9, 5, 2)
+    assert slot_counts((32, 16, 9), 128, SMS) == (1, 1, 1)  # one slot a branch at least
+    assert split_slots(16, (32, 16, 9), (True, True, True)) == (9, 4, 3)
+    assert split_slots(3, (100, 1, 1), (True, True, True)) == (1, 1, 1)
+
+
+def test_union_tile_walks_its_blocks_in_one_slot_at_batch_four():
+    """b4: 64 programs leave 2 slots a tile, raised to one a branch: the 16-row tile's union
+    (16 (1 + 15 x 0.7) = 184 blocks at overlap 0.3) is one program's chain."""
+    w = nsa_call_work(
+        dataclasses.replace(SHAPE, batch=4),
+        fused=True,
+        refresh=False,
+        num_sms=SMS,
+        smem_per_sm_bytes=SMEM,
+    )
+    assert w.chain_tiles == 184
+    assert w.merge_steps == 3 and w.row_cost == 32
+
+
+def test_twice_the_serial_tiles_at_equal_bytes_is_priced_higher():
+    """Per-query tiles at batch 4 split each tile's blocks over few slots; the same bytes cut
+    over more slots (batch 1, fewer programs) walk a shorter chain, and the class prices the
+    longer chain higher at equal bytes."""
+    cls = ClassFit(
+        "nsa_verify/reuse/fused",
+        1e-6,
+        (6.0, 9.0),
+        (0.8, 0.8),
+        (6.0, 12.0),
+        (0.5, 0.5),
+        0.3,
+        t_depth_s=1e-6,
+        t_depth_row_s=1e-8,
+        slot_plan=True,
+    )
+    short = nsa_call_work(SHAPE, fused=True, refresh=False, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    long_ = nsa_call_work(
+        dataclasses.replace(SHAPE, batch=4),
+        fused=True,
+        refresh=False,
+        num_sms=SMS,
+        smem_per_sm_bytes=SMEM,
+    )
+    assert long_.chain_tiles >= 2 * short.chain_tiles
+    args = (short.requested_bytes, 1e9, 4e12, 7e14, short.unique_bytes)
+    t_short = cls.call_time_s(*args, short.chain_tiles, 0, short.row_cost)
+    t_long = cls.call_time_s(*args, long_.chain_tiles, 0, long_.row_cost)
+    assert t_long > 1.5 * t_short
+
+
+def test_refresh_adds_a_launch_and_pick_rows():
+    reuse = nsa_call_work(SHAPE, fused=True, refresh=False, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    fresh = nsa_call_work(SHAPE, fused=True, refresh=True, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    assert fresh.pick_rows == 8 * 17 and reuse.pick_rows == 0
+    assert fresh.waves == 2 * reuse.waves  # the compressed launch, then selected + window
+    assert fresh.requested_bytes > reuse.requested_bytes
+
+
+def test_arrays_match_the_scalar_count():
+    shape = {f: getattr(SHAPE, f) for f in NsaShape.__slots__}
+    shape["batch"] = np.array([1, 4, 1])
+    out = nsa_work_arrays(shape, fused=False, refresh=True, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    one = nsa_call_work(SHAPE, fused=False, refresh=True, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    assert out["chain_tiles"][0] == out["chain_tiles"][2] == one.chain_tiles
+    assert out["chain_tiles"][1] != one.chain_tiles
+
+
+def test_bad_shape_is_refused():
+    with pytest.raises(ValueError, match="overlap"):
+        dataclasses.replace(SHAPE, overlap=1.5)
