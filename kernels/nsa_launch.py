@@ -334,7 +334,9 @@ def plan_slots(
     least ``min_tiles_per_slot`` (a slot pays for its query load, its partial and a merge
     step). ``config.num_splits`` instead
     apportions that many slots by work. The interpreter takes one slot per branch. Disabled
-    branches get 0, enabled ones at least 1."""
+    branches get 0, enabled ones at least 1. ``config.tile_plan`` "fit" takes
+    ``perfmodel.nsa_plan.fit_slots`` instead: the count whose launch finishes first, a second
+    wave allowed."""
     work = [
         w if on else 0.0
         for w, on in zip(plan.branch_tiles(config.expected_overlap), branches, strict=True)

@@ -55,6 +55,14 @@ of two (the kernels' tile holds a power of two of rows), into ``max(16, rows x G
 rows, so one draft row a tile (``per_query``) runs ``t`` tiles of 16 MMA rows at 8 q / 2 KV
 heads. More tiles leave fewer splits per tile.
 
+``branch_tiles``, ``split_slots`` and ``plan_slots`` mirror the current wrapper's slot sizing
+for both ``NsaVerifyConfig.tile_plan`` settings (``tests/perfmodel/test_nsa_plan.py`` checks
+them against it). Under "fixed" a call of 17 draft rows at 4 head slots is two tiles (16 + 1
+rows) that share one wave's slots: the full tile gets half of t = 16's, and the kernel's split
+leaves its selected slices three times as long. "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows
+(32 draft rows there) in one tile, so the compressed and window keys are streamed once per KV
+head and the slices stay t = 16's, and sizes slots by ``fit_slots``' makespan.
+
 It ignores the block-score kernel's read of the compressed ``(m, l)`` partials (a refresh
 call's), and assumes one resident program per SM, as the wrapper does.
 """
