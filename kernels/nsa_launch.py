@@ -20,6 +20,7 @@ import torch
 import triton
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import check_pdl
+from ssvkit.perfmodel import nsa_plan
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
@@ -91,6 +92,17 @@ class NsaVerifyConfig:
         },
     )
 
+    tile_plan: str = field(
+        default="fixed",
+        metadata={
+            "help": "row tiles and slots: fixed (tiles of at most block_m MMA rows and 16 "
+            "draft rows, slots within one wave; the plan the committed rows were measured "
+            "with) or fit (tiles of up to 128 MMA rows and 32 draft rows on 4 warps per 64 "
+            "rows, so Llama-3.1-8B's 17-32 draft rows stay one tile; slots sized by the "
+            "launch's makespan, a second wave allowed; perfmodel.nsa_plan.fit_slots)"
+        },
+    )
+
     pdl: bool = field(
         default=False,
         metadata={
@@ -119,7 +131,11 @@ class NsaVerifyConfig:
             raise ValueError(
                 f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
             )
-        for name, allowed in (("merge", MERGES), ("pick", PICKS)):
+        for name, allowed in (
+            ("merge", MERGES),
+            ("pick", PICKS),
+            ("tile_plan", nsa_plan.TILE_PLANS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
@@ -130,7 +146,9 @@ class NsaVerifyConfig:
 
 DEFAULT_CONFIG = NsaVerifyConfig()
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
-MAX_TILE_ROWS = 16
+MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
+# MMA rows one warpgroup (4 warps) of a "fit" plan's forward program carries.
+ROWS_PER_WARPGROUP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +184,7 @@ class LaunchPlan:
     merge: str
     pick: str
     pdl: bool
+    tile_plan: str = "fixed"
 
     def rows_meta(self) -> dict:
         """Constexprs of the row packing, shared by the kernels."""
@@ -198,20 +217,30 @@ class LaunchPlan:
         )
 
 
+def max_block_m(config: NsaVerifyConfig) -> int:
+    """Most MMA rows of one row tile: ``config.block_m``, or at least ``FIT_BLOCK_M_MAX`` with
+    the "fit" tile plan."""
+    if config.tile_plan == "fit":
+        return max(config.block_m, nsa_plan.FIT_BLOCK_M_MAX)
+    return config.block_m
+
+
 def draft_rows_per_tile(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
-    """Draft rows of one row tile: a power of two, at most ``MAX_TILE_ROWS``, ``block_m //
-    group_pad`` and ``config.rows_per_tile`` (when set)."""
-    cap = MAX_TILE_ROWS
+    """Draft rows of one row tile: a power of two, at most ``MAX_TILE_ROWS`` (the "fit" plan:
+    ``FIT_MAX_TILE_ROWS``), ``max_block_m // group_pad`` and ``config.rows_per_tile`` (when
+    set)."""
+    most = nsa_plan.FIT_MAX_TILE_ROWS if config.tile_plan == "fit" else MAX_TILE_ROWS
+    cap = most
     if config.rows_per_tile:
-        cap = 1 << (min(config.rows_per_tile, MAX_TILE_ROWS).bit_length() - 1)
-    return max(1, min(cap, config.block_m // group_pad, triton.next_power_of_2(t)))
+        cap = 1 << (min(config.rows_per_tile, most).bit_length() - 1)
+    return max(1, min(cap, max_block_m(config) // group_pad, triton.next_power_of_2(t)))
 
 
 def tile_packing(t: int, group: int, config: NsaVerifyConfig) -> tuple[int, int, int]:
     """(draft rows, head slots ``group_pad``, MMA rows ``block_m``) of one row tile of a call
     over ``t`` draft rows and a head group of ``group`` (module docstring)."""
     group_pad = triton.next_power_of_2(group)
-    if group_pad > config.block_m:
+    if group_pad > max_block_m(config):
         raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({group})")
     rows = draft_rows_per_tile(t, group_pad, config)
     group_pad = max(group_pad, 16 // rows)
@@ -255,6 +284,9 @@ def make_plan(
     b, t, h, d = q.shape
     hkv, t_max = k_cache.shape[1], k_cache.shape[2]
     rows, group_pad, block_m = tile_packing(t, h // hkv, config)
+    num_warps = config.num_warps
+    if config.tile_plan == "fit" and block_m > ROWS_PER_WARPGROUP:
+        num_warps = min(16, config.num_warps * block_m // ROWS_PER_WARPGROUP)
     return LaunchPlan(
         batch=b,
         num_t=t,
@@ -279,12 +311,13 @@ def make_plan(
         block_j=config.block_j,
         score_warps=config.score_warps,
         score_source=config.score_source,
-        num_warps=config.num_warps,
+        num_warps=num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",
         merge=config.merge,
         pick=config.pick,
         pdl=config.pdl,
+        tile_plan=config.tile_plan,
     )
 
 
@@ -301,7 +334,9 @@ def plan_slots(
     least ``min_tiles_per_slot`` (a slot pays for its query load, its partial and a merge
     step). ``config.num_splits`` instead
     apportions that many slots by work. The interpreter takes one slot per branch. Disabled
-    branches get 0, enabled ones at least 1."""
+    branches get 0, enabled ones at least 1. ``config.tile_plan`` "fit" takes
+    ``perfmodel.nsa_plan.fit_slots`` instead: the count whose launch finishes first, a second
+    wave allowed."""
     work = [
         w if on else 0.0
         for w, on in zip(plan.branch_tiles(config.expected_overlap), branches, strict=True)
@@ -312,6 +347,16 @@ def plan_slots(
     if device.type != "cuda":
         return tuple(int(on) for on in branches)
     capacity = num_sms(device) * config.ctas_per_sm
+    if config.tile_plan == "fit":
+        return nsa_plan.plan_slots(
+            tuple(work),
+            tuple(branches),
+            plan.programs,
+            capacity,
+            tile_plan="fit",
+            max_splits=config.max_splits,
+            min_tiles_per_slot=config.min_tiles_per_slot,
+        )
     per_slot = max(config.min_tiles_per_slot, plan.programs * sum(work) / capacity)
     slots = [
         max(1, math.ceil(w / per_slot)) if on else 0 for w, on in zip(work, branches, strict=True)

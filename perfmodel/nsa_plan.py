@@ -55,13 +55,23 @@ of two (the kernels' tile holds a power of two of rows), into ``max(16, rows x G
 rows, so one draft row a tile (``per_query``) runs ``t`` tiles of 16 MMA rows at 8 q / 2 KV
 heads. More tiles leave fewer splits per tile.
 
+``branch_tiles``, ``split_slots`` and ``plan_slots`` mirror the current wrapper's slot sizing
+for both ``NsaVerifyConfig.tile_plan`` settings (``tests/perfmodel/test_nsa_plan.py`` checks
+them against it). Under "fixed" a call of 17 draft rows at 4 head slots is two tiles (16 + 1
+rows) that share one wave's slots: the full tile gets half of t = 16's, and the kernel's split
+leaves its selected slices three times as long. "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows
+(32 draft rows there) in one tile, so the compressed and window keys are streamed once per KV
+head and the slices stay t = 16's, and sizes slots by ``fit_slots``' makespan.
+
 It ignores the block-score kernel's read of the compressed ``(m, l)`` partials (a refresh
 call's), and assumes one resident program per SM, as the wrapper does.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -73,6 +83,14 @@ CTAS_PER_SM = 1
 NUM_BRANCHES = 3
 WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take mma.sync
 WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
+# Draft rows one row tile holds at most: the union plan keeps a block's rows as int32 bits.
+MAX_TILE_ROWS = 16
+# NsaVerifyConfig.tile_plan: "fixed" (the plan every committed row was measured with) or "fit"
+# (tiles of up to FIT_BLOCK_M_MAX MMA rows and FIT_MAX_TILE_ROWS draft rows, slots sized by
+# the launch's makespan; ``fit_slots``).
+TILE_PLANS = ("fixed", "fit")
+FIT_BLOCK_M_MAX = 128
+FIT_MAX_TILE_ROWS = 32
 # Name suffix of the NSA ops and classes of one draft row a tile (the kernels' one-row path).
 PER_QUERY = "per_query"
 
@@ -89,22 +107,32 @@ def prev_pow2(x) -> np.ndarray:
     return np.exp2(np.floor(np.log2(x) + 1e-9))
 
 
-def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0):
+def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed"):
     """(``BLOCK_M``, draft rows per tile, row tiles per (sequence, KV head)) of a call over
-    ``t`` draft rows with ``rows_per_tile`` draft rows a tile (0: packed; module docstring)."""
+    ``t`` draft rows with ``rows_per_tile`` draft rows a tile (0: packed; module docstring).
+    ``tile_plan`` "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows and ``FIT_MAX_TILE_ROWS``
+    draft rows a tile (Llama-3.1-8B's heads: t <= 32 is one tile)."""
+    if tile_plan not in TILE_PLANS:
+        raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
+    fit = tile_plan == "fit"
     t = np.asarray(t, dtype=float)
     group_pad = next_pow2(np.ceil(np.asarray(num_q_heads, dtype=float) / num_kv_heads))
-    packed_m = np.maximum(MIN_BLOCK_M, np.minimum(BLOCK_M_MAX, next_pow2(t * group_pad)))
-    packed = np.maximum(packed_m // group_pad, 1.0)
+    block_m_max = FIT_BLOCK_M_MAX if fit else BLOCK_M_MAX
+    packed_m = np.maximum(MIN_BLOCK_M, np.minimum(block_m_max, next_pow2(t * group_pad)))
+    row_cap = FIT_MAX_TILE_ROWS if fit else MAX_TILE_ROWS
+    packed = np.minimum(np.maximum(packed_m // group_pad, 1.0), row_cap)
+    packed_m = np.maximum(MIN_BLOCK_M, packed * group_pad)
     r = np.asarray(rows_per_tile, dtype=float)
     rows = np.where(r > 0, np.minimum(prev_pow2(r), packed), packed)
     block_m = np.where(r > 0, np.maximum(MIN_BLOCK_M, rows * group_pad), packed_m)
     return block_m, rows, np.ceil(t / rows)
 
 
-def row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile=0) -> tuple[np.ndarray, np.ndarray]:
+def row_tiles(
+    t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed"
+) -> tuple[np.ndarray, np.ndarray]:
     """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows."""
-    block_m, _, tiles = tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile)
+    block_m, _, tiles = tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile, tile_plan)
     return block_m, tiles
 
 
@@ -147,7 +175,6 @@ def merge_steps(
 # The current kernels' plan (``kernels.nsa_launch``: ``tile_packing``, ``plan_slots``,
 # ``refresh_slots``; ``kernels.nsa_merge_kernels.split_slots``), scalar and without torch. The
 # calibrated NSA classes' work counts (``perfmodel.nsa_work``) follow it.
-MAX_TILE_ROWS = 16  # a row tile's draft rows are bits of an int32 in the union plan
 MIN_TILES_PER_SLOT = 2
 EXPECTED_OVERLAP = 0.7  # the row-to-row overlap the host assumes when sizing slots
 
@@ -175,33 +202,135 @@ def tile_packing(t: int, group: int, rows_per_tile: int = 0) -> tuple[int, int, 
 def slot_counts(
     work: tuple[float, float, float], programs: int, num_sms: int, branches=(True, True, True)
 ) -> tuple[int, int, int]:
-    """Slots per (sequence x KV head, row tile) of one launch of the enabled ``branches``
-    (``kernels.nsa_launch.plan_slots`` at the default config, on a GPU): ``work`` is the key
-    tiles the host expects per branch; every slot gets about equal tiles, the grid at most one
-    wave of ``num_sms`` programs and ``MAX_SPLITS`` slots, at least one slot a branch."""
-    work = [w if on else 0.0 for w, on in zip(work, branches, strict=True)]
-    capacity = num_sms * CTAS_PER_SM
-    per_slot = max(MIN_TILES_PER_SLOT, programs * sum(work) / capacity)
-    slots = [
-        max(1, math.ceil(w / per_slot)) if on else 0 for w, on in zip(work, branches, strict=True)
-    ]
-    limit = max(min(MAX_SPLITS, capacity // programs), sum(branches))
+    """Slots per (sequence x KV head, row tile) of one launch of the enabled ``branches`` under
+    the default ("fixed") plan on a GPU of ``num_sms`` SMs: ``plan_slots`` with every slot at
+    least ``MIN_TILES_PER_SLOT`` key tiles."""
+    return plan_slots(
+        work,
+        tuple(branches),
+        programs,
+        num_sms * CTAS_PER_SM,
+        min_tiles_per_slot=MIN_TILES_PER_SLOT,
+    )
+
+
+def split_slots(n: int, units: tuple[int, int, int], enabled: tuple[bool, bool, bool]):
+    """``n`` slots of one row tile split between the enabled branches (compressed, selected,
+    window) in proportion to their key tiles ``units``, at least one each: the integer
+    arithmetic of the forward kernel's ``split_slots`` (``kernels.nsa_merge_kernels``)."""
+    on_c, on_s, on_w = enabled
+    total = max(sum(u for u, on in zip(units, enabled, strict=True) if on), 1)
+    later = int(on_s) + int(on_w)
+    share_c = min(max((2 * n * units[0] + total) // (2 * total), 1), n - later)
+    c = (share_c if later else n) if on_c else 0
+    share_s = min(max((2 * n * units[1] + total) // (2 * total), 1), n - c - 1)
+    s = (share_s if on_w else n - c) if on_s else 0
+    return c, s, n - c - s
+
+
+def launch_makespan(lengths, programs: int, capacity: int) -> float:
+    """Finish time of a launch whose grid is ``(programs, len(lengths))``, every program of
+    slot ``j`` running ``lengths[j]``, on ``capacity`` resident program places filled in
+    launch order (``programs`` fastest), each freed place taking the next program."""
+    free = [0.0] * capacity
+    end = 0.0
+    for length in lengths:
+        for _ in range(programs):
+            start = heapq.heappop(free)
+            end = max(end, start + length)
+            heapq.heappush(free, start + length)
+    return end
+
+
+@lru_cache(maxsize=4096)
+def fit_slots(
+    work: tuple[float, float, float],
+    enabled: tuple[bool, bool, bool],
+    programs: int,
+    capacity: int,
+    max_splits: int,
+    overhead: float,
+) -> int:
+    """Slots per row tile of the "fit" plan: of ``sum(enabled)`` to ``max_splits``, the count
+    whose launch finishes first (``launch_makespan``, fewest slots on a tie), each program
+    costing its branch's slice of key tiles (``split_slots`` of ``work``, the key tiles of one
+    row tile per branch) plus ``overhead`` key tiles (its query load, partial and merge share).
+
+    Unlike the "fixed" plan it may start a second wave: where one branch's slice is long (the
+    compressed tokens of a tile of few rows), more programs of the short branches finish
+    early and hand their places on, which one wave's budget does not allow."""
+    units = tuple(math.ceil(w) if on else 0 for w, on in zip(work, enabled, strict=True))
+    lowest = sum(enabled)
+    best, best_s = math.inf, lowest
+    for n in range(lowest, max(lowest, max_splits) + 1):
+        if programs * n > 4 * capacity and n > lowest:
+            break
+        counts = split_slots(n, units, enabled)
+        lengths = []
+        for u, k in zip(units, counts, strict=True):
+            lengths += [math.ceil(u / k) + overhead] * k if k else []
+        span = launch_makespan(lengths, programs, capacity)
+        if span < best - 1e-9:
+            best, best_s = span, n
+    return best_s
+
+
+def branch_tiles(
+    t: int,
+    rows: int,
+    *,
+    nc_max: int,
+    nb_max: int,
+    top_n: int,
+    block_size: int,
+    block_n: int,
+    window: int,
+    overlap: float,
+) -> tuple[float, float, float]:
+    """Key tiles of one row tile per branch at the longest prefix the cache holds:
+    compressed, selected (the union of ``min(t, rows)`` rows at row-to-row overlap
+    ``overlap``), window plus draft tail (``kernels.nsa_launch.LaunchPlan.branch_tiles``)."""
+    union = top_n * (1 + (min(t, rows) - 1) * (1.0 - overlap))
+    return (
+        math.ceil(nc_max / block_n),
+        min(union, nb_max) * (block_size // block_n),
+        math.ceil((min(window, nb_max * block_size) + t) / block_n),
+    )
+
+
+def plan_slots(
+    work: tuple[float, float, float],
+    enabled: tuple[bool, bool, bool],
+    programs: int,
+    capacity: int,
+    *,
+    tile_plan: str = "fixed",
+    num_splits: int = 0,
+    max_splits: int = MAX_SPLITS,
+    min_tiles_per_slot: int = 2,
+) -> tuple[int, int, int]:
+    """The host's slot count per branch of one launch (``kernels.nsa_launch.plan_slots`` on a
+    GPU): ``work`` key tiles per branch of one row tile, ``programs`` row tiles, ``capacity``
+    resident programs (SMs x programs per SM).
+
+    "fixed": every slot about the same key tiles, at least ``min_tiles_per_slot``, at most one
+    wave and ``max_splits``, slots taken from the branch with the least work per slot. "fit":
+    ``fit_slots`` slots, which the kernel splits by its own key tiles; the host's per-branch
+    counts are ``split_slots`` of the expected ones. ``num_splits`` > 0 apportions that many."""
+    work = [w if on else 0.0 for w, on in zip(work, enabled, strict=True)]
+    if num_splits:
+        total = max(num_splits, sum(enabled))
+        return tuple(max(1, round(total * w / sum(work))) if w else 0 for w in work)
+    if tile_plan == "fit":
+        n = fit_slots(
+            tuple(work), tuple(enabled), programs, capacity, max_splits, min_tiles_per_slot
+        )
+        return split_slots(n, tuple(math.ceil(w) for w in work), tuple(enabled))
+    per_slot = max(min_tiles_per_slot, programs * sum(work) / capacity)
+    pairs = zip(work, enabled, strict=True)
+    slots = [max(1, math.ceil(w / per_slot)) if on else 0 for w, on in pairs]
+    limit = max(min(max_splits, capacity // programs), sum(enabled))
     while sum(slots) > limit:
         i = min((k for k in range(3) if slots[k] > 1), key=lambda k: work[k] / slots[k])
         slots[i] -= 1
     return tuple(slots)
-
-
-def split_slots(n: int, units: tuple[int, int, int], branches) -> tuple[int, int, int]:
-    """The kernel's split of a launch's ``n`` slots between its enabled branches in proportion
-    to each branch's key tiles ``units`` (at least one each, the last enabled takes the rest;
-    ``kernels.nsa_merge_kernels.split_slots``)."""
-    on_c, on_s, on_w = branches
-    uc, us, uw = units
-    total = max(uc * on_c + us * on_s + uw * on_w, 1)
-    later = int(on_s) + int(on_w)
-    share_c = min(max((2 * n * uc + total) // (2 * total), 1), n - later)
-    c_n = (share_c if later else n) if on_c else 0
-    share_s = min(max((2 * n * us + total) // (2 * total), 1), n - c_n - 1)
-    s_n = (share_s if on_w else n - c_n) if on_s else 0
-    return c_n, s_n, (n - c_n - s_n) if on_w else 0

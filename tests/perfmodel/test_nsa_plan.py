@@ -13,11 +13,16 @@ from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
     WGMMA_ROW_COST,
+    branch_tiles,
     is_packed,
+    launch_makespan,
     merge_steps,
     mma_row_cost,
     num_splits,
+    plan_slots,
     row_tiles,
+    split_slots,
+    tile_rows_of,
 )
 from ssvkit.perfmodel.predictor import RooflinePredictor
 from ssvkit.perfmodel.profiles import Profile, profile_path
@@ -213,3 +218,109 @@ def test_wgmma_tiles_cost_half_a_row_each():
     assert WGMMA_ROW_COST == 0.5
     # Llama-3.1-8B's heads at t = 16: G_pad = 4, a 64-row tile; at t = 1 a 16-row one
     assert float(mma_row_cost(16, 32, 8)) == 32 and float(mma_row_cost(1, 32, 8)) == 16
+
+
+# (q heads, KV heads): Llama-3.1-8B (G = 4), a group of 7 padded to 8, one KV head per query
+# head (G_pad 1: the 16-row cap binds under "fixed").
+GEOMETRIES = [(32, 8), (28, 4), (8, 8)]
+KW_GPU = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
+
+
+def _wrapper_plan(batch, t, hq, hkv, context, cfg):
+    """kernels.nsa_launch's plan and slots of one call on a 132-SM GPU (meta tensors)."""
+    torch = pytest.importorskip("torch")
+    import ssvkit.kernels.nsa_launch as nl
+
+    shape = dict(device="meta", dtype=torch.bfloat16)
+    q = torch.empty((batch, t, hq, 128), **shape)
+    k = torch.empty((batch, hkv, context + t, 128), **shape)
+    ck = torch.empty((batch, hkv, (context - 32) // 16 + 1, 128), **shape)
+    plan = nl.make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **KW_GPU)
+    cuda = torch.device("cuda", 0)
+    return plan, nl.plan_slots(plan, cuda, cfg), nl.refresh_slots(plan, cuda, cfg)
+
+
+@pytest.mark.parametrize("tile_plan", ["fixed", "fit"])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}q{g[1]}kv")
+def test_mirror_equals_the_wrappers_plan(monkeypatch, tile_plan, geometry):
+    """Row tiles (``tile_rows_of``) and slots (``plan_slots`` of ``branch_tiles``) equal
+    ``kernels.nsa_launch``'s for t = 1..64, batch 1, 4, 16 and rows_per_tile 0, 1, 4."""
+    import ssvkit.kernels.nsa_launch as nl
+
+    monkeypatch.setattr(nl, "num_sms", lambda index: SMS)
+    hq, hkv = geometry
+    context = 32768
+    for batch in (1, 4, 16):
+        for r in (0, 1, 4):
+            cfg = nl.NsaVerifyConfig(tile_plan=tile_plan, rows_per_tile=r)
+            for t in range(1, 65):
+                plan, slots, rslots = _wrapper_plan(batch, t, hq, hkv, context, cfg)
+                block_m, rows, tiles = tile_rows_of(t, hq, hkv, r, tile_plan)
+                where = f"{tile_plan} b{batch} t{t} r{r}"
+                assert (plan.block_m, plan.num_tiles) == (block_m, tiles), where
+                assert min(plan.rows, t) == min(rows, t), where
+                work = branch_tiles(
+                    t,
+                    int(rows),
+                    nc_max=(context - 32) // 16 + 1,
+                    nb_max=-(-(context + t) // 64),
+                    top_n=16,
+                    block_size=64,
+                    block_n=64,
+                    window=512,
+                    overlap=cfg.expected_overlap,
+                )
+                programs = batch * hkv * int(tiles)
+                mirror = [
+                    plan_slots(work, on, programs, SMS, tile_plan=tile_plan)
+                    for on in ((True, True, True), (True, False, False), (False, True, True))
+                ]
+                assert slots == mirror[0], where
+                assert rslots == (mirror[1][0], *mirror[2][1:]), where
+
+
+def test_fit_plan_keeps_t17_one_tile_and_its_programs_short():
+    """Llama-3.1-8B's heads at 128K, batch 1: under "fixed" t = 17 is two tiles (16 + 1 rows)
+    of 8 slots, which the kernel splits (5, 2, 1) on the full tile: its selected programs
+    stream 3x the key tiles of t = 16's; "fit" keeps one 128-row tile and t = 16's slices."""
+    ctx = 131072
+    args = dict(nc_max=(ctx - 32) // 16 + 1, nb_max=ctx // 64 + 1, top_n=16, block_size=64)
+    args.update(block_n=64, window=512, overlap=0.7)
+
+    def longest(t, plan):
+        _, rows, tiles = tile_rows_of(t, 32, 8, 0, plan)
+        work = branch_tiles(t, int(rows), **args)
+        slots = plan_slots(work, (True,) * 3, 8 * int(tiles), SMS, tile_plan=plan)
+        units = tuple(int(np.ceil(w)) for w in work)
+        split = split_slots(sum(slots), units, (True,) * 3)
+        return max(-(-u // k) for u, k in zip(units, split, strict=True)), int(tiles)
+
+    assert longest(16, "fixed") == (15, 1) == longest(16, "fit")
+    assert longest(17, "fixed") == (45, 2)
+    fit17, tiles = longest(17, "fit")
+    assert tiles == 1 and fit17 <= 16
+
+
+def test_fit_slots_may_start_a_second_wave():
+    """Four-row tiles at t = 17 (5 tiles x 8 KV heads = 40 programs): one wave leaves 3 slots,
+    one a branch, so one program streams all 128 compressed tiles; "fit" takes more slots
+    (a second wave of short programs) and its longest program is a quarter of that."""
+    work = branch_tiles(
+        4,
+        4,
+        nc_max=8191,
+        nb_max=2049,
+        top_n=16,
+        block_size=64,
+        block_n=64,
+        window=512,
+        overlap=0.7,
+    )
+    fixed = plan_slots(work, (True,) * 3, 40, SMS)
+    fit = plan_slots(work, (True,) * 3, 40, SMS, tile_plan="fit")
+    assert fixed == (1, 1, 1)
+    assert 40 * sum(fit) > SMS and fit[0] >= 4
+    assert launch_makespan([10.0] * 3, 40, SMS) == 10.0  # 120 programs: one wave
+    assert launch_makespan([10.0] * 4, 40, SMS) == 20.0  # 160: 28 start a second wave
+    with pytest.raises(ValueError, match="tile_plan"):
+        tile_rows_of(17, 32, 8, 0, "wide")

@@ -1,0 +1,213 @@
+"""NSA verification under both tile plans (``NsaVerifyConfig.tile_plan`` "fixed" and "fit")
+across the draft rows t, against the call's floor.
+
+    python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
+        --resume build/nsa-tile-plans.jsonl [--stop-after 540] [--contexts 131072 ...]
+
+Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16) at NSA's published geometry (as
+:mod:`validation.nsa_stages`, whose inputs it shares: reuse indices with an exact adjacent-row
+overlap of 0.7), contexts 32K / 64K / 128K, t in {1, 8, 9, 16, 17, 24, 32, 33}, batch 1, 4 and
+16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4. Per case and schedule, each plan's
+``reuse`` (fused, union plan passed in), ``reuse_unfused``, ``refresh`` and
+``refresh_unfused`` calls are timed (CUDA graphs, L2 flushed per sample, median,
+``kernels.timing``).
+
+Checked first, a mismatch or NaN stopping the run: the "fit" plan's reuse outputs (fused and
+unfused) against the "fixed" plan's within bf16 tolerance (``ATOL`` / ``RTOL``: the plans cut
+the keys into different slots, so the fp32 sums round in another order and the outputs are not
+bitwise equal); its refresh indices against the "fixed" plan's (``SELECT_AGREEMENT`` of the
+selections: near-ties of the block scores may flip), and its refresh output against the
+"fixed" reuse call given the "fit" refresh's own indices, within the same tolerance.
+
+Each row's floor is ``max(unique bytes / copy bandwidth, FLOPs / GEMM rate)``, both ceilings
+measured in the same run (``kernels.timing``); FLOPs are the real rows' ``4 D`` per query head
+and visible key (compressed, selected, window, tail). Every row prints its times and ratios to
+the floor, and a short table last gives fit / fixed per call. ``--resume FILE`` keeps each
+finished case in a run cache (``validation.bench.RunCache``); ``--stop-after S`` starts no case
+after S seconds (the JSON then says ``complete: false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import torch
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels import nsa_verify as nv
+from ssvkit.kernels import timing as tm
+from ssvkit.kernels.nsa_verify import NsaVerifyConfig
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation.bench import RunCache
+from ssvkit.validation.nsa_stages import KW, OVERLAP, TIMING, floor_bytes, input_sets
+
+CONTEXTS = (32768, 65536, 131072)
+DRAFT_ROWS = (1, 8, 9, 16, 17, 24, 32, 33)
+BATCHES = (1, 4, 16)
+ROWS_PER_TILE = (0, 1, 4)
+PLANS = ("fixed", "fit")
+CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
+ATOL = RTOL = 2e-2
+SELECT_AGREEMENT = 0.97
+
+
+def call_flops(bsz: int, t: int, ctx: int) -> float:
+    keys = (ctx - KW["comp_block"]) // KW["comp_stride"] + 1
+    keys += KW["top_n"] * KW["block_size"] + KW["window"] + t
+    return 4.0 * ki.HEAD_DIM * bsz * t * ki.NUM_Q_HEADS * keys
+
+
+def _call(name: str, sets, unions, config, i: int):
+    args, idx = sets[i]
+    kw = dict(KW, validate=False, config=config)
+    fn = nv.nsa_verify_unfused if name.endswith("unfused") else nv.nsa_verify
+    if name.startswith("reuse"):
+        kw["block_idx"] = idx
+        if fn is nv.nsa_verify:
+            kw["union"] = unions[i]
+    return fn(*args, **kw)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    if torch.isnan(a).any() or torch.isnan(b).any():
+        raise RuntimeError(f"{what}: NaN in the output")
+    torch.testing.assert_close(a.float(), b.float(), atol=ATOL, rtol=RTOL, msg=what)
+
+
+def check(sets, configs: dict, label: str) -> None:
+    """The "fit" plan's calls against the "fixed" plan's (module docstring)."""
+    args, idx = sets[0]
+    fixed, fit = configs["fixed"], configs["fit"]
+    for name in ("reuse", "reuse_unfused"):
+        want = _call(name, sets, None, fixed, 0)[0]
+        _close(_call(name, sets, None, fit, 0)[0], want, f"{label} {name}")
+    for name in ("refresh", "refresh_unfused"):
+        o_fit, idx_fit = _call(name, sets, None, fit, 0)
+        _, idx_fixed = _call(name, sets, None, fixed, 0)
+        same = (idx_fit == idx_fixed).float().mean().item()
+        if same < SELECT_AGREEMENT:
+            raise RuntimeError(f"{label} {name}: {same:.3f} of the selections agree")
+        o_ref, _ = nv.nsa_verify(*args, **dict(KW, validate=False, config=fixed), block_idx=idx_fit)
+        _close(o_fit, o_ref, f"{label} {name}")
+
+
+def run_case(bsz: int, t: int, ctx: int, ceilings: dict) -> dict:
+    """Every schedule and plan of one (batch, t, context): checked, then timed."""
+    num_sets = 2 if bsz * ctx > 1 << 20 else 4
+    sets = input_sets(bsz, t, ctx, ctx + t, num_sets)
+    floor_b = floor_bytes(bsz, t, ctx, sets[0][1])
+    flops = call_flops(bsz, t, ctx)
+    floor_s = max(floor_b / ceilings["copy_bytes_per_s"], flops / ceilings["gemm_flops_per_s"])
+    row = dict(
+        batch=bsz, num_query_tokens=t, context_len=ctx, overlap=OVERLAP, unique_bytes=floor_b,
+        flops=flops, floor_s=floor_s, **ceilings, times_s={},
+    )  # fmt: skip
+    for r in ROWS_PER_TILE:
+        configs = {p: NsaVerifyConfig(rows_per_tile=r, tile_plan=p) for p in PLANS}
+        check(sets, configs, f"b{bsz} t{t} {ctx} r{r}")
+        for plan, cfg in configs.items():
+            unions = [
+                nv.nsa_union_plan(a[0], a[1], idx, block_size=KW["block_size"], config=cfg)
+                for a, idx in sets
+            ]
+            for name in CALLS:
+                fn = functools.partial(_call, name, sets, unions, cfg)
+                timing = tm.bench(fn, "graph", num_inputs=num_sets, config=TIMING)
+                row["times_s"][f"r{r}_{plan}_{name}"] = timing.median_s
+    torch.cuda.empty_cache()
+    print_row(row)
+    return row
+
+
+def print_row(row: dict) -> None:
+    floor_us = row["floor_s"] * 1e6
+    head = f"b{row['batch']:<2d} t{row['num_query_tokens']:<2d} {row['context_len'] // 1024:>3d}K"
+    for r in ROWS_PER_TILE:
+        cells = []
+        for name in CALLS:
+            a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in PLANS)
+            cells.append(f"{name} {a:7.1f}/{b:7.1f} us ({a / floor_us:4.1f}x/{b / floor_us:4.1f}x)")
+        print(f"{head} r{r} floor {floor_us:6.1f} us  fixed/fit: " + "  ".join(cells), flush=True)
+
+
+def print_summary(rows: list[dict]) -> None:
+    """Per case and schedule: fused reuse and refresh time of each plan over the floor."""
+    print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse fixed/fit (x floor)  refresh fixed/fit")
+    for row in rows:
+        case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"
+        for r in ROWS_PER_TILE:
+            ts = [row["times_s"][f"r{r}_{p}_{n}"] / row["floor_s"] for n in ("reuse", "refresh")
+                  for p in PLANS]  # fmt: skip
+            print(f"{case:>14s} {r:>2d} {row['floor_s'] * 1e6:7.1f}  {ts[0]:5.1f} / {ts[1]:5.1f}"
+                  f"               {ts[2]:5.1f} / {ts[3]:5.1f}")  # fmt: skip
+
+
+def cases(contexts, draft_rows, batches):
+    return [(b, t, c) for c in contexts for b in batches for t in draft_rows]
+
+
+def measure(todo, cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
+    ceilings = None
+    rows = []
+    for case in todo:
+        key = "b{}-t{}-{}".format(*case)
+        if cache is not None and key in cache.runs:
+            rows.append(cache.runs[key])
+            continue
+        if time.perf_counter() >= stop_at:
+            return rows, False
+        ceilings = ceilings or dict(
+            copy_bytes_per_s=tm.copy_bytes_per_s(), gemm_flops_per_s=tm.gemm_flops_per_s()
+        )
+        run = functools.partial(run_case, *case, ceilings)
+        rows.append(run() if cache is None else cache.get(key, run))
+    return rows, True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="write the JSON document here")
+    p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")
+    stop_help = "start no case after S seconds; a later call with --resume goes on"
+    p.add_argument("--stop-after", type=float, default=None, metavar="S", help=stop_help)
+    p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    p.add_argument("--draft-rows", type=int, nargs="+", default=list(DRAFT_ROWS))
+    p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    args = p.parse_args(argv)
+    for name in ("contexts", "draft_rows", "batches"):
+        bad = [v for v in getattr(args, name) if v < 1 or (name == "draft_rows" and v > 64)]
+        if bad:
+            p.exit(2, f"nsa_tile_plans: --{name.replace('_', '-')} has a bad value {bad[0]}\n")
+    t0 = time.perf_counter()
+    cache = None
+    if args.resume:
+        prov = {k: v for k, v in tm.provenance().items() if k != "timestamp"}
+        settings = dict(kwargs=KW, plans=list(PLANS), timing=str(TIMING), **prov)
+        try:
+            cache = RunCache(args.resume, settings)
+        except ValueError as e:
+            p.exit(2, f"nsa_tile_plans: {e}\n")
+    stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
+    todo = cases(args.contexts, args.draft_rows, args.batches)
+    rows, complete = measure(todo, cache, stop_at)
+    doc = {
+        "benchmark": "nsa_tile_plans",
+        "complete": complete,
+        "kwargs": KW,
+        "configs": {p: str(NsaVerifyConfig(tile_plan=p)) for p in PLANS},
+        "provenance": tm.provenance(),
+        "rows": rows,
+    }
+    if args.out:
+        atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    print_summary(rows)
+    if not complete:
+        left = f"{len(rows)} of {len(todo)} cases"
+        print(f"stopped by --stop-after after {left}: run again with --resume")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
