@@ -5,11 +5,14 @@ Layout (``kernels`` conventions): layer ``l``'s keys are ``kv[l, 0]`` ``[B, Hkv,
 ``[0, lens[b])``; a verify step writes its ``t`` draft-tail entries at ``[lens[b], lens[b] + t)``.
 
 ``commit`` keeps the accepted path of the draft tree: its tail entries are gathered and written
-to ``lens[b], lens[b] + 1, ...`` (one gather + one scatter for all layers at once), ``lens``
-advances, and everything past it (the rejected entries) is dead: rolled back by the length
-alone. Block metadata (``kernels.select_blocks.BlockMetadata``, mean or min/max keys per block)
-and NSA's compressed tokens (``kernels.nsa_compress``) are then refreshed for the touched
-blocks only. Nothing here reads the lengths on the host on the Triton path.
+to ``lens[b], lens[b] + 1, ...`` (one gather + one scatter for all layers at once, over the
+cache seen as rows of ``D`` elements: indexing the 6-D cache with two index tensors instead
+makes torch split each launch in two until every part spans under 2^31 bytes, up to ``2 L``
+launches each on a cache of tens of GB), ``lens`` advances, and everything past it (the
+rejected entries) is dead: rolled back by the length alone. Block metadata
+(``kernels.select_blocks.BlockMetadata``, mean or min/max keys per block) and NSA's compressed
+tokens (``kernels.nsa_compress``) are then refreshed for the touched blocks only. Nothing
+here reads the lengths on the host on the Triton path.
 
 ``intact`` marks, per sequence, a length below which nothing has written the KV since the mark
 (``ModelRunner.prefill`` sets it to the prompt lengths, so that a later prefill of the same
@@ -79,6 +82,7 @@ class KVCache:
         shape = (cfg.num_layers, 2, batch, cfg.num_kv_heads, t_max, cfg.head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self._row0 = _first_rows(shape, device)
         self.meta: list[BlockMetadata] | None = None
         # Compressed tokens [L, B, Hkv, NC_max, D] and their per-layer (k, v) views.
         self.comp_k: torch.Tensor | None = None
@@ -250,9 +254,11 @@ class KVCache:
         j = torch.arange(p, device=path.device)
         base = self.lens.long()[:, None]
         path = torch.where(j[None, :] < count[:, None], path, j[None, :])
-        rows = torch.arange(b, device=path.device)[:, None].expand(b, p)
-        vals = self.kv[:, :, rows, :, base + path]  # [B, P, L, 2, Hkv, D] (a copy)
-        self.kv[:, :, rows, :, base + j] = vals
+        # Rows of D elements of the flat cache: one gather and one scatter whatever its size.
+        rows = self.kv.view(-1, self.kv.shape[-1])
+        src = self._row0[:, None, :] + (base + path)[:, :, None]  # [B, P, L * 2 * Hkv]
+        dst = self._row0[:, None, :] + (base + j)[:, :, None]
+        rows[dst] = rows[src]  # the gather reads every kept entry before any is overwritten
         old = self.lens.clone()
         self.lens += count.to(torch.int32)
         self.refresh_summaries(old, p)
@@ -266,6 +272,17 @@ class KVCache:
             self.intact = None
         self.lens.copy_(lens.to(self.lens.device, torch.int32))
         self.rebuild_summaries()
+
+
+def _first_rows(shape: tuple[int, ...], device) -> torch.Tensor:
+    """``[B, L * 2 * Hkv]`` int64: the row of position 0 of every (layer, key/value, head) of
+    each sequence in the cache ``shape`` ``[L, 2, B, Hkv, T_max, D]`` seen as rows of ``D``."""
+    layers, _, batch, heads, t_max, _ = shape
+    lk = torch.arange(2 * layers)[:, None, None]
+    b = torch.arange(batch)[None, :, None]
+    h = torch.arange(heads)[None, None, :]
+    first = ((lk * batch + b) * heads + h) * t_max  # [2L, B, Hkv]
+    return first.transpose(0, 1).reshape(batch, -1).to(device)
 
 
 class TailWriter:

@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.accept_ops import accept_op
 from ssvkit.perfmodel.columns import (
     DRAFTER_CODES,
     META_VECTORS,
@@ -37,11 +38,8 @@ from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import (
     OpSum,
     dense_attention,
-    elementwise,
     head_ops,
-    kv_token_bytes,
     linear_ops,
-    local_heads,
 )
 from ssvkit.perfmodel.predictor import (
     RESIDENT_KINDS,
@@ -243,17 +241,7 @@ def predict_columns(
         predictor.stood_in = None
     acc = OpSum()
     branches = target_forward(acc, model, c, c.rows, "verify.", predictor.gpu.num_sms)
-    spec = (c.num_draft > 0) * 1.0
-    # Acceptance bookkeeping: compare/sample per row, compact accepted KV entries of each layer.
-    kv_tok = kv_token_bytes(model, local_heads(model, c.tp)[1], c.kv_bytes)
-    acc.add(
-        "verify.accept",
-        elementwise(
-            spec * (c.batch * c.rows * 16.0 + 2 * c.batch * c.rows * kv_tok * model.num_layers),
-            spec * c.batch * c.rows * 8.0,
-            2 * spec,
-        ),
-    )
+    acc.add("verify.accept", accept_op(model, c))
     _mark_resident(acc, lambda _: model, predictor.gpu)
     n = len(c)
     secs, family, flags = {}, {}, {}

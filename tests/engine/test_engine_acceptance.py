@@ -91,3 +91,60 @@ def test_chi_square_detects_a_biased_sampler():
     wrong = (_markov(1) + 0.8 * _markov(2)).argmax(-1)[0].item()
     biased = np.where(np.arange(first.size) % 2 == 0, wrong, first)
     assert _chi2_p(biased, p[0]) < 1e-6
+
+
+class _Launches:
+    """Ops dispatched that launch a kernel on a GPU: not views, not allocations, not the host
+    scalars that wrap a Python number."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        names = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                view = any(
+                    r.alias_info is not None and not r.alias_info.is_write
+                    for r in func._schema.returns
+                )
+                host = func.__name__.split(".")[0] in ("empty", "empty_strided", "scalar_tensor")
+                if not view and not host:
+                    names.append(func.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self.mode, self.names = Mode(), names
+
+
+@pytest.mark.parametrize("spec", ["chain:0", "chain:4", "full:2x3"])
+def test_the_accept_step_launches_what_perfmodel_prices(spec):
+    """perfmodel's ``verify.accept`` counts the acceptance graph's launches: those it
+    dispatches here (greedy, dense), less the vocabulary pass (``verify.sampling``), plus the
+    copies of the graph's two inputs."""
+    from engine_helpers import TINY, random_prompts, tiny_model
+    from ssvkit.engine.loop import Engine
+    from ssvkit.engine.runner import ModelRunner
+    from ssvkit.engine.settings import DecodeConfig
+    from ssvkit.perfmodel.accept_ops import accept_launches
+    from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
+
+    tree = DraftTree.from_spec(spec, "position")
+    drafter = DrafterSpec(kind="ngram")
+    strategy = Strategy(name="sd", tree=spec, drafter=drafter)
+    runner = ModelRunner(tiny_model(seed=3), batch=2, t_max=128, backend="torch")
+    engine = Engine(runner, strategy, DecodeConfig(max_new_tokens=4))
+    counted, accept = [], engine._accept
+
+    def counting(*args):
+        launches = _Launches()
+        with launches.mode:
+            out = accept(*args)
+        counted.append(launches.names)
+        return out
+
+    engine._accept = counting
+    engine.generate(random_prompts([37, 21], seed=5))
+    expect = accept_launches(tree.max_depth, TINY.num_layers, 0, 0) - 2 + 1
+    # The first round also makes the graph's constant input (once per engine, outside it).
+    assert [len(n) for n in counted[1:]] == [expect] * (len(counted) - 1)
+    assert all(n.count("index_put_.default") == 1 for n in counted)

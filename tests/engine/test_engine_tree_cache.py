@@ -102,3 +102,26 @@ def test_drafters_on_one_runner_share_the_plans_its_graphs_read():
     assert a[2] is b[2] and all(x[0] is y[0] for x, y in zip(a[1], b[1], strict=True))
     other = ModelRunner(tiny_model(), batch=1, t_max=64, backend="torch")
     assert ModelDrafter(other, 0.0).expander.plan(tree)[2] is not a[2]
+
+
+def test_commit_moves_rows_of_the_flat_cache_in_one_gather_and_one_scatter():
+    """torch splits an indexing launch until each part spans under 2^31 bytes, so indexing the
+    6-D cache by (sequence, position) costs up to 2 L launches each way on a large cache; the
+    commit indexes the cache as rows of ``D`` elements, whose launches span one row."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.startswith(("index.", "index_put")):
+                self.calls.append((func.__name__, args[0].dim(), len(args[1])))
+            return func(*args, **(kwargs or {}))
+
+    c = _cache(batch=3)
+    c.set_lens(torch.tensor([40, 17, 5]))
+    with Record() as rec:
+        c.commit(torch.tensor([[0, 2, 5], [0, 9, 9], [0, 1, 3]]), torch.tensor([3, 1, 2]))
+    assert sorted(rec.calls) == [("index.Tensor", 2, 1), ("index_put_.default", 2, 1)]

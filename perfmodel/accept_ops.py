@@ -1,0 +1,75 @@
+"""The engine's accept step after the verify forward, as one op (``verify.accept``): greedy
+acceptance of the draft tree, the cut to each sequence's remaining budget, the KV commit of
+the kept path, the refresh of the cache's summaries and the packing of the host read -- the
+graph ``engine.loop.Engine._accept`` captures, run every round (an autoregressive round
+accepts and commits its one token too).
+
+It is a chain of small launches, so it is priced per launch, each a call of the calibrated
+one-launch element-wise class (``ONE_LAUNCH_CLASS``), and by the bytes it moves: the commit
+reads and writes the kept path's ``depth + 1`` KV entries of every layer (one gather and one
+scatter over the cache seen as rows of ``head_dim``: their launches do not grow with the cache),
+and the summaries' refresh reads the touched block of each layer. The vocabulary pass over the
+logits is the head's ``verify.sampling``, not counted here.
+
+The launch counts are the engine's, at temperature 0: ``tests/engine`` counts the ops the
+acceptance graph dispatches and checks them against ``accept_launches``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ssvkit.perfmodel.columns import META_VECTORS, Columns
+from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.ops import F32, I64, elementwise, kv_token_bytes, local_heads
+
+# The calibrated class of one element-wise launch (its t0: launch and ramp).
+ONE_LAUNCH_CLASS = "residual_add"
+# Launches of a one-node round's acceptance graph besides the vocabulary pass: the greedy walk,
+# the cut to the remaining budget, the commit (indices, gather, scatter, lengths) and the
+# packed host read; plus the copies of the graph's two inputs.
+BASE_LAUNCHES = 49 + 2
+# Launches per tree level of the greedy walk (an ancestor lookup and a logical and).
+LEVEL_LAUNCHES = 2
+# Launches of the compressed tokens' refresh (NSA): the update of every layer and its lengths.
+NSA_REFRESH_LAUNCHES = 2
+
+
+def tree_depths(c: Columns) -> np.ndarray:
+    """Per point, the draft tree's depth (0 for an autoregressive round)."""
+    return (np.asarray(c.level_sizes) > 0).sum(axis=1).astype(float)
+
+
+def accept_launches(depth, layers, block_meta, nsa) -> np.ndarray:
+    """Launches of the accept step: ``BASE_LAUNCHES``, ``LEVEL_LAUNCHES`` per tree level, one
+    block-metadata update per layer where the cache keeps block metadata (``block_meta``: 1 for
+    mean / quest summaries) and ``NSA_REFRESH_LAUNCHES`` where it keeps compressed tokens."""
+    return (
+        BASE_LAUNCHES
+        + LEVEL_LAUNCHES * np.asarray(depth, dtype=float)
+        + layers * np.asarray(block_meta, dtype=float)
+        + NSA_REFRESH_LAUNCHES * np.asarray(nsa, dtype=float)
+    )
+
+
+def accept_op(model: ModelSpec, c: Columns):
+    """The ``verify.accept`` op of every point of ``c`` (module docstring)."""
+    _, hkv = local_heads(model, c.tp)
+    layers = model.num_layers
+    depth = tree_depths(c)
+    kept = c.batch * (depth + 1)  # KV entries per layer each sequence may keep, all sequences
+    sparse = np.asarray(c.sparse, dtype=float)
+    nsa = sparse * (c.meta_vectors == META_VECTORS["nsa"])
+    block_meta = sparse - nsa
+    # The commit's gather and scatter, and the per-entry indices they read.
+    commit = 2 * kept * layers * kv_token_bytes(model, hkv, c.kv_bytes) + 2 * kept * layers * (
+        2 * hkv * I64
+    )
+    # The walk over the tree's rows: tokens, argmax, masks and path, a few int64 per row.
+    walk = 16 * c.batch * c.rows * I64
+    # A block-metadata refresh reads the touched block's keys and writes its summaries (fp32);
+    # the compressed tokens' refresh reads a window of two strides of keys and values.
+    head_bytes = hkv * model.head_dim
+    meta = block_meta * layers * c.batch * head_bytes * (c.block_size * c.kv_bytes + 2 * F32)
+    comp = nsa * layers * c.batch * head_bytes * 2 * (2 * c.comp_stride) * c.kv_bytes
+    launches = accept_launches(depth, layers, block_meta, nsa)
+    return elementwise(commit + walk + meta + comp, 0 * c.batch, launches, ONE_LAUNCH_CLASS)
