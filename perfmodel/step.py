@@ -101,6 +101,7 @@ DRAFT_KEYS = (
     "drafter",
     "num_draft",
     "level_sizes",
+    "full_depth",
     "batch",
     "context_len",
     "tp",
