@@ -81,6 +81,7 @@ def test_long_prr_run_draws_its_window_with_a_bounded_number_of_artists():
         "speculator",
         "repairer",
         "verifier",
+        "acceptor",
     ]
 
 
