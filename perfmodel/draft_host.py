@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 from ssvkit.perfmodel import hardware
@@ -55,7 +56,6 @@ def check_coefficients(where: str, table: dict) -> dict[str, float]:
     return out
 
 
-@functools.cache
 def shipped_coefficients(gpu: str) -> tuple[dict[str, float], str] | None:
     """The coefficients shipped for ``gpu`` and their provenance label, or None when none
     ship (the draft step is then priced without host time)."""
@@ -63,9 +63,16 @@ def shipped_coefficients(gpu: str) -> tuple[dict[str, float], str] | None:
     path = None if root is None else root / gpu / "draft_host.json"
     if path is None or not path.is_file():
         return None
-    doc = json.loads(path.read_text())
-    coef = check_coefficients(f"{path.name}: coefficients", doc.get("coefficients", {}))
-    return coef, f"fit:{path.name}@{doc.get('fit', {}).get('commit', 'unknown')}"
+    return _read_coefficients(str(path))
+
+
+@functools.cache
+def _read_coefficients(path: str) -> tuple[dict[str, float], str]:
+    """One file's checked coefficients and label, read once per path."""
+    doc = json.loads(Path(path).read_text())
+    name = Path(path).name
+    coef = check_coefficients(f"{name}: coefficients", doc.get("coefficients", {}))
+    return coef, f"fit:{name}@{doc.get('fit', {}).get('commit', 'unknown')}"
 
 
 def draft_host_s(coefficients: dict[str, float], drafter, batch, num_draft) -> np.ndarray:
