@@ -69,7 +69,7 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
     elif is_slot_plan(row):
         w = nsa_work(row, gpu)
         return w.requested_bytes, flops, w.unique_bytes
-    elif row["op"] == "select_blocks":
+    elif is_select_plan(row):
         w = select_work(row, gpu)
         return w.requested_bytes, w.flops, None
     return float(row["unique_bytes"]), flops, dedup
@@ -90,9 +90,9 @@ def is_select_plan(row: dict) -> bool:
 
 
 def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
-    """``perfmodel.select_work`` of the call a block-selection row timed, on ``gpu``'s SMs and
-    shared memory (the H100/H200's 132 and 227 KiB when None); rows of no ``impl`` ran the
-    two launches."""
+    """``perfmodel.select_work`` of the call a block-selection row of the current kernels
+    timed, on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None);
+    rows of no ``impl`` ran the two launches."""
     p = row["params"]
     shape = SelectShape(
         batch=p["batch"],
@@ -110,7 +110,6 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
         fused=p.get("impl") == "one_launch",
         num_sms=gpu.num_sms if gpu is not None else 132,
         smem_per_sm_bytes=gpu.smem_per_sm_bytes if gpu is not None else 227 * 1024,
-        torch_pick=not is_select_plan(row),
     )
 
 
@@ -187,7 +186,7 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     p = row["params"]
     if is_slot_plan(row):
         return nsa_work(row, gpu).chain_tiles
-    if row["op"] == "select_blocks":
+    if is_select_plan(row):
         return select_work(row, gpu).chain_tiles
     if row["op"] == "gemm":
         return float(p["k"])

@@ -28,8 +28,7 @@ programs and the pick programs on tickets of one grid.
 - ``launches``: 2, or 1 fused.
 
 The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.features``) timed the earlier
-kernels: one tile a program, 4 warps up to ``T_PAD`` 16, and the pick in torch
-(``perfmodel.torch_plan.topn_counts``); ``torch_pick`` counts that plan's scoring.
+kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
 """
 
 from __future__ import annotations
@@ -168,20 +167,14 @@ def select_call_work(
     fused: bool,
     num_sms: int,
     smem_per_sm_bytes: int,
-    torch_pick: bool = False,
 ) -> SelectWork:
-    """The work of one ``select_blocks`` call (``fused``: one launch) on ``num_sms`` SMs;
-    ``torch_pick``: the earlier plan (one tile a program, the pick in torch, whose stage
-    ``perfmodel.torch_plan.topn_counts`` counts), which ``pick_chain`` leaves at 0."""
+    """The work of one ``select_blocks`` call (``fused``: one launch) on ``num_sms`` SMs."""
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
     t_pad, block_nb, warps = score_tile(s.t)
     nb_tiles = math.ceil(nb / block_nb)
-    if torch_pick:
-        tiles, warps = 1, 4 if t_pad <= 16 else 8
-    else:
-        tiles = score_tiles(nb_tiles * pairs, num_sms)
+    tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
     resident = resident_score_programs(block_nb, s.head_dim, s.kinds, warps, smem_per_sm_bytes)
     waves = math.ceil(programs / (num_sms * resident))
@@ -192,18 +185,16 @@ def select_call_work(
     queries = programs * s.t * group * s.head_dim * ELEM_BYTES
     picked = rows * s.top_n * I32
     nbytes = meta + queries + scores + picked
-    pick_chain = 0.0
-    if not torch_pick:
-        elems = pick_row_elems(nb, s.top_n)
-        pw = pick_warps(rows, row_layout(nb)[0], num_sms)
-        per_sm = min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
-        if fused:
-            # One kernel: every program reserves the scoring's shared memory and the more
-            # warps of the two steps.
-            pw = max(pw, warps)
-            per_sm = resident_score_programs(block_nb, s.head_dim, s.kinds, pw, smem_per_sm_bytes)
-        pick_chain = math.ceil(rows / (num_sms * per_sm)) * elems / pw
-        nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
+    elems = pick_row_elems(nb, s.top_n)
+    pw = pick_warps(rows, row_layout(nb)[0], num_sms)
+    per_sm = min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
+    if fused:
+        # One kernel: every program reserves the scoring's shared memory and the more warps
+        # of the two steps.
+        pw = max(pw, warps)
+        per_sm = resident_score_programs(block_nb, s.head_dim, s.kinds, pw, smem_per_sm_bytes)
+    pick_chain = math.ceil(rows / (num_sms * per_sm)) * elems / pw
+    nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
     flops = TF32_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
     return SelectWork(
         requested_bytes=float(nbytes),

@@ -81,11 +81,6 @@ def test_counts_follow_the_plan():
     # 32 draft rows pad to a 32-row tile: a tile's work grows as T_PAD^2.
     t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert t32.chain_tiles == 2 * 16 * 4.0
-    # The torch-pick plan: one tile a program, no threshold pick.
-    old = sw.select_call_work(
-        shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM, torch_pick=True
-    )
-    assert old.pick_chain == 0 and old.chain_tiles == np.ceil(8320 / (132 * 4)) * 1.0
 
 
 def test_arrays_match_scalar_calls_and_count_nothing_off():
