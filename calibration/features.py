@@ -18,6 +18,7 @@ from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 DEDUP_OPS = ("sparse_verify",)
@@ -25,6 +26,10 @@ DEDUP_OPS = ("sparse_verify",)
 # series (``perfmodel.nsa_plan``'s split geometry; the committed H100 rows): their features
 # keep that geometry. Later rows follow the slot plan (``perfmodel.nsa_work``).
 NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
+# Block-selection rows timed with the kernels that scored one tile a program and picked in torch
+# (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
+# ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
+SELECT_TORCH_PICK_COMMITS = ("51d8197",)
 # Row-wise reductions whose time has a floor: every row's program walks the row (its length the
 # param named here) whatever the row count, and many rows stream at bandwidth and hide it. The
 # argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
@@ -64,12 +69,48 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
     elif is_slot_plan(row):
         w = nsa_work(row, gpu)
         return w.requested_bytes, flops, w.unique_bytes
+    elif is_select_plan(row):
+        w = select_work(row, gpu)
+        return w.requested_bytes, w.flops, None
     return float(row["unique_bytes"]), flops, dedup
 
 
 def is_slot_plan(row: dict) -> bool:
     """Whether ``row`` is an NSA call of the slot-planned kernels (``perfmodel.nsa_work``)."""
     return row["op"] == "nsa_verify" and row.get("git_commit", "")[:7] not in NSA_SPLIT_PLAN_COMMITS
+
+
+def is_select_plan(row: dict) -> bool:
+    """Whether ``row`` is a block-selection call of the current kernels (the threshold pick;
+    ``perfmodel.select_work``), not of the torch-pick plan."""
+    return (
+        row["op"] == "select_blocks"
+        and row.get("git_commit", "")[:7] not in SELECT_TORCH_PICK_COMMITS
+    )
+
+
+def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
+    """``perfmodel.select_work`` of the call a block-selection row of the current kernels
+    timed, on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None);
+    rows of no ``impl`` ran the two launches."""
+    p = row["params"]
+    shape = SelectShape(
+        batch=p["batch"],
+        t=p["num_query_tokens"],
+        num_q_heads=p["num_q_heads"],
+        num_kv_heads=p["num_kv_heads"],
+        head_dim=p["head_dim"],
+        context_len=p["context_len"],
+        top_n=p["top_n"],
+        block_size=p["block_size"],
+        kinds=1 if p["method"] == "mean" else 2,
+    )
+    return select_call_work(
+        shape,
+        fused=p.get("impl") == "one_launch",
+        num_sms=gpu.num_sms if gpu is not None else 132,
+        smem_per_sm_bytes=gpu.smem_per_sm_bytes if gpu is not None else 227 * 1024,
+    )
 
 
 def nsa_row_overlap(row: dict) -> float:
@@ -145,6 +186,8 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     p = row["params"]
     if is_slot_plan(row):
         return nsa_work(row, gpu).chain_tiles
+    if is_select_plan(row):
+        return select_work(row, gpu).chain_tiles
     if row["op"] == "gemm":
         return float(p["k"])
     if row["op"] == "kv_write":
@@ -218,6 +261,9 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
     if row["op"] != "select_blocks":
         return ()
+    if is_select_plan(row):
+        w = select_work(row, gpu)
+        return (w.pick_chain, w.pick_rows)
     p = row["params"]
     rows = p["batch"] * p["num_kv_heads"] * p["num_query_tokens"]
     num_blocks = -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])

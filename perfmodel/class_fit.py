@@ -84,7 +84,9 @@ class ClassFit:
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
     l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
-    slot_plan: bool = False  # fitted on the NSA slot plan's counts (``perfmodel.nsa_work``)
+    # Fitted on the current kernels' launch-plan counts (``perfmodel.nsa_work``,
+    # ``perfmodel.select_work``): the step model prices such a class with its op's ``slot_plan``.
+    slot_plan: bool = False
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
