@@ -89,6 +89,13 @@ def is_select_plan(row: dict) -> bool:
     )
 
 
+def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
+    """``gpu``'s SMs and shared memory per SM, the H100/H200's 132 and 227 KiB when None."""
+    if gpu is None:
+        return {"num_sms": 132, "smem_per_sm_bytes": 227 * 1024}
+    return {"num_sms": gpu.num_sms, "smem_per_sm_bytes": gpu.smem_per_sm_bytes}
+
+
 def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     """``perfmodel.select_work`` of the call a block-selection row of the current kernels
     timed, on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None);
@@ -108,8 +115,7 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     return select_call_work(
         shape,
         fused=p.get("impl") == "one_launch",
-        num_sms=gpu.num_sms if gpu is not None else 132,
-        smem_per_sm_bytes=gpu.smem_per_sm_bytes if gpu is not None else 227 * 1024,
+        **_sm_resources(gpu),
     )
 
 
@@ -156,14 +162,11 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         comp_block=p["comp_block"],
         comp_stride=p["comp_stride"],
     )
-    sms = gpu.num_sms if gpu is not None else 132
-    smem = gpu.smem_per_sm_bytes if gpu is not None else 227 * 1024
     return nsa_call_work(
         shape,
         fused=p["impl"] == "fused",
         refresh=p["mode"] == "refresh",
-        num_sms=sms,
-        smem_per_sm_bytes=smem,
+        **_sm_resources(gpu),
     )
 
 

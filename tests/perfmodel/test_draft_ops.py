@@ -2,35 +2,15 @@
 root and every node drafted so far, and the catch-up of a kept deepest leaf, which a batch
 runs when any of its sequences kept one."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 from ssvkit.perfmodel.acceptance import TreeAcceptance, full_depth_probability
-from ssvkit.perfmodel.hardware import get_gpu
-from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.predictor import RooflinePredictor
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload, chain_parents
 
-TARGET = ModelSpec(
-    name="tiny",
-    family="llama",
-    num_layers=2,
-    hidden_size=64,
-    num_q_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=100,
-)
-GPU = dataclasses.replace(
-    get_gpu("h100-sxm", measured=False),
-    hbm_bytes_per_s=1e12,
-    bf16_flops_per_s=1e15,
-    fp32_flops_per_s=1e14,
-    launch_overhead_s=1e-6,
-)
+from tests.perfmodel.test_step import GPU
+from tests.perfmodel.test_step import TINY as TARGET
 
 
 def _predict(tree: str, batch: int, alpha: float):
