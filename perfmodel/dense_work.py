@@ -73,12 +73,14 @@ def dense_call_work(
 ) -> DenseWork:
     """The work of one ``dense_verify`` call of ``t`` draft rows over ``context_len`` cached
     positions, launched as the wrapper launches it (``T_max = context_len + t``) on a GPU of
-    ``num_sms`` SMs and ``smem_per_sm_bytes`` of shared memory each."""
-    for name, v in (("batch", batch), ("t", t), ("num_q_heads", num_q_heads)):
+    ``num_sms`` SMs and ``smem_per_sm_bytes`` of shared memory each. A KV head packs
+    ``num_q_heads // num_kv_heads`` query heads, as the plan does (a tensor-parallel split
+    whose heads do not divide is priced so; the sweep flags such a point)."""
+    for name, v in (("batch", batch), ("t", t), ("num_kv_heads", num_kv_heads)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"num_kv_heads must divide num_q_heads {num_q_heads}, got {num_kv_heads}")
+    if num_q_heads < num_kv_heads:
+        raise ValueError(f"num_q_heads must be >= num_kv_heads {num_kv_heads}, got {num_q_heads}")
     seq = context_len + t
     plan = dense_verify_plan(batch, t, num_q_heads, num_kv_heads, head_dim, seq, num_sms)
     s, bn, bm = plan.num_splits, plan.block_n, plan.block_m

@@ -103,6 +103,10 @@ def test_arrays_match_the_call_and_count_nothing_without_rows():
 
 def test_bad_heads_are_refused():
     with pytest.raises(ValueError, match="num_kv_heads"):
-        dense_call_work(1, 4, 1024, 32, 6, 128, SMS, SMEM)
+        dense_call_work(1, 4, 1024, 32, 0, 128, SMS, SMEM)
+    with pytest.raises(ValueError, match="num_q_heads"):
+        dense_call_work(1, 4, 1024, 4, 8, 128, SMS, SMEM)
     with pytest.raises(ValueError, match="batch"):
         dense_call_work(0, 4, 1024, *LLAMA, SMS, SMEM)
+    # a tensor-parallel split of 32 / 8 heads over 3 ranks: 11 / 3 a rank, packed 3 a KV head
+    assert dense_call_work(1, 1, 512, 11, 3, 128, SMS, SMEM).chain_tiles > 0
