@@ -134,37 +134,31 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     # r's bound has no gradient where it does not bind, so the fit would keep any start that
     # never binds: start it at a few ratios and keep the lowest loss on the fit rows.
     starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if has_l2 else [x0]
-    if op not in MULTI_START_OPS:
-        sols = [
-            least_squares(
-                resid,
-                x,
-                bounds=(lo, hi),
-                loss="soft_l1",
-                f_scale=0.05,
-                x_scale="jac",
-                max_nfev=4000,
-            )
+    if op in MULTI_START_OPS:
+        first = n_eff + has_h
+        starts = [
+            x[:first] + [share * b for b in bounds] + x[n_lat:]
+            for share in LATENCY_STARTS
             for x in starts
         ]
-        return unpack(min(sols, key=lambda s: s.cost).x)
-    # MULTI_START_OPS: in units of the upper bounds, from several latency starts.
-    unit = np.array(hi)
-    first = n_eff + has_h
-    starts = [
-        x[:first] + [share * b for b in bounds] + x[n_lat:]
-        for share in LATENCY_STARTS
-        for x in starts
-    ]
+    return unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
+
+
+def _solve(resid, starts, lo, hi, *, scaled: bool) -> np.ndarray:
+    """The parameters of the lowest soft-L1 loss over ``starts`` within ``[lo, hi]``; with
+    ``scaled``, solved in units of ``hi`` (``MULTI_START_OPS``)."""
+    unit = np.array(hi, dtype=float) if scaled else np.ones(len(hi))
+    kw = {} if scaled else {"x_scale": "jac"}
     sols = [
         least_squares(
             lambda z: resid(z * unit),
             np.array(x) / unit,
-            bounds=(np.array(lo) / unit, np.ones_like(unit)),
+            bounds=(np.array(lo) / unit, np.array(hi) / unit),
             loss="soft_l1",
             f_scale=0.05,
             max_nfev=4000,
+            **kw,
         )
         for x in starts
     ]
-    return unpack(min(sols, key=lambda s: s.cost).x * unit)
+    return min(sols, key=lambda s: s.cost).x * unit
