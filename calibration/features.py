@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
 from ssvkit.perfmodel.attention_work import dense_verify_tiles
 from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.sparse_work import SparseShape, SparseWork, sparse_call_work
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 DEDUP_OPS = ("sparse_verify",)
@@ -25,6 +27,10 @@ DEDUP_OPS = ("sparse_verify",)
 # series (``perfmodel.nsa_plan``'s split geometry; the committed H100 rows): their features
 # keep that geometry. Later rows follow the slot plan (``perfmodel.nsa_work``).
 NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
+# Sparse verification rows timed with the kernel that split a group's list until the grid
+# filled one wave (``perfmodel.attention_work.fill_sparse_splits``; the committed H100 rows).
+SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
+FILL_SPLIT_CONFIG = SparseVerifyConfig(programs_per_sm=4)  # that kernel's wave: 4 x SMs
 # Row-wise reductions whose time has a floor: every row's program walks the row (its length the
 # param named here) whatever the row count, and many rows stream at bandwidth and hide it. The
 # argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
@@ -49,15 +55,16 @@ def repair_dedup_bytes(p: dict, requested: float) -> float:
 def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float | None]:
     """(requested bytes, FLOPs, deduplicated bytes or None) of one call.
 
-    Sparse verification rows carry the measured ``global_unique_bytes`` of their selections;
-    repair rows get the expected distinct bytes of their uniform random selections. Dense
-    verification's FLOPs are those of the row tiles its kernel runs, padding included
-    (``dense_tiles``), as the step model counts them."""
+    Sparse verification: its launch plan's work at the row's measured selections
+    (``sparse_work``); repair rows get the expected distinct bytes of their uniform random
+    selections. Dense verification's FLOPs are those of the row tiles its kernel runs, padding
+    included (``dense_tiles``), as the step model counts them."""
     p = row["params"]
     dedup, flops = None, float(row["flops"])
-    if row["op"] in DEDUP_OPS:
-        dedup = p.get("global_unique_bytes")
-    elif row["op"] == "repair":
+    if row["op"] == "sparse_verify":
+        w = sparse_work(row, gpu)
+        return w.requested_bytes, w.mma_flops, w.unique_bytes
+    if row["op"] == "repair":
         dedup = repair_dedup_bytes(p, float(row["unique_bytes"]))
     elif row["op"] == "dense_verify":
         flops *= dense_tiles(row)[0]
@@ -126,6 +133,46 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
     )
 
 
+def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
+    """``perfmodel.sparse_work`` of the call a sparse verification row timed, with its
+    measured selections (a union group's mean list, ``f_load``; a (sequence, KV head)'s
+    distinct blocks, ``global_unique_bytes``), under the split rule of its kernel, on
+    ``gpu``'s SMs and shared memory (the H100/H200's when None)."""
+    p = row["params"]
+    b, t, hkv, top_n = p["batch"], p["num_query_tokens"], p["num_kv_heads"], p["top_n"]
+    c = 1 if p["mode"] == "per_query" else min(p["group_size"], t)
+    groups = -(-t // c)
+    per_query = b * hkv * t * top_n
+    row_blocks = {"per_query": per_query, "union": p["f_load"] * per_query}.get(
+        p["mode"], b * hkv * groups * top_n
+    )
+    block_bytes = 2 * p["block_size"] * p["head_dim"] * 2
+    fixed = row["unique_bytes"] - row_blocks * block_bytes  # tail, queries, outputs, ids
+    shape = SparseShape(
+        batch=b,
+        t=t,
+        num_q_heads=p["num_q_heads"],
+        num_kv_heads=hkv,
+        head_dim=p["head_dim"],
+        context_len=p["context_len"],
+        mode=p["mode"],
+        group_size=p["group_size"],
+        top_n=top_n,
+        block_size=p["block_size"],
+        overlap=p["overlap"],
+        list_blocks=p["f_load"] * t * top_n / groups if p["mode"] == "union" else None,
+        unique_blocks=(p["global_unique_bytes"] - fixed) / block_bytes / (b * hkv),
+    )
+    fill = row.get("git_commit", "")[:7] in SPARSE_FILL_SPLIT_COMMITS
+    return sparse_call_work(
+        shape,
+        config=FILL_SPLIT_CONFIG if fill else DEFAULT_SPARSE_CONFIG,
+        num_sms=gpu.num_sms if gpu is not None else 132,
+        smem_per_sm_bytes=gpu.smem_per_sm_bytes if gpu is not None else 228 * 1024,
+        split_rule="fill" if fill else "wave_balance",
+    )
+
+
 def dense_tiles(row: dict) -> tuple[float, float]:
     """``perfmodel.attention_work.dense_verify_tiles`` of a dense verification row: the padded
     rows' share of its row tiles' FLOPs and the tile's cost in ``mma.sync`` rows."""
@@ -143,6 +190,8 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     (``perfmodel.torch_plan``); for sampling, the row length (``ROW_WALK_OPS``); 0 for the
     other ops, whose t0 and efficiencies hold their latency."""
     p = row["params"]
+    if row["op"] == "sparse_verify":
+        return sparse_work(row, gpu).chain_tiles
     if is_slot_plan(row):
         return nsa_work(row, gpu).chain_tiles
     if row["op"] == "gemm":
@@ -171,8 +220,11 @@ def depth(row: dict, gpu: GpuSpec) -> float:
 def serial_steps(row: dict, num_sms: int, gpu: GpuSpec | None = None) -> float:
     """Dependent steps one call runs after its parallel part (``perfmodel.class_fit``'s t_s
     term): the partial slots an NSA call's merges walk, from the launch plan the wrapper makes
-    for this shape on ``num_sms`` SMs -- the same function the step model's NSA ops use; 0 for
-    the other ops."""
+    for this shape on ``num_sms`` SMs -- the same function the step model's NSA ops use; the
+    partials a split sparse verification call's merge reads a row (``perfmodel.sparse_work``);
+    0 for the other ops."""
+    if row["op"] == "sparse_verify":
+        return sparse_work(row, gpu).merge_steps
     if row["op"] != "nsa_verify":
         return 0.0
     if is_slot_plan(row):
@@ -199,6 +251,8 @@ def tile_rows(row: dict) -> float:
     the other ops."""
     if row["op"] == "dense_verify":
         return dense_tiles(row)[1]
+    if row["op"] == "sparse_verify":
+        return sparse_work(row, None).row_cost
     if row["op"] != "nsa_verify":
         return 0.0
     if is_slot_plan(row):
@@ -216,6 +270,9 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
+    if row["op"] == "sparse_verify":
+        w = sparse_work(row, gpu)
+        return (w.waves, w.plan_compares) if row["params"]["mode"] == "union" else (w.waves,)
     if row["op"] != "select_blocks":
         return ()
     p = row["params"]

@@ -55,11 +55,14 @@ def op_class(row: dict) -> str:
 def _op_class(row: dict) -> str:
     p, op = row["params"], row["op"]
     if op == "sparse_verify":
-        # The group size sets the packed rows per program and so the parallelism: one class
-        # each. Batch 1 and large batches are separate regimes: at batch 1 a call's blocks
-        # (tens to ~200 MB) largely stay in the 50 MB L2 between groups and the grid is small.
-        group = "" if p["mode"] == "per_query" else f"/C{p['group_size']}"
-        return f"{op}/{p['mode']}{group}/" + ("b1" if p["batch"] == 1 else "bN")
+        # One class per mode (its kernels: a union plan or none, member masks or none) and
+        # batch regime; group size, geometry, draft width, top-n and context are points of its
+        # launch plan's work (``perfmodel.sparse_work``). A batch-1 call's grid is below a
+        # wave, split and merged, and its blocks (25-140 MB) about fit the 50-60 MB L2; larger
+        # batches stream from HBM in full waves, where repeated reads of one block by
+        # different groups land far apart in time (one efficiency and L2 share cannot serve
+        # both: one class per mode misses the H100's held-out p90 and ratio targets).
+        return f"{op}/{p['mode']}/" + ("b1" if p["batch"] == 1 else "bN")
     if op == "repair":
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":

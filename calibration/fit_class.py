@@ -39,13 +39,18 @@ def _latency_bound(seconds: np.ndarray, count: np.ndarray) -> float:
     """Upper bound of a per-unit latency: the whole of a call's time spread over its count,
     for the call where that is least."""
     on = count > 0
+    if not on.any():
+        return 1e-30  # no row has the count: its rate is not identified, and prices nothing
     return float((seconds[on] / count[on]).min())
 
 
 def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec) -> ClassFit:
     """Least-squares fit of one class on its fit rows."""
     d = class_data(name, rows, gpu)
-    k = int(np.clip(len(rows) // 8, 2, 6))
+    # Sparse verification: two knots; its launch plan's counts (chain, waves, merge, row tile)
+    # carry what changes with size and geometry, and a finer curve in total bytes, fitted on
+    # one geometry's sizes, misprices another's.
+    k = 2 if name.startswith("sparse_verify") else int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
     # The L2 throughput bound r only where a call's programs re-read each other's blocks
@@ -54,8 +59,9 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     has_depth = bool(d.depth.any())
     has_steps = bool(d.steps.any())
     has_rows = bool(d.rows.any())
-    # A chain whose tiles cost by the row tile's rows: the slot-planned NSA calls'.
-    has_depth_row = has_depth and has_rows and name.startswith("nsa_verify")
+    # A chain whose tiles cost by the row tile's rows: the slot-planned NSA calls' and sparse
+    # verification's (``perfmodel.sparse_work``).
+    has_depth_row = has_depth and has_rows and name.startswith(("nsa_verify", "sparse_verify"))
     n_stage = len(d.stages)
     n_eff = 1 + 2 * k
     n_lat = n_eff + has_h + has_depth + has_steps + has_rows + has_depth_row

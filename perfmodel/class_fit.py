@@ -21,8 +21,8 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
   bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
   too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
-- ``t_kr``: for NSA verification the chain is the key tiles one program walks in series
-  (``perfmodel.nsa_work``), each at ``t_k + t_kr x R``: a tile's load latency over the
+- ``t_kr``: for NSA and sparse verification the chain is the key tiles one program walks in
+  series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``), each at ``t_k + t_kr x R``: a tile's load latency over the
   pipeline's depth plus its MMAs and softmax over the row tile's R padded rows (a 64-row union
   tile with its member masks takes longer per key tile than a 16-row one);
 - ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
@@ -84,7 +84,8 @@ class ClassFit:
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
     l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
-    slot_plan: bool = False  # fitted on the NSA slot plan's counts (``perfmodel.nsa_work``)
+    # fitted on a launch plan's chain counts (``perfmodel.nsa_work``, ``perfmodel.sparse_work``)
+    slot_plan: bool = False
 
     def efficiencies(self, nbytes, flops):
         lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
