@@ -22,9 +22,10 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
   too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
 - ``t_kr``: for NSA and sparse verification the chain is the key tiles one program walks in
-  series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``), each at ``t_k + t_kr x R``: a tile's load latency over the
-  pipeline's depth plus its MMAs and softmax over the row tile's R padded rows (a 64-row union
-  tile with its member masks takes longer per key tile than a 16-row one);
+  series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``), each at ``t_k + t_kr x R``: a
+  tile's load latency over the pipeline's depth plus its MMAs and softmax over the row tile's
+  R padded rows (a 64-row union tile with its member masks takes longer per key tile than a
+  16-row one);
 - ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
   fitted for NSA verification only: a split call's merge walks its tile's partial slots one by
   one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)

@@ -280,7 +280,9 @@ def _sparse_verify_ops(
     acc: OpSum, model: ModelSpec, c: Columns, nsa, hq, hkv, layers, prefix: str, num_sms: int
 ) -> None:
     """Block-metadata selection's attention (``mean``/``quest``): one ``kernels.sparse_verify``
-    call a layer in the strategy's grouping mode, one op per mode (``SPARSE_VERIFY_OPS``), priced
+    call a layer in the strategy's grouping mode over each row's ``top_n`` scored blocks and its
+    local window's ``window // block_size + 1`` (``engine.attention.select_exact``; no
+    compressed branch), one op per mode (``SPARSE_VERIFY_OPS``), priced
     by its class ``sparse_verify/<mode>`` on the work of its launch plan on ``num_sms`` SMs
     (``perfmodel.sparse_work``, the counts the class is fitted on). The group plan of a union
     is built once per refresh and shared by the reuse layers: its compares count in refresh
@@ -301,6 +303,7 @@ def _sparse_verify_ops(
                 context_len=np.maximum(c.context_len, 1),
                 group_size=np.maximum(c.group_size, 1),
                 top_n=np.maximum(c.top_n, 1),
+                local_blocks=np.floor(c.window / np.maximum(c.block_size, 1)) + 1,
                 block_size=np.maximum(c.block_size, 1),
                 overlap=np.clip(c.overlap, 0.0, 1.0),
             ),

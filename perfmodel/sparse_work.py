@@ -10,7 +10,8 @@ each group's list, deduplicated), the attention kernel over ``B x Hkv x groups x
 - ``requested_bytes``: what the programs read and write: every list's K/V blocks, the draft
   tail once per group, queries, outputs, LSE, block lists (and a union plan's masks), and the
   fp32 partials a split call writes and its merge reads back; ``unique_bytes``: the same with
-  each (sequence, KV head)'s blocks once -- the other reads of them may hit L2;
+  each (sequence, KV head)'s blocks once -- the other reads of them may hit L2 (the tail still
+  once per group);
 - ``mma_flops``: the MMA FLOPs of the padded row tiles (``M_PAD`` rows a key);
 - ``chain_tiles``: K/V tiles in series: the busiest program's slice plus its tail tile, or the
   call's tiles over the programs the SMs hold at once (``attention_work.resident_programs``:
@@ -24,7 +25,9 @@ each group's list, deduplicated), the attention kernel over ``B x Hkv x groups x
   (``attention_work.union_plan_compares``).
 
 A group's list is the mean union of its rows' blocks (given, or the selection model's
-``perfmodel.sparse.union_blocks``); ``shared`` and ``per_query`` lists hold ``top_n`` blocks. It
+``perfmodel.sparse.union_blocks``); ``shared`` and ``per_query`` lists hold ``top_n`` blocks. A
+row's ``local_blocks`` (the engine's local window, appended to its scored picks) are the same
+blocks for every row of a sequence: a union or the distinct blocks count them once. It
 ignores the spread of union sizes across groups and a group's last, smaller union.
 """
 
@@ -59,9 +62,10 @@ DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
 
 @dataclass(frozen=True, slots=True)
 class SparseShape:
-    """What a sparse verification call's work depends on. ``list_blocks`` and
-    ``unique_blocks`` override the selection model: a group's mean list and a (sequence, KV
-    head)'s distinct blocks, as measured on a row's selections."""
+    """What a sparse verification call's work depends on. A row's list holds ``top_n``
+    scored blocks and ``local_blocks`` window blocks. ``list_blocks`` and ``unique_blocks``
+    override the selection model: a group's mean list and a (sequence, KV head)'s distinct
+    blocks, as measured on a row's selections."""
 
     batch: int
     t: int
@@ -72,6 +76,7 @@ class SparseShape:
     mode: str
     group_size: int = 1
     top_n: int = 16
+    local_blocks: int = 0
     block_size: int = 64
     overlap: float = 0.7
     list_blocks: float | None = None
@@ -86,6 +91,8 @@ class SparseShape:
         for name in ("top_n", "block_size", "context_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.local_blocks < 0:
+            raise ValueError(f"local_blocks must be >= 0, got {self.local_blocks}")
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
 
@@ -93,6 +100,11 @@ class SparseShape:
     def c(self) -> int:
         """Queries a program packs: 1 for ``per_query``, else ``min(group_size, t)``."""
         return 1 if self.mode == "per_query" else min(self.group_size, self.t)
+
+    @property
+    def width(self) -> int:
+        """Entries of a row's block list (``block_idx.shape[3]``)."""
+        return self.top_n + self.local_blocks
 
     @property
     def num_groups(self) -> int:
@@ -136,7 +148,7 @@ def launch_plan(
         raise ValueError(f"split_rule must be one of {SPLIT_RULES}, got {split_rule!r}")
     lists = s.batch * s.num_kv_heads * s.num_groups
     choose = choose_sparse_splits if split_rule == "wave_balance" else fill_sparse_splits
-    splits = choose(config, lists, s.top_n, num_sms)
+    splits = choose(config, lists, s.width, num_sms)
     m_pad, warps, stages = sparse_tile_shape(
         config, s.c, s.num_q_heads, s.num_kv_heads, s.block_size, s.head_dim
     )
@@ -144,14 +156,15 @@ def launch_plan(
 
 
 def list_blocks(s: SparseShape) -> float:
-    """Blocks of one group's list: the mean union (``union``), else ``top_n``; at most the
-    context's blocks."""
+    """Blocks of one group's list: the mean union of its scored picks (``union``), else
+    ``top_n``, plus the local blocks; at most the context's blocks."""
     num_blocks = math.ceil(s.context_len / s.block_size)
     if s.mode != "union":
-        return float(min(s.top_n, num_blocks))
+        return float(min(s.width, num_blocks))
     if s.list_blocks is not None:
         return float(s.list_blocks)
-    return float(union_blocks(s.top_n, s.c, s.overlap, num_blocks))
+    scored = union_blocks(s.top_n, s.c, s.overlap, num_blocks)
+    return float(min(scored + s.local_blocks, num_blocks))
 
 
 def unique_blocks(s: SparseShape) -> float:
@@ -159,7 +172,8 @@ def unique_blocks(s: SparseShape) -> float:
     if s.unique_blocks is not None:
         return float(s.unique_blocks)
     num_blocks = math.ceil(s.context_len / s.block_size)
-    return float(union_blocks(min(s.top_n, num_blocks), s.t, s.overlap, num_blocks))
+    scored = union_blocks(min(s.top_n, num_blocks), s.t, s.overlap, num_blocks)
+    return float(min(scored + s.local_blocks, num_blocks))
 
 
 def sparse_call_work(
@@ -188,13 +202,15 @@ def sparse_call_work(
     token_row = 2 * s.head_dim * ELEM_BYTES
     rows_q = s.batch * s.t * s.num_q_heads
     io = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * F32
-    io += heads * s.t * s.top_n * I32  # the rows' block ids
+    io += heads * s.t * s.width * I32  # the rows' block ids
     if s.mode == "union" and s.c > 1:
         io += 2 * lists * n_list * I32  # the plan's lists and member masks, written and read
     if splits > 1:
         io += 2 * rows_q * splits * (s.head_dim + 1) * F32
     tail = lists * s.t * token_row
     requested = lists * n_list * block_row + tail + io
+    # The tail counts once per group: each group's last split reads it after its list, apart
+    # from the other groups' reads of it.
     unique = heads * min(unique_blocks(s), n_list * s.num_groups) * block_row + tail + io
     return SparseWork(
         requested_bytes=float(requested),
@@ -204,7 +220,7 @@ def sparse_call_work(
         merge_steps=float(splits if splits > 1 else 0),
         row_cost=row_cost(plan.m_pad),
         waves=float(cdiv(plan.programs, slots)),
-        plan_compares=union_plan_compares(s.mode, s.c, s.top_n, lists, num_sms),
+        plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms),
     )
 
 
@@ -232,7 +248,7 @@ def sparse_work_arrays(
             n: (float(v) if n in ("overlap", "list_blocks", "unique_blocks") else int(round(v)))
             for n, v in zip(names, point, strict=True)
         }
-        if min(kw.get(n, 1) for n in (*_INT_FIELDS, "group_size", "top_n", "block_size")) < 1:
+        if min(kw.get(n, 1) for n in (*_INT_FIELDS, "top_n", "block_size")) < 1:
             continue
         w = sparse_call_work(
             SparseShape(mode=mode, **kw), num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes

@@ -51,9 +51,10 @@ def test_heldout_rule_holds_out_whole_values(rows):
     assert all(is_heldout(r) for r in rows if r["params"].get("m") == 12)
     frac = len(held) / len(rows)
     assert 0.2 < frac < 0.5
-    assert op_class(
-        next(r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union")
-    ).startswith("sparse_verify/union/C")
+    # one sparse verification class per mode and batch regime, every group size in it
+    union = [r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union"]
+    assert {op_class(r) for r in union} == {"sparse_verify/union/b1", "sparse_verify/union/bN"}
+    assert len({r["params"]["group_size"] for r in union}) > 2
 
 
 def test_nsa_rows_carry_their_launch_plan(rows):
@@ -89,6 +90,9 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     assert serial_steps(dense[16], 132) == 0
     committed = json.loads(PROFILE.read_text())["classes"]
     for name, cls in committed.items():
+        if name.startswith("sparse_verify/"):  # priced on its launch plan's chain and row tile
+            assert cls["fit"]["slot_plan"] and cls["fit"]["t_depth_s"] > 0, name
+            continue
         nsa = name.startswith("nsa_verify/")
         assert (cls["fit"]["t_step_s"] > 0) == nsa, name
         assert (cls["fit"]["t_row_s"] > 0) == (nsa or name == "dense_verify"), name
@@ -152,7 +156,8 @@ def test_select_rows_carry_their_topn_stage(rows):
     """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
     batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
     128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
-    classes price every count (t_x > 0) and no other class has stage rates."""
+    classes price every count (t_x > 0); sparse verification prices its waves (and a union's
+    plan compares); no other class has stage rates."""
     sel = next(
         r
         for r in rows
@@ -167,6 +172,8 @@ def test_select_rows_carry_their_topn_stage(rows):
         rates = cls["fit"]["t_stage_s"]
         if name.startswith("select_blocks/"):
             assert len(rates) == 3 and min(rates) > 0, name
+        elif name.startswith("sparse_verify/"):
+            assert len(rates) == (2 if name.startswith("sparse_verify/union/") else 1), name
         else:
             assert rates == [], name
 

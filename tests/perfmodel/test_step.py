@@ -96,11 +96,23 @@ def test_grouping_only_changes_selected_bytes():
 
 def test_metadata_sparse_verify_is_priced_on_its_launch_plans_work():
     """The step model's sparse_verify op carries, per layer, the work ``perfmodel.sparse_work``
-    counts for the call the engine launches (16 rows, C = 4, 2 KV heads on 132 SMs)."""
+    counts for the call the engine launches (16 rows, C = 4, 2 KV heads on 132 SMs, each row's
+    8 scored blocks and the 5 blocks of its 64-token local window)."""
     w = Workload(context_len=4096, overlap=0.75)
     _, p = run(TINY, [(_sparse("union", 4, metadata="mean"), w)])
     shape = SparseShape(
-        1, 16, 4, 2, 16, 4096, "union", group_size=4, top_n=8, block_size=16, overlap=0.75
+        1,
+        16,
+        4,
+        2,
+        16,
+        4096,
+        "union",
+        group_size=4,
+        top_n=8,
+        block_size=16,
+        overlap=0.75,
+        local_blocks=5,
     )
     one = sparse_call_work(shape, num_sms=GPU.num_sms)
     op = p.ops["verify.sparse_verify_union"]
