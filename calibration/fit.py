@@ -35,6 +35,7 @@ from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 from ssvkit.perfmodel.profiles import PROFILE_VERSION
 from ssvkit.perfmodel.rows import canonical
+from ssvkit.perfmodel.sparse_work import batch_regime
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -62,7 +63,7 @@ def _op_class(row: dict) -> str:
         # batches stream from HBM in full waves, where repeated reads of one block by
         # different groups land far apart in time (one efficiency and L2 share cannot serve
         # both: one class per mode misses the H100's held-out p90 and ratio targets).
-        return f"{op}/{p['mode']}/" + ("b1" if p["batch"] == 1 else "bN")
+        return f"{op}/{p['mode']}/{batch_regime(p['batch'])}"
     if op == "repair":
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":

@@ -21,8 +21,8 @@ kernels (no union plan, no member bits) and is priced as its own class,
 class, the label says ``stand-in`` (``perfmodel.calibrated.STAND_INS``).
 
 Block-metadata selection (``mean``/``quest``) verifies with ``kernels.sparse_verify`` in the
-strategy's grouping mode: one call a layer, priced by the ``sparse_verify/<mode>`` class on the
-work of its launch plan (``perfmodel.sparse_work``).
+strategy's grouping mode: one call a layer, priced by the ``sparse_verify/<mode>/<batch regime>``
+class on the work of its launch plan (``perfmodel.sparse_work``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ssvkit.perfmodel.ops import (
 )
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.sparse import blocks_loaded_per_layer, union_blocks
-from ssvkit.perfmodel.sparse_work import sparse_work_arrays
+from ssvkit.perfmodel.sparse_work import BATCH_REGIMES, batch_regime, sparse_work_arrays
 from ssvkit.perfmodel.torch_plan import topn_counts
 
 
@@ -273,7 +273,11 @@ def _attention_ops(
             acc.add(prefix + name + ("_" + suffix if suffix else ""), attn.scaled(layers))
 
 
-SPARSE_VERIFY_OPS = {mode: f"sparse_verify_{mode}" for mode in MODE_CODES}
+SPARSE_VERIFY_OPS = {
+    (mode, regime): f"sparse_verify_{mode}_{regime}"
+    for mode in MODE_CODES
+    for regime in BATCH_REGIMES
+}
 
 
 def _sparse_verify_ops(
@@ -282,14 +286,15 @@ def _sparse_verify_ops(
     """Block-metadata selection's attention (``mean``/``quest``): one ``kernels.sparse_verify``
     call a layer in the strategy's grouping mode over each row's ``top_n`` scored blocks and its
     local window's ``window // block_size + 1`` (``engine.attention.select_exact``; no
-    compressed branch), one op per mode (``SPARSE_VERIFY_OPS``), priced
-    by its class ``sparse_verify/<mode>`` on the work of its launch plan on ``num_sms`` SMs
-    (``perfmodel.sparse_work``, the counts the class is fitted on). The group plan of a union
-    is built once per refresh and shared by the reuse layers: its compares count in refresh
-    layers only (its launch stays in the class's fixed cost)."""
+    compressed branch), one op per mode and batch regime (``SPARSE_VERIFY_OPS``), priced
+    by its class ``sparse_verify/<mode>/<batch regime>`` on the work of its launch plan on
+    ``num_sms`` SMs (``perfmodel.sparse_work``, the counts the class is fitted on). The group
+    plan of a union is built once per refresh and shared by the reuse layers: its compares
+    count in refresh layers only (its launch stays in the class's fixed cost)."""
     on_meta = c.sparse * (1 - nsa)
-    for mode, code in MODE_CODES.items():
-        on = on_meta * (c.mode == code)
+    regime = batch_regime(c.batch)
+    for (mode, reg), name in SPARSE_VERIFY_OPS.items():
+        on = on_meta * (c.mode == MODE_CODES[mode]) * (regime == reg)
         if not np.any(on):
             continue
         live = on > 0
@@ -318,7 +323,7 @@ def _sparse_verify_ops(
             on * w["mma_flops"],
             on * w["requested_bytes"],
             on * (1.0 + (w["merge_steps"] > 0) + (w["plan_compares"] > 0) * c.refresh_frac),
-            kernel=f"sparse_verify/{mode}",
+            kernel=f"sparse_verify/{mode}/{reg}",
             calls=on * 1.0,
             dedup_bytes=on * w["unique_bytes"],
             depth=on * w["chain_tiles"],
@@ -326,7 +331,7 @@ def _sparse_verify_ops(
             tile_rows=on * w["row_cost"],
             stage_counts=tuple(on * x for x in stages),
         )
-        acc.add(prefix + SPARSE_VERIFY_OPS[mode], op.scaled(layers))
+        acc.add(prefix + name, op.scaled(layers))
 
 
 def _selection_op(

@@ -224,6 +224,15 @@ def sparse_call_work(
     )
 
 
+BATCH_REGIMES = ("b1", "bN")
+
+
+def batch_regime(batch) -> np.ndarray:
+    """The batch regime of a call, which names its class beside the mode (``b1``: one
+    sequence, a grid below one wave whose blocks about fit L2; ``bN``: more), per point."""
+    return np.where(np.asarray(batch) == 1, "b1", "bN")
+
+
 WORK_FIELDS = SparseWork.__slots__
 _INT_FIELDS = ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "context_len")
 

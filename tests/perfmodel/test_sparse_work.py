@@ -163,3 +163,25 @@ def test_the_plan_is_the_wrappers_plan_on_a_grid():
         got = (la.num_splits, la.m_pad, la.num_warps, la.num_stages)
         assert got == (mine.num_splits, mine.m_pad, mine.num_warps, mine.num_stages)
         assert b * hkv * la.plan.num_groups * la.num_splits == mine.programs
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
+def test_metadata_strategies_are_priced_by_the_committed_sparse_verify_classes(gpu):
+    """A mean-key union strategy's attention at batch 1 and 8 is priced by the committed
+    profile's ``sparse_verify/union/<regime>`` classes, not by the roofline."""
+    from ssvkit.perfmodel.calibrated import make_predictor
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.step import build_columns, predict_columns
+    from ssvkit.perfmodel.strategy import Strategy, Workload
+
+    model = get_model("llama-3.1-8b")
+    s = dataclasses.replace(Strategy.from_name("ssv"), metadata="mean", mode="union", group_size=4)
+    c = build_columns(model, [(s, Workload(context_len=32768, batch=b)) for b in (1, 8)])
+    predictor = make_predictor(get_gpu(gpu))
+    p = predict_columns(model, c, predictor)
+    for i, regime in enumerate(("b1", "bN")):
+        op = p.ops[f"verify.sparse_verify_union_{regime}"]
+        assert op.kernel == f"sparse_verify/union/{regime}"
+        seconds, family, _ = predictor.price(op)
+        assert family == "sparse_verify" and seconds[i] > 0 and seconds[1 - i] == 0
