@@ -19,6 +19,7 @@ from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
 from ssvkit.perfmodel.sparse_work import SparseShape, SparseWork, sparse_call_work
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
@@ -31,6 +32,10 @@ NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
 # filled one wave (``perfmodel.attention_work.fill_sparse_splits``; the committed H100 rows).
 SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
 FILL_SPLIT_CONFIG = SparseVerifyConfig(programs_per_sm=4)  # that kernel's wave: 4 x SMs
+# Block-selection rows timed with the kernels that scored one tile a program and picked in torch
+# (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
+# ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
+SELECT_TORCH_PICK_COMMITS = ("51d8197",)
 # Row-wise reductions whose time has a floor: every row's program walks the row (its length the
 # param named here) whatever the row count, and many rows stream at bandwidth and hide it. The
 # argmax over the vocabulary: 36.0 us at 1 row of 128256 logits, 40-43 us from 8 to 128 rows,
@@ -71,12 +76,54 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
     elif is_slot_plan(row):
         w = nsa_work(row, gpu)
         return w.requested_bytes, flops, w.unique_bytes
+    elif is_select_plan(row):
+        w = select_work(row, gpu)
+        return w.requested_bytes, w.flops, None
     return float(row["unique_bytes"]), flops, dedup
 
 
 def is_slot_plan(row: dict) -> bool:
     """Whether ``row`` is an NSA call of the slot-planned kernels (``perfmodel.nsa_work``)."""
     return row["op"] == "nsa_verify" and row.get("git_commit", "")[:7] not in NSA_SPLIT_PLAN_COMMITS
+
+
+def is_select_plan(row: dict) -> bool:
+    """Whether ``row`` is a block-selection call of the current kernels (the threshold pick;
+    ``perfmodel.select_work``), not of the torch-pick plan."""
+    return (
+        row["op"] == "select_blocks"
+        and row.get("git_commit", "")[:7] not in SELECT_TORCH_PICK_COMMITS
+    )
+
+
+def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
+    """``gpu``'s SMs and shared memory per SM, the H100/H200's 132 and 227 KiB when None."""
+    if gpu is None:
+        return {"num_sms": 132, "smem_per_sm_bytes": 227 * 1024}
+    return {"num_sms": gpu.num_sms, "smem_per_sm_bytes": gpu.smem_per_sm_bytes}
+
+
+def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
+    """``perfmodel.select_work`` of the call a block-selection row of the current kernels
+    timed, on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None);
+    rows of no ``impl`` ran the two launches."""
+    p = row["params"]
+    shape = SelectShape(
+        batch=p["batch"],
+        t=p["num_query_tokens"],
+        num_q_heads=p["num_q_heads"],
+        num_kv_heads=p["num_kv_heads"],
+        head_dim=p["head_dim"],
+        context_len=p["context_len"],
+        top_n=p["top_n"],
+        block_size=p["block_size"],
+        kinds=1 if p["method"] == "mean" else 2,
+    )
+    return select_call_work(
+        shape,
+        fused=p.get("impl") == "one_launch",
+        **_sm_resources(gpu),
+    )
 
 
 def nsa_row_overlap(row: dict) -> float:
@@ -122,14 +169,11 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         comp_block=p["comp_block"],
         comp_stride=p["comp_stride"],
     )
-    sms = gpu.num_sms if gpu is not None else 132
-    smem = gpu.smem_per_sm_bytes if gpu is not None else 227 * 1024
     return nsa_call_work(
         shape,
         fused=p["impl"] == "fused",
         refresh=p["mode"] == "refresh",
-        num_sms=sms,
-        smem_per_sm_bytes=smem,
+        **_sm_resources(gpu),
     )
 
 
@@ -137,7 +181,7 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     """``perfmodel.sparse_work`` of the call a sparse verification row timed, with its
     measured selections (a union group's mean list, ``f_load``; a (sequence, KV head)'s
     distinct blocks, ``global_unique_bytes``), under the split rule of its kernel, on
-    ``gpu``'s SMs and shared memory (the H100/H200's when None)."""
+    ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None)."""
     p = row["params"]
     b, t, hkv, top_n = p["batch"], p["num_query_tokens"], p["num_kv_heads"], p["top_n"]
     c = 1 if p["mode"] == "per_query" else min(p["group_size"], t)
@@ -167,9 +211,8 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     return sparse_call_work(
         shape,
         config=FILL_SPLIT_CONFIG if fill else DEFAULT_SPARSE_CONFIG,
-        num_sms=gpu.num_sms if gpu is not None else 132,
-        smem_per_sm_bytes=gpu.smem_per_sm_bytes if gpu is not None else 228 * 1024,
         split_rule="fill" if fill else "wave_balance",
+        **_sm_resources(gpu),
     )
 
 
@@ -194,6 +237,8 @@ def depth(row: dict, gpu: GpuSpec) -> float:
         return sparse_work(row, gpu).chain_tiles
     if is_slot_plan(row):
         return nsa_work(row, gpu).chain_tiles
+    if is_select_plan(row):
+        return select_work(row, gpu).chain_tiles
     if row["op"] == "gemm":
         return float(p["k"])
     if row["op"] == "kv_write":
@@ -275,6 +320,9 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
         return (w.waves, w.plan_compares) if row["params"]["mode"] == "union" else (w.waves,)
     if row["op"] != "select_blocks":
         return ()
+    if is_select_plan(row):
+        w = select_work(row, gpu)
+        return (w.pick_chain, w.pick_rows)
     p = row["params"]
     rows = p["batch"] * p["num_kv_heads"] * p["num_query_tokens"]
     num_blocks = -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.features import class_data
+from ssvkit.calibration.features import class_data, is_select_plan
 from ssvkit.calibration.fit_class import fit_class
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
@@ -74,7 +74,10 @@ def _op_class(row: dict) -> str:
         one_row = rows == 1 and not is_packed(*heads, rows)
         return f"{op}/{p['mode']}/{p['impl']}" + ("/" + PER_QUERY if one_row else "")
     if op == "select_blocks":  # the two-launch baseline (``impl``) is a class of its own
-        return f"{op}/{p['method']}" + ("/two_launch" if p.get("impl") == "two_launch" else "")
+        # Rows of the current kernels without an ``impl`` were timed before the one-launch
+        # path existed: two launches.
+        two = p.get("impl") == "two_launch" or (p.get("impl") is None and is_select_plan(row))
+        return f"{op}/{p['method']}" + ("/two_launch" if two else "")
     # Row-wise reductions: their time is set by the row length (one program walks a row), not
     # by the total bytes, so each hidden width / vocabulary is a class of its own; the fused
     # norm too (one program a row; rows wider than its register tile take two passes).

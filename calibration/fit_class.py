@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import least_squares
-from ssvkit.calibration.features import DEDUP_OPS, class_data
+from ssvkit.calibration.features import DEDUP_OPS, class_data, is_select_plan
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.hardware import GpuSpec
 
@@ -62,6 +62,8 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     # A chain whose tiles cost by the row tile's rows: the slot-planned NSA calls' and sparse
     # verification's (``perfmodel.sparse_work``).
     has_depth_row = has_depth and has_rows and name.startswith(("nsa_verify", "sparse_verify"))
+    # Block selection fitted on the current kernels' plan counts (``perfmodel.select_work``).
+    select_plan = all(is_select_plan(r) for r in rows) and name.startswith("select_blocks")
     n_stage = len(d.stages)
     n_eff = 1 + 2 * k
     n_lat = n_eff + has_h + has_depth + has_steps + has_rows + has_depth_row
@@ -88,7 +90,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
             t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
             l2_ratio=l2,
             t_depth_row_s=t_depth_row,
-            slot_plan=has_depth_row,
+            slot_plan=has_depth_row or select_plan,
         )
 
     def resid(x):

@@ -144,6 +144,23 @@ def expected_tokens_tree(parents: list[int], acc: TreeAcceptance) -> float:
     return 1.0 + float(sum(reach))
 
 
+def full_depth_probability(parents: list[int], acc: TreeAcceptance) -> float:
+    """Probability that a round's kept path reaches the tree's deepest level: the sum of the
+    reach probabilities (``expected_tokens_tree``) of the nodes at the maximum depth, which are
+    disjoint events (one path is kept). A draft model that expands level by level never runs
+    such a leaf through its own forward, so the next round catches it up first
+    (``engine.draft_model``); 0 for an empty tree."""
+    if not parents:
+        return 0.0
+    depth, rank = node_depths_ranks(parents)
+    deepest = max(depth)
+    reach = []
+    for i, p in enumerate(parents):
+        pi = acc.p(depth[i] - 1, rank[i])
+        reach.append(pi if p < 0 else reach[p] * pi)
+    return float(sum(r for r, d in zip(reach, depth, strict=True) if d == deepest))
+
+
 @dataclass(frozen=True, slots=True)
 class BestTree:
     parents: tuple[int, ...]

@@ -85,7 +85,9 @@ class ClassFit:
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
     l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
-    # fitted on a launch plan's chain counts (``perfmodel.nsa_work``, ``perfmodel.sparse_work``)
+    # Fitted on the current kernels' launch-plan counts (``perfmodel.nsa_work``,
+    # ``perfmodel.select_work``, ``perfmodel.sparse_work``): the step model prices such a class
+    # with its op's ``slot_plan``.
     slot_plan: bool = False
 
     def efficiencies(self, nbytes, flops):

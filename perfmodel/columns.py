@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass, fields
 
 import numpy as np
-from ssvkit.perfmodel.acceptance import tree_level_sizes
+from ssvkit.perfmodel.acceptance import TreeAcceptance, full_depth_probability, tree_level_sizes
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.strategy import (
     Strategy,
@@ -42,6 +42,7 @@ class Columns:
     num_draft: np.ndarray  # K draft nodes
     expected_tokens: np.ndarray  # tokens per round (1 for AR)
     level_sizes: np.ndarray  # [N, D] draft nodes per tree level (drafting forwards)
+    full_depth: np.ndarray  # per sequence, P(the kept path reaches the deepest level)
     drafter: np.ndarray  # DRAFTER_CODES
     sparsity_ratio: np.ndarray  # self_sparse drafter's KV share
     sparse: np.ndarray  # 0 dense, 1 NSA-style sparse
@@ -68,7 +69,13 @@ class Columns:
 
 def _tree_columns(tree: str, acceptance: float):
     parents = parse_tree(tree, acceptance)
-    return len(parents), tree_expected_tokens(parents, acceptance), tree_level_sizes(parents)
+    full = full_depth_probability(list(parents), TreeAcceptance.from_alpha(acceptance))
+    return (
+        len(parents),
+        tree_expected_tokens(parents, acceptance),
+        tree_level_sizes(parents),
+        full,
+    )
 
 
 def _strategy_columns(s: Strategy, num_layers: int) -> dict:
@@ -96,9 +103,10 @@ def build_columns(model: ModelSpec, points: list[tuple[Strategy, Workload]]) -> 
     rows, levels = [], []
     for s, w in points:
         check_feasible(s, w, model)
-        k, e, lv = _tree_columns(s.tree, w.acceptance)
+        k, e, lv, full = _tree_columns(s.tree, w.acceptance)
         rows.append(
             {
+                "full_depth": full,
                 "context_len": w.context_len,
                 "batch": w.batch,
                 "tp": w.tp,
@@ -166,15 +174,17 @@ def product_columns(
     depth = max(len(v[2]) for v in cache.values())
     k_tab = np.zeros((n_s, uniq_acc.size))
     e_tab = np.zeros((n_s, uniq_acc.size))
+    f_tab = np.zeros((n_s, uniq_acc.size))
     lv_tab = np.zeros((n_s, uniq_acc.size, max(depth, 1)))
     for i, t in enumerate(trees):
         for j, a in enumerate(uniq_acc):
-            k, e, lv = cache[(t, a)]
-            k_tab[i, j], e_tab[i, j] = k, e
+            k, e, lv, full = cache[(t, a)]
+            k_tab[i, j], e_tab[i, j], f_tab[i, j] = k, e, full
             lv_tab[i, j, : len(lv)] = lv
     a_idx = np.searchsorted(uniq_acc, acc)
     cols["num_draft"] = k_tab[s_idx, a_idx]
     cols["expected_tokens"] = e_tab[s_idx, a_idx]
+    cols["full_depth"] = f_tab[s_idx, a_idx]
     return Columns(level_sizes=lv_tab[s_idx, a_idx], **cols)
 
 

@@ -1,10 +1,15 @@
 """Op builders of the drafting in one round, by drafter kind (masked per point).
 
 eagle: per tree level with m nodes, one decoder layer at target width over the context plus a
-3d -> d feature fusion GEMM, the LM head and top-k sampling (EAGLE-3). draft_model: per level,
-a full forward of the draft model over the context. ngram: one scan of the context's token
-ids. self_sparse: K chain steps of the target with attention over s T tokens. Ignores the
-drafter's pass over the previous round's accepted tokens.
+3d -> d feature fusion GEMM, the LM head and top-k sampling (EAGLE-3). draft_model: as the
+engine expands a tree (``engine.draft_model``), level l is a full forward of the draft model
+over the context of every node up to depth l (the root and the nodes drafted so far); a kept
+leaf of the deepest level was never run through the draft model, so the next round first runs
+a one-node forward of every sequence (the catch-up), which a batch of B sequences needs when
+any of them kept such a leaf: ``1 - (1 - p)^B`` times a round, p the probability that one
+sequence's kept path reaches the deepest level (``Columns.full_depth``). ngram: one scan of the
+context's token ids (its host lookups are ``perfmodel.draft_host``'s). self_sparse: K chain
+steps of the target with attention over s T tokens.
 """
 
 from __future__ import annotations
@@ -31,9 +36,18 @@ def draft_ops(
         if not on.any():
             continue
         kv = T + drafted + nodes
-        for k, op in _level_ops(model, draft, c, draft_vocab, nodes, kv, on).items():
+        for k, op in _eagle_level_ops(model, c, draft_vocab, nodes, kv, on).items():
             acc.add(k, op)
+        if draft is not None:
+            run = 1.0 + drafted  # the draft model's level forward: the root and every node so far
+            for k, op in _model_forward(draft, c, run, T + run, on * (c.drafter == 1)).items():
+                acc.add(k, op)
         drafted = drafted + nodes
+    if draft is not None:
+        catch_up = (1.0 - (1.0 - c.full_depth) ** b) * (c.drafter == 1) * spec
+        one = np.ones_like(T)
+        for k, op in _model_forward(draft, c, one, T + one, catch_up, ".catch_up").items():
+            acc.add(k, op)
     # n-gram / prompt lookup: one pass over int32 token ids.
     acc.add(
         "draft.ngram",
@@ -46,19 +60,10 @@ def draft_ops(
             acc.add(k, op.scaled(steps))
 
 
-def _level_ops(
-    model: ModelSpec,
-    draft: ModelSpec | None,
-    c: Columns,
-    draft_vocab: int | None,
-    nodes,
-    kv,
-    on,
-) -> OpSum:
-    """One tree level's drafting forward of ``nodes`` nodes per sequence over ``kv`` cached
-    tokens (``on``: the points that draft this level): the EAGLE head or the draft model."""
+def _eagle_level_ops(model: ModelSpec, c: Columns, draft_vocab: int | None, nodes, kv, on) -> OpSum:
+    """One tree level's EAGLE head forward of ``nodes`` nodes per sequence over ``kv`` cached
+    tokens (``on``: the points that draft this level)."""
     is_eagle = (c.drafter == 0) * 1.0
-    is_model = (c.drafter == 1) * 1.0
     sub = OpSum()
     # EAGLE head: one target-width layer, fused features, LM head.
     m = c.batch * nodes
@@ -72,14 +77,22 @@ def _level_ops(
     head_ops(head, model, m, c.tp, draft_vocab or model.vocab_size, "draft.", c.fused_elementwise)
     for k, op in head.items():
         sub.add(k, op.scaled(is_eagle * on))
-    if draft is not None:
-        dl = draft.num_layers * is_model * on
-        linear_ops(sub, draft, m, c.tp, dl, "draft.model.", c.fused_elementwise)
-        dense_attention(sub, draft, c, nodes, kv, dl, "draft.model.")
-        head = OpSum()
-        head_ops(head, draft, m, c.tp, draft.vocab_size, "draft.model.", c.fused_elementwise)
-        for k, op in head.items():
-            sub.add(k, op.scaled(is_model * on))
+    return sub
+
+
+def _model_forward(draft: ModelSpec, c: Columns, rows, kv, times, suffix: str = "") -> OpSum:
+    """A tree forward of the draft model over ``rows`` query rows per sequence and ``kv``
+    cached tokens, ``times`` per round (0 where a point does not run it): ops named
+    ``draft.model.*``, or ``draft.model<suffix>.*``."""
+    prefix = f"draft.model{suffix}."
+    sub, head = OpSum(), OpSum()
+    layers = draft.num_layers * times
+    m = c.batch * rows
+    linear_ops(sub, draft, m, c.tp, layers, prefix, c.fused_elementwise)
+    dense_attention(sub, draft, c, rows, kv, layers, prefix)
+    head_ops(head, draft, m, c.tp, draft.vocab_size, prefix, c.fused_elementwise)
+    for k, op in head.items():
+        sub.add(k, op.scaled(times))
     return sub
 
 

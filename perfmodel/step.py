@@ -32,6 +32,7 @@ from ssvkit.perfmodel.columns import (
     take,
     unique_points,
 )
+from ssvkit.perfmodel.draft_host import draft_host_s, shipped_coefficients
 from ssvkit.perfmodel.draft_ops import draft_ops
 from ssvkit.perfmodel.intervals import POOLED, IntervalSource, Spread
 from ssvkit.perfmodel.models import ModelSpec
@@ -101,6 +102,7 @@ DRAFT_KEYS = (
     "drafter",
     "num_draft",
     "level_sizes",
+    "full_depth",
     "batch",
     "context_len",
     "tp",
@@ -220,6 +222,20 @@ class StepPrediction:
         return out
 
 
+def _add_draft_host(acc: OpSum, secs, family, flags, c: Columns, gpu: str) -> None:
+    """The draft step's host time (``perfmodel.draft_host``) as the op ``draft.host``, where
+    coefficients ship for ``gpu`` and some point drafts on the host."""
+    shipped = shipped_coefficients(gpu)
+    if shipped is None:
+        return
+    host_s = draft_host_s(shipped[0], c.drafter, c.batch, c.num_draft)
+    if not host_s.any():
+        return
+    zero = np.zeros(len(c))
+    acc["draft.host"] = Op("host", zero, zero, zero)
+    secs["draft.host"], family["draft.host"], flags["draft.host"] = host_s, None, None
+
+
 def predict_columns(
     model: ModelSpec, c: Columns, predictor: RooflinePredictor, drafter: DrafterSpec | None = None
 ) -> StepPrediction:
@@ -264,6 +280,7 @@ def predict_columns(
         secs[k] = (t * np.ones(len(cu)))[inverse]
         flags[k] = None if f is None else np.broadcast_to(f, (len(cu),))[inverse]
         acc[k] = _gather(op, inverse, len(cu))
+    _add_draft_host(acc, secs, family, flags, c, predictor.gpu.name)
     outside = _flags(predictor, len(c)) | _flags(draft_pred, len(cu))[inverse]
     draft_s = sum((v for k, v in secs.items() if k.startswith("draft.")), np.zeros(len(c)))
     verify_s = sum((v for k, v in secs.items() if k.startswith("verify.")), np.zeros(len(c)))

@@ -342,6 +342,21 @@ def tree_expected_tokens(parents, acceptance: float, num_ranks: int = 4) -> floa
     return expected_tokens_tree(list(parents), TreeAcceptance.from_alpha(acceptance, num_ranks))
 
 
+def fit_acceptance(parents, mean_accepted: float) -> float:
+    """The per-draft alpha whose expected accepted drafts per round (``tree_expected_tokens``)
+    equal ``mean_accepted`` (bisection; clamped to [0, 1])."""
+    if not parents:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if tree_expected_tokens(parents, mid) - 1 < mean_accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def tree_depth(parents) -> int:
     return max(node_depths_ranks(list(parents))[0], default=0)
 

@@ -8,26 +8,10 @@ from __future__ import annotations
 import dataclasses
 
 from ssvkit.perfmodel.numbers import figure
+from ssvkit.perfmodel.strategy import fit_acceptance  # noqa: F401  (the campaigns import it here)
 
 # The step model's verify ops that the engine runs in its ``accept`` step, not in ``verify``.
 ACCEPT_STEP_OPS = ("verify.sampling", "verify.accept")
-
-
-def fit_acceptance(parents, mean_accepted: float) -> float:
-    """The per-draft alpha whose expected accepted drafts per round (perfmodel's tree model)
-    equal ``mean_accepted`` (bisection; clamped to [0, 1])."""
-    from ssvkit.perfmodel.strategy import tree_expected_tokens
-
-    if not parents:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if tree_expected_tokens(parents, mid) - 1 < mean_accepted:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 def verify_forward_s(pred) -> float:

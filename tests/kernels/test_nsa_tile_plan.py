@@ -24,11 +24,16 @@ from ssvkit.kernels.nsa_verify import (
 )
 from ssvkit.kernels.timing import poisoned_allocations
 
-# (prefix_lens, t, dtype)
-SHAPES = [
-    ([61, 38], 17, torch.float32),
-    ([45], 20, torch.float16),
-    ([70], 33, torch.float32),
+# (prefix_lens, t, dtype, rows_per_tile): every row schedule at t = 20, and at 17 and 33 rows
+# (one and two packed tiles) the packed and the grouped schedules; one draft row a tile runs
+# the same kernel path at every t.
+CASES = [
+    ([61, 38], 17, torch.float32, 0),
+    ([61, 38], 17, torch.float32, 4),
+    ([45], 20, torch.float16, 0),
+    ([45], 20, torch.float16, 1),
+    ([45], 20, torch.float16, 4),
+    ([70], 33, torch.float32, 0),
 ]
 
 
@@ -37,10 +42,11 @@ def _plan(args, config):
     return make_plan(args[0], args[1], args[5], config=config, **kw)
 
 
-@pytest.mark.parametrize("rows_per_tile", [0, 1, 4])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"L{s[0]}-t{s[1]}-{s[2]}".replace(" ", ""))
-def test_fit_plan_reuse_matches_reference(shape, rows_per_tile):
-    prefix_lens, t, dtype = shape
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"L{c[0]}-t{c[1]}-{c[2]}-r{c[3]}".replace(" ", "")
+)
+def test_fit_plan_reuse_matches_reference(case):
+    prefix_lens, t, dtype, rows_per_tile = case
     args, idx = make_inputs(prefix_lens, t, 4, 1, 16, dtype, tree="tree", seed=t + rows_per_tile)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
     assert torch.isfinite(ro).all()

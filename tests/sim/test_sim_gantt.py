@@ -74,12 +74,14 @@ def test_long_prr_run_draws_its_window_with_a_bounded_number_of_artists():
         "repair",
         "layer",
         "lm head",
+        "accept",
     ]
     assert [t.get_text() for t in ax.get_yticklabels()] == [
         "selector",
         "speculator",
         "repairer",
         "verifier",
+        "acceptor",
     ]
 
 

@@ -97,7 +97,9 @@ def test_simulator_replays_the_measured_acceptance(rep):
     pooled ones: scaled by the ratio, since a dense round's time does not depend on what it
     accepts): computed independently, equal to 1%. Against the pooled prediction itself an
     outlying seed 0 would differ by its acceptance alone (a seed that accepts 3.7 drafts per round
-    where the others accept 2.7-3.6 moves it by 15%)."""
+    where the others accept 2.7-3.6 moves it by 15%). A draft model's round does depend on what
+    it accepts a little: its catch-up forward runs when the kept path reaches the deepest level,
+    one draft forward in D + 1 of a round, so those runs agree to 6%."""
     camp = json.loads(record_path("campaign.json").read_text())
     seed0 = {
         (r["baseline"], r["context_len"]): r["measured"]
@@ -108,7 +110,8 @@ def test_simulator_replays_the_measured_acceptance(rep):
         trace = seed0[(r["baseline"], r["context_len"])]["rounds_trace"][1:]  # as replayed
         tpr0 = sum(a + 1 for _, _, a in trace) / len(trace)
         pred0 = r["predicted"]["tokens_per_s"] * tpr0 / r["measured"]["tokens_per_round"]
-        assert r["simulated"]["tokens_per_s"] == pytest.approx(pred0, rel=0.01), r["baseline"]
+        rel = 0.06 if r["describe"].startswith("draft_model") else 0.01
+        assert r["simulated"]["tokens_per_s"] == pytest.approx(pred0, rel=rel), r["baseline"]
 
 
 def test_report_cli_writes_the_report_and_checks_targets(rep, tmp_path, capsys, monkeypatch):

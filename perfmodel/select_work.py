@@ -1,0 +1,231 @@
+"""The work one block-selection call (``kernels.select_blocks.select_blocks``) does, counted from
+the launch plan its wrapper makes, without torch.
+
+The scoring (``kernels.select_kernels.score_range``) runs ``P`` programs per (sequence, KV head),
+each averaging its KV head's ``G`` queries once and then walking ``TILES`` tiles of ``BLOCK_NB``
+blocks **one after another** (3 pipeline stages): ``T_PAD = max(16, pow2(t))`` query rows,
+``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, ``TILES`` the most up to 16 that still leave two
+programs per SM (``_score_tiles``), 2 warps up to ``T_PAD`` 16 and 8 above. A tile is an fp32
+``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind (mean: one, quest: two), three tf32
+MMA passes each. The pick (``kernels.top_blocks``' threshold pick, the rows of every shape the
+sweep times) runs one program per score row, ``R = B Hkv t``, reading the row's ``NB`` scores
+as one register tile of ``CHUNK + TAIL`` blocks; its warps are 4 up to a row per SM, 2 up to
+eight, then 1 (``threshold_warps``). Two launches by default; one (``fused``) runs the score
+programs and the pick programs on tickets of one grid.
+
+``SelectWork`` counts:
+
+- ``requested_bytes``: the metadata (fp32, ``kinds`` tensors), the queries each score program
+  averages, the score rows written and read back by the pick, the picked ids;
+- ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
+- ``chain_tiles``: score tiles one SM slot walks in series (the grid's waves over its resident
+  programs times a program's tiles), in units of a ``[16, 32, 128]`` single-kind tile's
+  MMA work per warp (a tile's issue time grows with its rows, blocks, head dim and kinds over
+  the warps that share it);
+- ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over the
+  SMs' resident rows times a row's register tile over its warps);
+- ``pick_rows``: score rows picked (``R``);
+- ``launches``: 2, or 1 fused.
+
+The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.features``) timed the earlier
+kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SCORE_TILE = 1024  # kernels.select_blocks._SCORE_TILE: T_PAD x BLOCK_NB
+MAX_TILES = 16  # score tiles a program walks at most (_score_tiles)
+NUM_STAGES = 3  # score_range's pipelined loop
+TF32_PASSES = 3  # tf32x3: fp32-accurate dots
+F32 = 4
+I32 = 4
+I64 = 8
+ELEM_BYTES = 2  # bf16 queries
+MAX_WARPS_PER_SM = 64  # Hopper / Ampere
+MAX_PROGRAMS_PER_SM = 32
+# kernels.top_blocks: rows in registers up to one chunk plus a tail; threshold pick groups.
+TOPK_CHUNK = 4096
+MIN_GROUPS = 64
+GROUPS_PER_PICK = 2
+CANDIDATES_PER_PICK = 2
+# The chain's unit: one [16, 32, 128] single-kind tile's MMA work shared by 2 warps.
+UNIT_TILE_WORK = 16 * 16 * 32 * 128
+
+
+@dataclass(frozen=True, slots=True)
+class SelectShape:
+    """What a block-selection call's work depends on."""
+
+    batch: int
+    t: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    context_len: int
+    top_n: int
+    block_size: int = 64
+    kinds: int = 1  # metadata tensors a tile reads: mean 1, quest 2
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_q_heads {self.num_q_heads} must be a multiple of "
+                f"num_kv_heads {self.num_kv_heads}"
+            )
+        if self.kinds not in (1, 2):
+            raise ValueError(f"kinds must be 1 (mean) or 2 (quest), got {self.kinds}")
+
+    @property
+    def num_blocks(self) -> int:
+        """``NB_max``: blocks of the scored cache, context plus draft rows."""
+        return math.ceil((self.context_len + self.t) / self.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class SelectWork:
+    """What one block-selection call executes (module docstring); counts as floats."""
+
+    requested_bytes: float
+    flops: float
+    chain_tiles: float
+    pick_chain: float
+    pick_rows: float
+    launches: float
+
+
+def pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def score_tile(t: int) -> tuple[int, int, int]:
+    """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows."""
+    t_pad = max(16, pow2(t))
+    return t_pad, min(32, SCORE_TILE // t_pad), 2 if t_pad <= 16 else 8
+
+
+def score_tiles(num_tiles: int, num_sms: int) -> int:
+    """Tiles a score program walks (``kernels.select_blocks._score_tiles``)."""
+    tiles = MAX_TILES
+    while tiles > 1 and math.ceil(num_tiles / tiles) < 2 * num_sms:
+        tiles //= 2
+    return tiles
+
+
+def resident_score_programs(
+    block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int
+) -> int:
+    """Score programs one SM holds: each buffers ``NUM_STAGES`` metadata tiles per kind in
+    shared memory, within the SM's warps and programs."""
+    per_program = NUM_STAGES * block_nb * head_dim * F32 * kinds
+    by_smem = max(1, smem_per_sm_bytes // per_program)
+    return int(min(by_smem, MAX_WARPS_PER_SM // warps, MAX_PROGRAMS_PER_SM))
+
+
+def row_layout(nb_max: int) -> tuple[int, int, int]:
+    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a score row (``kernels.top_blocks._row_layout``)."""
+    nb_max = max(nb_max, 1)
+    chunk = min(1 << (nb_max.bit_length() - 1), TOPK_CHUNK)
+    rest = nb_max - chunk
+    if rest == 0:
+        return chunk, 0, 1
+    if rest <= chunk:
+        return chunk, min(chunk, max(16, pow2(rest))), 1
+    return TOPK_CHUNK, 0, math.ceil(nb_max / TOPK_CHUNK)
+
+
+def pick_row_elems(nb_max: int, top_n: int) -> int:
+    """Score elements of one row's register tile in the threshold pick: the chunk and the tail
+    rounded to whole group rows (``threshold_meta``'s ``TAIL_ROWS``); the row itself where the
+    rounds kernel serves it (a longer row, or top_n above the threshold pick's)."""
+    chunk, tail, num_chunks = row_layout(nb_max)
+    top_n_pad = max(16, pow2(top_n))
+    if num_chunks != 1:
+        return num_chunks * chunk
+    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
+    tail_rows = max(2, tail // groups) if tail else 0
+    return chunk + tail_rows * groups
+
+
+def pick_warps(rows: int, chunk: int, num_sms: int) -> int:
+    """Warps of one row's pick (``kernels.top_blocks.threshold_warps``)."""
+    if rows <= num_sms:
+        return 4 if chunk <= 2048 else 8
+    return 2 if rows <= 8 * num_sms else 1
+
+
+def select_call_work(
+    s: SelectShape,
+    *,
+    fused: bool,
+    num_sms: int,
+    smem_per_sm_bytes: int,
+) -> SelectWork:
+    """The work of one ``select_blocks`` call (``fused``: one launch) on ``num_sms`` SMs."""
+    nb = s.num_blocks
+    pairs = s.batch * s.num_kv_heads
+    group = s.num_q_heads // s.num_kv_heads
+    t_pad, block_nb, warps = score_tile(s.t)
+    nb_tiles = math.ceil(nb / block_nb)
+    tiles = score_tiles(nb_tiles * pairs, num_sms)
+    programs = math.ceil(nb / (block_nb * tiles)) * pairs
+    resident = resident_score_programs(block_nb, s.head_dim, s.kinds, warps, smem_per_sm_bytes)
+    waves = math.ceil(programs / (num_sms * resident))
+    tile_work = t_pad * t_pad * block_nb * s.head_dim * s.kinds / UNIT_TILE_WORK
+    rows = pairs * s.t
+    scores = rows * nb * F32
+    meta = pairs * nb * s.head_dim * F32 * s.kinds
+    queries = programs * s.t * group * s.head_dim * ELEM_BYTES
+    picked = rows * s.top_n * I32
+    nbytes = meta + queries + scores + picked
+    elems = pick_row_elems(nb, s.top_n)
+    pw = pick_warps(rows, row_layout(nb)[0], num_sms)
+    per_sm = min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
+    if fused:
+        # One kernel: every program reserves the scoring's shared memory and the more warps
+        # of the two steps.
+        pw = max(pw, warps)
+        per_sm = resident_score_programs(block_nb, s.head_dim, s.kinds, pw, smem_per_sm_bytes)
+    pick_chain = math.ceil(rows / (num_sms * per_sm)) * elems / pw
+    nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
+    flops = TF32_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
+    return SelectWork(
+        requested_bytes=float(nbytes),
+        flops=float(flops),
+        chain_tiles=float(waves * tiles * tile_work),
+        pick_chain=float(pick_chain),
+        pick_rows=float(rows),
+        launches=1.0 if fused else 2.0,
+    )
+
+
+WORK_FIELDS = SelectWork.__slots__
+
+
+def select_work_arrays(
+    shape: dict, *, fused: bool, num_sms: int, smem_per_sm_bytes: int
+) -> dict[str, np.ndarray]:
+    """``select_call_work`` at every point of ``shape`` (``SelectShape`` field names to arrays
+    or scalars that broadcast), one array per ``SelectWork`` field, evaluated once per distinct
+    point; a point of no rows, heads or picks counts nothing."""
+    names = list(shape)
+    args = np.broadcast_arrays(*(np.asarray(shape[n], dtype=float) for n in names))
+    flat = np.stack([a.ravel() for a in args], axis=1)
+    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
+    out = np.zeros((len(distinct), len(WORK_FIELDS)))
+    for i, point in enumerate(distinct):
+        kw = {n: int(round(v)) for n, v in zip(names, point, strict=True)}
+        if min(kw["batch"], kw["t"], kw["num_q_heads"], kw["num_kv_heads"], kw["top_n"]) < 1:
+            continue
+        w = select_call_work(
+            SelectShape(**kw), fused=fused, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes
+        )
+        out[i] = [getattr(w, f) for f in WORK_FIELDS]
+    return {f: out[inverse.ravel(), j].reshape(args[0].shape) for j, f in enumerate(WORK_FIELDS)}

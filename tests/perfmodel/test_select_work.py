@@ -1,0 +1,112 @@
+"""ssvkit.perfmodel.select_work: block selection's work counts follow the launch plan the
+kernels' wrapper makes (its tile, tiles-per-program, row-layout and warp choices mirrored
+without torch), hand-computed at Llama-3.1-8B's heads on 132 SMs, and the step model's
+selection op carries them."""
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from ssvkit.kernels import select_blocks as sb
+from ssvkit.kernels import top_blocks as tb
+from ssvkit.perfmodel import select_work as sw
+
+SMEM = 228 * 1024
+
+
+def shape(**kw):
+    base = dict(
+        batch=16, t=16, num_q_heads=32, num_kv_heads=8, head_dim=128, context_len=131072, top_n=16
+    )
+    return sw.SelectShape(**{**base, **kw})
+
+
+@pytest.mark.parametrize("num_tiles", [1, 100, 263, 264, 527, 528, 4223, 4224, 10**6])
+def test_score_tiles_mirror_the_wrapper(num_tiles):
+    with mock.patch.object(sb, "num_sms", return_value=132):
+        assert sw.score_tiles(num_tiles, 132) == sb._score_tiles(num_tiles, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("nb", [1, 16, 129, 1025, 2048, 2049, 4096, 4200, 9000])
+@pytest.mark.parametrize("top_n", [16, 64, 300])
+def test_pick_layout_mirrors_top_blocks(nb, top_n):
+    assert sw.row_layout(nb) == tb._row_layout(nb)
+    meta = tb.threshold_meta(nb, top_n)
+    chunk, tail, _ = tb._row_layout(nb)
+    if meta is not None:
+        rows = meta["TAIL_ROWS"] if meta["TAIL"] else 0
+        assert sw.pick_row_elems(nb, top_n) == meta["CHUNK"] + rows * meta["GROUPS"]
+    for rows in (1, 132, 133, 1056, 1057):
+        with mock.patch.object(tb, "num_sms", return_value=132):
+            assert sw.pick_warps(rows, chunk, 132) == tb.threshold_warps(
+                rows, chunk, torch.device("cpu")
+            )
+
+
+def test_score_tile_mirrors_the_wrapper():
+    for t in (1, 16, 17, 32, 33, 64):
+        t_pad, block_nb, warps = sw.score_tile(t)
+        assert t_pad == max(16, 1 << (t - 1).bit_length())
+        assert block_nb == min(32, sb._SCORE_TILE // t_pad)
+        assert warps == (2 if t_pad <= 16 else 8)
+
+
+def test_two_launch_counts_hand_computed():
+    # 16 x 8 pairs, NB = ceil(131088 / 64) = 2049 blocks, 65 tiles of 32 a pair: 8320 tiles,
+    # 16 a program (520 programs >= 264), 5 programs a pair = 640; mean tiles of 3 x 32 x 128 x
+    # 4 B = 48 KiB -> 4 per SM, 528 slots, 2 waves x 16 tiles x a unit tile.
+    w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    assert w.chain_tiles == 2 * 16 * 1.0
+    # 2048 rows > 8 x 132: one warp a row, 32 rows an SM, 1 wave; 2048 + 2 x 64 elements.
+    assert w.pick_rows == 2048
+    assert w.pick_chain == 1 * (2048 + 2 * 64)
+    assert w.launches == 2
+    scores = 2048 * 2049 * 4
+    meta = 128 * 2049 * 128 * 4
+    queries = 640 * 16 * 4 * 128 * 2
+    assert w.requested_bytes == meta + queries + 2 * scores + 2048 * 16 * 4 + 2048 * 32 * 8
+    assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
+
+
+def test_counts_follow_the_plan():
+    two = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    # Quest reads two tensors a tile: twice the tile's work, half the resident programs.
+    quest = sw.select_call_work(shape(kinds=2), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    # 640 programs over 264 slots: 3 waves (2 at mean) of 16 tiles of twice the work.
+    assert two.chain_tiles == 2 * 16 and quest.chain_tiles == 3 * 16 * 2.0
+    # One launch: the pick programs hold the scoring's shared memory, 4 an SM, so 4 waves.
+    one = sw.select_call_work(shape(), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
+    assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 2
+    # 32 draft rows pad to a 32-row tile: a tile's work grows as T_PAD^2.
+    t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    assert t32.chain_tiles == 2 * 16 * 4.0
+
+
+def test_arrays_match_scalar_calls_and_count_nothing_off():
+    out = sw.select_work_arrays(
+        {
+            "batch": np.array([16, 0]),
+            "t": 16,
+            "num_q_heads": 32,
+            "num_kv_heads": 8,
+            "head_dim": 128,
+            "context_len": 131072,
+            "top_n": 16,
+            "block_size": 64,
+            "kinds": 1,
+        },
+        fused=False,
+        num_sms=132,
+        smem_per_sm_bytes=SMEM,
+    )
+    w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    assert out["chain_tiles"][0] == w.chain_tiles and out["pick_chain"][0] == w.pick_chain
+    assert out["requested_bytes"][1] == 0
+
+
+def test_bad_shape_is_refused():
+    with pytest.raises(ValueError, match="kinds"):
+        shape(kinds=3)
+    with pytest.raises(ValueError, match="num_q_heads"):
+        shape(num_q_heads=12, num_kv_heads=8)
