@@ -10,17 +10,26 @@ kernel's padded row tiles' (``dense_tiles``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.calibration.ceilings import DEVICE_NAMES
 from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
 from ssvkit.perfmodel.attention_work import dense_verify_tiles
-from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_plan import chain_tiles
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
-from ssvkit.perfmodel.sparse_work import SparseShape, SparseWork, sparse_call_work
+from ssvkit.perfmodel.sparse_work import (
+    SparseShape,
+    SparseWork,
+    grid_regime,
+    kernel_mode,
+    num_lists,
+    sparse_call_work,
+)
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 DEDUP_OPS = ("sparse_verify",)
@@ -177,6 +186,37 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
     )
 
 
+def sparse_mode(row: dict) -> str:
+    """The kernel path a sparse verification row timed (``perfmodel.sparse_work.kernel_mode``:
+    a group of one query runs the ``per_query`` launch)."""
+    p = row["params"]
+    return kernel_mode(p["mode"], p["group_size"], p["num_query_tokens"])
+
+
+def sparse_regime(row: dict) -> str:
+    """The grid regime of a sparse verification row (``perfmodel.sparse_work.grid_regime``: its
+    group lists against the SMs of the GPU that timed it, ``row_num_sms``)."""
+    p = row["params"]
+    t = p["num_query_tokens"]
+    c = 1 if sparse_mode(row) == "per_query" else min(p["group_size"], t)
+    lists = num_lists(p["batch"], p["num_kv_heads"], t, c)
+    return str(grid_regime(lists, row_num_sms(row)))
+
+
+def row_num_sms(row: dict) -> int:
+    """SMs of the registry GPU whose device timed ``row``; the H100/H200's 132 for a device
+    the registry does not name (``_sm_resources``)."""
+    return _device_sms(row.get("device_name", ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _device_sms(device_name: str) -> int:
+    for gpu, names in DEVICE_NAMES.items():
+        if device_name in names:
+            return get_gpu(gpu, measured=False).num_sms
+    return _sm_resources(None)["num_sms"]
+
+
 def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     """``perfmodel.sparse_work`` of the call a sparse verification row timed, with its
     measured selections (a union group's mean list, ``f_load``; a (sequence, KV head)'s
@@ -184,11 +224,12 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None)."""
     p = row["params"]
     b, t, hkv, top_n = p["batch"], p["num_query_tokens"], p["num_kv_heads"], p["top_n"]
-    c = 1 if p["mode"] == "per_query" else min(p["group_size"], t)
+    mode = sparse_mode(row)
+    c = 1 if mode == "per_query" else min(p["group_size"], t)
     groups = -(-t // c)
     per_query = b * hkv * t * top_n
     row_blocks = {"per_query": per_query, "union": p["f_load"] * per_query}.get(
-        p["mode"], b * hkv * groups * top_n
+        mode, b * hkv * groups * top_n
     )
     block_bytes = 2 * p["block_size"] * p["head_dim"] * 2
     fixed = row["unique_bytes"] - row_blocks * block_bytes  # tail, queries, outputs, ids
@@ -199,12 +240,12 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
         num_kv_heads=hkv,
         head_dim=p["head_dim"],
         context_len=p["context_len"],
-        mode=p["mode"],
+        mode=mode,
         group_size=p["group_size"],
         top_n=top_n,
         block_size=p["block_size"],
         overlap=p["overlap"],
-        list_blocks=p["f_load"] * t * top_n / groups if p["mode"] == "union" else None,
+        list_blocks=p["f_load"] * t * top_n / groups if mode == "union" else None,
         unique_blocks=(p["global_unique_bytes"] - fixed) / block_bytes / (b * hkv),
     )
     fill = row.get("git_commit", "")[:7] in SPARSE_FILL_SPLIT_COMMITS
@@ -311,13 +352,17 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block
     selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
     sorted, a row's sort length), over the score rows of every KV head's query rows and the
-    blocks of the scored cache (context plus draft rows); none for the other ops."""
+    blocks of the scored cache (context plus draft rows); for sparse verification its waves,
+    the row-tile rows a slot finishes in series, its tiles an SM and a union plan's compares
+    (``perfmodel.sparse_work``); the launch plans' counts of NSA and selection; none for the
+    other ops."""
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
     if row["op"] == "sparse_verify":
         w = sparse_work(row, gpu)
-        return (w.waves, w.plan_compares) if row["params"]["mode"] == "union" else (w.waves,)
+        stages = (w.waves, w.row_waves, w.sm_tiles)
+        return (*stages, w.plan_compares) if sparse_mode(row) == "union" else stages
     if row["op"] != "select_blocks":
         return ()
     if is_select_plan(row):

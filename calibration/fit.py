@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.features import class_data, is_select_plan
+from ssvkit.calibration.features import class_data, is_select_plan, sparse_mode, sparse_regime
 from ssvkit.calibration.fit_class import fit_class
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
@@ -35,7 +35,6 @@ from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 from ssvkit.perfmodel.profiles import PROFILE_VERSION
 from ssvkit.perfmodel.rows import canonical
-from ssvkit.perfmodel.sparse_work import batch_regime
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -56,14 +55,13 @@ def op_class(row: dict) -> str:
 def _op_class(row: dict) -> str:
     p, op = row["params"], row["op"]
     if op == "sparse_verify":
-        # One class per mode (its kernels: a union plan or none, member masks or none) and
-        # batch regime; group size, geometry, draft width, top-n and context are points of its
-        # launch plan's work (``perfmodel.sparse_work``). A batch-1 call's grid is below a
-        # wave, split and merged, and its blocks (25-140 MB) about fit the 50-60 MB L2; larger
-        # batches stream from HBM in full waves, where repeated reads of one block by
-        # different groups land far apart in time (one efficiency and L2 share cannot serve
-        # both: one class per mode misses the H100's held-out p90 and ratio targets).
-        return f"{op}/{p['mode']}/{batch_regime(p['batch'])}"
+        # One class per kernel path (``sparse_mode``: a union plan or none, member masks or
+        # none; a group of one query runs the per_query launch) and grid regime
+        # (``sparse_regime``: fewer group lists than SMs, split and merged over blocks that
+        # about fit L2, or whole lists streamed from HBM in waves; one efficiency and L2 share
+        # cannot serve both); group size, geometry, draft width, top-n, batch and context are
+        # points of its launch plan's work (``perfmodel.sparse_work``).
+        return f"{op}/{sparse_mode(row)}/{sparse_regime(row)}"
     if op == "repair":
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":

@@ -14,7 +14,8 @@ latency t_s of a merge step (the serial walk over split partials), for NSA and d
 verification t_r of a row-tile row (``perfmodel.nsa_plan``, ``perfmodel.attention_work``), and
 for block selection the rates t_x of its top-n stage's counts (``perfmodel.torch_plan``). Dense
 verification's FLOPs are its kernel's padded row tiles' (``features``).
-Deterministic (no random starts).
+Deterministic (no random starts; sparse verification starts from a few byte efficiencies and
+L2 ratios and keeps the lowest loss).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.hardware import GpuSpec
 
 L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio r (``fit_class``)
+BYTES_EFF_STARTS = (0.7, 0.4, 1.0)  # starts of sparse verification's byte efficiencies
 
 
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
@@ -99,7 +101,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         )
         return np.log(t) - np.log(d.seconds)
 
-    x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k
+    x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [0.6] * k
     lo = [0.0] + [0.01] * k + [0.01] * k
     hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
     if has_h:
@@ -124,6 +126,13 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     # r's bound has no gradient where it does not bind, so the fit would keep any start that
     # never binds: start it at a few ratios and keep the lowest loss on the fit rows.
     starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if has_l2 else [x0]
+    if name.startswith("sparse_verify"):
+        # Three bounds compete for a sparse verification call (HBM bytes, the L2-to-SM path,
+        # the K/V chain) and the start's byte efficiency decides which one the fit lets bind
+        # on which rows: start it at a few efficiencies too.
+        starts += [
+            [x[0], *[e] * k, *x[1 + k :]] for x in list(starts) for e in BYTES_EFF_STARTS[1:]
+        ]
     sols = [
         least_squares(
             resid, x, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000

@@ -10,7 +10,8 @@ fit never saw, computed from the committed rows (``ssvkit validate --sets ...``)
 A leave-one-out set refits, for each value of its parameter, every class that has rows with
 that value on the class's other rows (``calibration.fit.fit_profile``, held-out rule included,
 the profile's own fit) and predicts the left-out rows. A sparse verification row's group size is
-its ``group_size`` (``per_query`` rows have none); its class (per mode and batch regime) prices
+its ``group_size`` (rows of the ``per_query`` launch have none: ``per_query`` rows and groups
+of one query, ``features.sparse_mode``); its class (per kernel path and grid regime) prices
 every group size from its launch plan's work, and a class named by a group size that no fit
 has is predicted from the nearest measured size's (``predicting_class``). Rows that no fit
 can predict (a class measured at one value only, a class the other GPU's rows do not fit) are
@@ -27,6 +28,7 @@ from collections import Counter
 import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row
+from ssvkit.calibration.features import sparse_mode
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.class_fit import ClassFit
@@ -57,7 +59,7 @@ def left_out_value(name: str, row: dict):
         return None if all(x is None for x in geometry) else geometry
     if name == "group":
         if row["op"] == "sparse_verify":
-            return None if p["mode"] == "per_query" else p["group_size"]
+            return None if sparse_mode(row) == "per_query" else p["group_size"]
         m = _GROUP.search(op_class(row))
         return int(m.group(1)) if m else None
     if name == "context":
@@ -92,7 +94,7 @@ def fit_classes(rows: list[dict], gpu: str, ceiling: dict) -> dict[str, ClassFit
 def predicting_class(name: str, classes: dict) -> str | None:
     """The class whose fit predicts rows of class ``name``: itself when fitted, else for a
     group-size class the fitted class of the nearest group size (the smaller on a tie) of the
-    same mode and batch regime; None when there is none."""
+    same mode and regime; None when there is none."""
     if name in classes:
         return name
     m = _GROUP.search(name)

@@ -21,7 +21,7 @@ kernels (no union plan, no member bits) and is priced as its own class,
 class, the label says ``stand-in`` (``perfmodel.calibrated.STAND_INS``).
 
 Block-metadata selection (``mean``/``quest``) verifies with ``kernels.sparse_verify`` in the
-strategy's grouping mode: one call a layer, priced by the ``sparse_verify/<mode>/<batch regime>``
+strategy's grouping mode: one call a layer, priced by the ``sparse_verify/<mode>/<grid regime>``
 class on the work of its launch plan (``perfmodel.sparse_work``).
 """
 
@@ -52,7 +52,13 @@ from ssvkit.perfmodel.ops import (
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.select_work import select_work_arrays
 from ssvkit.perfmodel.sparse import blocks_loaded_per_layer, union_blocks
-from ssvkit.perfmodel.sparse_work import BATCH_REGIMES, batch_regime, sparse_work_arrays
+from ssvkit.perfmodel.sparse_work import (
+    GRID_REGIMES,
+    grid_regime,
+    kernel_mode,
+    num_lists,
+    sparse_work_arrays,
+)
 from ssvkit.perfmodel.torch_plan import topn_counts
 
 
@@ -277,7 +283,7 @@ def _attention_ops(
 SPARSE_VERIFY_OPS = {
     (mode, regime): f"sparse_verify_{mode}_{regime}"
     for mode in MODE_CODES
-    for regime in BATCH_REGIMES
+    for regime in GRID_REGIMES
 }
 
 
@@ -287,22 +293,27 @@ def _sparse_verify_ops(
     """Block-metadata selection's attention (``mean``/``quest``): one ``kernels.sparse_verify``
     call a layer in the strategy's grouping mode over each row's ``top_n`` scored blocks and its
     local window's ``window // block_size + 1`` (``engine.attention.select_exact``; no
-    compressed branch), one op per mode and batch regime (``SPARSE_VERIFY_OPS``), priced
-    by its class ``sparse_verify/<mode>/<batch regime>`` on the work of its launch plan on
+    compressed branch), one op per kernel path (``sparse_work.kernel_mode``: groups of one
+    query run the ``per_query`` launch) and grid regime (``SPARSE_VERIFY_OPS``,
+    ``sparse_work.grid_regime``: the call's group lists against the SMs), priced by its class
+    ``sparse_verify/<mode>/<grid regime>`` on the work of its launch plan on
     ``num_sms`` SMs (``perfmodel.sparse_work``, the counts the class is fitted on). The group
     plan of a union is built once per refresh and shared by the reuse layers: its compares
     count in refresh layers only (its launch stays in the class's fixed cost)."""
     on_meta = c.sparse * (1 - nsa)
-    regime = batch_regime(c.batch)
+    t = np.ceil(c.rows)
+    path = kernel_mode(c.mode, c.group_size, t)
+    packed = np.where(path == MODE_CODES["per_query"], 1, np.minimum(c.group_size, t))
+    regime = grid_regime(num_lists(c.batch, hkv, t, np.maximum(packed, 1)), num_sms)
     for (mode, reg), name in SPARSE_VERIFY_OPS.items():
-        on = on_meta * (c.mode == MODE_CODES[mode]) * (regime == reg)
+        on = on_meta * (path == MODE_CODES[mode]) * (regime == reg)
         if not np.any(on):
             continue
         live = on > 0
         w = sparse_work_arrays(
             dict(
                 batch=np.where(live, c.batch, 0),
-                t=np.ceil(c.rows),
+                t=t,
                 num_q_heads=hq,
                 num_kv_heads=hkv,
                 head_dim=model.head_dim,
@@ -316,7 +327,7 @@ def _sparse_verify_ops(
             mode,
             num_sms=num_sms,
         )
-        stages = (w["waves"],)
+        stages = (w["waves"], w["row_waves"], w["sm_tiles"])
         if mode == "union":
             stages += (w["plan_compares"] * c.refresh_frac,)
         op = Op(

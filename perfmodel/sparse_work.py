@@ -21,14 +21,25 @@ each group's list, deduplicated), the attention kernel over ``B x Hkv x groups x
 - ``row_cost``: the row tile's ``M_PAD`` in ``mma.sync`` rows (``wgmma`` rows count half);
 - ``waves``: waves of programs over the SMs' resident slots (each pays a prologue: query tile,
   list base; and an epilogue: the output write);
+- ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x
+  row_cost``, twice that when split: a program's epilogue writes its row tile after its last
+  K/V tile, unoverlapped (bf16 outputs, or fp32 partials -- twice the bytes -- for the merge);
+- ``sm_tiles``: the call's K/V tiles over the SMs: each tile costs its SM issue slots (its
+  block id's load and addresses, the MMAs and softmax of the row tile, the pipeline's wait),
+  which the SM's resident programs share, so they add up per SM whatever the residency (the
+  committed H100 rows: calls at D = 64, four programs an SM, walk their tiles no faster an SM
+  than calls at D = 128, two an SM);
 - ``plan_compares``: block-id compares of the union plan's busiest SM slot
   (``attention_work.union_plan_compares``).
 
 A group's list is the mean union of its rows' blocks (given, or the selection model's
-``perfmodel.sparse.union_blocks``); ``shared`` and ``per_query`` lists hold ``top_n`` blocks. A
-row's ``local_blocks`` (the engine's local window, appended to its scored picks) are the same
-blocks for every row of a sequence: a union or the distinct blocks count them once. It
-ignores the spread of union sizes across groups and a group's last, smaller union.
+``perfmodel.sparse.union_blocks``); ``shared`` and ``per_query`` lists hold ``top_n`` blocks,
+and a ``shared`` call reads only its representatives' lists (rows ``C`` apart, which share
+``overlap^C`` of their blocks). A row's ``local_blocks`` (the engine's local window, appended to
+its scored picks) are the same blocks for every row of a sequence: a union or the distinct
+blocks count them once. A group of one query runs the ``per_query`` launch whatever the mode
+(``kernel_mode``). It ignores the spread of union sizes across groups and a group's last,
+smaller union.
 """
 
 from __future__ import annotations
@@ -134,6 +145,8 @@ class SparseWork:
     row_cost: float
     waves: float
     plan_compares: float
+    row_waves: float
+    sm_tiles: float
 
 
 def launch_plan(
@@ -168,11 +181,19 @@ def list_blocks(s: SparseShape) -> float:
 
 
 def unique_blocks(s: SparseShape) -> float:
-    """Distinct blocks of one (sequence, KV head): the union of all ``t`` rows' selections."""
+    """Distinct blocks one (sequence, KV head) reads: the union of all ``t`` rows' selections
+    (``per_query``, ``union``); for ``shared`` the union of the groups' representatives' lists
+    only, rows ``C`` apart, which share ``overlap^C`` of their blocks (each row keeps
+    ``overlap`` of its neighbour's), at most the rows' measured union."""
+    num_blocks = math.ceil(s.context_len / s.block_size)
+    n = min(s.top_n, num_blocks)
+    if s.mode == "shared":
+        scored = union_blocks(n, s.num_groups, s.overlap**s.c, num_blocks)
+        reps = float(min(scored + s.local_blocks, num_blocks))
+        return reps if s.unique_blocks is None else min(reps, float(s.unique_blocks))
     if s.unique_blocks is not None:
         return float(s.unique_blocks)
-    num_blocks = math.ceil(s.context_len / s.block_size)
-    scored = union_blocks(min(s.top_n, num_blocks), s.t, s.overlap, num_blocks)
+    scored = union_blocks(n, s.t, s.overlap, num_blocks)
     return float(min(scored + s.local_blocks, num_blocks))
 
 
@@ -209,6 +230,7 @@ def sparse_call_work(
         io += 2 * rows_q * splits * (s.head_dim + 1) * F32
     tail = lists * s.t * token_row
     requested = lists * n_list * block_row + tail + io
+    waves = cdiv(plan.programs, slots)
     # The tail counts once per group: each group's last split reads it after its list, apart
     # from the other groups' reads of it.
     unique = heads * min(unique_blocks(s), n_list * s.num_groups) * block_row + tail + io
@@ -219,18 +241,41 @@ def sparse_call_work(
         chain_tiles=float(max(busiest, total_tiles / slots)),
         merge_steps=float(splits if splits > 1 else 0),
         row_cost=row_cost(plan.m_pad),
-        waves=float(cdiv(plan.programs, slots)),
+        waves=float(waves),
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms),
+        row_waves=float(waves * row_cost(plan.m_pad) * (2 if splits > 1 else 1)),
+        sm_tiles=float(total_tiles / num_sms),
     )
 
 
-BATCH_REGIMES = ("b1", "bN")
+# A grid of fewer group lists than SMs leaves SMs without a whole list: the plan splits the lists
+# and each SM walks part of one, a latency-bound chain and a merge, over blocks that about fit
+# L2; with a list or more an SM the call streams whole lists from HBM in waves, where repeated
+# reads of a block by different groups land far apart in time.
+GRID_REGIMES = ("few_lists", "many_lists")
 
 
-def batch_regime(batch) -> np.ndarray:
-    """The batch regime of a call, which names its class beside the mode (``b1``: one
-    sequence, a grid below one wave whose blocks about fit L2; ``bN``: more), per point."""
-    return np.where(np.asarray(batch) == 1, "b1", "bN")
+def kernel_mode(mode, group_size, t):
+    """The kernel path a call runs, per point: ``per_query`` where its groups hold one query
+    (``min(group_size, t) == 1``: a ``union`` or ``shared`` group of one launches no plan and
+    no member masks and streams each row's own list, the ``per_query`` launch), else ``mode``.
+    ``mode`` is a name, or an array of ``columns.MODE_CODES`` (0 is ``per_query``)."""
+    one = np.minimum(group_size, t) <= 1
+    if isinstance(mode, str):
+        return "per_query" if bool(one) else mode
+    return np.where(one, 0, mode)
+
+
+def num_lists(batch, num_kv_heads, t, c):
+    """Group lists of a call, per point: ``batch x Hkv x ceil(t / C)`` (``C``: the queries a
+    program packs, 1 for the ``per_query`` launch)."""
+    return np.asarray(batch) * np.asarray(num_kv_heads) * np.ceil(np.asarray(t) / np.asarray(c))
+
+
+def grid_regime(lists, num_sms) -> np.ndarray:
+    """The grid regime of a call, which names its class beside its kernel path
+    (``GRID_REGIMES``: ``few_lists`` below one list an SM, else ``many_lists``), per point."""
+    return np.where(np.asarray(lists) < num_sms, *GRID_REGIMES)
 
 
 WORK_FIELDS = SparseWork.__slots__

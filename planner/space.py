@@ -21,7 +21,7 @@ sets how many draft rows share a row tile and its union of blocks
 tree, budget, schedule): mode ``shared``, the packed tiles (as many rows as a tile holds, the
 fewest blocks streamed), with the first traversal; ``per_query`` NSA is seed 000's naive
 baseline, not a candidate. (The step model prices ``mean``/``quest`` verification as the
-``sparse_verify`` calls the engine launches, by the ``sparse_verify/<mode>/<batch regime>``
+``sparse_verify`` calls the engine launches, by the ``sparse_verify/<mode>/<grid regime>``
 classes on their launch plan's work, ``perfmodel.sparse_work``.)
 
 Every strategy has a stable id (a hash of its fields, independent of enumeration order) and a

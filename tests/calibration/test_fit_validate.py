@@ -51,10 +51,15 @@ def test_heldout_rule_holds_out_whole_values(rows):
     assert all(is_heldout(r) for r in rows if r["params"].get("m") == 12)
     frac = len(held) / len(rows)
     assert 0.2 < frac < 0.5
-    # one sparse verification class per mode and batch regime, every group size in it
+    # one sparse verification class per kernel path and grid regime, every group size in it;
+    # a union of one query runs the per_query launch and is fitted with it
     union = [r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union"]
-    assert {op_class(r) for r in union} == {"sparse_verify/union/b1", "sparse_verify/union/bN"}
-    assert len({r["params"]["group_size"] for r in union}) > 2
+    grouped = [r for r in union if r["params"]["group_size"] > 1]
+    regimes = {"sparse_verify/union/few_lists", "sparse_verify/union/many_lists"}
+    assert {op_class(r) for r in grouped} == regimes
+    assert len({r["params"]["group_size"] for r in grouped}) > 2
+    alone = {op_class(r) for r in union if r["params"]["group_size"] == 1}
+    assert alone == {"sparse_verify/per_query/few_lists", "sparse_verify/per_query/many_lists"}
 
 
 def test_nsa_rows_carry_their_launch_plan(rows):
@@ -156,8 +161,9 @@ def test_select_rows_carry_their_topn_stage(rows):
     """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
     batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
     128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
-    classes price every count (t_x > 0); sparse verification prices its waves (and a union's
-    plan compares); no other class has stage rates."""
+    classes price every count (t_x > 0); sparse verification prices its waves, the row tiles a
+    slot writes, its tiles an SM (and a union's plan compares); no other class has stage
+    rates."""
     sel = next(
         r
         for r in rows
@@ -173,7 +179,7 @@ def test_select_rows_carry_their_topn_stage(rows):
         if name.startswith("select_blocks/"):
             assert len(rates) == 3 and min(rates) > 0, name
         elif name.startswith("sparse_verify/"):
-            assert len(rates) == (2 if name.startswith("sparse_verify/union/") else 1), name
+            assert len(rates) == (4 if name.startswith("sparse_verify/union/") else 3), name
         else:
             assert rates == [], name
 

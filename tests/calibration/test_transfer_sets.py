@@ -138,7 +138,7 @@ def test_validate_prints_the_chosen_sets(capsys):
     assert lines[0] == "group: leave one group size out"
     assert lines[1].startswith("target median APE <= 6%, p90 APE <= 15%: ")
     # its own class refitted on the other group sizes: no other class named as the predictor
-    union = next(x for x in lines if x.startswith("sparse_verify/union/bN "))
+    union = next(x for x in lines if x.startswith("sparse_verify/union/many_lists "))
     assert union.split()[-1] in ("met", "MISSED")
     assert main(["validate", "--sets", "interp,context"]) == 0
     out = capsys.readouterr().out
@@ -163,7 +163,7 @@ def test_validate_json_carries_the_sets(capsys):
         assert s["met"] == all(c["met"] for c in s["classes"].values())
     # every H100 class the H200 rows fit is scored; the others are listed, not scored
     back = doc["transfer"]["h200->h100-sxm"]
-    assert {"gemm", "dense_verify", "sparse_verify/union/b1"} <= set(back["classes"])
+    assert {"gemm", "dense_verify", "sparse_verify/union/few_lists"} <= set(back["classes"])
     assert back["unpredicted"] and not set(back["unpredicted"]) & set(back["classes"])
 
 

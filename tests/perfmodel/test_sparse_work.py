@@ -11,9 +11,13 @@ from ssvkit.perfmodel.attention_plan import SparseVerifyConfig
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
+    grid_regime,
+    kernel_mode,
     launch_plan,
+    num_lists,
     sparse_call_work,
     sparse_work_arrays,
+    unique_blocks,
 )
 
 SMS, SMEM = 132, 228 * 1024
@@ -45,6 +49,48 @@ def test_union_work_by_hand():
     # distinct: the union of 16 rows, 16 (1 + 15 x 0.5) = 136 blocks a (sequence, KV head)
     assert w.unique_bytes == 128 * 136 * BLOCK_BYTES + tail + io
     assert w.plan_compares == 4 * 4 * 16 * 16  # one wave of 4 programs an SM slot
+    assert w.row_waves == 2 * 16  # unsplit: two waves of 16-row tiles written once
+    assert w.sm_tiles == pytest.approx(512 * 41 / 132)
+
+
+def test_split_programs_write_their_row_tiles_twice():
+    """The batch-1 call splits its lists in two: its programs write fp32 partials (twice the
+    bytes of the bf16 output) for the merge, so its row tiles count twice a wave."""
+    w = sparse_call_work(SHAPE, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    assert launch_plan(SHAPE, SMS).num_splits == 2 and w.waves == 1
+    assert w.row_waves == 2 * 16
+
+
+def test_shared_reads_only_its_representatives_lists():
+    """t = 16, C = 4, top_n 16 at overlap 0.5: the representatives are rows 0, 4, 8, 12, which
+    share 0.5^4 of their blocks: 16 (1 + 3 (1 - 0.0625)) = 61 distinct blocks, not the 136 of
+    all rows (nor the 64 blocks their four lists request); a measured union of the rows caps
+    it."""
+    s = dataclasses.replace(SHAPE, mode="shared", group_size=4, top_n=16, overlap=0.5)
+    assert unique_blocks(s) == pytest.approx(16 * (1 + 3 * (1 - 0.5**4)))
+    assert unique_blocks(dataclasses.replace(s, mode="union")) == pytest.approx(136)
+    assert unique_blocks(dataclasses.replace(s, unique_blocks=40.0)) == 40.0
+
+
+def test_a_group_of_one_runs_the_per_query_launch():
+    """``union`` or ``shared`` with C = 1 (or one draft row) launch no plan and no masks: the
+    per_query launch and work; arrays of mode codes (0 = per_query) map alike."""
+    assert kernel_mode("union", 1, 16) == "per_query" and kernel_mode("shared", 4, 1) == (
+        "per_query"
+    )
+    assert kernel_mode("union", 2, 16) == "union"
+    assert kernel_mode(np.array([1, 2, 1]), np.array([1, 4, 4]), 16).tolist() == [0, 2, 1]
+    one = dataclasses.replace(SHAPE, mode="union", group_size=1)
+    pq = sparse_call_work(SHAPE, num_sms=SMS)
+    assert sparse_call_work(dataclasses.replace(one, mode="per_query"), num_sms=SMS) == pq
+
+
+def test_grid_regime_is_lists_against_sms():
+    """Fewer group lists than SMs: ``few_lists``; a list an SM or more: ``many_lists``."""
+    lists = num_lists(np.array([1, 1, 2, 16]), 8, 16, np.array([1, 4, 8, 4]))
+    assert lists.tolist() == [128, 32, 32, 512]
+    assert grid_regime(lists, 132).tolist() == ["few_lists", "few_lists", "few_lists", "many_lists"]
+    assert grid_regime(np.array([131, 132]), 132).tolist() == ["few_lists", "many_lists"]
 
 
 def test_more_serial_tiles_at_equal_kv_bytes_is_priced_higher():
@@ -180,7 +226,7 @@ def test_metadata_strategies_are_priced_by_the_committed_sparse_verify_classes(g
     c = build_columns(model, [(s, Workload(context_len=32768, batch=b)) for b in (1, 8)])
     predictor = make_predictor(get_gpu(gpu))
     p = predict_columns(model, c, predictor)
-    for i, regime in enumerate(("b1", "bN")):
+    for i, regime in enumerate(("few_lists", "many_lists")):  # 32 and 256 group lists
         op = p.ops[f"verify.sparse_verify_union_{regime}"]
         assert op.kernel == f"sparse_verify/union/{regime}"
         seconds, family, _ = predictor.price(op)

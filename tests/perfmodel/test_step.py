@@ -84,20 +84,23 @@ def test_grouping_only_changes_selected_bytes():
     # 16 queries, C = 4, gamma = .75: 4 groups x 8 (1 + 3 * .25) blocks vs 16 x 8
     assert sel[2] / sel[0] == pytest.approx(4 * 8 * 1.75 / (16 * 8))
     assert sel[3] / sel[0] == pytest.approx(4 * 8 / (16 * 8))
-    # Block-metadata selection verifies with kernels.sparse_verify, one op per mode, none NSA.
+    # Block-metadata selection verifies with kernels.sparse_verify, one op per kernel path (a
+    # union of one query runs the per_query launch) and grid regime (32 lists: few_lists).
     assert np.asarray(p.ops["verify.sparse_attention"].calls).tolist() == [0] * 4
     per_query, union = (
-        p.ops["verify.sparse_verify_per_query_b1"],
-        p.ops["verify.sparse_verify_union_b1"],
+        p.ops["verify.sparse_verify_per_query_few_lists"],
+        p.ops["verify.sparse_verify_union_few_lists"],
     )
     assert (
-        per_query.kernel == "sparse_verify/per_query/b1"
-        and union.kernel == "sparse_verify/union/b1"
+        per_query.kernel == "sparse_verify/per_query/few_lists"
+        and union.kernel == "sparse_verify/union/few_lists"
     )
-    assert np.asarray(union.calls).tolist() == [0, TINY.num_layers, TINY.num_layers, 0]
-    assert per_query.bytes[0] == union.bytes[1]  # a union of one query is per-query work
+    layers = TINY.num_layers
+    assert np.asarray(per_query.calls).tolist() == [layers, layers, 0, 0]
+    assert np.asarray(union.calls).tolist() == [0, 0, layers, 0]
+    assert per_query.bytes[0] == per_query.bytes[1]
     # C = 4: fewer bytes, but a group's union (14 blocks) is walked by one program's slices
-    assert union.bytes[2] < union.bytes[1] and union.depth[2] > union.depth[1]
+    assert union.bytes[2] < per_query.bytes[1] and union.depth[2] > per_query.depth[1]
 
 
 def test_metadata_sparse_verify_is_priced_on_its_launch_plans_work():
@@ -121,14 +124,16 @@ def test_metadata_sparse_verify_is_priced_on_its_launch_plans_work():
         local_blocks=5,
     )
     one = sparse_call_work(shape, num_sms=GPU.num_sms)
-    op = p.ops["verify.sparse_verify_union_b1"]
+    op = p.ops["verify.sparse_verify_union_few_lists"]
     layers = TINY.num_layers
     assert op.bytes[0] == pytest.approx(layers * one.requested_bytes)
     assert op.dedup_bytes[0] == pytest.approx(layers * one.unique_bytes)
     assert op.depth[0] == pytest.approx(layers * one.chain_tiles)
     assert op.serial_steps[0] == pytest.approx(layers * one.merge_steps) and one.merge_steps > 0
-    assert op.stage_counts[1][0] == pytest.approx(layers * one.plan_compares)  # refresh every layer
-    assert p.op_seconds["verify.sparse_verify_union_b1"][0] > 0
+    assert op.stage_counts[1][0] == pytest.approx(layers * one.row_waves)
+    assert op.stage_counts[2][0] == pytest.approx(layers * one.sm_tiles)
+    assert op.stage_counts[3][0] == pytest.approx(layers * one.plan_compares)  # refresh every layer
+    assert p.op_seconds["verify.sparse_verify_union_few_lists"][0] > 0
 
 
 def test_nsa_grouping_sets_the_row_tiles_each_loading_its_union():
@@ -162,7 +167,7 @@ def test_refresh_reuse_cuts_selection_and_launches():
     )
     # Block-metadata attention runs kernels.sparse_verify whatever the fusion, its union plan
     # in refresh layers only (half of them); the NSA kernels fuse their branches.
-    meta = p.ops["verify.sparse_verify_union_b1"].launches
+    meta = p.ops["verify.sparse_verify_union_few_lists"].launches
     assert meta[1] == meta[0] - TINY.num_layers / 2 > 0
     nsa = [dataclasses.replace(s, metadata="nsa") for s in (base, reuse)]
     _, p = run(TINY, [(s, w) for s in nsa])
