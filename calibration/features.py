@@ -3,9 +3,8 @@ row of an op class: a call's requested bytes, FLOPs and deduplicated bytes (``fe
 serial chain (``depth``, t_k), the merge steps after its parallel part (``serial_steps``, t_s),
 its row tile's MMA rows (``tile_rows``, t_r) and its extra stages' counts (``stage_counts``,
 t_x); and a class's rows as arrays (``class_data``). Each count comes from the same launch plan
-the step model prices the op with (``perfmodel.nsa_plan``, ``perfmodel.repair_plan``,
-``perfmodel.torch_plan``, ``perfmodel.attention_work``). Dense verification's FLOPs are its
-kernel's padded row tiles' (``dense_tiles``).
+the step model prices the op with (``perfmodel.nsa_work``, ``perfmodel.select_work``,
+``perfmodel.dense_work``, ``perfmodel.repair_work``, ``perfmodel.torch_plan``).
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.calibration.ceilings import DEVICE_NAMES
 from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
-from ssvkit.perfmodel.attention_work import dense_verify_tiles
+from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
-from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
@@ -54,16 +53,17 @@ ROW_WALK_OPS = {"sampling": "vocab"}
 
 def repair_dedup_bytes(p: dict, requested: float) -> float:
     """Expected distinct-block bytes of a repair call whose rows each gather ``w`` distinct
-    blocks drawn uniformly from the prefix's ``N`` blocks (the kernel sweep's construction): per
-    (sequence, KV head) ``N (1 - (1 - w / N)^t)`` distinct blocks of the ``t w`` requested, so
-    ``requested`` scales by that share (the q/o/lse bytes are a small part and scale alike)."""
+    blocks drawn uniformly from the prefix's ``N`` blocks (the kernel sweep's construction,
+    ``perfmodel.repair_work.distinct_share``): ``requested`` scaled by that share (the q/o/lse
+    bytes are a small part and scale alike)."""
     n = p["context_len"] // p["block_size"]
-    w = p.get("missed_blocks") if p["mode"] == "repair" else p["top_n"]
-    t = p["num_query_tokens"]
-    if not w:
-        return requested
-    distinct = n * (1.0 - (1.0 - w / n) ** t)
-    return requested * distinct / (t * w)
+    return requested * float(distinct_share(n, repair_blocks(p), p["num_query_tokens"]))
+
+
+def repair_blocks(p: dict) -> int:
+    """Blocks each row of a repair row's call walks: its missed blocks, or every selected one
+    when it recomputes."""
+    return p["missed_blocks"] if p["mode"] == "repair" else p["top_n"]
 
 
 def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float | None]:
@@ -71,24 +71,28 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
 
     Sparse verification: its launch plan's work at the row's measured selections
     (``sparse_work``); repair rows get the expected distinct bytes of their uniform random
-    selections. Dense verification's FLOPs are those of the row tiles its kernel runs, padding
-    included (``dense_tiles``), as the step model counts them."""
+    selections. Dense verification and repair count their bytes and FLOPs (padded tiles,
+    exponentials) from their launch plans (``dense_work``, ``repair_work``), as the step model
+    does."""
     p = row["params"]
-    dedup, flops = None, float(row["flops"])
+    flops = float(row["flops"])
     if row["op"] == "sparse_verify":
         w = sparse_work(row, gpu)
         return w.requested_bytes, w.mma_flops, w.unique_bytes
     if row["op"] == "repair":
-        dedup = repair_dedup_bytes(p, float(row["unique_bytes"]))
-    elif row["op"] == "dense_verify":
-        flops *= dense_tiles(row)[0]
-    elif is_slot_plan(row):
+        w = repair_work(row, gpu)
+        nbytes = float(w.requested_bytes)
+        return nbytes, float(w.flops), repair_dedup_bytes(p, nbytes)
+    if row["op"] == "dense_verify":
+        d = dense_work(row, gpu)
+        return d.requested_bytes, d.flops, d.unique_bytes
+    if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return w.requested_bytes, flops, w.unique_bytes
-    elif is_select_plan(row):
+    if is_select_plan(row):
         w = select_work(row, gpu)
         return w.requested_bytes, w.flops, None
-    return float(row["unique_bytes"]), flops, dedup
+    return float(row["unique_bytes"]), flops, None
 
 
 def is_slot_plan(row: dict) -> bool:
@@ -103,6 +107,15 @@ def is_select_plan(row: dict) -> bool:
         row["op"] == "select_blocks"
         and row.get("git_commit", "")[:7] not in SELECT_TORCH_PICK_COMMITS
     )
+
+
+def is_plan_priced(row: dict) -> bool:
+    """Whether ``row``'s class is fitted on its kernels' launch-plan counts (the step model then
+    prices it with its op's ``slot_plan``, or sparse verification's op, which is its plan's):
+    NSA of the slot plan, block selection of the current kernels, sparse and dense
+    verification, repair."""
+    plan_ops = ("sparse_verify", "dense_verify", "repair")
+    return is_slot_plan(row) or is_select_plan(row) or row["op"] in plan_ops
 
 
 def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
@@ -257,20 +270,36 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     )
 
 
-def dense_tiles(row: dict) -> tuple[float, float]:
-    """``perfmodel.attention_work.dense_verify_tiles`` of a dense verification row: the padded
-    rows' share of its row tiles' FLOPs and the tile's cost in ``mma.sync`` rows."""
+def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:
+    """``perfmodel.dense_work`` of the call a dense verification row timed, on ``gpu``'s SMs and
+    shared memory (the H100/H200's when None)."""
     p = row["params"]
-    return dense_verify_tiles(
-        p["num_query_tokens"], p["num_q_heads"], p["num_kv_heads"], p["head_dim"]
+    heads = (p["num_q_heads"], p["num_kv_heads"], p["head_dim"])
+    return dense_call_work(
+        p["batch"], p["num_query_tokens"], p["context_len"], *heads, **_sm_resources(gpu)
+    )
+
+
+def repair_work(row: dict, gpu: GpuSpec | None) -> RepairWork:
+    """``perfmodel.repair_work`` of the call a repair row timed, on ``gpu``'s SMs and shared
+    memory (the H100/H200's when None)."""
+    p = row["params"]
+    heads = (p["num_q_heads"], p["num_kv_heads"], p["head_dim"])
+    return repair_call_work(
+        p["num_query_tokens"],
+        *heads,
+        p["batch"],
+        repair_blocks(p),
+        p["block_size"],
+        **_sm_resources(gpu),
     )
 
 
 def depth(row: dict, gpu: GpuSpec) -> float:
-    """Serial chain of one call (``perfmodel.class_fit``'s t_k term): K of a GEMM; for repair,
-    the KV tiles one SM slot walks in series on ``gpu`` (``perfmodel.repair_plan``, the
-    missed blocks, or the selected ones when recomputing, times the grid's waves); for the KV
-    write, the elements one thread of its two ``index_put_`` kernels stores in series
+    """Serial chain of one call (``perfmodel.class_fit``'s t_k term): K of a GEMM; for NSA,
+    block selection, dense verification and repair, the key tiles a program walks in series
+    on ``gpu`` times its waves (their launch plans; repair's tiles weighted by their work); for
+    the KV write, the elements one thread of its two ``index_put_`` kernels stores in series
     (``perfmodel.torch_plan``); for sampling, the row length (``ROW_WALK_OPS``); 0 for the
     other ops, whose t0 and efficiencies hold their latency."""
     p = row["params"]
@@ -280,37 +309,29 @@ def depth(row: dict, gpu: GpuSpec) -> float:
         return nsa_work(row, gpu).chain_tiles
     if is_select_plan(row):
         return select_work(row, gpu).chain_tiles
+    if row["op"] == "dense_verify":
+        return dense_work(row, gpu).chain_tiles
+    if row["op"] == "repair":
+        return float(repair_work(row, gpu).chain_tiles)
     if row["op"] == "gemm":
         return float(p["k"])
     if row["op"] == "kv_write":
         return float(kv_write_chain(p["m"], p["num_kv_heads"], p["head_dim"]))
     if row["op"] in ROW_WALK_OPS:
         return float(p[ROW_WALK_OPS[row["op"]]])
-    if row["op"] == "repair":
-        blocks = p["missed_blocks"] if p["mode"] == "repair" else p["top_n"]
-        return float(
-            chain_tiles(
-                p["num_query_tokens"],
-                p["num_kv_heads"],
-                p["batch"],
-                blocks,
-                p["block_size"],
-                p["head_dim"],
-                gpu.num_sms,
-                gpu.smem_per_sm_bytes,
-            )
-        )
     return 0.0
 
 
 def serial_steps(row: dict, num_sms: int, gpu: GpuSpec | None = None) -> float:
     """Dependent steps one call runs after its parallel part (``perfmodel.class_fit``'s t_s
-    term): the partial slots an NSA call's merges walk, from the launch plan the wrapper makes
-    for this shape on ``num_sms`` SMs -- the same function the step model's NSA ops use; the
-    partials a split sparse verification call's merge reads a row (``perfmodel.sparse_work``);
-    0 for the other ops."""
+    term): the partial slots an NSA or dense verification call's merges walk, from the launch
+    plan the wrapper makes for this shape on ``num_sms`` SMs -- the same functions the step
+    model's ops use; the partials a split sparse verification call's merge reads a row
+    (``perfmodel.sparse_work``); 0 for the other ops."""
     if row["op"] == "sparse_verify":
         return sparse_work(row, gpu).merge_steps
+    if row["op"] == "dense_verify":
+        return dense_work(row, gpu).merge_steps
     if row["op"] != "nsa_verify":
         return 0.0
     if is_slot_plan(row):
@@ -330,13 +351,14 @@ def serial_steps(row: dict, num_sms: int, gpu: GpuSpec | None = None) -> float:
     )
 
 
-def tile_rows(row: dict) -> float:
+def tile_rows(row: dict, gpu: GpuSpec | None = None) -> float:
     """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
     rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
-    or a dense verification call (``perfmodel.class_fit``'s t_r term; ``dense_tiles``); 0 for
-    the other ops."""
+    or sparse verification call; of a dense verification call, the rows its busiest SM holds
+    at once on ``gpu`` (``perfmodel.dense_work``'s ``sm_rows``) (``perfmodel.class_fit``'s t_r
+    term); 0 for the other ops."""
     if row["op"] == "dense_verify":
-        return dense_tiles(row)[1]
+        return dense_work(row, gpu).sm_rows
     if row["op"] == "sparse_verify":
         return sparse_work(row, None).row_cost
     if row["op"] != "nsa_verify":
@@ -351,11 +373,12 @@ def tile_rows(row: dict) -> float:
 def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block
     selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
-    sorted, a row's sort length), over the score rows of every KV head's query rows and the
-    blocks of the scored cache (context plus draft rows); for sparse verification its waves,
-    the row-tile rows a slot finishes in series, its tiles an SM and a union plan's compares
-    (``perfmodel.sparse_work``); the launch plans' counts of NSA and selection; none for the
-    other ops."""
+    sorted, a row's sort length, or the threshold pick's, ``perfmodel.select_work``), over the
+    score rows of every KV head's query rows and the blocks of the scored cache (context plus
+    draft rows); for NSA, its program waves (and a refresh call's pick rows); for sparse
+    verification its waves, the row-tile rows a slot finishes in series, its tiles an SM and a
+    union plan's compares (``perfmodel.sparse_work``); for dense verification, its merge
+    launch; for repair, its waves; none for the other ops."""
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
@@ -363,6 +386,10 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
         w = sparse_work(row, gpu)
         stages = (w.waves, w.row_waves, w.sm_tiles)
         return (*stages, w.plan_compares) if sparse_mode(row) == "union" else stages
+    if row["op"] == "dense_verify":
+        return (dense_work(row, gpu).splits,)
+    if row["op"] == "repair":
+        return (float(repair_work(row, gpu).waves),)
     if row["op"] != "select_blocks":
         return ()
     if is_select_plan(row):
@@ -400,6 +427,6 @@ def class_data(name: str, rows: list[dict], gpu: GpuSpec) -> Data:
         np.array([r["median_s"] for r in rows]),
         np.array([depth(r, gpu) for r in rows]),
         np.array([serial_steps(r, gpu.num_sms, gpu) for r in rows]),
-        np.array([tile_rows(r) for r in rows]),
+        np.array([tile_rows(r, gpu) for r in rows]),
         tuple(np.array(x) for x in zip(*(stage_counts(r, gpu) for r in rows), strict=True)),
     )

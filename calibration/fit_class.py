@@ -1,33 +1,57 @@
 """The least-squares fit of one op class of the calibrated model (``perfmodel.class_fit``) on
 its fit rows (``calibration.features``), as ``calibration.fit`` runs it per class.
 
-
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count), for sparse verification the L2-miss share h and the L2 throughput ratio r
-(``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside the HBM bytes;
-bounded to [1, 4]), for repair the share h alone, for GEMMs, repair, the KV write and sampling
-the latency t_k of a serial chain (a GEMM's K; the KV tiles one SM slot of a repair call walks,
-``perfmodel.repair_plan``; the elements a KV-write thread stores in series,
-``perfmodel.torch_plan``; the vocabulary a sampling row walks), for NSA verification the
-latency t_s of a merge step (the serial walk over split partials), for NSA and dense
-verification t_r of a row-tile row (``perfmodel.nsa_plan``, ``perfmodel.attention_work``), and
-for block selection the rates t_x of its top-n stage's counts (``perfmodel.torch_plan``). Dense
-verification's FLOPs are its kernel's padded row tiles' (``features``).
+the row count; two for sparse verification, one constant pair for dense verification), for
+sparse verification and repair the L2-miss share h and the L2 throughput ratio r
+(``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside the HBM bytes; bounded
+to [1, 4]), for a dense call's row tiles of one KV head the share h alone, for GEMMs, NSA, sparse
+verification, block selection, dense verification, repair, the KV write and sampling the
+latency t_k of a serial chain (a GEMM's K; the key tiles a program walks times its waves, from
+the launch plans of ``perfmodel.nsa_work``, ``perfmodel.sparse_work``,
+``perfmodel.select_work``, ``perfmodel.dense_work``, ``perfmodel.repair_work``; the elements a
+KV-write thread stores in series, ``perfmodel.torch_plan``; the vocabulary a sampling row
+walks), for NSA, sparse and dense verification the latency t_s of a merge step (the serial walk
+over split partials), t_r of a row-tile row and t_kr of a chain tile's row, for repair t_km of a
+chain tile's bytes that miss L2, and the rates t_x of the stage counts (block selection's top-n
+stage; NSA's and repair's program waves; sparse verification's waves, row waves, tiles an SM
+and a union plan's compares; a dense call's merge launch).
 Deterministic (no random starts; sparse verification starts from a few byte efficiencies and
-L2 ratios and keeps the lowest loss).
+L2 ratios, dense verification and repair from a few shares of their latency bounds; each keeps
+the lowest loss).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import least_squares
-from ssvkit.calibration.features import DEDUP_OPS, class_data, is_select_plan
+from ssvkit.calibration.features import class_data, is_plan_priced
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.hardware import GpuSpec
 
 L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio r (``fit_class``)
+L2_RATIO_OPS = ("sparse_verify", "repair")  # classes fitted with the L2 throughput ratio r
+# Chain tiles priced by their rows (t_kr).
+DEPTH_ROW_OPS = ("nsa_verify", "sparse_verify", "dense_verify")
+DEPTH_MISS_OPS = ("repair",)  # chain tiles priced by their bytes' L2 misses (t_km)
+# Efficiencies as constants: knots in a call's bytes let the fit shape the latency regime of the
+# geometries it saw into a size curve, which other geometries' calls of like size do not follow
+# (one head geometry left out, median / p90 error with six knots against constants: H100 40 / 44%
+# against 11 / 23%, H200 4.8 / 15.1% against 3.8 / 14.7%).
+CONSTANT_EFFICIENCY_OPS = ("dense_verify",)
+# The launch-plan classes whose fixed costs and chain trade against each other: fitted in units
+# of their parameters' upper bounds, from several starts of the latency terms (t_k, t_s, t_r,
+# t_kr, t_km; shares of their bounds), the lowest loss kept. In seconds the solver stopped
+# where a 1e-9 s rate no longer moved beside an efficiency of 1, and a 1e-12 change of the
+# bandwidth moved the H200 dense fit's predictions by 5%; now by 2e-7.
+LATENCY_STARTS = (0.03, 0.1, 0.3, 0.5, 0.9)
+MULTI_START_OPS = ("dense_verify", "repair")
 BYTES_EFF_STARTS = (0.7, 0.4, 1.0)  # starts of sparse verification's byte efficiencies
+# Sparse verification: two knots; its launch plan's counts (chain, waves, merge, row tile) carry
+# what changes with size and geometry, and a finer curve in total bytes, fitted on one
+# geometry's sizes, misprices another's.
+TWO_KNOT_OPS = ("sparse_verify",)
 
 
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
@@ -49,34 +73,36 @@ def _latency_bound(seconds: np.ndarray, count: np.ndarray) -> float:
 def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec) -> ClassFit:
     """Least-squares fit of one class on its fit rows."""
     d = class_data(name, rows, gpu)
-    # Sparse verification: two knots; its launch plan's counts (chain, waves, merge, row tile)
-    # carry what changes with size and geometry, and a finer curve in total bytes, fitted on
-    # one geometry's sizes, misprices another's.
-    k = 2 if name.startswith("sparse_verify") else int(np.clip(len(rows) // 8, 2, 6))
+    op = name.split("/")[0]
+    if op in CONSTANT_EFFICIENCY_OPS:
+        k = 1
+    else:
+        k = 2 if op in TWO_KNOT_OPS else int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
     # The L2 throughput bound r only where a call's programs re-read each other's blocks
-    # (sparse verification's overlapping selections); repair's uniform draws barely repeat.
-    has_l2 = has_h and name.split("/")[0] in DEDUP_OPS
+    # (sparse verification's overlapping selections, repair's rows of one KV head).
+    has_l2 = has_h and op in L2_RATIO_OPS
     has_depth = bool(d.depth.any())
     has_steps = bool(d.steps.any())
     has_rows = bool(d.rows.any())
-    # A chain whose tiles cost by the row tile's rows: the slot-planned NSA calls' and sparse
-    # verification's (``perfmodel.sparse_work``).
-    has_depth_row = has_depth and has_rows and name.startswith(("nsa_verify", "sparse_verify"))
-    # Block selection fitted on the current kernels' plan counts (``perfmodel.select_work``).
-    select_plan = all(is_select_plan(r) for r in rows) and name.startswith("select_blocks")
+    # A chain whose tiles cost by the rows they compute: the slot-planned NSA calls', sparse
+    # verification's (``perfmodel.sparse_work``), dense's.
+    has_depth_row = has_depth and has_rows and op in DEPTH_ROW_OPS
+    # A chain whose tiles wait longer for the bytes that miss L2: repair's.
+    has_depth_miss = has_depth and has_h and op in DEPTH_MISS_OPS
+    # Fitted on the kernels' launch-plan counts: the step model prices it with its op's plan.
+    plan = all(is_plan_priced(r) for r in rows)
     n_stage = len(d.stages)
+    flags = (has_h, has_depth, has_steps, has_rows, has_depth_row, has_depth_miss)
     n_eff = 1 + 2 * k
-    n_lat = n_eff + has_h + has_depth + has_steps + has_rows + has_depth_row
+    n_lat = n_eff + sum(flags)
 
     def unpack(x):
-        h = float(x[n_eff]) if has_h else None
-        t_depth = float(x[n_eff + has_h]) if has_depth else 0.0
-        t_step = float(x[n_eff + has_h + has_depth]) if has_steps else 0.0
-        t_row = float(x[n_eff + has_h + has_depth + has_steps]) if has_rows else 0.0
-        t_depth_row = float(x[n_lat - 1]) if has_depth_row else 0.0
-        l2 = float(x[n_lat + n_stage]) if has_l2 else 0.0
+        it = iter(x[n_eff:n_lat])
+        h, t_depth, t_step, t_row, t_depth_row, t_depth_miss = (
+            float(next(it)) if on else (None if i == 0 else 0.0) for i, on in enumerate(flags)
+        )
         eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
         return ClassFit(
             name,
@@ -90,9 +116,10 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
             t_step_s=t_step,
             t_row_s=t_row,
             t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
-            l2_ratio=l2,
+            l2_ratio=float(x[n_lat + n_stage]) if has_l2 else 0.0,
             t_depth_row_s=t_depth_row,
-            slot_plan=has_depth_row or select_plan,
+            t_depth_miss_s=t_depth_miss,
+            slot_plan=plan,
         )
 
     def resid(x):
@@ -106,18 +133,15 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
     if has_h:
         x0, lo, hi = x0 + [0.5], lo + [0.0], hi + [1.0]
-    if has_depth:
-        depth_hi = _latency_bound(d.seconds, d.depth)
-        x0, lo, hi = x0 + [0.3 * depth_hi], lo + [0.0], hi + [depth_hi]
-    if has_steps:
-        step_hi = _latency_bound(d.seconds, d.steps)
-        x0, lo, hi = x0 + [0.3 * step_hi], lo + [0.0], hi + [step_hi]
-    if has_rows:
-        row_hi = _latency_bound(d.seconds, d.rows)
-        x0, lo, hi = x0 + [0.3 * row_hi], lo + [0.0], hi + [row_hi]
-    if has_depth_row:
-        depth_row_hi = _latency_bound(d.seconds, d.depth * d.rows)
-        x0, lo, hi = x0 + [0.3 * depth_row_hi], lo + [0.0], hi + [depth_row_hi]
+    latency_counts = (
+        (has_depth, d.depth),
+        (has_steps, d.steps),
+        (has_rows, d.rows),
+        (has_depth_row, d.depth * d.rows),
+        (has_depth_miss, d.depth),
+    )
+    bounds = [_latency_bound(d.seconds, count) for on, count in latency_counts if on]
+    x0, lo, hi = x0 + [0.3 * b for b in bounds], lo + [0.0] * len(bounds), hi + bounds
     for count in d.stages:
         stage_hi = _latency_bound(d.seconds, count)
         x0, lo, hi = x0 + [0.1 * stage_hi], lo + [0.0], hi + [stage_hi]
@@ -126,17 +150,38 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     # r's bound has no gradient where it does not bind, so the fit would keep any start that
     # never binds: start it at a few ratios and keep the lowest loss on the fit rows.
     starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if has_l2 else [x0]
-    if name.startswith("sparse_verify"):
+    if op == "sparse_verify":
         # Three bounds compete for a sparse verification call (HBM bytes, the L2-to-SM path,
         # the K/V chain) and the start's byte efficiency decides which one the fit lets bind
         # on which rows: start it at a few efficiencies too.
         starts += [
             [x[0], *[e] * k, *x[1 + k :]] for x in list(starts) for e in BYTES_EFF_STARTS[1:]
         ]
+    if op in MULTI_START_OPS:
+        first = n_eff + has_h
+        starts = [
+            x[:first] + [share * b for b in bounds] + x[n_lat:]
+            for share in LATENCY_STARTS
+            for x in starts
+        ]
+    return unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
+
+
+def _solve(resid, starts, lo, hi, *, scaled: bool) -> np.ndarray:
+    """The parameters of the lowest soft-L1 loss over ``starts`` within ``[lo, hi]``; with
+    ``scaled``, solved in units of ``hi`` (``MULTI_START_OPS``)."""
+    unit = np.array(hi, dtype=float) if scaled else np.ones(len(hi))
+    kw = {} if scaled else {"x_scale": "jac"}
     sols = [
         least_squares(
-            resid, x, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac", max_nfev=4000
+            lambda z: resid(z * unit),
+            np.array(x) / unit,
+            bounds=(np.array(lo) / unit, np.array(hi) / unit),
+            loss="soft_l1",
+            f_scale=0.05,
+            max_nfev=4000,
+            **kw,
         )
         for x in starts
     ]
-    return unpack(min(sols, key=lambda s: s.cost).x)
+    return min(sols, key=lambda s: s.cost).x * unit

@@ -16,6 +16,9 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   (``ssv``'s union of 4), at 32K-128K and batch 1 to the largest that fits. The lines and the
   points leave these outside their axes; the campaign's verify steps are then priced from rows
   at their own kernel shapes, and its report measures how the step composes them.
+- **Planner lines** (``PLANNER_LINES``): NSA and dense verification at the trained tiny pair's
+  attention (target and draft model) at the shapes of the planner evaluation at batch 32, whose
+  ranking is scored against the engine there.
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally often
   (a Latin hypercube on a lattice of levels, one seeded permutation per axis): head geometry
   (``GEOMETRIES``: GQA 4, 5, 8 and 16, head dims 64 and 128), draft rows t up to 64, batch 1-64,
@@ -59,6 +62,16 @@ FRACTION_PAIRS = ((0.05, 0.3), (0.1, 0.4), (0.2, 0.5))
 ENGINE_LINES = dict(
     cells=((32 * K, (1, 4, 16, 25)), (64 * K, (1, 4, 12, 16)), (128 * K, (1, 4, 6, 16))),
     schedules=((1, 0), (9, 0), (17, 0), (33, 0), (17, 1), (17, 4)),  # (t, rows_per_tile)
+)
+# The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
+# 30,720 tokens): NSA at the target's attention for its chains and trees (1, 9 and 17 rows, top
+# 16 and 32 blocks), dense verification at the target's (1-33 rows) and at the draft model's (the
+# rows of its level forwards, 1-9).
+PLANNER_LINES = dict(
+    contexts=(15 * K, 30 * K),
+    batch=32,
+    nsa=dict(geometry="tiny", t=(1, 9, 17), top_ns=(16, 32)),
+    dense={"tiny": (1, 9, 17, 33), "tiny-draft": (1, 2, 3, 5, 9)},
 )
 WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
 # The largest KV cache (tokens x KV heads) a point may allocate: 64 sequences of 128K at 8 KV
@@ -155,7 +168,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
     if "dense" in steps:
         configs += wave_configs()
-    configs += [c for c in engine_configs() if c.step in steps]
+    configs += [c for c in engine_configs() + planner_configs() if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
         for cfg in point_configs(step, seed):
@@ -194,6 +207,21 @@ def engine_configs() -> list[KernelConfig]:
                 for t, rows in ENGINE_LINES["schedules"]:
                     rows = 0 if rows and kg.nsa_tiles_packed(t, rows) else rows
                     out.append(kg.nsa_config(ctx, t, b, None, rows))
+    return out
+
+
+def planner_configs() -> list[KernelConfig]:
+    """The configs of ``PLANNER_LINES``: NSA (packed rows) and dense verification."""
+    pl = PLANNER_LINES
+    out = []
+    with ki.geometry(pl["nsa"]["geometry"]):
+        for ctx in pl["contexts"]:
+            for t in pl["nsa"]["t"]:
+                out += [kg.nsa_config(ctx, t, pl["batch"], None, 0, n) for n in pl["nsa"]["top_ns"]]
+    for geometry, ts in pl["dense"].items():
+        with ki.geometry(geometry):
+            for ctx in pl["contexts"]:
+                out += [kg.dense_config(ctx, t, pl["batch"], sdpa=False) for t in ts]
     return out
 
 

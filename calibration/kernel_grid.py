@@ -187,15 +187,21 @@ def repair_config(
 
 
 def nsa_config(
-    ctx: int, t: int, bsz: int, overlap: float | None, rows_per_tile: int = 0
+    ctx: int,
+    t: int,
+    bsz: int,
+    overlap: float | None,
+    rows_per_tile: int = 0,
+    top_n: int | None = None,
 ) -> KernelConfig:
     """nsa_verify fused and unfused: refresh and reuse on the refresh path's own indices
     (``overlap`` None: random queries, so rows barely overlap), or reuse alone on indices with
     that exact adjacent-row overlap. ``rows_per_tile`` > 0 times them with that row schedule
     (step ``nsa_tiles``; the rows carry ``params.rows_per_tile``, the packed step's rows no
-    such key, so their keys stay those of the rows already measured)."""
+    such key, so their keys stay those of the rows already measured). ``top_n``: the blocks
+    each row selects (default NSA's, ``kernel_inputs.NSA_KW``)."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
-    common.update(top_n=ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
+    common.update(top_n=top_n or ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
     if overlap is not None:
         common["overlap"] = overlap
     if rows_per_tile:

@@ -35,6 +35,7 @@ GEOMETRIES = {
     name: _heads(name) for name in ("llama-3.1-8b", "glm-4-9b", "qwen3-14b", "qwen3-30b-a3b")
 }
 GEOMETRIES["tiny"] = (8, 2, 64)  # engine/checkpoints/tiny-target
+GEOMETRIES["tiny-draft"] = (4, 2, 64)  # engine/checkpoints/tiny-draft
 GEOMETRIES["16q-2kv-d64"] = (16, 2, 64)
 DTYPE = torch.bfloat16
 ELEM_BYTES = 2

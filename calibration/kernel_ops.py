@@ -224,12 +224,13 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
     overlap = common.get("overlap")
     rng = np.random.default_rng(seed + ctx + bsz)
     config = mod.NsaVerifyConfig(rows_per_tile=common.get("rows_per_tile", 0))
+    nsa_kw = dict(ki.NSA_KW, top_n=common.get("top_n", ki.NSA_KW["top_n"]))
 
     def indices(args):
         if overlap is None:  # the refresh layer's own selection
-            return mod.nsa_verify(*args, **ki.NSA_KW, validate=False)[1]
-        nb = [ctx // ki.NSA_KW["block_size"]] * bsz
-        idx = ki.overlap_block_idx(nb, t, ki.NSA_KW["top_n"], overlap, rng)
+            return mod.nsa_verify(*args, **nsa_kw, validate=False)[1]
+        nb = [ctx // nsa_kw["block_size"]] * bsz
+        idx = ki.overlap_block_idx(nb, t, nsa_kw["top_n"], overlap, rng)
         return torch.from_numpy(idx).to(ki.DEVICE)
 
     idx = indices(first)
@@ -244,7 +245,7 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
     # Reuse layers take the indices of the refresh layer before them: each set's own.
     idxs = [idx] + [indices(a) for a in sets[1:]]
     comp_tokens = (ctx - 32) // 16 + 1
-    pairs = comp_tokens + ki.NSA_KW["top_n"] * ki.NSA_KW["block_size"] + ki.NSA_KW["window"] + t / 2
+    pairs = comp_tokens + nsa_kw["top_n"] * nsa_kw["block_size"] + nsa_kw["window"] + t / 2
     flops = int(4 * bsz * ki.NUM_Q_HEADS * ki.HEAD_DIM * t * pairs)
     for mode, impl in todo:
         fn_op = mod.nsa_verify if impl == "fused" else mod.nsa_verify_unfused
@@ -252,7 +253,7 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
         p.update(rotations=rot)
 
         def fn(i, fn_op=fn_op, mode=mode):
-            kw = dict(ki.NSA_KW, validate=False, config=config)
+            kw = dict(nsa_kw, validate=False, config=config)
             if mode == "reuse":
                 kw["block_idx"] = idxs[i]
             return fn_op(*sets[i], **kw)

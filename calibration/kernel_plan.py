@@ -166,7 +166,7 @@ def variant_work(cfg: KernelConfig, v: Variant) -> tuple[float, float]:
         tokens = t * round(frac * p["top_n"]) * p["block_size"]
     elif v.op == "nsa_verify":  # each row tile's selected blocks (``rows_per_tile`` rows)
         rows = min(t, p.get("rows_per_tile") or t)
-        per_tile = min(ctx, rows * ki.NSA_KW["top_n"] * ki.NSA_KW["block_size"])
+        per_tile = min(ctx, rows * p["top_n"] * p["block_size"])
         tokens = math.ceil(t / rows) * per_tile + ctx // 16 + ki.NSA_KW["window"]
     else:  # select_blocks reads the block metadata (fp32 means, and maxima for quest)
         kinds = 1 if p["method"] == "mean" else 2

@@ -197,7 +197,7 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         if cls not in profile.classes:
             continue
         nbytes, flops, dedup = features(r, spec)
-        steps, rows = serial_steps(r, spec.num_sms, spec), tile_rows(r)
+        steps, rows = serial_steps(r, spec.num_sms, spec), tile_rows(r, spec)
         pred = float(
             profile.call_time_s(
                 cls,

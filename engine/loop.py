@@ -53,6 +53,7 @@ import dataclasses
 import time
 
 import torch
+from ssvkit.engine.accept_graph import AcceptGraph
 from ssvkit.engine.acceptance import accept, target_probs
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.controller import Controller, KeepStrategy
@@ -113,7 +114,7 @@ class Engine:
         self._overlap = False
         self._pending: tuple[RoundRecord, Strategy] | None = None
         self._decided: Strategy | None = None
-        self._one: torch.Tensor | None = None  # the acceptance graph's "enable" input
+        self.acceptor = AcceptGraph(target, config)
         self._clears0 = 0  # graph drops before this generate call's rounds (``_captures``)
         self._oracle_s = 0.0  # the oracle's probe time in this generate call (``_round``)
         self.drafter: Drafter | None = None
@@ -227,7 +228,7 @@ class Engine:
         if cfg.temperature == 0:
             roots = first.argmax(-1)
         else:
-            u = self._position_uniforms(cfg.seed)
+            u = self.acceptor.position_uniforms(cfg.seed)
             at = self.target.cache.lens.long()[:, None].clamp(max=u.shape[1] - 1)
             roots = reference_sample(target_probs(first, cfg.temperature), u.gather(1, at)[:, 0])
         if self.drafter is not None:
@@ -245,7 +246,7 @@ class Engine:
         self._shadow = shadow if shadow is not None and shadow.shadow_chain else None
         history = [list(p) + [r] for p, r in zip(prompts, host_roots, strict=True)]
         self._history = history
-        self._remaining().fill_(cfg.max_new_tokens - 1)  # the first root is generated
+        self.acceptor.remaining().fill_(cfg.max_new_tokens - 1)  # the first root is generated
         generated = [[r] for r in host_roots]
         timer = StepTimer(dev)
         rounds: list[RoundRecord] = []
@@ -304,9 +305,9 @@ class Engine:
     def _check_room(self, tree: DraftTree) -> None:
         """``ValueError`` unless every cache holds the longest prompt, ``max_new_tokens`` and a
         verify tail of ``tree`` past them. A sequence stops at ``max_new_tokens`` (its kept
-        count is capped there, ``_accept``) while the batch's slower ones go on, so its cache
-        length ends at most at ``prompt + max_new_tokens - 1`` and each later round still
-        writes its tail of ``tree.num_nodes`` entries after that."""
+        count is capped there, ``AcceptGraph.accept``) while the batch's slower ones go on, so
+        its cache length ends at most at ``prompt + max_new_tokens - 1`` and each later round
+        still writes its tail of ``tree.num_nodes`` entries after that."""
         need = self._longest_prompt + self.config.max_new_tokens + tree.num_nodes - 1
         for runner in (self.target, self.draft_runner):
             if runner is not None and need > runner.cache.t_max:
@@ -315,34 +316,6 @@ class Engine:
                     f"new tokens + a verify tail of {tree.num_nodes} need {need} cache "
                     f"positions; the cache holds {runner.cache.t_max}"
                 )
-
-    def _remaining(self) -> torch.Tensor:
-        """``[B]`` int32 tokens each sequence may still emit, on the device. The acceptance
-        graph caps each round's kept count by it and lowers it, so it lives on the target
-        runner (``graph_constants``): the graph reads it by address, also for a later Engine."""
-        cache = self.target.cache
-        buf = self.target.graph_constants.get("remaining")
-        if buf is None:
-            buf = torch.zeros(cache.batch, dtype=torch.int32, device=cache.lens.device)
-            self.target.graph_constants["remaining"] = buf
-        return buf
-
-    def _position_uniforms(self, seed: int | None = None) -> torch.Tensor:
-        """``[B, t_max + 1]`` uniforms, column ``j`` sampling the token at position ``j``; with
-        ``seed``, drawn afresh from it alone (a generator of their own, on the CPU: the same on
-        every device and whatever else drew from the global one). The buffer is the target
-        runner's (``graph_constants``): the acceptance graphs read it by address, and a later
-        Engine on the same runner replays them."""
-        cache = self.target.cache
-        shape = (cache.batch, cache.t_max + 1)
-        table = self.target.graph_constants.get("position_uniforms")
-        if table is None or tuple(table.shape) != shape:
-            table = torch.rand(shape, generator=torch.Generator().manual_seed(seed or 0))
-            table = self.target.graph_constants["position_uniforms"] = table.to(cache.lens.device)
-        elif seed is not None:
-            g = torch.Generator().manual_seed(seed)
-            table.copy_(torch.rand(shape, generator=g))
-        return table
 
     def _start_warm(self, prompts: list[list[int]]) -> float:
         """Start the warm drafters that are not the current one; their host wall time."""
@@ -384,7 +357,7 @@ class Engine:
         timer.mark("draft")
         logits, recorded = self._verify(draft.tokens, on_launch=lambda: timer.mark("launch"))
         timer.mark("verify")
-        acc, packed = self._accept(tree, draft, logits, ("verify", tree, attn, record))
+        acc, packed = self.acceptor.accept(tree, draft, logits, ("verify", tree, attn, record))
         if self.drafter is not None:
             self.drafter.commit(acc, draft.tokens)
         timer.mark("accept")
@@ -459,7 +432,7 @@ class Engine:
         block metadata, compressed tokens, ``remaining`` and every generator are untouched."""
         tree, temp = self.tree, self.config.temperature
         logits, _ = self._verify(tokens)
-        uniforms = self._uniforms(tree)
+        uniforms = self.acceptor.uniforms(tree)
         acc = accept(
             self.target.tree_tensors(tree),
             tokens,
@@ -474,78 +447,11 @@ class Engine:
         )
         return [row[3 : 2 + row[0]] + [row[1]] for row in packed.cpu().tolist()]
 
-    def _uniforms(self, tree: DraftTree):
-        """At temperature > 0, a function giving ``[B, max_depth + 1]`` the uniforms of the
-        positions a round's kept path takes (deterministic drafts: ``engine.acceptance``);
-        None when greedy. Called inside captured work: a tensor made outside would be read by
-        address after the caller freed it."""
-        if self.config.temperature == 0:
-            return None
-        table, cache, depth = self._position_uniforms(), self.target.cache, tree.max_depth
-
-        def uniforms():
-            steps = torch.arange(1, depth + 2, device=table.device)
-            at = (cache.lens.long()[:, None] + steps).clamp(max=table.shape[1] - 1)
-            return table.gather(1, at)
-
-        return uniforms
-
     def _captures(self) -> tuple[int, int]:
         """CUDA graphs the target's and the draft model's runners have captured so far, and
         the times they dropped their graphs."""
         gs = [self.target.graphs] + ([self.draft_runner.graphs] if self.draft_runner else [])
         return sum(g.captures for g in gs), sum(g.clears for g in gs)
-
-    def _accept(self, tree: DraftTree, draft: Draft, logits: torch.Tensor, verify_key):
-        """Acceptance + target commit as one graph; ``enable`` = 0 makes warm-up a no-op.
-        Under graphs it reads the verify graph's logits buffer, so it is keyed by that graph."""
-        target, temp = self.target, self.config.temperature
-        tt = target.tree_tensors(tree)
-        probs = draft.probs if temp > 0 else None
-
-        # Deterministic drafts take the uniforms of the positions they sample.
-        positional = self._uniforms(tree) if probs is None else None
-        uniforms = positional or (lambda: None)
-
-        remaining = self._remaining()
-        last = tree.max_depth
-
-        def fn(tokens, enable, *maybe_probs):
-            acc = accept(
-                tt,
-                tokens,
-                logits,
-                maybe_probs[0] if maybe_probs else None,
-                temp,
-                backend=target.backend,
-                uniforms=uniforms(),
-            )
-            # A sequence keeps at most the tokens it may still emit. Cut short, its path's next
-            # accepted node is a token the target emits there (greedy: its argmax; sampling:
-            # an accepted draft is distributed as the target), so it stands in for the bonus.
-            count = torch.minimum(acc.count, remaining) * enable
-            remaining.sub_(count)
-            cut = acc.path.gather(1, count.long().clamp(max=last)[:, None])
-            bonus = torch.where(count < acc.count, tokens.gather(1, cut)[:, 0], acc.bonus)
-            target.cache.commit(acc.path, count)
-            packed = torch.cat(
-                [
-                    count[:, None].long(),
-                    bonus[:, None],
-                    tokens.gather(1, acc.path),
-                    acc.count[:, None].long(),
-                ],
-                dim=1,
-            )
-            return type(acc)(acc.path, count, bonus), packed
-
-        one = self._one
-        if one is None or one.device != draft.tokens.device:
-            one = self._one = torch.ones(1, dtype=torch.int32, device=draft.tokens.device)
-        inputs = (draft.tokens, one) + ((probs,) if probs is not None else ())
-        neutral = lambda: (draft.tokens, torch.zeros_like(one)) + inputs[2:]  # noqa: E731
-        key = ("accept", verify_key, temp, probs is not None)
-        return target.graphs(key, fn, inputs, neutral)
 
     def _after_round(self, rec: RoundRecord) -> None:
         """The round's trace records and controller call, serially; its switch at once."""

@@ -1,8 +1,8 @@
 """The engine's accept step after the verify forward, as one op (``verify.accept``): greedy
 acceptance of the draft tree, the cut to each sequence's remaining budget, the KV commit of
 the kept path, the refresh of the cache's summaries and the packing of the host read -- the
-graph ``engine.loop.Engine._accept`` captures, run every round (an autoregressive round
-accepts and commits its one token too).
+graph ``engine.accept_graph.AcceptGraph.accept`` captures, run every round (an autoregressive
+round accepts and commits its one token too).
 
 It is a chain of small launches, so it is priced per launch, each a call of the calibrated
 one-launch element-wise class (``ONE_LAUNCH_CLASS``), and by the bytes it moves: the commit

@@ -6,7 +6,8 @@ Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including i
 op class, fitted by ``calibration.fit`` on GPU measurements:
 
     t = t0 + t_s * S + t_r * R + sum_i t_x,i * X_i
-          + max((t_k + t_kr * R) * K, bytes_eff / (e_b(bytes) * BW), flops / (e_c(flops) * PEAK))
+          + max((t_k + t_kr * R + t_km * G / U) * K, bytes_eff / (e_b(bytes) * BW),
+                flops / (e_c(flops) * PEAK))
 
 - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
 - ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
@@ -14,42 +15,51 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   ``extrapolated``);
 - ``t0``: fixed cost per call (launches, host-free graph replay);
 - ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
-  fitted for GEMMs and repair (K: the tiles one SM slot walks in series,
-  ``perfmodel.repair_plan``; 32 programs of the tiny pair's batch-1 call walk 32 missed blocks
+  fitted for GEMMs and repair (K: the tiles one program walks in series times its waves,
+  ``perfmodel.repair_work``; 32 programs of the tiny pair's batch-1 call walk 32 missed blocks
   in 24.6 us, 0.7 TB/s): a small GEMM's time grows with K at equal bytes (one CTA walks the
   whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls). The
   loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
   bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
   too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
-- ``t_kr``: for NSA and sparse verification the chain is the key tiles one program walks in
-  series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``), each at ``t_k + t_kr x R``: a
-  tile's load latency over the pipeline's depth plus its MMAs and softmax over the row tile's
-  R padded rows (a 64-row union tile with its member masks takes longer per key tile than a
-  16-row one);
+- ``t_kr``: for NSA, sparse and dense verification the chain is the key tiles one program walks
+  in series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``), each
+  at ``t_k + t_kr x R``: a tile's load latency over the pipeline's depth plus its MMAs and
+  softmax over the R padded rows (a 64-row union tile with its member masks takes longer per key
+  tile than a 16-row one; a dense call's R counts the rows its SM holds at once);
+- ``t_km``: for repair a chain tile also waits ``t_km x G / U``, the share of its bytes that
+  misses L2 (``G`` the call's distinct bytes, ``U`` its requested ones): a lone program's
+  batch-1 walk at 64K context, whose rows rarely share a block, takes 1.18 us a tile on the
+  H100 against 1.04 us at 16K, where a block is read 2.3 times;
 - ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
-  fitted for NSA verification only: a split call's merge walks its tile's partial slots one by
-  one (``perfmodel.nsa_plan``), so at 8 q / 2 KV heads t = 17 (two row tiles, 33 splits each)
-  runs faster than t = 12 (one tile, 64 splits) although it does more work;
+  fitted for NSA and dense verification: a split call's merge walks its tile's partial slots
+  one by one (``perfmodel.nsa_plan``; 16 at a time for dense, ``perfmodel.dense_work``), so at
+  8 q / 2 KV heads t = 17 (two row tiles, 33 splits each) runs faster than t = 12 (one tile,
+  64 splits) although it does more work;
 - ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
   NSA and dense verification: every program computes, loads and writes ``BLOCK_M`` rows
   whatever the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 (/ 128 dense) with t
-  (``perfmodel.nsa_plan``, ``perfmodel.attention_work.dense_verify_tiles``); R counts
+  (``perfmodel.nsa_plan``, ``perfmodel.dense_work``: a dense call's R is the rows its busiest
+  SM holds at once, weighted by the key tile's work at its head dimension); R counts
   ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``). Dense
   verification's FLOPs are its padded tiles' too: at 32 q / 8 KV heads, t = 17 runs the
   128-row tile of t = 32 (H200, batch 16, 32K: 495 us at t = 16, 665 us at t = 32);
 - ``t_x,i * X_i``: the stages a call runs after its streaming part that neither stream bytes nor
-  walk one chain, one fitted rate per count X_i, fitted for block selection only: its top-n
-  stage (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``) scans the R x NB
-  scores (R = B x Hkv x t rows), orders R x top_n keys, and a row's sort lengthens with top_n:
-  at equal bytes top_n = 64 costs 4-5 us more than 16 at R = 32 and 34-45 us more at R = 2048,
-  whatever the context;
+  walk one chain, one fitted rate per count X_i: block selection's top-n stage
+  (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``, or the threshold pick's
+  counts, ``perfmodel.select_work``) scans the R x NB scores (R = B x Hkv x t rows), orders
+  R x top_n keys, and a row's sort lengthens with top_n: at equal bytes top_n = 64 costs 4-5 us
+  more than 16 at R = 32 and 34-45 us more at R = 2048, whatever the context; NSA's and
+  repair's program waves (each loads its programs' queries and writes their outputs); a dense
+  call's merge launch;
 - ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
-  same call also read (``per_query`` sparse verification): U is the bytes the algorithm requests,
+  same call also read (``per_query`` sparse verification, repair, a dense call's row tiles of one
+  KV head): U is the bytes the algorithm requests,
   G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
   classes use U. For sparse verification also ``bytes_eff = max(G + h (U - G), U / r)``: every
   requested byte, hit or miss, crosses the L2-to-SM path, whose throughput is r x BW (fitted,
-  1 to 4). With it the big-batch calls are what the two levels say: at overlap 0.9 the
-  8B-geometry call streams its 4.3 GB of requests in 587-596 us (7.2-7.3 TB/s, L2-bound,
+  1 to 4; for repair too). With it the big-batch calls are what the two levels say: at overlap
+  0.9 the 8B-geometry call streams its 4.3 GB of requests in 587-596 us (7.2-7.3 TB/s, L2-bound,
   G = 0.6 GB) while at overlap 0.5 and 64K context its 2.0 GB of distinct blocks set 866 us;
   without it the one share h (0.48) had to serve both (with it h = 0.12, r = 2.4).
 
@@ -85,9 +95,10 @@ class ClassFit:
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
     l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
+    t_depth_miss_s: float = 0.0  # t_km: seconds per chain unit that misses L2
     # Fitted on the current kernels' launch-plan counts (``perfmodel.nsa_work``,
-    # ``perfmodel.select_work``, ``perfmodel.sparse_work``): the step model prices such a class
-    # with its op's ``slot_plan``.
+    # ``perfmodel.select_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``,
+    # ``perfmodel.repair_work``): the step model prices such a class with its op's ``slot_plan``.
     slot_plan: bool = False
 
     def efficiencies(self, nbytes, flops):
@@ -118,10 +129,11 @@ class ClassFit:
         padded rows, with extra stages of ``stages`` counts (the model in the module
         docstring)."""
         nbytes = np.asarray(nbytes, dtype=float)
-        eff_bytes = nbytes
+        eff_bytes, miss = nbytes, 1.0
         if self.l2_miss is not None and dedup_bytes is not None:
             g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
             eff_bytes = g + self.l2_miss * (nbytes - g)
+            miss = g / np.maximum(nbytes, 1.0)
             if self.l2_ratio > 0:
                 eff_bytes = np.maximum(eff_bytes, nbytes / self.l2_ratio)
         eb, ef = self.efficiencies(nbytes, flops)
@@ -133,7 +145,9 @@ class ClassFit:
         for rate, count in zip(self.t_stage_s, stages, strict=False):
             fixed = fixed + rate * np.asarray(count, dtype=float)
         chain = np.asarray(depth, dtype=float) * (
-            self.t_depth_s + self.t_depth_row_s * np.asarray(rows, dtype=float)
+            self.t_depth_s
+            + self.t_depth_row_s * np.asarray(rows, dtype=float)
+            + self.t_depth_miss_s * miss
         )
         roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
         return fixed + np.maximum(chain, roof)
@@ -154,6 +168,7 @@ class ClassFit:
             "t_stage_s": list(self.t_stage_s),
             "l2_ratio": self.l2_ratio,
             **({"t_depth_row_s": self.t_depth_row_s} if self.slot_plan else {}),
+            **({"t_depth_miss_s": self.t_depth_miss_s} if self.t_depth_miss_s else {}),
             **({"slot_plan": True} if self.slot_plan else {}),
         }
 
@@ -175,5 +190,6 @@ class ClassFit:
             t_stage_s=tuple(float(x) for x in d.get("t_stage_s", ())),
             l2_ratio=float(d.get("l2_ratio", 0.0)),
             t_depth_row_s=float(d.get("t_depth_row_s", 0.0)),
+            t_depth_miss_s=float(d.get("t_depth_miss_s", 0.0)),
             slot_plan=bool(d.get("slot_plan", False)),
         )

@@ -29,7 +29,7 @@ from ssvkit.perfmodel.ops import (
     local_heads,
 )
 from ssvkit.perfmodel.predictor import Op
-from ssvkit.perfmodel.repair_plan import chain_tiles
+from ssvkit.perfmodel.repair_work import distinct_share, repair_call_work
 from ssvkit.perfmodel.sparsespec import offload_time_s
 from ssvkit.perfmodel.step import (
     Columns,
@@ -216,7 +216,14 @@ def speculation_seconds(
 
 
 def repair_seconds(
-    model: ModelSpec, predictor, rows, missed_blocks, block_size, batch=1, kv_bytes=2
+    model: ModelSpec,
+    predictor,
+    rows,
+    missed_blocks,
+    block_size,
+    batch=1,
+    kv_bytes=2,
+    context_len=None,
 ) -> np.ndarray:
     """PRR's incremental repair of one layer (seed 004 §4.3, eqs. 6-8), seconds.
 
@@ -224,11 +231,15 @@ def repair_seconds(
     query row and head, streams the ``missed_blocks`` blocks of ``block_size`` tokens once, and
     writes the corrected O: bytes ``b rows (missed B kv_token + Hq (2 d_h act + 2 fp32))``
     (each row's own missed blocks, as the kernel gathers them), FLOPs ``b rows missed B (4 Hq
-    d_h)``, one launch. Work scales with the misses only; at zero
-    misses it still launches (PRR's fixed repair cost). The op is the measured ``repair/repair``
-    class with its serial chain as depth (``perfmodel.repair_plan.chain_tiles``: each program
-    walks its row's missed blocks one after another), so a calibrated predictor prices a missed
-    block at its measured latency, not at its bytes alone. Vectorised over every argument.
+    d_h)``, one launch. Work scales with the misses only; at zero misses it still launches
+    (PRR's fixed repair cost). The op is the measured ``repair/repair`` class, and it carries
+    the kernel's launch-plan counts (``perfmodel.repair_work``: each program walks its row's
+    missed blocks one after another) as its ``slot_plan``, so a calibrated predictor prices a
+    missed block at its measured latency, not at its bytes alone. With ``context_len`` the
+    rows of one (sequence, KV head) draw their blocks uniformly from its blocks, as the
+    calibration rows do, and re-read the ones they share from L2
+    (``repair_work.distinct_share``); without it every row's blocks are its own. Vectorised
+    over every argument.
     """
     tp = predictor.tp
     hq, hkv = local_heads(model, tp)
@@ -237,11 +248,28 @@ def repair_seconds(
     blocks = np.asarray(missed_blocks, dtype=float)
     tokens = blocks * np.asarray(block_size, dtype=float)
     state = b * r * hq * (2 * model.head_dim * ACT_BYTES + 2 * F32)
-    gpu = predictor.gpu
-    chain = chain_tiles(
-        r, hkv, b, blocks, block_size, model.head_dim, gpu.num_sms, gpu.smem_per_sm_bytes
-    )
     ones = np.ones_like(tokens + b + r)
+    plan = None
+    if not model.is_mla:  # the kernel runs no MLA: its attention keeps the algorithmic counts
+        gpu = predictor.gpu
+        w = repair_call_work(
+            r, hq, hkv, model.head_dim, b, blocks, block_size, gpu.num_sms, gpu.smem_per_sm_bytes
+        )
+        share = 1.0
+        if context_len is not None:
+            num_blocks = np.asarray(context_len, dtype=float) // np.asarray(block_size, dtype=float)
+            share = distinct_share(num_blocks, blocks, r)
+        plan = Op(
+            "attention",
+            w.flops * ones,
+            w.requested_bytes * ones,
+            ones,
+            kernel="repair/repair",
+            calls=ones,
+            dedup_bytes=w.requested_bytes * share * ones,
+            depth=w.chain_tiles * ones,
+            stage_counts=(w.waves * ones,),
+        )
     op = Op(
         "attention",
         b * r * tokens * attn_flops_per_row_token(model, hq),
@@ -249,7 +277,7 @@ def repair_seconds(
         ones,
         kernel="repair/repair",
         calls=ones,
-        depth=chain * ones,
+        slot_plan=plan,
     )
     return predictor.op_time_s(op)
 
@@ -301,8 +329,9 @@ def prr_layer_costs(
     spec = predict_columns(model, _with(full, comp_stride=0.0, top_n=spec_n), predictor, drafter)
     attn = split.attention_refresh_s
     rows, b = c.rows, c.batch
-    fixed = repair_seconds(model, predictor, rows, 0.0, c.block_size, b, c.kv_bytes)
-    one = repair_seconds(model, predictor, rows, 1.0, c.block_size, b, c.kv_bytes)
+    args = (c.block_size, b, c.kv_bytes, c.context_len)
+    fixed = repair_seconds(model, predictor, rows, 0.0, *args)
+    one = repair_seconds(model, predictor, rows, 1.0, *args)
     return PrrLayerCosts(
         linear_s=split.linear_s,
         selection_s=split.selection_s,
@@ -363,7 +392,8 @@ def mixed_step_seconds(
     ):
         acc = OpSum()
         shim = SimpleNamespace(tp=tp, batch=n, kv_bytes=kv_bytes)
-        dense_attention(acc, model, shim, rows, kv, L * np.ones_like(n), "step.")
+        layers = L * np.ones_like(n)
+        dense_attention(acc, model, shim, rows, kv, layers, "step.", predictor.gpu.num_sms)
         out[name] = predictor.op_time_s(acc["step.attention"]) * (n > 0)
     out["total_s"] = sum(out.values())
     return out

@@ -21,10 +21,16 @@ from ssvkit.perfmodel.ops import OpSum, dense_attention, elementwise, gemm, head
 
 
 def draft_ops(
-    acc: OpSum, model: ModelSpec, draft: ModelSpec | None, c: Columns, draft_vocab: int | None
+    acc: OpSum,
+    model: ModelSpec,
+    draft: ModelSpec | None,
+    c: Columns,
+    draft_vocab: int | None,
+    num_sms: int,
 ) -> None:
     """Drafting cost of one round of every point of ``c`` (``draft``: the draft model's spec,
-    ``draft_vocab``: EAGLE's draft vocabulary), ops named ``draft.*``."""
+    ``draft_vocab``: EAGLE's draft vocabulary; ``num_sms``: the GPU's, for the attention
+    kernel's launch plan), ops named ``draft.*``."""
     b, T = c.batch, c.context_len
     is_ngram = (c.drafter == 2) * 1.0
     is_self = (c.drafter == 3) * 1.0
@@ -36,17 +42,18 @@ def draft_ops(
         if not on.any():
             continue
         kv = T + drafted + nodes
-        for k, op in _eagle_level_ops(model, c, draft_vocab, nodes, kv, on).items():
+        for k, op in _eagle_level_ops(model, c, draft_vocab, nodes, kv, on, num_sms).items():
             acc.add(k, op)
         if draft is not None:
             run = 1.0 + drafted  # the draft model's level forward: the root and every node so far
-            for k, op in _model_forward(draft, c, run, T + run, on * (c.drafter == 1)).items():
+            level = _model_forward(draft, c, run, T + run, on * (c.drafter == 1), num_sms)
+            for k, op in level.items():
                 acc.add(k, op)
         drafted = drafted + nodes
     if draft is not None:
         catch_up = (1.0 - (1.0 - c.full_depth) ** b) * (c.drafter == 1) * spec
         one = np.ones_like(T)
-        for k, op in _model_forward(draft, c, one, T + one, catch_up, ".catch_up").items():
+        for k, op in _model_forward(draft, c, one, T + one, catch_up, num_sms, ".catch_up").items():
             acc.add(k, op)
     # n-gram / prompt lookup: one pass over int32 token ids.
     acc.add(
@@ -56,11 +63,13 @@ def draft_ops(
     # Self-speculation: K chain steps of the target with attention over s T tokens.
     steps = c.num_draft * is_self
     if (steps > 0).any():
-        for k, op in _self_step_ops(model, c).items():
+        for k, op in _self_step_ops(model, c, num_sms).items():
             acc.add(k, op.scaled(steps))
 
 
-def _eagle_level_ops(model: ModelSpec, c: Columns, draft_vocab: int | None, nodes, kv, on) -> OpSum:
+def _eagle_level_ops(
+    model: ModelSpec, c: Columns, draft_vocab: int | None, nodes, kv, on, num_sms: int
+) -> OpSum:
     """One tree level's EAGLE head forward of ``nodes`` nodes per sequence over ``kv`` cached
     tokens (``on``: the points that draft this level)."""
     is_eagle = (c.drafter == 0) * 1.0
@@ -68,7 +77,7 @@ def _eagle_level_ops(model: ModelSpec, c: Columns, draft_vocab: int | None, node
     # EAGLE head: one target-width layer, fused features, LM head.
     m = c.batch * nodes
     linear_ops(sub, model, m, c.tp, is_eagle * on, "draft.", c.fused_elementwise)
-    dense_attention(sub, model, c, nodes, kv, is_eagle * on, "draft.")
+    dense_attention(sub, model, c, nodes, kv, is_eagle * on, "draft.", num_sms)
     sub.add(
         "draft.fc",
         gemm(m, model.hidden_size, 3 * model.hidden_size, model.weight_bytes).scaled(is_eagle * on),
@@ -80,7 +89,9 @@ def _eagle_level_ops(model: ModelSpec, c: Columns, draft_vocab: int | None, node
     return sub
 
 
-def _model_forward(draft: ModelSpec, c: Columns, rows, kv, times, suffix: str = "") -> OpSum:
+def _model_forward(
+    draft: ModelSpec, c: Columns, rows, kv, times, num_sms: int, suffix: str = ""
+) -> OpSum:
     """A tree forward of the draft model over ``rows`` query rows per sequence and ``kv``
     cached tokens, ``times`` per round (0 where a point does not run it): ops named
     ``draft.model.*``, or ``draft.model<suffix>.*``."""
@@ -89,14 +100,14 @@ def _model_forward(draft: ModelSpec, c: Columns, rows, kv, times, suffix: str = 
     layers = draft.num_layers * times
     m = c.batch * rows
     linear_ops(sub, draft, m, c.tp, layers, prefix, c.fused_elementwise)
-    dense_attention(sub, draft, c, rows, kv, layers, prefix)
+    dense_attention(sub, draft, c, rows, kv, layers, prefix, num_sms)
     head_ops(head, draft, m, c.tp, draft.vocab_size, prefix, c.fused_elementwise)
     for k, op in head.items():
         sub.add(k, op.scaled(times))
     return sub
 
 
-def _self_step_ops(model: ModelSpec, c: Columns) -> OpSum:
+def _self_step_ops(model: ModelSpec, c: Columns, num_sms: int) -> OpSum:
     """One self-speculation step: a forward of the target over one row with attention over
     ``sparsity_ratio * T`` tokens plus the drafts so far."""
     T = c.context_len
@@ -113,6 +124,7 @@ def _self_step_ops(model: ModelSpec, c: Columns) -> OpSum:
         c.sparsity_ratio * T + c.num_draft,
         model.num_layers * one,
         "draft.self.",
+        num_sms,
     )
     head_ops(sub, model, c.batch * one, c.tp, model.vocab_size, "draft.self.", c.fused_elementwise)
     return sub

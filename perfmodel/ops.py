@@ -26,7 +26,9 @@ from __future__ import annotations
 import numpy as np
 from ssvkit.perfmodel.attention_work import dense_tile_costs
 from ssvkit.perfmodel.columns import Columns
+from ssvkit.perfmodel.dense_work import dense_work_arrays
 from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.nsa_work import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
 
@@ -283,12 +285,15 @@ def vocab_shard(vocab: int, tp) -> int:
 
 
 def dense_attention(
-    acc: OpSum, model: ModelSpec, c: Columns, rows, kv_tokens, layers, prefix: str
+    acc: OpSum, model: ModelSpec, c: Columns, rows, kv_tokens, layers, prefix: str, num_sms: int
 ) -> None:
     """Dense attention of ``rows`` query rows per sequence over ``kv_tokens`` cached tokens
     (prefix plus draft tail): KV read once per KV head (GQA rows packed), split-KV + merge.
     Its FLOPs are those of the row tiles the kernel runs, and its row tile is the kernel's
-    (``attention_work.dense_verify_tiles``)."""
+    (``attention_work.dense_verify_tiles``). The op carries the kernel's launch-plan counts on
+    ``num_sms`` SMs (``perfmodel.dense_work``) as its ``slot_plan``, which the calibrated class
+    prices; an MLA model's attention, which the kernel does not run, keeps its algorithmic
+    counts."""
     hq, hkv = local_heads(model, c.tp)
     b = c.batch
     qo = 2 * b * rows * hq * model.head_dim * ACT_BYTES + b * rows * hq * F32
@@ -301,5 +306,37 @@ def dense_attention(
         kernel="dense_verify",
         calls=np.ones_like(rows),  # split-KV kernel + merge: one dense_verify call
         tile_rows=row_cost * np.ones_like(rows),
+        slot_plan=None
+        if model.is_mla
+        else _dense_plan_op(model, b, rows, kv_tokens, hq, hkv, num_sms),
     )
     acc.add(prefix + "attention", op.scaled(layers))
+
+
+def _dense_plan_op(model: ModelSpec, batch, rows, kv_tokens, hq, hkv, num_sms: int) -> Op:
+    """One ``dense_verify`` call per point counted by its launch plan (``perfmodel.dense_work``):
+    the counts the calibrated class is fitted on (``calibration.features``); a point of no
+    rows or sequences counts nothing."""
+    shape = {
+        "batch": batch,
+        "t": rows,
+        "context_len": np.maximum(np.asarray(kv_tokens, dtype=float) - rows, 0.0),
+        "num_q_heads": hq,
+        "num_kv_heads": hkv,
+        "head_dim": model.head_dim,
+    }
+    w = dense_work_arrays(shape, num_sms=num_sms, smem_per_sm_bytes=DEFAULT_SMEM_PER_SM_BYTES)
+    on = (w["chain_tiles"] > 0) * 1.0
+    return Op(
+        "attention",
+        w["flops"],
+        w["requested_bytes"],
+        on + w["splits"],
+        kernel="dense_verify",
+        calls=on,
+        dedup_bytes=w["unique_bytes"],
+        depth=w["chain_tiles"],
+        serial_steps=w["merge_steps"],
+        tile_rows=w["sm_rows"],
+        stage_counts=(w["splits"],),
+    )

@@ -80,7 +80,7 @@ def target_forward(
     layers = model.num_layers * np.ones_like(rows)
     linear_ops(acc, model, m, c.tp, layers, prefix, c.fused_elementwise)
     dense = 1.0 - c.sparse
-    dense_attention(acc, model, c, rows, c.context_len + rows, layers * dense, prefix)
+    dense_attention(acc, model, c, rows, c.context_len + rows, layers * dense, prefix, num_sms)
     branches = sparse_attention(acc, model, c, layers, prefix, num_sms)
     head_ops(acc, model, m, c.tp, model.vocab_size, prefix, c.fused_elementwise)
     return branches
@@ -270,7 +270,7 @@ def predict_columns(
     first, inverse = unique_points(c, DRAFT_KEYS)
     cu = take(c, first)
     draft_acc = OpSum()
-    draft_ops(draft_acc, model, draft, cu, draft_vocab)
+    draft_ops(draft_acc, model, draft, cu, draft_vocab, predictor.gpu.num_sms)
     _mark_resident(
         draft_acc, lambda k: draft if k.startswith("draft.model.") else model, predictor.gpu
     )

@@ -30,6 +30,7 @@ from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, elementwise_of_backend
 from ssvkit.planner.estimators import accepted_histogram
+from ssvkit.validation import full_batch
 from ssvkit.validation.prompts import prompt_crc32
 from ssvkit.validation.records import model_label
 
@@ -246,7 +247,8 @@ def steady_figures(result) -> dict:
     """tokens/s, mean accepted, round count and mean step times (CUDA events on the GPU) of a
     run, without round 0 and without the later rounds that captured a CUDA graph missing when
     the run began (``RoundRecord.captured``; ``capture_rounds``, their wall time
-    ``capture_s``). See the module."""
+    ``capture_s``), and its full-batch figures where it has full-batch rounds
+    (``validation.full_batch.figures``). See the module."""
     later = result.rounds[1:]
     captured = [r for r in later if r.captured]
     rounds = [r for r in later if not r.captured] or result.rounds
@@ -256,6 +258,7 @@ def steady_figures(result) -> dict:
     control = sum(r.step_s.get("control", 0.0) for r in rounds)
     # An overlapped controller's calls ran inside the next round's wall time: counted there.
     overlapped = sum(r.step_s.get("control_overlap", 0.0) for r in rounds)
+    full = full_batch.figures(result, len(result.tokens))
     return {
         "tokens_per_s": tokens / max(wall + switch + control, 1e-12),
         "tokens": tokens,
@@ -273,6 +276,7 @@ def steady_figures(result) -> dict:
         },
         "mean_accepted": float(np.mean([np.mean(r.accepted) for r in rounds])),
         "accepted_hist": accepted_histogram(m for r in rounds for m in r.accepted),
+        **({} if full is None else {"full_batch": full}),
     }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 # How a full-batch figure's wall time was obtained.
 MEASURED_WALL = "measured"
 MEAN_ROUND_WALL = "run mean round"
+HISTOGRAM_WALL = "run mean round, every decoding (sequence, round) pair"
 
 
 def full_rounds(active: list[int], batch: int) -> list[bool]:
@@ -81,6 +82,45 @@ def derived(measured: dict, batch: int) -> dict | None:
     spent = measured["wall_s"] + measured.get("switch_s", 0.0) + measured.get("control_s", 0.0)
     round_s = spent / measured["rounds"]
     return _summary(kept, round_s * len(kept), batch, MEAN_ROUND_WALL)
+
+
+def steady(run: dict, batch: int) -> dict | None:
+    """The full-batch figures of a steady run (``validation.bench.steady_figures``): those it
+    recorded (``full_batch``), else derived from its histogram of accepted counts, which counts
+    every (sequence, round) pair that decodes: ``pairs / batch`` full rounds at the run's mean
+    round (``HISTOGRAM_WALL``). The shapes are static, so a round's GPU work does not depend on
+    how many sequences still decode; the host's per-sequence work (an n-gram drafter's lookups)
+    makes the tail rounds a little shorter than a full one, so a derived figure leans high by
+    that. None without a histogram."""
+    if run.get("full_batch"):
+        return run["full_batch"]
+    hist = np.asarray(run.get("accepted_hist") or [], dtype=float)
+    pairs = float(hist.sum())
+    if pairs <= 0 or run.get("rounds", 0) <= 0:
+        return None
+    tokens = float(((np.arange(hist.size) + 1.0) * hist).sum())
+    spent = run["wall_s"] + run.get("switch_s", 0.0) + run.get("control_s", 0.0)
+    round_s = spent / run["rounds"]
+    wall = round_s * pairs / batch
+    return {
+        "rounds": pairs / batch,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / max(wall, 1e-12),
+        "round_s": round_s,
+        "tokens_per_round": tokens / pairs,
+        "mean_accepted": tokens / pairs - 1.0,
+        "wall": HISTOGRAM_WALL,
+    }
+
+
+def pooled_tokens_per_s(runs: list[dict], batch: int) -> float | None:
+    """Full-batch tokens/s of several steady runs as one (``steady`` each: their tokens over
+    their time); None when a run has no full-batch figures."""
+    figs = [steady(r, batch) for r in runs]
+    if not figs or any(f is None for f in figs):
+        return None
+    return sum(f["tokens"] for f in figs) / max(sum(f["wall_s"] for f in figs), 1e-12)
 
 
 def row_figures(r: dict) -> tuple[dict | None, float]:

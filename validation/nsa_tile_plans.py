@@ -65,7 +65,7 @@ def _call(name: str, sets, unions, config, i: int):
     fn = nv.nsa_verify_unfused if name.endswith("unfused") else nv.nsa_verify
     if name.startswith("reuse"):
         kw["block_idx"] = idx
-        if fn is nv.nsa_verify:
+        if fn is nv.nsa_verify and unions is not None:
             kw["union"] = unions[i]
     return fn(*args, **kw)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.planner.space import strategy_id
+from ssvkit.validation import full_batch
 from ssvkit.validation.bench import Bench, steady_run
 
 
@@ -116,14 +117,21 @@ def prompts_jobs(
     return jobs
 
 
-def pooled_prompts(done: dict[str, dict], jobs: dict) -> dict:
+def pooled_prompts(done: dict[str, dict], jobs: dict, batch: int | None = None) -> dict:
     """The figures of ``prompts_jobs``' runs (``done``, by key) pooled (``pooled_figures``:
     tokens/s is their tokens over their time, what the model predicts, not one prompt's or one
-    seed's), with every run's tokens/s and window beside them."""
+    seed's), with every run's tokens/s and window beside them; given the runs' ``batch``, their
+    full-batch tokens/s too (``validation.full_batch.pooled_tokens_per_s``; None where a run
+    has none), pooled and per run."""
     runs = [{**done[k], "window": int(k.split("|")[-3])} for k in jobs]
     out = pooled_figures(runs)
     out["runs_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
     out["runs_window"] = [r["window"] for r in runs]
+    if batch is not None:
+        out["full_batch_tokens_per_s"] = full_batch.pooled_tokens_per_s(runs, batch)
+        out["runs_full_batch_tokens_per_s"] = [
+            full_batch.pooled_tokens_per_s([r], batch) for r in runs
+        ]
     return out
 
 

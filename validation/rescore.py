@@ -4,14 +4,17 @@
         --evaluation validation/data/planner.json
 
 ``python -m ssvkit.validation.planner_eval --resume FILE`` keeps every run it decoded (profile runs
-and
-measured strategies) in FILE. This rebuilds the profile from those runs with the current code
-(``validation.profile_runs.measure_profile``: acceptance, attention factors, overlap and
-the loop-overhead fit), ranks the space again and scores the strategies the evaluation measured:
-Kendall tau and regret per regime against the same measured tokens/s, beside the figures the
-evaluation recorded. A change to the step model, the overhead terms or the profile's reduction
-is thus checked on real H100 runs without a GPU. It decodes nothing: a run the current code
-would ask for that the file lacks (another tree axis, more profile prompts) is an error.
+and measured strategies) in FILE. This rebuilds the profile from those runs with the current
+code (``validation.profile_runs.measure_profile``: acceptance, attention factors, overlap and
+the loop-overhead fit), ranks the space again, pools the measured strategies' runs again with
+the evaluation's own code (``validation.evaluate.measure_strategies``; their whole-run tokens/s
+must come out as recorded) and scores them as the evaluation does now
+(``validation.evaluate.regime_quality``: Kendall tau and regret on the full-batch figures, the
+whole runs' beside them), for the current model's predictions and for the ones the evaluation
+recorded, beside the figures it recorded. A change to the step model, the overhead terms or the
+profile's reduction is thus checked on real GPU runs without a GPU. It decodes nothing: a run
+the current code would ask for that the file lacks (another tree axis, more profile prompts) is
+an error.
 
 Run it where the evaluation ran, or on a machine with the same installed packages: the code
 prompts are cut from the installed packages' sources, so another machine's prompts differ past
@@ -24,17 +27,18 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import sys
 from pathlib import Path
 
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.strategy import elementwise_of_run
-from ssvkit.planner.rank import rank
-from ssvkit.planner.space import SpaceSpec
+from ssvkit.planner.rank import rank, strategy_from_json
+from ssvkit.planner.space import SpaceSpec, strategy_id
 from ssvkit.validation.bench import make_bench, read_runs
+from ssvkit.validation.evaluate import measure_strategies, ranked_figure, regime_quality
 from ssvkit.validation.profile_runs import measure_profile
 from ssvkit.validation.records import add_pair_args
-from ssvkit.validation.stats import ranking_quality
 
 
 class CachedRuns:
@@ -78,6 +82,7 @@ def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: s
     # An evaluation before the profile's timing passes timed its profile runs once.
     bench.timing_passes = doc.get("profile_timing_passes", 1)
     bench.cache = CachedRuns(runs)
+    bench.measure_texts = doc["measure_texts"]
     space = SpaceSpec(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
     )
@@ -102,25 +107,50 @@ def rescore(
     bench, space, contexts, profile, fits = profile_from_runs(runs, doc, model, draft_model)
     ew = elementwise_of_run(doc["provenance"])
     ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, ew)
+    bench.timing_passes = doc["timing_passes"]
     out = {}
     for regime, v in doc["regimes"].items():
         ranked = ranking["regimes"][regime]["ranking"]
         pred = {r["id"]: r["tokens_per_s"] for r in ranked}
-        rows = v["strategies"]
-        q = ranking_quality(
-            [pred[r["id"]] for r in rows], [r["measured"]["tokens_per_s"] for r in rows]
-        )
-        best = max(rows, key=lambda r: pred[r["id"]])
+        rows = measured_again(bench, v, regime, {r["id"]: r for r in ranked})
+        now = [{**r, "predicted_tokens_per_s": pred[r["id"]]} for r in rows]
+        q, then = regime_quality(now), regime_quality(rows)
+        best = max(now, key=lambda r: r["predicted_tokens_per_s"])
         out[regime] = {
+            "measured_figure": q["measured_figure"],
             "kendall_tau": q["kendall_tau"],
             "regret": q["regret"],
+            "whole_run_kendall_tau": q["whole_run"]["kendall_tau"],
+            "whole_run_regret": q["whole_run"]["regret"],
+            "recorded_predictions_kendall_tau": then["kendall_tau"],
+            "recorded_predictions_regret": then["regret"],
             "recorded_kendall_tau": v["kendall_tau"],
             "recorded_regret": v["regret"],
             "predicted_best": best["describe"],
-            "predicted_best_measured_tokens_per_s": best["measured"]["tokens_per_s"],
+            "predicted_best_measured_tokens_per_s": ranked_figure(best["measured"]),
             "overhead_rms_rel": fits[regime].get("rms_rel"),
             "overhead": profile.overhead.get(regime, {}),
         }
+    return out
+
+
+def measured_again(bench, regime_doc: dict, regime: str, ranked: dict) -> list[dict]:
+    """A regime's measured rows with their figures pooled again from the run cache by the
+    evaluation's own code (full-batch figures included; the strategies from the ``ranked``
+    entries by id); a pooled whole-run tokens/s that differs from the recorded one means the
+    cache is not the evaluation's: an error."""
+    rows = regime_doc["strategies"]
+    strategies = [strategy_from_json(ranked[r["id"]]["strategy"]) for r in rows]
+    measured, _ = measure_strategies(bench, strategies, regime, regime_doc["context_len"])
+    out = []
+    for r, s in zip(rows, strategies, strict=True):
+        m = measured[strategy_id(s)]
+        if not math.isclose(m["tokens_per_s"], r["measured"]["tokens_per_s"], rel_tol=1e-9):
+            raise ValueError(
+                f"the runs of {r['describe']!r} in {regime} pool to {m['tokens_per_s']:.1f} "
+                f"tok/s, the evaluation recorded {r['measured']['tokens_per_s']:.1f}"
+            )
+        out.append({**r, "measured": m})
     return out
 
 
@@ -139,12 +169,18 @@ def main(argv=None) -> int:
     except (ValueError, KeyError, json.JSONDecodeError) as e:
         print(f"rescore: {e}", file=sys.stderr)
         return 2
-    print("regime   tau (recorded)   regret (recorded)   overhead rms   predicted best")
+    print(
+        "regime  measured     tau now (whole run)  regret now (whole run)  recorded "
+        "predictions: tau, regret  recorded: tau, regret  overhead rms  predicted best"
+    )
     for regime, r in res.items():
         print(
-            f"{regime:6s} {r['kendall_tau']:5.3f} ({r['recorded_kendall_tau']:5.3f}) "
-            f"{r['regret']:9.1%} ({r['recorded_regret']:6.1%}) "
-            f"{r['overhead_rms_rel']:12.1%}   {r['predicted_best']} "
+            f"{regime:6s}  {r['measured_figure']:10s}  {r['kendall_tau']:6.3f} "
+            f"({r['whole_run_kendall_tau']:6.3f})  {r['regret']:8.1%} "
+            f"({r['whole_run_regret']:6.1%})"
+            f"   {r['recorded_predictions_kendall_tau']:6.3f} "
+            f"{r['recorded_predictions_regret']:6.1%}            {r['recorded_kendall_tau']:6.3f} "
+            f"{r['recorded_regret']:6.1%}  {r['overhead_rms_rel']:12.1%}  {r['predicted_best']} "
             f"({r['predicted_best_measured_tokens_per_s']:.0f} tok/s measured)"
         )
     if args.out:

@@ -90,18 +90,26 @@ def measurement_resolution(
     ratio of two of the ``top`` strategies predicted best (the median over their pairs), and
     the regret (mean, p90) of a predictor that ranked by one such draw -- one that saw another
     sample of the same prompts, timed exactly -- against the measured figures: the regret a
-    measurement this coarse leaves a perfect predictor. None when the rows lack their runs
-    per window, decoded different windows or fewer than two."""
+    measurement this coarse leaves a perfect predictor. The figures are the full-batch ones
+    where every run has them (``runs_full_batch_tokens_per_s``, what the regime is scored on:
+    ``validation.evaluate.regime_quality``), else the whole runs'. None when the rows lack their
+    runs per window, decoded different windows or fewer than two."""
     ms = [r["measured"] for r in rows]
     if len(ms) < 2 or any("runs_window" not in m or "runs_tokens_per_s" not in m for m in ms):
         return None
     if len({tuple(m["runs_window"]) for m in ms}) != 1:
         return None
-    runs = np.array([m["runs_tokens_per_s"] for m in ms], dtype=float)  # [strategy, window]
+    full = all(None not in m.get("runs_full_batch_tokens_per_s", [None]) for m in ms)
+    key, total = (
+        ("runs_full_batch_tokens_per_s", "full_batch_tokens_per_s")
+        if full
+        else ("runs_tokens_per_s", "tokens_per_s")
+    )
+    runs = np.array([m[key] for m in ms], dtype=float)  # [strategy, window]
     k = runs.shape[1]
     if k < 2:
         return None
-    truth = np.array([m["tokens_per_s"] for m in ms], dtype=float)
+    truth = np.array([m[total] for m in ms], dtype=float)
     best = np.argsort([-r["predicted_tokens_per_s"] for r in rows], kind="stable")[:top]
     pairs = np.array([(i, j) for n, i in enumerate(best) for j in best[n + 1 :]])
     pooled = _draws((runs,), lambda x, axis: k / np.sum(1.0 / x, axis=axis), draws, seed)

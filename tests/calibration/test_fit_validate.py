@@ -65,8 +65,9 @@ def test_heldout_rule_holds_out_whole_values(rows):
 def test_nsa_rows_carry_their_launch_plan(rows):
     """The NSA rows' merge steps and row tile come from the wrapper's plan on 132 SMs (8 q / 2
     KV heads: t = 12 is one tile of 64 rows split 64 ways, t = 17 two tiles split 33 ways);
-    dense verification rows carry their kernel's row tile, other ops neither; the fitted NSA
-    classes price both terms, the dense class its row tile."""
+    dense verification rows carry the rows their SMs hold and their merge's steps
+    (``perfmodel.dense_work``), other ops neither; the fitted NSA and dense classes price
+    both terms."""
     tiny = {
         (r["params"]["num_query_tokens"], r["params"]["impl"], r["params"]["mode"]): r
         for r in rows
@@ -85,28 +86,36 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     ]
     gemm = next(r for r in rows if r["op"] == "gemm")
     assert serial_steps(gemm, 132) == 0 == tile_rows(gemm)
-    # 32 q / 8 KV heads: t = 16 fills a 64-row wgmma tile, t = 17 and t = 32 a 128-row one
+    # 32 q / 8 KV heads at batch 16, 32K: one program an SM, t = 16 fills a 64-row wgmma tile
+    # (32 mma.sync rows), t = 32 a 128-row one; t = 64 runs two 128-row tiles a KV head in two
+    # waves, still one program an SM at a time
+    h100 = get_gpu("h100-sxm", measured=False)
     dense = {
-        r["params"]["num_query_tokens"]: r
+        (r["params"]["num_query_tokens"], r["params"]["batch"]): r
         for r in rows
-        if r["op"] == "dense_verify" and r["params"]["num_q_heads"] == 32
+        if r["op"] == "dense_verify"
+        and r["params"]["num_q_heads"] == 32
+        and r["params"]["context_len"] == 32768
     }
-    assert [tile_rows(dense[t]) for t in (1, 8, 16, 32)] == [16, 32, 32, 64]
-    assert serial_steps(dense[16], 132) == 0
+    assert [tile_rows(dense[(t, 16)], h100) for t in (1, 8, 16, 32, 64)] == [16, 32, 32, 64, 64]
+    assert serial_steps(dense[(16, 16)], 132, h100) == 0  # one split: no merge
+    assert serial_steps(dense[(16, 1)], 132, h100) == 1  # 15 splits: one step of 16 partials
     committed = json.loads(PROFILE.read_text())["classes"]
     for name, cls in committed.items():
         if name.startswith("sparse_verify/"):  # priced on its launch plan's chain and row tile
             assert cls["fit"]["slot_plan"] and cls["fit"]["t_depth_s"] > 0, name
             continue
-        nsa = name.startswith("nsa_verify/")
-        assert (cls["fit"]["t_step_s"] > 0) == nsa, name
-        assert (cls["fit"]["t_row_s"] > 0) == (nsa or name == "dense_verify"), name
+        planned = name.startswith("nsa_verify/") or name == "dense_verify"
+        assert (cls["fit"]["t_step_s"] > 0) == planned, name
+        assert (cls["fit"]["t_row_s"] > 0) == planned, name
 
 
 def test_repair_rows_carry_their_chain(rows):
-    """A repair row's depth is the KV tiles one SM slot walks in series on the H100: the tiny
-    pair's batch-1 grid (32 programs) fits in one wave, so its chain is its missed blocks;
-    recompute walks the selected blocks; the fitted repair classes price it (t_k > 0)."""
+    """A repair row's depth is the KV tiles one program walks times its waves on the H100,
+    each weighted by its work (2/3 at D = 64, ``perfmodel.repair_work``): the tiny pair's
+    batch-1 grid (32 programs) fits in one wave, so its chain is its missed blocks; recompute
+    walks the selected blocks; the fitted repair classes price it (t_k > 0), and the tiles'
+    misses of L2 (t_km > 0)."""
     h100 = get_gpu("h100-sxm", measured=False)
     rep = {
         (
@@ -118,11 +127,14 @@ def test_repair_rows_carry_their_chain(rows):
         for r in rows
         if r["op"] == "repair" and r["params"]["context_len"] == 16384
     }
-    assert depth(rep[(8, 1, "repair", 32)], h100) == 32
+    assert depth(rep[(8, 1, "repair", 32)], h100) == pytest.approx(32 * 2 / 3)
     assert depth(rep[(32, 16, "repair", 3)], h100) == 24  # 2048 programs, 8 waves of 264
-    assert depth(rep[(8, 1, "recompute", 64)], h100) == 64
+    assert depth(rep[(8, 1, "recompute", 64)], h100) == pytest.approx(64 * 2 / 3)
+    assert stage_counts(rep[(32, 16, "repair", 3)], h100) == (8.0,)  # its waves
     committed = json.loads(PROFILE.read_text())["classes"]
-    assert committed["repair/repair"]["fit"]["t_depth_s"] > 0
+    for name in ("repair/repair", "repair/recompute"):
+        fit = committed[name]["fit"]
+        assert fit["slot_plan"] and fit["t_depth_s"] > 0 and fit["t_depth_miss_s"] > 0, name
 
 
 def test_kv_write_rows_carry_their_chain(rows):
@@ -161,9 +173,10 @@ def test_select_rows_carry_their_topn_stage(rows):
     """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
     batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
     128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
-    classes price every count (t_x > 0); sparse verification prices its waves, the row tiles a
-    slot writes, its tiles an SM (and a union's plan compares); no other class has stage
-    rates."""
+    classes price every count (t_x > 0), dense verification its merge launch and repair its
+    programs an SM (``perfmodel.dense_work``, ``perfmodel.repair_work``); sparse verification
+    prices its waves, the row tiles a slot writes, its tiles an SM (and a union's plan
+    compares); no other class has stage rates."""
     sel = next(
         r
         for r in rows
@@ -180,6 +193,8 @@ def test_select_rows_carry_their_topn_stage(rows):
             assert len(rates) == 3 and min(rates) > 0, name
         elif name.startswith("sparse_verify/"):
             assert len(rates) == (4 if name.startswith("sparse_verify/union/") else 3), name
+        elif name == "dense_verify" or name.startswith("repair/"):
+            assert len(rates) == 1 and rates[0] > 0, name
         else:
             assert rates == [], name
 
@@ -270,7 +285,7 @@ def test_profile_for_another_gpu_is_refused():
 
 def test_calibrated_predictions_label_extrapolation():
     m, g = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
-    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 22)]
+    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 23)]
     c = build_columns(m, pts)
     pred = make_predictor(g, tp=c.tp)
     assert isinstance(pred, CalibratedPredictor)

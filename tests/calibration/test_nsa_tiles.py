@@ -169,3 +169,33 @@ def test_summary_sets_each_schedule_against_the_packed_call():
         (4, pytest.approx(1.5)),
     ]
     assert all(e["fused_us"] == pytest.approx(100) for e in got["nsa"])
+
+
+def test_the_planner_lines_time_nsa_at_their_own_top_n(monkeypatch):
+    """The planner lines' NSA configs select ``top_n`` blocks a row (16 and 32), and the NSA
+    timing runs the kernel with the config's ``top_n``, not NSA's default: the rows, the
+    indices and the FLOPs say 32 (CPU interpreter, the tiny pair's attention)."""
+    from ssvkit.calibration.kernel_design import PLANNER_LINES, planner_configs
+    from ssvkit.kernels import nsa_verify as mod
+
+    nsa = [c for c in planner_configs() if c.step == "nsa"]
+    assert {c.common["top_n"] for c in nsa} == set(PLANNER_LINES["nsa"]["top_ns"]) == {16, 32}
+    dense = {c.geometry for c in planner_configs() if c.step == "dense"}
+    assert dense == {"tiny", "tiny-draft"} and ki.GEOMETRIES["tiny-draft"] == (4, 2, 64)
+    monkeypatch.setattr(ki, "DEVICE", "cpu")
+    monkeypatch.setattr(ki, "DTYPE", torch.float32)  # the interpreter's bf16 dot is wrong
+    monkeypatch.setattr(kernel_ops.tm, "num_rotations", lambda nbytes: 1)
+    timed = []
+
+    class Runner:
+        def time_op(self, op, params, fn, num_inputs, unique_bytes, flops):
+            timed.append((params, flops, fn(0)[1]))
+
+    with ki.geometry("tiny"):
+        for top_n in (16, 32):
+            cfg = kg.nsa_config(4096, 2, 1, None, 0, top_n)
+            kernel_ops._nsa_config(Runner(), 0, mod, cfg.common, cfg.extra, [("reuse", "fused")])
+    (p16, f16, idx16), (p32, f32, idx32) = timed
+    assert (p16["top_n"], p32["top_n"]) == (16, 32)
+    assert idx16.shape[-1] == 16 and idx32.shape[-1] == 32
+    assert f32 > f16

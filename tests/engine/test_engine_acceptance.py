@@ -133,7 +133,7 @@ def test_the_accept_step_launches_what_perfmodel_prices(spec):
     strategy = Strategy(name="sd", tree=spec, drafter=drafter)
     runner = ModelRunner(tiny_model(seed=3), batch=2, t_max=128, backend="torch")
     engine = Engine(runner, strategy, DecodeConfig(max_new_tokens=4))
-    counted, accept = [], engine._accept
+    counted, accept = [], engine.acceptor.accept
 
     def counting(*args):
         launches = _Launches()
@@ -142,7 +142,7 @@ def test_the_accept_step_launches_what_perfmodel_prices(spec):
         counted.append(launches.names)
         return out
 
-    engine._accept = counting
+    engine.acceptor.accept = counting
     engine.generate(random_prompts([37, 21], seed=5))
     expect = accept_launches(tree.max_depth, TINY.num_layers, 0, 0) - 2 + 1
     # The first round also makes the graph's constant input (once per engine, outside it).

@@ -73,3 +73,18 @@ def test_stage_counts_add_at_their_own_rates():
     np.testing.assert_allclose(more - base, [32 * 2049 * 1e-10 + 32 * 64 * 2e-9 + 64e-7] * 2)
     assert ClassFit.from_json("x", cf.to_json()) == cf
     np.testing.assert_allclose(CF.call_time_s(nbytes, 1.0, BW, PEAK, stages=(1e9,)), base)
+
+
+def test_chain_tiles_that_miss_l2_wait_longer():
+    """A chain unit costs t_k + t_km G / U: at G = U every tile misses L2, at G = U / 4 a
+    quarter does; without deduplicated bytes every tile counts as a miss; JSON keeps t_km and
+    a class without it writes none."""
+    cf = dataclasses.replace(CF, l2_miss=0.5, t_depth_s=1e-6, t_depth_miss_s=4e-7, t0_s=0.0)
+    per_tile = [
+        float(cf.call_time_s(1e3, 1.0, BW, PEAK, dedup_bytes=g, depth=100)) / 100
+        for g in (1e3, 250.0)
+    ]
+    assert per_tile == pytest.approx([1.4e-6, 1.1e-6])
+    assert cf.call_time_s(1e3, 1.0, BW, PEAK, depth=100) == pytest.approx(1.4e-4)
+    assert ClassFit.from_json("x", cf.to_json()) == cf
+    assert "t_depth_miss_s" not in CF.to_json()

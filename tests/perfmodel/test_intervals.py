@@ -176,9 +176,9 @@ def test_the_shipped_profile_carries_its_residual_sets():
 
 
 def test_an_extrapolated_call_gets_a_wider_interval_than_the_same_op_in_range():
-    """Dense verification at 32K lies inside its class's measured range, at 4M contexts outside:
+    """Dense verification at 32K lies inside its class's measured range, at 8M contexts outside:
     the op's relative interval widens to the leave-one-out residuals."""
-    pred = _predict(get_gpu("h100-sxm"), (32768, 1 << 22))
+    pred = _predict(get_gpu("h100-sxm"), (32768, 1 << 23))
     assert list(pred.op_outside["verify.attention"]) == [False, True]
     assert pred.extrapolated[1]
     secs = pred.op_seconds["verify.attention"]
@@ -207,10 +207,10 @@ def test_a_transfer_takes_the_datasheet_gap_only_where_the_target_has_datasheet_
 
 
 def test_a_transfer_that_leaves_the_measured_range_is_labelled_and_widened(h200_without_a_profile):
-    """The H100 profile moved to the H200: dense verification at 4M contexts lies outside the
+    """The H100 profile moved to the H200: dense verification at 8M contexts lies outside the
     class's range, so the point is ``extrapolated`` and the op takes the leave-one-out residuals
     beside the held-out ones (and, transferred, the cross-GPU ones of its family's H200 rows)."""
-    pred = _predict(get_gpu("h200"), (32768, 1 << 22))
+    pred = _predict(get_gpu("h200"), (32768, 1 << 23))
     assert pred.provenance == f"transferred:{shipped_profile('h100-sxm').profile_id}->h200"
     assert pred.extrapolated[1]
     assert list(pred.op_outside["verify.attention"]) == [False, True]

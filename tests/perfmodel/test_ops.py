@@ -72,7 +72,7 @@ def test_draft_ops_per_drafter_kind():
     ]
     c = build_columns(LLAMA, points)
     acc = OpSum()
-    draft_ops(acc, LLAMA, None, c, 32000)
+    draft_ops(acc, LLAMA, None, c, 32000, 132)
     # eagle's levels at its point only; the n-gram scan reads the context's int32 ids once
     assert acc["draft.fc"].flops[0] > 0 and acc["draft.fc"].flops[1:].tolist() == [0, 0]
     assert acc["draft.ngram"].bytes.tolist() == [0, 4096 * 4.0, 0]

@@ -2,6 +2,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.predictor import RooflinePredictor
@@ -301,6 +302,30 @@ def test_dense_verify_attention_follows_the_kernels_row_tiles():
     flops = p.ops["verify.attention"].flops
     assert flops[1] == pytest.approx(flops[2] * (32768 + 17) / (32768 + 32))
     assert flops[1] > 1.8 * flops[0]
+
+
+def test_dense_verify_attention_carries_its_launch_plan():
+    """The dense attention op carries the kernel's launch-plan counts on the GPU's SMs
+    (``perfmodel.dense_work``), per layer: Llama-3.1-8B at 32K, t = 17 packs 68 rows a KV head
+    into one 128-row tile; 128 programs at batch 16 run in one wave, 136 at batch 17 in two.
+    The calibrated H200 class, fitted on those counts, prices the second wave; an MLA model's
+    attention, which the kernel does not run, carries none."""
+    m = get_model("llama-3.1-8b")
+    pts = [
+        (Strategy.from_name("sd_dense", tree="chain:16"), Workload(context_len=32768, batch=b))
+        for b in (16, 17)
+    ]
+    _, p = run(m, pts)
+    plan = p.ops["verify.attention"].slot_plan
+    np.testing.assert_array_equal(plan.depth / m.num_layers, [513, 1026])
+    np.testing.assert_array_equal(plan.calls, [m.num_layers] * 2)
+    h200 = get_gpu("h200")
+    c = build_columns(m, pts)
+    secs = predict_columns(m, c, make_predictor(h200, tp=c.tp)).op_seconds["verify.attention"]
+    assert secs[1] > 1.6 * secs[0]  # measured per call: 616 and 1085 us
+    ds = get_model("deepseek-r1")
+    _, q = run(ds, [(Strategy.from_name("sd_dense", tree="chain:4"), Workload(context_len=4096))])
+    assert q.ops["verify.attention"].slot_plan is None
 
 
 def test_moe_touches_k_experts_for_one_token():

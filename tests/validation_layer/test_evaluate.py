@@ -584,6 +584,14 @@ def test_measurement_resolution_resamples_the_windows_jointly():
     moved = rows([f * pace for f in speed])
     moved[0]["measured"]["runs_window"] = list(range(1, 11))
     assert measurement_resolution(moved) is None
+    # Runs with full-batch figures are resampled on those (what the regime is scored on).
+    full = rows([f * pace * rng.lognormal(0, 0.1, 10) for f in speed])
+    for r, f in zip(full, speed, strict=True):
+        r["measured"]["runs_full_batch_tokens_per_s"] = list(f * pace)
+        r["measured"]["full_batch_tokens_per_s"] = float(10 / np.sum(1.0 / (f * pace)))
+    assert measurement_resolution(full)["pair_ratio_se"] == pytest.approx(0.0, abs=1e-12)
+    full[0]["measured"]["runs_full_batch_tokens_per_s"][3] = None
+    assert measurement_resolution(full)["pair_ratio_se"] > 0.01
 
 
 def _adaptive_row(best, adaptive, others=()):

@@ -256,6 +256,8 @@ def test_planner_eval_at_batch_2_on_the_cpu(tmp_path, capsys, monkeypatch):
     reg = doc["regimes"]["<=4K"]
     assert reg["n"] == 3 and -1 <= reg["kendall_tau"] <= 1 and 0 <= reg["regret"] < 1
     assert reg["measure_windows"] == [list(MEASURE_OFFSETS[:2])]
+    # Scored on the full-batch figures the runs recorded, the whole runs' beside them.
+    assert reg["measured_figure"] == "full_batch" and -1 <= reg["whole_run"]["kendall_tau"] <= 1
     for row in reg["strategies"]:
         # One run of two sequences of 16 tokens, 15 of them from the rounds (the first root is
         # the prefill's), less the first round's (at most 2 x 4 on chain:3): more than one
@@ -271,3 +273,4 @@ def test_planner_eval_at_batch_2_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert all(
         len(v["texts"]) == 2 and all(len(t) == 16 for t in v["texts"]) for v in kept if "texts" in v
     )
+    assert any(v.get("full_batch") for v in kept)

@@ -9,12 +9,16 @@ import json
 
 import pytest
 from ssvkit.engine.results import RoundRecord
+from ssvkit.validation.evaluate import regime_quality
 from ssvkit.validation.full_batch import (
+    HISTOGRAM_WALL,
     MEAN_ROUND_WALL,
     MEASURED_WALL,
     derived,
     figures,
     full_rounds,
+    pooled_tokens_per_s,
+    steady,
 )
 from ssvkit.validation.records import record_path
 from ssvkit.validation.scale_report import build_scale, predict_row
@@ -83,6 +87,44 @@ def test_a_row_without_them_derives_them_at_its_mean_round():
     assert derived({**measured, "full_batch": {"tokens_per_s": 1.0}}, 3) == {"tokens_per_s": 1.0}
     assert derived({**measured, "capture_rounds": 1}, 3) is None
     assert derived({**measured, "accepted_per_sequence": [[0, 0, 0], [1, 1]]}, 3) is None
+
+
+def test_a_steady_run_without_them_derives_them_from_its_histogram():
+    # Batch 2, 4 rounds: one sequence decodes all 4 (accepting 3 each), the other finishes
+    # after 2 (accepting 0 and 1): 6 decoding pairs, 3 full rounds' worth, 17 tokens.
+    run = {"rounds": 4, "wall_s": 8.0, "switch_s": 0.0, "control_s": 0.0}
+    run["accepted_hist"] = [1, 1, 0, 4]
+    got = steady(run, 2)
+    assert got["wall"] == HISTOGRAM_WALL and got["rounds"] == 3.0 and got["round_s"] == 2.0
+    assert got["tokens"] == 4 * 4 + 1 + 2 and got["wall_s"] == 6.0
+    assert got["tokens_per_s"] == pytest.approx(19 / 6.0)
+    # The whole run's figure is lower: the tail rounds carry a finished sequence.
+    assert got["tokens_per_s"] > 19 / 8.0
+    assert got["tokens_per_round"] == pytest.approx(19 / 6) and got["mean_accepted"] == 13 / 6
+    # Recorded figures win; no histogram, no figures; pooled: tokens over time, or None.
+    assert steady({**run, "full_batch": {"tokens": 1.0}}, 2) == {"tokens": 1.0}
+    assert steady({**run, "accepted_hist": []}, 2) is None
+    rec = {**run, "full_batch": {"tokens": 10.0, "wall_s": 2.0}}
+    assert pooled_tokens_per_s([run, rec], 2) == pytest.approx((19 + 10) / (6.0 + 2.0))
+    assert pooled_tokens_per_s([run, {**run, "accepted_hist": []}], 2) is None
+
+
+def test_a_regime_is_scored_on_the_full_batch_figures_the_whole_runs_beside():
+    def row(pred, whole, full):
+        return {
+            "predicted_tokens_per_s": pred,
+            "measured": {"tokens_per_s": whole, "full_batch_tokens_per_s": full},
+        }
+
+    # The whole runs order the last two the other way (a drain of finished sequences).
+    rows = [row(3.0, 30.0, 31.0), row(2.0, 18.0, 24.0), row(1.0, 20.0, 21.0)]
+    q = regime_quality(rows)
+    assert q["measured_figure"] == "full_batch" and q["kendall_tau"] == pytest.approx(1.0)
+    assert q["whole_run"]["kendall_tau"] == pytest.approx(1 / 3) and q["regret"] == 0.0
+    # Without the full-batch figure of every row the whole runs' are scored.
+    rows[1]["measured"]["full_batch_tokens_per_s"] = None
+    q = regime_quality(rows)
+    assert q["measured_figure"] == "whole_run" and q["kendall_tau"] == pytest.approx(1 / 3)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,34 @@
+"""The tile-plan benchmark's correctness check, run in the CPU interpreter on a small case: both
+plans' calls as the benchmark makes them, so a call the check cannot make fails here rather
+than on the GPU machine."""
+
+import pytest
+import torch
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels.nsa_verify import NsaVerifyConfig
+from ssvkit.validation import nsa_stages as ns
+from ssvkit.validation import nsa_tile_plans as ntp
+
+
+@pytest.fixture
+def tiny_inputs(monkeypatch):
+    monkeypatch.setattr(ki, "DEVICE", "cpu")
+    monkeypatch.setattr(ki, "DTYPE", torch.float32)  # the interpreter's bf16 dot is wrong
+    geometry = zip(("NUM_Q_HEADS", "NUM_KV_HEADS", "HEAD_DIM"), ki.GEOMETRIES["tiny"], strict=True)
+    for name, value in geometry:
+        monkeypatch.setattr(ki, name, value)
+
+
+def test_the_check_passes_on_both_plans_and_catches_a_wrong_output(tiny_inputs, monkeypatch):
+    sets = ns.input_sets(1, 4, 2048, 2052, 1)
+    configs = {p: NsaVerifyConfig(rows_per_tile=0, tile_plan=p) for p in ntp.PLANS}
+    ntp.check(sets, configs, "b1 t4 2K r0")
+    real = ntp._call
+
+    def off_by_one(name, s, unions, config, i):
+        out = real(name, s, unions, config, i)
+        return (out[0] + 1, *out[1:]) if config.tile_plan == "fit" else out
+
+    monkeypatch.setattr(ntp, "_call", off_by_one)
+    with pytest.raises(AssertionError, match="b1 t4 2K r0 reuse"):
+        ntp.check(sets, configs, "b1 t4 2K r0")
