@@ -9,15 +9,26 @@ the step model prices the op with (``perfmodel.nsa_work``, ``perfmodel.select_wo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.calibration.ceilings import DEVICE_NAMES
+from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
-from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import merge_steps, mma_row_cost, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
+from ssvkit.perfmodel.sparse_work import (
+    SparseShape,
+    SparseWork,
+    grid_regime,
+    kernel_mode,
+    num_lists,
+    sparse_call_work,
+)
 from ssvkit.perfmodel.torch_plan import kv_write_chain, topn_counts
 
 DEDUP_OPS = ("sparse_verify",)
@@ -25,6 +36,10 @@ DEDUP_OPS = ("sparse_verify",)
 # series (``perfmodel.nsa_plan``'s split geometry; the committed H100 rows): their features
 # keep that geometry. Later rows follow the slot plan (``perfmodel.nsa_work``).
 NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
+# Sparse verification rows timed with the kernel that split a group's list until the grid
+# filled one wave (``perfmodel.attention_work.fill_sparse_splits``; the committed H100 rows).
+SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
+FILL_SPLIT_CONFIG = SparseVerifyConfig(programs_per_sm=4)  # that kernel's wave: 4 x SMs
 # Block-selection rows timed with the kernels that scored one tile a program and picked in torch
 # (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
 # ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
@@ -54,28 +69,30 @@ def repair_blocks(p: dict) -> int:
 def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float | None]:
     """(requested bytes, FLOPs, deduplicated bytes or None) of one call.
 
-    Sparse verification rows carry the measured ``global_unique_bytes`` of their selections;
-    repair rows get the expected distinct bytes of their uniform random selections. Dense
-    verification and repair count their bytes and FLOPs (padded tiles, exponentials) from their
-    launch plans (``dense_work``, ``repair_work``), as the step model does."""
+    Sparse verification: its launch plan's work at the row's measured selections
+    (``sparse_work``); repair rows get the expected distinct bytes of their uniform random
+    selections. Dense verification and repair count their bytes and FLOPs (padded tiles,
+    exponentials) from their launch plans (``dense_work``, ``repair_work``), as the step model
+    does."""
     p = row["params"]
-    dedup, flops = None, float(row["flops"])
-    if row["op"] in DEDUP_OPS:
-        dedup = p.get("global_unique_bytes")
-    elif row["op"] == "repair":
+    flops = float(row["flops"])
+    if row["op"] == "sparse_verify":
+        w = sparse_work(row, gpu)
+        return w.requested_bytes, w.mma_flops, w.unique_bytes
+    if row["op"] == "repair":
         w = repair_work(row, gpu)
         nbytes = float(w.requested_bytes)
         return nbytes, float(w.flops), repair_dedup_bytes(p, nbytes)
-    elif row["op"] == "dense_verify":
+    if row["op"] == "dense_verify":
         d = dense_work(row, gpu)
         return d.requested_bytes, d.flops, d.unique_bytes
-    elif is_slot_plan(row):
+    if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return w.requested_bytes, flops, w.unique_bytes
-    elif is_select_plan(row):
+    if is_select_plan(row):
         w = select_work(row, gpu)
         return w.requested_bytes, w.flops, None
-    return float(row["unique_bytes"]), flops, dedup
+    return float(row["unique_bytes"]), flops, None
 
 
 def is_slot_plan(row: dict) -> bool:
@@ -94,9 +111,11 @@ def is_select_plan(row: dict) -> bool:
 
 def is_plan_priced(row: dict) -> bool:
     """Whether ``row``'s class is fitted on its kernels' launch-plan counts (the step model then
-    prices it with its op's ``slot_plan``): NSA of the slot plan, block selection of the current
-    kernels, dense verification, repair."""
-    return is_slot_plan(row) or is_select_plan(row) or row["op"] in ("dense_verify", "repair")
+    prices it with its op's ``slot_plan``, or sparse verification's op, which is its plan's):
+    NSA of the slot plan, block selection of the current kernels, sparse and dense
+    verification, repair."""
+    plan_ops = ("sparse_verify", "dense_verify", "repair")
+    return is_slot_plan(row) or is_select_plan(row) or row["op"] in plan_ops
 
 
 def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
@@ -180,6 +199,77 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
     )
 
 
+def sparse_mode(row: dict) -> str:
+    """The kernel path a sparse verification row timed (``perfmodel.sparse_work.kernel_mode``:
+    a group of one query runs the ``per_query`` launch)."""
+    p = row["params"]
+    return kernel_mode(p["mode"], p["group_size"], p["num_query_tokens"])
+
+
+def sparse_regime(row: dict) -> str:
+    """The grid regime of a sparse verification row (``perfmodel.sparse_work.grid_regime``: its
+    group lists against the SMs of the GPU that timed it, ``row_num_sms``)."""
+    p = row["params"]
+    t = p["num_query_tokens"]
+    c = 1 if sparse_mode(row) == "per_query" else min(p["group_size"], t)
+    lists = num_lists(p["batch"], p["num_kv_heads"], t, c)
+    return str(grid_regime(lists, row_num_sms(row)))
+
+
+def row_num_sms(row: dict) -> int:
+    """SMs of the registry GPU whose device timed ``row``; the H100/H200's 132 for a device
+    the registry does not name (``_sm_resources``)."""
+    return _device_sms(row.get("device_name", ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _device_sms(device_name: str) -> int:
+    for gpu, names in DEVICE_NAMES.items():
+        if device_name in names:
+            return get_gpu(gpu, measured=False).num_sms
+    return _sm_resources(None)["num_sms"]
+
+
+def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
+    """``perfmodel.sparse_work`` of the call a sparse verification row timed, with its
+    measured selections (a union group's mean list, ``f_load``; a (sequence, KV head)'s
+    distinct blocks, ``global_unique_bytes``), under the split rule of its kernel, on
+    ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None)."""
+    p = row["params"]
+    b, t, hkv, top_n = p["batch"], p["num_query_tokens"], p["num_kv_heads"], p["top_n"]
+    mode = sparse_mode(row)
+    c = 1 if mode == "per_query" else min(p["group_size"], t)
+    groups = -(-t // c)
+    per_query = b * hkv * t * top_n
+    row_blocks = {"per_query": per_query, "union": p["f_load"] * per_query}.get(
+        mode, b * hkv * groups * top_n
+    )
+    block_bytes = 2 * p["block_size"] * p["head_dim"] * 2
+    fixed = row["unique_bytes"] - row_blocks * block_bytes  # tail, queries, outputs, ids
+    shape = SparseShape(
+        batch=b,
+        t=t,
+        num_q_heads=p["num_q_heads"],
+        num_kv_heads=hkv,
+        head_dim=p["head_dim"],
+        context_len=p["context_len"],
+        mode=mode,
+        group_size=p["group_size"],
+        top_n=top_n,
+        block_size=p["block_size"],
+        overlap=p["overlap"],
+        list_blocks=p["f_load"] * t * top_n / groups if mode == "union" else None,
+        unique_blocks=(p["global_unique_bytes"] - fixed) / block_bytes / (b * hkv),
+    )
+    fill = row.get("git_commit", "")[:7] in SPARSE_FILL_SPLIT_COMMITS
+    return sparse_call_work(
+        shape,
+        config=FILL_SPLIT_CONFIG if fill else DEFAULT_SPARSE_CONFIG,
+        split_rule="fill" if fill else "wave_balance",
+        **_sm_resources(gpu),
+    )
+
+
 def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:
     """``perfmodel.dense_work`` of the call a dense verification row timed, on ``gpu``'s SMs and
     shared memory (the H100/H200's when None)."""
@@ -213,6 +303,8 @@ def depth(row: dict, gpu: GpuSpec) -> float:
     (``perfmodel.torch_plan``); for sampling, the row length (``ROW_WALK_OPS``); 0 for the
     other ops, whose t0 and efficiencies hold their latency."""
     p = row["params"]
+    if row["op"] == "sparse_verify":
+        return sparse_work(row, gpu).chain_tiles
     if is_slot_plan(row):
         return nsa_work(row, gpu).chain_tiles
     if is_select_plan(row):
@@ -234,7 +326,10 @@ def serial_steps(row: dict, num_sms: int, gpu: GpuSpec | None = None) -> float:
     """Dependent steps one call runs after its parallel part (``perfmodel.class_fit``'s t_s
     term): the partial slots an NSA or dense verification call's merges walk, from the launch
     plan the wrapper makes for this shape on ``num_sms`` SMs -- the same functions the step
-    model's ops use; 0 for the other ops."""
+    model's ops use; the partials a split sparse verification call's merge reads a row
+    (``perfmodel.sparse_work``); 0 for the other ops."""
+    if row["op"] == "sparse_verify":
+        return sparse_work(row, gpu).merge_steps
     if row["op"] == "dense_verify":
         return dense_work(row, gpu).merge_steps
     if row["op"] != "nsa_verify":
@@ -259,11 +354,13 @@ def serial_steps(row: dict, num_sms: int, gpu: GpuSpec | None = None) -> float:
 def tile_rows(row: dict, gpu: GpuSpec | None = None) -> float:
     """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
     rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
-    call; of a dense verification call, the rows its busiest SM holds at once on ``gpu``
-    (``perfmodel.dense_work``'s ``sm_rows``) (``perfmodel.class_fit``'s t_r term); 0 for the
-    other ops."""
+    or sparse verification call; of a dense verification call, the rows its busiest SM holds
+    at once on ``gpu`` (``perfmodel.dense_work``'s ``sm_rows``) (``perfmodel.class_fit``'s t_r
+    term); 0 for the other ops."""
     if row["op"] == "dense_verify":
         return dense_work(row, gpu).sm_rows
+    if row["op"] == "sparse_verify":
+        return sparse_work(row, None).row_cost
     if row["op"] != "nsa_verify":
         return 0.0
     if is_slot_plan(row):
@@ -278,11 +375,17 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
     sorted, a row's sort length, or the threshold pick's, ``perfmodel.select_work``), over the
     score rows of every KV head's query rows and the blocks of the scored cache (context plus
-    draft rows); for NSA, its program waves (and a refresh call's pick rows); for dense
-    verification, its merge launch; for repair, its waves; none for the other ops."""
+    draft rows); for NSA, its program waves (and a refresh call's pick rows); for sparse
+    verification its waves, the row-tile rows a slot finishes in series, its tiles an SM and a
+    union plan's compares (``perfmodel.sparse_work``); for dense verification, its merge
+    launch; for repair, its waves; none for the other ops."""
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
+    if row["op"] == "sparse_verify":
+        w = sparse_work(row, gpu)
+        stages = (w.waves, w.row_waves, w.sm_tiles)
+        return (*stages, w.plan_compares) if sparse_mode(row) == "union" else stages
     if row["op"] == "dense_verify":
         return (dense_work(row, gpu).splits,)
     if row["op"] == "repair":

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.features import class_data, is_select_plan
+from ssvkit.calibration.features import class_data, is_select_plan, sparse_mode, sparse_regime
 from ssvkit.calibration.fit_class import fit_class
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
@@ -55,11 +55,13 @@ def op_class(row: dict) -> str:
 def _op_class(row: dict) -> str:
     p, op = row["params"], row["op"]
     if op == "sparse_verify":
-        # The group size sets the packed rows per program and so the parallelism: one class
-        # each. Batch 1 and large batches are separate regimes: at batch 1 a call's blocks
-        # (tens to ~200 MB) largely stay in the 50 MB L2 between groups and the grid is small.
-        group = "" if p["mode"] == "per_query" else f"/C{p['group_size']}"
-        return f"{op}/{p['mode']}{group}/" + ("b1" if p["batch"] == 1 else "bN")
+        # One class per kernel path (``sparse_mode``: a union plan or none, member masks or
+        # none; a group of one query runs the per_query launch) and grid regime
+        # (``sparse_regime``: fewer group lists than SMs, split and merged over blocks that
+        # about fit L2, or whole lists streamed from HBM in waves; one efficiency and L2 share
+        # cannot serve both); group size, geometry, draft width, top-n, batch and context are
+        # points of its launch plan's work (``perfmodel.sparse_work``).
+        return f"{op}/{sparse_mode(row)}/{sparse_regime(row)}"
     if op == "repair":
         return f"{op}/{p['mode']}"
     if op == "nsa_verify":

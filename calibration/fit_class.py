@@ -3,19 +3,23 @@ its fit rows (``calibration.features``), as ``calibration.fit`` runs it per clas
 
 Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
 knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count; one constant pair for dense verification), for sparse verification and repair
-the L2-miss share h and the L2 throughput ratio r (``perfmodel.class_fit``: requested bytes /
-(r BW) bound the call beside the HBM bytes; bounded to [1, 4]), for a dense call's row tiles of
-one KV head the share h alone, for GEMMs, NSA, block selection, dense verification, repair, the
-KV write and sampling the latency t_k of a serial chain (a GEMM's K; the key tiles a program
-walks times its waves, from the launch plans of ``perfmodel.nsa_work``,
+the row count; two for sparse verification, one constant pair for dense verification), for
+sparse verification and repair the L2-miss share h and the L2 throughput ratio r
+(``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside the HBM bytes; bounded
+to [1, 4]), for a dense call's row tiles of one KV head the share h alone, for GEMMs, NSA, sparse
+verification, block selection, dense verification, repair, the KV write and sampling the
+latency t_k of a serial chain (a GEMM's K; the key tiles a program walks times its waves, from
+the launch plans of ``perfmodel.nsa_work``, ``perfmodel.sparse_work``,
 ``perfmodel.select_work``, ``perfmodel.dense_work``, ``perfmodel.repair_work``; the elements a
 KV-write thread stores in series, ``perfmodel.torch_plan``; the vocabulary a sampling row
-walks), for NSA and dense verification the latency t_s of a merge step (the serial walk over
-split partials), t_r of a row-tile row and t_kr of a chain tile's row, for repair t_km of a
+walks), for NSA, sparse and dense verification the latency t_s of a merge step (the serial walk
+over split partials), t_r of a row-tile row and t_kr of a chain tile's row, for repair t_km of a
 chain tile's bytes that miss L2, and the rates t_x of the stage counts (block selection's top-n
-stage; NSA's and repair's program waves; a dense call's merge launch).
-Deterministic (no random starts).
+stage; NSA's and repair's program waves; sparse verification's waves, row waves, tiles an SM
+and a union plan's compares; a dense call's merge launch).
+Deterministic (no random starts; sparse verification starts from a few byte efficiencies and
+L2 ratios, dense verification and repair from a few shares of their latency bounds; each keeps
+the lowest loss).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from ssvkit.perfmodel.hardware import GpuSpec
 
 L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio r (``fit_class``)
 L2_RATIO_OPS = ("sparse_verify", "repair")  # classes fitted with the L2 throughput ratio r
-DEPTH_ROW_OPS = ("nsa_verify", "dense_verify")  # chain tiles priced by their rows (t_kr)
+# Chain tiles priced by their rows (t_kr).
+DEPTH_ROW_OPS = ("nsa_verify", "sparse_verify", "dense_verify")
 DEPTH_MISS_OPS = ("repair",)  # chain tiles priced by their bytes' L2 misses (t_km)
 # Efficiencies as constants: knots in a call's bytes let the fit shape the latency regime of the
 # geometries it saw into a size curve, which other geometries' calls of like size do not follow
@@ -42,6 +47,11 @@ CONSTANT_EFFICIENCY_OPS = ("dense_verify",)
 # bandwidth moved the H200 dense fit's predictions by 5%; now by 2e-7.
 LATENCY_STARTS = (0.03, 0.1, 0.3, 0.5, 0.9)
 MULTI_START_OPS = ("dense_verify", "repair")
+BYTES_EFF_STARTS = (0.7, 0.4, 1.0)  # starts of sparse verification's byte efficiencies
+# Sparse verification: two knots; its launch plan's counts (chain, waves, merge, row tile) carry
+# what changes with size and geometry, and a finer curve in total bytes, fitted on one
+# geometry's sizes, misprices another's.
+TWO_KNOT_OPS = ("sparse_verify",)
 
 
 def _knots(values: np.ndarray, k: int) -> tuple[float, ...]:
@@ -55,6 +65,8 @@ def _latency_bound(seconds: np.ndarray, count: np.ndarray) -> float:
     """Upper bound of a per-unit latency: the whole of a call's time spread over its count,
     for the call where that is least."""
     on = count > 0
+    if not on.any():
+        return 1e-30  # no row has the count: its rate is not identified, and prices nothing
     return float((seconds[on] / count[on]).min())
 
 
@@ -62,7 +74,10 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     """Least-squares fit of one class on its fit rows."""
     d = class_data(name, rows, gpu)
     op = name.split("/")[0]
-    k = 1 if op in CONSTANT_EFFICIENCY_OPS else int(np.clip(len(rows) // 8, 2, 6))
+    if op in CONSTANT_EFFICIENCY_OPS:
+        k = 1
+    else:
+        k = 2 if op in TWO_KNOT_OPS else int(np.clip(len(rows) // 8, 2, 6))
     bk, fk = _knots(d.nbytes, k), _knots(d.flops, k)
     has_h = d.dedup is not None
     # The L2 throughput bound r only where a call's programs re-read each other's blocks
@@ -71,7 +86,8 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     has_depth = bool(d.depth.any())
     has_steps = bool(d.steps.any())
     has_rows = bool(d.rows.any())
-    # A chain whose tiles cost by the rows they compute: the slot-planned NSA calls', dense's.
+    # A chain whose tiles cost by the rows they compute: the slot-planned NSA calls', sparse
+    # verification's (``perfmodel.sparse_work``), dense's.
     has_depth_row = has_depth and has_rows and op in DEPTH_ROW_OPS
     # A chain whose tiles wait longer for the bytes that miss L2: repair's.
     has_depth_miss = has_depth and has_h and op in DEPTH_MISS_OPS
@@ -112,7 +128,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         )
         return np.log(t) - np.log(d.seconds)
 
-    x0 = [0.3 * d.seconds.min()] + [0.7] * k + [0.6] * k
+    x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [0.6] * k
     lo = [0.0] + [0.01] * k + [0.01] * k
     hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
     if has_h:
@@ -134,6 +150,13 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     # r's bound has no gradient where it does not bind, so the fit would keep any start that
     # never binds: start it at a few ratios and keep the lowest loss on the fit rows.
     starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if has_l2 else [x0]
+    if op == "sparse_verify":
+        # Three bounds compete for a sparse verification call (HBM bytes, the L2-to-SM path,
+        # the K/V chain) and the start's byte efficiency decides which one the fit lets bind
+        # on which rows: start it at a few efficiencies too.
+        starts += [
+            [x[0], *[e] * k, *x[1 + k :]] for x in list(starts) for e in BYTES_EFF_STARTS[1:]
+        ]
     if op in MULTI_START_OPS:
         first = n_eff + has_h
         starts = [

@@ -9,9 +9,11 @@ fit never saw, computed from the committed rows (``ssvkit validate --sets ...``)
 
 A leave-one-out set refits, for each value of its parameter, every class that has rows with
 that value on the class's other rows (``calibration.fit.fit_profile``, held-out rule included,
-the profile's own fit) and predicts the left-out rows. Sparse verification has one class per
-group size, so a left-out group size (or one the fit GPU never measured) is predicted from the
-class of the nearest measured group size of the same mode and batch regime. Rows that no fit
+the profile's own fit) and predicts the left-out rows. A sparse verification row's group size is
+its ``group_size`` (rows of the ``per_query`` launch have none: ``per_query`` rows and groups
+of one query, ``features.sparse_mode``); its class (per kernel path and grid regime) prices
+every group size from its launch plan's work, and a class named by a group size that no fit
+has is predicted from the nearest measured size's (``predicting_class``). Rows that no fit
 can predict (a class measured at one value only, a class the other GPU's rows do not fit) are
 counted apart and do not enter the targets. The interpolation split stays ``calibration.validate``.
 """
@@ -26,6 +28,7 @@ from collections import Counter
 import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row
+from ssvkit.calibration.features import sparse_mode
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.class_fit import ClassFit
@@ -55,6 +58,8 @@ def left_out_value(name: str, row: dict):
         geometry = tuple(p.get(k) for k in HEAD_GEOMETRY)
         return None if all(x is None for x in geometry) else geometry
     if name == "group":
+        if row["op"] == "sparse_verify":
+            return None if sparse_mode(row) == "per_query" else p["group_size"]
         m = _GROUP.search(op_class(row))
         return int(m.group(1)) if m else None
     if name == "context":
@@ -89,7 +94,7 @@ def fit_classes(rows: list[dict], gpu: str, ceiling: dict) -> dict[str, ClassFit
 def predicting_class(name: str, classes: dict) -> str | None:
     """The class whose fit predicts rows of class ``name``: itself when fitted, else for a
     group-size class the fitted class of the nearest group size (the smaller on a tie) of the
-    same mode and batch regime; None when there is none."""
+    same mode and regime; None when there is none."""
     if name in classes:
         return name
     m = _GROUP.search(name)

@@ -22,11 +22,11 @@ op class, fitted by ``calibration.fit`` on GPU measurements:
   loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
   bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
   too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
-- ``t_kr``: for NSA and dense verification the chain is the key tiles one program walks in
-  series (``perfmodel.nsa_work``, ``perfmodel.dense_work``), each at ``t_k + t_kr x R``: a
-  tile's load latency over the pipeline's depth plus its MMAs and softmax over the R padded rows
-  (a 64-row union tile with its member masks takes longer per key tile than a 16-row one; a
-  dense call's R counts the rows its SM holds at once);
+- ``t_kr``: for NSA, sparse and dense verification the chain is the key tiles one program walks
+  in series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``), each
+  at ``t_k + t_kr x R``: a tile's load latency over the pipeline's depth plus its MMAs and
+  softmax over the R padded rows (a 64-row union tile with its member masks takes longer per key
+  tile than a 16-row one; a dense call's R counts the rows its SM holds at once);
 - ``t_km``: for repair a chain tile also waits ``t_km x G / U``, the share of its bytes that
   misses L2 (``G`` the call's distinct bytes, ``U`` its requested ones): a lone program's
   batch-1 walk at 64K context, whose rows rarely share a block, takes 1.18 us a tile on the
@@ -97,8 +97,8 @@ class ClassFit:
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
     t_depth_miss_s: float = 0.0  # t_km: seconds per chain unit that misses L2
     # Fitted on the current kernels' launch-plan counts (``perfmodel.nsa_work``,
-    # ``perfmodel.select_work``, ``perfmodel.dense_work``, ``perfmodel.repair_work``): the step
-    # model prices such a class with its op's ``slot_plan``.
+    # ``perfmodel.select_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``,
+    # ``perfmodel.repair_work``): the step model prices such a class with its op's ``slot_plan``.
     slot_plan: bool = False
 
     def efficiencies(self, nbytes, flops):

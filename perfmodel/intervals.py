@@ -54,7 +54,7 @@ TENSOR_KINDS = ("gemm", "attention")
 
 def kernel_family(class_name: str) -> str:
     """The kernel family of an op class: its name before the first ``/``, without the
-    L2-resident suffix (``sparse_verify/union/C4/b1`` -> ``sparse_verify``, ``gemm@l2`` ->
+    L2-resident suffix (``sparse_verify/union/b1`` -> ``sparse_verify``, ``gemm@l2`` ->
     ``gemm``)."""
     return class_name.split("/")[0].removesuffix(RESIDENT_SUFFIX)
 

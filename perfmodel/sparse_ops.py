@@ -19,6 +19,10 @@ tiles' reads of them hit L2. A schedule of one draft row per tile runs the one-r
 kernels (no union plan, no member bits) and is priced as its own class,
 ``nsa_verify/<mode>/<impl>/per_query``; a profile without rows of it prices it with the packed
 class, the label says ``stand-in`` (``perfmodel.calibrated.STAND_INS``).
+
+Block-metadata selection (``mean``/``quest``) verifies with ``kernels.sparse_verify`` in the
+strategy's grouping mode: one call a layer, priced by the ``sparse_verify/<mode>/<grid regime>``
+class on the work of its launch plan (``perfmodel.sparse_work``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ from ssvkit.perfmodel.ops import (
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.select_work import select_work_arrays
 from ssvkit.perfmodel.sparse import blocks_loaded_per_layer, union_blocks
+from ssvkit.perfmodel.sparse_work import (
+    GRID_REGIMES,
+    grid_regime,
+    kernel_mode,
+    num_lists,
+    sparse_work_arrays,
+)
 from ssvkit.perfmodel.torch_plan import topn_counts
 
 
@@ -121,6 +132,7 @@ def sparse_attention(
     shape = nsa_shape(model, c, hq, hkv)
     counts = (flops, nbytes, launches)
     _attention_ops(acc, c, counts, nsa, hq, hkv, layers, prefix, num_sms, shape)
+    _sparse_verify_ops(acc, model, c, nsa, hq, hkv, layers, prefix, num_sms)
     _selection_op(acc, model, c, br, nsa, hq, hkv, layers, prefix, num_sms)
     return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in loaded.items()}
 
@@ -217,14 +229,14 @@ def _slot_plan_op(flops, launches, kernel: str, on, shape, num_sms, fused, refre
 def _attention_ops(
     acc: OpSum, c: Columns, counts, nsa, hq, hkv, layers, prefix: str, num_sms: int, shape
 ) -> None:
-    """One op per measured class: the three NSA branches launched apart and gated in torch
-    (unfused) or the fused kernels; refresh layers (NSA: selection inside) and reuse layers.
+    """One op per measured NSA class, at the NSA points (``nsa``): the three branches launched
+    apart and gated in torch (unfused) or the fused kernels; refresh layers (selection inside)
+    and reuse layers.
     One call per layer each (``counts``: FLOPs, bytes and launches of the call)."""
-    b, t, sparse = c.batch, c.rows, c.sparse
+    b, t, sparse = c.batch, c.rows, c.sparse * nsa
     flops, nbytes, launches = counts
     fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
     refresh = nsa * c.refresh_frac
-    # Block-metadata selection (mean / quest) is priced at the packed NSA classes' rates.
     r = np.where(nsa > 0, c.nsa_rows_per_tile, 0.0)
     tile_rows = mma_row_cost(t, hq, hkv, r)
     # One draft row a tile, where that is not what packing gives: the kernels' one-row path.
@@ -266,6 +278,72 @@ def _attention_ops(
                 else None,
             )
             acc.add(prefix + name + ("_" + suffix if suffix else ""), attn.scaled(layers))
+
+
+SPARSE_VERIFY_OPS = {
+    (mode, regime): f"sparse_verify_{mode}_{regime}"
+    for mode in MODE_CODES
+    for regime in GRID_REGIMES
+}
+
+
+def _sparse_verify_ops(
+    acc: OpSum, model: ModelSpec, c: Columns, nsa, hq, hkv, layers, prefix: str, num_sms: int
+) -> None:
+    """Block-metadata selection's attention (``mean``/``quest``): one ``kernels.sparse_verify``
+    call a layer in the strategy's grouping mode over each row's ``top_n`` scored blocks and its
+    local window's ``window // block_size + 1`` (``engine.attention.select_exact``; no
+    compressed branch), one op per kernel path (``sparse_work.kernel_mode``: groups of one
+    query run the ``per_query`` launch) and grid regime (``SPARSE_VERIFY_OPS``,
+    ``sparse_work.grid_regime``: the call's group lists against the SMs), priced by its class
+    ``sparse_verify/<mode>/<grid regime>`` on the work of its launch plan on
+    ``num_sms`` SMs (``perfmodel.sparse_work``, the counts the class is fitted on). The group
+    plan of a union is built once per refresh and shared by the reuse layers: its compares
+    count in refresh layers only (its launch stays in the class's fixed cost)."""
+    on_meta = c.sparse * (1 - nsa)
+    t = np.ceil(c.rows)
+    path = kernel_mode(c.mode, c.group_size, t)
+    packed = np.where(path == MODE_CODES["per_query"], 1, np.minimum(c.group_size, t))
+    regime = grid_regime(num_lists(c.batch, hkv, t, np.maximum(packed, 1)), num_sms)
+    for (mode, reg), name in SPARSE_VERIFY_OPS.items():
+        on = on_meta * (path == MODE_CODES[mode]) * (regime == reg)
+        if not np.any(on):
+            continue
+        live = on > 0
+        w = sparse_work_arrays(
+            dict(
+                batch=np.where(live, c.batch, 0),
+                t=t,
+                num_q_heads=hq,
+                num_kv_heads=hkv,
+                head_dim=model.head_dim,
+                context_len=np.maximum(c.context_len, 1),
+                group_size=np.maximum(c.group_size, 1),
+                top_n=np.maximum(c.top_n, 1),
+                local_blocks=np.floor(c.window / np.maximum(c.block_size, 1)) + 1,
+                block_size=np.maximum(c.block_size, 1),
+                overlap=np.clip(c.overlap, 0.0, 1.0),
+            ),
+            mode,
+            num_sms=num_sms,
+        )
+        stages = (w["waves"], w["row_waves"], w["sm_tiles"])
+        if mode == "union":
+            stages += (w["plan_compares"] * c.refresh_frac,)
+        op = Op(
+            "attention",
+            on * w["mma_flops"],
+            on * w["requested_bytes"],
+            on * (1.0 + (w["merge_steps"] > 0) + (w["plan_compares"] > 0) * c.refresh_frac),
+            kernel=f"sparse_verify/{mode}/{reg}",
+            calls=on * 1.0,
+            dedup_bytes=on * w["unique_bytes"],
+            depth=on * w["chain_tiles"],
+            serial_steps=on * w["merge_steps"],
+            tile_rows=on * w["row_cost"],
+            stage_counts=tuple(on * x for x in stages),
+        )
+        acc.add(prefix + name, op.scaled(layers))
 
 
 def _selection_op(

@@ -49,7 +49,7 @@ from ssvkit.perfmodel.predictor import (
     RooflinePredictor,
     weights_fit_l2,
 )
-from ssvkit.perfmodel.sparse_ops import sparse_attention
+from ssvkit.perfmodel.sparse_ops import SPARSE_VERIFY_OPS, sparse_attention
 from ssvkit.perfmodel.strategy import DrafterSpec
 
 __all__ = [
@@ -150,6 +150,7 @@ ATTENTION_OPS = (
     "sparse_attention_refresh_per_query",
     "sparse_attention_fused_per_query",
     "sparse_attention_fused_refresh_per_query",
+    *SPARSE_VERIFY_OPS.values(),
 )
 
 

@@ -20,9 +20,9 @@ sets how many draft rows share a row tile and its union of blocks
 (``perfmodel.strategy.nsa_rows_per_tile``). The space holds one NSA strategy per (drafter,
 tree, budget, schedule): mode ``shared``, the packed tiles (as many rows as a tile holds, the
 fewest blocks streamed), with the first traversal; ``per_query`` NSA is seed 000's naive
-baseline, not a candidate. (The step model prices ``mean``/``quest`` verification from
-its grouped bytes at the NSA kernel classes' fitted rates: the calibrated profile has no
-``sparse_verify`` class in the step model, so such rankings are less sure than NSA ones.)
+baseline, not a candidate. (The step model prices ``mean``/``quest`` verification as the
+``sparse_verify`` calls the engine launches, by the ``sparse_verify/<mode>/<grid regime>``
+classes on their launch plan's work, ``perfmodel.sparse_work``.)
 
 Every strategy has a stable id (a hash of its fields, independent of enumeration order) and a
 human-readable form.

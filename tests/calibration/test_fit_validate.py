@@ -51,9 +51,15 @@ def test_heldout_rule_holds_out_whole_values(rows):
     assert all(is_heldout(r) for r in rows if r["params"].get("m") == 12)
     frac = len(held) / len(rows)
     assert 0.2 < frac < 0.5
-    assert op_class(
-        next(r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union")
-    ).startswith("sparse_verify/union/C")
+    # one sparse verification class per kernel path and grid regime, every group size in it;
+    # a union of one query runs the per_query launch and is fitted with it
+    union = [r for r in rows if r["op"] == "sparse_verify" and r["params"]["mode"] == "union"]
+    grouped = [r for r in union if r["params"]["group_size"] > 1]
+    regimes = {"sparse_verify/union/few_lists", "sparse_verify/union/many_lists"}
+    assert {op_class(r) for r in grouped} == regimes
+    assert len({r["params"]["group_size"] for r in grouped}) > 2
+    alone = {op_class(r) for r in union if r["params"]["group_size"] == 1}
+    assert alone == {"sparse_verify/per_query/few_lists", "sparse_verify/per_query/many_lists"}
 
 
 def test_nsa_rows_carry_their_launch_plan(rows):
@@ -96,6 +102,9 @@ def test_nsa_rows_carry_their_launch_plan(rows):
     assert serial_steps(dense[(16, 1)], 132, h100) == 1  # 15 splits: one step of 16 partials
     committed = json.loads(PROFILE.read_text())["classes"]
     for name, cls in committed.items():
+        if name.startswith("sparse_verify/"):  # priced on its launch plan's chain and row tile
+            assert cls["fit"]["slot_plan"] and cls["fit"]["t_depth_s"] > 0, name
+            continue
         planned = name.startswith("nsa_verify/") or name == "dense_verify"
         assert (cls["fit"]["t_step_s"] > 0) == planned, name
         assert (cls["fit"]["t_row_s"] > 0) == planned, name
@@ -165,8 +174,9 @@ def test_select_rows_carry_their_topn_stage(rows):
     batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
     128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
     classes price every count (t_x > 0), dense verification its merge launch and repair its
-    programs an SM (``perfmodel.dense_work``, ``perfmodel.repair_work``); no other class has
-    stage rates."""
+    programs an SM (``perfmodel.dense_work``, ``perfmodel.repair_work``); sparse verification
+    prices its waves, the row tiles a slot writes, its tiles an SM (and a union's plan
+    compares); no other class has stage rates."""
     sel = next(
         r
         for r in rows
@@ -181,6 +191,8 @@ def test_select_rows_carry_their_topn_stage(rows):
         rates = cls["fit"]["t_stage_s"]
         if name.startswith("select_blocks/"):
             assert len(rates) == 3 and min(rates) > 0, name
+        elif name.startswith("sparse_verify/"):
+            assert len(rates) == (4 if name.startswith("sparse_verify/union/") else 3), name
         elif name == "dense_verify" or name.startswith("repair/"):
             assert len(rates) == 1 and rates[0] > 0, name
         else:

@@ -6,6 +6,7 @@ from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.sparse_work import SparseShape, sparse_call_work
 from ssvkit.perfmodel.step import build_columns, predict_columns, product_columns
 from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy, Workload
 
@@ -84,8 +85,56 @@ def test_grouping_only_changes_selected_bytes():
     # 16 queries, C = 4, gamma = .75: 4 groups x 8 (1 + 3 * .25) blocks vs 16 x 8
     assert sel[2] / sel[0] == pytest.approx(4 * 8 * 1.75 / (16 * 8))
     assert sel[3] / sel[0] == pytest.approx(4 * 8 / (16 * 8))
-    attn = p.ops["verify.sparse_attention"]
-    assert attn.flops[0] == attn.flops[2] > 0
+    # Block-metadata selection verifies with kernels.sparse_verify, one op per kernel path (a
+    # union of one query runs the per_query launch) and grid regime (32 lists: few_lists).
+    assert np.asarray(p.ops["verify.sparse_attention"].calls).tolist() == [0] * 4
+    per_query, union = (
+        p.ops["verify.sparse_verify_per_query_few_lists"],
+        p.ops["verify.sparse_verify_union_few_lists"],
+    )
+    assert (
+        per_query.kernel == "sparse_verify/per_query/few_lists"
+        and union.kernel == "sparse_verify/union/few_lists"
+    )
+    layers = TINY.num_layers
+    assert np.asarray(per_query.calls).tolist() == [layers, layers, 0, 0]
+    assert np.asarray(union.calls).tolist() == [0, 0, layers, 0]
+    assert per_query.bytes[0] == per_query.bytes[1]
+    # C = 4: fewer bytes, but a group's union (14 blocks) is walked by one program's slices
+    assert union.bytes[2] < per_query.bytes[1] and union.depth[2] > per_query.depth[1]
+
+
+def test_metadata_sparse_verify_is_priced_on_its_launch_plans_work():
+    """The step model's sparse_verify op carries, per layer, the work ``perfmodel.sparse_work``
+    counts for the call the engine launches (16 rows, C = 4, 2 KV heads on 132 SMs, each row's
+    8 scored blocks and the 5 blocks of its 64-token local window)."""
+    w = Workload(context_len=4096, overlap=0.75)
+    _, p = run(TINY, [(_sparse("union", 4, metadata="mean"), w)])
+    shape = SparseShape(
+        1,
+        16,
+        4,
+        2,
+        16,
+        4096,
+        "union",
+        group_size=4,
+        top_n=8,
+        block_size=16,
+        overlap=0.75,
+        local_blocks=5,
+    )
+    one = sparse_call_work(shape, num_sms=GPU.num_sms)
+    op = p.ops["verify.sparse_verify_union_few_lists"]
+    layers = TINY.num_layers
+    assert op.bytes[0] == pytest.approx(layers * one.requested_bytes)
+    assert op.dedup_bytes[0] == pytest.approx(layers * one.unique_bytes)
+    assert op.depth[0] == pytest.approx(layers * one.chain_tiles)
+    assert op.serial_steps[0] == pytest.approx(layers * one.merge_steps) and one.merge_steps > 0
+    assert op.stage_counts[1][0] == pytest.approx(layers * one.row_waves)
+    assert op.stage_counts[2][0] == pytest.approx(layers * one.sm_tiles)
+    assert op.stage_counts[3][0] == pytest.approx(layers * one.plan_compares)  # refresh every layer
+    assert p.op_seconds["verify.sparse_verify_union_few_lists"][0] > 0
 
 
 def test_nsa_grouping_sets_the_row_tiles_each_loading_its_union():
@@ -117,8 +166,20 @@ def test_refresh_reuse_cuts_selection_and_launches():
     assert p.op_seconds["verify.selection"][1] == pytest.approx(
         p.op_seconds["verify.selection"][0] / 2
     )
-    unfused = p.ops["verify.sparse_attention"].launches
-    fused = p.ops["verify.sparse_attention_fused"].launches
+    # Block-metadata attention runs kernels.sparse_verify whatever the fusion, its union plan
+    # in refresh layers only (half of them); the NSA kernels fuse their branches.
+    meta = p.ops["verify.sparse_verify_union_few_lists"].launches
+    assert meta[1] == meta[0] - TINY.num_layers / 2 > 0
+    nsa = [dataclasses.replace(s, metadata="nsa") for s in (base, reuse)]
+    _, p = run(TINY, [(s, w) for s in nsa])
+    ops = p.ops
+    unfused = (
+        ops["verify.sparse_attention"].launches + ops["verify.sparse_attention_refresh"].launches
+    )
+    fused = (
+        ops["verify.sparse_attention_fused"].launches
+        + ops["verify.sparse_attention_fused_refresh"].launches
+    )
     assert fused[0] == 0 == unfused[1] and 0 < fused[1] < unfused[0]
 
 
