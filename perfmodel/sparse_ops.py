@@ -211,6 +211,12 @@ def _slot_plan_op(flops, launches, kernel: str, on, shape, num_sms, fused, refre
     live = {k: np.where(on > 0, v, 0) for k, v in shape.items() if k in ("batch", "t")}
     w = nsa_work_arrays({**shape, **live}, fused=fused, refresh=refresh, num_sms=num_sms)
     stages = (w["waves"], w["pick_rows"]) if refresh else (w["waves"],)
+    return _plan_op(on, w, flops, launches, kernel, stages)
+
+
+def _plan_op(on, w: dict, flops, launches, kernel: str, stages: tuple) -> Op:
+    """One call per point where ``on`` of a kernel priced from its launch plan's work ``w``
+    (requested and distinct bytes, chain tiles, merge steps, row cost) and stage counts."""
     return Op(
         "attention",
         on * flops,
@@ -330,19 +336,8 @@ def _sparse_verify_ops(
         stages = (w["waves"], w["row_waves"], w["sm_tiles"])
         if mode == "union":
             stages += (w["plan_compares"] * c.refresh_frac,)
-        op = Op(
-            "attention",
-            on * w["mma_flops"],
-            on * w["requested_bytes"],
-            on * (1.0 + (w["merge_steps"] > 0) + (w["plan_compares"] > 0) * c.refresh_frac),
-            kernel=f"sparse_verify/{mode}/{reg}",
-            calls=on * 1.0,
-            dedup_bytes=on * w["unique_bytes"],
-            depth=on * w["chain_tiles"],
-            serial_steps=on * w["merge_steps"],
-            tile_rows=on * w["row_cost"],
-            stage_counts=tuple(on * x for x in stages),
-        )
+        launches = 1.0 + (w["merge_steps"] > 0) + (w["plan_compares"] > 0) * c.refresh_frac
+        op = _plan_op(on, w, w["mma_flops"], launches, f"sparse_verify/{mode}/{reg}", stages)
         acc.add(prefix + name, op.scaled(layers))
 
 
