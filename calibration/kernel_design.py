@@ -9,11 +9,12 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   batch 16 fills 128 SMs, 17-30 add a partial second wave (1.03-1.82 waves), at t = 16 (64-row
   tiles), 17 and 32. The rows tell how a partial wave's programs run, which the dense class
   does not yet price (``perfmodel.attention_work.dense_verify_tiles``).
-- **Engine lines** (``ENGINE_LINES``): NSA verification at Llama-3.1-8B attention at the
-  contexts, batches, draft rows and row schedules the engine's scale campaign decodes
-  (``validation.scale_plan``): one row (``ar_sparse``), 9, 17 and 33 packed rows (the planned
-  strategies' shared schedule), 17 rows one a tile (``sd_sparse_naive``) and four a tile
-  (``ssv``'s union of 4), at 32K-128K and batch 1 to the largest that fits. The lines and the
+- **Engine lines** (``ENGINE_LINES``): NSA verification at the attention of the scale
+  campaigns' models (Llama-3.1-8B, GQA 4; GLM-4-9B, GQA 16) at the contexts, batches, draft rows
+  and row schedules the engine decodes (``validation.scale_plan``): one row (``ar_sparse``),
+  9, 17 and 33 packed rows (the planned strategies' shared schedule), 17 rows one a tile
+  (``sd_sparse_naive``) and four a tile (``ssv``'s union of 4), at 32K-128K and batch 1 to the
+  largest that fits. The lines and the
   points leave these outside their axes; the campaign's verify steps are then priced from rows
   at their own kernel shapes, and its report measures how the step composes them.
 - **Planner lines** (``PLANNER_LINES``): NSA and dense verification at the trained tiny pair's
@@ -60,7 +61,14 @@ OVERLAPS = (0.5, 0.6, 0.7, 0.8, 0.9)
 TOP_NS = (16, 32, 64)
 FRACTION_PAIRS = ((0.05, 0.3), (0.1, 0.4), (0.2, 0.5))
 ENGINE_LINES = dict(
-    cells=((32 * K, (1, 4, 16, 25)), (64 * K, (1, 4, 12, 16)), (128 * K, (1, 4, 6, 16))),
+    cells={
+        "llama-3.1-8b": (
+            (32 * K, (1, 4, 16, 25)),
+            (64 * K, (1, 4, 12, 16)),
+            (128 * K, (1, 4, 6, 16)),
+        ),
+        "glm-4-9b": ((32 * K, (1, 4, 16, 78)), (64 * K, (1, 4, 16, 39)), (128 * K, (1, 4, 16, 19))),
+    },
     schedules=((1, 0), (9, 0), (17, 0), (33, 0), (17, 1), (17, 4)),  # (t, rows_per_tile)
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
@@ -201,12 +209,13 @@ def engine_configs() -> list[KernelConfig]:
     """The NSA configs of ``ENGINE_LINES``: refresh and reuse, fused and unfused, on the
     refresh path's own indices; a schedule that runs the packed tiles is timed as packed."""
     out = []
-    with ki.geometry("llama-3.1-8b"):
-        for ctx, batches in ENGINE_LINES["cells"]:
-            for b in batches:
-                for t, rows in ENGINE_LINES["schedules"]:
-                    rows = 0 if rows and kg.nsa_tiles_packed(t, rows) else rows
-                    out.append(kg.nsa_config(ctx, t, b, None, rows))
+    for geometry, cells in ENGINE_LINES["cells"].items():
+        with ki.geometry(geometry):
+            for ctx, batches in cells:
+                for b in batches:
+                    for t, rows in ENGINE_LINES["schedules"]:
+                        rows = 0 if rows and kg.nsa_tiles_packed(t, rows) else rows
+                        out.append(kg.nsa_config(ctx, t, b, None, rows))
     return out
 
 
