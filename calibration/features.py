@@ -73,7 +73,7 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
     (``sparse_work``); repair rows get the expected distinct bytes of their uniform random
     selections. Dense verification and repair count their bytes and FLOPs (padded tiles,
     exponentials) from their launch plans (``dense_work``, ``repair_work``), as the step model
-    does."""
+    does; NSA's FLOPs are its padded row tiles' against their branches' keys (``nsa_work``)."""
     p = row["params"]
     flops = float(row["flops"])
     if row["op"] == "sparse_verify":
@@ -88,7 +88,7 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
         return d.requested_bytes, d.flops, d.unique_bytes
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
-        return w.requested_bytes, flops, w.unique_bytes
+        return w.requested_bytes, w.mma_flops, w.unique_bytes
     if is_select_plan(row):
         w = select_work(row, gpu)
         return w.requested_bytes, w.flops, None

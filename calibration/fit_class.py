@@ -48,6 +48,10 @@ CONSTANT_EFFICIENCY_OPS = ("dense_verify",)
 LATENCY_STARTS = (0.03, 0.1, 0.3, 0.5, 0.9)
 MULTI_START_OPS = ("dense_verify", "repair")
 BYTES_EFF_STARTS = (0.7, 0.4, 1.0)  # starts of sparse verification's byte efficiencies
+# NSA's compute bound (its padded row tiles' MMAs, ``perfmodel.nsa_work``) has no gradient where
+# it does not bind, and at the first start's FLOP efficiency it binds nowhere: start it low too.
+FLOPS_EFF_STARTS = (0.6, 0.15)
+FLOPS_EFF_OPS = ("nsa_verify",)
 # Sparse verification: two knots; its launch plan's counts (chain, waves, merge, row tile) carry
 # what changes with size and geometry, and a finer curve in total bytes, fitted on one
 # geometry's sizes, misprices another's.
@@ -128,7 +132,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         )
         return np.log(t) - np.log(d.seconds)
 
-    x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [0.6] * k
+    x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [FLOPS_EFF_STARTS[0]] * k
     lo = [0.0] + [0.01] * k + [0.01] * k
     hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
     if has_h:
@@ -156,6 +160,12 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
         # on which rows: start it at a few efficiencies too.
         starts += [
             [x[0], *[e] * k, *x[1 + k :]] for x in list(starts) for e in BYTES_EFF_STARTS[1:]
+        ]
+    if op in FLOPS_EFF_OPS:
+        starts += [
+            [*x[: 1 + k], *[e] * k, *x[1 + 2 * k :]]
+            for x in list(starts)
+            for e in FLOPS_EFF_STARTS[1:]
         ]
     if op in MULTI_START_OPS:
         first = n_eff + has_h

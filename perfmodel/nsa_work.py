@@ -15,6 +15,9 @@ union of selected blocks, window plus draft tail). ``NsaWork`` counts:
   SMs (``resident_programs``: what shared memory holds); a tile's load latency over the
   pipeline's depth prices it (Little's law: the bytes in flight per SM set the rate);
 - ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series;
+- ``mma_flops``: the FLOPs of the padded MMA tiles: every ``BLOCK_M`` row of a row tile against
+  every key of the tile's branches (its union of selected blocks included: a row computes the
+  blocks its tile's other rows selected, masked), ``4 x BLOCK_M x D`` a key;
 - ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count half);
 - ``waves``: program waves summed over the launches (each pays a prologue and an epilogue);
 - ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one program of
@@ -88,6 +91,7 @@ class NsaWork:
     row_cost: float
     waves: float
     pick_rows: float
+    mma_flops: float
 
 
 def resident_programs(block_m: int, head_dim: int, smem_per_sm_bytes: int) -> int:
@@ -176,6 +180,7 @@ def nsa_call_work(
         row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
         waves=float(waves),
         pick_rows=float(pick_rows),
+        mma_flops=float(heads * sum(map(sum, units)) * BLOCK_N * block_m * s.head_dim * 4),
     )
 
 

@@ -205,13 +205,13 @@ def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
     )
 
 
-def _slot_plan_op(flops, launches, kernel: str, on, shape, num_sms, fused, refresh) -> Op:
+def _slot_plan_op(launches, kernel: str, on, shape, num_sms, fused, refresh) -> Op:
     """One NSA call per point where ``on`` counted by the slot plan (``perfmodel.nsa_work``):
     the counts the slot-planned classes are fitted on (``calibration.features``)."""
     live = {k: np.where(on > 0, v, 0) for k, v in shape.items() if k in ("batch", "t")}
     w = nsa_work_arrays({**shape, **live}, fused=fused, refresh=refresh, num_sms=num_sms)
     stages = (w["waves"], w["pick_rows"]) if refresh else (w["waves"],)
-    return _plan_op(on, w, flops, launches, kernel, stages)
+    return _plan_op(on, w, w["mma_flops"], launches, kernel, stages)
 
 
 def _plan_op(on, w: dict, flops, launches, kernel: str, stages: tuple) -> Op:
@@ -271,7 +271,6 @@ def _attention_ops(
                 serial_steps=on * share * steps,
                 tile_rows=on * share * tile_rows,
                 slot_plan=_slot_plan_op(
-                    flops,
                     launches,
                     cls,
                     on * share,
