@@ -149,21 +149,25 @@ def cases(contexts, draft_rows, batches):
 
 
 def measure(todo, cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
+    """The rows of ``todo``'s cases in order: cached ones from ``cache``, the others measured
+    until ``stop_at``; past it the cached ones still count, and the document is incomplete."""
     ceilings = None
     rows = []
+    complete = True
     for case in todo:
         key = "b{}-t{}-{}".format(*case)
         if cache is not None and key in cache.runs:
             rows.append(cache.runs[key])
             continue
         if time.perf_counter() >= stop_at:
-            return rows, False
+            complete = False
+            continue
         ceilings = ceilings or dict(
             copy_bytes_per_s=tm.copy_bytes_per_s(), gemm_flops_per_s=tm.gemm_flops_per_s()
         )
         run = functools.partial(run_case, *case, ceilings)
         rows.append(run() if cache is None else cache.get(key, run))
-    return rows, True
+    return rows, complete
 
 
 def main(argv=None) -> int:

@@ -31,6 +31,7 @@ import math
 import sys
 from pathlib import Path
 
+from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.strategy import elementwise_of_run
 from ssvkit.planner.rank import rank, strategy_from_json
@@ -186,7 +187,15 @@ def main(argv=None) -> int:
     if args.out:
         atomic_write(
             args.out,
-            json.dumps({"runs": args.runs, "evaluation": args.evaluation, "regimes": res}, indent=1)
+            json.dumps(
+                {
+                    "runs": args.runs,
+                    "evaluation": args.evaluation,
+                    "provenance": provenance(),
+                    "regimes": res,
+                },
+                indent=1,
+            )
             + "\n",
         )
     return 0

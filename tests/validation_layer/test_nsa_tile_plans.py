@@ -32,3 +32,17 @@ def test_the_check_passes_on_both_plans_and_catches_a_wrong_output(tiny_inputs, 
     monkeypatch.setattr(ntp, "_call", off_by_one)
     with pytest.raises(AssertionError, match="b1 t4 2K r0 reuse"):
         ntp.check(sets, configs, "b1 t4 2K r0")
+
+
+def test_a_stopped_resume_keeps_every_cached_case_and_is_incomplete(tmp_path, monkeypatch):
+    from ssvkit.validation.bench import RunCache
+
+    cache = RunCache(tmp_path / "c.jsonl", {"s": 1})
+    todo = [(1, 1, 32768), (1, 1, 131072), (4, 1, 131072)]
+    for key in ("b1-t1-131072", "b4-t1-131072"):
+        cache.get(key, lambda key=key: {"key": key})
+    monkeypatch.setattr(ntp, "run_case", lambda *a: pytest.fail("measured past the stop"))
+    rows, complete = ntp.measure(todo, cache, stop_at=0.0)
+    assert [r["key"] for r in rows] == ["b1-t1-131072", "b4-t1-131072"] and not complete
+    rows, complete = ntp.measure(todo[1:], cache, stop_at=0.0)
+    assert len(rows) == 2 and complete
