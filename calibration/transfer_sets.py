@@ -162,6 +162,12 @@ def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -
     }
 
 
+# Leave-one-out sets already computed in this process, by set, GPU, the rows' checksums and the
+# ceilings: a fit of a folder holding the committed rows (``calibration.fit.fit_folder``) finds
+# the sets ``ssvkit validate`` computed, instead of refitting every left-out value again.
+_LOO_MEMO: dict[tuple, tuple[list[dict], Counter, dict[str, set]]] = {}
+
+
 def leave_one_out_rows(
     name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict
 ) -> tuple[list[dict], Counter, dict[str, set]]:
@@ -169,7 +175,21 @@ def leave_one_out_rows(
     prediction of a fit without its value: for each value, every class that has rows with it is
     refitted on its other rows; ``base`` holds the fits of all rows, which a class without the
     value keeps (its rows, and so its fit, are unchanged). Also the count of rows per class no
-    fit predicts and the left-out values of each class."""
+    fit predicts and the left-out values of each class. Sealed rows (each with its checksum) are
+    computed once per process."""
+    sums = tuple(r.get("checksum") for r in rows)
+    key = (name, gpu, sums, repr(sorted(ceiling.items()))) if all(sums) else None
+    if key is not None and key in _LOO_MEMO:
+        return _LOO_MEMO[key]
+    out = _leave_one_out_rows(name, rows, gpu, ceiling, base)
+    if key is not None:
+        _LOO_MEMO[key] = out
+    return out
+
+
+def _leave_one_out_rows(
+    name: str, rows: list[dict], gpu: str, ceiling: dict, base: dict
+) -> tuple[list[dict], Counter, dict[str, set]]:
     graph = [r for r in fitted_rows(rows) if left_out_value(name, r) is not None]
     values: dict[str, set] = {}
     for r in graph:

@@ -4,8 +4,9 @@
 depth from the exact distribution of a draft tree under a (depth, rank) acceptance table
 (``perfmodel.acceptance.TreeAcceptance``), so its mean is ``expected_tokens_tree - 1``.
 ``trace`` replays the accepted counts of a recorded trace of the same tree in order, wrapping
-around. Draws come in vectorised chunks from one seeded generator (inverse CDF on uniforms), so
-the sequence depends on the seed only, never on the chunk size.
+around (a batch's other sequences draw from its counts at random). Draws come in vectorised
+chunks from one seeded generator (inverse CDF on uniforms), so the sequence depends on the seed
+only, never on the chunk size.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class TableAcceptance:
         """Mean tokens per round, bonus token included."""
         return 1.0 + float((np.arange(len(self.probs)) * self.probs).sum())
 
-    def sampler(self, rng: np.random.Generator):
-        """A callable returning the next round's accepted count (a Python int)."""
+    def sampler(self, rng: np.random.Generator, index: int = 0, of: int = 1):
+        """A callable returning the next round's accepted count (a Python int), for sequence
+        ``index`` of a batch of ``of`` (the draws are the generator's alone)."""
         cdf = self.cdf
 
         def chunks():
@@ -111,8 +113,19 @@ class TraceAcceptance:
     def expected_tokens(self) -> float:
         return 1.0 + float(self.accepted.mean())
 
-    def sampler(self, rng: np.random.Generator):
-        seq = self.accepted.tolist()
+    def sampler(self, rng: np.random.Generator, index: int = 0, of: int = 1):
+        """Sequence 0 of a batch replays the trace's counts in order; each other sequence draws
+        its rounds' counts from them at random (with replacement, from its own generator), so
+        a batch's sequences accept as independently as the trace's rounds do, not in unison."""
+        acc = self.accepted
+        if index > 0:
+
+            def draws():
+                while True:
+                    yield from rng.choice(acc, CHUNK).tolist()
+
+            return draws().__next__
+        seq = acc.tolist()
 
         def cycle():
             while True:

@@ -208,6 +208,10 @@ class SimConfig:
         default=0.8, metadata={"help": "Jaccard overlap of adjacent layers' selections"}
     )
     per_layer: bool = field(default=False, metadata={"help": "one event per layer and level"})
+    static_batch: bool = field(
+        default=False,
+        metadata={"help": "finished sequences keep their slots: every round costs the batch"},
+    )
     kv_capacity_tokens: int = field(
         default=0, metadata={"help": "KV-cache capacity in tokens (0: from GPU memory)"}
     )

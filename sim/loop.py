@@ -1,7 +1,9 @@
 """The draft/verify decode loop of ``ar_dense``, ``ar_sparse``, ``sd_dense``,
 ``sd_sparse_naive`` and ``ssv``: drafter, selector, verifier and acceptor per round.
 
-A batch of sequences decodes in lockstep; a sequence leaves when it has its tokens. Each stage
+A batch of sequences decodes in lockstep; a sequence leaves when it has its tokens (with
+``static_batch``, as an engine decoding a fixed batch, its slot stays and every round costs the
+whole batch at its mean context until the last sequence ends). Each stage
 is a simpy generator whose only source of time is ``yield env.timeout(cost)`` with the cost from
 the round's cost table (``sim.tables.loop_table``). Round granularity (default) lumps each
 stage into one event per round: drafting, the selection of all refresh layers, the rest of the
@@ -49,6 +51,7 @@ class DecodeLoop:
         layer_overlap,
         per_layer: bool = False,
         host_s: float = 0.0,
+        static_batch: bool = False,
     ):
         self.env = env
         self.grid = grid
@@ -62,6 +65,7 @@ class DecodeLoop:
         self.layer_overlap = layer_overlap
         self.per_layer = per_layer
         self.host_s = host_s
+        self.static_batch = static_batch
         self.refresh = schedule_every(num_layers, strategy.refresh_every).tolist()
         self.sparse = strategy.is_sparse
         self.tokens = 0
@@ -133,8 +137,10 @@ class DecodeLoop:
         k = self.num_draft
         active = list(self.seqs)
         while active:
-            b = len(active)
-            T = sum(s.context for s in active) / b
+            # A static batch keeps its finished sequences' slots (and caches) until the last ends.
+            costed = self.seqs if self.static_batch else active
+            b = len(costed)
+            T = sum(s.context for s in costed) / b
             layer_g, g = self.group_overlap.next()
             layer_c, _ = self.layer_overlap.next()
             q = self.grid.at(b, T, g)

@@ -71,7 +71,9 @@ def run_loop(s: Setup):
     grid, levels = loop_table(ctx, strategy, contexts, b, overlaps)
     rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
     gens = generators(s.seeds["acceptance"], b)
-    seqs = [Sequence(r, acc.sampler(g)) for r, g in zip(reqs, gens, strict=True)]
+    seqs = [
+        Sequence(r, acc.sampler(g, i, b)) for i, (r, g) in enumerate(zip(reqs, gens, strict=True))
+    ]
     env = simpy.Environment()
     loop = DecodeLoop(
         env,
@@ -86,6 +88,7 @@ def run_loop(s: Setup):
         c_proc,
         cfg.per_layer,
         cfg.loop_overhead_s,
+        cfg.static_batch,
     )
     env.process(loop.run())
     t0 = time.perf_counter()

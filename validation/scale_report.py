@@ -14,11 +14,13 @@ perfmodel's step model now, with the profile the campaign's GPU has when the rep
 campaign's own prediction, stored with each row at measure time, is its provenance, not what
 the report compares), at the acceptance of those rounds and the cell's measured selection
 overlap and NSA row schedule, without a host-loop term. The acceptance is the oracle drafter's,
-labelled ``synthetic:oracle``; skipped cells keep the campaign's reason (the memory arithmetic where
-memory refused them). Each prediction the campaign stored with its interval
-(``perfmodel.intervals``, through ``validation.decode_figures.predict``) is drawn with it, and
-the report counts, per figure, the measured values inside their intervals; a campaign predicted
-without intervals is said to be so.
+labelled ``synthetic:oracle``. Beside them, the simulator's replay of each cell
+(``validation.scale_simulate``) against the whole run's tokens/s, without a target. Skipped
+cells keep the campaign's reason (the memory arithmetic where memory refused them). Each
+prediction the campaign stored with its interval (``perfmodel.intervals``, through
+``validation.decode_figures.predict``) is drawn with it, and the report counts, per figure, the
+measured values inside their intervals; a campaign predicted without intervals is said to be
+so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ssvkit.validation.decode_figures import inside, ratio_interval
 from ssvkit.validation.e2e_campaign import NAMES
 from ssvkit.validation.full_batch import row_figures
 from ssvkit.validation.scale_cells import AUTOREGRESSIVE, BENCHMARK, CAMPAIGN_VERSION
+from ssvkit.validation.scale_simulate import simulate_row
 
 # (baseline, over): every baseline over ar_dense, and the grouped strategies over the sparse
 # autoregressive baseline and both speculative ones (the seeds' headline ratios).
@@ -138,6 +141,7 @@ def _cell(doc: dict, r: dict) -> dict:
         "overlap": r["selection"]["group_overlap"],
         "measured": _measured(r),
     }
+    out["simulated"] = simulate_row(doc, r)
     if "error" in p:
         return {**out, "predicted": None, "unpredicted": p["error"]}
     out["predicted"] = {
@@ -211,6 +215,13 @@ def _summary(cells: list[dict], speedups: list[dict]) -> dict:
         ]
         if sel:
             out["speedups"][f"{b}/{over}"] = _errors(sel)
+    out["simulated_tokens_per_s"] = _errors(
+        [
+            (c["simulated"]["tokens_per_s"], c["measured"]["run_tokens_per_s"])
+            for c in cells
+            if c["simulated"]
+        ]
+    )
     out["acceptance"] = sorted({c["acceptance_source"] for c in cells})
     out["unpredicted"] = sum(c["predicted"] is None for c in cells)
     return out

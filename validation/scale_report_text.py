@@ -69,6 +69,7 @@ def text(rep: dict) -> str:
     ]
     pairs = [(f"speedup {k}", v) for k, v in o["speedups"].items()]
     rows = [("verify step", o["verify"]), ("round", o["round"]), ("tokens/s", o["tokens_per_s"])]
+    rows.append(("simulator tokens/s (whole run)", o["simulated_tokens_per_s"]))
     lines += ape_text_lines(
         "figure (all cells)",
         rows + [("speedup (every pair)", o["speedup"]), *pairs],

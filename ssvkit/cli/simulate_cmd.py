@@ -105,6 +105,11 @@ def add_arguments(p) -> None:
     add_dataclass_options(p, SimConfig, RUN_FIELDS)
     add_pricing_options(p)
     p.add_argument("--per-layer", action="store_true", help="one event per layer and draft level")
+    p.add_argument(
+        "--static-batch",
+        action="store_true",
+        help="finished sequences keep their slots until the batch ends (an engine's fixed batch)",
+    )
     g = p.add_argument_group("strategy (defaults: the scenario's baseline)")
     g.add_argument(
         "--strategy",
@@ -161,6 +166,7 @@ def build_config(args) -> SimConfig:
         roofline=args.roofline,
         any_architecture=args.any_architecture,
         per_layer=args.per_layer,
+        static_batch=args.static_batch,
         strategy=build_strategy(args),
         **given(args, RUN_FIELDS),
         **subs,

@@ -47,6 +47,7 @@ def test_left_out_value_never_reaches_its_fit(rows, monkeypatch, name):
     base = fit_classes(subset, "h100-sxm", CEILING)
     monkeypatch.setattr(transfer_sets, "fit_classes", fit)
     monkeypatch.setattr(transfer_sets, "predict", predict)
+    monkeypatch.setattr(transfer_sets, "_LOO_MEMO", {})  # computed here, not found
     out = leave_one_out(name, subset, "h100-sxm", CEILING, base)
     assert len(calls) >= 2 and out["classes"]
     for call in calls:
@@ -188,3 +189,16 @@ def test_check_transfer_exits_1_on_a_missed_target(monkeypatch, capsys):
         assert main(["validate", "--sets", "head"]) == 0  # measured, not gated
         assert main(["validate", "--sets", "head", "--check"]) == 0  # the held-out split only
     capsys.readouterr()
+
+
+def test_a_set_of_the_same_sealed_rows_is_computed_once(rows, monkeypatch):
+    subset = _sparse_and_dense(rows)
+    base = fit_classes(subset, "h100-sxm", CEILING)
+    monkeypatch.setattr(transfer_sets, "_LOO_MEMO", {})
+    first = transfer_sets.leave_one_out_rows("head", subset, "h100-sxm", CEILING, base)
+    monkeypatch.setattr(transfer_sets, "fit_classes", lambda *a: pytest.fail("refitted"))
+    again = [dict(r) for r in subset]  # equal rows, other objects
+    assert transfer_sets.leave_one_out_rows("head", again, "h100-sxm", CEILING, base) is first
+    unsealed = [{k: v for k, v in r.items() if k != "checksum"} for r in subset]
+    with pytest.raises(pytest.fail.Exception, match="refitted"):
+        transfer_sets.leave_one_out_rows("head", unsealed, "h100-sxm", CEILING, base)

@@ -226,3 +226,16 @@ def test_bad_input_is_one_line_and_exit_2(path, doc, tmp_path, capsys):
         capsys,
         plot,
     )
+
+
+def test_the_simulator_replays_every_cell_that_recorded_rounds(doc, capsys):
+    rep = build_scale(doc, "scale.json")
+    replayed = [c for c in rep["cells"] if c["simulated"]]
+    assert replayed and len(replayed) == sum(
+        bool(r["measured"].get("rounds_trace")) for r in doc["rows"] if r["status"] == "measured"
+    )
+    assert all(c["simulated"]["tokens_per_s"] > 0 for c in replayed)
+    assert rep["overall"]["simulated_tokens_per_s"]["n"] == len(replayed)
+    from ssvkit.validation.scale_report_text import text
+
+    assert "simulator tokens/s (whole run)" in text(rep)
