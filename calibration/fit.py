@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.features import class_data, is_select_plan, sparse_mode, sparse_regime
+from ssvkit.calibration.features import class_data
 from ssvkit.calibration.fit_class import fit_class
+from ssvkit.calibration.row_work import is_select_plan, sparse_mode, sparse_regime
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import least_squares
-from ssvkit.calibration.features import class_data, is_plan_priced
+from ssvkit.calibration.features import class_data
+from ssvkit.calibration.row_work import is_plan_priced
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.hardware import GpuSpec
 

@@ -11,7 +11,7 @@ A leave-one-out set refits, for each value of its parameter, every class that ha
 that value on the class's other rows (``calibration.fit.fit_profile``, held-out rule included,
 the profile's own fit) and predicts the left-out rows. A sparse verification row's group size is
 its ``group_size`` (rows of the ``per_query`` launch have none: ``per_query`` rows and groups
-of one query, ``features.sparse_mode``); its class (per kernel path and grid regime) prices
+of one query, ``row_work.sparse_mode``); its class (per kernel path and grid regime) prices
 every group size from its launch plan's work, and a class named by a group size that no fit
 has is predicted from the nearest measured size's (``predicting_class``). Rows that no fit
 can predict (a class measured at one value only, a class the other GPU's rows do not fit) are
@@ -28,8 +28,8 @@ from collections import Counter
 import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row
-from ssvkit.calibration.features import sparse_mode
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
+from ssvkit.calibration.row_work import sparse_mode
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.profiles import Profile

@@ -27,7 +27,7 @@ programs and the pick programs on tickets of one grid.
 - ``pick_rows``: score rows picked (``R``);
 - ``launches``: 2, or 1 fused.
 
-The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.features``) timed the earlier
+The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.row_work``) timed the earlier
 kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
 """
 
