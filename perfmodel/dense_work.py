@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.attention_plan import cdiv, dense_verify_plan
 from ssvkit.perfmodel.attention_work import ELEM_BYTES, resident_programs, row_cost
+from ssvkit.perfmodel.work_points import at_distinct_points
 
 # The special-function unit's exponentials against the tensor cores' FLOPs of one SM: Hopper
 # runs 16 exp2 a clock against 4096 dense bf16 FLOPs (FlashAttention-3, Shah et al. 2024: H100
@@ -116,15 +117,10 @@ def dense_work_arrays(
     ``context_len``, ``num_q_heads``, ``num_kv_heads``, ``head_dim`` to arrays or scalars that
     broadcast; ``t`` rounded up to whole rows), one array per ``DenseWork`` field, evaluated
     once per distinct point; a point of no rows or sequences counts nothing."""
-    names = list(shape)
-    args = np.broadcast_arrays(*(np.asarray(shape[n], dtype=float) for n in names))
-    flat = np.stack([np.ceil(a.ravel()) for a in args], axis=1)
-    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-    out = np.zeros((len(distinct), len(WORK_FIELDS)))
-    for i, point in enumerate(distinct):
-        kw = {n: int(v) for n, v in zip(names, point, strict=True)}
+
+    def work(kw: dict) -> DenseWork | None:
         if kw["batch"] < 1 or kw["t"] < 1:
-            continue
-        w = dense_call_work(**kw, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes)
-        out[i] = [getattr(w, f) for f in WORK_FIELDS]
-    return {f: out[inverse.ravel(), j].reshape(args[0].shape) for j, f in enumerate(WORK_FIELDS)}
+            return None
+        return dense_call_work(**kw, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes)
+
+    return at_distinct_points(shape, work, WORK_FIELDS, ceil=True)

@@ -42,6 +42,7 @@ from ssvkit.perfmodel.nsa_plan import (
     split_slots,
     tile_packing,
 )
+from ssvkit.perfmodel.work_points import at_distinct_points
 
 ELEM_BYTES = 2  # bf16 K/V, queries, outputs
 F32 = 4
@@ -202,24 +203,16 @@ def nsa_work_arrays(
     """``nsa_call_work`` at every point of ``shape`` (``NsaShape`` field names to arrays or
     scalars that broadcast), as one array per ``NsaWork`` field, evaluated once per distinct
     point; a point of no draft rows or heads counts nothing."""
-    names = list(shape)
-    args = np.broadcast_arrays(*(np.asarray(shape[n], dtype=float) for n in names))
-    flat = np.stack([a.ravel() for a in args], axis=1)
-    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-    out = np.zeros((len(distinct), len(WORK_FIELDS)))
-    for i, point in enumerate(distinct):
-        kw = {
-            n: (float(v) if n == "overlap" else int(round(v)))
-            for n, v in zip(names, point, strict=True)
-        }
+
+    def work(kw: dict) -> NsaWork | None:
         if min(kw["batch"], kw["t"], kw["num_q_heads"], kw["num_kv_heads"]) < 1:
-            continue
-        w = nsa_call_work(
+            return None
+        return nsa_call_work(
             NsaShape(**kw),
             fused=fused,
             refresh=refresh,
             num_sms=num_sms,
             smem_per_sm_bytes=smem_per_sm_bytes,
         )
-        out[i] = [getattr(w, f) for f in WORK_FIELDS]
-    return {f: out[inverse.ravel(), j].reshape(args[0].shape) for j, f in enumerate(WORK_FIELDS)}
+
+    return at_distinct_points(shape, work, WORK_FIELDS, floats=("overlap",))

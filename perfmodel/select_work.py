@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.work_points import at_distinct_points
 
 SCORE_TILE = 1024  # kernels.select_blocks._SCORE_TILE: T_PAD x BLOCK_NB
 MAX_TILES = 16  # score tiles a program walks at most (_score_tiles)
@@ -215,17 +216,12 @@ def select_work_arrays(
     """``select_call_work`` at every point of ``shape`` (``SelectShape`` field names to arrays
     or scalars that broadcast), one array per ``SelectWork`` field, evaluated once per distinct
     point; a point of no rows, heads or picks counts nothing."""
-    names = list(shape)
-    args = np.broadcast_arrays(*(np.asarray(shape[n], dtype=float) for n in names))
-    flat = np.stack([a.ravel() for a in args], axis=1)
-    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-    out = np.zeros((len(distinct), len(WORK_FIELDS)))
-    for i, point in enumerate(distinct):
-        kw = {n: int(round(v)) for n, v in zip(names, point, strict=True)}
+
+    def work(kw: dict) -> SelectWork | None:
         if min(kw["batch"], kw["t"], kw["num_q_heads"], kw["num_kv_heads"], kw["top_n"]) < 1:
-            continue
-        w = select_call_work(
+            return None
+        return select_call_work(
             SelectShape(**kw), fused=fused, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes
         )
-        out[i] = [getattr(w, f) for f in WORK_FIELDS]
-    return {f: out[inverse.ravel(), j].reshape(args[0].shape) for j, f in enumerate(WORK_FIELDS)}
+
+    return at_distinct_points(shape, work, WORK_FIELDS)

@@ -62,6 +62,7 @@ from ssvkit.perfmodel.attention_work import (
     union_plan_compares,
 )
 from ssvkit.perfmodel.sparse import union_blocks
+from ssvkit.perfmodel.work_points import at_distinct_points
 
 ELEM_BYTES = 2  # bf16 K/V, queries, outputs
 F32 = 4
@@ -292,20 +293,13 @@ def sparse_work_arrays(
     """``sparse_call_work`` of mode ``mode`` at every point of ``shape`` (``SparseShape``
     field names to arrays or scalars that broadcast), one array per ``SparseWork`` field,
     evaluated once per distinct point; a point without rows, heads or blocks counts nothing."""
-    names = list(shape)
-    args = np.broadcast_arrays(*(np.asarray(shape[n], dtype=float) for n in names))
-    flat = np.stack([a.ravel() for a in args], axis=1)
-    distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-    out = np.zeros((len(distinct), len(WORK_FIELDS)))
-    for i, point in enumerate(distinct):
-        kw = {
-            n: (float(v) if n in ("overlap", "list_blocks", "unique_blocks") else int(round(v)))
-            for n, v in zip(names, point, strict=True)
-        }
+
+    def work(kw: dict) -> SparseWork | None:
         if min(kw.get(n, 1) for n in (*_INT_FIELDS, "top_n", "block_size")) < 1:
-            continue
-        w = sparse_call_work(
+            return None
+        return sparse_call_work(
             SparseShape(mode=mode, **kw), num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes
         )
-        out[i] = [getattr(w, f) for f in WORK_FIELDS]
-    return {f: out[inverse.ravel(), j].reshape(args[0].shape) for j, f in enumerate(WORK_FIELDS)}
+
+    floats = ("overlap", "list_blocks", "unique_blocks")
+    return at_distinct_points(shape, work, WORK_FIELDS, floats=floats)
