@@ -14,7 +14,7 @@ slots are padding, as those past ``G`` always are."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -27,6 +27,7 @@ ALL_BRANCHES = (True, True, True)
 SCORE_SOURCES = ("auto", "stored", "computed")
 MERGES = ("auto", "last", "parallel", "separate")
 PICKS = ("folded", "separate")
+CONTEXT_TILES = ("per_tile", "shared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,18 @@ class NsaVerifyConfig:
         },
     )
 
+    context_tiles: str = field(
+        default="per_tile",
+        metadata={
+            "help": "row tiles of the compressed branch: per_tile (the row tiles of "
+            "rows_per_tile, each streaming every compressed token) or shared (the tiles of "
+            "rows_per_tile = 0, in a launch of their own: every draft row sees the same "
+            "compressed tokens, so one tile of all rows reads them once; the selected and "
+            "window branches keep rows_per_tile's tiles). Takes the separate merge; the "
+            "folded merges keep per_tile"
+        },
+    )
+
     pdl: bool = field(
         default=False,
         metadata={
@@ -135,6 +148,7 @@ class NsaVerifyConfig:
             ("merge", MERGES),
             ("pick", PICKS),
             ("tile_plan", nsa_plan.TILE_PLANS),
+            ("context_tiles", CONTEXT_TILES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -371,10 +385,25 @@ def plan_slots(
 
 
 def refresh_slots(
-    plan: LaunchPlan, device: torch.device, config: NsaVerifyConfig
+    plan: LaunchPlan,
+    device: torch.device,
+    config: NsaVerifyConfig,
+    comp_plan: LaunchPlan | None = None,
 ) -> tuple[int, int, int]:
-    """Slots of a refresh call, whose compressed branch runs in a launch of its own (its
-    states feed the selection) and the selected and window branches in a second one: each
-    launch is sized to fill the SMs on its own."""
-    c_slots = plan_slots(plan, device, config, (True, False, False))[0]
+    """Slots of a call whose compressed branch runs in a launch of its own (a refresh: its
+    states feed the selection; any call with a ``comp_plan``, ``context_plan``) and the
+    selected and window branches in a second one: each launch is sized to fill the SMs on its
+    own, the first over ``comp_plan``'s row tiles when given."""
+    c_slots = plan_slots(comp_plan or plan, device, config, (True, False, False))[0]
     return (c_slots, *plan_slots(plan, device, config, (False, True, True))[1:])
+
+
+def context_plan(plan: LaunchPlan, q, k_cache, comp_k, config: NsaVerifyConfig, **kw):
+    """The compressed branch's own launch plan under ``context_tiles`` "shared": the call's
+    plan with ``rows_per_tile = 0`` (as many draft rows a tile as fit), or None where that is
+    no fewer tiles than ``plan``'s (the branch then runs on the call's own tiles). ``kw``: the
+    semantics :func:`make_plan` takes."""
+    if config.context_tiles != "shared" or config.merge != "separate" or not config.rows_per_tile:
+        return None
+    shared = make_plan(q, k_cache, comp_k, config=replace(config, rows_per_tile=0), **kw)
+    return shared if shared.num_tiles < plan.num_tiles else None

@@ -245,6 +245,8 @@ def nsa_merge_kernel(
     part_ml_ptr,
     gate_ptr,
     o_ptr,  # partials as in nsa_fwd_kernel, [B,t,H,3], o
+    comp_acc_ptr,
+    comp_ml_ptr,  # SHARED_COMP: the compressed launch's partials, on row tiles of its own
     prefix_ptr,
     count_ptr,  # [B] i32, the union plan's [B, Hkv, tiles] counts
     stride_ob,
@@ -261,6 +263,7 @@ def nsa_merge_kernel(
     branches,
     used_slots,
     num_slots,
+    comp_tiles,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -271,14 +274,21 @@ def nsa_merge_kernel(
     ALL_MEMBERS: tl.constexpr,
     S_PAD: tl.constexpr,
     APPLY_GATES: tl.constexpr,
+    SHARED_COMP: tl.constexpr,
+    COMP_GROUP_PAD: tl.constexpr,
+    COMP_BLOCK_M: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * tiles, BLOCK_M)``: merge each branch's slots on its own for one MMA
     row, gate, write ``o``: the merge as a launch of its own. ``S_PAD`` >= the slots of the
     launch. Slots ``[0, comp_fixed)`` are compressed (a launch of their own); the other
     ``used_slots - comp_fixed`` are split between ``branches`` as the forward split them
-    (``split_slots`` of the same key tiles). The row's partials of every slot are loaded at
-    once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent loads. The gates,
+    (``split_slots`` of the same key tiles). ``SHARED_COMP``: the compressed slots are
+    ``comp_fixed`` slots of the ``comp_*`` partials, written over ``comp_tiles`` row tiles of
+    ``COMP_BLOCK_M`` MMA rows (``COMP_GROUP_PAD`` head slots a draft row) per (sequence, KV
+    head), and the other slots start at slot 0 of ``part``. The row's partials of every slot
+    are loaded at once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent loads.
+    The gates,
     the length and the union count come first: with ``PDL`` (``kernels.pdl``) they load while
     the forward launch drains, the partials after it."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
@@ -294,8 +304,11 @@ def nsa_merge_kernel(
         gate_off = ((b * num_t + row) * NUM_Q_HEADS + head) * 3
         offs_d = tl.arange(0, HEAD_DIM)
         slot_ids = tl.arange(0, S_PAD)
-        slot_ok = slot_ids < num_slots
-        base = pid.to(tl.int64) * num_slots + slot_ids  # [S_PAD]
+        # The compressed launch's slots are not in part when it ran on row tiles of its own.
+        comp_off = comp_fixed if SHARED_COMP else 0
+        in_comp = slot_ids < comp_off
+        slot_ok = (slot_ids < used_slots) & ~in_comp
+        base = pid.to(tl.int64) * num_slots + slot_ids - comp_off  # [S_PAD]
         if APPLY_GATES:
             g_c = tl.load(gate_ptr + gate_off).to(tl.float32)
             g_s = tl.load(gate_ptr + gate_off + 1).to(tl.float32)
@@ -325,6 +338,19 @@ def nsa_merge_kernel(
         l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
         acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
         acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
+        if SHARED_COMP:
+            comp_rows: tl.constexpr = COMP_BLOCK_M // COMP_GROUP_PAD
+            comp_pid = bh * comp_tiles + row // comp_rows
+            cm = (row % comp_rows) * COMP_GROUP_PAD + g
+            c_base = comp_pid.to(tl.int64) * comp_fixed + slot_ids
+            c_ml = c_base * 2 * COMP_BLOCK_M + cm
+            m_c = tl.load(comp_ml_ptr + c_ml, mask=in_comp, other=NEG_SENTINEL)
+            l_c = tl.load(comp_ml_ptr + c_ml + COMP_BLOCK_M, mask=in_comp, other=0.0)
+            c_off = (c_base * COMP_BLOCK_M + cm)[:, None] * HEAD_DIM + offs_d[None, :]
+            acc_c = tl.load(comp_acc_ptr + c_off, mask=in_comp[:, None], other=0.0)
+            m_all = tl.where(in_comp, m_c, m_all)
+            l_all = tl.where(in_comp, l_c, l_all)
+            acc_all = tl.where(in_comp[:, None], acc_c, acc_all)
         out = tl.zeros([HEAD_DIM], dtype=tl.float32)
         lo = 0
         for branch in tl.static_range(3):

@@ -263,23 +263,29 @@ def launch_merge(
     slots,
     *,
     comp_apart: bool = False,
+    shared_comp: tuple[LaunchPlan, tuple] | None = None,
     apply_gates: bool = True,
     chain: LaunchChain | None = None,
 ) -> None:
     """Merge and gate the ``slots`` (compressed, selected, window) of ``part`` into ``o``;
     ``comp_apart``: the compressed slots came from a launch of their own (the refresh path),
-    the rest from one launch over the other branches."""
+    the rest from one launch over the other branches. ``shared_comp``: that launch's plan and
+    partials, on row tiles of its own (``kernels.nsa_launch.context_plan``); ``part`` then
+    holds the other branches' slots from slot 0."""
     part_acc, part_ml = part
     prefix_lens, gates = args[3], args[7]
     _, _, counts, all_members, list_len = _plan_args(union, prefix_lens)
-    comp_fixed = slots[0] if comp_apart else 0
-    branches = branch_bits((0, *slots[1:]) if comp_apart else slots)
-    s_pad = _slots_pad(part_ml.shape[1])
+    comp_fixed = slots[0] if comp_apart or shared_comp else 0
+    branches = branch_bits((0, *slots[1:]) if comp_fixed else slots)
+    s_pad = _slots_pad(max(sum(slots), part_ml.shape[1]))
+    comp_plan, (comp_acc, comp_ml) = shared_comp or (plan, part)
     nsa_merge_kernel[(plan.programs, plan.block_m)](
         part_acc,
         part_ml,
         gates,
         o,
+        comp_acc,
+        comp_ml,
         prefix_lens,
         counts,
         *o.stride()[:3],
@@ -294,11 +300,15 @@ def launch_merge(
         branches,
         sum(slots),
         part_ml.shape[1],
+        comp_plan.num_tiles,
         BLOCK_N=plan.block_n,
         BLOCK_SIZE=plan.block_size,
         ALL_MEMBERS=all_members,
         S_PAD=s_pad,
         APPLY_GATES=apply_gates,
+        SHARED_COMP=shared_comp is not None,
+        COMP_GROUP_PAD=comp_plan.group_pad,
+        COMP_BLOCK_M=comp_plan.block_m,
         **plan.rows_meta(),
         **chain_for(chain, plan.pdl).meta(),
         num_warps=1 if s_pad * plan.head_dim <= 2048 else 4,

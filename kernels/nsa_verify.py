@@ -82,6 +82,7 @@ from ssvkit.kernels.nsa_launch import (
     DEFAULT_CONFIG,
     LaunchPlan,
     NsaVerifyConfig,
+    context_plan,
     make_plan,
     plan_slots,
     refresh_slots,
@@ -92,6 +93,7 @@ from ssvkit.kernels.nsa_selection import refresh_indices
 from ssvkit.kernels.nsa_steps import (
     alloc_partials,
     forward_and_merge,
+    launch_fwd,
     launch_merge,
     union_for,
     union_plan,
@@ -210,18 +212,44 @@ def nsa_verify(
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if block_idx is None:
+    chain = LaunchChain(plan.pdl)
+    refresh = block_idx is None
+    comp_plan = context_plan(plan, q, k_cache, comp_k, config, **kw)
+    if comp_plan is not None:
+        block_idx, union = _shared_comp_call(
+            plan, comp_plan, args, o, block_idx, union, config, chain
+        )
+        return (o, block_idx, union) if return_union else (o, block_idx)
+    if refresh:
         slots = refresh_slots(plan, q.device, config)
     else:
         slots = plan_slots(plan, q.device, config)
     part = alloc_partials(plan, sum(slots), q.device)
-    chain = LaunchChain(plan.pdl)
-    refresh = block_idx is None
     if refresh:
         block_idx = refresh_indices(plan, args, part, slots, chain)
     union = union_for(plan, block_idx, None if refresh else union, chain)
     forward_and_merge(plan, args, union, part, o, slots, comp_apart=refresh, chain=chain)
     return (o, block_idx, union) if return_union else (o, block_idx)
+
+
+def _shared_comp_call(plan, comp_plan, args, o, block_idx, union, config, chain):
+    """:func:`nsa_verify` with the compressed branch on ``comp_plan``'s row tiles
+    (``NsaVerifyConfig.context_tiles`` "shared"): that launch (the refresh path's selection
+    after it), the selected and window branches on ``plan``'s tiles, and the merge reading
+    both partials. Returns the indices and the union plan."""
+    device = args[0].device
+    slots = refresh_slots(plan, device, config, comp_plan)
+    comp_part = alloc_partials(comp_plan, slots[0], device)
+    refresh = block_idx is None
+    if refresh:
+        block_idx = refresh_indices(comp_plan, args, comp_part, slots, chain)
+    else:
+        launch_fwd(comp_plan, args, None, comp_part, slots=(slots[0], 0, 0), chain=chain)
+    union = union_for(plan, block_idx, None if refresh else union, chain)
+    part = alloc_partials(plan, sum(slots[1:]), device)
+    launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), chain=chain)
+    launch_merge(plan, args, union, part, o, slots, shared_comp=(comp_plan, comp_part), chain=chain)
+    return block_idx, union
 
 
 def nsa_union_plan(
@@ -285,24 +313,31 @@ def nsa_verify_unfused(
     )
     args = (q, k_cache, v_cache, prefix_lens, tree_mask, comp_k, comp_v, gates)
     plan = _prepare(args, block_idx, kw, validate, config)
+    # The compressed branch on row tiles of its own under context_tiles "shared".
+    comp_plan = context_plan(plan, q, k_cache, comp_k, config, **kw) or plan
     outs = torch.empty((3, *q.shape), dtype=q.dtype, device=q.device)
     chain = LaunchChain(plan.pdl)
     refreshed = None
     if block_idx is None:  # the selection's compressed states are the compressed branch's
-        slots = plan_slots(plan, q.device, config, (True, False, False))
-        refreshed = (alloc_partials(plan, slots[0], q.device), slots)
-        block_idx = refresh_indices(plan, args, *refreshed, chain)
+        slots = plan_slots(comp_plan, q.device, config, (True, False, False))
+        refreshed = (alloc_partials(comp_plan, slots[0], q.device), slots)
+        block_idx = refresh_indices(comp_plan, args, *refreshed, chain)
     for x, branches in enumerate(
         ((True, False, False), (False, True, False), (False, False, True))
     ):
+        branch_plan = comp_plan if x == 0 else plan
         if x == 0 and refreshed is not None:
             part, slots = refreshed
-            launch_merge(plan, args, None, part, outs[x], slots, apply_gates=False, chain=chain)
+            launch_merge(
+                branch_plan, args, None, part, outs[x], slots, apply_gates=False, chain=chain
+            )
             continue
-        slots = plan_slots(plan, q.device, config, branches)
-        part = alloc_partials(plan, sum(slots), q.device)
+        slots = plan_slots(branch_plan, q.device, config, branches)
+        part = alloc_partials(branch_plan, sum(slots), q.device)
         union = union_for(plan, block_idx, None, chain) if branches[1] else None
-        forward_and_merge(plan, args, union, part, outs[x], slots, apply_gates=False, chain=chain)
+        forward_and_merge(
+            branch_plan, args, union, part, outs[x], slots, apply_gates=False, chain=chain
+        )
     o = torch.empty_like(q)
     rows = o.numel() // plan.head_dim
     block_r = max(1, min(64, 4096 // plan.head_dim))

@@ -1,30 +1,34 @@
-"""NSA verification under both tile plans (``NsaVerifyConfig.tile_plan`` "fixed" and "fit")
-across the draft rows t, against the call's floor.
+"""NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the
+draft rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their
+slots) or ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
+tiles or on one tile of all rows).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
-        --resume build/nsa-tile-plans.jsonl [--stop-after 540] [--contexts 131072 ...]
+        --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
+        [--contexts 131072 ...]
 
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16) at NSA's published geometry (as
 :mod:`validation.nsa_stages`, whose inputs it shares: reuse indices with an exact adjacent-row
 overlap of 0.7), contexts 32K / 64K / 128K, t in {1, 8, 9, 16, 17, 24, 32, 33}, batch 1, 4 and
-16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4. Per case and schedule, each plan's
+16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4 (1 and 4 for ``context_tiles``, which
+leaves a packed call as it is). Per case and schedule, each value's
 ``reuse`` (fused, union plan passed in), ``reuse_unfused``, ``refresh`` and
 ``refresh_unfused`` calls are timed (CUDA graphs, L2 flushed per sample, median,
 ``kernels.timing``).
 
-Checked first, a mismatch or NaN stopping the run: the "fit" plan's reuse outputs (fused and
-unfused) against the "fixed" plan's within bf16 tolerance (``ATOL`` / ``RTOL``: the plans cut
-the keys into different slots, so the fp32 sums round in another order and the outputs are not
-bitwise equal); its refresh indices against the "fixed" plan's (``SELECT_AGREEMENT`` of the
+Checked first, a mismatch or NaN stopping the run: the second value's reuse outputs (fused and
+unfused) against the first's within bf16 tolerance (``ATOL`` / ``RTOL``: the values cut the
+keys into different slots, so the fp32 sums round in another order and the outputs are not
+bitwise equal); its refresh indices against the first's (``SELECT_AGREEMENT`` of the
 selections: near-ties of the block scores may flip), and its refresh output against the
-"fixed" reuse call given the "fit" refresh's own indices, within the same tolerance.
+first value's reuse call given the second's own indices, within the same tolerance.
 
 Each row's floor is ``max(unique bytes / copy bandwidth, FLOPs / GEMM rate)``, both ceilings
 measured in the same run (``kernels.timing``); FLOPs are the real rows' ``4 D`` per query head
 and visible key (compressed, selected, window, tail). Every row prints its times and ratios to
-the floor, and a short table last gives fit / fixed per call. ``--resume FILE`` keeps each
-finished case in a run cache (``validation.bench.RunCache``); ``--stop-after S`` starts no case
-after S seconds (the JSON then says ``complete: false``).
+the floor, and a short table last gives both values' reuse and refresh per call. ``--resume
+FILE`` keeps each finished case in a run cache (``validation.bench.RunCache``); ``--stop-after
+S`` starts no case after S seconds (the JSON then says ``complete: false``).
 """
 
 from __future__ import annotations
@@ -46,8 +50,12 @@ from ssvkit.validation.nsa_stages import KW, OVERLAP, TIMING, floor_bytes, input
 CONTEXTS = (32768, 65536, 131072)
 DRAFT_ROWS = (1, 8, 9, 16, 17, 24, 32, 33)
 BATCHES = (1, 4, 16)
-ROWS_PER_TILE = (0, 1, 4)
-PLANS = ("fixed", "fit")
+# The knobs compared, each with its two values (the default first) and its row schedules.
+KNOBS = {
+    "tile_plan": (("fixed", "fit"), (0, 1, 4)),
+    "context_tiles": (("per_tile", "shared"), (1, 4)),
+}
+PLANS, ROWS_PER_TILE = KNOBS["tile_plan"]
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 ATOL = RTOL = 2e-2
 SELECT_AGREEMENT = 0.97
@@ -77,9 +85,10 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 
 
 def check(sets, configs: dict, label: str) -> None:
-    """The "fit" plan's calls against the "fixed" plan's (module docstring)."""
+    """The second value's calls against the first's (``configs`` in that order; module
+    docstring)."""
     args, idx = sets[0]
-    fixed, fit = configs["fixed"], configs["fit"]
+    fixed, fit = configs.values()
     for name in ("reuse", "reuse_unfused"):
         want = _call(name, sets, None, fixed, 0)[0]
         _close(_call(name, sets, None, fit, 0)[0], want, f"{label} {name}")
@@ -93,8 +102,9 @@ def check(sets, configs: dict, label: str) -> None:
         _close(o_fit, o_ref, f"{label} {name}")
 
 
-def run_case(bsz: int, t: int, ctx: int, ceilings: dict) -> dict:
-    """Every schedule and plan of one (batch, t, context): checked, then timed."""
+def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan") -> dict:
+    """Every schedule and value of ``knob`` of one (batch, t, context): checked, then timed."""
+    values, schedules = KNOBS[knob]
     num_sets = 2 if bsz * ctx > 1 << 20 else 4
     sets = input_sets(bsz, t, ctx, ctx + t, num_sets)
     floor_b = floor_bytes(bsz, t, ctx, sets[0][1])
@@ -104,8 +114,8 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict) -> dict:
         batch=bsz, num_query_tokens=t, context_len=ctx, overlap=OVERLAP, unique_bytes=floor_b,
         flops=flops, floor_s=floor_s, **ceilings, times_s={},
     )  # fmt: skip
-    for r in ROWS_PER_TILE:
-        configs = {p: NsaVerifyConfig(rows_per_tile=r, tile_plan=p) for p in PLANS}
+    for r in schedules:
+        configs = {p: NsaVerifyConfig(rows_per_tile=r, **{knob: p}) for p in values}
         check(sets, configs, f"b{bsz} t{t} {ctx} r{r}")
         for plan, cfg in configs.items():
             unions = [
@@ -117,29 +127,33 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict) -> dict:
                 timing = tm.bench(fn, "graph", num_inputs=num_sets, config=TIMING)
                 row["times_s"][f"r{r}_{plan}_{name}"] = timing.median_s
     torch.cuda.empty_cache()
-    print_row(row)
+    print_row(row, knob)
     return row
 
 
-def print_row(row: dict) -> None:
+def print_row(row: dict, knob: str = "tile_plan") -> None:
+    values, schedules = KNOBS[knob]
     floor_us = row["floor_s"] * 1e6
     head = f"b{row['batch']:<2d} t{row['num_query_tokens']:<2d} {row['context_len'] // 1024:>3d}K"
-    for r in ROWS_PER_TILE:
+    for r in schedules:
         cells = []
         for name in CALLS:
-            a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in PLANS)
+            a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in values)
             cells.append(f"{name} {a:7.1f}/{b:7.1f} us ({a / floor_us:4.1f}x/{b / floor_us:4.1f}x)")
-        print(f"{head} r{r} floor {floor_us:6.1f} us  fixed/fit: " + "  ".join(cells), flush=True)
+        pair = "/".join(values)
+        print(f"{head} r{r} floor {floor_us:6.1f} us  {pair}: " + "  ".join(cells), flush=True)
 
 
-def print_summary(rows: list[dict]) -> None:
-    """Per case and schedule: fused reuse and refresh time of each plan over the floor."""
-    print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse fixed/fit (x floor)  refresh fixed/fit")
+def print_summary(rows: list[dict], knob: str = "tile_plan") -> None:
+    """Per case and schedule: fused reuse and refresh time of each value over the floor."""
+    values, schedules = KNOBS[knob]
+    pair = "/".join(values)
+    print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse {pair} (x floor)  refresh {pair}")
     for row in rows:
         case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"
-        for r in ROWS_PER_TILE:
+        for r in schedules:
             ts = [row["times_s"][f"r{r}_{p}_{n}"] / row["floor_s"] for n in ("reuse", "refresh")
-                  for p in PLANS]  # fmt: skip
+                  for p in values]  # fmt: skip
             print(f"{case:>14s} {r:>2d} {row['floor_s'] * 1e6:7.1f}  {ts[0]:5.1f} / {ts[1]:5.1f}"
                   f"               {ts[2]:5.1f} / {ts[3]:5.1f}")  # fmt: skip
 
@@ -148,7 +162,9 @@ def cases(contexts, draft_rows, batches):
     return [(b, t, c) for c in contexts for b in batches for t in draft_rows]
 
 
-def measure(todo, cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
+def measure(
+    todo, cache: RunCache | None, stop_at: float, knob: str = "tile_plan"
+) -> tuple[list[dict], bool]:
     """The rows of ``todo``'s cases in order: cached ones from ``cache``, the others measured
     until ``stop_at``; past it the cached ones still count, and the document is incomplete."""
     ceilings = None
@@ -165,7 +181,7 @@ def measure(todo, cache: RunCache | None, stop_at: float) -> tuple[list[dict], b
         ceilings = ceilings or dict(
             copy_bytes_per_s=tm.copy_bytes_per_s(), gemm_flops_per_s=tm.gemm_flops_per_s()
         )
-        run = functools.partial(run_case, *case, ceilings)
+        run = functools.partial(run_case, *case, ceilings, knob)
         rows.append(run() if cache is None else cache.get(key, run))
     return rows, complete
 
@@ -179,7 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     p.add_argument("--draft-rows", type=int, nargs="+", default=list(DRAFT_ROWS))
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    p.add_argument("--knob", choices=list(KNOBS), default="tile_plan", help="what is compared")
     args = p.parse_args(argv)
+    values = KNOBS[args.knob][0]
     for name in ("contexts", "draft_rows", "batches"):
         bad = [v for v in getattr(args, name) if v < 1 or (name == "draft_rows" and v > 64)]
         if bad:
@@ -188,25 +206,26 @@ def main(argv=None) -> int:
     cache = None
     if args.resume:
         prov = {k: v for k, v in tm.provenance().items() if k != "timestamp"}
-        settings = dict(kwargs=KW, plans=list(PLANS), timing=str(TIMING), **prov)
+        settings = dict(kwargs=KW, plans=list(values), timing=str(TIMING), **prov)
         try:
             cache = RunCache(args.resume, settings)
         except ValueError as e:
             p.exit(2, f"nsa_tile_plans: {e}\n")
     stop_at = t0 + args.stop_after if args.stop_after is not None else float("inf")
     todo = cases(args.contexts, args.draft_rows, args.batches)
-    rows, complete = measure(todo, cache, stop_at)
+    rows, complete = measure(todo, cache, stop_at, args.knob)
     doc = {
         "benchmark": "nsa_tile_plans",
+        "knob": args.knob,
         "complete": complete,
         "kwargs": KW,
-        "configs": {p: str(NsaVerifyConfig(tile_plan=p)) for p in PLANS},
+        "configs": {p: str(NsaVerifyConfig(**{args.knob: p})) for p in values},
         "provenance": tm.provenance(),
         "rows": rows,
     }
     if args.out:
         atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
-    print_summary(rows)
+    print_summary(rows, args.knob)
     if not complete:
         left = f"{len(rows)} of {len(todo)} cases"
         print(f"stopped by --stop-after after {left}: run again with --resume")

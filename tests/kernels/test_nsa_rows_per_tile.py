@@ -75,6 +75,52 @@ def test_refresh_with_one_row_per_tile_selects_and_attends_as_the_reference(fuse
     assert_close(o, ro, torch.float32, "o")
 
 
+@pytest.mark.parametrize("rows_per_tile", [1, 2])
+def test_shared_context_tiles_match_reference(monkeypatch, rows_per_tile):
+    """``context_tiles="shared"``: the compressed branch runs on one tile of all five rows (its
+    own launch, its partials merged from a buffer of their own), the other branches on the
+    schedule's tiles; refresh and reuse, fused and unfused, attend as the reference and the
+    refresh selects its blocks exactly."""
+    import ssvkit.kernels.nsa_verify as nv
+
+    plans = []
+    real = nv.context_plan
+    monkeypatch.setattr(
+        nv, "context_plan", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1]
+    )
+    args, idx = make_inputs([150, 61], 5, 8, 2, 16, torch.float32, tree="tree", seed=23)
+    ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
+    ro_refresh, ridx = reference_nsa_verify(*args, **NSA_KW)
+    cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, context_tiles="shared", num_splits=4)
+    with poisoned_allocations():
+        outs = [
+            fn(*args, block_idx=idx, config=cfg, **NSA_KW)[0]
+            for fn in (nsa_verify, nsa_verify_unfused)
+        ]
+        fresh = [fn(*args, config=cfg, **NSA_KW) for fn in (nsa_verify, nsa_verify_unfused)]
+    assert [p.num_tiles for p in plans] == [1] * 4  # every call took the shared tile
+    for out in outs:
+        assert not torch.isnan(out).any()
+        assert_close(out, ro, torch.float32, "o")
+    for out, used in fresh:
+        assert torch.equal(used.cpu(), ridx.cpu())
+        assert not torch.isnan(out).any()
+        assert_close(out, ro_refresh, torch.float32, "o")
+
+
+def test_shared_context_tiles_need_fewer_tiles_and_the_separate_merge():
+    """The compressed branch keeps the call's tiles where sharing saves none (a packed call)
+    or the merge is folded; the setting is checked."""
+    q, k, ck = _meta_inputs(17, 32, 8)
+    kw = dict(num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
+    for rows, merge, tiles in ((4, "separate", 2), (0, "separate", None), (4, "last", None)):
+        cfg = NsaVerifyConfig(rows_per_tile=rows, context_tiles="shared", merge=merge)
+        shared = nl.context_plan(nl.make_plan(q, k, ck, config=cfg, **kw), q, k, ck, cfg, **kw)
+        assert (shared and shared.num_tiles) == tiles
+    with pytest.raises(ValueError, match="context_tiles must be one of per_tile, shared, got 'x'"):
+        NsaVerifyConfig(context_tiles="x")
+
+
 def test_one_row_per_tile_streams_each_rows_own_blocks():
     """A per-query call's union plan is every row's own block list (no union kernel, no member
     bits): ``t`` tiles of one row; the packed plan of the same call has one tile of all rows."""
@@ -90,11 +136,16 @@ def test_one_row_per_tile_streams_each_rows_own_blocks():
     assert_close(o_one, o_packed, torch.float32, "o")
 
 
-def _plan(t, h, hkv, rows_per_tile, context=4096):
+def _meta_inputs(t, h, hkv, context=4096):
     shape = dict(device="meta", dtype=torch.bfloat16)
     q = torch.empty((1, t, h, 128), **shape)
     k = torch.empty((1, hkv, context + 64, 128), **shape)
     ck = torch.empty((1, hkv, (context - 32) // 16 + 1, 128), **shape)
+    return q, k, ck
+
+
+def _plan(t, h, hkv, rows_per_tile, context=4096):
+    q, k, ck = _meta_inputs(t, h, hkv, context)
     cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile)
     return nl.make_plan(q, k, ck, config=cfg, num_sink=1, num_local=1, sm_scale=None, **GPU_KW)
 
@@ -132,12 +183,13 @@ def test_rows_per_tile_rounds_down_to_a_power_of_two():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("context_tiles", ["per_tile", "shared"])
 @pytest.mark.parametrize("rows_per_tile", [1, 4])
 @pytest.mark.parametrize("t", [5, 17])
-def test_gpu_bf16_rows_per_tile_matches_reference(t, rows_per_tile):
+def test_gpu_bf16_rows_per_tile_matches_reference(t, rows_per_tile, context_tiles):
     args = make_gpu_inputs([4093, 700, 2500], t, seed=40 + t)
     ro, ridx = reference_nsa_verify(*args, **GPU_KW)
-    cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile)
+    cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, context_tiles=context_tiles)
     with poisoned_allocations():
         o, idx = nsa_verify(*args, config=cfg, **GPU_KW)
         o_reuse, _ = nsa_verify(*args, block_idx=ridx.int(), config=cfg, **GPU_KW)
@@ -153,11 +205,12 @@ def test_gpu_bf16_rows_per_tile_matches_reference(t, rows_per_tile):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("context_tiles", ["per_tile", "shared"])
 @pytest.mark.parametrize("refresh", [False, True])
-def test_gpu_cuda_graph_capture_one_row_per_tile(refresh):
+def test_gpu_cuda_graph_capture_one_row_per_tile(refresh, context_tiles):
     """A per-query call synchronises with nothing either; replay tracks new inputs."""
     args = make_gpu_inputs([3000, 700], 9, seed=8)
-    cfg = NsaVerifyConfig(rows_per_tile=1)
+    cfg = NsaVerifyConfig(rows_per_tile=1, context_tiles=context_tiles)
     _, idx = nsa_verify(*args, config=cfg, **GPU_KW)
     kw = dict(GPU_KW, block_idx=None if refresh else idx, validate=False, config=cfg)
     nsa_verify(*args, **kw)  # compile outside the capture

@@ -19,19 +19,24 @@ def tiny_inputs(monkeypatch):
         monkeypatch.setattr(ki, name, value)
 
 
-def test_the_check_passes_on_both_plans_and_catches_a_wrong_output(tiny_inputs, monkeypatch):
+@pytest.mark.parametrize(("knob", "rows_per_tile"), [("tile_plan", 0), ("context_tiles", 1)])
+def test_the_check_passes_on_both_values_and_catches_a_wrong_output(
+    tiny_inputs, monkeypatch, knob, rows_per_tile
+):
     sets = ns.input_sets(1, 4, 2048, 2052, 1)
-    configs = {p: NsaVerifyConfig(rows_per_tile=0, tile_plan=p) for p in ntp.PLANS}
-    ntp.check(sets, configs, "b1 t4 2K r0")
+    values = ntp.KNOBS[knob][0]
+    configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{knob: p}) for p in values}
+    label = f"b1 t4 2K r{rows_per_tile}"
+    ntp.check(sets, configs, label)
     real = ntp._call
 
     def off_by_one(name, s, unions, config, i):
         out = real(name, s, unions, config, i)
-        return (out[0] + 1, *out[1:]) if config.tile_plan == "fit" else out
+        return (out[0] + 1, *out[1:]) if getattr(config, knob) == values[1] else out
 
     monkeypatch.setattr(ntp, "_call", off_by_one)
-    with pytest.raises(AssertionError, match="b1 t4 2K r0 reuse"):
-        ntp.check(sets, configs, "b1 t4 2K r0")
+    with pytest.raises(AssertionError, match=f"{label} reuse"):
+        ntp.check(sets, configs, label)
 
 
 def test_a_stopped_resume_keeps_every_cached_case_and_is_incomplete(tmp_path, monkeypatch):
