@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.perfmodel.nsa_plan import is_packed
+from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES, is_packed
 
 STEPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
 # select_blocks' ``impl``: scores and pick in one launch, or the two launches (the default).
@@ -197,15 +197,18 @@ def nsa_config(
     """nsa_verify fused and unfused: refresh and reuse on the refresh path's own indices
     (``overlap`` None: random queries, so rows barely overlap), or reuse alone on indices with
     that exact adjacent-row overlap. ``rows_per_tile`` > 0 times them with that row schedule
-    (step ``nsa_tiles``; the rows carry ``params.rows_per_tile``, the packed step's rows no
-    such key, so their keys stay those of the rows already measured). ``top_n``: the blocks
-    each row selects (default NSA's, ``kernel_inputs.NSA_KW``)."""
+    (step ``nsa_tiles``; the rows carry ``params.rows_per_tile`` and the kernels' default
+    ``params.context_tiles``, the packed step's rows neither key, so their keys stay those of
+    the rows already measured; a row schedule's row without ``context_tiles`` ran
+    "per_tile"). ``top_n``: the blocks each row selects (default NSA's,
+    ``kernel_inputs.NSA_KW``)."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
     common.update(top_n=top_n or ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
     if overlap is not None:
         common["overlap"] = overlap
     if rows_per_tile:
         common["rows_per_tile"] = rows_per_tile
+        common["context_tiles"] = DEFAULT_CONTEXT_TILES
     modes = ("reuse", "refresh") if overlap is None else ("reuse",)
     vs = tuple(
         Variant("nsa_verify", ki.base_params(mode=m, impl=i, **common, **NSA_EXTRA), (m, i))

@@ -223,7 +223,10 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
     first = ki.nsa_inputs(mod, bsz, t, [ctx] * bsz, ctx + t, gen)
     overlap = common.get("overlap")
     rng = np.random.default_rng(seed + ctx + bsz)
-    config = mod.NsaVerifyConfig(rows_per_tile=common.get("rows_per_tile", 0))
+    config = mod.NsaVerifyConfig(
+        rows_per_tile=common.get("rows_per_tile", 0),
+        context_tiles=common.get("context_tiles", "per_tile"),
+    )
     nsa_kw = dict(ki.NSA_KW, top_n=common.get("top_n", ki.NSA_KW["top_n"]))
 
     def indices(args):

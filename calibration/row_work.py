@@ -150,6 +150,7 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         window=p["window"],
         comp_block=p["comp_block"],
         comp_stride=p["comp_stride"],
+        shared_context=int(p.get("context_tiles") == "shared"),
     )
     return nsa_call_work(
         shape,

@@ -49,6 +49,7 @@ from ssvkit.kernels.nsa_verify import (
 )
 from ssvkit.kernels.select_blocks import block_scores
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
+from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES
 from ssvkit.perfmodel.strategy import Strategy, nsa_rows_per_tile
 
 KINDS = ("dense", "sparse", "nsa")
@@ -74,6 +75,10 @@ class AttentionConfig:
     num_sink: int = field(default=1, metadata={"help": "first blocks always selected"})
     gates: tuple[float, float, float] = field(
         default=DEFAULT_GATES, metadata={"help": "NSA branch gates (compressed, selected, window)"}
+    )
+    context_tiles: str = field(
+        default=DEFAULT_CONTEXT_TILES,
+        metadata={"help": "NSA compressed branch's row tiles (NsaVerifyConfig.context_tiles)"},
     )
 
     def __post_init__(self) -> None:
@@ -112,6 +117,7 @@ class AttentionConfig:
             comp_stride=s.comp_stride,
             refresh_every=s.refresh_every,
             fused=s.fusion == "refresh_reuse",
+            context_tiles=s.nsa_context_tiles,
         )
         kw.update(overrides)
         return cls(**kw)
@@ -242,7 +248,9 @@ class TreeAttention:
         self.block_idx: torch.Tensor | None = None
         self.plan = None
         self._gates: torch.Tensor | None = None
-        self.nsa_config = NsaVerifyConfig(rows_per_tile=cfg.rows_per_tile)
+        self.nsa_config = NsaVerifyConfig(
+            rows_per_tile=cfg.rows_per_tile, context_tiles=cfg.context_tiles
+        )
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         if self.recorded is not None:

@@ -56,6 +56,7 @@ class Columns:
     refresh_frac: np.ndarray  # share of layers that refresh (run selection)
     fused: np.ndarray  # 1 = refresh_reuse kernels
     nsa_rows_per_tile: np.ndarray  # NSA draft rows per row tile (Strategy.nsa_rows_per_tile)
+    nsa_shared_context: np.ndarray  # 1: Strategy.nsa_context_tiles "shared", 0: "per_tile"
     fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
 
     def __len__(self) -> int:
@@ -93,6 +94,7 @@ def _strategy_columns(s: Strategy, num_layers: int) -> dict:
         "refresh_frac": np.ceil(num_layers / s.refresh_every) / num_layers,
         "fused": float(s.fusion == "refresh_reuse"),
         "nsa_rows_per_tile": s.nsa_rows_per_tile,
+        "nsa_shared_context": float(s.nsa_context_tiles == "shared"),
     }
 
 

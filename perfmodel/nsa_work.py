@@ -31,7 +31,7 @@ blocks. It ignores the union plan's launch and the spread of union sizes across 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ssvkit.perfmodel.nsa_plan import (
@@ -70,6 +70,7 @@ class NsaShape:
     window: int = 512
     comp_block: int = 32
     comp_stride: int = 16
+    shared_context: int = 0  # 1: NsaVerifyConfig.context_tiles "shared", 0: "per_tile"
 
     def __post_init__(self) -> None:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
@@ -102,9 +103,11 @@ def resident_programs(block_m: int, head_dim: int, smem_per_sm_bytes: int) -> in
     return max(1, smem_per_sm_bytes // per_program)
 
 
-def tile_rows(s: NsaShape) -> list[int]:
-    """Draft rows of each row tile (the last one the rest)."""
-    rows = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[0]
+def tile_rows(s: NsaShape, rows_per_tile: int | None = None) -> list[int]:
+    """Draft rows of each row tile (the last one the rest), under ``rows_per_tile`` (default
+    the shape's)."""
+    r = s.rows_per_tile if rows_per_tile is None else rows_per_tile
+    rows = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, r)[0]
     return [min(rows, s.t - i) for i in range(0, s.t, rows)]
 
 
@@ -125,47 +128,77 @@ def branch_units(s: NsaShape, union: float) -> tuple[int, int, int]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One forward launch of a call: its branches, each row tile's draft rows and key tiles
+    per branch, and its tiles' MMA rows."""
+
+    branches: tuple[bool, bool, bool]
+    rows: list[int]
+    units: list[tuple[int, int, int]]
+    block_m: int
+
+
+def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]:
+    """The forward launches of one call, in series (``kernels.nsa_verify``): fused, one over
+    every branch (a reuse call) or the compressed branch, whose states feed the selection, and
+    then the other two (a refresh call); unfused, one per branch. With ``shared_context`` and a
+    row schedule of more tiles than the packed one, the compressed branch runs alone on the
+    packed schedule's tiles (``kernels.nsa_launch.context_plan``) and the other branches on the
+    schedule's."""
+    group = s.num_q_heads // s.num_kv_heads
+    rows = tile_rows(s)
+    tiles = Launch(ALL, rows, [branch_units(s, tile_union_blocks(s, r)) for r in rows], 0)
+    tiles = replace(tiles, block_m=tile_packing(s.t, group, s.rows_per_tile)[2])
+    packed = tile_rows(s, 0)
+    if s.shared_context and s.rows_per_tile and len(packed) < len(rows):
+        comp = Launch(
+            ONLY[0],
+            packed,
+            [branch_units(s, tile_union_blocks(s, r)) for r in packed],
+            tile_packing(s.t, group, 0)[2],
+        )
+        rest = [(False, True, True)] if fused else list(ONLY[1:])
+        return [comp, *(replace(tiles, branches=b) for b in rest)]
+    if refresh:
+        branches = [(True, False, False), (False, True, True)] if fused else list(ONLY)
+    else:
+        branches = [ALL] if fused else list(ONLY)
+    return [replace(tiles, branches=b) for b in branches]
+
+
 def nsa_call_work(
     s: NsaShape, *, fused: bool, refresh: bool, num_sms: int, smem_per_sm_bytes: int
 ) -> NsaWork:
     """The work of one ``nsa_verify`` (``fused``) or ``nsa_verify_unfused`` call, a refresh
     call (it selects its blocks) or a reuse one, on ``num_sms`` SMs."""
-    group = s.num_q_heads // s.num_kv_heads
-    _, _, block_m = tile_packing(s.t, group, s.rows_per_tile)
-    rows = tile_rows(s)
-    units = [branch_units(s, tile_union_blocks(s, r)) for r in rows]
     heads = s.batch * s.num_kv_heads
-    programs = heads * len(rows)
-    resident = resident_programs(block_m, s.head_dim, smem_per_sm_bytes)
     # The host sizes the slots at the longest prefix and its assumed overlap.
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
-    host = branch_units(assumed, tile_union_blocks(assumed, rows[0]))
-    if refresh:
-        launches = [(True, False, False), (False, True, True)] if fused else list(ONLY)
-    else:
-        launches = [ALL] if fused else list(ONLY)
-    chain = waves = partial_bytes = 0.0
-    for branches in launches:
-        slots = slot_counts(host, programs, num_sms, branches)
-        n = sum(slots)
+    kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
+    chain = waves = partial_bytes = merge = tile_reads = flops = 0.0
+    for launch in forward_launches(s, fused=fused, refresh=refresh):
+        programs = heads * len(launch.rows)
+        resident = resident_programs(launch.block_m, s.head_dim, smem_per_sm_bytes)
+        host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
+        n = sum(slot_counts(host, programs, num_sms, launch.branches))
         busiest = total = 0.0
-        for u in units:
-            split = split_slots(n, u, branches)
+        for u in launch.units:
+            split = split_slots(n, u, launch.branches)
             for x in range(3):
-                if branches[x]:
+                if launch.branches[x]:
                     busiest = max(busiest, math.ceil(u[x] / max(split[x], 1)))
                     total += heads * u[x]
         chain += max(busiest, total / (num_sms * resident))
         waves += math.ceil(programs * n / (num_sms * resident))
-        partial_bytes += 2 * programs * n * block_m * (s.head_dim + 2) * F32
-    # Merges in series: fused, one over every slot (a refresh call's reads the compressed
-    # launch's slots too); unfused, one per branch: the slots of every launch.
-    per_launch = [sum(slot_counts(host, programs, num_sms, b)) for b in launches]
-    merge = float(sum(per_launch))
-    kv_row = 2 * s.head_dim * ELEM_BYTES
-    comp_units, _, win_units = units[0]
-    shared = (comp_units + win_units) * BLOCK_N * kv_row  # read by every tile of a KV head
-    selected = sum(u[1] for u in units) * BLOCK_N * kv_row
+        partial_bytes += 2 * programs * n * launch.block_m * (s.head_dim + 2) * F32
+        # Merges in series: fused, one over every slot (a refresh call's reads the compressed
+        # launch's slots too); unfused, one per branch: the slots of every launch.
+        merge += n
+        tile_reads += total
+        flops += total * launch.block_m
+    comp_units, _, win_units = branch_units(s, 0.0)
+    selected = sum(branch_units(s, tile_union_blocks(s, r))[1] for r in tile_rows(s))
     rows_q = s.batch * s.t * s.num_q_heads
     other = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * 3 * F32 + partial_bytes
     if not fused:
@@ -173,15 +206,18 @@ def nsa_call_work(
     pick_rows = heads * s.t if refresh else 0.0
     if refresh:
         other += 2 * pick_rows * math.ceil((s.context_len + s.t) / s.block_size) * F32
+    block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[2]
     return NsaWork(
-        requested_bytes=float(heads * (len(rows) * shared + selected) + other),
-        unique_bytes=float(heads * (shared + selected) + other),
+        # Every tile reads its branches' key tiles; the compressed tokens and the window once
+        # per (sequence, KV head) are the unique ones (the other tiles' reads may hit L2).
+        requested_bytes=float(tile_reads * kv_tile + other),
+        unique_bytes=float(heads * (comp_units + win_units + selected) * kv_tile + other),
         chain_tiles=float(chain),
         merge_steps=merge,
         row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
         waves=float(waves),
         pick_rows=float(pick_rows),
-        mma_flops=float(heads * sum(map(sum, units)) * BLOCK_N * block_m * s.head_dim * 4),
+        mma_flops=float(flops * BLOCK_N * s.head_dim * 4),
     )
 
 

@@ -202,6 +202,7 @@ def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
         window=c.window,
         comp_block=2 * np.maximum(c.comp_stride, 1),
         comp_stride=np.maximum(c.comp_stride, 1),
+        shared_context=c.nsa_shared_context,
     )
 
 

@@ -21,6 +21,7 @@ from ssvkit.perfmodel.acceptance import (
 )
 from ssvkit.perfmodel.hardware import suggest
 from ssvkit.perfmodel.models import ModelSpec, get_model
+from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, DEFAULT_CONTEXT_TILES
 
 DRAFTER_KINDS = ("eagle", "draft_model", "ngram", "self_sparse")
 TRAVERSALS = ("bfs", "dfs", "position")
@@ -161,6 +162,13 @@ class Strategy:
     metadata: str = field(default="nsa", metadata={"help": "block scores: mean | quest | nsa"})
     refresh_every: int = field(default=1, metadata={"help": "a refresh layer every N layers"})
     fusion: str = field(default="none", metadata={"help": "none | refresh_reuse kernels"})
+    nsa_context_tiles: str = field(
+        default=DEFAULT_CONTEXT_TILES,
+        metadata={
+            "help": "NSA compressed branch: shared (one row tile of all draft rows) | per_tile "
+            "(the row schedule's tiles, each streaming it)"
+        },
+    )
 
     def __post_init__(self) -> None:
         checks = {
@@ -168,6 +176,7 @@ class Strategy:
             "attention": (self.attention, ("dense", "sparse")),
             "mode": (self.mode, SPARSE_MODES),
             "fusion": (self.fusion, FUSIONS),
+            "nsa_context_tiles": (self.nsa_context_tiles, CONTEXT_TILES),
             "metadata": (self.metadata, METADATA),
         }
         for fname, (v, allowed) in checks.items():

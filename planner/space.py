@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from ssvkit.perfmodel.acceptance import node_depths_ranks
 from ssvkit.perfmodel.hardware import GpuSpec, suggest
 from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES
 from ssvkit.perfmodel.sparse import fits_shared_memory
 from ssvkit.perfmodel.strategy import (
     METADATA,
@@ -137,6 +138,8 @@ def strategy_id(s: Strategy) -> str:
     """Stable id: a hash of every field except the display name."""
     d = dataclasses.asdict(s)
     d.pop("name")
+    if d["nsa_context_tiles"] == DEFAULT_CONTEXT_TILES:  # the kernels' default: no part of the id
+        d.pop("nsa_context_tiles")
     return "s-" + hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
