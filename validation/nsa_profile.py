@@ -7,9 +7,12 @@ kernel (duration, DRAM throughput, registers, occupancy, warp stalls).
         > validation/data/nsa-ncu-h200.txt
 
 The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention, NSA's published geometry,
-reuse indices with adjacent-row overlap 0.7). Three unprofiled warm-up rounds compile and settle
-the kernels; the profiled region is one refresh call then one reuse call. The provenance is
-printed first, so the profiler's report carries it.
+reuse indices with adjacent-row overlap 0.7); ``--rows-per-tile`` runs a strategy's row schedule
+(``NsaVerifyConfig.rows_per_tile``: 4 is ``ssv``'s union of four, 1 ``sd_sparse_naive``'s),
+the reuse call with its union plan passed in, as the engine's reuse layers do. Three
+unprofiled warm-up rounds compile and settle the kernels; the profiled region is one refresh
+call then one reuse call. The provenance is printed first, so the profiler's report carries
+it.
 """
 
 from __future__ import annotations
@@ -28,17 +31,24 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--t", type=int, default=16, help="draft rows")
     p.add_argument("--context", type=int, default=131072, help="prefix tokens")
+    p.add_argument("--rows-per-tile", type=int, default=0, help="row schedule (0: packed)")
     args = p.parse_args(argv)
+    if min(args.batch, args.t, args.context) < 1 or args.rows_per_tile < 0:
+        p.exit(2, f"nsa_profile: bad value in {vars(args)}\n")
     print(json.dumps({"provenance": provenance(), "args": vars(args), "kwargs": ns.KW}))
     sets = ns.input_sets(args.batch, args.t, args.context, args.context + args.t, 1)
     qkv_args, idx = sets[0]
+    kw = dict(ns.KW, validate=False, config=nv.NsaVerifyConfig(rows_per_tile=args.rows_per_tile))
+    union = nv.nsa_union_plan(
+        qkv_args[0], qkv_args[1], idx, block_size=ns.KW["block_size"], config=kw["config"]
+    )
     for _ in range(3):
-        nv.nsa_verify(*qkv_args, **ns.KW, validate=False)
-        nv.nsa_verify(*qkv_args, block_idx=idx, **ns.KW, validate=False)
+        nv.nsa_verify(*qkv_args, **kw)
+        nv.nsa_verify(*qkv_args, block_idx=idx, union=union, **kw)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    nv.nsa_verify(*qkv_args, **ns.KW, validate=False)
-    nv.nsa_verify(*qkv_args, block_idx=idx, **ns.KW, validate=False)
+    nv.nsa_verify(*qkv_args, **kw)
+    nv.nsa_verify(*qkv_args, block_idx=idx, union=union, **kw)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
