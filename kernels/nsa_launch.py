@@ -1,6 +1,7 @@
-"""Launch plan of :mod:`kernels.nsa_verify`: its tuning knobs (``NsaVerifyConfig``), the
-shapes and row packing of one call (``make_plan``) and how many slots each branch gets
-(``plan_slots``), all on the host.
+"""Launch plan of :mod:`kernels.nsa_verify` under its tuning knobs (``NsaVerifyConfig``,
+:mod:`kernels.nsa_config`): the shapes and row packing of one call (``make_plan``), how many
+slots each branch gets (``plan_slots``) and the compressed branch's own tiles
+(``context_plan``), all on the host.
 
 Row packing: a row tile holds ``rows`` draft rows x ``group_pad`` head slots, ``BLOCK_M =
 rows x group_pad`` MMA rows (at least 16, ``tl.dot``'s minimum), and streams the union of its
@@ -14,153 +15,17 @@ slots are padding, as those past ``G`` always are."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.nsa_config import NsaVerifyConfig
 from ssvkit.kernels.pdl import check_pdl
 from ssvkit.perfmodel import nsa_plan
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
-SCORE_SOURCES = ("auto", "stored", "computed")
-MERGES = ("auto", "last", "parallel", "separate")
-PICKS = ("folded", "separate")
-CONTEXT_TILES = nsa_plan.CONTEXT_TILES
-
-
-@dataclass(frozen=True, slots=True)
-class NsaVerifyConfig:
-    """Launch parameters of :func:`nsa_verify` (tuning knobs, not semantics)."""
-
-    block_m: int = field(default=64, metadata={"help": "most packed MMA rows per program"})
-    block_n: int = field(
-        default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
-    )
-    block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
-    score_warps: int = field(default=4, metadata={"help": "warps per block-scoring program"})
-    num_warps: int = field(default=4, metadata={"help": "warps per forward program"})
-    num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of loads"})
-    num_splits: int = field(
-        default=0,
-        metadata={
-            "help": "slots per (seq, KV head, row tile), shared by the branches (at least "
-            "one each); 0 = enough to fill the SMs"
-        },
-    )
-    ctas_per_sm: int = field(default=1, metadata={"help": "resident programs per SM assumed"})
-    min_tiles_per_slot: int = field(
-        default=2, metadata={"help": "fewest key tiles a slot is given when sizing slots"}
-    )
-    max_splits: int = field(default=64, metadata={"help": "upper bound on slots per tile"})
-    expected_overlap: float = field(
-        default=0.7, metadata={"help": "row-to-row block overlap assumed to size the slots"}
-    )
-    rows_per_tile: int = field(
-        default=0,
-        metadata={
-            "help": "most draft rows of one row tile, which share one load of their selected "
-            "blocks' union (1: each row streams its own; 0: as many as fit); rounded down to "
-            "a power of two"
-        },
-    )
-    score_source: str = field(
-        default="auto",
-        metadata={
-            "help": "where the refresh path's block scoring gets the compressed scores: "
-            "stored by the compressed launch, computed again from the compressed keys, or "
-            "auto (whichever moves fewer bytes)"
-        },
-    )
-
-    merge: str = field(
-        default="separate",
-        metadata={
-            "help": "how a call merges its slots: separate (a launch of its own; the fastest "
-            "measured on the H200, validation/data/nsa-stages-h200.json), or in the forward "
-            "launch, by the last program of a row tile to finish (last) or by merge programs, "
-            "one per draft row (parallel), auto choosing (kernels.nsa_steps.merge_layout)"
-        },
-    )
-
-    pick: str = field(
-        default="separate",
-        metadata={
-            "help": "where the refresh path picks its top-n blocks: separate (a launch of its "
-            "own; no slower than the fold on the H200) or folded into the block scoring launch "
-            "(where kernels.top_blocks' threshold pick serves the rows)"
-        },
-    )
-
-    tile_plan: str = field(
-        default="fixed",
-        metadata={
-            "help": "row tiles and slots: fixed (tiles of at most block_m MMA rows and 16 "
-            "draft rows, slots within one wave; the plan the committed rows were measured "
-            "with) or fit (tiles of up to 128 MMA rows and 32 draft rows on 4 warps per 64 "
-            "rows, so Llama-3.1-8B's 17-32 draft rows stay one tile; slots sized by the "
-            "launch's makespan, a second wave allowed; perfmodel.nsa_plan.fit_slots)"
-        },
-    )
-
-    context_tiles: str = field(
-        default=nsa_plan.DEFAULT_CONTEXT_TILES,
-        metadata={
-            "help": "row tiles of the compressed branch: shared (the tiles of rows_per_tile "
-            "= 0, in a launch of their own, where that is fewer tiles: every draft row sees "
-            "the same compressed tokens, so one tile of all rows reads them once; the "
-            "selected and window branches keep rows_per_tile's tiles; fused calls at 128K "
-            "0.30-0.98x per_tile's time, at 32K 0.55-1.16x, "
-            "validation/data/nsa-context-tiles-h200.json) or per_tile (the row "
-            "tiles of rows_per_tile, each streaming every compressed token). Takes the "
-            "separate merge; the folded merges keep per_tile"
-        },
-    )
-
-    pdl: bool = field(
-        default=False,
-        metadata={
-            "help": "launch each step after a call's first as a programmatic dependent of the "
-            "one before (kernels.pdl; compute capability 9.0 or later): it starts while that "
-            "one drains; the same output"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_j"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        for name in ("num_warps", "score_warps"):
-            if getattr(self, name) not in (1, 2, 4, 8, 16):
-                raise ValueError(f"{name} must be a power of two <= 16, got {getattr(self, name)}")
-        for name in ("num_stages", "ctas_per_sm", "max_splits", "min_tiles_per_slot"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.rows_per_tile < 0:
-            raise ValueError(f"rows_per_tile must be >= 0, got {self.rows_per_tile}")
-        if self.num_splits < 0:
-            raise ValueError(f"num_splits must be >= 0, got {self.num_splits}")
-        if self.score_source not in SCORE_SOURCES:
-            raise ValueError(
-                f"score_source must be one of {', '.join(SCORE_SOURCES)}, got {self.score_source!r}"
-            )
-        for name, allowed in (
-            ("merge", MERGES),
-            ("pick", PICKS),
-            ("tile_plan", nsa_plan.TILE_PLANS),
-            ("context_tiles", CONTEXT_TILES),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
-        if not 0.0 <= self.expected_overlap <= 1.0:
-            raise ValueError(f"expected_overlap must be in [0, 1], got {self.expected_overlap}")
-
-
-DEFAULT_CONFIG = NsaVerifyConfig()
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
 # MMA rows one warpgroup (4 warps) of a "fit" plan's forward program carries.

@@ -49,6 +49,15 @@ the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) fold into on
 layers.
 Nothing is read on the host.
 
+**Compressed tiles** (``NsaVerifyConfig.context_tiles``, "shared" by default): every draft row
+sees all the compressed tokens, so where the row schedule cuts the rows into more tiles than
+the packed one would (a ``union`` of C rows, one row for ``per_query``), the compressed branch
+runs on the packed schedule's tiles in a launch of its own (``kernels.nsa_launch.context_plan``;
+a refresh call's selection reads its states there) and the selected and window branches on the
+schedule's tiles; the merge reads the two partial buffers (a reuse call is then three
+launches: compressed, selected and window, merge). "per_tile" keeps the compressed branch on
+the schedule's tiles, each streaming every compressed token.
+
 ``NsaVerifyConfig(pdl=True)`` launches every step of a call after its first as a programmatic
 dependent of the one before (``kernels.pdl``, compute capability 9.0 or later): a step starts,
 and does what does not need the step before it, while that one drains; the output is the same
@@ -77,11 +86,10 @@ from ssvkit.kernels.nsa_compress import (
     reference_compress_kv,
     update_compressed_kv,
 )
+from ssvkit.kernels.nsa_config import DEFAULT_CONFIG, NsaVerifyConfig
 from ssvkit.kernels.nsa_kernels import nsa_gate_kernel
 from ssvkit.kernels.nsa_launch import (
-    DEFAULT_CONFIG,
     LaunchPlan,
-    NsaVerifyConfig,
     context_plan,
     make_plan,
     plan_slots,

@@ -59,7 +59,8 @@ from ssvkit.kernels import nsa_steps as steps
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import select_blocks as sb
 from ssvkit.kernels import timing as tm
-from ssvkit.kernels.nsa_launch import DEFAULT_CONFIG, make_plan, plan_slots, refresh_slots
+from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
+from ssvkit.kernels.nsa_launch import make_plan, plan_slots, refresh_slots
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.nsa_stages_table import print_pdl_table, print_table

@@ -349,7 +349,7 @@ def test_top_blocks_match_torch_topk_and_resolve_ties_to_the_lower_block(monkeyp
     k = torch.empty((2, 2, 64 * nb_max, 16), device="meta")
     kw = dict(GPU_KW, top_n=top_n, block_size=64)
     plan = nl.make_plan(
-        q, k, k, config=nl.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
+        q, k, k, config=nv.DEFAULT_CONFIG, num_sink=2, num_local=1, sm_scale=None, **kw
     )
     got = selection.select_top_blocks(scores, lens, plan).cpu()
     for b, length in enumerate(lens.tolist()):
