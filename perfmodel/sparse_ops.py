@@ -39,18 +39,17 @@ from ssvkit.perfmodel.nsa_plan import (
     mma_row_cost,
     tile_rows_of,
 )
-from ssvkit.perfmodel.nsa_work import DEFAULT_SMEM_PER_SM_BYTES, nsa_work_arrays
+from ssvkit.perfmodel.nsa_work import nsa_work_arrays
 from ssvkit.perfmodel.ops import (
     ACT_BYTES,
     F32,
-    I32,
     OpSum,
     attn_flops_per_row_token,
     kv_token_bytes,
     local_heads,
 )
 from ssvkit.perfmodel.predictor import Op
-from ssvkit.perfmodel.select_work import select_work_arrays
+from ssvkit.perfmodel.selection_ops import selection_op
 from ssvkit.perfmodel.sparse import blocks_loaded_per_layer, union_blocks
 from ssvkit.perfmodel.sparse_work import (
     GRID_REGIMES,
@@ -59,7 +58,6 @@ from ssvkit.perfmodel.sparse_work import (
     num_lists,
     sparse_work_arrays,
 )
-from ssvkit.perfmodel.torch_plan import topn_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +131,7 @@ def sparse_attention(
     counts = (flops, nbytes, launches)
     _attention_ops(acc, c, counts, nsa, hq, hkv, layers, prefix, num_sms, shape)
     _sparse_verify_ops(acc, model, c, nsa, hq, hkv, layers, prefix, num_sms)
-    _selection_op(acc, model, c, br, nsa, hq, hkv, layers, prefix, num_sms)
+    selection_op(acc, model, c, br.groups, br.nb, br.comp, nsa, hq, hkv, layers, prefix, num_sms)
     return {k: c.sparse * c.batch * kv_tok * val * layers for k, val in loaded.items()}
 
 
@@ -339,79 +337,3 @@ def _sparse_verify_ops(
         launches = 1.0 + (w["merge_steps"] > 0) + (w["plan_compares"] > 0) * c.refresh_frac
         op = _plan_op(on, w, w["mma_flops"], launches, f"sparse_verify/{mode}/{reg}", stages)
         acc.add(prefix + name, op.scaled(layers))
-
-
-def _selection_op(
-    acc: OpSum,
-    model: ModelSpec,
-    c: Columns,
-    br: Branches,
-    nsa,
-    hq,
-    hkv,
-    layers,
-    prefix: str,
-    num_sms: int,
-) -> None:
-    """Selection over block metadata (mean / quest), in refresh layers only. The op carries
-    the current kernels' launch-plan counts (``perfmodel.select_work``, one launch as the
-    class it names times it) for classes fitted on them, the torch-pick plan's otherwise."""
-    b, t, T = c.batch, c.rows, c.context_len
-    on_meta = c.sparse * (1 - nsa)
-    q_sel = np.where(c.mode == 2, br.groups, t)
-    v = c.meta_vectors
-    # Bytes as the measured class counts them (calibration/kernel_ops.py): the fp32 metadata
-    # vectors, the scored query rows and the selected ids; the score rows the top-n stage
-    # scans are priced by its stage counts (below), not as bytes.
-    meta = b * hkv * br.nb * v * model.head_dim * F32
-    scores = b * q_sel * hq * model.head_dim * ACT_BYTES + b * q_sel * hkv * c.top_n * I32
-    nsa_probs = np.where(v == 0, 2 * b * q_sel * hq * br.comp * F32, 0.0)
-    update = b * t * hkv * model.head_dim * ACT_BYTES * (1 + 2 * v)
-    # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys
-    # (perfmodel.torch_plan), over the blocks of the context plus the draft rows.
-    topn = topn_counts(b * q_sel * hkv, np.ceil((T + t) / c.block_size), c.top_n)
-    nb, comp = br.nb, br.comp
-    sel_op = Op(
-        "selection",
-        on_meta * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
-        on_meta * (meta + scores + nsa_probs + update),
-        on_meta * 2.0,
-        kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
-        calls=on_meta * 1.0,
-        stage_counts=tuple(on_meta * x for x in topn),
-        slot_plan=_select_plan_op(model, c, q_sel, hq, hkv, on_meta, num_sms)
-        if np.any(on_meta)
-        else None,
-    )
-    acc.add(prefix + "selection", sel_op.scaled(layers * c.refresh_frac))
-
-
-def _select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: int) -> Op:
-    """One block-selection call per point where ``on``, counted by the current kernels' plan
-    (``perfmodel.select_work``): the counts the plan-fitted classes price
-    (``calibration.features``)."""
-    live = lambda x: np.where(on > 0, x, 0)  # noqa: E731
-    shape = {
-        "batch": live(c.batch),
-        "t": live(q_sel),
-        "num_q_heads": hq,
-        "num_kv_heads": hkv,
-        "head_dim": model.head_dim,
-        "context_len": c.context_len,
-        "top_n": c.top_n,
-        "block_size": c.block_size,
-        "kinds": np.maximum(c.meta_vectors, 1),
-    }
-    w = select_work_arrays(
-        shape, fused=True, num_sms=num_sms, smem_per_sm_bytes=DEFAULT_SMEM_PER_SM_BYTES
-    )
-    return Op(
-        "selection",
-        on * w["flops"],
-        on * w["requested_bytes"],
-        on * w["launches"],
-        kernel="select_blocks/mean",
-        calls=on * 1.0,
-        depth=on * w["chain_tiles"],
-        stage_counts=(on * w["pick_chain"], on * w["pick_rows"]),
-    )
