@@ -1,12 +1,15 @@
 """The work one NSA verification call does, counted from the launch plan the current kernels
 make (``perfmodel.nsa_plan``: ``tile_packing``, ``slot_counts``, ``split_slots``), without torch.
 
-A call runs its launches in series; each forward launch has ``B x Hkv x tiles x S`` programs,
-each an equal slice of one branch's key tiles of one row tile (compressed tokens, the tile's
-union of selected blocks, window plus draft tail). ``NsaWork`` counts:
+A call runs its launches in series (``forward_launches``); each forward launch has ``B x Hkv x
+tiles x S`` programs, each an equal slice of one branch's key tiles of one row tile
+(compressed tokens, the tile's union of selected blocks, window plus draft tail). Under
+``shared_context`` (``NsaVerifyConfig.context_tiles`` "shared") the compressed branch's launch
+has the packed schedule's tiles, the others the row schedule's. ``NsaWork`` counts:
 
 - ``requested_bytes``: what the programs read and write: every row tile's K/V tiles (the
-  compressed tokens and the window once per tile, the tile's own union of selected blocks),
+  compressed tokens once per tile of their launch, the window once per tile, the tile's own
+  union of selected blocks),
   queries, outputs, gates, the fp32 slot partials a merge reads back, an unfused call's branch
   outputs, a refresh call's block scores; ``unique_bytes``: the same with the compressed tokens
   and the window once per (sequence, KV head) -- the other tiles' reads of them may hit L2;
@@ -31,7 +34,7 @@ blocks. It ignores the union plan's launch and the spread of union sizes across 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from ssvkit.perfmodel.nsa_plan import (
@@ -147,24 +150,20 @@ def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]
     packed schedule's tiles (``kernels.nsa_launch.context_plan``) and the other branches on the
     schedule's."""
     group = s.num_q_heads // s.num_kv_heads
-    rows = tile_rows(s)
-    tiles = Launch(ALL, rows, [branch_units(s, tile_union_blocks(s, r)) for r in rows], 0)
-    tiles = replace(tiles, block_m=tile_packing(s.t, group, s.rows_per_tile)[2])
-    packed = tile_rows(s, 0)
-    if s.shared_context and s.rows_per_tile and len(packed) < len(rows):
-        comp = Launch(
-            ONLY[0],
-            packed,
-            [branch_units(s, tile_union_blocks(s, r)) for r in packed],
-            tile_packing(s.t, group, 0)[2],
-        )
+
+    def launch(branches, rows_per_tile: int) -> Launch:
+        rows = tile_rows(s, rows_per_tile)
+        units = [branch_units(s, tile_union_blocks(s, r)) for r in rows]
+        return Launch(branches, rows, units, tile_packing(s.t, group, rows_per_tile)[2])
+
+    if s.shared_context and s.rows_per_tile and len(tile_rows(s, 0)) < len(tile_rows(s)):
         rest = [(False, True, True)] if fused else list(ONLY[1:])
-        return [comp, *(replace(tiles, branches=b) for b in rest)]
+        return [launch(ONLY[0], 0), *(launch(b, s.rows_per_tile) for b in rest)]
     if refresh:
         branches = [(True, False, False), (False, True, True)] if fused else list(ONLY)
     else:
         branches = [ALL] if fused else list(ONLY)
-    return [replace(tiles, branches=b) for b in branches]
+    return [launch(b, s.rows_per_tile) for b in branches]
 
 
 def nsa_call_work(
