@@ -130,3 +130,20 @@ def test_predict_prints_distinct_group_sizes_and_names_the_stand_in(capsys):
     out = capsys.readouterr().out
     assert "stand-in (sd_sparse_naive): the profile has no rows of " in out
     assert "nsa_verify/refresh/unfused/per_query" in out
+
+
+@pytest.mark.skipif(profile_path("h200") is None, reason="no committed H200 profile")
+def test_the_compressed_tiling_moves_the_naive_and_union_schedules_only():
+    """On the H200 profile (fitted on rows of both compressed tilings) ``sd_sparse_naive`` and
+    ``ssv`` at 128K are priced faster with the compressed branch on shared tiles than on each
+    row tile; ``ar_sparse`` (one row, one tile) is priced the same either way."""
+    gpu = get_gpu("h200")
+    for name, moves in (("sd_sparse_naive", True), ("ssv", True), ("ar_sparse", False)):
+        s = Strategy.from_name(name)
+        per_tile = dataclasses.replace(s, nsa_context_tiles="per_tile", name="per_tile")
+        rows = compare(LLAMA, gpu, [s, per_tile], [131072], Workload(acceptance=0.8))
+        tps = {r["strategy"]: r["tokens_per_s"] for r in rows}
+        if moves:
+            assert tps[name] > 1.05 * tps["per_tile"], name
+        else:
+            assert tps[name] == pytest.approx(tps["per_tile"]), name

@@ -94,3 +94,26 @@ def test_arrays_match_the_scalar_count():
 def test_bad_shape_is_refused():
     with pytest.raises(ValueError, match="overlap"):
         dataclasses.replace(SHAPE, overlap=1.5)
+
+
+def test_shared_compressed_tiles_stream_the_compressed_tokens_once_per_packed_tile():
+    """One draft row a tile over 17 rows at 128K: per tile, each of the 17 tiles streams the
+    8,191 compressed tokens; shared, the two packed tiles (16 + 1 rows) do, in a launch of
+    their own before the selected and window launch. The packed schedule has no other tiles to
+    share with, so the setting leaves it as it is."""
+    naive = dataclasses.replace(SHAPE, context_len=131072, rows_per_tile=1)
+    kw = dict(fused=True, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    comp_tile_bytes = 128 * 64 * 2 * 128 * 2  # 128 tiles of 64 compressed tokens, K and V
+    for refresh in (False, True):
+        per_tile = nsa_call_work(naive, refresh=refresh, **kw)
+        shared = nsa_call_work(dataclasses.replace(naive, shared_context=1), refresh=refresh, **kw)
+        saved = per_tile.requested_bytes - shared.requested_bytes
+        partials = shared.unique_bytes - per_tile.unique_bytes  # the packed tiles' partials
+        assert saved + partials == pytest.approx(8 * (17 - 2) * comp_tile_bytes)
+        assert 0 < partials < 0.05 * saved
+        assert shared.chain_tiles < per_tile.chain_tiles
+    packed = dataclasses.replace(SHAPE, context_len=131072)
+    for refresh in (False, True):
+        assert nsa_call_work(packed, refresh=refresh, **kw) == nsa_call_work(
+            dataclasses.replace(packed, shared_context=1), refresh=refresh, **kw
+        )
