@@ -24,7 +24,8 @@ has the packed schedule's tiles, the others the row schedule's. ``NsaWork`` coun
 - ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count half);
 - ``waves``: program waves summed over the launches (each pays a prologue and an epilogue);
 - ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one program of
-  the top-n pick.
+  the top-n pick; its block scoring's bytes and FLOPs are in the counts above
+  (``block_score_work``).
 
 The selected blocks of a tile of ``r`` draft rows follow the selection model
 (``perfmodel.sparse.union_blocks``): ``n (1 + (r - 1)(1 - overlap))`` capped by the context's
@@ -166,6 +167,21 @@ def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]
     return [launch(b, s.rows_per_tile) for b in branches]
 
 
+def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
+    """Bytes and MMA FLOPs of a refresh call's block scoring over the row tiles of its
+    compressed launch ``comp`` (``kernels.nsa_selection``): each tile's compressed keys read
+    again and multiplied by the tile's ``BLOCK_M`` rows, or, where that moves fewer bytes
+    (``kernels.nsa_selection.stores_comp_scores``), the scores the compressed launch stored: 8
+    bytes a real row and compressed token, written and read back."""
+    nc = (s.context_len - s.comp_block) // s.comp_stride + 1 if s.context_len >= s.comp_block else 0
+    heads = s.batch * s.num_kv_heads
+    group = s.num_q_heads // s.num_kv_heads
+    if 8 * min(comp.rows[0], s.t) * group < s.head_dim * ELEM_BYTES:
+        return heads * 8.0 * sum(comp.rows) * group * nc, 0.0
+    keys = heads * len(comp.rows) * nc
+    return keys * s.head_dim * ELEM_BYTES, keys * comp.block_m * s.head_dim * 2.0
+
+
 def nsa_call_work(
     s: NsaShape, *, fused: bool, refresh: bool, num_sms: int, smem_per_sm_bytes: int
 ) -> NsaWork:
@@ -176,7 +192,8 @@ def nsa_call_work(
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
     chain = waves = partial_bytes = merge = tile_reads = flops = 0.0
-    for launch in forward_launches(s, fused=fused, refresh=refresh):
+    launches = forward_launches(s, fused=fused, refresh=refresh)
+    for launch in launches:
         programs = heads * len(launch.rows)
         resident = resident_programs(launch.block_m, s.head_dim, smem_per_sm_bytes)
         host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
@@ -203,8 +220,11 @@ def nsa_call_work(
     if not fused:
         other += 3 * 2 * rows_q * s.head_dim * ELEM_BYTES  # branch outputs, gated apart
     pick_rows = heads * s.t if refresh else 0.0
+    score_flops = 0.0
     if refresh:
         other += 2 * pick_rows * math.ceil((s.context_len + s.t) / s.block_size) * F32
+        score_bytes, score_flops = block_score_work(s, launches[0])
+        other += score_bytes
     block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[2]
     return NsaWork(
         # Every tile reads its branches' key tiles; the compressed tokens and the window once
@@ -216,7 +236,7 @@ def nsa_call_work(
         row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
         waves=float(waves),
         pick_rows=float(pick_rows),
-        mma_flops=float(flops * BLOCK_N * s.head_dim * 4),
+        mma_flops=float(flops * BLOCK_N * s.head_dim * 4 + score_flops),
     )
 
 
