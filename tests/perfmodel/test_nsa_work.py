@@ -117,3 +117,19 @@ def test_shared_compressed_tiles_stream_the_compressed_tokens_once_per_packed_ti
         assert nsa_call_work(packed, refresh=refresh, **kw) == nsa_call_work(
             dataclasses.replace(packed, shared_context=1), refresh=refresh, **kw
         )
+
+
+def test_a_refresh_call_counts_its_block_scoring():
+    """The scoring reads each compressed-launch tile's keys again at 16 packed rows (8 bytes
+    a real row and token to store the scores would be 8 x 16 x 4 = 512 > 256 bytes of key), and
+    stores the scores at one row (8 x 1 x 4 = 32 < 256): a refresh call carries that on top of
+    the reuse call's bytes, besides its pick's score rows and its second launch's partials."""
+    from ssvkit.perfmodel.nsa_work import block_score_work, forward_launches
+
+    nc = (SHAPE.context_len - 32) // 16 + 1
+    comp = forward_launches(SHAPE, fused=True, refresh=True)[0]
+    assert comp.branches == (True, False, False) and comp.rows == [16, 1]
+    assert block_score_work(SHAPE, comp) == (8 * 2 * nc * 256, 8 * 2 * nc * 64 * 128 * 2)
+    one = dataclasses.replace(SHAPE, t=1)
+    comp1 = forward_launches(one, fused=True, refresh=True)[0]
+    assert block_score_work(one, comp1) == (8 * 8.0 * 1 * 4 * nc, 0.0)
