@@ -69,17 +69,21 @@ def layer_ops(
     def q_of(layer):
         return q if queries is None else queries[layer]
 
-    def attend(i):  # a refresh layer (a fresh state always refreshes)
+    # One attention state for every call, as a forward has: its NSA gates are filled once (a
+    # forward's first layer does it), not in each timed call; no block indices is a refresh.
+    state = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
+
+    def attend(i):  # a refresh layer
         layer = refresh[i % len(refresh)] if attn.kind != "dense" else i % num_l
-        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
-        return a(layer, q_of(layer))
+        state.block_idx = None
+        return state(layer, q_of(layer))
 
     def attend_reuse(i):
         layer = reuse[i % len(reuse)]
         source = layer - layer % attn.refresh_every  # the refresh whose indices it takes
-        a = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
-        a(source, q_of(source))
-        return a(layer, q_of(layer))
+        state.block_idx = None
+        state(source, q_of(source))
+        return state(layer, q_of(layer))
 
     def rope(i):
         sa = layers[i % num_l].self_attn
