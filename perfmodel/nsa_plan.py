@@ -92,8 +92,8 @@ TILE_PLANS = ("fixed", "fit")
 FIT_BLOCK_M_MAX = 128
 FIT_MAX_TILE_ROWS = 32
 # NsaVerifyConfig.context_tiles: the compressed branch on the row schedule's tiles ("per_tile",
-# every row measured before the setting existed) or, where that saves tiles, on the tiles of
-# the packed schedule in a launch of its own ("shared", the default).
+# also what a kernel row without params.context_tiles ran) or, where that saves tiles, on the
+# tiles of the packed schedule in a launch of its own ("shared", the default).
 CONTEXT_TILES = ("per_tile", "shared")
 DEFAULT_CONTEXT_TILES = "shared"
 # Name suffix of the NSA ops and classes of one draft row a tile (the kernels' one-row path).
