@@ -34,15 +34,23 @@ MAX_TREE_BIT = tl.constexpr(MAX_TREE_NODES - 1)
 
 
 @triton.jit
-def _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
-    """Fold keys ``k`` / values ``v`` [N, D] into the state of ``q`` [M, D]; ``visible`` is a
-    boolean broadcastable to [M, N]. Also returns the masked log2-domain scores [M, N]."""
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
-    s = tl.where(visible, s, NEG_SENTINEL)
+def _visible_bias(visible):
+    """0 where ``visible``, -inf elsewhere: the additive mask ``_online_update`` takes."""
+    return tl.where(visible, 0.0, float("-inf"))
+
+
+@triton.jit
+def _online_update(q, k, v, bias, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+    """Fold keys ``k`` / values ``v`` [N, D] into the state of ``q`` [M, D]; ``bias`` (0 for a
+    visible key, -inf for a hidden one, broadcastable to [M, N]) is added to the scores, one
+    fused multiply-add with the scale instead of a compare and two selects per score. ``m_i``
+    starts at the finite sentinel, so ``m_new`` stays finite and a hidden key's weight is
+    ``exp2(-inf) = 0``, also in a row that sees nothing. Also returns the log2-domain scores
+    [M, N] (-inf where hidden)."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale + bias  # [M, N]
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
-    # Guard as well as the sentinel: a row with nothing visible has s == m_new == sentinel.
-    p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc, s
@@ -84,7 +92,7 @@ def _tail_update(
     shift = tl.minimum(offs_j, MAX_TREE_BIT).to(tl.int64)
     seen = ((row_bits[:, None] >> shift[None, :]) & 1) != 0
     m_i, l_i, acc, _ = _online_update(
-        q, k, v, seen & tail_ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION
+        q, k, v, _visible_bias(seen & tail_ok[None, :]), m_i, l_i, acc, qk_scale, DOT_PRECISION
     )
     return m_i, l_i, acc
 
@@ -194,7 +202,7 @@ def _forward_slot(
         is_comp, c_slots, tl.where(is_sel, s_slots, launch_slots - c_slots - s_slots)
     )
     lo, hi = _chunk(n_units, slot - first_slot, branch_slots)
-    first_tok = tl.where(is_win, win_start, 0).to(tl.int64)
+    first_tok = tl.where(is_win, win_start, 0)  # positions fit int32; offsets are int64
     key_end = tl.where(is_comp, nc, prefix)
     stride_t = tl.where(is_comp, stride_ct, stride_kt).to(tl.int64)
     if is_comp:
@@ -210,7 +218,7 @@ def _forward_slot(
     for u in tl.range(lo, hi, num_stages=NUM_STAGES):
         if HAS_SEL:  # a key tile's address comes from the union list
             entry = u // SUBS
-            blk = tl.load(list_ptr + list_base + entry, mask=is_sel, other=0).to(tl.int64)
+            blk = tl.load(list_ptr + list_base + entry, mask=is_sel, other=0)
             if ALL_MEMBERS:
                 bits = -1
             else:
@@ -223,12 +231,16 @@ def _forward_slot(
             tok0 = first_tok + u * BLOCK_N
         pos = tok0 + offs_n  # [N]; a -1 pad of the list gives negative positions
         key_ok = (pos >= 0) & (pos < key_end)
-        off = pos[:, None] * stride_t + offs_d[None, :]
-        k = tl.load(k_base + off, mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_base + off, mask=key_ok[:, None], other=0.0)
-        member = ((bits >> row_in_tile) & 1) != 0  # [M] rows that chose the block
-        visible = member[:, None] & key_ok[None, :]
-        m_i, l_i, acc, s = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+        # Unmasked loads of a position clamped into [0, key_end): a hidden key reads a real
+        # (finite) row, which its -inf bias weighs 0, and no load carries a predicate.
+        pos_ld = tl.maximum(tl.minimum(pos, key_end - 1), 0).to(tl.int64)
+        off = pos_ld[:, None] * stride_t + offs_d[None, :]
+        k = tl.load(k_base + off)
+        v = tl.load(v_base + off)
+        bias = _visible_bias(key_ok)[None, :]
+        if HAS_SEL and not ALL_MEMBERS:  # only the rows that chose the block see it
+            bias = bias + _visible_bias(((bits >> row_in_tile) & 1) != 0)[:, None]
+        m_i, l_i, acc, s = _online_update(q, k, v, bias, m_i, l_i, acc, qk_scale, DOT_PRECISION)
         if STORE_S:
             s_row = (pid.to(tl.int64) * ROWS + row_in_tile) * GROUP + g
             s_off = s_row[:, None] * nc_max + pos[None, :]

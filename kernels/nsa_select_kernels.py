@@ -104,18 +104,17 @@ def _computed_importance(
     imp = tl.zeros([BLOCK_M, BLOCK_J], dtype=tl.float32)
     for c0 in range(c_lo, c_hi, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
-        valid = c < c_hi
-        k = tl.load(
-            c_base + c.to(tl.int64)[:, None] * stride_ct + offs_d[None, :],
-            mask=valid[:, None],
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        p = tl.where(valid[None, :], tl.exp2(s - m_c[:, None]), 0.0) * inv_l[:, None]
-        start = c * comp_stride
-        overlap = (start[:, None] < (offs_j[None, :] + 1) * BLOCK_SIZE) & (
-            start[:, None] + comp_block > offs_j[None, :] * BLOCK_SIZE
-        )  # [BLOCK_C, BLOCK_J]
+        # Unpredicated loads of tokens clamped into [c_lo, c_hi); the -inf bias weighs the
+        # tokens past c_hi 0 (m_c is finite: the partials start at the sentinel).
+        c_ld = tl.minimum(c, c_hi - 1).to(tl.int64)
+        k = tl.load(c_base + c_ld[:, None] * stride_ct + offs_d[None, :])
+        bias = tl.where(c < c_hi, 0.0, float("-inf"))
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale + bias[None, :]
+        p = tl.exp2(s - m_c[:, None]) * inv_l[:, None]
+        # Window [start, start + comp_block) overlaps block [j * BS, (j + 1) * BS) iff
+        # 0 <= start - j * BS + comp_block - 1 < BS + comp_block - 1: one unsigned compare.
+        d = (c * comp_stride)[:, None] - (offs_j * BLOCK_SIZE)[None, :] + (comp_block - 1)
+        overlap = d.to(tl.uint32) < (BLOCK_SIZE + comp_block - 1)  # [BLOCK_C, BLOCK_J]
         ov = overlap.to(tl.float32)
         if OVERLAP_SPLIT:
             # One tf32 pass would round the probabilities and flip near-tied selections: split
