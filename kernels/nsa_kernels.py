@@ -40,6 +40,23 @@ def _visible_bias(visible):
 
 
 @triton.jit
+def _online_update_masked(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+    """``_online_update`` under a boolean ``visible`` (broadcastable to [M, N]) instead of a
+    bias: the selected branch's form. Its compare and selects cost more instructions, but
+    with the bias Triton's pipeliner streams the union list through shared memory and keeps
+    one key tile fewer in flight, which measured slower on the H200."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
+    s = tl.where(visible, s, NEG_SENTINEL)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    # Guard as well as the sentinel: a row with nothing visible has s == m_new == sentinel.
+    p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc, s
+
+
+@triton.jit
 def _online_update(q, k, v, bias, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
     """Fold keys ``k`` / values ``v`` [N, D] into the state of ``q`` [M, D]; ``bias`` (0 for a
     visible key, -inf for a hidden one, broadcastable to [M, N]) is added to the scores, one
@@ -237,10 +254,15 @@ def _forward_slot(
         off = pos_ld[:, None] * stride_t + offs_d[None, :]
         k = tl.load(k_base + off)
         v = tl.load(v_base + off)
-        bias = _visible_bias(key_ok)[None, :]
-        if HAS_SEL and not ALL_MEMBERS:  # only the rows that chose the block see it
-            bias = bias + _visible_bias(((bits >> row_in_tile) & 1) != 0)[:, None]
-        m_i, l_i, acc, s = _online_update(q, k, v, bias, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+        if HAS_SEL:
+            member = ((bits >> row_in_tile) & 1) != 0  # [M] rows that chose the block
+            visible = member[:, None] & key_ok[None, :]
+            m_i, l_i, acc, s = _online_update_masked(
+                q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION
+            )
+        else:
+            bias = _visible_bias(key_ok)[None, :]
+            m_i, l_i, acc, s = _online_update(q, k, v, bias, m_i, l_i, acc, qk_scale, DOT_PRECISION)
         if STORE_S:
             s_row = (pid.to(tl.int64) * ROWS + row_in_tile) * GROUP + g
             s_off = s_row[:, None] * nc_max + pos[None, :]
