@@ -102,6 +102,15 @@ class NsaVerifyConfig:
         },
     )
 
+    pair_launch: bool = field(
+        default=False,
+        metadata={
+            "help": "a reuse call on shared compressed tiles runs its compressed launch and "
+            "its selected and window launch as one (kernels.nsa_pair): the programs of both "
+            "share the SMs and one launch's ramp and drain is saved"
+        },
+    )
+
     pdl: bool = field(
         default=False,
         metadata={

@@ -115,7 +115,7 @@ def _tail_update(
 
 
 @triton.jit
-def _forward_slot(
+def forward_slot(
     pid,
     slot,
     launch_slots,
@@ -397,7 +397,7 @@ def nsa_fwd_kernel(
         num_fwd = tiles_all * launch_slots
         if ticket < num_fwd:
             pid = ticket // launch_slots
-            _forward_slot(
+            forward_slot(
                 pid,
                 ticket % launch_slots,
                 launch_slots,
@@ -500,7 +500,7 @@ def nsa_fwd_kernel(
             leave(counter_ptr + 1 + pid, counter_ptr + 1 + tiles_all + pid, merge_chunks)
     else:
         pid = tl.program_id(0)
-        c_slots, s_slots = _forward_slot(
+        c_slots, s_slots = forward_slot(
             pid,
             tl.program_id(1),
             launch_slots,

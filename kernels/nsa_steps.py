@@ -87,7 +87,7 @@ def launch_fwd(
     if comp_scores is not None and (s_s or w_s):
         raise ValueError("comp_scores needs a launch of compressed slots only")
     part_acc, part_ml = part
-    lists, bits, counts, all_members, list_len = _plan_args(union, prefix_lens)
+    lists, bits, counts, all_members, list_len = plan_args(union, prefix_lens)
     fold = out is not None
     launch_slots = c_s + s_s + w_s
     layout = merge_layout(plan, slot_base + launch_slots, part_ml.shape[1], q.device)
@@ -274,7 +274,7 @@ def launch_merge(
     holds the other branches' slots from slot 0."""
     part_acc, part_ml = part
     prefix_lens, gates = args[3], args[7]
-    _, _, counts, all_members, list_len = _plan_args(union, prefix_lens)
+    _, _, counts, all_members, list_len = plan_args(union, prefix_lens)
     comp_fixed = slots[0] if comp_apart or shared_comp else 0
     branches = branch_bits((0, *slots[1:]) if comp_fixed else slots)
     s_pad = _slots_pad(max(sum(slots), part_ml.shape[1]))
@@ -321,7 +321,7 @@ def branch_bits(slots) -> int:
     return sum(1 << x for x, n in enumerate(slots) if n)
 
 
-def _plan_args(union: GroupPlan | None, prefix_lens):
+def plan_args(union: GroupPlan | None, prefix_lens):
     """The union plan's kernel arguments: lists, member bits, counts, whether every row is a
     member of every entry (a plan of one row per tile), and the list length."""
     if union is None:  # no selected slots: the plan pointers are never read

@@ -96,6 +96,7 @@ from ssvkit.kernels.nsa_launch import (
     refresh_slots,
     tile_packing,
 )
+from ssvkit.kernels.nsa_pair import launch_pair
 from ssvkit.kernels.nsa_reference import reference_nsa_verify
 from ssvkit.kernels.nsa_selection import refresh_indices
 from ssvkit.kernels.nsa_steps import (
@@ -249,13 +250,17 @@ def _shared_comp_call(plan, comp_plan, args, o, block_idx, union, config, chain)
     slots = refresh_slots(plan, device, config, comp_plan)
     comp_part = alloc_partials(comp_plan, slots[0], device)
     refresh = block_idx is None
+    pair = config.pair_launch and not refresh and plan.num_warps == comp_plan.num_warps
     if refresh:
         block_idx = refresh_indices(comp_plan, args, comp_part, slots, chain)
-    else:
+    elif not pair:
         launch_fwd(comp_plan, args, None, comp_part, slots=(slots[0], 0, 0), chain=chain)
     union = union_for(plan, block_idx, None if refresh else union, chain)
     part = alloc_partials(plan, sum(slots[1:]), device)
-    launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), chain=chain)
+    if pair:
+        launch_pair(plan, comp_plan, args, union, comp_part, part, slots, chain)
+    else:
+        launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), chain=chain)
     launch_merge(plan, args, union, part, o, slots, shared_comp=(comp_plan, comp_part), chain=chain)
     return block_idx, union
 

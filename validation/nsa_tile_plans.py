@@ -1,7 +1,8 @@
 """NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the
 draft rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their
-slots) or ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
-tiles or on one tile of all rows).
+slots), ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
+tiles or on one tile of all rows) or ``pair_launch`` False / True (a reuse call's two forward
+steps on shared compressed tiles as two launches or one).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
@@ -10,8 +11,8 @@ tiles or on one tile of all rows).
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16) at NSA's published geometry (as
 :mod:`validation.nsa_stages`, whose inputs it shares: reuse indices with an exact adjacent-row
 overlap of 0.7), contexts 32K / 64K / 128K, t in {1, 8, 9, 16, 17, 24, 32, 33}, batch 1, 4 and
-16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4 (1 and 4 for ``context_tiles``, which
-leaves a packed call as it is). Per case and schedule, each value's
+16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4 (1 and 4 for ``context_tiles`` and
+``pair_launch``, which leave a packed call as it is). Per case and schedule, each value's
 ``reuse`` (fused, union plan passed in), ``reuse_unfused``, ``refresh`` and
 ``refresh_unfused`` calls are timed (CUDA graphs, L2 flushed per sample, median,
 ``kernels.timing``).
@@ -54,6 +55,7 @@ BATCHES = (1, 4, 16)
 KNOBS = {
     "tile_plan": (("fixed", "fit"), (0, 1, 4)),
     "context_tiles": (("per_tile", "shared"), (1, 4)),
+    "pair_launch": ((False, True), (1, 4)),
 }
 PLANS, ROWS_PER_TILE = KNOBS["tile_plan"]
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
@@ -140,14 +142,14 @@ def print_row(row: dict, knob: str = "tile_plan") -> None:
         for name in CALLS:
             a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in values)
             cells.append(f"{name} {a:7.1f}/{b:7.1f} us ({a / floor_us:4.1f}x/{b / floor_us:4.1f}x)")
-        pair = "/".join(values)
+        pair = "/".join(map(str, values))
         print(f"{head} r{r} floor {floor_us:6.1f} us  {pair}: " + "  ".join(cells), flush=True)
 
 
 def print_summary(rows: list[dict], knob: str = "tile_plan") -> None:
     """Per case and schedule: fused reuse and refresh time of each value over the floor."""
     values, schedules = KNOBS[knob]
-    pair = "/".join(values)
+    pair = "/".join(map(str, values))
     print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse {pair} (x floor)  refresh {pair}")
     for row in rows:
         case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"

@@ -108,6 +108,32 @@ def test_shared_context_tiles_match_reference(monkeypatch, rows_per_tile):
         assert_close(out, ro_refresh, torch.float32, "o")
 
 
+@pytest.mark.parametrize("rows_per_tile", [1, 2])
+def test_paired_launch_is_the_two_launches(monkeypatch, rows_per_tile):
+    """``pair_launch``: a reuse call on shared compressed tiles runs its two forward steps as
+    one launch, bit for bit the output of the two launches (each program runs the same code on
+    the same slots) and the reference's attention; a refresh call keeps its launches."""
+    import ssvkit.kernels.nsa_verify as nv
+
+    calls = []
+    real = nv.launch_pair
+    monkeypatch.setattr(nv, "launch_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
+    args, idx = make_inputs([150, 61, 33], 5, 8, 2, 16, torch.float32, tree="tree", seed=29)
+    ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
+    base = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4)
+    with poisoned_allocations():
+        o_two, _ = nsa_verify(*args, block_idx=idx, config=base, **NSA_KW)
+        assert not calls
+        cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4, pair_launch=True)
+        o_one, _ = nsa_verify(*args, block_idx=idx, config=cfg, **NSA_KW)
+        assert len(calls) == 1
+        nsa_verify(*args, config=cfg, **NSA_KW)
+    assert len(calls) == 1
+    assert not torch.isnan(o_one).any()
+    assert torch.equal(o_one, o_two)
+    assert_close(o_one, ro, torch.float32, "o")
+
+
 def test_shared_context_tiles_need_fewer_tiles_and_the_separate_merge():
     """The compressed branch keeps the call's tiles where sharing saves none (a packed call)
     or the merge is folded; the setting is checked."""
@@ -202,6 +228,29 @@ def test_gpu_bf16_rows_per_tile_matches_reference(t, rows_per_tile, context_tile
     ro_reuse, _ = reference_nsa_verify(*args, block_idx=ridx, **GPU_KW)
     for out in (o_reuse, o_unfused, o_packed):
         assert_close(out, ro_reuse, torch.bfloat16, "o")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_tile", [1, 4])
+def test_gpu_paired_launch_is_the_two_launches_and_captures(rows_per_tile):
+    """bf16 at Llama-3.1-8B's attention, t = 17: the paired reuse launch gives the two
+    launches' output bit for bit, in a CUDA graph too."""
+    args = make_gpu_inputs([4093, 700, 2500], 17, seed=57)
+    _, idx = nsa_verify(*args, **GPU_KW)
+    kw = dict(GPU_KW, block_idx=idx, validate=False)
+    two = NsaVerifyConfig(rows_per_tile=rows_per_tile)
+    one = NsaVerifyConfig(rows_per_tile=rows_per_tile, pair_launch=True)
+    with poisoned_allocations():
+        o_two, _ = nsa_verify(*args, config=two, **kw)
+        o_one, _ = nsa_verify(*args, config=one, **kw)
+    assert torch.equal(o_one, o_two)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, _ = nsa_verify(*args, config=one, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_graph, o_two)
 
 
 @pytest.mark.gpu

@@ -19,7 +19,9 @@ def tiny_inputs(monkeypatch):
         monkeypatch.setattr(ki, name, value)
 
 
-@pytest.mark.parametrize(("knob", "rows_per_tile"), [("tile_plan", 0), ("context_tiles", 1)])
+@pytest.mark.parametrize(
+    ("knob", "rows_per_tile"), [("tile_plan", 0), ("context_tiles", 1), ("pair_launch", 4)]
+)
 def test_the_check_passes_on_both_values_and_catches_a_wrong_output(
     tiny_inputs, monkeypatch, knob, rows_per_tile
 ):
