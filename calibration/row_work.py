@@ -13,7 +13,7 @@ from ssvkit.calibration.ceilings import DEVICE_NAMES
 from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.nsa_plan import tile_packing
+from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
@@ -150,7 +150,7 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         window=p["window"],
         comp_block=p["comp_block"],
         comp_stride=p["comp_stride"],
-        shared_context=int(p.get("context_tiles") == "shared"),
+        shared_context=CONTEXT_TILES.index(p.get("context_tiles", "per_tile")),
     )
     return nsa_call_work(
         shape,

@@ -96,18 +96,11 @@ class NsaVerifyConfig:
             "the same compressed tokens, so one tile of all rows reads them once; the "
             "selected and window branches keep rows_per_tile's tiles; fused calls at 128K "
             "0.30-0.98x per_tile's time, at 32K 0.55-1.16x, "
-            "validation/data/nsa-context-tiles-h200.json) or per_tile (the row "
-            "tiles of rows_per_tile, each streaming every compressed token). Takes the "
-            "separate merge; the folded merges keep per_tile"
-        },
-    )
-
-    pair_launch: bool = field(
-        default=False,
-        metadata={
-            "help": "a reuse call on shared compressed tiles runs its compressed launch and "
-            "its selected and window launch as one (kernels.nsa_pair): the programs of both "
-            "share the SMs and one launch's ramp and drain is saved"
+            "validation/data/nsa-context-tiles-h200.json), paired (shared, and a reuse "
+            "call's compressed launch and its selected and window launch run as one, "
+            "kernels.nsa_pair, where one wave holds both: perfmodel.nsa_plan.pairs_launches) "
+            "or per_tile (the row tiles of rows_per_tile, each streaming every compressed "
+            "token). Takes the separate merge; the folded merges keep per_tile"
         },
     )
 

@@ -266,11 +266,11 @@ def refresh_slots(
 
 
 def context_plan(plan: LaunchPlan, q, k_cache, comp_k, config: NsaVerifyConfig, **kw):
-    """The compressed branch's own launch plan under ``context_tiles`` "shared": the call's
-    plan with ``rows_per_tile = 0`` (as many draft rows a tile as fit), or None where that is
-    no fewer tiles than ``plan``'s (the branch then runs on the call's own tiles). ``kw``: the
-    semantics :func:`make_plan` takes."""
-    if config.context_tiles != "shared" or config.merge != "separate" or not config.rows_per_tile:
+    """The compressed branch's own launch plan under ``context_tiles`` "shared" or "paired":
+    the call's plan with ``rows_per_tile = 0`` (as many draft rows a tile as fit), or None
+    where that is no fewer tiles than ``plan``'s (the branch then runs on the call's own
+    tiles). ``kw``: the semantics :func:`make_plan` takes."""
+    if config.context_tiles == "per_tile" or config.merge != "separate" or not config.rows_per_tile:
         return None
     shared = make_plan(q, k_cache, comp_k, config=replace(config, rows_per_tile=0), **kw)
     return shared if shared.num_tiles < plan.num_tiles else None

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.group_plan import GroupPlan
 from ssvkit.kernels.nsa_checks import check_tensors, check_values
 from ssvkit.kernels.nsa_compress import (
@@ -108,6 +109,7 @@ from ssvkit.kernels.nsa_steps import (
     union_plan,
 )
 from ssvkit.kernels.pdl import LaunchChain
+from ssvkit.perfmodel import nsa_plan
 
 __all__ = [
     "NsaVerifyConfig",
@@ -250,7 +252,7 @@ def _shared_comp_call(plan, comp_plan, args, o, block_idx, union, config, chain)
     slots = refresh_slots(plan, device, config, comp_plan)
     comp_part = alloc_partials(comp_plan, slots[0], device)
     refresh = block_idx is None
-    pair = config.pair_launch and not refresh and plan.num_warps == comp_plan.num_warps
+    pair = not refresh and _pairs(plan, comp_plan, slots, config, device)
     if refresh:
         block_idx = refresh_indices(comp_plan, args, comp_part, slots, chain)
     elif not pair:
@@ -263,6 +265,17 @@ def _shared_comp_call(plan, comp_plan, args, o, block_idx, union, config, chain)
         launch_fwd(plan, args, union, part, slots=(0, *slots[1:]), chain=chain)
     launch_merge(plan, args, union, part, o, slots, shared_comp=(comp_plan, comp_part), chain=chain)
     return block_idx, union
+
+
+def _pairs(plan: LaunchPlan, comp_plan: LaunchPlan, slots, config, device) -> bool:
+    """Whether a reuse call runs its two forward launches as one (``context_tiles``
+    "paired", ``kernels.nsa_pair``): on the GPU, where one wave holds both
+    (``perfmodel.nsa_plan.pairs_launches``) and they share a warp count; the interpreter
+    always pairs, so the CPU tests take the paired path."""
+    if config.context_tiles != "paired" or plan.num_warps != comp_plan.num_warps:
+        return False
+    programs = comp_plan.programs * slots[0] + plan.programs * sum(slots[1:])
+    return device.type != "cuda" or nsa_plan.pairs_launches(programs, num_sms(device))
 
 
 def nsa_union_plan(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from ssvkit.perfmodel.acceptance import TreeAcceptance, full_depth_probability, tree_level_sizes
 from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES
 from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
@@ -56,7 +57,9 @@ class Columns:
     refresh_frac: np.ndarray  # share of layers that refresh (run selection)
     fused: np.ndarray  # 1 = refresh_reuse kernels
     nsa_rows_per_tile: np.ndarray  # NSA draft rows per row tile (Strategy.nsa_rows_per_tile)
-    nsa_shared_context: np.ndarray  # 1: Strategy.nsa_context_tiles "shared", 0: "per_tile"
+    # Strategy.nsa_context_tiles as its index in nsa_plan.CONTEXT_TILES (0 per_tile, 1 shared,
+    # 2 paired).
+    nsa_shared_context: np.ndarray
     fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
 
     def __len__(self) -> int:
@@ -94,7 +97,7 @@ def _strategy_columns(s: Strategy, num_layers: int) -> dict:
         "refresh_frac": np.ceil(num_layers / s.refresh_every) / num_layers,
         "fused": float(s.fusion == "refresh_reuse"),
         "nsa_rows_per_tile": s.nsa_rows_per_tile,
-        "nsa_shared_context": float(s.nsa_context_tiles == "shared"),
+        "nsa_shared_context": float(CONTEXT_TILES.index(s.nsa_context_tiles)),
     }
 
 

@@ -93,11 +93,24 @@ FIT_BLOCK_M_MAX = 128
 FIT_MAX_TILE_ROWS = 32
 # NsaVerifyConfig.context_tiles: the compressed branch on the row schedule's tiles ("per_tile",
 # also what a kernel row without params.context_tiles ran) or, where that saves tiles, on the
-# tiles of the packed schedule in a launch of its own ("shared", the default).
-CONTEXT_TILES = ("per_tile", "shared")
-DEFAULT_CONTEXT_TILES = "shared"
+# tiles of the packed schedule in a launch of its own ("shared"), or so and, in a reuse call
+# whose two forward launches one wave of PAIRED_RESIDENT programs an SM holds, in one launch
+# with the other branches ("paired", the default; ``pairs_launches``).
+CONTEXT_TILES = ("per_tile", "shared", "paired")
+DEFAULT_CONTEXT_TILES = "paired"
+# Programs of kernels.nsa_pair's launch one SM holds (ptxas, sm_90, D = 128: 203 registers and
+# 112 KB of shared memory a program, on Triton 3.6).
+PAIRED_RESIDENT = 2
 # Name suffix of the NSA ops and classes of one draft row a tile (the kernels' one-row path).
 PER_QUERY = "per_query"
+
+
+def pairs_launches(programs: int, num_sms: int) -> bool:
+    """Whether a reuse call under ``context_tiles`` "paired" runs its compressed launch and its
+    selected and window launch as one: where the ``programs`` of both fit one wave of
+    ``PAIRED_RESIDENT`` programs an SM (past it, the paired launch's second wave costs more than
+    the launch it saves: batch 16, 64K, t = 17, one row a tile took 13% longer)."""
+    return programs <= PAIRED_RESIDENT * num_sms
 
 
 def next_pow2(x) -> np.ndarray:

@@ -4,8 +4,11 @@ make (``perfmodel.nsa_plan``: ``tile_packing``, ``slot_counts``, ``split_slots``
 A call runs its launches in series (``forward_launches``); each forward launch has ``B x Hkv x
 tiles x S`` programs, each an equal slice of one branch's key tiles of one row tile
 (compressed tokens, the tile's union of selected blocks, window plus draft tail). Under
-``shared_context`` (``NsaVerifyConfig.context_tiles`` "shared") the compressed branch's launch
-has the packed schedule's tiles, the others the row schedule's. ``NsaWork`` counts:
+``shared_context`` (``NsaVerifyConfig.context_tiles`` "shared" or "paired") the compressed
+branch's launch has the packed schedule's tiles, the others the row schedule's; "paired" runs a
+fused reuse call's two launches as one where one wave holds them
+(``nsa_plan.pairs_launches``): one launch's waves, its chain the longer of the two parts' or
+their tiles over the SMs' resident programs. ``NsaWork`` counts:
 
 - ``requested_bytes``: what the programs read and write: every row tile's K/V tiles (the
   compressed tokens once per tile of their launch, the window once per tile, the tile's own
@@ -40,8 +43,10 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.nsa_plan import (
     EXPECTED_OVERLAP,
+    PAIRED_RESIDENT,
     WGMMA_MIN_ROWS,
     WGMMA_ROW_COST,
+    pairs_launches,
     slot_counts,
     split_slots,
     tile_packing,
@@ -74,7 +79,9 @@ class NsaShape:
     window: int = 512
     comp_block: int = 32
     comp_stride: int = 16
-    shared_context: int = 0  # 1: NsaVerifyConfig.context_tiles "shared", 0: "per_tile"
+    # NsaVerifyConfig.context_tiles as its index in nsa_plan.CONTEXT_TILES: 0 "per_tile",
+    # 1 "shared", 2 "paired".
+    shared_context: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
@@ -191,8 +198,9 @@ def nsa_call_work(
     # The host sizes the slots at the longest prefix and its assumed overlap.
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
-    chain = waves = partial_bytes = merge = tile_reads = flops = 0.0
+    waves = partial_bytes = merge = tile_reads = flops = 0.0
     launches = forward_launches(s, fused=fused, refresh=refresh)
+    parts = []  # per launch: programs x slots, resident programs, busiest slice, key tiles
     for launch in launches:
         programs = heads * len(launch.rows)
         resident = resident_programs(launch.block_m, s.head_dim, smem_per_sm_bytes)
@@ -205,14 +213,21 @@ def nsa_call_work(
                 if launch.branches[x]:
                     busiest = max(busiest, math.ceil(u[x] / max(split[x], 1)))
                     total += heads * u[x]
-        chain += max(busiest, total / (num_sms * resident))
-        waves += math.ceil(programs * n / (num_sms * resident))
+        parts.append((programs * n, resident, busiest, total))
         partial_bytes += 2 * programs * n * launch.block_m * (s.head_dim + 2) * F32
         # Merges in series: fused, one over every slot (a refresh call's reads the compressed
         # launch's slots too); unfused, one per branch: the slots of every launch.
         merge += n
         tile_reads += total
         flops += total * launch.block_m
+    paired = s.shared_context == 2 and fused and not refresh and len(parts) == 2
+    if paired and pairs_launches(parts[0][0] + parts[1][0], num_sms):
+        (g0, _, b0, t0), (g1, _, b1, t1) = parts
+        parts = [(g0 + g1, PAIRED_RESIDENT, max(b0, b1), t0 + t1)]
+    chain = 0.0
+    for grid, resident, busiest, total in parts:
+        chain += max(busiest, total / (num_sms * resident))
+        waves += math.ceil(grid / (num_sms * resident))
     comp_units, _, win_units = branch_units(s, 0.0)
     selected = sum(branch_units(s, tile_union_blocks(s, r))[1] for r in tile_rows(s))
     rows_q = s.batch * s.t * s.num_q_heads

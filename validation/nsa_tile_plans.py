@@ -1,8 +1,8 @@
 """NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the
 draft rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their
 slots), ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
-tiles or on one tile of all rows) or ``pair_launch`` False / True (a reuse call's two forward
-steps on shared compressed tiles as two launches or one).
+tiles or on one tile of all rows) or, as ``--knob paired``, ``context_tiles`` "shared" /
+"paired" (a reuse call's two forward steps on shared compressed tiles as two launches or one).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
@@ -11,8 +11,8 @@ steps on shared compressed tiles as two launches or one).
 Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16) at NSA's published geometry (as
 :mod:`validation.nsa_stages`, whose inputs it shares: reuse indices with an exact adjacent-row
 overlap of 0.7), contexts 32K / 64K / 128K, t in {1, 8, 9, 16, 17, 24, 32, 33}, batch 1, 4 and
-16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4 (1 and 4 for ``context_tiles`` and
-``pair_launch``, which leave a packed call as it is). Per case and schedule, each value's
+16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4 (1 and 4 for the ``context_tiles``
+comparisons, which leave a packed call as it is). Per case and schedule, each value's
 ``reuse`` (fused, union plan passed in), ``reuse_unfused``, ``refresh`` and
 ``refresh_unfused`` calls are timed (CUDA graphs, L2 flushed per sample, median,
 ``kernels.timing``).
@@ -51,13 +51,13 @@ from ssvkit.validation.nsa_stages import KW, OVERLAP, TIMING, floor_bytes, input
 CONTEXTS = (32768, 65536, 131072)
 DRAFT_ROWS = (1, 8, 9, 16, 17, 24, 32, 33)
 BATCHES = (1, 4, 16)
-# The knobs compared, each with its two values (the default first) and its row schedules.
+# The comparisons: the config field, its two values (the first the baseline) and the row
+# schedules.
 KNOBS = {
-    "tile_plan": (("fixed", "fit"), (0, 1, 4)),
-    "context_tiles": (("per_tile", "shared"), (1, 4)),
-    "pair_launch": ((False, True), (1, 4)),
+    "tile_plan": ("tile_plan", ("fixed", "fit"), (0, 1, 4)),
+    "context_tiles": ("context_tiles", ("per_tile", "shared"), (1, 4)),
+    "paired": ("context_tiles", ("shared", "paired"), (1, 4)),
 }
-PLANS, ROWS_PER_TILE = KNOBS["tile_plan"]
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 ATOL = RTOL = 2e-2
 SELECT_AGREEMENT = 0.97
@@ -106,7 +106,7 @@ def check(sets, configs: dict, label: str) -> None:
 
 def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan") -> dict:
     """Every schedule and value of ``knob`` of one (batch, t, context): checked, then timed."""
-    values, schedules = KNOBS[knob]
+    field, values, schedules = KNOBS[knob]
     num_sets = 2 if bsz * ctx > 1 << 20 else 4
     sets = input_sets(bsz, t, ctx, ctx + t, num_sets)
     floor_b = floor_bytes(bsz, t, ctx, sets[0][1])
@@ -117,7 +117,7 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
         flops=flops, floor_s=floor_s, **ceilings, times_s={},
     )  # fmt: skip
     for r in schedules:
-        configs = {p: NsaVerifyConfig(rows_per_tile=r, **{knob: p}) for p in values}
+        configs = {p: NsaVerifyConfig(rows_per_tile=r, **{field: p}) for p in values}
         check(sets, configs, f"b{bsz} t{t} {ctx} r{r}")
         for plan, cfg in configs.items():
             unions = [
@@ -134,7 +134,7 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
 
 
 def print_row(row: dict, knob: str = "tile_plan") -> None:
-    values, schedules = KNOBS[knob]
+    field, values, schedules = KNOBS[knob]
     floor_us = row["floor_s"] * 1e6
     head = f"b{row['batch']:<2d} t{row['num_query_tokens']:<2d} {row['context_len'] // 1024:>3d}K"
     for r in schedules:
@@ -142,14 +142,14 @@ def print_row(row: dict, knob: str = "tile_plan") -> None:
         for name in CALLS:
             a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in values)
             cells.append(f"{name} {a:7.1f}/{b:7.1f} us ({a / floor_us:4.1f}x/{b / floor_us:4.1f}x)")
-        pair = "/".join(map(str, values))
+        pair = "/".join(values)
         print(f"{head} r{r} floor {floor_us:6.1f} us  {pair}: " + "  ".join(cells), flush=True)
 
 
 def print_summary(rows: list[dict], knob: str = "tile_plan") -> None:
     """Per case and schedule: fused reuse and refresh time of each value over the floor."""
-    values, schedules = KNOBS[knob]
-    pair = "/".join(map(str, values))
+    field, values, schedules = KNOBS[knob]
+    pair = "/".join(values)
     print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse {pair} (x floor)  refresh {pair}")
     for row in rows:
         case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--knob", choices=list(KNOBS), default="tile_plan", help="what is compared")
     args = p.parse_args(argv)
-    values = KNOBS[args.knob][0]
+    field, values, _ = KNOBS[args.knob]
     for name in ("contexts", "draft_rows", "batches"):
         bad = [v for v in getattr(args, name) if v < 1 or (name == "draft_rows" and v > 64)]
         if bad:
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
         "knob": args.knob,
         "complete": complete,
         "kwargs": KW,
-        "configs": {p: str(NsaVerifyConfig(**{args.knob: p})) for p in values},
+        "configs": {p: str(NsaVerifyConfig(**{field: p})) for p in values},
         "provenance": tm.provenance(),
         "rows": rows,
     }

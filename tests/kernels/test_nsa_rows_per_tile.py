@@ -110,9 +110,10 @@ def test_shared_context_tiles_match_reference(monkeypatch, rows_per_tile):
 
 @pytest.mark.parametrize("rows_per_tile", [1, 2])
 def test_paired_launch_is_the_two_launches(monkeypatch, rows_per_tile):
-    """``pair_launch``: a reuse call on shared compressed tiles runs its two forward steps as
-    one launch, bit for bit the output of the two launches (each program runs the same code on
-    the same slots) and the reference's attention; a refresh call keeps its launches."""
+    """``context_tiles="paired"``: a reuse call on shared compressed tiles runs its two forward
+    steps as one launch, bit for bit the output of the two launches ("shared": each program
+    runs the same code on the same slots) and the reference's attention; a refresh call keeps
+    its launches."""
     import ssvkit.kernels.nsa_verify as nv
 
     calls = []
@@ -120,11 +121,11 @@ def test_paired_launch_is_the_two_launches(monkeypatch, rows_per_tile):
     monkeypatch.setattr(nv, "launch_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
     args, idx = make_inputs([150, 61, 33], 5, 8, 2, 16, torch.float32, tree="tree", seed=29)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
-    base = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4)
+    base = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4, context_tiles="shared")
     with poisoned_allocations():
         o_two, _ = nsa_verify(*args, block_idx=idx, config=base, **NSA_KW)
         assert not calls
-        cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4, pair_launch=True)
+        cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4, context_tiles="paired")
         o_one, _ = nsa_verify(*args, block_idx=idx, config=cfg, **NSA_KW)
         assert len(calls) == 1
         nsa_verify(*args, config=cfg, **NSA_KW)
@@ -143,7 +144,9 @@ def test_shared_context_tiles_need_fewer_tiles_and_the_separate_merge():
         cfg = NsaVerifyConfig(rows_per_tile=rows, context_tiles="shared", merge=merge)
         shared = nl.context_plan(nl.make_plan(q, k, ck, config=cfg, **kw), q, k, ck, cfg, **kw)
         assert (shared and shared.num_tiles) == tiles
-    with pytest.raises(ValueError, match="context_tiles must be one of per_tile, shared, got 'x'"):
+    with pytest.raises(
+        ValueError, match="context_tiles must be one of per_tile, shared, paired, got 'x'"
+    ):
         NsaVerifyConfig(context_tiles="x")
 
 
@@ -238,8 +241,8 @@ def test_gpu_paired_launch_is_the_two_launches_and_captures(rows_per_tile):
     args = make_gpu_inputs([4093, 700, 2500], 17, seed=57)
     _, idx = nsa_verify(*args, **GPU_KW)
     kw = dict(GPU_KW, block_idx=idx, validate=False)
-    two = NsaVerifyConfig(rows_per_tile=rows_per_tile)
-    one = NsaVerifyConfig(rows_per_tile=rows_per_tile, pair_launch=True)
+    two = NsaVerifyConfig(rows_per_tile=rows_per_tile, context_tiles="shared")
+    one = NsaVerifyConfig(rows_per_tile=rows_per_tile, context_tiles="paired")
     with poisoned_allocations():
         o_two, _ = nsa_verify(*args, config=two, **kw)
         o_one, _ = nsa_verify(*args, config=one, **kw)

@@ -119,6 +119,35 @@ def test_shared_compressed_tiles_stream_the_compressed_tokens_once_per_packed_ti
         )
 
 
+def test_paired_launches_count_one_launch_where_one_wave_holds_them():
+    """``shared_context`` 2 ("paired"): a fused reuse call of unions of four over 17 rows at
+    128K, batch 1, runs its compressed and its selected and window launches as one (their
+    programs fit one wave of two an SM): one launch's waves, a chain no longer than the two
+    launches', the same bytes. At batch 16 one row a tile, the programs need more than one
+    wave: two launches, as "shared"; refresh and unfused calls keep theirs."""
+    kw = dict(num_sms=SMS, smem_per_sm_bytes=SMEM)
+    ssv = dataclasses.replace(SHAPE, context_len=131072, t=17, rows_per_tile=4, shared_context=1)
+    shared = nsa_call_work(ssv, fused=True, refresh=False, **kw)
+    paired = nsa_call_work(
+        dataclasses.replace(ssv, shared_context=2), fused=True, refresh=False, **kw
+    )
+    assert paired.waves == shared.waves - 1
+    assert paired.chain_tiles < shared.chain_tiles
+    assert (paired.requested_bytes, paired.unique_bytes, paired.mma_flops, paired.merge_steps) == (
+        shared.requested_bytes,
+        shared.unique_bytes,
+        shared.mma_flops,
+        shared.merge_steps,
+    )
+    big = dataclasses.replace(ssv, batch=16, context_len=65536, rows_per_tile=1)
+    for shape, fused, refresh in ((big, True, False), (ssv, True, True), (ssv, False, False)):
+        two = nsa_call_work(shape, fused=fused, refresh=refresh, **kw)
+        one = nsa_call_work(
+            dataclasses.replace(shape, shared_context=2), fused=fused, refresh=refresh, **kw
+        )
+        assert one == two
+
+
 def test_a_refresh_call_counts_its_block_scoring():
     """The scoring reads each compressed-launch tile's keys again at 16 packed rows (8 bytes
     a real row and token to store the scores would be 8 x 16 x 4 = 512 > 256 bytes of key), and

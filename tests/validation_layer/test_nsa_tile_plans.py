@@ -20,21 +20,21 @@ def tiny_inputs(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("knob", "rows_per_tile"), [("tile_plan", 0), ("context_tiles", 1), ("pair_launch", 4)]
+    ("knob", "rows_per_tile"), [("tile_plan", 0), ("context_tiles", 1), ("paired", 4)]
 )
 def test_the_check_passes_on_both_values_and_catches_a_wrong_output(
     tiny_inputs, monkeypatch, knob, rows_per_tile
 ):
     sets = ns.input_sets(1, 4, 2048, 2052, 1)
-    values = ntp.KNOBS[knob][0]
-    configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{knob: p}) for p in values}
+    field, values, _ = ntp.KNOBS[knob]
+    configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{field: p}) for p in values}
     label = f"b1 t4 2K r{rows_per_tile}"
     ntp.check(sets, configs, label)
     real = ntp._call
 
     def off_by_one(name, s, unions, config, i):
         out = real(name, s, unions, config, i)
-        return (out[0] + 1, *out[1:]) if getattr(config, knob) == values[1] else out
+        return (out[0] + 1, *out[1:]) if getattr(config, field) == values[1] else out
 
     monkeypatch.setattr(ntp, "_call", off_by_one)
     with pytest.raises(AssertionError, match=f"{label} reuse"):
