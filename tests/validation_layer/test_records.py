@@ -95,11 +95,12 @@ def test_a_run_whose_strategy_predates_the_compressed_tiling_ran_it_per_tile():
     """A run's strategy without ``nsa_context_tiles`` ran NSA's compressed branch on its row
     schedule's tiles and is priced so; a run that records it keeps what it ran."""
     ssv = Strategy.from_name("ssv")
-    assert ssv.nsa_context_tiles == "shared"
+    assert ssv.nsa_context_tiles == "paired"
     recorded = {"strategy": dataclasses.asdict(ssv), **run_schedule(ssv)}
     assert measured_strategy(recorded) == ssv
     old = {k: v for k, v in dataclasses.asdict(ssv).items() if k != "nsa_context_tiles"}
     priced = measured_strategy({"strategy": old, **run_schedule(ssv)})
     assert priced == dataclasses.replace(ssv, nsa_context_tiles="per_tile")
-    with pytest.raises(ValueError, match="nsa_context_tiles must be one of per_tile, shared"):
+    bad = "nsa_context_tiles must be one of per_tile, shared, paired"
+    with pytest.raises(ValueError, match=bad):
         dataclasses.replace(ssv, nsa_context_tiles="x")
