@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from ssvkit.kernels.group_plan import GroupPlan
-from ssvkit.kernels.nsa_kernels import forward_slot
+from ssvkit.kernels.nsa_forward import forward_slot
 from ssvkit.kernels.nsa_launch import LaunchPlan
 from ssvkit.kernels.nsa_steps import plan_args
 from ssvkit.kernels.pdl import LaunchChain, chain_for
