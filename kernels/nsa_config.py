@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ssvkit.perfmodel import nsa_plan
 
 SCORE_SOURCES = ("auto", "stored", "computed")
+SCORE_MAPS = ("matrix", "band")
 MERGES = ("auto", "last", "parallel", "separate")
 PICKS = ("folded", "separate")
 CONTEXT_TILES = nsa_plan.CONTEXT_TILES
@@ -55,6 +56,15 @@ class NsaVerifyConfig:
             "help": "where the refresh path's block scoring gets the compressed scores: "
             "stored by the compressed launch, computed again from the compressed keys, or "
             "auto (whichever moves fewer bytes)"
+        },
+    )
+    score_map: str = field(
+        default="matrix",
+        metadata={
+            "help": "how the computed block scoring maps compressed tokens onto selection "
+            "blocks: matrix (a 0/1 overlap matrix over the program's blocks, built per key "
+            "tile) or band (kernels.nsa_band_scores: one band every key tile shares, where the "
+            "block size is a multiple of the compression stride)"
         },
     )
 
@@ -137,6 +147,7 @@ class NsaVerifyConfig:
             ("pick", PICKS),
             ("tile_plan", nsa_plan.TILE_PLANS),
             ("context_tiles", CONTEXT_TILES),
+            ("score_map", SCORE_MAPS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(

@@ -59,6 +59,7 @@ class LaunchPlan:
     block_j: int
     score_warps: int
     score_source: str
+    score_map: str
     num_warps: int
     num_stages: int
     dot_precision: str
@@ -192,6 +193,7 @@ def make_plan(
         block_j=config.block_j,
         score_warps=config.score_warps,
         score_source=config.score_source,
+        score_map=config.score_map,
         num_warps=num_warps,
         num_stages=config.num_stages,
         dot_precision="ieee" if q.dtype == torch.float32 else "tf32",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 from ssvkit.kernels.arrivals import arrival_counters
+from ssvkit.kernels.nsa_band_scores import band_geometry, band_score_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
 from ssvkit.kernels.nsa_select_kernels import (
     block_score_kernel,
@@ -106,6 +107,10 @@ def compressed_block_scores(
             num_warps=plan.score_warps,
         )
         return scores
+    band = band_geometry(plan.block_size, plan.comp_block, plan.comp_stride, plan.block_n)
+    if plan.score_map == "band" and band is not None:
+        _band_scores(plan, q, comp_k, part, prefix_lens, scores, c_slots, band, launch)
+        return scores
     block_score_kernel[(plan.batch * plan.num_kv_heads, plan.num_tiles, grid_j)](
         q,
         comp_k,
@@ -134,6 +139,48 @@ def compressed_block_scores(
         num_warps=plan.score_warps,
     )
     return scores
+
+
+def _band_scores(plan, q, comp_k, part, prefix_lens, scores, c_slots, band, launch) -> None:
+    """``compressed_block_scores``' computed path under ``score_map`` "band"
+    (``kernels.nsa_band_scores``): ``plan.block_j // JB`` key tiles a program."""
+    r, e, jb = band
+    per_program = max(1, plan.block_j // jb)
+    grid = (
+        plan.batch * plan.num_kv_heads,
+        plan.num_tiles,
+        triton.cdiv(plan.nb_max, jb * per_program),
+    )
+    band_score_kernel[grid](
+        q,
+        comp_k,
+        part[1],
+        prefix_lens,
+        scores,
+        *q.stride()[:3],
+        *comp_k.stride()[:3],
+        plan.num_t,
+        plan.nc_max,
+        plan.nb_max,
+        scores.stride(2),
+        plan.comp_block,
+        plan.comp_stride,
+        plan.qk_scale,
+        c_slots,
+        part[1].shape[1],
+        r,
+        e,
+        jb,
+        per_program,
+        BLOCK_C=plan.block_n,
+        JB_PAD=max(16, triton.next_power_of_2(jb)),
+        DOT_PRECISION=plan.dot_precision,
+        OVERLAP_SPLIT=plan.dot_precision != "ieee",
+        C_PAD=max(2, triton.next_power_of_2(c_slots)),
+        **plan.rows_meta(),
+        **launch,
+        num_warps=plan.score_warps,
+    )
 
 
 def refresh_indices(

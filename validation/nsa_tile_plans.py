@@ -1,8 +1,10 @@
 """NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the
 draft rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their
 slots), ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
-tiles or on one tile of all rows) or, as ``--knob paired``, ``context_tiles`` "shared" /
-"paired" (a reuse call's two forward steps on shared compressed tiles as two launches or one).
+tiles or on one tile of all rows), as ``--knob paired``, ``context_tiles`` "shared" /
+"paired" (a reuse call's two forward steps on shared compressed tiles as two launches or one),
+or ``score_map`` "matrix" / "band" (how the refresh path's computed block scoring maps the
+compressed tokens onto the blocks; only refresh calls differ).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
@@ -57,6 +59,7 @@ KNOBS = {
     "tile_plan": ("tile_plan", ("fixed", "fit"), (0, 1, 4)),
     "context_tiles": ("context_tiles", ("per_tile", "shared"), (1, 4)),
     "paired": ("context_tiles", ("shared", "paired"), (1, 4)),
+    "score_map": ("score_map", ("matrix", "band"), (0, 1, 4)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 ATOL = RTOL = 2e-2

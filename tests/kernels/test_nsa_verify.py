@@ -90,12 +90,16 @@ def test_reuse_fused_split_and_unfused_match_reference(shape):
         (CPU_SHAPES[1], 4, "stored"),
         (CPU_SHAPES[2], 1, "stored"),
         (CPU_SHAPES[2], 4, "computed"),
+        (CPU_SHAPES[0], 4, "band"),
+        (CPU_SHAPES[1], 1, "band"),
+        (CPU_SHAPES[2], 1, "band"),
     ],
     ids=lambda x: f"L{x[0]}-t{x[1]}-H{x[2]}" if isinstance(x, tuple) else str(x),
 )
 def test_refresh_selects_reference_blocks(shape, num_splits, source):
     """Random data has no ties, so the indices must equal the reference's exactly, whether the
-    block scoring reads the compressed scores the compressed launch stored or computes them.
+    block scoring reads the compressed scores the compressed launch stored or computes them
+    (mapped onto the blocks by the overlap matrix or, "band", by ``kernels.nsa_band_scores``).
     Each shape runs with and without splits and with both score sources, and each split count
     with both sources."""
     dtype = torch.float16 if HAS_CUDA else torch.float32
@@ -107,7 +111,8 @@ def test_refresh_selects_reference_blocks(shape, num_splits, source):
         num_splits=num_splits,
         block_j=16,
         block_m=64 if num_splits == 1 else 16,
-        score_source=source,
+        score_source="computed" if source == "band" else source,
+        score_map="band" if source == "band" else "matrix",
     )
     with poisoned_allocations():
         o, idx = nsa_verify(*args, config=cfg, **NSA_KW)
@@ -458,3 +463,33 @@ def test_refresh_stores_compressed_scores_when_fewer_bytes_move():
     ]
     assert stores_comp_scores(plan(16, score_source="stored"), key_bytes)
     assert not stores_comp_scores(plan(1, score_source="computed"), key_bytes)
+
+
+def test_the_band_scores_every_block_as_the_overlap_matrix():
+    """``score_map="band"``: the block importance of every row and block, blocks past the
+    compressed tokens and a prefix with none among them, equals the overlap matrix's (fp32 in
+    the interpreter: the two sum in another order); the band's geometry, and None where the
+    block size is no multiple of the stride."""
+    from ssvkit.kernels.nsa_band_scores import band_geometry
+    from ssvkit.kernels.nsa_launch import make_plan, plan_slots
+    from ssvkit.kernels.nsa_selection import compressed_block_scores
+    from ssvkit.kernels.nsa_steps import alloc_partials, launch_fwd
+
+    args, _ = make_inputs([150, 9, 61], 5, 8, 2, 16, torch.float32, tree="tree", seed=31)
+    q, k, ck = args[0], args[1], args[5]
+    kw = dict(num_sink=1, num_local=1, sm_scale=None, **NSA_KW)
+    scores = []
+    for score_map in ("matrix", "band"):
+        cfg = NsaVerifyConfig(block_j=16, score_source="computed", score_map=score_map)
+        plan = make_plan(q, k, ck, config=cfg, **kw)
+        slots = plan_slots(plan, q.device, cfg, (True, False, False))
+        with poisoned_allocations():
+            part = alloc_partials(plan, slots[0], q.device)
+            launch_fwd(plan, args, None, part, slots=slots)
+            scores.append(compressed_block_scores(plan, args, part, slots[0]))
+    assert not torch.isnan(scores[1]).any()
+    torch.testing.assert_close(scores[1], scores[0], atol=1e-6, rtol=1e-5)
+    assert scores[1][1].abs().sum() == 0  # 9 tokens: no compressed token yet
+    assert band_geometry(64, 32, 16, 64) == (4, 1, 15)
+    assert band_geometry(16, 16, 8, 16) == (2, 1, 7)
+    assert band_geometry(64, 48, 24, 64) is None and band_geometry(64, 32, 16, 4) is None

@@ -20,7 +20,8 @@ def tiny_inputs(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("knob", "rows_per_tile"), [("tile_plan", 0), ("context_tiles", 1), ("paired", 4)]
+    ("knob", "rows_per_tile"),
+    [("tile_plan", 0), ("context_tiles", 1), ("paired", 4), ("score_map", 0)],
 )
 def test_the_check_passes_on_both_values_and_catches_a_wrong_output(
     tiny_inputs, monkeypatch, knob, rows_per_tile
