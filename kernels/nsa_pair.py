@@ -8,10 +8,9 @@ first ``comp_programs x c_slots`` programs are the compressed launch's, the rest
 and window launch's, each writing its own partial buffer as the two launches would (the same
 ``forward_slot`` code with each plan's row packing), so the merge is unchanged. One launch
 instead of two saves a launch's ramp and drain, and the two kinds of program share the SMs
-instead of each filling one wave on its own. Measured on the H200 (a reuse call, union plan
-passed in, 09ba0c6 + this launch, my run): batch 1, 128K, t = 17, unions of four 44.7 -> 34.1
-us, one row a tile 52.1 -> 48.8; batch 16, 64K, one row a tile 357.9 -> 403.2 (two waves):
-``perfmodel.nsa_plan.pairs_launches`` keeps the two launches there."""
+instead of each filling one wave on its own. Past one wave of both kinds of program, the paired
+launch's second wave costs more than the launch it saves: ``perfmodel.nsa_plan.pairs_launches``
+keeps the two launches there (``validation.nsa_tile_plans --knob paired`` compares them)."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def pairs_launches(programs: int, num_sms: int) -> bool:
     """Whether a reuse call under ``context_tiles`` "paired" runs its compressed launch and its
     selected and window launch as one: where the ``programs`` of both fit one wave of
     ``PAIRED_RESIDENT`` programs an SM (past it, the paired launch's second wave costs more than
-    the launch it saves: batch 16, 64K, t = 17, one row a tile took 13% longer)."""
+    the launch it saves)."""
     return programs <= PAIRED_RESIDENT * num_sms
 
 
