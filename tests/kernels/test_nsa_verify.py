@@ -279,6 +279,8 @@ def test_rejects_bad_config_and_compress_args():
         NsaVerifyConfig(expected_overlap=1.5)
     with pytest.raises(ValueError, match="score_source"):
         NsaVerifyConfig(score_source="cached")
+    with pytest.raises(ValueError, match="score_map must be one of matrix, band, got 'x'"):
+        NsaVerifyConfig(score_map="x")
     k = torch.zeros((1, 1, 32, 16))
     with pytest.raises(ValueError, match="comp_stride"):
         compress_kv(k, k, torch.zeros(1, dtype=torch.int32), comp_block=4, comp_stride=8)
