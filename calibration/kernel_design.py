@@ -17,6 +17,11 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   largest that fits. The lines and the
   points leave these outside their axes; the campaign's verify steps are then priced from rows
   at their own kernel shapes, and its report measures how the step composes them.
+- **Schedule lines** (``SCHEDULE_LINES``): NSA's row schedules (9, 17 and 33 rows four a tile,
+  17 rows one a tile) at a second geometry where four rows are not the packed tile (GQA 8,
+  D = 128), at 32K and 128K and batch 1, 4 and 16: the engine lines put nearly every union-of-
+  four row at Llama-3.1-8B's geometry, so leaving that geometry out would leave the schedule
+  without rows to fit.
 - **Planner lines** (``PLANNER_LINES``): NSA and dense verification at the trained tiny pair's
   attention (target and draft model) at the shapes of the planner evaluation at batch 32, whose
   ranking is scored against the engine there.
@@ -70,6 +75,14 @@ ENGINE_LINES = dict(
         "glm-4-9b": ((32 * K, (1, 4, 16, 78)), (64 * K, (1, 4, 16, 39)), (128 * K, (1, 4, 16, 19))),
     },
     schedules=((1, 0), (9, 0), (17, 0), (33, 0), (17, 1), (17, 4)),  # (t, rows_per_tile)
+)
+# NSA's row schedules at a second geometry where unions of four are not the packed tiles (GQA 8,
+# D = 128: eight draft rows fill a packed tile), so that leaving Llama-3.1-8B's geometry out
+# still leaves the schedules rows to fit (the leave-one-head-geometry-out set).
+SCHEDULE_LINES = dict(
+    geometry="qwen3-30b-a3b",
+    cells=((32 * K, (1, 4, 16)), (128 * K, (1, 4, 16))),
+    schedules=((9, 4), (17, 1), (17, 4), (33, 4)),  # (t, rows_per_tile)
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
 # 30,720 tokens): NSA at the target's attention for its chains and trees (1, 9 and 17 rows, top
@@ -176,7 +189,8 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
     if "dense" in steps:
         configs += wave_configs()
-    configs += [c for c in engine_configs() + planner_configs() if c.step in steps]
+    extra = engine_configs() + schedule_configs() + planner_configs()
+    configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
         for cfg in point_configs(step, seed):
@@ -217,6 +231,20 @@ def engine_configs() -> list[KernelConfig]:
                         rows = 0 if rows and kg.nsa_tiles_packed(t, rows) else rows
                         out.append(kg.nsa_config(ctx, t, b, None, rows))
     return out
+
+
+def schedule_configs() -> list[KernelConfig]:
+    """The NSA configs of ``SCHEDULE_LINES``: each row schedule's refresh and reuse, fused and
+    unfused, on the refresh path's own indices."""
+    sl = SCHEDULE_LINES
+    with ki.geometry(sl["geometry"]):
+        return [
+            kg.nsa_config(ctx, t, b, None, rows)
+            for ctx, batches in sl["cells"]
+            for b in batches
+            for t, rows in sl["schedules"]
+            if not kg.nsa_tiles_packed(t, rows)
+        ]
 
 
 def planner_configs() -> list[KernelConfig]:
