@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from ssvkit.kernels.nsa_merge_kernels import NEG_SENTINEL
-from ssvkit.kernels.pdl import pdl_gate
+from ssvkit.kernels.nsa_select_kernels import overlap_product, tile_queries_and_normaliser
 
 
 def band_geometry(block_size: int, comp_block: int, comp_stride: int, block_c: int):
@@ -85,33 +84,31 @@ def band_score_kernel(
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     bh = tl.program_id(0)
     tile = tl.program_id(1)
-    b = (bh // NUM_KV_HEADS).to(tl.int64)
-    kvh = (bh % NUM_KV_HEADS).to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row = tile * ROWS + offs_m // GROUP_PAD
-    g = offs_m % GROUP_PAD
-    m_ok = (row < num_t) & (g < GROUP)
-    head = kvh * GROUP + g
-    q_off = b * stride_qb + row * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    prefix = tl.load(prefix_ptr + b)
-    pdl_gate(PDL)
-
-    num_tiles = tl.num_programs(1)
-    ml_base = part_ml_ptr + (bh * num_tiles + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
-    sl = tl.arange(0, C_PAD)
-    ml_off = sl[:, None] * 2 * BLOCK_M + offs_m[None, :]
-    sl_ok = (sl < c_splits)[:, None]
-    m_s = tl.load(ml_base + ml_off, mask=sl_ok, other=NEG_SENTINEL)
-    l_s = tl.load(ml_base + ml_off + BLOCK_M, mask=sl_ok, other=0.0)
-    m_c = tl.max(m_s, 0)
-    l_c = tl.sum(l_s * tl.exp2(m_s - m_c[None, :]), 0)
-    # Padding rows and rows with no compressed token contribute nothing (and no 0 / 0).
-    inv_l = tl.where(m_ok & (l_c > 0.0), 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
-
-    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
-    nc = tl.minimum(nc, nc_max)
+    b, kvh, q, m_c, inv_l, nc = tile_queries_and_normaliser(
+        bh,
+        tile,
+        tl.num_programs(1),
+        q_ptr,
+        part_ml_ptr,
+        prefix_ptr,
+        stride_qb,
+        stride_qt,
+        stride_qh,
+        num_t,
+        nc_max,
+        comp_block,
+        comp_stride,
+        c_splits,
+        num_slots,
+        NUM_KV_HEADS,
+        GROUP,
+        GROUP_PAD,
+        HEAD_DIM,
+        BLOCK_M,
+        C_PAD,
+        PDL,
+    )
     offs_i = tl.arange(0, BLOCK_C)
     offs_jj = tl.arange(0, JB_PAD)
     # The band, once: token i of a tile overlaps its block jj iff 0 <= i - jj * R < R + E.
@@ -136,14 +133,7 @@ def band_score_kernel(
         bias = tl.where(c_ok, 0.0, float("-inf"))
         s = tl.dot(q, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale + bias[None, :]
         p = tl.exp2(s - m_c[:, None]) * inv_l[:, None]
-        if OVERLAP_SPLIT:
-            # One tf32 pass would round the probabilities and flip near-tied selections: split
-            # p into its tf32 head and the rest (the 0/1 band is exact in tf32), two passes.
-            hi = (p.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-            imp = tl.dot(hi, ov, input_precision="tf32")
-            imp += tl.dot(p - hi, ov, input_precision="tf32")
-        else:
-            imp = tl.dot(p, ov, input_precision="ieee")
+        imp = overlap_product(tl.zeros([BLOCK_M, JB_PAD], dtype=tl.float32), p, ov, OVERLAP_SPLIT)
         imp = tl.sum(tl.reshape(imp, [ROWS, GROUP_PAD, JB_PAD]), 1)  # over the query heads
         j = j0 + offs_jj
         ok = (rows < num_t)[:, None] & ((offs_jj < band_jb) & (j < nb_max))[None, :]

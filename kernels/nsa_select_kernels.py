@@ -16,6 +16,83 @@ from ssvkit.kernels.top_blocks import threshold_pick
 
 
 @triton.jit
+def tile_queries_and_normaliser(
+    bh,
+    tile,
+    num_tiles,
+    q_ptr,
+    part_ml_ptr,
+    prefix_ptr,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    num_t,
+    nc_max,
+    comp_block,
+    comp_stride,
+    c_splits,
+    num_slots,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    C_PAD: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """What a block-scoring program of (sequence x KV head) ``bh`` and row tile ``tile`` needs
+    before its compressed keys: the sequence and KV head, the tile's queries ``[BLOCK_M, D]``,
+    each MMA row's compressed softmax maximum and inverse normaliser from the compressed
+    partials (slots ``[0, c_splits)``; 0 for padding rows and rows without a compressed token),
+    and the sequence's compressed token count. ``PDL``: the queries and the length load before
+    ``pdl_gate``, the partials after."""
+    ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
+    b = (bh // NUM_KV_HEADS).to(tl.int64)
+    kvh = (bh % NUM_KV_HEADS).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = tile * ROWS + offs_m // GROUP_PAD
+    g = offs_m % GROUP_PAD
+    m_ok = (row < num_t) & (g < GROUP)
+    head = kvh * GROUP + g
+    q_off = b * stride_qb + row * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    prefix = tl.load(prefix_ptr + b)
+    pdl_gate(PDL)
+
+    ml_base = part_ml_ptr + (bh * num_tiles + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
+    # Every compressed slot's (m, l) at once: [C_PAD, BLOCK_M], one round trip to memory.
+    sl = tl.arange(0, C_PAD)
+    ml_off = sl[:, None] * 2 * BLOCK_M + offs_m[None, :]
+    sl_ok = (sl < c_splits)[:, None]
+    m_s = tl.load(ml_base + ml_off, mask=sl_ok, other=NEG_SENTINEL)
+    l_s = tl.load(ml_base + ml_off + BLOCK_M, mask=sl_ok, other=0.0)
+    m_c = tl.max(m_s, 0)
+    l_c = tl.sum(l_s * tl.exp2(m_s - m_c[None, :]), 0)
+    # Padding rows and rows with no compressed token contribute nothing (and no 0 / 0).
+    inv_l = tl.where(m_ok & (l_c > 0.0), 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
+
+    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
+    nc = tl.minimum(nc, nc_max)
+    return b, kvh, q, m_c, inv_l, nc
+
+
+@triton.jit
+def overlap_product(acc, p, ov, OVERLAP_SPLIT: tl.constexpr):
+    """``acc + p @ ov``: probabilities [M, C] onto blocks through the 0/1 overlap ``ov`` [C, J],
+    accumulated in the MMA. One tf32 pass would round the probabilities and flip near-tied
+    selections: ``OVERLAP_SPLIT`` splits p into its tf32 head and the rest (the 0/1 overlap is
+    exact in tf32), two passes."""
+    if OVERLAP_SPLIT:
+        hi = (p.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        acc = tl.dot(hi, ov, acc, input_precision="tf32")
+        acc = tl.dot(p - hi, ov, acc, input_precision="tf32")
+    else:
+        acc = tl.dot(p, ov, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _computed_importance(
     bh,
     tile,
@@ -66,33 +143,31 @@ def _computed_importance(
     tl.static_assert(BLOCK_J >= 16, "tl.dot needs at least 16 selection blocks per tile")
     tl.static_assert(BLOCK_M % GROUP_PAD == 0, "a row tile holds whole head groups")
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
-    b = (bh // NUM_KV_HEADS).to(tl.int64)
-    kvh = (bh % NUM_KV_HEADS).to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row = tile * ROWS + offs_m // GROUP_PAD
-    g = offs_m % GROUP_PAD
-    m_ok = (row < num_t) & (g < GROUP)
-    head = kvh * GROUP + g
-    q_off = b * stride_qb + row * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    prefix = tl.load(prefix_ptr + b)
-    pdl_gate(PDL)
-
-    ml_base = part_ml_ptr + (bh * num_tiles + tile).to(tl.int64) * num_slots * 2 * BLOCK_M
-    # Every compressed slot's (m, l) at once: [C_PAD, BLOCK_M], one round trip to memory.
-    sl = tl.arange(0, C_PAD)
-    ml_off = sl[:, None] * 2 * BLOCK_M + offs_m[None, :]
-    sl_ok = (sl < c_splits)[:, None]
-    m_s = tl.load(ml_base + ml_off, mask=sl_ok, other=NEG_SENTINEL)
-    l_s = tl.load(ml_base + ml_off + BLOCK_M, mask=sl_ok, other=0.0)
-    m_c = tl.max(m_s, 0)
-    l_c = tl.sum(l_s * tl.exp2(m_s - m_c[None, :]), 0)
-    # Padding rows and rows with no compressed token contribute nothing (and no 0 / 0).
-    inv_l = tl.where(m_ok & (l_c > 0.0), 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
-
-    nc = tl.where(prefix >= comp_block, (prefix - comp_block) // comp_stride + 1, 0)
-    nc = tl.minimum(nc, nc_max)
+    b, kvh, q, m_c, inv_l, nc = tile_queries_and_normaliser(
+        bh,
+        tile,
+        num_tiles,
+        q_ptr,
+        part_ml_ptr,
+        prefix_ptr,
+        stride_qb,
+        stride_qt,
+        stride_qh,
+        num_t,
+        nc_max,
+        comp_block,
+        comp_stride,
+        c_splits,
+        num_slots,
+        NUM_KV_HEADS,
+        GROUP,
+        GROUP_PAD,
+        HEAD_DIM,
+        BLOCK_M,
+        C_PAD,
+        PDL,
+    )
     # Tokens i whose window [i * stride, i * stride + comp_block) overlaps blocks [j0, j0 +
     # BLOCK_J) are i in [c_lo, c_hi) (c_lo written without negative integer division).
     j0 = jb * BLOCK_J
@@ -115,15 +190,7 @@ def _computed_importance(
         # 0 <= start - j * BS + comp_block - 1 < BS + comp_block - 1: one unsigned compare.
         d = (c * comp_stride)[:, None] - (offs_j * BLOCK_SIZE)[None, :] + (comp_block - 1)
         overlap = d.to(tl.uint32) < (BLOCK_SIZE + comp_block - 1)  # [BLOCK_C, BLOCK_J]
-        ov = overlap.to(tl.float32)
-        if OVERLAP_SPLIT:
-            # One tf32 pass would round the probabilities and flip near-tied selections: split
-            # p into its tf32 head and the rest (the 0/1 overlap is exact in tf32), two passes.
-            hi = (p.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-            imp += tl.dot(hi, ov, input_precision="tf32")
-            imp += tl.dot(p - hi, ov, input_precision="tf32")
-        else:
-            imp += tl.dot(p, ov, input_precision="ieee")
+        imp = overlap_product(imp, p, overlap.to(tl.float32), OVERLAP_SPLIT)
     imp = tl.sum(tl.reshape(imp, [ROWS, GROUP_PAD, BLOCK_J]), 1)  # sum over the query heads
     rows = tile * ROWS + tl.arange(0, ROWS)
     out_off = ((b * NUM_KV_HEADS + kvh) * num_t + rows)[:, None] * score_stride + offs_j[None, :]
