@@ -21,6 +21,7 @@ from ssvkit.kernels.nsa_select_kernels import (
 from ssvkit.kernels.nsa_steps import launch_fwd
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.top_blocks import empty_scores, threshold_meta, threshold_warps, top_blocks
+from ssvkit.perfmodel import nsa_plan
 
 
 def select_top_blocks(
@@ -60,7 +61,7 @@ def stores_comp_scores(plan: LaunchPlan, key_bytes: int) -> bool:
     the queries. ``plan.score_source`` forces either."""
     if plan.score_source != "auto":
         return plan.score_source == "stored"
-    return 8 * min(plan.rows, plan.num_t) * plan.group < key_bytes
+    return nsa_plan.stores_scores(min(plan.rows, plan.num_t), plan.group, key_bytes)
 
 
 def compressed_block_scores(

@@ -105,6 +105,18 @@ PAIRED_RESIDENT = 2
 PER_QUERY = "per_query"
 
 
+# Bytes a stored compressed score costs a real MMA row and token: an fp32 write and its read.
+STORED_SCORE_BYTES = 8
+
+
+def stores_scores(rows: int, group: int, key_bytes: int) -> bool:
+    """Whether the refresh path's block scoring reads scores the compressed launch stored for
+    its ``rows`` draft rows x ``group`` heads of a tile (``STORED_SCORE_BYTES`` a real row and
+    compressed token) rather than computing them again from the compressed key
+    (``key_bytes``): whichever moves fewer bytes."""
+    return STORED_SCORE_BYTES * rows * group < key_bytes
+
+
 def pairs_launches(programs: int, num_sms: int) -> bool:
     """Whether a reuse call under ``context_tiles`` "paired" runs its compressed launch and its
     selected and window launch as one: where the ``programs`` of both fit one wave of

@@ -42,13 +42,16 @@ from dataclasses import dataclass
 
 import numpy as np
 from ssvkit.perfmodel.nsa_plan import (
+    CONTEXT_TILES,
     EXPECTED_OVERLAP,
     PAIRED_RESIDENT,
+    STORED_SCORE_BYTES,
     WGMMA_MIN_ROWS,
     WGMMA_ROW_COST,
     pairs_launches,
     slot_counts,
     split_slots,
+    stores_scores,
     tile_packing,
 )
 from ssvkit.perfmodel.work_points import at_distinct_points
@@ -60,6 +63,10 @@ BLOCK_N = 64  # NsaVerifyConfig.block_n: keys per tile
 DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
 ONLY = ((True, False, False), (False, True, False), (False, False, True))
 ALL = (True, True, True)
+
+
+# NsaShape.shared_context of context_tiles "paired".
+PAIRED = CONTEXT_TILES.index("paired")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +190,8 @@ def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
     nc = (s.context_len - s.comp_block) // s.comp_stride + 1 if s.context_len >= s.comp_block else 0
     heads = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
-    if 8 * min(comp.rows[0], s.t) * group < s.head_dim * ELEM_BYTES:
-        return heads * 8.0 * sum(comp.rows) * group * nc, 0.0
+    if stores_scores(min(comp.rows[0], s.t), group, s.head_dim * ELEM_BYTES):
+        return heads * float(STORED_SCORE_BYTES) * sum(comp.rows) * group * nc, 0.0
     keys = heads * len(comp.rows) * nc
     return keys * s.head_dim * ELEM_BYTES, keys * comp.block_m * s.head_dim * 2.0
 
@@ -220,7 +227,7 @@ def nsa_call_work(
         merge += n
         tile_reads += total
         flops += total * launch.block_m
-    paired = s.shared_context == 2 and fused and not refresh and len(parts) == 2
+    paired = s.shared_context == PAIRED and fused and not refresh and len(parts) == 2
     if paired and pairs_launches(parts[0][0] + parts[1][0], num_sms):
         (g0, _, b0, t0), (g1, _, b1, t1) = parts
         parts = [(g0 + g1, PAIRED_RESIDENT, max(b0, b1), t0 + t1)]
