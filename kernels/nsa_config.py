@@ -59,12 +59,13 @@ class NsaVerifyConfig:
         },
     )
     score_map: str = field(
-        default="matrix",
+        default="band",
         metadata={
             "help": "how the computed block scoring maps compressed tokens onto selection "
-            "blocks: matrix (a 0/1 overlap matrix over the program's blocks, built per key "
-            "tile) or band (kernels.nsa_band_scores: one band every key tile shares, where the "
-            "block size is a multiple of the compression stride)"
+            "blocks: band (kernels.nsa_band_scores: one band every key tile shares, where the "
+            "block size is a multiple of the compression stride, else matrix; refresh calls "
+            "0.8-1.0x matrix's time on the H200, validation/data/nsa-score-map-h200.json) or "
+            "matrix (a 0/1 overlap matrix over the program's blocks, built per key tile)"
         },
     )
 

@@ -38,10 +38,12 @@ the rows that chose it; the plan can be built once per refresh and passed to the
 (``union_plan``).
 
 **Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
-kept), (2) ``block_score_kernel`` merges those states into the softmax normaliser and maps each
+kept), (2) the block scoring merges those states into the softmax normaliser and maps each
 compressed token's probability, summed over the ``G`` heads, onto every selection block its
-window overlaps (NSA's rule), (3) ``kernels.top_blocks`` picks each row's ``top_n`` blocks with
-the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) fold into one launch with
+window overlaps (NSA's rule; ``kernels.nsa_band_scores`` by default, ``block_score_kernel``
+where the block size is no multiple of the stride or ``score_map`` is "matrix"), (3)
+``kernels.top_blocks`` picks each row's ``top_n`` blocks with the first ``num_sink`` and last
+``num_local`` forced -- (2) and (3) fold into one launch with
 ``NsaVerifyConfig(pick="folded")`` where the threshold pick serves the rows
 (``kernels.nsa_selection``) --, (4) the union plan, (5) the selected and window branches and
 (6) the merge and gating as above, reading the compressed partials from (1) too. The indices
@@ -49,14 +51,17 @@ the first ``num_sink`` and last ``num_local`` forced -- (2) and (3) fold into on
 layers.
 Nothing is read on the host.
 
-**Compressed tiles** (``NsaVerifyConfig.context_tiles``, "shared" by default): every draft row
+**Compressed tiles** (``NsaVerifyConfig.context_tiles``): every draft row
 sees all the compressed tokens, so where the row schedule cuts the rows into more tiles than
 the packed one would (a ``union`` of C rows, one row for ``per_query``), the compressed branch
 runs on the packed schedule's tiles in a launch of its own (``kernels.nsa_launch.context_plan``;
 a refresh call's selection reads its states there) and the selected and window branches on the
 schedule's tiles; the merge reads the two partial buffers (a reuse call is then three
-launches: compressed, selected and window, merge). "per_tile" keeps the compressed branch on
-the schedule's tiles, each streaming every compressed token.
+launches: compressed, selected and window, merge). "paired", the default, runs a reuse call's
+first two of those as one grid where one wave holds both (``kernels.nsa_pair``): at batch 1 a
+union of four rows a tile 0.76-0.87x the time of two launches on the H200, elsewhere within 2%
+(``validation/data/nsa-paired-h200.json``). "per_tile" keeps the compressed branch on the
+schedule's tiles, each streaming every compressed token.
 
 ``NsaVerifyConfig(pdl=True)`` launches every step of a call after its first as a programmatic
 dependent of the one before (``kernels.pdl``, compute capability 9.0 or later): a step starts,
