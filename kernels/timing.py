@@ -49,7 +49,14 @@ class TimingConfig:
     reps: int = field(default=50, metadata={"help": "samples in launch mode"})
     graph_launches: int = field(default=20, metadata={"help": "launches captured per graph"})
     graph_reps: int = field(default=15, metadata={"help": "graph replays sampled"})
-    flush_l2: bool = field(default=True, metadata={"help": "write 256 MB before every sample"})
+    flush_l2: bool = field(default=True, metadata={"help": "read 256 MB before every sample"})
+    flush_write: bool = field(
+        default=False,
+        metadata={
+            "help": "flush by writing the 256 MB instead (the rows measured before the read "
+            "flush: each sample then pays the write-back of the dirty lines it leaves)"
+        },
+    )
     max_total_s: float = field(
         default=1.0, metadata={"help": "take fewer samples when they would exceed this"}
     )
@@ -89,14 +96,26 @@ def _summarise(samples_s: list[float], timing: str) -> Timing:
 
 
 class _L2Flusher:
-    def __init__(self, enabled: bool, device: torch.device) -> None:
+    """Reads ``L2_FLUSH_BYTES`` before a sample: the L2 then holds none of the inputs, and only
+    clean lines, so the sample does not pay for writing back dirty lines it did not make (the
+    previous sample's are written back during the read). A write flush would leave the L2 full
+    of dirty lines, whose write-back the sample's first launch pays: about 14 us on the H200."""
+
+    def __init__(self, config: TimingConfig, device: torch.device) -> None:
+        self.write = config.flush_write
         self.buf = (
-            torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if enabled else None
+            torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+            if config.flush_l2
+            else None
         )
 
     def __call__(self) -> None:
-        if self.buf is not None:
-            self.buf.fill_(1)  # a write: also evicts dirty lines left by the previous sample
+        if self.buf is None:
+            return
+        if self.write:
+            self.buf.fill_(1.0)
+        else:
+            self.buf.sum()
 
 
 def _scaled_reps(per_sample_s: float, reps: int, config: TimingConfig) -> int:
@@ -109,7 +128,7 @@ def bench_launch(
 ) -> Timing:
     """Time plain launches: drain the stream, flush L2, record, launch ``fn(i)``, record."""
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = _L2Flusher(config.flush_l2, device)
+    flush = _L2Flusher(config, device)
     for i in range(config.warmup):
         fn(i % num_inputs)
     torch.cuda.synchronize()
@@ -139,7 +158,7 @@ def bench_graph(
     """Time CUDA-graph replay: ``graph_launches`` calls of ``fn`` (rotating over the input sets)
     in one graph; each sample is one replay after an L2 flush, divided by the launch count."""
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = _L2Flusher(config.flush_l2, device)
+    flush = _L2Flusher(config, device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up (compile, allocator) off the capture stream
