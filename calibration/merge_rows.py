@@ -8,9 +8,12 @@ Each source folder holds a shard's ``kernel_bench.jsonl`` and ``op_sweep.jsonl``
 a last line cut short by a killed shard is left out and reported. Rows whose resume key
 (``perfmodel.rows.row_key``) the folder's file already holds are skipped -- the ceilings rows
 every shard writes, or a config two runs both measured -- unless ``replace`` names their op:
-then the new row takes the old one's line (an op measured again after its kernels changed). The
+then the new row takes the old one's line (an op measured again after its kernels changed).
+``retire`` names ops measured again in full: their committed rows of a timing the sources hold
+for that op, whose key no source row has, are dropped -- rows of configs the sweep no longer
+makes (a kernel option whose default changed), measured with kernels that no longer exist. The
 folder's files are rewritten atomically: their existing lines verbatim, then the new rows in
-source order, so a merge only adds lines to the committed file.
+source order, so a merge without ``retire`` only adds lines to the committed file.
 """
 
 from __future__ import annotations
@@ -46,10 +49,10 @@ def _key(line: str, where: str, devices: tuple[str, ...]) -> str:
     return row_key(row["op"], row["timing"], row["params"])
 
 
-def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=()) -> dict:
+def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=(), retire=()) -> dict:
     """Merge the shard folders ``sources`` into ``dest`` (default ``profiles/<gpu>``); returns
-    per rows file the counts of rows added, replaced and skipped, and the cut lines left out.
-    ``ValueError`` naming the first bad source or row; nothing is written then."""
+    per rows file the counts of rows added, replaced, skipped and retired, and the cut lines
+    left out. ``ValueError`` naming the first bad source or row; nothing is written then."""
     if gpu not in ceilings.DEVICE_NAMES:
         raise ValueError(f"no measured device name is known for GPU {gpu!r}")
     devices = ceilings.DEVICE_NAMES[gpu]
@@ -87,10 +90,25 @@ def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=()) -
                 else:
                     count["skipped"] += 1
                 taken.add(key)
-        if count["added"] or count["replaced"]:
+        lines, count["retired"] = _retired(lines, taken, set(retire), devices, target)
+        if count["added"] or count["replaced"] or count["retired"]:
             writes.append((target, "\n".join(lines) + "\n"))
-        report[name] = {k: count[k] for k in ("added", "replaced", "skipped", "cut")}
+        report[name] = {k: count[k] for k in ("added", "replaced", "skipped", "retired", "cut")}
     dest.mkdir(parents=True, exist_ok=True)
     for target, text in writes:
         atomic_write(target, text)
     return report
+
+
+def _retired(lines: list[str], taken: set[str], retire: set[str], devices, target: Path):
+    """``lines`` without the rows ``retire`` drops (module docstring), and their count."""
+    # Row keys read op|timing|params: an op's timings the sources measured.
+    measured = {tuple(k.split("|", 2)[:2]) for k in taken}
+    kept = []
+    for i, ln in enumerate(lines, 1):
+        key = _key(ln, f"{target}:{i}", devices)
+        if key.split("|", 1)[0] in retire and key not in taken:
+            if tuple(key.split("|", 2)[:2]) in measured:
+                continue
+        kept.append(ln)
+    return kept, len(lines) - len(kept)

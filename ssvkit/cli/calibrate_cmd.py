@@ -65,6 +65,13 @@ def add_arguments(p) -> None:
         default="",
         help="with --merge: comma-separated row ops whose merged rows replace committed ones",
     )
+    p.add_argument(
+        "--retire",
+        default="",
+        help="with --merge: comma-separated row ops measured again in full: their committed "
+        "rows of the timings merged that no merged row replaces are dropped (configs the "
+        "sweep no longer makes)",
+    )
 
 
 def _check(args) -> list[str]:
@@ -79,8 +86,9 @@ def _check(args) -> list[str]:
         raise ValueError("--fit-only runs no sweep: drop --budget-s and --sweeps")
     if args.merge and (args.shard or args.out or args.budget_s is not None or args.sweeps):
         raise ValueError("--merge runs no sweep: drop --shard, --out, --budget-s and --sweeps")
-    if args.replace and not args.merge:
-        raise ValueError("--replace applies to --merge")
+    for name in ("replace", "retire"):
+        if getattr(args, name) and not args.merge:
+            raise ValueError(f"--{name} applies to --merge")
     if args.redo and (args.merge or args.fit_only):
         raise ValueError("--redo applies to the sweeps (merge their rows with --replace)")
     if args.shards is not None and not args.plan:
@@ -185,13 +193,16 @@ def _plan(args, profile_dir: Path, sweeps: list[str]) -> int:
 def _merge(args, profile_dir: Path) -> int:
     from ssvkit.calibration.merge_rows import merge
 
-    replace = tuple(o.strip() for o in args.replace.split(",") if o.strip())
-    report = merge(args.gpu, [Path(d) for d in args.merge], profile_dir, replace)
+    replace, retire = (
+        tuple(o.strip() for o in v.split(",") if o.strip()) for v in (args.replace, args.retire)
+    )
+    report = merge(args.gpu, [Path(d) for d in args.merge], profile_dir, replace, retire)
     for name, c in report.items():
         cut = f", {c['cut']} cut-short lines left out" if c["cut"] else ""
+        retired = f", {c['retired']} retired" if c["retired"] else ""
         print(
             f"{profile_dir / name}: {c['added']} rows added, {c['replaced']} replaced, "
-            f"{c['skipped']} already there{cut}"
+            f"{c['skipped']} already there{retired}{cut}"
         )
     print(f"next: ssvkit calibrate --gpu {args.gpu} --fit-only")
     return 0

@@ -1,7 +1,7 @@
 """Merging shard folders into a profile folder: new rows appended after the existing lines,
 duplicates skipped (the ceilings rows every shard writes), a line cut short by a killed shard
 left out, rows of another device refused with nothing written, ``replace`` for ops measured
-again."""
+again, ``retire`` for the rows of configs a sweep measured in full no longer makes."""
 
 from __future__ import annotations
 
@@ -49,7 +49,13 @@ def test_shards_merge_after_the_committed_lines(tmp_path):
     _write(tmp_path / "s1", "op_sweep.jsonl", _row("gemm", 3) + cut[:-30])
     _write(tmp_path / "s1", "kernel_bench.jsonl", _row("sparse_verify", 5))
     report = merge("h200", [tmp_path / "s0", tmp_path / "s1"], dest)
-    assert report["op_sweep.jsonl"] == {"added": 2, "replaced": 0, "skipped": 1, "cut": 1}
+    assert report["op_sweep.jsonl"] == {
+        "added": 2,
+        "replaced": 0,
+        "skipped": 1,
+        "retired": 0,
+        "cut": 1,
+    }
     assert report["kernel_bench.jsonl"]["added"] == 1
     text = (dest / "op_sweep.jsonl").read_text()
     assert text.startswith(committed)  # the committed lines verbatim, new ones after
@@ -66,9 +72,35 @@ def test_replace_takes_the_new_row_of_the_ops_named(tmp_path):
     _write(tmp_path / "s0", "kernel_bench.jsonl", newer)
     _write(tmp_path / "s1", "kernel_bench.jsonl", _row("nsa_verify", 1, 3e-5))
     report = merge("h200", [tmp_path / "s0", tmp_path / "s1"], dest, replace=("nsa_verify",))
-    assert report["kernel_bench.jsonl"] == {"added": 0, "replaced": 1, "skipped": 2, "cut": 0}
+    assert report["kernel_bench.jsonl"] == {
+        "added": 0,
+        "replaced": 1,
+        "skipped": 2,
+        "retired": 0,
+        "cut": 0,
+    }
     rows = load_rows(dest / "kernel_bench.jsonl")
     assert [(r["op"], r["median_s"]) for r in rows] == [("nsa_verify", 1e-5), ("repair", 2e-5)]
+
+
+def test_retire_drops_the_rows_no_merged_row_replaces(tmp_path):
+    dest = tmp_path / "h200"
+    launch = json.loads(_row("nsa_verify", 9))
+    launch["timing"] = "launch"
+    committed = _row("nsa_verify", 1, 2e-5) + _row("nsa_verify", 2, 2e-5) + _row("repair", 3, 2e-5)
+    _write(dest, "kernel_bench.jsonl", committed + json.dumps(seal(launch)) + "\n")
+    _write(tmp_path / "s0", "kernel_bench.jsonl", _row("nsa_verify", 1) + _row("nsa_verify", 4))
+    report = merge("h200", [tmp_path / "s0"], dest, replace=("nsa_verify",), retire=("nsa_verify",))
+    assert report["kernel_bench.jsonl"] == {
+        "added": 1, "replaced": 1, "skipped": 0, "retired": 1, "cut": 0
+    }  # fmt: skip
+    rows = load_rows(dest / "kernel_bench.jsonl")
+    # Row 2 is gone; the repair row and the launch-timed row (a timing not merged) stay.
+    assert [(r["op"], r["timing"], r["params"]["m"]) for r in rows] == [
+        ("nsa_verify", "graph", 1), ("repair", "graph", 3), ("nsa_verify", "launch", 9),
+        ("nsa_verify", "graph", 4),
+    ]  # fmt: skip
+    assert rows[0]["median_s"] == 1e-5
 
 
 def test_bad_sources_are_refused_with_nothing_written(tmp_path):
@@ -101,6 +133,7 @@ def test_the_calibrate_command_merges_and_refuses_mixed_modes(tmp_path, monkeypa
         (["--merge", str(tmp_path / "s0"), "--fit-only"], "exclude each other"),
         (["--merge", str(tmp_path / "s0"), "--shard", "0/2"], "--merge runs no sweep"),
         (["--replace", "gemm"], "--replace applies to --merge"),
+        (["--retire", "gemm"], "--retire applies to --merge"),
         (["--shard", "0/2"], "give --out DIR"),
         (["--shards", "4"], "--shards applies to --plan"),
         (["--merge", str(tmp_path / "none")], "is not a folder"),
