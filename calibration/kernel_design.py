@@ -22,6 +22,12 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   D = 128), at 32K and 128K and batch 1, 4 and 16: the engine lines put nearly every union-of-
   four row at Llama-3.1-8B's geometry, so leaving that geometry out would leave the schedule
   without rows to fit.
+- **Select and sparse lines** (``SELECT_LINES``, ``SPARSE_LINES``): block selection (both
+  metadata kinds, one and two launches) at GQA 16, D = 128 and GQA 8, D = 64, and sparse
+  verification (``per_query``, ``union`` and ``shared`` at C = 2, 4, 8) at GQA 16 and GQA 8,
+  D = 128, at 16K-128K, batch 1 to 16, top_n 16 and 64: the lines time both at Llama-3.1-8B's
+  geometry only and the points put few rows elsewhere, so leaving that geometry out would leave
+  the fit little to transfer from.
 - **Planner lines** (``PLANNER_LINES``): NSA and dense verification at the trained tiny pair's
   attention (target and draft model) at the shapes of the planner evaluation at batch 32, whose
   ranking is scored against the engine there.
@@ -83,6 +89,24 @@ SCHEDULE_LINES = dict(
     geometry="qwen3-30b-a3b",
     cells=((32 * K, (1, 4, 16)), (128 * K, (1, 4, 16))),
     schedules=((9, 4), (17, 1), (17, 4), (33, 4)),  # (t, rows_per_tile)
+)
+# Block selection and sparse verification at two more head geometries each (the lines' are at
+# Llama-3.1-8B's), for the leave-one-head-geometry-out set.
+SELECT_LINES = dict(
+    geometries=("glm-4-9b", "16q-2kv-d64"),
+    contexts=(16 * K, 64 * K, 128 * K),
+    batches=(1, 4, 16),
+    top_ns=(16, 64),
+    t=16,
+)
+SPARSE_LINES = dict(
+    geometries=("glm-4-9b", "qwen3-30b-a3b"),
+    contexts=(32 * K, 128 * K),
+    batches=(1, 16),
+    top_ns=(16, 64),
+    overlap=0.7,
+    group_sizes=(1, 2, 4, 8),
+    t=16,
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
 # 30,720 tokens): NSA at the target's attention for its chains and trees (1, 9 and 17 rows, top
@@ -189,7 +213,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
     if "dense" in steps:
         configs += wave_configs()
-    extra = engine_configs() + schedule_configs() + planner_configs()
+    extra = engine_configs() + schedule_configs() + geometry_configs() + planner_configs()
     configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
@@ -245,6 +269,32 @@ def schedule_configs() -> list[KernelConfig]:
             for t, rows in sl["schedules"]
             if not kg.nsa_tiles_packed(t, rows)
         ]
+
+
+def geometry_configs() -> list[KernelConfig]:
+    """The select_blocks configs of ``SELECT_LINES`` (each metadata kind in one and two
+    launches) and the sparse_verify configs of ``SPARSE_LINES``."""
+    sl, sp = SELECT_LINES, SPARSE_LINES
+    out = []
+    for geometry in sl["geometries"]:
+        with ki.geometry(geometry):
+            out += [
+                kg.select_config(ctx, sl["t"], b, top_n, method)
+                for ctx in sl["contexts"]
+                for b in sl["batches"]
+                for top_n in sl["top_ns"]
+                for method in ("mean", "quest")
+            ]
+    variants = kg.sparse_variants(sp["group_sizes"])
+    for geometry in sp["geometries"]:
+        with ki.geometry(geometry):
+            out += [
+                kg.sparse_config(ctx, sp["t"], b, top_n, sp["overlap"], variants)
+                for ctx in sp["contexts"]
+                for b in sp["batches"]
+                for top_n in sp["top_ns"]
+            ]
+    return out
 
 
 def planner_configs() -> list[KernelConfig]:
