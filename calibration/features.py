@@ -139,14 +139,14 @@ def tile_rows(row: dict, gpu: GpuSpec | None = None) -> float:
 
 
 def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
-    """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block
-    selection, its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys
-    sorted, a row's sort length, or the threshold pick's, ``perfmodel.select_work``), over the
-    score rows of every KV head's query rows and the blocks of the scored cache (context plus
-    draft rows); for NSA, its program waves (and a refresh call's pick rows); for sparse
-    verification its waves, the row-tile rows a slot finishes in series, its tiles an SM and a
-    union plan's compares (``perfmodel.sparse_work``); for dense verification, its merge
-    launch; for repair, its waves; none for the other ops."""
+    """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block selection,
+    its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys sorted, a row's
+    sort length, or the threshold pick's and the score programs' query averaging,
+    ``perfmodel.select_work``), over the score rows of every KV head's query rows and the blocks
+    of the scored cache (context plus draft rows); for NSA, its program waves (and a refresh
+    call's pick rows); for sparse verification its waves, the row-tile rows a slot finishes in
+    series, its tiles an SM and a union plan's compares (``perfmodel.sparse_work``); for dense
+    verification, its merge launch; for repair, its waves; none for the other ops."""
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
@@ -162,7 +162,7 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
         return ()
     if is_select_plan(row):
         w = select_work(row, gpu)
-        return (w.pick_chain, w.pick_rows)
+        return (w.pick_chain, w.pick_rows, w.query_chain)
     p = row["params"]
     rows = p["batch"] * p["num_kv_heads"] * p["num_query_tokens"]
     num_blocks = -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])

@@ -25,6 +25,10 @@ programs and the pick programs on tickets of one grid.
 - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over the
   SMs' resident rows times a row's register tile over its warps);
 - ``pick_rows``: score rows picked (``R``);
+- ``query_chain``: the query elements one warp of a score program loads and sums in series
+  before its first tile (``G`` loads of ``[T_PAD, D]``, unrolled), times the grid's waves over
+  its resident programs: every program averages its KV head's queries again, so the prologue
+  grows with the group size where the tiles do not;
 - ``launches``: 2, or 1 fused.
 
 The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.row_work``) timed the earlier
@@ -48,6 +52,7 @@ I32 = 4
 I64 = 8
 ELEM_BYTES = 2  # bf16 queries
 MAX_WARPS_PER_SM = 64  # Hopper / Ampere
+WARP_LANES = 32
 MAX_PROGRAMS_PER_SM = 32
 # kernels.top_blocks: rows in registers up to one chunk plus a tail; threshold pick groups.
 TOPK_CHUNK = 4096
@@ -99,6 +104,7 @@ class SelectWork:
     chain_tiles: float
     pick_chain: float
     pick_rows: float
+    query_chain: float
     launches: float
 
 
@@ -203,6 +209,7 @@ def select_call_work(
         chain_tiles=float(waves * tiles * tile_work),
         pick_chain=float(pick_chain),
         pick_rows=float(rows),
+        query_chain=float(waves * group * t_pad * s.head_dim / (warps * WARP_LANES)),
         launches=1.0 if fused else 2.0,
     )
 

@@ -67,6 +67,17 @@ def test_two_launch_counts_hand_computed():
     queries = 640 * 16 * 4 * 128 * 2
     assert w.requested_bytes == meta + queries + 2 * scores + 2048 * 16 * 4 + 2048 * 32 * 8
     assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
+    # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 2 waves.
+    assert w.query_chain == 2 * 4 * 16 * 128 / (2 * 32)
+
+
+def test_query_averaging_grows_with_the_group_where_the_tiles_do_not():
+    g4 = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    g16 = sw.select_call_work(
+        shape(num_q_heads=128), fused=False, num_sms=132, smem_per_sm_bytes=SMEM
+    )
+    assert g16.chain_tiles == g4.chain_tiles and g16.flops == g4.flops
+    assert g16.query_chain == 4 * g4.query_chain
 
 
 def test_counts_follow_the_plan():
