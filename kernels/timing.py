@@ -98,8 +98,10 @@ def _summarise(samples_s: list[float], timing: str) -> Timing:
 class _L2Flusher:
     """Reads ``L2_FLUSH_BYTES`` before a sample: the L2 then holds none of the inputs, and only
     clean lines, so the sample does not pay for writing back dirty lines it did not make (the
-    previous sample's are written back during the read). A write flush would leave the L2 full
-    of dirty lines, whose write-back the sample's first launch pays: about 14 us on the H200."""
+    previous sample's are written back during the read). A write flush (``flush_write``) leaves
+    the L2 full of dirty lines, written back as the sample evicts them: 6-12 us a sample for the
+    H200's weight-streaming GEMMs, none for an op that reads little
+    (``validation/data/l2-flush-h200.json``)."""
 
     def __init__(self, config: TimingConfig, device: torch.device) -> None:
         self.write = config.flush_write
