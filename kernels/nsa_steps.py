@@ -17,7 +17,7 @@ from ssvkit.kernels.group_plan import GroupPlan
 from ssvkit.kernels.nsa_kernels import nsa_fwd_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
 from ssvkit.kernels.nsa_merge_kernels import nsa_merge_kernel
-from ssvkit.kernels.nsa_select_kernels import union_plan_kernel
+from ssvkit.kernels.nsa_union_plan import union_plan_kernel
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 
 
