@@ -17,7 +17,7 @@ overlap of 0.7), contexts 32K / 64K / 128K, t in {1, 8, 9, 16, 17, 24, 32, 33}, 
 comparisons, which leave a packed call as it is). Per case and schedule, each value's
 ``reuse`` (fused, union plan passed in), ``reuse_unfused``, ``refresh`` and
 ``refresh_unfused`` calls are timed (CUDA graphs, L2 flushed per sample, median,
-``kernels.timing``).
+``kernels.timing``); ``score_map`` times the refresh calls only (``KNOB_CALLS``).
 
 Checked first, a mismatch or NaN stopping the run: the second value's reuse outputs (fused and
 unfused) against the first's within bf16 tolerance (``ATOL`` / ``RTOL``: the values cut the
@@ -62,6 +62,15 @@ KNOBS = {
     "score_map": ("score_map", ("matrix", "band"), (0, 1, 4)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
+# The calls a knob changes, where not all of them: only refresh calls score blocks.
+KNOB_CALLS = {"score_map": ("refresh", "refresh_unfused")}
+
+
+def knob_calls(knob: str) -> tuple[str, ...]:
+    """The calls timed under ``knob``'s two values."""
+    return KNOB_CALLS.get(knob, CALLS)
+
+
 ATOL = RTOL = 2e-2
 SELECT_AGREEMENT = 0.97
 
@@ -127,7 +136,7 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
                 nv.nsa_union_plan(a[0], a[1], idx, block_size=KW["block_size"], config=cfg)
                 for a, idx in sets
             ]
-            for name in CALLS:
+            for name in knob_calls(knob):
                 fn = functools.partial(_call, name, sets, unions, cfg)
                 timing = tm.bench(fn, "graph", num_inputs=num_sets, config=TIMING)
                 row["times_s"][f"r{r}_{plan}_{name}"] = timing.median_s
@@ -142,7 +151,7 @@ def print_row(row: dict, knob: str = "tile_plan") -> None:
     head = f"b{row['batch']:<2d} t{row['num_query_tokens']:<2d} {row['context_len'] // 1024:>3d}K"
     for r in schedules:
         cells = []
-        for name in CALLS:
+        for name in knob_calls(knob):
             a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in values)
             cells.append(f"{name} {a:7.1f}/{b:7.1f} us ({a / floor_us:4.1f}x/{b / floor_us:4.1f}x)")
         pair = "/".join(values)
@@ -157,10 +166,15 @@ def print_summary(rows: list[dict], knob: str = "tile_plan") -> None:
     for row in rows:
         case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"
         for r in schedules:
-            ts = [row["times_s"][f"r{r}_{p}_{n}"] / row["floor_s"] for n in ("reuse", "refresh")
-                  for p in values]  # fmt: skip
-            print(f"{case:>14s} {r:>2d} {row['floor_s'] * 1e6:7.1f}  {ts[0]:5.1f} / {ts[1]:5.1f}"
-                  f"               {ts[2]:5.1f} / {ts[3]:5.1f}")  # fmt: skip
+            ts = [_over_floor(row, f"r{r}_{p}_{n}") for n in ("reuse", "refresh") for p in values]
+            print(f"{case:>14s} {r:>2d} {row['floor_s'] * 1e6:7.1f}  {ts[0]} / {ts[1]}"
+                  f"               {ts[2]} / {ts[3]}")  # fmt: skip
+
+
+def _over_floor(row: dict, key: str) -> str:
+    """A call's time over the row's floor, or "-" where the knob left the call untimed."""
+    t = row["times_s"].get(key)
+    return "    -" if t is None else f"{t / row['floor_s']:5.1f}"
 
 
 def cases(contexts, draft_rows, batches):

@@ -54,3 +54,20 @@ def test_a_stopped_resume_keeps_every_cached_case_and_is_incomplete(tmp_path, mo
     assert [r["key"] for r in rows] == ["b1-t1-131072", "b4-t1-131072"] and not complete
     rows, complete = ntp.measure(todo[1:], cache, stop_at=0.0)
     assert len(rows) == 2 and complete
+
+
+def test_the_tables_print_a_knob_that_times_the_refresh_calls_only(capsys):
+    assert ntp.knob_calls("score_map") == ("refresh", "refresh_unfused")
+    assert ntp.knob_calls("paired") == ntp.CALLS
+    times = {
+        f"r{r}_{p}_{n}": 2e-5 if p == "matrix" else 1e-5
+        for r in (0, 1, 4)
+        for p in ("matrix", "band")
+        for n in ("refresh", "refresh_unfused")
+    }
+    row = dict(batch=1, num_query_tokens=16, context_len=131072, floor_s=1e-5, times_s=times)
+    ntp.print_row(row, "score_map")
+    ntp.print_summary([row], "score_map")
+    out = capsys.readouterr().out
+    assert "reuse" not in out.splitlines()[0] and "refresh    20.0/   10.0 us" in out
+    assert "    - /     -" in out and "  2.0 /   1.0" in out
