@@ -90,7 +90,7 @@ def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=(), r
                 else:
                     count["skipped"] += 1
                 taken.add(key)
-        lines, count["retired"] = _retired(lines, taken, set(retire), devices, target)
+        lines, count["retired"] = _retired(lines, index, taken, set(retire))
         if count["added"] or count["replaced"] or count["retired"]:
             writes.append((target, "\n".join(lines) + "\n"))
         report[name] = {k: count[k] for k in ("added", "replaced", "skipped", "retired", "cut")}
@@ -100,15 +100,16 @@ def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=(), r
     return report
 
 
-def _retired(lines: list[str], taken: set[str], retire: set[str], devices, target: Path):
-    """``lines`` without the rows ``retire`` drops (module docstring), and their count."""
+def _retired(lines: list[str], index: dict[str, int], taken: set[str], retire: set[str]):
+    """``lines`` without the rows ``retire`` drops (module docstring), and their count;
+    ``index`` maps each line's row key to its 1-based line number."""
     # Row keys read op|timing|params: an op's timings the sources measured.
     measured = {tuple(k.split("|", 2)[:2]) for k in taken}
-    kept = []
-    for i, ln in enumerate(lines, 1):
-        key = _key(ln, f"{target}:{i}", devices)
-        if key.split("|", 1)[0] in retire and key not in taken:
-            if tuple(key.split("|", 2)[:2]) in measured:
-                continue
-        kept.append(ln)
-    return kept, len(lines) - len(kept)
+    dropped = {
+        i
+        for key, i in index.items()
+        if key.split("|", 1)[0] in retire
+        and key not in taken
+        and tuple(key.split("|", 2)[:2]) in measured
+    }
+    return [ln for i, ln in enumerate(lines, 1) if i not in dropped], len(dropped)

@@ -112,7 +112,22 @@ def compressed_block_scores(
     if plan.score_map == "band" and band is not None:
         _band_scores(plan, q, comp_k, part, prefix_lens, scores, c_slots, band, launch)
         return scores
+    args, meta = _computed_score_args(plan, q, comp_k, part, prefix_lens, scores, c_slots)
     block_score_kernel[(plan.batch * plan.num_kv_heads, plan.num_tiles, grid_j)](
+        *args,
+        BLOCK_J=plan.block_j,
+        BLOCK_SIZE=plan.block_size,
+        **meta,
+        **launch,
+        num_warps=plan.score_warps,
+    )
+    return scores
+
+
+def _computed_score_args(plan, q, comp_k, part, prefix_lens, scores, c_slots):
+    """The arguments and meta-parameters that ``block_score_kernel`` and
+    ``band_score_kernel`` share, in their order."""
+    args = (
         q,
         comp_k,
         part[1],
@@ -129,17 +144,15 @@ def compressed_block_scores(
         plan.qk_scale,
         c_slots,
         part[1].shape[1],
+    )
+    meta = dict(
         BLOCK_C=plan.block_n,
-        BLOCK_J=plan.block_j,
-        BLOCK_SIZE=plan.block_size,
         DOT_PRECISION=plan.dot_precision,
         OVERLAP_SPLIT=plan.dot_precision != "ieee",
-        C_PAD=c_pad,
+        C_PAD=max(2, triton.next_power_of_2(c_slots)),
         **plan.rows_meta(),
-        **launch,
-        num_warps=plan.score_warps,
     )
-    return scores
+    return args, meta
 
 
 def _band_scores(plan, q, comp_k, part, prefix_lens, scores, c_slots, band, launch) -> None:
@@ -152,33 +165,15 @@ def _band_scores(plan, q, comp_k, part, prefix_lens, scores, c_slots, band, laun
         plan.num_tiles,
         triton.cdiv(plan.nb_max, jb * per_program),
     )
+    args, meta = _computed_score_args(plan, q, comp_k, part, prefix_lens, scores, c_slots)
     band_score_kernel[grid](
-        q,
-        comp_k,
-        part[1],
-        prefix_lens,
-        scores,
-        *q.stride()[:3],
-        *comp_k.stride()[:3],
-        plan.num_t,
-        plan.nc_max,
-        plan.nb_max,
-        scores.stride(2),
-        plan.comp_block,
-        plan.comp_stride,
-        plan.qk_scale,
-        c_slots,
-        part[1].shape[1],
+        *args,
         r,
         e,
         jb,
         per_program,
-        BLOCK_C=plan.block_n,
         JB_PAD=max(16, triton.next_power_of_2(jb)),
-        DOT_PRECISION=plan.dot_precision,
-        OVERLAP_SPLIT=plan.dot_precision != "ieee",
-        C_PAD=max(2, triton.next_power_of_2(c_slots)),
-        **plan.rows_meta(),
+        **meta,
         **launch,
         num_warps=plan.score_warps,
     )
