@@ -18,7 +18,9 @@ each group's list, deduplicated), the attention kernel over ``B x Hkv x groups x
   what shared memory allows) when the grid overfills them; a tile's load latency over the
   pipeline depth, and its MMAs over ``M_PAD`` rows, price it;
 - ``merge_steps``: partials the merge reads a row (``S``; 0 unsplit);
-- ``row_cost``: the row tile's ``M_PAD`` in ``mma.sync`` rows (``wgmma`` rows count half);
+- ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the program's
+  warpgroups: 8 warps split a tile of 64 rows or more between two, which run side by side) in
+  ``mma.sync`` rows (``wgmma`` rows count half);
 - ``waves``: waves of programs over the SMs' resident slots (each pays a prologue: query tile,
   list base; and an epilogue: the output write);
 - ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x
@@ -70,6 +72,7 @@ I32 = 4
 MODES = ("per_query", "union", "shared")
 SPLIT_RULES = ("wave_balance", "fill")
 DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
+WARPGROUP = 4  # warps of one warpgroup (a wgmma's issuing unit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,7 @@ def sparse_call_work(
     tail = lists * s.t * token_row
     requested = lists * n_list * block_row + tail + io
     waves = cdiv(plan.programs, slots)
+    rc = row_cost(plan.m_pad // max(1, plan.num_warps // WARPGROUP))
     # The tail counts once per group: each group's last split reads it after its list, apart
     # from the other groups' reads of it.
     unique = heads * min(unique_blocks(s), n_list * s.num_groups) * block_row + tail + io
@@ -241,10 +245,10 @@ def sparse_call_work(
         mma_flops=float(total_tiles * s.block_size * plan.m_pad * s.head_dim * 4),
         chain_tiles=float(max(busiest, total_tiles / slots)),
         merge_steps=float(splits if splits > 1 else 0),
-        row_cost=row_cost(plan.m_pad),
+        row_cost=rc,
         waves=float(waves),
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms),
-        row_waves=float(waves * row_cost(plan.m_pad) * (2 if splits > 1 else 1)),
+        row_waves=float(waves * rc * (2 if splits > 1 else 1)),
         sm_tiles=float(total_tiles / num_sms),
     )
 

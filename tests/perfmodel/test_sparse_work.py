@@ -138,13 +138,14 @@ def test_more_serial_tiles_at_equal_kv_bytes_is_priced_higher():
 
 
 def test_group_size_and_geometry_change_the_row_tile():
-    """C x G packed rows padded to the MMA tile: G = 4 packs C = 3 into 16 rows, C = 5 into 32;
-    G = 16 packs C = 8 into 128 rows, whose wgmma rows count half."""
+    """C x G packed rows padded to the MMA tile, counted per warpgroup: G = 4 packs C = 3 into
+    16 rows, C = 5 into 32 (one warpgroup); G = 16 packs C = 4 into 64 rows and C = 8 into 128,
+    both on 8 warps: two warpgroups of 32 rows, or of 64 wgmma rows that count half."""
     rows = {}
-    for c, hq, hkv in ((3, 32, 8), (5, 32, 8), (8, 32, 2)):
+    for c, hq, hkv in ((3, 32, 8), (5, 32, 8), (4, 32, 2), (8, 32, 2)):
         s = dataclasses.replace(SHAPE, mode="union", group_size=c, num_q_heads=hq, num_kv_heads=hkv)
         rows[c] = sparse_call_work(s, num_sms=SMS, smem_per_sm_bytes=SMEM).row_cost
-    assert rows == {3: 16, 5: 32, 8: 64}
+    assert rows == {3: 16, 5: 32, 4: 32, 8: 32}
 
 
 def test_arrays_equal_the_scalar_work():
