@@ -18,8 +18,10 @@ their tiles over the SMs' resident programs. ``NsaWork`` counts:
   and the window once per (sequence, KV head) -- the other tiles' reads of them may hit L2;
 - ``chain_tiles``: key tiles in series, summed over the forward launches: per launch the busiest
   program's slice, or the launch's tiles over its resident programs when the grid overfills the
-  SMs (``resident_programs``: what shared memory holds); a tile's load latency over the
-  pipeline's depth prices it (Little's law: the bytes in flight per SM set the rate);
+  SMs (``resident_programs``: what shared memory holds), weighted by
+  ``dense_work.key_tile_weight`` (a tile's MMAs and softmax at its head dimension over their
+  work at D = 128); a tile's load latency over the pipeline's depth prices it (Little's law:
+  the bytes in flight per SM set the rate);
 - ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series;
 - ``mma_flops``: the FLOPs of the padded MMA tiles: every ``BLOCK_M`` row of a row tile against
   every key of the tile's branches (its union of selected blocks included: a row computes the
@@ -41,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
     CONTEXT_TILES,
     EXPECTED_OVERLAP,
@@ -253,7 +256,7 @@ def nsa_call_work(
         # per (sequence, KV head) are the unique ones (the other tiles' reads may hit L2).
         requested_bytes=float(tile_reads * kv_tile + other),
         unique_bytes=float(heads * (comp_units + win_units + selected) * kv_tile + other),
-        chain_tiles=float(chain),
+        chain_tiles=float(chain * key_tile_weight(s.head_dim)),
         merge_steps=merge,
         row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
         waves=float(waves),
