@@ -114,6 +114,29 @@ def test_every_package_folder_installs_under_ssvkit():
     assert found == set(cfg["packages"])
 
 
+def test_every_module_imports():
+    """Every module of every installed package imports (a command of record such as
+    ``python -m ssvkit.validation.<name>`` must not fail on a name another module moved)."""
+    import importlib
+    import pkgutil
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    failed = {}
+    for pkg in packages["packages"]:
+        for info in pkgutil.iter_modules(importlib.import_module(pkg).__path__, pkg + "."):
+            if (
+                info.ispkg
+                or info.name.endswith(".__main__")
+                or info.name.startswith("ssvkit.ssvkit")
+            ):
+                continue
+            try:
+                importlib.import_module(info.name)
+            except Exception as e:  # noqa: BLE001 - every failure is reported together
+                failed[info.name] = f"{type(e).__name__}: {e}"
+    assert not failed, failed
+
+
 def _top_level_imports(path: Path):
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):

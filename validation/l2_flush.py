@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.files import atomic_write
 
 # (name, n, k) of the Llama-3.1-8B linear layers: qkv_proj, o_proj, gate_up_proj, down_proj.
 GEMMS = (("qkv_proj", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up_proj", 28672, 4096),
@@ -101,9 +101,7 @@ def main(argv=None) -> None:
         base_timing=dataclasses.asdict(tm.DEFAULT_TIMING),
         rows=rows,
     )
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
 
 

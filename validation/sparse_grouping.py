@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -43,10 +42,11 @@ import triton
 import triton.language as tl
 from ssvkit.calibration import kernel_checks as checks
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration.kernel_ops import sparse_batch
+from ssvkit.calibration.kernel_grid import sparse_batch
 from ssvkit.calibration.kernel_sweep import FULL_SWEEP
 from ssvkit.kernels import sparse_verify as sv
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.files import atomic_write
 
 TARGET_SHARE = 0.7
 K = 1024
@@ -301,9 +301,7 @@ def main(argv=None) -> None:
         ceilings=ceilings,
         rows=rows,
     )
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
 
 
