@@ -49,6 +49,7 @@ from ssvkit.perfmodel.nsa_plan import WGMMA_MIN_ROWS, WGMMA_ROW_COST
 ELEM_BYTES = 2  # bf16 queries, keys, values, outputs
 PARTIAL_BYTES = 4  # fp32 partial outputs and log-sum-exps
 INDEX_BYTES = 4  # int32 block indices
+WARPGROUP = 4  # warps of one warpgroup (a wgmma's issuing unit)
 SPLIT_RULES = ("wave_balance", "fill")
 # The union plan kernel's [N_PAD, CHUNK] compare tile of 16K int32 over 4 warps holds 128
 # registers a thread: 4 programs fill an SM's 64K registers.
@@ -76,9 +77,12 @@ class AttentionWork:
     plan_compares: float = 0.0  # block-id compares of the busiest union-plan SM slot
 
 
-def row_cost(rows_pad: int) -> float:
-    """A program's padded rows in ``mma.sync`` rows (``wgmma`` rows count ``WGMMA_ROW_COST``)."""
-    return float(rows_pad if rows_pad < WGMMA_MIN_ROWS else WGMMA_ROW_COST * rows_pad)
+def row_cost(rows_pad: int, num_warps: int = WARPGROUP) -> float:
+    """The padded rows one warpgroup of a program of ``num_warps`` warps computes (the
+    program's warpgroups split its ``rows_pad`` rows and run side by side), in ``mma.sync``
+    rows (``wgmma`` rows count ``WGMMA_ROW_COST``)."""
+    rows = rows_pad // max(1, num_warps // WARPGROUP)
+    return float(rows if rows < WGMMA_MIN_ROWS else WGMMA_ROW_COST * rows)
 
 
 def resident_programs(stages: int, block_n: int, rows_pad: int, head_dim: int, smem: int) -> int:

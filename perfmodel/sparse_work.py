@@ -72,7 +72,6 @@ I32 = 4
 MODES = ("per_query", "union", "shared")
 SPLIT_RULES = ("wave_balance", "fill")
 DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
-WARPGROUP = 4  # warps of one warpgroup (a wgmma's issuing unit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +234,7 @@ def sparse_call_work(
     tail = lists * s.t * token_row
     requested = lists * n_list * block_row + tail + io
     waves = cdiv(plan.programs, slots)
-    rc = row_cost(plan.m_pad // max(1, plan.num_warps // WARPGROUP))
+    rc = row_cost(plan.m_pad, plan.num_warps)
     # The tail counts once per group: each group's last split reads it after its list, apart
     # from the other groups' reads of it.
     unique = heads * min(unique_blocks(s), n_list * s.num_groups) * block_row + tail + io
