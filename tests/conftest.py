@@ -34,6 +34,9 @@ from hypothesis import HealthCheck, settings
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import ssvkit  # noqa: E402,F401  (pins OpenBLAS's kernels before numpy loads: ssvkit/__init__.py)
+
+# isort: split
 import torch  # noqa: E402  (after the thread settings above)
 
 if not torch.cuda.is_available():

@@ -2,12 +2,16 @@
 sample output is current and the layer pictures match the import contract."""
 
 import ast
+import os
+import platform
 import re
 import shlex
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,3 +160,38 @@ def test_code_imports_the_packages_only_through_ssvkit():
         if name.split(".")[0] in PACKAGES
     ]
     assert not bad, bad
+
+
+def _openblas_corename() -> str | None:
+    """The kernels numpy's bundled OpenBLAS runs (``scipy_openblas_get_corename64_``), or None
+    where this numpy build bundles no such library."""
+    import ctypes
+
+    import numpy
+
+    libs = sorted((Path(numpy.__file__).parent.parent / "numpy.libs").glob("*openblas*"))
+    if not libs:
+        return None
+    fn = getattr(ctypes.CDLL(str(libs[0])), "scipy_openblas_get_corename64_", None)
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
+def test_importing_ssvkit_first_pins_openblas_kernels():
+    """The calibration fits' figures depend on OpenBLAS's kernels (ssvkit/__init__.py): a process
+    that imports ssvkit before numpy runs the Haswell kernels, whatever the CPU, unless its
+    environment names others; this test session does (tests/conftest.py imports ssvkit first)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    code = "import os, ssvkit, numpy; print(os.environ.get('OPENBLAS_CORETYPE'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "Haswell", out.stderr
+    chosen = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "OPENBLAS_CORETYPE": "Zen"}, capture_output=True
+    )
+    assert chosen.stdout.decode().strip() == "Zen"
+    corename = _openblas_corename()
+    if corename is not None:
+        assert corename == "Haswell"
