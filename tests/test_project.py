@@ -183,7 +183,8 @@ def _openblas_corename() -> str | None:
 def test_importing_ssvkit_first_pins_openblas_kernels():
     """The calibration fits' figures depend on OpenBLAS's kernels (ssvkit/__init__.py): a process
     that imports ssvkit before numpy runs the Haswell kernels, whatever the CPU, unless its
-    environment names others; this test session does (tests/conftest.py imports ssvkit first)."""
+    environment names others. tests/conftest.py imports ssvkit before torch, so the test
+    processes run them too."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     code = "import os, ssvkit, numpy; print(os.environ.get('OPENBLAS_CORETYPE'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
