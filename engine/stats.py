@@ -82,27 +82,22 @@ def _membership(sel: torch.Tensor, nb: int) -> torch.Tensor:
     return m[..., :nb]
 
 
-def _top_mask(values: np.ndarray, k: int) -> np.ndarray:
+def _top_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the ``k`` largest finite values along the last axis."""
-    v = np.where(np.isnan(values), -np.inf, values)
-    k = min(k, v.shape[-1])
-    idx = np.argpartition(-v, k - 1, axis=-1)[..., :k]
-    mask = np.zeros(v.shape, dtype=bool)
-    np.put_along_axis(mask, idx, True, axis=-1)
-    return mask & np.isfinite(v)
+    v = torch.nan_to_num(values, nan=-math.inf)
+    idx = torch.topk(v, min(k, v.shape[-1]), dim=-1).indices
+    mask = torch.zeros(v.shape, dtype=torch.bool, device=v.device).scatter_(-1, idx, True)
+    return mask & torch.isfinite(v)
 
 
-def _hit(pred: np.ndarray, true: np.ndarray, imp: np.ndarray) -> np.ndarray:
-    """Seed 004 eq. 4 over the last axis, averaged over KV heads: ``[B, Hkv, NB]`` -> ``[B]``."""
-    s = np.nan_to_num(imp)
+def _hit(pred: torch.Tensor, true: torch.Tensor, imp: torch.Tensor) -> np.ndarray:
+    """Seed 004 eq. 4 over the last axis, averaged over KV heads: ``[L, B, Hkv, NB]`` ->
+    ``[B, L]`` (NaN where no KV head has a true top-n of positive importance)."""
+    s = torch.nan_to_num(imp)
     covered = (s * (pred & true)).sum(-1)
     total = (s * true).sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(total > 0, covered / np.where(total > 0, total, 1.0), np.nan)
-    out = np.full(ratio.shape[0], np.nan)
-    ok = ~np.isnan(ratio).all(-1)
-    out[ok] = np.nanmean(ratio[ok], axis=-1)
-    return out
+    ratio = torch.where(total > 0, covered / torch.where(total > 0, total, 1.0), math.nan)
+    return torch.nanmean(ratio, dim=-1).T.double().cpu().numpy()
 
 
 class SelectionStats:
@@ -118,9 +113,10 @@ class SelectionStats:
     ) -> None:
         self.cfg, self.num_layers, self.holt = cfg, num_layers, holt
         self.triton = backend == "triton"
-        self._level: np.ndarray | None = None  # [L, B, Hkv, NB]
-        self._trend: np.ndarray | None = None
-        self._prev_true: np.ndarray | None = None
+        # Holt's state and last round's true top-n, on the queries' device: [L, B, Hkv, NB].
+        self._level: torch.Tensor | None = None
+        self._trend: torch.Tensor | None = None
+        self._prev_true: torch.Tensor | None = None
 
     def required(self) -> tuple[str, int]:
         """Which summary the statistics read: ``("blocks", block_size)`` or ``("nsa", 0)``."""
@@ -169,8 +165,7 @@ class SelectionStats:
         member = torch.stack(sets)  # [L, B, Hkv, t, NB]
         group = self._group_overlap(member, group_size)
         layer = self._layer_overlap(member)
-        imp = torch.stack(imps).cpu().numpy()  # [L, B, Hkv, NB]
-        predict, reuse = self._prr(imp)
+        predict, reuse = self._prr(torch.stack(imps).float())  # [L, B, Hkv, NB]
         return RoundSelection(group, layer, predict, reuse)
 
     @staticmethod
@@ -199,38 +194,35 @@ class SelectionStats:
         out[:, torch.isnan(out[1:]).all(0)] = float("nan")  # nothing selected anywhere
         return out.T.cpu().numpy()
 
-    def _prr(self, imp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Holt-EMA and reuse-last-round hit rates ``[B, L]`` for this round, then learn it."""
+    def _prr(self, imp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Holt-EMA and reuse-last-round hit rates ``[B, L]`` for this round, then learn it.
+        Computed where the queries are: only the ``[B, L]`` rates reach the host."""
         n = self.cfg.top_n
         true = _top_mask(imp, n)
         num_l, b = imp.shape[:2]
-        predict = np.full((b, num_l), np.nan)
-        reuse = np.full((b, num_l), np.nan)
         if self._level is not None and self._level.shape == imp.shape:
-            pred = self._level + self.holt.phi * self._trend
-            pmask = _top_mask(pred, n)
-            for layer in range(num_l):
-                predict[:, layer] = _hit(pmask[layer], true[layer], imp[layer])
-                reuse[:, layer] = _hit(self._prev_true[layer], true[layer], imp[layer])
+            pmask = _top_mask(self._level + self.holt.phi * self._trend, n)
+            predict = _hit(pmask, true, imp)
+            reuse = _hit(self._prev_true, true, imp)
             self._update(imp)
         else:
-            self._level = np.where(np.isnan(imp), np.nan, imp)
-            self._trend = np.zeros_like(imp)
+            predict, reuse = np.full((b, num_l), np.nan), np.full((b, num_l), np.nan)
+            self._level = imp.clone()
+            self._trend = torch.zeros_like(imp)
         self._prev_true = true
         return predict, reuse
 
-    def _update(self, obs: np.ndarray) -> None:
+    def _update(self, obs: torch.Tensor) -> None:
         """One step of ``perfmodel.prr.holt_predictions``' recursion."""
         a, beta, phi = self.holt.alpha, self.holt.beta, self.holt.phi
         level, trend = self._level, self._trend
-        seen = ~np.isnan(obs)
-        new = seen & np.isnan(level)
+        seen = ~torch.isnan(obs)
+        new = seen & torch.isnan(level)
         old = seen & ~new
-        prev = level.copy()
-        level = np.where(old, a * obs + (1 - a) * (prev + phi * trend), level)
-        trend = np.where(old, beta * (level - prev) + (1 - beta) * phi * trend, trend)
-        self._level = np.where(new, obs, level)
-        self._trend = np.where(new, 0.0, trend)
+        nxt = torch.where(old, a * obs + (1 - a) * (level + phi * trend), level)
+        trend = torch.where(old, beta * (nxt - level) + (1 - beta) * phi * trend, trend)
+        self._level = torch.where(new, obs, nxt)
+        self._trend = torch.where(new, 0.0, trend)
 
 
 def batch_mean(sel: RoundSelection | None, name: str, rows: list[int]) -> tuple[float, ...] | None:
