@@ -68,9 +68,7 @@ def test_prr_hit_rates_match_the_reference(shape):
         if shape[1] > 1:
             obs[:, 1, 0] = np.nan  # a (sequence, KV head) with no candidate block this round
         rounds.append(obs)
-    stats = SelectionStats.__new__(SelectionStats)
-    stats.cfg = type("Cfg", (), {"top_n": k})()
-    stats.holt, stats._level, stats._trend, stats._prev_true = DEFAULT_HOLT, None, None, None
+    stats = SelectionStats(type("Cfg", (), {"top_n": k})(), shape[0], backend="torch")
     want = _reference([o.astype(np.float32).astype(np.float64) for o in rounds], k)
     for obs, (w_pred, w_reuse) in zip(rounds, want, strict=True):
         pred, reuse = stats._prr(torch.tensor(obs, dtype=torch.float32))
