@@ -90,14 +90,14 @@ def _top_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     return mask & torch.isfinite(v)
 
 
-def _hit(pred: torch.Tensor, true: torch.Tensor, imp: torch.Tensor) -> np.ndarray:
+def _hit(pred: torch.Tensor, true: torch.Tensor, imp: torch.Tensor) -> torch.Tensor:
     """Seed 004 eq. 4 over the last axis, averaged over KV heads: ``[L, B, Hkv, NB]`` ->
     ``[B, L]`` (NaN where no KV head has a true top-n of positive importance)."""
     s = torch.nan_to_num(imp)
     covered = (s * (pred & true)).sum(-1)
     total = (s * true).sum(-1)
     ratio = torch.where(total > 0, covered / torch.where(total > 0, total, 1.0), math.nan)
-    return torch.nanmean(ratio, dim=-1).T.double().cpu().numpy()
+    return torch.nanmean(ratio, dim=-1).T
 
 
 class SelectionStats:
@@ -202,8 +202,9 @@ class SelectionStats:
         num_l, b = imp.shape[:2]
         if self._level is not None and self._level.shape == imp.shape:
             pmask = _top_mask(self._level + self.holt.phi * self._trend, n)
-            predict = _hit(pmask, true, imp)
-            reuse = _hit(self._prev_true, true, imp)
+            # One copy to the host for both rates.
+            rates = torch.stack([_hit(pmask, true, imp), _hit(self._prev_true, true, imp)])
+            predict, reuse = rates.double().cpu().numpy()
             self._update(imp)
         else:
             predict, reuse = np.full((b, num_l), np.nan), np.full((b, num_l), np.nan)
