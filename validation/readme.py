@@ -15,7 +15,10 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
   evaluation at batch 32 on the H200 (``validation/data/planner-b32-h200.json``), the same way;
   ``adaptive-b32``: its adaptive phase run again on its profile
   (``validation/data/planner-adaptive-b32-h200.json``), with the shadow's time per round;
-- ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``).
+- ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``);
+- ``scale-llama``, ``scale-glm``, ``scale-glm-large``: the scale campaigns' measured tokens/s
+  (``validation/data/scale-campaign-h200.json``, ``scale-campaign-glm-h200.json``,
+  ``scale-campaign-glm-large-h200.json``), one row per context and batch.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ DOCUMENTS = (
     ROOT / "docs" / "results" / "calibration.md",
     ROOT / "docs" / "results" / "planner.md",
     ROOT / "docs" / "results" / "papers.md",
+    ROOT / "docs" / "results" / "engine.md",
 )
 
 
@@ -192,6 +196,38 @@ def adaptive_phase_block(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def campaign_table_block(path: Path) -> str:
+    """A scale campaign's measured tokens/s over its whole runs, one row per (context, batch)
+    and one column per baseline, a speculative baseline's cell its acceptances from high to
+    low ("0.8 / 0.6"); contexts as asked, in K = 1024 tokens."""
+    doc = read_json(path, "scale campaign")
+    baselines = doc["settings"]["baselines"]
+    cells: dict[tuple[int, int], dict[str, dict]] = {}
+    for r in doc["rows"]:
+        if r["status"] != "measured":
+            continue
+        by_baseline = cells.setdefault((r["context_asked"], r["batch"]), {})
+        by_baseline.setdefault(r["baseline"], {})[r["acceptance"]] = r["measured"]["tokens_per_s"]
+    lines = [
+        "| context | batch | " + " | ".join(baselines) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in baselines) + " |",
+    ]
+    for (context, batch), row in sorted(cells.items()):
+        values = [
+            " / ".join(f"{v:.0f}" for _, v in sorted(row[b].items(), key=_acceptance_desc))
+            if b in row
+            else "n/a"
+            for b in baselines
+        ]
+        lines.append(f"| {context // 1024}K | {batch} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _acceptance_desc(item: tuple) -> float:
+    acceptance = item[0]
+    return 0.0 if acceptance is None else -acceptance
+
+
 def papers_block() -> str:
     """The seeds' figures beside ssvkit's (``ssvkit papers --markdown``'s output)."""
     return papers_markdown(reproduce())
@@ -207,6 +243,11 @@ BLOCKS = {
     "planner-b32": lambda: planner_block(record_path("planner-b32-h200.json")),
     "adaptive-b32": lambda: adaptive_phase_block(record_path("planner-adaptive-b32-h200.json")),
     "papers": papers_block,
+    "scale-llama": lambda: campaign_table_block(record_path("scale-campaign-h200.json")),
+    "scale-glm": lambda: campaign_table_block(record_path("scale-campaign-glm-h200.json")),
+    "scale-glm-large": lambda: campaign_table_block(
+        record_path("scale-campaign-glm-large-h200.json")
+    ),
 }
 
 

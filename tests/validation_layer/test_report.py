@@ -290,3 +290,41 @@ def test_readme_adaptive_phase_block_follows_the_document(tmp_path):
     other.write_text(json.dumps(doc))
     line = next(x for x in adaptive_phase_block(other).splitlines() if x.startswith(f"| {first}"))
     assert "| n/a |" in line
+
+
+def test_readme_campaign_table_follows_the_document(tmp_path):
+    """A scale campaign's table: every measured cell's tokens/s in its (context, batch) row and
+    baseline column, a speculative baseline's acceptances from high to low; a baseline without a
+    measured cell in a row says n/a."""
+    from ssvkit.validation.readme import campaign_table_block
+
+    path = record_path("scale-campaign-glm-h200.json")
+    doc = json.loads(path.read_text())
+    baselines = doc["settings"]["baselines"]
+
+    def table(block):
+        lines = block.splitlines()
+        assert lines[0] == "| context | batch | " + " | ".join(baselines) + " |"
+        cells = {}
+        for x in lines[2:]:
+            parts = x.strip("| ").split(" | ")
+            cells[(parts[0], int(parts[1]))] = dict(zip(baselines, parts[2:], strict=True))
+        return cells
+
+    cells = table(campaign_table_block(path))
+    assert len(cells) == len({(r["context_asked"], r["batch"]) for r in doc["rows"]})
+    for r in doc["rows"]:
+        cell = cells[(f"{r['context_asked'] // 1024}K", r["batch"])][r["baseline"]]
+        values = cell.split(" / ")
+        at = 0 if r["acceptance"] in (None, max(doc["settings"]["acceptances"])) else 1
+        assert values[at] == f"{r['measured']['tokens_per_s']:.0f}"
+    first = doc["rows"][0]
+    for r in doc["rows"]:
+        same = (r["context_asked"], r["batch"]) == (first["context_asked"], first["batch"])
+        if same and r["baseline"] in ("ar_sparse", "ssv") and r["acceptance"] in (None, 0.6):
+            r["status"] = "skipped"
+    other = tmp_path / "campaign.json"
+    other.write_text(json.dumps(doc))
+    row = table(campaign_table_block(other))[(f"{first['context_asked'] // 1024}K", first["batch"])]
+    assert row["ar_sparse"] == "n/a"
+    assert " / " not in row["ssv"] and " / " in row["sd_dense"]
