@@ -30,6 +30,7 @@ from ssvkit.calibration.interval_coverage import intervals_markdown
 from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.numbers import count_label
 from ssvkit.validation.papers import markdown as papers_markdown
 from ssvkit.validation.papers import reproduce
 from ssvkit.validation.prompts import OFF_DISTRIBUTION
@@ -199,7 +200,7 @@ def adaptive_phase_block(path: Path) -> str:
 def campaign_table_block(path: Path) -> str:
     """A scale campaign's measured tokens/s over its whole runs, one row per (context, batch)
     and one column per baseline, a speculative baseline's cell its acceptances from high to
-    low ("0.8 / 0.6"); contexts as asked, in K = 1024 tokens."""
+    low ("0.8 / 0.6"); contexts as asked (``count_label``)."""
     doc = read_json(path, "scale campaign")
     baselines = doc["settings"]["baselines"]
     cells: dict[tuple[int, int], dict[str, dict]] = {}
@@ -219,7 +220,7 @@ def campaign_table_block(path: Path) -> str:
             else "n/a"
             for b in baselines
         ]
-        lines.append(f"| {context // 1024}K | {batch} | " + " | ".join(values) + " |")
+        lines.append(f"| {count_label(context)} | {batch} | " + " | ".join(values) + " |")
     return "\n".join(lines) + "\n"
 
 
