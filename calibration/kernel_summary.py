@@ -200,13 +200,14 @@ def _nsa(g: list[dict]) -> list[dict]:
 
 def _nsa_tiles(g: list[dict]) -> list[dict]:
     """nsa_verify with a row schedule (``calibration.kernel_nsa_tiles``): its time and how much
-    faster the packed schedule runs the same call."""
+    faster the packed schedule runs the same call. A row schedule's row keys the compressed
+    branch's tiles (``context_tiles``; none: "per_tile"), a packed row does not: the two are
+    the same call but for the schedule."""
     packed, out = {}, []
+    schedule = ("rows_per_tile", "rotations", "context_tiles")
 
     def key(p):
-        return tuple(
-            (k, v) for k, v in sorted(p.items()) if k not in ("rows_per_tile", "rotations")
-        )
+        return tuple((k, v) for k, v in sorted(p.items()) if k not in schedule)
 
     nsa = [r for r in g if r["op"] == "nsa_verify"]
     for r in nsa:
@@ -224,6 +225,7 @@ def _nsa_tiles(g: list[dict]) -> list[dict]:
                     "impl": p["impl"],
                     "gamma": p.get("overlap"),
                     "rows": p["rows_per_tile"],
+                    "tiles": p.get("context_tiles", "per_tile"),
                     "us": r["median_s"] * 1e6,
                     "packed_speedup": r["median_s"] / packed[key(p)],
                 }
@@ -232,26 +234,27 @@ def _nsa_tiles(g: list[dict]) -> list[dict]:
 
 
 def _select(g: list[dict]) -> list[dict]:
-    """select_blocks rows timed in one launch and in two on the same config: both times, the
-    floor, the one-launch time / floor and its floor target."""
+    """select_blocks rows timed in one launch and in two on the same config (head geometry
+    included): both times, the floor, the one-launch time / floor and its floor target."""
     by_impl = {}
     for r in g:
         if r["op"] == "select_blocks" and r["params"].get("impl"):
             p = r["params"]
-            key = (p["context_len"], p["batch"], p["top_n"], p["method"])
+            key = (_heads(p), p["context_len"], p["batch"], p["top_n"], p["method"])
             by_impl[(*key, p["impl"])] = r
     out = []
-    for key in sorted({k[:4] for k in by_impl}):
+    for key in sorted({k[:5] for k in by_impl}):
         one, two = by_impl.get((*key, "one_launch")), by_impl.get((*key, "two_launch"))
         if one is None or two is None:
             continue
         floor = _floor(one)
         out.append(
             {
-                "T": key[0],
-                "B": key[1],
-                "top_n": key[2],
-                "method": key[3],
+                "heads": key[0],
+                "T": key[1],
+                "B": key[2],
+                "top_n": key[3],
+                "method": key[4],
                 "one_us": one["median_s"] * 1e6,
                 "two_us": two["median_s"] * 1e6,
                 "floor_us": floor * 1e6,

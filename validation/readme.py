@@ -18,7 +18,10 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
 - ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``);
 - ``scale-llama``, ``scale-glm``, ``scale-glm-large``: the scale campaigns' measured tokens/s
   (``validation/data/scale-campaign-h200.json``, ``scale-campaign-glm-h200.json``,
-  ``scale-campaign-glm-large-h200.json``), one row per context and batch.
+  ``scale-campaign-glm-large-h200.json``), one row per context and batch;
+- ``floors-h100``, ``floors-h200``: the sparse path's kernels against their floor target per op
+  and batch, from a GPU's committed kernel rows (the "floor targets" of
+  ``python -m ssvkit.calibration.kernel_sweep --summary-only``), at the batches the page shows.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ssvkit.calibration.ceilings import PROFILES
 from ssvkit.calibration.interval_coverage import intervals_markdown
+from ssvkit.calibration.kernel_summary import summarise
 from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.numbers import count_label
+from ssvkit.perfmodel.rows import load_rows
 from ssvkit.validation.papers import markdown as papers_markdown
 from ssvkit.validation.papers import reproduce
 from ssvkit.validation.prompts import OFF_DISTRIBUTION
@@ -47,6 +53,7 @@ DOCUMENTS = (
     ROOT / "docs" / "results" / "planner.md",
     ROOT / "docs" / "results" / "papers.md",
     ROOT / "docs" / "results" / "engine.md",
+    ROOT / "docs" / "results" / "kernels.md",
 )
 
 
@@ -229,6 +236,26 @@ def _acceptance_desc(item: tuple) -> float:
     return 0.0 if acceptance is None else -acceptance
 
 
+def floor_targets_block(gpu: str, batches: tuple[int, ...]) -> str:
+    """Per sparse-path op and batch in ``batches``, the committed graph-timed rows of ``gpu``
+    within the floor target, and their median and worst time over the floor
+    (``calibration.kernel_summary``)."""
+    targets = summarise(load_rows(PROFILES / gpu / "kernel_bench.jsonl"))["floor targets"]
+    lines = [
+        "| op | batch | rows | met | median x floor | worst x floor |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in targets:
+        if t["B"] in batches:
+            ratios = " | ".join(_ratio(t[k]) for k in ("median_x", "worst_x"))
+            lines.append(f"| {t['op']} | {t['B']} | {t['rows']} | {t['met']} | {ratios} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
 def papers_block() -> str:
     """The seeds' figures beside ssvkit's (``ssvkit papers --markdown``'s output)."""
     return papers_markdown(reproduce())
@@ -249,6 +276,8 @@ BLOCKS = {
     "scale-glm-large": lambda: campaign_table_block(
         record_path("scale-campaign-glm-large-h200.json")
     ),
+    "floors-h100": lambda: floor_targets_block("h100-sxm", (1, 16, 64)),
+    "floors-h200": lambda: floor_targets_block("h200", (1, 4, 16)),
 }
 
 

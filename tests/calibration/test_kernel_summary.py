@@ -60,11 +60,39 @@ def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
     assert got["nsa_verify", 16]["worst_x"] == 2.0
 
 
-def _select_row(impl, median_s):
+def _select_row(impl, median_s, heads=(32, 8, 128)):
     row = _row("select_blocks", 1, median_s, 2_000_000)  # floor 2 us
     row["params"] = {"batch": 1, "context_len": 131072, "top_n": 64, "method": "mean"}
-    row["params"]["impl"] = impl
+    row["params"].update(impl=impl, num_q_heads=heads[0], num_kv_heads=heads[1])
+    row["params"]["head_dim"] = heads[2]
     return row
+
+
+def test_select_pairs_stay_within_one_head_geometry():
+    rows = [_select_row("one_launch", 9e-6), _select_row("two_launch", 16e-6)]
+    rows += [
+        _select_row(i, s, (16, 2, 64)) for i, s in (("one_launch", 5e-6), ("two_launch", 4e-6))
+    ]
+    pairs = {
+        e["heads"]: (round(e["one_us"]), round(e["two_us"])) for e in summarise(rows)["select"]
+    }
+    assert pairs == {"32/8/128": (9, 16), "16/2/64": (5, 4)}
+
+
+def _nsa_row(median_s, **schedule):
+    row = _row("nsa_verify", 1, median_s, 1)
+    row["params"].update(num_query_tokens=17, overlap=0.7, **schedule)
+    return row
+
+
+def test_a_row_schedule_pairs_with_the_packed_call_whatever_its_compressed_tiles():
+    """A row schedule's row keys ``context_tiles``, the packed row of the same call does not."""
+    rows = [_nsa_row(20e-6), _nsa_row(30e-6, rows_per_tile=1, context_tiles="paired")]
+    rows.append(_nsa_row(50e-6, rows_per_tile=4))
+    got = {
+        (e["rows"], e["tiles"]): e["packed_speedup"] for e in summarise(rows)["nsa row schedules"]
+    }
+    assert got == pytest.approx({(1, "paired"): 1.5, (4, "per_tile"): 2.5})
 
 
 def test_select_rows_pair_one_launch_with_two_and_only_one_counts_for_the_target():
