@@ -6,8 +6,9 @@ kernel (duration, DRAM throughput, registers, occupancy, warp stalls).
         --section MemoryWorkloadAnalysis python -m ssvkit.validation.nsa_profile --t 16 \
         > validation/data/nsa-ncu-h200.txt
 
-The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention, NSA's published geometry,
-reuse indices with adjacent-row overlap 0.7); ``--rows-per-tile`` runs a strategy's row schedule
+The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention unless ``--geometry`` names
+another of ``calibration.kernel_inputs.GEOMETRIES``, NSA's published geometry, reuse indices
+with adjacent-row overlap 0.7); ``--rows-per-tile`` runs a strategy's row schedule
 (``NsaVerifyConfig.rows_per_tile``: 4 is ``ssv``'s union of four, 1 ``sd_sparse_naive``'s),
 the reuse call with its union plan passed in, as the engine's reuse layers do. Three
 unprofiled warm-up rounds compile and settle the kernels; the profiled region is one refresh
@@ -21,6 +22,7 @@ import argparse
 import json
 
 import torch
+from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels.timing import provenance
 from ssvkit.validation import nsa_stages as ns
@@ -32,9 +34,13 @@ def main(argv=None) -> None:
     p.add_argument("--t", type=int, default=16, help="draft rows")
     p.add_argument("--context", type=int, default=131072, help="prefix tokens")
     p.add_argument("--rows-per-tile", type=int, default=0, help="row schedule (0: packed)")
+    p.add_argument(
+        "--geometry", default=ki.current_geometry(), choices=sorted(ki.GEOMETRIES), help="heads"
+    )
     args = p.parse_args(argv)
     if min(args.batch, args.t, args.context) < 1 or args.rows_per_tile < 0:
         p.exit(2, f"nsa_profile: bad value in {vars(args)}\n")
+    ki.use_geometry(args.geometry)
     print(json.dumps({"provenance": provenance(), "args": vars(args), "kwargs": ns.KW}))
     sets = ns.input_sets(args.batch, args.t, args.context, args.context + args.t, 1)
     qkv_args, idx = sets[0]
