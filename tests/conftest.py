@@ -15,7 +15,9 @@ quietly import a second copy where an installed ssvkit has none. A finder refuse
 
 Triton: without a CUDA GPU the kernels run under Triton's CPU interpreter. ``triton.jit`` reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so it is set here, before any test module
-imports a kernel (after the thread settings, which torch reads at its import).
+imports a kernel (after the thread settings, which torch reads at its import). Two of the
+interpreter's costs that change no result are cut (``_patch_once_per_launch``,
+``_wrap_integers_as_compiled``): together they took about two thirds of the kernel tests' time.
 
 Hypothesis: no per-example deadline and no too-slow health check (both time examples on the
 wall clock, which a loaded machine stretches); a property that holds passes however long its
@@ -41,6 +43,64 @@ import torch  # noqa: E402  (after the thread settings above)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _patch_once_per_launch() -> None:
+    """The interpreter patches ``triton.language`` into its interpreted builtins when a launch
+    starts (restoring them when it ends) and again at every call of a ``@triton.jit`` helper
+    inside the launch, though the launch's patch already covers the helper's language modules:
+    an ``inspect.getmembers`` scan of four modules a call, half the time of the NSA tests. Here
+    a helper's call inside a launch skips the scan when the launch patched every language
+    module the helper sees; anything else patches as before. (The interpreter's private names:
+    where a Triton release lacks them, it runs unchanged.)"""
+    from triton.runtime import interpreter as interp
+
+    if not all(hasattr(interp, n) for n in ("_patch_lang", "GridExecutor", "_LangPatchScope")):
+        return
+    patch_lang, run_grid = interp._patch_lang, interp.GridExecutor.__call__
+    active: list[set] = []  # per launch in progress: the language modules it patched
+
+    def langs(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if v is interp.tl or v is interp.tl.core}
+
+    def patch(fn):
+        seen = langs(fn)
+        if active and seen <= active[-1]:
+            return interp._LangPatchScope()  # nothing to patch, nothing to restore
+        scope = patch_lang(fn)
+        if active:
+            active[-1].update(seen)
+        return scope
+
+    def call(self, *args, **kwargs):
+        active.append(set())
+        try:
+            return run_grid(self, *args, **kwargs)
+        finally:
+            active.pop()
+
+    interp._patch_lang, interp.GridExecutor.__call__ = patch, call
+
+
+def _wrap_integers_as_compiled() -> None:
+    """The interpreter checks every 32-bit integer add, subtract and multiply for overflow (its
+    options' ``sanitize_overflow``, in int64 beside the op: a third of an NSA test's time); a
+    compiled kernel does not (only under Triton's debug mode). Off here, so the interpreter runs
+    the kernels' integer arithmetic as the GPU does; at the tests' shapes no index comes near
+    2**31, and under ``kernels.timing.poisoned_allocations`` an unwritten index reads -7."""
+    import dataclasses
+
+    from triton.runtime import interpreter as interp
+
+    builder = getattr(interp, "interpreter_builder", None)
+    if dataclasses.is_dataclass(getattr(builder, "options", None)):
+        if "sanitize_overflow" in {f.name for f in dataclasses.fields(builder.options)}:
+            builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_once_per_launch()
+    _wrap_integers_as_compiled()
 
 settings.register_profile("untimed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("untimed")

@@ -1,5 +1,3 @@
-import json
-
 import pytest
 from ssvkit.calibration import ceilings, transfer_sets
 from ssvkit.calibration.fit import op_class
@@ -129,43 +127,6 @@ def test_parse_sets():
     assert parse_sets("gpu,interp") == ("interp", "gpu")
     with pytest.raises(ValueError, match="'heads'"):
         parse_sets("interp,heads")
-
-
-def test_validate_prints_the_chosen_sets(capsys):
-    assert main(["validate", "--sets", "group"]) == 0
-    out = capsys.readouterr().out
-    assert "profile h100-sxm-" not in out  # the interpolation tables only when chosen
-    lines = out.splitlines()
-    assert lines[0] == "group: leave one group size out"
-    assert lines[1].startswith("target median APE <= 6%, p90 APE <= 15%: ")
-    # its own class refitted on the other group sizes: no other class named as the predictor
-    union = next(x for x in lines if x.startswith("sparse_verify/union/many_lists "))
-    assert union.split()[-1] in ("met", "MISSED")
-    assert main(["validate", "--sets", "interp,context"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("profile h100-sxm-") and "\ncontext: leave one context length" in out
-    assert main(["validate", "--sets", "heads"]) == 2
-    assert "unknown test set 'heads'" in capsys.readouterr().err
-
-
-def test_validate_json_carries_the_sets(capsys):
-    assert main(["validate", "--json", "--sets", "interp,context,gpu"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["overall"]["heldout"]["n"] > 100  # the interpolation report is unchanged
-    assert doc["transfer_targets"] == TARGETS
-    assert set(doc["transfer"]) == {"context", "h100-sxm->h200", "h200->h100-sxm"}
-    for key, s in doc["transfer"].items():
-        target = TARGETS["leave_one_out" if key == "context" else "cross_gpu"]
-        assert s["target"] == target
-        for stats in s["classes"].values():
-            assert stats["n"] > 0
-            met = stats["median_ape"] <= target["median_ape"] and stats["p90_ape"] <= 0.15
-            assert stats["met"] == met
-        assert s["met"] == all(c["met"] for c in s["classes"].values())
-    # every H100 class the H200 rows fit is scored; the others are listed, not scored
-    back = doc["transfer"]["h200->h100-sxm"]
-    assert {"gemm", "dense_verify", "sparse_verify/union/few_lists"} <= set(back["classes"])
-    assert back["unpredicted"] and not set(back["unpredicted"]) & set(back["classes"])
 
 
 def test_check_transfer_exits_1_on_a_missed_target(monkeypatch, capsys):

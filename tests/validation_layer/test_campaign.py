@@ -405,11 +405,12 @@ def test_the_script_one_line_errors_pack_and_plan(tree, tmp_path, capsys, monkey
 def test_the_fit_stage_fits_a_folder_as_the_committed_fit_does(tmp_path, capsys, monkeypatch):
     """Committed rows copied elsewhere fit to the committed ceilings, byte for byte, and to a
     profile that predicts what the committed one does (``calibration.validate.fit_agreement``),
-    written there and not in the committed folder. The fit's interval residuals (most of its
-    time: every leave-one-out refit) are left out here; tests/calibration/
-    test_interval_residuals.py derives the committed ones from the committed rows."""
-    no_sets = {"coverage": intervals.COVERAGE, "rule": intervals.RULE, "cross_gpus": [], "rows": {}}
-    monkeypatch.setattr(intervals, "intervals_json", lambda *a, **k: {**no_sets, "sets": {}})
+    written there and not in the committed folder. The fit's interval residuals leave out the
+    leave-one-out sets (most of its time: every leave-one-out refit);
+    tests/calibration/test_interval_residuals.py derives the committed ones from the committed
+    rows."""
+    residuals = intervals.residual_rows
+    monkeypatch.setattr(intervals, "residual_rows", lambda *a, loo=None: residuals(*a[:4], loo=[]))
     committed = ceilings.PROFILES / "h100-sxm"
     rows = tmp_path / "profile"
     rows.mkdir()
