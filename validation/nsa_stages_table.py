@@ -82,3 +82,52 @@ def print_pdl_table(rows: list[dict]) -> None:
             off, on = ts[name], ts[f"{name}_pdl"]
             line += f"   {off:7.1f} {on:7.1f} {off - on:+7.1f}"
         print(line)
+
+
+# The calls of the results page's tables and their column labels.
+MARKDOWN_CALLS = {
+    "reuse": "reuse us",
+    "reuse_folded": "reuse folded us",
+    "reuse_unfused": "reuse unfused us",
+    "refresh": "refresh us",
+    "refresh_folded": "refresh folded us",
+    "refresh_unfused": "refresh unfused us",
+}
+MARKDOWN_PDL = ("reuse", "reuse_unfused", "refresh", "refresh_unfused", "select")
+
+
+def _context(row: dict) -> str:
+    label = f"{row['context_len'] // K}K"
+    if row["capacity"] > row["context_len"] + row["num_query_tokens"]:
+        label += f" (cache {row['capacity'] // K}K)"
+    return label
+
+
+def _markdown(header: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(out + ["| " + " | ".join(cells) + " |" for cells in lines]) + "\n"
+
+
+def calls_markdown(rows: list[dict]) -> str:
+    """One row per case: the floor and the default, folded and unfused calls (us)."""
+    header = ["batch", "rows t", "context", "floor us", *MARKDOWN_CALLS.values()]
+    lines = [
+        [str(r["batch"]), str(r["num_query_tokens"]), _context(r), f"{r['floor_s'] * 1e6:.1f}"]
+        + [f"{r['times_s'][c] * 1e6:.1f}" for c in MARKDOWN_CALLS]
+        for r in rows
+    ]
+    return _markdown(header, lines)
+
+
+def pdl_markdown(rows: list[dict]) -> str:
+    """One row per case: each call of ``MARKDOWN_PDL`` without / with PDL (us)."""
+    header = ["batch", "rows t", "context", *(c.replace("_", " ") for c in MARKDOWN_PDL)]
+    lines = [
+        [str(r["batch"]), str(r["num_query_tokens"]), _context(r)]
+        + [
+            f"{r['times_s'][c] * 1e6:.1f} / {r['times_s'][c + '_pdl'] * 1e6:.1f}"
+            for c in MARKDOWN_PDL
+        ]
+        for r in rows
+    ]
+    return _markdown(header, lines)

@@ -21,7 +21,10 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
   ``scale-campaign-glm-large-h200.json``), one row per context and batch;
 - ``floors-h100``, ``floors-h200``: the sparse path's kernels against their floor target per op
   and batch, from a GPU's committed kernel rows (the "floor targets" of
-  ``python -m ssvkit.calibration.kernel_sweep --summary-only``), at the batches the page shows.
+  ``python -m ssvkit.calibration.kernel_sweep --summary-only``), at the batches the page shows;
+- ``nsa-stages``, ``nsa-stages-pdl``: whole NSA calls against their byte floor, and each call
+  without and with PDL (``validation/data/nsa-stages-h200.json``,
+  ``validation.nsa_stages_table``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.rows import load_rows
+from ssvkit.validation.nsa_stages_table import calls_markdown, pdl_markdown
 from ssvkit.validation.papers import markdown as papers_markdown
 from ssvkit.validation.papers import reproduce
 from ssvkit.validation.prompts import OFF_DISTRIBUTION
@@ -256,6 +260,10 @@ def _ratio(x: float) -> str:
     return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
 
+def _stage_rows() -> list[dict]:
+    return read_json(record_path("nsa-stages-h200.json"), "NSA stages")["rows"]
+
+
 def papers_block() -> str:
     """The seeds' figures beside ssvkit's (``ssvkit papers --markdown``'s output)."""
     return papers_markdown(reproduce())
@@ -278,6 +286,8 @@ BLOCKS = {
     ),
     "floors-h100": lambda: floor_targets_block("h100-sxm", (1, 16, 64)),
     "floors-h200": lambda: floor_targets_block("h200", (1, 4, 16)),
+    "nsa-stages": lambda: calls_markdown(_stage_rows()),
+    "nsa-stages-pdl": lambda: pdl_markdown(_stage_rows()),
 }
 
 

@@ -72,3 +72,30 @@ def test_stop_after_and_resume_go_on_where_the_run_stopped(monkeypatch, tmp_path
     printed = capsys.readouterr().out
     assert "fold saves" in printed and "b1 t16 128K" in printed
     assert "with PDL" in printed and "r_select" in printed
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_the_results_tables_put_each_call_in_its_column():
+    """The results page's blocks (``calls_markdown``, ``pdl_markdown``): every call's time in
+    its own column, a context run in a larger cache labelled so, PDL beside the default."""
+    rows = [
+        fake_case(1, 16, 32 * 1024, 128 * 1024 + 17, 4e12),
+        fake_case(16, 1, 64 * 1024, 0, 4e12),
+    ]
+    calls = nt.calls_markdown(rows).splitlines()
+    header, first = _cells(calls[0]), _cells(calls[2])
+    assert first[:4] == ["1", "16", "32K (cache 128K)", "5.0"]
+    assert _cells(calls[3])[:3] == ["16", "1", "64K"] and len(calls) == 4
+    times = {k: f"{v * 1e6:.1f}" for k, v in rows[0]["times_s"].items()}
+    assert len(set(times.values())) == len(times)  # distinct: a column swap would show
+    for name, label in nt.MARKDOWN_CALLS.items():
+        assert first[header.index(label)] == times[name]
+    pdl = nt.pdl_markdown(rows).splitlines()
+    header, first = _cells(pdl[0]), _cells(pdl[2])
+    for name in nt.MARKDOWN_PDL:
+        assert (
+            first[header.index(name.replace("_", " "))] == f"{times[name]} / {times[name + '_pdl']}"
+        )
