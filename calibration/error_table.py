@@ -1,5 +1,6 @@
 """Error summaries as table rows: the count and the median, p90 and max absolute percentage
-error of a ``calibration.fit.error_stats`` dict, as fixed-width text or a markdown row.
+error of a ``calibration.fit.error_stats`` dict, as fixed-width text or a markdown row; and
+the markdown table rows every generated table writes (``markdown_row``, ``markdown_header``).
 
 ``ssvkit validate`` and ``ssvkit report`` print these tables; the README's calibration
 summary and the end-to-end report write them in markdown. A summary without rows (``n`` 0 or
@@ -43,7 +44,17 @@ def ape_text_lines(
     return out
 
 
+def markdown_row(cells) -> str:
+    """``| a | b | ... |``: one markdown table row of ``cells`` (texts)."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown_header(names) -> list[str]:
+    """A markdown table's header row of ``names`` and its ``| --- |`` rule."""
+    names = list(names)
+    return [markdown_row(names), markdown_row("---" for _ in names)]
+
+
 def ape_markdown_row(name: str, stats: dict, *extra: str) -> str:
     """``| name | n | median | p90 | max |`` with any ``extra`` cells appended."""
-    cells = (name, str(stats.get("n", 0)), *ape_percents(stats), *extra)
-    return "| " + " | ".join(cells) + " |"
+    return markdown_row((name, str(stats.get("n", 0)), *ape_percents(stats), *extra))

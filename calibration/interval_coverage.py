@@ -19,6 +19,7 @@ import hashlib
 
 import numpy as np
 from scipy.stats import binomtest
+from ssvkit.calibration.error_table import markdown_header, markdown_row
 from ssvkit.calibration.intervals import residual_table
 from ssvkit.calibration.transfer_sets import LEAVE_ONE_OUT, committed_leave_one_out_rows
 from ssvkit.calibration.validate import ratio_pairs
@@ -142,26 +143,21 @@ def intervals_markdown(gpu: str, profile, annotated: list[dict]) -> str:
         f"Profile `{profile.profile_id}`, {100 * table.coverage:.0f}% intervals "
         "(`python -m ssvkit.calibration.intervals --gpu " + gpu + "` regenerates them):",
         "",
-        "| set | family | rows | low | median | high |",
-        "| --- | --- | --- | --- | --- | --- |",
+        *markdown_header(("set", "family", "rows", "low", "median", "high")),
     ]
     for name in SETS:
         fams = table.sets.get(name, {})
         for fam, r in sorted(fams.items(), key=lambda x: (x[0] == POOLED, x[0])):
             label = "all families" if fam == POOLED else f"`{fam}`"
-            lines.append(
-                f"| {name} | {label} | {r.n} | {_pct(r.low)} | {_pct(r.median)} | {_pct(r.high)} |"
-            )
+            cells = (name, label, str(r.n), _pct(r.low), _pct(r.median), _pct(r.high))
+            lines.append(markdown_row(cells))
     checks = heldout_coverage(annotated) + leave_one_out_coverage(gpu, annotated)
+    below = f"p (coverage < {100 * COVERAGE:.0f}%)"
     lines += [
         "",
-        "| intervals from | checked on | rows | inside | coverage | p (coverage < "
-        f"{100 * COVERAGE:.0f}%) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        *markdown_header(("intervals from", "checked on", "rows", "inside", "coverage", below)),
     ]
     for c in checks:
-        lines.append(
-            f"| {c['from']} | {c['checked_on']} | {c['n']} | {c['inside']} | "
-            f"{100 * c['coverage']:.1f}% | {c['p']:.2g} |"
-        )
+        cells = (c["from"], c["checked_on"], str(c["n"]), str(c["inside"]))
+        lines.append(markdown_row((*cells, f"{100 * c['coverage']:.1f}%", f"{c['p']:.2g}")))
     return "\n".join(lines) + "\n"

@@ -27,7 +27,7 @@ from collections import Counter
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.error_table import ape_markdown_row
+from ssvkit.calibration.error_table import ape_markdown_row, markdown_header
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
 from ssvkit.calibration.row_work import sparse_mode
 from ssvkit.calibration.validate import annotate
@@ -288,8 +288,9 @@ def set_markdown(key: str, s: dict) -> list[str]:
         f"**{key}**: {s['title']}; target {target_text(s['target'])}; "
         f"{met} of {len(s['classes'])} classes meet it.",
         "",
-        "| class | n | median APE | p90 APE | max APE | predicted by | target |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        *markdown_header(
+            ("class", "n", "median APE", "p90 APE", "max APE", "predicted by", "target")
+        ),
     ]
     for c, st in s["classes"].items():
         by = ", ".join(f"`{k}`" for k in st["from"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.error_table import ape_markdown_row
+from ssvkit.calibration.error_table import ape_markdown_row, markdown_header
 from ssvkit.calibration.features import depth, features, serial_steps, stage_counts, tile_rows
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, is_heldout, op_class
 from ssvkit.perfmodel.hardware import get_gpu
@@ -290,8 +290,7 @@ def summary_markdown(rep: dict, pid: str) -> str:
     lines = [
         f"Profile `{pid}` (`ssvkit validate --markdown`):",
         "",
-        "| rows | n | median APE | p90 APE | max APE |",
-        "| --- | --- | --- | --- | --- |",
+        *markdown_header(("rows", "n", "median APE", "p90 APE", "max APE")),
     ]
     for name, d in (("held-out op times", h), ("fitted op times", f), ("held-out ratios", rh)):
         lines.append(ape_markdown_row(name, d))

@@ -5,6 +5,8 @@ Times in microseconds."""
 
 from __future__ import annotations
 
+from ssvkit.calibration.error_table import markdown_header, markdown_row
+
 K = 1024
 
 COLUMNS = {
@@ -104,8 +106,7 @@ def _context(row: dict) -> str:
 
 
 def _markdown(header: list[str], lines: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(out + ["| " + " | ".join(cells) + " |" for cells in lines]) + "\n"
+    return "\n".join(markdown_header(header) + [markdown_row(cells) for cells in lines]) + "\n"
 
 
 def calls_markdown(rows: list[dict]) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ssvkit.calibration.error_table import markdown_header, markdown_row
 from ssvkit.validation.paper_figures import ANALYTIC, KINDS, SIMULATED, mean_length
 from ssvkit.validation.records import record_path
 
@@ -199,6 +200,18 @@ def text_table(rep: dict) -> str:
     return "\n".join(lines)
 
 
+PAPER_COLUMNS = (
+    "figure",
+    "paper",
+    "ssvkit",
+    "ratio",
+    "status",
+    "where",
+    "inferred settings",
+    "costs",
+)
+
+
 def markdown(rep: dict) -> str:
     """The docs page's table: per seed, each figure with its reference, settings and status."""
     out = []
@@ -206,19 +219,17 @@ def markdown(rep: dict) -> str:
         out += [
             f"### {seed}: {meta['title']}",
             "",
-            "| figure | paper | ssvkit | ratio | status | where | inferred settings | costs |",
-            "|---|---|---|---|---|---|---|---|",
+            *markdown_header(PAPER_COLUMNS),
         ]
         notes = []
         for r in (x for x in rep["figures"] if x["seed"] == seed):
             sv = r["ssvkit"]["value"] if r["ssvkit"] else None
             prov = r["ssvkit"]["provenance"] if r["ssvkit"] else "-"
             ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-            out.append(
-                f"| {r['what']} (`{r['id']}`) | {_fmt(r['paper']['value'], r['paper']['unit'])} "
-                f"| {_fmt(sv, r['paper']['unit'])} | {ratio} | {r['status']} | {r['ref']} "
-                f"| {_inferred(r)} | {prov.rpartition('costs:')[2]} |"
-            )
+            unit = r["paper"]["unit"]
+            cells = (f"{r['what']} (`{r['id']}`)", _fmt(r["paper"]["value"], unit), _fmt(sv, unit))
+            cells += (ratio, r["status"], r["ref"], _inferred(r), prov.rpartition("costs:")[2])
+            out.append(markdown_row(cells))
             if r["reason"]:
                 notes.append(f"- `{r['id']}` ({r['status']}): {r['reason']}.")
         out += ["", *notes, ""] if notes else [""]

@@ -33,6 +33,7 @@ import re
 from pathlib import Path
 
 from ssvkit.calibration.ceilings import PROFILES
+from ssvkit.calibration.error_table import markdown_header, markdown_row
 from ssvkit.calibration.interval_coverage import intervals_markdown
 from ssvkit.calibration.kernel_summary import summarise
 from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
@@ -104,6 +105,36 @@ def _strategy_names(doc: dict) -> dict[str, str]:
     return names
 
 
+REGIME_COLUMNS = (
+    "regime",
+    "context",
+    "strategies measured",
+    "Kendall tau",
+    "regret",
+    "measured pair s.e.",
+)
+ADAPTIVE_COLUMNS = (
+    "prompt set",
+    "offline best",
+    "its tokens/s",
+    "adaptive gain",
+    "90% interval",
+    "best fixed alternative",
+    "fastest per seed, in hindsight",
+)
+ADAPTIVE_PHASE_COLUMNS = (
+    "prompt set",
+    "offline best tokens/s",
+    "adaptive tokens/s",
+    "switches",
+    "adaptive gain",
+    "90% interval",
+    "best fixed strategy over the offline best",
+    "shadow us/round",
+    "verify us/round",
+)
+
+
 def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
     """One table row per prompt set: the offline best, the gain and its interval, the best
     fixed alternative and the hindsight bound."""
@@ -116,11 +147,9 @@ def _adaptive_rows(doc: dict, pl: dict) -> list[str]:
         alt = f"{_signed_pct(c['gain'])} ({c['describe'].split(' | ')[0]})" if c else "n/a"
         off = " (off distribution)" if k in OFF_DISTRIBUTION else ""
         best = v["offline_best"]
-        rows.append(
-            f"| {k}{off} | {names.get(best['id'], best['id'])} "
-            f"| {best['tokens_per_s']:.0f} | {_signed_pct(v['adaptive_gain'])} "
-            f"| {band} | {alt} | {_signed_pct(h['gain']) if h else 'n/a'} |"
-        )
+        hindsight = _signed_pct(h["gain"]) if h else "n/a"
+        cells = (f"{k}{off}", names.get(best["id"], best["id"]), f"{best['tokens_per_s']:.0f}")
+        rows.append(markdown_row((*cells, _signed_pct(v["adaptive_gain"]), band, alt, hindsight)))
     return rows
 
 
@@ -145,24 +174,19 @@ def planner_block(path: Path | None = None) -> str:
         f"{prov.get('device_name')}): the trained tiny pair, {_measured_runs(doc)} per "
         f"measured strategy, {doc['repeats']} seeds per prompt set.",
         "",
-        "| regime | context | strategies measured | Kendall tau | regret | measured pair s.e. |",
-        "|---|---|---|---|---|---|",
+        *markdown_header(REGIME_COLUMNS),
     ]
     for r, v in doc["regimes"].items():
         m = pl["measurement"].get(r)
         se = f"{100 * m['pair_ratio_se']:.1f}%" if m else "n/a"
-        lines.append(
-            f"| {r} | {v['context_len']} | {v['n']} | {pl['kendall_tau'][r]:.2f} | "
-            f"{100 * pl['regret'][r]:.1f}% | {se} |"
-        )
+        cells = (r, str(v["context_len"]), str(v["n"]), f"{pl['kendall_tau'][r]:.2f}")
+        lines.append(markdown_row((*cells, f"{100 * pl['regret'][r]:.1f}%", se)))
     a = doc["adaptive"]
     lines += [
         "",
         f"Adaptive at {a['context_len']} tokens ({a['regime']}), against the fixed offline best:",
         "",
-        "| prompt set | offline best | its tokens/s | adaptive gain | 90% interval "
-        "| best fixed alternative | fastest per seed, in hindsight |",
-        "|---|---|---|---|---|---|---|",
+        *markdown_header(ADAPTIVE_COLUMNS),
         *_adaptive_rows(doc, pl),
     ]
     met = pl["met"]
@@ -189,10 +213,7 @@ def adaptive_phase_block(path: Path) -> str:
         f"`{doc['from']}`: batch {doc['batch']}, {a['context_len']} tokens ({a['regime']}), "
         f"the n-gram shadow scoring {a['controller']['shadow_sequences']} sequences.",
         "",
-        "| prompt set | offline best tokens/s | adaptive tokens/s | switches | adaptive gain "
-        "| 90% interval | best fixed strategy over the offline best | shadow us/round "
-        "| verify us/round |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *markdown_header(ADAPTIVE_PHASE_COLUMNS),
     ]
     for k, v in a["prompt_sets"].items():
         m, run = set_resolution(v) or {}, v["adaptive"]
@@ -200,11 +221,10 @@ def adaptive_phase_block(path: Path) -> str:
         off = " (off distribution)" if k in OFF_DISTRIBUTION else ""
         o = v.get("oracle")
         ceiling = f"{_signed_pct(o['ceiling'])} ({o['describe'].split(' | ')[0]})" if o else "n/a"
-        lines.append(
-            f"| {k}{off} | {v['offline_best']['tokens_per_s']:.0f} | {run['tokens_per_s']:.0f} "
-            f"| {len(run['switches'])} | {_signed_pct(v['adaptive_gain'])} | {band} | {ceiling} "
-            f"| {run['steps_s']['shadow'] * 1e6:.0f} | {run['steps_s']['verify'] * 1e6:.0f} |"
-        )
+        tokens = (f"{v['offline_best']['tokens_per_s']:.0f}", f"{run['tokens_per_s']:.0f}")
+        gain = (str(len(run["switches"])), _signed_pct(v["adaptive_gain"]), band, ceiling)
+        steps = (f"{run['steps_s'][s] * 1e6:.0f}" for s in ("shadow", "verify"))
+        lines.append(markdown_row((f"{k}{off}", *tokens, *gain, *steps)))
     return "\n".join(lines) + "\n"
 
 
@@ -220,10 +240,7 @@ def campaign_table_block(path: Path) -> str:
             continue
         by_baseline = cells.setdefault((r["context_asked"], r["batch"]), {})
         by_baseline.setdefault(r["baseline"], {})[r["acceptance"]] = r["measured"]["tokens_per_s"]
-    lines = [
-        "| context | batch | " + " | ".join(baselines) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in baselines) + " |",
-    ]
+    lines = markdown_header(("context", "batch", *baselines))
     for (context, batch), row in sorted(cells.items()):
         values = [
             " / ".join(f"{v:.0f}" for _, v in sorted(row[b].items(), key=_acceptance_desc))
@@ -231,7 +248,7 @@ def campaign_table_block(path: Path) -> str:
             else "n/a"
             for b in baselines
         ]
-        lines.append(f"| {count_label(context)} | {batch} | " + " | ".join(values) + " |")
+        lines.append(markdown_row((count_label(context), str(batch), *values)))
     return "\n".join(lines) + "\n"
 
 
@@ -245,14 +262,13 @@ def floor_targets_block(gpu: str, batches: tuple[int, ...]) -> str:
     within the floor target, and their median and worst time over the floor
     (``calibration.kernel_summary``)."""
     targets = summarise(load_rows(PROFILES / gpu / "kernel_bench.jsonl"))["floor targets"]
-    lines = [
-        "| op | batch | rows | met | median x floor | worst x floor |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = markdown_header(("op", "batch", "rows", "met", "median x floor", "worst x floor"))
     for t in targets:
         if t["B"] in batches:
-            ratios = " | ".join(_ratio(t[k]) for k in ("median_x", "worst_x"))
-            lines.append(f"| {t['op']} | {t['B']} | {t['rows']} | {t['met']} | {ratios} |")
+            ratios = (_ratio(t[k]) for k in ("median_x", "worst_x"))
+            lines.append(
+                markdown_row((t["op"], str(t["B"]), str(t["rows"]), str(t["met"]), *ratios))
+            )
     return "\n".join(lines) + "\n"
 
 
