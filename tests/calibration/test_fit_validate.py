@@ -264,6 +264,8 @@ def test_validate_cli_and_readme_block(capsys):
     capsys.readouterr()
     assert rc == (0 if all(t["met"] for t in doc["targets"].values()) else 1)
     for doc in DOCUMENTS:
+        if doc.name == "papers.md":
+            continue  # tests/validation_layer/test_papers.py checks it on its own reproduction
         text = doc.read_text()
         assert render(text) == text, (
             f"{doc.name}'s generated blocks are stale: python -m ssvkit.validation.readme"

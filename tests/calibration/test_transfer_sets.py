@@ -22,7 +22,10 @@ def rows():
 
 
 def _sparse_and_dense(rows):
-    keep = ("dense_verify", "sparse_verify/union/")
+    """The graph rows of dense verification and of one union class: classes with rows at
+    several head geometries, group sizes and contexts (the other union classes add fits, not
+    cases)."""
+    keep = ("dense_verify", "sparse_verify/union/few_lists")
     return [r for r in rows if r["timing"] == "graph" and op_class(r).startswith(keep)]
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ssvkit.validation import readme
 from ssvkit.validation.papers import (
     SEEDS,
     STATUSES,
@@ -146,11 +147,13 @@ def test_bad_data_is_refused(tmp_path):
             load_papers(path)
 
 
-def test_docs_page_is_current(reproduced):
+def test_docs_page_is_current(reproduced, monkeypatch):
     report = reproduced
     page = ROOT / "docs" / "results" / "papers.md"
     text = page.read_text()
+    # The page's one block, filled from the fixture's reproduction (reproducing again would
+    # double the module's time).
+    monkeypatch.setitem(readme.BLOCKS, "papers", lambda: markdown(report))
     assert render(text) == text, (
         "docs/results/papers.md is stale: python -m ssvkit.validation.readme"
     )
-    assert markdown(report) in text
