@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from ssvkit.calibration.features import class_data
 from ssvkit.calibration.row_work import is_plan_priced
-from ssvkit.perfmodel.class_fit import ClassFit
+from ssvkit.perfmodel.class_fit import CallInputs, ClassFit
 from ssvkit.perfmodel.hardware import GpuSpec
 
 L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio r (``fit_class``)
@@ -103,35 +103,42 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     n_eff = 1 + 2 * k
     n_lat = n_eff + sum(flags)
 
+    # Where each optional latency sits in the parameter vector (None: not fitted).
+    at, slot = [], n_eff
+    for on in flags:
+        at.append(slot if on else None)
+        slot += on
+    i_h, i_depth, i_step, i_row, i_depth_row, i_depth_miss = at
+
     def unpack(x):
-        it = iter(x[n_eff:n_lat])
-        h, t_depth, t_step, t_row, t_depth_row, t_depth_miss = (
-            float(next(it)) if on else (None if i == 0 else 0.0) for i, on in enumerate(flags)
-        )
-        eb, ef = tuple(x[1 : 1 + k]), tuple(x[1 + k : 1 + 2 * k])
+        v = x.tolist()
+
+        def opt(i):
+            return 0.0 if i is None else v[i]
+
         return ClassFit(
             name,
-            float(x[0]),
+            v[0],
             bk,
-            eb,
+            tuple(v[1 : 1 + k]),
             fk,
-            ef,
-            h,
-            t_depth_s=t_depth,
-            t_step_s=t_step,
-            t_row_s=t_row,
-            t_stage_s=tuple(float(v) for v in x[n_lat : n_lat + n_stage]),
-            l2_ratio=float(x[n_lat + n_stage]) if has_l2 else 0.0,
-            t_depth_row_s=t_depth_row,
-            t_depth_miss_s=t_depth_miss,
+            tuple(v[1 + k : 1 + 2 * k]),
+            None if i_h is None else v[i_h],
+            t_depth_s=opt(i_depth),
+            t_step_s=opt(i_step),
+            t_row_s=opt(i_row),
+            t_stage_s=tuple(v[n_lat : n_lat + n_stage]),
+            l2_ratio=v[n_lat + n_stage] if has_l2 else 0.0,
+            t_depth_row_s=opt(i_depth_row),
+            t_depth_miss_s=opt(i_depth_miss),
             slot_plan=plan,
         )
 
+    calls = CallInputs.of(d.nbytes, d.flops, d.dedup, d.depth, d.steps, d.rows, d.stages)
+    log_seconds = np.log(d.seconds)
+
     def resid(x):
-        t = unpack(x).call_time_s(
-            d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows, d.stages
-        )
-        return np.log(t) - np.log(d.seconds)
+        return np.log(unpack(x).time_of(calls, bw, peak)) - log_seconds
 
     x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [FLOPS_EFF_STARTS[0]] * k
     lo = [0.0] + [0.01] * k + [0.01] * k

@@ -74,6 +74,55 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def _log_size(x) -> np.ndarray:
+    """log10 of a byte or FLOP count, at least 0: where the efficiency curves read it."""
+    return np.log10(np.maximum(np.asarray(x, dtype=float), 1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class CallInputs:
+    """The calls ``ClassFit.time_of`` prices, as float arrays, with what the model derives
+    from them alone (log sizes, the L2 share of the requested bytes): built once where the
+    same calls are priced under many parameters (a fit's residuals)."""
+
+    nbytes: np.ndarray
+    flops: np.ndarray
+    log_bytes: np.ndarray
+    log_flops: np.ndarray
+    dedup: np.ndarray | None  # distinct bytes, at most the requested ones
+    reread: np.ndarray | None  # requested bytes beyond the distinct ones
+    miss: np.ndarray | float  # distinct over requested bytes (1 without a dedup term)
+    depth: np.ndarray
+    steps: np.ndarray
+    rows: np.ndarray
+    stages: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(
+        cls, nbytes, flops, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
+    ) -> CallInputs:
+        nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
+        dedup = reread = None
+        miss = 1.0
+        if dedup_bytes is not None:
+            dedup = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
+            reread = nbytes - dedup
+            miss = dedup / np.maximum(nbytes, 1.0)
+        return cls(
+            nbytes,
+            flops,
+            _log_size(nbytes),
+            _log_size(flops),
+            dedup,
+            reread,
+            miss,
+            np.asarray(depth, dtype=float),
+            np.asarray(steps, dtype=float),
+            np.asarray(rows, dtype=float),
+            tuple(np.asarray(x, dtype=float) for x in stages),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ClassFit:
     """Fitted parameters of one op class."""
@@ -101,23 +150,16 @@ class ClassFit:
     # ``perfmodel.repair_work``): the step model prices such a class with its op's ``slot_plan``.
     slot_plan: bool = False
 
-    def efficiencies(self, nbytes, flops):
-        lb = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
-        lf = np.log10(np.maximum(np.asarray(flops, dtype=float), 1.0))
-        eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
-        ef = np.interp(lf, self.flops_knots, self.flops_eff)
-        return eb, ef
-
     def in_range(self, nbytes, flops, bw, peak):
         """True where the binding term of the model lies inside the measured range: bytes
         always (the fixed cost and memory term), FLOPs where the compute term binds."""
         nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
-        lb = np.log10(np.maximum(nbytes, 1.0))
-        lf = np.log10(np.maximum(flops, 1.0))
+        lb, lf = _log_size(nbytes), _log_size(flops)
         tol = 1e-9
         ok_b = (lb >= self.bytes_range[0] - tol) & (lb <= self.bytes_range[1] + tol)
         ok_f = (lf >= self.flops_range[0] - tol) & (lf <= self.flops_range[1] + tol)
-        eb, ef = self.efficiencies(nbytes, flops)
+        eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
+        ef = np.interp(lf, self.flops_knots, self.flops_eff)
         compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
         return ok_b & (ok_f | ~compute_bound)
 
@@ -128,28 +170,27 @@ class ClassFit:
         chain of ``depth``, followed by ``steps`` serial steps, over row tiles of ``rows``
         padded rows, with extra stages of ``stages`` counts (the model in the module
         docstring)."""
-        nbytes = np.asarray(nbytes, dtype=float)
-        eff_bytes, miss = nbytes, 1.0
-        if self.l2_miss is not None and dedup_bytes is not None:
-            g = np.minimum(np.asarray(dedup_bytes, dtype=float), nbytes)
-            eff_bytes = g + self.l2_miss * (nbytes - g)
-            miss = g / np.maximum(nbytes, 1.0)
+        return self.time_of(
+            CallInputs.of(nbytes, flops, dedup_bytes, depth, steps, rows, stages), bw, peak
+        )
+
+    def time_of(self, c: CallInputs, bw, peak):
+        """``call_time_s`` of calls already in ``CallInputs`` form."""
+        eff_bytes, miss = c.nbytes, 1.0
+        if self.l2_miss is not None and c.dedup is not None:
+            eff_bytes = c.dedup + self.l2_miss * c.reread
+            miss = c.miss
             if self.l2_ratio > 0:
-                eff_bytes = np.maximum(eff_bytes, nbytes / self.l2_ratio)
-        eb, ef = self.efficiencies(nbytes, flops)
-        fixed = (
-            self.t0_s
-            + self.t_step_s * np.asarray(steps, dtype=float)
-            + self.t_row_s * np.asarray(rows, dtype=float)
+                eff_bytes = np.maximum(eff_bytes, c.nbytes / self.l2_ratio)
+        eb = np.interp(c.log_bytes, self.bytes_knots, self.bytes_eff)
+        ef = np.interp(c.log_flops, self.flops_knots, self.flops_eff)
+        fixed = self.t0_s + self.t_step_s * c.steps + self.t_row_s * c.rows
+        for rate, count in zip(self.t_stage_s, c.stages, strict=False):
+            fixed = fixed + rate * count
+        chain = c.depth * (
+            self.t_depth_s + self.t_depth_row_s * c.rows + self.t_depth_miss_s * miss
         )
-        for rate, count in zip(self.t_stage_s, stages, strict=False):
-            fixed = fixed + rate * np.asarray(count, dtype=float)
-        chain = np.asarray(depth, dtype=float) * (
-            self.t_depth_s
-            + self.t_depth_row_s * np.asarray(rows, dtype=float)
-            + self.t_depth_miss_s * miss
-        )
-        roof = np.maximum(eff_bytes / (eb * bw), np.asarray(flops) / (ef * peak))
+        roof = np.maximum(eff_bytes / (eb * bw), c.flops / (ef * peak))
         return fixed + np.maximum(chain, roof)
 
     def to_json(self) -> dict:
