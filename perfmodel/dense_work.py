@@ -123,4 +123,5 @@ def dense_work_arrays(
             return None
         return dense_call_work(**kw, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes)
 
-    return at_distinct_points(shape, work, WORK_FIELDS, ceil=True)
+    key = ("dense_call_work", num_sms, smem_per_sm_bytes)
+    return at_distinct_points(shape, work, WORK_FIELDS, ceil=True, memo_key=key)

@@ -295,4 +295,5 @@ def nsa_work_arrays(
             smem_per_sm_bytes=smem_per_sm_bytes,
         )
 
-    return at_distinct_points(shape, work, WORK_FIELDS, floats=("overlap",))
+    key = ("nsa_call_work", fused, refresh, num_sms, smem_per_sm_bytes)
+    return at_distinct_points(shape, work, WORK_FIELDS, floats=("overlap",), memo_key=key)

@@ -231,4 +231,5 @@ def select_work_arrays(
             SelectShape(**kw), fused=fused, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes
         )
 
-    return at_distinct_points(shape, work, WORK_FIELDS)
+    key = ("select_call_work", fused, num_sms, smem_per_sm_bytes)
+    return at_distinct_points(shape, work, WORK_FIELDS, memo_key=key)

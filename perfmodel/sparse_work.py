@@ -305,4 +305,5 @@ def sparse_work_arrays(
         )
 
     floats = ("overlap", "list_blocks", "unique_blocks")
-    return at_distinct_points(shape, work, WORK_FIELDS, floats=floats)
+    key = ("sparse_call_work", mode, num_sms, smem_per_sm_bytes)
+    return at_distinct_points(shape, work, WORK_FIELDS, floats=floats, memo_key=key)
