@@ -107,7 +107,9 @@ def input_sets(
     gen = ki.generator(1 + ctx + bsz)
     rng = np.random.default_rng(ctx + bsz)
     q, k, v, lens, mask = ki.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
-    ck, cv, _ = nv.compress_kv(k, v, lens, comp_block=KW["comp_block"], comp_stride=16)
+    ck, cv, _ = nv.compress_kv(
+        k, v, lens, comp_block=KW["comp_block"], comp_stride=KW["comp_stride"]
+    )
     gates = torch.full((bsz, t, ki.NUM_Q_HEADS, 3), 1 / 3, device=ki.DEVICE)
     nb = [ctx // KW["block_size"]] * bsz
     out = []

@@ -13,13 +13,8 @@ from ssvkit.validation import nsa_stages_table as nt
 PRINTED = {*nt.COLUMNS, *nt.PDL_PAIRS, *(f"{n}_pdl" for n in nt.PDL_PAIRS)}
 
 
-def test_every_timed_call_of_the_benchmark_runs(monkeypatch):
-    monkeypatch.setattr(ki, "DEVICE", "cpu")
-    monkeypatch.setattr(ki, "DTYPE", torch.float32)  # the interpreter's bf16 dot is wrong
-    geometry = zip(("NUM_Q_HEADS", "NUM_KV_HEADS", "HEAD_DIM"), ki.GEOMETRIES["tiny"], strict=True)
-    for name, value in geometry:
-        monkeypatch.setattr(ki, name, value)
-    sets, plan, slots, rslots, unions, parts = ns.prepare(1, 4, 2048, 2052, num_sets=1)
+def test_every_timed_call_of_the_benchmark_runs(small_nsa):
+    sets, plan, slots, rslots, unions, parts = ns.prepare(1, 4, 512, 516, num_sets=1)
     calls = ns.calls(sets, plan, slots, rslots, unions, parts)
     assert {"reuse", "refresh", "stage_scores", "stage_topk", "stage_merge"} <= set(calls)
     assert PRINTED <= set(calls)

@@ -3,20 +3,9 @@ plans' calls as the benchmark makes them, so a call the check cannot make fails 
 than on the GPU machine."""
 
 import pytest
-import torch
-from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.kernels.nsa_verify import NsaVerifyConfig
 from ssvkit.validation import nsa_stages as ns
 from ssvkit.validation import nsa_tile_plans as ntp
-
-
-@pytest.fixture
-def tiny_inputs(monkeypatch):
-    monkeypatch.setattr(ki, "DEVICE", "cpu")
-    monkeypatch.setattr(ki, "DTYPE", torch.float32)  # the interpreter's bf16 dot is wrong
-    geometry = zip(("NUM_Q_HEADS", "NUM_KV_HEADS", "HEAD_DIM"), ki.GEOMETRIES["tiny"], strict=True)
-    for name, value in geometry:
-        monkeypatch.setattr(ki, name, value)
 
 
 @pytest.mark.parametrize(
@@ -24,12 +13,12 @@ def tiny_inputs(monkeypatch):
     [("tile_plan", 0), ("context_tiles", 1), ("paired", 4), ("score_map", 0)],
 )
 def test_the_check_passes_on_both_values_and_catches_a_wrong_output(
-    tiny_inputs, monkeypatch, knob, rows_per_tile
+    small_nsa, monkeypatch, knob, rows_per_tile
 ):
-    sets = ns.input_sets(1, 4, 2048, 2052, 1)
+    sets = ns.input_sets(1, 4, 512, 516, 1)
     field, values, _ = ntp.KNOBS[knob]
     configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{field: p}) for p in values}
-    label = f"b1 t4 2K r{rows_per_tile}"
+    label = f"b1 t4 512 r{rows_per_tile}"
     ntp.check(sets, configs, label)
     real = ntp._call
 
