@@ -3,8 +3,10 @@ draft rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row t
 slots), ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
 tiles or on one tile of all rows), as ``--knob paired``, ``context_tiles`` "shared" /
 "paired" (a reuse call's two forward steps on shared compressed tiles as two launches or one),
-or ``score_map`` "matrix" / "band" (how the refresh path's computed block scoring maps the
-compressed tokens onto the blocks; only refresh calls differ).
+``score_map`` "matrix" / "band" (how the refresh path's computed block scoring maps the
+compressed tokens onto the blocks; only refresh calls differ), or a forward program's launch
+knobs against their defaults: ``num_warps`` 4 / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32
+(keys a tile).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
@@ -60,6 +62,9 @@ KNOBS = {
     "context_tiles": ("context_tiles", ("per_tile", "shared"), (1, 4)),
     "paired": ("context_tiles", ("shared", "paired"), (1, 4)),
     "score_map": ("score_map", ("matrix", "band"), (0, 1, 4)),
+    "num_warps": ("num_warps", (4, 8), (0, 1, 4)),
+    "num_stages": ("num_stages", (3, 4), (0, 1, 4)),
+    "block_n": ("block_n", (64, 32), (0, 1, 4)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 # The calls a knob changes, where not all of them: only refresh calls score blocks.
@@ -154,14 +159,14 @@ def print_row(row: dict, knob: str = "tile_plan") -> None:
         for name in knob_calls(knob):
             a, b = (row["times_s"][f"r{r}_{p}_{name}"] * 1e6 for p in values)
             cells.append(f"{name} {a:7.1f}/{b:7.1f} us ({a / floor_us:4.1f}x/{b / floor_us:4.1f}x)")
-        pair = "/".join(values)
+        pair = "/".join(map(str, values))
         print(f"{head} r{r} floor {floor_us:6.1f} us  {pair}: " + "  ".join(cells), flush=True)
 
 
 def print_summary(rows: list[dict], knob: str = "tile_plan") -> None:
     """Per case and schedule: fused reuse and refresh time of each value over the floor."""
     field, values, schedules = KNOBS[knob]
-    pair = "/".join(values)
+    pair = "/".join(map(str, values))
     print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse {pair} (x floor)  refresh {pair}")
     for row in rows:
         case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"
