@@ -123,6 +123,19 @@ sys.meta_path.insert(0, _BarePackageRefusal())
 
 
 @pytest.fixture
+def tiny_cpu(monkeypatch):
+    """The kernel benchmarks' inputs (``calibration.kernel_inputs``) on the CPU interpreter, in
+    fp32 (its bf16 dot is wrong), at the tiny pair's attention geometry."""
+    from ssvkit.calibration import kernel_inputs as ki
+
+    monkeypatch.setattr(ki, "DEVICE", "cpu")
+    monkeypatch.setattr(ki, "DTYPE", torch.float32)
+    names = ("NUM_Q_HEADS", "NUM_KV_HEADS", "HEAD_DIM")
+    for name, value in zip(names, ki.GEOMETRIES["tiny"], strict=True):
+        monkeypatch.setattr(ki, name, value)
+
+
+@pytest.fixture
 def h200_without_a_profile(monkeypatch):
     """Price the H200 by transfer from the H100 SXM's profile: its own shipped profile is hidden
     (``tests/cli/test_h200_profile.py`` tests the H200 priced by its own profile)."""

@@ -32,16 +32,7 @@ class RecordingRunner:
         self.rows.append((op, params, fn(0).cpu()))
 
 
-def _tiny_cpu(monkeypatch):
-    monkeypatch.setattr(ki, "DEVICE", "cpu")
-    monkeypatch.setattr(ki, "DTYPE", torch.float32)  # the interpreter's bf16 dot is wrong
-    names = ("NUM_Q_HEADS", "NUM_KV_HEADS", "HEAD_DIM")
-    for name, value in zip(names, ki.GEOMETRIES["tiny"], strict=True):
-        monkeypatch.setattr(ki, name, value)
-
-
-def test_select_rows_time_one_and_two_launches_on_the_same_inputs(monkeypatch):
-    _tiny_cpu(monkeypatch)
+def test_select_rows_time_one_and_two_launches_on_the_same_inputs(tiny_cpu):
     runner = RecordingRunner()
     for method in ("mean", "quest"):
         assert ops.run_config(runner, kg.select_config(2048, 3, 1, 16, method), 0, sb)
@@ -52,18 +43,18 @@ def test_select_rows_time_one_and_two_launches_on_the_same_inputs(monkeypatch):
         assert got[method, "one_launch"].shape == (1, ki.NUM_KV_HEADS, 3, 16)
 
 
-def test_the_select_check_passes_on_the_interpreter(monkeypatch):
+def test_the_select_check_passes_on_the_interpreter(tiny_cpu, monkeypatch):
     """On one KV head of the tiny geometry's four-head groups: the check's pick runs a program
     per (sequence, KV head, draft row), and a second head would only repeat them."""
-    _tiny_cpu(monkeypatch)
     monkeypatch.setattr(ki, "NUM_Q_HEADS", ki.NUM_Q_HEADS // ki.NUM_KV_HEADS)
     monkeypatch.setattr(ki, "NUM_KV_HEADS", 1)
     checks.check_select(sb)
 
 
-def test_the_select_check_compares_the_one_launch_pick_with_the_two_launch_one(monkeypatch):
+def test_the_select_check_compares_the_one_launch_pick_with_the_two_launch_one(
+    tiny_cpu, monkeypatch
+):
     """A one-launch pick that differs from the two-launch pick fails the check: it runs both."""
-    _tiny_cpu(monkeypatch)
     monkeypatch.setattr(ki, "NUM_Q_HEADS", ki.NUM_Q_HEADS // ki.NUM_KV_HEADS)
     monkeypatch.setattr(ki, "NUM_KV_HEADS", 1)
     seen = []
