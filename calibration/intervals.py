@@ -1,7 +1,8 @@
 """The residual sets that a fitted profile's prediction intervals come from, computed from the
 committed rows and stored in the profile under ``intervals`` (read by ``perfmodel.intervals``).
 
-    python -m ssvkit.calibration.intervals --gpu h100-sxm   # profile.json's intervals, in place
+    python -m ssvkit.calibration.intervals --gpu h100-sxm           # the intervals, in place
+    python -m ssvkit.calibration.intervals --gpu h100-sxm --check   # exit 1 where they differ
 
 Per kernel family (``perfmodel.intervals.kernel_family``), the log residuals ln(measured /
 predicted) of rows that the predicting fit never saw:
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -129,10 +131,9 @@ def intervals_json(gpu: str, rows: list[dict], ceiling: dict, profile: dict, loo
     }
 
 
-def add_intervals(gpu: str, folder: Path | None = None) -> dict:
-    """Recompute the ``intervals`` of ``folder``'s ``profile.json`` (default: the committed
-    ``calibration/profiles/<gpu>/``) from its rows, leaving its fits as they are; written in
-    place. Returns the profile."""
+def _recomputed(gpu: str, folder: Path | None) -> tuple[Path, dict, dict]:
+    """``folder``'s ``profile.json`` (default: the committed ``calibration/profiles/<gpu>/``),
+    its document and its ``intervals`` recomputed from its rows, its fits as they are."""
     committed = folder is None
     folder = folder or ceilings.PROFILES / gpu
     path = folder / "profile.json"
@@ -147,15 +148,62 @@ def add_intervals(gpu: str, folder: Path | None = None) -> dict:
         "bf16_flops_per_s": profile["ceilings"]["gemm_flops_per_s"],
     }
     loo = committed_loo(gpu) if committed else None
-    profile["intervals"] = intervals_json(gpu, rows, ceiling, profile, loo)
+    return path, profile, intervals_json(gpu, rows, ceiling, profile, loo)
+
+
+def add_intervals(gpu: str, folder: Path | None = None) -> dict:
+    """Recompute the ``intervals`` of ``folder``'s ``profile.json`` (default: the committed
+    ``calibration/profiles/<gpu>/``) from its rows, leaving its fits as they are; written in
+    place. Returns the profile."""
+    path, profile, got = _recomputed(gpu, folder)
+    profile["intervals"] = got
     atomic_write(path, dumps(profile))
     return profile
+
+
+def differences(got: dict, want: dict, rel: float = 1e-9) -> list[str]:
+    """Where the ``intervals`` document ``got`` differs from ``want``: row counts, the other
+    GPUs, the sets and families present, and each residual figure beyond ``rel`` (a refit of
+    the leave-out sets under other numerical libraries moves figures in their last bits)."""
+    out = [
+        f"{k}: {got.get(k)!r}, stored {want.get(k)!r}"
+        for k in ("coverage", "rows", "cross_gpus")
+        if got.get(k) != want.get(k)
+    ]
+    for name in sorted(set(got["sets"]) | set(want["sets"])):
+        g, w = got["sets"].get(name, {}), want["sets"].get(name, {})
+        for fam in sorted(set(g) | set(w)):
+            if fam not in g or fam not in w:
+                out.append(f"{name}/{fam}: {'missing' if fam not in g else 'not stored'}")
+                continue
+            for key, stored in w[fam].items():
+                new = g[fam].get(key)
+                if new is None or abs(new - stored) > rel * abs(stored) + 1e-12:
+                    out.append(f"{name}/{fam} {key}: {new!r}, stored {stored!r}")
+    return out
+
+
+def check_intervals(gpu: str, folder: Path | None = None) -> list[str]:
+    """The differences between the stored ``intervals`` of ``folder``'s profile (default: the
+    committed one) and those its rows give now."""
+    _, profile, got = _recomputed(gpu, folder)
+    return differences(got, profile.get("intervals") or {"sets": {}})
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, help="registry GPU whose committed profile to update")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the stored intervals differ from those the rows give; write nothing",
+    )
     args = ap.parse_args(argv)
+    if args.check:
+        diffs = check_intervals(args.gpu)
+        for line in diffs:
+            print(f"{args.gpu} intervals: {line}", file=sys.stderr)
+        return 1 if diffs else 0
     profile = add_intervals(args.gpu)
     n = profile["intervals"]["rows"]
     print(

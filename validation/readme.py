@@ -2,6 +2,7 @@
 of record.
 
 python -m ssvkit.validation.readme          # rewrites the blocks between their markers in DOCUMENTS
+python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; nothing written
 
 - ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
 - ``transfer``: the calibration's transfer test sets (leave one head geometry, group size or
@@ -29,7 +30,9 @@ python -m ssvkit.validation.readme          # rewrites the blocks between their 
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from pathlib import Path
 
 from ssvkit.calibration.ceilings import PROFILES
@@ -38,7 +41,7 @@ from ssvkit.calibration.interval_coverage import intervals_markdown
 from ssvkit.calibration.kernel_summary import summarise
 from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
-from ssvkit.perfmodel.files import read_json
+from ssvkit.perfmodel.files import atomic_write, read_json
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.rows import load_rows
 from ssvkit.validation.nsa_stages_table import calls_markdown, pdl_markdown
@@ -314,6 +317,36 @@ def render(text: str) -> str:
     return text
 
 
+def stale_blocks(text: str) -> list[str]:
+    """The names of ``text``'s generated blocks whose content differs from what they render to
+    now (a block is filled only where its markers are)."""
+    return [
+        name
+        for name, fill in BLOCKS.items()
+        if _block(name).sub(lambda m, fill=fill: m.group(1) + fill() + m.group(2), text) != text
+    ]
+
+
+def main(argv=None, documents=DOCUMENTS) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a document's generated block is stale, naming it; write nothing",
+    )
+    args = ap.parse_args(argv)
+    if not args.check:
+        for doc in documents:
+            atomic_write(doc, render(doc.read_text()), "document")
+        return 0
+    stale = [(doc, name) for doc in documents for name in stale_blocks(doc.read_text())]
+    for doc, name in stale:
+        print(
+            f"{doc.name}: block {name!r} is stale: python -m ssvkit.validation.readme",
+            file=sys.stderr,
+        )
+    return 1 if stale else 0
+
+
 if __name__ == "__main__":
-    for doc in DOCUMENTS:
-        doc.write_text(render(doc.read_text()))
+    raise SystemExit(main())

@@ -5,8 +5,6 @@ import pytest
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.features import depth, serial_steps, stage_counts, tile_rows
 from ssvkit.calibration.fit import fit_profile, is_heldout, op_class
-from ssvkit.calibration.intervals import committed_loo, intervals_json
-from ssvkit.calibration.transfer_sets import TARGETS
 from ssvkit.calibration.validate import disagreements, fit_agreement, ratio_pairs, report
 from ssvkit.perfmodel.calibrated import CalibratedPredictor, make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
@@ -14,7 +12,6 @@ from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
-from ssvkit.validation.readme import DOCUMENTS, render
 
 from ssvkit.cli import main
 
@@ -256,77 +253,14 @@ def test_ratio_pairs_match_geometry_whatever_the_row_order():
         assert pairs == [0.25, 0.5]  # 0.5 / 2 and 2 / 4; never 0.5 / 4 or 2 / 2
 
 
-def test_validate_cli_and_readme_block(capsys):
-    assert main(["validate", "--json"]) == 0
+def test_validate_cli_json_and_check(capsys):
+    assert main(["validate", "--json", "--sets", "interp"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["overall"]["heldout"]["n"] > 100 and "dense_verify" in doc["classes"]
-    rc = main(["validate", "--check"])
+    assert doc["transfer"] == {}  # no transfer set chosen, none computed
+    rc = main(["validate", "--check", "--sets", "interp"])
     capsys.readouterr()
     assert rc == (0 if all(t["met"] for t in doc["targets"].values()) else 1)
-    for doc in DOCUMENTS:
-        if doc.name == "papers.md":
-            continue  # tests/validation_layer/test_papers.py checks it on its own reproduction
-        text = doc.read_text()
-        assert render(text) == text, (
-            f"{doc.name}'s generated blocks are stale: python -m ssvkit.validation.readme"
-        )
-
-
-# After the test above, whose leave-one-out sets of the committed rows the process keeps
-# (``transfer_sets.committed_leave_one_out_rows``): the intervals derive from the same sets.
-def test_the_committed_intervals_are_those_of_the_committed_rows():
-    """``python -m ssvkit.calibration.intervals --gpu h100-sxm`` regenerates them."""
-    doc = json.loads(PROFILE.read_text())
-    rows = ceilings.profile_rows("h100-sxm")
-    c = doc["ceilings"]
-    ceiling = {"hbm_bytes_per_s": c["copy_bytes_per_s"], "bf16_flops_per_s": c["gemm_flops_per_s"]}
-    got = intervals_json("h100-sxm", rows, ceiling, doc, committed_loo("h100-sxm"))
-    want = doc["intervals"]
-    assert got["rows"] == want["rows"] and got["cross_gpus"] == want["cross_gpus"] == ["h200"]
-    assert set(got["sets"]) == set(want["sets"])
-    for name, fams in want["sets"].items():
-        assert set(got["sets"][name]) == set(fams), name
-        for fam, r in fams.items():
-            assert got["sets"][name][fam] == pytest.approx(r, rel=1e-9, abs=1e-12), (name, fam)
-
-
-# The transfer sets through the CLI: in this module, beside the test that computes every set
-# of the committed rows, whose results the process keeps (``transfer_sets._committed_set``).
-def test_validate_prints_the_chosen_sets(capsys):
-    assert main(["validate", "--sets", "group"]) == 0
-    out = capsys.readouterr().out
-    assert "profile h100-sxm-" not in out  # the interpolation tables only when chosen
-    lines = out.splitlines()
-    assert lines[0] == "group: leave one group size out"
-    assert lines[1].startswith("target median APE <= 6%, p90 APE <= 15%: ")
-    # its own class refitted on the other group sizes: no other class named as the predictor
-    union = next(x for x in lines if x.startswith("sparse_verify/union/many_lists "))
-    assert union.split()[-1] in ("met", "MISSED")
-    assert main(["validate", "--sets", "interp,context"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("profile h100-sxm-") and "\ncontext: leave one context length" in out
-    assert main(["validate", "--sets", "heads"]) == 2
-    assert "unknown test set 'heads'" in capsys.readouterr().err
-
-
-def test_validate_json_carries_the_sets(capsys):
-    assert main(["validate", "--json", "--sets", "interp,context,gpu"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["overall"]["heldout"]["n"] > 100  # the interpolation report is unchanged
-    assert doc["transfer_targets"] == TARGETS
-    assert set(doc["transfer"]) == {"context", "h100-sxm->h200", "h200->h100-sxm"}
-    for key, s in doc["transfer"].items():
-        target = TARGETS["leave_one_out" if key == "context" else "cross_gpu"]
-        assert s["target"] == target
-        for stats in s["classes"].values():
-            assert stats["n"] > 0
-            met = stats["median_ape"] <= target["median_ape"] and stats["p90_ape"] <= 0.15
-            assert stats["met"] == met
-        assert s["met"] == all(c["met"] for c in s["classes"].values())
-    # every H100 class the H200 rows fit is scored; the others are listed, not scored
-    back = doc["transfer"]["h200->h100-sxm"]
-    assert {"gemm", "dense_verify", "sparse_verify/union/few_lists"} <= set(back["classes"])
-    assert back["unpredicted"] and not set(back["unpredicted"]) & set(back["classes"])
 
 
 def test_validate_plots(tmp_path, capsys):

@@ -1,9 +1,13 @@
 """The residual sets of the committed profile (``calibration.intervals``) hold their stated
-coverage on held-out rows they were not derived from (``test_fit_validate.py`` checks that they
-are those of the committed rows)."""
+coverage on held-out rows they were not derived from (``python -m ssvkit.calibration.intervals
+--check`` in CI checks that they are those of the committed rows)."""
+
+import copy
+import json
 
 import numpy as np
 import pytest
+from ssvkit.calibration import ceilings
 from ssvkit.calibration.interval_coverage import (
     coverage_check,
     half,
@@ -11,6 +15,7 @@ from ssvkit.calibration.interval_coverage import (
     row_coverage,
     source_of,
 )
+from ssvkit.calibration.intervals import differences
 from ssvkit.calibration.validate import committed_report
 from ssvkit.perfmodel.intervals import COVERAGE
 
@@ -51,3 +56,24 @@ def test_halves_split_the_heldout_rows_apart_from_the_heldout_rule(annotated):
     assert 0.4 < sides.mean() < 0.6
     fit = np.array([half(r) for r in annotated if r["split"] == "fit"])
     assert 0.4 < fit.mean() < 0.6  # not the held-out rule's bits
+
+
+def test_interval_differences_name_what_moved():
+    """``python -m ssvkit.calibration.intervals --check`` compares recomputed intervals with
+    the stored ones by ``differences``: equal documents pass, a figure moved beyond the
+    tolerance, a missing family and other row counts are each named."""
+    stored = json.loads((ceilings.PROFILES / "h100-sxm" / "profile.json").read_text())
+    want = stored["intervals"]
+    assert differences(copy.deepcopy(want), want) == []
+    got = copy.deepcopy(want)
+    fam = next(f for f in got["sets"]["heldout"] if f != "*")
+    got["sets"]["heldout"][fam]["high"] *= 1 + 1e-12  # a refit's last bits
+    assert differences(got, want) == []
+    got["sets"]["heldout"][fam]["high"] *= 1 + 1e-6
+    got["rows"] = {**got["rows"], "heldout": got["rows"]["heldout"] + 1}
+    del got["sets"]["cross_gpu"]["*"]
+    diffs = differences(got, want)
+    assert any(d.startswith(f"heldout/{fam} high: ") for d in diffs)
+    assert "cross_gpu/*: missing" in diffs
+    assert any(d.startswith("rows: ") for d in diffs)
+    assert len(diffs) == 3

@@ -1,0 +1,93 @@
+"""``ssvkit validate --sets``: the transfer sets it prints and carries in ``--json``, computed
+on a profiles folder of a few kernel classes (the committed rows of dense verification, the
+GEMMs, the KV writes, one union sparse verification class and the ceilings' ops, of both GPUs),
+so that the sets' refits take seconds. ``ssvkit validate --check`` in CI computes every set of
+the committed rows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from ssvkit.calibration import ceilings, physical_sets, transfer_sets
+from ssvkit.calibration.fit import op_class
+from ssvkit.calibration.transfer_sets import TARGETS
+from ssvkit.perfmodel import hardware
+from ssvkit.perfmodel.profiles import shipped_profile
+from ssvkit.perfmodel.rows import load_rows
+
+from ssvkit.cli import main
+
+KEPT_OPS = {"gemm", "dense_verify", "device_copy", "empty_triton_kernel", "kv_write"}
+UNION = "sparse_verify/union/few_lists"
+
+
+def _kept(row: dict) -> bool:
+    return row["op"] in KEPT_OPS or (row["op"] == "sparse_verify" and op_class(row) == UNION)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The committed profiles folder with each GPU's rows cut to the kept families (the rows
+    are the committed ones, seals intact)."""
+    base = tmp_path_factory.mktemp("profiles")
+    for gpu in ("h100-sxm", "h200"):
+        shutil.copytree(ceilings.PROFILES / gpu, base / gpu)
+        for path in (base / gpu).glob("*.jsonl"):
+            kept = [r for r in load_rows(path) if _kept(r)]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return base
+
+
+def _clear() -> None:
+    shipped_profile.cache_clear()
+    for cached in (transfer_sets._committed, transfer_sets._committed_set, physical_sets.committed):
+        cached.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def profiles(root):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hardware, "profiles_dir", lambda: root)
+        mp.setattr(ceilings, "PROFILES", root)
+        _clear()
+        yield root
+        _clear()
+
+
+def test_validate_prints_the_chosen_sets(profiles, capsys):
+    assert main(["validate", "--sets", "group"]) == 0
+    out = capsys.readouterr().out
+    assert "profile h100-sxm-" not in out  # the interpolation tables only when chosen
+    lines = out.splitlines()
+    assert lines[0] == "group: leave one group size out"
+    assert lines[1].startswith("target median APE <= 6%, p90 APE <= 15%: ")
+    # its own class refitted on the other group sizes: no other class named as the predictor
+    union = next(x for x in lines if x.startswith(UNION + " "))
+    assert union.split()[-1] in ("met", "MISSED")
+    assert main(["validate", "--sets", "interp,context"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("profile h100-sxm-") and "\ncontext: leave one context length" in out
+    assert main(["validate", "--sets", "heads"]) == 2
+    assert "unknown test set 'heads'" in capsys.readouterr().err
+
+
+def test_validate_json_carries_the_sets(profiles, capsys):
+    assert main(["validate", "--json", "--sets", "interp,context,gpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["overall"]["heldout"]["n"] > 10  # the interpolation report is unchanged
+    assert doc["transfer_targets"] == TARGETS
+    assert set(doc["transfer"]) == {"context", "h100-sxm->h200", "h200->h100-sxm"}
+    for key, s in doc["transfer"].items():
+        target = TARGETS["leave_one_out" if key == "context" else "cross_gpu"]
+        assert s["target"] == target
+        for stats in s["classes"].values():
+            assert stats["n"] > 0
+            met = stats["median_ape"] <= target["median_ape"] and stats["p90_ape"] <= 0.15
+            assert stats["met"] == met
+        assert s["met"] == all(c["met"] for c in s["classes"].values())
+    # every H100 class the H200 rows fit is scored; the others are listed, not scored
+    back = doc["transfer"]["h200->h100-sxm"]
+    assert {"gemm", "dense_verify", UNION} <= set(back["classes"])
+    assert back["unpredicted"] and not set(back["unpredicted"]) & set(back["classes"])
