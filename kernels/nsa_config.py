@@ -124,6 +124,16 @@ class NsaVerifyConfig:
         },
     )
 
+    branch_streams: bool = field(
+        default=False,
+        metadata={
+            "help": "the unfused baseline (nsa_verify_unfused) runs its branches side by side "
+            "on streams of their own (kernels.branch_streams): the window branch beside the "
+            "compressed branch and the selection, the compressed branch's merge beside the "
+            "selected branch; the same output"
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_j"):
             v = getattr(self, name)

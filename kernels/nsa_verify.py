@@ -70,7 +70,8 @@ bit for bit. It is off by default; ``validation.nsa_stages`` times both (``*_pdl
 
 :func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
 kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge, folded
-as configured) and gated in one more launch.
+as configured) and gated in one more launch; ``NsaVerifyConfig(branch_streams=True)`` runs the
+branches that do not wait on one another side by side on streams of their own.
 
 Example::
 
@@ -84,6 +85,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from ssvkit.kernels.branch_streams import Branches
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.group_plan import GroupPlan
 from ssvkit.kernels.nsa_checks import check_tensors, check_values
@@ -329,7 +331,10 @@ def nsa_verify_unfused(
     normalised output ``o_x`` to HBM (the selected branch streams the same union as the fused
     path); one more launch gates them, ``g_c * o_c + g_s * o_s + g_w * o_w``. The refresh
     path's selection is the one :func:`nsa_verify` uses, and its compressed states (which the
-    selection needs) are the compressed branch's: that branch is not computed twice.
+    selection needs) are the compressed branch's: that branch is not computed twice. With
+    ``config.branch_streams`` the branches that do not wait on one another run side by side
+    (``kernels.branch_streams``): the window branch throughout, the compressed branch (on a
+    refresh call, its merge after the selection) beside the selected one.
     """
     config = config or DEFAULT_CONFIG
     kw = dict(
@@ -347,28 +352,30 @@ def nsa_verify_unfused(
     # The compressed branch on row tiles of its own under context_tiles "shared".
     comp_plan = context_plan(plan, q, k_cache, comp_k, config, **kw) or plan
     outs = torch.empty((3, *q.shape), dtype=q.dtype, device=q.device)
+    branches = Branches(q.device, config.branch_streams)
     chain = LaunchChain(plan.pdl)
-    refreshed = None
+
+    def side_chain() -> LaunchChain:
+        """A forked chain's launches: a chain of their own on a side stream (its first launch
+        follows work it knows nothing about), else the call's."""
+        return LaunchChain(plan.pdl) if branches.main is not None else chain
+
+    # The window branch reads nothing another branch writes: it runs beside them throughout.
+    with branches.fork(0):
+        _unfused_branch(plan, args, outs[2], WINDOW, None, config, side_chain())
     if block_idx is None:  # the selection's compressed states are the compressed branch's
-        slots = plan_slots(comp_plan, q.device, config, (True, False, False))
-        refreshed = (alloc_partials(comp_plan, slots[0], q.device), slots)
-        block_idx = refresh_indices(comp_plan, args, *refreshed, chain)
-    for x, branches in enumerate(
-        ((True, False, False), (False, True, False), (False, False, True))
-    ):
-        branch_plan = comp_plan if x == 0 else plan
-        if x == 0 and refreshed is not None:
-            part, slots = refreshed
+        slots = plan_slots(comp_plan, q.device, config, COMPRESSED)
+        part = alloc_partials(comp_plan, slots[0], q.device)
+        block_idx = refresh_indices(comp_plan, args, part, slots, chain)
+        with branches.fork(1):
             launch_merge(
-                branch_plan, args, None, part, outs[x], slots, apply_gates=False, chain=chain
+                comp_plan, args, None, part, outs[0], slots, apply_gates=False, chain=side_chain()
             )
-            continue
-        slots = plan_slots(branch_plan, q.device, config, branches)
-        part = alloc_partials(branch_plan, sum(slots), q.device)
-        union = union_for(plan, block_idx, None, chain) if branches[1] else None
-        forward_and_merge(
-            branch_plan, args, union, part, outs[x], slots, apply_gates=False, chain=chain
-        )
+    else:
+        with branches.fork(1):
+            _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, config, side_chain())
+    _unfused_branch(plan, args, outs[1], SELECTED, block_idx, config, chain)
+    branches.join()
     o = torch.empty_like(q)
     rows = o.numel() // plan.head_dim
     block_r = max(1, min(64, 4096 // plan.head_dim))
@@ -376,3 +383,17 @@ def nsa_verify_unfused(
         outs, gates, o, rows, HEAD_DIM=plan.head_dim, BLOCK_R=block_r, num_warps=4
     )
     return o, block_idx
+
+
+# The branches of one launch of the unfused baseline (compressed, selected, window).
+COMPRESSED, SELECTED, WINDOW = (True, False, False), (False, True, False), (False, False, True)
+
+
+def _unfused_branch(plan, args, out, branches, block_idx, config, chain) -> None:
+    """One branch of :func:`nsa_verify_unfused`: its forward, sized to fill the SMs on its
+    own, and its merge into ``out``, ungated."""
+    device = args[0].device
+    slots = plan_slots(plan, device, config, branches)
+    part = alloc_partials(plan, sum(slots), device)
+    union = union_for(plan, block_idx, None, chain) if branches[1] else None
+    forward_and_merge(plan, args, union, part, out, slots, apply_gates=False, chain=chain)

@@ -8,6 +8,8 @@ if a wrapper synchronises with the host).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import ssvkit.kernels.nsa_launch as nl
@@ -73,11 +75,10 @@ def test_reuse_fused_split_and_unfused_match_reference(shape):
     assert_close(o_unfused, ro, dtype, "o")
     assert_close(o, o_unfused, dtype, "o")
     if dtype == torch.float16:  # the unfused baseline split (one merge per branch), once
-        # on the CPU: four row tiles of 16 rows
+        # on the CPU: four row tiles of 16 rows; its branch streams are the caller's there
+        config = dataclasses.replace(SPLIT_CONFIG, branch_streams=True)
         with poisoned_allocations():
-            o_unfused_split, _ = nsa_verify_unfused(
-                *args, block_idx=idx, config=SPLIT_CONFIG, **NSA_KW
-            )
+            o_unfused_split, _ = nsa_verify_unfused(*args, block_idx=idx, config=config, **NSA_KW)
         assert_close(o_unfused_split, ro, dtype, "o")
 
 
@@ -436,6 +437,33 @@ def test_gpu_cuda_graph_capture(refresh):
     graph.replay()
     torch.cuda.synchronize()
     o_eager, _ = nsa_verify(*args, **kw)
+    torch.testing.assert_close(o_graph, o_eager, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_unfused_branch_streams_give_the_one_stream_result(refresh, pdl):
+    """The unfused baseline's branches side by side (``branch_streams``) give what one stream
+    gives, bit for bit, eagerly and from a captured graph whose inputs change after capture."""
+    args = make_gpu_inputs([5000, 700, 2900], 8, seed=11)
+    _, idx = nsa_verify(*args, **GPU_KW)
+    kw = dict(GPU_KW, block_idx=None if refresh else idx, validate=False)
+    one = NsaVerifyConfig(pdl=pdl)
+    side = NsaVerifyConfig(pdl=pdl, branch_streams=True)
+    with poisoned_allocations():
+        o_one, idx_one = nsa_verify_unfused(*args, config=one, **kw)
+        o_side, idx_side = nsa_verify_unfused(*args, config=side, **kw)
+    torch.testing.assert_close(o_side, o_one, atol=0, rtol=0)
+    assert torch.equal(idx_side, idx_one)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, _ = nsa_verify_unfused(*args, config=side, **kw)
+    args[0].copy_(torch.randn_like(args[0]))
+    graph.replay()
+    torch.cuda.synchronize()
+    o_eager, _ = nsa_verify_unfused(*args, config=one, **kw)
     torch.testing.assert_close(o_graph, o_eager, atol=0, rtol=0)
 
 
