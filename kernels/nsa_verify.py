@@ -70,8 +70,8 @@ bit for bit. It is off by default; ``validation.nsa_stages`` times both (``*_pdl
 
 :func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
 kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge, folded
-as configured) and gated in one more launch; ``NsaVerifyConfig(branch_streams=True)`` runs the
-branches that do not wait on one another side by side on streams of their own.
+as configured) and gated in one more launch; the branches that do not wait on one another run
+side by side on streams of their own (``NsaVerifyConfig.branch_streams``, the default).
 
 Example::
 

@@ -6,7 +6,9 @@ tiles or on one tile of all rows), as ``--knob paired``, ``context_tiles`` "shar
 ``score_map`` "matrix" / "band" (how the refresh path's computed block scoring maps the
 compressed tokens onto the blocks; only refresh calls differ), or a forward program's launch
 knobs against their defaults: ``num_warps`` 4 / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32
-(keys a tile).
+(keys a tile); or how a call's launches run: ``branch_streams`` off / on (the unfused
+baseline's branches on one stream or side by side; only unfused calls differ), ``pdl`` off / on
+(each launch of a call after its first a programmatic dependent of the one before).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
@@ -65,10 +67,16 @@ KNOBS = {
     "num_warps": ("num_warps", (4, 8), (0, 1, 4)),
     "num_stages": ("num_stages", (3, 4), (0, 1, 4)),
     "block_n": ("block_n", (64, 32), (0, 1, 4)),
+    "branch_streams": ("branch_streams", (False, True), (0, 1, 4)),
+    "pdl": ("pdl", (False, True), (0, 1, 4)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
-# The calls a knob changes, where not all of them: only refresh calls score blocks.
-KNOB_CALLS = {"score_map": ("refresh", "refresh_unfused")}
+# The calls a knob changes, where not all of them: only refresh calls score blocks, and only
+# the unfused baseline has branches to run side by side.
+KNOB_CALLS = {
+    "score_map": ("refresh", "refresh_unfused"),
+    "branch_streams": ("reuse_unfused", "refresh_unfused"),
+}
 
 
 def knob_calls(knob: str) -> tuple[str, ...]:
@@ -164,14 +172,17 @@ def print_row(row: dict, knob: str = "tile_plan") -> None:
 
 
 def print_summary(rows: list[dict], knob: str = "tile_plan") -> None:
-    """Per case and schedule: fused reuse and refresh time of each value over the floor."""
+    """Per case and schedule: the reuse and refresh time of each value over the floor, of the
+    fused calls (the unfused ones where the knob times only those)."""
     field, values, schedules = KNOBS[knob]
+    timed = knob_calls(knob)
+    reuse, refresh = (next((n for n in timed if n.startswith(k)), k) for k in ("reuse", "refresh"))
     pair = "/".join(map(str, values))
-    print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  reuse {pair} (x floor)  refresh {pair}")
+    print(f"\n{'case':>14s} {'r':>2s} {'floor':>7s}  {reuse} {pair} (x floor)  {refresh} {pair}")
     for row in rows:
         case = f"b{row['batch']} t{row['num_query_tokens']} {row['context_len'] // 1024}K"
         for r in schedules:
-            ts = [_over_floor(row, f"r{r}_{p}_{n}") for n in ("reuse", "refresh") for p in values]
+            ts = [_over_floor(row, f"r{r}_{p}_{n}") for n in (reuse, refresh) for p in values]
             print(f"{case:>14s} {r:>2d} {row['floor_s'] * 1e6:7.1f}  {ts[0]} / {ts[1]}"
                   f"               {ts[2]} / {ts[3]}")  # fmt: skip
 
@@ -230,7 +241,7 @@ def main(argv=None) -> int:
     cache = None
     if args.resume:
         prov = {k: v for k, v in tm.provenance().items() if k != "timestamp"}
-        settings = dict(kwargs=KW, plans=list(values), timing=str(TIMING), **prov)
+        settings = dict(knob=args.knob, kwargs=KW, plans=list(values), timing=str(TIMING), **prov)
         try:
             cache = RunCache(args.resume, settings)
         except ValueError as e:

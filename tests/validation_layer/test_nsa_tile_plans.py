@@ -60,3 +60,18 @@ def test_the_tables_print_a_knob_that_times_the_refresh_calls_only(capsys):
     out = capsys.readouterr().out
     assert "reuse" not in out.splitlines()[0] and "refresh    20.0/   10.0 us" in out
     assert "    - /     -" in out and "  2.0 /   1.0" in out
+
+
+def test_the_summary_of_a_knob_of_the_unfused_calls_shows_those_calls(capsys):
+    assert ntp.knob_calls("branch_streams") == ("reuse_unfused", "refresh_unfused")
+    times = {
+        f"r{r}_{p}_{n}": 3e-5 if p is False else 2e-5
+        for r in (0, 1, 4)
+        for p in (False, True)
+        for n in ntp.knob_calls("branch_streams")
+    }
+    row = dict(batch=1, num_query_tokens=1, context_len=131072, floor_s=1e-5, times_s=times)
+    ntp.print_summary([row], "branch_streams")
+    head, *lines = capsys.readouterr().out.strip().splitlines()
+    assert "reuse_unfused False/True" in head and "refresh_unfused False/True" in head
+    assert len(lines) == 3 and all("  3.0 /   2.0" in x and "-" not in x for x in lines)
