@@ -130,8 +130,8 @@ class NsaVerifyConfig:
             "help": "the unfused baseline (nsa_verify_unfused) runs its branches side by side "
             "on streams of their own (kernels.branch_streams): the window branch beside the "
             "compressed branch and the selection, the compressed branch's merge beside the "
-            "selected branch; the same output; unfused calls on the H200 0.58-1.04x the "
-            "time of one stream, validation/data/nsa-branch-streams-h200.json"
+            "selected branch; the same output; on the H200 reuse calls 0.55-1.12x the time "
+            "of one stream, refresh calls 0.84-1.01x (validation/data/nsa-branch-streams-h200.json)"
         },
     )
 
