@@ -25,7 +25,9 @@ python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; no
   ``python -m ssvkit.calibration.kernel_sweep --summary-only``), at the batches the page shows;
 - ``nsa-stages``, ``nsa-stages-pdl``: whole NSA calls against their byte floor, and each call
   without and with PDL (``validation/data/nsa-stages-h200.json``,
-  ``validation.nsa_stages_table``).
+  ``validation.nsa_stages_table``);
+- ``engine-verify``: the engine's verify step against its ops and its floor
+  (``validation/data/engine-verify-h200.json``, ``validation.engine_verify_table``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.files import atomic_write, read_json
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.rows import load_rows
+from ssvkit.validation.engine_verify_table import verify_markdown
 from ssvkit.validation.nsa_stages_table import calls_markdown, pdl_markdown
 from ssvkit.validation.papers import markdown as papers_markdown
 from ssvkit.validation.papers import reproduce
@@ -307,6 +310,9 @@ BLOCKS = {
     "floors-h200": lambda: floor_targets_block("h200", (1, 4, 16)),
     "nsa-stages": lambda: calls_markdown(_stage_rows()),
     "nsa-stages-pdl": lambda: pdl_markdown(_stage_rows()),
+    "engine-verify": lambda: verify_markdown(
+        read_json(record_path("engine-verify-h200.json"), "engine verify")
+    ),
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 from ssvkit.validation import engine_verify, scale_campaign, scale_verify
 from ssvkit.validation.decode_figures import step_prediction
 from ssvkit.validation.engine_ops import OP_GROUPS
+from ssvkit.validation.engine_verify_table import verify_markdown
 from ssvkit.validation.full_batch import row_figures
 from ssvkit.validation.records import measured_strategy
 
@@ -144,3 +145,18 @@ def test_the_tiny_pair_campaign_path_runs_as_before(campaign, tmp_path):
     assert row["campaign_verify_s"] == 2e-3 and row["graph_s"] > 0
     assert row["t"] == len(measured_strategy(run).parents(0.8)) + 1
     assert {"qkv_proj", "attention", "lm_head"} <= set(row["ops"])
+
+
+def test_the_results_table_sums_each_attention_op_over_its_layers():
+    def op(us, count):
+        return {"median_s": us * 1e-6, "count": count}
+
+    row = dict(
+        strategy="ssv", context=131072, t=16, graph_s=6.2e-3, graph_over_ops_sum=1.04,
+        graph_over_floor=1.63, predicted_verify_s=6.1e-3,
+        ops={"qkv_proj": op(16.0, 32), "attention": op(72.0, 8), "attention_reuse": op(44.0, 24)},
+    )  # fmt: skip
+    lines = verify_markdown({"rows": [row]}).splitlines()
+    assert lines[0].startswith("| strategy | context | t | graph ms |") and len(lines) == 3
+    # 8 refresh layers at 72 us and 24 reuse layers at 44 us: 1.632 ms; qkv_proj is not attention
+    assert lines[2] == "| ssv | 128K | 16 | 6.20 | 1.04 | 1.63 | 1.63 | 6.10 |"
