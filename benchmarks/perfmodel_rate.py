@@ -9,7 +9,6 @@ construction is timed separately). Prints the rate; the target is >= 100,000 poi
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import time
@@ -17,6 +16,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target is stated per core
 
 import numpy as np  # noqa: E402
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.calibrated import make_predictor  # noqa: E402
 from ssvkit.perfmodel.hardware import get_gpu  # noqa: E402
 from ssvkit.perfmodel.models import get_model  # noqa: E402
@@ -48,7 +48,7 @@ def strategy_grid() -> list[Strategy]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()

@@ -10,11 +10,11 @@ reference.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target is stated per core
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.strategy import parse_tree, tree_expected_tokens  # noqa: E402
 from ssvkit.sim.config import SimConfig, default_strategy  # noqa: E402
 from ssvkit.sim.scenarios import simulate  # noqa: E402
@@ -23,7 +23,7 @@ TARGET = 20_000
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=100_000)
     ap.add_argument(
         "--scenarios",

@@ -12,11 +12,11 @@ to a temporary folder. Prints points/s for evaluation alone and end to end; the 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.sweep.grid import spec_from_doc
 from ssvkit.sweep.runner import run_sweep
@@ -34,7 +34,7 @@ GRID = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=None, help="local processes (default: cores)")
     ap.add_argument("--format", choices=("csv", "parquet"), default="csv")
     ap.add_argument("--repeat", type=int, default=3)

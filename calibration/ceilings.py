@@ -13,11 +13,11 @@ edited: ``tests/calibration`` regenerates it from the rows and compares.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.rows import load_rows
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
@@ -68,7 +68,7 @@ def derive(gpu: str, rows: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100-sxm")
     args = ap.parse_args(argv)
     overlay = derive(args.gpu, profile_rows(args.gpu))

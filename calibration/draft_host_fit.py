@@ -19,7 +19,6 @@ coefficients.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gzip
 import json
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.draft_host import DRAFT_HOST_TERMS, draft_host_features, draft_host_s
 from ssvkit.perfmodel.files import atomic_write
@@ -205,7 +205,7 @@ def run(data: Path, gpu: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="h200", help="the GPU whose committed runs are read")
     p.add_argument("--data", default="validation/data", help="folder of the committed runs")
     p.add_argument("--out", default=None, help="write the coefficients and errors here (JSON)")

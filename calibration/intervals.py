@@ -26,7 +26,6 @@ land on another optimum of equal error (``calibration.validate.fit_agreement``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -44,6 +43,7 @@ from ssvkit.calibration.transfer_sets import (
     predict,
 )
 from ssvkit.calibration.validate import annotate
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.intervals import (
     COVERAGE,
@@ -191,7 +191,7 @@ def check_intervals(gpu: str, folder: Path | None = None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, help="registry GPU whose committed profile to update")
     ap.add_argument(
         "--check",

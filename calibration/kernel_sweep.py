@@ -30,7 +30,6 @@ a bad option, ``STOPPED_AT_BUDGET`` (3) when the budget left configs out (run it
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import json
@@ -69,6 +68,7 @@ from ssvkit.calibration.runner import (
 )
 from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.rows import row_key
 
@@ -184,7 +184,7 @@ def _list(text: str) -> tuple[str, ...]:
 def parse_args(argv: list[str] | None = None) -> SweepOptions:
     """The options of the command line (``ValueError`` naming a bad one)."""
     fields = {f.name: f for f in dataclasses.fields(SweepOptions)}
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help=_help("out"))
     ap.add_argument("--quick", action="store_true", help=_help("quick"))
     ap.add_argument("--ops", default=",".join(OPS), help=_help("ops"))

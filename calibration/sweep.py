@@ -25,7 +25,6 @@ file folder); ``ssvkit calibrate`` runs both.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from ssvkit.calibration.kernel_plan import PlanCosts, timing_s
 from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner, done_keys, read_rows
 from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.models import get_model, model_names
 from ssvkit.perfmodel.rows import row_key
 
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = Non
     that ``--ops`` selects, and ``resident``: every group again at the L2-resident models."""
     groups = default_groups() if groups is None else groups
     names = (*groups, "resident")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder of the rows file")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock limit (s)")
     ap.add_argument("--ops", default=",".join(names), help=", ".join(names))

@@ -22,13 +22,13 @@ batch measures both.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
@@ -228,7 +228,7 @@ def table(rows: list[dict], chosen: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--evaluation", default=None, help="planner evaluation (default: of record)")
     p.add_argument("--batches", default="1,4,8,16,32", help="candidate batches")
     p.add_argument("--regimes", default="", help="candidate regimes (default: the evaluation's)")

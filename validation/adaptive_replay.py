@@ -34,7 +34,6 @@ across strategies. Checked against the measured adaptive gains of the same docum
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -44,6 +43,7 @@ import numpy as np
 from ssvkit.engine.controller import RoundStats, ShadowAcceptance
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN
 from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.strategy import parse_tree
 from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
@@ -209,7 +209,7 @@ def parse_config(text: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--planner",
         default=str(record_path("planner.json")),

@@ -18,7 +18,6 @@ document, rewritten after every run, then says ``complete: false``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.validation.bench import RunCache
@@ -37,7 +37,7 @@ SPECULATIVE = ("sd_dense", "sd_sparse_naive", "ssv")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--contexts",
         default="16K",

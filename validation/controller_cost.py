@@ -28,7 +28,6 @@ and leading-match counts for the shadow.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import gc
 import io
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.planner.controller import ControllerConfig, OnlineController
 from ssvkit.validation.controller_world import (
@@ -96,7 +96,7 @@ def _timed(fn, *args, **kwargs):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=400, help="rounds per scenario")
     p.add_argument("--repeats", type=int, default=5, help="fresh runs per scenario (median)")
     p.add_argument("--seed", type=int, default=0, help="numpy seed of the synthetic rounds")

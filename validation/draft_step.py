@@ -28,7 +28,6 @@ S seconds. ``--device cpu`` runs it on the torch backend timed by the wall clock
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -40,6 +39,7 @@ from ssvkit.engine.drafter import LevelPlan
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
@@ -61,7 +61,7 @@ DENSE = AttentionConfig(kind="dense")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="engine/checkpoints/tiny-target", help="target model")
     p.add_argument("--draft-model", default="engine/checkpoints/tiny-draft", help="draft model")
     p.add_argument("--batch", type=int, default=32, help="sequences decoded together")

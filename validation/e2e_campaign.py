@@ -23,12 +23,12 @@ later call with the same settings, device and commit, so the campaign fits runs 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 from ssvkit.planner.profile import profile_from_json
@@ -50,7 +50,7 @@ PROMPT_OFFSET = 3  # prompt window: context x 3 (profile used x 0, the planner x
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     add_pair_args(p)
     p.add_argument("--baselines", default=",".join(NAMES))
     p.add_argument("--seeds", type=int, default=3, help="runs per (baseline, context)")

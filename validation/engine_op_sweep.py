@@ -20,7 +20,6 @@ L2-resident models). Exit status as ``calibration.sweep``'s.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from ssvkit.calibration import sweep as base
 from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner, read_rows
 from ssvkit.calibration.sweep import ACT, TOKENS, swept_models
 from ssvkit.engine.rope import apply_rope, expand_angles
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.validation.fused_op_sweep import fused_ops, fused_summary, kv_cache
 
 
@@ -168,7 +168,7 @@ def engine_group(s: Runner, models: dict | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     groups = {**base.default_groups(), "engine": engine_group, "fused": fused_ops}
     rc = base.main(argv, groups)
-    out = argparse.ArgumentParser(add_help=False)
+    out = OneLineParser(add_help=False)
     out.add_argument("--out", type=Path)
     out.add_argument("--ops", default="fused")
     args, _ = out.parse_known_args(argv)

@@ -45,7 +45,6 @@ either campaign path on the torch backend, timed by the wall clock (the tests).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -64,6 +63,7 @@ from ssvkit.kernels.timing import (
     gemm_flops_per_s,
     provenance,
 )
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import Strategy, elementwise_of_backend
@@ -86,7 +86,7 @@ STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=10, reps=10, m
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="random:llama-3.1-8b")
     p.add_argument(
         "--context", default="32K", help="committed tokens T (K = 1024), comma-separated"

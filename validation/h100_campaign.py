@@ -31,7 +31,6 @@ retries it); 2 bad input or a refusal (one line; a state of another commit needs
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shlex
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 
 from ssvkit.calibration.fit import fit_folder
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.validation.campaign import (
     EXIT_DONE,
     EXIT_REFUSED,
@@ -175,7 +175,7 @@ def resolve_commit() -> str:
 
 def parse_args(argv=None):
     fields = {f.name: f for f in dataclasses.fields(CallConfig)}
-    p = argparse.ArgumentParser(prog="h100_campaign", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="h100_campaign", description=__doc__.splitlines()[0])
     p.add_argument(
         "--work",
         type=Path,

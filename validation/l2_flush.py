@@ -15,7 +15,6 @@ pays.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 
 # (name, n, k) of the Llama-3.1-8B linear layers: qkv_proj, o_proj, gate_up_proj, down_proj.
@@ -88,7 +88,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="JSON document to write")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

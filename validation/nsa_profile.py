@@ -18,18 +18,18 @@ it.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.validation import nsa_stages as ns
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--t", type=int, default=16, help="draft rows")
     p.add_argument("--context", type=int, default=131072, help="prefix tokens")

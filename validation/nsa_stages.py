@@ -45,7 +45,6 @@ JSON then says ``complete: false``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -61,6 +60,7 @@ from ssvkit.kernels import select_blocks as sb
 from ssvkit.kernels import timing as tm
 from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
 from ssvkit.kernels.nsa_launch import make_plan, plan_slots, refresh_slots
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.nsa_stages_table import print_pdl_table, print_table
@@ -343,7 +343,7 @@ def measure(cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the JSON document here")
     p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")
     p.add_argument(

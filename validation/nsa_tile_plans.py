@@ -40,7 +40,6 @@ S`` starts no case after S seconds (the JSON then says ``complete: false``).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import time
@@ -50,6 +49,7 @@ from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import timing as tm
 from ssvkit.kernels.nsa_verify import NsaVerifyConfig
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.nsa_stages import KW, OVERLAP, TIMING, floor_bytes, input_sets
@@ -222,7 +222,7 @@ def measure(
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the JSON document here")
     p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")
     stop_help = "start no case after S seconds; a later call with --resume goes on"

@@ -44,12 +44,12 @@ repeat share theirs.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.planner.controller import ControllerConfig
@@ -69,7 +69,7 @@ DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:1
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     add_pair_args(p)
     p.set_defaults(contexts=None)
     p.add_argument(

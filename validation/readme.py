@@ -32,7 +32,6 @@ python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; no
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -43,6 +42,7 @@ from ssvkit.calibration.interval_coverage import intervals_markdown
 from ssvkit.calibration.kernel_summary import summarise
 from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write, read_json
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.rows import load_rows
@@ -334,7 +334,7 @@ def stale_blocks(text: str) -> list[str]:
 
 
 def main(argv=None, documents=DOCUMENTS) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--check",
         action="store_true",

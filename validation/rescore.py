@@ -24,7 +24,6 @@ that kept their text also kept their prompt's CRC-32, and a mismatch is an error
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import math
@@ -32,6 +31,7 @@ import sys
 from pathlib import Path
 
 from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.strategy import elementwise_of_run
 from ssvkit.planner.rank import rank, strategy_from_json
@@ -156,7 +156,7 @@ def measured_again(bench, regime_doc: dict, regime: str, ranked: dict) -> list[d
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", required=True, help="the evaluation's run cache (JSONL, or .gz)")
     p.add_argument("--evaluation", required=True, help="the evaluation JSON of those runs")
     add_pair_args(p, contexts=False)

@@ -36,11 +36,11 @@ into the campaign's (``validation.scale_document``), which ``ssvkit report --cam
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.e2e_campaign import NAMES
@@ -54,7 +54,7 @@ CACHE_SETTINGS = ("new_tokens", "planner", "gpu", "dtype", "available_gib")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help="random:NAME geometries")
     p.add_argument("--contexts", default="32K,64K,128K", help="prompt tokens per sequence")
     p.add_argument("--batches", default="1,4,16,max", help="batch sizes; max: what memory allows")

@@ -22,7 +22,6 @@ round per sequence are drawn 1-5 (``--per-round 1``: one, autoregressive decodin
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -30,6 +29,7 @@ import numpy as np
 from ssvkit.engine.controller import SequenceWalks, ShadowAcceptance
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter, shadow_sample
 from ssvkit.kernels.timing import provenance
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.planner.shadow import ShadowTracker
 from ssvkit.validation.controller_world import load_setting
@@ -193,7 +193,7 @@ def check(
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--sample", type=int, default=8, help="sequences the shadow scores")
     p.add_argument("--sets", default="code,prose,repetitive,random,mixed")

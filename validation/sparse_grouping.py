@@ -46,6 +46,7 @@ from ssvkit.calibration.kernel_grid import sparse_batch
 from ssvkit.calibration.kernel_sweep import FULL_SWEEP
 from ssvkit.kernels import sparse_verify as sv
 from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 
 TARGET_SHARE = 0.7
@@ -267,7 +268,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, help="JSON document to write (with --child: unused)")
     p.add_argument("--ncu", default="ncu", help="Nsight Compute command line binary")
     p.add_argument("--seed", type=int, default=0)

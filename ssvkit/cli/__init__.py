@@ -25,7 +25,7 @@ from ssvkit.cli import (
     train_tiny_cmd,
     validate_cmd,
 )
-from ssvkit.cli.options import OneLineParser
+from ssvkit.perfmodel.arguments import OneLineParser
 
 COMMANDS = {
     "predict": predict_cmd,

@@ -129,10 +129,3 @@ def check_drafter_model(drafter_kw: dict, strategies) -> None:
         raise ValueError(
             f"--drafter-model {drafter_kw['model']!r} is read by --drafter-kind draft_model only"
         )
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line on stderr, exit code 2."""
-
-    def error(self, message):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}\n")
