@@ -9,13 +9,14 @@ import json
 import shutil
 
 import pytest
-from ssvkit.calibration import ceilings, intervals, physical_sets, transfer_sets
+from ssvkit.calibration import ceilings, physical_sets, transfer_sets
 from ssvkit.calibration.fit import fit_folder
 from ssvkit.perfmodel import hardware
 from ssvkit.perfmodel.profiles import Profile, shipped_profile
 from ssvkit.perfmodel.rows import load_rows, seal
 
 from ssvkit.cli import main
+from tests.fit_helpers import without_leave_one_out
 
 COMMITTED = ceilings.PROFILES
 ROWS = ("kernel_bench.jsonl", "op_sweep.jsonl")
@@ -32,18 +33,16 @@ def _relabelled(src, dst, every: int = 1) -> None:
 def root(tmp_path_factory):
     """A profiles folder: the committed H100 folder and an H200 one fitted from relabelled
     rows (a third of the kernel rows: every class keeps rows, and the fit takes half the time).
-    Its intervals come from the held-out and cross-GPU residuals alone: the leave-one-out
-    refits, most of the fit's time, are the committed profiles' to test
-    (``tests/calibration/test_interval_residuals.py``)."""
+    Its intervals come from the held-out and cross-GPU residuals alone
+    (``without_leave_one_out``)."""
     base = tmp_path_factory.mktemp("profiles")
     shutil.copytree(COMMITTED / "h100-sxm", base / "h100-sxm")
     (base / "h200").mkdir()
     for name in ROWS:
         every = 3 if name == "kernel_bench.jsonl" else 1
         _relabelled(COMMITTED / "h100-sxm" / name, base / "h200" / name, every)
-    residuals = intervals.residual_rows
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(intervals, "residual_rows", lambda *a, loo=None: residuals(*a[:4], loo=[]))
+        without_leave_one_out(mp)
         fit_folder("h200", base / "h200")
     return base
 

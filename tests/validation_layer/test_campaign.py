@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ssvkit.calibration import ceilings, intervals
+from ssvkit.calibration import ceilings
 from ssvkit.calibration.validate import disagreements, fit_agreement
 from ssvkit.validation import campaign, h100_campaign
 from ssvkit.validation.campaign import (
@@ -33,6 +33,8 @@ from ssvkit.validation.campaign import (
     run_campaign,
 )
 from ssvkit.validation.campaign_files import install, pack, unpack
+
+from tests.fit_helpers import without_leave_one_out
 
 QUICK = CallConfig(budget_s=60, floor_s=2, startup_s=1, end_slack_s=1, kill_grace_s=1)
 HANG_S = 120.0  # a hang guard only: what a process is given to start or to die
@@ -406,11 +408,8 @@ def test_the_fit_stage_fits_a_folder_as_the_committed_fit_does(tmp_path, capsys,
     """Committed rows copied elsewhere fit to the committed ceilings, byte for byte, and to a
     profile that predicts what the committed one does (``calibration.validate.fit_agreement``),
     written there and not in the committed folder. The fit's interval residuals leave out the
-    leave-one-out sets (most of its time: every leave-one-out refit);
-    tests/calibration/test_interval_residuals.py derives the committed ones from the committed
-    rows."""
-    residuals = intervals.residual_rows
-    monkeypatch.setattr(intervals, "residual_rows", lambda *a, loo=None: residuals(*a[:4], loo=[]))
+    leave-one-out sets (``without_leave_one_out``)."""
+    without_leave_one_out(monkeypatch)
     committed = ceilings.PROFILES / "h100-sxm"
     rows = tmp_path / "profile"
     rows.mkdir()
