@@ -199,12 +199,17 @@ def main(argv=None) -> int:
         help="exit 1 when the stored intervals differ from those the rows give; write nothing",
     )
     args = ap.parse_args(argv)
+    try:
+        if args.check:
+            diffs = check_intervals(args.gpu)
+        else:
+            profile = add_intervals(args.gpu)
+    except ValueError as e:  # no profile of that GPU, or a profile of another one
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     if args.check:
-        diffs = check_intervals(args.gpu)
         for line in diffs:
             print(f"{args.gpu} intervals: {line}", file=sys.stderr)
         return 1 if diffs else 0
-    profile = add_intervals(args.gpu)
     n = profile["intervals"]["rows"]
     print(
         f"profile {profile['profile_id']}: residuals of "

@@ -45,3 +45,14 @@ def test_an_unknown_option_is_one_line_and_exit_2(name, capsys):
     assert err.count("\n") == 1 and ": error: " in err, err
     # the bad option, or first the required ones it lacks
     assert "--no-such-option" in err or "the following arguments are required" in err, err
+
+
+def test_intervals_refuse_a_gpu_without_a_profile_in_one_line(capsys):
+    from ssvkit.calibration import intervals
+
+    for argv in (["--gpu", "nosuch", "--check"], ["--gpu", "nosuch"]):
+        with pytest.raises(SystemExit) as exit_info:
+            intervals.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no fitted profile for 'nosuch'" in err, err

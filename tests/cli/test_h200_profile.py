@@ -9,14 +9,13 @@ import json
 import shutil
 
 import pytest
-from ssvkit.calibration import ceilings, physical_sets, transfer_sets
+from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import fit_folder
-from ssvkit.perfmodel import hardware
-from ssvkit.perfmodel.profiles import Profile, shipped_profile
+from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.rows import load_rows, seal
 
 from ssvkit.cli import main
-from tests.fit_helpers import without_leave_one_out
+from tests.fit_helpers import profiles_from, without_leave_one_out
 
 COMMITTED = ceilings.PROFILES
 ROWS = ("kernel_bench.jsonl", "op_sweep.jsonl")
@@ -47,20 +46,11 @@ def root(tmp_path_factory):
     return base
 
 
-def _clear() -> None:
-    shipped_profile.cache_clear()
-    for cached in (transfer_sets._committed, transfer_sets._committed_set, physical_sets.committed):
-        cached.cache_clear()
-
-
 @pytest.fixture
 def profiles(root, monkeypatch):
     """Price and validate from ``root`` instead of the shipped profiles."""
-    monkeypatch.setattr(hardware, "profiles_dir", lambda: root)
-    monkeypatch.setattr(ceilings, "PROFILES", root)
-    _clear()
-    yield root
-    _clear()
+    with profiles_from(monkeypatch, root):
+        yield root
 
 
 def _pid(root) -> str:
@@ -111,15 +101,10 @@ def test_a_profile_of_another_gpu_is_refused_in_one_line(root, tmp_path, monkeyp
     shutil.copytree(root / "h100-sxm", tmp_path / "h100-sxm")
     (tmp_path / "h200").mkdir()
     shutil.copy(root / "h100-sxm" / "profile.json", tmp_path / "h200" / "profile.json")
-    monkeypatch.setattr(hardware, "profiles_dir", lambda: tmp_path)
-    monkeypatch.setattr(ceilings, "PROFILES", tmp_path)
-    _clear()
-    try:
+    with profiles_from(monkeypatch, tmp_path):
         assert main(["predict", "--gpu", "h200", "--context", "16K"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "measured on 'h100-sxm'" in err and "refusing" in err
-    finally:
-        _clear()
 
 
 def test_fit_only_refuses_rows_of_another_device_and_fits_its_own(

@@ -10,14 +10,13 @@ import json
 import shutil
 
 import pytest
-from ssvkit.calibration import ceilings, physical_sets, transfer_sets
+from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import op_class
 from ssvkit.calibration.transfer_sets import TARGETS
-from ssvkit.perfmodel import hardware
-from ssvkit.perfmodel.profiles import shipped_profile
 from ssvkit.perfmodel.rows import load_rows
 
 from ssvkit.cli import main
+from tests.fit_helpers import profiles_from
 
 KEPT_OPS = {"gemm", "dense_verify", "device_copy", "empty_triton_kernel", "kv_write"}
 UNION = "sparse_verify/union/few_lists"
@@ -40,20 +39,10 @@ def root(tmp_path_factory):
     return base
 
 
-def _clear() -> None:
-    shipped_profile.cache_clear()
-    for cached in (transfer_sets._committed, transfer_sets._committed_set, physical_sets.committed):
-        cached.cache_clear()
-
-
 @pytest.fixture(scope="module")
 def profiles(root):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(hardware, "profiles_dir", lambda: root)
-        mp.setattr(ceilings, "PROFILES", root)
-        _clear()
+    with pytest.MonkeyPatch.context() as mp, profiles_from(mp, root):
         yield root
-        _clear()
 
 
 def test_validate_prints_the_chosen_sets(profiles, capsys):
