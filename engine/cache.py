@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 from ssvkit.engine.config import ModelConfig
+from ssvkit.kernels.accept_commit import move_kept
 from ssvkit.kernels.nsa_compress import (
     compress_kv,
     max_compressed,
@@ -262,6 +263,17 @@ class KVCache:
         old = self.lens.clone()
         self.lens += count.to(torch.int32)
         self.refresh_summaries(old, p)
+
+    def commit_kept(
+        self, path: torch.Tensor, count: torch.Tensor, old_lens: torch.Tensor, *, move: bool
+    ) -> None:
+        """``commit`` after ``kernels.accept_commit`` raised ``lens`` by ``count`` from
+        ``old_lens``: the kept entries' move in one launch (``kernels.accept_commit.move_kept``;
+        none when ``move`` is False, a chain's path being ``0, 1, ...``) and the summaries'
+        refresh."""
+        if move:
+            move_kept(self.kv, path, count, self.lens)
+        self.refresh_summaries(old_lens, path.shape[1])
 
     def set_lens(self, lens: torch.Tensor) -> None:
         """Set the committed lengths (after prefill) and rebuild the summaries; a length below

@@ -95,6 +95,12 @@ class DraftTree:
         return tuple(tuple(sorted(k, key=lambda c: self.rank[c])) for k in kids)
 
     @property
+    def is_chain(self) -> bool:
+        """Whether node ``i`` sits at depth ``i`` (a chain in label order): every kept path
+        is then ``0, 1, 2, ...``."""
+        return all(d == i for i, d in enumerate(self.depth))
+
+    @property
     def max_children(self) -> int:
         return max(len(c) for c in self.children)
 

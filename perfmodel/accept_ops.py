@@ -4,15 +4,21 @@ the kept path, the refresh of the cache's summaries and the packing of the host 
 graph ``engine.accept_graph.AcceptGraph.accept`` captures, run every round (an autoregressive
 round accepts and commits its one token too).
 
-It is a chain of small launches, so it is priced per launch, each a call of the calibrated
-one-launch element-wise class (``ONE_LAUNCH_CLASS``), and by the bytes it moves: the commit
+The triton backend runs it as ``kernels.accept_commit``: one program per sequence for the walk,
+the cut, the lengths and the packed read, one launch over the cache's rows for the move of the
+kept entries (none for a chain, whose kept entries already sit in place), and the summaries'
+refresh; the torch backend (and the triton backend before ``FUSED_ACCEPT_SINCE``,
+``perfmodel.strategy``) as some fifty batched torch ops. Either is a chain of small launches,
+so it is priced per launch, each a call of the calibrated one-launch element-wise class
+(``ONE_LAUNCH_CLASS``), and by the bytes it moves: the commit
 reads and writes the kept path's ``depth + 1`` KV entries of every layer (one gather and one
 scatter over the cache seen as rows of ``head_dim``: their launches do not grow with the cache),
 and the summaries' refresh reads the touched block of each layer. The vocabulary pass over the
 logits is the head's ``verify.sampling``, not counted here.
 
-The launch counts are the engine's, at temperature 0: ``tests/engine`` counts the ops the
-acceptance graph dispatches and checks them against ``accept_launches``.
+The launch counts are the engine's, at temperature 0: ``tests/engine`` counts the ops (and
+the Triton launches) the acceptance graph dispatches on both backends and checks them against
+``accept_launches``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ ONE_LAUNCH_CLASS = "residual_add"
 BASE_LAUNCHES = 49 + 2
 # Launches per tree level of the greedy walk (an ancestor lookup and a logical and).
 LEVEL_LAUNCHES = 2
+# Launches of the fused step besides the vocabulary pass: ``accept_commit``, plus the copies
+# of the graph's two inputs; the move of the kept entries adds one where the tree branches.
+FUSED_BASE_LAUNCHES = 1 + 2
+FUSED_MOVE_LAUNCHES = 1
 # Launches of the compressed tokens' refresh (NSA): the update of every layer and its lengths.
 NSA_REFRESH_LAUNCHES = 2
 
@@ -39,13 +49,19 @@ def tree_depths(c: Columns) -> np.ndarray:
     return (np.asarray(c.level_sizes) > 0).sum(axis=1).astype(float)
 
 
-def accept_launches(depth, layers, block_meta, nsa) -> np.ndarray:
-    """Launches of the accept step: ``BASE_LAUNCHES``, ``LEVEL_LAUNCHES`` per tree level, one
-    block-metadata update per layer where the cache keeps block metadata (``block_meta``: 1 for
-    mean / quest summaries) and ``NSA_REFRESH_LAUNCHES`` where it keeps compressed tokens."""
+def accept_launches(depth, layers, block_meta, nsa, fused=0.0, branches=0.0) -> np.ndarray:
+    """Launches of the accept step: in torch ops (``fused`` 0) ``BASE_LAUNCHES`` and
+    ``LEVEL_LAUNCHES`` per tree level; fused (``fused`` 1) ``FUSED_BASE_LAUNCHES`` and
+    ``FUSED_MOVE_LAUNCHES`` where the tree ``branches`` (1: a node has two children); either
+    way one block-metadata update per layer where the cache keeps block metadata
+    (``block_meta``: 1 for mean / quest summaries) and ``NSA_REFRESH_LAUNCHES`` where it keeps
+    compressed tokens."""
+    fused = np.asarray(fused, dtype=float)
+    ops = BASE_LAUNCHES + LEVEL_LAUNCHES * np.asarray(depth, dtype=float)
+    kernels = FUSED_BASE_LAUNCHES + FUSED_MOVE_LAUNCHES * np.asarray(branches, dtype=float)
     return (
-        BASE_LAUNCHES
-        + LEVEL_LAUNCHES * np.asarray(depth, dtype=float)
+        fused * kernels
+        + (1.0 - fused) * ops
         + layers * np.asarray(block_meta, dtype=float)
         + NSA_REFRESH_LAUNCHES * np.asarray(nsa, dtype=float)
     )
@@ -60,10 +76,13 @@ def accept_op(model: ModelSpec, c: Columns):
     sparse = np.asarray(c.sparse, dtype=float)
     nsa = sparse * (c.meta_vectors == META_VECTORS["nsa"])
     block_meta = sparse - nsa
-    # The commit's gather and scatter, and the per-entry indices they read.
-    commit = 2 * kept * layers * kv_token_bytes(model, hkv, c.kv_bytes) + 2 * kept * layers * (
-        2 * hkv * I64
-    )
+    branches = (np.asarray(c.level_sizes) > 1).any(axis=1).astype(float)
+    fused = np.asarray(c.fused_accept, dtype=float)
+    # The commit's gather and scatter and the per-entry indices they read (torch ops); fused,
+    # the move alone, and only where the tree branches.
+    move = 2 * kept * layers * kv_token_bytes(model, hkv, c.kv_bytes)
+    indices = 2 * kept * layers * (2 * hkv * I64)
+    commit = fused * branches * move + (1.0 - fused) * (move + indices)
     # The walk over the tree's rows: tokens, argmax, masks and path, a few int64 per row.
     walk = 16 * c.batch * c.rows * I64
     # A block-metadata refresh reads the touched block's keys and writes its summaries (fp32);
@@ -71,5 +90,5 @@ def accept_op(model: ModelSpec, c: Columns):
     head_bytes = hkv * model.head_dim
     meta = block_meta * layers * c.batch * head_bytes * (c.block_size * c.kv_bytes + 2 * F32)
     comp = nsa * layers * c.batch * head_bytes * 2 * (2 * c.comp_stride) * c.kv_bytes
-    launches = accept_launches(depth, layers, block_meta, nsa)
+    launches = accept_launches(depth, layers, block_meta, nsa, fused, branches)
     return elementwise(commit + walk + meta + comp, 0 * c.batch, launches, ONE_LAUNCH_CLASS)

@@ -20,6 +20,7 @@ from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
     check_feasible,
+    fused_accept,
     fused_elementwise,
     parse_tree,
     tree_expected_tokens,
@@ -61,6 +62,7 @@ class Columns:
     # 2 paired).
     nsa_shared_context: np.ndarray
     fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
+    fused_accept: np.ndarray  # 1: the acceptance step as kernels.accept_commit, 0: torch ops
 
     def __len__(self) -> int:
         return len(self.context_len)
@@ -121,6 +123,7 @@ def build_columns(model: ModelSpec, points: list[tuple[Strategy, Workload]]) -> 
                 "num_draft": k,
                 "expected_tokens": e,
                 "fused_elementwise": fused_elementwise(w.elementwise),
+                "fused_accept": fused_accept(w.elementwise),
                 **_strategy_columns(s, model.num_layers),
             }
         )
@@ -152,7 +155,8 @@ def product_columns(
     Infeasible points (top_n * block_size > context) are kept and flagged by ``feasible_mask``.
     """
     defaults = Workload()
-    fused = fused_elementwise(defaults.elementwise if elementwise is None else elementwise)
+    elementwise = defaults.elementwise if elementwise is None else elementwise
+    fused = fused_elementwise(elementwise)
     names = ("context_len", "batch", "tp", "acceptance", "overlap", "kv_bytes")
     bad = set(axes) - set(names)
     if bad:
@@ -167,6 +171,7 @@ def product_columns(
     s_idx = idx[0]
     cols = {n: grid[n][idx[i + 1]] for i, n in enumerate(names)}
     cols["fused_elementwise"] = np.full(idx.shape[1], fused)
+    cols["fused_accept"] = np.full(idx.shape[1], fused_accept(elementwise))
     # Strategy fields, gathered per point.
     per_s = [_strategy_columns(s, model.num_layers) for s in strategies]
     for key in per_s[0]:

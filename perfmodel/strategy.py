@@ -31,12 +31,18 @@ METADATA = ("mean", "quest", "nsa")
 # How the engine runs the decoder's element-wise ops (norms, residual adds, rotary, the KV store,
 # SiLU-and-multiply): ``fused``, the Triton kernels of its ``triton`` backend (the default on a
 # GPU); ``torch``, plain torch ops (its ``torch`` backend, the CPU's). ``perfmodel.ops`` prices
-# each with its own ops.
-ELEMENTWISE = ("fused", "torch")
+# each with its own ops, and the round's acceptance step (``perfmodel.accept_ops``) with the
+# backend's: ``fused``, two launches of ``kernels.accept_commit``; ``torch``, batched torch ops.
+# ``fused_torch_accept`` is the triton backend before its acceptance step ran as kernels
+# (``FUSED_ACCEPT_SINCE``): fused element-wise ops, the acceptance step in torch ops; the
+# documents measured then are priced with it.
+ELEMENTWISE = ("fused", "torch", "fused_torch_accept")
 BACKEND_ELEMENTWISE = {"triton": "fused", "torch": "torch"}
 # When the triton backend began running the element-wise ops as fused kernels (commit cdc7fc1);
 # before, both backends ran them in torch. Measured documents name their backend since.
 FUSED_ELEMENTWISE_SINCE = "2026-11-26T12:44:18+00:00"
+# When the triton backend's acceptance step became ``kernels.accept_commit``'s two launches.
+FUSED_ACCEPT_SINCE = "2026-11-30T04:35:00+00:00"
 # NSA draft rows per row tile of the packed schedule: as many as the kernel's tile holds.
 PACKED_ROWS = 0
 # The verify kernels' int64 ancestor bitmask (kernels.tree) holds one bit per node.
@@ -299,11 +305,19 @@ class Workload:
 
 
 def fused_elementwise(elementwise: str) -> float:
-    """1.0 for the fused element-wise implementation, 0.0 for torch's (``ELEMENTWISE``)."""
+    """1.0 where the element-wise ops run fused (``fused``, ``fused_torch_accept``), 0.0 for
+    torch's (``ELEMENTWISE``)."""
     if elementwise not in ELEMENTWISE:
         raise ValueError(
             f"elementwise must be one of {', '.join(ELEMENTWISE)}, got {elementwise!r}"
         )
+    return float(elementwise != "torch")
+
+
+def fused_accept(elementwise: str) -> float:
+    """1.0 where the acceptance step runs as ``kernels.accept_commit`` (``fused``), 0.0 where
+    it runs in torch ops (``ELEMENTWISE``)."""
+    fused_elementwise(elementwise)  # validates it
     return float(elementwise == "fused")
 
 
@@ -320,15 +334,20 @@ def elementwise_of_run(provenance: dict) -> str:
     """The element-wise implementation of the engine run a measured document's ``provenance``
     records: its ``backend``'s; without one, the CPU's torch backend on the CPU, and on a GPU
     (the triton backend) fused from ``FUSED_ELEMENTWISE_SINCE`` on, torch before (its
-    ``timestamp``, ISO 8601 UTC)."""
-    if "backend" in provenance:
-        return elementwise_of_backend(provenance["backend"])
-    if provenance.get("device_name") == "cpu":
-        return "torch"
+    ``timestamp``, ISO 8601 UTC). A fused run before ``FUSED_ACCEPT_SINCE`` ran the acceptance
+    step in torch ops (``fused_torch_accept``)."""
     stamp = provenance.get("timestamp")
-    if not isinstance(stamp, str):
+    if "backend" in provenance:
+        kind = elementwise_of_backend(provenance["backend"])
+    elif provenance.get("device_name") == "cpu":
+        return "torch"
+    elif not isinstance(stamp, str):
         raise ValueError(f"provenance names no backend and no timestamp: {provenance!r}")
-    return "fused" if stamp >= FUSED_ELEMENTWISE_SINCE else "torch"
+    else:
+        kind = "fused" if stamp >= FUSED_ELEMENTWISE_SINCE else "torch"
+    if kind == "fused" and isinstance(stamp, str) and stamp < FUSED_ACCEPT_SINCE:
+        return "fused_torch_accept"
+    return kind
 
 
 def check_feasible(strategy: Strategy, workload: Workload, model: ModelSpec) -> None:

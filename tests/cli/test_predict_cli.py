@@ -58,7 +58,10 @@ def test_json_every_figure_has_provenance(capsys):
         (["--acceptance", "1.2"], "acceptance must lie in [0, 1]"),
         (["--strategies", "ssv,nope"], "unknown strategy 'nope'"),
         (["--tree", "best:x"], "tree 'best:x'"),
-        (["--elementwise", "triton"], "elementwise must be one of fused, torch, got 'triton'"),
+        (
+            ["--elementwise", "triton"],
+            "elementwise must be one of fused, torch, fused_torch_accept, got 'triton'",
+        ),
     ],
 )
 def test_bad_input_one_line_exit_2(argv, needle, capsys, tmp_path):
@@ -91,7 +94,10 @@ def test_elementwise_picks_the_engine_implementation_priced(capsys):
 def test_rank_takes_the_implementation_and_refuses_a_bad_one(capsys):
     assert main(["rank", "--top", "1", "--elementwise", "gpu"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "elementwise must be one of fused, torch, got 'gpu'" in err
+    assert (
+        err.count("\n") == 1
+        and "elementwise must be one of fused, torch, fused_torch_accept, got 'gpu'" in err
+    )
     assert main(["rank", "--top", "1", "--elementwise", "torch", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["elementwise"] == "torch"
 

@@ -95,15 +95,20 @@ def test_chi_square_detects_a_biased_sampler():
 
 class _Launches:
     """Ops dispatched that launch a kernel on a GPU: not views, not allocations, not the host
-    scalars that wrap a Python number."""
+    scalars that wrap a Python number, and none while ``paused`` (the ops Triton's CPU
+    interpreter runs inside a kernel launch)."""
 
     def __init__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         names = []
+        self.paused = False
+        outer = self
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if outer.paused:
+                    return func(*args, **(kwargs or {}))
                 view = any(
                     r.alias_info is not None and not r.alias_info.is_write
                     for r in func._schema.returns
@@ -116,11 +121,42 @@ class _Launches:
         self.mode, self.names = Mode(), names
 
 
+class _KernelLaunches:
+    """Launches of ``kernels.accept_commit``'s Triton kernels, each one entry of the names of
+    the ``_Launches`` in ``current``, the ops its launch dispatches not counted."""
+
+    def __init__(self, monkeypatch):
+        from ssvkit.kernels import accept_commit
+
+        self.current: _Launches | None = None
+        for attr in ("_accept_commit_kernel", "_move_kept_kernel"):
+            kernel = getattr(accept_commit, attr)
+            monkeypatch.setattr(accept_commit, attr, self._Counted(kernel, attr, self))
+
+    class _Counted:
+        def __init__(self, kernel, name, owner):
+            self.kernel, self.name, self.owner = kernel, name, owner
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches = self.owner.current
+                launches.names.append(self.name)
+                launches.paused = True
+                try:
+                    return self.kernel[grid](*args, **kwargs)
+                finally:
+                    launches.paused = False
+
+            return launch
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("spec", ["chain:0", "chain:4", "full:2x3"])
-def test_the_accept_step_launches_what_perfmodel_prices(spec):
+def test_the_accept_step_launches_what_perfmodel_prices(spec, backend, monkeypatch):
     """perfmodel's ``verify.accept`` counts the acceptance graph's launches: those it
-    dispatches here (greedy, dense), less the vocabulary pass (``verify.sampling``), plus the
-    copies of the graph's two inputs."""
+    dispatches here (greedy, dense; torch ops on the torch backend, the ``kernels.accept_commit``
+    launches and the argmax on the triton backend), less the vocabulary pass
+    (``verify.sampling``), plus the copies of the graph's two inputs."""
     from engine_helpers import TINY, random_prompts, tiny_model
     from ssvkit.engine.loop import Engine
     from ssvkit.engine.runner import ModelRunner
@@ -131,12 +167,13 @@ def test_the_accept_step_launches_what_perfmodel_prices(spec):
     tree = DraftTree.from_spec(spec, "position")
     drafter = DrafterSpec(kind="ngram")
     strategy = Strategy(name="sd", tree=spec, drafter=drafter)
-    runner = ModelRunner(tiny_model(seed=3), batch=2, t_max=128, backend="torch")
+    runner = ModelRunner(tiny_model(seed=3), batch=2, t_max=128, backend=backend)
     engine = Engine(runner, strategy, DecodeConfig(max_new_tokens=4))
     counted, accept = [], engine.acceptor.accept
+    kernels = _KernelLaunches(monkeypatch)
 
     def counting(*args):
-        launches = _Launches()
+        launches = kernels.current = _Launches()
         with launches.mode:
             out = accept(*args)
         counted.append(launches.names)
@@ -144,7 +181,14 @@ def test_the_accept_step_launches_what_perfmodel_prices(spec):
 
     engine.acceptor.accept = counting
     engine.generate(random_prompts([37, 21], seed=5))
-    expect = accept_launches(tree.max_depth, TINY.num_layers, 0, 0) - 2 + 1
+    fused = backend == "triton"
+    branches = tree.max_children > 1
+    expect = accept_launches(tree.max_depth, TINY.num_layers, 0, 0, fused, branches) - 2 + 1
     # The first round also makes the graph's constant input (once per engine, outside it).
     assert [len(n) for n in counted[1:]] == [expect] * (len(counted) - 1)
-    assert all(n.count("index_put_.default") == 1 for n in counted)
+    if fused:
+        moves = ["_move_kept_kernel"] if branches else []
+        assert all(n.count("_accept_commit_kernel") == 1 for n in counted)
+        assert all([x for x in n if x == "_move_kept_kernel"] == moves for n in counted)
+    else:
+        assert all(n.count("index_put_.default") == 1 for n in counted)

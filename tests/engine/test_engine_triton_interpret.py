@@ -71,6 +71,29 @@ def test_greedy_decode_is_the_same_on_triton_and_torch():
     assert tokens["triton"] == tokens["torch"]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_tree_decode_accepts_and_commits_as_the_torch_path(temperature):
+    """Oracle drafts down a branching tree keep paths off label order, so the triton
+    backend's acceptance step (``kernels.accept_commit``) moves kept entries: the tokens, the
+    lengths equal the torch backend's and so does the committed KV, greedy and sampled, and a batch
+    whose sequences stop at different rounds stops each at its budget."""
+    s = Strategy(name="sd", tree="full:2x3", drafter=DrafterSpec(kind="ngram"))
+    cfg = DecodeConfig(max_new_tokens=7, temperature=temperature, seed=3, oracle_acceptance=(0.8,))
+    out = {}
+    for backend in ("torch", "triton"):
+        runner = ModelRunner(MODEL, batch=2, t_max=128, backend=backend)
+        result = Engine(runner, s, cfg).generate(PROMPTS)
+        lens = runner.cache.lens.tolist()
+        kv = [runner.cache.kv[:, :, b, :, :n].clone() for b, n in enumerate(lens)]
+        out[backend] = (result.tokens, lens, kv, result.mean_accepted())
+    assert out["triton"][:2] == out["torch"][:2]
+    for got, want in zip(out["triton"][2], out["torch"][2], strict=True):
+        # The fused rotary and KV store round apart from torch's: close, not bit-equal.
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert all(len(t) == cfg.max_new_tokens for t in out["triton"][0])
+    assert out["triton"][3] > 1.0  # kept paths reach below the root's children
+
+
 @pytest.mark.parametrize("mode", ["per_query", "union"])
 def test_greedy_nsa_decode_with_a_row_schedule_is_the_reference_decode(mode):
     """Speculative NSA decoding with one draft row per row tile (or tiles of 2) emits the

@@ -7,6 +7,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from ssvkit.perfmodel.accept_ops import accept_launches
+from ssvkit.perfmodel.acceptance import tree_level_sizes
 from ssvkit.perfmodel.calibrated import ONE_LAUNCH_STAND_IN, CalibratedPredictor, stand_in
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
@@ -15,10 +17,12 @@ from ssvkit.perfmodel.predictor import RooflinePredictor
 from ssvkit.perfmodel.profiles import profile_path, shipped_profile
 from ssvkit.perfmodel.step import build_columns, predict_columns, product_columns
 from ssvkit.perfmodel.strategy import (
+    FUSED_ACCEPT_SINCE,
     Strategy,
     Workload,
     elementwise_of_backend,
     elementwise_of_run,
+    parse_tree,
 )
 
 LLAMA = get_model("llama-3.1-8b")
@@ -47,7 +51,8 @@ def _launches(pred, names, point: int) -> float:
 def test_the_fused_path_is_cheaper_by_the_launches_it_removes():
     """With memory and arithmetic free, only launches cost: the fused forward is shorter by
     4 launches a layer (norm and residual add twice, KV store in two, q's rotary into one) and
-    one a forward (the rope tables): 4 x 32 + 1 = 129 for Llama-3.1-8B."""
+    one a forward (the rope tables): 4 x 32 + 1 = 129 for Llama-3.1-8B; the fused acceptance
+    step by what ``accept_launches`` counts for its tree (one forward's tree: the same)."""
     free = dataclasses.replace(
         get_gpu("h100-sxm", measured=False),
         hbm_bytes_per_s=1e30,
@@ -60,8 +65,12 @@ def test_the_fused_path_is_cheaper_by_the_launches_it_removes():
     assert _launches(pred, TORCH_OPS, 0) - _launches(pred, FUSED_OPS, 1) == removed
     # Each point runs its own implementation's ops only.
     assert _launches(pred, FUSED_OPS, 0) == 0 == _launches(pred, TORCH_OPS, 1)
+    accept = np.broadcast_to(pred.ops["verify.accept"].launches, (2,))
+    depth = len(tree_level_sizes(parse_tree(Strategy.from_name("sd_dense").tree, 0.7)))
+    assert accept[0] == accept_launches(depth, LLAMA.num_layers, 0, 0)
+    assert accept[1] == accept_launches(depth, LLAMA.num_layers, 0, 0, 1.0, 1.0) < accept[0]
     gap = float(pred.verify_s[0] - pred.verify_s[1])
-    assert gap == pytest.approx(removed * 1e-6, rel=1e-9)
+    assert gap == pytest.approx((removed + accept[0] - accept[1]) * 1e-6, rel=1e-9)
 
 
 def test_the_fused_ops_are_named_after_their_kernels_and_read_less():
@@ -88,9 +97,12 @@ def test_product_columns_take_one_implementation_for_every_point():
     torch_ = product_columns(LLAMA, s, elementwise="torch", context_len=[4096, 8192])
     assert fused.fused_elementwise.tolist() == [1.0, 1.0]
     assert torch_.fused_elementwise.tolist() == [0.0, 0.0]
-    with pytest.raises(ValueError, match="elementwise must be one of fused, torch, got 'cuda'"):
+    assert fused.fused_accept.tolist() == [1.0, 1.0] and torch_.fused_accept.tolist() == [0, 0]
+    old = product_columns(LLAMA, s, elementwise="fused_torch_accept", context_len=[4096])
+    assert old.fused_elementwise.tolist() == [1.0] and old.fused_accept.tolist() == [0.0]
+    with pytest.raises(ValueError, match="elementwise must be one of fused, torch, .*'cuda'"):
         product_columns(LLAMA, s, elementwise="cuda")
-    with pytest.raises(ValueError, match="elementwise must be one of fused, torch, got 'x'"):
+    with pytest.raises(ValueError, match="elementwise must be one of fused, torch, .*'x'"):
         Workload(elementwise="x")
 
 
@@ -172,15 +184,25 @@ def test_a_resident_fused_op_stands_in_with_the_resident_class():
 
 def test_the_implementation_of_a_measured_run():
     """A document's backend names it; without one, the CPU ran torch, and a GPU run the fused
-    kernels from the day they landed on, torch before."""
+    kernels from the day they landed on, torch before; a fused run before the acceptance step
+    became kernels ran that step in torch ops."""
     assert elementwise_of_backend("triton") == "fused"
     assert elementwise_of_backend("torch") == "torch"
     with pytest.raises(ValueError, match="backend must be one of triton, torch, got 'cuda'"):
         elementwise_of_backend("cuda")
     gpu = {"device_name": "NVIDIA H100 80GB HBM3"}
     assert elementwise_of_run({**gpu, "backend": "torch"}) == "torch"
+    triton = {**gpu, "backend": "triton"}
+    assert elementwise_of_run({**triton, "timestamp": "2026-11-29T00:00:00+00:00"}) == (
+        "fused_torch_accept"
+    )
+    assert elementwise_of_run({**triton, "timestamp": FUSED_ACCEPT_SINCE}) == "fused"
+    assert elementwise_of_run(triton) == "fused"
     assert elementwise_of_run({**gpu, "timestamp": "2026-11-25T00:36:30+00:00"}) == "torch"
-    assert elementwise_of_run({**gpu, "timestamp": "2026-11-28T12:15:43+00:00"}) == "fused"
+    assert elementwise_of_run({**gpu, "timestamp": "2026-11-28T12:15:43+00:00"}) == (
+        "fused_torch_accept"
+    )
+    assert elementwise_of_run({**gpu, "timestamp": FUSED_ACCEPT_SINCE}) == "fused"
     assert elementwise_of_run({"device_name": "cpu", "timestamp": "2027-01-01"}) == "torch"
     with pytest.raises(ValueError, match="names no backend and no timestamp"):
         elementwise_of_run(gpu)
