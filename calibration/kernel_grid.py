@@ -33,6 +33,9 @@ NSA_EXTRA = dict(window=ki.NSA_KW["window"], comp_block=32, comp_stride=16)
 # Draft rows a row tile of the ``nsa_tiles`` step: 1, seed 000's naive baseline
 # (``sd_sparse_naive``); 4, SSV's default grouping (``ssv``, union C = 4).
 NSA_TILE_ROWS = (1, 4)
+# nsa_verify's implementations and the params each adds to its rows: the unfused rows run their
+# branches side by side (``NsaVerifyConfig.branch_streams``).
+NSA_IMPLS = {"fused": {}, "unfused": {"branch_streams": True}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +203,9 @@ def nsa_config(
     (step ``nsa_tiles``; the rows carry ``params.rows_per_tile`` and the kernels' default
     ``params.context_tiles``, the packed step's rows neither key, so their keys stay those of
     the rows already measured; a row schedule's row without ``context_tiles`` ran
-    "per_tile"). ``top_n``: the blocks each row selects (default NSA's,
+    "per_tile"). The unfused rows carry ``params.branch_streams`` True: their branches side by
+    side, the kernels' default (an unfused row without it ran them on one stream, under a key
+    of its own). ``top_n``: the blocks each row selects (default NSA's,
     ``kernel_inputs.NSA_KW``)."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, tree="binary")
     common.update(top_n=top_n or ki.NSA_KW["top_n"], block_size=ki.NSA_KW["block_size"])
@@ -211,12 +216,18 @@ def nsa_config(
         common["context_tiles"] = DEFAULT_CONTEXT_TILES
     modes = ("reuse", "refresh") if overlap is None else ("reuse",)
     vs = tuple(
-        Variant("nsa_verify", ki.base_params(mode=m, impl=i, **common, **NSA_EXTRA), (m, i))
+        Variant("nsa_verify", nsa_params(m, i, common, NSA_EXTRA), (m, i))
         for m in modes
-        for i in ("fused", "unfused")
+        for i in NSA_IMPLS
     )
     step = "nsa_tiles" if rows_per_tile else "nsa"
     return KernelConfig(step, ki.current_geometry(), common, vs, dict(NSA_EXTRA))
+
+
+def nsa_params(mode: str, impl: str, common: dict, extra: dict) -> dict:
+    """The params of an NSA row of ``mode`` and ``impl`` on a config's ``common`` and ``extra``
+    params, with the params its implementation adds (``NSA_IMPLS``)."""
+    return ki.base_params(mode=mode, impl=impl, **common, **extra, **NSA_IMPLS[impl])
 
 
 def nsa_tiles_packed(t: int, rows_per_tile: int) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration.kernel_grid import KernelConfig, Variant, selection_rng
+from ssvkit.calibration.kernel_grid import KernelConfig, Variant, nsa_params, selection_rng
 from ssvkit.calibration.runner import Runner
 from ssvkit.kernels import timing as tm
 
@@ -252,11 +252,13 @@ def _nsa_config(r: Runner, seed: int, mod, common, extra, todo) -> None:
     flops = int(4 * bsz * ki.NUM_Q_HEADS * ki.HEAD_DIM * t * pairs)
     for mode, impl in todo:
         fn_op = mod.nsa_verify if impl == "fused" else mod.nsa_verify_unfused
-        p = ki.base_params(mode=mode, impl=impl, **common, **extra)
+        p = nsa_params(mode, impl, common, extra)
         p.update(rotations=rot)
+        # The row's branch_streams, not the kernels' default: a row without it ran one stream.
+        run = dataclasses.replace(config, branch_streams=bool(p.get("branch_streams", False)))
 
-        def fn(i, fn_op=fn_op, mode=mode):
-            kw = dict(nsa_kw, validate=False, config=config)
+        def fn(i, fn_op=fn_op, mode=mode, run=run):
+            kw = dict(nsa_kw, validate=False, config=run)
             if mode == "reuse":
                 kw["block_idx"] = idxs[i]
             return fn_op(*sets[i], **kw)

@@ -151,6 +151,8 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         comp_block=p["comp_block"],
         comp_stride=p["comp_stride"],
         shared_context=CONTEXT_TILES.index(p.get("context_tiles", "per_tile")),
+        # An unfused row without the param ran its branches on one stream.
+        branch_streams=int(p["impl"] == "unfused" and bool(p.get("branch_streams", False))),
     )
     return nsa_call_work(
         shape,

@@ -8,7 +8,8 @@ Ratios compare two rows of the same configuration but one knob:
 - ``t16_vs_t1``: dense verification of 16 query rows against 1, same context and batch;
 - ``sparse_vs_dense``: per-query sparse verification against dense, both at t = 16, same
   context and batch;
-- ``nsa_fused_vs_unfused``: the fused NSA path against its three separate branches;
+- ``nsa_fused_vs_unfused``: the fused NSA path against its three separate branches, on one
+  stream or side by side (``params.branch_streams``);
 - ``repair_vs_recompute``: repairing the missed blocks against recomputing all selected ones.
 
 A ratio counts as held out when either of its two rows is. Error = |predicted / measured - 1|.
@@ -120,7 +121,7 @@ def ratio_pairs(rows: list[dict]) -> list[dict]:
         if p["mode"] == "per_query" and p["num_query_tokens"] == 16:
             add("sparse_vs_dense", r, d16.get(_shape(r), []))
     nsa = [r for r in rows if r["op"] == "nsa_verify"]
-    impl = ("impl",)
+    impl = ("impl", "branch_streams")  # only unfused rows carry branch_streams
     unf = _index([r for r in nsa if r["params"]["impl"] == "unfused"], lambda r: _key(r, impl))
     for r in nsa:
         if r["params"]["impl"] == "fused":

@@ -125,7 +125,7 @@ class NsaVerifyConfig:
     )
 
     branch_streams: bool = field(
-        default=True,
+        default=nsa_plan.DEFAULT_BRANCH_STREAMS,
         metadata={
             "help": "the unfused baseline (nsa_verify_unfused) runs its branches side by side "
             "on streams of their own (kernels.branch_streams): the window branch beside the "

@@ -98,6 +98,10 @@ FIT_MAX_TILE_ROWS = 32
 # with the other branches ("paired", the default; ``pairs_launches``).
 CONTEXT_TILES = ("per_tile", "shared", "paired")
 DEFAULT_CONTEXT_TILES = "paired"
+# NsaVerifyConfig.branch_streams: the unfused baseline's branches side by side on streams of
+# their own (True, the default) or in series on one (also what an unfused kernel row without
+# params.branch_streams ran).
+DEFAULT_BRANCH_STREAMS = True
 # Programs of kernels.nsa_pair's launch one SM holds (ptxas, sm_90, D = 128: 203 registers and
 # 112 KB of shared memory a program, on Triton 3.6).
 PAIRED_RESIDENT = 2

@@ -1,14 +1,17 @@
 """The work one NSA verification call does, counted from the launch plan the current kernels
 make (``perfmodel.nsa_plan``: ``tile_packing``, ``slot_counts``, ``split_slots``), without torch.
 
-A call runs its launches in series (``forward_launches``); each forward launch has ``B x Hkv x
-tiles x S`` programs, each an equal slice of one branch's key tiles of one row tile
-(compressed tokens, the tile's union of selected blocks, window plus draft tail). Under
-``shared_context`` (``NsaVerifyConfig.context_tiles`` "shared" or "paired") the compressed
-branch's launch has the packed schedule's tiles, the others the row schedule's; "paired" runs a
-fused reuse call's two launches as one where one wave holds them
-(``nsa_plan.pairs_launches``): one launch's waves, its chain the longer of the two parts' or
-their tiles over the SMs' resident programs. ``NsaWork`` counts:
+A call's forward launches (``forward_launches``) each have ``B x Hkv x tiles x S`` programs,
+each an equal slice of one branch's key tiles of one row tile (compressed tokens, the tile's
+union of selected blocks, window plus draft tail). Under ``shared_context``
+(``NsaVerifyConfig.context_tiles`` "shared" or "paired") the compressed branch's launch has the
+packed schedule's tiles, the others the row schedule's. Launches run in series, except those
+that share the SMs at once, counted as one part (one launch's waves, a chain of the busiest of
+their slices or of their tiles over the SMs' resident programs). "paired" runs a fused reuse
+call's two launches as one where one wave holds them (``nsa_plan.pairs_launches``);
+``branch_streams`` runs an unfused call's branches on streams of their own (``side_by_side``):
+a reuse call's three launches as one part, a refresh call's compressed and window launches as
+one part and then the selected launch. ``NsaWork`` counts:
 
 - ``requested_bytes``: what the programs read and write: every row tile's K/V tiles (the
   compressed tokens once per tile of their launch, the window once per tile, the tile's own
@@ -16,18 +19,19 @@ their tiles over the SMs' resident programs. ``NsaWork`` counts:
   queries, outputs, gates, the fp32 slot partials a merge reads back, an unfused call's branch
   outputs, a refresh call's block scores; ``unique_bytes``: the same with the compressed tokens
   and the window once per (sequence, KV head) -- the other tiles' reads of them may hit L2;
-- ``chain_tiles``: key tiles in series, summed over the forward launches: per launch the busiest
-  program's slice, or the launch's tiles over its resident programs when the grid overfills the
-  SMs (``resident_programs``: what shared memory holds), weighted by
-  ``dense_work.key_tile_weight`` (a tile's MMAs and softmax at its head dimension over their
-  work at D = 128); a tile's load latency over the pipeline's depth prices it (Little's law:
-  the bytes in flight per SM set the rate);
-- ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series;
+- ``chain_tiles``: key tiles in series, summed over the parts: per part the busiest program's
+  slice, or the part's tiles over its resident programs when the grid overfills the SMs
+  (``resident_programs``: what shared memory holds), weighted by ``dense_work.key_tile_weight``
+  (a tile's MMAs and softmax at its head dimension over their work at D = 128); a tile's load
+  latency over the pipeline's depth prices it (Little's law: the bytes in flight per SM set
+  the rate);
+- ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series (of
+  merges side by side, the longest);
 - ``mma_flops``: the FLOPs of the padded MMA tiles: every ``BLOCK_M`` row of a row tile against
   every key of the tile's branches (its union of selected blocks included: a row computes the
   blocks its tile's other rows selected, masked), ``4 x BLOCK_M x D`` a key;
 - ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count half);
-- ``waves``: program waves summed over the launches (each pays a prologue and an epilogue);
+- ``waves``: program waves summed over the parts (each pays a prologue and an epilogue);
 - ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one program of
   the top-n pick; its block scoring's bytes and FLOPs are in the counts above
   (``block_score_work``).
@@ -92,6 +96,9 @@ class NsaShape:
     # NsaVerifyConfig.context_tiles as its index in nsa_plan.CONTEXT_TILES: 0 "per_tile",
     # 1 "shared", 2 "paired".
     shared_context: int = 0
+    # NsaVerifyConfig.branch_streams: 1, an unfused call's branches side by side on streams of
+    # their own (kernels.nsa_verify.nsa_verify_unfused); 0, in series. Fused calls ignore it.
+    branch_streams: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
@@ -199,45 +206,95 @@ def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
     return keys * s.head_dim * ELEM_BYTES, keys * comp.block_m * s.head_dim * 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Forward work that holds the SMs at once: its programs (x slots), the programs one SM
+    holds, the busiest program's slice and the key tiles of all its programs."""
+
+    grid: int
+    resident: int
+    busiest: float
+    key_tiles: float
+
+
+def launch_part(
+    s: NsaShape, launch: Launch, num_sms: int, smem_per_sm_bytes: int
+) -> tuple[Part, int]:
+    """One forward launch as a ``Part``, and the slots each of its programs has: as many as
+    the host sizes at the longest prefix and its assumed overlap (``nsa_plan.slot_counts``)."""
+    heads = s.batch * s.num_kv_heads
+    assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
+    programs = heads * len(launch.rows)
+    host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
+    n = sum(slot_counts(host, programs, num_sms, launch.branches))
+    busiest = total = 0.0
+    for u in launch.units:
+        split = split_slots(n, u, launch.branches)
+        for x in range(3):
+            if launch.branches[x]:
+                busiest = max(busiest, math.ceil(u[x] / max(split[x], 1)))
+                total += heads * u[x]
+    resident = resident_programs(launch.block_m, s.head_dim, smem_per_sm_bytes)
+    return Part(programs * n, resident, busiest, total), n
+
+
+def side_by_side(*parts: Part) -> Part:
+    """Launches on streams of their own as one part that shares the SMs: the busiest slice of
+    any, their programs and key tiles together, each program weighed by the share of an SM it
+    takes (``1 / resident``, in units of the residents' least common multiple)."""
+    per_sm = math.lcm(*(p.resident for p in parts))
+    return Part(
+        sum(p.grid * (per_sm // p.resident) for p in parts),
+        per_sm,
+        max(p.busiest for p in parts),
+        sum(p.key_tiles * (per_sm // p.resident) for p in parts),
+    )
+
+
+def _schedule(
+    s: NsaShape, parts: list[Part], slots: list[int], fused: bool, refresh: bool, num_sms: int
+) -> tuple[list[Part], int]:
+    """The parts of a call that run in series, and its merge steps: the slots its merges read,
+    summed over merges in series and the longest of those side by side."""
+    paired = s.shared_context == PAIRED and fused and not refresh and len(parts) == 2
+    if paired and pairs_launches(parts[0].grid + parts[1].grid, num_sms):
+        a, b = parts  # one launch of kernels.nsa_pair, PAIRED_RESIDENT programs an SM
+        grid, tiles = a.grid + b.grid, a.key_tiles + b.key_tiles
+        return [Part(grid, PAIRED_RESIDENT, max(a.busiest, b.busiest), tiles)], sum(slots)
+    if fused or not s.branch_streams:
+        # Merges in series: fused, one over every slot (a refresh call's reads the compressed
+        # launch's slots too); unfused, one per branch: the slots of every launch.
+        return parts, sum(slots)
+    (comp, sel, win), (n_comp, n_sel, n_win) = parts, slots
+    if not refresh:  # every branch, forward and merge, beside the others
+        return [side_by_side(comp, sel, win)], max(slots)
+    # First the compressed forward, its block scoring and top-n pick, the window branch beside
+    # them; then the selected branch, the compressed merge beside it. Merges side by side count
+    # as the longest of them and stages in series add: the window merge runs in the first
+    # stage, where no other merge does, so it counts whole; the compressed and selected merges
+    # share the second, so the longer of the two counts.
+    return [side_by_side(comp, win), sel], n_win + max(n_comp, n_sel)
+
+
 def nsa_call_work(
     s: NsaShape, *, fused: bool, refresh: bool, num_sms: int, smem_per_sm_bytes: int
 ) -> NsaWork:
     """The work of one ``nsa_verify`` (``fused``) or ``nsa_verify_unfused`` call, a refresh
     call (it selects its blocks) or a reuse one, on ``num_sms`` SMs."""
     heads = s.batch * s.num_kv_heads
-    # The host sizes the slots at the longest prefix and its assumed overlap.
-    assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
-    kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
-    waves = partial_bytes = merge = tile_reads = flops = 0.0
     launches = forward_launches(s, fused=fused, refresh=refresh)
-    parts = []  # per launch: programs x slots, resident programs, busiest slice, key tiles
+    parts, slots = [], []  # per launch: its part, its slots a program
+    tile_reads = flops = partial_bytes = 0.0
     for launch in launches:
-        programs = heads * len(launch.rows)
-        resident = resident_programs(launch.block_m, s.head_dim, smem_per_sm_bytes)
-        host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
-        n = sum(slot_counts(host, programs, num_sms, launch.branches))
-        busiest = total = 0.0
-        for u in launch.units:
-            split = split_slots(n, u, launch.branches)
-            for x in range(3):
-                if launch.branches[x]:
-                    busiest = max(busiest, math.ceil(u[x] / max(split[x], 1)))
-                    total += heads * u[x]
-        parts.append((programs * n, resident, busiest, total))
-        partial_bytes += 2 * programs * n * launch.block_m * (s.head_dim + 2) * F32
-        # Merges in series: fused, one over every slot (a refresh call's reads the compressed
-        # launch's slots too); unfused, one per branch: the slots of every launch.
-        merge += n
-        tile_reads += total
-        flops += total * launch.block_m
-    paired = s.shared_context == PAIRED and fused and not refresh and len(parts) == 2
-    if paired and pairs_launches(parts[0][0] + parts[1][0], num_sms):
-        (g0, _, b0, t0), (g1, _, b1, t1) = parts
-        parts = [(g0 + g1, PAIRED_RESIDENT, max(b0, b1), t0 + t1)]
-    chain = 0.0
-    for grid, resident, busiest, total in parts:
-        chain += max(busiest, total / (num_sms * resident))
-        waves += math.ceil(grid / (num_sms * resident))
+        part, n = launch_part(s, launch, num_sms, smem_per_sm_bytes)
+        parts.append(part)
+        slots.append(n)
+        tile_reads += part.key_tiles
+        flops += part.key_tiles * launch.block_m
+        partial_bytes += 2 * part.grid * launch.block_m * (s.head_dim + 2) * F32
+    series, merge = _schedule(s, parts, slots, fused, refresh, num_sms)
+    chain = sum(max(p.busiest, p.key_tiles / (num_sms * p.resident)) for p in series)
+    waves = sum(math.ceil(p.grid / (num_sms * p.resident)) for p in series)
     comp_units, _, win_units = branch_units(s, 0.0)
     selected = sum(branch_units(s, tile_union_blocks(s, r))[1] for r in tile_rows(s))
     rows_q = s.batch * s.t * s.num_q_heads
@@ -251,13 +308,14 @@ def nsa_call_work(
         score_bytes, score_flops = block_score_work(s, launches[0])
         other += score_bytes
     block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[2]
+    kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
     return NsaWork(
         # Every tile reads its branches' key tiles; the compressed tokens and the window once
         # per (sequence, KV head) are the unique ones (the other tiles' reads may hit L2).
         requested_bytes=float(tile_reads * kv_tile + other),
         unique_bytes=float(heads * (comp_units + win_units + selected) * kv_tile + other),
         chain_tiles=float(chain * key_tile_weight(s.head_dim)),
-        merge_steps=merge,
+        merge_steps=float(merge),
         row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
         waves=float(waves),
         pick_rows=float(pick_rows),

@@ -33,6 +33,7 @@ import numpy as np
 from ssvkit.perfmodel.columns import MODE_CODES, Columns
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
+    DEFAULT_BRANCH_STREAMS,
     PER_QUERY,
     is_packed,
     merge_steps,
@@ -185,7 +186,8 @@ def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
 
 def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
     """The ``perfmodel.nsa_work.NsaShape`` fields of every point (the compression window twice
-    its stride, as the strategies' defaults have it)."""
+    its stride, as the strategies' defaults have it; an unfused call's branches as the kernels'
+    default ``NsaVerifyConfig.branch_streams`` runs them)."""
     return dict(
         batch=c.batch,
         t=np.ceil(c.rows),
@@ -201,6 +203,7 @@ def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
         comp_block=2 * np.maximum(c.comp_stride, 1),
         comp_stride=np.maximum(c.comp_stride, 1),
         shared_context=c.nsa_shared_context,
+        branch_streams=int(DEFAULT_BRANCH_STREAMS),
     )
 
 

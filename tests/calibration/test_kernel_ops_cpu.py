@@ -40,8 +40,23 @@ def _configs() -> list[kg.KernelConfig]:
         ]
 
 
-def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep):
+def _recording(fn, impl: str, ran: list):
+    """``fn`` that first notes its ``impl`` and its config's ``branch_streams`` in ``ran``."""
+
+    def record(*args, **kw):
+        config = kw.get("config")
+        ran.append((impl, None if config is None else config.branch_streams))
+        return fn(*args, **kw)
+
+    return record
+
+
+def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep, monkeypatch):
     from ssvkit.kernels import nsa_verify, select_blocks, sparse_verify
+
+    ran = []  # (implementation, the config's branch_streams) of each NSA call
+    for name, impl in (("nsa_verify", "fused"), ("nsa_verify_unfused", "unfused")):
+        monkeypatch.setattr(nsa_verify, name, _recording(getattr(nsa_verify, name), impl, ran))
 
     mods = {"sparse": sparse_verify, "nsa": nsa_verify, "select": select_blocks}
     r = Runner(tmp_path / "rows.jsonl", 600.0, config=tm.QUICK_TIMING, timings=("graph",))
@@ -63,6 +78,12 @@ def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep):
     assert [p["missed_blocks"] for p in by_op["repair"]] == [2, 8]
     nsa = {(p["mode"], p["impl"], p["window"], p["overlap"]) for p in by_op["nsa_verify"]}
     assert nsa == {("reuse", i, 512, 0.7) for i in ("fused", "unfused")}
+    # Each variant runs with its row's branch_streams (none: one stream), not the default.
+    assert {(p["impl"], p.get("branch_streams")) for p in by_op["nsa_verify"]} == {
+        ("fused", None),
+        ("unfused", True),
+    }
+    assert set(ran) == {("fused", False), ("unfused", True)}
     assert all(not ops.run_config(r, cfg, 0, mods.get(cfg.step)) for cfg in configs)
     assert len(read_rows(r.path)) == 10
     assert {p["impl"] for p in by_op["select_blocks"]} == {"one_launch", "two_launch"}

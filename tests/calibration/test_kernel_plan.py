@@ -65,11 +65,13 @@ def test_the_design_keeps_the_committed_rows_keys(design):
     """Every kernel row the H200 has committed is a row of the design, so a calibration run
     measures none of them again (only the ceilings rows of each run are not configs), except
     select rows without an ``impl``: they timed the two-launch selection before it had a
-    one-launch form, and the design times both under new keys; and NSA rows of a row schedule
+    one-launch form, and the design times both under new keys; NSA rows of a row schedule
     whose ``context_tiles`` (none: "per_tile") is not the kernels' default: they timed an
-    earlier default, and the design times today's under new keys."""
-    committed = {
-        row_key(r["op"], r["timing"], r["params"])
+    earlier default, and the design times today's under new keys; and unfused NSA rows without
+    ``branch_streams``: they ran one stream, and the design times the same configs side by
+    side under keys of their own, while every fused NSA row keeps its key."""
+    kept = [
+        r
         for r in read_rows(H200_ROWS)
         if r["timing"] == "graph"
         and r["op"] not in ("device_copy", "empty_triton_kernel")
@@ -78,8 +80,21 @@ def test_the_design_keeps_the_committed_rows_keys(design):
             r["params"].get("rows_per_tile")
             and r["params"].get("context_tiles") != DEFAULT_CONTEXT_TILES
         )
-    }
-    assert len(committed) > 500 and committed <= _keys(design)
+    ]
+    serial = [
+        r
+        for r in kept
+        if r["op"] == "nsa_verify"
+        and r["params"]["impl"] == "unfused"
+        and "branch_streams" not in r["params"]
+    ]
+    one_stream = {row_key(r["op"], r["timing"], r["params"]) for r in serial}
+    committed = {row_key(r["op"], r["timing"], r["params"]) for r in kept}
+    planned = _keys(design)
+    assert len(committed) > 500 and one_stream and committed - one_stream <= planned
+    assert not one_stream & planned
+    side = {row_key(r["op"], r["timing"], {**r["params"], "branch_streams": True}) for r in serial}
+    assert side <= planned
     pending = kernel_sweep.pending_against(done_keys([H200_ROWS]), ("graph",))
     left = [v for c in design for v in pending(c)]
     assert (

@@ -16,6 +16,7 @@ from ssvkit.calibration.kernel_design import design_configs
 from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
 from ssvkit.calibration.kernel_plan import compile_keys, plan_shards, variant_work
 from ssvkit.calibration.kernel_summary import summarise
+from ssvkit.calibration.row_work import nsa_work
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.rows import row_key
 
@@ -55,6 +56,39 @@ def test_one_row_tiles_are_the_per_query_class_and_carry_their_plan():
     assert serial_steps(unfused, 132) == 12
     # One draft row is one tile whatever the schedule: the packed class prices it.
     assert op_class(_nsa_row(t=1, rows_per_tile=1)) == "nsa_verify/reuse/fused"
+
+
+def test_unfused_rows_are_priced_as_their_branch_streams_ran():
+    """An unfused row without ``params.branch_streams`` ran its branches on one stream: its
+    merges in series (4 + 4 + 4 slots at four rows a tile); with it, side by side: the longest
+    (4) and a shorter chain, on the same bytes. A fused row ignores it."""
+    one = _nsa_row(rows_per_tile=4, impl="unfused")
+    side = _nsa_row(rows_per_tile=4, impl="unfused")
+    side["params"]["branch_streams"] = True
+    assert (serial_steps(one, 132), serial_steps(side, 132)) == (12, 4)
+    w_one, w_side = nsa_work(one, None), nsa_work(side, None)
+    assert w_side.chain_tiles < w_one.chain_tiles
+    assert w_side.requested_bytes == w_one.requested_bytes
+    fused = _nsa_row(rows_per_tile=4)
+    fused_side = _nsa_row(rows_per_tile=4)
+    fused_side["params"]["branch_streams"] = True
+    assert nsa_work(fused, None) == nsa_work(fused_side, None)
+
+
+def test_unfused_variants_run_their_branches_side_by_side():
+    """The sweep's unfused NSA rows carry ``branch_streams`` True, so they are timed again
+    beside the committed one-stream rows (other keys); the fused rows' params, and so their
+    keys, are those of the committed rows."""
+    with ki.geometry("tiny"):
+        configs = [kg.nsa_config(4096, 5, 1, None), kg.nsa_config(4096, 5, 1, 0.7, 4)]
+    variants = [v for c in configs for v in c.variants]
+    assert {v.params["impl"] for v in variants} == {"fused", "unfused"}
+    for v in variants:
+        unfused = v.params["impl"] == "unfused"
+        assert v.params.get("branch_streams") is (True if unfused else None)
+        one_stream = {k: x for k, x in v.params.items() if k != "branch_streams"}
+        keys = {row_key(v.op, "graph", p) for p in (v.params, one_stream)}
+        assert len(keys) == (2 if unfused else 1)
 
 
 def test_tile_bytes_count_each_tiles_union_outside_the_window():

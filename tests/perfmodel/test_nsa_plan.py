@@ -137,6 +137,29 @@ def test_step_model_nsa_ops_carry_the_launch_plan():
     assert float(op2.tile_rows[0]) / TINY.num_layers == 32
 
 
+def test_predictions_price_the_kernels_default_branch_streams():
+    """The step model's unfused NSA ops carry the slot plan of the branches as
+    ``NsaVerifyConfig``'s default runs them (side by side): fewer merge steps than in series."""
+    from ssvkit.kernels.nsa_config import NsaVerifyConfig
+    from ssvkit.perfmodel.nsa_plan import DEFAULT_BRANCH_STREAMS
+    from ssvkit.perfmodel.nsa_work import nsa_work_arrays
+    from ssvkit.perfmodel.ops import local_heads
+    from ssvkit.perfmodel.sparse_ops import nsa_shape
+
+    assert DEFAULT_BRANCH_STREAMS == NsaVerifyConfig().branch_streams
+    gpu = get_gpu("h100-sxm", measured=False)
+    c = build_columns(TINY, [(_nsa("chain:11"), Workload(context_len=16384))])
+    p = predict_columns(TINY, c, RooflinePredictor(gpu, tp=c.tp))
+    shape = nsa_shape(TINY, c, *local_heads(TINY, c.tp))
+    assert shape["branch_streams"] == int(NsaVerifyConfig().branch_streams)
+    kw = dict(fused=False, refresh=True, num_sms=gpu.num_sms)
+    side = nsa_work_arrays(shape, **kw)["merge_steps"]
+    series = nsa_work_arrays({**shape, "branch_streams": 0}, **kw)["merge_steps"]
+    plan = p.ops["verify.sparse_attention_refresh"].slot_plan
+    np.testing.assert_array_equal(plan.serial_steps / plan.calls, side)
+    assert np.all(side < series)
+
+
 @pytest.mark.skipif(profile_path("h100-sxm") is None, reason="no committed H100 profile")
 def test_calibrated_nsa_time_follows_the_plan_not_the_row_count():
     """At the tiny pair's heads the measured reuse call is slower at t = 12 (one tile, 64

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.nsa_plan import slot_counts, split_slots, tile_packing
-from ssvkit.perfmodel.nsa_work import NsaShape, nsa_call_work, nsa_work_arrays
+from ssvkit.perfmodel.nsa_work import (
+    NsaShape,
+    forward_launches,
+    launch_part,
+    nsa_call_work,
+    nsa_work_arrays,
+    side_by_side,
+)
 
 SMS, SMEM = 132, 228 * 1024
 SHAPE = NsaShape(
@@ -162,3 +169,66 @@ def test_a_refresh_call_counts_its_block_scoring():
     one = dataclasses.replace(SHAPE, t=1)
     comp1 = forward_launches(one, fused=True, refresh=True)[0]
     assert block_score_work(one, comp1) == (8 * 8.0 * 1 * 4 * nc, 0.0)
+
+
+def _streams(shape: NsaShape, *, fused: bool, refresh: bool):
+    """The call in series and with its branches side by side (``branch_streams``)."""
+    kw = dict(fused=fused, refresh=refresh, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    one = nsa_call_work(shape, **kw)
+    return one, nsa_call_work(dataclasses.replace(shape, branch_streams=1), **kw)
+
+
+def _same_work_overlapped(one, side) -> None:
+    assert (side.requested_bytes, side.unique_bytes, side.mma_flops) == (
+        one.requested_bytes,
+        one.unique_bytes,
+        one.mma_flops,
+    )
+    assert (side.row_cost, side.pick_rows) == (one.row_cost, one.pick_rows)
+    assert side.chain_tiles <= one.chain_tiles and side.waves <= one.waves
+    assert side.merge_steps <= one.merge_steps
+
+
+def test_unfused_reuse_branches_side_by_side_share_the_sms():
+    """Batch 1, 17 rows at 32K: the compressed, selected and window launches (busiest slices
+    4, 23 and 2 tiles; 8, 8 and 5 slots; 128 + 128 + 80 programs, two an SM) each fill less
+    than the GPU. In series: 4 + 23 + 2 tiles, three waves, 8 + 8 + 5 merge slots; side by side
+    one part: 23 tiles, two waves (336 programs over 264), the longest merge's 8 slots. At
+    batch 16 and 64 the launches fill the SMs: never more than in series."""
+    one, side = _streams(SHAPE, fused=False, refresh=False)
+    _same_work_overlapped(one, side)
+    assert (one.chain_tiles, one.waves, one.merge_steps) == (29, 3, 21)
+    assert (side.chain_tiles, side.waves, side.merge_steps) == (23, 2, 8)
+    for batch, context_len in ((16, 32768), (64, 131072)):
+        shape = dataclasses.replace(SHAPE, batch=batch, context_len=context_len)
+        _same_work_overlapped(*_streams(shape, fused=False, refresh=False))
+
+
+def test_unfused_refresh_runs_the_selected_launch_after_the_others():
+    """A refresh call's selection waits for the compressed launch: the compressed and window
+    launches share the SMs (4 tiles), then the selected launch adds its 23; the window merge
+    (5 slots) counts whole, the compressed merge beside the selected one the longer of their 8
+    and 8."""
+    one, side = _streams(SHAPE, fused=False, refresh=True)
+    _same_work_overlapped(one, side)
+    comp, sel, win = (
+        launch_part(SHAPE, x, SMS, SMEM) for x in forward_launches(SHAPE, fused=False, refresh=True)
+    )
+    first = side_by_side(comp[0], win[0])
+    first_chain = max(first.busiest, first.key_tiles / (SMS * first.resident))
+    assert first_chain == 4 and sel[0].busiest == 23
+    assert side.chain_tiles == first_chain + sel[0].busiest > first_chain
+    assert side.merge_steps == win[1] + max(comp[1], sel[1]) == 5 + 8
+    assert side.waves == 2 and one.waves == 3
+    reuse = _streams(SHAPE, fused=False, refresh=False)[1]
+    assert side.chain_tiles > reuse.chain_tiles  # not all three as one part
+    shape = dataclasses.replace(SHAPE, batch=16)
+    _same_work_overlapped(*_streams(shape, fused=False, refresh=True))
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize("shared_context", [0, 2])
+def test_fused_calls_ignore_branch_streams(refresh, shared_context):
+    shape = dataclasses.replace(SHAPE, shared_context=shared_context, rows_per_tile=4)
+    one, side = _streams(shape, fused=True, refresh=refresh)
+    assert side == one
