@@ -13,13 +13,17 @@ pair's positions hold with the new tokens and the largest verify tail (``ssv_pla
 controller may switch to any tree). A run that fails is recorded with its one-line error, not
 skipped. ``--resume FILE`` appends each finished run and skips those already there on a later
 call with the same settings and commit; ``--stop-after S`` starts no run after S seconds (the
-document, rewritten after every run, then says ``complete: false``).
+document, rewritten after every run, then says ``complete: false``). ``--repeats N`` runs every
+(context, baseline, drafter, batch) N times, the rounds interleaved (every run once, then every
+run again), so a slow spell of the machine touches each baseline alike: the table shows each
+one's median and the range of its runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--baselines", default=",".join(BASELINES))
     p.add_argument("--drafters", default="draft_model,ngram", help="of the speculative ones")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per sequence")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs of each, interleaved (table: median, range)"
+    )
     p.add_argument(
         "--planner",
         default=str(record_path("planner.json")),
@@ -105,9 +112,12 @@ def parse_contexts(text: str, new_tokens: int) -> list[int]:
 
 def plan(args) -> list[dict]:
     """Every run: context, baseline, drafter (None for the autoregressive ones and
-    ssv_planned), batch."""
+    ssv_planned), batch, and with ``--repeats`` > 1 its ``repeat`` (0, 1, ...: every run of
+    one repeat before the next repeat's)."""
     if args.new_tokens < 1:
         raise ValueError(f"--new-tokens must be >= 1, got {args.new_tokens}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     contexts = parse_contexts(args.contexts, args.new_tokens)
     batches = parse_count_list(args.batches, "--batches")
     names = [n for n in args.baselines.split(",") if n]
@@ -121,7 +131,15 @@ def plan(args) -> list[dict]:
             for name in names:
                 for d in drafters if name in SPECULATIVE else [None]:
                     runs.append({"context": ctx, "baseline": name, "drafter": d, "batch": b})
-    return runs
+    if args.repeats == 1:
+        return runs
+    return [dict(r, repeat=k) for k in range(args.repeats) for r in runs]
+
+
+def run_key(run: dict) -> str:
+    """A run's key in the run cache and the document (repeat 0 keyed as a single run)."""
+    key = f"{run['context']}|{run['baseline']}|{run['drafter']}|{run['batch']}"
+    return f"{key}|{run['repeat']}" if run.get("repeat") else key
 
 
 def decode_argv(args, run: dict, ranking: str | None) -> list[str]:
@@ -204,7 +222,7 @@ def main(argv=None) -> int:
     def write(complete: bool) -> dict:
         doc = {
             "provenance": prov,
-            "settings": {**settings, "contexts": contexts},
+            "settings": {**settings, "contexts": contexts, "repeats": args.repeats},
             "complete": complete,
             "runs": rows,
         }
@@ -214,7 +232,7 @@ def main(argv=None) -> int:
     complete = True
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
-            key = f"{run['context']}|{run['baseline']}|{run['drafter']}|{run['batch']}"
+            key = run_key(run)
             if (cache is None or key not in cache.runs) and time.perf_counter() > stop_at:
                 complete = False
                 break
@@ -236,7 +254,8 @@ def main(argv=None) -> int:
 
 def table(doc: dict) -> str:
     """Tokens/s per baseline (rows) and batch (columns), one block per context and drafter (a
-    document of one context names it in its settings)."""
+    document of one context names it in its settings); of repeated runs the median, and a line
+    per baseline of their range."""
     runs = doc["runs"]
     batches = sorted({r["batch"] for r in runs})
     one = doc["settings"].get("context")
@@ -248,21 +267,25 @@ def table(doc: dict) -> str:
         lines.append(
             f"{'baseline':16s} {'drafter':12s}" + "".join(f"{f'b={b}':>10s}" for b in batches)
         )
+        spread = []
         for name, drafter in dict.fromkeys((r["baseline"], r["drafter"]) for r in here):
             cells = []
             for b in batches:
-                r = next(
-                    (
-                        x
-                        for x in here
-                        if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
-                    ),
-                    None,
-                )
-                ok = r is not None and "report" in r
-                value = r["report"]["tokens_per_s"]["value"] if ok else None
-                cells.append(f"{value:10.1f}" if ok else f"{'-':>10s}")
+                values = [
+                    x["report"]["tokens_per_s"]["value"]
+                    for x in here
+                    if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
+                    and "report" in x
+                ]
+                cells.append(f"{statistics.median(values):10.1f}" if values else f"{'-':>10s}")
+                if len(values) > 1:
+                    spread.append(
+                        f"  {name} {drafter or ''} b={b}: {len(values)} runs, "
+                        f"{min(values):.1f} to {max(values):.1f}"
+                    )
             lines.append(f"{name:16s} {drafter or '':12s}" + "".join(cells))
+        if spread:
+            lines += ["median of the runs; their range:", *spread]
     return "\n".join(lines)
 
 

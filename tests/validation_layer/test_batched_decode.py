@@ -65,6 +65,30 @@ def test_every_context_batch_and_baseline_runs_and_resumes(tmp_path, monkeypatch
     assert json.loads((tmp_path / "b.json").read_text())["runs"] == doc["runs"]
 
 
+def test_repeats_interleave_and_the_table_shows_their_median_and_range(tmp_path, monkeypatch):
+    """Every run once, then every run again; the table's cell is the runs' median (here the
+    middle of three made-up speeds) and a line gives their range."""
+    speeds = iter([100.0, 10.0, 300.0, 30.0, 200.0, 20.0])
+
+    def fake(argv, folder):
+        report = {"tokens_per_s": {"value": next(speeds)}, "context": 200, "batch": 1}
+        return 0, json.dumps(report), ""
+
+    monkeypatch.setattr(batched_decode, "run_ssvkit", fake)
+    argv = _argv(tmp_path, "--repeats", "3")
+    argv[argv.index("--contexts") + 1] = "200"
+    argv[argv.index("--batches") + 1] = "1"
+    assert batched_decode.main(argv) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    order = [(r["baseline"], r["repeat"]) for r in doc["runs"]]
+    assert order == [(n, k) for k in range(3) for n in ("ar_dense", "sd_dense")]
+    assert doc["settings"]["repeats"] == 3
+    assert len({r["key"] for r in doc["runs"]}) == 6
+    text = batched_decode.table(doc)
+    assert "200.0" in text and "20.0" in text.splitlines()[3]
+    assert "ar_dense  b=1: 3 runs, 100.0 to 300.0" in text
+
+
 def test_stop_after_writes_the_runs_so_far(tmp_path, monkeypatch):
     monkeypatch.setattr(batched_decode, "run_ssvkit", _never)
     assert batched_decode.main(_argv(tmp_path, "--stop-after", "0")) == 0
@@ -84,11 +108,15 @@ def test_max_is_the_longest_context_the_tiny_pair_holds():
         (["--contexts", "8K,x"], "x"),
         (["--baselines", "ar_fast"], "ar_fast"),
         (["--new-tokens", "0"], "--new-tokens must be >= 1"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, change, message):
     argv = _argv(tmp_path)
-    argv[argv.index(change[0]) + 1] = change[1]
+    if change[0] in argv:
+        argv[argv.index(change[0]) + 1] = change[1]
+    else:
+        argv += change
     assert batched_decode.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
