@@ -22,6 +22,30 @@ def verify_forward_s(pred) -> float:
     )
 
 
+def predicted_verify_s(
+    strategy, model_name: str, context: int, t: int, gpu: str, elementwise: str
+) -> tuple[float | None, str]:
+    """perfmodel's verify forward (``verify_forward_s``) of ``t`` rows at ``context``, batch 1
+    (the engine's element-wise ops as ``elementwise`` runs them; ``model_name`` a ModelSpec,
+    ``random:`` prefixed or not) with the committed profile of ``gpu``, and its provenance;
+    (None, the reason) where it cannot."""
+    from ssvkit.perfmodel.calibrated import make_predictor
+    from ssvkit.perfmodel.hardware import get_gpu
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.step import build_columns, predict_columns
+    from ssvkit.perfmodel.strategy import Workload
+
+    try:
+        spec = get_model(model_name.removeprefix("random:"))
+        s = dataclasses.replace(strategy, tree=f"chain:{t - 1}")
+        wl = Workload(context_len=context, elementwise=elementwise)
+        cols = build_columns(spec, [(s, wl)])
+        pred = predict_columns(spec, cols, make_predictor(get_gpu(gpu)), s.drafter)
+        return verify_forward_s(pred), pred.provenance
+    except ValueError as e:
+        return None, str(e).splitlines()[0]
+
+
 def prediction_intervals(pred, loop_s: float = 0.0):
     """The intervals (``perfmodel.intervals``) of point 0 of ``pred``, as {figure: [low, high]}:
     its verify forward (``verify_forward_s``), verify and draft steps, its round plus a loop

@@ -1,14 +1,13 @@
 """The engine's verify step op by op: every op of a decoder layer's forward as a callable the
 GPU timer can replay on its own (``layer_ops``), each op's floor (``op_floors``: bytes, FLOPs
 or one graph-replayed launch), the least a (sparse) step must read (``floor_bytes``), the blocks
-a sparse step's refresh layers select from the model's own queries (``selection_stats``), and
-perfmodel's verify time for the same point (``predicted_verify_s``). ``validation.engine_verify``
-times a whole step against them.
+a sparse step's refresh layers select from the model's own queries (``selection_stats``).
+``validation.engine_verify`` times a whole step against them and perfmodel's verify forward for
+the same point (``validation.decode_figures.predicted_verify_s``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -20,11 +19,7 @@ from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
 )
-from ssvkit.perfmodel.calibrated import make_predictor
-from ssvkit.perfmodel.hardware import get_gpu
-from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.step import ATTENTION_OPS, build_columns, predict_columns
-from ssvkit.perfmodel.strategy import Strategy, Workload
+from ssvkit.perfmodel.step import ATTENTION_OPS
 
 OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s=1.0)
 
@@ -219,24 +214,6 @@ def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
         )
         for k, b in moved.items()
     }
-
-
-def predicted_verify_s(
-    strategy: Strategy, model_name: str, context: int, t: int, gpu: str, elementwise: str
-):
-    """perfmodel's verify seconds of ``t`` rows at ``context`` (the engine's element-wise ops
-    as ``elementwise`` runs them) and its provenance; (None, the reason) where it cannot."""
-    try:
-        spec = get_model(
-            model_name.split(":", 1)[1] if model_name.startswith("random:") else model_name
-        )
-        s = dataclasses.replace(strategy, tree=f"chain:{t - 1}")
-        wl = Workload(context_len=context, elementwise=elementwise)
-        cols = build_columns(spec, [(s, wl)])
-        pred = predict_columns(spec, cols, make_predictor(get_gpu(gpu)), s.drafter)
-        return float(pred.verify_s[0]), pred.provenance
-    except ValueError as e:
-        return None, str(e).splitlines()[0]
 
 
 def time_ops(runner, attn, tree, tokens, queries=None, timing: str = "graph") -> dict:

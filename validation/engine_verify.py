@@ -23,7 +23,8 @@ the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, me
   queries in one recorded forward (``selection_stats``), and each attention op's time against
   the least read with that selection (``floor_selected_s``, ``over_floor_selected``); the
   attention ops are timed with those recorded queries;
-- ``predicted_verify_s``: perfmodel's verify step for the same point (calibrated profile).
+- ``predicted_verify_s``: perfmodel's verify forward for the same point (calibrated profile;
+  without the sampling and acceptance ops, which the timed forward does not run).
 
 The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
 document (rows + provenance) to ``--out`` when given, and prints a table.
@@ -68,13 +69,8 @@ from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import Strategy, elementwise_of_backend
 from ssvkit.planner.space import describe
-from ssvkit.validation.engine_ops import (
-    floor_bytes,
-    op_floors,
-    predicted_verify_s,
-    selection_stats,
-    time_ops,
-)
+from ssvkit.validation.decode_figures import predicted_verify_s
+from ssvkit.validation.engine_ops import floor_bytes, op_floors, selection_stats, time_ops
 from ssvkit.validation.records import (
     file_label,
     local_model,

@@ -1,11 +1,22 @@
 """The verify-step table of ``docs/results/engine.md`` from an ``engine_verify`` document
 (``validation/data/engine-verify-h200.json``): per strategy, context and draft rows, one
 CUDA-graph replay of the verify forward against the sum of its ops and against its floor, the
-attention ops' share and perfmodel's prediction, in milliseconds."""
+attention ops' share and perfmodel's prediction, in milliseconds: the one the document stored,
+or (``current_predictions``) the committed profile's now, which moves with every refit."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ssvkit.calibration.error_table import markdown_header, markdown_row
+from ssvkit.perfmodel.strategy import (
+    PACKED_ROWS,
+    Strategy,
+    elementwise_of_run,
+    with_nsa_rows_per_tile,
+)
+from ssvkit.validation.decode_figures import predicted_verify_s
+from ssvkit.validation.records import NSA_SCHEDULE
 
 K = 1024
 COLUMNS = (
@@ -27,10 +38,31 @@ def attention_s(row: dict) -> float:
     return sum(op["median_s"] * op["count"] for name, op in ops if name.startswith("attention"))
 
 
-def verify_markdown(doc: dict) -> str:
-    """One table row per row of ``doc``, in its order."""
+def row_strategy(row: dict) -> Strategy:
+    """The strategy a row measured: its baseline with the NSA row schedule and the compressed
+    branch's tiles it ran."""
+    s = Strategy.from_name(row["strategy"])
+    tiles = row.get("attention", {}).get("context_tiles", s.nsa_context_tiles)
+    s = dataclasses.replace(s, nsa_context_tiles=tiles)
+    return with_nsa_rows_per_tile(s, row.get(NSA_SCHEDULE, PACKED_ROWS))
+
+
+def current_predictions(doc: dict, gpu: str) -> list[float | None]:
+    """perfmodel's verify forward of every row of ``doc`` with ``gpu``'s committed profile, the
+    engine's element-wise ops as the document's run had them."""
+    elementwise = elementwise_of_run(doc["provenance"])
+    return [
+        predicted_verify_s(row_strategy(r), doc["model"], r["context"], r["t"], gpu, elementwise)[0]
+        for r in doc["rows"]
+    ]
+
+
+def verify_markdown(doc: dict, predicted: list[float | None] | None = None) -> str:
+    """One table row per row of ``doc``, in its order; the prediction column from ``predicted``
+    (one per row, ``current_predictions``) or, without it, the document's."""
     lines = markdown_header(COLUMNS)
-    for r in doc["rows"]:
+    stored = [r["predicted_verify_s"] for r in doc["rows"]]
+    for r, pred in zip(doc["rows"], stored if predicted is None else predicted, strict=True):
         lines.append(
             markdown_row(
                 (
@@ -41,7 +73,7 @@ def verify_markdown(doc: dict) -> str:
                     f"{r['graph_over_ops_sum']:.2f}",
                     f"{r['graph_over_floor']:.2f}",
                     f"{attention_s(r) * 1e3:.2f}",
-                    f"{r['predicted_verify_s'] * 1e3:.2f}",
+                    "-" if pred is None else f"{pred * 1e3:.2f}",
                 )
             )
         )

@@ -26,8 +26,9 @@ python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; no
 - ``nsa-stages``, ``nsa-stages-pdl``: whole NSA calls against their byte floor, and each call
   without and with PDL (``validation/data/nsa-stages-h200.json``,
   ``validation.nsa_stages_table``);
-- ``engine-verify``: the engine's verify step against its ops and its floor
-  (``validation/data/engine-verify-h200.json``, ``validation.engine_verify_table``).
+- ``engine-verify``: the engine's verify step against its ops and its floor, beside the
+  committed profile's prediction (``validation/data/engine-verify-h200.json``,
+  ``validation.engine_verify_table``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write, read_json
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.rows import load_rows
-from ssvkit.validation.engine_verify_table import verify_markdown
+from ssvkit.validation.engine_verify_table import current_predictions, verify_markdown
 from ssvkit.validation.nsa_stages_table import calls_markdown, pdl_markdown
 from ssvkit.validation.papers import markdown as papers_markdown
 from ssvkit.validation.papers import reproduce
@@ -310,10 +311,15 @@ BLOCKS = {
     "floors-h200": lambda: floor_targets_block("h200", (1, 4, 16)),
     "nsa-stages": lambda: calls_markdown(_stage_rows()),
     "nsa-stages-pdl": lambda: pdl_markdown(_stage_rows()),
-    "engine-verify": lambda: verify_markdown(
-        read_json(record_path("engine-verify-h200.json"), "engine verify")
-    ),
+    "engine-verify": lambda: _engine_verify_block("h200"),
 }
+
+
+def _engine_verify_block(gpu: str) -> str:
+    """The verify-step table of ``engine-verify-<gpu>.json``, predicted with ``gpu``'s committed
+    profile as it is now."""
+    doc = read_json(record_path(f"engine-verify-{gpu}.json"), "engine verify")
+    return verify_markdown(doc, current_predictions(doc, gpu))
 
 
 def render(text: str) -> str:
