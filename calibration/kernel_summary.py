@@ -171,18 +171,23 @@ def _repair(g: list[dict]) -> list[dict]:
 
 
 def _nsa(g: list[dict]) -> list[dict]:
-    """nsa_verify: the fused kernel's time and its speedup over the unfused calls."""
+    """nsa_verify: the fused kernel's time and its speedup over the unfused calls, those with
+    their branches side by side (``params.branch_streams``, the kernels' default; ``speedup``)
+    and on one stream (``speedup_one_stream``) where the rows hold them."""
     nsa = {}
     for r in g:
         if r["op"] == "nsa_verify" and not r["params"].get("rows_per_tile"):
             p = r["params"]
             gamma = p.get("overlap") or -1.0  # -1: the refresh path's own indices
             at = (_heads(p), p.get("num_query_tokens"), p["context_len"], p["batch"])
-            nsa[(*at, p["mode"], gamma, p["impl"])] = r["median_s"]
+            streams = bool(p.get("branch_streams"))
+            nsa[(*at, p["mode"], gamma, p["impl"], streams)] = r["median_s"]
     out = []
-    for (heads, t, ctx, bsz, mode, gamma, impl), s in sorted(nsa.items()):
-        unfused = nsa.get((heads, t, ctx, bsz, mode, gamma, "unfused"))
-        if impl == "fused" and unfused is not None:
+    for (heads, t, ctx, bsz, mode, gamma, impl, _), s in sorted(nsa.items()):
+        side, one = (
+            nsa.get((heads, t, ctx, bsz, mode, gamma, "unfused", x)) for x in (True, False)
+        )
+        if impl == "fused" and (side is not None or one is not None):
             out.append(
                 {
                     "heads": heads,
@@ -192,7 +197,8 @@ def _nsa(g: list[dict]) -> list[dict]:
                     "mode": mode,
                     "gamma": gamma if gamma >= 0 else None,
                     "fused_us": s * 1e6,
-                    "speedup": unfused / s,
+                    "speedup": None if side is None else side / s,
+                    "speedup_one_stream": None if one is None else one / s,
                 }
             )
     return out

@@ -85,6 +85,18 @@ def _nsa_row(median_s, **schedule):
     return row
 
 
+def test_the_fused_call_is_compared_with_the_unfused_side_by_side_and_on_one_stream():
+    """The fused row's speedup is over the unfused call with its branches side by side (the
+    kernels' default), and apart over the one-stream call; a file of one kind has only it."""
+    fused, one = _nsa_row(10e-6), _nsa_row(20e-6)
+    one["params"]["impl"] = "unfused"
+    side = {**one, "median_s": 15e-6, "params": {**one["params"], "branch_streams": True}}
+    (both,) = summarise([fused, one, side])["nsa"]
+    assert (both["speedup"], both["speedup_one_stream"]) == pytest.approx((1.5, 2.0))
+    (alone,) = summarise([fused, one])["nsa"]
+    assert alone["speedup"] is None and alone["speedup_one_stream"] == pytest.approx(2.0)
+
+
 def test_a_row_schedule_pairs_with_the_packed_call_whatever_its_compressed_tiles():
     """A row schedule's row keys ``context_tiles``, the packed row of the same call does not."""
     rows = [_nsa_row(20e-6), _nsa_row(30e-6, rows_per_tile=1, context_tiles="paired")]
