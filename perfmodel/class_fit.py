@@ -123,6 +123,11 @@ class CallInputs:
         )
 
 
+# The share of a class's fixed cost ``t0`` under which its memory term at the smallest measured
+# bytes counts as launch-bound (``ClassFit.in_range``).
+LAUNCH_BOUND_SHARE = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class ClassFit:
     """Fitted parameters of one op class."""
@@ -152,11 +157,17 @@ class ClassFit:
 
     def in_range(self, nbytes, flops, bw, peak):
         """True where the binding term of the model lies inside the measured range: bytes
-        always (the fixed cost and memory term), FLOPs where the compute term binds."""
+        always (the fixed cost and memory term), FLOPs where the compute term binds. Below the
+        smallest measured bytes of a class whose smallest rows are launch-bound (their memory
+        term under ``LAUNCH_BOUND_SHARE`` of ``t0``) a call is no extrapolation: fewer bytes
+        can only take it from that edge's time toward ``t0``."""
         nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
         lb, lf = _log_size(nbytes), _log_size(flops)
         tol = 1e-9
-        ok_b = (lb >= self.bytes_range[0] - tol) & (lb <= self.bytes_range[1] + tol)
+        edge = 10.0 ** self.bytes_range[0]
+        launch_bound = edge / (self.bytes_eff[0] * bw) <= LAUNCH_BOUND_SHARE * self.t0_s
+        low_ok = (lb >= self.bytes_range[0] - tol) | launch_bound
+        ok_b = low_ok & (lb <= self.bytes_range[1] + tol)
         ok_f = (lf >= self.flops_range[0] - tol) & (lf <= self.flops_range[1] + tol)
         eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
         ef = np.interp(lf, self.flops_knots, self.flops_eff)

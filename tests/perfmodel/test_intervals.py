@@ -187,6 +187,24 @@ def test_an_extrapolated_call_gets_a_wider_interval_than_the_same_op_in_range():
     assert rel[1, 1] - rel[1, 0] > 2 * (rel[0, 1] - rel[0, 0])
 
 
+def test_below_a_launch_bound_class_s_smallest_rows_is_no_extrapolation():
+    """The autoregressive round's acceptance step moves fewer bytes a launch than any
+    ``residual_add`` row, whose smallest rows are launch-bound: no extrapolation. A class whose
+    smallest rows are not launch-bound flags the same call."""
+    import dataclasses
+
+    from ssvkit.perfmodel.accept_ops import ONE_LAUNCH_CLASS
+
+    pred = _predict(get_gpu("h100-sxm"))
+    assert not pred.op_outside["verify.accept"][0] and not pred.extrapolated[0]
+    fit = shipped_profile("h100-sxm").classes[ONE_LAUNCH_CLASS]
+    bw, peak = 3e12, 1e15
+    small = 10 ** fit.bytes_range[0] / 30
+    assert fit.in_range(small, 0.0, bw, peak) and not fit.in_range(small * 1e6, 0.0, bw, peak)
+    slow = dataclasses.replace(fit, t0_s=fit.t0_s * 1e-3)
+    assert not slow.in_range(small, 0.0, bw, peak)
+
+
 def test_roofline_and_cross_architecture_predictions_carry_no_interval():
     roof = _predict(get_gpu("h100-sxm", measured=False))
     assert roof.spread() is None and "roofline" in roof.interval_note
