@@ -62,7 +62,7 @@ def test_greedy_accept_commit_is_the_torch_path(spec, enable, device):
 
 
 @pytest.mark.parametrize("spec", ["chain:4", "full:2x3"])
-def test_a_sampled_walk_is_cut_and_packed_as_the_torch_path(spec):
+def test_a_sampled_walk_is_cut_and_packed_as_the_torch_path(spec, device):
     tree, tokens, logits, remaining, lens = _round(spec, seed=3)
     tt = tree.tensors(tokens.shape[0], "cpu")
     g = torch.Generator().manual_seed(4)
@@ -71,9 +71,14 @@ def test_a_sampled_walk_is_cut_and_packed_as_the_torch_path(spec):
     on = torch.ones(1, dtype=torch.int32)
     ref_remaining = remaining.clone()
     ref, ref_packed = cut_to_remaining(AcceptedPath(*walk), tokens, ref_remaining, on)
-    out = accept_commit(tokens, remaining, on, lens, tree.max_depth, sampled=walk)
-    assert torch.equal(out[3], ref_packed) and torch.equal(out[1], ref.count)
-    assert torch.equal(out[2], ref.bonus) and torch.equal(remaining, ref_remaining)
+    remaining_d, lens_d = remaining.clone().to(device), lens.clone().to(device)
+    walk_d = tuple(x.to(device) for x in walk)
+    out = accept_commit(
+        tokens.to(device), remaining_d, on.to(device), lens_d, tree.max_depth, sampled=walk_d
+    )
+    packed, kept, bonus = (out[i].cpu() for i in (3, 1, 2))
+    assert torch.equal(packed, ref_packed) and torch.equal(kept, ref.count)
+    assert torch.equal(bonus, ref.bonus) and torch.equal(remaining_d.cpu(), ref_remaining)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 2, 40, 16), (1, 4, 3, 33, 24)])
