@@ -32,9 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-# The bitmask holds one int64 bit per node (``kernels.tree``).
-MAX_NODES = 64
+from ssvkit.kernels.tree import MAX_TREE_NODES
 
 
 @triton.jit
@@ -141,12 +139,12 @@ def _move_kept_kernel(
             tl.store(kv_ptr + ((first + base + jj) * HEAD_D)[:, None] + e[None, :], x, mask=m2)
 
 
-def _check(tokens, t_max_nodes=MAX_NODES) -> tuple[int, int]:
+def _check(tokens) -> tuple[int, int]:
     if tokens.dim() != 2 or tokens.dtype != torch.int64:
         raise ValueError(f"tokens must be [B, t] int64, got {tuple(tokens.shape)} {tokens.dtype}")
     b, t = tokens.shape
-    if not 1 <= t <= t_max_nodes:
-        raise ValueError(f"a tree of {t} nodes is outside 1..{t_max_nodes}")
+    if not 1 <= t <= MAX_TREE_NODES:  # one int64 bit a node in the ancestor bitmask
+        raise ValueError(f"a tree of {t} nodes is outside 1..{MAX_TREE_NODES}")
     return b, t
 
 
