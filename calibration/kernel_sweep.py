@@ -63,6 +63,7 @@ from ssvkit.calibration.runner import (
     COPY_BYTES,
     STOPPED_AT_BUDGET,
     Runner,
+    check_redo,
     done_keys,
     read_rows,
 )
@@ -126,7 +127,11 @@ class SweepOptions:
         default=(), metadata={"help": "rows file whose configs count as done (repeatable)"}
     )
     redo: tuple[str, ...] = field(
-        default=(), metadata={"help": "row ops of --done-from to measure again (comma-separated)"}
+        default=(),
+        metadata={
+            "help": "rows of --done-from to measure again, comma-separated: an op "
+            "(nsa_verify) or an op and params it has (nsa_verify:mode=refresh:impl=fused)"
+        },
     )
     timings: tuple[str, ...] = field(
         default=tm.TIMINGS, metadata={"help": "comma-separated timings: launch, graph"}
@@ -147,6 +152,7 @@ class SweepOptions:
             )
         if self.grid not in GRIDS:
             raise ValueError(f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
+        check_redo(self.redo)
         if not self.timings or not set(self.timings) <= set(tm.TIMINGS):
             raise ValueError(f"timings must be a non-empty subset of {tm.TIMINGS}")
         if (self.shard is not None or self.plan) and self.gpu is None:

@@ -73,15 +73,39 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
-def done_keys(paths: Iterable[Path], skip_ops: Iterable[str] = ()) -> set[str]:
-    """Resume keys of the rows of ``paths`` (those that exist), leaving out rows of
-    ``skip_ops`` (ops to measure again)."""
-    skip = set(skip_ops)
+def redo_matches(selectors: Iterable[str], op: str, params: dict) -> bool:
+    """Whether a row of ``op`` with ``params`` is one to measure again: some selector is its
+    op alone (``nsa_verify``) or its op with params it has (``nsa_verify:mode=refresh:batch=1``,
+    each ``key=value`` compared with the param as text: ``True``, ``16``, ``bfloat16``)."""
+    for sel in selectors:
+        name, *conds = sel.split(":")
+        if name != op:
+            continue
+        if all(str(params.get(k)) == v for k, _, v in (c.partition("=") for c in conds)):
+            return True
+    return False
+
+
+def check_redo(selectors: Iterable[str]) -> None:
+    """``ValueError`` naming a selector whose conditions are not ``key=value``."""
+    for sel in selectors:
+        _, *conds = sel.split(":")
+        bad = [c for c in conds if not c.partition("=")[0] or not c.partition("=")[1]]
+        if bad or not sel.split(":")[0]:
+            raise ValueError(
+                f"redo selector must be OP or OP:KEY=VALUE[:KEY=VALUE...], got {sel!r}"
+            )
+
+
+def done_keys(paths: Iterable[Path], skip: Iterable[str] = ()) -> set[str]:
+    """Resume keys of the rows of ``paths`` (those that exist), leaving out the rows ``skip``
+    selects to measure again (``redo_matches``)."""
+    skip = tuple(skip)
     return {
         row_key(r["op"], r["timing"], r["params"])
         for p in paths
         for r in read_rows(Path(p))
-        if r["op"] not in skip
+        if not redo_matches(skip, r["op"], r["params"])
     }
 
 
@@ -98,7 +122,8 @@ class Runner:
         the one its committed rows have).
     show : params printed on each row's progress line (None: all of them).
     done_from : further rows files whose keys count as done (read, never written).
-    redo_ops : ops whose rows in ``done_from`` do not count (measured again).
+    redo_ops : ``redo_matches`` selectors of the rows of ``done_from`` that do not count
+        (measured again): an op, or an op and params.
     shard : time only the configs this shard owns (``Shard.owns``); None: all.
     """
 

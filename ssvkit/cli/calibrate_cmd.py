@@ -57,8 +57,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--redo",
         default="",
-        help="comma-separated kernel row ops (nsa_verify, ...) to measure again although the "
-        "profile folder has them (after their kernels changed; merge them with --replace)",
+        help="comma-separated kernel rows to measure again although the profile folder has "
+        "them (after their kernels changed; merge them with --replace): an op (nsa_verify) or "
+        "an op and params its rows have (nsa_verify:mode=refresh:impl=fused)",
     )
     p.add_argument(
         "--replace",

@@ -4,11 +4,12 @@ and the kernel sweep's sparse selections."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration.runner import Runner, read_rows
+from ssvkit.calibration.runner import Runner, check_redo, read_rows, redo_matches
 from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.rows import load_rows, row_key
@@ -146,6 +147,30 @@ def test_done_from_files_count_as_done_except_the_ops_to_redo(tmp_path, monkeypa
     assert redo.pending("a", {"m": 1}) == [] and redo.pending("b", {"m": 1}) == ["graph"]
     redo.time_op("b", {"m": 1}, lambda i: None, **_work())
     assert len(read_rows(committed)) == 2 and len(read_rows(out)) == 1  # never written there
+
+
+def test_redo_selectors_pick_rows_by_op_and_params(tmp_path, monkeypatch):
+    """``op:key=value``: only the rows of ``op`` whose params have every value (compared as
+    text) are measured again; a malformed selector is refused naming itself."""
+    committed = tmp_path / "committed.jsonl"
+    r, _ = _runner(committed, monkeypatch, timings=("graph",))
+    params = [{"mode": m, "b": b, "on": on} for m in ("x", "y") for b in (1, 16) for on in (0, 1)]
+    for p in params:
+        r.time_op("a", dict(p, on=bool(p["on"])), lambda i: None, **_work())
+    out = tmp_path / "redo.jsonl"
+    sel = ("a:mode=x:b=16", "a:on=True:mode=y:b=1")
+    redo, _ = _runner(out, monkeypatch, timings=("graph",), done_from=(committed,), redo_ops=sel)
+    again = [p for p in params if redo.pending("a", dict(p, on=bool(p["on"])))]
+    assert again == [
+        {"mode": "x", "b": 16, "on": 0},
+        {"mode": "x", "b": 16, "on": 1},
+        {"mode": "y", "b": 1, "on": 1},
+    ]
+    assert redo_matches(("a",), "a", {}) and not redo_matches(("a:b=1",), "b", {"b": 1})
+    for bad in ("a:mode", "a:=x", ":mode=x"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            check_redo((bad,))
+    check_redo(("a", "a:mode=x:b=1"))
 
 
 def test_a_sharded_runner_times_only_the_configs_its_shard_owns(tmp_path, monkeypatch):
