@@ -23,6 +23,7 @@ MODULES = (
     "validation.engine_verify",
     "validation.h100_campaign",
     "validation.l2_flush",
+    "validation.nsa_launches",
     "validation.nsa_profile",
     "validation.nsa_stages",
     "validation.nsa_tile_plans",

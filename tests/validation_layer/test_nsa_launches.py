@@ -1,0 +1,92 @@
+"""The NSA launch benchmark's calls and check, run once in the CPU interpreter on a small case (a
+call renamed or re-signed fails here rather than on the GPU machine), its tables from a row as
+it writes them, and its refusal without a GPU."""
+
+import pytest
+import torch
+from ssvkit.validation import nsa_launches as nl
+from ssvkit.validation import nsa_launches_table as nt
+from ssvkit.validation import nsa_stages as ns
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_every_call_runs_and_passes_its_check(small_nsa, batch):
+    config = nl.dataclasses.replace(nl.DEFAULT_CONFIG, rows_per_tile=2)
+    sets = ns.input_sets(batch, 4, 512, 516, nl.NUM_SETS)
+    unions = [
+        nl.nv.nsa_union_plan(a[0], a[1], idx, block_size=ns.KW["block_size"], config=config)
+        for a, idx in sets
+    ]
+    nl.check(sets, unions, config, batch)  # SystemExit on a mismatch
+    for name in nl.CALLS:
+        o, idx = nl._call(name, sets, unions, config, 1)
+        assert not torch.isnan(o).any() and idx.shape[-1] == ns.KW["top_n"]
+
+
+def test_a_wrong_call_stops_the_run(small_nsa, monkeypatch):
+    sets = ns.input_sets(1, 4, 512, 516, nl.NUM_SETS)
+    unions = [nl.nv.nsa_union_plan(a[0], a[1], i, block_size=ns.KW["block_size"]) for a, i in sets]
+    real = nl._call
+
+    def off(name, *args):
+        o, idx = real(name, *args)
+        return (o + 1 if name == "reuse_unfused" else o), idx
+
+    monkeypatch.setattr(nl, "_call", off)
+    with pytest.raises(SystemExit, match="reuse_unfused differs"):
+        nl.check(sets, unions, nl.DEFAULT_CONFIG, 1)
+
+
+def test_kernel_names_lose_their_template_arguments():
+    torch_fill = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>(int)"
+    )
+    assert nl.kernel_name(torch_fill) == "at::native::vectorized_elementwise_kernel"
+    assert nl.kernel_name("nsa_fwd_kernel") == "nsa_fwd_kernel"
+
+
+def test_tables_show_each_launch_against_the_floor(capsys):
+    launches = [
+        {"kernel": "nsa_fwd_kernel", "median_s": 12.8e-6},
+        {"kernel": "stored_block_score_kernel", "median_s": 3.3e-6},
+        {"kernel": "at::native::vectorized_elementwise_kernel", "median_s": 1.2e-6},
+        {"kernel": "threshold_blocks_kernel", "median_s": 5.5e-6},
+        {"kernel": "nsa_fwd_kernel", "side_stream": True, "median_s": 5.0e-6},
+    ]
+    call = dict(graph_s=36.8e-6, kernel_sum_s=27.8e-6, launches=launches)
+    row = dict(batch=1, num_query_tokens=1, context_len=131072, rows_per_tile=0, floor_s=9.2e-6)
+    row["calls"] = {"refresh": call}
+    md = nt.launches_markdown([row])
+    assert "| b1 t1 128K r0 | `refresh` | 9.2 | 36.8 | 4.00 | 27.8 |" in md
+    assert "fwd 12.8, scores 3.3, fill 1.2, pick 5.5, fwd* 5.0" in md
+    nt.print_table([row])
+    assert "fwd 12.8, scores 3.3, fill 1.2, pick 5.5, fwd* 5.0" in capsys.readouterr().out
+
+
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(nl.torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "launches.json"
+    with pytest.raises(SystemExit) as e:
+        nl.main(["--out", str(out)])
+    assert e.value.code == 2 and not out.exists()
+    assert (
+        capsys.readouterr().err.strip()
+        == "nsa_launches: needs a CUDA GPU (device-side launch times)"
+    )
+
+
+@pytest.mark.gpu
+def test_a_case_on_the_gpu_lists_every_launch_of_each_call():
+    """At 8K, batch 1: the reference check passes, each call's launches are matched across the
+    profiled calls, and the unfused calls' branches show on their side streams."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    row = nl.run_case(1, 4, 8192, 4, copy_bps=4e12)
+    assert set(row["calls"]) == set(nl.CALLS)
+    for name, call in row["calls"].items():
+        kernels = [x["kernel"] for x in call["launches"]]
+        assert "nsa_fwd_kernel" in kernels or "nsa_pair_fwd_kernel" in kernels, name
+        assert call["graph_s"] > 0 and call["kernel_sum_s"] > 0
+        side = any(x["side_stream"] for x in call["launches"])
+        assert side == name.endswith("_unfused"), name
+    assert "threshold_blocks_kernel" in [x["kernel"] for x in row["calls"]["refresh"]["launches"]]

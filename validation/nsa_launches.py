@@ -1,0 +1,205 @@
+"""Each launch of an NSA call on the GPU beside the call's CUDA-graph time and byte floor: where
+the time of a latency-bound call goes.
+
+    python -m ssvkit.validation.nsa_launches --out validation/data/nsa-launches-h200.json
+
+Llama-3.1-8B attention, NSA's published geometry and ``validation.nsa_stages``' inputs (reuse
+indices with adjacent-row overlap 0.7), at the engine's verify shapes: one draft row at 128K
+(``ar_sparse``, the ``ssv`` refresh at t = 1), 16 rows at 128K under the row schedules of
+``ssv`` (a union of 4 rows a tile) and ``sd_sparse_naive`` (one row a tile), and 16 rows at
+batch 16, 64K. Each case first checks every call against the fp32 reference (batch 1; at batch
+16 the unfused calls against the fused ones, which the CPU tests hold to the reference), then
+per call (fused and unfused refresh and reuse, with the row schedule's config):
+
+- ``graph_s``: the call in a CUDA graph (``kernels.timing``, L2 flushed per sample, median);
+- ``launches``: each kernel launch of one eager call in the order they start, with its device
+  time (``torch.profiler``'s CUDA activity, the median over ``CALLS_PROFILED`` calls) and
+  whether it ran on a side stream (the unfused calls' branches side by side,
+  ``NsaVerifyConfig.branch_streams``); ``kernel_sum_s``, their sum, exceeds the graph time
+  where side streams overlap the main one, and falls short of it by the launch gaps where
+  launches run in series.
+
+``floor_s``: the call's unique bytes (``nsa_stages.floor_bytes``) over the copy bandwidth
+measured in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from ssvkit.kernels import nsa_verify as nv
+from ssvkit.kernels import timing as tm
+from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
+from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation import nsa_stages as ns
+from ssvkit.validation.nsa_launches_table import print_table
+
+K = 1024
+# (batch, draft rows, context, rows_per_tile): the engine verify step's shapes.
+CASES = (
+    (1, 1, 128 * K, 0),
+    (1, 16, 128 * K, 4),
+    (1, 16, 128 * K, 1),
+    (16, 16, 64 * K, 4),
+)
+CALLS = ("refresh", "refresh_unfused", "reuse", "reuse_unfused")
+CALLS_PROFILED = 9
+NUM_SETS = 2
+
+
+def _call(name: str, sets, unions, config, i: int):
+    """Call ``name`` of ``CALLS`` on input set ``i``: ``(o, indices)``."""
+    args, idx = sets[i]
+    fn = nv.nsa_verify_unfused if name.endswith("_unfused") else nv.nsa_verify
+    kw = dict(ns.KW, validate=False, config=config)
+    if name.startswith("reuse"):
+        kw["block_idx"] = idx
+        if fn is nv.nsa_verify:
+            kw["union"] = unions[i]
+    return fn(*args, **kw)
+
+
+def check(sets, unions, config, batch: int) -> None:
+    """Every call's output on set 0 against the fp32 reference (batch 1; the reuse calls with
+    the reference's indices) or, at larger batch, the unfused calls against the fused ones;
+    ``SystemExit`` naming the call on a mismatch or NaN."""
+    args, idx = sets[0]
+    outs = {}
+    with tm.poisoned_allocations():
+        if batch == 1:
+            ro, ridx = nv.reference_nsa_verify(*args, **ns.KW)
+            ref_sets = [(args, ridx.int())]
+            ref_unions = [
+                nv.nsa_union_plan(
+                    args[0], args[1], ridx.int(), block_size=ns.KW["block_size"], config=config
+                )
+            ]
+        for name in CALLS:
+            if batch == 1:
+                o, _ = _call(name, ref_sets, ref_unions, config, 0)
+                want = ro
+            else:
+                o, _ = _call(name, sets, unions, config, 0)
+                want = outs.get(name.removesuffix("_unfused"))
+            if torch.isnan(o).any():
+                raise SystemExit(f"nsa_launches: {name}: NaN in the output")
+            outs[name] = o
+            if want is not None:
+                try:
+                    torch.testing.assert_close(o.float(), want.float(), atol=3e-2, rtol=3e-2)
+                except AssertionError as e:
+                    raise SystemExit(f"nsa_launches: {name} differs: {e}".splitlines()[0]) from None
+
+
+def launch_times(fn, calls: int) -> list[dict]:
+    """The kernel launches of one ``fn(i)`` call in the order they start, each with its median
+    device time over ``calls`` profiled calls (``fn(i)`` for ``i`` rotating over the sets) and
+    whether it ran on a side stream (not the stream of the call's last launch). A launch is
+    matched across calls by its stream and its place on it: launches on different streams may
+    start in another order from call to call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(3):
+        fn(i % NUM_SETS)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(i % NUM_SETS)
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    per_call, rest = divmod(len(kernels), calls)
+    if rest or not per_call:
+        raise SystemExit(f"nsa_launches: {len(kernels)} kernels over {calls} calls")
+    times: dict[tuple, list[float]] = {}
+    order, names = [], {}
+    for c in range(calls):
+        chunk = kernels[c * per_call : (c + 1) * per_call]
+        main = chunk[-1].device_resource_id
+        seen: dict[int, int] = {}
+        for e in chunk:
+            stream = e.device_resource_id
+            key = (stream != main, stream, seen.setdefault(stream, 0))
+            seen[stream] += 1
+            name = kernel_name(e.name)
+            if names.setdefault(key, name) != name:
+                raise SystemExit(f"nsa_launches: launch {key} differs between calls: {name}")
+            times.setdefault(key, []).append((e.time_range.end - e.time_range.start) * 1e-6)
+            if c == 0:
+                order.append(key)
+    return [
+        {"kernel": names[k], "side_stream": k[0], "median_s": statistics.median(times[k])}
+        for k in order
+    ]
+
+
+def kernel_name(name: str) -> str:
+    """A profiler kernel name without its template arguments (torch's fill kernels)."""
+    return name.split("<")[0].removeprefix("void ").split("(")[0]
+
+
+def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) -> dict:
+    config = dataclasses.replace(DEFAULT_CONFIG, rows_per_tile=rows_per_tile)
+    sets = ns.input_sets(batch, t, ctx, ctx + t, NUM_SETS)
+    unions = [
+        nv.nsa_union_plan(a[0], a[1], idx, block_size=ns.KW["block_size"], config=config)
+        for a, idx in sets
+    ]
+    check(sets, unions, config, batch)
+    floor = ns.floor_bytes(batch, t, ctx, sets[0][1])
+    row = dict(
+        batch=batch,
+        num_query_tokens=t,
+        context_len=ctx,
+        rows_per_tile=rows_per_tile,
+        overlap=ns.OVERLAP,
+        unique_bytes=floor,
+        copy_bytes_per_s=copy_bps,
+        floor_s=floor / copy_bps,
+        calls={},
+    )
+    for name in CALLS:
+
+        def fn(i, name=name):
+            return _call(name, sets, unions, config, i)
+
+        graph = tm.bench(fn, "graph", num_inputs=NUM_SETS, config=ns.TIMING).median_s
+        launches = launch_times(fn, CALLS_PROFILED)
+        row["calls"][name] = dict(
+            graph_s=graph,
+            kernel_sum_s=sum(x["median_s"] for x in launches),
+            launches=launches,
+        )
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.exit(2, "nsa_launches: needs a CUDA GPU (device-side launch times)\n")
+    copy_bps = tm.copy_bytes_per_s()
+    rows = [run_case(*case, copy_bps) for case in CASES]
+    doc = dict(
+        benchmark="nsa_launches",
+        kwargs=ns.KW,
+        calls_profiled=CALLS_PROFILED,
+        provenance=tm.provenance(),
+        rows=rows,
+    )
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
