@@ -26,6 +26,9 @@ python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; no
 - ``nsa-stages``, ``nsa-stages-pdl``: whole NSA calls against their byte floor, and each call
   without and with PDL (``validation/data/nsa-stages-h200.json``,
   ``validation.nsa_stages_table``);
+- ``nsa-launches``: each launch of an NSA call at the engine verify step's shapes beside the
+  call's graph time and byte floor (``validation/data/nsa-launches-h200.json``,
+  ``validation.nsa_launches_table``);
 - ``engine-verify``: the engine's verify step against its ops and its floor, beside the
   committed profile's prediction (``validation/data/engine-verify-h200.json``,
   ``validation.engine_verify_table``).
@@ -48,6 +51,7 @@ from ssvkit.perfmodel.files import atomic_write, read_json
 from ssvkit.perfmodel.numbers import count_label
 from ssvkit.perfmodel.rows import load_rows
 from ssvkit.validation.engine_verify_table import current_predictions, verify_markdown
+from ssvkit.validation.nsa_launches_table import launches_markdown
 from ssvkit.validation.nsa_stages_table import calls_markdown, pdl_markdown
 from ssvkit.validation.papers import markdown as papers_markdown
 from ssvkit.validation.papers import reproduce
@@ -311,6 +315,9 @@ BLOCKS = {
     "floors-h200": lambda: floor_targets_block("h200", (1, 4, 16)),
     "nsa-stages": lambda: calls_markdown(_stage_rows()),
     "nsa-stages-pdl": lambda: pdl_markdown(_stage_rows()),
+    "nsa-launches": lambda: launches_markdown(
+        read_json(record_path("nsa-launches-h200.json"), "NSA launches")["rows"]
+    ),
     "engine-verify": lambda: _engine_verify_block("h200"),
 }
 
