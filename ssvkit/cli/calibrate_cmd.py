@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ssvkit.calibration.fit import fit_folder
+from ssvkit.calibration.runner import check_redo
 from ssvkit.cli.options import finite
 from ssvkit.perfmodel.hardware import get_gpu
 
@@ -92,6 +93,7 @@ def _check(args) -> list[str]:
             raise ValueError(f"--{name} applies to --merge")
     if args.redo and (args.merge or args.fit_only):
         raise ValueError("--redo applies to the sweeps (merge their rows with --replace)")
+    check_redo(x for x in args.redo.split(",") if x)
     if args.shards is not None and not args.plan:
         raise ValueError("--shards applies to --plan (a sweep takes --shard K/N)")
     if args.shards is not None and args.shards < 1:

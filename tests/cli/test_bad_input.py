@@ -231,6 +231,7 @@ IGNORED = [
     (["rank", "--draft-model", "qwen3-8b"], "is read with --drafters draft_model"),
     (["calibrate", "--fit-only", "--sweeps", "ops"], "--fit-only runs no sweep"),
     (["calibrate", "--sweeps", "bogus"], "--sweeps 'bogus': choose from ops, kernels"),
+    (["calibrate", "--redo", "nsa_verify:mode", "--out", "d"], "got 'nsa_verify:mode'"),
     (["sweep", "--scheduler-timeout-s", "-5"], "--scheduler-timeout-s must be > 0"),
     (["validate", "--model", "physical", "--check"], "--check applies to --model classes"),
 ]
