@@ -63,7 +63,6 @@ from ssvkit.calibration.runner import (
     COPY_BYTES,
     STOPPED_AT_BUDGET,
     Runner,
-    check_redo,
     done_keys,
     read_rows,
 )
@@ -71,7 +70,7 @@ from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.hardware import get_gpu
-from ssvkit.perfmodel.rows import row_key
+from ssvkit.perfmodel.rows import check_redo, row_key
 
 __all__ = ["FULL_SWEEP", "QUICK_SWEEP", "TINY_SWEEP", "Sweep", "main"]
 

@@ -31,7 +31,7 @@ import torch
 from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.files import atomic_write
-from ssvkit.perfmodel.rows import row_key, seal
+from ssvkit.perfmodel.rows import redo_matches, row_key, seal
 
 STOPPED_AT_BUDGET = 3  # exit status: configs left out at the budget (validation.campaign)
 COPY_BYTES = 2**31  # the device copy that measures the copy-bandwidth ceiling
@@ -71,30 +71,6 @@ def append_line(path: Path, line: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def redo_matches(selectors: Iterable[str], op: str, params: dict) -> bool:
-    """Whether a row of ``op`` with ``params`` is one to measure again: some selector is its
-    op alone (``nsa_verify``) or its op with params it has (``nsa_verify:mode=refresh:batch=1``,
-    each ``key=value`` compared with the param as text: ``True``, ``16``, ``bfloat16``)."""
-    for sel in selectors:
-        name, *conds = sel.split(":")
-        if name != op:
-            continue
-        if all(str(params.get(k)) == v for k, _, v in (c.partition("=") for c in conds)):
-            return True
-    return False
-
-
-def check_redo(selectors: Iterable[str]) -> None:
-    """``ValueError`` naming a selector whose conditions are not ``key=value``."""
-    for sel in selectors:
-        _, *conds = sel.split(":")
-        bad = [c for c in conds if not c.partition("=")[0] or not c.partition("=")[1]]
-        if bad or not sel.split(":")[0]:
-            raise ValueError(
-                f"redo selector must be OP or OP:KEY=VALUE[:KEY=VALUE...], got {sel!r}"
-            )
 
 
 def done_keys(paths: Iterable[Path], skip: Iterable[str] = ()) -> set[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -122,3 +123,27 @@ def load_rows(path: str | Path) -> list[dict]:
         validate(row, where=f"{p}:{i}")
         rows.append(row)
     return rows
+
+
+def redo_matches(selectors: Iterable[str], op: str, params: dict) -> bool:
+    """Whether a row of ``op`` with ``params`` is one to measure again: some selector is its
+    op alone (``nsa_verify``) or its op with params it has (``nsa_verify:mode=refresh:batch=1``,
+    each ``key=value`` compared with the param as text: ``True``, ``16``, ``bfloat16``)."""
+    for sel in selectors:
+        name, *conds = sel.split(":")
+        if name != op:
+            continue
+        if all(str(params.get(k)) == v for k, _, v in (c.partition("=") for c in conds)):
+            return True
+    return False
+
+
+def check_redo(selectors: Iterable[str]) -> None:
+    """``ValueError`` naming a selector whose conditions are not ``key=value``."""
+    for sel in selectors:
+        _, *conds = sel.split(":")
+        bad = [c for c in conds if not c.partition("=")[0] or not c.partition("=")[1]]
+        if bad or not sel.split(":")[0]:
+            raise ValueError(
+                f"redo selector must be OP or OP:KEY=VALUE[:KEY=VALUE...], got {sel!r}"
+            )

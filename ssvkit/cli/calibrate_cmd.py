@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from ssvkit.calibration.fit import fit_folder
-from ssvkit.calibration.runner import check_redo
 from ssvkit.cli.options import finite
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.rows import check_redo
 
 HELP = "run the calibration sweeps on a GPU and fit the profile (or --fit-only from rows)"
 DEFAULT_BUDGET_S = 540.0

@@ -9,10 +9,10 @@ import re
 import numpy as np
 import pytest
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration.runner import Runner, check_redo, read_rows, redo_matches
+from ssvkit.calibration.runner import Runner, read_rows
 from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
-from ssvkit.perfmodel.rows import load_rows, row_key
+from ssvkit.perfmodel.rows import check_redo, load_rows, redo_matches, row_key
 
 CEIL = dict(copy_bytes_per_s=1e12, gemm_flops_per_s=1e15, launch=2e-6, graph=1e-6)
 
