@@ -133,7 +133,8 @@ def band_score_kernel(
         bias = tl.where(c_ok, 0.0, float("-inf"))
         s = tl.dot(q, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale + bias[None, :]
         p = tl.exp2(s - m_c[:, None]) * inv_l[:, None]
-        imp = overlap_product(tl.zeros([BLOCK_M, JB_PAD], dtype=tl.float32), p, ov, OVERLAP_SPLIT)
+        imp = tl.zeros([BLOCK_M, JB_PAD], dtype=tl.float32)
+        imp = overlap_product(imp, p, ov, k_tile, OVERLAP_SPLIT)
         imp = tl.sum(tl.reshape(imp, [ROWS, GROUP_PAD, JB_PAD]), 1)  # over the query heads
         j = j0 + offs_jj
         ok = (rows < num_t)[:, None] & ((offs_jj < band_jb) & (j < nb_max))[None, :]
