@@ -240,6 +240,16 @@ def _merge_branch(out, m_all, l_all, acc_all, mine, gate):
 
 
 @triton.jit
+def _branch_weights(m_all, l_all, mine, gate):
+    """Each slot's weight ``gate 2^(m_s - max) / l`` in the gated output, for the slots
+    ``mine`` (``[S_PAD]``) of one branch; 0 elsewhere and where the branch saw nothing."""
+    m_i = tl.max(tl.where(mine, m_all, NEG_SENTINEL), 0)
+    w = tl.where(mine, tl.exp2(tl.where(mine, m_all, m_i) - m_i), 0.0)
+    l_i = tl.sum(w * l_all, 0)
+    return w * tl.where(l_i > 0.0, gate / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+
+
+@triton.jit
 def nsa_merge_kernel(
     part_acc_ptr,
     part_ml_ptr,
@@ -288,8 +298,10 @@ def nsa_merge_kernel(
     ``COMP_BLOCK_M`` MMA rows (``COMP_GROUP_PAD`` head slots a draft row) per (sequence, KV
     head), and the other slots start at slot 0 of ``part``. The row's partials of every slot
     are loaded at once, ``[S_PAD, D]``: one round trip to memory, no chain of dependent loads.
-    The gates,
-    the length and the union count come first: with ``PDL`` (``kernels.pdl``) they load while
+    From one buffer, each branch's slots then sum on their own (three passes); from two
+    (``SHARED_COMP``), one pass sums every slot with its gated weight: on the H200 each form
+    ran faster than the other in its own case. The gates, the length and the union count
+    come first: with ``PDL`` (``kernels.pdl``) they load while
     the forward launch drains, the partials after it."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
@@ -334,30 +346,49 @@ def nsa_merge_kernel(
         c_n, s_n = split_slots(branches, used_slots - comp_fixed, units_c, units_s, units_w)
         c_slots = comp_fixed + c_n
         pdl_gate(PDL)
-        m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
-        l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
-        acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
-        acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
         if SHARED_COMP:
+            # Two buffers: each slot's row pointer picks its own, one load for all of them,
+            # then one pass over the rows with each slot's gated weight.
             comp_rows: tl.constexpr = COMP_BLOCK_M // COMP_GROUP_PAD
             comp_pid = bh * comp_tiles + row // comp_rows
             cm = (row % comp_rows) * COMP_GROUP_PAD + g
             c_base = comp_pid.to(tl.int64) * comp_fixed + slot_ids
-            c_ml = c_base * 2 * COMP_BLOCK_M + cm
-            m_c = tl.load(comp_ml_ptr + c_ml, mask=in_comp, other=NEG_SENTINEL)
-            l_c = tl.load(comp_ml_ptr + c_ml + COMP_BLOCK_M, mask=in_comp, other=0.0)
-            c_off = (c_base * COMP_BLOCK_M + cm)[:, None] * HEAD_DIM + offs_d[None, :]
-            acc_c = tl.load(comp_acc_ptr + c_off, mask=in_comp[:, None], other=0.0)
-            m_all = tl.where(in_comp, m_c, m_all)
-            l_all = tl.where(in_comp, l_c, l_all)
-            acc_all = tl.where(in_comp[:, None], acc_c, acc_all)
-        out = tl.zeros([HEAD_DIM], dtype=tl.float32)
-        lo = 0
-        for branch in tl.static_range(3):
-            n = c_slots if branch == 0 else (s_n if branch == 1 else used_slots - c_slots - s_n)
-            gate = g_c if branch == 0 else (g_s if branch == 1 else g_w)
-            mine = (slot_ids >= lo) & (slot_ids < lo + n)
-            out = _merge_branch(out, m_all, l_all, acc_all, mine, gate)
-            lo += n
+            ok = slot_ok | in_comp
+            ml_ptrs = tl.where(
+                in_comp,
+                comp_ml_ptr + c_base * 2 * COMP_BLOCK_M + cm,
+                part_ml_ptr + base * 2 * BLOCK_M + m,
+            )
+            ml_step = tl.where(in_comp, COMP_BLOCK_M, BLOCK_M)
+            m_all = tl.load(ml_ptrs, mask=ok, other=NEG_SENTINEL)
+            l_all = tl.load(ml_ptrs + ml_step, mask=ok, other=0.0)
+            acc_rows = tl.where(
+                in_comp,
+                comp_acc_ptr + (c_base * COMP_BLOCK_M + cm) * HEAD_DIM,
+                part_acc_ptr + (base * BLOCK_M + m) * HEAD_DIM,
+            )
+            acc_all = tl.load(acc_rows[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+            branch_of = (slot_ids >= c_slots).to(tl.int32) + (slot_ids >= c_slots + s_n).to(
+                tl.int32
+            )
+            weight = tl.zeros([S_PAD], dtype=tl.float32)
+            for branch in tl.static_range(3):
+                gate = g_c if branch == 0 else (g_s if branch == 1 else g_w)
+                mine = ok & (branch_of == branch)
+                weight += _branch_weights(m_all, l_all, mine, gate)
+            out = tl.sum(weight[:, None] * acc_all, 0)
+        else:
+            m_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + m, mask=slot_ok, other=NEG_SENTINEL)
+            l_all = tl.load(part_ml_ptr + base * 2 * BLOCK_M + BLOCK_M + m, mask=slot_ok, other=0.0)
+            acc_off = (base * BLOCK_M + m)[:, None] * HEAD_DIM + offs_d[None, :]
+            acc_all = tl.load(part_acc_ptr + acc_off, mask=slot_ok[:, None], other=0.0)
+            out = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            lo = 0
+            for branch in tl.static_range(3):
+                n = c_slots if branch == 0 else (s_n if branch == 1 else used_slots - c_slots - s_n)
+                gate = g_c if branch == 0 else (g_s if branch == 1 else g_w)
+                mine = (slot_ids >= lo) & (slot_ids < lo + n)
+                out = _merge_branch(out, m_all, l_all, acc_all, mine, gate)
+                lo += n
         o_off = b * stride_ob + row * stride_ot + head * stride_oh
         tl.store(o_ptr + o_off + offs_d, out.to(o_ptr.dtype.element_ty))
