@@ -200,18 +200,17 @@ def test_arrival_counters_are_zeroed_kept_and_grown():
         arrivals.arrival_counters(-1, dev)
 
 
-@pytest.mark.parametrize("source", ["stored", "computed"])
 @pytest.mark.parametrize(
-    "prefix_lens, t, h, hkv",
-    [([520, 410, 0], 3, 8, 2), ([530], 16, 4, 1)],
-    ids=["ragged-t3", "t16"],
+    "prefix_lens, t, h, hkv, source",
+    [([520, 410, 0], 3, 8, 2, "stored"), ([530], 16, 4, 1, "computed")],
+    ids=["ragged-t3-stored", "t16-computed"],
 )
 def test_folded_pick_selects_the_reference_blocks_in_one_launch(
     monkeypatch, prefix_lens, t, h, hkv, source
 ):
     """The refresh path's importance and top-n pick in one launch (``pick="folded"``): rows of
     more than 32 blocks (a chunk and a tail), so the threshold pick serves them, both score
-    sources, an empty prefix beside two KV heads, and 16 draft rows of 4 heads in one tile.
+    sources (one a shape), an empty prefix beside two KV heads, and 16 draft rows of 4 heads in one tile.
     Random data has no ties: the indices equal the reference's and the two launches' exactly."""
     import ssvkit.kernels.nsa_selection as selection
     from ssvkit.kernels.top_blocks import _row_layout, threshold_meta

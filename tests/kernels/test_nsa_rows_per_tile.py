@@ -75,12 +75,11 @@ def test_refresh_with_one_row_per_tile_selects_and_attends_as_the_reference(fuse
     assert_close(o, ro, torch.float32, "o")
 
 
-@pytest.mark.parametrize("rows_per_tile", [1, 2])
-def test_shared_context_tiles_match_reference(monkeypatch, rows_per_tile):
-    """``context_tiles="shared"``: the compressed branch runs on one tile of all five rows (its
-    own launch, its partials merged from a buffer of their own), the other branches on the
-    schedule's tiles; refresh and reuse, fused and unfused, attend as the reference and the
-    refresh selects its blocks exactly."""
+def test_shared_context_tiles_match_reference(monkeypatch):
+    """``context_tiles="shared"`` at one draft row a tile: the compressed branch runs on one
+    tile of all five rows (its own launch, its partials merged from a buffer of their own), the
+    other branches on the schedule's tiles; refresh and reuse, fused and unfused, attend as the
+    reference and the refresh selects its blocks exactly."""
     import ssvkit.kernels.nsa_verify as nv
 
     plans = []
@@ -91,7 +90,7 @@ def test_shared_context_tiles_match_reference(monkeypatch, rows_per_tile):
     args, idx = make_inputs([150, 61], 5, 8, 2, 16, torch.float32, tree="tree", seed=23)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
     ro_refresh, ridx = reference_nsa_verify(*args, **NSA_KW)
-    cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, context_tiles="shared", num_splits=4)
+    cfg = NsaVerifyConfig(rows_per_tile=1, context_tiles="shared", num_splits=4)
     with poisoned_allocations():
         outs = [
             fn(*args, block_idx=idx, config=cfg, **NSA_KW)[0]
@@ -108,9 +107,9 @@ def test_shared_context_tiles_match_reference(monkeypatch, rows_per_tile):
         assert_close(out, ro_refresh, torch.float32, "o")
 
 
-@pytest.mark.parametrize("rows_per_tile", [1, 2])
-def test_paired_launch_is_the_two_launches(monkeypatch, rows_per_tile):
-    """``context_tiles="paired"``: a reuse call on shared compressed tiles runs its two forward
+def test_paired_launch_is_the_two_launches(monkeypatch):
+    """``context_tiles="paired"`` at two draft rows a tile: a reuse call on shared compressed
+    tiles runs its two forward
     steps as one launch, bit for bit the output of the two launches ("shared": each program
     runs the same code on the same slots) and the reference's attention; a refresh call keeps
     its launches."""
@@ -121,11 +120,11 @@ def test_paired_launch_is_the_two_launches(monkeypatch, rows_per_tile):
     monkeypatch.setattr(nv, "launch_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
     args, idx = make_inputs([150, 61, 33], 5, 8, 2, 16, torch.float32, tree="tree", seed=29)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
-    base = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4, context_tiles="shared")
+    base = NsaVerifyConfig(rows_per_tile=2, num_splits=4, context_tiles="shared")
     with poisoned_allocations():
         o_two, _ = nsa_verify(*args, block_idx=idx, config=base, **NSA_KW)
         assert not calls
-        cfg = NsaVerifyConfig(rows_per_tile=rows_per_tile, num_splits=4, context_tiles="paired")
+        cfg = NsaVerifyConfig(rows_per_tile=2, num_splits=4, context_tiles="paired")
         o_one, _ = nsa_verify(*args, block_idx=idx, config=cfg, **NSA_KW)
         assert len(calls) == 1
         nsa_verify(*args, config=cfg, **NSA_KW)

@@ -87,7 +87,7 @@ def test_pdl_is_refused_where_launches_cannot_be_dependents(monkeypatch):
 
 # (prefix_lens, t, H, Hkv, D): 16-row tiles of 4 draft rows (G = 4), a ragged last tile and a
 # prefix shorter than a compression window; one draft row (no union plan launch).
-SHAPES = [([77, 130, 9], 5, 8, 2, 32), ([150], 1, 4, 1, 16)]
+SHAPES = [([77, 9], 5, 8, 2, 32), ([150], 1, 4, 1, 16)]
 # Kernel launches of one call with multi-row tiles: the refresh path (compressed pass, scoring,
 # pick, union plan, forward, merge), the reuse path building its union, the unfused refresh
 # (compressed pass, scoring, pick, its merge, then per branch forward and merge, the union plan

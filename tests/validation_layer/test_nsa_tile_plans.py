@@ -8,18 +8,25 @@ from ssvkit.validation import nsa_stages as ns
 from ssvkit.validation import nsa_tile_plans as ntp
 
 
+def _case(knob: str, rows_per_tile: int):
+    """The check's small case: input sets, both values' configs and the label."""
+    sets = ns.input_sets(1, 4, 512, 516, 1)
+    field, values, _ = ntp.KNOBS[knob]
+    configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{field: p}) for p in values}
+    return sets, configs, f"b1 t4 512 r{rows_per_tile}"
+
+
 @pytest.mark.parametrize(
     ("knob", "rows_per_tile"),
     [("tile_plan", 0), ("context_tiles", 1), ("paired", 4), ("score_map", 0)],
 )
-def test_the_check_passes_on_both_values_and_catches_a_wrong_output(
-    small_nsa, monkeypatch, knob, rows_per_tile
-):
-    sets = ns.input_sets(1, 4, 512, 516, 1)
-    field, values, _ = ntp.KNOBS[knob]
-    configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{field: p}) for p in values}
-    label = f"b1 t4 512 r{rows_per_tile}"
-    ntp.check(sets, configs, label)
+def test_the_check_passes_on_both_values(small_nsa, knob, rows_per_tile):
+    ntp.check(*_case(knob, rows_per_tile))
+
+
+def test_the_check_catches_a_wrong_output(small_nsa, monkeypatch):
+    sets, configs, label = _case("paired", 4)
+    field, values, _ = ntp.KNOBS["paired"]
     real = ntp._call
 
     def off_by_one(name, s, unions, config, i):
