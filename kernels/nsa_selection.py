@@ -1,7 +1,7 @@
 """The NSA refresh path's selection, on the host (steps (1)-(3) of :mod:`kernels.nsa_verify`):
 the compressed launch (which keeps its partial states and may store the compressed scores), the
 block importance, and the top-n pick, the last two in one launch
-(``nsa_select_kernels.refresh_select_kernel``) when the plan's ``pick`` is ``folded`` and
+(``nsa_folded_pick.refresh_select_kernel``) when the plan's ``pick`` is ``folded`` and
 ``kernels.top_blocks``' threshold pick serves the rows, else two (importance, then
 ``kernels.top_blocks``). Nothing is read on the host. ``chain``: as in
 :mod:`kernels.nsa_steps`."""
@@ -12,12 +12,9 @@ import torch
 import triton
 from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.nsa_band_scores import band_geometry, band_score_kernel
+from ssvkit.kernels.nsa_folded_pick import refresh_select_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
-from ssvkit.kernels.nsa_select_kernels import (
-    block_score_kernel,
-    refresh_select_kernel,
-    stored_block_score_kernel,
-)
+from ssvkit.kernels.nsa_select_kernels import block_score_kernel, stored_block_score_kernel
 from ssvkit.kernels.nsa_steps import launch_fwd
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.top_blocks import empty_scores, threshold_meta, threshold_warps, top_blocks

@@ -210,8 +210,9 @@ def test_folded_pick_selects_the_reference_blocks_in_one_launch(
 ):
     """The refresh path's importance and top-n pick in one launch (``pick="folded"``): rows of
     more than 32 blocks (a chunk and a tail), so the threshold pick serves them, both score
-    sources (one a shape), an empty prefix beside two KV heads, and 16 draft rows of 4 heads in one tile.
-    Random data has no ties: the indices equal the reference's and the two launches' exactly."""
+    sources (one a shape), an empty prefix beside two KV heads, and 16 draft rows of 4 heads in
+    one tile. Random data has no ties: the indices equal the reference's and the two launches'
+    exactly."""
     import ssvkit.kernels.nsa_selection as selection
     from ssvkit.kernels.top_blocks import _row_layout, threshold_meta
 
