@@ -10,7 +10,7 @@ cache seen as rows of ``D`` elements: indexing the 6-D cache with two index tens
 makes torch split each launch in two until every part spans under 2^31 bytes, up to ``2 L``
 launches each on a cache of tens of GB), ``lens`` advances, and everything past it (the
 rejected entries) is dead: rolled back by the length alone. Block metadata
-(``kernels.select_blocks.BlockMetadata``, mean or min/max keys per block) and NSA's compressed
+(``kernels.block_metadata.BlockMetadata``, mean or min/max keys per block) and NSA's compressed
 tokens (``kernels.nsa_compress``) are then refreshed for the touched blocks only. Nothing
 here reads the lengths on the host on the Triton path.
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from ssvkit.engine.config import ModelConfig
 from ssvkit.kernels.accept_commit import move_kept
+from ssvkit.kernels.block_metadata import KINDS, BlockMetadata, reference_block_metadata
 from ssvkit.kernels.nsa_compress import (
     compress_kv,
     max_compressed,
@@ -36,9 +37,6 @@ from ssvkit.kernels.nsa_compress import (
     reference_compress_kv,
     update_compressed_kv,
 )
-from ssvkit.kernels.select_blocks import BlockMetadata, reference_block_metadata
-
-META_KINDS = ("mean", "quest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +130,9 @@ class KVCache:
     def require_blocks(self, block_size: int, kinds: tuple[str, ...]) -> None:
         """Make sure block metadata of ``block_size`` with ``kinds`` exists (built from the
         current prefix when it does not)."""
-        bad = set(kinds) - set(META_KINDS)
+        bad = set(kinds) - set(KINDS)
         if bad:
-            raise ValueError(f"block metadata kinds must be among {META_KINDS}, got {sorted(bad)}")
+            raise ValueError(f"block metadata kinds must be among {KINDS}, got {sorted(bad)}")
         have = self.meta[0] if self.meta else None
         if have is not None and have.block_size == block_size:
             if set(kinds) <= set(have.kinds):

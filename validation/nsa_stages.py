@@ -58,6 +58,7 @@ from ssvkit.kernels import nsa_steps as steps
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import select_blocks as sb
 from ssvkit.kernels import timing as tm
+from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
 from ssvkit.kernels.nsa_launch import make_plan, plan_slots, refresh_slots
 from ssvkit.perfmodel.arguments import OneLineParser
@@ -162,9 +163,9 @@ def check(sets) -> None:
     check_select(sets)
 
 
-def select_metadata(sets) -> list[sb.BlockMetadata]:
+def select_metadata(sets) -> list[BlockMetadata]:
     """Each set's block means (the sets share their keys: a buffer each, read cold)."""
-    return [sb.BlockMetadata.build(a[1], a[3], KW["block_size"]) for a, _ in sets]
+    return [BlockMetadata.build(a[1], a[3], KW["block_size"]) for a, _ in sets]
 
 
 def check_select(sets) -> None:

@@ -18,7 +18,7 @@ from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.model import CausalLM
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
-from ssvkit.kernels.select_blocks import BlockMetadata
+from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.perfmodel.strategy import BASELINES, DrafterSpec, Strategy
 
 MODEL = tiny_model(seed=3)

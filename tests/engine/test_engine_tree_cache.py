@@ -8,8 +8,8 @@ from engine_helpers import TINY
 from ssvkit.engine.cache import KVCache
 from ssvkit.engine.drafter import LevelPlan
 from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels.block_metadata import reference_block_metadata
 from ssvkit.kernels.nsa_compress import reference_compress_kv
-from ssvkit.kernels.select_blocks import reference_block_metadata
 from ssvkit.kernels.tree import ancestor_bitmask
 
 

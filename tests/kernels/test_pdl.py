@@ -20,13 +20,14 @@ import ssvkit.kernels.pdl as pdl
 import torch
 from kernel_helpers import HAS_CUDA, assert_close
 from nsa_helpers import DEV, GPU_KW, NSA_KW, make_gpu_inputs, make_inputs
+from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.nsa_verify import (
     NsaVerifyConfig,
     nsa_verify,
     nsa_verify_unfused,
     reference_nsa_verify,
 )
-from ssvkit.kernels.select_blocks import BlockMetadata, block_scores, select_blocks
+from ssvkit.kernels.select_blocks import block_scores, select_blocks
 from ssvkit.kernels.timing import poisoned_allocations
 from test_select_blocks import exact_top_blocks
 from test_select_blocks import make_inputs as select_inputs

@@ -14,10 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA
+from ssvkit.kernels.block_metadata import BlockMetadata, reference_block_metadata
 from ssvkit.kernels.select_blocks import (
-    BlockMetadata,
     block_scores,
-    reference_block_metadata,
     reference_block_scores,
     reference_select_blocks,
     select_blocks,
