@@ -10,7 +10,7 @@ import triton.language as tl
 from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
 from ssvkit.kernels.nsa_select_kernels import computed_importance, stored_importance
 from ssvkit.kernels.pdl import pdl_gate
-from ssvkit.kernels.top_blocks import threshold_pick
+from ssvkit.kernels.top_blocks_kernels import threshold_pick
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def refresh_select_kernel(
     top-n pick in one launch, on ``kernels.arrivals``' tickets (counter 0). Tickets below ``B *
     Hkv *`` score programs run one program of ``stored_block_score_kernel`` (``STORED``) or
     ``block_score_kernel``'s grid for one (sequence x KV head) and arrive on its counter (``1 +
-    pair``); each later ticket picks one draft row (``kernels.top_blocks.threshold_pick``,
+    pair``); each later ticket picks one draft row (``kernels.top_blocks_kernels.threshold_pick``,
     importance read from L2) once its pair's score programs have all arrived, and counts itself
     out (counters ``1 + B * Hkv + pair``). With ``PDL`` every program waits
     (``pdl_gate``) before its ticket."""

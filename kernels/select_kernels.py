@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
 from ssvkit.kernels.pdl import pdl_gate
-from ssvkit.kernels.top_blocks import threshold_pick
+from ssvkit.kernels.top_blocks_kernels import threshold_pick
 
 
 @triton.jit
@@ -265,7 +265,7 @@ def select_kernel(
     ``kernels.arrivals``' tickets (counter 0): tickets below ``B * Hkv * score_programs`` score
     a block range of one (sequence, KV head) (``score_range``) and arrive on that pair's counter
     (counters ``1 + pair``); each later ticket picks one row
-    (``kernels.top_blocks.threshold_pick``, scores read from L2) once every score program of
+    (``kernels.top_blocks_kernels.threshold_pick``, scores read from L2) once every score program of
     its pair has arrived, and counts itself out (counters ``1 + B * Hkv + pair``). A row's pick
     runs in one program, as in the two-launch path, so a pair's rows are picked side by side
     (the pair's last score program alone would pick them one after another). With ``PDL``
