@@ -1,6 +1,7 @@
 """Costs the simulator needs beyond one whole round: prefill, per-layer and per-draft-level
-splits of a round, PRR's speculative attention and repair, Saguaro's pre-speculation,
-SparseSpec's mixed draft/verify step, host scheduling time and KV-cache capacity.
+splits of a round, Saguaro's pre-speculation, SparseSpec's mixed draft/verify step, host
+scheduling time and KV-cache capacity (PRR's speculative attention and repair:
+``perfmodel.prr_costs``).
 
 Every function reuses the op builders (``perfmodel.ops``) and the predictor of the step model
 (``perfmodel.step``) so the counts agree with it: a split of a round sums back to the step
@@ -19,7 +20,6 @@ import numpy as np
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import (
     ACT_BYTES,
-    F32,
     OpSum,
     attn_flops_per_row_token,
     dense_attention,
@@ -29,7 +29,6 @@ from ssvkit.perfmodel.ops import (
     local_heads,
 )
 from ssvkit.perfmodel.predictor import Op
-from ssvkit.perfmodel.repair_work import distinct_share, repair_call_work
 from ssvkit.perfmodel.sparsespec import offload_time_s
 from ssvkit.perfmodel.step import (
     Columns,
@@ -127,7 +126,8 @@ class LayerSplit:
         return self.linear_s + self.attention_reuse_s
 
 
-def _with(c: Columns, **cols) -> Columns:
+def with_columns(c: Columns, **cols) -> Columns:
+    """``c`` with the columns ``cols`` set, each broadcast to every point."""
     n = len(c)
     return dataclasses.replace(
         c, **{k: np.broadcast_to(v, (n,)).astype(float) for k, v in cols.items()}
@@ -149,8 +149,8 @@ def verify_layer_split(
     """
     L = model.num_layers
     pred = predict_columns(model, c, predictor, drafter)
-    p1 = predict_columns(model, _with(c, refresh_frac=1.0), predictor, drafter)
-    p0 = predict_columns(model, _with(c, refresh_frac=0.0), predictor, drafter)
+    p1 = predict_columns(model, with_columns(c, refresh_frac=1.0), predictor, drafter)
+    p0 = predict_columns(model, with_columns(c, refresh_frac=0.0), predictor, drafter)
     zero = np.zeros(len(c))
     ops = pred.op_seconds
     head = sum((ops.get(k, zero) for k in HEAD_OPS), zero)
@@ -213,138 +213,6 @@ def speculation_seconds(
         sizes[i, :ki] = budget
     spec = dataclasses.replace(c, level_sizes=sizes, num_draft=sizes.sum(axis=1))
     return predict_columns(model, spec, predictor, drafter).draft_s
-
-
-def repair_seconds(
-    model: ModelSpec,
-    predictor,
-    rows,
-    missed_blocks,
-    block_size,
-    batch=1,
-    kv_bytes=2,
-    context_len=None,
-) -> np.ndarray:
-    """PRR's incremental repair of one layer (seed 004 §4.3, eqs. 6-8), seconds.
-
-    The kernel reads the speculative output O, its running max m and denominator l for every
-    query row and head, streams the ``missed_blocks`` blocks of ``block_size`` tokens once, and
-    writes the corrected O: bytes ``b rows (missed B kv_token + Hq (2 d_h act + 2 fp32))``
-    (each row's own missed blocks, as the kernel gathers them), FLOPs ``b rows missed B (4 Hq
-    d_h)``, one launch. Work scales with the misses only; at zero misses it still launches
-    (PRR's fixed repair cost). The op is the measured ``repair/repair`` class, and it carries
-    the kernel's launch-plan counts (``perfmodel.repair_work``: each program walks its row's
-    missed blocks one after another) as its ``slot_plan``, so a calibrated predictor prices a
-    missed block at its measured latency, not at its bytes alone. With ``context_len`` the
-    rows of one (sequence, KV head) draw their blocks uniformly from its blocks, as the
-    calibration rows do, and re-read the ones they share from L2
-    (``repair_work.distinct_share``); without it every row's blocks are its own. Vectorised
-    over every argument.
-    """
-    tp = predictor.tp
-    hq, hkv = local_heads(model, tp)
-    b = np.asarray(batch, dtype=float)
-    r = np.asarray(rows, dtype=float)
-    blocks = np.asarray(missed_blocks, dtype=float)
-    tokens = blocks * np.asarray(block_size, dtype=float)
-    state = b * r * hq * (2 * model.head_dim * ACT_BYTES + 2 * F32)
-    ones = np.ones_like(tokens + b + r)
-    plan = None
-    if not model.is_mla:  # the kernel runs no MLA: its attention keeps the algorithmic counts
-        gpu = predictor.gpu
-        w = repair_call_work(
-            r, hq, hkv, model.head_dim, b, blocks, block_size, gpu.num_sms, gpu.smem_per_sm_bytes
-        )
-        share = 1.0
-        if context_len is not None:
-            num_blocks = np.asarray(context_len, dtype=float) // np.asarray(block_size, dtype=float)
-            share = distinct_share(num_blocks, blocks, r)
-        plan = Op(
-            "attention",
-            w.flops * ones,
-            w.requested_bytes * ones,
-            ones,
-            kernel="repair/repair",
-            calls=ones,
-            dedup_bytes=w.requested_bytes * share * ones,
-            depth=w.chain_tiles * ones,
-            stage_counts=(w.waves * ones,),
-        )
-    op = Op(
-        "attention",
-        b * r * tokens * attn_flops_per_row_token(model, hq),
-        b * r * tokens * kv_token_bytes(model, hkv, kv_bytes) + state,
-        ones,
-        kernel="repair/repair",
-        calls=ones,
-        slot_plan=plan,
-    )
-    return predictor.op_time_s(op)
-
-
-@dataclass(frozen=True, slots=True)
-class PrrLayerCosts:
-    """Per-layer costs of dynamic sparse attention with and without PRR (seed 004).
-
-    Serial DSA layer: ``linear + selection + attention``. PRR layer: ``linear +
-    max(selection + compressed, speculative) + repair(missed)``: the compressed branch scores
-    the blocks (it belongs to selection), the speculative kernel attends to the predicted
-    ``ceil(rho n)`` blocks and the sliding window while selection runs, and the repair kernel
-    folds in the missed blocks.
-    """
-
-    linear_s: np.ndarray
-    selection_s: np.ndarray  # block selection of one layer
-    attention_s: np.ndarray  # the step model's sparse attention of one layer (all branches)
-    compressed_s: np.ndarray  # its compressed-branch share
-    speculative_s: np.ndarray  # selected branch over ceil(rho n) blocks plus the window
-    repair_fixed_s: np.ndarray  # repair kernel with no missed block
-    repair_block_s: np.ndarray  # each further missed block
-    head_s: np.ndarray
-    accept_s: np.ndarray
-    draft_s: np.ndarray
-    serial_verify_s: np.ndarray  # the step model's verify seconds (selection every layer)
-
-
-def prr_layer_costs(
-    model: ModelSpec, c: Columns, predictor, budget_ratio=1.0, drafter: DrafterSpec | None = None
-) -> PrrLayerCosts:
-    """Per-layer PRR costs for sparse points of ``c`` (selection in every layer).
-
-    Each attention part is the step model's sparse attention op with branches switched off
-    (``top_n = 0`` and/or ``comp_stride = 0``), so the parts keep its launch and intermediate
-    accounting: compressed = attention - attention without the compressed branch; speculative =
-    attention without the compressed branch at ``top_n = ceil(rho n)``. The repair costs come
-    from ``repair_seconds`` with the verification's query rows.
-    """
-    if (c.sparse == 0).any():
-        raise ValueError("PRR needs sparse attention at every point")
-    if np.any(np.asarray(budget_ratio) <= 0):
-        raise ValueError(f"budget_ratio must be > 0, got {budget_ratio!r}")
-    L = model.num_layers
-    full = _with(c, refresh_frac=1.0, fused=0.0)
-    split = verify_layer_split(model, full, predictor, drafter)
-    no_comp = predict_columns(model, _with(full, comp_stride=0.0), predictor, drafter)
-    spec_n = np.ceil(np.asarray(budget_ratio) * c.top_n)
-    spec = predict_columns(model, _with(full, comp_stride=0.0, top_n=spec_n), predictor, drafter)
-    attn = split.attention_refresh_s
-    rows, b = c.rows, c.batch
-    args = (c.block_size, b, c.kv_bytes, c.context_len)
-    fixed = repair_seconds(model, predictor, rows, 0.0, *args)
-    one = repair_seconds(model, predictor, rows, 1.0, *args)
-    return PrrLayerCosts(
-        linear_s=split.linear_s,
-        selection_s=split.selection_s,
-        attention_s=attn,
-        compressed_s=attn - attention_seconds(no_comp.op_seconds) / L,
-        speculative_s=attention_seconds(spec.op_seconds) / L,
-        repair_fixed_s=fixed * np.ones(len(c)),
-        repair_block_s=(one - fixed) * np.ones(len(c)),
-        head_s=split.head_s,
-        accept_s=split.accept_s,
-        draft_s=split.draft_s,
-        serial_verify_s=split.verify_s,
-    )
 
 
 def mixed_step_seconds(

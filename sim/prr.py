@@ -6,7 +6,7 @@ Per layer: ``selection + compressed branch`` and ``speculative attention`` start
 concurrent timeouts joined by ``&``), then ``repair_fixed + missed * repair_block``, then the
 layer's linear ops. Missed blocks per layer and round are ``Binomial(top_n, 1 - h)`` with h
 fixed, estimated by the Holt EMA predictor on a synthetic block-score trajectory (``ema``), or
-replayed from a trace's per-layer ``predict_hit``. Costs: ``perfmodel.costs.prr_layer_costs``.
+replayed from a trace's per-layer ``predict_hit``. Costs: ``perfmodel.prr_costs.prr_layer_costs``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import time
 import numpy as np
 import simpy
 from ssvkit.perfmodel.calibrated import make_predictor
-from ssvkit.perfmodel.costs import prr_layer_costs
 from ssvkit.perfmodel.numbers import figure
 from ssvkit.perfmodel.prr import (
     PAPER_HIT_RATE,
@@ -25,6 +24,7 @@ from ssvkit.perfmodel.prr import (
     critical_path_s,
     predictor_hit_rate,
 )
+from ssvkit.perfmodel.prr_costs import prr_layer_costs
 from ssvkit.perfmodel.step import build_columns
 from ssvkit.perfmodel.strategy import Workload
 from ssvkit.sim.acceptance import CHUNK

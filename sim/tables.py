@@ -17,13 +17,13 @@ from ssvkit.perfmodel.costs import (
     draft_level_seconds,
     mixed_step_seconds,
     prefill_seconds,
-    prr_layer_costs,
     speculation_seconds,
     verify_layer_split,
 )
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.prr_costs import prr_layer_costs
 from ssvkit.perfmodel.step import product_columns
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload, check_feasible
 
@@ -226,7 +226,7 @@ PRR_NAMES = (
 def prr_table(
     ctx: CostContext, strategy: Strategy, contexts, max_batch: int, budget_ratio: float
 ) -> Grid:
-    """Per-layer PRR costs (``perfmodel.costs.prr_layer_costs``) on the grid."""
+    """Per-layer PRR costs (``perfmodel.prr_costs.prr_layer_costs``) on the grid."""
     batches = range(1, max_batch + 1)
     overlaps = [0.75]
     c = _columns(ctx, strategy, contexts, batches, overlaps)

@@ -10,14 +10,13 @@ from ssvkit.perfmodel.costs import (
     mixed_step_seconds,
     prefill_ops,
     prefill_seconds,
-    prr_layer_costs,
-    repair_seconds,
     speculation_seconds,
     verify_layer_split,
 )
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.predictor import RooflinePredictor
+from ssvkit.perfmodel.prr_costs import prr_layer_costs, repair_seconds
 from ssvkit.perfmodel.step import build_columns, predict_columns
 from ssvkit.perfmodel.strategy import BASELINES, Strategy, Workload
 

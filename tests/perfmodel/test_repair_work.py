@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from ssvkit.calibration import ceilings
 from ssvkit.perfmodel.calibrated import make_predictor
-from ssvkit.perfmodel.costs import repair_seconds
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.prr_costs import repair_seconds
 from ssvkit.perfmodel.repair_work import (
     BLOCK_N_MAX,
     NUM_STAGES,
