@@ -17,7 +17,8 @@ of a (b, kv head, group) is split across ``num_splits`` programs when ``B * Hkv 
 alone cannot fill the SMs; the last split also attends to the tail, and
 ``kernels.merge.merge_partials`` combines the fp32 partial ``(o, lse)``. The group plans
 (``kernels.group_plan``) say which blocks each program streams; the split count and the tile
-choices are the launch plan's (``kernels.sparse_launch``).
+choices are the launch plan's (``kernels.sparse_launch``); the kernel is
+:mod:`kernels.sparse_verify_kernels`'.
 
 Traffic model: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of
 K/V (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
@@ -30,7 +31,6 @@ import math
 
 import torch
 import triton
-import triton.language as tl
 from ssvkit.kernels.checks import (
     check_attention_inputs,
     check_block_idx,
@@ -43,164 +43,10 @@ from ssvkit.kernels.dense_verify import dot_precision
 from ssvkit.kernels.group_plan import MODES, GroupPlan
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
+from ssvkit.kernels.sparse_verify_kernels import sparse_verify_kernel
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
-
-
-@triton.jit
-def _sparse_verify_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    prefix_ptr,
-    tree_ptr,
-    order_ptr,
-    list_ptr,
-    mask_ptr,
-    count_ptr,
-    o_ptr,
-    lse_ptr,
-    stride_qb,
-    stride_qt,
-    stride_qh,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_xb,
-    stride_xh,
-    stride_xr,
-    stride_os,
-    stride_ob,
-    stride_ot,
-    stride_oh,
-    stride_ls,
-    stride_lb,
-    stride_lh,
-    stride_lt,
-    qk_scale,
-    num_rows,
-    list_len,
-    num_groups,
-    num_splits,
-    G: tl.constexpr,
-    C: tl.constexpr,
-    M_PAD: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    T_PAD: tl.constexpr,
-    HAS_ORDER: tl.constexpr,
-    GROUP_LISTS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
-):
-    tl.static_assert(M_PAD >= 16)  # MMA rows
-    tl.static_assert(M_PAD >= C * G)
-    tl.static_assert(BLOCK_N >= 16)
-    tl.static_assert(T_PAD >= 16)
-    NEG_BIG: tl.constexpr = -1.0e30  # finite running-max floor: never exp(-inf - -inf)
-    LN2: tl.constexpr = 0.6931471805599453
-
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    g = pid // num_splits
-    split = pid % num_splits
-    b64 = b.to(tl.int64)
-    h64 = h.to(tl.int64)
-
-    # Packed rows: r = c * G + hh  ->  query row order[g * C + c], query head h * G + hh.
-    offs_r = tl.arange(0, M_PAD)
-    member = offs_r // G
-    head = h * G + offs_r % G
-    slot = g * C + member
-    row_ok = (member < C) & (slot < num_rows)
-    if HAS_ORDER:
-        qrow = tl.load(order_ptr + b64 * num_rows + slot, mask=row_ok, other=0)
-    else:
-        qrow = slot
-    qrow = tl.where(row_ok, qrow, 0)
-    offs_d = tl.arange(0, D)
-    q_offs = b64 * stride_qb + qrow.to(tl.int64)[:, None] * stride_qt
-    q_offs += head.to(tl.int64)[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # [M_PAD, D]
-
-    # The list this group streams: its own (union) or its first member's row of block_idx.
-    if GROUP_LISTS:
-        list_row = g
-    else:
-        list_row = g * C
-        if HAS_ORDER:
-            list_row = tl.load(order_ptr + b64 * num_rows + list_row)
-    list_base = b64 * stride_xb + h64 * stride_xh + list_row.to(tl.int64) * stride_xr
-    if GROUP_LISTS:
-        n_list = tl.load(count_ptr + (b64 * tl.num_programs(1) + h64) * num_groups + g)
-    else:
-        n_list = list_len
-    per_split = (n_list + num_splits - 1) // num_splits
-    start = split * per_split
-    end = tl.minimum(start + per_split, n_list)
-
-    prefix_len = tl.load(prefix_ptr + b).to(tl.int64)
-    kv_base = b64 * stride_kb + h64 * stride_kh
-    offs_n = tl.arange(0, BLOCK_N)
-
-    m_i = tl.full([M_PAD], NEG_BIG, dtype=tl.float32)
-    l_i = tl.zeros([M_PAD], dtype=tl.float32)
-    acc = tl.zeros([M_PAD, D], dtype=tl.float32)
-    for u in range(start, end):
-        blk = tl.load(list_ptr + list_base + u).to(tl.int64)
-        pos = blk * BLOCK_N + offs_n  # [BLOCK_N]
-        col_ok = (pos >= 0) & (pos < prefix_len)  # a -1 pad is all negative positions
-        kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # [BLOCK_N, D]
-        v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
-        # [M_PAD, BLOCK_N], log2 domain
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        if GROUP_LISTS:
-            bits = tl.load(mask_ptr + list_base + u)
-            # [M_PAD]: did this row's query pick the block (shift clamped: >= 32 is undefined)
-            sel = ((bits >> tl.minimum(member, C - 1)) & 1) != 0
-            keep = sel[:, None] & col_ok[None, :]
-        else:
-            keep = row_ok[:, None] & col_ok[None, :]
-        s = tl.where(keep, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    if split == num_splits - 1:
-        # Draft tail: entries prefix_len + j, visible to a row when bit j of its tree mask is set.
-        offs_j = tl.arange(0, T_PAD)
-        tail_ok = offs_j < num_rows
-        pos = prefix_len + offs_j
-        kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=tail_ok[:, None], other=0.0)  # [T_PAD, D]
-        v = tl.load(v_ptr + kv_offs, mask=tail_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M_PAD, T_PAD]
-        tree = tl.load(tree_ptr + b64 * num_rows + qrow, mask=row_ok, other=0)  # [M_PAD] int64
-        seen = ((tree[:, None] >> offs_j.to(tl.int64)[None, :]) & 1) != 0
-        s = tl.where(seen & tail_ok[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    nonempty = l_i > 0.0
-    l_safe = tl.where(nonempty, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * LN2, -float("inf"))
-    split64 = split.to(tl.int64)
-    o_offs = split64 * stride_os + b64 * stride_ob + qrow.to(tl.int64)[:, None] * stride_ot
-    o_offs += head.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptr + o_offs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-    lse_offs = split64 * stride_ls + b64 * stride_lb + head.to(tl.int64) * stride_lh
-    lse_offs += qrow.to(tl.int64) * stride_lt
-    tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
 
 
 def _validate_values(
@@ -332,7 +178,7 @@ def _launch(
     plan, c = la.plan, la.c
     group_lists = plan.counts is not None
     lists = plan.block_lists
-    _sparse_verify_kernel[(plan.num_groups * la.num_splits, hkv, b)](
+    sparse_verify_kernel[(plan.num_groups * la.num_splits, hkv, b)](
         q,
         k_cache,
         v_cache,
