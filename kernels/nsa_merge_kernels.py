@@ -301,8 +301,8 @@ def nsa_merge_kernel(
     From one buffer, each branch's slots then sum on their own (three passes); from two
     (``SHARED_COMP``), one pass sums every slot with its gated weight: on the H200 each form
     ran faster than the other in its own case. The gates, the length and the union count
-    come first: with ``PDL`` (``kernels.pdl``) they load while
-    the forward launch drains, the partials after it."""
+    come first: with ``PDL`` (``kernels.pdl``) they load while the forward launch drains, the
+    partials after it."""
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     NUM_Q_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     pid = tl.program_id(0)
