@@ -239,22 +239,8 @@ def _check_memory(device, dtype, strategy, target_cfg, draft_cfg, decode, batch,
 # ----------------------------------------------------------------------------- run
 
 
-def run(args) -> int:
-    import torch
-
-    from ssvkit.engine.checkpoint import build_model, resolve_source
-    from ssvkit.engine.controller import KeepStrategy
-    from ssvkit.engine.loop import Engine
-    from ssvkit.engine.runner import ModelRunner
-    from ssvkit.engine.strategy_check import check_strategy
-    from ssvkit.engine.trace_writer import TraceWriter
-    from ssvkit.kernels.tree import MAX_TREE_NODES
-
-    context = parse_one(args.context, "--context")
-    if args.batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {args.batch}")
-    if args.trace:
-        check_output(args.trace, "--trace")
+def _decode_config(args, oracle) -> DecodeConfig:
+    """The decode settings the options give (``--draft-temperature`` as a number)."""
     kw = given(args, DECODE_FIELDS)
     if "draft_temperature" in kw:
         try:
@@ -262,10 +248,71 @@ def run(args) -> int:
         except ValueError:
             bad = kw["draft_temperature"]
             raise ValueError(f"--draft-temperature {bad!r} is not a number") from None
-    oracle = _oracle_acceptance(args)
-    decode = DecodeConfig(
-        **kw, record_stats=bool(args.stats or args.trace), oracle_acceptance=oracle
+    return DecodeConfig(**kw, record_stats=bool(args.stats or args.trace), oracle_acceptance=oracle)
+
+
+def _cache_positions(context: int, decode: DecodeConfig, tree, controller, config) -> int:
+    """Cache positions of one sequence: the context, the new tokens and the largest verify
+    tail (a controller may switch to any tree: the largest the kernels take); ``ValueError``
+    past the model's positions."""
+    from ssvkit.engine.controller import KeepStrategy
+    from ssvkit.kernels.tree import MAX_TREE_NODES
+
+    tail = tree.num_nodes if isinstance(controller, KeepStrategy) else MAX_TREE_NODES
+    t_max = context + decode.max_new_tokens + tail + 1
+    limit = config.max_position_embeddings
+    if t_max > limit:
+        raise ValueError(
+            f"context {context} + {decode.max_new_tokens} new tokens + {tail} tail "
+            f"rows = {t_max} positions exceed the model's {limit}"
+        )
+    return t_max
+
+
+def _trace_writer(args, target_src, decode: DecodeConfig, device, dtype, backend, graphs):
+    """The ``--trace`` writer (None without the option)."""
+    if not args.trace:
+        return None
+    import torch
+
+    from ssvkit.engine.trace_writer import TraceWriter
+
+    return TraceWriter(
+        args.trace,
+        target_src.name,
+        target_src.config.num_layers,
+        device=device,
+        gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        backend=backend,
+        seed=decode.seed,
+        dtype=str(dtype).removeprefix("torch."),
+        graphs=graphs,
     )
+
+
+def _runner(src, batch: int, t_max: int, device, dtype, backend, graphs):
+    """A runner of the model ``src`` built on ``device``."""
+    from ssvkit.engine.checkpoint import build_model
+    from ssvkit.engine.runner import ModelRunner
+
+    model = build_model(src, max_positions=t_max, device=device, dtype=dtype)
+    return ModelRunner(model, batch=batch, t_max=t_max, backend=backend, use_graphs=graphs)
+
+
+def run(args) -> int:
+    import torch
+
+    from ssvkit.engine.checkpoint import resolve_source
+    from ssvkit.engine.loop import Engine
+    from ssvkit.engine.strategy_check import check_strategy
+
+    context = parse_one(args.context, "--context")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.trace:
+        check_output(args.trace, "--trace")
+    oracle = _oracle_acceptance(args)
+    decode = _decode_config(args, oracle)
     target_src = resolve_source(args.model)
     draft_name = args.draft_model or ("tiny-draft" if args.model == "tiny" else None)
     controller, strategy, note = _controller_and_strategy(args, context, draft_name)
@@ -281,15 +328,7 @@ def run(args) -> int:
         decode.oracle_profile(tree.max_depth)
         if strategy.is_sparse:  # measure the overlap: random weights select unlike trained ones
             decode = dataclasses.replace(decode, record_stats=True)
-    # A controller may switch to any tree: room for the largest verify tail the kernels take.
-    tail = tree.num_nodes if isinstance(controller, KeepStrategy) else MAX_TREE_NODES
-    t_max = context + decode.max_new_tokens + tail + 1
-    limit = target_src.config.max_position_embeddings
-    if t_max > limit:
-        raise ValueError(
-            f"context {context} + {decode.max_new_tokens} new tokens + {tail} tail "
-            f"rows = {t_max} positions exceed the model's {limit}"
-        )
+    t_max = _cache_positions(context, decode, tree, controller, target_src.config)
     _check_memory(
         device,
         dtype,
@@ -302,33 +341,12 @@ def run(args) -> int:
         t_max,
     )
     prompts = _prompts(args, context, args.batch, target_src.config.vocab_size)
-    trace = None
-    if args.trace:
-        gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-        trace = TraceWriter(
-            args.trace,
-            target_src.name,
-            target_src.config.num_layers,
-            device=device,
-            gpu=gpu,
-            backend=backend,
-            seed=decode.seed,
-            dtype=str(dtype).removeprefix("torch."),
-            graphs=graphs,
-        )
-
+    trace = _trace_writer(args, target_src, decode, device, dtype, backend, graphs)
     # Input checked: from here on models are built and the device is used.
-    def load(src):
-        return build_model(src, max_positions=t_max, device=device, dtype=dtype)
-
-    target = ModelRunner(
-        load(target_src), batch=args.batch, t_max=t_max, backend=backend, use_graphs=graphs
+    target, draft = (
+        None if src is None else _runner(src, args.batch, t_max, device, dtype, backend, graphs)
+        for src in (target_src, draft_src)
     )
-    draft = None
-    if draft_src is not None:
-        draft = ModelRunner(
-            load(draft_src), batch=args.batch, t_max=t_max, backend=backend, use_graphs=graphs
-        )
     engine = Engine(
         target, strategy, decode, draft_runner=draft, controller=controller, trace=trace
     )
