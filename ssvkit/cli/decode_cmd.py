@@ -290,7 +290,7 @@ def _trace_writer(args, target_src, decode: DecodeConfig, device, dtype, backend
     )
 
 
-def _runner(src, batch: int, t_max: int, device, dtype, backend, graphs):
+def _runner(src, *, batch: int, t_max: int, device, dtype, backend, graphs):
     """A runner of the model ``src`` built on ``device``."""
     from ssvkit.engine.checkpoint import build_model
     from ssvkit.engine.runner import ModelRunner
@@ -343,10 +343,11 @@ def run(args) -> int:
     prompts = _prompts(args, context, args.batch, target_src.config.vocab_size)
     trace = _trace_writer(args, target_src, decode, device, dtype, backend, graphs)
     # Input checked: from here on models are built and the device is used.
-    target, draft = (
-        None if src is None else _runner(src, args.batch, t_max, device, dtype, backend, graphs)
-        for src in (target_src, draft_src)
-    )
+    runner_kw = dict(batch=args.batch, t_max=t_max, device=device, dtype=dtype)
+    target = _runner(target_src, backend=backend, graphs=graphs, **runner_kw)
+    draft = None
+    if draft_src is not None:
+        draft = _runner(draft_src, backend=backend, graphs=graphs, **runner_kw)
     engine = Engine(
         target, strategy, decode, draft_runner=draft, controller=controller, trace=trace
     )
