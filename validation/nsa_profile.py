@@ -10,7 +10,9 @@ The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention unless ``--geo
 another of ``calibration.kernel_inputs.GEOMETRIES``, NSA's published geometry, reuse indices
 with adjacent-row overlap 0.7); ``--rows-per-tile`` runs a strategy's row schedule
 (``NsaVerifyConfig.rows_per_tile``: 4 is ``ssv``'s union of four, 1 ``sd_sparse_naive``'s),
-the reuse call with its union plan passed in, as the engine's reuse layers do. Three
+the reuse call with its union plan passed in, as the engine's reuse layers do; ``--impl
+unfused`` profiles the unfused baseline's calls (``nsa_verify_unfused``, the attention of
+``ar_sparse`` and ``sd_sparse_naive``) instead of the fused ones. Three
 unprofiled warm-up rounds compile and settle the kernels; the profiled region is one refresh
 call then one reuse call. The provenance is printed first, so the profiler's report carries
 it.
@@ -27,6 +29,9 @@ from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.validation import nsa_stages as ns
 
+# The calls ``--impl`` profiles: ``nsa_verify``'s or the unfused baseline's.
+IMPLS = ("fused", "unfused")
+
 
 def main(argv=None) -> None:
     p = OneLineParser(description=__doc__.splitlines()[0])
@@ -34,6 +39,7 @@ def main(argv=None) -> None:
     p.add_argument("--t", type=int, default=16, help="draft rows")
     p.add_argument("--context", type=int, default=131072, help="prefix tokens")
     p.add_argument("--rows-per-tile", type=int, default=0, help="row schedule (0: packed)")
+    p.add_argument("--impl", default="fused", choices=IMPLS, help="calls to profile")
     p.add_argument(
         "--geometry", default=ki.current_geometry(), choices=sorted(ki.GEOMETRIES), help="heads"
     )
@@ -48,13 +54,23 @@ def main(argv=None) -> None:
     union = nv.nsa_union_plan(
         qkv_args[0], qkv_args[1], idx, block_size=ns.KW["block_size"], config=kw["config"]
     )
+    if args.impl == "fused":
+        calls = (
+            lambda: nv.nsa_verify(*qkv_args, **kw),
+            lambda: nv.nsa_verify(*qkv_args, block_idx=idx, union=union, **kw),
+        )
+    else:
+        calls = (
+            lambda: nv.nsa_verify_unfused(*qkv_args, **kw),
+            lambda: nv.nsa_verify_unfused(*qkv_args, block_idx=idx, **kw),
+        )
     for _ in range(3):
-        nv.nsa_verify(*qkv_args, **kw)
-        nv.nsa_verify(*qkv_args, block_idx=idx, union=union, **kw)
+        for call in calls:
+            call()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    nv.nsa_verify(*qkv_args, **kw)
-    nv.nsa_verify(*qkv_args, block_idx=idx, union=union, **kw)
+    for call in calls:
+        call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 

@@ -5,7 +5,8 @@ from ssvkit.validation import nsa_profile
 
 
 @pytest.mark.parametrize(
-    "argv", [["--geometry", "huge"], ["--batch", "0"], ["--rows-per-tile", "-1"]]
+    "argv",
+    [["--geometry", "huge"], ["--batch", "0"], ["--rows-per-tile", "-1"], ["--impl", "split"]],
 )
 def test_a_bad_argument_exits_2_before_any_kernel_runs(argv, capsys):
     with pytest.raises(SystemExit) as stop:
