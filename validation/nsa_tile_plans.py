@@ -6,7 +6,8 @@ tiles or on one tile of all rows), as ``--knob paired``, ``context_tiles`` "shar
 ``score_map`` "matrix" / "band" (how the refresh path's computed block scoring maps the
 compressed tokens onto the blocks; only refresh calls differ), or a forward program's launch
 knobs against their defaults: ``num_warps`` 4 / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32
-(keys a tile); or how a call's launches run: ``branch_streams`` off / on (the unfused
+(keys a tile), ``ctas_per_sm`` 1 / 2 (the programs an SM is sized for: twice the slots where
+one wave holds them); or how a call's launches run: ``branch_streams`` off / on (the unfused
 baseline's branches on one stream or side by side; only unfused calls differ), ``pdl`` off / on
 (each launch of a call after its first a programmatic dependent of the one before).
 
@@ -69,6 +70,7 @@ KNOBS = {
     "block_n": ("block_n", (64, 32), (0, 1, 4)),
     "branch_streams": ("branch_streams", (False, True), (0, 1, 4)),
     "pdl": ("pdl", (False, True), (0, 1, 4)),
+    "ctas_per_sm": ("ctas_per_sm", (1, 2), (0, 1, 4)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 # The calls a knob changes, where not all of them: only refresh calls score blocks, and only
