@@ -35,6 +35,14 @@ class NsaVerifyConfig:
         },
     )
     ctas_per_sm: int = field(default=1, metadata={"help": "resident programs per SM assumed"})
+    compressed_ctas: int = field(
+        default=nsa_plan.COMPRESSED_CTAS_PER_SM,
+        metadata={
+            "help": "resident programs per SM a launch of the compressed branch alone is sized "
+            "for where one would leave each row tile a single slot "
+            "(perfmodel.nsa_plan.compressed_capacity)"
+        },
+    )
     min_tiles_per_slot: int = field(
         default=2, metadata={"help": "fewest key tiles a slot is given when sizing slots"}
     )
@@ -143,7 +151,13 @@ class NsaVerifyConfig:
         for name in ("num_warps", "score_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"{name} must be a power of two <= 16, got {getattr(self, name)}")
-        for name in ("num_stages", "ctas_per_sm", "max_splits", "min_tiles_per_slot"):
+        for name in (
+            "num_stages",
+            "ctas_per_sm",
+            "compressed_ctas",
+            "max_splits",
+            "min_tiles_per_slot",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rows_per_tile < 0:

@@ -240,17 +240,16 @@ def plan_slots(
             max_splits=config.max_splits,
             min_tiles_per_slot=config.min_tiles_per_slot,
         )
-    per_slot = max(config.min_tiles_per_slot, plan.programs * sum(work) / capacity)
-    slots = [
-        max(1, math.ceil(w / per_slot)) if on else 0 for w, on in zip(work, branches, strict=True)
-    ]
-    # At most one wave (a few programs past it would double the time) and max_splits slots:
-    # take slots from the branch with the least work per slot.
-    limit = max(min(config.max_splits, capacity // plan.programs), sum(branches))
-    while sum(slots) > limit:
-        i = min((k for k in range(3) if slots[k] > 1), key=lambda k: work[k] / slots[k])
-        slots[i] -= 1
-    return tuple(slots)
+    # At most one wave (a few programs past it would double the time) and max_splits slots.
+    return nsa_plan.plan_slots(
+        tuple(work),
+        tuple(branches),
+        plan.programs,
+        capacity,
+        max_splits=config.max_splits,
+        min_tiles_per_slot=config.min_tiles_per_slot,
+        compressed_ctas=config.compressed_ctas,
+    )
 
 
 def refresh_slots(

@@ -80,6 +80,11 @@ BLOCK_M_MAX = 64
 MIN_BLOCK_M = 16
 MAX_SPLITS = 64
 CTAS_PER_SM = 1
+# A launch of the compressed branch alone whose one wave would leave every row tile a single
+# slot (more row tiles than half the places) is sized for this many resident programs an SM
+# (``compressed_capacity``).
+COMPRESSED_CTAS_PER_SM = 2
+COMPRESSED_ALONE = (True, False, False)
 NUM_BRANCHES = 3
 WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take mma.sync
 WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
@@ -332,6 +337,20 @@ def branch_tiles(
     )
 
 
+def compressed_capacity(
+    enabled: tuple[bool, bool, bool], programs: int, capacity: int, compressed_ctas: int
+) -> int:
+    """The resident program places a "fixed" launch is sized for: ``capacity``, times
+    ``compressed_ctas`` for a launch of the compressed branch alone (a refresh call's first,
+    the unfused baseline's compressed branch) of more than ``capacity / 2`` row tiles, whose
+    one wave would give each tile a single slot and each SM a single program: one program of
+    four warps an SM streams the compressed tokens at about half the DRAM bandwidth
+    (``validation/data/nsa-ncu-ar-h200.txt``), two resident ones double the bytes in flight."""
+    if enabled == COMPRESSED_ALONE and capacity < 2 * programs <= 2 * capacity:
+        return capacity * compressed_ctas
+    return capacity
+
+
 def plan_slots(
     work: tuple[float, float, float],
     enabled: tuple[bool, bool, bool],
@@ -342,6 +361,7 @@ def plan_slots(
     num_splits: int = 0,
     max_splits: int = MAX_SPLITS,
     min_tiles_per_slot: int = 2,
+    compressed_ctas: int = COMPRESSED_CTAS_PER_SM,
 ) -> tuple[int, int, int]:
     """The host's slot count per branch of one launch (``kernels.nsa_launch.plan_slots`` on a
     GPU): ``work`` key tiles per branch of one row tile, ``programs`` row tiles, ``capacity``
@@ -350,7 +370,8 @@ def plan_slots(
     "fixed": every slot about the same key tiles, at least ``min_tiles_per_slot``, at most one
     wave and ``max_splits``, slots taken from the branch with the least work per slot. "fit":
     ``fit_slots`` slots, which the kernel splits by its own key tiles; the host's per-branch
-    counts are ``split_slots`` of the expected ones. ``num_splits`` > 0 apportions that many."""
+    counts are ``split_slots`` of the expected ones. ``num_splits`` > 0 apportions that many.
+    A "fixed" launch of the compressed branch alone takes ``compressed_capacity``'s places."""
     work = [w if on else 0.0 for w, on in zip(work, enabled, strict=True)]
     if num_splits:
         total = max(num_splits, sum(enabled))
@@ -360,6 +381,7 @@ def plan_slots(
             tuple(work), tuple(enabled), programs, capacity, max_splits, min_tiles_per_slot
         )
         return split_slots(n, tuple(math.ceil(w) for w in work), tuple(enabled))
+    capacity = compressed_capacity(tuple(enabled), programs, capacity, compressed_ctas)
     per_slot = max(min_tiles_per_slot, programs * sum(work) / capacity)
     pairs = zip(work, enabled, strict=True)
     slots = [max(1, math.ceil(w / per_slot)) if on else 0 for w, on in pairs]

@@ -1,15 +1,17 @@
-"""NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the
-draft rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their
-slots), ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
-tiles or on one tile of all rows), as ``--knob paired``, ``context_tiles`` "shared" /
-"paired" (a reuse call's two forward steps on shared compressed tiles as two launches or one),
-``score_map`` "matrix" / "band" (how the refresh path's computed block scoring maps the
-compressed tokens onto the blocks; only refresh calls differ), or a forward program's launch
-knobs against their defaults: ``num_warps`` 4 / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32
-(keys a tile), ``ctas_per_sm`` 1 / 2 (the programs an SM is sized for: twice the slots where
-one wave holds them); or how a call's launches run: ``branch_streams`` off / on (the unfused
-baseline's branches on one stream or side by side; only unfused calls differ), ``pdl`` off / on
-(each launch of a call after its first a programmatic dependent of the one before).
+"""NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the draft
+rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their slots),
+``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row tiles or on
+one tile of all rows), as ``--knob paired``, ``context_tiles`` "shared" / "paired" (a reuse
+call's two forward steps on shared compressed tiles as two launches or one), ``score_map``
+"matrix" / "band" (how the refresh path's computed block scoring maps the compressed tokens onto
+the blocks; only refresh calls differ), or a forward program's launch knobs against their
+defaults: ``num_warps`` 4 / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32 (keys a tile),
+``ctas_per_sm`` 1 / 2 (the programs an SM is sized for: twice the slots where one wave holds
+them), ``compressed_ctas`` 1 / 2 (the default: a launch of the compressed branch alone sized for
+two programs an SM where one would leave each row tile a single slot); or how a call's launches
+run: ``branch_streams`` off / on (the unfused baseline's branches on one stream or side by side;
+only unfused calls differ), ``pdl`` off / on (each launch of a call after its first a
+programmatic dependent of the one before).
 
     python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
@@ -71,6 +73,7 @@ KNOBS = {
     "branch_streams": ("branch_streams", (False, True), (0, 1, 4)),
     "pdl": ("pdl", (False, True), (0, 1, 4)),
     "ctas_per_sm": ("ctas_per_sm", (1, 2), (0, 1, 4)),
+    "compressed_ctas": ("compressed_ctas", (1, 2), (0, 1, 4)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 # The calls a knob changes, where not all of them: only refresh calls score blocks, and only

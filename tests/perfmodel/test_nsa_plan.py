@@ -12,8 +12,10 @@ from ssvkit.perfmodel.calibrated import CalibratedPredictor
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
+    COMPRESSED_CTAS_PER_SM,
     WGMMA_ROW_COST,
     branch_tiles,
+    compressed_capacity,
     is_packed,
     launch_makespan,
     merge_steps,
@@ -347,3 +349,29 @@ def test_fit_slots_may_start_a_second_wave():
     assert launch_makespan([10.0] * 4, 40, SMS) == 20.0  # 160: 28 start a second wave
     with pytest.raises(ValueError, match="tile_plan"):
         tile_rows_of(17, 32, 8, 0, "wide")
+
+
+def test_a_lone_compressed_launch_of_one_slot_a_tile_takes_two_programs_an_sm():
+    """Batch 16 at 8 KV heads, t = 1: 128 row tiles on 132 SMs. One wave gives the compressed
+    branch alone one slot a tile; sized for two programs an SM it takes two. With all branches,
+    or with few tiles (batch 1: 16 slots already), the sizing is unchanged."""
+    work = branch_tiles(
+        1,
+        1,
+        nc_max=8191,
+        nb_max=2049,
+        top_n=16,
+        block_size=64,
+        block_n=64,
+        window=512,
+        overlap=0.7,
+    )
+    alone = (True, False, False)
+    assert compressed_capacity(alone, 128, SMS, 2) == 2 * SMS
+    assert plan_slots(work, alone, 128, SMS) == (2, 0, 0)
+    assert plan_slots(work, alone, 128, SMS, compressed_ctas=1) == (1, 0, 0)
+    assert plan_slots(work, alone, 8, SMS) == plan_slots(work, alone, 8, SMS, compressed_ctas=1)
+    assert plan_slots(work, (True,) * 3, 128, SMS) == (1, 1, 1)
+    for programs in (SMS // 2, SMS + 1):  # half a wave, or past one: unchanged
+        assert compressed_capacity(alone, programs, SMS, 2) == SMS
+    assert COMPRESSED_CTAS_PER_SM == 2
