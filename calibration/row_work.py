@@ -8,12 +8,13 @@ a row's kernels followed (rows of older kernels keep theirs, by the commit that 
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 
 from ssvkit.calibration.ceilings import DEVICE_NAMES
 from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, tile_packing
+from ssvkit.perfmodel.nsa_plan import COMPRESSED_CTAS_PER_SM, CONTEXT_TILES, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
@@ -132,6 +133,20 @@ def nsa_row_overlap(row: dict) -> float:
     return float(min(max(1.0 - (sel - n * len(rows)) / (n * spread), 0.0), 1.0))
 
 
+# Rows timed from then on ran the kernels that size a lone compressed launch of one slot a row
+# tile for two programs an SM (perfmodel.nsa_plan.compressed_capacity); earlier rows for one.
+COMPRESSED_CTAS_SINCE = "2026-11-30T13:00:00+00:00"
+
+
+def row_compressed_ctas(row: dict) -> int:
+    """The ``NsaVerifyConfig.compressed_ctas`` an NSA row ran with, from when it was timed
+    (``COMPRESSED_CTAS_SINCE``; a row without a time is the current kernels')."""
+    stamp = row.get("timestamp")
+    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(COMPRESSED_CTAS_SINCE):
+        return 1
+    return COMPRESSED_CTAS_PER_SM
+
+
 def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
     """``perfmodel.nsa_work`` of the call an NSA row timed, at its measured selection overlap,
     on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None)."""
@@ -153,6 +168,7 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         shared_context=CONTEXT_TILES.index(p.get("context_tiles", "per_tile")),
         # An unfused row without the param ran its branches on one stream.
         branch_streams=int(p["impl"] == "unfused" and bool(p.get("branch_streams", False))),
+        compressed_ctas=row_compressed_ctas(row),
     )
     return nsa_call_work(
         shape,

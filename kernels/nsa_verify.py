@@ -83,6 +83,8 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 from ssvkit.kernels.branch_streams import Branches
@@ -372,8 +374,11 @@ def nsa_verify_unfused(
                 comp_plan, args, None, part, outs[0], slots, apply_gates=False, chain=side_chain()
             )
     else:
+        # Beside the selected and window branches the compressed branch gets one program an SM
+        # (perfmodel.nsa_plan.compressed_capacity sizes a launch that has the SMs alone).
+        beside = replace(config, compressed_ctas=1) if branches.main is not None else config
         with branches.fork(1):
-            _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, config, side_chain())
+            _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, beside, side_chain())
     _unfused_branch(plan, args, outs[1], SELECTED, block_idx, config, chain)
     branches.join()
     o = torch.empty_like(q)

@@ -239,17 +239,23 @@ def tile_packing(t: int, group: int, rows_per_tile: int = 0) -> tuple[int, int, 
 
 
 def slot_counts(
-    work: tuple[float, float, float], programs: int, num_sms: int, branches=(True, True, True)
+    work: tuple[float, float, float],
+    programs: int,
+    num_sms: int,
+    branches=(True, True, True),
+    *,
+    compressed_ctas: int = COMPRESSED_CTAS_PER_SM,
 ) -> tuple[int, int, int]:
     """Slots per (sequence x KV head, row tile) of one launch of the enabled ``branches`` under
     the default ("fixed") plan on a GPU of ``num_sms`` SMs: ``plan_slots`` with every slot at
-    least ``MIN_TILES_PER_SLOT`` key tiles."""
+    least ``MIN_TILES_PER_SLOT`` key tiles (``compressed_ctas``: ``compressed_capacity``'s)."""
     return plan_slots(
         work,
         tuple(branches),
         programs,
         num_sms * CTAS_PER_SM,
         min_tiles_per_slot=MIN_TILES_PER_SLOT,
+        compressed_ctas=compressed_ctas,
     )
 
 
@@ -342,10 +348,12 @@ def compressed_capacity(
 ) -> int:
     """The resident program places a "fixed" launch is sized for: ``capacity``, times
     ``compressed_ctas`` for a launch of the compressed branch alone (a refresh call's first,
-    the unfused baseline's compressed branch) of more than ``capacity / 2`` row tiles, whose
-    one wave would give each tile a single slot and each SM a single program: one program of
-    four warps an SM streams the compressed tokens at about half the DRAM bandwidth
-    (``validation/data/nsa-ncu-ar-h200.txt``), two resident ones double the bytes in flight."""
+    the compressed launch of shared context tiles) of more than ``capacity / 2`` row tiles,
+    whose one wave would give each tile a single slot and each SM a single program: one program
+    of four warps an SM streams the compressed tokens at about half the DRAM bandwidth
+    (``validation/data/nsa-ncu-ar-h200.txt``), two resident ones double the bytes in flight.
+    The unfused reuse call's compressed branch, which runs beside its selected and window
+    branches, passes 1: doubled, it took up to 1.35x the time there."""
     if enabled == COMPRESSED_ALONE and capacity < 2 * programs <= 2 * capacity:
         return capacity * compressed_ctas
     return capacity

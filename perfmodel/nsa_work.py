@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
+    COMPRESSED_CTAS_PER_SM,
     CONTEXT_TILES,
     EXPECTED_OVERLAP,
     PAIRED_RESIDENT,
@@ -99,6 +100,9 @@ class NsaShape:
     # NsaVerifyConfig.branch_streams: 1, an unfused call's branches side by side on streams of
     # their own (kernels.nsa_verify.nsa_verify_unfused); 0, in series. Fused calls ignore it.
     branch_streams: int = 0
+    # NsaVerifyConfig.compressed_ctas: the programs an SM a lone compressed launch of one slot a
+    # row tile is sized for (nsa_plan.compressed_capacity); 1 for rows timed before it.
+    compressed_ctas: int = COMPRESSED_CTAS_PER_SM
 
     def __post_init__(self) -> None:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
@@ -165,6 +169,9 @@ class Launch:
     rows: list[int]
     units: list[tuple[int, int, int]]
     block_m: int
+    # Whether the launch has the SMs alone (not beside an unfused reuse call's other branches):
+    # the slot sizing of a lone compressed launch (``nsa_plan.compressed_capacity``) is for it.
+    alone: bool = True
 
 
 def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]:
@@ -176,10 +183,13 @@ def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]
     schedule's."""
     group = s.num_q_heads // s.num_kv_heads
 
+    beside = not fused and not refresh and bool(s.branch_streams)
+
     def launch(branches, rows_per_tile: int) -> Launch:
         rows = tile_rows(s, rows_per_tile)
         units = [branch_units(s, tile_union_blocks(s, r)) for r in rows]
-        return Launch(branches, rows, units, tile_packing(s.t, group, rows_per_tile)[2])
+        block_m = tile_packing(s.t, group, rows_per_tile)[2]
+        return Launch(branches, rows, units, block_m, alone=not beside)
 
     if s.shared_context and s.rows_per_tile and len(tile_rows(s, 0)) < len(tile_rows(s)):
         rest = [(False, True, True)] if fused else list(ONLY[1:])
@@ -226,7 +236,8 @@ def launch_part(
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     programs = heads * len(launch.rows)
     host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
-    n = sum(slot_counts(host, programs, num_sms, launch.branches))
+    ctas = s.compressed_ctas if launch.alone else 1
+    n = sum(slot_counts(host, programs, num_sms, launch.branches, compressed_ctas=ctas))
     busiest = total = 0.0
     for u in launch.units:
         split = split_slots(n, u, launch.branches)

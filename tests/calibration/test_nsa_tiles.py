@@ -16,7 +16,7 @@ from ssvkit.calibration.kernel_design import design_configs
 from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
 from ssvkit.calibration.kernel_plan import compile_keys, plan_shards, variant_work
 from ssvkit.calibration.kernel_summary import summarise
-from ssvkit.calibration.row_work import nsa_work
+from ssvkit.calibration.row_work import nsa_work, row_compressed_ctas
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.rows import row_key
 
@@ -73,6 +73,35 @@ def test_unfused_rows_are_priced_as_their_branch_streams_ran():
     fused_side = _nsa_row(rows_per_tile=4)
     fused_side["params"]["branch_streams"] = True
     assert nsa_work(fused, None) == nsa_work(fused_side, None)
+
+
+def test_rows_timed_before_the_lone_compressed_sizing_are_priced_as_they_ran():
+    """Batch 16 at Llama-3.1-8B heads, t = 1: 128 row tiles, one slot each under one program an
+    SM. A refresh row timed before ``COMPRESSED_CTAS_SINCE`` ran its compressed launch that way;
+    one timed since (or without a time) ran two slots a tile; the unfused reuse call's
+    compressed branch, beside its other branches, keeps one whenever it ran."""
+
+    def row(mode, impl, stamp):
+        r = _nsa_row(t=1, mode=mode, impl=impl)
+        r["params"]["batch"] = 16
+        if impl == "unfused":
+            r["params"]["branch_streams"] = True
+        if stamp:
+            r["timestamp"] = stamp
+        return r
+
+    old, new = "2026-11-29T10:00:00+00:00", "2026-12-01T10:00:00+00:00"
+    assert row_compressed_ctas(row("refresh", "fused", old)) == 1
+    assert row_compressed_ctas(row("refresh", "fused", new)) == 2
+    assert row_compressed_ctas(row("refresh", "fused", None)) == 2
+    for impl in ("fused", "unfused"):
+        w_old = nsa_work(row("refresh", impl, old), None)
+        w_new = nsa_work(row("refresh", impl, new), None)
+        # Shorter programs, one more partial slot to merge a tile.
+        assert w_new.chain_tiles < w_old.chain_tiles, impl
+        assert w_new.merge_steps > w_old.merge_steps, impl
+    beside = [nsa_work(row("reuse", "unfused", s), None) for s in (old, new)]
+    assert beside[0] == beside[1]
 
 
 def test_unfused_variants_run_their_branches_side_by_side():
