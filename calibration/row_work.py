@@ -135,7 +135,7 @@ def nsa_row_overlap(row: dict) -> float:
 
 # Rows timed from then on ran the kernels that size a lone compressed launch of one slot a row
 # tile for two programs an SM (perfmodel.nsa_plan.compressed_capacity); earlier rows for one.
-COMPRESSED_CTAS_SINCE = "2026-11-30T13:00:00+00:00"
+COMPRESSED_CTAS_SINCE = "2026-11-30T12:50:00+00:00"
 
 
 def row_compressed_ctas(row: dict) -> int:
@@ -147,9 +147,10 @@ def row_compressed_ctas(row: dict) -> int:
     return COMPRESSED_CTAS_PER_SM
 
 
-def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
+def nsa_work(row: dict, gpu: GpuSpec | None, compressed_ctas: int | None = None) -> NsaWork:
     """``perfmodel.nsa_work`` of the call an NSA row timed, at its measured selection overlap,
-    on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None)."""
+    on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None), with the
+    lone compressed launch's sizing it ran (``row_compressed_ctas``) unless given."""
     p = row["params"]
     shape = NsaShape(
         batch=p["batch"],
@@ -168,7 +169,7 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         shared_context=CONTEXT_TILES.index(p.get("context_tiles", "per_tile")),
         # An unfused row without the param ran its branches on one stream.
         branch_streams=int(p["impl"] == "unfused" and bool(p.get("branch_streams", False))),
-        compressed_ctas=row_compressed_ctas(row),
+        compressed_ctas=compressed_ctas or row_compressed_ctas(row),
     )
     return nsa_call_work(
         shape,
@@ -176,6 +177,24 @@ def nsa_work(row: dict, gpu: GpuSpec | None) -> NsaWork:
         refresh=p["mode"] == "refresh",
         **_sm_resources(gpu),
     )
+
+
+def compressed_ctas_selectors(rows: list[dict], gpu: GpuSpec | None) -> list[str]:
+    """``kernel_sweep --redo`` selectors (every param but ``rotations``) of the graph-timed NSA
+    rows of ``rows`` whose work the lone compressed launch's sizing changes (one program an SM
+    against ``COMPRESSED_CTAS_PER_SM``) and that the sweep times (fused, or unfused side by
+    side): the rows to time again when that sizing came in."""
+    out = []
+    for r in rows:
+        p = r["params"]
+        if r["op"] != "nsa_verify" or r.get("timing") != "graph":
+            continue
+        if p["impl"] == "unfused" and not p.get("branch_streams"):
+            continue
+        if nsa_work(r, gpu, 1) != nsa_work(r, gpu, COMPRESSED_CTAS_PER_SM):
+            conds = ":".join(f"{k}={p[k]}" for k in sorted(p) if k != "rotations")
+            out.append(f"nsa_verify:{conds}")
+    return out
 
 
 def sparse_mode(row: dict) -> str:

@@ -353,7 +353,7 @@ def compressed_capacity(
     of four warps an SM streams the compressed tokens at about half the DRAM bandwidth
     (``validation/data/nsa-ncu-ar-h200.txt``), two resident ones double the bytes in flight.
     The unfused reuse call's compressed branch, which runs beside its selected and window
-    branches, passes 1: doubled, it took up to 1.35x the time there."""
+    branches, passes 1: there two programs an SM made the call slower."""
     if enabled == COMPRESSED_ALONE and capacity < 2 * programs <= 2 * capacity:
         return capacity * compressed_ctas
     return capacity

@@ -16,9 +16,9 @@ from ssvkit.calibration.kernel_design import design_configs
 from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
 from ssvkit.calibration.kernel_plan import compile_keys, plan_shards, variant_work
 from ssvkit.calibration.kernel_summary import summarise
-from ssvkit.calibration.row_work import nsa_work, row_compressed_ctas
+from ssvkit.calibration.row_work import compressed_ctas_selectors, nsa_work, row_compressed_ctas
 from ssvkit.perfmodel.hardware import get_gpu
-from ssvkit.perfmodel.rows import row_key
+from ssvkit.perfmodel.rows import redo_matches, row_key
 
 
 def _nsa_row(t=16, rows_per_tile=None, mode="reuse", impl="fused", median_s=1e-4, heads=(32, 8)):
@@ -102,6 +102,22 @@ def test_rows_timed_before_the_lone_compressed_sizing_are_priced_as_they_ran():
         assert w_new.merge_steps > w_old.merge_steps, impl
     beside = [nsa_work(row("reuse", "unfused", s), None) for s in (old, new)]
     assert beside[0] == beside[1]
+    # The rows to time again: the refresh rows, not the reuse beside, a one-stream unfused row
+    # (the sweep no longer makes it) or a batch-1 row (its sizing is unchanged).
+    one_stream = row("refresh", "unfused", old)
+    del one_stream["params"]["branch_streams"]
+    small = _nsa_row(t=1, mode="refresh")
+    rows = [row("refresh", "fused", old), row("refresh", "unfused", old)]
+    others = [row("reuse", "unfused", old), one_stream, small]
+    selectors = compressed_ctas_selectors(rows + others, None)
+    assert len(selectors) == 2 and "impl=fused" in selectors[0] and "batch=16" in selectors[0]
+    assert [redo_matches(selectors, "nsa_verify", r["params"]) for r in rows + others] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_unfused_variants_run_their_branches_side_by_side():
