@@ -21,7 +21,7 @@ the shadow's host time per round whatever the batch (``engine.ngram``).
 
 A controller whose ``overlap`` attribute is true lets its decisions take effect one round late:
 the loop then calls it while the next round's GPU work runs, so its host time (and the shadow's)
-hides behind that work instead of adding to each round (``engine.loop``).
+hides behind that work instead of adding to each round (``engine.hand_over``).
 
 ``--controller module:attr`` names a controller class (or factory) to instantiate with no
 arguments, or an object that already has ``after_round``.

@@ -159,7 +159,7 @@ def plan_memory(
     cache of ``t_max`` positions. ``draft`` counts when the strategy drafts with the draft
     model; ``scores`` when prefill attention materialises its scores (the CPU); ``stats``
     when selection statistics are recorded (a dense strategy then keeps mean block keys too,
-    ``Engine._stats_config``)."""
+    ``engine.stats.stats_config``)."""
     from ssvkit.engine.tree import DraftTree
 
     rows = DraftTree.from_spec(strategy.tree, strategy.traversal).num_nodes

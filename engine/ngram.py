@@ -122,7 +122,7 @@ class NgramDrafter:
         ``resume``) update only the drafting index (``_index``), so the shadow's walks, which
         must run as each token is indexed, stay out of the host time between a round's
         synchronisation and the next round's launch while this drafter drafts; the decode
-        loop calls ``sync`` behind the next round's GPU work (``engine.loop``, overlap). On
+        loop calls ``sync`` behind the next round's GPU work (``engine.hand_over``). On
         the H100 the walks of the 16K regime's three n-gram trees cost 4.2% of a round there. A
         warm drafter's drafting index waits for ``resume``, as a draft model's catch-up does."""
         if not self.shadows:

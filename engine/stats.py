@@ -34,6 +34,7 @@ from ssvkit.engine.attention import AttentionConfig, select_exact, torch_block_s
 from ssvkit.engine.cache import KVCache
 from ssvkit.kernels.select_blocks import block_scores, topn_from_scores
 from ssvkit.perfmodel.prr import HoltParams
+from ssvkit.perfmodel.strategy import Strategy
 
 DEFAULT_HOLT = HoltParams(alpha=0.5, beta=0.0, phi=1.0)
 
@@ -98,6 +99,21 @@ def _hit(pred: torch.Tensor, true: torch.Tensor, imp: torch.Tensor) -> torch.Ten
     total = (s * true).sum(-1)
     ratio = torch.where(total > 0, covered / torch.where(total > 0, total, 1.0), math.nan)
     return torch.nanmean(ratio, dim=-1).T
+
+
+def stats_config(strategy: Strategy, attn: AttentionConfig, t: int) -> AttentionConfig:
+    """What the statistics select with: the strategy's own sparse attention ``attn``, or for a
+    dense strategy its sparse fields (top_n, block_size, window, at least the ``t`` verify
+    rows) with mean keys."""
+    if strategy.is_sparse:
+        return attn
+    return AttentionConfig(
+        kind="sparse",
+        metadata=strategy.metadata if strategy.metadata != "nsa" else "mean",
+        top_n=strategy.top_n,
+        block_size=strategy.block_size,
+        window=max(strategy.window, t),
+    )
 
 
 class SelectionStats:

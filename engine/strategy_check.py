@@ -1,6 +1,7 @@
 """Whether the engine can run a strategy with given models, before any model is loaded: its
 draft tree and attention, or a one-line ``ValueError`` saying why not. The command line and
-the campaigns check their strategies with it before they build an engine."""
+the campaigns check their strategies with it before they build an engine. ``check_room``
+checks that a cache holds a run of the strategy's tree."""
 
 from __future__ import annotations
 
@@ -48,3 +49,18 @@ def check_strategy(
                     f"the Triton kernels need a power-of-two head_dim in [16, 256], got {d}"
                 )
     return tree, attn
+
+
+def check_room(tree: DraftTree, t_max: int, prompt_len: int, max_new_tokens: int) -> None:
+    """``ValueError`` unless a cache of ``t_max`` positions holds a prompt of ``prompt_len``
+    tokens, ``max_new_tokens`` and a verify tail of ``tree`` past them. A sequence stops at
+    ``max_new_tokens`` (its kept count is capped there, ``AcceptGraph.accept``) while the
+    batch's slower ones go on, so its cache length ends at most at
+    ``prompt + max_new_tokens - 1`` and each later round still writes its tail of
+    ``tree.num_nodes`` entries after that."""
+    need = prompt_len + max_new_tokens + tree.num_nodes - 1
+    if need > t_max:
+        raise ValueError(
+            f"a prompt of {prompt_len} tokens + {max_new_tokens} new tokens + a verify tail of "
+            f"{tree.num_nodes} need {need} cache positions; the cache holds {t_max}"
+        )

@@ -88,8 +88,8 @@ class OnlineController:
             raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         self.batch = batch
         self.switches: list[dict] = []
-        self.overlap = self.config.overlap  # engine.loop: called behind the next round
-        self.shadow_sequences = self.config.shadow_sequences  # engine.loop: the shadow's sample
+        self.overlap = self.config.overlap  # engine.hand_over: called behind the next round
+        self.shadow_sequences = self.config.shadow_sequences  # engine.ngram: the shadow's sample
         # Measured switch cost per destination kind.
         self.switch_costs = SwitchCosts(switch_cost_s)
         self._book = CandidateBook(ranking, model, gpu, profile, batch, self.config.candidates)

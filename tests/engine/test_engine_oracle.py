@@ -348,6 +348,6 @@ def test_the_oracle_keeps_drafting_across_strategy_switches():
     engine = Engine(target, cycle[0], cfg, controller=_Cycle(cycle))
     result = engine.generate(prompts)
     assert result.tokens == want
-    assert not engine._drafters["oracle"].diverged
+    assert not engine.drafters.built["oracle"].diverged
     drafted = [r for r in result.rounds if r.drafted]
     assert drafted and np.mean([np.mean(r.accepted) for r in drafted]) > 0.6

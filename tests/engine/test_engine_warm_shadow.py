@@ -84,7 +84,7 @@ def test_warm_switches_are_lossless_and_catch_up_instead_of_restarting():
     cold_calls = _count_calls(cold_runner, "prefill"), _count_calls(cold_runner, "append")
     cold_res = cold.generate(prompts)
     warm, warm_runner = _engine(AR, WarmPlan(PLAN), prompts)
-    assert warm.warm_kinds == ("draft_model", "ngram")
+    assert warm.drafters.warm_kinds == ("draft_model", "ngram")
     prefills = _count_calls(warm_runner, "prefill")
     extends = _count_calls(warm_runner, "append")
     res = warm.generate(prompts)
@@ -98,7 +98,7 @@ def test_warm_switches_are_lossless_and_catch_up_instead_of_restarting():
     # Each catch-up ran exactly the tokens committed while the draft model sat out.
     tails = [list(map(len, call[0])) for call in extends]
     assert all(min(t) > 0 for t in tails)
-    assert warm._drafters["draft_model"].caught_up == sum(map(sum, tails))
+    assert warm.drafters.built["draft_model"].caught_up == sum(map(sum, tails))
     assert res.warm_s > 0 and cold_res.warm_s == 0.0
     switched = [r.step_s["switch"] for r in res.rounds if "switch" in r.step_s]
     assert len(switched) == len(PLAN)
