@@ -4,9 +4,9 @@ after every round.
 It keeps an EMA of the tokens produced per round, turns it into the per-token acceptance the
 current tree implies, and compares that with the acceptance the offline ranking assumed for
 this drafter and regime (or, after a re-score that kept the strategy, with the acceptance
-that re-score saw, so a steady deviation is scored once). Four triggers re-score the regime's
-candidates (``planner.rescore``) and may switch, each switch logged (``switches``) with its
-reason:
+that re-score saw, so a steady deviation is scored once; ``planner.acceptance_trigger``). Four
+triggers re-score the regime's candidates (``planner.rescore``) and may switch, each switch
+logged (``switches``) with its reason:
 
 - ``acceptance``: the deviation exceeds ``epsilon`` for ``patience`` consecutive rounds, and
   no switch happened in the last ``cooldown`` rounds (hysteresis and cooldown keep the
@@ -45,16 +45,11 @@ from __future__ import annotations
 
 from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.strategy import Strategy, chain_length, parse_tree
+from ssvkit.perfmodel.strategy import Strategy, parse_tree
+from ssvkit.planner.acceptance_trigger import AcceptanceTrigger
 from ssvkit.planner.candidates import CandidateBook, Now
 from ssvkit.planner.controller_config import ControllerConfig
-from ssvkit.planner.estimators import (
-    AcceptanceEma,
-    ChainRounds,
-    CollapseTest,
-    SwitchCosts,
-    switch_kind,
-)
+from ssvkit.planner.estimators import ChainRounds, SwitchCosts, switch_kind
 from ssvkit.planner.profile import RegimeProfile, profile_from_json, regime_of
 from ssvkit.planner.rank import strategy_from_json
 from ssvkit.planner.rescore import Rescorer
@@ -95,13 +90,9 @@ class OnlineController:
         self._book = CandidateBook(ranking, model, gpu, profile, batch, self.config.candidates)
         self._shadow = ShadowTracker()
         self._scorer = Rescorer(self._book, self._shadow, self.switch_costs, self.config, batch)
-        self._ema = AcceptanceEma(self.config.ema)
-        self._collapse = CollapseTest()
+        self._acceptance = AcceptanceTrigger(self.config)
         self._probe_wait = self.config.probe_after
         self._drafting_since: int | None = None
-        self._strategy_key: str | None = None
-        self._deviating = 0
-        self._scored_alpha: float | None = None  # the observed alpha the last re-score kept
         self._last_switch = -(10**9)
         self._now: Now | None = None
         self._trunc_dev = 0  # consecutive rounds a shorter chain paid (``shorter_pays``)
@@ -139,7 +130,8 @@ class OnlineController:
         return strategy_from_json(regimes[regime]["ranking"][0]["strategy"])
 
     def observed_alpha(self) -> float | None:
-        return None if self._ema.tokens is None else self._ema.alpha
+        ema = self._acceptance.ema
+        return None if ema.tokens is None else ema.alpha
 
     def drafter_kinds(self) -> tuple[str, ...]:
         """The drafter kinds of every candidate that drafts, in every ranked regime: what the
@@ -232,10 +224,12 @@ class OnlineController:
         self._track_drafting(stats.round, drafting)
         expected, own_trigger, collapse = None, False, False
         if drafting:
-            own_trigger, collapse = self._observe_acceptance(stats, now)
+            own_trigger, collapse = self._acceptance.observe(stats, now)
+            if now.known.chain:
+                self._own_rounds(now).add(stats.accepted, 1.0 - cfg.ema)
             expected = now.expected
         else:
-            self._strategy_key = now.known.sid
+            self._acceptance.strategy_key = now.known.sid
         shadow_key = self._shadow.rising(now, drafting, cfg.epsilon, cfg.patience)
         if stats.round - self._last_switch < cfg.cooldown and not collapse:
             return None
@@ -278,27 +272,6 @@ class OnlineController:
         elif round_ - self._drafting_since >= self.config.probe_after:
             self._probe_wait = self.config.probe_after
 
-    def _observe_acceptance(self, stats, now: Now) -> tuple[bool, bool]:
-        """Fold a drafting round into the acceptance EMA and the chain's rounds: (whether the
-        acceptance trigger fires -- a deviation held ``patience`` rounds, or a collapse --,
-        whether it is a collapse)."""
-        cfg = self.config
-        key = now.known.sid
-        restart = key != self._strategy_key  # a new strategy: its own acceptance history
-        if restart:
-            self._strategy_key, self._deviating = key, 0
-            self._scored_alpha = None
-            self._collapse.reset()
-        self._ema.add(now.strategy.tree, stats.mean_accepted + 1.0, restart)
-        if now.known.chain:
-            self._own_rounds(now).add(stats.accepted, 1.0 - cfg.ema)
-        alpha = self._ema.alpha
-        ref = now.expected if self._scored_alpha is None else self._scored_alpha
-        self._deviating = self._deviating + 1 if abs(alpha - ref) > cfg.epsilon else 0
-        deviated = self._deviating >= cfg.patience
-        collapse = self._collapsed(now.strategy, stats.accepted, ref)
-        return deviated or collapse, collapse
-
     def _own_rounds(self, now: Now) -> ChainRounds:
         """The current chain's ``ChainRounds``, started from ``patience`` observations as
         profiled when the chain is new."""
@@ -311,28 +284,13 @@ class OnlineController:
             own.prior(now.expected, self.config.patience)
         return own
 
-    def _collapsed(self, s: Strategy, accepted, ref: float) -> bool:
-        """Whether the current chain's acceptance has collapsed (``CollapseTest`` past
-        ``collapse_llr``: at most a 1% chance per stint that a working chain triggers at ln
-        100, while n-gram lookup on random bytes, or a probe of a drafter the text defeats,
-        triggers within a few rounds -- far fewer than ``patience``). Branching trees keep the
-        EMA test alone."""
-        k = chain_length(s.tree)
-        a0 = ref - self.config.epsilon
-        if not k or self.config.collapse_llr <= 0 or not 0.0 < a0 < 1.0:
-            return False
-        llr = self._collapse.observe(accepted, k, ref, self.config.epsilon)
-        return llr > self.config.collapse_llr
-
     def _truncate(self, round_: int, now: Now, pick, expected) -> Strategy:
         """Switch to the shorter chain that paid across its paired interval for ``patience``
         rounds (no re-score: the rest stands as last scored)."""
-        self._deviating = self._trunc_dev = 0
-        self._collapse.reset()
-        self._scored_alpha = self._ema.alpha
-        self._log_switch(
-            round_, now.known.sid, pick[0], "truncation", self._ema.alpha, expected, pick[1]
-        )
+        self._trunc_dev = 0
+        alpha = self._acceptance.ema.alpha
+        self._acceptance.rescored(alpha)
+        self._log_switch(round_, now.known.sid, pick[0], "truncation", alpha, expected, pick[1])
         return pick[0]
 
     def _rescore(
@@ -345,8 +303,9 @@ class OnlineController:
     ):
         """``Rescorer.rescore`` at what the controller observes now: the best candidate, or
         (None, gain) when none is worth it."""
+        observed = self._acceptance.ema.alpha
         return self._scorer.rescore(
-            current, regime, expected, spread, self._ema.alpha, self._now, self._trunc_dev
+            current, regime, expected, spread, observed, self._now, self._trunc_dev
         )
 
     def _rescore_and_switch(
@@ -363,13 +322,11 @@ class OnlineController:
         """Re-score; remember what it saw (the same deviation or rise does not trigger another
         one), schedule a recheck when its top paid at its point estimate alone, and switch to
         its best when that pays."""
-        cfg, s, regime = self.config, now.strategy, now.regime
-        spread = self._ema.spread(s.tree, cfg.confidence_z) if drafting and not collapse else ()
+        cfg, s, regime, ema = self.config, now.strategy, now.regime, self._acceptance.ema
+        spread = ema.spread(s.tree, cfg.confidence_z) if drafting and not collapse else ()
         best, gain = self._rescore(s, regime, ctx, expected, spread)
         self._recheck_at = round_ + cfg.patience if best is None and gain > cfg.hysteresis else None
-        self._deviating = 0
-        self._collapse.reset()
-        self._scored_alpha = self._ema.alpha if drafting else None
+        self._acceptance.rescored(ema.alpha if drafting else None)
         keys = self._book.shadow_keys(regime, self._shadow.lens)
         for skey, ref in keys:
             self._shadow.dev[skey] = 0
@@ -380,7 +337,7 @@ class OnlineController:
             return None
         if own_trigger or shadow_key is None:
             reason = "collapse" if collapse else "acceptance" if own_trigger else "recheck"
-            observed = self._ema.alpha if drafting else None
+            observed = ema.alpha if drafting else None
             self._log_switch(round_, now.known.sid, best, reason, observed, expected, gain)
         else:
             ref = dict(keys)[shadow_key]

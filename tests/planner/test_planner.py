@@ -516,7 +516,7 @@ def test_controller_rescore_agrees_with_a_full_score():
     c.warm()
     s = c.initial_strategy(30000)
     for alpha in (0.1, 0.5, 0.95):
-        c._ema.alpha = alpha
+        c._acceptance.ema.alpha = alpha
         best, gain = c._rescore(s, "32K", 32768, 0.8)
         cands = list(c._book.candidates("32K").values())
         shift = dict(c._scorer.shift)

@@ -477,8 +477,9 @@ def test_stride_takes_the_rounds_in_order_and_decides_at_its_end(setting):
         assert out[1] is None and out[4] is None
         if i % 4 == 3:
             a, b = ctls[1], ctls[4]
-            assert a._ema == b._ema and a._deviating == b._deviating
-            assert a._shadow.chains == b._shadow.chains and a._collapse == b._collapse
+            ta, tb = a._acceptance, b._acceptance
+            assert ta.ema == tb.ema and ta.deviating == tb.deviating
+            assert a._shadow.chains == b._shadow.chains and ta.collapse_test == tb.collapse_test
             oa, ob = a._scorer.own[start.drafter.kind], b._scorer.own[start.drafter.kind]
             assert dataclasses.asdict(oa) == dataclasses.asdict(ob)
         else:
