@@ -25,11 +25,11 @@ The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured wi
 ``--batch B`` decodes B prompts per run in every phase (``validation.prompts`` says which):
 the profile, the ranking (at batch B), the measured strategies and the adaptive runs; tokens/s
 counts every sequence's tokens. Where the defaults of a flag depend on the batch
-(``BATCH_DEFAULTS``), batch 1 keeps the evaluation of record's and batch > 1 takes a run that
-fits about nine minutes of one H200 (``--plan`` prints the decodes and their estimated
-seconds, ``validation.eval_plan``). ``--stop-after S`` starts no run after S seconds: the
-runs so far stay in the ``--resume`` file, nothing else is written, and the exit code is 3;
-the same command goes on.
+(``validation.planner_eval_args.BATCH_DEFAULTS``), batch 1 keeps the evaluation of record's
+and batch > 1 takes a run that fits about nine minutes of one H200 (``--plan`` prints the
+decodes and their estimated seconds, ``validation.eval_plan``). ``--stop-after S`` starts no
+run after S seconds: the runs so far stay in the ``--resume`` file, nothing else is written,
+and the exit code is 3; the same command goes on.
 
 ``--adaptive-from EVAL.json`` runs the adaptive phase alone on that earlier evaluation's
 profile, space and regimes (``validation.adaptive_phase``): ``--out`` gets that phase's
@@ -56,6 +56,13 @@ from ssvkit.planner.controller import ControllerConfig
 from ssvkit.planner.space import SpaceSpec
 from ssvkit.validation.bench import Bench, RunCache, make_bench
 from ssvkit.validation.evaluate import evaluate, summary_table
+from ssvkit.validation.planner_eval_args import (
+    add_call_args,
+    add_decode_args,
+    add_space_args,
+    add_timing_args,
+    apply_batch_defaults,
+)
 from ssvkit.validation.prompts import (
     MEASURE_OFFSETS,
     PROFILE_OFFSETS,
@@ -65,124 +72,18 @@ from ssvkit.validation.prompts import (
 )
 from ssvkit.validation.records import add_pair_args, command_line
 
-DEFAULT_TREES = ("chain:0", "chain:2", "chain:4", "chain:7", "best:8:4", "best:16:6", "best:32:8")
-
 
 def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
     add_pair_args(p)
     p.set_defaults(contexts=None)
-    p.add_argument(
-        "--batch", type=int, default=1, help="sequences each run decodes together (prompts)"
-    )
-    p.add_argument("--adaptive-context", default=None, help="context of the adaptive runs")
-    p.add_argument("--per-regime", type=int, default=None, help="strategies measured per regime")
-    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per sequence")
-    p.add_argument(
-        "--profile-prompts",
-        type=int,
-        default=None,
-        help="runs of code prompts per profile entry (<= 10; validation.profile_runs)",
-    )
-    p.add_argument(
-        "--walk-prompts",
-        type=int,
-        default=20,
-        help="code prompts past the measured ones whose autoregressive texts the "
-        "n-gram trees' walks add (one each, where the corpus holds them)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="runs per measurement (median), seeds 0, 1, ...",
-    )
-    p.add_argument(
-        "--measure-texts",
-        type=int,
-        default=None,
-        help="runs each measured strategy decodes (<= 20): one code prompt each at batch 1 "
-        "(fewer where fewer fit in the corpus), a batch of them at batch > 1 "
-        "(validation.prompts)",
-    )
-    p.add_argument(
-        "--timing-passes",
-        type=int,
-        default=None,
-        help="passes over the measured and adaptive runs; each run keeps its least "
-        "disturbed (validation.passes.run_passes)",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=1.0,
-        help="sampling temperature (0 = greedy); see the module",
-    )
-    p.add_argument("--trees", default=",".join(DEFAULT_TREES), help="tree axis of the space")
-    p.add_argument("--drafters", default="draft_model,ngram", help="drafter axis of the space")
-    p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS))
-    p.add_argument(
-        "--no-oracle",
-        dest="oracle",
-        action="store_false",
-        help="skip the fixed strategies measured per prompt set (the adaptive "
-        "ceiling; validation.adaptive.oracle_strategies)",
-    )
-    p.add_argument("--gpu", default="h100-sxm", help="GPU registry key of the predictions")
-    p.add_argument("--device", default="auto", help="cuda | cpu")
-    p.add_argument("--out", default=None, help="evaluation JSON (needed but with --plan)")
-    p.add_argument("--ranking-out", default=None, help="the full ranking JSON")
-    p.add_argument(
-        "--resume",
-        default=None,
-        metavar="FILE",
-        help="run cache (JSONL): each finished run is appended; a later call with the "
-        "same settings, device and commit skips them",
-    )
-    p.add_argument(
-        "--stop-after",
-        type=float,
-        default=None,
-        metavar="S",
-        help="start no run after S seconds (needs --resume): exit 3, the same command goes on",
-    )
-    p.add_argument(
-        "--adaptive-from",
-        default=None,
-        metavar="EVAL.json",
-        help="run the adaptive phase alone on this evaluation's profile, space and regimes "
-        "(same batch; validation.adaptive_phase)",
-    )
-    p.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the decodes and their estimated device seconds (CPU, nothing decoded)",
-    )
+    add_decode_args(p)
+    add_timing_args(p)
+    add_space_args(p)
+    add_call_args(p)
     args = p.parse_args(argv)
-    at_batch = int(args.batch > 1)
-    for name, values in BATCH_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, values[at_batch])
+    apply_batch_defaults(args)
     return args
-
-
-# Flags whose default depends on the batch: (batch 1, batch > 1). Batch 1: the evaluation of
-# record's. Batch > 1: the regimes where sparse and dense strategies compete at batch 32
-# (``validation/data/batched-decode-h200.json``: ar_sparse 1.40x ar_dense at 16K), the
-# adaptive runs at the context ``python -m ssvkit.validation.adaptive_regime --batches 32
-# --regimes 16K,32K`` chooses, and a run a batch of 32 holds to about nine minutes of one H200
-# (``--plan``): every run decodes 32 prompts, so one run per profile entry and two per
-# measured strategy see more prompts than batch 1's ten and twenty.
-BATCH_DEFAULTS = {
-    "contexts": ("3584,7680,15360,30720", "15360,30720"),
-    "adaptive_context": ("15360", "30720"),
-    "per_regime": (12, 10),
-    "new_tokens": (384, 256),
-    "repeats": (3, 2),
-    "measure_texts": (20, 2),
-    "timing_passes": (3, 1),
-    "profile_prompts": (10, 1),
-}
 
 
 def build_bench(args) -> Bench:
@@ -333,9 +234,61 @@ def plan_of(args) -> dict:
     return plan(st, space, model, gpu, profile, ranking, ok)
 
 
-def main(argv=None) -> int:
+def run_evaluation(
+    args,
+    bench: Bench,
+    source: dict | None,
+    contexts: dict[str, int],
+    space: SpaceSpec,
+    sets: tuple[str, ...],
+    command: str,
+) -> tuple[dict, dict | None]:
+    """The adaptive phase alone on ``source`` (``--adaptive-from``'s evaluation), else the
+    whole evaluation: its document, and the full ranking (None for the adaptive phase)."""
     from ssvkit.kernels.timing import provenance
-    from ssvkit.validation.adaptive_phase import adaptive_phase, load_source, phase_table
+    from ssvkit.validation.adaptive_phase import adaptive_phase
+
+    actx = parse_count_list(args.adaptive_context, "--adaptive-context")[0]
+    if source is not None:
+        doc = adaptive_phase(
+            bench,
+            source,
+            args.adaptive_from,
+            actx,
+            sets,
+            args.walk_prompts,
+            args.oracle,
+            {**provenance(), "command": command},
+        )
+        return doc, None
+    return evaluate(
+        bench,
+        contexts,
+        space,
+        per_regime=args.per_regime,
+        adaptive_context=actx,
+        prompt_sets=sets,
+        profile_prompts=args.profile_prompts,
+        walk_prompts=args.walk_prompts,
+        controller=ControllerConfig(),
+        provenance={**provenance(), "command": command},
+        oracle=args.oracle,
+    )
+
+
+def write_outputs(args, bench: Bench, doc: dict, ranking: dict | None) -> None:
+    """The document to ``--out`` (with how many runs came from the run cache) and the full
+    ranking to ``--ranking-out`` when both are there."""
+    if bench.cache is not None:
+        doc["provenance"]["runs_from_cache"] = bench.cache.reused
+        doc["provenance"]["wall_s_note"] = "this call only; runs from the cache took earlier calls"
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    if args.ranking_out and ranking is not None:
+        atomic_write(args.ranking_out, json.dumps(ranking) + "\n")
+
+
+def main(argv=None) -> int:
+    from ssvkit.validation.adaptive_phase import load_source, phase_table
     from ssvkit.validation.bench import StopAfter
     from ssvkit.validation.eval_plan import plan_table
 
@@ -356,34 +309,8 @@ def main(argv=None) -> int:
     if args.stop_after is not None:
         bench.stop_at = t0 + args.stop_after
     command = command_line("ssvkit.validation.planner_eval", sys.argv[1:] if argv is None else argv)
-    actx = parse_count_list(args.adaptive_context, "--adaptive-context")[0]
-    ranking = None
     try:
-        if source is not None:
-            doc = adaptive_phase(
-                bench,
-                source,
-                args.adaptive_from,
-                actx,
-                sets,
-                args.walk_prompts,
-                args.oracle,
-                {**provenance(), "command": command},
-            )
-        else:
-            doc, ranking = evaluate(
-                bench,
-                contexts,
-                space,
-                per_regime=args.per_regime,
-                adaptive_context=actx,
-                prompt_sets=sets,
-                profile_prompts=args.profile_prompts,
-                walk_prompts=args.walk_prompts,
-                controller=ControllerConfig(),
-                provenance={**provenance(), "command": command},
-                oracle=args.oracle,
-            )
+        doc, ranking = run_evaluation(args, bench, source, contexts, space, sets, command)
     except StopAfter as stop:
         print(
             f"\nstopped by --stop-after {args.stop_after:g} before run {stop.args[0]!r}: "
@@ -391,12 +318,7 @@ def main(argv=None) -> int:
             flush=True,
         )
         return 3
-    if bench.cache is not None:
-        doc["provenance"]["runs_from_cache"] = bench.cache.reused
-        doc["provenance"]["wall_s_note"] = "this call only; runs from the cache took earlier calls"
-    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
-    if args.ranking_out and ranking is not None:
-        atomic_write(args.ranking_out, json.dumps(ranking) + "\n")
+    write_outputs(args, bench, doc, ranking)
     table = phase_table(doc) if source is not None else summary_table(doc)
     print(f"\n({time.perf_counter() - t0:.0f} s)\n" + table)
     return 0
