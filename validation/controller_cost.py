@@ -95,7 +95,7 @@ def _timed(fn, *args, **kwargs):
         gc.enable()
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=400, help="rounds per scenario")
     p.add_argument("--repeats", type=int, default=5, help="fresh runs per scenario (median)")
@@ -127,30 +127,68 @@ def main(argv=None) -> int:
     )
     p.add_argument("--profile", action="store_true", help="print a cProfile of each part")
     p.add_argument("--json", default=None, help="write the figures to this file")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def check_args(args) -> list[int]:
+    """The ``--flush-mib`` settings, with every flag checked (``ValueError`` in one line
+    naming the first bad one) and ``--per-round`` turned into (N, M) in place."""
+    bad = ValueError(f"--flush-mib needs integers >= 0, got {args.flush_mib!r}")
     try:
-        bad = ValueError(f"--flush-mib needs integers >= 0, got {args.flush_mib!r}")
-        try:
-            flushes = [int(x) for x in args.flush_mib.split(",") if x.strip()]
-        except ValueError:
-            raise bad from None
-        if not flushes or min(flushes) < 0:
-            raise bad
-        for name in ("rounds", "repeats", "batch", "context"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
-        if args.shadow_sequences < 0:
-            raise ValueError(f"--shadow-sequences must be >= 0, got {args.shadow_sequences}")
-        raw = args.per_round
-        lo, _, hi = raw.partition("-")
-        try:
-            args.per_round = (int(lo), int(hi or lo))
-        except ValueError:
-            args.per_round = (0, 0)
-        if not 1 <= args.per_round[0] <= args.per_round[1]:
-            raise ValueError(f"--per-round must be N or N-M with 1 <= N <= M, got {raw!r}")
-        if not Path(args.planner).is_file():
-            raise ValueError(f"--planner {args.planner!r} does not exist")
+        flushes = [int(x) for x in args.flush_mib.split(",") if x.strip()]
+    except ValueError:
+        raise bad from None
+    if not flushes or min(flushes) < 0:
+        raise bad
+    for name in ("rounds", "repeats", "batch", "context"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.shadow_sequences < 0:
+        raise ValueError(f"--shadow-sequences must be >= 0, got {args.shadow_sequences}")
+    raw = args.per_round
+    lo, _, hi = raw.partition("-")
+    try:
+        args.per_round = (int(lo), int(hi or lo))
+    except ValueError:
+        args.per_round = (0, 0)
+    if not 1 <= args.per_round[0] <= args.per_round[1]:
+        raise ValueError(f"--per-round must be N or N-M with 1 <= N <= M, got {raw!r}")
+    if not Path(args.planner).is_file():
+        raise ValueError(f"--planner {args.planner!r} does not exist")
+    return flushes
+
+
+def print_row(mib: int, row: dict) -> None:
+    """One flush setting's figures (``measure``), a line per scenario and per shadow."""
+    print(f"-- {mib} MiB written between calls")
+    for scenario, r in row["controller"].items():
+        print(
+            f"after_round {scenario:7s} mean {r['mean_us']:6.1f} median "
+            f"{r['median_us']:6.1f} p99 {r['p99_us']:6.1f} us/round, {r['rescores']} "
+            f"re-scores, switches {[(i, why) for i, why, _ in r['switches']]}"
+        )
+    for kind, r in row["shadow"].items():
+        print(
+            f"shadow {kind:15s} mean {r['mean_us']:7.1f} median {r['median_us']:7.1f} "
+            f"p99 {r['p99_us']:7.1f} us/round, {r['tokens_per_round']:5.1f} tokens read "
+            f"per round ({r['positions']} positions, matched {r['matched']})"
+        )
+
+
+def print_profiles(setting, args) -> None:
+    """A cProfile of ``after_round`` in every scenario and of the shadow on every prompt set."""
+    for scenario in SCENARIOS:
+        print(f"-- cProfile: after_round, {scenario}")
+        print(_profiled(run_controller, setting, scenario, args.rounds, args.seed))
+    for kind in SHADOW_PROMPTS:
+        print(f"-- cProfile: shadow, {kind}")
+        print(_profiled(run_shadow, kind, args.rounds, args.seed, **_world(args)))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        flushes = check_args(args)
     except ValueError as e:
         print(f"controller_cost: {e}", file=sys.stderr)
         return 2
@@ -168,26 +206,9 @@ def main(argv=None) -> int:
     }
     for mib in flushes:
         out["runs"][f"flush_{mib}mib"] = row = measure(setting, args, cache_flush(mib))
-        print(f"-- {mib} MiB written between calls")
-        for scenario, r in row["controller"].items():
-            print(
-                f"after_round {scenario:7s} mean {r['mean_us']:6.1f} median "
-                f"{r['median_us']:6.1f} p99 {r['p99_us']:6.1f} us/round, {r['rescores']} "
-                f"re-scores, switches {[(i, why) for i, why, _ in r['switches']]}"
-            )
-        for kind, r in row["shadow"].items():
-            print(
-                f"shadow {kind:15s} mean {r['mean_us']:7.1f} median {r['median_us']:7.1f} "
-                f"p99 {r['p99_us']:7.1f} us/round, {r['tokens_per_round']:5.1f} tokens read "
-                f"per round ({r['positions']} positions, matched {r['matched']})"
-            )
+        print_row(mib, row)
     if args.profile:
-        for scenario in SCENARIOS:
-            print(f"-- cProfile: after_round, {scenario}")
-            print(_profiled(run_controller, setting, scenario, args.rounds, args.seed))
-        for kind in SHADOW_PROMPTS:
-            print(f"-- cProfile: shadow, {kind}")
-            print(_profiled(run_shadow, kind, args.rounds, args.seed, **_world(args)))
+        print_profiles(setting, args)
     if args.json:
         atomic_write(args.json, json.dumps(out, indent=1) + "\n")
     return 0
