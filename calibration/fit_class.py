@@ -24,9 +24,11 @@ the lowest loss).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from scipy.optimize import least_squares
-from ssvkit.calibration.features import class_data
+from ssvkit.calibration.features import Data, class_data
 from ssvkit.calibration.row_work import is_plan_priced
 from ssvkit.perfmodel.class_fit import CallInputs, ClassFit
 from ssvkit.perfmodel.hardware import GpuSpec
@@ -75,9 +77,79 @@ def _latency_bound(seconds: np.ndarray, count: np.ndarray) -> float:
     return float((seconds[on] / count[on]).min())
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where each parameter of one class's fit sits in the solver's vector: t0, ``k`` byte and
+    ``k`` FLOP efficiencies, the optional latencies the class fits (``at``), one rate per stage
+    count, and the L2 throughput ratio r last."""
+
+    name: str
+    k: int
+    bytes_knots: tuple[float, ...]
+    flops_knots: tuple[float, ...]
+    # Indices of h, t_k, t_s, t_r, t_kr and t_km (None: not fitted).
+    at: tuple[int | None, ...]
+    n_stage: int
+    has_l2: bool
+    plan: bool
+
+    @property
+    def n_eff(self) -> int:
+        return 1 + 2 * self.k
+
+    @property
+    def n_lat(self) -> int:
+        return self.n_eff + sum(i is not None for i in self.at)
+
+    @property
+    def has_h(self) -> bool:
+        return self.at[0] is not None
+
+    def unpack(self, x: np.ndarray) -> ClassFit:
+        v = x.tolist()
+        k, n_lat = self.k, self.n_lat
+        i_h, i_depth, i_step, i_row, i_depth_row, i_depth_miss = self.at
+
+        def opt(i):
+            return 0.0 if i is None else v[i]
+
+        return ClassFit(
+            self.name,
+            v[0],
+            self.bytes_knots,
+            tuple(v[1 : 1 + k]),
+            self.flops_knots,
+            tuple(v[1 + k : 1 + 2 * k]),
+            None if i_h is None else v[i_h],
+            t_depth_s=opt(i_depth),
+            t_step_s=opt(i_step),
+            t_row_s=opt(i_row),
+            t_stage_s=tuple(v[n_lat : n_lat + self.n_stage]),
+            l2_ratio=v[n_lat + self.n_stage] if self.has_l2 else 0.0,
+            t_depth_row_s=opt(i_depth_row),
+            t_depth_miss_s=opt(i_depth_miss),
+            slot_plan=self.plan,
+        )
+
+
 def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec) -> ClassFit:
     """Least-squares fit of one class on its fit rows."""
     d = class_data(name, rows, gpu)
+    op = name.split("/")[0]
+    layout = _layout(name, d, rows)
+    calls = CallInputs.of(d.nbytes, d.flops, d.dedup, d.depth, d.steps, d.rows, d.stages)
+    log_seconds = np.log(d.seconds)
+
+    def resid(x):
+        return np.log(layout.unpack(x).time_of(calls, bw, peak)) - log_seconds
+
+    x0, lo, hi, bounds = _first_start(d, layout)
+    starts = _starts(op, x0, bounds, layout)
+    return layout.unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
+
+
+def _layout(name: str, d: Data, rows: list[dict]) -> _Layout:
+    """The parameters ``name`` fits on its rows' quantities ``d`` (``class_data``)."""
     op = name.split("/")[0]
     if op in CONSTANT_EFFICIENCY_OPS:
         k = 1
@@ -98,70 +170,47 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     has_depth_miss = has_depth and has_h and op in DEPTH_MISS_OPS
     # Fitted on the kernels' launch-plan counts: the step model prices it with its op's plan.
     plan = all(is_plan_priced(r) for r in rows)
-    n_stage = len(d.stages)
     flags = (has_h, has_depth, has_steps, has_rows, has_depth_row, has_depth_miss)
-    n_eff = 1 + 2 * k
-    n_lat = n_eff + sum(flags)
-
-    # Where each optional latency sits in the parameter vector (None: not fitted).
-    at, slot = [], n_eff
+    at, slot = [], 1 + 2 * k
     for on in flags:
         at.append(slot if on else None)
         slot += on
-    i_h, i_depth, i_step, i_row, i_depth_row, i_depth_miss = at
+    return _Layout(name, k, bk, fk, tuple(at), len(d.stages), has_l2, plan)
 
-    def unpack(x):
-        v = x.tolist()
 
-        def opt(i):
-            return 0.0 if i is None else v[i]
-
-        return ClassFit(
-            name,
-            v[0],
-            bk,
-            tuple(v[1 : 1 + k]),
-            fk,
-            tuple(v[1 + k : 1 + 2 * k]),
-            None if i_h is None else v[i_h],
-            t_depth_s=opt(i_depth),
-            t_step_s=opt(i_step),
-            t_row_s=opt(i_row),
-            t_stage_s=tuple(v[n_lat : n_lat + n_stage]),
-            l2_ratio=v[n_lat + n_stage] if has_l2 else 0.0,
-            t_depth_row_s=opt(i_depth_row),
-            t_depth_miss_s=opt(i_depth_miss),
-            slot_plan=plan,
-        )
-
-    calls = CallInputs.of(d.nbytes, d.flops, d.dedup, d.depth, d.steps, d.rows, d.stages)
-    log_seconds = np.log(d.seconds)
-
-    def resid(x):
-        return np.log(unpack(x).time_of(calls, bw, peak)) - log_seconds
-
+def _first_start(d: Data, layout: _Layout) -> tuple[list, list, list, list[float]]:
+    """The first start, the lower and the upper bounds of the parameters (in ``layout``'s
+    order), and the upper bounds of the optional latencies after h."""
+    k = layout.k
     x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [FLOPS_EFF_STARTS[0]] * k
     lo = [0.0] + [0.01] * k + [0.01] * k
     hi = [d.seconds.min()] + [4.0] * k + [1.5] * k
-    if has_h:
+    if layout.has_h:
         x0, lo, hi = x0 + [0.5], lo + [0.0], hi + [1.0]
-    latency_counts = (
-        (has_depth, d.depth),
-        (has_steps, d.steps),
-        (has_rows, d.rows),
-        (has_depth_row, d.depth * d.rows),
-        (has_depth_miss, d.depth),
-    )
-    bounds = [_latency_bound(d.seconds, count) for on, count in latency_counts if on]
+    # The counts of t_k, t_s, t_r, t_kr and t_km.
+    latency_counts = (d.depth, d.steps, d.rows, d.depth * d.rows, d.depth)
+    bounds = [
+        _latency_bound(d.seconds, count)
+        for i, count in zip(layout.at[1:], latency_counts, strict=True)
+        if i is not None
+    ]
     x0, lo, hi = x0 + [0.3 * b for b in bounds], lo + [0.0] * len(bounds), hi + bounds
     for count in d.stages:
         stage_hi = _latency_bound(d.seconds, count)
         x0, lo, hi = x0 + [0.1 * stage_hi], lo + [0.0], hi + [stage_hi]
-    if has_l2:  # last: the starts below replace the last parameter
+    if layout.has_l2:  # last: the starts below replace the last parameter
         x0, lo, hi = x0 + [L2_RATIO_STARTS[0]], lo + [1.0], hi + [4.0]
+    return x0, lo, hi, bounds
+
+
+def _starts(op: str, x0: list, bounds: list[float], layout: _Layout) -> list[list]:
+    """The solver's starts: ``x0`` and its variants in the parameters whose start decides
+    where the fit ends (r, the byte and FLOP efficiencies, the latencies of
+    ``MULTI_START_OPS``)."""
+    k = layout.k
     # r's bound has no gradient where it does not bind, so the fit would keep any start that
     # never binds: start it at a few ratios and keep the lowest loss on the fit rows.
-    starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if has_l2 else [x0]
+    starts = [x0] + [x0[:-1] + [r] for r in L2_RATIO_STARTS[1:]] if layout.has_l2 else [x0]
     if op == "sparse_verify":
         # Three bounds compete for a sparse verification call (HBM bytes, the L2-to-SM path,
         # the K/V chain) and the start's byte efficiency decides which one the fit lets bind
@@ -176,13 +225,13 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
             for e in FLOPS_EFF_STARTS[1:]
         ]
     if op in MULTI_START_OPS:
-        first = n_eff + has_h
+        first = layout.n_eff + layout.has_h
         starts = [
-            x[:first] + [share * b for b in bounds] + x[n_lat:]
+            x[:first] + [share * b for b in bounds] + x[layout.n_lat :]
             for share in LATENCY_STARTS
             for x in starts
         ]
-    return unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
+    return starts
 
 
 def _solve(resid, starts, lo, hi, *, scaled: bool) -> np.ndarray:
