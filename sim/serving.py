@@ -140,9 +140,34 @@ def _percentile(x, q):
 
 
 def run_serve(s):
-    cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
-    sv = cfg.serve
+    """Serve the requests of ``s`` (arrivals, admission, prefills and rounds in simpy) and
+    report their latencies and goodput beside perfmodel's analytic capacity bound."""
+    cfg, sv = s.cfg, s.cfg.serve
     k = len(s.parents)
+    t, reqs = _requests(s)
+    capacity = _kv_capacity_tokens(s, reqs, k)
+    b = min(sv.max_batch, len(reqs))
+    grid, prefill = _tables(s, reqs, k, b)
+    acc = acceptance_for(s)
+    samplers = [acc.sampler(g) for g in generators(s.seeds["acceptance"], len(reqs))]
+    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
+    env = simpy.Environment()
+    server = Server(env, rec, grid, prefill, samplers, capacity, b, k, s.strategy.name, cfg.overlap)
+    env.process(server.arrivals(reqs))
+    env.process(server.run(len(reqs)))
+    t0 = time.perf_counter()
+    env.run()
+    wall = time.perf_counter() - t0
+    _record_requests(rec, reqs, cfg)
+    analytic, pred = _analytic_tokens_per_s(s, reqs, t, acc, capacity, b, k)
+    extras = _serve_figures(s, reqs, server, capacity)
+    return ScenarioRun(rec, LANES, server.tokens, env.now, wall, analytic, pred.provenance, extras)
+
+
+def _requests(s):
+    """The arrival times and the requests: the arrivals file's, or ``num_requests`` Poisson
+    arrivals at the configured rate."""
+    cfg, sv = s.cfg, s.cfg.serve
     if sv.arrival == "trace":
         t, pl, ol = read_arrivals(sv.arrivals_file)
         if ol.sum() > MAX_SIM_TOKENS:
@@ -150,11 +175,17 @@ def run_serve(s):
                 f"arrivals file {sv.arrivals_file!r} asks for {int(ol.sum()):,} output tokens; a "
                 f"simulated run takes at most {MAX_SIM_TOKENS:,}"
             )
-        reqs = request_records(s, len(t), t, pl, ol)
-    else:
-        n = cfg.num_requests
-        t = poisson_arrivals(np.random.default_rng(s.seeds["arrivals"]), sv.rate, n)
-        reqs = request_records(s, n, t)
+        return t, request_records(s, len(t), t, pl, ol)
+    n = cfg.num_requests
+    t = poisson_arrivals(np.random.default_rng(s.seeds["arrivals"]), sv.rate, n)
+    return t, request_records(s, n, t)
+
+
+def _kv_capacity_tokens(s, reqs, k: int) -> int:
+    """The KV cache's capacity in tokens (configured, or what GPU memory leaves beside the
+    weights); ``ValueError`` where it holds nothing, where a request's reservation can never
+    fit, or where the strategy is infeasible at a request's prompt (``ctx.check``)."""
+    cfg, ctx = s.cfg, s.ctx
     capacity = cfg.kv_capacity_tokens or kv_capacity_tokens(
         ctx.model, ctx.gpu, cfg.tp, cfg.kv_bytes, cfg.memory_fraction
     )
@@ -170,25 +201,28 @@ def run_serve(s):
                 f"kv_capacity_tokens={capacity}"
             )
     for r in reqs:
-        ctx.check(strategy, r.prompt_len)
+        ctx.check(s.strategy, r.prompt_len)
+    return capacity
+
+
+def _tables(s, reqs, k: int, b: int):
+    """The round costs at up to ``b`` requests over every context the requests reach, and
+    the prefill costs over their prompts."""
+    cfg, ctx = s.cfg, s.ctx
     lo = min(r.prompt_len for r in reqs)
     hi = max(r.prompt_len + r.target_tokens for r in reqs) + k + 1
     contexts = context_grid(lo, hi, cfg.context_bucket)
-    b = min(sv.max_batch, len(reqs))
-    grid, _ = loop_table(ctx, strategy, contexts, b, [cfg.overlap])
+    grid, _ = loop_table(ctx, s.strategy, contexts, b, [cfg.overlap])
     prefill = prefill_table(
         ctx, context_grid(lo, max(r.prompt_len for r in reqs), cfg.context_bucket)
     )
-    acc = acceptance_for(s)
-    samplers = [acc.sampler(g) for g in generators(s.seeds["acceptance"], len(reqs))]
-    rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
-    env = simpy.Environment()
-    server = Server(env, rec, grid, prefill, samplers, capacity, b, k, strategy.name, cfg.overlap)
-    env.process(server.arrivals(reqs))
-    env.process(server.run(len(reqs)))
-    t0 = time.perf_counter()
-    env.run()
-    wall = time.perf_counter() - t0
+    return grid, prefill
+
+
+def _record_requests(rec: Recorder, reqs, cfg) -> None:
+    """Each request's SLO verdict, and the queued, prefill and decode spans of the first
+    ``timeline_rounds`` requests."""
+    sv = cfg.serve
     for r in reqs:
         r.slo_met = r.ttft_s <= sv.slo_ttft_s and r.tpot_s <= sv.slo_tpot_s
         if r.request < cfg.timeline_rounds:
@@ -199,10 +233,14 @@ def run_serve(s):
             rec.span(
                 f"request {r.request}", "decode", r.first_token_s, r.finish_s - r.first_token_s
             )
-    span_s = max(r.finish_s for r in reqs) - min(r.arrival_s for r in reqs)
-    # Analytic capacity bound: the offered token rate, or the GPU's rate when every request's
-    # prefill runs alone and its decode shares rounds at the largest batch the KV cache and
-    # max_batch allow (perfmodel at the mean prompt and mean context).
+
+
+def _analytic_tokens_per_s(s, reqs, t, acc, capacity: int, b: int, k: int):
+    """Analytic capacity bound and the round prediction it uses: the offered token rate, or the
+    GPU's rate when every request's prefill runs alone and its decode shares rounds at the
+    largest batch the KV cache and max_batch allow (perfmodel at the mean prompt and mean
+    context)."""
+    cfg, ctx = s.cfg, s.ctx
     mean_need = float(np.mean([r.prompt_len + r.target_tokens + k + 1 for r in reqs]))
     b_kv = int(max(1, min(b, capacity // mean_need)))
     mid = int(round(np.mean([r.prompt_len + r.target_tokens / 2 for r in reqs])))
@@ -216,11 +254,18 @@ def run_serve(s):
     capacity_rate = mean_out / (prefill_s + mean_out / decode_rate)
     offered = sum(r.target_tokens for r in reqs) / max(float(t[-1] - t[0]), 1e-9)
     analytic = min(offered, capacity_rate) if len(reqs) > 1 else capacity_rate
+    return analytic, pred
+
+
+def _serve_figures(s, reqs, server: Server, capacity: int) -> dict[str, dict]:
+    """Goodput, SLO, TTFT/TPOT percentile and KV-cache figures of the finished run."""
+    cfg = s.cfg
+    span_s = max(r.finish_s for r in reqs) - min(r.arrival_s for r in reqs)
     met = sum(bool(r.slo_met) for r in reqs)
     sp = s.sim_provenance
     ttft = [r.ttft_s for r in reqs]
     tpot = [r.tpot_s for r in reqs]
-    extras = {
+    return {
         "goodput_requests_per_s": figure(met / span_s, "requests/s", sp),
         "slo_met": figure(met, "requests", sp),
         "ttft_p50_s": figure(_percentile(ttft, 50), "s", sp),
@@ -228,9 +273,8 @@ def run_serve(s):
         "tpot_p50_s": figure(_percentile(tpot, 50), "s", sp),
         "tpot_p99_s": figure(_percentile(tpot, 99), "s", sp),
         "kv_capacity_tokens": figure(
-            capacity, "tokens", "config" if cfg.kv_capacity_tokens else ctx.provenance
+            capacity, "tokens", "config" if cfg.kv_capacity_tokens else s.ctx.provenance
         ),
         "max_kv_tokens": figure(server.max_kv, "tokens", sp),
         "max_reserved_kv_tokens": figure(server.max_reserved, "tokens", sp),
     }
-    return ScenarioRun(rec, LANES, server.tokens, env.now, wall, analytic, pred.provenance, extras)
