@@ -140,6 +140,46 @@ def train_tiny(
     t_start = time.perf_counter()
     dev = torch.device(device)
     torch.manual_seed(cfg.seed)
+    train_s, val_s, corpus = _corpus(cfg, roots, dev, log)
+    models = _build_pair(cfg, target_config, draft_config, dev)
+    opts = {k: _optimizer(m, cfg) for k, m in models.items()}
+    gen = torch.Generator().manual_seed(cfg.seed)
+    use_bf16 = dev.type == "cuda"
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+    step, losses, train_s_elapsed = _train(models, opts, train_s, cfg, gen, autocast, dev, log)
+    for m in models.values():
+        m.eval().requires_grad_(False)
+    val_gen = torch.Generator().manual_seed(cfg.seed + 17)
+    val_len = min(cfg.context + 1, val_s.numel() - 1)
+    val = sample_windows(val_s, cfg.val_windows, val_len, val_gen)
+    metrics = evaluate(models["target"], models["draft"], val, autocast)
+    summary = {
+        "steps": step,
+        "tokens_trained": step * cfg.batch * cfg.context,
+        "train_s": train_s_elapsed,
+        "final_train_loss": {k: float(v[-1]) if v else None for k, v in losses.items()},
+        **metrics,
+        "params": {"target": target_config.num_params(), "draft": draft_config.num_params()},
+        "config": dataclasses.asdict(cfg),
+        "corpus": corpus,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch_version": torch.__version__,
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        for name, folder in (("target", "tiny-target"), ("draft", "tiny-draft")):
+            save_checkpoint(models[name], out / folder, dtype=torch.bfloat16)
+    summary["total_s"] = time.perf_counter() - t_start
+    if out_dir is not None:
+        (Path(out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _corpus(cfg: TrainConfig, roots: list[Path] | None, dev: torch.device, log):
+    """The train and validation byte streams on ``dev``, and the corpus's summary."""
     docs = collect_documents(roots, max_bytes=cfg.max_corpus_bytes)
     train_np, val_np = split_streams(docs, cfg.seed)
     log(
@@ -148,6 +188,20 @@ def train_tiny(
     )
     train_s = torch.from_numpy(train_np).to(dev)
     val_s = torch.from_numpy(val_np).to(dev)
+    corpus = {
+        "packages": len(docs),
+        "train_bytes": int(train_np.size),
+        "validation_bytes": int(val_np.size),
+        "validation_packages": sorted(d.name for d in docs if d.is_validation),
+    }
+    return train_s, val_s, corpus
+
+
+def _build_pair(
+    cfg: TrainConfig, target_config: ModelConfig, draft_config: ModelConfig, dev: torch.device
+) -> dict[str, CausalLM]:
+    """The target and the draft, initialised from ``cfg.seed`` and the next seed, in training
+    mode."""
     positions = max(cfg.context + 1, target_config.max_position_embeddings)
     models = {}
     for name, mcfg, seed in (
@@ -156,13 +210,12 @@ def train_tiny(
     ):
         m = build_model(ModelSource(name, mcfg, None, seed), max_positions=positions, device=dev)
         models[name] = m.train().requires_grad_(True)
-    opts = {k: _optimizer(m, cfg) for k, m in models.items()}
-    gen = torch.Generator().manual_seed(cfg.seed)
-    use_bf16 = dev.type == "cuda"
+    return models
 
-    def autocast():
-        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16)
 
+def _train(models, opts, train_s, cfg: TrainConfig, gen, autocast, dev: torch.device, log):
+    """Both models stepped on the same random windows of ``train_s`` until ``max_steps`` or
+    the time budget: the steps taken, each model's losses and the seconds it took."""
     step, losses, t0 = 0, {"target": [], "draft": []}, time.perf_counter()
     while step < cfg.max_steps:
         elapsed = time.perf_counter() - t0
@@ -186,35 +239,4 @@ def train_tiny(
         if step % 100 == 0:
             lt, ld = losses["target"][-1].item(), losses["draft"][-1].item()
             log(f"step {step}  {elapsed:6.1f}s  lr {lr:.2e}  loss target {lt:.3f} draft {ld:.3f}")
-    train_s_elapsed = time.perf_counter() - t0
-    for m in models.values():
-        m.eval().requires_grad_(False)
-    val_gen = torch.Generator().manual_seed(cfg.seed + 17)
-    val_len = min(cfg.context + 1, val_s.numel() - 1)
-    val = sample_windows(val_s, cfg.val_windows, val_len, val_gen)
-    metrics = evaluate(models["target"], models["draft"], val, autocast)
-    summary = {
-        "steps": step,
-        "tokens_trained": step * cfg.batch * cfg.context,
-        "train_s": train_s_elapsed,
-        "final_train_loss": {k: float(v[-1]) if v else None for k, v in losses.items()},
-        **metrics,
-        "params": {"target": target_config.num_params(), "draft": draft_config.num_params()},
-        "config": dataclasses.asdict(cfg),
-        "corpus": {
-            "packages": len(docs),
-            "train_bytes": int(train_np.size),
-            "validation_bytes": int(val_np.size),
-            "validation_packages": sorted(d.name for d in docs if d.is_validation),
-        },
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "torch_version": torch.__version__,
-    }
-    if out_dir is not None:
-        out = Path(out_dir)
-        for name, folder in (("target", "tiny-target"), ("draft", "tiny-draft")):
-            save_checkpoint(models[name], out / folder, dtype=torch.bfloat16)
-    summary["total_s"] = time.perf_counter() - t_start
-    if out_dir is not None:
-        (Path(out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return step, losses, time.perf_counter() - t0
