@@ -43,42 +43,12 @@ def layer_ops(
     model, cache = runner.model, runner.cache
     layers = model.model.layers
     num_l = len(layers)
-    cfg = model.config
-    b, t = tokens.shape
-    d, h, hkv, dh = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
-    dev, dtype = runner.device, next(model.parameters()).dtype
     tt = runner.tree_tensors(tree)
     positions = cache.lens.long()[:, None] + tt.depth
-    sink = cache.tail_writer(t)
-    x = torch.randn(b, t, d, device=dev, dtype=dtype)
-    q = torch.randn(b, t, h, dh, device=dev, dtype=dtype)
-    qkv = torch.randn(b, t, (h + 2 * hkv) * dh, device=dev, dtype=dtype)
-    inter = torch.randn(b, t, 2 * cfg.intermediate_size, device=dev, dtype=dtype)
-    act = torch.randn(b, t, cfg.intermediate_size, device=dev, dtype=dtype)
-    attn_o = torch.randn(b, t, h * dh, device=dev, dtype=dtype)
+    sink = cache.tail_writer(tokens.shape[1])
+    x, q, qkv, inter, act, attn_o = _random_inputs(runner, tokens)
     head = model.lm_head.weight if model.lm_head is not None else model.model.embed_tokens.weight
-
-    reuse = [layer for layer in range(num_l) if not attn.is_refresh(layer)]
-    refresh = [layer for layer in range(num_l) if attn.is_refresh(layer)]
-
-    def q_of(layer):
-        return q if queries is None else queries[layer]
-
-    # One attention state for every call, as a forward has: its NSA gates are filled once (a
-    # forward's first layer does it), not in each timed call; no block indices is a refresh.
-    state = TreeAttention(attn, cache, tt, positions, backend=runner.backend)
-
-    def attend(i):  # a refresh layer
-        layer = refresh[i % len(refresh)] if attn.kind != "dense" else i % num_l
-        state.block_idx = None
-        return state(layer, q_of(layer))
-
-    def attend_reuse(i):
-        layer = reuse[i % len(reuse)]
-        source = layer - layer % attn.refresh_every  # the refresh whose indices it takes
-        state.block_idx = None
-        state(source, q_of(source))
-        return state(layer, q_of(layer))
+    attend, attend_reuse, refresh_layers = _attention_calls(runner, attn, tt, positions, q, queries)
 
     def rope(i):
         sa = layers[i % num_l].self_attn
@@ -88,7 +58,6 @@ def layer_ops(
         n = getattr(layers[i % num_l], which)
         return add_rms_norm(x, x, n.weight, n.eps)
 
-    refresh_layers = num_l if attn.kind == "dense" else math.ceil(num_l / attn.refresh_every)
     first, final = layers[0].input_layernorm, model.model.norm
     ops = {
         "embed": (lambda i: model.model.embed_tokens(tokens), 1),
@@ -109,6 +78,55 @@ def layer_ops(
         # The reuse op includes one refresh call; subtract it with the refresh op's time below.
         ops["attention_reuse_plus_refresh"] = (attend_reuse, num_l - refresh_layers)
     return ops
+
+
+def _random_inputs(runner: ModelRunner, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Random inputs of one forward's shapes in the model's dtype: the hidden states, the
+    queries, the q/k/v projection's output, the gate/up projection's output, the MLP's
+    activation and the attention's output."""
+    model = runner.model
+    cfg = model.config
+    b, t = tokens.shape
+    d, h, hkv, dh = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+    dev, dtype = runner.device, next(model.parameters()).dtype
+    x = torch.randn(b, t, d, device=dev, dtype=dtype)
+    q = torch.randn(b, t, h, dh, device=dev, dtype=dtype)
+    qkv = torch.randn(b, t, (h + 2 * hkv) * dh, device=dev, dtype=dtype)
+    inter = torch.randn(b, t, 2 * cfg.intermediate_size, device=dev, dtype=dtype)
+    act = torch.randn(b, t, cfg.intermediate_size, device=dev, dtype=dtype)
+    attn_o = torch.randn(b, t, h * dh, device=dev, dtype=dtype)
+    return x, q, qkv, inter, act, attn_o
+
+
+def _attention_calls(runner: ModelRunner, attn: AttentionConfig, tt, positions, q, queries):
+    """``fn(i)`` of a refresh layer's attention and of a reuse layer's (with the refresh call
+    whose block indices it takes), and the number of refresh layers of one forward. A call
+    takes its layer's recorded ``queries`` when given, else the random ``q``."""
+    num_l = len(runner.model.model.layers)
+    reuse = [layer for layer in range(num_l) if not attn.is_refresh(layer)]
+    refresh = [layer for layer in range(num_l) if attn.is_refresh(layer)]
+
+    def q_of(layer):
+        return q if queries is None else queries[layer]
+
+    # One attention state for every call, as a forward has: its NSA gates are filled once (a
+    # forward's first layer does it), not in each timed call; no block indices is a refresh.
+    state = TreeAttention(attn, runner.cache, tt, positions, backend=runner.backend)
+
+    def attend(i):  # a refresh layer
+        layer = refresh[i % len(refresh)] if attn.kind != "dense" else i % num_l
+        state.block_idx = None
+        return state(layer, q_of(layer))
+
+    def attend_reuse(i):
+        layer = reuse[i % len(reuse)]
+        source = layer - layer % attn.refresh_every  # the refresh whose indices it takes
+        state.block_idx = None
+        state(source, q_of(source))
+        return state(layer, q_of(layer))
+
+    refresh_layers = num_l if attn.kind == "dense" else math.ceil(num_l / attn.refresh_every)
+    return attend, attend_reuse, refresh_layers
 
 
 def floor_bytes(model, cache, t: int, attn: AttentionConfig | None = None) -> tuple[int, int]:
