@@ -37,17 +37,33 @@ class DecodeRun:
 def build_report(args, result, run: DecodeRun) -> dict:
     """The run's figures with their provenance; with ``run.oracle`` (the oracle drafter) every
     acceptance figure is labelled ``synthetic:oracle``."""
-    strategy, tree, context, oracle = run.strategy, run.tree, run.context, run.oracle
-    target_src, draft_src = run.target_src, run.draft_src
-    timer = f"measured:{result.timer}"
-    source = "synthetic:oracle" if oracle is not None else None
+    source = "synthetic:oracle" if run.oracle is not None else None
     mean_acc = result.mean_accepted()
-    alpha = fit_acceptance(tree.parents[1:] and [p - 1 for p in tree.parents[1:]], mean_acc)
+    parents = run.tree.parents
+    alpha = fit_acceptance(parents[1:] and [p - 1 for p in parents[1:]], mean_acc)
+    pred = _prediction(args, result, run, alpha, source)
+    return {
+        **_run_fields(args, result, run),
+        **_measured_figures(args, result, run, mean_acc, alpha, source),
+        "selection": {
+            name: mean_selection(result, name)
+            for name in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
+        },
+        "prediction": pred,
+        "trace": args.trace,
+        "sample": _sample_text(result.tokens[0]),
+    }
+
+
+def _prediction(args, result, run: DecodeRun, alpha: float, source: str | None) -> dict:
+    """perfmodel's prediction for ``--gpu`` at the fitted ``alpha``, the measured group overlap
+    and the run's mean context; its acceptance labelled ``source`` where that is synthetic."""
+    draft_src = run.draft_src
     overlap = mean_selection(result, "group_overlap")
-    ctx_mean = context + args.max_new_tokens // 2 if args.max_new_tokens else context
+    ctx_mean = run.context + args.max_new_tokens // 2 if args.max_new_tokens else run.context
     pred = predict(
-        strategy,
-        target_src.config_path,
+        run.strategy,
+        run.target_src.config_path,
         draft_src.config_path if draft_src else None,
         ctx_mean,
         args.batch,
@@ -58,25 +74,40 @@ def build_report(args, result, run: DecodeRun) -> dict:
     )
     if source is not None and "error" not in pred:
         pred["acceptance"] = source
-    steps = result.mean_step_s()
-    round_s = sum(steps.values())
+    return pred
+
+
+def _run_fields(args, result, run: DecodeRun) -> dict:
+    """What ran: the models, the strategy and its schedule, the device setup and the run's
+    size."""
     timed = result.timed()
-    out = {
-        "model": target_src.name,
-        "draft_model": draft_src.name if draft_src else None,
-        "strategy": dataclasses.asdict(strategy),
-        **run_schedule(strategy),
+    return {
+        "model": run.target_src.name,
+        "draft_model": run.draft_src.name if run.draft_src else None,
+        "strategy": dataclasses.asdict(run.strategy),
+        **run_schedule(run.strategy),
         "note": run.note,
         "device": run.device,
         "dtype": str(run.dtype).removeprefix("torch."),
         "backend": run.backend,
         "cuda_graphs": run.graphs,
-        "context": context,
+        "context": run.context,
         "batch": args.batch,
         "new_tokens": len(result.tokens[0]),
         "rounds": len(result.rounds),
         "warmup_rounds": len(result.rounds) - len(timed),
-        "drafted_per_round": tree.num_drafts,
+        "drafted_per_round": run.tree.num_drafts,
+    }
+
+
+def _measured_figures(
+    args, result, run: DecodeRun, mean_acc: float, alpha: float, source: str | None
+) -> dict:
+    """The measured throughput, acceptance (labelled ``source`` where that is synthetic) and
+    step times with their provenance."""
+    timer = f"measured:{result.timer}"
+    steps = result.mean_step_s()
+    return {
         "tokens_per_s": figure(result.tokens_per_s(), "tokens/s", f"{timer}+host"),
         "mean_accepted": figure(mean_acc, "drafts/round", source or timer.split("+")[0]),
         "acceptance_rate": figure(result.acceptance_rate(), "share", source or "measured"),
@@ -86,24 +117,16 @@ def build_report(args, result, run: DecodeRun) -> dict:
             "fit:perfmodel.tree_expected_tokens" + (f" of {source}" if source else ""),
         ),
         "acceptance": source or "measured",
-        "oracle": _oracle_summary(oracle, args.batch, result),
+        "oracle": _oracle_summary(run.oracle, args.batch, result),
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
-        "round_s": figure(round_s, "s", timer),
+        "round_s": figure(sum(steps.values()), "s", timer),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
         # With the oracle its reference pass runs the prefill and the decode reuses it: the
         # prefill's own time is the one measured when it ran.
         "prefill_reused": result.prefill_reused,
         "prefill_forward_s": figure(result.prefill_forward_s, "s", timer),
         "warm_drafters_s": figure(result.warm_s, "s", "measured:wall-clock"),
-        "selection": {
-            name: mean_selection(result, name)
-            for name in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
-        },
-        "prediction": pred,
-        "trace": args.trace,
-        "sample": _sample_text(result.tokens[0]),
     }
-    return out
 
 
 def _oracle_summary(oracle, batch: int, result) -> dict | None:
@@ -135,8 +158,20 @@ def _iv(iv, fmt: str, scale: float = 1.0) -> str:
 
 
 def report_text(r: dict) -> str:
+    """The report as text: what ran, each measured figure beside its prediction, and where
+    the prediction and the selections come from."""
     p = r["prediction"]
-    ms = 1e3
+    ivs = p.get("intervals") or {}
+    lines = _run_lines(r)
+    lines += _token_lines(r, p, ivs)
+    lines += _time_lines(r, p, ivs)
+    lines += _source_lines(r, p)
+    return "\n".join(lines)
+
+
+def _run_lines(r: dict) -> list[str]:
+    """The models and the device, the strategy, the note, the online controller's switches and
+    the run's size."""
     lines = [
         f"{r['model']}"
         + (f" + {r['draft_model']}" if r["draft_model"] else "")
@@ -162,17 +197,22 @@ def report_text(r: dict) -> str:
         f"context {r['context']}, batch {r['batch']}, {r['new_tokens']} new tokens, "
         f"{r['rounds']} rounds ({r['warmup_rounds']} warm-up left out)"
     )
-    ivs = p.get("intervals") or {}
+    return lines
+
+
+def _token_lines(r: dict, p: dict, ivs: dict) -> list[str]:
+    """The table's head, tokens/s and accepted drafts per round, measured and predicted, and
+    the oracle's acceptance and probes where it drafted."""
     pred_tps = f"{p['tokens_per_s']:10.1f}" if "tokens_per_s" in p else "       n/a"
     pred_tps += _iv(ivs.get("tokens_per_s"), ".1f")
-    lines.append(f"{'':22s}{'measured':>10s} {'predicted':>10s}")
-    lines.append(f"{'tokens/s':22s}{r['tokens_per_s']['value']:10.1f} {pred_tps}")
-    lines.append(
+    lines = [
+        f"{'':22s}{'measured':>10s} {'predicted':>10s}",
+        f"{'tokens/s':22s}{r['tokens_per_s']['value']:10.1f} {pred_tps}",
         f"{'mean accepted/round':22s}{r['mean_accepted']['value']:10.2f} "
         f"{p.get('tokens_per_round', float('nan')) - 1:10.2f}   (alpha fit "
         f"{r['fitted_alpha']['value']:.3f}, rate {r['acceptance_rate']['value']:.3f})"
-        + (" [synthetic]" if r.get("oracle") else "")
-    )
+        + (" [synthetic]" if r.get("oracle") else ""),
+    ]
     if r.get("oracle"):
         o = r["oracle"]
         lines.append(
@@ -185,6 +225,13 @@ def report_text(r: dict) -> str:
             f"oracle probes: {o['probes_per_round']:.2f} verify forwards per round, "
             f"{o['probe_s']['value']:.3f} s, outside every step time and tokens/s"
         )
+    return lines
+
+
+def _time_lines(r: dict, p: dict, ivs: dict) -> list[str]:
+    """Each step's and the round's milliseconds, measured and predicted."""
+    ms = 1e3
+    lines = []
     for k, v in r["steps_s"].items():
         pv = p.get(f"{k}_s")
         # ``launch`` is the GPU waiting for the host: loop overhead, which the step model
@@ -198,7 +245,13 @@ def report_text(r: dict) -> str:
     pr = f"{p['round_s'] * ms:10.3f}" if "round_s" in p else "       n/a"
     pr += _iv(ivs.get("round_s"), ".3f", ms)
     lines.append(f"{'round (ms)':22s}{r['round_s']['value'] * ms:10.3f} {pr}")
-    lines.append(
+    return lines
+
+
+def _source_lines(r: dict, p: dict) -> list[str]:
+    """The prediction's GPU, provenance and overlap (or why there is none), the mean
+    selection figures and the trace file."""
+    lines = [
         "prediction: "
         + (
             f"{p['gpu']} [{p['provenance']}], overlap {p['overlap']['value']:.3f} "
@@ -206,7 +259,7 @@ def report_text(r: dict) -> str:
             if "error" not in p
             else p["error"]
         )
-    )
+    ]
     sel = r["selection"]
     if any(v is not None for v in sel.values()):
         lines.append(
@@ -215,4 +268,4 @@ def report_text(r: dict) -> str:
         )
     if r["trace"]:
         lines.append(f"trace: {r['trace']}")
-    return "\n".join(lines)
+    return lines
