@@ -138,96 +138,109 @@ class SparseSpecRun:
         self.inflight = [p for p in self.inflight if p.is_alive]
 
     def run(self):
-        env, rec, k, t = self.env, self.rec, self.k, self.tables
-        name = self.name
+        """The unified batch's steps until every request has finished."""
         while self.pending or self.active:
             self._manage_kv()
             resident = self._resident()
-            while self.kv + len(resident) > self.capacity and self.inflight:
-                yield env.any_of(self.inflight)
-                self.inflight = [p for p in self.inflight if p.is_alive]
+            yield from self._wait_for_room(resident)
             if not resident:
                 if not self.inflight:
                     raise ValueError("KV capacity too small for any request to run")
-                yield env.any_of(self.inflight)
+                yield self.env.any_of(self.inflight)
                 continue
-            drafting, verifying = [], []
-            for r in resident:
-                phase = (self.step + r.bucket) % self.cycle
-                if phase < k and r.drafted < k:  # a reloaded request may be ahead of its bucket
-                    drafting.append(r)
-                elif phase == k:
-                    verifying.append(r)
-            nd, nv = len(drafting), len(verifying)
-            td = sum(r.context for r in drafting) / nd if nd else 0.0
-            tv = sum(r.context for r in verifying) / nv if nv else 0.0
-            gpu = t.step_s(nd, nv, k, td, tv) if (nd or nv) else 0.0
-            cpu = self.per_request_s * len(self.active)
-            spans = rec.timeline_open
-            t0 = env.now
-            if spans:
-                rec.span("gpu", f"step {self.step}: {nd} draft + {nv} verify", t0, gpu)
-                rec.span("cpu", "schedule", t0 if self.delayed else t0 + gpu, cpu)
-            if self.delayed:
-                yield env.timeout(gpu) & env.timeout(cpu)
-            else:
-                yield env.timeout(gpu + cpu)
-            now = env.now
-            self.kv += nd
-            self.max_kv = max(self.max_kv, self.kv)
-            for r in drafting:
-                r.drafted += 1
-                r.context += 1
-            steps = (gpu, cpu, 0.0)
-            for r in verifying:
-                acc = bisect.bisect_right(self.cdfs[r.drafted], r.u())
-                made = min(acc + 1, r.remaining)
-                rr = r.record
-                if rr.rounds == 0:
-                    rr.first_token_s = now
-                rr.rounds += 1
-                rr.drafted += r.drafted
-                rr.accepted_drafts += acc
-                rr.output_tokens += made
-                rec.round(rr.request, name, t0, r.context - r.drafted, r.drafted, acc, steps)
-                # Rejected drafts leave the cache; the accepted ones and the bonus token stay.
-                self.kv += made - r.drafted
-                r.context += made - r.drafted
-                self.max_kv = max(self.max_kv, self.kv)
-                r.remaining -= made
-                r.drafted = 0
-                self.tokens += made
-                if r.remaining <= 0:
-                    rr.finish_s = now
-                    self.active.remove(r)
-                    self.buckets[r.bucket] -= 1
-                    self.kv -= r.context
-            self.step += 1
-            rec.num_steps += 1
+            yield from self._step(resident)
+
+    def _wait_for_room(self, resident):
+        """Wait for in-flight transfers while a step's growth would pass the KV capacity."""
+        while self.kv + len(resident) > self.capacity and self.inflight:
+            yield self.env.any_of(self.inflight)
+            self.inflight = [p for p in self.inflight if p.is_alive]
+
+    def _phases(self, resident):
+        """The resident requests that draft this step and those that verify."""
+        k = self.k
+        drafting, verifying = [], []
+        for r in resident:
+            phase = (self.step + r.bucket) % self.cycle
+            if phase < k and r.drafted < k:  # a reloaded request may be ahead of its bucket
+                drafting.append(r)
+            elif phase == k:
+                verifying.append(r)
+        return drafting, verifying
+
+    def _step(self, resident):
+        """One forward of the mixed batch beside the CPU's schedule, then its drafts and
+        verifications."""
+        env, rec, k = self.env, self.rec, self.k
+        drafting, verifying = self._phases(resident)
+        nd, nv = len(drafting), len(verifying)
+        td = sum(r.context for r in drafting) / nd if nd else 0.0
+        tv = sum(r.context for r in verifying) / nv if nv else 0.0
+        gpu = self.tables.step_s(nd, nv, k, td, tv) if (nd or nv) else 0.0
+        cpu = self.per_request_s * len(self.active)
+        spans = rec.timeline_open
+        t0 = env.now
+        if spans:
+            rec.span("gpu", f"step {self.step}: {nd} draft + {nv} verify", t0, gpu)
+            rec.span("cpu", "schedule", t0 if self.delayed else t0 + gpu, cpu)
+        if self.delayed:
+            yield env.timeout(gpu) & env.timeout(cpu)
+        else:
+            yield env.timeout(gpu + cpu)
+        now = env.now
+        self.kv += nd
+        self.max_kv = max(self.max_kv, self.kv)
+        for r in drafting:
+            r.drafted += 1
+            r.context += 1
+        steps = (gpu, cpu, 0.0)
+        for r in verifying:
+            self._verify(r, t0, now, steps)
+        self.step += 1
+        rec.num_steps += 1
+
+    def _verify(self, r: Req, t0: float, now: float, steps: tuple) -> None:
+        """Verify ``r``'s chain: draw its accepted drafts, count its round, keep the accepted
+        drafts and the bonus token in the cache, and retire the request once it has all its
+        tokens."""
+        acc = bisect.bisect_right(self.cdfs[r.drafted], r.u())
+        made = min(acc + 1, r.remaining)
+        rr = r.record
+        if rr.rounds == 0:
+            rr.first_token_s = now
+        rr.rounds += 1
+        rr.drafted += r.drafted
+        rr.accepted_drafts += acc
+        rr.output_tokens += made
+        self.rec.round(rr.request, self.name, t0, r.context - r.drafted, r.drafted, acc, steps)
+        # Rejected drafts leave the cache; the accepted ones and the bonus token stay.
+        self.kv += made - r.drafted
+        r.context += made - r.drafted
+        self.max_kv = max(self.max_kv, self.kv)
+        r.remaining -= made
+        r.drafted = 0
+        self.tokens += made
+        if r.remaining <= 0:
+            rr.finish_s = now
+            self.active.remove(r)
+            self.buckets[r.bucket] -= 1
+            self.kv -= r.context
 
 
 def run_sparsespec(s):
+    """Decode the requests of ``s`` in SparseSpec's unified batch (simpy) and report the KV
+    figures beside perfmodel's analytic steady state."""
     cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
     sc = cfg.sparsespec
     k = len(s.parents)
     n = max(cfg.num_requests, cfg.resolved_batch)
     reqs = request_records(s, n)
-    capacity = cfg.kv_capacity_tokens or kv_capacity_tokens(
-        ctx.model, ctx.gpu, cfg.tp, cfg.kv_bytes, cfg.memory_fraction
-    )
-    need = max(r.prompt_len + r.target_tokens + k + 1 for r in reqs)
-    if need > sc.offload_threshold * capacity:
-        raise ValueError(
-            f"impossible capacity: a request needs {need} KV tokens, the offload threshold "
-            f"allows {int(sc.offload_threshold * capacity)} of kv_capacity_tokens={capacity}"
-        )
+    capacity = _kv_capacity_tokens(s, reqs, k)
     delayed = sc.delayed == "on"
     cycle = k + 2 if delayed else k + 1
     hi = max(r.prompt_len + r.target_tokens for r in reqs) + k + 1
     contexts = context_grid(min(r.prompt_len for r in reqs), hi, cfg.context_bucket)
-    ratio = strategy.drafter.sparsity_ratio
-    b = cfg.resolved_batch
-    tables = mixed_tables(ctx, k, ratio, contexts, b)
+    tables = mixed_tables(ctx, k, strategy.drafter.sparsity_ratio, contexts, cfg.resolved_batch)
     accs = [
         build_acceptance(
             cfg.acceptance_model, chain_parents(d), cfg.acceptance, cfg.acceptance_table, s.trace
@@ -235,11 +248,44 @@ def run_sparsespec(s):
         for d in range(k + 1)
     ]
     cdfs = [a.cdf.tolist() for a in accs]
-    gens = generators(s.seeds["acceptance"], n)
+    knobs = _knobs(s, n)
     rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
-    knobs = {
-        "name": strategy.name,
-        "batch": b,
+    env = simpy.Environment()
+    run = SparseSpecRun(env, rec, tables, cdfs, capacity, k, cycle, delayed, knobs)
+    env.process(run.run())
+    t0 = time.perf_counter()
+    env.run()
+    wall = time.perf_counter() - t0
+    analytic = _analytic_tokens_per_s(s, reqs, accs[k], cycle)
+    extras = _sparsespec_figures(s, run, capacity)
+    return ScenarioRun(rec, LANES, run.tokens, env.now, wall, analytic, ctx.provenance, extras)
+
+
+def _kv_capacity_tokens(s, reqs, k: int) -> int:
+    """The KV cache's capacity in tokens (configured, or what GPU memory leaves beside the
+    weights); ``ValueError`` where a request could never fit under the offload threshold."""
+    cfg, ctx = s.cfg, s.ctx
+    capacity = cfg.kv_capacity_tokens or kv_capacity_tokens(
+        ctx.model, ctx.gpu, cfg.tp, cfg.kv_bytes, cfg.memory_fraction
+    )
+    threshold = cfg.sparsespec.offload_threshold
+    need = max(r.prompt_len + r.target_tokens + k + 1 for r in reqs)
+    if need > threshold * capacity:
+        raise ValueError(
+            f"impossible capacity: a request needs {need} KV tokens, the offload threshold "
+            f"allows {int(threshold * capacity)} of kv_capacity_tokens={capacity}"
+        )
+    return capacity
+
+
+def _knobs(s, n: int) -> dict:
+    """The settings of ``SparseSpecRun`` beyond its tables: each request's uniforms, the CPU
+    time per request, the offload time of a KV size and the offload threshold."""
+    cfg, ctx, sc = s.cfg, s.ctx, s.cfg.sparsespec
+    gens = generators(s.seeds["acceptance"], n)
+    return {
+        "name": s.strategy.name,
+        "batch": cfg.resolved_batch,
         "uniform_for": lambda i: uniforms(gens[i]),
         "per_request_s": sc.host_per_request_s,
         "move_s": lambda tokens: float(
@@ -247,13 +293,13 @@ def run_sparsespec(s):
         ),
         "threshold": sc.offload_threshold,
     }
-    env = simpy.Environment()
-    run = SparseSpecRun(env, rec, tables, cdfs, capacity, k, cycle, delayed, knobs)
-    env.process(run.run())
-    t0 = time.perf_counter()
-    env.run()
-    wall = time.perf_counter() - t0
-    # Analytic: balanced buckets of b requests at the midpoint context (seed 003 model).
+
+
+def _analytic_tokens_per_s(s, reqs, acc, cycle: int) -> float:
+    """Balanced buckets of b requests at the midpoint context (seed 003 model): b times the
+    chain's expected tokens per round over the delayed or synchronous round's time."""
+    cfg, ctx, sc = s.cfg, s.ctx, s.cfg.sparsespec
+    k, b = len(s.parents), cfg.resolved_batch
     mid = float(np.mean([r.prompt_len + r.target_tokens / 2 for r in reqs]))
     gpu = mixed_step_seconds(
         ctx.model,
@@ -262,23 +308,27 @@ def run_sparsespec(s):
         b / cycle,
         k,
         mid,
-        ratio,
+        s.strategy.drafter.sparsity_ratio,
         cfg.kv_bytes,
         cfg.elementwise,
     )["total_s"]
     dv = delayed_verification(gpu, host_step_seconds(b, sc.host_per_request_s), k)
-    round_s = float(dv["delayed_round_s" if delayed else "sync_round_s"])
-    analytic = b * accs[k].expected_tokens() / round_s
-    extras = {
+    round_s = float(dv["delayed_round_s" if sc.delayed == "on" else "sync_round_s"])
+    return b * acc.expected_tokens() / round_s
+
+
+def _sparsespec_figures(s, run: SparseSpecRun, capacity: int) -> dict[str, dict]:
+    """The CPU time per request, the KV capacity and the run's KV and offload figures."""
+    cfg, sc, sp = s.cfg, s.cfg.sparsespec, s.sim_provenance
+    return {
         "host_per_request_s": figure(sc.host_per_request_s, "s", _host_source(sc)),
         "kv_capacity_tokens": figure(
-            capacity, "tokens", ctx.provenance if not cfg.kv_capacity_tokens else "config"
+            capacity, "tokens", s.ctx.provenance if not cfg.kv_capacity_tokens else "config"
         ),
-        "max_kv_tokens": figure(run.max_kv, "tokens", s.sim_provenance),
-        "offloads": figure(run.offloads, "requests", s.sim_provenance),
-        "offload_tokens": figure(run.offload_tokens, "tokens", s.sim_provenance),
+        "max_kv_tokens": figure(run.max_kv, "tokens", sp),
+        "offloads": figure(run.offloads, "requests", sp),
+        "offload_tokens": figure(run.offload_tokens, "tokens", sp),
     }
-    return ScenarioRun(rec, LANES, run.tokens, env.now, wall, analytic, ctx.provenance, extras)
 
 
 def _host_source(sc) -> str:
