@@ -133,6 +133,8 @@ class SsdRun:
 
 
 def run_ssd(s):
+    """Decode the batch of ``s`` with Saguaro's speculation cache (simpy) and report its hit
+    rates, b* and fallback beside perfmodel's analytic tokens/s."""
     cfg, ctx, strategy = s.cfg, s.ctx, s.strategy
     sc = cfg.ssd
     b = cfg.resolved_batch
@@ -148,29 +150,11 @@ def run_ssd(s):
     h = cache_hit_probability(fan, cfg.acceptance, sc.hit_at_one, sc.exponent)
     primary = acceptance_for(s)
     backup = build_acceptance("iid", s.parents, sc.backup_acceptance)
-    # b* from perfmodel at the run's midpoint context, over batches 1..max_batch.
     mid = float(np.mean([r.prompt_len + r.target_tokens / 2 for r in reqs]))
-    bs = np.arange(1, sc.max_batch + 1)
-    tab = np.array([grid.at(int(x), mid) for x in bs])  # [B, 4]
-    ix = grid.index
-    v, p_s, b_s, sp = (tab[:, ix[n]] for n in ("verify_s", "primary_s", "backup_s", "speculate_s"))
-    b_star, tok_p, tok_b = critical_batch_size(
-        bs, v, h, cfg.acceptance, k, p_s, b_s, sc.backup_acceptance, sp
-    )
+    b_star, tok_p, tok_b = _critical_batch_size(s, grid, mid, h)
     fallback = choose_fallback(sc.fallback, b, b_star)
     rec = Recorder(cfg.timeline_rounds, STEP_NAMES, requests=reqs, progress=s.progress)
-    u_gens = generators(s.seeds["acceptance"], b)
-    h_gens = generators(s.seeds["misses"], b)
-    seqs = [
-        {
-            "record": r,
-            "context": r.prompt_len,
-            "remaining": r.target_tokens,
-            "u": uniforms(ug),
-            "h": uniforms(hg),
-        }
-        for r, ug, hg in zip(reqs, u_gens, h_gens, strict=True)
-    ]
+    seqs = _sequences(s, reqs)
     cdfs = {"primary": primary.cdf.tolist(), "backup": backup.cdf.tolist()}
     env = simpy.Environment()
     run = SsdRun(env, grid, seqs, rec, hits.tolist(), cdfs, fallback, k, strategy.name)
@@ -182,15 +166,48 @@ def run_ssd(s):
     analytic = float(tokens_per_s[b - 1])
     pred = analytic_round(s, int(round(mid)), b)
     sd = float(b * primary.expected_tokens() / sd_round_time_s(pred.verify_s[0], pred.draft_s[0]))
-    prov = ctx.provenance
-    extras = {
+    extras = _ssd_figures(s, run, fan, h, b_star, fallback, sd)
+    return ScenarioRun(rec, LANES, run.tokens, env.now, wall, analytic, ctx.provenance, extras)
+
+
+def _critical_batch_size(s, grid, mid: float, h: float):
+    """b* and the tokens/s with the primary and with the backup fallback at batches
+    1..max_batch, from perfmodel at the run's midpoint context ``mid``."""
+    cfg, sc = s.cfg, s.cfg.ssd
+    bs = np.arange(1, sc.max_batch + 1)
+    tab = np.array([grid.at(int(x), mid) for x in bs])  # [B, 4]
+    ix = grid.index
+    v, p_s, b_s, sp = (tab[:, ix[n]] for n in ("verify_s", "primary_s", "backup_s", "speculate_s"))
+    return critical_batch_size(
+        bs, v, h, cfg.acceptance, len(s.parents), p_s, b_s, sc.backup_acceptance, sp
+    )
+
+
+def _sequences(s, reqs) -> list[dict]:
+    """Each request's decoding state: its record, context, remaining tokens, and its uniforms
+    for the acceptance and for the cache's misses."""
+    u_gens = generators(s.seeds["acceptance"], len(reqs))
+    h_gens = generators(s.seeds["misses"], len(reqs))
+    return [
+        {
+            "record": r,
+            "context": r.prompt_len,
+            "remaining": r.target_tokens,
+            "u": uniforms(ug),
+            "h": uniforms(hg),
+        }
+        for r, ug, hg in zip(reqs, u_gens, h_gens, strict=True)
+    ]
+
+
+def _ssd_figures(s, run: SsdRun, fan, h: float, b_star, fallback: str, sd: float) -> dict:
+    """The cache's modelled and simulated hit rates, the batches that missed, b*, the fallback
+    taken, the analytic SD baseline and the fan-out."""
+    sc, prov, sp = s.cfg.ssd, s.ctx.provenance, s.sim_provenance
+    return {
         "hit_rate_model": figure(h, "share", "model:saguaro:cache_hit_probability"),
-        "hit_rate_simulated": figure(
-            run.seq_hits / max(run.seq_rounds, 1), "share", s.sim_provenance
-        ),
-        "batch_miss_share": figure(
-            run.batch_misses / max(rec.num_steps, 1), "share", s.sim_provenance
-        ),
+        "hit_rate_simulated": figure(run.seq_hits / max(run.seq_rounds, 1), "share", sp),
+        "batch_miss_share": figure(run.batch_misses / max(run.rec.num_steps, 1), "share", sp),
         "b_star": figure(None if b_star is None else int(b_star), "sequences", prov),
         "fallback": figure(
             fallback, "", "model:saguaro:critical_batch_size" if sc.fallback == "auto" else "config"
@@ -198,4 +215,3 @@ def run_ssd(s):
         "sd_analytic_tokens_per_s": figure(sd, "tokens/s", prov),
         "fanout": figure([int(x) for x in fan], "speculations", "model:saguaro:integer_fanout"),
     }
-    return ScenarioRun(rec, LANES, run.tokens, env.now, wall, analytic, prov, extras)
