@@ -91,6 +91,34 @@ class MissProcess:
         return row
 
 
+def _layers(env, rec, q, ix, miss, L, spans):
+    """The round's ``L`` layers: each runs its selection beside speculative attention, then the
+    repair of its ``miss[layer]`` missed blocks, then its linear ops. Returns the selection's,
+    the speculation's and the repair's busy seconds."""
+    sel_s = q[ix["selection_s"]] + q[ix["compressed_s"]]
+    spec_s = q[ix["speculative_s"]]
+    fixed, per_block = q[ix["repair_fixed_s"]], q[ix["repair_block_s"]]
+    linear = q[ix["linear_s"]]
+    busy = {"select": 0.0, "speculate": 0.0, "repair": 0.0}
+    for layer in range(L):
+        ts = env.now
+        if spans:
+            rec.span("selector", f"select L{layer}", ts, sel_s)
+            rec.span("speculator", f"spec attn L{layer}", ts, spec_s)
+        yield env.timeout(sel_s) & env.timeout(spec_s)
+        busy["select"] += sel_s
+        busy["speculate"] += spec_s
+        rep = fixed + miss[layer] * per_block
+        if spans:
+            rec.span("repairer", f"repair {miss[layer]} L{layer}", env.now, rep)
+        yield env.timeout(rep)
+        busy["repair"] += rep
+        if spans:
+            rec.span("verifier", f"layer {layer}", env.now, linear)
+        yield env.timeout(linear)
+    return busy
+
+
 def _prr_loop(env, grid, seq, rec, misses, k, L, strategy_name, tokens):
     at = grid.at
     ix = grid.index
@@ -105,27 +133,8 @@ def _prr_loop(env, grid, seq, rec, misses, k, L, strategy_name, tokens):
             if spans:
                 rec.span("drafter", "draft", t0, draft)
             yield env.timeout(draft)
-        sel_s = q[ix["selection_s"]] + q[ix["compressed_s"]]
-        spec_s = q[ix["speculative_s"]]
-        fixed, per_block = q[ix["repair_fixed_s"]], q[ix["repair_block_s"]]
+        busy = yield from _layers(env, rec, q, ix, miss, L, spans)
         linear = q[ix["linear_s"]]
-        busy = {"select": 0.0, "speculate": 0.0, "repair": 0.0}
-        for layer in range(L):
-            ts = env.now
-            if spans:
-                rec.span("selector", f"select L{layer}", ts, sel_s)
-                rec.span("speculator", f"spec attn L{layer}", ts, spec_s)
-            yield env.timeout(sel_s) & env.timeout(spec_s)
-            busy["select"] += sel_s
-            busy["speculate"] += spec_s
-            rep = fixed + miss[layer] * per_block
-            if spans:
-                rec.span("repairer", f"repair {miss[layer]} L{layer}", env.now, rep)
-            yield env.timeout(rep)
-            busy["repair"] += rep
-            if spans:
-                rec.span("verifier", f"layer {layer}", env.now, linear)
-            yield env.timeout(linear)
         head = q[ix["head_s"]]
         if spans:
             rec.span("verifier", "lm head", env.now, head)
