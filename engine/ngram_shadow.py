@@ -141,12 +141,9 @@ class ShadowChain:
         """Index ``new`` (the tokens committed after ``idx.tokens``), scoring each position's
         proposal from the index as it stood before that position. A resolved proposal with
         ``m`` leading matches counts one position and adds 1 to ``matched[:m]``."""
-        k_max, max_n, n_new = self.max_chain, idx.max_n, len(new)
-        self.tokens += n_new
-        toks, table = idx.tokens, idx.table
-        positions, matched, pending = self.positions, self.matched, self.pending
-        resolved, base = self.resolved, len(toks)
-        trees = self.trees
+        k_max, max_n = self.max_chain, idx.max_n
+        self.tokens += len(new)
+        toks, table, base, trees = idx.tokens, idx.table, len(idx.tokens), self.trees
         if self.walk_next is None:  # every walk starts after the first decoded token (the
             self.walk_next = [base + 1] * k_max  # first root, which the prefill samples)
             for w in trees:
@@ -155,19 +152,8 @@ class ShadowChain:
         for i, tok in enumerate(new):
             for w in trees:  # before ``tok`` is indexed: a tree drafted here sees what precedes
                 w.feed(idx, base + i, tok)
-            if pending:  # earlier proposals, every token before ``tok`` matched
-                still = []
-                for prop, m, at in pending:
-                    if prop[m] == tok:
-                        m += 1
-                        if m < k_max:
-                            still.append((prop, m, at))
-                            continue
-                    positions += 1
-                    resolved[at] = m
-                    for k in range(m):
-                        matched[k] += 1
-                pending = still
+            if self.pending:  # earlier proposals, every token before ``tok`` matched
+                self.pending = self._match_pending(tok)
             # The n-grams ending before ``tok``, looked up once: the first draft is the
             # continuation of the longest one indexed (as the drafter does: the last token
             # when none is), and ``tok`` is indexed below them.
@@ -180,38 +166,39 @@ class ShadowChain:
             if c is None:
                 c = key[-1] if key else None  # nothing indexed: no proposal, nothing accepted
             if c != tok:  # the first draft missed (the common case): m = 0
-                positions += 1
-                resolved[base + i] = 0
+                self._resolve(base + i, 0)
                 idx.push(tok, key, hits)
                 continue
-            prop, m, open_, ctx = [c], 1, False, (key + (c,))[-max_n:]
-            for j in range(i + 1, i + k_max):  # ``j``: where draft ``c`` stands in ``new``
-                c = ctx[-1]  # idx.top(ctx), inlined
-                for s in range(len(ctx)):
-                    h = table.get(ctx[s:])
-                    if h is not None:
-                        c = h.top
-                        break
-                prop.append(c)
-                ctx = (ctx + (c,))[-max_n:]
-                if not open_:
-                    if j >= n_new:
-                        open_ = True  # every committed token matched: the rest waits for more
-                    elif new[j] != c:
-                        break
-                    else:
-                        m += 1
+            prop, m, open_ = _chain(table, max_n, key, c, new, i, k_max)
             if open_:
                 opened.append((prop, m, base + i))
             else:
-                positions += 1
-                resolved[base + i] = m
-                for k in range(m):
-                    matched[k] += 1
+                self._resolve(base + i, m)
             idx.push(tok, key, hits)
-        self.pending = pending + opened
-        self.positions = positions
+        self.pending = self.pending + opened
         self._walk()
+
+    def _match_pending(self, tok: int) -> list[tuple[list[int], int, int]]:
+        """Compare ``tok`` with the next draft of every pending proposal: those it matches wait
+        for the next token while they have drafts left; the others are resolved."""
+        still = []
+        for prop, m, at in self.pending:
+            if prop[m] == tok:
+                m += 1
+                if m < self.max_chain:
+                    still.append((prop, m, at))
+                    continue
+            self._resolve(at, m)
+        return still
+
+    def _resolve(self, at: int, m: int) -> None:
+        """Resolve the proposal at position ``at`` with ``m`` leading matches (``advance``),
+        its ``m`` kept in ``resolved`` for the walks."""
+        self.positions += 1
+        self.resolved[at] = m
+        matched = self.matched
+        for k in range(m):
+            matched[k] += 1
 
     def _walk(self) -> None:
         """Advance every chain length's walk over the positions resolved so far: a round at
@@ -249,6 +236,32 @@ class ShadowChain:
         self.walk_rounds, self.walk_drafts = [0] * k, [0] * k
         self.tokens = 0
         return out
+
+
+def _chain(table, max_n: int, key: tuple[int, ...], first: int, new: list[int], i: int, k_max: int):
+    """The chain of up to ``k_max`` drafts proposed at ``new[i]``, whose first draft ``first``
+    (the continuation of ``key``, the n-grams before it) matched: its drafts up to the first
+    one a committed token misses (all of them where ``new`` runs out first), how many of them
+    the committed tokens match, and whether ``new`` ran out with every token matched (the rest
+    of the chain waits for more)."""
+    prop, m, open_, ctx = [first], 1, False, (key + (first,))[-max_n:]
+    for j in range(i + 1, i + k_max):  # ``j``: where draft ``c`` stands in ``new``
+        c = ctx[-1]  # idx.top(ctx), inlined
+        for s in range(len(ctx)):
+            h = table.get(ctx[s:])
+            if h is not None:
+                c = h.top
+                break
+        prop.append(c)
+        ctx = (ctx + (c,))[-max_n:]
+        if not open_:
+            if j >= len(new):
+                open_ = True  # every committed token matched: the rest waits for more
+            elif new[j] != c:
+                break
+            else:
+                m += 1
+    return prop, m, open_
 
 
 def walked_trees(specs) -> tuple[tuple[str, DraftTree], ...]:
