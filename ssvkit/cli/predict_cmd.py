@@ -130,6 +130,15 @@ def interval_lines(rows) -> list[str]:
 
 
 def _table(rows, model, gpu, workload, strategies) -> str:
+    lines = _heading(rows, model, gpu, workload, strategies)
+    lines += _figure_lines(rows)
+    lines += _footnotes(rows, strategies)
+    return "\n".join(lines)
+
+
+def _heading(rows, model, gpu, workload, strategies) -> list[str]:
+    """The table's first lines: the model, GPU, pricing and workload, and the draft of the
+    first speculative strategy."""
     prov = base_provenance(rows[0])
     sd = next((s for s in strategies if s.tree != "chain:0"), None)
     lines = [
@@ -143,48 +152,57 @@ def _table(rows, model, gpu, workload, strategies) -> str:
             f"draft: {sd.drafter.kind}, tree {sd.tree} ({r['num_draft_tokens']} nodes, "
             f"{r['tokens_per_round']:.2f} tokens/round)"
         )
-    cells = []
-    for r in rows:
-        iv = r["intervals"] or {}
-        cells.append(
-            (
-                count_label(r["context_len"]),
-                r["strategy"] + ("*" if r["extrapolated"] else ""),
-                bounded_parts(r["tokens_per_s"], iv.get("tokens_per_s"), ".1f"),
-                bounded_parts(r["speedup_vs_ar_dense"], iv.get("speedup_vs_ar_dense"), ".2f", "x"),
-                bounded_parts(
-                    r["speedup_vs_ar_sparse"], iv.get("speedup_vs_ar_sparse"), ".2f", "x"
-                ),
-                bounded_parts(r["round_s"] * 1e3, _ms(iv.get("round_s")), ".2f"),
-            )
-        )
-    names = ("context", "strategy", "tok/s", "vs ar_dense", "vs ar_sparse", "round ms")
+    return lines
+
+
+def _cells(r) -> tuple:
+    """A row's context and strategy, then its figures as (value, interval) text pairs."""
+    iv = r["intervals"] or {}
+    return (
+        count_label(r["context_len"]),
+        r["strategy"] + ("*" if r["extrapolated"] else ""),
+        bounded_parts(r["tokens_per_s"], iv.get("tokens_per_s"), ".1f"),
+        bounded_parts(r["speedup_vs_ar_dense"], iv.get("speedup_vs_ar_dense"), ".2f", "x"),
+        bounded_parts(r["speedup_vs_ar_sparse"], iv.get("speedup_vs_ar_sparse"), ".2f", "x"),
+        bounded_parts(r["round_s"] * 1e3, _ms(iv.get("round_s")), ".2f"),
+    )
+
+
+def _figure_lines(rows) -> list[str]:
+    """The column heads, a rule and a line per row: its figures, each value and interval
+    aligned in its column, and the round's op groups in ms."""
+    cells = [_cells(r) for r in rows]
+    names = ("tok/s", "vs ar_dense", "vs ar_sparse", "round ms")
     value_w = [max(len(c[i][0]) for c in cells) for i in range(2, 6)]
     iv_w = [max(len(c[i][1]) for c in cells) for i in range(2, 6)]
-    width = [
-        max(len(n), v + (i and i + 1)) for n, v, i in zip(names[2:], value_w, iv_w, strict=True)
-    ]
-
-    def figures(items) -> str:
-        out = ""
-        for (v, i), vw, iw, w in zip(items, value_w, iv_w, width, strict=True):
-            text = f"{v:>{vw}s}" + (f" {i:<{iw}s}" if iw else "")
-            out += f" {text:>{w}s}"
-        return out
-
+    width = [max(len(n), v + (i and i + 1)) for n, v, i in zip(names, value_w, iv_w, strict=True)]
     head = f"{'context':>8s} {'strategy':16s}" + "".join(
-        f" {n:>{w}s}" for n, w in zip(names[2:], width, strict=True)
+        f" {n:>{w}s}" for n, w in zip(names, width, strict=True)
     )
     head += f" | {'draft':>6s} {'gemm':>6s} {'attn':>6s} {'select':>6s} {'other':>6s}  (ms)"
-    lines += [head, "-" * len(head)]
+    lines = [head, "-" * len(head)]
     for r, c in zip(rows, cells, strict=True):
         g = grouped_seconds(r)
         lines.append(
-            f"{c[0]:>8s} {c[1]:16s}{figures(c[2:])} | {g['draft'] * 1e3:6.2f} "
-            f"{g['gemm'] * 1e3:6.2f} {g['attention'] * 1e3:6.2f} {g['selection'] * 1e3:6.2f} "
-            f"{g['other'] * 1e3:6.2f}"
+            f"{c[0]:>8s} {c[1]:16s}{_figures(c[2:], value_w, iv_w, width)} | "
+            f"{g['draft'] * 1e3:6.2f} {g['gemm'] * 1e3:6.2f} {g['attention'] * 1e3:6.2f} "
+            f"{g['selection'] * 1e3:6.2f} {g['other'] * 1e3:6.2f}"
         )
-    lines += interval_lines(rows)
+    return lines
+
+
+def _figures(items, value_w, iv_w, width) -> str:
+    out = ""
+    for (v, i), vw, iw, w in zip(items, value_w, iv_w, width, strict=True):
+        text = f"{v:>{vw}s}" + (f" {i:<{iw}s}" if iw else "")
+        out += f" {text:>{w}s}"
+    return out
+
+
+def _footnotes(rows, strategies) -> list[str]:
+    """The lines under the table: the intervals, where NSA's selection is counted and the
+    ops priced by a stand-in class."""
+    lines = interval_lines(rows)
     if rows[0]["intervals"] is not None:
         lines.append("draft .. other: parts of round ms; each op's interval is in --json and --csv")
     if any(s.is_sparse and s.metadata == "nsa" for s in strategies):
@@ -202,7 +220,7 @@ def _table(rows, model, gpu, workload, strategies) -> str:
             + " at their own bytes and launch geometry; their intervals take the leave-one-out"
             " residuals too."
         )
-    return "\n".join(lines)
+    return lines
 
 
 def _ms(iv):
