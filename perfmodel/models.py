@@ -216,7 +216,25 @@ def spec_from_config(cfg: dict, name: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ValueError(f"{name}: config.json must hold a JSON object")
     mtype = cfg.get("model_type")
-    common = dict(
+    common = _common_fields(cfg, name)
+    if mtype == "chatglm":  # THUDM's original GLM-4 format
+        return _chatglm_spec(cfg, name, common)
+    if mtype not in ("llama", "qwen2", "qwen3", "glm", "qwen3_moe", "deepseek_v3"):
+        raise ValueError(
+            f"{name}: model_type {mtype!r} is not supported "
+            "(llama, qwen2, qwen3, glm, chatglm, qwen3_moe, deepseek_v3)"
+        )
+    kw = _geometry_fields(cfg, name, mtype)
+    if mtype == "qwen3_moe":
+        kw.update(_qwen3_moe_fields(cfg, name, kw["num_layers"]))
+    if mtype == "deepseek_v3":
+        kw.update(_deepseek_v3_fields(cfg, name, kw["num_layers"], kw["num_q_heads"]))
+    return ModelSpec(**kw, **common)
+
+
+def _common_fields(cfg: dict, name: str) -> dict:
+    """The fields every family reads alike: weight width, embeddings, RoPE, norm, context."""
+    return dict(
         name=name,
         weight_bytes=_weight_bytes(cfg),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -225,29 +243,31 @@ def spec_from_config(cfg: dict, name: str) -> ModelSpec:
         rms_norm_eps=_float_field(cfg, "rms_norm_eps", name, 1e-6),
         max_position_embeddings=_int_field(cfg, "max_position_embeddings", name, 0, minimum=0),
     )
-    if mtype == "chatglm":  # THUDM's original GLM-4 format
-        return ModelSpec(
-            family="glm",
-            num_layers=_int_field(cfg, "num_layers", name),
-            hidden_size=_int_field(cfg, "hidden_size", name),
-            num_q_heads=_int_field(cfg, "num_attention_heads", name),
-            num_kv_heads=_int_field(cfg, "multi_query_group_num", name),
-            head_dim=_int_field(cfg, "kv_channels", name),
-            intermediate_size=_int_field(cfg, "ffn_hidden_size", name),
-            vocab_size=_int_field(cfg, "padded_vocab_size", name),
-            qkv_bias=bool(cfg.get("add_qkv_bias", True)),
-            partial_rotary_factor=0.5,
-            **{**common, "max_position_embeddings": _int_field(cfg, "seq_length", name, 0, 0)},
-        )
-    if mtype not in ("llama", "qwen2", "qwen3", "glm", "qwen3_moe", "deepseek_v3"):
-        raise ValueError(
-            f"{name}: model_type {mtype!r} is not supported "
-            "(llama, qwen2, qwen3, glm, chatglm, qwen3_moe, deepseek_v3)"
-        )
+
+
+def _chatglm_spec(cfg: dict, name: str, common: dict) -> ModelSpec:
+    """GLM-4 in THUDM's original format: its own field names, half the head dim rotated."""
+    return ModelSpec(
+        family="glm",
+        num_layers=_int_field(cfg, "num_layers", name),
+        hidden_size=_int_field(cfg, "hidden_size", name),
+        num_q_heads=_int_field(cfg, "num_attention_heads", name),
+        num_kv_heads=_int_field(cfg, "multi_query_group_num", name),
+        head_dim=_int_field(cfg, "kv_channels", name),
+        intermediate_size=_int_field(cfg, "ffn_hidden_size", name),
+        vocab_size=_int_field(cfg, "padded_vocab_size", name),
+        qkv_bias=bool(cfg.get("add_qkv_bias", True)),
+        partial_rotary_factor=0.5,
+        **{**common, "max_position_embeddings": _int_field(cfg, "seq_length", name, 0, 0)},
+    )
+
+
+def _geometry_fields(cfg: dict, name: str, mtype: str) -> dict:
+    """The dense geometry of a Hugging Face transformers config (every family but chatglm)."""
     layers = _int_field(cfg, "num_hidden_layers", name)
     hidden = _int_field(cfg, "hidden_size", name)
     heads = _int_field(cfg, "num_attention_heads", name)
-    kw: dict = dict(
+    return dict(
         family=mtype,
         num_layers=layers,
         hidden_size=hidden,
@@ -259,32 +279,39 @@ def spec_from_config(cfg: dict, name: str) -> ModelSpec:
         qkv_bias=bool(cfg.get("attention_bias", mtype == "qwen2")),
         partial_rotary_factor=_float_field(cfg, "partial_rotary_factor", name, 1.0, 0.0, 1.0),
     )
-    if mtype == "qwen3_moe":
-        step = _int_field(cfg, "decoder_sparse_step", name, 1)
-        only_mlp = _layer_list(cfg, "mlp_only_layers", name, layers)
-        kw.update(
-            num_experts=_int_field(cfg, "num_experts", name),
-            experts_per_token=_int_field(cfg, "num_experts_per_tok", name),
-            expert_intermediate_size=_int_field(cfg, "moe_intermediate_size", name),
-            moe_layers=tuple(i not in only_mlp and (i + 1) % step == 0 for i in range(layers)),
-        )
-    if mtype == "deepseek_v3":
-        first_dense = _int_field(cfg, "first_k_dense_replace", name, 0, minimum=0)
-        freq = _int_field(cfg, "moe_layer_freq", name, 1)
-        kw.update(
-            num_kv_heads=heads,  # MLA: every query head has its own decompressed K/V
-            head_dim=_int_field(cfg, "v_head_dim", name),
-            num_experts=_int_field(cfg, "n_routed_experts", name),
-            experts_per_token=_int_field(cfg, "num_experts_per_tok", name),
-            expert_intermediate_size=_int_field(cfg, "moe_intermediate_size", name),
-            num_shared_experts=_int_field(cfg, "n_shared_experts", name, 0, minimum=0),
-            moe_layers=tuple(i >= first_dense and i % freq == 0 for i in range(layers)),
-            kv_lora_rank=_int_field(cfg, "kv_lora_rank", name),
-            q_lora_rank=_int_field(cfg, "q_lora_rank", name, 0, minimum=0),
-            qk_nope_head_dim=_int_field(cfg, "qk_nope_head_dim", name),
-            qk_rope_head_dim=_int_field(cfg, "qk_rope_head_dim", name),
-        )
-    return ModelSpec(**kw, **common)
+
+
+def _qwen3_moe_fields(cfg: dict, name: str, layers: int) -> dict:
+    """Qwen3-MoE's experts; every ``decoder_sparse_step``-th layer not in ``mlp_only_layers``
+    is a MoE layer."""
+    step = _int_field(cfg, "decoder_sparse_step", name, 1)
+    only_mlp = _layer_list(cfg, "mlp_only_layers", name, layers)
+    return dict(
+        num_experts=_int_field(cfg, "num_experts", name),
+        experts_per_token=_int_field(cfg, "num_experts_per_tok", name),
+        expert_intermediate_size=_int_field(cfg, "moe_intermediate_size", name),
+        moe_layers=tuple(i not in only_mlp and (i + 1) % step == 0 for i in range(layers)),
+    )
+
+
+def _deepseek_v3_fields(cfg: dict, name: str, layers: int, heads: int) -> dict:
+    """DeepSeek-V3's experts (MoE layers from ``first_k_dense_replace`` on, every
+    ``moe_layer_freq``-th) and MLA's latent ranks and head dims."""
+    first_dense = _int_field(cfg, "first_k_dense_replace", name, 0, minimum=0)
+    freq = _int_field(cfg, "moe_layer_freq", name, 1)
+    return dict(
+        num_kv_heads=heads,  # MLA: every query head has its own decompressed K/V
+        head_dim=_int_field(cfg, "v_head_dim", name),
+        num_experts=_int_field(cfg, "n_routed_experts", name),
+        experts_per_token=_int_field(cfg, "num_experts_per_tok", name),
+        expert_intermediate_size=_int_field(cfg, "moe_intermediate_size", name),
+        num_shared_experts=_int_field(cfg, "n_shared_experts", name, 0, minimum=0),
+        moe_layers=tuple(i >= first_dense and i % freq == 0 for i in range(layers)),
+        kv_lora_rank=_int_field(cfg, "kv_lora_rank", name),
+        q_lora_rank=_int_field(cfg, "q_lora_rank", name, 0, minimum=0),
+        qk_nope_head_dim=_int_field(cfg, "qk_nope_head_dim", name),
+        qk_rope_head_dim=_int_field(cfg, "qk_rope_head_dim", name),
+    )
 
 
 def _rope_scaling(cfg: dict, source: str) -> dict | None:
