@@ -154,6 +154,31 @@ def run_sweep(
 
 def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np.ndarray]:
     """Place partition results at their offsets, add index columns, speedups and ``best``."""
+    metrics, prov = _place(parts, results, total)
+    shape = (len(spec.models) * len(spec.gpus), len(strategies), spec.num_workload_points)
+    sizes = [shape[0], shape[1]] + [len(getattr(spec, a)) for a in AXES]
+    idx = np.indices(sizes).reshape(len(sizes), -1)
+    table = _index_columns(spec, strategies, idx)
+    grid = metrics["tokens_per_s"].reshape(shape)
+    round_bounds = LogBounds(*(metrics.pop(k) for k in ROUND_BOUNDS))
+    _add_speedups(table, grid, round_bounds, [s.label for s in strategies], idx, sizes)
+    _add_rates(table, metrics)
+    for k, v in metrics.items():
+        if k not in table:
+            table[k] = v
+    keep = requested[idx[1]]
+    ok = metrics["feasible"] & metrics["fits_memory"] & keep
+    table["best"] = _best(metrics["tokens_per_s"], ok, shape)
+    flagged = np.where(table["extrapolated"], prov + ":extrapolated", prov).astype(object)
+    table["provenance"] = np.where(table["stand_in"], flagged + ":stand-in", flagged)
+    if keep.all():
+        return table
+    return {k: v[keep] for k, v in table.items()}
+
+
+def _place(parts, results, total) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The partitions' figures as whole columns, each result at its partition's offset, and
+    the provenance column."""
     metrics: dict[str, np.ndarray] = {}
     prov = np.empty(total, dtype=object)
     for p, res in zip(parts, results, strict=True):
@@ -165,10 +190,13 @@ def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np
                 metrics[k] = np.empty(total, dtype=v.dtype)
             metrics[k][sl] = v
         prov[sl] = res["provenance"]
-    n_s, n_w = len(strategies), spec.num_workload_points
-    n_b = len(spec.models) * len(spec.gpus)
-    sizes = [n_b, n_s] + [len(getattr(spec, a)) for a in AXES]
-    idx = np.indices(sizes).reshape(len(sizes), -1)
+    return metrics, prov
+
+
+def _index_columns(spec, strategies, idx) -> dict[str, np.ndarray]:
+    """The columns that say what each point is: model, GPU, strategy and its base, the
+    workload axes, the strategy's fields and its drafter (``idx``: each point's index on
+    the (model x GPU, strategy, *AXES) grid)."""
     b_idx, s_idx = idx[0], idx[1]
     models = np.array([m for m in spec.models for _ in spec.gpus], dtype=object)
     gpus = np.array([g for _ in spec.models for g in spec.gpus], dtype=object)
@@ -185,10 +213,14 @@ def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np
         values = np.array([getattr(s.strategy, name) for s in strategies])
         table[name] = values.astype(object)[s_idx] if values.dtype.kind == "U" else values[s_idx]
     table["drafter"] = np.array([s.strategy.drafter.kind for s in strategies], dtype=object)[s_idx]
-    tps = metrics["tokens_per_s"]
-    grid = tps.reshape(n_b, n_s, n_w)
-    labels = [s.label for s in strategies]
-    round_bounds = LogBounds(*(metrics.pop(k) for k in ROUND_BOUNDS))
+    return table
+
+
+def _add_speedups(table, grid, round_bounds, labels, idx, sizes) -> None:
+    """``speedup_vs_<anchor>`` with its interval for each of ``ANCHORS``: tokens/s over the
+    anchor's at the same model, GPU and workload (``grid``: tokens/s as [model x GPU,
+    strategy, workload])."""
+    b_idx, s_idx = idx[0], idx[1]
     for a in ANCHORS:
         ref = grid[:, labels.index(a), :][:, None, :]
         table[f"speedup_vs_{a}"] = (grid / ref).reshape(-1)
@@ -203,6 +235,11 @@ def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np
             same=s_idx == labels.index(a),
         )
         table[f"speedup_vs_{a}_low"], table[f"speedup_vs_{a}_high"] = iv[:, 0], iv[:, 1]
+
+
+def _add_rates(table, metrics) -> None:
+    """tokens/s, tokens/s per GPU and ``tpot_s``, with their intervals."""
+    tps = metrics["tokens_per_s"]
     table["tokens_per_s"] = tps
     table["tokens_per_s_per_gpu"] = tps / table["tp"]
     table["tpot_s"] = metrics["round_s"] / metrics["tokens_per_round"]
@@ -211,18 +248,13 @@ def assemble(spec, strategies, requested, parts, results, total) -> dict[str, np
         table[f"tpot_s_{x}"] = metrics[f"round_s_{x}"] / metrics["tokens_per_round"]
     for x in ("low", "high"):
         table[f"tokens_per_s_per_gpu_{x}"] = metrics[f"tokens_per_s_{x}"] / table["tp"]
-    for k, v in metrics.items():
-        if k not in table:
-            table[k] = v
-    ok = metrics["feasible"] & metrics["fits_memory"] & requested[s_idx]
-    score = np.where(ok, tps, -np.inf).reshape(n_b, n_s, n_w)
+
+
+def _best(tps, ok, shape) -> np.ndarray:
+    """Per cell, the ``ok`` point with the highest tokens/s (``shape``: [model x GPU,
+    strategy, workload])."""
+    score = np.where(ok, tps, -np.inf).reshape(shape)
     winner = np.argmax(score, axis=1)  # [n_b, n_w]; ties keep the first strategy
-    best = np.zeros((n_b, n_s, n_w), dtype=bool)
+    best = np.zeros(shape, dtype=bool)
     np.put_along_axis(best, winner[:, None, :], True, axis=1)
-    table["best"] = best.reshape(-1) & ok
-    flagged = np.where(table["extrapolated"], prov + ":extrapolated", prov).astype(object)
-    table["provenance"] = np.where(table["stand_in"], flagged + ":stand-in", flagged)
-    keep = requested[s_idx]
-    if keep.all():
-        return table
-    return {k: v[keep] for k, v in table.items()}
+    return best.reshape(-1) & ok
