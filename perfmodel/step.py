@@ -236,37 +236,34 @@ def _add_draft_host(acc: OpSum, secs, family, flags, c: Columns, gpu: str) -> No
     secs["draft.host"], family["draft.host"], flags["draft.host"] = host_s, None, None
 
 
-def predict_columns(
-    model: ModelSpec, c: Columns, predictor: RooflinePredictor, drafter: DrafterSpec | None = None
-) -> StepPrediction:
-    """Evaluate every point of ``c``: verification (or AR step) forward, drafting, acceptance.
-
-    ``round_s = draft_s + verify_s``; ``tokens_per_s = batch * E[tokens per round] / round_s``.
-    The predictor's ``tp`` must match ``c.tp`` (build it with ``tp=c.tp``). ``drafter`` supplies
-    the draft model's spec and EAGLE's draft vocabulary (the kind per point is in ``c``).
-    """
-    drafter = drafter or DrafterSpec()
-    # The draft model is resolved only when a point drafts with it: an autoregressive point
-    # keeps its strategy's drafter, which is never priced.
+def _draft_model(c: Columns, drafter: DrafterSpec) -> ModelSpec | None:
+    """The draft model's spec where some point of ``c`` drafts with it, else None: an
+    autoregressive point keeps its strategy's drafter, which is never priced."""
     drafts_with_model = ((c.drafter == DRAFTER_CODES["draft_model"]) & (c.num_draft > 0)).any()
     draft = drafter.draft_spec() if drafts_with_model else None
-    draft_vocab = drafter.draft_vocab
     if draft is None and drafts_with_model:
         raise ValueError("a draft_model drafter needs the draft model (DrafterSpec.model)")
-    if hasattr(predictor, "outside"):
-        predictor.outside = None  # extrapolation and stand-in flags are per evaluation
-        predictor.stood_in = None
-    acc = OpSum()
-    branches = target_forward(acc, model, c, c.rows, "verify.", predictor.gpu.num_sms)
-    acc.add("verify.accept", accept_op(model, c))
-    _mark_resident(acc, lambda _: model, predictor.gpu)
-    n = len(c)
+    return draft
+
+
+def _price_ops(acc: OpSum, predictor, n: int) -> tuple[dict, dict, dict]:
+    """Each op's seconds at the ``n`` points, the kernel family that priced it and the points
+    where it was extrapolated (None: nowhere)."""
     secs, family, flags = {}, {}, {}
     for k, op in acc.items():
         t, family[k], f = predictor.price(op)
         secs[k] = t * np.ones(n)
         flags[k] = None if f is None else np.broadcast_to(f, (n,))
-    # Drafting depends on few columns: evaluate it once per distinct point, then gather.
+    return secs, family, flags
+
+
+def _add_draft(
+    acc: OpSum, secs, family, flags, model: ModelSpec, draft, draft_vocab, c: Columns, predictor
+) -> np.ndarray:
+    """The drafting ops into ``acc``, their seconds, kernel families and extrapolated points
+    into ``secs``, ``family`` and ``flags``; returns the points where the drafting's pricing
+    extrapolated. Drafting depends on few columns (``DRAFT_KEYS``): it is evaluated once per
+    distinct point, then gathered back to every point of ``c``."""
     first, inverse = unique_points(c, DRAFT_KEYS)
     cu = take(c, first)
     draft_acc = OpSum()
@@ -280,8 +277,33 @@ def predict_columns(
         secs[k] = (t * np.ones(len(cu)))[inverse]
         flags[k] = None if f is None else np.broadcast_to(f, (len(cu),))[inverse]
         acc[k] = _gather(op, inverse, len(cu))
+    return _flags(draft_pred, len(cu))[inverse]
+
+
+def predict_columns(
+    model: ModelSpec, c: Columns, predictor: RooflinePredictor, drafter: DrafterSpec | None = None
+) -> StepPrediction:
+    """Evaluate every point of ``c``: verification (or AR step) forward, drafting, acceptance.
+
+    ``round_s = draft_s + verify_s``; ``tokens_per_s = batch * E[tokens per round] / round_s``.
+    The predictor's ``tp`` must match ``c.tp`` (build it with ``tp=c.tp``). ``drafter`` supplies
+    the draft model's spec and EAGLE's draft vocabulary (the kind per point is in ``c``).
+    """
+    drafter = drafter or DrafterSpec()
+    draft = _draft_model(c, drafter)
+    if hasattr(predictor, "outside"):
+        predictor.outside = None  # extrapolation and stand-in flags are per evaluation
+        predictor.stood_in = None
+    acc = OpSum()
+    branches = target_forward(acc, model, c, c.rows, "verify.", predictor.gpu.num_sms)
+    acc.add("verify.accept", accept_op(model, c))
+    _mark_resident(acc, lambda _: model, predictor.gpu)
+    secs, family, flags = _price_ops(acc, predictor, len(c))
+    draft_outside = _add_draft(
+        acc, secs, family, flags, model, draft, drafter.draft_vocab, c, predictor
+    )
     _add_draft_host(acc, secs, family, flags, c, predictor.gpu.name)
-    outside = _flags(predictor, len(c)) | _flags(draft_pred, len(cu))[inverse]
+    outside = _flags(predictor, len(c)) | draft_outside
     draft_s = sum((v for k, v in secs.items() if k.startswith("draft.")), np.zeros(len(c)))
     verify_s = sum((v for k, v in secs.items() if k.startswith("verify.")), np.zeros(len(c)))
     round_s = draft_s + verify_s
