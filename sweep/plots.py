@@ -157,54 +157,23 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
     mask, pinned = select(table, fixed, ("context_len", "acceptance"))
     speed = _speedup_over(table, mask, baseline)
     low, high = _interval_columns(table, ANCHOR_COLUMNS.get(baseline))
-    labels = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
-    if strategies:
-        missing = [s for s in strategies if s not in labels]
-        if missing:
-            raise ValueError(f"strategy {missing[0]!r} is not in the selection")
-        labels = list(strategies)
-    elif len(labels) > MAX_PANELS - 1:
-        med = {s: np.nanmedian(speed[mask & (table["strategy"] == s)]) for s in labels}
-        labels = sorted(labels, key=lambda s: -med[s])[: MAX_PANELS - 1]
+    cands = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
+    labels = _panel_strategies(table, mask, speed, cands, strategies)
     panels = [(s, *_pivot(table, mask, s, speed)) for s in labels]
     bands = {s: (_pivot(table, mask, s, low)[0], _pivot(table, mask, s, high)[0]) for s in labels}
-    cands = [s for s in _uniq(table["strategy"][mask]) if s != baseline]
-    grids = [_pivot(table, mask, s, speed)[0] for s in cands]
+    win = None
     if len(cands) > 1:
-        stack = np.stack(grids)
-        filled = np.where(np.isnan(stack), -np.inf, stack)
-        win = np.argmax(filled, axis=0)
-        best = np.take_along_axis(stack, win[None], 0)[0]
+        best, win = _best_per_cell(table, mask, speed, cands)
         panels.append(("best per cell", best, *_pivot(table, mask, cands[0], speed)[1:]))
-    else:
-        win = None
     plt = pyplot()
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(
         rows, cols, figsize=(4.6 * cols, 3.6 * rows + 0.8), squeeze=False, layout="constrained"
     )
-    finite = np.concatenate([g[np.isfinite(g)] for _, g, _, _ in panels] + [np.array([1.0])])
-    vmax = max(float(finite.max()), 1.01)
-    vmin = min(float(finite.min()), 0.99)
-    from matplotlib.colors import TwoSlopeNorm
-
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=vmin, vmax=vmax)  # 1x (no speedup) is neutral
-    for ax, (name, grid, ctxs, accs) in zip(axes.flat, panels, strict=False):
-        im = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdYlGn", norm=norm)
-        ax.set_xticks(range(len(ctxs)), [count_label(c) for c in ctxs], fontsize=7)
-        ax.set_yticks(range(len(accs)), [f"{a:g}" for a in accs], fontsize=7)
-        ax.set_xlabel("context")
-        ax.set_ylabel("acceptance")
-        ax.set_title(fill_lines([name], 3.6, 8), fontsize=8)
-        for (i, j), v in np.ndenumerate(grid):
-            if np.isfinite(v):
-                tag = f"\n#{win[i, j] + 1}" if name == "best per cell" else ""
-                lo, hi = (b[i, j] for b in bands[name]) if name in bands else (np.nan, np.nan)
-                if np.isfinite(lo):
-                    tag += f"\n[{lo:.2f}, {hi:.2f}]"
-                ax.text(j, i, f"{v:.2f}{tag}", ha="center", va="center", fontsize=6)
-        fig.colorbar(im, ax=ax, shrink=0.8)
+    norm = _speedup_norm(panels)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        _draw_panel(fig, ax, panel, norm, win, bands)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     notes = ""
@@ -215,6 +184,59 @@ def heatmap(table: dict, baseline: str, fixed: dict, strategies=None) -> bytes:
         fig, f"speedup over {baseline}", pinned_title(pinned), interval_note(low, mask), notes
     )
     return png_bytes(fig)
+
+
+def _panel_strategies(table, mask, speed, cands, strategies) -> list:
+    """The strategies with a panel of their own: ``strategies`` when given (each one among
+    ``cands``), else ``cands``, cut to the ``MAX_PANELS - 1`` of highest median speedup."""
+    if strategies:
+        missing = [s for s in strategies if s not in cands]
+        if missing:
+            raise ValueError(f"strategy {missing[0]!r} is not in the selection")
+        return list(strategies)
+    if len(cands) > MAX_PANELS - 1:
+        med = {s: np.nanmedian(speed[mask & (table["strategy"] == s)]) for s in cands}
+        return sorted(cands, key=lambda s: -med[s])[: MAX_PANELS - 1]
+    return cands
+
+
+def _best_per_cell(table, mask, speed, cands) -> tuple[np.ndarray, np.ndarray]:
+    """The highest speedup of ``cands`` per cell, and the index in ``cands`` of the strategy
+    that has it."""
+    stack = np.stack([_pivot(table, mask, s, speed)[0] for s in cands])
+    filled = np.where(np.isnan(stack), -np.inf, stack)
+    win = np.argmax(filled, axis=0)
+    return np.take_along_axis(stack, win[None], 0)[0], win
+
+
+def _speedup_norm(panels):
+    """A colour scale over every panel's speedups with 1x (no speedup) as its neutral centre."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    finite = np.concatenate([g[np.isfinite(g)] for _, g, _, _ in panels] + [np.array([1.0])])
+    vmax = max(float(finite.max()), 1.01)
+    vmin = min(float(finite.min()), 0.99)
+    return TwoSlopeNorm(vcenter=1.0, vmin=vmin, vmax=vmax)
+
+
+def _draw_panel(fig, ax, panel, norm, win, bands) -> None:
+    """One panel: the speedup grid in colour and each cell's speedup, with its interval from
+    ``bands`` and, on the best-per-cell panel, the number of the strategy that wins it."""
+    name, grid, ctxs, accs = panel
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdYlGn", norm=norm)
+    ax.set_xticks(range(len(ctxs)), [count_label(c) for c in ctxs], fontsize=7)
+    ax.set_yticks(range(len(accs)), [f"{a:g}" for a in accs], fontsize=7)
+    ax.set_xlabel("context")
+    ax.set_ylabel("acceptance")
+    ax.set_title(fill_lines([name], 3.6, 8), fontsize=8)
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isfinite(v):
+            tag = f"\n#{win[i, j] + 1}" if name == "best per cell" else ""
+            lo, hi = (b[i, j] for b in bands[name]) if name in bands else (np.nan, np.nan)
+            if np.isfinite(lo):
+                tag += f"\n[{lo:.2f}, {hi:.2f}]"
+            ax.text(j, i, f"{v:.2f}{tag}", ha="center", va="center", fontsize=6)
+    fig.colorbar(im, ax=ax, shrink=0.8)
 
 
 def pareto_front(latency: np.ndarray, throughput: np.ndarray) -> np.ndarray:
