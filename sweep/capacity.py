@@ -166,65 +166,65 @@ def capacity_table(tasks: list[CapacityTask], results: list[dict]) -> dict[str, 
     """One row per (task, requested rate R): replicas and GPUs needed, and ``best``: the fewest
     GPUs for that R among all TP degrees and strategies of the same model, GPU, context,
     acceptance, overlap and KV bytes (ties: higher r*, then grid order)."""
-    rows = []
-    for t, r in zip(tasks, results, strict=True):
-        for rate in t.spec.rates:
-            rstar = r["replica_requests_per_s"]
-            replicas = math.ceil(rate / rstar - 1e-9) if rstar > 0 else float("nan")
-            rows.append(
-                {
-                    "model": t.model,
-                    "gpu": t.gpu,
-                    "tp": t.tp,
-                    "context_len": t.context_len,
-                    "acceptance": t.acceptance,
-                    "overlap": t.overlap,
-                    "kv_bytes": t.kv_bytes,
-                    "strategy": t.strategy.label,
-                    "base": t.strategy.base,
-                    "requests_per_s": float(rate),
-                    "replica_requests_per_s": rstar,
-                    "replica_saturation_requests_per_s": r["replica_saturation_requests_per_s"],
-                    "attainment_at_max": r["attainment_at_max"],
-                    "replicas": float(replicas),
-                    "gpus_needed": float(replicas * t.tp) if rstar > 0 else float("nan"),
-                    "status": r["status"],
-                    "slo_ttft_s": t.spec.slo_ttft_s,
-                    "slo_tpot_s": t.spec.slo_tpot_s,
-                    "attainment": t.spec.attainment,
-                    "num_requests": t.spec.num_requests,
-                    "output_tokens": t.spec.output_tokens,
-                    "simulations": r["simulations"],
-                    "provenance": r["provenance"],
-                }
-            )
+    rows = [
+        _capacity_row(t, r, rate)
+        for t, r in zip(tasks, results, strict=True)
+        for rate in t.spec.rates
+    ]
+    best = _fewest_gpus(rows)
+    for i, row in enumerate(rows):
+        row["best"] = i in best
+    names = list(rows[0]) if rows else []
+    return {k: _column([row[k] for row in rows]) for k in names}
+
+
+def _capacity_row(t: CapacityTask, r: dict, rate: float) -> dict:
+    """The row of task ``t`` with search result ``r`` sized for ``rate`` requests/s."""
+    rstar = r["replica_requests_per_s"]
+    replicas = math.ceil(rate / rstar - 1e-9) if rstar > 0 else float("nan")
+    return {
+        "model": t.model,
+        "gpu": t.gpu,
+        "tp": t.tp,
+        "context_len": t.context_len,
+        "acceptance": t.acceptance,
+        "overlap": t.overlap,
+        "kv_bytes": t.kv_bytes,
+        "strategy": t.strategy.label,
+        "base": t.strategy.base,
+        "requests_per_s": float(rate),
+        "replica_requests_per_s": rstar,
+        "replica_saturation_requests_per_s": r["replica_saturation_requests_per_s"],
+        "attainment_at_max": r["attainment_at_max"],
+        "replicas": float(replicas),
+        "gpus_needed": float(replicas * t.tp) if rstar > 0 else float("nan"),
+        "status": r["status"],
+        "slo_ttft_s": t.spec.slo_ttft_s,
+        "slo_tpot_s": t.spec.slo_tpot_s,
+        "attainment": t.spec.attainment,
+        "num_requests": t.spec.num_requests,
+        "output_tokens": t.spec.output_tokens,
+        "simulations": r["simulations"],
+        "provenance": r["provenance"],
+    }
+
+
+def _fewest_gpus(rows: list[dict]) -> set[int]:
+    """The indices of the rows that need the fewest GPUs for their rate in their cell (model,
+    GPU, context, acceptance, overlap, KV bytes); ties: higher r*, then the first row."""
+    cell = ("model", "gpu", "context_len", "acceptance", "overlap", "kv_bytes", "requests_per_s")
     best_of: dict[tuple, int] = {}
     for i, row in enumerate(rows):
         if not row["gpus_needed"] > 0:
             continue
-        key = tuple(
-            row[k]
-            for k in (
-                "model",
-                "gpu",
-                "context_len",
-                "acceptance",
-                "overlap",
-                "kv_bytes",
-                "requests_per_s",
-            )
-        )
+        key = tuple(row[k] for k in cell)
         j = best_of.get(key)
         if j is None or (row["gpus_needed"], -row["replica_requests_per_s"]) < (
             rows[j]["gpus_needed"],
             -rows[j]["replica_requests_per_s"],
         ):
             best_of[key] = i
-    best = set(best_of.values())
-    for i, row in enumerate(rows):
-        row["best"] = i in best
-    names = list(rows[0]) if rows else []
-    return {k: _column([row[k] for row in rows]) for k in names}
+    return set(best_of.values())
 
 
 def _column(values: list) -> np.ndarray:
