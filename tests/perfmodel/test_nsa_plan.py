@@ -326,13 +326,12 @@ def test_fit_plan_keeps_t17_one_tile_and_its_programs_short():
     assert tiles == 1 and fit17 <= 16
 
 
-def test_fit_slots_may_start_a_second_wave():
-    """Four-row tiles at t = 17 (5 tiles x 8 KV heads = 40 programs): one wave leaves 3 slots,
-    one a branch, so one program streams all 128 compressed tiles; "fit" takes more slots
-    (a second wave of short programs) and its longest program is a quarter of that."""
-    work = branch_tiles(
-        4,
-        4,
+def _work_128k(t: int, rows: int) -> tuple[float, float, float]:
+    """``branch_tiles`` of a row tile of ``rows`` of ``t`` draft rows at 128K, NSA's published
+    geometry, overlap 0.7."""
+    return branch_tiles(
+        t,
+        rows,
         nc_max=8191,
         nb_max=2049,
         top_n=16,
@@ -341,6 +340,13 @@ def test_fit_slots_may_start_a_second_wave():
         window=512,
         overlap=0.7,
     )
+
+
+def test_fit_slots_may_start_a_second_wave():
+    """Four-row tiles at t = 17 (5 tiles x 8 KV heads = 40 programs): one wave leaves 3 slots,
+    one a branch, so one program streams all 128 compressed tiles; "fit" takes more slots
+    (a second wave of short programs) and its longest program is a quarter of that."""
+    work = _work_128k(4, 4)
     fixed = plan_slots(work, (True,) * 3, 40, SMS)
     fit = plan_slots(work, (True,) * 3, 40, SMS, tile_plan="fit")
     assert fixed == (1, 1, 1)
@@ -355,17 +361,7 @@ def test_a_lone_compressed_launch_of_one_slot_a_tile_takes_two_programs_an_sm():
     """Batch 16 at 8 KV heads, t = 1: 128 row tiles on 132 SMs. One wave gives the compressed
     branch alone one slot a tile; sized for two programs an SM it takes two. With all branches,
     or with few tiles (batch 1: 16 slots already), the sizing is unchanged."""
-    work = branch_tiles(
-        1,
-        1,
-        nc_max=8191,
-        nb_max=2049,
-        top_n=16,
-        block_size=64,
-        block_n=64,
-        window=512,
-        overlap=0.7,
-    )
+    work = _work_128k(1, 1)
     alone = (True, False, False)
     assert compressed_capacity(alone, 128, SMS, 2) == 2 * SMS
     assert plan_slots(work, alone, 128, SMS) == (2, 0, 0)
