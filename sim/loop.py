@@ -161,12 +161,7 @@ class DecodeLoop:
                 acc = s.sample()
                 made = min(acc + 1, s.remaining)
                 r = s.record
-                if r.rounds == 0:
-                    r.first_token_s = now
-                r.rounds += 1
-                r.drafted += k
-                r.accepted_drafts += acc
-                r.output_tokens += made
+                r.count_round(now, k, acc, made)
                 rec.round(r.request, name, t0, s.context, k, acc, steps, layers)
                 s.context += made
                 s.remaining -= made

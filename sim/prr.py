@@ -148,12 +148,7 @@ def _prr_loop(env, grid, seq, rec, misses, k, L, strategy_name, tokens):
         acc = seq.sample()
         made = min(acc + 1, seq.remaining)
         r = seq.record
-        if r.rounds == 0:
-            r.first_token_s = now
-        r.rounds += 1
-        r.drafted += k
-        r.accepted_drafts += acc
-        r.output_tokens += made
+        r.count_round(now, k, acc, made)
         verify = L * linear + head
         steps = (draft, busy["select"], busy["speculate"], busy["repair"], verify, accept)
         rec.round(r.request, strategy_name, t0, T, k, acc, steps, (None, None, hits))

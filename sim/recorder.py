@@ -32,6 +32,16 @@ class RequestRecord:
     slo_met: bool | None = None
     context: int = 0  # current KV tokens while decoding (serving state)
 
+    def count_round(self, now_s: float, drafted: int, accepted: int, made: int) -> None:
+        """A decode round of the request ending at ``now_s``: ``drafted`` drafts, ``accepted``
+        of them kept, ``made`` tokens out; the first round's end is the first token's time."""
+        if self.rounds == 0:
+            self.first_token_s = now_s
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted_drafts += accepted
+        self.output_tokens += made
+
     @property
     def ttft_s(self) -> float:
         return self.first_token_s - self.arrival_s

@@ -206,12 +206,7 @@ class SparseSpecRun:
         acc = bisect.bisect_right(self.cdfs[r.drafted], r.u())
         made = min(acc + 1, r.remaining)
         rr = r.record
-        if rr.rounds == 0:
-            rr.first_token_s = now
-        rr.rounds += 1
-        rr.drafted += r.drafted
-        rr.accepted_drafts += acc
-        rr.output_tokens += made
+        rr.count_round(now, r.drafted, acc, made)
         self.rec.round(rr.request, self.name, t0, r.context - r.drafted, r.drafted, acc, steps)
         # Rejected drafts leave the cache; the accepted ones and the bonus token stay.
         self.kv += made - r.drafted

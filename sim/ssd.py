@@ -112,12 +112,7 @@ class SsdRun:
             for s, acc, hit in outcomes:
                 r = s["record"]
                 made = min(acc + 1, s["remaining"])
-                if r.rounds == 0:
-                    r.first_token_s = t_ready
-                r.rounds += 1
-                r.drafted += self.k
-                r.accepted_drafts += acc
-                r.output_tokens += made
+                r.count_round(t_ready, self.k, acc, made)
                 label = self.name if source[id(s)] == "primary" else f"{self.name}/backup"
                 rec.round(r.request, label, t0, s["context"], self.k, acc, steps)
                 s["context"] += made
