@@ -66,54 +66,77 @@ def score(
     for s in strategies:
         by_draft.setdefault(s.drafter.model, []).append(s)
     for draft_model, group in by_draft.items():
-        points = []
-        for s in group:
-            scale = (
-                acceptance_scale.get(s.drafter.kind, 1.0)
-                if isinstance(acceptance_scale, dict)
-                else acceptance_scale
-            )
-            alpha = min(1.0, profile.alpha_for(regime, s) * scale)
-            w = Workload(
-                context_len=context_len,
-                batch=batch,
-                acceptance=alpha,
-                overlap=profile.gamma(regime, s.traversal),
-                elementwise=elementwise,
-            )
-            points.append((s, w))
+        points = [
+            (s, _workload(s, context_len, profile, regime, batch, acceptance_scale, elementwise))
+            for s in group
+        ]
         cols = build_columns(model, points)
         drafter = DrafterSpec(kind="draft_model", model=draft_model) if draft_model else None
         pred = predict_columns(model, cols, make_predictor(gpu, "bf16", cols.tp), drafter)
         prov = pred.provenance
-        groups = {}
-        for k, v in pred.op_seconds.items():
-            groups.setdefault(op_group(k), []).append(v)
-        grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
         loops = np.array([host_overhead_s(profile.overhead_coefficients(regime), s) for s in group])
-        rnd = pred.spread()
-        ivs = None
-        if rnd is not None:
-            rnd.add_op(loops)
-            tps = batch * np.asarray(pred.tokens_per_round, dtype=float) / (pred.round_s + loops)
-            ivs = interval(tps, under=bounds(rnd))
-        for i, s in enumerate(group):
-            loop = float(loops[i])
-            round_s = float(pred.round_s[i]) + loop
-            tpr = float(pred.tokens_per_round[i])
-            out.append(
-                Scored(
-                    s,
-                    batch * tpr / round_s,
-                    tpr,
-                    round_s,
-                    {**{g: float(v[i]) for g, v in grouped.items()}, "loop": loop},
-                    bool(pred.extrapolated[i]),
-                    None if ivs is None else (float(ivs[i, 0]), float(ivs[i, 1])),
-                )
-            )
+        out += _scored(group, pred, loops, batch)
     out.sort(key=lambda x: (-x.tokens_per_s, strategy_id(x.strategy)))
     return out, prov
+
+
+def _workload(
+    s: Strategy,
+    context_len: int,
+    profile: RegimeProfile,
+    regime: str,
+    batch: int,
+    acceptance_scale: float | dict[str, float],
+    elementwise: str,
+) -> Workload:
+    """What ``score`` prices ``s`` at: its drafter's acceptance from ``profile`` times its
+    kind's ``acceptance_scale``, at most 1, and the overlap of its traversal."""
+    scale = (
+        acceptance_scale.get(s.drafter.kind, 1.0)
+        if isinstance(acceptance_scale, dict)
+        else acceptance_scale
+    )
+    alpha = min(1.0, profile.alpha_for(regime, s) * scale)
+    return Workload(
+        context_len=context_len,
+        batch=batch,
+        acceptance=alpha,
+        overlap=profile.gamma(regime, s.traversal),
+        elementwise=elementwise,
+    )
+
+
+def _scored(group: list[Strategy], pred, loops: np.ndarray, batch: int) -> list[Scored]:
+    """``group``'s strategies scored from their prediction ``pred`` (the step model's op seconds
+    summed per op group) with the loop overhead ``loops`` added to each round, and the
+    tokens/s interval when ``pred`` has a spread (the loop overhead adds no width)."""
+    groups = {}
+    for k, v in pred.op_seconds.items():
+        groups.setdefault(op_group(k), []).append(v)
+    grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
+    rnd = pred.spread()
+    ivs = None
+    if rnd is not None:
+        rnd.add_op(loops)
+        tps = batch * np.asarray(pred.tokens_per_round, dtype=float) / (pred.round_s + loops)
+        ivs = interval(tps, under=bounds(rnd))
+    out = []
+    for i, s in enumerate(group):
+        loop = float(loops[i])
+        round_s = float(pred.round_s[i]) + loop
+        tpr = float(pred.tokens_per_round[i])
+        out.append(
+            Scored(
+                s,
+                batch * tpr / round_s,
+                tpr,
+                round_s,
+                {**{g: float(v[i]) for g, v in grouped.items()}, "loop": loop},
+                bool(pred.extrapolated[i]),
+                None if ivs is None else (float(ivs[i, 0]), float(ivs[i, 1])),
+            )
+        )
+    return out
 
 
 def concrete(s: Strategy, acceptance: float) -> Strategy:
@@ -141,7 +164,6 @@ def rank(
     ``skipped`` says why. Each ranked regime lists under ``assumed`` what its predictions take
     from the workload defaults rather than from ``profile`` (``RegimeProfile.assumed``)."""
     regimes = regimes or REGIMES
-    limit = model.max_position_embeddings
     doc = {
         "version": RANKING_VERSION,
         "model": model.name,
@@ -154,38 +176,13 @@ def rank(
     }
     skipped = {}
     for regime, ctx in regimes.items():
-        if limit and ctx > limit:
-            skipped[regime] = f"context {ctx} > the model's {limit} trained positions"
+        why = _skip_reason(model, gpu, batch, ctx)
+        if why:
+            skipped[regime] = why
             continue
-        short = memory_shortfall(model, gpu, 1, 2, batch, ctx)
-        if short:
-            skipped[regime] = short
-            continue
-        valid, rejected = valid_strategies(spec, model, gpu, ctx)
-        valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
-        scored, prov = score(model, gpu, valid, ctx, profile, regime, batch, 1.0, elementwise)
-        doc["regimes"][regime] = {
-            "context_len": ctx,
-            "provenance": prov,
-            "acceptance_source": profile.source,
-            "assumed": profile.assumed(regime, valid),
-            "num_valid": len(valid),
-            "rejected": rejected,
-            "ranking": [
-                {
-                    "id": strategy_id(x.strategy),
-                    "describe": describe(x.strategy),
-                    "strategy": dataclasses.asdict(x.strategy),
-                    "tokens_per_s": x.tokens_per_s,
-                    "tokens_per_s_interval": x.tokens_per_s_interval,
-                    "tokens_per_round": x.tokens_per_round,
-                    "round_s": x.round_s,
-                    "breakdown_s": x.breakdown_s,
-                    "extrapolated": x.extrapolated,
-                }
-                for x in scored
-            ],
-        }
+        doc["regimes"][regime] = _ranked_regime(
+            model, gpu, spec, profile, regime, ctx, batch, elementwise
+        )
     if skipped:
         if not doc["regimes"]:
             raise ValueError(
@@ -194,6 +191,54 @@ def rank(
             )
         doc["skipped"] = skipped
     return doc
+
+
+def _skip_reason(model: ModelSpec, gpu: GpuSpec, batch: int, ctx: int) -> str | None:
+    """Why ``rank`` leaves out a regime of context ``ctx``: past the model's trained positions,
+    or a batch whose KV does not fit beside the weights (``memory_shortfall``); None if neither."""
+    limit = model.max_position_embeddings
+    if limit and ctx > limit:
+        return f"context {ctx} > the model's {limit} trained positions"
+    return memory_shortfall(model, gpu, 1, 2, batch, ctx)
+
+
+def _ranked_regime(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    spec: SpaceSpec,
+    profile: RegimeProfile,
+    regime: str,
+    ctx: int,
+    batch: int,
+    elementwise: str,
+) -> dict:
+    """One regime's entry of the ranking document: its valid strategies (``best:N`` trees made
+    ``concrete`` at the regime's acceptance) scored at ``ctx``, best first."""
+    valid, rejected = valid_strategies(spec, model, gpu, ctx)
+    valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
+    scored, prov = score(model, gpu, valid, ctx, profile, regime, batch, 1.0, elementwise)
+    return {
+        "context_len": ctx,
+        "provenance": prov,
+        "acceptance_source": profile.source,
+        "assumed": profile.assumed(regime, valid),
+        "num_valid": len(valid),
+        "rejected": rejected,
+        "ranking": [
+            {
+                "id": strategy_id(x.strategy),
+                "describe": describe(x.strategy),
+                "strategy": dataclasses.asdict(x.strategy),
+                "tokens_per_s": x.tokens_per_s,
+                "tokens_per_s_interval": x.tokens_per_s_interval,
+                "tokens_per_round": x.tokens_per_round,
+                "round_s": x.round_s,
+                "breakdown_s": x.breakdown_s,
+                "extrapolated": x.extrapolated,
+            }
+            for x in scored
+        ],
+    }
 
 
 def strategy_from_json(d: dict) -> Strategy:
