@@ -109,6 +109,61 @@ def simulate_shadow(positions: int, alpha: float, chain: int, rng):
     return ShadowAcceptance(positions, tuple(int((m > k).sum()) for k in range(chain)))
 
 
+def draw_accepted(parents, s, alpha, profile, regime: str, rng, sibling: float = 1.0) -> int:
+    """Drafts a round of ``s`` (its tree's ``parents``) accepts: none without drafts, else
+    ``simulate_accepted`` at the acceptance of its drafter kind in ``alpha`` (a number, or one
+    per depth) times the profile's attention factor of ``s`` in ``regime``, each at most 1."""
+    if not parents:
+        return 0
+    factor = profile.attention_factor(regime, s)
+    a = alpha[s.drafter.kind]
+    a = [min(1.0, x * factor) for x in a] if isinstance(a, (tuple, list)) else min(1.0, a * factor)
+    return simulate_accepted(parents, a, rng, sibling)
+
+
+def round_stats(i: int, s, ctx: int, parents, accepted: int, step_s, shadow) -> RoundStats:
+    """Synthetic round ``i`` of ``s``: one sequence at context ``ctx``, the drafts of its tree
+    (``parents``), ``accepted`` of them and the bonus token committed, the steps' seconds
+    ``step_s`` and the n-gram ``shadow``."""
+    return RoundStats(
+        round=i,
+        strategy=s,
+        context_lens=(ctx,),
+        drafted=len(parents),
+        accepted=(accepted,),
+        step_s=step_s,
+        tokens_generated=accepted + 1,
+        shadow={"ngram": shadow},
+    )
+
+
+class _Counted:
+    """``fn``, counting its calls."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _timed_after_round(ctl, stats: RoundStats, flush, prof: cProfile.Profile | None):
+    """``ctl.after_round(stats)`` and its seconds, ``flush`` run before it and ``prof``
+    profiling the call alone."""
+    if flush is not None:
+        flush()
+    if prof is not None:
+        prof.enable()
+    t0 = time.perf_counter()
+    new = ctl.after_round(stats)
+    seconds = time.perf_counter() - t0
+    if prof is not None:
+        prof.disable()
+    return new, seconds
+
+
 def run_controller(
     setting,
     scenario,
@@ -133,60 +188,26 @@ def run_controller(
         ranking, model, gpu, profile, config or ControllerConfig()
     )
     ctl.warm()
-    rescores = 0
-    rescore = ctl._rescore
-
-    def counted(*args, **kwargs):
-        nonlocal rescores
-        rescores += 1
-        return rescore(*args, **kwargs)
-
-    ctl._rescore = counted
+    ctl._rescore = rescore = _Counted(ctl._rescore)
     rng = np.random.default_rng(seed)
     s, ctx, switched, times = start or ctl.initial_strategy(CONTEXT), CONTEXT, False, []
     for i in range(rounds):
         world = next(w for first, w in reversed(phases) if i >= first)
         parents = parse_tree(s.tree)
-        if parents:
-            factor = profile.attention_factor(regime_of(ctx), s)
-            a = world[s.drafter.kind]
-            a = (
-                [min(1.0, x * factor) for x in a]
-                if isinstance(a, (tuple, list))
-                else min(1.0, a * factor)
-            )
-            accepted = simulate_accepted(parents, a, rng)
-        else:
-            accepted = 0
+        accepted = draw_accepted(parents, s, world, profile, regime_of(ctx), rng)
         shadow = simulate_shadow(accepted + 1, world["ngram"], SHADOW_MAX_CHAIN, rng)
         step_s = {"draft": 1e-4, "verify": 6e-4, "accept": 1e-4}
         if switched:
             step_s["switch"] = SWITCH_S[switch_kind(s)]
-        stats = RoundStats(
-            round=i,
-            strategy=s,
-            context_lens=(ctx,),
-            drafted=len(parents),
-            accepted=(accepted,),
-            step_s=step_s,
-            tokens_generated=accepted + 1,
-            shadow={"ngram": shadow},
-        )
-        if flush is not None:
-            flush()
-        if prof is not None:
-            prof.enable()
-        t0 = time.perf_counter()
-        new = ctl.after_round(stats)
-        times.append(time.perf_counter() - t0)
-        if prof is not None:
-            prof.disable()
+        stats = round_stats(i, s, ctx, parents, accepted, step_s, shadow)
+        new, seconds = _timed_after_round(ctl, stats, flush, prof)
+        times.append(seconds)
         ctx += accepted + 1
         switched = new is not None and new != s
         if switched:
             s = new
     switches = [(x["round"], x["reason"], x["to"]) for x in ctl.switches]
-    return {"times_s": times, "rescores": rescores, "switches": switches, "log": ctl.switches}
+    return {"times_s": times, "rescores": rescore.calls, "switches": switches, "log": ctl.switches}
 
 
 def shadow_texts(kind: str, batch: int, context: int, sizes) -> list[list[int]]:
