@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ssvkit.engine.controller import RoundStats, ShadowAcceptance
+from ssvkit.engine.controller import ShadowAcceptance
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN
 from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.arguments import OneLineParser
@@ -49,7 +49,12 @@ from ssvkit.perfmodel.strategy import parse_tree
 from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
 from ssvkit.planner.profile import regime_of
 from ssvkit.planner.space import strategy_id
-from ssvkit.validation.controller_world import load_setting, simulate_accepted
+from ssvkit.validation.controller_world import (
+    draw_accepted,
+    load_setting,
+    round_stats,
+    simulate_accepted,
+)
 from ssvkit.validation.records import file_label, record_path
 from ssvkit.validation.replay_worlds import World, build_worlds
 
@@ -87,6 +92,26 @@ def _shadow(n, committed, ngram, walked, walk_pos, rng, sib) -> ShadowAcceptance
     return ShadowAcceptance(n, tuple(matched), tuple(chain_r), tuple(chain_d), tuple(trees))
 
 
+def _walks(ctl, context_len: int) -> list[tuple]:
+    """The walks of the n-gram shadow (``engine.ngram``) as (key, parents): one per chain
+    length (keyed by the length) and one per tree it walks (keyed by the tree), each drawing
+    rounds of that chain or tree drafted by the n-gram drafter over the tokens committed."""
+    walked = [(k, parse_tree(f"chain:{k}")) for k in range(1, SHADOW_MAX_CHAIN + 1)]
+    walked += [(spec, parse_tree(spec)) for spec in ctl.shadow_trees(context_len)]
+    return walked
+
+
+def _round_cost(world: World, s, sid: str, ctl, regime: str, host_s: float, switch_cost):
+    """A round of ``s``'s seconds and its ``step_s``: its round time and the host time
+    ``host_s``, plus ``switch_cost`` when a switch installed ``s`` (None when none did)."""
+    t = _round_time(world, s, sid, ctl, regime) + host_s
+    step_s = {"verify": t}
+    if switch_cost is not None:
+        step_s["switch"] = switch_cost
+        t += switch_cost
+    return t, step_s
+
+
 def replay(world: World, setting, config=None, seed: int = 0) -> dict:
     """One adaptive run in ``world``: tokens/s, rounds and the switches (round, reason, to)."""
 
@@ -102,41 +127,20 @@ def replay(world: World, setting, config=None, seed: int = 0) -> dict:
     s = ctl.initial_strategy(ctx)
     tokens, wall, rnd, switch_cost, decided = 0, 0.0, 0, None, None
     ngram = world.alpha.get("ngram", [0.0] * SHADOW_MAX_CHAIN)
-    # The walks of the n-gram shadow (``engine.ngram``), per chain length and per tree it
-    # walks: rounds of that chain or tree drafted by the n-gram drafter, drawn over the
-    # tokens committed (a round in progress waits for the next round's tokens).
-    walked = [(k, parse_tree(f"chain:{k}")) for k in range(1, SHADOW_MAX_CHAIN + 1)]
-    walked += [(spec, parse_tree(spec)) for spec in ctl.shadow_trees(world.context_len)]
+    walked = _walks(ctl, world.context_len)
     walk_pos = [0] * len(walked)  # tokens each walk has passed
     committed = 0
     sib = world.sibling.get("ngram", 1.0)
     while tokens < world.max_new_tokens:
         sid = strategy_id(s)
         parents = parse_tree(s.tree)
-        if parents:
-            f = profile.attention_factor(regime, s)
-            a = [min(1.0, x * f) for x in world.alpha[s.drafter.kind]]
-            accepted = simulate_accepted(parents, a, rng, world.sibling.get(s.drafter.kind, 1.0))
-        else:
-            accepted = 0
+        sibling = world.sibling.get(s.drafter.kind, 1.0)
+        accepted = draw_accepted(parents, s, world.alpha, profile, regime, rng, sibling)
         n = accepted + 1
         committed += n
         shadow = _shadow(n, committed, ngram, walked, walk_pos, rng, sib)
-        t = _round_time(world, s, sid, ctl, regime) + host_s
-        step_s = {"verify": t}
-        if switch_cost is not None:
-            step_s["switch"] = switch_cost
-            t += switch_cost
-        stats = RoundStats(
-            round=rnd,
-            strategy=s,
-            context_lens=(ctx,),
-            drafted=len(parents),
-            accepted=(accepted,),
-            step_s=step_s,
-            tokens_generated=n,
-            shadow={"ngram": shadow},
-        )
+        t, step_s = _round_cost(world, s, sid, ctl, regime, host_s, switch_cost)
+        stats = round_stats(rnd, s, ctx, parents, accepted, step_s, shadow)
         if rnd > 0:  # round 0 is left out, as the evaluation does
             tokens, wall = tokens + n, wall + t
         switch_cost = None
@@ -208,7 +212,7 @@ def parse_config(text: str):
     return ControllerConfig(**kw)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--planner",
@@ -230,23 +234,59 @@ def main(argv=None) -> int:
         help="controller settings, e.g. transfer=0,patience=8 (ControllerConfig)",
     )
     p.add_argument("--json", default=None, help="write the figures to this file")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def check_args(args) -> tuple[ControllerConfig, dict, list[str]]:
+    """The controller's settings, the planner evaluation document and the prompt sets to
+    replay, with every flag checked (``ValueError`` in one line naming the first bad one,
+    ``json.JSONDecodeError`` for a document that is no JSON)."""
+    config = parse_config(args.config)
+    if args.runs < 1 or args.repeats < 1:
+        raise ValueError(f"--runs and --repeats must be >= 1, got {args.runs}, {args.repeats}")
+    if not Path(args.planner).is_file():
+        raise ValueError(f"--planner {args.planner!r} does not exist")
+    doc = json.loads(Path(args.planner).read_text())
+    if "adaptive" not in doc or "prompt_sets" not in doc["adaptive"]:
+        raise ValueError(f"--planner {args.planner!r} holds no adaptive evaluation")
+    sets = [x for x in args.sets.split(",") if x] or list(doc["adaptive"]["prompt_sets"])
+    bad = [x for x in sets if x not in doc["adaptive"]["prompt_sets"]]
+    if bad:
+        raise ValueError(
+            f"unknown prompt set {bad[0]!r}; the document has "
+            f"{', '.join(doc['adaptive']['prompt_sets'])}"
+        )
+    return config, doc, sets
+
+
+def replay_set(world: World, setting, config, args) -> dict:
+    """A prompt set's figures: ``args.runs`` replays in ``world`` (seeds from ``args.seed``)
+    summarised (``summarise``), with the world's per-depth acceptance and sibling factors."""
+    runs = [replay(world, setting, config, seed=args.seed + i) for i in range(args.runs)]
+    row = summarise(world, runs, args.repeats)
+    row["alpha"] = {k: [round(a, 3) for a in v] for k, v in world.alpha.items()}
+    row["sibling"] = world.sibling
+    return row
+
+
+def print_row(name: str, row: dict, repeats: int) -> None:
+    """A prompt set's line: the replayed gains, the spread of a median of ``repeats`` runs, the
+    measured gain, the switches per run and the three commonest first switches."""
+    top = ", ".join(f"{k} x{v}" for k, v in list(row["first_switch"].items())[:3])
+    print(
+        f"{name:10s} replayed gain mean {row['mean_gain']:+6.1%} median "
+        f"{row['median_gain']:+6.1%}  median of {repeats}: "
+        f"{row[f'median_of_{repeats}_p05']:+6.1%} .. "
+        f"{row[f'median_of_{repeats}_p95']:+6.1%}  measured "
+        f"{row['measured_gain']:+6.1%}  {row['switches_per_run']:.1f} switches/run; "
+        f"first: {top}"
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     try:
-        config = parse_config(args.config)
-        if args.runs < 1 or args.repeats < 1:
-            raise ValueError(f"--runs and --repeats must be >= 1, got {args.runs}, {args.repeats}")
-        if not Path(args.planner).is_file():
-            raise ValueError(f"--planner {args.planner!r} does not exist")
-        doc = json.loads(Path(args.planner).read_text())
-        if "adaptive" not in doc or "prompt_sets" not in doc["adaptive"]:
-            raise ValueError(f"--planner {args.planner!r} holds no adaptive evaluation")
-        sets = [x for x in args.sets.split(",") if x] or list(doc["adaptive"]["prompt_sets"])
-        bad = [x for x in sets if x not in doc["adaptive"]["prompt_sets"]]
-        if bad:
-            raise ValueError(
-                f"unknown prompt set {bad[0]!r}; the document has "
-                f"{', '.join(doc['adaptive']['prompt_sets'])}"
-            )
+        config, doc, sets = check_args(args)
     except (ValueError, json.JSONDecodeError) as e:
         print(f"adaptive_replay: {e}", file=sys.stderr)
         return 2
@@ -261,20 +301,8 @@ def main(argv=None) -> int:
         "sets": {},
     }
     for name in sets:
-        w = worlds[name]
-        runs = [replay(w, setting, config, seed=args.seed + i) for i in range(args.runs)]
-        out["sets"][name] = row = summarise(w, runs, args.repeats)
-        row["alpha"] = {k: [round(a, 3) for a in v] for k, v in w.alpha.items()}
-        row["sibling"] = w.sibling
-        top = ", ".join(f"{k} x{v}" for k, v in list(row["first_switch"].items())[:3])
-        print(
-            f"{name:10s} replayed gain mean {row['mean_gain']:+6.1%} median "
-            f"{row['median_gain']:+6.1%}  median of {args.repeats}: "
-            f"{row[f'median_of_{args.repeats}_p05']:+6.1%} .. "
-            f"{row[f'median_of_{args.repeats}_p95']:+6.1%}  measured "
-            f"{row['measured_gain']:+6.1%}  {row['switches_per_run']:.1f} switches/run; "
-            f"first: {top}"
-        )
+        out["sets"][name] = row = replay_set(worlds[name], setting, config, args)
+        print_row(name, row, args.repeats)
     if args.json:
         atomic_write(args.json, json.dumps(out, indent=1) + "\n")
     return 0
