@@ -122,7 +122,6 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
     full = full_batch.figures(result, cell.batch)
     if full is not None:
         fig["full_batch"] = full
-    source = "synthetic:oracle" if oracle else "measured"
     parents = [p - 1 for p in tree.parents[1:]]
     # The prediction is of a full batch: the acceptance of the full-batch rounds.
     accepted = (full or fig)["mean_accepted"]
@@ -131,14 +130,7 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
         k: mean_selection(result, k)
         for k in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
     }
-    # Per round: the longest context, the drafts and the accepted count of the first sequence
-    # still decoding; each decoding sequence's accepted count, and which sequences those are.
-    fig["rounds_trace"] = [[max(r.context_lens), r.drafted, r.accepted[0]] for r in result.rounds]
-    fig["accepted_per_sequence"] = [list(r.accepted) for r in result.rounds]
-    fig["sequences_per_round"] = [list(r.sequences) for r in result.rounds]
-    # The decoded text, every sequence: equal wherever the decode is deterministic (another
-    # shard, a reused prefill).
-    fig["tokens_crc32"] = zlib.crc32(json.dumps(result.tokens).encode())
+    fig.update(_decoded(result))
     return {
         "measured": fig,
         "prefill_s": result.prefill_s,
@@ -148,18 +140,41 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
             "timer": result.timer,
         },
         "timer": result.timer,
-        "measured_acceptance": {
-            "source": source,
-            "mean_accepted": fig["mean_accepted"],
-            "rate": result.acceptance_rate(),
-            "fitted_alpha": alpha,
-            "fitted_over": "full-batch rounds" if full is not None else "run",
-            "oracle": list(oracle) if oracle else None,
-            "diverged": len(engine.drafter.diverged) if oracle else 0,
-            "off_plan": engine.drafter.off_plan if oracle else 0,
-        },
+        "measured_acceptance": _measured_acceptance(result, engine, fig, alpha, full, oracle),
         "selection": selection,
         "prediction": predictions(st, cell, strategy, alpha, selection["group_overlap"]),
+    }
+
+
+def _decoded(result) -> dict:
+    """A run's rounds (trace, accepted counts, decoding sequences) and its decoded tokens' CRC."""
+    return {
+        # Per round: the longest context, the drafts and the accepted count of the first
+        # sequence still decoding; each decoding sequence's accepted count, and which
+        # sequences those are.
+        "rounds_trace": [[max(r.context_lens), r.drafted, r.accepted[0]] for r in result.rounds],
+        "accepted_per_sequence": [list(r.accepted) for r in result.rounds],
+        "sequences_per_round": [list(r.sequences) for r in result.rounds],
+        # The decoded text, every sequence: equal wherever the decode is deterministic
+        # (another shard, a reused prefill).
+        "tokens_crc32": zlib.crc32(json.dumps(result.tokens).encode()),
+    }
+
+
+def _measured_acceptance(result, engine, fig: dict, alpha: float, full, oracle) -> dict:
+    """A run's measured acceptance: its source (the oracle's, labelled synthetic, or the
+    drafter's), mean accepted drafts and rate, the acceptance ``alpha`` fitted over its
+    full-batch rounds (``full``, when there are any) or the whole run, and the oracle's
+    diverged and off-plan counts."""
+    return {
+        "source": "synthetic:oracle" if oracle else "measured",
+        "mean_accepted": fig["mean_accepted"],
+        "rate": result.acceptance_rate(),
+        "fitted_alpha": alpha,
+        "fitted_over": "full-batch rounds" if full is not None else "run",
+        "oracle": list(oracle) if oracle else None,
+        "diverged": len(engine.drafter.diverged) if oracle else 0,
+        "off_plan": engine.drafter.off_plan if oracle else 0,
     }
 
 
