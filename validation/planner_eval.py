@@ -159,11 +159,18 @@ def settings_of(args) -> tuple[dict[str, int], SpaceSpec, tuple[str, ...]]:
     of ``args``, checked (``ValueError`` in one line), before any model is built."""
     check_args(args)
     contexts = regime_contexts(args.contexts, "--contexts", args.new_tokens)
-    regime_contexts(args.adaptive_context, "--adaptive-context", args.new_tokens)
+    adaptive = regime_contexts(args.adaptive_context, "--adaptive-context", args.new_tokens)
     sets = tuple(x for x in args.prompt_sets.split(",") if x)
     bad = [x for x in sets if x not in PROMPT_SETS]
     if bad:
         raise ValueError(f"unknown prompt set {bad[0]!r}; expected {', '.join(PROMPT_SETS)}")
+    # The adaptive phase starts from its regime's ranking: --contexts must rank that regime.
+    for regime in adaptive:
+        if regime not in contexts:
+            raise ValueError(
+                f"--adaptive-context {args.adaptive_context} falls in regime {regime}, which "
+                f"--contexts {args.contexts} does not rank"
+            )
     space = SpaceSpec(drafters=tuple(args.drafters.split(",")), trees=tuple(args.trees.split(",")))
     return contexts, space, sets
 

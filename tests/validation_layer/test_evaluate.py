@@ -762,3 +762,11 @@ def test_decode_adapts_online_from_a_ranking(tmp_path, capsys):
     assert out["note"].startswith("strategy: the offline best of")
     assert main(argv) == 0
     assert "online controller:" in capsys.readouterr().out
+
+
+def test_an_adaptive_context_whose_regime_is_not_ranked_is_refused(tmp_path, capsys):
+    out = tmp_path / "e.json"
+    assert planner_eval.main(["--plan", "--contexts", "2K", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--adaptive-context 15360 falls in regime 16K" in err and "Traceback" not in err
+    assert not out.exists()
