@@ -29,12 +29,11 @@ requires, and no branch output touches HBM. The merge is a launch of its own
 (``nsa_merge_kernel``). ``NsaVerifyConfig(merge=...)`` folds it into the forward launch on
 arrival counters (``kernels.arrivals``): the last program of a row tile to finish merges the
 tile (``last``), or merge programs of the launch take one draft row each (``parallel``;
-``auto`` chooses, ``kernels.nsa_steps.merge_layout``). On the H200 the fold is slower than the
-separate launch at every measured point (``validation/data/nsa-stages-h200.json``), which is
-why the separate merge is the default. The
-selected branch streams the deduplicated union of the tile's per-row block lists (SSV's exact
-merged schedule; ``kernels.sparse_verify.build_group_plan``), each block once with the bits of
-the rows that chose it; the plan can be built once per refresh and passed to the reuse layers
+``auto`` chooses, ``kernels.nsa_steps.merge_layout``); the separate merge is the default
+(``docs/results/kernels.md`` has the measurements behind each default). The selected branch
+streams the deduplicated union of the tile's per-row block lists (SSV's exact merged schedule;
+``kernels.sparse_verify.build_group_plan``), each block once with the bits of the rows that
+chose it; the plan can be built once per refresh and passed to the reuse layers
 (``union_plan``).
 
 **Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
@@ -58,10 +57,8 @@ runs on the packed schedule's tiles in a launch of its own (``kernels.nsa_launch
 a refresh call's selection reads its states there) and the selected and window branches on the
 schedule's tiles; the merge reads the two partial buffers (a reuse call is then three
 launches: compressed, selected and window, merge). "paired", the default, runs a reuse call's
-first two of those as one grid where one wave holds both (``kernels.nsa_pair``): at batch 1 a
-union of four rows a tile 0.76-0.87x the time of two launches on the H200, elsewhere within 2%
-(``validation/data/nsa-paired-h200.json``). "per_tile" keeps the compressed branch on the
-schedule's tiles, each streaming every compressed token.
+first two of those as one grid where one wave holds both (``kernels.nsa_pair``). "per_tile"
+keeps the compressed branch on the schedule's tiles, each streaming every compressed token.
 
 ``NsaVerifyConfig(pdl=True)`` launches every step of a call after its first as a programmatic
 dependent of the one before (``kernels.pdl``, compute capability 9.0 or later): a step starts,
@@ -374,8 +371,7 @@ def nsa_verify_unfused(
                 comp_plan, args, None, part, outs[0], slots, apply_gates=False, chain=side_chain()
             )
     else:
-        # Beside the selected and window branches the compressed branch gets one program an SM
-        # (perfmodel.nsa_plan.compressed_capacity sizes a launch that has the SMs alone).
+        # Beside the other branches: one program an SM (nsa_plan.compressed_capacity's rule).
         beside = replace(config, compressed_ctas=1) if branches.main is not None else config
         with branches.fork(1):
             _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, beside, side_chain())
