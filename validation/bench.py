@@ -14,6 +14,7 @@ again. ``captures_counted`` gives the figure with those rounds put back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -304,11 +305,19 @@ def run_once(
         draft_runner=bench.draft,
         controller=controller,
     )
+    with collection_held():
+        return eng.generate(prompts)
+
+
+@contextlib.contextmanager
+def collection_held():
+    """The garbage collector held off inside the block (after one full collection, so none
+    pauses the code timed there: a collection is not the code under test), then as it was."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return eng.generate(prompts)
+        yield
     finally:
         if enabled:
             gc.enable()

@@ -29,7 +29,6 @@ and leading-match counts for the shadow.
 from __future__ import annotations
 
 import cProfile
-import gc
 import io
 import json
 import pstats
@@ -41,6 +40,7 @@ from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.planner.controller import ControllerConfig, OnlineController
+from ssvkit.validation.bench import collection_held
 from ssvkit.validation.controller_world import (
     CONTEXT,
     SCENARIOS,
@@ -86,13 +86,9 @@ def cache_flush(mib: int):
 
 def _timed(fn, *args, **kwargs):
     """``fn`` with the garbage collector held off, as ``validation.bench.run_once`` runs a
-    decode (a collection pause is not the code under test)."""
-    gc.collect()
-    gc.disable()
-    try:
+    decode (``collection_held``)."""
+    with collection_held():
         return fn(*args, **kwargs)
-    finally:
-        gc.enable()
 
 
 def parse_args(argv=None):

@@ -17,7 +17,7 @@ import zlib
 
 from ssvkit.perfmodel.strategy import BASELINES, Strategy, elementwise_of_backend
 from ssvkit.validation import full_batch
-from ssvkit.validation.bench import RunCache, steady_figures
+from ssvkit.validation.bench import RunCache, collection_held, steady_figures
 from ssvkit.validation.records import run_schedule
 from ssvkit.validation.scale_cells import (
     AUTOREGRESSIVE,
@@ -112,12 +112,8 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
     engine = Engine(runner, strategy, decode)
     prompts = prompts_for(cell.context, cell.batch, runner.config.vocab_size)
     prefills = runner.prefills
-    gc.collect()
-    gc.disable()
-    try:
+    with collection_held():
         result = engine.generate(prompts)
-    finally:
-        gc.enable()
     fig = steady_figures(result)
     full = full_batch.figures(result, cell.batch)
     if full is not None:
