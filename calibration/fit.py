@@ -30,8 +30,9 @@ from ssvkit.calibration import ceilings
 from ssvkit.calibration.features import class_data
 from ssvkit.calibration.fit_class import fit_class
 from ssvkit.calibration.row_work import is_select_plan, sparse_mode, sparse_regime
+from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.files import atomic_write
-from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 from ssvkit.perfmodel.profiles import PROFILE_VERSION
@@ -130,42 +131,19 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         held = [r for r in rs if is_heldout(r)]
         if len(fit_rows) < 3:
             continue  # too few rows to fit anything honest; the class stays uncalibrated
-        cf = fit_class(name, fit_rows, bw, peak, spec)
-        every = class_data(name, rs, spec)
-        cf = dataclasses.replace(
-            cf,
-            bytes_range=(float(np.log10(every.nbytes.min())), float(np.log10(every.nbytes.max()))),
-            flops_range=(float(np.log10(every.flops.min())), float(np.log10(every.flops.max()))),
-        )
+        cf = _fitted(name, rs, fit_rows, bw, peak, spec)
         stats = {}
         for split, subset in (("fit", fit_rows), ("heldout", held)):
-            if subset:
-                d = class_data(name, subset, spec)
-                pred = cf.call_time_s(
-                    d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows, d.stages
-                )
-                stats[split] = error_stats(pred, d.seconds)
-                for r, p in zip(subset, pred, strict=True):
-                    annotated.append({**r, "class": name, "split": split, "predicted_s": float(p)})
-            else:
-                stats[split] = {"n": 0}
+            stats[split], scored = _split_error(name, split, subset, cf, bw, peak, spec)
+            annotated += scored
         classes[name] = {"fit": cf.to_json(), "error": stats}
     device = {r["device_name"] for r in graph}
     if len(device) != 1:
         raise ValueError(f"rows of several devices in one profile: {sorted(device)}")
     latest = max(r["timestamp"] for r in graph)
-    # The id names the data (date, row count) and the fit itself (a hash of its parameters), so
-    # a refit under another model or class split gets a new id.
-    # Parameters rounded to 6 significant digits: the id must not depend on the last bits of
-    # the optimiser's floating-point path on another machine.
-    rounded = json.loads(
-        json.dumps({k: v["fit"] for k, v in classes.items()}),
-        parse_float=lambda x: float(f"{float(x):.6g}"),
-    )
-    fit_hash = hashlib.sha1(canonical(rounded).encode())
     profile = {
         "version": PROFILE_VERSION,
-        "profile_id": f"{gpu}-{latest[:10]}-{len(graph)}rows-{fit_hash.hexdigest()[:8]}",
+        "profile_id": f"{gpu}-{latest[:10]}-{len(graph)}rows-{_fit_hash(classes)}",
         "gpu": gpu,
         "device_name": device.pop(),
         "ceilings": {"copy_bytes_per_s": bw, "gemm_flops_per_s": peak},
@@ -178,6 +156,48 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         "classes": classes,
     }
     return profile, annotated
+
+
+def _fitted(
+    name: str, rs: list[dict], fit_rows: list[dict], bw: float, peak: float, spec: GpuSpec
+) -> ClassFit:
+    """The class's fit on ``fit_rows``, with the log10 bytes and FLOPs range of all its rows
+    ``rs`` (held-out ones included)."""
+    cf = fit_class(name, fit_rows, bw, peak, spec)
+    every = class_data(name, rs, spec)
+    return dataclasses.replace(
+        cf,
+        bytes_range=(float(np.log10(every.nbytes.min())), float(np.log10(every.nbytes.max()))),
+        flops_range=(float(np.log10(every.flops.min())), float(np.log10(every.flops.max()))),
+    )
+
+
+def _split_error(
+    name: str, split: str, subset: list[dict], cf: ClassFit, bw: float, peak: float, spec: GpuSpec
+) -> tuple[dict, list[dict]]:
+    """The fit's error on one split's rows (``error_stats``) and those rows annotated with the
+    class, the split and their prediction."""
+    if not subset:
+        return {"n": 0}, []
+    d = class_data(name, subset, spec)
+    pred = cf.call_time_s(d.nbytes, d.flops, bw, peak, d.dedup, d.depth, d.steps, d.rows, d.stages)
+    scored = [
+        {**r, "class": name, "split": split, "predicted_s": float(p)}
+        for r, p in zip(subset, pred, strict=True)
+    ]
+    return error_stats(pred, d.seconds), scored
+
+
+def _fit_hash(classes: dict) -> str:
+    """The first 8 hex digits of a hash of every class's fit parameters: the profile id names
+    the fit itself besides its data (date, row count), so a refit under another model or class
+    split gets a new id. Parameters are rounded to 6 significant digits: the id must not depend
+    on the last bits of the optimiser's floating-point path on another machine."""
+    rounded = json.loads(
+        json.dumps({k: v["fit"] for k, v in classes.items()}),
+        parse_float=lambda x: float(f"{float(x):.6g}"),
+    )
+    return hashlib.sha1(canonical(rounded).encode()).hexdigest()[:8]
 
 
 def dumps(profile: dict) -> str:
