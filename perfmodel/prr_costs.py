@@ -58,27 +58,7 @@ def repair_seconds(
     tokens = blocks * np.asarray(block_size, dtype=float)
     state = b * r * hq * (2 * model.head_dim * ACT_BYTES + 2 * F32)
     ones = np.ones_like(tokens + b + r)
-    plan = None
-    if not model.is_mla:  # the kernel runs no MLA: its attention keeps the algorithmic counts
-        gpu = predictor.gpu
-        w = repair_call_work(
-            r, hq, hkv, model.head_dim, b, blocks, block_size, gpu.num_sms, gpu.smem_per_sm_bytes
-        )
-        share = 1.0
-        if context_len is not None:
-            num_blocks = np.asarray(context_len, dtype=float) // np.asarray(block_size, dtype=float)
-            share = distinct_share(num_blocks, blocks, r)
-        plan = Op(
-            "attention",
-            w.flops * ones,
-            w.requested_bytes * ones,
-            ones,
-            kernel="repair/repair",
-            calls=ones,
-            dedup_bytes=w.requested_bytes * share * ones,
-            depth=w.chain_tiles * ones,
-            stage_counts=(w.waves * ones,),
-        )
+    plan = _repair_plan(model, predictor, hq, hkv, b, r, blocks, block_size, context_len, ones)
     op = Op(
         "attention",
         b * r * tokens * attn_flops_per_row_token(model, hq),
@@ -89,6 +69,37 @@ def repair_seconds(
         slot_plan=plan,
     )
     return predictor.op_time_s(op)
+
+
+def _repair_plan(
+    model: ModelSpec, predictor, hq, hkv, b, r, blocks, block_size, context_len, ones
+) -> Op | None:
+    """The repair kernel's launch-plan work (``repair_work.repair_call_work``) as the
+    ``slot_plan`` of ``repair_seconds``' op: its FLOPs, requested bytes, the distinct ones
+    (``repair_work.distinct_share`` with ``context_len``, all of them without), its chain of
+    tiles and its waves. None for an MLA model: the kernel runs no MLA, so its repair op keeps
+    the algorithmic counts."""
+    if model.is_mla:
+        return None
+    gpu = predictor.gpu
+    w = repair_call_work(
+        r, hq, hkv, model.head_dim, b, blocks, block_size, gpu.num_sms, gpu.smem_per_sm_bytes
+    )
+    share = 1.0
+    if context_len is not None:
+        num_blocks = np.asarray(context_len, dtype=float) // np.asarray(block_size, dtype=float)
+        share = distinct_share(num_blocks, blocks, r)
+    return Op(
+        "attention",
+        w.flops * ones,
+        w.requested_bytes * ones,
+        ones,
+        kernel="repair/repair",
+        calls=ones,
+        dedup_bytes=w.requested_bytes * share * ones,
+        depth=w.chain_tiles * ones,
+        stage_counts=(w.waves * ones,),
+    )
 
 
 @dataclass(frozen=True, slots=True)
