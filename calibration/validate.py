@@ -59,82 +59,90 @@ def _index(rows, key) -> dict:
     return out
 
 
+# The params a ratio pair records, of its first row.
+PAIR_PARAMS = (
+    "context_len",
+    "batch",
+    "top_n",
+    "overlap",
+    "group_size",
+    "num_query_tokens",
+    "missed_blocks",
+    "mode",
+    "impl",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+)
+
+
 def ratio_pairs(rows: list[dict]) -> list[dict]:
     """Pairs of annotated rows (with ``predicted_s`` and ``split``) and their ratios.
 
     A pair's two rows match in every configuration param but the knob the ratio varies (head
     counts and head size included), whatever the order of ``rows``; a row pairs with every
     base row of its configuration."""
-    out = []
-
-    def add(kind, a, bases):
-        for b in bases:
-            out.append(
-                {
-                    "kind": kind,
-                    "measured": a["median_s"] / b["median_s"],
-                    "predicted": a["predicted_s"] / b["predicted_s"],
-                    "heldout": a["split"] == "heldout" or b["split"] == "heldout",
-                    "rows": (a, b),
-                    "params": {
-                        k: v
-                        for k, v in a["params"].items()
-                        if k
-                        in (
-                            "context_len",
-                            "batch",
-                            "top_n",
-                            "overlap",
-                            "group_size",
-                            "num_query_tokens",
-                            "missed_blocks",
-                            "mode",
-                            "impl",
-                            "num_q_heads",
-                            "num_kv_heads",
-                            "head_dim",
-                        )
-                    },
-                }
-            )
-
     sparse = [r for r in rows if r["op"] == "sparse_verify"]
     mode_knobs = ("mode", "group_size")
-    pq = _index(
-        [r for r in sparse if r["params"]["mode"] == "per_query"], lambda r: _key(r, mode_knobs)
-    )
-    for r in sparse:
-        mode, c = r["params"]["mode"], r["params"]["group_size"]
-        if mode in ("union", "shared") and c > 1:
-            add(f"{mode}_vs_per_query", r, pq.get(_key(r, mode_knobs), []))
+    per_query = [r for r in sparse if r["params"]["mode"] == "per_query"]
+    out = _ratios(sparse, per_query, lambda r: _key(r, mode_knobs), _grouped_kind)
     dense = [r for r in rows if r["op"] == "dense_verify"]
     t_knob = ("num_query_tokens",)
-    d1 = _index(
-        [r for r in dense if r["params"]["num_query_tokens"] == 1], lambda r: _key(r, t_knob)
-    )
-    for r in dense:
-        if r["params"]["num_query_tokens"] == 16:
-            add("t16_vs_t1", r, d1.get(_key(r, t_knob), []))
-    d16 = _index([r for r in dense if r["params"]["num_query_tokens"] == 16], _shape)
-    for r in sparse:
-        p = r["params"]
-        if p["mode"] == "per_query" and p["num_query_tokens"] == 16:
-            add("sparse_vs_dense", r, d16.get(_shape(r), []))
+    t1 = [r for r in dense if r["params"]["num_query_tokens"] == 1]
+    t16_kind = _kind_where("t16_vs_t1", "num_query_tokens", 16)
+    out += _ratios(dense, t1, lambda r: _key(r, t_knob), t16_kind)
+    d16 = [r for r in dense if r["params"]["num_query_tokens"] == 16]
+    out += _ratios(sparse, d16, _shape, _sparse_dense_kind)
     nsa = [r for r in rows if r["op"] == "nsa_verify"]
     impl = ("impl", "branch_streams")  # only unfused rows carry branch_streams
-    unf = _index([r for r in nsa if r["params"]["impl"] == "unfused"], lambda r: _key(r, impl))
-    for r in nsa:
-        if r["params"]["impl"] == "fused":
-            add("nsa_fused_vs_unfused", r, unf.get(_key(r, impl), []))
+    unfused = [r for r in nsa if r["params"]["impl"] == "unfused"]
+    fused_kind = _kind_where("nsa_fused_vs_unfused", "impl", "fused")
+    out += _ratios(nsa, unfused, lambda r: _key(r, impl), fused_kind)
     repair = [r for r in rows if r["op"] == "repair"]
     rep_knobs = ("mode", "missed_fraction")
-    rec = _index(
-        [r for r in repair if r["params"]["mode"] == "recompute"], lambda r: _key(r, rep_knobs)
-    )
-    for r in repair:
-        if r["params"]["mode"] == "repair":
-            add("repair_vs_recompute", r, rec.get(_key(r, rep_knobs), []))
-    return out
+    recompute = [r for r in repair if r["params"]["mode"] == "recompute"]
+    repair_kind = _kind_where("repair_vs_recompute", "mode", "repair")
+    return out + _ratios(repair, recompute, lambda r: _key(r, rep_knobs), repair_kind)
+
+
+def _ratios(rows: list[dict], bases: list[dict], key, kind) -> list[dict]:
+    """Every row of ``rows`` whose ``kind`` is not None over each row of ``bases`` with its
+    ``key``."""
+    index = _index(bases, key)
+    return [
+        _pair(k, r, b) for r in rows if (k := kind(r)) is not None for b in index.get(key(r), [])
+    ]
+
+
+def _kind_where(kind: str, knob: str, value):
+    """The kind of a row whose param ``knob`` is ``value``, None for any other row."""
+    return lambda r: kind if r["params"][knob] == value else None
+
+
+def _grouped_kind(r: dict) -> str | None:
+    """A grouped sparse mode (union or shared, groups of more than one query) against per-query
+    loads."""
+    mode, c = r["params"]["mode"], r["params"]["group_size"]
+    return f"{mode}_vs_per_query" if mode in ("union", "shared") and c > 1 else None
+
+
+def _sparse_dense_kind(r: dict) -> str | None:
+    """Per-query sparse verification of 16 query rows against dense."""
+    p = r["params"]
+    return "sparse_vs_dense" if p["mode"] == "per_query" and p["num_query_tokens"] == 16 else None
+
+
+def _pair(kind: str, a: dict, b: dict) -> dict:
+    """The ratio of row ``a`` over row ``b``, measured and predicted; held out when either row
+    is."""
+    return {
+        "kind": kind,
+        "measured": a["median_s"] / b["median_s"],
+        "predicted": a["predicted_s"] / b["predicted_s"],
+        "heldout": a["split"] == "heldout" or b["split"] == "heldout",
+        "rows": (a, b),
+        "params": {k: v for k, v in a["params"].items() if k in PAIR_PARAMS},
+    }
 
 
 def report(annotated: list[dict], worst: int = 8) -> dict:
