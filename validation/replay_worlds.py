@@ -130,56 +130,64 @@ def build_worlds(doc: dict, ranking: dict) -> dict[str, World]:
     for r in ranking["regimes"][regime]["ranking"]:
         s = strategy_from_json(r["strategy"])
         predicted[strategy_id(s)] = (s, r["round_s"])
-    worlds = {}
-    for name, ps in ad["prompt_sets"].items():
-        measured = {x["id"]: x for x in ps["oracle"]["strategies"]}
-        round_s = {
-            sid: (1.0 + x["mean_accepted"]) / x["tokens_per_s"] for sid, x in measured.items()
-        }
-        chains: dict[str, dict[int, float]] = {}
-        branching: dict[str, list[tuple[tuple[int, ...], float]]] = {}
-        ratio, ratios = {}, []
-        for sid, x in measured.items():
-            if sid not in predicted:
-                continue
-            s, pred = predicted[sid]
-            k = _chain_len(s.tree)
-            if k:
-                chains.setdefault(s.drafter.kind, {})[k] = x["mean_accepted"]
-            elif parse_tree(s.tree) and not s.is_sparse:
-                branching.setdefault(s.drafter.kind, []).append(
-                    (parse_tree(s.tree), x["mean_accepted"])
-                )
-            if pred:
-                ratio[(s.drafter.kind, s.tree)] = round_s[sid] / pred
-                ratios.append(round_s[sid] / pred)
-        adaptive = ps["adaptive"]
-        runs = adaptive["runs"]
-        rounds = adaptive["rounds"]
-        alpha = {kind: per_depth_alpha(m) for kind, m in chains.items()}
-        worlds[name] = World(
-            name=name,
-            round_s=round_s,
-            alpha=alpha,
-            sibling={k: fit_sibling(t, alpha[k]) for k, t in branching.items() if k in alpha},
-            offline_best_tps=ps["offline_best"]["tokens_per_s"],
-            measured_gain=ps["adaptive_gain"],
-            # Serial and overlapped calls alike: what the controller's host work costs a round.
-            control_s=float(
-                np.median([r["control_s"] + r.get("control_overlap_s", 0.0) for r in runs])
+    return {name: _world(doc, name, ps, predicted) for name, ps in ad["prompt_sets"].items()}
+
+
+def _world(doc: dict, name: str, ps: dict, predicted: dict) -> World:
+    """The ``World`` of prompt set ``name`` (``ps``, its entry of the adaptive evaluation);
+    ``predicted``: the ranking's strategy and predicted round time by strategy id."""
+    measured = {x["id"]: x for x in ps["oracle"]["strategies"]}
+    round_s = {sid: (1.0 + x["mean_accepted"]) / x["tokens_per_s"] for sid, x in measured.items()}
+    chains, branching, ratio, ratios = _fixed_runs(measured, round_s, predicted)
+    adaptive = ps["adaptive"]
+    runs = adaptive["runs"]
+    rounds = adaptive["rounds"]
+    alpha = {kind: per_depth_alpha(m) for kind, m in chains.items()}
+    return World(
+        name=name,
+        round_s=round_s,
+        alpha=alpha,
+        sibling={k: fit_sibling(t, alpha[k]) for k, t in branching.items() if k in alpha},
+        offline_best_tps=ps["offline_best"]["tokens_per_s"],
+        measured_gain=ps["adaptive_gain"],
+        # Serial and overlapped calls alike: what the controller's host work costs a round.
+        control_s=float(np.median([r["control_s"] + r.get("control_overlap_s", 0.0) for r in runs]))
+        / rounds,
+        shadow_s=adaptive["steps_s"].get("shadow", 0.0),
+        # What the runs measured per destination kind, the earlier runs' where they did not.
+        switch_s={
+            k: v
+            for k, v in {**adaptive["known_switch_cost_s"], **adaptive["switch_costs"]}.items()
+            if k != "default"
+        },
+        known_switch_s=dict(adaptive["known_switch_cost_s"]),
+        max_new_tokens=doc["max_new_tokens"],
+        context_len=int(doc["adaptive"]["context_len"]),
+        ratio=ratio,
+        ratio_all=float(np.median(ratios)) if ratios else 1.0,
+    )
+
+
+def _fixed_runs(measured: dict, round_s: dict, predicted: dict) -> tuple[dict, dict, dict, list]:
+    """What a prompt set's strategies run fixed (``measured``, by strategy id) measured, of
+    those the ranking holds: per drafter kind its chains' mean accepted drafts by length and
+    its dense branching trees' (parents, mean accepted drafts); the measured-to-predicted round
+    time ratio per (drafter, tree), and every such ratio."""
+    chains: dict[str, dict[int, float]] = {}
+    branching: dict[str, list[tuple[tuple[int, ...], float]]] = {}
+    ratio, ratios = {}, []
+    for sid, x in measured.items():
+        if sid not in predicted:
+            continue
+        s, pred = predicted[sid]
+        k = _chain_len(s.tree)
+        if k:
+            chains.setdefault(s.drafter.kind, {})[k] = x["mean_accepted"]
+        elif parse_tree(s.tree) and not s.is_sparse:
+            branching.setdefault(s.drafter.kind, []).append(
+                (parse_tree(s.tree), x["mean_accepted"])
             )
-            / rounds,
-            shadow_s=adaptive["steps_s"].get("shadow", 0.0),
-            # What the runs measured per destination kind, the earlier runs' where they did not.
-            switch_s={
-                k: v
-                for k, v in {**adaptive["known_switch_cost_s"], **adaptive["switch_costs"]}.items()
-                if k != "default"
-            },
-            known_switch_s=dict(adaptive["known_switch_cost_s"]),
-            max_new_tokens=doc["max_new_tokens"],
-            context_len=int(ad["context_len"]),
-            ratio=ratio,
-            ratio_all=float(np.median(ratios)) if ratios else 1.0,
-        )
-    return worlds
+        if pred:
+            ratio[(s.drafter.kind, s.tree)] = round_s[sid] / pred
+            ratios.append(round_s[sid] / pred)
+    return chains, branching, ratio, ratios
