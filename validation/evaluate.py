@@ -259,19 +259,7 @@ def evaluate(
         for r, ctx in contexts.items()
     }
     actx = adaptive_context or max(contexts.values())
-    if regime_of(actx) not in ranking["regimes"]:
-        raise ValueError(f"adaptive context {actx} falls in regime {regime_of(actx)}, not ranked")
-    code_windows = adaptive_windows(actx, bench.batch, walk_prompts)
-    adaptive = evaluate_adaptive(
-        bench,
-        ranking,
-        profile,
-        actx,
-        prompt_sets,
-        controller or ControllerConfig(),
-        oracle,
-        code_windows,
-    )
+    adaptive = _adapt(bench, ranking, profile, actx, prompt_sets, controller, oracle, walk_prompts)
     doc = {
         "version": EVAL_VERSION,
         "provenance": {
@@ -296,6 +284,34 @@ def evaluate(
         "adaptive": adaptive,
     }
     return doc, ranking
+
+
+def _adapt(
+    bench: Bench,
+    ranking: dict,
+    profile: RegimeProfile,
+    actx: int,
+    prompt_sets: tuple[str, ...],
+    controller: ControllerConfig | None,
+    oracle: bool,
+    walk_prompts: int,
+) -> dict:
+    """Phase 4 at context ``actx`` (``evaluate_adaptive``'s document), with the default
+    controller where ``controller`` is None; ``ValueError`` when the ranking has no regime of
+    ``actx``."""
+    if regime_of(actx) not in ranking["regimes"]:
+        raise ValueError(f"adaptive context {actx} falls in regime {regime_of(actx)}, not ranked")
+    code_windows = adaptive_windows(actx, bench.batch, walk_prompts)
+    return evaluate_adaptive(
+        bench,
+        ranking,
+        profile,
+        actx,
+        prompt_sets,
+        controller or ControllerConfig(),
+        oracle,
+        code_windows,
+    )
 
 
 def summary_table(doc: dict) -> str:
