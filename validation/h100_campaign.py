@@ -216,15 +216,7 @@ def main(argv=None, stages=STAGES, root: Path = ROOT) -> int:
             fit_rows(args.fit)
             return EXIT_DONE
         cfg = CallConfig(budget_s=args.budget_s)
-        names = [s.name for s in stages]
-        only = None
-        if args.stages is not None:
-            only = {x.strip() for x in args.stages.split(",") if x.strip()}
-            bad = sorted(only - set(names))
-            if bad or not only:
-                raise CampaignError(
-                    f"--stages: unknown stage {bad[:1] or ''}; expected {', '.join(names)}"
-                )
+        only = _selected(args.stages, stages)
         work = args.work
         if args.restart:
             restart(work, stages)
@@ -232,47 +224,85 @@ def main(argv=None, stages=STAGES, root: Path = ROOT) -> int:
             done = unpack(args.unpack, work)
             print(f"{work}: restored from {args.unpack}" if done else f"{work}: kept (as new)")
         if args.install:
-            written = install(stages, work, root)
-            size = sum(p.stat().st_size for p in written)
-            for p in written:
-                print(f"installed {p.relative_to(root)} ({p.stat().st_size / 1e3:.0f} kB)")
-            print(f"{len(written)} files changed, {size / 1e6:.2f} MB")
-            if any(p.parent == root / PROFILE for p in written):
-                # The committed profile is this machine's fit of the installed rows: CI re-derives
-                # it (tests/calibration), and a fit on the GPU machine's numpy/scipy and BLAS
-                # differs in the last digits, which move the profile's id.
-                profile = fit_folder(GPU, root / PROFILE)
-                print(f"refitted {PROFILE}/profile.json on this machine: {profile['profile_id']}")
-            return EXIT_DONE
+            return _install(stages, work, root)
         if args.dry_run:
-            state = load_state(work, stages)
-            for s in stages:
-                mark = "" if only is None or s.name in only else "  (not selected)"
-                cmd = shlex.join(["python3", *s.command(work_arg(work, root), None)[1:]])
-                print(
-                    f"{s.name:<18}{state['stages'][s.name]['status']:<9}~{s.estimate_s:4.0f} s  "
-                    f"{cmd}{' --budget-s <left>' * s.budgeted}{mark}"
-                )
-            print(table(stages, state))
-            return EXIT_DONE
-        commit = resolve_commit()
-        if commit == "unknown":
-            raise CampaignError("no commit known: set SSVKIT_GIT_COMMIT (the tree has no .git)")
-        if args.pack is not None and not args.pack.parent.is_dir():
-            raise CampaignError(f"--pack {args.pack}: folder {args.pack.parent} does not exist")
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        try:
-            rc = run_campaign(stages, work, root, commit, cfg, only, started=started)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if args.pack is not None:
-            size = pack(work, args.pack)
-            note = "" if size <= PACK_LIMIT_BYTES else " (over the device tool's 16 MiB)"
-            print(f"packed {work} -> {args.pack} ({size / 1e6:.2f} MB){note}")
-        return rc
+            return _dry_run(stages, work, root, only)
+        return _run_call(stages, work, root, cfg, only, started, args.pack)
     except (CampaignError, ValueError, OSError) as e:
         print(f"h100_campaign: {e}", file=sys.stderr)
         return EXIT_REFUSED
+
+
+def _selected(stages_arg: str | None, stages: tuple[Stage, ...]) -> set[str] | None:
+    """The stages ``--stages`` selects by name, None for all of them."""
+    names = [s.name for s in stages]
+    if stages_arg is None:
+        return None
+    only = {x.strip() for x in stages_arg.split(",") if x.strip()}
+    bad = sorted(only - set(names))
+    if bad or not only:
+        raise CampaignError(f"--stages: unknown stage {bad[:1] or ''}; expected {', '.join(names)}")
+    return only
+
+
+def _install(stages: tuple[Stage, ...], work: Path, root: Path) -> int:
+    """``--install``: the products copied into the tree, each printed with its size, and the
+    profile refitted here when its rows were installed."""
+    written = install(stages, work, root)
+    size = sum(p.stat().st_size for p in written)
+    for p in written:
+        print(f"installed {p.relative_to(root)} ({p.stat().st_size / 1e3:.0f} kB)")
+    print(f"{len(written)} files changed, {size / 1e6:.2f} MB")
+    if any(p.parent == root / PROFILE for p in written):
+        # The committed profile is this machine's fit of the installed rows: CI re-derives
+        # it (tests/calibration), and a fit on the GPU machine's numpy/scipy and BLAS
+        # differs in the last digits, which move the profile's id.
+        profile = fit_folder(GPU, root / PROFILE)
+        print(f"refitted {PROFILE}/profile.json on this machine: {profile['profile_id']}")
+    return EXIT_DONE
+
+
+def _dry_run(stages: tuple[Stage, ...], work: Path, root: Path, only: set[str] | None) -> int:
+    """``--dry-run``: every stage's status, estimate and command, and W's state table."""
+    state = load_state(work, stages)
+    for s in stages:
+        mark = "" if only is None or s.name in only else "  (not selected)"
+        cmd = shlex.join(["python3", *s.command(work_arg(work, root), None)[1:]])
+        print(
+            f"{s.name:<18}{state['stages'][s.name]['status']:<9}~{s.estimate_s:4.0f} s  "
+            f"{cmd}{' --budget-s <left>' * s.budgeted}{mark}"
+        )
+    print(table(stages, state))
+    return EXIT_DONE
+
+
+def _run_call(
+    stages: tuple[Stage, ...],
+    work: Path,
+    root: Path,
+    cfg: CallConfig,
+    only: set[str] | None,
+    started: float,
+    pack_to: Path | None,
+) -> int:
+    """One call: the selected stages within the budget (a SIGTERM stops the running stage and
+    saves the state), then W packed into ``pack_to`` when given. Returns the call's exit
+    status."""
+    commit = resolve_commit()
+    if commit == "unknown":
+        raise CampaignError("no commit known: set SSVKIT_GIT_COMMIT (the tree has no .git)")
+    if pack_to is not None and not pack_to.parent.is_dir():
+        raise CampaignError(f"--pack {pack_to}: folder {pack_to.parent} does not exist")
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        rc = run_campaign(stages, work, root, commit, cfg, only, started=started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if pack_to is not None:
+        size = pack(work, pack_to)
+        note = "" if size <= PACK_LIMIT_BYTES else " (over the device tool's 16 MiB)"
+        print(f"packed {work} -> {pack_to} ({size / 1e6:.2f} MB){note}")
+    return rc
 
 
 if __name__ == "__main__":
