@@ -103,7 +103,7 @@ def test_rows_timed_before_the_lone_compressed_sizing_are_priced_as_they_ran():
     beside = [nsa_work(row("reuse", "unfused", s), None) for s in (old, new)]
     assert beside[0] == beside[1]
     # The rows to time again: the refresh rows, not the reuse beside, a one-stream unfused row
-    # (the sweep no longer makes it) or a batch-1 row (its sizing is unchanged).
+    # (which the sweep does not make) or a batch-1 row (its sizing is unchanged).
     one_stream = row("refresh", "unfused", old)
     del one_stream["params"]["branch_streams"]
     small = _nsa_row(t=1, mode="refresh")
