@@ -212,24 +212,58 @@ def _prompts(args, context: int, batch: int, vocab: int) -> list[list[int]]:
     return [[t % vocab for t in r] for r in rows]
 
 
-def _check_memory(device, dtype, strategy, target_cfg, draft_cfg, decode, batch, context, t_max):
+def _decode_run(args, context: int) -> tuple[DecodeRun, object]:
+    """The run's models, strategy, tree and device setup, checked (``DecodeRun`` without its
+    oracle drafter), and the online controller. The draft model is resolved only when the
+    strategy drafts with it."""
+    from ssvkit.engine.checkpoint import resolve_source
+    from ssvkit.engine.strategy_check import check_strategy
+
+    target_src = resolve_source(args.model)
+    draft_name = args.draft_model or ("tiny-draft" if args.model == "tiny" else None)
+    controller, strategy, note = _controller_and_strategy(args, context, draft_name)
+    uses_draft = strategy.drafter.kind == "draft_model" and strategy.tree != "chain:0"
+    draft_src = resolve_source(draft_name) if uses_draft and draft_name else None
+    device, dtype, backend, graphs = _device(args)
+    tree, _ = check_strategy(
+        strategy, target_src.config, draft_src.config if draft_src else None, backend
+    )
+    run = DecodeRun(
+        strategy, tree, target_src, draft_src, context, device, dtype, backend, graphs, note
+    )
+    return run, controller
+
+
+def _oracle_decode(decode: DecodeConfig, run: DecodeRun) -> DecodeConfig:
+    """The decode settings of ``--drafter oracle``, checked against the tree; a sparse strategy
+    records its selections (random weights select unlike trained ones: the prediction takes
+    the measured overlap)."""
+    if not run.tree.num_drafts:
+        raise ValueError(f"--drafter oracle needs a strategy that drafts; tree {run.strategy.tree}")
+    decode.oracle_profile(run.tree.max_depth)
+    if run.strategy.is_sparse:
+        return dataclasses.replace(decode, record_stats=True)
+    return decode
+
+
+def _check_memory(run: DecodeRun, decode: DecodeConfig, batch: int, t_max: int) -> None:
     """Refuse a run whose peak memory (``engine.memory.plan_memory``: weights, KV cache,
     summaries, the draft model, and the larger of the prefill and verify peaks) cannot fit."""
     import torch
 
     from ssvkit.engine.memory import available_memory, plan_memory
 
-    have, where = available_memory(device)
+    have, where = available_memory(run.device)
     plan = plan_memory(
-        target_cfg,
-        strategy,
+        run.target_src.config,
+        run.strategy,
         batch=batch,
-        context=context,
+        context=run.context,
         t_max=t_max,
         available_bytes=have,
-        elem_bytes=torch.tensor([], dtype=dtype).element_size(),
-        draft=draft_cfg,
-        scores=device != "cuda",
+        elem_bytes=torch.tensor([], dtype=run.dtype).element_size(),
+        draft=run.draft_src.config if run.draft_src else None,
+        scores=run.device != "cuda",
         stats=decode.record_stats,
     )
     if not plan.fits:
@@ -269,7 +303,7 @@ def _cache_positions(context: int, decode: DecodeConfig, tree, controller, confi
     return t_max
 
 
-def _trace_writer(args, target_src, decode: DecodeConfig, device, dtype, backend, graphs):
+def _trace_writer(args, run: DecodeRun, decode: DecodeConfig):
     """The ``--trace`` writer (None without the option)."""
     if not args.trace:
         return None
@@ -279,14 +313,14 @@ def _trace_writer(args, target_src, decode: DecodeConfig, device, dtype, backend
 
     return TraceWriter(
         args.trace,
-        target_src.name,
-        target_src.config.num_layers,
-        device=device,
-        gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        backend=backend,
+        run.target_src.name,
+        run.target_src.config.num_layers,
+        device=run.device,
+        gpu=torch.cuda.get_device_name() if run.device == "cuda" else "cpu",
+        backend=run.backend,
         seed=decode.seed,
-        dtype=str(dtype).removeprefix("torch."),
-        graphs=graphs,
+        dtype=str(run.dtype).removeprefix("torch."),
+        graphs=run.graphs,
     )
 
 
@@ -299,12 +333,23 @@ def _runner(src, *, batch: int, t_max: int, device, dtype, backend, graphs):
     return ModelRunner(model, batch=batch, t_max=t_max, backend=backend, use_graphs=graphs)
 
 
+def _engine(args, run: DecodeRun, decode: DecodeConfig, t_max: int, controller, trace):
+    """The engine over the target's runner and, when the run drafts with a draft model, the
+    draft model's runner."""
+    from ssvkit.engine.loop import Engine
+
+    runner_kw = dict(batch=args.batch, t_max=t_max, device=run.device, dtype=run.dtype)
+    target = _runner(run.target_src, backend=run.backend, graphs=run.graphs, **runner_kw)
+    draft = None
+    if run.draft_src is not None:
+        draft = _runner(run.draft_src, backend=run.backend, graphs=run.graphs, **runner_kw)
+    return Engine(
+        target, run.strategy, decode, draft_runner=draft, controller=controller, trace=trace
+    )
+
+
 def run(args) -> int:
     import torch
-
-    from ssvkit.engine.checkpoint import resolve_source
-    from ssvkit.engine.loop import Engine
-    from ssvkit.engine.strategy_check import check_strategy
 
     context = parse_one(args.context, "--context")
     if args.batch < 1:
@@ -313,64 +358,23 @@ def run(args) -> int:
         check_output(args.trace, "--trace")
     oracle = _oracle_acceptance(args)
     decode = _decode_config(args, oracle)
-    target_src = resolve_source(args.model)
-    draft_name = args.draft_model or ("tiny-draft" if args.model == "tiny" else None)
-    controller, strategy, note = _controller_and_strategy(args, context, draft_name)
-    uses_draft = strategy.drafter.kind == "draft_model" and strategy.tree != "chain:0"
-    draft_src = resolve_source(draft_name) if uses_draft and draft_name else None
-    device, dtype, backend, graphs = _device(args)
-    tree, _ = check_strategy(
-        strategy, target_src.config, draft_src.config if draft_src else None, backend
-    )
+    run, controller = _decode_run(args, context)
     if oracle is not None:
-        if not tree.num_drafts:
-            raise ValueError(f"--drafter oracle needs a strategy that drafts; tree {strategy.tree}")
-        decode.oracle_profile(tree.max_depth)
-        if strategy.is_sparse:  # measure the overlap: random weights select unlike trained ones
-            decode = dataclasses.replace(decode, record_stats=True)
-    t_max = _cache_positions(context, decode, tree, controller, target_src.config)
-    _check_memory(
-        device,
-        dtype,
-        strategy,
-        target_src.config,
-        draft_src.config if draft_src else None,
-        decode,
-        args.batch,
-        context,
-        t_max,
-    )
-    prompts = _prompts(args, context, args.batch, target_src.config.vocab_size)
-    trace = _trace_writer(args, target_src, decode, device, dtype, backend, graphs)
+        decode = _oracle_decode(decode, run)
+    t_max = _cache_positions(context, decode, run.tree, controller, run.target_src.config)
+    _check_memory(run, decode, args.batch, t_max)
+    prompts = _prompts(args, context, args.batch, run.target_src.config.vocab_size)
+    trace = _trace_writer(args, run, decode)
     # Input checked: from here on models are built and the device is used.
-    runner_kw = dict(batch=args.batch, t_max=t_max, device=device, dtype=dtype)
-    target = _runner(target_src, backend=backend, graphs=graphs, **runner_kw)
-    draft = None
-    if draft_src is not None:
-        draft = _runner(draft_src, backend=backend, graphs=graphs, **runner_kw)
-    engine = Engine(
-        target, strategy, decode, draft_runner=draft, controller=controller, trace=trace
-    )
-    oracle_drafter = engine.drafter if oracle is not None else None  # kept if a controller switches
+    engine = _engine(args, run, decode, t_max, controller, trace)
+    if oracle is not None:  # kept if a controller switches
+        run = dataclasses.replace(run, oracle=engine.drafter)
     result = engine.generate(prompts)
-    run = DecodeRun(
-        strategy,
-        tree,
-        target_src,
-        draft_src,
-        context,
-        device,
-        dtype,
-        backend,
-        graphs,
-        note,
-        oracle=oracle_drafter,
-    )
     report = build_report(args, result, run)
     switches = getattr(controller, "switches", None)
     if switches is not None:
         report["switches"] = switches
-    if device == "cuda":
+    if run.device == "cuda":
         report["device_name"] = torch.cuda.get_device_name()
     print(json.dumps(report, indent=2) if args.json else report_text(report))
     return 0
