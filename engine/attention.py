@@ -253,33 +253,58 @@ class TreeAttention:
         )
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s attention of ``q``: a sparse or NSA layer selects its blocks on a
+        refresh layer (and on the forward's first), else takes the last refresh's."""
         if self.recorded is not None:
             self.recorded.append(q)
-        cfg, cache = self.cfg, self.cache
-        k, v, lens, mask = cache.k(layer), cache.v(layer), cache.lens, self.tree.mask
-        if cfg.kind == "dense":
-            if self.triton:
-                return dense_verify(q, k, v, lens, mask, validate=False)[0]
-            return torch_dense_verify(q, k, v, lens, mask).to(q.dtype)
-        refresh = cfg.is_refresh(layer) or self.block_idx is None
-        if cfg.kind == "sparse":
-            if refresh:
-                meta = cache.meta[layer]
-                scores = (
-                    block_scores(q, meta, lens, method=cfg.metadata)
-                    if self.triton
-                    else torch_block_scores(q, meta, lens, cfg.metadata)
-                )
-                self.block_idx = select_exact(scores, self.positions, lens, cfg)
-                if self.triton:
-                    self.plan = build_group_plan(self.block_idx, None, cfg.group_size, cfg.mode)
-            kw = dict(mode=cfg.mode, group_size=cfg.group_size, block_size=cfg.block_size)
-            if self.triton:
-                return sparse_verify(
-                    q, k, v, lens, mask, self.block_idx, validate=False, plan=self.plan, **kw
-                )[0]
-            return reference_sparse_verify(q, k, v, lens, mask, self.block_idx, **kw)[0].to(q.dtype)
-        ck, cv = cache.comp[layer]
+        if self.cfg.kind == "dense":
+            return self._dense(layer, q)
+        refresh = self.cfg.is_refresh(layer) or self.block_idx is None
+        if self.cfg.kind == "sparse":
+            return self._sparse(layer, q, refresh)
+        return self._nsa(layer, q, refresh)
+
+    def _operands(self, layer: int):
+        """The layer's cached keys and values, the cache lengths and the tree mask."""
+        cache = self.cache
+        return cache.k(layer), cache.v(layer), cache.lens, self.tree.mask
+
+    def _dense(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        k, v, lens, mask = self._operands(layer)
+        if self.triton:
+            return dense_verify(q, k, v, lens, mask, validate=False)[0]
+        return torch_dense_verify(q, k, v, lens, mask).to(q.dtype)
+
+    def _sparse(self, layer: int, q: torch.Tensor, refresh: bool) -> torch.Tensor:
+        cfg = self.cfg
+        k, v, lens, mask = self._operands(layer)
+        if refresh:
+            self._select(layer, q, lens)
+        kw = dict(mode=cfg.mode, group_size=cfg.group_size, block_size=cfg.block_size)
+        if self.triton:
+            return sparse_verify(
+                q, k, v, lens, mask, self.block_idx, validate=False, plan=self.plan, **kw
+            )[0]
+        return reference_sparse_verify(q, k, v, lens, mask, self.block_idx, **kw)[0].to(q.dtype)
+
+    def _select(self, layer: int, q: torch.Tensor, lens: torch.Tensor) -> None:
+        """A sparse refresh layer's block indices and, on Triton, their group plan: the state
+        the reuse layers after it take."""
+        cfg = self.cfg
+        meta = self.cache.meta[layer]
+        scores = (
+            block_scores(q, meta, lens, method=cfg.metadata)
+            if self.triton
+            else torch_block_scores(q, meta, lens, cfg.metadata)
+        )
+        self.block_idx = select_exact(scores, self.positions, lens, cfg)
+        if self.triton:
+            self.plan = build_group_plan(self.block_idx, None, cfg.group_size, cfg.mode)
+
+    def _nsa(self, layer: int, q: torch.Tensor, refresh: bool) -> torch.Tensor:
+        cfg = self.cfg
+        k, v, lens, mask = self._operands(layer)
+        ck, cv = self.cache.comp[layer]
         kw = dict(
             block_idx=None if refresh else self.block_idx,
             top_n=cfg.top_n,
