@@ -44,8 +44,20 @@ from ssvkit.kernels.top_blocks import (
 
 # Scores are fp32-accurate dots: three tf32 MMA passes (``tf32x3``, ~2^-21 relative) on the GPU,
 # FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
-# operands spill-free on sm_90 (2 warps up to t = 16, 8 above).
+# operands spill-free on sm_90 (``score_warps``).
 _SCORE_TILE = 1024
+# Tiles a score program walks: at least two, so its pipelined loop loads a tile while it
+# scores the one before; at most four, so a large batch still spreads over every SM's slots.
+_MIN_TILES, _MAX_TILES = 2, 4
+
+
+def score_warps(t_pad: int, method: str) -> int:
+    """Warps of a score program: 8 above ``T_PAD`` 16; up to it 2 for the mean key's one
+    product a tile and 4 for quest's two (the split operands of two tf32x3 products would leave
+    two warps issue-bound)."""
+    if t_pad > 16:
+        return 8
+    return 4 if method == "quest" else 2
 
 
 def _check_q(q: torch.Tensor, meta: BlockMetadata) -> None:
@@ -154,17 +166,16 @@ def _score_launch(
         triton.cdiv(nb, block_nb * tiles),
         (*args, *strides, t, nb),
         constexprs,
-        2 if t_pad <= 16 else 8,
+        score_warps(t_pad, method),
     )
 
 
 def _score_tiles(num_tiles: int, device: torch.device) -> int:
-    """Score tiles per program: the most (up to 16) that still leave two programs per SM, so
-    a large batch amortises each program's query average over many tiles and a small one keeps
-    every SM busy."""
+    """Score tiles per program: the most in ``[_MIN_TILES, _MAX_TILES]`` that still leave two
+    programs per SM (``_MIN_TILES`` where none does)."""
     sms = num_sms(device)
-    tiles = 16
-    while tiles > 1 and triton.cdiv(num_tiles, tiles) < 2 * sms:
+    tiles = _MAX_TILES
+    while tiles > _MIN_TILES and triton.cdiv(num_tiles, tiles) < 2 * sms:
         tiles //= 2
     return tiles
 

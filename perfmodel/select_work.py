@@ -4,14 +4,15 @@ the launch plan its wrapper makes, without torch.
 The scoring (``kernels.select_kernels.score_range``) runs ``P`` programs per (sequence, KV head),
 each averaging its KV head's ``G`` queries once and then walking ``TILES`` tiles of ``BLOCK_NB``
 blocks **one after another** (3 pipeline stages): ``T_PAD = max(16, pow2(t))`` query rows,
-``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, ``TILES`` the most up to 16 that still leave two
-programs per SM (``_score_tiles``), 2 warps up to ``T_PAD`` 16 and 8 above. A tile is an fp32
+``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, ``TILES`` the most in [2, 4] that still leave two
+programs per SM (``_score_tiles``), 8 warps above ``T_PAD`` 16, up to it 2 for the mean key and
+4 for quest (``score_warps``). A tile is an fp32
 ``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind (mean: one, quest: two), three tf32
 MMA passes each. The pick (``kernels.top_blocks``' threshold pick, the rows of every shape the
 sweep times) runs one program per score row, ``R = B Hkv t``, reading the row's ``NB`` scores
-as one register tile of ``CHUNK + TAIL`` blocks; its warps are 4 up to a row per SM, 2 up to
-eight, then 1 (``threshold_warps``). Two launches by default; one (``fused``) runs the score
-programs and the pick programs on tickets of one grid.
+as one register tile of ``CHUNK + TAIL`` blocks; its warps are 4 (8 for chunks beyond 2048
+blocks up to a row per SM: ``threshold_warps``). Two launches by default; one (``fused``) runs
+the score programs and the pick programs on tickets of one grid.
 
 ``SelectWork`` counts:
 
@@ -44,7 +45,7 @@ import numpy as np
 from ssvkit.perfmodel.work_points import at_distinct_points
 
 SCORE_TILE = 1024  # kernels.select_blocks._SCORE_TILE: T_PAD x BLOCK_NB
-MAX_TILES = 16  # score tiles a program walks at most (_score_tiles)
+MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
 NUM_STAGES = 3  # score_range's pipelined loop
 TF32_PASSES = 3  # tf32x3: fp32-accurate dots
 F32 = 4
@@ -112,16 +113,18 @@ def pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
 
-def score_tile(t: int) -> tuple[int, int, int]:
-    """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows."""
+def score_tile(t: int, kinds: int = 1) -> tuple[int, int, int]:
+    """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows and ``kinds``
+    metadata tensors (1 mean, 2 quest; ``kernels.select_blocks.score_warps``)."""
     t_pad = max(16, pow2(t))
-    return t_pad, min(32, SCORE_TILE // t_pad), 2 if t_pad <= 16 else 8
+    warps = 8 if t_pad > 16 else (4 if kinds == 2 else 2)
+    return t_pad, min(32, SCORE_TILE // t_pad), warps
 
 
 def score_tiles(num_tiles: int, num_sms: int) -> int:
     """Tiles a score program walks (``kernels.select_blocks._score_tiles``)."""
     tiles = MAX_TILES
-    while tiles > 1 and math.ceil(num_tiles / tiles) < 2 * num_sms:
+    while tiles > MIN_TILES and math.ceil(num_tiles / tiles) < 2 * num_sms:
         tiles //= 2
     return tiles
 
@@ -163,9 +166,7 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
 
 def pick_warps(rows: int, chunk: int, num_sms: int) -> int:
     """Warps of one row's pick (``kernels.top_blocks.threshold_warps``)."""
-    if rows <= num_sms:
-        return 4 if chunk <= 2048 else 8
-    return 2 if rows <= 8 * num_sms else 1
+    return 8 if rows <= num_sms and chunk > 2048 else 4
 
 
 def select_call_work(
@@ -179,7 +180,7 @@ def select_call_work(
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
-    t_pad, block_nb, warps = score_tile(s.t)
+    t_pad, block_nb, warps = score_tile(s.t, s.kinds)
     nb_tiles = math.ceil(nb / block_nb)
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs

@@ -46,29 +46,34 @@ def test_pick_layout_mirrors_top_blocks(nb, top_n):
 
 def test_score_tile_mirrors_the_wrapper():
     for t in (1, 16, 17, 32, 33, 64):
-        t_pad, block_nb, warps = sw.score_tile(t)
-        assert t_pad == max(16, 1 << (t - 1).bit_length())
-        assert block_nb == min(32, sb._SCORE_TILE // t_pad)
-        assert warps == (2 if t_pad <= 16 else 8)
+        for kinds, method in ((1, "mean"), (2, "quest")):
+            t_pad, block_nb, warps = sw.score_tile(t, kinds)
+            assert t_pad == max(16, 1 << (t - 1).bit_length())
+            assert block_nb == min(32, sb._SCORE_TILE // t_pad)
+            assert warps == sb.score_warps(t_pad, method)
+
+
+def test_score_programs_walk_two_to_four_tiles():
+    assert [sw.score_tiles(n, 132) for n in (1, 1052, 1053, 10**6)] == [2, 2, 4, 4]
 
 
 def test_two_launch_counts_hand_computed():
     # 16 x 8 pairs, NB = ceil(131088 / 64) = 2049 blocks, 65 tiles of 32 a pair: 8320 tiles,
-    # 16 a program (520 programs >= 264), 5 programs a pair = 640; mean tiles of 3 x 32 x 128 x
-    # 4 B = 48 KiB -> 4 per SM, 528 slots, 2 waves x 16 tiles x a unit tile.
+    # 4 a program (2080 programs >= 264), 17 programs a pair = 2176; mean tiles of 3 x 32 x 128
+    # x 4 B = 48 KiB -> 4 per SM, 528 slots, 5 waves x 4 tiles x a unit tile.
     w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert w.chain_tiles == 2 * 16 * 1.0
-    # 2048 rows > 8 x 132: one warp a row, 32 rows an SM, 1 wave; 2048 + 2 x 64 elements.
+    assert w.chain_tiles == 5 * 4 * 1.0
+    # 2048 rows of four warps, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 4 warps.
     assert w.pick_rows == 2048
-    assert w.pick_chain == 1 * (2048 + 2 * 64)
+    assert w.pick_chain == 1 * (2048 + 2 * 64) / 4
     assert w.launches == 2
     scores = 2048 * 2049 * 4
     meta = 128 * 2049 * 128 * 4
-    queries = 640 * 16 * 4 * 128 * 2
+    queries = 2176 * 16 * 4 * 128 * 2
     assert w.requested_bytes == meta + queries + 2 * scores + 2048 * 16 * 4 + 2048 * 32 * 8
     assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
-    # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 2 waves.
-    assert w.query_chain == 2 * 4 * 16 * 128 / (2 * 32)
+    # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 5 waves.
+    assert w.query_chain == 5 * 4 * 16 * 128 / (2 * 32)
 
 
 def test_query_averaging_grows_with_the_group_where_the_tiles_do_not():
@@ -84,14 +89,14 @@ def test_counts_follow_the_plan():
     two = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     # Quest reads two tensors a tile: twice the tile's work, half the resident programs.
     quest = sw.select_call_work(shape(kinds=2), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    # 640 programs over 264 slots: 3 waves (2 at mean) of 16 tiles of twice the work.
-    assert two.chain_tiles == 2 * 16 and quest.chain_tiles == 3 * 16 * 2.0
+    # 2176 programs over 264 slots: 9 waves (5 at mean) of 4 tiles of twice the work.
+    assert two.chain_tiles == 5 * 4 and quest.chain_tiles == 9 * 4 * 2.0
     # One launch: the pick programs hold the scoring's shared memory, 4 an SM, so 4 waves.
     one = sw.select_call_work(shape(), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 2
+    assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 4
     # 32 draft rows pad to a 32-row tile: a tile's work grows as T_PAD^2.
     t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert t32.chain_tiles == 2 * 16 * 4.0
+    assert t32.chain_tiles == 5 * 4 * 4.0
 
 
 def test_arrays_match_scalar_calls_and_count_nothing_off():
