@@ -191,9 +191,14 @@ def _warps(rows: int, chunk: int, device: torch.device) -> int:
 
 
 def threshold_warps(rows: int, chunk: int, device: torch.device) -> int:
-    """Warps of one row's threshold pick: 8 for chunks beyond 2048 blocks while a row has an SM
-    to itself, else 4: four warps hold a 2048-block row's tile without spilling, and rows of
-    fewer warps side by side measured slower than rows of four."""
-    if rows <= num_sms(device) and chunk > 2048:
-        return 8
-    return 4
+    """Warps of one row's threshold pick: 4 (8 for chunks beyond 2048 blocks) while a row has
+    an SM to itself, so more warps share its pass over the scores. Beyond, rows share the SMs:
+    a chunk of 2048 blocks or more keeps 4 warps (fewer spill its register tile and measured
+    slower), a shorter one takes 2 up to eight rows an SM, then 1, as rows side by side fill
+    the SM with their own warps and fewer warps a row spend less on cross-warp reductions."""
+    sms = num_sms(device)
+    if rows <= sms:
+        return 4 if chunk <= 2048 else 8
+    if chunk >= 2048:
+        return 4
+    return 2 if rows <= 8 * sms else 1

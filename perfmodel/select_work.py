@@ -10,9 +10,10 @@ programs per SM (``_score_tiles``), 8 warps above ``T_PAD`` 16, up to it 2 for t
 ``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind (mean: one, quest: two), three tf32
 MMA passes each. The pick (``kernels.top_blocks``' threshold pick, the rows of every shape the
 sweep times) runs one program per score row, ``R = B Hkv t``, reading the row's ``NB`` scores
-as one register tile of ``CHUNK + TAIL`` blocks; its warps are 4 (8 for chunks beyond 2048
-blocks up to a row per SM: ``threshold_warps``). Two launches by default; one (``fused``) runs
-the score programs and the pick programs on tickets of one grid.
+as one register tile of ``CHUNK + TAIL`` blocks; its warps are 4 up to a row per SM (8 for
+chunks beyond 2048 blocks) and for chunks of 2048 blocks or more, else 2 up to eight rows per
+SM, then 1 (``threshold_warps``). Two launches by default; one (``fused``) runs the score
+programs and the pick programs on tickets of one grid.
 
 ``SelectWork`` counts:
 
@@ -166,7 +167,11 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
 
 def pick_warps(rows: int, chunk: int, num_sms: int) -> int:
     """Warps of one row's pick (``kernels.top_blocks.threshold_warps``)."""
-    return 8 if rows <= num_sms and chunk > 2048 else 4
+    if rows <= num_sms:
+        return 4 if chunk <= 2048 else 8
+    if chunk >= 2048:
+        return 4
+    return 2 if rows <= 8 * num_sms else 1
 
 
 def select_call_work(
