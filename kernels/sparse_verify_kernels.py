@@ -11,6 +11,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _fold(s, v, keep, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold the log2-domain scores ``s`` [M, N] of values ``v`` [N, D] into the online-softmax
+    state where ``keep`` [M, N] holds: hidden scores are -inf, and the running maximum starts
+    at a finite floor, so a row that sees nothing keeps weight 0."""
+    s = tl.where(keep, s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def sparse_verify_kernel(
     q_ptr,
     k_ptr,
@@ -125,13 +139,7 @@ def sparse_verify_kernel(
             keep = sel[:, None] & col_ok[None, :]
         else:
             keep = row_ok[:, None] & col_ok[None, :]
-        s = tl.where(keep, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _fold(s, v, keep, m_i, l_i, acc, DOT_PRECISION)
 
     if split == num_splits - 1:
         # Draft tail: entries prefix_len + j, visible to a row when bit j of its tree mask is set.
@@ -144,13 +152,7 @@ def sparse_verify_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M_PAD, T_PAD]
         tree = tl.load(tree_ptr + b64 * num_rows + qrow, mask=row_ok, other=0)  # [M_PAD] int64
         seen = ((tree[:, None] >> offs_j.to(tl.int64)[None, :]) & 1) != 0
-        s = tl.where(seen & tail_ok[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _fold(s, v, seen & tail_ok[None, :], m_i, l_i, acc, DOT_PRECISION)
 
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
