@@ -1,30 +1,12 @@
 """Lossless acceptance of a verified draft tree: greedy, and multi-draft rejection sampling.
 
-Greedy (temperature 0): a draft node is accepted when its token is the target's argmax at its
-parent and its parent is accepted; the deepest accepted node (lowest label among equals) ends
-the path and the target's argmax there is the bonus token. Every emitted token is the target's
-greedy choice given its prefix, so the output equals greedy autoregressive decoding.
-
-Stochastic (temperature > 0): recursive rejection sampling down the tree (SpecInfer's
-multi-round speculative sampling; Jeon et al. 2024 for drafts drawn without replacement). At an
-accepted node with target distribution ``p`` and draft distribution ``q`` whose children
-``c_1, c_2, ...`` were drawn in that order without replacement:
-
-    for i = 1, 2, ...:  q_i = q with c_1..c_{i-1} removed, renormalised
-                        accept c_i with probability min(1, p_i(c_i) / q_i(c_i)) -> descend
-                        else p_{i+1} = norm(max(0, p_i - q_i))
-    no child accepted:  the bonus token ~ p_last  (at a leaf: ~ p)
-
-Each step is a standard speculative-sampling step of ``p_i`` against ``q_i``, and ``c_i ~ q_i``
-given the earlier draws, so its outcome (the accepted ``c_i`` or a draw from the residual) is
-distributed as ``p_i``; by induction the emitted token is distributed as ``p``: the target
-distribution is preserved exactly. Deterministic drafts (n-gram, greedy drafting;
-``draft_probs=None``) are the case ``q = one-hot``, walked in an equivalent form: draw
-``x ~ p`` at the accepted node and descend to the child holding ``x`` (a one-hot child is
-accepted with probability ``p_i(c_i)`` either way). The emitted token then depends on ``p`` and
-the node's uniform only, so the decode loop keys those uniforms by sequence position
-(``uniforms``): runs that differ only in deterministic drafts emit the same text, and their
-speeds are compared on it.
+Greedy (temperature 0, ``accept_greedy``) keeps the deepest path whose every token is the
+target's argmax at its parent, so the output equals greedy autoregressive decoding. Stochastic
+(temperature > 0, ``accept_stochastic``) is recursive rejection sampling down the tree
+(SpecInfer's multi-round speculative sampling; Jeon et al. 2024 for drafts drawn without
+replacement), which preserves the target distribution exactly. With deterministic drafts
+(n-gram, greedy drafting; ``draft_probs=None``) the emitted token depends on the target and its
+position's uniform only, so runs that differ only in such drafts emit the same text.
 
 Both run on the device with static shapes and no host synchronisation (CUDA-graph safe). The
 stochastic walk is ``kernels.accept``'s: one Triton program per sequence on the triton backend,
@@ -66,7 +48,13 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def accept_greedy(tree: TreeTensors, tokens: torch.Tensor, logits: torch.Tensor) -> AcceptedPath:
     """Greedy acceptance of ``tokens`` ``[B, t]`` (``tokens[:, 0]`` the root) given the target
-    ``logits`` ``[B, t, V]`` of the same rows."""
+    ``logits`` ``[B, t, V]`` of the same rows.
+
+    A draft node is accepted when its token is the target's argmax at its parent and its parent
+    is accepted; the deepest accepted node (lowest label among equals) ends the path and the
+    target's argmax there is the bonus token. Every emitted token is the target's greedy choice
+    given its prefix, so the output equals greedy autoregressive decoding.
+    """
     b, t = tokens.shape
     tgt = logits.argmax(-1)  # [B, t]
     par = tree.parents.clamp(min=0)
@@ -105,7 +93,27 @@ def accept_stochastic(
     backend: str = "torch",
     uniforms: torch.Tensor | None = None,
 ) -> AcceptedPath:
-    """Multi-draft rejection sampling (module docstring).
+    """Multi-draft rejection sampling: recursive rejection sampling down the tree (SpecInfer's
+    multi-round speculative sampling; Jeon et al. 2024 for drafts drawn without replacement).
+
+    At an accepted node with target distribution ``p`` and draft distribution ``q`` whose
+    children ``c_1, c_2, ...`` were drawn in that order without replacement::
+
+        for i = 1, 2, ...:  q_i = q with c_1..c_{i-1} removed, renormalised
+                            accept c_i with probability min(1, p_i(c_i) / q_i(c_i)) -> descend
+                            else p_{i+1} = norm(max(0, p_i - q_i))
+        no child accepted:  the bonus token ~ p_last  (at a leaf: ~ p)
+
+    Each step is a standard speculative-sampling step of ``p_i`` against ``q_i``, and
+    ``c_i ~ q_i`` given the earlier draws, so its outcome (the accepted ``c_i`` or a draw from
+    the residual) is distributed as ``p_i``; by induction the emitted token is distributed as
+    ``p``: the target distribution is preserved exactly. Deterministic drafts
+    (``draft_probs=None``) are the case ``q = one-hot``, walked in an equivalent form: draw
+    ``x ~ p`` at the accepted node and descend to the child holding ``x`` (a one-hot child is
+    accepted with probability ``p_i(c_i)`` either way). The emitted token then depends on ``p``
+    and the node's uniform only, so the decode loop keys those uniforms by sequence position
+    (``uniforms``): runs that differ only in deterministic drafts emit the same text, and their
+    speeds are compared on it.
 
     ``draft_probs`` ``[B, t, V]``: row ``i`` is the draft distribution node ``i``'s children
     were drawn from (without replacement, in sibling-rank order); ``None`` for deterministic

@@ -2,30 +2,12 @@
 refresh/reuse schedule over layers.
 
 ``AttentionConfig.from_strategy`` maps a ``perfmodel.strategy.Strategy`` onto one of three kinds:
+``dense`` (``kernels.dense_verify``), ``sparse`` (block-metadata selection, then
+``kernels.sparse_verify``) and ``nsa`` (``kernels.nsa_verify``'s three branches). A *refresh*
+layer selects the blocks and the *reuse* layers after it take its indices (``TreeAttention``).
 
-- ``dense``: ``kernels.dense_verify`` (every prefix token plus the tree-masked tail).
-- ``sparse`` (``metadata`` mean or quest): on a *refresh* layer, ``kernels.select_blocks``'s
-  ``block_scores`` rank the prefix blocks and ``select_exact`` picks each row's blocks; the
-  following *reuse* layers take those indices. ``kernels.sparse_verify`` runs them ``per_query``,
-  ``union`` (exact: the group streams the deduplicated union) or ``shared`` (approx: the group's
-  first row's blocks), with a ``build_group_plan`` shared by the layers of one refresh.
-- ``nsa``: ``kernels.nsa_verify``'s compressed/selected/window branches; the refresh path returns
-  the block indices it selected, reuse layers pass them back with the union plan built once per
-  refresh (``fusion=none`` runs the unfused baseline ``nsa_verify_unfused`` instead). The mode
-  sets the draft rows of a row tile, which share one load of their blocks' union
-  (``rows_per_tile``): ``per_query`` one (each row streams its own blocks, the naive baseline),
-  ``union`` C, ``shared`` as many as the tile holds. The model
-  is not NSA-trained, so the learned gates are constants (``gates``), as mean pooling stands in
-  for NSA's learned compression.
-
-Sparse selection is *position-relative* so that speculative decoding stays lossless against
-autoregressive decoding with the same sparse attention: a row at absolute position ``p`` sees
-every block meeting its local window ``[p - window, p)`` (the tail part through the tree mask)
-plus the ``top_n`` best-scored blocks that end before the window, with the first ``num_sink``
-forced. Those candidate blocks are complete and committed whatever the round boundaries, so a
-token attends to the same keys whether it is verified in a tree or decoded alone (needs
-``window >= t``, checked). ``select_blocks``' own rule (last blocks of the *prefix* forced) moves
-with the round boundary and would not be lossless.
+Sparse selection is *position-relative* (``select_exact``; needs ``window >= t``, checked), so
+speculative decoding stays lossless against autoregressive decoding with the same attention.
 
 Two backends: ``triton`` (the kernels; GPU, or the CPU interpreter) and ``torch`` (the kernels'
 fp32 references, a batched equivalent for dense; CPU tests). No host synchronisation on the
@@ -103,6 +85,24 @@ class AttentionConfig:
 
     @classmethod
     def from_strategy(cls, s: Strategy, **overrides) -> AttentionConfig:
+        """The attention of strategy ``s`` (``overrides``: fields to set instead).
+
+        - ``dense``: ``kernels.dense_verify`` (every prefix token plus the tree-masked tail).
+        - ``sparse`` (``metadata`` mean or quest): on a *refresh* layer,
+          ``kernels.select_blocks``'s ``block_scores`` rank the prefix blocks and
+          ``select_exact`` picks each row's blocks; the following *reuse* layers take those
+          indices. ``kernels.sparse_verify`` runs them ``per_query``, ``union`` (exact: the
+          group streams the deduplicated union) or ``shared`` (approx: the group's first row's
+          blocks), with a ``build_group_plan`` shared by the layers of one refresh.
+        - ``nsa``: ``kernels.nsa_verify``'s compressed/selected/window branches; the refresh
+          path returns the block indices it selected, reuse layers pass them back with the
+          union plan built once per refresh (``fusion=none`` runs the unfused baseline
+          ``nsa_verify_unfused`` instead). The mode sets the draft rows of a row tile, which
+          share one load of their blocks' union (``rows_per_tile``): ``per_query`` one (each
+          row streams its own blocks, the naive baseline), ``union`` C, ``shared`` as many as
+          the tile holds. The model is not NSA-trained, so the learned gates are constants
+          (``gates``), as mean pooling stands in for NSA's learned compression.
+        """
         if not s.is_sparse:
             return cls(kind="dense", **overrides)
         kw = dict(
@@ -156,9 +156,18 @@ class AttentionConfig:
 def select_exact(
     scores: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor, cfg: AttentionConfig
 ) -> torch.Tensor:
-    """Position-relative block choice (module docstring): ``[B, Hkv, t, top_n + local_slots]``
-    int32, the ``top_n`` scored picks first (``-1`` when fewer candidates), then the local
-    window's blocks (``-1`` past the committed prefix). Static shapes, no host sync.
+    """Position-relative block choice: ``[B, Hkv, t, top_n + local_slots]`` int32, the
+    ``top_n`` scored picks first (``-1`` when fewer candidates), then the local window's blocks
+    (``-1`` past the committed prefix). Static shapes, no host sync.
+
+    A row at absolute position ``p`` sees every block meeting its local window
+    ``[p - window, p)`` (the tail part through the tree mask) plus the ``top_n`` best-scored
+    blocks that end before the window, with the first ``num_sink`` forced. Those candidate
+    blocks are complete and committed whatever the round boundaries, so a token attends to the
+    same keys whether it is verified in a tree or decoded alone (needs ``window >= t``, checked
+    by ``AttentionConfig.check_tree``): speculative decoding stays lossless against
+    autoregressive decoding with the same sparse attention. ``select_blocks``' own rule (last
+    blocks of the *prefix* forced) moves with the round boundary and would not be lossless.
 
     ``scores`` ``[B, Hkv, t, NB]`` float32, ``positions`` ``[B, t]`` int64 absolute positions of
     the rows, ``lens`` ``[B]`` committed lengths.

@@ -1,25 +1,17 @@
 """The KV cache: preallocated ``[L, 2, B, Hkv, T_max, D]``, per-sequence lengths, block summaries.
 
-Layout (``kernels`` conventions): layer ``l``'s keys are ``kv[l, 0]`` ``[B, Hkv, T_max, D]``
-(contiguous), values ``kv[l, 1]``. Sequence ``b`` holds its committed prefix in
-``[0, lens[b])``; a verify step writes its ``t`` draft-tail entries at ``[lens[b], lens[b] + t)``.
-
-``commit`` keeps the accepted path of the draft tree: its tail entries are gathered and written
-to ``lens[b], lens[b] + 1, ...`` (one gather + one scatter for all layers at once, over the
-cache seen as rows of ``D`` elements: indexing the 6-D cache with two index tensors instead
-makes torch split each launch in two until every part spans under 2^31 bytes, up to ``2 L``
-launches each on a cache of tens of GB), ``lens`` advances, and everything past it (the
-rejected entries) is dead: rolled back by the length alone. Block metadata
-(``kernels.block_metadata.BlockMetadata``, mean or min/max keys per block) and NSA's compressed
-tokens (``kernels.nsa_compress``) are then refreshed for the touched blocks only. Nothing
+Layer ``l``'s keys are ``kv[l, 0]`` ``[B, Hkv, T_max, D]`` (contiguous), values ``kv[l, 1]``.
+Sequence ``b`` holds its committed prefix in ``[0, lens[b])``; a verify step writes its ``t``
+draft-tail entries at ``[lens[b], lens[b] + t)``. ``commit`` moves the accepted path's entries
+to ``lens[b], lens[b] + 1, ...`` and advances ``lens``, which rolls the rest back; the block
+metadata and NSA's compressed tokens are then refreshed for the touched blocks only. Nothing
 here reads the lengths on the host on the Triton path.
 
 ``intact`` marks, per sequence, a length below which nothing has written the KV since the mark
 (``ModelRunner.prefill`` sets it to the prompt lengths, so that a later prefill of the same
-prompts can reuse them). Every write here lands at or past the committed length (a verify tail,
-a commit, a chunked extend), and the lengths only grow but through ``set_lens``, which drops the
-mark when it lowers a length below it. Code that writes ``kv`` below the lengths by other means
-sets ``intact`` to None.
+prompts can reuse them). Every write here lands at or past the committed length, and only
+``set_lens`` lowers a length, dropping the mark when it goes below it. Code that writes ``kv``
+below the lengths by other means sets ``intact`` to None.
 """
 
 from __future__ import annotations
@@ -240,6 +232,13 @@ class KVCache:
 
     def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
         """Keep the accepted path of the draft tail; roll the rest back.
+
+        The kept tail entries are gathered and written to ``lens[b], lens[b] + 1, ...`` in one
+        gather and one scatter for all layers at once, over the cache seen as rows of ``D``
+        elements: indexing the 6-D cache with two index tensors instead makes torch split each
+        launch in two until every part spans under 2^31 bytes, up to ``2 L`` launches each on a
+        cache of tens of GB. ``lens`` then advances, and everything past it (the rejected
+        entries) is dead; the summaries are refreshed for the touched blocks.
 
         Parameters
         ----------

@@ -1,27 +1,13 @@
-"""The online-control hook: after each round the decode loop hands the round's statistics to a
-controller, which may return the strategy to switch to (``planner.controller`` implements it).
+"""The online-control hook: after each round the decode loop hands the round's statistics
+(``RoundStats``) to a controller, which may return the strategy to switch to
+(``planner.controller`` implements it). Returning ``None`` keeps the current strategy.
 
 The loop switches at the round boundary: the new tree, attention and drafter take effect in the
-next round (their CUDA graphs are captured outside the timed steps). Returning ``None`` keeps
-the current strategy.
-
-A controller may also declare ``drafter_kinds()``: the drafter kinds it may switch to. The loop
-then starts every one of them during prefill (outside the decode timing; ``DecodeResult.warm_s``)
-and keeps them *warm*: a switch to one catches it up with the tokens committed since it last
-drafted instead of restarting it on the whole context (20-70 ms for a draft model on a 15K
-context on the H100). A warm n-gram drafter also scores, every round, what an n-gram chain would
-have accepted on the committed tokens (``RoundStats.shadow``), so a controller learns about
-n-gram drafting without drafting with it.
-
-A controller may also declare ``shadow_trees(context_len)``: the branching tree specs whose
-walks the warm n-gram drafter's shadow scores as well (``ShadowAcceptance.trees``), asked with
-the longest prompt's length when the drafter starts, and ``shadow_sequences``: the most
-sequences of a batch the shadow scores (0 or absent: all of them), a fixed sample that bounds
-the shadow's host time per round whatever the batch (``engine.ngram``).
-
-A controller whose ``overlap`` attribute is true lets its decisions take effect one round late:
-the loop then calls it while the next round's GPU work runs, so its host time (and the shadow's)
-hides behind that work instead of adding to each round (``engine.hand_over``).
+next round (their CUDA graphs are captured outside the timed steps). A controller may also
+declare the drafters to keep *warm* (a switch to one catches it up instead of restarting it),
+what the warm n-gram drafter's shadow acceptance scores (``RoundStats.shadow``), and that its
+decisions may land one round late, so its host time hides behind the GPU work: the optional
+members of ``Controller``.
 
 ``--controller module:attr`` names a controller class (or factory) to instantiate with no
 arguments, or an object that already has ``after_round``.
@@ -171,7 +157,7 @@ class RoundStats:
     CUDA-graph captures also land in its other steps, and ``shadow``, the host time of the
     shadow acceptance); the per-layer tuples are means over the batch, or None when not measured
     this round. ``shadow`` maps a drafter kind to its counterfactual acceptance this round (see
-    the module; empty without warm drafters that score one).
+    ``Controller.drafter_kinds``; empty without warm drafters that score one).
     """
 
     round: int
@@ -197,6 +183,33 @@ class RoundStats:
 
 @runtime_checkable
 class Controller(Protocol):
+    """What the decode loop calls after every round: ``after_round``, and optional members the
+    loop reads when present.
+
+    Attributes
+    ----------
+    drafter_kinds : callable, optional
+        ``drafter_kinds()``: the drafter kinds the controller may switch to. The loop starts
+        every one of them during prefill (outside the decode timing; ``DecodeResult.warm_s``)
+        and keeps them *warm*: a switch to one catches it up with the tokens committed since it
+        last drafted instead of restarting it on the whole context. A warm n-gram drafter also
+        scores, every round, what an n-gram chain would have accepted on the committed tokens
+        (``RoundStats.shadow``), so a controller learns about n-gram drafting without drafting
+        with it.
+    shadow_trees : callable, optional
+        ``shadow_trees(context_len)``: the branching tree specs whose walks the warm n-gram
+        drafter's shadow scores as well (``ShadowAcceptance.trees``), asked with the longest
+        prompt's length when the drafter starts.
+    shadow_sequences : int, optional
+        The most sequences of a batch the shadow scores (0 or absent: all of them), a fixed
+        sample that bounds the shadow's host time per round whatever the batch
+        (``engine.ngram``).
+    overlap : bool, optional
+        True lets the controller's decisions take effect one round late: the loop then calls
+        it while the next round's GPU work runs, so its host time (and the shadow's) hides
+        behind that work instead of adding to each round (``engine.hand_over``).
+    """
+
     def after_round(self, stats: RoundStats) -> Strategy | None:
         """Return a strategy to switch to from the next round on, or None to keep going."""
 

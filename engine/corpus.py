@@ -5,15 +5,11 @@ its ``.py`` files in sorted order, each preceded by a ``# file: <path>`` line, c
 a model trained on it sees the long-range structure of a code base (imports at the top, uses
 further down, a package's modules side by side). Top-level single-file modules of a folder are
 one document per folder. Documents split into train and validation by a hash of their name, so
-no package is in both. Token ids are bytes (vocabulary 256).
+no package is in both. Token ids are bytes (vocabulary 256): ``split_streams(collect_documents())``
+gives the train and validation streams as uint8 numpy arrays.
 
 ``corpus_sample(n)`` is ``ssvkit decode``'s built-in prompt: ``n`` bytes of validation
 documents, deterministic for a given machine's installed packages.
-
-Example::
-
-    docs = collect_documents(max_bytes=256 << 20)
-    train, val = split_streams(docs)      # uint8 numpy arrays
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """A separate small draft model with its own KV cache (dense attention), and self-speculation:
 the target's own weights with sparse attention over a small share of its cache (seed 003).
 
-``ModelDrafter`` expands the tree level by level (``engine.drafter``): each level is one tree
-forward plus the children draw; the whole draft (every level) is one CUDA graph per tree. Its
-cache holds the committed prefix; the tail of the last level's forward holds every node of
-depth < D, so after the target's acceptance the kept path is committed from it (``commit``,
-device-only). A kept leaf at depth D was never run through the draft model: it is run first at
-the next round (``catch-up``, a one-node forward of the leaf in its own graph), for the
-sequences that need it.
-
-The drafter keeps on the host how many committed tokens its cache holds per sequence, so after
-rounds it sat out (a warm drafter, ``resume``) it runs only the tokens committed since -- a few
-graph-captured chain forwards (``ModelRunner.append``), not a prefill of the whole context
-again.
-
-``SelfSparseDrafter`` drafts a chain with the target runner itself: every step is a tree forward
-of the chain so far whose attention is ``shared`` sparse attention with a budget of
-``sparsity_ratio`` of the context (each row sees the blocks its first row selected, plus the
-local window). PillarAttn reuses the verify step's attention scores for ``k`` draft steps; here
-each draft step re-selects from the block metadata (an approximation of the same idea, with the
-same traffic). The draft writes the target's tail, which the verify forward then overwrites.
+``ModelDrafter`` expands the tree level by level (``engine.drafter``), the whole draft one CUDA
+graph per tree; a kept leaf of the deepest level is run at the next round (catch-up), and a
+warm drafter that sat out rounds runs only the tokens committed since (``resume``), not a
+prefill of the whole context. ``SelfSparseDrafter`` drafts a chain with the target runner
+itself under ``shared`` sparse attention; it writes the target's tail, which the verify forward
+then overwrites.
 """
 
 from __future__ import annotations
@@ -94,7 +81,21 @@ class _LevelExpander:
 
 
 class ModelDrafter:
-    """Draft tokens from a separate model (``kind = draft_model``)."""
+    """Draft tokens from a separate model (``kind = draft_model``).
+
+    The tree is expanded level by level (``engine.drafter``): each level is one tree forward
+    plus the children draw; the whole draft (every level) is one CUDA graph per tree. The cache
+    holds the committed prefix; the tail of the last level's forward holds every node of depth
+    < D, so after the target's acceptance the kept path is committed from it (``commit``,
+    device-only). A kept leaf at depth D was never run through the draft model: it is run first
+    at the next round (catch-up, a one-node forward of the leaf in its own graph), for the
+    sequences that need it.
+
+    The drafter keeps on the host how many committed tokens its cache holds per sequence, so
+    after rounds it sat out (a warm drafter, ``resume``) it runs only the tokens committed
+    since -- a few graph-captured chain forwards (``ModelRunner.append``), not a prefill of the
+    whole context again.
+    """
 
     kind = "draft_model"
 
@@ -175,7 +176,15 @@ class ModelDrafter:
 
 class SelfSparseDrafter:
     """Self-speculation (``kind = self_sparse``): chains drafted by the target with sparse
-    attention over ``sparsity_ratio`` of its context (seed 003)."""
+    attention over ``sparsity_ratio`` of its context (seed 003).
+
+    Every step is a tree forward of the chain so far whose attention is ``shared`` sparse
+    attention with a budget of ``sparsity_ratio`` of the context (each row sees the blocks its
+    first row selected, plus the local window). PillarAttn reuses the verify step's attention
+    scores for ``k`` draft steps; here each draft step re-selects from the block metadata (an
+    approximation of the same idea, with the same traffic). The draft writes the target's tail,
+    which the verify forward then overwrites.
+    """
 
     kind = "self_sparse"
 

@@ -1,42 +1,12 @@
 """The decode loop: prefill, then rounds of draft -> one verify forward -> accept -> commit.
 
-``Engine.generate`` (nano-vllm's ``LLMEngine.step`` loop in one sitting):
-
-1. **prefill** the prompts (target and drafter; with the oracle drafter, ``engine.oracle``,
-   first its reference: an autoregressive decode of the same prompts with the same settings),
-   sample the first token: the first root (at temperature > 0, by inverse CDF at the uniform
-   of its position: each run draws one uniform per sequence position from its seed, and
-   acceptance of deterministic drafts uses the uniforms of the positions it samples,
-   ``engine.acceptance``, so runs with the same seed whose drafts are deterministic --
-   n-gram, oracle, autoregressive -- emit the same text). Then
-   start the *warm* drafters the controller declares (``drafter_kinds()``), timed apart
-   (``DecodeResult.warm_s``): a later switch to one only catches it up (``Drafter.resume``).
-2. per round, with the oracle drafter first its untimed probes (``engine.oracle``: verify
-   forwards of the round's own graph that commit nothing; their count and host time go to
-   ``RoundRecord.oracle_probes`` / ``oracle_s``, outside the step times and the wall time), then
-   timed step by step (CUDA events on the GPU, the wall clock on the CPU):
-   ``draft`` the strategy's tree below the roots; ``launch`` -- the time the GPU waits for the
-   host to issue the verify step (0 when the GPU is behind the host); ``verify`` it in one
-   target forward of the flattened tail (tree mask, dense/sparse/NSA attention; one CUDA graph
-   per strategy);
-   ``accept`` -- acceptance (greedy or rejection sampling), the KV commit of the kept path and
-   the rollback of the rest, the drafter's commit (CUDA graphs too) -- then **one** host read:
-   the kept counts, the bonus tokens and the kept path's tokens. Sequences of a batch accept
-   different counts and so finish at different rounds: a sequence keeps at most the tokens it
-   may still emit (a device counter the acceptance graph lowers), and once done it rides along
-   in the batch's static shapes, keeping nothing, until the last one is done.
-   A warm n-gram drafter then indexes the committed tokens and scores its shadow acceptance
-   (``engine.ngram``; host time ``step_s["shadow"]``, inside the round's wall time -- in its own
-   ``observe`` when it is the drafter drafting) -- on a fixed sample of the batch when the
-   controller bounds it (``shadow_sequences``).
-3. optionally the selection statistics (``engine.stats``, outside the timed steps), one trace
-   record per sequence (``engine.trace_writer``), and ``controller.after_round``, which may
-   switch the strategy for the next round (its host time: ``step_s["control"]`` of the round
-   it follows; a switch's: ``step_s["switch"]`` of the next one).
-
-   A controller with ``overlap`` true takes its decisions one round late instead
-   (``engine.hand_over``): round r is handed over while round r + 1's GPU work runs, and a
-   strategy it returns is installed after round r + 1, for round r + 2.
+``Engine.generate`` (nano-vllm's ``LLMEngine.step`` loop in one sitting) prefills the prompts,
+samples the first roots and starts the warm drafters the controller declares; then each round
+is timed step by step (``draft``, ``launch``, ``verify``, ``accept``: CUDA events on the GPU,
+the wall clock on the CPU) and ends in **one** host read of the kept tokens, after which the
+warm n-gram shadow, the selection statistics, the trace and the controller run on the host.
+Sequences of a batch finish at different rounds; a finished one rides along in the batch's
+static shapes, keeping nothing, until the last one is done. ``Engine.generate`` gives each step.
 
 The first round of each strategy on CUDA captures its graphs (and compiles the kernels); it is
 flagged ``warmup`` and left out of the tokens/s figures.
@@ -139,7 +109,44 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> DecodeResult:
-        """Decode ``max_new_tokens`` after each prompt (a batch of ``target.batch``)."""
+        """Decode ``max_new_tokens`` after each prompt (a batch of ``target.batch``).
+
+        1. **prefill** the prompts (target and drafter; with the oracle drafter,
+           ``engine.oracle``, first its reference: an autoregressive decode of the same prompts
+           with the same settings), sample the first token: the first root (at temperature > 0,
+           by inverse CDF at the uniform of its position: each run draws one uniform per
+           sequence position from its seed, and acceptance of deterministic drafts uses the
+           uniforms of the positions it samples, ``engine.acceptance``, so runs with the same
+           seed whose drafts are deterministic -- n-gram, oracle, autoregressive -- emit the
+           same text). Then start the *warm* drafters the controller declares
+           (``drafter_kinds()``), timed apart (``DecodeResult.warm_s``): a later switch to one
+           only catches it up (``Drafter.resume``).
+        2. per round, with the oracle drafter first its untimed probes (``engine.oracle``:
+           verify forwards of the round's own graph that commit nothing; their count and host
+           time go to ``RoundRecord.oracle_probes`` / ``oracle_s``, outside the step times and
+           the wall time), then timed step by step (CUDA events on the GPU, the wall clock on
+           the CPU): ``draft`` the strategy's tree below the roots; ``launch`` -- the time the
+           GPU waits for the host to issue the verify step (0 when the GPU is behind the host);
+           ``verify`` it in one target forward of the flattened tail (tree mask,
+           dense/sparse/NSA attention; one CUDA graph per strategy); ``accept`` -- acceptance
+           (greedy or rejection sampling), the KV commit of the kept path and the rollback of
+           the rest, the drafter's commit (CUDA graphs too) -- then **one** host read: the kept
+           counts, the bonus tokens and the kept path's tokens. Sequences of a batch accept
+           different counts and so finish at different rounds: a sequence keeps at most the
+           tokens it may still emit (a device counter the acceptance graph lowers), and once
+           done it rides along in the batch's static shapes, keeping nothing, until the last
+           one is done. A warm n-gram drafter then indexes the committed tokens and scores its
+           shadow acceptance (``engine.ngram``; host time ``step_s["shadow"]``, inside the
+           round's wall time -- in its own ``observe`` when it is the drafter drafting) -- on a
+           fixed sample of the batch when the controller bounds it (``shadow_sequences``).
+        3. optionally the selection statistics (``engine.stats``, outside the timed steps), one
+           trace record per sequence (``engine.trace_writer``), and ``controller.after_round``,
+           which may switch the strategy for the next round (its host time:
+           ``step_s["control"]`` of the round it follows; a switch's: ``step_s["switch"]`` of
+           the next one). A controller with ``overlap`` true takes its decisions one round late
+           instead (``engine.hand_over``): round r is handed over while round r + 1's GPU work
+           runs, and a strategy it returns is installed after round r + 1, for round r + 2.
+        """
         cfg = self.config
         if len(prompts) != self.target.batch or not all(prompts):
             raise ValueError(

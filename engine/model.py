@@ -5,15 +5,11 @@ The model does not own its attention algorithm or its cache layout: every layer 
 (``engine.attention``), which runs dense, sparse or NSA verification (or causal prefill) over the
 cache. So one forward serves prefill, the draft-tree verify step and the drafters.
 
-Two backends. ``torch`` runs every op in torch (the reference; training needs it for autograd).
-``triton`` runs the element-wise ops as ``kernels.layer_ops`` / ``kernels.rope_kv_write``
-launches: each residual add is fused with the RMSNorm after it (the MLP's add with the next
-layer's input norm, the last one with the final norm), rotary and the KV store are one launch
-that gathers the rope tables at the positions itself, and ``silu(gate) * up`` is one more.
-
-Parameters are named like Hugging Face's ``LlamaForCausalLM`` except that q/k/v and gate/up are
-fused into one projection each (one GEMM instead of three or two); ``engine.checkpoint`` maps the
-names.
+Two backends: ``torch`` runs every op in torch (the reference; training needs it for autograd),
+``triton`` the element-wise ops as fused ``kernels.layer_ops`` / ``kernels.rope_kv_write``
+launches (``CausalLM.forward``). Parameters are named like Hugging Face's ``LlamaForCausalLM``
+except that q/k/v and gate/up are fused into one projection each (one GEMM instead of three or
+two); ``engine.checkpoint`` maps the names.
 """
 
 from __future__ import annotations
@@ -189,8 +185,12 @@ class CausalLM(nn.Module):
 
         ``kv`` stores each layer's ``[B, t, Hkv, D]`` keys/values in the cache; ``attend(layer,
         q)`` returns the attention output. ``backend`` picks torch ops or the fused Triton
-        kernels (module docstring). ``last_only`` computes the logits (and hidden states) of the
-        last row only (prefill). No host synchronisation.
+        kernels: ``triton`` runs the element-wise ops as ``kernels.layer_ops`` /
+        ``kernels.rope_kv_write`` launches, each residual add fused with the RMSNorm after it
+        (the MLP's add with the next layer's input norm, the last one with the final norm),
+        rotary and the KV store one launch that gathers the rope tables at the positions itself,
+        and ``silu(gate) * up`` one more. ``last_only`` computes the logits (and hidden states)
+        of the last row only (prefill). No host synchronisation.
         """
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

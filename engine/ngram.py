@@ -4,26 +4,14 @@ Every committed token updates, for ``n = 1..max_n``, a count of which token foll
 n-gram in the sequence so far. A tree node's children are the most frequent continuations of
 the longest n-gram ending at the node (its path below the root included), ranked by count (ties:
 most recent first); missing candidates repeat the last one. Drafts are deterministic
-(``Draft.probs`` None), so acceptance treats them as one-hot proposals.
+(``Draft.probs`` None), so acceptance treats them as one-hot proposals. Building the draft costs
+O(t * max_n) dictionary look-ups per sequence, the index update O(max_n) per committed token;
+nothing runs on the device except one copy of the draft tokens.
 
-Building the draft costs O(t * max_n) dictionary look-ups per sequence; the index update
-O(max_n) per committed token. Nothing runs on the device except one copy of the draft tokens.
-
-The index (counts, ranked continuations, a prompt's fill) is ``engine.ngram_index``; the shadow
-acceptance a warm drafter scores (``shadow_chain``, ``shadow_trees``), its chain proposals and
-its walks, ``engine.ngram_shadow``. This module holds the drafter and which sequences of a batch
-its shadow scores.
-
-**A sample of the batch.** The shadow's work is per sequence: every committed token of every
-sequence costs an index update, a chain proposal and a step of each walk, ~25-30 us per
-sequence and round with the 32K regime's three trees (one token each, autoregressive), so a
-batch of 32 cost ~1 ms a round on the H200's host -- twice the verify step it runs behind.
-With ``shadow_sequences = S`` the shadow scores only a fixed sample of S sequences spread over
-the batch (``shadow_sample``; its indexes only theirs), each one's walks reported beside the
-sum (``ShadowAcceptance.by_sequence``) so that a controller can measure how far the sequences
-differ; the tokens it reads per round (``shadow_tokens``) are then at most S times a round's
-longest commit, whatever the batch. A sampled sequence that finishes leaves the sample
-smaller; one that never advances again counts 0 tokens.
+The index is ``engine.ngram_index``; the shadow acceptance a warm drafter scores, its chain
+proposals and its walks, ``engine.ngram_shadow``. This module holds the drafter and which
+sequences of a batch its shadow scores (``shadow_sample``): with ``shadow_sequences = S``, a
+fixed sample of S, which bounds the shadow's host time per round whatever the batch.
 """
 
 from __future__ import annotations
@@ -56,7 +44,17 @@ def shadow_sample(batch: int, bound: int) -> tuple[int, ...]:
 
 class NgramDrafter:
     """Prompt lookup over each sequence's own history; with ``shadow_chain > 0`` it also scores
-    the shadow acceptance of chains of up to that many drafts (see the module)."""
+    the shadow acceptance of chains of up to that many drafts (``engine.ngram_shadow``).
+
+    The shadow's work is per sequence: every committed token of every sequence costs an index
+    update, a chain proposal and a step of each walk. With ``shadow_sequences = S`` the shadow
+    scores only a fixed sample of S sequences spread over the batch (``shadow_sample``; its
+    indexes only theirs), each one's walks reported beside the sum
+    (``ShadowAcceptance.by_sequence``) so that a controller can measure how far the sequences
+    differ; the tokens it reads per round (``shadow_tokens``) are then at most S times a
+    round's longest commit, whatever the batch. A sampled sequence that finishes leaves the
+    sample smaller; one that never advances again counts 0 tokens.
+    """
 
     kind = "ngram"
 

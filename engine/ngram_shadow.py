@@ -2,58 +2,15 @@
 from a sequence's n-gram index (``engine.ngram_index``) would have accepted on the tokens
 actually committed, scored as they are committed.
 
-**Shadow acceptance.** With ``shadow_chain = K > 0`` the drafter also scores, for every newly
-committed position ``p``, the chain of ``K`` tokens it would have proposed there (from the index of
-``history[:p]``) against the tokens actually committed at ``p, p + 1, ...``: the number ``m`` of
-leading matches. It does so whether or not it drafts (a warm drafter: the engine calls
-``NgramDrafter.sync`` every round), so a controller sees what n-gram drafting would accept on this
-very sequence while another drafter, or none, decodes it. The shadow runs on an index of its own,
-which only ``sync`` advances: the drafter's own calls update the drafting index alone, so the
-shadow's host time stays behind the GPU work even while this drafter drafts (``sync``).
-
-Why the leading matches estimate the acceptance without bias: the proposals are deterministic
-(one-hot), and lossless rejection sampling accepts a one-hot proposal ``x`` with probability
-``min(1, p_target(x) / 1) = p_target(x)``; the committed token at that position was drawn from
-``p_target`` (whatever strategy decoded it, losslessly), so it equals ``x`` with the same
-probability ``p_target(x)``. Position by position, ``P(m >= k)`` is the probability that a
-chain drafted at ``p`` has its first ``k`` drafts accepted, and ``E[min(m, K')]`` the expected
-accepted drafts of a chain of ``K' <= K`` drafted at a position picked at random.
-
-**Per round, a walk.** A real chain run does not draft at random positions: it drafts where
-its own last round left it, ``p + min(m_p, K') + 1`` after a round at ``p``, so it crosses a
-stretch of matching positions in a few rounds and spends a round on each position of a
-stretch that does not match. The average over every position weights the matching stretches
-by their length instead: on the H100 it put n-gram chain:7 at 2.56 tokens per round on code and
-1.81 on repetitive text, where the chain run measured 2.08 and 1.27. So the shadow also walks
-each chain length ``K' <= K`` over the resolved positions as that chain's run would have
-(``rounds`` and ``drafts`` of ``ShadowAcceptance``): accepted drafts per round = drafts /
-rounds, the chain's own figure on this text -- exact under greedy decoding, where the text is
-the same whatever decodes it.
-
-**Branching trees, walked too.** With ``shadow_trees`` the shadow also walks each of those trees as
-its own run would: at the position its walk drafts at next it builds the tree from the index as it
-stands there (``NgramIndex.tree_tokens``, what ``NgramDrafter.draft`` builds), and the round accepts
-the longest root path whose tokens the committed ones match -- the chain's argument per sibling:
-lossless multi-draft verification of one-hot drafts accepts some child with the summed target
-probability of the distinct children, and the committed token is one of them with that same
-probability. The next round drafts after the bonus token. On prose on the H100 the n-gram
-tree(n=8,d=4) accepts 1.74-1.75 tokens per round where chain:7 accepts 1.49-1.58, which shifting the
-tree by the chain's shadow cannot show. A walked round drafts the root's children, and the subtrees
-below only those of them the next committed token matches (``tree_tokens(first=...)``: the others
-cannot be accepted); a round in progress costs one comparison per matched node and token. The first
-continuations of each n-gram a tree asked for are kept ranked as the counts grow
-(``engine.ngram_index``), so a lookup is a dictionary hit, not a partial sort. The three n-gram
-trees of the 16K regime add ~35 us a round to the shadow on a development CPU with its caches hot,
-~50 us with 32 MiB written between rounds (``python -m ssvkit.validation.controller_cost``).
-
-Cost: per new position, one look-up per n-gram ending there (the first draft and the index
-update share them: one table holds each n-gram's continuations and its best one), then up to
-``max_n`` per further draft while they match; the whole chain only for positions within ``K``
-of the end that still match. Index update plus shadow at ``K = 8`` on a 15K-token index
-(development CPU, median per round, ``NgramDrafter.sync`` + ``take_shadow``; the tests count its
-look-ups per token, which stay flat in the index's size): random bytes, 1 committed token
-~4.5 us, 8 tokens ~20 us; 1-5 tokens of code per round ~11 us, ~38 us with 32 MiB written
-between rounds as the rest of a round evicts the CPU caches (``validation.controller_cost``).
+For every newly committed position ``p`` the shadow compares the chain of ``K`` tokens it would
+have proposed there with the tokens committed at ``p, p + 1, ...``: ``m`` leading matches. The
+proposals are one-hot and the committed tokens were drawn from the target, so ``P(m >= k)`` is,
+without bias, the probability that a chain drafted at ``p`` has its first ``k`` drafts accepted.
+Each chain length ``K' <= K`` and each branching tree (``shadow_trees``) is also *walked* over
+the resolved positions as its own run would have drafted, which gives its accepted drafts per
+round on this text (the average over positions overstates it on bursty text). The shadow runs
+on an index of its own, which only ``NgramDrafter.sync`` advances, so its host time stays
+behind the GPU work even while this drafter drafts. ``ShadowChain`` gives the argument in full.
 """
 
 from __future__ import annotations
@@ -63,7 +20,7 @@ from ssvkit.engine.tree import DraftTree
 
 
 class _TreeWalk:
-    """One branching tree's walk (see the module): where its next round drafts, the round in
+    """One branching tree's walk (see ``ShadowChain``): where its next round drafts, the round in
     progress (its nodes' tokens, the nodes whose paths match every token committed since, and
     their depth; None between rounds), and the rounds, accepted drafts and their squares
     since the last ``take``."""
@@ -115,9 +72,54 @@ class _TreeWalk:
 
 
 class ShadowChain:
-    """The shadow acceptance of one sequence (see the module): chain proposals still waiting
-    for committed tokens, and the leading-match counts of those resolved since the last
-    ``take``; with ``trees`` ((spec, tree) pairs), those branching trees' walks too."""
+    """The shadow acceptance of one sequence: chain proposals still waiting for committed
+    tokens, and the leading-match counts of those resolved since the last ``take``; with
+    ``trees`` ((spec, tree) pairs), those branching trees' walks too.
+
+    **Shadow acceptance.** For every newly committed position ``p``, the chain of ``K =
+    max_chain`` tokens proposed there (from the index of ``history[:p]``) is scored against the
+    tokens actually committed at ``p, p + 1, ...``: the number ``m`` of leading matches. The
+    engine does so whether or not the n-gram drafter drafts (a warm drafter:
+    ``NgramDrafter.sync`` every round), so a controller sees what n-gram drafting would accept
+    on this very sequence while another drafter, or none, decodes it. Why the leading matches
+    estimate the acceptance without bias: the proposals are deterministic (one-hot), and
+    lossless rejection sampling accepts a one-hot proposal ``x`` with probability
+    ``min(1, p_target(x) / 1) = p_target(x)``; the committed token at that position was drawn
+    from ``p_target`` (whatever strategy decoded it, losslessly), so it equals ``x`` with the
+    same probability ``p_target(x)``. Position by position, ``P(m >= k)`` is the probability
+    that a chain drafted at ``p`` has its first ``k`` drafts accepted, and ``E[min(m, K')]``
+    the expected accepted drafts of a chain of ``K' <= K`` drafted at a position picked at
+    random.
+
+    **Per round, a walk.** A real chain run does not draft at random positions: it drafts where
+    its own last round left it, ``p + min(m_p, K') + 1`` after a round at ``p``, so it crosses
+    a stretch of matching positions in a few rounds and spends a round on each position of a
+    stretch that does not match. The average over every position weights the matching
+    stretches by their length instead. So each chain length ``K' <= K`` is also walked over the
+    resolved positions as that chain's run would have (``rounds`` and ``drafts`` of
+    ``ShadowAcceptance``): accepted drafts per round = drafts / rounds, the chain's own figure
+    on this text -- exact under greedy decoding, where the text is the same whatever decodes
+    it.
+
+    **Branching trees, walked too.** Each tree of ``trees`` is walked as its own run would be:
+    at the position its walk drafts at next it builds the tree from the index as it stands
+    there (``NgramIndex.tree_tokens``, what ``NgramDrafter.draft`` builds), and the round
+    accepts the longest root path whose tokens the committed ones match -- the chain's argument
+    per sibling: lossless multi-draft verification of one-hot drafts accepts some child with
+    the summed target probability of the distinct children, and the committed token is one of
+    them with that same probability. The next round drafts after the bonus token. A walked
+    round drafts the root's children, and the subtrees below only those of them the next
+    committed token matches (``tree_tokens(first=...)``: the others cannot be accepted); a
+    round in progress costs one comparison per matched node and token. The first continuations
+    of each n-gram a tree asked for are kept ranked as the counts grow (``engine.ngram_index``),
+    so a lookup is a dictionary hit, not a partial sort.
+
+    **Cost.** Per new position, one look-up per n-gram ending there (the first draft and the
+    index update share them: one table holds each n-gram's continuations and its best one),
+    then up to ``max_n`` per further draft while they match; the whole chain only for positions
+    within ``K`` of the end that still match. The tests count its look-ups per token, which
+    stay flat in the index's size.
+    """
 
     def __init__(self, max_chain: int, trees: tuple[tuple[str, DraftTree], ...] = ()) -> None:
         if max_chain < 1:

@@ -9,27 +9,9 @@ target's own, so the output is the target's whatever the drafts, and the accepte
 follows the profile: ``P(accepted >= k) = alpha_1 ... alpha_k``. Its acceptance is synthetic
 and is labelled so wherever it is reported.
 
-The target's next tokens are those of the decode itself, not of a separate pass: a token's
-logits depend on the forward that computes them (GEMMs of another row count round
-differently, NSA's compressed tokens are refreshed at commits, a ``shared`` group attends its
-representative's blocks), so an autoregressive continuation leaves the decode at near-tied
-logits. The reference (``load``: the autoregressive continuation, ``Engine.generate``, with the
-run's sampling settings and position uniforms) is only the first guess. Before each round,
-untimed (``anchor``), the engine *probes* the draft: it runs the round's own verify forward and
-acceptance on it, committing nothing (``Engine._probe``), and the oracle compares what the
-target emits there with what the draft was built to make it emit. Where they differ, the
-emitted tokens replace the reference and the draft is built and probed again; a probe that
-goes as planned is the round's draft, so the real verify, on the same tokens from the same
-state, accepts exactly as planned. One probe per round when the reference holds, one more per
-spine level it had to correct, where a row's outcome depends on its own tokens and prefix
-alone. Where it also depends on the other rows' tokens, correcting a deeper level can move a
-shallower one: a grouped schedule (``union``, NSA's row tiles) splits the union of the rows'
-blocks over programs, so a row's rounding follows the other rows' selections, and near-tied
-bf16 logits flip. After ``max_depth + 2`` probes the round takes its last probe's draft
-anyway: the real verify emits what that probe emitted, and ``off_plan`` counts the
-(sequence, round) pairs whose emission left the drawn plan, so the measured acceptance there
-is the verify's, not the profile's. ``diverged`` counts the sequences whose verify did not
-reproduce their last probe (it stays empty where the verify is deterministic).
+The target's next tokens are those of the decode itself, not of a separate pass: the
+autoregressive ``reference`` is only the first guess, which untimed probes of the round's own
+verify correct before each round (``OracleDrafter.anchor``).
 """
 
 from __future__ import annotations
@@ -106,12 +88,37 @@ class OracleDrafter:
         self, roots: torch.Tensor, tree: DraftTree, history: list[list[int]], probe: Probe
     ) -> int:
         """Draw this round's corruption and probe its draft until the target emits what the
-        draft plans (module docstring): the accepted spine up to the first corrupted depth
-        ``k``, then the bonus. ``history`` holds each sequence's committed tokens, the root
-        last. Returns the probes run: at most ``max_depth + 2`` (each failed one fixes at
-        least one more spine level where a row's outcome depends on its own tokens alone;
-        where it does not, the round takes the last probe's draft, and each sequence it left
-        off its plan counts in ``off_plan``)."""
+        draft plans: the accepted spine up to the first corrupted depth ``k``, then the bonus.
+        ``history`` holds each sequence's committed tokens, the root last. Returns the probes
+        run: at most ``max_depth + 2`` (each failed one fixes at least one more spine level
+        where a row's outcome depends on its own tokens alone; where it does not, the round
+        takes the last probe's draft, and each sequence it left off its plan counts in
+        ``off_plan``).
+
+        The target's next tokens are those of the decode itself, not of a separate pass: a
+        token's logits depend on the forward that computes them (GEMMs of another row count
+        round differently, NSA's compressed tokens are refreshed at commits, a ``shared`` group
+        attends its representative's blocks), so an autoregressive continuation leaves the
+        decode at near-tied logits. The reference (``load``: the autoregressive continuation,
+        ``Engine.generate``, with the run's sampling settings and position uniforms) is only
+        the first guess. Before each round, untimed, the engine *probes* the draft: it runs the
+        round's own verify forward and acceptance on it, committing nothing (``probe``,
+        ``Engine._probe``), and the oracle compares what the target emits there with what the
+        draft was built to make it emit. Where they differ, the emitted tokens replace the
+        reference and the draft is built and probed again; a probe that goes as planned is the
+        round's draft, so the real verify, on the same tokens from the same state, accepts
+        exactly as planned. One probe per round when the reference holds, one more per spine
+        level it had to correct, where a row's outcome depends on its own tokens and prefix
+        alone. Where it also depends on the other rows' tokens, correcting a deeper level can
+        move a shallower one: a grouped schedule (``union``, NSA's row tiles) splits the union
+        of the rows' blocks over programs, so a row's rounding follows the other rows'
+        selections, and near-tied bf16 logits flip. After ``max_depth + 2`` probes the round
+        takes its last probe's draft anyway: the real verify emits what that probe emitted,
+        and ``off_plan`` counts the (sequence, round) pairs whose emission left the drawn plan,
+        so the measured acceptance there is the verify's, not the profile's. ``diverged``
+        counts the sequences whose verify did not reproduce their last probe (it stays empty
+        where the verify is deterministic).
+        """
         depth = tree.max_depth
         alpha = np.array(self.config.oracle_profile(depth))
         b = len(history)

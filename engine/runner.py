@@ -1,26 +1,14 @@
 """``ModelRunner``: one model, its KV cache and its CUDA graphs (nano-vllm's ModelRunner).
 
-- ``prefill(prompts)``: each prompt through the model in chunks with causal SDPA
-  (``engine.prefill.chunked_forward``), writing its KV at positions ``0..n-1``; then the lengths
-  are set and the block summaries built. Returns the last position's logits per sequence. A
-  forward holds at most a token budget (rows x chunk) sized from the model's width and the free
-  memory (``engine.memory``). A prefill of the very prompts whose KV the cache still holds
-  intact (``KVCache.intact``: nothing wrote below their lengths since; the same weights and
-  explicit budget) is reused: the lengths are set back, which rebuilds the summaries from the
-  prefix, and the saved logits returned: the KV and the logits are functions of the prompts, the
-  weights and the chunking alone (no strategy enters a prefill), so this is bitwise what running
-  it again with the same chunks gives (a budget sized from free memory may chunk another run
-  otherwise). ``prefill_seconds`` is the measured time of the prefill the cache holds.
+- ``prefill(prompts)``: each prompt through the model in chunked causal forwards of a bounded
+  token budget (``engine.prefill``, ``engine.memory``); returns the last position's logits. A
+  prefill of the prompts whose KV the cache still holds intact is reused (``KVCache.intact``).
 - ``tree_forward(tokens, tree, attn)``: one forward of the flattened tree tail ``[B, t]`` at
   positions ``lens + depth``, writing its KV at ``lens + i``, attending through
   ``engine.attention.TreeAttention``. Eager; callers run it inside ``graphs``.
 - ``commit(path, count)``: ``KVCache.commit`` (accepted path kept, the rest rolled back).
-- ``extend(tails)``: prefill's chunked forward started at each sequence's committed length.
-- ``append(tails)``: the same cache contents through the decode path instead -- chain tree
-  forwards of up to 64 tokens, each committed whole, one CUDA graph per chunk length: how a warm
-  drafter that sat out some rounds catches up with the tokens committed meanwhile (``extend``
-  runs eagerly, ~80 launches and a masked SDPA whose shape is new every time: ~3 ms per call on
-  the H100, against a few replays).
+- ``extend(tails)`` / ``append(tails)``: the committed tokens a drafter lacks, through
+  prefill's chunked forward or graph-captured chain forwards (a warm drafter's catch-up).
 
 Static shapes and no host reads in ``tree_forward`` and ``commit``, so ``graphs`` can capture
 them (``use_graphs`` needs CUDA and the Triton backend).
@@ -127,9 +115,16 @@ class ModelRunner:
 
         Prompts of equal length run together, in chunked causal forwards of at most
         ``token_budget`` tokens (rows x chunk; default ``prefill_budget``), so the activations
-        of a forward are bounded whatever the batch and the context. With ``reuse``, the
-        prefill the cache holds intact for the same prompts, weights and explicit budget is
-        reused instead (module docstring; ``prefill_reused`` says which happened)."""
+        of a forward are bounded whatever the batch and the context: the budget is sized from
+        the model's width and the free memory (``engine.memory``). With ``reuse``, the prefill
+        the cache holds intact (``KVCache.intact``: nothing wrote below its lengths since) for
+        the same prompts, weights and explicit budget is reused instead: the lengths are set
+        back, which rebuilds the summaries from the prefix, and the saved logits returned. The
+        KV and the logits are functions of the prompts, the weights and the chunking alone (no
+        strategy enters a prefill), so this is bitwise what running it again with the same
+        chunks gives (a budget sized from free memory may chunk another run otherwise).
+        ``prefill_reused`` says which happened; ``prefill_seconds`` is the measured time of the
+        prefill the cache holds."""
         cache = self.cache
         if len(prompts) != cache.batch:
             raise ValueError(f"{len(prompts)} prompts for a batch of {cache.batch}")
@@ -243,7 +238,11 @@ class ModelRunner:
         sees and the commit drops. Under graphs each chunk length of ``APPEND_CHUNKS`` is one
         captured graph (forward and commit) replayed for every chunk of that length. Falls back
         to ``extend`` when a chunk's tail would not fit the cache. Reads ``lens`` on the host
-        once. Returns the tokens appended."""
+        once. Returns the tokens appended.
+
+        This is how a warm drafter that sat out some rounds catches up with the tokens committed
+        meanwhile: ``extend`` runs eagerly, some 80 launches and a masked SDPA whose shape is new
+        every time, against a few graph replays here."""
         cache = self.cache
         if len(tails) != cache.batch:
             raise ValueError(f"{len(tails)} tails for a batch of {cache.batch}")

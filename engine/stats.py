@@ -1,26 +1,12 @@
 """Per-round selection statistics of the verify forward, from the queries each layer saw.
 
 For every layer (refresh or reuse alike) the block choice the layer *would* make with its own
-queries is recomputed after the round, outside the timed steps:
-
-- ``sparse``/``dense`` strategies: ``block_scores`` (mean or quest keys) and the scored part of
-  ``engine.attention.select_exact`` (the ``top_n`` picks; the always-attended local window is
-  left out); ``nsa``: NSA's block importance (compressed-branch probabilities mapped onto
-  blocks) and ``topn_from_scores`` with the first and last blocks forced, as in the refresh path.
-
-From those sets, per sequence and layer:
-
-- ``group_overlap`` (gamma, seed 000): ``|S_i ∩ S_j| / |S_i|`` for each query and its neighbour
-  ``j = i + 1`` in traversal order within a group of ``C`` (any neighbour when ``C = 1``),
-  averaged over pairs and KV heads; absent when a round has one query.
-- ``layer_overlap`` (seed 001 eq. 7): Jaccard of each query's set with the previous layer's;
-  0 for layer 0; absent while no block can be selected (a context shorter than the window).
-- ``predict_hit`` and ``reuse_hit`` (PRR, seed 004 eq. 4): rounds are the steps; the root query's
-  block importance (softmax of the scores over the candidate blocks; NSA's probabilities) is the
-  trajectory. Holt's damped-trend EMA (``perfmodel.prr``'s equations, fixed ``HoltParams``)
-  predicts this round's top-n from the earlier rounds; reuse predicts last round's true top-n.
-  The hit is the share of the true top-n's importance the prediction covered, averaged over KV
-  heads; absent on the first round.
+queries is recomputed after the round, outside the timed steps: ``block_scores`` and the scored
+part of ``engine.attention.select_exact`` for ``sparse``/``dense`` strategies, NSA's block
+importance and ``topn_from_scores`` for ``nsa``. From those sets, per sequence and layer
+(``SelectionStats.observe`` defines each): ``group_overlap`` (gamma, seed 000),
+``layer_overlap`` (seed 001 eq. 7), and PRR's ``predict_hit`` and ``reuse_hit`` (seed 004
+eq. 4), the Holt EMA's and last round's coverage of this round's true top-n.
 """
 
 from __future__ import annotations
@@ -148,7 +134,35 @@ class SelectionStats:
         group_size: int,
     ) -> RoundSelection:
         """Statistics of one round from each layer's ``q`` ``[B, t, H, D]``; ``lens`` and
-        ``positions`` as they were during the verify forward."""
+        ``positions`` as they were during the verify forward.
+
+        Each layer's selection is recomputed from its own queries: for ``sparse``/``dense``
+        strategies ``block_scores`` (mean or quest keys) and the scored part of
+        ``engine.attention.select_exact`` (the ``top_n`` picks; the always-attended local
+        window is left out); for ``nsa`` NSA's block importance (compressed-branch
+        probabilities mapped onto blocks) and ``topn_from_scores`` with the first and last
+        blocks forced, as in the refresh path.
+
+        Returns
+        -------
+        RoundSelection
+            Per sequence and layer:
+
+            - ``group_overlap`` (gamma, seed 000): ``|S_i ∩ S_j| / |S_i|`` for each query and
+              its neighbour ``j = i + 1`` in traversal order within a group of
+              ``group_size`` (any neighbour when it is 1), averaged over pairs and KV heads;
+              absent when a round has one query.
+            - ``layer_overlap`` (seed 001 eq. 7): Jaccard of each query's set with the previous
+              layer's; 0 for layer 0; absent while no block can be selected (a context shorter
+              than the window).
+            - ``predict_hit`` and ``reuse_hit`` (PRR, seed 004 eq. 4): rounds are the steps;
+              the root query's block importance (softmax of the scores over the candidate
+              blocks; NSA's probabilities) is the trajectory. Holt's damped-trend EMA
+              (``perfmodel.prr``'s equations, fixed ``HoltParams``) predicts this round's top-n
+              from the earlier rounds; reuse predicts last round's true top-n. The hit is the
+              share of the true top-n's importance the prediction covered, averaged over KV
+              heads; absent on the first round.
+        """
         cfg = self.cfg
         sets, imps = [], []
         for layer, q in enumerate(queries):

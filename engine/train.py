@@ -9,10 +9,6 @@ flash attention through SDPA. At the end: validation loss (nats/byte) of both mo
 agreement of the draft with the target on validation windows, and both checkpoints in bf16
 (``config.json`` + ``model.safetensors``). A sizing note: 13.4M + 1.3M bf16 parameters are
 ~29 MB, inside the repository's 32 MB budget for the pair.
-
-Example::
-
-    summary = train_tiny(TrainConfig(), out_dir="engine/checkpoints")   # on a GPU
 """
 
 from __future__ import annotations
@@ -136,7 +132,14 @@ def train_tiny(
     roots: list[Path] | None = None,
     log=print,
 ) -> dict:
-    """Train the pair and (when ``out_dir`` is given) save it; returns the summary dict."""
+    """Train the pair and (when ``out_dir`` is given) save it; returns the summary dict.
+
+    Examples
+    --------
+    On a GPU::
+
+        summary = train_tiny(TrainConfig(), out_dir="engine/checkpoints")
+    """
     t_start = time.perf_counter()
     dev = torch.device(device)
     torch.manual_seed(cfg.seed)

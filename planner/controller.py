@@ -3,42 +3,13 @@ after every round.
 
 It keeps an EMA of the tokens produced per round, turns it into the per-token acceptance the
 current tree implies, and compares that with the acceptance the offline ranking assumed for
-this drafter and regime (or, after a re-score that kept the strategy, with the acceptance
-that re-score saw, so a steady deviation is scored once; ``planner.acceptance_trigger``). Four
-triggers re-score the regime's candidates (``planner.rescore``) and may switch, each switch
-logged (``switches``) with its reason:
-
-- ``acceptance``: the deviation exceeds ``epsilon`` for ``patience`` consecutive rounds, and
-  no switch happened in the last ``cooldown`` rounds (hysteresis and cooldown keep the
-  controller from oscillating); ``collapse``: a chain's acceptance collapsed
-  (``estimators.CollapseTest``), which acts at once, cooldown or not -- leaving a strategy
-  that stopped working is no oscillation;
-- ``shadow``: a shadowed drafter (``planner.shadow``) stands more than ``epsilon`` above its
-  profile for ``patience`` rounds -- also while decoding autoregressively, which observes no
-  acceptance of its own;
-- ``recheck``: the last re-score's best paid at its point estimate but not across its
-  confidence interval; the interval narrows as rounds come in while the estimate stays put,
-  so the re-score is repeated ``patience`` rounds later;
-- ``truncation`` (no re-score): a shorter chain of the current chain's drafter, or
-  autoregressive decoding, has paid across its paired interval for ``patience`` rounds.
-
-A strategy that drafts nothing observes no acceptance: after ``probe_after`` rounds in one,
-the controller probes a drafting strategy of the best-ranked drafter that has no shadow
-(reason ``probe``). Each probe doubles the wait before the next one (up to ``probe_max``
-rounds, or ``probe_after`` when that is longer): text that defeated a drafter twice is likely
-to go on doing so. The wait is back to ``probe_after`` once a drafting strategy has held for
-``probe_after`` rounds. ``drafter_kinds()`` tells the decode loop which drafters to keep warm,
-so a switch costs a catch-up, not a restart.
-
-**At batch B > 1** the sequences of a round accept different counts; the controller decides
-on the batch's figures. The acceptance EMA takes the round's mean per sequence (its interval
-the batch mean's); the collapse test and ``ChainRounds`` take each sequence's count as an
-observation; the shadow's counts are summed over the batch -- or over the fixed sample of
-``shadow_sequences`` it scores, its intervals then widened by the sequences' spread
-(``planner.shadow``) --, a walk's rounds read per sequence (the batch advances all its
-sequences each round). Candidates are scored at batch B (round
-time of the batch's step plus the loop's overhead; B x tokens per sequence over it), B the
-ranking's unless given; a round of more than B sequences is refused.
+this drafter and regime (``planner.acceptance_trigger``). Triggers -- the acceptance deviates,
+a chain collapses, a shadowed drafter rises above its profile, a re-score that paid only at its
+point estimate is due again -- re-score the regime's candidates (``planner.rescore``) and may
+switch; a shorter chain that pays across its paired interval is taken without one. Every switch
+is logged (``switches``) with its reason; a strategy that drafts nothing is left now and then
+for a probe of a drafting one. ``OnlineController`` gives each trigger and how the controller
+decides at batch B > 1.
 """
 
 from __future__ import annotations
@@ -59,7 +30,45 @@ __all__ = ["ControllerConfig", "OnlineController", "switch_kind"]
 
 
 class OnlineController:
-    """Implements the engine's ``Controller`` protocol (``after_round(stats)``)."""
+    """Implements the engine's ``Controller`` protocol (``after_round(stats)``).
+
+    The acceptance it compares with the ranking's is, after a re-score that kept the strategy,
+    the acceptance that re-score saw, so a steady deviation is scored once. Four triggers
+    re-score the regime's candidates (``planner.rescore``) and may switch, each switch logged
+    (``switches``) with its reason:
+
+    - ``acceptance``: the deviation exceeds ``epsilon`` for ``patience`` consecutive rounds, and
+      no switch happened in the last ``cooldown`` rounds (hysteresis and cooldown keep the
+      controller from oscillating); ``collapse``: a chain's acceptance collapsed
+      (``estimators.CollapseTest``), which acts at once, cooldown or not -- leaving a strategy
+      that stopped working is no oscillation;
+    - ``shadow``: a shadowed drafter (``planner.shadow``) stands more than ``epsilon`` above
+      its profile for ``patience`` rounds -- also while decoding autoregressively, which
+      observes no acceptance of its own;
+    - ``recheck``: the last re-score's best paid at its point estimate but not across its
+      confidence interval; the interval narrows as rounds come in while the estimate stays
+      put, so the re-score is repeated ``patience`` rounds later;
+    - ``truncation`` (no re-score): a shorter chain of the current chain's drafter, or
+      autoregressive decoding, has paid across its paired interval for ``patience`` rounds.
+
+    A strategy that drafts nothing observes no acceptance: after ``probe_after`` rounds in one,
+    the controller probes a drafting strategy of the best-ranked drafter that has no shadow
+    (reason ``probe``). Each probe doubles the wait before the next one (up to ``probe_max``
+    rounds, or ``probe_after`` when that is longer): text that defeated a drafter twice is
+    likely to go on doing so. The wait is back to ``probe_after`` once a drafting strategy has
+    held for ``probe_after`` rounds. ``drafter_kinds()`` tells the decode loop which drafters to
+    keep warm, so a switch costs a catch-up, not a restart.
+
+    **At batch B > 1** the sequences of a round accept different counts; the controller decides
+    on the batch's figures. The acceptance EMA takes the round's mean per sequence (its
+    interval the batch mean's); the collapse test and ``ChainRounds`` take each sequence's count
+    as an observation; the shadow's counts are summed over the batch -- or over the fixed sample
+    of ``shadow_sequences`` it scores, its intervals then widened by the sequences' spread
+    (``planner.shadow``) --, a walk's rounds read per sequence (the batch advances all its
+    sequences each round). Candidates are scored at batch B (round time of the batch's step
+    plus the loop's overhead; B x tokens per sequence over it), B the ranking's unless given; a
+    round of more than B sequences is refused.
+    """
 
     def __init__(
         self,

@@ -1,46 +1,17 @@
 """Acceptance, overlap and loop-overhead profiles per context regime (``RegimeProfile``): what
 the ranking assumes about prompts and about the decode loop that runs the strategies.
 
-A regime profile says, per regime:
+Per regime a profile holds the acceptance alpha of each drafter kind (or drafter on one tree),
+the factor sparse verification puts on it, the selected-block overlap of each traversal order,
+and the fitted coefficients of the loop's host time per round (``RegimeProfile`` says how each
+is keyed and looked up). It comes from engine runs or traces (measured on sample prompts) or
+from a JSON file (``load_profile``; its format is in ``docs/planner.md``); without one, the
+ranking uses the ``Workload`` defaults and labels its figures ``assumed``.
 
-- ``acceptance``: the per-token acceptance alpha of each drafter kind (``"ngram"``), and
-  optionally of a drafter on one tree (``"ngram@chain:7"``, the tree as the ranking holds it:
-  ``best:N`` trees are resolved to ``parents:...``). Trees of one drafter do not share one
-  alpha in practice (an n-gram drafter's second branch is rarely as good as a draft model's),
-  so a measured per-tree value wins over the drafter's;
-- ``attention``: the factor on alpha of sparse verification, per attention key
-  (``attention_key``: grouping that changes the selection -- exact or ``sharedC`` --, budget and
-  refresh schedule), optionally per drafter kind (``"ngram@exact:..."``, which wins over the
-  bare key) or per drafter kind for every key (``"ngram@sparse"``, between the two). Sparse
-  verification changes the target's own distribution (its top blocks, not all of them), so it
-  changes what is accepted -- and by how much depends on the drafter: an
-  n-gram drafter proposes what the context repeats, which the dense target copies from
-  wherever it lies and a sparse one only from the blocks it selected, while a small model's
-  proposals are the local guesses a sparse target still makes. An absent key means 1;
-- ``overlap``: the adjacent selected-block overlap gamma of each traversal order;
-- ``overhead``: host time per round the step model does not count (the loop's Python work,
-  host-side drafting, launches outside graphs), as the coefficients of
-  ``perfmodel.host_overhead.OVERHEAD_TERMS`` fitted on the profile runs
-  (``calibration.host_overhead_fit.fit_overhead``); ``perfmodel.host_overhead.host_overhead_s``
-  prices a round from them. Absent means 0, the step model alone.
-
-It comes from engine runs or traces (measured on sample prompts) or from a JSON file; without
-one, the ranking uses the ``Workload`` defaults and labels its figures ``assumed``.
-
-File format (version 2; version 1 files, which lack ``attention`` and ``overhead``, still load)::
-
-    {"version": 2, "source": "...",
-     "regimes": {"16K": {"acceptance": {"eagle": 0.71, "ngram": 0.35, "ngram@chain:7": 0.31},
-                         "attention": {"exact:nsa32s16:top16x64w512:r2": 0.93,
-                                       "ngram@exact:nsa32s16:top16x64w512:r2": 0.55},
-                         "overlap": {"bfs": 0.68, "dfs": 0.61, "position": 0.74},
-                         "overhead": {"round": 4e-4, "node": 2e-5}}, ...}}
-
-A regime missing from the file, or an entry missing from a regime, falls back to the file's
-``default`` entry when present, else to the workload defaults (``RegimeProfile.assumed`` lists
-what a regime takes from them). A planner evaluation (``validation/data/planner.json``) or a
-ranking document holds the profile it measured or used under ``"profile"``; ``load_profile``
-reads that.
+A regime or entry missing from the file falls back to the file's ``default`` entry when
+present, else to the workload defaults (``RegimeProfile.assumed`` lists what a regime takes
+from them). A planner evaluation (``validation/data/planner.json``) or a ranking document holds
+the profile it measured or used under ``"profile"``; ``load_profile`` reads that.
 """
 
 from __future__ import annotations
@@ -87,7 +58,41 @@ def attention_key(s: Strategy) -> str | None:
 class RegimeProfile:
     """alpha per (regime, drafter kind or drafter@tree), sparse-attention factor per (regime,
     attention key), gamma per (regime, traversal), and the loop overhead's fitted coefficients
-    per regime (what ``perfmodel.host_overhead`` prices a round's host time from)."""
+    per regime (what ``perfmodel.host_overhead`` prices a round's host time from).
+
+    Each table maps a regime (or ``default``) to its entries.
+
+    Attributes
+    ----------
+    acceptance : dict
+        The per-token acceptance alpha of each drafter kind (``"ngram"``), and optionally of a
+        drafter on one tree (``"ngram@chain:7"``, the tree as the ranking holds it: ``best:N``
+        trees are resolved to ``parents:...``). Trees of one drafter do not share one alpha in
+        practice (an n-gram drafter's second branch is rarely as good as a draft model's), so
+        a measured per-tree value wins over the drafter's.
+    overlap : dict
+        The adjacent selected-block overlap gamma of each traversal order.
+    source : str
+        Where the profile comes from, e.g. ``measured:engine-traces``,
+        ``profile:FILE:<the file's source>`` or ``assumed:workload-defaults``.
+    attention : dict
+        The factor on alpha of sparse verification, per attention key (``attention_key``:
+        grouping that changes the selection -- exact or ``sharedC`` --, budget and refresh
+        schedule), optionally per drafter kind (``"ngram@exact:..."``, which wins over the bare
+        key) or per drafter kind for every key (``"ngram@sparse"``, between the two). Sparse
+        verification changes the target's own distribution (its top blocks, not all of them),
+        so it changes what is accepted -- and by how much depends on the drafter: an n-gram
+        drafter proposes what the context repeats, which the dense target copies from wherever
+        it lies and a sparse one only from the blocks it selected, while a small model's
+        proposals are the local guesses a sparse target still makes. An absent key means 1.
+    overhead : dict
+        Host time per round the step model does not count (the loop's Python work, host-side
+        drafting, launches outside graphs), as the coefficients of
+        ``perfmodel.host_overhead.OVERHEAD_TERMS`` fitted on the profile runs
+        (``calibration.host_overhead_fit.fit_overhead``);
+        ``perfmodel.host_overhead.host_overhead_s`` prices a round from them. Absent means 0,
+        the step model alone.
+    """
 
     acceptance: dict[str, dict[str, float]] = field(default_factory=dict)
     overlap: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -227,7 +232,8 @@ def load_profile(path: str | Path) -> RegimeProfile:
 
 
 def profile_from_json(d, where: str = "profile", label: str = "profile") -> RegimeProfile:
-    """A profile from its JSON document (version 1 or 2); ``ValueError`` names the bad entry."""
+    """A profile from its JSON document (version 1 or 2; the format is in ``docs/planner.md``);
+    ``ValueError`` names the bad entry."""
     if not isinstance(d, dict) or d.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"{where} must have version {' or '.join(map(str, READABLE_VERSIONS))}")
     if not isinstance(d.get("regimes"), dict):

@@ -1,20 +1,10 @@
 """The online controller's re-score: every candidate of a regime scored at the acceptance
 observed now, and the tests a move must pass before the controller takes it.
 
-What each candidate is scored at:
-
-- the current strategy: the acceptance observed on it; the current drafter's other trees:
-  their profiled acceptance shifted by the relative change observed -- except its chains no
-  longer than the current chain at the same attention factor (**truncation**,
-  ``ChainRounds``): once the chain has run ``patience`` rounds, their tokens per round are
-  its rounds', not modelled (on prose a draft model's chain:2 can measure faster than the
-  chain:4 its profile, measured on code, ranks first). A drafter that stopped drafting keeps
-  the sums of its last chain for its chains no longer than it, where it has no shadow;
-- a drafter with a **shadow** (``ShadowTracker``): its chains at the acceptance the shadow
-  implies for that very chain length (times their attention factor over the current
-  strategy's), its other trees shifted by the shadow's change on its best-ranked chain;
-- any other drafter: the shift last observed on it, or its profile (a prompt that defeats one
-  drafter need not defeat another: random bytes defeat n-gram lookup, not a draft model).
+Each candidate is scored from what is known of its drafter on this text: the acceptance
+observed on the current strategy, its drafter's own rounds for its shorter chains
+(**truncation**), the **shadow** of a drafter that does not draft, else the shift last observed
+on a drafter or its profile (``Rescorer`` gives each case).
 
 The best candidate must beat the current strategy by more than ``hysteresis`` plus the
 switch cost amortised over ``horizon_rounds``, and then pass across the noise: a shorter
@@ -39,7 +29,24 @@ from ssvkit.planner.shadow import ShadowTracker
 class Rescorer:
     """Scores a regime's candidates (``book``) from what is known of each drafter on this
     text: ``shift`` (observed over profiled acceptance, per drafter kind), ``own`` (the rounds
-    each drafter's last chain ran, ``ChainRounds``) and the ``shadow``."""
+    each drafter's last chain ran, ``ChainRounds``) and the ``shadow``.
+
+    What each candidate is scored at:
+
+    - the current strategy: the acceptance observed on it; the current drafter's other trees:
+      their profiled acceptance shifted by the relative change observed -- except its chains
+      no longer than the current chain at the same attention factor (**truncation**,
+      ``ChainRounds``): once the chain has run ``patience`` rounds, their tokens per round are
+      its rounds', not modelled (a chain of k drafts would have accepted ``min(m, k)`` of a
+      round the current chain accepted ``m`` in). A drafter that stopped drafting keeps the
+      sums of its last chain for its chains no longer than it, where it has no shadow;
+    - a drafter with a **shadow** (``ShadowTracker``): its chains at the acceptance the shadow
+      implies for that very chain length (times their attention factor over the current
+      strategy's), its other trees shifted by the shadow's change on its best-ranked chain;
+    - any other drafter: the shift last observed on it, or its profile (a prompt that defeats
+      one drafter need not defeat another: random bytes defeat n-gram lookup, not a draft
+      model).
+    """
 
     def __init__(
         self,

@@ -7,26 +7,11 @@ the same tokens. The tracker keeps decayed sums of those counts (weight ``1 - em
 on the past, as every other average of the controller), turns them into the acceptance they
 imply for a candidate (``alpha``), pairs each walk's rounds with the tokens the current
 strategy committed for the paired test of a walked candidate (``PairedWalk``), and counts
-how long each watched shadow has stood above its profile (``rising``).
-
-A shadow estimate is used once it rests on ``SHADOW_MIN_POSITIONS`` decayed positions (or
-decayed rounds of a walk: about one round of a long chain; fewer is a coin toss).
-
-**A sample of the batch.** At batch B the shadow may score a fixed sample of S < B sequences
-(``engine.ngram.shadow_sample``; ``ShadowAcceptance.sequences``); its estimates are then the
-sample's ratios of decayed sums, whose error about the batch's has two parts: the rounds' noise,
-which the variances above measure, and how far the sampled sequences differ from the others,
-which persists from round to round and which they do not see. ``SampleSpread`` keeps each sampled
-sequence's decayed walk sums and measures the sequences as clusters: the variance of a ratio
-``r = sum D_s / sum R_s`` over S' live sequences, ``S' / (S' - 1) sum (D_s - r R_s)^2 /
-(sum R_s)^2``, holds both parts. An interval then takes the rounds' variance plus the share the
-sample leaves out, ``1 - S / B`` (the finite-population correction: at S = B the full tracker's
-intervals), of the cluster variance's excess over it, that excess at Student's t of S' - 1
-degrees of freedom rather than the normal ``z`` (it is estimated from a few sequences: at S' = 8
-and z = 1.645, t = 1.89). With fewer than two live sequences, or a sample without its
-sequences' walks, a shadow estimate has no interval (None). Point estimates carry no such
-term: the rising-shadow trigger compares them with ``epsilon``, and a re-score they trigger
-decides on the intervals.
+how long each watched shadow has stood above its profile (``rising``). A shadow estimate is
+used once it rests on ``SHADOW_MIN_POSITIONS`` decayed positions (or decayed rounds of a walk:
+about one round of a long chain; fewer is a coin toss). At batch B the shadow may score a fixed
+sample of S < B sequences; its intervals then add the share of the sequences' spread the sample
+leaves out (``SampleSpread``).
 """
 
 from __future__ import annotations
@@ -93,7 +78,24 @@ def _t_cdf(t: float, dof: int) -> float:
 class SampleSpread:
     """Per sampled sequence (a slot of ``ShadowAcceptance.by_sequence``) the decayed rounds it
     advanced in and, per walk (``index``: a chain length or a tree spec to its column), the
-    decayed rounds walked and drafts accepted."""
+    decayed rounds walked and drafts accepted.
+
+    At batch B the shadow may score a fixed sample of S < B sequences
+    (``engine.ngram.shadow_sample``; ``ShadowAcceptance.sequences``); its estimates are then the
+    sample's ratios of decayed sums, whose error about the batch's has two parts: the rounds'
+    noise, which the tracker's variances measure, and how far the sampled sequences differ from
+    the others, which persists from round to round and which they do not see. These sums
+    measure the sequences as clusters: the variance of a ratio ``r = sum D_s / sum R_s`` over
+    S' live sequences, ``S' / (S' - 1) sum (D_s - r R_s)^2 / (sum R_s)^2``, holds both parts.
+    An interval then takes the rounds' variance plus the share the sample leaves out,
+    ``1 - S / B`` (the finite-population correction: at S = B the full tracker's intervals), of
+    the cluster variance's excess over it, that excess at Student's t of S' - 1 degrees of
+    freedom rather than the normal ``z`` (it is estimated from a few sequences: at S' = 8 and
+    z = 1.645, t = 1.89). With fewer than two live sequences, or a sample without its
+    sequences' walks, a shadow estimate has no interval (None). Point estimates carry no such
+    term: the rising-shadow trigger compares them with ``epsilon``, and a re-score they trigger
+    decides on the intervals.
+    """
 
     __slots__ = ("sums", "index", "walks")
 
@@ -107,8 +109,8 @@ class SampleSpread:
         self.sums += rows
 
     def cluster(self, key, pair: bool) -> tuple[float, int] | None:
-        """The cluster variance (the module) of walk ``key``'s accepted drafts per round, or
-        with ``pair`` of its rounds per round of a sequence, and the live sequences it rests
+        """The cluster variance (see the class) of walk ``key``'s accepted drafts per round,
+        or with ``pair`` of its rounds per round of a sequence, and the live sequences it rests
         on; None for a key not walked or fewer than two live sequences."""
         j = self.index.get(key)
         if j is None:
@@ -232,7 +234,7 @@ class ShadowTracker:
 
     def _with_spread(self, kind: str, key, within: float, z: float, pair: bool) -> float | None:
         """``within`` (a walk's variance over its rounds) plus, when the shadow scores a sample
-        of the batch, the share of the sequences' spread the sample leaves out (the module),
+        of the batch, the share of the sequences' spread the sample leaves out (``SampleSpread``),
         that part scaled by (t / z)^2 so that ``z`` standard errors of the sum hold it at
         Student's t; None when the sample cannot measure it."""
         share = self.share.get(kind, 1.0)

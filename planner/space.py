@@ -2,27 +2,13 @@
 
 A strategy = (drafter, tree shape, traversal order, grouping mode + group size C, refresh/reuse
 schedule, sparse budget top_n / block / window), as a ``perfmodel.strategy.Strategy``. The space
-is the product of the axes of a ``SpaceSpec`` filtered by validity rules that name why a tuple is
-out:
+is the product of the axes of a ``SpaceSpec`` (``enumerate_space``, which drops the tuples that
+differ only in axes a strategy ignores) filtered by validity rules that name why a tuple is out
+(``invalid_reason``: ``rows``, ``budget``, ``smem``, ``kernel``, ``window``).
 
-- ``rows``: the flattened tree plus the root row must fit the verification kernels (64 rows);
-- ``budget``: the selected tokens ``top_n * block_size`` must fit the context;
-- ``smem``: a group of C queries (C x G packed rows, two K/V stages) must fit one thread block's
-  shared memory (``perfmodel.sparse.fits_shared_memory``);
-- ``kernel``: C x G <= 128 packed rows, C <= 31 in union mode, C no larger than the rows;
-- ``window``: block-metadata selection (``mean``/``quest``) needs a local window of at least
-  the verification rows (the engine's position-relative, lossless selection).
-
-Grouping applies to block-metadata selection (``metadata`` ``mean``/``quest``: the
-``sparse_verify`` kernel streams per query, per group union, or the group's shared blocks). The
-NSA kernels (``metadata`` ``nsa``, the default) select per row under every mode; the mode only
-sets how many draft rows share a row tile and its union of blocks
-(``perfmodel.strategy.nsa_rows_per_tile``). The space holds one NSA strategy per (drafter,
-tree, budget, schedule): mode ``shared``, the packed tiles (as many rows as a tile holds, the
-fewest blocks streamed), with the first traversal; ``per_query`` NSA is seed 000's naive
-baseline, not a candidate. (The step model prices ``mean``/``quest`` verification as the
-``sparse_verify`` calls the engine launches, by the ``sparse_verify/<mode>/<grid regime>``
-classes on their launch plan's work, ``perfmodel.sparse_work``.)
+Grouping applies to block-metadata selection (``metadata`` ``mean``/``quest``); the NSA kernels
+(``metadata`` ``nsa``, the default) select per row under every mode, so the space holds one NSA
+strategy per (drafter, tree, budget, schedule), with the packed row tiles.
 
 Every strategy has a stable id (a hash of its fields, independent of enumeration order) and a
 human-readable form.
@@ -166,7 +152,19 @@ def describe(s: Strategy) -> str:
 
 
 def invalid_reason(s: Strategy, model: ModelSpec, gpu: GpuSpec, context_len: int) -> str | None:
-    """Why ``s`` cannot run on (model, gpu) at ``context_len``; None when it can."""
+    """Why ``s`` cannot run on (model, gpu) at ``context_len``; None when it can.
+
+    The reason starts with the rule it breaks:
+
+    - ``rows``: the flattened tree plus the root row must fit the verification kernels
+      (``MAX_KERNEL_ROWS``, 64 rows);
+    - ``budget``: the selected tokens ``top_n * block_size`` must fit the context;
+    - ``window``: block-metadata selection (``mean``/``quest``) needs a local window of at
+      least the verification rows (the engine's position-relative, lossless selection);
+    - ``kernel``: C no larger than the rows, C x G <= 128 packed rows, C <= 31 in union mode;
+    - ``smem``: a group of C queries (C x G packed rows, two K/V stages) must fit one thread
+      block's shared memory (``perfmodel.sparse.fits_shared_memory``).
+    """
     rows = len(parse_tree(s.tree)) + 1
     if rows > MAX_KERNEL_ROWS:
         return f"rows: {rows} verification rows > {MAX_KERNEL_ROWS}"
@@ -196,8 +194,20 @@ def invalid_reason(s: Strategy, model: ModelSpec, gpu: GpuSpec, context_len: int
 def enumerate_space(spec: SpaceSpec) -> list[Strategy]:
     """Every tuple of the product (before validity filtering), deduplicated: dense strategies
     ignore the sparse axes, per_query ignores C, NSA takes the packed schedule and ignores C
-    and traversal (the module says why), a tree that drafts nothing (``chain:0``) ignores the
-    drafter, and refresh_every > 1 implies the fused refresh/reuse kernels."""
+    and traversal, a tree that drafts nothing (``chain:0``) ignores the drafter, and
+    refresh_every > 1 implies the fused refresh/reuse kernels.
+
+    Grouping applies to block-metadata selection (``metadata`` ``mean``/``quest``: the
+    ``sparse_verify`` kernel streams per query, per group union, or the group's shared blocks).
+    The NSA kernels (``metadata`` ``nsa``) select per row under every mode; the mode only sets
+    how many draft rows share a row tile and its union of blocks
+    (``perfmodel.strategy.nsa_rows_per_tile``). So the space holds one NSA strategy per
+    (drafter, tree, budget, schedule): mode ``shared``, the packed tiles (as many rows as a
+    tile holds, the fewest blocks streamed), with the first traversal; ``per_query`` NSA is
+    seed 000's naive baseline, not a candidate. (The step model prices ``mean``/``quest``
+    verification as the ``sparse_verify`` calls the engine launches, by the
+    ``sparse_verify/<mode>/<grid regime>`` classes on their launch plan's work,
+    ``perfmodel.sparse_work``.)"""
     out: dict[str, Strategy] = {}
     drafters = [
         DrafterSpec(kind=k, model=spec.draft_model if k == "draft_model" else None)
