@@ -10,9 +10,6 @@ Every duration comes from ``perfmodel`` through cost tables built once per run
     result = simulate(SimConfig(scenario="ssv", num_tokens=2048))
     result.figures["simulated_tokens_per_s"]
 
-Modules: ``config`` (frozen configs), ``acceptance``, ``overlap`` (per-layer overlaps),
-``tables``, ``recorder``, ``workload`` (seeded streams, lengths, arrivals), ``setup`` (what
-every scenario builds first, and its ``ScenarioRun`` result), ``loop`` (ar/sd/ssv), ``prr``,
-``ssd``, ``sparsespec``, ``serving``, ``scenarios`` (the runners' table, build and run),
-``writers`` (CSV, Chrome trace, Gantt PNG, trace JSONL).
+A module per scenario (``loop`` for ar/sd/ssv, ``prr``, ``ssd``, ``sparsespec``, ``serving``),
+built by ``setup`` and run from ``scenarios``; ``writers``: CSV, Chrome trace, Gantt PNG, JSONL.
 """

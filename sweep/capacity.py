@@ -2,16 +2,9 @@
 
 For one cell (model, GPU, TP degree, context, acceptance, overlap, KV bytes) and strategy, a
 *replica* is ``tp`` GPUs running the simulator's serving scenario (``sim.serving``: Poisson
-arrivals, continuous batching under the KV capacity, prefill first). The search finds the
+arrivals, continuous batching under the KV capacity, prefill first). ``search`` finds the
 largest arrival rate r* at which at least ``attainment`` of ``num_requests`` requests meet both
-SLOs:
-
-1. saturation rate mu: every request arrives at once; mu = requests / makespan;
-2. if the SLOs hold at mu, r* = mu (``throughput_bound``); if they fail at mu / 64, they are
-   unattainable at any load (``slo_unattainable``, r* = 0: more replicas cannot lower one
-   request's latency);
-3. otherwise (``slo_bound``) ``iterations`` bisection steps in log(rate) between the two; r* is
-   the highest rate found to meet the SLOs.
+SLOs, by bisection below the saturation rate.
 
 Then ``replicas = ceil(R / r*)`` and ``gpus = replicas * tp``. Assumes replicas are independent
 (data parallel) and a load balancer splits the Poisson stream evenly (a random split of a
@@ -110,7 +103,21 @@ def _serve(t: CapacityTask, rate: float):
 def search(t: CapacityTask) -> dict:
     """The rate search of one task: ``replica_requests_per_s`` (r*),
     ``replica_saturation_requests_per_s`` (mu), ``attainment_at_max``, ``simulations``,
-    ``status`` (``STATUSES``) and ``provenance``."""
+    ``status`` (``STATUSES``) and ``provenance``.
+
+    r* is the largest arrival rate at which at least ``attainment`` of ``num_requests``
+    requests meet both SLOs:
+
+    1. saturation rate mu: every request arrives at once; mu = requests / makespan;
+    2. if the SLOs hold at mu, r* = mu (``throughput_bound``); if they fail at mu / 64
+       (``LOW_LOAD_FRACTION``), they are unattainable at any load (``slo_unattainable``,
+       r* = 0: more replicas cannot lower one request's latency);
+    3. otherwise (``slo_bound``) ``iterations`` bisection steps in log(rate) between the two;
+       r* is the highest rate found to meet the SLOs.
+
+    A strategy that cannot run the cell is ``infeasible``, one whose sequence does not fit the
+    KV capacity ``does_not_fit`` (r* = 0, no simulation).
+    """
     out = {
         "replica_requests_per_s": 0.0,
         "replica_saturation_requests_per_s": float("nan"),

@@ -5,14 +5,11 @@ tasks finish; callers place results by index, so completion order never changes 
 Workers only compute and return arrays: the caller alone writes files, once, at the end.
 
 - ``SerialExecutor``: in order, in this process (``--workers 1`` and small grids).
-- ``ProcessExecutor``: ``concurrent.futures.ProcessPoolExecutor`` on this machine. On Linux, while
-  this process runs no other thread, workers are forked (fast; a script needs no ``__main__``
-  guard); otherwise they start by ``forkserver`` (preloading perfmodel) or ``spawn``, never by
-  forking a threaded process, and a script must guard its entry with ``if __name__ ==
-  "__main__":`` as multiprocessing requires.
-- ``DaskExecutor``: ``dask.distributed.Client`` connected to a running scheduler
-  (``tcp://host:port``); needs the ``sweep`` extra, and ssvkit installed on the workers (and any
-  model ``config.json`` path of the grid readable there).
+- ``ProcessExecutor``: a process pool on this machine; forked on Linux while this process runs
+  no other thread, else started by ``forkserver`` or ``spawn`` (a script then needs a
+  ``__main__`` guard).
+- ``DaskExecutor``: a running Dask scheduler; needs the ``sweep`` extra, and ssvkit installed
+  on the workers.
 """
 
 from __future__ import annotations
@@ -26,6 +23,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 
 class SerialExecutor:
+    """The tasks in order, in this process (``--workers 1`` and small grids)."""
+
     name = "serial"
 
     def map(self, fn: Callable, tasks: list) -> Iterator[tuple[int, object]]:
@@ -37,7 +36,14 @@ class SerialExecutor:
 
 
 class ProcessExecutor:
-    """A lazily started pool of ``workers`` local processes, reused across ``map`` calls."""
+    """A lazily started pool of ``workers`` local processes, reused across ``map`` calls.
+
+    A ``concurrent.futures.ProcessPoolExecutor`` on this machine. On Linux, while this process
+    runs no other thread, workers are forked (fast; a script needs no ``__main__`` guard);
+    otherwise they start by ``forkserver`` (preloading the sweep's task modules) or ``spawn``,
+    never by forking a threaded process, and a script must guard its entry with
+    ``if __name__ == "__main__":`` as multiprocessing requires.
+    """
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -66,7 +72,12 @@ class ProcessExecutor:
 
 
 class DaskExecutor:
-    """Tasks submitted to a running Dask scheduler; results gathered as they complete."""
+    """Tasks submitted to a running Dask scheduler; results gathered as they complete.
+
+    A ``dask.distributed.Client`` connected to the scheduler at ``address``
+    (``tcp://host:port``); needs the ``sweep`` extra, and ssvkit installed on the workers (and
+    any model ``config.json`` path of the grid readable there).
+    """
 
     def __init__(self, address: str, timeout_s: float = 10.0):
         try:

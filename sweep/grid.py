@@ -1,18 +1,6 @@
-"""Building a ``SweepSpec`` from a dict of grid keys: a YAML/JSON grid file, command-line flags,
-or both merged (flags win).
-
-A grid file (YAML needs the ``sweep`` extra; JSON works on the base install)::
-
-    models: [llama-3.1-8b, qwen3-8b]
-    gpus: [h100-sxm, h200]
-    tp: [1, 2]
-    context_len: [8K, 32K, 128K]          # K = 1024, as on the command line
-    batch: [1, 8, 32]
-    acceptance: [0.6, 0.7, 0.8]
-    strategies: [ar_dense, sd_dense, ssv, {name: ssv-c8, base: ssv, group_size: 8}]
-    vary: {top_n: [16, 32]}               # a copy of each strategy the field applies to
-    simulate: {num_tokens: 256}           # a DES run per point (small grids)
-    capacity: {rates: [10, 50], slo_tpot_s: 0.05}
+"""Building a ``SweepSpec`` from a dict of grid keys: a YAML/JSON grid file (``load_grid``; YAML
+needs the ``sweep`` extra, JSON works on the base install), command-line flags, or both merged
+(flags win). ``spec_from_doc`` shows a grid file with its keys.
 
 Every value is checked on construction; errors name the file, the key and the bad value.
 """
@@ -92,6 +80,21 @@ def spec_from_doc(doc: dict, where: str = "grid") -> SweepSpec:
 
     Scalars count as one-element lists; context lengths take K/M suffixes; errors are one line
     that starts with ``where``.
+
+    Examples
+    --------
+    A grid file::
+
+        models: [llama-3.1-8b, qwen3-8b]
+        gpus: [h100-sxm, h200]
+        tp: [1, 2]
+        context_len: [8K, 32K, 128K]          # K = 1024, as on the command line
+        batch: [1, 8, 32]
+        acceptance: [0.6, 0.7, 0.8]
+        strategies: [ar_dense, sd_dense, ssv, {name: ssv-c8, base: ssv, group_size: 8}]
+        vary: {top_n: [16, 32]}               # a copy of each strategy the field applies to
+        simulate: {num_tokens: 256}           # a DES run per point (small grids)
+        capacity: {rates: [10, 50], slo_tpot_s: 0.05}
     """
     try:
         return _spec_from_doc(doc)

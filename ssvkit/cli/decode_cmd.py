@@ -6,15 +6,10 @@ ssvkit decode --model tiny --device cpu --context 2K --strategy ar_dense --trace
 ssvkit decode --model random:llama-3.1-8b --context 32K --strategy ssv --drafter oracle \
     --oracle-acceptance 0.9,0.8,0.7,0.6,0.5
 
-Bad input (a missing checkpoint, a context beyond the model's positions, a strategy the engine
-cannot run, no CUDA for ``--device cuda``) fails with one line and exit 2 before any model is
-built. The prediction comes from ``perfmodel`` for ``--gpu`` at the measured acceptance (the
-per-draft alpha that reproduces the mean accepted drafts per round) and, when measured, the
-mean group overlap (``--stats``; always with ``--drafter oracle`` on a sparse strategy, whose
-random-weight selections overlap less than a trained model's). ``--drafter oracle`` drafts the
-target's own continuation corrupted to a chosen acceptance (``engine.oracle``): verification
-stays real, the acceptance is synthetic and labelled so, and the prediction prices the oracle's
-lookup as ``ngram`` drafting.
+Bad input fails with one line and exit 2 before any model is built. The prediction comes from
+``perfmodel`` for ``--gpu`` at the measured acceptance and, when measured, the mean group
+overlap; with ``--drafter oracle`` (``engine.oracle``) the acceptance is synthetic and labelled
+so. ``docs/cli.md`` says what each flag does.
 """
 
 from __future__ import annotations
