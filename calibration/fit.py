@@ -1,21 +1,15 @@
 """Fit the calibrated model (``perfmodel.class_fit``) per op class on the committed rows, and
 measure its error on rows the fit never saw.
 
-Op classes: the op name (the fused element-wise kernels' rows are named as
-``perfmodel.ops.FUSED_CLASSES``), refined by ``mode`` (sparse modes, NSA refresh/reuse, repair),
-``impl`` (NSA fused/unfused), NSA's one-row tiles (``/per_query``, rows timed with
-``rows_per_tile`` 1), ``method`` (block-score metadata) and select_blocks' two-launch
-baseline (``/two_launch``). Only CUDA-graph rows are fitted: the decode loop runs under graphs;
-plain-launch rows (which add Triton's tens of microseconds of Python launch path) stay in the
-data for reference.
+This module classifies the rows (``op_class``), holds the held-out ones back, fits every class
+(``calibration.fit_class``, over the quantities ``calibration.features`` derives from its rows)
+and writes the profile with its error per split. Only CUDA-graph rows are fitted, as the decode
+loop runs under graphs; plain-launch rows stay in the data for reference.
 
-Held-out rule (documented in the README's "Calibration accuracy"): a row is held out when
+Held-out rule (``is_heldout``; the README's "Calibration accuracy"): a row is held out when
 ``int(sha1(op, params, timing)[:8], 16) % 5 == 0`` or when it has one of the whole held-out
 values -- context 48K or 96K, or 12 query tokens (``num_query_tokens`` or GEMM ``m``) -- so the
 fit never sees those sizes at all.
-The fit of each class is ``calibration.fit_class``, over the quantities ``calibration.features``
-derives from its rows; this module classifies the rows, holds the held-out ones back, fits
-every class and writes the profile with its error per split.
 """
 
 from __future__ import annotations
@@ -49,7 +43,14 @@ ROW_SPLIT_OPS = ("silu_mul", "kv_write", "rope_qk")
 
 def op_class(row: dict) -> str:
     """The class a row is fitted in: its op class, with ``RESIDENT_SUFFIX`` when the row was
-    timed L2-resident (``validation.engine_op_sweep --ops resident``; ``perfmodel.predictor``)."""
+    timed L2-resident (``validation.engine_op_sweep --ops resident``; ``perfmodel.predictor``).
+
+    An op class is the op name (the fused element-wise kernels' rows are named as
+    ``perfmodel.ops.FUSED_CLASSES``), refined by sparse verification's kernel path and grid
+    regime, repair's ``mode``, NSA's ``mode`` and ``impl`` and its one-row tiles
+    (``/per_query``, rows timed with ``rows_per_tile`` 1), block selection's ``method`` and its
+    two-launch baseline (``/two_launch``), the row width of a norm or the vocabulary of sampling,
+    and the single-row calls of ``ROW_SPLIT_OPS`` (``/m1``)."""
     base = _op_class(row)
     return base + RESIDENT_SUFFIX if row["params"].get("l2") == "resident" else base
 
