@@ -1,52 +1,17 @@
 """The calibration design of a GPU's kernel sweep (``kernel_sweep --grid calibration``): the
 axis-aligned lines the per-class fits need, plus Latin-hypercube points across head geometries.
 
-- **Lines** (``LINES``): the full grid at Llama-3.1-8B attention (``FULL_SWEEP``), with every
-  group size 1-8 and without torch SDPA. Their rows keep the keys the committed rows have, so a
-  GPU's committed rows are not measured again.
-- **Wave lines** (``WAVE_LINES``): dense verification at Llama-3.1-8B attention across the
-  wave boundary of 132 SMs, where its 128-row tiles (t > 16 at G = 4) run one program an SM:
-  batch 16 fills 128 SMs, 17-30 add a partial second wave (1.03-1.82 waves), at t = 16 (64-row
-  tiles), 17 and 32. The rows tell how a partial wave's programs run, which the dense class
-  does not yet price (``perfmodel.attention_work.dense_verify_tiles``).
-- **Engine lines** (``ENGINE_LINES``): NSA verification at the attention of the scale
-  campaigns' models (Llama-3.1-8B, GQA 4; GLM-4-9B, GQA 16) at the contexts, batches, draft rows
-  and row schedules the engine decodes (``validation.scale_plan``): one row (``ar_sparse``),
-  9, 17 and 33 packed rows (the planned strategies' shared schedule), 17 rows one a tile
-  (``sd_sparse_naive``) and four a tile (``ssv``'s union of 4), at 32K-128K and batch 1 to the
-  largest that fits. The lines and the
-  points leave these outside their axes; the campaign's verify steps are then priced from rows
-  at their own kernel shapes, and its report measures how the step composes them.
-- **Schedule lines** (``SCHEDULE_LINES``): NSA's row schedules (9, 17 and 33 rows four a tile,
-  17 rows one a tile) at a second geometry where four rows are not the packed tile (GQA 8,
-  D = 128), at 32K and 128K and batch 1, 4 and 16: the engine lines put nearly every union-of-
-  four row at Llama-3.1-8B's geometry, so leaving that geometry out would leave the schedule
-  without rows to fit.
-- **Select and sparse lines** (``SELECT_LINES``, ``SPARSE_LINES``): block selection (both
-  metadata kinds, one and two launches) at GQA 16, D = 128 and GQA 8, D = 64, and sparse
-  verification (``per_query``, ``union`` and ``shared`` at C = 2, 4, 8) at GQA 16 and GQA 8,
-  D = 128, at 16K-128K, batch 1 to 16, top_n 16 and 64: the lines time both at Llama-3.1-8B's
-  geometry only and the points put few rows elsewhere, so leaving that geometry out would leave
-  the fit little to transfer from.
-- **Planner lines** (``PLANNER_LINES``): NSA and dense verification at the trained tiny pair's
-  attention (target and draft model) at the shapes of the planner evaluation at batch 32, whose
-  ranking is scored against the engine there.
-- **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally often
-  (a Latin hypercube on a lattice of levels, one seeded permutation per axis): head geometry
-  (``GEOMETRIES``: GQA 4, 5, 8 and 16, head dims 64 and 128), draft rows t up to 64, batch 1-64,
-  context, and the step's own axes (top_n, overlap, group size 1-8, missed fractions, metadata
-  kind, NSA rows per tile). Every level of every axis is thus measured at several other values
-  of the other axes, which is what the leave-one-head-geometry-out, leave-one-group-size-out
-  and leave-one-context-out sets of ``ssvkit validate`` test on. The levels are few (a left-out
-  value is refitted once per level), odd ones included (group sizes 3, 5, 7; t = 3, 5, 7, 11,
-  ...; batches 3, 6, 12, 24, 48), and include the held-out contexts 48K and 96K and t = 12.
+- **Lines**: ``LINES``, the full grid at Llama-3.1-8B attention (``FULL_SWEEP``) with every
+  group size 1-8 and without torch SDPA, keyed as the committed rows are, so a GPU's committed
+  rows are not measured again; and lines at the shapes the fits and the campaigns need beyond
+  it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``, ``SPARSE_LINES``,
+  ``PLANNER_LINES``).
+- **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally
+  often (``lattice_lhs``), head geometry (``GEOMETRIES``) one of the axes, so every level of
+  every axis is measured at several values of the others, which the leave-one-out sets of
+  ``ssvkit validate`` test on.
 
-A sparse point times ``per_query`` and its group size in both modes on one set of selections
-(a group size above t is t); an ``nsa_tiles`` point whose schedule runs the packed tiles (its
-t rows fit one) is dropped, the ``nsa`` step's rows time those. Contexts start at 4K for dense
-verification and at 16K where a step selects blocks (top_n 64 of 64-token blocks needs 8K of
-distinct blocks before overlap). Working sets under the L2 (a small batch at a short context)
-are kept and counted by the plan.
+What each line covers and why: docs/results/calibration.md, "The calibration design".
 """
 
 from __future__ import annotations
