@@ -1,27 +1,12 @@
 """Plan a kernel sweep before it runs: each config's device time, the compilations it needs, and
 the split of the configs between N GPUs (``--plan``, ``--shard K/N``). Host-only.
 
-A config costs what building its inputs takes, what timing each of its rows takes (warm-up,
-graph capture, samples: the ``kernels.timing`` protocol applied to the kernel time its
-roofline gives on the GPU's measured ceilings), and one compilation per Triton specialisation
-that no earlier config of the same process compiled. Compilation is most of a sweep's time:
-Triton compiles a kernel again for every new tuple of its constexprs and of its integer
-arguments' classes (equal to 1, divisible by 16, other), so ``compile_keys`` names, per
-variant, the specialisations its launch asks for, from the launch plans the wrappers use
-(``perfmodel.attention_plan``). That naming is close for the dense, sparse and repair kernels,
-whose constexprs follow from the plan; the NSA and selection calls launch several kernels and
-are counted per (geometry, row tile, path) and (geometry, context, top_n) with a kernel count.
-
-``PlanCosts`` holds the planning model's assumed costs (compilation per specialisation, fixed
-host cost per row, selection building per draft row); they are planning figures, not
-measurements, and ``measured_text`` puts them beside the ``wall_s`` and ``first_call_s`` a run
-records in its rows.
-
-Shards (``calibration.shards.assign``): configs are grouped into units that share their
-specialisations (a step at one geometry and one row-tile class), a unit is cut into chunks when
-it would exceed a quarter of a shard's share, and the units go longest first to the least loaded
-shard. Each shard runs its units in step order (``STEP_ORDER``), so a budget cut leaves the
-steps last in that order unfinished.
+A config costs building its inputs, timing each of its rows and one compilation per Triton
+specialisation that no earlier config of the same process compiled (``config_cost``,
+``compile_keys``). Compilation is much of a sweep's time, so the shards keep the configs that
+share specialisations together (``plan_shards``). ``PlanCosts`` holds the planning model's
+assumed costs; they are planning figures, not measurements, and ``measured_text`` puts them
+beside the ``wall_s`` and ``first_call_s`` a run records in its rows.
 """
 
 from __future__ import annotations
@@ -67,7 +52,9 @@ COMPILED_FIRST_CALL_S = 0.5
 
 @dataclass(frozen=True, slots=True)
 class PlanCosts:
-    """Assumed costs of the planning model (module docstring); ``--compile-s`` sets the first."""
+    """Assumed costs of the planning model (compilation per specialisation, fixed host cost per
+    row, input building): planning figures, not measurements (``measured_text`` puts them beside
+    a run's); ``--compile-s`` sets the first."""
 
     compile_s: float = field(
         default=2.0, metadata={"help": "seconds to compile one attention-kernel specialisation"}
@@ -106,7 +93,14 @@ def _heads(geometry: str) -> tuple[int, int, int]:
 
 
 def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
-    """The specialisations (kernel name first) the launch of variant ``v`` asks for."""
+    """The specialisations (kernel name first) the launch of variant ``v`` asks for.
+
+    Triton compiles a kernel again for every new tuple of its constexprs and of its integer
+    arguments' classes (equal to 1, divisible by 16, other: ``_cls``); the keys follow from the
+    launch plans the wrappers use (``perfmodel.attention_plan``). That naming is close for the
+    dense, sparse and repair kernels, whose constexprs follow from the plan; the NSA and
+    selection calls launch several kernels and are counted per (geometry, row tile, path) and
+    (geometry, context, top_n) with a kernel count (``NSA_KERNELS``, ``SELECT_KERNELS``)."""
     hq, hkv, d = _heads(cfg.geometry)
     p = v.params
     t, bsz, ctx = p["num_query_tokens"], p["batch"], p["context_len"]
@@ -204,7 +198,11 @@ def config_cost(
     tc: TimingConfig = DEFAULT_TIMING,
 ) -> ConfigCost:
     """The cost of timing every variant of ``cfg`` by ``timings`` on ``gpu`` (its measured
-    ceilings when ``get_gpu`` found them)."""
+    ceilings when ``get_gpu`` found them): building its inputs (device fills at
+    ``fill_bytes_per_s``, plus the host's selection drawing), and per variant the
+    ``kernels.timing`` protocol (``timing_s``) applied to the kernel time its roofline gives,
+    max(bytes / copy bandwidth, FLOPs / GEMM rate) + the launch overhead, plus
+    ``row_overhead_s`` a row, and the specialisations its launch needs (``compile_keys``)."""
     hq, hkv, d = _heads(cfg.geometry)
     c = cfg.common
     bsz, t, ctx = c["batch"], c["num_query_tokens"], c["context_len"]
@@ -294,7 +292,12 @@ def plan_shards(
     pending=None,
 ) -> ShardPlan:
     """Split ``configs`` into ``count`` shards balanced by the estimated seconds of the
-    variants ``pending(cfg)`` returns (all when None). Every shard must compute the same split:
+    variants ``pending(cfg)`` returns (all when None): configs are grouped into units that share
+    their specialisations (``unit_of``: a step at one geometry and one row-tile class), a unit is
+    cut into chunks when it would exceed a quarter of a shard's share (``UNITS_PER_SHARD``), and
+    the units go longest first to the least loaded shard (``calibration.shards.assign``). Each
+    shard runs its units in step order (``STEP_ORDER``), so a budget cut leaves the steps last in
+    that order unfinished. Every shard must compute the same split:
     ``pending`` must answer from rows that do not change while the shards run (the committed
     rows, not a shard's own file)."""
     costs_by_id = {id(c): config_cost(c, gpu, timings, plan_costs) for c in configs}

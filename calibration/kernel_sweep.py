@@ -1,31 +1,17 @@
 """The kernel sweep: correctness first, then the timed sweep, one sealed row per config.
 
-    python -m ssvkit.calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \
-        [--ops dense,sparse,repair,nsa,select,nsa_tiles] [--budget-s 540] [--json] \
+    python -m ssvkit.calibration.kernel_sweep --out calibration/profiles/h100-sxm [--quick] \\
+        [--ops dense,sparse,repair,nsa,select,nsa_tiles] [--budget-s 540] [--json] \\
         [--geometry tiny]
     # the calibration design, shard 2 of 4 (one process per GPU), graph timings only:
-    python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 2/4 \
+    python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 2/4 \\
         --out OUT/s2 --done-from calibration/profiles/h200/kernel_bench.jsonl --timings graph
     # the same without a GPU: every shard's configs and estimated minutes
     python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 0/4 --plan ...
 
-1. Checks each op against its fp32 reference (:mod:`calibration.kernel_checks`) before its
-   first timed config, and the verification kernels at each other head geometry before their
-   first config there; a mismatch or a NaN ends the run (exit status 2), with nothing of that
-   op timed.
-2. Measures the ceilings of this run (:class:`calibration.runner.Runner`) and writes them as rows:
-   device-to-device copy bandwidth (read + write bytes) and the empty Triton kernel.
-3. Times the configs (``calibration.kernel_grid``): the ``Sweep`` lines at one geometry
-   (Llama-3.1-8B attention by default: 32 query heads, 8 KV heads, d = 128, bf16; with
-   ``--geometry tiny`` the engine's trained tiny pair over ``TINY_SWEEP``), or with ``--grid
-   calibration`` the calibration design across geometries (``calibration.kernel_design``). Each
-   row goes to ``OUT/kernel_bench.jsonl``; a row already there or in a ``--done-from`` file is
-   skipped. ``--shard K/N`` times shard K of the configs pending against the ``--done-from``
-   files, split by estimated time (``calibration.kernel_plan``); ``--plan`` prints the split.
-4. Prints a summary of every row in the file (:mod:`calibration.kernel_summary`).
-
-Exit status: 0 when every config is in the file, 1 without a GPU, 2 on a correctness failure or
-a bad option, ``STOPPED_AT_BUDGET`` (3) when the budget left configs out (run it again).
+The rows go to ``OUT/kernel_bench.jsonl``, resumable; ``main`` lists the steps. Exit status: 0
+when every config is in the file, 1 without a GPU, 2 on a correctness failure or a bad option,
+``STOPPED_AT_BUDGET`` (3) when the budget left configs out (run it again).
 """
 
 from __future__ import annotations
@@ -338,7 +324,24 @@ class Checks:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command (the module docstring); returns its exit status."""
+    """Run the command (the module docstring); returns its exit status.
+
+    1. Checks each op against its fp32 reference (:mod:`calibration.kernel_checks`) before its
+       first timed config, and the verification kernels at each other head geometry before
+       their first config there; a mismatch or a NaN ends the run (exit status 2), with nothing
+       of that op timed.
+    2. Measures the ceilings of this run (:class:`calibration.runner.Runner`) and writes them as
+       rows: device-to-device copy bandwidth (read + write bytes) and the empty Triton kernel.
+    3. Times the configs (``calibration.kernel_grid``): the ``Sweep`` lines at one geometry
+       (Llama-3.1-8B attention by default: 32 query heads, 8 KV heads, d = 128, bf16; with
+       ``--geometry tiny`` the engine's trained tiny pair over ``TINY_SWEEP``), or with
+       ``--grid calibration`` the calibration design across geometries
+       (``calibration.kernel_design``). Each row goes to ``OUT/kernel_bench.jsonl``; a row
+       already there or in a ``--done-from`` file is skipped. ``--shard K/N`` times shard K of
+       the configs pending against the ``--done-from`` files, split by estimated time
+       (``calibration.kernel_plan``); ``--plan`` prints the split.
+    4. Prints a summary of every row in the file (:mod:`calibration.kernel_summary`).
+    """
     try:
         opts = parse_args(argv)
         if opts.summary_only:

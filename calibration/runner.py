@@ -1,20 +1,14 @@
 """The one runner of the GPU sweeps (ops and kernels): it times a config, seals its row
 (``perfmodel.rows``) and appends it to a JSONL file, resumes from the rows already there, and
-stops before the wall budget runs out.
+stops before the wall budget runs out (``Runner.out_of_time``).
 
 A row's key is its op, its timing and its defining params (``perfmodel.rows.row_key``), so a
 rerun skips every (config, timing) already in the file, or in the read-only ``done_from`` files
 (the committed rows, when a shard writes its own file). Each row is one ``write`` of one line,
 synced: a kill leaves at most a last line cut short, which the next run drops (that row is
-measured again). Each row also records ``wall_s`` (seconds since the previous row of the run:
-input building, compilation and timing) and ``first_call_s`` (its op's untimed first call,
-compilation included when the kernel had no compiled specialisation yet), from which later
-sweeps are planned (``calibration.kernel_plan``). The ceilings every row carries (copy
-bandwidth, GEMM rate, the empty kernel per timing) are measured in the same run, with the
-runner's timing config. No config starts once the elapsed time is within twice the longest
-config timed so far of the budget; ``stopped`` then says a config not in the file was left out,
-and the command exits with ``STOPPED_AT_BUDGET``. With a ``shard``, configs other shards own
-(``calibration.shards.Shard.owns``) are not this runner's to time.
+measured again). The ceilings every row carries (copy bandwidth, GEMM rate, the empty kernel
+per timing) are measured in the same run, with the runner's timing config. With a ``shard``,
+configs other shards own (``calibration.shards.Shard.owns``) are not this runner's to time.
 """
 
 from __future__ import annotations
@@ -141,7 +135,10 @@ class Runner:
         return time.monotonic() - self.t0
 
     def out_of_time(self) -> bool:
-        """True (and ``stopped`` set) once no further config fits in the budget."""
+        """True (and ``stopped`` set) once no further config fits in the budget: no config
+        starts once the elapsed time is within twice the longest timing so far (5 s before
+        any) of the budget; ``stopped`` then says a config not in the file was left out, and
+        the command exits with ``STOPPED_AT_BUDGET``."""
         if not self.stopped and self.elapsed_s() > self.budget_s - 2 * self.longest_s:
             print(f"[{self.elapsed_s():6.1f}s] budget of {self.budget_s:.0f} s near: stopping")
             self.stopped = True
@@ -183,7 +180,11 @@ class Runner:
         flops: float,
         first_call_s: float = 0.0,
     ) -> None:
-        """Seal and append one row (nothing when its key is in the file already)."""
+        """Seal and append one row (nothing when its key is in the file already). The row
+        records ``wall_s`` (seconds since the previous row of the run: input building,
+        compilation and timing) and ``first_call_s`` (its op's untimed first call, compilation
+        included when the kernel had no compiled specialisation yet), from which later sweeps
+        are planned (``calibration.kernel_plan``)."""
         key = row_key(op, t.timing, params)
         if key in self.done:
             return

@@ -1,26 +1,17 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
 (GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops the decode
 loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy sampling over the vocabulary). One
-sealed row per config, CUDA-graph replay with a cold L2, resumable: a config already in the
-output file is skipped (the runner the kernel sweep shares, ``calibration.runner``).
+sealed row per config, CUDA-graph replay with a cold L2, resumable (``calibration.runner``, the
+kernel sweep's runner too; ``ssvkit calibrate`` runs both sweeps).
 
     python -m ssvkit.calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
     # shard 1 of 4 (one process per GPU), skipping the rows the committed file has:
-    python -m ssvkit.calibration.sweep --out OUT/s1 --shard 1/4 \
+    python -m ssvkit.calibration.sweep --out OUT/s1 --shard 1/4 \\
         --done-from calibration/profiles/h200/op_sweep.jsonl
 
 Exit status 0 when every config is in the file, ``STOPPED_AT_BUDGET`` (3) when the budget left
-configs out (run the same command again to resume). ``main`` takes the op groups to run, so a
-caller above this layer adds its own: ``validation.engine_op_sweep`` adds the ops the engine
-implements (rotary, the KV-tail write, ...) and is the sweep of record.
-
-``--shard K/N`` times the configs whose resume key hashes to K (``calibration.shards``): the
-configs take alike times (tens of milliseconds each), so equal counts balance the shards.
-``--plan`` prints each shard's count and estimated time without a GPU, over the configs of a
-reference rows file (``PLAN_REFERENCE``: the H100's op rows, the same registry's shapes).
-
-The attention kernels' rows come from ``python -m ssvkit.calibration.kernel_sweep`` (same runner and
-file folder); ``ssvkit calibrate`` runs both.
+configs out (run it again to resume). The sweep of record is ``validation.engine_op_sweep``,
+which passes ``main`` the op groups of the engine's own ops besides these.
 """
 
 from __future__ import annotations
@@ -198,7 +189,8 @@ PLAN_REFERENCE = Path(__file__).resolve().parent / "profiles" / "h100-sxm" / ROW
 def plan_text(count: int, done: set[str], reference: Path = PLAN_REFERENCE) -> str:
     """Per shard of ``count``: the reference file's configs it owns, those not in ``done``,
     and their estimated minutes (the reference's measured call times under ``TIMING``, plus
-    ``PlanCosts.row_overhead_s`` a row)."""
+    ``PlanCosts.row_overhead_s`` a row). The reference (``PLAN_REFERENCE``) is the H100's op rows,
+    of the same registry's shapes."""
     overhead = PlanCosts().row_overhead_s
     n, todo, secs = Counter(), Counter(), Counter()
     for r in read_rows(reference):
@@ -226,7 +218,10 @@ def default_groups() -> dict[str, Callable]:
 
 def main(argv: list[str] | None = None, groups: dict[str, Callable] | None = None) -> int:
     """Run the op ``groups`` (name -> ``fn(runner, models=None)``; default ``default_groups``)
-    that ``--ops`` selects, and ``resident``: every group again at the L2-resident models."""
+    that ``--ops`` selects, and ``resident``: every group again at the L2-resident models.
+    ``--shard K/N`` times the configs whose resume key hashes to K (``calibration.shards``: the
+    configs take alike times, so equal counts balance the shards); ``--plan`` prints each
+    shard's count and estimated time without a GPU (``plan_text``)."""
     groups = default_groups() if groups is None else groups
     names = (*groups, "resident")
     ap = OneLineParser(description=__doc__.splitlines()[0])
