@@ -8,13 +8,9 @@ Each row is one committed run that drafts: its measured CUDA-event ``draft`` ste
 step model's GPU draft time (``perfmodel.step``, without ``draft.host``) for the tree the
 engine ran, at the run's batch and context and the per-draft alpha that reproduces its mean of
 accepted drafts (``perfmodel.strategy.fit_acceptance``; the draft model's catch-up depends on
-it). Non-negative least squares of the n-gram rows' residual (measured minus GPU) on
-``draft_host_features`` over the fit set: the tiny pair's batched decodes at batch 1 and 8
-(``batched-decode-contexts-<gpu>.json``). The test sets: the same file at batch 32, the batch
-sweep at 16K (``batched-decode-<gpu>.json``) and the measured strategies of the planner
-evaluation at batch 32 (``planner-b32-<gpu>.json``). Median and p90 APE of the whole draft step
-per drafter and set, before (GPU ops only) and after the host term, go to the output with the
-coefficients.
+it). The host term is the non-negative least squares fit of the n-gram rows' residual (measured
+minus GPU) on ``draft_host_features`` (``fit``); the output holds its coefficients and the draft
+step's median and p90 APE per drafter and set, before and after the host term (``run``).
 """
 
 from __future__ import annotations
@@ -175,7 +171,12 @@ def _commit() -> str:
 
 
 def run(data: Path, gpu: str) -> dict:
-    """The fit on batch 1 and 8 of the contexts decodes and the errors on every set."""
+    """The fit on batch 1 and 8 of the contexts decodes and the errors on every set.
+
+    The fit set: the tiny pair's batched decodes at batch 1 and 8
+    (``batched-decode-contexts-<gpu>.json``). The test sets: the same file at batch 32, the
+    batch sweep at 16K (``batched-decode-<gpu>.json``) and the measured strategies of the
+    planner evaluation at batch 32 (``planner-b32-<gpu>.json``)."""
     contexts = data / f"batched-decode-contexts-{gpu}.json"
     fit_rows = decode_rows(contexts, lambda b: b < 32)
     with gzip.open(data / f"planner-ranking-b32-{gpu}.json.gz", "rt") as fh:

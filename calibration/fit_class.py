@@ -1,25 +1,12 @@
 """The least-squares fit of one op class of the calibrated model (``perfmodel.class_fit``) on
 its fit rows (``calibration.features``), as ``calibration.fit`` runs it per class.
 
-Fit: per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
-knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K from
-the row count; two for sparse verification, one constant pair for dense verification), for
-sparse verification and repair the L2-miss share h and the L2 throughput ratio r
-(``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside the HBM bytes; bounded
-to [1, 4]), for a dense call's row tiles of one KV head the share h alone, for GEMMs, NSA, sparse
-verification, block selection, dense verification, repair, the KV write and sampling the
-latency t_k of a serial chain (a GEMM's K; the key tiles a program walks times its waves, from
-the launch plans of ``perfmodel.nsa_work``, ``perfmodel.sparse_work``,
-``perfmodel.select_work``, ``perfmodel.dense_work``, ``perfmodel.repair_work``; the elements a
-KV-write thread stores in series, ``perfmodel.torch_plan``; the vocabulary a sampling row
-walks), for NSA, sparse and dense verification the latency t_s of a merge step (the serial walk
-over split partials), t_r of a row-tile row and t_kr of a chain tile's row, for repair t_km of a
-chain tile's bytes that miss L2, and the rates t_x of the stage counts (block selection's top-n
-stage; NSA's and repair's program waves; sparse verification's waves, row waves, tiles an SM
-and a union plan's compares; a dense call's merge launch).
-Deterministic (no random starts; sparse verification starts from a few byte efficiencies and
-L2 ratios, dense verification and repair from a few shares of their latency bounds; each keeps
-the lowest loss).
+``fit_class`` minimises the soft-L1 loss of log(predicted / measured) over the class's
+parameters: t0, the efficiency knots in bytes and FLOPs, and the L2-miss share, L2 throughput
+ratio and serial-chain, merge, row and stage latencies its rows' counts call for (``_layout``).
+Deterministic: no random starts; the classes whose optimum depends on the start (sparse
+verification, NSA, dense verification, repair) are solved from a few fixed starts each, keeping
+the lowest loss.
 """
 
 from __future__ import annotations
@@ -133,7 +120,29 @@ class _Layout:
 
 
 def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec) -> ClassFit:
-    """Least-squares fit of one class on its fit rows."""
+    """Least-squares fit of one class on its fit rows.
+
+    Per class, minimise the soft-L1 loss of log(predicted / measured) over t0, the efficiency
+    knots (K = 2..6 evenly spaced in log10 bytes and log10 FLOPs over the class's fit rows, K
+    from the row count; two for sparse verification, one constant pair for dense
+    verification), for sparse verification and repair the L2-miss share h and the L2
+    throughput ratio r (``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside
+    the HBM bytes; bounded to [1, 4]), for a dense call's row tiles of one KV head the share h
+    alone, for GEMMs, NSA, sparse verification, block selection, dense verification, repair,
+    the KV write and sampling the latency t_k of a serial chain (a GEMM's K; the key tiles a
+    program walks times its waves, from the launch plans of ``perfmodel.nsa_work``,
+    ``perfmodel.sparse_work``, ``perfmodel.select_work``, ``perfmodel.dense_work``,
+    ``perfmodel.repair_work``; the elements a KV-write thread stores in series,
+    ``perfmodel.torch_plan``; the vocabulary a sampling row walks), for NSA, sparse and dense
+    verification the latency t_s of a merge step (the serial walk over split partials), t_r of
+    a row-tile row and t_kr of a chain tile's row, for repair t_km of a chain tile's bytes that
+    miss L2, and the rates t_x of the stage counts (block selection's top-n stage; NSA's and
+    repair's program waves; sparse verification's waves, row waves, tiles an SM and a union
+    plan's compares; a dense call's merge launch).
+
+    The starts (``_starts``): sparse verification's from a few byte efficiencies and, with
+    repair's, L2 ratios; NSA's from a few FLOP efficiencies; dense verification's and repair's
+    from a few shares of their latency bounds. The lowest loss is kept (``_solve``)."""
     d = class_data(name, rows, gpu)
     op = name.split("/")[0]
     layout = _layout(name, d, rows)

@@ -4,21 +4,10 @@ committed rows and stored in the profile under ``intervals`` (read by ``perfmode
     python -m ssvkit.calibration.intervals --gpu h100-sxm           # the intervals, in place
     python -m ssvkit.calibration.intervals --gpu h100-sxm --check   # exit 1 where they differ
 
-Per kernel family (``perfmodel.intervals.kernel_family``), the log residuals ln(measured /
-predicted) of rows that the predicting fit never saw:
-
-- ``heldout``: the interpolation split's held-out rows (``calibration.fit.is_heldout``) under the
-  profile's own class fits;
-- ``leave_one_out``: the rows of the leave-one-head-geometry-, group-size- and context-out sets
-  that ``ssvkit validate`` prints (``calibration.transfer_sets.leave_one_out_rows``), each
-  predicted by a refit of its classes without its value, a fit of all the rows standing for the
-  classes without it: the fitting procedure's error on values it never saw;
-- ``cross_gpu``: every other GPU's committed rows predicted by the profile's fits on that GPU's
-  measured ceilings (``calibration.transfer_sets.predict``: a group size the profile lacks is
-  priced by the nearest one).
-
-Of each set, per family and pooled over families (``"*"``), the median and the split-conformal
-bounds of a central ``COVERAGE`` interval (``perfmodel.intervals.Residuals.of``). The fit
+Of each set (``residual_rows``: ``heldout``, ``leave_one_out``, ``cross_gpu``), per kernel
+family (``perfmodel.intervals.kernel_family``) and pooled over families (``"*"``): the median
+and the split-conformal bounds of a central ``COVERAGE`` interval of the log residuals
+ln(measured / predicted) of rows that the predicting fit never saw. The fit
 (``calibration.fit.fit_folder``) stores them with every profile; this command recomputes them
 for a committed profile without refitting it, since a refit under other numerical libraries can
 land on another optimum of equal error (``calibration.validate.fit_agreement``).
@@ -74,9 +63,19 @@ def log_residuals(annotated: list[dict]) -> dict[str, np.ndarray]:
 def residual_rows(
     gpu: str, rows: list[dict], ceiling: dict, profile: Profile, loo: list[dict] | None = None
 ) -> dict:
-    """The annotated rows of each residual set (module docstring) of ``profile``, fitted on
-    ``gpu``'s ``rows`` with measured ceilings ``ceiling``, ``loo`` the leave-one-out sets' when
-    already computed (``committed_leave_one_out_rows``); and the other GPUs of ``cross_gpu``."""
+    """The annotated rows of each residual set of ``profile``, fitted on ``gpu``'s ``rows``
+    with measured ceilings ``ceiling``, ``loo`` the leave-one-out sets' when already computed
+    (``committed_leave_one_out_rows``); and the other GPUs of ``cross_gpu``. The sets:
+
+    - ``heldout``: the interpolation split's held-out rows (``calibration.fit.is_heldout``)
+      under the profile's own class fits;
+    - ``leave_one_out``: the rows of the leave-one-head-geometry-, group-size- and context-out
+      sets that ``ssvkit validate`` prints (``calibration.transfer_sets.leave_one_out_rows``),
+      each predicted by a refit of its classes without its value, a fit of all the rows
+      standing for the classes without it: the fitting procedure's error on values it never
+      saw;
+    - ``cross_gpu``: every other GPU's committed rows predicted by the profile's fits on that
+      GPU's measured ceilings (``calibration.transfer_sets.predict``)."""
     heldout = [r for r in annotate(rows, profile) if is_heldout(r)]
     if loo is None:
         base = fit_classes(fitted_rows(rows), gpu, ceiling)

@@ -6,14 +6,10 @@ Each source folder holds a shard's ``kernel_bench.jsonl`` and ``op_sweep.jsonl``
 (``ssvkit calibrate --shard K/N --out DIR``). Every row is checked (schema and checksum,
 ``perfmodel.rows``) and must come from the GPU's device (``calibration.ceilings.DEVICE_NAMES``);
 a last line cut short by a killed shard is left out and reported. Rows whose resume key
-(``perfmodel.rows.row_key``) the folder's file already holds are skipped -- the ceilings rows
-every shard writes, or a config two runs both measured -- unless ``replace`` names their op:
-then the new row takes the old one's line (an op measured again after its kernels changed).
-``retire`` names ops measured again in full: their committed rows of a timing the sources hold
-for that op, whose key no source row has, are dropped -- rows of configs the sweep no longer
-makes (a kernel option whose default changed), measured with kernels that no longer exist. The
-folder's files are rewritten atomically: their existing lines verbatim, then the new rows in
-source order, so a merge without ``retire`` only adds lines to the committed file.
+(``perfmodel.rows.row_key``) the folder's file already holds are skipped, unless ``replace`` or
+``retire`` names their op (``merge``). The folder's files are rewritten atomically: their
+existing lines verbatim, then the new rows in source order, so a merge without ``retire`` only
+adds lines to the committed file.
 """
 
 from __future__ import annotations
@@ -52,7 +48,14 @@ def _key(line: str, where: str, devices: tuple[str, ...]) -> str:
 def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=(), retire=()) -> dict:
     """Merge the shard folders ``sources`` into ``dest`` (default ``profiles/<gpu>``); returns
     per rows file the counts of rows added, replaced, skipped and retired, and the cut lines
-    left out. ``ValueError`` naming the first bad source or row; nothing is written then."""
+    left out. ``ValueError`` naming the first bad source or row; nothing is written then.
+
+    A row whose key the folder's file already holds is skipped (the ceilings rows every shard
+    writes, or a config two runs both measured) unless ``replace`` names its op: then the new
+    row takes the old one's line (an op measured again after its kernels changed). ``retire``
+    names ops measured again in full: their committed rows of a timing the sources hold for that
+    op, whose key no source row has, are dropped -- rows of configs the sweep no longer makes (a
+    kernel option whose default changed), measured with kernels that no longer exist."""
     if gpu not in ceilings.DEVICE_NAMES:
         raise ValueError(f"no measured device name is known for GPU {gpu!r}")
     devices = ceilings.DEVICE_NAMES[gpu]
@@ -101,7 +104,7 @@ def merge(gpu: str, sources: list[Path], dest: Path | None = None, replace=(), r
 
 
 def _retired(lines: list[str], index: dict[str, int], taken: set[str], retire: set[str]):
-    """``lines`` without the rows ``retire`` drops (module docstring), and their count;
+    """``lines`` without the rows ``retire`` drops (``merge``), and their count;
     ``index`` maps each line's row key to its 1-based line number."""
     # Row keys read op|timing|params: an op's timings the sources measured.
     measured = {tuple(k.split("|", 2)[:2]) for k in taken}

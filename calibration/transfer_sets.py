@@ -8,14 +8,10 @@ fit never saw, computed from the committed rows (``ssvkit validate --sets ...``)
   copy and GEMM ceilings, in both directions where the rows allow a fit.
 
 A leave-one-out set refits, for each value of its parameter, every class that has rows with
-that value on the class's other rows (``calibration.fit.fit_profile``, held-out rule included,
-the profile's own fit) and predicts the left-out rows. A sparse verification row's group size is
-its ``group_size`` (rows of the ``per_query`` launch have none: ``per_query`` rows and groups
-of one query, ``row_work.sparse_mode``); its class (per kernel path and grid regime) prices
-every group size from its launch plan's work, and a class named by a group size that no fit
-has is predicted from the nearest measured size's (``predicting_class``). Rows that no fit
-can predict (a class measured at one value only, a class the other GPU's rows do not fit) are
-counted apart and do not enter the targets. The interpolation split stays ``calibration.validate``.
+that value on the class's other rows (``leave_one_out_rows``) and predicts the left-out rows.
+Rows that no fit can predict (a class measured at one value only, a class the other GPU's rows
+do not fit) are counted apart and do not enter the targets. The interpolation split stays
+``calibration.validate``.
 """
 
 from __future__ import annotations
@@ -52,7 +48,10 @@ _GROUP = re.compile(r"/C(\d+)/")
 
 def left_out_value(name: str, row: dict):
     """The value of ``row`` that the leave-one-out set ``name`` leaves out, or None when the
-    row has none (the row is not part of the set)."""
+    row has none (the row is not part of the set). A sparse verification row's group size is its
+    ``group_size`` (rows of the ``per_query`` launch have none: ``per_query`` rows and groups of
+    one query, ``row_work.sparse_mode``); a sparse verification class (per kernel path and grid
+    regime) prices every group size from its launch plan's work."""
     p = row["params"]
     if name == "head":
         geometry = tuple(p.get(k) for k in HEAD_GEOMETRY)
@@ -174,7 +173,8 @@ def leave_one_out_rows(
     """The rows of the leave-one-out set ``name`` of ``gpu``'s rows, each annotated with the
     prediction of a fit without its value: for each value, every class that has rows with it is
     refitted on its other rows; ``base`` holds the fits of all rows, which a class without the
-    value keeps (its rows, and so its fit, are unchanged). Also the count of rows per class no
+    value keeps (its rows, and so its fit, are unchanged); each refit is
+    ``calibration.fit.fit_profile``'s, held-out rule included. Also the count of rows per class no
     fit predicts and the left-out values of each class. Sealed rows (each with its checksum) are
     computed once per process."""
     sums = tuple(r.get("checksum") for r in rows)

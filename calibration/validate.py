@@ -1,18 +1,10 @@
 """Measured-vs-predicted error of a fitted profile: per op class and overall, fit and held-out
 rows apart, and the error of predicted *ratios* (the figures users act on).
 
-Ratios compare two rows of the same configuration but one knob:
-
-- ``union_vs_per_query`` / ``shared_vs_per_query``: a grouped sparse mode against per-query
-  loads at the same context, top_n, overlap and batch;
-- ``t16_vs_t1``: dense verification of 16 query rows against 1, same context and batch;
-- ``sparse_vs_dense``: per-query sparse verification against dense, both at t = 16, same
-  context and batch;
-- ``nsa_fused_vs_unfused``: the fused NSA path against its three separate branches, on one
-  stream or side by side (``params.branch_streams``);
-- ``repair_vs_recompute``: repairing the missed blocks against recomputing all selected ones.
-
-A ratio counts as held out when either of its two rows is. Error = |predicted / measured - 1|.
+Ratios compare two rows of the same configuration but one knob (``ratio_pairs`` lists them): a
+grouped sparse mode against per-query loads, 16 query rows against 1, sparse against dense, NSA
+fused against unfused, repair against recompute. A ratio counts as held out when either of its
+two rows is. Error = |predicted / measured - 1|.
 """
 
 from __future__ import annotations
@@ -81,7 +73,17 @@ def ratio_pairs(rows: list[dict]) -> list[dict]:
 
     A pair's two rows match in every configuration param but the knob the ratio varies (head
     counts and head size included), whatever the order of ``rows``; a row pairs with every
-    base row of its configuration."""
+    base row of its configuration. The kinds:
+
+    - ``union_vs_per_query`` / ``shared_vs_per_query``: a grouped sparse mode against per-query
+      loads at the same context, top_n, overlap and batch;
+    - ``t16_vs_t1``: dense verification of 16 query rows against 1, same context and batch;
+    - ``sparse_vs_dense``: per-query sparse verification against dense, both at t = 16, same
+      context and batch (``SHARED_SHAPE``);
+    - ``nsa_fused_vs_unfused``: the fused NSA path against its three separate branches, on one
+      stream or side by side (``params.branch_streams``);
+    - ``repair_vs_recompute``: repairing the missed blocks against recomputing all selected
+      ones."""
     sparse = [r for r in rows if r["op"] == "sparse_verify"]
     mode_knobs = ("mode", "group_size")
     per_query = [r for r in sparse if r["params"]["mode"] == "per_query"]
