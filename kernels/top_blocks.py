@@ -51,11 +51,16 @@ def top_blocks(
     num_sink: int = 1,
     num_local: int = 1,
     chain: LaunchChain | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """``[B, Hkv, t, NB_max]`` fp32 scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending,
     ``-1`` padded; ``prefix_lens`` ``[B]`` int32 sets each sequence's live blocks. Scores from
     ``empty_scores`` are read in place; other layouts are copied first. ``chain``: the calling
-    op's launches (``kernels.pdl``), of which this pick is the next."""
+    op's launches (``kernels.pdl``), of which this pick is the next. ``num_warps``: a row
+    program's warps (a power of two; default ``threshold_warps``' or the rounds kernel's rule);
+    the pick is the same for any."""
+    if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
+        raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
     if scores.dim() != 4 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be [B, Hkv, t, NB] float32, got {tuple(scores.shape)}")
     if top_n < 1 or top_n >= 2**30:
@@ -84,7 +89,7 @@ def top_blocks(
             num_local,
             NUM_KV_HEADS=hkv,
             BLOCK_SIZE=block_size,
-            num_warps=threshold_warps(rows, meta["CHUNK"], scores.device),
+            num_warps=num_warps or threshold_warps(rows, meta["CHUNK"], scores.device),
             **meta,
             **launch,
         )
@@ -106,7 +111,7 @@ def top_blocks(
             CHUNK=chunk,
             TAIL=tail,
             NUM_CHUNKS=num_chunks,
-            num_warps=_warps(rows, chunk + tail, scores.device),
+            num_warps=num_warps or _warps(rows, chunk + tail, scores.device),
             **launch,
         )
     return out

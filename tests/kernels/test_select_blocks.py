@@ -20,9 +20,10 @@ from ssvkit.kernels.select_blocks import (
     reference_block_scores,
     reference_select_blocks,
     select_blocks,
+    topn_from_scores,
 )
 from ssvkit.kernels.timing import poisoned_allocations
-from ssvkit.kernels.top_blocks import top_blocks
+from ssvkit.kernels.top_blocks import empty_scores, top_blocks
 
 CPU_DTYPES = [torch.float16, torch.float32]
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -339,6 +340,33 @@ def test_gpu_bf16_select_matches_reference(method):
     idx = select_blocks(q, meta, lens, top_n=16, method=method)
     # tf32x3 scores on the GPU: ~2^-21 relative, a few 1e-5 at these magnitudes.
     assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1, tol=1e-4)
+
+
+def test_top_blocks_pick_the_same_at_any_warps_and_refuse_others():
+    gen = torch.Generator().manual_seed(3)
+    scores = empty_scores(1, 2, 3, 150, torch.device("cpu"))
+    scores.copy_(torch.randn(scores.shape, generator=gen))
+    lens = torch.tensor([150 * 16 - 5], dtype=torch.int32)
+    want = top_blocks(scores, lens, block_size=16, top_n=8)
+    for w in (1, 2, 8):
+        assert torch.equal(top_blocks(scores, lens, block_size=16, top_n=8, num_warps=w), want)
+    with pytest.raises(ValueError, match="num_warps"):
+        top_blocks(scores, lens, block_size=16, top_n=8, num_warps=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks", [129, 2049])
+def test_gpu_top_blocks_pick_the_same_at_every_warp_count(blocks):
+    """The registers of one row split over 1-8 warps: a reduction across warps that lost a
+    group or a candidate shows as another pick."""
+    gen = torch.Generator(device="cuda").manual_seed(blocks)
+    scores = empty_scores(2, 8, 16, blocks, torch.device("cuda"))
+    scores.copy_(torch.randn(scores.shape, generator=gen, device="cuda"))
+    lens = torch.tensor([blocks * 64, blocks * 64 - 700], dtype=torch.int32, device="cuda")
+    want = topn_from_scores(scores, lens, 64, top_n=16)
+    for w in (1, 2, 4, 8):
+        got = top_blocks(scores, lens, block_size=64, top_n=16, num_warps=w)
+        assert torch.equal(got, want), w
 
 
 @pytest.mark.gpu
