@@ -3,17 +3,14 @@
 Per prompt set (code in distribution; prose, repetitive text and random bytes off it), at one
 context: (a) a fixed default (the ``ssv`` baseline on the draft model), (b) the fixed offline
 best of the regime, (c) ``OnlineController`` starting from (b), and with the oracle every
-fixed strategy the controller could switch to (``oracle_strategies``). The adaptive runs keep
-every drafter kind of the ranking's candidates warm and see the n-gram shadow acceptance every
-round. The adaptive run first goes twice untimed: the first (cold) captures the CUDA graphs and
-compiles the kernels of whatever it switches to, the second (warm, told the first's costs)
-switches as a server that has served requests before does; the switch costs they measured per
-destination kind are what the timed runs' controllers know before they switch. Then every
-strategy's ``repeats`` runs go interleaved in whole timing passes (``validation.passes``).
+fixed strategy the controller could switch to (``oracle_strategies``).
 ``adaptive_gain`` = (c) / (b) - 1; without a switch it is the measurement's spread.
 
-At batch B > 1 every run decodes B prompts of the set together (``validation.prompts.
-set_prompts``) and the controller decides on the batch's figures (``planner.controller``).
+Two untimed adaptive runs, cold then warm, give the timed runs' controllers the switch costs
+per destination kind (``_warm_up``); the timed runs go interleaved in whole timing passes
+(``validation.passes``, ``prompt_set_row``). At batch B > 1 every run decodes B prompts of the
+set together (``validation.prompts.set_prompts``) and the controller decides on the batch's
+figures (``planner.controller``).
 """
 
 from __future__ import annotations

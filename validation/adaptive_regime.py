@@ -4,20 +4,14 @@ candidate batch and context (a CPU computation; it decodes nothing).
     python -m ssvkit.validation.adaptive_regime --batches 1,8,32 --gpu h200
 
 The adaptive evaluation can only gain where some strategy beats the offline best on a prompt
-set, so its regime is chosen where the prompt sets' best strategies differ most. Each prompt
-set's acceptance comes from a planner evaluation's adaptive phase (default: the one of record):
-there every (drafter, tree) of its regime decoded code, prose, repetitive text and random bytes
-(the oracle's fixed strategies), so each drafter's acceptance on a tree has a ratio per set to
-its acceptance on code. A set's profile is the evaluation's profile with every ``kind@tree``
-acceptance times its tree's ratio (trees resolved as for code, so every set ranks the same
-strategies); the space is then ranked under each set's profile at every candidate batch and
-regime context, and for each set the gain of its own best over the code profile's best (both
-predicted on that set's acceptance) says how far their best strategies differ.
-
-What it cannot see: the ratios are measured at one context and batch 1; the profile's loop
-overhead is the evaluation's, fitted at its batch, while the host's share of a round grows
-with the batch (an n-gram drafter's lookups run per sequence). The evaluation at the chosen
-batch measures both.
+set, so its regime is chosen where the prompt sets' best strategies differ most (``choose``).
+A set's profile is a planner evaluation's (default: the one of record) with every
+``kind@tree`` acceptance moved by the set's ratio to code, from the oracle's fixed strategies
+of its adaptive phase (``set_ratios``, ``set_profile``); the space is ranked under each set's
+profile at every candidate batch and regime context, and each set's own best is scored
+against the code profile's best on that set's acceptance (``candidate_rows``). The ratios are
+measured at one context and batch 1 and the loop overhead is the evaluation's: the
+evaluation at the chosen batch measures both.
 """
 
 from __future__ import annotations

@@ -5,31 +5,13 @@ the median of a few runs spreads around it.
     python -m ssvkit.validation.adaptive_replay          # the planner evaluation of record
     python -m ssvkit.validation.adaptive_replay --runs 400 --json /tmp/replay.json
 
-**The worlds** (``validation.replay_worlds``): per prompt set, every strategy the evaluation
-ran fixed costs its measured round time, and each drafter's per-depth acceptance, fitted to its
-measured chains, draws every round of any of its trees (``controller_world.simulate_accepted``:
-children tried in rank order, the r-th sibling accepted at the depth's acceptance times
-``sibling`` ** r), the n-gram shadow's leading matches of every committed position, and its
-walks over the committed tokens of every chain length and of each n-gram tree it walks
-(``OnlineController.shadow_trees``).
-
-**The adaptive run** starts from the regime's offline best and decodes ``max_new_tokens``, as
-``validation.adaptive.adaptive_run`` does: a fresh controller (``ControllerConfig()`` unless
-told), knowing the switch costs the document's timed adaptive runs knew
-(``known_switch_cost_s``), each switch charged the measured cost of its destination kind
-(``switch_costs``, else ``known_switch_cost_s``), and -- a controller without ``overlap``
-only -- every round the measured host time of the controller (``control_s`` plus
-``control_overlap_s``, over rounds) and of the shadow (``steps_s["shadow"]``) of that set's
-adaptive runs; with ``overlap`` both hide behind the next round's GPU work, and a decision
-installs a round later. Round 0 is
-left out, as the evaluation leaves it out. Replayed gain = replayed adaptive tokens/s over the
-measured offline best's.
-
-**What it leaves out**, so its figures are a model's, not a measurement: rounds are drawn
-independently (n-gram acceptance on real text comes in bursts, which widens the real spread),
-every round of a strategy costs its median fixed round, and a seed's text is not the same
-across strategies. Checked against the measured adaptive gains of the same document
-(``measured_gain`` beside each replayed one).
+Each prompt set's world (``validation.replay_worlds``) gives every strategy its measured round
+time and each drafter a per-depth acceptance fitted to its measured chains; ``replay`` runs
+the controller in it from the regime's offline best, as ``validation.adaptive.adaptive_run``
+runs it on the engine. Replayed gain = replayed adaptive tokens/s over the measured offline
+best's, beside the document's measured gain (``measured_gain``). The figures are a model's,
+not a measurement: rounds are drawn independently, while n-gram acceptance on real text comes
+in bursts, which widens the real spread.
 """
 
 from __future__ import annotations
@@ -113,7 +95,38 @@ def _round_cost(world: World, s, sid: str, ctl, regime: str, host_s: float, swit
 
 
 def replay(world: World, setting, config=None, seed: int = 0) -> dict:
-    """One adaptive run in ``world``: tokens/s, rounds and the switches (round, reason, to)."""
+    """One adaptive run in ``world``: tokens/s, rounds and the switches (round, reason, to).
+
+    A fresh controller starts from the regime's offline best and decodes
+    ``World.max_new_tokens``, as ``validation.adaptive.adaptive_run`` does, knowing the switch
+    costs the document's timed adaptive runs knew (``World.known_switch_s``). Each round draws
+    what the strategy accepts (``controller_world.draw_accepted``: children tried in rank order,
+    the r-th sibling accepted at the depth's acceptance times ``sibling`` ** r) and the n-gram
+    shadow's leading matches of every committed position and its walks over the committed tokens
+    of every chain length and of each n-gram tree it walks (``OnlineController.shadow_trees``).
+    A round costs the strategy's round time (``World.round_s``), a switch the measured cost of
+    its destination kind (``World.switch_s``), and, for a controller without ``overlap`` only,
+    every round the measured host time of the controller and of the shadow of that set's
+    adaptive runs (``World.control_s``, ``World.shadow_s``); with ``overlap`` both hide behind
+    the next round's GPU work, and a decision installs a round later. Round 0 is left out, as
+    the evaluation leaves it out.
+
+    Besides the bursts of real text, the replay leaves out that a strategy's rounds cost
+    different times (each costs its median fixed round) and that a seed's text differs between
+    strategies, so its figures are a model's; ``measured_gain`` is what to hold them against.
+
+    Parameters
+    ----------
+    world : World
+        The prompt set's replay world (``validation.replay_worlds``).
+    setting : tuple
+        (ranking, model, gpu, profile) of the planner evaluation
+        (``controller_world.load_setting``).
+    config : ControllerConfig, optional
+        The controller's settings (``ControllerConfig()`` when None).
+    seed : int
+        The seed of the run's random draws.
+    """
 
     ranking, model, gpu, profile = setting
     config = config or ControllerConfig()

@@ -8,22 +8,10 @@ drafter's shadow (``sync`` + ``take_shadow``, ``step_s["shadow"]``), in the synt
     python -m ssvkit.validation.controller_cost --batch 32 --context 30720 --flush-mib 32
 
 Both run between a round's one host synchronisation and the next round's launch, so each
-microsecond is one the GPU idles (an autoregressive round of the tiny pair at 16K takes ~756 us
-on the H100). The shadow is timed on a 15360-token prompt (``--context``) of each prompt set,
-1-5 further tokens of the same text committed per round (``--per-round``), with chains alone
-and walking the n-gram trees the controller declares for that context
-(``OnlineController.shadow_trees``, ``<set>+trees``). With ``--batch B`` it scores B such
-sequences (windows of their own): all of them (``@all``) and the controller's fixed sample
-(``@S``, ``--shadow-sequences``), with the tokens it read per round (its work, which the
-sample bounds).
-
-Each is timed twice by default (``--flush-mib 0,32``): back to back, its code and data hot in
-the CPU caches, and with 32 MiB written between two calls (``cache_flush``), as the rest of a
-decode round evicts them (5-7x slower on a development CPU; the H100 runs' 20-50 us of control
-per round are nearer this figure). The garbage collector is held off, as
-``validation.bench.run_once`` does. Per-round figures: mean, median and p99 in microseconds;
-re-scores (``_rescore`` calls) and the switches (round, reason) for the controller, positions
-and leading-match counts for the shadow.
+microsecond is one the GPU idles. Each is timed back to back, its code and data hot in the
+CPU caches, and with 32 MiB written between two calls, as the rest of a decode round evicts
+them (``--flush-mib 0,32``, ``cache_flush``); ``measure`` gives the per-round figures and
+says what is timed.
 """
 
 from __future__ import annotations
@@ -231,7 +219,17 @@ def _samples(args) -> list[tuple[str, int]]:
 def measure(setting, args, flush) -> dict:
     """Per-round figures of every scenario (controller) and prompt set (shadow: chains alone,
     and with the n-gram trees the controller has walked, ``+trees``; at batch > 1 per sample,
-    ``_samples``), medians over ``args.repeats`` runs of each round."""
+    ``_samples``), medians over ``args.repeats`` runs of each round.
+
+    Each call is timed with the garbage collector held off (``_timed``) and ``flush`` run
+    before it (``cache_flush``). The shadow is timed on a ``--context``-token prompt of each
+    prompt set, ``--per-round`` further tokens of the same text committed per round (1-5 by
+    default); with ``--batch B`` it scores B such sequences, windows of their own: all of them
+    (``@all``) and the controller's fixed sample (``@S``, ``--shadow-sequences``). Per part:
+    mean, median, p99 and max microseconds a round; for the controller the re-scores
+    (``_rescore`` calls) and the switches (round, reason, to), for the shadow the positions,
+    the leading-match counts and the tokens it read per round (its work, which the sample
+    bounds)."""
     trees = OnlineController(*setting[:4]).shadow_trees(args.context)
     out = {"controller": {}, "shadow": {}, "shadow_trees": list(trees)}
     for scenario in SCENARIOS:

@@ -2,18 +2,12 @@
 
 ``run_controller`` feeds a fresh, warmed ``OnlineController`` synthetic ``RoundStats`` at a
 15360-token context (growing by the tokens each round commits), starting from the regime's
-offline best of a planner evaluation's ranking (``load_setting``: regenerated on the CPU from
-the document's profile, space, model and regimes). Each round the world draws what the current
-strategy accepts (``simulate_accepted``: per-token acceptance ``alpha`` of its drafter kind
-times the profile's attention factor; a tree's children tried in rank order) and what an n-gram
-chain of 8 would have matched at each committed position (``simulate_shadow``); the strategy
-the controller returns is the next round's. Scenarios (``SCENARIOS``: per-token acceptance per
-drafter kind): ``code`` -- n-gram near its profiled 0.52; ``prose`` -- n-gram far below it,
-the draft model below its profile too, so the controller leaves for autoregressive decoding and
-probes; ``random`` -- random bytes, n-gram ~0; ``decay`` -- prose whose later drafts fare
-worse, so the draft model's chain:2 beats its chain:4; ``prose>code`` -- prose, then from round
-200 text the n-gram drafter suits, which its shadow reveals. A fixed numpy seed makes every
-repeat decide the same. ``run_shadow`` drives a warm ``NgramDrafter`` over a prompt set's text.
+offline best of a planner evaluation's ranking (``load_setting``). Each round the world draws
+what the current strategy accepts (``simulate_accepted``) and what an n-gram chain of 8 would
+have matched at each committed position (``simulate_shadow``); the strategy the controller
+returns is the next round's. The scenarios (``SCENARIOS``, described at ``run_controller``)
+set each drafter kind's per-token acceptance; a fixed numpy seed makes every repeat decide the
+same. ``run_shadow`` drives a warm ``NgramDrafter`` over a prompt set's text.
 ``validation.controller_cost`` times both; the tests check the controller's decisions in it.
 """
 
@@ -180,7 +174,14 @@ def run_controller(
     ``scenario`` (a name of ``SCENARIOS``, or such an entry itself) from ``start`` (the
     regime's offline best by default); per-round ``after_round`` seconds, the number of
     re-scores and the switches (``prof`` profiles the ``after_round`` calls only, ``flush``
-    runs before each)."""
+    runs before each).
+
+    The scenarios of ``SCENARIOS`` (per-token acceptance per drafter kind): ``code`` -- n-gram
+    near its profiled 0.52; ``prose`` -- n-gram far below it and the draft model below its
+    profile too, so the controller leaves for autoregressive decoding and probes; ``random`` --
+    random bytes, n-gram ~0; ``decay`` -- prose whose later drafts fare worse, so the draft
+    model's chain:2 beats its chain:4; ``prose>code`` -- prose, then from round 200 text the
+    n-gram drafter suits, which its shadow reveals."""
     ranking, model, gpu, profile = setting
     phases = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     phases = [(0, phases)] if isinstance(phases, dict) else phases

@@ -2,26 +2,14 @@
 decodes each phase asks for at its settings and the GPU seconds they take, worked out on the
 CPU.
 
-Per decode (the tiny pair; every phase decodes batches of ``batch`` prompts):
-
-- the prefill of ``batch x context`` prompt tokens: the target's, the draft model's and the
-  n-gram drafter's index (and the shadow's indexes of its sample of the batch, at most
-  ``ControllerConfig.shadow_sequences``, when an adaptive run keeps it warm), at the
-  per-token rates the committed H200 decodes measured at their largest batch
-  (``validation/data/batched-decode-h200.json``: ``ar_dense`` and ``sd_dense`` with either
-  drafter), the n-gram index's divided by how much faster its fill is than the
-  token-by-token build those decodes ran (``engine.ngram_index.NgramIndex._fill``, timed here);
-- its rounds: ``new_tokens`` over the tokens per round the ranking predicts for the strategy,
-  each round the calibrated step model's at the batch and context times the measured over
-  predicted round of the strategy's family (autoregressive, or drafting with its drafter;
-  dense or sparse: ``ar_dense``, ``ar_sparse``, ``sd_dense``, ``ssv`` in that file, at 16K),
-  interpolated between the file's batches;
-
-and per regime the n-gram walks over the profile's texts (host work, timed here). The
-strategies are those the ranking of the evaluation of record's profile at this batch picks
-(the evaluation ranks on a profile of its own). Not counted: loading the models, first-use
-kernel compilation and each decode's first round (CUDA-graph captures), which the measured
-figures leave out -- keep ``--stop-after`` well below a call's limit.
+Per decode (the tiny pair; every phase decodes batches of ``batch`` prompts): the prefill of
+``batch x context`` prompt tokens at the per-token rates the committed H200 decodes measured
+(``validation/data/batched-decode-h200.json``, ``measured_rates``), then ``new_tokens`` over
+the tokens per round the ranking predicts, each round the calibrated step model's times the
+measured over predicted round of the strategy's family (``plan``); per regime, the n-gram walks
+over the profile's texts, timed here (``walk_seconds``). Not counted: loading the models,
+first-use kernel compilation and each decode's first round (CUDA-graph captures), which the
+measured figures leave out -- keep ``--stop-after`` well below a call's limit.
 """
 
 from __future__ import annotations
@@ -137,7 +125,16 @@ def fill_speedup(context: int) -> float:
 
 
 def measured_rates(model, gpu, profile: RegimeProfile, draft: str, context: int) -> Rates:
-    """``Rates`` from the committed batched decodes (the module says how)."""
+    """``Rates`` from the committed batched decodes (``validation/data/batched-decode-h200.json``).
+
+    Prefill: the seconds per prompt token of the target, the draft model and the n-gram
+    drafter's index, from the decodes at the file's largest batch (``ar_dense``, and
+    ``sd_dense`` with either drafter less the target's), the n-gram index's divided by how much
+    faster its fill is than the token-by-token build those decodes ran (``fill_speedup``, timed
+    here on a ``context``-token code prompt). Rounds: per family (autoregressive, or drafting
+    with its drafter; dense or sparse: ``ar_dense``, ``ar_sparse``, ``sd_dense``, ``ssv`` in
+    that file, at 16K) the measured over predicted round at each of the file's batches, which
+    ``Rates.correction`` interpolates in the batch."""
     doc = read_json(record_path("batched-decode-h200.json"), "batched decodes")
     runs = [r for r in doc["runs"] if "report" in r]
     top = max(r["batch"] for r in runs)
@@ -300,7 +297,15 @@ def walk_seconds(
 
 def plan(st: Settings, space: SpaceSpec, model, gpu, profile, ranking, ok) -> dict:
     """The plan: per phase and regime the decodes and their estimated seconds, the walks', the
-    total, and the rates used."""
+    total, and the rates used.
+
+    A decode's seconds: its prefill (``Rates.prefill_s``: the target's, the draft model's and
+    the n-gram index's of ``batch x context`` prompt tokens, and the shadow's indexes of its
+    sample when an adaptive run keeps the n-gram drafter warm), then ``new_tokens`` over the
+    tokens per round ``ranking``'s model predicts for the strategy, each round the calibrated
+    step model's at the batch and context times ``Rates.correction``. The strategies are those
+    ``ranking`` picks (``planner_eval --plan``: the evaluation of record's profile ranked at the
+    batch, standing for the run's own)."""
     rows = plan_decodes(st, space, model, gpu, profile, ranking, ok)
     rates = measured_rates(model, gpu, profile, space.draft_model, max(st.contexts.values()))
     kinds = tuple(k for k in space.drafters if k in ("draft_model", "ngram"))

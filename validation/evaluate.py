@@ -2,31 +2,16 @@
 the way the engine measures them, and does online adaptation pay off?
 
 Four phases, all on one pair of model runners (target and draft) built once
-(``validation.bench``):
+(``validation.bench``), all at the bench's batch:
 
-1. **profile** (``validation.profile_runs``) -- per regime, the engine decodes code prompts
-   and the acceptance, attention factors, overlap and loop overhead are read from its runs;
-2. **rank** -- ``planner.rank`` scores the whole space per regime with the calibrated model
-   under that profile;
-3. **measure** (``evaluate_regime``) -- per regime, ``per_regime`` strategies the engine can
-   run (the predicted top ones plus ranks spread evenly over the rest, ``stats.pick``; at
-   batch > 1 also the best-ranked of each attention and drafter family, so sparse and dense
-   strategies are both measured) decode each of ``measure_texts`` other code prompts (runs of
-   ``batch`` prompts each at batch > 1), run i with seed i, their runs pooled (a regime's
-   throughput, as the profile's acceptance is a regime's, not one prompt's), each strategy
-   scored again at the measured context: Kendall tau (predicted vs measured tokens/s) and the
-   regret of the predicted best. The measured figure is the runs' full-batch tokens/s
-   (``validation.full_batch.steady``: every sequence decoding, as the model prices a batch a
-   server keeps full); a run of B sequences with a fixed token budget ends in rounds that
-   carry finished sequences at a full round's cost, more of them the more a strategy's
-   acceptance varies between sequences, so the whole run's figure charges speculation for the
-   benchmark's drain. The whole-run figures stay beside them (``whole_run``);
+1. **profile** (``validation.profile_runs``) -- per regime, the profile read from the engine's
+   decodes of code prompts: acceptance, attention factors, overlap and loop overhead;
+2. **rank** -- ``planner.rank`` scores the whole space per regime under that profile;
+3. **measure** (``evaluate_regime``) -- per regime, ``per_regime`` strategies decode other code
+   prompts, scored by Kendall tau and the regret of the predicted best on their full-batch
+   tokens/s (``ranked_figure``);
 4. **adapt** (``validation.adaptive``) -- per prompt set, the fixed default, the fixed offline
    best and the online controller.
-
-The measured and adaptive runs go in timing passes (``validation.passes``). Every phase runs
-at the bench's batch: the profile is measured, the space ranked and scored, and the
-controller decides at it; tokens/s counts every sequence's tokens.
 """
 
 from __future__ import annotations
@@ -109,7 +94,13 @@ def measure_strategies(bench: Bench, strategies, regime: str, ctx: int) -> tuple
 
 def ranked_figure(measured: dict) -> float:
     """The measured tokens/s a regime's ranking is scored on: full-batch where the runs have
-    it (module docstring), else the whole runs'."""
+    it, else the whole runs'.
+
+    The full-batch figure (``validation.full_batch.steady``: every sequence decoding) is what
+    the model prices, a batch a server keeps full; a run of B sequences with a fixed token
+    budget ends in rounds that carry finished sequences at a full round's cost, more of them the
+    more a strategy's acceptance varies between sequences, so the whole run's figure charges
+    speculation for the benchmark's drain."""
     full = measured.get("full_batch_tokens_per_s")
     return measured["tokens_per_s"] if full is None else full
 
@@ -129,7 +120,16 @@ def evaluate_regime(
     bench: Bench, ranking: dict, regime: str, ctx: int, profile: RegimeProfile, per_regime: int
 ) -> dict:
     """Phase 3 for one regime: its measured strategies, each predicted and measured, and how
-    well the ranking orders them (``ranking_quality``, ``measurement_resolution``)."""
+    well the ranking orders them (``ranking_quality``, ``measurement_resolution``).
+
+    ``per_regime`` strategies the engine can run (the predicted top ones plus ranks spread
+    evenly over the rest, ``stats.pick``; at batch > 1 also the best-ranked of each attention
+    and drafter family, so sparse and dense strategies are both measured) decode each of
+    ``measure_texts`` other code prompts (runs of ``batch`` prompts each at batch > 1), run i
+    with seed i, their runs pooled (a regime's throughput, as the profile's acceptance is a
+    regime's, not one prompt's), each strategy scored again at the measured context: Kendall
+    tau (predicted vs measured tokens/s) and the regret of the predicted best, on the runs'
+    full-batch figures (``regime_quality``)."""
     entry = ranking["regimes"][regime]
     strata = family if bench.batch > 1 else None
     chosen = pick(entry["ranking"], per_regime, lambda s: bench.runnable(s) is None, strata=strata)

@@ -4,20 +4,11 @@ batch decodes and none finishes.
 A campaign decodes a fixed number of new tokens per sequence; the sequences accept different
 counts and so finish at different rounds, and a finished one rides along in the batch's static
 shapes, keeping nothing, until the last one is done (``engine.loop``). The run's last rounds
-therefore cost a whole round each and emit fewer tokens, and each sequence's last round is cut
-short by its token budget. perfmodel prices a round of a batch whose every sequence decodes
-(``tokens_per_s = batch x E[tokens per round] / round_s``), as a server that keeps its batch
-full runs: the full-batch figures are what it predicts, and the whole run's stay beside them.
-Their acceptance is the mean accepted count over every (sequence, round) of those rounds (the
-run's ``mean_accepted`` averages each round's mean, so a tail round of one sequence weighs as
-much as a full one).
-
-A run records the figures when it is measured (``figures``, with the rounds' own wall times). A
-row measured before that has them derived from its per-round accepted counts
-(``accepted_per_sequence``, round 0 included; ``derived``), each round's wall time taken as the
-run's mean round: the batch's shapes are static, so a round's GPU work does not depend on how
-many of its sequences are still decoding. A row with rounds that captured a CUDA graph cannot
-say which rounds those were: it has no derived figures.
+therefore cost a whole round each and emit fewer tokens. perfmodel prices a round of a batch
+whose every sequence decodes, as a server that keeps its batch full runs: the full-batch
+figures are what it predicts, and the whole run's stay beside them. A run records them when it
+is measured (``figures``); a row measured before that has them derived from its per-round
+accepted counts (``derived``) or from its histogram of accepted counts (``steady``).
 """
 
 from __future__ import annotations
@@ -56,7 +47,12 @@ def _summary(accepted: list[list[int]], wall_s: float, batch: int, how: str) -> 
 def figures(result, batch: int) -> dict | None:
     """The full-batch figures of a decode (``engine.results.DecodeResult``) over the rounds
     ``validation.bench.steady_figures`` counts (round 0 and the rounds that captured a graph
-    left out), with their wall, switch and controller times; None when it has no such round."""
+    left out), with their wall, switch and controller times; None when it has no such round.
+
+    perfmodel's ``tokens_per_s = batch x E[tokens per round] / round_s`` describes these
+    rounds. Their acceptance is the mean accepted count over every (sequence, round) of them
+    (the run's ``mean_accepted`` averages each round's mean, so a tail round of one sequence
+    weighs as much as a full one)."""
     rounds = result.rounds
     full = full_rounds([len(r.sequences) for r in rounds], batch)
     kept = [r for i, r in enumerate(rounds) if i > 0 and full[i] and not r.captured]
@@ -68,8 +64,10 @@ def figures(result, batch: int) -> dict | None:
 
 def derived(measured: dict, batch: int) -> dict | None:
     """A measured row's full-batch figures: those it recorded, else derived from its per-round
-    accepted counts at the run's mean round (module docstring); None when it has none (no such
-    round, or rounds that captured a graph)."""
+    accepted counts (``accepted_per_sequence``, round 0 included), each round's wall time taken
+    as the run's mean round: the batch's shapes are static, so a round's GPU work does not
+    depend on how many of its sequences are still decoding. None when it has none: no such
+    round, or rounds that captured a CUDA graph (a row cannot say which rounds those were)."""
     if "full_batch" in measured:
         return measured["full_batch"]
     if measured.get("capture_rounds", 0) or "accepted_per_sequence" not in measured:

@@ -2,44 +2,16 @@
 
     python -m ssvkit.validation.planner_eval --out validation/data/planner.json \\
         --ranking-out validation/data/planner-ranking.json --resume build/planner-runs.jsonl
-    python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --stop-after 480 \\
-        --out build/planner-b32-h200.json --ranking-out build/planner-ranking-b32-h200.json \\
-        --resume build/planner-b32-runs.jsonl                # batch 32, where sparse competes
-    python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 --plan   # its device time
-    python -m ssvkit.validation.planner_eval --batch 32 --gpu h200 \
-        --adaptive-from build/planner-b32-h200.json --out build/adaptive-b32-h200.json \
-        --resume build/adaptive-b32-runs.jsonl      # the adaptive phase alone, on its profile
     python -m ssvkit.validation.planner_eval --contexts 2K --per-regime 6 --device cpu \\
         --new-tokens 32 --repeats 1 --out /tmp/planner.json          # a CPU smoke run
 
 Profiles the acceptance and overlap of the tiny pair per regime, ranks the space with the
 calibrated model, decodes ``--per-regime`` strategies per regime, then compares a fixed default,
 the fixed offline best and the online controller on four prompt sets (``validation.evaluate``
-says how). Writes the evaluation JSON to ``--out`` (whole or not at all), the full ranking to
-``--ranking-out`` when given, logs each run as it goes and prints a summary table last. With
-``--resume FILE`` every finished run is appended to FILE, and a call cut off by a time limit
-is continued by the same command (same settings, device and commit).
-
-The tiny model's 32K positions bound the regimes: ``64K+`` cannot be measured with it.
-
-``--batch B`` decodes B prompts per run in every phase (``validation.prompts`` says which):
-the profile, the ranking (at batch B), the measured strategies and the adaptive runs; tokens/s
-counts every sequence's tokens. Where the defaults of a flag depend on the batch
-(``validation.planner_eval_args.BATCH_DEFAULTS``), batch 1 keeps the evaluation of record's
-and batch > 1 takes a run that fits about nine minutes of one H200 (``--plan`` prints the
-decodes and their estimated seconds, ``validation.eval_plan``). ``--stop-after S`` starts no
-run after S seconds: the runs so far stay in the ``--resume`` file, nothing else is written,
-and the exit code is 3; the same command goes on.
-
-``--adaptive-from EVAL.json`` runs the adaptive phase alone on that earlier evaluation's
-profile, space and regimes (``validation.adaptive_phase``): ``--out`` gets that phase's
-document, and the table prints each prompt set's shadow and verify time per round.
-
-Sampling (temperature 1 by default) rather than greedy decoding: greedy decoding of a byte-level
-13M model falls into loops, where an n-gram drafter is accepted whole, and whether and when a
-run enters one flips with the last bits of the attention, so two nearly identical strategies
-measure 2-4x apart. Each repeat draws with its own seed; the adaptive and fixed runs of one
-repeat share theirs.
+says how; ``main``: what a call writes, its exit status). The tiny model's 32K positions bound
+the regimes: ``64K+`` cannot be measured with it. ``--batch B`` decodes B prompts per run in
+every phase; ``docs/planner.md`` gives the commands at batch 32, ``--plan`` and
+``--adaptive-from``.
 """
 
 from __future__ import annotations
@@ -295,6 +267,17 @@ def write_outputs(args, bench: Bench, doc: dict, ranking: dict | None) -> None:
 
 
 def main(argv=None) -> int:
+    """Run the evaluation, or its adaptive phase alone (``--adaptive-from``), or print its plan
+    (``--plan``).
+
+    Writes the evaluation JSON to ``--out`` (whole or not at all) and the full ranking to
+    ``--ranking-out`` when given, logs each run as it goes and prints a summary table last.
+    With ``--resume FILE`` every finished run is appended to FILE, and a call cut off by a time
+    limit is continued by the same command (same settings, device and commit). Exit status 0;
+    2 on bad input, in one line before any model is built; 3 when ``--stop-after S`` stopped
+    it (no run starts after S seconds; the runs so far stay in the ``--resume`` file, nothing
+    else is written, and the same command goes on).
+    """
     from ssvkit.validation.adaptive_phase import load_source, phase_table
     from ssvkit.validation.bench import StopAfter
     from ssvkit.validation.eval_plan import plan_table

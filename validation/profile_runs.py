@@ -2,20 +2,16 @@
 profile the ranking scores with is read from its runs, one function per measured quantity.
 
 - acceptance (``measure_chains``, ``measure_trees``): alpha of every drafter on every tree of
-  the space, dense, from its tokens per round over the profile prompts; a chain's pooled with
-  its drafter's longer chains' first drafts (``pooled_chain_tokens``); the n-gram drafter's
-  replaced by its walks over the regime's texts (``validation.walks``);
-- the factor sparse attention puts on alpha (``measure_attention``), per drafter: sparse
-  verification takes far more of an n-gram drafter's acceptance than of a draft model's;
+  the space, dense; the n-gram drafter's replaced by its walks over the regime's texts
+  (``validation.walks``);
+- the factor sparse attention puts on alpha, per drafter (``measure_attention``);
 - the group overlap gamma per traversal (``measure_overlap``), from selection statistics;
-- the decode loop's overhead per round (``fit_regime_overhead``): what the step model leaves
-  out of the measured round times, fitted over the regime's steady runs, each timed as its
-  least disturbed of ``timing_passes`` interleaved passes (``retimed_runs``).
+- the decode loop's overhead per round (``fit_regime_overhead``), fitted over the regime's
+  steady runs, each timed as its least disturbed of ``timing_passes`` interleaved passes
+  (``retimed_runs``).
 
-A "prompt" of the profile is one run's batch of prompts: at batch B > 1 each run decodes B
-code windows together (``validation.prompts.batch_windows``), its acceptance the mean over
-its sequences, and the overhead is fitted against the step model at that batch (the host's
-per-sequence work, an n-gram drafter's lookups above all, grows with it).
+At batch B > 1 each run decodes B code windows together (``validation.prompts.batch_windows``),
+and the overhead is fitted against the step model at that batch.
 """
 
 from __future__ import annotations
@@ -323,8 +319,12 @@ def measure_profile(
     walk_prompts: int = 0,
 ) -> tuple[RegimeProfile, dict, dict, dict]:
     """The profile of the space's strategies, measured per regime on ``prompts`` runs of code
-    prompts (windows ``PROFILE_OFFSETS`` of the corpus, ``bench.batch`` per run; run j decodes
-    with seed j); see the module.
+    prompts (windows ``PROFILE_OFFSETS`` of the corpus, ``bench.batch`` per run, a run's
+    acceptance the mean over its sequences; run j decodes with seed j): acceptance
+    (``measure_chains``, ``measure_trees``, the n-gram drafter's from its walks), attention
+    factors (``measure_attention``), overlap (``measure_overlap``) and the loop overhead
+    (``fit_regime_overhead``, at the bench's batch: the host's per-sequence work, an n-gram
+    drafter's lookups above all, grows with it).
 
     Returns the profile, the overhead fits' figures per regime, the factor each attention
     key's run measured per regime and drafter (the profile holds each drafter's median over

@@ -8,14 +8,10 @@ Code prompts are windows of the validation split of the built-in corpus
 measured. Prose and repetitive prompts come from the installed packages' long descriptions
 (the training corpus skips them), random prompts are seeded bytes.
 
-At batch B > 1 a run decodes B prompts together: a phase's runs take its windows in turn,
-sequence j of run i the ``(i * B + j)``-th (``batch_windows``), so every window is decoded
-before any is decoded twice. The corpus rarely holds B windows per run of every phase (at 16K
-a run of 32 needs 0.5 MB of code): a window then serves several sequences of the phase, each
-drawing its own samples (the position uniforms differ per sequence, ``engine.loop``), and
-the phase says so in one line (``reuse_line``). The adaptive phase's code sequences take
-window 2 and the walk windows the walks leave (``adaptive_windows``); its other prompt sets
-give sequence j the window ``2 + j`` of their own source.
+At batch B > 1 a run decodes B prompts together, every window of a phase before any twice
+(``batch_windows``). The corpus rarely holds B windows per run of every phase (at 16K a run of
+32 needs 0.5 MB of code): a window then serves several sequences of the phase, each drawing its
+own samples, and the phase says so (``reuse_line``; the adaptive phase: ``set_prompts``).
 """
 
 from __future__ import annotations

@@ -3,23 +3,15 @@
     python -m ssvkit.validation.rescore --runs build/planner-runs.jsonl.gz \\
         --evaluation validation/data/planner.json
 
-``python -m ssvkit.validation.planner_eval --resume FILE`` keeps every run it decoded (profile runs
-and measured strategies) in FILE. This rebuilds the profile from those runs with the current
-code (``validation.profile_runs.measure_profile``: acceptance, attention factors, overlap and
-the loop-overhead fit), ranks the space again, pools the measured strategies' runs again with
-the evaluation's own code (``validation.evaluate.measure_strategies``; their whole-run tokens/s
-must come out as recorded) and scores them as the evaluation does now
-(``validation.evaluate.regime_quality``: Kendall tau and regret on the full-batch figures, the
-whole runs' beside them), for the current model's predictions and for the ones the evaluation
-recorded, beside the figures it recorded. A change to the step model, the overhead terms or the
-profile's reduction is thus checked on real GPU runs without a GPU. It decodes nothing: a run
-the current code would ask for that the file lacks (another tree axis, more profile prompts) is
-an error.
-
-Run it where the evaluation ran, or on a machine with the same installed packages: the code
-prompts are cut from the installed packages' sources, so another machine's prompts differ past
-some window, and the n-gram walks of the runs' texts after those prompts would be wrong. Runs
-that kept their text also kept their prompt's CRC-32, and a mismatch is an error.
+``python -m ssvkit.validation.planner_eval --resume FILE`` keeps every run it decoded in FILE.
+This rebuilds the profile from those runs with the current code (``profile_from_runs``), ranks
+the space again, pools the measured strategies' runs again with the evaluation's own code
+(``measured_again``) and scores them as the evaluation does now (``rescore``), for the current
+model's predictions and for the recorded ones. A change to the step model, the overhead terms
+or the profile's reduction is thus checked on real GPU runs without a GPU. It decodes nothing:
+a run the current code would ask for that the file lacks is an error. Run it where the
+evaluation ran (the code prompts are cut from the installed packages' sources): a run whose
+prompt's CRC-32 differs is an error.
 """
 
 from __future__ import annotations
@@ -64,7 +56,14 @@ class CachedRuns:
 
 def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: str = "tiny-draft"):
     """The evaluation ``doc``'s profile rebuilt with the current code from its run cache
-    ``runs`` (decoding nothing): the bench, space, regime contexts, profile and overhead fits."""
+    ``runs`` (decoding nothing): the bench, space, regime contexts, profile and overhead fits.
+
+    The code (``validation.profile_runs.measure_profile``: acceptance, attention factors,
+    overlap and the loop-overhead fit) asks for its runs by key; one the cache lacks (another
+    tree axis, more profile prompts) is an error (``CachedRuns``). The n-gram walks run over the
+    runs' texts after their prompts, which are cut from the installed packages' sources: on a
+    machine with other packages the prompts differ past some window and the walks would be
+    wrong: a run that kept its text kept its prompt's CRC-32 too, and a mismatch is an error."""
     contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
     bench = make_bench(
         model,

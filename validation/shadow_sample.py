@@ -5,19 +5,12 @@
 The shadow scores ``S`` of a batch's ``B`` sequences (``engine.ngram.shadow_sample``); the
 controller's ``ShadowTracker`` turns the sample's walks into estimates with intervals that
 hold the sequences' spread the sample leaves out (``planner.shadow``). This replays batches of
-texts: every text's own shadow, round by round, comes from a batch-1 n-gram drafter on it
-(``sequence_rounds``; a sequence's shadow does not depend on the others'), and a batch is a
-draw of ``B`` texts from a pool of ``2 B`` of a prompt set (``validation.prompts``: windows of
-their own; ``mixed``: the four sets in turn). Per draw, one tracker takes the whole batch's
-counts and one the sample's (``compose``, as ``NgramDrafter.take_shadow`` sums them); at each
-checkpoint, per walk (chain lengths, the regime's trees) and per estimate the controller
-decides on (a walk's accepted drafts per round, ``ShadowTracker.accepted``; its rounds per
-round of a sequence, ``walk_high``), the table gives how often the whole batch's estimate lies
-within ``z`` of the sample's stated error (``covered``; at least the two-sided level of ``z``
-when the error is honest: 90% at 1.645), that error's median relative to the estimate, the
-90th percentile of the miss (whole batch against sample) relative to it, and the coverage
-without the sequences' spread (``naive``, the intervals of a full batch). Tokens per
-round per sequence are drawn 1-5 (``--per-round 1``: one, autoregressive decoding).
+texts, every text's own shadow from a batch-1 n-gram drafter on it (``sequence_rounds``), a
+batch a draw of ``B`` texts from a pool of ``2 B`` of a prompt set (``check``): one tracker
+takes the whole batch's counts and one the sample's (``compose``). Per walk and estimate the
+table gives how often the whole batch's estimate lies within ``z`` of the sample's stated error
+(``covered``; at least the two-sided level of ``z`` when the error is honest: 90% at 1.645),
+beside the coverage without the sequences' spread (``naive``) and the errors (``summarise``).
 """
 
 from __future__ import annotations
@@ -40,7 +33,8 @@ KEEP = 0.95  # ControllerConfig().ema = 0.05
 
 def sequence_rounds(text: list[int], context: int, sizes, trees) -> list[ShadowAcceptance]:
     """One text's shadow, round by round: a batch-1 n-gram drafter with ``trees``, primed on
-    its first ``context`` tokens, then reading ``sizes[r]`` more in round r."""
+    its first ``context`` tokens, then reading ``sizes[r]`` more in round r (a sequence's
+    shadow does not depend on the others', so a batch's is composed from these)."""
     d = NgramDrafter("cpu", 3, SHADOW_MAX_CHAIN, trees)
     d.start([text[:context]])
     hist, out = text[:context], []
@@ -143,7 +137,9 @@ def replay(per_seq, sizes, draw, slots, checkpoints, keys, z: float) -> list[dic
 def summarise(rows: list[dict]) -> dict:
     """Per walk label and estimate over every draw and checkpoint: how often the whole batch's
     value lies within the sample's error (``covered``) and within the naive one (``naive``),
-    the error's median relative to the value, and the comparisons made (``n``)."""
+    the error's median relative to the value (``rel_error``), the 90th percentile of the miss
+    (whole batch against sample) relative to it (``rel_miss_p90``), and the comparisons made
+    (``n``)."""
     out = {}
     for key in dict.fromkeys(k for row in rows for k in row):
         got = np.array([row[key] for row in rows if row.get(key) is not None])
@@ -175,7 +171,8 @@ def check(
 ) -> dict:
     """``summarise`` of ``draws`` batches of ``batch`` texts drawn from a pool of ``2 batch``
     of ``kind``, their samples of ``sample``, checked every quarter of ``rounds`` past the
-    first."""
+    first, each sequence committing a draw of ``per_round`` tokens a round (1-5 by default;
+    ``(1, 1)``: autoregressive decoding), the intervals at ``z`` standard errors."""
     if not 2 <= sample < batch:
         raise ValueError(f"the sample must lie in 2..batch - 1, got {sample} of {batch}")
     rng = np.random.default_rng(seed)
