@@ -5,18 +5,12 @@ times per (context, baseline, drafter, batch), written with their provenance as 
         --out validation/data/batched-decode-contexts-h200.json --resume build/batched-decode.jsonl
 
 Each run is ``ssvkit decode --model tiny --context C --batch B --strategy S --json`` (greedy,
-CUDA graphs), a process of its own in the folder of the rankings: the speculative baselines
-with the draft model and with the n-gram drafter, ``ssv_planned`` with ``--ranking`` (the
-planner evaluation's space and profile ranked at batch B, ``ssvkit rank --evaluation FILE
---batch B``, named by its file name). ``max`` in ``--contexts`` is the longest prompt the tiny
-pair's positions hold with the new tokens and the largest verify tail (``ssv_planned``'s
-controller may switch to any tree). A run that fails is recorded with its one-line error, not
-skipped. ``--resume FILE`` appends each finished run and skips those already there on a later
-call with the same settings and commit; ``--stop-after S`` starts no run after S seconds (the
-document, rewritten after every run, then says ``complete: false``). ``--repeats N`` runs every
-(context, baseline, drafter, batch) N times, the rounds interleaved (every run once, then every
-run again), so a slow spell of the machine touches each baseline alike: the table shows each
-one's median and the range of its runs.
+CUDA graphs), a process of its own (``measure``): the speculative baselines with the draft
+model and with the n-gram drafter, ``ssv_planned`` with ``--ranking`` (the planner evaluation's
+space and profile ranked at batch B, ``ranking_for``). A run that fails is recorded with its
+one-line error, not skipped. ``--repeats N`` runs every (context, baseline, drafter, batch) N
+times, interleaved (every run once, then every run again), so a slow spell of the machine
+touches each baseline alike; ``table`` shows each one's median and the range of its runs.
 """
 
 from __future__ import annotations
@@ -94,7 +88,8 @@ def child_env() -> dict[str, str]:
 
 def longest_context(new_tokens: int) -> int:
     """The longest prompt of ``ssvkit decode --model tiny`` with ``new_tokens`` and the largest
-    verify tail (``ssvkit.cli.decode_cmd``'s positions check)."""
+    verify tail (``ssvkit.cli.decode_cmd``'s positions check): ``ssv_planned``'s controller may
+    switch to any tree, so every run leaves room for the largest."""
     from ssvkit.engine.checkpoint import resolve_source
     from ssvkit.kernels.tree import MAX_TREE_NODES
 
@@ -196,6 +191,13 @@ def measure(args, run: dict, folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    """Run every planned run in turn and write ``--out`` after each; print the table last.
+
+    With ``--resume FILE`` each finished run is appended to FILE, and a later call with the same
+    settings and commit skips the runs already there. ``--stop-after S`` starts no run after S
+    seconds; the document then says ``complete: false``. Exit status 0 when every run decoded,
+    1 when one failed (recorded with its one-line error), 2 on bad input.
+    """
     from ssvkit.kernels.timing import provenance
 
     args = parse_args(argv)

@@ -8,22 +8,10 @@ draft ops for the same point.
 A draft model's round (``engine.draft_model.ModelDrafter``) is three CUDA graphs: the catch-up
 (a one-node forward of the kept leaf its last round never ran, and its commit), the expansion
 (one forward of the draft model per tree level over the root and the nodes drafted so far, each
-followed by its children's draw) and the commit of the accepted path's draft KV. Per (context,
-tree), with the draft model's KV cache of random values at ``lens = context`` for every one of
-``--batch`` sequences, it measures with ``kernels.timing`` (CUDA events, cold L2, median):
-
-- ``expand_s``, ``catch_up_s``, ``commit_s``: each graph replayed alone; the catch-up and the
-  commit run with no sequence due (their launches and reads are the same, the cache's lengths
-  stay put across replays);
-- ``levels``: each level's forward replayed alone (``level_s``) and op by op
-  (``validation.engine_ops.time_ops``: ``ops_sum_s``); ``expand_s`` less the level forwards is
-  the draws and the glue between levels;
-- ``predicted``: the step model's draft ops for the same tree, context and batch, grouped as the
-  level forwards and the catch-up (``catch_up_s`` per forward: its ops over the probability the
-  model gives a round of needing one).
-
-Each finished case is kept in the ``--resume`` run cache; ``--stop-after S`` starts no case after
-S seconds. ``--device cpu`` runs it on the torch backend timed by the wall clock (the tests).
+followed by its children's draw) and the commit of the accepted path's draft KV.
+``measure_case`` times each graph and each level's forward, alone and op by op, per (context,
+tree), beside the step model's draft ops (``predicted``). ``--device cpu`` runs it on the
+torch backend timed by the wall clock (the tests).
 """
 
 from __future__ import annotations
@@ -126,7 +114,22 @@ def predicted(args, ctx: int, tree: DraftTree) -> dict:
 
 def measure_case(runner: ModelRunner, args, ctx: int, spec: str, timing: str) -> dict:
     """One (context, tree) case: each graph of the draft model's round, each level's forward
-    alone and op by op (module docstring), and the prediction."""
+    alone and op by op, and the prediction.
+
+    The draft model's KV cache holds random values at ``lens = ctx`` for every one of
+    ``args.batch`` sequences; times are ``kernels.timing``'s in mode ``timing`` (CUDA events,
+    cold L2, median; the wall clock on the CPU):
+
+    - ``expand_s``, ``catch_up_s``, ``commit_s``: each graph replayed alone; the catch-up and
+      the commit run with no sequence due (their launches and reads are the same, the cache's
+      lengths stay put across replays);
+    - ``levels``: each level's forward replayed alone (``level_s``) and op by op
+      (``validation.engine_ops.time_ops``: ``ops_sum_s``); ``expand_s`` less the level forwards
+      is the draws and the glue between levels;
+    - ``predicted``: the step model's draft ops for the same tree, context and batch, grouped as
+      the level forwards and the catch-up (``catch_up_s`` per forward: its ops over the
+      probability the model gives a round of needing one).
+    """
     from ssvkit.kernels.timing import bench
 
     b, dev = args.batch, runner.device
@@ -196,6 +199,12 @@ def print_row(row: dict) -> None:
 
 
 def main(argv=None) -> int:
+    """Measure every (context, tree) case, a line each, and write ``--out`` when given.
+
+    Each finished case is kept in the ``--resume`` run cache (JSONL, keyed by the settings and
+    the commit); ``--stop-after S`` starts no case after S seconds (the document then says
+    ``complete: false``). Exit status 0; 2 on bad input or a device that is not available.
+    """
     args = parse_args(argv)
     t0 = time.perf_counter()
     try:

@@ -1,21 +1,17 @@
 """The op sweep of record: ``calibration.sweep``'s groups plus the ops the engine implements,
-timed exactly as the decode loop runs them -- the rotary embedding (``engine.rope``), the
-decoder's other per-layer and per-forward ops of the torch backend (residual adds, q/k rotary
-with q's copy, the KV-tail write into ``engine.cache.KVCache``, the rotary factors per forward),
-and the fused element-wise kernels of the triton backend (``engine.model``'s fused path:
-``add_rms_norm``, ``rope_kv_write`` into the cache, ``silu_mul``, and the embedding gather). It
-lives above the engine because it calls the engine's code; calibration provides the sweep
-machinery (``calibration.runner.Runner``: the rows, the resume keys, the budget) and reads the
-rows.
+timed exactly as the decode loop runs them. It lives above the engine because it calls the
+engine's code; calibration provides the sweep machinery (``calibration.runner.Runner``: the
+rows, the resume keys, the budget) and reads the rows.
 
     python -m ssvkit.validation.engine_op_sweep --out calibration/profiles/h100-sxm [--budget-s 540]
     # the fused kernels' rows alone, appended to a copy of the committed file (resumable):
     python -m ssvkit.validation.engine_op_sweep --out DIR --ops fused --budget-s 540
 
-Groups: ``gemm``, ``elementwise`` (``calibration.sweep``), ``engine`` (this module), ``fused``
-(``validation.fused_op_sweep``: checked against their fp32 references first; a table of their
-rows at Llama-3.1-8B's shapes is printed last) and ``resident`` (every group again at the
-L2-resident models). Exit status as ``calibration.sweep``'s.
+Groups: ``gemm``, ``elementwise`` (``calibration.sweep``), ``engine`` (the rotary embedding and
+the decoder's other per-layer and per-forward ops of the torch backend, ``engine_group``),
+``fused`` (the triton backend's fused element-wise kernels, ``validation.fused_op_sweep``; a
+table of their rows at Llama-3.1-8B's shapes is printed last) and ``resident`` (every group
+again at the L2-resident models). Exit status as ``calibration.sweep``'s.
 """
 
 from __future__ import annotations

@@ -2,46 +2,16 @@
 isolation, and vs the byte floor.
 
     python -m ssvkit.validation.engine_verify                    # random:llama-3.1-8b, T = 32K
-    python -m ssvkit.validation.engine_verify --t 1,5,16 --out /tmp/engine-verify.json
-    python -m ssvkit.validation.engine_verify --strategy sd_dense,sd_sparse_naive,ssv \
+    python -m ssvkit.validation.engine_verify --strategy sd_dense,sd_sparse_naive,ssv \\
         --context 32K,64K,128K --t 1,16 --gpu h200 --out validation/data/engine-verify-h200.json
-
-For each ``t`` (verify rows: the root plus ``t - 1`` chain drafts; dense cost does not depend on
-the tree's shape) it measures, with ``kernels.timing`` (CUDA events, cold L2, median):
-
-- ``graph_s``: ``ModelRunner.tree_forward`` (embedding ... LM head, with the strategy's attention
-  and the KV-tail write) captured in a CUDA graph, per replay;
-- ``eager_s``: the same forward launched from Python;
-- ``ops_sum_s``: every op of the forward timed alone in its own graph (the model's own modules,
-  rotating over the layers' weights and KV so each launch is cold), times its count per forward;
-  ``graph_s / ops_sum_s`` is what the loop adds (target: <= 1.15);
-- ``floor_s``: (weights read + KV read) / the copy bandwidth measured in the same run
-  (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``; a sparse step's KV read is
-  the least its attention must read (``floor_bytes``); each op's ``floor_s`` and ``over_floor``
-  likewise (``op_floors``: bytes, FLOPs or one graph-replayed launch, whichever is largest);
-- ``selection`` (sparse steps): the blocks the refresh layers select from the model's own
-  queries in one recorded forward (``selection_stats``), and each attention op's time against
-  the least read with that selection (``floor_selected_s``, ``over_floor_selected``); the
-  attention ops are timed with those recorded queries;
-- ``predicted_verify_s``: perfmodel's verify forward for the same point (calibrated profile;
-  without the sampling and acceptance ops, which the timed forward does not run).
-
-The KV cache holds random values at ``lens = T`` (no prefill needed for timing). Writes one JSON
-document (rows + provenance) to ``--out`` when given, and prints a table.
-
-``--campaign FILE`` (a ``validation.e2e_campaign`` document) measures instead the
-verify forward of every (baseline, context) of that campaign with its own tree, attention and
-model (the tiny pair: a corpus prompt is prefilled, so sparse selections see real keys): the
-graph replayed back to back is the GPU time of the verify step alone, to hold beside the
-campaign's CUDA-event ``verify`` step of the decode loop. ``--ops`` adds the op breakdown there.
-
-    python -m ssvkit.validation.engine_verify --campaign validation/data/campaign.json --ops \
+    python -m ssvkit.validation.engine_verify --campaign validation/data/campaign.json --ops \\
         --out /tmp/verify-breakdown.json
 
-A scale campaign document (``validation.scale_campaign``) goes to ``validation.scale_verify``:
-each cell at its batch and context, op by op beside perfmodel's prediction of each op,
-resumable (``--resume``) and stopped after ``--stop-after S`` seconds. ``--device cpu`` runs
-either campaign path on the torch backend, timed by the wall clock (the tests).
+For each ``t`` (the root plus ``t - 1`` chain drafts), on a KV cache of random values at
+``lens = T``: the verify forward in a CUDA graph against its ops each timed alone (target: at
+most 1.15x their sum) and its byte floor, beside perfmodel's (``main`` lists the fields).
+``--campaign FILE`` times instead the verify forward of each (baseline, context) of an
+end-to-end campaign (``campaign_main``) or each cell of a scale one (``validation.scale_verify``).
 """
 
 from __future__ import annotations
@@ -210,7 +180,15 @@ def _campaign_row(runner, name: str, ctx: int, pt: dict, args, timing) -> dict:
 
 
 def campaign_main(args) -> dict:
-    """Verify-step GPU time of every (baseline, context) of a campaign document."""
+    """Verify-step GPU time of every (baseline, context) of a campaign document.
+
+    Each row runs the verify forward with the row's own tree, attention (with the NSA row
+    schedule the campaign ran) and model, on the tiny pair with a corpus prompt prefilled, so
+    sparse selections see real keys. The graph replayed back to back is the GPU time of the
+    verify step alone, to hold beside the campaign's CUDA-event ``verify`` step of the decode
+    loop; ``--ops`` adds the op breakdown. ``--device cpu`` runs it on the torch backend, timed
+    by the wall clock (the tests).
+    """
 
     from ssvkit.engine.corpus import corpus_sample
 
@@ -243,6 +221,36 @@ def campaign_main(args) -> dict:
 
 
 def main(argv=None) -> dict:
+    """Time the verify step per (context, strategy, t), or the verify steps of ``--campaign``.
+
+    Returns
+    -------
+    dict
+        The document, written to ``--out`` when given (after every row, so an interrupted run
+        keeps its rows; ``--resume`` keeps those measured at this commit) and printed a line per
+        row. Without ``--campaign`` its ``rows``, per (strategy, context, t), timed with
+        ``kernels.timing`` (CUDA events, cold L2, median); dense cost does not depend on the
+        tree's shape, so ``t`` rows are a chain:
+
+        - ``graph_s``: ``ModelRunner.tree_forward`` (embedding ... LM head, with the strategy's
+          attention and the KV-tail write) captured in a CUDA graph, per replay;
+        - ``eager_s``: the same forward launched from Python;
+        - ``ops_sum_s``: every op of the forward timed alone in its own graph (the model's own
+          modules, rotating over the layers' weights and KV so each launch is cold), times its
+          count per forward; ``graph_s / ops_sum_s`` is what the loop adds (target: <= 1.15);
+        - ``floor_s``: (weights read + KV read) / the copy bandwidth measured in the same run
+          (``kernels.timing.copy_bytes_per_s``), and ``graph_s / floor_s``; a sparse step's KV
+          read is the least its attention must read (``floor_bytes``); each op's ``floor_s`` and
+          ``over_floor`` likewise (``op_floors``: bytes, FLOPs or one graph-replayed launch,
+          whichever is largest);
+        - ``selection`` (sparse steps): the blocks the refresh layers select from the model's
+          own queries in one recorded forward (``selection_stats``), and each attention op's
+          time against the least read with that selection (``floor_selected_s``,
+          ``over_floor_selected``); the attention ops are timed with those recorded queries;
+        - ``predicted_verify_s``: perfmodel's verify forward for the same point (calibrated
+          profile; without the sampling and acceptance ops, which the timed forward does not
+          run).
+    """
     args = parse_args(argv)
     if args.campaign:
         from ssvkit.validation.scale_report import is_scale_campaign

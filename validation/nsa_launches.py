@@ -4,23 +4,13 @@ the time of a latency-bound call goes.
     python -m ssvkit.validation.nsa_launches --out validation/data/nsa-launches-h200.json
 
 Llama-3.1-8B attention, NSA's published geometry and ``validation.nsa_stages``' inputs (reuse
-indices with adjacent-row overlap 0.7), at the engine's verify shapes: one draft row at 128K
-(``ar_sparse``, the ``ssv`` refresh at t = 1), 16 rows at 128K under the row schedules of
-``ssv`` (a union of 4 rows a tile) and ``sd_sparse_naive`` (one row a tile), and 16 rows at
-batch 16, 64K. Each case first checks every call against the fp32 reference (batch 1; at batch
-16 the unfused calls against the fused ones, which the CPU tests hold to the reference), then
-per call (fused and unfused refresh and reuse, with the row schedule's config):
-
-- ``graph_s``: the call in a CUDA graph (``kernels.timing``, L2 flushed per sample, median);
-- ``launches``: each kernel launch of one eager call in the order they start, with its device
-  time (``torch.profiler``'s CUDA activity, the median over ``CALLS_PROFILED`` calls) and
-  whether it ran on a side stream (the unfused calls' branches side by side,
-  ``NsaVerifyConfig.branch_streams``); ``kernel_sum_s``, their sum, exceeds the graph time
-  where side streams overlap the main one, and falls short of it by the launch gaps where
-  launches run in series.
-
-``floor_s``: the call's unique bytes (``nsa_stages.floor_bytes``) over the copy bandwidth
-measured in the same run.
+indices with adjacent-row overlap 0.7), at the engine's verify shapes (``CASES``). Each case
+first checks every call (``check``), then per call (fused and unfused refresh and reuse, with
+the row schedule's config) times ``graph_s``, the call in a CUDA graph (``kernels.timing``, L2
+flushed per sample, median), and ``launches``, each kernel launch of one eager call in the
+order they start with its device time and whether it ran on a side stream
+(``launch_times``). ``floor_s``: the call's unique bytes (``nsa_stages.floor_bytes``) over the
+copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -66,8 +56,9 @@ def _call(name: str, sets, unions, config, i: int):
 
 def check(sets, unions, config, batch: int) -> None:
     """Every call's output on set 0 against the fp32 reference (batch 1; the reuse calls with
-    the reference's indices) or, at larger batch, the unfused calls against the fused ones;
-    ``SystemExit`` naming the call on a mismatch or NaN."""
+    the reference's indices) or, at larger batch, the unfused calls against the fused ones,
+    which the CPU tests hold to the reference; ``SystemExit`` naming the call on a mismatch or
+    NaN."""
     args, idx = sets[0]
     outs = {}
     with tm.poisoned_allocations():
@@ -98,10 +89,11 @@ def check(sets, unions, config, batch: int) -> None:
 
 def launch_times(fn, calls: int) -> list[dict]:
     """The kernel launches of one ``fn(i)`` call in the order they start, each with its median
-    device time over ``calls`` profiled calls (``fn(i)`` for ``i`` rotating over the sets) and
-    whether it ran on a side stream (not the stream of the call's last launch). A launch is
-    matched across calls by its stream and its place on it: launches on different streams may
-    start in another order from call to call."""
+    device time (``torch.profiler``'s CUDA activity) over ``calls`` profiled calls (``fn(i)``
+    for ``i`` rotating over the sets) and whether it ran on a side stream (not the stream of the
+    call's last launch; the unfused calls' branches side by side,
+    ``NsaVerifyConfig.branch_streams``). A launch is matched across calls by its stream and its
+    place on it: launches on different streams may start in another order from call to call."""
     from torch.profiler import ProfilerActivity, profile
 
     for i in range(3):
@@ -146,6 +138,9 @@ def kernel_name(name: str) -> str:
 
 
 def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) -> dict:
+    """One case of ``CASES``, checked (``check``), then per call of ``CALLS`` (with the row
+    schedule's config) its CUDA-graph time (``graph_s``), its launches (``launch_times``) and
+    their summed device time (``kernel_sum_s``), beside the case's floor (``floor_s``)."""
     config = dataclasses.replace(DEFAULT_CONFIG, rows_per_tile=rows_per_tile)
     sets = ns.input_sets(batch, t, ctx, ctx + t, NUM_SETS)
     unions = [

@@ -1,21 +1,17 @@
 """One NSA refresh call and one reuse call under Nsight Compute, for the profiler's view of each
 kernel (duration, DRAM throughput, registers, occupancy, warp stalls).
 
-    ncu --clock-control none --profile-from-start off --section SpeedOfLight \
-        --section LaunchStats --section Occupancy --section WarpStateStats \
-        --section MemoryWorkloadAnalysis python -m ssvkit.validation.nsa_profile --t 16 \
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+        --section LaunchStats --section Occupancy --section WarpStateStats \\
+        --section MemoryWorkloadAnalysis python -m ssvkit.validation.nsa_profile --t 16 \\
         > validation/data/nsa-ncu-h200.txt
 
-The inputs are ``validation.nsa_stages``' (Llama-3.1-8B attention unless ``--geometry`` names
-another of ``calibration.kernel_inputs.GEOMETRIES``, NSA's published geometry, reuse indices
-with adjacent-row overlap 0.7); ``--rows-per-tile`` runs a strategy's row schedule
-(``NsaVerifyConfig.rows_per_tile``: 4 is ``ssv``'s union of four, 1 ``sd_sparse_naive``'s),
-the reuse call with its union plan passed in, as the engine's reuse layers do; ``--impl
-unfused`` profiles the unfused baseline's calls (``nsa_verify_unfused``, the attention of
-``ar_sparse`` and ``sd_sparse_naive``) instead of the fused ones. Three
-unprofiled warm-up rounds compile and settle the kernels; the profiled region is one refresh
-call then one reuse call. The provenance is printed first, so the profiler's report carries
-it.
+The inputs are ``validation.nsa_stages``' (NSA's published geometry, reuse indices with
+adjacent-row overlap 0.7) at Llama-3.1-8B attention unless ``--geometry`` names another;
+``--rows-per-tile`` runs a strategy's row schedule (4: ``ssv``'s, 1: ``sd_sparse_naive``'s),
+``--impl unfused`` the unfused baseline's calls. After three warm-up rounds the profiled region
+is one refresh call, then one reuse call (the fused one with its union plan passed in, as the
+engine's reuse layers do). The provenance is printed first, so the report carries it.
 """
 
 from __future__ import annotations

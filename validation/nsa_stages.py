@@ -1,46 +1,17 @@
 """NSA verification on the GPU, whole calls and their stages, against the byte floor.
 
-    python -m ssvkit.validation.nsa_stages --out validation/data/nsa-stages-h200.json \
+    python -m ssvkit.validation.nsa_stages --out validation/data/nsa-stages-h200.json \\
         [--resume build/nsa-stages.jsonl] [--stop-after 480]
 
-Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry (top_n
-16, blocks of 64, window 512, compression 32 / 16). Each case first checks the fused calls (merge
-separate and folded, with and without PDL) and the unfused ones against the fp32 reference
-(reuse with the reference's indices), the calls with PDL against the calls without (bitwise,
-refresh and reuse), and select_blocks with and without PDL against its fp32 reference (a
-mismatch or NaN stops the run), then times with ``kernels.timing`` (CUDA graphs, L2 flushed per
-sample, median):
-
-- ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse`` with
-  the union plan passed in, as the engine's reuse layers do) with the default config: the merge
-  and the refresh path's top-n pick each a launch of its own;
-- ``*_folded``: the same calls with ``NsaVerifyConfig(merge="auto", pick="folded")``: the merge
-  folded into the forward launch and the pick into the block scoring; the difference is what
-  folding them saves (negative: the fold is slower);
-- ``*_pdl``: the whole calls with ``NsaVerifyConfig(pdl=True)``: every launch of a call after
-  its first a programmatic dependent of the one before (``kernels.pdl``); the difference is what
-  starting a launch while the one before drains saves; ``stage_refresh_select_pdl`` the
-  refresh path's steps (1)-(3) so, ``stage_fwd_all_pdl`` / ``stage_merge_pdl`` the two reuse
-  launches' PDL kernels launched on their own (what the wait and its prologue cost alone);
-- ``select`` / ``select_pdl``: ``kernels.select_blocks`` (block means, the case's top_n and
-  blocks, scoring and pick in two launches) without and with PDL;
-- ``reuse_last`` / ``reuse_parallel``: the reuse call with the merge folded each way
-  (``merge="last"``: a row tile's last program merges it; ``"parallel"``: merge programs, one
-  per draft row), which ``auto`` chooses between;
-- ``stage_*``: one launch each of the forward over one branch's slots (no merge), the merge, the
-  union plan, the refresh path's steps (1)-(3), its block importance alone, the top-n kernel
-  alone, and importance and pick in one launch (``stage_select_folded``). ``reuse`` minus
-  ``stage_fwd_all`` is what the merge launch adds.
-
-Reuse indices have an exact adjacent-row overlap of 0.7
-(``calibration.kernel_inputs.overlap_block_idx``, the regime SSV measured); input sets rotate so
-each launch reads cold data. ``floor_s`` is the call's unique bytes (compressed K/V, each
-(sequence, KV head)'s union of selected blocks and the window, the tail, q and o) over the copy
-bandwidth measured in the same run.
-
-``--resume FILE`` keeps each finished case in a run cache (``validation.bench.RunCache``), so a
-run cut off goes on where it stopped; ``--stop-after S`` starts no case after S seconds (the
-JSON then says ``complete: false``).
+Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16), NSA's published geometry
+(``KW``: top_n 16, blocks of 64, window 512, compression 32 / 16), reuse indices with an exact
+adjacent-row overlap of 0.7, input sets rotating so each launch reads cold data
+(``input_sets``). Each case is first checked against the fp32 reference (``check``: a mismatch
+or NaN stops the run), then every call and stage of ``calls`` is timed with ``kernels.timing``
+(CUDA graphs, L2 flushed per sample, median): the whole calls with the default config, folded
+(``FOLDED``), with PDL (``PDL``) and with the merge folded either way, and launches alone
+(``stage_*``). ``floor_s`` is the call's unique bytes (``floor_bytes``) over the copy bandwidth
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -104,7 +75,9 @@ SELECT_AGREEMENT = 0.97
 def input_sets(
     bsz: int, t: int, ctx: int, capacity: int, num_sets: int
 ) -> list[tuple[tuple, torch.Tensor]]:
-    """Rotation sets sharing one K/V cache: fresh q, compressed K/V and block indices each."""
+    """Rotation sets sharing one K/V cache: fresh q, compressed K/V and block indices each, the
+    indices of ``t`` > 1 rows with an exact adjacent-row overlap of ``OVERLAP``
+    (``calibration.kernel_inputs.overlap_block_idx``, the regime SSV measured)."""
     gen = ki.generator(1 + ctx + bsz)
     rng = np.random.default_rng(ctx + bsz)
     q, k, v, lens, mask = ki.attention_inputs(bsz, t, capacity, [ctx] * bsz, gen)
@@ -126,6 +99,8 @@ def input_sets(
 
 
 def floor_bytes(bsz: int, t: int, ctx: int, idx: torch.Tensor) -> int:
+    """A call's unique bytes: the compressed K/V, each (sequence, KV head)'s union of selected
+    blocks and the window, the tail, q and o."""
     idx_np = idx.cpu().numpy()
     bs = KW["block_size"]
     window = set(range((ctx - KW["window"]) // bs, ctx // bs))
@@ -138,6 +113,10 @@ def floor_bytes(bsz: int, t: int, ctx: int, idx: torch.Tensor) -> int:
 
 
 def check(sets) -> None:
+    """On set 0: the fused calls (merge separate and folded either way, with and without PDL)
+    and the unfused ones against the fp32 reference (reuse with the reference's indices), each
+    whole call of ``CALLS`` with PDL against the call without (bitwise: output and indices), and
+    ``check_select``; ``SystemExit`` on a NaN or a mismatch."""
     args, _ = sets[0]
     ro, ridx = nv.reference_nsa_verify(*args, **KW)
     variants = (
@@ -200,7 +179,29 @@ def whole_call(sets, unions, name: str, config, i: int):
 
 
 def calls(sets, plan, slots, rslots, unions, parts):
-    """``name -> fn(i)`` of every timed call and stage (``rslots``: a refresh call's slots)."""
+    """``name -> fn(i)`` of every timed call and stage (``rslots``: a refresh call's slots).
+
+    - ``reuse`` / ``reuse_unfused`` / ``refresh`` / ``refresh_unfused``: whole calls (``reuse``
+      with the union plan passed in, as the engine's reuse layers do) with the default config:
+      the merge and the refresh path's top-n pick each a launch of its own;
+    - ``*_folded``: the same calls with ``FOLDED``, the merge folded into the forward launch and
+      the pick into the block scoring; the difference is what folding them saves (negative: the
+      fold is slower);
+    - ``*_pdl``: the whole calls with ``PDL``, every launch of a call after its first a
+      programmatic dependent of the one before (``kernels.pdl``); the difference is what
+      starting a launch while the one before drains saves; ``stage_refresh_select_pdl``
+      the refresh path's steps (1)-(3) so, ``stage_fwd_all_pdl`` / ``stage_merge_pdl`` the two
+      reuse launches' PDL kernels launched on their own (what the wait and its prologue cost);
+    - ``select`` / ``select_pdl``: ``kernels.select_blocks`` (block means, the case's top_n and
+      blocks, scoring and pick in two launches) without and with PDL;
+    - ``reuse_last`` / ``reuse_parallel``: the reuse call with the merge folded each way
+      (``merge="last"``: a row tile's last program merges it; ``"parallel"``: merge programs,
+      one per draft row), which ``auto`` chooses between;
+    - ``stage_*``: one launch each of the forward over one branch's slots or all of them (no
+      merge), the merge, the union plan, the refresh path's steps (1)-(3), its compressed pass,
+      its block importance alone, the top-n kernel alone, and importance and pick in one launch
+      (``stage_select_folded``). ``reuse`` minus ``stage_fwd_all`` is what the merge launch adds.
+    """
     out = {
         "reuse": lambda i: nv.nsa_verify(
             *sets[i][0], block_idx=sets[i][1], union=unions[i], **KW, validate=False
@@ -344,6 +345,12 @@ def measure(cache: RunCache | None, stop_at: float) -> tuple[list[dict], bool]:
 
 
 def main(argv=None) -> int:
+    """Measure every case of ``CASES``, write ``--out`` when given and print both tables.
+
+    ``--resume FILE`` keeps each finished case in a run cache (``validation.bench.RunCache``),
+    so a run cut off goes on where it stopped; ``--stop-after S`` starts no case after S
+    seconds (the document then says ``complete: false``).
+    """
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the JSON document here")
     p.add_argument("--resume", default=None, metavar="FILE", help="run cache (JSONL)")

@@ -1,44 +1,17 @@
 """NSA verification under both values of one tiling knob of ``NsaVerifyConfig`` across the draft
-rows t, against the call's floor: ``tile_plan`` "fixed" / "fit" (the row tiles and their slots),
-``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row tiles or on
-one tile of all rows), as ``--knob paired``, ``context_tiles`` "shared" / "paired" (a reuse
-call's two forward steps on shared compressed tiles as two launches or one), ``score_map``
-"matrix" / "band" (how the refresh path's computed block scoring maps the compressed tokens onto
-the blocks; only refresh calls differ), or a forward program's launch knobs against their
-defaults: ``num_warps`` 4 / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32 (keys a tile),
-``ctas_per_sm`` 1 / 2 (the programs an SM is sized for: twice the slots where one wave holds
-them), ``compressed_ctas`` 1 / 2 (the default: a launch of the compressed branch alone sized for
-two programs an SM where one would leave each row tile a single slot); or how a call's launches
-run: ``branch_streams`` off / on (the unfused baseline's branches on one stream or side by side;
-only unfused calls differ), ``pdl`` off / on (each launch of a call after its first a
-programmatic dependent of the one before).
+rows t, against the call's floor: the row tiles' plan, the compressed branch's tiles, the block
+scoring's map, a forward program's launch knobs, or how a call's launches run (``--knob``, one
+of ``KNOBS``; ``run_case`` says what each compares).
 
-    python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \
-        --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \
+    python -m ssvkit.validation.nsa_tile_plans --out build/nsa-tile-plans.json \\
+        --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \\
         [--contexts 131072 ...]
 
-Llama-3.1-8B attention (32 query / 8 KV heads, D = 128, bf16) at NSA's published geometry (as
-:mod:`validation.nsa_stages`, whose inputs it shares: reuse indices with an exact adjacent-row
-overlap of 0.7), contexts 32K / 64K / 128K, t in {1, 8, 9, 16, 17, 24, 32, 33}, batch 1, 4 and
-16, row schedules ``rows_per_tile`` 0 (packed), 1 and 4 (1 and 4 for the ``context_tiles``
-comparisons, which leave a packed call as it is). Per case and schedule, each value's
-``reuse`` (fused, union plan passed in), ``reuse_unfused``, ``refresh`` and
-``refresh_unfused`` calls are timed (CUDA graphs, L2 flushed per sample, median,
-``kernels.timing``); ``score_map`` times the refresh calls only (``KNOB_CALLS``).
-
-Checked first, a mismatch or NaN stopping the run: the second value's reuse outputs (fused and
-unfused) against the first's within bf16 tolerance (``ATOL`` / ``RTOL``: the values cut the
-keys into different slots, so the fp32 sums round in another order and the outputs are not
-bitwise equal); its refresh indices against the first's (``SELECT_AGREEMENT`` of the
-selections: near-ties of the block scores may flip), and its refresh output against the
-first value's reuse call given the second's own indices, within the same tolerance.
-
-Each row's floor is ``max(unique bytes / copy bandwidth, FLOPs / GEMM rate)``, both ceilings
-measured in the same run (``kernels.timing``); FLOPs are the real rows' ``4 D`` per query head
-and visible key (compressed, selected, window, tail). Every row prints its times and ratios to
-the floor, and a short table last gives both values' reuse and refresh per call. ``--resume
-FILE`` keeps each finished case in a run cache (``validation.bench.RunCache``); ``--stop-after
-S`` starts no case after S seconds (the JSON then says ``complete: false``).
+Llama-3.1-8B attention at NSA's published geometry with ``validation.nsa_stages``' inputs, over
+``CONTEXTS`` x ``BATCHES`` x ``DRAFT_ROWS`` and the knob's row schedules: each value's calls
+(``knob_calls``) are checked against the first value's (``check``), then timed (CUDA graphs, L2
+flushed per sample, median, ``kernels.timing``). Each row's floor is ``max(unique bytes / copy
+bandwidth, FLOPs / GEMM rate)``, both ceilings measured in the same run (``call_flops``).
 """
 
 from __future__ import annotations
@@ -94,6 +67,8 @@ SELECT_AGREEMENT = 0.97
 
 
 def call_flops(bsz: int, t: int, ctx: int) -> float:
+    """A call's FLOPs for its floor: the real rows' ``4 D`` per query head and visible key
+    (compressed, selected, window, tail)."""
     keys = (ctx - KW["comp_block"]) // KW["comp_stride"] + 1
     keys += KW["top_n"] * KW["block_size"] + KW["window"] + t
     return 4.0 * ki.HEAD_DIM * bsz * t * ki.NUM_Q_HEADS * keys
@@ -117,8 +92,13 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 
 
 def check(sets, configs: dict, label: str) -> None:
-    """The second value's calls against the first's (``configs`` in that order; module
-    docstring)."""
+    """The second value's calls against the first's (``configs`` in that order), on set 0; a
+    mismatch or NaN raises. Its reuse outputs (fused and unfused) within bf16 tolerance
+    (``ATOL`` / ``RTOL``: the values cut the keys into different slots, so the fp32 sums round
+    in another order and the outputs are not bitwise equal); its refresh indices against the
+    first's (``SELECT_AGREEMENT`` of the selections: near-ties of the block scores may flip),
+    and its refresh output against the first value's fused reuse call given the second's own
+    indices, within the same tolerance."""
     args, idx = sets[0]
     fixed, fit = configs.values()
     for name in ("reuse", "reuse_unfused"):
@@ -135,7 +115,38 @@ def check(sets, configs: dict, label: str) -> None:
 
 
 def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan") -> dict:
-    """Every schedule and value of ``knob`` of one (batch, t, context): checked, then timed."""
+    """Every schedule and value of ``knob`` of one (batch, t, context): checked, then timed.
+
+    Parameters
+    ----------
+    bsz, t, ctx : int
+        The batch, the draft rows and the context of the case.
+    ceilings : dict
+        ``copy_bytes_per_s`` and ``gemm_flops_per_s`` measured in the same run: the floor is
+        ``max(unique bytes / copy bandwidth, FLOPs / GEMM rate)`` (``call_flops``).
+    knob : str
+        The comparison, one of ``KNOBS`` (first value the baseline): ``tile_plan`` "fixed" /
+        "fit" (the row tiles and their slots); ``context_tiles`` "per_tile" / "shared" (the
+        compressed branch on the schedule's row tiles or on one tile of all rows; row schedules
+        1 and 4 only, as for ``paired``: the knob leaves a packed call as it is);
+        ``paired``: ``context_tiles`` "shared" / "paired" (a reuse call's two forward steps on
+        shared compressed tiles as two launches or one); ``score_map`` "matrix" / "band" (how
+        the refresh path's block scoring maps the compressed tokens onto the blocks; refresh
+        calls only); a forward program's launch knobs against their defaults: ``num_warps`` 4
+        / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32 (keys a tile), ``ctas_per_sm`` 1 / 2
+        (the programs an SM is sized for: twice the slots where one wave holds them),
+        ``compressed_ctas`` 1 / 2 (a launch of the compressed branch alone sized for two
+        programs an SM where one would leave each row tile a single slot); or how a call's
+        launches run: ``branch_streams`` off / on (the unfused baseline's branches on one
+        stream or side by side; unfused calls only), ``pdl`` off / on (each launch of a call
+        after its first a programmatic dependent of the one before).
+
+    Returns
+    -------
+    dict
+        The row: the case, its floor and, per row schedule ``r``, value and call of
+        ``knob_calls``, the median time of the call in a CUDA graph (``times_s``).
+    """
     field, values, schedules = KNOBS[knob]
     num_sets = 2 if bsz * ctx > 1 << 20 else 4
     sets = input_sets(bsz, t, ctx, ctx + t, num_sets)

@@ -4,25 +4,13 @@
 
 The grouping target: for working sets beyond L2, ``union`` (exact) and ``shared`` (approx) at
 group size C must beat ``per_query`` by at least ``TARGET_SHARE`` of the ratio of their DRAM
-bytes, ``speedup >= TARGET_SHARE * dram_per_query / dram_mode``. The counted bytes of the kernel
-sweep (every row's blocks for ``per_query``) overstate what ``per_query`` reads from DRAM at
-batch >= 16: rows of one (sequence, KV head) that chose the same block run at the same time and
-the second read hits L2. So the bytes here are measured, per call, by Nsight Compute
-(``dram__bytes_read.sum + dram__bytes_write.sum``, L2 flushed before each kernel), and the
-times by CUDA-graph replay (``kernels.timing``, L2 flushed per sample, median).
-
-Inputs are the kernel sweep's sparse configs at their large batch (``calibration.kernel_ops``: the
-smallest batch >= 16 whose deduplicated working set reaches 200 MB, Llama-3.1-8B attention,
-t = 16 rows of a binary tree, blocks of 64, exact adjacent-row overlap). A union call builds its
-plan inside the call, so both its time and its bytes include the plan kernel. Each row's
-``floor_s`` is max(floor bytes / copy bandwidth, FLOPs / GEMM rate), both ceilings measured in
-the run, with the floor bytes each (sequence, KV head)'s blocks once (for ``shared``, those of
-its groups' first rows) plus the tail, q, o, lse and the indices.
-
-The run has three steps in one command: correctness (every mode against the fp32 reference on
-one config; a mismatch or NaN stops the run, exit status 2), the byte count in a child process
-under ``ncu`` (``--ncu`` names the binary; a marker kernel before each call attributes its
-kernels), then the timing in this process. Needs a GPU.
+bytes, ``speedup >= TARGET_SHARE * dram_per_query / dram_mode``. The bytes are measured per
+call by Nsight Compute (``DRAM_METRICS``, L2 flushed before each kernel), the times by
+CUDA-graph replay (``kernels.timing``, L2 flushed per sample, median), on the kernel sweep's
+sparse configs at their large batch (``config_inputs``). The run has three steps in one
+command: correctness (``check``: a mismatch or NaN stops the run, exit status 2), the byte
+count in a child process under ``ncu`` (``--ncu`` names the binary; ``ncu_bytes``), then the
+timing in this process (``report``). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -79,7 +67,11 @@ def configs(args) -> list[dict]:
 
 
 def config_inputs(cfg: dict, seed: int) -> tuple[dict, list[tuple], np.ndarray]:
-    """The sweep's large-batch inputs of one config: rotation sets and the block indices."""
+    """The sweep's large-batch inputs of one config: rotation sets and the block indices.
+
+    As the kernel sweep's sparse configs at their large batch (``calibration.kernel_ops``: the
+    smallest batch >= 16 whose deduplicated working set reaches 200 MB), Llama-3.1-8B attention,
+    t = 16 rows of a binary tree, blocks of 64, exact adjacent-row overlap."""
     sw = FULL_SWEEP
     ctx, top_n, gamma = cfg["context_len"], cfg["top_n"], cfg["overlap"]
     t, bs = sw.sparse_tokens, sw.block_size
@@ -117,7 +109,8 @@ def floor_bytes(mode: str, c: int, idx_np: np.ndarray, fixed: int) -> int:
 
 
 def call(sets, i: int, mode: str, c: int):
-    """One call as a user makes it: the union plan is built inside."""
+    """One call as a user makes it: the union plan is built inside, so both a union call's
+    time and its bytes include the plan kernel."""
     return sv.sparse_verify(*sets[i], mode=mode, group_size=c, block_size=64, validate=False)
 
 
@@ -226,6 +219,10 @@ def _number(text: str) -> float:
 
 
 def report(rows: list[dict], calls: list[dict], ceilings: dict) -> list[dict]:
+    """The timed rows with their profiled calls' DRAM bytes, each against its config's
+    ``per_query`` row: speedup, DRAM and counted byte ratios and the target; ``floor_s`` is
+    max(floor bytes / copy bandwidth, FLOPs / GEMM rate), both ceilings measured in the run
+    (``floor_bytes``)."""
     if len(calls) != len(rows):
         raise RuntimeError(f"{len(calls)} profiled calls for {len(rows)} timed ones")
     for row, c in zip(rows, calls, strict=True):
