@@ -8,17 +8,10 @@ tiny pair, per context regime, for ``ssvkit report``.
 
 Baselines: ``ar_dense``, ``ar_sparse``, ``sd_dense``, ``sd_sparse_naive``, ``ssv`` (perfmodel's
 definitions, the draft model as drafter: the tiny pair has no EAGLE head) and ``ssv_planned``
-(the offline best of the context's regime, ranked from the profile that the planner
-evaluation measured, ``--planner``). ``best:N`` trees are resolved at the profile's acceptance
-of the drafter, as the ranking resolves them, so the engine and the prediction run one tree.
-
-Each (baseline, context, seed) decodes a code prompt (the built-in corpus at an offset no
-profile or planner run used) at ``--temperature`` with that seed; the steady figures (round 0,
-graph capture and compilation, left out), the mean CUDA-event step times, and for seed 0 every
-round's (context, drafted, accepted) -- the trace the simulator replays -- go into the output,
-whole or not at all. ``--resume FILE`` appends each finished run and skips finished runs on a
-later call with the same settings, device and commit, so the campaign fits runs of at most
-10 minutes. The measured rows only: the predictions are ``ssvkit report``'s, on the CPU.
+(the regime's offline best under the planner evaluation's profile, ``--planner``). Each
+(baseline, context, seed) decodes a code prompt no profile or planner run used, seed 0 with
+every round's (context, drafted, accepted), the trace the simulator replays (``measure_rows``).
+The measured rows only: the predictions are ``ssvkit report``'s, on the CPU.
 """
 
 from __future__ import annotations
@@ -85,8 +78,9 @@ def load_planner(path: str):
 
 
 def strategies_for(bench, profile, space, regime: str, ctx: int, names) -> dict[str, Strategy]:
-    """The strategy each baseline name runs at ``ctx`` (draft model as drafter, trees
-    resolved at the profile's acceptance); ``ssv_planned`` is the regime's offline best."""
+    """The strategy each baseline name runs at ``ctx`` (draft model as drafter, ``best:N``
+    trees resolved at the profile's acceptance of the drafter, as the ranking resolves them, so
+    the engine and the prediction run one tree); ``ssv_planned`` is the regime's offline best."""
     out = {}
     for name in names:
         if name == "ssv_planned":
@@ -175,7 +169,12 @@ def setup(args):
 
 def measure_rows(bench, contexts: dict[str, int], plans: dict, seeds: int) -> list[dict]:
     """Every (regime, baseline, seed) decoded on the regime's code prompt (seed 0 with its
-    rounds' trace), as the campaign's rows."""
+    rounds' trace), as the campaign's rows.
+
+    The prompt is the built-in corpus at an offset no profile or planner run used
+    (``PROMPT_OFFSET``); each run samples at the bench's temperature with its seed and keeps its
+    steady figures (``validation.bench.steady_figures``: round 0, graph capture and compilation
+    left out) with the mean CUDA-event step times."""
     rows = []
     for regime, ctx in contexts.items():
         prompt = prompt_tokens("code", ctx, offset=PROMPT_OFFSET * ctx)
@@ -205,6 +204,12 @@ def measure_rows(bench, contexts: dict[str, int], plans: dict, seeds: int) -> li
 
 
 def main(argv=None) -> int:
+    """Decode the campaign and write its document to ``--out``, whole or not at all.
+
+    ``--resume FILE`` appends each finished run to FILE and skips finished runs on a later call
+    with the same settings, device and commit, so the campaign fits calls of at most 10
+    minutes. Exit status 0, 2 on bad input (one line).
+    """
     from ssvkit.kernels.timing import provenance
 
     args = parse_args(argv)

@@ -6,27 +6,12 @@
         --pack $OUT/campaign-state.tar.gz [--unpack campaign-state.tar.gz]
     # on the CPU, after the last call
     python3 -m ssvkit.validation.h100_campaign --work build/campaign \\
-        --unpack campaign-state.tar.gz \\
-        --install
+        --unpack campaign-state.tar.gz --install
 
-Stages (``STAGES``), in order: ``ops`` (``validation.engine_op_sweep``), ``kernels`` and
-``kernels_tiny`` (``calibration.kernel_sweep``, the 8B and the tiny geometry) write rows under
-``W/profile``; ``fit`` derives ``ceilings.json`` and ``profile.json`` from them, and the four
-files go into this tree's ``calibration/profiles/h100-sxm/`` (perfmodel reads its profile there)
-before every later stage of every call; ``planner`` (``validation.planner_eval``),
-``validation`` (``validation.e2e_campaign``) and ``verify_breakdown``
-(``validation.engine_verify --campaign --ops``). How a call runs, resumes and keeps its state
-(``W/state.json``, ``W/logs/<stage>.log``): ``validation.campaign``.
-
-``--pack`` writes W as one .tar.gz (the device tool brings back a few files of at most 16 MiB),
-``--unpack`` restores it on a fresh machine (a W as new is kept), ``--install`` copies the
-products into their committed places (the rows, ceilings and profile; the planner evaluation
-and the campaign under ``validation/data/``), refused unless every stage is done; the verify
-breakdown, the logs and the state stay in W and its pack.
-
-Exit status: 0 every selected stage done; 1 a stage failed (its log says why; the next call
-retries it); 2 bad input or a refusal (one line; a state of another commit needs ``--restart``);
-3 incomplete: run the same command again.
+Stages (``STAGES``, each with its command), in order: ``ops``, ``kernels`` and ``kernels_tiny``
+write rows under ``W/profile``; ``fit`` derives the ceilings and the profile, which go into
+``calibration/profiles/h100-sxm/`` before every later stage; ``planner``, ``validation`` and
+``verify_breakdown``. How a call runs and resumes: ``validation.campaign``; exit statuses: ``main``.
 """
 
 from __future__ import annotations
@@ -209,6 +194,19 @@ def _on_sigterm(signum, frame):
 
 
 def main(argv=None, stages=STAGES, root: Path = ROOT) -> int:
+    """One call of the campaign in the folder W (``--work``), or ``--fit``, ``--install`` or
+    ``--dry-run``.
+
+    ``--pack`` writes W as one .tar.gz at the end (the device tool brings back a few files of
+    at most 16 MiB), ``--unpack`` restores it first on a fresh machine (a W as new is kept),
+    ``--install`` copies the products into their committed places (the rows, ceilings and
+    profile; the planner evaluation and the campaign under ``validation/data/``), refused unless
+    every stage is done; the verify breakdown, the logs and the state stay in W and its pack.
+
+    Exit status: 0 every selected stage done; 1 a stage failed (its log says why; the next call
+    retries it); 2 bad input or a refusal (one line; a state of another commit needs
+    ``--restart``); 3 incomplete: run the same command again.
+    """
     started = time.monotonic()
     args = parse_args(argv)
     try:

@@ -4,34 +4,13 @@ of record.
 python -m ssvkit.validation.readme          # rewrites the blocks between their markers in DOCUMENTS
 python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; nothing written
 
-- ``validate``: the calibration's accuracy, as ``ssvkit validate --markdown`` prints it;
-- ``transfer``: the calibration's transfer test sets (leave one head geometry, group size or
-  context out; cross-GPU), as ``ssvkit validate --markdown --sets head,group,context,gpu``
-  prints them;
-- ``intervals``: the committed profile's residual sets and how its prediction intervals cover
-  rows they were not derived from (``calibration.interval_coverage``);
-- ``planner``: the planner evaluation of record (``validation/data/planner.json``): ranking
-  quality per regime and adaptive gain per prompt set, with what the measurement resolves
-  (``validation.report.planner_section``, as the report derives it); ``planner-b32``: the
-  evaluation at batch 32 on the H200 (``validation/data/planner-b32-h200.json``), the same way;
-  ``adaptive-b32``: its adaptive phase run again on its profile
-  (``validation/data/planner-adaptive-b32-h200.json``), with the shadow's time per round;
-- ``papers``: the seeds' headline figures beside ssvkit's (``ssvkit papers --markdown``);
-- ``scale-llama``, ``scale-glm``, ``scale-glm-large``: the scale campaigns' measured tokens/s
-  (``validation/data/scale-campaign-h200.json``, ``scale-campaign-glm-h200.json``,
-  ``scale-campaign-glm-large-h200.json``), one row per context and batch;
-- ``floors-h100``, ``floors-h200``: the sparse path's kernels against their floor target per op
-  and batch, from a GPU's committed kernel rows (the "floor targets" of
-  ``python -m ssvkit.calibration.kernel_sweep --summary-only``), at the batches the page shows;
-- ``nsa-stages``, ``nsa-stages-pdl``: whole NSA calls against their byte floor, and each call
-  without and with PDL (``validation/data/nsa-stages-h200.json``,
-  ``validation.nsa_stages_table``);
-- ``nsa-launches``: each launch of an NSA call at the engine verify step's shapes beside the
-  call's graph time and byte floor (``validation/data/nsa-launches-h200.json``,
-  ``validation.nsa_launches_table``);
-- ``engine-verify``: the engine's verify step against its ops and its floor, beside the
-  committed profile's prediction (``validation/data/engine-verify-h200.json``,
-  ``validation.engine_verify_table``).
+``BLOCKS`` maps each block's name (the name of its ``<!-- name:begin -->`` and
+``<!-- name:end -->`` markers) to what fills it: the calibration's accuracy and transfer sets
+(``ssvkit validate --markdown``), the committed profiles' prediction intervals, the planner
+evaluations, the seeds' headline figures (``ssvkit papers --markdown``), the scale campaigns'
+tokens/s, the sparse path's kernels against their floor targets, the NSA stages and launches
+and the engine's verify step, each read from its measurements under ``validation/data/`` or
+``calibration/profiles/``; the text around each block names its data file.
 """
 
 from __future__ import annotations
@@ -174,7 +153,9 @@ def _measured_runs(doc: dict) -> str:
 
 
 def planner_block(path: Path | None = None) -> str:
-    """The planner evaluation's figures as markdown (tables, targets, provenance)."""
+    """The planner evaluation's figures as markdown (tables, targets, provenance): ranking
+    quality per regime and adaptive gain per prompt set, with what the measurement resolves
+    (``validation.report.planner_section``, as the report derives it)."""
     path = path or record_path("planner.json")
     doc = read_json(path, "planner evaluation")
     pl = planner_section(doc)

@@ -10,11 +10,8 @@ and ``local_model`` finds such a name on this machine.
 
 A measured run of an NSA strategy records the row schedule the engine ran it with
 (``NSA_SCHEDULE``, draft rows per row tile: ``run_schedule``), and a run is priced with the
-schedule it was measured with (``measured_strategy``). Documents without the field were
-measured when the engine packed every NSA strategy's rows into as many as a tile holds,
-whatever its mode: they are priced with the packed schedule. Likewise a run's strategy without
-``nsa_context_tiles`` ran NSA's compressed branch on the schedule's own row tiles
-(``per_tile``).
+schedule it was measured with (``measured_strategy``, which says how a document without the
+field is priced).
 """
 
 from __future__ import annotations
@@ -145,8 +142,10 @@ def run_schedule(s: Strategy) -> dict:
 def measured_strategy(run: dict) -> Strategy:
     """The strategy of a measured run (``local_strategy`` of ``run["strategy"]``) with the NSA
     row schedule and compressed-branch tiles it was measured with: the ones to price it, or
-    re-time it, by. A run without ``NSA_SCHEDULE`` ran its NSA strategy with packed tiles, one
-    whose strategy has no ``nsa_context_tiles`` with ``per_tile`` (the module docstring)."""
+    re-time it, by. A run without ``NSA_SCHEDULE`` was measured when the engine packed every
+    NSA strategy's rows into as many as a tile holds, whatever its mode: it is priced with the
+    packed schedule. Likewise a run whose strategy has no ``nsa_context_tiles`` ran NSA's
+    compressed branch on the schedule's own row tiles (``per_tile``)."""
     s = local_strategy(run["strategy"])
     if "nsa_context_tiles" not in run["strategy"]:
         s = dataclasses.replace(s, nsa_context_tiles="per_tile")

@@ -1,26 +1,17 @@
 """End-to-end validation: are the predicted speedups real? From the measurements of record only.
+Sections (``build``), each with the data file it reads:
 
-Sections, each with the data file it reads:
-
-1. **kernels** -- the calibrated profile's held-out error (``calibration.validate``, the rows
-   under ``calibration/profiles/<gpu>/``);
+1. **kernels** -- the calibrated profile's held-out error (``calibration/profiles/<gpu>/``);
 2. **verify step** -- per (baseline, context) of the campaign (``validation/data/campaign.json``,
-   ``validation.e2e_campaign``): perfmodel's verify time vs the engine's CUDA-event verify
-   step (median over seeds);
-3. **end to end** -- predicted tokens/s (the step model plus the loop overhead that the planner
-   evaluation's profile fitted on its own runs, ``validation/data/planner.json``, at the
-   measured acceptance) vs measured, and the speedup of every baseline over ``ar_dense`` at the
-   same context, predicted vs measured;
+   ``validation.e2e_campaign``): perfmodel's verify time vs the engine's CUDA-event verify step;
+3. **end to end** -- predicted tokens/s (with the planner evaluation's fitted loop overhead,
+   ``validation/data/planner.json``) vs measured, and the speedups over ``ar_dense``;
 4. **ranking** -- Kendall tau, regret and adaptive gain of the planner evaluation;
-5. **simulator** -- ``sim`` replaying each seed-0 run's accepted counts (acceptance ``trace``)
-   with the same costs and loop overhead, vs that run's measured tokens/s.
+5. **simulator** -- ``sim`` replaying each seed-0 run's accepted counts vs its tokens/s.
 
-Every run is priced with the NSA row schedule it was measured with
-(``validation.records.measured_strategy``), at the measured acceptance (alpha fitted to the
-run's mean tokens per round, ``perfmodel.tree_tokens.alpha_from_tokens``), so the error is the
-performance model's, not the acceptance profile's; the planner section is where predicted
-acceptance is judged. The report renders as markdown and PNGs in
-``validation.report_markdown``.
+Every run is priced with the NSA row schedule it was measured with, at its measured acceptance,
+so the error is the performance model's, not the acceptance profile's (``campaign_section``).
+The report renders as markdown and PNGs in ``validation.report_markdown``.
 """
 
 from __future__ import annotations
@@ -173,7 +164,14 @@ def _errors(pairs: list[tuple[float, float]]) -> dict:
 
 def campaign_section(campaign: dict, planner: dict, sim: bool = True) -> dict:
     """Measured vs predicted per (baseline, context), speedups over ar_dense, and the simulator
-    replaying the seed-0 runs."""
+    replaying the seed-0 runs.
+
+    Each (baseline, context) is priced with the NSA row schedule it was measured with
+    (``validation.records.measured_strategy``), at the measured acceptance (alpha fitted to the
+    seeds' pooled tokens per round, ``perfmodel.tree_tokens.alpha_from_tokens``), plus the loop
+    overhead the planner evaluation's profile fitted on its own runs; its verify step is the
+    median over the seeds. The error is then the performance model's, not the acceptance
+    profile's: predicted acceptance is judged in ``planner_section``."""
     profile = profile_from_json(planner["profile"], "the planner evaluation's profile", "planner")
     model_label = local_model(campaign["model"])
     model = get_model(model_label)
@@ -282,7 +280,8 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop, elementwise) -> 
 
 def planner_section(planner: dict) -> dict:
     """The planner evaluation's ranking quality and adaptive gains, with how finely each is
-    measured (derived from its runs where the evaluation did not record it)."""
+    measured (derived from its runs where the evaluation did not record it): where the
+    report judges predicted acceptance."""
     return {
         "kendall_tau": planner["kendall_tau"],
         "regret": planner["regret"],

@@ -10,28 +10,8 @@ drafter, at long contexts and batches up to what memory allows, beside perfmodel
     python -m ssvkit.validation.scale_campaign --merge build/scale-0.json,...,build/scale-3.json \\
         --out validation/data/scale-campaign-h200.json
 
-Cells (``validation.scale_cells``): model (``random:llama-3.1-8b``, GQA 4; ``random:glm-4-9b``,
-GQA 16) x context x batch (``max``: the largest batch every baseline fits,
-``engine.memory.max_batch``) x baseline x oracle acceptance (the autoregressive baselines draft
-nothing: one cell each). ``ssv_planned`` is the offline best of the planner evaluation's space
-ranked for the cell. Each cell decodes greedily (``engine.loop.Engine``, CUDA graphs) and
-records the steady figures, the acceptance labelled ``synthetic:oracle``, the measured selection
-overlap, perfmodel's prediction at the measured acceptance and overlap with its speedups over
-``ar_dense`` and ``ar_sparse``, every round's (context, drafted, accepted of sequence 0) for the
-simulator's replay, and whether its prefill was reused from the group's first cell with the
-measured seconds of the one it read (``validation.scale_measure``). A cell that cannot fit is
-recorded as skipped with the memory arithmetic.
-
-``--shard K/N`` runs the groups (model, context, batch) assigned to shard K, balanced by
-perfmodel's estimate of their GPU seconds, the longest first (``validation.scale_plan``;
-``--plan N`` prints the split, the estimates and the largest batches without decoding).
-``--resume FILE`` appends each finished cell and skips it on a later call with the same
-settings, device and commit; the shards' files joined (``--join``) give each shard of a later
-call every finished cell, and the split balances what is left. ``--stop-after S`` starts no
-cell after S seconds. The JSON document is written whole (atomically) after every cell,
-``complete`` false until every cell of the shard is in; ``--merge`` joins the shards' documents
-into the campaign's (``validation.scale_document``), which ``ssvkit report --campaign`` reads
-(``validation.scale_report``).
+Cells (``validation.scale_cells``): model x context x batch x baseline x oracle acceptance, each
+decoded greedily beside perfmodel's prediction (``validation.scale_measure``); options: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -164,6 +144,15 @@ def _plan(args, st) -> int:
 
 
 def main(argv=None) -> int:
+    """Decode the cells of ``--shard`` (or the whole campaign), or ``--plan``, ``--join`` or
+    ``--merge`` without decoding.
+
+    ``--resume FILE`` appends each finished cell and skips it on a later call with the same
+    settings, device and commit. The JSON document is written whole (atomically) after every
+    cell, ``complete`` false until every cell of the shard is in; ``--merge`` joins the shards'
+    documents into the campaign's (``validation.scale_document``), which ``ssvkit report
+    --campaign`` reads (``validation.scale_report``). Exit status 0; 2 on bad input (one line).
+    """
     from ssvkit.validation.scale_document import document, join_caches, merge_files
     from ssvkit.validation.scale_measure import measure_rows
     from ssvkit.validation.scale_plan import parse_shard, shard_cells

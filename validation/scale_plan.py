@@ -1,21 +1,15 @@
 """The campaign at scale's GPU time, estimated per cell and group, and its split over shards.
 
-A group's estimate is perfmodel's: its prefill once (``perfmodel.costs.prefill_seconds``: the
-linear layers on every prompt token and causal attention, at the GPU's calibrated rates), then
-per cell the decode's rounds priced by the step model (``validation.decode_figures.predict``:
-``new_tokens - 1`` autoregressive rounds, or as many speculative rounds as the oracle's
-acceptance gives, ``1 + a + a^2 + ... + a^D`` tokens per round along a tree of depth D), one
-oracle probe per round (a verify forward: the fewest the oracle runs, when its reference holds),
-and the oracle's reference pass (``new_tokens + D`` autoregressive rounds) where no earlier cell
-of the group left one (``engine.oracle.reference``). It leaves out kernel compilation, CUDA-graph
-capture, host time, probes beyond one per round and the selection statistics, so it is a lower
-bound, meant to balance the shards, not to predict the campaign.
+A group's estimate is perfmodel's: its prefill once (``prefill_estimate``), then per cell the
+decode's rounds priced by the step model, one oracle probe per round, and the oracle's
+reference pass where no earlier cell of the group left one (``cell_estimate``). It leaves out
+kernel compilation, CUDA-graph capture, host time, probes beyond one per round and the
+selection statistics, so it is a lower bound, meant to balance the shards, not to predict the
+campaign.
 
-``assign`` gives each group to a shard by longest-estimate-first onto the least loaded shard
-(ties to the one with fewer groups, then the lower index), from estimates rounded to six
-significant digits: every process computes the same split. Cells already in the run cache cost
-nothing, so shards that all resume from one cache (every shard's finished cells) split the work
-left between them.
+``assign`` gives each group to a shard, the same split in every process. Cells already in the
+run cache cost nothing, so shards that all resume from one cache (every shard's finished cells)
+split the work left between them.
 """
 
 from __future__ import annotations
@@ -55,7 +49,14 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 def cell_estimate(st: Setup, cell: Cell, references: dict) -> dict:
     """One cell's estimated seconds: ``decode_s`` (rounds and probes), ``reference_s`` (the
     oracle's reference pass unless ``references``, the group's so far, holds one as long),
-    or ``skipped`` with the reason the campaign will give."""
+    or ``skipped`` with the reason the campaign will give.
+
+    The rounds are the step model's (``validation.decode_figures.predict``): ``new_tokens - 1``
+    autoregressive rounds, or as many speculative rounds as the oracle's acceptance a gives,
+    ``1 + a + a^2 + ... + a^D`` tokens per round along a tree of depth D, each with
+    ``PROBES_PER_ROUND`` oracle probes (a verify forward: the fewest the oracle runs, when its
+    reference holds). The reference pass is ``new_tokens + D`` autoregressive rounds
+    (``engine.oracle.reference``)."""
     from ssvkit.engine.attention import AttentionConfig
     from ssvkit.engine.tree import DraftTree
 
@@ -104,7 +105,9 @@ def _round_s(st: Setup, cell: Cell, strategy, alpha: float) -> float:
 
 
 def prefill_estimate(st: Setup, cell: Cell) -> tuple[float, float]:
-    """Seconds and FLOPs of a group's prefill (perfmodel's prefill ops at the cell's batch)."""
+    """Seconds and FLOPs of a group's prefill (perfmodel's prefill ops at the cell's batch,
+    ``perfmodel.costs.prefill_seconds``: the linear layers on every prompt token and causal
+    attention, at the GPU's calibrated rates)."""
     from ssvkit.perfmodel.calibrated import make_predictor
     from ssvkit.perfmodel.costs import prefill_ops, prefill_seconds
     from ssvkit.perfmodel.hardware import get_gpu
@@ -151,7 +154,9 @@ def group_estimates(st: Setup, cells: list[Cell], done=frozenset()) -> list[dict
 
 
 def assign(estimates: list[dict], num_shards: int) -> list[int]:
-    """The shard of each group (module docstring)."""
+    """The shard of each group: longest estimate first onto the least loaded shard (ties to
+    the one with fewer groups, then the lower index). The estimates are rounded to six
+    significant digits (``group_estimates``), so every process computes the same split."""
     loads = [0.0] * num_shards
     counts = [0] * num_shards
     shard = [0] * len(estimates)

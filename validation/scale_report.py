@@ -1,26 +1,16 @@
-"""The report over a scale campaign (``validation.scale_campaign``): the prediction the campaign
-stored for each cell beside what the cell measured, per GPU, model, batch and context.
+"""The report over a scale campaign (``validation.scale_campaign``): perfmodel's prediction of each
+cell beside what the cell measured, per GPU, model, batch and context.
 
     ssvkit report --campaign build/scale-campaign.json [--json] [--check] [--plot FILE]
 
 Per group, the median / p90 / max absolute percentage error, with its count, of the verify
-step (perfmodel's verify forward against the engine's CUDA-event ``verify`` step), the round,
-tokens/s, and the speedups of ``SPEEDUP_PAIRS`` (both cells of a pair at the same model,
-context, batch and acceptance; an autoregressive cell pairs with every acceptance). The
-measured round and tokens/s are those of the cell's full-batch rounds, every sequence decoding
-and none finishing (``validation.full_batch``: what perfmodel's round describes; the whole
-run's tokens/s, its tail of finished sequences included, stays beside them). The prediction is
-perfmodel's step model now, with the profile the campaign's GPU has when the report runs (the
-campaign's own prediction, stored with each row at measure time, is its provenance, not what
-the report compares), at the acceptance of those rounds and the cell's measured selection
-overlap and NSA row schedule, without a host-loop term. The acceptance is the oracle drafter's,
-labelled ``synthetic:oracle``. Beside them, the simulator's replay of each cell
-(``validation.scale_simulate``) against the whole run's tokens/s, without a target. Skipped
-cells keep the campaign's reason (the memory arithmetic where memory refused them). Each
-prediction the campaign stored with its interval (``perfmodel.intervals``, through
-``validation.decode_figures.predict``) is drawn with it, and the report counts, per figure, the
-measured values inside their intervals; a campaign predicted without intervals is said to be
-so.
+step, the round, tokens/s and the speedups of ``SPEEDUP_PAIRS`` (``build_scale``). The measured
+round and tokens/s are those of the cell's full-batch rounds (``validation.full_batch``), the
+whole run's tokens/s beside them; the prediction is perfmodel's step model now, with the
+profile the campaign's GPU has when the report runs, at the acceptance of those rounds
+(``predict_row``), without a host-loop term. Beside them, the simulator's replay of each cell
+(``validation.scale_simulate``) against the whole run's tokens/s, and per figure the measured
+values inside their predicted intervals (``coverage``).
 """
 
 from __future__ import annotations
@@ -94,7 +84,9 @@ def predict_row(doc: dict, r: dict) -> dict:
     """perfmodel's prediction of a measured row now, with the profile of the campaign's GPU,
     at the acceptance of the row's full-batch rounds (``row_figures``), its measured selection
     overlap, the NSA row schedule it ran with (``validation.records.measured_strategy``) and the
-    element-wise implementation of its backend (``perfmodel.strategy.elementwise_of_run``)."""
+    element-wise implementation of its backend (``perfmodel.strategy.elementwise_of_run``).
+    The campaign's own prediction, stored with each row at measure time, is its provenance,
+    not what the report compares."""
     from types import SimpleNamespace
 
     from ssvkit.perfmodel.strategy import elementwise_of_run
@@ -157,7 +149,7 @@ def _cell(doc: dict, r: dict) -> dict:
 
 def _speedups(cells: list[dict]) -> list[dict]:
     """Each pair of ``SPEEDUP_PAIRS`` measured and predicted at one (model, context, batch) and
-    acceptance."""
+    acceptance (an autoregressive cell pairs with every acceptance)."""
     at = {(c["model"], c["context"], c["batch"], c["baseline"], c["acceptance"]): c for c in cells}
     out = []
     for model, ctx, batch in sorted({(c["model"], c["context"], c["batch"]) for c in cells}):
@@ -281,7 +273,9 @@ def _skipped(doc: dict, r: dict) -> dict:
 
 def build_scale(doc: dict, source: str | Path) -> dict:
     """The report of a scale campaign document (``ValueError`` in one line when it holds no
-    cell or is malformed)."""
+    cell or is malformed). Skipped cells keep the campaign's reason (the memory arithmetic
+    where memory refused them); the acceptance is the oracle drafter's, labelled
+    ``synthetic:oracle``."""
     with malformed(f"scale campaign {str(source)!r}"):
         if doc["version"] != CAMPAIGN_VERSION:
             raise ValueError(

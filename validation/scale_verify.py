@@ -1,34 +1,16 @@
 """The verify step of a scale campaign's cells (``validation.scale_campaign``), op by op, beside
 perfmodel's prediction of each op: where the step model's verify error comes from.
 
-    python -m ssvkit.validation.engine_verify --campaign validation/data/scale-campaign-h200.json \
+    python -m ssvkit.validation.engine_verify --campaign validation/data/scale-campaign-h200.json \\
         --ops --resume --stop-after 540 --out build/scale-verify-h200.json
 
-``engine_verify --campaign`` takes this path for a scale campaign document. Per measured cell,
-with the cell's random registry geometry, batch, context, tree, and strategy with the NSA row
-schedule it ran (``validation.records.measured_strategy``):
-
-- the KV of the cell's prompts (``validation.scale_measure.prompts_for``), prefilled once per
-  (model, context, batch), so that sparse selections see the keys the campaign's decode saw
-  (``--random-kv``: random values at the cells' lengths instead, minutes faster, selections
-  over random keys);
-- a check first: the verify forward's logits are finite and the forward commits nothing;
-- ``graph_s``: the verify forward (``ModelRunner.tree_forward``) replayed in a CUDA graph (on
-  the CPU, timed by the wall clock), beside the campaign's CUDA-event ``verify`` step and
-  perfmodel's verify forward at this point (``decode_figures.step_prediction`` on the campaign's
-  GPU, at the acceptance of the cell's full-batch rounds and its measured overlap, as the report
-  predicts; ``verify_forward_s``);
-- with ``--ops``, every op of the forward timed alone (``engine_ops.time_ops``, with the
-  forward's recorded queries) and, per group (``engine_ops.OP_GROUPS``), the measured seconds
-  beside the step model's;
-- for sparse cells, the blocks the refresh layers select (``engine_ops.selection_stats``).
-
-Memory is planned as the campaign planned it (``engine.memory.plan_memory``, at the campaign's
-available bytes or ``--available-gib``): a cell that does not fit is recorded as skipped with
-the plan's refusal. The document is written whole after every cell; ``--resume`` keeps the cells
-an earlier call at this code's commit wrote to ``--out``, and ``--stop-after S`` starts no new
-cell after S seconds. The table printed last: per cell, the verify forward measured, in the
-campaign and predicted, then per op group measured and predicted.
+``engine_verify --campaign`` takes this path for a scale campaign document (``scale_main``).
+Each measured cell runs with its random registry geometry, batch, context, tree and strategy
+with the NSA row schedule it ran (``validation.records.measured_strategy``), on the KV of its
+prompts prefilled once per (model, context, batch); its verify forward is checked, timed in a
+CUDA graph beside the campaign's CUDA-event ``verify`` step and perfmodel's verify forward,
+and with ``--ops`` timed op by op beside the step model per op group (``measure_cell``).
+Memory is planned as the campaign planned it: a cell that does not fit is recorded as skipped.
 """
 
 from __future__ import annotations
@@ -169,7 +151,20 @@ def _check(runner, tokens, tree, attn) -> None:
 
 @torch.no_grad()
 def measure_cell(args, settings: dict, runner, r: dict, timing: str) -> dict:
-    """One cell's verify step: checked, timed whole and (``--ops``) op by op, predicted."""
+    """One cell's verify step: checked, timed whole and (``--ops``) op by op, predicted.
+
+    - a check first (``_check``): the verify forward's logits are finite and the forward
+      commits nothing;
+    - ``graph_s``: the verify forward (``ModelRunner.tree_forward``) replayed in a CUDA graph
+      (on the CPU, timed by the wall clock), beside the campaign's CUDA-event ``verify`` step
+      and perfmodel's verify forward at this point (``decode_figures.step_prediction`` on the
+      campaign's GPU, at the acceptance of the cell's full-batch rounds and its measured
+      overlap, as the report predicts; ``predicted_verify_s``);
+    - with ``--ops``, every op of the forward timed alone (``engine_ops.time_ops``, with the
+      forward's recorded queries) and, per group (``engine_ops.OP_GROUPS``), the measured
+      seconds beside the step model's;
+    - for sparse cells, the blocks the refresh layers select (``engine_ops.selection_stats``).
+    """
     s = measured_strategy(r)
     attn = AttentionConfig.from_strategy(s)
     tree = DraftTree.from_spec(s.tree, s.traversal)
@@ -233,7 +228,19 @@ def _groups(cells: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def scale_main(args, doc: dict) -> dict:
-    """Every measured cell of the scale campaign ``doc``: its verify step (module docstring)."""
+    """Every measured cell of the scale campaign ``doc``: its verify step (``measure_cell``).
+
+    The cells run group by group (model, context, batch), on the KV of the cells' prompts
+    (``validation.scale_measure.prompts_for``) prefilled once per group, so that sparse
+    selections see the keys the campaign's decode saw (``--random-kv``: random values at the
+    cells' lengths instead, minutes faster, selections over random keys). Memory is planned as
+    the campaign planned it (``engine.memory.plan_memory``, at the campaign's available bytes or
+    ``--available-gib``): a cell that does not fit is recorded as skipped with the plan's
+    refusal. The document is written whole after every cell; ``--resume`` keeps the cells an
+    earlier call at this code's commit wrote to ``--out``, and ``--stop-after S`` starts no new
+    cell after S seconds. The table printed last: per cell, the verify forward measured, in the
+    campaign and predicted, then per op group measured and predicted.
+    """
     settings = _settings(args, doc)
     backend, dtype, timing = device_setup(args.device)
     resumed = _resumed(args)
