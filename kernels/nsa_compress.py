@@ -1,15 +1,9 @@
 """NSA compressed tokens: one key/value per window of ``comp_block`` prefix tokens.
 
 NSA (Yuan et al., 2025) compresses window ``i`` = tokens ``[i * comp_stride, i * comp_stride +
-comp_block)`` of each KV head into one key and one value with a learned MLP (with intra-window
-position encoding). This toolkit measures kernels, not model quality, so it uses **mean pooling**
-over the window as the parameter-free stand-in: the compressed-token count, memory traffic and
-the attention kernels that consume them are the same.
-
-Only complete windows inside the committed prefix are compressed: a prefix of ``L`` tokens holds
-``(L - comp_block) // comp_stride + 1`` of them when ``L >= comp_block``, else none. The count is
-always derived from ``prefix_lens`` on the device, so the verification kernels never need it on
-the host.
+comp_block)`` of each KV head into one key and value with a learned MLP; this toolkit measures
+kernels, not model quality, so it mean-pools the window, a parameter-free stand-in with the same
+token count and traffic. Only complete windows of the committed prefix count (``num_compressed``).
 
 Example::
 
@@ -87,7 +81,10 @@ def _compress_kernel(
 
 
 def num_compressed(prefix_lens: torch.Tensor, comp_block: int, comp_stride: int) -> torch.Tensor:
-    """``[B]`` int32 count of complete compression windows in each prefix (on the device)."""
+    """``[B]`` int32 count of complete compression windows in each prefix (on the device): a
+    prefix of ``L`` tokens holds ``(L - comp_block) // comp_stride + 1`` of them when
+    ``L >= comp_block``, else none. The verification kernels derive the same count from
+    ``prefix_lens`` on the device, so they never need it on the host."""
     lens = prefix_lens.to(torch.int64)
     n = torch.div(lens - comp_block, comp_stride, rounding_mode="floor") + 1
     return torch.where(lens >= comp_block, n, torch.zeros_like(n)).to(torch.int32)

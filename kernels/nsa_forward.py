@@ -2,19 +2,11 @@
 of one branch's key tiles), which ``kernels.nsa_kernels.nsa_fwd_kernel`` and
 ``kernels.nsa_pair.nsa_pair_fwd_kernel`` run.
 
-Row packing shared by the kernels: a program owns one (sequence x KV head, row tile); MMA row
-``m`` is draft row ``tile * ROWS + m // GROUP_PAD`` and query head ``kvh * GROUP + m %
-GROUP_PAD`` (``GROUP_PAD``: a power of two >= ``G``, ``kernels.nsa_launch``; rows with ``m %
-GROUP_PAD >= G`` are padding). Softmax states are in the log2 domain (scores pre-multiplied by
-``sm_scale * log2(e)``).
-
-Work units: the compressed branch is ``ceil(nc / BLOCK_N)`` tiles of compressed tokens, the
-selected branch ``BLOCK_SIZE / BLOCK_N`` tiles per entry of the tile's union list, the window
-branch ``ceil((window + t) / BLOCK_N)`` tiles from ``prefix - window`` on. A forward program takes
-an equal slice of one branch's units and writes its state to one slot: ``m``, ``l``
-(``[2, BLOCK_M]``) and the unnormalised ``acc`` (``[BLOCK_M, D]``); slots ``[0, c)`` are
-compressed, ``[c, c + s)`` selected, the rest window. :mod:`kernels.nsa_merge_kernels` holds the
-split and the merges (folded into this launch, or a launch of their own).
+A program owns one (sequence x KV head, row tile), its MMA rows the tile's draft rows times the
+KV head's query heads; it runs an equal slice of one branch's key tiles (compressed, selected or
+window) and writes the slice's log2-domain softmax state to one slot of the partials, which
+:mod:`kernels.nsa_merge_kernels` merges. ``forward_slot``'s docstring has the row packing, the
+work units and the slots.
 """
 
 from __future__ import annotations
@@ -166,7 +158,23 @@ def forward_slot(
     slice of one branch's key tiles, its state written to slot ``slot_base + slot`` of the
     partials (see ``nsa_fwd_kernel``). Returns the launch's compressed and selected slot counts
     of this program (``split_slots``). ``PDL``: the queries, the length and the tree mask are
-    loaded before ``pdl_gate`` (the union plan, the previous launch's, after)."""
+    loaded before ``pdl_gate`` (the union plan, the previous launch's, after).
+
+    Row packing, shared by the kernels: MMA row ``m`` is draft row
+    ``tile * ROWS + m // GROUP_PAD`` and query head ``kvh * GROUP + m % GROUP_PAD``
+    (``GROUP_PAD``: a power of two >= ``G``, ``kernels.nsa_launch``; rows with
+    ``m % GROUP_PAD >= G`` are padding). Softmax states are in the log2 domain (scores
+    pre-multiplied by ``sm_scale * log2(e)``).
+
+    Work units (``branch_units``): the compressed branch is ``ceil(nc / BLOCK_N)`` tiles of
+    compressed tokens, the selected branch ``BLOCK_SIZE / BLOCK_N`` tiles per entry of the
+    tile's union list, the window branch ``ceil(min(window, prefix) / BLOCK_N)`` tiles of prefix
+    tokens from ``max(prefix - window, 0)`` on, to which the launch's last slot, a window slot,
+    adds the draft tail. The slot takes an equal slice of one branch's units and writes its
+    state: ``m``, ``l`` (``[2, BLOCK_M]``) and the unnormalised ``acc`` (``[BLOCK_M, D]``);
+    slots ``[0, c)`` are compressed, ``[c, c + s)`` selected, the rest window
+    (``kernels.nsa_merge_kernels``' split).
+    """
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")

@@ -1,19 +1,10 @@
 """Triton code of :mod:`kernels.nsa_verify` (the wrappers, plan and docs live there).
 
-Row packing shared by the kernels: a program owns one (sequence x KV head, row tile); MMA row
-``m`` is draft row ``tile * ROWS + m // GROUP_PAD`` and query head ``kvh * GROUP + m %
-GROUP_PAD`` (``GROUP_PAD``: a power of two >= ``G``, ``kernels.nsa_launch``; rows with ``m %
-GROUP_PAD >= G`` are padding). Softmax states are in the log2 domain (scores pre-multiplied by
-``sm_scale * log2(e)``).
-
-Work units: the compressed branch is ``ceil(nc / BLOCK_N)`` tiles of compressed tokens, the
-selected branch ``BLOCK_SIZE / BLOCK_N`` tiles per entry of the tile's union list, the window
-branch ``ceil((window + t) / BLOCK_N)`` tiles from ``prefix - window`` on. A forward program takes
-an equal slice of one branch's units and writes its state to one slot: ``m``, ``l``
-(``[2, BLOCK_M]``) and the unnormalised ``acc`` (``[BLOCK_M, D]``); slots ``[0, c)`` are
-compressed, ``[c, c + s)`` selected, the rest window. :mod:`kernels.nsa_merge_kernels` holds the
-split and the merges (folded into this launch, or a launch of their own);
-:mod:`kernels.nsa_forward` the forward program a slot runs.
+``nsa_fwd_kernel`` runs the forward slots of a launch (:mod:`kernels.nsa_forward`'s
+``forward_slot``, whose docstring has the row packing, the work units and the slots) and, as
+configured, their merge on arrival counters; :mod:`kernels.nsa_merge_kernels` holds the split
+and the merges (folded into this launch, or a launch of their own). ``nsa_gate_kernel`` is the
+unfused baseline's gating launch.
 """
 
 from __future__ import annotations

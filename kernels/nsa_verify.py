@@ -1,81 +1,16 @@
 """NSA tree verification: compressed, selected and sliding-window branches with gates.
 
-For each draft row ``i`` and query head ``h`` (seed 000, "detailed NSA math"; NSA, Yuan et al.
-2025)::
-
-    o = g_c * Attn(q, compressed) + g_s * Attn(q, selected blocks) + g_w * Attn(q, window)
-
-each branch with its own softmax. With ``L = prefix_lens[b]``:
-
-- compressed: the ``num_compressed(L)`` compressed tokens of :mod:`kernels.nsa_compress`; all
-  their tokens lie in the committed prefix, so every draft row sees all of them.
-- selected: the raw prefix tokens of the ``top_n`` blocks of ``block_size`` tokens in
-  ``block_idx[b, h // G, i]`` (one set per KV head and row, shared by its ``G`` query heads).
-- window: the last ``window`` prefix tokens (the same span for every row: the tail is at most
-  64 tokens, so the window is anchored at the prefix end) plus the draft tail under the ancestor
-  bitmask ``tree_mask``.
-
-**Reuse path** (``block_idx`` given, a reuse layer): one ``nsa_fwd_kernel`` launch. A (sequence
-x KV head, row tile) packs the ``G`` query heads x the tile's draft rows into the MMA rows (row
-``m`` = draft row ``m // G_PAD``, head ``m % G_PAD``, padded to >= 16 rows), so every key tile
-is read once per KV head for all of them. Its work is cut into key tiles (compressed tiles, the
-selected blocks of the tile's union list, window tiles) and spread over slots, each slot a
-program that runs an equal slice of one branch in one software-pipelined loop and writes its
-``(m, l, acc)`` partial. The host sizes the slot count so the grid fills the SMs
-(``plan_slots``); the kernel splits the slots between the branches by the key tiles each has in
-that program, union length included, which the host does not know. The merge combines each
-branch's slots on its own and gates them: the branches stay separate until gating, as the math
-requires, and no branch output touches HBM. The merge is a launch of its own
-(``nsa_merge_kernel``). ``NsaVerifyConfig(merge=...)`` folds it into the forward launch on
-arrival counters (``kernels.arrivals``): the last program of a row tile to finish merges the
-tile (``last``), or merge programs of the launch take one draft row each (``parallel``;
-``auto`` chooses, ``kernels.nsa_steps.merge_layout``); the separate merge is the default
-(``docs/results/kernels.md`` has the measurements behind each default). The selected branch
-streams the deduplicated union of the tile's per-row block lists (SSV's exact merged schedule;
-``kernels.sparse_verify.build_group_plan``), each block once with the bits of the rows that
-chose it; the plan can be built once per refresh and passed to the reuse layers
-(``union_plan``).
-
-**Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states are
-kept), (2) the block scoring merges those states into the softmax normaliser and maps each
-compressed token's probability, summed over the ``G`` heads, onto every selection block its
-window overlaps (NSA's rule; ``kernels.nsa_band_scores`` by default, ``block_score_kernel``
-where the block size is no multiple of the stride or ``score_map`` is "matrix"), (3)
-``kernels.top_blocks`` picks each row's ``top_n`` blocks with the first ``num_sink`` and last
-``num_local`` forced -- (2) and (3) fold into one launch with
-``NsaVerifyConfig(pick="folded")`` where the threshold pick serves the rows
-(``kernels.nsa_selection``) --, (4) the union plan, (5) the selected and window branches and
-(6) the merge and gating as above, reading the compressed partials from (1) too. The indices
-``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the following reuse
-layers.
-Nothing is read on the host.
-
-**Compressed tiles** (``NsaVerifyConfig.context_tiles``): every draft row
-sees all the compressed tokens, so where the row schedule cuts the rows into more tiles than
-the packed one would (a ``union`` of C rows, one row for ``per_query``), the compressed branch
-runs on the packed schedule's tiles in a launch of its own (``kernels.nsa_launch.context_plan``;
-a refresh call's selection reads its states there) and the selected and window branches on the
-schedule's tiles; the merge reads the two partial buffers (a reuse call is then three
-launches: compressed, selected and window, merge). "paired", the default, runs a reuse call's
-first two of those as one grid where one wave holds both (``kernels.nsa_pair``). "per_tile"
-keeps the compressed branch on the schedule's tiles, each streaming every compressed token.
-
-``NsaVerifyConfig(pdl=True)`` launches every step of a call after its first as a programmatic
-dependent of the one before (``kernels.pdl``, compute capability 9.0 or later): a step starts,
-and does what does not need the step before it, while that one drains; the output is the same
-bit for bit. It is off by default; ``validation.nsa_stages`` times both (``*_pdl``).
-
-:func:`nsa_verify_unfused` is the baseline: the three branches launched separately (the same
-kernel with one branch's slots, each sized to fill the SMs on its own, and its own merge, folded
-as configured) and gated in one more launch; the branches that do not wait on one another run
-side by side on streams of their own (``NsaVerifyConfig.branch_streams``, the default).
-
-Example::
-
-    comp_k, comp_v, _ = compress_kv(k_cache, v_cache, prefix_lens, comp_block=32, comp_stride=16)
-    kw = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
-    o, idx = nsa_verify(q, k_cache, v_cache, prefix_lens, mask, comp_k, comp_v, gates, **kw)
-    o2, _ = nsa_verify(q2, k2, v2, prefix_lens, mask, ck2, cv2, g2, block_idx=idx, **kw)
+For each draft row and query head (seed 000, "detailed NSA math"; NSA, Yuan et al. 2025),
+``o = g_c * Attn(q, compressed) + g_s * Attn(q, selected blocks) + g_w * Attn(q, window)``, each
+branch with its own softmax. :func:`nsa_verify` fuses the branches: a (sequence x KV head, row
+tile) program packs the tile's draft rows times the KV head's query heads into the MMA rows, so
+every key tile is read once per KV head; the key tiles are spread over slots sized to fill the
+SMs, and a merge combines each branch's slots and gates them, so no branch output touches HBM.
+A reuse call (``block_idx`` given) streams the given blocks; a refresh call (``block_idx=None``)
+first selects them from the compressed branch's attention and returns them for the following
+reuse layers. :func:`nsa_verify_unfused` is the baseline, each branch launched on its own.
+Nothing is read on the host. ``nsa_verify``'s docstring has the branches, both paths and the
+knobs; ``docs/results/kernels.md`` the measurements behind each default.
 """
 
 from __future__ import annotations
@@ -164,6 +99,22 @@ def nsa_verify(
 ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, GroupPlan]:
     """Gated three-branch NSA attention of ``t`` draft rows; fused when ``block_idx`` is given.
 
+    For each draft row ``i`` and query head ``h`` (seed 000, "detailed NSA math"; NSA, Yuan et
+    al. 2025)::
+
+        o = g_c * Attn(q, compressed) + g_s * Attn(q, selected blocks) + g_w * Attn(q, window)
+
+    each branch with its own softmax. With ``L = prefix_lens[b]``:
+
+    - compressed: the ``num_compressed(L)`` compressed tokens of :mod:`kernels.nsa_compress`;
+      all their tokens lie in the committed prefix, so every draft row sees all of them.
+    - selected: the raw prefix tokens of the ``top_n`` blocks of ``block_size`` tokens in
+      ``block_idx[b, h // G, i]`` (one set per KV head and row, shared by its ``G`` query
+      heads).
+    - window: the last ``window`` prefix tokens (the same span for every row: the tail is at
+      most 64 tokens, so the window is anchored at the prefix end) plus the draft tail under
+      the ancestor bitmask ``tree_mask``.
+
     Parameters
     ----------
     q : torch.Tensor
@@ -214,6 +165,68 @@ def nsa_verify(
         ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded), on the device.
     union : GroupPlan
         With ``return_union`` only: the union plan of ``block_idx``.
+
+    Notes
+    -----
+    **Reuse path** (``block_idx`` given, a reuse layer): the forward is one ``nsa_fwd_kernel``
+    launch. A (sequence x KV head, row tile) packs the ``G`` query heads x the tile's draft rows
+    into the MMA rows (row ``m`` = draft row ``m // G_PAD``, head ``m % G_PAD``, padded to >= 16
+    rows), so every key tile is read once per KV head for all of them. Its work is cut into key
+    tiles (compressed tiles, the selected blocks of the tile's union list, window tiles) and spread
+    over slots, each slot a program that runs an equal slice of one branch in one software-pipelined
+    loop and writes its ``(m, l, acc)`` partial. The host sizes the slot count so the grid fills the
+    SMs (``plan_slots``); the kernel splits the slots between the branches by the key tiles each has
+    in that program, union length included, which the host does not know. The merge combines each
+    branch's slots on its own and gates them: the branches stay separate until gating, as the math
+    requires, and no branch output touches HBM. The merge is a launch of its own
+    (``nsa_merge_kernel``, the default). ``NsaVerifyConfig(merge=...)`` folds it into the forward
+    launch on arrival counters (``kernels.arrivals``): the last program of a row tile to finish
+    merges the tile (``last``), or merge programs of the launch take one draft row each
+    (``parallel``; ``auto`` chooses, ``kernels.nsa_steps.merge_layout``). The selected branch
+    streams the deduplicated union of the tile's per-row block lists (SSV's exact merged schedule,
+    the ``union`` mode of ``kernels.group_plan``; built by ``kernels.nsa_steps.union_plan``), each
+    block once with the bits of the rows that chose it; the plan can be built once per refresh and
+    passed to the reuse layers (``union``, :func:`nsa_union_plan`).
+
+    **Refresh path** (``block_idx=None``): (1) the compressed branch alone (its partial states
+    are kept), (2) the block scoring merges those states into the softmax normaliser and maps
+    each compressed token's probability, summed over the ``G`` heads, onto every selection
+    block its window overlaps (NSA's rule; ``kernels.nsa_band_scores`` by default,
+    ``block_score_kernel`` where the block size is no multiple of the stride or ``score_map``
+    is "matrix"), (3) ``kernels.top_blocks`` picks each row's ``top_n`` blocks with the first
+    ``num_sink`` and last ``num_local`` forced -- (2) and (3) fold into one launch with
+    ``NsaVerifyConfig(pick="folded")`` where the threshold pick serves the rows
+    (``kernels.nsa_selection``) --, (4) the union plan, (5) the selected and window branches
+    and (6) the merge and gating as above, reading the compressed partials from (1) too. The
+    indices ``[B, Hkv, t, top_n]`` int32 (ascending, ``-1`` padded) are returned for the
+    following reuse layers.
+
+    **Compressed tiles** (``NsaVerifyConfig.context_tiles``): every draft row sees all the
+    compressed tokens, so where the row schedule cuts the rows into more tiles than the packed
+    one would (a ``union`` of C rows, one row for ``per_query``), the compressed branch runs on
+    the packed schedule's tiles in a launch of its own (``kernels.nsa_launch.context_plan``; a
+    refresh call's selection reads its states there) and the selected and window branches on
+    the schedule's tiles; the merge reads the two partial buffers (a reuse call is then three
+    launches: compressed, selected and window, merge). "paired", the default, runs a reuse
+    call's first two of those as one grid where one wave holds both (``kernels.nsa_pair``).
+    "per_tile" keeps the compressed branch on the schedule's tiles, each streaming every
+    compressed token.
+
+    ``NsaVerifyConfig(pdl=True)`` launches every step of a call after its first as a
+    programmatic dependent of the one before (``kernels.pdl``, compute capability 9.0 or
+    later): a step starts, and does what does not need the step before it, while that one
+    drains; the output is the same bit for bit. It is off by default;
+    ``validation.nsa_stages`` times both (``*_pdl``).
+
+    Examples
+    --------
+    ::
+
+        comp_k, comp_v, _ = compress_kv(k_cache, v_cache, prefix_lens, comp_block=32,
+                                        comp_stride=16)
+        kw = dict(top_n=16, block_size=64, window=512, comp_block=32, comp_stride=16)
+        o, idx = nsa_verify(q, k_cache, v_cache, prefix_lens, mask, comp_k, comp_v, gates, **kw)
+        o2, _ = nsa_verify(q2, k2, v2, prefix_lens, mask, ck2, cv2, g2, block_idx=idx, **kw)
     """
     config = config or DEFAULT_CONFIG
     kw = dict(
@@ -326,14 +339,15 @@ def nsa_verify_unfused(
     """Baseline of :func:`nsa_verify`: each branch launched on its own, then gated.
 
     Same parameters and result as :func:`nsa_verify`. Branch ``x`` is ``nsa_fwd_kernel`` with
-    only ``x``'s slots, sized to fill the SMs on its own, and its own merge writing its
-    normalised output ``o_x`` to HBM (the selected branch streams the same union as the fused
-    path); one more launch gates them, ``g_c * o_c + g_s * o_s + g_w * o_w``. The refresh
-    path's selection is the one :func:`nsa_verify` uses, and its compressed states (which the
-    selection needs) are the compressed branch's: that branch is not computed twice. With
-    ``config.branch_streams`` the branches that do not wait on one another run side by side
-    (``kernels.branch_streams``): the window branch throughout, the compressed branch (on a
-    refresh call, its merge after the selection) beside the selected one.
+    only ``x``'s slots, sized to fill the SMs on its own, and its own merge (folded as
+    configured) writing its normalised output ``o_x`` to HBM (the selected branch streams the
+    same union as the fused path); one more launch gates them,
+    ``g_c * o_c + g_s * o_s + g_w * o_w``. The refresh path's selection is the one
+    :func:`nsa_verify` uses, and its compressed states (which the selection needs) are the
+    compressed branch's: that branch is not computed twice. With ``config.branch_streams``
+    the branches that do not wait on one another run side by side (``kernels.branch_streams``):
+    the window branch throughout, the compressed branch (on a refresh call, its merge after the
+    selection) beside the selected one.
     """
     config = config or DEFAULT_CONFIG
     kw = dict(
