@@ -1,38 +1,12 @@
 """Lossless acceptance of a sampled draft tree in one launch (multi-draft rejection sampling).
 
-The algorithm is ``engine.acceptance``'s (SpecInfer's recursive rejection sampling down the tree,
-drafts drawn without replacement): at an accepted node with target distribution ``p`` and draft
-distribution ``q`` whose children ``c_1, c_2, ...`` were drawn in that order,
-
-    for i = 1, 2, ...:  q_i = q with c_1..c_{i-1} removed, renormalised
-                        accept c_i when u * q_i(c_i) < p_i(c_i) -> descend
-                        else p_{i+1} = norm(max(0, p_i - q_i))
-    no child accepted:  the bonus token ~ p_last (inverse CDF)
-
-``q = None`` is the deterministic draft (``q`` one-hot on the child). Its walk draws the
-target's token ``x ~ p`` at each kept node (inverse CDF at that level's uniform) and descends to
-the child holding ``x``; none holds it: ``x`` is the bonus token. That is the loop above in
-distribution -- a one-hot ``c_i`` is accepted with probability ``p_i(c_i)`` either way, and
-the token emitted is distributed as ``p`` -- and it makes every emitted token a function of its
-node's ``p`` and its level's uniform alone, not of the drafts: with uniforms keyed by sequence
-position (``engine.loop``), decodes that differ only in their deterministic drafts (n-gram
-chains and trees, autoregressive) emit the same text. The torch version
-(``reference_accept_sampled``) runs that loop as ~20 small batched ops per sibling rank and
-level: on the H100 each is a launch of a few microseconds over a ``[B, V]`` row, so the walk
-costs tens of microseconds per chain node. ``accept_sampled`` runs the
-whole walk of one sequence in one program: its ``p`` and ``q`` rows live in registers (the
+``accept_sampled`` runs ``engine.acceptance``'s algorithm (SpecInfer's recursive rejection
+sampling down the tree, drafts drawn without replacement; deterministic drafts as a one-hot
+``q``) with one program per sequence: its ``p`` and ``q`` rows live in registers (the
 vocabulary is one block, ``V <= MAX_VOCAB``), the tree's child table and the tokens are scalar
-loads, and every uniform is read from ``u``, drawn beforehand, so both versions make the same
-decisions from the same ``u`` (up to float rounding in the softmax and the CDF).
-
-Shapes: ``tokens`` ``[B, t]`` int64 (column 0 the root), ``logits`` ``[B, t, V]`` (any float
-dtype; softmax in fp32 at ``temperature``), ``draft_probs`` ``[B, t, V]`` or None, ``children``
-``[t, W]`` int64 (``-1`` pads), ``u`` float32 in [0, 1): with ``draft_probs``
-``[B, depth * W + 1]`` (entry ``level * W + r`` decides sibling rank ``r`` at ``level``, the
-last one draws the bonus token), without ``[B, depth + 1]`` (entry ``level`` draws the target's
-token at the node kept at ``level``; the bonus token is the draw at the last kept node).
-Outputs: ``path`` ``[B, depth + 1]`` int64 (kept labels root first; entry ``j >= count`` holds
-``j``), ``count`` ``[B]`` int32 kept nodes, ``bonus`` ``[B]`` int64.
+loads, and every uniform is read from ``u``, drawn beforehand, so it and its fp32 torch version
+``reference_accept_sampled`` make the same decisions from the same ``u`` (up to float rounding
+in the softmax and the CDF). ``accept_sampled``'s docstring has the walk and the shapes.
 """
 
 from __future__ import annotations
@@ -184,8 +158,66 @@ def accept_sampled(
     temperature: float,
     u: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(path, count, bonus)`` of the rejection-sampling walk (module docstring), one program
-    per sequence; no host synchronisation (CUDA-graph safe)."""
+    """Walk a draft tree by rejection sampling, one program per sequence.
+
+    At an accepted node with target distribution ``p`` and draft distribution ``q`` whose
+    children ``c_1, c_2, ...`` were drawn in that order (SpecInfer's recursive rejection
+    sampling, drafts drawn without replacement)::
+
+        for i = 1, 2, ...:  q_i = q with c_1..c_{i-1} removed, renormalised
+                            accept c_i when u * q_i(c_i) < p_i(c_i) -> descend
+                            else p_{i+1} = norm(max(0, p_i - q_i))
+        no child accepted:  the bonus token ~ p_last (inverse CDF)
+
+    ``draft_probs=None`` is the deterministic draft (``q`` one-hot on the child). Its walk
+    draws the target's token ``x ~ p`` at each kept node (inverse CDF at that level's uniform)
+    and descends to the child holding ``x``; none holds it: ``x`` is the bonus token. That is
+    the loop above in distribution -- a one-hot ``c_i`` is accepted with probability
+    ``p_i(c_i)`` either way, and the token emitted is distributed as ``p`` -- and it makes every
+    emitted token a function of its node's ``p`` and its level's uniform alone, not of the
+    drafts: with uniforms keyed by sequence position (``engine.loop``), decodes that differ
+    only in their deterministic drafts (n-gram chains and trees, autoregressive) emit the same
+    text. ``reference_accept_sampled`` runs the same loop as ~20 small batched torch ops per
+    sibling rank and level, each a launch over a ``[B, V]`` row; this runs the whole walk of a
+    sequence in one program. No host synchronisation (CUDA-graph safe).
+
+    Parameters
+    ----------
+    tokens : torch.Tensor
+        ``[B, t]`` int64, the tree's tokens, column 0 the root.
+    logits : torch.Tensor
+        ``[B, t, V]`` target logits at each node, any float dtype; softmax in fp32 at
+        ``temperature``.
+    draft_probs : torch.Tensor or None
+        ``[B, t, V]``: row ``i`` is the draft distribution node ``i``'s children were drawn
+        from; None for deterministic drafts.
+    children : torch.Tensor
+        ``[t, W]`` int64 child table, ``-1`` pads.
+    depth : int
+        The tree's depth, in ``[0, t)``.
+    temperature : float
+        Softmax temperature, > 0.
+    u : torch.Tensor
+        float32 uniforms in [0, 1) (``uniforms_needed`` columns). With ``draft_probs``
+        ``[B, depth * W + 1]``: entry ``level * W + r`` decides sibling rank ``r`` at ``level``,
+        the last one draws the bonus token. Without, ``[B, depth + 1]``: entry ``level`` draws
+        the target's token at the node kept at ``level``; the bonus token is the draw at the
+        last kept node.
+
+    Returns
+    -------
+    path : torch.Tensor
+        ``[B, depth + 1]`` int64, the kept labels root first; entry ``j >= count`` holds ``j``.
+    count : torch.Tensor
+        ``[B]`` int32, the kept nodes.
+    bonus : torch.Tensor
+        ``[B]`` int64, the bonus token.
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, dtype, depth or temperature, or ``V > MAX_VOCAB`` (use the torch path).
+    """
     b, v, w = _check(tokens, logits, draft_probs, children, depth, temperature, u)
     if v > MAX_VOCAB:
         raise ValueError(f"vocabulary {v} is over MAX_VOCAB = {MAX_VOCAB} (use the torch path)")

@@ -1,30 +1,12 @@
-"""A round's acceptance and KV commit in two launches (plus the target's argmax): the greedy walk
-of the draft tree, the cut of each sequence's kept count at the tokens it may still emit, the
-packed host read and the committed lengths in one program per sequence (``accept_commit``), and
-the move of the kept path's KV entries to consecutive positions in one launch over every
-(layer, key/value, head) row of every sequence (``move_kept``). The torch version of the same
-step (``engine.acceptance.accept_greedy``, ``engine.accept_graph``'s cut and packing,
-``engine.cache.KVCache.commit``) is about fifty small launches.
+"""A round's acceptance and KV commit in two launches (plus the target's argmax).
 
-Greedy acceptance (``engine.acceptance``): node ``i`` matches when its token is the target's
-argmax at its parent (the root always matches); it is accepted when it and all its ancestors
-match: with ``mask[i]`` the ancestor-or-self bitmask of ``kernels.tree`` (one int64 bit per
-node) and ``matched`` the bits of the matching nodes, ``mask[i] & matched == mask[i]``. The
-deepest accepted node, lowest label among equals, ends the path; the target's argmax there is
-the bonus token. A sampled walk (``kernels.accept.accept_sampled``) hands its ``(path, count,
-bonus)`` in instead, and the program does the rest.
-
-The cut (``remaining``, ``enable``): a sequence keeps ``min(count, remaining) * enable`` nodes;
-cut short, the next node of its path stands in for the bonus token (the target emits it
-there). The packed host read of sequence ``b`` is ``[kept, bonus, tokens of the path (root
-first), count before the cut]``.
-
-Shapes: ``tokens`` ``[B, t]`` int64 (column 0 the root); ``argmax`` ``[B, t]`` int64 the
-target's token at each node; ``parents``, ``depth`` ``[t]`` int64 (the root's parent -1);
-``mask`` ``[B, t]`` int64; ``remaining`` ``[B]`` int32 and ``lens`` ``[B]`` int32, updated in
-place; ``enable`` ``[1]`` int32. Outputs: ``path`` ``[B, D + 1]`` int64 (uncut; entry
-``j >= count`` holds ``j``), ``kept`` ``[B]`` int32, ``bonus`` ``[B]`` int64, ``packed``
-``[B, D + 4]`` int64 and ``old_lens`` ``[B]`` int32 (the lengths before the commit).
+``accept_commit``, one program per sequence: the greedy walk of the draft tree (or a sampled
+walk's result, ``kernels.accept``), the cut of each sequence's kept count at the tokens it may
+still emit, the packed host read and the committed lengths. ``move_kept``, one launch over
+every (layer, key/value, head) row of every sequence: the move of the kept path's KV entries to
+consecutive positions. The torch version of the same step (``engine.acceptance.accept_greedy``,
+``engine.accept_graph``'s cut and packing, ``engine.cache.KVCache.commit``) is about fifty
+small launches. Neither launch synchronises with the host (CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -158,10 +140,56 @@ def accept_commit(
     greedy: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     sampled: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """``(path, kept, bonus, packed, old_lens)`` (module docstring) of one round, lowering
-    ``remaining`` and raising ``lens`` in place; ``greedy`` = ``(argmax, parents, depth,
-    mask)`` walks the tree, ``sampled`` = ``(path, count, bonus)`` takes a walk's result. One
-    launch, no host synchronisation (CUDA-graph safe)."""
+    """Accept one round's draft tree and commit its lengths, one program per sequence.
+
+    Greedy acceptance (``engine.acceptance``): node ``i`` matches when its token is the
+    target's argmax at its parent (the root always matches); it is accepted when it and all its
+    ancestors match: with ``mask[i]`` the ancestor-or-self bitmask of ``kernels.tree`` (one
+    int64 bit per node) and ``matched`` the bits of the matching nodes,
+    ``mask[i] & matched == mask[i]``. The deepest accepted node, lowest label among equals,
+    ends the path; the target's argmax there is the bonus token. A sampled walk
+    (``kernels.accept.accept_sampled``) hands its ``(path, count, bonus)`` in instead, and the
+    program does the rest.
+
+    The cut (``remaining``, ``enable``): a sequence keeps ``min(count, remaining) * enable``
+    nodes; cut short, the next node of its path stands in for the bonus token (the target emits
+    it there). One launch, no host synchronisation (CUDA-graph safe).
+
+    Parameters
+    ----------
+    tokens : torch.Tensor
+        ``[B, t]`` int64, column 0 the root.
+    remaining : torch.Tensor
+        ``[B]`` int32, the tokens each sequence may still emit; lowered in place by the kept
+        count.
+    enable : torch.Tensor
+        ``[1]`` int32; 0 keeps nothing.
+    lens : torch.Tensor
+        ``[B]`` int32 committed lengths; raised in place by the kept count.
+    depth : int
+        The tree's depth ``D``, in ``[0, t)``.
+    greedy : tuple of torch.Tensor, optional
+        ``(argmax, parents, depth, mask)``: ``argmax`` ``[B, t]`` int64, the target's token at
+        each node; ``parents`` and ``depth`` ``[t]`` int64 (the root's parent -1); ``mask``
+        ``[B, t]`` int64. Walks the tree.
+    sampled : tuple of torch.Tensor, optional
+        ``(path, count, bonus)`` of a sampled walk, taken as its result. Give exactly one of
+        ``greedy`` and ``sampled``.
+
+    Returns
+    -------
+    path : torch.Tensor
+        ``[B, D + 1]`` int64, uncut; entry ``j >= count`` holds ``j``.
+    kept : torch.Tensor
+        ``[B]`` int32, the nodes kept after the cut.
+    bonus : torch.Tensor
+        ``[B]`` int64.
+    packed : torch.Tensor
+        ``[B, D + 4]`` int64, the host read of sequence ``b``: ``[kept, bonus, tokens of the
+        path (root first), count before the cut]``.
+    old_lens : torch.Tensor
+        ``[B]`` int32, the lengths before the commit.
+    """
     if (greedy is None) == (sampled is None):
         raise ValueError("give exactly one of greedy= and sampled=")
     b, t = _check(tokens)

@@ -2,30 +2,14 @@
 
 Several programs of one launch write parts of one output (the slots of an NSA row tile, the
 score ranges of a selection's rows). Instead of a second launch that combines them, the step
-that needs them runs in the launch, in one of two ways:
-
-- **last to arrive** (``last_to_arrive``): each program, its part written, increments the
-  output's counter; the one that reads back ``arrivals - 1`` is the last, combines the parts
-  and writes the output, and sets the counter back to 0. For a step one program does well.
-- **tickets** (``take_ticket``, ``arrive``, ``wait_for``, ``leave``): extra programs run the
-  step, as many as it has parts (a selection's rows). Every program takes a ticket when it
-  starts, and tickets, not program ids, assign the work: producers first, then the waiting
-  steps, so a waiting program only waits on producers that already hold a ticket, i.e. are
-  running, whatever order the GPU starts programs in: waiting cannot deadlock. The last waiter
-  of an output zeroes its counters, the last ticket the ticket counter.
+that needs them runs in the launch: the last program to arrive does it (``last_to_arrive``),
+or extra programs of the launch, as many as the step has parts, wait for the parts on tickets
+(``take_ticket``, ``arrive``, ``wait_for``, ``leave``), which cannot deadlock.
 
 Either way a launch leaves its counters as it found them (zero): the next launch and every
-replay of a CUDA graph find them ready, with no memset and no host work.
-
-Memory order (Triton 3.6 inserts no CTA barrier around an atomic): a CTA barrier first puts
-every thread's stores before the one thread's increment, whose release (``acq_rel`` or
-``release``) at GPU scope publishes them; the increment or poll that sees every arrival
-acquires them, and a second barrier orders it before the program's threads read the parts
-(with L2 loads, ``cache_modifier=".cg"``, so no stale L1 line is read).
-
-``arrival_counters`` hands out one zeroed buffer per device, kept for the life of the process
-(a captured graph holds its address); launches that share it must be ordered on one stream, as
-the launches of a CUDA graph and of the engine's step are.
+replay of a CUDA graph find them ready, with no memset and no host work. The counters are
+``arrival_counters``' buffer, one per device; launches that share it must be ordered on one
+stream.
 """
 
 from __future__ import annotations
@@ -44,7 +28,11 @@ def arrival_counters(num: int, device: torch.device) -> torch.Tensor:
     using ``last_to_arrive`` leaves zeroed. Buffers are kept (never freed), so a CUDA graph
     captured with one stays valid when a larger one is made. Inside a graph capture a buffer
     too small is not replaced: the call gets a zeroed buffer of its own, whose zeroing the
-    graph replays (a capture normally follows a warm-up run that made the buffer)."""
+    graph replays (a capture normally follows a warm-up run that made the buffer).
+
+    Launches that share a buffer must be ordered on one stream, as the launches of a CUDA
+    graph and of the engine's step are.
+    """
     if num < 0:
         raise ValueError(f"num must be >= 0, got {num}")
     device = torch.device(device)
@@ -75,7 +63,14 @@ def last_to_arrive(counter_ptr, arrivals):
     """Count this program's arrival at ``counter_ptr`` (one of ``arrivals`` programs); True in
     the last to arrive, which may then read every program's stores and which sets the counter
     back to 0. Call it at the top level of a kernel (every thread of the program reaches its
-    barriers), after the program's partial stores."""
+    barriers), after the program's partial stores. For a step one program does well.
+
+    Memory order (Triton 3.6 inserts no CTA barrier around an atomic): a CTA barrier first puts
+    every thread's stores before the one thread's increment, whose release (``acq_rel``) at GPU
+    scope publishes them; the increment that sees every arrival acquires them, and a second
+    barrier orders it before the program's threads read the parts (with L2 loads,
+    ``cache_modifier=".cg"``, so no stale L1 line is read).
+    """
     tl.debug_barrier()
     seen = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     tl.debug_barrier()
@@ -87,7 +82,14 @@ def last_to_arrive(counter_ptr, arrivals):
 @triton.jit
 def take_ticket(counter_ptr):
     """This program's place in start order among the launch's (a 1-D grid); the last ticket
-    sets the counter back to 0 (every other program has taken its ticket by then)."""
+    sets the counter back to 0 (every other program has taken its ticket by then).
+
+    Every program takes a ticket when it starts, and tickets, not program ids, assign the work:
+    producers first, then the steps that wait on them (``wait_for``), so a waiting program only
+    waits on producers that already hold a ticket, i.e. are running, whatever order the GPU
+    starts programs in: waiting cannot deadlock. The last waiter of an output zeroes its
+    counters (``leave``).
+    """
     ticket = tl.atomic_add(counter_ptr, 1, sem="relaxed", scope="gpu")
     tl.store(counter_ptr, 0, mask=ticket == tl.num_programs(0) - 1)
     return ticket
@@ -96,7 +98,8 @@ def take_ticket(counter_ptr):
 @triton.jit
 def arrive(counter_ptr):
     """Publish this program's stores and count it at ``counter_ptr``. Call it at the top level
-    of the program's branch, after its stores."""
+    of the program's branch, after its stores: a CTA barrier puts every thread's stores before
+    the one thread's increment, whose release at GPU scope publishes them."""
     tl.debug_barrier()
     tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
 
@@ -104,7 +107,9 @@ def arrive(counter_ptr):
 @triton.jit
 def wait_for(counter_ptr, arrivals):
     """Wait until ``arrivals`` programs have arrived at ``counter_ptr``; their stores are then
-    visible to every thread of this program (read them with ``.cg`` loads)."""
+    visible to every thread of this program: the poll that sees every arrival acquires them and
+    a CTA barrier orders it before the reads (read them with ``.cg`` loads, so no stale L1 line
+    is read)."""
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     while seen < arrivals:
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")

@@ -8,10 +8,6 @@ its ramp and tail rather than by its bytes, so chains that overlap take the time
 instead of the sum. Under CUDA-graph capture the fork and the join are the graph's branches
 and their merge point.
 
-Memory: a tensor made before the fork and read on a side stream stays valid, since the caller
-waits for the side stream before it goes on; a tensor made on a side stream belongs to that
-stream's pool of the caching allocator, which orders its next use after this one.
-
 On the CPU (the Triton interpreter) there are no streams: every chain runs in order on the
 caller's, which is how their launches are ordered there anyway."""
 
@@ -50,7 +46,13 @@ class Branches:
     @contextlib.contextmanager
     def fork(self, slot: int):
         """Launches inside the block run on side stream ``slot``, after everything the
-        caller's stream has queued so far (on the caller's stream when not enabled)."""
+        caller's stream has queued so far (on the caller's stream when not enabled).
+
+        A tensor made before the fork and read on the side stream stays valid, since the
+        caller waits for the side stream (``join``) before it goes on; a tensor made on the
+        side stream belongs to that stream's pool of the caching allocator, which orders its
+        next use after this one.
+        """
         if self.main is None:
             yield
             return

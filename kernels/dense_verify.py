@@ -4,21 +4,13 @@ Flash-decoding layout: one program per (query-row tile, KV split, sequence x KV 
 ``G = H / Hkv`` query heads of a KV head times the ``t`` draft rows are packed into the MMA rows
 (row ``r`` = draft row ``r // G``, head ``r % G``), so every KV tile is read from memory once per
 KV head. Each split writes a partial ``(o, lse)`` in fp32 and :func:`kernels.merge.merge_partials`
-combines them; with one split the kernel writes the final output directly.
-
-Splits are sized per sequence inside the kernel from ``prefix_lens`` (device memory), so the
-wrapper never reads lengths on the host: the split count comes from the cache capacity ``T_max``
-and the SM count, and a split past a sequence's end does no work and writes ``lse = -inf``.
-
-H100 resources (bf16, D = 128, BLOCK_N = 64, 3 stages; ptxas on Triton 3.6 and 3.9): BLOCK_M
-16/32 use mma.sync (wgmma needs 64 rows a warpgroup), 128-162 registers and 70-77 KB of shared
-memory; BLOCK_M = 64 with 4 warps uses wgmma, about 180 registers and 112 KB (2 programs an SM);
-BLOCK_M = 128 with 8 warps about 185 registers and 128 KB (1 an SM). The masked tail loop is not
-software-pipelined: pipelining it as well pushed BLOCK_M = 64 past 255 registers into spills.
+combines them; with one split the kernel writes the final output directly. Splits are sized per
+sequence inside the kernel from ``prefix_lens``, so the wrapper never reads lengths on the host.
 
 Example::
 
     o, lse = dense_verify(q, k_cache, v_cache, prefix_lens, ancestor_bitmask(parents))
+
 """
 
 from __future__ import annotations
@@ -96,6 +88,17 @@ def _dense_verify_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
 ):
+    """One (query-row tile, KV split, sequence x KV head) program: the packed rows' online
+    softmax over the split's share of the sequence, written as a partial or the final output.
+
+    The split's share is sized from ``prefix_lens`` in device memory: the wrapper takes the
+    split count from the cache capacity ``T_max`` and the SM count, and a split past a
+    sequence's end does no work and writes ``lse = -inf``. KV tiles wholly inside the committed
+    prefix run unmasked in a software-pipelined loop; the at most two tiles that straddle the
+    prefix end and the draft tail are masked per position by the tree bitmask in a loop that is
+    not pipelined, which would push ``BLOCK_M = 64`` into register spills. ``BLOCK_M`` 16 and 32
+    use mma.sync (wgmma needs 64 rows a warpgroup); ``BLOCK_M = 64`` with 4 warps uses wgmma.
+    """
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")

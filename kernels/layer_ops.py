@@ -2,18 +2,11 @@
 holds the layer's third fused op, rotary with the KV-cache store).
 
 At decode sizes (a few rows of 4K-16K elements) these ops are bound by launch and memory latency,
-not bandwidth, so each is a single kernel that reads its inputs once:
-
-- ``rms_norm(x, w)``, one program per row: ``F.rms_norm``'s ``x * rsqrt(mean(x^2) + eps) * w``
-  in fp32, returned in ``x.dtype`` (``eps = None`` is float32's machine epsilon, as in torch);
-- ``add_rms_norm(x, delta, w)`` returns the residual ``x + delta`` rounded to ``x.dtype`` (a
-  torch add's result, bit for bit) and ``rms_norm`` of that rounded sum: the residual add fused
-  with the norm that follows it;
-- ``silu_mul`` computes ``silu(gate) * up`` over the two halves of the last dim in fp32, rounded
-  once.
-
-Rows up to ``MAX_NORM_BLOCK`` elements stay in registers (wider ones take a second pass), and
-rows narrower than a ``TILE`` are packed several to a program.
+not bandwidth, so each is a single kernel that reads its inputs once: ``rms_norm``,
+``add_rms_norm`` (the residual add fused with the norm that follows it) and ``silu_mul``, each
+computed in fp32 and returned in its input's dtype. Rows up to ``MAX_NORM_BLOCK`` elements stay
+in registers (wider ones take a second pass), and rows narrower than a ``TILE`` are packed
+several to a program.
 """
 
 from __future__ import annotations
@@ -174,8 +167,22 @@ def _norm_launch(x, delta, weight, eps):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float | None = None) -> torch.Tensor:
-    """``F.rms_norm(x, (C,), weight, eps)`` over the last dim ``C`` of ``x`` ``[..., C]``:
-    fp32 inside, returned in ``x.dtype`` (bf16, fp16 or fp32; last dim contiguous)."""
+    """``F.rms_norm(x, (C,), weight, eps)`` over the last dim ``C`` of ``x``, one launch.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[..., C]`` bf16, fp16 or fp32, last dim contiguous.
+    weight : torch.Tensor
+        ``[C]``, contiguous, on ``x``'s device.
+    eps : float, optional
+        None is float32's machine epsilon, as in torch.
+
+    Returns
+    -------
+    torch.Tensor
+        ``x * rsqrt(mean(x^2) + eps) * weight``, computed in fp32, in ``x.dtype``.
+    """
     return _norm_launch(x, None, weight, eps)[1]
 
 
@@ -184,8 +191,23 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual ``s = x + delta`` in ``x.dtype`` and ``rms_norm(s, weight, eps)``, one launch.
 
-    ``delta`` has ``x``'s shape and dtype. The norm reads the sum as rounded to ``x.dtype``, so
-    both outputs equal ``s = x + delta; rms_norm(s)`` up to the reduction's order."""
+    Parameters
+    ----------
+    x, delta : torch.Tensor
+        ``[..., C]`` of one shape, dtype and device (as ``rms_norm``'s ``x``).
+    weight : torch.Tensor
+        ``[C]``, as ``rms_norm``'s.
+    eps : float, optional
+        As ``rms_norm``'s.
+
+    Returns
+    -------
+    s : torch.Tensor
+        The residual, a torch add's result bit for bit.
+    y : torch.Tensor
+        ``rms_norm`` of ``s`` as rounded to ``x.dtype``, so both outputs equal
+        ``s = x + delta; rms_norm(s)`` up to the reduction's order.
+    """
     if delta is None:
         raise ValueError("delta must be a tensor, got None")
     return _norm_launch(x, delta, weight, eps)

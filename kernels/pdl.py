@@ -6,21 +6,10 @@ previous grid has finished and its stores are visible). ``pdl_gate`` also lets t
 start (``griddepcontrol.launch_dependents``): its programs may take free SM slots while this
 one runs.
 
-The kernels that take a ``PDL`` constexpr keep two rules, which make any chain of them safe:
-
-- before ``pdl_gate`` a program stores nothing and loads only what was written before the
-  previous launch began (the caching allocator may hand the previous launch's freed memory to
-  this one, and the previous launch may still be writing);
-- the next launch is let go only after the wait, so when a launch starts every launch but the
-  one before it has finished: its prologue may read their outputs.
-
-A program that neither loads what the previous launch wrote nor stores anything may return
-without waiting; every kernel has programs that store, so a launch still finishes only after
-the one before it. ``LaunchChain`` hands a call's launches their keyword arguments: the first
-launch of a call is an ordinary one (it follows work it knows nothing about), the others are
-dependent launches. Both instructions are no-ops in a launch made without PDL, so the kernels
-with ``PDL`` set are correct launched either way. The interpreter runs launches one after
-another: there ``pdl_gate`` is a no-op and the kernels' ``PDL`` variants run as on the GPU.
+The kernels that take a ``PDL`` constexpr keep two rules (``pdl_gate``) which make any chain of
+them safe; both instructions are no-ops in a launch made without PDL, so those kernels are
+correct launched either way. ``LaunchChain`` hands a call's launches their keyword arguments.
+The interpreter runs launches one after another: there ``pdl_gate`` is a no-op.
 """
 
 from __future__ import annotations
@@ -50,7 +39,20 @@ if HAS_GDC and not INTERPRETED:
     @triton.jit
     def pdl_gate(PDL: tl.constexpr):
         """With ``PDL``: wait until the previous launch has finished and its stores are
-        visible, then let the next launch start."""
+        visible, then let the next launch start.
+
+        The kernels with a ``PDL`` constexpr keep two rules, which make any chain of them safe:
+
+        - before ``pdl_gate`` a program stores nothing and loads only what was written before
+          the previous launch began (the caching allocator may hand the previous launch's freed
+          memory to this one, and the previous launch may still be writing);
+        - the next launch is let go only after the wait, so when a launch starts every launch
+          but the one before it has finished: its prologue may read their outputs.
+
+        A program that neither loads what the previous launch wrote nor stores anything may
+        return without waiting; every kernel has programs that store, so a launch still
+        finishes only after the one before it.
+        """
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
@@ -59,7 +61,8 @@ else:
 
     @triton.jit
     def pdl_gate(PDL: tl.constexpr):
-        """Launches run one after another here: nothing to wait for."""
+        """Launches run one after another here: nothing to wait for, and the kernels' ``PDL``
+        variants run as on the GPU."""
         pass
 
 
@@ -85,9 +88,10 @@ class LaunchChain:
     """The launches of one call, in stream order, with PDL (``pdl``) or without.
 
     ``meta()`` gives the next launch its keyword arguments: the kernels' ``PDL`` constexpr and,
-    under PDL for every launch but the first, ``launch_pdl``. A call makes one chain and passes
-    it to every step it launches; a step given none makes its own (its first launch then waits
-    for whatever came before it)."""
+    under PDL for every launch but the first, ``launch_pdl``: the first launch of a call is an
+    ordinary one, since it follows work it knows nothing about. A call makes one chain and
+    passes it to every step it launches; a step given none makes its own (its first launch then
+    waits for whatever came before it)."""
 
     __slots__ = ("pdl", "_launched")
 

@@ -3,22 +3,10 @@
 Seed 001 §3.1 scores each KV block with the query of the first draft token against the block's
 mean key (eq. 5) and keeps the first and last blocks unconditionally (attention sink, locality).
 Seed 004 appendix A.1 extends Quest's channel-wise min/max keys to GQA by scoring with one
-representative query per KV head. Both are implemented here with the GQA-averaged query (the mean
-of a KV head's ``G`` query heads):
-
-- ``mean``:  ``s[b, h, i, n] = qbar[b, i, h] . mean_k[b, h, n]``
-- ``quest``: ``s[b, h, i, n] = sum_d max(qbar_d * min_k[n, d], qbar_d * max_k[n, d])``, computed
-  as ``relu(qbar) . max_k + min(qbar, 0) . min_k`` so that both terms are matrix products.
-
-The per-block key summaries are :mod:`kernels.block_metadata`'s (``BlockMetadata``).
-
-``select_blocks`` runs ``block_scores`` and one ``kernels.top_blocks`` launch on the score
-tensor (forced blocks, ascending output); with ``fused=True`` it scores and picks in one launch
-(``kernels.select_kernels.select_kernel``: the programs that pick a row wait on counters for its
-scores) where ``kernels.top_blocks``' threshold pick serves the rows. The kernel sweep times
-both (``impl``); the two launches stay the default until the one launch measures faster.
-``pdl=True`` makes the pick a programmatic dependent launch of the scoring (``kernels.pdl``):
-it starts while the scoring drains; the same blocks either way.
+representative query per KV head. Both are implemented here (``block_scores``: ``mean`` and
+``quest``) with the GQA-averaged query, on :mod:`kernels.block_metadata`'s per-block key
+summaries. ``select_blocks`` runs the scoring and one ``kernels.top_blocks`` launch on the
+scores (forced blocks, ascending output), or both in one launch (``fused=True``);
 ``topn_from_scores`` is the pick's fp32 torch reference (``torch.topk`` and a sort).
 """
 
@@ -87,6 +75,13 @@ def block_scores(
     chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """Score every block of every KV head for every query row.
+
+    The query is the GQA-averaged ``qbar`` (the mean of a KV head's ``G`` query heads):
+
+    - ``mean``:  ``s[b, h, i, n] = qbar[b, i, h] . mean_k[b, h, n]``
+    - ``quest``: ``s[b, h, i, n] = sum_d max(qbar_d * min_k[n, d], qbar_d * max_k[n, d])``,
+      computed as ``relu(qbar) . max_k + min(qbar, 0) . min_k`` so that both terms are matrix
+      products.
 
     Parameters
     ----------

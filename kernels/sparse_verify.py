@@ -5,24 +5,13 @@ mask. Queries are grouped into consecutive runs of ``group_size`` (C) in a trave
 and one program serves a group of one KV head:
 
 - ``per_query``: C = 1, every query streams its own blocks (the decoding-oriented baseline).
-- ``union`` (exact): the group streams the deduplicated union of its members' blocks once; a
-  per-block membership bitmask masks each query's rows to its own blocks, so the result equals
-  ``per_query``.
+- ``union`` (exact): the group streams the deduplicated union of its members' blocks once, each
+  query's rows masked to its own blocks by per-block membership bits: equal to ``per_query``.
 - ``shared`` (approx): every member uses the blocks of the group's first query in ``order``.
 
-Kernel layout (H100): the group's C x G query-head rows are packed into the MMA rows
-(``M_PAD = max(16, next_pow2(C * G))``), so one K/V tile of ``BLOCK_N = block_size`` tokens
-feeds all of them; the score tile gets a per-row mask from the membership bits. The union list
-of a (b, kv head, group) is split across ``num_splits`` programs when ``B * Hkv * num_groups``
-alone cannot fill the SMs; the last split also attends to the tail, and
-``kernels.merge.merge_partials`` combines the fp32 partial ``(o, lse)``. The group plans
-(``kernels.group_plan``) say which blocks each program streams; the split count and the tile
-choices are the launch plan's (``kernels.sparse_launch``); the kernel is
-:mod:`kernels.sparse_verify_kernels`'.
-
-Traffic model: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of
-K/V (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
-plus the ``t``-entry tail once per group.
+The group plans (``kernels.group_plan``) say which blocks each program streams, the launch plan
+(``kernels.sparse_launch``) the splits and tiles; :mod:`kernels.sparse_verify_kernels` holds the
+kernel. ``sparse_verify``'s docstring has the kernel's layout and traffic.
 """
 
 from __future__ import annotations
@@ -122,6 +111,20 @@ def sparse_verify(
         ``[B, t, H, D]`` in ``q.dtype``; 0 for a row that attended to nothing.
     lse : torch.Tensor
         ``[B, H, t]`` float32 natural-log sum of exp of the scaled scores; ``-inf`` when empty.
+
+    Notes
+    -----
+    The group's C x G query-head rows are packed into the MMA rows
+    (``M_PAD = max(16, next_pow2(C * G))``), so one K/V tile of ``BLOCK_N = block_size``
+    tokens feeds all of them; the score tile gets a per-row mask from the membership bits. The
+    block list of a (b, kv head, group) is split across programs where that fills the SMs'
+    waves better (``perfmodel.attention_plan.choose_sparse_splits``); the last split also
+    attends to the tail, and ``kernels.merge.merge_partials`` combines the fp32 partial
+    ``(o, lse)``.
+
+    Traffic: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of K/V
+    (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
+    plus the ``t``-entry tail once per group.
     """
     cfg = config or SparseVerifyConfig()
     c = _check_inputs(

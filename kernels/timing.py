@@ -1,21 +1,17 @@
 """The one GPU timing helper every benchmark uses (after flashinfer's ``bench_gpu_time``).
 
-Two ways to time an op on the GPU, both with CUDA events, a warm-up, and a cold L2 per sample:
+Two ways to time an op on the GPU, both with CUDA events, a warm-up, and a cold L2 per sample
+(``L2_FLUSH_BYTES`` read before it, ``_L2Flusher``):
 
 - ``launch``: one plain Python launch per sample, the stream drained before it, so the sample
-  includes the host's launch path (Triton's Python launcher costs tens of microseconds);
+  includes the host's launch path;
 - ``graph``: ``graph_launches`` launches captured in one CUDA graph, replayed, the elapsed time
-  divided by the launch count: what the engine sees, with launch cost hidden.
+  divided by the launch count: what the engine sees, with launch cost hidden. The launches of a
+  graph run back to back, so the caller rotates over ``num_inputs`` input sets (``fn(i)`` uses
+  set ``i % num_inputs``, ``num_rotations``) whose total size exceeds the L2.
 
-Cold L2: before every sample a 256 MB buffer is written (five times the H100's 50 MB L2). Inside
-one graph the launches run back to back, so the caller rotates over ``num_inputs`` input sets
-(``fn(i)`` uses set ``i % num_inputs``) whose total size exceeds the L2.
-
-On a device without CUDA events (the CPU), ``wall`` times plain calls by the host's wall clock.
-
-The ceilings measured in the same run (an empty Triton kernel, a large device-to-device copy
-counting read + write bytes, a large bf16 GEMM) and the provenance fields of a result row come
-from here too, as do the poisoning helpers of correctness checks.
+On the CPU, ``wall`` times plain calls by the host's wall clock. The ceilings measured in the
+same run, a result row's provenance and the poisoning helpers of correctness checks live here too.
 """
 
 from __future__ import annotations
@@ -96,12 +92,12 @@ def _summarise(samples_s: list[float], timing: str) -> Timing:
 
 
 class _L2Flusher:
-    """Reads ``L2_FLUSH_BYTES`` before a sample: the L2 then holds none of the inputs, and only
-    clean lines, so the sample does not pay for writing back dirty lines it did not make (the
-    previous sample's are written back during the read). A write flush (``flush_write``) leaves
-    the L2 full of dirty lines, written back as the sample evicts them: 6-12 us a sample for the
-    H200's weight-streaming GEMMs, none for an op that reads little
-    (``validation/data/l2-flush-h200.json``)."""
+    """Reads ``L2_FLUSH_BYTES`` (five times the H100's 50 MB L2) before a sample: the L2 then
+    holds none of the inputs, and only clean lines, so the sample does not pay for writing back
+    dirty lines it did not make (the previous sample's are written back during the read). A
+    write flush (``flush_write``) leaves the L2 full of dirty lines, written back as the sample
+    evicts them: 6-12 us a sample for the H200's weight-streaming GEMMs, none for an op that
+    reads little (``validation/data/l2-flush-h200.json``)."""
 
     def __init__(self, config: TimingConfig, device: torch.device) -> None:
         self.write = config.flush_write

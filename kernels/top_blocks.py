@@ -5,15 +5,9 @@ selections (:mod:`kernels.select_blocks` from block metadata, the NSA refresh pa
 One program per ``[B, Hkv, t]`` row of ``[.., NB_max]`` fp32 scores picks the row's ``top_n``
 best blocks of its prefix's ``ceil(prefix / block_size)`` live blocks, the first ``num_sink``
 and last ``num_local`` forced in, ties to the lower block, and writes them ascending with ``-1``
-padding when fewer blocks are live, with no host synchronisation.
-
-Two kernels make the same pick. ``threshold_blocks_kernel`` (rows that fit in registers,
-``top_n`` up to ``THRESHOLD_MAX_TOP_N``) bounds the answer by the ``top_n``-th largest maximum
-of strided groups, compacts the few blocks above it and cuts them exactly: work linear in the
-row. ``topk_blocks_kernel`` takes one max-reduction over the row per pick: longer rows, larger
-``top_n``, and the threshold kernel's fallback when scores defeat its groups.
-``kernels.select_blocks.topn_from_scores`` is the torch reference. The kernels are
-:mod:`kernels.top_blocks_kernels`'; this module plans and launches them.
+padding when fewer blocks are live, with no host synchronisation. Two kernels make the same pick
+(``top_blocks`` says which serves a row); they are :mod:`kernels.top_blocks_kernels`', and this
+module plans and launches them. ``kernels.select_blocks.topn_from_scores`` is the reference.
 """
 
 from __future__ import annotations
@@ -53,12 +47,39 @@ def top_blocks(
     chain: LaunchChain | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """``[B, Hkv, t, NB_max]`` fp32 scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending,
-    ``-1`` padded; ``prefix_lens`` ``[B]`` int32 sets each sequence's live blocks. Scores from
-    ``empty_scores`` are read in place; other layouts are copied first. ``chain``: the calling
-    op's launches (``kernels.pdl``), of which this pick is the next. ``num_warps``: a row
-    program's warps (a power of two; default ``threshold_warps``' or the rounds kernel's rule);
-    the pick is the same for any."""
+    """Pick the ``top_n`` best live blocks of every score row, one program per row.
+
+    Two kernels make the same pick. ``threshold_blocks_kernel`` (rows that fit in registers,
+    ``top_n`` up to ``THRESHOLD_MAX_TOP_N``: ``threshold_meta``) bounds the answer by the
+    ``top_n``-th largest maximum of strided groups, compacts the few blocks above it and cuts
+    them exactly: work linear in the row. ``topk_blocks_kernel`` takes one max-reduction over
+    the row per pick: longer rows, larger ``top_n``, and the threshold kernel's fallback when
+    scores defeat its groups.
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        ``[B, Hkv, t, NB_max]`` fp32. Scores from ``empty_scores`` are read in place; other
+        layouts are copied first.
+    prefix_lens : torch.Tensor
+        ``[B]`` int32; sets each sequence's ``ceil(prefix / block_size)`` live blocks.
+    block_size : int
+        Tokens per block.
+    top_n : int
+        Blocks per row, forced ones included, in ``[1, 2^30)``.
+    num_sink, num_local : int
+        First / last live blocks always picked.
+    chain : LaunchChain, optional
+        The calling op's launches (``kernels.pdl``), of which this pick is the next.
+    num_warps : int, optional
+        A row program's warps (a power of two; default ``threshold_warps``' or the rounds
+        kernel's rule); the pick is the same for any.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` padded.
+    """
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
     if scores.dim() != 4 or scores.dtype != torch.float32:
