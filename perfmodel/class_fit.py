@@ -1,70 +1,15 @@
 """The fitted model of one op class (``ClassFit``): per-op-class efficiencies and latencies
 over the measured ceilings, as ``calibration.fit`` fits them and ``perfmodel.calibrated``
-prices ops with them.
-
-Model of one call (one wrapper invocation, e.g. one ``dense_verify`` including its merge) of an
-op class, fitted by ``calibration.fit`` on GPU measurements:
+prices ops with them. One call (one wrapper invocation, e.g. one ``dense_verify`` including
+its merge) takes
 
     t = t0 + t_s * S + t_r * R + sum_i t_x,i * X_i
           + max((t_k + t_kr * R + t_km * G / U) * K, bytes_eff / (e_b(bytes) * BW),
                 flops / (e_c(flops) * PEAK))
 
-- ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
-- ``e_b``, ``e_c``: efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the
-  fitted knots, held constant outside the measured range (such a figure is labelled
-  ``extrapolated``);
-- ``t0``: fixed cost per call (launches, host-free graph replay);
-- ``t_k * K``: the latency of a call's serial reduction of depth K (a GEMM's inner dimension),
-  fitted for GEMMs and repair (K: the tiles one program walks in series times its waves,
-  ``perfmodel.repair_work``; 32 programs of the tiny pair's batch-1 call walk 32 missed blocks
-  in 24.6 us, 0.7 TB/s): a small GEMM's time grows with K at equal bytes (one CTA walks the
-  whole K loop; measured 3.7 us at K = 256 and 6.0 us at K = 2048 for ~0.5 MB calls). The
-  loop's loads are the call's memory traffic, so the chain overlaps the streaming: a third
-  bound beside the roofline's two, not a cost on top (added, it made every large GEMM pay it
-  too and the fit shrank t_k until the small ones missed by 20%: 6.0 us predicted 4.8);
-- ``t_kr``: for NSA, sparse and dense verification the chain is the key tiles one program walks
-  in series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``), each
-  at ``t_k + t_kr x R``: a tile's load latency over the pipeline's depth plus its MMAs and
-  softmax over the R padded rows (a 64-row union tile with its member masks takes longer per key
-  tile than a 16-row one; a dense call's R counts the rows its SM holds at once);
-- ``t_km``: for repair a chain tile also waits ``t_km x G / U``, the share of its bytes that
-  misses L2 (``G`` the call's distinct bytes, ``U`` its requested ones): a lone program's
-  batch-1 walk at 64K context, whose rows rarely share a block, takes 1.18 us a tile on the
-  H100 against 1.04 us at 16K, where a block is read 2.3 times;
-- ``t_s * S``: the latency of the S dependent steps a call runs after its parallel part,
-  fitted for NSA and dense verification: a split call's merge walks its tile's partial slots
-  one by one (``perfmodel.nsa_plan``; 16 at a time for dense, ``perfmodel.dense_work``), so at
-  8 q / 2 KV heads t = 17 (two row tiles, 33 splits each) runs faster than t = 12 (one tile,
-  64 splits) although it does more work;
-- ``t_r * R``: the latency of a program's row tile of R MMA rows (padding included), fitted for
-  NSA and dense verification: every program computes, loads and writes ``BLOCK_M`` rows
-  whatever the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64 (/ 128 dense) with t
-  (``perfmodel.nsa_plan``, ``perfmodel.dense_work``: a dense call's R is the rows its busiest
-  SM holds at once, weighted by the key tile's work at its head dimension); R counts
-  ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half (``nsa_plan.mma_row_cost``). Dense
-  verification's FLOPs are its padded tiles' too: at 32 q / 8 KV heads, t = 17 runs the
-  128-row tile of t = 32 (H200, batch 16, 32K: 495 us at t = 16, 665 us at t = 32);
-- ``t_x,i * X_i``: the stages a call runs after its streaming part that neither stream bytes nor
-  walk one chain, one fitted rate per count X_i: block selection's top-n stage
-  (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``, or the threshold pick's
-  counts, ``perfmodel.select_work``) scans the R x NB scores (R = B x Hkv x t rows), orders
-  R x top_n keys, and a row's sort lengthens with top_n: at equal bytes top_n = 64 costs 4-5 us
-  more than 16 at R = 32 and 34-45 us more at R = 2048, whatever the context; NSA's and
-  repair's program waves (each loads its programs' queries and writes their outputs); a dense
-  call's merge launch;
-- ``bytes_eff = G + h (U - G)`` for classes whose kernels re-read blocks other programs of the
-  same call also read (``per_query`` sparse verification, repair, a dense call's row tiles of one
-  KV head): U is the bytes the algorithm requests,
-  G the deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
-  classes use U. For sparse verification also ``bytes_eff = max(G + h (U - G), U / r)``: every
-  requested byte, hit or miss, crosses the L2-to-SM path, whose throughput is r x BW (fitted,
-  1 to 4; for repair too). With it the big-batch calls are what the two levels say: at overlap
-  0.9 the 8B-geometry call streams its 4.3 GB of requests in 587-596 us (7.2-7.3 TB/s, L2-bound,
-  G = 0.6 GB) while at overlap 0.5 and 64K context its 2.0 GB of distinct blocks set 866 us;
-  without it the one share h (0.48) had to serve both (with it h = 0.12, r = 2.4).
-
-Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with size-dependent
-efficiency. It ignores contention between concurrent kernels and clock variation.
+(the terms: ``ClassFit``). Calibration's idea, after Calculon and AIConfigurator: the
+roofline's shape with size-dependent efficiency, a serial chain as a third bound beside the
+roofline's two. It ignores contention between concurrent kernels and clock variation.
 """
 
 from __future__ import annotations
@@ -130,7 +75,59 @@ LAUNCH_BOUND_SHARE = 0.05
 
 @dataclass(frozen=True, slots=True)
 class ClassFit:
-    """Fitted parameters of one op class."""
+    """Fitted parameters of one op class, the terms of the module docstring's model (the
+    measurements behind them: docs/results/calibration.md):
+
+    - ``BW``, ``PEAK``: the profile's measured copy bandwidth and bf16 GEMM rate;
+    - ``e_b``, ``e_c`` (``bytes_eff``, ``flops_eff`` at ``bytes_knots``, ``flops_knots``):
+      efficiencies, piecewise linear in log10(bytes) and log10(FLOPs) between the fitted
+      knots, held constant outside the measured range (``bytes_range``, ``flops_range``; such
+      a figure is labelled ``extrapolated``);
+    - ``t0``: fixed cost per call (launches, host-free graph replay);
+    - ``t_k * K`` (``t_depth_s``): the latency of a call's serial reduction of depth K (a
+      GEMM's inner dimension), fitted for GEMMs and repair (K: the tiles one program walks in
+      series times its waves, ``perfmodel.repair_work``): a small GEMM's time grows with K at
+      equal bytes (one CTA walks the whole K loop). The loop's loads are the call's memory
+      traffic, so the chain overlaps the streaming: a third bound beside the roofline's two,
+      not a cost on top (added on top, it made every large GEMM pay it too, and the fit shrank
+      ``t_k`` until the small GEMMs missed);
+    - ``t_kr`` (``t_depth_row_s``): for NSA, sparse and dense verification the chain is the key
+      tiles one program walks in series (``perfmodel.nsa_work``, ``perfmodel.sparse_work``,
+      ``perfmodel.dense_work``), each at ``t_k + t_kr x R``: a tile's load latency over the
+      pipeline's depth plus its MMAs and softmax over the R padded rows (a 64-row union tile
+      with its member masks takes longer per key tile than a 16-row one; a dense call's R
+      counts the rows its SM holds at once);
+    - ``t_km`` (``t_depth_miss_s``): for repair a chain tile also waits ``t_km x G / U``, the
+      share of its bytes that misses L2 (``G`` the call's distinct bytes, ``U`` its requested
+      ones);
+    - ``t_s * S`` (``t_step_s``): the latency of the S dependent steps a call runs after its
+      parallel part, fitted for NSA and dense verification: a split call's merge walks its
+      tile's partial slots one by one (``perfmodel.nsa_plan``; 16 at a time for dense,
+      ``perfmodel.dense_work``);
+    - ``t_r * R`` (``t_row_s``): the latency of a program's row tile of R MMA rows (padding
+      included), fitted for NSA and dense verification: every program computes, loads and
+      writes ``BLOCK_M`` rows whatever the draft rows, and ``BLOCK_M`` steps 16 / 32 / 64
+      (/ 128 dense) with t (``perfmodel.nsa_plan``, ``perfmodel.dense_work``: a dense call's R
+      is the rows its busiest SM holds at once, weighted by the key tile's work at its head
+      dimension); R counts ``mma.sync`` rows, a 64-row tile's ``wgmma`` rows at half
+      (``nsa_plan.mma_row_cost``). Dense verification's FLOPs are its padded tiles' too;
+    - ``t_x,i * X_i`` (``t_stage_s``): the stages a call runs after its streaming part that
+      neither stream bytes nor walk one chain, one fitted rate per count X_i: block
+      selection's top-n stage (``torch.topk`` + two sorts, ``perfmodel.torch_plan.topn_counts``,
+      or the threshold pick's counts, ``perfmodel.select_work``), which scans the R x NB scores
+      (R = B x Hkv x t rows) and orders R x top_n keys, a row's sort lengthening with top_n;
+      NSA's and repair's program waves (each loads its programs' queries and writes their
+      outputs); a dense call's merge launch;
+    - ``bytes_eff = G + h (U - G)`` (h: ``l2_miss``) for classes whose kernels re-read blocks
+      other programs of the same call also read (``per_query`` sparse verification, repair, a
+      dense call's row tiles of one KV head): U is the bytes the algorithm requests, G the
+      deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
+      classes use U. For sparse verification (and repair) also ``bytes_eff = max(G + h (U - G),
+      U / r)`` (r: ``l2_ratio``): every requested byte, hit or miss, crosses the L2-to-SM path,
+      whose throughput is r x BW (fitted, 1 to 4);
+    - ``slot_plan``: the class is fitted on the current kernels' launch-plan counts, and the
+      step model prices it with its op's ``slot_plan``.
+    """
 
     name: str
     t0_s: float
@@ -180,7 +177,7 @@ class ClassFit:
         """Seconds of one call moving ``nbytes`` (requested) and doing ``flops`` in a serial
         chain of ``depth``, followed by ``steps`` serial steps, over row tiles of ``rows``
         padded rows, with extra stages of ``stages`` counts (the model in the module
-        docstring)."""
+        docstring, its terms in the class's)."""
         return self.time_of(
             CallInputs.of(nbytes, flops, dedup_bytes, depth, steps, rows, stages), bw, peak
         )

@@ -1,70 +1,16 @@
-"""Launch geometry of the NSA verification kernels that the committed H100 rows were measured
-with (``calibration/profiles/h100-sxm``), without torch.
+"""Launch geometry of the NSA verification kernels, without torch: the geometry of the kernels
+the committed H100 rows were measured with (``calibration/profiles/h100-sxm``), whose features
+the H100 profile's NSA classes keep (``tile_rows_of``, ``num_splits``, ``merge_steps``,
+``mma_row_cost``), and the current kernels' slot sizing (``kernels/nsa_verify.py``:
+``tile_packing``, ``plan_slots``, ``split_slots``, ``branch_tiles``), from which
+``perfmodel.nsa_work`` counts a call's work.
 
-The calibrated model prices an NSA call from its bytes and FLOPs, but at small batch its time
-is set by how the wrapper cut the work. The H100 profile's NSA classes were fitted on rows of the
-kernels described here, so their features keep this geometry; the current kernels
-(``kernels/nsa_verify.py``) size their slots by work instead (``_slots``: one pipelined loop per
-slot, a merge that reads all slots' maxima at once), and their rows need a profile fitted on
-them. The geometry of those earlier kernels (default ``NsaVerifyConfig`` of the time):
-
-- a program owns one (sequence x KV head, row tile); the tile packs ``BLOCK_M =
-  max(16, min(64, next_pow2(t * G_pad)))`` MMA rows (``G_pad`` = next power of two of the
-  head group ``G = Hq / Hkv``), i.e. ``BLOCK_M / G_pad`` draft rows, so a call has
-  ``ceil(t / (BLOCK_M / G_pad))`` row tiles;
-- when ``B * Hkv * tiles`` programs leave SMs idle the grid is split ``S = min(64,
-  SMs // (B * Hkv * tiles))`` ways per tile (1 = a single fused pass), each split program
-  writing a ``BLOCK_M x D`` fp32 partial; a merge kernel, one program per tile, then walks the
-  tile's partial slots **one after another**.
-
-That merge walk is a serial chain after the parallel forward: its latency adds to the call's
-time whatever the bytes, and it is longest when one tile gets the most splits. It is why, at
-8 q / 2 KV heads, t = 12 (one tile, 64 splits) takes longer than t = 17 (two tiles, 33
-splits) (``calibration/profiles/h100-sxm/kernel_bench.jsonl``).
-
-Each program also carries its whole row tile: its MMAs, its query load and its partial are
-``BLOCK_M`` rows whatever ``t`` is, so a program's latency grows with ``BLOCK_M`` (at 8 q / 2 KV
-heads and equal splits, t = 3 with 16-row tiles runs an unfused refresh call in 156 us, t = 5
-with 32-row tiles in 177 us). ``row_tiles`` gives it.
-
-The row tile's MMA path changes at 64 rows: Triton issues a tile of fewer than 64 rows
-(``BLOCK_M`` 16 or 32) as ``mma.sync`` instructions, their count proportional to the rows
-(the sparse kernel's sm_90 compile, Triton 3.9: 22 at 16 rows, 44 at 32), and a 64-row tile as
-one warpgroup's ``wgmma``, which runs at about twice ``mma.sync``'s rate on an H100. So a
-64-row tile costs a program about what a 32-row one does: at 8 q / 2 KV heads and 64 splits the
-unfused reuse call takes 87-92 us at t = 1-3 (16 rows), 105-111 us at t = 5 (32) and 101-110 us
-at t = 12 (64). ``mma_row_cost`` prices a tile's rows at ``WGMMA_ROW_COST`` (1/2) each on the
-``wgmma`` path; that factor is the H100's rate ratio, and on the fit rows of the four NSA
-classes it is also the lowest loss of 0.3 ... 1.
-
-``merge_steps`` counts, per call, the slots its merges walk, summed over merges that run one
-after another:
-
-- fused (``nsa_verify``) reuse call: 0 for a single pass (S = 1), else the ``max(S, 3)`` slots
-  that ``_apportion`` spreads over the three branches (its rounding and its floor of one slot
-  per branch, which add up to 2 slots to a small split, are ignored);
-- fused refresh call: always split (the compressed partials also feed the block scores):
-  ``max(S, 3)``;
-- unfused (``nsa_verify_unfused``): each branch launched with the whole split budget and its
-  own merge: ``3 S``, or 0 when S = 1.
-
-A call's row schedule (``rows_per_tile``, ``perfmodel.strategy.nsa_rows_per_tile``) caps the
-draft rows of a tile: 0 packs as many as the tile holds (the geometry above, the one every
-committed row was measured with); R > 0 packs ``min(R, packed)`` rows, rounded down to a power
-of two (the kernels' tile holds a power of two of rows), into ``max(16, rows x G_pad)`` MMA
-rows, so one draft row a tile (``per_query``) runs ``t`` tiles of 16 MMA rows at 8 q / 2 KV
-heads. More tiles leave fewer splits per tile.
-
-``branch_tiles``, ``split_slots`` and ``plan_slots`` mirror the current wrapper's slot sizing
-for both ``NsaVerifyConfig.tile_plan`` settings (``tests/perfmodel/test_nsa_plan.py`` checks
-them against it). Under "fixed" a call of 17 draft rows at 4 head slots is two tiles (16 + 1
-rows) that share one wave's slots: the full tile gets half of t = 16's, and the kernel's split
-leaves its selected slices three times as long. "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows
-(32 draft rows there) in one tile, so the compressed and window keys are streamed once per KV
-head and the slices stay t = 16's, and sizes slots by ``fit_slots``' makespan.
-
-It ignores the block-score kernel's read of the compressed ``(m, l)`` partials (a refresh
-call's), and assumes one resident program per SM, as the wrapper does.
+At small batch an NSA call's time is set by how the wrapper cut the work more than by its bytes
+and FLOPs: a split call's merge walks its tile's partial slots one after another, and every
+program carries its whole row tile whatever the draft rows. A call's row schedule
+(``rows_per_tile``, ``perfmodel.strategy.nsa_rows_per_tile``) caps the draft rows of a tile;
+the "fit" tile plan (``NsaVerifyConfig.tile_plan``) packs more rows a tile and sizes the slots
+by the launch's finish time (``fit_slots``).
 """
 
 from __future__ import annotations
@@ -148,9 +94,18 @@ def prev_pow2(x) -> np.ndarray:
 
 def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed"):
     """(``BLOCK_M``, draft rows per tile, row tiles per (sequence, KV head)) of a call over
-    ``t`` draft rows with ``rows_per_tile`` draft rows a tile (0: packed; module docstring).
-    ``tile_plan`` "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows and ``FIT_MAX_TILE_ROWS``
-    draft rows a tile (Llama-3.1-8B's heads: t <= 32 is one tile)."""
+    ``t`` draft rows with ``rows_per_tile`` draft rows a tile.
+
+    Packed (``rows_per_tile`` 0, the schedule every committed H100 row was measured with), a
+    program owns one (sequence x KV head, row tile) of ``BLOCK_M = max(16, min(64,
+    next_pow2(t * G_pad)))`` MMA rows (``G_pad`` the next power of two of the head group
+    ``G = Hq / Hkv``), i.e. ``BLOCK_M / G_pad`` draft rows (at most ``MAX_TILE_ROWS``), so a
+    call has ``ceil(t / (BLOCK_M / G_pad))`` row tiles. A row schedule R > 0 packs
+    ``min(R, packed)`` rows, rounded down to a power of two (the kernels' tile holds a power of
+    two of rows), into ``max(16, rows x G_pad)`` MMA rows, so one draft row a tile
+    (``per_query``) runs ``t`` tiles of 16 MMA rows at 8 q / 2 KV heads; more tiles leave fewer
+    splits per tile. ``tile_plan`` "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows and
+    ``FIT_MAX_TILE_ROWS`` draft rows a tile (Llama-3.1-8B's heads: t <= 32 is one tile)."""
     if tile_plan not in TILE_PLANS:
         raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
     fit = tile_plan == "fit"
@@ -170,7 +125,10 @@ def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed
 def row_tiles(
     t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows."""
+    """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows
+    (``tile_rows_of``). Each program carries its whole row tile: its MMAs, its query load and
+    its partial are ``BLOCK_M`` rows whatever ``t`` is, so a program's latency grows with
+    ``BLOCK_M``."""
     block_m, _, tiles = tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile, tile_plan)
     return block_m, tiles
 
@@ -184,13 +142,22 @@ def is_packed(t, num_q_heads, num_kv_heads, rows_per_tile) -> np.ndarray:
 
 def mma_row_cost(t, num_q_heads, num_kv_heads, rows_per_tile=0) -> np.ndarray:
     """A program's row tile in ``mma.sync`` rows: ``BLOCK_M`` below ``WGMMA_MIN_ROWS``, else
-    ``WGMMA_ROW_COST x BLOCK_M`` (the ``wgmma`` path; see the module docstring)."""
+    ``WGMMA_ROW_COST x BLOCK_M``.
+
+    Triton issues a tile of fewer than 64 rows (``BLOCK_M`` 16 or 32) as ``mma.sync``
+    instructions, their count proportional to the rows, and a 64-row tile as one warpgroup's
+    ``wgmma``, which runs at about twice ``mma.sync``'s rate on an H100: so a 64-row tile costs
+    a program about what a 32-row one does. ``WGMMA_ROW_COST`` (1/2) is that rate ratio."""
     block_m, _ = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile)
     return np.where(block_m < WGMMA_MIN_ROWS, block_m, WGMMA_ROW_COST * block_m)
 
 
 def num_splits(t, num_q_heads, num_kv_heads, batch, num_sms: int, rows_per_tile=0) -> np.ndarray:
-    """Programs per (sequence, KV head, row tile): ``_num_splits`` at the default config."""
+    """Programs per (sequence, KV head, row tile): ``_num_splits`` at the default config. When
+    ``B x Hkv x tiles`` programs leave SMs idle the grid is split ``S = min(64, SMs // (B x Hkv
+    x tiles))`` ways per tile (1 = a single fused pass), each split program writing a
+    ``BLOCK_M x D`` fp32 partial. It assumes one resident program per SM (``CTAS_PER_SM``,
+    the config's default)."""
     _, tiles = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile)
     programs = np.asarray(batch, dtype=float) * np.asarray(num_kv_heads, dtype=float) * tiles
     return np.maximum(1.0, np.minimum(MAX_SPLITS, np.floor(num_sms * CTAS_PER_SM / programs)))
@@ -199,9 +166,24 @@ def num_splits(t, num_q_heads, num_kv_heads, batch, num_sms: int, rows_per_tile=
 def merge_steps(
     t, num_q_heads, num_kv_heads, batch, num_sms: int, *, fused, refresh, rows_per_tile=0
 ):
-    """Partial slots one call's merge kernels walk in series (see the module docstring).
+    """Partial slots one call's merge kernels walk in series, summed over merges that run one
+    after another.
 
-    ``fused``, ``refresh`` and ``rows_per_tile`` are scalars or arrays broadcasting with ``t``."""
+    A merge kernel, one program per tile, walks the tile's partial slots one after another: a
+    serial chain after the parallel forward, whose latency adds to the call's time whatever
+    the bytes, longest when one tile gets the most splits (``num_splits``'s S):
+
+    - fused (``nsa_verify``) reuse call: 0 for a single pass (S = 1), else the ``max(S, 3)``
+      slots that ``_apportion`` spreads over the three branches (its rounding and its floor of
+      one slot per branch, which add up to 2 slots to a small split, are ignored);
+    - fused refresh call: always split (the compressed partials also feed the block scores):
+      ``max(S, 3)``;
+    - unfused (``nsa_verify_unfused``): each branch launched with the whole split budget and
+      its own merge: ``3 S``, or 0 when S = 1.
+
+    It ignores the block-score kernel's read of the compressed ``(m, l)`` partials (a refresh
+    call's). ``fused``, ``refresh`` and ``rows_per_tile`` are scalars or arrays broadcasting
+    with ``t``."""
     s = num_splits(t, num_q_heads, num_kv_heads, batch, num_sms, rows_per_tile)
     fused = np.asarray(fused, dtype=float) > 0
     refresh = np.asarray(refresh, dtype=float) > 0
@@ -379,7 +361,15 @@ def plan_slots(
     wave and ``max_splits``, slots taken from the branch with the least work per slot. "fit":
     ``fit_slots`` slots, which the kernel splits by its own key tiles; the host's per-branch
     counts are ``split_slots`` of the expected ones. ``num_splits`` > 0 apportions that many.
-    A "fixed" launch of the compressed branch alone takes ``compressed_capacity``'s places."""
+    A "fixed" launch of the compressed branch alone takes ``compressed_capacity``'s places.
+
+    Under "fixed" a call of 17 draft rows at 4 head slots is two tiles (16 + 1 rows) that share
+    one wave's slots: the full tile gets half of t = 16's, and the kernel's split leaves its
+    selected slices three times as long. "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows (32
+    draft rows there) in one tile, so the compressed and window keys are streamed once per KV
+    head and the slices stay t = 16's. This, ``split_slots`` and ``branch_tiles`` mirror the
+    current wrapper's slot sizing for both plans (``tests/perfmodel/test_nsa_plan.py`` checks
+    them against it)."""
     work = [w if on else 0.0 for w, on in zip(work, enabled, strict=True)]
     if num_splits:
         total = max(num_splits, sum(enabled))

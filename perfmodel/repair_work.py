@@ -1,30 +1,12 @@
 """The work one repair call (``kernels.repair``) does, counted from the launch plan its wrapper
 makes, without torch: the counts the calibrated ``repair/*`` classes are fitted on and priced
-with.
+with (``RepairWork``).
 
-The wrapper launches one program per (draft row, KV head, sequence), ``P = t Hkv B`` programs of
-``BLOCK_M = max(16, pow2(G))`` packed rows, and each program walks its row's ``M`` blocks **one
-after another** (``BLOCK_N = min(64, block_size)``-token tiles, a K and a V tile a step, 3
-pipeline stages, 4 warps). An SM holds the programs whose pipelines fit its shared memory
-(``3 x 2 x BLOCK_N x D x 2`` bytes: 96 KiB at D = 128, so 2; 48 KiB at D = 64, so 4), so the
-grid runs in ``waves`` of ``SMs x programs per SM``. ``RepairWork`` counts:
-
-- ``requested_bytes``: every program's blocks, its block ids, q, the state it reads and writes
-  (as ``calibration.kernel_ops`` counts a timed call);
-- ``flops``: the padded rows' MMAs and exponentials over the blocks' keys
-  (``dense_work.EXP_FLOPS``);
-- ``chain_tiles``: the tiles one program walks times the waves, weighted by
-  ``dense_work.key_tile_weight``: a lone program's tile takes 0.67-0.70 us at D = 64 and
-  1.04-1.18 us at D = 128 on both Hopper GPUs (the batch-1 rows' slopes,
-  ``calibration/profiles/*/kernel_bench.jsonl``), the ratio of the tiles' work (2/3);
-- ``waves``: each wave loads its programs' queries and states and writes them back (with no
-  block to repair, the H200 call at Llama-3.1-8B's heads takes 2.5, 4.5 and 11.0 us in 1, 2
-  and 8 waves).
-
-The calibrated model prices the chain as a latency bound beside the roofline: 32 programs of
-the tiny pair's batch-1 call walk 32 missed blocks in 24.6 us for 17 MB (0.7 TB/s). It ignores
-the spread of the missed blocks across programs (every row misses ``M``) and the partial last
-block.
+The wrapper launches one program per (draft row, KV head, sequence), ``P = t Hkv B`` programs
+of ``BLOCK_M = max(16, pow2(G))`` packed rows, and each program walks its row's ``M`` blocks
+**one after another** (``BLOCK_N = min(64, block_size)``-token tiles, a K and a V tile a step,
+3 pipeline stages, 4 warps), in ``waves`` of ``SMs x programs per SM`` (``programs_per_sm``).
+The calibrated model prices that chain as a latency bound beside the roofline.
 """
 
 from __future__ import annotations
@@ -43,7 +25,9 @@ INDEX_BYTES = 4
 
 
 def programs_per_sm(head_dim, block_size, smem_per_sm_bytes: int) -> np.ndarray:
-    """Resident repair programs per SM as the K/V pipeline's shared memory allows (>= 1)."""
+    """Resident repair programs per SM as the K/V pipeline's shared memory allows (>= 1):
+    ``3 x 2 x BLOCK_N x D x 2`` bytes a program, 96 KiB at D = 128 (2 in Hopper's 228 KiB)
+    and 48 KiB at D = 64 (4)."""
     block_n = np.minimum(np.asarray(block_size, dtype=float), BLOCK_N_MAX)
     per_program = NUM_STAGES * 2 * block_n * np.asarray(head_dim, dtype=float) * ELEM_BYTES
     return np.maximum(1.0, np.floor(smem_per_sm_bytes / per_program))
@@ -63,7 +47,19 @@ def distinct_share(num_blocks, blocks, rows) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class RepairWork:
-    """What one repair call executes (module docstring), as arrays of one shape."""
+    """What one repair call executes, as arrays of one shape.
+
+    - ``requested_bytes``: every program's blocks, its block ids, q, the state it reads and
+      writes (as ``calibration.kernel_ops`` counts a timed call);
+    - ``flops``: the padded rows' MMAs and exponentials over the blocks' keys
+      (``dense_work.EXP_FLOPS``);
+    - ``chain_tiles``: the tiles one program walks times the waves, weighted by
+      ``dense_work.key_tile_weight`` (a tile's work at its head dimension over D = 128's);
+    - ``waves``: each wave loads its programs' queries and states and writes them back.
+
+    It ignores the spread of the missed blocks across programs (every row misses ``M``) and
+    the partial last block.
+    """
 
     requested_bytes: np.ndarray
     flops: np.ndarray

@@ -1,47 +1,14 @@
 """The work one block-sparse verification call does (``kernels.sparse_verify``), counted from
 the launch plan its wrapper makes (``perfmodel.attention_plan``: ``choose_sparse_splits``,
-``sparse_tile_shape``, the functions ``kernels.sparse_launch`` calls), without torch.
+``sparse_tile_shape``, the functions ``kernels.sparse_launch`` calls), without torch
+(``SparseWork``).
 
 A call runs in series: for ``union`` with C > 1 the group plan kernel (``kernels.group_plan``:
 each group's list, deduplicated), the attention kernel over ``B x Hkv x groups x S`` programs
 (each walks a slice of its group's block list, the last split also the draft tail), and for
-``S > 1`` the merge of the fp32 partials. ``SparseWork`` counts:
-
-- ``requested_bytes``: what the programs read and write: every list's K/V blocks, the draft
-  tail once per group, queries, outputs, LSE, block lists (and a union plan's masks), and the
-  fp32 partials a split call writes and its merge reads back; ``unique_bytes``: the same with
-  each (sequence, KV head)'s blocks once -- the other reads of them may hit L2 (the tail still
-  once per group);
-- ``mma_flops``: the MMA FLOPs of the padded row tiles (``M_PAD`` rows a key);
-- ``chain_tiles``: K/V tiles in series: the busiest program's slice plus its tail tile, or the
-  call's tiles over the programs the SMs hold at once (``attention_work.resident_programs``:
-  what shared memory allows) when the grid overfills them; a tile's load latency over the
-  pipeline depth, and its MMAs over ``M_PAD`` rows, price it;
-- ``merge_steps``: partials the merge reads a row (``S``; 0 unsplit);
-- ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the program's
-  warpgroups: 8 warps split a tile of 64 rows or more between two, which run side by side) in
-  ``mma.sync`` rows (``wgmma`` rows count half);
-- ``waves``: waves of programs over the SMs' resident slots (each pays a prologue: query tile,
-  list base; and an epilogue: the output write);
-- ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x
-  row_cost``, twice that when split: a program's epilogue writes its row tile after its last
-  K/V tile, unoverlapped (bf16 outputs, or fp32 partials -- twice the bytes -- for the merge);
-- ``sm_tiles``: the call's K/V tiles over the SMs: each tile costs its SM issue slots (its
-  block id's load and addresses, the MMAs and softmax of the row tile, the pipeline's wait),
-  which the SM's resident programs share, so they add up per SM whatever the residency (the
-  committed H100 rows: calls at D = 64, four programs an SM, walk their tiles no faster an SM
-  than calls at D = 128, two an SM);
-- ``plan_compares``: block-id compares of the union plan's busiest SM slot
-  (``attention_work.union_plan_compares``).
-
-A group's list is the mean union of its rows' blocks (given, or the selection model's
-``perfmodel.sparse.union_blocks``); ``shared`` and ``per_query`` lists hold ``top_n`` blocks,
-and a ``shared`` call reads only its representatives' lists (rows ``C`` apart, which share
-``overlap^C`` of their blocks). A row's ``local_blocks`` (the engine's local window, appended to
-its scored picks) are the same blocks for every row of a sequence: a union or the distinct
-blocks count them once. A group of one query runs the ``per_query`` launch whatever the mode
-(``kernel_mode``). It ignores the spread of union sizes across groups and a group's last,
-smaller union.
+``S > 1`` the merge of the fp32 partials. A group's list is the mean union of its rows' blocks
+(``list_blocks``); a group of one query runs the ``per_query`` launch whatever the mode
+(``kernel_mode``).
 """
 
 from __future__ import annotations
@@ -138,7 +105,36 @@ class SparseLaunchPlan:
 
 @dataclass(frozen=True, slots=True)
 class SparseWork:
-    """What one sparse verification call executes (module docstring); floats."""
+    """What one sparse verification call executes; floats.
+
+    - ``requested_bytes``: what the programs read and write: every list's K/V blocks, the
+      draft tail once per group, queries, outputs, LSE, block lists (and a union plan's
+      masks), and the fp32 partials a split call writes and its merge reads back;
+      ``unique_bytes``: the same with each (sequence, KV head)'s blocks once -- the other
+      reads of them may hit L2 (the tail still once per group);
+    - ``mma_flops``: the MMA FLOPs of the padded row tiles (``M_PAD`` rows a key);
+    - ``chain_tiles``: K/V tiles in series: the busiest program's slice plus its tail tile, or
+      the call's tiles over the programs the SMs hold at once
+      (``attention_work.resident_programs``: what shared memory allows) when the grid
+      overfills them; a tile's load latency over the pipeline depth, and its MMAs over
+      ``M_PAD`` rows, price it;
+    - ``merge_steps``: partials the merge reads a row (``S``; 0 unsplit);
+    - ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the
+      program's warpgroups: 8 warps split a tile of 64 rows or more between two, which run
+      side by side) in ``mma.sync`` rows (``wgmma`` rows count half);
+    - ``waves``: waves of programs over the SMs' resident slots (each pays a prologue: query
+      tile, list base; and an epilogue: the output write);
+    - ``plan_compares``: block-id compares of the union plan's busiest SM slot
+      (``attention_work.union_plan_compares``);
+    - ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x
+      row_cost``, twice that when split: a program's epilogue writes its row tile after its
+      last K/V tile, unoverlapped (bf16 outputs, or fp32 partials -- twice the bytes -- for
+      the merge);
+    - ``sm_tiles``: the call's K/V tiles over the SMs: each tile costs its SM issue slots (its
+      block id's load and addresses, the MMAs and softmax of the row tile, the pipeline's
+      wait), which the SM's resident programs share, so they add up per SM whatever the
+      residency.
+    """
 
     requested_bytes: float
     unique_bytes: float
@@ -172,8 +168,13 @@ def launch_plan(
 
 
 def list_blocks(s: SparseShape) -> float:
-    """Blocks of one group's list: the mean union of its scored picks (``union``), else
-    ``top_n``, plus the local blocks; at most the context's blocks."""
+    """Blocks of one group's list: for ``union`` the shape's ``list_blocks`` when given, else
+    the mean union of its scored picks (the selection model's
+    ``perfmodel.sparse.union_blocks``) plus the local blocks; for the other modes ``top_n``
+    plus the local blocks; computed ones at most the context's blocks. A row's ``local_blocks``
+    (the engine's local window, appended to its scored picks) are the same blocks for every
+    row of a sequence, so a union counts them once. It ignores the spread of union sizes
+    across groups and a group's last, smaller union."""
     num_blocks = math.ceil(s.context_len / s.block_size)
     if s.mode != "union":
         return float(min(s.width, num_blocks))
@@ -187,7 +188,8 @@ def unique_blocks(s: SparseShape) -> float:
     """Distinct blocks one (sequence, KV head) reads: the union of all ``t`` rows' selections
     (``per_query``, ``union``); for ``shared`` the union of the groups' representatives' lists
     only, rows ``C`` apart, which share ``overlap^C`` of their blocks (each row keeps
-    ``overlap`` of its neighbour's), at most the rows' measured union."""
+    ``overlap`` of its neighbour's), at most the rows' measured union; the local blocks
+    once."""
     num_blocks = math.ceil(s.context_len / s.block_size)
     n = min(s.top_n, num_blocks)
     if s.mode == "shared":
