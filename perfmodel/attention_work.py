@@ -1,31 +1,10 @@
 """The work one dense or sparse verification call does, derived from its launch plan
-(``perfmodel.attention_plan``, the arithmetic the kernel wrappers launch with).
-
-A call's ``AttentionWork`` counts what the GPU executes, not what the algorithm needs:
-
-- ``programs`` (the grid) and ``waves`` of it over ``SMs x resident`` slots, where a program's
-  residency per SM is what its K/V pipeline's shared memory allows
-  (``stages x 2 x BLOCK_N x D x 2`` bytes plus its query tile);
-- ``tiles_per_program``: the K/V tiles the busiest program walks in series (its split's share
-  of the list, plus the draft tail on the last split);
-- ``rows_pad``: MMA rows a program computes, padded to the kernel's row tile (the ``t x G``
-  dense rows or ``C x G`` sparse rows, packed as the kernel packs them), and ``row_cost``: those
-  rows in ``mma.sync`` rows (a ``wgmma`` tile of >= 64 rows counts half,
-  ``perfmodel.nsa_plan.mma_row_cost``'s factor);
-- ``requested_bytes``: the K/V bytes every program streams plus queries, outputs and indices;
-  ``unique_bytes``: the distinct bytes of the call (each KV block once), so the repeated share
-  ``requested - unique`` is what L2 may serve (row tiles of one KV head re-reading it; per-query
-  rows of one KV head re-reading blocks others chose);
-- ``mma_flops``: the FLOPs of the padded MMA tiles (``4 x rows_pad x D`` a key);
-- ``merge_bytes``: the fp32 partials a split call writes and its merge reads; ``launches``.
-
-- ``plan_compares``: a union call's plan kernel compares block ids before the attention runs.
+(``perfmodel.attention_plan``, the arithmetic the kernel wrappers launch with): what the GPU
+executes, not what the algorithm needs (``AttentionWork``), as the physical cost model
+(``perfmodel.physical``) prices it.
 
 ``dense_verify_tiles`` gives the calibrated model's view of a dense call's row tiles: the
 share of padded rows in its MMA work and the tile's cost in ``mma.sync`` rows.
-
-It ignores the masked tail's extra passes and the spread of union sizes across groups (every
-group streams the mean).
 """
 
 from __future__ import annotations
@@ -58,7 +37,29 @@ UNION_PLAN_PROGRAMS_PER_SM = 4
 
 @dataclass(frozen=True, slots=True)
 class AttentionWork:
-    """What one call executes (module docstring); counts and bytes as floats."""
+    """What one call executes; counts and bytes as floats.
+
+    - ``programs`` (the grid) and ``waves`` of it over ``SMs x resident`` slots, where a
+      program's residency per SM is what its K/V pipeline's shared memory allows
+      (``stages x 2 x BLOCK_N x D x 2`` bytes plus its query tile);
+    - ``tiles_per_program``: the K/V tiles the busiest program walks in series (its split's
+      share of the list, plus the draft tail on the last split);
+    - ``rows_pad``: MMA rows a program computes, padded to the kernel's row tile (the
+      ``t x G`` dense rows or ``C x G`` sparse rows, packed as the kernel packs them), and
+      ``row_cost``: those rows in ``mma.sync`` rows (a ``wgmma`` tile of >= 64 rows counts
+      half, ``perfmodel.nsa_plan.mma_row_cost``'s factor);
+    - ``requested_bytes``: the K/V bytes every program streams plus queries, outputs and
+      indices; ``unique_bytes``: the distinct bytes of the call (each KV block once), so the
+      repeated share ``requested - unique`` is what L2 may serve (row tiles of one KV head
+      re-reading it; per-query rows of one KV head re-reading blocks others chose);
+    - ``mma_flops``: the FLOPs of the padded MMA tiles (``4 x rows_pad x D`` a key);
+    - ``merge_bytes``: the fp32 partials a split call writes and its merge reads; ``launches``;
+    - ``plan_compares``: a union call's plan kernel compares block ids before the attention
+      runs.
+
+    It ignores the masked tail's extra passes and the spread of union sizes across groups
+    (every group streams the mean).
+    """
 
     programs: float
     waves: float

@@ -1,25 +1,12 @@
 """The work one dense verification call does, counted from the launch plan its wrapper makes
 (``perfmodel.attention_plan.dense_verify_plan``, via ``perfmodel.attention_work``), without
-torch: the counts the calibrated ``dense_verify`` class is fitted on and priced with.
+torch: the counts the calibrated ``dense_verify`` class is fitted on and priced with
+(``DenseWork``).
 
 A call runs ``m_tiles x S x B x Hkv`` programs (row tiles of ``BLOCK_M`` packed rows times KV
 splits), each walking its split's key tiles one after another, ``resident`` programs an SM as
 shared memory allows, in ``waves``; a split call then merges ``S`` partials a row, 16 at a time
-(``kernels.merge``). ``DenseWork`` counts:
-
-- ``requested_bytes``: K/V once per row tile of a KV head (each row tile streams the prefix),
-  q and o, the fp32 partials a split call writes and its merge reads; ``unique_bytes``: the same
-  with K/V once per KV head, so ``requested - unique`` is what the other row tiles may find in L2;
-- ``flops``: the padded tiles' MMAs and the softmax's exponentials at ``EXP_FLOPS`` each;
-- ``chain_tiles``: the key tiles one program walks in series times the waves;
-- ``sm_rows``: MMA rows an SM holds at once -- its resident programs (averaged over the waves,
-  the last one as the grid fills it) times the row tile's cost in ``mma.sync`` rows
-  (``attention_work.row_cost``), weighted by ``key_tile_weight``: what one key tile costs the SM
-  (its MMAs and softmax) and what every program loads and writes;
-- ``merge_steps``: the merge's serial reads, ``ceil(S / 16)``, 0 unsplit; ``splits``: 1 when a
-  merge launch follows.
-
-It ignores the masked tail's extra pass and the spread of sequence lengths within a batch.
+(``kernels.merge``).
 """
 
 from __future__ import annotations
@@ -51,7 +38,23 @@ def key_tile_weight(head_dim) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class DenseWork:
-    """What one ``dense_verify`` call executes (module docstring); counts and bytes as floats."""
+    """What one ``dense_verify`` call executes; counts and bytes as floats.
+
+    - ``requested_bytes``: K/V once per row tile of a KV head (each row tile streams the
+      prefix), q and o, the fp32 partials a split call writes and its merge reads;
+      ``unique_bytes``: the same with K/V once per KV head, so ``requested - unique`` is what
+      the other row tiles may find in L2;
+    - ``flops``: the padded tiles' MMAs and the softmax's exponentials at ``EXP_FLOPS`` each;
+    - ``chain_tiles``: the key tiles one program walks in series times the waves;
+    - ``sm_rows``: MMA rows an SM holds at once -- its resident programs (averaged over the
+      waves, the last one as the grid fills it) times the row tile's cost in ``mma.sync`` rows
+      (``attention_work.row_cost``), weighted by ``key_tile_weight``: what one key tile costs
+      the SM (its MMAs and softmax) and what every program loads and writes;
+    - ``merge_steps``: the merge's serial reads, ``ceil(S / 16)``, 0 unsplit; ``splits``: 1
+      when a merge launch follows.
+
+    It ignores the masked tail's extra pass and the spread of sequence lengths within a batch.
+    """
 
     requested_bytes: float
     unique_bytes: float

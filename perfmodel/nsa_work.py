@@ -1,44 +1,12 @@
 """The work one NSA verification call does, counted from the launch plan the current kernels
-make (``perfmodel.nsa_plan``: ``tile_packing``, ``slot_counts``, ``split_slots``), without torch.
+make (``perfmodel.nsa_plan``: ``tile_packing``, ``slot_counts``, ``split_slots``), without
+torch: the counts the slot-planned NSA classes are fitted on and priced with (``NsaWork``).
 
 A call's forward launches (``forward_launches``) each have ``B x Hkv x tiles x S`` programs,
 each an equal slice of one branch's key tiles of one row tile (compressed tokens, the tile's
-union of selected blocks, window plus draft tail). Under ``shared_context``
-(``NsaVerifyConfig.context_tiles`` "shared" or "paired") the compressed branch's launch has the
-packed schedule's tiles, the others the row schedule's. Launches run in series, except those
-that share the SMs at once, counted as one part (one launch's waves, a chain of the busiest of
-their slices or of their tiles over the SMs' resident programs). "paired" runs a fused reuse
-call's two launches as one where one wave holds them (``nsa_plan.pairs_launches``);
-``branch_streams`` runs an unfused call's branches on streams of their own (``side_by_side``):
-a reuse call's three launches as one part, a refresh call's compressed and window launches as
-one part and then the selected launch. ``NsaWork`` counts:
-
-- ``requested_bytes``: what the programs read and write: every row tile's K/V tiles (the
-  compressed tokens once per tile of their launch, the window once per tile, the tile's own
-  union of selected blocks),
-  queries, outputs, gates, the fp32 slot partials a merge reads back, an unfused call's branch
-  outputs, a refresh call's block scores; ``unique_bytes``: the same with the compressed tokens
-  and the window once per (sequence, KV head) -- the other tiles' reads of them may hit L2;
-- ``chain_tiles``: key tiles in series, summed over the parts: per part the busiest program's
-  slice, or the part's tiles over its resident programs when the grid overfills the SMs
-  (``resident_programs``: what shared memory holds), weighted by ``dense_work.key_tile_weight``
-  (a tile's MMAs and softmax at its head dimension over their work at D = 128); a tile's load
-  latency over the pipeline's depth prices it (Little's law: the bytes in flight per SM set
-  the rate);
-- ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series (of
-  merges side by side, the longest);
-- ``mma_flops``: the FLOPs of the padded MMA tiles: every ``BLOCK_M`` row of a row tile against
-  every key of the tile's branches (its union of selected blocks included: a row computes the
-  blocks its tile's other rows selected, masked), ``4 x BLOCK_M x D`` a key;
-- ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count half);
-- ``waves``: program waves summed over the parts (each pays a prologue and an epilogue);
-- ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one program of
-  the top-n pick; its block scoring's bytes and FLOPs are in the counts above
-  (``block_score_work``).
-
-The selected blocks of a tile of ``r`` draft rows follow the selection model
-(``perfmodel.sparse.union_blocks``): ``n (1 + (r - 1)(1 - overlap))`` capped by the context's
-blocks. It ignores the union plan's launch and the spread of union sizes across tiles.
+union of selected blocks, window plus draft tail). Launches run in series, except those that
+share the SMs at once, counted as one part (``_schedule``, ``side_by_side``). A tile's
+selected blocks follow the selection model (``tile_union_blocks``).
 """
 
 from __future__ import annotations
@@ -116,7 +84,34 @@ class NsaShape:
 
 @dataclass(frozen=True, slots=True)
 class NsaWork:
-    """What one NSA call executes (module docstring); counts and bytes as floats."""
+    """What one NSA call executes; counts and bytes as floats.
+
+    - ``requested_bytes``: what the programs read and write: every row tile's K/V tiles (the
+      compressed tokens once per tile of their launch, the window once per tile, the tile's
+      own union of selected blocks), queries, outputs, gates, the fp32 slot partials a merge
+      reads back, an unfused call's branch outputs, a refresh call's block scores;
+      ``unique_bytes``: the same with the compressed tokens and the window once per
+      (sequence, KV head) -- the other tiles' reads of them may hit L2;
+    - ``chain_tiles``: key tiles in series, summed over the parts: per part the busiest
+      program's slice, or the part's tiles over its resident programs when the grid overfills
+      the SMs (``resident_programs``: what shared memory holds), weighted by
+      ``dense_work.key_tile_weight`` (a tile's MMAs and softmax at its head dimension over
+      their work at D = 128); a tile's load latency over the pipeline's depth prices it
+      (Little's law: the bytes in flight per SM set the rate);
+    - ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series (of
+      merges side by side, the longest);
+    - ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count
+      half);
+    - ``waves``: program waves summed over the parts (each pays a prologue and an epilogue);
+    - ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one
+      program of the top-n pick; its block scoring's bytes and FLOPs are in the counts above
+      (``block_score_work``);
+    - ``mma_flops``: the FLOPs of the padded MMA tiles: every ``BLOCK_M`` row of a row tile
+      against every key of the tile's branches (its union of selected blocks included: a row
+      computes the blocks its tile's other rows selected, masked), ``4 x BLOCK_M x D`` a key.
+
+    It ignores the union plan's launch and the spread of union sizes across tiles.
+    """
 
     requested_bytes: float
     unique_bytes: float
@@ -144,7 +139,9 @@ def tile_rows(s: NsaShape, rows_per_tile: int | None = None) -> list[int]:
 
 
 def tile_union_blocks(s: NsaShape, rows: int) -> float:
-    """Selected blocks a row tile of ``rows`` draft rows streams (module docstring)."""
+    """Selected blocks a row tile of ``rows`` draft rows streams, by the selection model
+    (``perfmodel.sparse.union_blocks``): ``n (1 + (rows - 1)(1 - overlap))`` of ``top_n = n``,
+    capped by the blocks of the context and the draft rows."""
     num_blocks = math.ceil((s.context_len + s.t) / s.block_size)
     return min(s.top_n * (1 + (rows - 1) * (1.0 - s.overlap)), num_blocks)
 
@@ -219,7 +216,9 @@ def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
 @dataclass(frozen=True, slots=True)
 class Part:
     """Forward work that holds the SMs at once: its programs (x slots), the programs one SM
-    holds, the busiest program's slice and the key tiles of all its programs."""
+    holds, the busiest program's slice and the key tiles of all its programs. A part costs its
+    waves and a chain of its busiest slice or of its key tiles over the SMs' resident
+    programs (``nsa_call_work``)."""
 
     grid: int
     resident: int
@@ -266,7 +265,13 @@ def _schedule(
     s: NsaShape, parts: list[Part], slots: list[int], fused: bool, refresh: bool, num_sms: int
 ) -> tuple[list[Part], int]:
     """The parts of a call that run in series, and its merge steps: the slots its merges read,
-    summed over merges in series and the longest of those side by side."""
+    summed over merges in series and the longest of those side by side.
+
+    ``context_tiles`` "paired" runs a fused reuse call's two launches as one where one wave
+    holds them (``nsa_plan.pairs_launches``); ``branch_streams`` runs an unfused call's
+    branches on streams of their own (``side_by_side``): a reuse call's three launches as one
+    part, a refresh call's compressed and window launches as one part and then the selected
+    launch. Other launches run in series."""
     paired = s.shared_context == PAIRED and fused and not refresh and len(parts) == 2
     if paired and pairs_launches(parts[0].grid + parts[1].grid, num_sms):
         a, b = parts  # one launch of kernels.nsa_pair, PAIRED_RESIDENT programs an SM

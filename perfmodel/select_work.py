@@ -1,37 +1,12 @@
 """The work one block-selection call (``kernels.select_blocks.select_blocks``) does, counted from
-the launch plan its wrapper makes, without torch.
+the launch plan its wrapper makes, without torch (``SelectWork``).
 
-The scoring (``kernels.select_kernels.score_range``) runs ``P`` programs per (sequence, KV head),
-each averaging its KV head's ``G`` queries once and then walking ``TILES`` tiles of ``BLOCK_NB``
-blocks **one after another** (3 pipeline stages): ``T_PAD = max(16, pow2(t))`` query rows,
-``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, ``TILES`` the most in [2, 4] that still leave two
-programs per SM (``_score_tiles``), 8 warps above ``T_PAD`` 16, up to it 2 for the mean key and
-4 for quest (``score_warps``). A tile is an fp32
-``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind (mean: one, quest: two), three tf32
-MMA passes each. The pick (``kernels.top_blocks``' threshold pick, the rows of every shape the
-sweep times) runs one program per score row, ``R = B Hkv t``, reading the row's ``NB`` scores
-as one register tile of ``CHUNK + TAIL`` blocks; its warps are 4 up to a row per SM (8 for
-chunks beyond 2048 blocks) and for chunks of 2048 blocks or more, else 2 up to eight rows per
-SM, then 1 (``threshold_warps``). Two launches by default; one (``fused``) runs the score
-programs and the pick programs on tickets of one grid.
-
-``SelectWork`` counts:
-
-- ``requested_bytes``: the metadata (fp32, ``kinds`` tensors), the queries each score program
-  averages, the score rows written and read back by the pick, the picked ids;
-- ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
-- ``chain_tiles``: score tiles one SM slot walks in series (the grid's waves over its resident
-  programs times a program's tiles), in units of a ``[16, 32, 128]`` single-kind tile's
-  MMA work per warp (a tile's issue time grows with its rows, blocks, head dim and kinds over
-  the warps that share it);
-- ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over the
-  SMs' resident rows times a row's register tile over its warps);
-- ``pick_rows``: score rows picked (``R``);
-- ``query_chain``: the query elements one warp of a score program loads and sums in series
-  before its first tile (``G`` loads of ``[T_PAD, D]``, unrolled), times the grid's waves over
-  its resident programs: every program averages its KV head's queries again, so the prologue
-  grows with the group size where the tiles do not;
-- ``launches``: 2, or 1 fused.
+The scoring (``kernels.select_kernels.score_range``) runs ``P`` programs per (sequence, KV
+head), each averaging its KV head's ``G`` queries once and then walking its tiles of blocks
+**one after another** (``score_tile``, ``score_tiles``); the pick (``kernels.top_blocks``'
+threshold pick) runs one program per score row, ``R = B Hkv t`` (``pick_row_elems``,
+``pick_warps``). Two launches by default; one (``fused``) runs the score programs and the pick
+programs on tickets of one grid.
 
 The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.row_work``) timed the earlier
 kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
@@ -99,7 +74,24 @@ class SelectShape:
 
 @dataclass(frozen=True, slots=True)
 class SelectWork:
-    """What one block-selection call executes (module docstring); counts as floats."""
+    """What one block-selection call executes; counts as floats.
+
+    - ``requested_bytes``: the metadata (fp32, ``kinds`` tensors), the queries each score
+      program averages, the score rows written and read back by the pick, the picked ids;
+    - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
+    - ``chain_tiles``: score tiles one SM slot walks in series (the grid's waves over its
+      resident programs times a program's tiles), in units of a ``[16, 32, 128]``
+      single-kind tile's MMA work per warp (a tile's issue time grows with its rows, blocks,
+      head dim and kinds over the warps that share it);
+    - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over
+      the SMs' resident rows times a row's register tile over its warps);
+    - ``pick_rows``: score rows picked (``R``);
+    - ``query_chain``: the query elements one warp of a score program loads and sums in series
+      before its first tile (``G`` loads of ``[T_PAD, D]``, unrolled), times the grid's waves
+      over its resident programs: every program averages its KV head's queries again, so the
+      prologue grows with the group size where the tiles do not;
+    - ``launches``: 2, or 1 fused.
+    """
 
     requested_bytes: float
     flops: float
@@ -116,14 +108,18 @@ def pow2(x: int) -> int:
 
 def score_tile(t: int, kinds: int = 1) -> tuple[int, int, int]:
     """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows and ``kinds``
-    metadata tensors (1 mean, 2 quest; ``kernels.select_blocks.score_warps``)."""
+    metadata tensors (1 mean, 2 quest; ``kernels.select_blocks.score_warps``):
+    ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, 8
+    warps above ``T_PAD`` 16, up to it 2 for the mean key and 4 for quest. A tile is an fp32
+    ``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind, three tf32 MMA passes each."""
     t_pad = max(16, pow2(t))
     warps = 8 if t_pad > 16 else (4 if kinds == 2 else 2)
     return t_pad, min(32, SCORE_TILE // t_pad), warps
 
 
 def score_tiles(num_tiles: int, num_sms: int) -> int:
-    """Tiles a score program walks (``kernels.select_blocks._score_tiles``)."""
+    """Tiles a score program walks (``kernels.select_blocks._score_tiles``): 4 where that
+    leaves at least two programs per SM over the ``num_tiles`` tiles, else 2."""
     tiles = MAX_TILES
     while tiles > MIN_TILES and math.ceil(num_tiles / tiles) < 2 * num_sms:
         tiles //= 2
@@ -153,9 +149,11 @@ def row_layout(nb_max: int) -> tuple[int, int, int]:
 
 
 def pick_row_elems(nb_max: int, top_n: int) -> int:
-    """Score elements of one row's register tile in the threshold pick: the chunk and the tail
-    rounded to whole group rows (``threshold_meta``'s ``TAIL_ROWS``); the row itself where the
-    rounds kernel serves it (a longer row, or top_n above the threshold pick's)."""
+    """Score elements of one row's register tile in the threshold pick, whose one program per
+    row reads the row's ``NB`` scores as one tile of ``CHUNK + TAIL`` blocks (``row_layout``):
+    the chunk and the tail rounded to whole group rows (``threshold_meta``'s ``TAIL_ROWS``);
+    the row itself where the rounds kernel serves it (a longer row, or top_n above the
+    threshold pick's)."""
     chunk, tail, num_chunks = row_layout(nb_max)
     top_n_pad = max(16, pow2(top_n))
     if num_chunks != 1:
@@ -166,7 +164,9 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
 
 
 def pick_warps(rows: int, chunk: int, num_sms: int) -> int:
-    """Warps of one row's pick (``kernels.top_blocks.threshold_warps``)."""
+    """Warps of one row's pick (``kernels.top_blocks.threshold_warps``): 4 up to a row per SM
+    (8 for chunks beyond 2048 blocks) and for chunks of 2048 blocks or more, else 2 up to
+    eight rows per SM, then 1."""
     if rows <= num_sms:
         return 4 if chunk <= 2048 else 8
     if chunk >= 2048:
