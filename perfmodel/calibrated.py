@@ -4,23 +4,12 @@ rest; and ``make_predictor``, the predictor perfmodel uses for a GPU.
 
 An op's kernel names its class; a per-size family (``rmsnorm/d4096``) without its size falls
 back to its nearest measured size, an L2-resident kernel (``gemm@l2``) without a resident class
-to the cold one (``CalibratedPredictor._resolve``).
-
-A class the profile has no rows of may be priced by a *stand-in*, a measured class of a kernel
-that does the same work another way (``STAND_INS``): the call keeps its own counts (bytes, FLOPs,
-launch geometry), only the fitted rates are the stand-in's, and every figure priced so is
-labelled ``stand-in`` (``CalibratedPredictor.stood_in``); its interval takes the stand-in's
-leave-one-out residuals too, as an extrapolation's does (``perfmodel.intervals``). Two rules:
-
-- the NSA kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per row
-  tile) stands in with the packed class of its call until a profile has per-query rows;
-- the fused path's element-wise ops (``perfmodel.ops.FUSED_CLASSES``: ``add_rms_norm/d{d}``,
-  ``rope_kv_write``, ``silu_mul_fused``, ``embed``), while a profile has no class of their
-  family, stand in with ``residual_add`` (``ONE_LAUNCH_STAND_IN``): the one class of a single
-  element-wise launch that streams its rows once, fitted over the same row counts and widths
-  (t0 is its launch and ramp, its efficiencies the streaming of a few kilobytes to tens of
-  megabytes), while the torch path's other classes time several launches a call (a norm, SiLU
-  and multiply, rotary with its copies). Each fused op keeps its own bytes.
+to the cold one (``CalibratedPredictor._resolve``). A class the profile has no rows of may be
+priced by a *stand-in*, a measured class of a kernel that does the same work another way
+(``STAND_INS``; the rules: ``stand_in``): the call keeps its own counts (bytes, FLOPs, launch
+geometry), only the fitted rates are the stand-in's, and every figure priced so is labelled
+``stand-in`` (``CalibratedPredictor.stood_in``); its interval takes the stand-in's
+leave-one-out residuals too, as an extrapolation's does (``perfmodel.intervals``).
 """
 
 from __future__ import annotations
@@ -43,8 +32,19 @@ ONE_LAUNCH_STAND_IN = "residual_add"
 
 
 def stand_in(kernel: str) -> str | None:
-    """The class that prices ``kernel`` when the profile has no class of it (the module
-    docstring's rules); None when none may."""
+    """The class that prices ``kernel`` when the profile has no class of it; None when none
+    may. Two rules:
+
+    - the NSA kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per
+      row tile) stands in with the packed class of its call until a profile has per-query rows;
+    - the fused path's element-wise ops (``perfmodel.ops.FUSED_CLASSES``: ``add_rms_norm/d{d}``,
+      ``rope_kv_write``, ``silu_mul_fused``, ``embed``), while a profile has no class of their
+      family, stand in with ``residual_add`` (``ONE_LAUNCH_STAND_IN``): the one class of a
+      single element-wise launch that streams its rows once, fitted over the same row counts
+      and widths (t0 is its launch and ramp, its efficiencies the streaming of a few kilobytes
+      to tens of megabytes), while the torch path's other classes time several launches a call
+      (a norm, SiLU and multiply, rotary with its copies). Each fused op keeps its own bytes.
+    """
     for suffix in STAND_INS:
         if kernel.startswith("nsa_verify/") and kernel.endswith(suffix):
             return kernel.removesuffix(suffix)

@@ -1,40 +1,13 @@
 """Prediction intervals of calibrated figures, from the leave-out residuals of kernel families.
 
-**Residuals.** ``calibration.intervals`` stores with a fitted profile, per kernel family (the op
-class's name before its first ``/``, L2-resident suffix dropped: ``gemm``, ``sparse_verify``),
-the log residuals ln(measured / predicted) of committed rows that the predicting fit never saw,
-in three sets: ``heldout`` (the interpolation split's held-out rows, the profile's own fits),
-``leave_one_out`` (the leave-one-head-geometry-, group-size- and context-out sets of
-``calibration.transfer_sets``, each row predicted by a refit without its value) and
-``cross_gpu`` (another measured GPU's rows, the profile's fits on that GPU's measured ceilings).
-Of each it keeps the median and the split-conformal bounds of a central ``coverage`` interval:
-the order statistics of rank floor((n + 1) a) and ceil((n + 1)(1 - a)), a = (1 - coverage) / 2,
-which hold a new exchangeable residual with probability >= coverage. A family with too few rows
-for those ranks (19 at 90%) is absent; the set's residuals of all families pooled stand in for
-it (``heldout`` and ``leave_one_out``; not ``cross_gpu``, whose rows mix kernels that changed
-between the GPUs' measurements, so one family's says nothing of another's).
-
-**Which residuals an op takes** (``IntervalSource.residuals``): the hull of ``heldout`` and, when
-its call is outside its class's measured range (``extrapolated``), ``leave_one_out``; a profile
-transferred to another GPU adds ``cross_gpu`` where the family has it, and a transfer onto
-datasheet ceilings widens the upper side by the source GPU's gap between its datasheet and
-measured ceilings (copy bandwidth; for tensor-core ops the larger of it and the GEMM rate's).
-A transfer across architectures, the bare roofline and ops without a fitted class (the
-all-reduce, the acceptance bookkeeping) have no residuals: their figures carry no interval, or
-count in the figure's ``uncovered`` share.
-
-**Combination** (``Spread``, ``bounds``, ``interval``). With d = measured / predicted - 1, a sum
-of op times T = sum S_k measures sum S_k (1 + d_k). The ops of one family are taken fully
-correlated (one fit: at a quantile level all of them sit at that level), so the family's
-deviation at level p is exactly sum_{k in f} S_k (d_k(p) - d_k(median)), the widest the residuals
-allow; families are taken independent: each family's deviation alone, as a log ratio, combined
-in quadrature, the medians shifting the centre (exact for one family and for Gaussian log
-errors; narrower than the families' deviations summed). The datasheet-ceiling gap is one more
-family, upward only. Tokens/s is the round's interval inverted (acceptance is an input and adds
-no width). The two sides of a speedup share families at other call sizes, whose residuals
-differ: they are taken independent (their squared log widths add), which bounds the ratio's
-spread for non-negatively correlated sides instead of crediting a cancellation nothing measures;
-a strategy over itself has a zero-width interval.
+``calibration.intervals`` stores with a fitted profile, per kernel family, the log residuals
+ln(measured / predicted) of committed rows that the predicting fit never saw, in three sets
+(``heldout``, ``leave_one_out``, ``cross_gpu``), each kept as its median and split-conformal
+bounds (``IntervalTable``). An op takes the residuals its case calls for
+(``IntervalSource.residuals``); a sum of op times combines them with the ops of one family
+fully correlated and families independent (``Spread``, ``bounds``), and the two sides of a
+ratio are taken independent (``interval``). Ops without residuals count in a figure's
+``uncovered`` share; a prediction with none at all carries no interval.
 """
 
 from __future__ import annotations
@@ -61,7 +34,9 @@ def kernel_family(class_name: str) -> str:
 
 def conformal_rank_bounds(n: int, coverage: float) -> tuple[int, int] | None:
     """1-based ranks (low, high) of the order statistics bounding a split-conformal central
-    ``coverage`` interval from ``n`` residuals; None when ``n`` is too small."""
+    ``coverage`` interval from ``n`` residuals: floor((n + 1) a) and ceil((n + 1)(1 - a)),
+    a = (1 - coverage) / 2, which hold a new exchangeable residual with probability >=
+    ``coverage``; None when ``n`` is too small (under 19 at 90%)."""
     a = (1.0 - coverage) / 2.0
     # (n + 1) a is often a whole number that floating point misses by an ulp (20 x 0.95)
     lo, hi = math.floor((n + 1) * a + 1e-9), math.ceil((n + 1) * (1.0 - a) - 1e-9)
@@ -115,7 +90,20 @@ class Residuals:
 
 @dataclass(frozen=True, slots=True)
 class IntervalTable:
-    """A profile's residuals: per set, per kernel family (``POOLED``: all families)."""
+    """A profile's residuals: per set, per kernel family (``kernel_family``; ``POOLED``: all
+    families), the log residuals ln(measured / predicted) of committed rows that the
+    predicting fit never saw, as ``calibration.intervals`` stores them with the fit:
+
+    - ``heldout``: the interpolation split's held-out rows, the profile's own fits;
+    - ``leave_one_out``: the leave-one-head-geometry-, group-size- and context-out sets of
+      ``calibration.transfer_sets``, each row predicted by a refit without its value;
+    - ``cross_gpu``: another measured GPU's rows (``cross_gpus``), the profile's fits on that
+      GPU's measured ceilings.
+
+    A family with too few rows for the coverage's ranks is absent; the set's residuals of all
+    families pooled stand in for it in ``heldout`` and ``leave_one_out`` (``get`` with
+    ``pooled``), not in ``cross_gpu``, whose rows mix kernels that changed between the GPUs'
+    measurements, so one family's says nothing of another's."""
 
     coverage: float
     sets: dict[str, dict[str, Residuals]]
@@ -157,7 +145,11 @@ class IntervalTable:
 class IntervalSource:
     """What a calibrated prediction's intervals are made of: the profile's residual table,
     whether the profile is priced on another GPU than it was fitted on, and, for a transfer onto
-    datasheet ceilings, the source GPU's datasheet-over-measured ceiling ratios minus one."""
+    datasheet ceilings, the source GPU's datasheet-over-measured ceiling ratios minus one, by
+    which such a transfer widens the upper side (``gap``: copy bandwidth; for tensor-core ops
+    the larger of it and the GEMM rate's). A transfer across architectures, the bare roofline
+    and ops without a fitted class (the all-reduce among them) have no residuals: their figures
+    carry no interval, or count in the figure's ``uncovered`` share."""
 
     table: IntervalTable
     transferred: bool = False
@@ -177,8 +169,10 @@ class IntervalSource:
         return {n: i for i, n in enumerate(names)}
 
     def residuals(self, family: str, extrapolated: bool) -> Residuals:
-        """The residuals of an op of ``family`` (module docstring: the hull of the sets its case
-        calls for); ``ValueError`` when the table has no heldout residuals at all."""
+        """The residuals of an op of ``family``: ``heldout``, its hull with ``leave_one_out``
+        where the call is outside its class's measured range (``extrapolated``), and for a
+        transferred profile its hull with ``cross_gpu`` where the family has it; ``ValueError``
+        when the table has no heldout residuals at all."""
         r = self.table.get("heldout", family, pooled=True)
         if r is None:
             raise ValueError(f"the profile's interval table has no heldout residuals for {family}")
@@ -196,7 +190,9 @@ class IntervalSource:
 
 @dataclass(slots=True)
 class Spread:
-    """The error model of a sum of op times over n points, in seconds: ``seconds`` predicted;
+    """The error model of a sum of op times over n points, in seconds. With d = measured /
+    predicted - 1, a sum of op times T = sum S_k measures sum S_k (1 + d_k): ``seconds``
+    predicted;
     ``median_s`` = sum S_k (1 + d_k(median)); ``high_s`` / ``low_s`` [families, n] = per family
     sum S_k (d_k(p) - d_k(median)) at the interval's upper / lower level; ``uncovered_s`` the
     seconds of ops without residuals."""
@@ -276,7 +272,14 @@ class LogBounds:
 def bounds(sp: Spread) -> LogBounds:
     """``sp``'s interval in log form: per family, the log deviation of the figure with that
     family alone at its upper and at its lower level (the others at their medians), squared and
-    summed over families (module docstring)."""
+    summed over families.
+
+    The ops of one family are taken fully correlated (one fit: at a quantile level all of them
+    sit at that level), so the family's deviation at level p is exactly
+    sum_{k in f} S_k (d_k(p) - d_k(median)), the widest the residuals allow; families are taken
+    independent, combined in quadrature, the medians shifting the centre (exact for one family
+    and for Gaussian log errors; narrower than the families' deviations summed). The
+    datasheet-ceiling gap is one more family, upward only."""
     base = np.where(sp.median_s > 0, sp.median_s, 1.0)
     hi = np.log1p(sp.high_s / base)
     lo = np.log1p(np.maximum(sp.low_s / base, -1.0 + 1e-12))
@@ -291,8 +294,9 @@ def interval(
     value, over: LogBounds | None = None, under: LogBounds | None = None, same=None
 ) -> np.ndarray:
     """[n, 2] bounds of a figure ``value`` [n] proportional to a time with bounds ``over`` and
-    inversely to one with bounds ``under`` (a time: ``over``; tokens/s: ``under`` its round; a
-    speedup: ``over`` the anchor's round, ``under`` the strategy's).
+    inversely to one with bounds ``under`` (a time: ``over``; tokens/s: ``under`` its round,
+    acceptance an input that adds no width; a speedup: ``over`` the anchor's round, ``under``
+    the strategy's).
 
     Centre: ``value x centre(over) / centre(under)``. Width: the two sides' squared log widths
     add, their errors taken independent: for sides whose errors are non-negatively correlated,

@@ -1,31 +1,10 @@
 """The physical cost model of the attention kernel families: a call's work from its launch plan
 (``perfmodel.attention_work``) priced by a few GPU-level constants shared by every family and
-configuration, over the GPU's measured copy bandwidth ``BW`` and GEMM rate ``PEAK``:
-
-    t = L x launches + p x waves + k x compares
-        + max((G + h (U - G) + M) / (e BW),      HBM: distinct bytes, repeats that miss L2,
-              U / (r BW),                        merge partials; L2-to-SM: every request;
-              F / (e_mma PEAK),                  MMA: padded tile FLOPs;
-              waves x tiles x max(lat / stages, c x row_cost))   a program's K/V chain
-
-- ``L``: seconds per kernel launch in a graph (the call, its merge, a union plan);
-- ``p``: seconds per wave of programs (prologue: query tile, masks; epilogue: output write);
-- ``e``: the share of ``BW`` that streaming reaches with enough bytes in flight;
-- ``h``: the share of repeated requests (``U - G``) that miss L2; ``r``: L2-to-SM throughput
-  over ``BW``;
-- ``e_mma``: the share of ``PEAK`` the padded MMA tiles reach;
-- ``lat``: the latency of one K/V tile's load: a program keeps ``stages`` tiles in flight, so
-  it streams at ``stages x tile bytes / lat`` -- the bytes in flight per SM set the bandwidth a
-  small grid reaches (Little's law);
-- ``c``: seconds per ``mma.sync`` row of a K/V tile's MMAs and softmax (the row tile's cost,
-  ``row_cost``);
-- ``k``: seconds per block-id compare of the union plan kernel's busiest SM slot, which runs
-  before the attention.
+configuration (``PhysicalFit``: the formula, its constants and what it ignores), over the GPU's
+measured copy bandwidth ``BW`` and GEMM rate ``PEAK``.
 
 Group size, head geometry, head dimension, draft width, block size, top-n, batch and context
-are all points of this one model: they change the work, never the constants. It ignores
-concurrency between kernels, clock variation and the spread of work across programs beyond
-the busiest program's tiles.
+are all points of this one model: they change the work, never the constants.
 """
 
 from __future__ import annotations
@@ -50,7 +29,36 @@ PARAMS = (
 
 @dataclass(frozen=True, slots=True)
 class PhysicalFit:
-    """The GPU-level constants of the physical model (module docstring)."""
+    """The GPU-level constants of the physical model. One call takes
+
+        t = L x launches + p x waves + k x compares
+            + max((G + h (U - G) + M) / (e BW),     HBM: distinct bytes, repeats that miss
+                                                    L2, merge partials;
+                  U / (r BW),                       L2-to-SM: every request;
+                  F / (e_mma PEAK),                 MMA: padded tile FLOPs;
+                  waves x tiles x max(lat / stages, c x row_cost))   a program's K/V chain
+
+    with ``G``, ``U``, ``M``, ``F`` the work's ``unique_bytes``, ``requested_bytes``,
+    ``merge_bytes`` and ``mma_flops``, and ``tiles`` its ``tiles_per_program``:
+
+    - ``L``: seconds per kernel launch in a graph (the call, its merge, a union plan);
+    - ``p``: seconds per wave of programs (prologue: query tile, masks; epilogue: output
+      write);
+    - ``e``: the share of ``BW`` that streaming reaches with enough bytes in flight;
+    - ``h``: the share of repeated requests (``U - G``) that miss L2; ``r``: L2-to-SM
+      throughput over ``BW``;
+    - ``e_mma``: the share of ``PEAK`` the padded MMA tiles reach;
+    - ``lat``: the latency of one K/V tile's load: a program keeps ``stages`` tiles in flight,
+      so it streams at ``stages x tile bytes / lat`` -- the bytes in flight per SM set the
+      bandwidth a small grid reaches (Little's law);
+    - ``c``: seconds per ``mma.sync`` row of a K/V tile's MMAs and softmax (the row tile's
+      cost, ``row_cost``);
+    - ``k``: seconds per block-id compare of the union plan kernel's busiest SM slot, which
+      runs before the attention.
+
+    It ignores concurrency between kernels, clock variation and the spread of work across
+    programs beyond the busiest program's tiles.
+    """
 
     launch_s: float  # L
     wave_s: float  # p

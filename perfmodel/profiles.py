@@ -3,19 +3,11 @@
 written by ``calibration.fit``) and checked against the GPU asked for; the profile that prices
 a GPU without one of its own (``nearest_profile_gpu``, ``transfer``).
 
-A GPU without a fitted profile is priced by a transferred one (``transfer``): the source
-profile's fitted parameters evaluated with the target's ceilings. What transfers: ``BW`` and
-``PEAK`` become the target's copy bandwidth and bf16 tensor rate (its measured ``ceilings.json``
-when committed, else its datasheet figures), and the op counts come from the target's spec (SM
-count for the NSA and repair launch plans, L2 size for L2-resident classes), so a call's roofline
-terms scale with the target. What is assumed to carry over unchanged: the efficiencies ``e_b``,
-``e_c`` at a given call size (same memory system and tensor cores, so the same fraction of the
-ceiling), the fixed and per-unit latencies ``t0``, ``t_k``, ``t_s``, ``t_r``, ``t_x`` (launch,
-synchronisation and SM clock costs), and the L2 terms ``h`` and ``r``. Datasheet ceilings are
-peaks that copies and GEMMs do not reach, so a transfer onto them is optimistic by the source
-GPU's gap between measured and datasheet ceilings. The source is the GPU's own profile, else the
-profile of its architecture whose GPU is closest in datasheet copy bandwidth; another
-architecture's only when the spec asks for it (``GpuSpec.pricing``).
+A GPU without a fitted profile is priced by a transferred one: the source profile's fitted
+parameters evaluated with the target's ceilings (``transfer``: what transfers and what is
+assumed to carry over). The source is the profile of its architecture whose GPU is closest in
+datasheet copy bandwidth; another architecture's only when the spec asks for it
+(``GpuSpec.pricing``).
 """
 
 from __future__ import annotations
@@ -116,10 +108,22 @@ def profile_gpus() -> list[str]:
 
 
 def transfer(profile: Profile, gpu: GpuSpec) -> tuple[Profile, str]:
-    """``profile`` evaluated with ``gpu``'s ceilings (module docstring), and the provenance of
-    the figures priced with it: ``transferred:<profile id>-><gpu>``, or
-    ``transferred-cross-arch:...`` when the architectures differ, which ``gpu.pricing`` must
-    allow (``any-architecture``); else ``ValueError`` naming both GPUs and architectures."""
+    """``profile`` evaluated with ``gpu``'s ceilings, and the provenance of the figures priced
+    with it: ``transferred:<profile id>-><gpu>``, or ``transferred-cross-arch:...`` when the
+    architectures differ, which ``gpu.pricing`` must allow (``any-architecture``); else
+    ``ValueError`` naming both GPUs and architectures.
+
+    What transfers: ``BW`` and ``PEAK`` become the target's copy bandwidth and bf16 tensor rate
+    (its measured ``ceilings.json`` when committed, else its datasheet figures), and the op
+    counts come from the target's spec (SM count for the NSA and repair launch plans, L2 size
+    for L2-resident classes), so a call's roofline terms scale with the target. What is
+    assumed to carry over unchanged: the efficiencies ``e_b``, ``e_c`` at a given call size
+    (same memory system and tensor cores, so the same fraction of the ceiling), the fixed and
+    per-unit latencies ``t0``, ``t_k``, ``t_s``, ``t_r``, ``t_x`` (launch, synchronisation and
+    SM clock costs), and the L2 terms ``h`` and ``r``. Datasheet ceilings are peaks that copies
+    and GEMMs do not reach, so a transfer onto them is optimistic by the source GPU's gap
+    between measured and datasheet ceilings (the profile's ``gap_bytes``, ``gap_flops``); a
+    transfer across architectures carries no residuals."""
     source_arch = get_gpu(profile.gpu, measured=False).architecture
     cross = source_arch != gpu.architecture
     if cross and gpu.pricing != "any-architecture":
