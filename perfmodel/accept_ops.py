@@ -4,21 +4,10 @@ the kept path, the refresh of the cache's summaries and the packing of the host 
 graph ``engine.accept_graph.AcceptGraph.accept`` captures, run every round (an autoregressive
 round accepts and commits its one token too).
 
-The triton backend runs it as ``kernels.accept_commit``: one program per sequence for the walk,
-the cut, the lengths and the packed read, one launch over the cache's rows for the move of the
-kept entries (none for a chain, whose kept entries already sit in place), and the summaries'
-refresh; the torch backend (and the triton backend before ``FUSED_ACCEPT_SINCE``,
-``perfmodel.strategy``) as some fifty batched torch ops. Either is a chain of small launches,
-so it is priced per launch, each a call of the calibrated one-launch element-wise class
-(``ONE_LAUNCH_CLASS``), and by the bytes it moves: the commit
-reads and writes the kept path's ``depth + 1`` KV entries of every layer (one gather and one
-scatter over the cache seen as rows of ``head_dim``: their launches do not grow with the cache),
-and the summaries' refresh reads the touched block of each layer. The vocabulary pass over the
-logits is the head's ``verify.sampling``, not counted here.
-
-The launch counts are the engine's, at temperature 0: ``tests/engine`` counts the ops (and
-the Triton launches) the acceptance graph dispatches on both backends and checks them against
-``accept_launches``.
+The triton backend runs it as ``kernels.accept_commit``; the torch backend (and the triton
+backend before ``FUSED_ACCEPT_SINCE``, ``perfmodel.strategy``) as some fifty batched torch ops.
+Either is a chain of small launches, so it is priced per launch (``accept_launches``, the
+engine's counts) and by the bytes it moves (``accept_op``).
 """
 
 from __future__ import annotations
@@ -55,7 +44,14 @@ def accept_launches(depth, layers, block_meta, nsa, fused=0.0, branches=0.0) -> 
     ``FUSED_MOVE_LAUNCHES`` where the tree ``branches`` (1: a node has two children); either
     way one block-metadata update per layer where the cache keeps block metadata
     (``block_meta``: 1 for mean / quest summaries) and ``NSA_REFRESH_LAUNCHES`` where it keeps
-    compressed tokens."""
+    compressed tokens.
+
+    ``kernels.accept_commit`` runs one program per sequence for the walk, the cut, the lengths
+    and the packed read, one launch over the cache's rows for the move of the kept entries
+    (none for a chain, whose kept entries already sit in place), and the summaries' refresh.
+    The counts are the engine's at temperature 0: ``tests/engine`` counts the ops (and the
+    Triton launches) the acceptance graph dispatches on both backends and checks them against
+    this function."""
     fused = np.asarray(fused, dtype=float)
     ops = BASE_LAUNCHES + LEVEL_LAUNCHES * np.asarray(depth, dtype=float)
     kernels = FUSED_BASE_LAUNCHES + FUSED_MOVE_LAUNCHES * np.asarray(branches, dtype=float)
@@ -68,7 +64,15 @@ def accept_launches(depth, layers, block_meta, nsa, fused=0.0, branches=0.0) -> 
 
 
 def accept_op(model: ModelSpec, c: Columns):
-    """The ``verify.accept`` op of every point of ``c`` (module docstring)."""
+    """The ``verify.accept`` op of every point of ``c``: ``accept_launches`` launches, each a
+    call of the calibrated one-launch element-wise class (``ONE_LAUNCH_CLASS``), and the bytes
+    the step moves. The commit reads and writes the kept path's ``depth + 1`` KV entries of
+    every layer (one gather and one scatter over the cache seen as rows of ``head_dim``: their
+    launches do not grow with the cache), with the per-entry indices in torch ops; fused, only
+    the move, and only where the tree branches. The walk reads and writes a few int64 per tree
+    row; a block-metadata refresh reads the touched block of each layer and writes its fp32
+    summaries, the compressed tokens' refresh reads a window of two strides of keys and values.
+    The vocabulary pass over the logits is the head's ``verify.sampling``, not counted here."""
     _, hkv = local_heads(model, c.tp)
     layers = model.num_layers
     depth = tree_depths(c)

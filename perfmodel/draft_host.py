@@ -1,19 +1,13 @@
 """The host time of a round's draft step: the n-gram drafter's lookups, which run in Python on
 the host while the GPU waits (``engine.ngram``: the round starts after the last round's host
 read, so the GPU is idle until the drafted tokens are copied over, and the CUDA-event ``draft``
-step times the host work).
+step times the host work). The draft model's draft step is GPU work (one graph a round),
+priced by ``perfmodel.draft_ops``.
 
-Per round of an n-gram strategy the engine indexes nothing new (``observe`` did), builds each
-sequence's tree with O(max_n) dictionary look-ups per node (``NgramIndex.tree_tokens``), makes
-one tensor of the batch's rows and copies it to the device. So the host time is linear in
-three physical features: 1 per round (the tensor and its copy), the batch's sequences (a
-sequence's history slice and call) and its nodes (sequences x tree nodes, the look-ups):
-``DRAFT_HOST_TERMS``. The draft model's draft step is GPU work (one graph a round), priced by
-``perfmodel.draft_ops``.
-
-The coefficients are fitted per GPU host by ``calibration.draft_host_fit`` on committed engine
-runs and ship as ``calibration/profiles/<gpu>/draft_host.json``; ``perfmodel.step`` adds the
-priced seconds to the draft step as the op ``draft.host`` (kind ``host``).
+The host time is linear in three physical features (``draft_host_features``), with
+coefficients fitted per GPU host by ``calibration.draft_host_fit`` on committed engine runs and
+shipped as ``calibration/profiles/<gpu>/draft_host.json``; ``perfmodel.step`` adds the priced
+seconds to the draft step as the op ``draft.host`` (kind ``host``).
 """
 
 from __future__ import annotations
@@ -33,7 +27,13 @@ NGRAM_CODE = 2  # ``perfmodel.columns.DRAFTER_CODES["ngram"]``
 def draft_host_features(drafter, batch, num_draft) -> np.ndarray:
     """``[N, 3]`` features of ``DRAFT_HOST_TERMS`` per point (arrays of drafter codes, batch
     sizes and draft nodes): 1, the batch and batch x nodes for a drafting n-gram point, 0
-    otherwise."""
+    otherwise.
+
+    Per round of an n-gram strategy the engine indexes nothing new (``observe`` did), builds
+    each sequence's tree with O(max_n) dictionary look-ups per node
+    (``NgramIndex.tree_tokens``), makes one tensor of the batch's rows and copies it to the
+    device: so 1 per round (the tensor and its copy), one per sequence (its history slice and
+    call) and one per sequence and tree node (the look-ups)."""
     on = (np.asarray(drafter) == NGRAM_CODE) & (np.asarray(num_draft) > 0)
     b = np.asarray(batch, dtype=float)
     k = np.asarray(num_draft, dtype=float)

@@ -1,18 +1,11 @@
 """The files a user hands the toolkit and the files it writes, with one-line errors that name
 the file as the user gave it.
 
-- ``read_text`` / ``read_json``: a missing path, a folder, an unreadable or non-UTF-8 (binary)
-  file, invalid JSON, JSON's non-finite constants (``NaN``, ``Infinity``, which Python's json
-  accepts and no config means) and a top-level value of the wrong type each raise a
-  ``ValueError`` naming the file.
-- ``check_output``: an output path is refused before anything is written when it is a folder
-  or a device, its folder does not exist or cannot be written, or its extension is not one the
-  writer makes.
-- ``write_files``: every output checked first, each written to a hidden temporary file beside
-  it, then all renamed into place: a failure leaves neither an output nor a temporary file,
-  and its error names the path given, not the temporary one.
-- ``malformed``: a document read as JSON that lacks a field or holds one of the wrong type,
-  as one ``ValueError`` naming it.
+``read_text`` / ``read_json`` raise a ``ValueError`` naming the file for a missing path, a
+folder, an unreadable or non-UTF-8 (binary) file, invalid JSON, JSON's non-finite constants
+and a top-level value of the wrong type; ``check_output`` refuses an output path before
+anything is written; ``write_files`` writes every output whole or none of them; ``malformed``
+reports a document that lacks a field or holds one of the wrong type as one ``ValueError``.
 """
 
 from __future__ import annotations
@@ -65,8 +58,9 @@ def read_text(path: str | Path, what: str) -> str:
 
 
 def loads_json(text: str, what: str, source: str | Path, kind: type | None = dict):
-    """Parse ``text`` (from ``source``) as JSON without non-finite constants; with ``kind``,
-    the top-level value must be of that type."""
+    """Parse ``text`` (from ``source``) as JSON without non-finite constants (``NaN``,
+    ``Infinity``, which Python's json accepts and no config means); with ``kind``, the
+    top-level value must be of that type."""
 
     def non_finite(name: str):
         raise ValueError(f"{what} {_named(source)} holds {name}, not a finite number")
@@ -148,8 +142,10 @@ def check_folder(path: str | Path, what: str) -> Path:
 
 def write_files(items: Iterable[tuple], what: str = "output") -> None:
     """Write every ``(path, data)`` or ``(path, data, what)`` whole, or none of them: each path
-    checked, each written to a temporary file in its folder, then all renamed into place.
-    ``what`` names the output in errors (an option such as ``--csv``)."""
+    checked, each written to a hidden temporary file in its folder, then all renamed into
+    place: a failure before the renames leaves no output, no failure leaves a temporary
+    file, and the error names the path given, not the temporary one. ``what`` names the
+    output in errors (an option such as ``--csv``)."""
     items = [(Path(it[0]), it[1], it[2] if len(it) > 2 else what) for it in items]
     seen = set()
     for p, _, name in items:

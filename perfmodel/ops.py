@@ -5,20 +5,10 @@ points of a ``perfmodel.columns.Columns`` table.
 Each builder adds its ops, named ``prefix + op``, to an ``OpSum``; ``perfmodel.step``
 assembles a verification (or AR) forward and the drafting from them, and ``perfmodel.costs``
 reuses them for the other stages. The measured class an op is priced by is its ``kernel``.
-
-The element-wise ops come in the engine's two implementations (``perfmodel.strategy.ELEMENTWISE``),
-chosen per point by ``fused`` (1: fused, 0: torch). ``torch`` runs separate residual adds, a
-torch RMSNorm, rotary with q's copy, the rope tables gathered per forward, the KV store as two
-indexed assignments and SiLU * up over strided views. ``fused`` (``engine.model``'s triton
-backend) runs per layer two ``add_rms_norm`` launches (a residual add with the norm after it;
-the last one is the final norm), one ``rope_kv_write`` (rotary of q and k with the KV-cache
-store, tables gathered inside) and one ``silu_mul``; per forward the embedding gather and the
-first layer's input norm (``rms_norm``, the same kernel without the add). Each fused op is one
-launch a call, priced by its kernel's class (``FUSED_CLASSES``).
-Assumptions: bf16 activations (``ACT_BYTES``); weights at the model's ``weight_bytes``;
-memory-bound ops read every weight once per forward; GEMM activations are read and written
-once; MoE layers touch ``E (1 - (1 - k/E)^M)`` routed experts in expectation for M routed
-tokens (independent uniform routing), each touched expert's weights read once.
+The element-wise ops come in the engine's two implementations
+(``perfmodel.strategy.ELEMENTWISE``), chosen per point by ``fused`` (``linear_ops``).
+Assumptions: bf16 activations (``ACT_BYTES``); weights at the model's ``weight_bytes``, every
+weight read once per forward by the memory-bound ops; GEMM activations read and written once.
 """
 
 from __future__ import annotations
@@ -108,7 +98,15 @@ def attn_flops_per_row_token(model: ModelSpec, hq):
 def linear_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
     """Norms, QKV/O projections, rotary + KV append, FFN or MoE, TP all-reduces: per layer
     counts times ``layers`` (an array or scalar; MoE layers counted in proportion), the
-    element-wise ops of the implementation ``fused`` picks per point (module docstring)."""
+    element-wise ops of the implementation ``fused`` picks per point (1: fused, 0: torch).
+
+    ``torch`` runs separate residual adds, a torch RMSNorm, rotary with q's copy, the KV store
+    as two indexed assignments and SiLU * up over strided views (and the rope tables gathered
+    per forward, ``head_ops``). ``fused`` (``engine.model``'s triton backend) runs per layer two
+    ``add_rms_norm`` launches (a residual add with the norm after it; the last one is the
+    final norm), one ``rope_kv_write`` (rotary of q and k with the KV-cache store, tables
+    gathered inside) and one ``silu_mul``, each one launch a call priced by its kernel's class
+    (``FUSED_CLASSES``)."""
     d = model.hidden_size
     moe_share = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
     dense_layers = layers * (1 - moe_share)
@@ -227,7 +225,9 @@ def _ffn_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) ->
 
 
 def _moe_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str) -> None:
-    """The MoE layer: router, the routed experts a forward touches, the shared experts."""
+    """The MoE layer: router, the routed experts a forward touches, the shared experts. M
+    routed tokens touch ``E (1 - (1 - k/E)^M)`` routed experts in expectation (independent
+    uniform routing), each touched expert's weights read once."""
     d, wb = model.hidden_size, model.weight_bytes
     e, k, de = model.num_experts, model.experts_per_token, model.expert_intermediate_size
     acc.add(prefix + "moe_router", gemm(m, e, d, wb).scaled(layers))
@@ -248,7 +248,9 @@ def _moe_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str) -> None:
 
 def head_ops(acc: OpSum, model: ModelSpec, m, tp, vocab, prefix: str, fused) -> None:
     """Embedding gather, the norm outside the layers, LM head GEMM and sampling over the
-    vocabulary; the torch path gathers the rope tables here too (module docstring)."""
+    vocabulary; the torch path gathers the rope tables here too, the fused path (``fused``
+    1) runs the embedding gather and the first layer's input norm (``rms_norm``, the
+    ``add_rms_norm`` kernel without the add) as one launch each."""
     d, wb = model.hidden_size, model.weight_bytes
     v = vocab / tp
     torch_on = 1.0 - fused

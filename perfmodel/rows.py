@@ -1,23 +1,10 @@
 """The measurement-row schema (version 1): one JSON object per line, sealed with a checksum.
 
-Every timed configuration (a kernel, a GEMM, an elementwise op, an empty launch) is one row:
-
-- ``op``: op name (``dense_verify``, ``sparse_verify``, ``gemm``, ``sdpa``, ...);
-- ``params``: the configuration (``context_len``, ``num_query_tokens``, ``num_q_heads``,
-  ``num_kv_heads``, ``head_dim``, ``batch``, ``mode``, ``group_size``, ``overlap``, ``top_n``,
-  ``block_size``, ... -- whatever defines the op's work);
-- timings: ``median_s``, ``p10_s``, ``p90_s`` and ``timing`` (``launch`` | ``graph``);
-- work: ``unique_bytes`` (the fewest device-memory bytes the op must move), ``flops``,
-  ``achieved_bytes_per_s``;
-- ceilings measured in the same run: ``copy_bytes_per_s``, ``gemm_flops_per_s``, ``launch_s``;
-- provenance: ``device_name``, ``torch_version``, ``triton_version``, ``git_commit``,
-  ``timestamp``;
-- ``schema_version`` and ``checksum``: sha256 of the row's canonical JSON without the checksum;
-- optional, in rows of the sweeps' runner (``calibration.runner``): ``wall_s`` and
-  ``first_call_s``, the wall seconds the row took and its op's first (compiling) call.
-
-Measured data is never edited by hand: ``load_rows`` recomputes every checksum and refuses a row
-whose content no longer matches it.
+Every timed configuration (a kernel, a GEMM, an elementwise op, an empty launch) is one row
+holding the fields ``REQUIRED`` names (``validate`` says what each holds): the op and its
+params, its timings, its work, the ceilings measured in the same run and its provenance, with
+``schema_version`` and ``checksum`` (``seal``). Measured data is never edited by hand:
+``load_rows`` recomputes every checksum and refuses a row whose content no longer matches it.
 """
 
 from __future__ import annotations
@@ -91,7 +78,26 @@ def row_key(op: str, timing: str, params: dict) -> str:
 
 
 def validate(row: dict, *, check_sum: bool = True, where: str = "row") -> None:
-    """Raise ``ValueError`` naming the first problem of a row."""
+    """Raise ``ValueError`` naming the first problem of a row: a field of ``REQUIRED``
+    missing or of the wrong type, another schema version, an unknown timing, timings out of
+    order, or (``check_sum``) a checksum that does not match. A row holds:
+
+    - ``op``: op name (``dense_verify``, ``sparse_verify``, ``gemm``, ``sdpa``, ...);
+    - ``params``: the configuration (``context_len``, ``num_query_tokens``, ``num_q_heads``,
+      ``num_kv_heads``, ``head_dim``, ``batch``, ``mode``, ``group_size``, ``overlap``,
+      ``top_n``, ``block_size``, ... -- whatever defines the op's work);
+    - timings: ``median_s``, ``p10_s``, ``p90_s`` and ``timing`` (``launch`` | ``graph``);
+    - work: ``unique_bytes`` (the fewest device-memory bytes the op must move), ``flops``,
+      ``achieved_bytes_per_s``;
+    - ceilings measured in the same run: ``copy_bytes_per_s``, ``gemm_flops_per_s``,
+      ``launch_s``;
+    - provenance: ``device_name``, ``torch_version``, ``triton_version``, ``git_commit``,
+      ``timestamp``;
+    - ``schema_version`` and ``checksum``: sha256 of the row's canonical JSON without the
+      checksum;
+    - optional, in rows of the sweeps' runner (``calibration.runner``): ``wall_s`` and
+      ``first_call_s``, the wall seconds the row took and its op's first (compiling) call.
+    """
     for name, kind in REQUIRED.items():
         if name not in row:
             raise ValueError(f"{where}: missing field {name!r}")

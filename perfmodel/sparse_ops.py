@@ -1,28 +1,13 @@
 """Op builders of NSA-style sparse verification attention and block selection (seed 000).
 
 Each query attends to ``T / stride`` compressed tokens, ``min(n B, T)`` selected and
-``min(w, T)`` window tokens plus its draft-tree ancestors. Grouping changes only the bytes
-loaded (``perfmodel.sparse.blocks_loaded_per_layer``), never the FLOPs. Refresh layers (a
-fraction 1 / refresh_every of layers) run block selection; reuse layers do not. Without fusion
-every layer launches the three branches and a combine kernel and round-trips the branch
-outputs through memory; with ``refresh_reuse`` fusion a refresh layer runs a partially fused
-pair of kernels and a reuse layer one fused kernel (seed 000, Mechanism 2). Caches are
-ignored: repeated block loads of ``per_query`` kernels count as device-memory traffic (the
-calibrated predictor corrects for L2 hits).
-
-The NSA kernels pack ``Strategy.nsa_rows_per_tile`` draft rows into a row tile, and each tile
-streams the union of its rows' selected blocks: one draft row a tile (``per_query``, seed 000's
-naive baseline) loads every row's blocks on its own, tiles of C rows (``union``) each group's
-union, the packed schedule (``shared``) the union of all rows, as the measured NSA rows count
-it. The compressed tokens and the window are counted once per (sequence, KV head): the other
-tiles' reads of them hit L2. A schedule of one draft row per tile runs the one-row path of the
-kernels (no union plan, no member bits) and is priced as its own class,
-``nsa_verify/<mode>/<impl>/per_query``; a profile without rows of it prices it with the packed
-class, the label says ``stand-in`` (``perfmodel.calibrated.STAND_INS``).
-
-Block-metadata selection (``mean``/``quest``) verifies with ``kernels.sparse_verify`` in the
-strategy's grouping mode: one call a layer, priced by the ``sparse_verify/<mode>/<grid regime>``
-class on the work of its launch plan (``perfmodel.sparse_work``).
+``min(w, T)`` window tokens plus its draft-tree ancestors; grouping changes only the bytes
+loaded, never the FLOPs (``branches``, ``_attention_counts``). NSA calls are priced by the
+measured NSA classes, their bytes those of their row tiles (``nsa_selected_tokens``,
+``_attention_ops``); block-metadata selection (``mean``/``quest``) verifies with
+``kernels.sparse_verify`` in the strategy's grouping mode, priced by the
+``sparse_verify/<mode>/<grid regime>`` class on the work of its launch plan
+(``_sparse_verify_ops``, ``perfmodel.sparse_work``).
 """
 
 from __future__ import annotations
@@ -149,7 +134,14 @@ def _nsa_io_bytes(model: ModelSpec, c: Columns, hq):
 
 def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_tok):
     """FLOPs, bytes and launches of one layer's block-metadata sparse attention call (NSA's
-    bytes are ``sparse_attention``'s), per point."""
+    bytes are ``sparse_attention``'s), per point.
+
+    Refresh layers (a fraction 1 / refresh_every of layers) run block selection; reuse layers
+    do not. Without fusion every layer launches the three branches and a combine kernel and
+    round-trips the branch outputs through memory; with ``refresh_reuse`` fusion a refresh
+    layer runs a partially fused pair of kernels and a reuse layer one fused kernel (seed 000,
+    Mechanism 2). Caches are ignored: repeated block loads of ``per_query`` kernels count as
+    device-memory traffic (the calibrated predictor corrects for L2 hits)."""
     b, t = c.batch, c.rows
     attended = br.comp + br.sel + br.win + t
     m_rows = b * t
@@ -168,7 +160,12 @@ def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
     """Selected-branch tokens one NSA call streams per (sequence, KV head) outside the window:
     the union of each row tile's blocks (``c.nsa_rows_per_tile`` rows a tile, the last tile the
     rest), each tile's at most the prefix before the window. The packed schedule is one union
-    of all ``t`` rows, as the measured rows count it."""
+    of all ``t`` rows, as the measured rows count it.
+
+    One draft row a tile (``per_query``, seed 000's naive baseline) so loads every row's blocks
+    on its own, tiles of C rows (``union``) each group's union, the packed schedule
+    (``shared``) the union of all rows. The compressed tokens and the window are counted once
+    per (sequence, KV head) (``sparse_attention``): the other tiles' reads of them hit L2."""
     t, T = c.rows, c.context_len
     _, rows, _ = tile_rows_of(t, hq, hkv, c.nsa_rows_per_tile)
     rows = np.where(is_packed(t, hq, hkv, c.nsa_rows_per_tile), t, np.minimum(rows, t))
@@ -240,7 +237,13 @@ def _attention_ops(
     """One op per measured NSA class, at the NSA points (``nsa``): the three branches launched
     apart and gated in torch (unfused) or the fused kernels; refresh layers (selection inside)
     and reuse layers.
-    One call per layer each (``counts``: FLOPs, bytes and launches of the call)."""
+    One call per layer each (``counts``: FLOPs, bytes and launches of the call).
+
+    A schedule of one draft row per tile, where that is not what packing gives
+    (``is_packed``), runs the one-row path of the kernels (no union plan, no member bits) and
+    is priced as its own class, ``nsa_verify/<mode>/<impl>/per_query``; a profile without rows
+    of it prices it with the packed class, the label says ``stand-in``
+    (``perfmodel.calibrated.STAND_INS``)."""
     b, t, sparse = c.batch, c.rows, c.sparse * nsa
     flops, nbytes, launches = counts
     fused, unfused = sparse * (c.fused > 0), sparse * (c.fused == 0)
