@@ -1,7 +1,7 @@
 """Independent launch chains of one call side by side on the GPU.
 
 A call that launches chains which do not read one another's outputs (the unfused NSA
-baseline's branches: ``kernels.nsa_verify.nsa_verify_unfused``) forks each onto a side stream
+baseline's branches: ``kernels.nsa_unfused.nsa_verify_unfused``) forks each onto a side stream
 of the device, after everything queued on the caller's stream so far, and joins them back
 before the launch that reads their outputs. At the sizes of decoding each launch is bound by
 its ramp and tail rather than by its bytes, so chains that overlap take the time of the longest

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from ssvkit.kernels.checks import CPU_DTYPES, check_lens, validate_block_idx, validate_prefix_lens
 from ssvkit.kernels.nsa_compress import num_compressed
+from ssvkit.kernels.nsa_launch import LaunchPlan, make_plan
 from ssvkit.kernels.tree import MAX_TREE_NODES
 
 # The NSA kernels take half precision on the GPU; on the CPU, kernels.checks' rule.
@@ -86,3 +87,15 @@ def check_values(plan, k_cache, prefix_lens, tree_mask, block_idx) -> None:
         raise ValueError("tree_mask row i must have bit i set and no bit above i")
     if block_idx is not None:
         validate_block_idx(block_idx, "block_idx", prefix_lens, plan.block_size)
+
+
+def checked_plan(args, block_idx, kw, validate, config) -> LaunchPlan:
+    """The launch plan of an NSA call on ``args`` (``q, k_cache, v_cache, prefix_lens,
+    tree_mask, comp_k, comp_v, gates``) after the checks of shapes and dtypes, and with
+    ``validate`` those that read values (they synchronise with the host)."""
+    q, k_cache, _, prefix_lens, tree_mask, comp_k, _, _ = args
+    check_tensors(*args, block_idx, kw["top_n"])
+    plan = make_plan(q, k_cache, comp_k, config=config, **kw)
+    if validate:
+        check_values(plan, k_cache, prefix_lens, tree_mask, block_idx)
+    return plan

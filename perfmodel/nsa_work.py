@@ -66,7 +66,7 @@ class NsaShape:
     # 1 "shared", 2 "paired".
     shared_context: int = 0
     # NsaVerifyConfig.branch_streams: 1, an unfused call's branches side by side on streams of
-    # their own (kernels.nsa_verify.nsa_verify_unfused); 0, in series. Fused calls ignore it.
+    # their own (kernels.nsa_unfused.nsa_verify_unfused); 0, in series. Fused calls ignore it.
     branch_streams: int = 0
     # NsaVerifyConfig.compressed_ctas: the programs an SM a lone compressed launch of one slot a
     # row tile is sized for (nsa_plan.compressed_capacity); 1 for rows timed before it.
