@@ -80,13 +80,15 @@ def test_shared_context_tiles_match_reference(monkeypatch):
     tile of all five rows (its own launch, its partials merged from a buffer of their own), the
     other branches on the schedule's tiles; refresh and reuse, fused and unfused, attend as the
     reference and the refresh selects its blocks exactly."""
+    import ssvkit.kernels.nsa_unfused as nu
     import ssvkit.kernels.nsa_verify as nv
 
     plans = []
     real = nv.context_plan
-    monkeypatch.setattr(
-        nv, "context_plan", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1]
-    )
+    for mod in (nv, nu):  # the fused call's and the unfused baseline's
+        monkeypatch.setattr(
+            mod, "context_plan", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1]
+        )
     args, idx = make_inputs([150, 61], 5, 8, 2, 16, torch.float32, tree="tree", seed=23)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
     ro_refresh, ridx = reference_nsa_verify(*args, **NSA_KW)
