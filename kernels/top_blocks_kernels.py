@@ -201,13 +201,16 @@ def threshold_pick(
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, CHUNK // GROUPS)[:, None] * GROUPS + g[None, :]  # [SPAN, GROUPS]
     pdl_gate(PDL)
-    v = _ordered_scores(base, j, nb, num_sink, num_local, CACHE)
-    gv = tl.max(v, 0)
-    # The tail joins the groups as a tile of at least two rows; its blocks past nb_max are
-    # never live.
+    # The main tile lies inside the row (CHUNK <= nb_max): loaded whole, so the loads are
+    # 16-byte vectors issued together, not scalar loads each waited on behind its mask. The
+    # tail joins the groups as a tile of at least two rows; its blocks past nb_max are never
+    # live. Both loads are issued before either is reduced.
+    v = _ordered_scores(base, j, nb, num_sink, num_local, CACHE, False)
     if TAIL > 0:
         jt = CHUNK + tl.arange(0, TAIL_ROWS)[:, None] * GROUPS + g[None, :]
-        vt = _ordered_scores(base, jt, nb, num_sink, num_local, CACHE)
+        vt = _ordered_scores(base, jt, nb, num_sink, num_local, CACHE, True)
+    gv = tl.max(v, 0)
+    if TAIL > 0:
         gv = tl.maximum(gv, tl.max(vt, 0))
     # Each group's key: its best score and, among ties, its lowest block.
     gj = tl.min(tl.where(v == gv[None, :], j, 2**30), 0)
@@ -268,10 +271,14 @@ def _positions(flag, WIDE: tl.constexpr):
 
 
 @triton.jit
-def _ordered_scores(base, j, nb, num_sink, num_local, CACHE: tl.constexpr):
+def _ordered_scores(base, j, nb, num_sink, num_local, CACHE: tl.constexpr, MASKED: tl.constexpr):
     """Scores of blocks ``j`` as int32 in the same order (forced blocks above every score),
-    ``-2^31`` for blocks past the prefix."""
-    s = tl.load(base + j, mask=j < nb, other=0.0, cache_modifier=CACHE)
+    ``-2^31`` for blocks past the prefix. ``MASKED``: only blocks before ``nb`` are read; else
+    every ``j`` must lie inside the row's allocation (what lies past ``nb`` is discarded)."""
+    if MASKED:
+        s = tl.load(base + j, mask=j < nb, other=0.0, cache_modifier=CACHE)
+    else:
+        s = tl.load(base + j, cache_modifier=CACHE)
     bits = s.to(tl.int32, bitcast=True)
     # Flip all bits of negatives, the sign bit of the rest: unsigned order; then the sign bit
     # again for signed order. -2^31 stays free for "not live".
