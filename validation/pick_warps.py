@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
     p.add_argument("--rows", type=int, nargs="+", default=[8, 128, 512, 2048, 4096])
-    p.add_argument("--blocks", type=int, nargs="+", default=[129, 513, 1025, 2049])
+    p.add_argument("--blocks", type=int, nargs="+", default=[129, 513, 1025, 2049, 4097])
     p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4, 8])
     args = p.parse_args(argv)
     for r in args.rows:

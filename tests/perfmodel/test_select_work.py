@@ -54,10 +54,10 @@ def test_score_tile_mirrors_the_wrapper():
 
 
 def test_pick_warps_by_rows_and_chunk():
-    # A row an SM: 4 warps (8 past 2048 blocks); many rows: 4 from 2048 blocks, else 2, then 1.
+    # A row an SM: 4 warps (8 past 2048 blocks); many rows: 4 past 2048 blocks, else 2, then 1.
     assert [sw.pick_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
-    assert [sw.pick_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 4, 4]
-    assert [sw.pick_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 4, 4]
+    assert [sw.pick_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 4]
+    assert [sw.pick_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 4]
 
 
 def test_score_programs_walk_two_to_four_tiles():
@@ -70,9 +70,9 @@ def test_two_launch_counts_hand_computed():
     # x 4 B = 48 KiB -> 4 per SM, 528 slots, 5 waves x 4 tiles x a unit tile.
     w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert w.chain_tiles == 5 * 4 * 1.0
-    # 2048 rows of four warps, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 4 warps.
+    # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
-    assert w.pick_chain == 1 * (2048 + 2 * 64) / 4
+    assert w.pick_chain == 1 * (2048 + 2 * 64) / 1
     assert w.launches == 2
     scores = 2048 * 2049 * 4
     meta = 128 * 2049 * 128 * 4
@@ -98,9 +98,10 @@ def test_counts_follow_the_plan():
     quest = sw.select_call_work(shape(kinds=2), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     # 2176 programs over 264 slots: 9 waves (5 at mean) of 4 tiles of twice the work.
     assert two.chain_tiles == 5 * 4 and quest.chain_tiles == 9 * 4 * 2.0
-    # One launch: the pick programs hold the scoring's shared memory, 4 an SM, so 4 waves.
+    # One launch: the pick programs hold the scoring's shared memory, 4 an SM, so 4 waves,
+    # and take the scoring's 2 warps, more than the pick's 1.
     one = sw.select_call_work(shape(), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 4
+    assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 2
     # 32 draft rows pad to a 32-row tile: a tile's work grows as T_PAD^2.
     t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert t32.chain_tiles == 5 * 4 * 4.0
