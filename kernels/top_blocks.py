@@ -219,13 +219,13 @@ def _warps(rows: int, chunk: int, device: torch.device) -> int:
 def threshold_warps(rows: int, chunk: int, device: torch.device) -> int:
     """Warps of one row's threshold pick: 4 (8 for chunks beyond 2048 blocks) while a row has
     an SM to itself, so more warps share its pass over the scores. Beyond, rows share the SMs:
-    a chunk beyond 2048 blocks keeps 4 warps (its register tile would not fit fewer), a
-    shorter one takes 2 up to eight rows an SM, then 1, as rows side by side fill the SM with
-    their own warps and fewer warps a row spend less on cross-warp reductions. Measured:
+    a chunk beyond 2048 blocks takes 2 warps (its register tile spills at 1), a shorter one 2
+    up to eight rows an SM, then 1, as rows side by side fill the SM with their own warps and
+    fewer warps a row spend less on cross-warp reductions. Measured:
     ``validation/data/pick-warps-h200.json``."""
     sms = num_sms(device)
     if rows <= sms:
         return 4 if chunk <= 2048 else 8
     if chunk > 2048:
-        return 4
+        return 2
     return 2 if rows <= 8 * sms else 1

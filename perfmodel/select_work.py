@@ -165,12 +165,12 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
 
 def pick_warps(rows: int, chunk: int, num_sms: int) -> int:
     """Warps of one row's pick (``kernels.top_blocks.threshold_warps``): 4 up to a row per SM
-    (8 for chunks beyond 2048 blocks) and for chunks beyond 2048 blocks, else 2 up to eight
-    rows per SM, then 1."""
+    (8 for chunks beyond 2048 blocks), else 2 for chunks beyond 2048 blocks and up to eight
+    rows per SM for shorter ones, then 1."""
     if rows <= num_sms:
         return 4 if chunk <= 2048 else 8
     if chunk > 2048:
-        return 4
+        return 2
     return 2 if rows <= 8 * num_sms else 1
 
 

@@ -54,10 +54,10 @@ def test_score_tile_mirrors_the_wrapper():
 
 
 def test_pick_warps_by_rows_and_chunk():
-    # A row an SM: 4 warps (8 past 2048 blocks); many rows: 4 past 2048 blocks, else 2, then 1.
+    # A row an SM: 4 warps (8 past 2048 blocks); many rows: 2 past 2048 blocks, else 2, then 1.
     assert [sw.pick_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
-    assert [sw.pick_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 4]
-    assert [sw.pick_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 4]
+    assert [sw.pick_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 2]
+    assert [sw.pick_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 2]
 
 
 def test_score_programs_walk_two_to_four_tiles():
