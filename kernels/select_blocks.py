@@ -188,14 +188,16 @@ def topn_from_scores(
     the torch reference of ``kernels.top_blocks.top_blocks`` (ties may resolve differently).
 
     The first ``num_sink`` and last ``num_local`` live blocks (the last one may be partial) are
-    forced in by raising their score to ``+inf``; the rest is ``torch.topk``. Static shapes, no
-    host synchronisation.
+    forced in by raising their score to ``+inf``, blocks past the live prefix left out by
+    lowering theirs to ``-inf`` (whatever the row holds there); the rest is ``torch.topk``.
+    Static shapes, no host synchronisation.
     """
     check_forced(num_sink, num_local, top_n)
     nb = scores.shape[-1]
     live = ((prefix_lens.to(torch.int64) + block_size - 1) // block_size).view(-1, 1, 1, 1)
     j = torch.arange(nb, device=scores.device)
     forced = ((j < num_sink) | (j >= live - num_local)) & (j < live)
+    scores = torch.where(j < live, scores, torch.full_like(scores, float("-inf")))
     scores = torch.where(forced, torch.full_like(scores, float("inf")), scores)
     if nb < top_n:
         pad = scores.new_full((*scores.shape[:-1], top_n - nb), float("-inf"))

@@ -137,6 +137,22 @@ def test_top_blocks_pad_empty_and_short_prefixes():
         assert idx[2, 0, r].tolist() == [0, *best, 7]
 
 
+def test_reference_pick_ignores_scores_past_the_prefix():
+    """Rows hold scores past their live blocks (another sequence's longer prefix): neither
+    the reference nor the kernel picks them, and a row of fewer live blocks than top_n pads
+    with -1."""
+    scores = torch.randn((2, 1, 3, 40), generator=torch.Generator().manual_seed(5)).to(DEV)
+    scores[..., 30:] += 100.0  # the best scores lie past the shorter prefix
+    lens = torch.tensor([40 * 16, 29 * 16 - 3], dtype=torch.int32, device=DEV)
+    want = topn_from_scores(scores, lens, 16, top_n=8)
+    assert (want[1] < 29).all() and want[1].min() >= 0
+    assert torch.equal(top_blocks(scores, lens, block_size=16, top_n=8), want)
+    short = topn_from_scores(
+        scores, torch.tensor([80, 640], dtype=torch.int32, device=DEV), 16, top_n=8
+    )
+    assert short[0, 0, 0].tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+
+
 def test_top_blocks_row_layout_keeps_ragged_rows_in_registers():
     from ssvkit.kernels.top_blocks import TOPK_CHUNK, _row_layout
 
