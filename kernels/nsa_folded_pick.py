@@ -1,14 +1,15 @@
 """The NSA refresh path's block importance and top-n pick in one launch
 (``NsaVerifyConfig(pick="folded")``, :mod:`kernels.nsa_selection`): the score programs of
-:mod:`kernels.nsa_select_kernels` and the threshold pick of :mod:`kernels.top_blocks` on one
-grid, ordered by :mod:`kernels.arrivals`' tickets."""
+:mod:`kernels.nsa_select_kernels` (or :mod:`kernels.nsa_stored_scores`) and the threshold pick
+of :mod:`kernels.top_blocks` on one grid, ordered by :mod:`kernels.arrivals`' tickets."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
-from ssvkit.kernels.nsa_select_kernels import computed_importance, stored_importance
+from ssvkit.kernels.nsa_select_kernels import computed_importance
+from ssvkit.kernels.nsa_stored_scores import stored_importance
 from ssvkit.kernels.pdl import pdl_gate
 from ssvkit.kernels.top_blocks_kernels import threshold_pick
 

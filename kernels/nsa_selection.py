@@ -14,8 +14,9 @@ from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.nsa_band_scores import band_geometry, band_score_kernel
 from ssvkit.kernels.nsa_folded_pick import refresh_select_kernel
 from ssvkit.kernels.nsa_launch import LaunchPlan
-from ssvkit.kernels.nsa_select_kernels import block_score_kernel, stored_block_score_kernel
+from ssvkit.kernels.nsa_select_kernels import block_score_kernel
 from ssvkit.kernels.nsa_steps import launch_fwd
+from ssvkit.kernels.nsa_stored_scores import stored_block_score_kernel
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.top_blocks import empty_scores, threshold_meta, threshold_warps, top_blocks
 from ssvkit.perfmodel import nsa_plan
