@@ -87,9 +87,10 @@ class SelectWork:
       the SMs' resident rows times a row's register tile over its warps);
     - ``pick_rows``: score rows picked (``R``);
     - ``query_chain``: the query elements one warp of a score program loads and sums in series
-      before its first tile (``G`` loads of ``[T_PAD, D]``, unrolled), times the grid's waves
-      over its resident programs: every program averages its KV head's queries again, so the
-      prologue grows with the group size where the tiles do not;
+      before its first tile (``G`` loads of ``[T_PAD, D]``, unrolled, over the launch's warps:
+      the one launch's are the more of its two steps'), times the grid's waves over its
+      resident programs: every program averages its KV head's queries again, so the prologue
+      grows with the group size where the tiles do not;
     - ``launches``: 2, or 1 fused.
     """
 
@@ -189,23 +190,24 @@ def select_call_work(
     nb_tiles = math.ceil(nb / block_nb)
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
-    resident = resident_score_programs(block_nb, s.head_dim, s.kinds, warps, smem_per_sm_bytes)
+    rows = pairs * s.t
+    pw = pick_warps(rows, row_layout(nb)[0], num_sms)
+    # One kernel runs both steps at the more warps of the two: its score programs share
+    # their queries' loads over those warps and fit as many of them an SM.
+    lw = max(pw, warps) if fused else warps
+    resident = resident_score_programs(block_nb, s.head_dim, s.kinds, lw, smem_per_sm_bytes)
     waves = math.ceil(programs / (num_sms * resident))
     tile_work = t_pad * t_pad * block_nb * s.head_dim * s.kinds / UNIT_TILE_WORK
-    rows = pairs * s.t
     scores = rows * nb * F32
     meta = pairs * nb * s.head_dim * F32 * s.kinds
     queries = programs * s.t * group * s.head_dim * ELEM_BYTES
     picked = rows * s.top_n * I32
     nbytes = meta + queries + scores + picked
     elems = pick_row_elems(nb, s.top_n)
-    pw = pick_warps(rows, row_layout(nb)[0], num_sms)
     per_sm = min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
     if fused:
-        # One kernel: every program reserves the scoring's shared memory and the more warps
-        # of the two steps.
-        pw = max(pw, warps)
-        per_sm = resident_score_programs(block_nb, s.head_dim, s.kinds, pw, smem_per_sm_bytes)
+        # Every program reserves the scoring's shared memory.
+        pw, per_sm = lw, resident
     pick_chain = math.ceil(rows / (num_sms * per_sm)) * elems / pw
     nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
     flops = TF32_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
@@ -215,7 +217,7 @@ def select_call_work(
         chain_tiles=float(waves * tiles * tile_work),
         pick_chain=float(pick_chain),
         pick_rows=float(rows),
-        query_chain=float(waves * group * t_pad * s.head_dim / (warps * WARP_LANES)),
+        query_chain=float(waves * group * t_pad * s.head_dim / (lw * WARP_LANES)),
         launches=1.0 if fused else 2.0,
     )
 

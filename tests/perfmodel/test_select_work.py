@@ -134,3 +134,14 @@ def test_bad_shape_is_refused():
         shape(kinds=3)
     with pytest.raises(ValueError, match="num_q_heads"):
         shape(num_q_heads=12, num_kv_heads=8)
+
+
+def test_one_launch_scores_at_the_more_warps_of_the_two_steps():
+    # Batch 1: 128 rows pick at 4 warps (a row an SM), the mean scoring takes 2; the one launch
+    # runs its score programs at 4, which share each program's query loads (264 programs, one
+    # wave either way).
+    one = sw.select_call_work(shape(batch=1), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
+    two = sw.select_call_work(shape(batch=1), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    assert two.query_chain == 1 * 4 * 16 * 128 / (2 * 32)
+    assert one.query_chain == two.query_chain / 2
+    assert one.chain_tiles == two.chain_tiles
