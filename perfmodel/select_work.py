@@ -5,8 +5,8 @@ The scoring (``kernels.select_kernels.score_range``) runs ``P`` programs per (se
 head), each averaging its KV head's ``G`` queries once and then walking its tiles of blocks
 **one after another** (``score_tile``, ``score_tiles``); the pick (``kernels.top_blocks``'
 threshold pick) runs one program per score row, ``R = B Hkv t`` (``pick_row_elems``,
-``pick_warps``). Two launches by default; one (``fused``) runs the score programs and the pick
-programs on tickets of one grid.
+``threshold_warps``). Two launches by default; one (``fused``) runs the score programs and the
+pick programs on tickets of one grid.
 
 The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.row_work``) timed the earlier
 kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
@@ -164,7 +164,7 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
     return chunk + tail_rows * groups
 
 
-def pick_warps(rows: int, chunk: int, num_sms: int) -> int:
+def threshold_warps(rows: int, chunk: int, num_sms: int) -> int:
     """Warps of one row's pick (``kernels.top_blocks.threshold_warps``): 4 up to a row per SM
     (8 for chunks beyond 2048 blocks), else 2 for chunks beyond 2048 blocks and up to eight
     rows per SM for shorter ones, then 1."""
@@ -191,7 +191,7 @@ def select_call_work(
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
     rows = pairs * s.t
-    pw = pick_warps(rows, row_layout(nb)[0], num_sms)
+    pw = threshold_warps(rows, row_layout(nb)[0], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.
     lw = max(pw, warps) if fused else warps

@@ -39,7 +39,7 @@ def test_pick_layout_mirrors_top_blocks(nb, top_n):
         assert sw.pick_row_elems(nb, top_n) == meta["CHUNK"] + rows * meta["GROUPS"]
     for rows in (1, 132, 133, 1056, 1057):
         with mock.patch.object(tb, "num_sms", return_value=132):
-            assert sw.pick_warps(rows, chunk, 132) == tb.threshold_warps(
+            assert sw.threshold_warps(rows, chunk, 132) == tb.threshold_warps(
                 rows, chunk, torch.device("cpu")
             )
 
@@ -53,11 +53,11 @@ def test_score_tile_mirrors_the_wrapper():
             assert warps == sb.score_warps(t_pad, method)
 
 
-def test_pick_warps_by_rows_and_chunk():
+def test_threshold_warps_by_rows_and_chunk():
     # A row an SM: 4 warps (8 past 2048 blocks); many rows: 2 past 2048 blocks, else 2, then 1.
-    assert [sw.pick_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
-    assert [sw.pick_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 2]
-    assert [sw.pick_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 2]
+    assert [sw.threshold_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
+    assert [sw.threshold_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 2]
+    assert [sw.threshold_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 2]
 
 
 def test_score_programs_walk_two_to_four_tiles():
