@@ -6,8 +6,9 @@ refresh/reuse schedule over layers.
 ``kernels.sparse_verify``) and ``nsa`` (``kernels.nsa_verify``'s three branches). A *refresh*
 layer selects the blocks and the *reuse* layers after it take its indices (``TreeAttention``).
 
-Sparse selection is *position-relative* (``select_exact``; needs ``window >= t``, checked), so
-speculative decoding stays lossless against autoregressive decoding with the same attention.
+Sparse selection is *position-relative* (``select_relative``; ``kernels.top_blocks.
+relative_slots``; needs ``window >= t``, checked), so speculative decoding stays lossless
+against autoregressive decoding with the same attention.
 
 Two backends: ``triton`` (the kernels; GPU, or the CPU interpreter) and ``torch`` (the kernels'
 fp32 references, a batched equivalent for dense; CPU tests). No host synchronisation on the
@@ -29,8 +30,10 @@ from ssvkit.kernels.nsa_verify import (
     nsa_verify_unfused,
     reference_nsa_verify,
 )
-from ssvkit.kernels.select_blocks import block_scores
+from ssvkit.kernels.select_blocks import select_blocks
+from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
+from ssvkit.kernels.top_blocks import relative_slots
 from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES
 from ssvkit.perfmodel.strategy import Strategy, nsa_rows_per_tile
 
@@ -89,11 +92,12 @@ class AttentionConfig:
 
         - ``dense``: ``kernels.dense_verify`` (every prefix token plus the tree-masked tail).
         - ``sparse`` (``metadata`` mean or quest): on a *refresh* layer,
-          ``kernels.select_blocks``'s ``block_scores`` rank the prefix blocks and
-          ``select_exact`` picks each row's blocks; the following *reuse* layers take those
-          indices. ``kernels.sparse_verify`` runs them ``per_query``, ``union`` (exact: the
-          group streams the deduplicated union) or ``shared`` (approx: the group's first row's
-          blocks), with a ``build_group_plan`` shared by the layers of one refresh.
+          ``kernels.select_blocks.select_blocks`` scores the prefix blocks and picks each
+          row's by the position-relative rule (``select_relative`` on the torch backend); the
+          following *reuse* layers take those indices. ``kernels.sparse_verify`` runs them
+          ``per_query``, ``union`` (exact: the group streams the deduplicated union) or
+          ``shared`` (approx: the group's first row's blocks), with a ``build_group_plan``
+          shared by the layers of one refresh.
         - ``nsa``: ``kernels.nsa_verify``'s compressed/selected/window branches; the refresh
           path returns the block indices it selected, reuse layers pass them back with the
           union plan built once per refresh (``fusion=none`` runs the unfused baseline
@@ -133,8 +137,8 @@ class AttentionConfig:
 
     @property
     def local_slots(self) -> int:
-        """Block slots of the local window (sparse kind): ``window // block_size + 1``."""
-        return self.window // self.block_size + 1
+        """Block slots of the local window (sparse kind; ``kernels.top_blocks.relative_slots``)."""
+        return relative_slots(self.window, self.block_size)
 
     def check_tree(self, t: int, head_group: int) -> None:
         """Raise ``ValueError`` when ``t`` verify rows cannot run with this config."""
@@ -153,43 +157,25 @@ class AttentionConfig:
                 raise ValueError(f"union groups hold at most 31 queries, got {c}")
 
 
-def select_exact(
+def select_relative(
     scores: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor, cfg: AttentionConfig
 ) -> torch.Tensor:
-    """Position-relative block choice: ``[B, Hkv, t, top_n + local_slots]`` int32, the
-    ``top_n`` scored picks first (``-1`` when fewer candidates), then the local window's blocks
-    (``-1`` past the committed prefix). Static shapes, no host sync.
-
-    A row at absolute position ``p`` sees every block meeting its local window
-    ``[p - window, p)`` (the tail part through the tree mask) plus the ``top_n`` best-scored
-    blocks that end before the window, with the first ``num_sink`` forced. Those candidate
-    blocks are complete and committed whatever the round boundaries, so a token attends to the
-    same keys whether it is verified in a tree or decoded alone (needs ``window >= t``, checked
-    by ``AttentionConfig.check_tree``): speculative decoding stays lossless against
-    autoregressive decoding with the same sparse attention. ``select_blocks``' own rule (last
-    blocks of the *prefix* forced) moves with the round boundary and would not be lossless.
-
-    ``scores`` ``[B, Hkv, t, NB]`` float32, ``positions`` ``[B, t]`` int64 absolute positions of
-    the rows, ``lens`` ``[B]`` committed lengths.
-    """
-    bs, nb = cfg.block_size, scores.shape[-1]
-    lo = torch.clamp(positions - cfg.window, min=0) // bs  # [B, t] first local block
-    hi = torch.div(positions - 1, bs, rounding_mode="floor")  # last block before the row
-    live = (lens.long() + bs - 1) // bs  # [B]
-    j = torch.arange(nb, device=scores.device)
-    cand = (j < lo[..., None]) & (j < live[:, None, None])  # [B, t, NB]
-    s = torch.where(cand[:, None], scores, float("-inf"))
-    forced = cand & (j < cfg.num_sink)
-    s = torch.where(forced[:, None], float("inf"), s)
-    k = min(cfg.top_n, nb)
-    vals, idx = torch.topk(s, k, dim=-1)
-    idx = torch.where(vals == float("-inf"), -1, idx)
-    if k < cfg.top_n:
-        idx = torch.nn.functional.pad(idx, (0, cfg.top_n - k), value=-1)
-    local = lo[..., None] + torch.arange(cfg.local_slots, device=scores.device)  # [B, t, S]
-    ok = (local <= hi[..., None]) & (local < live[:, None, None])
-    local = torch.where(ok, local, -1)[:, None].expand(-1, scores.shape[1], -1, -1)
-    return torch.cat([idx, local], dim=-1).to(torch.int32).contiguous()
+    """The position-relative block choice (``kernels.top_blocks.relative_slots``) of fp32
+    ``scores`` ``[B, Hkv, t, NB]``: ``[B, Hkv, t, top_n + local_slots]`` int32, the ``top_n``
+    scored picks ascending (``-1`` when fewer candidates), then the local window's blocks
+    (``-1`` past the committed prefix); ``positions`` ``[B, t]`` int64 absolute positions of the
+    rows, ``lens`` ``[B]`` committed lengths. The torch path of the Triton backend's
+    ``kernels.select_blocks.select_blocks`` with positions (ties may resolve differently)."""
+    return topn_from_scores(
+        scores,
+        lens,
+        cfg.block_size,
+        top_n=cfg.top_n,
+        num_sink=cfg.num_sink,
+        num_local=0,
+        positions=positions,
+        window=cfg.window,
+    )
 
 
 def torch_dense_verify(
@@ -301,14 +287,22 @@ class TreeAttention:
         the reuse layers after it take."""
         cfg = self.cfg
         meta = self.cache.meta[layer]
-        scores = (
-            block_scores(q, meta, lens, method=cfg.metadata)
-            if self.triton
-            else torch_block_scores(q, meta, lens, cfg.metadata)
-        )
-        self.block_idx = select_exact(scores, self.positions, lens, cfg)
         if self.triton:
+            self.block_idx = select_blocks(
+                q,
+                meta,
+                lens,
+                top_n=cfg.top_n,
+                method=cfg.metadata,
+                num_sink=cfg.num_sink,
+                num_local=0,
+                positions=self.positions,
+                window=cfg.window,
+            )
             self.plan = build_group_plan(self.block_idx, None, cfg.group_size, cfg.mode)
+        else:
+            scores = torch_block_scores(q, meta, lens, cfg.metadata)
+            self.block_idx = select_relative(scores, self.positions, lens, cfg)
 
     def _nsa(self, layer: int, q: torch.Tensor, refresh: bool) -> torch.Tensor:
         cfg = self.cfg

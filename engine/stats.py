@@ -2,7 +2,7 @@
 
 For every layer (refresh or reuse alike) the block choice the layer *would* make with its own
 queries is recomputed after the round, outside the timed steps: ``block_scores`` and the scored
-part of ``engine.attention.select_exact`` for ``sparse``/``dense`` strategies, NSA's block
+part of ``engine.attention.select_relative`` for ``sparse``/``dense`` strategies, NSA's block
 importance and ``topn_from_scores`` for ``nsa``. From those sets, per sequence and layer
 (``SelectionStats.observe`` defines each): ``group_overlap`` (gamma, seed 000),
 ``layer_overlap`` (seed 001 eq. 7), and PRR's ``predict_hit`` and ``reuse_hit`` (seed 004
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from ssvkit.engine.attention import AttentionConfig, select_exact, torch_block_scores
+from ssvkit.engine.attention import AttentionConfig, select_relative, torch_block_scores
 from ssvkit.engine.cache import KVCache
-from ssvkit.kernels.select_blocks import block_scores, topn_from_scores
+from ssvkit.kernels.select_blocks import block_scores
+from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.perfmodel.prr import HoltParams
 from ssvkit.perfmodel.strategy import Strategy
 
@@ -138,7 +139,7 @@ class SelectionStats:
 
         Each layer's selection is recomputed from its own queries: for ``sparse``/``dense``
         strategies ``block_scores`` (mean or quest keys) and the scored part of
-        ``engine.attention.select_exact`` (the ``top_n`` picks; the always-attended local
+        ``engine.attention.select_relative`` (the ``top_n`` picks; the always-attended local
         window is left out); for ``nsa`` NSA's block importance (compressed-branch
         probabilities mapped onto blocks) and ``topn_from_scores`` with the first and last
         blocks forced, as in the refresh path.
@@ -183,7 +184,7 @@ class SelectionStats:
                     else torch_block_scores(q, meta, lens, method)
                 )
                 nb = scores.shape[-1]
-                sel = select_exact(scores, positions, lens, cfg)[..., : cfg.top_n]
+                sel = select_relative(scores, positions, lens, cfg)[..., : cfg.top_n]
                 lo = torch.clamp(positions[:, 0] - cfg.window, min=0) // cfg.block_size  # [B]
                 cand = torch.arange(nb, device=q.device)[None, None, :] < lo[:, None, None]
                 cand = cand & torch.isfinite(scores[:, :, 0])

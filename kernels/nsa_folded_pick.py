@@ -163,11 +163,13 @@ def refresh_select_kernel(
             prefix_ptr,
             out_ptr,
             scratch_ptr,
+            prefix_ptr,  # no row positions: the prefix rule
             num_t,
             nb_max,
             score_stride,
             num_sink,
             num_local,
+            0,
             NUM_KV_HEADS,
             BLOCK_SIZE,
             TOP_N,
@@ -177,6 +179,7 @@ def refresh_select_kernel(
             GROUPS,
             TAIL_ROWS,
             CAP,
+            0,
             ".cg",
             False,
         )

@@ -7,7 +7,7 @@ representative query per KV head. Both are implemented here (``block_scores``: `
 ``quest``) with the GQA-averaged query, on :mod:`kernels.block_metadata`'s per-block key
 summaries. ``select_blocks`` runs the scoring and one ``kernels.top_blocks`` launch on the
 scores (forced blocks, ascending output), or both in one launch (``fused=True``);
-``topn_from_scores`` is the pick's fp32 torch reference (``torch.topk`` and a sort).
+:mod:`kernels.select_reference` holds the fp32 torch references.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import dataclasses
 import torch
 import triton
 from ssvkit.kernels.arrivals import arrival_counters
-from ssvkit.kernels.block_metadata import KINDS, BlockMetadata, reference_block_metadata
+from ssvkit.kernels.block_metadata import KINDS, BlockMetadata
 from ssvkit.kernels.checks import check_float_dtype, check_lens
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import LaunchChain, chain_for, check_pdl
 from ssvkit.kernels.select_kernels import block_scores_kernel, select_kernel
 from ssvkit.kernels.top_blocks import (
     check_forced,
+    check_relative,
     empty_scores,
+    relative_slots,
     threshold_meta,
     threshold_warps,
     top_blocks,
@@ -175,41 +177,6 @@ def _score_tiles(num_tiles: int, device: torch.device) -> int:
     return tiles
 
 
-def topn_from_scores(
-    scores: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    block_size: int,
-    *,
-    top_n: int,
-    num_sink: int = 1,
-    num_local: int = 1,
-) -> torch.Tensor:
-    """``[B, Hkv, t, NB]`` scores -> ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` last:
-    the torch reference of ``kernels.top_blocks.top_blocks`` (ties may resolve differently).
-
-    The first ``num_sink`` and last ``num_local`` live blocks (the last one may be partial) are
-    forced in by raising their score to ``+inf``, blocks past the live prefix left out by
-    lowering theirs to ``-inf`` (whatever the row holds there); the rest is ``torch.topk``.
-    Static shapes, no host synchronisation.
-    """
-    check_forced(num_sink, num_local, top_n)
-    nb = scores.shape[-1]
-    live = ((prefix_lens.to(torch.int64) + block_size - 1) // block_size).view(-1, 1, 1, 1)
-    j = torch.arange(nb, device=scores.device)
-    forced = ((j < num_sink) | (j >= live - num_local)) & (j < live)
-    scores = torch.where(j < live, scores, torch.full_like(scores, float("-inf")))
-    scores = torch.where(forced, torch.full_like(scores, float("inf")), scores)
-    if nb < top_n:
-        pad = scores.new_full((*scores.shape[:-1], top_n - nb), float("-inf"))
-        scores = torch.cat([scores, pad], dim=-1)
-    vals, idx = torch.topk(scores, top_n, dim=-1)
-    # Dead picks (score -inf: fewer live blocks than top_n) sort last, then become -1.
-    big = torch.iinfo(torch.int64).max
-    idx = torch.where(vals == float("-inf"), torch.full_like(idx, big), idx)
-    idx = torch.sort(idx, dim=-1).values
-    return torch.where(idx == big, torch.full_like(idx, -1), idx).to(torch.int32)
-
-
 def select_blocks(
     q: torch.Tensor,
     meta: BlockMetadata,
@@ -222,6 +189,8 @@ def select_blocks(
     first_token_only: bool = False,
     fused: bool = False,
     pdl: bool = False,
+    positions: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Top-n prefix blocks per (sequence, KV head, query row).
 
@@ -249,16 +218,25 @@ def select_blocks(
     pdl : bool
         Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
         capability 9.0 or later): the same blocks, one launch gap less.
+    positions, window :
+        The position-relative rule instead of the prefix rule (``kernels.top_blocks.
+        relative_slots``; ``num_local`` 0): ``[B, t]`` int64 absolute positions of the rows and
+        the local window in tokens.
 
     Returns
     -------
     torch.Tensor
         ``[B, Hkv, t, top_n]`` int32, ascending per row, ``-1`` padding at the end when a
-        sequence has fewer than ``top_n`` live blocks.
+        sequence has fewer than ``top_n`` live blocks; with ``positions`` the window's
+        ``relative_slots`` blocks follow each row's picks.
     """
     if top_n < 1 or top_n >= 2**30:
         raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
     check_forced(num_sink, num_local, top_n)
+    if positions is not None and first_token_only:
+        raise ValueError("positions and first_token_only exclude each other")
+    if positions is not None:
+        check_relative(positions, window, meta.block_size, num_local, q.shape[:2], q.device)
     if pdl:
         check_pdl(q.device)
     chain = LaunchChain(pdl)
@@ -274,10 +252,13 @@ def select_blocks(
             num_sink=num_sink,
             num_local=num_local,
             chain=chain,
+            positions=positions,
+            window=window,
         )
     else:
         forced = (num_sink, num_local)
-        idx = _select_one_launch(rows, meta, prefix_lens, method, forced, pick, chain)
+        relative = (positions, window)
+        idx = _select_one_launch(rows, meta, prefix_lens, method, forced, relative, pick, chain)
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()
     return idx
@@ -289,16 +270,20 @@ def _select_one_launch(
     prefix_lens: torch.Tensor,
     method: str,
     forced: tuple[int, int],
+    relative: tuple[torch.Tensor | None, int],
     pick: dict,
     chain: LaunchChain,
 ) -> torch.Tensor:
     """``select_kernel``: ``score_programs`` programs per (sequence, KV head) score, one per
-    row picks (``pick``: the threshold pick's constexprs), on ``1 + 2 B Hkv`` arrival
-    counters. Its warps are the more of the two steps' own."""
+    row picks (``pick``: the threshold pick's constexprs; ``relative``: the rows' positions
+    and the window, or None), on ``1 + 2 B Hkv`` arrival counters. Its warps are the more of
+    the two steps' own."""
     launch = _score_launch(q, meta, prefix_lens, method)
     b, hkv, t, _ = launch.scores.shape
     rows = b * hkv * t
-    out = torch.empty((b, hkv, t, pick["TOP_N"]), dtype=torch.int32, device=q.device)
+    positions, window = relative
+    local = 0 if positions is None else relative_slots(window, meta.block_size)
+    out = torch.empty((b, hkv, t, pick["TOP_N"] + local), dtype=torch.int32, device=q.device)
     scratch = torch.empty((rows, pick["CAP"]), dtype=torch.int64, device=q.device)
     counters = arrival_counters(1 + 2 * b * hkv, q.device)
     pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
@@ -313,60 +298,16 @@ def _select_one_launch(
         out,
         scratch,
         counters,
+        prefix_lens if positions is None else positions,
         *rest,
         *forced,
+        window,
         launch.programs,
         NUM_KV_HEADS=hkv,
         **launch.meta,
         **pick,
+        LOCAL_SLOTS=local,
         **chain.meta(),
         num_warps=max(launch.num_warps, pick_warps),
     )
     return out
-
-
-def reference_block_scores(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    block_size: int,
-    *,
-    method: str = "mean",
-) -> torch.Tensor:
-    """fp32 torch ``block_scores`` computed straight from the key cache."""
-    meta = reference_block_metadata(k_cache, prefix_lens, block_size)
-    b, t, h, d = q.shape
-    hkv = k_cache.shape[1]
-    qbar = q.float().view(b, t, hkv, h // hkv, d).mean(3).transpose(1, 2)  # [B, Hkv, t, D]
-    if method == "mean":
-        s = qbar @ meta["mean"].transpose(-1, -2)
-    elif method == "quest":
-        q4 = qbar.unsqueeze(3)  # [B, Hkv, t, 1, D]
-        lo, hi = meta["kmin"].unsqueeze(2), meta["kmax"].unsqueeze(2)
-        s = torch.maximum(q4 * lo, q4 * hi).sum(-1)
-    else:
-        raise ValueError(f"method must be one of {KINDS}, got {method!r}")
-    nb = s.shape[-1]
-    live = torch.arange(nb, device=q.device)[None, :] * block_size < prefix_lens[:, None].long()
-    return torch.where(live.view(b, 1, 1, nb), s, torch.full_like(s, float("-inf")))
-
-
-def reference_select_blocks(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    block_size: int,
-    *,
-    top_n: int,
-    method: str = "mean",
-    num_sink: int = 1,
-    num_local: int = 1,
-    first_token_only: bool = False,
-) -> torch.Tensor:
-    """fp32 torch ``select_blocks`` computed straight from the key cache."""
-    rows = q[:, :1] if first_token_only else q
-    s = reference_block_scores(rows, k_cache, prefix_lens, block_size, method=method)
-    idx = topn_from_scores(
-        s, prefix_lens, block_size, top_n=top_n, num_sink=num_sink, num_local=num_local
-    )
-    return idx.expand(-1, -1, q.shape[1], -1).contiguous() if first_token_only else idx

@@ -224,9 +224,10 @@ def select_kernel(
     max_ptr,
     prefix_ptr,
     score_ptr,  # [B, Hkv, t, NB] fp32 scratch, rows stride_ot apart
-    out_ptr,  # [B, Hkv, t, TOP_N] i32
+    out_ptr,  # [B, Hkv, t, TOP_N + LOCAL_SLOTS] i32
     scratch_ptr,  # [B * Hkv * t, CAP] i64
     counter_ptr,  # 1 + 2 * B * Hkv zeroed i32 counters (kernels.arrivals)
+    pos_ptr,  # [B, t] i64 row positions (read where LOCAL_SLOTS > 0)
     stride_qb,
     stride_qt,
     stride_qh,
@@ -240,6 +241,7 @@ def select_kernel(
     num_blocks,
     num_sink,
     num_local,
+    window,
     score_programs,
     NUM_KV_HEADS: tl.constexpr,
     G: tl.constexpr,
@@ -257,6 +259,7 @@ def select_kernel(
     GROUPS: tl.constexpr,
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
+    LOCAL_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * (score_programs + t),)``: the scores and the top-n pick of every row
@@ -320,11 +323,13 @@ def select_kernel(
             prefix_ptr,
             out_ptr,
             scratch_ptr,
+            pos_ptr,
             num_rows,
             num_blocks,
             stride_ot,
             num_sink,
             num_local,
+            window,
             NUM_KV_HEADS,
             BLOCK_SIZE,
             TOP_N,
@@ -334,6 +339,7 @@ def select_kernel(
             GROUPS,
             TAIL_ROWS,
             CAP,
+            LOCAL_SLOTS,
             ".cg",
             False,
         )

@@ -7,7 +7,7 @@ best blocks of its prefix's ``ceil(prefix / block_size)`` live blocks, the first
 and last ``num_local`` forced in, ties to the lower block, and writes them ascending with ``-1``
 padding when fewer blocks are live, with no host synchronisation. Two kernels make the same pick
 (``top_blocks`` says which serves a row); they are :mod:`kernels.top_blocks_kernels`', and this
-module plans and launches them. ``kernels.select_blocks.topn_from_scores`` is the reference.
+module plans and launches them. ``kernels.select_reference.topn_from_scores`` is the reference.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def top_blocks(
     num_local: int = 1,
     chain: LaunchChain | None = None,
     num_warps: int | None = None,
+    positions: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Pick the ``top_n`` best live blocks of every score row, one program per row.
 
@@ -74,11 +76,16 @@ def top_blocks(
     num_warps : int, optional
         A row program's warps (a power of two; default ``threshold_warps``' or the rounds
         kernel's rule); the pick is the same for any.
+    positions, window :
+        The position-relative rule (``relative_slots``): ``[B, t]`` absolute positions of the
+        rows and the local window in tokens.
 
     Returns
     -------
     torch.Tensor
-        ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` padded.
+        ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` padded; with ``positions``,
+        ``[B, Hkv, t, top_n + relative_slots(window, block_size)]``: the picks, then the
+        window's blocks.
     """
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
@@ -89,8 +96,10 @@ def top_blocks(
     check_forced(num_sink, num_local, top_n)
     b, hkv, t, nb_max = scores.shape
     check_lens(prefix_lens, b, scores.device, "prefix_lens")
+    local = check_relative(positions, window, block_size, num_local, (b, t), scores.device)
+    pos = prefix_lens if positions is None else positions
     scores = _aligned_rows(scores)
-    out = torch.empty((b, hkv, t, top_n), dtype=torch.int32, device=scores.device)
+    out = torch.empty((b, hkv, t, top_n + local), dtype=torch.int32, device=scores.device)
     if out.numel() == 0:
         return out
     rows = b * hkv * t
@@ -103,13 +112,16 @@ def top_blocks(
             prefix_lens,
             out,
             scratch,
+            pos,
             t,
             nb_max,
             scores.stride(2),
             num_sink,
             num_local,
+            window,
             NUM_KV_HEADS=hkv,
             BLOCK_SIZE=block_size,
+            LOCAL_SLOTS=local,
             num_warps=num_warps or threshold_warps(rows, meta["CHUNK"], scores.device),
             **meta,
             **launch,
@@ -120,11 +132,13 @@ def top_blocks(
             scores,
             prefix_lens,
             out,
+            pos,
             t,
             nb_max,
             scores.stride(2),
             num_sink,
             num_local,
+            window,
             NUM_KV_HEADS=hkv,
             BLOCK_SIZE=block_size,
             TOP_N=top_n,
@@ -132,6 +146,7 @@ def top_blocks(
             CHUNK=chunk,
             TAIL=tail,
             NUM_CHUNKS=num_chunks,
+            LOCAL_SLOTS=local,
             num_warps=num_warps or _warps(rows, chunk + tail, scores.device),
             **launch,
         )
@@ -167,6 +182,51 @@ def check_forced(num_sink: int, num_local: int, top_n: int) -> None:
         raise ValueError(
             f"num_sink={num_sink} and num_local={num_local} must be >= 0 and fit in top_n={top_n}"
         )
+
+
+def relative_slots(window: int, block_size: int) -> int:
+    """Block slots of the local window under the position-relative rule: the window
+    ``[p - window, p)`` of a row at position ``p`` meets at most ``window // block_size + 1``
+    blocks.
+
+    The rule: a row at ``p`` attends every block that meets its window and begins inside the
+    prefix, plus its ``top_n`` best-scored live blocks that end before the window begins, the
+    first ``num_sink`` of those forced in. Those candidates are complete and committed whatever
+    the round boundaries, so a token attends to the same keys whether it is verified in a
+    draft tree or decoded alone (with ``window`` at least the draft rows): speculative decoding
+    stays lossless against autoregressive decoding with the same sparse attention. The prefix
+    rule's forced last blocks move with the round boundary; this rule has no ``num_local``."""
+    return window // block_size + 1
+
+
+def check_relative(
+    positions: torch.Tensor | None,
+    window: int,
+    block_size: int,
+    num_local: int,
+    rows: tuple[int, int],
+    device: torch.device,
+) -> int:
+    """The window's block slots of a position-relative pick (0 without ``positions``), after
+    checking ``positions`` (``[B, t]`` int64 on ``device``, contiguous), ``window`` (>= 0) and
+    that ``num_local`` is 0 under the rule."""
+    if positions is None:
+        return 0
+    if positions.shape != rows or positions.dtype != torch.int64 or positions.device != device:
+        raise ValueError(
+            f"positions must be {list(rows)} int64 on {device}, got {list(positions.shape)} "
+            f"{positions.dtype} on {positions.device}"
+        )
+    if not positions.is_contiguous():
+        raise ValueError("positions must be contiguous")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    if num_local != 0:
+        raise ValueError(
+            f"num_local={num_local} does not apply with positions: the window's blocks are "
+            "the local ones (num_local must be 0)"
+        )
+    return relative_slots(window, block_size)
 
 
 def threshold_meta(nb_max: int, top_n: int) -> dict | None:

@@ -22,12 +22,14 @@ LIVE_KEY = tl.constexpr(2**30)
 def topk_blocks_kernel(
     score_ptr,
     prefix_ptr,
-    out_ptr,  # [B, Hkv, t, NB_max] fp32, [B] i32, [B, Hkv, t, TOP_N] i32
+    out_ptr,  # [B, Hkv, t, NB_max] fp32, [B] i32, [B, Hkv, t, TOP_N + LOCAL_SLOTS] i32
+    pos_ptr,  # [B, t] i64 row positions (read where LOCAL_SLOTS > 0)
     num_t,
     nb_max,
     row_stride,
     num_sink,
     num_local,
+    window,
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TOP_N: tl.constexpr,
@@ -35,6 +37,7 @@ def topk_blocks_kernel(
     CHUNK: tl.constexpr,
     TAIL: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
+    LOCAL_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * t,)``: one row's ``TOP_N`` best blocks of its prefix's ``nb`` blocks,
@@ -45,11 +48,15 @@ def topk_blocks_kernel(
     the largest key below the previous pick (one max-reduction), so ties resolve to the lower
     block and nothing is written between rounds; a row of at most ``CHUNK + TAIL`` blocks
     (``NUM_CHUNKS`` 1) stays in registers throughout, a longer one is walked in chunks up to
-    its prefix's last block. ``PDL``: the scores load after ``pdl_gate``."""
+    its prefix's last block. ``PDL``: the scores load after ``pdl_gate``. ``LOCAL_SLOTS`` > 0:
+    the position-relative rule of ``window_candidates`` and ``store_window``."""
     r = tl.program_id(0)
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
     nb = tl.minimum((prefix + BLOCK_SIZE - 1) // BLOCK_SIZE, nb_max)
+    if LOCAL_SLOTS > 0:
+        pos = tl.load(pos_ptr + b.to(tl.int64) * num_t + r % num_t).to(tl.int64)
+        nb = window_candidates(nb, pos, window, BLOCK_SIZE)
     base = score_ptr + r.to(tl.int64) * row_stride
     offs = tl.arange(0, CHUNK)
     slots = tl.arange(0, TOP_N_PAD)
@@ -74,7 +81,10 @@ def topk_blocks_kernel(
         blk = tl.where(best >= 0, (~best & 0x3FFFFFFF).to(tl.int32), NO_BLOCK)
         chosen = tl.where(slots == i, blk, chosen)
         prev = tl.where(best >= 0, best, prev)
-    _store_ascending(chosen, slots, out_ptr + r.to(tl.int64) * TOP_N, TOP_N)
+    out_row = out_ptr + r.to(tl.int64) * (TOP_N + LOCAL_SLOTS)
+    _store_ascending(chosen, slots, out_row, TOP_N)
+    if LOCAL_SLOTS > 0:
+        store_window(out_row + TOP_N, pos, prefix, window, BLOCK_SIZE, LOCAL_SLOTS)
 
 
 @triton.jit
@@ -88,6 +98,27 @@ def _store_ascending(chosen, slots, out_row, TOP_N: tl.constexpr):
     ordered = tl.sum(tl.where(rank[:, None] == slots[None, :], chosen[:, None], 0), 0)
     ordered = tl.where(ordered == NO_BLOCK, -1, ordered)
     tl.store(out_row + slots, ordered, mask=slots < TOP_N)
+
+
+@triton.jit
+def window_candidates(nb, pos, window, BLOCK_SIZE: tl.constexpr):
+    """The candidate blocks of a row at position ``pos`` under the position-relative rule: the
+    first ``nb`` live blocks that end before its window ``[pos - window, pos)`` begins."""
+    lo = tl.maximum(pos - window, 0) // BLOCK_SIZE
+    return tl.minimum(nb, lo.to(tl.int32))
+
+
+@triton.jit
+def store_window(out, pos, prefix, window, BLOCK_SIZE: tl.constexpr, LOCAL_SLOTS: tl.constexpr):
+    """Write the ``LOCAL_SLOTS`` blocks from the one holding ``pos - window`` on, each that
+    begins before ``pos`` and inside the prefix, ``-1`` for the others: the blocks a row at
+    ``pos`` attends besides its picks."""
+    lo = tl.maximum(pos - window, 0) // BLOCK_SIZE
+    hi = tl.where(pos > 0, (tl.maximum(pos, 1) - 1) // BLOCK_SIZE, -1)
+    live = (prefix.to(tl.int64) + BLOCK_SIZE - 1) // BLOCK_SIZE
+    for s in tl.static_range(LOCAL_SLOTS):
+        blk = lo + s
+        tl.store(out + s, tl.where((blk <= hi) & (blk < live), blk, -1).to(tl.int32))
 
 
 @triton.jit
@@ -110,12 +141,14 @@ def threshold_blocks_kernel(
     score_ptr,
     prefix_ptr,
     out_ptr,
-    scratch_ptr,  # [B, Hkv, t, NB_max] fp32, [B] i32, [B, Hkv, t, TOP_N] i32, [rows, CAP] i64
+    scratch_ptr,  # scores [B, Hkv, t, NB_max] fp32, lens [B] i32, out [B, Hkv, t, TOP_N +
+    pos_ptr,  # LOCAL_SLOTS] i32, scratch [rows, CAP] i64, row positions [B, t] i64
     num_t,
     nb_max,
     row_stride,
     num_sink,
     num_local,
+    window,
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TOP_N: tl.constexpr,
@@ -125,6 +158,7 @@ def threshold_blocks_kernel(
     GROUPS: tl.constexpr,
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
+    LOCAL_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Grid ``(B * Hkv * t,)``: ``threshold_pick`` of row ``program_id``."""
@@ -134,11 +168,13 @@ def threshold_blocks_kernel(
         prefix_ptr,
         out_ptr,
         scratch_ptr,
+        pos_ptr,
         num_t,
         nb_max,
         row_stride,
         num_sink,
         num_local,
+        window,
         NUM_KV_HEADS,
         BLOCK_SIZE,
         TOP_N,
@@ -148,6 +184,7 @@ def threshold_blocks_kernel(
         GROUPS,
         TAIL_ROWS,
         CAP,
+        LOCAL_SLOTS,
         "",
         PDL,
     )
@@ -160,11 +197,13 @@ def threshold_pick(
     prefix_ptr,
     out_ptr,
     scratch_ptr,
+    pos_ptr,
     num_t,
     nb_max,
     row_stride,
     num_sink,
     num_local,
+    window,
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TOP_N: tl.constexpr,
@@ -174,13 +213,15 @@ def threshold_pick(
     GROUPS: tl.constexpr,
     TAIL_ROWS: tl.constexpr,
     CAP: tl.constexpr,
+    LOCAL_SLOTS: tl.constexpr,
     CACHE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Row ``r``'s pick, the same as ``topk_blocks_kernel``'s (the ``TOP_N`` largest keys of
     the row), with work linear in the row instead of ``TOP_N`` passes over it. ``CACHE``: the
     cache modifier of the score loads (``".cg"`` where other programs of the launch wrote
-    them). ``PDL``: the scores load after ``pdl_gate``.
+    them). ``PDL``: the scores load after ``pdl_gate``. ``LOCAL_SLOTS`` > 0: the
+    position-relative rule (``window_candidates``; ``store_window`` after the picks).
 
     Block ``j`` falls into group ``j % GROUPS`` (strided, so a run of neighbouring high scores
     spreads over groups). The ``TOP_N``-th largest group maximum ``tau`` bounds the answer from
@@ -197,6 +238,9 @@ def threshold_pick(
     b = r // (NUM_KV_HEADS * num_t)
     prefix = tl.load(prefix_ptr + b)
     nb = tl.minimum((prefix + BLOCK_SIZE - 1) // BLOCK_SIZE, nb_max)
+    if LOCAL_SLOTS > 0:
+        pos = tl.load(pos_ptr + b.to(tl.int64) * num_t + r % num_t).to(tl.int64)
+        nb = window_candidates(nb, pos, window, BLOCK_SIZE)
     base = score_ptr + r.to(tl.int64) * row_stride
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, CHUNK // GROUPS)[:, None] * GROUPS + g[None, :]  # [SPAN, GROUPS]
@@ -225,7 +269,7 @@ def threshold_pick(
     if TAIL > 0:
         cand_t = (_key_at_least(vt, jt, tau) & (jt < nb)).to(tl.int32)
         num_cand += tl.sum(tl.sum(cand_t, 1), 0)
-    out_row = out_ptr + r.to(tl.int64) * TOP_N
+    out_row = out_ptr + r.to(tl.int64) * (TOP_N + LOCAL_SLOTS)
     slots = tl.arange(0, TOP_N_PAD)
     if num_cand <= CAP:
         # Candidates in block order: row-major over the main tile, then the tail.
@@ -257,6 +301,8 @@ def threshold_pick(
             chosen = tl.where(slots == i, blk, chosen)
             prev = tl.where(best >= 0, best, prev)
         _store_ascending(chosen, slots, out_row, TOP_N)
+    if LOCAL_SLOTS > 0:
+        store_window(out_row + TOP_N, pos, prefix, window, BLOCK_SIZE, LOCAL_SLOTS)
 
 
 @triton.jit

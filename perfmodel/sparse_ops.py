@@ -302,7 +302,7 @@ def _sparse_verify_ops(
 ) -> None:
     """Block-metadata selection's attention (``mean``/``quest``): one ``kernels.sparse_verify``
     call a layer in the strategy's grouping mode over each row's ``top_n`` scored blocks and its
-    local window's ``window // block_size + 1`` (``engine.attention.select_exact``; no
+    local window's ``window // block_size + 1`` (``kernels.top_blocks.relative_slots``; no
     compressed branch), one op per kernel path (``sparse_work.kernel_mode``: groups of one
     query run the ``per_query`` launch) and grid regime (``SPARSE_VERIFY_OPS``,
     ``sparse_work.grid_regime``: the call's group lists against the SMs), priced by its class

@@ -7,7 +7,7 @@ assignments, ``kv[rows, :, slots] = k``, each an ATen ``index_put_`` kernel whos
 store their elements in series (``index_put_steps``, ``kv_write_chain``). Block selection
 (``kernels.select_blocks.select_blocks``) scores every block in one Triton kernel; the
 committed H100 rows (``calibration/profiles/h100-sxm``) were timed with its top-n in torch
-(``topn_from_scores``, the reference of the one-launch ``kernels.top_blocks``), which
+(``kernels.select_reference.topn_from_scores``, the reference of ``kernels.top_blocks``), which
 ``topn_counts`` prices.
 """
 

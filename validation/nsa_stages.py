@@ -32,6 +32,7 @@ from ssvkit.kernels import timing as tm
 from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
 from ssvkit.kernels.nsa_launch import make_plan, plan_slots, refresh_slots
+from ssvkit.kernels.select_reference import reference_select_blocks
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
@@ -158,7 +159,7 @@ def check_select(sets) -> None:
         )
     if not torch.equal(idx_pdl, idx):
         raise SystemExit("select_blocks: the call with pdl differs from the call")
-    ref = sb.reference_select_blocks(q, k, lens, KW["block_size"], top_n=KW["top_n"])
+    ref = reference_select_blocks(q, k, lens, KW["block_size"], top_n=KW["top_n"])
     rows = zip(idx.flatten(0, 2).cpu().tolist(), ref.flatten(0, 2).cpu().tolist(), strict=True)
     agree = sum(len(set(a) & set(b) - {-1}) for a, b in rows) / max(1, int((ref >= 0).sum()))
     if agree < SELECT_AGREEMENT:

@@ -7,7 +7,7 @@ Scores are fresh standard-normal fp32 rows of ``blocks`` blocks, every block liv
 rows (``[1, 8, rows / 8, blocks]``), top_n 16 with the first and last block forced; enough
 input sets to defeat the L2 (``kernels.timing.num_rotations``). Each case first checks that
 every warp count picks the same blocks as the default and as the fp32 torch reference
-(``select_blocks.topn_from_scores``), then times each in a CUDA graph (L2 flushed per sample,
+(``select_reference.topn_from_scores``), then times each in a CUDA graph (L2 flushed per sample,
 median). ``floor_s``: the score bytes read over the copy bandwidth measured in the same run.
 """
 
@@ -20,7 +20,7 @@ import torch
 from ssvkit.kernels import timing as tm
 from ssvkit.kernels import top_blocks as tb
 from ssvkit.kernels.device import num_sms
-from ssvkit.kernels.select_blocks import topn_from_scores
+from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 

@@ -67,7 +67,6 @@ def test_the_select_check_compares_the_one_launch_pick_with_the_two_launch_one(
     broken = types.SimpleNamespace(
         select_blocks=select_blocks,
         BlockMetadata=sb.BlockMetadata,
-        reference_select_blocks=sb.reference_select_blocks,
     )
     with pytest.raises(checks.CorrectnessError, match="one launch and two launches differ"):
         checks.check_select(broken)
