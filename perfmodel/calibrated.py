@@ -23,10 +23,11 @@ from ssvkit.perfmodel.nsa_plan import PER_QUERY
 from ssvkit.perfmodel.ops import FUSED_CLASSES
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX, Op, RooflinePredictor
 from ssvkit.perfmodel.profiles import Profile
+from ssvkit.perfmodel.select_work import TWO_LAUNCH
 
-# Suffix of a class whose rates, while a profile has no rows of it, are those of the class
-# without it (the module docstring).
-STAND_INS = ("/" + PER_QUERY,)
+# (Family, suffix) of a class whose rates, while a profile has no rows of it, are those of the
+# class without the suffix (the module docstring).
+STAND_INS = (("nsa_verify/", "/" + PER_QUERY), ("select_blocks/", "/" + TWO_LAUNCH))
 # The class that prices a fused element-wise op while the profile has none of its family.
 ONE_LAUNCH_STAND_IN = "residual_add"
 
@@ -37,6 +38,9 @@ def stand_in(kernel: str) -> str | None:
 
     - the NSA kernels' one-row path (``nsa_verify/<mode>/<impl>/per_query``, one draft row per
       row tile) stands in with the packed class of its call until a profile has per-query rows;
+    - block selection in two launches (``select_blocks/<method>/two_launch``) stands in with
+      its method's class where a profile timed only one form (the H100's rows: the scoring,
+      then the pick in torch, priced by the op's torch-pick counts);
     - the fused path's element-wise ops (``perfmodel.ops.FUSED_CLASSES``: ``add_rms_norm/d{d}``,
       ``rope_kv_write``, ``silu_mul_fused``, ``embed``), while a profile has no class of their
       family, stand in with ``residual_add`` (``ONE_LAUNCH_STAND_IN``): the one class of a
@@ -45,8 +49,8 @@ def stand_in(kernel: str) -> str | None:
       to tens of megabytes), while the torch path's other classes time several launches a call
       (a norm, SiLU and multiply, rotary with its copies). Each fused op keeps its own bytes.
     """
-    for suffix in STAND_INS:
-        if kernel.startswith("nsa_verify/") and kernel.endswith(suffix):
+    for family, suffix in STAND_INS:
+        if kernel.startswith(family) and kernel.endswith(suffix):
             return kernel.removesuffix(suffix)
     if kernel.split("/")[0] in FUSED_CLASSES:
         return ONE_LAUNCH_STAND_IN
@@ -75,30 +79,30 @@ class CalibratedPredictor(RooflinePredictor):
         tp = self.tp[idx] if self.tp.ndim else self.tp
         return CalibratedPredictor(self.gpu, self.profile, self.dtype, tp, self.provenance)
 
-    def _resolve(self, kernel: str | None) -> tuple[ClassFit | None, bool]:
-        """The class for ``kernel``; a per-size class family (``rmsnorm/d4096``) falls back to
-        its nearest measured size, flagged as an extrapolation; an L2-resident kernel
-        (``gemm@l2``) without a resident class falls back to the cold one; a kernel of no
-        measured class (nor size of its family) to its stand-in (``stand_in``), resident when
-        the kernel is and the profile has it."""
+    def _resolve(self, kernel: str | None) -> tuple[ClassFit | None, bool, str | None]:
+        """The class for ``kernel``, whether it is an extrapolation, and the stand-in's name
+        when one prices it: a per-size class family (``rmsnorm/d4096``) falls back to its
+        nearest measured size, flagged as an extrapolation; an L2-resident kernel (``gemm@l2``)
+        without a resident class falls back to the cold one; a kernel of no measured class (nor
+        size of its family) to its stand-in (``stand_in``), resident when the kernel is and the
+        profile has it."""
         if not kernel:
-            return None, False
-        asked, resident = kernel, kernel.endswith(RESIDENT_SUFFIX)
+            return None, False, None
+        resident = kernel.endswith(RESIDENT_SUFFIX)
         if resident:
             if kernel in self.profile.classes:
-                return self.profile.classes[kernel], False
+                return self.profile.classes[kernel], False, None
             kernel = kernel.removesuffix(RESIDENT_SUFFIX)  # not timed resident: the cold class
         if kernel in self.profile.classes:
-            return self.profile.classes[kernel], False
+            return self.profile.classes[kernel], False, None
         nearest = self._nearest_size(kernel)
         if nearest is not None:
-            return self.profile.classes[nearest], True
+            return self.profile.classes[nearest], True, None
         sub = stand_in(kernel)
         for name in (sub + RESIDENT_SUFFIX if resident and sub else None, sub):
             if name in self.profile.classes:
-                self.stand_ins[asked] = name
-                return self.profile.classes[name], False
-        return None, False
+                return self.profile.classes[name], False, name
+        return None, False, None
 
     def _nearest_size(self, kernel: str) -> str | None:
         """The measured class of ``kernel``'s per-size family (``rmsnorm/d4096``) nearest in
@@ -129,9 +133,11 @@ class CalibratedPredictor(RooflinePredictor):
         """``op``'s seconds, the kernel family of the class that priced it (None: the roofline
         did) and the points where that class was evaluated outside its measured range or stood
         in for another kernel (whose intervals so take the leave-one-out residuals too)."""
-        cls, nearest = self._resolve(op.kernel)
+        cls, nearest, sub = self._resolve(op.kernel)
         if cls is None or op.kind == "comm":
             return super().op_time_s(op), None, None
+        if sub is not None and np.any(np.asarray(op.calls) > 0):
+            self.stand_ins[op.kernel] = sub  # only where some point runs the op
         if cls.slot_plan and op.slot_plan is not None:
             op = op.slot_plan
         calls = np.asarray(op.calls, dtype=float)
@@ -157,7 +163,7 @@ class CalibratedPredictor(RooflinePredictor):
         # remembered so that their figures can be labelled "extrapolated".
         bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
         outside = (calls > 0) & (~cls.in_range(nbytes, flops, bw, peak) | nearest)
-        stood_in = (calls > 0) & (op.kernel in self.stand_ins)
+        stood_in = (calls > 0) & (sub is not None)
         self.outside = _accumulate(self.outside, outside)
         self.stood_in = _accumulate(self.stood_in, stood_in)
         return np.where(calls > 0, t, 0.0), kernel_family(cls.name), outside | stood_in

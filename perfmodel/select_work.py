@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.work_points import at_distinct_points
 
+# The two-launch selection's impl param and class suffix (scoring, then the pick).
+TWO_LAUNCH = "two_launch"
 SCORE_TILE = 1024  # kernels.select_blocks._SCORE_TILE: T_PAD x BLOCK_NB
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
 NUM_STAGES = 3  # score_range's pipelined loop

@@ -1,6 +1,7 @@
 """The block-selection op of sparse verification over block metadata (``mean`` / ``quest``):
-one scoring and top-n call per refresh layer, priced by the torch-pick plan's counts or, for
-classes fitted on the current kernels, by their launch plan (``perfmodel.select_work``)."""
+one scoring and top-n call (two launches) per refresh layer, priced by the torch-pick plan's
+counts or, for classes fitted on the current kernels, by their launch plan
+(``perfmodel.select_work``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_work import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.ops import ACT_BYTES, F32, I32, OpSum
 from ssvkit.perfmodel.predictor import Op
-from ssvkit.perfmodel.select_work import select_work_arrays
+from ssvkit.perfmodel.select_work import TWO_LAUNCH, select_work_arrays
 from ssvkit.perfmodel.torch_plan import topn_counts
 
 
@@ -30,11 +31,12 @@ def selection_op(
 ) -> None:
     """Selection over block metadata (mean / quest), in refresh layers only, added to ``acc``
     for ``groups`` query groups, ``nb`` blocks and ``comp`` compressed tokens a point
-    (``perfmodel.sparse_ops.Branches``). The op carries
-    the current kernels' launch-plan counts (``perfmodel.select_work``, one launch as the
-    class it names times it) for classes fitted on them, the torch-pick plan's otherwise."""
+    (``perfmodel.sparse_ops.Branches``): the engine's call (``kernels.select_blocks.
+    select_blocks`` in two launches, the scoring and the pick) priced by the class
+    ``select_blocks/mean/two_launch``. The op carries the current kernels'
+    launch-plan counts (``perfmodel.select_work``) for classes fitted on them, the torch-pick
+    plan's otherwise (a profile whose rows picked in torch: ``perfmodel.calibrated.stand_in``)."""
     b, t, T = c.batch, c.rows, c.context_len
-    on_meta = c.sparse * (1 - nsa)
     q_sel = np.where(c.mode == 2, groups, t)
     v = c.meta_vectors
     # Bytes as the measured class counts them (calibration/kernel_ops.py): the fp32 metadata
@@ -47,24 +49,28 @@ def selection_op(
     # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys
     # (perfmodel.torch_plan), over the blocks of the context plus the draft rows.
     topn = topn_counts(b * q_sel * hkv, np.ceil((T + t) / c.block_size), c.top_n)
+    on = c.sparse * (1 - nsa)
+    # Both methods' points take the mean class (one op, one class); a quest point's counts
+    # carry its two metadata vectors (``v``, ``kinds``).
+    kernel = f"select_blocks/mean/{TWO_LAUNCH}"
     sel_op = Op(
         "selection",
-        on_meta * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
-        on_meta * (meta + scores + nsa_probs + update),
-        on_meta * 2.0,
-        kernel="select_blocks/mean",  # the measured scoring + top-n call (mean-key metadata)
-        calls=on_meta * 1.0,
-        stage_counts=tuple(on_meta * x for x in topn),
-        slot_plan=select_plan_op(model, c, q_sel, hq, hkv, on_meta, num_sms)
-        if np.any(on_meta)
+        on * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
+        on * (meta + scores + nsa_probs + update),
+        on * 2.0,
+        kernel=kernel,
+        calls=on * 1.0,
+        stage_counts=tuple(on * x for x in topn),
+        slot_plan=select_plan_op(model, c, q_sel, hq, hkv, on, num_sms, kernel)
+        if np.any(on)
         else None,
     )
     acc.add(prefix + "selection", sel_op.scaled(layers * c.refresh_frac))
 
 
-def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: int) -> Op:
-    """One block-selection call per point where ``on``, counted by the current kernels' plan
-    (``perfmodel.select_work``): the counts the plan-fitted classes price
+def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: int, kernel) -> Op:
+    """One block-selection call in two launches per point where ``on``, counted by the current
+    kernels' plan (``perfmodel.select_work``): the counts the plan-fitted classes price
     (``calibration.features``)."""
     live = lambda x: np.where(on > 0, x, 0)  # noqa: E731
     shape = {
@@ -79,14 +85,14 @@ def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: in
         "kinds": np.maximum(c.meta_vectors, 1),
     }
     w = select_work_arrays(
-        shape, fused=True, num_sms=num_sms, smem_per_sm_bytes=DEFAULT_SMEM_PER_SM_BYTES
+        shape, fused=False, num_sms=num_sms, smem_per_sm_bytes=DEFAULT_SMEM_PER_SM_BYTES
     )
     return Op(
         "selection",
         on * w["flops"],
         on * w["requested_bytes"],
         on * w["launches"],
-        kernel="select_blocks/mean",
+        kernel=kernel,
         calls=on * 1.0,
         depth=on * w["chain_tiles"],
         stage_counts=(on * w["pick_chain"], on * w["pick_rows"], on * w["query_chain"]),

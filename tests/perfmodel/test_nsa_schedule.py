@@ -147,3 +147,21 @@ def test_the_compressed_tiling_moves_the_naive_and_union_schedules_only():
             assert tps[name] > 1.05 * tps["per_tile"], name
         else:
             assert tps[name] == pytest.approx(tps["per_tile"]), name
+
+
+def test_two_launch_selection_stands_in_only_where_a_profile_lacks_it():
+    """Block-metadata selection is priced by the two-launch class the engine runs: the H200
+    profile has it, the H100's (its pick timed in torch) stands in with the method's class;
+    a strategy that selects nothing records no stand-in."""
+    assert stand_in("select_blocks/mean/two_launch") == "select_blocks/mean"
+    mean = dataclasses.replace(Strategy.from_name("ssv"), metadata="mean")
+    nsa = Strategy.from_name("ssv")
+    key = "verify.selection"
+    for gpu, stood in (("h200", False), ("h100-sxm", True)):
+        c = build_columns(LLAMA, [(mean, Workload(elementwise="torch")), (nsa, Workload())])
+        p = predict_columns(LLAMA, c, CalibratedPredictor(get_gpu(gpu), shipped_profile(gpu)))
+        assert p.ops[key].kernel == "select_blocks/mean/two_launch"
+        assert p.op_seconds[key][0] > 0 and p.op_seconds[key][1] == 0
+        sel = "select_blocks/mean/two_launch <- select_blocks/mean"
+        assert (sel in p.stood_in_for(0)) is stood and bool(p.stand_in[0]) is stood
+        assert sel not in p.stood_in_for(1)
