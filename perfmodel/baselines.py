@@ -16,6 +16,7 @@ from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.intervals import bounds, interval, uncovered_share
 from ssvkit.perfmodel.models import ModelSpec
+from ssvkit.perfmodel.selection_ops import SELECTION_OPS
 from ssvkit.perfmodel.step import ATTENTION_OPS, StepPrediction, build_columns, predict_columns
 from ssvkit.perfmodel.strategy import Strategy, Workload
 
@@ -41,8 +42,8 @@ def op_group(name: str) -> str:
         return "gemm"
     if op in ATTENTION_OPS:  # dense, and every sparse class: reuse and refresh, fused or not
         return "attention"
-    if op == "selection":
-        return op
+    if op in SELECTION_OPS.values():
+        return "selection"
     return "other"
 
 

@@ -35,6 +35,7 @@ from ssvkit.perfmodel.step import (
     StepPrediction,
     attention_seconds,
     predict_columns,
+    selection_seconds,
 )
 from ssvkit.perfmodel.strategy import DrafterSpec, fused_elementwise
 
@@ -155,7 +156,7 @@ def verify_layer_split(
     ops = pred.op_seconds
     head = sum((ops.get(k, zero) for k in HEAD_OPS), zero)
     accept = ops.get("verify.accept", zero)
-    attn, sel = attention_seconds(ops) + zero, ops.get("verify.selection", zero)
+    attn, sel = attention_seconds(ops) + zero, selection_seconds(ops) + zero
     linear = (pred.verify_s - head - accept - attn - sel) / L
     return LayerSplit(
         num_layers=L,
@@ -163,7 +164,7 @@ def verify_layer_split(
         linear_s=linear,
         attention_refresh_s=(attention_seconds(p1.op_seconds) + zero) / L,
         attention_reuse_s=(attention_seconds(p0.op_seconds) + zero) / L,
-        selection_s=p1.op_seconds.get("verify.selection", zero) / L,
+        selection_s=(selection_seconds(p1.op_seconds) + zero) / L,
         head_s=head,
         accept_s=accept,
         verify_s=pred.verify_s,

@@ -6,13 +6,17 @@ counts or, for classes fitted on the current kernels, by their launch plan
 from __future__ import annotations
 
 import numpy as np
-from ssvkit.perfmodel.columns import Columns
+from ssvkit.perfmodel.columns import META_VECTORS, Columns
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_work import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.ops import ACT_BYTES, F32, I32, OpSum
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.select_work import TWO_LAUNCH, select_work_arrays
 from ssvkit.perfmodel.torch_plan import topn_counts
+
+# The selection op of each metadata method's points (every op present, zero where no point
+# selects so): each method's own class prices it.
+SELECTION_OPS = {"mean": "selection", "quest": "selection_quest"}
 
 
 def selection_op(
@@ -32,10 +36,11 @@ def selection_op(
     """Selection over block metadata (mean / quest), in refresh layers only, added to ``acc``
     for ``groups`` query groups, ``nb`` blocks and ``comp`` compressed tokens a point
     (``perfmodel.sparse_ops.Branches``): the engine's call (``kernels.select_blocks.
-    select_blocks`` in two launches, the scoring and the pick) priced by the class
-    ``select_blocks/mean/two_launch``. The op carries the current kernels'
-    launch-plan counts (``perfmodel.select_work``) for classes fitted on them, the torch-pick
-    plan's otherwise (a profile whose rows picked in torch: ``perfmodel.calibrated.stand_in``)."""
+    select_blocks`` in two launches, the scoring and the pick), one op per method
+    (``SELECTION_OPS``) priced by its class ``select_blocks/<method>/two_launch``. An op
+    carries the current kernels' launch-plan counts (``perfmodel.select_work``) for classes
+    fitted on them, the torch-pick plan's otherwise (a profile whose rows picked in torch:
+    ``perfmodel.calibrated.stand_in``)."""
     b, t, T = c.batch, c.rows, c.context_len
     q_sel = np.where(c.mode == 2, groups, t)
     v = c.meta_vectors
@@ -49,23 +54,22 @@ def selection_op(
     # The top-n stage after the scoring: topk over the score rows, two sorts of top_n keys
     # (perfmodel.torch_plan), over the blocks of the context plus the draft rows.
     topn = topn_counts(b * q_sel * hkv, np.ceil((T + t) / c.block_size), c.top_n)
-    on = c.sparse * (1 - nsa)
-    # Both methods' points take the mean class (one op, one class); a quest point's counts
-    # carry its two metadata vectors (``v``, ``kinds``).
-    kernel = f"select_blocks/mean/{TWO_LAUNCH}"
-    sel_op = Op(
-        "selection",
-        on * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
-        on * (meta + scores + nsa_probs + update),
-        on * 2.0,
-        kernel=kernel,
-        calls=on * 1.0,
-        stage_counts=tuple(on * x for x in topn),
-        slot_plan=select_plan_op(model, c, q_sel, hq, hkv, on, num_sms, kernel)
-        if np.any(on)
-        else None,
-    )
-    acc.add(prefix + "selection", sel_op.scaled(layers * c.refresh_frac))
+    for method, name in SELECTION_OPS.items():
+        on = c.sparse * (1 - nsa) * (v == META_VECTORS[method])
+        kernel = f"select_blocks/{method}/{TWO_LAUNCH}"
+        sel_op = Op(
+            "selection",
+            on * (2 * b * q_sel * hkv * nb * model.head_dim * v + 2 * b * q_sel * hq * comp),
+            on * (meta + scores + nsa_probs + update),
+            on * 2.0,
+            kernel=kernel,
+            calls=on * 1.0,
+            stage_counts=tuple(on * x for x in topn),
+            slot_plan=select_plan_op(model, c, q_sel, hq, hkv, on, num_sms, kernel)
+            if np.any(on)
+            else None,
+        )
+        acc.add(prefix + name, sel_op.scaled(layers * c.refresh_frac))
 
 
 def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: int, kernel) -> Op:

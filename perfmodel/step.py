@@ -49,6 +49,7 @@ from ssvkit.perfmodel.predictor import (
     RooflinePredictor,
     weights_fit_l2,
 )
+from ssvkit.perfmodel.selection_ops import SELECTION_OPS
 from ssvkit.perfmodel.sparse_ops import SPARSE_VERIFY_OPS, sparse_attention
 from ssvkit.perfmodel.strategy import DrafterSpec
 
@@ -157,6 +158,13 @@ ATTENTION_OPS = (
 def attention_seconds(op_seconds: dict[str, np.ndarray], stage: str = "verify") -> np.ndarray:
     """Seconds of a stage's attention, dense or sparse (the ops of ``ATTENTION_OPS``)."""
     parts = [op_seconds[f"{stage}.{n}"] for n in ATTENTION_OPS if f"{stage}.{n}" in op_seconds]
+    return sum(parts[1:], parts[0]) if parts else 0.0
+
+
+def selection_seconds(op_seconds: dict[str, np.ndarray], stage: str = "verify") -> np.ndarray:
+    """Seconds of a stage's block-metadata selection (the ops of ``SELECTION_OPS``)."""
+    names = SELECTION_OPS.values()
+    parts = [op_seconds[f"{stage}.{n}"] for n in names if f"{stage}.{n}" in op_seconds]
     return sum(parts[1:], parts[0]) if parts else 0.0
 
 

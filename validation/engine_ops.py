@@ -19,6 +19,7 @@ from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
 )
+from ssvkit.perfmodel.selection_ops import SELECTION_OPS
 from ssvkit.perfmodel.step import ATTENTION_OPS
 
 OP_TIMING = TimingConfig(warmup=3, graph_launches=32, graph_reps=10, max_total_s=1.0)
@@ -268,7 +269,7 @@ OP_GROUPS = {
         ("rope_kv_write",),
         ("rope", "rope_row", "kv_write", "kv_write_row", "rope_tables", "rope_kv_write"),
     ),
-    "attention": (("attention", "attention_reuse"), (*ATTENTION_OPS, "selection")),
+    "attention": (("attention", "attention_reuse"), (*ATTENTION_OPS, *SELECTION_OPS.values())),
     "o_proj": (("o_proj",), ("o_proj",)),
     "gate_up_proj": (("gate_up_proj",), ("ffn_gate_up",)),
     "silu_mul": (("silu_mul",), ("ffn_act", "ffn_act_row", "silu_mul")),

@@ -165,3 +165,19 @@ def test_two_launch_selection_stands_in_only_where_a_profile_lacks_it():
         sel = "select_blocks/mean/two_launch <- select_blocks/mean"
         assert (sel in p.stood_in_for(0)) is stood and bool(p.stand_in[0]) is stood
         assert sel not in p.stood_in_for(1)
+
+
+def test_each_metadata_method_takes_its_own_selection_class():
+    """A quest point's selection is the quest op, priced by the quest class; a mean point's
+    the mean op; each is zero at the other's point."""
+    ssv = Strategy.from_name("ssv")
+    pts = [(dataclasses.replace(ssv, metadata=m), Workload()) for m in ("mean", "quest")]
+    c = build_columns(LLAMA, pts)
+    p = predict_columns(LLAMA, c, CalibratedPredictor(get_gpu("h200"), shipped_profile("h200")))
+    mean, quest = p.ops["verify.selection"], p.ops["verify.selection_quest"]
+    assert mean.kernel == "select_blocks/mean/two_launch"
+    assert quest.kernel == "select_blocks/quest/two_launch"
+    assert p.op_seconds["verify.selection"][1] == 0 < p.op_seconds["verify.selection"][0]
+    assert (
+        p.op_seconds["verify.selection_quest"][0] == 0 < p.op_seconds["verify.selection_quest"][1]
+    )
