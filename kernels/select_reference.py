@@ -35,8 +35,10 @@ def topn_from_scores(
     live = ((prefix_lens.to(torch.int64) + block_size - 1) // block_size).view(-1, 1, 1, 1)
     limit = live
     if positions is not None:
-        check_relative(positions, window, block_size, num_local, scores.shape[::2], scores.device)
-        lo = torch.clamp(positions - window, min=0) // block_size  # [B, t]: the window's first
+        rows = (scores.shape[0], scores.shape[2])  # [B, t]
+        check_relative(positions, window, block_size, num_local, rows, scores.device)
+        # [B, t]: the first block of each row's window
+        lo = torch.clamp(positions - window, min=0) // block_size
         limit = torch.minimum(lo[:, None, :, None], live)
     j = torch.arange(nb, device=scores.device)
     forced = ((j < num_sink) | (j >= live - num_local)) & (j < limit)
