@@ -11,6 +11,8 @@ space and profile ranked at batch B, ``ranking_for``). A run that fails is recor
 one-line error, not skipped. ``--repeats N`` runs every (context, baseline, drafter, batch) N
 times, interleaved (every run once, then every run again), so a slow spell of the machine
 touches each baseline alike; ``table`` shows each one's median and the range of its runs.
+``--metadata mean`` (or ``quest``) runs the sparse baselines with block-metadata selection in
+place of their NSA importance (``ssvkit decode --metadata``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
+from ssvkit.perfmodel.strategy import BASELINES as STRATEGIES
+from ssvkit.perfmodel.strategy import METADATA
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.records import file_label, record_path
 
@@ -52,6 +56,12 @@ def parse_args(argv=None):
         "--planner",
         default=str(record_path("planner.json")),
         help="planner evaluation that ranks ssv_planned",
+    )
+    p.add_argument(
+        "--metadata",
+        default="nsa",
+        choices=METADATA,
+        help="block scores of the sparse baselines (nsa: their own; mean, quest: block metadata)",
     )
     p.add_argument("--gpu", default="h200", help="GPU of the predictions beside the runs")
     p.add_argument("--device", default="cuda")
@@ -119,6 +129,10 @@ def plan(args) -> list[dict]:
     bad = sorted(set(names) - set(BASELINES))
     if bad:
         raise ValueError(f"unknown baseline(s) {bad}; choose from {', '.join(BASELINES)}")
+    if args.metadata != "nsa" and "ssv_planned" in names:
+        raise ValueError(
+            f"--metadata {args.metadata} does not apply to ssv_planned (its ranking sets it)"
+        )
     drafters = [d for d in args.drafters.split(",") if d]
     runs = []
     for ctx in contexts:
@@ -157,6 +171,8 @@ def decode_argv(args, run: dict, ranking: str | None) -> list[str]:
     if run["baseline"] == "ssv_planned":
         return argv + ["--ranking", ranking]
     argv += ["--strategy", run["baseline"]]
+    if args.metadata != "nsa" and STRATEGIES[run["baseline"]].is_sparse:
+        argv += ["--metadata", args.metadata]
     if run["drafter"]:
         argv += ["--drafter-kind", run["drafter"]]
     return argv
@@ -205,6 +221,7 @@ def main(argv=None) -> int:
     settings = {
         "new_tokens": args.new_tokens,
         "planner": file_label(args.planner),
+        "metadata": args.metadata,
         "gpu": args.gpu,
         "device": args.device,
     }
@@ -265,7 +282,11 @@ def table(doc: dict) -> str:
     lines = []
     for ctx in contexts:
         here = [r for r in runs if r.get("context", one) == ctx]
-        lines.append(f"tokens/s, {doc['provenance']['device_name']}, context {ctx}")
+        metadata = doc["settings"].get("metadata", "nsa")
+        lines.append(
+            f"tokens/s, {doc['provenance']['device_name']}, context {ctx}, "
+            f"sparse block scores: {metadata}"
+        )
         lines.append(
             f"{'baseline':16s} {'drafter':12s}" + "".join(f"{f'b={b}':>10s}" for b in batches)
         )

@@ -89,6 +89,24 @@ def test_repeats_interleave_and_the_table_shows_their_median_and_range(tmp_path,
     assert "ar_dense  b=1: 3 runs, 100.0 to 300.0" in text
 
 
+def test_metadata_reaches_the_sparse_baselines_only(tmp_path, monkeypatch):
+    """``--metadata mean`` runs ``ar_sparse`` with block-metadata selection (the report's
+    strategy says so) and leaves ``ar_dense``'s command as it was; the settings record it."""
+    monkeypatch.setattr(batched_decode, "run_ssvkit", _in_process)
+    argv = _argv(tmp_path, "--metadata", "mean")
+    argv[argv.index("--baselines") + 1] = "ar_dense,ar_sparse"
+    argv[argv.index("--contexts") + 1] = "300"
+    argv[argv.index("--batches") + 1] = "2"
+    assert batched_decode.main(argv) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["settings"]["metadata"] == "mean"
+    runs = {r["baseline"]: r for r in doc["runs"]}
+    assert "--metadata" not in runs["ar_dense"]["argv"]
+    assert runs["ar_sparse"]["argv"][-2:] == ["--metadata", "mean"]
+    assert runs["ar_sparse"]["report"]["strategy"]["metadata"] == "mean"
+    assert "sparse block scores: mean" in batched_decode.table(doc)
+
+
 def test_stop_after_writes_the_runs_so_far(tmp_path, monkeypatch):
     monkeypatch.setattr(batched_decode, "run_ssvkit", _never)
     assert batched_decode.main(_argv(tmp_path, "--stop-after", "0")) == 0
@@ -109,15 +127,23 @@ def test_max_is_the_longest_context_the_tiny_pair_holds():
         (["--baselines", "ar_fast"], "ar_fast"),
         (["--new-tokens", "0"], "--new-tokens must be >= 1"),
         (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--metadata", "kmeans"], "kmeans"),
+        (["--baselines", "ssv_planned", "--metadata", "quest"], "--metadata quest"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, change, message):
     argv = _argv(tmp_path)
-    if change[0] in argv:
-        argv[argv.index(change[0]) + 1] = change[1]
-    else:
-        argv += change
-    assert batched_decode.main(argv) == 2
+    for flag, value in zip(change[::2], change[1::2], strict=True):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    code = None
+    try:
+        code = batched_decode.main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "b.json").exists()
