@@ -12,6 +12,8 @@ For each ``t`` (the root plus ``t - 1`` chain drafts), on a KV cache of random v
 most 1.15x their sum) and its byte floor, beside perfmodel's (``main`` lists the fields).
 ``--campaign FILE`` times instead the verify forward of each (baseline, context) of an
 end-to-end campaign (``campaign_main``) or each cell of a scale one (``validation.scale_verify``).
+``--metadata mean`` (or ``quest``) runs the sparse strategies with block-metadata selection in
+place of their NSA importance; their rows record it (``metadata``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ssvkit.kernels.timing import (
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.numbers import parse_count_list
-from ssvkit.perfmodel.strategy import Strategy, elementwise_of_backend
+from ssvkit.perfmodel.strategy import METADATA, Strategy, elementwise_of_backend
 from ssvkit.planner.space import describe
 from ssvkit.validation.decode_figures import predicted_verify_s
 from ssvkit.validation.engine_ops import floor_bytes, op_floors, selection_stats, time_ops
@@ -60,6 +62,12 @@ def parse_args(argv=None):
     p.add_argument("--t", default="1,5,16", help="verify rows, comma-separated")
     p.add_argument(
         "--strategy", default="sd_dense", help="baselines whose attention is used, comma-separated"
+    )
+    p.add_argument(
+        "--metadata",
+        default="nsa",
+        choices=METADATA,
+        help="block scores of the sparse strategies (nsa: their own; mean, quest: block metadata)",
     )
     p.add_argument(
         "--gpu",
@@ -264,7 +272,10 @@ def main(argv=None) -> dict:
     args.gpu = args.gpu or "h100-sxm"
     contexts = sorted(parse_count_list(args.context, "--context"))
     ts = [int(x) for x in args.t.split(",")]
-    strategies = [Strategy.from_name(name.strip()) for name in args.strategy.split(",")]
+    strategies = [
+        with_metadata(Strategy.from_name(n.strip()), args.metadata)
+        for n in args.strategy.split(",")
+    ]
     src = resolve_source(args.model)
     t_max = max(contexts) + max(ts) + 1
     torch.manual_seed(0)
@@ -283,7 +294,7 @@ def main(argv=None) -> dict:
             k: resumed[k] for k in ("copy_bytes_per_s", "gemm_flops_per_s", "graph_launch_s")
         }
     rows = [] if resumed is None else resumed["rows"]
-    done = {(r["strategy"], r["context"], r["t"]) for r in rows}
+    done = {(r["strategy"], r.get("metadata", "nsa"), r["context"], r["t"]) for r in rows}
     result = {
         "benchmark": "engine_verify",
         "model": args.model,
@@ -297,12 +308,19 @@ def main(argv=None) -> dict:
             attn = AttentionConfig.from_strategy(strategy)
             runner.prepare(attn)
             for t in ts:
-                if (strategy.name, context, t) in done:
+                if (strategy.name, strategy.metadata, context, t) in done:
                     continue
                 rows.append(_verify_row(runner, strategy, attn, args, context, t, ceilings))
                 _write(result, args.out)  # each finished row survives an interrupted run
     _write(result, args.out)
     return result
+
+
+def with_metadata(strategy: Strategy, metadata: str) -> Strategy:
+    """``strategy`` with ``metadata``'s block scores where it is sparse (dense ones have none)."""
+    if not strategy.is_sparse:
+        return strategy
+    return dataclasses.replace(strategy, metadata=metadata)
 
 
 def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: dict) -> dict:
@@ -340,6 +358,7 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
     pred_s, pred_prov = predicted_verify_s(strategy, args.model, context, t, args.gpu, elementwise)
     row = {
         "strategy": strategy.name,
+        "metadata": strategy.metadata,
         "attention": dataclasses.asdict(attn),
         **run_schedule(strategy),
         "t": t,

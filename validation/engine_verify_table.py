@@ -39,12 +39,20 @@ def attention_s(row: dict) -> float:
 
 
 def row_strategy(row: dict) -> Strategy:
-    """The strategy a row measured: its baseline with the NSA row schedule and the compressed
-    branch's tiles it ran."""
+    """The strategy a row measured: its baseline with the block scores, the NSA row schedule and
+    the compressed branch's tiles it ran."""
     s = Strategy.from_name(row["strategy"])
+    if s.is_sparse:
+        s = dataclasses.replace(s, metadata=row.get("metadata", s.metadata))
     tiles = row.get("attention", {}).get("context_tiles", s.nsa_context_tiles)
     s = dataclasses.replace(s, nsa_context_tiles=tiles)
     return with_nsa_rows_per_tile(s, row.get(NSA_SCHEDULE, PACKED_ROWS))
+
+
+def strategy_label(row: dict) -> str:
+    """The row's baseline, with its block scores where they are not the baseline's own."""
+    metadata = row.get("metadata", "nsa")
+    return row["strategy"] if metadata == "nsa" else f"{row['strategy']} ({metadata})"
 
 
 def current_predictions(doc: dict, gpu: str) -> list[float | None]:
@@ -66,7 +74,7 @@ def verify_markdown(doc: dict, predicted: list[float | None] | None = None) -> s
         lines.append(
             markdown_row(
                 (
-                    r["strategy"],
+                    strategy_label(r),
                     f"{r['context'] // K}K",
                     str(r["t"]),
                     f"{r['graph_s'] * 1e3:.2f}",

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.validation import engine_verify, scale_campaign, scale_verify
 from ssvkit.validation.decode_figures import step_prediction
 from ssvkit.validation.engine_ops import OP_GROUPS
-from ssvkit.validation.engine_verify_table import verify_markdown
+from ssvkit.validation.engine_verify_table import row_strategy, verify_markdown
 from ssvkit.validation.full_batch import row_figures
 from ssvkit.validation.records import measured_strategy
 
@@ -160,3 +161,21 @@ def test_the_results_table_sums_each_attention_op_over_its_layers():
     assert lines[0].startswith("| strategy | context | t | graph ms |") and len(lines) == 3
     # 8 refresh layers at 72 us and 24 reuse layers at 44 us: 1.632 ms; qkv_proj is not attention
     assert lines[2] == "| ssv | 128K | 16 | 6.20 | 1.04 | 1.63 | 1.63 | 6.10 |"
+
+
+def test_a_row_of_block_metadata_selection_is_labelled_and_predicted_as_run():
+    """``--metadata mean`` rows carry their block scores: the table names them, the strategy
+    rebuilt for the prediction has them, and a dense baseline is left as it is."""
+    assert engine_verify.with_metadata(Strategy.from_name("ar_dense"), "mean").metadata == "nsa"
+    assert engine_verify.with_metadata(Strategy.from_name("ssv"), "quest").metadata == "quest"
+    row = dict(
+        strategy="ar_sparse", metadata="mean", context=131072, t=1, graph_s=4.0e-3,
+        graph_over_ops_sum=1.02, graph_over_floor=1.5, predicted_verify_s=None,
+        ops={"attention": {"median_s": 20e-6, "count": 32}},
+    )  # fmt: skip
+    assert row_strategy(row).metadata == "mean"
+    assert row_strategy({**row, "metadata": "nsa"}).metadata == "nsa"
+    older = {k: v for k, v in row.items() if k != "metadata"}
+    assert row_strategy(older).metadata == "nsa"
+    assert verify_markdown({"rows": [row]}).splitlines()[2].startswith("| ar_sparse (mean) | 128K")
+    assert verify_markdown({"rows": [older]}).splitlines()[2].startswith("| ar_sparse | 128K")
