@@ -299,14 +299,15 @@ BLOCKS = {
     "nsa-launches": lambda: launches_markdown(
         read_json(record_path("nsa-launches-h200.json"), "NSA launches")["rows"]
     ),
-    "engine-verify": lambda: _engine_verify_block("h200"),
+    "engine-verify": lambda: _engine_verify_block("engine-verify-h200.json", "h200"),
+    "engine-verify-mean": lambda: _engine_verify_block("engine-verify-mean-h200.json", "h200"),
 }
 
 
-def _engine_verify_block(gpu: str) -> str:
-    """The verify-step table of ``engine-verify-<gpu>.json``, predicted with ``gpu``'s committed
-    profile as it is now."""
-    doc = read_json(record_path(f"engine-verify-{gpu}.json"), "engine verify")
+def _engine_verify_block(name: str, gpu: str) -> str:
+    """The verify-step table of the ``engine_verify`` document ``name``, predicted with ``gpu``'s
+    committed profile as it is now."""
+    doc = read_json(record_path(name), "engine verify")
     return verify_markdown(doc, current_predictions(doc, gpu))
 
 
