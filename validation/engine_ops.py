@@ -1,7 +1,8 @@
 """The engine's verify step op by op: every op of a decoder layer's forward as a callable the
 GPU timer can replay on its own (``layer_ops``), each op's floor (``op_floors``: bytes, FLOPs
 or one graph-replayed launch), the least a (sparse) step must read (``floor_bytes``), the blocks
-a sparse step's refresh layers select from the model's own queries (``selection_stats``).
+a sparse step's refresh layers select from the model's own queries (``selection_stats``), the
+kernel launches of its attention ops (``attention_launches``).
 ``validation.engine_verify`` times a whole step against them and perfmodel's verify forward for
 the same point (``validation.decode_figures.predicted_verify_s``).
 """
@@ -128,6 +129,43 @@ def _attention_calls(runner: ModelRunner, attn: AttentionConfig, tt, positions, 
 
     refresh_layers = num_l if attn.kind == "dense" else math.ceil(num_l / attn.refresh_every)
     return attend, attend_reuse, refresh_layers
+
+
+# Profiled calls of each attention op (``attention_launches``): the median of each launch's.
+LAUNCH_CALLS = 9
+
+
+def attention_launches(
+    runner: ModelRunner,
+    attn: AttentionConfig,
+    tree: DraftTree,
+    tokens: torch.Tensor,
+    queries: list[torch.Tensor] | None = None,
+    calls: int = LAUNCH_CALLS,
+) -> dict[str, list[dict]]:
+    """Each kernel launch of a sparse step's attention ops (``validation.launch_times``): a
+    refresh layer's call (``attention``, two layers' queries in turn) and a reuse layer's call
+    alone (``attention_reuse``, the block indices of its refresh computed once before), each
+    launch with its median device time; empty for a dense step. Needs a CUDA GPU."""
+    from ssvkit.validation.launch_times import launch_times
+
+    if attn.kind == "dense":
+        return {}
+    tt = runner.tree_tensors(tree)
+    positions = runner.cache.lens.long()[:, None] + tt.depth
+    q = _random_inputs(runner, tokens)[1]
+    attend, _, _ = _attention_calls(runner, attn, tt, positions, q, queries)
+    out = {"attention": launch_times(attend, calls)}
+    num_l = len(runner.model.model.layers)
+    reuse = [layer for layer in range(num_l) if not attn.is_refresh(layer)]
+    if reuse:
+        layer = reuse[0]
+        source = layer - layer % attn.refresh_every
+        state = TreeAttention(attn, runner.cache, tt, positions, backend=runner.backend)
+        state(source, q if queries is None else queries[source])
+        q_layer = q if queries is None else queries[layer]
+        out["attention_reuse"] = launch_times(lambda i: state(layer, q_layer), calls)
+    return out
 
 
 def floor_bytes(model, cache, t: int, attn: AttentionConfig | None = None) -> tuple[int, int]:

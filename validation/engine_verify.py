@@ -42,7 +42,14 @@ from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import METADATA, Strategy, elementwise_of_backend
 from ssvkit.planner.space import describe
 from ssvkit.validation.decode_figures import predicted_verify_s
-from ssvkit.validation.engine_ops import floor_bytes, op_floors, selection_stats, time_ops
+from ssvkit.validation.engine_ops import (
+    attention_launches,
+    floor_bytes,
+    op_floors,
+    selection_stats,
+    time_ops,
+)
+from ssvkit.validation.engine_verify_table import row_lines
 from ssvkit.validation.records import (
     file_label,
     local_model,
@@ -255,6 +262,8 @@ def main(argv=None) -> dict:
           own queries in one recorded forward (``selection_stats``), and each attention op's
           time against the least read with that selection (``floor_selected_s``,
           ``over_floor_selected``); the attention ops are timed with those recorded queries;
+          each attention op's ``launches`` (``engine_ops.attention_launches``): its kernel
+          launches with their device times, a reuse layer's without its refresh's;
         - ``predicted_verify_s``: perfmodel's verify forward for the same point (calibrated
           profile; without the sampling and acceptance ops, which the timed forward does not
           run).
@@ -341,6 +350,8 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
         queries = runner.tree_forward(tokens, tree, attn, record=True)[2]
         selection = selection_stats(runner, attn, tree, queries)
         ops = time_ops(runner, attn, tree, tokens, queries)
+        for name, launches in attention_launches(runner, attn, tree, tokens, queries).items():
+            ops[name]["launches"] = launches
     ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
     w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
     for name, floor in op_floors(model, t, kv_bytes, ceilings).items():
@@ -377,32 +388,7 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
         "selection": selection,
         "ops": ops,
     }
-    print(
-        f"{strategy.name:16s} T={context:7d} t={t:3d}  graph {graph_s * 1e3:7.3f} ms  "
-        f"eager {eager_s * 1e3:7.3f} ms  ops sum {ops_sum * 1e3:7.3f} ms "
-        f"(graph/sum {row['graph_over_ops_sum']:.3f})  floor {floor_s * 1e3:6.3f} ms "
-        f"(graph/floor {row['graph_over_floor']:.2f}, "
-        f"{row['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
-        + (f"{pred_s * 1e3:.3f} ms" if pred_s else pred_prov),
-        flush=True,
-    )
-    print(
-        "    op / floor: "
-        + ", ".join(f"{k} {o['over_floor']:.2f}" for k, o in ops.items() if "over_floor" in o),
-        flush=True,
-    )
-    if selection is not None:
-        print(
-            f"    selection: {selection['unique_blocks']:.0f} distinct / "
-            f"{selection['streamed_blocks']:.0f} streamed blocks per (sequence, KV head) "
-            f"(top_n {selection['top_n']}); attention / floor with them: "
-            + ", ".join(
-                f"{k} {o['over_floor_selected']:.2f}"
-                for k, o in ops.items()
-                if "over_floor_selected" in o
-            ),
-            flush=True,
-        )
+    print("\n".join(row_lines(row)), flush=True)
     return row
 
 

@@ -86,3 +86,38 @@ def verify_markdown(doc: dict, predicted: list[float | None] | None = None) -> s
             )
         )
     return "\n".join(lines) + "\n"
+
+
+def row_lines(row: dict) -> list[str]:
+    """An ``engine_verify`` row as the lines it prints: the step against its ops' sum, its floor
+    and its prediction; each op against its floor; each attention op's launches; a sparse
+    step's selection."""
+    ops, sel, pred = row["ops"], row["selection"], row["predicted_verify_s"]
+    lines = [
+        f"{strategy_label(row):16s} T={row['context']:7d} t={row['t']:3d}  "
+        f"graph {row['graph_s'] * 1e3:7.3f} ms  eager {row['eager_s'] * 1e3:7.3f} ms  "
+        f"ops sum {row['ops_sum_s'] * 1e3:7.3f} ms (graph/sum {row['graph_over_ops_sum']:.3f})  "
+        f"floor {row['floor_s'] * 1e3:6.3f} ms (graph/floor {row['graph_over_floor']:.2f}, "
+        f"{row['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "
+        + (f"{pred * 1e3:.3f} ms" if pred else row["prediction_provenance"]),
+        "    op / floor: "
+        + ", ".join(f"{k} {o['over_floor']:.2f}" for k, o in ops.items() if "over_floor" in o),
+    ]
+    for name, op in ops.items():
+        if "launches" in op:
+            lines.append(
+                f"    {name} launches (us): "
+                + ", ".join(f"{x['kernel']} {x['median_s'] * 1e6:.1f}" for x in op["launches"])
+            )
+    if sel is not None:
+        lines.append(
+            f"    selection: {sel['unique_blocks']:.0f} distinct / {sel['streamed_blocks']:.0f} "
+            f"streamed blocks per (sequence, KV head) (top_n {sel['top_n']}); attention / floor "
+            "with them: "
+            + ", ".join(
+                f"{k} {o['over_floor_selected']:.2f}"
+                for k, o in ops.items()
+                if "over_floor_selected" in o
+            )
+        )
+    return lines

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation import nsa_stages as ns
+from ssvkit.validation.launch_times import launch_times
 from ssvkit.validation.nsa_launches_table import print_table
 
 K = 1024
@@ -87,56 +87,6 @@ def check(sets, unions, config, batch: int) -> None:
                     raise SystemExit(f"nsa_launches: {name} differs: {e}".splitlines()[0]) from None
 
 
-def launch_times(fn, calls: int) -> list[dict]:
-    """The kernel launches of one ``fn(i)`` call in the order they start, each with its median
-    device time (``torch.profiler``'s CUDA activity) over ``calls`` profiled calls (``fn(i)``
-    for ``i`` rotating over the sets) and whether it ran on a side stream (not the stream of the
-    call's last launch; the unfused calls' branches side by side,
-    ``NsaVerifyConfig.branch_streams``). A launch is matched across calls by its stream and its
-    place on it: launches on different streams may start in another order from call to call."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for i in range(3):
-        fn(i % NUM_SETS)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            fn(i % NUM_SETS)
-        torch.cuda.synchronize()
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-        key=lambda e: e.time_range.start,
-    )
-    per_call, rest = divmod(len(kernels), calls)
-    if rest or not per_call:
-        raise SystemExit(f"nsa_launches: {len(kernels)} kernels over {calls} calls")
-    times: dict[tuple, list[float]] = {}
-    order, names = [], {}
-    for c in range(calls):
-        chunk = kernels[c * per_call : (c + 1) * per_call]
-        main = chunk[-1].device_resource_id
-        seen: dict[int, int] = {}
-        for e in chunk:
-            stream = e.device_resource_id
-            key = (stream != main, stream, seen.setdefault(stream, 0))
-            seen[stream] += 1
-            name = kernel_name(e.name)
-            if names.setdefault(key, name) != name:
-                raise SystemExit(f"nsa_launches: launch {key} differs between calls: {name}")
-            times.setdefault(key, []).append((e.time_range.end - e.time_range.start) * 1e-6)
-            if c == 0:
-                order.append(key)
-    return [
-        {"kernel": names[k], "side_stream": k[0], "median_s": statistics.median(times[k])}
-        for k in order
-    ]
-
-
-def kernel_name(name: str) -> str:
-    """A profiler kernel name without its template arguments (torch's fill kernels)."""
-    return name.split("<")[0].removeprefix("void ").split("(")[0]
-
-
 def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) -> dict:
     """One case of ``CASES``, checked (``check``), then per call of ``CALLS`` (with the row
     schedule's config) its CUDA-graph time (``graph_s``), its launches (``launch_times``) and
@@ -166,7 +116,7 @@ def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) 
             return _call(name, sets, unions, config, i)
 
         graph = tm.bench(fn, "graph", num_inputs=NUM_SETS, config=ns.TIMING).median_s
-        launches = launch_times(fn, CALLS_PROFILED)
+        launches = launch_times(fn, CALLS_PROFILED, NUM_SETS)
         row["calls"][name] = dict(
             graph_s=graph,
             kernel_sum_s=sum(x["median_s"] for x in launches),

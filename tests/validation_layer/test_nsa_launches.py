@@ -4,6 +4,7 @@ it writes them, and its refusal without a GPU."""
 
 import pytest
 import torch
+from ssvkit.validation import launch_times as lt
 from ssvkit.validation import nsa_launches as nl
 from ssvkit.validation import nsa_launches_table as nt
 from ssvkit.validation import nsa_stages as ns
@@ -40,8 +41,8 @@ def test_kernel_names_lose_their_template_arguments():
     torch_fill = (
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>(int)"
     )
-    assert nl.kernel_name(torch_fill) == "at::native::vectorized_elementwise_kernel"
-    assert nl.kernel_name("nsa_fwd_kernel") == "nsa_fwd_kernel"
+    assert lt.kernel_name(torch_fill) == "at::native::vectorized_elementwise_kernel"
+    assert lt.kernel_name("nsa_fwd_kernel") == "nsa_fwd_kernel"
 
 
 def test_tables_show_each_launch_against_the_floor(capsys):

@@ -1,0 +1,71 @@
+"""``engine_ops.attention_launches`` and the lines ``engine_verify`` prints from a row: a sparse
+step's refresh layer launches its block scoring, top-n pick and attention, a reuse layer only
+its attention (GPU); the printed row lists each attention op's launches (CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from ssvkit.engine.attention import AttentionConfig
+from ssvkit.engine.checkpoint import build_model, resolve_source
+from ssvkit.engine.runner import ModelRunner
+from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel.strategy import Strategy
+from ssvkit.validation.engine_ops import attention_launches
+from ssvkit.validation.engine_verify_table import row_lines
+
+from tests.validation_layer.test_scale_campaign import CONFIG
+
+
+def test_a_printed_row_lists_each_attention_ops_launches():
+    launch = lambda name, us: {"kernel": name, "side_stream": False, "median_s": us * 1e-6}  # noqa: E731
+    op = {"median_s": 40e-6, "count": 8, "over_floor": 3.0}
+    row = dict(
+        strategy="ssv", metadata="mean", context=131072, t=16, graph_s=5.5e-3, eager_s=18e-3,
+        ops_sum_s=5.4e-3, graph_over_ops_sum=1.02, floor_s=3.6e-3, graph_over_floor=1.53,
+        achieved_bytes_per_s=2.7e12, predicted_verify_s=5.4e-3, selection=None,
+        ops={
+            "attention": {**op, "launches": [launch("scores", 8.2), launch("sv", 21.8)]},
+            "attention_reuse": {**op, "launches": [launch("sv", 22.2)]},
+            "o_proj": {"median_s": 13e-6, "count": 32, "over_floor": 1.7},
+        },
+    )  # fmt: skip
+    lines = row_lines(row)
+    assert lines[0].startswith("ssv (mean)       T= 131072 t= 16  graph   5.500 ms")
+    assert "    attention launches (us): scores 8.2, sv 21.8" in lines
+    assert "    attention_reuse launches (us): sv 22.2" in lines
+    assert not any("o_proj launches" in line for line in lines)
+
+
+@pytest.mark.gpu
+def test_gpu_refresh_and_reuse_layers_launch_what_they_run(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, "head_dim": 64, "num_hidden_layers": 4}))
+    ctx, t = 3000, 4
+    src = resolve_source(f"random:{path}")
+    model = build_model(src, max_positions=ctx + 16, device="cuda", dtype=torch.bfloat16)
+    runner = ModelRunner(model, batch=1, t_max=ctx + 16, backend="triton", use_graphs=False)
+    runner.cache.kv.normal_()
+    runner.cache.set_lens(torch.tensor([ctx], dtype=torch.int32))
+    strategy = dataclasses.replace(Strategy.from_name("ssv"), metadata="mean", refresh_every=2)
+    attn = AttentionConfig.from_strategy(strategy)
+    runner.prepare(attn)
+    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+    tokens = torch.randint(0, CONFIG["vocab_size"], (1, t), device="cuda")
+    with torch.no_grad():
+        got = attention_launches(runner, attn, tree, tokens)
+    refresh = [x["kernel"] for x in got["attention"]]
+    reuse = [x["kernel"] for x in got["attention_reuse"]]
+    assert "block_scores_kernel" in refresh and "sparse_verify_kernel" in refresh
+    assert "sparse_verify_kernel" in reuse and "block_scores_kernel" not in reuse
+    assert len(reuse) < len(refresh)
+    assert all(x["median_s"] > 0 for x in got["attention"] + got["attention_reuse"])
+    dense = AttentionConfig.from_strategy(Strategy.from_name("sd_dense"))
+    runner.prepare(dense)
+    with torch.no_grad():
+        assert attention_launches(runner, dense, tree, tokens) == {}
