@@ -122,6 +122,16 @@ class _BarePackageRefusal(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _BarePackageRefusal())
 
 
+def pytest_collection_modifyitems(config, items):
+    """Without CUDA, every test marked ``gpu`` is skipped, whichever folders the run collects."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def tiny_cpu(monkeypatch):
     """The kernel benchmarks' inputs (``calibration.kernel_inputs``) on the CPU interpreter, in

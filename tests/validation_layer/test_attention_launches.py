@@ -42,8 +42,6 @@ def test_a_printed_row_lists_each_attention_ops_launches():
 
 @pytest.mark.gpu
 def test_gpu_refresh_and_reuse_layers_launch_what_they_run(tmp_path):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**CONFIG, "head_dim": 64, "num_hidden_layers": 4}))
     ctx, t = 3000, 4
