@@ -12,6 +12,7 @@ import dataclasses
 
 from ssvkit.perfmodel.numbers import figure, interval_text
 from ssvkit.perfmodel.strategy import elementwise_of_backend
+from ssvkit.validation import full_batch
 from ssvkit.validation.decode_figures import fit_acceptance, mean_selection, predict
 from ssvkit.validation.records import run_schedule
 
@@ -109,6 +110,7 @@ def _measured_figures(
     steps = result.mean_step_s()
     return {
         "tokens_per_s": figure(result.tokens_per_s(), "tokens/s", f"{timer}+host"),
+        "full_batch": _full_batch(result, args.batch, timer),
         "mean_accepted": figure(mean_acc, "drafts/round", source or timer.split("+")[0]),
         "acceptance_rate": figure(result.acceptance_rate(), "share", source or "measured"),
         "fitted_alpha": figure(
@@ -126,6 +128,22 @@ def _measured_figures(
         "prefill_reused": result.prefill_reused,
         "prefill_forward_s": figure(result.prefill_forward_s, "s", timer),
         "warm_drafters_s": figure(result.warm_s, "s", "measured:wall-clock"),
+    }
+
+
+def _full_batch(result, batch: int, timer: str) -> dict | None:
+    """The run's figures over its full-batch rounds (``validation.full_batch.figures``: every
+    sequence decodes, none finishes), which perfmodel's tokens/s describes; None at batch 1 or
+    without such a round. A fixed batch's last rounds carry its finished sequences at a full
+    round's cost, which the whole run's tokens/s counts."""
+    f = full_batch.figures(result, batch) if batch > 1 else None
+    if f is None:
+        return None
+    return {
+        "rounds": f["rounds"],
+        "tokens_per_s": figure(f["tokens_per_s"], "tokens/s", f"{timer}+host"),
+        "round_s": figure(f["round_s"], "s", f"{timer}+host"),
+        "mean_accepted": figure(f["mean_accepted"], "drafts/round", timer.split("+")[0]),
     }
 
 
@@ -208,6 +226,7 @@ def _token_lines(r: dict, p: dict, ivs: dict) -> list[str]:
     lines = [
         f"{'':22s}{'measured':>10s} {'predicted':>10s}",
         f"{'tokens/s':22s}{r['tokens_per_s']['value']:10.1f} {pred_tps}",
+        *_full_batch_lines(r, pred_tps),
         f"{'mean accepted/round':22s}{r['mean_accepted']['value']:10.2f} "
         f"{p.get('tokens_per_round', float('nan')) - 1:10.2f}   (alpha fit "
         f"{r['fitted_alpha']['value']:.3f}, rate {r['acceptance_rate']['value']:.3f})"
@@ -226,6 +245,19 @@ def _token_lines(r: dict, p: dict, ivs: dict) -> list[str]:
             f"{o['probe_s']['value']:.3f} s, outside every step time and tokens/s"
         )
     return lines
+
+
+def _full_batch_lines(r: dict, pred_tps: str) -> list[str]:
+    """Tokens/s over the full-batch rounds beside the prediction, which prices such rounds, and
+    how many rounds they are; nothing where the run has none."""
+    f = r.get("full_batch")
+    if not f:
+        return []
+    return [
+        f"{'  full-batch rounds':22s}{f['tokens_per_s']['value']:10.1f} {pred_tps}   "
+        f"({f['rounds']} of {r['rounds']} rounds: every sequence decoding; the prediction "
+        "prices such rounds)"
+    ]
 
 
 def _time_lines(r: dict, p: dict, ivs: dict) -> list[str]:

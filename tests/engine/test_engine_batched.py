@@ -7,6 +7,7 @@ sequence that ran ahead would write past its cache."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from engine_helpers import random_prompts, tiny_model
@@ -142,6 +143,7 @@ def test_a_switch_to_a_tree_the_cache_cannot_hold_is_refused():
 
 def test_cli_decodes_a_batch_with_an_ngram_chain(capsys):
     from ssvkit.cli import main
+    from ssvkit.cli.decode_report import report_text
 
     args = [
         "decode",
@@ -166,4 +168,11 @@ def test_cli_decodes_a_batch_with_an_ngram_chain(capsys):
         "--json",
     ]
     assert main(args) == 0
-    assert '"tokens_per_s"' in capsys.readouterr().out
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["tokens_per_s"]["value"] > 0
+    # The full-batch rounds (every sequence decoding, none finishing) leave out the tail whose
+    # rounds carry finished sequences; the text shows their tokens/s beside the prediction.
+    full = rep["full_batch"]
+    assert 0 < full["rounds"] < rep["rounds"] and full["tokens_per_s"]["value"] > 0
+    line = next(x for x in report_text(rep).splitlines() if "full-batch rounds" in x)
+    assert f"({full['rounds']} of {rep['rounds']} rounds" in line
