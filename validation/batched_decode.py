@@ -309,7 +309,34 @@ def table(doc: dict) -> str:
             lines.append(f"{name:16s} {drafter or '':12s}" + "".join(cells))
         if spread:
             lines += ["median of the runs; their range:", *spread]
+        lines += _full_batch_lines(here, batches)
     return "\n".join(lines)
+
+
+def _full_batch_lines(runs: list[dict], batches: list[int]) -> list[str]:
+    """Per baseline and batch, the median tokens/s of its runs' full-batch rounds (every
+    sequence decoding, ``ssvkit decode``'s ``full_batch``) beside the prediction, which prices
+    such rounds; nothing where no run has them (batch 1, documents measured before them)."""
+    lines = []
+    for name, drafter in dict.fromkeys((r["baseline"], r["drafter"]) for r in runs):
+        for b in batches:
+            reps = [
+                x["report"]
+                for x in runs
+                if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
+                and x.get("report", {}).get("full_batch")
+            ]
+            if not reps:
+                continue
+            full = statistics.median(r["full_batch"]["tokens_per_s"]["value"] for r in reps)
+            pred = reps[0]["prediction"].get("tokens_per_s")
+            lines.append(
+                f"  {name} {drafter or ''} b={b}: {full:.1f}"
+                + (f", predicted {pred:.1f}" if pred is not None else "")
+            )
+    if not lines:
+        return []
+    return ["full-batch rounds' tokens/s (median of the runs) and the prediction:", *lines]
 
 
 if __name__ == "__main__":

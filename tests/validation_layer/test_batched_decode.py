@@ -104,7 +104,15 @@ def test_metadata_reaches_the_sparse_baselines_only(tmp_path, monkeypatch):
     assert "--metadata" not in runs["ar_dense"]["argv"]
     assert runs["ar_sparse"]["argv"][-2:] == ["--metadata", "mean"]
     assert runs["ar_sparse"]["report"]["strategy"]["metadata"] == "mean"
-    assert "sparse block scores: mean" in batched_decode.table(doc)
+    text = batched_decode.table(doc)
+    assert "sparse block scores: mean" in text
+    # Batch 2 decodes in lockstep under greedy autoregression: every round but the last is a
+    # full-batch round, shown beside its prediction where the run has one.
+    rep = runs["ar_sparse"]["report"]
+    line = f"  ar_sparse  b=2: {rep['full_batch']['tokens_per_s']['value']:.1f}"
+    if "tokens_per_s" in rep["prediction"]:
+        line += f", predicted {rep['prediction']['tokens_per_s']:.1f}"
+    assert line in text.splitlines()
 
 
 def test_stop_after_writes_the_runs_so_far(tmp_path, monkeypatch):
