@@ -2,8 +2,9 @@
 figure with its provenance) or as a table.
 
 The prediction is for ``--gpu`` at the measured acceptance: the per-draft alpha whose expected
-accepted drafts per round (perfmodel's tree model) equal the measured mean, and, when measured,
-the mean group overlap; the context is the mean context of the run.
+accepted drafts per round (perfmodel's tree model) equal the measured mean (of the full-batch
+rounds, which the prediction prices, where a batched run has them), and, when measured, the mean
+group overlap; the context is the mean context of the run.
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ def build_report(args, result, run: DecodeRun) -> dict:
     acceptance figure is labelled ``synthetic:oracle``."""
     source = "synthetic:oracle" if run.oracle is not None else None
     mean_acc = result.mean_accepted()
+    full = full_batch.figures(result, args.batch) if args.batch > 1 else None
+    # The prediction prices full-batch rounds: at their acceptance where the run has them (the
+    # tail's rounds hold the sequences that accepted least, and weigh in the run's mean as much
+    # as a full round).
+    fit_to = full["mean_accepted"] if full else mean_acc
     parents = run.tree.parents
-    alpha = fit_acceptance(parents[1:] and [p - 1 for p in parents[1:]], mean_acc)
+    alpha = fit_acceptance(parents[1:] and [p - 1 for p in parents[1:]], fit_to)
     pred = _prediction(args, result, run, alpha, source)
     return {
         **_run_fields(args, result, run),
-        **_measured_figures(args, result, run, mean_acc, alpha, source),
+        **_measured_figures(args, result, run, mean_acc, alpha, source, full is not None),
+        "full_batch": _full_batch(full, source, f"measured:{result.timer}"),
         "selection": {
             name: mean_selection(result, name)
             for name in ("group_overlap", "layer_overlap", "predict_hit", "reuse_hit")
@@ -102,21 +109,23 @@ def _run_fields(args, result, run: DecodeRun) -> dict:
 
 
 def _measured_figures(
-    args, result, run: DecodeRun, mean_acc: float, alpha: float, source: str | None
+    args, result, run: DecodeRun, mean_acc, alpha, source: str | None, full_fit: bool
 ) -> dict:
     """The measured throughput, acceptance (labelled ``source`` where that is synthetic) and
-    step times with their provenance."""
+    step times with their provenance; ``alpha`` fitted to the full-batch rounds' acceptance
+    where ``full_fit``."""
     timer = f"measured:{result.timer}"
     steps = result.mean_step_s()
     return {
         "tokens_per_s": figure(result.tokens_per_s(), "tokens/s", f"{timer}+host"),
-        "full_batch": _full_batch(result, args.batch, timer),
         "mean_accepted": figure(mean_acc, "drafts/round", source or timer.split("+")[0]),
         "acceptance_rate": figure(result.acceptance_rate(), "share", source or "measured"),
         "fitted_alpha": figure(
             alpha,
             "share",
-            "fit:perfmodel.tree_expected_tokens" + (f" of {source}" if source else ""),
+            "fit:perfmodel.tree_expected_tokens"
+            + (" of the full-batch rounds" if full_fit else "")
+            + (f" of {source}" if source else ""),
         ),
         "acceptance": source or "measured",
         "oracle": _oracle_summary(run.oracle, args.batch, result),
@@ -131,19 +140,19 @@ def _measured_figures(
     }
 
 
-def _full_batch(result, batch: int, timer: str) -> dict | None:
-    """The run's figures over its full-batch rounds (``validation.full_batch.figures``: every
-    sequence decodes, none finishes), which perfmodel's tokens/s describes; None at batch 1 or
-    without such a round. A fixed batch's last rounds carry its finished sequences at a full
-    round's cost, which the whole run's tokens/s counts."""
-    f = full_batch.figures(result, batch) if batch > 1 else None
+def _full_batch(f: dict | None, source: str | None, timer: str) -> dict | None:
+    """The run's figures over its full-batch rounds (``validation.full_batch.figures`` ``f``:
+    every sequence decodes, none finishes), which perfmodel's tokens/s describes; None at batch 1
+    or without such a round. A fixed batch's last rounds carry its finished sequences at a full
+    round's cost, which the whole run's tokens/s counts. Its acceptance labelled ``source``
+    where that is synthetic."""
     if f is None:
         return None
     return {
         "rounds": f["rounds"],
         "tokens_per_s": figure(f["tokens_per_s"], "tokens/s", f"{timer}+host"),
         "round_s": figure(f["round_s"], "s", f"{timer}+host"),
-        "mean_accepted": figure(f["mean_accepted"], "drafts/round", timer.split("+")[0]),
+        "mean_accepted": figure(f["mean_accepted"], "drafts/round", source or timer),
     }
 
 
@@ -229,7 +238,9 @@ def _token_lines(r: dict, p: dict, ivs: dict) -> list[str]:
         *_full_batch_lines(r, pred_tps),
         f"{'mean accepted/round':22s}{r['mean_accepted']['value']:10.2f} "
         f"{p.get('tokens_per_round', float('nan')) - 1:10.2f}   (alpha fit "
-        f"{r['fitted_alpha']['value']:.3f}, rate {r['acceptance_rate']['value']:.3f})"
+        f"{r['fitted_alpha']['value']:.3f}"
+        + (" to the full-batch rounds" if r.get("full_batch") else "")
+        + f", rate {r['acceptance_rate']['value']:.3f})"
         + (" [synthetic]" if r.get("oracle") else ""),
     ]
     if r.get("oracle"):
@@ -255,8 +266,9 @@ def _full_batch_lines(r: dict, pred_tps: str) -> list[str]:
         return []
     return [
         f"{'  full-batch rounds':22s}{f['tokens_per_s']['value']:10.1f} {pred_tps}   "
-        f"({f['rounds']} of {r['rounds']} rounds: every sequence decoding; the prediction "
-        "prices such rounds)"
+        f"({f['rounds']} of {r['rounds']} rounds: every sequence decoding, "
+        f"{f['mean_accepted']['value']:.2f} accepted a round; the prediction prices such rounds "
+        "at their acceptance)"
     ]
 
 

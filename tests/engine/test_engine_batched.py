@@ -176,3 +176,7 @@ def test_cli_decodes_a_batch_with_an_ngram_chain(capsys):
     assert 0 < full["rounds"] < rep["rounds"] and full["tokens_per_s"]["value"] > 0
     line = next(x for x in report_text(rep).splitlines() if "full-batch rounds" in x)
     assert f"({full['rounds']} of {rep['rounds']} rounds" in line
+    # The prediction is at the full-batch rounds' acceptance, not the whole run's.
+    assert rep["fitted_alpha"]["provenance"].endswith("of the full-batch rounds")
+    predicted = rep["prediction"]["tokens_per_round"] - 1
+    assert predicted == pytest.approx(full["mean_accepted"]["value"], abs=1e-3)
