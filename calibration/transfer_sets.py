@@ -25,7 +25,7 @@ import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row, markdown_header
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
-from ssvkit.calibration.row_work import sparse_mode
+from ssvkit.calibration.row_work import is_plan_priced, sparse_mode
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.profiles import Profile
@@ -219,12 +219,33 @@ def _loo_summary(name: str, annotated: list[dict], missing: Counter, values: dic
     }
 
 
+def same_kernels(rows: list[dict], classes: dict) -> tuple[list[dict], Counter]:
+    """``rows`` whose predicting class (``predicting_class``) was fitted on rows of the same
+    kernels, and the count per class of the others. A class fitted on its kernels' launch-plan
+    counts (``ClassFit.slot_plan``) describes the current kernels (``row_work.is_plan_priced``);
+    one fitted otherwise describes earlier ones (NSA before the slot plan, selection with the
+    torch pick). Pricing one generation's rows with the other's fit measures the kernels'
+    change, not the model's transfer between GPUs. Rows no class predicts stay (``predict``
+    counts them)."""
+    same, other = [], Counter()
+    for r in rows:
+        name = predicting_class(op_class(r), classes)
+        if name is not None and classes[name].slot_plan != is_plan_priced(r):
+            other[op_class(r)] += 1
+        else:
+            same.append(r)
+    return same, other
+
+
 def cross_gpu(fit_gpu: str, fit: dict, other: str, rows: list[dict], ceiling: dict) -> dict:
     """``other``'s rows predicted by ``fit_gpu``'s class fits ``fit`` with ``other``'s measured
-    ceilings ``ceiling``."""
-    annotated, missing = predict(fitted_rows(rows), fit, other, ceiling)
+    ceilings ``ceiling``: the rows of the kernels the fits describe (``same_kernels``); the
+    count per class of the rest, which time other kernels, under ``other_kernels``."""
+    same, other_kernels = same_kernels(fitted_rows(rows), fit)
+    annotated, missing = predict(same, fit, other, ceiling)
     out = summarize(annotated, missing, TARGETS["cross_gpu"])
     out["title"] = f"fit on {fit_gpu}'s rows, predict {other}'s with its measured ceilings"
+    out["other_kernels"] = dict(sorted(other_kernels.items()))
     return out
 
 
@@ -298,6 +319,9 @@ def set_markdown(key: str, s: dict) -> list[str]:
     if s["unpredicted"]:
         no_fit = ", ".join(f"`{c}` ({n} rows)" for c, n in s["unpredicted"].items())
         lines += ["", f"No fit predicts: {no_fit}."]
+    if s.get("other_kernels"):
+        other = ", ".join(f"`{c}` ({n} rows)" for c, n in s["other_kernels"].items())
+        lines += ["", f"Not compared, the rows time other kernels than the fit's: {other}."]
     return lines
 
 

@@ -127,6 +127,8 @@ def _transfer_report(transfer: dict) -> str:
             lines.append(f"{line}  {'met' if st['met'] else 'MISSED':8s} {by}".rstrip())
         for cls, n in s["unpredicted"].items():
             lines.append(f"  no fit predicts {cls} ({n} rows)")
+        for cls, n in s.get("other_kernels", {}).items():
+            lines.append(f"  not compared: {cls} ({n} rows) time other kernels than the fit's")
         lines.append("")
     return "\n".join(lines)
 

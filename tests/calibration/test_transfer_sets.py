@@ -166,3 +166,36 @@ def test_a_set_of_the_same_sealed_rows_is_computed_once(rows, monkeypatch):
     unsealed = [{k: v for k, v in r.items() if k != "checksum"} for r in subset]
     with pytest.raises(pytest.fail.Exception, match="refitted"):
         transfer_sets.leave_one_out_rows("head", unsealed, "h100-sxm", CEILING, base)
+
+
+def test_cross_gpu_compares_only_rows_of_the_kernels_the_fit_describes(monkeypatch):
+    """A class fitted on the current kernels' launch plans does not price rows that time
+    earlier kernels, nor the reverse: those rows are counted apart per class; rows of classes
+    fitted either way on both sides, and rows no class predicts, go on."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
+    monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: r["plan"])
+    classes = {"nsa": SimpleNamespace(slot_plan=True), "gemm": SimpleNamespace(slot_plan=False)}
+    rows = [
+        {"cls": "nsa", "plan": True},
+        {"cls": "nsa", "plan": False},
+        {"cls": "nsa", "plan": False},
+        {"cls": "gemm", "plan": False},
+        {"cls": "gemm", "plan": True},
+        {"cls": "rope", "plan": False},
+    ]
+    same, other = transfer_sets.same_kernels(rows, classes)
+    assert same == [rows[0], rows[3], rows[5]]
+    assert other == {"nsa": 2, "gemm": 1}
+
+
+def test_the_committed_cross_gpu_sets_leave_out_the_nsa_and_selection_rows_of_other_kernels():
+    """The H100's NSA and selection rows time the kernels before the slot plan and the
+    threshold pick; the H200's fits describe the current ones, so the H200 -> H100 set counts
+    those rows apart instead of scoring them."""
+    report = transfer_sets.transfer_report("h200", ("gpu",))
+    s = report["h200->h100-sxm"]
+    assert {c.split("/")[0] for c in s["other_kernels"]} == {"nsa_verify", "select_blocks"}
+    assert not any(c.startswith(("nsa_verify", "select_blocks")) for c in s["classes"])
+    assert "dense_verify" in s["classes"] and "sparse_verify/union/few_lists" in s["classes"]
