@@ -45,13 +45,14 @@ def build_report(args, result, run: DecodeRun) -> dict:
     # The prediction prices full-batch rounds: at their acceptance where the run has them (the
     # tail's rounds hold the sequences that accepted least, and weigh in the run's mean as much
     # as a full round).
-    fit_to = full["mean_accepted"] if full else mean_acc
+    fit_full = full is not None and run.tree.num_drafts > 0
+    fit_to = full["mean_accepted"] if fit_full else mean_acc
     parents = run.tree.parents
     alpha = fit_acceptance(parents[1:] and [p - 1 for p in parents[1:]], fit_to)
     pred = _prediction(args, result, run, alpha, source)
     return {
         **_run_fields(args, result, run),
-        **_measured_figures(args, result, run, mean_acc, alpha, source, full is not None),
+        **_measured_figures(args, result, run, mean_acc, alpha, source, fit_full),
         "full_batch": _full_batch(full, source, f"measured:{result.timer}"),
         "selection": {
             name: mean_selection(result, name)
@@ -239,7 +240,7 @@ def _token_lines(r: dict, p: dict, ivs: dict) -> list[str]:
         f"{'mean accepted/round':22s}{r['mean_accepted']['value']:10.2f} "
         f"{p.get('tokens_per_round', float('nan')) - 1:10.2f}   (alpha fit "
         f"{r['fitted_alpha']['value']:.3f}"
-        + (" to the full-batch rounds" if r.get("full_batch") else "")
+        + (" to the full-batch rounds" if r.get("full_batch") and r["drafted_per_round"] else "")
         + f", rate {r['acceptance_rate']['value']:.3f})"
         + (" [synthetic]" if r.get("oracle") else ""),
     ]
@@ -264,11 +265,16 @@ def _full_batch_lines(r: dict, pred_tps: str) -> list[str]:
     f = r.get("full_batch")
     if not f:
         return []
+    if not r["drafted_per_round"]:
+        what = "the prediction prices such rounds"
+    else:
+        what = (
+            f"{f['mean_accepted']['value']:.2f} accepted a round; the prediction prices such "
+            "rounds at their acceptance"
+        )
     return [
         f"{'  full-batch rounds':22s}{f['tokens_per_s']['value']:10.1f} {pred_tps}   "
-        f"({f['rounds']} of {r['rounds']} rounds: every sequence decoding, "
-        f"{f['mean_accepted']['value']:.2f} accepted a round; the prediction prices such rounds "
-        "at their acceptance)"
+        f"({f['rounds']} of {r['rounds']} rounds: every sequence decoding; {what})"
     ]
 
 
