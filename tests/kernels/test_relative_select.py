@@ -83,18 +83,24 @@ def test_relative_pick_matches_the_definition(nb_max, top_n, pattern):
         assert torch.equal(ref, want)
 
 
+def _both_launches_and_reference(q, meta, lens, block_size, *, top_n, method, positions, window):
+    """The relative pick in two launches and in one (outputs poisoned first), and the fp32
+    reference pick of the kernel's own block scores under the same rule (one sink block)."""
+    kw = dict(num_sink=1, num_local=0, positions=positions, window=window)
+    with poisoned_allocations():
+        two = select_blocks(q, meta, lens, top_n=top_n, method=method, **kw)
+        one = select_blocks(q, meta, lens, top_n=top_n, method=method, fused=True, **kw)
+    scores = block_scores(q, meta, lens, method=method)
+    return two, one, topn_from_scores(scores, lens, block_size, top_n=top_n, **kw)
+
+
 @pytest.mark.parametrize("method", ["mean", "quest"])
 def test_select_blocks_relative_one_and_two_launches(method):
     q, k, lens = make_inputs([700, 333, 90], 5, 4, 2, 16, torch.float32, seed=11)
     meta = BlockMetadata.build(k, lens, 16, kinds=(method,))
     positions = lens.long()[:, None] + torch.arange(5, device=DEV)[None, :]
-    kw = dict(top_n=6, method=method, num_sink=1, num_local=0, positions=positions, window=48)
-    with poisoned_allocations():
-        two = select_blocks(q, meta, lens, **kw)
-        one = select_blocks(q, meta, lens, fused=True, **kw)
-    scores = block_scores(q, meta, lens, method=method)
-    want = topn_from_scores(
-        scores, lens, 16, top_n=6, num_sink=1, num_local=0, positions=positions, window=48
+    two, one, want = _both_launches_and_reference(
+        q, meta, lens, 16, top_n=6, method=method, positions=positions, window=48
     )
     assert two.shape == (3, 2, 5, 6 + 48 // 16 + 1)
     assert torch.equal(two, want) and torch.equal(one, want)
@@ -125,13 +131,8 @@ def test_gpu_relative_select_follows_its_scores(t, method):
     q, k, lens = make_inputs([130000, 5000, 300], t, 32, 8, 128, torch.bfloat16, seed=t)
     meta = BlockMetadata.build(k, lens, 64, kinds=(method,))
     pos = lens.long()[:, None] + torch.arange(t, device="cuda")[None, :]
-    kw = dict(top_n=16, method=method, num_sink=1, num_local=0, positions=pos, window=512)
-    with poisoned_allocations():
-        two = select_blocks(q, meta, lens, **kw)
-        one = select_blocks(q, meta, lens, fused=True, **kw)
-    scores = block_scores(q, meta, lens, method=method)
-    want = topn_from_scores(
-        scores, lens, 64, top_n=16, num_sink=1, num_local=0, positions=pos, window=512
+    two, one, want = _both_launches_and_reference(
+        q, meta, lens, 64, top_n=16, method=method, positions=pos, window=512
     )
     assert torch.equal(two, want) and torch.equal(one, want)
     assert (two[2, :, :, :16] == -1).all()  # 300 tokens: no block ends before the window
