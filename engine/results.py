@@ -106,6 +106,12 @@ class DecodeResult:
             "seconds": sum(r.oracle_s for r in rs),
         }
 
+    def mean_wall_s(self) -> float:
+        """Mean host wall time of a counted round: its timed steps and the host work around
+        them (the launches before the first step reaches the GPU, the host read after the
+        last, the kept tokens' bookkeeping)."""
+        return float(np.mean([r.wall_s for r in self.timed()]))
+
     def mean_step_s(self) -> dict[str, float]:
         rs = self.timed()
         return {k: float(np.mean([r.step_s.get(k, 0.0) for r in rs])) for k in STEPS}

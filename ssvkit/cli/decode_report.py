@@ -132,6 +132,7 @@ def _measured_figures(
         "oracle": _oracle_summary(run.oracle, args.batch, result),
         "steps_s": {k: figure(v, "s", timer) for k, v in steps.items()},
         "round_s": figure(sum(steps.values()), "s", timer),
+        "round_wall_s": figure(result.mean_wall_s(), "s", "measured:wall-clock"),
         "prefill_s": figure(result.prefill_s, "s", "measured:wall-clock"),
         # With the oracle its reference pass runs the prefill and the decode reuses it: the
         # prefill's own time is the one measured when it ran.
