@@ -8,9 +8,10 @@ Each row is one committed run that drafts: its measured CUDA-event ``draft`` ste
 step model's GPU draft time (``perfmodel.step``, without ``draft.host``) for the tree the
 engine ran, at the run's batch and context and the per-draft alpha that reproduces its mean of
 accepted drafts (``perfmodel.strategy.fit_acceptance``; the draft model's catch-up depends on
-it). The host term is the non-negative least squares fit of the n-gram rows' residual (measured
-minus GPU) on ``draft_host_features`` (``fit``); the output holds its coefficients and the draft
-step's median and p90 APE per drafter and set, before and after the host term (``run``).
+it). The host term is the non-negative least squares fit of the drafting rows' residual
+(measured minus GPU) on ``draft_host_features`` (``fit``); the output holds its coefficients
+and the draft step's median and p90 APE per drafter and set, before and after the host term
+(``run``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.step import build_columns, predict_columns
-from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload, fit_acceptance, parse_tree
+from ssvkit.perfmodel.strategy import (
+    DrafterSpec,
+    Strategy,
+    Workload,
+    fit_acceptance,
+    parse_tree,
+    tree_depth,
+)
 
 TARGET = "engine/checkpoints/tiny-target"
 DRAFT = "engine/checkpoints/tiny-draft"
@@ -86,6 +94,7 @@ def planner_rows(path: Path, ranking: dict) -> list[DraftRow]:
     """The drafting strategies a planner evaluation measured; their strategies from a ranking
     of the same evaluation (``ssvkit rank --evaluation``), matched by description."""
     doc = json.loads(path.read_text())
+    batch = doc.get("batch", 1)  # an evaluation before batched decoding ran at batch 1
     out = []
     for regime, v in doc["regimes"].items():
         by = {x["describe"]: x["strategy"] for x in ranking["regimes"][regime]["ranking"]}
@@ -95,10 +104,10 @@ def planner_rows(path: Path, ranking: dict) -> list[DraftRow]:
             if not parents:
                 continue
             meas = m["measured"]
-            accepted = meas["tokens"] / meas["rounds"] / doc["batch"] - 1
+            accepted = meas["tokens"] / meas["rounds"] / batch - 1
             alpha = fit_acceptance(parents, accepted)
             draft = meas["steps_s"]["draft"]
-            out.append(DraftRow(path.name, s, doc["batch"], v["context_len"], alpha, draft))
+            out.append(DraftRow(path.name, s, batch, v["context_len"], alpha, draft))
     return out
 
 
@@ -125,20 +134,38 @@ def _codes(rows):
         np.array([kinds.get(r.strategy.drafter.kind, 0) for r in rows]),
         np.array([r.batch for r in rows], dtype=float),
         np.array([len(parse_tree(r.strategy.tree)) for r in rows], dtype=float),
+        np.array([tree_depth(parse_tree(r.strategy.tree)) for r in rows], dtype=float),
     )
 
 
 def fit(rows: list[DraftRow], gpu_s: np.ndarray) -> tuple[dict[str, float], dict]:
-    """NNLS of the n-gram rows' residual on ``draft_host_features``, weighted by 1 / the
-    measured step (relative error)."""
+    """NNLS of the drafting rows' residual (measured minus GPU) on ``draft_host_features``,
+    weighted by 1 / the measured step (relative error): the n-gram terms from the n-gram rows,
+    ``model_level`` from the draft model's (the features of the two never share a row). A term
+    the rows cannot tell apart is held at 0 and named (``not_identified``): ``sequence`` where
+    every n-gram row has one batch size (it is then the per-round term's twin), ``model_level``
+    without a draft-model row."""
     x = draft_host_features(*_codes(rows))
     y = np.array([r.measured_s for r in rows]) - gpu_s
-    on = x[:, 0] > 0
-    if on.sum() < len(DRAFT_HOST_TERMS):
-        raise ValueError(f"the fit set has {on.sum()} n-gram rows, fewer than the terms")
+    ngram = x[:, 0] > 0
+    on = ngram | (x[:, DRAFT_HOST_TERMS.index("model_level")] > 0)
+    batches = sorted({r.batch for r, o in zip(rows, ngram, strict=True) if o})
+    unknown = [] if len(batches) > 1 else ["sequence"]
+    if not (on & ~ngram).any():
+        unknown.append("model_level")
+    keep = [i for i, t in enumerate(DRAFT_HOST_TERMS) if t not in unknown]
+    if ngram.sum() < len(keep) - ("model_level" not in unknown):
+        raise ValueError(f"the fit set has {ngram.sum()} n-gram rows, fewer than the terms")
     w = 1.0 / np.array([r.measured_s for r in rows])[on]
-    coef, _ = nnls(x[on] * w[:, None], y[on] * w)
-    return dict(zip(DRAFT_HOST_TERMS, map(float, coef), strict=True)), {"rows": int(on.sum())}
+    coef = np.zeros(len(DRAFT_HOST_TERMS))
+    coef[keep], _ = nnls(x[on][:, keep] * w[:, None], y[on] * w)
+    figures = {
+        "rows": int(on.sum()),
+        "ngram_rows": int(ngram.sum()),
+        "batches": [min(r.batch for r in rows), max(r.batch for r in rows)],
+        "not_identified": unknown,
+    }
+    return dict(zip(DRAFT_HOST_TERMS, map(float, coef), strict=True)), figures
 
 
 def errors(rows: list[DraftRow], gpu_s: np.ndarray, coef: dict[str, float]) -> dict:
@@ -170,15 +197,12 @@ def _commit() -> str:
         return "unknown"
 
 
-def run(data: Path, gpu: str) -> dict:
-    """The fit on batch 1 and 8 of the contexts decodes and the errors on every set.
-
-    The fit set: the tiny pair's batched decodes at batch 1 and 8
-    (``batched-decode-contexts-<gpu>.json``). The test sets: the same file at batch 32, the
-    batch sweep at 16K (``batched-decode-<gpu>.json``) and the measured strategies of the
-    planner evaluation at batch 32 (``planner-b32-<gpu>.json``)."""
+def _h200_sets(data: Path, gpu: str):
+    """The H200's sets: the fit on the tiny pair's batched decodes at batch 1 and 8
+    (``batched-decode-contexts-<gpu>.json``); the tests on the same file at batch 32, the batch
+    sweep at 16K (``batched-decode-<gpu>.json``) and the measured strategies of the planner
+    evaluation at batch 32 (``planner-b32-<gpu>.json``)."""
     contexts = data / f"batched-decode-contexts-{gpu}.json"
-    fit_rows = decode_rows(contexts, lambda b: b < 32)
     with gzip.open(data / f"planner-ranking-b32-{gpu}.json.gz", "rt") as fh:
         ranking = json.load(fh)
     tests = {
@@ -186,9 +210,32 @@ def run(data: Path, gpu: str) -> dict:
         "batch_sweep_16k": decode_rows(data / f"batched-decode-{gpu}.json"),
         "planner_b32": planner_rows(data / f"planner-b32-{gpu}.json", ranking),
     }
+    fit_set = ("fit_b1_b8", f"{contexts.name}, batch 1 and 8, drafting rows")
+    return fit_set, decode_rows(contexts, lambda b: b < 32), tests
+
+
+def _h100_sets(data: Path, gpu: str):
+    """The H100's sets: its only engine runs, the planner evaluation at batch 1
+    (``planner.json``), fit and test alike."""
+    with gzip.open(data / "planner-ranking.json.gz", "rt") as fh:
+        ranking = json.load(fh)
+    rows = planner_rows(data / "planner.json", ranking)
+    return ("fit_planner_b1", "planner.json, batch 1, drafting rows"), rows, {}
+
+
+SETS = {"h200": _h200_sets, "h100-sxm": _h100_sets}
+
+
+def run(data: Path, gpu: str) -> dict:
+    """The fit on ``gpu``'s fit set and the errors on every set (``SETS``)."""
+    if gpu not in SETS:
+        raise ValueError(
+            f"no committed engine runs time the draft step on {gpu!r}: {', '.join(SETS)}"
+        )
+    (fit_name, fit_label), fit_rows, tests = SETS[gpu](data, gpu)
     fit_gpu = gpu_draft_s(fit_rows, gpu)
     coef, fit_info = fit(fit_rows, fit_gpu)
-    sets = {"fit_b1_b8": errors(fit_rows, fit_gpu, coef)}
+    sets = {fit_name: errors(fit_rows, fit_gpu, coef)}
     for name, rows in tests.items():
         sets[name] = errors(rows, gpu_draft_s(rows, gpu), coef)
     return {
@@ -197,7 +244,7 @@ def run(data: Path, gpu: str) -> dict:
         "coefficients": coef,
         "fit": {
             **fit_info,
-            "set": f"{contexts.name}, batch 1 and 8, n-gram rows",
+            "set": fit_label,
             "commit": _commit(),
             "command": f"python -m ssvkit.calibration.draft_host_fit --gpu {gpu}",
         },
@@ -205,23 +252,34 @@ def run(data: Path, gpu: str) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gpu", default="h200", help="the GPU whose committed runs are read")
+def fit_cli(prog: str, description: str, fit_run, argv) -> dict | None:
+    """The command line of a host fit: ``--gpu``, ``--data`` and ``--out``; the document of
+    ``fit_run(data, gpu)``, written to ``--out`` when given, or None after a one-line error
+    naming the bad input on stderr."""
+    p = OneLineParser(description=description)
+    p.add_argument("--gpu", default="h200", help="the GPU host whose committed runs are read")
     p.add_argument("--data", default="validation/data", help="folder of the committed runs")
     p.add_argument("--out", default=None, help="write the coefficients and errors here (JSON)")
     args = p.parse_args(argv)
     try:
-        doc = run(Path(args.data), args.gpu)
+        doc = fit_run(Path(args.data), args.gpu)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        print(f"draft_host_fit: {e}", file=sys.stderr)
-        return 2
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
     if args.out:
         atomic_write(Path(args.out), json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def main(argv=None) -> int:
+    doc = fit_cli("draft_host_fit", __doc__.splitlines()[0], run, argv)
+    if doc is None:
+        return 2
     c = doc["coefficients"]
     print(
         f"draft host: {c['round'] * 1e6:.1f} us/round + {c['sequence'] * 1e6:.2f} us/sequence"
-        f" + {c['sequence_node'] * 1e6:.3f} us/(sequence x node)"
+        f" + {c['sequence_node'] * 1e6:.3f} us/(sequence x node) (n-gram);"
+        f" {c['model_level'] * 1e6:.1f} us/level (draft model)"
     )
     print(f"{'set':18s} {'drafter':12s} {'rows':>4s} {'GPU only':>16s} {'with host':>16s}")
     for name, per in doc["draft_step_ape"].items():

@@ -34,10 +34,11 @@ GEMM_OPS = (
 
 
 def op_group(name: str) -> str:
-    """Coarse group of an op name for tables: draft, gemm, attention, selection, other."""
+    """Coarse group of an op name for tables: draft, loop (the loop's host time), gemm,
+    attention, selection, other."""
     stage, _, op = name.partition(".")
-    if stage == "draft":
-        return "draft"
+    if stage in ("draft", "loop"):
+        return stage
     if op in GEMM_OPS:
         return "gemm"
     if op in ATTENTION_OPS:  # dense, and every sparse class: reuse and refresh, fused or not
@@ -119,7 +120,7 @@ def add_intervals(rows: list[dict], pred: StepPrediction, anchor_idx: dict) -> N
         for r in rows:
             r.update(intervals=None, interval_note=pred.interval_note, op_residuals={})
         return
-    rnd = draft + verify
+    rnd = pred.spread()  # draft, verify and the loop's host time
     spreads = {"round_s": rnd, "draft_s": draft, "verify_s": verify}
     ivs = {k: interval(getattr(pred, k), over=bounds(sp)) for k, sp in spreads.items()}
     rb = bounds(rnd)
@@ -152,7 +153,14 @@ def base_provenance(row: dict) -> str:
 
 def grouped_seconds(row: dict) -> dict[str, float]:
     """A row's op seconds summed by ``op_group``."""
-    out = {"draft": 0.0, "gemm": 0.0, "attention": 0.0, "selection": 0.0, "other": 0.0}
+    out = {
+        "draft": 0.0,
+        "gemm": 0.0,
+        "attention": 0.0,
+        "selection": 0.0,
+        "other": 0.0,
+        "loop": 0.0,
+    }
     for k, v in row["op_s"].items():
         out[op_group(k)] += v
     return out

@@ -118,6 +118,7 @@ class LayerSplit:
     accept_s: np.ndarray  # acceptance bookkeeping after the forward
     verify_s: np.ndarray  # the step model's verification seconds
     draft_s: np.ndarray  # the step model's drafting seconds
+    host_s: np.ndarray  # the loop's host time per round (``perfmodel.loop_host``)
     prediction: StepPrediction
 
     def layer_s(self, refresh: bool) -> np.ndarray:
@@ -169,6 +170,7 @@ def verify_layer_split(
         accept_s=accept,
         verify_s=pred.verify_s,
         draft_s=pred.draft_s,
+        host_s=pred.loop_s + zero,
         prediction=pred,
     )
 

@@ -218,6 +218,14 @@ class Spread:
             self.uncovered_s + other.uncovered_s,
         )
 
+    def add_apart(self, seconds) -> None:
+        """Add a term fitted apart from the kernel families (a host's time per round,
+        ``perfmodel.loop_host``, ``perfmodel.draft_host``): in the figure at its value, with no
+        width and not among the ops without residuals."""
+        s = np.asarray(seconds, dtype=float)
+        self.seconds += s
+        self.median_s += s
+
     def add_op(
         self,
         seconds,

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-from ssvkit.perfmodel.accept_ops import accept_op
+from ssvkit.perfmodel.accept_ops import accept_op, tree_depths
 from ssvkit.perfmodel.columns import (
     DRAFTER_CODES,
     META_VECTORS,
@@ -35,6 +35,8 @@ from ssvkit.perfmodel.columns import (
 from ssvkit.perfmodel.draft_host import draft_host_s, shipped_coefficients
 from ssvkit.perfmodel.draft_ops import draft_ops
 from ssvkit.perfmodel.intervals import POOLED, IntervalSource, Spread
+from ssvkit.perfmodel.loop_host import loop_host_s
+from ssvkit.perfmodel.loop_host import shipped as shipped_loop_host
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import (
     OpSum,
@@ -178,7 +180,7 @@ class StepPrediction:
     ops: dict[str, Op]
     draft_s: np.ndarray
     verify_s: np.ndarray
-    round_s: np.ndarray
+    round_s: np.ndarray  # draft_s + verify_s + loop_s
     tokens_per_round: np.ndarray
     tokens_per_s: np.ndarray
     branch_bytes: dict[str, np.ndarray]
@@ -190,6 +192,12 @@ class StepPrediction:
     op_outside: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
     interval_source: IntervalSource | None = None
     interval_note: str = ""  # why the figures carry no interval, when they carry none
+    # The loop's host time per round (``perfmodel.loop_host``; zeros where no fit ships).
+    loop_s: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.loop_s is None:
+            self.loop_s = np.zeros_like(np.asarray(self.round_s, dtype=float))
 
     def stood_in_for(self, i: int) -> list[str]:
         """``kernel <- class`` of each op of point ``i`` priced by a stand-in class."""
@@ -215,6 +223,9 @@ class StepPrediction:
             if not self.op_seconds[k].any():
                 continue
             fam = self.op_family.get(k)
+            if self.ops[k].kind == "host":
+                out.add_apart(self.op_seconds[k])
+                continue
             if fam is None:
                 out.add_op(self.op_seconds[k])
                 continue
@@ -232,16 +243,32 @@ class StepPrediction:
 
 def _add_draft_host(acc: OpSum, secs, family, flags, c: Columns, gpu: str) -> None:
     """The draft step's host time (``perfmodel.draft_host``) as the op ``draft.host``, where
-    coefficients ship for ``gpu`` and some point drafts on the host."""
+    coefficients ship for ``gpu`` and some point drafts."""
     shipped = shipped_coefficients(gpu)
     if shipped is None:
         return
-    host_s = draft_host_s(shipped[0], c.drafter, c.batch, c.num_draft)
+    host_s = draft_host_s(shipped[0], c.drafter, c.batch, c.num_draft, tree_depths(c))
     if not host_s.any():
         return
     zero = np.zeros(len(c))
     acc["draft.host"] = Op("host", zero, zero, zero)
     secs["draft.host"], family["draft.host"], flags["draft.host"] = host_s, None, None
+
+
+def _add_loop_host(acc: OpSum, secs, family, flags, c: Columns, gpu: str) -> np.ndarray:
+    """The loop's host time per round (``perfmodel.loop_host``) as the op ``loop.host``, where
+    coefficients ship for ``gpu``; returns the points outside the batch range they were fitted
+    on (extrapolated)."""
+    fit = shipped_loop_host(gpu)
+    if fit is None:
+        return np.zeros(len(c), dtype=bool)
+    coef, (low, high), _ = fit
+    host_s = loop_host_s(coef, c.drafter, c.batch, c.num_draft, c.expected_tokens)
+    zero = np.zeros(len(c))
+    acc["loop.host"] = Op("host", zero, zero, zero)
+    secs["loop.host"], family["loop.host"], flags["loop.host"] = host_s + zero, None, None
+    batch = np.asarray(c.batch) + zero
+    return (batch < low) | (batch > high)
 
 
 def _draft_model(c: Columns, drafter: DrafterSpec) -> ModelSpec | None:
@@ -293,7 +320,8 @@ def predict_columns(
 ) -> StepPrediction:
     """Evaluate every point of ``c``: verification (or AR step) forward, drafting, acceptance.
 
-    ``round_s = draft_s + verify_s``; ``tokens_per_s = batch * E[tokens per round] / round_s``.
+    ``round_s = draft_s + verify_s + loop_s`` (the loop's host time, ``perfmodel.loop_host``,
+    where a fit ships for the GPU); ``tokens_per_s = batch * E[tokens per round] / round_s``.
     The predictor's ``tp`` must match ``c.tp`` (build it with ``tp=c.tp``). ``drafter`` supplies
     the draft model's spec and EAGLE's draft vocabulary (the kind per point is in ``c``).
     """
@@ -311,10 +339,12 @@ def predict_columns(
         acc, secs, family, flags, model, draft, drafter.draft_vocab, c, predictor
     )
     _add_draft_host(acc, secs, family, flags, c, predictor.gpu.name)
-    outside = _flags(predictor, len(c)) | draft_outside
+    loop_outside = _add_loop_host(acc, secs, family, flags, c, predictor.gpu.name)
+    outside = _flags(predictor, len(c)) | draft_outside | loop_outside
     draft_s = sum((v for k, v in secs.items() if k.startswith("draft.")), np.zeros(len(c)))
     verify_s = sum((v for k, v in secs.items() if k.startswith("verify.")), np.zeros(len(c)))
-    round_s = draft_s + verify_s
+    loop_s = secs.get("loop.host", np.zeros(len(c)))
+    round_s = draft_s + verify_s + loop_s
     return StepPrediction(
         op_seconds=secs,
         ops=dict(acc),
@@ -332,4 +362,5 @@ def predict_columns(
         op_outside=flags,
         interval_source=predictor.interval_source,
         interval_note=predictor.interval_note,
+        loop_s=loop_s,
     )

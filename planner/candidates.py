@@ -1,8 +1,10 @@
 """The online controller's view of a ranking: per regime, the candidates it re-scores and
 what it reads of each, worked out once.
 
-A re-score only recomputes tokens per round: a candidate's round time (step model plus loop
-overhead) does not depend on acceptance, so ``CandidateBook`` scores it once per regime (a
+A re-score only recomputes tokens per round: a candidate's round time (the step model's)
+depends on acceptance only through the loop's host work per kept token of an n-gram drafter
+(``perfmodel.loop_host``, a few percent of a round), so ``CandidateBook`` scores it once per
+regime at the profile's acceptance (a
 full ``planner.rank.score`` call takes ~15-30 ms of host time, more than ten 1-ms decode
 rounds), and memoises every per-strategy look-up the controller makes per round (strategy
 ids, profiled alphas, attention factors, the shadow's reference candidates).
@@ -154,8 +156,8 @@ class CandidateBook:
         return self._cands[regime]
 
     def round_s(self, regime: str, strategies: list[Strategy]) -> dict[str, float]:
-        """Predicted round time (step model + loop overhead) per strategy at the regime's
-        ranked context, computed once per strategy."""
+        """Predicted round time (the step model's, the loop's host time in it) per strategy at
+        the regime's ranked context, computed once per strategy."""
         cache = self._round_cache.setdefault(regime, {})
         missing = [s for s in strategies if self.sid(s) not in cache]
         if missing:

@@ -66,7 +66,7 @@ class OnlineController:
     of ``shadow_sequences`` it scores, its intervals then widened by the sequences' spread
     (``planner.shadow``) --, a walk's rounds read per sequence (the batch advances all its
     sequences each round). Candidates are scored at batch B (round time of the batch's step
-    plus the loop's overhead; B x tokens per sequence over it), B the ranking's unless given; a
+    with the loop's host time; B x tokens per sequence over it), B the ranking's unless given; a
     round of more than B sequences is refused.
     """
 

@@ -1,11 +1,12 @@
-"""Acceptance, overlap and loop-overhead profiles per context regime (``RegimeProfile``): what
-the ranking assumes about prompts and about the decode loop that runs the strategies.
+"""Acceptance and overlap profiles per context regime (``RegimeProfile``): what the ranking
+assumes about prompts.
 
 Per regime a profile holds the acceptance alpha of each drafter kind (or drafter on one tree),
-the factor sparse verification puts on it, the selected-block overlap of each traversal order,
-and the fitted coefficients of the loop's host time per round (``RegimeProfile`` says how each
-is keyed and looked up). It comes from engine runs or traces (measured on sample prompts) or
-from a JSON file (``load_profile``; its format is in ``docs/planner.md``); without one, the
+the factor sparse verification puts on it and the selected-block overlap of each traversal
+order (``RegimeProfile`` says how each is keyed and looked up). The decode loop's host time per
+round is not a profile's: the step model prices it for the GPU host (``perfmodel.loop_host``).
+A profile comes from engine runs or traces (measured on sample prompts) or from a JSON file
+(``load_profile``; its format is in ``docs/planner.md``); without one, the
 ranking uses the ``Workload`` defaults and labels its figures ``assumed``.
 
 A regime or entry missing from the file falls back to the file's ``default`` entry when
@@ -22,13 +23,16 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.perfmodel.files import read_json
-from ssvkit.perfmodel.host_overhead import check_overhead
 from ssvkit.perfmodel.strategy import Strategy, Workload, parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 
-PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-PROFILE_TABLES = ("acceptance", "overlap", "attention", "overhead")
+PROFILE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+PROFILE_TABLES = ("acceptance", "overlap", "attention")
+# Tables a version 1 or 2 profile may hold that the ranking does not read: ``overhead``, a
+# planner evaluation's own fit of the loop's host time; the ranking prices that time with the
+# GPU host's fit (``perfmodel.loop_host``).
+UNREAD_TABLES = ("overhead",)
 REGIMES = {"<=4K": 4096, "8K": 8192, "16K": 16384, "32K": 32768, "64K+": 65536}
 
 
@@ -57,8 +61,7 @@ def attention_key(s: Strategy) -> str | None:
 @dataclass(frozen=True, slots=True)
 class RegimeProfile:
     """alpha per (regime, drafter kind or drafter@tree), sparse-attention factor per (regime,
-    attention key), gamma per (regime, traversal), and the loop overhead's fitted coefficients
-    per regime (what ``perfmodel.host_overhead`` prices a round's host time from).
+    attention key) and gamma per (regime, traversal).
 
     Each table maps a regime (or ``default``) to its entries.
 
@@ -85,20 +88,12 @@ class RegimeProfile:
         drafter proposes what the context repeats, which the dense target copies from wherever
         it lies and a sparse one only from the blocks it selected, while a small model's
         proposals are the local guesses a sparse target still makes. An absent key means 1.
-    overhead : dict
-        Host time per round the step model does not count (the loop's Python work, host-side
-        drafting, launches outside graphs), as the coefficients of
-        ``perfmodel.host_overhead.OVERHEAD_TERMS`` fitted on the profile runs
-        (``calibration.host_overhead_fit.fit_overhead``);
-        ``perfmodel.host_overhead.host_overhead_s`` prices a round from them. Absent means 0,
-        the step model alone.
     """
 
     acceptance: dict[str, dict[str, float]] = field(default_factory=dict)
     overlap: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = "assumed:workload-defaults"
     attention: dict[str, dict[str, float]] = field(default_factory=dict)
-    overhead: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def _get(self, table: dict, regime: str, key: str):
         for r in (regime, "default"):
@@ -133,12 +128,6 @@ class RegimeProfile:
             if f is not None:
                 return f
         return 1.0
-
-    def overhead_coefficients(self, regime: str) -> dict[str, float]:
-        """The loop overhead's coefficients for ``regime`` (its own, else ``default``'s; empty
-        without a fit): ``host_overhead_s(profile.overhead_coefficients(regime), s)`` is a
-        round's host time."""
-        return self.overhead.get(regime) or self.overhead.get("default") or {}
 
     def gamma(self, regime: str, traversal: str) -> float:
         for key in (regime, "default"):
@@ -185,8 +174,6 @@ class RegimeProfile:
                 f"block overlap of {', '.join(sorted(traversals))} (workload default "
                 f"{Workload().overlap})"
             )
-        if not self.overhead_coefficients(regime):
-            out.append("loop overhead per round (none: the step model alone)")
         return out
 
     def to_json(self) -> dict:
@@ -194,7 +181,6 @@ class RegimeProfile:
             "acceptance": self.acceptance,
             "attention": self.attention,
             "overlap": self.overlap,
-            "overhead": self.overhead,
         }
         regimes = sorted(set().union(*tables.values()))
         return {
@@ -232,19 +218,21 @@ def load_profile(path: str | Path) -> RegimeProfile:
 
 
 def profile_from_json(d, where: str = "profile", label: str = "profile") -> RegimeProfile:
-    """A profile from its JSON document (version 1 or 2; the format is in ``docs/planner.md``);
+    """A profile from its JSON document (version 1, 2 or 3; the format is in
+    ``docs/planner.md``; an older version's ``UNREAD_TABLES`` are accepted and not read);
     ``ValueError`` names the bad entry."""
     if not isinstance(d, dict) or d.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"{where} must have version {' or '.join(map(str, READABLE_VERSIONS))}")
     if not isinstance(d.get("regimes"), dict):
         raise ValueError(f"{where} has no 'regimes' object: not a profile")
-    acc, ovl, att, ovh = {}, {}, {}, {}
+    acc, ovl, att = {}, {}, {}
+    unread = UNREAD_TABLES if d["version"] < 3 else ()
     for regime, entry in d["regimes"].items():
         if regime not in REGIMES and regime != "default":
             raise ValueError(f"profile regime {regime!r} is not one of {', '.join(REGIMES)}")
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: regime {regime} must be an object, got {entry!r}")
-        extra = sorted(set(entry) - set(PROFILE_TABLES))
+        extra = sorted(set(entry) - set(PROFILE_TABLES) - set(unread))
         if extra:
             # e.g. an evaluation's own regime entries, read as if they were a profile's
             raise ValueError(
@@ -267,8 +255,7 @@ def profile_from_json(d, where: str = "profile", label: str = "profile") -> Regi
         att[regime] = {
             k: _json_nonneg(f"{regime}.attention.{k}", v) for k, v in tables["attention"].items()
         }
-        ovh[regime] = check_overhead(f"{regime}.overhead", tables["overhead"])
-    return RegimeProfile(acc, ovl, f"{label}:{d.get('source', 'unknown')}", att, ovh)
+    return RegimeProfile(acc, ovl, f"{label}:{d.get('source', 'unknown')}", att)
 
 
 def profile_from_traces(headers_rounds, strategies: dict) -> RegimeProfile:

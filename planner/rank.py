@@ -18,7 +18,6 @@ from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.costs import memory_shortfall
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.hardware import GpuSpec
-from ssvkit.perfmodel.host_overhead import host_overhead_s
 from ssvkit.perfmodel.intervals import bounds, interval
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.step import build_columns, predict_columns
@@ -54,9 +53,9 @@ def score(
     """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
     drafter model): the step model at the strategy's acceptance from ``profile``
     (``RegimeProfile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
-    1 for a kind it lacks --, at most 1) plus the profile's loop
-    overhead per round (``loop`` in the breakdown), with the tokens/s interval of a calibrated
-    prediction (``perfmodel.intervals``; the loop overhead, a fit of its own, adds no width);
+    1 for a kind it lacks --, at most 1), its round with the loop's host time
+    (``perfmodel.loop_host``, ``loop`` in the breakdown), with the tokens/s interval of a
+    calibrated prediction (``perfmodel.intervals``; the loop's host time adds no width);
     the engine runs the element-wise ops as ``elementwise`` (``perfmodel.strategy.ELEMENTWISE``)."""
     if not strategies:
         return [], "none"
@@ -74,8 +73,7 @@ def score(
         drafter = DrafterSpec(kind="draft_model", model=draft_model) if draft_model else None
         pred = predict_columns(model, cols, make_predictor(gpu, "bf16", cols.tp), drafter)
         prov = pred.provenance
-        loops = np.array([host_overhead_s(profile.overhead_coefficients(regime), s) for s in group])
-        out += _scored(group, pred, loops, batch)
+        out += _scored(group, pred, batch)
     out.sort(key=lambda x: (-x.tokens_per_s, strategy_id(x.strategy)))
     return out, prov
 
@@ -106,24 +104,23 @@ def _workload(
     )
 
 
-def _scored(group: list[Strategy], pred, loops: np.ndarray, batch: int) -> list[Scored]:
+def _scored(group: list[Strategy], pred, batch: int) -> list[Scored]:
     """``group``'s strategies scored from their prediction ``pred`` (the step model's op seconds
-    summed per op group) with the loop overhead ``loops`` added to each round, and the
-    tokens/s interval when ``pred`` has a spread (the loop overhead adds no width)."""
+    summed per op group, ``loop`` always among them), and the tokens/s interval when ``pred``
+    has a spread."""
     groups = {}
     for k, v in pred.op_seconds.items():
         groups.setdefault(op_group(k), []).append(v)
     grouped = {g: np.sum(v, axis=0) for g, v in groups.items()}
+    grouped.setdefault("loop", np.zeros(len(group)))
     rnd = pred.spread()
     ivs = None
     if rnd is not None:
-        rnd.add_op(loops)
-        tps = batch * np.asarray(pred.tokens_per_round, dtype=float) / (pred.round_s + loops)
+        tps = batch * np.asarray(pred.tokens_per_round, dtype=float) / pred.round_s
         ivs = interval(tps, under=bounds(rnd))
     out = []
     for i, s in enumerate(group):
-        loop = float(loops[i])
-        round_s = float(pred.round_s[i]) + loop
+        round_s = float(pred.round_s[i])
         tpr = float(pred.tokens_per_round[i])
         out.append(
             Scored(
@@ -131,7 +128,7 @@ def _scored(group: list[Strategy], pred, loops: np.ndarray, batch: int) -> list[
                 batch * tpr / round_s,
                 tpr,
                 round_s,
-                {**{g: float(v[i]) for g, v in grouped.items()}, "loop": loop},
+                {g: float(v[i]) for g, v in grouped.items()},
                 bool(pred.extrapolated[i]),
                 None if ivs is None else (float(ivs[i, 0]), float(ivs[i, 1])),
             )

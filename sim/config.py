@@ -222,8 +222,8 @@ class SimConfig:
     loop_overhead_s: float = field(
         default=0.0,
         metadata={
-            "help": "host time per round the step model leaves out (e.g. a planner "
-            "profile's fitted loop overhead); 0 = the step model alone"
+            "help": "host time per round added to the step model's (which prices the "
+            "decode loop's own where the GPU's host ships a fit, perfmodel.loop_host)"
         },
     )
     timeline_rounds: int = field(

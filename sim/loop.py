@@ -7,8 +7,9 @@ whole batch at its mean context until the last sequence ends). Each stage
 is a simpy generator whose only source of time is ``yield env.timeout(cost)`` with the cost from
 the round's cost table (``sim.tables.loop_table``). Round granularity (default) lumps each
 stage into one event per round: drafting, the selection of all refresh layers, the rest of the
-verification forward, acceptance; their sum is perfmodel's ``round_s`` (plus ``host_s``, the
-loop's host time per round, which the acceptance step carries when it is set). ``per_layer``
+verification forward, acceptance with the loop's host time per round (the table's ``host_s``,
+``perfmodel.loop_host``); their sum is perfmodel's ``round_s``, plus any host time the config
+adds (``SimConfig.loop_overhead_s``), which acceptance carries too. ``per_layer``
 runs one event per draft level and per layer instead (refresh layers select, reuse layers
 inherit, each layer's attention at its own group overlap), which is what the Gantt and traces
 show in detail.
@@ -124,7 +125,8 @@ class DecodeLoop:
         yield env.timeout(head)
 
     def acceptor(self, q, spans):
-        dt = q[3] + self.host_s  # the loop's host time per round goes with acceptance
+        # The loop's host time per round (the table's and the added one) goes with acceptance.
+        dt = q[3] + q[self.grid.index["host_s"]] + self.host_s
         if dt > 0:
             if spans:
                 self.rec.span("acceptor", "accept", self.env.now, dt)

@@ -100,7 +100,7 @@ def run_loop(s: Setup):
     analytic = b * acc.expected_tokens() / round_s
     round_iv, tps_iv = None, None
     rnd = pred.spread()
-    if rnd is not None:  # the loop overhead, an input here, adds no width
+    if rnd is not None:  # the added loop overhead, an input here, adds no width
         rnd.add_op(np.array([cfg.loop_overhead_s]))
         rb = bounds(rnd)
         round_iv = [float(x) for x in interval([round_s], over=rb)[0]]

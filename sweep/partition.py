@@ -33,7 +33,7 @@ from ssvkit.perfmodel.step import (
 )
 from ssvkit.sweep.spec import AXES, SimulateSpec, SweepSpec, SweepStrategy
 
-OP_GROUPS = ("gemm", "attention", "selection", "other", "draft")
+OP_GROUPS = ("gemm", "attention", "selection", "other", "draft", "loop")
 # The figures whose intervals a sweep carries as <figure>_low and <figure>_high, and the round's
 # interval in log form (``perfmodel.intervals.LogBounds``), which the runner's speedups combine
 # and then drops.
@@ -210,7 +210,7 @@ def interval_figures(pred: StepPrediction) -> dict[str, np.ndarray]:
         nan = np.full(n, np.nan)
         names = [f"{f}_{x}" for f in INTERVAL_FIGURES for x in ("low", "high")]
         return {k: nan.copy() for k in (*names, "uncovered_share", *ROUND_BOUNDS)}
-    rnd = parts["draft_s"] + parts["verify_s"]
+    rnd = pred.spread()  # draft, verify and the loop's host time
     rb = bounds(rnd)
     ivs = {
         "tokens_per_s": interval(pred.tokens_per_s, under=rb),

@@ -10,8 +10,7 @@ A set's profile is a planner evaluation's (default: the one of record) with ever
 of its adaptive phase (``set_ratios``, ``set_profile``); the space is ranked under each set's
 profile at every candidate batch and regime context, and each set's own best is scored
 against the code profile's best on that set's acceptance (``candidate_rows``). The ratios are
-measured at one context and batch 1 and the loop overhead is the evaluation's: the
-evaluation at the chosen batch measures both.
+measured at one context and batch 1: the evaluation at the chosen batch measures them.
 """
 
 from __future__ import annotations

@@ -46,30 +46,26 @@ def predicted_verify_s(
         return None, str(e).splitlines()[0]
 
 
-def prediction_intervals(pred, loop_s: float = 0.0):
+def prediction_intervals(pred):
     """The intervals (``perfmodel.intervals``) of point 0 of ``pred``, as {figure: [low, high]}:
-    its verify forward (``verify_forward_s``), verify and draft steps, its round plus a loop
-    overhead ``loop_s`` (a fit of its own, priced without residuals) and tokens/s over that
-    round; and that round's ``LogBounds``, which a speedup's interval combines. (None, None)
-    without residuals."""
-    import numpy as np
+    its verify forward (``verify_forward_s``), verify and draft steps, its round (the loop's
+    host time in it adds no width) and tokens/s; and that round's ``LogBounds``, which a
+    speedup's interval combines. (None, None) without residuals."""
     from ssvkit.perfmodel.intervals import bounds, interval
 
     rnd = pred.spread()
     if rnd is None:
         return None, None
     forward = [k for k in pred.op_seconds if k.startswith("verify.") and k not in ACCEPT_STEP_OPS]
-    rnd.add_op(np.full(len(pred.round_s), loop_s))
     rb = bounds(rnd)
-    round_s = pred.round_s + loop_s
     ivs = {
         "verify_forward_s": interval(
             [verify_forward_s(pred)], over=bounds(pred.spread(keys=forward))
         ),
         "verify_s": interval(pred.verify_s, over=bounds(pred.spread(prefix="verify."))),
         "draft_s": interval(pred.draft_s, over=bounds(pred.spread(prefix="draft."))),
-        "round_s": interval(round_s, over=rb),
-        "tokens_per_s": interval(pred.tokens_per_s * pred.round_s / round_s, under=rb),
+        "round_s": interval(pred.round_s, over=rb),
+        "tokens_per_s": interval(pred.tokens_per_s, under=rb),
     }
     return {k: [float(x) for x in v[0]] for k, v in ivs.items()}, rb.take([0])
 
@@ -170,6 +166,7 @@ def predict(
         "draft_s": float(pred.draft_s[0]),
         "verify_s": float(pred.verify_s[0]),
         "verify_forward_s": verify_forward_s(pred),
+        "loop_s": float(pred.loop_s[0]),
         "round_s": float(pred.round_s[0]),
         "tokens_per_s": float(pred.tokens_per_s[0]),
         "tokens_per_round": float(pred.tokens_per_round[0]),

@@ -5,7 +5,8 @@ Four phases, all on one pair of model runners (target and draft) built once
 (``validation.bench``), all at the bench's batch:
 
 1. **profile** (``validation.profile_runs``) -- per regime, the profile read from the engine's
-   decodes of code prompts: acceptance, attention factors, overlap and loop overhead;
+   decodes of code prompts: acceptance, attention factors, overlap, and the loop's host time
+   against the GPU host's fit the step model prices;
 2. **rank** -- ``planner.rank`` scores the whole space per regime under that profile;
 3. **measure** (``evaluate_regime``) -- per regime, ``per_regime`` strategies decode other code
    prompts, scored by Kendall tau and the regret of the predicted best on their full-batch
@@ -250,7 +251,7 @@ def evaluate(
 ) -> tuple[dict, dict]:
     """The evaluation document and the full ranking it used."""
     t0 = time.perf_counter()
-    profile, overhead_fits, per_key, chain_tokens = measure_profile(
+    profile, loop_checks, per_key, chain_tokens = measure_profile(
         bench, contexts, space, ref_tree, attention_tree, profile_prompts, walk_prompts
     )
     ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, bench.elementwise)
@@ -275,7 +276,7 @@ def evaluate(
         "profile_prompts": profile_prompts,
         "profile_walk_prompts": walk_prompts,
         "profile_timing_passes": bench.timing_passes,
-        "profile_overhead_fits": overhead_fits,
+        "profile_loop_host": loop_checks,
         "profile_attention_factor_per_key": per_key,
         "profile_chain_tokens": chain_tokens,
         "space": dataclasses.asdict(space),

@@ -6,12 +6,11 @@ profile the ranking scores with is read from its runs, one function per measured
   (``validation.walks``);
 - the factor sparse attention puts on alpha, per drafter (``measure_attention``);
 - the group overlap gamma per traversal (``measure_overlap``), from selection statistics;
-- the decode loop's overhead per round (``fit_regime_overhead``), fitted over the regime's
-  steady runs, each timed as its least disturbed of ``timing_passes`` interleaved passes
-  (``retimed_runs``).
+- the decode loop's host time per round, measured over the regime's steady runs, each timed as
+  its least disturbed of ``timing_passes`` interleaved passes (``retimed_runs``), against the
+  GPU host's fit that the step model prices (``loop_host_check``).
 
-At batch B > 1 each run decodes B code windows together (``validation.prompts.batch_windows``),
-and the overhead is fitted against the step model at that batch.
+At batch B > 1 each run decodes B code windows together (``validation.prompts.batch_windows``).
 """
 
 from __future__ import annotations
@@ -20,12 +19,14 @@ import dataclasses
 import math
 
 import numpy as np
-from ssvkit.calibration.host_overhead_fit import fit_overhead
+from ssvkit.calibration.loop_host_fit import DRAFTER_CODES, TIMED_STEPS, LoopRow
+from ssvkit.calibration.loop_host_fit import errors as loop_errors
+from ssvkit.perfmodel import loop_host
 from ssvkit.perfmodel.strategy import Strategy, chain_length, parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.estimators import pooled_chain_tokens
 from ssvkit.planner.profile import RegimeProfile, attention_key
-from ssvkit.planner.rank import concrete, score
+from ssvkit.planner.rank import concrete
 from ssvkit.planner.space import SpaceSpec, describe, strategy_id, valid_strategies
 from ssvkit.validation.bench import Bench, steady_figures, steady_run
 from ssvkit.validation.passes import interleave, least_disturbed
@@ -46,7 +47,7 @@ FACTOR_SEEDS = 3
 class RegimeRuns:
     """The profile runs of one regime on its batches of prompts (``texts``, one per run; the
     first, ``prompt``, also decodes the attention and overlap runs). Every steady run is kept --
-    its strategy, figures, prompts and job -- for the n-gram walks and the overhead fit's
+    its strategy, figures, prompts and job -- for the n-gram walks and the loop host check's
     timing passes."""
 
     def __init__(self, bench: Bench, regime: str, ctx: int, texts: list[list[list[int]]]):
@@ -62,7 +63,7 @@ class RegimeRuns:
 
     def steady(self, key: str, s: Strategy, tokens: list[list[int]], seed: int = 0) -> dict:
         """A steady run of the profile (its text kept for the n-gram walks), kept for the
-        overhead fit's timing passes."""
+        loop host check's timing passes."""
         fig = self.bench.run(key, steady_run, self.bench, s, tokens, seed=seed, keep_text=True)
         self.runs.append((s, fig))
         self.prompts_of.append(tokens)
@@ -141,8 +142,8 @@ def measure_trees(rr: RegimeRuns, space: SpaceSpec, a: dict[str, float]) -> None
     """Alpha of every drafter on every other tree of the space into ``a`` (``best:N`` resolved
     at the drafter's alpha on the reference tree, as the ranking resolves it), from the mean
     tokens per round over the prompts. Autoregressive decoding has no acceptance: its runs on
-    every prompt (once, not per drafter) set the overhead of a round apart from a drafting
-    round's in the overhead fit."""
+    every prompt (once, not per drafter) give the loop host check its rounds that draft
+    nothing."""
     for kind in space.drafters:
         for tree in space.trees:
             base = Strategy(name="profile", tree=tree, drafter=rr.bench.drafter(kind))
@@ -280,33 +281,40 @@ def retimed_runs(rr: RegimeRuns) -> tuple[list[tuple[Strategy, dict]], dict]:
     return runs, {"timing_passes": bench.timing_passes, "passes_kept_min": min(kept)}
 
 
-def fit_regime_overhead(
-    rr: RegimeRuns, runs: list[tuple[Strategy, dict]], partial: RegimeProfile
-) -> tuple[dict[str, float], dict]:
-    """The loop overhead per round (``fit_overhead``) over the regime's steady ``runs``: the
-    residual is each run's measured round wall time minus the step model's round time under
-    the ``partial`` profile, each run weighted by 1 / its round time (relative error)."""
-    bench, regime = rr.bench, rr.regime
-    strategies = [s for s, _ in runs]
-    scored, _ = score(
-        bench.model,
-        bench.gpu,
-        strategies,
-        rr.ctx,
-        partial,
-        regime,
-        bench.batch,
-        elementwise=bench.elementwise,
-    )
-    model_s = {strategy_id(x.strategy): x.round_s for x in scored}
-    measured = [f["wall_s"] / f["rounds"] for _, f in runs]
-    residual = [m - model_s[strategy_id(s)] for m, (s, _) in zip(measured, runs, strict=True)]
-    ovh, fit = fit_overhead(strategies, residual, measured)
-    fit["median_model_round_s"] = float(np.median(list(model_s.values())))
-    terms = ", ".join(f"{t}={c * 1e6:.1f}us" for t, c in ovh.items())
-    rms = fit["rms_s"] * 1e6
-    bench.log(f"profile {regime} loop overhead: {terms} (rms {rms:.0f} us, {len(runs)} runs)")
-    return ovh, fit
+def loop_host_check(rr: RegimeRuns, runs: list[tuple[Strategy, dict]]) -> dict:
+    """How the GPU host's loop host fit (``perfmodel.loop_host``, the one the step model
+    prices) matches the regime's steady ``runs``: each run's loop host time is its counted
+    rounds' mean wall time minus their CUDA-event draft, verify and accept steps
+    (``calibration.loop_host_fit``); the figures (``loop_host_fit.errors``) per drafter, or
+    ``{"fit": None}`` where no fit ships for the bench's GPU."""
+    bench = rr.bench
+    shipped = loop_host.shipped(bench.gpu.name)
+    if shipped is None:
+        return {"fit": None}
+    rows = []
+    for s, f in runs:
+        k = len(parse_tree(s.tree))
+        wall = f["wall_s"] / f["rounds"]
+        rows.append(
+            LoopRow(
+                source="profile",
+                label=describe(s),
+                drafter=DRAFTER_CODES.get(s.drafter.kind, 0) if k else 0,
+                batch=bench.batch,
+                num_draft=k,
+                tokens=f["tokens"] / f["rounds"] / bench.batch,
+                round_wall_s=wall,
+                loop_host_s=wall - sum(f["steps_s"][st] for st in TIMED_STEPS),
+            )
+        )
+    figures = loop_errors(rows, shipped[0])
+    for kind, e in figures.items():
+        bench.log(
+            f"profile {rr.regime} loop host, {kind}: {e['rows']} runs, measured "
+            f"{e['measured_median_s'] * 1e6:.0f} us, |error| {e['abs_error_median_s'] * 1e6:.0f} us"
+            f" median, round error {e['round_ape_median']:.1%}"
+        )
+    return {"fit": shipped[2], "drafters": figures}
 
 
 def measure_profile(
@@ -322,17 +330,17 @@ def measure_profile(
     prompts (windows ``PROFILE_OFFSETS`` of the corpus, ``bench.batch`` per run, a run's
     acceptance the mean over its sequences; run j decodes with seed j): acceptance
     (``measure_chains``, ``measure_trees``, the n-gram drafter's from its walks), attention
-    factors (``measure_attention``), overlap (``measure_overlap``) and the loop overhead
-    (``fit_regime_overhead``, at the bench's batch: the host's per-sequence work, an n-gram
+    factors (``measure_attention``), overlap (``measure_overlap``) and the loop host time's
+    check (``loop_host_check``, at the bench's batch: the host's per-sequence work, an n-gram
     drafter's lookups above all, grows with it).
 
-    Returns the profile, the overhead fits' figures per regime, the factor each attention
+    Returns the profile, the loop host checks' figures per regime, the factor each attention
     key's run measured per regime and drafter (the profile holds each drafter's median over
     the keys, ``"<kind>@sparse"``: one run's draw per key would rank the strategies by their
     luck), and per regime and ``kind@chain`` its own and pooled tokens per round."""
     if not 1 <= prompts <= len(PROFILE_OFFSETS):
         raise ValueError(f"profile prompts must lie in 1..{len(PROFILE_OFFSETS)}, got {prompts}")
-    acc, att, ovl, ovh, fits, per_key, chain_tokens = {}, {}, {}, {}, {}, {}, {}
+    acc, att, ovl, checks, per_key, chain_tokens = {}, {}, {}, {}, {}, {}
     ref_kind = "ngram" if "ngram" in space.drafters else space.drafters[0]
     for regime, ctx in contexts.items():
         batches = batch_windows(PROFILE_OFFSETS, prompts, bench.batch)
@@ -359,8 +367,6 @@ def measure_profile(
             extra = walk_texts(bench, space, ctx, walk_prompts, regime)
             walk_ngram(bench, regime, a, rr.runs, rr.prompts_of, rr.own_tpr, chain_tokens, extra)
         runs, note = retimed_runs(rr)
-        partial = RegimeProfile(acc, ovl, "partial", att)
-        ovh[regime], fits[regime] = fit_regime_overhead(rr, runs, partial)
-        fits[regime].update(note)
-    profile = RegimeProfile(acc, ovl, "measured:engine-code-prompts", att, ovh)
-    return profile, fits, per_key, chain_tokens
+        checks[regime] = {**loop_host_check(rr, runs), **note}
+    profile = RegimeProfile(acc, ovl, "measured:engine-code-prompts", att)
+    return profile, checks, per_key, chain_tokens

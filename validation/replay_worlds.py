@@ -3,7 +3,7 @@ evaluation's adaptive phase, built from its fixed measurements.
 
 Every strategy the evaluation ran fixed (``oracle.strategies``, median run of ``repeats``)
 gives its round time, ``(1 + mean_accepted) / tokens_per_s`` -- everything a fixed round of it
-costs on that prompt, loop overhead included. Per drafter kind, its chains' mean accepted
+costs on that prompt, the loop's host time included. Per drafter kind, its chains' mean accepted
 drafts on that set give a per-depth acceptance (``per_depth_alpha``: piecewise constant between
 the measured lengths, each piece solved so that the chain of that length accepts what was
 measured). ``sibling`` is fitted per drafter kind to the mean accepted drafts of its branching

@@ -4,7 +4,8 @@ Sections (``build``), each with the data file it reads:
 1. **kernels** -- the calibrated profile's held-out error (``calibration/profiles/<gpu>/``);
 2. **verify step** -- per (baseline, context) of the campaign (``validation/data/campaign.json``,
    ``validation.e2e_campaign``): perfmodel's verify time vs the engine's CUDA-event verify step;
-3. **end to end** -- predicted tokens/s (with the planner evaluation's fitted loop overhead,
+3. **end to end** -- predicted tokens/s (the loop's host time with the GPU host's fit,
+   ``perfmodel.loop_host``; overlap from the planner evaluation's profile,
    ``validation/data/planner.json``) vs measured, and the speedups over ``ar_dense``;
 4. **ranking** -- Kendall tau, regret and adaptive gain of the planner evaluation;
 5. **simulator** -- ``sim`` replaying each seed-0 run's accepted counts vs its tokens/s.
@@ -26,7 +27,6 @@ from ssvkit.calibration.validate import annotate, report
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.files import malformed, read_json
 from ssvkit.perfmodel.hardware import get_gpu, gpu_names
-from ssvkit.perfmodel.host_overhead import host_overhead_s
 from ssvkit.perfmodel.intervals import COVERAGE, interval
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.profiles import Profile
@@ -94,9 +94,9 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
     gamma = profile.gamma(regime, s.traversal)
     elementwise = elementwise_of_run(campaign["provenance"])
     pred = _predict(model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma, elementwise)
-    loop = host_overhead_s(profile.overhead_coefficients(regime), s)
-    round_s = float(pred.round_s[0]) + loop
-    intervals, round_bounds = prediction_intervals(pred, loop)
+    loop = float(pred.loop_s[0])
+    round_s = float(pred.round_s[0])
+    intervals, round_bounds = prediction_intervals(pred)
     row = {
         "baseline": runs[0]["baseline"],
         "context_len": ctx,
@@ -125,7 +125,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
         "_round_bounds": round_bounds,
     }
     if sim:
-        row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, loop, elementwise)
+        row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise)
     return row
 
 
@@ -168,9 +168,9 @@ def campaign_section(campaign: dict, planner: dict, sim: bool = True) -> dict:
 
     Each (baseline, context) is priced with the NSA row schedule it was measured with
     (``validation.records.measured_strategy``), at the measured acceptance (alpha fitted to the
-    seeds' pooled tokens per round, ``perfmodel.tree_tokens.alpha_from_tokens``), plus the loop
-    overhead the planner evaluation's profile fitted on its own runs; its verify step is the
-    median over the seeds. The error is then the performance model's, not the acceptance
+    seeds' pooled tokens per round, ``perfmodel.tree_tokens.alpha_from_tokens``), its round with
+    the loop's host time (``perfmodel.loop_host``); its verify step is the median over the
+    seeds. The error is then the performance model's, not the acceptance
     profile's: predicted acceptance is judged in ``planner_section``."""
     profile = profile_from_json(planner["profile"], "the planner evaluation's profile", "planner")
     model_label = local_model(campaign["model"])
@@ -233,9 +233,10 @@ def _gpu_key(name: str) -> str:
     raise ValueError(f"GPU {name!r} of the campaign is not in the registry")
 
 
-def _simulate(campaign, model_label, s, runs, ctx, gamma, loop, elementwise) -> dict | None:
+def _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise) -> dict | None:
     """The simulator replaying the seed-0 run's accepted counts (its first round, graph capture,
-    left out as in the measurement) with the step model's costs and the loop overhead."""
+    left out as in the measurement) with the step model's costs, the loop's host time among
+    them."""
     seed0 = next((r for r in runs if "rounds_trace" in r["measured"]), None)
     if seed0 is None:
         return None
@@ -265,7 +266,6 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, loop, elementwise) -> 
             acceptance_model="trace",
             trace=str(path),
             overlap=gamma,
-            loop_overhead_s=loop,
             elementwise=elementwise,
             timeline_rounds=0,
         )

@@ -101,8 +101,9 @@ def _e2e(rep: dict, link) -> list[str]:
         "",
         f"Every baseline on the trained tiny pair, {e['rows'][0]['seeds']} seeds per row "
         "(medians); "
-        "predicted tokens/s = predicted tokens per round / (step model's round + the loop "
-        f"overhead the planner profile fitted on its own runs, {link(src['planner'])}); "
+        "predicted tokens/s = predicted tokens per round / the step model's round, the "
+        "loop's host time per round among its ops (the GPU host's fit, "
+        "`calibration/profiles/<gpu>/loop_host.json`); "
         "the verify step is the target forward (the engine samples and commits in its accept "
         "step, timed apart).",
         "",
@@ -139,8 +140,8 @@ def _coverage(e: dict) -> list[str]:
     lines = [
         "",
         f"Predicted [low, high]: {pct} intervals from the leave-out residuals of the kernel "
-        "families each figure uses (`perfmodel.intervals`, docs/cli.md 'Intervals'); the loop "
-        "overhead, fitted apart, adds no width.",
+        "families each figure uses (`perfmodel.intervals`, docs/cli.md 'Intervals'); the loop's "
+        "host time, fitted apart, adds no width.",
         "",
         f"| figure | rows with an interval | measured inside | share (stated {pct}) |",
         "|---|---|---|---|",

@@ -7,7 +7,7 @@
 This rebuilds the profile from those runs with the current code (``profile_from_runs``), ranks
 the space again, pools the measured strategies' runs again with the evaluation's own code
 (``measured_again``) and scores them as the evaluation does now (``rescore``), for the current
-model's predictions and for the recorded ones. A change to the step model, the overhead terms
+model's predictions and for the recorded ones. A change to the step model, the loop host fit
 or the profile's reduction is thus checked on real GPU runs without a GPU. It decodes nothing:
 a run the current code would ask for that the file lacks is an error. Run it where the
 evaluation ran (the code prompts are cut from the installed packages' sources): a run whose
@@ -56,10 +56,10 @@ class CachedRuns:
 
 def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: str = "tiny-draft"):
     """The evaluation ``doc``'s profile rebuilt with the current code from its run cache
-    ``runs`` (decoding nothing): the bench, space, regime contexts, profile and overhead fits.
+    ``runs`` (decoding nothing): the bench, space, regime contexts, profile and loop host checks.
 
     The code (``validation.profile_runs.measure_profile``: acceptance, attention factors,
-    overlap and the loop-overhead fit) asks for its runs by key; one the cache lacks (another
+    overlap and the loop host check) asks for its runs by key; one the cache lacks (another
     tree axis, more profile prompts) is an error (``CachedRuns``). The n-gram walks run over the
     runs' texts after their prompts, which are cut from the installed packages' sources: on a
     machine with other packages the prompts differ past some window and the walks would be
@@ -86,7 +86,7 @@ def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: s
     space = SpaceSpec(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in doc["space"].items()}
     )
-    profile, fits, _, _ = measure_profile(
+    profile, checks, _, _ = measure_profile(
         bench,
         contexts,
         space,
@@ -95,16 +95,17 @@ def profile_from_runs(runs: Path, doc: dict, model: str = "tiny", draft_model: s
         doc["profile_prompts"],
         doc.get("profile_walk_prompts", 0),
     )
-    return bench, space, contexts, profile, fits
+    return bench, space, contexts, profile, checks
 
 
 def rescore(
     runs: Path, evaluation: Path, model: str = "tiny", draft_model: str = "tiny-draft"
 ) -> dict:
-    """Per regime: tau and regret now and as recorded, the predicted best now, and the profile's
-    overhead fit figures now."""
+    """Per regime: tau and regret now and as recorded, the predicted best now, and how the loop
+    host fit prices the profile's runs (``loop_round_error``: the largest of the drafters'
+    median round errors; None without a fit for the GPU)."""
     doc = json.loads(evaluation.read_text())
-    bench, space, contexts, profile, fits = profile_from_runs(runs, doc, model, draft_model)
+    bench, space, contexts, profile, checks = profile_from_runs(runs, doc, model, draft_model)
     ew = elementwise_of_run(doc["provenance"])
     ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, ew)
     bench.timing_passes = doc["timing_passes"]
@@ -128,10 +129,15 @@ def rescore(
             "recorded_regret": v["regret"],
             "predicted_best": best["describe"],
             "predicted_best_measured_tokens_per_s": ranked_figure(best["measured"]),
-            "overhead_rms_rel": fits[regime].get("rms_rel"),
-            "overhead": profile.overhead.get(regime, {}),
+            "loop_host": checks[regime],
+            "loop_round_error": _loop_round_error(checks[regime]),
         }
     return out
+
+
+def _loop_round_error(check: dict) -> float | None:
+    per = check.get("drafters") or {}
+    return max((e["round_ape_median"] for e in per.values()), default=None)
 
 
 def measured_again(bench, regime_doc: dict, regime: str, ranked: dict) -> list[dict]:
@@ -154,6 +160,10 @@ def measured_again(bench, regime_doc: dict, regime: str, ranked: dict) -> list[d
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", required=True, help="the evaluation's run cache (JSONL, or .gz)")
@@ -171,7 +181,7 @@ def main(argv=None) -> int:
         return 2
     print(
         "regime  measured     tau now (whole run)  regret now (whole run)  recorded "
-        "predictions: tau, regret  recorded: tau, regret  overhead rms  predicted best"
+        "predictions: tau, regret  recorded: tau, regret  loop error  predicted best"
     )
     for regime, r in res.items():
         print(
@@ -180,7 +190,8 @@ def main(argv=None) -> int:
             f"({r['whole_run_regret']:6.1%})"
             f"   {r['recorded_predictions_kendall_tau']:6.3f} "
             f"{r['recorded_predictions_regret']:6.1%}            {r['recorded_kendall_tau']:6.3f} "
-            f"{r['recorded_regret']:6.1%}  {r['overhead_rms_rel']:12.1%}  {r['predicted_best']} "
+            f"{r['recorded_regret']:6.1%}  {_pct(r['loop_round_error']):>10s}  "
+            f"{r['predicted_best']} "
             f"({r['predicted_best_measured_tokens_per_s']:.0f} tok/s measured)"
         )
     if args.out:

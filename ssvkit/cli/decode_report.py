@@ -280,22 +280,32 @@ def _full_batch_lines(r: dict, pred_tps: str) -> list[str]:
 
 
 def _time_lines(r: dict, p: dict, ivs: dict) -> list[str]:
-    """Each step's and the round's milliseconds, measured and predicted."""
+    """Each step's, the loop's host time and the round's milliseconds, measured and predicted
+    (the prediction's round is the round's wall time: its steps and the loop's host time)."""
     ms = 1e3
     lines = []
     for k, v in r["steps_s"].items():
         pv = p.get(f"{k}_s")
-        # ``launch`` is the GPU waiting for the host: loop overhead, which the step model
-        # does not predict per step.
-        note = "(host)" if k == "launch" else "(in verify)"
+        # ``launch`` is the GPU waiting for the host: priced with the loop's host time.
+        note = "(in loop)" if k == "launch" else "(in verify)"
         pcol = f"{pv * ms:10.3f}" if pv is not None else f"{note:>10s}"
         pcol += _iv(ivs.get(f"{k}_s"), ".3f", ms)
         if k == "verify" and pv is not None:
             pcol += "   (prediction includes accept)"
         lines.append(f"{k + ' (ms)':22s}{v['value'] * ms:10.3f} {pcol}")
+    if "round_wall_s" in r:
+        # The loop's host time: the round's host wall time less the steps the step model
+        # prices (draft, verify with accept); the launch step is in it.
+        timed = sum(r["steps_s"][k]["value"] for k in ("draft", "verify", "accept"))
+        loop = r["round_wall_s"]["value"] - timed
+        pl = f"{p['loop_s'] * ms:10.3f}" if "loop_s" in p else "       n/a"
+        lines.append(f"{'loop host (ms)':22s}{loop * ms:10.3f} {pl}   (wall less the steps)")
+        measured, what = r["round_wall_s"]["value"], "round wall (ms)"
+    else:
+        measured, what = r["round_s"]["value"], "round (ms)"
     pr = f"{p['round_s'] * ms:10.3f}" if "round_s" in p else "       n/a"
     pr += _iv(ivs.get("round_s"), ".3f", ms)
-    lines.append(f"{'round (ms)':22s}{r['round_s']['value'] * ms:10.3f} {pr}")
+    lines.append(f"{what:22s}{measured * ms:10.3f} {pr}")
     return lines
 
 

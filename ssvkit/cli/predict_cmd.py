@@ -179,14 +179,17 @@ def _figure_lines(rows) -> list[str]:
     head = f"{'context':>8s} {'strategy':16s}" + "".join(
         f" {n:>{w}s}" for n, w in zip(names, width, strict=True)
     )
-    head += f" | {'draft':>6s} {'gemm':>6s} {'attn':>6s} {'select':>6s} {'other':>6s}  (ms)"
+    head += (
+        f" | {'draft':>6s} {'gemm':>6s} {'attn':>6s} {'select':>6s} {'other':>6s} {'loop':>6s}"
+        "  (ms)"
+    )
     lines = [head, "-" * len(head)]
     for r, c in zip(rows, cells, strict=True):
         g = grouped_seconds(r)
         lines.append(
             f"{c[0]:>8s} {c[1]:16s}{_figures(c[2:], value_w, iv_w, width)} | "
             f"{g['draft'] * 1e3:6.2f} {g['gemm'] * 1e3:6.2f} {g['attention'] * 1e3:6.2f} "
-            f"{g['selection'] * 1e3:6.2f} {g['other'] * 1e3:6.2f}"
+            f"{g['selection'] * 1e3:6.2f} {g['other'] * 1e3:6.2f} {g['loop'] * 1e3:6.2f}"
         )
     return lines
 
@@ -204,7 +207,10 @@ def _footnotes(rows, strategies) -> list[str]:
     ops priced by a stand-in class."""
     lines = interval_lines(rows)
     if rows[0]["intervals"] is not None:
-        lines.append("draft .. other: parts of round ms; each op's interval is in --json and --csv")
+        lines.append(
+            "draft .. loop: parts of round ms (loop: the decode loop's host time); each op's "
+            "interval is in --json and --csv"
+        )
     if any(s.is_sparse and s.metadata == "nsa" for s in strategies):
         lines.append(
             "NSA strategies select inside their refresh attention call: in attn, not select."

@@ -203,5 +203,5 @@ def _emit(args, doc: dict, model, gpu, profile: RegimeProfile, how: str = "") ->
         "no residuals price the datasheet roofline or a transfer across architectures",
     )
     if legend and legend[0].startswith("[low, high]"):
-        legend[0] += "; the loop overhead adds no width"
+        legend[0] += "; the loop's host time adds no width"
     print("\n" + "\n".join(legend))

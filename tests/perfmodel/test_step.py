@@ -56,7 +56,8 @@ def test_speculative_tokens_per_second_counts_expected_tokens():
     s = Strategy.from_name("sd_dense", tree="chain:4")
     c, p = run(TINY, [(s, Workload(context_len=1000, acceptance=0.8, batch=3))])
     assert c.rows[0] == 5 and p.tokens_per_round[0] == pytest.approx(3.3616)
-    assert p.tokens_per_s[0] == pytest.approx(3 * 3.3616 / (p.draft_s[0] + p.verify_s[0]))
+    assert p.tokens_per_s[0] == pytest.approx(3 * 3.3616 / p.round_s[0])
+    assert p.round_s[0] == pytest.approx(p.draft_s[0] + p.verify_s[0] + p.loop_s[0])
     assert p.draft_s[0] > 0
 
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from ssvkit.perfmodel import loop_host
 from ssvkit.perfmodel.hardware import get_gpu
-from ssvkit.perfmodel.host_overhead import host_overhead_s
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.strategy import Strategy, parse_tree, tree_expected_tokens
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp
@@ -613,7 +613,7 @@ def test_rank_cli_ranks_the_installed_evaluation_and_keeps_its_ranking_quality(t
 def test_profile_inside_a_document_and_what_is_not_a_profile(tmp_path):
     prof = load_profile(EVALUATION)  # the evaluation's measured profile, not its own regimes
     assert prof.source.startswith("profile:planner.json#profile:")
-    assert prof.overhead["16K"] and 0 < prof.alpha("16K", "ngram") < 1
+    assert 0 < prof.alpha("16K", "ngram") < 1
     p = tmp_path / "p.json"
     p.write_text(json.dumps({"version": 1, "regimes": {"16K": {"context_len": 15360}}}))
     with pytest.raises(ValueError, match="regime 16K has 'context_len', not one of acceptance"):
@@ -630,7 +630,6 @@ def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
     assert doc["skipped"]["32K"] == "context 32768 > the model's 16384 trained positions"
     notes = doc["regimes"]["16K"]["assumed"]
     assert not any(n.startswith("acceptance of") for n in notes)  # from ``default``
-    assert "loop overhead per round (none: the step model alone)" in notes
     assert any(n.startswith("block overlap of bfs") for n in notes)
     bare = rank(M, G, SMALL, RegimeProfile(), regimes={"32K": 32768})["regimes"]["32K"]["assumed"]
     assert bare[0] == "acceptance of eagle (workload default 0.7)"
@@ -638,7 +637,6 @@ def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
         acceptance={"32K": {"eagle": 0.6}},
         overlap={"32K": {"bfs": 0.7}},
         attention={"32K": {"eagle@sparse": 0.9}},
-        overhead={"32K": {"round": 1e-4}},
     )
     assert rank(M, G, SMALL, full, regimes={"32K": 32768})["regimes"]["32K"]["assumed"] == []
     tiny = dataclasses.replace(M, max_position_embeddings=2048)
@@ -646,7 +644,7 @@ def test_rank_skips_regimes_past_the_models_context_and_names_what_it_assumed():
         rank(tiny, G, SMALL, RegimeProfile())
 
 
-def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path):
+def test_profile_per_tree_acceptance_attention_factor_and_the_loop_host_time(tmp_path):
     from ssvkit.perfmodel.strategy import DrafterSpec
     from ssvkit.planner.profile import attention_key
     from ssvkit.planner.rank import score
@@ -686,7 +684,6 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
                 "draft_model@exact:nsa32s16:top16x64w512:r2": 0.9,
             }
         },
-        {"16K": {"round": 1e-4, "node": 1e-5, "sparse": 2e-4}},
     )
     assert prof.alpha_for("16K", dense) == 0.6 and prof.alpha_for("16K", tree7) == 0.5
     assert prof.alpha_for("16K", sparse) == pytest.approx(0.3)
@@ -702,46 +699,31 @@ def test_profile_per_tree_acceptance_attention_factor_and_loop_overhead(tmp_path
     )
     assert pooled.attention_factor("16K", sparse) == 0.4
     assert pooled.attention_factor("16K", dm) == 0.5 and pooled.attention_factor("16K", dense) == 1
-    # The profile holds the loop overhead's coefficients per regime (``default`` for the
-    # others); ``perfmodel.host_overhead`` prices a round from them.
-    assert prof.overhead_coefficients("16K") == {"round": 1e-4, "node": 1e-5, "sparse": 2e-4}
-    assert prof.overhead_coefficients("8K") == {}  # no fit for the regime, no default
-    fallback = RegimeProfile(overhead={"default": {"round": 3e-4}})
-    assert fallback.overhead_coefficients("8K") == {"round": 3e-4}
-    assert host_overhead_s(prof.overhead_coefficients("16K"), sparse) == pytest.approx(3.4e-4)
-    # The ranking scores with both: a round costs the step model plus the loop overhead.
+    # The ranking's round is the step model's, the loop's host time for the GPU host among its
+    # ops (``perfmodel.loop_host``): ``loop`` in the breakdown.
     tiny = get_model("engine/checkpoints/tiny-target")
-    (with_loop,), _ = score(tiny, G, [sparse], 16000, prof, "16K")
-    (bare,), _ = score(tiny, G, [sparse], 16000, RegimeProfile({"16K": {"ngram": 0.3}}), "16K")
-    assert with_loop.breakdown_s["loop"] == pytest.approx(3.4e-4) and bare.breakdown_s["loop"] == 0
-    assert with_loop.round_s == pytest.approx(bare.round_s + 3.4e-4)
-    assert with_loop.tokens_per_round == pytest.approx(bare.tokens_per_round)
-    assert with_loop.tokens_per_s == pytest.approx(with_loop.tokens_per_round / with_loop.round_s)
-    # Version 2 files round-trip; version 1 files still load.
+    (sc,), _ = score(tiny, G, [sparse], 16000, prof, "16K")
+    coef = loop_host.shipped(G.name)[0]
+    want = loop_host.loop_host_s(coef, [2], [1], [4], [sc.tokens_per_round])[0]
+    assert sc.breakdown_s["loop"] == pytest.approx(want) and want > 0
+    assert sc.round_s == pytest.approx(sum(sc.breakdown_s.values()))
+    assert sc.tokens_per_s == pytest.approx(sc.tokens_per_round / sc.round_s)
+    # Version 3 files round-trip; versions 1 and 2 still load, a version 2 file's ``overhead``
+    # table (an evaluation's own loop fit) accepted and not read.
     p = tmp_path / "p.json"
     p.write_text(json.dumps(prof.to_json()))
     again = load_profile(p)
+    assert prof.to_json()["version"] == 3
     assert again.alpha_for("16K", sparse) == pytest.approx(0.3)
-    assert again.overhead_coefficients("16K") == prof.overhead_coefficients("16K")
-    p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": {"launch": 1.0}}}}))
-    with pytest.raises(ValueError, match="16K.overhead.launch is not one of round"):
+    old = {"16K": {"acceptance": {"ngram": 0.6}, "overhead": {"round": 1e-4}}}
+    p.write_text(json.dumps({"version": 2, "regimes": old}))
+    assert load_profile(p).alpha("16K", "ngram") == 0.6
+    p.write_text(json.dumps({"version": 3, "regimes": old}))
+    with pytest.raises(ValueError, match="regime 16K has 'overhead', not one of acceptance"):
         load_profile(p)
     p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"attention": {"k": -1}}}}))
     with pytest.raises(ValueError, match="16K.attention.k must be a finite number >= 0"):
         load_profile(p)
-    # ``speculative`` is signed (the fit's difference of two groups' residuals: -34 us at 16K
-    # in an H100 evaluation), the other terms are not, and no round's overhead goes below 0.
-    signed = {"round": 1.2e-4, "speculative": -3.4e-5}
-    p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": signed}}}))
-    assert load_profile(p).overhead_coefficients("16K") == signed
-    for bad, msg in (
-        ({"round": 1e-5, "speculative": -3e-5}, "round \\+ speculative must be >= 0"),
-        ({"node": -1e-6}, "16K.overhead.node must be a finite number >= 0"),
-        ({"speculative": float("nan")}, "p.json' holds NaN, not a finite number"),
-    ):
-        p.write_text(json.dumps({"version": 2, "regimes": {"16K": {"overhead": bad}}}))
-        with pytest.raises(ValueError, match=msg):
-            load_profile(p)
 
 
 TREE_SPACE = dataclasses.replace(SHADOW_SPACE, trees=("chain:0", "chain:4", "full:2x4"))

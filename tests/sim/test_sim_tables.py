@@ -33,5 +33,7 @@ def test_loop_table_sums_to_perfmodel_round(name):
     for b, T in [(1, 8192), (2, 10240)]:
         q = grid.at(b, T, 0.75)
         pred = analytic_round(S, T, b)
-        assert sum(q[:4]) == pytest.approx(float(pred.round_s[0]), rel=1e-12)
+        # draft, select, verify, accept and the loop's host time (``perfmodel.loop_host``)
+        assert sum(q[:5]) == pytest.approx(float(pred.round_s[0]), rel=1e-12)
+        assert q[4] == pytest.approx(float(pred.loop_s[0])) and q[4] > 0
         assert sum(levels.at(b, T, 0.75)) == pytest.approx(float(pred.draft_s[0]), rel=1e-12)

@@ -35,14 +35,57 @@ TREES = ("chain:1", "chain:4", "chain:7", "best:16:6", "best:32:8", "full:2x3")
 PINNED = Path(__file__).parent / "data" / "pinned-evaluation.json"
 
 
+# The pinned evaluation's own fit of the loop's host time per round, per regime: seconds per
+# round, per drafting round, per draft-model round, per draft node, per draft-model level, per
+# sparse round and per n-gram node (the n-gram drafter's host look-ups included).
+PINNED_LOOP_TERMS = (
+    "round",
+    "speculative",
+    "draft_model",
+    "node",
+    "draft_level",
+    "sparse",
+    "host_node",
+)
+
+
+def _pinned_loop_host(acc, secs, family, flags, c, gpu):
+    """``perfmodel.step._add_loop_host`` with the pinned evaluation's fit: the loop's host time
+    of a round, n-gram look-ups included (so no ``draft.host``), in the regime of its context."""
+    from ssvkit.perfmodel.accept_ops import tree_depths
+    from ssvkit.perfmodel.predictor import Op
+    from ssvkit.planner.profile import regime_of
+
+    regimes = json.loads(PINNED.read_text())["profile"]["regimes"]
+    n = len(c)
+    nodes = np.asarray(c.num_draft, dtype=float) + np.zeros(n)
+    spec = (nodes > 0).astype(float)
+    dm = (np.asarray(c.drafter) == 1) * spec
+    ngram = (np.asarray(c.drafter) == 2) * spec
+    sparse = np.asarray(c.sparse, dtype=float) + np.zeros(n)
+    x = np.stack([np.ones(n), spec, dm, nodes, tree_depths(c) * dm, sparse, ngram * nodes], 1)
+    ctx = np.asarray(c.context_len) + np.zeros(n)
+    w = [[regimes[regime_of(int(t))]["overhead"][k] for k in PINNED_LOOP_TERMS] for t in ctx]
+    host = (x * np.array(w)).sum(axis=1)
+    acc["loop.host"] = Op("host", np.zeros(n), np.zeros(n), np.zeros(n))
+    secs["loop.host"], family["loop.host"], flags["loop.host"] = host, None, None
+    return np.zeros(n, dtype=bool)
+
+
 @pytest.fixture(scope="module")
 def setting():
     """The ranking, model, GPU and profile of the pinned evaluation. Pinned: these tests check
     the controller's logic, and the profile of the evaluation of record moves with every
     evaluation (under another, an n-gram tree rather than autoregressive decoding can be the
-    synthetic prose world's best). Its ranking is priced with torch's element-wise ops, the
-    step model the behaviours were worked out on."""
-    return cw.load_setting(PINNED, elementwise="torch")
+    synthetic prose world's best). Its ranking is priced with torch's element-wise ops and its
+    rounds' host time with its own fit (``_pinned_loop_host``, for the whole module), the step
+    model the behaviours were worked out on."""
+    from ssvkit.perfmodel import step
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(step, "_add_loop_host", _pinned_loop_host)
+        m.setattr(step, "_add_draft_host", lambda *args: None)
+        yield cw.load_setting(PINNED, elementwise="torch")
 
 
 def _np_expected_tokens(tree: str, alpha: float) -> float:

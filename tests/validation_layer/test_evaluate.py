@@ -7,11 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fake_decodes import FakeDecodes
-from ssvkit.perfmodel.host_overhead import OVERHEAD_TERMS
 from ssvkit.perfmodel.strategy import parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.controller import ControllerConfig
-from ssvkit.planner.profile import profile_from_json
 from ssvkit.planner.space import SpaceSpec
 from ssvkit.validation import planner_eval, rescore
 from ssvkit.validation.bench import captures_counted, steady_figures
@@ -167,16 +165,17 @@ def test_interleave_takes_every_strategys_ith_run_in_turn_rotating_the_first():
     assert interleave([]) == {} and interleave([{}, {"x": 1}]) == {"x": 1}
 
 
-def _overhead_as_promised(ovh: dict) -> None:
-    """The loop overhead's coefficients as ``fit_overhead`` promises them: every term >= 0
-    but ``speculative`` (a drafting round's intercept less an autoregressive one's, signed),
-    and a drafting round's intercept ``round + speculative`` >= 0; the profile loader takes
-    them."""
-    assert set(ovh) == set(OVERHEAD_TERMS)
-    assert all(c >= 0 for t, c in ovh.items() if t != "speculative"), ovh
-    assert math.isfinite(ovh["speculative"]) and ovh["round"] + ovh["speculative"] >= 0, ovh
-    loaded = profile_from_json({"version": 2, "regimes": {"<=4K": {"overhead": ovh}}})
-    assert loaded.overhead["<=4K"] == ovh
+def _loop_check_as_promised(check: dict) -> int:
+    """The loop host check of one regime (``profile_runs.loop_host_check``): the GPU host's
+    fit named, per drafter finite figures over its runs; the number of runs checked."""
+    assert check["fit"].startswith("fit:loop_host.json@"), check
+    per = check["drafters"]
+    assert set(per) <= {"none", "draft_model", "ngram"} and "none" in per
+    for e in per.values():
+        assert e["rows"] >= 1
+        assert all(math.isfinite(v) and v >= 0 for k, v in e.items() if k != "measured_median_s")
+        assert math.isfinite(e["measured_median_s"])
+    return sum(e["rows"] for e in per.values())
 
 
 def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
@@ -277,8 +276,8 @@ def test_evaluation_runs_end_to_end_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert set(factors) == {f"exact:nsa32s16:top4x64w512:r{r}" for r in (1, 2)}
         assert all(math.isfinite(f) and f >= 0 for f in factors.values())
     assert set(prof["overlap"]) == {"bfs"} and 0 <= prof["overlap"]["bfs"] <= 1
-    _overhead_as_promised(prof["overhead"])
-    assert doc["profile_overhead_fits"]["<=4K"]["rms_s"] >= 0
+    assert "overhead" not in prof
+    _loop_check_as_promised(doc["profile_loop_host"]["<=4K"])
     ((kind, row),) = doc["adaptive"]["prompt_sets"].items()
     assert kind == "random" and doc["adaptive_gain_off_distribution_mean"] == row["adaptive_gain"]
     for k in ("default", "offline_best", "adaptive"):
@@ -435,12 +434,10 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
         )
         assert all(math.isfinite(f) and f >= 0 for f in factors.values())
         assert att[f"{kind}@sparse"] == pytest.approx(float(np.median(list(factors.values()))))
-    _overhead_as_promised(prof["overhead"])
-    fit = doc["profile_overhead_fits"]["<=4K"]
     # Acceptance from 3 code prompts per drafter and tree (4 trees with drafts, 2 drafters),
-    # each a run of the overhead fit too.
+    # each a run of the loop host check too.
     assert doc["profile_prompts"] == 3
-    assert fit["rows"] >= 3 * 4 + 1 + 8 and fit["rms_s"] >= 0
+    assert _loop_check_as_promised(doc["profile_loop_host"]["<=4K"]) >= 3 * 4 + 1 + 8
     keys = [json.loads(x)["key"] for x in (tmp_path / "runs.jsonl").read_text().splitlines()[1:]]
     per_prompt = [
         {k.split("|")[-1] for k in keys if k.startswith(f"profile|1024|p{j}|")} for j in (1, 2)
@@ -474,7 +471,7 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     assert doc["adaptive_gain_off_distribution_mean"] == pytest.approx(a["random"]["adaptive_gain"])
     assert set(doc["met"]) == {"kendall_tau", "regret", "adaptive_gain_off_distribution"}
     # Two timing passes of every measured and adaptive run and of every steady profile run
-    # (the overhead fit's), the second cached as "|t1"; the profile's selection-statistics
+    # (the loop host check's), the second cached as "|t1"; the profile's selection-statistics
     # runs (gamma) and the walks' texts go once.
     assert doc["timing_passes"] == doc["profile_timing_passes"] == 2
     steady = ("measure|", "adapt|", "profile|", "attention|", "attention-dense|")
@@ -493,7 +490,8 @@ def test_evaluation_asks_for_every_run_in_whole_passes(tmp_path, monkeypatch):
     # Each decode went once per pass; its first pass ran slow, so every figure is the
     # second's, and both passes decoded alike.
     assert set(fake.runs.values()) <= {1, 2} and 2 in fake.runs.values()
-    assert fit["timing_passes"] == 2 and fit["passes_kept_min"] == 2
+    check = doc["profile_loop_host"]["<=4K"]
+    assert check["timing_passes"] == 2 and check["passes_kept_min"] == 2
     for row in a.values():
         (run,) = row["adaptive"]["runs"]
         slow, fast = run["passes_tokens_per_s"]

@@ -1,0 +1,88 @@
+"""The decode loop's host time per round that no timed step holds: the host work before the
+round's first step reaches the GPU and after its last (the one host read of the accepted
+tokens, the kept tokens appended to each sequence's history and handed to the drafter), and
+the GPU's wait while the host launches the verify graph (the engine's ``launch`` step).
+
+The engine measures it directly: a round's host wall time minus its CUDA-event ``draft``,
+``verify`` and ``accept`` steps (the steps the step model prices). It is linear in three
+physical features (``loop_host_features``), with coefficients fitted per GPU host by
+``calibration.loop_host_fit`` on committed engine runs and shipped as
+``calibration/profiles/<gpu>/loop_host.json``; ``perfmodel.step`` adds the priced seconds to
+every round as the op ``loop.host`` (kind ``host``), so ``predict``, ``sweep``, ``sim``,
+``decode``, ``rank`` and ``report`` price the loop from this one source.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+from ssvkit.perfmodel import hardware
+from ssvkit.perfmodel.draft_host import check_terms
+
+LOOP_HOST_TERMS = ("round", "sequence", "ngram_token")
+NGRAM_CODE = 2  # ``perfmodel.columns.DRAFTER_CODES["ngram"]``
+
+
+def loop_host_features(drafter, batch, num_draft, tokens_per_round) -> np.ndarray:
+    """``[N, 3]`` features of ``LOOP_HOST_TERMS`` per point (arrays of drafter codes, batch
+    sizes, draft nodes and expected tokens per sequence and round): 1, the batch, and for a
+    drafting n-gram point the batch x tokens kept per sequence.
+
+    Per round the loop reads the packed accepted rows back once and walks them in Python: one
+    fixed cost, one per sequence (its row, its history's append); an n-gram drafter then
+    indexes each kept token of each sequence (``NgramIndex.observe``), which its tree's
+    look-ups in the next draft step (``perfmodel.draft_host``) do not count."""
+    b = np.asarray(batch, dtype=float)
+    ngram = (np.asarray(drafter) == NGRAM_CODE) & (np.asarray(num_draft) > 0)
+    tokens = np.asarray(tokens_per_round, dtype=float)
+    return np.stack(np.broadcast_arrays(np.ones_like(b), b, ngram * b * tokens), axis=-1)
+
+
+def check_coefficients(where: str, table: dict) -> dict[str, float]:
+    """The loop's coefficients read from a file (``draft_host.check_terms`` of
+    ``LOOP_HOST_TERMS``)."""
+    return check_terms(where, table, LOOP_HOST_TERMS)
+
+
+def check_batches(where: str, value) -> tuple[int, int]:
+    """The fit's batch range read from a file: two integers 1 <= low <= high."""
+    ok = (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+        and 1 <= value[0] <= value[1]
+    )
+    if not ok:
+        raise ValueError(
+            f"{where} must be [low, high] batch sizes, 1 <= low <= high, got {value!r}"
+        )
+    return int(value[0]), int(value[1])
+
+
+@functools.cache
+def _read(path: str) -> tuple[dict[str, float], tuple[int, int], str]:
+    """One file's checked coefficients, fitted batch range and label, read once per path."""
+    doc = json.loads(Path(path).read_text())
+    name = Path(path).name
+    coef = check_coefficients(f"{name}: coefficients", doc.get("coefficients", {}))
+    batches = check_batches(f"{name}: fit.batches", doc.get("fit", {}).get("batches"))
+    return coef, batches, f"fit:{name}@{doc.get('fit', {}).get('commit', 'unknown')}"
+
+
+def shipped(gpu: str) -> tuple[dict[str, float], tuple[int, int], str] | None:
+    """The coefficients shipped for ``gpu``, the batch range they were fitted on and their
+    provenance label; None when none ship (a round is then priced without loop host time)."""
+    root = hardware.profiles_dir()
+    path = None if root is None else root / gpu / "loop_host.json"
+    if path is None or not path.is_file():
+        return None
+    return _read(str(path))
+
+
+def loop_host_s(coefficients: dict[str, float], drafter, batch, num_draft, tokens) -> np.ndarray:
+    """Host seconds of a round per point (``loop_host_features`` x coefficients)."""
+    w = np.array([coefficients.get(t, 0.0) for t in LOOP_HOST_TERMS])
+    return loop_host_features(drafter, batch, num_draft, tokens) @ w
