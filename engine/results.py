@@ -81,9 +81,15 @@ class DecodeResult:
         return steady or self.rounds
 
     def tokens_per_s(self) -> float:
-        """Generated tokens (all sequences) per second of round wall time."""
+        """Generated tokens (all sequences) per second of the counted rounds' wall time and the
+        online controller's host time between them (its serial calls, ``step_s["control"]``,
+        and its switches, ``step_s["switch"]``), as ``validation.bench.steady_figures`` counts
+        them: a switch is paid in the decode's time whichever round it precedes."""
         rs = self.timed()
-        return sum(r.tokens for r in rs) / max(sum(r.wall_s for r in rs), 1e-12)
+        spent = sum(
+            r.wall_s + r.step_s.get("switch", 0.0) + r.step_s.get("control", 0.0) for r in rs
+        )
+        return sum(r.tokens for r in rs) / max(spent, 1e-12)
 
     def mean_accepted(self) -> float:
         rs = self.timed()

@@ -161,3 +161,18 @@ def test_the_report_compares_a_full_batch_with_a_full_batch(h200):
     assert cell["measured"]["round_s"] == pytest.approx(full["round_s"])
     assert cell["predicted"]["tokens_per_s"] == pytest.approx(pred["tokens_per_s"])
     assert "full batch (43 of 56 rounds" in cell["measured"]["rounds"]
+
+
+def test_a_decodes_tokens_per_s_pays_the_controllers_host_time_as_its_full_rounds_do():
+    """``DecodeResult.tokens_per_s`` counts the online controller's serial calls and switches
+    between the counted rounds (as the full-batch figures and the bench's steady figures do);
+    an overlapped call ran inside the next round's wall time and is not added again."""
+    from ssvkit.engine.results import DecodeResult
+
+    rounds = [_round(i, [1, 1], 1.0) for i in range(4)]
+    rounds[2].step_s.update(switch=2.0, control=0.5, control_overlap=0.25)
+    result = DecodeResult([[0], [0]], rounds, 0.0, "cuda-events")
+    tokens = 3 * 2 * 2  # rounds 1-3 (round 0 is warm-up), two sequences, two tokens each
+    assert result.tokens_per_s() == pytest.approx(tokens / (3 * 1.0 + 2.0 + 0.5))
+    full = figures(result, 2)
+    assert full["tokens_per_s"] == pytest.approx(4 * 2 / (2 * 1.0 + 2.5))  # rounds 1 and 2
