@@ -7,7 +7,8 @@ group size C must beat ``per_query`` by at least ``TARGET_SHARE`` of the ratio o
 bytes, ``speedup >= TARGET_SHARE * dram_per_query / dram_mode``. The bytes are measured per
 call by Nsight Compute (``DRAM_METRICS``, L2 flushed before each kernel), the times by
 CUDA-graph replay (``kernels.timing``, L2 flushed per sample, median), on the kernel sweep's
-sparse configs at their large batch (``config_inputs``). The run has three steps in one
+sparse configs at their large batch, or at ``--batch`` (``config_inputs``: at batch 1, the
+engine's verify step, the working set is one sequence's blocks). The run has three steps in one
 command: correctness (``check``: a mismatch or NaN stops the run, exit status 2), the byte
 count in a child process under ``ncu`` (``--ncu`` names the binary; ``ncu_bytes``), then the
 timing in this process (``report``). Needs a GPU.
@@ -66,8 +67,11 @@ def configs(args) -> list[dict]:
     ]
 
 
-def config_inputs(cfg: dict, seed: int) -> tuple[dict, list[tuple], np.ndarray]:
-    """The sweep's large-batch inputs of one config: rotation sets and the block indices.
+def config_inputs(
+    cfg: dict, seed: int, batch: int | None = None
+) -> tuple[dict, list[tuple], np.ndarray]:
+    """The inputs of one config at ``batch`` (None: the sweep's large batch): rotation sets and
+    the block indices.
 
     As the kernel sweep's sparse configs at their large batch (``calibration.kernel_ops``: the
     smallest batch >= 16 whose deduplicated working set reaches 200 MB), Llama-3.1-8B attention,
@@ -76,7 +80,7 @@ def config_inputs(cfg: dict, seed: int) -> tuple[dict, list[tuple], np.ndarray]:
     ctx, top_n, gamma = cfg["context_len"], cfg["top_n"], cfg["overlap"]
     t, bs = sw.sparse_tokens, sw.block_size
     rng = np.random.default_rng([seed, ctx, top_n, int(gamma * 1000)])
-    bsz = sparse_batch(sw, ctx, top_n, gamma, rng)
+    bsz = sparse_batch(sw, ctx, top_n, gamma, rng) if batch is None else batch
     idx_np = ki.overlap_block_idx([ctx // bs] * bsz, t, top_n, gamma, rng)
     fixed = bsz * ki.NUM_KV_HEADS * ki.kv_bytes(t) + ki.qol_bytes(bsz, t) + idx_np.nbytes
     rot = tm.num_rotations(ki.group_blocks(idx_np, t) * ki.kv_bytes(bs) + fixed)
@@ -131,7 +135,7 @@ def check(sets) -> None:
 def time_all(args) -> list[dict]:
     rows = []
     for cfg in configs(args):
-        params, sets, idx_np = config_inputs(cfg, args.seed)
+        params, sets, idx_np = config_inputs(cfg, args.seed, args.batch)
         for mode, c in variants():
             timing = tm.bench(
                 lambda i, s=sets, m=mode, c=c: call(s, i, m, c),
@@ -162,7 +166,7 @@ def profile_calls(args) -> None:
     inside the profiled range."""
     marker = torch.zeros(1, dtype=torch.int32, device="cuda")
     for cfg in configs(args):
-        _, sets, _ = config_inputs(cfg, args.seed)
+        _, sets, _ = config_inputs(cfg, args.seed, args.batch)
         for mode, c in variants():
             call(sets, 0, mode, c)
         torch.cuda.synchronize()
@@ -184,6 +188,7 @@ def ncu_bytes(args) -> list[dict]:
         child += ["--seed", str(args.seed)]
         child += ["--contexts", *map(str, args.contexts), "--top-ns", *map(str, args.top_ns)]
         child += ["--overlaps", *map(str, args.overlaps)]
+        child += [] if args.batch is None else ["--batch", str(args.batch)]
         base = [args.ncu, "--quiet", "--clock-control", "none", "--profile-from-start", "off"]
         metrics = ",".join((*DRAM_METRICS, "gpu__time_duration.sum"))
         subprocess.run([*base, "--metrics", metrics, "-o", str(rep), *child], check=True)
@@ -272,8 +277,16 @@ def main(argv=None) -> None:
     p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     p.add_argument("--top-ns", type=int, nargs="+", default=list(TOP_NS))
     p.add_argument("--overlaps", type=float, nargs="+", default=list(OVERLAPS))
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences a call (default: the sweep's large batch)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.batch is not None and args.batch < 1:
+        p.error(f"--batch must be >= 1, got {args.batch}")
     if not torch.cuda.is_available():
         sys.exit("sparse_grouping needs a CUDA GPU")
     if args.child:
@@ -283,7 +296,7 @@ def main(argv=None) -> None:
         p.error("--out is required")
     ceilings = dict(copy_bytes_per_s=tm.copy_bytes_per_s(), gemm_flops_per_s=tm.gemm_flops_per_s())
     try:
-        check(config_inputs(configs(args)[0], args.seed)[1])
+        check(config_inputs(configs(args)[0], args.seed, args.batch)[1])
     except checks.CorrectnessError as e:
         print(e, file=sys.stderr)
         sys.exit(2)
@@ -293,7 +306,11 @@ def main(argv=None) -> None:
     doc = dict(
         provenance=tm.provenance(),
         args=dict(
-            seed=args.seed, contexts=args.contexts, top_ns=args.top_ns, overlaps=args.overlaps
+            seed=args.seed,
+            contexts=args.contexts,
+            top_ns=args.top_ns,
+            overlaps=args.overlaps,
+            batch=args.batch,
         ),
         target_share=TARGET_SHARE,
         ceilings=ceilings,
