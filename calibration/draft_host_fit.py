@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-import subprocess
 import sys
 from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
+from ssvkit.kernels.timing import git_commit
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.calibrated import make_predictor
 from ssvkit.perfmodel.draft_host import DRAFT_HOST_TERMS, draft_host_features, draft_host_s
@@ -188,13 +188,11 @@ def errors(rows: list[DraftRow], gpu_s: np.ndarray, coef: dict[str, float]) -> d
     return out
 
 
-def _commit() -> str:
-    try:
-        cmd = ["git", "rev-parse", "--short", "HEAD"]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+def short_commit() -> str:
+    """The checkout's commit as a fit file records it (``kernels.timing.git_commit``, its
+    first seven hex digits, ``+dirty`` kept)."""
+    full = git_commit()
+    return full if full == "unknown" else full[:7] + full[40:]
 
 
 def _h200_sets(data: Path, gpu: str):
@@ -245,7 +243,7 @@ def run(data: Path, gpu: str) -> dict:
         "fit": {
             **fit_info,
             "set": fit_label,
-            "commit": _commit(),
+            "commit": short_commit(),
             "command": f"python -m ssvkit.calibration.draft_host_fit --gpu {gpu}",
         },
         "draft_step_ape": sets,

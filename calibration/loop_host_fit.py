@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
-from ssvkit.calibration.draft_host_fit import _commit, fit_cli
+from ssvkit.calibration.draft_host_fit import fit_cli, short_commit
 from ssvkit.perfmodel.loop_host import LOOP_HOST_TERMS, loop_host_features
+from ssvkit.perfmodel.strategy import parse_tree
 
 DRAFTER_CODES = {"draft_model": 1, "ngram": 2}
 TIMED_STEPS = ("draft", "verify", "accept")
@@ -99,7 +100,7 @@ def planner_rows(path: Path, ranking_path: Path) -> list[LoopRow]:
         by = {x["describe"]: x["strategy"] for x in ranking["regimes"][regime]["ranking"]}
         for m in v["strategies"]:
             s, meas = by[m["describe"]], m["measured"]
-            k = _tree_nodes(s["tree"])
+            k = len(parse_tree(s["tree"]))
             wall = meas["wall_s"] / meas["rounds"]
             out.append(
                 LoopRow(
@@ -114,12 +115,6 @@ def planner_rows(path: Path, ranking_path: Path) -> list[LoopRow]:
                 )
             )
     return out
-
-
-def _tree_nodes(tree: str) -> int:
-    from ssvkit.perfmodel.strategy import parse_tree
-
-    return len(parse_tree(tree))
 
 
 def _features(rows: list[LoopRow]) -> np.ndarray:
@@ -220,7 +215,7 @@ def run(data: Path, gpu: str) -> dict:
         "fit": {
             **figures,
             "set": fit_name,
-            "commit": _commit(),
+            "commit": short_commit(),
             "command": f"python -m ssvkit.calibration.loop_host_fit --gpu {gpu}",
         },
         "errors": sets,
