@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 from ssvkit.calibration.draft_host_fit import fit_cli, short_commit
+from ssvkit.perfmodel.intervals import Residuals
 from ssvkit.perfmodel.loop_host import LOOP_HOST_TERMS, loop_host_features
 from ssvkit.perfmodel.strategy import parse_tree
 
@@ -196,18 +197,32 @@ SETS = {
 }
 
 
+def residuals(sets: dict[str, list[LoopRow]], coef: dict[str, float]) -> dict | None:
+    """The log residuals ln(measured / priced) of the loop host time over every run of
+    ``sets`` (the fit set's and the test sets'), as ``perfmodel.intervals.Residuals`` at the
+    intervals' coverage: what widens a round by its loop host time; None when too few."""
+    rows = [r for rs in sets.values() for r in rs]
+    w = np.array([coef[t] for t in LOOP_HOST_TERMS])
+    priced = _features(rows) @ w
+    meas = np.array([r.loop_host_s for r in rows])
+    ok = (priced > 0) & (meas > 0)
+    res = Residuals.of(f"loop host: {', '.join(sets)}", np.log(meas[ok] / priced[ok]))
+    return None if res is None else {"source": res.source, **res.to_json()}
+
+
 def run(data: Path, gpu: str) -> dict:
-    """The fit on ``gpu``'s fit set and the errors on every set (``SETS``)."""
+    """The fit on ``gpu``'s fit set, the errors on every set (``SETS``) and the residuals of
+    them all."""
     if gpu not in SETS:
         raise ValueError(
             f"no committed engine runs name the loop host of {gpu!r}: {', '.join(SETS)}"
         )
     (fit_name, read), tests = SETS[gpu]
-    rows = read(data)
-    coef, figures = fit(rows)
-    sets = {fit_name: errors(rows, coef)}
+    rows = {fit_name: read(data)}
+    coef, figures = fit(rows[fit_name])
     for name, reader in tests:
-        sets[name] = errors(reader(data), coef)
+        rows[name] = reader(data)
+    sets = {name: errors(rs, coef) for name, rs in rows.items()}
     return {
         "gpu": gpu,
         "terms": list(LOOP_HOST_TERMS),
@@ -219,6 +234,7 @@ def run(data: Path, gpu: str) -> dict:
             "command": f"python -m ssvkit.calibration.loop_host_fit --gpu {gpu}",
         },
         "errors": sets,
+        "residuals": residuals(rows, coef),
     }
 
 

@@ -141,7 +141,10 @@ def add_intervals(rows: list[dict], pred: StepPrediction, anchor_idx: dict) -> N
         for k in r["op_s"]:
             fam, mask = pred.op_family.get(k), pred.op_outside.get(k)
             outside = mask is not None and bool(mask[i])
-            r["op_residuals"][k] = None if fam is None else src.residuals(fam, outside).source
+            if k == "loop.host" and pred.loop_residuals is not None:
+                r["op_residuals"][k] = pred.loop_residuals.source
+            else:
+                r["op_residuals"][k] = None if fam is None else src.residuals(fam, outside).source
         r["uncovered_share"] = float(uncovered[i])
         r["interval_note"] = ""
 

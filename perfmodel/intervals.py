@@ -22,6 +22,7 @@ COVERAGE = 0.9
 SETS = ("heldout", "leave_one_out", "cross_gpu")
 POOLED = "*"  # the family key of a set's residuals of all families pooled
 GAP = "datasheet_ceilings"  # the family axis entry of a transfer's datasheet-ceiling gap
+HOST = "loop_host"  # the family axis entry of the decode loop's host time (``perfmodel.loop_host``)
 TENSOR_KINDS = ("gemm", "attention")
 
 
@@ -164,8 +165,9 @@ class IntervalSource:
 
     @property
     def axis(self) -> dict[str, int]:
-        """Column of each family (and of the datasheet gap) in a ``Spread``."""
-        names = (*self.table.families(), POOLED, GAP)
+        """Column of each family (and of the loop's host time and the datasheet gap) in a
+        ``Spread``."""
+        names = (*self.table.families(), POOLED, HOST, GAP)
         return {n: i for i, n in enumerate(names)}
 
     def residuals(self, family: str, extrapolated: bool) -> Residuals:
@@ -219,8 +221,8 @@ class Spread:
         )
 
     def add_apart(self, seconds) -> None:
-        """Add a term fitted apart from the kernel families (a host's time per round,
-        ``perfmodel.loop_host``, ``perfmodel.draft_host``): in the figure at its value, with no
+        """Add a term fitted apart from the kernel families without residuals of its own (the
+        draft step's host time, ``perfmodel.draft_host``): in the figure at its value, with no
         width and not among the ops without residuals."""
         s = np.asarray(seconds, dtype=float)
         self.seconds += s

@@ -14,6 +14,7 @@ every round as the op ``loop.host`` (kind ``host``), so ``predict``, ``sweep``, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from ssvkit.perfmodel import hardware
 from ssvkit.perfmodel.draft_host import check_terms
+from ssvkit.perfmodel.intervals import Residuals
 
 LOOP_HOST_TERMS = ("round", "sequence", "ngram_token")
 NGRAM_CODE = 2  # ``perfmodel.columns.DRAFTER_CODES["ngram"]``
@@ -62,19 +64,42 @@ def check_batches(where: str, value) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopHostFit:
+    """A GPU host's shipped fit: its coefficients, the batch range it was fitted on, its
+    provenance label and the log residuals ln(measured / priced) of the loop host time on its
+    fit and test runs (``calibration.loop_host_fit``; None in a file without them), which give
+    the term its interval (``perfmodel.intervals.HOST``)."""
+
+    coefficients: dict[str, float]
+    batches: tuple[int, int]
+    label: str
+    residuals: Residuals | None
+
+
 @functools.cache
-def _read(path: str) -> tuple[dict[str, float], tuple[int, int], str]:
-    """One file's checked coefficients, fitted batch range and label, read once per path."""
+def _read(path: str) -> LoopHostFit:
+    """One file's checked fit, read once per path."""
     doc = json.loads(Path(path).read_text())
     name = Path(path).name
+    fit = doc.get("fit", {})
     coef = check_coefficients(f"{name}: coefficients", doc.get("coefficients", {}))
-    batches = check_batches(f"{name}: fit.batches", doc.get("fit", {}).get("batches"))
-    return coef, batches, f"fit:{name}@{doc.get('fit', {}).get('commit', 'unknown')}"
+    batches = check_batches(f"{name}: fit.batches", fit.get("batches"))
+    res = doc.get("residuals")
+    try:
+        residuals = None if res is None else Residuals(res["source"], **_numbers(res))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{name}: residuals must be source, n, low, median, high ({e})") from e
+    return LoopHostFit(coef, batches, f"fit:{name}@{fit.get('commit', 'unknown')}", residuals)
 
 
-def shipped(gpu: str) -> tuple[dict[str, float], tuple[int, int], str] | None:
-    """The coefficients shipped for ``gpu``, the batch range they were fitted on and their
-    provenance label; None when none ship (a round is then priced without loop host time)."""
+def _numbers(res: dict) -> dict:
+    return {k: res[k] for k in ("n", "low", "median", "high")}
+
+
+def shipped(gpu: str) -> LoopHostFit | None:
+    """The fit shipped for ``gpu``; None when none ships (a round is then priced without loop
+    host time)."""
     root = hardware.profiles_dir()
     path = None if root is None else root / gpu / "loop_host.json"
     if path is None or not path.is_file():

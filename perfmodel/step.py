@@ -34,7 +34,7 @@ from ssvkit.perfmodel.columns import (
 )
 from ssvkit.perfmodel.draft_host import draft_host_s, shipped_coefficients
 from ssvkit.perfmodel.draft_ops import draft_ops
-from ssvkit.perfmodel.intervals import POOLED, IntervalSource, Spread
+from ssvkit.perfmodel.intervals import HOST, POOLED, IntervalSource, Residuals, Spread
 from ssvkit.perfmodel.loop_host import loop_host_s
 from ssvkit.perfmodel.loop_host import shipped as shipped_loop_host
 from ssvkit.perfmodel.models import ModelSpec
@@ -192,8 +192,10 @@ class StepPrediction:
     op_outside: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
     interval_source: IntervalSource | None = None
     interval_note: str = ""  # why the figures carry no interval, when they carry none
-    # The loop's host time per round (``perfmodel.loop_host``; zeros where no fit ships).
+    # The loop's host time per round (``perfmodel.loop_host``; zeros where no fit ships) and
+    # the log residuals of its fit, which widen the round (None: it adds no width).
     loop_s: np.ndarray | None = None
+    loop_residuals: Residuals | None = None
 
     def __post_init__(self) -> None:
         if self.loop_s is None:
@@ -223,6 +225,9 @@ class StepPrediction:
             if not self.op_seconds[k].any():
                 continue
             fam = self.op_family.get(k)
+            if k == "loop.host" and self.loop_residuals is not None:
+                out.add_op(self.op_seconds[k], axis[HOST], self.loop_residuals)
+                continue
             if self.ops[k].kind == "host":
                 out.add_apart(self.op_seconds[k])
                 continue
@@ -262,8 +267,8 @@ def _add_loop_host(acc: OpSum, secs, family, flags, c: Columns, gpu: str) -> np.
     fit = shipped_loop_host(gpu)
     if fit is None:
         return np.zeros(len(c), dtype=bool)
-    coef, (low, high), _ = fit
-    host_s = loop_host_s(coef, c.drafter, c.batch, c.num_draft, c.expected_tokens)
+    low, high = fit.batches
+    host_s = loop_host_s(fit.coefficients, c.drafter, c.batch, c.num_draft, c.expected_tokens)
     zero = np.zeros(len(c))
     acc["loop.host"] = Op("host", zero, zero, zero)
     secs["loop.host"], family["loop.host"], flags["loop.host"] = host_s + zero, None, None
@@ -363,4 +368,11 @@ def predict_columns(
         interval_source=predictor.interval_source,
         interval_note=predictor.interval_note,
         loop_s=loop_s,
+        loop_residuals=_loop_residuals(predictor.gpu.name, secs),
     )
+
+
+def _loop_residuals(gpu: str, secs: dict) -> Residuals | None:
+    """The residuals of the loop host fit that priced ``secs["loop.host"]``, if any."""
+    fit = shipped_loop_host(gpu) if "loop.host" in secs else None
+    return None if fit is None else fit.residuals

@@ -55,7 +55,8 @@ def score(
     (``RegimeProfile.alpha_for``, times ``acceptance_scale`` -- one factor, or one per drafter kind,
     1 for a kind it lacks --, at most 1), its round with the loop's host time
     (``perfmodel.loop_host``, ``loop`` in the breakdown), with the tokens/s interval of a
-    calibrated prediction (``perfmodel.intervals``; the loop's host time adds no width);
+    calibrated prediction (``perfmodel.intervals``; the loop's host time with its fit's
+    residuals);
     the engine runs the element-wise ops as ``elementwise`` (``perfmodel.strategy.ELEMENTWISE``)."""
     if not strategies:
         return [], "none"

@@ -49,7 +49,7 @@ def predicted_verify_s(
 def prediction_intervals(pred):
     """The intervals (``perfmodel.intervals``) of point 0 of ``pred``, as {figure: [low, high]}:
     its verify forward (``verify_forward_s``), verify and draft steps, its round (the loop's
-    host time in it adds no width) and tokens/s; and that round's ``LogBounds``, which a
+    host time in it with its fit's residuals) and tokens/s; and that round's ``LogBounds``, which a
     speedup's interval combines. (None, None) without residuals."""
     from ssvkit.perfmodel.intervals import bounds, interval
 

@@ -307,14 +307,14 @@ def loop_host_check(rr: RegimeRuns, runs: list[tuple[Strategy, dict]]) -> dict:
                 loop_host_s=wall - sum(f["steps_s"][st] for st in TIMED_STEPS),
             )
         )
-    figures = loop_errors(rows, shipped[0])
+    figures = loop_errors(rows, shipped.coefficients)
     for kind, e in figures.items():
         bench.log(
             f"profile {rr.regime} loop host, {kind}: {e['rows']} runs, measured "
             f"{e['measured_median_s'] * 1e6:.0f} us, |error| {e['abs_error_median_s'] * 1e6:.0f} us"
             f" median, round error {e['round_ape_median']:.1%}"
         )
-    return {"fit": shipped[2], "drafters": figures}
+    return {"fit": shipped.label, "drafters": figures}
 
 
 def measure_profile(

@@ -141,7 +141,7 @@ def _coverage(e: dict) -> list[str]:
         "",
         f"Predicted [low, high]: {pct} intervals from the leave-out residuals of the kernel "
         "families each figure uses (`perfmodel.intervals`, docs/cli.md 'Intervals'); the loop's "
-        "host time, fitted apart, adds no width.",
+        "host time with the residuals of its fit.",
         "",
         f"| figure | rows with an interval | measured inside | share (stated {pct}) |",
         "|---|---|---|---|",

@@ -202,6 +202,4 @@ def _emit(args, doc: dict, model, gpu, profile: RegimeProfile, how: str = "") ->
         [r.get("tokens_per_s_interval") is not None for r in shown],
         "no residuals price the datasheet roofline or a transfer across architectures",
     )
-    if legend and legend[0].startswith("[low, high]"):
-        legend[0] += "; the loop's host time adds no width"
     print("\n" + "\n".join(legend))

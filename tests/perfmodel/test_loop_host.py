@@ -47,8 +47,9 @@ def _predict(gpu, points):
 
 
 def test_the_round_carries_the_shipped_loop_host_time_and_flags_batches_beyond_its_fit():
-    coef, (low, high), label = loop_host.shipped("h200")
-    assert label.startswith("fit:loop_host.json@") and low == 1
+    fit = loop_host.shipped("h200")
+    coef, (low, high) = fit.coefficients, fit.batches
+    assert fit.label.startswith("fit:loop_host.json@") and low == 1
     s = Strategy(name="ng", tree="chain:4", drafter=DrafterSpec(kind="ngram"))
     pts = [(s, Workload(context_len=8192, batch=b, acceptance=0.6)) for b in (1, high, 4 * high)]
     c, p = _predict("h200", pts)
@@ -78,4 +79,36 @@ def test_a_shipped_file_with_a_bad_entry_is_refused_by_name(tmp_path, monkeypatc
     (tmp_path / "h200" / "loop_host.json").write_text(json.dumps(doc))
     monkeypatch.setattr(loop_host.hardware, "profiles_dir", lambda: tmp_path)
     with pytest.raises(ValueError, match="loop_host.json: coefficients.sequence must be"):
+        loop_host.shipped("h200")
+
+
+def test_the_loop_host_fits_residuals_widen_the_round_as_one_more_family():
+    """The fit's log residuals (its fit and test runs) give the loop's host time a column of
+    its own in the round's spread: with them the round's interval is wider than without, and
+    the draft step's host time (no residuals) adds none."""
+    from ssvkit.perfmodel.intervals import HOST, bounds
+
+    s = Strategy(name="ng", tree="chain:4", drafter=DrafterSpec(kind="ngram"))
+    _, p = _predict("h200", [(s, Workload(context_len=8192, batch=16, acceptance=0.6))])
+    res = loop_host.shipped("h200").residuals
+    assert res is not None and res.n >= 20 and p.loop_residuals == res
+    with_host = bounds(p.spread())
+    axis = p.interval_source.axis
+    assert HOST in axis and axis[HOST] == len(axis) - 2  # before the datasheet gap
+    p.loop_residuals = None
+    without = bounds(p.spread())
+    assert with_host.up2[0] > without.up2[0] and with_host.down2[0] > without.down2[0]
+    assert p.spread(keys=["draft.host"]).uncovered_s[0] == 0  # fitted apart, no width
+
+
+def test_a_shipped_file_with_bad_residuals_is_refused_by_name(tmp_path, monkeypatch):
+    doc = {
+        "coefficients": {"round": 1e-4, "sequence": 0, "ngram_token": 0},
+        "fit": {"batches": [1, 8]},
+        "residuals": {"source": "x", "n": 10, "low": 0.5, "median": 0.1, "high": 0.9},
+    }
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "loop_host.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(loop_host.hardware, "profiles_dir", lambda: tmp_path)
+    with pytest.raises(ValueError, match="loop_host.json: residuals must be source, n, low"):
         loop_host.shipped("h200")

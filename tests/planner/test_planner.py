@@ -703,7 +703,7 @@ def test_profile_per_tree_acceptance_attention_factor_and_the_loop_host_time(tmp
     # ops (``perfmodel.loop_host``): ``loop`` in the breakdown.
     tiny = get_model("engine/checkpoints/tiny-target")
     (sc,), _ = score(tiny, G, [sparse], 16000, prof, "16K")
-    coef = loop_host.shipped(G.name)[0]
+    coef = loop_host.shipped(G.name).coefficients
     want = loop_host.loop_host_s(coef, [2], [1], [4], [sc.tokens_per_round])[0]
     assert sc.breakdown_s["loop"] == pytest.approx(want) and want > 0
     assert sc.round_s == pytest.approx(sum(sc.breakdown_s.values()))
