@@ -88,6 +88,24 @@ def decode_rows(path: Path) -> list[LoopRow]:
     return out
 
 
+def steady_row(source: str, label: str, kind: str, tree: str, batch: int, f: dict) -> LoopRow:
+    """The loop row of a bench's steady figures ``f`` (``validation.bench.steady_figures``:
+    the counted rounds' wall time, rounds, tokens and mean steps) of a run drafting with
+    ``kind`` on ``tree`` at ``batch``."""
+    k = len(parse_tree(tree))
+    wall = f["wall_s"] / f["rounds"]
+    return LoopRow(
+        source=source,
+        label=label,
+        drafter=_drafter_code(kind, k),
+        batch=batch,
+        num_draft=k,
+        tokens=f["tokens"] / f["rounds"] / batch,
+        round_wall_s=wall,
+        loop_host_s=wall - sum(f["steps_s"][st] for st in TIMED_STEPS),
+    )
+
+
 def planner_rows(path: Path, ranking_path: Path) -> list[LoopRow]:
     """The measured strategies of a planner evaluation (``validation.evaluate``); each one's
     drafter and tree from the evaluation's ranking (``ssvkit rank --evaluation``), matched by
@@ -100,21 +118,10 @@ def planner_rows(path: Path, ranking_path: Path) -> list[LoopRow]:
     for regime, v in doc["regimes"].items():
         by = {x["describe"]: x["strategy"] for x in ranking["regimes"][regime]["ranking"]}
         for m in v["strategies"]:
-            s, meas = by[m["describe"]], m["measured"]
-            k = len(parse_tree(s["tree"]))
-            wall = meas["wall_s"] / meas["rounds"]
-            out.append(
-                LoopRow(
-                    source=path.name,
-                    label=f"{regime} {m['describe']}",
-                    drafter=_drafter_code(s["drafter"]["kind"], k),
-                    batch=batch,
-                    num_draft=k,
-                    tokens=meas["tokens"] / meas["rounds"] / batch,
-                    round_wall_s=wall,
-                    loop_host_s=wall - sum(meas["steps_s"][st] for st in TIMED_STEPS),
-                )
-            )
+            s = by[m["describe"]]
+            label = f"{regime} {m['describe']}"
+            kind, tree = s["drafter"]["kind"], s["tree"]
+            out.append(steady_row(path.name, label, kind, tree, batch, m["measured"]))
     return out
 
 

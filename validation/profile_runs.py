@@ -19,8 +19,8 @@ import dataclasses
 import math
 
 import numpy as np
-from ssvkit.calibration.loop_host_fit import DRAFTER_CODES, TIMED_STEPS, LoopRow
 from ssvkit.calibration.loop_host_fit import errors as loop_errors
+from ssvkit.calibration.loop_host_fit import steady_row
 from ssvkit.perfmodel import loop_host
 from ssvkit.perfmodel.strategy import Strategy, chain_length, parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
@@ -291,22 +291,9 @@ def loop_host_check(rr: RegimeRuns, runs: list[tuple[Strategy, dict]]) -> dict:
     shipped = loop_host.shipped(bench.gpu.name)
     if shipped is None:
         return {"fit": None}
-    rows = []
-    for s, f in runs:
-        k = len(parse_tree(s.tree))
-        wall = f["wall_s"] / f["rounds"]
-        rows.append(
-            LoopRow(
-                source="profile",
-                label=describe(s),
-                drafter=DRAFTER_CODES.get(s.drafter.kind, 0) if k else 0,
-                batch=bench.batch,
-                num_draft=k,
-                tokens=f["tokens"] / f["rounds"] / bench.batch,
-                round_wall_s=wall,
-                loop_host_s=wall - sum(f["steps_s"][st] for st in TIMED_STEPS),
-            )
-        )
+    rows = [
+        steady_row("profile", describe(s), s.drafter.kind, s.tree, bench.batch, f) for s, f in runs
+    ]
     figures = loop_errors(rows, shipped.coefficients)
     for kind, e in figures.items():
         bench.log(
