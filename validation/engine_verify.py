@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -49,7 +50,13 @@ from ssvkit.validation.engine_ops import (
     selection_stats,
     time_ops,
 )
-from ssvkit.validation.engine_verify_table import row_lines
+from ssvkit.validation.engine_verify_table import (
+    parse_grouping,
+    row_key,
+    row_lines,
+    with_grouping,
+    with_metadata,
+)
 from ssvkit.validation.records import (
     file_label,
     local_model,
@@ -75,6 +82,12 @@ def parse_args(argv=None):
         default="nsa",
         choices=METADATA,
         help="block scores of the sparse strategies (nsa: their own; mean, quest: block metadata)",
+    )
+    p.add_argument(
+        "--grouping",
+        default=None,
+        help="MODE:C, the sparse strategies' query grouping (per_query:1, union:C, shared:C) "
+        "in place of their own",
     )
     p.add_argument(
         "--gpu",
@@ -113,7 +126,12 @@ def parse_args(argv=None):
         help="scale campaign: random KV at the cells' lengths instead of prefilling their "
         "prompts (faster; sparse selections then see random keys)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.grouping = parse_grouping(args.grouping)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 def _resumed(args) -> dict | None:
@@ -282,7 +300,7 @@ def main(argv=None) -> dict:
     contexts = sorted(parse_count_list(args.context, "--context"))
     ts = [int(x) for x in args.t.split(",")]
     strategies = [
-        with_metadata(Strategy.from_name(n.strip()), args.metadata)
+        with_grouping(with_metadata(Strategy.from_name(n.strip()), args.metadata), args.grouping)
         for n in args.strategy.split(",")
     ]
     src = resolve_source(args.model)
@@ -303,7 +321,9 @@ def main(argv=None) -> dict:
             k: resumed[k] for k in ("copy_bytes_per_s", "gemm_flops_per_s", "graph_launch_s")
         }
     rows = [] if resumed is None else resumed["rows"]
-    done = {(r["strategy"], r.get("metadata", "nsa"), r["context"], r["t"]) for r in rows}
+    done = {
+        (*row_key(r["strategy"], r.get("metadata", "nsa"), r), r["context"], r["t"]) for r in rows
+    }
     result = {
         "benchmark": "engine_verify",
         "model": args.model,
@@ -317,19 +337,13 @@ def main(argv=None) -> dict:
             attn = AttentionConfig.from_strategy(strategy)
             runner.prepare(attn)
             for t in ts:
-                if (strategy.name, strategy.metadata, context, t) in done:
+                key = row_key(strategy.name, strategy.metadata, {"attention": asdict(attn)})
+                if (*key, context, t) in done:
                     continue
                 rows.append(_verify_row(runner, strategy, attn, args, context, t, ceilings))
                 _write(result, args.out)  # each finished row survives an interrupted run
     _write(result, args.out)
     return result
-
-
-def with_metadata(strategy: Strategy, metadata: str) -> Strategy:
-    """``strategy`` with ``metadata``'s block scores where it is sparse (dense ones have none)."""
-    if not strategy.is_sparse:
-        return strategy
-    return dataclasses.replace(strategy, metadata=metadata)
 
 
 def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: dict) -> dict:

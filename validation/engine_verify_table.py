@@ -38,21 +38,67 @@ def attention_s(row: dict) -> float:
     return sum(op["median_s"] * op["count"] for name, op in ops if name.startswith("attention"))
 
 
+def parse_grouping(text: str | None) -> tuple[str, int] | None:
+    """``--grouping MODE:C`` as (mode, C); ``ValueError`` names a bad value."""
+    if text is None:
+        return None
+    mode, _, c = text.partition(":")
+    if mode not in ("per_query", "union", "shared") or not c.isdigit() or int(c) < 1:
+        raise ValueError(
+            f"--grouping must be MODE:C (per_query:1, union:C, shared:C), got {text!r}"
+        )
+    if mode == "per_query" and int(c) != 1:
+        raise ValueError(f"--grouping per_query takes C = 1, got {text!r}")
+    return mode, int(c)
+
+
+def with_grouping(strategy: Strategy, grouping: tuple[str, int] | None) -> Strategy:
+    """``strategy`` with the query grouping ``grouping`` where it is sparse and selects by
+    block metadata (NSA selects per row whatever the grouping)."""
+    if grouping is None or not strategy.is_sparse or strategy.metadata == "nsa":
+        return strategy
+    return dataclasses.replace(strategy, mode=grouping[0], group_size=grouping[1])
+
+
+def row_key(name: str, metadata: str, row: dict) -> tuple:
+    """What tells one row's strategy from another's: its baseline, block scores and query
+    grouping as its attention ran it (none for dense and NSA attention)."""
+    a = row.get("attention", {})
+    grouping = (a["mode"], a["group_size"]) if a.get("kind") == "sparse" else None
+    return name, metadata, grouping
+
+
+def with_metadata(strategy: Strategy, metadata: str) -> Strategy:
+    """``strategy`` with ``metadata``'s block scores where it is sparse (dense ones have none)."""
+    if not strategy.is_sparse:
+        return strategy
+    return dataclasses.replace(strategy, metadata=metadata)
+
+
 def row_strategy(row: dict) -> Strategy:
-    """The strategy a row measured: its baseline with the block scores, the NSA row schedule and
-    the compressed branch's tiles it ran."""
+    """The strategy a row measured: its baseline with the block scores, the query grouping, the
+    NSA row schedule and the compressed branch's tiles it ran."""
     s = Strategy.from_name(row["strategy"])
     if s.is_sparse:
         s = dataclasses.replace(s, metadata=row.get("metadata", s.metadata))
+        grouping = row_key(s.name, s.metadata, row)[2]
+        if grouping is not None:
+            s = dataclasses.replace(s, mode=grouping[0], group_size=grouping[1])
     tiles = row.get("attention", {}).get("context_tiles", s.nsa_context_tiles)
     s = dataclasses.replace(s, nsa_context_tiles=tiles)
     return with_nsa_rows_per_tile(s, row.get(NSA_SCHEDULE, PACKED_ROWS))
 
 
 def strategy_label(row: dict) -> str:
-    """The row's baseline, with its block scores where they are not the baseline's own."""
+    """The row's baseline, with its block scores and query grouping where they are not the
+    baseline's own."""
     metadata = row.get("metadata", "nsa")
-    return row["strategy"] if metadata == "nsa" else f"{row['strategy']} ({metadata})"
+    own = Strategy.from_name(row["strategy"])
+    grouping = row_key(row["strategy"], metadata, row)[2]
+    parts = [] if metadata == "nsa" else [metadata]
+    if grouping is not None and grouping != (own.mode, own.group_size):
+        parts.append(f"{grouping[0]} C={grouping[1]}")
+    return row["strategy"] + (f" ({', '.join(parts)})" if parts else "")
 
 
 def current_predictions(doc: dict, gpu: str) -> list[float | None]:

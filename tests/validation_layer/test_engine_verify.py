@@ -179,3 +179,37 @@ def test_a_row_of_block_metadata_selection_is_labelled_and_predicted_as_run():
     assert row_strategy(older).metadata == "nsa"
     assert verify_markdown({"rows": [row]}).splitlines()[2].startswith("| ar_sparse (mean) | 128K")
     assert verify_markdown({"rows": [older]}).splitlines()[2].startswith("| ar_sparse | 128K")
+
+
+def test_a_row_of_another_query_grouping_is_labelled_and_predicted_as_run(capsys):
+    """``--grouping MODE:C`` sets the grouping of the block-metadata strategies (NSA selects per
+    row, dense has none); its rows name it and rebuild it for the prediction; a bad value is a
+    one-line error."""
+    from ssvkit.validation.engine_verify_table import (
+        parse_grouping,
+        row_strategy,
+        strategy_label,
+        with_grouping,
+    )
+
+    assert parse_grouping("shared:4") == ("shared", 4) and parse_grouping(None) is None
+    for bad in ("shared", "shared:0", "pairs:2", "per_query:2", "union:x"):
+        with pytest.raises(ValueError, match="--grouping"):
+            parse_grouping(bad)
+    mean = engine_verify.with_metadata(Strategy.from_name("ssv"), "mean")
+    shared = with_grouping(mean, ("shared", 4))
+    assert (shared.mode, shared.group_size, shared.metadata) == ("shared", 4, "mean")
+    nsa = Strategy.from_name("ssv")
+    assert with_grouping(nsa, ("shared", 4)) == nsa  # NSA selects per row
+    dense = Strategy.from_name("sd_dense")
+    assert with_grouping(dense, ("shared", 4)) == dense
+    attention = dict(kind="sparse", mode="shared", group_size=4)
+    row = dict(strategy="ssv", metadata="mean", attention=attention)
+    assert strategy_label(row) == "ssv (mean, shared C=4)"
+    assert (row_strategy(row).mode, row_strategy(row).group_size) == ("shared", 4)
+    own = dict(row, attention=dict(attention, mode=mean.mode, group_size=mean.group_size))
+    assert strategy_label(own) == "ssv (mean)"
+    with pytest.raises(SystemExit) as e:
+        engine_verify.parse_args(["--grouping", "shared:x"])
+    assert e.value.code == 2
+    assert "--grouping must be MODE:C" in capsys.readouterr().err
