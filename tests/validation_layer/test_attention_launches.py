@@ -67,3 +67,22 @@ def test_gpu_refresh_and_reuse_layers_launch_what_they_run(tmp_path):
     runner.prepare(dense)
     with torch.no_grad():
         assert attention_launches(runner, dense, tree, tokens) == {}
+
+
+@pytest.mark.gpu
+def test_gpu_engine_verify_times_a_regrouped_strategy_as_labelled(tmp_path):
+    """``engine_verify --grouping shared:4`` on a small random model: the sparse row ran its
+    attention with that grouping, the table names it and the prediction was made for it."""
+    from ssvkit.validation import engine_verify
+    from ssvkit.validation.engine_verify_table import row_strategy, strategy_label
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, "head_dim": 64, "num_hidden_layers": 4}))
+    argv = ["--model", f"random:{path}", "--context", "3000", "--strategy", "sd_dense,ssv"]
+    argv += ["--t", "8", "--metadata", "mean", "--grouping", "shared:4", "--gpu", "h200"]
+    doc = engine_verify.main([*argv, "--out", str(tmp_path / "ev.json")])
+    dense, ssv = doc["rows"]
+    assert dense["attention"]["kind"] == "dense"
+    assert (ssv["attention"]["mode"], ssv["attention"]["group_size"]) == ("shared", 4)
+    assert strategy_label(ssv) == "ssv (mean, shared C=4)"
+    assert row_strategy(ssv).mode == "shared" and ssv["graph_s"] > 0
