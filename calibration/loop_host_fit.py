@@ -31,11 +31,10 @@ import numpy as np
 from scipy.optimize import nnls
 from ssvkit.calibration.draft_host_fit import fit_cli, short_commit
 from ssvkit.perfmodel.intervals import Residuals
-from ssvkit.perfmodel.loop_host import LOOP_HOST_TERMS, loop_host_features
+from ssvkit.perfmodel.loop_host import LOOP_HOST_TERMS, loop_host_features, measured_loop_host_s
 from ssvkit.perfmodel.strategy import parse_tree
 
 DRAFTER_CODES = {"draft_model": 1, "ngram": 2}
-TIMED_STEPS = ("draft", "verify", "accept")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,7 +81,7 @@ def decode_rows(path: Path) -> list[LoopRow]:
                 num_draft=k,
                 tokens=1.0 + rep["mean_accepted"]["value"],
                 round_wall_s=wall,
-                loop_host_s=wall - sum(steps[s]["value"] for s in TIMED_STEPS),
+                loop_host_s=measured_loop_host_s(wall, {k: v["value"] for k, v in steps.items()}),
             )
         )
     return out
@@ -102,7 +101,7 @@ def steady_row(source: str, label: str, kind: str, tree: str, batch: int, f: dic
         num_draft=k,
         tokens=f["tokens"] / f["rounds"] / batch,
         round_wall_s=wall,
-        loop_host_s=wall - sum(f["steps_s"][st] for st in TIMED_STEPS),
+        loop_host_s=measured_loop_host_s(wall, f["steps_s"]),
     )
 
 

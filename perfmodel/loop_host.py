@@ -25,6 +25,16 @@ from ssvkit.perfmodel.draft_host import check_terms
 from ssvkit.perfmodel.intervals import Residuals
 
 LOOP_HOST_TERMS = ("round", "sequence", "ngram_token")
+# The engine's CUDA-event steps the step model prices (``engine.results.STEPS`` less
+# ``launch``, the GPU's wait for the verify graph's launch, which is the loop's).
+PRICED_STEPS = ("draft", "verify", "accept")
+
+
+def measured_loop_host_s(round_wall_s: float, steps_s: dict[str, float]) -> float:
+    """A round's measured loop host time: its host wall time less its ``PRICED_STEPS``."""
+    return round_wall_s - sum(steps_s[k] for k in PRICED_STEPS)
+
+
 NGRAM_CODE = 2  # ``perfmodel.columns.DRAFTER_CODES["ngram"]``
 
 

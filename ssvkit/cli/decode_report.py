@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ssvkit.perfmodel.loop_host import measured_loop_host_s
 from ssvkit.perfmodel.numbers import figure, interval_text
 from ssvkit.perfmodel.strategy import elementwise_of_backend
 from ssvkit.validation import full_batch
@@ -294,10 +295,8 @@ def _time_lines(r: dict, p: dict, ivs: dict) -> list[str]:
             pcol += "   (prediction includes accept)"
         lines.append(f"{k + ' (ms)':22s}{v['value'] * ms:10.3f} {pcol}")
     if "round_wall_s" in r:
-        # The loop's host time: the round's host wall time less the steps the step model
-        # prices (draft, verify with accept); the launch step is in it.
-        timed = sum(r["steps_s"][k]["value"] for k in ("draft", "verify", "accept"))
-        loop = r["round_wall_s"]["value"] - timed
+        steps = {k: v["value"] for k, v in r["steps_s"].items()}
+        loop = measured_loop_host_s(r["round_wall_s"]["value"], steps)
         pl = f"{p['loop_s'] * ms:10.3f}" if "loop_s" in p else "       n/a"
         lines.append(f"{'loop host (ms)':22s}{loop * ms:10.3f} {pl}   (wall less the steps)")
         measured, what = r["round_wall_s"]["value"], "round wall (ms)"
