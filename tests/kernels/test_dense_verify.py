@@ -125,6 +125,23 @@ def test_merge_partials_ignores_empty_splits():
     assert_close(o, ro, torch.float32, "o")
 
 
+@pytest.mark.parametrize("num_splits", [1, 3, 16, 21])
+def test_merge_partials_rows_of_any_split_count(num_splits):
+    """Row counts that leave a merge program's last rows empty, and split counts below, at and
+    past one load of splits (``merge.MAX_BLOCK_S``), an empty split among them."""
+    gen = torch.Generator().manual_seed(num_splits)
+    dev = "cuda" if HAS_CUDA else "cpu"
+    o_part = torch.randn((3, 7, num_splits, 32), generator=gen).to(dev)
+    lse_part = torch.randn((3, 7, num_splits), generator=gen).to(dev)
+    lse_part[2, 5, -1] = float("-inf")
+    o_part[2, 5, -1] = float("nan")
+    o, lse = merge_partials(o_part, lse_part)
+    ro, rlse = reference_merge_partials(o_part, lse_part)
+    assert not torch.isnan(o).any()
+    assert_close(lse, rlse, torch.float32, "lse")
+    assert_close(o, ro, torch.float32, "o")
+
+
 def test_merge_partials_writes_strided_destinations():
     dev = "cuda" if HAS_CUDA else "cpu"
     o_part = torch.randn((2, 3, 4, 2, 16), device=dev)
