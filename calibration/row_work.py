@@ -35,6 +35,10 @@ NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
 # filled one wave (``perfmodel.attention_work.fill_sparse_splits``; the committed H100 rows).
 SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
 FILL_SPLIT_CONFIG = SparseVerifyConfig(programs_per_sm=4)  # that kernel's wave: 4 x SMs
+# Sparse verification rows whose split calls ran the merge of one partial row a program
+# (``kernels.merge`` before it combined tiles of rows; the committed H100 rows): a merge launch of
+# as many programs as rows, whose cost no feature describes.
+SPARSE_ROW_MERGE_COMMITS = ("51d8197",)
 # Block-selection rows timed with the kernels that scored one tile a program and picked in torch
 # (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
 # ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
@@ -266,6 +270,15 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
         split_rule="fill" if fill else "wave_balance",
         **_sm_resources(gpu),
     )
+
+
+def merge_generation(row: dict) -> str | None:
+    """The merge kernel a sparse verification row's call ran after its split programs:
+    ``"row"`` (one partial row a program, ``SPARSE_ROW_MERGE_COMMITS``) or ``"tile"`` (tiles of
+    rows, the current kernel); None for a call that does not split, and for other ops."""
+    if row["op"] != "sparse_verify" or sparse_work(row, None).merge_steps == 0:
+        return None
+    return "row" if row.get("git_commit", "")[:7] in SPARSE_ROW_MERGE_COMMITS else "tile"
 
 
 def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:

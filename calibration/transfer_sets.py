@@ -25,7 +25,7 @@ import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row, markdown_header
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
-from ssvkit.calibration.row_work import is_plan_priced, sparse_mode
+from ssvkit.calibration.row_work import is_plan_priced, merge_generation, sparse_mode
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.profiles import Profile
@@ -219,29 +219,54 @@ def _loo_summary(name: str, annotated: list[dict], missing: Counter, values: dic
     }
 
 
-def same_kernels(rows: list[dict], classes: dict) -> tuple[list[dict], Counter]:
+def same_kernels(
+    rows: list[dict], classes: dict, fit_merges: dict[str, set] | None = None
+) -> tuple[list[dict], Counter]:
     """``rows`` whose predicting class (``predicting_class``) was fitted on rows of the same
     kernels, and the count per class of the others. A class fitted on its kernels' launch-plan
     counts (``ClassFit.slot_plan``) describes the current kernels (``row_work.is_plan_priced``);
     one fitted otherwise describes earlier ones (NSA before the slot plan, selection with the
-    torch pick). Pricing one generation's rows with the other's fit measures the kernels'
+    torch pick). A split sparse verification call runs a merge launch whose kernel changed
+    (``row_work.merge_generation``): such a row is compared only where its class's fit rows
+    that split (``fit_merges``, class name to the merge generations of its fit rows) ran the
+    same merge. Pricing one generation's rows with the other's fit measures the kernels'
     change, not the model's transfer between GPUs. Rows no class predicts stay (``predict``
     counts them)."""
+    fit_merges = fit_merges or {}
     same, other = [], Counter()
     for r in rows:
         name = predicting_class(op_class(r), classes)
-        if name is not None and classes[name].slot_plan != is_plan_priced(r):
+        merge = merge_generation(r)
+        if name is not None and (
+            classes[name].slot_plan != is_plan_priced(r)
+            or (merge is not None and fit_merges.get(name, set()) - {merge})
+        ):
             other[op_class(r)] += 1
         else:
             same.append(r)
     return same, other
 
 
-def cross_gpu(fit_gpu: str, fit: dict, other: str, rows: list[dict], ceiling: dict) -> dict:
-    """``other``'s rows predicted by ``fit_gpu``'s class fits ``fit`` with ``other``'s measured
-    ceilings ``ceiling``: the rows of the kernels the fits describe (``same_kernels``); the
-    count per class of the rest, which time other kernels, under ``other_kernels``."""
-    same, other_kernels = same_kernels(fitted_rows(rows), fit)
+def merges_by_class(rows: list[dict]) -> dict[str, set]:
+    """Per class of ``rows``: the merge generations of its split rows
+    (``row_work.merge_generation``)."""
+    out: dict[str, set] = {}
+    for r in rows:
+        merge = merge_generation(r)
+        if merge is not None:
+            out.setdefault(op_class(r), set()).add(merge)
+    return out
+
+
+def cross_gpu(
+    fit_gpu: str, fit: dict, fit_rows: list[dict], other: str, rows: list[dict], ceiling: dict
+) -> dict:
+    """``other``'s rows predicted by ``fit_gpu``'s class fits ``fit`` (of its rows ``fit_rows``)
+    with ``other``'s measured ceilings ``ceiling``: the rows of the kernels the fits describe
+    (``same_kernels``); the count per class of the rest, which time other kernels, under
+    ``other_kernels``."""
+    merges = merges_by_class(fitted_rows(fit_rows))
+    same, other_kernels = same_kernels(fitted_rows(rows), fit, merges)
     annotated, missing = predict(same, fit, other, ceiling)
     out = summarize(annotated, missing, TARGETS["cross_gpu"])
     out["title"] = f"fit on {fit_gpu}'s rows, predict {other}'s with its measured ceilings"
@@ -281,8 +306,8 @@ def _committed_set(gpu: str, name: str) -> dict:
     for other in measured_gpus():
         if other != gpu:
             o_rows, o_ceiling, o_fit = _committed(other)
-            out[f"{gpu}->{other}"] = cross_gpu(gpu, base, other, o_rows, o_ceiling)
-            out[f"{other}->{gpu}"] = cross_gpu(other, o_fit, gpu, rows, ceiling)
+            out[f"{gpu}->{other}"] = cross_gpu(gpu, base, rows, other, o_rows, o_ceiling)
+            out[f"{other}->{gpu}"] = cross_gpu(other, o_fit, o_rows, gpu, rows, ceiling)
     return out
 
 

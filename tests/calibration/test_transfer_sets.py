@@ -176,6 +176,7 @@ def test_cross_gpu_compares_only_rows_of_the_kernels_the_fit_describes(monkeypat
 
     monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
     monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: r["plan"])
+    monkeypatch.setattr(transfer_sets, "merge_generation", lambda r: None)
     classes = {"nsa": SimpleNamespace(slot_plan=True), "gemm": SimpleNamespace(slot_plan=False)}
     rows = [
         {"cls": "nsa", "plan": True},
@@ -190,12 +191,56 @@ def test_cross_gpu_compares_only_rows_of_the_kernels_the_fit_describes(monkeypat
     assert other == {"nsa": 2, "gemm": 1}
 
 
-def test_the_committed_cross_gpu_sets_leave_out_the_nsa_and_selection_rows_of_other_kernels():
+def test_cross_gpu_compares_split_sparse_rows_only_under_the_same_merge(monkeypatch):
+    """A split sparse verification row is priced only by a class whose split fit rows ran
+    the same merge kernel; a row that does not split is priced whatever merge the fit's split
+    rows ran."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
+    monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: True)
+    monkeypatch.setattr(transfer_sets, "merge_generation", lambda r: r["merge"])
+    classes = {c: SimpleNamespace(slot_plan=True) for c in ("few", "many", "mixed")}
+    fit_rows = [
+        {"cls": "few", "merge": "row"},
+        {"cls": "many", "merge": None},
+        {"cls": "mixed", "merge": "row"},
+        {"cls": "mixed", "merge": "tile"},
+    ]
+    merges = transfer_sets.merges_by_class(fit_rows)
+    assert merges == {"few": {"row"}, "mixed": {"row", "tile"}}
+    rows = [
+        {"cls": "few", "merge": "tile"},
+        {"cls": "few", "merge": "row"},
+        {"cls": "few", "merge": None},
+        {"cls": "many", "merge": "tile"},
+        {"cls": "mixed", "merge": "tile"},
+    ]
+    same, other = transfer_sets.same_kernels(rows, classes, merges)
+    assert same == [rows[1], rows[2], rows[3]]
+    assert other == {"few": 1, "mixed": 1}
+
+
+def test_a_sparse_row_names_the_merge_its_split_call_ran():
+    """The committed H100 rows' split calls ran the one-row merge, the H200's the tiled one;
+    calls that do not split ran none."""
+    from ssvkit.calibration.row_work import merge_generation
+
+    for gpu, name in (("h100-sxm", "row"), ("h200", "tile")):
+        got = {
+            merge_generation(r) for r in ceilings.profile_rows(gpu) if r["op"] == "sparse_verify"
+        }
+        assert got == {name, None}
+
+
+def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
     """The H100's NSA and selection rows time the kernels before the slot plan and the
-    threshold pick; the H200's fits describe the current ones, so the H200 -> H100 set counts
-    those rows apart instead of scoring them."""
+    threshold pick, and its split sparse verification calls the one-row merge; the H200's fits
+    describe the current ones, so the H200 -> H100 set counts those rows apart instead of
+    scoring them, and keeps the H100's sparse calls that do not split."""
     report = transfer_sets.transfer_report("h200", ("gpu",))
     s = report["h200->h100-sxm"]
-    assert {c.split("/")[0] for c in s["other_kernels"]} == {"nsa_verify", "select_blocks"}
+    families = {c.split("/")[0] for c in s["other_kernels"]}
+    assert families == {"nsa_verify", "select_blocks", "sparse_verify"}
     assert not any(c.startswith(("nsa_verify", "select_blocks")) for c in s["classes"])
-    assert "dense_verify" in s["classes"] and "sparse_verify/union/few_lists" in s["classes"]
+    assert "dense_verify" in s["classes"] and "sparse_verify/union/many_lists" in s["classes"]

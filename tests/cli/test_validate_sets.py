@@ -19,7 +19,7 @@ from ssvkit.cli import main
 from tests.fit_helpers import profiles_from
 
 KEPT_OPS = {"gemm", "dense_verify", "device_copy", "empty_triton_kernel", "kv_write"}
-UNION = "sparse_verify/union/few_lists"
+UNION = "sparse_verify/union/many_lists"
 
 
 def _kept(row: dict) -> bool:
