@@ -25,6 +25,7 @@ from ssvkit.perfmodel.attention_plan import (
     sparse_tile_shape,
 )
 from ssvkit.perfmodel.attention_work import (
+    WARPGROUP,
     fill_sparse_splits,
     resident_programs,
     row_cost,
@@ -112,7 +113,10 @@ class SparseWork:
       masks), and the fp32 partials a split call writes and its merge reads back;
       ``unique_bytes``: the same with each (sequence, KV head)'s blocks once -- the other
       reads of them may hit L2 (the tail still once per group);
-    - ``mma_flops``: the MMA FLOPs of the padded row tiles (``M_PAD`` rows a key);
+    - ``mma_flops``: the MMA FLOPs of the padded row tiles (``M_PAD`` rows a key), a tile a
+      warpgroup issues as ``wgmma`` counted at ``WGMMA_ROW_COST`` of its FLOPs: the compute
+      term prices FLOPs at one rate, and ``wgmma`` issues at about twice ``mma.sync``'s (the
+      weight ``row_cost`` gives a tile's rows);
     - ``chain_tiles``: K/V tiles in series: the busiest program's slice plus its tail tile, or
       the call's tiles over the programs the SMs hold at once
       (``attention_work.resident_programs``: what shared memory allows) when the grid
@@ -237,13 +241,15 @@ def sparse_call_work(
     requested = lists * n_list * block_row + tail + io
     waves = cdiv(plan.programs, slots)
     rc = row_cost(plan.m_pad, plan.num_warps)
+    # 1 for mma.sync tiles, WGMMA_ROW_COST for wgmma ones: a warpgroup's rows at their rate.
+    mma_rate = rc * max(1, plan.num_warps // WARPGROUP) / plan.m_pad
     # The tail counts once per group: each group's last split reads it after its list, apart
     # from the other groups' reads of it.
     unique = heads * min(unique_blocks(s), n_list * s.num_groups) * block_row + tail + io
     return SparseWork(
         requested_bytes=float(requested),
         unique_bytes=float(min(unique, requested)),
-        mma_flops=float(total_tiles * s.block_size * plan.m_pad * s.head_dim * 4),
+        mma_flops=float(total_tiles * s.block_size * plan.m_pad * s.head_dim * 4 * mma_rate),
         chain_tiles=float(max(busiest, total_tiles / slots)),
         merge_steps=float(splits if splits > 1 else 0),
         row_cost=rc,

@@ -148,6 +148,21 @@ def test_group_size_and_geometry_change_the_row_tile():
     assert rows == {3: 16, 5: 32, 4: 32, 8: 32}
 
 
+def test_wgmma_tiles_count_their_flops_at_their_rate():
+    """A tile a warpgroup issues as wgmma (64 rows a warpgroup: G = 16, C = 8 on 8 warps) counts
+    half its FLOPs against the mma.sync tiles of C = 4 (32 rows a warpgroup), whose padded
+    FLOPs count whole: the compute term prices both at one rate."""
+    flops = {}
+    for c in (4, 8):
+        s = dataclasses.replace(
+            SHAPE, mode="union", group_size=c, num_q_heads=32, num_kv_heads=2, overlap=1.0
+        )
+        w = sparse_call_work(s, num_sms=SMS, smem_per_sm_bytes=SMEM)
+        tiles = s.batch * s.num_kv_heads * s.num_groups * (64 + 1)
+        flops[c] = w.mma_flops / (tiles * 64 * 128 * 4)
+    assert flops == {4: 64, 8: 128 * 0.5}
+
+
 def test_arrays_equal_the_scalar_work():
     shape = dict(
         batch=np.array([1, 4, 16, 0]),
