@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from ssvkit.kernels.device import num_sms
 
 _MAX_LEAD_DIMS = 3
 
@@ -95,13 +96,16 @@ MERGE_TILE_ROWS = 32
 MAX_BLOCK_S = 16
 
 
-def merge_blocks(num_splits: int) -> tuple[int, int, int]:
-    """(``S_PAD``, ``BLOCK_S``, ``BLOCK_R``) of a merge over ``num_splits`` splits: the splits
-    padded to a power of two, loaded up to ``MAX_BLOCK_S`` at a time, and as many rows a
-    program as fill ``MERGE_TILE_ROWS`` partial rows."""
+def merge_blocks(num_splits: int, num_rows: int, sms: int) -> tuple[int, int, int]:
+    """(``S_PAD``, ``BLOCK_S``, ``BLOCK_R``) of a merge of ``num_rows`` rows over
+    ``num_splits`` splits on ``sms`` SMs: the splits padded to a power of two, loaded up to
+    ``MAX_BLOCK_S`` at a time, and as many rows a program as fill ``MERGE_TILE_ROWS`` partial
+    rows, fewer where that would leave SMs without a program (a power of two)."""
     s_pad = max(2, triton.next_power_of_2(num_splits))
     block_s = min(s_pad, MAX_BLOCK_S)
-    return s_pad, block_s, max(1, MERGE_TILE_ROWS // block_s)
+    per_sm = max(1, num_rows // sms)
+    spread = 1 << (per_sm.bit_length() - 1)  # the largest power of two <= per_sm
+    return s_pad, block_s, max(1, min(MERGE_TILE_ROWS // block_s, spread))
 
 
 def _as_3d(lead: tuple[int, ...]) -> tuple[int, int, int]:
@@ -176,7 +180,7 @@ def merge_partials(
         return o_out, lse_out
     so = tuple(st // head_dim for st in _strides_3d(o_out, len(lead)))
     sl = _strides_3d(lse_out, len(lead))
-    s_pad, block_s, block_r = merge_blocks(num_splits)
+    s_pad, block_s, block_r = merge_blocks(num_splits, num_rows, num_sms(o_part.device))
     _merge_kernel[(triton.cdiv(num_rows, block_r),)](
         o_part,
         lse_part,

@@ -125,16 +125,18 @@ def test_merge_partials_ignores_empty_splits():
     assert_close(o, ro, torch.float32, "o")
 
 
+@pytest.mark.parametrize("lead", [(3, 7), (2, 1107)])
 @pytest.mark.parametrize("num_splits", [1, 3, 16, 21])
-def test_merge_partials_rows_of_any_split_count(num_splits):
-    """Row counts that leave a merge program's last rows empty, and split counts below, at and
-    past one load of splits (``merge.MAX_BLOCK_S``), an empty split among them."""
+def test_merge_partials_rows_of_any_split_count(num_splits, lead):
+    """Row counts that leave a merge program's last rows empty (2214 rows: programs of 16 rows
+    at few splits, the last of 6), and split counts below, at and past one load of splits
+    (``merge.MAX_BLOCK_S``), an empty split among them."""
     gen = torch.Generator().manual_seed(num_splits)
     dev = "cuda" if HAS_CUDA else "cpu"
-    o_part = torch.randn((3, 7, num_splits, 32), generator=gen).to(dev)
-    lse_part = torch.randn((3, 7, num_splits), generator=gen).to(dev)
-    lse_part[2, 5, -1] = float("-inf")
-    o_part[2, 5, -1] = float("nan")
+    o_part = torch.randn((*lead, num_splits, 32), generator=gen).to(dev)
+    lse_part = torch.randn((*lead, num_splits), generator=gen).to(dev)
+    lse_part[1, 5, -1] = float("-inf")
+    o_part[1, 5, -1] = float("nan")
     o, lse = merge_partials(o_part, lse_part)
     ro, rlse = reference_merge_partials(o_part, lse_part)
     assert not torch.isnan(o).any()
