@@ -89,9 +89,73 @@ def _merge_kernel(
     tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + a2 * stride_l2, lse, mask=live)
 
 
+@triton.jit
+def _merge_row_kernel(
+    o_part_ptr,  # [N, S, D] fp32, contiguous
+    lse_part_ptr,  # [N, S] fp32, contiguous
+    o_ptr,  # [A0, A1, A2, D]; row strides below in units of D (keeps stores vectorised)
+    lse_ptr,  # [A0, A1, A2], any strides
+    A1,
+    A2,
+    NUM_SPLITS,
+    stride_o0,
+    stride_o1,
+    stride_o2,
+    stride_l0,
+    stride_l1,
+    stride_l2,
+    HEAD_DIM: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One row a program: its split LSEs, then its partials ``BLOCK_S`` splits at a time as
+    ``[BLOCK_S, D]`` tiles (the merge of few rows, which a program each spreads over the SMs)."""
+    tl.static_assert(MAX_SPLITS % BLOCK_S == 0, "MAX_SPLITS must be a multiple of BLOCK_S")
+    row = tl.program_id(0).to(tl.int64)
+    a0 = row // (A1 * A2)
+    a1 = (row // A2) % A1
+    a2 = row % A2
+
+    offs_all = tl.arange(0, MAX_SPLITS)
+    lse_all = tl.load(
+        lse_part_ptr + row * NUM_SPLITS + offs_all,
+        mask=offs_all < NUM_SPLITS,
+        other=float("-inf"),
+    )
+    m = tl.max(lse_all, 0)
+    # Guard: a row no split saw keeps m = -inf; subtracting a finite stand-in avoids -inf - -inf.
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l_sum = tl.sum(tl.exp(lse_all - m_safe), 0)
+
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        in_range = offs_s < NUM_SPLITS
+        lse_s = tl.load(lse_part_ptr + row * NUM_SPLITS + offs_s, mask=in_range, other=0.0)
+        w = tl.where(in_range & (lse_s > float("-inf")), tl.exp(lse_s - m_safe), 0.0)
+        o_s = tl.load(
+            o_part_ptr + (row * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=in_range[:, None],
+            other=0.0,
+        )
+        # A zero weight must not let a garbage partial (NaN) through: 0 * NaN = NaN.
+        acc += tl.sum(tl.where(w[:, None] > 0, w[:, None] * o_s, 0.0), 0)
+
+    seen = l_sum > 0
+    o = acc / tl.where(seen, l_sum, 1.0)
+    lse = tl.where(seen, m_safe + tl.log(tl.where(seen, l_sum, 1.0)), float("-inf"))
+    tl.store(
+        o_ptr + (a0 * stride_o0 + a1 * stride_o1 + a2 * stride_o2) * HEAD_DIM + offs_d,
+        o.to(o_ptr.dtype.element_ty),
+    )
+    tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + a2 * stride_l2, lse)
+
+
 # Partial rows (a row's split) one merge program loads at once: ``BLOCK_R`` rows of
-# ``BLOCK_S`` splits: one row a program would leave most of its threads idle at few splits and
-# launch as many programs as rows.
+# ``BLOCK_S`` splits: one row a program (``_merge_row_kernel``, where rows are fewer than SMs
+# can share) would leave most of its threads idle at few splits and launch as many programs as
+# rows.
 MERGE_TILE_ROWS = 32
 MAX_BLOCK_S = 16
 
@@ -181,27 +245,35 @@ def merge_partials(
     so = tuple(st // head_dim for st in _strides_3d(o_out, len(lead)))
     sl = _strides_3d(lse_out, len(lead))
     s_pad, block_s, block_r = merge_blocks(num_splits, num_rows, num_sms(o_part.device))
-    _merge_kernel[(triton.cdiv(num_rows, block_r),)](
-        o_part,
-        lse_part,
-        o_out,
-        lse_out,
-        num_rows,
-        a1,
-        a2,
-        num_splits,
-        so[0],
-        so[1],
-        so[2],
-        sl[0],
-        sl[1],
-        sl[2],
-        HEAD_DIM=head_dim,
-        S_PAD=s_pad,
-        BLOCK_S=block_s,
-        BLOCK_R=block_r,
-        num_warps=4 if head_dim <= 128 else 8,
-    )
+    args = (o_part, lse_part, o_out, lse_out)
+    strides = (so[0], so[1], so[2], sl[0], sl[1], sl[2])
+    warps = 4 if head_dim <= 128 else 8
+    if block_r == 1:
+        _merge_row_kernel[(num_rows,)](
+            *args,
+            a1,
+            a2,
+            num_splits,
+            *strides,
+            HEAD_DIM=head_dim,
+            MAX_SPLITS=max(MAX_BLOCK_S, s_pad),
+            BLOCK_S=block_s,
+            num_warps=warps,
+        )
+    else:
+        _merge_kernel[(triton.cdiv(num_rows, block_r),)](
+            *args,
+            num_rows,
+            a1,
+            a2,
+            num_splits,
+            *strides,
+            HEAD_DIM=head_dim,
+            S_PAD=s_pad,
+            BLOCK_S=block_s,
+            BLOCK_R=block_r,
+            num_warps=warps,
+        )
     return o_out, lse_out
 
 
