@@ -273,9 +273,12 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
 
 
 def merge_generation(row: dict) -> str | None:
-    """The merge kernel a sparse verification row's call ran after its split programs:
-    ``"row"`` (one partial row a program, ``SPARSE_ROW_MERGE_COMMITS``) or ``"tile"`` (tiles of
-    rows, the current kernel); None for a call that does not split, and for other ops."""
+    """The merge a sparse verification row's call ran after its split programs: ``"row"`` (one
+    partial row a program whatever the row count, ``SPARSE_ROW_MERGE_COMMITS``) or ``"tile"``
+    (the current ``kernels.merge``: tiles of rows, one row a program only where the rows are
+    fewer than the SMs can share); None for a call that does not split, and for other ops
+    (dense verification's split calls run the same merge; its cross-GPU rows are compared
+    whichever ran)."""
     if row["op"] != "sparse_verify" or sparse_work(row, None).merge_steps == 0:
         return None
     return "row" if row.get("git_commit", "")[:7] in SPARSE_ROW_MERGE_COMMITS else "tile"
