@@ -114,10 +114,10 @@ def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
         top_n, bs = p["top_n"], p["block_size"]
         c = 1 if mode == "per_query" else min(group, t)
         groups = -(-t // c)
-        s = choose_sparse_splits(DEFAULT_SPARSE_CONFIG, bsz * hkv * groups, top_n, num_sms)
         m_pad, warps, stages = sparse_tile_shape(DEFAULT_SPARSE_CONFIG, c, hq, hkv, bs, d)
         lists = mode == "union" and c > 1
         width = c * top_n if lists else top_n
+        s = choose_sparse_splits(DEFAULT_SPARSE_CONFIG, bsz * hkv * groups, width, warps, num_sms)
         keys = {
             (
                 "sparse_verify",

@@ -5,8 +5,8 @@ dense and sparse rows of every geometry, group size, context and batch constrain
 numbers. A row's work comes from the launch plan its kernel made (``perfmodel.attention_work``);
 sparse rows carry their measured selections' distinct bytes (``global_unique_bytes``) and union
 share (``f_load``). The sparse kernel that timed the committed H100 rows split a group's list
-until the grid filled one wave (``attention_work.fill_sparse_splits``); the rule changed to wave
-balance after them, so rows of ``FILL_SPLIT_COMMITS`` are described with the old rule.
+until the grid filled one wave (``attention_work.fill_sparse_splits``); later rows follow
+``attention_plan.choose_sparse_splits``, so rows of ``FILL_SPLIT_COMMITS`` keep that kernel's rule.
 
 Fit: soft-L1 loss of log(predicted / measured) over the constants, from fixed starts (no random
 restarts), the lowest loss kept: deterministic.

@@ -11,7 +11,7 @@ import functools
 from datetime import datetime
 
 from ssvkit.calibration.ceilings import DEVICE_NAMES
-from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
+from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import COMPRESSED_CTAS_PER_SM, CONTEXT_TILES, tile_packing
@@ -34,7 +34,6 @@ NSA_SPLIT_PLAN_COMMITS = ("51d8197",)
 # Sparse verification rows timed with the kernel that split a group's list until the grid
 # filled one wave (``perfmodel.attention_work.fill_sparse_splits``; the committed H100 rows).
 SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
-FILL_SPLIT_CONFIG = SparseVerifyConfig(programs_per_sm=4)  # that kernel's wave: 4 x SMs
 # Sparse verification rows whose split calls ran the merge of one partial row a program
 # (``kernels.merge`` before it combined tiles of rows; the committed H100 rows): a merge launch of
 # as many programs as rows, whose cost no feature describes.
@@ -266,7 +265,7 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     fill = row.get("git_commit", "")[:7] in SPARSE_FILL_SPLIT_COMMITS
     return sparse_call_work(
         shape,
-        config=FILL_SPLIT_CONFIG if fill else DEFAULT_SPARSE_CONFIG,
+        config=DEFAULT_SPARSE_CONFIG,
         split_rule="fill" if fill else "wave_balance",
         **_sm_resources(gpu),
     )

@@ -23,11 +23,11 @@ LOG2E = 1.4426950408889634
 
 
 def choose_num_splits(
-    cfg: SparseVerifyConfig, programs: int, top_n: int, device: torch.device
+    cfg: SparseVerifyConfig, lists: int, list_blocks: int, num_warps: int, device: torch.device
 ) -> int:
     """Splits per group's block list on ``device``
     (``perfmodel.attention_plan.choose_sparse_splits`` with the device's SM count)."""
-    return choose_sparse_splits(cfg, programs, top_n, num_sms(device))
+    return choose_sparse_splits(cfg, lists, list_blocks, num_warps, num_sms(device))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,7 +68,9 @@ def plan_launch(
         or (c > 1 and plan.order is not order)
     ):
         raise ValueError(f"plan was built for other inputs (mode={plan.mode}, C={plan.group_size})")
-    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, block_idx.shape[3], q.device)
+    m_pad, num_warps, num_stages = sparse_tile_shape(cfg, c, h, hkv, block_size, d)
+    list_blocks = plan.block_lists.shape[3]  # a union list's bound, or a row's own list
+    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, list_blocks, num_warps, q.device)
     o = torch.empty_like(q)
     lse = torch.empty((b, h, t), dtype=torch.float32, device=q.device)
     if num_splits == 1:
@@ -82,7 +84,6 @@ def plan_launch(
         o_strides = (o_dst.stride(3), *o_dst.stride()[:3])
         ls = lse_dst.stride()
         lse_strides = (ls[3], ls[0], ls[2], ls[1])
-    m_pad, num_warps, num_stages = sparse_tile_shape(cfg, c, h, hkv, block_size, d)
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
     return SparseLaunch(
         plan,

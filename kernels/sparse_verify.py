@@ -117,8 +117,8 @@ def sparse_verify(
     The group's C x G query-head rows are packed into the MMA rows
     (``M_PAD = max(16, next_pow2(C * G))``), so one K/V tile of ``BLOCK_N = block_size``
     tokens feeds all of them; the score tile gets a per-row mask from the membership bits. The
-    block list of a (b, kv head, group) is split across programs where that fills the SMs'
-    waves better (``perfmodel.attention_plan.choose_sparse_splits``); the last split also
+    block list of a (b, kv head, group) is split across programs where shorter walks end the
+    call's waves sooner (``perfmodel.attention_plan.choose_sparse_splits``); the last split also
     attends to the tail, and ``kernels.merge.merge_partials`` combines the fp32 partial
     ``(o, lse)``.
 

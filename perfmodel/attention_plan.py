@@ -9,8 +9,8 @@ wrappers pass the device's.
   them a program (``dense_row_tiles``), the KV prefix cut into ``num_splits`` chunks chosen by
   flash-attention 2's wave-efficiency heuristic (``choose_dense_splits``): ``dense_verify_plan``;
 - sparse: a group of C queries x G heads packed into ``M_PAD`` rows a program, its block list
-  cut into ``num_splits`` lists by wave balance (``choose_sparse_splits``), pipeline depth and
-  warps by tile size (``sparse_tile_shape``).
+  cut into ``num_splits`` parts by the waves of their walks (``choose_sparse_splits``),
+  pipeline depth and warps by tile size (``sparse_tile_shape``).
 """
 
 from __future__ import annotations
@@ -166,17 +166,15 @@ class SparseVerifyConfig:
         default=None,
         metadata={"help": "pipeline depth of the K/V loop (None: 3, or 2 for tiles > 16 KB)"},
     )
-    programs_per_sm: int = field(
-        default=2, metadata={"help": "programs one SM runs at once: the wave the splits fill"}
+    wave_warps: int = field(
+        default=8,
+        metadata={"help": "warps of programs one SM streams at once: the wave the splits fill"},
     )
-    split_overhead: float = field(
-        default=0.1,
-        metadata={"help": "relative cost of splitting (partials written, a merge launched)"},
+    program_blocks: float = field(
+        default=4.0,
+        metadata={"help": "a program's fixed cost beside its list walk, in K/V blocks"},
     )
-    min_blocks_per_split: int = field(
-        default=4, metadata={"help": "never split a list of top_n blocks finer than this"}
-    )
-    max_splits: int = field(default=16, metadata={"help": "upper bound on splits"})
+    max_splits: int = field(default=32, metadata={"help": "upper bound on splits"})
     num_splits: int | None = field(
         default=None, metadata={"help": "force this many splits (None: heuristic)"}
     )
@@ -186,13 +184,11 @@ class SparseVerifyConfig:
             raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
         if self.num_stages is not None and self.num_stages < 1:
             raise ValueError(f"num_stages must be >= 1 or None, got {self.num_stages}")
-        for name in ("programs_per_sm", "min_blocks_per_split"):
+        for name in ("wave_warps", "max_splits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_splits < 1:
-            raise ValueError(f"max_splits must be >= 1, got {self.max_splits}")
-        if not self.split_overhead >= 0.0:
-            raise ValueError(f"split_overhead must be >= 0, got {self.split_overhead}")
+        if not self.program_blocks >= 0.0:
+            raise ValueError(f"program_blocks must be >= 0, got {self.program_blocks}")
         if self.num_splits is not None and self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
 
@@ -200,20 +196,23 @@ class SparseVerifyConfig:
 DEFAULT_SPARSE_CONFIG = SparseVerifyConfig()
 
 
-def choose_sparse_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int) -> int:
-    """Splits per group's block list: the count that minimises the waves each list's share
-    of the work occupies, ``ceil(programs * s / wave) / s`` with ``wave = programs_per_sm x
-    SMs``, charged ``1 + split_overhead`` once split. One full wave is never split further
-    (the merge would cost more than it balances), a partial last wave is (``programs`` =
-    1.5 waves runs as 3 waves of half lists), and a batch-1 grid is split until it fills
-    one wave. At most ``max_splits`` and ``top_n / min_blocks_per_split``."""
+def choose_sparse_splits(
+    cfg: SparseVerifyConfig, lists: int, list_blocks: int, num_warps: int, num_sms: int
+) -> int:
+    """Splits per group list: the count under which the call's programs end soonest when each
+    wave of them lasts one program's walk, its share of the list plus a fixed cost:
+    ``cdiv(lists * s, wave) * (cdiv(list_blocks, s) + program_blocks)``, with ``wave = SMs x
+    (wave_warps // num_warps)`` programs (two of 4 warps an SM, one of 8). A grid of few
+    lists is split until its programs fill the wave; one of a list a slot or more is split
+    only where a program's walk is long beside the waves it adds. ``list_blocks``: a list's
+    entries, for a union list its bound (``C x`` a row's: the host does not know the union's
+    size). The fewest splits of the least cost, at most ``max_splits`` and ``list_blocks``."""
     if cfg.num_splits is not None:
         return cfg.num_splits
-    wave = cfg.programs_per_sm * num_sms
-    most = max(1, min(cfg.max_splits, top_n // cfg.min_blocks_per_split))
-    best, best_cost = 1, float(cdiv(programs, wave))
-    for s in range(2, most + 1):
-        cost = cdiv(programs * s, wave) / s * (1.0 + cfg.split_overhead)
+    wave = max(1, cfg.wave_warps // num_warps) * num_sms
+    best, best_cost = 1, math.inf
+    for s in range(1, max(1, min(cfg.max_splits, list_blocks)) + 1):
+        cost = cdiv(lists * s, wave) * (cdiv(list_blocks, s) + cfg.program_blocks)
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best

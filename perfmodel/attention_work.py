@@ -176,12 +176,17 @@ def dense_tile_costs(t, num_q_heads, num_kv_heads, head_dim: int) -> tuple[np.nd
     return out[inverse.ravel(), 0].reshape(shape), out[inverse.ravel(), 1].reshape(shape)
 
 
-def fill_sparse_splits(cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int) -> int:
+def fill_sparse_splits(
+    cfg: SparseVerifyConfig, programs: int, top_n: int, num_sms: int, programs_per_sm: int = 4
+) -> int:
     """The split rule of the sparse kernel that timed the committed H100 rows: split until the
-    grid fills one wave of ``programs_per_sm x SMs``, at most ``max_splits`` and ``top_n /
-    min_blocks_per_split``."""
-    want = cdiv(cfg.programs_per_sm * num_sms, programs)
-    return max(1, min(want, cfg.max_splits, top_n // cfg.min_blocks_per_split))
+    grid fills one wave of ``programs_per_sm x SMs`` (that kernel's wave: 4 programs an SM),
+    at most 16 splits and ``top_n / 4`` (a split walked 4 blocks or more); ``cfg.num_splits``
+    forces the count."""
+    if cfg.num_splits is not None:
+        return cfg.num_splits
+    want = cdiv(programs_per_sm * num_sms, programs)
+    return max(1, min(want, 16, top_n // 4))
 
 
 def sparse_verify_work(
@@ -214,10 +219,15 @@ def sparse_verify_work(
     c = 1 if mode == "per_query" else min(group_size, t)
     groups = cdiv(t, c)
     n_list = float(top_n if list_blocks is None else list_blocks)
-    m_pad, _, stages = sparse_tile_shape(config, c, num_q_heads, num_kv_heads, block_size, head_dim)
+    m_pad, num_warps, stages = sparse_tile_shape(
+        config, c, num_q_heads, num_kv_heads, block_size, head_dim
+    )
     lists = batch * num_kv_heads * groups
-    choose = choose_sparse_splits if split_rule == "wave_balance" else fill_sparse_splits
-    s = choose(config, lists, top_n, num_sms)
+    if split_rule == "wave_balance":
+        list_width = c * top_n if mode == "union" else top_n
+        s = choose_sparse_splits(config, lists, list_width, num_warps, num_sms)
+    else:
+        s = fill_sparse_splits(config, lists, top_n, num_sms)
     programs = lists * s
     resident = resident_programs(stages, block_size, m_pad, head_dim, smem_per_sm_bytes)
     kv_row = 2 * head_dim * ELEM_BYTES

@@ -163,11 +163,14 @@ def launch_plan(
     if split_rule not in SPLIT_RULES:
         raise ValueError(f"split_rule must be one of {SPLIT_RULES}, got {split_rule!r}")
     lists = s.batch * s.num_kv_heads * s.num_groups
-    choose = choose_sparse_splits if split_rule == "wave_balance" else fill_sparse_splits
-    splits = choose(config, lists, s.width, num_sms)
     m_pad, warps, stages = sparse_tile_shape(
         config, s.c, s.num_q_heads, s.num_kv_heads, s.block_size, s.head_dim
     )
+    if split_rule == "wave_balance":
+        list_width = s.c * s.width if s.mode == "union" else s.width
+        splits = choose_sparse_splits(config, lists, list_width, warps, num_sms)
+    else:
+        splits = fill_sparse_splits(config, lists, s.width, num_sms)
     return SparseLaunchPlan(splits, m_pad, warps, stages, lists * splits)
 
 

@@ -319,14 +319,17 @@ def test_gpu_cuda_graph_capture(mode):
     assert_close(o, ro, dtype, "o")
 
 
-def test_split_plan_fills_waves_without_splitting_a_full_one():
-    cfg, cpu = SparseVerifyConfig(), torch.device("cpu")  # 132 SMs x 2 programs: waves of 264
-    assert choose_num_splits(cfg, 256, 32, cpu) == 1  # one full wave
-    assert choose_num_splits(cfg, 2048, 32, cpu) == 1  # eight waves: splitting balances nothing
-    assert choose_num_splits(cfg, 384, 32, cpu) == 2  # 1.45 waves -> 3 balanced waves of half lists
-    assert choose_num_splits(cfg, 64, 32, cpu) == 4  # batch 1: split until one wave is full
-    assert choose_num_splits(cfg, 16, 32, cpu) == 8  # ... but never below 4 blocks a split
-    assert choose_num_splits(cfg, 16, 64, cpu) == 16  # max_splits
-    assert choose_num_splits(SparseVerifyConfig(num_splits=3), 256, 32, cpu) == 3
-    with pytest.raises(ValueError, match="split_overhead"):
-        SparseVerifyConfig(split_overhead=-1.0)
+def test_split_plan_ends_the_waves_of_walks_soonest():
+    cfg, cpu = SparseVerifyConfig(), torch.device("cpu")  # 132 SMs
+    # (lists, list blocks, warps): 4-warp programs fill waves of 264, 8-warp ones of 132
+    assert choose_num_splits(cfg, 256, 32, 4, cpu) == 1  # one full wave
+    assert choose_num_splits(cfg, 2048, 32, 4, cpu) == 1  # eight waves: splitting adds waves
+    assert choose_num_splits(cfg, 128, 16, 4, cpu) == 2  # batch 1: split until the wave is full
+    assert choose_num_splits(cfg, 16, 128, 4, cpu) == 16  # a union list's bound, C = 8
+    assert choose_num_splits(cfg, 16, 128, 8, cpu) == 8  # ... of 8-warp programs
+    assert choose_num_splits(cfg, 4, 16, 4, cpu) == 16  # never more splits than blocks
+    assert choose_num_splits(cfg, 384, 288, 4, cpu) == 2  # long walks: 3 waves of half lists
+    assert choose_num_splits(cfg, 1, 1024, 4, cpu) == cfg.max_splits
+    assert choose_num_splits(SparseVerifyConfig(num_splits=3), 256, 32, 4, cpu) == 3
+    with pytest.raises(ValueError, match="program_blocks"):
+        SparseVerifyConfig(program_blocks=-1.0)

@@ -77,8 +77,8 @@ def test_dense_plan_uses_the_row_tiles():
 
 
 def test_sparse_work_by_hand():
-    # per_query, batch 1, 8 KV heads, t = 16, top_n 16: 128 lists; wave balance on 264 slots
-    # splits them 2 ways (4 blocks a split at least), rows 1 x 4 heads -> M_PAD 16.
+    # per_query, batch 1, 8 KV heads, t = 16, top_n 16: 128 lists; 4-warp programs fill waves
+    # of 264, so the lists split 2 ways (one wave of 256); rows 1 x 4 heads -> M_PAD 16.
     w = sparse_verify_work(1, 16, 32, 8, 128, "per_query", 1, 16, 64, 132, SMEM)
     assert w.num_splits == 2 and w.programs == 256 and w.rows_pad == 16
     assert w.tiles_per_program == 8 + 1  # half the list, and the tail on the last split
