@@ -39,6 +39,9 @@ F32 = 4
 I32 = 4
 MODES = ("per_query", "union", "shared")
 SPLIT_RULES = ("wave_balance", "fill")
+# The head dimension whose MMA rows ``SparseWork.row_cost`` counts: a tile's MMAs over a row
+# grow with the row's dimensions.
+ROW_COST_DIM = 128
 DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
 
 
@@ -125,15 +128,18 @@ class SparseWork:
     - ``merge_steps``: partials the merge reads a row (``S``; 0 unsplit);
     - ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the
       program's warpgroups: 8 warps split a tile of 64 rows or more between two, which run
-      side by side) in ``mma.sync`` rows (``wgmma`` rows count half);
+      side by side) in ``mma.sync`` rows of ``ROW_COST_DIM`` head dimensions (``wgmma`` rows
+      count half; a row of head dimension ``D`` issues ``D / ROW_COST_DIM`` of such a row's
+      MMAs a K/V tile);
     - ``waves``: waves of programs over the SMs' resident slots (each pays a prologue: query
       tile, list base; and an epilogue: the output write);
     - ``plan_compares``: block-id compares of the union plan's busiest SM slot
       (``attention_work.union_plan_compares``);
-    - ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x
-      row_cost``, twice that when split: a program's epilogue writes its row tile after its
-      last K/V tile, unoverlapped (bf16 outputs, or fp32 partials -- twice the bytes -- for
-      the merge);
+    - ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x``
+      the warpgroup's rows (``row_cost`` at D = ``ROW_COST_DIM`` whatever the head dimension),
+      twice that when split: a program's epilogue writes its row tile after its last K/V
+      tile, unoverlapped (bf16 outputs, or fp32 partials -- twice the bytes -- for the
+      merge);
     - ``sm_tiles``: the call's K/V tiles over the SMs: each tile costs its SM issue slots (its
       block id's load and addresses, the MMAs and softmax of the row tile, the pipeline's
       wait), which the SM's resident programs share, so they add up per SM whatever the
@@ -244,6 +250,7 @@ def sparse_call_work(
     requested = lists * n_list * block_row + tail + io
     waves = cdiv(plan.programs, slots)
     rc = row_cost(plan.m_pad, plan.num_warps)
+    mma_rows = rc * s.head_dim / ROW_COST_DIM
     # 1 for mma.sync tiles, WGMMA_ROW_COST for wgmma ones: a warpgroup's rows at their rate.
     mma_rate = rc * max(1, plan.num_warps // WARPGROUP) / plan.m_pad
     # The tail counts once per group: each group's last split reads it after its list, apart
@@ -255,7 +262,7 @@ def sparse_call_work(
         mma_flops=float(total_tiles * s.block_size * plan.m_pad * s.head_dim * 4 * mma_rate),
         chain_tiles=float(max(busiest, total_tiles / slots)),
         merge_steps=float(splits if splits > 1 else 0),
-        row_cost=rc,
+        row_cost=mma_rows,
         waves=float(waves),
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms),
         row_waves=float(waves * rc * (2 if splits > 1 else 1)),

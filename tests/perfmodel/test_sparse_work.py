@@ -148,6 +148,19 @@ def test_group_size_and_geometry_change_the_row_tile():
     assert rows == {3: 16, 5: 32, 4: 32, 8: 32}
 
 
+def test_row_cost_counts_rows_of_128_dimensions():
+    """The same row tile at D = 64 issues half the MMAs of D = 128 a K/V tile: half the row
+    cost; the rows a slot writes in series (``row_waves``) count whole at either D."""
+    work = {
+        d: sparse_call_work(
+            dataclasses.replace(SHAPE, head_dim=d), num_sms=SMS, smem_per_sm_bytes=SMEM
+        )
+        for d in (64, 128)
+    }
+    assert work[64].row_cost == work[128].row_cost / 2 == 8
+    assert work[64].row_waves / work[64].waves == work[128].row_waves / work[128].waves
+
+
 def test_wgmma_tiles_count_their_flops_at_their_rate():
     """A tile a warpgroup issues as wgmma (64 rows a warpgroup: G = 16, C = 8 on 8 warps) counts
     half its FLOPs against the mma.sync tiles of C = 4 (32 rows a warpgroup), whose padded
