@@ -24,6 +24,7 @@ from ssvkit.perfmodel.attention_plan import (
     DEFAULT_SPARSE_CONFIG,
     choose_sparse_splits,
     dense_verify_plan,
+    list_entries,
     next_pow2,
     sparse_tile_shape,
 )
@@ -116,7 +117,7 @@ def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
         groups = -(-t // c)
         m_pad, warps, stages = sparse_tile_shape(DEFAULT_SPARSE_CONFIG, c, hq, hkv, bs, d)
         lists = mode == "union" and c > 1
-        width = c * top_n if lists else top_n
+        width = list_entries(mode, c, top_n)
         s = choose_sparse_splits(DEFAULT_SPARSE_CONFIG, bsz * hkv * groups, width, warps, num_sms)
         keys = {
             (

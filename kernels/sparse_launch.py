@@ -16,6 +16,7 @@ from ssvkit.kernels.group_plan import GroupPlan, build_group_plan
 from ssvkit.perfmodel.attention_plan import (
     SparseVerifyConfig,
     choose_sparse_splits,
+    list_entries,
     sparse_tile_shape,
 )
 
@@ -69,8 +70,8 @@ def plan_launch(
     ):
         raise ValueError(f"plan was built for other inputs (mode={plan.mode}, C={plan.group_size})")
     m_pad, num_warps, num_stages = sparse_tile_shape(cfg, c, h, hkv, block_size, d)
-    list_blocks = plan.block_lists.shape[3]  # a union list's bound, or a row's own list
-    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, list_blocks, num_warps, q.device)
+    entries = list_entries(mode, c, block_idx.shape[3])
+    num_splits = choose_num_splits(cfg, b * hkv * plan.num_groups, entries, num_warps, q.device)
     o = torch.empty_like(q)
     lse = torch.empty((b, h, t), dtype=torch.float32, device=q.device)
     if num_splits == 1:

@@ -196,6 +196,12 @@ class SparseVerifyConfig:
 DEFAULT_SPARSE_CONFIG = SparseVerifyConfig()
 
 
+def list_entries(mode: str, c: int, width: int) -> int:
+    """Entries of a group's block list, ``width`` a row's: a ``union`` list's bound, ``C x``
+    a row's (the host does not know the union's size), else a row's own list."""
+    return c * width if mode == "union" else width
+
+
 def choose_sparse_splits(
     cfg: SparseVerifyConfig, lists: int, list_blocks: int, num_warps: int, num_sms: int
 ) -> int:

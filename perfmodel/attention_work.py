@@ -21,6 +21,7 @@ from ssvkit.perfmodel.attention_plan import (
     choose_sparse_splits,
     dense_row_tiles,
     dense_verify_plan,
+    list_entries,
     sparse_tile_shape,
 )
 from ssvkit.perfmodel.nsa_plan import WGMMA_MIN_ROWS, WGMMA_ROW_COST
@@ -224,8 +225,8 @@ def sparse_verify_work(
     )
     lists = batch * num_kv_heads * groups
     if split_rule == "wave_balance":
-        list_width = c * top_n if mode == "union" else top_n
-        s = choose_sparse_splits(config, lists, list_width, num_warps, num_sms)
+        entries = list_entries(mode, c, top_n)
+        s = choose_sparse_splits(config, lists, entries, num_warps, num_sms)
     else:
         s = fill_sparse_splits(config, lists, top_n, num_sms)
     programs = lists * s

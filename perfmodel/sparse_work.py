@@ -22,6 +22,7 @@ from ssvkit.perfmodel.attention_plan import (
     SparseVerifyConfig,
     cdiv,
     choose_sparse_splits,
+    list_entries,
     sparse_tile_shape,
 )
 from ssvkit.perfmodel.attention_work import (
@@ -173,8 +174,8 @@ def launch_plan(
         config, s.c, s.num_q_heads, s.num_kv_heads, s.block_size, s.head_dim
     )
     if split_rule == "wave_balance":
-        list_width = s.c * s.width if s.mode == "union" else s.width
-        splits = choose_sparse_splits(config, lists, list_width, warps, num_sms)
+        entries = list_entries(s.mode, s.c, s.width)
+        splits = choose_sparse_splits(config, lists, entries, warps, num_sms)
     else:
         splits = fill_sparse_splits(config, lists, s.width, num_sms)
     return SparseLaunchPlan(splits, m_pad, warps, stages, lists * splits)
