@@ -164,13 +164,15 @@ def _fitted(
     name: str, rs: list[dict], fit_rows: list[dict], bw: float, peak: float, spec: GpuSpec
 ) -> ClassFit:
     """The class's fit on ``fit_rows``, with the log10 bytes and FLOPs range of all its rows
-    ``rs`` (held-out ones included)."""
+    ``rs`` (held-out ones included) and, for a class with a chain term, their longest chain."""
     cf = fit_class(name, fit_rows, bw, peak, spec)
     every = class_data(name, rs, spec)
+    chain = cf.t_depth_s > 0 or cf.t_depth_row_s > 0 or cf.t_depth_miss_s > 0
     return dataclasses.replace(
         cf,
         bytes_range=(float(np.log10(every.nbytes.min())), float(np.log10(every.nbytes.max()))),
         flops_range=(float(np.log10(every.flops.min())), float(np.log10(every.flops.max()))),
+        depth_max=float(every.depth.max()) if chain else 0.0,
     )
 
 

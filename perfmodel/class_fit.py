@@ -140,6 +140,9 @@ class ClassFit:
     # a figure outside them is an extrapolation.
     bytes_range: tuple[float, float] = (0.0, 0.0)
     flops_range: tuple[float, float] = (0.0, 0.0)
+    # The longest serial chain (depth) over every measured row of a class with a chain term
+    # (0: none): a call's longer chain is an extrapolation of that term.
+    depth_max: float = 0.0
     t_depth_s: float = 0.0  # t_k: seconds per unit of reduction depth
     t_step_s: float = 0.0  # t_s: seconds per serial step after the parallel part
     t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
@@ -152,13 +155,17 @@ class ClassFit:
     # ``perfmodel.repair_work``): the step model prices such a class with its op's ``slot_plan``.
     slot_plan: bool = False
 
-    def in_range(self, nbytes, flops, bw, peak):
+    def in_range(self, nbytes, flops, bw, peak, depth=None):
         """True where the binding term of the model lies inside the measured range: bytes
-        always (the fixed cost and memory term), FLOPs where the compute term binds. Below the
+        always (the fixed cost and memory term), FLOPs where the compute term binds, and the
+        serial chain (``depth``, when given) no longer than the longest measured one. Below the
         smallest measured bytes of a class whose smallest rows are launch-bound (their memory
         term under ``LAUNCH_BOUND_SHARE`` of ``t0``) a call is no extrapolation: fewer bytes
         can only take it from that edge's time toward ``t0``."""
         nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
+        ok_d = True
+        if depth is not None and self.depth_max > 0:
+            ok_d = np.asarray(depth, dtype=float) <= self.depth_max * (1 + 1e-9)
         lb, lf = _log_size(nbytes), _log_size(flops)
         tol = 1e-9
         edge = 10.0 ** self.bytes_range[0]
@@ -169,7 +176,7 @@ class ClassFit:
         eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
         ef = np.interp(lf, self.flops_knots, self.flops_eff)
         compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
-        return ok_b & (ok_f | ~compute_bound)
+        return ok_b & (ok_f | ~compute_bound) & ok_d
 
     def call_time_s(
         self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
@@ -211,6 +218,7 @@ class ClassFit:
             "l2_miss": self.l2_miss,
             "bytes_range": list(self.bytes_range),
             "flops_range": list(self.flops_range),
+            **({"depth_max": self.depth_max} if self.depth_max else {}),
             "t_depth_s": self.t_depth_s,
             "t_step_s": self.t_step_s,
             "t_row_s": self.t_row_s,
@@ -233,6 +241,7 @@ class ClassFit:
             l2_miss=d.get("l2_miss"),
             bytes_range=tuple(d["bytes_range"]),
             flops_range=tuple(d["flops_range"]),
+            depth_max=float(d.get("depth_max", 0.0)),
             t_depth_s=float(d.get("t_depth_s", 0.0)),
             t_step_s=float(d.get("t_step_s", 0.0)),
             t_row_s=float(d.get("t_row_s", 0.0)),

@@ -205,6 +205,23 @@ def test_below_a_launch_bound_class_s_smallest_rows_is_no_extrapolation():
     assert not slow.in_range(small, 0.0, bw, peak)
 
 
+def test_a_chain_longer_than_any_measured_one_is_an_extrapolation():
+    """The H100's few-lists sparse classes saw only split calls (short walks): a call whose
+    program walks a list longer than any of their rows did is flagged; the same bytes and
+    FLOPs with the longest measured walk are not, nor a class without a chain term."""
+    import dataclasses
+
+    fit = shipped_profile("h100-sxm").classes["sparse_verify/union/few_lists"]
+    bw, peak = 3e12, 1e15
+    nbytes, flops = 10 ** np.mean(fit.bytes_range), 0.0
+    assert fit.depth_max > 0
+    assert fit.in_range(nbytes, flops, bw, peak, fit.depth_max)
+    assert not fit.in_range(nbytes, flops, bw, peak, 2 * fit.depth_max)
+    assert fit.in_range(nbytes, flops, bw, peak)  # no chain given
+    no_chain = dataclasses.replace(fit, depth_max=0.0)
+    assert no_chain.in_range(nbytes, flops, bw, peak, 2 * fit.depth_max)
+
+
 def test_roofline_and_cross_architecture_predictions_carry_no_interval():
     roof = _predict(get_gpu("h100-sxm", measured=False))
     assert roof.spread() is None and "roofline" in roof.interval_note
