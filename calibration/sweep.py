@@ -1,8 +1,9 @@
 """GPU sweeps of the ops the step model counts besides the attention kernels: the linear layers
-(GEMMs at every registry model's shapes, M = 1..512 tokens) and the element-wise ops the decode
-loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy sampling over the vocabulary). One
-sealed row per config, CUDA-graph replay with a cold L2, resumable (``calibration.runner``, the
-kernel sweep's runner too; ``ssvkit calibrate`` runs both sweeps).
+(the engine's ``kernels.linear`` at every registry model's shapes, M = 1..512 tokens) and the
+element-wise ops the decode loop runs in plain torch (RMSNorm, SiLU-and-multiply, greedy
+sampling over the vocabulary). One sealed row per config, CUDA-graph replay with a cold L2,
+resumable (``calibration.runner``, the kernel sweep's runner too; ``ssvkit calibrate`` runs
+both sweeps).
 
     python -m ssvkit.calibration.sweep --out calibration/profiles/h100-sxm [--budget-s 540]
     # shard 1 of 4 (one process per GPU), skipping the rows the committed file has:
@@ -28,6 +29,7 @@ from ssvkit.calibration.kernel_plan import PlanCosts, timing_s
 from ssvkit.calibration.runner import STOPPED_AT_BUDGET, Runner, done_keys, read_rows
 from ssvkit.calibration.shards import Shard
 from ssvkit.kernels import timing as tm
+from ssvkit.kernels.linear import linear
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.models import get_model, model_names
 from ssvkit.perfmodel.rows import row_key
@@ -102,7 +104,7 @@ def gemm_sweep(s: Runner, models: dict | None = None) -> None:
             s.time_op(
                 "gemm",
                 params,
-                lambda i, xs=xs, ws=weights: F.linear(xs[i], ws[i]),
+                lambda i, xs=xs, ws=weights: linear(xs[i], ws[i]),
                 num_inputs=rot,
                 unique_bytes=w_bytes + 2 * (m * k + m * n),
                 flops=2 * m * n * k,

@@ -7,9 +7,9 @@ cache. So one forward serves prefill, the draft-tree verify step and the drafter
 
 Two backends: ``torch`` runs every op in torch (the reference; training needs it for autograd),
 ``triton`` the element-wise ops as fused ``kernels.layer_ops`` / ``kernels.rope_kv_write``
-launches (``CausalLM.forward``). Parameters are named like Hugging Face's ``LlamaForCausalLM``
-except that q/k/v and gate/up are fused into one projection each (one GEMM instead of three or
-two); ``engine.checkpoint`` maps the names.
+launches and the linear layers through ``kernels.linear`` (``CausalLM.forward``). Parameters
+are named like Hugging Face's ``LlamaForCausalLM`` except that q/k/v and gate/up are fused into
+one projection each (one GEMM instead of three or two); ``engine.checkpoint`` maps the names.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ssvkit.engine.cache import KVTarget
 from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.rope import apply_rope, expand_angles, rope_tables
 from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.linear import linear
 from ssvkit.kernels.rope_kv_write import rope_kv_write
 from torch import nn
 
@@ -42,6 +43,13 @@ class KVSink(Protocol):
 
     def target(self, layer: int) -> KVTarget:
         """The layer's cache views and the rows' slots (no allocation, no host read)."""
+
+
+def project(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` through ``kernels.linear`` (the weight-streaming kernel at decode row
+    counts): the triton backend's linear layers. Like its other kernels it records no autograd
+    graph; training runs the torch backend."""
+    return linear(x, layer.weight, layer.bias)
 
 
 class RMSNorm(nn.Module):
@@ -88,9 +96,10 @@ class Attention(nn.Module):
     def forward_fused(self, x, positions, cos_table, sin_table, kv: KVSink, attend, layer: int):
         """``forward`` with the q/k norm, rotary and the KV store in one Triton launch."""
         b, t, _ = x.shape
-        q = self.rope_store(self.qkv_proj(x), positions, cos_table, sin_table, kv.target(layer))
+        qkv = project(self.qkv_proj, x)
+        q = self.rope_store(qkv, positions, cos_table, sin_table, kv.target(layer))
         o = attend(layer, q)  # [B, t, H, D]
-        return self.o_proj(o.reshape(b, t, self.num_q_heads * self.head_dim))
+        return project(self.o_proj, o.reshape(b, t, self.num_q_heads * self.head_dim))
 
     def rope_store(self, qkv, positions, cos_table, sin_table, target: KVTarget) -> torch.Tensor:
         """``kernels.rope_kv_write`` of the projection ``qkv``: k and v stored at ``target``,
@@ -126,7 +135,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return project(self.down_proj, silu_mul(project(self.gate_up_proj, x)))
 
 
 class DecoderLayer(nn.Module):
@@ -189,8 +198,9 @@ class CausalLM(nn.Module):
         ``kernels.rope_kv_write`` launches, each residual add fused with the RMSNorm after it
         (the MLP's add with the next layer's input norm, the last one with the final norm),
         rotary and the KV store one launch that gathers the rope tables at the positions itself,
-        and ``silu(gate) * up`` one more. ``last_only`` computes the logits (and hidden states)
-        of the last row only (prefill). No host synchronisation.
+        ``silu(gate) * up`` one more, and the linear layers ``kernels.linear``. ``last_only``
+        computes the logits (and hidden states) of the last row only (prefill). No host
+        synchronisation.
         """
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -207,7 +217,7 @@ class CausalLM(nn.Module):
                 x = layer(x, cos, sin, kv, attend, i)
             hidden = self.model.norm(x[:, -1:] if last_only else x)
         head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-        logits = F.linear(hidden, head).float()
+        logits = (linear if backend == "triton" else F.linear)(hidden, head).float()
         return logits, (hidden if return_hidden else None)
 
     def _fused_layers(self, x, positions, kv: KVSink, attend: Attend, last_only: bool):

@@ -13,9 +13,11 @@ import math
 
 import torch
 from ssvkit.engine.attention import AttentionConfig, TreeAttention
+from ssvkit.engine.model import project
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.linear import linear
 from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
@@ -61,20 +63,26 @@ def layer_ops(
         return add_rms_norm(x, x, n.weight, n.eps)
 
     first, final = layers[0].input_layernorm, model.model.norm
+    triton_backend = runner.backend == "triton"
+
+    def lin(layer, a):  # the forward's linear layer
+        return project(layer, a) if triton_backend else layer(a)
+
+    head_op = linear if triton_backend else torch.nn.functional.linear
     ops = {
         "embed": (lambda i: model.model.embed_tokens(tokens), 1),
         "embed_norm": (lambda i: rms_norm(x, first.weight, first.eps), 1),
-        "qkv_proj": (lambda i: layers[i % num_l].self_attn.qkv_proj(x), num_l),
+        "qkv_proj": (lambda i: lin(layers[i % num_l].self_attn.qkv_proj, x), num_l),
         "rope_kv_write": (rope, num_l),
         "attention": (attend, refresh_layers),
-        "o_proj": (lambda i: layers[i % num_l].self_attn.o_proj(attn_o), num_l),
+        "o_proj": (lambda i: lin(layers[i % num_l].self_attn.o_proj, attn_o), num_l),
         "post_norm": (lambda i: norm(i, "post_attention_layernorm"), num_l),
-        "gate_up_proj": (lambda i: layers[i % num_l].mlp.gate_up_proj(x), num_l),
+        "gate_up_proj": (lambda i: lin(layers[i % num_l].mlp.gate_up_proj, x), num_l),
         "silu_mul": (lambda i: silu_mul(inter), num_l),
-        "down_proj": (lambda i: layers[i % num_l].mlp.down_proj(act), num_l),
+        "down_proj": (lambda i: lin(layers[i % num_l].mlp.down_proj, act), num_l),
         "input_norm": (lambda i: norm(i, "input_layernorm"), num_l - 1),
         "final_norm": (lambda i: add_rms_norm(x, x, final.weight, final.eps), 1),
-        "lm_head": (lambda i: torch.nn.functional.linear(x, head).float(), 1),
+        "lm_head": (lambda i: head_op(x, head).float(), 1),
     }
     if num_l - refresh_layers > 0:
         # The reuse op includes one refresh call; subtract it with the refresh op's time below.
