@@ -7,8 +7,9 @@ bandwidth. ``linear`` then runs one Triton launch that computes ``y.T`` tile by 
 output rows of the weight against all of ``x``'s rows, so the MMA's wide side is the weight's)
 and splits the input dimension over ``split`` programs a tile where the tiles alone leave SMs
 idle: those programs write fp32 partials and the last to arrive sums them
-(``arrivals.last_to_arrive``), in the same launch. Above ``MAX_ROWS`` rows, or on a CPU without
-the Triton interpreter, it is ``torch.nn.functional.linear``.
+(``arrivals.last_to_arrive``), in the same launch. Above ``MAX_ROWS`` rows, for weights small
+enough that a launch's latency bounds them, or on a CPU without the Triton interpreter, it is
+``torch.nn.functional.linear``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from ssvkit.kernels.dense_verify import dot_precision
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import INTERPRETED
 
-# Rows up to which the weight-streaming kernel runs: at 64 rows a bf16 layer does 64 FLOPs
-# per weight byte, a third of the H200's ratio of GEMM rate to copy rate, and a GEMM library's
-# tiles serve larger row counts as well.
-MAX_ROWS = 64
+# Where the weight-streaming kernel runs: few rows against a weight large enough that its bytes,
+# not a launch's latency, bound the layer. Beyond these bounds a GEMM library's kernels are as
+# fast or faster on the H200 (``calibration/profiles/h200/op_sweep.jsonl``'s gemm rows time
+# whichever ``linear`` runs).
+MAX_ROWS = 32
+MIN_WEIGHT_BYTES = 16 * 2**20
 # Shared memory a program's pipeline may take when programs share an SM, and its depth.
 STAGE_BYTES_BUDGET = 100 * 1024
 MAX_STAGES = 5
@@ -139,12 +142,15 @@ def linear(
     config: LinearConfig | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` (``F.linear``'s contract) in ``x``'s dtype with fp32
-    accumulation: the weight-streaming kernel for at most ``MAX_ROWS`` rows (leading
-    dimensions flattened) on the GPU or the interpreter, ``F.linear`` otherwise. ``config``
-    overrides ``linear_config``'s launch."""
+    accumulation: on the GPU or the interpreter, the weight-streaming kernel where
+    ``streams_weight`` says so (rows counted with leading dimensions flattened) or a ``config``
+    asks for it (at most ``MAX_ROWS`` rows), ``F.linear`` otherwise. ``config`` overrides
+    ``linear_config``'s launch."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows > MAX_ROWS or not (x.is_cuda or INTERPRETED):
+    if not (x.is_cuda or INTERPRETED) or not (config is not None or streams_weight(rows, weight)):
         return F.linear(x, weight, bias)
+    if rows > MAX_ROWS:
+        raise ValueError(f"the weight-streaming kernel takes at most {MAX_ROWS} rows, got {rows}")
     _check(x, weight, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -190,6 +196,12 @@ def linear(
         num_warps=cfg.num_warps,
     )
     return y.reshape(*lead, n)
+
+
+def streams_weight(rows: int, weight: torch.Tensor) -> bool:
+    """Whether ``linear`` runs ``rows`` rows against ``weight`` on the weight-streaming kernel
+    (else ``F.linear``): few rows against a weight too large for launch latency to dominate."""
+    return rows <= MAX_ROWS and weight.numel() * weight.element_size() >= MIN_WEIGHT_BYTES
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

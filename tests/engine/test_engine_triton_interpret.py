@@ -16,6 +16,7 @@ from ssvkit.engine.loop import Engine
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels import linear as linear_kernel
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 pytestmark = pytest.mark.skipif(
@@ -129,11 +130,15 @@ FAMILIES = {
 }
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["library_linear", "streamed_linear"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_fused_layer_ops_match_the_torch_path(family):
+def test_fused_layer_ops_match_the_torch_path(family, streamed, monkeypatch):
     """The fused norms, rotary + KV store and SwiGLU give the torch path's logits, hidden states
     and cache, through prefill (equal-length prompts in rows 0 and 2: two runs of adjacent rows)
-    and a verify forward."""
+    and a verify forward; ``streamed``: the linear layers of the verify forward's 21 rows on the
+    weight-streaming kernel (whatever their weights' size), GLM's q/k/v bias included."""
+    if streamed:
+        monkeypatch.setattr(linear_kernel, "MIN_WEIGHT_BYTES", 0)
     model = tiny_model(FAMILIES[family], seed=6)
     prompts = random_prompts([12, 7, 12], seed=5)
     tree = DraftTree.from_spec("full:2x2", "position")

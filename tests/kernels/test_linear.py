@@ -11,7 +11,14 @@ import pytest
 import torch
 from kernel_helpers import HAS_CUDA
 from ssvkit.kernels.arrivals import counter_buffers
-from ssvkit.kernels.linear import MAX_ROWS, LinearConfig, linear, linear_config
+from ssvkit.kernels.linear import (
+    MAX_ROWS,
+    MIN_WEIGHT_BYTES,
+    LinearConfig,
+    linear,
+    linear_config,
+    streams_weight,
+)
 from ssvkit.kernels.timing import poisoned_allocations
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -40,7 +47,7 @@ CASES = [
     ((1,), 100, 300, None),
     ((2, 3), 130, 520, 3),
     ((1, 16), 64, 256, 2),
-    ((33,), 200, 1000, 4),
+    ((31,), 200, 1000, 4),
     ((MAX_ROWS,), 70, 129, 2),
 ]
 
@@ -53,22 +60,28 @@ def test_matches_reference(case, bias, dtype):
         dtype = torch.float16
     lead, n, k, split = case
     x, w, b = _case(lead, n, k, dtype, bias, seed=n + k)
-    cfg = None if split is None else LinearConfig(block_n=64, block_k=64, split=split)
+    cfg = LinearConfig(block_n=64, block_k=64, split=split or 1)
     with poisoned_allocations():
         y = linear(x, w, b, config=cfg)
     _check(y, x, w, b, dtype)
     assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(x.device))
 
 
-def test_strided_rows_and_many_rows():
-    """Rows at a stride (a slice of a wider projection) go through the kernel as they are; more
-    than MAX_ROWS rows are F.linear's."""
+def test_strided_rows_and_where_the_kernel_runs():
+    """Rows at a stride (a slice of a wider projection) go through the kernel as they are; the
+    kernel runs for few rows against a large weight, F.linear elsewhere, and a launch asked of
+    more rows than the kernel takes is refused."""
     x, w, _ = _case((5,), 48, 96, torch.float32, False, seed=1)
     wide = torch.cat([x, x], dim=1)[:, :96]
     assert wide.stride(0) == 192
-    _check(linear(wide, w), wide, w, None, torch.float32)
+    _check(linear(wide, w, config=LinearConfig(block_k=32)), wide, w, None, torch.float32)
     many, w2, b2 = _case((MAX_ROWS + 1,), 16, 32, torch.float32, True, seed=2)
     _check(linear(many, w2, b2), many, w2, b2, torch.float32)
+    with pytest.raises(ValueError, match="at most"):
+        linear(many, w2, b2, config=LinearConfig())
+    big = torch.empty((MIN_WEIGHT_BYTES // 2 // 1024, 1024), dtype=torch.bfloat16, device="meta")
+    assert streams_weight(MAX_ROWS, big) and not streams_weight(MAX_ROWS + 1, big)
+    assert not streams_weight(1, big[:-1])
 
 
 def test_launch_rule():
@@ -98,14 +111,14 @@ def test_rejects_bad_inputs(x_shape, w_shape, kw, match):
     w = torch.zeros(w_shape, dtype=kw.get("w_dtype", torch.float32), device=DEV)
     b = torch.zeros(kw["bias"], device=DEV) if "bias" in kw else None
     with pytest.raises(ValueError, match=match):
-        linear(x, w, b)
+        linear(x, w, b, config=LinearConfig())
     with pytest.raises(ValueError, match="split"):
         LinearConfig(split=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize("rows", [1, 16, MAX_ROWS])
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096)])
 def test_gpu_bf16_matches_reference(rows, n, k):
     x, w, b = _case((rows,), n, k, torch.bfloat16, n == 6144, seed=rows)
