@@ -29,6 +29,7 @@ from ssvkit.engine.loop import Engine
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
+from ssvkit.kernels import linear as linear_kernel
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 pytestmark = [
@@ -320,12 +321,17 @@ def test_append_captures_at_start_and_equals_extend():
         assert (a - e.float()).abs().max() <= 2e-2 * e.float().abs().max()
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["library_linear", "streamed_linear"])
 @pytest.mark.parametrize("case", ["dense_draft_model", "union_sparse"])
-def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, monkeypatch):
+def test_fp32_greedy_speculative_equals_autoregressive_exactly(case, streamed, monkeypatch):
     """In fp32 (IEEE dots in the kernels, no TF32 in cuBLAS) the t-row and 1-row paths differ
     by ~1e-7 relative, far below the gaps between block scores or logits: greedy speculative
-    decoding must match greedy AR token for token, sparse union selection included."""
+    decoding must match greedy AR token for token, sparse union selection included;
+    ``streamed``: every linear layer of few rows on ``kernels.linear``'s weight-streaming
+    kernel, whatever its weight's size."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    if streamed:
+        monkeypatch.setattr(linear_kernel, "MIN_WEIGHT_BYTES", 0)
     spec, ar = CASES[case]
     model = _model(dtype=torch.float32)
     draft = _model(seed=0, noise=0.3, dtype=torch.float32)
