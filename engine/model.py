@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ssvkit.engine.cache import KVTarget
 from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.rope import apply_rope, expand_angles, rope_tables
-from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.layer_ops import add_rms_norm, embed, rms_norm, silu_mul
 from ssvkit.kernels.linear import linear
 from ssvkit.kernels.rope_kv_write import rope_kv_write
 from torch import nn
@@ -198,16 +198,17 @@ class CausalLM(nn.Module):
         ``kernels.rope_kv_write`` launches, each residual add fused with the RMSNorm after it
         (the MLP's add with the next layer's input norm, the last one with the final norm),
         rotary and the KV store one launch that gathers the rope tables at the positions itself,
-        ``silu(gate) * up`` one more, and the linear layers ``kernels.linear``. ``last_only``
-        computes the logits (and hidden states) of the last row only (prefill). No host
-        synchronisation.
+        ``silu(gate) * up`` one more, the token embedding one gather, and the linear layers
+        ``kernels.linear``. ``last_only`` computes the logits (and hidden states) of the last
+        row only (prefill). No host synchronisation.
         """
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        x = self.model.embed_tokens(tokens)
         if backend == "triton":
+            x = embed(tokens, self.model.embed_tokens.weight)
             hidden = self._fused_layers(x, positions, kv, attend, last_only)
         else:
+            x = self.model.embed_tokens(tokens)
             cos, sin = expand_angles(
                 self.rope_cos[positions],
                 self.rope_sin[positions],

@@ -1,12 +1,14 @@
-"""The decoder layer's norms and SwiGLU activation, one launch each (``kernels.rope_kv_write``
-holds the layer's third fused op, rotary with the KV-cache store).
+"""The decoder layer's norms and SwiGLU activation and the forward's token embedding, one launch
+each (``kernels.rope_kv_write`` holds the layer's third fused op, rotary with the KV-cache
+store).
 
 At decode sizes (a few rows of 4K-16K elements) these ops are bound by launch and memory latency,
 not bandwidth, so each is a single kernel that reads its inputs once: ``rms_norm``,
 ``add_rms_norm`` (the residual add fused with the norm that follows it) and ``silu_mul``, each
-computed in fp32 and returned in its input's dtype. Rows up to ``MAX_NORM_BLOCK`` elements stay
-in registers (wider ones take a second pass), and rows narrower than a ``TILE`` are packed
-several to a program.
+computed in fp32 and returned in its input's dtype, and ``embed``, the gather of the tokens'
+rows (torch's embedding takes a slower path for a dozen or so ids). Rows up to
+``MAX_NORM_BLOCK`` elements stay in registers (wider ones take a second pass), and rows
+narrower than a ``TILE`` are packed several to a program.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ssvkit.kernels.checks import check_float_dtype
 MAX_NORM_BLOCK = 16384  # widest row a norm keeps in registers
 TILE = 4096  # elements of a program's tile: narrow rows are packed several to a program
 SILU_BLOCK = 1024
+EMBED_BLOCK = 1024  # elements of a gather program's tile
 
 
 @triton.jit
@@ -101,6 +104,26 @@ def _silu_mul_kernel(
     y = gate / (1.0 + tl.exp(-gate)) * up  # torch's silu: x / (1 + exp(-x))
     dst = out_ptr + (rows * NUM_COLS)[:, None] + cols[None, :]
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _embed_kernel(
+    ids_ptr,
+    table_ptr,
+    out_ptr,
+    NUM_ROWS,
+    NUM_COLS,
+    stride_t,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < NUM_ROWS
+    ids = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    mask = row_ok[:, None] & (cols < NUM_COLS)[None, :]
+    v = tl.load(table_ptr + (ids * stride_t)[:, None] + cols[None, :], mask=mask)
+    tl.store(out_ptr + (rows * NUM_COLS)[:, None] + cols[None, :], v, mask=mask)
 
 
 def norm_eps(eps: float | None) -> float:
@@ -229,6 +252,32 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         grid = (triton.cdiv(n, per_program), triton.cdiv(cols, block))
         _silu_mul_kernel[grid](
             rows, out, n, cols, rows.stride(0), ROWS=per_program, BLOCK=block, num_warps=4
+        )
+    return out
+
+
+def embed(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``F.embedding(ids, table)``: the rows ``table[ids]``, ``[*ids.shape, D]``, one launch of
+    tiles of ``EMBED_BLOCK`` elements (a few rows of a wide table a program, or a slice of one
+    row). Every id must lie in ``[0, V)``; the gather does not check them on the device."""
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ids must be int32 or int64, got {ids.dtype}")
+    check_float_dtype("table", table)
+    if table.dim() != 2 or table.stride(1) != 1 or table.device != ids.device:
+        raise ValueError(
+            f"table must be [V, D] with unit stride along D on {ids.device}, got shape "
+            f"{tuple(table.shape)}, strides {table.stride()} on {table.device}"
+        )
+    flat = ids.reshape(-1).contiguous()
+    cols = table.shape[1]
+    out = torch.empty((*ids.shape, cols), dtype=table.dtype, device=table.device)
+    n = flat.numel()
+    if n and cols:
+        block = min(triton.next_power_of_2(cols), EMBED_BLOCK)
+        per_program = EMBED_BLOCK // block
+        grid = (triton.cdiv(n, per_program), triton.cdiv(cols, block))
+        _embed_kernel[grid](
+            flat, table, out, n, cols, table.stride(0), ROWS=per_program, BLOCK=block, num_warps=4
         )
     return out
 

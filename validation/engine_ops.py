@@ -16,7 +16,7 @@ from ssvkit.engine.attention import AttentionConfig, TreeAttention
 from ssvkit.engine.model import project
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
-from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.layer_ops import add_rms_norm, embed, rms_norm, silu_mul
 from ssvkit.kernels.linear import linear
 from ssvkit.kernels.timing import (
     TimingConfig,
@@ -69,8 +69,9 @@ def layer_ops(
         return project(layer, a) if triton_backend else layer(a)
 
     head_op = linear if triton_backend else torch.nn.functional.linear
+    embed_op = embed if triton_backend else torch.nn.functional.embedding
     ops = {
-        "embed": (lambda i: model.model.embed_tokens(tokens), 1),
+        "embed": (lambda i: embed_op(tokens, model.model.embed_tokens.weight), 1),
         "embed_norm": (lambda i: rms_norm(x, first.weight, first.eps), 1),
         "qkv_proj": (lambda i: lin(layers[i % num_l].self_attn.qkv_proj, x), num_l),
         "rope_kv_write": (rope, num_l),

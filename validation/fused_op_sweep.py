@@ -12,7 +12,6 @@ so ``calibration.fit`` fits the classes the step model prices the fused path wit
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from ssvkit.calibration.runner import Runner
 from ssvkit.calibration.sweep import ACT, TOKENS, swept_models
 from ssvkit.engine.cache import KVCache
@@ -130,8 +129,8 @@ def fused_ops(s: Runner, models: dict | None = None, device: str = "cuda") -> No
     """The ``fused`` group: after ``check_fused``, one row per (m, shape) and op at the swept
     models' (or ``models``') shapes: ``add_rms_norm`` over m rows of width d, ``rope_kv_write``
     of m rows into the cache's tail (a batch of 1 after a ``PREFIX``-token prefix), ``silu_mul``
-    of m rows of 2F, the embedding gather of m tokens (``impl: engine``: the engine's torch
-    call)."""
+    of m rows of 2F, the embedding gather of m tokens (``impl: engine``: the engine's gather,
+    ``kernels.layer_ops.embed``)."""
     gen = torch.Generator(device=device).manual_seed(4)
     check_fused(gen, device, ACT if device == "cuda" else torch.float32)
     norm, rope, act, embed = FUSED_CLASSES
@@ -201,7 +200,7 @@ def fused_ops(s: Runner, models: dict | None = None, device: str = "cuda") -> No
             s.time_op(
                 embed,
                 params,
-                lambda i, ids=ids, table=table: F.embedding(ids[i], table),
+                lambda i, ids=ids, table=table: layer_ops.embed(ids[i], table),
                 num_inputs=len(ids),
                 unique_bytes=fused_bytes(embed, params),
                 flops=0,

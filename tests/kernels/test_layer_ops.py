@@ -15,6 +15,7 @@ from kernel_helpers import assert_close
 from ssvkit.engine.rope import apply_rope, expand_angles
 from ssvkit.kernels.layer_ops import (
     add_rms_norm,
+    embed,
     reference_add_rms_norm,
     reference_rms_norm,
     reference_silu_mul,
@@ -89,6 +90,25 @@ def test_silu_mul_matches_reference_and_the_mlp(shape, dtype, device):
     assert_close(out, reference_silu_mul(gu), dtype, "o")
     gate, up = gu.chunk(2, dim=-1)  # engine.model.MLP: two roundings instead of one
     assert_close(out, F.silu(gate) * up, dtype, "o")
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize(
+    "ids_shape, vocab, width", [((1, 1), 7, 4096), ((3, 5), 300, 96), ((13,), 50, 2500)]
+)
+def test_embed_is_the_table_rows(ids_shape, vocab, width, dtype, ids_dtype, device):
+    """Rows packed several to a program, a row over several programs, widths that are not
+    powers of two; repeated ids; bit for bit ``F.embedding``."""
+    table = _rand((vocab, width), dtype, 5, device)
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, vocab, ids_shape, generator=gen).to(ids_dtype).to(device)
+    with poisoned_allocations():
+        out = embed(ids, table)
+    assert out.shape == (*ids_shape, width) and out.dtype == dtype
+    assert torch.equal(out, F.embedding(ids.long(), table))
+    cols = table[:, ::2]  # rows at a stride wider than their width
+    assert torch.equal(embed(ids, cols.contiguous()[:, :7]), F.embedding(ids.long(), cols[:, :7]))
 
 
 def _rope_case(geometry, bsz, t, dtype, seed, device):
@@ -282,6 +302,9 @@ def test_norms_and_silu_reject_bad_inputs(device):
         (lambda: add_rms_norm(x, None, w), "delta must be a tensor"),
         (lambda: silu_mul(x[:, :7]), "last dim must be even, got 7"),
         (lambda: silu_mul(x.long()), "gate_up dtype"),
+        (lambda: embed(x, x), "ids must be int32 or int64"),
+        (lambda: embed(x.long(), x.t()), "table must be"),
+        (lambda: embed(x.long(), x.long()), "table dtype"),
     ):
         with pytest.raises(ValueError, match=message):
             call()
@@ -301,6 +324,9 @@ def test_gpu_bf16_matches_references_and_the_engine_path(bsz, t):
     assert_close(normed, reference_rms_norm(x + delta, w, EPS), dt, "o")
     assert_close(normed, _torch_norm(x + delta, w), dt, "o")
     assert_close(act, reference_silu_mul(gu), dt, "o")
+    table = _rand((128256, 4096), dt, 5, dev)
+    ids = torch.randint(0, 128256, (bsz, t), device=dev)
+    assert torch.equal(embed(ids, table), F.embedding(ids, table))
     for geometry in (GEOMETRIES[0], (64, 8, 128, 128, False, True), (32, 2, 128, 64, True, False)):
         qkv, cos_t, sin_t, pos, kv, slots, kw = _rope_case(geometry, bsz, t, dt, t, dev)
         with poisoned_allocations():
