@@ -8,7 +8,8 @@ python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; no
 ``<!-- name:end -->`` markers) to what fills it: the calibration's accuracy and transfer sets
 (``ssvkit validate --markdown``), the committed profiles' prediction intervals, the planner
 evaluations, the seeds' headline figures (``ssvkit papers --markdown``), the scale campaigns'
-tokens/s, the sparse path's kernels against their floor targets, the NSA stages and launches
+tokens/s, the sparse path's kernels and the engine's linear layers against their floors, the NSA
+stages and launches
 and the engine's verify step, each read from its measurements under ``validation/data/`` or
 ``calibration/profiles/``; the text around each block names its data file.
 """
@@ -264,6 +265,32 @@ def floor_targets_block(gpu: str, batches: tuple[int, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def linear_floor_block(gpu: str, model: str, rows: tuple[int, ...]) -> str:
+    """The linear layers of ``model`` at ``rows`` rows on ``gpu``: each committed graph-timed
+    gemm row's time (``kernels.linear``, as the engine runs it) and its ratio to its floor, the
+    bytes it moves over the copy bandwidth measured in the same run."""
+    table: dict[tuple[int, int], dict[int, dict]] = {}
+    names: dict[tuple[int, int], str] = {}
+    for r in load_rows(PROFILES / gpu / "op_sweep.jsonl"):
+        p = r["params"]
+        layers = [u[len(model) + 1 :] for u in p.get("used_by", ()) if u.startswith(model + ".")]
+        if r["op"] != "gemm" or r["timing"] != "graph" or p.get("l2") or not layers:
+            continue
+        shape = (p["n"], p["k"])
+        names[shape] = ", ".join(layers)
+        table.setdefault(shape, {})[p["m"]] = r
+    heads = (f"{m} row{'s' * (m > 1)}: us (x floor)" for m in rows)
+    lines = markdown_header(("layer", "N x K", *heads))
+    for shape in sorted(table, key=lambda s: s[0] * s[1]):
+        cells = []
+        for m in rows:
+            r = table[shape].get(m)
+            floor = r["unique_bytes"] / r["copy_bytes_per_s"] if r else 0.0
+            cells.append(f"{r['median_s'] * 1e6:.1f} ({r['median_s'] / floor:.2f})" if r else "")
+        lines.append(markdown_row((names[shape], f"{shape[0]} x {shape[1]}", *cells)))
+    return "\n".join(lines) + "\n"
+
+
 def _ratio(x: float) -> str:
     return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
@@ -294,6 +321,7 @@ BLOCKS = {
     ),
     "floors-h100": lambda: floor_targets_block("h100-sxm", (1, 16, 64)),
     "floors-h200": lambda: floor_targets_block("h200", (1, 4, 16)),
+    "linear-h200": lambda: linear_floor_block("h200", "llama-3.1-8b", (1, 16, 32, 64)),
     "nsa-stages": lambda: calls_markdown(_stage_rows()),
     "nsa-stages-pdl": lambda: pdl_markdown(_stage_rows()),
     "nsa-launches": lambda: launches_markdown(
