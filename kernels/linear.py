@@ -149,6 +149,8 @@ def linear(
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not (x.is_cuda or INTERPRETED) or not (config is not None or streams_weight(rows, weight)):
         return F.linear(x, weight, bias)
+    if x.shape[-1] == 0:  # no input columns: nothing to stream, the bias alone
+        return F.linear(x, weight, bias)
     if rows > MAX_ROWS:
         raise ValueError(f"the weight-streaming kernel takes at most {MAX_ROWS} rows, got {rows}")
     _check(x, weight, bias)
@@ -161,8 +163,6 @@ def linear(
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y.reshape(*lead, n)
-    if k == 0:
-        return y.zero_().add_(bias if bias is not None else 0).reshape(*lead, n)
     cfg = config or linear_config(m, n, k, num_sms(x.device))
     tiles = triton.cdiv(n, cfg.block_n)
     k_steps = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split)
