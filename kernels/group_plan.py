@@ -2,9 +2,9 @@
 head, query group) program streams, and for which members.
 
 ``union`` plans come from one small Triton kernel that deduplicates by comparing each member's
-list with all the others' (C^2 x top_n^2 compares in C wide steps: no sort, no host
-synchronisation); ``per_query`` and ``shared`` stream rows of ``block_idx`` directly. A plan is
-built once per refresh and shared by the layers that reuse its selection.
+list with all the others' (C^2 x top_n^2 compares in C wide steps) and sorts the union in
+registers (no host synchronisation); ``per_query`` and ``shared`` stream rows of ``block_idx``
+directly. A plan is built once per refresh and shared by the layers that reuse its selection.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ class GroupPlan:
         ``ceil(t / group_size)``.
     block_lists : torch.Tensor
         ``union``: ``[B, Hkv, num_groups, group_size * top_n]`` int32, the deduplicated union,
-        compacted to the front in first-occurrence order (member 0's blocks, then member 1's new
-        ones, ...), ``-1`` after. ``per_query`` / ``shared``: ``block_idx`` itself, indexed by the
-        query row of the group's first member.
+        ascending, compacted to the front, ``-1`` after. ``per_query`` / ``shared``:
+        ``block_idx`` itself, indexed by the query row of the group's first member.
     member_mask : torch.Tensor or None
         ``union``: ``[B, Hkv, num_groups, group_size * top_n]`` int32, bit ``c`` set when member
         ``c`` (position ``g * group_size + c`` in ``order``) selected the block.
@@ -80,10 +79,11 @@ def _union_plan_kernel(
     C: tl.constexpr,
     N_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
-    U_BLOCK: tl.constexpr,
+    C_PAD: tl.constexpr,
     HAS_ORDER: tl.constexpr,
 ):
     tl.static_assert(C <= 31)  # membership bits live in an int32
+    NO_BLOCK: tl.constexpr = 0x7FFFFFFFFFFFFFFF  # sorts after every (id << 32 | bits) key
     tl.static_assert(CHUNK % N_PAD == 0)
     MEMBERS_PER_CHUNK: tl.constexpr = CHUNK // N_PAD
     g = tl.program_id(0)
@@ -97,6 +97,8 @@ def _union_plan_kernel(
     offs_f = tl.arange(0, CHUNK)
     member_f = offs_f // N_PAD
     total = tl.full([], 0, tl.int32)  # a tensor, so the loop can carry it
+    members = tl.arange(0, C_PAD)
+    keys = tl.full([C_PAD, N_PAD], NO_BLOCK, tl.int64)
     for c in range(0, C):
         slot = g * C + c
         if HAS_ORDER:
@@ -126,21 +128,22 @@ def _union_plan_kernel(
             hit = tl.where(mine[:, None] == theirs[None, :], their_bit[None, :], 0)
             bits = bits | tl.reduce(hit, 1, _bit_or)
         bits = tl.where(mine >= 0, bits, 0)
-        # The first member that selected a block owns its slot in the compacted list.
+        # The first member that selected a block owns it; each owned block's key (id, bits)
+        # takes the member's row of the sort tile, the others sort last.
         owner = ((bits & ((1 << c) - 1)) == 0) & (mine >= 0)
-        owner_i = owner.to(tl.int32)
-        dest = total + tl.cumsum(owner_i, axis=0) - 1
-        tl.store(list_ptr + out_base + dest, mine, mask=owner)
-        tl.store(mask_ptr + out_base + dest, bits, mask=owner)
-        total += tl.sum(owner_i, axis=0)
+        key = (mine.to(tl.int64) << 32) | bits.to(tl.int64)
+        keys = tl.where((members == c)[:, None] & owner[None, :], key[None, :], keys)
+        total += tl.sum(owner.to(tl.int32), axis=0)
     tl.store(count_ptr + (b * tl.num_programs(1) + h) * num_groups + g, total)
-    # Positions past the union get -1 / 0; they never overlap the owners' stores above.
-    list_len = C * top_n
-    for start in range(0, list_len, U_BLOCK):
-        p = start + tl.arange(0, U_BLOCK)
-        pad = (p >= total) & (p < list_len)
-        tl.store(list_ptr + out_base + p, tl.full([U_BLOCK], -1, tl.int32), mask=pad)
-        tl.store(mask_ptr + out_base + p, tl.zeros([U_BLOCK], dtype=tl.int32), mask=pad)
+    # Ascending block ids: the group's programs walk the context in the order the other
+    # groups' (and per-query rows') programs of the KV head do, so L2 serves the blocks they
+    # share while they are in flight.
+    keys = tl.sort(tl.reshape(keys, [C_PAD * N_PAD]))
+    p = tl.arange(0, C_PAD * N_PAD)
+    used = p < total
+    on = p < C * top_n
+    tl.store(list_ptr + out_base + p, tl.where(used, (keys >> 32).to(tl.int32), -1), mask=on)
+    tl.store(mask_ptr + out_base + p, tl.where(used, (keys & 0x7FFFFFFF).to(tl.int32), 0), mask=on)
 
 
 def build_group_plan(
@@ -205,7 +208,8 @@ def build_group_plan(
         C=c,
         N_PAD=n_pad,
         CHUNK=max(n_pad, min(n_pad * triton.next_power_of_2(c), _PLAN_TILE // n_pad)),
-        U_BLOCK=min(1024, max(16, triton.next_power_of_2(list_len))),
+        C_PAD=triton.next_power_of_2(c),
         HAS_ORDER=order is not None,
+        num_warps=min(16, max(4, triton.next_power_of_2(c) * n_pad // 256)),
     )
     return GroupPlan(mode, c, num_groups, lists, masks, counts, order)
