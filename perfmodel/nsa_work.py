@@ -90,8 +90,9 @@ class NsaWork:
       compressed tokens once per tile of their launch, the window once per tile, the tile's
       own union of selected blocks), queries, outputs, gates, the fp32 slot partials a merge
       reads back, an unfused call's branch outputs, a refresh call's block scores;
-      ``unique_bytes``: the same with the compressed tokens and the window once per
-      (sequence, KV head) -- the other tiles' reads of them may hit L2;
+      ``unique_bytes``: the same with the compressed tokens, the window and the union of
+      every draft row's selected blocks once per (sequence, KV head) -- the other tiles' reads
+      of them may hit L2 (a head's row tiles walk their ascending block lists side by side);
     - ``chain_tiles``: key tiles in series, summed over the parts: per part the busiest
       program's slice, or the part's tiles over its resident programs when the grid overfills
       the SMs (``resident_programs``: what shared memory holds), weighted by
@@ -312,7 +313,7 @@ def nsa_call_work(
     chain = sum(max(p.busiest, p.key_tiles / (num_sms * p.resident)) for p in series)
     waves = sum(math.ceil(p.grid / (num_sms * p.resident)) for p in series)
     comp_units, _, win_units = branch_units(s, 0.0)
-    selected = sum(branch_units(s, tile_union_blocks(s, r))[1] for r in tile_rows(s))
+    selected = branch_units(s, tile_union_blocks(s, s.t))[1]
     rows_q = s.batch * s.t * s.num_q_heads
     other = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * 3 * F32 + partial_bytes
     if not fused:
@@ -326,8 +327,9 @@ def nsa_call_work(
     block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[2]
     kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
     return NsaWork(
-        # Every tile reads its branches' key tiles; the compressed tokens and the window once
-        # per (sequence, KV head) are the unique ones (the other tiles' reads may hit L2).
+        # Every tile reads its branches' key tiles; the compressed tokens, the window and the
+        # union of all draft rows' selected blocks once per (sequence, KV head) are the unique
+        # ones (the other tiles' reads may hit L2).
         requested_bytes=float(tile_reads * kv_tile + other),
         unique_bytes=float(heads * (comp_units + win_units + selected) * kv_tile + other),
         chain_tiles=float(chain * key_tile_weight(s.head_dim)),

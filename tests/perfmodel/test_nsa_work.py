@@ -103,6 +103,23 @@ def test_bad_shape_is_refused():
         dataclasses.replace(SHAPE, overlap=1.5)
 
 
+def test_a_heads_selected_blocks_are_unique_once_whatever_its_row_tiles():
+    """The unique bytes count the union of all 17 draft rows' selections once per (sequence,
+    KV head), whether the rows stream them as one draft row a tile or as packed tiles (16 + 1
+    rows): the tiles of a head walk their ascending lists side by side and hit L2 on the blocks
+    they share. Overlap 0.3 puts 16 (1 + 16 x 0.7) = 195.2 -> 196 blocks in that union, 0.5
+    puts 144: 52 blocks a head apart (the slot plan sizes at the host's assumed overlap, so
+    nothing else moves)."""
+    kw = dict(fused=True, refresh=False, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    block_bytes = 64 * 2 * 128 * 2  # one selected block's K and V
+    for rows_per_tile in (0, 1):
+        shape = dataclasses.replace(SHAPE, rows_per_tile=rows_per_tile)
+        low = nsa_call_work(dataclasses.replace(shape, overlap=0.5), **kw)
+        high = nsa_call_work(shape, **kw)
+        assert high.unique_bytes - low.unique_bytes == 8 * 52 * block_bytes
+        assert high.unique_bytes < high.requested_bytes
+
+
 def test_shared_compressed_tiles_stream_the_compressed_tokens_once_per_packed_tile():
     """One draft row a tile over 17 rows at 128K: per tile, each of the 17 tiles streams the
     8,191 compressed tokens; shared, the two packed tiles (16 + 1 rows) do, in a launch of
