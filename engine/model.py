@@ -15,7 +15,7 @@ one projection each (one GEMM instead of three or two); ``engine.checkpoint`` ma
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,26 @@ def project(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     counts): the triton backend's linear layers. Like its other kernels it records no autograd
     graph; training runs the torch backend."""
     return linear(x, layer.weight, layer.bias)
+
+
+class WeightOps(NamedTuple):
+    """How a backend applies its weights: ``project(layer, x)`` a linear layer, ``head(x,
+    weight)`` the LM head (a bare weight: it may be the tied embedding), ``embed(ids, table)``
+    the token embedding."""
+
+    project: Callable[[nn.Linear, torch.Tensor], torch.Tensor]
+    head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def weight_ops(backend: str) -> WeightOps:
+    """The ``WeightOps`` of ``backend``: torch's modules and functions, or the triton
+    backend's kernels (``kernels.linear``, ``kernels.layer_ops.embed``)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        return WeightOps(project, linear, embed)
+    return WeightOps(lambda layer, x: layer(x), F.linear, F.embedding)
 
 
 class RMSNorm(nn.Module):
@@ -202,13 +222,11 @@ class CausalLM(nn.Module):
         ``kernels.linear``. ``last_only`` computes the logits (and hidden states) of the last
         row only (prefill). No host synchronisation.
         """
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        ops = weight_ops(backend)
+        x = ops.embed(tokens, self.model.embed_tokens.weight)
         if backend == "triton":
-            x = embed(tokens, self.model.embed_tokens.weight)
             hidden = self._fused_layers(x, positions, kv, attend, last_only)
         else:
-            x = self.model.embed_tokens(tokens)
             cos, sin = expand_angles(
                 self.rope_cos[positions],
                 self.rope_sin[positions],
@@ -218,7 +236,7 @@ class CausalLM(nn.Module):
                 x = layer(x, cos, sin, kv, attend, i)
             hidden = self.model.norm(x[:, -1:] if last_only else x)
         head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-        logits = (linear if backend == "triton" else F.linear)(hidden, head).float()
+        logits = ops.head(hidden, head).float()
         return logits, (hidden if return_hidden else None)
 
     def _fused_layers(self, x, positions, kv: KVSink, attend: Attend, last_only: bool):

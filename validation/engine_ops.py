@@ -13,11 +13,10 @@ import math
 
 import torch
 from ssvkit.engine.attention import AttentionConfig, TreeAttention
-from ssvkit.engine.model import project
+from ssvkit.engine.model import weight_ops
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
-from ssvkit.kernels.layer_ops import add_rms_norm, embed, rms_norm, silu_mul
-from ssvkit.kernels.linear import linear
+from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
 from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
@@ -63,13 +62,7 @@ def layer_ops(
         return add_rms_norm(x, x, n.weight, n.eps)
 
     first, final = layers[0].input_layernorm, model.model.norm
-    triton_backend = runner.backend == "triton"
-
-    def lin(layer, a):  # the forward's linear layer
-        return project(layer, a) if triton_backend else layer(a)
-
-    head_op = linear if triton_backend else torch.nn.functional.linear
-    embed_op = embed if triton_backend else torch.nn.functional.embedding
+    lin, head_op, embed_op = weight_ops(runner.backend)  # as the forward applies its weights
     ops = {
         "embed": (lambda i: embed_op(tokens, model.model.embed_tokens.weight), 1),
         "embed_norm": (lambda i: rms_norm(x, first.weight, first.eps), 1),

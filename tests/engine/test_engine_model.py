@@ -18,6 +18,7 @@ from ssvkit.engine.checkpoint import (
     save_checkpoint,
 )
 from ssvkit.engine.config import ModelConfig
+from ssvkit.engine.model import weight_ops
 from ssvkit.engine.rope import inv_frequencies
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.perfmodel.models import get_model
@@ -205,3 +206,19 @@ def test_random_registry_geometry_config():
     assert src.is_random and src.config.num_layers == 32 and src.config.gqa_group == 4
     assert src.config_path == "llama-3.1-8b"
     assert src.config.num_params() == get_model("llama-3.1-8b").num_params()
+
+
+def test_weight_ops_apply_the_torch_backends_weights_and_refuse_another_backend():
+    """The torch backend's ``WeightOps`` are its modules and functions (the triton backend's
+    kernels are checked against them through whole forwards: test_engine_triton_interpret)."""
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, generator=gen)
+    table = torch.randn(10, 8, generator=gen)
+    ids = torch.tensor([[3, 0, 9]])
+    ops = weight_ops("torch")
+    assert torch.equal(ops.project(layer, x), layer(x))
+    assert torch.equal(ops.head(x, table), x @ table.T)
+    assert torch.equal(ops.embed(ids, table), table[ids])
+    with pytest.raises(ValueError, match="'cuda'"):
+        weight_ops("cuda")
