@@ -9,9 +9,9 @@ python -m ssvkit.validation.readme --check  # exit 1 naming each stale block; no
 (``ssvkit validate --markdown``), the committed profiles' prediction intervals, the planner
 evaluations, the seeds' headline figures (``ssvkit papers --markdown``), the scale campaigns'
 tokens/s, the sparse path's kernels and the engine's linear layers against their floors, the NSA
-stages and launches
-and the engine's verify step, each read from its measurements under ``validation/data/`` or
-``calibration/profiles/``; the text around each block names its data file.
+stages and launches and the engine's verify step, each read from its measurements under
+``validation/data/`` or ``calibration/profiles/``; the text around each block names its data
+file.
 """
 
 from __future__ import annotations
