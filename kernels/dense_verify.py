@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from ssvkit.kernels.checks import check_attention_inputs, check_tree_mask, validate_prefix_lens
-from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.device import num_sms, smem_per_sm
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.tree import MAX_TREE_NODES
 from ssvkit.perfmodel.attention_plan import (
@@ -181,10 +181,14 @@ def _dense_verify_kernel(
 
 
 def choose_num_splits(
-    num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DEFAULT_CONFIG
+    num_programs: int,
+    num_tiles: int,
+    slots: int,
+    config: DenseVerifyConfig = DEFAULT_CONFIG,
+    resident_slots: int | None = None,
 ) -> int:
     """KV split count: ``perfmodel.attention_plan.choose_dense_splits``."""
-    return choose_dense_splits(num_programs, num_tiles, slots, config)
+    return choose_dense_splits(num_programs, num_tiles, slots, config, resident_slots)
 
 
 def plan_dense_verify(
@@ -199,9 +203,18 @@ def plan_dense_verify(
     config: DenseVerifyConfig = DEFAULT_CONFIG,
 ) -> DenseVerifyPlan:
     """The launch plan of a call on ``device`` (``perfmodel.attention_plan.dense_verify_plan``
-    with the device's SM count)."""
+    with the device's SM count and shared memory)."""
     return dense_verify_plan(
-        bsz, t, num_q_heads, num_kv_heads, head_dim, t_max, num_sms(device), num_splits, config
+        bsz,
+        t,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        t_max,
+        num_sms(device),
+        num_splits,
+        config,
+        smem_per_sm_bytes=smem_per_sm(device),
     )
 
 

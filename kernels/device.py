@@ -1,4 +1,5 @@
-"""The one device property the launch plans read: the SM count."""
+"""The device properties the launch plans read: the SM count and the shared memory an SM
+holds."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import functools
 
 import torch
 
-# H100 SXM and H200 both have 132 SMs, so interpreter runs on the CPU plan the GPU's launches.
+# H100 SXM and H200 both have 132 SMs and 228 KiB of shared memory an SM, so interpreter runs
+# on the CPU plan the GPU's launches.
 CPU_NUM_SMS = 132
+CPU_SMEM_PER_SM_BYTES = 228 * 1024
 
 
 def num_sms(device: torch.device | int) -> int:
@@ -23,3 +26,17 @@ def num_sms(device: torch.device | int) -> int:
 @functools.cache
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def smem_per_sm(device: torch.device) -> int:
+    """Shared memory one SM of ``device`` holds, in bytes (read once per device and cached);
+    ``CPU_SMEM_PER_SM_BYTES`` off the GPU."""
+    if device.type != "cuda":
+        return CPU_SMEM_PER_SM_BYTES
+    return _cuda_smem(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_smem(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return int(props.shared_memory_per_multiprocessor)

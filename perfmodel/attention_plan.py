@@ -28,6 +28,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
+# Shared memory per SM of the Hopper GPUs (``perfmodel.hardware``): the plans' default where the
+# caller gives no device's.
+DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class DenseVerifyConfig:
     """Launch parameters of :func:`dense_verify` (tuning knobs, not semantics)."""
@@ -71,19 +76,30 @@ DEFAULT_DENSE_CONFIG = DenseVerifyConfig()
 
 
 def choose_dense_splits(
-    num_programs: int, num_tiles: int, slots: int, config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG
+    num_programs: int,
+    num_tiles: int,
+    slots: int,
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
+    resident_slots: int | None = None,
 ) -> int:
     """KV split count (flash-attention 2's wave-efficiency heuristic).
 
     ``num_programs`` is the program count without splitting, ``num_tiles`` the KV tiles of the
-    longest possible sequence and ``slots`` the programs the GPU holds at once (SMs x resident
-    programs per SM). Picks the smallest split count whose last wave is at least 85% as full as
-    the best one, so splits are added only where they fill idle SMs, and never below
-    ``min_tiles_per_split`` tiles a split (the merge pass and per-split prologue would cost more
-    than they hide).
+    longest possible sequence and ``slots`` the programs a wave is sized to (SMs x
+    ``ctas_per_sm``). A grid of at least 80% of the slots stays unsplit where its programs run
+    at once (at most ``resident_slots``, the programs the SMs hold together; None: any grid)
+    or its last wave is at least 85% full: a grid just past what the SMs hold would otherwise
+    run a second wave of a few full-length walks, twice the time. Otherwise it picks the
+    smallest split count whose last wave is at least 85% as full as the best one, so splits are
+    added only where they fill idle SMs, and never below ``min_tiles_per_split`` tiles a split
+    (the merge pass and per-split prologue would cost more than they hide).
     """
     max_splits = min(config.max_splits, max(1, num_tiles // config.min_tiles_per_split))
-    if num_programs >= 0.8 * slots or max_splits == 1:
+    if max_splits == 1:
+        return 1
+    waves = num_programs / slots
+    at_once = resident_slots is None or num_programs <= resident_slots
+    if num_programs >= 0.8 * slots and (at_once or waves / math.ceil(waves) >= 0.85):
         return 1
     effs = []
     for s in range(1, max_splits + 1):
@@ -121,6 +137,19 @@ def dense_row_tiles(
     return block_m, cdiv(rows, block_m)
 
 
+def dense_resident_programs(
+    block_m: int, head_dim: int, smem_per_sm_bytes: int, config: DenseVerifyConfig
+) -> int:
+    """Programs of a ``dense_verify`` launch one SM holds at once: a row tile above 64 rows
+    runs 8 warps whose fp32 accumulator and operands take about the register file, one an SM;
+    a smaller one as many as its K/V pipeline (``num_stages`` K and V tiles) fits in shared
+    memory."""
+    if block_m > 64:
+        return 1
+    stage_bytes = config.num_stages * 2 * config.block_n * head_dim * 2  # bf16 K and V tiles
+    return max(1, smem_per_sm_bytes // stage_bytes)
+
+
 def dense_verify_plan(
     bsz: int,
     t: int,
@@ -131,18 +160,22 @@ def dense_verify_plan(
     num_sms: int,
     num_splits: int | None = None,
     config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
+    smem_per_sm_bytes: int = DEFAULT_SMEM_PER_SM_BYTES,
 ) -> DenseVerifyPlan:
-    """Tile sizes, warps and split count of a call on a GPU of ``num_sms`` SMs; ``T_max``
-    bounds the sequence length so no length is read on the host."""
+    """Tile sizes, warps and split count of a call on a GPU of ``num_sms`` SMs with
+    ``smem_per_sm_bytes`` of shared memory each; ``T_max`` bounds the sequence length so no
+    length is read on the host."""
     block_m, num_m_tiles = dense_row_tiles(t, num_q_heads, num_kv_heads, head_dim, config)
     large = block_m > 64
     if num_splits is None:
         per_sm = config.ctas_per_sm_large if large else config.ctas_per_sm
+        resident = dense_resident_programs(block_m, head_dim, smem_per_sm_bytes, config)
         num_splits = choose_dense_splits(
             num_m_tiles * bsz * num_kv_heads,
             cdiv(t_max, config.block_n),
             num_sms * per_sm,
             config,
+            resident_slots=num_sms * resident,
         )
     return DenseVerifyPlan(
         block_m=block_m,

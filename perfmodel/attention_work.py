@@ -109,7 +109,15 @@ def dense_verify_work(
     draft rows, launched as the wrapper launches it with ``T_max = context_len + t``."""
     seq = context_len + t
     plan = dense_verify_plan(
-        batch, t, num_q_heads, num_kv_heads, head_dim, seq, num_sms, config=config
+        batch,
+        t,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        seq,
+        num_sms,
+        config=config,
+        smem_per_sm_bytes=smem_per_sm_bytes,
     )
     s, bn = plan.num_splits, plan.block_n
     programs = plan.num_m_tiles * s * batch * num_kv_heads

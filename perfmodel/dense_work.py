@@ -86,7 +86,16 @@ def dense_call_work(
     if num_q_heads < num_kv_heads:
         raise ValueError(f"num_q_heads must be >= num_kv_heads {num_kv_heads}, got {num_q_heads}")
     seq = context_len + t
-    plan = dense_verify_plan(batch, t, num_q_heads, num_kv_heads, head_dim, seq, num_sms)
+    plan = dense_verify_plan(
+        batch,
+        t,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        seq,
+        num_sms,
+        smem_per_sm_bytes=smem_per_sm_bytes,
+    )
     s, bn, bm = plan.num_splits, plan.block_n, plan.block_m
     programs = plan.num_m_tiles * s * batch * num_kv_heads
     resident = resident_programs(plan.num_stages, bn, bm, head_dim, smem_per_sm_bytes)

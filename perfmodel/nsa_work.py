@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
     COMPRESSED_CTAS_PER_SM,
@@ -36,7 +37,6 @@ ELEM_BYTES = 2  # bf16 K/V, queries, outputs
 F32 = 4
 NUM_STAGES = 3  # NsaVerifyConfig.num_stages: K/V tiles a program keeps in flight
 BLOCK_N = 64  # NsaVerifyConfig.block_n: keys per tile
-DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
 ONLY = ((True, False, False), (False, True, False), (False, False, True))
 ALL = (True, True, True)
 

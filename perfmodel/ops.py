@@ -14,11 +14,11 @@ weight read once per forward by the memory-bound ops; GEMM activations read and 
 from __future__ import annotations
 
 import numpy as np
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.attention_work import dense_tile_costs
 from ssvkit.perfmodel.columns import Columns
 from ssvkit.perfmodel.dense_work import dense_work_arrays
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.nsa_work import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
 

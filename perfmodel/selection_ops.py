@@ -6,9 +6,9 @@ counts or, for classes fitted on the current kernels, by their launch plan
 from __future__ import annotations
 
 import numpy as np
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.columns import META_VECTORS, Columns
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.nsa_work import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.ops import ACT_BYTES, F32, I32, OpSum
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.select_work import TWO_LAUNCH, select_work_arrays

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_SMEM_PER_SM_BYTES,
     DEFAULT_SPARSE_CONFIG,
     SparseVerifyConfig,
     cdiv,
@@ -43,7 +44,6 @@ SPLIT_RULES = ("wave_balance", "fill")
 # The head dimension whose MMA rows ``SparseWork.row_cost`` counts: a tile's MMAs over a row
 # grow with the row's dimensions.
 ROW_COST_DIM = 128
-DEFAULT_SMEM_PER_SM_BYTES = 228 * 1024  # Hopper (perfmodel.hardware)
 
 
 @dataclass(frozen=True, slots=True)

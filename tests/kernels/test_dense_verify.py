@@ -162,8 +162,15 @@ def test_split_heuristic_fills_the_gpu_and_respects_bounds():
     assert choose_num_splits(512, 1024, 264, cfg) == 1  # already several waves
     assert choose_num_splits(8, 4, 264, cfg) == 1  # too short to split
     assert choose_num_splits(8, 1024, 264, cfg) <= cfg.max_splits
+    # A grid just past what the SMs hold would run a second wave of a few whole walks: split.
+    assert choose_num_splits(136, 1025, 132, cfg, resident_slots=132) > 1
+    assert choose_num_splits(136, 1025, 132, cfg, resident_slots=264) == 1  # all at once
+    assert choose_num_splits(1536, 1025, 132, cfg, resident_slots=132) == 1  # last wave 64% full
     plan = plan_dense_verify(1, 16, 32, 8, 128, 65552, torch.device("cpu"))
     assert plan.block_m == 64 and plan.num_m_tiles == 1 and plan.num_splits > 1
+    # Batch 17 of 32 rows: 136 row tiles of 128 rows, one an SM on 132 SMs.
+    assert plan_dense_verify(17, 32, 32, 8, 128, 65568, torch.device("cpu")).num_splits > 1
+    assert plan_dense_verify(16, 32, 32, 8, 128, 65568, torch.device("cpu")).num_splits == 1
     plan = plan_dense_verify(1, 64, 32, 8, 128, 65600, torch.device("cpu"))
     assert plan.block_m == 128 and plan.num_m_tiles == 2
 

@@ -2,7 +2,12 @@
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.attention_plan import dense_row_tiles, dense_verify_plan
+from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
+    dense_resident_programs,
+    dense_row_tiles,
+    dense_verify_plan,
+)
 from ssvkit.perfmodel.attention_work import (
     dense_tile_costs,
     dense_verify_tiles,
@@ -12,6 +17,21 @@ from ssvkit.perfmodel.attention_work import (
 from ssvkit.perfmodel.physical import PhysicalFit
 
 SMEM = 228 * 1024
+
+
+def test_dense_residency_sets_where_a_grid_splits():
+    cfg = DEFAULT_DENSE_CONFIG
+    # 3 stages of 64-key K and V tiles at D = 128: 96 KiB, two on Hopper, one on an A100.
+    assert dense_resident_programs(64, 128, SMEM, cfg) == 2
+    assert dense_resident_programs(64, 128, 164 * 1024, cfg) == 1
+    assert dense_resident_programs(16, 64, SMEM, cfg) == 4
+    assert dense_resident_programs(128, 128, SMEM, cfg) == 1  # 8 warps: the register file
+    # 136 programs of 64 rows run at once two an SM: unsplit; of 128 rows, one an SM, a second
+    # wave of four whole walks: split. On an A100 the 64-row grid splits too.
+    assert dense_verify_plan(17, 16, 32, 8, 128, 65552, 132).num_splits == 1
+    assert dense_verify_plan(17, 32, 32, 8, 128, 65568, 132).num_splits == 5
+    small_smem = dense_verify_plan(17, 16, 32, 8, 128, 65552, 132, smem_per_sm_bytes=164 * 1024)
+    assert small_smem.num_splits > 1
 
 
 def test_dense_work_by_hand():
