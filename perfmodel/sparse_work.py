@@ -7,8 +7,8 @@ A call runs in series: for ``union`` with C > 1 the group plan kernel (``kernels
 each group's list, deduplicated), the attention kernel over ``B x Hkv x groups x S`` programs
 (each walks a slice of its group's block list, the last split also the draft tail), and for
 ``S > 1`` the merge of the fp32 partials. A group's list is the mean union of its rows' blocks
-(``list_blocks``); a group of one query runs the ``per_query`` launch whatever the mode
-(``kernel_mode``).
+(``list_blocks``), the busiest program's a slice of the largest group's (``group_lists``); a
+group of one query runs the ``per_query`` launch whatever the mode (``kernel_mode``).
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ class SparseWork:
       warpgroup issues as ``wgmma`` counted at ``WGMMA_ROW_COST`` of its FLOPs: the compute
       term prices FLOPs at one rate, and ``wgmma`` issues at about twice ``mma.sync``'s (the
       weight ``row_cost`` gives a tile's rows);
-    - ``chain_tiles``: K/V tiles in series: the busiest program's slice plus its tail tile, or
-      the call's tiles over the programs the SMs hold at once
+    - ``chain_tiles``: K/V tiles in series: the busiest program's slice (of the largest group's
+      list) plus its tail tile, or the call's tiles over the programs the SMs hold at once
       (``attention_work.resident_programs``: what shared memory allows) when the grid
       overfills them; a tile's load latency over the pipeline depth, and its MMAs over
       ``M_PAD`` rows, price it;
@@ -182,20 +182,36 @@ def launch_plan(
 
 
 def list_blocks(s: SparseShape) -> float:
-    """Blocks of one group's list: for ``union`` the shape's ``list_blocks`` when given, else
-    the mean union of its scored picks (the selection model's
-    ``perfmodel.sparse.union_blocks``) plus the local blocks; for the other modes ``top_n``
-    plus the local blocks; computed ones at most the context's blocks. A row's ``local_blocks``
-    (the engine's local window, appended to its scored picks) are the same blocks for every
-    row of a sequence, so a union counts them once. It ignores the spread of union sizes
-    across groups and a group's last, smaller union."""
+    """Blocks of one group's list, the mean over the call's groups: for ``union`` the shape's
+    ``list_blocks`` when given, else the mean of the groups' unions (``group_lists``); for the
+    other modes ``top_n`` plus the local blocks, at most the context's blocks."""
+    return group_lists(s)[0]
+
+
+def group_lists(s: SparseShape) -> tuple[float, float]:
+    """(mean, largest) blocks of a call's group lists. Under ``union`` with ``t`` not a multiple
+    of C the last group holds fewer rows and a smaller union: its ``t mod C`` rows' against the
+    others' C rows' (the selection model's ``perfmodel.sparse.union_blocks``, plus the local
+    blocks: a row's ``local_blocks``, the engine's window appended to its scored picks, are the
+    same blocks for every row of a sequence, so a union counts them once; at most the
+    context's blocks). A measured mean (``list_blocks``) is split between the groups in the
+    ratio of those unions. Every other list holds a row's ``width`` entries."""
     num_blocks = math.ceil(s.context_len / s.block_size)
     if s.mode != "union":
-        return float(min(s.width, num_blocks))
-    if s.list_blocks is not None:
-        return float(s.list_blocks)
-    scored = union_blocks(s.top_n, s.c, s.overlap, num_blocks)
-    return float(min(scored + s.local_blocks, num_blocks))
+        n = float(min(s.width, num_blocks))
+        return n, n
+
+    def union(rows: int) -> float:
+        scored = union_blocks(s.top_n, rows, s.overlap, num_blocks)
+        return float(min(scored + s.local_blocks, num_blocks))
+
+    full, rest = divmod(s.t, s.c)
+    groups = full + (rest > 0)
+    whole = union(s.c)
+    total = full * whole + (union(rest) if rest else 0.0)
+    if s.list_blocks is None:
+        return total / groups, whole
+    return float(s.list_blocks), float(s.list_blocks) * groups * whole / total
 
 
 def unique_blocks(s: SparseShape) -> float:
@@ -229,14 +245,14 @@ def sparse_call_work(
     plan = launch_plan(s, num_sms, split_rule, config)
     heads = s.batch * s.num_kv_heads
     lists = heads * s.num_groups
-    n_list = list_blocks(s)
+    n_list, n_largest = group_lists(s)
     splits = plan.num_splits
     resident = resident_programs(
         plan.num_stages, s.block_size, plan.m_pad, s.head_dim, smem_per_sm_bytes
     )
     slots = num_sms * resident
     tail_tiles = cdiv(s.t, s.block_size)
-    busiest = math.ceil(n_list / splits) + tail_tiles
+    busiest = math.ceil(n_largest / splits) + tail_tiles
     total_tiles = lists * (n_list + tail_tiles)
     block_row = s.block_size * 2 * s.head_dim * ELEM_BYTES  # one block's K and V
     token_row = 2 * s.head_dim * ELEM_BYTES

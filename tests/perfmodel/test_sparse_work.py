@@ -4,6 +4,7 @@ longer serial walk higher at equal K/V bytes."""
 
 import dataclasses
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
     grid_regime,
+    group_lists,
     kernel_mode,
     launch_plan,
     num_lists,
@@ -51,6 +53,24 @@ def test_union_work_by_hand():
     assert w.plan_compares == 4 * 4 * 16 * 16  # one wave of 4 programs an SM slot
     assert w.row_waves == 2 * 16  # unsplit: two waves of 16-row tiles written once
     assert w.sm_tiles == pytest.approx(512 * 41 / 132)
+
+
+def test_a_last_group_of_fewer_rows_holds_a_smaller_union():
+    """t = 16 in groups of 3: five groups of 3 rows, 16 (1 + 2 x 0.5) = 32 blocks each, and one
+    of 1 row, 16 blocks: a mean list of 176 / 6 blocks, the busiest program's list 32. A
+    measured mean splits in the same ratio; groups of 4 are all alike."""
+    s = dataclasses.replace(SHAPE, mode="union", group_size=3, top_n=16, overlap=0.5)
+    assert group_lists(s) == pytest.approx((176 / 6, 32))
+    assert group_lists(dataclasses.replace(s, list_blocks=22.0)) == pytest.approx(
+        (22.0, 22.0 * 6 * 32 / 176)
+    )
+    four = dataclasses.replace(s, group_size=4)
+    assert group_lists(four) == (40, 40)
+    assert group_lists(dataclasses.replace(four, list_blocks=30.0)) == (30, 30)
+    # the busiest program walks the whole groups' lists: more serial tiles than the mean's
+    w3 = sparse_call_work(s, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    splits = launch_plan(s, SMS).num_splits
+    assert w3.chain_tiles >= math.ceil(32 / splits) + 1
 
 
 def test_split_programs_write_their_row_tiles_twice():
