@@ -4,8 +4,8 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
 - **Lines**: ``LINES``, the full grid at Llama-3.1-8B attention (``FULL_SWEEP``) with every
   group size 1-8 and without torch SDPA, keyed as the committed rows are, so a GPU's committed
   rows are not measured again; and lines at the shapes the fits and the campaigns need beyond
-  it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``,
-  ``SELECT_ROWS_LINES``, ``SPARSE_LINES``, ``PLANNER_LINES``).
+  it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``, ``SPARSE_LINES``,
+  ``PLANNER_LINES``).
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally
   often (``lattice_lhs``), head geometry (``GEOMETRIES``) one of the axes, so every level of
   every axis is measured at several values of the others, which the leave-one-out sets of
@@ -63,15 +63,6 @@ SELECT_LINES = dict(
     batches=(1, 4, 16),
     top_ns=(16, 64),
     t=16,
-)
-# Block selection over more draft rows than one 16-row score tile (t = 23-64: 8-warp score
-# programs) at Llama-3.1-8B's attention and at GQA 8, D = 64: the other lines score 16 rows.
-SELECT_ROWS_LINES = dict(
-    geometries=("llama-3.1-8b", "16q-2kv-d64"),
-    contexts=(32 * K, 128 * K),
-    batches=(1, 16),
-    top_n=16,
-    t=(23, 32, 45, 64),
 )
 SPARSE_LINES = dict(
     geometries=("glm-4-9b", "qwen3-30b-a3b"),
@@ -246,9 +237,9 @@ def schedule_configs() -> list[KernelConfig]:
 
 
 def geometry_configs() -> list[KernelConfig]:
-    """The select_blocks configs of ``SELECT_LINES`` and ``SELECT_ROWS_LINES`` (each metadata
-    kind in one and two launches) and the sparse_verify configs of ``SPARSE_LINES``."""
-    sl, sr, sp = SELECT_LINES, SELECT_ROWS_LINES, SPARSE_LINES
+    """The select_blocks configs of ``SELECT_LINES`` (each metadata kind in one and two
+    launches) and the sparse_verify configs of ``SPARSE_LINES``."""
+    sl, sp = SELECT_LINES, SPARSE_LINES
     out = []
     for geometry in sl["geometries"]:
         with ki.geometry(geometry):
@@ -257,15 +248,6 @@ def geometry_configs() -> list[KernelConfig]:
                 for ctx in sl["contexts"]
                 for b in sl["batches"]
                 for top_n in sl["top_ns"]
-                for method in ("mean", "quest")
-            ]
-    for geometry in sr["geometries"]:
-        with ki.geometry(geometry):
-            out += [
-                kg.select_config(ctx, t, b, sr["top_n"], method)
-                for ctx in sr["contexts"]
-                for t in sr["t"]
-                for b in sr["batches"]
                 for method in ("mean", "quest")
             ]
     variants = kg.sparse_variants(sp["group_sizes"])
