@@ -241,15 +241,16 @@ def _nsa_tiles(g: list[dict]) -> list[dict]:
 
 def _select(g: list[dict]) -> list[dict]:
     """select_blocks rows timed in one launch and in two on the same config (head geometry
-    included): both times, the floor, the one-launch time / floor and its floor target."""
+    and draft rows included): both times, the floor, the one-launch time / floor and its floor
+    target."""
     by_impl = {}
     for r in g:
         if r["op"] == "select_blocks" and r["params"].get("impl"):
             p = r["params"]
-            key = (_heads(p), p["context_len"], p["batch"], p["top_n"], p["method"])
-            by_impl[(*key, p["impl"])] = r
+            key = (_heads(p), p["context_len"], p["num_query_tokens"], p["batch"], p["top_n"])
+            by_impl[(*key, p["method"], p["impl"])] = r
     out = []
-    for key in sorted({k[:5] for k in by_impl}):
+    for key in sorted({k[:6] for k in by_impl}):
         one, two = by_impl.get((*key, "one_launch")), by_impl.get((*key, "two_launch"))
         if one is None or two is None:
             continue
@@ -258,9 +259,10 @@ def _select(g: list[dict]) -> list[dict]:
             {
                 "heads": key[0],
                 "T": key[1],
-                "B": key[2],
-                "top_n": key[3],
-                "method": key[4],
+                "t": key[2],
+                "B": key[3],
+                "top_n": key[4],
+                "method": key[5],
                 "one_us": one["median_s"] * 1e6,
                 "two_us": two["median_s"] * 1e6,
                 "floor_us": floor * 1e6,

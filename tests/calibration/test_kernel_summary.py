@@ -60,9 +60,10 @@ def test_summary_counts_rows_meeting_their_floor_per_op_and_batch():
     assert got["nsa_verify", 16]["worst_x"] == 2.0
 
 
-def _select_row(impl, median_s, heads=(32, 8, 128)):
+def _select_row(impl, median_s, heads=(32, 8, 128), t=16):
     row = _row("select_blocks", 1, median_s, 2_000_000)  # floor 2 us
     row["params"] = {"batch": 1, "context_len": 131072, "top_n": 64, "method": "mean"}
+    row["params"]["num_query_tokens"] = t
     row["params"].update(impl=impl, num_q_heads=heads[0], num_kv_heads=heads[1])
     row["params"]["head_dim"] = heads[2]
     return row
@@ -77,6 +78,13 @@ def test_select_pairs_stay_within_one_head_geometry():
         e["heads"]: (round(e["one_us"]), round(e["two_us"])) for e in summarise(rows)["select"]
     }
     assert pairs == {"32/8/128": (9, 16), "16/2/64": (5, 4)}
+
+
+def test_select_pairs_stay_within_one_draft_row_count():
+    rows = [_select_row("one_launch", 9e-6), _select_row("two_launch", 16e-6)]
+    rows += [_select_row(i, s, t=45) for i, s in (("one_launch", 30e-6), ("two_launch", 20e-6))]
+    pairs = {e["t"]: (round(e["one_us"]), round(e["two_us"])) for e in summarise(rows)["select"]}
+    assert pairs == {16: (9, 16), 45: (30, 20)}
 
 
 def _nsa_row(median_s, **schedule):
