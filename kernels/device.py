@@ -6,11 +6,11 @@ from __future__ import annotations
 import functools
 
 import torch
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 
-# H100 SXM and H200 both have 132 SMs and 228 KiB of shared memory an SM, so interpreter runs
-# on the CPU plan the GPU's launches.
+# H100 SXM and H200 both have 132 SMs and Hopper's shared memory an SM
+# (``DEFAULT_SMEM_PER_SM_BYTES``), so interpreter runs on the CPU plan the GPU's launches.
 CPU_NUM_SMS = 132
-CPU_SMEM_PER_SM_BYTES = 228 * 1024
 
 
 def num_sms(device: torch.device | int) -> int:
@@ -30,9 +30,9 @@ def _cuda_sms(index: int) -> int:
 
 def smem_per_sm(device: torch.device) -> int:
     """Shared memory one SM of ``device`` holds, in bytes (read once per device and cached);
-    ``CPU_SMEM_PER_SM_BYTES`` off the GPU."""
+    ``DEFAULT_SMEM_PER_SM_BYTES`` off the GPU."""
     if device.type != "cuda":
-        return CPU_SMEM_PER_SM_BYTES
+        return DEFAULT_SMEM_PER_SM_BYTES
     return _cuda_smem(device.index if device.index is not None else torch.cuda.current_device())
 
 
