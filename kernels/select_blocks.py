@@ -42,12 +42,13 @@ _MIN_TILES, _MAX_TILES = 2, 4
 
 
 def score_warps(t_pad: int, method: str) -> int:
-    """Warps of a score program: 8 above ``T_PAD`` 16; up to it 2 for the mean key's one
-    product a tile and 4 for quest's two (the split operands of two tf32x3 products would leave
-    two warps issue-bound)."""
-    if t_pad > 16:
-        return 8
-    return 4 if method == "quest" else 2
+    """Warps of a score program: 2 for the mean key's one product a tile up to ``T_PAD`` 32, 4
+    for wider tiles and for quest's two products (the split operands of two tf32x3 products
+    would leave two warps issue-bound). Eight warps are slower on the H200 at every tile
+    width: the program's fp32 tiles spread over more warps than its products keep busy."""
+    if method == "quest" or t_pad > 32:
+        return 4
+    return 2
 
 
 def _check_q(q: torch.Tensor, meta: BlockMetadata) -> None:

@@ -112,11 +112,11 @@ def pow2(x: int) -> int:
 def score_tile(t: int, kinds: int = 1) -> tuple[int, int, int]:
     """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows and ``kinds``
     metadata tensors (1 mean, 2 quest; ``kernels.select_blocks.score_warps``):
-    ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, 8
-    warps above ``T_PAD`` 16, up to it 2 for the mean key and 4 for quest. A tile is an fp32
+    ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, 2
+    warps for the mean key up to ``T_PAD`` 32, else 4 (quest, wider tiles). A tile is an fp32
     ``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind, three tf32 MMA passes each."""
     t_pad = max(16, pow2(t))
-    warps = 8 if t_pad > 16 else (4 if kinds == 2 else 2)
+    warps = 4 if kinds == 2 or t_pad > 32 else 2
     return t_pad, min(32, SCORE_TILE // t_pad), warps
 
 
