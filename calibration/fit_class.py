@@ -79,6 +79,7 @@ class _Layout:
     n_stage: int
     has_l2: bool
     plan: bool
+    bytes_per_flop: float  # the GPU's BW / PEAK: r over BW -> r_p over PEAK
 
     @property
     def n_eff(self) -> int:
@@ -112,7 +113,7 @@ class _Layout:
             t_step_s=opt(i_step),
             t_row_s=opt(i_row),
             t_stage_s=tuple(v[n_lat : n_lat + self.n_stage]),
-            l2_ratio=v[n_lat + self.n_stage] if self.has_l2 else 0.0,
+            l2_bytes_per_flop=v[n_lat + self.n_stage] * self.bytes_per_flop if self.has_l2 else 0.0,
             t_depth_row_s=opt(i_depth_row),
             t_depth_miss_s=opt(i_depth_miss),
             slot_plan=self.plan,
@@ -127,7 +128,8 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     from the row count; two for sparse verification, one constant pair for dense
     verification), for sparse verification and repair the L2-miss share h and the L2
     throughput ratio r (``perfmodel.class_fit``: requested bytes / (r BW) bound the call beside
-    the HBM bytes; bounded to [1, 4]), for a dense call's row tiles of one KV head the share h
+    the HBM bytes; bounded to [1, 4]; kept as r BW / PEAK, the path's throughput over the GEMM
+    rate), for a dense call's row tiles of one KV head the share h
     alone, for GEMMs, NSA, sparse verification, block selection, dense verification, repair,
     the KV write and sampling the latency t_k of a serial chain (a GEMM's K; the key tiles a
     program walks times its waves, from the launch plans of ``perfmodel.nsa_work``,
@@ -145,7 +147,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     from a few shares of their latency bounds. The lowest loss is kept (``_solve``)."""
     d = class_data(name, rows, gpu)
     op = name.split("/")[0]
-    layout = _layout(name, d, rows)
+    layout = _layout(name, d, rows, bw / peak)
     calls = CallInputs.of(d.nbytes, d.flops, d.dedup, d.depth, d.steps, d.rows, d.stages)
     log_seconds = np.log(d.seconds)
 
@@ -157,7 +159,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     return layout.unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
 
 
-def _layout(name: str, d: Data, rows: list[dict]) -> _Layout:
+def _layout(name: str, d: Data, rows: list[dict], bytes_per_flop: float) -> _Layout:
     """The parameters ``name`` fits on its rows' quantities ``d`` (``class_data``)."""
     op = name.split("/")[0]
     if op in CONSTANT_EFFICIENCY_OPS:
@@ -184,7 +186,7 @@ def _layout(name: str, d: Data, rows: list[dict]) -> _Layout:
     for on in flags:
         at.append(slot if on else None)
         slot += on
-    return _Layout(name, k, bk, fk, tuple(at), len(d.stages), has_l2, plan)
+    return _Layout(name, k, bk, fk, tuple(at), len(d.stages), has_l2, plan, bytes_per_flop)
 
 
 def _first_start(d: Data, layout: _Layout) -> tuple[list, list, list, list[float]]:

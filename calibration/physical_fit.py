@@ -31,8 +31,8 @@ KV_ELEM_BYTES = 2
 
 # Bounds of each constant (PARAMS order): launches and waves of a few microseconds, streaming
 # and MMA efficiencies up to the measured ceilings (a little above: the ceilings are medians of
-# other kernels), L2 at 1-6x HBM, a tile's load latency up to 20 us, a row's up to 1 us, a
-# compare's up to 1 ns.
+# other kernels), L2 at 1-6x HBM (fitted as that ratio, kept over PEAK: ``_constants``), a tile's
+# load latency up to 20 us, a row's up to 1 us, a compare's up to 1 ns.
 LOWER = (0.0, 0.0, 0.3, 0.0, 1.0, 0.02, 0.0, 0.0, 0.0)
 UPPER = (2e-5, 2e-5, 1.2, 1.0, 6.0, 1.2, 2e-5, 1e-6, 1e-9)
 STARTS = (
@@ -89,7 +89,7 @@ def fit_physical(rows: list[dict], bw: float, peak: float, spec: GpuSpec) -> Phy
     seconds = np.array([r["median_s"] for r in rows])
 
     def resid(x):
-        t = PhysicalFit(*x).call_time_s(work, bw, peak)
+        t = _constants(x, bw, peak).call_time_s(work, bw, peak)
         return np.log(t) - np.log(seconds)
 
     scale = np.array(UPPER) - np.array(LOWER)
@@ -106,7 +106,18 @@ def fit_physical(rows: list[dict], bw: float, peak: float, spec: GpuSpec) -> Phy
         for x0 in STARTS
     ]
     best = min(sols, key=lambda s: s.cost)
-    return PhysicalFit(**dict(zip(PARAMS, (float(v) for v in best.x), strict=True)))
+    return _constants(best.x, bw, peak)
+
+
+_L2 = PARAMS.index("l2_bytes_per_flop")
+
+
+def _constants(x, bw: float, peak: float) -> PhysicalFit:
+    """The fit from the solver's vector, whose L2 entry is the L2-to-SM throughput over ``bw``
+    (the bounds' unit), kept over ``peak``."""
+    v = [float(e) for e in x]
+    v[_L2] *= bw / peak
+    return PhysicalFit(**dict(zip(PARAMS, v, strict=True)))
 
 
 def predict_rows(fit: PhysicalFit, rows: list[dict], bw: float, peak: float, spec: GpuSpec):

@@ -123,8 +123,11 @@ class ClassFit:
       dense call's row tiles of one KV head): U is the bytes the algorithm requests, G the
       deduplicated bytes of the call, h the fitted share of repeated reads that miss L2. Other
       classes use U. For sparse verification (and repair) also ``bytes_eff = max(G + h (U - G),
-      U / r)`` (r: ``l2_ratio``): every requested byte, hit or miss, crosses the L2-to-SM path,
-      whose throughput is r x BW (fitted, 1 to 4);
+      U x BW / (r_p x PEAK))`` (r_p: ``l2_bytes_per_flop``): every requested byte, hit or miss,
+      crosses the L2-to-SM path, whose throughput r_p x PEAK scales with the SMs' clock and
+      count, which the GEMM rate measures, not with HBM bandwidth: on another GPU of the same
+      chip a call bound by that path keeps its time where its HBM bytes follow the copy rate.
+      Fitted as r x BW with r in [1, 4] on the GPU of the fit, r_p = r x BW / PEAK there;
     - ``slot_plan``: the class is fitted on the current kernels' launch-plan counts, and the
       step model prices it with its op's ``slot_plan``.
     """
@@ -147,7 +150,8 @@ class ClassFit:
     t_step_s: float = 0.0  # t_s: seconds per serial step after the parallel part
     t_row_s: float = 0.0  # t_r: seconds per padded MMA row of the row tiles
     t_stage_s: tuple[float, ...] = ()  # t_x,i: seconds per unit of each stage count
-    l2_ratio: float = 0.0  # r: L2-to-SM throughput over BW, for classes with a dedup term
+    # r_p: L2-to-SM throughput over PEAK (bytes per FLOP), for classes with a dedup term.
+    l2_bytes_per_flop: float = 0.0
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
     t_depth_miss_s: float = 0.0  # t_km: seconds per chain unit that misses L2
     # Fitted on the current kernels' launch-plan counts (``perfmodel.nsa_work``,
@@ -195,8 +199,9 @@ class ClassFit:
         if self.l2_miss is not None and c.dedup is not None:
             eff_bytes = c.dedup + self.l2_miss * c.reread
             miss = c.miss
-            if self.l2_ratio > 0:
-                eff_bytes = np.maximum(eff_bytes, c.nbytes / self.l2_ratio)
+            if self.l2_bytes_per_flop > 0:
+                l2_path = c.nbytes * (bw / (self.l2_bytes_per_flop * peak))
+                eff_bytes = np.maximum(eff_bytes, l2_path)
         eb = np.interp(c.log_bytes, self.bytes_knots, self.bytes_eff)
         ef = np.interp(c.log_flops, self.flops_knots, self.flops_eff)
         fixed = self.t0_s + self.t_step_s * c.steps + self.t_row_s * c.rows
@@ -223,14 +228,19 @@ class ClassFit:
             "t_step_s": self.t_step_s,
             "t_row_s": self.t_row_s,
             "t_stage_s": list(self.t_stage_s),
-            "l2_ratio": self.l2_ratio,
+            "l2_bytes_per_flop": self.l2_bytes_per_flop,
             **({"t_depth_row_s": self.t_depth_row_s} if self.slot_plan else {}),
             **({"t_depth_miss_s": self.t_depth_miss_s} if self.t_depth_miss_s else {}),
             **({"slot_plan": True} if self.slot_plan else {}),
         }
 
     @classmethod
-    def from_json(cls, name: str, d: dict) -> ClassFit:
+    def from_json(cls, name: str, d: dict, bytes_per_flop: float = 0.0) -> ClassFit:
+        """The fit of ``name`` from its JSON; ``bytes_per_flop``: its profile's BW / PEAK, which
+        turns an older profile's L2 ratio over BW (``l2_ratio``) into ``l2_bytes_per_flop``."""
+        l2 = d.get("l2_bytes_per_flop")
+        if l2 is None:
+            l2 = d.get("l2_ratio", 0.0) * bytes_per_flop
         return cls(
             name=name,
             t0_s=float(d["t0_s"]),
@@ -246,7 +256,7 @@ class ClassFit:
             t_step_s=float(d.get("t_step_s", 0.0)),
             t_row_s=float(d.get("t_row_s", 0.0)),
             t_stage_s=tuple(float(x) for x in d.get("t_stage_s", ())),
-            l2_ratio=float(d.get("l2_ratio", 0.0)),
+            l2_bytes_per_flop=float(l2),
             t_depth_row_s=float(d.get("t_depth_row_s", 0.0)),
             t_depth_miss_s=float(d.get("t_depth_miss_s", 0.0)),
             slot_plan=bool(d.get("slot_plan", False)),

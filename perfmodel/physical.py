@@ -19,7 +19,7 @@ PARAMS = (
     "wave_s",
     "hbm_eff",
     "l2_miss",
-    "l2_ratio",
+    "l2_bytes_per_flop",
     "mma_eff",
     "latency_s",
     "row_s",
@@ -34,7 +34,7 @@ class PhysicalFit:
         t = L x launches + p x waves + k x compares
             + max((G + h (U - G) + M) / (e BW),     HBM: distinct bytes, repeats that miss
                                                     L2, merge partials;
-                  U / (r BW),                       L2-to-SM: every request;
+                  U / (r_p PEAK),                   L2-to-SM: every request;
                   F / (e_mma PEAK),                 MMA: padded tile FLOPs;
                   waves x tiles x max(lat / stages, c x row_cost))   a program's K/V chain
 
@@ -45,8 +45,9 @@ class PhysicalFit:
     - ``p``: seconds per wave of programs (prologue: query tile, masks; epilogue: output
       write);
     - ``e``: the share of ``BW`` that streaming reaches with enough bytes in flight;
-    - ``h``: the share of repeated requests (``U - G``) that miss L2; ``r``: L2-to-SM
-      throughput over ``BW``;
+    - ``h``: the share of repeated requests (``U - G``) that miss L2; ``r_p``: L2-to-SM
+      throughput over ``PEAK`` (bytes per FLOP): it scales with the SMs' clock and count, as
+      the GEMM rate does, not with HBM bandwidth (``perfmodel.class_fit``'s term);
     - ``e_mma``: the share of ``PEAK`` the padded MMA tiles reach;
     - ``lat``: the latency of one K/V tile's load: a program keeps ``stages`` tiles in flight,
       so it streams at ``stages x tile bytes / lat`` -- the bytes in flight per SM set the
@@ -64,7 +65,7 @@ class PhysicalFit:
     wave_s: float  # p
     hbm_eff: float  # e
     l2_miss: float  # h
-    l2_ratio: float  # r
+    l2_bytes_per_flop: float  # r_p
     mma_eff: float  # e_mma
     latency_s: float  # lat
     row_s: float  # c
@@ -79,7 +80,7 @@ class PhysicalFit:
         hbm = (g + self.l2_miss * np.maximum(u - g, 0.0) + _field(w, "merge_bytes")) / (
             self.hbm_eff * bw
         )
-        l2 = u / (self.l2_ratio * bw)
+        l2 = u / (self.l2_bytes_per_flop * peak)
         mma = _field(w, "mma_flops") / (self.mma_eff * peak)
         per_tile = np.maximum(
             self.latency_s / _field(w, "stages"), self.row_s * _field(w, "row_cost")

@@ -67,13 +67,17 @@ class Profile:
                 f"profile {d['profile_id']} was measured on {d['gpu']!r} "
                 f"({d['device_name']}), not {gpu!r}: refusing it"
             )
+        bw = float(d["ceilings"]["copy_bytes_per_s"])
+        peak = float(d["ceilings"]["gemm_flops_per_s"])
         return cls(
             profile_id=d["profile_id"],
             gpu=d["gpu"],
             device_name=d["device_name"],
-            copy_bytes_per_s=float(d["ceilings"]["copy_bytes_per_s"]),
-            gemm_flops_per_s=float(d["ceilings"]["gemm_flops_per_s"]),
-            classes={k: ClassFit.from_json(k, v["fit"]) for k, v in d["classes"].items()},
+            copy_bytes_per_s=bw,
+            gemm_flops_per_s=peak,
+            classes={
+                k: ClassFit.from_json(k, v["fit"], bw / peak) for k, v in d["classes"].items()
+            },
             intervals=IntervalTable.from_json(d["intervals"]) if "intervals" in d else None,
             interval_note="" if "intervals" in d else f"profile {d['profile_id']} has no residuals",
         )

@@ -117,7 +117,7 @@ def test_sparse_work_by_hand():
 def test_group_size_three_is_a_point_of_the_model():
     # C = 3 of 4 heads: 12 rows padded to 16, ceil(16 / 3) = 6 groups, each streaming its
     # union and the 16-row tail; priced by the same constants as C = 2 and 4.
-    fit = PhysicalFit(2e-6, 1e-6, 0.9, 0.2, 2.0, 0.5, 1e-6, 2e-8, 1e-10)
+    fit = PhysicalFit(2e-6, 1e-6, 0.9, 0.2, 2.0 * 3e12 / 7e14, 0.5, 1e-6, 2e-8, 1e-10)
     kw = dict(list_blocks=48.0, unique_kv_bytes=0.0)
     w = sparse_verify_work(16, 16, 32, 8, 128, "union", 3, 32, 64, 132, SMEM, **kw)
     assert w.rows_pad == 16 and w.programs == 16 * 8 * 6 * w.num_splits
@@ -138,7 +138,7 @@ def test_group_size_three_is_a_point_of_the_model():
 
 @pytest.mark.parametrize("op", ["dense", "sparse"])
 def test_more_context_more_bytes_more_time(op):
-    fit = PhysicalFit(2e-6, 1e-6, 0.9, 0.2, 2.0, 0.5, 1e-6, 2e-8, 1e-10)
+    fit = PhysicalFit(2e-6, 1e-6, 0.9, 0.2, 2.0 * 3e12 / 7e14, 0.5, 1e-6, 2e-8, 1e-10)
     last_b = last_t = 0.0
     for ctx in (2048, 8192, 32768, 131072):
         if op == "dense":

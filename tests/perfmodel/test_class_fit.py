@@ -41,26 +41,48 @@ def test_serial_steps_and_row_tile_add_to_any_call():
 
 
 def test_l2_throughput_bounds_a_call_that_rereads_its_blocks():
-    """G + h (U - G) bytes from HBM, but all U requested bytes cross L2 at r x BW: the call
-    streams a heavily re-read selection no faster than U / (r BW); a ratio of 0 (older
-    profiles, classes without it) leaves the HBM term alone."""
-    cf = dataclasses.replace(CF, l2_miss=0.1, l2_ratio=2.0, t0_s=0.0, t_depth_s=0.0)
+    """G + h (U - G) bytes from HBM, but all U requested bytes cross L2 at r_p x PEAK: the call
+    streams a heavily re-read selection no faster than U / (r_p PEAK); 0 (classes without the
+    term) leaves the HBM term alone."""
+    r_p = 2.0 * BW / PEAK  # the L2 path at twice the copy rate on this GPU
+    cf = dataclasses.replace(CF, l2_miss=0.1, l2_bytes_per_flop=r_p, t0_s=0.0, t_depth_s=0.0)
     # U = 1 GB, G = 0.1 GB: HBM term 0.1 + 0.1 * 0.9 = 0.19 GB; L2 term 1 / 2 = 0.5 GB
     reread = cf.call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=1e8)
     assert reread == pytest.approx(0.5e9 / BW)
     # U = 1 GB, G = 0.8 GB: the HBM term (0.82 GB) binds
     distinct = cf.call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=8e8)
     assert distinct == pytest.approx(0.82e9 / BW)
-    off = dataclasses.replace(cf, l2_ratio=0.0).call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=1e8)
-    assert off == pytest.approx(0.19e9 / BW)
+    off = dataclasses.replace(cf, l2_bytes_per_flop=0.0)
+    assert off.call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=1e8) == pytest.approx(0.19e9 / BW)
+
+
+def test_the_l2_path_follows_the_gemm_rate_not_the_copy_rate():
+    """On a GPU of the same chip with 0.7x the copy rate, the call bound by the L2 path keeps
+    its time and the call bound by its HBM bytes takes 1 / 0.7 as long; with 0.9x the GEMM
+    rate the L2-bound call takes 1 / 0.9 as long."""
+    cf = dataclasses.replace(
+        CF, l2_miss=0.1, l2_bytes_per_flop=2.0 * BW / PEAK, t0_s=0.0, t_depth_s=0.0
+    )
+    for dedup, slower_copy, slower_gemm in ((1e8, 1.0, 1 / 0.9), (8e8, 1 / 0.7, 1.0)):
+        base = cf.call_time_s(1e9, 1.0, BW, PEAK, dedup_bytes=dedup)
+        assert cf.call_time_s(1e9, 1.0, 0.7 * BW, PEAK, dedup_bytes=dedup) == pytest.approx(
+            base * slower_copy
+        )
+        assert cf.call_time_s(1e9, 1.0, BW, 0.9 * PEAK, dedup_bytes=dedup) == pytest.approx(
+            base * slower_gemm
+        )
 
 
 def test_json_round_trip_and_older_profiles():
     again = ClassFit.from_json("x", CF.to_json())
     assert again == CF
-    old = {k: v for k, v in CF.to_json().items() if k not in ("t_step_s", "t_row_s", "l2_ratio")}
+    drop = ("t_step_s", "t_row_s", "l2_bytes_per_flop")
+    old = {k: v for k, v in CF.to_json().items() if k not in drop}
     legacy = ClassFit.from_json("x", old)
-    assert legacy.t_step_s == 0.0 == legacy.t_row_s == legacy.l2_ratio
+    assert legacy.t_step_s == 0.0 == legacy.t_row_s == legacy.l2_bytes_per_flop
+    # a profile that kept the L2 path as a ratio over its copy rate: converted with its BW / PEAK
+    ratio = ClassFit.from_json("x", {**old, "l2_ratio": 2.0}, BW / PEAK)
+    assert ratio.l2_bytes_per_flop == pytest.approx(2.0 * BW / PEAK)
 
 
 def test_stage_counts_add_at_their_own_rates():

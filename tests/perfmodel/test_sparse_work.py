@@ -135,7 +135,7 @@ def test_more_serial_tiles_at_equal_kv_bytes_is_priced_higher():
         t_depth_s=1e-6,
         t_step_s=1e-7,
         t_depth_row_s=1e-8,
-        l2_ratio=2.0,
+        l2_bytes_per_flop=2.0 * 4.5e12 / 7.5e14,
         slot_plan=True,
     )
 
