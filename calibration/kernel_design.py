@@ -86,13 +86,13 @@ PLANNER_LINES = dict(
 WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
 # Dense verification in the short-call regime (a few to ten microseconds, where the launch,
 # the first loads and a split call's merge weigh as much as the bytes): the trained tiny target's
-# verify shapes (``kernel_grid.TINY_SWEEP``'s dense axes, batch 1 from 2K), and batch 1 at 2K
-# and 4K at two of the registry's geometries, so that leaving one geometry out leaves short
-# calls to fit.
+# verify shapes (``kernel_grid.TINY_SWEEP``'s dense axes, batch 1 from 2K), and batch 1 at 2K,
+# 4K and 8K at every other geometry (both head dimensions, GQA 2 to 16), so that leaving one
+# geometry out leaves short calls of its head dimension to fit.
 SHORT_LINES = dict(
     sweep=dataclasses.replace(kg.TINY_SWEEP, sdpa=False),
-    geometries=("llama-3.1-8b", "glm-4-9b"),
-    contexts=(2 * K, 4 * K),
+    geometries=tuple(g for g in ki.GEOMETRIES if g != "tiny"),
+    contexts=(2 * K, 4 * K, 8 * K),
     t=(1, 4, 16, 32),
     batch=1,
 )
