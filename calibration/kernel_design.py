@@ -4,8 +4,8 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
 - **Lines**: ``LINES``, the full grid at Llama-3.1-8B attention (``FULL_SWEEP``) with every
   group size 1-8 and without torch SDPA, keyed as the committed rows are, so a GPU's committed
   rows are not measured again; and lines at the shapes the fits and the campaigns need beyond
-  it (``WAVE_LINES``, ``SHORT_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``,
-  ``SPARSE_LINES``, ``PLANNER_LINES``).
+  it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``, ``SPARSE_LINES``,
+  ``PLANNER_LINES``).
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally
   often (``lattice_lhs``), head geometry (``GEOMETRIES``) one of the axes, so every level of
   every axis is measured at several values of the others, which the leave-one-out sets of
@@ -84,18 +84,6 @@ PLANNER_LINES = dict(
     dense={"tiny": (1, 9, 17, 33), "tiny-draft": (1, 2, 3, 5, 9)},
 )
 WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
-# Dense verification in the short-call regime (a few to ten microseconds, where the launch,
-# the first loads and a split call's merge weigh as much as the bytes): the trained tiny target's
-# verify shapes (``kernel_grid.TINY_SWEEP``'s dense axes, batch 1 from 2K), and batch 1 at 2K,
-# 4K and 8K at every other geometry (both head dimensions, GQA 2 to 16), so that leaving one
-# geometry out leaves short calls of its head dimension to fit.
-SHORT_LINES = dict(
-    sweep=dataclasses.replace(kg.TINY_SWEEP, sdpa=False),
-    geometries=tuple(g for g in ki.GEOMETRIES if g != "tiny"),
-    contexts=(2 * K, 4 * K, 8 * K),
-    t=(1, 4, 16, 32),
-    batch=1,
-)
 # The largest KV cache (tokens x KV heads) a point may allocate: 64 sequences of 128K at 8 KV
 # heads, 34 GB of bf16 K and V at d = 128.
 MAX_CACHE_TOKENS = 64 * 128 * K * 8
@@ -189,7 +177,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     ``steps``; a point whose rows the lines already time is dropped."""
     configs = sweep_configs(LINES, steps, "llama-3.1-8b", seed)
     if "dense" in steps:
-        configs += wave_configs() + short_configs()
+        configs += wave_configs()
     extra = engine_configs() + schedule_configs() + geometry_configs() + planner_configs()
     configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
@@ -218,21 +206,6 @@ def wave_configs() -> list[KernelConfig]:
             for t in w["t"]
             if (b, t, ctx) not in lines
         ]
-
-
-def short_configs() -> list[KernelConfig]:
-    """The dense configs of ``SHORT_LINES``: the tiny target's sweep, then the other
-    geometries' short contexts."""
-    sl = SHORT_LINES
-    out = sweep_configs(sl["sweep"], ("dense",), "tiny")
-    for geometry in sl["geometries"]:
-        with ki.geometry(geometry):
-            out += [
-                kg.dense_config(ctx, t, sl["batch"], sdpa=False)
-                for ctx in sl["contexts"]
-                for t in sl["t"]
-            ]
-    return out
 
 
 def engine_configs() -> list[KernelConfig]:

@@ -143,23 +143,6 @@ def test_the_design_times_dense_grids_between_one_and_two_waves(design):
     assert min(waves[1.03], waves[1.21], waves[1.45]) > 1
 
 
-def test_the_design_times_short_dense_calls_at_several_geometries(design):
-    """Dense calls of at most 8 MiB of K/V (two microseconds of bytes: launch, first loads and
-    merge weigh as much) at batch 1 from 2K on, at every head geometry, so that a geometry
-    left out still leaves short calls of its head dimension to fit."""
-    short = {}
-    for c in design:
-        p = c.common
-        if c.step != "dense" or p["batch"] != 1:
-            continue
-        _, hkv, d = ki.GEOMETRIES[c.geometry]
-        if p["context_len"] * hkv * d * 2 * 2 <= 8 * 2**20:
-            short.setdefault(c.geometry, set()).add((p["context_len"], p["num_query_tokens"]))
-    assert set(short) == set(ki.GEOMETRIES)
-    assert min(ctx for g in short.values() for ctx, _ in g) == 2 * 1024
-    assert all({1, 16, 32} <= {t for _, t in pts} for pts in short.values())
-
-
 def test_compile_keys_follow_the_kernels_specialisations():
     with ki.geometry("llama-3.1-8b"):
         cfg = sparse_config(16384, 16, 1, 32, 0.7, [("per_query", 1), ("union", 1)])
