@@ -60,8 +60,13 @@ def _patch_once_per_launch() -> None:
     patch_lang, run_grid = interp._patch_lang, interp.GridExecutor.__call__
     active: list[set] = []  # per launch in progress: the language modules it patched
 
+    seen_by: dict = {}  # per function: the language modules its globals hold (read once)
+
     def langs(fn) -> set:
-        return {id(v) for v in fn.__globals__.values() if v is interp.tl or v is interp.tl.core}
+        if fn not in seen_by:
+            mods = fn.__globals__.values()
+            seen_by[fn] = {id(v) for v in mods if v is interp.tl or v is interp.tl.core}
+        return seen_by[fn]
 
     def patch(fn):
         seen = langs(fn)
@@ -98,9 +103,68 @@ def _wrap_integers_as_compiled() -> None:
             builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
 
 
+def _reduce_bitwise_in_numpy() -> None:
+    """The interpreter runs a ``tl.reduce`` whose combine function it does not know one
+    element at a time, a Python call of the combine per element: the union plan's OR of
+    membership bits and ``tl.sort``'s XOR sums took most of a union test's time. A bitwise OR
+    or XOR combine reduces here as numpy's ``bitwise_or`` / ``bitwise_xor`` ``.reduce`` along
+    the same axis: the same bits, in one call. (The interpreter's private names: where a
+    Triton release lacks them, it runs unchanged.)"""
+    import numpy as np
+    import triton.language as tl
+    from ssvkit.kernels import group_plan
+    from triton.runtime import interpreter as interp
+
+    ops = getattr(interp, "ReduceOps", None)
+    if ops is None or not all(hasattr(ops, n) for n in ("apply_impl", "to_tensor")):
+        return
+    ufuncs = {
+        group_plan._bit_or: np.bitwise_or,
+        getattr(tl.standard, "_or_combine", None): np.bitwise_or,
+        getattr(tl.standard, "_xor_combine", None): np.bitwise_xor,
+    }
+    ufuncs.pop(None, None)
+    reduce = ops.apply_impl
+
+    def apply_impl(self, input):
+        ufunc = ufuncs.get(self.combine_fn)
+        if ufunc is None or len(input) != 1:
+            return reduce(self, input)
+        (x,) = input
+        data = ufunc.reduce(x.handle.data, axis=self.axis, keepdims=self.keep_dims)
+        return self.to_tensor(data, x.dtype)
+
+    ops.apply_impl = apply_impl
+
+
+def _np_dtypes_once() -> None:
+    """The interpreter maps a Triton dtype to its numpy dtype by building the whole table at
+    every call (on every operand of every op); here each dtype's answer is kept after its first
+    call. (Where a Triton release lacks the private name, it runs unchanged.)"""
+    from triton.runtime import interpreter as interp
+
+    table = getattr(interp, "_get_np_dtype", None)
+    if table is None:
+        return
+    known: dict = {}
+
+    def np_dtype(tt_dtype):
+        try:
+            return known[tt_dtype]
+        except KeyError:
+            known[tt_dtype] = got = table(tt_dtype)
+            return got
+        except TypeError:  # not hashable: asked afresh
+            return table(tt_dtype)
+
+    interp._get_np_dtype = np_dtype
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_once_per_launch()
     _wrap_integers_as_compiled()
+    _reduce_bitwise_in_numpy()
+    _np_dtypes_once()
 
 settings.register_profile("untimed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("untimed")

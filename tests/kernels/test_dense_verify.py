@@ -16,7 +16,8 @@ from ssvkit.kernels.dense_verify import (
     plan_dense_verify,
     reference_dense_verify,
 )
-from ssvkit.kernels.merge import merge_partials, reference_merge_partials
+from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.merge import merge_blocks, merge_partials, reference_merge_partials
 from ssvkit.kernels.timing import poisoned_allocations
 from ssvkit.kernels.tree import ancestor_bitmask, batch_parents
 from ssvkit.perfmodel.acceptance import chain_parents
@@ -125,14 +126,22 @@ def test_merge_partials_ignores_empty_splits():
     assert_close(o, ro, torch.float32, "o")
 
 
-@pytest.mark.parametrize("lead", [(3, 7), (2, 1107)])
-@pytest.mark.parametrize("num_splits", [1, 3, 16, 21])
+@pytest.mark.parametrize(
+    "num_splits, lead",
+    [(s, (3, 7)) for s in (1, 3, 16, 21)]
+    + [(1, (2, 1107)), (3, (2, 1107)), (16, (3, 89))]
+    + [(21, (3, 89))],
+)
 def test_merge_partials_rows_of_any_split_count(num_splits, lead):
-    """Row counts that leave a merge program's last rows empty (2214 rows: programs of 16 rows
-    at few splits, the last of 6), and split counts below, at and past one load of splits
-    (``merge.MAX_BLOCK_S``), an empty split among them."""
-    gen = torch.Generator().manual_seed(num_splits)
+    """Split counts below, at and past one load of splits (``merge.MAX_BLOCK_S``), an empty
+    split among them; with few rows (a program a row) and with enough rows for programs of
+    several rows, whose last program's rows are partly empty (2214 rows in programs of 16 or 8
+    at few splits, 267 in programs of 2 at many)."""
     dev = "cuda" if HAS_CUDA else "cpu"
+    rows = lead[0] * lead[1]
+    _, _, block_r = merge_blocks(num_splits, rows, num_sms(torch.device(dev)))
+    assert (block_r == 1) == (rows < 100) and (block_r == 1 or rows % block_r)
+    gen = torch.Generator().manual_seed(num_splits)
     o_part = torch.randn((*lead, num_splits, 32), generator=gen).to(dev)
     lse_part = torch.randn((*lead, num_splits), generator=gen).to(dev)
     lse_part[1, 5, -1] = float("-inf")
