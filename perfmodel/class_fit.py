@@ -235,12 +235,19 @@ class ClassFit:
         }
 
     @classmethod
-    def from_json(cls, name: str, d: dict, bytes_per_flop: float = 0.0) -> ClassFit:
+    def from_json(cls, name: str, d: dict, bytes_per_flop: float | None = None) -> ClassFit:
         """The fit of ``name`` from its JSON; ``bytes_per_flop``: its profile's BW / PEAK, which
-        turns an older profile's L2 ratio over BW (``l2_ratio``) into ``l2_bytes_per_flop``."""
+        turns an older profile's L2 ratio over BW (``l2_ratio``) into ``l2_bytes_per_flop``
+        (``ValueError`` when such a fit comes without it)."""
         l2 = d.get("l2_bytes_per_flop")
-        if l2 is None:
-            l2 = d.get("l2_ratio", 0.0) * bytes_per_flop
+        if l2 is None and "l2_ratio" in d:
+            if not bytes_per_flop:
+                raise ValueError(
+                    f"class {name!r} keeps its L2 path as l2_ratio {d['l2_ratio']!r}: "
+                    "converting it needs its profile's copy and GEMM rates"
+                )
+            l2 = d["l2_ratio"] * bytes_per_flop
+        l2 = 0.0 if l2 is None else l2
         return cls(
             name=name,
             t0_s=float(d["t0_s"]),

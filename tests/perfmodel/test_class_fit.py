@@ -83,6 +83,8 @@ def test_json_round_trip_and_older_profiles():
     # a profile that kept the L2 path as a ratio over its copy rate: converted with its BW / PEAK
     ratio = ClassFit.from_json("x", {**old, "l2_ratio": 2.0}, BW / PEAK)
     assert ratio.l2_bytes_per_flop == pytest.approx(2.0 * BW / PEAK)
+    with pytest.raises(ValueError, match="'x' keeps its L2 path as l2_ratio 2.0"):
+        ClassFit.from_json("x", {**old, "l2_ratio": 2.0})
 
 
 def test_stage_counts_add_at_their_own_rates():
