@@ -15,9 +15,12 @@ quietly import a second copy where an installed ssvkit has none. A finder refuse
 
 Triton: without a CUDA GPU the kernels run under Triton's CPU interpreter. ``triton.jit`` reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so it is set here, before any test module
-imports a kernel (after the thread settings, which torch reads at its import). Two of the
-interpreter's costs that change no result are cut (``_patch_once_per_launch``,
-``_wrap_integers_as_compiled``): together they took about two thirds of the kernel tests' time.
+imports a kernel (after the thread settings, which torch reads at its import). Five of the
+interpreter's costs that change no result are cut, each falling back to the interpreter's own
+routine wherever its case is not covered: the language patch at every helper call
+(``_patch_once_per_launch``), integer arguments wrapped per call (``_wrap_integers_as_compiled``),
+bitwise reduces run element by element (``_reduce_bitwise_in_numpy``), the dtype table rebuilt
+per operand (``_np_dtypes_once``) and ``tl.sort``'s bitonic network (``_sort_in_numpy``).
 
 Hypothesis: no per-example deadline and no too-slow health check (both time examples on the
 wall clock, which a loaded machine stretches); a property that holds passes however long its

@@ -55,21 +55,22 @@ def test_validate_prints_the_chosen_sets(profiles, capsys):
     # its own class refitted on the other group sizes: no other class named as the predictor
     union = next(x for x in lines if x.startswith(UNION + " "))
     assert union.split()[-1] in ("met", "MISSED")
-    assert main(["validate", "--sets", "interp,context"]) == 0
+    # several sets in the order of the table (the group set's refits are the first call's)
+    assert main(["validate", "--sets", "group,interp"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("profile h100-sxm-") and "\ncontext: leave one context length" in out
+    assert out.startswith("profile h100-sxm-") and "\ngroup: leave one group size out" in out
     assert main(["validate", "--sets", "heads"]) == 2
     assert "unknown test set 'heads'" in capsys.readouterr().err
 
 
 def test_validate_json_carries_the_sets(profiles, capsys):
-    assert main(["validate", "--json", "--sets", "interp,context,gpu"]) == 0
+    assert main(["validate", "--json", "--sets", "interp,group,gpu"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["overall"]["heldout"]["n"] > 10  # the interpolation report is unchanged
     assert doc["transfer_targets"] == TARGETS
-    assert set(doc["transfer"]) == {"context", "h100-sxm->h200", "h200->h100-sxm"}
+    assert set(doc["transfer"]) == {"group", "h100-sxm->h200", "h200->h100-sxm"}
     for key, s in doc["transfer"].items():
-        target = TARGETS["leave_one_out" if key == "context" else "cross_gpu"]
+        target = TARGETS["leave_one_out" if key == "group" else "cross_gpu"]
         assert s["target"] == target
         for stats in s["classes"].values():
             assert stats["n"] > 0

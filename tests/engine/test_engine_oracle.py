@@ -55,7 +55,7 @@ def autoregressive(strategy: Strategy, prompts, config: DecodeConfig) -> list[li
 @pytest.mark.parametrize("case", list(CASES))
 def test_oracle_decoding_emits_the_targets_own_tokens(case, lengths, temperature):
     prompts = random_prompts(lengths, seed=7)
-    plain = DecodeConfig(max_new_tokens=40, temperature=temperature, seed=5)
+    plain = DecodeConfig(max_new_tokens=24, temperature=temperature, seed=5)  # 10-14 rounds
     want = autoregressive(CASES[case], prompts, plain)
     cfg = dataclasses.replace(plain, oracle_acceptance=(0.7,))
     engine, result = decode(CASES[case], prompts, cfg)
@@ -80,7 +80,8 @@ def test_a_reference_wrong_from_some_position_on_is_re_anchored(monkeypatch, cas
     the output is the target's and no sequence leaves its probes; the corrections cost probes
     beyond one per round."""
     prompts = random_prompts([120, 64], seed=2)
-    plain = DecodeConfig(max_new_tokens=30, temperature=temperature, seed=4)
+    # 20 tokens: past both wrong starts, over 4-7 rounds.
+    plain = DecodeConfig(max_new_tokens=20, temperature=temperature, seed=4)
     want = autoregressive(CASES[case], prompts, plain)
     own = Engine._reference
     monkeypatch.setattr(
@@ -108,7 +109,8 @@ def test_accepted_lengths_follow_the_chosen_acceptance_per_depth(tree, alpha):
     and so the outcome, are the same every run)."""
     prompts = random_prompts([64, 97, 80, 71], seed=11)
     strategy = Strategy(name="sd", tree=tree, drafter=NGRAM)
-    cfg = DecodeConfig(max_new_tokens=240, oracle_acceptance=alpha, seed=3)
+    # 120 tokens: 70-180 rounds reach each depth (four sequences).
+    cfg = DecodeConfig(max_new_tokens=120, oracle_acceptance=alpha, seed=3)
     engine, result = decode(strategy, prompts, cfg)
     assert not engine.drafter.diverged
     accepted = np.concatenate([r.accepted for r in result.rounds])
@@ -157,7 +159,8 @@ def test_acceptance_follows_the_profile_where_the_verify_leaves_the_reference(
     perturb_verify(monkeypatch)
     prompts = random_prompts([64, 97, 80], seed=11)
     strategy = Strategy(name="sd", tree=tree, drafter=NGRAM)
-    plain = DecodeConfig(max_new_tokens=160, temperature=temperature, seed=3)
+    # 120 tokens: 75-140 rounds reach each depth (three sequences).
+    plain = DecodeConfig(max_new_tokens=120, temperature=temperature, seed=3)
     want = decode(strategy, prompts, plain)[1].tokens
     assert want != autoregressive(strategy, prompts, plain)  # the reference is wrong
     engine, result = decode(strategy, prompts, dataclasses.replace(plain, oracle_acceptance=alpha))

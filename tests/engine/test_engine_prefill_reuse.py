@@ -194,14 +194,16 @@ def test_an_explicit_budget_or_reuse_false_runs_it_again():
 
 def test_triton_interpreter_reuse_decodes_what_a_fresh_runner_decodes():
     """The Triton path's summaries (the kernels' block metadata and compressed tokens) after a
-    reused prefill, on the CPU interpreter: a dense run, then NSA and union runs reusing its
-    prefill."""
-    prompts = random_prompts([40, 21], seed=7)
-    t_max = 40 + 4 + MAX_TREE_NODES + 1
+    reused prefill, on the CPU interpreter: a dense run, then an NSA run with union row tiles
+    reusing its prefill. Its one decode round commits the 24th token of the shorter sequence,
+    which completes a compression window: the decode extends the summaries the reuse built."""
+    prompts = random_prompts([40, 23], seed=7)
+    new = 2  # the prefill's token and one round's
+    t_max = 40 + new + MAX_TREE_NODES + 1
     runs = [RUNS[0][0], dataclasses.replace(RUNS[7][0], mode="union", group_size=2)]
 
     def generate(runner, strategy):
-        return Engine(runner, strategy, DecodeConfig(max_new_tokens=4)).generate(prompts)
+        return Engine(runner, strategy, DecodeConfig(max_new_tokens=new)).generate(prompts)
 
     shared = ModelRunner(TARGET, batch=2, t_max=t_max, backend="triton")
     for strategy in runs:
@@ -209,6 +211,8 @@ def test_triton_interpreter_reuse_decodes_what_a_fresh_runner_decodes():
         assert generate(shared, strategy).tokens == generate(fresh, strategy).tokens
         assert _same(_state(shared), _state(fresh)) == []
     assert shared.prefills == 1
+    # (24 - comp_block 16) // comp_stride 8 + 1 = 2 windows, one more than the prompt's 23 hold.
+    assert shared.cache.lens.tolist() == [41, 24] and shared.cache.comp_lens.tolist() == [4, 2]
 
 
 @pytest.mark.gpu

@@ -79,7 +79,7 @@ def test_tree_decode_accepts_and_commits_as_the_torch_path(temperature):
     lengths equal the torch backend's and so does the committed KV, greedy and sampled, and a batch
     whose sequences stop at different rounds stops each at its budget."""
     s = Strategy(name="sd", tree="full:2x3", drafter=DrafterSpec(kind="ngram"))
-    cfg = DecodeConfig(max_new_tokens=7, temperature=temperature, seed=3, oracle_acceptance=(0.8,))
+    cfg = DecodeConfig(max_new_tokens=5, temperature=temperature, seed=3, oracle_acceptance=(0.8,))
     out = {}
     for backend in ("torch", "triton"):
         runner = ModelRunner(MODEL, batch=2, t_max=128, backend=backend)
@@ -87,6 +87,9 @@ def test_tree_decode_accepts_and_commits_as_the_torch_path(temperature):
         lens = runner.cache.lens.tolist()
         kv = [runner.cache.kv[:, :, b, :, :n].clone() for b, n in enumerate(lens)]
         out[backend] = (result.tokens, lens, kv, result.mean_accepted())
+    # The prefill's token and a first round that keeps 3 drafts (+ the bonus) fill one
+    # sequence's 5 tokens: the second round decodes the other one alone.
+    assert [r.sequences for r in result.rounds] == [[0, 1], [0]]
     assert out["triton"][:2] == out["torch"][:2]
     for got, want in zip(out["triton"][2], out["torch"][2], strict=True):
         # The fused rotary and KV store round apart from torch's: close, not bit-equal.
@@ -98,13 +101,13 @@ def test_tree_decode_accepts_and_commits_as_the_torch_path(temperature):
 @pytest.mark.parametrize("mode", ["per_query", "union"])
 def test_greedy_nsa_decode_with_a_row_schedule_is_the_reference_decode(mode):
     """Speculative NSA decoding with one draft row per row tile (or tiles of 2) emits the
-    tokens of the same decode on the fp32 torch references, which have no row schedule. Two
-    rounds (one token each: the random model rejects the drafts), each through a refresh layer
-    and a layer reusing its selection: the second round runs on the caches the first
-    committed."""
+    tokens of the same decode on the fp32 torch references, which have no row schedule. Five
+    rows (a branching tree of depth 2: tiles of 2 leave a partial last tile). Two rounds (one
+    token each: the random model rejects the drafts), each through a refresh layer and a layer
+    reusing its selection: the second round runs on the caches the first committed."""
     s = Strategy(
         name="ssv",
-        tree="full:2x2",
+        tree="best:4:2",
         drafter=DrafterSpec(kind="ngram"),
         attention="sparse",
         metadata="nsa",
@@ -114,6 +117,8 @@ def test_greedy_nsa_decode_with_a_row_schedule_is_the_reference_decode(mode):
         **NSA_KW,
     )
     assert AttentionConfig.from_strategy(s).rows_per_tile == (1 if mode == "per_query" else 2)
+    tree = DraftTree.from_spec(s.tree)
+    assert (tree.num_nodes, tree.max_depth) == (5, 2)
     tokens = {}
     for backend in ("torch", "triton"):
         runner = ModelRunner(MODEL, batch=2, t_max=128, backend=backend)

@@ -5,6 +5,7 @@ tokens, and its host cost (its n-gram look-ups) stays small."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -529,6 +530,17 @@ def test_kept_rankings_follow_the_counts():
     assert sum(h.ranked is not None for h in idx.table.values()) > 50
 
 
+@functools.cache
+def _repeated_text_run(temperature: float):
+    """A prompt of a random text three times over (the n-gram drafter has matches to find) and
+    its autoregressive run of 90 tokens with warm drafters (a shadow every round); one run per
+    temperature, read by each chain length's test."""
+    base = random_prompts([40], seed=5)[0]
+    prompts = [base * 3]
+    ar, _ = _engine(AR, WarmPlan({}), prompts, n=90, temperature=temperature)
+    return prompts, ar.generate(prompts)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.05])
 @pytest.mark.parametrize("chain", [2, 4, 7])
 def test_shadow_walk_is_the_chain_run_on_the_same_text(chain, temperature):
@@ -539,10 +551,7 @@ def test_shadow_walk_is_the_chain_run_on_the_same_text(chain, temperature):
     wait for tokens). The average over positions is not: it counts a matching stretch once per
     position, the run once per round. (Temperature 0.05: the random tiny model's text repeats
     enough for n-gram drafts to be accepted.)"""
-    base = random_prompts([40], seed=5)[0]
-    prompts = [base * 3]  # repeated text: the n-gram drafter has matches to find
-    ar, _ = _engine(AR, WarmPlan({}), prompts, n=90, temperature=temperature)
-    ar_res = ar.generate(prompts)
+    prompts, ar_res = _repeated_text_run(temperature)
     shadows = [r.shadow["ngram"] for r in ar_res.rounds]
     walked = sum(s.rounds[chain - 1] for s in shadows)
     drafts = sum(s.drafts[chain - 1] for s in shadows)
@@ -597,18 +606,22 @@ def _tree_walk_reference(seq: list[int], start: int, spec: str, max_n: int = 3):
     return accepted
 
 
-@pytest.mark.parametrize("text", ["code", "repetitive", "random16"])
-def test_tree_walks_equal_the_drafters_own_trees_round_by_round(text):
+@pytest.mark.parametrize(
+    ("text", "length"), [("code", 1000), ("repetitive", 1000), ("random16", 800)]
+)
+def test_tree_walks_equal_the_drafters_own_trees_round_by_round(text, length):
     """Each walked tree is the tree the n-gram drafter itself drafts at that position from the
     sequence before it, and each round accepts its longest matching path: the same rounds and
-    accepted drafts as the plain reference, over random chunks of committed tokens."""
+    accepted drafts as the plain reference, over random chunks of committed tokens. The walks
+    start after 600 tokens; ``length`` gives each text over 60 rounds of every tree (a random
+    text over 16 tokens rejects most drafts, a token or two a round: it needs the fewest)."""
     from ssvkit.validation.prompts import prompt_tokens
 
     rng = random.Random(7)
     seq = (
-        [rng.randrange(16) for _ in range(1000)]
+        [rng.randrange(16) for _ in range(length)]
         if text == "random16"
-        else prompt_tokens(text, 1000)
+        else prompt_tokens(text, length)
     )
     start, specs = 600, ("best:8:4", "best:16:6", "full:3x2")
     d = NgramDrafter("cpu", 3, 8, specs + ("chain:3",))  # a chain among them: left to the chains

@@ -30,12 +30,12 @@ from ssvkit.kernels.nsa_verify import (
 from ssvkit.kernels.timing import poisoned_allocations
 
 # (prefix_lens, t, H, Hkv, D, dtype): several 16-row tiles with a ragged last one (t = 5,
-# G = 4), a padded head group (G = 3) beside a second KV head, a prefix of 0 beside longer ones,
+# G = 4), a padded head group (G = 3) beside a second KV head, a prefix of 0 beside a longer one,
 # one row per tile (t = 1). The kernels' arithmetic is fp32 whatever the inputs' dtype: fp16
 # once, on the cheapest shape, for the casts of the loads and of the merged output.
 SHAPES = [
-    ([77, 130], 5, 4, 1, 32, torch.float32),
-    ([50, 0, 33], 3, 6, 2, 16, torch.float32),
+    ([130], 5, 4, 1, 32, torch.float32),
+    ([50, 0], 3, 6, 2, 16, torch.float32),
     ([150], 1, 4, 1, 16, torch.float16),
 ]
 
@@ -102,7 +102,7 @@ def test_folded_merge_merges_every_tile_of_a_row_schedule(rows_per_tile, refresh
     covers a row's real head slots, not the padding. Each schedule runs with both merge modes
     and on both paths (every pair of the three choices once; the test above crosses path and
     merge mode)."""
-    prefix_lens, t, h, hkv, d = [77, 130], 5, 4, 1, 16
+    prefix_lens, t, h, hkv, d = [130], 5, 4, 1, 16
     args, idx = make_inputs(prefix_lens, t, h, hkv, d, torch.float32, seed=11)
     block_idx = None if refresh else idx
     ro, ridx = reference_nsa_verify(*args, block_idx=block_idx, **NSA_KW)
@@ -161,7 +161,7 @@ def test_the_folded_call_launches_no_merge_kernel(monkeypatch):
             raise AssertionError("a merge launch")
 
     monkeypatch.setattr(steps, "nsa_merge_kernel", Refused())
-    args, idx = make_inputs([90, 41], 3, 4, 1, 16, torch.float32, seed=1)
+    args, idx = make_inputs([90], 3, 4, 1, 16, torch.float32, seed=1)
     for merge in ("auto", "last", "parallel"):
         cfg = config(merge, num_splits=4)
         o, _ = nsa_verify(*args, block_idx=idx, config=cfg, **NSA_KW)
@@ -176,7 +176,7 @@ def test_repeated_calls_share_one_counter_buffer_and_repeat_their_output():
     """A CUDA graph replays a call on the same buffers: the counters the first call used must be
     ready for the second, which then writes the same output (the merge reads the slots in a
     fixed order, whichever program is last)."""
-    args, idx = make_inputs([120, 70], 5, 4, 1, 16, torch.float32, seed=2)
+    args, idx = make_inputs([120], 5, 4, 1, 16, torch.float32, seed=2)
     outs = []
     for merge in ("last", "parallel"):
         o1, _ = nsa_verify(*args, block_idx=idx, config=config(merge), **NSA_KW)
@@ -202,7 +202,7 @@ def test_arrival_counters_are_zeroed_kept_and_grown():
 
 @pytest.mark.parametrize(
     "prefix_lens, t, h, hkv, source",
-    [([520, 410, 0], 3, 8, 2, "stored"), ([530], 16, 4, 1, "computed")],
+    [([520, 410, 0], 3, 4, 2, "stored"), ([530], 16, 4, 1, "computed")],
     ids=["ragged-t3-stored", "t16-computed"],
 )
 def test_folded_pick_selects_the_reference_blocks_in_one_launch(

@@ -28,12 +28,13 @@ from ssvkit.perfmodel import nsa_plan
 
 # (prefix_lens, t, H, Hkv, D, tree, dtype): one row per tile at G = 4, 3 (padded to 4) and 1, so
 # a tile's 16 MMA rows hold one draft row and padding head slots; t = 5 leaves a last tile of
-# one row under rows_per_tile = 2 and 4. The kernels' arithmetic is fp32 whatever the inputs'
-# dtype: fp16 once, for the casts of the loads and of the output.
+# one row under rows_per_tile = 2 and 4; a prefix of 0 (no compressed token, no block) beside a
+# longer one; two KV heads (G = 1). The kernels' arithmetic is fp32 whatever the inputs' dtype:
+# fp16 once, for the casts of the loads and of the output.
 CPU_SHAPES = [
-    ([77, 130], 3, 4, 1, 32, "tree", torch.float32),
-    ([0, 45, 9], 5, 3, 1, 16, "chain", torch.float16),
-    ([99, 61], 5, 2, 2, 16, "tree", torch.float32),
+    ([130], 3, 4, 1, 32, "tree", torch.float32),
+    ([0, 45], 5, 3, 1, 16, "chain", torch.float16),
+    ([99], 5, 2, 2, 16, "tree", torch.float32),
 ]
 
 
@@ -65,7 +66,7 @@ def test_reuse_with_rows_per_tile_matches_reference(shape, rows_per_tile):
 def test_refresh_with_one_row_per_tile_selects_and_attends_as_the_reference(fused):
     """The refresh path scores, picks and attends per tile: with one row a tile the indices
     must still be the reference's exactly (random data: no ties)."""
-    args, _ = make_inputs([150, 61], 5, 8, 2, 16, torch.float32, tree="tree", seed=21)
+    args, _ = make_inputs([150, 61], 5, 4, 1, 16, torch.float32, tree="tree", seed=21)
     ro, ridx = reference_nsa_verify(*args, **NSA_KW)
     fn = nsa_verify if fused else nsa_verify_unfused
     with poisoned_allocations():
@@ -89,7 +90,7 @@ def test_shared_context_tiles_match_reference(monkeypatch):
         monkeypatch.setattr(
             mod, "context_plan", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1]
         )
-    args, idx = make_inputs([150, 61], 5, 8, 2, 16, torch.float32, tree="tree", seed=23)
+    args, idx = make_inputs([150, 61], 5, 4, 1, 16, torch.float32, tree="tree", seed=23)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
     ro_refresh, ridx = reference_nsa_verify(*args, **NSA_KW)
     cfg = NsaVerifyConfig(rows_per_tile=1, context_tiles="shared", num_splits=4)
@@ -120,7 +121,7 @@ def test_paired_launch_is_the_two_launches(monkeypatch):
     calls = []
     real = nv.launch_pair
     monkeypatch.setattr(nv, "launch_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
-    args, idx = make_inputs([150, 61, 33], 5, 8, 2, 16, torch.float32, tree="tree", seed=29)
+    args, idx = make_inputs([150, 33], 5, 4, 1, 16, torch.float32, tree="tree", seed=29)
     ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
     base = NsaVerifyConfig(rows_per_tile=2, num_splits=4, context_tiles="shared")
     with poisoned_allocations():
@@ -154,7 +155,7 @@ def test_shared_context_tiles_need_fewer_tiles_and_the_separate_merge():
 def test_one_row_per_tile_streams_each_rows_own_blocks():
     """A per-query call's union plan is every row's own block list (no union kernel, no member
     bits): ``t`` tiles of one row; the packed plan of the same call has one tile of all rows."""
-    args, idx = make_inputs([130, 90], 5, 8, 2, 16, torch.float32, seed=6)
+    args, idx = make_inputs([130, 90], 5, 4, 1, 16, torch.float32, seed=6)
     q, k = args[0], args[1]
     bs = NSA_KW["block_size"]
     one = nsa_union_plan(q, k, idx, block_size=bs, config=NsaVerifyConfig(rows_per_tile=1))

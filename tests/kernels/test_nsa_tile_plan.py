@@ -4,8 +4,8 @@ against the "fixed" plan's output.
 
 CPU: Triton interpreter, fp32 and fp16, ragged prefixes with NaN past every sequence's cache (a
 correct kernel never reads it). 4 query heads on one KV head (G = 4, Llama-3.1-8B's group), so
-t = 17 and 20 are one 68- and 80-row tile of 128 MMA rows under "fit" (two tiles under "fixed")
-and t = 33 two tiles of 32 + 1 draft rows; ``num_splits`` 5 puts several slots on a branch.
+t = 17 is one 68-row tile of 128 MMA rows under "fit" (two tiles under "fixed") and t = 33 two
+tiles of 32 + 1 draft rows; ``num_splits`` 5 puts several slots on a branch.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from ssvkit.kernels.nsa_verify import (
 )
 from ssvkit.kernels.timing import poisoned_allocations
 
-# (prefix_lens, t, dtype, rows_per_tile): every row schedule at t = 20, and at 17 and 33 rows
-# (one and two packed tiles) the packed and the grouped schedules; one draft row a tile runs
-# the same kernel path at every t.
+# (prefix_lens, t, dtype, rows_per_tile): the packed schedule at 17 and 33 rows (one and two
+# packed tiles); one draft row a tile and tiles of 4 rows at t = 5 (five tiles, and a last tile
+# of one row). A schedule of a few rows a tile packs them as the "fixed" plan does, so a few
+# tiles serve it as well as many; one draft row a tile runs the same kernel path at every t.
 CASES = [
     ([61, 38], 17, torch.float32, 0),
-    ([45], 20, torch.float16, 1),
-    ([45], 20, torch.float16, 4),
+    ([45], 5, torch.float16, 1),
+    ([45], 5, torch.float16, 4),
     ([70], 33, torch.float32, 0),
 ]
 
@@ -54,6 +55,9 @@ def test_fit_plan_reuse_matches_reference(case):
     if rows_per_tile == 0:  # the packed tile holds up to 32 draft rows in 128 MMA rows
         assert (plan.block_m, plan.num_tiles) == ((128, 1) if t <= 32 else (128, 2))
         assert plan.num_warps == 8
+        assert _plan(args, NsaVerifyConfig()).num_tiles == -(-t // 16)  # "fixed": 16 a tile
+    else:
+        assert (plan.rows, plan.num_tiles) == (rows_per_tile, -(-t // rows_per_tile))
     with poisoned_allocations():
         union = nsa_union_plan(args[0], args[1], idx, block_size=NSA_KW["block_size"], config=fit)
         o, _ = nsa_verify(*args, block_idx=idx, config=fit, union=union, **NSA_KW)
@@ -66,13 +70,14 @@ def test_fit_plan_reuse_matches_reference(case):
     assert_close(o, o_fixed, dtype, "o")
 
 
-@pytest.mark.parametrize("rows_per_tile", [0, 4])
-def test_fit_plan_refresh_selects_reference_blocks(rows_per_tile):
+def test_fit_plan_refresh_selects_reference_blocks():
     """Random data has no ties: the refresh path's indices under "fit" (one 128-row tile at
-    t = 17) must equal the reference's exactly, fused and unfused."""
-    args, _ = make_inputs([90, 52], 17, 4, 1, 16, torch.float32, tree="tree", seed=5)
+    t = 17) must equal the reference's exactly, fused and unfused. Tiles of 4 rows pack as the
+    "fixed" plan's 16-row tiles at G = 4, whose refresh ``test_nsa_verify`` checks."""
+    args, _ = make_inputs([90], 17, 4, 1, 16, torch.float32, tree="tree", seed=5)
     ro, ridx = reference_nsa_verify(*args, **NSA_KW)
-    cfg = NsaVerifyConfig(tile_plan="fit", rows_per_tile=rows_per_tile, num_splits=4)
+    cfg = NsaVerifyConfig(tile_plan="fit", num_splits=4)
+    assert _plan(args, cfg).num_tiles == 1
     with poisoned_allocations():
         o, idx = nsa_verify(*args, config=cfg, **NSA_KW)
         o_unfused, idx_unfused = nsa_verify_unfused(*args, config=cfg, **NSA_KW)

@@ -87,8 +87,9 @@ def test_pdl_is_refused_where_launches_cannot_be_dependents(monkeypatch):
 
 
 # (prefix_lens, t, H, Hkv, D): 16-row tiles of 4 draft rows (G = 4), a ragged last tile and a
-# prefix shorter than a compression window; one draft row (no union plan launch).
-SHAPES = [([77, 9], 5, 8, 2, 32), ([150], 1, 4, 1, 16)]
+# prefix shorter than a compression window; one draft row (no union plan launch). One KV head
+# each: a call's launches and their chain do not depend on the number of heads.
+SHAPES = [([77, 9], 5, 4, 1, 32), ([150], 1, 4, 1, 16)]
 # Kernel launches of one call with multi-row tiles: the refresh path (compressed pass, scoring,
 # pick, union plan, forward, merge), the reuse path building its union, the unfused refresh
 # (compressed pass, scoring, pick, its merge, then per branch forward and merge, the union plan
@@ -133,12 +134,15 @@ def test_folded_steps_with_pdl_are_the_calls_without_it(merge, pick, refresh):
     """The folded merge and pick wait before their first ticket: the same output, and the
     arrival counters are zero again."""
     import ssvkit.kernels.arrivals as arrivals
+    from ssvkit.kernels.top_blocks import threshold_meta
 
     if HAS_CUDA:
         pytest.skip("fp32 is a CPU-interpreter dtype; the GPU tests below run the default steps")
-    args, idx = make_inputs([600, 530, 0], 3, 8, 2, 16, torch.float32, seed=4)
+    # A prefix of more than 32 blocks (rows the folded pick serves) beside an empty one.
+    args, idx = make_inputs([520, 0], 3, 4, 1, 16, torch.float32, seed=4)
     block_idx = None if refresh else idx
-    kw = dict(NSA_KW, top_n=6) if refresh else NSA_KW  # rows the folded pick serves
+    kw = dict(NSA_KW, top_n=6) if refresh else NSA_KW
+    assert threshold_meta(-(-args[1].shape[2] // kw["block_size"]), 6) is not None
     outs = []
     for on in (False, True):
         cfg = NsaVerifyConfig(num_splits=5, block_j=16, merge=merge, pick=pick, pdl=on)
@@ -154,7 +158,7 @@ def test_folded_steps_with_pdl_are_the_calls_without_it(merge, pick, refresh):
 @pytest.mark.parametrize("method", ["mean", "quest"])
 def test_select_blocks_with_pdl_picks_what_it_picks_without(launches, method, fused):
     lens = [700, 17, 0]
-    q, k, lens_t = select_inputs(lens, 3, 8, 2, 16, torch.float32, seed=8)
+    q, k, lens_t = select_inputs(lens, 3, 4, 1, 16, torch.float32, seed=8)
     meta = BlockMetadata.build(k, lens_t, 16, kinds=(method,))
     kw = dict(top_n=6, method=method, num_sink=1, num_local=1, fused=fused)
     picks = {}

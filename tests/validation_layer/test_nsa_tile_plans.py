@@ -9,11 +9,12 @@ from ssvkit.validation import nsa_tile_plans as ntp
 
 
 def _case(knob: str, rows_per_tile: int):
-    """The check's small case: input sets, both values' configs and the label."""
-    sets = ns.input_sets(1, 4, 512, 516, 1)
+    """The check's small case: input sets, both values' configs and the label. 256 keys: 15
+    compressed tokens, the refresh picks 4 of 8 blocks, the window covers a quarter."""
+    sets = ns.input_sets(1, 4, 256, 260, 1)
     field, values, _ = ntp.KNOBS[knob]
     configs = {p: NsaVerifyConfig(rows_per_tile=rows_per_tile, **{field: p}) for p in values}
-    return sets, configs, f"b1 t4 512 r{rows_per_tile}"
+    return sets, configs, f"b1 t4 256 r{rows_per_tile}"
 
 
 @pytest.mark.parametrize(
