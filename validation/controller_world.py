@@ -13,6 +13,7 @@ same. ``run_shadow`` drives a warm ``NgramDrafter`` over a prompt set's text.
 
 from __future__ import annotations
 
+import copy
 import cProfile
 import json
 import time
@@ -158,6 +159,24 @@ def _timed_after_round(ctl, stats: RoundStats, flush, prof: cProfile.Profile | N
     return new, seconds
 
 
+# The last controller warmed per (class, config), with the setting it was warmed on: warming
+# scores every candidate of every regime (most of a run of a few hundred rounds) and depends
+# on nothing but the class, the config and the setting, so a run starts from a copy of it.
+_WARMED: dict[tuple, tuple] = {}
+
+
+def _warmed(cls, setting, config: ControllerConfig):
+    """A fresh controller of ``cls`` on ``setting`` with ``config``, warmed: a deep copy of the
+    one warmed for them (the setting's ranking, model, GPU and profile shared, as they are by
+    every controller made on it)."""
+    hit = _WARMED.get((cls, config))
+    if hit is None or hit[0] is not setting:
+        ctl = cls(*setting, config)
+        ctl.warm()
+        hit = _WARMED[(cls, config)] = (setting, ctl)
+    return copy.deepcopy(hit[1], {id(x): x for x in setting})
+
+
 def run_controller(
     setting,
     scenario,
@@ -182,13 +201,10 @@ def run_controller(
     random bytes, n-gram ~0; ``decay`` -- prose whose later drafts fare worse, so the draft
     model's chain:2 beats its chain:4; ``prose>code`` -- prose, then from round 200 text the
     n-gram drafter suits, which its shadow reveals."""
-    ranking, model, gpu, profile = setting
+    _, _, _, profile = setting
     phases = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     phases = [(0, phases)] if isinstance(phases, dict) else phases
-    ctl = (controller_cls or OnlineController)(
-        ranking, model, gpu, profile, config or ControllerConfig()
-    )
-    ctl.warm()
+    ctl = _warmed(controller_cls or OnlineController, setting, config or ControllerConfig())
     ctl._rescore = rescore = _Counted(ctl._rescore)
     rng = np.random.default_rng(seed)
     s, ctx, switched, times = start or ctl.initial_strategy(CONTEXT), CONTEXT, False, []
