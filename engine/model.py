@@ -7,8 +7,7 @@ cache. So one forward serves prefill, the draft-tree verify step and the drafter
 
 Two backends: ``torch`` runs every op in torch (the reference; training needs it for autograd),
 ``triton`` the element-wise ops as fused ``kernels.layer_ops`` / ``kernels.rope_kv_write``
-launches and the linear layers through ``kernels.linear`` (``CausalLM.forward``), launched as
-``CausalLM.launches`` says (``LayerLaunches``). Parameters
+launches and the linear layers through ``kernels.linear`` (``CausalLM.forward``). Parameters
 are named like Hugging Face's ``LlamaForCausalLM`` except that q/k/v and gate/up are fused into
 one projection each (one GEMM instead of three or two); ``engine.checkpoint`` maps the names.
 """
@@ -16,7 +15,6 @@ one projection each (one GEMM instead of three or two); ``engine.checkpoint`` ma
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import torch
@@ -26,7 +24,6 @@ from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.rope import apply_rope, expand_angles, rope_tables
 from ssvkit.kernels.layer_ops import add_rms_norm, embed, rms_norm, silu_mul
 from ssvkit.kernels.linear import linear
-from ssvkit.kernels.pdl import LaunchChain, pdl_supported
 from ssvkit.kernels.rope_kv_write import rope_kv_write
 from torch import nn
 
@@ -48,45 +45,11 @@ class KVSink(Protocol):
         """The layer's cache views and the rows' slots (no allocation, no host read)."""
 
 
-@dataclass(frozen=True, slots=True)
-class LayerLaunches:
-    """How the triton backend launches the ops around attention.
-
-    ``pdl``: the embedding, norms, rotary store, activation and linear layers form one
-    ``kernels.pdl.LaunchChain``: each launch starts while the one before finishes and waits for
-    it at its gate, and each linear layer's programs ask L2 for their first weight steps
-    before that wait (on GPUs that have programmatic dependent launch; elsewhere the launches
-    are ordinary). Attention's launches stay ordinary. ``fused_gate``: ``silu(gate) * up`` is
-    computed by the down projection as it loads its input (``kernels.linear``'s ``gated``), not
-    by a launch of its own. Both give the same bits as the plain launches.
-    """
-
-    pdl: bool = False
-    fused_gate: bool = False
-
-    @property
-    def name(self) -> str:
-        """``plain``, or the options on joined by ``+`` (``pdl+fused_gate``)."""
-        return "+".join(k for k in ("pdl", "fused_gate") if getattr(self, k)) or "plain"
-
-    @classmethod
-    def from_name(cls, name: str) -> LayerLaunches:
-        """The launches ``name`` (as ``name`` writes them) says; a one-line error otherwise."""
-        parts = set(name.split("+")) - {"plain"}
-        if not name or parts - {"pdl", "fused_gate"} or ("plain" in name and parts):
-            raise ValueError(
-                f"layer launches must be plain, pdl, fused_gate or pdl+fused_gate, got {name!r}"
-            )
-        return cls(pdl="pdl" in parts, fused_gate="fused_gate" in parts)
-
-
-def project(
-    layer: nn.Linear, x: torch.Tensor, chain: LaunchChain | None = None, gated: bool = False
-) -> torch.Tensor:
+def project(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` through ``kernels.linear`` (the weight-streaming kernel at decode row
     counts): the triton backend's linear layers. Like its other kernels it records no autograd
     graph; training runs the torch backend."""
-    return linear(x, layer.weight, layer.bias, chain=chain, gated=gated)
+    return linear(x, layer.weight, layer.bias)
 
 
 class WeightOps(NamedTuple):
@@ -150,19 +113,15 @@ class Attention(nn.Module):
         o = attend(layer, q)  # [B, t, H, D]
         return self.o_proj(o.reshape(b, t, h * d))
 
-    def forward_fused(
-        self, x, positions, cos_table, sin_table, kv: KVSink, attend, layer: int, chain=None
-    ):
+    def forward_fused(self, x, positions, cos_table, sin_table, kv: KVSink, attend, layer: int):
         """``forward`` with the q/k norm, rotary and the KV store in one Triton launch."""
         b, t, _ = x.shape
-        qkv = project(self.qkv_proj, x, chain)
-        q = self.rope_store(qkv, positions, cos_table, sin_table, kv.target(layer), chain)
+        qkv = project(self.qkv_proj, x)
+        q = self.rope_store(qkv, positions, cos_table, sin_table, kv.target(layer))
         o = attend(layer, q)  # [B, t, H, D]
-        return project(self.o_proj, o.reshape(b, t, self.num_q_heads * self.head_dim), chain)
+        return project(self.o_proj, o.reshape(b, t, self.num_q_heads * self.head_dim))
 
-    def rope_store(
-        self, qkv, positions, cos_table, sin_table, target: KVTarget, chain=None
-    ) -> torch.Tensor:
+    def rope_store(self, qkv, positions, cos_table, sin_table, target: KVTarget) -> torch.Tensor:
         """``kernels.rope_kv_write`` of the projection ``qkv``: k and v stored at ``target``,
         the rotated q ``[B, t, H, D]`` returned."""
         return rope_kv_write(
@@ -182,7 +141,6 @@ class Attention(nn.Module):
             k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
             eps=None if self.q_norm is None else self.q_norm.eps,
             validate=False,
-            chain=chain,
         )
 
 
@@ -196,13 +154,8 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
-    def forward_fused(
-        self, x: torch.Tensor, chain: LaunchChain | None = None, fused_gate: bool = False
-    ) -> torch.Tensor:
-        gate_up = project(self.gate_up_proj, x, chain)
-        if fused_gate:
-            return project(self.down_proj, gate_up, chain, gated=True)
-        return project(self.down_proj, silu_mul(gate_up, chain=chain), chain)
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        return project(self.down_proj, silu_mul(project(self.gate_up_proj, x)))
 
 
 class DecoderLayer(nn.Module):
@@ -241,7 +194,6 @@ class CausalLM(nn.Module):
         cos, sin = rope_tables(cfg, max_positions, device=self.model.embed_tokens.weight.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.launches = LayerLaunches()
 
     @property
     def max_positions(self) -> int:
@@ -267,46 +219,43 @@ class CausalLM(nn.Module):
         (the MLP's add with the next layer's input norm, the last one with the final norm),
         rotary and the KV store one launch that gathers the rope tables at the positions itself,
         ``silu(gate) * up`` one more, the token embedding one gather, and the linear layers
-        ``kernels.linear``, launched as ``launches`` says. ``last_only`` computes the logits (and
-        hidden states) of the last row only (prefill). No host synchronisation.
+        ``kernels.linear``. ``last_only`` computes the logits (and hidden states) of the last
+        row only (prefill). No host synchronisation.
         """
         ops = weight_ops(backend)
-        head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-        if backend == "triton":
-            chain = LaunchChain(self.launches.pdl and pdl_supported(tokens.device))
-            x = embed(tokens, self.model.embed_tokens.weight, chain=chain)
-            hidden = self._fused_layers(x, positions, kv, attend, last_only, chain)
-            logits = linear(hidden, head, chain=chain).float()
-            return logits, (hidden if return_hidden else None)
         x = ops.embed(tokens, self.model.embed_tokens.weight)
-        cos, sin = expand_angles(
-            self.rope_cos[positions],
-            self.rope_sin[positions],
-            interleaved=self.config.rope_interleaved,
-        )  # [B, t, 1, R]
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, kv, attend, i)
-        hidden = self.model.norm(x[:, -1:] if last_only else x)
+        if backend == "triton":
+            hidden = self._fused_layers(x, positions, kv, attend, last_only)
+        else:
+            cos, sin = expand_angles(
+                self.rope_cos[positions],
+                self.rope_sin[positions],
+                interleaved=self.config.rope_interleaved,
+            )  # [B, t, 1, R]
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, cos, sin, kv, attend, i)
+            hidden = self.model.norm(x[:, -1:] if last_only else x)
+        head = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
         logits = ops.head(hidden, head).float()
         return logits, (hidden if return_hidden else None)
 
-    def _fused_layers(self, x, positions, kv: KVSink, attend: Attend, last_only: bool, chain):
+    def _fused_layers(self, x, positions, kv: KVSink, attend: Attend, last_only: bool):
         """The layers and the final norm on the Triton kernels: ``h`` is the normed input of the
         next block, ``x`` the residual stream, and each ``add_rms_norm`` is a residual add with
         the norm that reads its sum. Returns the final normed hidden states."""
         layers = self.model.layers
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         first = layers[0].input_layernorm
-        h = rms_norm(x, first.weight, first.eps, chain=chain)
+        h = rms_norm(x, first.weight, first.eps)
         for i, layer in enumerate(layers):
             a = layer.self_attn.forward_fused(
-                h, positions, self.rope_cos, self.rope_sin, kv, attend, i, chain
+                h, positions, self.rope_cos, self.rope_sin, kv, attend, i
             )
             post = layer.post_attention_layernorm
-            x, h = add_rms_norm(x, a, post.weight, post.eps, chain=chain)
-            m = layer.mlp.forward_fused(h, chain, self.launches.fused_gate)
+            x, h = add_rms_norm(x, a, post.weight, post.eps)
+            m = layer.mlp.forward_fused(h)
             if last_only and i == len(layers) - 1:
                 x, m = x[:, -1:], m[:, -1:]
             norm = next_norms[i]
-            x, h = add_rms_norm(x, m, norm.weight, norm.eps, chain=chain)
+            x, h = add_rms_norm(x, m, norm.weight, norm.eps)
         return h

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from ssvkit.kernels.checks import check_float_dtype
-from ssvkit.kernels.pdl import LaunchChain, pdl_gate
 
 MAX_NORM_BLOCK = 16384  # widest row a norm keeps in registers
 TILE = 4096  # elements of a program's tile: narrow rows are packed several to a program
@@ -52,10 +51,8 @@ def _rms_norm_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # columns per chunk
     NUM_CHUNKS: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     tl.static_assert(NUM_CHUNKS == 1 or ROWS == 1, "rows wider than a chunk go one a program")
-    pdl_gate(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < NUM_ROWS
     x_rows = (rows * stride_x)[:, None]
@@ -96,16 +93,8 @@ def _rms_norm_kernel(
 
 @triton.jit
 def _silu_mul_kernel(
-    gu_ptr,
-    out_ptr,
-    NUM_ROWS,
-    NUM_COLS,
-    stride_gu,
-    ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
+    gu_ptr, out_ptr, NUM_ROWS, NUM_COLS, stride_gu, ROWS: tl.constexpr, BLOCK: tl.constexpr
 ):
-    pdl_gate(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (rows < NUM_ROWS)[:, None] & (cols < NUM_COLS)[None, :]
@@ -127,9 +116,7 @@ def _embed_kernel(
     stride_t,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    pdl_gate(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < NUM_ROWS
@@ -157,12 +144,7 @@ def _check_rows(name: str, x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def _meta(chain: LaunchChain | None) -> dict:
-    """A launch's PDL keywords: its place in ``chain``, or an ordinary launch."""
-    return chain.meta() if chain is not None else {"PDL": False}
-
-
-def _norm_launch(x, delta, weight, eps, chain):
+def _norm_launch(x, delta, weight, eps):
     check_float_dtype("x", x)
     rows = _check_rows("x", x)
     cols = x.shape[-1]
@@ -203,18 +185,11 @@ def _norm_launch(x, delta, weight, eps, chain):
         BLOCK=block,
         NUM_CHUNKS=triton.cdiv(cols, block),
         num_warps=min(max(per_program * block // 512, 1), 16),
-        **_meta(chain),
     )
     return res, y
 
 
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float | None = None,
-    *,
-    chain: LaunchChain | None = None,
-) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """``F.rms_norm(x, (C,), weight, eps)`` over the last dim ``C`` of ``x``, one launch.
 
     Parameters
@@ -225,24 +200,17 @@ def rms_norm(
         ``[C]``, contiguous, on ``x``'s device.
     eps : float, optional
         None is float32's machine epsilon, as in torch.
-    chain : LaunchChain, optional
-        The ``kernels.pdl`` chain the launch joins (every op of this module takes one).
 
     Returns
     -------
     torch.Tensor
         ``x * rsqrt(mean(x^2) + eps) * weight``, computed in fp32, in ``x.dtype``.
     """
-    return _norm_launch(x, None, weight, eps, chain)[1]
+    return _norm_launch(x, None, weight, eps)[1]
 
 
 def add_rms_norm(
-    x: torch.Tensor,
-    delta: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float | None = None,
-    *,
-    chain: LaunchChain | None = None,
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual ``s = x + delta`` in ``x.dtype`` and ``rms_norm(s, weight, eps)``, one launch.
 
@@ -265,10 +233,10 @@ def add_rms_norm(
     """
     if delta is None:
         raise ValueError("delta must be a tensor, got None")
-    return _norm_launch(x, delta, weight, eps, chain)
+    return _norm_launch(x, delta, weight, eps)
 
 
-def silu_mul(gate_up: torch.Tensor, *, chain: LaunchChain | None = None) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate, up = gate_up.chunk(2, -1)``: ``[..., 2F]`` -> ``[..., F]``,
     fp32 inside, rounded once to ``gate_up.dtype``."""
     check_float_dtype("gate_up", gate_up)
@@ -283,22 +251,12 @@ def silu_mul(gate_up: torch.Tensor, *, chain: LaunchChain | None = None) -> torc
         per_program = SILU_BLOCK // block
         grid = (triton.cdiv(n, per_program), triton.cdiv(cols, block))
         _silu_mul_kernel[grid](
-            rows,
-            out,
-            n,
-            cols,
-            rows.stride(0),
-            ROWS=per_program,
-            BLOCK=block,
-            num_warps=4,
-            **_meta(chain),
+            rows, out, n, cols, rows.stride(0), ROWS=per_program, BLOCK=block, num_warps=4
         )
     return out
 
 
-def embed(
-    ids: torch.Tensor, table: torch.Tensor, *, chain: LaunchChain | None = None
-) -> torch.Tensor:
+def embed(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``F.embedding(ids, table)``: the rows ``table[ids]``, ``[*ids.shape, D]``, one launch of
     tiles of ``EMBED_BLOCK`` elements (a few rows of a wide table a program, or a slice of one
     row). Every id must lie in ``[0, V)``; the gather does not check them on the device."""
@@ -319,16 +277,7 @@ def embed(
         per_program = EMBED_BLOCK // block
         grid = (triton.cdiv(n, per_program), triton.cdiv(cols, block))
         _embed_kernel[grid](
-            flat,
-            table,
-            out,
-            n,
-            cols,
-            table.stride(0),
-            ROWS=per_program,
-            BLOCK=block,
-            num_warps=4,
-            **_meta(chain),
+            flat, table, out, n, cols, table.stride(0), ROWS=per_program, BLOCK=block, num_warps=4
         )
     return out
 

@@ -24,8 +24,7 @@ from ssvkit.kernels.arrivals import arrival_counters, last_to_arrive
 from ssvkit.kernels.checks import FLOAT_DTYPES
 from ssvkit.kernels.dense_verify import dot_precision
 from ssvkit.kernels.device import num_sms
-from ssvkit.kernels.layer_ops import silu_mul
-from ssvkit.kernels.pdl import INTERPRETED, LaunchChain, pdl_gate
+from ssvkit.kernels.pdl import INTERPRETED
 
 # Where the weight-streaming kernel runs: few rows against a weight large enough that its bytes,
 # not a launch's latency, bound the layer. Beyond these bounds a GEMM library's kernels are as
@@ -36,9 +35,6 @@ MIN_WEIGHT_BYTES = 16 * 2**20
 # Shared memory a program's pipeline may take when programs share an SM, and its depth.
 STAGE_BYTES_BUDGET = 100 * 1024
 MAX_STAGES = 5
-# Weight steps a program asks of L2 before its PDL gate: a few microseconds of the launch
-# before's run at copy rate over a wave of programs.
-PREFETCH_STEPS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,32 +76,9 @@ def linear_config(rows: int, n: int, k: int, sms: int) -> LinearConfig:
     return LinearConfig(block_n, block_k, split, stages)
 
 
-if INTERPRETED:
-
-    @triton.jit
-    def _prefetch_l2(ptrs):
-        """No cache to warm under the interpreter."""
-        pass
-
-else:
-
-    @triton.jit
-    def _prefetch_l2(ptrs):
-        """Ask L2 for the lines at ``ptrs`` (``prefetch.global.L2``): no registers are written
-        and the program does not wait for the lines."""
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-            "=r,l",
-            [ptrs],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
 @triton.jit
 def _linear_kernel(
-    x_ptr,  # [M, K] (or [M, 2K] gate | up under GATED), rows at stride_x
+    x_ptr,  # [M, K], rows at stride_x
     w_ptr,  # [N, K], rows at stride_w
     b_ptr,  # [N] (HAS_BIAS)
     y_ptr,  # [M, N], rows at stride_y
@@ -123,9 +96,6 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
-    GATED: tl.constexpr,  # the layer's input is silu(gate) * up of x's two halves
-    PREFETCH: tl.constexpr,  # weight steps asked of L2 before the PDL gate
-    PDL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
 ):
     tile = tl.program_id(0)
@@ -138,26 +108,11 @@ def _linear_kernel(
     x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_x
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = part * K_STEPS * BLOCK_K
-    if PREFETCH > 0:
-        # The weight does not depend on the launch before: its first steps' lines (128 bytes,
-        # 64 elements of 16 bits) head for L2 while that launch finishes. Lines past the
-        # weight's end ask for its first line instead.
-        LINES: tl.constexpr = PREFETCH * BLOCK_K // 64
-        offs_l = k_start + tl.arange(0, LINES) * 64
-        line_ok = n_ok[:, None] & (offs_l < K)[None, :]
-        _prefetch_l2(tl.where(line_ok, w_rows + offs_l[None, :], w_ptr))
-    pdl_gate(PDL)
     for step in range(K_STEPS):
         offs_k = k_start + step * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x_mask = k_ok[:, None] & m_ok[None, :]
-        xt = tl.load(x_cols + offs_k[:, None], mask=x_mask, other=0.0)
-        if GATED:
-            # kernels.layer_ops.silu_mul's arithmetic, so the product rounds to the same bits.
-            gate = xt.to(tl.float32)
-            up = tl.load(x_cols + K + offs_k[:, None], mask=x_mask, other=0.0).to(tl.float32)
-            xt = (gate / (1.0 + tl.exp(-gate)) * up).to(w.dtype)
+        xt = tl.load(x_cols + offs_k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
     out_mask = n_ok[:, None] & m_ok[None, :]
     y_offs = offs_m[None, :] * stride_y + offs_n[:, None]
@@ -185,36 +140,25 @@ def linear(
     bias: torch.Tensor | None = None,
     *,
     config: LinearConfig | None = None,
-    gated: bool = False,
-    chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` (``F.linear``'s contract) in ``x``'s dtype with fp32
     accumulation: on the GPU or the interpreter, the weight-streaming kernel where
     ``streams_weight`` says so (rows counted with leading dimensions flattened) or a ``config``
     asks for it (at most ``MAX_ROWS`` rows), ``F.linear`` otherwise. ``config`` overrides
-    ``linear_config``'s launch.
-
-    ``gated``: ``x`` is ``[..., 2K]``, a gate and an up projection side by side, and the layer's
-    input is ``kernels.layer_ops.silu_mul(x)``, which the streaming kernel computes as it loads
-    ``x`` (no launch of its own; the same bits). ``chain``: the launch joins a
-    ``kernels.pdl.LaunchChain``; under PDL its programs ask L2 for their first weight steps
-    before waiting for the launch before (``PREFETCH_STEPS``).
-    """
+    ``linear_config``'s launch."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if gated:
-        _check_gated(x, weight)
-    streams = config is not None or streams_weight(rows, weight)
-    if not (x.is_cuda or INTERPRETED) or not streams or x.shape[-1] == 0:
-        # A gated input with no columns has nothing to stream either: the bias alone.
-        return F.linear(_gate(x) if gated else x, weight, bias)
+    if not (x.is_cuda or INTERPRETED) or not (config is not None or streams_weight(rows, weight)):
+        return F.linear(x, weight, bias)
+    if x.shape[-1] == 0:  # no input columns: nothing to stream, the bias alone
+        return F.linear(x, weight, bias)
     if rows > MAX_ROWS:
         raise ValueError(f"the weight-streaming kernel takes at most {MAX_ROWS} rows, got {rows}")
-    _check(x, weight, bias, gated)
+    _check(x, weight, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    m, k = x2.shape[0], weight.shape[1]
+    m, k = x2.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
@@ -228,8 +172,6 @@ def linear(
         counts = arrival_counters(tiles, x.device)
     else:
         part = counts = y
-    meta = chain.meta() if chain is not None else {"PDL": False}
-    prefetch = min(PREFETCH_STEPS, triton.next_power_of_2(k_steps)) if meta["PDL"] else 0
     _linear_kernel[(tiles, split)](
         x2,
         weight,
@@ -249,31 +191,11 @@ def linear(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT=split,
-        GATED=gated,
-        PREFETCH=prefetch,
         DOT_PRECISION=dot_precision(x.dtype),
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,
-        **meta,
     )
     return y.reshape(*lead, n)
-
-
-def _gate(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``x``'s halves: ``kernels.layer_ops.silu_mul`` where its kernel
-    runs, the same fp32 arithmetic in torch elsewhere."""
-    if (x.is_cuda or INTERPRETED) and x.shape[-1]:
-        return silu_mul(x)
-    gate, up = x.float().chunk(2, dim=-1)
-    return (gate / (1.0 + torch.exp(-gate)) * up).to(x.dtype)
-
-
-def _check_gated(x: torch.Tensor, weight: torch.Tensor) -> None:
-    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != 2 * weight.shape[-1]:
-        raise ValueError(
-            f"a gated x must be [..., 2K] for weight [N, K]: got x {tuple(x.shape)}, weight "
-            f"{tuple(weight.shape)}"
-        )
 
 
 def streams_weight(rows: int, weight: torch.Tensor) -> bool:
@@ -282,11 +204,11 @@ def streams_weight(rows: int, weight: torch.Tensor) -> bool:
     return rows <= MAX_ROWS and weight.numel() * weight.element_size() >= MIN_WEIGHT_BYTES
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> None:
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """Shapes, dtypes, devices and the weight's layout the kernel reads."""
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x dtype {x.dtype} is not supported; use one of {FLOAT_DTYPES}")
-    if weight.dim() != 2 or weight.shape[1] * (2 if gated else 1) != x.shape[-1]:
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(
             f"weight must be [N, {x.shape[-1]}] for x of shape {tuple(x.shape)}, got "
             f"{tuple(weight.shape)}"

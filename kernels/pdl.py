@@ -84,15 +84,6 @@ def check_pdl(device: torch.device) -> None:
         raise ValueError(f"pdl needs compute capability >= 9.0, got {major}.{minor}")
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """Whether launches on ``device`` can be programmatic dependents (``check_pdl`` passes)."""
-    try:
-        check_pdl(device)
-    except ValueError:
-        return False
-    return True
-
-
 class LaunchChain:
     """The launches of one call, in stream order, with PDL (``pdl``) or without.
 

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 from ssvkit.kernels.checks import check_float_dtype
 from ssvkit.kernels.layer_ops import norm_eps, reference_rms_norm
-from ssvkit.kernels.pdl import LaunchChain, pdl_gate
 
 ROPE_TILE = 2048  # elements of a program's ((row, head) pairs x head dims) tile
 
@@ -68,11 +67,9 @@ def _rope_kv_write_kernel(
     BLOCK_ITEMS: tl.constexpr,  # (row, head) pairs per program
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     tl.static_assert(HALF_PAD >= HALF, "HALF_PAD must cover the rotated pairs")
     tl.static_assert(D_PAD >= HEAD_DIM, "D_PAD must cover the head")
-    pdl_gate(PDL)
     item = tl.program_id(0).to(tl.int64) * BLOCK_ITEMS + tl.arange(0, BLOCK_ITEMS)
     item_ok = item < NUM_ITEMS
     row = item // (NUM_Q_HEADS + NUM_KV_HEADS)  # b * t + i
@@ -210,7 +207,6 @@ def rope_kv_write(
     k_norm_weight: torch.Tensor | None = None,
     eps: float | None = None,
     validate: bool = True,
-    chain: LaunchChain | None = None,
 ) -> torch.Tensor:
     """Rotate q and k of the fused projection ``qkv``, store k and v in the cache, return q.
 
@@ -223,7 +219,7 @@ def rope_kv_write(
     of q and k when ``q_norm_weight``/``k_norm_weight`` ``[D]`` are given. Its k and v go to
     ``k_cache``/``v_cache`` ``[B, Hkv, T_max, D]`` at position ``slots[b, i]``. ``positions`` and
     ``slots`` are int64 ``[B, t]``. ``validate`` checks their ranges (synchronises the host;
-    the engine passes ``False``). ``chain``: the ``kernels.pdl.LaunchChain`` the launch joins.
+    the engine passes ``False``).
 
     Returns ``q`` ``[B, t, H, D]`` contiguous in ``qkv.dtype``.
     """
@@ -290,7 +286,6 @@ def rope_kv_write(
         INTERLEAVED=interleaved,
         QK_NORM=qk_norm,
         num_warps=4,
-        **(chain.meta() if chain is not None else {"PDL": False}),
     )
     return q
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 from ssvkit.engine.attention import AttentionConfig, TreeAttention
-from ssvkit.engine.model import project, weight_ops
+from ssvkit.engine.model import weight_ops
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
@@ -78,11 +78,6 @@ def layer_ops(
         "final_norm": (lambda i: add_rms_norm(x, x, final.weight, final.eps), 1),
         "lm_head": (lambda i: head_op(x, head).float(), 1),
     }
-    if model.launches.fused_gate and runner.backend == "triton":
-        # The down projection computes silu(gate) * up as it loads its input (``LayerLaunches``).
-        del ops["silu_mul"]
-        mlps = [layer.mlp for layer in layers]
-        ops["down_proj"] = (lambda i: project(mlps[i % num_l].down_proj, inter, gated=True), num_l)
     if num_l - refresh_layers > 0:
         # The reuse op includes one refresh call; subtract it with the refresh op's time below.
         ops["attention_reuse_plus_refresh"] = (attend_reuse, num_l - refresh_layers)

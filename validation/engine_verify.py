@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.checkpoint import build_model, resolve_source
-from ssvkit.engine.model import LayerLaunches
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import (
@@ -95,12 +94,6 @@ def parse_args(argv=None):
         default=None,
         help="GPU registry key of the prediction (default: a scale campaign's, else h100-sxm)",
     )
-    p.add_argument(
-        "--launches",
-        default="plain",
-        help="how the layer ops around attention launch (engine.model.LayerLaunches: plain, "
-        "pdl, fused_gate, pdl+fused_gate), comma-separated: each strategy's rows under each",
-    )
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--campaign", default=None, help="time the verify steps of this campaign")
     p.add_argument("--ops", action="store_true", help="with --campaign: the op breakdown too")
@@ -136,7 +129,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:
         args.grouping = parse_grouping(args.grouping)
-        args.launches = [LayerLaunches.from_name(n.strip()) for n in args.launches.split(",")]
     except ValueError as e:
         p.error(str(e))
     return args
@@ -330,8 +322,7 @@ def main(argv=None) -> dict:
         }
     rows = [] if resumed is None else resumed["rows"]
     done = {
-        (*row_key(r["strategy"], r.get("metadata", "nsa"), r), r["context"], r["t"], _launches(r))
-        for r in rows
+        (*row_key(r["strategy"], r.get("metadata", "nsa"), r), r["context"], r["t"]) for r in rows
     }
     result = {
         "benchmark": "engine_verify",
@@ -347,20 +338,12 @@ def main(argv=None) -> dict:
             runner.prepare(attn)
             for t in ts:
                 key = row_key(strategy.name, strategy.metadata, {"attention": asdict(attn)})
-                for launches in args.launches:
-                    if (*key, context, t, launches.name) in done:
-                        continue
-                    model.launches = launches
-                    row = _verify_row(runner, strategy, attn, args, context, t, ceilings)
-                    rows.append(row)
-                    _write(result, args.out)  # each finished row survives an interrupted run
+                if (*key, context, t) in done:
+                    continue
+                rows.append(_verify_row(runner, strategy, attn, args, context, t, ceilings))
+                _write(result, args.out)  # each finished row survives an interrupted run
     _write(result, args.out)
     return result
-
-
-def _launches(row: dict) -> str:
-    """A row's layer launches (``LayerLaunches.name``); rows without the field ran plain."""
-    return row.get("launches", "plain")
 
 
 def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: dict) -> dict:
@@ -405,7 +388,6 @@ def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: di
         **run_schedule(strategy),
         "t": t,
         "context": context,
-        "launches": model.launches.name,
         "graph_s": graph_s,
         "eager_s": eager_s,
         "ops_sum_s": ops_sum,

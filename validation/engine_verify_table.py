@@ -141,8 +141,7 @@ def row_lines(row: dict) -> list[str]:
     ops, sel, pred = row["ops"], row["selection"], row["predicted_verify_s"]
     lines = [
         f"{strategy_label(row):16s} T={row['context']:7d} t={row['t']:3d}  "
-        + (f"[{row['launches']}]  " if row.get("launches", "plain") != "plain" else "")
-        + f"graph {row['graph_s'] * 1e3:7.3f} ms  eager {row['eager_s'] * 1e3:7.3f} ms  "
+        f"graph {row['graph_s'] * 1e3:7.3f} ms  eager {row['eager_s'] * 1e3:7.3f} ms  "
         f"ops sum {row['ops_sum_s'] * 1e3:7.3f} ms (graph/sum {row['graph_over_ops_sum']:.3f})  "
         f"floor {row['floor_s'] * 1e3:6.3f} ms (graph/floor {row['graph_over_floor']:.2f}, "
         f"{row['achieved_bytes_per_s'] / 1e12:.2f} TB/s)  predicted "

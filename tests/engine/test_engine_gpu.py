@@ -28,7 +28,6 @@ from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.checkpoint import TINY_DRAFT, TINY_TARGET, build_model, resolve_source
 from ssvkit.engine.corpus import corpus_sample
 from ssvkit.engine.loop import Engine
-from ssvkit.engine.model import LayerLaunches
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
@@ -196,35 +195,6 @@ def test_bf16_greedy_speculative_equals_autoregressive(case):
             continue
         margin = _margin(MODEL, PROMPTS[s], y[:i], x[i], y[i])
         assert margin < 0.05, f"sequence {s} differs at token {i} with AR margin {margin:.3f}"
-
-
-def test_chained_launches_under_graphs_give_the_plain_bits(monkeypatch):
-    """``LayerLaunches(pdl=True, fused_gate=True)`` (programmatic dependent launches, the
-    SwiGLU product in the down projection) captured in the verify graph, on the streaming linear
-    kernel: the plain launches' logits bit for bit, replay after replay."""
-    monkeypatch.setattr(linear_kernel, "MIN_WEIGHT_BYTES", 0)
-    model = _model(seed=3)
-    attn = ATTN["sparse_union"]
-    tree = DraftTree.from_spec("full:2x3", "position")
-    out = {}
-    for launches in (LayerLaunches(), LayerLaunches(pdl=True, fused_gate=True)):
-        model.launches = launches
-        runner = ModelRunner(model, batch=2, t_max=2048, backend="triton", use_graphs=True)
-        runner.prefill(PROMPTS)
-        runner.prepare(attn)
-        gen = torch.Generator().manual_seed(0)
-        out[launches] = []
-        for _ in range(3):
-            tokens = torch.randint(0, 512, (2, tree.num_nodes), generator=gen).cuda()
-            out[launches].append(
-                runner.graphs(
-                    ("verify", tree, attn),
-                    lambda tok, r=runner: r.tree_forward(tok, tree, attn)[0],
-                    (tokens,),
-                ).clone()
-            )
-    plain, chained = out.values()
-    assert all(torch.equal(a, b) for a, b in zip(plain, chained, strict=True))
 
 
 def test_graphs_do_not_change_the_tokens():

@@ -13,7 +13,6 @@ import torch
 from engine_helpers import HAS_CUDA, TINY, random_prompts, tiny_model
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.loop import Engine
-from ssvkit.engine.model import LayerLaunches
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
@@ -157,24 +156,3 @@ def test_fused_layer_ops_match_the_torch_path(family, streamed, monkeypatch):
         out[backend] = (last, logits, hidden, runner.cache.kv.clone())
     for got, want in zip(out["triton"], out["torch"], strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-
-
-def test_chained_launches_and_the_fused_gate_give_the_plain_bits(monkeypatch):
-    """``LayerLaunches(pdl=True, fused_gate=True)``: the layer ops as one chain of launches and
-    the SwiGLU product computed by the down projection give the plain launches' logits, hidden
-    states and cache bit for bit, through prefill and a verify forward on the streaming linear
-    kernel."""
-    monkeypatch.setattr(linear_kernel, "MIN_WEIGHT_BYTES", 0)
-    model = tiny_model(FAMILIES["glm"], seed=6)
-    prompts = random_prompts([12, 7, 12], seed=5)
-    tree = DraftTree.from_spec("full:2x2", "position")
-    tokens = torch.randint(0, 256, (3, tree.num_nodes), generator=torch.Generator().manual_seed(1))
-    out = {}
-    for launches in (LayerLaunches(), LayerLaunches(pdl=True, fused_gate=True)):
-        model.launches = launches
-        runner = ModelRunner(model, batch=3, t_max=32, backend="triton")
-        last = runner.prefill(prompts)
-        logits, hidden, _ = runner.tree_forward(tokens, tree, AttentionConfig(), return_hidden=True)
-        out[launches] = (last, logits, hidden, runner.cache.kv.clone())
-    plain, chained = out.values()
-    assert all(torch.equal(a, b) for a, b in zip(plain, chained, strict=True))

@@ -11,7 +11,6 @@ import pytest
 import torch
 from kernel_helpers import HAS_CUDA
 from ssvkit.kernels.arrivals import counter_buffers
-from ssvkit.kernels.layer_ops import reference_silu_mul, silu_mul
 from ssvkit.kernels.linear import (
     MAX_ROWS,
     MIN_WEIGHT_BYTES,
@@ -20,7 +19,6 @@ from ssvkit.kernels.linear import (
     linear_config,
     streams_weight,
 )
-from ssvkit.kernels.pdl import LaunchChain, pdl_supported
 from ssvkit.kernels.timing import poisoned_allocations
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -99,49 +97,6 @@ def test_launch_rule():
     assert linear_config(64, 4096, 4096, 132).num_stages == 5  # one wave: the whole budget
 
 
-# (leading dims, N, K, split) of the gated input [..., 2K]: K off the step size, one split and
-# several, and a chain that asks L2 for more steps than a program takes.
-GATED_CASES = [((3,), 70, 200, 1), ((2, 5), 130, 520, 3), ((16,), 64, 96, 2)]
-
-
-@pytest.mark.parametrize("chained", [False, True])
-@pytest.mark.parametrize("case", GATED_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}s{c[3]}")
-def test_gated_input_is_silu_mul_bit_for_bit(case, chained):
-    """``gated`` gives the bits of ``silu_mul`` then the layer, in a chain of PDL launches or
-    alone; the product is the fp32 reference's within the dtype's rounding."""
-    dtype = torch.float16
-    lead, n, k, split = case
-    gate_up, w, b = _case(lead, n, 2 * k, dtype, True, seed=n + k)
-    w = w[:, :k].contiguous()
-    cfg = LinearConfig(block_n=64, block_k=64, split=split)
-    plain = linear(silu_mul(gate_up), w, b, config=cfg)
-    chain = LaunchChain(True) if chained else None
-    with poisoned_allocations():
-        y = linear(gate_up, w, b, config=cfg, gated=True, chain=chain)
-    assert torch.equal(y, plain)
-    _check(y, reference_silu_mul(gate_up).to(dtype), w, b, dtype)
-    assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(gate_up.device))
-
-
-def test_gated_and_chained_launch_rules():
-    """A gated layer off the streaming kernel (too many rows) computes the same product in
-    torch; a chained launch gives the unchained bits; a gated input that is not twice the
-    weight's width is refused, naming both shapes."""
-    gate_up, w, _ = _case((MAX_ROWS + 1,), 24, 64, torch.float32, False, seed=7)
-    w = w[:, :32].contiguous()
-    y = linear(gate_up, w, gated=True)
-    _check(y, reference_silu_mul(gate_up), w, None, torch.float32)
-    x, w2, b2 = _case((4,), 96, 160, torch.float32, True, seed=8)
-    cfg = LinearConfig(block_n=32, block_k=32, split=2)
-    chain = LaunchChain(pdl_supported(x.device))
-    first = linear(x, w2, b2, config=cfg, chain=chain)
-    second = linear(x, w2, b2, config=cfg, chain=chain)  # a programmatic dependent on the GPU
-    assert torch.equal(first, linear(x, w2, b2, config=cfg)) and torch.equal(first, second)
-    shapes = r"gated x must be \[\.\.\., 2K\].*\(4, 160\).*\(96, 160\)"
-    with pytest.raises(ValueError, match=shapes):
-        linear(x, w2, gated=True)
-
-
 @pytest.mark.parametrize(
     "x_shape, w_shape, kw, match",
     [
@@ -186,27 +141,4 @@ def test_gpu_cuda_graph_capture():
         graph.replay()
         torch.cuda.synchronize()
         _check(y, x, w, None, torch.bfloat16)
-    assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(x.device))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_gpu_chained_gated_layers_in_a_graph():
-    """A chain of PDL launches (the MLP's two layers, the first after an ordinary launch)
-    captured in a graph replays on new inputs with the bits of the plain launches."""
-    x, w_up, _ = _case((16,), 2 * 14336, 4096, torch.bfloat16, False, seed=9)
-    w_down = _case((1,), 4096, 14336, torch.bfloat16, False, seed=10)[1]
-
-    def mlp(chain):
-        return linear(linear(x, w_up, chain=chain), w_down, chain=chain, gated=True)
-
-    mlp(LaunchChain(True))  # compile before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = mlp(LaunchChain(True))
-    for seed in (11, 12):
-        x.copy_(_case((16,), 1, 4096, torch.bfloat16, False, seed=seed)[0])
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, linear(silu_mul(linear(x, w_up)), w_down))
     assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(x.device))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from ssvkit.engine.model import LayerLaunches
 from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.validation import engine_verify, scale_campaign, scale_verify
 from ssvkit.validation.decode_figures import step_prediction
@@ -214,17 +213,3 @@ def test_a_row_of_another_query_grouping_is_labelled_and_predicted_as_run(capsys
         engine_verify.parse_args(["--grouping", "shared:x"])
     assert e.value.code == 2
     assert "--grouping must be MODE:C" in capsys.readouterr().err
-
-
-def test_layer_launches_are_parsed_named_and_refused_in_one_line(capsys):
-    """``--launches`` lists ``LayerLaunches`` by name, each row naming the one it ran (rows
-    without the field ran plain); a bad name is a one-line error."""
-    args = engine_verify.parse_args(["--launches", "plain, pdl+fused_gate"])
-    assert [launches.name for launches in args.launches] == ["plain", "pdl+fused_gate"]
-    assert args.launches[1] == LayerLaunches(pdl=True, fused_gate=True)
-    assert engine_verify._launches({}) == "plain"
-    with pytest.raises(SystemExit) as e:
-        engine_verify.parse_args(["--launches", "pdl+graphs"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "layer launches must be" in err and "'pdl+graphs'" in err and "Traceback" not in err
