@@ -7,9 +7,11 @@ its merge) takes
           + max((t_k + t_kr * R + t_km * G / U) * K, bytes_eff / (e_b(bytes) * BW),
                 flops / (e_c(flops) * PEAK))
 
-(the terms: ``ClassFit``). Calibration's idea, after Calculon and AIConfigurator: the
-roofline's shape with size-dependent efficiency, a serial chain as a third bound beside the
-roofline's two. It ignores contention between concurrent kernels and clock variation.
+(the terms: ``ClassFit``; on a GPU other than the fit's the memory term splits into the part
+HBM bounds and the part the SMs bound, ``ClassFit._memory_s``). Calibration's idea, after
+Calculon and AIConfigurator: the roofline's shape with size-dependent efficiency, a serial
+chain as a third bound beside the roofline's two. It ignores contention between concurrent
+kernels and clock variation.
 """
 
 from __future__ import annotations
@@ -158,6 +160,9 @@ class ClassFit:
     # ``perfmodel.select_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``,
     # ``perfmodel.repair_work``): the step model prices such a class with its op's ``slot_plan``.
     slot_plan: bool = False
+    # (BW, PEAK) of the GPU the class was fitted on, from its profile (not part of the class's
+    # JSON); () when unknown: the memory term then follows the copy rate alone (``_memory_s``).
+    fit_ceilings: tuple[float, ...] = ()
 
     def in_range(self, nbytes, flops, bw, peak, depth=None):
         """True where the binding term of the model lies inside the measured range: bytes
@@ -195,13 +200,12 @@ class ClassFit:
 
     def time_of(self, c: CallInputs, bw, peak):
         """``call_time_s`` of calls already in ``CallInputs`` form."""
-        eff_bytes, miss = c.nbytes, 1.0
+        hbm_bytes, l2_bytes, miss = c.nbytes, None, 1.0
         if self.l2_miss is not None and c.dedup is not None:
-            eff_bytes = c.dedup + self.l2_miss * c.reread
+            hbm_bytes = c.dedup + self.l2_miss * c.reread
             miss = c.miss
             if self.l2_bytes_per_flop > 0:
-                l2_path = c.nbytes * (bw / (self.l2_bytes_per_flop * peak))
-                eff_bytes = np.maximum(eff_bytes, l2_path)
+                l2_bytes = c.nbytes * (bw / (self.l2_bytes_per_flop * peak))
         eb = np.interp(c.log_bytes, self.bytes_knots, self.bytes_eff)
         ef = np.interp(c.log_flops, self.flops_knots, self.flops_eff)
         fixed = self.t0_s + self.t_step_s * c.steps + self.t_row_s * c.rows
@@ -210,8 +214,27 @@ class ClassFit:
         chain = c.depth * (
             self.t_depth_s + self.t_depth_row_s * c.rows + self.t_depth_miss_s * miss
         )
-        roof = np.maximum(eff_bytes / (eb * bw), c.flops / (ef * peak))
+        memory = self._memory_s(hbm_bytes, eb, bw, peak)
+        if l2_bytes is not None:
+            memory = np.maximum(memory, l2_bytes / (eb * bw))
+        roof = np.maximum(memory, c.flops / (ef * peak))
         return fixed + np.maximum(chain, roof)
+
+    def _memory_s(self, nbytes, eb, bw, peak):
+        """The memory term of ``nbytes`` at efficiency ``eb``: ``nbytes / (eb x BW)`` on the GPU
+        of the fit. On another GPU (``fit_ceilings`` known and different) that time splits in
+        two: the bytes at the fit GPU's copy rate, which HBM bounds and which follow the copy
+        rate, and the rest of the time a call of ``eb`` < 1 takes, which the SMs' side bounds
+        (bytes in flight over the memory latency) and which follows the GEMM rate (the SMs'
+        clock and count). A class at its copy rate moves with the copy rate; one far under it
+        keeps most of its time on a GPU with the same SMs and more bandwidth."""
+        here = nbytes / (eb * bw)
+        if not self.fit_ceilings or self.fit_ceilings == (bw, peak):
+            return here
+        bw0, peak0 = self.fit_ceilings
+        at_fit = nbytes / (eb * bw0)
+        hbm = np.minimum(nbytes / bw0, at_fit)
+        return hbm * (bw0 / bw) + (at_fit - hbm) * (peak0 / peak)
 
     def to_json(self) -> dict:
         return {
@@ -235,10 +258,14 @@ class ClassFit:
         }
 
     @classmethod
-    def from_json(cls, name: str, d: dict, bytes_per_flop: float | None = None) -> ClassFit:
-        """The fit of ``name`` from its JSON; ``bytes_per_flop``: its profile's BW / PEAK, which
-        turns an older profile's L2 ratio over BW (``l2_ratio``) into ``l2_bytes_per_flop``
-        (``ValueError`` when such a fit comes without it)."""
+    def from_json(
+        cls, name: str, d: dict, fit_ceilings: tuple[float, float] | None = None
+    ) -> ClassFit:
+        """The fit of ``name`` from its JSON; ``fit_ceilings``: its profile's (BW, PEAK), which
+        price it on other GPUs (``_memory_s``) and turn an older profile's L2 ratio over BW
+        (``l2_ratio``) into ``l2_bytes_per_flop`` (``ValueError`` when such a fit comes
+        without them)."""
+        bytes_per_flop = fit_ceilings[0] / fit_ceilings[1] if fit_ceilings else None
         l2 = d.get("l2_bytes_per_flop")
         if l2 is None and "l2_ratio" in d:
             if not bytes_per_flop:
@@ -267,4 +294,5 @@ class ClassFit:
             t_depth_row_s=float(d.get("t_depth_row_s", 0.0)),
             t_depth_miss_s=float(d.get("t_depth_miss_s", 0.0)),
             slot_plan=bool(d.get("slot_plan", False)),
+            fit_ceilings=tuple(map(float, fit_ceilings)) if fit_ceilings else (),
         )

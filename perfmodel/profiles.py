@@ -76,7 +76,7 @@ class Profile:
             copy_bytes_per_s=bw,
             gemm_flops_per_s=peak,
             classes={
-                k: ClassFit.from_json(k, v["fit"], bw / peak) for k, v in d["classes"].items()
+                k: ClassFit.from_json(k, v["fit"], (bw, peak)) for k, v in d["classes"].items()
             },
             intervals=IntervalTable.from_json(d["intervals"]) if "intervals" in d else None,
             interval_note="" if "intervals" in d else f"profile {d['profile_id']} has no residuals",
@@ -121,8 +121,11 @@ def transfer(profile: Profile, gpu: GpuSpec) -> tuple[Profile, str]:
     (its measured ``ceilings.json`` when committed, else its datasheet figures), and the op
     counts come from the target's spec (SM count for the NSA and repair launch plans, L2 size
     for L2-resident classes), so a call's roofline terms scale with the target. What is
-    assumed to carry over unchanged: the efficiencies ``e_b``, ``e_c`` at a given call size
-    (same memory system and tensor cores, so the same fraction of the ceiling), the fixed and
+    assumed to carry over unchanged: the efficiency ``e_c`` at a given call size (same tensor
+    cores, so the same fraction of the GEMM rate), the memory term's split at ``e_b``: its
+    bytes at the source's copy rate follow the copy rate, the rest of its time (a call under
+    the copy rate waits on the SMs' side) follows the GEMM rate (``ClassFit._memory_s``), the
+    fixed and
     per-unit latencies ``t0``, ``t_k``, ``t_s``, ``t_r``, ``t_x`` (launch, synchronisation and
     SM clock costs), and the L2 terms ``h`` and ``r``. Datasheet ceilings are peaks that copies
     and GEMMs do not reach, so a transfer onto them is optimistic by the source GPU's gap

@@ -73,6 +73,30 @@ def test_the_l2_path_follows_the_gemm_rate_not_the_copy_rate():
         )
 
 
+def test_memory_term_on_another_gpu_keeps_its_sm_side_share():
+    """A class fitted at a quarter of the copy rate spends a quarter of its memory term on HBM
+    bytes and three quarters on the SMs' side: on a GPU with 0.7x the copy rate only the first
+    part slows (1 / 0.7 + 3 copy-rate times), with 0.9x the GEMM rate only the second
+    (1 + 3 / 0.9). A class at the copy rate, or over it (L2-served bytes), follows the copy
+    rate alone; on the GPU of the fit every class prices as without ``fit_ceilings``."""
+    slow = dataclasses.replace(CF, bytes_eff=(0.25, 0.25), t0_s=0.0, t_depth_s=0.0)
+    moved = dataclasses.replace(slow, fit_ceilings=(BW, PEAK))
+    at_copy = 1e9 / BW
+    nbytes = np.array([1e4, 1e9])
+    assert np.array_equal(
+        moved.call_time_s(nbytes, 1.0, BW, PEAK), slow.call_time_s(nbytes, 1.0, BW, PEAK)
+    )
+    assert moved.call_time_s(1e9, 1.0, 0.7 * BW, PEAK) == pytest.approx(at_copy * (1 / 0.7 + 3))
+    assert moved.call_time_s(1e9, 1.0, BW, 0.9 * PEAK) == pytest.approx(at_copy * (1 + 3 / 0.9))
+    for eff in (1.0, 2.0):
+        fast = dataclasses.replace(moved, bytes_eff=(eff, eff))
+        assert fast.call_time_s(1e9, 1.0, 0.7 * BW, 0.9 * PEAK) == pytest.approx(
+            at_copy / (eff * 0.7)
+        )
+    assert ClassFit.from_json("x", slow.to_json(), (BW, PEAK)) == moved
+    assert "fit_ceilings" not in moved.to_json()
+
+
 def test_json_round_trip_and_older_profiles():
     again = ClassFit.from_json("x", CF.to_json())
     assert again == CF
@@ -81,7 +105,7 @@ def test_json_round_trip_and_older_profiles():
     legacy = ClassFit.from_json("x", old)
     assert legacy.t_step_s == 0.0 == legacy.t_row_s == legacy.l2_bytes_per_flop
     # a profile that kept the L2 path as a ratio over its copy rate: converted with its BW / PEAK
-    ratio = ClassFit.from_json("x", {**old, "l2_ratio": 2.0}, BW / PEAK)
+    ratio = ClassFit.from_json("x", {**old, "l2_ratio": 2.0}, (BW, PEAK))
     assert ratio.l2_bytes_per_flop == pytest.approx(2.0 * BW / PEAK)
     with pytest.raises(ValueError, match="'x' keeps its L2 path as l2_ratio 2.0"):
         ClassFit.from_json("x", {**old, "l2_ratio": 2.0})
