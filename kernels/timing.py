@@ -21,7 +21,7 @@ import datetime
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,8 +155,49 @@ def bench_graph(
 ) -> Timing:
     """Time CUDA-graph replay: ``graph_launches`` calls of ``fn`` (rotating over the input sets)
     in one graph; each sample is one replay after an L2 flush, divided by the launch count."""
+    return bench_graphs([fn], num_inputs=num_inputs, config=config)[0]
+
+
+def bench_graphs(
+    fns: Sequence[Callable[[int], object]],
+    *,
+    num_inputs: int = 1,
+    config: TimingConfig = DEFAULT_TIMING,
+) -> list[Timing]:
+    """``bench_graph`` of several functions at once, their samples interleaved: each round
+    replays every graph once (after an L2 flush each), starting one graph later each round, so
+    a drift of the GPU's clock over the run (it warms under load) reaches each function alike
+    and their ratios compare like with like. All graphs are captured before the first sample."""
     device = torch.device("cuda", torch.cuda.current_device())
     flush = _L2Flusher(config, device)
+    n = config.graph_launches
+    graphs = [_captured(fn, num_inputs, config) for fn in fns]
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for graph in graphs:
+        graph.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    reps = _scaled_reps(t0.elapsed_time(t1) * 1e-3, config.graph_reps, config)
+    samples: list[list[float]] = [[] for _ in graphs]
+    for r in range(reps):
+        for k in range(len(graphs)):
+            j = (r + k) % len(graphs)
+            flush()
+            torch.cuda.synchronize()
+            t0.record()
+            graphs[j].replay()
+            t1.record()
+            torch.cuda.synchronize()
+            samples[j].append(t0.elapsed_time(t1) * 1e-3 / n)
+    del graphs
+    return [_summarise(s, "graph") for s in samples]
+
+
+def _captured(fn: Callable[[int], object], num_inputs: int, config: TimingConfig):
+    """A CUDA graph of ``graph_launches`` calls of ``fn``, warmed up (off the capture stream)
+    and uploaded (replayed once)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up (compile, allocator) off the capture stream
@@ -164,31 +205,13 @@ def bench_graph(
             fn(i % num_inputs)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    n = config.graph_launches
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(n):
+        for i in range(config.graph_launches):
             fn(i % num_inputs)
     graph.replay()  # first replay uploads the graph
     torch.cuda.synchronize()
-    t0 = torch.cuda.Event(enable_timing=True)
-    t1 = torch.cuda.Event(enable_timing=True)
-    t0.record()
-    graph.replay()
-    t1.record()
-    torch.cuda.synchronize()
-    reps = _scaled_reps(t0.elapsed_time(t1) * 1e-3, config.graph_reps, config)
-    samples = []
-    for _ in range(reps):
-        flush()
-        torch.cuda.synchronize()
-        t0.record()
-        graph.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        samples.append(t0.elapsed_time(t1) * 1e-3 / n)
-    del graph
-    return _summarise(samples, "graph")
+    return graph
 
 
 def bench_wall(

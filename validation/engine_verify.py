@@ -32,6 +32,7 @@ from ssvkit.kernels.timing import (
     WALL,
     TimingConfig,
     bench,
+    bench_graphs,
     copy_bytes_per_s,
     empty_kernel_s,
     gemm_flops_per_s,
@@ -64,7 +65,7 @@ from ssvkit.validation.records import (
     run_schedule,
 )
 
-STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=10, reps=10, max_total_s=2.0)
+STEP_TIMING = TimingConfig(warmup=2, graph_launches=5, graph_reps=15, reps=10, max_total_s=4.0)
 
 
 def parse_args(argv=None):
@@ -266,7 +267,9 @@ def main(argv=None) -> dict:
         tree's shape, so ``t`` rows are a chain:
 
         - ``graph_s``: ``ModelRunner.tree_forward`` (embedding ... LM head, with the strategy's
-          attention and the KV-tail write) captured in a CUDA graph, per replay;
+          attention and the KV-tail write) captured in a CUDA graph, per replay; the strategies
+          of one (context, t) are timed together, their replays interleaved
+          (``kernels.timing.bench_graphs``), on the same tokens;
         - ``eager_s``: the same forward launched from Python;
         - ``ops_sum_s``: every op of the forward timed alone in its own graph (the model's own
           modules, rotating over the layers' weights and KV so each launch is cold), times its
@@ -333,34 +336,64 @@ def main(argv=None) -> dict:
     }
     for context in contexts:
         runner.cache.set_lens(torch.tensor([context], dtype=torch.int32))
-        for strategy in strategies:
-            attn = AttentionConfig.from_strategy(strategy)
+        attns = [(s, AttentionConfig.from_strategy(s)) for s in strategies]
+        for _, attn in attns:  # every summary before any capture: graphs read them by address
             runner.prepare(attn)
-            for t in ts:
-                key = row_key(strategy.name, strategy.metadata, {"attention": asdict(attn)})
-                if (*key, context, t) in done:
-                    continue
-                rows.append(_verify_row(runner, strategy, attn, args, context, t, ceilings))
+        for t in ts:
+            todo = [
+                (s, attn)
+                for s, attn in attns
+                if (*row_key(s.name, s.metadata, {"attention": asdict(attn)}), context, t)
+                not in done
+            ]
+            if not todo:
+                continue
+            step = _step_inputs(runner.model, t)
+            graph_s = _graph_times(runner, todo, step)
+            for (strategy, attn), g in zip(todo, graph_s, strict=True):
+                row = _verify_row(runner, strategy, attn, args, context, step, g, ceilings)
+                rows.append(row)
                 _write(result, args.out)  # each finished row survives an interrupted run
     _write(result, args.out)
     return result
 
 
-def _verify_row(runner, strategy, attn, args, context: int, t: int, ceilings: dict) -> dict:
-    """One (strategy, context, t) row: graph, eager and op-sum times against the floor, and
-    each op's time against its own floor (``op_floors``)."""
+def _step_inputs(model, t: int) -> tuple[DraftTree, torch.Tensor]:
+    """The verify step's tree and tokens at ``t`` rows: a chain (dense cost does not depend on
+    the tree's shape), the same tokens for every strategy of the row set."""
+    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+    return tree, torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
+
+
+def _graph_times(runner, todo: list, step: tuple) -> list[float]:
+    """Each strategy's verify step per CUDA-graph replay, their samples interleaved
+    (``kernels.timing.bench_graphs``): the strategies of one (context, t) are compared under
+    the same GPU clock."""
+    tree, tokens = step
+    for _, attn in todo:
+        attn.check_tree(tokens.shape[1], runner.model.config.gqa_group)
+
+    def forward(attn):
+        return lambda i: runner.tree_forward(tokens, tree, attn)[0]
+
+    with torch.no_grad():
+        timings = bench_graphs([forward(attn) for _, attn in todo], config=STEP_TIMING)
+    return [tm.median_s for tm in timings]
+
+
+def _verify_row(runner, strategy, attn, args, context: int, step, graph_s, ceilings) -> dict:
+    """One (strategy, context, t) row: its graph time (``_graph_times``), eager and op-sum
+    times against the floor, and each op's time against its own floor (``op_floors``)."""
     copy_bps = ceilings["copy_bytes_per_s"]
     model = runner.model
-    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
-    attn.check_tree(t, model.config.gqa_group)
-    tokens = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
+    tree, tokens = step
+    t = tokens.shape[1]
 
-    def step(i):
+    def run(i):
         return runner.tree_forward(tokens, tree, attn)[0]
 
     with torch.no_grad():
-        graph_s = bench(step, "graph", config=STEP_TIMING).median_s
-        eager_s = bench(step, "launch", config=STEP_TIMING).median_s
+        eager_s = bench(run, "launch", config=STEP_TIMING).median_s
         queries = runner.tree_forward(tokens, tree, attn, record=True)[2]
         selection = selection_stats(runner, attn, tree, queries)
         ops = time_ops(runner, attn, tree, tokens, queries)
