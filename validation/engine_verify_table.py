@@ -112,11 +112,22 @@ def current_predictions(doc: dict, gpu: str) -> list[float | None]:
 
 
 def verify_markdown(doc: dict, predicted: list[float | None] | None = None) -> str:
-    """One table row per row of ``doc``, in its order; the prediction column from ``predicted``
-    (one per row, ``current_predictions``) or, without it, the document's."""
+    """One table row per row of ``doc``, by context, then strategy (in the order they first
+    appear), then t; the prediction column from ``predicted`` (one per row of ``doc``,
+    ``current_predictions``) or, without it, the document's."""
     lines = markdown_header(COLUMNS)
-    stored = [r["predicted_verify_s"] for r in doc["rows"]]
-    for r, pred in zip(doc["rows"], stored if predicted is None else predicted, strict=True):
+    rows = doc["rows"]
+    preds = [r["predicted_verify_s"] for r in rows] if predicted is None else list(predicted)
+    if len(preds) != len(rows):
+        raise ValueError(f"{len(preds)} predictions for {len(rows)} rows")
+    first: dict[str, int] = {}
+    for r in rows:
+        first.setdefault(strategy_label(r), len(first))
+    order = sorted(
+        range(len(rows)),
+        key=lambda i: (rows[i]["context"], first[strategy_label(rows[i])], rows[i]["t"]),
+    )
+    for r, pred in ((rows[i], preds[i]) for i in order):
         lines.append(
             markdown_row(
                 (

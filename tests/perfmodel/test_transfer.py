@@ -59,23 +59,28 @@ def _gemm(nbytes, flops, depth):
 
 
 def test_transferred_gemm_is_the_source_fit_on_the_target_ceilings():
-    """A 1 GB GEMM call, evaluated by hand: t0 + max(t_k K, bytes / (e_b BW), flops / (e_c PEAK))
-    with the H100 SXM's fitted gemm class and the H200's ceilings (measured, committed)."""
+    """A 1 GB GEMM call, evaluated by hand: t0 + max(t_k K, memory, flops / (e_c PEAK)) with
+    the H100 SXM's fitted gemm class and the H200's ceilings (measured, committed), where the
+    memory term at the source, bytes / (e_b BW0), splits into the bytes at the source's copy
+    rate, which follow the target's copy rate, and the rest, which follows its GEMM rate."""
     nbytes, flops, depth = 1e9, 1e11, 4096
     h200 = get_gpu("h200")
     c = SOURCE.classes["gemm"]
     eb = np.interp(np.log10(nbytes), c.bytes_knots, c.bytes_eff)
     ef = np.interp(np.log10(flops), c.flops_knots, c.flops_eff)
     bw, peak = h200.hbm_bytes_per_s, h200.bf16_flops_per_s
+    bw0, peak0 = SOURCE.copy_bytes_per_s, SOURCE.gemm_flops_per_s
     assert h200.provenance.startswith("calibrated:h200-ceilings")
-    want = c.t0_s + max(c.t_depth_s * depth, nbytes / (eb * bw), flops / (ef * peak))
+    at_source = nbytes / (eb * bw0)
+    hbm = min(nbytes / bw0, at_source)
+    memory = hbm * bw0 / bw + (at_source - hbm) * peak0 / peak
+    want = c.t0_s + max(c.t_depth_s * depth, memory, flops / (ef * peak))
     got = make_predictor(h200).op_time_s(_gemm(nbytes, flops, depth))
     assert got[0] == pytest.approx(want, rel=1e-12)
-    # Memory-bound, so the streaming part scales by the ratio of copy bandwidths.
+    # Memory-bound under the copy rate: the source's own time is the whole term at its rates.
     own = make_predictor(get_gpu("h100-sxm")).op_time_s(_gemm(nbytes, flops, depth))
-    ratio = (own[0] - c.t0_s) / (got[0] - c.t0_s)
-    assert nbytes / (eb * bw) > flops / (ef * peak)
-    assert ratio == pytest.approx(bw / SOURCE.copy_bytes_per_s, rel=1e-12)
+    assert memory > flops / (ef * peak) and eb < 1
+    assert own[0] - c.t0_s == pytest.approx(at_source, rel=1e-12)
 
 
 def test_measured_ceilings_of_the_target_replace_its_datasheet():
