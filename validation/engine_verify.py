@@ -53,10 +53,12 @@ from ssvkit.validation.engine_ops import (
 )
 from ssvkit.validation.engine_verify_table import (
     parse_grouping,
+    parse_refresh,
     row_key,
     row_lines,
     with_grouping,
     with_metadata,
+    with_refresh,
 )
 from ssvkit.validation.records import (
     file_label,
@@ -89,6 +91,12 @@ def parse_args(argv=None):
         default=None,
         help="MODE:C, the sparse strategies' query grouping (per_query:1, union:C, shared:C) "
         "in place of their own",
+    )
+    p.add_argument(
+        "--refresh-every",
+        default=None,
+        help="N[,M...]: the sparse strategies refresh their selection every N layers in place "
+        "of their own cadence, a row set per value",
     )
     p.add_argument(
         "--gpu",
@@ -130,6 +138,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:
         args.grouping = parse_grouping(args.grouping)
+        args.refresh_every = parse_refresh(args.refresh_every)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -306,6 +315,10 @@ def main(argv=None) -> dict:
         with_grouping(with_metadata(Strategy.from_name(n.strip()), args.metadata), args.grouping)
         for n in args.strategy.split(",")
     ]
+    if args.refresh_every is not None:
+        strategies = list(
+            dict.fromkeys(with_refresh(s, r) for s in strategies for r in args.refresh_every)
+        )
     src = resolve_source(args.model)
     t_max = max(contexts) + max(ts) + 1
     torch.manual_seed(0)

@@ -60,12 +60,32 @@ def with_grouping(strategy: Strategy, grouping: tuple[str, int] | None) -> Strat
     return dataclasses.replace(strategy, mode=grouping[0], group_size=grouping[1])
 
 
+def parse_refresh(text: str | None) -> tuple[int, ...] | None:
+    """``--refresh-every N[,M...]`` as a tuple of cadences; ``ValueError`` names a bad value."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--refresh-every must be layers >= 1, comma-separated, got {text!r}")
+    return tuple(dict.fromkeys(int(p) for p in parts))
+
+
+def with_refresh(strategy: Strategy, refresh_every: int | None) -> Strategy:
+    """``strategy`` refreshing its selection every ``refresh_every`` layers where it is sparse
+    (dense attention has no selection)."""
+    if refresh_every is None or not strategy.is_sparse:
+        return strategy
+    return dataclasses.replace(strategy, refresh_every=refresh_every)
+
+
 def row_key(name: str, metadata: str, row: dict) -> tuple:
-    """What tells one row's strategy from another's: its baseline, block scores and query
-    grouping as its attention ran it (none for dense and NSA attention)."""
+    """What tells one row's strategy from another's: its baseline, block scores, query grouping
+    (none for dense and NSA attention) and refresh cadence (none for dense attention) as its
+    attention ran them."""
     a = row.get("attention", {})
     grouping = (a["mode"], a["group_size"]) if a.get("kind") == "sparse" else None
-    return name, metadata, grouping
+    refresh = a.get("refresh_every") if a.get("kind") in ("sparse", "nsa") else None
+    return name, metadata, grouping, refresh
 
 
 def with_metadata(strategy: Strategy, metadata: str) -> Strategy:
@@ -81,23 +101,26 @@ def row_strategy(row: dict) -> Strategy:
     s = Strategy.from_name(row["strategy"])
     if s.is_sparse:
         s = dataclasses.replace(s, metadata=row.get("metadata", s.metadata))
-        grouping = row_key(s.name, s.metadata, row)[2]
+        _, _, grouping, refresh = row_key(s.name, s.metadata, row)
         if grouping is not None:
             s = dataclasses.replace(s, mode=grouping[0], group_size=grouping[1])
+        s = with_refresh(s, refresh)
     tiles = row.get("attention", {}).get("context_tiles", s.nsa_context_tiles)
     s = dataclasses.replace(s, nsa_context_tiles=tiles)
     return with_nsa_rows_per_tile(s, row.get(NSA_SCHEDULE, PACKED_ROWS))
 
 
 def strategy_label(row: dict) -> str:
-    """The row's baseline, with its block scores and query grouping where they are not the
-    baseline's own."""
+    """The row's baseline, with its block scores, query grouping and refresh cadence where they
+    are not the baseline's own."""
     metadata = row.get("metadata", "nsa")
     own = Strategy.from_name(row["strategy"])
-    grouping = row_key(row["strategy"], metadata, row)[2]
+    _, _, grouping, refresh = row_key(row["strategy"], metadata, row)
     parts = [] if metadata == "nsa" else [metadata]
     if grouping is not None and grouping != (own.mode, own.group_size):
         parts.append(f"{grouping[0]} C={grouping[1]}")
+    if refresh is not None and refresh != own.refresh_every:
+        parts.append(f"refresh every {refresh}")
     return row["strategy"] + (f" ({', '.join(parts)})" if parts else "")
 
 

@@ -12,7 +12,7 @@ from ssvkit.perfmodel.strategy import Strategy
 from ssvkit.validation import engine_verify, scale_campaign, scale_verify
 from ssvkit.validation.decode_figures import step_prediction
 from ssvkit.validation.engine_ops import OP_GROUPS
-from ssvkit.validation.engine_verify_table import row_strategy, verify_markdown
+from ssvkit.validation.engine_verify_table import row_strategy, strategy_label, verify_markdown
 from ssvkit.validation.full_batch import row_figures
 from ssvkit.validation.records import measured_strategy
 
@@ -213,3 +213,30 @@ def test_a_row_of_another_query_grouping_is_labelled_and_predicted_as_run(capsys
         engine_verify.parse_args(["--grouping", "shared:x"])
     assert e.value.code == 2
     assert "--grouping must be MODE:C" in capsys.readouterr().err
+
+
+def test_a_row_of_another_refresh_cadence_is_labelled_and_predicted_as_run(capsys):
+    """``--refresh-every N[,M]`` gives every sparse strategy a row set per cadence (dense ones
+    one); a row names a cadence that is not its baseline's and rebuilds it for the prediction;
+    a bad value is a one-line error."""
+    from ssvkit.validation.engine_verify_table import parse_refresh, with_refresh
+
+    assert parse_refresh("1, 8,8") == (1, 8) and parse_refresh(None) is None
+    for bad in ("0", "x", "4,", "-2"):
+        with pytest.raises(ValueError, match="--refresh-every"):
+            parse_refresh(bad)
+    ssv = Strategy.from_name("ssv")
+    dense = Strategy.from_name("sd_dense")
+    assert with_refresh(dense, 8) == dense and with_refresh(ssv, None) == ssv
+    assert with_refresh(ssv, 8).refresh_every == 8
+    attention = dict(kind="sparse", mode=ssv.mode, group_size=ssv.group_size, refresh_every=8)
+    row = dict(strategy="ssv", metadata="mean", attention=attention)
+    assert strategy_label(row) == "ssv (mean, refresh every 8)"
+    assert row_strategy(row).refresh_every == 8
+    own = dict(row, attention=dict(attention, refresh_every=ssv.refresh_every))
+    assert strategy_label(own) == "ssv (mean)"
+    assert engine_verify.row_key("ssv", "mean", row) != engine_verify.row_key("ssv", "mean", own)
+    with pytest.raises(SystemExit) as e:
+        engine_verify.parse_args(["--refresh-every", "0"])
+    assert e.value.code == 2
+    assert "--refresh-every must be layers >= 1" in capsys.readouterr().err
