@@ -166,8 +166,8 @@ def bench_graphs(
 ) -> list[Timing]:
     """``bench_graph`` of several functions at once, their samples interleaved: each round
     replays every graph once (after an L2 flush each), starting one graph later each round, so
-    a drift of the GPU's clock over the run (it warms under load) reaches each function alike
-    and their ratios compare like with like. All graphs are captured before the first sample."""
+    a drift of the GPU's speed over the run reaches each function alike and their ratios
+    compare like with like. All graphs are captured before the first sample."""
     device = torch.device("cuda", torch.cuda.current_device())
     flush = _L2Flusher(config, device)
     n = config.graph_launches
