@@ -6,7 +6,9 @@ numbers. A row's work comes from the launch plan its kernel made (``perfmodel.at
 sparse rows carry their measured selections' distinct bytes (``global_unique_bytes``) and union
 share (``f_load``). The sparse kernel that timed the committed H100 rows split a group's list
 until the grid filled one wave (``attention_work.fill_sparse_splits``); later rows follow
-``attention_plan.choose_sparse_splits``, so rows of ``FILL_SPLIT_COMMITS`` keep that kernel's rule.
+``attention_plan.choose_sparse_splits``, so rows of ``row_work.SPARSE_FILL_SPLIT_COMMITS`` keep
+that kernel's rule, and rows of the earlier union plan kernel its counts
+(``row_work.union_plan_kernel``).
 
 Fit: soft-L1 loss of log(predicted / measured) over the constants, from fixed starts (no random
 restarts), the lowest loss kept: deterministic.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import least_squares
+from ssvkit.calibration.row_work import SPARSE_FILL_SPLIT_COMMITS, union_plan_kernel
 from ssvkit.perfmodel.attention_work import (
     AttentionWork,
     dense_verify_work,
@@ -26,15 +29,15 @@ from ssvkit.perfmodel.physical import PARAMS, PhysicalFit, stack
 
 PHYSICAL_FAMILIES = ("dense_verify", "sparse_verify")
 PHYSICAL_CLASS = "attention"  # the one class the physical model fits for its families
-FILL_SPLIT_COMMITS = ("51d8197",)
 KV_ELEM_BYTES = 2
 
 # Bounds of each constant (PARAMS order): launches and waves of a few microseconds, streaming
 # and MMA efficiencies up to the measured ceilings (a little above: the ceilings are medians of
 # other kernels), L2 at 1-6x HBM (fitted as that ratio, kept over PEAK: ``_constants``), a tile's
-# load latency up to 20 us, a row's up to 1 us, a compare's up to 1 ns.
+# load latency up to 20 us, a row's up to 1 us, a union plan's compare step up to 100 ns (a step
+# of the sort kernel is a pass over a thread's keys with a barrier, not one compare).
 LOWER = (0.0, 0.0, 0.3, 0.0, 1.0, 0.02, 0.0, 0.0, 0.0)
-UPPER = (2e-5, 2e-5, 1.2, 1.0, 6.0, 1.2, 2e-5, 1e-6, 1e-9)
+UPPER = (2e-5, 2e-5, 1.2, 1.0, 6.0, 1.2, 2e-5, 1e-6, 1e-7)
 STARTS = (
     (2e-6, 1e-6, 0.85, 0.3, 2.0, 0.3, 2e-6, 2e-8, 1e-11),
     (4e-6, 3e-6, 0.7, 0.6, 3.0, 0.6, 5e-6, 1e-8, 1e-10),
@@ -75,7 +78,8 @@ def row_work(row: dict, spec: GpuSpec) -> AttentionWork:
         smem,
         list_blocks=p["f_load"] * t * top_n / groups if mode == "union" else None,
         unique_kv_bytes=p["global_unique_bytes"] - fixed + b * hkv * t * block_bytes / bs,
-        split_rule="fill" if row["git_commit"] in FILL_SPLIT_COMMITS else "wave_balance",
+        split_rule="fill" if row["git_commit"][:7] in SPARSE_FILL_SPLIT_COMMITS else "wave_balance",
+        union_plan=union_plan_kernel(row),
     )
 
 

@@ -38,6 +38,10 @@ SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
 # (``kernels.merge`` before it combined tiles of rows; the committed H100 rows): a merge launch of
 # as many programs as rows, whose cost no feature describes.
 SPARSE_ROW_MERGE_COMMITS = ("51d8197",)
+# Sparse verification rows whose union calls built their plan with the kernel that compared every
+# member's ids with the group's (``perfmodel.attention_work.union_plan_compares``' ``compare``):
+# the committed H100 rows and the H200 rows timed before the sort kernel.
+UNION_COMPARE_PLAN_COMMITS = ("51d8197", "e875b5f")
 # Block-selection rows timed with the kernels that scored one tile a program and picked in torch
 # (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
 # ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
@@ -267,8 +271,28 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
         shape,
         config=DEFAULT_SPARSE_CONFIG,
         split_rule="fill" if fill else "wave_balance",
+        union_plan=union_plan_kernel(row),
         **_sm_resources(gpu),
     )
+
+
+def union_plan_kernel(row: dict) -> str:
+    """The union plan kernel a sparse verification row's calls ran, had they built one:
+    ``"compare"`` for rows of ``UNION_COMPARE_PLAN_COMMITS``, else ``"sort"``
+    (``kernels.group_plan``)."""
+    return "compare" if row.get("git_commit", "")[:7] in UNION_COMPARE_PLAN_COMMITS else "sort"
+
+
+def union_plan_generation(row: dict) -> str | None:
+    """The union plan kernel a sparse verification row's call ran before its attention
+    (``union_plan_kernel``); None for a call that builds no plan (``per_query``, ``shared``, a
+    group of one query) and for other ops."""
+    if row["op"] != "sparse_verify" or sparse_mode(row) != "union":
+        return None
+    p = row["params"]
+    if min(p["group_size"], p["num_query_tokens"]) <= 1:
+        return None
+    return union_plan_kernel(row)
 
 
 def merge_generation(row: dict) -> str | None:

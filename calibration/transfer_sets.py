@@ -25,7 +25,12 @@ import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row, markdown_header
 from ssvkit.calibration.fit import UNFITTED_OPS, error_stats, fit_profile, op_class
-from ssvkit.calibration.row_work import is_plan_priced, merge_generation, sparse_mode
+from ssvkit.calibration.row_work import (
+    is_plan_priced,
+    merge_generation,
+    sparse_mode,
+    union_plan_generation,
+)
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.profiles import Profile
@@ -220,26 +225,26 @@ def _loo_summary(name: str, annotated: list[dict], missing: Counter, values: dic
 
 
 def same_kernels(
-    rows: list[dict], classes: dict, fit_merges: dict[str, set] | None = None
+    rows: list[dict], classes: dict, fit_generations: dict[str, dict[str, set]] | None = None
 ) -> tuple[list[dict], Counter]:
     """``rows`` whose predicting class (``predicting_class``) was fitted on rows of the same
     kernels, and the count per class of the others. A class fitted on its kernels' launch-plan
     counts (``ClassFit.slot_plan``) describes the current kernels (``row_work.is_plan_priced``);
     one fitted otherwise describes earlier ones (NSA before the slot plan, selection with the
-    torch pick). A split sparse verification call runs a merge launch whose kernel changed
-    (``row_work.merge_generation``): such a row is compared only where its class's fit rows
-    that split (``fit_merges``, class name to the merge generations of its fit rows) ran the
-    same merge. Pricing one generation's rows with the other's fit measures the kernels'
-    change, not the model's transfer between GPUs. Rows no class predicts stay (``predict``
-    counts them)."""
-    fit_merges = fit_merges or {}
+    torch pick). A sparse verification call runs launches whose kernels changed: a split call's
+    merge (``row_work.merge_generation``), a union call's plan
+    (``row_work.union_plan_generation``). Such a row is compared only where its class's fit rows
+    of that launch (``fit_generations``: ``generations_by_class`` of the fit rows) ran the same
+    kernel. Pricing one generation's rows with the other's fit measures the kernels' change, not
+    the model's transfer between GPUs. Rows no class predicts stay (``predict`` counts them)."""
+    fit_generations = fit_generations or {}
     same, other = [], Counter()
     for r in rows:
         name = predicting_class(op_class(r), classes)
-        merge = merge_generation(r)
+        fit = fit_generations.get(name, {})
         if name is not None and (
             classes[name].slot_plan != is_plan_priced(r)
-            or (merge is not None and fit_merges.get(name, set()) - {merge})
+            or any(fit.get(kind, set()) - {gen} for kind, gen in _generations(r).items())
         ):
             other[op_class(r)] += 1
         else:
@@ -247,14 +252,20 @@ def same_kernels(
     return same, other
 
 
-def merges_by_class(rows: list[dict]) -> dict[str, set]:
-    """Per class of ``rows``: the merge generations of its split rows
-    (``row_work.merge_generation``)."""
-    out: dict[str, set] = {}
+def _generations(row: dict) -> dict[str, str]:
+    """The changed launches a row's call ran, by kind (``merge``, ``union_plan``): the kernel
+    generation of each."""
+    gens = {"merge": merge_generation(row), "union_plan": union_plan_generation(row)}
+    return {kind: gen for kind, gen in gens.items() if gen is not None}
+
+
+def generations_by_class(rows: list[dict]) -> dict[str, dict[str, set]]:
+    """Per class of ``rows``: per changed launch (``_generations``), the kernel generations its
+    rows ran."""
+    out: dict[str, dict[str, set]] = {}
     for r in rows:
-        merge = merge_generation(r)
-        if merge is not None:
-            out.setdefault(op_class(r), set()).add(merge)
+        for kind, gen in _generations(r).items():
+            out.setdefault(op_class(r), {}).setdefault(kind, set()).add(gen)
     return out
 
 
@@ -265,8 +276,8 @@ def cross_gpu(
     with ``other``'s measured ceilings ``ceiling``: the rows of the kernels the fits describe
     (``same_kernels``); the count per class of the rest, which time other kernels, under
     ``other_kernels``."""
-    merges = merges_by_class(fitted_rows(fit_rows))
-    same, other_kernels = same_kernels(fitted_rows(rows), fit, merges)
+    generations = generations_by_class(fitted_rows(fit_rows))
+    same, other_kernels = same_kernels(fitted_rows(rows), fit, generations)
     annotated, missing = predict(same, fit, other, ceiling)
     out = summarize(annotated, missing, TARGETS["cross_gpu"])
     out["title"] = f"fit on {fit_gpu}'s rows, predict {other}'s with its measured ceilings"

@@ -1,10 +1,10 @@
 """Group plans of :func:`kernels.sparse_verify.sparse_verify`: which blocks each (sequence, KV
 head, query group) program streams, and for which members.
 
-``union`` plans come from one small Triton kernel that deduplicates by comparing each member's
-list with all the others' (C^2 x top_n^2 compares in C wide steps) and sorts the union in
-registers (no host synchronisation); ``per_query`` and ``shared`` stream rows of ``block_idx``
-directly. A plan is built once per refresh and shared by the layers that reuse its selection.
+``union`` plans come from one small Triton kernel that sorts the members' block ids in
+registers and merges each block's member bits with two scans (no host synchronisation);
+``per_query`` and ``shared`` stream rows of ``block_idx`` directly. A plan is built once per
+refresh and shared by the layers that reuse its selection.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import torch
 import triton
 import triton.language as tl
 from ssvkit.kernels.checks import check_order
+from ssvkit.perfmodel.attention_plan import union_plan_warps
 
 MODES = ("per_query", "union", "shared")
-# Plan kernel: one step compares a member's list with CHUNK entries of the group's lists; a
-# [N_PAD, CHUNK] tile of 16K int32 stays spill-free at 4 warps (sm_90, Triton 3.6 and 3.9).
-_PLAN_TILE = 16384
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,8 +55,12 @@ class GroupPlan:
 
 
 @triton.jit
-def _bit_or(a, b):
-    return a | b
+def _or_same_block(a, b):
+    """Scan step over ``(block id << 32) | member bits`` keys sorted ascending: ``b`` with
+    ``a``'s member bits where both name one block. The keys of a block are adjacent, so this
+    is associative over them."""
+    same = (a >> 32) == (b >> 32)
+    return tl.where(same, b | (a & 0xFFFFFFFF), b)
 
 
 @triton.jit
@@ -78,72 +80,50 @@ def _union_plan_kernel(
     top_n,
     C: tl.constexpr,
     N_PAD: tl.constexpr,
-    CHUNK: tl.constexpr,
     C_PAD: tl.constexpr,
     HAS_ORDER: tl.constexpr,
 ):
+    """One program per (group, KV head, sequence): every member's ids as one tile of
+    ``(id << 32) | 1 << member`` keys, sorted; a forward scan of ``_or_same_block`` marks each
+    block's first key (the one no earlier key of its block adds a bit to), a reverse scan gives
+    that key every member's bit, and a prefix count of the first keys places them."""
     tl.static_assert(C <= 31)  # membership bits live in an int32
-    NO_BLOCK: tl.constexpr = 0x7FFFFFFFFFFFFFFF  # sorts after every (id << 32 | bits) key
-    tl.static_assert(CHUNK % N_PAD == 0)
-    MEMBERS_PER_CHUNK: tl.constexpr = CHUNK // N_PAD
+    NO_BLOCK: tl.constexpr = 0x7FFFFFFFFFFFFFFF  # sorts after every real key
     g = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     num_groups = tl.num_programs(0)
-    idx_base = idx_ptr + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih
-    out_base = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + g.to(tl.int64) * stride_lg
-    offs = tl.arange(0, N_PAD)
-    # A chunk is MEMBERS_PER_CHUNK members' lists side by side: [CHUNK] = [members x N_PAD].
-    offs_f = tl.arange(0, CHUNK)
-    member_f = offs_f // N_PAD
-    total = tl.full([], 0, tl.int32)  # a tensor, so the loop can carry it
     members = tl.arange(0, C_PAD)
-    keys = tl.full([C_PAD, N_PAD], NO_BLOCK, tl.int64)
-    for c in range(0, C):
-        slot = g * C + c
-        if HAS_ORDER:
-            row = tl.load(order_ptr + b * num_rows + slot, mask=slot < num_rows, other=0)
-        else:
-            row = slot
-        mine = tl.load(
-            idx_base + row.to(tl.int64) * stride_it + offs,
-            mask=offs < tl.where(slot < num_rows, top_n, 0),
-            other=-1,
-        )  # [N_PAD]
-        # bits[j]: which members list block mine[j]. One [N_PAD, CHUNK] compare per chunk keeps
-        # this throughput-bound (C x C narrow compares would be C^2 dependent load latencies).
-        bits = tl.zeros([N_PAD], dtype=tl.int32)
-        for c0 in range(0, C, MEMBERS_PER_CHUNK):
-            member = c0 + member_f
-            slot_f = g * C + member
-            ok_f = (member < C) & (slot_f < num_rows) & (offs_f % N_PAD < top_n)
-            if HAS_ORDER:
-                row_f = tl.load(order_ptr + b * num_rows + slot_f, mask=ok_f, other=0)
-            else:
-                row_f = slot_f
-            theirs = tl.load(
-                idx_base + row_f.to(tl.int64) * stride_it + offs_f % N_PAD, mask=ok_f, other=-1
-            )  # [CHUNK]
-            their_bit = tl.where(theirs >= 0, 1 << tl.minimum(member, 30), 0)
-            hit = tl.where(mine[:, None] == theirs[None, :], their_bit[None, :], 0)
-            bits = bits | tl.reduce(hit, 1, _bit_or)
-        bits = tl.where(mine >= 0, bits, 0)
-        # The first member that selected a block owns it; each owned block's key (id, bits)
-        # takes the member's row of the sort tile, the others sort last.
-        owner = ((bits & ((1 << c) - 1)) == 0) & (mine >= 0)
-        key = (mine.to(tl.int64) << 32) | bits.to(tl.int64)
-        keys = tl.where((members == c)[:, None] & owner[None, :], key[None, :], keys)
-        total += tl.sum(owner.to(tl.int32), axis=0)
+    slot = g * C + members
+    live = (members < C) & (slot < num_rows)
+    if HAS_ORDER:
+        row = tl.load(order_ptr + b * num_rows + slot, mask=live, other=0)
+    else:
+        row = slot
+    offs = tl.arange(0, N_PAD)
+    idx_base = idx_ptr + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih
+    ok = live[:, None] & (offs < top_n)[None, :]
+    ids = tl.load(
+        idx_base + row.to(tl.int64)[:, None] * stride_it + offs[None, :], mask=ok, other=-1
+    )  # [C_PAD, N_PAD]
+    bit = (tl.full([C_PAD], 1, tl.int64) << members.to(tl.int64))[:, None]
+    keys = tl.where(ids >= 0, (ids.to(tl.int64) << 32) | bit, NO_BLOCK)
+    keys = tl.sort(tl.reshape(keys, [C_PAD * N_PAD]))
+    first = (tl.associative_scan(keys, 0, _or_same_block) == keys) & (keys != NO_BLOCK)
+    union = tl.associative_scan(keys, 0, _or_same_block, reverse=True)
+    dest = tl.cumsum(first.to(tl.int32), 0) - 1
+    total = tl.sum(first.to(tl.int32), 0)
     tl.store(count_ptr + (b * tl.num_programs(1) + h) * num_groups + g, total)
     # Ascending block ids: the group's programs walk the context in the order the other
     # groups' (and per-query rows') programs of the KV head do, so L2 serves the blocks they
     # share while they are in flight.
-    keys = tl.sort(tl.reshape(keys, [C_PAD * N_PAD]))
+    out = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + g.to(tl.int64) * stride_lg
+    tl.store(list_ptr + out + dest, (union >> 32).to(tl.int32), mask=first)
+    tl.store(mask_ptr + out + dest, (union & 0x7FFFFFFF).to(tl.int32), mask=first)
     p = tl.arange(0, C_PAD * N_PAD)
-    used = p < total
-    on = p < C * top_n
-    tl.store(list_ptr + out_base + p, tl.where(used, (keys >> 32).to(tl.int32), -1), mask=on)
-    tl.store(mask_ptr + out_base + p, tl.where(used, (keys & 0x7FFFFFFF).to(tl.int32), 0), mask=on)
+    pad = (p >= total) & (p < C * top_n)
+    tl.store(list_ptr + out + p, tl.full([C_PAD * N_PAD], -1, tl.int32), mask=pad)
+    tl.store(mask_ptr + out + p, tl.zeros([C_PAD * N_PAD], tl.int32), mask=pad)
 
 
 def build_group_plan(
@@ -207,9 +187,8 @@ def build_group_plan(
         top_n,
         C=c,
         N_PAD=n_pad,
-        CHUNK=max(n_pad, min(n_pad * triton.next_power_of_2(c), _PLAN_TILE // n_pad)),
         C_PAD=triton.next_power_of_2(c),
         HAS_ORDER=order is not None,
-        num_warps=min(16, max(4, triton.next_power_of_2(c) * n_pad // 256)),
+        num_warps=union_plan_warps(c, top_n),
     )
     return GroupPlan(mode, c, num_groups, lists, masks, counts, order)

@@ -257,6 +257,26 @@ def choose_sparse_splits(
     return best
 
 
+# The union plan kernel (``kernels.group_plan``): its sort keys a thread holds, and the warps of
+# its programs (4 is the fastest at 128 and 256 keys on the H200; wider tiles take a warp per 128).
+UNION_PLAN_KEYS_PER_THREAD = 4
+UNION_PLAN_MIN_WARPS = 4
+UNION_PLAN_MAX_WARPS = 16
+
+
+def union_plan_keys(group_size: int, width: int) -> int:
+    """Sort keys of one union plan program: ``C_PAD x N_PAD``, the group's members and a row's
+    ``width`` block ids, each padded to a power of two (ids to at least 16)."""
+    return next_pow2(group_size) * max(16, next_pow2(width))
+
+
+def union_plan_warps(group_size: int, width: int) -> int:
+    """Warps of one union plan program: its keys at ``UNION_PLAN_KEYS_PER_THREAD`` a thread,
+    within ``UNION_PLAN_MIN_WARPS`` and ``UNION_PLAN_MAX_WARPS``."""
+    want = union_plan_keys(group_size, width) // (32 * UNION_PLAN_KEYS_PER_THREAD)
+    return min(UNION_PLAN_MAX_WARPS, max(UNION_PLAN_MIN_WARPS, want))
+
+
 def sparse_tile_shape(
     cfg: SparseVerifyConfig,
     group_size: int,

@@ -23,6 +23,8 @@ from ssvkit.perfmodel.attention_plan import (
     dense_verify_plan,
     list_entries,
     sparse_tile_shape,
+    union_plan_keys,
+    union_plan_warps,
 )
 from ssvkit.perfmodel.nsa_plan import WGMMA_MIN_ROWS, WGMMA_ROW_COST
 
@@ -31,9 +33,11 @@ PARTIAL_BYTES = 4  # fp32 partial outputs and log-sum-exps
 INDEX_BYTES = 4  # int32 block indices
 WARPGROUP = 4  # warps of one warpgroup (a wgmma's issuing unit)
 SPLIT_RULES = ("wave_balance", "fill")
-# The union plan kernel's [N_PAD, CHUNK] compare tile of 16K int32 over 4 warps holds 128
-# registers a thread: 4 programs fill an SM's 64K registers.
+# Union plan programs an SM holds at once: of 4 to 16 warps each, 4 fill its 64 warps at most.
 UNION_PLAN_PROGRAMS_PER_SM = 4
+# The union plan kernels: ``sort`` (``kernels.group_plan``) and ``compare``, the kernel before it,
+# which compared every member's ids with the group's (rows of older kernels keep its counts).
+UNION_PLAN_KERNELS = ("sort", "compare")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +218,7 @@ def sparse_verify_work(
     list_blocks: float | None = None,
     unique_kv_bytes: float | None = None,
     split_rule: str = "wave_balance",
+    union_plan: str = "sort",
     config: SparseVerifyConfig = DEFAULT_SPARSE_CONFIG,
 ) -> AttentionWork:
     """The work of one ``sparse_verify`` call (plan built inside the call, as the wrapper does).
@@ -222,7 +227,7 @@ def sparse_verify_work(
     ``top_n``, the list of ``per_query`` and ``shared``); ``unique_kv_bytes``: the call's
     distinct K/V bytes (default: the requested ones, no repeats); ``split_rule``:
     ``wave_balance`` (``attention_plan.choose_sparse_splits``) or ``fill``
-    (``fill_sparse_splits``)."""
+    (``fill_sparse_splits``); ``union_plan``: the union plan kernel (``union_plan_compares``)."""
     if split_rule not in SPLIT_RULES:
         raise ValueError(f"split_rule must be one of {SPLIT_RULES}, got {split_rule!r}")
     c = 1 if mode == "per_query" else min(group_size, t)
@@ -259,18 +264,30 @@ def sparse_verify_work(
         merge_bytes=_merge_bytes(batch, t, num_q_heads, head_dim, s),
         launches=float(1 + (s > 1) + (mode == "union" and c > 1)),
         num_splits=float(s),
-        plan_compares=union_plan_compares(mode, c, top_n, lists, num_sms),
+        plan_compares=union_plan_compares(mode, c, top_n, lists, num_sms, union_plan),
     )
 
 
-def union_plan_compares(mode: str, c: int, top_n: int, lists: int, num_sms: int) -> float:
-    """Block-id compares one SM slot of the union plan kernel does in series: each of its
-    programs (one per group list) compares every member's ``top_n`` ids with the group's
-    ``C x top_n`` (``kernels.group_plan``), ``UNION_PLAN_PROGRAMS_PER_SM`` programs an SM."""
+def union_plan_compares(
+    mode: str, c: int, top_n: int, lists: int, num_sms: int, kernel: str = "sort"
+) -> float:
+    """Compare steps one SM slot of the union plan kernel takes in series, over its waves of
+    programs (one per group list, ``UNION_PLAN_PROGRAMS_PER_SM`` an SM). ``sort``: a program
+    sorts its ``K`` keys (``attention_plan.union_plan_keys``) in ``log2 K (log2 K + 1) / 2``
+    compare-exchange steps and scans them three times (``log2 K`` steps each), ``K`` over its
+    threads at every step. ``compare``: every member's ``top_n`` ids against the group's
+    ``C x top_n``."""
+    if kernel not in UNION_PLAN_KERNELS:
+        raise ValueError(f"kernel must be one of {UNION_PLAN_KERNELS}, got {kernel!r}")
     if mode != "union" or c <= 1:
         return 0.0
     waves = cdiv(lists, num_sms * UNION_PLAN_PROGRAMS_PER_SM)
-    return float(waves * c * c * top_n * top_n)
+    if kernel == "compare":
+        return float(waves * c * c * top_n * top_n)
+    keys = union_plan_keys(c, top_n)
+    log_k = keys.bit_length() - 1
+    per_thread = keys / (32 * union_plan_warps(c, top_n))
+    return float(waves * per_thread * (log_k * (log_k + 1) / 2 + 3 * log_k))
 
 
 def _merge_bytes(batch: int, t: int, num_q_heads: int, head_dim: int, splits: int) -> float:

@@ -54,7 +54,7 @@ class PhysicalFit:
       bandwidth a small grid reaches (Little's law);
     - ``c``: seconds per ``mma.sync`` row of a K/V tile's MMAs and softmax (the row tile's
       cost, ``row_cost``);
-    - ``k``: seconds per block-id compare of the union plan kernel's busiest SM slot, which
+    - ``k``: seconds per compare step of the union plan kernel's busiest SM slot, which
       runs before the attention.
 
     It ignores concurrency between kernels, clock variation and the spread of work across

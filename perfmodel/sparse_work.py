@@ -134,7 +134,7 @@ class SparseWork:
       MMAs a K/V tile);
     - ``waves``: waves of programs over the SMs' resident slots (each pays a prologue: query
       tile, list base; and an epilogue: the output write);
-    - ``plan_compares``: block-id compares of the union plan's busiest SM slot
+    - ``plan_compares``: the compare steps of the union plan's busiest SM slot
       (``attention_work.union_plan_compares``);
     - ``row_waves``: the row-tile rows one SM slot's programs finish in series, ``waves x``
       the warpgroup's rows (``row_cost`` at D = ``ROW_COST_DIM`` whatever the head dimension),
@@ -238,10 +238,12 @@ def sparse_call_work(
     num_sms: int,
     smem_per_sm_bytes: int = DEFAULT_SMEM_PER_SM_BYTES,
     split_rule: str = "wave_balance",
+    union_plan: str = "sort",
     config: SparseVerifyConfig = DEFAULT_SPARSE_CONFIG,
 ) -> SparseWork:
     """The work of one ``sparse_verify`` call (its plan built inside the call, as the kernel
-    sweep times it) on ``num_sms`` SMs."""
+    sweep times it) on ``num_sms`` SMs; ``union_plan`` names the union plan kernel
+    (``attention_work.union_plan_compares``)."""
     plan = launch_plan(s, num_sms, split_rule, config)
     heads = s.batch * s.num_kv_heads
     lists = heads * s.num_groups
@@ -281,7 +283,7 @@ def sparse_call_work(
         merge_steps=float(splits if splits > 1 else 0),
         row_cost=mma_rows,
         waves=float(waves),
-        plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms),
+        plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms, union_plan),
         row_waves=float(waves * rc * (2 if splits > 1 else 1)),
         sm_tiles=float(total_tiles / num_sms),
     )

@@ -108,21 +108,19 @@ def _wrap_integers_as_compiled() -> None:
 
 def _reduce_bitwise_in_numpy() -> None:
     """The interpreter runs a ``tl.reduce`` whose combine function it does not know one
-    element at a time, a Python call of the combine per element: the union plan's OR of
-    membership bits and ``tl.sort``'s XOR sums took most of a union test's time. A bitwise OR
+    element at a time, a Python call of the combine per element: ``tl.sort``'s XOR sums took
+    most of a union test's time. A bitwise OR
     or XOR combine reduces here as numpy's ``bitwise_or`` / ``bitwise_xor`` ``.reduce`` along
     the same axis: the same bits, in one call. (The interpreter's private names: where a
     Triton release lacks them, it runs unchanged.)"""
     import numpy as np
     import triton.language as tl
-    from ssvkit.kernels import group_plan
     from triton.runtime import interpreter as interp
 
     ops = getattr(interp, "ReduceOps", None)
     if ops is None or not all(hasattr(ops, n) for n in ("apply_impl", "to_tensor")):
         return
     ufuncs = {
-        group_plan._bit_or: np.bitwise_or,
         getattr(tl.standard, "_or_combine", None): np.bitwise_or,
         getattr(tl.standard, "_xor_combine", None): np.bitwise_xor,
     }

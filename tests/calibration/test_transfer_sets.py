@@ -177,6 +177,7 @@ def test_cross_gpu_compares_only_rows_of_the_kernels_the_fit_describes(monkeypat
     monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
     monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: r["plan"])
     monkeypatch.setattr(transfer_sets, "merge_generation", lambda r: None)
+    monkeypatch.setattr(transfer_sets, "union_plan_generation", lambda r: None)
     classes = {"nsa": SimpleNamespace(slot_plan=True), "gemm": SimpleNamespace(slot_plan=False)}
     rows = [
         {"cls": "nsa", "plan": True},
@@ -200,6 +201,7 @@ def test_cross_gpu_compares_split_sparse_rows_only_under_the_same_merge(monkeypa
     monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
     monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: True)
     monkeypatch.setattr(transfer_sets, "merge_generation", lambda r: r["merge"])
+    monkeypatch.setattr(transfer_sets, "union_plan_generation", lambda r: r.get("plan"))
     classes = {c: SimpleNamespace(slot_plan=True) for c in ("few", "many", "mixed")}
     fit_rows = [
         {"cls": "few", "merge": "row"},
@@ -207,8 +209,8 @@ def test_cross_gpu_compares_split_sparse_rows_only_under_the_same_merge(monkeypa
         {"cls": "mixed", "merge": "row"},
         {"cls": "mixed", "merge": "tile"},
     ]
-    merges = transfer_sets.merges_by_class(fit_rows)
-    assert merges == {"few": {"row"}, "mixed": {"row", "tile"}}
+    merges = transfer_sets.generations_by_class(fit_rows)
+    assert merges == {"few": {"merge": {"row"}}, "mixed": {"merge": {"row", "tile"}}}
     rows = [
         {"cls": "few", "merge": "tile"},
         {"cls": "few", "merge": "row"},
@@ -219,6 +221,25 @@ def test_cross_gpu_compares_split_sparse_rows_only_under_the_same_merge(monkeypa
     same, other = transfer_sets.same_kernels(rows, classes, merges)
     assert same == [rows[1], rows[2], rows[3]]
     assert other == {"few": 1, "mixed": 1}
+
+
+def test_cross_gpu_compares_union_rows_only_under_the_same_plan_kernel(monkeypatch):
+    """A union row that built its plan is priced only by a class whose fit rows built theirs
+    with the same kernel; a row that built none is priced whatever the fit's rows ran."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
+    monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: True)
+    monkeypatch.setattr(transfer_sets, "merge_generation", lambda r: None)
+    monkeypatch.setattr(transfer_sets, "union_plan_generation", lambda r: r["plan"])
+    classes = {"u": SimpleNamespace(slot_plan=True)}
+    fit = transfer_sets.generations_by_class(
+        [{"cls": "u", "plan": "compare"}, {"cls": "u", "plan": None}]
+    )
+    assert fit == {"u": {"union_plan": {"compare"}}}
+    rows = [{"cls": "u", "plan": p} for p in ("sort", "compare", None)]
+    same, other = transfer_sets.same_kernels(rows, classes, fit)
+    assert same == rows[1:] and other == {"u": 1}
 
 
 def test_a_sparse_row_names_the_merge_its_split_call_ran():

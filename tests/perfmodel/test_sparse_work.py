@@ -50,7 +50,11 @@ def test_union_work_by_hand():
     assert w.requested_bytes == 512 * 40 * BLOCK_BYTES + tail + io
     # distinct: the union of 16 rows, 16 (1 + 15 x 0.5) = 136 blocks a (sequence, KV head)
     assert w.unique_bytes == 128 * 136 * BLOCK_BYTES + tail + io
-    assert w.plan_compares == 4 * 4 * 16 * 16  # one wave of 4 programs an SM slot
+    # One wave of 4 programs an SM slot, each sorting 4 x 16 keys over 4 warps (half a key a
+    # thread): 6 x 7 / 2 compare-exchange steps and three scans of 6.
+    assert w.plan_compares == 0.5 * (6 * 7 / 2 + 3 * 6)
+    old = sparse_call_work(s, num_sms=SMS, smem_per_sm_bytes=SMEM, union_plan="compare")
+    assert old.plan_compares == 4 * 4 * 16 * 16  # every member's ids against the group's
     assert w.row_waves == 2 * 16  # unsplit: two waves of 16-row tiles written once
     assert w.sm_tiles == pytest.approx(512 * 41 / 132)
 
