@@ -59,8 +59,8 @@ class AttentionWork:
       re-reading it; per-query rows of one KV head re-reading blocks others chose);
     - ``mma_flops``: the FLOPs of the padded MMA tiles (``4 x rows_pad x D`` a key);
     - ``merge_bytes``: the fp32 partials a split call writes and its merge reads; ``launches``;
-    - ``plan_compares``: a union call's plan kernel compares block ids before the attention
-      runs.
+    - ``plan_compares``: the compare steps of a union call's plan kernel, which runs before
+      the attention (``union_plan_compares``).
 
     It ignores the masked tail's extra passes and the spread of union sizes across groups
     (every group streams the mean).
@@ -80,7 +80,7 @@ class AttentionWork:
     merge_bytes: float
     launches: float
     num_splits: float
-    plan_compares: float = 0.0  # block-id compares of the busiest union-plan SM slot
+    plan_compares: float = 0.0  # compare steps of the busiest union-plan SM slot
 
 
 def row_cost(rows_pad: int, num_warps: int = WARPGROUP) -> float:

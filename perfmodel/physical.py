@@ -31,7 +31,7 @@ PARAMS = (
 class PhysicalFit:
     """The GPU-level constants of the physical model. One call takes
 
-        t = L x launches + p x waves + k x compares
+        t = L x launches + p x waves + k x compare steps
             + max((G + h (U - G) + M) / (e BW),     HBM: distinct bytes, repeats that miss
                                                     L2, merge partials;
                   U / (r_p PEAK),                   L2-to-SM: every request;

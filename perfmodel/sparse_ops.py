@@ -308,8 +308,8 @@ def _sparse_verify_ops(
     ``sparse_work.grid_regime``: the call's group lists against the SMs), priced by its class
     ``sparse_verify/<mode>/<grid regime>`` on the work of its launch plan on
     ``num_sms`` SMs (``perfmodel.sparse_work``, the counts the class is fitted on). The group
-    plan of a union is built once per refresh and shared by the reuse layers: its compares
-    count in refresh layers only (its launch stays in the class's fixed cost)."""
+    plan of a union is built once per refresh and shared by the reuse layers: its compare
+    steps count in refresh layers only (its launch stays in the class's fixed cost)."""
     on_meta = c.sparse * (1 - nsa)
     t = np.ceil(c.rows)
     path = kernel_mode(c.mode, c.group_size, t)

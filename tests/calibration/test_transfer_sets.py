@@ -254,11 +254,25 @@ def test_a_sparse_row_names_the_merge_its_split_call_ran():
         assert got == {name, None}
 
 
+def test_a_union_row_names_the_plan_kernel_its_call_ran():
+    """The committed H100 rows' union calls built their plans by comparing ids, the H200's
+    graph rows by sorting them; calls that build no plan (per_query, shared, groups of one
+    query) name none."""
+    from ssvkit.calibration.row_work import union_plan_generation
+
+    for gpu, timing, name in (("h100-sxm", "graph", "compare"), ("h200", "graph", "sort")):
+        rows = [r for r in ceilings.profile_rows(gpu) if r["timing"] == timing]
+        got = {union_plan_generation(r) for r in rows if r["op"] == "sparse_verify"}
+        assert got == {name, None}
+        assert {union_plan_generation(r) for r in rows if r["op"] != "sparse_verify"} == {None}
+
+
 def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
     """The H100's NSA and selection rows time the kernels before the slot plan and the
-    threshold pick, and its split sparse verification calls the one-row merge; the H200's fits
-    describe the current ones, so the H200 -> H100 set counts those rows apart instead of
-    scoring them, and keeps the H100's sparse calls that do not split. The H200's classes are
+    threshold pick, its split sparse verification calls the one-row merge and its union calls
+    the compare plan; the H200's fits describe the current ones, so the H200 -> H100 set counts
+    those rows apart instead of scoring them, and keeps the H100's sparse calls that do not
+    split and build no plan. The H200's classes are
     its shipped profile's (which rows a class prices depends on its kernel plan and its fit
     rows' merges, not on its fitted values), so no refit runs here."""
     from ssvkit.perfmodel.profiles import shipped_profile
@@ -271,5 +285,6 @@ def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
     families = {c.split("/")[0] for c in s["other_kernels"]}
     assert families == {"nsa_verify", "select_blocks", "sparse_verify"}
     assert not any(c.startswith(("nsa_verify", "select_blocks")) for c in s["classes"])
-    assert "dense_verify" in s["classes"] and "sparse_verify/union/many_lists" in s["classes"]
+    assert "dense_verify" in s["classes"] and "sparse_verify/per_query/many_lists" in s["classes"]
+    assert "sparse_verify/union/many_lists" in s["other_kernels"]
     assert all(c["n"] > 0 for c in s["classes"].values())
