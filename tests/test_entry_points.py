@@ -28,6 +28,7 @@ MODULES = (
     "validation.nsa_stages",
     "validation.nsa_tile_plans",
     "validation.planner_eval",
+    "validation.profiler_teardown",
     "validation.readme",
     "validation.rescore",
     "validation.scale_campaign",

@@ -1,9 +1,16 @@
 """Each kernel launch of one call on the GPU with its device time (``torch.profiler``): where the
 time of a latency-bound call of several launches goes (``validation.nsa_launches``,
-``validation.engine_verify``'s attention ops)."""
+``validation.engine_verify``'s attention ops).
+
+The benchmarks that profile also time: each profiled session ends with CUPTI torn down
+(``TEARDOWN_CUPTI=1``, read by the profiler's Kineto at the session's end). Left attached, CUPTI
+adds host time to every later kernel launch in the process, which the CUDA-event timings after
+the session count: a graph's launch and its time grow with its kernel count
+(``validation.profiler_teardown``, ``validation/data/profiler-teardown-h200.json``)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
@@ -18,6 +25,7 @@ def launch_times(fn, calls: int, inputs: int = 2) -> list[dict]:
     place on it: launches on different streams may start in another order from call to call."""
     from torch.profiler import ProfilerActivity, profile
 
+    os.environ["TEARDOWN_CUPTI"] = "1"
     for i in range(3):
         fn(i % inputs)
     torch.cuda.synchronize()

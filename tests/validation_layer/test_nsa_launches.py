@@ -2,6 +2,8 @@
 call renamed or re-signed fails here rather than on the GPU machine), its tables from a row as
 it writes them, and its refusal without a GPU."""
 
+import json
+
 import pytest
 import torch
 from ssvkit.validation import launch_times as lt
@@ -90,3 +92,91 @@ def test_a_case_on_the_gpu_lists_every_launch_of_each_call():
         side = any(x["side_stream"] for x in call["launches"])
         assert side == name.endswith("_unfused"), name
     assert "threshold_blocks_kernel" in [x["kernel"] for x in row["calls"]["refresh"]["launches"]]
+
+
+def test_profiling_tears_cupti_down_at_the_session_end(monkeypatch):
+    """``launch_times`` sets ``TEARDOWN_CUPTI=1`` before its profiler session (an attached CUPTI
+    slows every later launch the process times) and matches each call's launches by stream and
+    place."""
+    from types import SimpleNamespace
+
+    cuda = lt.torch.autograd.DeviceType.CUDA
+    seen_env = []
+
+    def event(name, start, dur, stream=7):
+        return SimpleNamespace(
+            name=name,
+            device_type=cuda,
+            device_resource_id=stream,
+            time_range=SimpleNamespace(start=start, end=start + dur),
+        )
+
+    class FakeProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            seen_env.append(lt.os.environ.get("TEARDOWN_CUPTI"))
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            calls = [(0, 4.0, 2.0), (100, 6.0, 2.0), (200, 5.0, 3.0)]
+            return [
+                e
+                for c, fwd, merge in calls
+                for e in (event("fwd", c, fwd), event("merge", c + 10, merge))
+            ]
+
+    import torch.profiler
+
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(lt.torch.cuda, "synchronize", lambda: None)
+    got = lt.launch_times(lambda i: None, calls=3)
+    assert seen_env == ["1"]
+    assert [x["kernel"] for x in got] == ["fwd", "merge"]
+    assert [x["median_s"] for x in got] == pytest.approx([5.0e-6, 2.0e-6])
+    assert not any(x["side_stream"] for x in got)
+
+
+def test_profiler_teardown_refuses_without_a_gpu(tmp_path, capsys, monkeypatch):
+    from ssvkit.validation import profiler_teardown as pt
+
+    monkeypatch.setattr(pt.torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "teardown.json"
+    with pytest.raises(SystemExit) as e:
+        pt.main(["--out", str(out)])
+    assert e.value.code == 2 and not out.exists()
+    assert capsys.readouterr().err.strip() == "profiler_teardown: needs a CUDA GPU"
+
+
+def test_profiler_teardown_table_shows_each_setting():
+    from ssvkit.validation import profiler_teardown as pt
+
+    rows = [
+        {"teardown_cupti": s, "before": {"host_s": 8e-6, "event_s": 4e-4},
+         "after": {"host_s": h, "event_s": 4e-4 + h}}
+        for s, h in (("0", 2.1e-4), ("1", 9e-6))
+    ]  # fmt: skip
+    lines = pt.table(rows).splitlines()
+    assert len(lines) == 3
+    assert lines[1].split()[:4] == ["0", "8.0", "->", "210.0"]
+    assert lines[2].split()[:4] == ["1", "8.0", "->", "9.0"]
+
+
+@pytest.mark.gpu
+def test_gpu_profiler_teardown_measures_both_settings(tmp_path):
+    if not lt.torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from ssvkit.validation import profiler_teardown as pt
+
+    out = tmp_path / "teardown.json"
+    assert pt.main(["--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["teardown_cupti"] for r in doc["rows"]] == ["0", "1"]
+    for r in doc["rows"]:
+        for when in ("before", "after"):
+            assert r[when]["host_s"] > 0 and r[when]["event_s"] > 0
