@@ -58,12 +58,12 @@ def child() -> dict:
 
     x = torch.empty(1, device="cuda")
     for _ in range(3):
-        tm._empty_kernel[(1,)](x, N=1)
+        tm.empty_kernel[(1,)](x, N=1)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(GRAPH_LAUNCHES):
-            tm._empty_kernel[(1,)](x, N=1)
+            tm.empty_kernel[(1,)](x, N=1)
     graph.replay()
     before = _graph_samples(graph)
     with profile(activities=[ProfilerActivity.CUDA]):
