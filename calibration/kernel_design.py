@@ -135,14 +135,21 @@ def _fits(geometry: str, batch: int, ctx: int) -> bool:
     return batch * ki.GEOMETRIES[geometry][1] * ctx <= MAX_CACHE_TOKENS
 
 
+def point_axes(step: str, geometries: tuple, axes: dict, fraction_pairs: tuple) -> dict:
+    """The Latin-hypercube axes of ``step``: head geometry, the step's ``axes``, and the
+    step's own (repair's missed-fraction pairs, selection's metadata kind, NSA's overlap)."""
+    out = {"geometry": geometries, **axes}
+    if step == "repair":
+        out["fractions"] = fraction_pairs
+    if step in ("select", "nsa", "nsa_tiles"):
+        out["variant"] = ("mean", "quest") if step == "select" else (None, kg.NSA_REUSE_OVERLAP)
+    return out
+
+
 def point_configs(step: str, seed: int = 0) -> list[KernelConfig]:
     """The Latin-hypercube configs of ``step`` (``POINTS``), geometry an axis of its own."""
     spec = POINTS[step]
-    axes = {"geometry": GEOMETRIES, **spec.axes}
-    if step == "repair":
-        axes["fractions"] = FRACTION_PAIRS
-    if step in ("select", "nsa", "nsa_tiles"):
-        axes["variant"] = ("mean", "quest") if step == "select" else (None, kg.NSA_REUSE_OVERLAP)
+    axes = point_axes(step, GEOMETRIES, spec.axes, FRACTION_PAIRS)
     out = []
     for pt in lattice_lhs(axes, spec.n, seed + STEPS_SEED[step]):
         g, t, b, ctx = pt["geometry"], pt["t"], pt["batch"], pt["ctx"]
@@ -151,14 +158,15 @@ def point_configs(step: str, seed: int = 0) -> list[KernelConfig]:
         with ki.geometry(g):
             if step == "nsa_tiles" and kg.nsa_tiles_packed(t, pt["rows"]):
                 continue  # the packed tiles: the nsa step's rows
-            out.append(_point(step, pt, t, b, ctx))
+            out.append(point_config(step, pt, t, b, ctx))
     return out
 
 
 STEPS_SEED = {step: i for i, step in enumerate(kg.STEPS)}
 
 
-def _point(step: str, pt: dict, t: int, b: int, ctx: int) -> KernelConfig:
+def point_config(step: str, pt: dict, t: int, b: int, ctx: int) -> KernelConfig:
+    """The config of one Latin-hypercube point ``pt`` of ``step`` at the geometry in use."""
     if step == "dense":
         return kg.dense_config(ctx, t, b, sdpa=False)
     if step == "sparse":

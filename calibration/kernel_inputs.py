@@ -37,6 +37,11 @@ GEOMETRIES = {
 GEOMETRIES["tiny"] = (8, 2, 64)  # engine/checkpoints/tiny-target
 GEOMETRIES["tiny-draft"] = (4, 2, 64)  # engine/checkpoints/tiny-draft
 GEOMETRIES["16q-2kv-d64"] = (16, 2, 64)
+# Geometries of the test design only (``calibration.unseen_design``), never of a fit row.
+GEOMETRIES["llama-3.1-70b"] = _heads("llama-3.1-70b")
+GEOMETRIES["28q-4kv-d128"] = (28, 4, 128)
+GEOMETRIES["24q-8kv-d128"] = (24, 8, 128)
+GEOMETRIES["12q-2kv-d128"] = (12, 2, 128)
 DTYPE = torch.bfloat16
 ELEM_BYTES = 2
 SPAN = 8  # rows over which fresh blocks are new: groups of C in {1, 2, 4, 8} nest in it

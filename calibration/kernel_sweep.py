@@ -6,6 +6,9 @@
     # the calibration design, shard 2 of 4 (one process per GPU), graph timings only:
     python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 2/4 \\
         --out OUT/s2 --done-from calibration/profiles/h200/kernel_bench.jsonl --timings graph
+    # the test design (calls no calibration row times), for ``ssvkit validate --sets unseen``:
+    python -m ssvkit.calibration.kernel_sweep --grid unseen --gpu h200 \\
+        --out calibration/profiles/h200/unseen --timings graph
     # the same without a GPU: every shard's configs and estimated minutes
     python -m ssvkit.calibration.kernel_sweep --grid calibration --gpu h200 --shard 0/4 --plan ...
 
@@ -53,6 +56,7 @@ from ssvkit.calibration.runner import (
     read_rows,
 )
 from ssvkit.calibration.shards import Shard
+from ssvkit.calibration.unseen_design import unseen_configs
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.hardware import get_gpu
@@ -62,7 +66,7 @@ __all__ = ["FULL_SWEEP", "QUICK_SWEEP", "TINY_SWEEP", "Sweep", "main"]
 
 OPS = STEPS
 OUT_NAME = "kernel_bench.jsonl"
-GRIDS = ("lines", "calibration")
+GRIDS = ("lines", "calibration", "unseen")
 SHOW = ("context_len", "num_query_tokens", "batch", "mode", "group_size", "overlap", "top_n")
 SHOW += ("missed_fraction", "impl", "method", "rows_per_tile", "num_q_heads", "num_kv_heads")
 SHOW += ("head_dim",)
@@ -101,7 +105,10 @@ class SweepOptions:
     )
     grid: str = field(
         default="lines",
-        metadata={"help": "lines (the Sweep at --geometry) or calibration (every geometry)"},
+        metadata={
+            "help": "lines (the Sweep at --geometry), calibration (every geometry) or unseen "
+            "(the test design: calls no calibration row times)"
+        },
     )
     gpu: str | None = field(
         default=None, metadata={"help": "registry GPU whose SMs and ceilings --plan/--shard use"}
@@ -162,6 +169,8 @@ class SweepOptions:
         """Every config of the chosen grid and ops, in run order (host only)."""
         if self.grid == "calibration":
             return design_configs(self.ops, self.seed)
+        if self.grid == "unseen":
+            return unseen_configs(self.ops, self.seed)
         return sweep_configs(self.sweep, self.ops, self.geometry, self.seed)
 
     def plan_costs(self) -> PlanCosts:
