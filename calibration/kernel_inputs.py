@@ -42,6 +42,7 @@ GEOMETRIES["llama-3.1-70b"] = _heads("llama-3.1-70b")
 GEOMETRIES["28q-4kv-d128"] = (28, 4, 128)
 GEOMETRIES["24q-8kv-d128"] = (24, 8, 128)
 GEOMETRIES["12q-2kv-d128"] = (12, 2, 128)
+GEOMETRIES["16q-8kv-d256"] = (16, 8, 256)
 DTYPE = torch.bfloat16
 ELEM_BYTES = 2
 SPAN = 8  # rows over which fresh blocks are new: groups of C in {1, 2, 4, 8} nest in it

@@ -1,11 +1,11 @@
 """A test design of kernel calls the calibration design never times (``kernel_sweep --grid
-unseen``): head geometries outside it, and draft rows, batches, contexts, top-n and overlaps
-between or beyond its levels, so that every call differs from every fit row in its geometry
-and in most of its other parameters.
+unseen``): head geometries outside it (one of them of a head dimension it has none of), and draft
+rows, batches, contexts, top-n and overlaps between or beyond its levels, so that every call
+differs from every fit row in its geometry and in most of its other parameters.
 
 Its rows are not fit rows: they live under ``calibration/profiles/<gpu>/unseen/``, which the
 profile's fit does not read, and ``ssvkit validate --sets unseen`` predicts them with the
-profile fitted on all the calibration rows (``calibration.transfer_sets``). The design is a
+committed profile, fitted on the calibration rows (``calibration.unseen_set``). The design is a
 seeded Latin hypercube per step (``kernel_design.lattice_lhs``), as the calibration design's
 points are, over the levels below.
 """
@@ -18,8 +18,8 @@ from ssvkit.calibration.kernel_design import K, Points, lattice_lhs
 from ssvkit.calibration.kernel_grid import KernelConfig
 
 # Head geometries no calibration row has: GQA 8 at 64 query heads (Llama-3.1-70B, Qwen3-32B),
-# GQA 7 (Qwen2.5-7B), GQA 3, and GQA 6 at two KV heads.
-GEOMETRIES = ("llama-3.1-70b", "28q-4kv-d128", "24q-8kv-d128", "12q-2kv-d128")
+# GQA 7 (Qwen2.5-7B), GQA 3, GQA 6 at two KV heads, and a head dimension of 256 (Gemma-2-9B).
+GEOMETRIES = ("llama-3.1-70b", "28q-4kv-d128", "24q-8kv-d128", "12q-2kv-d128", "16q-8kv-d256")
 TOKENS = (6, 10, 14, 20, 27, 40)
 BATCHES = (5, 10, 20, 40)
 CONTEXTS = (20 * K, 40 * K, 56 * K, 80 * K, 112 * K)
