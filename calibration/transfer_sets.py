@@ -5,7 +5,9 @@ fit never saw, computed from the committed rows (``ssvkit validate --sets ...``)
 - ``group``: leave one group size out;
 - ``context``: leave one context length out;
 - ``gpu``: cross-GPU -- fit on one GPU's rows and predict another's with that GPU's measured
-  copy and GEMM ceilings, in both directions where the rows allow a fit.
+  copy and GEMM ceilings, in both directions where the rows allow a fit;
+- ``unseen``: the test design's calls (``calibration.unseen_set``), predicted by the committed
+  profile, where the GPU has them.
 
 A leave-one-out set refits, for each value of its parameter, every class that has rows with
 that value on the class's other rows (``leave_one_out_rows``) and predicts the left-out rows.
@@ -36,7 +38,7 @@ from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.profiles import Profile
 
 LEAVE_ONE_OUT = ("head", "group", "context")
-TRANSFER_SETS = (*LEAVE_ONE_OUT, "gpu")
+TRANSFER_SETS = (*LEAVE_ONE_OUT, "gpu", "unseen")
 SETS = ("interp", *TRANSFER_SETS)
 TARGETS = {
     "leave_one_out": {"median_ape": 0.06, "p90_ape": 0.15},
@@ -328,8 +330,15 @@ def transfer_report(gpu: str = "h100-sxm", sets=TRANSFER_SETS) -> dict:
     rows, both directions. Computed from the committed rows once per process."""
     out = {}
     for name in TRANSFER_SETS:
-        if name in sets:
+        if name in sets and name != "unseen":
             out.update(copy.deepcopy(_committed_set(gpu, name)))
+    if "unseen" in sets:
+        # Imported here: the set summarizes with this module's functions.
+        from ssvkit.calibration.unseen_set import unseen_set
+
+        unseen = unseen_set(gpu)
+        if unseen is not None:
+            out["unseen"] = unseen
     return out
 
 
@@ -358,6 +367,17 @@ def set_markdown(key: str, s: dict) -> list[str]:
     if s.get("other_kernels"):
         other = ", ".join(f"`{c}` ({n} rows)" for c, n in s["other_kernels"].items())
         lines += ["", f"Not compared, the rows time other kernels than the fit's: {other}."]
+    if s.get("geometries"):
+        from ssvkit.calibration.unseen_set import coverage_text, geometry_lines
+
+        lines += [
+            "",
+            "Per head geometry, every family together:",
+            "",
+            *geometry_lines(s["geometries"]),
+        ]
+    if s.get("coverage"):
+        lines += ["", f"Prediction intervals: {coverage_text(s['coverage'])}."]
     return lines
 
 

@@ -198,7 +198,9 @@ def report(annotated: list[dict], worst: int = 8) -> dict:
 
 
 def annotate(rows: list[dict], profile: Profile) -> list[dict]:
-    """Every graph row of a fitted class with the stored profile's prediction and its split."""
+    """Every graph row of a fitted class with the stored profile's prediction, its split, and
+    whether the call lies inside its class's measured range (``ClassFit.in_range``: outside,
+    ``ssvkit predict`` labels a figure extrapolated and widens its interval)."""
     spec = get_gpu(profile.gpu, measured=False)
     out = []
     for r in rows:
@@ -208,21 +210,22 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         if cls not in profile.classes:
             continue
         nbytes, flops, dedup = features(r, spec)
-        steps, rows = serial_steps(r, spec.num_sms, spec), tile_rows(r, spec)
+        steps, rows, chain = serial_steps(r, spec.num_sms, spec), tile_rows(r, spec), depth(r, spec)
         pred = float(
             profile.call_time_s(
-                cls,
-                nbytes,
-                max(flops, 1.0),
-                dedup,
-                depth(r, spec),
-                steps,
-                rows,
-                stage_counts(r, spec),
+                cls, nbytes, max(flops, 1.0), dedup, chain, steps, rows, stage_counts(r, spec)
             )
         )
+        bw, peak = profile.copy_bytes_per_s, profile.gemm_flops_per_s
+        inside = profile.classes[cls].in_range(nbytes, max(flops, 1.0), bw, peak, chain)
         out.append(
-            {**r, "class": cls, "predicted_s": pred, "split": "heldout" if is_heldout(r) else "fit"}
+            {
+                **r,
+                "class": cls,
+                "predicted_s": pred,
+                "split": "heldout" if is_heldout(r) else "fit",
+                "in_range": bool(inside),
+            }
         )
     return out
 

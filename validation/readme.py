@@ -68,6 +68,12 @@ def transfer_block(gpu: str = "h100-sxm") -> str:
     return transfer_markdown(transfer_report(gpu, TRANSFER_SETS))
 
 
+def unseen_block(gpu: str = "h200") -> str:
+    """The test design's calls predicted by the committed profile (``ssvkit validate --markdown
+    --sets unseen``)."""
+    return transfer_markdown(transfer_report(gpu, ("unseen",)))
+
+
 def intervals_block(gpu: str = "h100-sxm") -> str:
     """The prediction intervals' residuals and coverage checks."""
     profile, annotated, _ = committed_report(gpu)
@@ -309,6 +315,7 @@ BLOCKS = {
     "validate": validate_block,
     "validate-h200": lambda: validate_block("h200"),
     "transfer": transfer_block,
+    "unseen-h200": unseen_block,
     "intervals": intervals_block,
     "planner": planner_block,
     "planner-b32": lambda: planner_block(record_path("planner-b32-h200.json")),

@@ -37,8 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--sets",
         help="comma-separated test sets: interp (the held-out split), head, group, context "
-        "(leave one head geometry, group size, context length out), gpu (cross-GPU), or all "
-        "(default: all; with --markdown: interp, the README's table)",
+        "(leave one head geometry, group size, context length out), gpu (cross-GPU), unseen "
+        "(the test design's calls, where the GPU has them), or all (default: all; with "
+        "--markdown: interp, the README's table)",
     )
     p.add_argument(
         "--check-transfer",
@@ -110,6 +111,7 @@ def _error_report(rep: dict, pid: str) -> str:
 
 def _transfer_report(transfer: dict) -> str:
     from ssvkit.calibration.transfer_sets import target_text
+    from ssvkit.calibration.unseen_set import coverage_text
 
     lines = []
     for key, s in transfer.items():
@@ -129,6 +131,11 @@ def _transfer_report(transfer: dict) -> str:
             lines.append(f"  no fit predicts {cls} ({n} rows)")
         for cls, n in s.get("other_kernels", {}).items():
             lines.append(f"  not compared: {cls} ({n} rows) time other kernels than the fit's")
+        if s.get("geometries"):
+            lines.append("per head geometry")
+            lines += _ape_lines(list(s["geometries"].items()))
+        if s.get("coverage"):
+            lines.append(f"  prediction intervals: {coverage_text(s['coverage'])}")
         lines.append("")
     return "\n".join(lines)
 

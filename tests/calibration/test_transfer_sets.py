@@ -126,7 +126,7 @@ def test_summarize_judges_median_and_p90_per_class():
 
 
 def test_parse_sets():
-    assert parse_sets("all") == ("interp", "head", "group", "context", "gpu")
+    assert parse_sets("all") == ("interp", "head", "group", "context", "gpu", "unseen")
     assert parse_sets("gpu,interp") == ("interp", "gpu")
     with pytest.raises(ValueError, match="'heads'"):
         parse_sets("interp,heads")
