@@ -131,7 +131,8 @@ def lattice_lhs(axes: dict[str, tuple], n: int, seed: int) -> list[dict]:
     return [{name: cols[name][i] for name in axes} for i in range(n)]
 
 
-def _fits(geometry: str, batch: int, ctx: int) -> bool:
+def fits(geometry: str, batch: int, ctx: int) -> bool:
+    """Whether a point's KV cache stays within ``MAX_CACHE_TOKENS``."""
     return batch * ki.GEOMETRIES[geometry][1] * ctx <= MAX_CACHE_TOKENS
 
 
@@ -153,7 +154,7 @@ def point_configs(step: str, seed: int = 0) -> list[KernelConfig]:
     out = []
     for pt in lattice_lhs(axes, spec.n, seed + STEPS_SEED[step]):
         g, t, b, ctx = pt["geometry"], pt["t"], pt["batch"], pt["ctx"]
-        if not _fits(g, b, ctx):
+        if not fits(g, b, ctx):
             continue
         with ki.geometry(g):
             if step == "nsa_tiles" and kg.nsa_tiles_packed(t, pt["rows"]):

@@ -50,7 +50,8 @@ SEED = 7919  # apart from the calibration design's seeds
 
 def unseen_configs(steps: tuple[str, ...] = STEPS, seed: int = 0) -> list[KernelConfig]:
     """The configs of ``steps`` (those of ``POINTS``; other steps have none), in step order;
-    a point whose KV cache would pass ``kernel_design.MAX_CACHE_TOKENS`` is dropped."""
+    a point whose KV cache would pass ``kernel_design.MAX_CACHE_TOKENS`` is dropped
+    (``kernel_design.fits``)."""
     out = []
     for step in steps:
         if step not in POINTS:
@@ -58,7 +59,7 @@ def unseen_configs(steps: tuple[str, ...] = STEPS, seed: int = 0) -> list[Kernel
         axes = kd.point_axes(step, GEOMETRIES, POINTS[step].axes, FRACTION_PAIRS)
         for pt in lattice_lhs(axes, POINTS[step].n, SEED + seed + kd.STEPS_SEED[step]):
             g, t, b, ctx = pt["geometry"], pt["t"], pt["batch"], pt["ctx"]
-            if b * ki.GEOMETRIES[g][1] * ctx > kd.MAX_CACHE_TOKENS:
+            if not kd.fits(g, b, ctx):
                 continue
             with ki.geometry(g):
                 out.append(kd.point_config(step, pt, t, b, ctx))
