@@ -138,7 +138,7 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         for split, subset in (("fit", fit_rows), ("heldout", held)):
             stats[split], scored = _split_error(name, split, subset, cf, bw, peak, spec)
             annotated += scored
-        classes[name] = {"fit": cf.to_json(), "error": stats}
+        classes[name] = {"fit": cf.to_json(), "error": stats, **head_dims_entry(rs)}
     device = {r["device_name"] for r in graph}
     if len(device) != 1:
         raise ValueError(f"rows of several devices in one profile: {sorted(device)}")
@@ -158,6 +158,26 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         "classes": classes,
     }
     return profile, annotated
+
+
+def head_dims_entry(rows: list[dict]) -> dict:
+    """``{"head_dims": [...]}``: the head dimensions of a class's measured ``rows`` (its profile
+    entry keeps them beside the fit, outside the id's hash of the fitted parameters: a call at
+    another head dimension is an extrapolation, ``ClassFit.in_range``); {} when the rows carry
+    none."""
+    dims = sorted({int(r["params"]["head_dim"]) for r in rows if "head_dim" in r["params"]})
+    return {"head_dims": dims} if dims else {}
+
+
+def head_dims_by_class(rows: list[dict]) -> dict[str, list[int]]:
+    """The head dimensions of each class's graph rows among ``rows``, as ``fit_profile`` stores
+    them (classes whose rows carry none absent)."""
+    by_class: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["timing"] == "graph" and r["op"] not in UNFITTED_OPS:
+            by_class.setdefault(op_class(r), []).append(r)
+    out = {k: head_dims_entry(rs).get("head_dims") for k, rs in by_class.items()}
+    return {k: v for k, v in out.items() if v}
 
 
 def _fitted(

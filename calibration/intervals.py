@@ -1,7 +1,9 @@
 """The residual sets that a fitted profile's prediction intervals come from, computed from the
-committed rows and stored in the profile under ``intervals`` (read by ``perfmodel.intervals``).
+committed rows and stored in the profile under ``intervals`` (read by ``perfmodel.intervals``),
+and each class's measured head dimensions (``calibration.fit.head_dims_by_class``), which decide
+where its intervals widen.
 
-    python -m ssvkit.calibration.intervals --gpu h100-sxm           # the intervals, in place
+    python -m ssvkit.calibration.intervals --gpu h100-sxm           # both, in place
     python -m ssvkit.calibration.intervals --gpu h100-sxm --check   # exit 1 where they differ
 
 Of each set (``residual_rows``: ``heldout``, ``leave_one_out``, ``cross_gpu``), per kernel
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.fit import dumps, is_heldout
+from ssvkit.calibration.fit import dumps, head_dims_by_class, is_heldout
 from ssvkit.calibration.transfer_sets import (
     LEAVE_ONE_OUT,
     committed_leave_one_out_rows,
@@ -130,9 +132,10 @@ def intervals_json(gpu: str, rows: list[dict], ceiling: dict, profile: dict, loo
     }
 
 
-def _recomputed(gpu: str, folder: Path | None) -> tuple[Path, dict, dict]:
+def _recomputed(gpu: str, folder: Path | None) -> tuple[Path, dict, dict, dict]:
     """``folder``'s ``profile.json`` (default: the committed ``calibration/profiles/<gpu>/``),
-    its document and its ``intervals`` recomputed from its rows, its fits as they are."""
+    its document, its ``intervals`` recomputed from its rows, its fits as they are, and its
+    classes' head dimensions from the same rows."""
     committed = folder is None
     folder = folder or ceilings.PROFILES / gpu
     path = folder / "profile.json"
@@ -147,17 +150,31 @@ def _recomputed(gpu: str, folder: Path | None) -> tuple[Path, dict, dict]:
         "bf16_flops_per_s": profile["ceilings"]["gemm_flops_per_s"],
     }
     loo = committed_loo(gpu) if committed else None
-    return path, profile, intervals_json(gpu, rows, ceiling, profile, loo)
+    dims = head_dims_by_class(rows)
+    return path, profile, intervals_json(gpu, rows, ceiling, profile, loo), dims
 
 
 def add_intervals(gpu: str, folder: Path | None = None) -> dict:
     """Recompute the ``intervals`` of ``folder``'s ``profile.json`` (default: the committed
-    ``calibration/profiles/<gpu>/``) from its rows, leaving its fits as they are; written in
-    place. Returns the profile."""
-    path, profile, got = _recomputed(gpu, folder)
+    ``calibration/profiles/<gpu>/``) and its classes' head dimensions from its rows, leaving
+    its fits as they are; written in place. Returns the profile."""
+    path, profile, got, dims = _recomputed(gpu, folder)
     profile["intervals"] = got
+    for name, entry in profile["classes"].items():
+        entry.pop("head_dims", None)
+        if name in dims:
+            entry["head_dims"] = dims[name]
     atomic_write(path, dumps(profile))
     return profile
+
+
+def head_dim_differences(profile: dict, dims: dict[str, list[int]]) -> list[str]:
+    """Classes of ``profile`` whose stored head dimensions are not ``dims``'."""
+    return [
+        f"{name} head dims: {dims.get(name)!r}, stored {entry.get('head_dims')!r}"
+        for name, entry in sorted(profile["classes"].items())
+        if entry.get("head_dims") != dims.get(name)
+    ]
 
 
 def differences(got: dict, want: dict, rel: float = 1e-9) -> list[str]:
@@ -183,10 +200,11 @@ def differences(got: dict, want: dict, rel: float = 1e-9) -> list[str]:
 
 
 def check_intervals(gpu: str, folder: Path | None = None) -> list[str]:
-    """The differences between the stored ``intervals`` of ``folder``'s profile (default: the
-    committed one) and those its rows give now."""
-    _, profile, got = _recomputed(gpu, folder)
-    return differences(got, profile.get("intervals") or {"sets": {}})
+    """The differences between the stored ``intervals`` and head dimensions of ``folder``'s
+    profile (default: the committed one) and those its rows give now."""
+    _, profile, got, dims = _recomputed(gpu, folder)
+    stored = profile.get("intervals") or {"sets": {}}
+    return differences(got, stored) + head_dim_differences(profile, dims)
 
 
 def main(argv=None) -> int:
@@ -195,7 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when the stored intervals differ from those the rows give; write nothing",
+        help="exit 1 when the stored intervals or head dimensions differ from those the rows "
+        "give; write nothing",
     )
     args = ap.parse_args(argv)
     try:

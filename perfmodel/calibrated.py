@@ -138,6 +138,7 @@ class CalibratedPredictor(RooflinePredictor):
             return super().op_time_s(op), None, None
         if sub is not None and np.any(np.asarray(op.calls) > 0):
             self.stand_ins[op.kernel] = sub  # only where some point runs the op
+        head_dim = op.head_dim
         if cls.slot_plan and op.slot_plan is not None:
             op = op.slot_plan
         calls = np.asarray(op.calls, dtype=float)
@@ -162,7 +163,8 @@ class CalibratedPredictor(RooflinePredictor):
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".
         bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
-        outside = (calls > 0) & (~cls.in_range(nbytes, flops, bw, peak, depth) | nearest)
+        inside = cls.in_range(nbytes, flops, bw, peak, depth, head_dim)
+        outside = (calls > 0) & (~inside | nearest)
         stood_in = (calls > 0) & (sub is not None)
         self.outside = _accumulate(self.outside, outside)
         self.stood_in = _accumulate(self.stood_in, stood_in)

@@ -163,15 +163,24 @@ class ClassFit:
     # (BW, PEAK) of the GPU the class was fitted on, from its profile (not part of the class's
     # JSON); () when unknown: the memory term then follows the copy rate alone (``_memory_s``).
     fit_ceilings: tuple[float, ...] = ()
+    # The head dimensions of the class's measured rows (not part of the class's JSON: its
+    # profile keeps them beside the fit); () for a class whose rows have none.
+    head_dims: tuple[int, ...] = ()
 
-    def in_range(self, nbytes, flops, bw, peak, depth=None):
+    def in_range(self, nbytes, flops, bw, peak, depth=None, head_dim=0):
         """True where the binding term of the model lies inside the measured range: bytes
-        always (the fixed cost and memory term), FLOPs where the compute term binds, and the
-        serial chain (``depth``, when given) no longer than the longest measured one. Below the
-        smallest measured bytes of a class whose smallest rows are launch-bound (their memory
-        term under ``LAUNCH_BOUND_SHARE`` of ``t0``) a call is no extrapolation: fewer bytes
-        can only take it from that edge's time toward ``t0``."""
+        always (the fixed cost and memory term), FLOPs where the compute term binds, the
+        serial chain (``depth``, when given) no longer than the longest measured one, and the
+        head dimension (``head_dim``, 0: none) one the class's rows were measured at: the
+        kernels' tile shapes, register use and the cost of their fp32 score tiles change with
+        it in ways no fitted term of bytes or FLOPs follows. Below the smallest measured bytes
+        of a class whose smallest rows are launch-bound (their memory term under
+        ``LAUNCH_BOUND_SHARE`` of ``t0``) a call is no extrapolation: fewer bytes can only take
+        it from that edge's time toward ``t0``."""
         nbytes, flops = np.asarray(nbytes, dtype=float), np.asarray(flops, dtype=float)
+        ok_h = True
+        if self.head_dims and head_dim:
+            ok_h = int(head_dim) in self.head_dims
         ok_d = True
         if depth is not None and self.depth_max > 0:
             ok_d = np.asarray(depth, dtype=float) <= self.depth_max * (1 + 1e-9)
@@ -185,7 +194,7 @@ class ClassFit:
         eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
         ef = np.interp(lf, self.flops_knots, self.flops_eff)
         compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
-        return ok_b & (ok_f | ~compute_bound) & ok_d
+        return ok_b & (ok_f | ~compute_bound) & ok_d & ok_h
 
     def call_time_s(
         self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
@@ -259,12 +268,13 @@ class ClassFit:
 
     @classmethod
     def from_json(
-        cls, name: str, d: dict, fit_ceilings: tuple[float, float] | None = None
+        cls, name: str, d: dict, fit_ceilings: tuple[float, float] | None = None, head_dims=()
     ) -> ClassFit:
         """The fit of ``name`` from its JSON; ``fit_ceilings``: its profile's (BW, PEAK), which
         price it on other GPUs (``_memory_s``) and turn an older profile's L2 ratio over BW
         (``l2_ratio``) into ``l2_bytes_per_flop`` (``ValueError`` when such a fit comes
-        without them)."""
+        without them); ``head_dims``: those of the class's measured rows, which its profile
+        keeps beside the fit."""
         bytes_per_flop = fit_ceilings[0] / fit_ceilings[1] if fit_ceilings else None
         l2 = d.get("l2_bytes_per_flop")
         if l2 is None and "l2_ratio" in d:
@@ -295,4 +305,5 @@ class ClassFit:
             t_depth_miss_s=float(d.get("t_depth_miss_s", 0.0)),
             slot_plan=bool(d.get("slot_plan", False)),
             fit_ceilings=tuple(map(float, fit_ceilings)) if fit_ceilings else (),
+            head_dims=tuple(int(x) for x in head_dims),
         )

@@ -311,6 +311,7 @@ def dense_attention(
         slot_plan=None
         if model.is_mla
         else _dense_plan_op(model, b, rows, kv_tokens, hq, hkv, num_sms),
+        head_dim=model.head_dim,
     )
     acc.add(prefix + "attention", op.scaled(layers))
 

@@ -45,7 +45,10 @@ class Op:
     call's ``BLOCK_M``, in ``mma.sync`` rows: ``perfmodel.nsa_plan.mma_row_cost``,
     ``perfmodel.attention_work.dense_verify_tiles``);
     ``stage_counts`` sums each call's counts of the units its extra stages work through, one
-    array per count (block selection's top-n stage, ``perfmodel.torch_plan.topn_counts``).
+    array per count (block selection's top-n stage, ``perfmodel.torch_plan.topn_counts``);
+    ``head_dim`` is the head dimension of the attention an attention or selection kernel computes
+    (0: none), which tells a calibrated predictor whether its class was measured at it
+    (``ClassFit.in_range``).
     """
 
     kind: str
@@ -63,6 +66,7 @@ class Op:
     # The same calls counted by the NSA kernels' slot plan (``perfmodel.nsa_work``), which the
     # classes fitted on that plan's counts price (``ClassFit.slot_plan``).
     slot_plan: Op | None = None
+    head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -94,6 +98,7 @@ class Op:
             self.tile_rows + other.tile_rows,
             _add_counts(self.stage_counts, other.stage_counts),
             _add_plans(self.slot_plan, other.slot_plan),
+            max(self.head_dim, other.head_dim),
         )
 
     def scaled(self, factor) -> Op:
@@ -112,6 +117,7 @@ class Op:
             self.tile_rows * factor,
             tuple(x * factor for x in self.stage_counts),
             None if self.slot_plan is None else self.slot_plan.scaled(factor),
+            self.head_dim,
         )
 
 

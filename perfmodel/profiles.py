@@ -76,7 +76,8 @@ class Profile:
             copy_bytes_per_s=bw,
             gemm_flops_per_s=peak,
             classes={
-                k: ClassFit.from_json(k, v["fit"], (bw, peak)) for k, v in d["classes"].items()
+                k: ClassFit.from_json(k, v["fit"], (bw, peak), v.get("head_dims", ()))
+                for k, v in d["classes"].items()
             },
             intervals=IntervalTable.from_json(d["intervals"]) if "intervals" in d else None,
             interval_note="" if "intervals" in d else f"profile {d['profile_id']} has no residuals",

@@ -67,6 +67,7 @@ def repair_seconds(
         kernel="repair/repair",
         calls=ones,
         slot_plan=plan,
+        head_dim=model.head_dim,
     )
     return predictor.op_time_s(op)
 

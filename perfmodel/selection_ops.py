@@ -68,6 +68,7 @@ def selection_op(
             slot_plan=select_plan_op(model, c, q_sel, hq, hkv, on, num_sms, kernel)
             if np.any(on)
             else None,
+            head_dim=model.head_dim,
         )
         acc.add(prefix + name, sel_op.scaled(layers * c.refresh_frac))
 

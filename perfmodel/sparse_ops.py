@@ -213,9 +213,10 @@ def _slot_plan_op(launches, kernel: str, on, shape, num_sms, fused, refresh) -> 
     return _plan_op(on, w, w["mma_flops"], launches, kernel, stages)
 
 
-def _plan_op(on, w: dict, flops, launches, kernel: str, stages: tuple) -> Op:
+def _plan_op(on, w: dict, flops, launches, kernel: str, stages: tuple, head_dim: int = 0) -> Op:
     """One call per point where ``on`` of a kernel priced from its launch plan's work ``w``
-    (requested and distinct bytes, chain tiles, merge steps, row cost) and stage counts."""
+    (requested and distinct bytes, chain tiles, merge steps, row cost) and stage counts, at
+    head dimension ``head_dim``."""
     return Op(
         "attention",
         on * flops,
@@ -228,6 +229,7 @@ def _plan_op(on, w: dict, flops, launches, kernel: str, stages: tuple) -> Op:
         serial_steps=on * w["merge_steps"],
         tile_rows=on * w["row_cost"],
         stage_counts=tuple(on * x for x in stages),
+        head_dim=head_dim,
     )
 
 
@@ -286,6 +288,7 @@ def _attention_ops(
                 )
                 if np.any(live)
                 else None,
+                head_dim=shape["head_dim"],
             )
             acc.add(prefix + name + ("_" + suffix if suffix else ""), attn.scaled(layers))
 
@@ -341,5 +344,6 @@ def _sparse_verify_ops(
         if mode == "union":
             stages += (w["plan_compares"] * c.refresh_frac,)
         launches = 1.0 + (w["merge_steps"] > 0) + (w["plan_compares"] > 0) * c.refresh_frac
-        op = _plan_op(on, w, w["mma_flops"], launches, f"sparse_verify/{mode}/{reg}", stages)
+        kernel = f"sparse_verify/{mode}/{reg}"
+        op = _plan_op(on, w, w["mma_flops"], launches, kernel, stages, model.head_dim)
         acc.add(prefix + name, op.scaled(layers))

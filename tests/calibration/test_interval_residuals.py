@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from ssvkit.calibration import ceilings
+from ssvkit.calibration.fit import head_dims_by_class
 from ssvkit.calibration.interval_coverage import (
     coverage_check,
     half,
@@ -15,7 +16,7 @@ from ssvkit.calibration.interval_coverage import (
     row_coverage,
     source_of,
 )
-from ssvkit.calibration.intervals import differences
+from ssvkit.calibration.intervals import differences, head_dim_differences
 from ssvkit.calibration.validate import committed_report
 from ssvkit.perfmodel.intervals import COVERAGE
 
@@ -77,3 +78,18 @@ def test_interval_differences_name_what_moved():
     assert "cross_gpu/*: missing" in diffs
     assert any(d.startswith("rows: ") for d in diffs)
     assert len(diffs) == 3
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
+def test_each_class_keeps_the_head_dims_of_its_rows(gpu):
+    """The committed profile stores beside each fit the head dimensions of its class's rows
+    (the attention and selection classes at 64 and 128 at least), those no row has nowhere;
+    ``--check`` names a class whose stored ones differ."""
+    stored = json.loads((ceilings.PROFILES / gpu / "profile.json").read_text())
+    dims = head_dims_by_class(ceilings.profile_rows(gpu))
+    assert head_dim_differences(stored, dims) == []
+    assert {64, 128} <= set(dims["dense_verify"])
+    assert "gemm" not in dims and "head_dims" not in stored["classes"]["gemm"]
+    moved = copy.deepcopy(stored)
+    moved["classes"]["dense_verify"]["head_dims"] = [128]
+    assert head_dim_differences(moved, dims) == ["dense_verify head dims: [64, 128], stored [128]"]

@@ -222,6 +222,51 @@ def test_a_chain_longer_than_any_measured_one_is_an_extrapolation():
     assert no_chain.in_range(nbytes, flops, bw, peak, 2 * fit.depth_max)
 
 
+def test_a_head_dimension_no_row_has_is_an_extrapolation():
+    """Dense verification was measured at head dimension 128, not 96 (Phi-3's, which no row
+    has): a call at 96 is flagged whatever its bytes, one at 128 or with no head dimension
+    given is not, nor a class whose rows carry none."""
+    import dataclasses
+
+    fit = shipped_profile("h200").classes["dense_verify"]
+    bw, peak = 3e12, 1e15
+    nbytes, flops = 10 ** np.mean(fit.bytes_range), 0.0
+    assert 128 in fit.head_dims and 96 not in fit.head_dims
+    assert fit.in_range(nbytes, flops, bw, peak, head_dim=128)
+    assert fit.in_range(nbytes, flops, bw, peak)
+    assert not fit.in_range(nbytes, flops, bw, peak, head_dim=96)
+    assert dataclasses.replace(fit, head_dims=()).in_range(nbytes, flops, bw, peak, head_dim=96)
+    assert "head_dims" not in fit.to_json()  # kept beside the fit, outside the profile id's hash
+
+
+@pytest.mark.parametrize(
+    ("strategy", "metadata"), [("sd_dense", None), ("ssv", "nsa"), ("ssv", "quest")]
+)
+def test_attention_at_an_unmeasured_head_dimension_is_labelled_extrapolated(strategy, metadata):
+    """The same model at head dimension 96 (Phi-3's, which no row has): its attention and
+    selection ops (dense, NSA, block selection and sparse verification) are flagged, so its
+    figures take the widened intervals; its GEMMs are not. At 128 none is."""
+    import dataclasses
+
+    gpu = get_gpu("h200")
+    base = get_model("llama-3.1-8b")
+    wide = dataclasses.replace(base, name="llama-d96", head_dim=96)
+    strat = Strategy.from_name(strategy)
+    if metadata:
+        strat = dataclasses.replace(strat, metadata=metadata)
+    got = {}
+    for model in (base, wide):
+        c = build_columns(model, [(strat, Workload(context_len=32768))])
+        got[model.head_dim] = predict_columns(model, c, make_predictor(gpu, tp=c.tp))
+    secs = got[96].op_seconds
+    kinds = ("attention", "selection", "sparse_verify")
+    run = [k for k in secs if k.startswith("verify.") and any(x in k for x in kinds) and secs[k][0]]
+    assert len(run) >= (1 if strategy == "sd_dense" else 2)
+    assert all(got[96].op_outside[k][0] and not got[128].op_outside[k][0] for k in run)
+    assert got[96].extrapolated[0] and not got[128].extrapolated[0]
+    assert not got[96].op_outside["verify.qkv_proj"][0]
+
+
 def test_roofline_and_cross_architecture_predictions_carry_no_interval():
     roof = _predict(get_gpu("h100-sxm", measured=False))
     assert roof.spread() is None and "roofline" in roof.interval_note
