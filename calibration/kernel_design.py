@@ -83,6 +83,14 @@ PLANNER_LINES = dict(
     nsa=dict(geometry="tiny", t=(1, 9, 17), top_ns=(16, 32)),
     dense={"tiny": (1, 9, 17, 33), "tiny-draft": (1, 2, 3, 5, 9)},
 )
+# Every step at a head dimension above the points' (64 and 128): at Gemma-3-4B's 8 query / 4 KV
+# heads of 256, per step a Latin hypercube over the step's own axes (``POINTS``), so that each
+# attention and selection class has rows of tiles that wide.
+HEAD_DIM_LINES = dict(
+    geometry="8q-4kv-d256",
+    points={"dense": 16, "sparse": 16, "repair": 8, "select": 12, "nsa": 8},
+    seed=256,
+)
 WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
 # The largest KV cache (tokens x KV heads) a point may allocate: 64 sequences of 128K at 8 KV
 # heads, 34 GB of bf16 K and V at d = 128.
@@ -188,6 +196,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     if "dense" in steps:
         configs += wave_configs()
     extra = engine_configs() + schedule_configs() + geometry_configs() + planner_configs()
+    extra += head_dim_configs()
     configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
@@ -268,6 +277,21 @@ def geometry_configs() -> list[KernelConfig]:
                 for b in sp["batches"]
                 for top_n in sp["top_ns"]
             ]
+    return out
+
+
+def head_dim_configs() -> list[KernelConfig]:
+    """The configs of ``HEAD_DIM_LINES``: per step, its Latin-hypercube points over the step's
+    own axes at the lines' geometry, those within the cache limit."""
+    hl = HEAD_DIM_LINES
+    g = hl["geometry"]
+    out = []
+    for step, n in hl["points"].items():
+        axes = point_axes(step, (g,), POINTS[step].axes, FRACTION_PAIRS)
+        with ki.geometry(g):
+            for pt in lattice_lhs(axes, n, hl["seed"] + STEPS_SEED[step]):
+                if fits(g, pt["batch"], pt["ctx"]):
+                    out.append(point_config(step, pt, pt["t"], pt["batch"], pt["ctx"]))
     return out
 
 

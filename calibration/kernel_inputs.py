@@ -37,6 +37,7 @@ GEOMETRIES = {
 GEOMETRIES["tiny"] = (8, 2, 64)  # engine/checkpoints/tiny-target
 GEOMETRIES["tiny-draft"] = (4, 2, 64)  # engine/checkpoints/tiny-draft
 GEOMETRIES["16q-2kv-d64"] = (16, 2, 64)
+GEOMETRIES["8q-4kv-d256"] = (8, 4, 256)  # Gemma-3-4B, Gemma-2-2B
 # Geometries of the test design only (``calibration.unseen_design``), never of a fit row.
 GEOMETRIES["llama-3.1-70b"] = _heads("llama-3.1-70b")
 GEOMETRIES["28q-4kv-d128"] = (28, 4, 128)

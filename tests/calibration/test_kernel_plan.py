@@ -103,13 +103,13 @@ def test_the_design_keeps_the_committed_rows_keys(design):
 
 
 def test_the_design_covers_the_transfer_sets_axes(design):
-    """At least three head geometries (GQA 4 to 16, head dims 64 and 128), group sizes 1-8,
-    t up to 64 and batches 1-64, each at several values of the others."""
+    """At least three head geometries (GQA 4 to 16, head dims 64, 128 and 256), group sizes
+    1-8, t up to 64 and batches 1-64, each at several values of the others."""
     by_step = {s: [c for c in design if c.step == s] for s in ("dense", "sparse")}
     for step, configs in by_step.items():
         geoms = {ki.GEOMETRIES[c.geometry] for c in configs}
         assert {hq // hkv for hq, hkv, _ in geoms} >= {4, 5, 8, 16}, step
-        assert {d for *_, d in geoms} == {64, 128}, step
+        assert {d for *_, d in geoms} == {64, 128, 256}, step
         assert max(c.common["num_query_tokens"] for c in configs) == 64, step
         batches = {c.common["batch"] for c in configs}
         assert {1, 3, 64} <= batches, step
@@ -123,6 +123,25 @@ def test_the_design_covers_the_transfer_sets_axes(design):
         assert len(geoms_at_c) >= 2, c
     lines = [c for c in by_step["sparse"] if c.geometry == "llama-3.1-8b"]
     assert {v.params["group_size"] for c in lines for v in c.variants} >= set(range(1, 9))
+
+
+def test_every_step_is_timed_at_head_dimension_256(design):
+    """The head-dimension lines: each step's points at the lines' geometry, seeded, every
+    axis at more than one level, within the cache limit, and not the test design's geometry."""
+    from ssvkit.calibration.kernel_design import HEAD_DIM_LINES, fits, head_dim_configs
+    from ssvkit.calibration.unseen_design import GEOMETRIES as UNSEEN_GEOMETRIES
+
+    got = head_dim_configs()
+    assert _keys(got) == _keys(head_dim_configs())
+    assert _keys(got) <= _keys(design)
+    assert Counter(c.step for c in got) == Counter(HEAD_DIM_LINES["points"])
+    assert {ki.GEOMETRIES[c.geometry][2] for c in got} == {256}
+    assert HEAD_DIM_LINES["geometry"] not in UNSEEN_GEOMETRIES
+    for step in HEAD_DIM_LINES["points"]:
+        sub = [c.common for c in got if c.step == step]
+        for axis in ("batch", "context_len", "num_query_tokens"):
+            assert len({p[axis] for p in sub}) > 1, (step, axis)
+        assert all(fits(HEAD_DIM_LINES["geometry"], p["batch"], p["context_len"]) for p in sub)
 
 
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):
