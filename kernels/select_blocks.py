@@ -31,6 +31,7 @@ from ssvkit.kernels.top_blocks import (
     threshold_warps,
     top_blocks,
 )
+from triton.runtime.errors import OutOfResources
 
 # Scores are fp32-accurate dots: three tf32 MMA passes (``tf32x3``, ~2^-21 relative) on the GPU,
 # FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
@@ -39,6 +40,43 @@ _SCORE_TILE = 1024
 # Tiles a score program walks: at least two, so its pipelined loop loads a tile while it
 # scores the one before; at most four, so a large batch still spreads over every SM's slots.
 _MIN_TILES, _MAX_TILES = 2, 4
+# Metadata tiles the score loop keeps in flight (its software pipeline's stages).
+_SCORE_STAGES = 3
+# The score shape (``_score_shapes``) that first fitted each launch's shared memory, by
+# (kernel, T_PAD, D, method, device).
+_FITTED_SHAPE: dict[tuple, int] = {}
+
+
+def _score_shapes(t_pad: int) -> list[tuple[int, int]]:
+    """The (BLOCK_NB, stages) a score launch tries in order: its own tile and pipeline
+    first, then fewer stages and 16-block tiles, until one fits the SM's shared memory. At
+    head dimension 256 the pipelined fp32 tiles of quest's two key vectors and its split query
+    operands outgrow the 227 KB of an H100's or H200's SM past 16 rows; at 128 and below the
+    first shape fits."""
+    block_nb = min(32, _SCORE_TILE // t_pad)
+    shapes = [(block_nb, _SCORE_STAGES), (block_nb, 2), (16, 2), (16, 1)]
+    return list(dict.fromkeys(shapes))
+
+
+def _launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str):
+    """``launch_one(score_launch)`` with the first shape of ``_score_shapes`` whose kernel fits
+    the SM's shared memory (remembered per launch key: later calls, CUDA graph captures
+    included, compile and try no other); returns what it returns. A shape that does not fit
+    fails when its kernel loads, before it runs, so a retry leaves no partial output."""
+    t_pad = max(16, triton.next_power_of_2(q.shape[1]))
+    key = (name, t_pad, q.shape[3], method, q.device)
+    shapes = _score_shapes(t_pad)
+    for i in range(_FITTED_SHAPE.get(key, 0), len(shapes)):
+        launch = _score_launch(q, meta, prefix_lens, method, shapes[i])
+        try:
+            out = launch_one(launch)
+        except OutOfResources:
+            if i == len(shapes) - 1:
+                raise
+            continue
+        _FITTED_SHAPE[key] = i
+        return out
+    raise AssertionError("unreachable: the last shape raises")
 
 
 def score_warps(t_pad: int, method: str) -> int:
@@ -104,12 +142,16 @@ def block_scores(
     torch.Tensor
         ``[B, Hkv, t, NB_max]`` float32, ``-inf`` for blocks past the prefix.
     """
-    launch = _score_launch(q, meta, prefix_lens, method)
-    b, hkv = q.shape[0], launch.scores.shape[1]
-    block_scores_kernel[(launch.programs, hkv, b)](
-        *launch.args, **launch.meta, **chain_for(chain).meta(), num_warps=launch.num_warps
-    )
-    return launch.scores
+    _check_method(method, meta)
+
+    def launch_one(launch: _ScoreLaunch) -> torch.Tensor:
+        b, hkv = q.shape[0], launch.scores.shape[1]
+        block_scores_kernel[(launch.programs, hkv, b)](
+            *launch.args, **launch.meta, **chain_for(chain).meta(), num_warps=launch.num_warps
+        )
+        return launch.scores
+
+    return _launch_fitted("scores", launch_one, q, meta, prefix_lens, method)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,20 +166,29 @@ class _ScoreLaunch:
     num_warps: int
 
 
-def _score_launch(
-    q: torch.Tensor, meta: BlockMetadata, prefix_lens: torch.Tensor, method: str
-) -> _ScoreLaunch:
+def _check_method(method: str, meta: BlockMetadata) -> None:
     if method not in KINDS:
         raise ValueError(f"method must be one of {KINDS}, got {method!r}")
     if method not in meta.kinds:
         raise ValueError(f"meta was built without {method!r}; it has {meta.kinds}")
+
+
+def _score_launch(
+    q: torch.Tensor,
+    meta: BlockMetadata,
+    prefix_lens: torch.Tensor,
+    method: str,
+    shape: tuple[int, int],
+) -> _ScoreLaunch:
+    """The scoring's launch at ``shape`` (BLOCK_NB, pipeline stages, ``_score_shapes``)."""
+    _check_method(method, meta)
     _check_q(q, meta)
     b, t, h, d = q.shape
     _, hkv, nb, _ = meta._any().shape
     check_lens(prefix_lens, b, q.device, "prefix_lens")
     out = empty_scores(b, hkv, t, nb, q.device)
     t_pad = max(16, triton.next_power_of_2(t))
-    block_nb = min(32, _SCORE_TILE // t_pad)
+    block_nb, stages = shape
     tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)
     ref = meta._any()
     args = (
@@ -154,6 +205,7 @@ def _score_launch(
         T_PAD=t_pad,
         BLOCK_NB=block_nb,
         TILES=tiles,
+        NUM_STAGES=stages,
         D=d,
         BLOCK_SIZE=meta.block_size,
         QUEST=method == "quest",
@@ -279,36 +331,39 @@ def _select_one_launch(
     row picks (``pick``: the threshold pick's constexprs; ``relative``: the rows' positions
     and the window, or None), on ``1 + 2 B Hkv`` arrival counters. Its warps are the more of
     the two steps' own."""
-    launch = _score_launch(q, meta, prefix_lens, method)
-    b, hkv, t, _ = launch.scores.shape
-    rows = b * hkv * t
-    positions, window = relative
-    local = 0 if positions is None else relative_slots(window, meta.block_size)
-    out = torch.empty((b, hkv, t, pick["TOP_N"] + local), dtype=torch.int32, device=q.device)
-    scratch = torch.empty((rows, pick["CAP"]), dtype=torch.int64, device=q.device)
-    counters = arrival_counters(1 + 2 * b * hkv, q.device)
-    pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
-    q_, mean, kmin, kmax, lens, scores, *rest = launch.args
-    select_kernel[(b * hkv * (launch.programs + t),)](
-        q_,
-        mean,
-        kmin,
-        kmax,
-        lens,
-        scores,
-        out,
-        scratch,
-        counters,
-        prefix_lens if positions is None else positions,
-        *rest,
-        *forced,
-        window,
-        launch.programs,
-        NUM_KV_HEADS=hkv,
-        **launch.meta,
-        **pick,
-        LOCAL_SLOTS=local,
-        **chain.meta(),
-        num_warps=max(launch.num_warps, pick_warps),
-    )
-    return out
+
+    def launch_one(launch: _ScoreLaunch) -> torch.Tensor:
+        b, hkv, t, _ = launch.scores.shape
+        rows = b * hkv * t
+        positions, window = relative
+        local = 0 if positions is None else relative_slots(window, meta.block_size)
+        out = torch.empty((b, hkv, t, pick["TOP_N"] + local), dtype=torch.int32, device=q.device)
+        scratch = torch.empty((rows, pick["CAP"]), dtype=torch.int64, device=q.device)
+        counters = arrival_counters(1 + 2 * b * hkv, q.device)
+        pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
+        q_, mean, kmin, kmax, lens, scores, *rest = launch.args
+        select_kernel[(b * hkv * (launch.programs + t),)](
+            q_,
+            mean,
+            kmin,
+            kmax,
+            lens,
+            scores,
+            out,
+            scratch,
+            counters,
+            prefix_lens if positions is None else positions,
+            *rest,
+            *forced,
+            window,
+            launch.programs,
+            NUM_KV_HEADS=hkv,
+            **launch.meta,
+            **pick,
+            LOCAL_SLOTS=local,
+            **chain.meta(),
+            num_warps=max(launch.num_warps, pick_warps),
+        )
+        return out
+
+    return _launch_fitted("select", launch_one, q, meta, prefix_lens, method)

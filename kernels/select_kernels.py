@@ -4,8 +4,8 @@
 (``select_kernel``).
 
 ``score_range`` is the scoring of one program: it averages its KV head's ``G`` queries once,
-then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a pipelined loop, as fp32
-``[T_PAD, BLOCK_NB]`` matrix products against the metadata.
+then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a loop pipelined over
+``NUM_STAGES`` tiles, as fp32 ``[T_PAD, BLOCK_NB]`` matrix products against the metadata.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def score_range(
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
     TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
@@ -135,7 +136,7 @@ def score_range(
     o_base += offs_t[:, None].to(tl.int64) * stride_ot
     pdl_gate(PDL)
 
-    for i in tl.range(0, TILES, num_stages=3):
+    for i in tl.range(0, TILES, num_stages=NUM_STAGES):
         offs_nb = (pid_n * TILES + i) * BLOCK_NB + tl.arange(0, BLOCK_NB)
         blk_ok = offs_nb < num_blocks
         m_offs = m_base + offs_nb[:, None].to(tl.int64) * stride_mn + offs_d[None, :]
@@ -176,6 +177,7 @@ def block_scores_kernel(
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
     TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
@@ -208,6 +210,7 @@ def block_scores_kernel(
         T_PAD,
         BLOCK_NB,
         TILES,
+        NUM_STAGES,
         D,
         BLOCK_SIZE,
         QUEST,
@@ -248,6 +251,7 @@ def select_kernel(
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
     TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
@@ -306,6 +310,7 @@ def select_kernel(
             T_PAD,
             BLOCK_NB,
             TILES,
+            NUM_STAGES,
             D,
             BLOCK_SIZE,
             QUEST,

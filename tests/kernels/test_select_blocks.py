@@ -308,6 +308,51 @@ class Refused:
         raise AssertionError(f"a {self.name} launch")
 
 
+class SharedMemoryBound:
+    """A score kernel that fails to load, as Triton does on the GPU, while its shape asks for
+    more than ``limit`` of (BLOCK_NB x stages); below it, the kernel itself."""
+
+    def __init__(self, kernel, limit):
+        self.kernel, self.limit, self.tried = kernel, limit, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.tried.append((meta["BLOCK_NB"], meta["NUM_STAGES"]))
+            if meta["BLOCK_NB"] * meta["NUM_STAGES"] > self.limit:
+                from triton.runtime.errors import OutOfResources
+
+                raise OutOfResources(1, 0, "shared memory")
+            return self.kernel[grid](*args, **meta)
+
+        return launch
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_score_shape_that_does_not_fit_falls_back_to_one_that_does(monkeypatch, fused):
+    """A launch whose score tile and pipeline outgrow the SM's shared memory (head dimension
+    256, quest, past 16 rows on an H200) is retried at fewer stages, then narrower tiles, and
+    picks what the fitting shape picks; later calls start from the shape that fitted."""
+    import ssvkit.kernels.select_blocks as sb
+
+    q, k, lens_t = make_inputs([300, 170], 20, 8, 2, 16, torch.float32, seed=3)
+    meta = BlockMetadata.build(k, lens_t, 16, kinds=("quest",))
+    kw = dict(top_n=4, method="quest", fused=fused)
+    want = select_blocks(q, meta, lens_t, **kw)
+    name = "select_kernel" if fused else "block_scores_kernel"
+    bound = SharedMemoryBound(getattr(sb, name), limit=16 * 2)
+    monkeypatch.setattr(sb, name, bound)
+    monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
+    assert torch.equal(select_blocks(q, meta, lens_t, **kw), want)
+    assert bound.tried == [(32, 3), (32, 2), (16, 2)]
+    bound.tried.clear()
+    assert torch.equal(select_blocks(q, meta, lens_t, **kw), want)
+    assert bound.tried == [(16, 2)]
+    monkeypatch.setattr(bound, "limit", 0)
+    monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
+    with pytest.raises(sb.OutOfResources):
+        select_blocks(q, meta, lens_t, **kw)
+
+
 def test_one_launch_ties_resolve_to_the_lower_block():
     """Every block of a row scores the same (zero queries): the pick is the lowest blocks."""
     import ssvkit.kernels.select_blocks as sb
@@ -354,6 +399,22 @@ def test_gpu_bf16_select_matches_reference(method):
     torch.testing.assert_close(s, ref, atol=1e-3, rtol=1e-3)
     idx = select_blocks(q, meta, lens, top_n=16, method=method)
     # tf32x3 scores on the GPU: ~2^-21 relative, a few 1e-5 at these magnitudes.
+    assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1, tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [23, 45])
+@pytest.mark.parametrize("fused", [False, True])
+def test_gpu_wide_heads_select_past_16_rows(t, fused):
+    """Quest at head dimension 256 past 16 rows, whose first score shape outgrows the SM's
+    shared memory: the launch runs at a shape that fits and selects what the reference scores
+    give."""
+    q, k, lens = make_inputs([9000, 4321], t, 8, 4, 256, torch.bfloat16, seed=t)
+    meta = BlockMetadata.build(k, lens, 64, kinds=("quest",))
+    s = block_scores(q, meta, lens, method="quest")
+    ref = reference_block_scores(q, k, lens, 64, method="quest")
+    torch.testing.assert_close(s, ref, atol=1e-3, rtol=1e-3)
+    idx = select_blocks(q, meta, lens, top_n=16, method="quest", fused=fused)
     assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1, tol=1e-4)
 
 
