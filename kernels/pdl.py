@@ -14,6 +14,8 @@ The interpreter runs launches one after another: there ``pdl_gate`` is a no-op.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -105,6 +107,18 @@ class LaunchChain:
             out["launch_pdl"] = True
         self._launched = True
         return out
+
+    @contextlib.contextmanager
+    def attempt(self):
+        """A launch that may fail before it runs (a kernel that does not fit the SM, retried at
+        another shape): on an error the chain is as it was, so the retry is still its first
+        launch where this one would have been."""
+        launched = self._launched
+        try:
+            yield
+        except BaseException:
+            self._launched = launched
+            raise
 
 
 def chain_for(chain: LaunchChain | None, pdl: bool = False) -> LaunchChain:

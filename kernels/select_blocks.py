@@ -42,40 +42,49 @@ _SCORE_TILE = 1024
 _MIN_TILES, _MAX_TILES = 2, 4
 # Metadata tiles the score loop keeps in flight (its software pipeline's stages).
 _SCORE_STAGES = 3
+# The rows of a score launch's first part when no shape of all its rows fits (``_score_rows``).
+_SPLIT_ROWS = 32
 # The score shape (``_score_shapes``) that first fitted each launch's shared memory, by
-# (kernel, T_PAD, D, method, device).
-_FITTED_SHAPE: dict[tuple, int] = {}
+# (kernel, T_PAD, D, method, device); a launch none fitted keeps its last error instead.
+_FITTED_SHAPE: dict[tuple, int | OutOfResources] = {}
 
 
 def _score_shapes(t_pad: int) -> list[tuple[int, int]]:
     """The (BLOCK_NB, stages) a score launch tries in order: its own tile and pipeline
     first, then fewer stages and 16-block tiles, until one fits the SM's shared memory. At
     head dimension 256 the pipelined fp32 tiles of quest's two key vectors and its split query
-    operands outgrow the 227 KB of an H100's or H200's SM past 16 rows; at 128 and below the
+    operands outgrow the 227 KB of an H100's or H200's SM past 16 rows (past 32 rows its query
+    operands alone do: ``block_scores`` then scores the rows in parts); at 128 and below the
     first shape fits."""
     block_nb = min(32, _SCORE_TILE // t_pad)
     shapes = [(block_nb, _SCORE_STAGES), (block_nb, 2), (16, 2), (16, 1)]
     return list(dict.fromkeys(shapes))
 
 
-def _launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str):
+def _launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=None):
     """``launch_one(score_launch)`` with the first shape of ``_score_shapes`` whose kernel fits
-    the SM's shared memory (remembered per launch key: later calls, CUDA graph captures
-    included, compile and try no other); returns what it returns. A shape that does not fit
-    fails when its kernel loads, before it runs, so a retry leaves no partial output."""
+    the SM's shared memory, scoring into ``out`` (a fresh score tensor when None); returns
+    what it returns. The shape that fitted, or the error when none did, is remembered per
+    launch key: later calls, CUDA graph captures included, compile and try no other. A shape
+    that does not fit fails when its kernel loads, before it runs: a retry leaves no partial
+    output."""
     t_pad = max(16, triton.next_power_of_2(q.shape[1]))
     key = (name, t_pad, q.shape[3], method, q.device)
+    known = _FITTED_SHAPE.get(key, 0)
+    if isinstance(known, OutOfResources):
+        raise known
     shapes = _score_shapes(t_pad)
-    for i in range(_FITTED_SHAPE.get(key, 0), len(shapes)):
-        launch = _score_launch(q, meta, prefix_lens, method, shapes[i])
+    for i in range(known, len(shapes)):
+        launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out)
         try:
-            out = launch_one(launch)
-        except OutOfResources:
+            got = launch_one(launch)
+        except OutOfResources as e:
             if i == len(shapes) - 1:
+                _FITTED_SHAPE[key] = e
                 raise
             continue
         _FITTED_SHAPE[key] = i
-        return out
+        return got
     raise AssertionError("unreachable: the last shape raises")
 
 
@@ -143,15 +152,34 @@ def block_scores(
         ``[B, Hkv, t, NB_max]`` float32, ``-inf`` for blocks past the prefix.
     """
     _check_method(method, meta)
+    _check_q(q, meta)
+    b, t, _, _ = q.shape
+    _, hkv, nb, _ = meta._any().shape
+    out = empty_scores(b, hkv, t, nb, q.device)
+    _score_rows(q, meta, prefix_lens, method, chain_for(chain), out)
+    return out
 
-    def launch_one(launch: _ScoreLaunch) -> torch.Tensor:
+
+def _score_rows(q, meta, prefix_lens, method: str, chain: LaunchChain, out: torch.Tensor) -> None:
+    """``block_scores`` of ``q``'s rows into ``out``: one launch, or, where no score shape of
+    all the rows fits the SM's shared memory, the first 32 rows and the rest apart (each a
+    launch of the chain)."""
+
+    def launch_one(launch: _ScoreLaunch) -> None:
         b, hkv = q.shape[0], launch.scores.shape[1]
-        block_scores_kernel[(launch.programs, hkv, b)](
-            *launch.args, **launch.meta, **chain_for(chain).meta(), num_warps=launch.num_warps
-        )
-        return launch.scores
+        with chain.attempt():
+            block_scores_kernel[(launch.programs, hkv, b)](
+                *launch.args, **launch.meta, **chain.meta(), num_warps=launch.num_warps
+            )
 
-    return _launch_fitted("scores", launch_one, q, meta, prefix_lens, method)
+    try:
+        _launch_fitted("scores", launch_one, q, meta, prefix_lens, method, out)
+    except OutOfResources:
+        t = q.shape[1]
+        if t <= _SPLIT_ROWS:
+            raise
+        for lo, hi in ((0, _SPLIT_ROWS), (_SPLIT_ROWS, t)):
+            _score_rows(q[:, lo:hi], meta, prefix_lens, method, chain, out[:, :, lo:hi])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,14 +207,16 @@ def _score_launch(
     prefix_lens: torch.Tensor,
     method: str,
     shape: tuple[int, int],
+    out: torch.Tensor | None = None,
 ) -> _ScoreLaunch:
-    """The scoring's launch at ``shape`` (BLOCK_NB, pipeline stages, ``_score_shapes``)."""
+    """The scoring's launch at ``shape`` (BLOCK_NB, pipeline stages, ``_score_shapes``), into
+    ``out`` (``[B, Hkv, t, NB]``, rows of any stride; a fresh ``empty_scores`` when None)."""
     _check_method(method, meta)
     _check_q(q, meta)
     b, t, h, d = q.shape
     _, hkv, nb, _ = meta._any().shape
     check_lens(prefix_lens, b, q.device, "prefix_lens")
-    out = empty_scores(b, hkv, t, nb, q.device)
+    out = empty_scores(b, hkv, t, nb, q.device) if out is None else out
     t_pad = max(16, triton.next_power_of_2(t))
     block_nb, stages = shape
     tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)
@@ -311,7 +341,13 @@ def select_blocks(
     else:
         forced = (num_sink, num_local)
         relative = (positions, window)
-        idx = _select_one_launch(rows, meta, prefix_lens, method, forced, relative, pick, chain)
+        try:
+            idx = _select_one_launch(rows, meta, prefix_lens, method, forced, relative, pick, chain)
+        except OutOfResources as e:
+            raise ValueError(
+                f"select_blocks(fused=True) does not fit the SM's shared memory at head_dim "
+                f"{q.shape[3]} with {rows.shape[1]} rows ({method}); use fused=False"
+            ) from e
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()
     return idx
@@ -342,28 +378,29 @@ def _select_one_launch(
         counters = arrival_counters(1 + 2 * b * hkv, q.device)
         pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
         q_, mean, kmin, kmax, lens, scores, *rest = launch.args
-        select_kernel[(b * hkv * (launch.programs + t),)](
-            q_,
-            mean,
-            kmin,
-            kmax,
-            lens,
-            scores,
-            out,
-            scratch,
-            counters,
-            prefix_lens if positions is None else positions,
-            *rest,
-            *forced,
-            window,
-            launch.programs,
-            NUM_KV_HEADS=hkv,
-            **launch.meta,
-            **pick,
-            LOCAL_SLOTS=local,
-            **chain.meta(),
-            num_warps=max(launch.num_warps, pick_warps),
-        )
+        with chain.attempt():
+            select_kernel[(b * hkv * (launch.programs + t),)](
+                q_,
+                mean,
+                kmin,
+                kmax,
+                lens,
+                scores,
+                out,
+                scratch,
+                counters,
+                prefix_lens if positions is None else positions,
+                *rest,
+                *forced,
+                window,
+                launch.programs,
+                NUM_KV_HEADS=hkv,
+                **launch.meta,
+                **pick,
+                LOCAL_SLOTS=local,
+                **chain.meta(),
+                num_warps=max(launch.num_warps, pick_warps),
+            )
         return out
 
     return _launch_fitted("select", launch_one, q, meta, prefix_lens, method)

@@ -310,15 +310,16 @@ class Refused:
 
 class SharedMemoryBound:
     """A score kernel that fails to load, as Triton does on the GPU, while its shape asks for
-    more than ``limit`` of (BLOCK_NB x stages); below it, the kernel itself."""
+    more than ``limit`` of (BLOCK_NB x stages) or more than ``rows`` padded rows; within both,
+    the kernel itself."""
 
-    def __init__(self, kernel, limit):
-        self.kernel, self.limit, self.tried = kernel, limit, []
+    def __init__(self, kernel, limit, rows=64):
+        self.kernel, self.limit, self.rows, self.tried = kernel, limit, rows, []
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
             self.tried.append((meta["BLOCK_NB"], meta["NUM_STAGES"]))
-            if meta["BLOCK_NB"] * meta["NUM_STAGES"] > self.limit:
+            if meta["BLOCK_NB"] * meta["NUM_STAGES"] > self.limit or meta["T_PAD"] > self.rows:
                 from triton.runtime.errors import OutOfResources
 
                 raise OutOfResources(1, 0, "shared memory")
@@ -349,8 +350,36 @@ def test_a_score_shape_that_does_not_fit_falls_back_to_one_that_does(monkeypatch
     assert bound.tried == [(16, 2)]
     monkeypatch.setattr(bound, "limit", 0)
     monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
-    with pytest.raises(sb.OutOfResources):
+    error = ValueError if fused else sb.OutOfResources
+    with pytest.raises(error, match="fused=False" if fused else "shared memory"):
         select_blocks(q, meta, lens_t, **kw)
+    bound.tried.clear()
+    with pytest.raises(error):  # remembered: no shape is tried again
+        select_blocks(q, meta, lens_t, **kw)
+    assert bound.tried == []
+
+
+def test_scores_past_32_rows_that_fit_no_shape_are_scored_in_two_parts(monkeypatch):
+    """Past 32 rows at head dimension 256 quest's query operands alone outgrow the SM: the
+    scores of the first 32 rows and of the rest are two launches into one score tensor, the
+    same scores (to rounding) and picks as one launch; the one-launch selection refuses in one
+    line."""
+    import ssvkit.kernels.select_blocks as sb
+
+    q, k, lens_t = make_inputs([300, 170], 45, 8, 2, 16, torch.float32, seed=4)
+    meta = BlockMetadata.build(k, lens_t, 16, kinds=("quest",))
+    want = block_scores(q, meta, lens_t, method="quest")
+    picks = select_blocks(q, meta, lens_t, top_n=4, method="quest")
+    bound = SharedMemoryBound(sb.block_scores_kernel, limit=64, rows=32)
+    monkeypatch.setattr(sb, "block_scores_kernel", bound)
+    monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
+    with poisoned_allocations():
+        got = block_scores(q, meta, lens_t, method="quest")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # other tiles, other sums
+    assert torch.equal(select_blocks(q, meta, lens_t, top_n=4, method="quest"), picks)
+    monkeypatch.setattr(sb, "select_kernel", SharedMemoryBound(sb.select_kernel, 64, rows=32))
+    with pytest.raises(ValueError, match="head_dim 16 with 45 rows"):
+        select_blocks(q, meta, lens_t, top_n=4, method="quest", fused=True)
 
 
 def test_one_launch_ties_resolve_to_the_lower_block():
@@ -403,17 +432,19 @@ def test_gpu_bf16_select_matches_reference(method):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [23, 45])
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize(("t", "fused"), [(23, False), (23, True), (45, False)])
 def test_gpu_wide_heads_select_past_16_rows(t, fused):
     """Quest at head dimension 256 past 16 rows, whose first score shape outgrows the SM's
-    shared memory: the launch runs at a shape that fits and selects what the reference scores
-    give."""
+    shared memory: the launch runs at a shape that fits (past 32 rows, its rows in two parts)
+    and selects what the reference scores give; in one launch past 32 rows it refuses."""
     q, k, lens = make_inputs([9000, 4321], t, 8, 4, 256, torch.bfloat16, seed=t)
     meta = BlockMetadata.build(k, lens, 64, kinds=("quest",))
     s = block_scores(q, meta, lens, method="quest")
     ref = reference_block_scores(q, k, lens, 64, method="quest")
     torch.testing.assert_close(s, ref, atol=1e-3, rtol=1e-3)
+    if t > 32:
+        with pytest.raises(ValueError, match="fused=False"):
+            select_blocks(q, meta, lens, top_n=16, method="quest", fused=True)
     idx = select_blocks(q, meta, lens, top_n=16, method="quest", fused=fused)
     assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 64, 16, 1, 1, tol=1e-4)
 
