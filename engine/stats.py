@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from ssvkit.engine.attention import AttentionConfig, select_relative, torch_block_scores
 from ssvkit.engine.cache import KVCache
-from ssvkit.kernels.select_blocks import block_scores
+from ssvkit.kernels.block_scores import block_scores
 from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.perfmodel.prr import HoltParams
 from ssvkit.perfmodel.strategy import Strategy

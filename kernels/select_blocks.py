@@ -5,27 +5,22 @@ mean key (eq. 5) and keeps the first and last blocks unconditionally (attention 
 Seed 004 appendix A.1 extends Quest's channel-wise min/max keys to GQA by scoring with one
 representative query per KV head. Both are implemented here (``block_scores``: ``mean`` and
 ``quest``) with the GQA-averaged query, on :mod:`kernels.block_metadata`'s per-block key
-summaries. ``select_blocks`` runs the scoring and one ``kernels.top_blocks`` launch on the
-scores (forced blocks, ascending output), or both in one launch (``fused=True``);
-:mod:`kernels.select_reference` holds the fp32 torch references.
+summaries (the scoring: :mod:`kernels.block_scores`). ``select_blocks`` runs the scoring and
+one ``kernels.top_blocks`` launch on the scores (forced blocks, ascending output), or both in
+one launch (``fused=True``); :mod:`kernels.select_reference` holds the fp32 torch references.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
-import triton
 from ssvkit.kernels.arrivals import arrival_counters
-from ssvkit.kernels.block_metadata import KINDS, BlockMetadata
-from ssvkit.kernels.checks import check_float_dtype, check_lens
-from ssvkit.kernels.device import num_sms
-from ssvkit.kernels.pdl import LaunchChain, chain_for, check_pdl
-from ssvkit.kernels.select_kernels import block_scores_kernel, select_kernel
+from ssvkit.kernels.block_metadata import BlockMetadata
+from ssvkit.kernels.block_scores import ScoreLaunch, block_scores, launch_fitted
+from ssvkit.kernels.pdl import LaunchChain, check_pdl
+from ssvkit.kernels.select_kernels import select_kernel
 from ssvkit.kernels.top_blocks import (
     check_forced,
     check_relative,
-    empty_scores,
     relative_slots,
     threshold_meta,
     threshold_warps,
@@ -33,231 +28,7 @@ from ssvkit.kernels.top_blocks import (
 )
 from triton.runtime.errors import OutOfResources
 
-# Scores are fp32-accurate dots: three tf32 MMA passes (``tf32x3``, ~2^-21 relative) on the GPU,
-# FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
-# operands spill-free on sm_90 (``score_warps``).
-_SCORE_TILE = 1024
-# Tiles a score program walks: at least two, so its pipelined loop loads a tile while it
-# scores the one before; at most four, so a large batch still spreads over every SM's slots.
-_MIN_TILES, _MAX_TILES = 2, 4
-# Metadata tiles the score loop keeps in flight (its software pipeline's stages).
-_SCORE_STAGES = 3
-# The rows of a score launch's first part when no shape of all its rows fits (``_score_rows``).
-_SPLIT_ROWS = 32
-# The score shape (``_score_shapes``) that first fitted each launch's shared memory, by
-# (kernel, T_PAD, D, method, device); a launch none fitted keeps its last error instead.
-_FITTED_SHAPE: dict[tuple, int | OutOfResources] = {}
-
-
-def _score_shapes(t_pad: int) -> list[tuple[int, int]]:
-    """The (BLOCK_NB, stages) a score launch tries in order: its own tile and pipeline
-    first, then fewer stages and 16-block tiles, until one fits the SM's shared memory. At
-    head dimension 256 the pipelined fp32 tiles of quest's two key vectors and its split query
-    operands outgrow the 227 KB of an H100's or H200's SM past 16 rows (past 32 rows its query
-    operands alone do: ``block_scores`` then scores the rows in parts); at 128 and below the
-    first shape fits."""
-    block_nb = min(32, _SCORE_TILE // t_pad)
-    shapes = [(block_nb, _SCORE_STAGES), (block_nb, 2), (16, 2), (16, 1)]
-    return list(dict.fromkeys(shapes))
-
-
-def _launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=None):
-    """``launch_one(score_launch)`` with the first shape of ``_score_shapes`` whose kernel fits
-    the SM's shared memory, scoring into ``out`` (a fresh score tensor when None); returns
-    what it returns. The shape that fitted, or the error when none did, is remembered per
-    launch key: later calls, CUDA graph captures included, compile and try no other. A shape
-    that does not fit fails when its kernel loads, before it runs: a retry leaves no partial
-    output."""
-    t_pad = max(16, triton.next_power_of_2(q.shape[1]))
-    key = (name, t_pad, q.shape[3], method, q.device)
-    known = _FITTED_SHAPE.get(key, 0)
-    if isinstance(known, OutOfResources):
-        raise known
-    shapes = _score_shapes(t_pad)
-    for i in range(known, len(shapes)):
-        launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out)
-        try:
-            got = launch_one(launch)
-        except OutOfResources as e:
-            if i == len(shapes) - 1:
-                _FITTED_SHAPE[key] = e
-                raise
-            continue
-        _FITTED_SHAPE[key] = i
-        return got
-    raise AssertionError("unreachable: the last shape raises")
-
-
-def score_warps(t_pad: int, method: str) -> int:
-    """Warps of a score program: 2 for the mean key's one product a tile up to ``T_PAD`` 32, 4
-    for wider tiles and for quest's two products (the split operands of two tf32x3 products
-    would leave two warps issue-bound). Eight warps are slower on the H200 at every tile
-    width: the program's fp32 tiles spread over more warps than its products keep busy."""
-    if method == "quest" or t_pad > 32:
-        return 4
-    return 2
-
-
-def _check_q(q: torch.Tensor, meta: BlockMetadata) -> None:
-    ref = meta._any()
-    if q.dim() != 4:
-        raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
-    check_float_dtype("q", q)
-    if q.stride(3) != 1:
-        raise ValueError("q must have a contiguous last dimension")
-    b, t, h, d = q.shape
-    if b != ref.shape[0] or d != ref.shape[3] or h % ref.shape[1] != 0:
-        raise ValueError(
-            f"q shape {tuple(q.shape)} does not fit metadata [B, Hkv, NB, D]={tuple(ref.shape)}"
-        )
-    if q.device != ref.device:
-        raise ValueError(f"q must be on {ref.device}, got {q.device}")
-    if not 1 <= t <= 64:
-        raise ValueError(f"q has t={t} rows; 1..64 are supported")
-
-
-def block_scores(
-    q: torch.Tensor,
-    meta: BlockMetadata,
-    prefix_lens: torch.Tensor,
-    *,
-    method: str = "mean",
-    chain: LaunchChain | None = None,
-) -> torch.Tensor:
-    """Score every block of every KV head for every query row.
-
-    The query is the GQA-averaged ``qbar`` (the mean of a KV head's ``G`` query heads):
-
-    - ``mean``:  ``s[b, h, i, n] = qbar[b, i, h] . mean_k[b, h, n]``
-    - ``quest``: ``s[b, h, i, n] = sum_d max(qbar_d * min_k[n, d], qbar_d * max_k[n, d])``,
-      computed as ``relu(qbar) . max_k + min(qbar, 0) . min_k`` so that both terms are matrix
-      products.
-
-    Parameters
-    ----------
-    q : torch.Tensor
-        ``[B, t, H, D]``; the ``G = H / Hkv`` query heads of a KV head are averaged in fp32.
-    meta : BlockMetadata
-        Built with the kind ``method`` needs.
-    prefix_lens : torch.Tensor
-        ``[B]`` int32; block ``n`` is live when ``n * block_size < prefix_lens[b]``.
-    method : str
-        ``"mean"`` (seed 001 eq. 5) or ``"quest"`` (seed 004 A.1).
-    chain : LaunchChain, optional
-        The calling op's launches (``kernels.pdl``), of which this one is the next.
-
-    Returns
-    -------
-    torch.Tensor
-        ``[B, Hkv, t, NB_max]`` float32, ``-inf`` for blocks past the prefix.
-    """
-    _check_method(method, meta)
-    _check_q(q, meta)
-    b, t, _, _ = q.shape
-    _, hkv, nb, _ = meta._any().shape
-    out = empty_scores(b, hkv, t, nb, q.device)
-    _score_rows(q, meta, prefix_lens, method, chain_for(chain), out)
-    return out
-
-
-def _score_rows(q, meta, prefix_lens, method: str, chain: LaunchChain, out: torch.Tensor) -> None:
-    """``block_scores`` of ``q``'s rows into ``out``: one launch, or, where no score shape of
-    all the rows fits the SM's shared memory, the first 32 rows and the rest apart (each a
-    launch of the chain)."""
-
-    def launch_one(launch: _ScoreLaunch) -> None:
-        b, hkv = q.shape[0], launch.scores.shape[1]
-        with chain.attempt():
-            block_scores_kernel[(launch.programs, hkv, b)](
-                *launch.args, **launch.meta, **chain.meta(), num_warps=launch.num_warps
-            )
-
-    try:
-        _launch_fitted("scores", launch_one, q, meta, prefix_lens, method, out)
-    except OutOfResources:
-        t = q.shape[1]
-        if t <= _SPLIT_ROWS:
-            raise
-        for lo, hi in ((0, _SPLIT_ROWS), (_SPLIT_ROWS, t)):
-            _score_rows(q[:, lo:hi], meta, prefix_lens, method, chain, out[:, :, lo:hi])
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _ScoreLaunch:
-    """The scoring's output, its programs per (sequence, KV head), and the arguments,
-    constexprs and warps ``score_range`` takes (either kernel of ``kernels.select_kernels``)."""
-
-    scores: torch.Tensor
-    programs: int
-    args: tuple
-    meta: dict
-    num_warps: int
-
-
-def _check_method(method: str, meta: BlockMetadata) -> None:
-    if method not in KINDS:
-        raise ValueError(f"method must be one of {KINDS}, got {method!r}")
-    if method not in meta.kinds:
-        raise ValueError(f"meta was built without {method!r}; it has {meta.kinds}")
-
-
-def _score_launch(
-    q: torch.Tensor,
-    meta: BlockMetadata,
-    prefix_lens: torch.Tensor,
-    method: str,
-    shape: tuple[int, int],
-    out: torch.Tensor | None = None,
-) -> _ScoreLaunch:
-    """The scoring's launch at ``shape`` (BLOCK_NB, pipeline stages, ``_score_shapes``), into
-    ``out`` (``[B, Hkv, t, NB]``, rows of any stride; a fresh ``empty_scores`` when None)."""
-    _check_method(method, meta)
-    _check_q(q, meta)
-    b, t, h, d = q.shape
-    _, hkv, nb, _ = meta._any().shape
-    check_lens(prefix_lens, b, q.device, "prefix_lens")
-    out = empty_scores(b, hkv, t, nb, q.device) if out is None else out
-    t_pad = max(16, triton.next_power_of_2(t))
-    block_nb, stages = shape
-    tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)
-    ref = meta._any()
-    args = (
-        q,
-        meta.mean if method == "mean" else ref,
-        meta.kmin if method == "quest" else ref,
-        meta.kmax if method == "quest" else ref,
-        prefix_lens,
-        out,
-    )
-    strides = (*q.stride()[:3], *ref.stride()[:3], *out.stride()[:3])
-    constexprs = dict(
-        G=h // hkv,
-        T_PAD=t_pad,
-        BLOCK_NB=block_nb,
-        TILES=tiles,
-        NUM_STAGES=stages,
-        D=d,
-        BLOCK_SIZE=meta.block_size,
-        QUEST=method == "quest",
-        PRECISION="tf32x3" if q.device.type == "cuda" else "ieee",
-    )
-    return _ScoreLaunch(
-        out,
-        triton.cdiv(nb, block_nb * tiles),
-        (*args, *strides, t, nb),
-        constexprs,
-        score_warps(t_pad, method),
-    )
-
-
-def _score_tiles(num_tiles: int, device: torch.device) -> int:
-    """Score tiles per program: the most in ``[_MIN_TILES, _MAX_TILES]`` that still leave two
-    programs per SM (``_MIN_TILES`` where none does)."""
-    sms = num_sms(device)
-    tiles = _MAX_TILES
-    while tiles > _MIN_TILES and triton.cdiv(num_tiles, tiles) < 2 * sms:
-        tiles //= 2
-    return tiles
+__all__ = ["block_scores", "select_blocks"]
 
 
 def select_blocks(
@@ -368,7 +139,7 @@ def _select_one_launch(
     and the window, or None), on ``1 + 2 B Hkv`` arrival counters. Its warps are the more of
     the two steps' own."""
 
-    def launch_one(launch: _ScoreLaunch) -> torch.Tensor:
+    def launch_one(launch: ScoreLaunch) -> torch.Tensor:
         b, hkv, t, _ = launch.scores.shape
         rows = b * hkv * t
         positions, window = relative
@@ -403,4 +174,4 @@ def _select_one_launch(
             )
         return out
 
-    return _launch_fitted("select", launch_one, q, meta, prefix_lens, method)
+    return launch_fitted("select", launch_one, q, meta, prefix_lens, method)

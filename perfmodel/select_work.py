@@ -22,7 +22,7 @@ from ssvkit.perfmodel.work_points import at_distinct_points
 
 # The two-launch selection's impl param and class suffix (scoring, then the pick).
 TWO_LAUNCH = "two_launch"
-SCORE_TILE = 1024  # kernels.select_blocks._SCORE_TILE: T_PAD x BLOCK_NB
+SCORE_TILE = 1024  # kernels.block_scores._SCORE_TILE: T_PAD x BLOCK_NB
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
 NUM_STAGES = 3  # score_range's pipelined loop
 TF32_PASSES = 3  # tf32x3: fp32-accurate dots
@@ -111,7 +111,7 @@ def pow2(x: int) -> int:
 
 def score_tile(t: int, kinds: int = 1) -> tuple[int, int, int]:
     """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows and ``kinds``
-    metadata tensors (1 mean, 2 quest; ``kernels.select_blocks.score_warps``):
+    metadata tensors (1 mean, 2 quest; ``kernels.block_scores.score_warps``):
     ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, 2
     warps for the mean key up to ``T_PAD`` 32, else 4 (quest, wider tiles). A tile is an fp32
     ``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind, three tf32 MMA passes each."""
@@ -121,7 +121,7 @@ def score_tile(t: int, kinds: int = 1) -> tuple[int, int, int]:
 
 
 def score_tiles(num_tiles: int, num_sms: int) -> int:
-    """Tiles a score program walks (``kernels.select_blocks._score_tiles``): 4 where that
+    """Tiles a score program walks (``kernels.block_scores._score_tiles``): 4 where that
     leaves at least two programs per SM over the ``num_tiles`` tiles, else 2."""
     tiles = MAX_TILES
     while tiles > MIN_TILES and math.ceil(num_tiles / tiles) < 2 * num_sms:

@@ -273,6 +273,7 @@ def test_one_launch_select_picks_what_the_two_launches_pick(
     interpreter runs programs one after another, so this checks the ticket order, the arithmetic
     and the counters' reset, not concurrent programs (the GPU tests do)."""
     import ssvkit.kernels.arrivals as arrivals
+    import ssvkit.kernels.block_scores as bs
     import ssvkit.kernels.select_blocks as sb
 
     q, k, lens_t = make_inputs(lens, t, 4 * hkv, hkv, 16, torch.float32, seed=top_n + t)
@@ -281,7 +282,7 @@ def test_one_launch_select_picks_what_the_two_launches_pick(
     with poisoned_allocations():
         two = select_blocks(q, meta, lens_t, fused=False, **kw)
         scores = block_scores(q, meta, lens_t, method=method)
-    monkeypatch.setattr(sb, "block_scores_kernel", Refused("scores"))
+    monkeypatch.setattr(bs, "block_scores_kernel", Refused("scores"))
     one_launch = sb.threshold_meta(meta.num_blocks, top_n) is not None
     with poisoned_allocations():
         if one_launch:
@@ -333,24 +334,25 @@ def test_a_score_shape_that_does_not_fit_falls_back_to_one_that_does(monkeypatch
     """A launch whose score tile and pipeline outgrow the SM's shared memory (head dimension
     256, quest, past 16 rows on an H200) is retried at fewer stages, then narrower tiles, and
     picks what the fitting shape picks; later calls start from the shape that fitted."""
+    import ssvkit.kernels.block_scores as bs
     import ssvkit.kernels.select_blocks as sb
 
     q, k, lens_t = make_inputs([300, 170], 20, 8, 2, 16, torch.float32, seed=3)
     meta = BlockMetadata.build(k, lens_t, 16, kinds=("quest",))
     kw = dict(top_n=4, method="quest", fused=fused)
     want = select_blocks(q, meta, lens_t, **kw)
-    name = "select_kernel" if fused else "block_scores_kernel"
-    bound = SharedMemoryBound(getattr(sb, name), limit=16 * 2)
-    monkeypatch.setattr(sb, name, bound)
-    monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
+    owner, name = (sb, "select_kernel") if fused else (bs, "block_scores_kernel")
+    bound = SharedMemoryBound(getattr(owner, name), limit=16 * 2)
+    monkeypatch.setattr(owner, name, bound)
+    monkeypatch.setattr(bs, "_FITTED_SHAPE", {})
     assert torch.equal(select_blocks(q, meta, lens_t, **kw), want)
     assert bound.tried == [(32, 3), (32, 2), (16, 2)]
     bound.tried.clear()
     assert torch.equal(select_blocks(q, meta, lens_t, **kw), want)
     assert bound.tried == [(16, 2)]
     monkeypatch.setattr(bound, "limit", 0)
-    monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
-    error = ValueError if fused else sb.OutOfResources
+    monkeypatch.setattr(bs, "_FITTED_SHAPE", {})
+    error = ValueError if fused else bs.OutOfResources
     with pytest.raises(error, match="fused=False" if fused else "shared memory"):
         select_blocks(q, meta, lens_t, **kw)
     bound.tried.clear()
@@ -364,15 +366,16 @@ def test_scores_past_32_rows_that_fit_no_shape_are_scored_in_two_parts(monkeypat
     scores of the first 32 rows and of the rest are two launches into one score tensor, the
     same scores (to rounding) and picks as one launch; the one-launch selection refuses in one
     line."""
+    import ssvkit.kernels.block_scores as bs
     import ssvkit.kernels.select_blocks as sb
 
     q, k, lens_t = make_inputs([300, 170], 45, 8, 2, 16, torch.float32, seed=4)
     meta = BlockMetadata.build(k, lens_t, 16, kinds=("quest",))
     want = block_scores(q, meta, lens_t, method="quest")
     picks = select_blocks(q, meta, lens_t, top_n=4, method="quest")
-    bound = SharedMemoryBound(sb.block_scores_kernel, limit=64, rows=32)
-    monkeypatch.setattr(sb, "block_scores_kernel", bound)
-    monkeypatch.setattr(sb, "_FITTED_SHAPE", {})
+    bound = SharedMemoryBound(bs.block_scores_kernel, limit=64, rows=32)
+    monkeypatch.setattr(bs, "block_scores_kernel", bound)
+    monkeypatch.setattr(bs, "_FITTED_SHAPE", {})
     with poisoned_allocations():
         got = block_scores(q, meta, lens_t, method="quest")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # other tiles, other sums

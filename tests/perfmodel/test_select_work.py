@@ -8,7 +8,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from ssvkit.kernels import select_blocks as sb
+from ssvkit.kernels import block_scores as sb
 from ssvkit.kernels import top_blocks as tb
 from ssvkit.perfmodel import select_work as sw
 
