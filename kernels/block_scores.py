@@ -22,6 +22,9 @@ from triton.runtime.errors import OutOfResources
 # FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
 # operands spill-free on sm_90 at head dimension 128 and below (``score_warps``).
 _SCORE_TILE = 1024
+# The head-dimension columns of one score product: a head of 256 is scored in two halves of 128,
+# whose fp32 operands fit a program's registers where the whole head's spill (sm_90, 4 warps).
+_D_CHUNK = 128
 # Tiles a score program walks: at least two, so its pipelined loop loads a tile while it
 # scores the one before; at most four, so a large batch still spreads over every SM's slots.
 _MIN_TILES, _MAX_TILES = 2, 4
@@ -95,6 +98,8 @@ def _check_q(q: torch.Tensor, meta: BlockMetadata) -> None:
         raise ValueError(
             f"q shape {tuple(q.shape)} does not fit metadata [B, Hkv, NB, D]={tuple(ref.shape)}"
         )
+    if d > 2 * _D_CHUNK:
+        raise ValueError(f"q head dim must be at most {2 * _D_CHUNK}, got {d}")
     if q.device != ref.device:
         raise ValueError(f"q must be on {ref.device}, got {q.device}")
     if not 1 <= t <= 64:
@@ -222,6 +227,7 @@ def _score_launch(
         TILES=tiles,
         NUM_STAGES=stages,
         D=d,
+        D_CHUNK=min(d, _D_CHUNK),
         BLOCK_SIZE=meta.block_size,
         QUEST=method == "quest",
         PRECISION="tf32x3" if q.device.type == "cuda" else "ieee",

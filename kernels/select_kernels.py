@@ -5,7 +5,9 @@
 
 ``score_range`` is the scoring of one program: it averages its KV head's ``G`` queries once,
 then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a loop pipelined over
-``NUM_STAGES`` tiles, as fp32 ``[T_PAD, BLOCK_NB]`` matrix products against the metadata.
+``NUM_STAGES`` tiles, as fp32 ``[T_PAD, BLOCK_NB]`` matrix products against the metadata. A
+head dimension of twice ``D_CHUNK`` is scored in two halves, each a product of ``D_CHUNK``
+columns, so that a tile's operands in registers stay the size they have at ``D_CHUNK``.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def score_range(
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -115,21 +118,22 @@ def score_range(
     queries and the length load before ``pdl_gate``, the metadata after."""
     tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
     tl.static_assert(BLOCK_NB >= 16)
+    tl.static_assert(D == D_CHUNK or D == 2 * D_CHUNK)
     offs_t = tl.arange(0, T_PAD)
-    offs_d = tl.arange(0, D)
+    offs_d = tl.arange(0, D_CHUNK)
     row_ok = offs_t < num_rows
 
     q_base = q_ptr + b.to(tl.int64) * stride_qb + (h * G).to(tl.int64) * stride_qh
     q_offs = offs_t[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
-    qbar = tl.zeros([T_PAD, D], dtype=tl.float32)
-    for g in tl.static_range(G):
-        qbar += tl.load(q_base + g * stride_qh + q_offs, mask=row_ok[:, None], other=0.0).to(
-            tl.float32
-        )
-    qbar = qbar / G  # [T_PAD, D]
+    qbar = mean_query(q_base, q_offs, row_ok, stride_qh, G, T_PAD, D_CHUNK)  # [T_PAD, D_CHUNK]
     if QUEST:
         q_pos = tl.maximum(qbar, 0.0)
         q_neg = tl.minimum(qbar, 0.0)
+    if D > D_CHUNK:
+        qbar_hi = mean_query(q_base + D_CHUNK, q_offs, row_ok, stride_qh, G, T_PAD, D_CHUNK)
+        if QUEST:
+            q_pos_hi = tl.maximum(qbar_hi, 0.0)
+            q_neg_hi = tl.minimum(qbar_hi, 0.0)
     prefix_len = tl.load(prefix_ptr + b)
     m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -141,17 +145,45 @@ def score_range(
         blk_ok = offs_nb < num_blocks
         m_offs = m_base + offs_nb[:, None].to(tl.int64) * stride_mn + offs_d[None, :]
         if QUEST:
-            kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D]
-            kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
             # max(q*lo, q*hi) = relu(q)*hi + min(q, 0)*lo, elementwise: two matrix products.
-            s = tl.dot(q_pos, tl.trans(kmax), input_precision=PRECISION)
-            s += tl.dot(q_neg, tl.trans(kmin), input_precision=PRECISION)
+            s = quest_dots(q_pos, q_neg, min_ptr, max_ptr, m_offs, blk_ok, PRECISION)
+            if D > D_CHUNK:
+                m_hi = m_offs + D_CHUNK
+                s += quest_dots(q_pos_hi, q_neg_hi, min_ptr, max_ptr, m_hi, blk_ok, PRECISION)
         else:
             kmean = tl.load(mean_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
             s = tl.dot(qbar, tl.trans(kmean), input_precision=PRECISION)  # [T_PAD, BLOCK_NB]
+            if D > D_CHUNK:
+                kmean = tl.load(mean_ptr + m_offs + D_CHUNK, mask=blk_ok[:, None], other=0.0)
+                s += tl.dot(qbar_hi, tl.trans(kmean), input_precision=PRECISION)
         live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
         s = tl.where(live[None, :], s, -float("inf"))
         tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
+
+
+@triton.jit
+def mean_query(
+    q_base, q_offs, row_ok, stride_qh, G: tl.constexpr, T_PAD: tl.constexpr, D_CHUNK: tl.constexpr
+):
+    """``[T_PAD, D_CHUNK]`` fp32 mean of the ``G`` query heads at ``q_base`` (rows past
+    ``row_ok`` zero)."""
+    qbar = tl.zeros([T_PAD, D_CHUNK], dtype=tl.float32)
+    for g in tl.static_range(G):
+        qbar += tl.load(q_base + g * stride_qh + q_offs, mask=row_ok[:, None], other=0.0).to(
+            tl.float32
+        )
+    return qbar / G
+
+
+@triton.jit
+def quest_dots(q_pos, q_neg, min_ptr, max_ptr, m_offs, blk_ok, PRECISION: tl.constexpr):
+    """``relu(q) . max_k + min(q, 0) . min_k`` of one head-dimension chunk: ``[T_PAD,
+    BLOCK_NB]``."""
+    kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D_CHUNK]
+    kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
+    s = tl.dot(q_pos, tl.trans(kmax), input_precision=PRECISION)
+    s += tl.dot(q_neg, tl.trans(kmin), input_precision=PRECISION)
+    return s
 
 
 @triton.jit
@@ -179,6 +211,7 @@ def block_scores_kernel(
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -212,6 +245,7 @@ def block_scores_kernel(
         TILES,
         NUM_STAGES,
         D,
+        D_CHUNK,
         BLOCK_SIZE,
         QUEST,
         PRECISION,
@@ -253,6 +287,7 @@ def select_kernel(
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -312,6 +347,7 @@ def select_kernel(
             TILES,
             NUM_STAGES,
             D,
+            D_CHUNK,
             BLOCK_SIZE,
             QUEST,
             PRECISION,

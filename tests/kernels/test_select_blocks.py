@@ -90,6 +90,27 @@ def test_block_scores_match_reference(dtype, t, h, hkv, method):
     torch.testing.assert_close(s, ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("method", ["mean", "quest"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_head_of_256_is_scored_in_two_halves(method, fused):
+    """Past 128 columns the score loop sums two half-head products: the scores equal the fp32
+    reference's, every column counts (a second half dropped or read at the first half's
+    columns would not), and the pick is the reference's."""
+    q, k, lens = make_inputs([130, 61, 97], 5, 4, 2, 256, torch.float32, seed=11)
+    meta = BlockMetadata.build(k, lens, 16, kinds=(method,))
+    with poisoned_allocations():
+        s = block_scores(q, meta, lens, method=method)
+    ref = reference_block_scores(q, k, lens, 16, method=method)
+    torch.testing.assert_close(s, ref, atol=1e-4, rtol=1e-4)
+    half = q.clone()
+    half[..., 128:] = 0
+    ref_half = reference_block_scores(half, k, lens, 16, method=method)
+    live = ~torch.isneginf(ref)
+    assert (s[live] - ref_half[live]).abs().max() > 1.0
+    idx = select_blocks(q, meta, lens, top_n=4, method=method, fused=fused)
+    assert_selection_valid(idx.cpu(), ref.cpu(), lens.cpu(), 16, 4, 1, 1)
+
+
 def assert_selection_valid(idx, scores, lens, block_size, top_n, num_sink, num_local, tol=1e-5):
     """Ascending, -1 only at the end, the forced blocks present, and every pick at least as good
     as every block left out (up to ``tol``: ties in the scores the kernel computed)."""
@@ -397,6 +418,12 @@ def test_one_launch_ties_resolve_to_the_lower_block():
     assert (idx.cpu() == torch.arange(5, dtype=torch.int32)).all()
 
 
+def wide_heads(d):
+    """Query, metadata and lengths at head dimension ``d``."""
+    q, k, lens = make_inputs([40, 33], 2, 4, 2, d, torch.float16, seed=0)
+    return q, BlockMetadata.build(k, lens, 16), lens
+
+
 @pytest.mark.parametrize(
     "name, call",
     [
@@ -409,6 +436,7 @@ def test_one_launch_ties_resolve_to_the_lower_block():
         ("quest", lambda q, k, lens, m: block_scores(q, m, lens, method="quest")),
         ("q", lambda q, k, lens, m: block_scores(q.int(), m, lens)),
         ("q", lambda q, k, lens, m: block_scores(q[:, :, :3], m, lens)),
+        ("head dim", lambda q, k, lens, m: block_scores(*wide_heads(512), method="mean")),
         ("top_n", lambda q, k, lens, m: select_blocks(q, m, lens, top_n=0)),
         ("num_sink", lambda q, k, lens, m: select_blocks(q, m, lens, top_n=2, num_sink=2)),
     ],
