@@ -19,9 +19,12 @@ from ssvkit.kernels.top_blocks import empty_scores
 from triton.runtime.errors import OutOfResources
 
 # Scores are fp32-accurate dots: three tf32 MMA passes (``tf32x3``, ~2^-21 relative) on the GPU,
-# FMA ("ieee") in the interpreter. A [T_PAD, 32] score tile (16 blocks at t > 32) keeps the
-# operands spill-free on sm_90 at head dimension 128 and below (``score_warps``).
+# FMA ("ieee") in the interpreter. A score tile is [T_PAD, 32] (16 blocks past 32 rows).
 _SCORE_TILE = 1024
+# Past 16 rows, a query this many fp32 columns wide or wider (head dimension times metadata
+# kinds: quest at 128, either method at 256) scores 16-block tiles: at 32 blocks its operands
+# spill to local memory on sm_90 (``validation.score_tiles``).
+_WIDE_QUERY_COLUMNS = 256
 # The head-dimension columns of one score product: a head of 256 is scored in two halves of 128,
 # whose fp32 operands fit a program's registers where the whole head's spill (sm_90, 4 warps).
 _D_CHUNK = 128
@@ -37,14 +40,22 @@ _SPLIT_ROWS = 32
 _FITTED_SHAPE: dict[tuple, int | OutOfResources] = {}
 
 
-def _score_shapes(t_pad: int) -> list[tuple[int, int]]:
+def score_block_nb(t_pad: int, head_dim: int, method: str) -> int:
+    """Blocks of a score tile: ``_SCORE_TILE / T_PAD``, at most 32, and 16 past 16 rows when
+    the query is ``_WIDE_QUERY_COLUMNS`` fp32 columns or wider."""
+    kinds = 2 if method == "quest" else 1
+    if t_pad > 16 and head_dim * kinds >= _WIDE_QUERY_COLUMNS:
+        return 16
+    return min(32, _SCORE_TILE // t_pad)
+
+
+def _score_shapes(t_pad: int, head_dim: int, method: str) -> list[tuple[int, int]]:
     """The (BLOCK_NB, stages) a score launch tries in order: its own tile and pipeline
     first, then fewer stages and 16-block tiles, until one fits the SM's shared memory. At
-    head dimension 256 the pipelined fp32 tiles of quest's two key vectors and its split query
-    operands outgrow the 227 KB of an H100's or H200's SM past 16 rows (past 32 rows its query
-    operands alone do: ``block_scores`` then scores the rows in parts); at 128 and below the
-    first shape fits."""
-    block_nb = min(32, _SCORE_TILE // t_pad)
+    head dimension 256 quest's pipelined fp32 tiles of two key vectors outgrow the 227 KB of an
+    H100's or H200's SM past 32 rows, and so do its query operands alone (``block_scores``
+    then scores the rows in parts); at 128 and below the first shape fits."""
+    block_nb = score_block_nb(t_pad, head_dim, method)
     shapes = [(block_nb, _SCORE_STAGES), (block_nb, 2), (16, 2), (16, 1)]
     return list(dict.fromkeys(shapes))
 
@@ -61,7 +72,7 @@ def launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=
     known = _FITTED_SHAPE.get(key, 0)
     if isinstance(known, OutOfResources):
         raise known
-    shapes = _score_shapes(t_pad)
+    shapes = _score_shapes(t_pad, q.shape[3], method)
     for i in range(known, len(shapes)):
         launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out)
         try:
@@ -148,6 +159,31 @@ def block_scores(
     out = empty_scores(b, hkv, t, nb, q.device)
     _score_rows(q, meta, prefix_lens, method, chain_for(chain), out)
     return out
+
+
+def score_at(
+    q: torch.Tensor,
+    meta: BlockMetadata,
+    prefix_lens: torch.Tensor,
+    *,
+    method: str,
+    block_nb: int,
+    stages: int,
+    num_warps: int,
+) -> tuple[torch.Tensor, object]:
+    """One ``block_scores`` launch at a tile, pipeline and warp count of the caller's choosing
+    (``validation.score_tiles`` times the shapes against the rule's): the scores and the
+    compiled kernel (its ``n_regs``, ``n_spills``, ``metadata.shared``). ``OutOfResources``
+    when the shape does not fit the SM."""
+    if block_nb < 16 or block_nb & (block_nb - 1) or stages < 1:
+        raise ValueError(
+            f"block_nb must be a power of two >= 16 and stages >= 1, got {block_nb}, {stages}"
+        )
+    launch = _score_launch(q, meta, prefix_lens, method, (block_nb, stages))
+    compiled = block_scores_kernel[(launch.programs, launch.scores.shape[1], q.shape[0])](
+        *launch.args, **launch.meta, PDL=False, num_warps=num_warps
+    )
+    return launch.scores, compiled
 
 
 def _score_rows(q, meta, prefix_lens, method: str, chain: LaunchChain, out: torch.Tensor) -> None:

@@ -23,6 +23,7 @@ from ssvkit.perfmodel.work_points import at_distinct_points
 # The two-launch selection's impl param and class suffix (scoring, then the pick).
 TWO_LAUNCH = "two_launch"
 SCORE_TILE = 1024  # kernels.block_scores._SCORE_TILE: T_PAD x BLOCK_NB
+WIDE_QUERY_COLUMNS = 256  # kernels.block_scores._WIDE_QUERY_COLUMNS: 16-block tiles past 16 rows
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
 NUM_STAGES = 3  # score_range's pipelined loop
 TF32_PASSES = 3  # tf32x3: fp32-accurate dots
@@ -109,15 +110,19 @@ def pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
 
-def score_tile(t: int, kinds: int = 1) -> tuple[int, int, int]:
+def score_tile(t: int, kinds: int = 1, head_dim: int = 128) -> tuple[int, int, int]:
     """``(T_PAD, BLOCK_NB, warps)`` of the scoring's tile for ``t`` query rows and ``kinds``
-    metadata tensors (1 mean, 2 quest; ``kernels.block_scores.score_warps``):
-    ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 / T_PAD)`` blocks, 2
-    warps for the mean key up to ``T_PAD`` 32, else 4 (quest, wider tiles). A tile is an fp32
-    ``[T_PAD, D] x [D, BLOCK_NB]`` product per metadata kind, three tf32 MMA passes each."""
+    metadata tensors (1 mean, 2 quest; ``kernels.block_scores.score_block_nb``,
+    ``score_warps``): ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 /
+    T_PAD)`` blocks (16 past 16 rows where ``head_dim * kinds >= 256``), 2 warps for the mean
+    key up to ``T_PAD`` 32, else 4 (quest, wider tiles). A tile is an fp32 ``[T_PAD, D] x [D,
+    BLOCK_NB]`` product per metadata kind, three tf32 MMA passes each."""
     t_pad = max(16, pow2(t))
     warps = 4 if kinds == 2 or t_pad > 32 else 2
-    return t_pad, min(32, SCORE_TILE // t_pad), warps
+    block_nb = min(32, SCORE_TILE // t_pad)
+    if t_pad > 16 and head_dim * kinds >= WIDE_QUERY_COLUMNS:
+        block_nb = 16
+    return t_pad, block_nb, warps
 
 
 def score_tiles(num_tiles: int, num_sms: int) -> int:
@@ -188,7 +193,7 @@ def select_call_work(
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
-    t_pad, block_nb, warps = score_tile(s.t, s.kinds)
+    t_pad, block_nb, warps = score_tile(s.t, s.kinds, s.head_dim)
     nb_tiles = math.ceil(nb / block_nb)
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs

@@ -382,6 +382,25 @@ def test_a_score_shape_that_does_not_fit_falls_back_to_one_that_does(monkeypatch
     assert bound.tried == []
 
 
+def test_score_at_a_chosen_shape_scores_what_the_rule_scores():
+    """``score_at`` (the score-tile benchmark's launch) at any tile, stages and warps gives the
+    scores ``block_scores`` gives at the rule's shape; a tile that is no MMA width is refused."""
+    import ssvkit.kernels.block_scores as bs
+
+    q, k, lens = make_inputs([300, 170], 20, 8, 2, 128, torch.float32, seed=6)
+    meta = BlockMetadata.build(k, lens, 16, kinds=("quest",))
+    want = block_scores(q, meta, lens, method="quest")
+    assert bs._score_shapes(32, 128, "quest")[0] == (16, 3)  # 2 x 128 columns past 16 rows
+    assert bs._score_shapes(32, 64, "quest")[0] == (32, 3)
+    for block_nb, stages, warps in ((32, 3, 4), (16, 1, 2)):
+        kw = dict(method="quest", block_nb=block_nb, stages=stages, num_warps=warps)
+        with poisoned_allocations():
+            got, _ = bs.score_at(q, meta, lens, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="block_nb must be"):
+        bs.score_at(q, meta, lens, method="quest", block_nb=24, stages=3, num_warps=4)
+
+
 def test_scores_past_32_rows_that_fit_no_shape_are_scored_in_two_parts(monkeypatch):
     """Past 32 rows at head dimension 256 quest's query operands alone outgrow the SM: the
     scores of the first 32 rows and of the rest are two launches into one score tensor, the

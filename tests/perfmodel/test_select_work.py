@@ -45,12 +45,17 @@ def test_pick_layout_mirrors_top_blocks(nb, top_n):
 
 
 def test_score_tile_mirrors_the_wrapper():
+    wide = set()
     for t in (1, 16, 17, 32, 33, 64):
         for kinds, method in ((1, "mean"), (2, "quest")):
-            t_pad, block_nb, warps = sw.score_tile(t, kinds)
-            assert t_pad == max(16, 1 << (t - 1).bit_length())
-            assert block_nb == min(32, sb._SCORE_TILE // t_pad)
-            assert warps == sb.score_warps(t_pad, method)
+            for d in (64, 128, 256):
+                t_pad, block_nb, warps = sw.score_tile(t, kinds, d)
+                assert t_pad == max(16, 1 << (t - 1).bit_length())
+                assert (block_nb, 3) == sb._score_shapes(t_pad, d, method)[0]
+                assert warps == sb.score_warps(t_pad, method)
+                if t_pad == 32 and block_nb == 16:
+                    wide.add((method, d))
+    assert wide == {("quest", 128), ("quest", 256), ("mean", 256)}
 
 
 def test_threshold_warps_by_rows_and_chunk():
