@@ -50,6 +50,7 @@ class SparseLaunch:
     num_warps: int
     num_stages: int
     scale: float  # softmax scale times log2(e): the kernel works in base 2
+    tile_blocks: int  # listed blocks gathered into one K/V tile
 
 
 def plan_launch(
@@ -100,4 +101,5 @@ def plan_launch(
         num_warps,
         num_stages,
         scale,
+        cfg.tile_blocks,
     )

@@ -218,6 +218,7 @@ def _launch(
         HAS_ORDER=order is not None and c > 1,
         GROUP_LISTS=group_lists,
         DOT_PRECISION=dot_precision(q.dtype),
+        TILE_BLOCKS=la.tile_blocks,
         num_warps=la.num_warps,
         num_stages=la.num_stages,
     )

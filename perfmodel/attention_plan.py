@@ -197,7 +197,10 @@ class SparseVerifyConfig:
     )
     num_stages: int | None = field(
         default=None,
-        metadata={"help": "pipeline depth of the K/V loop (None: 3, or 2 for tiles > 16 KB)"},
+        metadata={
+            "help": "pipeline depth of the K/V loop (None: 3, 2 for tiles > 16 KB, 1 for "
+            "gathered tiles > 32 KB)"
+        },
     )
     wave_warps: int = field(
         default=8,
@@ -210,6 +213,10 @@ class SparseVerifyConfig:
     max_splits: int = field(default=32, metadata={"help": "upper bound on splits"})
     num_splits: int | None = field(
         default=None, metadata={"help": "force this many splits (None: heuristic)"}
+    )
+    tile_blocks: int = field(
+        default=1,
+        metadata={"help": "listed blocks a program gathers into one K/V tile (a power of two)"},
     )
 
     def __post_init__(self) -> None:
@@ -224,6 +231,8 @@ class SparseVerifyConfig:
             raise ValueError(f"program_blocks must be >= 0, got {self.program_blocks}")
         if self.num_splits is not None and self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {self.num_splits}")
+        if self.tile_blocks < 1 or self.tile_blocks & (self.tile_blocks - 1):
+            raise ValueError(f"tile_blocks must be a power of two >= 1, got {self.tile_blocks}")
 
 
 DEFAULT_SPARSE_CONFIG = SparseVerifyConfig()
@@ -292,6 +301,13 @@ def sparse_tile_shape(
     # and stream faster than 8 on the H200; 64 rows and more take 8.
     num_warps = cfg.num_warps or (4 if m_pad <= 32 else 8)
     # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
-    # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB.
-    num_stages = cfg.num_stages or (3 if block_size * head_dim <= 64 * 128 else 2)
+    # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB, and a
+    # gathered tile of more than 128 x 128 elements one, within the SM's shared memory.
+    elems = block_size * cfg.tile_blocks * head_dim
+    if cfg.num_stages:
+        num_stages = cfg.num_stages
+    elif elems <= 64 * 128:
+        num_stages = 3
+    else:
+        num_stages = 2 if cfg.tile_blocks == 1 or elems <= 128 * 128 else 1
     return m_pad, num_warps, num_stages

@@ -146,6 +146,31 @@ def test_union_equals_per_query(overlap, c, num_splits):
         assert torch.equal(counts, torch.full_like(counts, 4 * c))
 
 
+@pytest.mark.parametrize("tile_blocks, num_splits", [(2, 1), (4, 3), (8, 2)])
+@pytest.mark.parametrize("mode", ["per_query", "union", "shared"])
+def test_gathered_tiles_equal_the_reference(mode, tile_blocks, num_splits):
+    """Several listed blocks gathered into one K/V tile (``tile_blocks``) give the reference's
+    attention at every mode, with split ranges that are no multiple of the tile, -1 pads,
+    partial last blocks and NaN in every cache slot the call must not read."""
+    dtype = torch.float32
+    q, k, v, lens, mask, idx, order = make_case([301, 77], 7, 4, 2, 16, dtype, top_n=5, seed=9)
+    kw = dict(mode=mode, group_size=3, order=order, block_size=16)
+    ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, **kw)
+    for b, n in enumerate(lens.tolist()):
+        k[b, :, n + 7 :] = float("nan")
+        v[b, :, n + 7 :] = float("nan")
+    cfg = SparseVerifyConfig(tile_blocks=tile_blocks, num_splits=num_splits)
+    with poisoned_allocations():
+        o, lse = sparse_verify(q, k, v, lens, mask, idx, config=cfg, **kw)
+    assert_close(lse, rlse, dtype, "lse")
+    assert_close(o, ro, dtype, "o")
+
+
+def test_tile_blocks_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="tile_blocks must be a power of two"):
+        SparseVerifyConfig(tile_blocks=3)
+
+
 def test_shared_uses_representative_blocks():
     """shared == per_query with every row's blocks replaced by its group's first member's."""
     dtype = torch.float32
@@ -283,14 +308,16 @@ def test_wrapper_rejects_bad_inputs(name, mutate, kw):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile_blocks", [1, 2, 4])
 @pytest.mark.parametrize("mode", ["per_query", "union", "shared"])
-def test_gpu_bf16_matches_reference(mode):
+def test_gpu_bf16_matches_reference(mode, tile_blocks):
     dtype = torch.bfloat16
     case = make_case([3000, 1337], 16, 32, 8, 128, dtype, top_n=16, block_size=64, c=4)
     q, k, v, lens, mask, idx, order = case
     kw = dict(mode=mode, group_size=4, order=order, block_size=64)
+    cfg = SparseVerifyConfig(tile_blocks=tile_blocks)
     with poisoned_allocations():
-        o, lse = sparse_verify(q, k, v, lens, mask, idx, **kw)
+        o, lse = sparse_verify(q, k, v, lens, mask, idx, config=cfg, **kw)
     ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, **kw)
     assert_close(lse, rlse, dtype, "lse")
     assert_close(o, ro, dtype, "o")
