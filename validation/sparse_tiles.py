@@ -11,9 +11,9 @@ selections are drawn again for each input set, enough sets to defeat the L2
 (``kernels.timing.num_rotations`` of the selected K/V bytes), the group plans built beforehand
 as the engine's reuse layers have them. Each width is first checked against one block a tile
 (the GPU tests hold that against the fp32 reference), then all widths of a case are timed in
-interleaved CUDA-graph replays (L2 flushed per sample, median). ``floor_s``: the distinct
-selected K/V bytes (``calibration.kernel_inputs.group_blocks``), queries and outputs over the
-copy bandwidth measured in the same run.
+interleaved CUDA-graph replays (L2 flushed per sample, median). ``floor_s``: the distinct K/V
+blocks the call reads over each (sequence, KV head) (``distinct_blocks``), queries and outputs,
+over the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -45,14 +45,22 @@ def _selections(b: int, t: int, ctx: int, top_n: int, mode: str, c: int, seed: i
     return idx, build_group_plan(idx, None, c, mode), idx_np
 
 
+def distinct_blocks(idx_np: np.ndarray, step: int) -> int:
+    """Distinct blocks a call reads, summed over (sequence, KV head): those of every ``step``-th
+    row (``shared`` reads its groups' first rows' lists), -1 pads left out."""
+    rows = idx_np[:, :, ::step]
+    return sum(
+        int(np.unique(rows[b, h][rows[b, h] >= 0]).size)
+        for b in range(rows.shape[0])
+        for h in range(rows.shape[1])
+    )
+
+
 def run_case(b, t, ctx, top_n, mode, c, widths, copy_bps) -> dict:
     """One case: every width checked against one block a tile, then all timed together."""
     q, k, v, lens, mask = ki.attention_inputs(b, t, ctx + t, [ctx] * b, ki.generator(b + t))
     idx, plan, idx_np = _selections(b, t, ctx, top_n, mode, c, seed=0)
-    distinct = ki.group_blocks(idx_np, c if mode != "per_query" else 1)
-    if mode == "shared":
-        distinct = int((idx_np[:, :, ::c] >= 0).sum())
-    kv_bytes = distinct * BLOCK_SIZE * q.shape[3] * 2 * 2
+    kv_bytes = distinct_blocks(idx_np, c if mode == "shared" else 1) * BLOCK_SIZE * q.shape[3] * 4
     sets = [(idx, plan)] + [
         _selections(b, t, ctx, top_n, mode, c, seed=i)[:2]
         for i in range(1, tm.num_rotations(kv_bytes))

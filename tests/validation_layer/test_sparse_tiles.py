@@ -44,3 +44,11 @@ def test_table_lists_every_width(capsys):
     out = capsys.readouterr().out.splitlines()
     assert "1 blocks" in out[0] and "4 blocks" in out[0]
     assert "15.0" in out[1] and "9.0" in out[1] and out[1].endswith("2.0")
+
+
+def test_distinct_blocks_count_each_head_once_and_shared_groups_first_rows():
+    import numpy as np
+
+    idx = np.array([[[[0, 1, -1], [1, 2, 3], [7, 8, 9], [9, 10, -1]]]], dtype=np.int32)
+    assert st.distinct_blocks(idx, 1) == 8  # 0-3, 7-10
+    assert st.distinct_blocks(idx, 2) == 5  # rows 0 and 2: 0, 1, 7, 8, 9
