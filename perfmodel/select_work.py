@@ -39,6 +39,7 @@ TOPK_CHUNK = 4096
 MIN_GROUPS = 64
 GROUPS_PER_PICK = 2
 CANDIDATES_PER_PICK = 2
+THRESHOLD_MAX_TOP_N = 256  # kernels.top_blocks: larger top_n take the rounds kernel
 # The chain's unit: one [16, 32, 128] single-kind tile's MMA work shared by 2 warps.
 UNIT_TILE_WORK = 16 * 16 * 32 * 128
 
@@ -94,7 +95,11 @@ class SelectWork:
       the one launch's are the more of its two steps'), times the grid's waves over its
       resident programs: every program averages its KV head's queries again, so the prologue
       grows with the group size where the tiles do not;
-    - ``launches``: 2, or 1 fused.
+    - ``launches``: 2, or 1 fused;
+    - ``sort_chain``: the threshold pick's two sorts (its ``GROUPS`` group maxima and its
+      ``CAP`` candidates, 64-bit keys, bitonic: ``log2 n (log2 n + 1) / 2`` compare-exchange
+      stages of ``n / (32 warps)`` keys a lane each, ``sort_steps``) in the rows' waves over
+      the SMs' resident rows: the pick's work that grows with ``top_n``.
     """
 
     requested_bytes: float
@@ -104,6 +109,7 @@ class SelectWork:
     pick_rows: float
     query_chain: float
     launches: float
+    sort_chain: float = 0.0
 
 
 def pow2(x: int) -> int:
@@ -171,6 +177,25 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
     return chunk + tail_rows * groups
 
 
+def sort_steps(n: int, warps: int) -> float:
+    """Serial work of a bitonic sort of ``n`` keys by ``warps`` warps (``tl.sort``): its
+    ``log2 n (log2 n + 1) / 2`` compare-exchange stages, each over the keys one lane holds."""
+    k = max(1, math.ceil(math.log2(max(n, 2))))
+    return k * (k + 1) / 2 * max(1.0, n / (WARP_LANES * warps))
+
+
+def pick_sorts(nb_max: int, top_n: int, warps: int) -> float:
+    """``sort_steps`` of one row's threshold pick: its ``GROUPS`` group maxima, then its
+    ``CAP`` candidates (``kernels.top_blocks.threshold_meta``); none where the rounds kernel
+    serves the row (a row past one chunk and its tail)."""
+    chunk, _, num_chunks = row_layout(nb_max)
+    top_n_pad = max(16, pow2(top_n))
+    if num_chunks != 1 or top_n_pad > min(chunk, THRESHOLD_MAX_TOP_N):
+        return 0.0
+    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
+    return sort_steps(groups, warps) + sort_steps(CANDIDATES_PER_PICK * top_n_pad, warps)
+
+
 def threshold_warps(rows: int, chunk: int, num_sms: int) -> int:
     """Warps of one row's pick (``kernels.top_blocks.threshold_warps``): 4 up to a row per SM
     (8 for chunks beyond 2048 blocks), else 2 for chunks beyond 2048 blocks and up to eight
@@ -215,7 +240,8 @@ def select_call_work(
     if fused:
         # Every program reserves the scoring's shared memory.
         pw, per_sm = lw, resident
-    pick_chain = math.ceil(rows / (num_sms * per_sm)) * elems / pw
+    pick_waves = math.ceil(rows / (num_sms * per_sm))
+    pick_chain = pick_waves * elems / pw
     nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
     flops = TF32_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
     return SelectWork(
@@ -226,6 +252,7 @@ def select_call_work(
         pick_rows=float(rows),
         query_chain=float(waves * group * t_pad * s.head_dim / (lw * WARP_LANES)),
         launches=1.0 if fused else 2.0,
+        sort_chain=float(pick_waves * pick_sorts(nb, s.top_n, pw)),
     )
 
 

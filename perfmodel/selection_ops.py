@@ -100,5 +100,10 @@ def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: in
         kernel=kernel,
         calls=on * 1.0,
         depth=on * w["chain_tiles"],
-        stage_counts=(on * w["pick_chain"], on * w["pick_rows"], on * w["query_chain"]),
+        stage_counts=(
+            on * w["pick_chain"],
+            on * w["pick_rows"],
+            on * w["query_chain"],
+            on * w["sort_chain"],
+        ),
     )

@@ -58,6 +58,22 @@ def test_score_tile_mirrors_the_wrapper():
     assert wide == {("quest", 128), ("quest", 256), ("mean", 256)}
 
 
+def test_pick_sorts_mirror_the_threshold_picks_two_sorts():
+    """The sorts counted are those of the kernel's plan: its group maxima and its candidates
+    (``threshold_meta``), none where the rounds kernel serves the row; they grow with top_n."""
+    for nb in (129, 2049, 4097, 9000):
+        for top_n in (16, 64, 300):
+            meta = tb.threshold_meta(nb, top_n)
+            got = sw.pick_sorts(nb, top_n, 2)
+            if meta is None:
+                assert got == 0.0
+            else:
+                want = sw.sort_steps(meta["GROUPS"], 2) + sw.sort_steps(meta["CAP"], 2)
+                assert got == want
+    assert sw.pick_sorts(2049, 64, 1) > sw.pick_sorts(2049, 16, 1) > 0
+    assert sw.sort_steps(64, 1) == 21 * 2  # 6 x 7 / 2 stages of two keys a lane
+
+
 def test_threshold_warps_by_rows_and_chunk():
     # A row an SM: 4 warps (8 past 2048 blocks); many rows: 2 past 2048 blocks, else 2, then 1.
     assert [sw.threshold_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
