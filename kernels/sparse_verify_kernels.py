@@ -25,59 +25,6 @@ def _fold(s, v, keep, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _walk_gathered(
-    q,
-    k_ptr,
-    v_ptr,
-    list_ptr,
-    mask_ptr,
-    list_base,
-    kv_base,
-    stride_kt,
-    start,
-    end,
-    prefix_len,
-    member,
-    row_ok,
-    qk_scale,
-    m_i,
-    l_i,
-    acc,
-    C: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    TILE_BLOCKS: tl.constexpr,
-    GROUP_LISTS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Entries ``[start, end)`` of a block list, ``TILE_BLOCKS`` at a time gathered into one
-    ``[TILE_BLOCKS * BLOCK_N, D]`` K/V tile (entries past ``end`` and -1 pads masked out):
-    one score tile, softmax update and value product for several blocks, so a short walk
-    takes fewer dependent steps."""
-    offs_b = tl.arange(0, TILE_BLOCKS)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    for u in range(start, end, TILE_BLOCKS):
-        live = u + offs_b < end
-        blk = tl.load(list_ptr + list_base + u + offs_b, mask=live, other=-1).to(tl.int64)
-        pos = tl.reshape(blk[:, None] * BLOCK_N + offs_n[None, :], [TILE_BLOCKS * BLOCK_N])
-        col_ok = (pos >= 0) & (pos < prefix_len)  # a -1 pad is all negative positions
-        kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # [TILE_BLOCKS*BLOCK_N, D]
-        v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        if GROUP_LISTS:
-            bits = tl.load(mask_ptr + list_base + u + offs_b, mask=live, other=0)
-            bits = tl.reshape(bits[:, None] + 0 * offs_n[None, :], [TILE_BLOCKS * BLOCK_N])
-            sel = ((bits[None, :] >> tl.minimum(member, C - 1)[:, None]) & 1) != 0
-            keep = sel & col_ok[None, :]
-        else:
-            keep = row_ok[:, None] & col_ok[None, :]
-        m_i, l_i, acc = _fold(s, v, keep, m_i, l_i, acc, DOT_PRECISION)
-    return m_i, l_i, acc
-
-
-@triton.jit
 def sparse_verify_kernel(
     q_ptr,
     k_ptr,
@@ -178,31 +125,27 @@ def sparse_verify_kernel(
     l_i = tl.zeros([M_PAD], dtype=tl.float32)
     acc = tl.zeros([M_PAD, D], dtype=tl.float32)
     if TILE_BLOCKS > 1:
-        m_i, l_i, acc = _walk_gathered(
-            q,
-            k_ptr,
-            v_ptr,
-            list_ptr,
-            mask_ptr,
-            list_base,
-            kv_base,
-            stride_kt,
-            start,
-            end,
-            prefix_len,
-            member,
-            row_ok,
-            qk_scale,
-            m_i,
-            l_i,
-            acc,
-            C,
-            D,
-            BLOCK_N,
-            TILE_BLOCKS,
-            GROUP_LISTS,
-            DOT_PRECISION,
-        )
+        # TILE_BLOCKS listed blocks gathered into one [TILE_BLOCKS * BLOCK_N, D] K/V tile (entries
+        # past end and -1 pads masked out): one score tile, softmax update and value product
+        # for several blocks, so a short walk takes fewer dependent steps.
+        offs_b = tl.arange(0, TILE_BLOCKS)
+        for u in range(start, end, TILE_BLOCKS):
+            live = u + offs_b < end
+            blk = tl.load(list_ptr + list_base + u + offs_b, mask=live, other=-1).to(tl.int64)
+            pos = tl.reshape(blk[:, None] * BLOCK_N + offs_n[None, :], [TILE_BLOCKS * BLOCK_N])
+            col_ok = (pos >= 0) & (pos < prefix_len)
+            kv_offs = kv_base + pos[:, None] * stride_kt + offs_d[None, :]
+            k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            if GROUP_LISTS:
+                bits = tl.load(mask_ptr + list_base + u + offs_b, mask=live, other=0)
+                bits = tl.reshape(bits[:, None] + 0 * offs_n[None, :], [TILE_BLOCKS * BLOCK_N])
+                sel = ((bits[None, :] >> tl.minimum(member, C - 1)[:, None]) & 1) != 0
+                keep = sel & col_ok[None, :]
+            else:
+                keep = row_ok[:, None] & col_ok[None, :]
+            m_i, l_i, acc = _fold(s, v, keep, m_i, l_i, acc, DOT_PRECISION)
     else:
         for u in range(start, end):
             blk = tl.load(list_ptr + list_base + u).to(tl.int64)

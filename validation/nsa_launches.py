@@ -16,7 +16,6 @@ copy bandwidth measured in the same run.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -24,8 +23,8 @@ from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import timing as tm
 from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
 from ssvkit.perfmodel.arguments import OneLineParser
-from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation import nsa_stages as ns
+from ssvkit.validation.bench_documents import write_benchmark
 from ssvkit.validation.launch_times import launch_times
 from ssvkit.validation.nsa_launches_table import print_table
 
@@ -134,14 +133,13 @@ def main(argv=None) -> int:
         p.exit(2, "nsa_launches: needs a CUDA GPU (device-side launch times)\n")
     copy_bps = tm.copy_bytes_per_s()
     rows = [run_case(*case, copy_bps) for case in CASES]
-    doc = dict(
-        benchmark="nsa_launches",
+    write_benchmark(
+        args.out,
+        "nsa_launches",
+        rows,
         kwargs=ns.KW,
         calls_profiled=CALLS_PROFILED,
-        provenance=tm.provenance(),
-        rows=rows,
     )
-    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
     return 0
 

@@ -13,7 +13,6 @@ median). ``floor_s``: the score bytes read over the copy bandwidth measured in t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from ssvkit.kernels import top_blocks as tb
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.perfmodel.arguments import OneLineParser
-from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation.bench_documents import write_benchmark
 
 BLOCK_SIZE = 64
 TOP_N = 16
@@ -97,16 +96,15 @@ def main(argv=None) -> int:
         p.exit(2, "pick_warps: needs a CUDA GPU\n")
     copy_bps = tm.copy_bytes_per_s()
     rows = [run_case(r, b, args.warps, copy_bps) for b in args.blocks for r in args.rows]
-    doc = dict(
-        benchmark="pick_warps",
+    write_benchmark(
+        args.out,
+        "pick_warps",
+        rows,
         top_n=TOP_N,
         block_size=BLOCK_SIZE,
         num_sms=num_sms(torch.device("cuda")),
         copy_bytes_per_s=copy_bps,
-        provenance=tm.provenance(),
-        rows=rows,
     )
-    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
     return 0
 

@@ -15,7 +15,6 @@ the metadata, query and score bytes over the copy bandwidth measured in the same
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.select_reference import reference_block_scores
 from ssvkit.perfmodel.arguments import OneLineParser
-from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation.bench_documents import write_benchmark
 from triton.runtime.errors import OutOfResources
 
 BLOCK_SIZE = 64
@@ -155,17 +154,16 @@ def main(argv=None) -> int:
             for b, ctx, t in CASES:
                 rows.append(run_case(b, ctx, t, d, method, args.warps, copy_bps))
                 torch.cuda.empty_cache()
-    doc = dict(
-        benchmark="score_tiles",
+    write_benchmark(
+        args.out,
+        "score_tiles",
+        rows,
         num_q_heads=NUM_Q_HEADS,
         num_kv_heads=NUM_KV_HEADS,
         block_size=BLOCK_SIZE,
         num_sms=num_sms(torch.device("cuda")),
         copy_bytes_per_s=copy_bps,
-        provenance=tm.provenance(),
-        rows=rows,
     )
-    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
     return 0
 

@@ -18,7 +18,6 @@ over the copy bandwidth measured in the same run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from ssvkit.kernels.group_plan import build_group_plan
 from ssvkit.kernels.sparse_launch import SparseVerifyConfig
 from ssvkit.kernels.sparse_verify import sparse_verify
 from ssvkit.perfmodel.arguments import OneLineParser
-from ssvkit.perfmodel.files import atomic_write
+from ssvkit.validation.bench_documents import write_benchmark
 
 BLOCK_SIZE = 64
 OVERLAP = 0.7
@@ -133,15 +132,14 @@ def main(argv=None) -> int:
                 for mode, c in MODES:
                     rows.append(run_case(b, args.t, ctx, top_n, mode, c, args.widths, copy_bps))
                     torch.cuda.empty_cache()
-    doc = dict(
-        benchmark="sparse_tiles",
+    write_benchmark(
+        args.out,
+        "sparse_tiles",
+        rows,
         geometry=ki.current_geometry(),
         block_size=BLOCK_SIZE,
         copy_bytes_per_s=copy_bps,
-        provenance=tm.provenance(),
-        rows=rows,
     )
-    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
     print_table(rows)
     return 0
 

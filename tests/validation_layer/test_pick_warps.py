@@ -2,6 +2,7 @@
 blocks or warps; no GPU) that write nothing."""
 
 import pytest
+from cli_refusals import assert_needs_gpu, assert_refused
 from ssvkit.validation import pick_warps as pw
 
 
@@ -16,18 +17,11 @@ from ssvkit.validation import pick_warps as pw
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "p.json"
-    with pytest.raises(SystemExit) as e:
-        pw.main(["--out", str(out), *argv])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and says in err and err.count("\n") == 1
-    assert not out.exists()
+    assert_refused(pw.main, ["--out", str(out), *argv], says, capsys, out)
 
 
 def test_no_gpu_is_refused(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(pw.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as e:
-        pw.main(["--out", str(tmp_path / "p.json")])
-    assert e.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert_needs_gpu(pw, ["--out", str(tmp_path / "p.json")], capsys, monkeypatch)
 
 
 def test_table_lists_every_case_and_warp_count(capsys):

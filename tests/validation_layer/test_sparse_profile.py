@@ -1,6 +1,7 @@
 """The sparse profile's one-line refusals (bad values, no GPU) before it touches a GPU."""
 
 import pytest
+from cli_refusals import assert_needs_gpu, assert_refused
 from ssvkit.validation import sparse_profile as sp
 
 
@@ -14,14 +15,8 @@ from ssvkit.validation import sparse_profile as sp
     ],
 )
 def test_bad_input_is_one_line(capsys, argv, says):
-    with pytest.raises(SystemExit) as e:
-        sp.main(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and says in err and err.count("\n") == 1
+    assert_refused(sp.main, argv, says, capsys)
 
 
 def test_no_gpu_is_refused(capsys, monkeypatch):
-    monkeypatch.setattr(sp.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as e:
-        sp.main([])
-    assert e.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert_needs_gpu(sp, [], capsys, monkeypatch)

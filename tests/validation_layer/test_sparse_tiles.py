@@ -2,6 +2,7 @@
 no GPU) that write nothing."""
 
 import pytest
+from cli_refusals import assert_needs_gpu, assert_refused
 from ssvkit.validation import sparse_tiles as st
 
 
@@ -16,18 +17,11 @@ from ssvkit.validation import sparse_tiles as st
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "s.json"
-    with pytest.raises(SystemExit) as e:
-        st.main(["--out", str(out), *argv])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and says in err and err.count("\n") == 1
-    assert not out.exists()
+    assert_refused(st.main, ["--out", str(out), *argv], says, capsys, out)
 
 
 def test_no_gpu_is_refused(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(st.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as e:
-        st.main(["--out", str(tmp_path / "s.json")])
-    assert e.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert_needs_gpu(st, ["--out", str(tmp_path / "s.json")], capsys, monkeypatch)
 
 
 def test_table_lists_every_width(capsys):
