@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import least_squares
-from ssvkit.calibration.row_work import SPARSE_FILL_SPLIT_COMMITS, union_plan_kernel
+from ssvkit.calibration.row_work import (
+    SPARSE_FILL_SPLIT_COMMITS,
+    sparse_config,
+    union_plan_kernel,
+)
 from ssvkit.perfmodel.attention_work import (
     AttentionWork,
     dense_verify_work,
@@ -80,6 +84,7 @@ def row_work(row: dict, spec: GpuSpec) -> AttentionWork:
         unique_kv_bytes=p["global_unique_bytes"] - fixed + b * hkv * t * block_bytes / bs,
         split_rule="fill" if row["git_commit"][:7] in SPARSE_FILL_SPLIT_COMMITS else "wave_balance",
         union_plan=union_plan_kernel(row),
+        config=sparse_config(row),
     )
 
 

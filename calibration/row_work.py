@@ -7,11 +7,12 @@ a row's kernels followed (rows of older kernels keep theirs, by the commit that 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from datetime import datetime
 
 from ssvkit.calibration.ceilings import DEVICE_NAMES
-from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG
+from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import COMPRESSED_CTAS_PER_SM, CONTEXT_TILES, tile_packing
@@ -38,6 +39,19 @@ SPARSE_FILL_SPLIT_COMMITS = ("51d8197",)
 # (``kernels.merge`` before it combined tiles of rows; the committed H100 rows): a merge launch of
 # as many programs as rows, whose cost no feature describes.
 SPARSE_ROW_MERGE_COMMITS = ("51d8197",)
+# Sparse verification rows whose split calls merged their partials in a launch of their own
+# (``SparseVerifyConfig(fused_merge=False)``; every row timed before the split programs merged
+# their groups' rows themselves).
+SPARSE_MERGE_LAUNCH_COMMITS = (
+    "51d8197",
+    "4732e87",
+    "99cef21",
+    "8a014bf",
+    "e875b5f",
+    "20e807a",
+    "2408afa",
+    "6cf2db1",
+)
 # Sparse verification rows whose union calls built their plan with the kernel that compared every
 # member's ids with the group's (``perfmodel.attention_work.union_plan_compares``' ``compare``):
 # the committed H100 rows and the H200 rows timed before the sort kernel.
@@ -269,11 +283,19 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
     fill = row.get("git_commit", "")[:7] in SPARSE_FILL_SPLIT_COMMITS
     return sparse_call_work(
         shape,
-        config=DEFAULT_SPARSE_CONFIG,
+        config=sparse_config(row),
         split_rule="fill" if fill else "wave_balance",
         union_plan=union_plan_kernel(row),
         **_sm_resources(gpu),
     )
+
+
+def sparse_config(row: dict) -> SparseVerifyConfig:
+    """The launch configuration a sparse verification row's calls ran: the default, with a
+    merge launch of its own for rows of ``SPARSE_MERGE_LAUNCH_COMMITS``."""
+    if row.get("git_commit", "")[:7] in SPARSE_MERGE_LAUNCH_COMMITS:
+        return dataclasses.replace(DEFAULT_SPARSE_CONFIG, fused_merge=False)
+    return DEFAULT_SPARSE_CONFIG
 
 
 def union_plan_kernel(row: dict) -> str:
@@ -296,15 +318,19 @@ def union_plan_generation(row: dict) -> str | None:
 
 
 def merge_generation(row: dict) -> str | None:
-    """The merge a sparse verification row's call ran after its split programs: ``"row"`` (one
-    partial row a program whatever the row count, ``SPARSE_ROW_MERGE_COMMITS``) or ``"tile"``
-    (the current ``kernels.merge``: tiles of rows, one row a program only where the rows are
-    fewer than the SMs can share); None for a call that does not split, and for other ops
-    (dense verification's split calls run the same merge; its cross-GPU rows are compared
-    whichever ran)."""
+    """The merge a sparse verification row's call ran after its split programs: ``"row"`` (a
+    launch of one partial row a program whatever the row count, ``SPARSE_ROW_MERGE_COMMITS``),
+    ``"tile"`` (a ``kernels.merge`` launch: tiles of rows, one row a program only where the
+    rows are fewer than the SMs can share; ``SPARSE_MERGE_LAUNCH_COMMITS``) or ``"fused"``
+    (the last split program of each group merges its rows); None for a call that does not
+    split, and for other ops (dense verification's split calls run the same merge launch; its
+    cross-GPU rows are compared whichever ran)."""
     if row["op"] != "sparse_verify" or sparse_work(row, None).merge_steps == 0:
         return None
-    return "row" if row.get("git_commit", "")[:7] in SPARSE_ROW_MERGE_COMMITS else "tile"
+    commit = row.get("git_commit", "")[:7]
+    if commit in SPARSE_ROW_MERGE_COMMITS:
+        return "row"
+    return "tile" if commit in SPARSE_MERGE_LAUNCH_COMMITS else "fused"
 
 
 def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:

@@ -11,6 +11,7 @@ import dataclasses
 import math
 
 import torch
+from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.group_plan import GroupPlan, build_group_plan
 from ssvkit.perfmodel.attention_plan import (
@@ -35,7 +36,8 @@ def choose_num_splits(
 class SparseLaunch:
     """What one call launches: its group plan, the packed group size C and the split count,
     the outputs, and the destinations the kernel writes (the outputs themselves, or the fp32
-    partials ``merge_partials`` combines) with their strides."""
+    partials that the kernel's last split program of a group or ``merge_partials`` combines)
+    with their strides."""
 
     plan: GroupPlan
     c: int
@@ -51,6 +53,7 @@ class SparseLaunch:
     num_stages: int
     scale: float  # softmax scale times log2(e): the kernel works in base 2
     tile_blocks: int  # listed blocks gathered into one K/V tile
+    counters: torch.Tensor | None  # a group's arrivals when its last split merges; else None
 
 
 def plan_launch(
@@ -87,6 +90,9 @@ def plan_launch(
         ls = lse_dst.stride()
         lse_strides = (ls[3], ls[0], ls[2], ls[1])
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
+    counters = None
+    if num_splits > 1 and cfg.fused_merge:
+        counters = arrival_counters(b * hkv * plan.num_groups, q.device)
     return SparseLaunch(
         plan,
         c,
@@ -102,4 +108,5 @@ def plan_launch(
         num_stages,
         scale,
         cfg.tile_blocks,
+        counters,
     )

@@ -34,6 +34,7 @@ from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
 from ssvkit.kernels.sparse_verify_kernels import sparse_verify_kernel
 from ssvkit.kernels.tree import MAX_TREE_NODES
+from ssvkit.perfmodel.attention_plan import merge_chunk
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
 
@@ -119,8 +120,9 @@ def sparse_verify(
     tokens feeds all of them; the score tile gets a per-row mask from the membership bits. The
     block list of a (b, kv head, group) is split across programs where shorter walks end the
     call's waves sooner (``perfmodel.attention_plan.choose_sparse_splits``); the last split also
-    attends to the tail, and ``kernels.merge.merge_partials`` combines the fp32 partial
-    ``(o, lse)``.
+    attends to the tail; the last split program of a group to finish combines the group's fp32
+    partial ``(o, lse)`` in the same launch (``config.fused_merge``, arrival counters of
+    ``kernels.arrivals``), or ``kernels.merge.merge_partials`` does in a launch of its own.
 
     Traffic: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of K/V
     (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),
@@ -136,7 +138,7 @@ def sparse_verify(
         q, k_cache, block_idx, order, mode, group_size, c, block_size, sm_scale, plan, cfg
     )
     _launch(q, k_cache, v_cache, prefix_lens, tree_mask, order, block_size, launch)
-    if launch.num_splits > 1:
+    if launch.num_splits > 1 and launch.counters is None:
         merge_partials(
             launch.o_dst, launch.lse_dst, o_out=launch.o, lse_out=launch.lse.transpose(1, 2)
         )
@@ -193,6 +195,9 @@ def _launch(
         plan.counts if group_lists else prefix_lens,
         la.o_dst,
         la.lse_dst,
+        la.o,
+        la.lse,
+        la.counters if la.counters is not None else prefix_lens,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -204,6 +209,8 @@ def _launch(
         lists.stride(2),
         *la.o_strides,
         *la.lse_strides,
+        *la.o.stride()[:3],
+        *la.lse.stride(),
         la.scale,
         t,
         lists.shape[3],
@@ -219,6 +226,8 @@ def _launch(
         GROUP_LISTS=group_lists,
         DOT_PRECISION=dot_precision(q.dtype),
         TILE_BLOCKS=la.tile_blocks,
+        MERGE=la.counters is not None,
+        MERGE_CHUNK=merge_chunk(la.num_splits, la.m_pad, d, la.num_warps),
         num_warps=la.num_warps,
         num_stages=la.num_stages,
     )

@@ -1,13 +1,15 @@
 """Triton code of :mod:`kernels.sparse_verify`: one program serves one (sequence, KV head,
 query group, split), its group's C x G query-head rows packed into the MMA rows, streaming the
 group's block list (per row masked by the membership bits under ``union``) and, on the last
-split, the draft tail under the tree mask; it writes the fp32 partial output and log-sum-exp
-that ``kernels.merge.merge_partials`` combines."""
+split, the draft tail under the tree mask; it writes the fp32 partial output and log-sum-exp,
+which the last of the group's split programs to finish combines in the same launch
+(``MERGE``), or ``kernels.merge.merge_partials`` in a launch of its own."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from ssvkit.kernels.arrivals import last_to_arrive
 
 
 @triton.jit
@@ -37,6 +39,9 @@ def sparse_verify_kernel(
     count_ptr,
     o_ptr,
     lse_ptr,
+    out_ptr,
+    out_lse_ptr,
+    arrive_ptr,
     stride_qb,
     stride_qt,
     stride_qh,
@@ -54,6 +59,12 @@ def sparse_verify_kernel(
     stride_lb,
     stride_lh,
     stride_lt,
+    stride_yb,
+    stride_yt,
+    stride_yh,
+    stride_zb,
+    stride_zh,
+    stride_zt,
     qk_scale,
     num_rows,
     list_len,
@@ -69,6 +80,8 @@ def sparse_verify_kernel(
     GROUP_LISTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
     TILE_BLOCKS: tl.constexpr = 1,
+    MERGE: tl.constexpr = False,
+    MERGE_CHUNK: tl.constexpr = 1,  # splits whose partials the merge loads at once
 ):
     tl.static_assert(M_PAD >= 16)  # MMA rows
     tl.static_assert(M_PAD >= C * G)
@@ -189,3 +202,85 @@ def sparse_verify_kernel(
     lse_offs = split64 * stride_ls + b64 * stride_lb + head.to(tl.int64) * stride_lh
     lse_offs += qrow.to(tl.int64) * stride_lt
     tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+
+    if MERGE:
+        # The last of the group's split programs to finish merges the group's rows: no second
+        # launch, and the partials it reads are still in L2.
+        group = (b64 * tl.num_programs(1) + h64) * num_groups + g
+        if last_to_arrive(arrive_ptr + group, num_splits):
+            o_offs -= split64 * stride_os
+            lse_offs -= split64 * stride_ls
+            _merge_splits(
+                o_ptr + o_offs,
+                lse_ptr + lse_offs,
+                out_ptr
+                + b64 * stride_yb
+                + qrow.to(tl.int64)[:, None] * stride_yt
+                + head.to(tl.int64)[:, None] * stride_yh
+                + offs_d[None, :],
+                out_lse_ptr
+                + b64 * stride_zb
+                + head.to(tl.int64) * stride_zh
+                + qrow.to(tl.int64) * stride_zt,
+                row_ok,
+                num_splits,
+                stride_os,
+                stride_ls,
+                M_PAD,
+                D,
+                MERGE_CHUNK,
+            )
+
+
+@triton.jit
+def _merge_splits(
+    o_parts,
+    lse_parts,
+    out,
+    out_lse,
+    row_ok,
+    num_splits,
+    stride_os,
+    stride_ls,
+    M_PAD: tl.constexpr,
+    D: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+):
+    """Combine the rows' ``num_splits`` partials (``o_parts`` [M_PAD, D] and ``lse_parts``
+    [M_PAD] pointers of split 0, natural-log LSEs) by their log-sum-exp weights, as
+    ``kernels.merge`` does, ``S_CHUNK`` splits a load (their partials and LSEs together, so a
+    merge of at most ``S_CHUNK`` splits is one L2 round trip on the launch's critical path),
+    rescaling the running sum by each chunk's maximum; store the output in ``out``'s dtype and
+    its LSE. A split that saw nothing (LSE -inf) weighs 0, whatever its partial holds."""
+    offs_c = tl.arange(0, S_CHUNK)
+    m = tl.full([M_PAD], -float("inf"), dtype=tl.float32)
+    l_sum = tl.zeros([M_PAD], dtype=tl.float32)
+    acc = tl.zeros([M_PAD, D], dtype=tl.float32)
+    for s0 in range(0, num_splits, S_CHUNK):
+        on = row_ok[:, None] & (s0 + offs_c[None, :] < num_splits)  # [M_PAD, S_CHUNK]
+        lse_c = tl.load(
+            lse_parts[:, None] + (s0 + offs_c[None, :]) * stride_ls,
+            mask=on,
+            other=-float("inf"),
+            cache_modifier=".cg",
+        )
+        o_c = tl.load(
+            o_parts[:, None, :] + (s0 + offs_c)[None, :, None] * stride_os,
+            mask=on[:, :, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )  # [M_PAD, S_CHUNK, D]
+        m_new = tl.maximum(m, tl.max(lse_c, axis=1))
+        # A finite stand-in where no split so far saw anything: never -inf - -inf.
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        w = tl.exp(lse_c - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(w, axis=1)
+        # A zero weight must not let a garbage partial (NaN) through: 0 * NaN = NaN.
+        part = tl.sum(tl.where(w[:, :, None] > 0, w[:, :, None] * o_c, 0.0), axis=1)
+        acc = acc * alpha[:, None] + part
+        m = m_new
+    seen = l_sum > 0
+    l_safe = tl.where(seen, l_sum, 1.0)
+    tl.store(out, (acc / l_safe[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(out_lse, tl.where(seen, m + tl.log(l_safe), -float("inf")), mask=row_ok)

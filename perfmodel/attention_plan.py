@@ -218,6 +218,13 @@ class SparseVerifyConfig:
         default=1,
         metadata={"help": "listed blocks a program gathers into one K/V tile (a power of two)"},
     )
+    fused_merge: bool = field(
+        default=True,
+        metadata={
+            "help": "a split call's partials merged by the last split program of each group "
+            "(False: by a merge launch of its own)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
@@ -264,6 +271,31 @@ def choose_sparse_splits(
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
+
+
+# fp32 values a thread of the fused merge holds of one load of partials.
+MERGE_VALUES_PER_THREAD = 128
+
+
+def merge_chunk(num_splits: int, m_pad: int, head_dim: int, num_warps: int) -> int:
+    """Splits whose ``[m_pad, head_dim]`` fp32 partials the fused merge of a group loads at
+    once: all of them (one L2 round trip) up to ``MERGE_VALUES_PER_THREAD`` values a thread of
+    the program's ``num_warps``, a power of two."""
+    fit = MERGE_VALUES_PER_THREAD * 32 * num_warps // (m_pad * head_dim)
+    return max(1, min(next_pow2(num_splits), 1 << max(0, fit.bit_length() - 1)))
+
+
+def sparse_merge_steps(
+    cfg: SparseVerifyConfig, num_splits: int, m_pad: int, head_dim: int, num_warps: int
+) -> int:
+    """Dependent steps of a call's merge after its split programs: with ``cfg.fused_merge``
+    the last program's arrival and its loads of the partials (``merge_chunk`` splits each),
+    else the ``num_splits`` partials a merge launch reads a row; 0 unsplit."""
+    if num_splits <= 1:
+        return 0
+    if not cfg.fused_merge:
+        return num_splits
+    return 1 + cdiv(num_splits, merge_chunk(num_splits, m_pad, head_dim, num_warps))
 
 
 # The union plan kernel (``kernels.group_plan``): its sort keys a thread holds, and the warps of

@@ -262,7 +262,7 @@ def sparse_verify_work(
         unique_bytes=float(min(kv, kv if unique_kv_bytes is None else unique_kv_bytes) + other),
         mma_flops=float(lists * (n_list + tail_tiles) * block_size * m_pad * head_dim * 4),
         merge_bytes=_merge_bytes(batch, t, num_q_heads, head_dim, s),
-        launches=float(1 + (s > 1) + (mode == "union" and c > 1)),
+        launches=float(1 + (s > 1 and not config.fused_merge) + (mode == "union" and c > 1)),
         num_splits=float(s),
         plan_compares=union_plan_compares(mode, c, top_n, lists, num_sms, union_plan),
     )

@@ -24,6 +24,7 @@ from ssvkit.perfmodel.attention_plan import (
     cdiv,
     choose_sparse_splits,
     list_entries,
+    sparse_merge_steps,
     sparse_tile_shape,
 )
 from ssvkit.perfmodel.attention_work import (
@@ -126,7 +127,9 @@ class SparseWork:
       (``attention_work.resident_programs``: what shared memory allows) when the grid
       overfills them; a tile's load latency over the pipeline depth, and its MMAs over
       ``M_PAD`` rows, price it;
-    - ``merge_steps``: partials the merge reads a row (``S``; 0 unsplit);
+    - ``merge_steps``: the merge's dependent steps (``attention_plan.sparse_merge_steps``: the
+      last split program's arrival and its loads of the partials when it merges, else the
+      ``S`` partials a merge launch reads a row; 0 unsplit);
     - ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the
       program's warpgroups: 8 warps split a tile of 64 rows or more between two, which run
       side by side) in ``mma.sync`` rows of ``ROW_COST_DIM`` head dimensions (``wgmma`` rows
@@ -280,7 +283,9 @@ def sparse_call_work(
         unique_bytes=float(min(unique, requested)),
         mma_flops=float(total_tiles * s.block_size * plan.m_pad * s.head_dim * 4 * mma_rate),
         chain_tiles=float(max(busiest, total_tiles / slots)),
-        merge_steps=float(splits if splits > 1 else 0),
+        merge_steps=float(
+            sparse_merge_steps(config, splits, plan.m_pad, s.head_dim, plan.num_warps)
+        ),
         row_cost=mma_rows,
         waves=float(waves),
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms, union_plan),

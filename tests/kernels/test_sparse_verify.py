@@ -11,12 +11,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA, assert_close, case_dtype
+from ssvkit.kernels.arrivals import counter_buffers
 from ssvkit.kernels.group_plan import build_group_plan
 from ssvkit.kernels.sparse_launch import SparseVerifyConfig, choose_num_splits
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from ssvkit.kernels.timing import poisoned_allocations
 from ssvkit.kernels.tree import ancestor_bitmask, batch_parents, traversal_order
+from ssvkit.perfmodel import attention_plan
 from ssvkit.perfmodel.acceptance import chain_parents, full_tree_parents
+from ssvkit.perfmodel.attention_plan import merge_chunk
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 
@@ -164,6 +167,42 @@ def test_gathered_tiles_equal_the_reference(mode, tile_blocks, num_splits):
         o, lse = sparse_verify(q, k, v, lens, mask, idx, config=cfg, **kw)
     assert_close(lse, rlse, dtype, "lse")
     assert_close(o, ro, dtype, "o")
+
+
+@pytest.mark.parametrize("values_per_thread", [None, 2])
+@pytest.mark.parametrize("num_splits", [2, 5])
+@pytest.mark.parametrize("mode, c", [("per_query", 1), ("union", 3), ("shared", 2)])
+def test_fused_merge_equals_the_merge_launch(mode, c, num_splits, values_per_thread, monkeypatch):
+    """The last split program of a group merging its rows gives the merge launch's output and
+    the reference's, with more splits than some lists have blocks (splits that see nothing),
+    its partials in one load or a split at a time (``values_per_thread`` 2), and leaves the
+    arrival counters at zero for the next call."""
+    if values_per_thread is not None:
+        monkeypatch.setattr(attention_plan, "MERGE_VALUES_PER_THREAD", values_per_thread)
+    dtype = torch.float32
+    q, k, v, lens, mask, idx, order = make_case([301, 77], 7, 4, 2, 16, dtype, top_n=4, seed=3)
+    kw = dict(mode=mode, group_size=c, order=order, block_size=16)
+    ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, **kw)
+    outs = []
+    for fused in (True, False):
+        cfg = SparseVerifyConfig(num_splits=num_splits, fused_merge=fused)
+        with poisoned_allocations():
+            outs.append(sparse_verify(q, k, v, lens, mask, idx, config=cfg, **kw))
+    for o, lse in outs:
+        assert_close(lse, rlse, dtype, "lse")
+        assert_close(o, ro, dtype, "o")
+    assert_close(outs[0][1], outs[1][1], dtype, "lse")
+    assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(q.device))
+
+
+def test_merge_chunk_loads_every_split_that_fits_a_threads_values():
+    assert merge_chunk(8, 16, 128, 4) == 8  # 16 x 8 x 128 fp32 over 128 threads: 128 each
+    assert merge_chunk(5, 16, 128, 4) == 8  # padded to a power of two
+    assert merge_chunk(2, 16, 128, 4) == 2
+    assert merge_chunk(32, 16, 128, 4) == 8
+    assert merge_chunk(8, 32, 128, 4) == 4
+    assert merge_chunk(8, 128, 128, 8) == 2
+    assert merge_chunk(8, 128, 256, 4) == 1
 
 
 def test_tile_blocks_must_be_a_power_of_two():
@@ -324,14 +363,16 @@ def test_gpu_bf16_matches_reference(mode, tile_blocks):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused_merge", [True, False])
 @pytest.mark.parametrize("mode", ["per_query", "union", "shared"])
-def test_gpu_cuda_graph_capture(mode):
+def test_gpu_cuda_graph_capture(mode, fused_merge):
     """The wrapper (plan + kernel + merge) captures and replays with new values in place."""
     dtype = torch.bfloat16
     case = make_case([5000], 8, 32, 8, 128, dtype, top_n=16, block_size=64, c=4, seed=1)
     q, k, v, lens, mask, idx, order = case
     kw = dict(mode=mode, group_size=4, order=order, block_size=64)
-    fast = dict(validate=False, config=SparseVerifyConfig(num_splits=4))
+    cfg = SparseVerifyConfig(num_splits=4, fused_merge=fused_merge)
+    fast = dict(validate=False, config=cfg)
     sparse_verify(q, k, v, lens, mask, idx, **kw, **fast)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_DENSE_CONFIG,
+    SparseVerifyConfig,
     dense_resident_programs,
     dense_row_tiles,
     dense_verify_plan,
+    sparse_merge_steps,
 )
 from ssvkit.perfmodel.attention_work import (
     dense_tile_costs,
@@ -107,7 +109,12 @@ def test_sparse_work_by_hand():
         1, 16, 32, 8, 128, "union", 4, 16, 64, 132, SMEM, list_blocks=40, unique_kv_bytes=0
     )
     assert u.rows_pad == 16 and u.programs == 32 * u.num_splits
-    assert u.launches == 1 + (u.num_splits > 1) + 1  # the union plan kernel
+    assert u.num_splits > 1 and u.launches == 1 + 1  # the union plan kernel; merged in-launch
+    launched = SparseVerifyConfig(fused_merge=False)
+    u2 = sparse_verify_work(
+        1, 16, 32, 8, 128, "union", 4, 16, 64, 132, SMEM, list_blocks=40, config=launched
+    )
+    assert u2.num_splits == u.num_splits and u2.launches == 1 + 1 + 1  # and the merge launch
     assert u.plan_compares == 0.5 * (6 * 7 / 2 + 3 * 6)  # 64 keys sorted over 4 warps
     # shared streams one list a group: fewer requested bytes than per_query
     s = sparse_verify_work(1, 16, 32, 8, 128, "shared", 4, 16, 64, 132, SMEM)
@@ -153,3 +160,12 @@ def test_more_context_more_bytes_more_time(op):
 def test_split_rule_is_checked():
     with pytest.raises(ValueError, match="split_rule"):
         sparse_verify_work(1, 16, 32, 8, 128, "per_query", 1, 16, 64, 132, SMEM, split_rule="x")
+
+
+def test_sparse_merge_steps_count_the_fused_merges_loads():
+    fused, launched = SparseVerifyConfig(), SparseVerifyConfig(fused_merge=False)
+    assert sparse_merge_steps(fused, 1, 16, 128, 4) == 0  # unsplit: no merge
+    assert sparse_merge_steps(launched, 8, 16, 128, 4) == 8  # a launch reads 8 partials a row
+    assert sparse_merge_steps(fused, 8, 16, 128, 4) == 1 + 1  # arrival, one load of all 8
+    assert sparse_merge_steps(fused, 32, 16, 128, 4) == 1 + 4  # 8 splits a load
+    assert sparse_merge_steps(fused, 8, 128, 128, 8) == 1 + 4  # 2 a load of 128 rows
