@@ -18,6 +18,7 @@ from ssvkit.perfmodel.attention_plan import (
     SparseVerifyConfig,
     choose_sparse_splits,
     list_entries,
+    merges_in_launch,
     sparse_tile_shape,
 )
 
@@ -91,7 +92,9 @@ def plan_launch(
         lse_strides = (ls[3], ls[0], ls[2], ls[1])
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
     counters = None
-    if num_splits > 1 and cfg.fused_merge:
+    programs = b * hkv * plan.num_groups * num_splits
+    sms = num_sms(q.device)
+    if merges_in_launch(cfg, num_splits, programs, m_pad, d, num_warps, sms):
         counters = arrival_counters(b * hkv * plan.num_groups, q.device)
     return SparseLaunch(
         plan,

@@ -121,8 +121,9 @@ def sparse_verify(
     block list of a (b, kv head, group) is split across programs where shorter walks end the
     call's waves sooner (``perfmodel.attention_plan.choose_sparse_splits``); the last split also
     attends to the tail; the last split program of a group to finish combines the group's fp32
-    partial ``(o, lse)`` in the same launch (``config.fused_merge``, arrival counters of
-    ``kernels.arrivals``), or ``kernels.merge.merge_partials`` does in a launch of its own.
+    partial ``(o, lse)`` in the same launch where one load holds them and the programs fit
+    one wave (``perfmodel.attention_plan.merges_in_launch``; arrival counters of
+    ``kernels.arrivals``), else ``kernels.merge.merge_partials`` does in a launch of its own.
 
     Traffic: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of K/V
     (``top_n`` blocks for ``shared``, ``C * top_n`` for ``per_query`` over its C programs),

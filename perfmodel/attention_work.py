@@ -22,6 +22,7 @@ from ssvkit.perfmodel.attention_plan import (
     dense_row_tiles,
     dense_verify_plan,
     list_entries,
+    merges_in_launch,
     sparse_tile_shape,
     union_plan_keys,
     union_plan_warps,
@@ -243,6 +244,8 @@ def sparse_verify_work(
     else:
         s = fill_sparse_splits(config, lists, top_n, num_sms)
     programs = lists * s
+    in_launch = merges_in_launch(config, s, programs, m_pad, head_dim, num_warps, num_sms)
+    merge_launch = s > 1 and not in_launch
     resident = resident_programs(stages, block_size, m_pad, head_dim, smem_per_sm_bytes)
     kv_row = 2 * head_dim * ELEM_BYTES
     tail_tiles = cdiv(t, block_size)
@@ -262,7 +265,7 @@ def sparse_verify_work(
         unique_bytes=float(min(kv, kv if unique_kv_bytes is None else unique_kv_bytes) + other),
         mma_flops=float(lists * (n_list + tail_tiles) * block_size * m_pad * head_dim * 4),
         merge_bytes=_merge_bytes(batch, t, num_q_heads, head_dim, s),
-        launches=float(1 + (s > 1 and not config.fused_merge) + (mode == "union" and c > 1)),
+        launches=float(1 + merge_launch + (mode == "union" and c > 1)),
         num_splits=float(s),
         plan_compares=union_plan_compares(mode, c, top_n, lists, num_sms, union_plan),
     )

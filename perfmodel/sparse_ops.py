@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG
 from ssvkit.perfmodel.columns import MODE_CODES, Columns
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
@@ -344,8 +343,7 @@ def _sparse_verify_ops(
         stages = (w["waves"], w["row_waves"], w["sm_tiles"])
         if mode == "union":
             stages += (w["plan_compares"] * c.refresh_frac,)
-        merge_launch = (w["merge_steps"] > 0) * (not DEFAULT_SPARSE_CONFIG.fused_merge)
-        launches = 1.0 + merge_launch + (w["plan_compares"] > 0) * c.refresh_frac
+        launches = 1.0 + w["merge_launches"] + (w["plan_compares"] > 0) * c.refresh_frac
         kernel = f"sparse_verify/{mode}/{reg}"
         op = _plan_op(on, w, w["mma_flops"], launches, kernel, stages, model.head_dim)
         acc.add(prefix + name, op.scaled(layers))

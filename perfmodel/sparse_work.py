@@ -24,6 +24,7 @@ from ssvkit.perfmodel.attention_plan import (
     cdiv,
     choose_sparse_splits,
     list_entries,
+    merges_in_launch,
     sparse_merge_steps,
     sparse_tile_shape,
 )
@@ -128,8 +129,9 @@ class SparseWork:
       overfills them; a tile's load latency over the pipeline depth, and its MMAs over
       ``M_PAD`` rows, price it;
     - ``merge_steps``: the merge's dependent steps (``attention_plan.sparse_merge_steps``: the
-      last split program's arrival and its loads of the partials when it merges, else the
-      ``S`` partials a merge launch reads a row; 0 unsplit);
+      last split program's arrival and its load of the partials where it merges,
+      ``attention_plan.merges_in_launch``, else the ``S`` partials a merge launch reads a
+      row; 0 unsplit); ``merge_launches``: 1 for a merge launch of its own, else 0;
     - ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the
       program's warpgroups: 8 warps split a tile of 64 rows or more between two, which run
       side by side) in ``mma.sync`` rows of ``ROW_COST_DIM`` head dimensions (``wgmma`` rows
@@ -155,6 +157,7 @@ class SparseWork:
     mma_flops: float
     chain_tiles: float
     merge_steps: float
+    merge_launches: float
     row_cost: float
     waves: float
     plan_compares: float
@@ -252,6 +255,9 @@ def sparse_call_work(
     lists = heads * s.num_groups
     n_list, n_largest = group_lists(s)
     splits = plan.num_splits
+    in_launch = merges_in_launch(
+        config, splits, plan.programs, plan.m_pad, s.head_dim, plan.num_warps, num_sms
+    )
     resident = resident_programs(
         plan.num_stages, s.block_size, plan.m_pad, s.head_dim, smem_per_sm_bytes
     )
@@ -283,9 +289,8 @@ def sparse_call_work(
         unique_bytes=float(min(unique, requested)),
         mma_flops=float(total_tiles * s.block_size * plan.m_pad * s.head_dim * 4 * mma_rate),
         chain_tiles=float(max(busiest, total_tiles / slots)),
-        merge_steps=float(
-            sparse_merge_steps(config, splits, plan.m_pad, s.head_dim, plan.num_warps)
-        ),
+        merge_steps=float(sparse_merge_steps(splits, in_launch)),
+        merge_launches=float(splits > 1 and not in_launch),
         row_cost=mma_rows,
         waves=float(waves),
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms, union_plan),

@@ -243,15 +243,20 @@ def test_cross_gpu_compares_union_rows_only_under_the_same_plan_kernel(monkeypat
 
 
 def test_a_sparse_row_names_the_merge_its_split_call_ran():
-    """The committed H100 rows' split calls ran the one-row merge, the H200's the tiled one;
-    calls that do not split ran none."""
-    from ssvkit.calibration.row_work import merge_generation
+    """The committed H100 rows' split calls ran the one-row merge; the H200's ran the tiled
+    merge launch, or merged in their last split programs, where the launch plan does so today
+    (one load, one wave) and the rows were timed since; calls that do not split ran none."""
+    from ssvkit.calibration.row_work import merge_generation, sparse_work
 
-    for gpu, name in (("h100-sxm", "row"), ("h200", "tile")):
-        got = {
-            merge_generation(r) for r in ceilings.profile_rows(gpu) if r["op"] == "sparse_verify"
-        }
-        assert got == {name, None}
+    sparse = {
+        gpu: [r for r in ceilings.profile_rows(gpu) if r["op"] == "sparse_verify"]
+        for gpu in ("h100-sxm", "h200")
+    }
+    assert {merge_generation(r) for r in sparse["h100-sxm"]} == {"row", None}
+    assert {merge_generation(r) for r in sparse["h200"]} == {"tile", "fused", None}
+    for r in sparse["h200"]:
+        if merge_generation(r) == "fused":
+            assert sparse_work(r, None).merge_launches == 0
 
 
 def test_a_union_row_names_the_plan_kernel_its_call_ran():

@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA, assert_close, case_dtype
 from ssvkit.kernels.arrivals import counter_buffers
 from ssvkit.kernels.group_plan import build_group_plan
-from ssvkit.kernels.sparse_launch import SparseVerifyConfig, choose_num_splits
+from ssvkit.kernels.sparse_launch import SparseVerifyConfig, choose_num_splits, plan_launch
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from ssvkit.kernels.timing import poisoned_allocations
 from ssvkit.kernels.tree import ancestor_bitmask, batch_parents, traversal_order
-from ssvkit.perfmodel import attention_plan
 from ssvkit.perfmodel.acceptance import chain_parents, full_tree_parents
 from ssvkit.perfmodel.attention_plan import merge_chunk
 
@@ -169,16 +168,12 @@ def test_gathered_tiles_equal_the_reference(mode, tile_blocks, num_splits):
     assert_close(o, ro, dtype, "o")
 
 
-@pytest.mark.parametrize("values_per_thread", [None, 2])
 @pytest.mark.parametrize("num_splits", [2, 5])
 @pytest.mark.parametrize("mode, c", [("per_query", 1), ("union", 3), ("shared", 2)])
-def test_fused_merge_equals_the_merge_launch(mode, c, num_splits, values_per_thread, monkeypatch):
+def test_fused_merge_equals_the_merge_launch(mode, c, num_splits):
     """The last split program of a group merging its rows gives the merge launch's output and
     the reference's, with more splits than some lists have blocks (splits that see nothing),
-    its partials in one load or a split at a time (``values_per_thread`` 2), and leaves the
-    arrival counters at zero for the next call."""
-    if values_per_thread is not None:
-        monkeypatch.setattr(attention_plan, "MERGE_VALUES_PER_THREAD", values_per_thread)
+    and leaves the arrival counters at zero for the next call."""
     dtype = torch.float32
     q, k, v, lens, mask, idx, order = make_case([301, 77], 7, 4, 2, 16, dtype, top_n=4, seed=3)
     kw = dict(mode=mode, group_size=c, order=order, block_size=16)
@@ -186,6 +181,9 @@ def test_fused_merge_equals_the_merge_launch(mode, c, num_splits, values_per_thr
     outs = []
     for fused in (True, False):
         cfg = SparseVerifyConfig(num_splits=num_splits, fused_merge=fused)
+        cc = 1 if mode == "per_query" else c
+        la = plan_launch(q, k, idx, order, mode, c, cc, 16, None, None, cfg)
+        assert (la.counters is not None) == fused  # one load, one wave: merged in the launch
         with poisoned_allocations():
             outs.append(sparse_verify(q, k, v, lens, mask, idx, config=cfg, **kw))
     for o, lse in outs:

@@ -8,6 +8,7 @@ from ssvkit.perfmodel.attention_plan import (
     dense_resident_programs,
     dense_row_tiles,
     dense_verify_plan,
+    merges_in_launch,
     sparse_merge_steps,
 )
 from ssvkit.perfmodel.attention_work import (
@@ -162,10 +163,15 @@ def test_split_rule_is_checked():
         sparse_verify_work(1, 16, 32, 8, 128, "per_query", 1, 16, 64, 132, SMEM, split_rule="x")
 
 
-def test_sparse_merge_steps_count_the_fused_merges_loads():
+def test_a_split_call_merges_in_its_launch_where_one_load_and_one_wave_hold_it():
     fused, launched = SparseVerifyConfig(), SparseVerifyConfig(fused_merge=False)
-    assert sparse_merge_steps(fused, 1, 16, 128, 4) == 0  # unsplit: no merge
-    assert sparse_merge_steps(launched, 8, 16, 128, 4) == 8  # a launch reads 8 partials a row
-    assert sparse_merge_steps(fused, 8, 16, 128, 4) == 1 + 1  # arrival, one load of all 8
-    assert sparse_merge_steps(fused, 32, 16, 128, 4) == 1 + 4  # 8 splits a load
-    assert sparse_merge_steps(fused, 8, 128, 128, 8) == 1 + 4  # 2 a load of 128 rows
+    # 8 splits of 16 packed rows at D = 128 and 4 warps: one load; 256 programs: one wave.
+    assert merges_in_launch(fused, 8, 256, 16, 128, 4, 132)
+    assert not merges_in_launch(launched, 8, 256, 16, 128, 4, 132)
+    assert not merges_in_launch(fused, 1, 256, 16, 128, 4, 132)  # unsplit: nothing to merge
+    assert not merges_in_launch(fused, 16, 256, 16, 128, 4, 132)  # two loads
+    assert not merges_in_launch(fused, 4, 256, 64, 128, 4, 132)  # 64 rows: two splits a load
+    assert not merges_in_launch(fused, 2, 528, 16, 128, 4, 132)  # two waves
+    assert sparse_merge_steps(8, True) == 2  # the arrival, one load
+    assert sparse_merge_steps(8, False) == 8  # a merge launch reads 8 partials a row
+    assert sparse_merge_steps(1, False) == 0
