@@ -193,6 +193,27 @@ def test_fused_merge_equals_the_merge_launch(mode, c, num_splits):
     assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(q.device))
 
 
+def test_fused_merge_of_several_loads_equals_the_reference(monkeypatch):
+    """The kernel's merge also walks the partials a split at a time (several loads), which the
+    launch plan leaves to a merge launch: forced here, it gives the reference's attention."""
+    from ssvkit.kernels import sparse_launch
+    from ssvkit.perfmodel import attention_plan
+
+    monkeypatch.setattr(sparse_launch, "merges_in_launch", lambda cfg, s, *a: s > 1)
+    monkeypatch.setattr(attention_plan, "MERGE_VALUES_PER_THREAD", 2)  # one split a load
+    dtype = torch.float32
+    q, k, v, lens, mask, idx, order = make_case([301, 77], 7, 4, 2, 16, dtype, top_n=4, seed=4)
+    kw = dict(mode="union", group_size=3, order=order, block_size=16)
+    ro, rlse = reference_sparse_verify(q, k, v, lens, mask, idx, **kw)
+    cfg = SparseVerifyConfig(num_splits=5)
+    assert plan_launch(q, k, idx, order, "union", 3, 3, 16, None, None, cfg).counters is not None
+    with poisoned_allocations():
+        o, lse = sparse_verify(q, k, v, lens, mask, idx, config=cfg, **kw)
+    assert_close(lse, rlse, dtype, "lse")
+    assert_close(o, ro, dtype, "o")
+    assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(q.device))
+
+
 def test_merge_chunk_loads_every_split_that_fits_a_threads_values():
     assert merge_chunk(8, 16, 128, 4) == 8  # 16 x 8 x 128 fp32 over 128 threads: 128 each
     assert merge_chunk(5, 16, 128, 4) == 8  # padded to a power of two
