@@ -280,14 +280,18 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
         list_blocks=p["f_load"] * t * top_n / groups if mode == "union" else None,
         unique_blocks=(p["global_unique_bytes"] - fixed) / block_bytes / (b * hkv),
     )
-    fill = row.get("git_commit", "")[:7] in SPARSE_FILL_SPLIT_COMMITS
-    return sparse_call_work(
+    commit = row.get("git_commit", "")[:7]
+    work = sparse_call_work(
         shape,
         config=sparse_config(row),
-        split_rule="fill" if fill else "wave_balance",
+        split_rule="fill" if commit in SPARSE_FILL_SPLIT_COMMITS else "wave_balance",
         union_plan=union_plan_kernel(row),
         **_sm_resources(gpu),
     )
+    if commit in SPARSE_ROW_MERGE_COMMITS and work.num_splits > 1:
+        # Rows of the one-row merge keep the S steps the H100 profile was fitted with.
+        work = dataclasses.replace(work, merge_steps=work.num_splits)
+    return work
 
 
 def sparse_config(row: dict) -> SparseVerifyConfig:
@@ -325,7 +329,7 @@ def merge_generation(row: dict) -> str | None:
     (the last split program of each group merges its rows); None for a call that does not
     split, and for other ops (dense verification's split calls run the same merge launch; its
     cross-GPU rows are compared whichever ran)."""
-    if row["op"] != "sparse_verify" or sparse_work(row, None).merge_steps == 0:
+    if row["op"] != "sparse_verify" or sparse_work(row, None).num_splits <= 1:
         return None
     commit = row.get("git_commit", "")[:7]
     if commit in SPARSE_ROW_MERGE_COMMITS:

@@ -274,6 +274,8 @@ def choose_sparse_splits(
     return best
 
 
+# kernels.merge: the partials a merge program reads a row per step.
+MERGE_BLOCK_S = 16
 # fp32 values a thread of the fused merge holds of one load of partials.
 MERGE_VALUES_PER_THREAD = 128
 
@@ -308,12 +310,14 @@ def merges_in_launch(
 
 
 def sparse_merge_steps(num_splits: int, in_launch: bool) -> int:
-    """Dependent steps of a call's merge after its split programs: the last program's arrival
-    and its one load of the partials when it merges (``merges_in_launch``), else the
-    ``num_splits`` partials a merge launch reads a row; 0 unsplit."""
-    if num_splits <= 1:
+    """Dependent steps of a call's merge launch: its programs read a row's ``num_splits``
+    partials ``MERGE_BLOCK_S`` at a time, as for dense verification; 0 for a call that does
+    not split or merges in its launch (``merges_in_launch``: the last program's one load of
+    the partials, a step of the program's epilogue, which its row-tile writes price:
+    ``perfmodel.sparse_work``'s ``row_waves``)."""
+    if num_splits <= 1 or in_launch:
         return 0
-    return 2 if in_launch else num_splits
+    return cdiv(num_splits, MERGE_BLOCK_S)
 
 
 # The union plan kernel (``kernels.group_plan``): its sort keys a thread holds, and the warps of

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from ssvkit.perfmodel.attention_plan import cdiv, dense_verify_plan
+from ssvkit.perfmodel.attention_plan import MERGE_BLOCK_S, cdiv, dense_verify_plan
 from ssvkit.perfmodel.attention_work import ELEM_BYTES, resident_programs, row_cost
 from ssvkit.perfmodel.work_points import at_distinct_points
 
@@ -24,7 +24,6 @@ from ssvkit.perfmodel.work_points import at_distinct_points
 # SXM5 989 TFLOPS of matmul, 3.9 TFLOPS of special functions), so an exponential costs what
 # 256 MMA FLOPs do.
 EXP_FLOPS = 256
-MERGE_BLOCK_S = 16  # kernels.merge: partials a merge program reads per step
 REF_HEAD_DIM = 128  # key_tile_weight is 1 at this head dimension
 
 

@@ -128,10 +128,11 @@ class SparseWork:
       (``attention_work.resident_programs``: what shared memory allows) when the grid
       overfills them; a tile's load latency over the pipeline depth, and its MMAs over
       ``M_PAD`` rows, price it;
-    - ``merge_steps``: the merge's dependent steps (``attention_plan.sparse_merge_steps``: the
-      last split program's arrival and its load of the partials where it merges,
-      ``attention_plan.merges_in_launch``, else the ``S`` partials a merge launch reads a
-      row; 0 unsplit); ``merge_launches``: 1 for a merge launch of its own, else 0;
+    - ``merge_steps``: the steps in which a merge launch reads a row's ``S`` partials
+      (``attention_plan.sparse_merge_steps``; 0 unsplit, and where the last split program of
+      each group merges in the launch, ``attention_plan.merges_in_launch``: its epilogue's
+      one load, priced with its row-tile writes, ``row_waves``); ``merge_launches``: 1 for
+      a merge launch of its own, else 0; ``num_splits``: the splits of a group's list;
     - ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the
       program's warpgroups: 8 warps split a tile of 64 rows or more between two, which run
       side by side) in ``mma.sync`` rows of ``ROW_COST_DIM`` head dimensions (``wgmma`` rows
@@ -158,6 +159,7 @@ class SparseWork:
     chain_tiles: float
     merge_steps: float
     merge_launches: float
+    num_splits: float
     row_cost: float
     waves: float
     plan_compares: float
@@ -291,6 +293,7 @@ def sparse_call_work(
         chain_tiles=float(max(busiest, total_tiles / slots)),
         merge_steps=float(sparse_merge_steps(splits, in_launch)),
         merge_launches=float(splits > 1 and not in_launch),
+        num_splits=float(splits),
         row_cost=mma_rows,
         waves=float(waves),
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms, union_plan),

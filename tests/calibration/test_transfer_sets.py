@@ -259,18 +259,6 @@ def test_a_sparse_row_names_the_merge_its_split_call_ran():
             assert sparse_work(r, None).merge_launches == 0
 
 
-def test_a_sparse_rows_merge_launch_is_one_of_its_stages():
-    """The merge launch a split call ran is a stage of its own (seconds a launch); a call that
-    merged in its launch, or did not split, has none."""
-    from ssvkit.calibration.features import stage_counts
-    from ssvkit.calibration.row_work import merge_generation
-
-    want = {"tile": 1.0, "fused": 0.0, None: 0.0}
-    rows = [r for r in ceilings.profile_rows("h200") if r["op"] == "sparse_verify"]
-    for r in rows:
-        assert stage_counts(r)[-1] == want[merge_generation(r)]
-
-
 def test_a_union_row_names_the_plan_kernel_its_call_ran():
     """The committed H100 rows' union calls built their plans by comparing ids, the H200's
     graph rows by sorting them; calls that build no plan (per_query, shared, groups of one

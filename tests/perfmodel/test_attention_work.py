@@ -172,6 +172,7 @@ def test_a_split_call_merges_in_its_launch_where_one_load_and_one_wave_hold_it()
     assert not merges_in_launch(fused, 16, 256, 16, 128, 4, 132)  # two loads
     assert not merges_in_launch(fused, 4, 256, 64, 128, 4, 132)  # 64 rows: two splits a load
     assert not merges_in_launch(fused, 2, 528, 16, 128, 4, 132)  # two waves
-    assert sparse_merge_steps(8, True) == 2  # the arrival, one load
-    assert sparse_merge_steps(8, False) == 8  # a merge launch reads 8 partials a row
+    assert sparse_merge_steps(8, True) == 0  # one load in the epilogue
+    assert sparse_merge_steps(8, False) == 1  # a merge launch reads 8 partials a row at once
+    assert sparse_merge_steps(18, False) == 2  # 16 a step
     assert sparse_merge_steps(1, False) == 0

@@ -132,7 +132,9 @@ def test_metadata_sparse_verify_is_priced_on_its_launch_plans_work():
     assert op.bytes[0] == pytest.approx(layers * one.requested_bytes)
     assert op.dedup_bytes[0] == pytest.approx(layers * one.unique_bytes)
     assert op.depth[0] == pytest.approx(layers * one.chain_tiles)
-    assert op.serial_steps[0] == pytest.approx(layers * one.merge_steps) and one.merge_steps > 0
+    assert op.serial_steps[0] == pytest.approx(layers * one.merge_steps)
+    assert one.num_splits > 1 and one.merge_launches + one.merge_steps == 0  # merged in-launch
+    assert op.launches[0] == pytest.approx(layers * (1 + 1))  # the call and its union plan
     assert op.stage_counts[1][0] == pytest.approx(layers * one.row_waves)
     assert op.stage_counts[2][0] == pytest.approx(layers * one.sm_tiles)
     assert op.stage_counts[3][0] == pytest.approx(layers * one.plan_compares)  # refresh every layer
