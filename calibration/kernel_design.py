@@ -5,7 +5,7 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   group size 1-8 and without torch SDPA, keyed as the committed rows are, so a GPU's committed
   rows are not measured again; and lines at the shapes the fits and the campaigns need beyond
   it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``, ``SPARSE_LINES``,
-  ``PLANNER_LINES``).
+  ``FEW_ROWS_LINES``, ``PLANNER_LINES``).
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally
   often (``lattice_lhs``), head geometry (``GEOMETRIES``) one of the axes, so every level of
   every axis is measured at several values of the others, which the leave-one-out sets of
@@ -72,6 +72,19 @@ SPARSE_LINES = dict(
     overlap=0.7,
     group_sizes=(1, 2, 4, 8),
     t=16,
+)
+# Block selection and sparse verification at one to three draft rows (decoding without a draft,
+# short chains), where a call's few lists split many ways: the points' sparse rows start at four
+# draft rows and the other lines are at 16. Two head geometries, so that leaving one out leaves
+# rows of the regime to fit; group sizes 2 and 3 where the rows allow them.
+FEW_ROWS_LINES = dict(
+    geometries=("llama-3.1-8b", "qwen3-30b-a3b"),
+    t=(1, 2, 3),
+    contexts=(32 * K, 128 * K),
+    batches=(1, 16),
+    top_ns=(16, 64),
+    overlap=0.7,
+    select_t=(1, 3),
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
 # 30,720 tokens): NSA at the target's attention for its chains and trees (1, 9 and 17 rows, top
@@ -196,7 +209,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     if "dense" in steps:
         configs += wave_configs()
     extra = engine_configs() + schedule_configs() + geometry_configs() + planner_configs()
-    extra += head_dim_configs()
+    extra += head_dim_configs() + few_rows_configs()
     configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
@@ -277,6 +290,30 @@ def geometry_configs() -> list[KernelConfig]:
                 for b in sp["batches"]
                 for top_n in sp["top_ns"]
             ]
+    return out
+
+
+def few_rows_configs() -> list[KernelConfig]:
+    """The configs of ``FEW_ROWS_LINES``: select_blocks (each metadata kind, one and two
+    launches, top_n 16) and sparse_verify (``per_query``, and ``union`` and ``shared`` at each
+    group size from 2 to t) per geometry, context and batch."""
+    fl = FEW_ROWS_LINES
+    out = []
+    for geometry in fl["geometries"]:
+        with ki.geometry(geometry):
+            for ctx in fl["contexts"]:
+                for b in fl["batches"]:
+                    out += [
+                        kg.select_config(ctx, t, b, 16, method)
+                        for t in fl["select_t"]
+                        for method in ("mean", "quest")
+                    ]
+                    for t in fl["t"]:
+                        variants = kg.sparse_variants(tuple(range(2, t + 1)))
+                        out += [
+                            kg.sparse_config(ctx, t, b, top_n, fl["overlap"], variants)
+                            for top_n in fl["top_ns"]
+                        ]
     return out
 
 

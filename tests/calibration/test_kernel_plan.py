@@ -144,6 +144,24 @@ def test_every_step_is_timed_at_head_dimension_256(design):
         assert all(fits(HEAD_DIM_LINES["geometry"], p["batch"], p["context_len"]) for p in sub)
 
 
+def test_selection_and_sparse_verification_are_timed_at_one_to_three_rows(design):
+    """The few-rows lines: at two head geometries, batch 1 and more, sparse verification at
+    t = 1, 2 and 3 (``per_query``; ``union`` and ``shared`` at group sizes 2 to t only, a
+    group never wider than the rows) and block selection at one row."""
+    from ssvkit.calibration.kernel_design import few_rows_configs
+
+    got = few_rows_configs()
+    assert _keys(got) <= _keys(design)
+    sparse = [(c, v.params) for c in got if c.step == "sparse" for v in c.variants]
+    for geometry in ("llama-3.1-8b", "qwen3-30b-a3b"):
+        at = {(p["num_query_tokens"], p["batch"]) for c, p in sparse if c.geometry == geometry}
+        assert {(t, b) for t in (1, 2, 3) for b in (1, 16)} <= at, geometry
+    assert all(p["group_size"] <= p["num_query_tokens"] for _, p in sparse)
+    assert {p["group_size"] for _, p in sparse if p["mode"] != "per_query"} == {2, 3}
+    select = {(c.common["num_query_tokens"], c.common["batch"]) for c in got if c.step == "select"}
+    assert {(1, 1), (1, 16)} <= select
+
+
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):
     """At Llama-3.1-8B attention, 128-row dense tiles (t = 17 and 32), one an SM, at grids of
     one wave of the H200's SMs and of several partial second waves: those whose second wave
