@@ -138,7 +138,7 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
         for split, subset in (("fit", fit_rows), ("heldout", held)):
             stats[split], scored = _split_error(name, split, subset, cf, bw, peak, spec)
             annotated += scored
-        classes[name] = {"fit": cf.to_json(), "error": stats, **head_dims_entry(rs)}
+        classes[name] = {"fit": cf.to_json(), "error": stats, **measured_entry(name, rs, spec)}
     device = {r["device_name"] for r in graph}
     if len(device) != 1:
         raise ValueError(f"rows of several devices in one profile: {sorted(device)}")
@@ -160,23 +160,35 @@ def fit_profile(rows: list[dict], gpu: str, ceilings: dict) -> tuple[dict, list[
     return profile, annotated
 
 
-def head_dims_entry(rows: list[dict]) -> dict:
-    """``{"head_dims": [...]}``: the head dimensions of a class's measured ``rows`` (its profile
-    entry keeps them beside the fit, outside the id's hash of the fitted parameters: a call at
-    another head dimension is an extrapolation, ``ClassFit.in_range``); {} when the rows carry
-    none."""
+def measured_entry(name: str, rows: list[dict], spec: GpuSpec) -> dict:
+    """What a class's measured ``rows`` span that its profile entry keeps beside the fit,
+    outside the id's hash of the fitted parameters: their head dimensions (``head_dims``) and
+    their most serial steps after the parallel part (``steps_max``, a split call's merge). A
+    call at another head dimension, or with more steps than any row ran, is an extrapolation
+    (``ClassFit.in_range``). Each key is absent when no row carries it (no head dimension; no
+    row with a step)."""
+    out = {}
     dims = sorted({int(r["params"]["head_dim"]) for r in rows if "head_dim" in r["params"]})
-    return {"head_dims": dims} if dims else {}
+    if dims:
+        out["head_dims"] = dims
+    steps = float(class_data(name, rows, spec).steps.max()) if rows else 0.0
+    if steps > 0:
+        out["steps_max"] = steps
+    return out
 
 
-def head_dims_by_class(rows: list[dict]) -> dict[str, list[int]]:
-    """The head dimensions of each class's graph rows among ``rows``, as ``fit_profile`` stores
-    them (classes whose rows carry none absent)."""
+MEASURED_KEYS = ("head_dims", "steps_max")
+
+
+def measured_by_class(rows: list[dict], gpu: str) -> dict[str, dict]:
+    """``measured_entry`` of each class of ``gpu``'s graph rows among ``rows``, as
+    ``fit_profile`` stores them (classes with an empty entry absent)."""
+    spec = get_gpu(gpu, measured=False)
     by_class: dict[str, list[dict]] = {}
     for r in rows:
         if r["timing"] == "graph" and r["op"] not in UNFITTED_OPS:
             by_class.setdefault(op_class(r), []).append(r)
-    out = {k: head_dims_entry(rs).get("head_dims") for k, rs in by_class.items()}
+    out = {k: measured_entry(k, rs, spec) for k, rs in by_class.items()}
     return {k: v for k, v in out.items() if v}
 
 

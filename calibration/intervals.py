@@ -1,7 +1,8 @@
 """The residual sets that a fitted profile's prediction intervals come from, computed from the
 committed rows and stored in the profile under ``intervals`` (read by ``perfmodel.intervals``),
-and each class's measured head dimensions (``calibration.fit.head_dims_by_class``), which decide
-where its intervals widen.
+and what each class's rows span beside its fit (``calibration.fit.measured_by_class``: head
+dimensions, serial steps), which decides where its figures are extrapolations with wider
+intervals.
 
     python -m ssvkit.calibration.intervals --gpu h100-sxm           # both, in place
     python -m ssvkit.calibration.intervals --gpu h100-sxm --check   # exit 1 where they differ
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.fit import dumps, head_dims_by_class, is_heldout
+from ssvkit.calibration.fit import MEASURED_KEYS, dumps, is_heldout, measured_by_class
 from ssvkit.calibration.transfer_sets import (
     LEAVE_ONE_OUT,
     committed_leave_one_out_rows,
@@ -150,30 +151,33 @@ def _recomputed(gpu: str, folder: Path | None) -> tuple[Path, dict, dict, dict]:
         "bf16_flops_per_s": profile["ceilings"]["gemm_flops_per_s"],
     }
     loo = committed_loo(gpu) if committed else None
-    dims = head_dims_by_class(rows)
-    return path, profile, intervals_json(gpu, rows, ceiling, profile, loo), dims
+    measured = measured_by_class(rows, gpu)
+    return path, profile, intervals_json(gpu, rows, ceiling, profile, loo), measured
 
 
 def add_intervals(gpu: str, folder: Path | None = None) -> dict:
     """Recompute the ``intervals`` of ``folder``'s ``profile.json`` (default: the committed
-    ``calibration/profiles/<gpu>/``) and its classes' head dimensions from its rows, leaving
-    its fits as they are; written in place. Returns the profile."""
-    path, profile, got, dims = _recomputed(gpu, folder)
+    ``calibration/profiles/<gpu>/``) and what its classes' rows span beside their fits
+    (``calibration.fit.measured_by_class``), leaving its fits as they are; written in place.
+    Returns the profile."""
+    path, profile, got, measured = _recomputed(gpu, folder)
     profile["intervals"] = got
     for name, entry in profile["classes"].items():
-        entry.pop("head_dims", None)
-        if name in dims:
-            entry["head_dims"] = dims[name]
+        for key in MEASURED_KEYS:
+            entry.pop(key, None)
+        entry.update(measured.get(name, {}))
     atomic_write(path, dumps(profile))
     return profile
 
 
-def head_dim_differences(profile: dict, dims: dict[str, list[int]]) -> list[str]:
-    """Classes of ``profile`` whose stored head dimensions are not ``dims``'."""
+def measured_differences(profile: dict, measured: dict[str, dict]) -> list[str]:
+    """Where the classes of ``profile`` store another span of their rows than ``measured``
+    (``calibration.fit.measured_by_class``)."""
     return [
-        f"{name} head dims: {dims.get(name)!r}, stored {entry.get('head_dims')!r}"
+        f"{name} {key}: {measured.get(name, {}).get(key)!r}, stored {entry.get(key)!r}"
         for name, entry in sorted(profile["classes"].items())
-        if entry.get("head_dims") != dims.get(name)
+        for key in MEASURED_KEYS
+        if entry.get(key) != measured.get(name, {}).get(key)
     ]
 
 
@@ -200,11 +204,11 @@ def differences(got: dict, want: dict, rel: float = 1e-9) -> list[str]:
 
 
 def check_intervals(gpu: str, folder: Path | None = None) -> list[str]:
-    """The differences between the stored ``intervals`` and head dimensions of ``folder``'s
+    """The differences between the stored ``intervals`` and measured spans of ``folder``'s
     profile (default: the committed one) and those its rows give now."""
-    _, profile, got, dims = _recomputed(gpu, folder)
+    _, profile, got, measured = _recomputed(gpu, folder)
     stored = profile.get("intervals") or {"sets": {}}
-    return differences(got, stored) + head_dim_differences(profile, dims)
+    return differences(got, stored) + measured_differences(profile, measured)
 
 
 def main(argv=None) -> int:
@@ -213,7 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when the stored intervals or head dimensions differ from those the rows "
+        help="exit 1 when the stored intervals or measured spans differ from those the rows "
         "give; write nothing",
     )
     args = ap.parse_args(argv)

@@ -218,7 +218,7 @@ def annotate(rows: list[dict], profile: Profile) -> list[dict]:
         )
         bw, peak = profile.copy_bytes_per_s, profile.gemm_flops_per_s
         inside = profile.classes[cls].in_range(
-            nbytes, max(flops, 1.0), bw, peak, chain, r["params"].get("head_dim", 0)
+            nbytes, max(flops, 1.0), bw, peak, chain, r["params"].get("head_dim", 0), steps
         )
         out.append(
             {

@@ -163,7 +163,7 @@ class CalibratedPredictor(RooflinePredictor):
         # Points evaluated outside the class's measured range keep the edge efficiency; they are
         # remembered so that their figures can be labelled "extrapolated".
         bw, peak = self.profile.copy_bytes_per_s, self.profile.gemm_flops_per_s
-        inside = cls.in_range(nbytes, flops, bw, peak, depth, head_dim)
+        inside = cls.in_range(nbytes, flops, bw, peak, depth, head_dim, steps)
         outside = (calls > 0) & (~inside | nearest)
         stood_in = (calls > 0) & (sub is not None)
         self.outside = _accumulate(self.outside, outside)

@@ -166,12 +166,18 @@ class ClassFit:
     # The head dimensions of the class's measured rows (not part of the class's JSON: its
     # profile keeps them beside the fit); () for a class whose rows have none.
     head_dims: tuple[int, ...] = ()
+    # The most serial steps of the class's measured rows (kept beside the fit like
+    # ``head_dims``); None for a class whose rows have none, or a profile that keeps none.
+    steps_max: float | None = None
 
-    def in_range(self, nbytes, flops, bw, peak, depth=None, head_dim=0):
+    def in_range(self, nbytes, flops, bw, peak, depth=None, head_dim=0, steps=None):
         """True where the binding term of the model lies inside the measured range: bytes
         always (the fixed cost and memory term), FLOPs where the compute term binds, the
-        serial chain (``depth``, when given) no longer than the longest measured one, and the
-        head dimension (``head_dim``, 0: none) one the class's rows were measured at: the
+        serial chain (``depth``, when given) no longer than the longest measured one, the
+        serial steps after the parallel part (``steps``, when given) no more than the most any
+        measured row ran (a longer merge than any timed prices its steps at a rate fitted
+        elsewhere), and the head dimension (``head_dim``, 0: none) one the class's rows were
+        measured at: the
         kernels' tile shapes, register use and the cost of their fp32 score tiles change with
         it in ways no fitted term of bytes or FLOPs follows. Below the smallest measured bytes
         of a class whose smallest rows are launch-bound (their memory term under
@@ -184,6 +190,9 @@ class ClassFit:
         ok_d = True
         if depth is not None and self.depth_max > 0:
             ok_d = np.asarray(depth, dtype=float) <= self.depth_max * (1 + 1e-9)
+        ok_s = True
+        if steps is not None and self.steps_max is not None:
+            ok_s = np.asarray(steps, dtype=float) <= self.steps_max * (1 + 1e-9)
         lb, lf = _log_size(nbytes), _log_size(flops)
         tol = 1e-9
         edge = 10.0 ** self.bytes_range[0]
@@ -194,7 +203,7 @@ class ClassFit:
         eb = np.interp(lb, self.bytes_knots, self.bytes_eff)
         ef = np.interp(lf, self.flops_knots, self.flops_eff)
         compute_bound = flops / (ef * peak) > nbytes / (eb * bw)
-        return ok_b & (ok_f | ~compute_bound) & ok_d & ok_h
+        return ok_b & (ok_f | ~compute_bound) & ok_d & ok_h & ok_s
 
     def call_time_s(
         self, nbytes, flops, bw, peak, dedup_bytes=None, depth=0.0, steps=0.0, rows=0.0, stages=()
@@ -268,13 +277,18 @@ class ClassFit:
 
     @classmethod
     def from_json(
-        cls, name: str, d: dict, fit_ceilings: tuple[float, float] | None = None, head_dims=()
+        cls,
+        name: str,
+        d: dict,
+        fit_ceilings: tuple[float, float] | None = None,
+        head_dims=(),
+        steps_max: float | None = None,
     ) -> ClassFit:
         """The fit of ``name`` from its JSON; ``fit_ceilings``: its profile's (BW, PEAK), which
         price it on other GPUs (``_memory_s``) and turn an older profile's L2 ratio over BW
         (``l2_ratio``) into ``l2_bytes_per_flop`` (``ValueError`` when such a fit comes
-        without them); ``head_dims``: those of the class's measured rows, which its profile
-        keeps beside the fit."""
+        without them); ``head_dims``, ``steps_max``: the head dimensions and the most serial
+        steps of the class's measured rows, which its profile keeps beside the fit."""
         bytes_per_flop = fit_ceilings[0] / fit_ceilings[1] if fit_ceilings else None
         l2 = d.get("l2_bytes_per_flop")
         if l2 is None and "l2_ratio" in d:
@@ -306,4 +320,5 @@ class ClassFit:
             slot_plan=bool(d.get("slot_plan", False)),
             fit_ceilings=tuple(map(float, fit_ceilings)) if fit_ceilings else (),
             head_dims=tuple(int(x) for x in head_dims),
+            steps_max=None if steps_max is None else float(steps_max),
         )

@@ -76,7 +76,9 @@ class Profile:
             copy_bytes_per_s=bw,
             gemm_flops_per_s=peak,
             classes={
-                k: ClassFit.from_json(k, v["fit"], (bw, peak), v.get("head_dims", ()))
+                k: ClassFit.from_json(
+                    k, v["fit"], (bw, peak), v.get("head_dims", ()), v.get("steps_max")
+                )
                 for k, v in d["classes"].items()
             },
             intervals=IntervalTable.from_json(d["intervals"]) if "intervals" in d else None,

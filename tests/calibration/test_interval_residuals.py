@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from ssvkit.calibration import ceilings
-from ssvkit.calibration.fit import head_dims_by_class
+from ssvkit.calibration.fit import measured_by_class
 from ssvkit.calibration.interval_coverage import (
     coverage_check,
     half,
@@ -16,7 +16,7 @@ from ssvkit.calibration.interval_coverage import (
     row_coverage,
     source_of,
 )
-from ssvkit.calibration.intervals import differences, head_dim_differences
+from ssvkit.calibration.intervals import differences, measured_differences
 from ssvkit.calibration.validate import committed_report
 from ssvkit.perfmodel.intervals import COVERAGE
 
@@ -81,16 +81,23 @@ def test_interval_differences_name_what_moved():
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
-def test_each_class_keeps_the_head_dims_of_its_rows(gpu):
+def test_each_class_keeps_the_span_of_its_rows(gpu):
     """The committed profile stores beside each fit the head dimensions of its class's rows
-    (the attention and selection classes at 64 and 128 at least), those no row has nowhere;
-    ``--check`` names a class whose stored ones differ."""
+    (the attention and selection classes at 64 and 128 at least) and the most serial steps
+    any of them ran (the split classes), those no row has nowhere; ``--check`` names a class
+    whose stored ones differ."""
     stored = json.loads((ceilings.PROFILES / gpu / "profile.json").read_text())
-    dims = head_dims_by_class(ceilings.profile_rows(gpu))
-    assert head_dim_differences(stored, dims) == []
-    assert {64, 128} <= set(dims["dense_verify"])
-    assert "gemm" not in dims and "head_dims" not in stored["classes"]["gemm"]
+    measured = measured_by_class(ceilings.profile_rows(gpu), gpu)
+    assert measured_differences(stored, measured) == []
+    assert {64, 128} <= set(measured["dense_verify"]["head_dims"])
+    assert measured["dense_verify"]["steps_max"] >= 1
+    assert "gemm" not in measured and "head_dims" not in stored["classes"]["gemm"]
+    assert "steps_max" not in stored["classes"]["gemm"]
     moved = copy.deepcopy(stored)
     moved["classes"]["dense_verify"]["head_dims"] = [128]
-    want = f"dense_verify head dims: {dims['dense_verify']}, stored [128]"
-    assert head_dim_differences(moved, dims) == [want]
+    moved["classes"]["dense_verify"]["steps_max"] = 99.0
+    dims, steps = measured["dense_verify"]["head_dims"], measured["dense_verify"]["steps_max"]
+    assert measured_differences(moved, measured) == [
+        f"dense_verify head_dims: {dims}, stored [128]",
+        f"dense_verify steps_max: {steps}, stored 99.0",
+    ]

@@ -222,6 +222,24 @@ def test_a_chain_longer_than_any_measured_one_is_an_extrapolation():
     assert no_chain.in_range(nbytes, flops, bw, peak, 2 * fit.depth_max)
 
 
+def test_more_serial_steps_than_any_measured_row_are_an_extrapolation():
+    """A split call's merge steps beyond the most any row of its class ran (the profile keeps
+    them beside the fit) are flagged whatever the bytes; as many are not, nor calls priced
+    without steps, nor a class whose profile keeps none."""
+    import dataclasses
+
+    fit = shipped_profile("h200").classes["dense_verify"]
+    bw, peak = 3e12, 1e15
+    nbytes, flops = 10 ** np.mean(fit.bytes_range), 0.0
+    assert fit.steps_max is not None and fit.steps_max >= 1
+    assert fit.in_range(nbytes, flops, bw, peak, steps=fit.steps_max)
+    assert not fit.in_range(nbytes, flops, bw, peak, steps=fit.steps_max + 1)
+    assert fit.in_range(nbytes, flops, bw, peak)
+    kept_none = dataclasses.replace(fit, steps_max=None)
+    assert kept_none.in_range(nbytes, flops, bw, peak, steps=fit.steps_max + 1)
+    assert "steps_max" not in fit.to_json()  # kept beside the fit, outside the profile id's hash
+
+
 def test_a_head_dimension_no_row_has_is_an_extrapolation():
     """Dense verification was measured at head dimension 128, not 96 (Phi-3's, which no row
     has): a call at 96 is flagged whatever its bytes, one at 128 or with no head dimension
