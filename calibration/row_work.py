@@ -326,15 +326,19 @@ def merge_generation(row: dict) -> str | None:
     launch of one partial row a program whatever the row count, ``SPARSE_ROW_MERGE_COMMITS``),
     ``"tile"`` (a ``kernels.merge`` launch: tiles of rows, one row a program only where the
     rows are fewer than the SMs can share; ``SPARSE_MERGE_LAUNCH_COMMITS``) or ``"fused"``
-    (the last split program of each group merges its rows); None for a call that does not
+    (the last split program of each group merges its rows: where the launch plan merges in the
+    launch, ``perfmodel.attention_plan.merges_in_launch``); None for a call that does not
     split, and for other ops (dense verification's split calls run the same merge launch; its
     cross-GPU rows are compared whichever ran)."""
-    if row["op"] != "sparse_verify" or sparse_work(row, None).num_splits <= 1:
+    if row["op"] != "sparse_verify":
+        return None
+    work = sparse_work(row, None)
+    if work.num_splits <= 1:
         return None
     commit = row.get("git_commit", "")[:7]
     if commit in SPARSE_ROW_MERGE_COMMITS:
         return "row"
-    return "tile" if commit in SPARSE_MERGE_LAUNCH_COMMITS else "fused"
+    return "tile" if work.merge_launches > 0 else "fused"
 
 
 def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:
