@@ -30,7 +30,7 @@ from ssvkit.kernels.nsa_verify import (
     nsa_verify_unfused,
     reference_nsa_verify,
 )
-from ssvkit.kernels.select_blocks import select_blocks_planned
+from ssvkit.kernels.select_blocks import select_blocks
 from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from ssvkit.kernels.top_blocks import relative_slots
@@ -96,9 +96,8 @@ class AttentionConfig:
           row's by the position-relative rule (``select_relative`` on the torch backend); the
           following *reuse* layers take those indices. ``kernels.sparse_verify`` runs them
           ``per_query``, ``union`` (exact: the group streams the deduplicated union) or
-          ``shared`` (approx: the group's first row's blocks), with a group plan shared by
-          the layers of one refresh (a ``union`` plan built by the pick's launch,
-          ``kernels.select_blocks.select_blocks_planned``).
+          ``shared`` (approx: the group's first row's blocks), with a ``build_group_plan``
+          shared by the layers of one refresh.
         - ``nsa``: ``kernels.nsa_verify``'s compressed/selected/window branches; the refresh
           path returns the block indices it selected, reuse layers pass them back with the
           union plan built once per refresh (``fusion=none`` runs the unfused baseline
@@ -289,8 +288,7 @@ class TreeAttention:
         cfg = self.cfg
         meta = self.cache.meta[layer]
         if self.triton:
-            union = cfg.mode == "union"
-            self.block_idx, plan = select_blocks_planned(
+            self.block_idx = select_blocks(
                 q,
                 meta,
                 lens,
@@ -300,11 +298,8 @@ class TreeAttention:
                 num_local=0,
                 positions=self.positions,
                 window=cfg.window,
-                group_size=cfg.group_size if union else 1,
             )
-            if plan is None:
-                plan = build_group_plan(self.block_idx, None, cfg.group_size, cfg.mode)
-            self.plan = plan
+            self.plan = build_group_plan(self.block_idx, None, cfg.group_size, cfg.mode)
         else:
             scores = torch_block_scores(q, meta, lens, cfg.metadata)
             self.block_idx = select_relative(scores, self.positions, lens, cfg)

@@ -83,68 +83,16 @@ def _union_plan_kernel(
     C_PAD: tl.constexpr,
     HAS_ORDER: tl.constexpr,
 ):
-    """One program per (group, KV head, sequence): ``union_plan`` of its group."""
+    """One program per (group, KV head, sequence): every member's ids as one tile of
+    ``(id << 32) | 1 << member`` keys, sorted; a forward scan of ``_or_same_block`` marks each
+    block's first key (the one no earlier key of its block adds a bit to), a reverse scan gives
+    that key every member's bit, and a prefix count of the first keys places them."""
+    tl.static_assert(C <= 31)  # membership bits live in an int32
+    NO_BLOCK: tl.constexpr = 0x7FFFFFFFFFFFFFFF  # sorts after every real key
     g = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    idx_base = idx_ptr + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih
-    union_plan(
-        idx_base,
-        order_ptr,
-        list_ptr,
-        mask_ptr,
-        count_ptr,
-        stride_it,
-        stride_lb,
-        stride_lh,
-        stride_lg,
-        num_rows,
-        top_n,
-        g,
-        h,
-        b,
-        tl.num_programs(0),
-        tl.num_programs(1),
-        C,
-        N_PAD,
-        C_PAD,
-        HAS_ORDER,
-        "",
-    )
-
-
-@triton.jit
-def union_plan(
-    idx_base,
-    order_ptr,
-    list_ptr,
-    mask_ptr,
-    count_ptr,
-    stride_it,
-    stride_lb,
-    stride_lh,
-    stride_lg,
-    num_rows,
-    top_n,
-    g,
-    h,
-    b,
-    num_groups,
-    num_heads,
-    C: tl.constexpr,
-    N_PAD: tl.constexpr,
-    C_PAD: tl.constexpr,
-    HAS_ORDER: tl.constexpr,
-    CACHE: tl.constexpr,
-):
-    """Group ``g`` of KV head ``h`` of sequence ``b`` (``idx_base``: that head's rows of
-    ``top_n`` ids, ``stride_it`` apart): every member's ids as one tile of ``(id << 32) | 1 <<
-    member`` keys, sorted; a forward scan of ``_or_same_block`` marks each block's first key (the
-    one no earlier key of its block adds a bit to), a reverse scan gives that key every member's
-    bit, and a prefix count of the first keys places them. ``CACHE``: the cache modifier of the
-    id loads (``".cg"`` where other programs of the launch wrote them)."""
-    tl.static_assert(C <= 31)  # membership bits live in an int32
-    NO_BLOCK: tl.constexpr = 0x7FFFFFFFFFFFFFFF  # sorts after every real key
+    num_groups = tl.num_programs(0)
     members = tl.arange(0, C_PAD)
     slot = g * C + members
     live = (members < C) & (slot < num_rows)
@@ -153,12 +101,10 @@ def union_plan(
     else:
         row = slot
     offs = tl.arange(0, N_PAD)
+    idx_base = idx_ptr + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih
     ok = live[:, None] & (offs < top_n)[None, :]
     ids = tl.load(
-        idx_base + row.to(tl.int64)[:, None] * stride_it + offs[None, :],
-        mask=ok,
-        other=-1,
-        cache_modifier=CACHE,
+        idx_base + row.to(tl.int64)[:, None] * stride_it + offs[None, :], mask=ok, other=-1
     )  # [C_PAD, N_PAD]
     bit = (tl.full([C_PAD], 1, tl.int64) << members.to(tl.int64))[:, None]
     keys = tl.where(ids >= 0, (ids.to(tl.int64) << 32) | bit, NO_BLOCK)
@@ -167,7 +113,7 @@ def union_plan(
     union = tl.associative_scan(keys, 0, _or_same_block, reverse=True)
     dest = tl.cumsum(first.to(tl.int32), 0) - 1
     total = tl.sum(first.to(tl.int32), 0)
-    tl.store(count_ptr + (b * num_heads + h) * num_groups + g, total)
+    tl.store(count_ptr + (b * tl.num_programs(1) + h) * num_groups + g, total)
     # Ascending block ids: the group's programs walk the context in the order the other
     # groups' (and per-query rows') programs of the KV head do, so L2 serves the blocks they
     # share while they are in flight.
@@ -220,49 +166,29 @@ def build_group_plan(
         return GroupPlan(mode, c, num_groups, block_idx, None, None, order)
     if c > 31:
         raise ValueError(f"group_size must be <= 31 for union mode, got {group_size}")
-    plan = empty_union_plan(b, hkv, t, top_n, c, order, block_idx.device)
+    list_len = c * top_n
+    lists = torch.empty((b, hkv, num_groups, list_len), dtype=torch.int32, device=block_idx.device)
+    masks = torch.empty_like(lists)
+    counts = torch.empty((b, hkv, num_groups), dtype=torch.int32, device=block_idx.device)
+    n_pad = max(16, triton.next_power_of_2(top_n))
     _union_plan_kernel[(num_groups, hkv, b)](
         block_idx,
         order if order is not None else block_idx,
-        plan.block_lists,
-        plan.member_mask,
-        plan.counts,
+        lists,
+        masks,
+        counts,
         block_idx.stride(0),
         block_idx.stride(1),
         block_idx.stride(2),
-        *plan.block_lists.stride()[:3],
+        lists.stride(0),
+        lists.stride(1),
+        lists.stride(2),
         t,
         top_n,
-        **union_plan_meta(c, top_n),
+        C=c,
+        N_PAD=n_pad,
+        C_PAD=triton.next_power_of_2(c),
         HAS_ORDER=order is not None,
         num_warps=union_plan_warps(c, top_n),
     )
-    return plan
-
-
-def empty_union_plan(
-    batch: int,
-    num_kv_heads: int,
-    num_rows: int,
-    width: int,
-    group_size: int,
-    order: torch.Tensor | None,
-    device: torch.device,
-) -> GroupPlan:
-    """A ``union`` plan's buffers for rows of ``width`` ids in groups of ``group_size`` (2 to
-    31 and at most ``num_rows``), unfilled: what ``union_plan`` writes."""
-    num_groups = triton.cdiv(num_rows, group_size)
-    shape = (batch, num_kv_heads, num_groups, group_size * width)
-    lists = torch.empty(shape, dtype=torch.int32, device=device)
-    counts = torch.empty(shape[:3], dtype=torch.int32, device=device)
-    masks = torch.empty_like(lists)
-    return GroupPlan("union", group_size, num_groups, lists, masks, counts, order)
-
-
-def union_plan_meta(group_size: int, width: int) -> dict:
-    """``union_plan``'s tile constexprs for groups of ``group_size`` rows of ``width`` ids."""
-    return dict(
-        C=group_size,
-        N_PAD=max(16, triton.next_power_of_2(width)),
-        C_PAD=triton.next_power_of_2(group_size),
-    )
+    return GroupPlan(mode, c, num_groups, lists, masks, counts, order)

@@ -16,7 +16,6 @@ import torch
 from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.block_scores import ScoreLaunch, block_scores, launch_fitted
-from ssvkit.kernels.group_plan import GroupPlan, build_group_plan
 from ssvkit.kernels.pdl import LaunchChain, check_pdl
 from ssvkit.kernels.select_kernels import select_kernel
 from ssvkit.kernels.top_blocks import (
@@ -25,20 +24,14 @@ from ssvkit.kernels.top_blocks import (
     relative_slots,
     threshold_meta,
     threshold_warps,
-    top_blocks_planned,
+    top_blocks,
 )
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["block_scores", "select_blocks", "select_blocks_planned"]
+__all__ = ["block_scores", "select_blocks"]
 
 
-def select_blocks(q: torch.Tensor, meta: BlockMetadata, prefix_lens: torch.Tensor, **kw):
-    """The picks of ``select_blocks_planned`` (its parameters but ``group_size``), without a
-    plan."""
-    return select_blocks_planned(q, meta, prefix_lens, **kw)[0]
-
-
-def select_blocks_planned(
+def select_blocks(
     q: torch.Tensor,
     meta: BlockMetadata,
     prefix_lens: torch.Tensor,
@@ -52,9 +45,8 @@ def select_blocks_planned(
     pdl: bool = False,
     positions: torch.Tensor | None = None,
     window: int = 0,
-    group_size: int = 1,
-) -> tuple[torch.Tensor, GroupPlan | None]:
-    """Top-n prefix blocks per (sequence, KV head, query row), and their ``union`` group plan.
+) -> torch.Tensor:
+    """Top-n prefix blocks per (sequence, KV head, query row).
 
     Parameters
     ----------
@@ -85,23 +77,15 @@ def select_blocks_planned(
         relative_slots``; ``num_local`` 0): ``[B, t]`` int64 absolute positions of the rows and
         the local window in tokens.
 
-    group_size : int
-        Above 1: the ``union`` plan of the picks in groups of ``group_size`` consecutive rows
-        (``kernels.group_plan.build_group_plan``'s), built in the pick's launch where the two
-        launches pick (``kernels.top_blocks.top_blocks_planned``), else by a plan launch.
-
     Returns
     -------
-    tuple[torch.Tensor, GroupPlan | None]
+    torch.Tensor
         ``[B, Hkv, t, top_n]`` int32, ascending per row, ``-1`` padding at the end when a
         sequence has fewer than ``top_n`` live blocks; with ``positions`` the window's
-        ``relative_slots`` blocks follow each row's picks. The plan, None for a
-        ``group_size`` of 1 or one row.
+        ``relative_slots`` blocks follow each row's picks.
     """
     if top_n < 1 or top_n >= 2**30:
         raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
-    if not 1 <= group_size <= 31:
-        raise ValueError(f"group_size must be in [1, 31], got {group_size}")
     check_forced(num_sink, num_local, top_n)
     if positions is not None and first_token_only:
         raise ValueError("positions and first_token_only exclude each other")
@@ -112,10 +96,9 @@ def select_blocks_planned(
     chain = LaunchChain(pdl)
     rows = q[:, :1] if first_token_only else q
     pick = threshold_meta(meta.num_blocks, top_n) if fused else None
-    plan = None
     if pick is None:
         scores = block_scores(rows, meta, prefix_lens, method=method, chain=chain)
-        idx, plan = top_blocks_planned(
+        idx = top_blocks(
             scores,
             prefix_lens,
             block_size=meta.block_size,
@@ -125,7 +108,6 @@ def select_blocks_planned(
             chain=chain,
             positions=positions,
             window=window,
-            group_size=1 if first_token_only else group_size,
         )
     else:
         forced = (num_sink, num_local)
@@ -139,9 +121,7 @@ def select_blocks_planned(
             ) from e
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()
-    if plan is None and min(group_size, idx.shape[2]) > 1:
-        plan = build_group_plan(idx, None, group_size, "union")
-    return idx, plan
+    return idx
 
 
 def _select_one_launch(

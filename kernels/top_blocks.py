@@ -14,15 +14,8 @@ from __future__ import annotations
 
 import torch
 import triton
-from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.checks import check_lens
 from ssvkit.kernels.device import num_sms
-from ssvkit.kernels.group_plan import (
-    GroupPlan,
-    build_group_plan,
-    empty_union_plan,
-    union_plan_meta,
-)
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.top_blocks_kernels import threshold_blocks_kernel, topk_blocks_kernel
 
@@ -56,35 +49,6 @@ def top_blocks(
     positions: torch.Tensor | None = None,
     window: int = 0,
 ) -> torch.Tensor:
-    """The picks of ``top_blocks_planned`` without a plan (its parameters but ``group_size``)."""
-    return top_blocks_planned(
-        scores,
-        prefix_lens,
-        block_size=block_size,
-        top_n=top_n,
-        num_sink=num_sink,
-        num_local=num_local,
-        chain=chain,
-        num_warps=num_warps,
-        positions=positions,
-        window=window,
-    )[0]
-
-
-def top_blocks_planned(
-    scores: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    *,
-    block_size: int,
-    top_n: int,
-    num_sink: int = 1,
-    num_local: int = 1,
-    chain: LaunchChain | None = None,
-    num_warps: int | None = None,
-    positions: torch.Tensor | None = None,
-    window: int = 0,
-    group_size: int = 1,
-) -> tuple[torch.Tensor, GroupPlan | None]:
     """Pick the ``top_n`` best live blocks of every score row, one program per row.
 
     Two kernels make the same pick. ``threshold_blocks_kernel`` (rows that fit in registers,
@@ -116,18 +80,12 @@ def top_blocks_planned(
         The position-relative rule (``relative_slots``): ``[B, t]`` absolute positions of the
         rows and the local window in tokens.
 
-    group_size : int
-        Above 1: also the ``union`` group plan of the picks in groups of ``group_size``
-        consecutive rows (``kernels.group_plan.build_group_plan``'s, order the identity), built
-        by the threshold pick's last program of each group (no launch of its own), by a plan
-        launch where the rounds kernel picks.
-
     Returns
     -------
-    tuple[torch.Tensor, GroupPlan | None]
+    torch.Tensor
         ``[B, Hkv, t, top_n]`` int32 block ids, ascending, ``-1`` padded; with ``positions``,
         ``[B, Hkv, t, top_n + relative_slots(window, block_size)]``: the picks, then the
-        window's blocks. The plan, None for a ``group_size`` of 1 or one row.
+        window's blocks.
     """
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
@@ -136,21 +94,39 @@ def top_blocks_planned(
     if top_n < 1 or top_n >= 2**30:
         raise ValueError(f"top_n must be in [1, 2^30), got {top_n}")
     check_forced(num_sink, num_local, top_n)
-    if not 1 <= group_size <= 31:
-        raise ValueError(f"group_size must be in [1, 31], got {group_size}")
     b, hkv, t, nb_max = scores.shape
     check_lens(prefix_lens, b, scores.device, "prefix_lens")
     local = check_relative(positions, window, block_size, num_local, (b, t), scores.device)
     pos = prefix_lens if positions is None else positions
     scores = _aligned_rows(scores)
     out = torch.empty((b, hkv, t, top_n + local), dtype=torch.int32, device=scores.device)
-    c = min(group_size, t)
     if out.numel() == 0:
-        return out, None
+        return out
     rows = b * hkv * t
     launch = chain_for(chain).meta()
     meta = threshold_meta(nb_max, top_n)
-    if meta is None:
+    if meta is not None:
+        scratch = torch.empty((rows, meta["CAP"]), dtype=torch.int64, device=scores.device)
+        threshold_blocks_kernel[(rows,)](
+            scores,
+            prefix_lens,
+            out,
+            scratch,
+            pos,
+            t,
+            nb_max,
+            scores.stride(2),
+            num_sink,
+            num_local,
+            window,
+            NUM_KV_HEADS=hkv,
+            BLOCK_SIZE=block_size,
+            LOCAL_SLOTS=local,
+            num_warps=num_warps or threshold_warps(rows, meta["CHUNK"], scores.device),
+            **meta,
+            **launch,
+        )
+    else:
         chunk, tail, num_chunks = _row_layout(nb_max)
         topk_blocks_kernel[(rows,)](
             scores,
@@ -174,51 +150,7 @@ def top_blocks_planned(
             num_warps=num_warps or _warps(rows, chunk + tail, scores.device),
             **launch,
         )
-        return out, (build_group_plan(out, None, c, "union") if c > 1 else None)
-    scratch = torch.empty((rows, meta["CAP"]), dtype=torch.int64, device=scores.device)
-    plan = empty_union_plan(b, hkv, t, top_n + local, c, None, out.device) if c > 1 else None
-    threshold_blocks_kernel[(rows,)](
-        scores,
-        prefix_lens,
-        out,
-        scratch,
-        pos,
-        t,
-        nb_max,
-        scores.stride(2),
-        num_sink,
-        num_local,
-        window,
-        NUM_KV_HEADS=hkv,
-        BLOCK_SIZE=block_size,
-        LOCAL_SLOTS=local,
-        num_warps=num_warps or threshold_warps(rows, meta["CHUNK"], scores.device),
-        **meta,
-        **_plan_args(plan, out),
-        **launch,
-    )
-    return out, plan
-
-
-def _plan_args(plan: GroupPlan | None, out: torch.Tensor) -> dict:
-    """``threshold_blocks_kernel``'s union plan arguments: the buffers of ``plan`` (over the
-    rows of ``out``) with zeroed arrival counters and its tile, or none (``PLAN_C`` 0)."""
-    if plan is None:
-        ptrs = dict(list_ptr=out, mask_ptr=out, count_ptr=out, arrive_ptr=out)
-        return ptrs | dict(
-            stride_lb=0, stride_lh=0, stride_lg=0, PLAN_C=0, PLAN_N_PAD=16, PLAN_C_PAD=1
-        )
-    b, hkv, t, width = out.shape
-    lists = plan.block_lists
-    return dict(
-        list_ptr=lists,
-        mask_ptr=plan.member_mask,
-        count_ptr=plan.counts,
-        arrive_ptr=arrival_counters(b * hkv * plan.num_groups, out.device),
-        stride_lb=lists.stride(0),
-        stride_lh=lists.stride(1),
-        stride_lg=lists.stride(2),
-    ) | {f"PLAN_{k}": v for k, v in union_plan_meta(plan.group_size, width).items()}
+    return out
 
 
 def empty_scores(

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from ssvkit.kernels.arrivals import last_to_arrive
-from ssvkit.kernels.group_plan import union_plan
 from ssvkit.kernels.pdl import pdl_gate
 
 # Larger than any block id: "no block" in the top-n selection.
@@ -162,24 +160,10 @@ def threshold_blocks_kernel(
     CAP: tl.constexpr,
     LOCAL_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
-    list_ptr,  # the union plan of groups of PLAN_C rows (kernels.group_plan.GroupPlan): block
-    mask_ptr,  # lists and member masks [B, Hkv, groups, PLAN_C x row width] i32, union sizes
-    count_ptr,  # [B, Hkv, groups] i32; arrival counters [B x Hkv x groups] (unread where
-    arrive_ptr,  # PLAN_C is 0)
-    stride_lb,
-    stride_lh,
-    stride_lg,
-    PLAN_C: tl.constexpr,
-    PLAN_N_PAD: tl.constexpr,
-    PLAN_C_PAD: tl.constexpr,
 ):
-    """Grid ``(B * Hkv * t,)``: ``threshold_pick`` of row ``program_id``. ``PLAN_C`` > 0: the
-    last of a group's ``PLAN_C`` consecutive rows to be picked builds the group's union plan
-    from their picks (``kernels.group_plan.union_plan``; the window's slots included), so the
-    plan takes no launch of its own; the counters are left at zero."""
-    r = tl.program_id(0)
+    """Grid ``(B * Hkv * t,)``: ``threshold_pick`` of row ``program_id``."""
     threshold_pick(
-        r,
+        tl.program_id(0),
         score_ptr,
         prefix_ptr,
         out_ptr,
@@ -204,36 +188,6 @@ def threshold_blocks_kernel(
         "",
         PDL,
     )
-    if PLAN_C > 0:
-        width = TOP_N + LOCAL_SLOTS
-        pair = r // num_t  # b * Hkv + h
-        g = (r % num_t) // PLAN_C
-        num_groups = (num_t + PLAN_C - 1) // PLAN_C
-        members = tl.minimum(num_t - g * PLAN_C, PLAN_C)
-        if last_to_arrive(arrive_ptr + pair * num_groups + g, members):
-            union_plan(
-                out_ptr + pair.to(tl.int64) * num_t * width,
-                out_ptr,
-                list_ptr,
-                mask_ptr,
-                count_ptr,
-                width,
-                stride_lb,
-                stride_lh,
-                stride_lg,
-                num_t,
-                width,
-                g,
-                pair % NUM_KV_HEADS,
-                pair // NUM_KV_HEADS,
-                num_groups,
-                NUM_KV_HEADS,
-                PLAN_C,
-                PLAN_N_PAD,
-                PLAN_C_PAD,
-                False,
-                ".cg",
-            )
 
 
 @triton.jit
