@@ -5,7 +5,7 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   group size 1-8 and without torch SDPA, keyed as the committed rows are, so a GPU's committed
   rows are not measured again; and lines at the shapes the fits and the campaigns need beyond
   it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``, ``SPARSE_LINES``,
-  ``FEW_ROWS_LINES``, ``PLANNER_LINES``).
+  ``FEW_ROWS_LINES``, ``BETWEEN_LINES``, ``PLANNER_LINES``).
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally
   often (``lattice_lhs``), head geometry (``GEOMETRIES``) one of the axes, so every level of
   every axis is measured at several values of the others, which the leave-one-out sets of
@@ -85,6 +85,17 @@ FEW_ROWS_LINES = dict(
     top_ns=(16, 64),
     overlap=0.7,
     select_t=(1, 3),
+)
+# Block selection at contexts between the powers of two (none held out): a score row of
+# ``NB`` blocks is picked as a power-of-two chunk and a tail of up to as many blocks
+# (``kernels.top_blocks``), and the other lines' contexts are powers of two whose rows end
+# one block past the chunk, so their tails are the shortest. Two head geometries, both metadata
+# kinds, one and two launches.
+BETWEEN_LINES = dict(
+    top_ns={"llama-3.1-8b": (16, 64), "glm-4-9b": (16,)},
+    contexts=(24 * K, 40 * K, 80 * K, 112 * K),
+    batches=(1, 16),
+    t=16,
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
 # 30,720 tokens): NSA at the target's attention for its chains and trees (1, 9 and 17 rows, top
@@ -209,7 +220,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     if "dense" in steps:
         configs += wave_configs()
     extra = engine_configs() + schedule_configs() + geometry_configs() + planner_configs()
-    extra += head_dim_configs() + few_rows_configs()
+    extra += head_dim_configs() + few_rows_configs() + between_configs()
     configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
@@ -314,6 +325,23 @@ def few_rows_configs() -> list[KernelConfig]:
                             kg.sparse_config(ctx, t, b, top_n, fl["overlap"], variants)
                             for top_n in fl["top_ns"]
                         ]
+    return out
+
+
+def between_configs() -> list[KernelConfig]:
+    """The select_blocks configs of ``BETWEEN_LINES`` (each metadata kind, one and two
+    launches) per geometry, context, batch and top_n."""
+    bl = BETWEEN_LINES
+    out = []
+    for geometry, top_ns in bl["top_ns"].items():
+        with ki.geometry(geometry):
+            out += [
+                kg.select_config(ctx, bl["t"], b, top_n, method)
+                for ctx in bl["contexts"]
+                for b in bl["batches"]
+                for top_n in top_ns
+                for method in ("mean", "quest")
+            ]
     return out
 
 

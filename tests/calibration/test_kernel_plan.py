@@ -162,6 +162,28 @@ def test_selection_and_sparse_verification_are_timed_at_one_to_three_rows(design
     assert {(1, 1), (1, 16)} <= select
 
 
+def test_selection_is_timed_at_contexts_between_the_powers_of_two(design):
+    """The between lines: block selection at fitted contexts (none held out) whose score rows
+    leave long tails past their power-of-two chunk, at two head geometries, batch 1 and 16,
+    both metadata kinds."""
+    from ssvkit.calibration.fit import HELDOUT_CONTEXTS
+    from ssvkit.calibration.kernel_design import between_configs
+    from ssvkit.perfmodel.select_work import row_layout
+
+    got = between_configs()
+    assert _keys(got) <= _keys(design)
+    tails = set()
+    for c in got:
+        p = c.common
+        assert c.step == "select" and p["context_len"] not in HELDOUT_CONTEXTS
+        chunk, tail, _ = row_layout(-(-(p["context_len"] + p["num_query_tokens"]) // 64))
+        tails.add(tail / chunk)
+    assert max(tails) == 1.0 and min(tails) == 0.5
+    for geometry in ("llama-3.1-8b", "glm-4-9b"):
+        at = {(c.common["batch"], c.common["method"]) for c in got if c.geometry == geometry}
+        assert at == {(b, m) for b in (1, 16) for m in ("mean", "quest")}, geometry
+
+
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):
     """At Llama-3.1-8B attention, 128-row dense tiles (t = 17 and 32), one an SM, at grids of
     one wave of the H200's SMs and of several partial second waves: those whose second wave
