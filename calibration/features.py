@@ -162,7 +162,7 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
         return ()
     if is_select_plan(row):
         w = select_work(row, gpu)
-        return (w.pick_chain, w.pick_rows, w.query_chain, w.sort_chain)
+        return (w.pick_chain, w.pick_rows, w.query_chain, w.sort_chain, w.pick_tail_chain)
     p = row["params"]
     rows = p["batch"] * p["num_kv_heads"] * p["num_query_tokens"]
     num_blocks = -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])

@@ -96,6 +96,10 @@ class SelectWork:
       resident programs: every program averages its KV head's queries again, so the prologue
       grows with the group size where the tiles do not;
     - ``launches``: 2, or 1 fused;
+    - ``pick_tail_chain``: the part of ``pick_chain`` that is the row's tail past its
+      power-of-two chunk (``row_layout``), which the threshold pick loads behind per-block
+      masks (the chunk as whole vectors) and reduces, scans and merges as a tile of its own:
+      a block of the tail costs more than one of the chunk;
     - ``sort_chain``: the threshold pick's two sorts (its ``GROUPS`` group maxima and its
       ``CAP`` candidates, 64-bit keys, bitonic: ``log2 n (log2 n + 1) / 2`` compare-exchange
       stages of ``n / (32 warps)`` keys a lane each, ``sort_steps``) in the rows' waves over
@@ -110,6 +114,7 @@ class SelectWork:
     query_chain: float
     launches: float
     sort_chain: float = 0.0
+    pick_tail_chain: float = 0.0
 
 
 def pow2(x: int) -> int:
@@ -175,6 +180,13 @@ def pick_row_elems(nb_max: int, top_n: int) -> int:
     groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
     tail_rows = max(2, tail // groups) if tail else 0
     return chunk + tail_rows * groups
+
+
+def pick_tail_elems(nb_max: int, top_n: int) -> int:
+    """The tail's share of ``pick_row_elems``: its group rows past the chunk; none where the
+    rounds kernel serves the row."""
+    chunk, _, num_chunks = row_layout(nb_max)
+    return 0 if num_chunks != 1 else pick_row_elems(nb_max, top_n) - chunk
 
 
 def sort_steps(n: int, warps: int) -> float:
@@ -253,6 +265,7 @@ def select_call_work(
         query_chain=float(waves * group * t_pad * s.head_dim / (lw * WARP_LANES)),
         launches=1.0 if fused else 2.0,
         sort_chain=float(pick_waves * pick_sorts(nb, s.top_n, pw)),
+        pick_tail_chain=float(pick_waves * pick_tail_elems(nb, s.top_n) / pw),
     )
 
 

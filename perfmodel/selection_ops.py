@@ -105,5 +105,6 @@ def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: in
             on * w["pick_rows"],
             on * w["query_chain"],
             on * w["sort_chain"],
+            on * w["pick_tail_chain"],
         ),
     )

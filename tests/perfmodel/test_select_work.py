@@ -94,6 +94,7 @@ def test_two_launch_counts_hand_computed():
     # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
     assert w.pick_chain == 1 * (2048 + 2 * 64) / 1
+    assert w.pick_tail_chain == 1 * (2 * 64) / 1
     assert w.launches == 2
     scores = 2048 * 2049 * 4
     meta = 128 * 2049 * 128 * 4
@@ -102,6 +103,21 @@ def test_two_launch_counts_hand_computed():
     assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
     # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 5 waves.
     assert w.query_chain == 5 * 4 * 16 * 128 / (2 * 32)
+
+
+def test_the_pick_tail_is_the_rows_past_the_chunk():
+    """A row of 1,025 + 1,024 blocks (96K and 16 rows) is a chunk of 1,024 and a tail tile of
+    1,024 (16 group rows of 64); one of 2,049 a chunk of 2,048 and two group rows; a row that
+    the rounds kernel walks has no tail."""
+    assert sw.pick_tail_elems(1537, 16) == 1024 and sw.pick_row_elems(1537, 16) == 2048
+    assert sw.pick_tail_elems(2049, 16) == 2 * 64
+    assert sw.pick_tail_elems(2048, 16) == 0
+    assert sw.pick_tail_elems(9000, 16) == 0
+    w = sw.select_call_work(
+        shape(batch=1, context_len=96 * 1024), fused=False, num_sms=132, smem_per_sm_bytes=SMEM
+    )
+    # 128 rows on 132 SMs: 4 warps a row, one wave.
+    assert w.pick_tail_chain == 1024 / 4 and w.pick_chain == 2048 / 4
 
 
 def test_query_averaging_grows_with_the_group_where_the_tiles_do_not():
