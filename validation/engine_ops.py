@@ -196,8 +196,9 @@ def selection_stats(runner, attn: AttentionConfig, tree: DraftTree, queries) -> 
     recorded forward), per (sequence, KV head), averaged over the refresh layers: the distinct
     blocks of all rows (``unique_blocks``, the least any kernel must read) and the blocks the
     kernel streams (``streamed_blocks``: each row tile's union, or each row's own list). A
-    layer's least read with them (``layer_bytes``): the compressed tokens (NSA), the distinct
-    selected blocks, the window and the tail, K and V. None for dense attention."""
+    layer's least read with them (``layer_bytes``): the distinct selected blocks (block-sparse
+    attention's lists hold its sink and window blocks), NSA's window and compressed tokens,
+    and the tail, K and V. None for dense attention."""
     if attn.kind == "dense":
         return None
     cache, cfg = runner.cache, runner.model.config
@@ -220,9 +221,10 @@ def selection_stats(runner, attn: AttentionConfig, tree: DraftTree, queries) -> 
             streamed.append((idx >= 0).sum((-1, -2)).float().mean().item())
     u, st = sum(unique) / len(unique), sum(streamed) / len(streamed)
     lens = int(cache.lens.max())
-    tokens = u * attn.block_size + min(attn.window, lens) + tree.num_nodes
+    tokens = u * attn.block_size + tree.num_nodes
     if attn.kind == "nsa":
-        tokens += max(0, (lens - attn.comp_block) // attn.comp_stride + 1)
+        # NSA's picks leave out its window and compressed tokens, which its branches read.
+        tokens += min(attn.window, lens) + max(0, (lens - attn.comp_block) // attn.comp_stride + 1)
     elem = next(runner.model.parameters()).element_size()
     batch = cache.lens.shape[0]
     layer_bytes = 2 * batch * cfg.num_kv_heads * tokens * cfg.head_dim * elem

@@ -1,6 +1,7 @@
 """``engine_ops.attention_launches`` and the lines ``engine_verify`` prints from a row: a sparse
 step's refresh layer launches its block scoring, top-n pick and attention, a reuse layer only
-its attention (GPU); the printed row lists each attention op's launches (CPU)."""
+its attention (GPU); the printed row lists each attention op's launches (CPU); a sparse step's
+least read counts each listed block once (CPU)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ssvkit.engine.checkpoint import build_model, resolve_source
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.perfmodel.strategy import Strategy
-from ssvkit.validation.engine_ops import attention_launches
+from ssvkit.validation.engine_ops import attention_launches, selection_stats
 from ssvkit.validation.engine_verify_table import row_lines
 
 from tests.validation_layer.test_scale_campaign import CONFIG
@@ -38,6 +39,32 @@ def test_a_printed_row_lists_each_attention_ops_launches():
     assert "    attention launches (us): scores 8.2, sv 21.8" in lines
     assert "    attention_reuse launches (us): sv 22.2" in lines
     assert not any("o_proj launches" in line for line in lines)
+
+
+def test_a_sparse_steps_least_read_counts_its_window_once(tmp_path):
+    """Block-sparse attention's lists hold the sink and the window's blocks next to the
+    picks: the layer's least read is its distinct listed blocks and the draft tail, K and V."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, "head_dim": 64, "num_hidden_layers": 2}))
+    ctx, t = 3000, 4
+    model = build_model(resolve_source(f"random:{path}"), max_positions=ctx + 16)
+    runner = ModelRunner(model, batch=1, t_max=ctx + 16, backend="torch", use_graphs=False)
+    runner.cache.kv.normal_()
+    runner.cache.set_lens(torch.tensor([ctx], dtype=torch.int32))
+    strategy = dataclasses.replace(Strategy.from_name("ssv"), metadata="mean")
+    attn = AttentionConfig.from_strategy(strategy)
+    runner.prepare(attn)
+    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+    tokens = torch.randint(0, CONFIG["vocab_size"], (1, t), generator=torch.Generator())
+    with torch.no_grad():
+        queries = runner.tree_forward(tokens, tree, attn, record=True)[2]
+        sel = selection_stats(runner, attn, tree, queries)
+    window_blocks = attn.window // attn.block_size
+    assert sel["unique_blocks"] >= attn.top_n + window_blocks  # picks, sink and window
+    cfg = model.config
+    elem = next(model.parameters()).element_size()
+    tokens_read = sel["unique_blocks"] * attn.block_size + t
+    assert sel["layer_bytes"] == int(2 * cfg.num_kv_heads * tokens_read * cfg.head_dim * elem)
 
 
 @pytest.mark.gpu
