@@ -23,7 +23,7 @@ from ssvkit.engine.cache import KVTarget
 from ssvkit.engine.config import ModelConfig
 from ssvkit.engine.rope import apply_rope, expand_angles, rope_tables
 from ssvkit.kernels.layer_ops import add_rms_norm, embed, rms_norm, silu_mul
-from ssvkit.kernels.linear import linear
+from ssvkit.kernels.linear import kernel_streams, linear, linear_add_norm
 from ssvkit.kernels.rope_kv_write import rope_kv_write
 from torch import nn
 
@@ -115,11 +115,20 @@ class Attention(nn.Module):
 
     def forward_fused(self, x, positions, cos_table, sin_table, kv: KVSink, attend, layer: int):
         """``forward`` with the q/k norm, rotary and the KV store in one Triton launch."""
+        o = self.attend_fused(x, positions, cos_table, sin_table, kv, attend, layer)
+        return project(self.o_proj, o)
+
+    def attend_fused(
+        self, x, positions, cos_table, sin_table, kv: KVSink, attend, layer: int, pending=None
+    ) -> torch.Tensor:
+        """``forward_fused`` up to the output projection: the attention output ``[B, t, H *
+        D]``. ``pending`` is the input's RMSNorm still to apply (``kernels.linear.PendingNorm``:
+        ``x`` holds the input times the norm's weight)."""
         b, t, _ = x.shape
-        qkv = project(self.qkv_proj, x)
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias, pending=pending)
         q = self.rope_store(qkv, positions, cos_table, sin_table, kv.target(layer))
         o = attend(layer, q)  # [B, t, H, D]
-        return project(self.o_proj, o.reshape(b, t, self.num_q_heads * self.head_dim))
+        return o.reshape(b, t, self.num_q_heads * self.head_dim)
 
     def rope_store(self, qkv, positions, cos_table, sin_table, target: KVTarget) -> torch.Tensor:
         """``kernels.rope_kv_write`` of the projection ``qkv``: k and v stored at ``target``,
@@ -219,8 +228,10 @@ class CausalLM(nn.Module):
         (the MLP's add with the next layer's input norm, the last one with the final norm),
         rotary and the KV store one launch that gathers the rope tables at the positions itself,
         ``silu(gate) * up`` one more, the token embedding one gather, and the linear layers
-        ``kernels.linear``. ``last_only`` computes the logits (and hidden states) of the last
-        row only (prefill). No host synchronisation.
+        ``kernels.linear``; where every projection streams its weight on that kernel
+        (``chains_norms``), the residual adds, the norms inside the layers and ``silu(gate) *
+        up`` run in the projections' launches instead. ``last_only`` computes the logits (and
+        hidden states) of the last row only (prefill). No host synchronisation.
         """
         ops = weight_ops(backend)
         x = ops.embed(tokens, self.model.embed_tokens.weight)
@@ -247,6 +258,8 @@ class CausalLM(nn.Module):
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         first = layers[0].input_layernorm
         h = rms_norm(x, first.weight, first.eps)
+        if self.chains_norms(x.shape[0] * x.shape[1], x.device):
+            return self._chained_layers(x, h, positions, kv, attend, last_only)
         for i, layer in enumerate(layers):
             a = layer.self_attn.forward_fused(
                 h, positions, self.rope_cos, self.rope_sin, kv, attend, i
@@ -257,5 +270,48 @@ class CausalLM(nn.Module):
             if last_only and i == len(layers) - 1:
                 x, m = x[:, -1:], m[:, -1:]
             norm = next_norms[i]
+            x, h = add_rms_norm(x, m, norm.weight, norm.eps)
+        return h
+
+    def chains_norms(self, rows: int, device: torch.device) -> bool:
+        """Whether a triton-backend forward of ``rows`` rows runs its norms and SwiGLU in its
+        projections' launches (``_chained_layers``): where every projection of the layers
+        runs the weight-streaming kernel (``kernels.linear.kernel_streams``)."""
+        layer = self.model.layers[0]
+        weights = (
+            layer.self_attn.qkv_proj.weight,
+            layer.self_attn.o_proj.weight,
+            layer.mlp.gate_up_proj.weight,
+            layer.mlp.down_proj.weight,
+        )
+        return all(kernel_streams(rows, w, device) for w in weights)
+
+    def _chained_layers(self, x, h, positions, kv: KVSink, attend: Attend, last_only: bool):
+        """``_fused_layers`` with each residual add and the norm after it in the projection
+        before it (``kernels.linear.linear_add_norm``: the sum, the sum times the norm's weight
+        and its squares) and the norm's row scale in the projection after it, and
+        ``silu(gate) * up`` in the gate/up projection: per layer four projections, the rotary
+        launch and attention. The last layer's MLP output meets the final norm as in
+        ``_fused_layers``."""
+        layers = self.model.layers
+        pending = None
+        for i, layer in enumerate(layers):
+            sa, mlp, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+            o = sa.attend_fused(
+                h, positions, self.rope_cos, self.rope_sin, kv, attend, i, pending=pending
+            )
+            out = sa.o_proj
+            x, g, post_norm = linear_add_norm(o, out.weight, x, post.weight, post.eps, out.bias)
+            gate_up = mlp.gate_up_proj
+            act = linear(g, gate_up.weight, gate_up.bias, pending=post_norm, swiglu=True)
+            down = mlp.down_proj
+            if i + 1 < len(layers):
+                nxt = layers[i + 1].input_layernorm
+                x, h, pending = linear_add_norm(act, down.weight, x, nxt.weight, nxt.eps, down.bias)
+                continue
+            m = linear(act, down.weight, down.bias)
+            if last_only:
+                x, m = x[:, -1:], m[:, -1:]
+            norm = self.model.norm
             x, h = add_rms_norm(x, m, norm.weight, norm.eps)
         return h

@@ -15,15 +15,17 @@ enough that a launch's latency bounds them, or on a CPU without the Triton inter
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
-from ssvkit.kernels.arrivals import arrival_counters, last_to_arrive
+from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.checks import FLOAT_DTYPES
 from ssvkit.kernels.dense_verify import dot_precision
 from ssvkit.kernels.device import num_sms
+from ssvkit.kernels.layer_ops import norm_eps
+from ssvkit.kernels.linear_kernels import linear_kernel
 from ssvkit.kernels.pdl import INTERPRETED
 
 # Where the weight-streaming kernel runs: few rows against a weight large enough that its bytes,
@@ -76,62 +78,15 @@ def linear_config(rows: int, n: int, k: int, sms: int) -> LinearConfig:
     return LinearConfig(block_n, block_k, split, stages)
 
 
-@triton.jit
-def _linear_kernel(
-    x_ptr,  # [M, K], rows at stride_x
-    w_ptr,  # [N, K], rows at stride_w
-    b_ptr,  # [N] (HAS_BIAS)
-    y_ptr,  # [M, N], rows at stride_y
-    part_ptr,  # [SPLIT, M, N] fp32 partials (SPLIT > 1)
-    count_ptr,  # [cdiv(N, BLOCK_N)] arrival counters (SPLIT > 1)
-    M,
-    N,
-    K,
-    stride_x,
-    stride_w,
-    stride_y,
-    K_STEPS,  # BLOCK_K steps a program takes
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs; ignored by 16-bit inputs
-):
-    tile = tl.program_id(0)
-    part = tl.program_id(1)
-    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    n_ok = offs_n < N
-    m_ok = offs_m < M
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
-    x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_x
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = part * K_STEPS * BLOCK_K
-    for step in range(K_STEPS):
-        offs_k = k_start + step * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        xt = tl.load(x_cols + offs_k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-    out_mask = n_ok[:, None] & m_ok[None, :]
-    y_offs = offs_m[None, :] * stride_y + offs_n[:, None]
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        p_offs = offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part_ptr + part * M * N + p_offs, acc, mask=out_mask)
-        if last_to_arrive(count_ptr + tile, SPLIT):
-            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in range(SPLIT):
-                total += tl.load(
-                    part_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            if HAS_BIAS:
-                total += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            tl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+class PendingNorm(NamedTuple):
+    """An RMSNorm of rows whose row scale is still to apply: the rows hold the input times the
+    norm's weight, ``sumsq`` ``[parts, rows]`` (fp32) the input rows' squares summed over parts
+    of their ``dim`` columns, ``eps`` the norm's epsilon. ``linear(rows, w, pending=...)`` is
+    ``linear(rms_norm(input, weight, eps), w)`` with each row's ``rsqrt(mean(x^2) + eps)``
+    applied to its products."""
+
+    sumsq: torch.Tensor
+    eps: float
 
 
 def linear(
@@ -140,17 +95,61 @@ def linear(
     bias: torch.Tensor | None = None,
     *,
     config: LinearConfig | None = None,
+    pending: PendingNorm | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` (``F.linear``'s contract) in ``x``'s dtype with fp32
     accumulation: on the GPU or the interpreter, the weight-streaming kernel where
     ``streams_weight`` says so (rows counted with leading dimensions flattened) or a ``config``
-    asks for it (at most ``MAX_ROWS`` rows), ``F.linear`` otherwise. ``config`` overrides
-    ``linear_config``'s launch."""
+    asks for it (at most ``MAX_ROWS`` rows), torch otherwise. ``config`` overrides
+    ``linear_config``'s launch.
+
+    ``pending`` scales each row's products by its pending norm (``PendingNorm``) before the
+    bias. ``swiglu`` takes ``weight`` as the gate's rows over the up's (``[2F, K]``) and returns
+    ``silu(gate) * up`` ``[..., F]``, computed from the fp32 products."""
+    if swiglu and weight.shape[0] % 2:
+        raise ValueError(f"swiglu needs an even number of weight rows, got {weight.shape[0]}")
+    return _linear(x, weight, bias, config, pending=pending, swiglu=swiglu)[0]
+
+
+def linear_add_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    config: LinearConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, PendingNorm]:
+    """The residual sum ``s = residual + linear(x, weight, bias)`` in ``x``'s dtype, and the
+    next RMSNorm of ``s`` pending: ``s * norm_weight`` and ``s``'s squares summed over each
+    tile's columns (``PendingNorm``), for the next ``linear`` to apply. One launch where
+    ``linear`` runs its kernel; its rule and ``config`` as there."""
+    if residual.shape != (*x.shape[:-1], weight.shape[0]) or residual.dtype != x.dtype:
+        raise ValueError(
+            f"residual must be {x.dtype} of shape {(*x.shape[:-1], weight.shape[0])}, got "
+            f"{residual.dtype} of shape {tuple(residual.shape)}"
+        )
+    if norm_weight.shape != (weight.shape[0],) or not norm_weight.is_contiguous():
+        raise ValueError(
+            f"norm_weight must be contiguous [{weight.shape[0]}], got {tuple(norm_weight.shape)}"
+        )
+    s, g, sumsq = _linear(x, weight, bias, config, residual=residual, norm_weight=norm_weight)
+    return s, g, PendingNorm(sumsq, norm_eps(eps))
+
+
+def _linear(x, weight, bias, config, *, pending=None, swiglu=False, residual=None,
+            norm_weight=None):  # fmt: skip
+    """The launch behind ``linear`` and ``linear_add_norm``: ``(y, g, sumsq)``, the last two
+    None without a residual."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not (x.is_cuda or INTERPRETED) or not (config is not None or streams_weight(rows, weight)):
-        return F.linear(x, weight, bias)
-    if x.shape[-1] == 0:  # no input columns: nothing to stream, the bias alone
-        return F.linear(x, weight, bias)
+    if pending is not None:
+        _check_pending(pending, rows, x.device)
+    streams = config is not None and (x.is_cuda or INTERPRETED)
+    streams = streams or kernel_streams(rows, weight, x.device)
+    if not streams or x.shape[-1] == 0:  # no input columns: nothing to stream
+        return _torch_linear(x, weight, bias, pending, swiglu, residual, norm_weight)
     if rows > MAX_ROWS:
         raise ValueError(f"the weight-streaming kernel takes at most {MAX_ROWS} rows, got {rows}")
     _check(x, weight, bias)
@@ -160,11 +159,14 @@ def linear(
         x2 = x2.contiguous()
     m, k = x2.shape
     n = weight.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return y.reshape(*lead, n)
+    y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     cfg = config or linear_config(m, n, k, num_sms(x.device))
     tiles = triton.cdiv(n, cfg.block_n)
+    add_norm = residual is not None
+    g = torch.empty_like(y) if add_norm else None
+    sumsq = torch.empty((tiles, m), dtype=torch.float32, device=x.device) if add_norm else None
+    if m == 0 or n == 0:
+        return _shaped(y, g, sumsq, lead)
     k_steps = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split)
     split = triton.cdiv(triton.cdiv(k, cfg.block_k), k_steps)
     if split > 1:
@@ -172,21 +174,36 @@ def linear(
         counts = arrival_counters(tiles, x.device)
     else:
         part = counts = y
-    _linear_kernel[(tiles, split)](
+    res = residual.reshape(m, n) if add_norm else y
+    if res.stride(-1) != 1:
+        res = res.contiguous()
+    linear_kernel[(tiles, split)](
         x2,
         weight,
         bias if bias is not None else y,
         y,
         part,
         counts,
+        res,
+        norm_weight if add_norm else y,
+        g if add_norm else y,
+        sumsq if add_norm else part,
+        pending.sumsq if pending is not None else part,
         m,
         n,
         k,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
+        res.stride(0),
         k_steps,
+        pending.sumsq.shape[0] if pending is not None else 0,
+        1.0 / k,
+        pending.eps if pending is not None else 0.0,
         HAS_BIAS=bias is not None,
+        ADD_NORM=add_norm,
+        ROW_SCALE=pending is not None,
+        SWIGLU=swiglu,
         BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -195,7 +212,38 @@ def linear(
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
-    return y.reshape(*lead, n)
+    return _shaped(y, g, sumsq, lead)
+
+
+def _shaped(y, g, sumsq, lead):
+    """The launch's outputs with ``x``'s leading dimensions."""
+    n = y.shape[-1]
+    return y.reshape(*lead, n), None if g is None else g.reshape(*lead, n), sumsq
+
+
+def _torch_linear(x, weight, bias, pending, swiglu, residual, norm_weight):
+    """``_linear``'s result in torch ops, the products summed in fp32 as the kernel's are."""
+    y = F.linear(x, weight).float()
+    if pending is not None:
+        ss = pending.sumsq.sum(0).reshape(*x.shape[:-1], 1)
+        y = y * torch.rsqrt(ss / x.shape[-1] + pending.eps)
+    if bias is not None:
+        y = y + bias.float()
+    if swiglu:
+        gate, up = y.chunk(2, dim=-1)
+        return (F.silu(gate) * up).to(x.dtype), None, None
+    if residual is None:
+        return y.to(x.dtype), None, None
+    s = (y + residual.float()).to(x.dtype)
+    g = (s.float() * norm_weight.float()).to(x.dtype)
+    return s, g, s.float().square().sum(-1).reshape(1, -1)
+
+
+def kernel_streams(rows: int, weight: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``linear`` of ``rows`` rows on ``device`` against ``weight`` runs the
+    weight-streaming kernel with its epilogues (else torch ops): ``streams_weight`` on the GPU
+    or the Triton interpreter."""
+    return (torch.device(device).type == "cuda" or INTERPRETED) and streams_weight(rows, weight)
 
 
 def streams_weight(rows: int, weight: torch.Tensor) -> bool:
@@ -226,3 +274,15 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
             f"bias must be [{n}] {x.dtype} on {x.device}, got {tuple(bias.shape)} "
             f"{bias.dtype} on {bias.device}"
         )
+
+
+def _check_pending(pending: PendingNorm, rows: int, device: torch.device) -> None:
+    """A pending norm's sums of squares: fp32 ``[parts, rows]`` on the input's device."""
+    ss = pending.sumsq
+    if ss.dtype != torch.float32 or ss.dim() != 2 or ss.shape[1] != rows or ss.device != device:
+        raise ValueError(
+            f"pending.sumsq must be float32 [parts, {rows}] on {device}, got {ss.dtype} "
+            f"{tuple(ss.shape)} on {ss.device}"
+        )
+    if not ss.is_contiguous():
+        raise ValueError(f"pending.sumsq must be contiguous, got strides {ss.stride()}")

@@ -141,13 +141,15 @@ def test_fused_layer_ops_match_the_torch_path(family, streamed, monkeypatch):
     """The fused norms, rotary + KV store and SwiGLU give the torch path's logits, hidden states
     and cache, through prefill (equal-length prompts in rows 0 and 2: two runs of adjacent rows)
     and a verify forward; ``streamed``: the linear layers of the verify forward's 21 rows on the
-    weight-streaming kernel (whatever their weights' size), GLM's q/k/v bias included."""
+    weight-streaming kernel (whatever their weights' size), GLM's q/k/v bias included: the verify
+    forward then runs its residual adds, norms and SwiGLU in the projections' launches."""
     if streamed:
         monkeypatch.setattr(linear_kernel, "MIN_WEIGHT_BYTES", 0)
     model = tiny_model(FAMILIES[family], seed=6)
     prompts = random_prompts([12, 7, 12], seed=5)
     tree = DraftTree.from_spec("full:2x2", "position")
     tokens = torch.randint(0, 256, (3, tree.num_nodes), generator=torch.Generator().manual_seed(1))
+    assert model.chains_norms(tokens.numel(), torch.device("cpu")) == streamed
     out = {}
     for backend in ("torch", "triton"):
         runner = ModelRunner(model, batch=3, t_max=32, backend=backend)

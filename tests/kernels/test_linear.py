@@ -15,11 +15,15 @@ from ssvkit.kernels.linear import (
     MAX_ROWS,
     MIN_WEIGHT_BYTES,
     LinearConfig,
+    PendingNorm,
+    _torch_linear,
     linear,
+    linear_add_norm,
     linear_config,
     streams_weight,
 )
 from ssvkit.kernels.timing import poisoned_allocations
+from triton import cdiv as triton_cdiv
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -142,3 +146,109 @@ def test_gpu_cuda_graph_capture():
         torch.cuda.synchronize()
         _check(y, x, w, None, torch.bfloat16)
     assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(x.device))
+
+
+def _normed(s, w, eps):
+    sf = s.float()
+    return sf * torch.rsqrt(sf.square().mean(-1, keepdim=True) + eps) * w.float()
+
+
+# (leading dims, producer N (the normed width), consumer N, K, producer split, consumer split)
+CHAIN_CASES = [
+    ((1,), 100, 130, 300, None, None),
+    ((2, 3), 130, 96, 520, 3, 2),
+    ((MAX_ROWS,), 70, 64, 129, 2, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}")
+def test_residual_norm_chain_matches_reference(case, dtype):
+    """A projection added to a residual with the next RMSNorm pending, then the next projection
+    applying it (with a bias; as a SwiGLU pair), against fp32 ``s = r + x W^T``,
+    ``rms_norm(s) W2^T + b`` and ``silu(.) * up`` of its halves; on the kernel with splits that
+    do not divide the steps and in torch, which agree."""
+    if HAS_CUDA and dtype == torch.float32:
+        dtype = torch.float16
+    lead, n1, n2, k, split1, split2 = case
+    gen = torch.Generator().manual_seed(n1 + k)
+    x, w1, _ = _case(lead, n1, k, dtype, False, seed=n1)
+    r = torch.randn((*lead, n1), generator=gen).to(dtype).to(DEV)
+    nw = (1 + 0.5 * torch.randn((n1,), generator=gen)).to(dtype).to(DEV)
+    w2 = (torch.randn((n2, n1), generator=gen) / n1**0.5).to(dtype).to(DEV)
+    b2 = torch.randn((n2,), generator=gen).to(dtype).to(DEV)
+    eps = 1e-5
+    cfg1 = LinearConfig(block_n=32, block_k=64, split=split1 or 1)
+    cfg2 = LinearConfig(block_n=32, block_k=32, split=split2 or 1)
+    with poisoned_allocations():
+        s, g, pending = linear_add_norm(x, w1, r, nw, eps, config=cfg1)
+        y = linear(g, w2, b2, config=cfg2, pending=pending)
+        act = linear(g, w2, config=cfg2, pending=pending, swiglu=True)
+    s_ref = x.float() @ w1.float().T + r.float()
+    _check_close(s, s_ref, dtype)
+    assert pending.sumsq.shape == (triton_cdiv(n1, 32), s.numel() // n1)
+    h = _normed(s, nw, eps)
+    y_ref = h @ w2.float().T + b2.float()
+    _check_close(y, y_ref, dtype)
+    gate, up = (h @ w2.float().T).chunk(2, dim=-1)
+    _check_close(act, torch.nn.functional.silu(gate) * up, dtype)
+    torch_s, torch_g, torch_ss = _torch_linear(x, w1, None, None, False, r, nw)
+    _check_close(s, torch_s.float(), dtype)
+    _check_close(g, torch_g.float(), dtype)
+    torch_y = _torch_linear(g, w2, b2, PendingNorm(torch_ss, eps), False, None, None)[0]
+    _check_close(y, torch_y.float(), dtype)
+    assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(x.device))
+
+
+def _check_close(y, ref, dtype):
+    assert torch.isfinite(y).all() and y.shape == ref.shape
+    scale = ref.abs().max().clamp(min=1.0)
+    torch.testing.assert_close(y.float(), ref, atol=TOL[dtype] * scale * 2, rtol=TOL[dtype] * 2)
+
+
+def test_chain_rejects_bad_inputs():
+    x, w, _ = _case((3,), 16, 32, torch.float32, False, seed=4)
+    r = torch.zeros((3, 16), device=DEV)
+    nw = torch.ones(16, device=DEV)
+    with pytest.raises(ValueError, match="residual must be"):
+        linear_add_norm(x, w, r[:2], nw, config=LinearConfig())
+    with pytest.raises(ValueError, match="norm_weight must be"):
+        linear_add_norm(x, w, r, nw[:8], config=LinearConfig())
+    with pytest.raises(ValueError, match="pending.sumsq must be"):
+        linear(x, w, pending=PendingNorm(torch.zeros((2, 4), device=DEV), 1e-5))
+    with pytest.raises(ValueError, match="swiglu needs an even"):
+        linear(x, w[:15], swiglu=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 16, MAX_ROWS])
+def test_gpu_bf16_chain_at_llama_shapes(rows):
+    """Llama-3.1-8B's layer chain in bf16 on the launch rule's configs: the output projection
+    added to the residual with the post-attention norm pending, the gate/up projection applying
+    it as a SwiGLU pair, the down projection added to the residual with the next input norm
+    pending and the q/k/v projection applying it, each against fp32."""
+    gen = torch.Generator().manual_seed(rows)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen) * scale).to(torch.bfloat16).to(DEV)
+
+    d, f, eps = 4096, 14336, 1e-5
+    o, r = rand(rows, d), rand(rows, d)
+    w_o, w_gu = rand(d, d, scale=d**-0.5), rand(2 * f, d, scale=d**-0.5)
+    w_down, w_qkv = rand(d, f, scale=f**-0.5), rand(6144, d, scale=d**-0.5)
+    n1, n2 = 1 + rand(d, scale=0.2), 1 + rand(d, scale=0.2)
+    with poisoned_allocations():
+        s, g, post = linear_add_norm(o, w_o, r, n1, eps)
+        act = linear(g, w_gu, pending=post, swiglu=True)
+        s2, g2, pre = linear_add_norm(act, w_down, s, n2, eps)
+        qkv = linear(g2, w_qkv, pending=pre)
+    s_ref = o.float() @ w_o.float().T + r.float()
+    _check_close(s, s_ref, torch.bfloat16)
+    gate, up = (_normed(s, n1, eps) @ w_gu.float().T).chunk(2, dim=-1)
+    act_ref = torch.nn.functional.silu(gate) * up
+    _check_close(act, act_ref, torch.bfloat16)
+    s2_ref = act.float() @ w_down.float().T + s.float()
+    _check_close(s2, s2_ref, torch.bfloat16)
+    _check_close(qkv, _normed(s2, n2, eps) @ w_qkv.float().T, torch.bfloat16)
+    assert all(int(buf.abs().sum()) == 0 for buf in counter_buffers(DEV))
