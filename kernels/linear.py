@@ -200,6 +200,7 @@ def _linear(x, weight, bias, config, *, pending=None, swiglu=False, residual=Non
         pending.sumsq.shape[0] if pending is not None else 0,
         1.0 / k,
         pending.eps if pending is not None else 0.0,
+        SS_BLOCK=triton.next_power_of_2(pending.sumsq.shape[0]) if pending is not None else 1,
         HAS_BIAS=bias is not None,
         ADD_NORM=add_norm,
         ROW_SCALE=pending is not None,

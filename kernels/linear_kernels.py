@@ -41,6 +41,7 @@ def linear_kernel(
     SS_PARTS,
     inv_dim,  # 1 / the normed rows' width (ROW_SCALE)
     eps,
+    SS_BLOCK: tl.constexpr,  # SS_PARTS rounded up to a power of two
     HAS_BIAS: tl.constexpr,
     ADD_NORM: tl.constexpr,
     ROW_SCALE: tl.constexpr,
@@ -79,7 +80,7 @@ def linear_kernel(
     if SPLIT == 1:
         _finish(
             acc, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, b_ptr, res_ptr,
-            stride_res, nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps,
+            stride_res, nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps, SS_BLOCK,
             HAS_BIAS, ADD_NORM, ROW_SCALE, SWIGLU, BLOCK_N, BLOCK_M,
         )  # fmt: skip
     else:
@@ -93,7 +94,7 @@ def linear_kernel(
                 )
             _finish(
                 total, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, b_ptr, res_ptr,
-                stride_res, nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps,
+                stride_res, nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps, SS_BLOCK,
                 HAS_BIAS, ADD_NORM, ROW_SCALE, SWIGLU, BLOCK_N, BLOCK_M,
             )  # fmt: skip
 
@@ -101,7 +102,7 @@ def linear_kernel(
 @triton.jit
 def _finish(
     acc, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, b_ptr, res_ptr, stride_res,
-    nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps,
+    nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps, SS_BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr, ADD_NORM: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
@@ -109,10 +110,12 @@ def _finish(
     in the rows already, each row's ``rsqrt(mean(x^2) + eps)`` applies to its products), the
     bias, then the store."""
     if ROW_SCALE:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for p in range(SS_PARTS):
-            ss += tl.load(ss_in_ptr + p * M + offs_m, mask=m_ok, other=0.0)
-        acc = acc * tl.rsqrt(ss * inv_dim + eps)[None, :]
+        parts = tl.arange(0, SS_BLOCK)
+        ss_mask = (parts < SS_PARTS)[:, None] & m_ok[None, :]
+        ss_parts = tl.load(
+            ss_in_ptr + parts[:, None] * M + offs_m[None, :], mask=ss_mask, other=0.0
+        )
+        acc = acc * tl.rsqrt(tl.sum(ss_parts, axis=0) * inv_dim + eps)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     _store_output(
