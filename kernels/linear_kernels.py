@@ -66,6 +66,24 @@ def linear_kernel(
         n_ok = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
+    out_mask = n_ok[:, None] & m_ok[None, :]
+    # What the epilogue reads besides the products, loaded before the walk so that its latency
+    # hides behind the weight's stream: each row's pending norm scale, the bias and residual
+    # it adds, the next norm's weight.
+    scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if ROW_SCALE:
+        parts = tl.arange(0, SS_BLOCK)
+        ss_mask = (parts < SS_PARTS)[:, None] & m_ok[None, :]
+        ss = tl.load(ss_in_ptr + parts[:, None] * M + offs_m[None, :], mask=ss_mask, other=0.0)
+        scale = tl.rsqrt(tl.sum(ss, axis=0) * inv_dim + eps)
+    addend = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if HAS_BIAS:
+        addend += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    norm_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if ADD_NORM:
+        res_offs = offs_m[None, :] * stride_res + offs_n[:, None]
+        addend += tl.load(res_ptr + res_offs, mask=out_mask, other=0.0).to(tl.float32)
+        norm_w = tl.load(nw_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_x
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -76,12 +94,10 @@ def linear_kernel(
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         xt = tl.load(x_cols + offs_k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-    out_mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT == 1:
-        _finish(
-            acc, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, b_ptr, res_ptr,
-            stride_res, nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps, SS_BLOCK,
-            HAS_BIAS, ADD_NORM, ROW_SCALE, SWIGLU, BLOCK_N, BLOCK_M,
+        _store_tile(
+            acc * scale[None, :] + addend, tile, offs_n, n_ok, offs_m, m_ok, N, y_ptr, stride_y,
+            g_ptr, ss_out_ptr, M, norm_w, ADD_NORM, SWIGLU, BLOCK_N, BLOCK_M,
         )  # fmt: skip
     else:
         p_offs = offs_m[None, :] * N + offs_n[:, None]
@@ -92,63 +108,36 @@ def linear_kernel(
                 total += tl.load(
                     part_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
                 )
-            _finish(
-                total, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, b_ptr, res_ptr,
-                stride_res, nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps, SS_BLOCK,
-                HAS_BIAS, ADD_NORM, ROW_SCALE, SWIGLU, BLOCK_N, BLOCK_M,
+            _store_tile(
+                total * scale[None, :] + addend, tile, offs_n, n_ok, offs_m, m_ok, N, y_ptr,
+                stride_y, g_ptr, ss_out_ptr, M, norm_w, ADD_NORM, SWIGLU, BLOCK_N, BLOCK_M,
             )  # fmt: skip
 
 
 @triton.jit
-def _finish(
-    acc, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, b_ptr, res_ptr, stride_res,
-    nw_ptr, g_ptr, ss_out_ptr, ss_in_ptr, SS_PARTS, inv_dim, eps, SS_BLOCK: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ADD_NORM: tl.constexpr, ROW_SCALE: tl.constexpr,
-    SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """A tile's summed products: the input rows' pending norm scale (ROW_SCALE: its weight is
-    in the rows already, each row's ``rsqrt(mean(x^2) + eps)`` applies to its products), the
-    bias, then the store."""
-    if ROW_SCALE:
-        parts = tl.arange(0, SS_BLOCK)
-        ss_mask = (parts < SS_PARTS)[:, None] & m_ok[None, :]
-        ss_parts = tl.load(
-            ss_in_ptr + parts[:, None] * M + offs_m[None, :], mask=ss_mask, other=0.0
-        )
-        acc = acc * tl.rsqrt(tl.sum(ss_parts, axis=0) * inv_dim + eps)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    _store_output(
-        acc, tile, offs_n, n_ok, offs_m, m_ok, M, N, y_ptr, stride_y, res_ptr, stride_res,
-        nw_ptr, g_ptr, ss_out_ptr, ADD_NORM, SWIGLU, BLOCK_N, BLOCK_M,
-    )  # fmt: skip
-
-
-@triton.jit
-def _store_output(
+def _store_tile(
     acc,
     tile,
     offs_n,
     n_ok,
     offs_m,
     m_ok,
-    M,
     N,
     y_ptr,
     stride_y,
-    res_ptr,
-    stride_res,
-    nw_ptr,
     g_ptr,
     ss_out_ptr,
+    M,
+    norm_w,
     ADD_NORM: tl.constexpr,
     SWIGLU: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """A tile's products ``acc`` [BLOCK_N, BLOCK_M] (y.T) stored: as they are; as
-    ``silu(gate) * up`` of its two halves (SWIGLU); or added to the residual (ADD_NORM), the sum
-    stored with its product by the next norm's weight and its squares summed over the tile."""
+    """A tile's finished products ``acc`` [BLOCK_N, BLOCK_M] (y.T: scaled, bias and residual
+    added) stored: as they are; as ``silu(gate) * up`` of its two halves (SWIGLU); or, as the
+    residual sum (ADD_NORM), with its product by the next norm's weight ``norm_w`` and its
+    squares summed over the tile's columns."""
     dtype = y_ptr.dtype.element_ty
     if SWIGLU:
         HALF: tl.constexpr = BLOCK_N // 2
@@ -160,14 +149,10 @@ def _store_output(
     else:
         mask = n_ok[:, None] & m_ok[None, :]
         y_offs = offs_m[None, :] * stride_y + offs_n[:, None]
+        s = acc.to(dtype)
+        tl.store(y_ptr + y_offs, s, mask=mask)
         if ADD_NORM:
-            res = tl.load(res_ptr + offs_m[None, :] * stride_res + offs_n[:, None], mask=mask)
             # The sum as stored (rounded to the output's dtype) is what the norm reads.
-            s = (acc + res.to(tl.float32)).to(dtype)
-            tl.store(y_ptr + y_offs, s, mask=mask)
             sf = tl.where(mask, s.to(tl.float32), 0.0)
-            nw = tl.load(nw_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(g_ptr + y_offs, (sf * nw[:, None]).to(dtype), mask=mask)
+            tl.store(g_ptr + y_offs, (sf * norm_w[:, None]).to(dtype), mask=mask)
             tl.store(ss_out_ptr + tile * M + offs_m, tl.sum(sf * sf, axis=0), mask=m_ok)
-        else:
-            tl.store(y_ptr + y_offs, acc.to(dtype), mask=mask)
