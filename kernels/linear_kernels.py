@@ -67,23 +67,16 @@ def linear_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     out_mask = n_ok[:, None] & m_ok[None, :]
-    # What the epilogue reads besides the products, loaded before the walk so that its latency
-    # hides behind the weight's stream: each row's pending norm scale, the bias and residual
-    # it adds, the next norm's weight.
-    scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    if ROW_SCALE:
-        parts = tl.arange(0, SS_BLOCK)
-        ss_mask = (parts < SS_PARTS)[:, None] & m_ok[None, :]
-        ss = tl.load(ss_in_ptr + parts[:, None] * M + offs_m[None, :], mask=ss_mask, other=0.0)
-        scale = tl.rsqrt(tl.sum(ss, axis=0) * inv_dim + eps)
-    addend = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if HAS_BIAS:
-        addend += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    norm_w = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if ADD_NORM:
-        res_offs = offs_m[None, :] * stride_res + offs_n[:, None]
-        addend += tl.load(res_ptr + res_offs, mask=out_mask, other=0.0).to(tl.float32)
-        norm_w = tl.load(nw_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    # What the epilogue reads besides the products, loaded before the walk and used after it,
+    # so that the loads' latency hides behind the weight's stream: the input rows' squares in
+    # parts (their pending norm's scale), the bias, the residual, the next norm's weight.
+    parts = tl.arange(0, SS_BLOCK)
+    ss_mask = (parts < SS_PARTS)[:, None] & m_ok[None, :] & ROW_SCALE
+    ss = tl.load(ss_in_ptr + parts[:, None] * M + offs_m[None, :], mask=ss_mask, other=0.0)
+    bias = tl.load(b_ptr + offs_n, mask=n_ok & HAS_BIAS, other=0.0)
+    res_offs = offs_m[None, :] * stride_res + offs_n[:, None]
+    res = tl.load(res_ptr + res_offs, mask=out_mask & ADD_NORM, other=0.0)
+    norm_w = tl.load(nw_ptr + offs_n, mask=n_ok & ADD_NORM, other=0.0)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_x
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -96,8 +89,9 @@ def linear_kernel(
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
     if SPLIT == 1:
         _store_tile(
-            acc * scale[None, :] + addend, tile, offs_n, n_ok, offs_m, m_ok, N, y_ptr, stride_y,
-            g_ptr, ss_out_ptr, M, norm_w, ADD_NORM, SWIGLU, BLOCK_N, BLOCK_M,
+            acc, ss, bias, res, norm_w, inv_dim, eps, tile, offs_n, n_ok, offs_m, m_ok, N,
+            y_ptr, stride_y, g_ptr, ss_out_ptr, M, ROW_SCALE, HAS_BIAS, ADD_NORM, SWIGLU,
+            BLOCK_N, BLOCK_M,
         )  # fmt: skip
     else:
         p_offs = offs_m[None, :] * N + offs_n[:, None]
@@ -109,14 +103,21 @@ def linear_kernel(
                     part_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
                 )
             _store_tile(
-                total * scale[None, :] + addend, tile, offs_n, n_ok, offs_m, m_ok, N, y_ptr,
-                stride_y, g_ptr, ss_out_ptr, M, norm_w, ADD_NORM, SWIGLU, BLOCK_N, BLOCK_M,
+                total, ss, bias, res, norm_w, inv_dim, eps, tile, offs_n, n_ok, offs_m, m_ok, N,
+                y_ptr, stride_y, g_ptr, ss_out_ptr, M, ROW_SCALE, HAS_BIAS, ADD_NORM, SWIGLU,
+                BLOCK_N, BLOCK_M,
             )  # fmt: skip
 
 
 @triton.jit
 def _store_tile(
     acc,
+    ss,
+    bias,
+    res,
+    norm_w,
+    inv_dim,
+    eps,
     tile,
     offs_n,
     n_ok,
@@ -128,17 +129,26 @@ def _store_tile(
     g_ptr,
     ss_out_ptr,
     M,
-    norm_w,
+    ROW_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     ADD_NORM: tl.constexpr,
     SWIGLU: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """A tile's finished products ``acc`` [BLOCK_N, BLOCK_M] (y.T: scaled, bias and residual
-    added) stored: as they are; as ``silu(gate) * up`` of its two halves (SWIGLU); or, as the
-    residual sum (ADD_NORM), with its product by the next norm's weight ``norm_w`` and its
-    squares summed over the tile's columns."""
+    """A tile's summed products ``acc`` [BLOCK_N, BLOCK_M] (y.T) finished and stored: scaled by
+    the input rows' pending norm (ROW_SCALE: ``ss`` their squares in parts; the norm's weight is
+    in the rows already), the bias added; then stored as they are, as ``silu(gate) * up`` of
+    the tile's two halves (SWIGLU), or added to the residual ``res`` (ADD_NORM) and stored with
+    the sum's product by the next norm's weight ``norm_w`` and its squares summed over the
+    tile's columns."""
     dtype = y_ptr.dtype.element_ty
+    if ROW_SCALE:
+        acc = acc * tl.rsqrt(tl.sum(ss, axis=0) * inv_dim + eps)[None, :]
+    if HAS_BIAS:
+        acc += bias.to(tl.float32)[:, None]
+    if ADD_NORM:
+        acc += res.to(tl.float32)
     if SWIGLU:
         HALF: tl.constexpr = BLOCK_N // 2
         gate, up = tl.split(tl.permute(tl.reshape(acc, [2, HALF, BLOCK_M]), [1, 2, 0]))
@@ -154,5 +164,5 @@ def _store_tile(
         if ADD_NORM:
             # The sum as stored (rounded to the output's dtype) is what the norm reads.
             sf = tl.where(mask, s.to(tl.float32), 0.0)
-            tl.store(g_ptr + y_offs, (sf * norm_w[:, None]).to(dtype), mask=mask)
+            tl.store(g_ptr + y_offs, (sf * norm_w.to(tl.float32)[:, None]).to(dtype), mask=mask)
             tl.store(ss_out_ptr + tile * M + offs_m, tl.sum(sf * sf, axis=0), mask=m_ok)
