@@ -27,13 +27,8 @@ from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.layer_ops import norm_eps
 from ssvkit.kernels.linear_kernels import linear_kernel
 from ssvkit.kernels.pdl import INTERPRETED
+from ssvkit.perfmodel.linear_rule import MAX_ROWS, MIN_WEIGHT_BYTES
 
-# Where the weight-streaming kernel runs: few rows against a weight large enough that its bytes,
-# not a launch's latency, bound the layer. Beyond these bounds a GEMM library's kernels are as
-# fast or faster on the H200 (``calibration/profiles/h200/op_sweep.jsonl``'s gemm rows time
-# whichever ``linear`` runs).
-MAX_ROWS = 32
-MIN_WEIGHT_BYTES = 16 * 2**20
 # Shared memory a program's pipeline may take when programs share an SM, and its depth.
 STAGE_BYTES_BUDGET = 100 * 1024
 MAX_STAGES = 5

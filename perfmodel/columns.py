@@ -19,6 +19,7 @@ from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES
 from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
+    chains_norms,
     check_feasible,
     fused_accept,
     fused_elementwise,
@@ -63,6 +64,7 @@ class Columns:
     nsa_shared_context: np.ndarray
     fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
     fused_accept: np.ndarray  # 1: the acceptance step as kernels.accept_commit, 0: torch ops
+    chains_norms: np.ndarray  # 1: norms chained into projections that stream (linear_rule)
 
     def __len__(self) -> int:
         return len(self.context_len)
@@ -124,6 +126,7 @@ def build_columns(model: ModelSpec, points: list[tuple[Strategy, Workload]]) -> 
                 "expected_tokens": e,
                 "fused_elementwise": fused_elementwise(w.elementwise),
                 "fused_accept": fused_accept(w.elementwise),
+                "chains_norms": chains_norms(w.elementwise),
                 **_strategy_columns(s, model.num_layers),
             }
         )
@@ -172,6 +175,7 @@ def product_columns(
     cols = {n: grid[n][idx[i + 1]] for i, n in enumerate(names)}
     cols["fused_elementwise"] = np.full(idx.shape[1], fused)
     cols["fused_accept"] = np.full(idx.shape[1], fused_accept(elementwise))
+    cols["chains_norms"] = np.full(idx.shape[1], chains_norms(elementwise))
     # Strategy fields, gathered per point.
     per_s = [_strategy_columns(s, model.num_layers) for s in strategies]
     for key in per_s[0]:

@@ -37,7 +37,7 @@ from ssvkit.perfmodel.step import (
     predict_columns,
     selection_seconds,
 )
-from ssvkit.perfmodel.strategy import DrafterSpec, fused_elementwise
+from ssvkit.perfmodel.strategy import DrafterSpec, chains_norms, fused_elementwise
 
 HEAD_OPS = (
     "verify.embed_norm",
@@ -76,7 +76,7 @@ def prefill_ops(
     L = model.num_layers
     acc = OpSum()
     fused = fused_elementwise(elementwise)
-    linear_ops(acc, model, b * p, tp, L, "prefill.", fused)
+    linear_ops(acc, model, b * p, tp, L, "prefill.", fused, chains_norms(elementwise))
     pairs = b * p * (p + 1) / 2
     reads = b * np.ceil(p / PREFILL_Q_TILE) * (p + 1) / 2
     qo = 2 * b * p * hq * model.head_dim * ACT_BYTES
@@ -250,7 +250,7 @@ def mixed_step_seconds(
     m = nd + nv * (k + 1)
     lin, head = OpSum(), OpSum()
     fused = fused_elementwise(elementwise)
-    linear_ops(lin, model, m, tp, L, "step.", fused)
+    linear_ops(lin, model, m, tp, L, "step.", fused, chains_norms(elementwise))
     head_ops(head, model, m, tp, model.vocab_size, "step.", fused)
     on_m = m > 0
     out = {

@@ -76,7 +76,7 @@ def _eagle_level_ops(
     sub = OpSum()
     # EAGLE head: one target-width layer, fused features, LM head.
     m = c.batch * nodes
-    linear_ops(sub, model, m, c.tp, is_eagle * on, "draft.", c.fused_elementwise)
+    linear_ops(sub, model, m, c.tp, is_eagle * on, "draft.", c.fused_elementwise, c.chains_norms)
     dense_attention(sub, model, c, nodes, kv, is_eagle * on, "draft.", num_sms)
     sub.add(
         "draft.fc",
@@ -99,7 +99,7 @@ def _model_forward(
     sub, head = OpSum(), OpSum()
     layers = draft.num_layers * times
     m = c.batch * rows
-    linear_ops(sub, draft, m, c.tp, layers, prefix, c.fused_elementwise)
+    linear_ops(sub, draft, m, c.tp, layers, prefix, c.fused_elementwise, c.chains_norms)
     dense_attention(sub, draft, c, rows, kv, layers, prefix, num_sms)
     head_ops(head, draft, m, c.tp, draft.vocab_size, prefix, c.fused_elementwise)
     for k, op in head.items():
@@ -113,9 +113,9 @@ def _self_step_ops(model: ModelSpec, c: Columns, num_sms: int) -> OpSum:
     T = c.context_len
     one = np.ones_like(T)
     sub = OpSum()
-    linear_ops(
-        sub, model, c.batch * one, c.tp, model.num_layers * one, "draft.self.", c.fused_elementwise
-    )
+    layers = model.num_layers * one
+    fused = c.fused_elementwise
+    linear_ops(sub, model, c.batch * one, c.tp, layers, "draft.self.", fused, c.chains_norms)
     dense_attention(
         sub,
         model,

@@ -18,6 +18,7 @@ from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.attention_work import dense_tile_costs
 from ssvkit.perfmodel.columns import Columns
 from ssvkit.perfmodel.dense_work import dense_work_arrays
+from ssvkit.perfmodel.linear_rule import chained_norms
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.predictor import Op
 from ssvkit.perfmodel.torch_plan import KV_WRITE_STORES, index_put_steps
@@ -95,10 +96,11 @@ def attn_flops_per_row_token(model: ModelSpec, hq):
     return 4 * hq * model.head_dim
 
 
-def linear_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
+def linear_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused, chains) -> None:
     """Norms, QKV/O projections, rotary + KV append, FFN or MoE, TP all-reduces: per layer
     counts times ``layers`` (an array or scalar; MoE layers counted in proportion), the
-    element-wise ops of the implementation ``fused`` picks per point (1: fused, 0: torch).
+    element-wise ops of the implementation ``fused`` picks per point (1: fused, 0: torch), its
+    norms chained into its projections where ``chains`` (1) lets it.
 
     ``torch`` runs separate residual adds, a torch RMSNorm, rotary with q's copy, the KV store
     as two indexed assignments and SiLU * up over strided views (and the rope tables gathered
@@ -106,23 +108,29 @@ def linear_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) 
     ``add_rms_norm`` launches (a residual add with the norm after it; the last one is the
     final norm), one ``rope_kv_write`` (rotary of q and k with the KV-cache store, tables
     gathered inside) and one ``silu_mul``, each one launch a call priced by its kernel's class
-    (``FUSED_CLASSES``)."""
+    (``FUSED_CLASSES``); where it chains its norms into its projections
+    (``linear_rule.chained_norms``), only the final norm's ``add_rms_norm`` a forward and no
+    ``silu_mul`` (the epilogues' few bytes ride in the projections' times: the chained
+    projections time as the plain ones)."""
     d = model.hidden_size
     moe_share = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
     dense_layers = layers * (1 - moe_share)
     moe_layers = layers * moe_share
-    _attention_block_ops(acc, model, m, tp, layers, prefix, fused)
+    chain = chained_norms(model, m, tp, fused * chains)
+    _attention_block_ops(acc, model, m, tp, layers, prefix, fused, chain)
     if not model.is_moe or moe_share < 1:
-        _ffn_ops(acc, model, m, tp, dense_layers, prefix, fused)
+        _ffn_ops(acc, model, m, tp, dense_layers, prefix, fused, chain)
     if model.is_moe:
         _moe_ops(acc, model, m, tp, moe_layers, prefix)
     ar = Op("comm", np.zeros_like(m), np.zeros_like(m), 2.0 * (tp > 1), 2 * m * d * ACT_BYTES)
     acc.add(prefix + "allreduce", ar.scaled(layers))
 
 
-def _attention_block_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
-    """The block's two norms and residual adds, the QKV projection, rotary + KV append and
-    the output projection."""
+def _attention_block_ops(
+    acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused, chain
+) -> None:
+    """The block's two norms and residual adds (in the projections where ``chain``: the final
+    norm alone then), the QKV projection, rotary + KV append and the output projection."""
     d, wb = model.hidden_size, model.weight_bytes
     hq, hkv = local_heads(model, tp)
     attn_w = model.attention_weight_params()
@@ -132,7 +140,9 @@ def _attention_block_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: st
     # The two residual adds of a pre-norm block (separate kernels in the engine).
     residual = elementwise(2 * 3 * m * d * ACT_BYTES, 2 * m * d, 2, "residual_add")
     acc.add_where(prefix + "residual", residual, torch_layers)
-    acc.add_where(prefix + "add_rms_norm", add_rms_norm_op(model, m), 2 * layers * fused)
+    # Chained, the final norm alone: one a forward that runs layers.
+    norm_calls = fused * (2 * layers * (1.0 - chain) + chain * np.minimum(layers, 1.0))
+    acc.add_where(prefix + "add_rms_norm", add_rms_norm_op(model, m), norm_calls)
     if model.is_mla:
         qkv = Op(
             "gemm",
@@ -203,8 +213,9 @@ def _rope_kv_ops(acc: OpSum, model: ModelSpec, m, hq, hkv, layers, prefix: str) 
         acc.add(prefix + name, op.scaled(layers))
 
 
-def _ffn_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) -> None:
-    """The dense FFN: gate/up GEMM, SiLU(gate) * up, down GEMM."""
+def _ffn_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused, chain) -> None:
+    """The dense FFN: gate/up GEMM, SiLU(gate) * up (in the gate/up GEMM where ``chain``),
+    down GEMM."""
     d, wb = model.hidden_size, model.weight_bytes
     one_row = (m == 1) * 1.0
     f = model.intermediate_size / tp
@@ -220,7 +231,7 @@ def _ffn_ops(acc: OpSum, model: ModelSpec, m, tp, layers, prefix: str, fused) ->
             act = elementwise(on * 3 * m * f * ACT_BYTES, on * 5 * m * f, on, kernel, on)
             acc.add(prefix + name, act.scaled(layers * (1.0 - fused)))
     fused_act = elementwise(3 * m * f * ACT_BYTES, 5 * m * f, 1, "silu_mul_fused")
-    acc.add_where(prefix + "silu_mul", fused_act, layers * fused)
+    acc.add_where(prefix + "silu_mul", fused_act, layers * fused * (1.0 - chain))
     acc.add(prefix + "ffn_down", gemm(m, d, f, wb).scaled(layers))
 
 

@@ -81,7 +81,7 @@ def target_forward(
     branch loads."""
     m = c.batch * rows
     layers = model.num_layers * np.ones_like(rows)
-    linear_ops(acc, model, m, c.tp, layers, prefix, c.fused_elementwise)
+    linear_ops(acc, model, m, c.tp, layers, prefix, c.fused_elementwise, c.chains_norms)
     dense = 1.0 - c.sparse
     dense_attention(acc, model, c, rows, c.context_len + rows, layers * dense, prefix, num_sms)
     branches = sparse_attention(acc, model, c, layers, prefix, num_sms)

@@ -17,6 +17,7 @@ from ssvkit.engine.model import weight_ops
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.layer_ops import add_rms_norm, rms_norm, silu_mul
+from ssvkit.kernels.linear import linear, linear_add_norm
 from ssvkit.kernels.timing import (
     TimingConfig,
     bench,
@@ -42,7 +43,11 @@ def layer_ops(
     Norms: ``embed_norm`` is the first layer's input norm; each later one is ``input_norm``, the
     MLP's residual add fused with it, as ``final_norm`` is with the final norm; ``post_norm`` is
     the attention's residual add fused with the post-attention norm. ``rope_kv_write`` is the q/k
-    rotary (rope tables gathered inside) with the KV-tail store."""
+    rotary (rope tables gathered inside) with the KV-tail store. Where the forward chains its
+    norms into its projections (``CausalLM.chains_norms``), ``input_norm``, ``post_norm`` and
+    ``silu_mul`` are not ops: ``o_proj`` and ``down_proj`` add the residual and leave the next
+    norm pending, ``qkv_proj`` and ``gate_up_proj`` (with SwiGLU) apply it, and the last layer's
+    down projection is ``down_proj_last``, plain, before ``final_norm``."""
     model, cache = runner.model, runner.cache
     layers = model.model.layers
     num_l = len(layers)
@@ -78,10 +83,45 @@ def layer_ops(
         "final_norm": (lambda i: add_rms_norm(x, x, final.weight, final.eps), 1),
         "lm_head": (lambda i: head_op(x, head).float(), 1),
     }
+    if model.chains_norms(tokens.numel(), runner.device):
+        _chain_ops(ops, layers, x, attn_o, act)
     if num_l - refresh_layers > 0:
         # The reuse op includes one refresh call; subtract it with the refresh op's time below.
         ops["attention_reuse_plus_refresh"] = (attend_reuse, num_l - refresh_layers)
     return ops
+
+
+def _chain_ops(ops: dict, layers, x: torch.Tensor, attn_o: torch.Tensor, act: torch.Tensor):
+    """``ops``' projections and norms replaced by those of a forward that chains its norms into
+    its projections (``engine.model.CausalLM._chained_layers``)."""
+    num_l = len(layers)
+    first = layers[0].input_layernorm
+    o_proj = layers[0].self_attn.o_proj
+    _, g, pending = linear_add_norm(attn_o, o_proj.weight, x, first.weight, first.eps)
+
+    def proj(i, which):
+        layer = layers[i % num_l]
+        return getattr(layer.self_attn, which, None) or getattr(layer.mlp, which)
+
+    def add_norm(i, which, norm):
+        p = proj(i, which)
+        n = layers[(i + 1) % num_l].input_layernorm if norm is None else norm(i)
+        inp = attn_o if which == "o_proj" else act
+        return linear_add_norm(inp, p.weight, x, n.weight, n.eps, p.bias)
+
+    post = lambda i: layers[i % num_l].post_attention_layernorm  # noqa: E731
+    for name in ("post_norm", "silu_mul", "input_norm"):
+        del ops[name]
+    ops |= {
+        "qkv_proj": (lambda i: linear(g, proj(i, "qkv_proj").weight, pending=pending), num_l),
+        "o_proj": (lambda i: add_norm(i, "o_proj", post), num_l),
+        "gate_up_proj": (
+            lambda i: linear(g, proj(i, "gate_up_proj").weight, pending=pending, swiglu=True),
+            num_l,
+        ),
+        "down_proj": (lambda i: add_norm(i, "down_proj", None), num_l - 1),
+        "down_proj_last": (lambda i: linear(act, proj(i, "down_proj").weight), 1),
+    }
 
 
 def _random_inputs(runner: ModelRunner, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -236,11 +276,16 @@ def selection_stats(runner, attn: AttentionConfig, tree: DraftTree, queries) -> 
     }
 
 
-def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
+def op_floors(
+    model, t: int, kv_bytes: int, ceilings: dict, chained: bool = False
+) -> dict[str, float]:
     """Each op's floor in seconds: max(bytes / copy rate, FLOPs / GEMM rate, one graph-replayed
     launch), with the ceilings measured in the same run. Bytes: a projection reads its weight
     and its ``t`` input rows and writes its output rows; attention at least a layer's share of
-    the step's least KV read (``floor_bytes``); an element-wise op reads and writes its rows."""
+    the step's least KV read (``floor_bytes``); an element-wise op reads and writes its rows.
+    ``chained`` (``layer_ops``' chained forward): ``o_proj`` and ``down_proj`` also read the
+    residual and write the sum's product by the norm's weight, ``gate_up_proj`` writes
+    ``silu(gate) * up``, and ``down_proj_last`` is a plain down projection."""
     cfg = model.config
     elem = next(model.parameters()).element_size()
     d, inter, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -256,6 +301,12 @@ def op_floors(model, t: int, kv_bytes: int, ceilings: dict) -> dict[str, float]:
     flops = {k: 2 * t * n_in * n_out for k, (n_in, n_out) in gemms.items()}
     moved = {k: (n_in * n_out + t * (n_in + n_out)) * elem for k, (n_in, n_out) in gemms.items()}
     rows = t * elem
+    if chained:
+        moved["down_proj_last"] = moved["down_proj"]
+        flops["down_proj_last"] = flops["down_proj"]
+        for name in ("o_proj", "down_proj"):
+            moved[name] += 2 * d * rows
+        moved["gate_up_proj"] -= inter * rows
     moved |= {
         "embed": 2 * d * rows,
         "embed_norm": 2 * d * rows + d * elem,
@@ -315,7 +366,7 @@ OP_GROUPS = {
     "o_proj": (("o_proj",), ("o_proj",)),
     "gate_up_proj": (("gate_up_proj",), ("ffn_gate_up",)),
     "silu_mul": (("silu_mul",), ("ffn_act", "ffn_act_row", "silu_mul")),
-    "down_proj": (("down_proj",), ("ffn_down",)),
+    "down_proj": (("down_proj", "down_proj_last"), ("ffn_down",)),
     "lm_head": (("lm_head",), ("lm_head",)),
 }
 

@@ -414,7 +414,8 @@ def _verify_row(runner, strategy, attn, args, context: int, step, graph_s, ceili
             ops[name]["launches"] = launches
     ops_sum = sum(o["median_s"] * o["count"] for o in ops.values())
     w_bytes, kv_bytes = floor_bytes(model, runner.cache, t, attn)
-    for name, floor in op_floors(model, t, kv_bytes, ceilings).items():
+    chained = model.chains_norms(tokens.numel(), runner.device)
+    for name, floor in op_floors(model, t, kv_bytes, ceilings, chained).items():
         if name in ops:
             ops[name]["floor_s"] = floor
             ops[name]["over_floor"] = ops[name]["median_s"] / floor

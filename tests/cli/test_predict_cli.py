@@ -60,7 +60,7 @@ def test_json_every_figure_has_provenance(capsys):
         (["--tree", "best:x"], "tree 'best:x'"),
         (
             ["--elementwise", "triton"],
-            "elementwise must be one of fused, torch, fused_torch_accept, got 'triton'",
+            "one of fused, torch, fused_torch_accept, fused_unchained, got 'triton'",
         ),
     ],
 )
@@ -96,7 +96,7 @@ def test_rank_takes_the_implementation_and_refuses_a_bad_one(capsys):
     err = capsys.readouterr().err
     assert (
         err.count("\n") == 1
-        and "elementwise must be one of fused, torch, fused_torch_accept, got 'gpu'" in err
+        and "one of fused, torch, fused_torch_accept, fused_unchained, got 'gpu'" in err
     )
     assert main(["rank", "--top", "1", "--elementwise", "torch", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["elementwise"] == "torch"

@@ -11,12 +11,14 @@ from ssvkit.perfmodel.accept_ops import accept_launches
 from ssvkit.perfmodel.acceptance import tree_level_sizes
 from ssvkit.perfmodel.calibrated import ONE_LAUNCH_STAND_IN, CalibratedPredictor, stand_in
 from ssvkit.perfmodel.hardware import get_gpu
+from ssvkit.perfmodel.linear_rule import chained_norms
 from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.ops import FUSED_CLASSES
 from ssvkit.perfmodel.predictor import RooflinePredictor
 from ssvkit.perfmodel.profiles import profile_path, shipped_profile
 from ssvkit.perfmodel.step import build_columns, predict_columns, product_columns
 from ssvkit.perfmodel.strategy import (
+    CHAINED_NORMS_SINCE,
     FUSED_ACCEPT_SINCE,
     Strategy,
     Workload,
@@ -32,10 +34,11 @@ FUSED_OPS = ("add_rms_norm", "rms_norm", "embed", "rope_kv_write", "silu_mul")
 needs_h200 = pytest.mark.skipif(profile_path("h200") is None, reason="no committed H200 profile")
 
 
-def _both(model, gpu_predictor, strategy=None, **workload):
-    """One prediction of the torch point (index 0) and the fused point (index 1)."""
+def _both(model, gpu_predictor, strategy=None, fused="fused_unchained", **workload):
+    """One prediction of the torch point (index 0) and the ``fused`` point (index 1: by default
+    the fused kernels without the norms chained into the projections)."""
     s = strategy or Strategy.from_name("sd_dense")
-    points = [(s, Workload(elementwise=e, **workload)) for e in ("torch", "fused")]
+    points = [(s, Workload(elementwise=e, **workload)) for e in ("torch", fused)]
     c = build_columns(model, points)
     return predict_columns(model, c, gpu_predictor(c), s.drafter)
 
@@ -71,6 +74,26 @@ def test_the_fused_path_is_cheaper_by_the_launches_it_removes():
     assert accept[1] == accept_launches(depth, LLAMA.num_layers, 0, 0, 1.0, 1.0) < accept[0]
     gap = float(pred.verify_s[0] - pred.verify_s[1])
     assert gap == pytest.approx((removed + accept[0] - accept[1]) * 1e-6, rel=1e-9)
+    # Chained into the projections (16 rows against Llama-3.1-8B's weights): per layer two
+    # add_rms_norm and silu_mul fewer, the final norm's add_rms_norm kept.
+    chained = _both(
+        LLAMA, lambda c: RooflinePredictor(free, tp=c.tp), fused="fused", context_len=8192
+    )
+    fewer = _launches(pred, FUSED_OPS, 1) - _launches(chained, FUSED_OPS, 1)
+    assert fewer == 3 * LLAMA.num_layers - 1
+    gap = float(pred.verify_s[1] - chained.verify_s[1])
+    assert gap == pytest.approx(fewer * 1e-6, rel=1e-9)
+
+
+def test_norms_chain_where_every_projection_streams():
+    """``linear_rule.chained_norms``: at most 32 rows, every projection weight of a rank at
+    least 16 MiB, a dense layer; the tiny pair's weights are too small, a TP rank's quarter of
+    Llama-3.1-8B's q/k/v projection (12 MiB) too."""
+    m = np.array([1.0, 16.0, 32.0, 33.0])
+    assert chained_norms(LLAMA, m, 1, 1.0).tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert chained_norms(LLAMA, m, 1, 0.0).tolist() == [0.0] * 4
+    assert chained_norms(LLAMA, m, 4, 1.0).tolist() == [0.0] * 4
+    assert chained_norms(get_model("qwen3-30b-a3b"), m, 1, 1.0).tolist() == [0.0] * 4
 
 
 def test_the_fused_ops_are_named_after_their_kernels_and_read_less():
@@ -185,7 +208,8 @@ def test_a_resident_fused_op_stands_in_with_the_resident_class():
 def test_the_implementation_of_a_measured_run():
     """A document's backend names it; without one, the CPU ran torch, and a GPU run the fused
     kernels from the day they landed on, torch before; a fused run before the acceptance step
-    became kernels ran that step in torch ops."""
+    became kernels ran that step in torch ops, one before the norms chained into the
+    projections did not chain them."""
     assert elementwise_of_backend("triton") == "fused"
     assert elementwise_of_backend("torch") == "torch"
     with pytest.raises(ValueError, match="backend must be one of triton, torch, got 'cuda'"):
@@ -196,13 +220,15 @@ def test_the_implementation_of_a_measured_run():
     assert elementwise_of_run({**triton, "timestamp": "2026-11-29T00:00:00+00:00"}) == (
         "fused_torch_accept"
     )
-    assert elementwise_of_run({**triton, "timestamp": FUSED_ACCEPT_SINCE}) == "fused"
+    assert elementwise_of_run({**triton, "timestamp": FUSED_ACCEPT_SINCE}) == "fused_unchained"
+    assert elementwise_of_run({**triton, "timestamp": CHAINED_NORMS_SINCE}) == "fused"
     assert elementwise_of_run(triton) == "fused"
     assert elementwise_of_run({**gpu, "timestamp": "2026-11-25T00:36:30+00:00"}) == "torch"
     assert elementwise_of_run({**gpu, "timestamp": "2026-11-28T12:15:43+00:00"}) == (
         "fused_torch_accept"
     )
-    assert elementwise_of_run({**gpu, "timestamp": FUSED_ACCEPT_SINCE}) == "fused"
+    assert elementwise_of_run({**gpu, "timestamp": FUSED_ACCEPT_SINCE}) == "fused_unchained"
+    assert elementwise_of_run({**gpu, "timestamp": CHAINED_NORMS_SINCE}) == "fused"
     assert elementwise_of_run({"device_name": "cpu", "timestamp": "2027-01-01"}) == "torch"
     with pytest.raises(ValueError, match="names no backend and no timestamp"):
         elementwise_of_run(gpu)

@@ -47,9 +47,9 @@ def test_linear_ops_put_moe_layers_in_proportion():
     qwen_moe, deepseek = get_model("qwen3-30b-a3b"), get_model("deepseek-r1")
     m = np.array([1.0])
     dense, moe, mixed = OpSum(), OpSum(), OpSum()
-    linear_ops(dense, LLAMA, m, 1, 1.0, "", 1.0)
-    linear_ops(moe, qwen_moe, m, 1, 1.0, "", 1.0)
-    linear_ops(mixed, deepseek, m, 1, 1.0, "", 1.0)
+    linear_ops(dense, LLAMA, m, 1, 1.0, "", 1.0, 1.0)
+    linear_ops(moe, qwen_moe, m, 1, 1.0, "", 1.0, 1.0)
+    linear_ops(mixed, deepseek, m, 1, 1.0, "", 1.0, 1.0)
     assert "ffn_down" in dense and "moe_experts" not in dense
     assert "ffn_down" not in moe and "moe_experts" in moe and "moe_shared" not in moe
     assert {"ffn_down", "moe_experts", "moe_shared"} <= set(mixed)

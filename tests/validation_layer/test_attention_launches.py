@@ -113,3 +113,47 @@ def test_gpu_engine_verify_times_a_regrouped_strategy_as_labelled(tmp_path):
     assert (ssv["attention"]["mode"], ssv["attention"]["group_size"]) == ("shared", 4)
     assert strategy_label(ssv) == "ssv (mean, shared C=4)"
     assert row_strategy(ssv).mode == "shared" and ssv["graph_s"] > 0
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_layer_ops_are_the_ops_the_forward_runs(tmp_path, monkeypatch, chained):
+    """``layer_ops`` lists the ops of the forward as the triton backend runs it: with its norms
+    chained into its projections (every projection on the weight-streaming kernel) there is no
+    ``post_norm``, ``input_norm`` or ``silu_mul``, the last layer's down projection stands
+    apart, and each op runs; each op's floor exists and moves the chained bytes."""
+    from ssvkit.kernels import linear as linear_kernel
+    from ssvkit.validation.engine_ops import layer_ops, op_floors
+
+    if chained:
+        monkeypatch.setattr(linear_kernel, "MIN_WEIGHT_BYTES", 0)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    ctx, t = 100, 4
+    model = build_model(resolve_source(f"random:{path}"), max_positions=ctx + 16)
+    runner = ModelRunner(model, batch=1, t_max=ctx + 16, backend="triton", use_graphs=False)
+    runner.cache.kv.normal_()
+    runner.cache.set_lens(torch.tensor([ctx], dtype=torch.int32))
+    attn = AttentionConfig()
+    runner.prepare(attn)
+    tree = DraftTree.from_spec(f"chain:{t - 1}", "position")
+    tokens = torch.randint(0, CONFIG["vocab_size"], (1, t), generator=torch.Generator())
+    assert model.chains_norms(t, torch.device("cpu")) == chained
+    with torch.no_grad():
+        ops = layer_ops(runner, attn, tree, tokens)
+        for fn, _ in ops.values():
+            fn(1)
+    num_l = CONFIG["num_hidden_layers"]
+    counts = {name: count for name, (_, count) in ops.items()}
+    unchained = {"post_norm": num_l, "silu_mul": num_l, "input_norm": num_l - 1}
+    if chained:
+        assert not unchained.keys() & counts.keys()
+        assert counts["down_proj"] == num_l - 1 and counts["down_proj_last"] == 1
+    else:
+        assert unchained.items() <= counts.items() and "down_proj_last" not in counts
+    ceilings = {"copy_bytes_per_s": 1e9, "gemm_flops_per_s": 1e18, "graph_launch_s": 0.0}
+    floors = op_floors(model, t, 0, ceilings, chained)
+    assert set(counts) - {"attention"} <= set(floors)
+    plain = op_floors(model, t, 0, ceilings)
+    moved = 2 * CONFIG["hidden_size"] * t * next(model.parameters()).element_size() / 1e9
+    if chained:
+        assert floors["o_proj"] == pytest.approx(plain["o_proj"] + moved)
