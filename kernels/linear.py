@@ -10,6 +10,12 @@ idle: those programs write fp32 partials and the last to arrive sums them
 (``arrivals.last_to_arrive``), in the same launch. Above ``MAX_ROWS`` rows, for weights small
 enough that a launch's latency bounds them, or on a CPU without the Triton interpreter, it is
 ``torch.nn.functional.linear``.
+
+The kernel's epilogue takes a decoder layer's element-wise work into the projections' launches
+(``kernels.linear_kernels``): ``linear_add_norm`` adds the residual and leaves the next RMSNorm
+pending (``PendingNorm``: the sum times the norm's weight and the sum's squares per tile), a
+``linear`` given that ``pending`` norm applies its row scale, and ``swiglu`` computes
+``silu(gate) * up`` of a gate/up projection. Off the kernel, the same results come from torch.
 """
 
 from __future__ import annotations
