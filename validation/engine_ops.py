@@ -101,7 +101,8 @@ def _chain_ops(ops: dict, layers, x: torch.Tensor, attn_o: torch.Tensor, act: to
 
     def proj(i, which):
         layer = layers[i % num_l]
-        return getattr(layer.self_attn, which, None) or getattr(layer.mlp, which)
+        owner = layer.self_attn if which in ("qkv_proj", "o_proj") else layer.mlp
+        return getattr(owner, which)
 
     def add_norm(i, which, norm):
         p = proj(i, which)
