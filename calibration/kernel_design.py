@@ -5,7 +5,7 @@ axis-aligned lines the per-class fits need, plus Latin-hypercube points across h
   group size 1-8 and without torch SDPA, keyed as the committed rows are, so a GPU's committed
   rows are not measured again; and lines at the shapes the fits and the campaigns need beyond
   it (``WAVE_LINES``, ``ENGINE_LINES``, ``SCHEDULE_LINES``, ``SELECT_LINES``, ``SPARSE_LINES``,
-  ``FEW_ROWS_LINES``, ``BETWEEN_LINES``, ``PLANNER_LINES``).
+  ``FEW_ROWS_LINES``, ``BETWEEN_LINES``, ``SCORE_ROWS_LINES``, ``PLANNER_LINES``).
 - **Points** (``POINTS``): per step, ``n`` points whose axes each take their levels equally
   often (``lattice_lhs``), head geometry (``GEOMETRIES``) one of the axes, so every level of
   every axis is measured at several values of the others, which the leave-one-out sets of
@@ -96,6 +96,19 @@ BETWEEN_LINES = dict(
     contexts=(24 * K, 40 * K, 80 * K, 112 * K),
     batches=(1, 16),
     t=16,
+)
+# Block selection past 16 query rows, where the score tile holds 32 and 64 query rows (64 over
+# four warps in 16-block tiles, and 16-block tiles wherever the query is 256 fp32 columns wide;
+# ``perfmodel.select_work.score_tile``), at batch 1 and at batches whose score programs fill
+# the GPU: the other lines time such rows at a few points only, too few to tell how a tile's
+# cost grows with its query rows in either regime. Three head dimensions, both metadata kinds,
+# one and two launches.
+SCORE_ROWS_LINES = dict(
+    geometries=("llama-3.1-8b", "16q-2kv-d64", "8q-4kv-d256"),
+    t=(20, 24, 32, 40, 48, 64),
+    batches=(1, 4, 16),
+    context=64 * K,
+    top_n=16,
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
 # 30,720 tokens): NSA at the target's attention for its chains and trees (1, 9 and 17 rows, top
@@ -220,7 +233,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
     if "dense" in steps:
         configs += wave_configs()
     extra = engine_configs() + schedule_configs() + geometry_configs() + planner_configs()
-    extra += head_dim_configs() + few_rows_configs() + between_configs()
+    extra += head_dim_configs() + few_rows_configs() + between_configs() + score_rows_configs()
     configs += [c for c in extra if c.step in steps]
     seen = {_identity(c) for c in configs}
     for step in steps:
@@ -340,6 +353,22 @@ def between_configs() -> list[KernelConfig]:
                 for ctx in bl["contexts"]
                 for b in bl["batches"]
                 for top_n in top_ns
+                for method in ("mean", "quest")
+            ]
+    return out
+
+
+def score_rows_configs() -> list[KernelConfig]:
+    """The select_blocks configs of ``SCORE_ROWS_LINES`` (each metadata kind, one and two
+    launches) per geometry, query rows and batch."""
+    sl = SCORE_ROWS_LINES
+    out = []
+    for geometry in sl["geometries"]:
+        with ki.geometry(geometry):
+            out += [
+                kg.select_config(sl["context"], t, b, sl["top_n"], method)
+                for t in sl["t"]
+                for b in sl["batches"]
                 for method in ("mean", "quest")
             ]
     return out

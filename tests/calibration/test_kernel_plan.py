@@ -184,6 +184,28 @@ def test_selection_is_timed_at_contexts_between_the_powers_of_two(design):
         assert at == {(b, m) for b in (1, 16) for m in ("mean", "quest")}, geometry
 
 
+def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
+    """The score-rows lines: block selection at score tiles of 32 and 64 query rows (four warps
+    and 16-block tiles at 64), at head dimensions 64, 128 and 256, at batch 1 and at batches
+    whose score programs outnumber the SMs, both metadata kinds."""
+    from ssvkit.calibration.kernel_design import score_rows_configs
+    from ssvkit.perfmodel.select_work import score_tile
+
+    got = score_rows_configs()
+    assert _keys(got) <= _keys(design)
+    tiles = set()
+    for c in got:
+        p = c.common
+        kinds = 2 if p["method"] == "quest" else 1
+        tiles.add(score_tile(p["num_query_tokens"], kinds, p["head_dim"]))
+    assert {t_pad for t_pad, _, _ in tiles} == {32, 64}
+    assert (64, 16, 4) in tiles and (32, 32, 2) in tiles and (32, 16, 2) in tiles
+    for geometry, d in (("llama-3.1-8b", 128), ("16q-2kv-d64", 64), ("8q-4kv-d256", 256)):
+        at = {(c.common["batch"], c.common["method"]) for c in got if c.geometry == geometry}
+        assert at == {(b, m) for b in (1, 4, 16) for m in ("mean", "quest")}, geometry
+        assert {c.common["head_dim"] for c in got if c.geometry == geometry} == {d}
+
+
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):
     """At Llama-3.1-8B attention, 128-row dense tiles (t = 17 and 32), one an SM, at grids of
     one wave of the H200's SMs and of several partial second waves: those whose second wave
