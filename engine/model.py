@@ -255,11 +255,11 @@ class CausalLM(nn.Module):
         next block, ``x`` the residual stream, and each ``add_rms_norm`` is a residual add with
         the norm that reads its sum. Returns the final normed hidden states."""
         layers = self.model.layers
-        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         first = layers[0].input_layernorm
         h = rms_norm(x, first.weight, first.eps)
         if self.chains_norms(x.shape[0] * x.shape[1], x.device):
             return self._chained_layers(x, h, positions, kv, attend, last_only)
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         for i, layer in enumerate(layers):
             a = layer.self_attn.forward_fused(
                 h, positions, self.rope_cos, self.rope_sin, kv, attend, i

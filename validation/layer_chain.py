@@ -110,13 +110,12 @@ def _calls(layers: list[dict], rows: int, shapes: dict, gen: torch.Generator) ->
     }
 
 
-def check_layer(layer: dict, rows: int, shapes: dict, gen: torch.Generator) -> None:
+def check_layer(w: dict, rows: int, shapes: dict, gen: torch.Generator) -> None:
     """The chained layer's residual stream and the next layer's q/k/v equal the plain layer's
     within bf16 rounding (each against the fp32 chain of the same weights)."""
     d, q = shapes["o_proj"]
     x = torch.randn((rows, d), generator=gen, device="cuda").to(torch.bfloat16)
     attn = torch.randn((rows, q), generator=gen, device="cuda").to(torch.bfloat16)
-    w = layer
 
     def norm(s, weight):
         sf = s.float()
@@ -135,8 +134,7 @@ def check_layer(layer: dict, rows: int, shapes: dict, gen: torch.Generator) -> N
     m = linear(silu_mul(linear(h, w["gate_up_proj"])), w["down_proj"])
     s2_plain, h2 = add_rms_norm(s_plain, m, w["next_norm"], EPS)
     qkv_plain = linear(h2, w["qkv_proj"])
-    for name, ref, got in (("s2", s2_ref, s2), ("qkv", qkv_ref, qkv)):
-        plain = {"s2": s2_plain, "qkv": qkv_plain}[name]
+    for name, ref, got, plain in (("s2", s2_ref, s2, s2_plain), ("qkv", qkv_ref, qkv, qkv_plain)):
         scale = ref.abs().max().item()
         err, plain_err = (got.float() - ref).abs().max().item(), (plain.float() - ref).abs().max()
         if not torch.isfinite(got).all() or err > max(2 * plain_err.item(), 2e-2 * scale):
