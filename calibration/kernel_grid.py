@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES, is_packed
+from ssvkit.perfmodel.select_work import one_launch_fits
 
 STEPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
 # select_blocks' ``impl``: scores and pick in one launch, or the two launches (the default).
@@ -238,10 +240,13 @@ def nsa_tiles_packed(t: int, rows_per_tile: int) -> bool:
 
 def select_config(ctx: int, t: int, bsz: int, top_n: int, method: str, block_size: int = 64):
     """select_blocks of one metadata kind, in one launch and in two (``impl``) on the same
-    inputs."""
+    inputs; in two only where the one launch does not fit an SM (``one_launch_fits``)."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n)
     p = ki.base_params(block_size=block_size, method=method, **common)
-    vs = tuple(Variant("select_blocks", {**p, "impl": i}, (i,)) for i in SELECT_IMPLS)
+    kinds = 2 if method == "quest" else 1
+    fused = one_launch_fits(t, p["head_dim"], kinds, DEFAULT_SMEM_PER_SM_BYTES)
+    impls = SELECT_IMPLS if fused else SELECT_IMPLS[1:]
+    vs = tuple(Variant("select_blocks", {**p, "impl": i}, (i,)) for i in impls)
     return KernelConfig("select", ki.current_geometry(), p, vs)
 
 

@@ -34,14 +34,15 @@ ELEM_BYTES = 2  # bf16 queries
 MAX_WARPS_PER_SM = 64  # Hopper / Ampere
 WARP_LANES = 32
 MAX_PROGRAMS_PER_SM = 32
+SMSPS = 4  # an SM's sub-partitions: warps past four share their issue slots
 # kernels.top_blocks: rows in registers up to one chunk plus a tail; threshold pick groups.
 TOPK_CHUNK = 4096
 MIN_GROUPS = 64
 GROUPS_PER_PICK = 2
 CANDIDATES_PER_PICK = 2
 THRESHOLD_MAX_TOP_N = 256  # kernels.top_blocks: larger top_n take the rounds kernel
-# The chain's unit: one [16, 32, 128] single-kind tile's MMA work shared by 2 warps.
-UNIT_TILE_WORK = 16 * 16 * 32 * 128
+# The chain's unit: one [16, 32, 128] single-kind tile's MMA work issued by one warp.
+UNIT_TILE_WORK = 16 * 32 * 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +84,12 @@ class SelectWork:
     - ``requested_bytes``: the metadata (fp32, ``kinds`` tensors), the queries each score
       program averages, the score rows written and read back by the pick, the picked ids;
     - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
-    - ``chain_tiles``: score tiles one SM slot walks in series (the grid's waves over its
-      resident programs times a program's tiles), in units of a ``[16, 32, 128]``
-      single-kind tile's MMA work per warp (a tile's issue time grows with its rows, blocks,
-      head dim and kinds over the warps that share it);
+    - ``chain_tiles``: score tiles an SM walks in series, in units of a ``[16, 32, 128]``
+      single-kind tile's MMA work issued by one warp: a program's tiles, each its ``T_PAD x
+      BLOCK_NB x D x kinds`` work over the program's warps, times the SM's waves of resident
+      programs, a wave weighted by the warps that share each of the SM's four sub-partitions
+      (``shared_waves``: one program of a few warps issues at its warps' rate, a full SM at
+      the sub-partitions');
     - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over
       the SMs' resident rows times a row's register tile over its warps);
     - ``pick_rows``: score rows picked (``R``);
@@ -145,14 +148,43 @@ def score_tiles(num_tiles: int, num_sms: int) -> int:
     return tiles
 
 
-def resident_score_programs(
-    block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int
+def score_shared_bytes(
+    t_pad: int, block_nb: int, head_dim: int, kinds: int, stages: int = NUM_STAGES
 ) -> int:
-    """Score programs one SM holds: each buffers ``NUM_STAGES`` metadata tiles per kind in
-    shared memory, within the SM's warps and programs."""
-    per_program = NUM_STAGES * block_nb * head_dim * F32 * kinds
+    """Shared memory of one score program: ``stages`` metadata tiles of ``BLOCK_NB`` blocks per
+    kind, and a scratch for its ``[T_PAD, D]`` query operands per kind that grows with
+    ``T_PAD`` (half their fp32 bytes at 16 rows, once at 32, twice at 64: the compiled
+    kernels' shared memory on sm_90 within 20%, ``validation/data/score-tiles-h200.json``)."""
+    tiles = stages * block_nb * head_dim * F32 * kinds
+    return tiles + t_pad * head_dim * kinds * F32 * t_pad // 32
+
+
+def one_launch_fits(t: int, head_dim: int, kinds: int, smem_per_sm_bytes: int) -> bool:
+    """Whether the one-launch selection of ``t`` query rows fits an SM's shared memory at its
+    smallest score shape (16 blocks, one stage): the scoring alone splits rows that do not
+    fit into launches of 32 (``kernels.block_scores``), the one launch cannot, and its wrapper
+    refuses them (quest at head dimension 256 past 32 rows on an H100 or H200)."""
+    t_pad = max(16, pow2(t))
+    return score_shared_bytes(t_pad, 16, head_dim, kinds, stages=1) <= smem_per_sm_bytes
+
+
+def resident_score_programs(
+    block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int, t_pad: int = 16
+) -> int:
+    """Score programs one SM holds: within its shared memory (``score_shared_bytes``), its
+    warps and its programs."""
+    per_program = score_shared_bytes(t_pad, block_nb, head_dim, kinds)
     by_smem = max(1, smem_per_sm_bytes // per_program)
     return int(min(by_smem, MAX_WARPS_PER_SM // warps, MAX_PROGRAMS_PER_SM))
+
+
+def shared_waves(per_sm: int, resident: int, warps: int) -> float:
+    """The waves of ``per_sm`` programs of ``warps`` warps an SM runs, ``resident`` at a time,
+    each wave weighted by how many warps share a sub-partition's issue slots (at least one
+    wave's worth: up to ``SMSPS`` warps each issue alone)."""
+    full, rest = divmod(per_sm, resident)
+    shared = full * max(1.0, resident * warps / SMSPS)
+    return shared + (max(1.0, rest * warps / SMSPS) if rest else 0.0)
 
 
 def row_layout(nb_max: int) -> tuple[int, int, int]:
@@ -239,9 +271,10 @@ def select_call_work(
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.
     lw = max(pw, warps) if fused else warps
-    resident = resident_score_programs(block_nb, s.head_dim, s.kinds, lw, smem_per_sm_bytes)
+    resident = resident_score_programs(block_nb, s.head_dim, s.kinds, lw, smem_per_sm_bytes, t_pad)
     waves = math.ceil(programs / (num_sms * resident))
-    tile_work = t_pad * t_pad * block_nb * s.head_dim * s.kinds / UNIT_TILE_WORK
+    tile_work = t_pad * block_nb * s.head_dim * s.kinds / lw / UNIT_TILE_WORK
+    chain_waves = shared_waves(math.ceil(programs / num_sms), resident, lw)
     scores = rows * nb * F32
     meta = pairs * nb * s.head_dim * F32 * s.kinds
     queries = programs * s.t * group * s.head_dim * ELEM_BYTES
@@ -259,7 +292,7 @@ def select_call_work(
     return SelectWork(
         requested_bytes=float(nbytes),
         flops=float(flops),
-        chain_tiles=float(waves * tiles * tile_work),
+        chain_tiles=float(chain_waves * tiles * tile_work),
         pick_chain=float(pick_chain),
         pick_rows=float(rows),
         query_chain=float(waves * group * t_pad * s.head_dim / (lw * WARP_LANES)),

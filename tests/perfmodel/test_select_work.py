@@ -87,10 +87,12 @@ def test_score_programs_walk_two_to_four_tiles():
 
 def test_two_launch_counts_hand_computed():
     # 16 x 8 pairs, NB = ceil(131088 / 64) = 2049 blocks, 65 tiles of 32 a pair: 8320 tiles,
-    # 4 a program (2080 programs >= 264), 17 programs a pair = 2176; mean tiles of 3 x 32 x 128
-    # x 4 B = 48 KiB -> 4 per SM, 528 slots, 5 waves x 4 tiles x a unit tile.
+    # 4 a program (2080 programs >= 264), 17 programs a pair = 2176, 17 an SM; mean tiles of
+    # 3 x 32 x 128 x 4 B = 48 KiB and a 4 KiB query scratch -> 4 per SM: 4 waves of 8 warps
+    # (two a sub-partition) and one of 2 warps, 9 alone-issue waves, of 4 tiles of half a
+    # unit each (a [16, 32, 128] tile over 2 warps).
     w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert w.chain_tiles == 5 * 4 * 1.0
+    assert w.chain_tiles == (4 * 2 + 1) * 4 * 0.5
     # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
     assert w.pick_chain == 1 * (2048 + 2 * 64) / 1
@@ -120,6 +122,29 @@ def test_the_pick_tail_is_the_rows_past_the_chunk():
     assert w.pick_tail_chain == 1024 / 4 and w.pick_chain == 2048 / 4
 
 
+def test_warps_past_four_an_sm_share_its_sub_partitions():
+    # 3 programs of 2 warps an SM, 2 resident: a wave of 4 warps issues alone, one of 2 too.
+    assert sw.shared_waves(3, 2, 2) == 2.0
+    # 8 resident programs of 2 warps: 16 warps share 4 sub-partitions, four times one's time.
+    assert sw.shared_waves(8, 8, 2) == 4.0 and sw.shared_waves(9, 8, 2) == 5.0
+
+
+def test_the_query_scratch_grows_with_the_rows():
+    # Mean, 32 blocks of 128: 48 KiB of tiles and 4, 16, 64 KiB of scratch at 16, 32, 64 rows.
+    assert [sw.resident_score_programs(32, 128, 1, 2, SMEM, t) for t in (16, 32, 64)] == [
+        4,
+        3,
+        2,
+    ]
+
+
+def test_one_launch_fits_where_its_smallest_score_shape_does():
+    # Quest at 256 wide heads: a 64-row tile's 256 KiB of query scratch outgrows the SM.
+    assert not sw.one_launch_fits(40, 256, 2, SMEM) and sw.one_launch_fits(32, 256, 2, SMEM)
+    assert sw.one_launch_fits(64, 256, 1, SMEM) and sw.one_launch_fits(64, 128, 2, SMEM)
+    assert sw.score_shared_bytes(64, 16, 256, 2, stages=1) == 16 * 256 * 4 * 2 + 64 * 256 * 8 * 2
+
+
 def test_query_averaging_grows_with_the_group_where_the_tiles_do_not():
     g4 = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     g16 = sw.select_call_work(
@@ -133,15 +158,17 @@ def test_counts_follow_the_plan():
     two = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     # Quest reads two tensors a tile: twice the tile's work, half the resident programs.
     quest = sw.select_call_work(shape(kinds=2), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    # 2176 programs over 264 slots: 9 waves (5 at mean) of 4 tiles of twice the work.
-    assert two.chain_tiles == 5 * 4 and quest.chain_tiles == 9 * 4 * 2.0
+    # 17 programs an SM, 2 resident of 4 warps: 8 waves of 8 warps and one of 4, 17 alone-issue
+    # waves (9 at mean), of 4 tiles of twice the work over twice the warps (half a unit each).
+    assert two.chain_tiles == 9 * 4 * 0.5 and quest.chain_tiles == 17 * 4 * 0.5
     # One launch: the pick programs hold the scoring's shared memory, 4 an SM, so 4 waves,
     # and take the scoring's 2 warps, more than the pick's 1.
     one = sw.select_call_work(shape(), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
     assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 2
-    # 32 draft rows pad to a 32-row tile: a tile's work grows as T_PAD^2.
+    # 32 draft rows pad to a 32-row tile of twice the work, whose 16 KiB scratch leaves 3
+    # programs an SM: 5 waves of 6 warps (1.5 a sub-partition) and one of 4 warps.
     t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert t32.chain_tiles == 5 * 4 * 4.0
+    assert t32.chain_tiles == (5 * 1.5 + 1) * 4 * 1.0
 
 
 def test_arrays_match_scalar_calls_and_count_nothing_off():
