@@ -146,7 +146,8 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     of the scored cache (context plus draft rows); for NSA, its program waves (and a refresh
     call's pick rows); for sparse verification its waves, the row-tile rows a slot finishes in
     series, its tiles an SM and a union plan's compares (``perfmodel.sparse_work``); for dense
-    verification, its merge launch; for repair, its waves; none for the other ops."""
+    verification, its merge launch and its tail bytes; for repair, its waves; none for the
+    other ops."""
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
@@ -155,7 +156,8 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
         stages = (w.waves, w.row_waves, w.sm_tiles)
         return (*stages, w.plan_compares) if sparse_mode(row) == "union" else stages
     if row["op"] == "dense_verify":
-        return (dense_work(row, gpu).splits,)
+        w = dense_work(row, gpu)
+        return (w.splits, w.tail_bytes)
     if row["op"] == "repair":
         return (float(repair_work(row, gpu).waves),)
     if row["op"] != "select_blocks":

@@ -140,7 +140,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     a row-tile row and t_kr of a chain tile's row, for repair t_km of a chain tile's bytes that
     miss L2, and the rates t_x of the stage counts (block selection's top-n stage; NSA's and
     repair's program waves; sparse verification's waves, row waves, tiles an SM and a union
-    plan's compares; a dense call's merge launch).
+    plan's compares; a dense call's merge launch and tail bytes).
 
     The starts (``_starts``): sparse verification's from a few byte efficiencies and, with
     repair's, L2 ratios; NSA's from a few FLOP efficiencies; dense verification's and repair's
@@ -154,7 +154,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     def resid(x):
         return np.log(layout.unpack(x).time_of(calls, bw, peak)) - log_seconds
 
-    x0, lo, hi, bounds = _first_start(d, layout)
+    x0, lo, hi, bounds = _first_start(d, layout, stage_caps(op, gpu.num_sms / bw))
     starts = _starts(op, x0, bounds, layout)
     return layout.unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
 
@@ -189,9 +189,21 @@ def _layout(name: str, d: Data, rows: list[dict], bytes_per_flop: float) -> _Lay
     return _Layout(name, k, bk, fk, tuple(at), len(d.stages), has_l2, plan, bytes_per_flop)
 
 
-def _first_start(d: Data, layout: _Layout) -> tuple[list, list, list, list[float]]:
+def stage_caps(op: str, sm_share_s_per_byte: float) -> tuple[float | None, ...]:
+    """Upper bounds of an op's stage rates beside their latency bounds (None: that bound
+    alone): a dense call's tail bytes stream at least at an SM's even share of HBM, so their
+    rate is at most ``sm_share_s_per_byte`` (the GPU's SMs over its copy rate). Unbounded, a
+    fit on rows of one head geometry gave the tail what other terms miss there, and leaving a
+    geometry out mispriced it."""
+    return (None, sm_share_s_per_byte) if op == "dense_verify" else ()
+
+
+def _first_start(
+    d: Data, layout: _Layout, caps: tuple[float | None, ...] = ()
+) -> tuple[list, list, list, list[float]]:
     """The first start, the lower and the upper bounds of the parameters (in ``layout``'s
-    order), and the upper bounds of the optional latencies after h."""
+    order), and the upper bounds of the optional latencies after h; a stage rate is at most
+    its latency bound and its cap in ``caps``, where one is given."""
     k = layout.k
     x0 = [0.3 * d.seconds.min()] + [BYTES_EFF_STARTS[0]] * k + [FLOPS_EFF_STARTS[0]] * k
     lo = [0.0] + [0.01] * k + [0.01] * k
@@ -206,8 +218,10 @@ def _first_start(d: Data, layout: _Layout) -> tuple[list, list, list, list[float
         if i is not None
     ]
     x0, lo, hi = x0 + [0.3 * b for b in bounds], lo + [0.0] * len(bounds), hi + bounds
-    for count in d.stages:
+    for i, count in enumerate(d.stages):
         stage_hi = _latency_bound(d.seconds, count)
+        if i < len(caps) and caps[i] is not None:
+            stage_hi = min(stage_hi, caps[i])
         x0, lo, hi = x0 + [0.1 * stage_hi], lo + [0.0], hi + [stage_hi]
     if layout.has_l2:  # last: the starts below replace the last parameter
         x0, lo, hi = x0 + [L2_RATIO_STARTS[0]], lo + [1.0], hi + [4.0]

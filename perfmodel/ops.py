@@ -352,5 +352,5 @@ def _dense_plan_op(model: ModelSpec, batch, rows, kv_tokens, hq, hkv, num_sms: i
         depth=w["chain_tiles"],
         serial_steps=w["merge_steps"],
         tile_rows=w["sm_rows"],
-        stage_counts=(w["splits"],),
+        stage_counts=(w["splits"], w["tail_bytes"]),
     )

@@ -5,6 +5,7 @@ import pytest
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.features import depth, serial_steps, stage_counts, tile_rows
 from ssvkit.calibration.fit import fit_profile, is_heldout, op_class
+from ssvkit.calibration.fit_class import stage_caps
 from ssvkit.calibration.validate import disagreements, fit_agreement, ratio_pairs, report
 from ssvkit.perfmodel.calibrated import CalibratedPredictor, make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
@@ -173,7 +174,8 @@ def test_select_rows_carry_their_topn_stage(rows):
     batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
     128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
     classes price every count (t_x > 0), dense verification its merge launch and repair its
-    programs an SM (``perfmodel.dense_work``, ``perfmodel.repair_work``); sparse verification
+    programs an SM, and dense verification the bytes its busiest SMs stream past an even share
+    (``perfmodel.dense_work``, ``perfmodel.repair_work``); sparse verification
     prices its waves, the row tiles a slot writes, its tiles an SM (and a union's plan
     compares); no other class has stage rates."""
     sel = next(
@@ -192,10 +194,23 @@ def test_select_rows_carry_their_topn_stage(rows):
             assert len(rates) == 3 and min(rates) > 0, name
         elif name.startswith("sparse_verify/"):
             assert len(rates) == (4 if name.startswith("sparse_verify/union/") else 3), name
-        elif name == "dense_verify" or name.startswith("repair/"):
+        elif name == "dense_verify":
+            # Its merge launch, and its tail bytes at no slower than an SM's share of HBM.
+            share = get_gpu("h100-sxm").num_sms / committed_bw()
+            assert len(rates) == 2 and rates[0] > 0 and 0 <= rates[1] <= share * (1 + 1e-9)
+        elif name.startswith("repair/"):
             assert len(rates) == 1 and rates[0] > 0, name
         else:
             assert rates == [], name
+
+
+def committed_bw() -> float:
+    return json.loads(PROFILE.read_text())["ceilings"]["copy_bytes_per_s"]
+
+
+def test_only_the_dense_tail_rate_is_capped():
+    assert stage_caps("dense_verify", 3e-11) == (None, 3e-11)
+    assert stage_caps("sparse_verify", 3e-11) == stage_caps("select_blocks", 3e-11) == ()
 
 
 def test_report_targets_and_ratios_can_fail():

@@ -56,10 +56,22 @@ def test_four_programs_more_split_rather_than_run_a_second_wave():
             w.chain_tiles,
             w.merge_steps,
             w.sm_rows,
-            (w.splits,),
+            (w.splits, w.tail_bytes),
         )
 
     assert price(w17) < 1.4 * price(w16)
+
+
+def test_the_busiest_sms_stream_a_tail_past_the_even_share():
+    """t = 16 at G = 4: one 64-row tile a KV head. Batch 16's 128 programs leave 4 SMs idle and
+    no tail beyond their share; batch 17's 136 put two on 4 SMs, nearly a whole walk past the
+    share on those; batch 33's 264 fill every SM twice, none."""
+    walk = (65536 + 16) * 2 * 128 * 2
+    w16, w17, w33 = (dense_call_work(b, 16, 65536, *LLAMA, SMS, SMEM) for b in (16, 17, 33))
+    assert w16.splits == w17.splits == w33.splits == 0
+    assert w16.tail_bytes == pytest.approx((1 - 128 / 132) * walk)
+    assert w17.tail_bytes == pytest.approx((2 - 136 / 132) * walk)
+    assert w33.tail_bytes == 0
 
 
 def test_row_tiles_of_one_kv_head_request_its_keys_again():
