@@ -193,8 +193,8 @@ def stage_caps(op: str, sm_share_s_per_byte: float) -> tuple[float | None, ...]:
     """Upper bounds of an op's stage rates beside their latency bounds (None: that bound
     alone): a dense call's tail bytes stream at least at an SM's even share of HBM, so their
     rate is at most ``sm_share_s_per_byte`` (the GPU's SMs over its copy rate). Unbounded, a
-    fit on rows of one head geometry gave the tail what other terms miss there, and leaving a
-    geometry out mispriced it."""
+    fit on one head geometry's rows gives the tail what other terms miss there, which another
+    geometry does not share."""
     return (None, sm_share_s_per_byte) if op == "dense_verify" else ()
 
 

@@ -53,8 +53,9 @@ class DenseWork:
       when a merge launch follows;
     - ``tail_bytes``: the K/V bytes the busiest SMs stream past an even share of the programs,
       ``(ceil(P / SMs) - P / SMs)`` programs' walks: once the other SMs finish, those few SMs
-      stream alone at what an SM alone reaches, well under its share of HBM (at Llama-3.1-8B
-      attention, batch 17 takes 1.16x the HBM time of its bytes where batch 30 takes 0.92x).
+      stream alone at what their programs keep in flight, not at the GPU's rate over the SMs
+      (the calibration design's wave lines: at Llama-3.1-8B attention, t = 16 and 64K, batch
+      17 takes 1.24x batch 16 for 1.06x its bytes; ``validation.sm_streams``).
 
     It ignores the masked tail's extra pass and the spread of sequence lengths within a batch.
     """
