@@ -145,8 +145,7 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     ``perfmodel.select_work``), over the score rows of every KV head's query rows and the blocks
     of the scored cache (context plus draft rows); for NSA, its program waves (and a refresh
     call's pick rows); for sparse verification its waves, the row-tile rows a slot finishes in
-    series, its tiles an SM, a union plan's compares and its tail bytes
-    (``perfmodel.sparse_work``); for dense
+    series, its tiles an SM and a union plan's compares (``perfmodel.sparse_work``); for dense
     verification, its merge launch and its tail bytes; for repair, its waves; none for the
     other ops."""
     if is_slot_plan(row):
@@ -155,8 +154,7 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     if row["op"] == "sparse_verify":
         w = sparse_work(row, gpu)
         stages = (w.waves, w.row_waves, w.sm_tiles)
-        stages = (*stages, w.plan_compares) if sparse_mode(row) == "union" else stages
-        return (*stages, w.tail_bytes)
+        return (*stages, w.plan_compares) if sparse_mode(row) == "union" else stages
     if row["op"] == "dense_verify":
         w = dense_work(row, gpu)
         return (w.splits, w.tail_bytes)

@@ -139,8 +139,8 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     verification the latency t_s of a merge step (the serial walk over split partials), t_r of
     a row-tile row and t_kr of a chain tile's row, for repair t_km of a chain tile's bytes that
     miss L2, and the rates t_x of the stage counts (block selection's top-n stage; NSA's and
-    repair's program waves; sparse verification's waves, row waves, tiles an SM, a union
-    plan's compares and tail bytes; a dense call's merge launch and tail bytes).
+    repair's program waves; sparse verification's waves, row waves, tiles an SM and a union
+    plan's compares; a dense call's merge launch and tail bytes).
 
     The starts (``_starts``): sparse verification's from a few byte efficiencies and, with
     repair's, L2 ratios; NSA's from a few FLOP efficiencies; dense verification's and repair's
@@ -154,7 +154,7 @@ def fit_class(name: str, rows: list[dict], bw: float, peak: float, gpu: GpuSpec)
     def resid(x):
         return np.log(layout.unpack(x).time_of(calls, bw, peak)) - log_seconds
 
-    x0, lo, hi, bounds = _first_start(d, layout, stage_caps(name, gpu.num_sms / bw))
+    x0, lo, hi, bounds = _first_start(d, layout, stage_caps(op, gpu.num_sms / bw))
     starts = _starts(op, x0, bounds, layout)
     return layout.unpack(_solve(resid, starts, lo, hi, scaled=op in MULTI_START_OPS))
 
@@ -189,20 +189,13 @@ def _layout(name: str, d: Data, rows: list[dict], bytes_per_flop: float) -> _Lay
     return _Layout(name, k, bk, fk, tuple(at), len(d.stages), has_l2, plan, bytes_per_flop)
 
 
-def stage_caps(name: str, sm_share_s_per_byte: float) -> tuple[float | None, ...]:
-    """Upper bounds of a class's stage rates beside their latency bounds (None: that bound
-    alone): the tail bytes of a dense or sparse verification call (its last stage count)
-    stream at least at an SM's even share of HBM, so their rate is at most
-    ``sm_share_s_per_byte`` (the GPU's SMs over its copy rate). Unbounded, a fit on one head
-    geometry's rows gives the tail what other terms miss there, which another geometry does
-    not share."""
-    op = name.split("/")[0]
-    if op == "dense_verify":
-        return (None, sm_share_s_per_byte)
-    if op == "sparse_verify":
-        before = 4 if name.startswith("sparse_verify/union/") else 3
-        return (*([None] * before), sm_share_s_per_byte)
-    return ()
+def stage_caps(op: str, sm_share_s_per_byte: float) -> tuple[float | None, ...]:
+    """Upper bounds of an op's stage rates beside their latency bounds (None: that bound
+    alone): a dense call's tail bytes stream at least at an SM's even share of HBM, so their
+    rate is at most ``sm_share_s_per_byte`` (the GPU's SMs over its copy rate). Unbounded, a
+    fit on one head geometry's rows gives the tail what other terms miss there, which another
+    geometry does not share."""
+    return (None, sm_share_s_per_byte) if op == "dense_verify" else ()
 
 
 def _first_start(

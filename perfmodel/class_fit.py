@@ -119,9 +119,8 @@ class ClassFit:
       or the threshold pick's counts, ``perfmodel.select_work``), which scans the R x NB scores
       (R = B x Hkv x t rows) and orders R x top_n keys, a row's sort lengthening with top_n;
       NSA's and repair's program waves (each loads its programs' queries and writes their
-      outputs); a dense call's merge launch; the bytes a dense or sparse call's busiest SMs
-      stream past an even share (``perfmodel.dense_work``'s and ``perfmodel.sparse_work``'s
-      ``tail_bytes``);
+      outputs); a dense call's merge launch and the bytes its busiest SMs stream past an even
+      share (``perfmodel.dense_work``'s ``tail_bytes``);
     - ``bytes_eff = G + h (U - G)`` (h: ``l2_miss``) for classes whose kernels re-read blocks
       other programs of the same call also read (``per_query`` sparse verification, repair, a
       dense call's row tiles of one KV head): U is the bytes the algorithm requests, G the

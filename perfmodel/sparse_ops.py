@@ -343,7 +343,6 @@ def _sparse_verify_ops(
         stages = (w["waves"], w["row_waves"], w["sm_tiles"])
         if mode == "union":
             stages += (w["plan_compares"] * c.refresh_frac,)
-        stages += (w["tail_bytes"],)
         launches = 1.0 + w["merge_launches"] + (w["plan_compares"] > 0) * c.refresh_frac
         kernel = f"sparse_verify/{mode}/{reg}"
         op = _plan_op(on, w, w["mma_flops"], launches, kernel, stages, model.head_dim)

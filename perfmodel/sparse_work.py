@@ -150,10 +150,7 @@ class SparseWork:
     - ``sm_tiles``: the call's K/V tiles over the SMs: each tile costs its SM issue slots (its
       block id's load and addresses, the MMAs and softmax of the row tile, the pipeline's
       wait), which the SM's resident programs share, so they add up per SM whatever the
-      residency;
-    - ``tail_bytes``: the K/V bytes the busiest SMs stream past an even share of the programs,
-      ``(ceil(P / SMs) - P / SMs)`` slices of a group's list, as ``perfmodel.dense_work``
-      counts a dense call's: those SMs stream them alone at the end.
+      residency.
     """
 
     requested_bytes: float
@@ -168,7 +165,6 @@ class SparseWork:
     plan_compares: float
     row_waves: float
     sm_tiles: float
-    tail_bytes: float = 0.0
 
 
 def launch_plan(
@@ -303,11 +299,6 @@ def sparse_call_work(
         plan_compares=union_plan_compares(s.mode, s.c, s.width, lists, num_sms, union_plan),
         row_waves=float(waves * rc * (2 if splits > 1 else 1)),
         sm_tiles=float(total_tiles / num_sms),
-        tail_bytes=float(
-            (cdiv(plan.programs, num_sms) - plan.programs / num_sms)
-            * math.ceil(n_list / splits)
-            * block_row
-        ),
     )
 
 
