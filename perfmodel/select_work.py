@@ -169,7 +169,7 @@ def one_launch_fits(t: int, head_dim: int, kinds: int, smem_per_sm_bytes: int) -
 
 
 def resident_score_programs(
-    block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int, t_pad: int = 16
+    block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int, t_pad: int
 ) -> int:
     """Score programs one SM holds: within its shared memory (``score_shared_bytes``), its
     warps and its programs."""
