@@ -206,14 +206,13 @@ def torch_dense_verify(
 def torch_block_scores(q: torch.Tensor, meta, lens: torch.Tensor, method: str) -> torch.Tensor:
     """fp32 torch ``kernels.select_blocks.block_scores`` over maintained metadata."""
     b, t, h, d = q.shape
-    ref = meta.mean if method == "mean" else meta.kmin
-    hkv, nb = ref.shape[1], ref.shape[2]
+    _, hkv, nb, _ = meta.shape
     qbar = q.float().view(b, t, hkv, h // hkv, d).mean(3).transpose(1, 2)  # [B, Hkv, t, D]
     if method == "mean":
-        s = qbar @ meta.mean.transpose(-1, -2)
+        s = qbar @ meta.values("mean").transpose(-1, -2)
     else:
-        s = qbar.clamp(min=0) @ meta.kmax.transpose(-1, -2)
-        s = s + qbar.clamp(max=0) @ meta.kmin.transpose(-1, -2)
+        s = qbar.clamp(min=0) @ meta.values("kmax").transpose(-1, -2)
+        s = s + qbar.clamp(max=0) @ meta.values("kmin").transpose(-1, -2)
     live = torch.arange(nb, device=q.device)[None, :] * meta.block_size < lens[:, None].long()
     return torch.where(live.view(b, 1, 1, nb), s, float("-inf"))
 

@@ -167,8 +167,8 @@ class KVCache:
         if self.use_triton:
             return BlockMetadata.build(self.k(layer), self.lens, block_size, kinds)
         ref = reference_block_metadata(self.k(layer), self.lens, block_size)
-        return BlockMetadata(
-            block_size=block_size,
+        return BlockMetadata.from_values(
+            block_size,
             mean=ref["mean"] if "mean" in kinds else None,
             kmin=ref["kmin"] if "quest" in kinds else None,
             kmax=ref["kmax"] if "quest" in kinds else None,
@@ -182,10 +182,9 @@ class KVCache:
                     meta.update(self.k(layer), old_lens, self.lens)
                 else:
                     ref = reference_block_metadata(self.k(layer), self.lens, meta.block_size)
-                    for name, key in (("mean", "mean"), ("kmin", "kmin"), ("kmax", "kmax")):
-                        dst = getattr(meta, name)
-                        if dst is not None:
-                            dst.copy_(ref[key])
+                    for name in ("mean", "kmin", "kmax"):
+                        if getattr(meta, name) is not None:
+                            meta.set_values(name, ref[name])
         if self.comp is not None:
             comp_block, comp_stride = self.comp_shape
             if self.use_triton:  # every layer in one launch

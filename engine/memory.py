@@ -61,9 +61,10 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, t_max: int, elem_bytes: int) ->
 
 
 def summaries_bytes(cfg: ModelConfig, strategy: Strategy, batch: int, t_max: int, elem_bytes: int):
-    """The cache summaries ``strategy``'s attention reads (0 for dense): fp32 block keys per
-    layer, one tensor per metadata kind (mean; quest keeps min and max), or NSA's compressed
-    keys and values in the cache dtype."""
+    """The cache summaries ``strategy``'s attention reads (0 for dense): block keys per layer,
+    an fp32 value's four bytes in two bf16 parts (``kernels.block_metadata``), one tensor per
+    metadata kind (mean; quest keeps min and max), or NSA's compressed keys and values in the
+    cache dtype."""
     if not strategy.is_sparse:
         return 0
     per_row = cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim

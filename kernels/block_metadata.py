@@ -1,8 +1,12 @@
 """Per-block key summaries for block selection (:mod:`kernels.select_blocks`): each KV block's
 mean key (seed 001, eq. 5) and its channel-wise min/max keys (Quest, seed 004 appendix A.1).
 
-Metadata lives on the device as ``[B, Hkv, NB_max, D]`` float32 tensors, ``NB_max =
-ceil(T_max / block_size)``; a partial last block is summarised over its present tokens only.
+Metadata lives on the device as ``[B, Hkv, NB_max, 2, D]`` bfloat16 tensors, ``NB_max =
+ceil(T_max / block_size)``: each fp32 summary ``x`` as two parts, ``hi = bf16(x)`` and ``lo =
+bf16(x - hi)`` (``split_parts``; ``hi + lo`` is ``x`` within ~2^-17 of it), the same four bytes
+an element as fp32, which the scoring multiplies in three bf16 MMAs with no conversion
+(``kernels.select_kernels.score_range``). A partial last block is summarised over its present
+tokens only.
 ``BlockMetadata.update`` refreshes just the blocks touched by appended (or rolled-back) tokens,
 reading the lengths on the device, so the decode loop can capture it in a CUDA graph.
 ``reference_block_metadata`` is the fp32 torch reference.
@@ -19,6 +23,8 @@ from ssvkit.kernels.select_kernels import block_metadata_kernel
 
 # The summaries a BlockMetadata can hold: mean keys, or min/max keys (Quest).
 KINDS = ("mean", "quest")
+# The parts of a stored summary element: its bf16 high part and the bf16 rest (``split_parts``).
+PARTS = 2
 # Programs per (b, kv head) in ``update``: an append of up to 64 draft tokens + 1 bonus token
 # touches at most ceil(65 / block_size) + 1 blocks; programs loop if more are touched.
 _APPEND_TOKENS_HINT = 65
@@ -37,9 +43,22 @@ def _check_k_cache(k_cache: torch.Tensor, block_size: int) -> None:
         raise ValueError(f"block_size must be a power of two >= 1, got {block_size}")
 
 
+def split_parts(x: torch.Tensor) -> torch.Tensor:
+    """``[..., D]`` fp32 as ``[..., 2, D]`` bf16 parts: ``bf16(x)`` and ``bf16(x - bf16(x))``."""
+    hi = x.float().to(torch.bfloat16)
+    lo = (x.float() - hi.float()).to(torch.bfloat16)
+    return torch.stack((hi, lo), dim=-2)
+
+
+def join_parts(parts: torch.Tensor) -> torch.Tensor:
+    """The fp32 summaries ``[..., D]`` of ``[..., 2, D]`` parts (``split_parts``)."""
+    return parts[..., 0, :].float() + parts[..., 1, :].float()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockMetadata:
-    """Per-block key summaries ``[B, Hkv, NB_max, D]`` float32 for block selection.
+    """Per-block key summaries for block selection, each ``[B, Hkv, NB_max, 2, D]`` bfloat16:
+    an fp32 summary in two parts (``split_parts``; ``values`` gives it back as fp32).
 
     Attributes
     ----------
@@ -67,8 +86,41 @@ class BlockMetadata:
     def num_blocks(self) -> int:
         return self._any().shape[2]
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, Hkv, NB_max, D)`` of the summaries."""
+        b, hkv, nb, _, d = self._any().shape
+        return b, hkv, nb, d
+
     def _any(self) -> torch.Tensor:
         return self.mean if self.mean is not None else self.kmin
+
+    def values(self, name: str) -> torch.Tensor:
+        """Summary ``name`` (``"mean"``, ``"kmin"`` or ``"kmax"``) as ``[B, Hkv, NB_max, D]``
+        fp32."""
+        parts = getattr(self, name)
+        if parts is None:
+            raise ValueError(f"this BlockMetadata has no {name!r}; its kinds are {self.kinds}")
+        return join_parts(parts)
+
+    @classmethod
+    def from_values(
+        cls,
+        block_size: int,
+        mean: torch.Tensor | None = None,
+        kmin: torch.Tensor | None = None,
+        kmax: torch.Tensor | None = None,
+    ) -> BlockMetadata:
+        """Metadata of fp32 summaries ``[B, Hkv, NB_max, D]`` (``reference_block_metadata``'s),
+        stored in parts."""
+        if (kmin is None) != (kmax is None) or (mean is None and kmin is None):
+            raise ValueError("from_values needs mean, or kmin and kmax, or all three")
+        parts = [None if x is None else split_parts(x) for x in (mean, kmin, kmax)]
+        return cls(block_size, *parts)
+
+    def set_values(self, name: str, x: torch.Tensor) -> None:
+        """Overwrite summary ``name`` in place with the fp32 ``x`` ``[B, Hkv, NB_max, D]``."""
+        getattr(self, name).copy_(split_parts(x))
 
     @classmethod
     def build(
@@ -94,8 +146,8 @@ class BlockMetadata:
         Returns
         -------
         BlockMetadata
-            Tensors ``[B, Hkv, ceil(T_max / block_size), D]`` float32. Blocks past the prefix
-            hold unspecified values; scoring masks them.
+            Tensors ``[B, Hkv, ceil(T_max / block_size), 2, D]`` bfloat16 (an fp32 summary in
+            two parts). Blocks past the prefix hold unspecified values; scoring masks them.
         """
         _check_k_cache(k_cache, block_size)
         kinds = tuple(kinds)
@@ -106,7 +158,8 @@ class BlockMetadata:
         nb = triton.cdiv(t_max, block_size)
 
         def alloc() -> torch.Tensor:
-            return torch.zeros((b, hkv, nb, d), dtype=torch.float32, device=k_cache.device)
+            shape = (b, hkv, nb, PARTS, d)
+            return torch.zeros(shape, dtype=torch.bfloat16, device=k_cache.device)
 
         meta = cls(
             block_size=block_size,
@@ -134,9 +187,9 @@ class BlockMetadata:
         _check_k_cache(k_cache, self.block_size)
         ref = self._any()
         b, hkv, t_max, d = k_cache.shape
-        if (b, hkv, triton.cdiv(t_max, self.block_size), d) != tuple(ref.shape):
+        if (b, hkv, triton.cdiv(t_max, self.block_size), d) != self.shape:
             raise ValueError(
-                f"k_cache shape {tuple(k_cache.shape)} does not match metadata {tuple(ref.shape)}"
+                f"k_cache shape {tuple(k_cache.shape)} does not match metadata {self.shape}"
             )
         check_lens(old_lens, b, k_cache.device, "old_lens")
         check_lens(new_lens, b, k_cache.device, "new_lens")
@@ -161,6 +214,7 @@ class BlockMetadata:
             ref.stride(0),
             ref.stride(1),
             ref.stride(2),
+            ref.stride(3),
             hkv,
             k_cache.shape[2],
             NUM_PROGS=num_progs,

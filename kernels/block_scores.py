@@ -18,8 +18,9 @@ from ssvkit.kernels.select_kernels import block_scores_kernel
 from ssvkit.kernels.top_blocks import empty_scores
 from triton.runtime.errors import OutOfResources
 
-# Scores are fp32-accurate dots: three tf32 MMA passes (``tf32x3``, ~2^-21 relative) on the GPU,
-# FMA ("ieee") in the interpreter. A score tile is [T_PAD, 32] (16 blocks past 32 rows).
+# Scores are dots of the query's and the metadata's bf16 parts: three bf16 MMAs a product
+# (``bf16x3``, within ~2^-16 of the fp32 dot) on the GPU, FMA ("ieee") in the interpreter.
+# A score tile is [T_PAD, 32] (16 blocks past 32 rows).
 _SCORE_TILE = 1024
 # Past 16 rows, a query this many fp32 columns wide or wider (head dimension times metadata
 # kinds: quest at 128, either method at 256) scores 16-block tiles: at 32 blocks its operands
@@ -89,7 +90,7 @@ def launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=
 
 def score_warps(t_pad: int, method: str) -> int:
     """Warps of a score program: 2 for the mean key's one product a tile up to ``T_PAD`` 32, 4
-    for wider tiles and for quest's two products (the split operands of two tf32x3 products
+    for wider tiles and for quest's two products (the split operands of two bf16x3 products
     would leave two warps issue-bound). Eight warps are slower on the H200 at every tile
     width: the program's fp32 tiles spread over more warps than its products keep busy."""
     if method == "quest" or t_pad > 32:
@@ -99,15 +100,16 @@ def score_warps(t_pad: int, method: str) -> int:
 
 def _check_q(q: torch.Tensor, meta: BlockMetadata) -> None:
     ref = meta._any()
+    mb, mhkv, _, md = meta.shape
     if q.dim() != 4:
         raise ValueError(f"q must be [B, t, H, D], got shape {tuple(q.shape)}")
     check_float_dtype("q", q)
     if q.stride(3) != 1:
         raise ValueError("q must have a contiguous last dimension")
     b, t, h, d = q.shape
-    if b != ref.shape[0] or d != ref.shape[3] or h % ref.shape[1] != 0:
+    if b != mb or d != md or h % mhkv != 0:
         raise ValueError(
-            f"q shape {tuple(q.shape)} does not fit metadata [B, Hkv, NB, D]={tuple(ref.shape)}"
+            f"q shape {tuple(q.shape)} does not fit metadata [B, Hkv, NB, D]={meta.shape}"
         )
     if d > 2 * _D_CHUNK:
         raise ValueError(f"q head dim must be at most {2 * _D_CHUNK}, got {d}")
@@ -155,7 +157,7 @@ def block_scores(
     _check_method(method, meta)
     _check_q(q, meta)
     b, t, _, _ = q.shape
-    _, hkv, nb, _ = meta._any().shape
+    _, hkv, nb, _ = meta.shape
     out = empty_scores(b, hkv, t, nb, q.device)
     _score_rows(q, meta, prefix_lens, method, chain_for(chain), out)
     return out
@@ -240,7 +242,7 @@ def _score_launch(
     _check_method(method, meta)
     _check_q(q, meta)
     b, t, h, d = q.shape
-    _, hkv, nb, _ = meta._any().shape
+    _, hkv, nb, _ = meta.shape
     check_lens(prefix_lens, b, q.device, "prefix_lens")
     out = empty_scores(b, hkv, t, nb, q.device) if out is None else out
     t_pad = max(16, triton.next_power_of_2(t))
@@ -255,7 +257,7 @@ def _score_launch(
         prefix_lens,
         out,
     )
-    strides = (*q.stride()[:3], *ref.stride()[:3], *out.stride()[:3])
+    strides = (*q.stride()[:3], *ref.stride()[:4], *out.stride()[:3])
     constexprs = dict(
         G=h // hkv,
         T_PAD=t_pad,
@@ -266,7 +268,7 @@ def _score_launch(
         D_CHUNK=min(d, _D_CHUNK),
         BLOCK_SIZE=meta.block_size,
         QUEST=method == "quest",
-        PRECISION="tf32x3" if q.device.type == "cuda" else "ieee",
+        PRECISION="bf16x3" if q.device.type == "cuda" else "ieee",
     )
     return ScoreLaunch(
         out,

@@ -5,9 +5,14 @@
 
 ``score_range`` is the scoring of one program: it averages its KV head's ``G`` queries once,
 then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a loop pipelined over
-``NUM_STAGES`` tiles, as fp32 ``[T_PAD, BLOCK_NB]`` matrix products against the metadata. A
-head dimension of twice ``D_CHUNK`` is scored in two halves, each a product of ``D_CHUNK``
-columns, so that a tile's operands in registers stay the size they have at ``D_CHUNK``.
+``NUM_STAGES`` tiles, as ``[T_PAD, BLOCK_NB]`` matrix products against the metadata. The
+metadata holds each fp32 summary in two bf16 parts (``kernels.block_metadata``), and the
+averaged query is split the same way once per program, so a product is three bf16 MMAs
+(``hi.hi + hi.lo + lo.hi``, ``PRECISION`` "bf16x3": within ~2^-16 of the fp32 dot) with no
+conversion of the streamed tiles; the interpreter ("ieee") multiplies the fp32 sums of the parts
+instead. A head dimension of twice ``D_CHUNK`` is scored in two halves, each a product of
+``D_CHUNK`` columns, so that a tile's operands in registers stay the size they have at
+``D_CHUNK``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def block_metadata_kernel(
     stride_mb,
     stride_mh,
     stride_mn,
+    stride_mp,
     num_kv_heads,
     t_max,
     NUM_PROGS: tl.constexpr,
@@ -43,7 +49,7 @@ def block_metadata_kernel(
 ):
     """Grid ``(B * Hkv, NUM_PROGS)``: the mean and/or min/max key of every block spanned by
     positions ``[min(old, new), max(old, new))`` of one (sequence, KV head), the programs
-    taking every ``NUM_PROGS``-th block."""
+    taking every ``NUM_PROGS``-th block, each stored as its bf16 parts (``store_parts``)."""
     tl.static_assert(BLOCK_SIZE >= 1)
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -70,13 +76,32 @@ def block_metadata_kernel(
         m_off = m_base + blk * stride_mn + offs_d
         if HAS_MEAN:
             mean = tl.sum(k, axis=0) / tl.maximum(count, 1).to(tl.float32)
-            tl.store(mean_ptr + m_off, mean)
+            store_parts(mean_ptr + m_off, stride_mp, mean)
         if HAS_MINMAX:
             # Empty blocks (past a rolled-back length) are zeroed: scores mask them anyway.
             kmin = tl.min(tl.where(valid[:, None], k, float("inf")), axis=0)
             kmax = tl.max(tl.where(valid[:, None], k, -float("inf")), axis=0)
-            tl.store(min_ptr + m_off, tl.where(count > 0, kmin, 0.0))
-            tl.store(max_ptr + m_off, tl.where(count > 0, kmax, 0.0))
+            store_parts(min_ptr + m_off, stride_mp, tl.where(count > 0, kmin, 0.0))
+            store_parts(max_ptr + m_off, stride_mp, tl.where(count > 0, kmax, 0.0))
+
+
+@triton.jit
+def store_parts(ptr, stride_mp, x):
+    """Store fp32 ``x`` as its bf16 parts: ``hi = bf16(x)`` at ``ptr``, ``bf16(x - hi)`` one
+    part further (``kernels.block_metadata.split_parts``)."""
+    hi = bf16_nearest(x)
+    tl.store(ptr, hi.to(tl.bfloat16))
+    tl.store(ptr + stride_mp, bf16_nearest(x - hi).to(tl.bfloat16))
+
+
+@triton.jit
+def bf16_nearest(x):
+    """fp32 ``x`` rounded to the nearest bf16 value (ties to even), as fp32: its conversion to
+    bf16 is then exact whatever rounding the conversion applies (the interpreter truncates).
+    NaN stays NaN (its rounded bits could carry into the sign)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
 
 
 @triton.jit
@@ -96,6 +121,7 @@ def score_range(
     stride_mb,
     stride_mh,
     stride_mn,
+    stride_mp,
     stride_ob,
     stride_oh,
     stride_ot,
@@ -127,13 +153,17 @@ def score_range(
     q_offs = offs_t[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
     qbar = mean_query(q_base, q_offs, row_ok, stride_qh, G, T_PAD, D_CHUNK)  # [T_PAD, D_CHUNK]
     if QUEST:
-        q_pos = tl.maximum(qbar, 0.0)
-        q_neg = tl.minimum(qbar, 0.0)
+        pos_hi, pos_lo = split_query(tl.maximum(qbar, 0.0), PRECISION)
+        neg_hi, neg_lo = split_query(tl.minimum(qbar, 0.0), PRECISION)
+    else:
+        q_hi, q_lo = split_query(qbar, PRECISION)
     if D > D_CHUNK:
-        qbar_hi = mean_query(q_base + D_CHUNK, q_offs, row_ok, stride_qh, G, T_PAD, D_CHUNK)
+        qbar2 = mean_query(q_base + D_CHUNK, q_offs, row_ok, stride_qh, G, T_PAD, D_CHUNK)
         if QUEST:
-            q_pos_hi = tl.maximum(qbar_hi, 0.0)
-            q_neg_hi = tl.minimum(qbar_hi, 0.0)
+            pos_hi2, pos_lo2 = split_query(tl.maximum(qbar2, 0.0), PRECISION)
+            neg_hi2, neg_lo2 = split_query(tl.minimum(qbar2, 0.0), PRECISION)
+        else:
+            q_hi2, q_lo2 = split_query(qbar2, PRECISION)
     prefix_len = tl.load(prefix_ptr + b)
     m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -146,16 +176,17 @@ def score_range(
         m_offs = m_base + offs_nb[:, None].to(tl.int64) * stride_mn + offs_d[None, :]
         if QUEST:
             # max(q*lo, q*hi) = relu(q)*hi + min(q, 0)*lo, elementwise: two matrix products.
-            s = quest_dots(q_pos, q_neg, min_ptr, max_ptr, m_offs, blk_ok, PRECISION)
+            s = part_dot(pos_hi, pos_lo, max_ptr, m_offs, stride_mp, blk_ok, PRECISION)
+            s += part_dot(neg_hi, neg_lo, min_ptr, m_offs, stride_mp, blk_ok, PRECISION)
             if D > D_CHUNK:
-                m_hi = m_offs + D_CHUNK
-                s += quest_dots(q_pos_hi, q_neg_hi, min_ptr, max_ptr, m_hi, blk_ok, PRECISION)
+                m_2 = m_offs + D_CHUNK
+                s += part_dot(pos_hi2, pos_lo2, max_ptr, m_2, stride_mp, blk_ok, PRECISION)
+                s += part_dot(neg_hi2, neg_lo2, min_ptr, m_2, stride_mp, blk_ok, PRECISION)
         else:
-            kmean = tl.load(mean_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
-            s = tl.dot(qbar, tl.trans(kmean), input_precision=PRECISION)  # [T_PAD, BLOCK_NB]
+            s = part_dot(q_hi, q_lo, mean_ptr, m_offs, stride_mp, blk_ok, PRECISION)
             if D > D_CHUNK:
-                kmean = tl.load(mean_ptr + m_offs + D_CHUNK, mask=blk_ok[:, None], other=0.0)
-                s += tl.dot(qbar_hi, tl.trans(kmean), input_precision=PRECISION)
+                m_2 = m_offs + D_CHUNK
+                s += part_dot(q_hi2, q_lo2, mean_ptr, m_2, stride_mp, blk_ok, PRECISION)
         live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
         s = tl.where(live[None, :], s, -float("inf"))
         tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
@@ -176,14 +207,29 @@ def mean_query(
 
 
 @triton.jit
-def quest_dots(q_pos, q_neg, min_ptr, max_ptr, m_offs, blk_ok, PRECISION: tl.constexpr):
-    """``relu(q) . max_k + min(q, 0) . min_k`` of one head-dimension chunk: ``[T_PAD,
-    BLOCK_NB]``."""
-    kmin = tl.load(min_ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D_CHUNK]
-    kmax = tl.load(max_ptr + m_offs, mask=blk_ok[:, None], other=0.0)
-    s = tl.dot(q_pos, tl.trans(kmax), input_precision=PRECISION)
-    s += tl.dot(q_neg, tl.trans(kmin), input_precision=PRECISION)
-    return s
+def split_query(q, PRECISION: tl.constexpr):
+    """The operands of ``part_dot`` for the fp32 query tile ``q``: its bf16 parts ("bf16x3"),
+    or ``q`` itself twice ("ieee", the second unused)."""
+    if PRECISION == "bf16x3":
+        hi = bf16_nearest(q)
+        return hi.to(tl.bfloat16), bf16_nearest(q - hi).to(tl.bfloat16)
+    return q, q
+
+
+@triton.jit
+def part_dot(q_hi, q_lo, ptr, m_offs, stride_mp, blk_ok, PRECISION: tl.constexpr):
+    """``[T_PAD, BLOCK_NB]`` dots of a query tile (``split_query``'s operands) with the blocks'
+    summaries at ``m_offs``, stored as bf16 parts ``stride_mp`` apart: three bf16 MMAs
+    accumulated in fp32 (the parts' product but for ``lo . lo``), or the fp32 product of the
+    parts' sum in the interpreter."""
+    k_hi = tl.load(ptr + m_offs, mask=blk_ok[:, None], other=0.0)  # [BLOCK_NB, D_CHUNK]
+    k_lo = tl.load(ptr + m_offs + stride_mp, mask=blk_ok[:, None], other=0.0)
+    if PRECISION == "bf16x3":
+        s = tl.dot(q_hi, tl.trans(k_hi))
+        s = tl.dot(q_hi, tl.trans(k_lo), s)
+        return tl.dot(q_lo, tl.trans(k_hi), s)
+    k = k_hi.to(tl.float32) + k_lo.to(tl.float32)
+    return tl.dot(q_hi, tl.trans(k), input_precision="ieee")
 
 
 @triton.jit
@@ -200,6 +246,7 @@ def block_scores_kernel(
     stride_mb,
     stride_mh,
     stride_mn,
+    stride_mp,
     stride_ob,
     stride_oh,
     stride_ot,
@@ -234,6 +281,7 @@ def block_scores_kernel(
         stride_mb,
         stride_mh,
         stride_mn,
+        stride_mp,
         stride_ob,
         stride_oh,
         stride_ot,
@@ -271,6 +319,7 @@ def select_kernel(
     stride_mb,
     stride_mh,
     stride_mn,
+    stride_mp,
     stride_ob,
     stride_oh,
     stride_ot,
@@ -336,6 +385,7 @@ def select_kernel(
             stride_mb,
             stride_mh,
             stride_mn,
+            stride_mp,
             stride_ob,
             stride_oh,
             stride_ot,

@@ -26,8 +26,10 @@ SCORE_TILE = 1024  # kernels.block_scores._SCORE_TILE: T_PAD x BLOCK_NB
 WIDE_QUERY_COLUMNS = 256  # kernels.block_scores._WIDE_QUERY_COLUMNS: 16-block tiles past 16 rows
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
 NUM_STAGES = 3  # score_range's pipelined loop
-TF32_PASSES = 3  # tf32x3: fp32-accurate dots
+MMA_PASSES = 3  # bf16x3: a product of split operands in three bf16 MMAs
 F32 = 4
+# A metadata element: an fp32 summary in two bf16 parts (kernels.block_metadata).
+SUMMARY_BYTES = 4
 I32 = 4
 I64 = 8
 ELEM_BYTES = 2  # bf16 queries
@@ -81,8 +83,9 @@ class SelectShape:
 class SelectWork:
     """What one block-selection call executes; counts as floats.
 
-    - ``requested_bytes``: the metadata (fp32, ``kinds`` tensors), the queries each score
-      program averages, the score rows written and read back by the pick, the picked ids;
+    - ``requested_bytes``: the metadata (``kinds`` tensors, an element an fp32 value in two
+      bf16 parts), the queries each score program averages, the score rows written and read
+      back by the pick, the picked ids;
     - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
     - ``chain_tiles``: score tiles an SM walks in series, in units of a ``[16, 32, 128]``
       single-kind tile's MMA work issued by one warp: a program's tiles, each its ``T_PAD x
@@ -129,8 +132,9 @@ def score_tile(t: int, kinds: int = 1, head_dim: int = 128) -> tuple[int, int, i
     metadata tensors (1 mean, 2 quest; ``kernels.block_scores.score_block_nb``,
     ``score_warps``): ``T_PAD = max(16, pow2(t))`` query rows, ``BLOCK_NB = min(32, 1024 /
     T_PAD)`` blocks (16 past 16 rows where ``head_dim * kinds >= 256``), 2 warps for the mean
-    key up to ``T_PAD`` 32, else 4 (quest, wider tiles). A tile is an fp32 ``[T_PAD, D] x [D,
-    BLOCK_NB]`` product per metadata kind, three tf32 MMA passes each."""
+    key up to ``T_PAD`` 32, else 4 (quest, wider tiles). A tile is a ``[T_PAD, D] x [D,
+    BLOCK_NB]`` product per metadata kind of operands split in bf16 parts, three bf16 MMAs
+    each."""
     t_pad = max(16, pow2(t))
     warps = 4 if kinds == 2 or t_pad > 32 else 2
     block_nb = min(32, SCORE_TILE // t_pad)
@@ -155,7 +159,7 @@ def score_shared_bytes(
     kind, and a scratch for its ``[T_PAD, D]`` query operands per kind that grows with
     ``T_PAD`` (half their fp32 bytes at 16 rows, once at 32, twice at 64: the compiled
     kernels' shared memory on sm_90 within 20%, ``validation/data/score-tiles-h200.json``)."""
-    tiles = stages * block_nb * head_dim * F32 * kinds
+    tiles = stages * block_nb * head_dim * SUMMARY_BYTES * kinds
     return tiles + t_pad * head_dim * kinds * F32 * t_pad // 32
 
 
@@ -276,7 +280,7 @@ def select_call_work(
     tile_work = t_pad * block_nb * s.head_dim * s.kinds / lw / UNIT_TILE_WORK
     chain_waves = shared_waves(math.ceil(programs / num_sms), resident, lw)
     scores = rows * nb * F32
-    meta = pairs * nb * s.head_dim * F32 * s.kinds
+    meta = pairs * nb * s.head_dim * SUMMARY_BYTES * s.kinds
     queries = programs * s.t * group * s.head_dim * ELEM_BYTES
     picked = rows * s.top_n * I32
     nbytes = meta + queries + scores + picked
@@ -288,7 +292,7 @@ def select_call_work(
     pick_waves = math.ceil(rows / (num_sms * per_sm))
     pick_chain = pick_waves * elems / pw
     nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
-    flops = TF32_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
+    flops = MMA_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
     return SelectWork(
         requested_bytes=float(nbytes),
         flops=float(flops),

@@ -144,7 +144,7 @@ def test_resident_items_are_the_tensors_sizes():
     assert plan.kv_bytes == cache.kv.numel() * 2
     nb = math.ceil(600 / mean.block_size)
     meta = BlockMetadata(mean.block_size, torch.empty(3, 2, nb, 32), None, None)
-    assert plan.summaries_bytes == WIDE.num_layers * meta.mean.numel() * 4
+    assert plan.summaries_bytes == WIDE.num_layers * meta.mean.numel() * meta.mean.element_size()
     quest = _plan(Strategy(name="q", attention="sparse", metadata="quest"))
     assert quest.summaries_bytes == 2 * plan.summaries_bytes
     nsa_strategy = BASELINES["ssv"]  # NSA: compressed keys and values
