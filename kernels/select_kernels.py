@@ -212,8 +212,12 @@ def split_query(q, PRECISION: tl.constexpr):
     or ``q`` itself twice ("ieee", the second unused)."""
     if PRECISION == "bf16x3":
         hi = bf16_nearest(q)
-        return hi.to(tl.bfloat16), bf16_nearest(q - hi).to(tl.bfloat16)
-    return q, q
+        q_hi = hi.to(tl.bfloat16)
+        q_lo = bf16_nearest(q - hi).to(tl.bfloat16)
+    else:
+        q_hi = q
+        q_lo = q
+    return q_hi, q_lo
 
 
 @triton.jit
@@ -227,9 +231,11 @@ def part_dot(q_hi, q_lo, ptr, m_offs, stride_mp, blk_ok, PRECISION: tl.constexpr
     if PRECISION == "bf16x3":
         s = tl.dot(q_hi, tl.trans(k_hi))
         s = tl.dot(q_hi, tl.trans(k_lo), s)
-        return tl.dot(q_lo, tl.trans(k_hi), s)
-    k = k_hi.to(tl.float32) + k_lo.to(tl.float32)
-    return tl.dot(q_hi, tl.trans(k), input_precision="ieee")
+        s = tl.dot(q_lo, tl.trans(k_hi), s)
+    else:
+        k = k_hi.to(tl.float32) + k_lo.to(tl.float32)
+        s = tl.dot(q_hi, tl.trans(k), input_precision="ieee")
+    return s
 
 
 @triton.jit
