@@ -155,19 +155,22 @@ def score_tiles(num_tiles: int, num_sms: int) -> int:
 def score_shared_bytes(
     t_pad: int, block_nb: int, head_dim: int, kinds: int, stages: int = NUM_STAGES
 ) -> int:
-    """Shared memory of one score program: ``stages`` metadata tiles of ``BLOCK_NB`` blocks per
-    kind, and a scratch for its ``[T_PAD, D]`` query operands per kind that grows with
-    ``T_PAD`` (half their fp32 bytes at 16 rows, once at 32, twice at 64: the compiled
-    kernels' shared memory on sm_90 within 20%, ``validation/data/score-tiles-h200.json``)."""
-    tiles = stages * block_nb * head_dim * SUMMARY_BYTES * kinds
-    return tiles + t_pad * head_dim * kinds * F32 * t_pad // 32
+    """Shared memory of one score program: the metadata tiles its pipeline keeps in flight
+    (``stages - 1`` of ``BLOCK_NB`` blocks per kind, at least one: the MMA's operand passes
+    through shared memory), its ``[T_PAD, D]`` fp32 query tile per kind and its ``[T_PAD,
+    BLOCK_NB]`` fp32 score tile. The compiled kernels' shared memory on sm_90
+    (``validation/data/score-tiles-h200.json``): equal at 114 of 126 shapes, at most 16% more
+    (64-row tiles of four or eight warps)."""
+    tiles = max(stages - 1, 1) * block_nb * head_dim * SUMMARY_BYTES * kinds
+    return tiles + t_pad * head_dim * kinds * F32 + t_pad * block_nb * F32
 
 
 def one_launch_fits(t: int, head_dim: int, kinds: int, smem_per_sm_bytes: int) -> bool:
     """Whether the one-launch selection of ``t`` query rows fits an SM's shared memory at its
     smallest score shape (16 blocks, one stage): the scoring alone splits rows that do not
     fit into launches of 32 (``kernels.block_scores``), the one launch cannot, and its wrapper
-    refuses them (quest at head dimension 256 past 32 rows on an H100 or H200)."""
+    refuses them (none of at most 64 rows on an H100 or H200, whose SMs hold 227 KiB; quest at
+    head dimension 256 past 32 rows on an SM of 128 KiB)."""
     t_pad = max(16, pow2(t))
     return score_shared_bytes(t_pad, 16, head_dim, kinds, stages=1) <= smem_per_sm_bytes
 

@@ -87,12 +87,12 @@ def test_score_programs_walk_two_to_four_tiles():
 
 def test_two_launch_counts_hand_computed():
     # 16 x 8 pairs, NB = ceil(131088 / 64) = 2049 blocks, 65 tiles of 32 a pair: 8320 tiles,
-    # 4 a program (2080 programs >= 264), 17 programs a pair = 2176, 17 an SM; mean tiles of
-    # 3 x 32 x 128 x 4 B = 48 KiB and a 4 KiB query scratch -> 4 per SM: 4 waves of 8 warps
-    # (two a sub-partition) and one of 2 warps, 9 alone-issue waves, of 4 tiles of half a
-    # unit each (a [16, 32, 128] tile over 2 warps).
+    # 4 a program (2080 programs >= 264), 17 programs a pair = 2176, 17 an SM; two mean tiles
+    # of 32 x 128 x 4 B in flight, an 8 KiB query tile and a 2 KiB score tile -> 5 per SM: 3
+    # waves of 10 warps (2.5 a sub-partition) and one of 4 warps, 8.5 alone-issue waves, of 4
+    # tiles of half a unit each (a [16, 32, 128] tile over 2 warps).
     w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert w.chain_tiles == (4 * 2 + 1) * 4 * 0.5
+    assert w.chain_tiles == (3 * 2.5 + 1) * 4 * 0.5
     # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
     assert w.pick_chain == 1 * (2048 + 2 * 64) / 1
@@ -103,8 +103,8 @@ def test_two_launch_counts_hand_computed():
     queries = 2176 * 16 * 4 * 128 * 2
     assert w.requested_bytes == meta + queries + 2 * scores + 2048 * 16 * 4 + 2048 * 32 * 8
     assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
-    # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 5 waves.
-    assert w.query_chain == 5 * 4 * 16 * 128 / (2 * 32)
+    # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 4 waves.
+    assert w.query_chain == 4 * 4 * 16 * 128 / (2 * 32)
 
 
 def test_the_pick_tail_is_the_rows_past_the_chunk():
@@ -130,19 +130,25 @@ def test_warps_past_four_an_sm_share_its_sub_partitions():
 
 
 def test_the_query_scratch_grows_with_the_rows():
-    # Mean, 32 blocks of 128: 48 KiB of tiles and 4, 16, 64 KiB of scratch at 16, 32, 64 rows.
+    # Mean, 32 blocks of 128: two 16 KiB tiles in flight, 8, 16, 32 KiB of query tile and 2, 4,
+    # 8 KiB of score tile at 16, 32, 64 rows.
+    assert sw.score_shared_bytes(16, 32, 128, 1) == 2 * 16384 + 8192 + 2048
     assert [sw.resident_score_programs(32, 128, 1, 2, SMEM, t) for t in (16, 32, 64)] == [
-        4,
-        3,
-        2,
+        SMEM // 43008,
+        SMEM // 53248,
+        SMEM // 73728,
     ]
 
 
 def test_one_launch_fits_where_its_smallest_score_shape_does():
-    # Quest at 256 wide heads: a 64-row tile's 256 KiB of query scratch outgrows the SM.
-    assert not sw.one_launch_fits(40, 256, 2, SMEM) and sw.one_launch_fits(32, 256, 2, SMEM)
-    assert sw.one_launch_fits(64, 256, 1, SMEM) and sw.one_launch_fits(64, 128, 2, SMEM)
-    assert sw.score_shared_bytes(64, 16, 256, 2, stages=1) == 16 * 256 * 4 * 2 + 64 * 256 * 8 * 2
+    # One stage still passes one tile through shared memory.
+    assert sw.score_shared_bytes(64, 16, 256, 2, stages=1) == 16 * 256 * 8 + 64 * 256 * 8 + 4096
+    # Every shape of at most 64 rows fits 227 KiB; quest at 256 wide heads past 32 rows
+    # outgrows 128 KiB.
+    assert sw.one_launch_fits(64, 256, 2, SMEM)
+    small = 128 * 1024
+    assert not sw.one_launch_fits(40, 256, 2, small) and sw.one_launch_fits(32, 256, 2, small)
+    assert sw.one_launch_fits(64, 256, 1, small) and sw.one_launch_fits(64, 128, 2, small)
 
 
 def test_query_averaging_grows_with_the_group_where_the_tiles_do_not():
@@ -159,16 +165,17 @@ def test_counts_follow_the_plan():
     # Quest reads two tensors a tile: twice the tile's work, half the resident programs.
     quest = sw.select_call_work(shape(kinds=2), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     # 17 programs an SM, 2 resident of 4 warps: 8 waves of 8 warps and one of 4, 17 alone-issue
-    # waves (9 at mean), of 4 tiles of twice the work over twice the warps (half a unit each).
-    assert two.chain_tiles == 9 * 4 * 0.5 and quest.chain_tiles == 17 * 4 * 0.5
-    # One launch: the pick programs hold the scoring's shared memory, 4 an SM, so 4 waves,
+    # waves (8.5 at mean), of 4 tiles of twice the work over twice the warps (half a unit
+    # each).
+    assert two.chain_tiles == 8.5 * 4 * 0.5 and quest.chain_tiles == 17 * 4 * 0.5
+    # One launch: the pick programs hold the scoring's shared memory, 5 an SM, so 4 waves,
     # and take the scoring's 2 warps, more than the pick's 1.
     one = sw.select_call_work(shape(), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
     assert one.launches == 1 and one.pick_chain == 4 * (2048 + 2 * 64) / 2
-    # 32 draft rows pad to a 32-row tile of twice the work, whose 16 KiB scratch leaves 3
-    # programs an SM: 5 waves of 6 warps (1.5 a sub-partition) and one of 4 warps.
+    # 32 draft rows pad to a 32-row tile of twice the work, whose 16 KiB query and 4 KiB score
+    # tiles leave 4 programs an SM: 4 waves of 8 warps (2 a sub-partition) and one of 2 warps.
     t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert t32.chain_tiles == (5 * 1.5 + 1) * 4 * 1.0
+    assert t32.chain_tiles == (4 * 2 + 1) * 4 * 1.0
 
 
 def test_arrays_match_scalar_calls_and_count_nothing_off():
