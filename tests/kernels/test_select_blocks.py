@@ -7,6 +7,10 @@ D = 128, block 64, plus CUDA-graph capture of ``update`` and ``select_blocks``.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import ssvkit.kernels.top_blocks as top_blocks_mod
@@ -14,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import HAS_CUDA
+from ssvkit.kernels import offline_compile
 from ssvkit.kernels.block_metadata import BlockMetadata, reference_block_metadata
 from ssvkit.kernels.select_blocks import block_scores, select_blocks
 from ssvkit.kernels.select_reference import (
@@ -570,3 +575,17 @@ def test_gpu_cuda_graph_update_and_select():
     ref_meta = BlockMetadata.build(k, new, 64, kinds=("mean", "quest"))
     assert_metadata_matches(meta, k, new, 64)
     assert torch.equal(idx, select_blocks(q, ref_meta, new, top_n=16, method="quest"))
+
+
+@pytest.mark.skipif(not offline_compile.available(), reason="Triton has no ptxas here")
+def test_the_selection_kernels_compile_for_hopper():
+    """The interpreter runs code Triton's compiler rejects: every selection kernel, at the
+    narrowest and the widest score operands, also compiles for sm_90 (in a process of its own,
+    whose kernels are not the interpreter's)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("select_compile_cases.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "compiled 14"
