@@ -78,6 +78,24 @@ class BlockMetadata:
     kmin: torch.Tensor | None
     kmax: torch.Tensor | None
 
+    def __post_init__(self) -> None:
+        tensors = {n: getattr(self, n) for n in ("mean", "kmin", "kmax")}
+        present = {n: x for n, x in tensors.items() if x is not None}
+        if not present or (tensors["kmin"] is None) != (tensors["kmax"] is None):
+            raise ValueError("BlockMetadata needs mean, or kmin and kmax, or all three")
+        shape = next(iter(present.values())).shape
+        for name, x in present.items():
+            if x.dtype != torch.bfloat16 or x.dim() != 5 or x.shape[3] != PARTS:
+                raise ValueError(
+                    f"BlockMetadata.{name} must be [B, Hkv, NB, {PARTS}, D] bfloat16 parts "
+                    f"(split_parts), got {x.dtype} {tuple(x.shape)}"
+                )
+            if x.shape != shape or x.stride(4) != 1:
+                raise ValueError(
+                    f"BlockMetadata.{name} {tuple(x.shape)} must match {tuple(shape)} and "
+                    "have a contiguous last dimension"
+                )
+
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(k for k, t in (("mean", self.mean), ("quest", self.kmin)) if t is not None)
@@ -113,8 +131,6 @@ class BlockMetadata:
     ) -> BlockMetadata:
         """Metadata of fp32 summaries ``[B, Hkv, NB_max, D]`` (``reference_block_metadata``'s),
         stored in parts."""
-        if (kmin is None) != (kmax is None) or (mean is None and kmin is None):
-            raise ValueError("from_values needs mean, or kmin and kmax, or all three")
         parts = [None if x is None else split_parts(x) for x in (mean, kmin, kmax)]
         return cls(block_size, *parts)
 

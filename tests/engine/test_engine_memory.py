@@ -143,7 +143,7 @@ def test_resident_items_are_the_tensors_sizes():
     cache = KVCache(WIDE, 3, 600, dtype=torch.bfloat16, device="meta", use_triton=False)
     assert plan.kv_bytes == cache.kv.numel() * 2
     nb = math.ceil(600 / mean.block_size)
-    meta = BlockMetadata(mean.block_size, torch.empty(3, 2, nb, 32), None, None)
+    meta = BlockMetadata.from_values(mean.block_size, mean=torch.empty(3, 2, nb, 32))
     assert plan.summaries_bytes == WIDE.num_layers * meta.mean.numel() * meta.mean.element_size()
     quest = _plan(Strategy(name="q", attention="sparse", metadata="quest"))
     assert quest.summaries_bytes == 2 * plan.summaries_bytes

@@ -65,6 +65,22 @@ def test_metadata_matches_reference(dtype, block_size):
     assert_metadata_matches(meta, k, lens, block_size)
 
 
+def test_metadata_refuses_tensors_that_are_not_its_parts():
+    """Summaries of another layout (fp32 ``[B, Hkv, NB, D]``) or of mismatched shapes fail in
+    one line naming the tensor, and the fp32 values survive the round trip through parts."""
+    x = torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match="BlockMetadata.mean must be"):
+        BlockMetadata(16, x, None, None)
+    with pytest.raises(ValueError, match="kmin and kmax"):
+        BlockMetadata.from_values(16, kmin=x)
+    parts = BlockMetadata.from_values(16, mean=x).mean
+    with pytest.raises(ValueError, match="BlockMetadata.kmin"):
+        BlockMetadata(16, parts, parts[:, :1], parts[:, :1])
+    meta = BlockMetadata.from_values(16, mean=x, kmin=x - 1, kmax=x + 1)
+    assert meta.shape == (1, 2, 5, 16) and meta.kinds == ("mean", "quest")
+    torch.testing.assert_close(meta.values("kmax"), x + 1, rtol=1e-5, atol=1e-6)
+
+
 def test_a_nan_key_reaches_its_block_mean_and_score():
     """The bf16 parts keep a NaN a NaN (their rounding must not carry it into a finite value):
     the block's mean key and its scores are NaN, the other blocks' are finite."""
