@@ -81,6 +81,10 @@ def block_metadata_kernel(
             # Empty blocks (past a rolled-back length) are zeroed: scores mask them anyway.
             kmin = tl.min(tl.where(valid[:, None], k, float("inf")), axis=0)
             kmax = tl.max(tl.where(valid[:, None], k, -float("inf")), axis=0)
+            # The reductions skip a NaN key; the block's summaries carry it, as the mean does.
+            nan = tl.sum((valid[:, None] & (k != k)).to(tl.int32), axis=0) > 0
+            kmin = tl.where(nan, float("nan"), kmin)
+            kmax = tl.where(nan, float("nan"), kmax)
             store_parts(min_ptr + m_off, stride_mp, tl.where(count > 0, kmin, 0.0))
             store_parts(max_ptr + m_off, stride_mp, tl.where(count > 0, kmax, 0.0))
 

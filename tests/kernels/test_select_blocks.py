@@ -81,17 +81,22 @@ def test_metadata_refuses_tensors_that_are_not_its_parts():
     torch.testing.assert_close(meta.values("kmax"), x + 1, rtol=1e-5, atol=1e-6)
 
 
-def test_a_nan_key_reaches_its_block_mean_and_score():
-    """The bf16 parts keep a NaN a NaN (their rounding must not carry it into a finite value):
-    the block's mean key and its scores are NaN, the other blocks' are finite."""
+@pytest.mark.parametrize("method", ["mean", "quest"])
+def test_a_nan_key_reaches_its_block_summary_and_score(method):
+    """A NaN key makes its block's summaries NaN (the min/max reductions would skip it; the bf16
+    parts' rounding must not carry it into a finite value), so the block's scores are NaN and
+    the other blocks' finite, as the fp32 reference has them."""
     q, k, lens = make_inputs([64, 64], 2, 4, 2, 16, torch.float32, seed=5)
     k[1, 0, 20, 3] = float("nan")  # block 1 of sequence 1, head 0
-    meta = BlockMetadata.build(k, lens, 16, kinds=("mean",))
-    vals = meta.values("mean")
-    assert vals[1, 0, 1, 3].isnan() and not vals[0].isnan().any()
-    s = block_scores(q, meta, lens, method="mean")
-    assert s[1, 0, :, 1].isnan().all()
-    assert not s[1, 0, :, 0].isnan().any() and not s[0].isnan().any()
+    meta = BlockMetadata.build(k, lens, 16, kinds=(method,))
+    ref = reference_block_metadata(k, lens, 16)
+    for name in ("mean",) if method == "mean" else ("kmin", "kmax"):
+        vals = meta.values(name)
+        assert vals[1, 0, 1, 3].isnan() and ref[name][1, 0, 1, 3].isnan()
+        assert vals.isnan().sum() == 1
+    s = block_scores(q, meta, lens, method=method)
+    want = reference_block_scores(q, k, lens, 16, method=method)
+    assert torch.equal(s.isnan(), want.isnan()) and s[1, 0, :, 1].isnan().all()
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
