@@ -93,9 +93,17 @@ def block_metadata_kernel(
 def store_parts(ptr, stride_mp, x):
     """Store fp32 ``x`` as its bf16 parts: ``hi = bf16(x)`` at ``ptr``, ``bf16(x - hi)`` one
     part further (``kernels.block_metadata.split_parts``)."""
+    hi, lo = bf16_parts(x)
+    tl.store(ptr, hi)
+    tl.store(ptr + stride_mp, lo)
+
+
+@triton.jit
+def bf16_parts(x):
+    """fp32 ``x`` as its two bf16 parts: ``bf16(x)`` and ``bf16(x - bf16(x))``, each rounded to
+    nearest (``bf16_nearest``)."""
     hi = bf16_nearest(x)
-    tl.store(ptr, hi.to(tl.bfloat16))
-    tl.store(ptr + stride_mp, bf16_nearest(x - hi).to(tl.bfloat16))
+    return hi.to(tl.bfloat16), bf16_nearest(x - hi).to(tl.bfloat16)
 
 
 @triton.jit
@@ -215,9 +223,7 @@ def split_query(q, PRECISION: tl.constexpr):
     """The operands of ``part_dot`` for the fp32 query tile ``q``: its bf16 parts ("bf16x3"),
     or ``q`` itself twice ("ieee", the second unused)."""
     if PRECISION == "bf16x3":
-        hi = bf16_nearest(q)
-        q_hi = hi.to(tl.bfloat16)
-        q_lo = bf16_nearest(q - hi).to(tl.bfloat16)
+        q_hi, q_lo = bf16_parts(q)
     else:
         q_hi = q
         q_lo = q
