@@ -29,14 +29,18 @@ from ssvkit.perfmodel.attention_plan import (
     sparse_tile_shape,
 )
 from ssvkit.perfmodel.hardware import GpuSpec
+from ssvkit.perfmodel.select_work import row_layout, score_tile, score_tiles, threshold_warps
 
 STEP_ORDER = ("sparse", "dense", "repair", "select", "nsa", "nsa_tiles")
 # Kernels an NSA call launches per path and implementation (compressed pass, scoring, top-n
 # pick, selected + window pass, merges; the unfused path launches each branch apart).
 NSA_KERNELS = {("refresh", "fused"): 5, ("reuse", "fused"): 2}
 NSA_KERNELS |= {("refresh", "unfused"): 7, ("reuse", "unfused"): 4}
-SELECT_KERNELS = 3  # block metadata, block scores, top-n pick
-SMALL_KERNELS = ("merge", "union_plan", "select")  # short kernels: ``small_compile_s`` each
+# Short kernels (the merge, the union plan, the selection's metadata build and top-n pick):
+# ``small_compile_s`` each. The selection's score launch and its one launch (scores and pick)
+# unroll three bf16 MMAs a product in a pipelined loop: ``select_compile_s`` each.
+SMALL_KERNELS = ("merge", "union_plan", "select_meta", "select_pick")
+SELECT_MMA_KERNELS = ("select_scores", "select_fused")
 # Attention-kernel compilations of the correctness checks a run makes before it times a step
 # (``calibration.kernel_checks``): per step at the default geometry (dense: 4 row counts x 3
 # split settings; NSA: both implementations' refresh and reuse calls, per row schedule of the
@@ -63,6 +67,12 @@ class PlanCosts:
     small_compile_s: float = field(
         default=0.7, metadata={"help": "seconds to compile one short kernel (merge, plan, top-n)"}
     )
+    select_compile_s: float = field(
+        default=3.5,
+        metadata={
+            "help": "seconds to compile one block-scoring kernel (scores, or scores and pick)"
+        },
+    )
     row_overhead_s: float = field(
         default=0.05, metadata={"help": "host seconds per row and timing (launches, flushes)"}
     )
@@ -77,7 +87,14 @@ class PlanCosts:
     )
 
     def __post_init__(self) -> None:
-        for name in ("compile_s", "small_compile_s", "row_overhead_s", "host_row_s", "host_draw_s"):
+        for name in (
+            "compile_s",
+            "small_compile_s",
+            "select_compile_s",
+            "row_overhead_s",
+            "host_row_s",
+            "host_draw_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.fill_bytes_per_s > 0:
@@ -100,8 +117,9 @@ def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
     arguments' classes (equal to 1, divisible by 16, other: ``_cls``); the keys follow from the
     launch plans the wrappers use (``perfmodel.attention_plan``). That naming is close for the
     dense, sparse and repair kernels, whose constexprs follow from the plan; the NSA and
-    selection calls launch several kernels and are counted per (geometry, row tile, path) and
-    (geometry, context, top_n) with a kernel count (``NSA_KERNELS``, ``SELECT_KERNELS``)."""
+    selection calls launch several kernels: NSA's are counted per (geometry, row tile, path)
+    with a kernel count (``NSA_KERNELS``), the selection's follow its launch plan
+    (``select_keys``)."""
     hq, hkv, d = _heads(cfg.geometry)
     p = v.params
     t, bsz, ctx = p["num_query_tokens"], p["batch"], p["context_len"]
@@ -141,9 +159,28 @@ def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
         mode, impl = v.knob
         return {("nsa", cfg.geometry, tile, mode, impl, i) for i in range(NSA_KERNELS[v.knob])}
     if v.op == "select_blocks":
-        key = (cfg.geometry, p["method"], max(16, next_pow2(t)), ctx, p["top_n"])
-        return {("select", *key, i) for i in range(SELECT_KERNELS)}
+        return select_keys(p, hq, hkv, d, num_sms)
     return set()
+
+
+def select_keys(p: dict, hq: int, hkv: int, d: int, num_sms: int) -> set[tuple]:
+    """The specialisations of one ``select_blocks`` call of params ``p``, from the launch plan
+    ``perfmodel.select_work`` counts: the metadata build (per head dimension and method), and
+    either the score launch (its tile, the tiles a program walks, the group size) and the pick
+    (its row layout, ``top_n`` and warps) or the one launch holding both (``impl``)."""
+    kinds = 2 if p["method"] == "quest" else 1
+    t, nb = p["num_query_tokens"], -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])
+    t_pad, block_nb, warps = score_tile(t, kinds, d)
+    pairs = p["batch"] * hkv
+    tiles = score_tiles(-(-nb // block_nb) * pairs, num_sms)
+    layout = row_layout(nb)
+    pick_warps = threshold_warps(pairs * t, layout[0], num_sms)
+    score = (hq // hkv, t_pad, block_nb, tiles, d, p["method"], warps)
+    pick = (hkv, p["top_n"], *layout, pick_warps)
+    keys = {("select_meta", d, p["method"])}
+    if p.get("impl") == "one_launch":
+        return keys | {("select_fused", *score, *pick)}
+    return keys | {("select_scores", *score), ("select_pick", *pick)}
 
 
 def variant_work(cfg: KernelConfig, v: Variant) -> tuple[float, float]:
@@ -227,7 +264,13 @@ def config_cost(
 
 def compile_s(keys, costs: PlanCosts = PlanCosts()) -> float:
     """Seconds to compile ``keys`` (a key's first element names its kernel)."""
-    return sum(costs.small_compile_s if k[0] in SMALL_KERNELS else costs.compile_s for k in keys)
+    return sum(_compile_s(k[0], costs) for k in keys)
+
+
+def _compile_s(kernel: str, costs: PlanCosts) -> float:
+    if kernel in SMALL_KERNELS:
+        return costs.small_compile_s
+    return costs.select_compile_s if kernel in SELECT_MMA_KERNELS else costs.compile_s
 
 
 def unit_of(cfg: KernelConfig) -> str:
@@ -331,7 +374,8 @@ def plan_text(plan: ShardPlan, pending, gpu: GpuSpec, shard=None) -> str:
     lines = [
         f"kernel sweep plan on {gpu.name} ({gpu.num_sms} SMs, copy "
         f"{gpu.hbm_bytes_per_s / 1e12:.2f} TB/s): assumed {pc.compile_s:g} s per kernel "
-        f"compilation, {pc.small_compile_s:g} s per short kernel, {pc.row_overhead_s:g} s host "
+        f"compilation, {pc.select_compile_s:g} s per block-scoring kernel, "
+        f"{pc.small_compile_s:g} s per short kernel, {pc.row_overhead_s:g} s host "
         "time per row and timing (calibration.kernel_plan.PlanCosts)",
         f"{'shard':>7} {'configs':>8} {'rows':>6} {'compiles':>9} {'checks min':>11} "
         f"{'work min':>9} {'compile min':>12} {'total min':>10}  per step (min)",

@@ -12,7 +12,15 @@ from ssvkit.calibration import ceilings, kernel_sweep
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_design import design_configs, lattice_lhs
 from ssvkit.calibration.kernel_grid import KernelConfig, sparse_config, sweep_configs
-from ssvkit.calibration.kernel_plan import STEP_ORDER, compile_keys, config_cost, plan_shards
+from ssvkit.calibration.kernel_plan import (
+    STEP_ORDER,
+    PlanCosts,
+    compile_keys,
+    compile_s,
+    config_cost,
+    plan_shards,
+    select_keys,
+)
 from ssvkit.calibration.runner import done_keys, read_rows
 from ssvkit.calibration.shards import Shard, assign
 from ssvkit.perfmodel.attention_plan import dense_verify_plan
@@ -240,6 +248,31 @@ def test_compile_keys_follow_the_kernels_specialisations():
     [dense] = sweep_configs(kernel_sweep.QUICK_SWEEP, ("dense",), "glm-4-9b")[:1]
     assert {k[0] for k in compile_keys(dense, dense.variants[0], 132)} >= {"dense_verify"}
     assert config_cost(dense, GPU, ("graph",)).build_s > 0
+
+
+def test_selection_compile_keys_follow_its_launch_plan():
+    """One launch compiles the fused kernel, two the score launch and the pick; a context of
+    the same row layout and score tiles shares them, one of another row layout compiles a new
+    pick, a batch whose programs walk more tiles a new score launch; the score launches and the
+    fused kernel are priced as block-scoring compilations."""
+
+    def kernels(**kw):
+        p = dict(num_query_tokens=16, context_len=122880, block_size=64, batch=1, top_n=16)
+        return select_keys({**p, "method": "mean", "impl": "two_launch", **kw}, 32, 8, 128, 132)
+
+    two, one = kernels(), kernels(impl="one_launch")
+    assert {k[0] for k in two} == {"select_meta", "select_scores", "select_pick"}
+    assert {k[0] for k in one} == {"select_meta", "select_fused"}
+    assert kernels(context_len=114688) == two  # 1793 and 1921 blocks: one 1024 + 1024 layout
+    longer = kernels(context_len=131072)  # 2049 blocks: a 2048 chunk and its tail
+    assert {k[0] for k in longer - two} == {"select_pick"}
+    wider = kernels(batch=16)  # 128 pairs: four tiles a score program
+    assert "select_scores" in {k[0] for k in wider - two}
+    assert {k[0] for k in kernels(method="quest") - two} >= {"select_meta", "select_scores"}
+    costs = PlanCosts()
+    fused = [k for k in one if k[0] == "select_fused"]
+    assert compile_s(fused, costs) == costs.select_compile_s
+    assert compile_s(two, costs) == costs.select_compile_s + 2 * costs.small_compile_s
 
 
 def test_every_pending_config_is_in_exactly_one_shard(design, tmp_path):
