@@ -287,6 +287,18 @@ def write_ceilings(r: Runner) -> None:
             )
 
 
+def _stop_text(r: Runner, todo: list[KernelConfig]) -> str:
+    """What a run stopped at the budget left: its configs with a row still pending, and how to
+    resume them (the rows file is the resume state); empty for a run that finished."""
+    if not r.stopped:
+        return ""
+    left = sum(1 for c in todo if any(r.pending(v.op, v.params) for v in c.variants))
+    return (
+        f" (stopped at the budget with {left} of {len(todo)} configs left: the same command "
+        f"with the same --out resumes them)"
+    )
+
+
 def _op_module(name: str | None):
     """The op module a step takes (None for a fixed one, or, with a note, a missing one)."""
     if name is None:
@@ -379,9 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in configs if STEPS_RUN[c.step][1] is None or mods[c.step] is not None]
     gate = Checks(mods)
     write_ceilings(r)
-    for cfg in configs:
-        if not any(r.pending(v.op, v.params) for v in cfg.variants):
-            continue
+    todo = [c for c in configs if any(r.pending(v.op, v.params) for v in c.variants)]
+    for cfg in todo:
         if r.out_of_time():
             break
         try:
@@ -392,10 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         ops.run_config(r, cfg, opts.seed, mods[cfg.step])
         if r.stopped:
             break
-    print(
-        f"\n{r.num_written} rows written in {r.elapsed_s():.0f} s"
-        + (" (stopped at the budget; rerun to resume)" if r.stopped else "")
-    )
+    print(f"\n{r.num_written} rows written in {r.elapsed_s():.0f} s" + _stop_text(r, todo))
     _print_summary(r.path, opts.json)
     return STOPPED_AT_BUDGET if r.stopped else 0
 

@@ -354,6 +354,45 @@ def test_shards_time_their_own_configs_once_and_resume(tmp_path, monkeypatch, ca
     assert checked[4:] == [] and "0 rows written" in capsys.readouterr().out
 
 
+def test_a_run_stopped_at_the_budget_says_what_it_left_and_the_same_command_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    """A run whose budget runs out after its first config names the configs it left; the same
+    command on the same rows file times exactly those and finishes."""
+    import torch
+    from ssvkit.calibration.runner import Runner
+    from ssvkit.kernels import timing as tm
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    prov = dict(device_name="NVIDIA H200", torch_version="-", triton_version="-", git_commit="-")
+    monkeypatch.setattr(tm, "provenance", lambda: {**prov, "timestamp": "2026-11-28T00:00:00"})
+    ceil = dict(copy_bytes_per_s=4e12, gemm_flops_per_s=7e14, launch=2e-6, graph=1e-6)
+    monkeypatch.setattr(kernel_sweep, "write_ceilings", lambda r: setattr(r, "ceil", ceil))
+    monkeypatch.setitem(kernel_sweep.STEPS_RUN, "repair", (lambda mod: None, None))
+    monkeypatch.setattr(kernel_sweep, "_print_summary", lambda path, as_json: None)
+    timed: list[str] = []
+
+    def fake_run(r, cfg, seed, mod):
+        timed.append(cfg.name)
+        for v in cfg.variants:
+            for timing in r.pending(v.op, v.params):
+                r.write(v.op, v.params, tm.Timing(1e-5, 9e-6, 1.1e-5, timing, 5), 1.0, 1.0)
+
+    monkeypatch.setattr(kernel_sweep.ops, "run_config", fake_run)
+    stop_after_one = lambda self: setattr(self, "stopped", len(timed) >= 1) or self.stopped  # noqa: E731
+    monkeypatch.setattr(Runner, "out_of_time", stop_after_one)
+    argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops", "repair"]
+    argv += ["--out", str(tmp_path)]
+    total = len(design_configs(("repair",)))
+    assert kernel_sweep.main(argv) == kernel_sweep.STOPPED_AT_BUDGET
+    out = capsys.readouterr().out
+    assert f"stopped at the budget with {total - 1} of {total} configs left" in out
+    monkeypatch.setattr(Runner, "out_of_time", lambda self: False)
+    assert kernel_sweep.main(argv) == 0
+    assert len(timed) == total == len(set(timed))
+    assert "stopped at the budget" not in capsys.readouterr().out
+
+
 def _done_less_some(tmp_path: Path) -> Path:
     """The committed H200 rows less every other repair, select and NSA row: a sweep with
     these done has rows of three steps pending, however complete the committed file is."""
