@@ -314,26 +314,8 @@ def test_shards_time_their_own_configs_once_and_resume(tmp_path, monkeypatch, ca
     """Two shards of the calibration design (repair and select, faked on the CPU) write
     disjoint rows whose union is every pending row; a rerun writes nothing; each step is
     checked once, before its first config, and not at all where nothing is pending."""
-    import torch
-    from ssvkit.kernels import timing as tm
-
     checked: list[str] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    prov = dict(device_name="NVIDIA H200", torch_version="-", triton_version="-", git_commit="-")
-    monkeypatch.setattr(tm, "provenance", lambda: {**prov, "timestamp": "2026-11-28T00:00:00"})
-    ceil = dict(copy_bytes_per_s=4e12, gemm_flops_per_s=7e14, launch=2e-6, graph=1e-6)
-    monkeypatch.setattr(kernel_sweep, "write_ceilings", lambda r: setattr(r, "ceil", ceil))
-    for step in ("repair", "select"):
-        check = (lambda mod, s=step: checked.append(s), None)
-        monkeypatch.setitem(kernel_sweep.STEPS_RUN, step, check)
-
-    def fake_run(r, cfg, seed, mod):
-        for v in cfg.variants:
-            for timing in r.pending(v.op, v.params):
-                r.write(v.op, v.params, tm.Timing(1e-5, 9e-6, 1.1e-5, timing, 5), 1.0, 1.0)
-
-    monkeypatch.setattr(kernel_sweep.ops, "run_config", fake_run)
-    monkeypatch.setattr(kernel_sweep, "_print_summary", lambda path, as_json: None)
+    _fake_gpu_sweep(monkeypatch, ("repair", "select"), checked)
     done_from = _done_less_some(tmp_path)
     argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops"]
     argv += ["repair,select", "--done-from", str(done_from)]
@@ -359,26 +341,9 @@ def test_a_run_stopped_at_the_budget_says_what_it_left_and_the_same_command_resu
 ):
     """A run whose budget runs out after its first config names the configs it left; the same
     command on the same rows file times exactly those and finishes."""
-    import torch
     from ssvkit.calibration.runner import Runner
-    from ssvkit.kernels import timing as tm
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    prov = dict(device_name="NVIDIA H200", torch_version="-", triton_version="-", git_commit="-")
-    monkeypatch.setattr(tm, "provenance", lambda: {**prov, "timestamp": "2026-11-28T00:00:00"})
-    ceil = dict(copy_bytes_per_s=4e12, gemm_flops_per_s=7e14, launch=2e-6, graph=1e-6)
-    monkeypatch.setattr(kernel_sweep, "write_ceilings", lambda r: setattr(r, "ceil", ceil))
-    monkeypatch.setitem(kernel_sweep.STEPS_RUN, "repair", (lambda mod: None, None))
-    monkeypatch.setattr(kernel_sweep, "_print_summary", lambda path, as_json: None)
-    timed: list[str] = []
-
-    def fake_run(r, cfg, seed, mod):
-        timed.append(cfg.name)
-        for v in cfg.variants:
-            for timing in r.pending(v.op, v.params):
-                r.write(v.op, v.params, tm.Timing(1e-5, 9e-6, 1.1e-5, timing, 5), 1.0, 1.0)
-
-    monkeypatch.setattr(kernel_sweep.ops, "run_config", fake_run)
+    timed = _fake_gpu_sweep(monkeypatch, ("repair",), [])
     stop_after_one = lambda self: setattr(self, "stopped", len(timed) >= 1) or self.stopped  # noqa: E731
     monkeypatch.setattr(Runner, "out_of_time", stop_after_one)
     argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops", "repair"]
@@ -391,6 +356,34 @@ def test_a_run_stopped_at_the_budget_says_what_it_left_and_the_same_command_resu
     assert kernel_sweep.main(argv) == 0
     assert len(timed) == total == len(set(timed))
     assert "stopped at the budget" not in capsys.readouterr().out
+
+
+def _fake_gpu_sweep(monkeypatch, steps, checked: list[str]) -> list[str]:
+    """Make ``kernel_sweep.main`` run on the CPU: a GPU reported present, fixed provenance
+    and ceilings, each step's check appending its name to ``checked``, and every config
+    "timed" by writing its pending rows; returns the names of the configs timed, in order."""
+    import torch
+    from ssvkit.kernels import timing as tm
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    prov = dict(device_name="NVIDIA H200", torch_version="-", triton_version="-", git_commit="-")
+    monkeypatch.setattr(tm, "provenance", lambda: {**prov, "timestamp": "2026-11-28T00:00:00"})
+    ceil = dict(copy_bytes_per_s=4e12, gemm_flops_per_s=7e14, launch=2e-6, graph=1e-6)
+    monkeypatch.setattr(kernel_sweep, "write_ceilings", lambda r: setattr(r, "ceil", ceil))
+    for step in steps:
+        check = (lambda mod, s=step: checked.append(s), None)
+        monkeypatch.setitem(kernel_sweep.STEPS_RUN, step, check)
+    timed: list[str] = []
+
+    def fake_run(r, cfg, seed, mod):
+        timed.append(cfg.name)
+        for v in cfg.variants:
+            for timing in r.pending(v.op, v.params):
+                r.write(v.op, v.params, tm.Timing(1e-5, 9e-6, 1.1e-5, timing, 5), 1.0, 1.0)
+
+    monkeypatch.setattr(kernel_sweep.ops, "run_config", fake_run)
+    monkeypatch.setattr(kernel_sweep, "_print_summary", lambda path, as_json: None)
+    return timed
 
 
 def _done_less_some(tmp_path: Path) -> Path:
