@@ -279,6 +279,30 @@ def test_top_blocks_match_the_definition(nb_max, top_n, pattern):
     assert torch.equal(got.cpu(), exact_top_blocks(scores, lens, 64, top_n, 1, 2))
 
 
+@pytest.mark.parametrize(
+    "nb_max, top_n, num_sink, num_local, pattern",
+    [
+        (300, 4, 2, 2, "randn"),  # forced blocks fill every slot
+        (2049, 16, 3, 0, "few_values"),  # ties among the candidates, no local block
+        (2049, 16, 0, 5, "randn"),
+        (1024, 16, 4, 4, "adversarial"),  # the rounds with forced blocks beside them
+    ],
+)
+def test_top_blocks_forced_blocks_beside_the_pick(nb_max, top_n, num_sink, num_local, pattern):
+    gen = torch.Generator().manual_seed(nb_max + num_sink)
+    scores = torch.randn((2, 1, 3, nb_max), generator=gen)
+    if pattern == "few_values":
+        scores = torch.randint(0, 3, scores.shape, generator=gen).float()
+    elif pattern == "adversarial":
+        scores[:] = adversarial_scores(nb_max, top_blocks_mod.GROUPS_PER_PICK * 16)
+    lens = torch.tensor([64 * nb_max, 64 * 6 + 1], dtype=torch.int32)
+    kw = dict(block_size=64, top_n=top_n, num_sink=num_sink, num_local=num_local)
+    with poisoned_allocations():
+        got = top_blocks(scores.to(DEV), lens.to(DEV), **kw)
+    want = exact_top_blocks(scores, lens, 64, top_n, num_sink, num_local)
+    assert torch.equal(got.cpu(), want)
+
+
 def test_score_rows_are_aligned_and_read_in_place():
     scores = top_blocks_mod.empty_scores(2, 3, 5, 2049, torch.device(DEV))
     assert scores.shape == (2, 3, 5, 2049) and scores.stride(2) % top_blocks_mod.ROW_ALIGN == 0
