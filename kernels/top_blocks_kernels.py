@@ -16,10 +16,8 @@ NO_BLOCK = tl.constexpr(2**30)
 NO_KEY = tl.constexpr(2**63 - 1)
 # The lowest key (``_key``) of a live block in the threshold pick.
 LIVE_KEY = tl.constexpr(2**30)
-# Rows of groups the threshold pick's fallback rounds read at a time.
-ROUND_ROWS = tl.constexpr(4)
-# The threshold pick's int32 score of a block past the prefix (``_live_scores``).
-NOT_LIVE = tl.constexpr(-(2**31))
+# The threshold pick's int32 score of a block it does not rank (``_regular_scores``).
+NOT_REGULAR = tl.constexpr(-(2**31))
 
 
 @triton.jit
@@ -228,17 +226,16 @@ def threshold_pick(
     position-relative rule (``window_candidates``; ``store_window`` after the picks).
 
     The forced blocks, the first ``lo`` and the last ``nb - hi`` live ones, are written as they
-    are; the ``k`` slots left go to the best regular blocks ``[lo, hi)``. Block ``j`` falls
-    into group ``j % GROUPS`` (strided, so a run of neighbouring high scores spreads over
-    groups). The ``TOP_N``-th largest group maximum ``tau`` bounds the answer from below: at
-    least ``TOP_N`` live blocks reach it, of which at most ``TOP_N - k`` are forced. The blocks
-    at or above ``tau`` (about ``1.4 TOP_N`` of random scores with ``GROUPS = 2 TOP_N_PAD``)
-    are packed into scratch memory; the ``k``-th largest key (score, then lower block) of the
-    regular ones is the exact cut, and the blocks at or above it are sorted and written
-    ascending. Scores are held as 32-bit order-preserving integers; only the ``CAP``
-    candidates get 64-bit keys. More than ``CAP`` candidates (scores that defeat the strided
-    groups) fall back to rounds as ``topk_blocks_kernel``'s, each the next best below the
-    previous pick."""
+    are; the pick ranks the regular blocks ``[lo, hi)`` alone for the ``K`` slots left. Block
+    ``j`` falls into group ``j % GROUPS`` (strided, so a run of neighbouring high scores spreads
+    over groups). The ``K``-th largest group maximum ``tau`` bounds the answer from below: at
+    least ``K`` scores reach it. The blocks at or above ``tau`` (about ``1.4 K`` of random
+    scores with ``GROUPS = 2 TOP_N_PAD``) are compacted in block order into scratch memory;
+    the ``K``-th largest of their keys (score, then lower block) is the exact cut, and the
+    blocks at or above it are written in that order: ascending. Scores are held as 32-bit
+    order-preserving integers; only the ``CAP`` candidates get 64-bit keys. More than ``CAP``
+    candidates (scores that defeat the strided groups) fall back to rounds as
+    ``topk_blocks_kernel``'s, on the regular blocks."""
     tl.static_assert(CHUNK % GROUPS == 0)
     tl.static_assert(GROUPS >= TOP_N_PAD)
     tl.static_assert(CAP >= TOP_N_PAD)
@@ -256,19 +253,19 @@ def threshold_pick(
     j = tl.arange(0, CHUNK // GROUPS)[:, None] * GROUPS + g[None, :]  # [SPAN, GROUPS]
     pdl_gate(PDL)
     # The main tile lies inside the row (CHUNK <= nb_max): loaded whole, with no mask, so its
-    # loads issue together and what lies past nb is discarded after. The tail joins the
-    # groups as a tile of at least two rows; its blocks past nb_max are never live. Both loads
-    # are issued before either is reduced.
-    v = _live_scores(tl.load(base + j, cache_modifier=CACHE), j, nb)
+    # loads issue together and what lies outside [lo, hi) is discarded after. The tail joins
+    # the groups as a tile of at least two rows; its blocks past nb_max are never live. Both
+    # loads are issued before either is reduced.
+    v = _regular_scores(tl.load(base + j, cache_modifier=CACHE), j, lo, hi)
     if TAIL > 0:
         jt = CHUNK + tl.arange(0, TAIL_ROWS)[:, None] * GROUPS + g[None, :]
-        vt = _live_scores(tl.load(base + jt, mask=jt < nb, cache_modifier=CACHE), jt, nb)
+        st = tl.load(base + jt, mask=jt < hi, other=0.0, cache_modifier=CACHE)
+        vt = _regular_scores(st, jt, lo, hi)
     gv = tl.max(v, 0)
     if TAIL > 0:
         gv = tl.maximum(gv, tl.max(vt, 0))
-    # At least TOP_N live blocks reach tau, of which at most TOP_N - k are forced: the k best
-    # regular blocks all reach it. Every live block does where fewer than TOP_N are live.
-    tau = tl.maximum(_kth_largest(gv, TOP_N), NOT_LIVE + 1)
+    # No candidate when no slot is left; every regular block one when fewer than k are.
+    tau = tl.where(k > 0, tl.maximum(_kth_largest(gv, k), NOT_REGULAR + 1), 2147483647)
     cand = (v >= tau).to(tl.int32)
     num_main = tl.sum(tl.sum(cand, 1), 0)
     num_cand = num_main
@@ -278,49 +275,38 @@ def threshold_pick(
     out_row = out_ptr + r.to(tl.int64) * (TOP_N + LOCAL_SLOTS)
     slots = tl.arange(0, TOP_N_PAD)
     if num_cand <= CAP:
-        # The candidates' blocks packed group by group (the tile's column order: a thread's
-        # own elements, then one scan across the groups), the tail's after the main tile's.
+        # Candidates' blocks in block order: row-major over the main tile, then the tail.
         work = scratch_ptr.to(tl.pointer_type(tl.int32)) + r.to(tl.int64) * (2 * CAP)
-        tl.store(work + _column_positions(cand), j, mask=cand > 0)
+        tl.store(work + _positions(cand, True), j, mask=cand > 0)
         if TAIL > 0:
-            tl.store(work + num_main + _column_positions(cand_t), jt, mask=cand_t > 0)
+            tl.store(work + num_main + _positions(cand_t, True), jt, mask=cand_t > 0)
         tl.debug_barrier()
         c = tl.arange(0, CAP)
-        listed = c < num_cand
-        cj = tl.load(work + c, mask=listed, other=0, cache_modifier=".cg")
-        cs = tl.load(base + cj, mask=listed, other=0.0, cache_modifier=CACHE)
-        regular = listed & (cj >= lo) & (cj < hi)
-        ckey = tl.where(regular, _key(_live_scores(cs, cj, nb), cj), -1)
-        # Fewer than k regular candidates: every one is kept (cut at the lowest live key).
+        in_list = c < num_cand
+        cj = tl.load(work + c, mask=in_list, other=0, cache_modifier=".cg")
+        cs = tl.load(base + cj, mask=in_list, other=0.0, cache_modifier=CACHE)
+        ckey = tl.where(in_list, _key(_regular_scores(cs, cj, lo, hi), cj), -1)
         cut = tl.maximum(_kth_largest(ckey, tl.maximum(k, 1)), LIVE_KEY)
-        keep = (ckey >= cut) & (k > 0)
-        picked = tl.sort(tl.where(keep, cj, NO_BLOCK))  # the kept blocks first, ascending
-        kept = tl.sum(keep.to(tl.int32), 0)
-        tl.store(out_row + lo + c, picked, mask=c < kept)
+        keep = ((ckey >= cut) & (k > 0)).to(tl.int32)
+        tl.store(out_row + lo + _positions(keep, False), cj, mask=keep > 0)
+        kept = tl.sum(keep, 0)
         blk = tl.where(slots < lo, slots, hi + slots - lo - kept)
         blk = tl.where(slots < lo + kept + nb - hi, blk, -1)
         tl.store(out_row + slots, blk, mask=((slots < lo) | (slots >= lo + kept)) & (slots < TOP_N))
     else:
-        # Rounds on (score, block) pairs of int32, each the next best below the previous pick,
-        # over the row read again a few rows of groups at a time, so that no tile of the row
-        # stays live across the branch.
         chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
-        pv = tl.full([], 2147483647, dtype=tl.int32) + 0
-        pj = tl.full([], -1, dtype=tl.int32) + 0
-        jr = tl.arange(0, ROUND_ROWS)[:, None] * GROUPS + g[None, :]
+        prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
+        keys = tl.where(v > NOT_REGULAR, _key(v, j), -1)
+        if TAIL > 0:
+            keys_t = tl.where(vt > NOT_REGULAR, _key(vt, jt), -1)
         for i in range(k):
-            bv = tl.full([], NOT_LIVE, dtype=tl.int32) + 0
-            bj = tl.full([], NO_BLOCK, dtype=tl.int32) + 0
-            for q in range(0, tl.cdiv(nb, ROUND_ROWS * GROUPS)):
-                jq = q * ROUND_ROWS * GROUPS + jr
-                sq = tl.load(base + jq, mask=jq < nb, cache_modifier=CACHE)
-                qv, qj = _best_below(_live_scores(sq, jq, nb), jq, lo, hi, pv, pj)
-                bj = tl.where((qv > bv) | ((qv == bv) & (qj < bj)), qj, bj)
-                bv = tl.maximum(bv, qv)
-            chosen = tl.where(slots == i, bj, chosen)
-            found = bj < NO_BLOCK
-            pv = tl.where(found, bv, pv)
-            pj = tl.where(found, bj, pj)
+            best = tl.max(tl.max(tl.where(keys < prev, keys, -1), 1), 0)
+            if TAIL > 0:
+                below = tl.where(keys_t < prev, keys_t, -1)
+                best = tl.maximum(best, tl.max(tl.max(below, 1), 0))
+            blk = tl.where(best >= 0, (~best & 0x3FFFFFFF).to(tl.int32), NO_BLOCK)
+            chosen = tl.where(slots == i, blk, chosen)
+            prev = tl.where(best >= 0, best, prev)
         forced = tl.where(slots - k < lo, slots - k, hi + slots - k - lo)
         chosen = tl.where((slots >= k) & (slots - k < lo + nb - hi), forced, chosen)
         _store_ascending(chosen, slots, out_row, TOP_N)
@@ -329,32 +315,25 @@ def threshold_pick(
 
 
 @triton.jit
-def _live_scores(s, j, nb):
-    """fp32 scores ``s`` of blocks ``j`` as int32 in the same order, above ``NOT_LIVE``;
-    ``NOT_LIVE`` for blocks at or past ``nb``."""
+def _positions(flag, WIDE: tl.constexpr):
+    """Exclusive prefix count of the int32 ``flag`` (a 2-D tile if ``WIDE``, else a vector)
+    in row-major order: where each flagged element goes when the flagged ones are packed."""
+    if WIDE:
+        per_row = tl.sum(flag, 1)
+        return (tl.cumsum(per_row, 0) - per_row)[:, None] + tl.cumsum(flag, 1) - flag
+    else:
+        return tl.cumsum(flag, 0) - flag
+
+
+@triton.jit
+def _regular_scores(s, j, lo, hi):
+    """fp32 scores ``s`` of blocks ``j`` as int32 in the same order, in ``(NOT_REGULAR,
+    2^31 - 1)``; ``NOT_REGULAR`` for blocks outside the regular range ``[lo, hi)``."""
     bits = s.to(tl.int32, bitcast=True)
     # A negative float's magnitude bits flipped: its order as a signed integer.
-    v = tl.maximum(bits ^ ((bits >> 31) & 0x7FFFFFFF), NOT_LIVE + 1)
-    return tl.where(j < nb, v, NOT_LIVE)
-
-
-@triton.jit
-def _best_below(v, j, lo, hi, pv, pj):
-    """The best (score, then lower block) of the regular blocks ``[lo, hi)`` of the tile ``j``
-    with int32 scores ``v`` that ranks below (``pv``, ``pj``): its score and block, the block
-    ``NO_BLOCK`` if none."""
-    below = (j >= lo) & (j < hi) & ((v < pv) | ((v == pv) & (j > pj)))
-    bv = tl.max(tl.max(tl.where(below, v, NOT_LIVE), 1), 0)
-    bj = tl.min(tl.min(tl.where(below & (v == bv), j, NO_BLOCK), 1), 0)
-    return bv, bj
-
-
-@triton.jit
-def _column_positions(flag):
-    """Exclusive prefix count of the int32 tile ``flag`` in column-major order: where each
-    flagged element goes when the flagged ones are packed column by column."""
-    col = tl.sum(flag, 0)
-    return (tl.cumsum(col, 0) - col)[None, :] + tl.cumsum(flag, 0) - flag
+    v = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    v = tl.minimum(tl.maximum(v, NOT_REGULAR + 1), 2147483646)
+    return tl.where((j >= lo) & (j < hi), v, NOT_REGULAR)
 
 
 @triton.jit
