@@ -18,8 +18,8 @@ import dataclasses
 
 import torch
 import triton
+from ssvkit.kernels.block_metadata_kernels import block_metadata_kernel
 from ssvkit.kernels.checks import check_float_dtype, check_lens
-from ssvkit.kernels.select_kernels import block_metadata_kernel
 
 # The summaries a BlockMetadata can hold: mean keys, or min/max keys (Quest).
 KINDS = ("mean", "quest")

@@ -9,8 +9,9 @@ import os
 import torch
 from ssvkit.kernels import block_scores as bs
 from ssvkit.kernels.block_metadata import BlockMetadata
+from ssvkit.kernels.block_metadata_kernels import block_metadata_kernel
 from ssvkit.kernels.offline_compile import compile_offline
-from ssvkit.kernels.select_kernels import block_metadata_kernel, block_scores_kernel, select_kernel
+from ssvkit.kernels.select_kernels import block_scores_kernel, select_kernel
 from ssvkit.kernels.top_blocks import threshold_meta
 
 assert "TRITON_INTERPRET" not in os.environ, "run with TRITON_INTERPRET unset"
