@@ -4,6 +4,7 @@ config lands in exactly one shard, the same whichever shard computes the split."
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -356,6 +357,71 @@ def test_a_run_stopped_at_the_budget_says_what_it_left_and_the_same_command_resu
     assert kernel_sweep.main(argv) == 0
     assert len(timed) == total == len(set(timed))
     assert "stopped at the budget" not in capsys.readouterr().out
+
+
+def test_warm_workers_call_each_pending_op_once_between_them_and_write_no_row(
+    tmp_path, monkeypatch
+):
+    """``--warm K/N`` workers split the pending configs: together they call every pending
+    op once, none twice, run no check and write no row; the ops already in the rows file are
+    not called."""
+    import torch
+
+    checked: list[str] = []
+    _fake_gpu_sweep(monkeypatch, ("repair",), checked)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    called: list[tuple] = []
+
+    def fake_run(r, cfg, seed, mod):  # the op modules' path: one time_op call a variant
+        for v in cfg.variants:
+            call = (v.op, row_key(v.op, "", v.params))
+            fn = lambda i, c=call: called.append(c)  # noqa: E731
+            r.time_op(v.op, v.params, fn, num_inputs=2, unique_bytes=1.0, flops=1.0)
+
+    monkeypatch.setattr(kernel_sweep.ops, "run_config", fake_run)
+    configs = design_configs(("repair",))
+    first = configs[0].variants[0]
+    rows = tmp_path / "kernel_bench.jsonl"
+    rows.write_text(
+        json.dumps(dict(op=first.op, timing="graph", params=first.params)) + "\n"
+    )  # one op already timed
+    argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops", "repair"]
+    argv += ["--out", str(tmp_path)]
+    for k in range(3):
+        assert kernel_sweep.main([*argv, "--warm", f"{k}/3"]) == 0
+    want = {row_key(v.op, "", v.params) for c in configs for v in c.variants} - {
+        row_key(first.op, "", first.params)
+    }
+    assert Counter(key for _, key in called) == Counter(want)
+    assert checked == [] and len(read_rows(rows)) == 1
+
+
+def test_compile_jobs_run_their_workers_first_then_time_every_config(tmp_path, monkeypatch):
+    """``--compile-jobs 3`` starts three ``--warm`` workers of the same command, waits for
+    them, then times the configs itself; each worker's command line parses to its share."""
+    from ssvkit.calibration import kernel_warm
+    from ssvkit.calibration.kernel_sweep_options import parse_args
+
+    timed = _fake_gpu_sweep(monkeypatch, ("repair",), [])
+    started: list[list[str]] = []
+
+    class Done:
+        def __init__(self, cmd):
+            started.append(cmd)
+            assert not timed  # the workers run before any config is timed
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(kernel_warm.subprocess, "Popen", Done)
+    argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops", "repair"]
+    argv += ["--out", str(tmp_path), "--compile-jobs", "3"]
+    assert kernel_sweep.main(argv) == 0
+    assert len(started) == 3 and len(timed) == len(design_configs(("repair",)))
+    for k, cmd in enumerate(started):
+        assert cmd[1:3] == ["-m", "ssvkit.calibration.kernel_sweep"]
+        opts = parse_args(cmd[3:])
+        assert opts.warm == Shard(k, 3) and opts.compile_jobs == 1 and opts.out == tmp_path
 
 
 def _fake_gpu_sweep(monkeypatch, steps, checked: list[str]) -> list[str]:
