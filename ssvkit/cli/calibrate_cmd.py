@@ -50,6 +50,12 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--shards", type=int, help="with --plan: the number of shards (default 1)")
     p.add_argument(
+        "--compile-jobs",
+        type=int,
+        help="host processes that compile the kernel sweep's kernels before it times them "
+        "(calibration.kernel_warm; default 1: each compiles at its first call)",
+    )
+    p.add_argument(
         "--merge",
         nargs="+",
         metavar="DIR",
@@ -102,6 +108,12 @@ def _check(args) -> list[str]:
         raise ValueError("--shard K/N writes its own rows: give --out DIR (one per shard)")
     if args.budget_s is not None and args.budget_s <= 0:
         raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
+    if args.compile_jobs is not None and args.compile_jobs < 1:
+        raise ValueError(f"--compile-jobs must be >= 1, got {args.compile_jobs}")
+    if args.compile_jobs is not None and (modes or "kernels" not in sweeps):
+        raise ValueError(
+            "--compile-jobs applies to the kernel sweep (not --fit-only, --plan, --merge)"
+        )
     return sweeps
 
 
@@ -139,6 +151,7 @@ def _kernel_argv(args, out: Path, profile_dir: Path, budget_s: float) -> list[st
     elif args.redo:
         raise ValueError("--redo writes new rows beside the committed ones: give --out DIR")
     argv += ["--redo", args.redo] if args.redo else []
+    argv += ["--compile-jobs", str(args.compile_jobs)] if args.compile_jobs else []
     return argv + (["--shard", args.shard] if args.shard else [])
 
 

@@ -503,3 +503,19 @@ def test_the_plan_reports_what_earlier_runs_measured():
     text = measured_text(rows, PlanCosts(compile_s=2.0))
     assert "3 rows in 0.1 min, median 3.00 s a row; 2 first calls compiled" in text
     assert "median 3.00 s (the plan assumes 2 s" in text
+
+
+def test_calibrate_hands_compile_jobs_to_the_kernel_sweep(tmp_path):
+    import argparse
+
+    from ssvkit.calibration.kernel_sweep_options import parse_args
+
+    from ssvkit.cli import calibrate_cmd
+
+    p = argparse.ArgumentParser()
+    calibrate_cmd.add_arguments(p)
+    profile_dir = ceilings.PROFILES / "h200"
+    for extra, jobs in (([], 1), (["--compile-jobs", "6"], 6)):
+        args = p.parse_args(["--gpu", "h200", "--out", str(tmp_path), *extra])
+        opts = parse_args(calibrate_cmd._kernel_argv(args, tmp_path, profile_dir, 100.0))
+        assert opts.compile_jobs == jobs and opts.warm is None and opts.out == tmp_path

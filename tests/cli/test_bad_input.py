@@ -119,6 +119,8 @@ NUMBERS = [
     (["decode", "--temperature", "inf", "--device", "cpu"], "'inf' is not a finite number"),
     (["decode", "--seed", "-1", "--device", "cpu"], "seed must be >= 0, got -1"),
     (["calibrate", "--fit-only", "--budget-s", "nan"], "'nan' is not a finite number"),
+    (["calibrate", "--compile-jobs", "0"], "--compile-jobs must be >= 1, got 0"),
+    (["calibrate", "--fit-only", "--compile-jobs", "4"], "--compile-jobs applies to the kernel"),
     (["plot", "x.csv", "--acceptance", "nan"], "'nan' is not a finite number"),
 ]
 
