@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from ssvkit.calibration import kernel_ops as ops
 from ssvkit.calibration.kernel_grid import KernelConfig
-from ssvkit.calibration.runner import Runner, drop_cut_tail
+from ssvkit.calibration.runner import Runner, drop_cut_tail, timed_first_call
 
 MODULE = "ssvkit.calibration.kernel_sweep"
 
@@ -33,8 +33,7 @@ class WarmRunner(Runner):
         if not self.pending(op, self._params(params)) or self.out_of_time():
             return
         try:
-            fn(0)
-            torch.cuda.synchronize()
+            timed_first_call(fn)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()  # the timed run reports it
             return

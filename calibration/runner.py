@@ -234,7 +234,7 @@ class Runner:
                 return
             start = time.monotonic()
             try:
-                first_call_s = _first_call_s(fn)
+                first_call_s = timed_first_call(fn)
                 t = tm.bench(fn, timing, num_inputs=num_inputs, config=config)
             except torch.cuda.OutOfMemoryError:
                 print(f"  {op} {timing}: out of memory, skipped")
@@ -265,7 +265,7 @@ class Runner:
         )
 
 
-def _first_call_s(fn: Callable[[int], object]) -> float:
+def timed_first_call(fn: Callable[[int], object]) -> float:
     """Wall seconds of one untimed call of ``fn(0)``, drained (compilation included)."""
     start = time.monotonic()
     fn(0)
