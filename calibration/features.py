@@ -123,12 +123,15 @@ def tile_rows(row: dict, gpu: GpuSpec | None = None) -> float:
     """MMA rows of one program's row tile, padding included (``BLOCK_M``), in ``mma.sync``
     rows (a 64-row ``wgmma`` tile counts half: ``perfmodel.nsa_plan.mma_row_cost``), of an NSA
     or sparse verification call; of a dense verification call, the rows its busiest SM holds
-    at once on ``gpu`` (``perfmodel.dense_work``'s ``sm_rows``) (``perfmodel.class_fit``'s t_r
-    term); 0 for the other ops."""
+    at once on ``gpu`` (``perfmodel.dense_work``'s ``sm_rows``); of a block selection of the
+    current kernels, one score tile's MMA work a warp issues (``perfmodel.select_work``'s
+    ``tile_work``) (``perfmodel.class_fit``'s t_r and t_kr terms); 0 for the other ops."""
     if row["op"] == "dense_verify":
         return dense_work(row, gpu).sm_rows
     if row["op"] == "sparse_verify":
         return sparse_work(row, None).row_cost
+    if is_select_plan(row):
+        return select_work(row, gpu).tile_work
     if row["op"] != "nsa_verify":
         return 0.0
     if is_slot_plan(row):

@@ -23,7 +23,7 @@ from ssvkit.perfmodel.hardware import GpuSpec
 L2_RATIO_STARTS = (1.2, 1.6, 2.0, 2.5, 3.0)  # starts of the L2 throughput ratio r (``fit_class``)
 L2_RATIO_OPS = ("sparse_verify", "repair")  # classes fitted with the L2 throughput ratio r
 # Chain tiles priced by their rows (t_kr).
-DEPTH_ROW_OPS = ("nsa_verify", "sparse_verify", "dense_verify")
+DEPTH_ROW_OPS = ("nsa_verify", "sparse_verify", "dense_verify", "select_blocks")
 DEPTH_MISS_OPS = ("repair",)  # chain tiles priced by their bytes' L2 misses (t_km)
 # Efficiencies as constants: knots in a call's bytes let the fit shape the latency regime of the
 # geometries it saw into a size curve, which other geometries' calls of like size do not follow

@@ -98,7 +98,8 @@ class ClassFit:
       ``perfmodel.dense_work``), each at ``t_k + t_kr x R``: a tile's load latency over the
       pipeline's depth plus its MMAs and softmax over the R padded rows (a 64-row union tile
       with its member masks takes longer per key tile than a 16-row one; a dense call's R
-      counts the rows its SM holds at once);
+      counts the rows its SM holds at once); block selection's chain is its score tiles in
+      series, R one tile's MMA work a warp issues (``perfmodel.select_work``);
     - ``t_km`` (``t_depth_miss_s``): for repair a chain tile also waits ``t_km x G / U``, the
       share of its bytes that misses L2 (``G`` the call's distinct bytes, ``U`` its requested
       ones);

@@ -87,12 +87,15 @@ class SelectWork:
       bf16 parts), the queries each score program averages, the score rows written and read
       back by the pick, the picked ids;
     - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
-    - ``chain_tiles``: score tiles an SM walks in series, in units of a ``[16, 32, 128]``
-      single-kind tile's MMA work issued by one warp: a program's tiles, each its ``T_PAD x
-      BLOCK_NB x D x kinds`` work over the program's warps, times the SM's waves of resident
-      programs, a wave weighted by the warps that share each of the SM's four sub-partitions
-      (``shared_waves``: one program of a few warps issues at its warps' rate, a full SM at
-      the sub-partitions');
+    - ``chain_tiles``: score tiles an SM walks in series: a program's tiles times the SM's
+      waves of resident programs, a wave weighted by the warps that share each of the SM's
+      four sub-partitions (``shared_waves``: one program of a few warps issues at its warps'
+      rate, a full SM at the sub-partitions');
+    - ``tile_work``: one such tile's MMA work a warp issues, in units of a ``[16, 32, 128]``
+      single-kind tile's: its ``T_PAD x BLOCK_NB x D x kinds`` over the program's warps. A
+      tile in series costs a fixed latency (its loads' wait, its barriers) plus its work, so
+      a 64-row shape of 16-block tiles walks twice the tiles of a 32-row shape of 32-block
+      tiles for the same work, and takes longer;
     - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over
       the SMs' resident rows times a row's register tile over its warps);
     - ``pick_rows``: score rows picked (``R``);
@@ -115,6 +118,7 @@ class SelectWork:
     requested_bytes: float
     flops: float
     chain_tiles: float
+    tile_work: float
     pick_chain: float
     pick_rows: float
     query_chain: float
@@ -299,7 +303,8 @@ def select_call_work(
     return SelectWork(
         requested_bytes=float(nbytes),
         flops=float(flops),
-        chain_tiles=float(chain_waves * tiles * tile_work),
+        chain_tiles=float(chain_waves * tiles),
+        tile_work=float(tile_work),
         pick_chain=float(pick_chain),
         pick_rows=float(rows),
         query_chain=float(waves * group * t_pad * s.head_dim / (lw * WARP_LANES)),

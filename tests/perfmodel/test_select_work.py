@@ -92,7 +92,7 @@ def test_two_launch_counts_hand_computed():
     # waves of 10 warps (2.5 a sub-partition) and one of 4 warps, 8.5 alone-issue waves, of 4
     # tiles of half a unit each (a [16, 32, 128] tile over 2 warps).
     w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert w.chain_tiles == (3 * 2.5 + 1) * 4 * 0.5
+    assert w.chain_tiles == (3 * 2.5 + 1) * 4 and w.tile_work == 0.5
     # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
     assert w.pick_chain == 1 * (2048 + 2 * 64) / 1
@@ -167,7 +167,8 @@ def test_counts_follow_the_plan():
     # 17 programs an SM, 2 resident of 4 warps: 8 waves of 8 warps and one of 4, 17 alone-issue
     # waves (8.5 at mean), of 4 tiles of twice the work over twice the warps (half a unit
     # each).
-    assert two.chain_tiles == 8.5 * 4 * 0.5 and quest.chain_tiles == 17 * 4 * 0.5
+    assert two.chain_tiles == 8.5 * 4 and quest.chain_tiles == 17 * 4
+    assert two.tile_work == quest.tile_work == 0.5
     # One launch: the pick programs hold the scoring's shared memory, 5 an SM, so 4 waves,
     # and take the scoring's 2 warps, more than the pick's 1.
     one = sw.select_call_work(shape(), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
@@ -175,7 +176,7 @@ def test_counts_follow_the_plan():
     # 32 draft rows pad to a 32-row tile of twice the work, whose 16 KiB query and 4 KiB score
     # tiles leave 4 programs an SM: 4 waves of 8 warps (2 a sub-partition) and one of 2 warps.
     t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert t32.chain_tiles == (4 * 2 + 1) * 4 * 1.0
+    assert t32.chain_tiles == (4 * 2 + 1) * 4 and t32.tile_work == 1.0
 
 
 def test_arrays_match_scalar_calls_and_count_nothing_off():
@@ -197,6 +198,7 @@ def test_arrays_match_scalar_calls_and_count_nothing_off():
     )
     w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert out["chain_tiles"][0] == w.chain_tiles and out["pick_chain"][0] == w.pick_chain
+    assert out["tile_work"][0] == w.tile_work
     assert out["requested_bytes"][1] == 0
 
 
@@ -215,4 +217,17 @@ def test_one_launch_scores_at_the_more_warps_of_the_two_steps():
     two = sw.select_call_work(shape(batch=1), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert two.query_chain == 1 * 4 * 16 * 128 / (2 * 32)
     assert one.query_chain == two.query_chain / 2
-    assert one.chain_tiles == two.chain_tiles
+    # Its 4 warps halve each tile's work a warp issues, and a wave of its programs shares the
+    # sub-partitions twice as densely: the same work in series.
+    assert one.tile_work == two.tile_work / 2 and one.chain_tiles == 2 * two.chain_tiles
+
+
+def test_sixty_four_rows_walk_more_tiles_of_less_work_than_thirty_two():
+    # 64 rows: 16-block tiles over 4 warps, half a unit each; 32 rows: 32-block tiles over 2
+    # warps, a unit each. Twice the tiles a program, and its 4 warps share the sub-partitions
+    # more densely: more than twice the tiles in series, each of half the work, so a fixed
+    # cost a tile (its loads' wait, its barriers) weighs more at 64 rows.
+    t32 = sw.select_call_work(shape(t=32), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    t64 = sw.select_call_work(shape(t=64), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    assert (t32.tile_work, t64.tile_work) == (1.0, 0.5)
+    assert t64.chain_tiles > 2 * t32.chain_tiles
