@@ -37,6 +37,10 @@ MAX_WARPS_PER_SM = 64  # Hopper / Ampere
 WARP_LANES = 32
 MAX_PROGRAMS_PER_SM = 32
 SMSPS = 4  # an SM's sub-partitions: warps past four share their issue slots
+WARPGROUP_ROWS = 64  # rows of a warpgroup MMA (four warps)
+# Shared memory the CUDA runtime reserves for each resident block (sm_80 and later): a program
+# of S bytes fits an SM of M where S + 1 KiB <= M, and M // (S + 1 KiB) of them reside.
+RESERVED_SMEM_PER_BLOCK = 1024
 # kernels.top_blocks: rows in registers up to one chunk plus a tail; threshold pick groups.
 TOPK_CHUNK = 4096
 MIN_GROUPS = 64
@@ -157,16 +161,31 @@ def score_tiles(num_tiles: int, num_sms: int) -> int:
 
 
 def score_shared_bytes(
-    t_pad: int, block_nb: int, head_dim: int, kinds: int, stages: int = NUM_STAGES
+    t_pad: int,
+    block_nb: int,
+    head_dim: int,
+    kinds: int,
+    stages: int = NUM_STAGES,
+    warps: int = 2,
+    smem_per_sm_bytes: int | None = None,
 ) -> int:
     """Shared memory of one score program: the metadata tiles its pipeline keeps in flight
     (``stages - 1`` of ``BLOCK_NB`` blocks per kind, at least one: the MMA's operand passes
     through shared memory), its ``[T_PAD, D]`` fp32 query tile per kind and its ``[T_PAD,
-    BLOCK_NB]`` fp32 score tile. The compiled kernels' shared memory on sm_90
-    (``validation/data/score-tiles-h200.json``): equal at 114 of 126 shapes, at most 16% more
-    (64-row tiles of four or eight warps)."""
-    tiles = max(stages - 1, 1) * block_nb * head_dim * SUMMARY_BYTES * kinds
-    return tiles + t_pad * head_dim * kinds * F32 + t_pad * block_nb * F32
+    BLOCK_NB]`` fp32 score tile. A tile of 64 rows or more over a multiple of four warps is a
+    warpgroup MMA, which reads its operand from shared memory while the next loads land: the
+    pipeline then keeps ``stages`` tiles, where the program still fits an SM of
+    ``smem_per_sm_bytes`` (when given) beside the block's reserved shared memory.
+    The compiled kernels' shared memory on sm_90 (``validation/data/score-tiles-h200.json``):
+    equal at every shape."""
+    buffers = max(stages - 1, 1)
+    fixed = t_pad * head_dim * kinds * F32 + t_pad * block_nb * F32
+    tile = block_nb * head_dim * SUMMARY_BYTES * kinds
+    if t_pad >= WARPGROUP_ROWS and warps % SMSPS == 0 and stages > 1:
+        wide = (buffers + 1) * tile + fixed
+        if smem_per_sm_bytes is None or wide + RESERVED_SMEM_PER_BLOCK <= smem_per_sm_bytes:
+            return wide
+    return buffers * tile + fixed
 
 
 def one_launch_fits(t: int, head_dim: int, kinds: int, smem_per_sm_bytes: int) -> bool:
@@ -184,8 +203,10 @@ def resident_score_programs(
 ) -> int:
     """Score programs one SM holds: within its shared memory (``score_shared_bytes``), its
     warps and its programs."""
-    per_program = score_shared_bytes(t_pad, block_nb, head_dim, kinds)
-    by_smem = max(1, smem_per_sm_bytes // per_program)
+    per_program = score_shared_bytes(
+        t_pad, block_nb, head_dim, kinds, warps=warps, smem_per_sm_bytes=smem_per_sm_bytes
+    )
+    by_smem = max(1, smem_per_sm_bytes // (per_program + RESERVED_SMEM_PER_BLOCK))
     return int(min(by_smem, MAX_WARPS_PER_SM // warps, MAX_PROGRAMS_PER_SM))
 
 

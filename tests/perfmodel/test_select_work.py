@@ -133,11 +133,28 @@ def test_the_query_scratch_grows_with_the_rows():
     # Mean, 32 blocks of 128: two 16 KiB tiles in flight, 8, 16, 32 KiB of query tile and 2, 4,
     # 8 KiB of score tile at 16, 32, 64 rows.
     assert sw.score_shared_bytes(16, 32, 128, 1) == 2 * 16384 + 8192 + 2048
+    # Each resident program also takes the 1 KiB the runtime reserves a block.
     assert [sw.resident_score_programs(32, 128, 1, 2, SMEM, t) for t in (16, 32, 64)] == [
-        SMEM // 43008,
-        SMEM // 53248,
-        SMEM // 73728,
+        SMEM // (43008 + 1024),
+        SMEM // (53248 + 1024),
+        SMEM // (73728 + 1024),
     ]
+    # 28 KiB programs: 7 an SM of 228 KiB, not 8.
+    assert sw.resident_score_programs(32, 64, 1, 2, SMEM, 32) == 7
+
+
+def test_warpgroup_tiles_keep_one_more_metadata_tile_where_it_fits():
+    # 64 rows over 4 warps: a warpgroup MMA reads its operand from shared memory, so the
+    # pipeline keeps 3 metadata tiles, not 2 (the compiled kernels' shared memory,
+    # validation/data/score-tiles-h200.json: 118,784 B for block means at D = 256).
+    tile, fixed = 16 * 256 * 4, 64 * 256 * 4 + 64 * 16 * 4
+    assert sw.score_shared_bytes(64, 16, 256, 1, warps=2) == 2 * tile + fixed == 102400
+    assert sw.score_shared_bytes(64, 16, 256, 1, warps=4) == 3 * tile + fixed == 118784
+    assert sw.score_shared_bytes(32, 16, 256, 1, warps=4) == 2 * 16 * 256 * 4 + 32 * 256 * 4 + 2048
+    # So one such program an SM, not two.
+    assert sw.resident_score_programs(16, 256, 1, 4, SMEM, 64) == 1
+    # Quest at D = 256: a third tile would outgrow 227 KiB, and the pipeline keeps two.
+    assert sw.score_shared_bytes(64, 16, 256, 2, warps=4, smem_per_sm_bytes=SMEM) == 200704
 
 
 def test_one_launch_fits_where_its_smallest_score_shape_does():
