@@ -103,11 +103,13 @@ class SelectWork:
     - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over
       the SMs' resident rows times a row's register tile over its warps);
     - ``pick_rows``: score rows picked (``R``);
-    - ``query_chain``: the query elements one warp of a score program loads and sums in series
-      before its first tile (``G`` loads of ``[T_PAD, D]``, unrolled, over the launch's warps:
-      the one launch's are the more of its two steps'), times the grid's waves over its
-      resident programs: every program averages its KV head's queries again, so the prologue
-      grows with the group size where the tiles do not;
+    - ``query_chain``: the elements of one ``[T_PAD, D]`` query tile a lane of a score program
+      loads before its first tile (over the launch's warps: the one launch's are the more of
+      its two steps'), times the grid's waves over its resident programs. Every program
+      averages its KV head's ``G`` queries, but the ``G`` loads are unrolled and independent,
+      so they are in flight together and the prologue waits about one of them: counted per
+      query head, the term priced the group of 16 (32 query / 2 KV heads) 12-24% high when
+      that geometry was left out of the fit;
     - ``launches``: 2, or 1 fused;
     - ``pick_tail_chain``: the part of ``pick_chain`` that is the row's tail past its
       power-of-two chunk (``row_layout``), which the threshold pick loads behind per-block
@@ -328,7 +330,7 @@ def select_call_work(
         tile_work=float(tile_work),
         pick_chain=float(pick_chain),
         pick_rows=float(rows),
-        query_chain=float(waves * group * t_pad * s.head_dim / (lw * WARP_LANES)),
+        query_chain=float(waves * t_pad * s.head_dim / (lw * WARP_LANES)),
         launches=1.0 if fused else 2.0,
         sort_chain=float(pick_waves * pick_sorts(nb, s.top_n, pw)),
         pick_tail_chain=float(pick_waves * pick_tail_elems(nb, s.top_n) / pw),

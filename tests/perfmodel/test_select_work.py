@@ -103,8 +103,9 @@ def test_two_launch_counts_hand_computed():
     queries = 2176 * 16 * 4 * 128 * 2
     assert w.requested_bytes == meta + queries + 2 * scores + 2048 * 16 * 4 + 2048 * 32 * 8
     assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
-    # Each program sums G = 4 query heads of [16, 128] over 2 warps of 32 lanes, 4 waves.
-    assert w.query_chain == 4 * 4 * 16 * 128 / (2 * 32)
+    # Each program loads its G = 4 query heads of [16, 128] together: one tile over 2 warps of
+    # 32 lanes, 4 waves.
+    assert w.query_chain == 4 * 16 * 128 / (2 * 32)
 
 
 def test_the_pick_tail_is_the_rows_past_the_chunk():
@@ -168,13 +169,17 @@ def test_one_launch_fits_where_its_smallest_score_shape_does():
     assert sw.one_launch_fits(64, 256, 1, small) and sw.one_launch_fits(64, 128, 2, small)
 
 
-def test_query_averaging_grows_with_the_group_where_the_tiles_do_not():
+def test_query_averaging_waits_for_one_query_tile_whatever_the_group():
+    # The group's loads are in flight together: the prologue counts one [T_PAD, D] tile a
+    # lane, 16 x 128 over 2 warps' 64 lanes in each of 4 waves, at any group size; the bytes
+    # still grow.
     g4 = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     g16 = sw.select_call_work(
         shape(num_q_heads=128), fused=False, num_sms=132, smem_per_sm_bytes=SMEM
     )
     assert g16.chain_tiles == g4.chain_tiles and g16.flops == g4.flops
-    assert g16.query_chain == 4 * g4.query_chain
+    assert g16.query_chain == g4.query_chain == 4 * 16 * 128 / 64
+    assert g16.requested_bytes > g4.requested_bytes
 
 
 def test_counts_follow_the_plan():
@@ -232,7 +237,7 @@ def test_one_launch_scores_at_the_more_warps_of_the_two_steps():
     # wave either way).
     one = sw.select_call_work(shape(batch=1), fused=True, num_sms=132, smem_per_sm_bytes=SMEM)
     two = sw.select_call_work(shape(batch=1), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
-    assert two.query_chain == 1 * 4 * 16 * 128 / (2 * 32)
+    assert two.query_chain == 1 * 16 * 128 / (2 * 32)
     assert one.query_chain == two.query_chain / 2
     # Its 4 warps halve each tile's work a warp issues, and a wave of its programs shares the
     # sub-partitions twice as densely: the same work in series.
