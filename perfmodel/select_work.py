@@ -37,7 +37,7 @@ MAX_WARPS_PER_SM = 64  # Hopper / Ampere
 WARP_LANES = 32
 MAX_PROGRAMS_PER_SM = 32
 SMSPS = 4  # an SM's sub-partitions: warps past four share their issue slots
-WARPGROUP_ROWS = 64  # rows of a warpgroup MMA (four warps)
+WARPGROUP_ROWS, WARPGROUP_WARPS = 64, 4  # a warpgroup MMA: 64 rows over four warps
 # Shared memory the CUDA runtime reserves for each resident block (sm_80 and later): a program
 # of S bytes fits an SM of M where S + 1 KiB <= M, and M // (S + 1 KiB) of them reside.
 RESERVED_SMEM_PER_BLOCK = 1024
@@ -107,9 +107,9 @@ class SelectWork:
       loads before its first tile (over the launch's warps: the one launch's are the more of
       its two steps'), times the grid's waves over its resident programs. Every program
       averages its KV head's ``G`` queries, but the ``G`` loads are unrolled and independent,
-      so they are in flight together and the prologue waits about one of them: counted per
-      query head, the term priced the group of 16 (32 query / 2 KV heads) 12-24% high when
-      that geometry was left out of the fit;
+      so they are in flight together and the prologue waits about one of them (counted per
+      query head, the term prices the group of 16, 32 query / 2 KV heads, 12-24% high when
+      the H200 fit leaves that geometry out);
     - ``launches``: 2, or 1 fused;
     - ``pick_tail_chain``: the part of ``pick_chain`` that is the row's tail past its
       power-of-two chunk (``row_layout``), which the threshold pick loads behind per-block
@@ -183,7 +183,7 @@ def score_shared_bytes(
     buffers = max(stages - 1, 1)
     fixed = t_pad * head_dim * kinds * F32 + t_pad * block_nb * F32
     tile = block_nb * head_dim * SUMMARY_BYTES * kinds
-    if t_pad >= WARPGROUP_ROWS and warps % SMSPS == 0 and stages > 1:
+    if t_pad >= WARPGROUP_ROWS and warps % WARPGROUP_WARPS == 0 and stages > 1:
         wide = (buffers + 1) * tile + fixed
         if smem_per_sm_bytes is None or wide + RESERVED_SMEM_PER_BLOCK <= smem_per_sm_bytes:
             return wide
