@@ -244,7 +244,6 @@ def _select_candidates(
                 NUM_KV_HEADS=hkv,
                 BLOCK_SIZE=meta.block_size,
                 TOP_N=top_n,
-                TOP_N_PAD=cand["CAND_N"],
                 **cand,
                 LOCAL_SLOTS=local,
                 **chain.meta(),

@@ -122,7 +122,6 @@ def candidate_pick_kernel(
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TOP_N: tl.constexpr,
-    TOP_N_PAD: tl.constexpr,
     CAND_N: tl.constexpr,
     RUNS: tl.constexpr,
     LOCAL_SLOTS: tl.constexpr,
@@ -154,7 +153,7 @@ def candidate_pick_kernel(
     kept = tl.sum(keep.to(tl.int32), 0)
     out_row = out_ptr + r.to(tl.int64) * (TOP_N + LOCAL_SLOTS)
     tl.store(out_row + lo + c, ids, mask=c < kept)
-    slots = tl.arange(0, TOP_N_PAD)
+    slots = c  # CAND_N: TOP_N padded
     blk = tl.where(slots < lo, slots, hi + slots - lo - kept)
     blk = tl.where(slots < lo + kept + nb - hi, blk, -1)
     tl.store(out_row + slots, blk, mask=((slots < lo) | (slots >= lo + kept)) & (slots < TOP_N))

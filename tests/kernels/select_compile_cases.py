@@ -93,7 +93,7 @@ def main() -> None:
         count += 1
         print(f"select {method} D={d} t={t}: {k.metadata.shared} B shared")
     for runs, warps in ((1, 4), (32, 1), (MAX_RANGES, 4)):
-        constexprs = dict(NUM_KV_HEADS=NUM_KV_HEADS, BLOCK_SIZE=64, TOP_N=TOP_N, TOP_N_PAD=16)
+        constexprs = dict(NUM_KV_HEADS=NUM_KV_HEADS, BLOCK_SIZE=64, TOP_N=TOP_N)
         for local in (0, 9):
             constexprs |= dict(CAND_N=16, RUNS=runs, LOCAL_SLOTS=local, PDL=local > 0)
             compile_offline(candidate_pick_kernel, CANDIDATE_POINTERS, constexprs, num_warps=warps)
