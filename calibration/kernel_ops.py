@@ -270,6 +270,28 @@ def _run_select(r: Runner, seed: int, mod, cfg: KernelConfig, todo: list[Variant
     _select_config(r, seed, mod, cfg.common, [v.knob[0] for v in todo])
 
 
+def select_unique_bytes(
+    bsz: int,
+    t: int,
+    ctx: int,
+    top_n: int,
+    method: str,
+    block_size: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int = 128,
+) -> int:
+    """Bytes a block selection must move at least: its metadata (an fp32 summary a block and
+    kind), its bf16 queries and its picked int32 block ids."""
+    nb = math.ceil((ctx + t) / block_size)
+    kinds = 1 if method == "mean" else 2
+    return (
+        bsz * num_kv_heads * nb * head_dim * 4 * kinds
+        + bsz * t * num_q_heads * head_dim * ki.ELEM_BYTES
+        + bsz * num_kv_heads * t * top_n * 4
+    )
+
+
 def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     bsz, ctx, t = p["batch"], p["context_len"], p["num_query_tokens"]
     top_n, bs, method = p["top_n"], p["block_size"], p["method"]
@@ -278,11 +300,8 @@ def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     meta = mod.BlockMetadata.build(k, lens, bs, kinds=(method,))
     nb = math.ceil((ctx + t) / bs)
     kinds = 1 if method == "mean" else 2
-    unique = (
-        bsz * ki.NUM_KV_HEADS * nb * ki.HEAD_DIM * 4 * kinds
-        + bsz * t * ki.NUM_Q_HEADS * ki.HEAD_DIM * ki.ELEM_BYTES
-        + bsz * ki.NUM_KV_HEADS * t * top_n * 4
-    )
+    heads = (ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, ki.HEAD_DIM)
+    unique = select_unique_bytes(bsz, t, ctx, top_n, method, bs, *heads)
     rot = tm.num_rotations(unique)
     # Rotation sets: fresh queries and copies of the metadata (distinct memory, same values).
     sets = [(q, meta)]

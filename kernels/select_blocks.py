@@ -50,6 +50,7 @@ def select_blocks(
     first_token_only: bool = False,
     fused: bool = False,
     candidates: bool = False,
+    pick_warps: int | None = None,
     pdl: bool = False,
     positions: torch.Tensor | None = None,
     window: int = 0,
@@ -81,6 +82,9 @@ def select_blocks(
         Two launches whose scoring keeps each block range's best ``top_n`` keys per row in
         place of its scores, and a pick among those (``kernels.select_candidates``), where
         ``candidate_meta`` serves the shape; else as ``fused=False``. The same blocks.
+    pick_warps : int, optional
+        Warps of a row's pick program (a power of two; default the pick's own rule:
+        ``threshold_warps``, ``candidate_warps``). The same blocks at any count.
     pdl : bool
         Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
         capability 9.0 or later): the same blocks, one launch gap less.
@@ -105,6 +109,8 @@ def select_blocks(
         check_relative(positions, window, meta.block_size, num_local, q.shape[:2], q.device)
     if fused and candidates:
         raise ValueError("fused and candidates exclude each other")
+    if pick_warps is not None and (pick_warps < 1 or pick_warps & (pick_warps - 1)):
+        raise ValueError(f"pick_warps must be a power of two >= 1, got {pick_warps}")
     if pdl:
         check_pdl(q.device)
     chain = LaunchChain(pdl)
@@ -114,7 +120,9 @@ def select_blocks(
     relative = (positions, window)
     idx = None
     if candidates:
-        idx = _select_candidates(rows, meta, prefix_lens, method, top_n, forced, relative, chain)
+        idx = _select_candidates(
+            rows, meta, prefix_lens, method, top_n, forced, relative, chain, pick_warps
+        )
     if idx is None and pick is None:
         scores = block_scores(rows, meta, prefix_lens, method=method, chain=chain)
         idx = top_blocks(
@@ -127,10 +135,13 @@ def select_blocks(
             chain=chain,
             positions=positions,
             window=window,
+            num_warps=pick_warps,
         )
     elif idx is None:
         try:
-            idx = _select_one_launch(rows, meta, prefix_lens, method, forced, relative, pick, chain)
+            idx = _select_one_launch(
+                rows, meta, prefix_lens, method, forced, relative, pick, chain, pick_warps
+            )
         except OutOfResources as e:
             raise ValueError(
                 f"select_blocks(fused=True) does not fit the SM's shared memory at head_dim "
@@ -150,11 +161,12 @@ def _select_one_launch(
     relative: tuple[torch.Tensor | None, int],
     pick: dict,
     chain: LaunchChain,
+    pick_warps: int | None,
 ) -> torch.Tensor:
     """``select_kernel``: ``score_programs`` programs per (sequence, KV head) score, one per
     row picks (``pick``: the threshold pick's constexprs; ``relative``: the rows' positions
     and the window, or None), on ``1 + 2 B Hkv`` arrival counters. Its warps are the more of
-    the two steps' own."""
+    the two steps' own (the pick's ``pick_warps``, None for its rule)."""
 
     def launch_one(launch: ScoreLaunch) -> torch.Tensor:
         b, hkv, t, _ = launch.scores.shape
@@ -164,7 +176,7 @@ def _select_one_launch(
         out = torch.empty((b, hkv, t, pick["TOP_N"] + local), dtype=torch.int32, device=q.device)
         scratch = torch.empty((rows, pick["CAP"]), dtype=torch.int64, device=q.device)
         counters = arrival_counters(1 + 2 * b * hkv, q.device)
-        pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
+        warps = pick_warps or threshold_warps(rows, pick["CHUNK"], q.device)
         q_, mean, kmin, kmax, lens, scores, *rest = launch.args
         with chain.attempt():
             select_kernel[(b * hkv * (launch.programs + t),)](
@@ -187,7 +199,7 @@ def _select_one_launch(
                 **pick,
                 LOCAL_SLOTS=local,
                 **chain.meta(),
-                num_warps=max(launch.num_warps, pick_warps),
+                num_warps=max(launch.num_warps, warps),
             )
         return out
 
@@ -203,10 +215,12 @@ def _select_candidates(
     forced: tuple[int, int],
     relative: tuple[torch.Tensor | None, int],
     chain: LaunchChain,
+    pick_warps: int | None,
 ) -> torch.Tensor | None:
     """The scoring in candidates mode (``block_scores_kernel`` with ``CAND_N``), then
-    ``candidate_pick_kernel``, one program a row; None where ``candidate_meta`` does not serve
-    the score launch's shape (nothing launched)."""
+    ``candidate_pick_kernel``, one program a row of ``pick_warps`` warps (None: its rule);
+    None where ``candidate_meta`` does not serve the score launch's shape (nothing
+    launched)."""
     cand_n = max(16, triton.next_power_of_2(top_n))
 
     def launch_one(launch: ScoreLaunch) -> torch.Tensor | None:
@@ -247,7 +261,8 @@ def _select_candidates(
                 **cand,
                 LOCAL_SLOTS=local,
                 **chain.meta(),
-                num_warps=candidate_warps(rows, cand["RUNS"] * cand["CAND_N"], q.device),
+                num_warps=pick_warps
+                or candidate_warps(rows, cand["RUNS"] * cand["CAND_N"], q.device),
             )
         return out
 

@@ -122,6 +122,27 @@ def test_candidate_meta_serves_ranges_of_whole_slices_and_bounded_rows():
     assert candidate_meta(MAX_RANGES + 1, 32, 16) is None
 
 
+@pytest.mark.parametrize("warps", [1, 2, 4])
+def test_every_pick_warp_count_picks_the_same_blocks(warps):
+    """``pick_warps`` sets the pick's warps on every path; the blocks do not change."""
+    q, k, lens = make_inputs([1500, 410], 4, 8, 2, 16, seed=11)
+    meta = BlockMetadata.build(k, lens, 16, kinds=("mean",))
+    want = sb.select_blocks(q, meta, lens, top_n=12)
+    with poisoned_allocations():
+        cand = sb.select_blocks(q, meta, lens, top_n=12, candidates=True, pick_warps=warps)
+        two = sb.select_blocks(q, meta, lens, top_n=12, pick_warps=warps)
+        one = sb.select_blocks(q, meta, lens, top_n=12, fused=True, pick_warps=warps)
+    assert torch.equal(cand, want) and torch.equal(two, want) and torch.equal(one, want)
+
+
+@pytest.mark.parametrize("warps", [0, 3, -2])
+def test_a_pick_warp_count_not_a_power_of_two_is_refused(warps):
+    q, k, lens = make_inputs([300], 1, 4, 1, 16, seed=1)
+    meta = BlockMetadata.build(k, lens, 16, kinds=("mean",))
+    with pytest.raises(ValueError, match=f"pick_warps must be a power of two >= 1, got {warps}"):
+        sb.select_blocks(q, meta, lens, top_n=4, candidates=True, pick_warps=warps)
+
+
 def test_candidates_and_one_launch_exclude_each_other():
     q, k, lens = make_inputs([300], 1, 4, 1, 16, seed=1)
     meta = BlockMetadata.build(k, lens, 16, kinds=("mean",))
