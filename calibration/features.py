@@ -144,13 +144,13 @@ def tile_rows(row: dict, gpu: GpuSpec | None = None) -> float:
 def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     """Counts of a call's extra stages (``perfmodel.class_fit``'s t_x terms): for block selection,
     its top-n stage's (``perfmodel.torch_plan.topn_counts``: scores scanned, keys sorted, a row's
-    sort length, or the threshold pick's and the score programs' query averaging,
-    ``perfmodel.select_work``), over the score rows of every KV head's query rows and the blocks
-    of the scored cache (context plus draft rows); for NSA, its program waves (and a refresh
-    call's pick rows); for sparse verification its waves, the row-tile rows a slot finishes in
-    series, its tiles an SM and a union plan's compares (``perfmodel.sparse_work``); for dense
-    verification, its merge launch and its tail bytes; for repair, its waves; none for the
-    other ops."""
+    sort length; or the current pick's and the score programs' query averaging,
+    ``perfmodel.select_work``'s ``stage_counts``), over the score rows of every KV head's query
+    rows and the blocks of the scored cache (context plus draft rows); for NSA, its program
+    waves (and a refresh call's pick rows); for sparse verification its waves, the row-tile
+    rows a slot finishes in series, its tiles an SM and a union plan's compares
+    (``perfmodel.sparse_work``); for dense verification, its merge launch and its tail bytes;
+    for repair, its waves; none for the other ops."""
     if is_slot_plan(row):
         w = nsa_work(row, gpu)
         return (w.waves, w.pick_rows) if row["params"]["mode"] == "refresh" else (w.waves,)
@@ -166,8 +166,7 @@ def stage_counts(row: dict, gpu: GpuSpec | None = None) -> tuple[float, ...]:
     if row["op"] != "select_blocks":
         return ()
     if is_select_plan(row):
-        w = select_work(row, gpu)
-        return (w.pick_chain, w.pick_rows, w.query_chain, w.sort_chain, w.pick_tail_chain)
+        return select_work(row, gpu).stage_counts
     p = row["params"]
     rows = p["batch"] * p["num_kv_heads"] * p["num_query_tokens"]
     num_blocks = -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])

@@ -3,8 +3,8 @@ the split of the configs between N GPUs (``--plan``, ``--shard K/N``). Host-only
 
 A config costs building its inputs, timing each of its rows and one compilation per Triton
 specialisation that no earlier config of the same process compiled (``config_cost``,
-``compile_keys``). Compilation is much of a sweep's time, so the shards keep the configs that
-share specialisations together (``plan_shards``). ``PlanCosts`` holds the planning model's
+``calibration.kernel_keys``). Compilation is much of a sweep's time, so the shards keep the
+XX
 assumed costs; they are planning figures, not measurements, and ``measured_text`` puts them
 beside the ``wall_s`` and ``first_call_s`` a run records in its rows.
 """
@@ -18,35 +18,19 @@ from dataclasses import dataclass, field
 
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_grid import NSA_TILE_ROWS, KernelConfig, Variant
+from ssvkit.calibration.kernel_keys import SELECT_MMA_KERNELS, SMALL_KERNELS, compile_keys
 from ssvkit.calibration.shards import assign
 from ssvkit.kernels.timing import DEFAULT_TIMING, TimingConfig, num_rotations
-from ssvkit.perfmodel.attention_plan import (
-    DEFAULT_SPARSE_CONFIG,
-    choose_sparse_splits,
-    dense_verify_plan,
-    list_entries,
-    next_pow2,
-    sparse_tile_shape,
-)
+from ssvkit.perfmodel.attention_plan import next_pow2
 from ssvkit.perfmodel.hardware import GpuSpec
-from ssvkit.perfmodel.select_work import row_layout, score_tile, score_tiles, threshold_warps
 
 STEP_ORDER = ("sparse", "dense", "repair", "select", "nsa", "nsa_tiles")
-# Kernels an NSA call launches per path and implementation (compressed pass, scoring, top-n
-# pick, selected + window pass, merges; the unfused path launches each branch apart).
-NSA_KERNELS = {("refresh", "fused"): 5, ("reuse", "fused"): 2}
-NSA_KERNELS |= {("refresh", "unfused"): 7, ("reuse", "unfused"): 4}
-# Short kernels (the merge, the union plan, the selection's metadata build and top-n pick):
-# ``small_compile_s`` each. The selection's score launch and its one launch (scores and pick)
-# unroll three bf16 MMAs a product in a pipelined loop: ``select_compile_s`` each.
-SMALL_KERNELS = ("merge", "union_plan", "select_meta", "select_pick")
-SELECT_MMA_KERNELS = ("select_scores", "select_fused")
 # Attention-kernel compilations of the correctness checks a run makes before it times a step
 # (``calibration.kernel_checks``): per step at the default geometry (dense: 4 row counts x 3
 # split settings; NSA: both implementations' refresh and reuse calls, per row schedule of the
 # nsa_tiles step), and per other geometry
 # (``check_geometry``: one dense and three sparse launches).
-CHECK_COMPILES = {"dense": 12, "sparse": 4, "repair": 1, "nsa": 18, "select": 3}
+CHECK_COMPILES = {"dense": 12, "sparse": 4, "repair": 1, "nsa": 18, "select": 6}
 CHECK_COMPILES["nsa_tiles"] = len(NSA_TILE_ROWS) * CHECK_COMPILES["nsa"]  # per row schedule
 GEOMETRY_CHECK_COMPILES = 4
 UNITS_PER_SHARD = 4  # a unit above 1 / (this x shards) of the total is cut into chunks
@@ -101,86 +85,8 @@ class PlanCosts:
             raise ValueError(f"fill_bytes_per_s must be > 0, got {self.fill_bytes_per_s}")
 
 
-def _cls(x: int) -> str:
-    """Triton's class of an integer argument: ``1``, divisible by 16 (``D``) or other."""
-    return "1" if x == 1 else "D" if x % 16 == 0 else "N"
-
-
 def _heads(geometry: str) -> tuple[int, int, int]:
     return ki.GEOMETRIES[geometry]
-
-
-def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
-    """The specialisations (kernel name first) the launch of variant ``v`` asks for.
-
-    Triton compiles a kernel again for every new tuple of its constexprs and of its integer
-    arguments' classes (equal to 1, divisible by 16, other: ``_cls``); the keys follow from the
-    launch plans the wrappers use (``perfmodel.attention_plan``). That naming is close for the
-    dense, sparse and repair kernels, whose constexprs follow from the plan; the NSA and
-    selection calls launch several kernels: NSA's are counted per (geometry, row tile, path)
-    with a kernel count (``NSA_KERNELS``), the selection's follow its launch plan
-    (``select_keys``)."""
-    hq, hkv, d = _heads(cfg.geometry)
-    p = v.params
-    t, bsz, ctx = p["num_query_tokens"], p["batch"], p["context_len"]
-    if v.op == "dense_verify":
-        plan = dense_verify_plan(bsz, t, hq, hkv, d, ctx + t, num_sms)
-        s = plan.num_splits
-        keys = {("dense_verify", d, plan.block_m, plan.num_warps, hq // hkv, _cls(t), _cls(s))}
-        return keys | ({("merge", d, max(16, next_pow2(s)), _cls(s), _cls(t))} if s > 1 else set())
-    if v.op == "sparse_verify":
-        mode, group = v.knob
-        top_n, bs = p["top_n"], p["block_size"]
-        c = 1 if mode == "per_query" else min(group, t)
-        groups = -(-t // c)
-        m_pad, warps, stages = sparse_tile_shape(DEFAULT_SPARSE_CONFIG, c, hq, hkv, bs, d)
-        lists = mode == "union" and c > 1
-        width = list_entries(mode, c, top_n)
-        s = choose_sparse_splits(DEFAULT_SPARSE_CONFIG, bsz * hkv * groups, width, warps, num_sms)
-        keys = {
-            (
-                "sparse_verify",
-                *(hq // hkv, c, m_pad, d, bs, max(16, next_pow2(t)), lists, warps, stages),
-                *(_cls(t), _cls(width), _cls(groups), _cls(s)),
-            )
-        }
-        if lists:
-            keys.add(("union_plan", c, max(16, next_pow2(top_n)), _cls(t), _cls(top_n)))
-        return keys | ({("merge", d, max(16, next_pow2(s)), _cls(s), _cls(t))} if s > 1 else set())
-    if v.op == "repair":
-        width = p["top_n"] if v.knob[0] == "recompute" else round(v.knob[1] * p["top_n"])
-        slots = max(16, next_pow2(width))
-        return {("repair", d, max(16, next_pow2(hq // hkv)), slots, _cls(t), _cls(width))}
-    if v.op == "nsa_verify":
-        gpad = next_pow2(hq // hkv)
-        tile = max(1, min(16, 64 // gpad, next_pow2(t)))
-        if p.get("rows_per_tile"):  # kernels.nsa_launch.draft_rows_per_tile's cap
-            tile = min(tile, 1 << (p["rows_per_tile"].bit_length() - 1))
-        mode, impl = v.knob
-        return {("nsa", cfg.geometry, tile, mode, impl, i) for i in range(NSA_KERNELS[v.knob])}
-    if v.op == "select_blocks":
-        return select_keys(p, hq, hkv, d, num_sms)
-    return set()
-
-
-def select_keys(p: dict, hq: int, hkv: int, d: int, num_sms: int) -> set[tuple]:
-    """The specialisations of one ``select_blocks`` call of params ``p``, from the launch plan
-    ``perfmodel.select_work`` counts: the metadata build (per head dimension and method), and
-    either the score launch (its tile, the tiles a program walks, the group size) and the pick
-    (its row layout, ``top_n`` and warps) or the one launch holding both (``impl``)."""
-    kinds = 2 if p["method"] == "quest" else 1
-    t, nb = p["num_query_tokens"], -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])
-    t_pad, block_nb, warps = score_tile(t, kinds, d)
-    pairs = p["batch"] * hkv
-    tiles = score_tiles(-(-nb // block_nb) * pairs, num_sms)
-    layout = row_layout(nb)
-    pick_warps = threshold_warps(pairs * t, layout[0], num_sms)
-    score = (hq // hkv, t_pad, block_nb, tiles, d, p["method"], warps)
-    pick = (hkv, p["top_n"], *layout, pick_warps)
-    keys = {("select_meta", d, p["method"])}
-    if p.get("impl") == "one_launch":
-        return keys | {("select_fused", *score, *pick)}
-    return keys | {("select_scores", *score), ("select_pick", *pick)}
 
 
 def variant_work(cfg: KernelConfig, v: Variant) -> tuple[float, float]:

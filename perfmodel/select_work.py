@@ -6,7 +6,8 @@ head), each averaging its KV head's ``G`` queries once and then walking its tile
 **one after another** (``score_tile``, ``score_tiles``); the pick (``kernels.top_blocks``'
 threshold pick) runs one program per score row, ``R = B Hkv t`` (``pick_row_elems``,
 ``threshold_warps``). Two launches by default; one (``fused``) runs the score programs and the
-pick programs on tickets of one grid.
+pick programs on tickets of one grid; with ``candidates`` the scoring keeps each range's best
+keys a row and the pick merges those (``perfmodel.pick_work``: the picks' plans).
 
 The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.row_work``) timed the earlier
 kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
@@ -18,10 +19,26 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.pick_work import (
+    CANDIDATES_PER_PICK,
+    WARP_LANES,
+    candidate_plan,
+    candidate_warps,
+    merge_sorts,
+    pick_row_elems,
+    pick_sorts,
+    pick_tail_elems,
+    pow2,
+    range_sorts,
+    row_layout,
+    threshold_warps,
+)
 from ssvkit.perfmodel.work_points import at_distinct_points
 
-# The two-launch selection's impl param and class suffix (scoring, then the pick).
+# The two-launch selection's impl param and class suffix (scoring, then the pick), and the
+# candidate pick's (scoring into each range's candidates, then their merge).
 TWO_LAUNCH = "two_launch"
+CANDIDATES = "candidates"
 SCORE_TILE = 1024  # kernels.block_scores._SCORE_TILE: T_PAD x BLOCK_NB
 WIDE_QUERY_COLUMNS = 256  # kernels.block_scores._WIDE_QUERY_COLUMNS: 16-block tiles past 16 rows
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
@@ -34,19 +51,12 @@ I32 = 4
 I64 = 8
 ELEM_BYTES = 2  # bf16 queries
 MAX_WARPS_PER_SM = 64  # Hopper / Ampere
-WARP_LANES = 32
 MAX_PROGRAMS_PER_SM = 32
 SMSPS = 4  # an SM's sub-partitions: warps past four share their issue slots
 WARPGROUP_ROWS, WARPGROUP_WARPS = 64, 4  # a warpgroup MMA: 64 rows over four warps
 # Shared memory the CUDA runtime reserves for each resident block (sm_80 and later): a program
 # of S bytes fits an SM of M where S + 1 KiB <= M, and M // (S + 1 KiB) of them reside.
 RESERVED_SMEM_PER_BLOCK = 1024
-# kernels.top_blocks: rows in registers up to one chunk plus a tail; threshold pick groups.
-TOPK_CHUNK = 4096
-MIN_GROUPS = 64
-GROUPS_PER_PICK = 2
-CANDIDATES_PER_PICK = 2
-THRESHOLD_MAX_TOP_N = 256  # kernels.top_blocks: larger top_n take the rounds kernel
 # The chain's unit: one [16, 32, 128] single-kind tile's MMA work issued by one warp.
 UNIT_TILE_WORK = 16 * 32 * 128
 
@@ -89,7 +99,8 @@ class SelectWork:
 
     - ``requested_bytes``: the metadata (``kinds`` tensors, an element an fp32 value in two
       bf16 parts), the queries each score program averages, the score rows written and read
-      back by the pick, the picked ids;
+      back by the pick (the candidate pick: each range's int64 candidates a row), the picked
+      ids;
     - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
     - ``chain_tiles``: score tiles an SM walks in series: a program's tiles times the SM's
       waves of resident programs, a wave weighted by the warps that share each of the SM's
@@ -101,7 +112,8 @@ class SelectWork:
       a 64-row shape of 16-block tiles walks twice the tiles of a 32-row shape of 32-block
       tiles for the same work, and takes longer;
     - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over
-      the SMs' resident rows times a row's register tile over its warps);
+      the SMs' resident rows times a row's register tile over its warps; the candidate pick's
+      padded runs of candidates);
     - ``pick_rows``: score rows picked (``R``);
     - ``query_chain``: the elements of one ``[T_PAD, D]`` query tile a lane of a score program
       loads before its first tile (over the launch's warps: the one launch's are the more of
@@ -118,7 +130,12 @@ class SelectWork:
     - ``sort_chain``: the threshold pick's two sorts (its ``GROUPS`` group maxima and its
       ``CAP`` candidates, 64-bit keys, bitonic: ``log2 n (log2 n + 1) / 2`` compare-exchange
       stages of ``n / (32 warps)`` keys a lane each, ``sort_steps``) in the rows' waves over
-      the SMs' resident rows: the pick's work that grows with ``top_n``.
+      the SMs' resident rows: the pick's work that grows with ``top_n`` (the candidate
+      pick's: its runs' pairwise merges and the kept ids' sort, ``merge_sorts``);
+    - ``range_sort_chain``: the candidate scoring's sorts, a score tile's ``range_sorts``
+      times the tiles an SM walks in series (``chain_tiles``); 0 for the other plans.
+
+    ``stage_counts`` lists the counts its class's stage rates price.
     """
 
     requested_bytes: float
@@ -131,10 +148,16 @@ class SelectWork:
     launches: float
     sort_chain: float = 0.0
     pick_tail_chain: float = 0.0
+    range_sort_chain: float = 0.0
 
-
-def pow2(x: int) -> int:
-    return 1 << max(int(x) - 1, 0).bit_length()
+    @property
+    def stage_counts(self) -> tuple[float, ...]:
+        """The counts of a selection class's stage rates (``perfmodel.class_fit``'s t_x): the
+        pick's walk, its rows, the query prologue, the pick's sorts, and the threshold pick's
+        row tail or, for the candidate pick, the scoring's sorts (a class fits one plan's
+        rows, so the fifth rate is that plan's)."""
+        fifth = self.range_sort_chain if self.range_sort_chain else self.pick_tail_chain
+        return (self.pick_chain, self.pick_rows, self.query_chain, self.sort_chain, fifth)
 
 
 def score_tile(t: int, kinds: int = 1, head_dim: int = 128) -> tuple[int, int, int]:
@@ -200,6 +223,16 @@ def one_launch_fits(t: int, head_dim: int, kinds: int, smem_per_sm_bytes: int) -
     return score_shared_bytes(t_pad, 16, head_dim, kinds, stages=1) <= smem_per_sm_bytes
 
 
+def candidates_serve(
+    t: int, head_dim: int, kinds: int, context_len: int, top_n: int, block_size: int = 64
+) -> bool:
+    """Whether the candidate pick serves a call on any GPU (``candidate_plan`` at the most
+    score ranges a row can have: programs of ``MIN_TILES`` tiles)."""
+    _, block_nb, _ = score_tile(t, kinds, head_dim)
+    nb = math.ceil((context_len + t) / block_size)
+    return candidate_plan(math.ceil(nb / (block_nb * MIN_TILES)), block_nb, top_n) is not None
+
+
 def resident_score_programs(
     block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int, t_pad: int
 ) -> int:
@@ -221,119 +254,82 @@ def shared_waves(per_sm: int, resident: int, warps: int) -> float:
     return shared + (max(1.0, rest * warps / SMSPS) if rest else 0.0)
 
 
-def row_layout(nb_max: int) -> tuple[int, int, int]:
-    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a score row (``kernels.top_blocks._row_layout``)."""
-    nb_max = max(nb_max, 1)
-    chunk = min(1 << (nb_max.bit_length() - 1), TOPK_CHUNK)
-    rest = nb_max - chunk
-    if rest == 0:
-        return chunk, 0, 1
-    if rest <= chunk:
-        return chunk, min(chunk, max(16, pow2(rest))), 1
-    return TOPK_CHUNK, 0, math.ceil(nb_max / TOPK_CHUNK)
-
-
-def pick_row_elems(nb_max: int, top_n: int) -> int:
-    """Score elements of one row's register tile in the threshold pick, whose one program per
-    row reads the row's ``NB`` scores as one tile of ``CHUNK + TAIL`` blocks (``row_layout``):
-    the chunk and the tail rounded to whole group rows (``threshold_meta``'s ``TAIL_ROWS``);
-    the row itself where the rounds kernel serves it (a longer row, or top_n above the
-    threshold pick's)."""
-    chunk, tail, num_chunks = row_layout(nb_max)
-    top_n_pad = max(16, pow2(top_n))
-    if num_chunks != 1:
-        return num_chunks * chunk
-    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
-    tail_rows = max(2, tail // groups) if tail else 0
-    return chunk + tail_rows * groups
-
-
-def pick_tail_elems(nb_max: int, top_n: int) -> int:
-    """The tail's share of ``pick_row_elems``: its group rows past the chunk; none where the
-    rounds kernel serves the row."""
-    chunk, _, num_chunks = row_layout(nb_max)
-    return 0 if num_chunks != 1 else pick_row_elems(nb_max, top_n) - chunk
-
-
-def sort_steps(n: int, warps: int) -> float:
-    """Serial work of a bitonic sort of ``n`` keys by ``warps`` warps (``tl.sort``): its
-    ``log2 n (log2 n + 1) / 2`` compare-exchange stages, each over the keys one lane holds."""
-    k = max(1, math.ceil(math.log2(max(n, 2))))
-    return k * (k + 1) / 2 * max(1.0, n / (WARP_LANES * warps))
-
-
-def pick_sorts(nb_max: int, top_n: int, warps: int) -> float:
-    """``sort_steps`` of one row's threshold pick: its ``GROUPS`` group maxima, then its
-    ``CAP`` candidates (``kernels.top_blocks.threshold_meta``); none where the rounds kernel
-    serves the row (a row past one chunk and its tail)."""
-    chunk, _, num_chunks = row_layout(nb_max)
-    top_n_pad = max(16, pow2(top_n))
-    if num_chunks != 1 or top_n_pad > min(chunk, THRESHOLD_MAX_TOP_N):
-        return 0.0
-    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
-    return sort_steps(groups, warps) + sort_steps(CANDIDATES_PER_PICK * top_n_pad, warps)
-
-
-def threshold_warps(rows: int, chunk: int, num_sms: int) -> int:
-    """Warps of one row's pick (``kernels.top_blocks.threshold_warps``): 4 up to a row per SM
-    (8 for chunks beyond 2048 blocks), else 2 for chunks beyond 2048 blocks and up to eight
-    rows per SM for shorter ones, then 1."""
-    if rows <= num_sms:
-        return 4 if chunk <= 2048 else 8
-    if chunk > 2048:
-        return 2
-    return 2 if rows <= 8 * num_sms else 1
-
-
 def select_call_work(
     s: SelectShape,
     *,
     fused: bool,
     num_sms: int,
     smem_per_sm_bytes: int,
+    candidates: bool = False,
 ) -> SelectWork:
-    """The work of one ``select_blocks`` call (``fused``: one launch) on ``num_sms`` SMs."""
+    """The work of one ``select_blocks`` call on ``num_sms`` SMs: two launches, one
+    (``fused``), or two whose pick takes each score range's candidates (``candidates``, where
+    ``candidate_plan`` serves the shape; else the two launches, as the wrapper falls back)."""
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
     t_pad, block_nb, warps = score_tile(s.t, s.kinds, s.head_dim)
     nb_tiles = math.ceil(nb / block_nb)
     tiles = score_tiles(nb_tiles * pairs, num_sms)
-    programs = math.ceil(nb / (block_nb * tiles)) * pairs
+    ranges = math.ceil(nb / (block_nb * tiles))
+    programs = ranges * pairs
     rows = pairs * s.t
+    plan = candidate_plan(ranges, block_nb, s.top_n) if candidates and not fused else None
     pw = threshold_warps(rows, row_layout(nb)[0], num_sms)
+    if plan is not None:
+        pw = candidate_warps(rows, plan[0] * plan[1], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.
     lw = max(pw, warps) if fused else warps
     resident = resident_score_programs(block_nb, s.head_dim, s.kinds, lw, smem_per_sm_bytes, t_pad)
     waves = math.ceil(programs / (num_sms * resident))
-    tile_work = t_pad * block_nb * s.head_dim * s.kinds / lw / UNIT_TILE_WORK
-    chain_waves = shared_waves(math.ceil(programs / num_sms), resident, lw)
-    scores = rows * nb * F32
+    chain_tiles = shared_waves(math.ceil(programs / num_sms), resident, lw) * tiles
     meta = pairs * nb * s.head_dim * SUMMARY_BYTES * s.kinds
     queries = programs * s.t * group * s.head_dim * ELEM_BYTES
-    picked = rows * s.top_n * I32
-    nbytes = meta + queries + scores + picked
-    elems = pick_row_elems(nb, s.top_n)
-    per_sm = min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
-    if fused:
-        # Every program reserves the scoring's shared memory.
-        pw, per_sm = lw, resident
+    per_sm = resident if fused else min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
     pick_waves = math.ceil(rows / (num_sms * per_sm))
-    pick_chain = pick_waves * elems / pw
-    nbytes += scores + rows * CANDIDATES_PER_PICK * max(16, pow2(s.top_n)) * I64
+    if plan is None:
+        # Every program of the one launch reserves the scoring's shared memory.
+        pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
+    else:
+        pick = _candidate_pick(plan, rows, ranges, pw, pick_waves)
+        pick["range_sort_chain"] = chain_tiles * range_sorts(t_pad, block_nb, plan[0], lw)
     flops = MMA_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
+    pick["requested_bytes"] += meta + queries + rows * s.top_n * I32
     return SelectWork(
-        requested_bytes=float(nbytes),
         flops=float(flops),
-        chain_tiles=float(chain_waves * tiles),
-        tile_work=float(tile_work),
-        pick_chain=float(pick_chain),
+        chain_tiles=float(chain_tiles),
+        tile_work=float(t_pad * block_nb * s.head_dim * s.kinds / lw / UNIT_TILE_WORK),
         pick_rows=float(rows),
         query_chain=float(waves * t_pad * s.head_dim / (lw * WARP_LANES)),
         launches=1.0 if fused else 2.0,
-        sort_chain=float(pick_waves * pick_sorts(nb, s.top_n, pw)),
-        pick_tail_chain=float(pick_waves * pick_tail_elems(nb, s.top_n) / pw),
+        **{k: float(v) for k, v in pick.items()},
+    )
+
+
+def _threshold_pick(nb: int, top_n: int, rows: int, warps: int, waves: int) -> dict:
+    """The threshold pick's share of ``SelectWork`` (``rows`` score rows of ``nb`` blocks at
+    ``warps`` warps a row, ``waves`` waves): the scores written and read back and its
+    candidates' scratch, its walk of the row, its sorts and its tail."""
+    scores = rows * nb * F32
+    scratch = rows * CANDIDATES_PER_PICK * max(16, pow2(top_n)) * I64
+    return dict(
+        requested_bytes=2 * scores + scratch,
+        pick_chain=waves * pick_row_elems(nb, top_n) / warps,
+        sort_chain=waves * pick_sorts(nb, top_n, warps),
+        pick_tail_chain=waves * pick_tail_elems(nb, top_n) / warps,
+    )
+
+
+def _candidate_pick(plan: tuple[int, int], rows: int, ranges: int, warps: int, waves: int) -> dict:
+    """The candidate pick's share of ``SelectWork`` (``plan``: ``(CAND_N, RUNS)``; ``ranges``
+    score ranges a row): the candidates the scoring writes and the pick reads back (int64 keys),
+    the runs a row loads and their merges' sorts."""
+    cand_n, runs = plan
+    return dict(
+        requested_bytes=2 * rows * ranges * cand_n * I64,
+        pick_chain=waves * runs * cand_n / warps,
+        sort_chain=waves * merge_sorts(runs, cand_n, warps),
     )
 
 
@@ -341,7 +337,7 @@ WORK_FIELDS = SelectWork.__slots__
 
 
 def select_work_arrays(
-    shape: dict, *, fused: bool, num_sms: int, smem_per_sm_bytes: int
+    shape: dict, *, fused: bool, num_sms: int, smem_per_sm_bytes: int, candidates: bool = False
 ) -> dict[str, np.ndarray]:
     """``select_call_work`` at every point of ``shape`` (``SelectShape`` field names to arrays
     or scalars that broadcast), one array per ``SelectWork`` field, evaluated once per distinct
@@ -351,8 +347,12 @@ def select_work_arrays(
         if min(kw["batch"], kw["t"], kw["num_q_heads"], kw["num_kv_heads"], kw["top_n"]) < 1:
             return None
         return select_call_work(
-            SelectShape(**kw), fused=fused, num_sms=num_sms, smem_per_sm_bytes=smem_per_sm_bytes
+            SelectShape(**kw),
+            fused=fused,
+            num_sms=num_sms,
+            smem_per_sm_bytes=smem_per_sm_bytes,
+            candidates=candidates,
         )
 
-    key = ("select_call_work", fused, num_sms, smem_per_sm_bytes)
+    key = ("select_call_work", fused, num_sms, smem_per_sm_bytes, candidates)
     return at_distinct_points(shape, work, WORK_FIELDS, memo_key=key)

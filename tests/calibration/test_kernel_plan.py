@@ -13,14 +13,13 @@ from ssvkit.calibration import ceilings, kernel_sweep
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_design import design_configs, lattice_lhs
 from ssvkit.calibration.kernel_grid import KernelConfig, sparse_config, sweep_configs
+from ssvkit.calibration.kernel_keys import compile_keys, select_keys
 from ssvkit.calibration.kernel_plan import (
     STEP_ORDER,
     PlanCosts,
-    compile_keys,
     compile_s,
     config_cost,
     plan_shards,
-    select_keys,
 )
 from ssvkit.calibration.runner import done_keys, read_rows
 from ssvkit.calibration.shards import Shard, assign
@@ -177,7 +176,7 @@ def test_selection_is_timed_at_contexts_between_the_powers_of_two(design):
     both metadata kinds."""
     from ssvkit.calibration.fit import HELDOUT_CONTEXTS
     from ssvkit.calibration.kernel_design import between_configs
-    from ssvkit.perfmodel.select_work import row_layout
+    from ssvkit.perfmodel.pick_work import row_layout
 
     got = between_configs()
     assert _keys(got) <= _keys(design)
@@ -198,7 +197,7 @@ def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
     and 16-block tiles at 64), at head dimensions 64, 128 and 256, at batch 1 and at batches
     whose score programs outnumber the SMs, both metadata kinds."""
     from ssvkit.calibration.kernel_design import score_rows_configs
-    from ssvkit.perfmodel.select_work import score_tile
+    from ssvkit.perfmodel.select_work import candidates_serve, score_tile
 
     got = score_rows_configs()
     assert _keys(got) <= _keys(design)
@@ -213,9 +212,16 @@ def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
         at = {(c.common["batch"], c.common["method"]) for c in got if c.geometry == geometry}
         assert at == {(b, m) for b in (1, 4, 16) for m in ("mean", "quest")}, geometry
         assert {c.common["head_dim"] for c in got if c.geometry == geometry} == {d}
-    # Every one launch of at most 64 rows fits the H200's SM: both launch counts everywhere.
+    # Every one launch of at most 64 rows fits the H200's SM: both launch counts everywhere;
+    # the candidate pick where its candidates fit a score tile (top_n 16 in 16-block tiles).
     for c in got:
-        assert {v.params["impl"] for v in c.variants} == {"one_launch", "two_launch"}
+        p = c.common
+        kinds = 2 if p["method"] == "quest" else 1
+        serve = candidates_serve(
+            p["num_query_tokens"], p["head_dim"], kinds, p["context_len"], p["top_n"]
+        )
+        want = {"one_launch", "two_launch"} | ({"candidates"} if serve else set())
+        assert {v.params["impl"] for v in c.variants} == want
 
 
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):

@@ -14,7 +14,8 @@ from ssvkit.calibration.features import serial_steps, tile_rows
 from ssvkit.calibration.fit import op_class
 from ssvkit.calibration.kernel_design import design_configs
 from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
-from ssvkit.calibration.kernel_plan import compile_keys, plan_shards, variant_work
+from ssvkit.calibration.kernel_keys import compile_keys
+from ssvkit.calibration.kernel_plan import plan_shards, variant_work
 from ssvkit.calibration.kernel_summary import summarise
 from ssvkit.calibration.row_work import compressed_ctas_selectors, nsa_work, row_compressed_ctas
 from ssvkit.perfmodel.hardware import get_gpu

@@ -10,6 +10,7 @@ import pytest
 import torch
 from ssvkit.kernels import block_scores as sb
 from ssvkit.kernels import top_blocks as tb
+from ssvkit.perfmodel import pick_work as pk
 from ssvkit.perfmodel import select_work as sw
 
 SMEM = 228 * 1024
@@ -31,15 +32,15 @@ def test_score_tiles_mirror_the_wrapper(num_tiles):
 @pytest.mark.parametrize("nb", [1, 16, 129, 1025, 2048, 2049, 4096, 4200, 9000])
 @pytest.mark.parametrize("top_n", [16, 64, 300])
 def test_pick_layout_mirrors_top_blocks(nb, top_n):
-    assert sw.row_layout(nb) == tb._row_layout(nb)
+    assert pk.row_layout(nb) == tb._row_layout(nb)
     meta = tb.threshold_meta(nb, top_n)
     chunk, tail, _ = tb._row_layout(nb)
     if meta is not None:
         rows = meta["TAIL_ROWS"] if meta["TAIL"] else 0
-        assert sw.pick_row_elems(nb, top_n) == meta["CHUNK"] + rows * meta["GROUPS"]
+        assert pk.pick_row_elems(nb, top_n) == meta["CHUNK"] + rows * meta["GROUPS"]
     for rows in (1, 132, 133, 1056, 1057):
         with mock.patch.object(tb, "num_sms", return_value=132):
-            assert sw.threshold_warps(rows, chunk, 132) == tb.threshold_warps(
+            assert pk.threshold_warps(rows, chunk, 132) == tb.threshold_warps(
                 rows, chunk, torch.device("cpu")
             )
 
@@ -64,21 +65,21 @@ def test_pick_sorts_mirror_the_threshold_picks_two_sorts():
     for nb in (129, 2049, 4097, 9000):
         for top_n in (16, 64, 300):
             meta = tb.threshold_meta(nb, top_n)
-            got = sw.pick_sorts(nb, top_n, 2)
+            got = pk.pick_sorts(nb, top_n, 2)
             if meta is None:
                 assert got == 0.0
             else:
-                want = sw.sort_steps(meta["GROUPS"], 2) + sw.sort_steps(meta["CAP"], 2)
+                want = pk.sort_steps(meta["GROUPS"], 2) + pk.sort_steps(meta["CAP"], 2)
                 assert got == want
-    assert sw.pick_sorts(2049, 64, 1) > sw.pick_sorts(2049, 16, 1) > 0
-    assert sw.sort_steps(64, 1) == 21 * 2  # 6 x 7 / 2 stages of two keys a lane
+    assert pk.pick_sorts(2049, 64, 1) > pk.pick_sorts(2049, 16, 1) > 0
+    assert pk.sort_steps(64, 1) == 21 * 2  # 6 x 7 / 2 stages of two keys a lane
 
 
 def test_threshold_warps_by_rows_and_chunk():
     # A row an SM: 4 warps (8 past 2048 blocks); many rows: 2 past 2048 blocks, else 2, then 1.
-    assert [sw.threshold_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
-    assert [sw.threshold_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 2]
-    assert [sw.threshold_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 2]
+    assert [pk.threshold_warps(132, c, 132) for c in (512, 2048, 4096)] == [4, 4, 8]
+    assert [pk.threshold_warps(1056, c, 132) for c in (512, 2048, 4096)] == [2, 2, 2]
+    assert [pk.threshold_warps(1057, c, 132) for c in (512, 2048, 4096)] == [1, 1, 2]
 
 
 def test_score_programs_walk_two_to_four_tiles():
@@ -112,10 +113,10 @@ def test_the_pick_tail_is_the_rows_past_the_chunk():
     """A row of 1,025 + 1,024 blocks (96K and 16 rows) is a chunk of 1,024 and a tail tile of
     1,024 (16 group rows of 64); one of 2,049 a chunk of 2,048 and two group rows; a row that
     the rounds kernel walks has no tail."""
-    assert sw.pick_tail_elems(1537, 16) == 1024 and sw.pick_row_elems(1537, 16) == 2048
-    assert sw.pick_tail_elems(2049, 16) == 2 * 64
-    assert sw.pick_tail_elems(2048, 16) == 0
-    assert sw.pick_tail_elems(9000, 16) == 0
+    assert pk.pick_tail_elems(1537, 16) == 1024 and pk.pick_row_elems(1537, 16) == 2048
+    assert pk.pick_tail_elems(2049, 16) == 2 * 64
+    assert pk.pick_tail_elems(2048, 16) == 0
+    assert pk.pick_tail_elems(9000, 16) == 0
     w = sw.select_call_work(
         shape(batch=1, context_len=96 * 1024), fused=False, num_sms=132, smem_per_sm_bytes=SMEM
     )
@@ -253,3 +254,77 @@ def test_sixty_four_rows_walk_more_tiles_of_less_work_than_thirty_two():
     t64 = sw.select_call_work(shape(t=64), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert (t32.tile_work, t64.tile_work) == (1.0, 0.5)
     assert t64.chain_tiles > 2 * t32.chain_tiles
+
+
+@pytest.mark.parametrize("ranges", [1, 3, 17, 128, 256, 257])
+@pytest.mark.parametrize("block_nb", [16, 32])
+@pytest.mark.parametrize("top_n", [1, 16, 17, 32, 33])
+def test_candidate_plan_mirrors_the_kernels(ranges, block_nb, top_n):
+    from ssvkit.kernels import select_candidates as sc
+
+    meta = sc.candidate_meta(ranges, block_nb, top_n)
+    want = None if meta is None else (meta["CAND_N"], meta["RUNS"])
+    assert pk.candidate_plan(ranges, block_nb, top_n) == want
+    for rows in (1, 132, 133, 2048):
+        for keys in (16, 512, 1024, 4096):
+            with mock.patch.object(sc, "num_sms", return_value=132):
+                got = sc.candidate_warps(rows, keys, torch.device("cpu"))
+            assert pk.candidate_warps(rows, keys, 132) == got
+
+
+def test_merge_sorts_count_each_round_and_the_ids_sort():
+    # 32 runs of 16 keys, one warp: rounds of 16, 8, 4, 2, 1 pairs of 16 keys (10 stages,
+    # 16 x 16 / 32 = 8 keys a lane down to one), then the 16 ids: 80 + 40 + 20 + 10 + 10 + 10.
+    assert pk.merge_sorts(32, 16, 1) == 170
+    assert pk.merge_sorts(1, 16, 4) == 10  # one run: only the ids' sort
+    # A [16, 32] tile sorted a row (15 stages of 16 keys a lane at 1 warp), then [16, 16].
+    assert pk.range_sorts(16, 32, 16, 1) == 15 * 16 + 10 * 8
+
+
+def test_candidate_pick_replaces_the_scores_with_each_ranges_candidates():
+    """128K, batch 16, 16 rows, top_n 16: 17 score ranges a row (4 tiles of 32 blocks), 16 int64
+    candidates each, written and read back in place of the fp32 scores; the pick merges 32
+    padded runs at one warp (2048 rows)."""
+    two = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    cand = sw.select_call_work(
+        shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM, candidates=True
+    )
+    rows, nb = 16 * 8 * 16, 2049
+    scores_and_scratch = 2 * rows * nb * 4 + rows * 2 * 16 * 8
+    assert two.requested_bytes - cand.requested_bytes == scores_and_scratch - 2 * rows * 17 * 16 * 8
+    assert (cand.flops, cand.chain_tiles, cand.tile_work) == (
+        two.flops,
+        two.chain_tiles,
+        two.tile_work,
+    )
+    waves = -(-rows // (132 * 32))  # one warp a row: 32 rows an SM
+    assert cand.pick_chain == waves * 32 * 16
+    assert cand.sort_chain == waves * pk.merge_sorts(32, 16, 1)
+    assert cand.pick_tail_chain == 0 and two.range_sort_chain == 0
+    assert cand.range_sort_chain == cand.chain_tiles * pk.range_sorts(16, 32, 16, 2)
+    assert cand.stage_counts[4] == cand.range_sort_chain
+    assert two.stage_counts[4] == two.pick_tail_chain > 0
+
+
+def test_a_shape_the_candidate_pick_does_not_serve_is_counted_as_two_launches():
+    """top_n 64 keeps 64 candidates a range, wider than a 32-block tile: the wrapper runs the
+    two launches, and so does the count."""
+    kw = dict(fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    s = shape(top_n=64)
+    assert sw.select_call_work(s, candidates=True, **kw) == sw.select_call_work(s, **kw)
+
+
+def test_the_scorings_candidates_per_row_are_the_kernels():
+    """The candidates a row gets (ranges x CAND_N) are the columns the scoring allocates."""
+    from ssvkit.kernels.block_metadata import BlockMetadata
+
+    for ctx, b in ((4000, 1), (20000, 3)):
+        k = torch.randn((b, 2, ctx + 16, 64))
+        lens = torch.full((b,), ctx, dtype=torch.int32)
+        meta = BlockMetadata.build(k, lens, 64, kinds=("mean",))
+        q = torch.randn((b, 5, 8, 64))
+        with mock.patch.object(sb, "num_sms", return_value=132):
+            launch = sb._score_launch(q, meta, lens, "mean", (32, 3), cand_n=16)
+        nb = meta.shape[2]
+        tiles = sw.score_tiles(-(-nb // 32) * 2 * b, 132)
+        assert launch.scores.shape[-1] == -(-nb // (32 * tiles)) * 16

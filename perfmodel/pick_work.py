@@ -1,0 +1,131 @@
+"""The top-n pick's launch plans, without torch: the threshold pick that walks each score row
+(``kernels.top_blocks``: ``row_layout``, ``pick_row_elems``, ``pick_sorts``,
+``threshold_warps``) and the two-stage candidate pick (``kernels.select_candidates``:
+``candidate_plan``, ``candidate_warps``, ``merge_sorts``, ``range_sorts``), whose scoring keeps
+each score range's best keys a row and whose pick merges those runs.
+
+``perfmodel.select_work`` counts a whole selection call's work from them.
+"""
+
+from __future__ import annotations
+
+import math
+
+WARP_LANES = 32
+# kernels.top_blocks: rows in registers up to one chunk plus a tail; threshold pick groups.
+TOPK_CHUNK = 4096
+MIN_GROUPS = 64
+GROUPS_PER_PICK = 2
+CANDIDATES_PER_PICK = 2
+THRESHOLD_MAX_TOP_N = 256  # kernels.top_blocks: larger top_n take the rounds kernel
+# kernels.select_candidates: score ranges a row's candidate pick merges at most.
+MAX_RANGES = 256
+# kernels.select_candidates.candidate_warps: candidates a warp of the pick takes past a row an SM.
+KEYS_PER_WARP = 512
+MAX_CANDIDATE_WARPS = 4
+
+
+def pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def row_layout(nb_max: int) -> tuple[int, int, int]:
+    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a score row (``kernels.top_blocks._row_layout``)."""
+    nb_max = max(nb_max, 1)
+    chunk = min(1 << (nb_max.bit_length() - 1), TOPK_CHUNK)
+    rest = nb_max - chunk
+    if rest == 0:
+        return chunk, 0, 1
+    if rest <= chunk:
+        return chunk, min(chunk, max(16, pow2(rest))), 1
+    return TOPK_CHUNK, 0, math.ceil(nb_max / TOPK_CHUNK)
+
+
+def pick_row_elems(nb_max: int, top_n: int) -> int:
+    """Score elements of one row's register tile in the threshold pick, whose one program per
+    row reads the row's ``NB`` scores as one tile of ``CHUNK + TAIL`` blocks (``row_layout``):
+    the chunk and the tail rounded to whole group rows (``threshold_meta``'s ``TAIL_ROWS``);
+    the row itself where the rounds kernel serves it (a longer row, or top_n above the
+    threshold pick's)."""
+    chunk, tail, num_chunks = row_layout(nb_max)
+    top_n_pad = max(16, pow2(top_n))
+    if num_chunks != 1:
+        return num_chunks * chunk
+    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
+    tail_rows = max(2, tail // groups) if tail else 0
+    return chunk + tail_rows * groups
+
+
+def pick_tail_elems(nb_max: int, top_n: int) -> int:
+    """The tail's share of ``pick_row_elems``: its group rows past the chunk; none where the
+    rounds kernel serves the row."""
+    chunk, _, num_chunks = row_layout(nb_max)
+    return 0 if num_chunks != 1 else pick_row_elems(nb_max, top_n) - chunk
+
+
+def sort_steps(n: int, warps: int, rows: int = 1) -> float:
+    """Serial work of a bitonic sort of ``n`` keys by ``warps`` warps (``tl.sort``; of each of
+    ``rows`` rows of ``n`` keys at once): its ``log2 n (log2 n + 1) / 2`` compare-exchange
+    stages, each over the keys one lane holds."""
+    k = max(1, math.ceil(math.log2(max(n, 2))))
+    return k * (k + 1) / 2 * max(1.0, rows * n / (WARP_LANES * warps))
+
+
+def pick_sorts(nb_max: int, top_n: int, warps: int) -> float:
+    """``sort_steps`` of one row's threshold pick: its ``GROUPS`` group maxima, then its
+    ``CAP`` candidates (``kernels.top_blocks.threshold_meta``); none where the rounds kernel
+    serves the row (a row past one chunk and its tail)."""
+    chunk, _, num_chunks = row_layout(nb_max)
+    top_n_pad = max(16, pow2(top_n))
+    if num_chunks != 1 or top_n_pad > min(chunk, THRESHOLD_MAX_TOP_N):
+        return 0.0
+    groups = min(chunk, max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad))
+    return sort_steps(groups, warps) + sort_steps(CANDIDATES_PER_PICK * top_n_pad, warps)
+
+
+def threshold_warps(rows: int, chunk: int, num_sms: int) -> int:
+    """Warps of one row's pick (``kernels.top_blocks.threshold_warps``): 4 up to a row per SM
+    (8 for chunks beyond 2048 blocks), else 2 for chunks beyond 2048 blocks and up to eight
+    rows per SM for shorter ones, then 1."""
+    if rows <= num_sms:
+        return 4 if chunk <= 2048 else 8
+    if chunk > 2048:
+        return 2
+    return 2 if rows <= 8 * num_sms else 1
+
+
+def candidate_plan(num_ranges: int, block_nb: int, top_n: int) -> tuple[int, int] | None:
+    """``(CAND_N, RUNS)`` of the two-stage pick (``kernels.select_candidates.candidate_meta``):
+    the candidates a score range keeps a row (``top_n`` padded to a power of two, at least 16)
+    and a row's ``num_ranges`` runs of them padded to a power of two; None where the path does
+    not serve the shape (a score tile narrower than ``CAND_N`` blocks, more than ``MAX_RANGES``
+    ranges a row): the call runs the threshold pick."""
+    cand_n = max(16, pow2(top_n))
+    runs = pow2(max(num_ranges, 1))
+    if block_nb < cand_n or runs > MAX_RANGES:
+        return None
+    return cand_n, runs
+
+
+def candidate_warps(rows: int, num_keys: int, num_sms: int) -> int:
+    """Warps of one row's candidate pick of ``num_keys`` padded candidates
+    (``kernels.select_candidates.candidate_warps``): 4 up to a row per SM, else one a
+    ``KEYS_PER_WARP`` candidates, 1 to 4."""
+    if rows <= num_sms:
+        return MAX_CANDIDATE_WARPS
+    return max(1, min(MAX_CANDIDATE_WARPS, num_keys // KEYS_PER_WARP))
+
+
+def merge_sorts(runs: int, cand_n: int, warps: int) -> float:
+    """``sort_steps`` of one row's candidate pick: ``log2 runs`` rounds, round ``r`` sorting
+    ``runs / 2^r`` pairs' ``cand_n`` best (``top_of_runs``), then the kept ids' sort."""
+    rounds = (runs.bit_length() - 1) if runs > 1 else 0
+    merged = sum(sort_steps(cand_n, warps, rows=runs >> r) for r in range(1, rounds + 1))
+    return merged + sort_steps(cand_n, warps)
+
+
+def range_sorts(t_pad: int, block_nb: int, cand_n: int, warps: int) -> float:
+    """``sort_steps`` a score tile adds in candidates mode (``merge_top``): its ``[T_PAD,
+    BLOCK_NB]`` keys sorted a row, then the ``[T_PAD, CAND_N]`` merged with the running best
+    sorted again."""
+    return sort_steps(block_nb, warps, rows=t_pad) + sort_steps(cand_n, warps, rows=t_pad)
