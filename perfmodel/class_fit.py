@@ -8,10 +8,11 @@ its merge) takes
                 flops / (e_c(flops) * PEAK))
 
 (the terms: ``ClassFit``; on a GPU other than the fit's the memory term splits into the part
-HBM bounds and the part the SMs bound, ``ClassFit._memory_s``). Calibration's idea, after
-Calculon and AIConfigurator: the roofline's shape with size-dependent efficiency, a serial
-chain as a third bound beside the roofline's two. It ignores contention between concurrent
-kernels and clock variation.
+HBM bounds and the part the SMs bound, ``ClassFit._memory_s``; a class with an overlap
+exponent p, ``overlap_p``, takes the p-norm of the three bounds in place of their maximum).
+Calibration's idea, after Calculon and AIConfigurator: the roofline's shape with
+size-dependent efficiency, a serial chain as a third bound beside the roofline's two. It
+ignores contention between concurrent kernels and clock variation.
 """
 
 from __future__ import annotations
@@ -133,7 +134,13 @@ class ClassFit:
       chip a call bound by that path keeps its time where its HBM bytes follow the copy rate.
       Fitted as r x BW with r in [1, 4] on the GPU of the fit, r_p = r x BW / PEAK there;
     - ``slot_plan``: the class is fitted on the current kernels' launch-plan counts, and the
-      step model prices it with its op's ``slot_plan``.
+      step model prices it with its op's ``slot_plan``;
+    - ``overlap_p`` (p, fitted for NSA): the chain, memory and compute bounds combine as their
+      p-norm, ``(chain^p + memory^p + compute^p)^(1/p)``, in place of their maximum (p -> inf;
+      0 here). A program that walks its key tiles one after another overlaps a tile's loads,
+      its MMAs and its softmax only in part: where the three are of like size the call takes
+      longer than the largest (an NSA tile of 64 packed rows at batch 16 streams, computes and
+      waits on its chain alike), and where one dominates, about that one.
     """
 
     name: str
@@ -158,6 +165,7 @@ class ClassFit:
     l2_bytes_per_flop: float = 0.0
     t_depth_row_s: float = 0.0  # t_kr: seconds per chain unit per padded MMA row of the tile
     t_depth_miss_s: float = 0.0  # t_km: seconds per chain unit that misses L2
+    overlap_p: float = 0.0  # p of the bounds' p-norm; 0: their maximum
     # Fitted on the current kernels' launch-plan counts (``perfmodel.nsa_work``,
     # ``perfmodel.select_work``, ``perfmodel.sparse_work``, ``perfmodel.dense_work``,
     # ``perfmodel.repair_work``): the step model prices such a class with its op's ``slot_plan``.
@@ -237,8 +245,13 @@ class ClassFit:
         memory = self._memory_s(hbm_bytes, eb, bw, peak)
         if l2_bytes is not None:
             memory = np.maximum(memory, l2_bytes / (eb * bw))
-        roof = np.maximum(memory, c.flops / (ef * peak))
-        return fixed + np.maximum(chain, roof)
+        compute = c.flops / (ef * peak)
+        top = np.maximum(chain, np.maximum(memory, compute))
+        if not self.overlap_p:
+            return fixed + top
+        p, unit = self.overlap_p, np.where(top > 0, top, 1.0)
+        shares = (chain / unit) ** p + (memory / unit) ** p + (compute / unit) ** p
+        return fixed + top * shares ** (1.0 / p)
 
     def _memory_s(self, nbytes, eb, bw, peak):
         """The memory term of ``nbytes`` at efficiency ``eb``: ``nbytes / (eb x BW)`` on the GPU
@@ -275,6 +288,7 @@ class ClassFit:
             **({"t_depth_row_s": self.t_depth_row_s} if self.slot_plan else {}),
             **({"t_depth_miss_s": self.t_depth_miss_s} if self.t_depth_miss_s else {}),
             **({"slot_plan": True} if self.slot_plan else {}),
+            **({"overlap_p": self.overlap_p} if self.overlap_p else {}),
         }
 
     @classmethod
@@ -320,6 +334,7 @@ class ClassFit:
             t_depth_row_s=float(d.get("t_depth_row_s", 0.0)),
             t_depth_miss_s=float(d.get("t_depth_miss_s", 0.0)),
             slot_plan=bool(d.get("slot_plan", False)),
+            overlap_p=float(d.get("overlap_p", 0.0)),
             fit_ceilings=tuple(map(float, fit_ceilings)) if fit_ceilings else (),
             head_dims=tuple(int(x) for x in head_dims),
             steps_max=None if steps_max is None else float(steps_max),

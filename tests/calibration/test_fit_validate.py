@@ -336,3 +336,14 @@ def test_resident_ops_take_the_resident_class_or_fall_back_to_the_cold_one():
     assert 0 < float(p_res.op_seconds["verify.qkv_proj"][0]) < t_cold
     # what the resident sweep does not time (attention) stays on its cold class
     assert p_res.op_seconds["verify.attention"][0] == p_cold.op_seconds["verify.attention"][0]
+
+
+def test_only_the_slot_planned_nsa_classes_fit_an_overlap_exponent():
+    """The committed profiles: the H200's NSA classes (current kernels) carry a fitted p in
+    [1, 32]; the H100's NSA classes (split-plan kernels) and every other class take the
+    bounds' maximum."""
+    for gpu, nsa_p in (("h200", True), ("h100-sxm", False)):
+        profile = Profile.load(ceilings.PROFILES / gpu / "profile.json", gpu=gpu)
+        for name, cf in profile.classes.items():
+            fitted = name.startswith("nsa_verify/") and nsa_p
+            assert (1.0 <= cf.overlap_p <= 32.0) if fitted else cf.overlap_p == 0.0, name

@@ -136,3 +136,23 @@ def test_chain_tiles_that_miss_l2_wait_longer():
     assert cf.call_time_s(1e3, 1.0, BW, PEAK, depth=100) == pytest.approx(1.4e-4)
     assert ClassFit.from_json("x", cf.to_json()) == cf
     assert "t_depth_miss_s" not in CF.to_json()
+
+
+def test_an_overlap_exponent_takes_the_bounds_p_norm():
+    """Chain 3 us, memory 4 us, compute 1 us: the maximum is 4 us; p = 2 gives
+    sqrt(9 + 16 + 1) us, p = 1 their sum; one bound alone stays itself at any p."""
+    kw = dict(depth=3000, rows=0)
+    plain = CF.call_time_s(4e6, 1e9, BW, PEAK, **kw)
+    assert plain == pytest.approx(1e-6 + 4e-6)
+    for p, want in (
+        (2.0, np.sqrt(26.0)),
+        (1.0, 8.0),
+        (32.0, 4.0 * (1 + (3 / 4) ** 32) ** (1 / 32)),
+    ):
+        cf = dataclasses.replace(CF, overlap_p=p)
+        assert cf.call_time_s(4e6, 1e9, BW, PEAK, **kw) == pytest.approx(1e-6 + want * 1e-6)
+        alone = cf.call_time_s(np.array([4e6, 0.0]), 1.0, BW, PEAK)
+        np.testing.assert_allclose(alone, [1e-6 + 4e-6, 1e-6])
+    again = dataclasses.replace(CF, overlap_p=2.5)
+    assert ClassFit.from_json("x", again.to_json()) == again
+    assert "overlap_p" not in CF.to_json()
