@@ -95,14 +95,15 @@ class NsaWork:
       of them may hit L2 (a head's row tiles walk their ascending block lists side by side);
     - ``chain_tiles``: key tiles in series, summed over the parts: per part the busiest
       program's slice, or the part's tiles over its resident programs when the grid overfills
-      the SMs (``resident_programs``: what shared memory holds), weighted by
-      ``dense_work.key_tile_weight`` (a tile's MMAs and softmax at its head dimension over
-      their work at D = 128); a tile's load latency over the pipeline's depth prices it
-      (Little's law: the bytes in flight per SM set the rate);
+      the SMs (``resident_programs``: what shared memory holds); a tile's load latency over
+      the pipeline's depth prices it (Little's law: the bytes in flight per SM set the rate),
+      whatever the head dimension;
     - ``merge_steps``: partial slots a row tile's merge reads, summed over merges in series (of
       merges side by side, the longest);
     - ``row_cost``: the row tile's ``BLOCK_M`` in ``mma.sync`` rows (``wgmma`` rows count
-      half);
+      half), weighted by ``dense_work.key_tile_weight`` (a tile's MMAs and softmax at its head
+      dimension over their work at D = 128), as a dense call's rows are: the head dimension
+      scales what a key tile's rows cost, not the latency of its load;
     - ``waves``: program waves summed over the parts (each pays a prologue and an epilogue);
     - ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one
       program of the top-n pick; its block scoring's bytes and FLOPs are in the counts above
@@ -332,9 +333,12 @@ def nsa_call_work(
         # ones (the other tiles' reads may hit L2).
         requested_bytes=float(tile_reads * kv_tile + other),
         unique_bytes=float(heads * (comp_units + win_units + selected) * kv_tile + other),
-        chain_tiles=float(chain * key_tile_weight(s.head_dim)),
+        chain_tiles=float(chain),
         merge_steps=float(merge),
-        row_cost=float(block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m),
+        row_cost=float(
+            (block_m if block_m < WGMMA_MIN_ROWS else WGMMA_ROW_COST * block_m)
+            * key_tile_weight(s.head_dim)
+        ),
         waves=float(waves),
         pick_rows=float(pick_rows),
         mma_flops=float(flops * BLOCK_N * s.head_dim * 4 + score_flops),
