@@ -132,7 +132,10 @@ class ClassFit:
       crosses the L2-to-SM path, whose throughput r_p x PEAK scales with the SMs' clock and
       count, which the GEMM rate measures, not with HBM bandwidth: on another GPU of the same
       chip a call bound by that path keeps its time where its HBM bytes follow the copy rate.
-      Fitted as r x BW with r in [1, 4] on the GPU of the fit, r_p = r x BW / PEAK there;
+      Fitted as r x BW with r in [1, 4] on the GPU of the fit, r_p = r x BW / PEAK there,
+      and e_b of such a class at most what a read-only HBM stream reaches over the copy rate
+      (``calibration.fit_class.HBM_READ_EFF_MAX``): its memory term counts HBM bytes, so the
+      repeats that hit L2 take the L2-to-SM path;
     - ``slot_plan``: the class is fitted on the current kernels' launch-plan counts, and the
       step model prices it with its op's ``slot_plan``;
     - ``overlap_p`` (p, fitted for NSA): the chain, memory and compute bounds combine as their
