@@ -16,6 +16,7 @@ that no registry model has.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -106,6 +107,20 @@ def nsa_inputs(mod, bsz, t, prefix_lens, t_max, gen):
     comp_k, comp_v, _ = mod.compress_kv(k, v, lens, comp_block=32, comp_stride=16)
     gates = torch.sigmoid(torch.randn((bsz, t, NUM_Q_HEADS, 3), generator=gen, device=DEVICE))
     return (q, k, v, lens, mask, comp_k, comp_v, gates)
+
+
+def metadata_rotations(q: torch.Tensor, meta, count: int, gen=None) -> list[tuple]:
+    """``count`` input sets of a block selection: ``(q, meta)``, then fresh random queries of
+    ``q``'s shape and dtype (drawn from ``gen`` when given) with copies of ``meta``'s tensors
+    (a ``BlockMetadata``: distinct memory, the same values), so a timed rotation reads no
+    input another set left in L2."""
+    names = [f.name for f in dataclasses.fields(meta) if torch.is_tensor(getattr(meta, f.name))]
+    sets = [(q, meta)]
+    for _ in range(count - 1):
+        fresh = torch.randn(q.shape, device=q.device, generator=gen).to(q.dtype)
+        copies = {n: getattr(meta, n).clone() for n in names}
+        sets.append((fresh, dataclasses.replace(meta, **copies)))
+    return sets
 
 
 def overlap_block_idx(num_blocks: list[int], t: int, top_n: int, overlap: float, rng) -> np.ndarray:

@@ -303,15 +303,7 @@ def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     heads = (ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, ki.HEAD_DIM)
     unique = select_unique_bytes(bsz, t, ctx, top_n, method, bs, *heads)
     rot = tm.num_rotations(unique)
-    # Rotation sets: fresh queries and copies of the metadata (distinct memory, same values).
-    sets = [(q, meta)]
-    for _ in range(rot - 1):
-        copies = {
-            f.name: getattr(meta, f.name).clone()
-            for f in dataclasses.fields(meta)
-            if isinstance(getattr(meta, f.name), torch.Tensor)
-        }
-        sets.append((torch.randn_like(q), dataclasses.replace(meta, **copies)))
+    sets = ki.metadata_rotations(q, meta, rot, gen)
     flops = 2 * bsz * ki.NUM_KV_HEADS * t * nb * ki.HEAD_DIM * kinds
     for impl in impls:
 

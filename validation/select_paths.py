@@ -24,6 +24,7 @@ import itertools
 from pathlib import Path
 
 import torch
+from ssvkit.calibration.kernel_inputs import metadata_rotations
 from ssvkit.calibration.kernel_ops import select_unique_bytes
 from ssvkit.kernels import select_blocks as sb
 from ssvkit.kernels import timing as tm
@@ -73,13 +74,9 @@ def _inputs(c: Case) -> tuple[list, torch.Tensor, torch.Tensor]:
     meta = BlockMetadata.build(k, lens, BLOCK_SIZE, kinds=(c.method,))
     del k
     positions = (lens.long()[:, None] - c.t + torch.arange(c.t, device="cuda")[None, :]).clamp(0)
-    tensors = [f.name for f in dataclasses.fields(meta) if torch.is_tensor(getattr(meta, f.name))]
-    nbytes = sum(getattr(meta, n).numel() * getattr(meta, n).element_size() for n in tensors)
-    sets = [(q, meta)]
-    for _ in range(tm.num_rotations(nbytes) - 1):
-        copies = {n: getattr(meta, n).clone() for n in tensors}
-        q_new = torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16)
-        sets.append((q_new, dataclasses.replace(meta, **copies)))
+    tensors = [getattr(meta, f.name) for f in dataclasses.fields(meta)]
+    nbytes = sum(x.numel() * x.element_size() for x in tensors if torch.is_tensor(x))
+    sets = metadata_rotations(q, meta, tm.num_rotations(nbytes), gen)
     return sets, lens, positions.contiguous()
 
 
