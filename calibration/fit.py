@@ -31,7 +31,7 @@ from ssvkit.perfmodel.nsa_plan import PER_QUERY, is_packed
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 from ssvkit.perfmodel.profiles import PROFILE_VERSION
 from ssvkit.perfmodel.rows import canonical
-from ssvkit.perfmodel.select_work import CANDIDATES, TWO_LAUNCH
+from ssvkit.perfmodel.select_work import TWO_LAUNCH
 
 HELDOUT_CONTEXTS = (48 * 1024, 96 * 1024)
 HELDOUT_TOKENS = (12,)
@@ -77,9 +77,7 @@ def _op_class(row: dict) -> str:
         return f"{op}/{p['mode']}/{p['impl']}" + ("/" + PER_QUERY if one_row else "")
     if op == "select_blocks":  # the two-launch baseline (``impl``) is a class of its own
         # Rows of the current kernels without an ``impl`` were timed before the one-launch
-        # path existed: two launches. The candidate pick is a class of its own too.
-        if p.get("impl") == CANDIDATES:
-            return f"{op}/{p['method']}/{CANDIDATES}"
+        # path existed: two launches.
         two = p.get("impl") == TWO_LAUNCH or (p.get("impl") is None and is_select_plan(row))
         return f"{op}/{p['method']}" + (f"/{TWO_LAUNCH}" if two else "")
     # Row-wise reductions: their time is set by the row length (one program walks a row), not

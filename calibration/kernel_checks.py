@@ -130,9 +130,6 @@ def check_select(mod) -> None:
         one = mod.select_blocks(q, meta, lens, top_n=16, method=method, fused=True)
         if not torch.equal(idx, one):
             raise CorrectnessError(f"select_blocks {method}: one launch and two launches differ")
-        cand = mod.select_blocks(q, meta, lens, top_n=16, method=method, candidates=True)
-        if not torch.equal(idx, cand):
-            raise CorrectnessError(f"select_blocks {method}: candidates and two launches differ")
         ref = reference_select_blocks(q, k, lens, 64, top_n=16, method=method)
         # bf16 scores reorder near-ties: require almost every selected block to agree.
         hits = sum(

@@ -23,12 +23,11 @@ import numpy as np
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES, is_packed
-from ssvkit.perfmodel.select_work import candidates_serve, one_launch_fits
+from ssvkit.perfmodel.select_work import one_launch_fits
 
 STEPS = ("dense", "sparse", "repair", "nsa", "select", "nsa_tiles")
-# select_blocks' ``impl``: scores and pick in one launch, the two launches (the default), or two
-# whose pick merges each score range's candidates (``candidates=True``).
-SELECT_IMPLS = ("one_launch", "two_launch", "candidates")
+# select_blocks' ``impl``: scores and pick in one launch, or the two launches (the default).
+SELECT_IMPLS = ("one_launch", "two_launch")
 K = 1024
 WORKING_SET_BYTES = 200 * 2**20  # 4x the H100's 50 MB L2: the large sparse batch's target
 NSA_REUSE_OVERLAP = 0.7
@@ -240,19 +239,13 @@ def nsa_tiles_packed(t: int, rows_per_tile: int) -> bool:
 
 
 def select_config(ctx: int, t: int, bsz: int, top_n: int, method: str, block_size: int = 64):
-    """select_blocks of one metadata kind, in one launch, in two and with the candidate pick
-    (``impl``) on the same inputs; the one launch only where it fits an SM
-    (``one_launch_fits``), the candidate pick only where it serves the shape on any GPU
-    (``candidates_serve``; elsewhere it runs the two launches)."""
+    """select_blocks of one metadata kind, in one launch and in two (``impl``) on the same
+    inputs; in two only where the one launch does not fit an SM (``one_launch_fits``)."""
     common = dict(context_len=ctx, num_query_tokens=t, batch=bsz, top_n=top_n)
     p = ki.base_params(block_size=block_size, method=method, **common)
     kinds = 2 if method == "quest" else 1
-    fits = {
-        "one_launch": one_launch_fits(t, p["head_dim"], kinds, DEFAULT_SMEM_PER_SM_BYTES),
-        "two_launch": True,
-        "candidates": candidates_serve(t, p["head_dim"], kinds, ctx, top_n, block_size),
-    }
-    impls = [i for i in SELECT_IMPLS if fits[i]]
+    fused = one_launch_fits(t, p["head_dim"], kinds, DEFAULT_SMEM_PER_SM_BYTES)
+    impls = SELECT_IMPLS if fused else SELECT_IMPLS[1:]
     vs = tuple(Variant("select_blocks", {**p, "impl": i}, (i,)) for i in impls)
     return KernelConfig("select", ki.current_geometry(), p, vs)
 

@@ -17,18 +17,18 @@ from ssvkit.perfmodel.attention_plan import (
     next_pow2,
     sparse_tile_shape,
 )
-from ssvkit.perfmodel.pick_work import candidate_plan, candidate_warps, row_layout, threshold_warps
-from ssvkit.perfmodel.select_work import CANDIDATES, score_tile, score_tiles
+from ssvkit.perfmodel.pick_work import row_layout, threshold_warps
+from ssvkit.perfmodel.select_work import score_tile, score_tiles
 
 # Kernels an NSA call launches per path and implementation (compressed pass, scoring, top-n
 # pick, selected + window pass, merges; the unfused path launches each branch apart).
 NSA_KERNELS = {("refresh", "fused"): 5, ("reuse", "fused"): 2}
 NSA_KERNELS |= {("refresh", "unfused"): 7, ("reuse", "unfused"): 4}
-# Short kernels (the merge, the union plan, the selection's metadata build and its picks):
-# ``small_compile_s`` each. The selection's score launches and its one launch (scores and pick)
+# Short kernels (the merge, the union plan, the selection's metadata build and top-n pick):
+# ``small_compile_s`` each. The selection's score launch and its one launch (scores and pick)
 # unroll three bf16 MMAs a product in a pipelined loop: ``select_compile_s`` each.
-SMALL_KERNELS = ("merge", "union_plan", "select_meta", "select_pick", "select_cand_pick")
-SELECT_MMA_KERNELS = ("select_scores", "select_fused", "select_cand_scores")
+SMALL_KERNELS = ("merge", "union_plan", "select_meta", "select_pick")
+SELECT_MMA_KERNELS = ("select_scores", "select_fused")
 
 
 def _cls(x: int) -> str:
@@ -97,8 +97,7 @@ def select_keys(p: dict, hq: int, hkv: int, d: int, num_sms: int) -> set[tuple]:
     """The specialisations of one ``select_blocks`` call of params ``p``, from the launch plan
     ``perfmodel.select_work`` counts: the metadata build (per head dimension and method), and
     either the score launch (its tile, the tiles a program walks, the group size) and the pick
-    (its row layout, ``top_n`` and warps), the one launch holding both, or the candidate
-    scoring (its candidates a range) and the candidate pick (its runs and warps) (``impl``)."""
+    (its row layout, ``top_n`` and warps), or the one launch holding both (``impl``)."""
     kinds = 2 if p["method"] == "quest" else 1
     t, nb = p["num_query_tokens"], -(-(p["context_len"] + p["num_query_tokens"]) // p["block_size"])
     t_pad, block_nb, warps = score_tile(t, kinds, d)
@@ -111,10 +110,4 @@ def select_keys(p: dict, hq: int, hkv: int, d: int, num_sms: int) -> set[tuple]:
     keys = {("select_meta", d, p["method"])}
     if p.get("impl") == "one_launch":
         return keys | {("select_fused", *score, *pick)}
-    ranges = -(-nb // (block_nb * tiles))
-    plan = candidate_plan(ranges, block_nb, p["top_n"]) if p.get("impl") == CANDIDATES else None
-    if plan is not None:
-        cand_warps = candidate_warps(pairs * t, plan[0] * plan[1], num_sms)
-        scoring = ("select_cand_scores", *score, plan[0])
-        return keys | {scoring, ("select_cand_pick", hkv, p["top_n"], *plan, cand_warps)}
     return keys | {("select_scores", *score), ("select_pick", *pick)}

@@ -307,10 +307,9 @@ def _select_config(r: Runner, seed: int, mod, p: dict, impls) -> None:
     flops = 2 * bsz * ki.NUM_KV_HEADS * t * nb * ki.HEAD_DIM * kinds
     for impl in impls:
 
-        def fn(i, fused=impl == "one_launch", cand=impl == "candidates"):
+        def fn(i, fused=impl == "one_launch"):
             qi, mi = sets[i]
-            kw = dict(top_n=top_n, method=method, fused=fused, candidates=cand)
-            return mod.select_blocks(qi, mi, lens, **kw)
+            return mod.select_blocks(qi, mi, lens, top_n=top_n, method=method, fused=fused)
 
         pi = dict(p, impl=impl, rotations=rot)
         r.time_op("select_blocks", pi, fn, num_inputs=rot, unique_bytes=unique, flops=flops)

@@ -30,7 +30,7 @@ STEP_ORDER = ("sparse", "dense", "repair", "select", "nsa", "nsa_tiles")
 # split settings; NSA: both implementations' refresh and reuse calls, per row schedule of the
 # nsa_tiles step), and per other geometry
 # (``check_geometry``: one dense and three sparse launches).
-CHECK_COMPILES = {"dense": 12, "sparse": 4, "repair": 1, "nsa": 18, "select": 6}
+CHECK_COMPILES = {"dense": 12, "sparse": 4, "repair": 1, "nsa": 18, "select": 3}
 CHECK_COMPILES["nsa_tiles"] = len(NSA_TILE_ROWS) * CHECK_COMPILES["nsa"]  # per row schedule
 GEOMETRY_CHECK_COMPILES = 4
 UNITS_PER_SHARD = 4  # a unit above 1 / (this x shards) of the total is cut into chunks

@@ -31,9 +31,9 @@ def floor_target_met(median_s: float, floor_s: float) -> bool:
 
 def _floor_targets(g: list[dict]) -> list[dict]:
     """Per sparse-path op and batch: rows meeting ``floor_target_met``, the median and worst
-    time / floor. Selection rows timed in two launches or with the candidate pick (``impl``,
-    beside the one-launch path) are left out: ``_select`` compares the three."""
-    g = [r for r in g if r["params"].get("impl") not in ("two_launch", "candidates")]
+    time / floor. Selection rows timed in two launches (``impl``, the baseline of the one-launch
+    path) are left out."""
+    g = [r for r in g if r["params"].get("impl") != "two_launch"]
     out = []
     for op in SPARSE_PATH_OPS:
         for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):
@@ -241,8 +241,8 @@ def _nsa_tiles(g: list[dict]) -> list[dict]:
 
 def _select(g: list[dict]) -> list[dict]:
     """select_blocks rows timed in one launch and in two on the same config (head geometry
-    and draft rows included): both times, the candidate pick's where it was timed (None
-    elsewhere), the floor, the one-launch time / floor and its floor target."""
+    and draft rows included): both times, the floor, the one-launch time / floor and its floor
+    target."""
     by_impl = {}
     for r in g:
         if r["op"] == "select_blocks" and r["params"].get("impl"):
@@ -254,7 +254,6 @@ def _select(g: list[dict]) -> list[dict]:
         one, two = by_impl.get((*key, "one_launch")), by_impl.get((*key, "two_launch"))
         if one is None or two is None:
             continue
-        cand = by_impl.get((*key, "candidates"))
         floor = _floor(one)
         out.append(
             {
@@ -266,7 +265,6 @@ def _select(g: list[dict]) -> list[dict]:
                 "method": key[5],
                 "one_us": one["median_s"] * 1e6,
                 "two_us": two["median_s"] * 1e6,
-                "cand_us": None if cand is None else cand["median_s"] * 1e6,
                 "floor_us": floor * 1e6,
                 "x_floor": one["median_s"] / floor,
                 "target_met": floor_target_met(one["median_s"], floor),

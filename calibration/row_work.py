@@ -18,7 +18,7 @@ from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import COMPRESSED_CTAS_PER_SM, CONTEXT_TILES, tile_packing
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
-from ssvkit.perfmodel.select_work import CANDIDATES, SelectShape, SelectWork, select_call_work
+from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
     SparseWork,
@@ -110,7 +110,7 @@ def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
 def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     """``perfmodel.select_work`` of the call a block-selection row of the current kernels
     timed, on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None);
-    rows of no ``impl`` ran the two launches, rows of ``candidates`` the candidate pick."""
+    rows of no ``impl`` ran the two launches."""
     p = row["params"]
     shape = SelectShape(
         batch=p["batch"],
@@ -126,7 +126,6 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     return select_call_work(
         shape,
         fused=p.get("impl") == "one_launch",
-        candidates=p.get("impl") == CANDIDATES,
         **_sm_resources(gpu),
     )
 

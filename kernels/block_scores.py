@@ -1,8 +1,7 @@
 """Block scores of :mod:`kernels.select_blocks`: every block of every KV head scored for every
-query row against the block metadata (``block_scores``), and the score launch that
-``kernels.select_kernels.block_scores_kernel`` and ``kernels.select_one_launch.select_kernel``
-both run (``ScoreLaunch``), at the first tile and pipeline shape that fits the SM's shared
-memory (``launch_fitted``).
+query row against the block metadata (``block_scores``), and the score launch both of
+``kernels.select_kernels``' kernels run (``ScoreLaunch``), at the first tile and pipeline
+shape that fits the SM's shared memory (``launch_fitted``).
 """
 
 from __future__ import annotations
@@ -64,13 +63,10 @@ def _score_shapes(t_pad: int, head_dim: int, method: str) -> list[tuple[int, int
     return list(dict.fromkeys(shapes))
 
 
-def launch_fitted(
-    name: str, launch_one, q, meta, prefix_lens, method: str, out=None, cand_n: int = 0
-):
+def launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=None):
     """``launch_one(score_launch)`` with the first shape of ``_score_shapes`` whose kernel fits
-    the SM's shared memory, scoring into ``out`` (a fresh score tensor when None; with
-    ``cand_n``, a fresh tensor of each row's ``cand_n`` candidates a program); returns what it
-    returns. The shape that fitted, or the error when none did, is remembered per
+    the SM's shared memory, scoring into ``out`` (a fresh score tensor when None); returns
+    what it returns. The shape that fitted, or the error when none did, is remembered per
     launch key: later calls, CUDA graph captures included, compile and try no other. A shape
     that does not fit fails when its kernel loads, before it runs: a retry leaves no partial
     output."""
@@ -81,7 +77,7 @@ def launch_fitted(
         raise known
     shapes = _score_shapes(t_pad, q.shape[3], method)
     for i in range(known, len(shapes)):
-        launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out, cand_n)
+        launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out)
         try:
             got = launch_one(launch)
         except OutOfResources as e:
@@ -189,7 +185,7 @@ def score_at(
         )
     launch = _score_launch(q, meta, prefix_lens, method, (block_nb, stages))
     compiled = block_scores_kernel[(launch.programs, launch.scores.shape[1], q.shape[0])](
-        *launch.args, **scores_rule(prefix_lens), **launch.meta, PDL=False, num_warps=num_warps
+        *launch.args, **launch.meta, PDL=False, num_warps=num_warps
     )
     return launch.scores, compiled
 
@@ -203,11 +199,7 @@ def _score_rows(q, meta, prefix_lens, method: str, chain: LaunchChain, out: torc
         b, hkv = q.shape[0], launch.scores.shape[1]
         with chain.attempt():
             block_scores_kernel[(launch.programs, hkv, b)](
-                *launch.args,
-                **scores_rule(prefix_lens),
-                **launch.meta,
-                **chain.meta(),
-                num_warps=launch.num_warps,
+                *launch.args, **launch.meta, **chain.meta(), num_warps=launch.num_warps
             )
 
     try:
@@ -220,24 +212,16 @@ def _score_rows(q, meta, prefix_lens, method: str, chain: LaunchChain, out: torc
             _score_rows(q[:, lo:hi], meta, prefix_lens, method, chain, out[:, :, lo:hi])
 
 
-def scores_rule(prefix_lens: torch.Tensor) -> dict:
-    """``block_scores_kernel``'s selection-rule arguments where it writes scores, which it
-    then does not read: no candidates (``CAND_N`` 0), so no rule."""
-    return dict(pos_ptr=prefix_lens, num_sink=0, num_local=0, window=0, CAND_N=0, RELATIVE=False)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScoreLaunch:
-    """The scoring's output (scores, or each row's candidates a program: ``cand_n``), its
-    programs per (sequence, KV head), and the arguments, constexprs and warps ``score_range``
-    takes (``block_scores_kernel`` or ``select_one_launch.select_kernel``)."""
+    """The scoring's output, its programs per (sequence, KV head), and the arguments,
+    constexprs and warps ``score_range`` takes (either kernel of ``kernels.select_kernels``)."""
 
     scores: torch.Tensor
     programs: int
     args: tuple
     meta: dict
     num_warps: int
-    cand_n: int = 0
 
 
 def _check_method(method: str, meta: BlockMetadata) -> None:
@@ -254,24 +238,18 @@ def _score_launch(
     method: str,
     shape: tuple[int, int],
     out: torch.Tensor | None = None,
-    cand_n: int = 0,
 ) -> ScoreLaunch:
     """The scoring's launch at ``shape`` (BLOCK_NB, pipeline stages, ``_score_shapes``), into
-    ``out`` (``[B, Hkv, t, NB]``, rows of any stride; a fresh ``empty_scores`` when None); with
-    ``cand_n``, into a fresh ``[B, Hkv, t, programs x cand_n]`` int64 tensor of candidates."""
+    ``out`` (``[B, Hkv, t, NB]``, rows of any stride; a fresh ``empty_scores`` when None)."""
     _check_method(method, meta)
     _check_q(q, meta)
     b, t, h, d = q.shape
     _, hkv, nb, _ = meta.shape
     check_lens(prefix_lens, b, q.device, "prefix_lens")
+    out = empty_scores(b, hkv, t, nb, q.device) if out is None else out
     t_pad = max(16, triton.next_power_of_2(t))
     block_nb, stages = shape
     tiles = _score_tiles(triton.cdiv(nb, block_nb) * hkv * b, q.device)
-    programs = triton.cdiv(nb, block_nb * tiles)
-    if cand_n:
-        out = torch.empty((b, hkv, t, programs * cand_n), dtype=torch.int64, device=q.device)
-    elif out is None:
-        out = empty_scores(b, hkv, t, nb, q.device)
     ref = meta._any()
     args = (
         q,
@@ -295,7 +273,11 @@ def _score_launch(
         PRECISION="bf16x3" if q.device.type == "cuda" else "ieee",
     )
     return ScoreLaunch(
-        out, programs, (*args, *strides, t, nb), constexprs, score_warps(t_pad, method), cand_n
+        out,
+        triton.cdiv(nb, block_nb * tiles),
+        (*args, *strides, t, nb),
+        constexprs,
+        score_warps(t_pad, method),
     )
 
 

@@ -13,18 +13,11 @@ one launch (``fused=True``); :mod:`kernels.select_reference` holds the fp32 torc
 from __future__ import annotations
 
 import torch
-import triton
 from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.block_scores import ScoreLaunch, block_scores, launch_fitted
 from ssvkit.kernels.pdl import LaunchChain, check_pdl
-from ssvkit.kernels.select_candidates import (
-    candidate_meta,
-    candidate_pick_kernel,
-    candidate_warps,
-)
-from ssvkit.kernels.select_kernels import block_scores_kernel
-from ssvkit.kernels.select_one_launch import select_kernel
+from ssvkit.kernels.select_kernels import select_kernel
 from ssvkit.kernels.top_blocks import (
     check_forced,
     check_relative,
@@ -49,8 +42,6 @@ def select_blocks(
     num_local: int = 1,
     first_token_only: bool = False,
     fused: bool = False,
-    candidates: bool = False,
-    pick_warps: int | None = None,
     pdl: bool = False,
     positions: torch.Tensor | None = None,
     window: int = 0,
@@ -74,17 +65,10 @@ def select_blocks(
     first_token_only : bool
         Seed 001's rule: row 0 (the first draft token) selects for every row.
     fused : bool
-        Score and pick in one launch (``kernels.select_one_launch.select_kernel``) where the
+        Score and pick in one launch (``kernels.select_kernels.select_kernel``) where the
         threshold pick serves the rows (``kernels.top_blocks.threshold_meta``); False, or rows
         it does not serve: the scores, then ``kernels.top_blocks`` (two launches). Both pick
         the same blocks.
-    candidates : bool
-        Two launches whose scoring keeps each block range's best ``top_n`` keys per row in
-        place of its scores, and a pick among those (``kernels.select_candidates``), where
-        ``candidate_meta`` serves the shape; else as ``fused=False``. The same blocks.
-    pick_warps : int, optional
-        Warps of a row's pick program (a power of two; default the pick's own rule:
-        ``threshold_warps``, ``candidate_warps``). The same blocks at any count.
     pdl : bool
         Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
         capability 9.0 or later): the same blocks, one launch gap less.
@@ -107,23 +91,12 @@ def select_blocks(
         raise ValueError("positions and first_token_only exclude each other")
     if positions is not None:
         check_relative(positions, window, meta.block_size, num_local, q.shape[:2], q.device)
-    if fused and candidates:
-        raise ValueError("fused and candidates exclude each other")
-    if pick_warps is not None and (pick_warps < 1 or pick_warps & (pick_warps - 1)):
-        raise ValueError(f"pick_warps must be a power of two >= 1, got {pick_warps}")
     if pdl:
         check_pdl(q.device)
     chain = LaunchChain(pdl)
     rows = q[:, :1] if first_token_only else q
     pick = threshold_meta(meta.num_blocks, top_n) if fused else None
-    forced = (num_sink, num_local)
-    relative = (positions, window)
-    idx = None
-    if candidates:
-        idx = _select_candidates(
-            rows, meta, prefix_lens, method, top_n, forced, relative, chain, pick_warps
-        )
-    if idx is None and pick is None:
+    if pick is None:
         scores = block_scores(rows, meta, prefix_lens, method=method, chain=chain)
         idx = top_blocks(
             scores,
@@ -135,13 +108,12 @@ def select_blocks(
             chain=chain,
             positions=positions,
             window=window,
-            num_warps=pick_warps,
         )
-    elif idx is None:
+    else:
+        forced = (num_sink, num_local)
+        relative = (positions, window)
         try:
-            idx = _select_one_launch(
-                rows, meta, prefix_lens, method, forced, relative, pick, chain, pick_warps
-            )
+            idx = _select_one_launch(rows, meta, prefix_lens, method, forced, relative, pick, chain)
         except OutOfResources as e:
             raise ValueError(
                 f"select_blocks(fused=True) does not fit the SM's shared memory at head_dim "
@@ -161,12 +133,11 @@ def _select_one_launch(
     relative: tuple[torch.Tensor | None, int],
     pick: dict,
     chain: LaunchChain,
-    pick_warps: int | None,
 ) -> torch.Tensor:
     """``select_kernel``: ``score_programs`` programs per (sequence, KV head) score, one per
     row picks (``pick``: the threshold pick's constexprs; ``relative``: the rows' positions
     and the window, or None), on ``1 + 2 B Hkv`` arrival counters. Its warps are the more of
-    the two steps' own (the pick's ``pick_warps``, None for its rule)."""
+    the two steps' own."""
 
     def launch_one(launch: ScoreLaunch) -> torch.Tensor:
         b, hkv, t, _ = launch.scores.shape
@@ -176,7 +147,7 @@ def _select_one_launch(
         out = torch.empty((b, hkv, t, pick["TOP_N"] + local), dtype=torch.int32, device=q.device)
         scratch = torch.empty((rows, pick["CAP"]), dtype=torch.int64, device=q.device)
         counters = arrival_counters(1 + 2 * b * hkv, q.device)
-        warps = pick_warps or threshold_warps(rows, pick["CHUNK"], q.device)
+        pick_warps = threshold_warps(rows, pick["CHUNK"], q.device)
         q_, mean, kmin, kmax, lens, scores, *rest = launch.args
         with chain.attempt():
             select_kernel[(b * hkv * (launch.programs + t),)](
@@ -199,71 +170,8 @@ def _select_one_launch(
                 **pick,
                 LOCAL_SLOTS=local,
                 **chain.meta(),
-                num_warps=max(launch.num_warps, warps),
+                num_warps=max(launch.num_warps, pick_warps),
             )
         return out
 
     return launch_fitted("select", launch_one, q, meta, prefix_lens, method)
-
-
-def _select_candidates(
-    q: torch.Tensor,
-    meta: BlockMetadata,
-    prefix_lens: torch.Tensor,
-    method: str,
-    top_n: int,
-    forced: tuple[int, int],
-    relative: tuple[torch.Tensor | None, int],
-    chain: LaunchChain,
-    pick_warps: int | None,
-) -> torch.Tensor | None:
-    """The scoring in candidates mode (``block_scores_kernel`` with ``CAND_N``), then
-    ``candidate_pick_kernel``, one program a row of ``pick_warps`` warps (None: its rule);
-    None where ``candidate_meta`` does not serve the score launch's shape (nothing
-    launched)."""
-    cand_n = max(16, triton.next_power_of_2(top_n))
-
-    def launch_one(launch: ScoreLaunch) -> torch.Tensor | None:
-        cand = candidate_meta(launch.programs, launch.meta["BLOCK_NB"], top_n)
-        if cand is None:
-            return None
-        b, hkv, t, num_cand = launch.scores.shape
-        positions, window = relative
-        pos = prefix_lens if positions is None else positions
-        rule = dict(pos_ptr=pos, num_sink=forced[0], num_local=forced[1], window=window)
-        with chain.attempt():
-            block_scores_kernel[(launch.programs, hkv, b)](
-                *launch.args,
-                **rule,
-                **launch.meta,
-                CAND_N=cand["CAND_N"],
-                RELATIVE=positions is not None,
-                **chain.meta(),
-                num_warps=launch.num_warps,
-            )
-        local = 0 if positions is None else relative_slots(window, meta.block_size)
-        out = torch.empty((b, hkv, t, top_n + local), dtype=torch.int32, device=q.device)
-        rows = b * hkv * t
-        with chain.attempt():
-            candidate_pick_kernel[(rows,)](
-                launch.scores,
-                prefix_lens,
-                out,
-                pos,
-                t,
-                meta.num_blocks,
-                num_cand,
-                *forced,
-                window,
-                NUM_KV_HEADS=hkv,
-                BLOCK_SIZE=meta.block_size,
-                TOP_N=top_n,
-                **cand,
-                LOCAL_SLOTS=local,
-                **chain.meta(),
-                num_warps=pick_warps
-                or candidate_warps(rows, cand["RUNS"] * cand["CAND_N"], q.device),
-            )
-        return out
-
-    return launch_fitted("candidates", launch_one, q, meta, prefix_lens, method, cand_n=cand_n)

@@ -1,8 +1,7 @@
-"""Triton code of :mod:`kernels.select_blocks`' block scores: ``block_scores_kernel`` (then
-``kernels.top_blocks`` picks in a second launch, or, writing each range's candidates instead of
-its scores, ``kernels.select_candidates``), and ``score_range``, which
-:mod:`kernels.select_one_launch` runs beside the pick in one launch; the block metadata's kernel
-is :mod:`kernels.block_metadata_kernels`'.
+"""Triton code of :mod:`kernels.select_blocks`' launches: the block scores alone
+(``block_scores_kernel``, then ``kernels.top_blocks`` picks in a second launch), and scores and
+pick in one launch (``select_kernel``); the block metadata's kernel is
+:mod:`kernels.block_metadata_kernels`'.
 
 ``score_range`` is the scoring of one program: it averages its KV head's ``G`` queries once,
 then scores ``TILES`` consecutive tiles of ``BLOCK_NB`` blocks in a loop pipelined over
@@ -20,9 +19,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
 from ssvkit.kernels.block_metadata_kernels import bf16_parts
 from ssvkit.kernels.pdl import pdl_gate
-from ssvkit.kernels.select_candidates import merge_top, range_keys, row_candidates
+from ssvkit.kernels.top_blocks_kernels import threshold_pick
 
 
 @triton.jit
@@ -33,7 +33,6 @@ def score_range(
     max_ptr,
     prefix_ptr,
     out_ptr,
-    pos_ptr,
     pid_n,
     h,
     b,
@@ -49,9 +48,6 @@ def score_range(
     stride_ot,
     num_rows,
     num_blocks,
-    num_sink,
-    num_local,
-    window,
     G: tl.constexpr,
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
@@ -62,18 +58,11 @@ def score_range(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
-    CAND_N: tl.constexpr,
-    RELATIVE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Scores of blocks ``[pid_n * TILES * BLOCK_NB, (pid_n + 1) * TILES * BLOCK_NB)`` of KV head
     ``h`` of sequence ``b`` for every query row; ``-inf`` past the prefix. ``PDL``: the
-    queries and the length load before ``pdl_gate``, the metadata after.
-
-    ``CAND_N`` > 0: instead of the scores, each row's ``CAND_N`` best keys of the range
-    (``kernels.select_candidates``: its regular blocks under ``num_sink``, ``num_local`` and,
-    with ``RELATIVE``, the rows' positions at ``pos_ptr`` and ``window``), ascending, at
-    ``pid_n * CAND_N`` of the row."""
+    queries and the length load before ``pdl_gate``, the metadata after."""
     tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
     tl.static_assert(BLOCK_NB >= 16)
     tl.static_assert(D == D_CHUNK or D == 2 * D_CHUNK)
@@ -100,15 +89,6 @@ def score_range(
     m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     o_base += offs_t[:, None].to(tl.int64) * stride_ot
-    if CAND_N > 0:
-        pos = 0
-        if RELATIVE:  # each row's own regular range: lo, hi [T_PAD, 1]
-            pos = tl.load(pos_ptr + b.to(tl.int64) * num_rows + offs_t, mask=row_ok, other=0)
-            pos = pos[:, None]
-        _, lo, hi = row_candidates(
-            prefix_len, pos, num_blocks, num_sink, num_local, window, BLOCK_SIZE, RELATIVE
-        )
-        run = tl.full([T_PAD, CAND_N], -1, dtype=tl.int64)
     pdl_gate(PDL)
 
     for i in tl.range(0, TILES, num_stages=NUM_STAGES):
@@ -128,15 +108,9 @@ def score_range(
             if D > D_CHUNK:
                 m_2 = m_offs + D_CHUNK
                 s += part_dot(q_hi2, q_lo2, mean_ptr, m_2, stride_mp, blk_ok, PRECISION)
-        if CAND_N > 0:
-            run = merge_top(run, range_keys(s, offs_nb, lo, hi), T_PAD, BLOCK_NB, CAND_N)
-        else:
-            live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
-            s = tl.where(live[None, :], s, -float("inf"))
-            tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
-    if CAND_N > 0:
-        slots = pid_n * CAND_N + tl.arange(0, CAND_N)
-        tl.store(o_base + slots[None, :], run, mask=row_ok[:, None])
+        live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
+        s = tl.where(live[None, :], s, -float("inf"))
+        tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
 
 
 @triton.jit
@@ -203,10 +177,6 @@ def block_scores_kernel(
     stride_ot,
     num_rows,
     num_blocks,
-    pos_ptr,  # [B, t] i64 row positions (read where RELATIVE)
-    num_sink,
-    num_local,
-    window,
     G: tl.constexpr,
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
@@ -217,12 +187,9 @@ def block_scores_kernel(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
-    CAND_N: tl.constexpr,
-    RELATIVE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: ``score_range`` of each program (its
-    scores, or with ``CAND_N`` its rows' candidates)."""
+    """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: ``score_range`` of each program."""
     score_range(
         q_ptr,
         mean_ptr,
@@ -230,7 +197,6 @@ def block_scores_kernel(
         max_ptr,
         prefix_ptr,
         out_ptr,
-        pos_ptr,
         tl.program_id(0),
         tl.program_id(1),
         tl.program_id(2),
@@ -246,9 +212,6 @@ def block_scores_kernel(
         stride_ot,
         num_rows,
         num_blocks,
-        num_sink,
-        num_local,
-        window,
         G,
         T_PAD,
         BLOCK_NB,
@@ -259,7 +222,141 @@ def block_scores_kernel(
         BLOCK_SIZE,
         QUEST,
         PRECISION,
-        CAND_N,
-        RELATIVE,
         PDL,
     )
+
+
+@triton.jit
+def select_kernel(
+    q_ptr,
+    mean_ptr,
+    min_ptr,
+    max_ptr,
+    prefix_ptr,
+    score_ptr,  # [B, Hkv, t, NB] fp32 scratch, rows stride_ot apart
+    out_ptr,  # [B, Hkv, t, TOP_N + LOCAL_SLOTS] i32
+    scratch_ptr,  # [B * Hkv * t, CAP] i64
+    counter_ptr,  # 1 + 2 * B * Hkv zeroed i32 counters (kernels.arrivals)
+    pos_ptr,  # [B, t] i64 row positions (read where LOCAL_SLOTS > 0)
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_mb,
+    stride_mh,
+    stride_mn,
+    stride_mp,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    num_rows,
+    num_blocks,
+    num_sink,
+    num_local,
+    window,
+    score_programs,
+    NUM_KV_HEADS: tl.constexpr,
+    G: tl.constexpr,
+    T_PAD: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    QUEST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TOP_N: tl.constexpr,
+    TOP_N_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TAIL: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    CAP: tl.constexpr,
+    LOCAL_SLOTS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Grid ``(B * Hkv * (score_programs + t),)``: the scores and the top-n pick of every row
+    in one launch.
+
+    ``kernels.arrivals``' tickets (counter 0): tickets below ``B * Hkv * score_programs`` score
+    a block range of one (sequence, KV head) (``score_range``) and arrive on that pair's counter
+    (counters ``1 + pair``); each later ticket picks one row
+    (``kernels.top_blocks_kernels.threshold_pick``, scores read from L2) once every score program of
+    its pair has arrived, and counts itself out (counters ``1 + B * Hkv + pair``). A row's pick
+    runs in one program, as in the two-launch path, so a pair's rows are picked side by side
+    (the pair's last score program alone would pick them one after another). With ``PDL``
+    every program waits (``pdl_gate``) before its ticket."""
+    pdl_gate(PDL)
+    num_pairs = tl.num_programs(0) // (score_programs + num_rows)
+    arrive_ptr = counter_ptr + 1
+    done_ptr = counter_ptr + 1 + num_pairs
+    ticket = take_ticket(counter_ptr)
+    num_scoring = num_pairs * score_programs
+    if ticket < num_scoring:
+        pair = ticket // score_programs
+        score_range(
+            q_ptr,
+            mean_ptr,
+            min_ptr,
+            max_ptr,
+            prefix_ptr,
+            score_ptr,
+            ticket % score_programs,
+            pair % NUM_KV_HEADS,
+            pair // NUM_KV_HEADS,
+            stride_qb,
+            stride_qt,
+            stride_qh,
+            stride_mb,
+            stride_mh,
+            stride_mn,
+            stride_mp,
+            stride_ob,
+            stride_oh,
+            stride_ot,
+            num_rows,
+            num_blocks,
+            G,
+            T_PAD,
+            BLOCK_NB,
+            TILES,
+            NUM_STAGES,
+            D,
+            D_CHUNK,
+            BLOCK_SIZE,
+            QUEST,
+            PRECISION,
+            False,
+        )
+        arrive(arrive_ptr + pair)
+    else:
+        r = ticket - num_scoring  # row (b * Hkv + h) * t + i
+        pair = r // num_rows
+        wait_for(arrive_ptr + pair, score_programs)
+        threshold_pick(
+            r,
+            score_ptr,
+            prefix_ptr,
+            out_ptr,
+            scratch_ptr,
+            pos_ptr,
+            num_rows,
+            num_blocks,
+            stride_ot,
+            num_sink,
+            num_local,
+            window,
+            NUM_KV_HEADS,
+            BLOCK_SIZE,
+            TOP_N,
+            TOP_N_PAD,
+            CHUNK,
+            TAIL,
+            GROUPS,
+            TAIL_ROWS,
+            CAP,
+            LOCAL_SLOTS,
+            ".cg",
+            False,
+        )
+        leave(arrive_ptr + pair, done_ptr + pair, num_rows)

@@ -1,10 +1,8 @@
 """Triton code of :mod:`kernels.top_blocks`' top-n block pick: ``topk_blocks_kernel`` (one
 max-reduction over the row per pick), ``threshold_blocks_kernel`` and its device function
 ``threshold_pick`` (the bound from strided group maxima, the candidates above it cut exactly),
-which :mod:`kernels.select_one_launch` and :mod:`kernels.nsa_folded_pick` also call inside their
-one-launch selections (:mod:`kernels.select_candidates` builds its candidates' keys with
-``regular_scores`` and ``block_key``). Keys: a block's score and id in one int64, ties to the
-lower block."""
+which :mod:`kernels.select_kernels` and :mod:`kernels.nsa_folded_pick` also call inside their
+one-launch selections. Keys: a block's score and id in one int64, ties to the lower block."""
 
 from __future__ import annotations
 
@@ -16,9 +14,9 @@ from ssvkit.kernels.pdl import pdl_gate
 NO_BLOCK = tl.constexpr(2**30)
 # Above every top-n key (``_block_keys``): the "previous pick" before the first round.
 NO_KEY = tl.constexpr(2**63 - 1)
-# The lowest key (``block_key``) of a live block in the threshold pick.
+# The lowest key (``_key``) of a live block in the threshold pick.
 LIVE_KEY = tl.constexpr(2**30)
-# The threshold pick's int32 score of a block it does not rank (``regular_scores``).
+# The threshold pick's int32 score of a block it does not rank (``_regular_scores``).
 NOT_REGULAR = tl.constexpr(-(2**31))
 
 
@@ -258,11 +256,11 @@ def threshold_pick(
     # loads issue together and what lies outside [lo, hi) is discarded after. The tail joins
     # the groups as a tile of at least two rows; its blocks past nb_max are never live. Both
     # loads are issued before either is reduced.
-    v = regular_scores(tl.load(base + j, cache_modifier=CACHE), j, lo, hi)
+    v = _regular_scores(tl.load(base + j, cache_modifier=CACHE), j, lo, hi)
     if TAIL > 0:
         jt = CHUNK + tl.arange(0, TAIL_ROWS)[:, None] * GROUPS + g[None, :]
         st = tl.load(base + jt, mask=jt < hi, other=0.0, cache_modifier=CACHE)
-        vt = regular_scores(st, jt, lo, hi)
+        vt = _regular_scores(st, jt, lo, hi)
     gv = tl.max(v, 0)
     if TAIL > 0:
         gv = tl.maximum(gv, tl.max(vt, 0))
@@ -287,7 +285,7 @@ def threshold_pick(
         in_list = c < num_cand
         cj = tl.load(work + c, mask=in_list, other=0, cache_modifier=".cg")
         cs = tl.load(base + cj, mask=in_list, other=0.0, cache_modifier=CACHE)
-        ckey = tl.where(in_list, block_key(regular_scores(cs, cj, lo, hi), cj), -1)
+        ckey = tl.where(in_list, _key(_regular_scores(cs, cj, lo, hi), cj), -1)
         cut = tl.maximum(_kth_largest(ckey, tl.maximum(k, 1)), LIVE_KEY)
         keep = ((ckey >= cut) & (k > 0)).to(tl.int32)
         tl.store(out_row + lo + _positions(keep, False), cj, mask=keep > 0)
@@ -298,9 +296,9 @@ def threshold_pick(
     else:
         chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
         prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
-        keys = tl.where(v > NOT_REGULAR, block_key(v, j), -1)
+        keys = tl.where(v > NOT_REGULAR, _key(v, j), -1)
         if TAIL > 0:
-            keys_t = tl.where(vt > NOT_REGULAR, block_key(vt, jt), -1)
+            keys_t = tl.where(vt > NOT_REGULAR, _key(vt, jt), -1)
         for i in range(k):
             best = tl.max(tl.max(tl.where(keys < prev, keys, -1), 1), 0)
             if TAIL > 0:
@@ -328,7 +326,7 @@ def _positions(flag, WIDE: tl.constexpr):
 
 
 @triton.jit
-def regular_scores(s, j, lo, hi):
+def _regular_scores(s, j, lo, hi):
     """fp32 scores ``s`` of blocks ``j`` as int32 in the same order, in ``(NOT_REGULAR,
     2^31 - 1)``; ``NOT_REGULAR`` for blocks outside the regular range ``[lo, hi)``."""
     bits = s.to(tl.int32, bitcast=True)
@@ -339,7 +337,7 @@ def regular_scores(s, j, lo, hi):
 
 
 @triton.jit
-def block_key(v, j):
+def _key(v, j):
     """Non-negative int64 keys ordered by (score, lower block) of ordered scores ``v`` of
     blocks ``j``; live blocks from ``2^30`` up, blocks past the prefix below."""
     return ((v.to(tl.int64) + 2147483648) << 30) | (~j & 0x3FFFFFFF).to(tl.int64)

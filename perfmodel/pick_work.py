@@ -1,8 +1,6 @@
-"""The top-n pick's launch plans, without torch: the threshold pick that walks each score row
+"""The top-n pick's launch plan, without torch: the threshold pick that walks each score row
 (``kernels.top_blocks``: ``row_layout``, ``pick_row_elems``, ``pick_sorts``,
-``threshold_warps``) and the two-stage candidate pick (``kernels.select_candidates``:
-``candidate_plan``, ``candidate_warps``, ``merge_sorts``, ``range_sorts``), whose scoring keeps
-each score range's best keys a row and whose pick merges those runs.
+``threshold_warps``).
 
 ``perfmodel.select_work`` counts a whole selection call's work from them.
 """
@@ -18,11 +16,6 @@ MIN_GROUPS = 64
 GROUPS_PER_PICK = 2
 CANDIDATES_PER_PICK = 2
 THRESHOLD_MAX_TOP_N = 256  # kernels.top_blocks: larger top_n take the rounds kernel
-# kernels.select_candidates: score ranges a row's candidate pick merges at most.
-MAX_RANGES = 256
-# kernels.select_candidates.candidate_warps: candidates a warp of the pick takes past a row an SM.
-KEYS_PER_WARP = 512
-MAX_CANDIDATE_WARPS = 4
 
 
 def pow2(x: int) -> int:
@@ -63,12 +56,11 @@ def pick_tail_elems(nb_max: int, top_n: int) -> int:
     return 0 if num_chunks != 1 else pick_row_elems(nb_max, top_n) - chunk
 
 
-def sort_steps(n: int, warps: int, rows: int = 1) -> float:
-    """Serial work of a bitonic sort of ``n`` keys by ``warps`` warps (``tl.sort``; of each of
-    ``rows`` rows of ``n`` keys at once): its ``log2 n (log2 n + 1) / 2`` compare-exchange
-    stages, each over the keys one lane holds."""
+def sort_steps(n: int, warps: int) -> float:
+    """Serial work of a bitonic sort of ``n`` keys by ``warps`` warps (``tl.sort``): its
+    ``log2 n (log2 n + 1) / 2`` compare-exchange stages, each over the keys one lane holds."""
     k = max(1, math.ceil(math.log2(max(n, 2))))
-    return k * (k + 1) / 2 * max(1.0, rows * n / (WARP_LANES * warps))
+    return k * (k + 1) / 2 * max(1.0, n / (WARP_LANES * warps))
 
 
 def pick_sorts(nb_max: int, top_n: int, warps: int) -> float:
@@ -92,40 +84,3 @@ def threshold_warps(rows: int, chunk: int, num_sms: int) -> int:
     if chunk > 2048:
         return 2
     return 2 if rows <= 8 * num_sms else 1
-
-
-def candidate_plan(num_ranges: int, block_nb: int, top_n: int) -> tuple[int, int] | None:
-    """``(CAND_N, RUNS)`` of the two-stage pick (``kernels.select_candidates.candidate_meta``):
-    the candidates a score range keeps a row (``top_n`` padded to a power of two, at least 16)
-    and a row's ``num_ranges`` runs of them padded to a power of two; None where the path does
-    not serve the shape (a score tile narrower than ``CAND_N`` blocks, more than ``MAX_RANGES``
-    ranges a row): the call runs the threshold pick."""
-    cand_n = max(16, pow2(top_n))
-    runs = pow2(max(num_ranges, 1))
-    if block_nb < cand_n or runs > MAX_RANGES:
-        return None
-    return cand_n, runs
-
-
-def candidate_warps(rows: int, num_keys: int, num_sms: int) -> int:
-    """Warps of one row's candidate pick of ``num_keys`` padded candidates
-    (``kernels.select_candidates.candidate_warps``): 4 up to a row per SM, else one a
-    ``KEYS_PER_WARP`` candidates, 1 to 4."""
-    if rows <= num_sms:
-        return MAX_CANDIDATE_WARPS
-    return max(1, min(MAX_CANDIDATE_WARPS, num_keys // KEYS_PER_WARP))
-
-
-def merge_sorts(runs: int, cand_n: int, warps: int) -> float:
-    """``sort_steps`` of one row's candidate pick: ``log2 runs`` rounds, round ``r`` sorting
-    ``runs / 2^r`` pairs' ``cand_n`` best (``top_of_runs``), then the kept ids' sort."""
-    rounds = (runs.bit_length() - 1) if runs > 1 else 0
-    merged = sum(sort_steps(cand_n, warps, rows=runs >> r) for r in range(1, rounds + 1))
-    return merged + sort_steps(cand_n, warps)
-
-
-def range_sorts(t_pad: int, block_nb: int, cand_n: int, warps: int) -> float:
-    """``sort_steps`` a score tile adds in candidates mode (``merge_top``): its ``[T_PAD,
-    BLOCK_NB]`` keys sorted a row, then the ``[T_PAD, CAND_N]`` merged with the running best
-    sorted again."""
-    return sort_steps(block_nb, warps, rows=t_pad) + sort_steps(cand_n, warps, rows=t_pad)

@@ -6,8 +6,7 @@ head), each averaging its KV head's ``G`` queries once and then walking its tile
 **one after another** (``score_tile``, ``score_tiles``); the pick (``kernels.top_blocks``'
 threshold pick) runs one program per score row, ``R = B Hkv t`` (``pick_row_elems``,
 ``threshold_warps``). Two launches by default; one (``fused``) runs the score programs and the
-pick programs on tickets of one grid; with ``candidates`` the scoring keeps each range's best
-keys a row and the pick merges those (``perfmodel.pick_work``: the picks' plans).
+pick programs on tickets of one grid (``perfmodel.pick_work``: the pick's plan).
 
 The H100 rows (``SELECT_TORCH_PICK_COMMITS`` in ``calibration.row_work``) timed the earlier
 kernels (one tile a program, the pick in torch): they keep ``perfmodel.torch_plan.topn_counts``.
@@ -22,23 +21,17 @@ import numpy as np
 from ssvkit.perfmodel.pick_work import (
     CANDIDATES_PER_PICK,
     WARP_LANES,
-    candidate_plan,
-    candidate_warps,
-    merge_sorts,
     pick_row_elems,
     pick_sorts,
     pick_tail_elems,
     pow2,
-    range_sorts,
     row_layout,
     threshold_warps,
 )
 from ssvkit.perfmodel.work_points import at_distinct_points
 
-# The two-launch selection's impl param and class suffix (scoring, then the pick), and the
-# candidate pick's (scoring into each range's candidates, then their merge).
+# The two-launch selection's impl param and class suffix (scoring, then the pick).
 TWO_LAUNCH = "two_launch"
-CANDIDATES = "candidates"
 SCORE_TILE = 1024  # kernels.block_scores._SCORE_TILE: T_PAD x BLOCK_NB
 WIDE_QUERY_COLUMNS = 256  # kernels.block_scores._WIDE_QUERY_COLUMNS: 16-block tiles past 16 rows
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
@@ -99,8 +92,7 @@ class SelectWork:
 
     - ``requested_bytes``: the metadata (``kinds`` tensors, an element an fp32 value in two
       bf16 parts), the queries each score program averages, the score rows written and read
-      back by the pick (the candidate pick: each range's int64 candidates a row), the picked
-      ids;
+      back by the pick, the picked ids;
     - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
     - ``chain_tiles``: score tiles an SM walks in series: a program's tiles times the SM's
       waves of resident programs, a wave weighted by the warps that share each of the SM's
@@ -112,8 +104,7 @@ class SelectWork:
       a 64-row shape of 16-block tiles walks twice the tiles of a 32-row shape of 32-block
       tiles for the same work, and takes longer;
     - ``pick_chain``: the pick's score elements one warp walks in series (its rows' waves over
-      the SMs' resident rows times a row's register tile over its warps; the candidate pick's
-      padded runs of candidates);
+      the SMs' resident rows times a row's register tile over its warps);
     - ``pick_rows``: score rows picked (``R``);
     - ``query_chain``: the elements of one ``[T_PAD, D]`` query tile a lane of a score program
       loads before its first tile (over the launch's warps: the one launch's are the more of
@@ -130,10 +121,7 @@ class SelectWork:
     - ``sort_chain``: the threshold pick's two sorts (its ``GROUPS`` group maxima and its
       ``CAP`` candidates, 64-bit keys, bitonic: ``log2 n (log2 n + 1) / 2`` compare-exchange
       stages of ``n / (32 warps)`` keys a lane each, ``sort_steps``) in the rows' waves over
-      the SMs' resident rows: the pick's work that grows with ``top_n`` (the candidate
-      pick's: its runs' pairwise merges and the kept ids' sort, ``merge_sorts``);
-    - ``range_sort_chain``: the candidate scoring's sorts, a score tile's ``range_sorts``
-      times the tiles an SM walks in series (``chain_tiles``); 0 for the other plans.
+      the SMs' resident rows: the pick's work that grows with ``top_n``.
 
     ``stage_counts`` lists the counts its class's stage rates price.
     """
@@ -148,16 +136,18 @@ class SelectWork:
     launches: float
     sort_chain: float = 0.0
     pick_tail_chain: float = 0.0
-    range_sort_chain: float = 0.0
 
     @property
     def stage_counts(self) -> tuple[float, ...]:
         """The counts of a selection class's stage rates (``perfmodel.class_fit``'s t_x): the
-        pick's walk, its rows, the query prologue, the pick's sorts, and the threshold pick's
-        row tail or, for the candidate pick, the scoring's sorts (a class fits one plan's
-        rows, so the fifth rate is that plan's)."""
-        fifth = self.range_sort_chain if self.range_sort_chain else self.pick_tail_chain
-        return (self.pick_chain, self.pick_rows, self.query_chain, self.sort_chain, fifth)
+        pick's walk, its rows, the query prologue, the pick's sorts and its row tail."""
+        return (
+            self.pick_chain,
+            self.pick_rows,
+            self.query_chain,
+            self.sort_chain,
+            self.pick_tail_chain,
+        )
 
 
 def score_tile(t: int, kinds: int = 1, head_dim: int = 128) -> tuple[int, int, int]:
@@ -223,16 +213,6 @@ def one_launch_fits(t: int, head_dim: int, kinds: int, smem_per_sm_bytes: int) -
     return score_shared_bytes(t_pad, 16, head_dim, kinds, stages=1) <= smem_per_sm_bytes
 
 
-def candidates_serve(
-    t: int, head_dim: int, kinds: int, context_len: int, top_n: int, block_size: int = 64
-) -> bool:
-    """Whether the candidate pick serves a call on any GPU (``candidate_plan`` at the most
-    score ranges a row can have: programs of ``MIN_TILES`` tiles)."""
-    _, block_nb, _ = score_tile(t, kinds, head_dim)
-    nb = math.ceil((context_len + t) / block_size)
-    return candidate_plan(math.ceil(nb / (block_nb * MIN_TILES)), block_nb, top_n) is not None
-
-
 def resident_score_programs(
     block_nb: int, head_dim: int, kinds: int, warps: int, smem_per_sm_bytes: int, t_pad: int
 ) -> int:
@@ -260,24 +240,18 @@ def select_call_work(
     fused: bool,
     num_sms: int,
     smem_per_sm_bytes: int,
-    candidates: bool = False,
 ) -> SelectWork:
-    """The work of one ``select_blocks`` call on ``num_sms`` SMs: two launches, one
-    (``fused``), or two whose pick takes each score range's candidates (``candidates``, where
-    ``candidate_plan`` serves the shape; else the two launches, as the wrapper falls back)."""
+    """The work of one ``select_blocks`` call on ``num_sms`` SMs: two launches, or one
+    (``fused``)."""
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
     t_pad, block_nb, warps = score_tile(s.t, s.kinds, s.head_dim)
     nb_tiles = math.ceil(nb / block_nb)
     tiles = score_tiles(nb_tiles * pairs, num_sms)
-    ranges = math.ceil(nb / (block_nb * tiles))
-    programs = ranges * pairs
+    programs = math.ceil(nb / (block_nb * tiles)) * pairs
     rows = pairs * s.t
-    plan = candidate_plan(ranges, block_nb, s.top_n) if candidates and not fused else None
     pw = threshold_warps(rows, row_layout(nb)[0], num_sms)
-    if plan is not None:
-        pw = candidate_warps(rows, plan[0] * plan[1], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.
     lw = max(pw, warps) if fused else warps
@@ -288,12 +262,8 @@ def select_call_work(
     queries = programs * s.t * group * s.head_dim * ELEM_BYTES
     per_sm = resident if fused else min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
     pick_waves = math.ceil(rows / (num_sms * per_sm))
-    if plan is None:
-        # Every program of the one launch reserves the scoring's shared memory.
-        pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
-    else:
-        pick = _candidate_pick(plan, rows, ranges, pw, pick_waves)
-        pick["range_sort_chain"] = chain_tiles * range_sorts(t_pad, block_nb, plan[0], lw)
+    # Every program of the one launch reserves the scoring's shared memory.
+    pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
     flops = MMA_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
     pick["requested_bytes"] += meta + queries + rows * s.top_n * I32
     return SelectWork(
@@ -321,23 +291,11 @@ def _threshold_pick(nb: int, top_n: int, rows: int, warps: int, waves: int) -> d
     )
 
 
-def _candidate_pick(plan: tuple[int, int], rows: int, ranges: int, warps: int, waves: int) -> dict:
-    """The candidate pick's share of ``SelectWork`` (``plan``: ``(CAND_N, RUNS)``; ``ranges``
-    score ranges a row): the candidates the scoring writes and the pick reads back (int64 keys),
-    the runs a row loads and their merges' sorts."""
-    cand_n, runs = plan
-    return dict(
-        requested_bytes=2 * rows * ranges * cand_n * I64,
-        pick_chain=waves * runs * cand_n / warps,
-        sort_chain=waves * merge_sorts(runs, cand_n, warps),
-    )
-
-
 WORK_FIELDS = SelectWork.__slots__
 
 
 def select_work_arrays(
-    shape: dict, *, fused: bool, num_sms: int, smem_per_sm_bytes: int, candidates: bool = False
+    shape: dict, *, fused: bool, num_sms: int, smem_per_sm_bytes: int
 ) -> dict[str, np.ndarray]:
     """``select_call_work`` at every point of ``shape`` (``SelectShape`` field names to arrays
     or scalars that broadcast), one array per ``SelectWork`` field, evaluated once per distinct
@@ -351,8 +309,7 @@ def select_work_arrays(
             fused=fused,
             num_sms=num_sms,
             smem_per_sm_bytes=smem_per_sm_bytes,
-            candidates=candidates,
         )
 
-    key = ("select_call_work", fused, num_sms, smem_per_sm_bytes, candidates)
+    key = ("select_call_work", fused, num_sms, smem_per_sm_bytes)
     return at_distinct_points(shape, work, WORK_FIELDS, memo_key=key)

@@ -67,7 +67,7 @@ def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep, mon
         assert ops.run_config(r, cfg, 0, mods.get(cfg.step))
         assert ki.current_geometry() == "llama-3.1-8b"
     rows = read_rows(r.path)
-    assert len(rows) == sum(len(c.variants) for c in configs) == 11
+    assert len(rows) == sum(len(c.variants) for c in configs) == 10
     assert {(x["params"]["num_q_heads"], x["params"]["head_dim"]) for x in rows} == {(16, 64)}
     by_op = {}
     for x in rows:
@@ -85,5 +85,5 @@ def test_every_step_times_its_configs_at_their_geometry(tmp_path, cpu_sweep, mon
     }
     assert set(ran) == {("fused", False), ("unfused", True)}
     assert all(not ops.run_config(r, cfg, 0, mods.get(cfg.step)) for cfg in configs)
-    assert len(read_rows(r.path)) == 11
-    assert {p["impl"] for p in by_op["select_blocks"]} == {"one_launch", "two_launch", "candidates"}
+    assert len(read_rows(r.path)) == 10
+    assert {p["impl"] for p in by_op["select_blocks"]} == {"one_launch", "two_launch"}

@@ -197,7 +197,7 @@ def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
     and 16-block tiles at 64), at head dimensions 64, 128 and 256, at batch 1 and at batches
     whose score programs outnumber the SMs, both metadata kinds."""
     from ssvkit.calibration.kernel_design import score_rows_configs
-    from ssvkit.perfmodel.select_work import candidates_serve, score_tile
+    from ssvkit.perfmodel.select_work import score_tile
 
     got = score_rows_configs()
     assert _keys(got) <= _keys(design)
@@ -212,16 +212,9 @@ def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
         at = {(c.common["batch"], c.common["method"]) for c in got if c.geometry == geometry}
         assert at == {(b, m) for b in (1, 4, 16) for m in ("mean", "quest")}, geometry
         assert {c.common["head_dim"] for c in got if c.geometry == geometry} == {d}
-    # Every one launch of at most 64 rows fits the H200's SM: both launch counts everywhere;
-    # the candidate pick where its candidates fit a score tile (top_n 16 in 16-block tiles).
+    # Every one launch of at most 64 rows fits the H200's SM: both launch counts everywhere.
     for c in got:
-        p = c.common
-        kinds = 2 if p["method"] == "quest" else 1
-        serve = candidates_serve(
-            p["num_query_tokens"], p["head_dim"], kinds, p["context_len"], p["top_n"]
-        )
-        want = {"one_launch", "two_launch"} | ({"candidates"} if serve else set())
-        assert {v.params["impl"] for v in c.variants} == want
+        assert {v.params["impl"] for v in c.variants} == {"one_launch", "two_launch"}
 
 
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):

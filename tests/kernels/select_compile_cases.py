@@ -11,13 +11,7 @@ from ssvkit.kernels import block_scores as bs
 from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.block_metadata_kernels import block_metadata_kernel
 from ssvkit.kernels.offline_compile import compile_offline
-from ssvkit.kernels.select_candidates import (
-    MAX_RANGES,
-    candidate_meta,
-    candidate_pick_kernel,
-)
-from ssvkit.kernels.select_kernels import block_scores_kernel
-from ssvkit.kernels.select_one_launch import select_kernel
+from ssvkit.kernels.select_kernels import block_scores_kernel, select_kernel
 from ssvkit.kernels.top_blocks import threshold_meta
 
 assert "TRITON_INTERPRET" not in os.environ, "run with TRITON_INTERPRET unset"
@@ -29,13 +23,6 @@ SCORE_POINTERS = {
     "max_ptr": "*bf16",
     "prefix_ptr": "*i32",
     "out_ptr": "*fp32",
-    "pos_ptr": "*i64",
-}
-CANDIDATE_POINTERS = {
-    "cand_ptr": "*i64",
-    "prefix_ptr": "*i32",
-    "out_ptr": "*i32",
-    "pos_ptr": "*i64",
 }
 SELECT_POINTERS = {
     **SCORE_POINTERS,
@@ -71,34 +58,16 @@ def main() -> None:
             k = compile_offline(
                 block_scores_kernel,
                 SCORE_POINTERS,
-                {**meta, "CAND_N": 0, "RELATIVE": False, "PDL": pdl},
+                {**meta, "PDL": pdl},
                 num_warps=launch.num_warps,
             )
             count += 1
             print(f"block_scores {method} D={d} t={t} pdl={pdl}: {k.metadata.shared} B shared")
-        cand = candidate_meta(launch.programs, meta["BLOCK_NB"], TOP_N)
-        for relative in (False, True):
-            k = compile_offline(
-                block_scores_kernel,
-                {**SCORE_POINTERS, "out_ptr": "*i64"},
-                {**meta, "CAND_N": cand["CAND_N"], "RELATIVE": relative, "PDL": False},
-                num_warps=launch.num_warps,
-            )
-            count += 1
-            shared = k.metadata.shared
-            print(f"candidate scores {method} D={d} t={t} relative={relative}: {shared} B shared")
         pick = threshold_meta(NUM_BLOCKS, TOP_N)
         constexprs = {**meta, **pick, "NUM_KV_HEADS": NUM_KV_HEADS, "LOCAL_SLOTS": 0, "PDL": False}
         k = compile_offline(select_kernel, SELECT_POINTERS, constexprs, num_warps=4)
         count += 1
         print(f"select {method} D={d} t={t}: {k.metadata.shared} B shared")
-    for runs, warps in ((1, 4), (32, 1), (MAX_RANGES, 4)):
-        constexprs = dict(NUM_KV_HEADS=NUM_KV_HEADS, BLOCK_SIZE=64, TOP_N=TOP_N)
-        for local in (0, 9):
-            constexprs |= dict(CAND_N=16, RUNS=runs, LOCAL_SLOTS=local, PDL=local > 0)
-            compile_offline(candidate_pick_kernel, CANDIDATE_POINTERS, constexprs, num_warps=warps)
-            count += 1
-            print(f"candidate pick of {runs} runs at {warps} warps, {local} window slots")
     for d in (64, 256):
         constexprs = dict(NUM_PROGS=2, BLOCK_SIZE=64, D=d, HAS_MEAN=True, HAS_MINMAX=True)
         pointers = {"k_ptr": "*bf16", "old_ptr": "*i32", "new_ptr": "*i32"}
