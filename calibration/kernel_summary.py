@@ -31,9 +31,9 @@ def floor_target_met(median_s: float, floor_s: float) -> bool:
 
 def _floor_targets(g: list[dict]) -> list[dict]:
     """Per sparse-path op and batch: rows meeting ``floor_target_met``, the median and worst
-    time / floor. Selection rows timed in two launches (``impl``, the baseline of the one-launch
-    path) are left out."""
-    g = [r for r in g if r["params"].get("impl") != "two_launch"]
+    time / floor. Selection rows timed in one launch (``impl``, the alternative ``_select``
+    compares) are left out: the two launches are the selection's default path."""
+    g = [r for r in g if r["params"].get("impl") != "one_launch"]
     out = []
     for op in SPARSE_PATH_OPS:
         for bsz in sorted({r["params"]["batch"] for r in g if r["op"] == op}):

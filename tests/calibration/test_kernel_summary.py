@@ -115,14 +115,15 @@ def test_a_row_schedule_pairs_with_the_packed_call_whatever_its_compressed_tiles
     assert got == pytest.approx({(1, "paired"): 1.5, (4, "per_tile"): 2.5})
 
 
-def test_select_rows_pair_one_launch_with_two_and_only_one_counts_for_the_target():
+def test_select_rows_pair_one_launch_with_two_and_the_default_counts_for_the_target():
     rows = [_select_row("one_launch", 9e-6), _select_row("two_launch", 16e-6)]
     summary = summarise(rows)
     (pair,) = summary["select"]
     assert (pair["one_us"], pair["two_us"], pair["floor_us"]) == pytest.approx((9, 16, 2))
     assert pair["x_floor"] == pytest.approx(4.5) and pair["target_met"]  # 9 <= 2 + 8 us
     (target,) = [e for e in summary["floor targets"] if e["op"] == "select_blocks"]
-    assert (target["rows"], target["met"]) == (1, 1)  # the two-launch row is left out
+    # The two launches (the default) count: 16 us > 2 + 8 us; the one-launch row is left out.
+    assert (target["rows"], target["met"]) == (1, 0)
 
 
 def test_summary_only_prints_the_committed_rows_without_a_gpu(capsys):
