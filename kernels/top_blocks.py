@@ -18,12 +18,15 @@ from ssvkit.kernels.checks import check_lens
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.top_blocks_kernels import threshold_blocks_kernel, topk_blocks_kernel
+from ssvkit.perfmodel import pick_work
 
 # Score rows start at multiples of this many floats. Triton 3.6's LLVM (SLP vectorizer) aborts
 # compiling the threshold pick for some rows of unaligned length.
 ROW_ALIGN = 16
-# Blocks of one row the kernel holds in registers at once.
-TOPK_CHUNK = 4096
+# Blocks of one row the kernel holds in registers at once, and a row's layout in chunks: the
+# plan's own (``perfmodel.pick_work``), which the cost model prices.
+TOPK_CHUNK = pick_work.TOPK_CHUNK
+_row_layout = pick_work.row_layout
 # The threshold pick (``threshold_blocks_kernel``) serves rows that fit in registers with
 # ``top_n`` up to this. Its strided groups number ``GROUPS_PER_PICK`` per padded pick (at least
 # ``MIN_GROUPS``): more groups raise the bound towards the exact cut, so fewer candidates pass
@@ -248,21 +251,6 @@ def threshold_meta(nb_max: int, top_n: int) -> dict | None:
         TAIL_ROWS=max(2, tail // groups),
         CAP=CANDIDATES_PER_PICK * top_n_pad,
     )
-
-
-def _row_layout(nb_max: int) -> tuple[int, int, int]:
-    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a row of ``nb_max`` blocks. A row that fits in one
-    power-of-two chunk of at most ``TOPK_CHUNK`` plus a smaller power-of-two tail stays in
-    registers (``NUM_CHUNKS`` 1): 2049 blocks are 2048 + 16 keys, not 4096. A longer row is
-    walked in ``TOPK_CHUNK`` chunks every round."""
-    nb_max = max(nb_max, 1)
-    chunk = min(1 << (nb_max.bit_length() - 1), TOPK_CHUNK)
-    rest = nb_max - chunk
-    if rest == 0:
-        return chunk, 0, 1
-    if rest <= chunk:
-        return chunk, min(chunk, max(16, triton.next_power_of_2(rest))), 1
-    return TOPK_CHUNK, 0, triton.cdiv(nb_max, TOPK_CHUNK)
 
 
 def _warps(rows: int, chunk: int, device: torch.device) -> int:

@@ -23,7 +23,10 @@ def pow2(x: int) -> int:
 
 
 def row_layout(nb_max: int) -> tuple[int, int, int]:
-    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a score row (``kernels.top_blocks._row_layout``)."""
+    """``(CHUNK, TAIL, NUM_CHUNKS)`` of a row of ``nb_max`` blocks, as ``kernels.top_blocks``
+    lays it out. A row that fits in one power-of-two chunk of at most ``TOPK_CHUNK`` plus a
+    smaller power-of-two tail stays in registers (``NUM_CHUNKS`` 1): 2049 blocks are 2048 + 16
+    keys, not 4096. A longer row is walked in ``TOPK_CHUNK`` chunks every round."""
     nb_max = max(nb_max, 1)
     chunk = min(1 << (nb_max.bit_length() - 1), TOPK_CHUNK)
     rest = nb_max - chunk
