@@ -15,7 +15,7 @@ from ssvkit.kernels.checks import check_float_dtype, check_lens
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import LaunchChain, chain_for
 from ssvkit.kernels.select_kernels import block_scores_kernel
-from ssvkit.kernels.top_blocks import empty_scores
+from ssvkit.kernels.top_blocks import TileMax, empty_scores
 from triton.runtime.errors import OutOfResources
 
 # Scores are dots of the query's and the metadata's bf16 parts: three bf16 MMAs a product
@@ -63,7 +63,9 @@ def _score_shapes(t_pad: int, head_dim: int, method: str) -> list[tuple[int, int
     return list(dict.fromkeys(shapes))
 
 
-def launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=None):
+def launch_fitted(
+    name: str, launch_one, q, meta, prefix_lens, method: str, out=None, tile_max: bool = False
+):
     """``launch_one(score_launch)`` with the first shape of ``_score_shapes`` whose kernel fits
     the SM's shared memory, scoring into ``out`` (a fresh score tensor when None); returns
     what it returns. The shape that fitted, or the error when none did, is remembered per
@@ -77,7 +79,7 @@ def launch_fitted(name: str, launch_one, q, meta, prefix_lens, method: str, out=
         raise known
     shapes = _score_shapes(t_pad, q.shape[3], method)
     for i in range(known, len(shapes)):
-        launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out)
+        launch = _score_launch(q, meta, prefix_lens, method, shapes[i], out, tile_max)
         try:
             got = launch_one(launch)
         except OutOfResources as e:
@@ -161,8 +163,28 @@ def block_scores(
     b, t, _, _ = q.shape
     _, hkv, nb, _ = meta.shape
     out = empty_scores(b, hkv, t, nb, q.device)
-    _score_rows(q, meta, prefix_lens, method, chain_for(chain), out)
+    _score_rows(q, meta, prefix_lens, method, chain_for(chain), out, False)
     return out
+
+
+def scores_and_tile_max(
+    q: torch.Tensor,
+    meta: BlockMetadata,
+    prefix_lens: torch.Tensor,
+    *,
+    method: str = "mean",
+    chain: LaunchChain | None = None,
+) -> tuple[torch.Tensor, TileMax | None]:
+    """``block_scores``, and the maxima of the score tiles the launch wrote as it scored
+    them (``kernels.top_blocks.TileMax``, one a row per ``BLOCK_NB`` blocks): what
+    ``kernels.top_blocks``' tile pick reads instead of whole rows. None for the maxima where no
+    score shape of all the rows fits and they are scored in parts."""
+    _check_method(method, meta)
+    _check_q(q, meta)
+    b, t, _, _ = q.shape
+    _, hkv, nb, _ = meta.shape
+    out = empty_scores(b, hkv, t, nb, q.device)
+    return out, _score_rows(q, meta, prefix_lens, method, chain_for(chain), out, True)
 
 
 def score_at(
@@ -190,34 +212,41 @@ def score_at(
     return launch.scores, compiled
 
 
-def _score_rows(q, meta, prefix_lens, method: str, chain: LaunchChain, out: torch.Tensor) -> None:
-    """``block_scores`` of ``q``'s rows into ``out``: one launch, or, where no score shape of
-    all the rows fits the SM's shared memory, the first 32 rows and the rest apart (each a
-    launch of the chain)."""
+def _score_rows(
+    q, meta, prefix_lens, method: str, chain: LaunchChain, out: torch.Tensor, tile_max: bool
+) -> TileMax | None:
+    """``block_scores`` of ``q``'s rows into ``out``, and with ``tile_max`` its tiles'
+    maxima: one launch, or, where no score shape of all the rows fits the SM's shared memory,
+    the first 32 rows and the rest apart (each a launch of the chain; no maxima)."""
 
-    def launch_one(launch: ScoreLaunch) -> None:
+    def launch_one(launch: ScoreLaunch) -> TileMax | None:
         b, hkv = q.shape[0], launch.scores.shape[1]
         with chain.attempt():
             block_scores_kernel[(launch.programs, hkv, b)](
                 *launch.args, **launch.meta, **chain.meta(), num_warps=launch.num_warps
             )
+        return launch.tile_max
 
     try:
-        launch_fitted("scores", launch_one, q, meta, prefix_lens, method, out)
+        return launch_fitted("scores", launch_one, q, meta, prefix_lens, method, out, tile_max)
     except OutOfResources:
         t = q.shape[1]
         if t <= _SPLIT_ROWS:
             raise
         for lo, hi in ((0, _SPLIT_ROWS), (_SPLIT_ROWS, t)):
-            _score_rows(q[:, lo:hi], meta, prefix_lens, method, chain, out[:, :, lo:hi])
+            part = q[:, lo:hi]
+            _score_rows(part, meta, prefix_lens, method, chain, out[:, :, lo:hi], False)
+        return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScoreLaunch:
-    """The scoring's output, its programs per (sequence, KV head), and the arguments,
-    constexprs and warps ``score_range`` takes (either kernel of ``kernels.select_kernels``)."""
+    """The scoring's output (and its tiles' maxima, if asked), its programs per (sequence, KV
+    head), and the arguments, constexprs and warps ``score_range`` takes (either kernel of
+    ``kernels.select_kernels``)."""
 
     scores: torch.Tensor
+    tile_max: TileMax | None
     programs: int
     args: tuple
     meta: dict
@@ -238,9 +267,11 @@ def _score_launch(
     method: str,
     shape: tuple[int, int],
     out: torch.Tensor | None = None,
+    tile_max: bool = False,
 ) -> ScoreLaunch:
     """The scoring's launch at ``shape`` (BLOCK_NB, pipeline stages, ``_score_shapes``), into
-    ``out`` (``[B, Hkv, t, NB]``, rows of any stride; a fresh ``empty_scores`` when None)."""
+    ``out`` (``[B, Hkv, t, NB]``, rows of any stride; a fresh ``empty_scores`` when None), with
+    ``tile_max`` each ``BLOCK_NB`` blocks' maxima into a fresh ``TileMax``."""
     _check_method(method, meta)
     _check_q(q, meta)
     b, t, h, d = q.shape
@@ -260,6 +291,14 @@ def _score_launch(
         out,
     )
     strides = (*q.stride()[:3], *ref.stride()[:4], *out.stride()[:3])
+    tiles_of_row = triton.cdiv(nb, block_nb)
+    tmax = None
+    if tile_max:
+        values = torch.empty((b, hkv, t, tiles_of_row), dtype=torch.int32, device=q.device)
+        tmax = TileMax(values, block_nb)
+        maxima = (values, values.stride(0), values.stride(1), tiles_of_row)
+    else:
+        maxima = (out, 0, 0, 0)
     constexprs = dict(
         G=h // hkv,
         T_PAD=t_pad,
@@ -271,11 +310,13 @@ def _score_launch(
         BLOCK_SIZE=meta.block_size,
         QUEST=method == "quest",
         PRECISION="bf16x3" if q.device.type == "cuda" else "ieee",
+        TILE_MAX=tile_max,
     )
     return ScoreLaunch(
         out,
+        tmax,
         triton.cdiv(nb, block_nb * tiles),
-        (*args, *strides, t, nb),
+        (*args, *strides, t, nb, *maxima),
         constexprs,
         score_warps(t_pad, method),
     )

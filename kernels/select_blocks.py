@@ -5,9 +5,10 @@ mean key (eq. 5) and keeps the first and last blocks unconditionally (attention 
 Seed 004 appendix A.1 extends Quest's channel-wise min/max keys to GQA by scoring with one
 representative query per KV head. Both are implemented here (``block_scores``: ``mean`` and
 ``quest``) with the GQA-averaged query, on :mod:`kernels.block_metadata`'s per-block key
-summaries (the scoring: :mod:`kernels.block_scores`). ``select_blocks`` runs the scoring and
-one ``kernels.top_blocks`` launch on the scores (forced blocks, ascending output), or both in
-one launch (``fused=True``); :mod:`kernels.select_reference` holds the fp32 torch references.
+summaries (the scoring: :mod:`kernels.block_scores`). ``select_blocks`` runs the scoring (which
+also writes each score tile's maximum) and one ``kernels.top_blocks`` launch on the scores and
+maxima (forced blocks, ascending output), or both in one launch (``fused=True``);
+:mod:`kernels.select_reference` holds the fp32 torch references.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from __future__ import annotations
 import torch
 from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.block_metadata import BlockMetadata
-from ssvkit.kernels.block_scores import ScoreLaunch, block_scores, launch_fitted
+from ssvkit.kernels.block_scores import (
+    ScoreLaunch,
+    block_scores,
+    launch_fitted,
+    scores_and_tile_max,
+)
 from ssvkit.kernels.pdl import LaunchChain, check_pdl
 from ssvkit.kernels.select_kernels import select_kernel
 from ssvkit.kernels.top_blocks import (
@@ -67,7 +73,8 @@ def select_blocks(
     fused : bool
         Score and pick in one launch (``kernels.select_kernels.select_kernel``) where the
         threshold pick serves the rows (``kernels.top_blocks.threshold_meta``); False, or rows
-        it does not serve: the scores, then ``kernels.top_blocks`` (two launches). Both pick
+        it does not serve: the scores and their tiles' maxima, then ``kernels.top_blocks``'
+        tile pick (two launches). Both pick
         the same blocks.
     pdl : bool
         Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
@@ -97,7 +104,7 @@ def select_blocks(
     rows = q[:, :1] if first_token_only else q
     pick = threshold_meta(meta.num_blocks, top_n) if fused else None
     if pick is None:
-        scores = block_scores(rows, meta, prefix_lens, method=method, chain=chain)
+        scores, tile_max = scores_and_tile_max(rows, meta, prefix_lens, method=method, chain=chain)
         idx = top_blocks(
             scores,
             prefix_lens,
@@ -108,6 +115,7 @@ def select_blocks(
             chain=chain,
             positions=positions,
             window=window,
+            tile_max=tile_max,
         )
     else:
         forced = (num_sink, num_local)

@@ -22,6 +22,7 @@ import triton.language as tl
 from ssvkit.kernels.arrivals import arrive, leave, take_ticket, wait_for
 from ssvkit.kernels.block_metadata_kernels import bf16_parts
 from ssvkit.kernels.pdl import pdl_gate
+from ssvkit.kernels.tile_pick_kernels import ordered_max
 from ssvkit.kernels.top_blocks_kernels import threshold_pick
 
 
@@ -48,6 +49,10 @@ def score_range(
     stride_ot,
     num_rows,
     num_blocks,
+    tmax_ptr,
+    stride_xb,
+    stride_xh,
+    num_tiles,
     G: tl.constexpr,
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
@@ -58,11 +63,14 @@ def score_range(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
+    TILE_MAX: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Scores of blocks ``[pid_n * TILES * BLOCK_NB, (pid_n + 1) * TILES * BLOCK_NB)`` of KV head
-    ``h`` of sequence ``b`` for every query row; ``-inf`` past the prefix. ``PDL``: the
-    queries and the length load before ``pdl_gate``, the metadata after."""
+    ``h`` of sequence ``b`` for every query row; ``-inf`` past the prefix. ``TILE_MAX``:
+    each tile's maximum per row too (``kernels.tile_pick_kernels.ordered_max``), into
+    ``[.., num_tiles]`` int32 rows at ``tmax_ptr``. ``PDL``: the queries and the length load
+    before ``pdl_gate``, the metadata after."""
     tl.static_assert(T_PAD >= 16)  # tl.dot needs >= 16 rows
     tl.static_assert(BLOCK_NB >= 16)
     tl.static_assert(D == D_CHUNK or D == 2 * D_CHUNK)
@@ -89,6 +97,8 @@ def score_range(
     m_base = b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     o_base += offs_t[:, None].to(tl.int64) * stride_ot
+    x_base = tmax_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
+    x_base += offs_t.to(tl.int64) * num_tiles
     pdl_gate(PDL)
 
     for i in tl.range(0, TILES, num_stages=NUM_STAGES):
@@ -111,6 +121,10 @@ def score_range(
         live = offs_nb.to(tl.int64) * BLOCK_SIZE < prefix_len
         s = tl.where(live[None, :], s, -float("inf"))
         tl.store(o_base + offs_nb[None, :], s, mask=row_ok[:, None] & blk_ok[None, :])
+        if TILE_MAX:
+            tile = pid_n * TILES + i
+            tiles_ok = tl.where(row_ok, tile, num_tiles) < num_tiles
+            tl.store(x_base + tile, ordered_max(s, 1), mask=tiles_ok)
 
 
 @triton.jit
@@ -177,6 +191,10 @@ def block_scores_kernel(
     stride_ot,
     num_rows,
     num_blocks,
+    tmax_ptr,
+    stride_xb,
+    stride_xh,
+    num_tiles,
     G: tl.constexpr,
     T_PAD: tl.constexpr,
     BLOCK_NB: tl.constexpr,
@@ -187,6 +205,7 @@ def block_scores_kernel(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
+    TILE_MAX: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Grid ``(cdiv(NB, TILES * BLOCK_NB), Hkv, B)``: ``score_range`` of each program."""
@@ -212,6 +231,10 @@ def block_scores_kernel(
         stride_ot,
         num_rows,
         num_blocks,
+        tmax_ptr,
+        stride_xb,
+        stride_xh,
+        num_tiles,
         G,
         T_PAD,
         BLOCK_NB,
@@ -222,6 +245,7 @@ def block_scores_kernel(
         BLOCK_SIZE,
         QUEST,
         PRECISION,
+        TILE_MAX,
         PDL,
     )
 
@@ -250,6 +274,10 @@ def select_kernel(
     stride_ot,
     num_rows,
     num_blocks,
+    tmax_ptr,
+    stride_xb,
+    stride_xh,
+    num_tiles,
     num_sink,
     num_local,
     window,
@@ -265,6 +293,7 @@ def select_kernel(
     BLOCK_SIZE: tl.constexpr,
     QUEST: tl.constexpr,
     PRECISION: tl.constexpr,
+    TILE_MAX: tl.constexpr,
     TOP_N: tl.constexpr,
     TOP_N_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -316,6 +345,10 @@ def select_kernel(
             stride_ot,
             num_rows,
             num_blocks,
+            tmax_ptr,
+            stride_xb,
+            stride_xh,
+            num_tiles,
             G,
             T_PAD,
             BLOCK_NB,
@@ -326,6 +359,7 @@ def select_kernel(
             BLOCK_SIZE,
             QUEST,
             PRECISION,
+            TILE_MAX,
             False,
         )
         arrive(arrive_ptr + pair)

@@ -12,11 +12,14 @@ module plans and launches them. ``kernels.select_reference.topn_from_scores`` is
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 from ssvkit.kernels.checks import check_lens
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import LaunchChain, chain_for
+from ssvkit.kernels.tile_pick_kernels import tile_pick_kernel
 from ssvkit.kernels.top_blocks_kernels import threshold_blocks_kernel, topk_blocks_kernel
 from ssvkit.perfmodel import pick_work
 
@@ -51,15 +54,17 @@ def top_blocks(
     num_warps: int | None = None,
     positions: torch.Tensor | None = None,
     window: int = 0,
+    tile_max: TileMax | None = None,
 ) -> torch.Tensor:
     """Pick the ``top_n`` best live blocks of every score row, one program per row.
 
-    Two kernels make the same pick. ``threshold_blocks_kernel`` (rows that fit in registers,
-    ``top_n`` up to ``THRESHOLD_MAX_TOP_N``: ``threshold_meta``) bounds the answer by the
-    ``top_n``-th largest maximum of strided groups, compacts the few blocks above it and cuts
-    them exactly: work linear in the row. ``topk_blocks_kernel`` takes one max-reduction over
-    the row per pick: longer rows, larger ``top_n``, and the threshold kernel's fallback when
-    scores defeat its groups.
+    Three kernels make the same pick. With ``tile_max``, ``tile_pick_kernel`` reads the
+    maxima and only the tiles that can hold a pick. ``threshold_blocks_kernel`` (rows that fit
+    in registers, ``top_n`` up to ``THRESHOLD_MAX_TOP_N``: ``threshold_meta``) bounds the
+    answer by the ``top_n``-th largest maximum of strided groups, compacts the few blocks
+    above it and cuts them exactly: work linear in the row. ``topk_blocks_kernel`` takes one
+    max-reduction over the row per pick: longer rows, larger ``top_n``, and the threshold
+    kernel's fallback when scores defeat its groups.
 
     Parameters
     ----------
@@ -82,6 +87,10 @@ def top_blocks(
     positions, window :
         The position-relative rule (``relative_slots``): ``[B, t]`` absolute positions of the
         rows and the local window in tokens.
+    tile_max : TileMax, optional
+        The maxima of the rows' tiles, written with the scores (``kernels.block_scores``):
+        the tile pick (``tile_pick_kernel``) then serves the rows ``tile_pick_meta`` takes,
+        reading the maxima and the few tiles that can hold a pick instead of whole rows.
 
     Returns
     -------
@@ -107,8 +116,39 @@ def top_blocks(
         return out
     rows = b * hkv * t
     launch = chain_for(chain).meta()
+    tiled = (
+        None
+        if tile_max is None
+        else tile_pick_meta(nb_max, top_n, num_sink, num_local, tile_max.width)
+    )
     meta = threshold_meta(nb_max, top_n)
-    if meta is not None:
+    if tiled is not None:
+        _check_tile_max(tile_max, scores)
+        scratch = torch.empty(
+            (rows, tiled["S_CAP"] + tiled["CAP"]), dtype=torch.int32, device=scores.device
+        )
+        tile_pick_kernel[(rows,)](
+            scores,
+            tile_max.values,
+            prefix_lens,
+            out,
+            scratch,
+            pos,
+            t,
+            nb_max,
+            scores.stride(2),
+            tile_max.values.stride(2),
+            num_sink,
+            num_local,
+            window,
+            NUM_KV_HEADS=hkv,
+            BLOCK_SIZE=block_size,
+            LOCAL_SLOTS=local,
+            num_warps=num_warps or 1,
+            **tiled,
+            **launch,
+        )
+    elif meta is not None:
         scratch = torch.empty((rows, meta["CAP"]), dtype=torch.int64, device=scores.device)
         threshold_blocks_kernel[(rows,)](
             scores,
@@ -154,6 +194,50 @@ def top_blocks(
             **launch,
         )
     return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TileMax:
+    """The maxima of a score tensor's tiles of ``width`` consecutive blocks: ``values``,
+    ``[B, Hkv, t, ceil(NB / width)]`` int32, each the largest score of its tile as the int32
+    that orders like it (``kernels.tile_pick_kernels.ordered_max``)."""
+
+    values: torch.Tensor
+    width: int
+
+
+def tile_pick_meta(
+    nb_max: int, top_n: int, num_sink: int, num_local: int, width: int
+) -> dict | None:
+    """The tile pick's constexprs for rows of ``nb_max`` blocks in tiles of ``width``
+    (``TOP_N``, ``TOP_N_PAD``, ``W``, ``NT_PAD``, ``S_CAP``, ``CAP``), or None where its
+    gathered tile would pass ``TOPK_CHUNK`` blocks. ``S_CAP``: the tiles it gathers, the
+    regular picks' and two edges'."""
+    top_n_pad = max(16, triton.next_power_of_2(top_n))
+    s_cap = triton.next_power_of_2(max(top_n - num_sink - num_local, 1) + 2)
+    if s_cap * width > TOPK_CHUNK:
+        return None
+    return dict(
+        TOP_N=top_n,
+        TOP_N_PAD=top_n_pad,
+        W=width,
+        NT_PAD=max(16, triton.next_power_of_2(triton.cdiv(nb_max, width))),
+        S_CAP=s_cap,
+        CAP=CANDIDATES_PER_PICK * top_n_pad,
+    )
+
+
+def _check_tile_max(tile_max: TileMax, scores: torch.Tensor) -> None:
+    b, hkv, t, nb = scores.shape
+    want = (b, hkv, t, triton.cdiv(nb, tile_max.width))
+    v = tile_max.values
+    if tuple(v.shape) != want or v.dtype != torch.int32 or v.device != scores.device:
+        raise ValueError(
+            f"tile_max must be {list(want)} int32 on {scores.device}, got {list(v.shape)} "
+            f"{v.dtype} on {v.device}"
+        )
+    if v.stride(3) != 1 or v.stride()[:3] != (hkv * t * v.stride(2), t * v.stride(2), v.stride(2)):
+        raise ValueError("tile_max rows must be evenly strided with contiguous tiles")
 
 
 def empty_scores(

@@ -14,9 +14,9 @@ from ssvkit.kernels.pdl import pdl_gate
 NO_BLOCK = tl.constexpr(2**30)
 # Above every top-n key (``_block_keys``): the "previous pick" before the first round.
 NO_KEY = tl.constexpr(2**63 - 1)
-# The lowest key (``_key``) of a live block in the threshold pick.
+# The lowest key (``key_of``) of a live block in the threshold pick.
 LIVE_KEY = tl.constexpr(2**30)
-# The threshold pick's int32 score of a block it does not rank (``_regular_scores``).
+# The threshold pick's int32 score of a block it does not rank (``regular_scores``).
 NOT_REGULAR = tl.constexpr(-(2**31))
 
 
@@ -84,13 +84,13 @@ def topk_blocks_kernel(
         chosen = tl.where(slots == i, blk, chosen)
         prev = tl.where(best >= 0, best, prev)
     out_row = out_ptr + r.to(tl.int64) * (TOP_N + LOCAL_SLOTS)
-    _store_ascending(chosen, slots, out_row, TOP_N)
+    store_ascending(chosen, slots, out_row, TOP_N)
     if LOCAL_SLOTS > 0:
         store_window(out_row + TOP_N, pos, prefix, window, BLOCK_SIZE, LOCAL_SLOTS)
 
 
 @triton.jit
-def _store_ascending(chosen, slots, out_row, TOP_N: tl.constexpr):
+def store_ascending(chosen, slots, out_row, TOP_N: tl.constexpr):
     """Write the picks ``chosen`` (``NO_BLOCK`` for none) ascending, ``-1`` padded."""
     # Each pick's rank among the picks (ties only among NO_BLOCK, by slot).
     before = (chosen[None, :] < chosen[:, None]) | (
@@ -256,16 +256,16 @@ def threshold_pick(
     # loads issue together and what lies outside [lo, hi) is discarded after. The tail joins
     # the groups as a tile of at least two rows; its blocks past nb_max are never live. Both
     # loads are issued before either is reduced.
-    v = _regular_scores(tl.load(base + j, cache_modifier=CACHE), j, lo, hi)
+    v = regular_scores(tl.load(base + j, cache_modifier=CACHE), j, lo, hi)
     if TAIL > 0:
         jt = CHUNK + tl.arange(0, TAIL_ROWS)[:, None] * GROUPS + g[None, :]
         st = tl.load(base + jt, mask=jt < hi, other=0.0, cache_modifier=CACHE)
-        vt = _regular_scores(st, jt, lo, hi)
+        vt = regular_scores(st, jt, lo, hi)
     gv = tl.max(v, 0)
     if TAIL > 0:
         gv = tl.maximum(gv, tl.max(vt, 0))
     # No candidate when no slot is left; every regular block one when fewer than k are.
-    tau = tl.where(k > 0, tl.maximum(_kth_largest(gv, k), NOT_REGULAR + 1), 2147483647)
+    tau = tl.where(k > 0, tl.maximum(kth_largest(gv, k), NOT_REGULAR + 1), 2147483647)
     cand = (v >= tau).to(tl.int32)
     num_main = tl.sum(tl.sum(cand, 1), 0)
     num_cand = num_main
@@ -277,18 +277,18 @@ def threshold_pick(
     if num_cand <= CAP:
         # Candidates' blocks in block order: row-major over the main tile, then the tail.
         work = scratch_ptr.to(tl.pointer_type(tl.int32)) + r.to(tl.int64) * (2 * CAP)
-        tl.store(work + _positions(cand, True), j, mask=cand > 0)
+        tl.store(work + packed_positions(cand, True), j, mask=cand > 0)
         if TAIL > 0:
-            tl.store(work + num_main + _positions(cand_t, True), jt, mask=cand_t > 0)
+            tl.store(work + num_main + packed_positions(cand_t, True), jt, mask=cand_t > 0)
         tl.debug_barrier()
         c = tl.arange(0, CAP)
         in_list = c < num_cand
         cj = tl.load(work + c, mask=in_list, other=0, cache_modifier=".cg")
         cs = tl.load(base + cj, mask=in_list, other=0.0, cache_modifier=CACHE)
-        ckey = tl.where(in_list, _key(_regular_scores(cs, cj, lo, hi), cj), -1)
-        cut = tl.maximum(_kth_largest(ckey, tl.maximum(k, 1)), LIVE_KEY)
+        ckey = tl.where(in_list, key_of(regular_scores(cs, cj, lo, hi), cj), -1)
+        cut = tl.maximum(kth_largest(ckey, tl.maximum(k, 1)), LIVE_KEY)
         keep = ((ckey >= cut) & (k > 0)).to(tl.int32)
-        tl.store(out_row + lo + _positions(keep, False), cj, mask=keep > 0)
+        tl.store(out_row + lo + packed_positions(keep, False), cj, mask=keep > 0)
         kept = tl.sum(keep, 0)
         blk = tl.where(slots < lo, slots, hi + slots - lo - kept)
         blk = tl.where(slots < lo + kept + nb - hi, blk, -1)
@@ -296,9 +296,9 @@ def threshold_pick(
     else:
         chosen = tl.full([TOP_N_PAD], NO_BLOCK, dtype=tl.int32)
         prev = tl.full([], NO_KEY, dtype=tl.int64) + 0
-        keys = tl.where(v > NOT_REGULAR, _key(v, j), -1)
+        keys = tl.where(v > NOT_REGULAR, key_of(v, j), -1)
         if TAIL > 0:
-            keys_t = tl.where(vt > NOT_REGULAR, _key(vt, jt), -1)
+            keys_t = tl.where(vt > NOT_REGULAR, key_of(vt, jt), -1)
         for i in range(k):
             best = tl.max(tl.max(tl.where(keys < prev, keys, -1), 1), 0)
             if TAIL > 0:
@@ -309,13 +309,13 @@ def threshold_pick(
             prev = tl.where(best >= 0, best, prev)
         forced = tl.where(slots - k < lo, slots - k, hi + slots - k - lo)
         chosen = tl.where((slots >= k) & (slots - k < lo + nb - hi), forced, chosen)
-        _store_ascending(chosen, slots, out_row, TOP_N)
+        store_ascending(chosen, slots, out_row, TOP_N)
     if LOCAL_SLOTS > 0:
         store_window(out_row + TOP_N, pos, prefix, window, BLOCK_SIZE, LOCAL_SLOTS)
 
 
 @triton.jit
-def _positions(flag, WIDE: tl.constexpr):
+def packed_positions(flag, WIDE: tl.constexpr):
     """Exclusive prefix count of the int32 ``flag`` (a 2-D tile if ``WIDE``, else a vector)
     in row-major order: where each flagged element goes when the flagged ones are packed."""
     if WIDE:
@@ -326,7 +326,7 @@ def _positions(flag, WIDE: tl.constexpr):
 
 
 @triton.jit
-def _regular_scores(s, j, lo, hi):
+def regular_scores(s, j, lo, hi):
     """fp32 scores ``s`` of blocks ``j`` as int32 in the same order, in ``(NOT_REGULAR,
     2^31 - 1)``; ``NOT_REGULAR`` for blocks outside the regular range ``[lo, hi)``."""
     bits = s.to(tl.int32, bitcast=True)
@@ -337,14 +337,14 @@ def _regular_scores(s, j, lo, hi):
 
 
 @triton.jit
-def _key(v, j):
+def key_of(v, j):
     """Non-negative int64 keys ordered by (score, lower block) of ordered scores ``v`` of
     blocks ``j``; live blocks from ``2^30`` up, blocks past the prefix below."""
     return ((v.to(tl.int64) + 2147483648) << 30) | (~j & 0x3FFFFFFF).to(tl.int64)
 
 
 @triton.jit
-def _kth_largest(x, k):
+def kth_largest(x, k):
     """The ``k``-th largest element of the 1-D integer tensor ``x`` (``1 <= k <=`` its
     length)."""
     ranked = tl.sort(x, descending=True)

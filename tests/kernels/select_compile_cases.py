@@ -12,7 +12,8 @@ from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.block_metadata_kernels import block_metadata_kernel
 from ssvkit.kernels.offline_compile import compile_offline
 from ssvkit.kernels.select_kernels import block_scores_kernel, select_kernel
-from ssvkit.kernels.top_blocks import threshold_meta
+from ssvkit.kernels.tile_pick_kernels import tile_pick_kernel
+from ssvkit.kernels.top_blocks import threshold_meta, tile_pick_meta
 
 assert "TRITON_INTERPRET" not in os.environ, "run with TRITON_INTERPRET unset"
 
@@ -23,6 +24,7 @@ SCORE_POINTERS = {
     "max_ptr": "*bf16",
     "prefix_ptr": "*i32",
     "out_ptr": "*fp32",
+    "tmax_ptr": "*i32",
 }
 SELECT_POINTERS = {
     **SCORE_POINTERS,
@@ -34,7 +36,23 @@ SELECT_POINTERS = {
 }
 # (method, head dimension, draft rows): the narrowest and the widest score operands.
 CASES = [("mean", 64, 1), ("mean", 128, 16), ("quest", 128, 20), ("quest", 256, 40)]
+TILE_PICK_POINTERS = {
+    "score_ptr": "*fp32",
+    "tmax_ptr": "*i32",
+    "prefix_ptr": "*i32",
+    "out_ptr": "*i32",
+    "scratch_ptr": "*i32",
+    "pos_ptr": "*i64",
+}
 NUM_Q_HEADS, NUM_KV_HEADS, NUM_BLOCKS, TOP_N = 8, 2, 300, 16
+# (blocks, top_n, forced, tile width, window slots): the prefix rule at a long and a short
+# row, the position-relative rule, a top_n whose gathered tile is a whole chunk.
+TILE_PICK_CASES = [
+    (2049, 16, 2, 32, 0),
+    (300, 16, 2, 16, 0),
+    (2049, 16, 1, 32, 9),
+    (9000, 64, 2, 32, 0),
+]
 
 
 def score_launch(method: str, d: int, t: int) -> bs.ScoreLaunch:
@@ -54,20 +72,31 @@ def main() -> None:
     for method, d, t in CASES:
         launch = score_launch(method, d, t)
         meta = {**launch.meta, "PRECISION": "bf16x3"}
-        for pdl in (False, True):
+        for pdl, tile_max in ((False, False), (True, False), (True, True)):
             k = compile_offline(
                 block_scores_kernel,
                 SCORE_POINTERS,
-                {**meta, "PDL": pdl},
+                {**meta, "PDL": pdl, "TILE_MAX": tile_max},
                 num_warps=launch.num_warps,
             )
             count += 1
-            print(f"block_scores {method} D={d} t={t} pdl={pdl}: {k.metadata.shared} B shared")
+            print(
+                f"block_scores {method} D={d} t={t} pdl={pdl} tile_max={tile_max}: "
+                f"{k.metadata.shared} B shared"
+            )
         pick = threshold_meta(NUM_BLOCKS, TOP_N)
         constexprs = {**meta, **pick, "NUM_KV_HEADS": NUM_KV_HEADS, "LOCAL_SLOTS": 0, "PDL": False}
         k = compile_offline(select_kernel, SELECT_POINTERS, constexprs, num_warps=4)
         count += 1
         print(f"select {method} D={d} t={t}: {k.metadata.shared} B shared")
+    for blocks, top_n, forced, width, slots in TILE_PICK_CASES:
+        pick = tile_pick_meta(blocks, top_n, forced - 1, 1, width)
+        constexprs = {**pick, "NUM_KV_HEADS": 8, "BLOCK_SIZE": 64, "LOCAL_SLOTS": slots}
+        compile_offline(
+            tile_pick_kernel, TILE_PICK_POINTERS, {**constexprs, "PDL": True}, num_warps=1
+        )
+        count += 1
+        print(f"tile_pick blocks={blocks} top_n={top_n} W={width} slots={slots}")
     for d in (64, 256):
         constexprs = dict(NUM_PROGS=2, BLOCK_SIZE=64, D=d, HAS_MEAN=True, HAS_MINMAX=True)
         pointers = {"k_ptr": "*bf16", "old_ptr": "*i32", "new_ptr": "*i32"}
