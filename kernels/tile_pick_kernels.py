@@ -53,6 +53,7 @@ def tile_pick_kernel(
     W: tl.constexpr,
     NT_PAD: tl.constexpr,
     S_CAP: tl.constexpr,
+    GROUPS: tl.constexpr,
     CAP: tl.constexpr,
     LOCAL_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
@@ -102,7 +103,9 @@ def tile_pick_kernel(
         j = tid[:, None] * W + tl.arange(0, W)[None, :]  # [S_CAP, W] blocks in order
         s = tl.load(base + j, mask=ok[:, None] & (j < hi), other=0.0)
         v = tl.where(ok[:, None], regular_scores(s, j, lo, hi), NOT_REGULAR)
-        cut_tile(v, j, tau, k, lo, hi, nb, base, work + S_CAP, out_row, TOP_N, TOP_N_PAD, CAP)
+        cut_tile(
+            v, j, tau, k, lo, hi, nb, base, work + S_CAP, out_row, TOP_N, TOP_N_PAD, GROUPS, CAP
+        )
     else:
         rounds_over_row(base, k, lo, hi, nb, out_row, S_CAP, W, TOP_N, TOP_N_PAD)
     if LOCAL_SLOTS > 0:
@@ -123,17 +126,28 @@ def cut_tile(
     out_row,
     TOP_N: tl.constexpr,
     TOP_N_PAD: tl.constexpr,
+    GROUPS: tl.constexpr,
     CAP: tl.constexpr,
 ):
     """Write the row's pick from the tile ``v`` (ordered scores of blocks ``j``, in block
     order, ``NOT_REGULAR`` where not regular) that holds every regular block at or above
     ``tau``, the lower bound of its ``k``-th largest: the blocks at or above ``tau`` are
-    packed into ``work`` and cut exactly at their ``k``-th largest key; more than ``CAP`` of
-    them take ``k`` rounds over the tile. The forced blocks ``[0, lo)`` and ``[hi, nb)`` fill
+    packed into ``work`` and cut exactly at their ``k``-th largest key. Where more than
+    ``CAP`` reach ``tau`` (short rows, whose few tiles bound the answer loosely), the bound
+    rises to the ``k``-th largest maximum of the tile's ``GROUPS`` strided groups (the
+    threshold pick's bound, ``GROUPS`` dividing the tile); more than ``CAP`` above that take
+    ``k`` rounds over the tile. The forced blocks ``[0, lo)`` and ``[hi, nb)`` fill
     the other slots."""
     slots = tl.arange(0, TOP_N_PAD)
     cand = (v >= tau).to(tl.int32)
     num_cand = tl.sum(tl.sum(cand, 1), 0)
+    if num_cand > CAP:
+        # A tighter bound: the k-th largest maximum of GROUPS strided groups of the tile.
+        gm = tl.max(tl.reshape(v, (v.shape[0] * v.shape[1] // GROUPS, GROUPS)), 0)
+        kth = kth_largest(gm, tl.minimum(tl.maximum(k, 1), GROUPS))
+        tau = tl.maximum(tau, tl.where(k <= GROUPS, kth, NOT_REGULAR))
+        cand = (v >= tau).to(tl.int32)
+        num_cand = tl.sum(tl.sum(cand, 1), 0)
     if num_cand <= CAP:
         tl.store(work + packed_positions(cand, True), j, mask=cand > 0)
         tl.debug_barrier()
