@@ -30,6 +30,8 @@ ROW_ALIGN = 16
 # plan's own (``perfmodel.pick_work``), which the cost model prices.
 TOPK_CHUNK = pick_work.TOPK_CHUNK
 _row_layout = pick_work.row_layout
+# The tile pick's plan (``perfmodel.pick_work``), which the cost model prices too.
+tile_pick_meta = pick_work.tile_pick_plan
 # The threshold pick (``threshold_blocks_kernel``) serves rows that fit in registers with
 # ``top_n`` up to this. Its strided groups number ``GROUPS_PER_PICK`` per padded pick (at least
 # ``MIN_GROUPS``): more groups raise the bound towards the exact cut, so fewer candidates pass
@@ -204,30 +206,6 @@ class TileMax:
 
     values: torch.Tensor
     width: int
-
-
-def tile_pick_meta(
-    nb_max: int, top_n: int, num_sink: int, num_local: int, width: int
-) -> dict | None:
-    """The tile pick's constexprs for rows of ``nb_max`` blocks in tiles of ``width``
-    (``TOP_N``, ``TOP_N_PAD``, ``W``, ``NT_PAD``, ``S_CAP``, ``GROUPS``, ``CAP``), or None
-    where its gathered tile would pass ``TOPK_CHUNK`` blocks. ``S_CAP``: the tiles it gathers,
-    the regular picks' and two edges'; ``GROUPS``: the strided groups of its second bound, as
-    many as the threshold pick's and at most half the gathered tile."""
-    top_n_pad = max(16, triton.next_power_of_2(top_n))
-    s_cap = triton.next_power_of_2(max(top_n - num_sink - num_local, 1) + 2)
-    if s_cap * width > TOPK_CHUNK:
-        return None
-    groups = max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad)
-    return dict(
-        TOP_N=top_n,
-        TOP_N_PAD=top_n_pad,
-        W=width,
-        NT_PAD=max(16, triton.next_power_of_2(triton.cdiv(nb_max, width))),
-        S_CAP=s_cap,
-        GROUPS=max(width, min(groups, s_cap * width // 2)),
-        CAP=CANDIDATES_PER_PICK * top_n_pad,
-    )
 
 
 def _check_tile_max(tile_max: TileMax, scores: torch.Tensor) -> None:

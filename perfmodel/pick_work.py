@@ -1,6 +1,7 @@
-"""The top-n pick's launch plan, without torch: the threshold pick that walks each score row
+"""The top-n pick's launch plans, without torch: the threshold pick that walks each score row
 (``kernels.top_blocks``: ``row_layout``, ``pick_row_elems``, ``pick_sorts``,
-``threshold_warps``).
+``threshold_warps``) and the tile pick that reads the score tiles' maxima and gathers the tiles
+that can hold a pick (``tile_pick_plan``, ``tile_pick_sorts``).
 
 ``perfmodel.select_work`` counts a whole selection call's work from them.
 """
@@ -87,3 +88,34 @@ def threshold_warps(rows: int, chunk: int, num_sms: int) -> int:
     if chunk > 2048:
         return 2
     return 2 if rows <= 8 * num_sms else 1
+
+
+def tile_pick_plan(
+    nb_max: int, top_n: int, num_sink: int, num_local: int, width: int
+) -> dict | None:
+    """The tile pick's constexprs (``kernels.tile_pick_kernels``) for rows of ``nb_max``
+    blocks in tiles of ``width``: ``TOP_N``, ``TOP_N_PAD``, ``W``, ``NT_PAD`` (the row's tile
+    maxima, padded), ``S_CAP`` (the tiles it gathers: the regular picks' and two edges'),
+    ``GROUPS`` (the strided groups of its second bound, as many as the threshold pick's and at
+    most half the gathered tile), ``CAP`` (candidates it cuts); None where the gathered tile
+    would pass ``TOPK_CHUNK`` blocks."""
+    top_n_pad = max(16, pow2(top_n))
+    s_cap = pow2(max(top_n - num_sink - num_local, 1) + 2)
+    if s_cap * width > TOPK_CHUNK:
+        return None
+    groups = max(MIN_GROUPS, GROUPS_PER_PICK * top_n_pad)
+    return dict(
+        TOP_N=top_n,
+        TOP_N_PAD=top_n_pad,
+        W=width,
+        NT_PAD=max(16, pow2(math.ceil(nb_max / width))),
+        S_CAP=s_cap,
+        GROUPS=max(width, min(groups, s_cap * width // 2)),
+        CAP=CANDIDATES_PER_PICK * top_n_pad,
+    )
+
+
+def tile_pick_sorts(plan: dict, warps: int) -> float:
+    """``sort_steps`` of one row's tile pick (``tile_pick_plan``'s ``plan``): its ``NT_PAD``
+    tile maxima, then its ``CAP`` candidates."""
+    return sort_steps(plan["NT_PAD"], warps) + sort_steps(plan["CAP"], warps)
