@@ -27,11 +27,14 @@ from ssvkit.perfmodel.pick_work import (
     pow2,
     row_layout,
     threshold_warps,
+    tile_pick_plan,
+    tile_pick_sorts,
 )
 from ssvkit.perfmodel.work_points import at_distinct_points
 
 # The two-launch selection's impl param and class suffix (scoring, then the pick).
 TWO_LAUNCH = "two_launch"
+TILE_PICK_WARPS = 1  # kernels.top_blocks: the tile pick's warps a row
 SCORE_TILE = 1024  # kernels.block_scores._SCORE_TILE: T_PAD x BLOCK_NB
 WIDE_QUERY_COLUMNS = 256  # kernels.block_scores._WIDE_QUERY_COLUMNS: 16-block tiles past 16 rows
 MIN_TILES, MAX_TILES = 2, 4  # score tiles a program walks (_score_tiles)
@@ -240,9 +243,12 @@ def select_call_work(
     fused: bool,
     num_sms: int,
     smem_per_sm_bytes: int,
+    whole_row_pick: bool = False,
 ) -> SelectWork:
     """The work of one ``select_blocks`` call on ``num_sms`` SMs: two launches, or one
-    (``fused``)."""
+    (``fused``). The two launches pick with the tile pick, or with the threshold pick over
+    whole rows (``whole_row_pick``: rows timed before the scoring wrote its tiles' maxima);
+    the one launch with the threshold pick."""
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
@@ -251,7 +257,8 @@ def select_call_work(
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
     rows = pairs * s.t
-    pw = threshold_warps(rows, row_layout(nb)[0], num_sms)
+    tiled = not (fused or whole_row_pick) and tile_pick_plan(nb, s.top_n, 1, 1, block_nb)
+    pw = TILE_PICK_WARPS if tiled else threshold_warps(rows, row_layout(nb)[0], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.
     lw = max(pw, warps) if fused else warps
@@ -263,7 +270,10 @@ def select_call_work(
     per_sm = resident if fused else min(MAX_WARPS_PER_SM // pw, MAX_PROGRAMS_PER_SM)
     pick_waves = math.ceil(rows / (num_sms * per_sm))
     # Every program of the one launch reserves the scoring's shared memory.
-    pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
+    if tiled:
+        pick = _tile_pick(nb, s.top_n, rows, block_nb, pick_waves)
+    else:
+        pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
     flops = MMA_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
     pick["requested_bytes"] += meta + queries + rows * s.top_n * I32
     return SelectWork(
@@ -288,6 +298,25 @@ def _threshold_pick(nb: int, top_n: int, rows: int, warps: int, waves: int) -> d
         pick_chain=waves * pick_row_elems(nb, top_n) / warps,
         sort_chain=waves * pick_sorts(nb, top_n, warps),
         pick_tail_chain=waves * pick_tail_elems(nb, top_n) / warps,
+    )
+
+
+def _tile_pick(nb: int, top_n: int, rows: int, width: int, waves: int) -> dict:
+    """The tile pick's share of ``SelectWork`` (``rows`` score rows of ``nb`` blocks in
+    tiles of ``width``, ``waves`` waves of one-warp rows): the scores written, the tile maxima
+    written and read, the gathered tiles read and the scratch; its walk of the gathered tile
+    and its two sorts. The prefix rule's forced blocks (one sink, one local) set the tiles
+    it gathers. (A ``top_n`` past the tile pick, ``tile_pick_plan`` None, takes the threshold
+    pick or its rounds, as ``kernels.top_blocks`` does.)"""
+    plan = tile_pick_plan(nb, top_n, 1, 1, width)
+    gathered = min(plan["S_CAP"] * width, nb)
+    maxima = math.ceil(nb / width)
+    scratch = plan["S_CAP"] + plan["CAP"]
+    return dict(
+        requested_bytes=rows * (nb + 2 * maxima + gathered + scratch) * F32,
+        pick_chain=waves * plan["S_CAP"] * width / TILE_PICK_WARPS,
+        sort_chain=waves * tile_pick_sorts(plan, TILE_PICK_WARPS),
+        pick_tail_chain=0.0,
     )
 
 
