@@ -60,9 +60,6 @@ UNION_COMPARE_PLAN_COMMITS = ("51d8197", "e875b5f")
 # (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
 # ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
 SELECT_TORCH_PICK_COMMITS = ("51d8197",)
-# Block-selection rows whose two launches picked with the threshold pick over whole rows (the
-# H200 rows timed before the scoring wrote its tiles' maxima for the tile pick).
-SELECT_WHOLE_ROW_PICK_COMMITS = ("1da5357", "e8d5fcf")
 
 
 def repair_dedup_bytes(p: dict, requested: float) -> float:
@@ -113,7 +110,7 @@ def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
 def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     """``perfmodel.select_work`` of the call a block-selection row of the current kernels
     timed, on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None);
-    rows of no ``impl`` ran the two launches, with the pick their commit's kernels made."""
+    rows of no ``impl`` ran the two launches."""
     p = row["params"]
     shape = SelectShape(
         batch=p["batch"],
@@ -129,7 +126,6 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     return select_call_work(
         shape,
         fused=p.get("impl") == "one_launch",
-        whole_row_pick=row.get("git_commit", "")[:7] in SELECT_WHOLE_ROW_PICK_COMMITS,
         **_sm_resources(gpu),
     )
 

@@ -5,9 +5,10 @@ mean key (eq. 5) and keeps the first and last blocks unconditionally (attention 
 Seed 004 appendix A.1 extends Quest's channel-wise min/max keys to GQA by scoring with one
 representative query per KV head. Both are implemented here (``block_scores``: ``mean`` and
 ``quest``) with the GQA-averaged query, on :mod:`kernels.block_metadata`'s per-block key
-summaries (the scoring: :mod:`kernels.block_scores`). ``select_blocks`` runs the scoring (which
-also writes each score tile's maximum) and one ``kernels.top_blocks`` launch on the scores and
-maxima (forced blocks, ascending output), or both in one launch (``fused=True``);
+summaries (the scoring: :mod:`kernels.block_scores`). ``select_blocks`` runs the scoring and
+one ``kernels.top_blocks`` launch on the scores (forced blocks, ascending output; with
+``tile_pick`` the scoring also writes each score tile's maximum, which the pick reads instead of
+whole rows), or both in one launch (``fused=True``);
 :mod:`kernels.select_reference` holds the fp32 torch references.
 """
 
@@ -51,6 +52,7 @@ def select_blocks(
     pdl: bool = False,
     positions: torch.Tensor | None = None,
     window: int = 0,
+    tile_pick: bool = False,
 ) -> torch.Tensor:
     """Top-n prefix blocks per (sequence, KV head, query row).
 
@@ -73,8 +75,7 @@ def select_blocks(
     fused : bool
         Score and pick in one launch (``kernels.select_kernels.select_kernel``) where the
         threshold pick serves the rows (``kernels.top_blocks.threshold_meta``); False, or rows
-        it does not serve: the scores and their tiles' maxima, then ``kernels.top_blocks``'
-        tile pick (two launches). Both pick
+        it does not serve: the scores, then ``kernels.top_blocks`` (two launches). Both pick
         the same blocks.
     pdl : bool
         Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
@@ -83,6 +84,10 @@ def select_blocks(
         The position-relative rule instead of the prefix rule (``kernels.top_blocks.
         relative_slots``; ``num_local`` 0): ``[B, t]`` int64 absolute positions of the rows and
         the local window in tokens.
+    tile_pick : bool
+        In the two launches, the scoring also writes each score tile's maximum and
+        ``kernels.top_blocks``' tile pick reads the maxima and the few tiles that can hold a
+        pick instead of whole score rows: the same blocks.
 
     Returns
     -------
@@ -104,7 +109,13 @@ def select_blocks(
     rows = q[:, :1] if first_token_only else q
     pick = threshold_meta(meta.num_blocks, top_n) if fused else None
     if pick is None:
-        scores, tile_max = scores_and_tile_max(rows, meta, prefix_lens, method=method, chain=chain)
+        if tile_pick:
+            scores, tile_max = scores_and_tile_max(
+                rows, meta, prefix_lens, method=method, chain=chain
+            )
+        else:
+            scores = block_scores(rows, meta, prefix_lens, method=method, chain=chain)
+            tile_max = None
         idx = top_blocks(
             scores,
             prefix_lens,

@@ -243,12 +243,12 @@ def select_call_work(
     fused: bool,
     num_sms: int,
     smem_per_sm_bytes: int,
-    whole_row_pick: bool = False,
+    tile_pick: bool = False,
 ) -> SelectWork:
     """The work of one ``select_blocks`` call on ``num_sms`` SMs: two launches, or one
-    (``fused``). The two launches pick with the tile pick, or with the threshold pick over
-    whole rows (``whole_row_pick``: rows timed before the scoring wrote its tiles' maxima);
-    the one launch with the threshold pick."""
+    (``fused``). The two launches pick with the threshold pick over whole rows, or with the
+    tile pick (``tile_pick``, where its plan serves the rows); the one launch with the
+    threshold pick."""
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
@@ -257,7 +257,7 @@ def select_call_work(
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
     rows = pairs * s.t
-    tiled = not (fused or whole_row_pick) and tile_pick_plan(nb, s.top_n, 1, 1, block_nb)
+    tiled = tile_pick and not fused and tile_pick_plan(nb, s.top_n, 1, 1, block_nb)
     pw = TILE_PICK_WARPS if tiled else threshold_warps(rows, row_layout(nb)[0], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.

@@ -10,11 +10,11 @@ from a seeded generator, each sequence's prefix the context (the first 37 tokens
 ``prefix``: one sink and one local block (the kernel sweep's); ``relative``: the rows at the
 prefix's last positions, a 512-token window (the engine's sparse refresh layer). Enough input
 sets to defeat the L2 (``kernels.timing.num_rotations``: fresh queries, copies of the
-metadata). Each case first checks that the tile pick at every warp count, ``select_blocks``
-and the whole-row pick pick the same blocks (poisoned outputs), then times the whole-row path
-and the tile path at each warp count in interleaved CUDA-graph replays (L2 flushed per sample,
-median), then profiles ``select_blocks`` and the whole-row path for each launch's device time
-(the scoring, the pick).
+metadata). Each case first checks that the tile pick at every warp count,
+``select_blocks(tile_pick=True)`` and the whole-row pick pick the same blocks (poisoned
+outputs), then times the whole-row path and the tile path at each warp count in interleaved
+CUDA-graph replays (L2 flushed per sample, median), then profiles the whole-row path and
+``select_blocks(tile_pick=True)`` for each launch's device time (the scoring, the pick).
 ``floor_s``: the metadata, query and picked-id bytes over the copy bandwidth measured in the
 same run (``calibration.kernel_ops.select_unique_bytes``).
 """
@@ -98,7 +98,7 @@ def run_case(c: Case, warps: list[int], copy_bps: float) -> dict:
     """One case: the tile pick at every warp count and ``select_blocks`` checked against the
     whole-row pick, then all timed together, then both paths' launches profiled."""
     sets, lens, positions = _inputs(c)
-    sel_kw = dict(method=c.method, **c.pick_kwargs(positions))
+    sel_kw = dict(method=c.method, tile_pick=True, **c.pick_kwargs(positions))
     with tm.poisoned_allocations():
         want = whole_rows(*sets[0], lens, c, positions)
         got = {"select_blocks": sb.select_blocks(*sets[0], lens, **sel_kw)}

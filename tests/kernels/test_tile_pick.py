@@ -10,6 +10,7 @@ import torch
 from kernel_helpers import HAS_CUDA
 from ssvkit.kernels.block_metadata import BlockMetadata
 from ssvkit.kernels.block_scores import block_scores, scores_and_tile_max
+from ssvkit.kernels.select_blocks import select_blocks
 from ssvkit.kernels.timing import poisoned_allocations
 from ssvkit.kernels.top_blocks import TileMax, top_blocks
 from test_select_blocks import exact_top_blocks, make_inputs
@@ -128,3 +129,36 @@ def test_tile_max_of_another_shape_is_refused():
     bad = TileMax(torch.zeros((1, 2, 1, 3), dtype=torch.int32, device=DEV), 32)
     with pytest.raises(ValueError, match=r"tile_max must be \[1, 2, 1, 4\] int32"):
         top_blocks(scores, lens, block_size=64, top_n=8, tile_max=bad)
+
+
+@pytest.mark.parametrize("method", ["mean", "quest"])
+def test_select_blocks_with_the_tile_pick_picks_what_it_picks_without(method):
+    q, k, lens = make_inputs([5000, 1500, 90], 4, 8, 2, 32, torch.float32, seed=8)
+    meta = BlockMetadata.build(k, lens, 16, kinds=(method,))
+    for kw in (dict(top_n=12), dict(top_n=8, num_sink=2, num_local=0, first_token_only=True)):
+        want = select_blocks(q, meta, lens, method=method, **kw)
+        with poisoned_allocations():
+            got = select_blocks(q, meta, lens, method=method, tile_pick=True, **kw)
+        assert torch.equal(got, want)
+    positions = (lens.long()[:, None] - 4 + torch.arange(4, device=DEV)[None, :]).clamp(min=0)
+    kw = dict(top_n=12, num_local=0, positions=positions, window=64)
+    want = select_blocks(q, meta, lens, method=method, **kw)
+    assert torch.equal(select_blocks(q, meta, lens, method=method, tile_pick=True, **kw), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16])
+def test_gpu_tile_pick_at_llama_geometry_is_the_whole_row_pick(t):
+    """bf16 scoring at D = 128 with its tile maxima, 2,049-block rows, in and out of a CUDA
+    graph: the compiled kernels' reductions, scans and scratch round trips."""
+    q, k, lens = make_inputs([131072, 5000, 77], t, 32, 8, 128, torch.bfloat16, seed=t)
+    meta = BlockMetadata.build(k, lens, 64, kinds=("mean",))
+    want = select_blocks(q, meta, lens, top_n=16)
+    for _ in range(5):
+        assert torch.equal(select_blocks(q, meta, lens, top_n=16, tile_pick=True), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx = select_blocks(q, meta, lens, top_n=16, tile_pick=True, pdl=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(idx, want)

@@ -92,9 +92,7 @@ def test_two_launch_counts_hand_computed():
     # of 32 x 128 x 4 B in flight, an 8 KiB query tile and a 2 KiB score tile -> 5 per SM: 3
     # waves of 10 warps (2.5 a sub-partition) and one of 4 warps, 8.5 alone-issue waves, of 4
     # tiles of half a unit each (a [16, 32, 128] tile over 2 warps).
-    w = sw.select_call_work(
-        shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM, whole_row_pick=True
-    )
+    w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert w.chain_tiles == (3 * 2.5 + 1) * 4 and w.tile_work == 0.5
     # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
@@ -117,7 +115,8 @@ def test_tile_pick_counts_hand_computed():
     candidates; 2048 one-warp rows, 32 an SM, one wave."""
     plan = pk.tile_pick_plan(2049, 16, 1, 1, 32)
     assert plan == dict(TOP_N=16, TOP_N_PAD=16, W=32, NT_PAD=128, S_CAP=16, GROUPS=64, CAP=32)
-    w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    kw = dict(fused=False, num_sms=132, smem_per_sm_bytes=SMEM, tile_pick=True)
+    w = sw.select_call_work(shape(), **kw)
     assert w.pick_chain == 16 * 32 and w.pick_tail_chain == 0
     # Bitonic sorts of 128 maxima (28 stages of 4 keys a lane) and 32 candidates (15 of 1).
     assert w.sort_chain == 28 * 4 + 15
@@ -126,14 +125,12 @@ def test_tile_pick_counts_hand_computed():
     per_row = (2049 + 2 * 65 + 16 * 32 + 16 + 32) * 4 + 16 * 4
     assert w.requested_bytes == meta + queries + 2048 * per_row
     # A row shorter than the gathered tile reads only its own blocks.
-    short = sw.select_call_work(
-        shape(context_len=8192), fused=False, num_sms=132, smem_per_sm_bytes=SMEM
-    )
+    short = sw.select_call_work(shape(context_len=8192), **kw)
     assert short.pick_chain == 16 * 32
     # A top_n whose gathered tile passes a register chunk has no tile pick: the threshold
     # pick's rounds walk the row.
     assert pk.tile_pick_plan(2049, 256, 1, 1, 32) is None
-    wide = sw.select_call_work(shape(top_n=256), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    wide = sw.select_call_work(shape(top_n=256), **kw)
     assert wide.pick_chain == pk.pick_row_elems(2049, 256)
 
 
@@ -150,7 +147,6 @@ def test_the_pick_tail_is_the_rows_past_the_chunk():
         fused=False,
         num_sms=132,
         smem_per_sm_bytes=SMEM,
-        whole_row_pick=True,
     )
     # 128 rows on 132 SMs: 4 warps a row, one wave.
     assert w.pick_tail_chain == 1024 / 4 and w.pick_chain == 2048 / 4
