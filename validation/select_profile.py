@@ -43,6 +43,9 @@ def _parser() -> OneLineParser:
     p.add_argument("--group-size", type=int, default=4, help="union group of rows (1: none)")
     p.add_argument("--fused", action="store_true", help="scores and pick in one launch")
     p.add_argument(
+        "--tile-pick", action="store_true", help="the scoring's tile maxima and the tile pick"
+    )
+    p.add_argument(
         "--geometry", default=ki.current_geometry(), choices=sorted(ki.GEOMETRIES), help="heads"
     )
     return p
@@ -73,6 +76,7 @@ def main(argv=None) -> None:
         positions=positions.contiguous(),
         window=args.window,
         fused=args.fused,
+        tile_pick=args.tile_pick,
     )
 
     def refresh() -> None:
