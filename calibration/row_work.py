@@ -60,6 +60,10 @@ UNION_COMPARE_PLAN_COMMITS = ("51d8197", "e875b5f")
 # (``perfmodel.select_work``'s ``torch_pick``; the committed H100 rows): their top-n stage keeps
 # ``perfmodel.torch_plan.topn_counts``. Later rows follow the current plan's counts.
 SELECT_TORCH_PICK_COMMITS = ("51d8197",)
+# Block-selection rows timed before the two launches took the tile pick where it pays
+# (``perfmodel.pick_work.tile_pick_pays``; the H200 rows of record): every call picked over
+# whole rows with the threshold pick.
+SELECT_WHOLE_ROW_PICK_COMMITS = ("e8d5fcf", "1da5357")
 
 
 def repair_dedup_bytes(p: dict, requested: float) -> float:
@@ -127,6 +131,7 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
         shape,
         fused=p.get("impl") == "one_launch",
         **_sm_resources(gpu),
+        tile_pick=False if row.get("git_commit", "")[:7] in SELECT_WHOLE_ROW_PICK_COMMITS else None,
     )
 
 

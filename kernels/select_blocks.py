@@ -21,8 +21,10 @@ from ssvkit.kernels.block_scores import (
     ScoreLaunch,
     block_scores,
     launch_fitted,
+    score_block_nb,
     scores_and_tile_max,
 )
+from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.pdl import LaunchChain, check_pdl
 from ssvkit.kernels.select_kernels import select_kernel
 from ssvkit.kernels.top_blocks import (
@@ -33,6 +35,7 @@ from ssvkit.kernels.top_blocks import (
     threshold_warps,
     top_blocks,
 )
+from ssvkit.perfmodel.pick_work import pow2, tile_pick_pays
 from triton.runtime.errors import OutOfResources
 
 __all__ = ["block_scores", "select_blocks"]
@@ -52,7 +55,7 @@ def select_blocks(
     pdl: bool = False,
     positions: torch.Tensor | None = None,
     window: int = 0,
-    tile_pick: bool = False,
+    tile_pick: bool | None = None,
 ) -> torch.Tensor:
     """Top-n prefix blocks per (sequence, KV head, query row).
 
@@ -84,10 +87,11 @@ def select_blocks(
         The position-relative rule instead of the prefix rule (``kernels.top_blocks.
         relative_slots``; ``num_local`` 0): ``[B, t]`` int64 absolute positions of the rows and
         the local window in tokens.
-    tile_pick : bool
+    tile_pick : bool, optional
         In the two launches, the scoring also writes each score tile's maximum and
         ``kernels.top_blocks``' tile pick reads the maxima and the few tiles that can hold a
-        pick instead of whole score rows: the same blocks.
+        pick instead of whole score rows: the same blocks. None: where
+        ``perfmodel.pick_work.tile_pick_pays`` says it pays (long rows, more rows than SMs).
 
     Returns
     -------
@@ -109,6 +113,8 @@ def select_blocks(
     rows = q[:, :1] if first_token_only else q
     pick = threshold_meta(meta.num_blocks, top_n) if fused else None
     if pick is None:
+        if tile_pick is None:
+            tile_pick = _tile_pick_pays(rows, meta, top_n, num_sink, num_local, method)
         if tile_pick:
             scores, tile_max = scores_and_tile_max(
                 rows, meta, prefix_lens, method=method, chain=chain
@@ -141,6 +147,19 @@ def select_blocks(
     if first_token_only:
         idx = idx.expand(-1, -1, q.shape[1], -1).contiguous()
     return idx
+
+
+def _tile_pick_pays(
+    rows: torch.Tensor, meta: BlockMetadata, top_n: int, num_sink: int, num_local: int, method: str
+) -> bool:
+    """``perfmodel.pick_work.tile_pick_pays`` for the score rows of ``rows`` (``[B, t, H,
+    D]`` queries) at the scoring's tile width."""
+    b, t, _, d = rows.shape
+    width = score_block_nb(max(16, pow2(t)), d, method)
+    n_rows = b * meta.shape[1] * t
+    return tile_pick_pays(
+        n_rows, meta.num_blocks, top_n, num_sink, num_local, width, num_sms(rows.device)
+    )
 
 
 def _select_one_launch(

@@ -1,7 +1,8 @@
 """The top-n pick's launch plans, without torch: the threshold pick that walks each score row
 (``kernels.top_blocks``: ``row_layout``, ``pick_row_elems``, ``pick_sorts``,
 ``threshold_warps``) and the tile pick that reads the score tiles' maxima and gathers the tiles
-that can hold a pick (``tile_pick_plan``, ``tile_pick_sorts``).
+that can hold a pick (``tile_pick_plan``, ``tile_pick_sorts``), and which of the two a call
+takes (``tile_pick_pays``).
 
 ``perfmodel.select_work`` counts a whole selection call's work from them.
 """
@@ -119,3 +120,18 @@ def tile_pick_sorts(plan: dict, warps: int) -> float:
     """``sort_steps`` of one row's tile pick (``tile_pick_plan``'s ``plan``): its ``NT_PAD``
     tile maxima, then its ``CAP`` candidates."""
     return sort_steps(plan["NT_PAD"], warps) + sort_steps(plan["CAP"], warps)
+
+
+def tile_pick_pays(
+    rows: int, nb_max: int, top_n: int, num_sink: int, num_local: int, width: int, num_sms: int
+) -> bool:
+    """Whether the two launches pick with the tile pick rather than the threshold pick over
+    whole rows: where the tile pick serves the rows (``tile_pick_plan``), reads fewer values a
+    row than the whole row (its tile maxima and gathered tiles against ``nb_max`` scores), and
+    the rows outnumber the SMs. Up to a row per SM the threshold pick spreads each row over
+    four or eight warps (``threshold_warps``) and its short chain beats the one-warp tile
+    pick's longer one; past that both run one or two warps a row and the values read decide."""
+    plan = tile_pick_plan(nb_max, top_n, num_sink, num_local, width)
+    if plan is None or rows <= num_sms:
+        return False
+    return math.ceil(nb_max / width) + plan["S_CAP"] * width < nb_max

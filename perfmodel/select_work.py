@@ -27,6 +27,7 @@ from ssvkit.perfmodel.pick_work import (
     pow2,
     row_layout,
     threshold_warps,
+    tile_pick_pays,
     tile_pick_plan,
     tile_pick_sorts,
 )
@@ -243,12 +244,13 @@ def select_call_work(
     fused: bool,
     num_sms: int,
     smem_per_sm_bytes: int,
-    tile_pick: bool = False,
+    tile_pick: bool | None = None,
 ) -> SelectWork:
     """The work of one ``select_blocks`` call on ``num_sms`` SMs: two launches, or one
     (``fused``). The two launches pick with the threshold pick over whole rows, or with the
-    tile pick (``tile_pick``, where its plan serves the rows); the one launch with the
-    threshold pick."""
+    tile pick (``tile_pick``, where its plan serves the rows; None: where
+    ``perfmodel.pick_work.tile_pick_pays`` says it pays, as ``kernels.select_blocks``
+    decides); the one launch with the threshold pick."""
     nb = s.num_blocks
     pairs = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
@@ -257,6 +259,8 @@ def select_call_work(
     tiles = score_tiles(nb_tiles * pairs, num_sms)
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
     rows = pairs * s.t
+    if tile_pick is None:
+        tile_pick = tile_pick_pays(rows, nb, s.top_n, 1, 1, block_nb, num_sms)
     tiled = tile_pick and not fused and tile_pick_plan(nb, s.top_n, 1, 1, block_nb)
     pw = TILE_PICK_WARPS if tiled else threshold_warps(rows, row_layout(nb)[0], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share

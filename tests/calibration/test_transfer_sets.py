@@ -293,3 +293,25 @@ def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
     assert "dense_verify" in s["classes"] and "sparse_verify/per_query/many_lists" in s["classes"]
     assert "sparse_verify/union/many_lists" in s["other_kernels"]
     assert all(c["n"] > 0 for c in s["classes"].values())
+
+
+def test_a_selection_row_timed_before_the_tile_pick_is_priced_with_the_whole_row_pick():
+    """The H200's two-launch rows at batch 16, 128K, t = 16 picked over whole rows (2,049
+    blocks: a chunk and a tail walked); a call of that shape timed today takes the tile pick,
+    which walks its 512 gathered blocks and no tail."""
+    from ssvkit.calibration.row_work import select_work
+
+    rows = [
+        r
+        for r in ceilings.profile_rows("h200")
+        if r["op"] == "select_blocks"
+        and r["params"].get("impl") == "two_launch"
+        and (r["params"]["batch"], r["params"]["context_len"]) == (16, 131072)
+        and (r["params"]["num_query_tokens"], r["params"]["top_n"]) == (16, 16)
+    ]
+    assert rows
+    for r in rows:
+        then = select_work(r, None)
+        now = select_work({**r, "git_commit": "0" * 40}, None)
+        assert then.pick_tail_chain > 0 and now.pick_tail_chain == 0
+        assert now.pick_chain < then.pick_chain

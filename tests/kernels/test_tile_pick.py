@@ -146,6 +146,32 @@ def test_select_blocks_with_the_tile_pick_picks_what_it_picks_without(method):
     assert torch.equal(select_blocks(q, meta, lens, method=method, tile_pick=True, **kw), want)
 
 
+def test_select_blocks_takes_the_tile_pick_where_it_pays(monkeypatch):
+    """By default ``select_blocks`` asks ``perfmodel.pick_work.tile_pick_pays`` about its score
+    rows (B x Hkv x t), row length, top_n, forced blocks and the scoring's tile width, scores
+    with the tiles' maxima where it says so, and picks the same blocks either way."""
+    from ssvkit.kernels import select_blocks as sb_mod
+
+    q, k, lens = make_inputs([5000, 1500, 90], 4, 8, 2, 32, torch.float32, seed=9)
+    meta = BlockMetadata.build(k, lens, 16, kinds=("mean",))
+    asked, with_maxima = [], []
+    real_scores = sb_mod.scores_and_tile_max
+
+    def spy(*a, **kw):
+        with_maxima.append(True)
+        return real_scores(*a, **kw)
+
+    monkeypatch.setattr(sb_mod, "scores_and_tile_max", spy)
+    want = select_blocks(q, meta, lens, top_n=12, tile_pick=False)
+    for pays in (False, True):
+        monkeypatch.setattr(sb_mod, "tile_pick_pays", lambda *a, p=pays: asked.append(a) or p)
+        with poisoned_allocations():
+            assert torch.equal(select_blocks(q, meta, lens, top_n=12), want)
+        assert len(with_maxima) == int(pays)
+    width = sb_mod.score_block_nb(16, 32, "mean")
+    assert asked[0] == (3 * 2 * 4, meta.num_blocks, 12, 1, 1, width, sb_mod.num_sms(q.device))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 16])
 def test_gpu_tile_pick_at_llama_geometry_is_the_whole_row_pick(t):

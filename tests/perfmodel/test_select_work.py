@@ -87,12 +87,15 @@ def test_score_programs_walk_two_to_four_tiles():
 
 
 def test_two_launch_counts_hand_computed():
+    # The threshold pick over whole rows.
     # 16 x 8 pairs, NB = ceil(131088 / 64) = 2049 blocks, 65 tiles of 32 a pair: 8320 tiles,
     # 4 a program (2080 programs >= 264), 17 programs a pair = 2176, 17 an SM; two mean tiles
     # of 32 x 128 x 4 B in flight, an 8 KiB query tile and a 2 KiB score tile -> 5 per SM: 3
     # waves of 10 warps (2.5 a sub-partition) and one of 4 warps, 8.5 alone-issue waves, of 4
     # tiles of half a unit each (a [16, 32, 128] tile over 2 warps).
-    w = sw.select_call_work(shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    w = sw.select_call_work(
+        shape(), fused=False, num_sms=132, smem_per_sm_bytes=SMEM, tile_pick=False
+    )
     assert w.chain_tiles == (3 * 2.5 + 1) * 4 and w.tile_work == 0.5
     # 2048 rows of one warp, 16 rows an SM, 1 wave; 2048 + 2 x 64 elements over 1 warp.
     assert w.pick_rows == 2048
@@ -132,6 +135,30 @@ def test_tile_pick_counts_hand_computed():
     assert pk.tile_pick_plan(2049, 256, 1, 1, 32) is None
     wide = sw.select_call_work(shape(top_n=256), **kw)
     assert wide.pick_chain == pk.pick_row_elems(2049, 256)
+
+
+def test_the_tile_pick_pays_past_a_row_per_sm_on_rows_longer_than_its_reads():
+    """``tile_pick_pays``: 32-block tiles, top_n 16, one sink and one local block gather 16
+    tiles (512 blocks). 128K (2,049 blocks): 65 maxima + 512 < 2,049, so past 132 rows; 32K
+    (513 blocks): 17 + 512 >= 513, never. The position-relative rule (no local block) gathers
+    32 tiles: 33 + 1,024 >= 1,025 at 64K."""
+    assert pk.tile_pick_pays(2048, 2049, 16, 1, 1, 32, 132)
+    assert pk.tile_pick_pays(133, 2049, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(132, 2049, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(2048, 513, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(2048, 1025, 16, 1, 0, 32, 132)
+    assert pk.tile_pick_pays(2048, 2049, 16, 1, 0, 32, 132)
+    assert not pk.tile_pick_pays(2048, 2049, 256, 1, 1, 32, 132)  # no tile pick plan
+
+
+def test_the_two_launches_take_the_pick_that_pays():
+    """``select_call_work``'s default prices the pick ``tile_pick_pays`` chooses: the tile
+    pick at batch 16, 128K, t = 16 (2,048 rows), the threshold pick at batch 1 (128 rows)."""
+    kw = dict(fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    for s, tiled in ((shape(), True), (shape(batch=1), False)):
+        auto = sw.select_call_work(s, **kw)
+        assert auto == sw.select_call_work(s, **kw, tile_pick=tiled)
+        assert auto != sw.select_call_work(s, **kw, tile_pick=not tiled)
 
 
 def test_the_pick_tail_is_the_rows_past_the_chunk():
