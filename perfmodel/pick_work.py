@@ -18,6 +18,10 @@ MIN_GROUPS = 64
 GROUPS_PER_PICK = 2
 CANDIDATES_PER_PICK = 2
 THRESHOLD_MAX_TOP_N = 256  # kernels.top_blocks: larger top_n take the rounds kernel
+# The whole-row pick's values an SM from which the tile pick is faster, between the two
+# measured sides: 8,440 (512 rows of 2,049 blocks: the tile pick 0-5% slower) and 16,384
+# (512 rows of 4,097 blocks, 1,024 of 2,049: 2-9% faster); validation/data/select-picks-*.
+TILE_PICK_MIN_VALUES_PER_SM = 12288
 
 
 def pow2(x: int) -> int:
@@ -128,10 +132,14 @@ def tile_pick_pays(
     """Whether the two launches pick with the tile pick rather than the threshold pick over
     whole rows: where the tile pick serves the rows (``tile_pick_plan``), reads fewer values a
     row than the whole row (its tile maxima and gathered tiles against ``nb_max`` scores), and
-    the rows outnumber the SMs. Up to a row per SM the threshold pick spreads each row over
-    four or eight warps (``threshold_warps``) and its short chain beats the one-warp tile
-    pick's longer one; past that both run one or two warps a row and the values read decide."""
+    the whole-row pick ranks at least ``TILE_PICK_MIN_VALUES_PER_SM`` values an SM
+    (``rows * pick_row_elems / num_sms``). Below that the whole-row pick is one short wave
+    whose time is a row's chain, and the tile pick's longer chain (its tile maxima sorted,
+    then the gathered tiles ranked) loses; past it the values each SM ranks set the whole-row
+    pick's time and the tile pick, reading fewer, wins."""
     plan = tile_pick_plan(nb_max, top_n, num_sink, num_local, width)
-    if plan is None or rows <= num_sms:
+    if plan is None:
         return False
-    return math.ceil(nb_max / width) + plan["S_CAP"] * width < nb_max
+    if math.ceil(nb_max / width) + plan["S_CAP"] * width >= nb_max:
+        return False
+    return rows * pick_row_elems(nb_max, top_n) >= TILE_PICK_MIN_VALUES_PER_SM * num_sms

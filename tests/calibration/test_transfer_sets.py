@@ -296,9 +296,9 @@ def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
 
 
 def test_a_selection_row_timed_before_the_tile_pick_is_priced_with_the_whole_row_pick():
-    """The H200's two-launch rows at batch 16, 128K, t = 16 picked over whole rows (2,049
-    blocks: a chunk and a tail walked); a call of that shape timed today takes the tile pick,
-    which walks its 512 gathered blocks and no tail."""
+    """The H200's two-launch rows at batch 16, 128K, t = 16 and eight KV heads picked over
+    whole rows (2,048 rows of 2,049 blocks: a chunk and a tail walked); a call of that shape
+    timed today takes the tile pick, which walks its 512 gathered blocks and no tail."""
     from ssvkit.calibration.row_work import select_work
 
     rows = [
@@ -308,6 +308,7 @@ def test_a_selection_row_timed_before_the_tile_pick_is_priced_with_the_whole_row
         and r["params"].get("impl") == "two_launch"
         and (r["params"]["batch"], r["params"]["context_len"]) == (16, 131072)
         and (r["params"]["num_query_tokens"], r["params"]["top_n"]) == (16, 16)
+        and r["params"]["num_kv_heads"] == 8
     ]
     assert rows
     for r in rows:

@@ -3,6 +3,8 @@ kernels' wrapper makes (its tile, tiles-per-program, row-layout and warp choices
 without torch), hand-computed at Llama-3.1-8B's heads on 132 SMs, and the step model's
 selection op carries them."""
 
+import json
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -14,6 +16,7 @@ from ssvkit.perfmodel import pick_work as pk
 from ssvkit.perfmodel import select_work as sw
 
 SMEM = 228 * 1024
+DATA = Path(__file__).resolve().parents[2] / "validation" / "data"
 
 
 def shape(**kw):
@@ -137,18 +140,49 @@ def test_tile_pick_counts_hand_computed():
     assert wide.pick_chain == pk.pick_row_elems(2049, 256)
 
 
-def test_the_tile_pick_pays_past_a_row_per_sm_on_rows_longer_than_its_reads():
+def test_the_tile_pick_pays_on_busy_sms_and_rows_longer_than_its_reads():
     """``tile_pick_pays``: 32-block tiles, top_n 16, one sink and one local block gather 16
-    tiles (512 blocks). 128K (2,049 blocks): 65 maxima + 512 < 2,049, so past 132 rows; 32K
-    (513 blocks): 17 + 512 >= 513, never. The position-relative rule (no local block) gathers
-    32 tiles: 33 + 1,024 >= 1,025 at 64K."""
+    tiles (512 blocks). 128K (2,049 blocks, 2,176 values a row): 65 maxima + 512 < 2,049, so
+    from 745 rows on 132 SMs (12,288 values an SM); 32K (513 blocks): 17 + 512 >= 513, never.
+    The position-relative rule (no local block) gathers 32 tiles: 33 + 1,024 >= 1,025 at 64K."""
+    assert pk.pick_row_elems(2049, 16) == 2176
     assert pk.tile_pick_pays(2048, 2049, 16, 1, 1, 32, 132)
-    assert pk.tile_pick_pays(133, 2049, 16, 1, 1, 32, 132)
-    assert not pk.tile_pick_pays(132, 2049, 16, 1, 1, 32, 132)
-    assert not pk.tile_pick_pays(2048, 513, 16, 1, 1, 32, 132)
-    assert not pk.tile_pick_pays(2048, 1025, 16, 1, 0, 32, 132)
+    assert pk.tile_pick_pays(746, 2049, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(745, 2049, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(512, 2049, 16, 1, 1, 32, 132)
+    assert pk.tile_pick_pays(512, 4097, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(4096, 513, 16, 1, 1, 32, 132)
+    assert not pk.tile_pick_pays(4096, 1025, 16, 1, 0, 32, 132)
     assert pk.tile_pick_pays(2048, 2049, 16, 1, 0, 32, 132)
     assert not pk.tile_pick_pays(2048, 2049, 256, 1, 1, 32, 132)  # no tile pick plan
+
+
+def _pick_measurements():
+    """The committed tile pick against the whole-row pick: one ``(row, file)`` per case."""
+    for path in sorted(DATA.glob("select-picks-*.json")):
+        record = json.loads(path.read_text())
+        yield from ((row, record) for row in record["rows"])
+
+
+def test_the_tile_pick_rule_agrees_with_the_committed_timings():
+    """Each committed case where one pick is more than 1% faster (validation/data
+    select-picks-*): ``tile_pick_pays`` chooses that pick for the case's rows, blocks, rule and
+    score tile width. Within 1% either choice is right."""
+    cases = decided = 0
+    for row, rec in _pick_measurements():
+        _, hkv, d = rec["heads"]
+        t, rule = row["t"], row["rule"]
+        nb = row["context_len"] // rec["block_size"] + 1
+        width = sb.score_block_nb(max(16, pk.pow2(t)), d, row["method"])
+        local = 1 if rule == "prefix" else 0
+        rows = row["batch"] * hkv * t
+        pays = pk.tile_pick_pays(rows, nb, row["top_n"], 1, local, width, rec["num_sms"])
+        ratio = min(row["graph_s"]["tile"].values()) / row["graph_s"]["whole_rows"]
+        cases += 1
+        if abs(ratio - 1) > 0.01:
+            decided += 1
+            assert pays == (ratio < 1), (row["method"], rule, row["batch"], nb, t, ratio)
+    assert cases >= 72 and decided >= 64
 
 
 def test_the_two_launches_take_the_pick_that_pays():
