@@ -71,11 +71,16 @@ class SelectShape:
     top_n: int
     block_size: int = 64
     kinds: int = 1  # metadata tensors a tile reads: mean 1, quest 2
+    # Local blocks the pick forces at the prefix's end: 1 under the kernel sweep's prefix rule,
+    # 0 under the engine's position-relative rule (its window's blocks are added after the pick).
+    num_local: int = 1
 
     def __post_init__(self) -> None:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_local < 0:
+            raise ValueError(f"num_local must be >= 0, got {self.num_local}")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_q_heads {self.num_q_heads} must be a multiple of "
@@ -260,8 +265,8 @@ def select_call_work(
     programs = math.ceil(nb / (block_nb * tiles)) * pairs
     rows = pairs * s.t
     if tile_pick is None:
-        tile_pick = tile_pick_pays(rows, nb, s.top_n, 1, 1, block_nb, num_sms)
-    tiled = tile_pick and not fused and tile_pick_plan(nb, s.top_n, 1, 1, block_nb)
+        tile_pick = tile_pick_pays(rows, nb, s.top_n, 1, s.num_local, block_nb, num_sms)
+    tiled = tile_pick and not fused and tile_pick_plan(nb, s.top_n, 1, s.num_local, block_nb)
     pw = TILE_PICK_WARPS if tiled else threshold_warps(rows, row_layout(nb)[0], num_sms)
     # One kernel runs both steps at the more warps of the two: its score programs share
     # their queries' loads over those warps and fit as many of them an SM.
@@ -275,7 +280,7 @@ def select_call_work(
     pick_waves = math.ceil(rows / (num_sms * per_sm))
     # Every program of the one launch reserves the scoring's shared memory.
     if tiled:
-        pick = _tile_pick(nb, s.top_n, rows, block_nb, pick_waves)
+        pick = _tile_pick(nb, s.top_n, s.num_local, rows, block_nb, pick_waves)
     else:
         pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
     flops = MMA_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
@@ -305,14 +310,14 @@ def _threshold_pick(nb: int, top_n: int, rows: int, warps: int, waves: int) -> d
     )
 
 
-def _tile_pick(nb: int, top_n: int, rows: int, width: int, waves: int) -> dict:
+def _tile_pick(nb: int, top_n: int, num_local: int, rows: int, width: int, waves: int) -> dict:
     """The tile pick's share of ``SelectWork`` (``rows`` score rows of ``nb`` blocks in
     tiles of ``width``, ``waves`` waves of one-warp rows): the scores written, the tile maxima
     written and read, the gathered tiles read and the scratch; its walk of the gathered tile
-    and its two sorts. The prefix rule's forced blocks (one sink, one local) set the tiles
+    and its two sorts. The forced blocks (one sink, ``num_local`` local ones) set the tiles
     it gathers. (A ``top_n`` past the tile pick, ``tile_pick_plan`` None, takes the threshold
     pick or its rounds, as ``kernels.top_blocks`` does.)"""
-    plan = tile_pick_plan(nb, top_n, 1, 1, width)
+    plan = tile_pick_plan(nb, top_n, 1, num_local, width)
     gathered = min(plan["S_CAP"] * width, nb)
     maxima = math.ceil(nb / width)
     scratch = plan["S_CAP"] + plan["CAP"]

@@ -88,6 +88,7 @@ def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: in
         "top_n": c.top_n,
         "block_size": c.block_size,
         "kinds": np.maximum(c.meta_vectors, 1),
+        "num_local": 0,  # the engine's position-relative rule (engine.attention)
     }
     w = select_work_arrays(
         shape, fused=False, num_sms=num_sms, smem_per_sm_bytes=DEFAULT_SMEM_PER_SM_BYTES

@@ -3,6 +3,7 @@ kernels' wrapper makes (its tile, tiles-per-program, row-layout and warp choices
 without torch), hand-computed at Llama-3.1-8B's heads on 132 SMs, and the step model's
 selection op carries them."""
 
+import dataclasses
 import json
 from pathlib import Path
 from unittest import mock
@@ -14,6 +15,7 @@ from ssvkit.kernels import block_scores as sb
 from ssvkit.kernels import top_blocks as tb
 from ssvkit.perfmodel import pick_work as pk
 from ssvkit.perfmodel import select_work as sw
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 
 SMEM = 228 * 1024
 DATA = Path(__file__).resolve().parents[2] / "validation" / "data"
@@ -343,3 +345,43 @@ def test_sixty_four_rows_walk_more_tiles_of_less_work_than_thirty_two():
     t64 = sw.select_call_work(shape(t=64), fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
     assert (t32.tile_work, t64.tile_work) == (1.0, 0.5)
     assert t64.chain_tiles > 2 * t32.chain_tiles
+
+
+def test_the_engine_rule_gathers_twice_the_tiles():
+    """Under the engine's position-relative rule (no forced local block) the tile pick gathers
+    32 tiles of 32 blocks at top_n 16: at 64K (1,025 blocks) that is a whole row, so 2,048
+    rows take the threshold pick there, where the prefix rule's 16 tiles take the tile pick;
+    at 128K both take it, the relative rule walking twice the gathered blocks."""
+    kw = dict(fused=False, num_sms=132, smem_per_sm_bytes=SMEM)
+    prefix64, rel64 = shape(context_len=65536), shape(context_len=65536, num_local=0)
+    assert sw.select_call_work(prefix64, **kw) == sw.select_call_work(
+        prefix64, **kw, tile_pick=True
+    )
+    assert sw.select_call_work(rel64, **kw) == sw.select_call_work(rel64, **kw, tile_pick=False)
+    rel128 = sw.select_call_work(shape(num_local=0), **kw)
+    assert rel128.pick_chain == 2 * sw.select_call_work(shape(), **kw).pick_chain
+
+
+def test_the_step_models_selection_takes_the_engines_rule():
+    """The step model's selection op (``perfmodel.selection_ops``) counts the engine's call:
+    the position-relative rule, so at batch 16, 64K and 17 rows the threshold pick."""
+    from ssvkit.perfmodel.columns import build_columns
+    from ssvkit.perfmodel.models import get_model
+    from ssvkit.perfmodel.selection_ops import select_plan_op
+    from ssvkit.perfmodel.strategy import Strategy, Workload
+
+    llama = get_model("llama-3.1-8b")
+    s = dataclasses.replace(
+        Strategy.from_name("ssv"), metadata="mean", mode="per_query", group_size=1
+    )
+    c = build_columns(llama, [(s, Workload(context_len=65536, batch=16))])
+    t = int(c.rows[0])
+    op = select_plan_op(llama, c, c.rows, 32, 8, np.ones(1), 132, "select_blocks/mean/two_launch")
+    want = sw.select_call_work(
+        shape(context_len=65536, t=t, num_local=0),
+        fused=False,
+        num_sms=132,
+        smem_per_sm_bytes=DEFAULT_SMEM_PER_SM_BYTES,
+    )
+    assert op.stage_counts[0][0] == want.pick_chain
+    assert op.bytes[0] == want.requested_bytes
