@@ -16,6 +16,10 @@ from ssvkit.kernels import top_blocks as tb
 from ssvkit.perfmodel import pick_work as pk
 from ssvkit.perfmodel import select_work as sw
 from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
+from ssvkit.perfmodel.columns import build_columns
+from ssvkit.perfmodel.models import get_model
+from ssvkit.perfmodel.selection_ops import select_plan_op
+from ssvkit.perfmodel.strategy import Strategy, Workload
 
 SMEM = 228 * 1024
 DATA = Path(__file__).resolve().parents[2] / "validation" / "data"
@@ -160,7 +164,7 @@ def test_the_tile_pick_pays_on_busy_sms_and_rows_longer_than_its_reads():
 
 
 def _pick_measurements():
-    """The committed tile pick against the whole-row pick: one ``(row, file)`` per case."""
+    """The committed tile pick against the whole-row pick: one ``(row, record)`` per case."""
     for path in sorted(DATA.glob("select-picks-*.json")):
         record = json.loads(path.read_text())
         yield from ((row, record) for row in record["rows"])
@@ -365,11 +369,6 @@ def test_the_engine_rule_gathers_twice_the_tiles():
 def test_the_step_models_selection_takes_the_engines_rule():
     """The step model's selection op (``perfmodel.selection_ops``) counts the engine's call:
     the position-relative rule, so at batch 16, 64K and 17 rows the threshold pick."""
-    from ssvkit.perfmodel.columns import build_columns
-    from ssvkit.perfmodel.models import get_model
-    from ssvkit.perfmodel.selection_ops import select_plan_op
-    from ssvkit.perfmodel.strategy import Strategy, Workload
-
     llama = get_model("llama-3.1-8b")
     s = dataclasses.replace(
         Strategy.from_name("ssv"), metadata="mean", mode="per_query", group_size=1
