@@ -325,6 +325,8 @@ def test_bad_shape_is_refused():
         shape(kinds=3)
     with pytest.raises(ValueError, match="num_q_heads"):
         shape(num_q_heads=12, num_kv_heads=8)
+    with pytest.raises(ValueError, match="num_local must be >= 0, got -1"):
+        shape(num_local=-1)
 
 
 def test_one_launch_scores_at_the_more_warps_of_the_two_steps():
