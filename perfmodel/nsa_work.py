@@ -61,6 +61,7 @@ class NsaShape:
     block_size: int = 64
     window: int = 512
     comp_block: int = 32
+    # 0: no compressed branch (the step model's NSA with that branch switched off).
     comp_stride: int = 16
     # NsaVerifyConfig.context_tiles as its index in nsa_plan.CONTEXT_TILES: 0 "per_tile",
     # 1 "shared", 2 "paired".
@@ -76,6 +77,8 @@ class NsaShape:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.comp_stride < 0:
+            raise ValueError(f"comp_stride must be >= 0, got {self.comp_stride}")
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
         if self.rows_per_tile < 0:
@@ -148,9 +151,17 @@ def tile_union_blocks(s: NsaShape, rows: int) -> float:
     return min(s.top_n * (1 + (rows - 1) * (1.0 - s.overlap)), num_blocks)
 
 
+def compressed_tokens(s: NsaShape) -> int:
+    """Compressed tokens of a (sequence, KV head): one a stride from the first full window;
+    none without the compressed branch (``comp_stride`` 0)."""
+    if s.comp_stride == 0 or s.context_len < s.comp_block:
+        return 0
+    return (s.context_len - s.comp_block) // s.comp_stride + 1
+
+
 def branch_units(s: NsaShape, union: float) -> tuple[int, int, int]:
     """Key tiles of one row tile per branch: compressed, selected, window plus draft tail."""
-    nc = (s.context_len - s.comp_block) // s.comp_stride + 1 if s.context_len >= s.comp_block else 0
+    nc = compressed_tokens(s)
     subs = s.block_size // min(BLOCK_N, s.block_size)
     return (
         math.ceil(nc / BLOCK_N),
@@ -200,13 +211,27 @@ def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]
     return [launch(b, s.rows_per_tile) for b in branches]
 
 
+def live_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]:
+    """``forward_launches`` of the branches the call has: without the compressed branch
+    (``comp_stride`` 0) every launch drops it, and a launch of it alone is not made."""
+    launches = forward_launches(s, fused=fused, refresh=refresh)
+    if s.comp_stride:
+        return launches
+    out = []
+    for la in launches:
+        branches = (False, *la.branches[1:])
+        if any(branches):
+            out.append(Launch(branches, la.rows, la.units, la.block_m, la.alone))
+    return out
+
+
 def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
     """Bytes and MMA FLOPs of a refresh call's block scoring over the row tiles of its
     compressed launch ``comp`` (``kernels.nsa_selection``): each tile's compressed keys read
     again and multiplied by the tile's ``BLOCK_M`` rows, or, where that moves fewer bytes
     (``kernels.nsa_selection.stores_comp_scores``), the scores the compressed launch stored: 8
     bytes a real row and compressed token, written and read back."""
-    nc = (s.context_len - s.comp_block) // s.comp_stride + 1 if s.context_len >= s.comp_block else 0
+    nc = compressed_tokens(s)
     heads = s.batch * s.num_kv_heads
     group = s.num_q_heads // s.num_kv_heads
     if stores_scores(min(comp.rows[0], s.t), group, s.head_dim * ELEM_BYTES):
@@ -283,6 +308,8 @@ def _schedule(
         # Merges in series: fused, one over every slot (a refresh call's reads the compressed
         # launch's slots too); unfused, one per branch: the slots of every launch.
         return parts, sum(slots)
+    if len(parts) == 2:  # no compressed branch: the selected and the window launch
+        parts, slots = [Part(0, 1, 0.0, 0.0), *parts], [0, *slots]
     (comp, sel, win), (n_comp, n_sel, n_win) = parts, slots
     if not refresh:  # every branch, forward and merge, beside the others
         return [side_by_side(comp, sel, win)], max(slots)
@@ -300,7 +327,7 @@ def nsa_call_work(
     """The work of one ``nsa_verify`` (``fused``) or ``nsa_verify_unfused`` call, a refresh
     call (it selects its blocks) or a reuse one, on ``num_sms`` SMs."""
     heads = s.batch * s.num_kv_heads
-    launches = forward_launches(s, fused=fused, refresh=refresh)
+    launches = live_launches(s, fused=fused, refresh=refresh)
     parts, slots = [], []  # per launch: its part, its slots a program
     tile_reads = flops = partial_bytes = 0.0
     for launch in launches:
@@ -318,12 +345,13 @@ def nsa_call_work(
     rows_q = s.batch * s.t * s.num_q_heads
     other = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * 3 * F32 + partial_bytes
     if not fused:
-        other += 3 * 2 * rows_q * s.head_dim * ELEM_BYTES  # branch outputs, gated apart
+        branches = 3 if s.comp_stride else 2
+        other += branches * 2 * rows_q * s.head_dim * ELEM_BYTES  # branch outputs, gated apart
     pick_rows = heads * s.t if refresh else 0.0
     score_flops = 0.0
     if refresh:
         other += 2 * pick_rows * math.ceil((s.context_len + s.t) / s.block_size) * F32
-        score_bytes, score_flops = block_score_work(s, launches[0])
+        score_bytes, score_flops = block_score_work(s, launches[0]) if s.comp_stride else (0, 0)
         other += score_bytes
     block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[2]
     kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES

@@ -159,10 +159,13 @@ def prr_layer_costs(
         linear_s=split.linear_s,
         selection_s=split.selection_s,
         attention_s=attn,
-        compressed_s=attn - attention_seconds(no_comp.op_seconds) / L,
+        # Differences of two calibrated predictions, which size-dependent efficiencies do not
+        # keep monotone in the work (fewer bytes can price a lower efficiency): a branch or a
+        # missed block costs at least nothing.
+        compressed_s=np.maximum(attn - attention_seconds(no_comp.op_seconds) / L, 0.0),
         speculative_s=attention_seconds(spec.op_seconds) / L,
         repair_fixed_s=fixed * np.ones(len(c)),
-        repair_block_s=(one - fixed) * np.ones(len(c)),
+        repair_block_s=np.maximum(one - fixed, 0.0) * np.ones(len(c)),
         head_s=split.head_s,
         accept_s=split.accept_s,
         draft_s=split.draft_s,

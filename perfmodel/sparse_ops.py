@@ -183,8 +183,9 @@ def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
 
 def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
     """The ``perfmodel.nsa_work.NsaShape`` fields of every point (the compression window twice
-    its stride, as the strategies' defaults have it; an unfused call's branches as the kernels'
-    default ``NsaVerifyConfig.branch_streams`` runs them)."""
+    its stride, as the strategies' defaults have it; no compressed branch where ``comp_stride``
+    is 0; an unfused call's branches as the kernels' default ``NsaVerifyConfig.branch_streams``
+    runs them)."""
     return dict(
         batch=c.batch,
         t=np.ceil(c.rows),
@@ -198,7 +199,7 @@ def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
         block_size=c.block_size,
         window=c.window,
         comp_block=2 * np.maximum(c.comp_stride, 1),
-        comp_stride=np.maximum(c.comp_stride, 1),
+        comp_stride=np.maximum(c.comp_stride, 0),
         shared_context=c.nsa_shared_context,
         branch_streams=int(DEFAULT_BRANCH_STREAMS),
     )

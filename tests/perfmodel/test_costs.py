@@ -88,6 +88,23 @@ def test_prr_costs_recover_the_serial_path():
         prr_layer_costs(MODEL, _cols(("ar_dense",)), PRED)
 
 
+@pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
+def test_prr_parts_priced_by_a_calibrated_profile_are_parts_of_the_layer(gpu):
+    """With a calibrated profile, the compressed branch's share is at least nothing and the
+    speculative attention over the predicted blocks (no compressed branch) costs at most the
+    refresh layer's whole attention, at every context."""
+    from ssvkit.perfmodel.calibrated import make_predictor
+
+    c = build_columns(
+        MODEL,
+        [(Strategy.from_name("ar_sparse"), Workload(context_len=T)) for T in (8192, 32768, 131072)],
+    )
+    p = prr_layer_costs(MODEL, c, make_predictor(get_gpu(gpu), tp=c.tp), 1.0)
+    assert (p.compressed_s >= 0).all() and (p.repair_block_s >= 0).all()
+    assert (p.speculative_s <= p.attention_s).all()
+    assert p.compressed_s[-1] > p.compressed_s[0]
+
+
 def test_speculation_grows_with_budget_and_matches_a_chain_at_one():
     c = build_columns(MODEL, [(Strategy.from_name("sd_dense", tree="chain:4"), Workload())])
     one = speculation_seconds(MODEL, c, PRED, None, 1)

@@ -11,6 +11,7 @@ from ssvkit.perfmodel.nsa_work import (
     NsaShape,
     forward_launches,
     launch_part,
+    live_launches,
     nsa_call_work,
     nsa_work_arrays,
     side_by_side,
@@ -249,3 +250,36 @@ def test_fused_calls_ignore_branch_streams(refresh, shared_context):
     shape = dataclasses.replace(SHAPE, shared_context=shared_context, rows_per_tile=4)
     one, side = _streams(shape, fused=True, refresh=refresh)
     assert side == one
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("refresh", [True, False])
+@pytest.mark.parametrize("branch_streams", [0, 1])
+def test_a_call_without_the_compressed_branch_does_less_of_every_kind_of_work(
+    fused, refresh, branch_streams
+):
+    """``comp_stride`` 0 switches the compressed branch off (the step model's NSA parts): no
+    compressed tokens, no launch of that branch alone, no block scoring over them; the other
+    branches' work stays."""
+    s = dataclasses.replace(SHAPE, branch_streams=branch_streams, overlap=0.5)
+    off = dataclasses.replace(s, comp_stride=0)
+    w = nsa_call_work(s, fused=fused, refresh=refresh, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    w0 = nsa_call_work(off, fused=fused, refresh=refresh, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    for name in ("requested_bytes", "unique_bytes", "chain_tiles", "waves", "mma_flops"):
+        assert getattr(w0, name) <= getattr(w, name), name
+    assert w0.unique_bytes < w.unique_bytes and w0.mma_flops < w.mma_flops
+    assert w0.pick_rows == w.pick_rows
+    live = live_launches(off, fused=fused, refresh=refresh)
+    assert not any(la.branches[0] for la in live)
+    # fused reuse: its one launch less the branch; fused refresh and unfused: one launch fewer
+    assert len(live) == len(forward_launches(s, fused=fused, refresh=refresh)) - (
+        not fused or refresh
+    )
+    assert live_launches(s, fused=fused, refresh=refresh) == forward_launches(
+        s, fused=fused, refresh=refresh
+    )
+
+
+def test_a_negative_compressed_stride_is_refused():
+    with pytest.raises(ValueError, match="comp_stride must be >= 0, got -1"):
+        dataclasses.replace(SHAPE, comp_stride=-1)
