@@ -254,11 +254,17 @@ def same_kernels(
     return same, other
 
 
+# Launch paths of one kernel generation: a split call of the current kernels merges in a launch
+# of its own ("tile") or in its last split programs ("fused"), as its launch plan says, and a
+# class prices both from that plan; a fit of either path describes the other's kernels.
+SAME_GENERATION = {"fused": "tile"}
+
+
 def _generations(row: dict) -> dict[str, str]:
     """The changed launches a row's call ran, by kind (``merge``, ``union_plan``): the kernel
-    generation of each."""
+    generation of each (``SAME_GENERATION``: paths of one generation count as one)."""
     gens = {"merge": merge_generation(row), "union_plan": union_plan_generation(row)}
-    return {kind: gen for kind, gen in gens.items() if gen is not None}
+    return {kind: SAME_GENERATION.get(gen, gen) for kind, gen in gens.items() if gen is not None}
 
 
 def generations_by_class(rows: list[dict]) -> dict[str, dict[str, set]]:

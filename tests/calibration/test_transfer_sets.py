@@ -194,33 +194,43 @@ def test_cross_gpu_compares_only_rows_of_the_kernels_the_fit_describes(monkeypat
 
 def test_cross_gpu_compares_split_sparse_rows_only_under_the_same_merge(monkeypatch):
     """A split sparse verification row is priced only by a class whose split fit rows ran
-    the same merge kernel; a row that does not split is priced whatever merge the fit's split
-    rows ran."""
+    the same merge kernel (the current kernels' merge launch and merge in the launch are one
+    generation, two paths of one plan); a row that does not split is priced whatever merge the
+    fit's split rows ran."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(transfer_sets, "op_class", lambda r: r["cls"])
     monkeypatch.setattr(transfer_sets, "is_plan_priced", lambda r: True)
     monkeypatch.setattr(transfer_sets, "merge_generation", lambda r: r["merge"])
     monkeypatch.setattr(transfer_sets, "union_plan_generation", lambda r: r.get("plan"))
-    classes = {c: SimpleNamespace(slot_plan=True) for c in ("few", "many", "mixed")}
+    classes = {c: SimpleNamespace(slot_plan=True) for c in ("few", "many", "mixed", "now")}
     fit_rows = [
         {"cls": "few", "merge": "row"},
         {"cls": "many", "merge": None},
         {"cls": "mixed", "merge": "row"},
         {"cls": "mixed", "merge": "tile"},
+        {"cls": "now", "merge": "tile"},
+        {"cls": "now", "merge": "fused"},
     ]
     merges = transfer_sets.generations_by_class(fit_rows)
-    assert merges == {"few": {"merge": {"row"}}, "mixed": {"merge": {"row", "tile"}}}
+    assert merges == {
+        "few": {"merge": {"row"}},
+        "mixed": {"merge": {"row", "tile"}},
+        "now": {"merge": {"tile"}},
+    }
     rows = [
         {"cls": "few", "merge": "tile"},
         {"cls": "few", "merge": "row"},
         {"cls": "few", "merge": None},
         {"cls": "many", "merge": "tile"},
         {"cls": "mixed", "merge": "tile"},
+        {"cls": "now", "merge": "fused"},
+        {"cls": "now", "merge": "tile"},
+        {"cls": "now", "merge": "row"},
     ]
     same, other = transfer_sets.same_kernels(rows, classes, merges)
-    assert same == [rows[1], rows[2], rows[3]]
-    assert other == {"few": 1, "mixed": 1}
+    assert same == [rows[1], rows[2], rows[3], rows[5], rows[6]]
+    assert other == {"few": 1, "mixed": 1, "now": 1}
 
 
 def test_cross_gpu_compares_union_rows_only_under_the_same_plan_kernel(monkeypatch):
