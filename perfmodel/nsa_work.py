@@ -12,7 +12,7 @@ selected blocks follow the selection model (``tile_union_blocks``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
@@ -217,12 +217,8 @@ def live_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]:
     launches = forward_launches(s, fused=fused, refresh=refresh)
     if s.comp_stride:
         return launches
-    out = []
-    for la in launches:
-        branches = (False, *la.branches[1:])
-        if any(branches):
-            out.append(Launch(branches, la.rows, la.units, la.block_m, la.alone))
-    return out
+    kept = (replace(la, branches=(False, *la.branches[1:])) for la in launches)
+    return [la for la in kept if any(la.branches)]
 
 
 def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
