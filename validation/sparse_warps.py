@@ -1,0 +1,154 @@
+"""Warps per program of grouped sparse verification: 4 against 8, by packed rows and head dim.
+
+    python -m ssvkit.validation.sparse_warps --out validation/data/sparse-warps-h100.json
+
+A ``sparse_verify`` program packs ``C x G`` query-head rows (``M_PAD`` padded) over K/V tiles of
+head dimension ``D``; its fp32 accumulator holds ``M_PAD x D`` elements, which a program of 4
+warps keeps in registers up to 64 x 128 (64 a thread). ``perfmodel.attention_plan.
+sparse_tile_shape`` chooses the warps from that size; this benchmark times both counts at each
+geometry's group sizes so the choice rests on measurements. Each geometry's inputs are checked
+against the fp32 reference at both counts first (a mismatch or NaN stops the run, exit status
+2); then each variant is timed by CUDA-graph replay, the two counts interleaved
+(``kernels.timing.bench_graphs``, L2 flushed per sample, median). Needs a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import torch
+from ssvkit.calibration import kernel_checks as checks
+from ssvkit.calibration import kernel_inputs as ki
+from ssvkit.kernels import sparse_verify as sv
+from ssvkit.kernels import timing as tm
+from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.perfmodel.attention_plan import SparseVerifyConfig, sparse_tile_shape
+from ssvkit.perfmodel.files import atomic_write
+
+K = 1024
+WARPS = (4, 8)
+GEOMETRIES = ("tiny", "16q-2kv-d64", "llama-3.1-8b", "llama-3.1-70b", "glm-4-9b")
+# (batch, context): a working set beyond L2, and the engine's batch-1 verify step.
+POINTS = ((8, 32 * K), (1, 128 * K))
+GROUPS = (1, 2, 3, 4, 5, 6, 8)
+TIMING = tm.TimingConfig(warmup=3, graph_launches=8, graph_reps=10, max_total_s=0.5)
+
+
+def variants() -> list[tuple[str, int]]:
+    return [("union", c) for c in GROUPS] + [("shared", c) for c in GROUPS if c > 1]
+
+
+def point_inputs(batch: int, ctx: int, args) -> list[tuple]:
+    """Two rotation sets of the current geometry at ``batch`` x ``ctx``: t draft rows of a
+    binary tree, ``top_n`` blocks of 64 a row at exact adjacent-row overlap."""
+    rng = np.random.default_rng([args.seed, batch, ctx])
+    idx = ki.overlap_block_idx([ctx // 64] * batch, args.t, args.top_n, args.overlap, rng)
+    gen = ki.generator(args.seed + batch + ctx)
+    idx_t = torch.from_numpy(idx).cuda()
+    shape = (batch, args.t, ctx + args.t, [ctx] * batch, gen)
+    return [(*ki.attention_inputs(*shape), idx_t) for _ in range(2)]
+
+
+def call(sets, i: int, mode: str, c: int, warps: int):
+    cfg = SparseVerifyConfig(num_warps=warps)
+    return sv.sparse_verify(*sets[i], mode=mode, group_size=c, validate=False, config=cfg)
+
+
+def check(args) -> None:
+    """Every variant at both warp counts against the fp32 reference on ragged inputs of the
+    current geometry (two sequences of 4100 and 1000 tokens; raises ``CorrectnessError``)."""
+    lens = [4100, 1000]
+    rng = np.random.default_rng(args.seed)
+    idx = ki.overlap_block_idx([n // 64 for n in lens], args.t, 8, args.overlap, rng)
+    gen = ki.generator(args.seed)
+    sets = [(*ki.attention_inputs(2, args.t, 4200, lens, gen), torch.from_numpy(idx).cuda())]
+    for mode, c in variants():
+        ref_o, ref_lse = sv.reference_sparse_verify(*sets[0], mode=mode, group_size=c)
+        for warps in WARPS:
+            with tm.poisoned_allocations():
+                o, lse = call(sets, 0, mode, c, warps)
+            name = f"sparse_verify {ki.current_geometry()} {mode} C={c} {warps} warps"
+            checks.check(name, o, ref_o, "o")
+            checks.check(name, lse, ref_lse, "lse")
+
+
+def time_geometry(geometry: str, args) -> list[dict]:
+    rows = []
+    ki.use_geometry(geometry)
+    check(args)
+    for batch, ctx in POINTS:
+        sets = point_inputs(batch, ctx, args)
+        for mode, c in variants():
+            m_pad, default, _ = sparse_tile_shape(
+                SparseVerifyConfig(), c, ki.NUM_Q_HEADS, ki.NUM_KV_HEADS, 64, ki.HEAD_DIM
+            )
+            fns = [lambda i, s=sets, w=w, m=mode, c=c: call(s, i, m, c, w) for w in WARPS]
+            t4, t8 = tm.bench_graphs(fns, num_inputs=len(sets), config=TIMING)
+            rows.append(
+                dict(
+                    geometry=geometry,
+                    num_q_heads=ki.NUM_Q_HEADS,
+                    num_kv_heads=ki.NUM_KV_HEADS,
+                    head_dim=ki.HEAD_DIM,
+                    batch=batch,
+                    context_len=ctx,
+                    num_query_tokens=args.t,
+                    top_n=args.top_n,
+                    overlap=args.overlap,
+                    mode=mode,
+                    group_size=c,
+                    m_pad=m_pad,
+                    default_warps=default,
+                    warps_4_s=t4.median_s,
+                    warps_8_s=t8.median_s,
+                )
+            )
+        print(f"timed {geometry} batch {batch} context {ctx}", file=sys.stderr, flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """4 warps' time over 8 warps', per accumulator size (M_PAD x D) and batch: median, range."""
+    out = ["| M_PAD x D | batch | calls | 4 / 8 warps median | range | default |"]
+    out.append("| --- | --- | --- | --- | --- | --- |")
+    keys = sorted({(r["m_pad"], r["head_dim"], r["batch"]) for r in rows})
+    for m_pad, d, batch in keys:
+        sel = [r for r in rows if (r["m_pad"], r["head_dim"], r["batch"]) == (m_pad, d, batch)]
+        x = np.array([r["warps_4_s"] / r["warps_8_s"] for r in sel])
+        warps = sorted({r["default_warps"] for r in sel})
+        out.append(
+            f"| {m_pad} x {d} | {batch} | {len(sel)} | {np.median(x):.2f} | "
+            f"{x.min():.2f}-{x.max():.2f} | {'/'.join(map(str, warps))} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(prog="python -m ssvkit.validation.sparse_warps", description=__doc__)
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--geometries", nargs="+", default=list(GEOMETRIES), choices=ki.GEOMETRIES)
+    p.add_argument("--t", type=int, default=16, help="draft rows")
+    p.add_argument("--top-n", type=int, default=32)
+    p.add_argument("--overlap", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    try:
+        rows = [r for g in args.geometries for r in time_geometry(g, args)]
+    except checks.CorrectnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    doc = dict(tm.provenance(), timing=dataclasses.asdict(TIMING), rows=rows)
+    atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
