@@ -34,6 +34,7 @@ MODULES = (
     "validation.scale_campaign",
     "validation.shadow_sample",
     "validation.sparse_grouping",
+    "validation.sparse_warps",
 )
 
 

@@ -153,6 +153,12 @@ def main(argv=None) -> int:
     p.add_argument("--overlap", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if not 1 <= args.t <= 64:
+        p.error(f"--t must be in 1..64, got {args.t}")
+    if not 1 <= args.top_n <= min(ctx for _, ctx in POINTS) // (2 * 64):
+        p.error(f"--top-n must be in 1..{min(ctx for _, ctx in POINTS) // 128}, got {args.top_n}")
+    if not 0.0 <= args.overlap <= 1.0:
+        p.error(f"--overlap must be in [0, 1], got {args.overlap}")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     try:
