@@ -3,10 +3,11 @@
     python -m ssvkit.validation.sparse_warps --out validation/data/sparse-warps-h100.json
 
 A ``sparse_verify`` program packs ``C x G`` query-head rows (``M_PAD`` padded) over K/V tiles of
-head dimension ``D``; its fp32 accumulator holds ``M_PAD x D`` elements, which a program of 4
-warps keeps in registers up to 64 x 128 (64 a thread). ``perfmodel.attention_plan.
-sparse_tile_shape`` chooses the warps from that size; this benchmark times both counts at each
-geometry's group sizes so the choice rests on measurements. Each geometry's inputs are checked
+head dimension ``D``; its fp32 accumulator holds ``M_PAD x D`` elements, 32 registers a thread
+of 4 warps at 32 x 128 and 64 at 64 x 128. ``perfmodel.attention_plan.sparse_tile_shape``
+gives a program 4 warps up to 32 packed rows and 8 from 64 (the ``default`` column); this
+benchmark times both counts at each geometry's group sizes, so the rule is chosen from
+measurements at every accumulator size. Each geometry's inputs are checked
 against the fp32 reference at both counts first, on ragged inputs (a mismatch or NaN stops the
 run, exit status 2); then each variant is timed by CUDA-graph replay, the two counts
 interleaved (``kernels.timing.bench_graphs``, L2 flushed per sample, input sets rotated past
