@@ -285,16 +285,23 @@ def side_by_side(*parts: Part) -> Part:
 
 
 def _schedule(
-    s: NsaShape, parts: list[Part], slots: list[int], fused: bool, refresh: bool, num_sms: int
+    s: NsaShape,
+    launches: list[Launch],
+    parts: list[Part],
+    slots: list[int],
+    fused: bool,
+    refresh: bool,
+    num_sms: int,
 ) -> tuple[list[Part], int]:
     """The parts of a call that run in series, and its merge steps: the slots its merges read,
-    summed over merges in series and the longest of those side by side.
+    summed over merges in series and the longest of those side by side (``parts`` and
+    ``slots``: one a launch of ``launches``).
 
     ``context_tiles`` "paired" runs a fused reuse call's two launches as one where one wave
     holds them (``nsa_plan.pairs_launches``); ``branch_streams`` runs an unfused call's
-    branches on streams of their own (``side_by_side``): a reuse call's three launches as one
-    part, a refresh call's compressed and window launches as one part and then the selected
-    launch. Other launches run in series."""
+    branches, one launch each, on streams of their own (``side_by_side``): a reuse call's
+    launches as one part, a refresh call's compressed and window launches as one part and then
+    the selected launch. Other launches run in series."""
     paired = s.shared_context == PAIRED and fused and not refresh and len(parts) == 2
     if paired and pairs_launches(parts[0].grid + parts[1].grid, num_sms):
         a, b = parts  # one launch of kernels.nsa_pair, PAIRED_RESIDENT programs an SM
@@ -304,17 +311,20 @@ def _schedule(
         # Merges in series: fused, one over every slot (a refresh call's reads the compressed
         # launch's slots too); unfused, one per branch: the slots of every launch.
         return parts, sum(slots)
-    if len(parts) == 2:  # no compressed branch: the selected and the window launch
-        parts, slots = [Part(0, 1, 0.0, 0.0), *parts], [0, *slots]
-    (comp, sel, win), (n_comp, n_sel, n_win) = parts, slots
     if not refresh:  # every branch, forward and merge, beside the others
-        return [side_by_side(comp, sel, win)], max(slots)
+        return [side_by_side(*parts)], max(slots)
+    # Compressed (0), selected (1), window (2): the part and merge slots of each branch the
+    # call has (a call without the compressed branch has no launch of it).
+    each = zip(launches, parts, slots, strict=True)
+    branch = {la.branches.index(True): (p, n) for la, p, n in each}
+    merge = [branch[x][1] if x in branch else 0 for x in range(3)]
     # First the compressed forward, its block scoring and top-n pick, the window branch beside
     # them; then the selected branch, the compressed merge beside it. Merges side by side count
     # as the longest of them and stages in series add: the window merge runs in the first
     # stage, where no other merge does, so it counts whole; the compressed and selected merges
     # share the second, so the longer of the two counts.
-    return [side_by_side(comp, win), sel], n_win + max(n_comp, n_sel)
+    first = side_by_side(*(branch[x][0] for x in (0, 2) if x in branch))
+    return [first, branch[1][0]], merge[2] + max(merge[0], merge[1])
 
 
 def nsa_call_work(
@@ -333,7 +343,7 @@ def nsa_call_work(
         tile_reads += part.key_tiles
         flops += part.key_tiles * launch.block_m
         partial_bytes += 2 * part.grid * launch.block_m * (s.head_dim + 2) * F32
-    series, merge = _schedule(s, parts, slots, fused, refresh, num_sms)
+    series, merge = _schedule(s, launches, parts, slots, fused, refresh, num_sms)
     chain = sum(max(p.busiest, p.key_tiles / (num_sms * p.resident)) for p in series)
     waves = sum(math.ceil(p.grid / (num_sms * p.resident)) for p in series)
     comp_units, _, win_units = branch_units(s, 0.0)
