@@ -156,7 +156,7 @@ def test_selection_and_sparse_verification_are_timed_at_one_to_three_rows(design
     """The few-rows lines: at two head geometries, batch 1 and more, sparse verification at
     t = 1, 2 and 3 (``per_query``; ``union`` and ``shared`` at group sizes 2 to t only, a
     group never wider than the rows) and block selection at one row."""
-    from ssvkit.calibration.kernel_design import few_rows_configs
+    from ssvkit.calibration.design_lines import few_rows_configs
 
     got = few_rows_configs()
     assert _keys(got) <= _keys(design)
@@ -174,8 +174,8 @@ def test_selection_is_timed_at_contexts_between_the_powers_of_two(design):
     """The between lines: block selection at fitted contexts (none held out) whose score rows
     leave long tails past their power-of-two chunk, at two head geometries, batch 1 and 16,
     both metadata kinds."""
+    from ssvkit.calibration.design_lines import between_configs
     from ssvkit.calibration.fit import HELDOUT_CONTEXTS
-    from ssvkit.calibration.kernel_design import between_configs
     from ssvkit.perfmodel.pick_work import row_layout
 
     got = between_configs()
@@ -196,7 +196,7 @@ def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
     """The score-rows lines: block selection at score tiles of 32 and 64 query rows (four warps
     and 16-block tiles at 64), at head dimensions 64, 128 and 256, at batch 1 and at batches
     whose score programs outnumber the SMs, both metadata kinds."""
-    from ssvkit.calibration.kernel_design import score_rows_configs
+    from ssvkit.calibration.design_lines import score_rows_configs
     from ssvkit.perfmodel.select_work import score_tile
 
     got = score_rows_configs()
@@ -518,3 +518,19 @@ def test_calibrate_hands_compile_jobs_to_the_kernel_sweep(tmp_path):
         args = p.parse_args(["--gpu", "h200", "--out", str(tmp_path), *extra])
         opts = parse_args(calibrate_cmd._kernel_argv(args, tmp_path, profile_dir, 100.0))
         assert opts.compile_jobs == jobs and opts.warm is None and opts.out == tmp_path
+
+
+def test_dense_verification_is_timed_at_short_contexts_on_small_geometries(design):
+    """The short lines: the tiny pair's dense verify shapes from 2K at batch 1, and 2K and 4K at
+    two more geometries at batch 1 to 4, every one in the design once."""
+    from ssvkit.calibration.design_lines import short_configs
+
+    got = short_configs()
+    assert _keys(got) <= _keys(design)
+    assert all(c.step == "dense" for c in got)
+    at = {(c.geometry, c.common["context_len"], c.common["batch"]) for c in got}
+    assert {("tiny", ctx, 1) for ctx in (2048, 4096, 8192, 16384, 30720)} <= at
+    for geometry in ("16q-2kv-d64", "llama-3.1-8b"):
+        assert {(geometry, ctx, b) for ctx in (2048, 4096) for b in (1, 2, 4)} <= at
+    ids = [(c.step, c.geometry, tuple(sorted(map(str, c.common.items())))) for c in design]
+    assert len(ids) == len(set(ids))

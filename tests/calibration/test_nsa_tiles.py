@@ -255,7 +255,7 @@ def test_the_planner_lines_time_nsa_at_their_own_top_n(monkeypatch):
     """The planner lines' NSA configs select ``top_n`` blocks a row (16 and 32), and the NSA
     timing runs the kernel with the config's ``top_n``, not NSA's default: the rows, the
     indices and the FLOPs say 32 (CPU interpreter, the tiny pair's attention)."""
-    from ssvkit.calibration.kernel_design import PLANNER_LINES, planner_configs
+    from ssvkit.calibration.design_lines import PLANNER_LINES, planner_configs
     from ssvkit.kernels import nsa_verify as mod
 
     nsa = [c for c in planner_configs() if c.step == "nsa"]
