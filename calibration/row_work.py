@@ -12,7 +12,11 @@ import functools
 from datetime import datetime
 
 from ssvkit.calibration.ceilings import DEVICE_NAMES
-from ssvkit.perfmodel.attention_plan import DEFAULT_SPARSE_CONFIG, SparseVerifyConfig
+from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_SPARSE_CONFIG,
+    SparseVerifyConfig,
+    sparse_tile_shape,
+)
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import COMPRESSED_CTAS_PER_SM, CONTEXT_TILES, tile_packing
@@ -159,6 +163,9 @@ def nsa_row_overlap(row: dict) -> float:
     return float(min(max(1.0 - (sel - n * len(rows)) / (n * spread), 0.0), 1.0))
 
 
+# Sparse verification rows timed from then on ran 4 warps a program up to an accumulator of
+# ``attention_plan.FOUR_WARP_ACC_ELEMS``; earlier rows 4 up to 32 packed rows, else 8.
+SPARSE_ACC_WARPS_SINCE = "2026-12-06T00:45:00+00:00"
 # Rows timed from then on ran the kernels that size a lone compressed launch of one slot a row
 # tile for two programs an SM (perfmodel.nsa_plan.compressed_capacity); earlier rows for one.
 COMPRESSED_CTAS_SINCE = "2026-11-30T12:50:00+00:00"
@@ -301,10 +308,19 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
 
 def sparse_config(row: dict) -> SparseVerifyConfig:
     """The launch configuration a sparse verification row's calls ran: the default, with a
-    merge launch of its own for rows of ``SPARSE_MERGE_LAUNCH_COMMITS``."""
+    merge launch of its own for rows of ``SPARSE_MERGE_LAUNCH_COMMITS``, and for rows timed
+    before ``SPARSE_ACC_WARPS_SINCE`` the warps of the rule then (4 up to 32 packed rows)."""
+    cfg = DEFAULT_SPARSE_CONFIG
     if row.get("git_commit", "")[:7] in SPARSE_MERGE_LAUNCH_COMMITS:
-        return dataclasses.replace(DEFAULT_SPARSE_CONFIG, fused_merge=False)
-    return DEFAULT_SPARSE_CONFIG
+        cfg = dataclasses.replace(cfg, fused_merge=False)
+    stamp = row.get("timestamp")
+    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(SPARSE_ACC_WARPS_SINCE):
+        p = row["params"]
+        c = 1 if sparse_mode(row) == "per_query" else min(p["group_size"], p["num_query_tokens"])
+        heads = (p["num_q_heads"], p["num_kv_heads"], p["block_size"], p["head_dim"])
+        m_pad = sparse_tile_shape(cfg, c, *heads)[0]
+        cfg = dataclasses.replace(cfg, num_warps=4 if m_pad <= 32 else 8)
+    return cfg
 
 
 def union_plan_kernel(row: dict) -> str:

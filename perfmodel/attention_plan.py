@@ -193,7 +193,10 @@ class SparseVerifyConfig:
 
     num_warps: int | None = field(
         default=None,
-        metadata={"help": "warps per program (None: 4 up to 32 packed rows, else 8)"},
+        metadata={
+            "help": "warps per program (None: 4 up to 64 x 128 accumulator elements, "
+            "packed rows x head dim; else 8)"
+        },
     )
     num_stages: int | None = field(
         default=None,
@@ -340,6 +343,13 @@ def union_plan_warps(group_size: int, width: int) -> int:
     return min(UNION_PLAN_MAX_WARPS, max(UNION_PLAN_MIN_WARPS, want))
 
 
+# The largest fp32 accumulator (packed rows x head dim) a sparse verification program of 4 warps
+# takes. On an H100 (validation/data/sparse-warps-h100-*.json, five head geometries), 4 warps
+# take 0.71x (64 x 64) and 0.77x (64 x 128) the time of 8 at batch 8 and 32K (medians; 0.60-0.94)
+# and 0.92x and 0.99x at batch 1 and 128K (0.80-1.07); at 128 x 128, 2.40x and 1.74x.
+FOUR_WARP_ACC_ELEMS = 64 * 128
+
+
 def sparse_tile_shape(
     cfg: SparseVerifyConfig,
     group_size: int,
@@ -351,9 +361,9 @@ def sparse_tile_shape(
     """(``M_PAD``, warps, pipeline stages) of a program packing ``group_size`` queries x
     ``Hq / Hkv`` heads over K/V tiles of ``block_size`` tokens."""
     m_pad = max(16, next_pow2(group_size * (num_q_heads // num_kv_heads)))
-    # 4 warps hold up to 32 packed rows (acc [32, D] is 32 fp32 registers a thread at D = 128)
-    # and stream faster than 8 on the H200; 64 rows and more take 8.
-    num_warps = cfg.num_warps or (4 if m_pad <= 32 else 8)
+    # 4 warps hold an fp32 accumulator of up to FOUR_WARP_ACC_ELEMS (64 registers a thread)
+    # and stream faster than 8; a larger one takes 8 (4 would spill it).
+    num_warps = cfg.num_warps or (4 if m_pad * head_dim <= FOUR_WARP_ACC_ELEMS else 8)
     # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
     # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB, and a
     # gathered tile of more than 128 x 128 elements one, within the SM's shared memory.

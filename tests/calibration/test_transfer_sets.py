@@ -282,6 +282,29 @@ def test_a_union_row_names_the_plan_kernel_its_call_ran():
         assert {union_plan_generation(r) for r in rows if r["op"] != "sparse_verify"} == {None}
 
 
+def test_a_sparse_row_is_priced_with_the_warps_it_ran():
+    """A program of 64 packed rows at D = 64 (16 query / 2 KV heads, C = 8) ran 8 warps before
+    ``SPARSE_ACC_WARPS_SINCE`` and 4 since (its accumulator is 64 x 64); 16 rows ran 4 either
+    way. The row's work follows: 4 warps issue the 64 rows as one warpgroup's wgmma tile (its
+    FLOPs count half), and an SM holds two such programs, so twice the splits fill the wave."""
+    from ssvkit.calibration.row_work import SPARSE_ACC_WARPS_SINCE, sparse_config, sparse_work
+
+    def row(group_size, stamp):
+        p = dict(
+            context_len=16384, num_query_tokens=16, num_q_heads=16, num_kv_heads=2, head_dim=64,
+            batch=4, mode="shared", group_size=group_size, overlap=0.7, top_n=16, block_size=64,
+            f_load=0.5, global_unique_bytes=10**8,
+        )  # fmt: skip
+        return {"op": "sparse_verify", "params": p, "unique_bytes": 10**8, "timestamp": stamp}
+
+    before, since = "2026-12-05T19:00:00+00:00", SPARSE_ACC_WARPS_SINCE
+    assert sparse_config(row(8, before)).num_warps == 8
+    assert sparse_config(row(8, since)).num_warps in (None, 4)
+    assert sparse_config(row(2, before)).num_warps == 4
+    old, new = sparse_work(row(8, before), None), sparse_work(row(8, since), None)
+    assert (new.mma_flops, new.num_splits) == (old.mma_flops / 2, 2 * old.num_splits)
+
+
 def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
     """The H100's NSA and selection rows time the kernels before the slot plan and the
     threshold pick, its split sparse verification calls the one-row merge and its union calls

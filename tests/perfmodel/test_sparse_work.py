@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.attention_plan import SparseVerifyConfig
+from ssvkit.perfmodel.attention_plan import SparseVerifyConfig, sparse_tile_shape
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
@@ -187,17 +187,17 @@ def test_row_cost_counts_rows_of_128_dimensions():
 
 def test_wgmma_tiles_count_their_flops_at_their_rate():
     """A tile a warpgroup issues as wgmma (64 rows a warpgroup: G = 16, C = 8 on 8 warps) counts
-    half its FLOPs against the mma.sync tiles of C = 4 (32 rows a warpgroup), whose padded
+    half its FLOPs against the mma.sync tiles of C = 2 (32 rows on 4 warps), whose padded
     FLOPs count whole: the compute term prices both at one rate."""
     flops = {}
-    for c in (4, 8):
+    for c in (2, 8):
         s = dataclasses.replace(
             SHAPE, mode="union", group_size=c, num_q_heads=32, num_kv_heads=2, overlap=1.0
         )
         w = sparse_call_work(s, num_sms=SMS, smem_per_sm_bytes=SMEM)
         tiles = s.batch * s.num_kv_heads * s.num_groups * (64 + 1)
         flops[c] = w.mma_flops / (tiles * 64 * 128 * 4)
-    assert flops == {4: 64, 8: 128 * 0.5}
+    assert flops == {2: 32, 8: 128 * 0.5}
 
 
 def test_arrays_equal_the_scalar_work():
@@ -284,3 +284,30 @@ def test_metadata_strategies_are_priced_by_the_committed_sparse_verify_classes(g
         assert op.kernel == f"sparse_verify/union/{regime}"
         seconds, family, _ = predictor.price(op)
         assert family == "sparse_verify" and seconds[i] > 0 and seconds[1 - i] == 0
+
+
+@pytest.mark.parametrize(
+    ("group_size", "num_q_heads", "num_kv_heads", "head_dim", "m_pad", "warps"),
+    [
+        (4, 32, 8, 128, 16, 4),
+        (8, 32, 8, 128, 32, 4),
+        (8, 16, 2, 64, 64, 4),  # 64 x 64: 32 accumulator registers a thread on 4 warps
+        (4, 32, 2, 128, 64, 4),  # 64 x 128: 64
+        (8, 32, 2, 128, 128, 8),  # 128 x 128 would spill on 4 warps
+        (8, 8, 4, 256, 16, 4),
+    ],
+)
+def test_warps_follow_the_accumulator(
+    group_size, num_q_heads, num_kv_heads, head_dim, m_pad, warps
+):
+    """A program takes 4 warps up to an fp32 accumulator of 64 x 128 elements, else 8."""
+    got = sparse_tile_shape(
+        SparseVerifyConfig(), group_size, num_q_heads, num_kv_heads, 64, head_dim
+    )
+    assert got[:2] == (m_pad, warps)
+    assert (
+        sparse_tile_shape(
+            SparseVerifyConfig(num_warps=2), group_size, num_q_heads, num_kv_heads, 64, head_dim
+        )[1]
+        == 2
+    )
