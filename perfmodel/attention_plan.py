@@ -348,6 +348,10 @@ def union_plan_warps(group_size: int, width: int) -> int:
 # take 0.71x (64 x 64) and 0.77x (64 x 128) the time of 8 at batch 8 and 32K (medians; 0.60-0.94)
 # and 0.92x and 0.99x at batch 1 and 128K (0.80-1.07); at 128 x 128, 2.40x and 1.74x.
 FOUR_WARP_ACC_ELEMS = 64 * 128
+# The most packed rows a program of 4 warps takes: its score and probability tiles grow with the
+# rows too (128 x 64 fp32 is another 64 registers a thread), and no 128-row tile on 4 warps was
+# measured faster.
+FOUR_WARP_MAX_ROWS = 64
 
 
 def sparse_tile_shape(
@@ -362,8 +366,9 @@ def sparse_tile_shape(
     ``Hq / Hkv`` heads over K/V tiles of ``block_size`` tokens."""
     m_pad = max(16, next_pow2(group_size * (num_q_heads // num_kv_heads)))
     # 4 warps hold an fp32 accumulator of up to FOUR_WARP_ACC_ELEMS (64 registers a thread)
-    # and stream faster than 8; a larger one takes 8 (4 would spill it).
-    num_warps = cfg.num_warps or (4 if m_pad * head_dim <= FOUR_WARP_ACC_ELEMS else 8)
+    # and stream faster than 8; a larger one, or more rows, takes 8 (4 would spill).
+    four = m_pad <= FOUR_WARP_MAX_ROWS and m_pad * head_dim <= FOUR_WARP_ACC_ELEMS
+    num_warps = cfg.num_warps or (4 if four else 8)
     # Each stage buffers one K and one V tile: 2 x 16 KB at block 64, D = 128 (72 KB smem at
     # 3 stages, 3 programs per SM); bigger tiles keep 2 stages to stay under ~140 KB, and a
     # gathered tile of more than 128 x 128 elements one, within the SM's shared memory.

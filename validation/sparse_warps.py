@@ -6,9 +6,10 @@
 A ``sparse_verify`` program packs ``C x G`` query-head rows (``M_PAD`` padded) over K/V tiles of
 head dimension ``D``; its fp32 accumulator holds ``M_PAD x D`` elements, 32 registers a thread
 of 4 warps at 32 x 128 and 64 at 64 x 128. ``perfmodel.attention_plan.sparse_tile_shape``
-gives a program 4 warps up to ``FOUR_WARP_ACC_ELEMS`` accumulator elements, else 8 (the
-``default`` column); this benchmark times both counts at each geometry's group sizes, so the
-rule is chosen from measurements at every accumulator size. Each geometry's inputs are checked
+gives a program 4 warps up to ``FOUR_WARP_ACC_ELEMS`` accumulator elements and
+``FOUR_WARP_MAX_ROWS`` rows, else 8 (the ``default`` column); this benchmark times both
+counts at each geometry's group sizes, so the rule is chosen from measurements at every
+accumulator size. Each geometry's inputs are checked
 against the fp32 reference at both counts first, on ragged inputs (a mismatch or NaN stops the
 run, exit status 2); then each variant is timed by CUDA-graph replay, the two counts
 interleaved (``kernels.timing.bench_graphs``, L2 flushed per sample, input sets rotated past

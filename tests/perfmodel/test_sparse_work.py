@@ -294,13 +294,15 @@ def test_metadata_strategies_are_priced_by_the_committed_sparse_verify_classes(g
         (8, 16, 2, 64, 64, 4),  # 64 x 64: 32 accumulator registers a thread on 4 warps
         (4, 32, 2, 128, 64, 4),  # 64 x 128: 64
         (8, 32, 2, 128, 128, 8),  # 128 x 128 would spill on 4 warps
+        (8, 16, 1, 64, 128, 8),  # 128 rows: their score tiles take as many registers again
         (8, 8, 4, 256, 16, 4),
     ],
 )
 def test_warps_follow_the_accumulator(
     group_size, num_q_heads, num_kv_heads, head_dim, m_pad, warps
 ):
-    """A program takes 4 warps up to an fp32 accumulator of 64 x 128 elements, else 8."""
+    """A program takes 4 warps up to an fp32 accumulator of 64 x 128 elements and 64 packed
+    rows, else 8."""
     got = sparse_tile_shape(
         SparseVerifyConfig(), group_size, num_q_heads, num_kv_heads, 64, head_dim
     )
