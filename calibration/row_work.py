@@ -19,7 +19,12 @@ from ssvkit.perfmodel.attention_plan import (
 )
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.nsa_plan import COMPRESSED_CTAS_PER_SM, CONTEXT_TILES, tile_packing
+from ssvkit.perfmodel.nsa_plan import (
+    COMPRESSED_CTAS_PER_SM,
+    CONTEXT_TILES,
+    TILE_PLANS,
+    tile_packing,
+)
 from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
@@ -203,6 +208,8 @@ def nsa_work(row: dict, gpu: GpuSpec | None, compressed_ctas: int | None = None)
         # An unfused row without the param ran its branches on one stream.
         branch_streams=int(p["impl"] == "unfused" and bool(p.get("branch_streams", False))),
         compressed_ctas=compressed_ctas or row_compressed_ctas(row),
+        # A row without the param ran the "fixed" plan (every calibration row).
+        tile_plan=TILE_PLANS.index(p.get("tile_plan", "fixed")),
     )
     return nsa_call_work(
         shape,

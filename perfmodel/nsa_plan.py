@@ -208,14 +208,22 @@ def _pow2_floor(x: int) -> int:
     return 1 << (max(int(x), 1).bit_length() - 1)
 
 
-def tile_packing(t: int, group: int, rows_per_tile: int = 0) -> tuple[int, int, int]:
+def tile_packing(
+    t: int, group: int, rows_per_tile: int = 0, tile_plan: str = "fixed"
+) -> tuple[int, int, int]:
     """(draft rows, head slots, MMA rows ``BLOCK_M``) of one row tile of the current kernels
     over ``t`` draft rows and a head group of ``group`` (``kernels.nsa_launch.tile_packing`` at
-    the default config): rows a power of two of at most ``MAX_TILE_ROWS``, ``BLOCK_M_MAX /
-    group_pad`` and ``rows_per_tile`` (when > 0), head slots padded so a tile has >= 16 rows."""
+    the default config and ``tile_plan``): rows a power of two of at most ``MAX_TILE_ROWS``
+    (``FIT_MAX_TILE_ROWS`` "fit"), ``BLOCK_M_MAX / group_pad`` (``FIT_BLOCK_M_MAX`` "fit") and
+    ``rows_per_tile`` (when > 0), head slots padded so a tile has >= 16 rows."""
+    if tile_plan not in TILE_PLANS:
+        raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
+    fit = tile_plan == "fit"
+    most = FIT_MAX_TILE_ROWS if fit else MAX_TILE_ROWS
+    block_m_max = FIT_BLOCK_M_MAX if fit else BLOCK_M_MAX
     group_pad = _pow2_ceil(group)
-    cap = _pow2_floor(min(rows_per_tile, MAX_TILE_ROWS)) if rows_per_tile else MAX_TILE_ROWS
-    rows = max(1, min(cap, BLOCK_M_MAX // group_pad, _pow2_ceil(t)))
+    cap = _pow2_floor(min(rows_per_tile, most)) if rows_per_tile else most
+    rows = max(1, min(cap, block_m_max // group_pad, _pow2_ceil(t)))
     group_pad = max(group_pad, MIN_BLOCK_M // rows)
     return rows, group_pad, rows * group_pad
 

@@ -20,12 +20,16 @@ from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
     COMPRESSED_CTAS_PER_SM,
     CONTEXT_TILES,
+    CTAS_PER_SM,
     EXPECTED_OVERLAP,
+    MIN_TILES_PER_SLOT,
     PAIRED_RESIDENT,
     STORED_SCORE_BYTES,
+    TILE_PLANS,
     WGMMA_MIN_ROWS,
     WGMMA_ROW_COST,
     pairs_launches,
+    plan_slots,
     slot_counts,
     split_slots,
     stores_scores,
@@ -72,6 +76,9 @@ class NsaShape:
     # NsaVerifyConfig.compressed_ctas: the programs an SM a lone compressed launch of one slot a
     # row tile is sized for (nsa_plan.compressed_capacity); 1 for rows timed before it.
     compressed_ctas: int = COMPRESSED_CTAS_PER_SM
+    # NsaVerifyConfig.tile_plan as its index in nsa_plan.TILE_PLANS: 0 "fixed" (what every
+    # calibration row ran), 1 "fit" (larger row tiles, slots sized by the launch's makespan).
+    tile_plan: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
@@ -83,6 +90,13 @@ class NsaShape:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
         if self.rows_per_tile < 0:
             raise ValueError(f"rows_per_tile must be >= 0, got {self.rows_per_tile}")
+        if not 0 <= self.tile_plan < len(TILE_PLANS):
+            raise ValueError(f"tile_plan must index {TILE_PLANS}, got {self.tile_plan}")
+
+    @property
+    def plan(self) -> str:
+        """The tile plan's name (``nsa_plan.TILE_PLANS``)."""
+        return TILE_PLANS[self.tile_plan]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +153,7 @@ def tile_rows(s: NsaShape, rows_per_tile: int | None = None) -> list[int]:
     """Draft rows of each row tile (the last one the rest), under ``rows_per_tile`` (default
     the shape's)."""
     r = s.rows_per_tile if rows_per_tile is None else rows_per_tile
-    rows = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, r)[0]
+    rows = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, r, s.plan)[0]
     return [min(rows, s.t - i) for i in range(0, s.t, rows)]
 
 
@@ -198,7 +212,7 @@ def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]
     def launch(branches, rows_per_tile: int) -> Launch:
         rows = tile_rows(s, rows_per_tile)
         units = [branch_units(s, tile_union_blocks(s, r)) for r in rows]
-        block_m = tile_packing(s.t, group, rows_per_tile)[2]
+        block_m = tile_packing(s.t, group, rows_per_tile, s.plan)[2]
         return Launch(branches, rows, units, block_m, alone=not beside)
 
     if s.shared_context and s.rows_per_tile and len(tile_rows(s, 0)) < len(tile_rows(s)):
@@ -253,13 +267,27 @@ def launch_part(
     s: NsaShape, launch: Launch, num_sms: int, smem_per_sm_bytes: int
 ) -> tuple[Part, int]:
     """One forward launch as a ``Part``, and the slots each of its programs has: as many as
-    the host sizes at the longest prefix and its assumed overlap (``nsa_plan.slot_counts``)."""
+    the host sizes at the longest prefix and its assumed overlap (``nsa_plan.slot_counts``;
+    the "fit" plan's ``nsa_plan.plan_slots``)."""
     heads = s.batch * s.num_kv_heads
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     programs = heads * len(launch.rows)
     host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
-    ctas = s.compressed_ctas if launch.alone else 1
-    n = sum(slot_counts(host, programs, num_sms, launch.branches, compressed_ctas=ctas))
+    if s.plan == "fit":
+        capacity = num_sms * CTAS_PER_SM
+        n = sum(
+            plan_slots(
+                host,
+                launch.branches,
+                programs,
+                capacity,
+                tile_plan="fit",
+                min_tiles_per_slot=MIN_TILES_PER_SLOT,
+            )
+        )
+    else:
+        ctas = s.compressed_ctas if launch.alone else 1
+        n = sum(slot_counts(host, programs, num_sms, launch.branches, compressed_ctas=ctas))
     busiest = total = 0.0
     for u in launch.units:
         split = split_slots(n, u, launch.branches)
@@ -359,7 +387,7 @@ def nsa_call_work(
         other += 2 * pick_rows * math.ceil((s.context_len + s.t) / s.block_size) * F32
         score_bytes, score_flops = block_score_work(s, launches[0]) if s.comp_stride else (0, 0)
         other += score_bytes
-    block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile)[2]
+    block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile, s.plan)[2]
     kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
     return NsaWork(
         # Every tile reads its branches' key tiles; the compressed tokens, the window and the

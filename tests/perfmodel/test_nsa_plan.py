@@ -24,6 +24,7 @@ from ssvkit.perfmodel.nsa_plan import (
     plan_slots,
     row_tiles,
     split_slots,
+    tile_packing,
     tile_rows_of,
 )
 from ssvkit.perfmodel.predictor import RooflinePredictor
@@ -268,8 +269,9 @@ def _wrapper_plan(batch, t, hq, hkv, context, cfg):
 @pytest.mark.parametrize("tile_plan", ["fixed", "fit"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}q{g[1]}kv")
 def test_mirror_equals_the_wrappers_plan(monkeypatch, tile_plan, geometry):
-    """Row tiles (``tile_rows_of``) and slots (``plan_slots`` of ``branch_tiles``) equal
-    ``kernels.nsa_launch``'s for t = 1..64, batch 1, 4, 16 and rows_per_tile 0, 1, 4."""
+    """Row tiles (``tile_rows_of``, ``tile_packing``) and slots (``plan_slots`` of
+    ``branch_tiles``) equal ``kernels.nsa_launch``'s for t = 1..64, batch 1, 4, 16 and
+    rows_per_tile 0, 1, 4."""
     import ssvkit.kernels.nsa_launch as nl
 
     monkeypatch.setattr(nl, "num_sms", lambda index: SMS)
@@ -284,6 +286,8 @@ def test_mirror_equals_the_wrappers_plan(monkeypatch, tile_plan, geometry):
                 where = f"{tile_plan} b{batch} t{t} r{r}"
                 assert (plan.block_m, plan.num_tiles) == (block_m, tiles), where
                 assert min(plan.rows, t) == min(rows, t), where
+                packing = (plan.rows, plan.group_pad, plan.block_m)
+                assert tile_packing(t, hq // hkv, r, tile_plan) == packing, where
                 work = branch_tiles(
                     t,
                     int(rows),

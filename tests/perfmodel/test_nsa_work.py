@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 from ssvkit.perfmodel.class_fit import ClassFit
-from ssvkit.perfmodel.nsa_plan import slot_counts, split_slots, tile_packing
+from ssvkit.perfmodel.nsa_plan import plan_slots, slot_counts, split_slots, tile_packing
 from ssvkit.perfmodel.nsa_work import (
     NsaShape,
     forward_launches,
@@ -102,6 +102,32 @@ def test_arrays_match_the_scalar_count():
 def test_bad_shape_is_refused():
     with pytest.raises(ValueError, match="overlap"):
         dataclasses.replace(SHAPE, overlap=1.5)
+    with pytest.raises(ValueError, match="tile_plan"):
+        dataclasses.replace(SHAPE, tile_plan=2)
+    with pytest.raises(ValueError, match="tile_plan"):
+        tile_packing(17, 4, 0, "wide")
+
+
+def test_the_fit_plan_keeps_seventeen_rows_in_one_tile_at_sixteens_chain():
+    """ "fixed" packs 17 rows as 16 + 1 in tiles of 64 MMA rows, whose 8 slots a tile leave
+    the full tile twice t = 16's chain; "fit" packs them in one tile of 128 MMA rows (twice the
+    wgmma rows a key tile) with the slots its makespan sizing gives (``nsa_plan.plan_slots``)."""
+    fit = dataclasses.replace(SHAPE, tile_plan=1)
+    assert tile_packing(17, 4, 0, "fit") == (32, 4, 128)
+    (launch,) = forward_launches(fit, fused=True, refresh=False)
+    assert (launch.rows, launch.block_m) == ([17], 128)
+    part, n = launch_part(fit, launch, SMS, SMEM)
+    # The host's key tiles at its assumed overlap 0.7: 2047 compressed tokens, a union of
+    # 16 (1 + 16 x 0.3) = 92.8 blocks, 512 + 17 window and tail tokens.
+    host = (32, 93, 9)
+    assert n == sum(plan_slots(host, (True,) * 3, 8, SMS, tile_plan="fit"))
+    one, two = (
+        nsa_call_work(s, fused=True, refresh=False, num_sms=SMS, smem_per_sm_bytes=SMEM)
+        for s in (SHAPE, fit)
+    )
+    assert (one.chain_tiles, two.chain_tiles) == (32, 16)
+    assert two.row_cost == 2 * one.row_cost == 64
+    assert two.waves == one.waves == 1
 
 
 def test_a_heads_selected_blocks_are_unique_once_whatever_its_row_tiles():
