@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -411,11 +412,16 @@ def _reference_shadow(prompt: list[int], rounds: list[list[int]], chain: int, ma
 def test_shadow_equals_a_plain_reference_round_by_round(text):
     """The index's kept best continuation, its single table and the proposals drafted only
     as far as they match: the same counts, round by round, as the plain reference."""
+    from ssvkit.engine.corpus import corpus_sample
     from ssvkit.validation.prompts import prompt_tokens
 
     rng = random.Random(11)
     if text == "random16":
         seq = [rng.randrange(16) for _ in range(2600)]
+    elif text == "code":
+        # The standard library's sources: the default corpus reads every package on sys.path,
+        # this repository's included, so its text would change with the code base.
+        seq = corpus_sample(2600, roots=[Path(random.__file__).parent])
     else:
         seq = prompt_tokens(text, 2600)
     rounds, i = [], 2000
