@@ -25,7 +25,8 @@ from ssvkit.perfmodel.nsa_plan import (
     TILE_PLANS,
     tile_packing,
 )
-from ssvkit.perfmodel.nsa_work import NsaShape, NsaWork, nsa_call_work
+from ssvkit.perfmodel.nsa_shape import NsaShape
+from ssvkit.perfmodel.nsa_work import NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
 from ssvkit.perfmodel.sparse_work import (
@@ -159,7 +160,8 @@ def nsa_row_overlap(row: dict) -> float:
     rest = 2 * b * t * hq * d * 2 + b * hq * t * 4 + b * t * hq * 3 * 4
     rest += b * hkv * comp_tokens * kv_row
     sel = ((row["unique_bytes"] - rest) / kv_row / (b * hkv) - p["window"] - t) / p["block_size"]
-    step = tile_packing(t, hq // hkv, p["rows_per_tile"])[0] if "rows_per_tile" in p else t
+    plan = p.get("tile_plan", "fixed")
+    step = tile_packing(t, hq // hkv, p["rows_per_tile"], plan)[0] if "rows_per_tile" in p else t
     rows = [min(step, t - i) for i in range(0, t, step)]
     spread = sum(r - 1 for r in rows)
     if spread == 0:

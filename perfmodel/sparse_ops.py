@@ -182,7 +182,7 @@ def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
 
 
 def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
-    """The ``perfmodel.nsa_work.NsaShape`` fields of every point (the compression window twice
+    """The ``perfmodel.nsa_shape.NsaShape`` fields of every point (the compression window twice
     its stride, as the strategies' defaults have it; no compressed branch where ``comp_stride``
     is 0; an unfused call's branches as the kernels' default ``NsaVerifyConfig.branch_streams``
     runs them)."""

@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 from ssvkit.perfmodel.class_fit import ClassFit
 from ssvkit.perfmodel.nsa_plan import plan_slots, slot_counts, split_slots, tile_packing
+from ssvkit.perfmodel.nsa_shape import NsaShape, forward_launches, live_launches
 from ssvkit.perfmodel.nsa_work import (
-    NsaShape,
-    forward_launches,
     launch_part,
-    live_launches,
     nsa_call_work,
     nsa_work_arrays,
     side_by_side,
@@ -204,7 +202,7 @@ def test_a_refresh_call_counts_its_block_scoring():
     a real row and token to store the scores would be 8 x 16 x 4 = 512 > 256 bytes of key), and
     stores the scores at one row (8 x 1 x 4 = 32 < 256): a refresh call carries that on top of
     the reuse call's bytes, besides its pick's score rows and its second launch's partials."""
-    from ssvkit.perfmodel.nsa_work import block_score_work, forward_launches
+    from ssvkit.perfmodel.nsa_work import block_score_work
 
     nc = (SHAPE.context_len - 32) // 16 + 1
     comp = forward_launches(SHAPE, fused=True, refresh=True)[0]
