@@ -103,7 +103,8 @@ class NsaVerifyConfig:
             "draft rows, slots within one wave; the plan the committed rows were measured "
             "with) or fit (tiles of up to 128 MMA rows and 32 draft rows on 4 warps per 64 "
             "rows, so Llama-3.1-8B's 17-32 draft rows stay one tile; slots sized by the "
-            "launch's makespan, a second wave allowed; perfmodel.nsa_plan.fit_slots)"
+            "launch's makespan, a second wave allowed; perfmodel.nsa_plan.fit_slots) or "
+            "fit_slots (fixed's tiles, fit's slots)"
         },
     )
 

@@ -217,7 +217,7 @@ def plan_slots(
     least ``min_tiles_per_slot`` (a slot pays for its query load, its partial and a merge
     step). ``config.num_splits`` instead
     apportions that many slots by work. The interpreter takes one slot per branch. Disabled
-    branches get 0, enabled ones at least 1. ``config.tile_plan`` "fit" takes
+    branches get 0, enabled ones at least 1. ``config.tile_plan`` "fit" or "fit_slots" takes
     ``perfmodel.nsa_plan.fit_slots`` instead: the count whose launch finishes first, a second
     wave allowed."""
     work = [
@@ -230,13 +230,13 @@ def plan_slots(
     if device.type != "cuda":
         return tuple(int(on) for on in branches)
     capacity = num_sms(device) * config.ctas_per_sm
-    if config.tile_plan == "fit":
+    if config.tile_plan in nsa_plan.MAKESPAN_PLANS:
         return nsa_plan.plan_slots(
             tuple(work),
             tuple(branches),
             plan.programs,
             capacity,
-            tile_plan="fit",
+            tile_plan=config.tile_plan,
             max_splits=config.max_splits,
             min_tiles_per_slot=config.min_tiles_per_slot,
         )

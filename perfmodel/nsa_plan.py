@@ -36,10 +36,13 @@ WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take
 WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
 # Draft rows one row tile holds at most: the union plan keeps a block's rows as int32 bits.
 MAX_TILE_ROWS = 16
-# NsaVerifyConfig.tile_plan: "fixed" (the plan every committed row was measured with) or "fit"
+# NsaVerifyConfig.tile_plan: "fixed" (the plan every committed row was measured with), "fit"
 # (tiles of up to FIT_BLOCK_M_MAX MMA rows and FIT_MAX_TILE_ROWS draft rows, slots sized by
-# the launch's makespan; ``fit_slots``).
-TILE_PLANS = ("fixed", "fit")
+# the launch's makespan; ``fit_slots``) or "fit_slots" (the "fixed" plan's tiles, "fit"'s
+# slots).
+TILE_PLANS = ("fixed", "fit", "fit_slots")
+# The plans whose slots ``fit_slots`` sizes.
+MAKESPAN_PLANS = ("fit", "fit_slots")
 FIT_BLOCK_M_MAX = 128
 FIT_MAX_TILE_ROWS = 32
 # NsaVerifyConfig.context_tiles: the compressed branch on the row schedule's tiles ("per_tile",
@@ -366,10 +369,11 @@ def plan_slots(
     resident programs (SMs x programs per SM).
 
     "fixed": every slot about the same key tiles, at least ``min_tiles_per_slot``, at most one
-    wave and ``max_splits``, slots taken from the branch with the least work per slot. "fit":
-    ``fit_slots`` slots, which the kernel splits by its own key tiles; the host's per-branch
-    counts are ``split_slots`` of the expected ones. ``num_splits`` > 0 apportions that many.
-    A "fixed" launch of the compressed branch alone takes ``compressed_capacity``'s places.
+    wave and ``max_splits``, slots taken from the branch with the least work per slot. "fit"
+    and "fit_slots" (``MAKESPAN_PLANS``): ``fit_slots`` slots, which the kernel splits by its
+    own key tiles; the host's per-branch counts are ``split_slots`` of the expected ones.
+    ``num_splits`` > 0 apportions that many. A "fixed" launch of the compressed branch alone
+    takes ``compressed_capacity``'s places.
 
     Under "fixed" a call of 17 draft rows at 4 head slots is two tiles (16 + 1 rows) that share
     one wave's slots: the full tile gets half of t = 16's, and the kernel's split leaves its
@@ -382,7 +386,9 @@ def plan_slots(
     if num_splits:
         total = max(num_splits, sum(enabled))
         return tuple(max(1, round(total * w / sum(work))) if w else 0 for w in work)
-    if tile_plan == "fit":
+    if tile_plan not in TILE_PLANS:
+        raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
+    if tile_plan in MAKESPAN_PLANS:
         n = fit_slots(
             tuple(work), tuple(enabled), programs, capacity, max_splits, min_tiles_per_slot
         )

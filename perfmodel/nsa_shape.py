@@ -59,7 +59,8 @@ class NsaShape:
     # row tile is sized for (nsa_plan.compressed_capacity); 1 for rows timed before it.
     compressed_ctas: int = COMPRESSED_CTAS_PER_SM
     # NsaVerifyConfig.tile_plan as its index in nsa_plan.TILE_PLANS: 0 "fixed" (what every
-    # calibration row ran), 1 "fit" (larger row tiles, slots sized by the launch's makespan).
+    # calibration row ran), 1 "fit" (larger row tiles, slots sized by the launch's makespan),
+    # 2 "fit_slots" ("fixed"'s tiles, "fit"'s slots).
     tile_plan: int = 0
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
     CTAS_PER_SM,
     EXPECTED_OVERLAP,
+    MAKESPAN_PLANS,
     MIN_TILES_PER_SLOT,
     PAIRED_RESIDENT,
     STORED_SCORE_BYTES,
@@ -124,12 +125,12 @@ def launch_part(
 ) -> tuple[Part, int]:
     """One forward launch as a ``Part``, and the slots each of its programs has: as many as
     the host sizes at the longest prefix and its assumed overlap (``nsa_plan.slot_counts``;
-    the "fit" plan's ``nsa_plan.plan_slots``)."""
+    ``nsa_plan.plan_slots`` under the makespan plans)."""
     heads = s.batch * s.num_kv_heads
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     programs = heads * len(launch.rows)
     host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
-    if s.plan == "fit":
+    if s.plan in MAKESPAN_PLANS:
         capacity = num_sms * CTAS_PER_SM
         n = sum(
             plan_slots(
@@ -137,7 +138,7 @@ def launch_part(
                 launch.branches,
                 programs,
                 capacity,
-                tile_plan="fit",
+                tile_plan=s.plan,
                 min_tiles_per_slot=MIN_TILES_PER_SLOT,
             )
         )

@@ -33,6 +33,14 @@ MODEL = "llama-3.1-8b"  # the geometry validation.nsa_tile_plans times (kernel_i
 MODES = ("reuse", "refresh")
 
 
+def doc_plans(doc: dict) -> tuple[str, ...]:
+    """The tile plans the document timed (its ``configs``), in ``TILE_PLANS`` order."""
+    plans = tuple(k for k in TILE_PLANS if k in doc["configs"])
+    if len(plans) < 2:
+        raise ValueError(f"it times {len(plans)} of the tile plans {TILE_PLANS}, not two")
+    return plans
+
+
 def plan_rows(doc: dict, mode: str) -> list[dict]:
     """Calibration-shaped rows of the document's packed fused ``mode`` calls, one per plan
     timed, each with its plan in ``params["tile_plan"]``."""
@@ -40,7 +48,7 @@ def plan_rows(doc: dict, mode: str) -> list[dict]:
     prov = doc["provenance"]
     out = []
     for r in doc["rows"]:
-        for plan in TILE_PLANS:
+        for plan in doc_plans(doc):
             t = r["times_s"].get(f"r0_{plan}_{mode}")
             if t is None:
                 continue
@@ -82,8 +90,10 @@ def choice_report(doc: dict, gpu: str) -> dict:
     faster plan (calls with both plans timed)."""
     profile = shipped_profile(gpu)
     prov = doc["provenance"]
+    plans = doc_plans(doc)
     out = {
         "gpu": gpu,
+        "plans": plans,
         "profile_id": profile.profile_id,
         "data": {k: prov[k] for k in ("device_name", "git_commit", "timestamp")},
         "modes": {},
@@ -96,21 +106,21 @@ def choice_report(doc: dict, gpu: str) -> dict:
             calls.setdefault(key, {})[p["tile_plan"]] = (a["median_s"], a["predicted_s"])
         rows = []
         for (b, t, ctx), by_plan in sorted(calls.items()):
-            if set(by_plan) != set(TILE_PLANS):
+            if set(by_plan) != set(plans):
                 continue
-            pick = min(TILE_PLANS, key=lambda k: by_plan[k][1])
+            pick = min(plans, key=lambda k: by_plan[k][1])
             best = min(m for m, _ in by_plan.values())
             rows.append(
                 dict(
                     batch=b,
                     t=t,
                     context_len=ctx,
-                    **{f"{k}_measured_s": by_plan[k][0] for k in TILE_PLANS},
-                    **{f"{k}_predicted_s": by_plan[k][1] for k in TILE_PLANS},
+                    **{f"{k}_measured_s": by_plan[k][0] for k in plans},
+                    **{f"{k}_predicted_s": by_plan[k][1] for k in plans},
                     pick=pick,
                     loss={
                         "pick": by_plan[pick][0] / best - 1,
-                        **{k: by_plan[k][0] / best - 1 for k in TILE_PLANS},
+                        **{k: by_plan[k][0] / best - 1 for k in plans},
                     },
                 )
             )
@@ -119,9 +129,9 @@ def choice_report(doc: dict, gpu: str) -> dict:
                 np.array([r[f"{k}_predicted_s"] for r in rows]),
                 np.array([r[f"{k}_measured_s"] for r in rows]),
             )
-            for k in TILE_PLANS
+            for k in plans
         }
-        rules = ("pick", *TILE_PLANS)
+        rules = ("pick", *plans)
         loss = {
             k: {
                 "mean": float(np.mean([r["loss"][k] for r in rows])),
@@ -140,13 +150,13 @@ def print_report(rep: dict) -> None:
     print(f"rows: {d['device_name']}, kernels at {d['git_commit'][:7]}, {d['timestamp']}")
     for mode, m in rep["modes"].items():
         print(f"\n{mode}, fused, packed rows")
-        print("   b    t  context    fixed  pred     fit   pred  pick")
+        print("   b    t  context" + "".join(f" {k:>9}   pred" for k in rep["plans"]) + "  pick")
         for r in m["calls"]:
-            print(
-                f"{r['batch']:4d} {r['t']:4d} {r['context_len'] // 1024:6d}K"
-                f" {r['fixed_measured_s'] * 1e6:7.1f} {r['fixed_predicted_s'] * 1e6:6.1f}"
-                f" {r['fit_measured_s'] * 1e6:7.1f} {r['fit_predicted_s'] * 1e6:6.1f}  {r['pick']}"
+            times = "".join(
+                f" {r[f'{k}_measured_s'] * 1e6:9.1f} {r[f'{k}_predicted_s'] * 1e6:6.1f}"
+                for k in rep["plans"]
             )
+            print(f"{r['batch']:4d} {r['t']:4d} {r['context_len'] // 1024:6d}K{times}  {r['pick']}")
         for k, e in m["errors"].items():
             print(
                 f"  {k}: prediction APE median {e['median_ape']:.1%}, "

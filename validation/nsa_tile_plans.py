@@ -37,6 +37,7 @@ BATCHES = (1, 4, 16)
 # schedules.
 KNOBS = {
     "tile_plan": ("tile_plan", ("fixed", "fit"), (0, 1, 4)),
+    "fit_slots": ("tile_plan", ("fixed", "fit_slots"), (0, 1, 4)),
     "context_tiles": ("context_tiles", ("per_tile", "shared"), (1, 4)),
     "paired": ("context_tiles", ("shared", "paired"), (1, 4)),
     "score_map": ("score_map", ("matrix", "band"), (0, 1, 4)),
@@ -126,8 +127,10 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
         ``max(unique bytes / copy bandwidth, FLOPs / GEMM rate)`` (``call_flops``).
     knob : str
         The comparison, one of ``KNOBS`` (first value the baseline): ``tile_plan`` "fixed" /
-        "fit" (the row tiles and their slots); ``context_tiles`` "per_tile" / "shared" (the
-        compressed branch on the schedule's row tiles or on one tile of all rows; row schedules
+        "fit" (the row tiles and their slots); ``fit_slots`` "fixed" / "fit_slots" (the same
+        row tiles, their slots sized for one wave or by the launch's makespan);
+        ``context_tiles`` "per_tile" / "shared" (the compressed branch on the schedule's row
+        tiles or on one tile of all rows; row schedules
         1 and 4 only, as for ``paired``: the knob leaves a packed call as it is);
         ``paired``: ``context_tiles`` "shared" / "paired" (a reuse call's two forward steps on
         shared compressed tiles as two launches or one); ``score_map`` "matrix" / "band" (how

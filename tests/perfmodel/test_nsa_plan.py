@@ -266,7 +266,7 @@ def _wrapper_plan(batch, t, hq, hkv, context, cfg):
     return plan, nl.plan_slots(plan, cuda, cfg), nl.refresh_slots(plan, cuda, cfg)
 
 
-@pytest.mark.parametrize("tile_plan", ["fixed", "fit"])
+@pytest.mark.parametrize("tile_plan", ["fixed", "fit", "fit_slots"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}q{g[1]}kv")
 def test_mirror_equals_the_wrappers_plan(monkeypatch, tile_plan, geometry):
     """Row tiles (``tile_rows_of``, ``tile_packing``) and slots (``plan_slots`` of

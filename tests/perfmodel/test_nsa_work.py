@@ -101,7 +101,7 @@ def test_bad_shape_is_refused():
     with pytest.raises(ValueError, match="overlap"):
         dataclasses.replace(SHAPE, overlap=1.5)
     with pytest.raises(ValueError, match="tile_plan"):
-        dataclasses.replace(SHAPE, tile_plan=2)
+        dataclasses.replace(SHAPE, tile_plan=3)
     with pytest.raises(ValueError, match="tile_plan"):
         tile_packing(17, 4, 0, "wide")
 
@@ -307,3 +307,26 @@ def test_a_call_without_the_compressed_branch_does_less_of_every_kind_of_work(
 def test_a_negative_compressed_stride_is_refused():
     with pytest.raises(ValueError, match="comp_stride must be >= 0, got -1"):
         dataclasses.replace(SHAPE, comp_stride=-1)
+
+
+def test_fit_slots_keeps_the_fixed_tiles_and_sizes_their_slots_by_makespan():
+    """Batch 4, t = 16: one 64-row tile a KV head under every plan. "fixed" stays in one
+    wave, 4 slots a tile, so a slot walks 92 key tiles; "fit_slots" and "fit" take 8 slots
+    (a second wave allowed), a 32-tile chain. At t = 17 "fit_slots" keeps "fixed"'s 16 + 1
+    rows and 64-row tiles where "fit" packs one 128-row tile."""
+    b4 = dataclasses.replace(SHAPE, batch=4, t=16)
+    work = {
+        plan: nsa_call_work(
+            dataclasses.replace(b4, tile_plan=plan),
+            fused=True,
+            refresh=False,
+            num_sms=SMS,
+            smem_per_sm_bytes=SMEM,
+        )
+        for plan in (0, 1, 2)
+    }
+    assert [work[p].chain_tiles for p in (0, 1, 2)] == [92, 32, 32]
+    assert work[2] == work[1]
+    t17 = dataclasses.replace(SHAPE, tile_plan=2)
+    (launch,) = forward_launches(t17, fused=True, refresh=False)
+    assert (launch.rows, launch.block_m) == ([16, 1], 64)

@@ -19,7 +19,7 @@ def _case(knob: str, rows_per_tile: int):
 
 @pytest.mark.parametrize(
     ("knob", "rows_per_tile"),
-    [("tile_plan", 0), ("context_tiles", 1), ("paired", 4), ("score_map", 0)],
+    [("tile_plan", 0), ("fit_slots", 4), ("context_tiles", 1), ("paired", 4), ("score_map", 0)],
 )
 def test_the_check_passes_on_both_values(small_nsa, knob, rows_per_tile):
     ntp.check(*_case(knob, rows_per_tile))
