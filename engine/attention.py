@@ -34,7 +34,7 @@ from ssvkit.kernels.select_blocks import select_blocks
 from ssvkit.kernels.select_reference import topn_from_scores
 from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from ssvkit.kernels.top_blocks import relative_slots
-from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES
+from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES, DEFAULT_TILE_PLAN
 from ssvkit.perfmodel.strategy import Strategy, nsa_rows_per_tile
 
 KINDS = ("dense", "sparse", "nsa")
@@ -64,6 +64,10 @@ class AttentionConfig:
     context_tiles: str = field(
         default=DEFAULT_CONTEXT_TILES,
         metadata={"help": "NSA compressed branch's row tiles (NsaVerifyConfig.context_tiles)"},
+    )
+    tile_plan: str = field(
+        default=DEFAULT_TILE_PLAN,
+        metadata={"help": "NSA row tiles and slots (NsaVerifyConfig.tile_plan)"},
     )
 
     def __post_init__(self) -> None:
@@ -122,6 +126,7 @@ class AttentionConfig:
             refresh_every=s.refresh_every,
             fused=s.fusion == "refresh_reuse",
             context_tiles=s.nsa_context_tiles,
+            tile_plan=s.nsa_tile_plan,
         )
         kw.update(overrides)
         return cls(**kw)
@@ -243,7 +248,9 @@ class TreeAttention:
         self.plan = None
         self._gates: torch.Tensor | None = None
         self.nsa_config = NsaVerifyConfig(
-            rows_per_tile=cfg.rows_per_tile, context_tiles=cfg.context_tiles
+            rows_per_tile=cfg.rows_per_tile,
+            context_tiles=cfg.context_tiles,
+            tile_plan=cfg.tile_plan,
         )
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:

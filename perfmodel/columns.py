@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from ssvkit.perfmodel.acceptance import TreeAcceptance, full_depth_probability, tree_level_sizes
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES
+from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, TILE_PLANS
 from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
@@ -62,6 +62,8 @@ class Columns:
     # Strategy.nsa_context_tiles as its index in nsa_plan.CONTEXT_TILES (0 per_tile, 1 shared,
     # 2 paired).
     nsa_shared_context: np.ndarray
+    # Strategy.nsa_tile_plan as its index in nsa_plan.TILE_PLANS.
+    nsa_tile_plan: np.ndarray
     fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
     fused_accept: np.ndarray  # 1: the acceptance step as kernels.accept_commit, 0: torch ops
     chains_norms: np.ndarray  # 1: norms chained into projections that stream (linear_rule)
@@ -102,6 +104,7 @@ def _strategy_columns(s: Strategy, num_layers: int) -> dict:
         "fused": float(s.fusion == "refresh_reuse"),
         "nsa_rows_per_tile": s.nsa_rows_per_tile,
         "nsa_shared_context": float(CONTEXT_TILES.index(s.nsa_context_tiles)),
+        "nsa_tile_plan": float(TILE_PLANS.index(s.nsa_tile_plan)),
     }
 
 

@@ -41,6 +41,7 @@ MAX_TILE_ROWS = 16
 # the launch's makespan; ``fit_slots``) or "fit_slots" (the "fixed" plan's tiles, "fit"'s
 # slots).
 TILE_PLANS = ("fixed", "fit", "fit_slots")
+DEFAULT_TILE_PLAN = "fixed"
 # The plans whose slots ``fit_slots`` sizes.
 MAKESPAN_PLANS = ("fit", "fit_slots")
 FIT_BLOCK_M_MAX = 128

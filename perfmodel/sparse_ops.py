@@ -202,6 +202,7 @@ def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
         comp_stride=np.maximum(c.comp_stride, 0),
         shared_context=c.nsa_shared_context,
         branch_streams=int(DEFAULT_BRANCH_STREAMS),
+        tile_plan=c.nsa_tile_plan,
     )
 
 

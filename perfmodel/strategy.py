@@ -21,7 +21,12 @@ from ssvkit.perfmodel.acceptance import (
 )
 from ssvkit.perfmodel.hardware import suggest
 from ssvkit.perfmodel.models import ModelSpec, get_model
-from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, DEFAULT_CONTEXT_TILES
+from ssvkit.perfmodel.nsa_plan import (
+    CONTEXT_TILES,
+    DEFAULT_CONTEXT_TILES,
+    DEFAULT_TILE_PLAN,
+    TILE_PLANS,
+)
 
 DRAFTER_KINDS = ("eagle", "draft_model", "ngram", "self_sparse")
 TRAVERSALS = ("bfs", "dfs", "position")
@@ -180,6 +185,12 @@ class Strategy:
             "(the row schedule's tiles, each streaming it)"
         },
     )
+    nsa_tile_plan: str = field(
+        default=DEFAULT_TILE_PLAN,
+        metadata={
+            "help": "NSA row tiles and slots (NsaVerifyConfig.tile_plan): fixed | fit | fit_slots"
+        },
+    )
 
     def __post_init__(self) -> None:
         checks = {
@@ -188,6 +199,7 @@ class Strategy:
             "mode": (self.mode, SPARSE_MODES),
             "fusion": (self.fusion, FUSIONS),
             "nsa_context_tiles": (self.nsa_context_tiles, CONTEXT_TILES),
+            "nsa_tile_plan": (self.nsa_tile_plan, TILE_PLANS),
             "metadata": (self.metadata, METADATA),
         }
         for fname, (v, allowed) in checks.items():

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ssvkit.perfmodel.acceptance import node_depths_ranks
 from ssvkit.perfmodel.hardware import GpuSpec, suggest
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES
+from ssvkit.perfmodel.nsa_plan import DEFAULT_CONTEXT_TILES, DEFAULT_TILE_PLAN
 from ssvkit.perfmodel.sparse import fits_shared_memory
 from ssvkit.perfmodel.strategy import (
     METADATA,
@@ -126,6 +126,8 @@ def strategy_id(s: Strategy) -> str:
     d.pop("name")
     if d["nsa_context_tiles"] == DEFAULT_CONTEXT_TILES:  # the kernels' default: no part of the id
         d.pop("nsa_context_tiles")
+    if d["nsa_tile_plan"] == DEFAULT_TILE_PLAN:  # likewise
+        d.pop("nsa_tile_plan")
     return "s-" + hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 

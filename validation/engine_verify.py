@@ -41,6 +41,7 @@ from ssvkit.kernels.timing import (
 )
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.nsa_plan import TILE_PLANS
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import METADATA, Strategy, elementwise_of_backend
 from ssvkit.validation.decode_figures import predicted_verify_s
@@ -88,6 +89,13 @@ def parse_args(argv=None):
         default=None,
         help="MODE:C, the sparse strategies' query grouping (per_query:1, union:C, shared:C) "
         "in place of their own",
+    )
+    p.add_argument(
+        "--nsa-tile-plan",
+        default=None,
+        choices=TILE_PLANS,
+        help="the NSA strategies' row tiles and slots (NsaVerifyConfig.tile_plan) in place of "
+        "their own",
     )
     p.add_argument(
         "--refresh-every",
@@ -223,6 +231,13 @@ def main(argv=None) -> dict:
         with_grouping(with_metadata(Strategy.from_name(n.strip()), args.metadata), args.grouping)
         for n in args.strategy.split(",")
     ]
+    if args.nsa_tile_plan is not None:
+        strategies = [
+            dataclasses.replace(s, nsa_tile_plan=args.nsa_tile_plan)
+            if s.is_sparse and s.metadata == "nsa"
+            else s
+            for s in strategies
+        ]
     if args.refresh_every is not None:
         strategies = list(
             dict.fromkeys(with_refresh(s, r) for s in strategies for r in args.refresh_every)

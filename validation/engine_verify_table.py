@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ssvkit.calibration.error_table import markdown_header, markdown_row
+from ssvkit.perfmodel.nsa_plan import DEFAULT_TILE_PLAN
 from ssvkit.perfmodel.strategy import (
     PACKED_ROWS,
     Strategy,
@@ -80,12 +81,13 @@ def with_refresh(strategy: Strategy, refresh_every: int | None) -> Strategy:
 
 def row_key(name: str, metadata: str, row: dict) -> tuple:
     """What tells one row's strategy from another's: its baseline, block scores, query grouping
-    (none for dense and NSA attention) and refresh cadence (none for dense attention) as its
-    attention ran them."""
+    (none for dense and NSA attention), refresh cadence (none for dense attention) and NSA tile
+    plan (NSA attention only; a row without one ran the default) as its attention ran them."""
     a = row.get("attention", {})
     grouping = (a["mode"], a["group_size"]) if a.get("kind") == "sparse" else None
     refresh = a.get("refresh_every") if a.get("kind") in ("sparse", "nsa") else None
-    return name, metadata, grouping, refresh
+    plan = a.get("tile_plan", DEFAULT_TILE_PLAN) if a.get("kind") == "nsa" else None
+    return name, metadata, grouping, refresh, plan
 
 
 def with_metadata(strategy: Strategy, metadata: str) -> Strategy:
@@ -101,26 +103,31 @@ def row_strategy(row: dict) -> Strategy:
     s = Strategy.from_name(row["strategy"])
     if s.is_sparse:
         s = dataclasses.replace(s, metadata=row.get("metadata", s.metadata))
-        _, _, grouping, refresh = row_key(s.name, s.metadata, row)
+        _, _, grouping, refresh, _ = row_key(s.name, s.metadata, row)
         if grouping is not None:
             s = dataclasses.replace(s, mode=grouping[0], group_size=grouping[1])
         s = with_refresh(s, refresh)
-    tiles = row.get("attention", {}).get("context_tiles", s.nsa_context_tiles)
-    s = dataclasses.replace(s, nsa_context_tiles=tiles)
+    a = row.get("attention", {})
+    tiles = a.get("context_tiles", s.nsa_context_tiles)
+    s = dataclasses.replace(
+        s, nsa_context_tiles=tiles, nsa_tile_plan=a.get("tile_plan", DEFAULT_TILE_PLAN)
+    )
     return with_nsa_rows_per_tile(s, row.get(NSA_SCHEDULE, PACKED_ROWS))
 
 
 def strategy_label(row: dict) -> str:
-    """The row's baseline, with its block scores, query grouping and refresh cadence where they
-    are not the baseline's own."""
+    """The row's baseline, with its block scores, query grouping, refresh cadence and NSA tile
+    plan where they are not the baseline's own."""
     metadata = row.get("metadata", "nsa")
     own = Strategy.from_name(row["strategy"])
-    _, _, grouping, refresh = row_key(row["strategy"], metadata, row)
+    _, _, grouping, refresh, plan = row_key(row["strategy"], metadata, row)
     parts = [] if metadata == "nsa" else [metadata]
     if grouping is not None and grouping != (own.mode, own.group_size):
         parts.append(f"{grouping[0]} C={grouping[1]}")
     if refresh is not None and refresh != own.refresh_every:
         parts.append(f"refresh every {refresh}")
+    if plan is not None and plan != own.nsa_tile_plan:
+        parts.append(f"tile plan {plan}")
     return row["strategy"] + (f" ({', '.join(parts)})" if parts else "")
 
 

@@ -181,3 +181,22 @@ def test_each_metadata_method_takes_its_own_selection_class():
     assert (
         p.op_seconds["verify.selection_quest"][0] == 0 < p.op_seconds["verify.selection_quest"][1]
     )
+
+
+def test_the_tile_plan_reaches_the_step_model_and_the_engine():
+    """``Strategy.nsa_tile_plan`` is counted by the step model's NSA work: one draft row a
+    tile is the same tile under "fit" and "fit_slots", which are priced alike and apart from
+    "fixed" where their slots differ (batch 16 at 128K); the engine's NSA attention runs the
+    plan. A bad plan is refused naming it."""
+    from ssvkit.engine.attention import AttentionConfig
+
+    gpu = get_gpu("h200")
+    s = Strategy.from_name("ar_sparse")
+    plans = [dataclasses.replace(s, nsa_tile_plan=p, name=p) for p in ("fixed", "fit", "fit_slots")]
+    rows = compare(LLAMA, gpu, plans, [131072], Workload(acceptance=0.8, batch=16))
+    tps = {r["strategy"]: r["tokens_per_s"] for r in rows}
+    assert tps["fit"] == pytest.approx(tps["fit_slots"])
+    assert tps["fit"] != pytest.approx(tps["fixed"], rel=1e-3)
+    assert AttentionConfig.from_strategy(plans[2]).tile_plan == "fit_slots"
+    with pytest.raises(ValueError, match="nsa_tile_plan must be one of .*'wide'"):
+        dataclasses.replace(s, nsa_tile_plan="wide")

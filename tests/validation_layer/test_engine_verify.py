@@ -240,3 +240,23 @@ def test_a_row_of_another_refresh_cadence_is_labelled_and_predicted_as_run(capsy
         engine_verify.parse_args(["--refresh-every", "0"])
     assert e.value.code == 2
     assert "--refresh-every must be layers >= 1" in capsys.readouterr().err
+
+
+def test_a_row_of_another_nsa_tile_plan_is_labelled_and_predicted_as_run(capsys):
+    """``--nsa-tile-plan`` runs the NSA strategies under that plan; a row records it in its
+    attention, which labels it, keys it apart from the default plan's row and prices it."""
+    attention = dict(kind="nsa", refresh_every=4, tile_plan="fit_slots")
+    row = dict(strategy="ssv", metadata="nsa", attention=attention)
+    assert strategy_label(row) == "ssv (tile plan fit_slots)"
+    assert row_strategy(row).nsa_tile_plan == "fit_slots"
+    own = dict(row, attention=dict(attention, tile_plan="fixed"))
+    old = dict(row, attention={k: v for k, v in attention.items() if k != "tile_plan"})
+    assert strategy_label(own) == strategy_label(old) == "ssv"
+    assert engine_verify.row_key("ssv", "nsa", row) != engine_verify.row_key("ssv", "nsa", own)
+    assert engine_verify.row_key("ssv", "nsa", own) == engine_verify.row_key("ssv", "nsa", old)
+    assert engine_verify.parse_args(["--nsa-tile-plan", "fit"]).nsa_tile_plan == "fit"
+    with pytest.raises(SystemExit) as e:
+        engine_verify.parse_args(["--nsa-tile-plan", "wide"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--nsa-tile-plan" in err and "wide" in err and "\n" not in err
