@@ -97,7 +97,7 @@ class NsaVerifyConfig:
     )
 
     tile_plan: str = field(
-        default="fixed",
+        default=nsa_plan.DEFAULT_TILE_PLAN,
         metadata={
             "help": "row tiles and slots: fixed (tiles of at most block_m MMA rows and 16 "
             "draft rows, slots within one wave; the plan the committed rows were measured "
