@@ -34,6 +34,7 @@ from ssvkit.kernels.layer_ops import norm_eps
 from ssvkit.kernels.linear_kernels import linear_kernel
 from ssvkit.kernels.pdl import INTERPRETED
 from ssvkit.perfmodel.linear_rule import MAX_ROWS, MIN_WEIGHT_BYTES
+from ssvkit.perfmodel.numbers import require_at_least_one
 
 # Shared memory a program's pipeline may take when programs share an SM, and its depth.
 STAGE_BYTES_BUDGET = 100 * 1024
@@ -56,9 +57,7 @@ class LinearConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        for name in ("split", "num_stages"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(self, ("split", "num_stages"))
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
 

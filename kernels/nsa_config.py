@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ssvkit.perfmodel import nsa_plan
+from ssvkit.perfmodel.numbers import require_at_least_one
 
 SCORE_SOURCES = ("auto", "stored", "computed")
 SCORE_MAPS = ("matrix", "band")
@@ -152,15 +153,16 @@ class NsaVerifyConfig:
         for name in ("num_warps", "score_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"{name} must be a power of two <= 16, got {getattr(self, name)}")
-        for name in (
-            "num_stages",
-            "ctas_per_sm",
-            "compressed_ctas",
-            "max_splits",
-            "min_tiles_per_slot",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(
+            self,
+            (
+                "num_stages",
+                "ctas_per_sm",
+                "compressed_ctas",
+                "max_splits",
+                "min_tiles_per_slot",
+            ),
+        )
         if self.rows_per_tile < 0:
             raise ValueError(f"rows_per_tile must be >= 0, got {self.rows_per_tile}")
         if self.num_splits < 0:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from ssvkit.perfmodel.numbers import require_at_least_one
 
 L2_FLUSH_BYTES = 256 * 2**20
 TIMINGS = ("launch", "graph")
@@ -58,9 +59,7 @@ class TimingConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("reps", "graph_launches", "graph_reps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(self, ("reps", "graph_launches", "graph_reps"))
         if self.warmup < 1:
             raise ValueError(f"warmup must be >= 1 (compiles before capture), got {self.warmup}")
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ssvkit.perfmodel.numbers import require_at_least_one
+
 
 def next_pow2(x: int) -> int:
     """Smallest power of two >= ``x`` (1 for x <= 1), as ``triton.next_power_of_2``."""
@@ -59,17 +61,18 @@ class DenseVerifyConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        for name in (
-            "num_warps_small",
-            "num_warps_large",
-            "num_stages",
-            "ctas_per_sm",
-            "ctas_per_sm_large",
-            "min_tiles_per_split",
-            "max_splits",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(
+            self,
+            (
+                "num_warps_small",
+                "num_warps_large",
+                "num_stages",
+                "ctas_per_sm",
+                "ctas_per_sm_large",
+                "min_tiles_per_split",
+                "max_splits",
+            ),
+        )
 
 
 DEFAULT_DENSE_CONFIG = DenseVerifyConfig()
@@ -235,9 +238,7 @@ class SparseVerifyConfig:
             raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
         if self.num_stages is not None and self.num_stages < 1:
             raise ValueError(f"num_stages must be >= 1 or None, got {self.num_stages}")
-        for name in ("wave_warps", "max_splits"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(self, ("wave_warps", "max_splits"))
         if not self.program_blocks >= 0.0:
             raise ValueError(f"program_blocks must be >= 0, got {self.program_blocks}")
         if self.num_splits is not None and self.num_splits < 1:

@@ -18,6 +18,7 @@ from ssvkit.perfmodel.nsa_plan import (
     TILE_PLANS,
     tile_packing,
 )
+from ssvkit.perfmodel.numbers import require_at_least_one
 
 ELEM_BYTES = 2  # bf16 K/V, queries, outputs
 F32 = 4
@@ -64,9 +65,9 @@ class NsaShape:
     tile_plan: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(
+            self, ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n")
+        )
         if self.comp_stride < 0:
             raise ValueError(f"comp_stride must be >= 0, got {self.comp_stride}")
         if not 0.0 <= self.overlap <= 1.0:

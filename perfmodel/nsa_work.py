@@ -1,5 +1,5 @@
 """The work one NSA verification call does, counted from the launch plan the current kernels
-make (``perfmodel.nsa_plan``: ``slot_counts``, ``plan_slots``, ``split_slots``), without
+make (``perfmodel.nsa_plan``: ``plan_slots``, ``split_slots``), without
 torch: the counts the slot-planned NSA classes are fitted on and priced with (``NsaWork``).
 
 A call's forward launches (``perfmodel.nsa_shape.forward_launches``) each have
@@ -20,7 +20,6 @@ from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
     CTAS_PER_SM,
     EXPECTED_OVERLAP,
-    MAKESPAN_PLANS,
     MIN_TILES_PER_SLOT,
     PAIRED_RESIDENT,
     STORED_SCORE_BYTES,
@@ -28,7 +27,6 @@ from ssvkit.perfmodel.nsa_plan import (
     WGMMA_ROW_COST,
     pairs_launches,
     plan_slots,
-    slot_counts,
     split_slots,
     stores_scores,
     tile_packing,
@@ -124,27 +122,22 @@ def launch_part(
     s: NsaShape, launch: Launch, num_sms: int, smem_per_sm_bytes: int
 ) -> tuple[Part, int]:
     """One forward launch as a ``Part``, and the slots each of its programs has: as many as
-    the host sizes at the longest prefix and its assumed overlap (``nsa_plan.slot_counts``;
-    ``nsa_plan.plan_slots`` under the makespan plans)."""
+    the host sizes at the longest prefix and its assumed overlap under the shape's tile plan
+    (``nsa_plan.plan_slots``)."""
     heads = s.batch * s.num_kv_heads
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     programs = heads * len(launch.rows)
     host = branch_units(assumed, tile_union_blocks(assumed, launch.rows[0]))
-    if s.plan in MAKESPAN_PLANS:
-        capacity = num_sms * CTAS_PER_SM
-        n = sum(
-            plan_slots(
-                host,
-                launch.branches,
-                programs,
-                capacity,
-                tile_plan=s.plan,
-                min_tiles_per_slot=MIN_TILES_PER_SLOT,
-            )
-        )
-    else:
-        ctas = s.compressed_ctas if launch.alone else 1
-        n = sum(slot_counts(host, programs, num_sms, launch.branches, compressed_ctas=ctas))
+    slots = plan_slots(
+        host,
+        launch.branches,
+        programs,
+        num_sms * CTAS_PER_SM,
+        tile_plan=s.plan,
+        min_tiles_per_slot=MIN_TILES_PER_SLOT,
+        compressed_ctas=s.compressed_ctas if launch.alone else 1,
+    )
+    n = sum(slots)
     busiest = total = 0.0
     for u in launch.units:
         split = split_slots(n, u, launch.branches)

@@ -16,6 +16,14 @@ MAX_COUNT = 1 << 40
 SUFFIXES = {"K": 1 << 10, "M": 1 << 20}
 
 
+def require_at_least_one(obj, names) -> None:
+    """``ValueError`` naming the first of the attributes ``names`` of ``obj`` below 1 (a
+    config's or a call shape's counts)."""
+    for name in names:
+        if getattr(obj, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(obj, name)}")
+
+
 def parse_count(value, what: str, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
     """An integer in ``[minimum, maximum]`` from an int, an integral float or a text such as
     ``32768``, ``32K`` or ``1.5K``."""

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.perfmodel.numbers import require_at_least_one
 from ssvkit.perfmodel.pick_work import (
     CANDIDATES_PER_PICK,
     WARP_LANES,
@@ -76,9 +77,9 @@ class SelectShape:
     num_local: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(
+            self, ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "top_n")
+        )
         if self.num_local < 0:
             raise ValueError(f"num_local must be >= 0, got {self.num_local}")
         if self.num_q_heads % self.num_kv_heads:

@@ -35,6 +35,7 @@ from ssvkit.perfmodel.attention_work import (
     row_cost,
     union_plan_compares,
 )
+from ssvkit.perfmodel.numbers import require_at_least_one
 from ssvkit.perfmodel.sparse import union_blocks
 from ssvkit.perfmodel.work_points import at_distinct_points
 
@@ -73,12 +74,10 @@ class SparseShape:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "group_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("top_n", "block_size", "context_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(
+            self, ("batch", "t", "num_q_heads", "num_kv_heads", "head_dim", "group_size")
+        )
+        require_at_least_one(self, ("top_n", "block_size", "context_len"))
         if self.local_blocks < 0:
             raise ValueError(f"local_blocks must be >= 0, got {self.local_blocks}")
         if not 0.0 <= self.overlap <= 1.0:
