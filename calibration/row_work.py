@@ -22,6 +22,7 @@ from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.nsa_plan import (
     COMPRESSED_CTAS_PER_SM,
     CONTEXT_TILES,
+    DEFAULT_TILE_PLAN,
     TILE_PLANS,
     tile_packing,
 )
@@ -160,7 +161,7 @@ def nsa_row_overlap(row: dict) -> float:
     rest = 2 * b * t * hq * d * 2 + b * hq * t * 4 + b * t * hq * 3 * 4
     rest += b * hkv * comp_tokens * kv_row
     sel = ((row["unique_bytes"] - rest) / kv_row / (b * hkv) - p["window"] - t) / p["block_size"]
-    plan = p.get("tile_plan", "fixed")
+    plan = p.get("tile_plan", DEFAULT_TILE_PLAN)
     step = tile_packing(t, hq // hkv, p["rows_per_tile"], plan)[0] if "rows_per_tile" in p else t
     rows = [min(step, t - i) for i in range(0, t, step)]
     spread = sum(r - 1 for r in rows)
@@ -210,8 +211,8 @@ def nsa_work(row: dict, gpu: GpuSpec | None, compressed_ctas: int | None = None)
         # An unfused row without the param ran its branches on one stream.
         branch_streams=int(p["impl"] == "unfused" and bool(p.get("branch_streams", False))),
         compressed_ctas=compressed_ctas or row_compressed_ctas(row),
-        # A row without the param ran the "fixed" plan (every calibration row).
-        tile_plan=TILE_PLANS.index(p.get("tile_plan", "fixed")),
+        # A row without the param ran the default plan (every calibration row).
+        tile_plan=TILE_PLANS.index(p.get("tile_plan", DEFAULT_TILE_PLAN)),
     )
     return nsa_call_work(
         shape,
