@@ -45,12 +45,20 @@ class WarmRunner(Runner):
 
 def warm_configs(r: WarmRunner, configs: list[KernelConfig], seed: int, mods: dict) -> int:
     """Call the ops of this worker's pending configs once each (no check, no ceilings, no
-    row); returns the exit status."""
+    row); returns the exit status. The workers share the GPU's memory, so a config whose
+    inputs do not fit beside the other workers' is skipped (the timed run, alone on the GPU,
+    compiles its kernels at their first call) and the worker goes on with the next."""
+    skipped = 0
     for cfg in configs:
         if r.out_of_time():
             break
-        ops.run_config(r, cfg, seed, mods[cfg.step])
-    print(f"warm {r.shard}: {r.num_warmed} ops called in {r.elapsed_s():.0f} s")
+        try:
+            ops.run_config(r, cfg, seed, mods[cfg.step])
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            skipped += 1
+    note = f", {skipped} configs skipped for memory" if skipped else ""
+    print(f"warm {r.shard}: {r.num_warmed} ops called in {r.elapsed_s():.0f} s{note}")
     return 0
 
 

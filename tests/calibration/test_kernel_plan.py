@@ -423,6 +423,32 @@ def test_compile_jobs_run_their_workers_first_then_time_every_config(tmp_path, m
         assert opts.warm == Shard(k, 3) and opts.compile_jobs == 1 and opts.out == tmp_path
 
 
+def test_a_warm_worker_skips_a_config_whose_inputs_do_not_fit_and_warms_the_rest(
+    tmp_path, monkeypatch, capsys
+):
+    """Warm workers share the GPU's memory: a config whose inputs run out of it is skipped
+    (the timed run compiles it) and the worker calls the configs after it, exiting 0."""
+    import torch
+
+    _fake_gpu_sweep(monkeypatch, ("repair",), [])
+    called: list[str] = []
+
+    def run(r, cfg, seed, mod):
+        called.append(cfg.name)
+        if len(called) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.50 GiB")
+
+    monkeypatch.setattr(kernel_sweep.ops, "run_config", run)
+    argv = ["--grid", "calibration", "--gpu", "h200", "--timings", "graph", "--ops", "repair"]
+    argv += ["--out", str(tmp_path), "--warm", "0/2", "--compile-jobs", "1"]
+    assert kernel_sweep.main(argv) == 0
+    assert len(called) > 1
+    assert "1 configs skipped for memory" in capsys.readouterr().out
+    assert not (tmp_path / "kernel_bench.jsonl").exists() or not read_rows(
+        tmp_path / "kernel_bench.jsonl"
+    )
+
+
 def _fake_gpu_sweep(monkeypatch, steps, checked: list[str]) -> list[str]:
     """Make ``kernel_sweep.main`` run on the CPU: a GPU reported present, fixed provenance
     and ceilings, each step's check appending its name to ``checked``, and every config
