@@ -28,8 +28,6 @@ LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
-# MMA rows one warpgroup (4 warps) of a "fit" plan's forward program carries.
-ROWS_PER_WARPGROUP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +164,7 @@ def make_plan(
     b, t, h, d = q.shape
     hkv, t_max = k_cache.shape[1], k_cache.shape[2]
     rows, group_pad, block_m = tile_packing(t, h // hkv, config)
-    num_warps = config.num_warps
-    if config.tile_plan == "fit" and block_m > ROWS_PER_WARPGROUP:
-        num_warps = min(16, config.num_warps * block_m // ROWS_PER_WARPGROUP)
+    num_warps = nsa_plan.forward_warps(block_m, config.tile_plan, config.num_warps)
     return LaunchPlan(
         batch=b,
         num_t=t,

@@ -46,6 +46,8 @@ DEFAULT_TILE_PLAN = "fixed"
 MAKESPAN_PLANS = ("fit", "fit_slots")
 FIT_BLOCK_M_MAX = 128
 FIT_MAX_TILE_ROWS = 32
+FORWARD_WARPS = 4  # NsaVerifyConfig.num_warps: warps of a forward program
+MAX_FORWARD_WARPS = 16
 # NsaVerifyConfig.context_tiles: the compressed branch on the row schedule's tiles ("per_tile",
 # also what a kernel row without params.context_tiles ran) or, where that saves tiles, on the
 # tiles of the packed schedule in a launch of its own ("shared"), or so and, in a reuse call
@@ -74,6 +76,16 @@ def stores_scores(rows: int, group: int, key_bytes: int) -> bool:
     compressed token) rather than computing them again from the compressed key
     (``key_bytes``): whichever moves fewer bytes."""
     return STORED_SCORE_BYTES * rows * group < key_bytes
+
+
+def forward_warps(block_m: int, tile_plan: str, num_warps: int = FORWARD_WARPS) -> int:
+    """Warps of a forward program over a row tile of ``block_m`` MMA rows: ``num_warps``, and
+    under "fit" ``num_warps`` for each warpgroup's ``WGMMA_MIN_ROWS`` rows of a taller tile (at
+    most ``MAX_FORWARD_WARPS``), so that a 128-row tile's second half has warps of its own.
+    Two launches of unlike warp counts never run as one (``pairs_launches``)."""
+    if tile_plan == "fit" and block_m > WGMMA_MIN_ROWS:
+        return min(MAX_FORWARD_WARPS, num_warps * block_m // WGMMA_MIN_ROWS)
+    return num_warps
 
 
 def pairs_launches(programs: int, num_sms: int) -> bool:

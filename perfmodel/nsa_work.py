@@ -25,6 +25,7 @@ from ssvkit.perfmodel.nsa_plan import (
     STORED_SCORE_BYTES,
     WGMMA_MIN_ROWS,
     WGMMA_ROW_COST,
+    forward_warps,
     pairs_launches,
     plan_slots,
     split_slots,
@@ -176,11 +177,14 @@ def _schedule(
     ``slots``: one a launch of ``launches``).
 
     ``context_tiles`` "paired" runs a fused reuse call's two launches as one where one wave
-    holds them (``nsa_plan.pairs_launches``); ``branch_streams`` runs an unfused call's
+    holds them (``nsa_plan.pairs_launches``) and they have one warp count
+    (``nsa_plan.forward_warps``); ``branch_streams`` runs an unfused call's
     branches, one launch each, on streams of their own (``side_by_side``): a reuse call's
     launches as one part, a refresh call's compressed and window launches as one part and then
     the selected launch. Other launches run in series."""
     paired = s.shared_context == PAIRED and fused and not refresh and len(parts) == 2
+    # The kernel pairs two launches of one warp count only (kernels.nsa_verify._pairs).
+    paired = paired and len({forward_warps(la.block_m, s.plan) for la in launches}) == 1
     if paired and pairs_launches(parts[0].grid + parts[1].grid, num_sms):
         a, b = parts  # one launch of kernels.nsa_pair, PAIRED_RESIDENT programs an SM
         grid, tiles = a.grid + b.grid, a.key_tiles + b.key_tiles

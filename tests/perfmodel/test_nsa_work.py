@@ -6,7 +6,13 @@ import dataclasses
 import numpy as np
 import pytest
 from ssvkit.perfmodel.class_fit import ClassFit
-from ssvkit.perfmodel.nsa_plan import plan_slots, slot_counts, split_slots, tile_packing
+from ssvkit.perfmodel.nsa_plan import (
+    forward_warps,
+    plan_slots,
+    slot_counts,
+    split_slots,
+    tile_packing,
+)
 from ssvkit.perfmodel.nsa_shape import NsaShape, forward_launches, live_launches
 from ssvkit.perfmodel.nsa_work import (
     launch_part,
@@ -195,6 +201,25 @@ def test_paired_launches_count_one_launch_where_one_wave_holds_them():
             dataclasses.replace(shape, shared_context=2), fused=fused, refresh=refresh, **kw
         )
         assert one == two
+
+
+def test_launches_of_unlike_warp_counts_are_not_paired():
+    """Under "fit" a packed tile of 17 rows at group four is 128 MMA rows on 8 warps, the
+    schedule's tiles of four rows 16 on 4: the kernel runs the two launches apart
+    (``kernels.nsa_verify._pairs``), so "paired" counts what "shared" does; at 16 rows both
+    launches have 4 warps and pair as under "fixed"."""
+    kw = dict(num_sms=SMS, smem_per_sm_bytes=SMEM)
+    assert forward_warps(128, "fit") == 8 and forward_warps(128, "fixed") == 4
+    assert forward_warps(64, "fit") == forward_warps(16, "fit") == 4
+    for t, apart in ((17, True), (16, False)):
+        fit = dataclasses.replace(
+            SHAPE, context_len=131072, t=t, rows_per_tile=4, shared_context=1, tile_plan=1
+        )
+        shared = nsa_call_work(fit, fused=True, refresh=False, **kw)
+        paired = nsa_call_work(
+            dataclasses.replace(fit, shared_context=2), fused=True, refresh=False, **kw
+        )
+        assert (paired == shared) is apart
 
 
 def test_a_refresh_call_counts_its_block_scoring():
