@@ -26,7 +26,9 @@ class NsaVerifyConfig:
     )
     block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
     score_warps: int = field(default=4, metadata={"help": "warps per block-scoring program"})
-    num_warps: int = field(default=4, metadata={"help": "warps per forward program"})
+    num_warps: int = field(
+        default=nsa_plan.FORWARD_WARPS, metadata={"help": "warps per forward program"}
+    )
     num_stages: int = field(default=3, metadata={"help": "software-pipeline depth of loads"})
     num_splits: int = field(
         default=0,

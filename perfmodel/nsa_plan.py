@@ -46,7 +46,7 @@ DEFAULT_TILE_PLAN = "fixed"
 MAKESPAN_PLANS = ("fit", "fit_slots")
 FIT_BLOCK_M_MAX = 128
 FIT_MAX_TILE_ROWS = 32
-FORWARD_WARPS = 4  # NsaVerifyConfig.num_warps: warps of a forward program
+FORWARD_WARPS = 4  # warps of a forward program (NsaVerifyConfig.num_warps defaults to it)
 MAX_FORWARD_WARPS = 16
 # NsaVerifyConfig.context_tiles: the compressed branch on the row schedule's tiles ("per_tile",
 # also what a kernel row without params.context_tiles ran) or, where that saves tiles, on the
