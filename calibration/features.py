@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ssvkit.calibration.nsa_rows import nsa_work
 from ssvkit.calibration.row_work import (
     dense_work,
     is_select_plan,
     is_slot_plan,
-    nsa_work,
     repair_dedup_bytes,
     repair_work,
     select_work,

@@ -1,8 +1,8 @@
 """The launch-plan work of one measured kernel row: the counts its op's plan gives at the row's
-parameters and on the GPU that timed it (``perfmodel.nsa_work``, ``perfmodel.select_work``,
-``perfmodel.sparse_work``, ``perfmodel.dense_work``, ``perfmodel.repair_work``), and which plan
-a row's kernels followed (rows of older kernels keep theirs, by the commit that timed them).
-``calibration.features`` derives the fit's features from them.
+parameters and on the GPU that timed it (``perfmodel.select_work``, ``perfmodel.sparse_work``,
+``perfmodel.dense_work``, ``perfmodel.repair_work``; NSA's in ``calibration.nsa_rows``), and
+which plan a row's kernels followed (rows of older kernels keep theirs, by the commit that timed
+them). ``calibration.features`` derives the fit's features from them.
 """
 
 from __future__ import annotations
@@ -19,15 +19,6 @@ from ssvkit.perfmodel.attention_plan import (
 )
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
-from ssvkit.perfmodel.nsa_plan import (
-    COMPRESSED_CTAS_PER_SM,
-    CONTEXT_TILES,
-    DEFAULT_TILE_PLAN,
-    TILE_PLANS,
-    tile_packing,
-)
-from ssvkit.perfmodel.nsa_shape import NsaShape
-from ssvkit.perfmodel.nsa_work import NsaWork, nsa_call_work
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
 from ssvkit.perfmodel.sparse_work import (
@@ -115,7 +106,7 @@ def is_plan_priced(row: dict) -> bool:
     return is_slot_plan(row) or is_select_plan(row) or row["op"] in plan_ops
 
 
-def _sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
+def sm_resources(gpu: GpuSpec | None) -> dict[str, int]:
     """``gpu``'s SMs and shared memory per SM, the H100/H200's 132 and 227 KiB when None."""
     if gpu is None:
         return {"num_sms": 132, "smem_per_sm_bytes": 227 * 1024}
@@ -141,103 +132,14 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
     return select_call_work(
         shape,
         fused=p.get("impl") == "one_launch",
-        **_sm_resources(gpu),
+        **sm_resources(gpu),
         tile_pick=False if row.get("git_commit", "")[:7] in SELECT_WHOLE_ROW_PICK_COMMITS else None,
     )
-
-
-def nsa_row_overlap(row: dict) -> float:
-    """The selection overlap gamma that gives an NSA row's measured selected blocks: the row
-    counts, per (sequence, KV head), the union of each row tile's blocks outside the window
-    (its rows' tiles as the plan packs them with a row schedule, else one union of all rows:
-    ``calibration.kernel_ops``), and the selection model puts ``n (1 + (r - 1)(1 - gamma))``
-    blocks in a union of ``r`` rows. 0.7 (the host's assumption) where no union has two rows."""
-    p = row["params"]
-    b, t, hq, hkv, d = (
-        p[k] for k in ("batch", "num_query_tokens", "num_q_heads", "num_kv_heads", "head_dim")
-    )
-    comp_tokens = (p["context_len"] - p["comp_block"]) // p["comp_stride"] + 1
-    kv_row = 2 * d * 2
-    rest = 2 * b * t * hq * d * 2 + b * hq * t * 4 + b * t * hq * 3 * 4
-    rest += b * hkv * comp_tokens * kv_row
-    sel = ((row["unique_bytes"] - rest) / kv_row / (b * hkv) - p["window"] - t) / p["block_size"]
-    plan = p.get("tile_plan", DEFAULT_TILE_PLAN)
-    step = tile_packing(t, hq // hkv, p["rows_per_tile"], plan)[0] if "rows_per_tile" in p else t
-    rows = [min(step, t - i) for i in range(0, t, step)]
-    spread = sum(r - 1 for r in rows)
-    if spread == 0:
-        return 0.7
-    n = p["top_n"]
-    return float(min(max(1.0 - (sel - n * len(rows)) / (n * spread), 0.0), 1.0))
 
 
 # Sparse verification rows timed from then on ran 4 warps a program up to an accumulator of
 # ``attention_plan.FOUR_WARP_ACC_ELEMS``; earlier rows 4 up to 32 packed rows, else 8.
 SPARSE_ACC_WARPS_SINCE = "2026-12-06T00:45:00+00:00"
-# Rows timed from then on ran the kernels that size a lone compressed launch of one slot a row
-# tile for two programs an SM (perfmodel.nsa_plan.compressed_capacity); earlier rows for one.
-COMPRESSED_CTAS_SINCE = "2026-11-30T12:50:00+00:00"
-
-
-def row_compressed_ctas(row: dict) -> int:
-    """The ``NsaVerifyConfig.compressed_ctas`` an NSA row ran with, from when it was timed
-    (``COMPRESSED_CTAS_SINCE``; a row without a time is the current kernels')."""
-    stamp = row.get("timestamp")
-    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(COMPRESSED_CTAS_SINCE):
-        return 1
-    return COMPRESSED_CTAS_PER_SM
-
-
-def nsa_work(row: dict, gpu: GpuSpec | None, compressed_ctas: int | None = None) -> NsaWork:
-    """``perfmodel.nsa_work`` of the call an NSA row timed, at its measured selection overlap,
-    on ``gpu``'s SMs and shared memory (the H100/H200's 132 and 227 KiB when None), with the
-    lone compressed launch's sizing it ran (``row_compressed_ctas``) unless given."""
-    p = row["params"]
-    shape = NsaShape(
-        batch=p["batch"],
-        t=p["num_query_tokens"],
-        num_q_heads=p["num_q_heads"],
-        num_kv_heads=p["num_kv_heads"],
-        head_dim=p["head_dim"],
-        context_len=p["context_len"],
-        overlap=nsa_row_overlap(row),
-        rows_per_tile=p.get("rows_per_tile") or 0,
-        top_n=p["top_n"],
-        block_size=p["block_size"],
-        window=p["window"],
-        comp_block=p["comp_block"],
-        comp_stride=p["comp_stride"],
-        shared_context=CONTEXT_TILES.index(p.get("context_tiles", "per_tile")),
-        # An unfused row without the param ran its branches on one stream.
-        branch_streams=int(p["impl"] == "unfused" and bool(p.get("branch_streams", False))),
-        compressed_ctas=compressed_ctas or row_compressed_ctas(row),
-        # A row without the param ran the default plan (every calibration row).
-        tile_plan=TILE_PLANS.index(p.get("tile_plan", DEFAULT_TILE_PLAN)),
-    )
-    return nsa_call_work(
-        shape,
-        fused=p["impl"] == "fused",
-        refresh=p["mode"] == "refresh",
-        **_sm_resources(gpu),
-    )
-
-
-def compressed_ctas_selectors(rows: list[dict], gpu: GpuSpec | None) -> list[str]:
-    """``kernel_sweep --redo`` selectors (every param but ``rotations``) of the graph-timed NSA
-    rows of ``rows`` whose work the lone compressed launch's sizing changes (one program an SM
-    against ``COMPRESSED_CTAS_PER_SM``) and that the sweep times (fused, or unfused side by
-    side): the rows to time again when that sizing came in."""
-    out = []
-    for r in rows:
-        p = r["params"]
-        if r["op"] != "nsa_verify" or r.get("timing") != "graph":
-            continue
-        if p["impl"] == "unfused" and not p.get("branch_streams"):
-            continue
-        if nsa_work(r, gpu, 1) != nsa_work(r, gpu, COMPRESSED_CTAS_PER_SM):
-            conds = ":".join(f"{k}={p[k]}" for k in sorted(p) if k != "rotations")
-            out.append(f"nsa_verify:{conds}")
-    return out
 
 
 def sparse_mode(row: dict) -> str:
@@ -259,7 +161,7 @@ def sparse_regime(row: dict) -> str:
 
 def row_num_sms(row: dict) -> int:
     """SMs of the registry GPU whose device timed ``row``; the H100/H200's 132 for a device
-    the registry does not name (``_sm_resources``)."""
+    the registry does not name (``sm_resources``)."""
     return _device_sms(row.get("device_name", ""))
 
 
@@ -268,7 +170,7 @@ def _device_sms(device_name: str) -> int:
     for gpu, names in DEVICE_NAMES.items():
         if device_name in names:
             return get_gpu(gpu, measured=False).num_sms
-    return _sm_resources(None)["num_sms"]
+    return sm_resources(None)["num_sms"]
 
 
 def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
@@ -308,7 +210,7 @@ def sparse_work(row: dict, gpu: GpuSpec | None) -> SparseWork:
         config=sparse_config(row),
         split_rule="fill" if commit in SPARSE_FILL_SPLIT_COMMITS else "wave_balance",
         union_plan=union_plan_kernel(row),
-        **_sm_resources(gpu),
+        **sm_resources(gpu),
     )
     if commit in SPARSE_ROW_MERGE_COMMITS and work.num_splits > 1:
         # Rows of the one-row merge keep the S steps the H100 profile was fitted with.
@@ -378,7 +280,7 @@ def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:
     p = row["params"]
     heads = (p["num_q_heads"], p["num_kv_heads"], p["head_dim"])
     return dense_call_work(
-        p["batch"], p["num_query_tokens"], p["context_len"], *heads, **_sm_resources(gpu)
+        p["batch"], p["num_query_tokens"], p["context_len"], *heads, **sm_resources(gpu)
     )
 
 
@@ -393,5 +295,5 @@ def repair_work(row: dict, gpu: GpuSpec | None) -> RepairWork:
         p["batch"],
         repair_blocks(p),
         p["block_size"],
-        **_sm_resources(gpu),
+        **sm_resources(gpu),
     )

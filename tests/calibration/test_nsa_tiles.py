@@ -17,7 +17,7 @@ from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
 from ssvkit.calibration.kernel_keys import compile_keys
 from ssvkit.calibration.kernel_plan import plan_shards, variant_work
 from ssvkit.calibration.kernel_summary import summarise
-from ssvkit.calibration.row_work import compressed_ctas_selectors, nsa_work, row_compressed_ctas
+from ssvkit.calibration.nsa_rows import compressed_ctas_selectors, nsa_work, row_compressed_ctas
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.rows import redo_matches, row_key
 
