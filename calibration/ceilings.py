@@ -46,6 +46,31 @@ def profile_rows(gpu: str, folder: Path | None = None) -> list[dict]:
     return rows
 
 
+# A profile folder's rows of the current kernels that its profile of record does not fit yet
+# (validation/data/INDEX.md says why for each GPU that has them).
+UNFITTED = "unfitted"
+# Ops whose rows measure the ceilings, not a kernel family.
+CEILING_OPS = ("device_copy", "empty_triton_kernel")
+
+
+def has_unfitted(gpu: str) -> bool:
+    """Whether ``gpu``'s profile folder holds rows its profile of record does not fit."""
+    return any((PROFILES / gpu / UNFITTED).glob("*.jsonl"))
+
+
+def current_kernel_rows(gpu: str) -> list[dict]:
+    """``gpu``'s rows of the current kernels: its profile's rows, with the rows of each kernel
+    op its ``unfitted/`` folder holds in place of the profile's rows of that op, and that
+    folder's ceiling rows added to the profile's (each run measures its own ceilings). The
+    profile's rows when the folder has none."""
+    rows = profile_rows(gpu)
+    if not has_unfitted(gpu):
+        return rows
+    newer = profile_rows(gpu, PROFILES / gpu / UNFITTED)
+    ops = {r["op"] for r in newer} - set(CEILING_OPS)
+    return [r for r in rows if r["op"] not in ops] + newer
+
+
 def derive(gpu: str, rows: list[dict]) -> dict:
     """The overlay dict for ``GpuSpec.with_measured``."""
     launch = [

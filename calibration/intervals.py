@@ -77,8 +77,9 @@ def residual_rows(
       each predicted by a refit of its classes without its value, a fit of all the rows
       standing for the classes without it: the fitting procedure's error on values it never
       saw;
-    - ``cross_gpu``: every other GPU's committed rows predicted by the profile's fits on that
-      GPU's measured ceilings (``calibration.transfer_sets.predict``)."""
+    - ``cross_gpu``: every other GPU's committed rows of the current kernels
+      (``ceilings.current_kernel_rows``) predicted by the profile's fits on that GPU's measured
+      ceilings (``calibration.transfer_sets.predict``)."""
     heldout = [r for r in annotate(rows, profile) if is_heldout(r)]
     if loo is None:
         base = fit_classes(fitted_rows(rows), gpu, ceiling)
@@ -87,7 +88,7 @@ def residual_rows(
     for other in measured_gpus():
         if other == gpu:
             continue
-        o_rows = ceilings.profile_rows(other)
+        o_rows = ceilings.current_kernel_rows(other)
         o_ceiling = ceilings.derive(other, o_rows)["ceilings"]
         got = predict(fitted_rows(o_rows), profile.classes, other, o_ceiling)[0]
         cross += got

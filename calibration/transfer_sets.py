@@ -288,7 +288,10 @@ def cross_gpu(
     same, other_kernels = same_kernels(fitted_rows(rows), fit, generations)
     annotated, missing = predict(same, fit, other, ceiling)
     out = summarize(annotated, missing, TARGETS["cross_gpu"])
-    out["title"] = f"fit on {fit_gpu}'s rows, predict {other}'s with its measured ceilings"
+    out["title"] = (
+        f"fit on {fit_gpu}'s rows, predict {other}'s with its measured ceilings "
+        "(both GPUs' rows of the current kernels)"
+    )
     out["other_kernels"] = dict(sorted(other_kernels.items()))
     return out
 
@@ -307,6 +310,19 @@ def _committed(gpu: str) -> tuple[list[dict], dict, dict]:
     return rows, ceiling, fit_classes(fitted_rows(rows), gpu, ceiling)
 
 
+@functools.lru_cache(maxsize=4)
+def current_kernels(gpu: str) -> tuple[list[dict], dict, dict]:
+    """``_committed`` of ``gpu``'s rows of the current kernels (``ceilings.current_kernel_rows``:
+    its profile's rows, with the families its profile of record does not fit yet timed again),
+    the ceilings their runs measured and the class fits of them: what the cross-GPU sets fit on
+    and predict, so both sides time the same kernels wherever both GPUs have timed them."""
+    if not ceilings.has_unfitted(gpu):
+        return _committed(gpu)
+    rows = ceilings.current_kernel_rows(gpu)
+    ceiling = ceilings.derive(gpu, rows)["ceilings"]
+    return rows, ceiling, fit_classes(fitted_rows(rows), gpu, ceiling)
+
+
 @functools.lru_cache(maxsize=16)
 def committed_leave_one_out_rows(gpu: str, name: str) -> tuple[list[dict], Counter, dict]:
     """``leave_one_out_rows`` of the set ``name`` on ``gpu``'s committed rows, the fits of all
@@ -318,13 +334,13 @@ def committed_leave_one_out_rows(gpu: str, name: str) -> tuple[list[dict], Count
 @functools.lru_cache(maxsize=16)
 def _committed_set(gpu: str, name: str) -> dict:
     """The set ``name`` of ``gpu``'s committed rows, keyed as ``transfer_report`` keys it."""
-    rows, ceiling, base = _committed(gpu)
     if name in LEAVE_ONE_OUT:
         return {name: _loo_summary(name, *committed_leave_one_out_rows(gpu, name))}
     out = {}
+    rows, ceiling, base = current_kernels(gpu)
     for other in measured_gpus():
         if other != gpu:
-            o_rows, o_ceiling, o_fit = _committed(other)
+            o_rows, o_ceiling, o_fit = current_kernels(other)
             out[f"{gpu}->{other}"] = cross_gpu(gpu, base, rows, other, o_rows, o_ceiling)
             out[f"{other}->{gpu}"] = cross_gpu(other, o_fit, o_rows, gpu, rows, ceiling)
     return out

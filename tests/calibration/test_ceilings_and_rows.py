@@ -90,3 +90,28 @@ def test_sweep_refuses_an_unknown_op_group_in_one_line(tmp_path, capsys):
     assert engine_op_sweep.main(["--out", str(tmp_path), "--ops", "engine,bogus"]) == 2
     err = capsys.readouterr().err.strip()
     assert "'bogus'" in err and "engine" in err and "elementwise" in err
+
+
+def test_current_kernel_rows_put_the_unfitted_families_in_place_and_add_their_ceilings(
+    tmp_path, monkeypatch
+):
+    """A profile folder's ``unfitted/`` rows replace the profile's rows of each kernel op they
+    time; their copy rows join the profile's (each run measured its own ceilings)."""
+    gpu = tmp_path / "h100-sxm"
+    (gpu / ceilings.UNFITTED).mkdir(parents=True)
+    old = [_row(params={"m": 1}), _row(op="device_copy", copy_bytes_per_s=3.0e12)]
+    old.append(_row(op="rmsnorm", params={"m": 4}))
+    new = [_row(params={"m": 2}, git_commit="def"), _row(op="device_copy", copy_bytes_per_s=3.1e12)]
+    for path, rows in ((gpu / "a.jsonl", old), (gpu / ceilings.UNFITTED / "b.jsonl", new)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(ceilings, "PROFILES", tmp_path)
+    assert ceilings.has_unfitted("h100-sxm")
+    got = ceilings.current_kernel_rows("h100-sxm")
+    assert [r["params"] for r in got if r["op"] == "gemm"] == [{"m": 2}]
+    assert [r["op"] for r in got].count("device_copy") == 2 and any(
+        r["op"] == "rmsnorm" for r in got
+    )
+    assert ceilings.derive("h100-sxm", got)["ceilings"]["hbm_bytes_per_s"] == 3.1e12
+    (gpu / ceilings.UNFITTED / "b.jsonl").unlink()
+    assert not ceilings.has_unfitted("h100-sxm")
+    assert ceilings.current_kernel_rows("h100-sxm") == ceilings.profile_rows("h100-sxm")
