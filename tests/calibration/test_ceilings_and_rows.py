@@ -115,3 +115,19 @@ def test_current_kernel_rows_put_the_unfitted_families_in_place_and_add_their_ce
     (gpu / ceilings.UNFITTED / "b.jsonl").unlink()
     assert not ceilings.has_unfitted("h100-sxm")
     assert ceilings.current_kernel_rows("h100-sxm") == ceilings.profile_rows("h100-sxm")
+
+
+def test_every_committed_profile_file_is_package_data():
+    """An installed ssvkit (CI installs it) reads its profiles from the package: every file
+    under calibration/profiles must match one of the package-data globs of pyproject.toml."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["ssvkit.calibration"]
+    base = root / "calibration"
+    packaged = {p for g in globs for p in base.glob(g)}  # a glob's * stays within one folder
+    files = [p for p in (base / "profiles").rglob("*") if p.is_file()]
+    assert files
+    assert [str(p.relative_to(base)) for p in files if p not in packaged] == []
