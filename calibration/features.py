@@ -41,7 +41,8 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
     (``sparse_work``); repair rows get the expected distinct bytes of their uniform random
     selections. Dense verification and repair count their bytes and FLOPs (padded tiles,
     exponentials) from their launch plans (``dense_work``, ``repair_work``), as the step model
-    does; NSA's FLOPs are its padded row tiles' against their branches' keys (``nsa_work``)."""
+    does; NSA's FLOPs are its padded row tiles' against their branches' keys (``nsa_work``);
+    block selection's deduplicated bytes read each KV head's queries once (``select_work``)."""
     p = row["params"]
     flops = float(row["flops"])
     if row["op"] == "sparse_verify":
@@ -59,7 +60,7 @@ def features(row: dict, gpu: GpuSpec | None = None) -> tuple[float, float, float
         return w.requested_bytes, w.mma_flops, w.unique_bytes
     if is_select_plan(row):
         w = select_work(row, gpu)
-        return w.requested_bytes, w.flops, None
+        return w.requested_bytes, w.flops, w.unique_bytes
     return float(row["unique_bytes"]), flops, None
 
 

@@ -63,6 +63,10 @@ class NsaShape:
     # calibration row ran), 1 "fit" (larger row tiles, slots sized by the launch's makespan),
     # 2 "fit_slots" ("fixed"'s tiles, "fit"'s slots).
     tile_plan: int = 0
+    # 1: a reuse call handed its union plan (``kernels.nsa_verify``'s ``union``), as the engine's
+    # fused reuse layers are by the refresh before them; 0: the call builds it (a refresh call,
+    # an unfused call, a kernel-sweep row).
+    union_given: int = 0
 
     def __post_init__(self) -> None:
         require_at_least_one(

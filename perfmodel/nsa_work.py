@@ -47,6 +47,10 @@ from ssvkit.perfmodel.nsa_shape import (
 )
 from ssvkit.perfmodel.work_points import at_distinct_points
 
+I32 = 4
+MAX_WARPS_PER_SM = 64  # Hopper / Ampere
+UNION_PLAN_WARPS = 4  # kernels.nsa_steps.union_plan's num_warps
+
 
 @dataclass(frozen=True, slots=True)
 class NsaWork:
@@ -70,7 +74,8 @@ class NsaWork:
       half), weighted by ``dense_work.key_tile_weight`` (a tile's MMAs and softmax at its head
       dimension over their work at D = 128), as a dense call's rows are: the head dimension
       scales what a key tile's rows cost, not the latency of its load;
-    - ``waves``: program waves summed over the parts (each pays a prologue and an epilogue);
+    - ``waves``: program waves summed over the parts (each pays a prologue and an epilogue),
+      and those of the union plan's launch where the call builds it (``union_plan_work``);
     - ``pick_rows``: a refresh call's selection rows (``B x Hkv x t``), each walked by one
       program of the top-n pick; its block scoring's bytes and FLOPs are in the counts above
       (``block_score_work``);
@@ -78,7 +83,7 @@ class NsaWork:
       against every key of the tile's branches (its union of selected blocks included: a row
       computes the blocks its tile's other rows selected, masked), ``4 x BLOCK_M x D`` a key.
 
-    It ignores the union plan's launch and the spread of union sizes across tiles.
+    It ignores the spread of union sizes across tiles.
     """
 
     requested_bytes: float
@@ -104,6 +109,30 @@ def block_score_work(s: NsaShape, comp: Launch) -> tuple[float, float]:
         return heads * float(STORED_SCORE_BYTES) * sum(comp.rows) * group * nc, 0.0
     keys = heads * len(comp.rows) * nc
     return keys * s.head_dim * ELEM_BYTES, keys * comp.block_m * s.head_dim * 2.0
+
+
+def union_plan_work(
+    s: NsaShape, launches: list[Launch], *, fused: bool, refresh: bool, num_sms: int
+) -> tuple[float, float]:
+    """(waves, bytes) of the union plan's launch a call makes before its forward
+    (``kernels.nsa_steps.union_plan``): one program per row tile of the selected branch's
+    launch, of ``UNION_PLAN_WARPS`` warps, that clears a bitmap of the scored blocks, sets its
+    rows' bits (an atomic a picked block) and scans the bitmap into the tile's ascending list
+    and member bits. None where the tiles hold one row each (a row streams its own picks) or
+    the call is handed the plan (``NsaShape.union_given``: a fused reuse call)."""
+    given = s.union_given and fused and not refresh
+    tiles = [la.rows for la in launches if la.branches[1]]
+    if given or not tiles or max(tiles[0]) <= 1:
+        return 0.0, 0.0
+    heads = s.batch * s.num_kv_heads
+    programs = heads * len(tiles[0])
+    nb_max = math.ceil((s.context_len + s.t) / s.block_size)
+    per_sm = MAX_WARPS_PER_SM // UNION_PLAN_WARPS
+    waves = math.ceil(programs / (num_sms * per_sm))
+    bitmap = 2 * nb_max * I32  # cleared, then scanned
+    lists = 2 * min(max(tiles[0]) * s.top_n, nb_max) * I32 + I32  # blocks, bits, count
+    picks = heads * s.t * s.top_n * I32
+    return float(waves), float(programs * (bitmap + lists) + picks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,10 +257,14 @@ def nsa_call_work(
     series, merge = _schedule(s, launches, parts, slots, fused, refresh, num_sms)
     chain = sum(max(p.busiest, p.key_tiles / (num_sms * p.resident)) for p in series)
     waves = sum(math.ceil(p.grid / (num_sms * p.resident)) for p in series)
+    plan_waves, plan_bytes = union_plan_work(
+        s, launches, fused=fused, refresh=refresh, num_sms=num_sms
+    )
+    waves += plan_waves
     comp_units, _, win_units = branch_units(s, 0.0)
     selected = branch_units(s, tile_union_blocks(s, s.t))[1]
     rows_q = s.batch * s.t * s.num_q_heads
-    other = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * 3 * F32 + partial_bytes
+    other = 2 * rows_q * s.head_dim * ELEM_BYTES + rows_q * 3 * F32 + partial_bytes + plan_bytes
     if not fused:
         branches = 3 if s.comp_stride else 2
         other += branches * 2 * rows_q * s.head_dim * ELEM_BYTES  # branch outputs, gated apart

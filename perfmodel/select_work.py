@@ -102,7 +102,9 @@ class SelectWork:
 
     - ``requested_bytes``: the metadata (``kinds`` tensors, an element an fp32 value in two
       bf16 parts), the queries each score program averages, the score rows written and read
-      back by the pick, the picked ids;
+      back by the pick, the picked ids; ``unique_bytes``: the same with each (sequence, KV
+      head)'s queries once: its score programs all read them, and the repeats may hit L2
+      (about half a call's requested bytes at 64 query rows of 32 / 8 heads at 64K);
     - ``flops``: the score tiles' MMAs, padded rows and blocks included, three passes each;
     - ``chain_tiles``: score tiles an SM walks in series: a program's tiles times the SM's
       waves of resident programs, a wave weighted by the warps that share each of the SM's
@@ -146,6 +148,7 @@ class SelectWork:
     launches: float
     sort_chain: float = 0.0
     pick_tail_chain: float = 0.0
+    unique_bytes: float = 0.0  # requested_bytes with each KV head's queries read once
 
     @property
     def stage_counts(self) -> tuple[float, ...]:
@@ -286,6 +289,8 @@ def select_call_work(
         pick = _threshold_pick(nb, s.top_n, rows, lw if fused else pw, pick_waves)
     flops = MMA_PASSES * 2 * pairs * t_pad * nb_tiles * block_nb * s.head_dim * s.kinds
     pick["requested_bytes"] += meta + queries + rows * s.top_n * I32
+    distinct_queries = s.batch * s.t * s.num_q_heads * s.head_dim * ELEM_BYTES
+    pick["unique_bytes"] = pick["requested_bytes"] - queries + distinct_queries
     return SelectWork(
         flops=float(flops),
         chain_tiles=float(chain_tiles),

@@ -100,6 +100,7 @@ def select_plan_op(model: ModelSpec, c: Columns, q_sel, hq, hkv, on, num_sms: in
         on * w["launches"],
         kernel=kernel,
         calls=on * 1.0,
+        dedup_bytes=on * w["unique_bytes"],
         depth=on * w["chain_tiles"],
         tile_rows=on * w["tile_work"],
         stage_counts=(

@@ -203,6 +203,8 @@ def nsa_shape(model: ModelSpec, c: Columns, hq, hkv) -> dict:
         shared_context=c.nsa_shared_context,
         branch_streams=int(DEFAULT_BRANCH_STREAMS),
         tile_plan=c.nsa_tile_plan,
+        # The engine hands a fused reuse layer the union plan of the refresh before it.
+        union_given=1,
     )
 
 

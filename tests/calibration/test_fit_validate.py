@@ -347,3 +347,15 @@ def test_only_the_slot_planned_nsa_classes_fit_an_overlap_exponent():
         for name, cf in profile.classes.items():
             fitted = name.startswith("nsa_verify/") and nsa_p
             assert (1.0 <= cf.overlap_p <= 32.0) if fitted else cf.overlap_p == 0.0, name
+
+
+def test_the_current_nsa_classes_flop_efficiency_never_falls_with_size():
+    """A FLOP knot no row's compute bound reaches cannot dip below a smaller call's
+    (``MONOTONE_FLOPS_OPS``): the committed H200 profile's NSA classes, fitted on the current
+    kernels' plan, rise or stay level; the H100 profile of record's split-plan classes keep
+    their fit."""
+    profile = Profile.load(ceilings.PROFILES / "h200" / "profile.json", gpu="h200")
+    nsa = {n: c for n, c in profile.classes.items() if n.startswith("nsa_verify/")}
+    assert len(nsa) == 8
+    for name, cf in nsa.items():
+        assert all(b >= a for a, b in zip(cf.flops_eff, cf.flops_eff[1:], strict=False)), name

@@ -19,6 +19,7 @@ from ssvkit.perfmodel.nsa_work import (
     nsa_call_work,
     nsa_work_arrays,
     side_by_side,
+    union_plan_work,
 )
 
 SMS, SMEM = 132, 228 * 1024
@@ -87,11 +88,39 @@ def test_twice_the_serial_tiles_at_equal_bytes_is_priced_higher():
 
 
 def test_refresh_adds_a_launch_and_pick_rows():
-    reuse = nsa_call_work(SHAPE, fused=True, refresh=False, num_sms=SMS, smem_per_sm_bytes=SMEM)
-    fresh = nsa_call_work(SHAPE, fused=True, refresh=True, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    given = dataclasses.replace(SHAPE, union_given=1)
+    reuse = nsa_call_work(given, fused=True, refresh=False, num_sms=SMS, smem_per_sm_bytes=SMEM)
+    fresh = nsa_call_work(given, fused=True, refresh=True, num_sms=SMS, smem_per_sm_bytes=SMEM)
     assert fresh.pick_rows == 8 * 17 and reuse.pick_rows == 0
-    assert fresh.waves == 2 * reuse.waves  # the compressed launch, then selected + window
+    # The compressed launch, then selected + window; a refresh builds its union plan (one wave)
+    # whatever it is given, the reuse call streams the plan it is handed.
+    assert reuse.waves == 1 and fresh.waves == 3
     assert fresh.requested_bytes > reuse.requested_bytes
+
+
+def test_a_call_that_builds_its_union_plan_pays_its_launch():
+    kw = dict(fused=True, refresh=False, num_sms=SMS)
+    launches = live_launches(SHAPE, fused=True, refresh=False)
+    # 16 + 1 rows a (sequence, KV head): one program per row tile, one wave
+    waves, nbytes = union_plan_work(SHAPE, launches, **kw)
+    nb_max = -(-(32768 + 17) // 64)
+    assert waves == 1
+    assert nbytes == 8 * 2 * (2 * nb_max * 4 + 2 * 16 * 16 * 4 + 4) + 8 * 17 * 16 * 4
+    built = nsa_call_work(SHAPE, **kw, smem_per_sm_bytes=SMEM)
+    given = nsa_call_work(dataclasses.replace(SHAPE, union_given=1), **kw, smem_per_sm_bytes=SMEM)
+    assert built.waves == given.waves + 1
+    assert built.requested_bytes == given.requested_bytes + nbytes
+    assert built.unique_bytes == given.unique_bytes + nbytes
+    # A tile of one draft row streams its own picks: no plan to build.
+    one = dataclasses.replace(SHAPE, t=1)
+    assert union_plan_work(one, live_launches(one, fused=True, refresh=False), **kw) == (0, 0)
+    per_row = dataclasses.replace(SHAPE, rows_per_tile=1, shared_context=1)
+    rows = live_launches(per_row, fused=True, refresh=False)
+    assert union_plan_work(per_row, rows, **kw) == (0, 0)
+    # The unfused baseline builds it on every call, handed a plan or not.
+    unfused = dataclasses.replace(SHAPE, union_given=1)
+    rows = live_launches(unfused, fused=False, refresh=False)
+    assert union_plan_work(unfused, rows, fused=False, refresh=False, num_sms=SMS)[0] == 1
 
 
 def test_arrays_match_the_scalar_count():
@@ -131,7 +160,7 @@ def test_the_fit_plan_keeps_seventeen_rows_in_one_tile_at_sixteens_chain():
     )
     assert (one.chain_tiles, two.chain_tiles) == (32, 16)
     assert two.row_cost == 2 * one.row_cost == 64
-    assert two.waves == one.waves == 1
+    assert two.waves == one.waves == 2  # the union plan's launch, then the forward
 
 
 def test_a_heads_selected_blocks_are_unique_once_whatever_its_row_tiles():
@@ -260,12 +289,13 @@ def test_unfused_reuse_branches_side_by_side_share_the_sms():
     """Batch 1, 17 rows at 32K: the compressed, selected and window launches (busiest slices
     4, 23 and 2 tiles; 8, 8 and 5 slots; 128 + 128 + 80 programs, two an SM) each fill less
     than the GPU. In series: 4 + 23 + 2 tiles, three waves, 8 + 8 + 5 merge slots; side by side
-    one part: 23 tiles, two waves (336 programs over 264), the longest merge's 8 slots. At
-    batch 16 and 64 the launches fill the SMs: never more than in series."""
+    one part: 23 tiles, two waves (336 programs over 264), the longest merge's 8 slots. Either
+    way the union plan's launch comes first (one wave more). At batch 16 and 64 the launches
+    fill the SMs: never more than in series."""
     one, side = _streams(SHAPE, fused=False, refresh=False)
     _same_work_overlapped(one, side)
-    assert (one.chain_tiles, one.waves, one.merge_steps) == (29, 3, 21)
-    assert (side.chain_tiles, side.waves, side.merge_steps) == (23, 2, 8)
+    assert (one.chain_tiles, one.waves, one.merge_steps) == (29, 4, 21)
+    assert (side.chain_tiles, side.waves, side.merge_steps) == (23, 3, 8)
     for batch, context_len in ((16, 32768), (64, 131072)):
         shape = dataclasses.replace(SHAPE, batch=batch, context_len=context_len)
         _same_work_overlapped(*_streams(shape, fused=False, refresh=False))
@@ -286,7 +316,7 @@ def test_unfused_refresh_runs_the_selected_launch_after_the_others():
     assert first_chain == 4 and sel[0].busiest == 23
     assert side.chain_tiles == first_chain + sel[0].busiest > first_chain
     assert side.merge_steps == win[1] + max(comp[1], sel[1]) == 5 + 8
-    assert side.waves == 2 and one.waves == 3
+    assert side.waves == 3 and one.waves == 4  # the union plan's launch included
     reuse = _streams(SHAPE, fused=False, refresh=False)[1]
     assert side.chain_tiles > reuse.chain_tiles  # not all three as one part
     shape = dataclasses.replace(SHAPE, batch=16)

@@ -115,6 +115,8 @@ def test_two_launch_counts_hand_computed():
     meta = 128 * 2049 * 128 * 4
     queries = 2176 * 16 * 4 * 128 * 2
     assert w.requested_bytes == meta + queries + 2 * scores + 2048 * 16 * 4 + 2048 * 32 * 8
+    # Deduplicated: each of the 128 pairs' 16 x 4 query rows once, not once per its 17 programs.
+    assert w.unique_bytes == w.requested_bytes - queries + 128 * 16 * 4 * 128 * 2
     assert w.flops == 3 * 2 * 128 * 16 * 65 * 32 * 128
     # Each program loads its G = 4 query heads of [16, 128] together: one tile over 2 warps of
     # 32 lanes, 4 waves.
@@ -386,3 +388,4 @@ def test_the_step_models_selection_takes_the_engines_rule():
     )
     assert op.stage_counts[0][0] == want.pick_chain
     assert op.bytes[0] == want.requested_bytes
+    assert op.dedup_bytes[0] == want.unique_bytes < want.requested_bytes
