@@ -45,10 +45,10 @@ from ssvkit.perfmodel.nsa_shape import (
     resident_programs,
     tile_union_blocks,
 )
+from ssvkit.perfmodel.select_work import MAX_WARPS_PER_SM
 from ssvkit.perfmodel.work_points import at_distinct_points
 
 I32 = 4
-MAX_WARPS_PER_SM = 64  # Hopper / Ampere
 UNION_PLAN_WARPS = 4  # kernels.nsa_steps.union_plan's num_warps
 
 
