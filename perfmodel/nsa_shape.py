@@ -82,6 +82,11 @@ class NsaShape:
             raise ValueError(f"tile_plan must index {TILE_PLANS}, got {self.tile_plan}")
 
     @property
+    def num_blocks(self) -> int:
+        """Blocks of the scored cache: the context plus the draft rows."""
+        return math.ceil((self.context_len + self.t) / self.block_size)
+
+    @property
     def plan(self) -> str:
         """The tile plan's name (``nsa_plan.TILE_PLANS``)."""
         return TILE_PLANS[self.tile_plan]
@@ -106,7 +111,7 @@ def tile_union_blocks(s: NsaShape, rows: int) -> float:
     """Selected blocks a row tile of ``rows`` draft rows streams, by the selection model
     (``perfmodel.sparse.union_blocks``): ``n (1 + (rows - 1)(1 - overlap))`` of ``top_n = n``,
     capped by the blocks of the context and the draft rows."""
-    num_blocks = math.ceil((s.context_len + s.t) / s.block_size)
+    num_blocks = s.num_blocks
     return min(s.top_n * (1 + (rows - 1) * (1.0 - s.overlap)), num_blocks)
 
 

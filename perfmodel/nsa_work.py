@@ -118,7 +118,7 @@ def union_plan_work(
     (``kernels.nsa_steps.union_plan``): one program per row tile of the selected branch's
     launch, of ``UNION_PLAN_WARPS`` warps, that clears a bitmap of the scored blocks, sets its
     rows' bits (an atomic a picked block) and scans the bitmap into the tile's ascending list
-    and member bits. None where the tiles hold one row each (a row streams its own picks) or
+    and member bits. Nothing where the tiles hold one row each (a row streams its own picks) or
     the call is handed the plan (``NsaShape.union_given``: a fused reuse call)."""
     given = s.union_given and fused and not refresh
     tiles = [la.rows for la in launches if la.branches[1]]
@@ -126,7 +126,7 @@ def union_plan_work(
         return 0.0, 0.0
     heads = s.batch * s.num_kv_heads
     programs = heads * len(tiles[0])
-    nb_max = math.ceil((s.context_len + s.t) / s.block_size)
+    nb_max = s.num_blocks
     per_sm = MAX_WARPS_PER_SM // UNION_PLAN_WARPS
     waves = math.ceil(programs / (num_sms * per_sm))
     bitmap = 2 * nb_max * I32  # cleared, then scanned
@@ -274,7 +274,7 @@ def nsa_call_work(
     pick_rows = heads * s.t if refresh else 0.0
     score_flops = 0.0
     if refresh:
-        other += 2 * pick_rows * math.ceil((s.context_len + s.t) / s.block_size) * F32
+        other += 2 * pick_rows * s.num_blocks * F32
         score_bytes, score_flops = block_score_work(s, launches[0]) if s.comp_stride else (0, 0)
         other += score_bytes
     block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile, s.plan)[2]
