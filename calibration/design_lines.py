@@ -84,12 +84,17 @@ BETWEEN_LINES = dict(
 # ``perfmodel.select_work.score_tile``), at batch 1 and at batches whose score programs fill
 # the GPU: the other lines time such rows at a few points only, too few to tell how a tile's
 # cost grows with its query rows in either regime. Three head dimensions, both metadata kinds,
-# one and two launches.
+# one and two launches. The full grid at 64K; a coarser one (``other_t``, ``other_batches``) at
+# a shorter and a longer context, so that rows past 32 query rows are not all of one context
+# and leaving a context out tests the context, not the query rows.
 SCORE_ROWS_LINES = dict(
     geometries=("llama-3.1-8b", "16q-2kv-d64", "8q-4kv-d256"),
     t=(20, 24, 32, 40, 48, 64),
     batches=(1, 4, 16),
     context=64 * K,
+    other_contexts=(16 * K, 128 * K),
+    other_t=(24, 40, 64),
+    other_batches=(1, 16),
     top_n=16,
 )
 # The planner evaluation at batch 32 on the trained tiny pair (its regimes' contexts, 15,360 and
@@ -234,15 +239,18 @@ def between_configs() -> list[KernelConfig]:
 
 def score_rows_configs() -> list[KernelConfig]:
     """The select_blocks configs of ``SCORE_ROWS_LINES`` (each metadata kind, one and two
-    launches) per geometry, query rows and batch."""
+    launches) per geometry, context, query rows and batch."""
     sl = SCORE_ROWS_LINES
+    grids = [(sl["context"], sl["t"], sl["batches"])]
+    grids += [(ctx, sl["other_t"], sl["other_batches"]) for ctx in sl["other_contexts"]]
     out = []
     for geometry in sl["geometries"]:
         with ki.geometry(geometry):
             out += [
-                kg.select_config(sl["context"], t, b, sl["top_n"], method)
-                for t in sl["t"]
-                for b in sl["batches"]
+                kg.select_config(ctx, t, b, sl["top_n"], method)
+                for ctx, ts, batches in grids
+                for t in ts
+                for b in batches
                 for method in ("mean", "quest")
             ]
     return out

@@ -217,6 +217,25 @@ def test_selection_is_timed_past_sixteen_query_rows_in_both_regimes(design):
         assert {v.params["impl"] for v in c.variants} == {"one_launch", "two_launch"}
 
 
+def test_selection_past_32_query_rows_is_timed_at_three_contexts(design):
+    """Rows past 32 query rows at a shorter and a longer context than 64K too, at every
+    geometry, batch regime and metadata kind of the lines: leaving one context out of the fit
+    still leaves such rows in it."""
+    from ssvkit.calibration.design_lines import score_rows_configs
+
+    got = [c for c in score_rows_configs() if c.common["num_query_tokens"] > 32]
+    for geometry in ("llama-3.1-8b", "16q-2kv-d64", "8q-4kv-d256"):
+        at = {
+            (c.common["context_len"], c.common["batch"], c.common["method"])
+            for c in got
+            if c.geometry == geometry
+        }
+        for ctx in (16 * 1024, 64 * 1024, 128 * 1024):
+            assert {(b, m) for c_, b, m in at if c_ == ctx} >= {
+                (b, m) for b in (1, 16) for m in ("mean", "quest")
+            }, (geometry, ctx)
+
+
 def test_the_design_times_dense_grids_between_one_and_two_waves(design):
     """At Llama-3.1-8B attention, 128-row dense tiles (t = 17 and 32), one an SM, at grids of
     one wave of the H200's SMs and of several partial second waves: those whose second wave
