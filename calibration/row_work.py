@@ -13,7 +13,9 @@ from datetime import datetime
 
 from ssvkit.calibration.ceilings import DEVICE_NAMES
 from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
     DEFAULT_SPARSE_CONFIG,
+    DenseVerifyConfig,
     SparseVerifyConfig,
     sparse_tile_shape,
 )
@@ -274,13 +276,35 @@ def merge_generation(row: dict) -> str | None:
     return "tile" if work.merge_launches > 0 else "fused"
 
 
+# Dense verification rows timed from then on ran 17 to 32 packed rows as a 64-row tile at a head
+# dimension of at most 128 (``DenseVerifyConfig.warpgroup_rows_from``); earlier rows as a
+# 32-row tile.
+DENSE_WARPGROUP_TILE_SINCE = "2026-12-06T14:45:00+00:00"
+DENSE_ROW32_CONFIG = dataclasses.replace(DEFAULT_DENSE_CONFIG, warpgroup_rows_from=33)
+
+
+def dense_config(row: dict) -> DenseVerifyConfig:
+    """The launch configuration a dense verification row's calls ran: the default, or for rows
+    timed before ``DENSE_WARPGROUP_TILE_SINCE`` the 32-row tile of 17 to 32 packed rows."""
+    stamp = row.get("timestamp")
+    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(DENSE_WARPGROUP_TILE_SINCE):
+        return DENSE_ROW32_CONFIG
+    return DEFAULT_DENSE_CONFIG
+
+
 def dense_work(row: dict, gpu: GpuSpec | None) -> DenseWork:
-    """``perfmodel.dense_work`` of the call a dense verification row timed, on ``gpu``'s SMs and
-    shared memory (the H100/H200's when None)."""
+    """``perfmodel.dense_work`` of the call a dense verification row timed, under its launch
+    configuration (``dense_config``), on ``gpu``'s SMs and shared memory (the H100/H200's when
+    None)."""
     p = row["params"]
     heads = (p["num_q_heads"], p["num_kv_heads"], p["head_dim"])
     return dense_call_work(
-        p["batch"], p["num_query_tokens"], p["context_len"], *heads, **sm_resources(gpu)
+        p["batch"],
+        p["num_query_tokens"],
+        p["context_len"],
+        *heads,
+        **sm_resources(gpu),
+        config=dense_config(row),
     )
 
 

@@ -15,7 +15,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from ssvkit.perfmodel.attention_plan import MERGE_BLOCK_S, cdiv, dense_verify_plan
+from ssvkit.perfmodel.attention_plan import (
+    DEFAULT_DENSE_CONFIG,
+    MERGE_BLOCK_S,
+    DenseVerifyConfig,
+    cdiv,
+    dense_verify_plan,
+)
 from ssvkit.perfmodel.attention_work import ELEM_BYTES, resident_programs, row_cost
 from ssvkit.perfmodel.work_points import at_distinct_points
 
@@ -79,10 +85,12 @@ def dense_call_work(
     head_dim: int,
     num_sms: int,
     smem_per_sm_bytes: int,
+    config: DenseVerifyConfig = DEFAULT_DENSE_CONFIG,
 ) -> DenseWork:
     """The work of one ``dense_verify`` call of ``t`` draft rows over ``context_len`` cached
-    positions, launched as the wrapper launches it (``T_max = context_len + t``) on a GPU of
-    ``num_sms`` SMs and ``smem_per_sm_bytes`` of shared memory each. A KV head packs
+    positions, launched as the wrapper launches it (``T_max = context_len + t``, under
+    ``config``) on a GPU of ``num_sms`` SMs and ``smem_per_sm_bytes`` of shared memory each.
+    A KV head packs
     ``num_q_heads // num_kv_heads`` query heads, as the plan does (a tensor-parallel split
     whose heads do not divide is priced so; the sweep flags such a point)."""
     for name, v in (("batch", batch), ("t", t), ("num_kv_heads", num_kv_heads)):
@@ -99,6 +107,7 @@ def dense_call_work(
         head_dim,
         seq,
         num_sms,
+        config=config,
         smem_per_sm_bytes=smem_per_sm_bytes,
     )
     s, bn, bm = plan.num_splits, plan.block_n, plan.block_m

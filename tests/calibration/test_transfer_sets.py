@@ -305,6 +305,27 @@ def test_a_sparse_row_is_priced_with_the_warps_it_ran():
     assert (new.mma_flops, new.num_splits) == (old.mma_flops / 2, 2 * old.num_splits)
 
 
+def test_a_dense_row_is_priced_with_the_row_tile_it_ran():
+    """At 32 query / 8 KV heads, t = 8 packs 32 rows: a 32-row tile before
+    ``DENSE_WARPGROUP_TILE_SINCE`` and a 64-row warpgroup tile since, which computes twice the
+    rows at the same row cost (a wgmma row counts half) and streams the same bytes; t = 16
+    (64 rows) ran the 64-row tile either way."""
+    from ssvkit.calibration.row_work import DENSE_WARPGROUP_TILE_SINCE, dense_work
+
+    def row(t, stamp):
+        p = dict(
+            context_len=32768, num_query_tokens=t, num_q_heads=32, num_kv_heads=8, head_dim=128,
+            batch=1,
+        )  # fmt: skip
+        return {"op": "dense_verify", "params": p, "timestamp": stamp}
+
+    before, since = "2026-12-05T19:00:00+00:00", DENSE_WARPGROUP_TILE_SINCE
+    old, new = dense_work(row(8, before), None), dense_work(row(8, since), None)
+    assert new.flops == pytest.approx(2 * old.flops)
+    assert (new.sm_rows, new.requested_bytes) == (old.sm_rows, old.requested_bytes)
+    assert dense_work(row(16, before), None) == dense_work(row(16, since), None)
+
+
 def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
     """The H100's NSA and selection rows time the kernels before the slot plan and the
     threshold pick, its split sparse verification calls the one-row merge and its union calls

@@ -55,6 +55,7 @@ def make_inputs(prefix_lens, t, num_q_heads, num_kv_heads, head_dim, dtype, devi
 CPU_SHAPES = [
     ([37, 0, 1], 1, 2, 2, 16),
     ([99, 19], 3, 8, 2, 32),
+    ([61, 5], 6, 8, 2, 32),  # 24 packed rows: a 64-row tile, 40 of its rows masked
     ([130, 1], 16, 8, 1, 16),
     ([70], 33, 8, 1, 16),
     ([50, 2], 64, 2, 2, 16),
@@ -227,7 +228,7 @@ def test_rejects_too_many_draft_rows():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 16, 64])
+@pytest.mark.parametrize("t", [1, 8, 16, 64])
 def test_gpu_bf16_matches_reference(t):
     args = make_inputs(
         [4093, 17, 1, 2500], t, 32, 8, 128, torch.bfloat16, "cuda", tree="tree", seed=t

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_DENSE_CONFIG,
+    DenseVerifyConfig,
     SparseVerifyConfig,
     dense_resident_programs,
     dense_row_tiles,
@@ -71,12 +72,29 @@ def test_dense_tiles_follow_the_row_tiles():
     # t = 17: 68 rows run in one 128-row tile, as t = 32 does
     assert dense_verify_tiles(17, 32, 8, 128) == (pytest.approx(128 / 68), 64)
     assert dense_verify_tiles(32, 32, 8, 128) == (1.0, 64)
-    # t = 1: 4 rows in a 16-row mma.sync tile; t = 8: 32 rows, no padding
+    # t = 1: 4 rows in a 16-row mma.sync tile; t = 8: 32 rows in a 64-row (wgmma) tile
     assert dense_verify_tiles(1, 32, 8, 128) == (4.0, 16)
-    assert dense_verify_tiles(8, 32, 8, 128) == (1.0, 32)
+    assert dense_verify_tiles(8, 32, 8, 128) == (2.0, 32)
     # t = 64: 256 rows in two 128-row tiles; at D = 256 tiles stop at 64 rows (four of them)
     assert dense_verify_tiles(64, 32, 8, 128) == (1.0, 64)
     assert dense_verify_tiles(17, 32, 8, 256) == (pytest.approx(128 / 68), 32)
+
+
+def test_seventeen_to_thirty_two_rows_run_a_warpgroup_tile_up_to_head_dim_128():
+    """17-32 packed rows take the 64-row wgmma tile at D <= 128 (the 32-row mma.sync tile is
+    the slower one there), keep 32 at D = 256; 16 rows or fewer stay a 16-row tile; the
+    earlier rule (``warpgroup_rows_from`` 33) runs them as a 32-row tile."""
+    old = DenseVerifyConfig(warpgroup_rows_from=33)
+    for g, t in ((4, 5), (4, 8), (8, 3), (8, 4), (16, 2)):
+        hq = 8 * g
+        for d in (64, 128):
+            assert dense_row_tiles(t, hq, 8, d) == (64, 1), (g, t, d)
+            assert dense_row_tiles(t, hq, 8, d, old) == (32, 1), (g, t, d)
+        assert dense_row_tiles(t, hq, 8, 256) == (32, 1), (g, t)
+    assert dense_row_tiles(4, 32, 8, 128) == (16, 1)
+    assert dense_row_tiles(17, 32, 8, 128) == dense_row_tiles(17, 32, 8, 128, old) == (128, 1)
+    with pytest.raises(ValueError, match="warpgroup_rows_from"):
+        DenseVerifyConfig(warpgroup_rows_from=0)
 
 
 def test_dense_tile_costs_vectorised_like_the_scalar():
