@@ -144,6 +144,13 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
 SPARSE_ACC_WARPS_SINCE = "2026-12-06T00:45:00+00:00"
 
 
+def timed_before(row: dict, since: str) -> bool:
+    """Whether ``row`` was timed before the ISO time ``since`` (a row without a timestamp was
+    not)."""
+    stamp = row.get("timestamp")
+    return bool(stamp) and datetime.fromisoformat(stamp) < datetime.fromisoformat(since)
+
+
 def sparse_mode(row: dict) -> str:
     """The kernel path a sparse verification row timed (``perfmodel.sparse_work.kernel_mode``:
     a group of one query runs the ``per_query`` launch)."""
@@ -227,8 +234,7 @@ def sparse_config(row: dict) -> SparseVerifyConfig:
     cfg = DEFAULT_SPARSE_CONFIG
     if row.get("git_commit", "")[:7] in SPARSE_MERGE_LAUNCH_COMMITS:
         cfg = dataclasses.replace(cfg, fused_merge=False)
-    stamp = row.get("timestamp")
-    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(SPARSE_ACC_WARPS_SINCE):
+    if timed_before(row, SPARSE_ACC_WARPS_SINCE):
         p = row["params"]
         c = 1 if sparse_mode(row) == "per_query" else min(p["group_size"], p["num_query_tokens"])
         heads = (p["num_q_heads"], p["num_kv_heads"], p["block_size"], p["head_dim"])
@@ -286,8 +292,7 @@ DENSE_ROW32_CONFIG = dataclasses.replace(DEFAULT_DENSE_CONFIG, warpgroup_rows_fr
 def dense_config(row: dict) -> DenseVerifyConfig:
     """The launch configuration a dense verification row's calls ran: the default, or for rows
     timed before ``DENSE_WARPGROUP_TILE_SINCE`` the 32-row tile of 17 to 32 packed rows."""
-    stamp = row.get("timestamp")
-    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(DENSE_WARPGROUP_TILE_SINCE):
+    if timed_before(row, DENSE_WARPGROUP_TILE_SINCE):
         return DENSE_ROW32_CONFIG
     return DEFAULT_DENSE_CONFIG
 
