@@ -17,6 +17,7 @@ MODULES = (
     "validation.adaptive_replay",
     "validation.batched_decode",
     "validation.controller_cost",
+    "validation.dense_row_tile",
     "validation.draft_step",
     "validation.e2e_campaign",
     "validation.engine_op_sweep",
