@@ -145,12 +145,13 @@ def dense_row_tiles(
     dimension of at most 128, at least ``WGMMA_MIN_ROWS`` from ``warpgroup_rows_from`` rows.
 
     The 32-row tile (``mma.sync`` over 4 warps) walks the prefix slower than the 64-row
-    ``wgmma`` tile, though it computes half the rows: at Llama-3.1-8B attention (G = 4) the
-    committed H200 rows take 1.03-1.18x as long at t = 8 (32 rows) as at t = 16 and 1.07-1.18x
-    as at t = 12 (64-row tiles), at 8K-128K, batch 1 and 16; the H100's 0.97-1.02x and
-    1.00-1.03x there, and 1.04-1.11x of t = 16 at 8 query / 2 KV heads of 64 (2K-30K). So 17 to
-    32 rows run as a 64-row tile, its extra rows masked. Head dimensions past 128 keep the
-    32-row tile: no row measures the 64-row one against it there."""
+    ``wgmma`` tile, though it computes half the rows. Timed against each other on an H100
+    (``validation/data/dense-row-tile-h100.json``: five head geometries, batch 1 and 16, 32K
+    and 128K), the 64-row tile takes 0.97-0.99x the 32-row one's time at D = 128 and 0.87-0.92x
+    at D = 64; on the H200 the committed kernel-sweep rows at Llama-3.1-8B attention take
+    1.03-1.18x as long at t = 8 (32 rows) as at t = 16 (a 64-row tile). So 17 to 32 rows run as
+    a 64-row tile, its extra rows masked. Head dimensions past 128 keep the 32-row tile: no run
+    measures the 64-row one against it there."""
     rows = num_q_heads // num_kv_heads * t
     # Cap rows at 64 for D > 128 to bound the fp32 accumulator's registers.
     cap = config.max_block_m if head_dim <= 128 else min(config.max_block_m, 64)

@@ -35,3 +35,33 @@ def test_table_splits_controls_and_reports_ratio_and_floor():
 
 def test_no_gpu_is_refused(tmp_path, capsys, monkeypatch):
     assert_needs_gpu(rt, ["--out", str(tmp_path / "t.json")], capsys, monkeypatch)
+
+
+def test_every_committed_run_backs_the_default_rule():
+    """Where a committed run timed both tiles, the default rule builds the faster one: per
+    geometry and batch, the median ratio of the 64-row tile's time to the 32-row one's is at
+    most 1 at 17-32 rows, and the controls (one tile either way) agree within 2%."""
+    import json
+
+    import numpy as np
+    from ssvkit.perfmodel.attention_plan import DEFAULT_DENSE_CONFIG
+    from ssvkit.validation.records import data_dir
+
+    runs = sorted(data_dir().glob("dense-row-tile-*.json"))
+    assert runs
+    for path in runs:
+        rows = json.loads(path.read_text())["rows"]
+        groups = {}
+        for r in rows:
+            tile = dense_row_tiles(
+                r["num_query_tokens"], r["num_q_heads"], r["num_kv_heads"], r["head_dim"],
+                DEFAULT_DENSE_CONFIG,
+            )[0]  # fmt: skip
+            assert tile == r["block_m_wgmma"], (path.name, r)
+            key = (r["geometry"], r["batch"], r["packed_rows"] > 32)
+            groups.setdefault(key, []).append(r["wgmma_s"] / r["mma_sync_s"])
+        for (geometry, batch, control), ratios in groups.items():
+            if control:
+                assert np.all(np.abs(np.array(ratios) - 1) <= 0.02), (path.name, geometry, batch)
+            else:
+                assert np.median(ratios) <= 1.0, (path.name, geometry, batch, ratios)
