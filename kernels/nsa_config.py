@@ -61,6 +61,15 @@ class NsaVerifyConfig:
             "a power of two"
         },
     )
+    warpgroup_rows_from: int = field(
+        default=nsa_plan.WGMMA_MIN_ROWS // 2 + 1,
+        metadata={
+            "help": "packed MMA rows from which a row tile under 64 rows takes 64 (a wgmma "
+            "warpgroup tile, its extra head slots masked) in place of mma.sync; the default "
+            "(33) pads none: a 32-row tile stays 32 rows "
+            "(python -m ssvkit.validation.nsa_row_tile times the two)"
+        },
+    )
     score_source: str = field(
         default="auto",
         metadata={
@@ -163,6 +172,7 @@ class NsaVerifyConfig:
                 "compressed_ctas",
                 "max_splits",
                 "min_tiles_per_slot",
+                "warpgroup_rows_from",
             ),
         )
         if self.rows_per_tile < 0:

@@ -10,7 +10,9 @@ rows' selected blocks. ``NsaVerifyConfig.rows_per_tile`` caps ``rows`` (the stra
 fit), rounded down to a power of two (C = 3 packs 2 rows a tile). Where ``rows x
 next_pow2(G)`` is under 16, ``group_pad`` grows to ``16 / rows`` so that a tile still holds
 exactly ``rows`` draft rows (the kernels' ``ROWS = BLOCK_M // GROUP_PAD``); the extra head
-slots are padding, as those past ``G`` always are."""
+slots are padding, as those past ``G`` always are. From ``NsaVerifyConfig.warpgroup_rows_from``
+packed rows on, a tile under ``WGMMA_MIN_ROWS`` rows grows its head slots likewise to that many
+rows (a ``wgmma`` tile in place of ``mma.sync``)."""
 
 from __future__ import annotations
 
@@ -124,6 +126,9 @@ def tile_packing(t: int, group: int, config: NsaVerifyConfig) -> tuple[int, int,
         raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({group})")
     rows = draft_rows_per_tile(t, group_pad, config)
     group_pad = max(group_pad, 16 // rows)
+    wgmma = nsa_plan.WGMMA_MIN_ROWS
+    if config.warpgroup_rows_from <= rows * group_pad < wgmma <= max_block_m(config):
+        group_pad = wgmma // rows
     return rows, group_pad, rows * group_pad
 
 

@@ -7,7 +7,8 @@ of ``KNOBS``; ``run_case`` says what each compares).
         --resume build/nsa-tile-plans.jsonl [--knob context_tiles] [--stop-after 540] \\
         [--contexts 131072 ...]
 
-Llama-3.1-8B attention at NSA's published geometry with ``validation.nsa_stages``' inputs, over
+Llama-3.1-8B attention (``--geometry``: another of ``calibration.kernel_inputs.GEOMETRIES``) at
+NSA's published geometry with ``validation.nsa_stages``' inputs, over
 ``CONTEXTS`` x ``BATCHES`` x ``DRAFT_ROWS`` and the knob's row schedules: each value's calls
 (``knob_calls``) are checked against the first value's (``check``), then timed (CUDA graphs, L2
 flushed per sample, median, ``kernels.timing``). Each row's floor is ``max(unique bytes / copy
@@ -30,6 +31,7 @@ from ssvkit.perfmodel.files import atomic_write
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.nsa_stages import KW, OVERLAP, TIMING, floor_bytes, input_sets
 
+GEOMETRY = "llama-3.1-8b"
 CONTEXTS = (32768, 65536, 131072)
 DRAFT_ROWS = (1, 8, 9, 16, 17, 24, 32, 33)
 BATCHES = (1, 4, 16)
@@ -48,6 +50,7 @@ KNOBS = {
     "pdl": ("pdl", (False, True), (0, 1, 4)),
     "ctas_per_sm": ("ctas_per_sm", (1, 2), (0, 1, 4)),
     "compressed_ctas": ("compressed_ctas", (1, 2), (0, 1, 4)),
+    "warpgroup_rows": ("warpgroup_rows_from", (33, 17), (0,)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 # The calls a knob changes, where not all of them: only refresh calls score blocks, and only
@@ -139,7 +142,10 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
         / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32 (keys a tile), ``ctas_per_sm`` 1 / 2
         (the programs an SM is sized for: twice the slots where one wave holds them),
         ``compressed_ctas`` 1 / 2 (a launch of the compressed branch alone sized for two
-        programs an SM where one would leave each row tile a single slot); or how a call's
+        programs an SM where one would leave each row tile a single slot),
+        ``warpgroup_rows`` (``warpgroup_rows_from`` 33 / 17: a 32-row tile as it is or padded
+        to a 64-row ``wgmma`` tile; the packed schedule only, at the draft rows whose tiles
+        hold 17-32 rows); or how a call's
         launches run: ``branch_streams`` off / on (the unfused baseline's branches on one
         stream or side by side; unfused calls only), ``pdl`` off / on (each launch of a call
         after its first a programmatic dependent of the one before).
@@ -250,7 +256,11 @@ def main(argv=None) -> int:
     p.add_argument("--draft-rows", type=int, nargs="+", default=list(DRAFT_ROWS))
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--knob", choices=list(KNOBS), default="tile_plan", help="what is compared")
+    p.add_argument(
+        "--geometry", choices=ki.GEOMETRIES, default=GEOMETRY, help="the attention's heads"
+    )
     args = p.parse_args(argv)
+    ki.use_geometry(args.geometry)
     field, values, _ = KNOBS[args.knob]
     for name in ("contexts", "draft_rows", "batches"):
         bad = [v for v in getattr(args, name) if v < 1 or (name == "draft_rows" and v > 64)]
@@ -261,6 +271,8 @@ def main(argv=None) -> int:
     if args.resume:
         prov = {k: v for k, v in tm.provenance().items() if k != "timestamp"}
         settings = dict(knob=args.knob, kwargs=KW, plans=list(values), timing=str(TIMING), **prov)
+        if args.geometry != GEOMETRY:
+            settings["geometry"] = args.geometry
         try:
             cache = RunCache(args.resume, settings)
         except ValueError as e:
@@ -271,6 +283,7 @@ def main(argv=None) -> int:
     doc = {
         "benchmark": "nsa_tile_plans",
         "knob": args.knob,
+        "geometry": args.geometry,
         "complete": complete,
         "kwargs": KW,
         "configs": {p: str(NsaVerifyConfig(**{field: p})) for p in values},

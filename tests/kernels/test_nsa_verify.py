@@ -125,6 +125,43 @@ def test_refresh_selects_reference_blocks(shape, num_splits, source):
     assert_close(o_unfused, ro, dtype, "o")
 
 
+WGMMA_TILE = NsaVerifyConfig(warpgroup_rows_from=17)
+
+
+def test_tile_packing_pads_17_to_32_rows_to_a_wgmma_tile_when_asked():
+    """Under ``warpgroup_rows_from`` 17 a 32-row tile takes 64 rows, its draft rows kept and
+    its head slots doubled; 16- and 64-row tiles, and the default, are unchanged."""
+    default = NsaVerifyConfig()
+    assert nl.tile_packing(6, 4, default) == (8, 4, 32)
+    assert nl.tile_packing(6, 4, WGMMA_TILE) == (8, 8, 64)
+    assert nl.tile_packing(2, 16, WGMMA_TILE) == (2, 32, 64)
+    assert nl.tile_packing(3, 4, WGMMA_TILE) == nl.tile_packing(3, 4, default) == (4, 4, 16)
+    assert nl.tile_packing(16, 4, WGMMA_TILE) == nl.tile_packing(16, 4, default) == (16, 4, 64)
+    assert nl.tile_packing(6, 4, dataclasses.replace(WGMMA_TILE, block_m=32)) == (8, 4, 32)
+    with pytest.raises(ValueError, match="warpgroup_rows_from"):
+        NsaVerifyConfig(warpgroup_rows_from=0)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_a_wgmma_padded_tile_matches_the_reference(dtype):
+    """Six draft rows of a group of 4 (a 32-row tile, padded to 64 rows): the fused and
+    unfused reuse paths and the refresh path's output and selection match the reference."""
+    dtype = case_dtype(dtype)
+    args, idx = make_inputs([130, 70], 6, 4, 1, 16, dtype, tree="tree", seed=17)
+    ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
+    ro_refresh, ridx = reference_nsa_verify(*args, **NSA_KW)
+    split = dataclasses.replace(WGMMA_TILE, num_splits=3)
+    with poisoned_allocations():
+        o, _ = nsa_verify(*args, block_idx=idx, config=WGMMA_TILE, **NSA_KW)
+        o_split, _ = nsa_verify(*args, block_idx=idx, config=split, **NSA_KW)
+        o_unfused, _ = nsa_verify_unfused(*args, block_idx=idx, config=WGMMA_TILE, **NSA_KW)
+        o_refresh, picked = nsa_verify(*args, config=WGMMA_TILE, **NSA_KW)
+    for out in (o, o_split, o_unfused):
+        assert_close(out, ro, dtype, "o")
+    assert torch.equal(picked.cpu(), ridx.cpu())
+    assert_close(o_refresh, ro_refresh, dtype, "o")
+
+
 def test_refresh_forces_sink_and_local_blocks_and_pads():
     args, _ = make_inputs([200, 20], 3, 4, 2, 16, torch.float32, seed=5)
     kw = dict(NSA_KW, top_n=5, num_sink=2, num_local=2)

@@ -25,6 +25,18 @@ def test_the_check_passes_on_both_values(small_nsa, knob, rows_per_tile):
     ntp.check(*_case(knob, rows_per_tile))
 
 
+def test_the_check_passes_on_a_tile_padded_to_64_rows(small_nsa):
+    """Eight draft rows of the tiny geometry's group of 4: a 32-row tile, padded to 64 rows
+    under ``warpgroup_rows_from`` 17, checked against the unpadded tile's calls."""
+    from ssvkit.kernels.nsa_launch import tile_packing
+
+    field, values, schedules = ntp.KNOBS["warpgroup_rows"]
+    configs = {p: NsaVerifyConfig(rows_per_tile=0, **{field: p}) for p in values}
+    assert schedules == (0,)
+    assert [tile_packing(8, 4, c)[2] for c in configs.values()] == [32, 64]
+    ntp.check(ns.input_sets(1, 8, 256, 264, 1), configs, "b1 t8 256 r0")
+
+
 def test_the_check_catches_a_wrong_output(small_nsa, monkeypatch):
     sets, configs, label = _case("paired", 4)
     field, values, _ = ntp.KNOBS["paired"]
