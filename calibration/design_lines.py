@@ -14,7 +14,7 @@ import dataclasses
 
 from ssvkit.calibration import kernel_grid as kg
 from ssvkit.calibration import kernel_inputs as ki
-from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, KernelConfig
+from ssvkit.calibration.kernel_grid import FULL_SWEEP, KernelConfig
 
 K = 1024
 LINES = dataclasses.replace(FULL_SWEEP, sdpa=False, group_sizes=tuple(range(1, 9)))
@@ -108,19 +108,6 @@ PLANNER_LINES = dict(
     dense={"tiny": (1, 9, 17, 33), "tiny-draft": (1, 2, 3, 5, 9)},
 )
 WAVE_LINES = dict(batch=(16, 17, 20, 24, 30), t=(16, 17, 32), ctx=(32 * K, 64 * K))
-# Dense verification at short contexts and small batches on small head geometries: calls of a
-# few microseconds whose launch, merge and one partial wave of programs are most of the time.
-# The points' contexts start at 4K and reach the small geometries mostly at larger batches, so
-# without these rows a small call's fixed part is extrapolated. The trained tiny pair's verify
-# shapes (``TINY_SWEEP``'s dense lines, 2K-30K at batch 1), and 2K and 4K at two more
-# geometries, batch 1 to 4.
-SHORT_LINES = dict(
-    tiny=TINY_SWEEP,
-    geometries=("16q-2kv-d64", "llama-3.1-8b"),
-    contexts=(2 * K, 4 * K),
-    batches=(1, 2, 4),
-    t=(1, 4, 16, 32),
-)
 
 
 def wave_configs() -> list[KernelConfig]:
@@ -268,26 +255,4 @@ def planner_configs() -> list[KernelConfig]:
         with ki.geometry(geometry):
             for ctx in pl["contexts"]:
                 out += [kg.dense_config(ctx, t, pl["batch"], sdpa=False) for t in ts]
-    return out
-
-
-def short_configs() -> list[KernelConfig]:
-    """The dense configs of ``SHORT_LINES``: the tiny pair's, then each geometry's per context,
-    batch and draft rows."""
-    sl, tw = SHORT_LINES, SHORT_LINES["tiny"]
-    with ki.geometry("tiny"):
-        out = [
-            kg.dense_config(ctx, t, b, sdpa=False)
-            for ctx in tw.dense_contexts
-            for t in tw.dense_tokens
-            for b in tw.dense_batches
-        ]
-    for geometry in sl["geometries"]:
-        with ki.geometry(geometry):
-            out += [
-                kg.dense_config(ctx, t, b, sdpa=False)
-                for ctx in sl["contexts"]
-                for b in sl["batches"]
-                for t in sl["t"]
-            ]
     return out

@@ -147,7 +147,7 @@ def design_configs(steps: tuple[str, ...] = kg.STEPS, seed: int = 0) -> list[Ker
         configs += dl.wave_configs()
     extra = dl.engine_configs() + dl.schedule_configs() + dl.geometry_configs()
     extra += dl.planner_configs() + head_dim_configs() + dl.few_rows_configs()
-    extra += dl.between_configs() + dl.score_rows_configs() + dl.short_configs()
+    extra += dl.between_configs() + dl.score_rows_configs()
     extra += [cfg for step in steps for cfg in point_configs(step, seed)]
     seen = {_identity(c) for c in configs}
     for cfg in extra:
