@@ -66,8 +66,8 @@ class NsaVerifyConfig:
         metadata={
             "help": "packed MMA rows from which a row tile under 64 rows takes 64 (a wgmma "
             "warpgroup tile, its extra head slots masked) in place of mma.sync; the default "
-            "(33) pads none: a 32-row tile stays 32 rows "
-            "(python -m ssvkit.validation.nsa_row_tile times the two)"
+            "(33) pads none: a 32-row tile stays 32 rows (python -m "
+            "ssvkit.validation.nsa_tile_plans --knob warpgroup_rows times the two)"
         },
     )
     score_source: str = field(
