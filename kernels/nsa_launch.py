@@ -11,8 +11,9 @@ fit), rounded down to a power of two (C = 3 packs 2 rows a tile). Where ``rows x
 next_pow2(G)`` is under 16, ``group_pad`` grows to ``16 / rows`` so that a tile still holds
 exactly ``rows`` draft rows (the kernels' ``ROWS = BLOCK_M // GROUP_PAD``); the extra head
 slots are padding, as those past ``G`` always are. From ``NsaVerifyConfig.warpgroup_rows_from``
-packed rows on, a tile under ``WGMMA_MIN_ROWS`` rows grows its head slots likewise to that many
-rows (a ``wgmma`` tile in place of ``mma.sync``)."""
+packed rows on, a tile under ``WGMMA_MIN_ROWS`` rows at a head dim up to
+``WGMMA_MAX_HEAD_DIM`` grows its head slots likewise to that many rows (a ``wgmma`` tile in
+place of ``mma.sync``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
+# Head dims up to which a 32-row tile may grow to a 64-row one: at D = 256 the 64-row tile's
+# pipelined K/V and Q tiles take 240 KB of shared memory, past an H100's or H200's 227 KB.
+WGMMA_MAX_HEAD_DIM = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +122,19 @@ def draft_rows_per_tile(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
     return max(1, min(cap, max_block_m(config) // group_pad, triton.next_power_of_2(t)))
 
 
-def tile_packing(t: int, group: int, config: NsaVerifyConfig) -> tuple[int, int, int]:
+def tile_packing(
+    t: int, group: int, config: NsaVerifyConfig, head_dim: int
+) -> tuple[int, int, int]:
     """(draft rows, head slots ``group_pad``, MMA rows ``block_m``) of one row tile of a call
-    over ``t`` draft rows and a head group of ``group`` (module docstring)."""
+    over ``t`` draft rows and a head group of ``group`` at ``head_dim`` (module docstring)."""
     group_pad = triton.next_power_of_2(group)
     if group_pad > max_block_m(config):
         raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({group})")
     rows = draft_rows_per_tile(t, group_pad, config)
     group_pad = max(group_pad, 16 // rows)
     wgmma = nsa_plan.WGMMA_MIN_ROWS
-    if config.warpgroup_rows_from <= rows * group_pad < wgmma <= max_block_m(config):
+    pads = config.warpgroup_rows_from <= rows * group_pad < wgmma <= max_block_m(config)
+    if pads and head_dim <= WGMMA_MAX_HEAD_DIM:
         group_pad = wgmma // rows
     return rows, group_pad, rows * group_pad
 
@@ -168,7 +175,7 @@ def make_plan(
         check_pdl(q.device)
     b, t, h, d = q.shape
     hkv, t_max = k_cache.shape[1], k_cache.shape[2]
-    rows, group_pad, block_m = tile_packing(t, h // hkv, config)
+    rows, group_pad, block_m = tile_packing(t, h // hkv, config, d)
     num_warps = nsa_plan.forward_warps(block_m, config.tile_plan, config.num_warps)
     return LaunchPlan(
         batch=b,

@@ -298,5 +298,5 @@ def nsa_union_plan(
     one refresh."""
     config = config or DEFAULT_CONFIG
     t, h = q.shape[1], q.shape[2]
-    rows = tile_packing(t, h // k_cache.shape[1], config)[0]
+    rows = tile_packing(t, h // k_cache.shape[1], config, q.shape[3])[0]
     return union_plan(block_idx, rows, triton.cdiv(k_cache.shape[2], block_size))

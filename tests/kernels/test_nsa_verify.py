@@ -129,15 +129,19 @@ WGMMA_TILE = NsaVerifyConfig(warpgroup_rows_from=17)
 
 
 def test_tile_packing_pads_17_to_32_rows_to_a_wgmma_tile_when_asked():
-    """Under ``warpgroup_rows_from`` 17 a 32-row tile takes 64 rows, its draft rows kept and
-    its head slots doubled; 16- and 64-row tiles, and the default, are unchanged."""
+    """Under ``warpgroup_rows_from`` 17 a 32-row tile takes 64 rows at head dims up to 128,
+    its draft rows kept and its head slots doubled; 16- and 64-row tiles, the default and
+    D = 256 are unchanged."""
     default = NsaVerifyConfig()
-    assert nl.tile_packing(6, 4, default) == (8, 4, 32)
-    assert nl.tile_packing(6, 4, WGMMA_TILE) == (8, 8, 64)
-    assert nl.tile_packing(2, 16, WGMMA_TILE) == (2, 32, 64)
-    assert nl.tile_packing(3, 4, WGMMA_TILE) == nl.tile_packing(3, 4, default) == (4, 4, 16)
-    assert nl.tile_packing(16, 4, WGMMA_TILE) == nl.tile_packing(16, 4, default) == (16, 4, 64)
-    assert nl.tile_packing(6, 4, dataclasses.replace(WGMMA_TILE, block_m=32)) == (8, 4, 32)
+    assert nl.tile_packing(6, 4, default, 128) == (8, 4, 32)
+    assert nl.tile_packing(6, 4, WGMMA_TILE, 128) == (8, 8, 64)
+    assert nl.tile_packing(2, 16, WGMMA_TILE, 64) == (2, 32, 64)
+    assert nl.tile_packing(3, 4, WGMMA_TILE, 128) == nl.tile_packing(3, 4, default, 128)
+    assert nl.tile_packing(3, 4, default, 128) == (4, 4, 16)
+    assert nl.tile_packing(16, 4, WGMMA_TILE, 128) == (16, 4, 64)
+    assert nl.tile_packing(6, 4, dataclasses.replace(WGMMA_TILE, block_m=32), 128) == (8, 4, 32)
+    # Past D = 128 a 64-row tile's shared memory does not fit: the 32-row tile stays.
+    assert nl.tile_packing(32, 2, WGMMA_TILE, 256) == (16, 2, 32)
     with pytest.raises(ValueError, match="warpgroup_rows_from"):
         NsaVerifyConfig(warpgroup_rows_from=0)
 

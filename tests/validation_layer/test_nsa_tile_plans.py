@@ -33,7 +33,7 @@ def test_the_check_passes_on_a_tile_padded_to_64_rows(small_nsa):
     field, values, schedules = ntp.KNOBS["warpgroup_rows"]
     configs = {p: NsaVerifyConfig(rows_per_tile=0, **{field: p}) for p in values}
     assert schedules == (0,)
-    assert [tile_packing(8, 4, c)[2] for c in configs.values()] == [32, 64]
+    assert [tile_packing(8, 4, c, 16)[2] for c in configs.values()] == [32, 64]
     ntp.check(ns.input_sets(1, 8, 256, 264, 1), configs, "b1 t8 256 r0")
 
 
