@@ -74,7 +74,9 @@ class SweepOptions:
         default=(),
         metadata={
             "help": "rows of --done-from to measure again, comma-separated: an op "
-            "(nsa_verify) or an op and params it has (nsa_verify:mode=refresh:impl=fused)"
+            "(nsa_verify), an op and params it has (nsa_verify:mode=refresh:impl=fused), or "
+            "stale (the rows whose kernels' launch plan changed since they were timed, "
+            "calibration.stale_rows)"
         },
     )
     timings: tuple[str, ...] = field(

@@ -165,21 +165,3 @@ def nsa_work(row: dict, gpu: GpuSpec | None, compressed_ctas: int | None = None)
         refresh=p["mode"] == "refresh",
         **sm_resources(gpu),
     )
-
-
-def compressed_ctas_selectors(rows: list[dict], gpu: GpuSpec | None) -> list[str]:
-    """``kernel_sweep --redo`` selectors (every param but ``rotations``) of the graph-timed NSA
-    rows of ``rows`` whose work the lone compressed launch's sizing changes (one program an SM
-    against ``COMPRESSED_CTAS_PER_SM``) and that the sweep times (fused, or unfused side by
-    side): the rows to time again when that sizing came in."""
-    out = []
-    for r in rows:
-        p = r["params"]
-        if r["op"] != "nsa_verify" or r.get("timing") != "graph":
-            continue
-        if p["impl"] == "unfused" and not p.get("branch_streams"):
-            continue
-        if nsa_work(r, gpu, 1) != nsa_work(r, gpu, COMPRESSED_CTAS_PER_SM):
-            conds = ":".join(f"{k}={p[k]}" for k in sorted(p) if k != "rotations")
-            out.append(f"nsa_verify:{conds}")
-    return out

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from ssvkit.calibration.shards import Shard
+from ssvkit.calibration.stale_rows import STALE, is_stale
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.rows import redo_matches, row_key, seal
@@ -69,13 +70,15 @@ def append_line(path: Path, line: str) -> None:
 
 def done_keys(paths: Iterable[Path], skip: Iterable[str] = ()) -> set[str]:
     """Resume keys of the rows of ``paths`` (those that exist), leaving out the rows ``skip``
-    selects to measure again (``redo_matches``)."""
+    selects to measure again (``redo_matches``; ``stale``: the rows whose kernels' launch plan
+    changed since they were timed, ``calibration.stale_rows``)."""
     skip = tuple(skip)
+    stale = STALE in skip
     return {
         row_key(r["op"], r["timing"], r["params"])
         for p in paths
         for r in read_rows(Path(p))
-        if not redo_matches(skip, r["op"], r["params"])
+        if not redo_matches(skip, r["op"], r["params"]) and not (stale and is_stale(r))
     }
 
 

@@ -17,9 +17,10 @@ from ssvkit.calibration.kernel_grid import FULL_SWEEP, TINY_SWEEP, sweep_configs
 from ssvkit.calibration.kernel_keys import compile_keys
 from ssvkit.calibration.kernel_plan import plan_shards, variant_work
 from ssvkit.calibration.kernel_summary import summarise
-from ssvkit.calibration.nsa_rows import compressed_ctas_selectors, nsa_work, row_compressed_ctas
+from ssvkit.calibration.nsa_rows import nsa_work, row_compressed_ctas
+from ssvkit.calibration.stale_rows import is_stale
 from ssvkit.perfmodel.hardware import get_gpu
-from ssvkit.perfmodel.rows import redo_matches, row_key
+from ssvkit.perfmodel.rows import row_key
 
 
 def _nsa_row(t=16, rows_per_tile=None, mode="reuse", impl="fused", median_s=1e-4, heads=(32, 8)):
@@ -103,22 +104,15 @@ def test_rows_timed_before_the_lone_compressed_sizing_are_priced_as_they_ran():
         assert w_new.merge_steps > w_old.merge_steps, impl
     beside = [nsa_work(row("reuse", "unfused", s), None) for s in (old, new)]
     assert beside[0] == beside[1]
-    # The rows to time again: the refresh rows, not the reuse beside, a one-stream unfused row
-    # (which the sweep does not make) or a batch-1 row (its sizing is unchanged).
+    # The rows to time again (``calibration.stale_rows``): the refresh rows, the one-stream
+    # unfused row too (a sweep times only the configs its design makes, and it makes none of
+    # these), not the reuse beside or a batch-1 row (their sizing is unchanged).
     one_stream = row("refresh", "unfused", old)
     del one_stream["params"]["branch_streams"]
     small = _nsa_row(t=1, mode="refresh")
-    rows = [row("refresh", "fused", old), row("refresh", "unfused", old)]
-    others = [row("reuse", "unfused", old), one_stream, small]
-    selectors = compressed_ctas_selectors(rows + others, None)
-    assert len(selectors) == 2 and "impl=fused" in selectors[0] and "batch=16" in selectors[0]
-    assert [redo_matches(selectors, "nsa_verify", r["params"]) for r in rows + others] == [
-        True,
-        True,
-        False,
-        False,
-        False,
-    ]
+    rows = [row("refresh", "fused", old), row("refresh", "unfused", old), one_stream]
+    others = [row("reuse", "unfused", old), small]
+    assert [is_stale(r) for r in rows + others] == [True, True, True, False, False]
 
 
 def test_unfused_variants_run_their_branches_side_by_side():
