@@ -24,7 +24,8 @@ from ssvkit.calibration.ceilings import PROFILES
 from ssvkit.calibration.error_table import markdown_header, markdown_row
 from ssvkit.calibration.interval_coverage import intervals_markdown
 from ssvkit.calibration.kernel_summary import summarise
-from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_markdown, transfer_report
+from ssvkit.calibration.transfer_markdown import transfer_markdown
+from ssvkit.calibration.transfer_sets import TRANSFER_SETS, transfer_report
 from ssvkit.calibration.validate import committed_report, summary_markdown
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write, read_json

@@ -110,7 +110,7 @@ def _error_report(rep: dict, pid: str) -> str:
 
 
 def _transfer_report(transfer: dict) -> str:
-    from ssvkit.calibration.transfer_sets import target_text
+    from ssvkit.calibration.transfer_markdown import target_text
     from ssvkit.calibration.unseen_set import coverage_text
 
     lines = []
@@ -187,8 +187,8 @@ def _plots(annotated: list[dict], rep: dict) -> dict[str, bytes]:
 
 
 def run(args) -> int:
+    from ssvkit.calibration.transfer_markdown import transfer_markdown as transfer_md
     from ssvkit.calibration.transfer_sets import TARGETS, parse_sets, transfer_report
-    from ssvkit.calibration.transfer_sets import transfer_markdown as transfer_md
     from ssvkit.calibration.validate import committed_report, summary_markdown
 
     sets = parse_sets(args.sets or ("interp" if args.markdown else "all"))
@@ -222,8 +222,8 @@ def run(args) -> int:
 def _run_physical(args, sets) -> int:
     """``--model physical``: every chosen set, ``interp`` included, for the physical model."""
     from ssvkit.calibration.physical_sets import physical_report
+    from ssvkit.calibration.transfer_markdown import transfer_markdown as transfer_md
     from ssvkit.calibration.transfer_sets import TARGETS
-    from ssvkit.calibration.transfer_sets import transfer_markdown as transfer_md
 
     for flag in ("plot", "check"):
         if getattr(args, flag):
