@@ -32,7 +32,8 @@ ALL_BRANCHES = (True, True, True)
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
 # Head dims up to which a 32-row tile may grow to a 64-row one: at D = 256 the 64-row tile's
-# pipelined K/V and Q tiles take 240 KB of shared memory, past an H100's or H200's 227 KB.
+# pipelined K/V and Q tiles do not fit an SM's shared memory (Triton refuses to launch it on an
+# H100 with OutOfResources, at 8 query / 4 KV heads of 256).
 WGMMA_MAX_HEAD_DIM = 128
 
 
