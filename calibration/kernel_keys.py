@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_grid import KernelConfig, Variant
-from ssvkit.perfmodel.attention_plan import (
-    DEFAULT_SPARSE_CONFIG,
-    choose_sparse_splits,
-    dense_verify_plan,
-    list_entries,
-    next_pow2,
-    sparse_tile_shape,
-)
+from ssvkit.perfmodel.attention_plan import dense_verify_plan, next_pow2
 from ssvkit.perfmodel.pick_work import row_layout, threshold_warps
 from ssvkit.perfmodel.select_work import score_tile, score_tiles
+from ssvkit.perfmodel.sparse_plan import (
+    DEFAULT_SPARSE_CONFIG,
+    choose_sparse_splits,
+    list_entries,
+    sparse_tile_shape,
+)
 
 # Kernels an NSA call launches per path and implementation (compressed pass, scoring, top-n
 # pick, selected + window pass, merges; the unfused path launches each branch apart).

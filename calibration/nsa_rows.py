@@ -13,11 +13,11 @@ from ssvkit.perfmodel.nsa_plan import (
     COMPRESSED_CTAS_PER_SM,
     CONTEXT_TILES,
     DEFAULT_TILE_PLAN,
-    EXPECTED_OVERLAP,
     TILE_PLANS,
     tile_packing,
 )
 from ssvkit.perfmodel.nsa_shape import NsaShape
+from ssvkit.perfmodel.nsa_slots import EXPECTED_OVERLAP
 from ssvkit.perfmodel.nsa_work import NsaWork, nsa_call_work
 
 # The blocks every row's own selection keeps whatever its scores (``kernels.nsa_verify``'s
@@ -114,7 +114,7 @@ def _chain_overlap(union: float, top_n: int, tiles: list[int]) -> float:
 
 
 # Rows timed from then on ran the kernels that size a lone compressed launch of one slot a row
-# tile for two programs an SM (perfmodel.nsa_plan.compressed_capacity); earlier rows for one.
+# tile for two programs an SM (perfmodel.nsa_slots.compressed_capacity); earlier rows for one.
 COMPRESSED_CTAS_SINCE = "2026-11-30T12:50:00+00:00"
 
 

@@ -6,7 +6,7 @@ numbers. A row's work comes from the launch plan its kernel made (``perfmodel.at
 sparse rows carry their measured selections' distinct bytes (``global_unique_bytes``) and union
 share (``f_load``). The sparse kernel that timed the committed H100 rows split a group's list
 until the grid filled one wave (``attention_work.fill_sparse_splits``); later rows follow
-``attention_plan.choose_sparse_splits``, so rows of ``row_work.SPARSE_FILL_SPLIT_COMMITS`` keep
+``sparse_plan.choose_sparse_splits``, so rows of ``row_work.SPARSE_FILL_SPLIT_COMMITS`` keep
 that kernel's rule, and rows of the earlier union plan kernel its counts
 (``row_work.union_plan_kernel``).
 

@@ -12,17 +12,16 @@ import functools
 from datetime import datetime
 
 from ssvkit.calibration.ceilings import DEVICE_NAMES
-from ssvkit.perfmodel.attention_plan import (
-    DEFAULT_DENSE_CONFIG,
-    DEFAULT_SPARSE_CONFIG,
-    DenseVerifyConfig,
-    SparseVerifyConfig,
-    sparse_tile_shape,
-)
+from ssvkit.perfmodel.attention_plan import DEFAULT_DENSE_CONFIG, DenseVerifyConfig
 from ssvkit.perfmodel.dense_work import DenseWork, dense_call_work
 from ssvkit.perfmodel.hardware import GpuSpec, get_gpu
 from ssvkit.perfmodel.repair_work import RepairWork, distinct_share, repair_call_work
 from ssvkit.perfmodel.select_work import SelectShape, SelectWork, select_call_work
+from ssvkit.perfmodel.sparse_plan import (
+    DEFAULT_SPARSE_CONFIG,
+    SparseVerifyConfig,
+    sparse_tile_shape,
+)
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
     SparseWork,
@@ -140,7 +139,7 @@ def select_work(row: dict, gpu: GpuSpec | None) -> SelectWork:
 
 
 # Sparse verification rows timed from then on ran 4 warps a program up to an accumulator of
-# ``attention_plan.FOUR_WARP_ACC_ELEMS``; earlier rows 4 up to 32 packed rows, else 8.
+# ``sparse_plan.FOUR_WARP_ACC_ELEMS``; earlier rows 4 up to 32 packed rows, else 8.
 SPARSE_ACC_WARPS_SINCE = "2026-12-06T00:45:00+00:00"
 
 
@@ -268,7 +267,7 @@ def merge_generation(row: dict) -> str | None:
     ``"tile"`` (a ``kernels.merge`` launch: tiles of rows, one row a program only where the
     rows are fewer than the SMs can share; ``SPARSE_MERGE_LAUNCH_COMMITS``) or ``"fused"``
     (the last split program of each group merges its rows: where the launch plan merges in the
-    launch, ``perfmodel.attention_plan.merges_in_launch``); None for a call that does not
+    launch, ``perfmodel.sparse_plan.merges_in_launch``); None for a call that does not
     split, and for other ops (dense verification's split calls run the same merge launch; its
     cross-GPU rows are compared whichever ran)."""
     if row["op"] != "sparse_verify":

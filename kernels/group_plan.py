@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from ssvkit.kernels.checks import check_order
-from ssvkit.perfmodel.attention_plan import union_plan_warps
+from ssvkit.perfmodel.sparse_plan import union_plan_warps
 
 MODES = ("per_query", "union", "shared")
 

@@ -43,7 +43,7 @@ class NsaVerifyConfig:
         metadata={
             "help": "resident programs per SM a launch of the compressed branch alone is sized "
             "for where one would leave each row tile a single slot "
-            "(perfmodel.nsa_plan.compressed_capacity)"
+            "(perfmodel.nsa_slots.compressed_capacity)"
         },
     )
     min_tiles_per_slot: int = field(
@@ -117,7 +117,7 @@ class NsaVerifyConfig:
             "draft rows, slots within one wave; the plan the committed rows were measured "
             "with) or fit (tiles of up to 128 MMA rows and 32 draft rows on 4 warps per 64 "
             "rows, so Llama-3.1-8B's 17-32 draft rows stay one tile; slots sized by the "
-            "launch's makespan, a second wave allowed; perfmodel.nsa_plan.fit_slots) or "
+            "launch's makespan, a second wave allowed; perfmodel.nsa_slots.fit_slots) or "
             "fit_slots (fixed's tiles, fit's slots)"
         },
     )

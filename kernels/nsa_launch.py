@@ -25,7 +25,7 @@ import triton
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.nsa_config import NsaVerifyConfig
 from ssvkit.kernels.pdl import check_pdl
-from ssvkit.perfmodel import nsa_plan
+from ssvkit.perfmodel import nsa_plan, nsa_slots
 
 LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
@@ -227,7 +227,7 @@ def plan_slots(
     step). ``config.num_splits`` instead
     apportions that many slots by work. The interpreter takes one slot per branch. Disabled
     branches get 0, enabled ones at least 1. ``config.tile_plan`` "fit" or "fit_slots" takes
-    ``perfmodel.nsa_plan.fit_slots`` instead: the count whose launch finishes first, a second
+    ``perfmodel.nsa_slots.fit_slots`` instead: the count whose launch finishes first, a second
     wave allowed."""
     work = [
         w if on else 0.0
@@ -240,7 +240,7 @@ def plan_slots(
         return tuple(int(on) for on in branches)
     capacity = num_sms(device) * config.ctas_per_sm
     if config.tile_plan in nsa_plan.MAKESPAN_PLANS:
-        return nsa_plan.plan_slots(
+        return nsa_slots.plan_slots(
             tuple(work),
             tuple(branches),
             plan.programs,
@@ -250,7 +250,7 @@ def plan_slots(
             min_tiles_per_slot=config.min_tiles_per_slot,
         )
     # At most one wave (a few programs past it would double the time) and max_splits slots.
-    return nsa_plan.plan_slots(
+    return nsa_slots.plan_slots(
         tuple(work),
         tuple(branches),
         plan.programs,

@@ -89,7 +89,7 @@ def nsa_verify_unfused(
                 comp_plan, args, None, part, outs[0], slots, apply_gates=False, chain=side_chain()
             )
     else:
-        # Beside the other branches: one program an SM (nsa_plan.compressed_capacity's rule).
+        # Beside the other branches: one program an SM (nsa_slots.compressed_capacity's rule).
         beside = replace(config, compressed_ctas=1) if branches.main is not None else config
         with branches.fork(1):
             _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, beside, side_chain())

@@ -14,7 +14,7 @@ import torch
 from ssvkit.kernels.arrivals import arrival_counters
 from ssvkit.kernels.device import num_sms
 from ssvkit.kernels.group_plan import GroupPlan, build_group_plan
-from ssvkit.perfmodel.attention_plan import (
+from ssvkit.perfmodel.sparse_plan import (
     SparseVerifyConfig,
     choose_sparse_splits,
     list_entries,
@@ -29,7 +29,7 @@ def choose_num_splits(
     cfg: SparseVerifyConfig, lists: int, list_blocks: int, num_warps: int, device: torch.device
 ) -> int:
     """Splits per group's block list on ``device``
-    (``perfmodel.attention_plan.choose_sparse_splits`` with the device's SM count)."""
+    (``perfmodel.sparse_plan.choose_sparse_splits`` with the device's SM count)."""
     return choose_sparse_splits(cfg, lists, list_blocks, num_warps, num_sms(device))
 
 

@@ -34,7 +34,7 @@ from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.sparse_launch import SparseLaunch, SparseVerifyConfig, plan_launch
 from ssvkit.kernels.sparse_verify_kernels import sparse_verify_kernel
 from ssvkit.kernels.tree import MAX_TREE_NODES
-from ssvkit.perfmodel.attention_plan import merge_chunk
+from ssvkit.perfmodel.sparse_plan import merge_chunk
 
 MAX_ROWS = 128  # C * G packed rows per program: acc [128, D] fp32 still fits in registers
 
@@ -119,10 +119,10 @@ def sparse_verify(
     (``M_PAD = max(16, next_pow2(C * G))``), so one K/V tile of ``BLOCK_N = block_size``
     tokens feeds all of them; the score tile gets a per-row mask from the membership bits. The
     block list of a (b, kv head, group) is split across programs where shorter walks end the
-    call's waves sooner (``perfmodel.attention_plan.choose_sparse_splits``); the last split also
+    call's waves sooner (``perfmodel.sparse_plan.choose_sparse_splits``); the last split also
     attends to the tail; the last split program of a group to finish combines the group's fp32
     partial ``(o, lse)`` in the same launch where one load holds them and the programs fit
-    one wave (``perfmodel.attention_plan.merges_in_launch``; arrival counters of
+    one wave (``perfmodel.sparse_plan.merges_in_launch``; arrival counters of
     ``kernels.arrivals``), else ``kernels.merge.merge_partials`` does in a launch of its own.
 
     Traffic: a (b, kv head, group) program reads ``|union| * block_size * D * 2`` bytes of K/V

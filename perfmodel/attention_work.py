@@ -14,20 +14,22 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_DENSE_CONFIG,
-    DEFAULT_SPARSE_CONFIG,
     DenseVerifyConfig,
-    SparseVerifyConfig,
     cdiv,
-    choose_sparse_splits,
     dense_row_tiles,
     dense_verify_plan,
+)
+from ssvkit.perfmodel.nsa_plan import WGMMA_MIN_ROWS, WGMMA_ROW_COST
+from ssvkit.perfmodel.sparse_plan import (
+    DEFAULT_SPARSE_CONFIG,
+    SparseVerifyConfig,
+    choose_sparse_splits,
     list_entries,
     merges_in_launch,
     sparse_tile_shape,
     union_plan_keys,
     union_plan_warps,
 )
-from ssvkit.perfmodel.nsa_plan import WGMMA_MIN_ROWS, WGMMA_ROW_COST
 
 ELEM_BYTES = 2  # bf16 queries, keys, values, outputs
 PARTIAL_BYTES = 4  # fp32 partial outputs and log-sum-exps
@@ -227,7 +229,7 @@ def sparse_verify_work(
     ``list_blocks``: the blocks of one group's list (union mode: its mean union size; default
     ``top_n``, the list of ``per_query`` and ``shared``); ``unique_kv_bytes``: the call's
     distinct K/V bytes (default: the requested ones, no repeats); ``split_rule``:
-    ``wave_balance`` (``attention_plan.choose_sparse_splits``) or ``fill``
+    ``wave_balance`` (``sparse_plan.choose_sparse_splits``) or ``fill``
     (``fill_sparse_splits``); ``union_plan``: the union plan kernel (``union_plan_compares``)."""
     if split_rule not in SPLIT_RULES:
         raise ValueError(f"split_rule must be one of {SPLIT_RULES}, got {split_rule!r}")
@@ -276,7 +278,7 @@ def union_plan_compares(
 ) -> float:
     """Compare steps one SM slot of the union plan kernel takes in series, over its waves of
     programs (one per group list, ``UNION_PLAN_PROGRAMS_PER_SM`` an SM). ``sort``: a program
-    sorts its ``K`` keys (``attention_plan.union_plan_keys``) in ``log2 K (log2 K + 1) / 2``
+    sorts its ``K`` keys (``sparse_plan.union_plan_keys``) in ``log2 K (log2 K + 1) / 2``
     compare-exchange steps and scans them three times (``log2 K`` steps each), ``K`` over its
     threads at every step. ``compare``: every member's ``top_n`` ids against the group's
     ``C x top_n``."""

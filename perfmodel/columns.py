@@ -14,15 +14,13 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 from ssvkit.perfmodel.acceptance import TreeAcceptance, full_depth_probability, tree_level_sizes
+from ssvkit.perfmodel.elementwise import chains_norms, fused_accept, fused_elementwise
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, TILE_PLANS
 from ssvkit.perfmodel.strategy import (
     Strategy,
     Workload,
-    chains_norms,
     check_feasible,
-    fused_accept,
-    fused_elementwise,
     parse_tree,
     tree_expected_tokens,
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
+from ssvkit.perfmodel.elementwise import chains_norms, fused_elementwise
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import (
     ACT_BYTES,
@@ -37,7 +38,7 @@ from ssvkit.perfmodel.step import (
     predict_columns,
     selection_seconds,
 )
-from ssvkit.perfmodel.strategy import DrafterSpec, chains_norms, fused_elementwise
+from ssvkit.perfmodel.strategy import DrafterSpec
 
 HEAD_OPS = (
     "verify.embed_norm",

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_DENSE_CONFIG,
-    MERGE_BLOCK_S,
     DenseVerifyConfig,
     cdiv,
     dense_verify_plan,
 )
 from ssvkit.perfmodel.attention_work import ELEM_BYTES, resident_programs, row_cost
+from ssvkit.perfmodel.sparse_plan import MERGE_BLOCK_S
 from ssvkit.perfmodel.work_points import at_distinct_points
 
 # The special-function unit's exponentials against the tensor cores' FLOPs of one SM: Hopper

@@ -57,7 +57,7 @@ class NsaShape:
     # their own (kernels.nsa_unfused.nsa_verify_unfused); 0, in series. Fused calls ignore it.
     branch_streams: int = 0
     # NsaVerifyConfig.compressed_ctas: the programs an SM a lone compressed launch of one slot a
-    # row tile is sized for (nsa_plan.compressed_capacity); 1 for rows timed before it.
+    # row tile is sized for (nsa_slots.compressed_capacity); 1 for rows timed before it.
     compressed_ctas: int = COMPRESSED_CTAS_PER_SM
     # NsaVerifyConfig.tile_plan as its index in nsa_plan.TILE_PLANS: 0 "fixed" (what every
     # calibration row ran), 1 "fit" (larger row tiles, slots sized by the launch's makespan),
@@ -144,7 +144,7 @@ class Launch:
     units: list[tuple[int, int, int]]
     block_m: int
     # Whether the launch has the SMs alone (not beside an unfused reuse call's other branches):
-    # the slot sizing of a lone compressed launch (``nsa_plan.compressed_capacity``) is for it.
+    # the slot sizing of a lone compressed launch (``nsa_slots.compressed_capacity``) is for it.
     alone: bool = True
 
 

@@ -19,16 +19,12 @@ from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES
 from ssvkit.perfmodel.dense_work import key_tile_weight
 from ssvkit.perfmodel.nsa_plan import (
     CTAS_PER_SM,
-    EXPECTED_OVERLAP,
-    MIN_TILES_PER_SLOT,
     PAIRED_RESIDENT,
     STORED_SCORE_BYTES,
     WGMMA_MIN_ROWS,
     WGMMA_ROW_COST,
     forward_warps,
     pairs_launches,
-    plan_slots,
-    split_slots,
     stores_scores,
     tile_packing,
 )
@@ -45,6 +41,7 @@ from ssvkit.perfmodel.nsa_shape import (
     resident_programs,
     tile_union_blocks,
 )
+from ssvkit.perfmodel.nsa_slots import EXPECTED_OVERLAP, MIN_TILES_PER_SLOT, plan_slots, split_slots
 from ssvkit.perfmodel.select_work import MAX_WARPS_PER_SM
 from ssvkit.perfmodel.work_points import at_distinct_points
 
@@ -153,7 +150,7 @@ def launch_part(
 ) -> tuple[Part, int]:
     """One forward launch as a ``Part``, and the slots each of its programs has: as many as
     the host sizes at the longest prefix and its assumed overlap under the shape's tile plan
-    (``nsa_plan.plan_slots``)."""
+    (``nsa_slots.plan_slots``)."""
     heads = s.batch * s.num_kv_heads
     assumed = NsaShape(**{**_fields(s), "overlap": EXPECTED_OVERLAP})
     programs = heads * len(launch.rows)

@@ -6,7 +6,7 @@ Each builder adds its ops, named ``prefix + op``, to an ``OpSum``; ``perfmodel.s
 assembles a verification (or AR) forward and the drafting from them, and ``perfmodel.costs``
 reuses them for the other stages. The measured class an op is priced by is its ``kernel``.
 The element-wise ops come in the engine's two implementations
-(``perfmodel.strategy.ELEMENTWISE``), chosen per point by ``fused`` (``linear_ops``).
+(``perfmodel.elementwise.ELEMENTWISE``), chosen per point by ``fused`` (``linear_ops``).
 Assumptions: bf16 activations (``ACT_BYTES``); weights at the model's ``weight_bytes``, every
 weight read once per forward by the memory-bound ops; GEMM activations read and written once.
 """

@@ -17,17 +17,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from ssvkit.perfmodel.attention_plan import (
-    DEFAULT_SMEM_PER_SM_BYTES,
-    DEFAULT_SPARSE_CONFIG,
-    SparseVerifyConfig,
-    cdiv,
-    choose_sparse_splits,
-    list_entries,
-    merges_in_launch,
-    sparse_merge_steps,
-    sparse_tile_shape,
-)
+from ssvkit.perfmodel.attention_plan import DEFAULT_SMEM_PER_SM_BYTES, cdiv
 from ssvkit.perfmodel.attention_work import (
     WARPGROUP,
     fill_sparse_splits,
@@ -37,6 +27,15 @@ from ssvkit.perfmodel.attention_work import (
 )
 from ssvkit.perfmodel.numbers import require_at_least_one
 from ssvkit.perfmodel.sparse import union_blocks
+from ssvkit.perfmodel.sparse_plan import (
+    DEFAULT_SPARSE_CONFIG,
+    SparseVerifyConfig,
+    choose_sparse_splits,
+    list_entries,
+    merges_in_launch,
+    sparse_merge_steps,
+    sparse_tile_shape,
+)
 from ssvkit.perfmodel.work_points import at_distinct_points
 
 ELEM_BYTES = 2  # bf16 K/V, queries, outputs
@@ -128,8 +127,8 @@ class SparseWork:
       overfills them; a tile's load latency over the pipeline depth, and its MMAs over
       ``M_PAD`` rows, price it;
     - ``merge_steps``: the steps in which a merge launch reads a row's ``S`` partials
-      (``attention_plan.sparse_merge_steps``; 0 unsplit, and where the last split program of
-      each group merges in the launch, ``attention_plan.merges_in_launch``: its epilogue's
+      (``sparse_plan.sparse_merge_steps``; 0 unsplit, and where the last split program of
+      each group merges in the launch, ``sparse_plan.merges_in_launch``: its epilogue's
       one load, priced with its row-tile writes, ``row_waves``); ``merge_launches``: 1 for
       a merge launch of its own, else 0; ``num_splits``: the splits of a group's list;
     - ``row_cost``: the rows of the row tile one warpgroup computes (``M_PAD`` over the

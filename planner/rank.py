@@ -56,8 +56,8 @@ def score(
     1 for a kind it lacks --, at most 1), its round with the loop's host time
     (``perfmodel.loop_host``, ``loop`` in the breakdown), with the tokens/s interval of a
     calibrated prediction (``perfmodel.intervals``; the loop's host time with its fit's
-    residuals);
-    the engine runs the element-wise ops as ``elementwise`` (``perfmodel.strategy.ELEMENTWISE``)."""
+    residuals); the engine runs the element-wise ops as ``elementwise``
+    (``perfmodel.elementwise.ELEMENTWISE``)."""
     if not strategies:
         return [], "none"
     out: list[Scored] = []

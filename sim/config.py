@@ -13,9 +13,10 @@ import math
 from dataclasses import dataclass, field
 
 from ssvkit.perfmodel.costs import HOST_PER_REQUEST_S
+from ssvkit.perfmodel.elementwise import ELEMENTWISE
 from ssvkit.perfmodel.hardware import suggest
 from ssvkit.perfmodel.prr import PAPER_HIT_RATE
-from ssvkit.perfmodel.strategy import ELEMENTWISE, DrafterSpec, Strategy
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 SCENARIOS = (
     "ar_dense",

@@ -97,7 +97,7 @@ class CostContext:
     kv_bytes: int
     acceptance: float
     dtype: str = "bf16"
-    elementwise: str = "fused"  # perfmodel.strategy.ELEMENTWISE
+    elementwise: str = "fused"  # perfmodel.elementwise.ELEMENTWISE
 
     @classmethod
     def build(

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.files import read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.numbers import parse_count_list
-from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, elementwise_of_run, parse_tree
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, parse_tree
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens, expected_tokens_interp
 from ssvkit.planner.profile import RegimeProfile, profile_from_json
 from ssvkit.planner.rank import concrete, rank

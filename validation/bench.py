@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ssvkit.perfmodel.elementwise import elementwise_of_backend
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import GpuSpec
 from ssvkit.perfmodel.models import ModelSpec
-from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, elementwise_of_backend
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 from ssvkit.planner.estimators import accepted_histogram
 from ssvkit.validation import full_batch
 from ssvkit.validation.prompts import prompt_crc32

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 from ssvkit.engine.controller import RoundStats, ShadowAcceptance
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN, NgramDrafter
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.strategy import elementwise_of_run, parse_tree
+from ssvkit.perfmodel.strategy import parse_tree
 from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
 from ssvkit.planner.profile import profile_from_json, regime_of
 from ssvkit.planner.rank import rank

@@ -101,7 +101,7 @@ def step_prediction(
     elementwise: str,
 ):
     """perfmodel's step prediction (``perfmodel.step.StepPrediction``, one point) of a run whose
-    engine ran the element-wise ops as ``elementwise`` (``perfmodel.strategy.ELEMENTWISE``), the
+    engine ran the element-wise ops as ``elementwise`` (``perfmodel.elementwise.ELEMENTWISE``), the
     GPU spec it priced and its workload; ``ValueError`` where it cannot predict."""
     from ssvkit.perfmodel.calibrated import make_predictor
     from ssvkit.perfmodel.hardware import get_gpu

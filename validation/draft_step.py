@@ -29,17 +29,13 @@ from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.elementwise import elementwise_of_backend
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.step import build_columns, predict_columns
-from ssvkit.perfmodel.strategy import (
-    DrafterSpec,
-    Strategy,
-    Workload,
-    elementwise_of_backend,
-)
+from ssvkit.perfmodel.strategy import DrafterSpec, Strategy, Workload
 from ssvkit.validation.bench import RunCache
 from ssvkit.validation.engine_ops import time_ops
 from ssvkit.validation.engine_verify import STEP_TIMING, device_setup

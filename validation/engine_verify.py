@@ -40,10 +40,11 @@ from ssvkit.kernels.timing import (
     provenance,
 )
 from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.perfmodel.elementwise import elementwise_of_backend
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.nsa_plan import TILE_PLANS
 from ssvkit.perfmodel.numbers import parse_count_list
-from ssvkit.perfmodel.strategy import METADATA, Strategy, elementwise_of_backend
+from ssvkit.perfmodel.strategy import METADATA, Strategy
 from ssvkit.validation.decode_figures import predicted_verify_s
 from ssvkit.validation.engine_ops import (
     attention_launches,

@@ -9,13 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from ssvkit.calibration.error_table import markdown_header, markdown_row
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.nsa_plan import DEFAULT_TILE_PLAN
-from ssvkit.perfmodel.strategy import (
-    PACKED_ROWS,
-    Strategy,
-    elementwise_of_run,
-    with_nsa_rows_per_tile,
-)
+from ssvkit.perfmodel.strategy import PACKED_ROWS, Strategy, with_nsa_rows_per_tile
 from ssvkit.validation.decode_figures import predicted_verify_s
 from ssvkit.validation.records import NSA_SCHEDULE
 

@@ -25,13 +25,14 @@ from ssvkit.calibration import ceilings
 from ssvkit.calibration.fit import error_stats
 from ssvkit.calibration.validate import annotate, report
 from ssvkit.perfmodel.calibrated import make_predictor
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.files import malformed, read_json
 from ssvkit.perfmodel.hardware import get_gpu, gpu_names
 from ssvkit.perfmodel.intervals import COVERAGE, interval
 from ssvkit.perfmodel.models import get_model
 from ssvkit.perfmodel.profiles import Profile
 from ssvkit.perfmodel.step import build_columns, predict_columns
-from ssvkit.perfmodel.strategy import DrafterSpec, Workload, elementwise_of_run, parse_tree
+from ssvkit.perfmodel.strategy import DrafterSpec, Workload, parse_tree
 from ssvkit.perfmodel.trace import dumps_trace, make_header, make_round
 from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.profile import profile_from_json

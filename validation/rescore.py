@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ssvkit.kernels.timing import provenance
 from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.files import atomic_write
-from ssvkit.perfmodel.strategy import elementwise_of_run
 from ssvkit.planner.rank import rank, strategy_from_json
 from ssvkit.planner.space import SpaceSpec, strategy_id
 from ssvkit.validation.bench import make_bench, read_runs

@@ -175,9 +175,9 @@ def backend_of(device: str) -> str:
 def planned_strategy(st: Setup, cell: Cell) -> Strategy:
     """``ssv_planned``: the offline best of the planner's space for the cell's model, context
     and batch, with the oracle's acceptance as the drafter's profile."""
+    from ssvkit.perfmodel.elementwise import elementwise_of_backend
     from ssvkit.perfmodel.hardware import get_gpu
     from ssvkit.perfmodel.models import get_model
-    from ssvkit.perfmodel.strategy import elementwise_of_backend
     from ssvkit.planner.profile import RegimeProfile
     from ssvkit.planner.rank import rank, strategy_from_json
 

@@ -15,7 +15,8 @@ import json
 import time
 import zlib
 
-from ssvkit.perfmodel.strategy import BASELINES, Strategy, elementwise_of_backend
+from ssvkit.perfmodel.elementwise import elementwise_of_backend
+from ssvkit.perfmodel.strategy import BASELINES, Strategy
 from ssvkit.validation import full_batch
 from ssvkit.validation.bench import RunCache, collection_held, steady_figures
 from ssvkit.validation.records import run_schedule

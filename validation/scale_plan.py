@@ -86,7 +86,8 @@ def cell_estimate(st: Setup, cell: Cell, references: dict) -> dict:
 
 
 def _predict(st: Setup, cell: Cell, strategy, alpha: float) -> dict:
-    from ssvkit.perfmodel.strategy import BASELINES, elementwise_of_backend
+    from ssvkit.perfmodel.elementwise import elementwise_of_backend
+    from ssvkit.perfmodel.strategy import BASELINES
     from ssvkit.validation.decode_figures import predict
     from ssvkit.validation.scale_cells import backend_of
 

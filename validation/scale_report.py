@@ -84,12 +84,12 @@ def predict_row(doc: dict, r: dict) -> dict:
     """perfmodel's prediction of a measured row now, with the profile of the campaign's GPU,
     at the acceptance of the row's full-batch rounds (``row_figures``), its measured selection
     overlap, the NSA row schedule it ran with (``validation.records.measured_strategy``) and the
-    element-wise implementation of its backend (``perfmodel.strategy.elementwise_of_run``).
+    element-wise implementation of its backend (``perfmodel.elementwise.elementwise_of_run``).
     The campaign's own prediction, stored with each row at measure time, is its provenance,
     not what the report compares."""
     from types import SimpleNamespace
 
-    from ssvkit.perfmodel.strategy import elementwise_of_run
+    from ssvkit.perfmodel.elementwise import elementwise_of_run
     from ssvkit.validation.records import measured_strategy
     from ssvkit.validation.scale_measure import predict_cell
 

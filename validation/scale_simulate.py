@@ -16,8 +16,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.strategy import elementwise_of_run
 from ssvkit.perfmodel.trace import dumps_trace, make_header, make_round
 from ssvkit.sim.config import SimConfig
 from ssvkit.sim.scenarios import simulate

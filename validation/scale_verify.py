@@ -25,7 +25,7 @@ from ssvkit.engine.memory import plan_memory
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import bench, provenance
-from ssvkit.perfmodel.strategy import elementwise_of_backend
+from ssvkit.perfmodel.elementwise import elementwise_of_backend
 from ssvkit.planner.space import describe
 from ssvkit.validation.decode_figures import step_prediction, verify_forward_s
 from ssvkit.validation.engine_ops import (

@@ -5,7 +5,7 @@
 
 A ``sparse_verify`` program packs ``C x G`` query-head rows (``M_PAD`` padded) over K/V tiles of
 head dimension ``D``; its fp32 accumulator holds ``M_PAD x D`` elements, 32 registers a thread
-of 4 warps at 32 x 128 and 64 at 64 x 128. ``perfmodel.attention_plan.sparse_tile_shape``
+of 4 warps at 32 x 128 and 64 at 64 x 128. ``perfmodel.sparse_plan.sparse_tile_shape``
 gives a program 4 warps up to ``FOUR_WARP_ACC_ELEMS`` accumulator elements and
 ``FOUR_WARP_MAX_ROWS`` rows, else 8 (the ``default`` column); this benchmark times both
 counts at each geometry's group sizes, so the rule is chosen from measurements at every
@@ -30,7 +30,7 @@ from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.kernels import sparse_verify as sv
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.arguments import OneLineParser
-from ssvkit.perfmodel.attention_plan import SparseVerifyConfig, sparse_tile_shape
+from ssvkit.perfmodel.sparse_plan import SparseVerifyConfig, sparse_tile_shape
 from ssvkit.validation.bench_documents import write_benchmark
 from ssvkit.validation.sparse_tiles import distinct_blocks
 

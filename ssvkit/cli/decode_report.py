@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ssvkit.perfmodel.elementwise import elementwise_of_backend
 from ssvkit.perfmodel.loop_host import measured_loop_host_s
 from ssvkit.perfmodel.numbers import figure, interval_text
-from ssvkit.perfmodel.strategy import elementwise_of_backend
 from ssvkit.validation import full_batch
 from ssvkit.validation.decode_figures import fit_acceptance, mean_selection, predict
 from ssvkit.validation.records import run_schedule

@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 
 from ssvkit.cli.options import add_pricing_options, bounded_text, interval_legend, pricing_gpu
+from ssvkit.perfmodel.elementwise import ELEMENTWISE, elementwise_of_run, fused_elementwise
 from ssvkit.perfmodel.files import atomic_write, check_output, read_json
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.models import get_model
-from ssvkit.perfmodel.strategy import ELEMENTWISE, elementwise_of_run, fused_elementwise
 from ssvkit.planner.profile import RegimeProfile, load_profile
 from ssvkit.planner.rank import rank
 from ssvkit.planner.space import SpaceSpec, space_from_json

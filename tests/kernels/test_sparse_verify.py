@@ -18,7 +18,7 @@ from ssvkit.kernels.sparse_verify import reference_sparse_verify, sparse_verify
 from ssvkit.kernels.timing import poisoned_allocations
 from ssvkit.kernels.tree import ancestor_bitmask, batch_parents, traversal_order
 from ssvkit.perfmodel.acceptance import chain_parents, full_tree_parents
-from ssvkit.perfmodel.attention_plan import merge_chunk
+from ssvkit.perfmodel.sparse_plan import merge_chunk
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 
@@ -197,10 +197,10 @@ def test_fused_merge_of_several_loads_equals_the_reference(monkeypatch):
     """The kernel's merge also walks the partials a split at a time (several loads), which the
     launch plan leaves to a merge launch: forced here, it gives the reference's attention."""
     from ssvkit.kernels import sparse_launch
-    from ssvkit.perfmodel import attention_plan
+    from ssvkit.perfmodel import sparse_plan
 
     monkeypatch.setattr(sparse_launch, "merges_in_launch", lambda cfg, s, *a: s > 1)
-    monkeypatch.setattr(attention_plan, "MERGE_VALUES_PER_THREAD", 2)  # one split a load
+    monkeypatch.setattr(sparse_plan, "MERGE_VALUES_PER_THREAD", 2)  # one split a load
     dtype = torch.float32
     q, k, v, lens, mask, idx, order = make_case([301, 77], 7, 4, 2, 16, dtype, top_n=4, seed=4)
     kw = dict(mode="union", group_size=3, order=order, block_size=16)

@@ -5,12 +5,9 @@ import pytest
 from ssvkit.perfmodel.attention_plan import (
     DEFAULT_DENSE_CONFIG,
     DenseVerifyConfig,
-    SparseVerifyConfig,
     dense_resident_programs,
     dense_row_tiles,
     dense_verify_plan,
-    merges_in_launch,
-    sparse_merge_steps,
 )
 from ssvkit.perfmodel.attention_work import (
     dense_tile_costs,
@@ -19,6 +16,7 @@ from ssvkit.perfmodel.attention_work import (
     sparse_verify_work,
 )
 from ssvkit.perfmodel.physical import PhysicalFit
+from ssvkit.perfmodel.sparse_plan import SparseVerifyConfig, merges_in_launch, sparse_merge_steps
 
 SMEM = 228 * 1024
 

@@ -10,6 +10,12 @@ import pytest
 from ssvkit.perfmodel.accept_ops import accept_launches
 from ssvkit.perfmodel.acceptance import tree_level_sizes
 from ssvkit.perfmodel.calibrated import ONE_LAUNCH_STAND_IN, CalibratedPredictor, stand_in
+from ssvkit.perfmodel.elementwise import (
+    CHAINED_NORMS_SINCE,
+    FUSED_ACCEPT_SINCE,
+    elementwise_of_backend,
+    elementwise_of_run,
+)
 from ssvkit.perfmodel.hardware import get_gpu
 from ssvkit.perfmodel.linear_rule import chained_norms
 from ssvkit.perfmodel.models import ModelSpec, get_model
@@ -17,15 +23,7 @@ from ssvkit.perfmodel.ops import FUSED_CLASSES
 from ssvkit.perfmodel.predictor import RooflinePredictor
 from ssvkit.perfmodel.profiles import profile_path, shipped_profile
 from ssvkit.perfmodel.step import build_columns, predict_columns, product_columns
-from ssvkit.perfmodel.strategy import (
-    CHAINED_NORMS_SINCE,
-    FUSED_ACCEPT_SINCE,
-    Strategy,
-    Workload,
-    elementwise_of_backend,
-    elementwise_of_run,
-    parse_tree,
-)
+from ssvkit.perfmodel.strategy import Strategy, Workload, parse_tree
 
 LLAMA = get_model("llama-3.1-8b")
 TORCH_OPS = ("norms", "residual", "rope", "rope_row", "kv_write", "kv_write_row", "ffn_act")

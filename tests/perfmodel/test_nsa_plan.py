@@ -14,18 +14,20 @@ from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import (
     COMPRESSED_CTAS_PER_SM,
     WGMMA_ROW_COST,
-    branch_tiles,
-    compressed_capacity,
     is_packed,
-    launch_makespan,
     merge_steps,
     mma_row_cost,
     num_splits,
-    plan_slots,
     row_tiles,
-    split_slots,
     tile_packing,
     tile_rows_of,
+)
+from ssvkit.perfmodel.nsa_slots import (
+    branch_tiles,
+    compressed_capacity,
+    launch_makespan,
+    plan_slots,
+    split_slots,
 )
 from ssvkit.perfmodel.predictor import RooflinePredictor
 from ssvkit.perfmodel.profiles import Profile, profile_path

@@ -6,14 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 from ssvkit.perfmodel.class_fit import ClassFit
-from ssvkit.perfmodel.nsa_plan import (
-    forward_warps,
-    plan_slots,
-    slot_counts,
-    split_slots,
-    tile_packing,
-)
+from ssvkit.perfmodel.nsa_plan import forward_warps, tile_packing
 from ssvkit.perfmodel.nsa_shape import NsaShape, forward_launches, live_launches
+from ssvkit.perfmodel.nsa_slots import plan_slots, slot_counts, split_slots
 from ssvkit.perfmodel.nsa_work import (
     launch_part,
     nsa_call_work,
@@ -144,7 +139,7 @@ def test_bad_shape_is_refused():
 def test_the_fit_plan_keeps_seventeen_rows_in_one_tile_at_sixteens_chain():
     """ "fixed" packs 17 rows as 16 + 1 in tiles of 64 MMA rows, whose 8 slots a tile leave
     the full tile twice t = 16's chain; "fit" packs them in one tile of 128 MMA rows (twice the
-    wgmma rows a key tile) with the slots its makespan sizing gives (``nsa_plan.plan_slots``)."""
+    wgmma rows a key tile) with the slots its makespan sizing gives (``nsa_slots.plan_slots``)."""
     fit = dataclasses.replace(SHAPE, tile_plan=1)
     assert tile_packing(17, 4, 0, "fit") == (32, 4, 128)
     (launch,) = forward_launches(fit, fused=True, refresh=False)

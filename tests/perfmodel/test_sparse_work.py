@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 import pytest
-from ssvkit.perfmodel.attention_plan import SparseVerifyConfig, sparse_tile_shape
 from ssvkit.perfmodel.class_fit import ClassFit
+from ssvkit.perfmodel.sparse_plan import SparseVerifyConfig, sparse_tile_shape
 from ssvkit.perfmodel.sparse_work import (
     SparseShape,
     grid_regime,
@@ -235,7 +235,7 @@ def test_the_plan_is_the_wrappers_plan_on_a_grid():
     torch = pytest.importorskip("torch")
     from ssvkit.kernels.group_plan import GroupPlan
     from ssvkit.kernels.sparse_launch import plan_launch
-    from ssvkit.perfmodel.attention_plan import SparseVerifyConfig as Config
+    from ssvkit.perfmodel.sparse_plan import SparseVerifyConfig as Config
 
     meta = torch.device("meta")
     grid = itertools.product(

@@ -6,8 +6,8 @@ ran is held to a stated tolerance per op group; torch's pricing of the same forw
 import json
 
 import pytest
+from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.profiles import profile_path
-from ssvkit.perfmodel.strategy import elementwise_of_run
 from ssvkit.validation.decode_figures import step_prediction
 from ssvkit.validation.engine_ops import op_groups
 from ssvkit.validation.full_batch import row_figures
