@@ -172,9 +172,11 @@ def union_plan_warps(group_size: int, width: int) -> int:
 
 
 # The largest fp32 accumulator (packed rows x head dim) a sparse verification program of 4 warps
-# takes. On an H100 (validation/data/sparse-warps-h100-*.json, five head geometries), 4 warps
-# take 0.71x (64 x 64) and 0.77x (64 x 128) the time of 8 at batch 8 and 32K (medians; 0.60-0.94)
-# and 0.92x and 0.99x at batch 1 and 128K (0.80-1.07); at 128 x 128, 2.40x and 1.74x.
+# takes. On the H200 (validation/data/sparse-warps-h200-*.json, five head geometries), 4 warps
+# take 0.66x (64 x 64) and 0.63x (64 x 128) the time of 8 at batch 8 and 32K (medians; 0.52-0.87)
+# and 0.94x and 0.93x at batch 1 and 128K (0.73-1.04); at 128 x 128, 2.30x and 1.71x. An H100
+# (sparse-warps-h100-*.json) agrees but at 16 x 128 and batch 8 of Llama-3.1-70B's attention,
+# where 4 warps take 1.16x the time of 8 (the H200: 0.92x).
 FOUR_WARP_ACC_ELEMS = 64 * 128
 # The most packed rows a program of 4 warps takes: its score and probability tiles grow with the
 # rows too (128 x 64 fp32 is another 64 registers a thread), and no 128-row tile on 4 warps was

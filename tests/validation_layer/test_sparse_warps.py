@@ -39,3 +39,30 @@ def test_table_groups_calls_by_accumulator_and_batch():
 def test_every_group_size_runs_union_and_shared_above_one():
     assert ("union", 1) in sw.variants() and ("shared", 1) not in sw.variants()
     assert {c for m, c in sw.variants() if m == "shared"} == set(sw.GROUPS) - {1}
+
+
+def test_every_committed_h200_run_backs_the_warp_rule():
+    """On the GPU the sparse kernel's defaults are tuned on (the H200), the warp count the
+    current rule picks (``sparse_plan.sparse_tile_shape``) is the faster one in every committed
+    run: per geometry, packed rows, head dimension and batch, its median time over the other
+    count's is at most 1.02 (two counts within 2% are a tie)."""
+    import json
+
+    import numpy as np
+    from ssvkit.perfmodel.sparse_plan import DEFAULT_SPARSE_CONFIG, sparse_tile_shape
+    from ssvkit.validation.records import data_dir
+
+    runs = sorted(data_dir().glob("sparse-warps-h200-*.json"))
+    assert runs
+    for path in runs:
+        groups = {}
+        for r in json.loads(path.read_text())["rows"]:
+            m_pad, warps, _ = sparse_tile_shape(
+                DEFAULT_SPARSE_CONFIG, r["group_size"], r["num_q_heads"], r["num_kv_heads"], 64,
+                r["head_dim"],
+            )  # fmt: skip
+            assert m_pad == r["m_pad"], (path.name, r)
+            mine, other = (r["warps_4_s"], r["warps_8_s"])[:: 1 if warps == 4 else -1]
+            groups.setdefault((m_pad, r["head_dim"], r["batch"]), []).append(mine / other)
+        for key, ratios in groups.items():
+            assert np.median(ratios) <= 1.02, (path.name, key, ratios)
