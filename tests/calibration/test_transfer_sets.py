@@ -350,10 +350,11 @@ def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
 
 
 def test_a_selection_row_timed_before_the_tile_pick_is_priced_with_the_whole_row_pick():
-    """The H200's two-launch rows at batch 16, 128K, t = 16 and eight KV heads picked over
-    whole rows (2,048 rows of 2,049 blocks: a chunk and a tail walked); a call of that shape
-    timed today takes the tile pick, which walks its 512 gathered blocks and no tail."""
-    from ssvkit.calibration.row_work import select_work
+    """A two-launch row at batch 16, 128K, t = 16 and eight KV heads timed at a commit of the
+    whole-row pick picked over whole rows (2,048 rows of 2,049 blocks: a chunk and a tail
+    walked); a call of that shape timed today takes the tile pick, which walks its 512
+    gathered blocks and no tail."""
+    from ssvkit.calibration.row_work import SELECT_WHOLE_ROW_PICK_COMMITS, select_work
 
     rows = [
         r
@@ -365,8 +366,9 @@ def test_a_selection_row_timed_before_the_tile_pick_is_priced_with_the_whole_row
         and r["params"]["num_kv_heads"] == 8
     ]
     assert rows
+    whole_row = next(iter(SELECT_WHOLE_ROW_PICK_COMMITS))
     for r in rows:
-        then = select_work(r, None)
+        then = select_work({**r, "git_commit": whole_row}, None)
         now = select_work({**r, "git_commit": "0" * 40}, None)
         assert then.pick_tail_chain > 0 and now.pick_tail_chain == 0
         assert now.pick_chain < then.pick_chain
