@@ -18,9 +18,7 @@ run. Needs a GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +28,7 @@ from ssvkit.kernels import dense_verify as dv
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.attention_plan import DenseVerifyConfig, dense_row_tiles
-from ssvkit.validation.bench_documents import write_benchmark
+from ssvkit.validation.bench_documents import time_geometries
 
 K = 1024
 GEOMETRIES = ("llama-3.1-8b", "tiny", "16q-2kv-d64", "glm-4-9b", "qwen3-14b")
@@ -140,26 +138,16 @@ def main(argv=None) -> int:
     p.add_argument("--geometries", nargs="+", default=list(GEOMETRIES), choices=ki.GEOMETRIES)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
-    try:
-        copy_bps = tm.copy_bytes_per_s()
-        rows = [r for g in args.geometries for r in time_geometry(g, args.seed, copy_bps)]
-    except checks.CorrectnessError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    timing = dataclasses.asdict(TIMING)
     rules = {rule: cfg.warpgroup_rows_from for rule, cfg in RULES.items()}
-    write_benchmark(
-        Path(args.out),
+    return time_geometries(
+        p,
+        args,
         "dense_row_tile",
-        rows,
-        timing=timing,
-        copy_bytes_per_s=copy_bps,
+        lambda g, copy_bps: time_geometry(g, args.seed, copy_bps),
+        table,
+        TIMING,
         warpgroup_rows_from=rules,
     )
-    print(table(rows))
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ head), queries and outputs, over the copy bandwidth measured in the same run. Ne
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,7 +29,7 @@ from ssvkit.kernels import sparse_verify as sv
 from ssvkit.kernels import timing as tm
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.sparse_plan import SparseVerifyConfig, sparse_tile_shape
-from ssvkit.validation.bench_documents import write_benchmark
+from ssvkit.validation.bench_documents import time_geometries
 from ssvkit.validation.sparse_tiles import distinct_blocks
 
 K = 1024
@@ -164,18 +162,9 @@ def main(argv=None) -> int:
         p.error(f"--top-n must be in 1..{min(ctx for _, ctx in POINTS) // 128}, got {args.top_n}")
     if not 0.0 <= args.overlap <= 1.0:
         p.error(f"--overlap must be in [0, 1], got {args.overlap}")
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
-    try:
-        copy_bps = tm.copy_bytes_per_s()
-        rows = [r for g in args.geometries for r in time_geometry(g, args, copy_bps)]
-    except checks.CorrectnessError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    timing = dataclasses.asdict(TIMING)
-    write_benchmark(Path(args.out), "sparse_warps", rows, timing=timing, copy_bytes_per_s=copy_bps)
-    print(table(rows))
-    return 0
+    return time_geometries(
+        p, args, "sparse_warps", lambda g, copy_bps: time_geometry(g, args, copy_bps), table, TIMING
+    )
 
 
 if __name__ == "__main__":
