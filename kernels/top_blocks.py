@@ -13,6 +13,7 @@ module plans and launches them. ``kernels.select_reference.topn_from_scores`` is
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 import triton
@@ -116,8 +117,18 @@ def top_blocks(
     out = torch.empty((b, hkv, t, top_n + local), dtype=torch.int32, device=scores.device)
     if out.numel() == 0:
         return out
-    rows = b * hkv * t
-    launch = chain_for(chain).meta()
+    r = _PickRows(
+        scores,
+        prefix_lens,
+        out,
+        pos,
+        num_sink,
+        num_local,
+        window,
+        block_size,
+        local,
+        chain_for(chain).meta(),
+    )
     tiled = (
         None
         if tile_max is None
@@ -126,75 +137,12 @@ def top_blocks(
     meta = threshold_meta(nb_max, top_n)
     if tiled is not None:
         _check_tile_max(tile_max, scores)
-        scratch = torch.empty(
-            (rows, tiled["S_CAP"] + tiled["CAP"]), dtype=torch.int32, device=scores.device
-        )
-        tile_pick_kernel[(rows,)](
-            scores,
-            tile_max.values,
-            prefix_lens,
-            out,
-            scratch,
-            pos,
-            t,
-            nb_max,
-            scores.stride(2),
-            tile_max.values.stride(2),
-            num_sink,
-            num_local,
-            window,
-            NUM_KV_HEADS=hkv,
-            BLOCK_SIZE=block_size,
-            LOCAL_SLOTS=local,
-            num_warps=num_warps or 1,
-            **tiled,
-            **launch,
-        )
+        _launch_tile_pick(r, tile_max, tiled, num_warps or 1)
     elif meta is not None:
-        scratch = torch.empty((rows, meta["CAP"]), dtype=torch.int64, device=scores.device)
-        threshold_blocks_kernel[(rows,)](
-            scores,
-            prefix_lens,
-            out,
-            scratch,
-            pos,
-            t,
-            nb_max,
-            scores.stride(2),
-            num_sink,
-            num_local,
-            window,
-            NUM_KV_HEADS=hkv,
-            BLOCK_SIZE=block_size,
-            LOCAL_SLOTS=local,
-            num_warps=num_warps or threshold_warps(rows, meta["CHUNK"], scores.device),
-            **meta,
-            **launch,
-        )
+        warps = num_warps or threshold_warps(r.rows, meta["CHUNK"], scores.device)
+        _launch_threshold_pick(r, meta, warps)
     else:
-        chunk, tail, num_chunks = _row_layout(nb_max)
-        topk_blocks_kernel[(rows,)](
-            scores,
-            prefix_lens,
-            out,
-            pos,
-            t,
-            nb_max,
-            scores.stride(2),
-            num_sink,
-            num_local,
-            window,
-            NUM_KV_HEADS=hkv,
-            BLOCK_SIZE=block_size,
-            TOP_N=top_n,
-            TOP_N_PAD=max(16, triton.next_power_of_2(top_n)),
-            CHUNK=chunk,
-            TAIL=tail,
-            NUM_CHUNKS=num_chunks,
-            LOCAL_SLOTS=local,
-            num_warps=num_warps or _warps(rows, chunk + tail, scores.device),
-            **launch,
-        )
+        _launch_rounds_pick(r, top_n, num_warps)
     return out
 
 
@@ -219,6 +167,105 @@ def _check_tile_max(tile_max: TileMax, scores: torch.Tensor) -> None:
         )
     if v.stride(3) != 1 or v.stride()[:3] != (hkv * t * v.stride(2), t * v.stride(2), v.stride(2)):
         raise ValueError("tile_max rows must be evenly strided with contiguous tiles")
+
+
+class _PickRows(NamedTuple):
+    """What every pick kernel of one ``top_blocks`` call reads and writes: the aligned
+    ``[B, Hkv, t, NB_max]`` scores, the prefix lengths, the output, the rows' positions (the
+    prefix lengths under the prefix rule), the forced counts, the window, the block size, the
+    window's slots and the launch chain's options."""
+
+    scores: torch.Tensor
+    prefix_lens: torch.Tensor
+    out: torch.Tensor
+    pos: torch.Tensor
+    num_sink: int
+    num_local: int
+    window: int
+    block_size: int
+    local: int
+    launch: dict
+
+    @property
+    def rows(self) -> int:
+        b, hkv, t, _ = self.scores.shape
+        return b * hkv * t
+
+    def row_args(self) -> tuple:
+        """The positions, draft rows, row length and row stride every pick kernel takes after
+        its tensors."""
+        _, _, t, nb_max = self.scores.shape
+        return (self.pos, t, nb_max, self.scores.stride(2))
+
+    def constexprs(self) -> dict:
+        """The constexprs and launch options every pick kernel takes."""
+        return dict(
+            NUM_KV_HEADS=self.scores.shape[1],
+            BLOCK_SIZE=self.block_size,
+            LOCAL_SLOTS=self.local,
+            **self.launch,
+        )
+
+
+def _launch_tile_pick(r: _PickRows, tile_max: TileMax, tiled: dict, num_warps: int) -> None:
+    """The tile pick over ``r``'s rows: the tile maxima, then the tiles that can hold a pick."""
+    scratch = torch.empty(
+        (r.rows, tiled["S_CAP"] + tiled["CAP"]), dtype=torch.int32, device=r.scores.device
+    )
+    tile_pick_kernel[(r.rows,)](
+        r.scores,
+        tile_max.values,
+        r.prefix_lens,
+        r.out,
+        scratch,
+        *r.row_args(),
+        tile_max.values.stride(2),
+        r.num_sink,
+        r.num_local,
+        r.window,
+        num_warps=num_warps,
+        **tiled,
+        **r.constexprs(),
+    )
+
+
+def _launch_threshold_pick(r: _PickRows, meta: dict, num_warps: int) -> None:
+    """The threshold pick over ``r``'s rows (``threshold_meta``'s shapes)."""
+    scratch = torch.empty((r.rows, meta["CAP"]), dtype=torch.int64, device=r.scores.device)
+    threshold_blocks_kernel[(r.rows,)](
+        r.scores,
+        r.prefix_lens,
+        r.out,
+        scratch,
+        *r.row_args(),
+        r.num_sink,
+        r.num_local,
+        r.window,
+        num_warps=num_warps,
+        **meta,
+        **r.constexprs(),
+    )
+
+
+def _launch_rounds_pick(r: _PickRows, top_n: int, num_warps: int | None) -> None:
+    """The rounds kernel over ``r``'s rows: one max-reduction over the row per pick."""
+    chunk, tail, num_chunks = _row_layout(r.scores.shape[3])
+    topk_blocks_kernel[(r.rows,)](
+        r.scores,
+        r.prefix_lens,
+        r.out,
+        *r.row_args(),
+        r.num_sink,
+        r.num_local,
+        r.window,
+        TOP_N=top_n,
+        TOP_N_PAD=max(16, triton.next_power_of_2(top_n)),
+        CHUNK=chunk,
+        TAIL=tail,
+        NUM_CHUNKS=num_chunks,
+        num_warps=num_warps or _warps(r.rows, chunk + tail, r.scores.device),
+        **r.constexprs(),
+    )
 
 
 def empty_scores(
