@@ -228,21 +228,7 @@ def main(argv=None) -> dict:
     args.gpu = args.gpu or "h100-sxm"
     contexts = sorted(parse_count_list(args.context, "--context"))
     ts = [int(x) for x in args.t.split(",")]
-    strategies = [
-        with_grouping(with_metadata(Strategy.from_name(n.strip()), args.metadata), args.grouping)
-        for n in args.strategy.split(",")
-    ]
-    if args.nsa_tile_plan is not None:
-        strategies = [
-            dataclasses.replace(s, nsa_tile_plan=args.nsa_tile_plan)
-            if s.is_sparse and s.metadata == "nsa"
-            else s
-            for s in strategies
-        ]
-    if args.refresh_every is not None:
-        strategies = list(
-            dict.fromkeys(with_refresh(s, r) for s in strategies for r in args.refresh_every)
-        )
+    strategies = _strategies(args)
     src = resolve_source(args.model)
     t_max = max(contexts) + max(ts) + 1
     torch.manual_seed(0)
@@ -250,16 +236,7 @@ def main(argv=None) -> dict:
     runner = ModelRunner(model, batch=1, t_max=t_max, backend="triton", use_graphs=False)
     runner.cache.kv.normal_()
     resumed = _resumed(args)
-    if resumed is None:  # the ceilings every row's floors use, measured once per document
-        ceilings = {
-            "copy_bytes_per_s": copy_bytes_per_s(),
-            "gemm_flops_per_s": gemm_flops_per_s(),
-            "graph_launch_s": empty_kernel_s("graph"),
-        }
-    else:
-        ceilings = {
-            k: resumed[k] for k in ("copy_bytes_per_s", "gemm_flops_per_s", "graph_launch_s")
-        }
+    ceilings = _ceilings(resumed)
     rows = [] if resumed is None else resumed["rows"]
     done = {
         (*row_key(r["strategy"], r.get("metadata", "nsa"), r), r["context"], r["t"]) for r in rows
@@ -293,6 +270,40 @@ def main(argv=None) -> dict:
                 _write(result, args.out)  # each finished row survives an interrupted run
     _write(result, args.out)
     return result
+
+
+def _strategies(args) -> list[Strategy]:
+    """The strategies of ``--strategy`` under the options that replace their own metadata,
+    grouping, NSA tile plan and refresh cadence (one strategy per cadence)."""
+    strategies = [
+        with_grouping(with_metadata(Strategy.from_name(n.strip()), args.metadata), args.grouping)
+        for n in args.strategy.split(",")
+    ]
+    if args.nsa_tile_plan is not None:
+        strategies = [
+            dataclasses.replace(s, nsa_tile_plan=args.nsa_tile_plan)
+            if s.is_sparse and s.metadata == "nsa"
+            else s
+            for s in strategies
+        ]
+    if args.refresh_every is not None:
+        strategies = list(
+            dict.fromkeys(with_refresh(s, r) for s in strategies for r in args.refresh_every)
+        )
+    return strategies
+
+
+def _ceilings(resumed: dict | None) -> dict:
+    """The ceilings every row's floors use: measured once per document, or the resumed
+    document's."""
+    keys = ("copy_bytes_per_s", "gemm_flops_per_s", "graph_launch_s")
+    if resumed is not None:
+        return {k: resumed[k] for k in keys}
+    return {
+        "copy_bytes_per_s": copy_bytes_per_s(),
+        "gemm_flops_per_s": gemm_flops_per_s(),
+        "graph_launch_s": empty_kernel_s("graph"),
+    }
 
 
 def _step_inputs(model, t: int) -> tuple[DraftTree, torch.Tensor]:
