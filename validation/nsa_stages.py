@@ -203,39 +203,7 @@ def calls(sets, plan, slots, rslots, unions, parts):
       its block importance alone, the top-n kernel alone, and importance and pick in one launch
       (``stage_select_folded``). ``reuse`` minus ``stage_fwd_all`` is what the merge launch adds.
     """
-    out = {
-        "reuse": lambda i: nv.nsa_verify(
-            *sets[i][0], block_idx=sets[i][1], union=unions[i], **KW, validate=False
-        ),
-        "reuse_unfused": lambda i: nv.nsa_verify_unfused(
-            *sets[i][0], block_idx=sets[i][1], **KW, validate=False
-        ),
-        "refresh": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False),
-        "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
-        "reuse_folded": lambda i: nv.nsa_verify(
-            *sets[i][0],
-            block_idx=sets[i][1],
-            union=unions[i],
-            **KW,
-            validate=False,
-            config=FOLDED,
-        ),
-        "reuse_unfused_folded": lambda i: nv.nsa_verify_unfused(
-            *sets[i][0], block_idx=sets[i][1], **KW, validate=False, config=FOLDED
-        ),
-        "refresh_folded": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False, config=FOLDED),
-    }
-    for name, config in (("reuse_last", MERGE_LAST), ("reuse_parallel", MERGE_PARALLEL)):
-        out[name] = lambda i, config=config: nv.nsa_verify(
-            *sets[i][0],
-            block_idx=sets[i][1],
-            union=unions[i],
-            **KW,
-            validate=False,
-            config=config,
-        )
-    for name in CALLS:
-        out[f"{name}_pdl"] = functools.partial(whole_call, sets, unions, name, PDL)
+    out = _whole_calls(sets, unions)
     branch = {"comp": (slots[0], 0, 0), "sel": (0, slots[1], 0), "win": (0, 0, slots[2])}
     for name, sl in {**branch, "all": slots}.items():
         out[f"stage_fwd_{name}"] = lambda i, sl=sl: steps.launch_fwd(
@@ -278,6 +246,44 @@ def calls(sets, plan, slots, rslots, unions, parts):
         out[name] = lambda i, on=on: sb.select_blocks(
             sets[i][0][0], metas[i], sets[i][0][3], top_n=KW["top_n"], pdl=on
         )
+    return out
+
+
+def _whole_calls(sets, unions) -> dict:
+    """``calls``' whole calls: the default ones, folded, with each folded merge and with PDL."""
+    out = {
+        "reuse": lambda i: nv.nsa_verify(
+            *sets[i][0], block_idx=sets[i][1], union=unions[i], **KW, validate=False
+        ),
+        "reuse_unfused": lambda i: nv.nsa_verify_unfused(
+            *sets[i][0], block_idx=sets[i][1], **KW, validate=False
+        ),
+        "refresh": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False),
+        "refresh_unfused": lambda i: nv.nsa_verify_unfused(*sets[i][0], **KW, validate=False),
+        "reuse_folded": lambda i: nv.nsa_verify(
+            *sets[i][0],
+            block_idx=sets[i][1],
+            union=unions[i],
+            **KW,
+            validate=False,
+            config=FOLDED,
+        ),
+        "reuse_unfused_folded": lambda i: nv.nsa_verify_unfused(
+            *sets[i][0], block_idx=sets[i][1], **KW, validate=False, config=FOLDED
+        ),
+        "refresh_folded": lambda i: nv.nsa_verify(*sets[i][0], **KW, validate=False, config=FOLDED),
+    }
+    for name, config in (("reuse_last", MERGE_LAST), ("reuse_parallel", MERGE_PARALLEL)):
+        out[name] = lambda i, config=config: nv.nsa_verify(
+            *sets[i][0],
+            block_idx=sets[i][1],
+            union=unions[i],
+            **KW,
+            validate=False,
+            config=config,
+        )
+    for name in CALLS:
+        out[f"{name}_pdl"] = functools.partial(whole_call, sets, unions, name, PDL)
     return out
 
 
