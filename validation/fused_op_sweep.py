@@ -133,7 +133,6 @@ def fused_ops(s: Runner, models: dict | None = None, device: str = "cuda") -> No
     ``kernels.layer_ops.embed``)."""
     gen = torch.Generator(device=device).manual_seed(4)
     check_fused(gen, device, ACT if device == "cuda" else torch.float32)
-    norm, rope, act, embed = FUSED_CLASSES
     models = [m for m in (swept_models() if models is None else models).values() if not m.is_mla]
     widths = sorted({m.hidden_size for m in models})
     heads = sorted({(m.num_q_heads, m.num_kv_heads, m.head_dim) for m in models})
@@ -145,67 +144,87 @@ def fused_ops(s: Runner, models: dict | None = None, device: str = "cuda") -> No
 
     for m in TOKENS:
         for d in widths:
-            params = _fused_params(m, d=d)
-            rot = s.rotations(fused_bytes(norm, params))
-            xs = [(randn(m, d), randn(m, d)) for _ in range(rot)]
-            w = randn(d)
-            s.time_op(
-                norm,
-                params,
-                lambda i, xs=xs, w=w: layer_ops.add_rms_norm(*xs[i], w, EPS),
-                num_inputs=rot,
-                unique_bytes=fused_bytes(norm, params),
-                flops=6 * m * d,
-            )
-        for num_q, num_kv, dh in heads:
-            params = _fused_params(m, num_q_heads=num_q, num_kv_heads=num_kv, head_dim=dh)
-            rot = s.rotations(fused_bytes(rope, params))
-            caches = [kv_cache(num_kv, dh, PREFIX + m, device) for _ in range(rot)]
-            for c in caches:
-                c.lens.fill_(PREFIX)
-            # slots are built once per forward (engine.runner), not per layer
-            targets = [c.tail_writer(m).target(0) for c in caches]
-            qkvs = [randn(1, m, (num_q + 2 * num_kv) * dh) for _ in range(rot)]
-            tables = tuple(randn(ROPE_POSITIONS, dh // 2, dtype=torch.float32) for _ in range(2))
-            pos = torch.randint(0, ROPE_POSITIONS, (1, m), generator=gen, device=device)
-            h = (num_q, num_kv, dh)
-            s.time_op(
-                rope,
-                params,
-                lambda i, q=qkvs, t=targets, tb=tables, p=pos, h=h: _rope_store(
-                    q[i], *tb, p, t[i], *h
-                ),
-                num_inputs=rot,
-                unique_bytes=fused_bytes(rope, params),
-                flops=6 * m * (num_q + num_kv) * dh,
-            )
+            _time_norm(s, m, d, randn)
+        for h in heads:
+            _time_rope(s, m, h, randn, gen, device)
         for f in ffn:
-            params = _fused_params(m, f=f)
-            rot = s.rotations(fused_bytes(act, params))
-            gus = [randn(m, 2 * f) for _ in range(rot)]
-            s.time_op(
-                act,
-                params,
-                lambda i, gus=gus: layer_ops.silu_mul(gus[i]),
-                num_inputs=rot,
-                unique_bytes=fused_bytes(act, params),
-                flops=5 * m * f,
-            )
+            _time_silu(s, m, f, randn)
         for d in widths:
-            params = {"m": m, "d": d, "vocab": vocab[d], "dtype": "bfloat16", "impl": "engine"}
-            table = randn(vocab[d], d)
-            ids = [
-                torch.randint(0, vocab[d], (1, m), generator=gen, device=device) for _ in range(8)
-            ]
-            s.time_op(
-                embed,
-                params,
-                lambda i, ids=ids, table=table: layer_ops.embed(ids[i], table),
-                num_inputs=len(ids),
-                unique_bytes=fused_bytes(embed, params),
-                flops=0,
-            )
-            del table
+            _time_embed(s, m, d, vocab[d], randn, gen, device)
+
+
+def _time_norm(s: Runner, m: int, d: int, randn) -> None:
+    """``add_rms_norm`` over ``m`` rows of width ``d``."""
+    norm = FUSED_CLASSES[0]
+    params = _fused_params(m, d=d)
+    rot = s.rotations(fused_bytes(norm, params))
+    xs = [(randn(m, d), randn(m, d)) for _ in range(rot)]
+    w = randn(d)
+    s.time_op(
+        norm,
+        params,
+        lambda i: layer_ops.add_rms_norm(*xs[i], w, EPS),
+        num_inputs=rot,
+        unique_bytes=fused_bytes(norm, params),
+        flops=6 * m * d,
+    )
+
+
+def _time_rope(s: Runner, m: int, heads: tuple, randn, gen, device) -> None:
+    """``rope_kv_write`` of ``m`` rows of ``heads`` (q heads, KV heads, head dim) into the
+    cache's tail after a ``PREFIX``-token prefix."""
+    rope = FUSED_CLASSES[1]
+    num_q, num_kv, dh = heads
+    params = _fused_params(m, num_q_heads=num_q, num_kv_heads=num_kv, head_dim=dh)
+    rot = s.rotations(fused_bytes(rope, params))
+    caches = [kv_cache(num_kv, dh, PREFIX + m, device) for _ in range(rot)]
+    for c in caches:
+        c.lens.fill_(PREFIX)
+    # slots are built once per forward (engine.runner), not per layer
+    targets = [c.tail_writer(m).target(0) for c in caches]
+    qkvs = [randn(1, m, (num_q + 2 * num_kv) * dh) for _ in range(rot)]
+    tables = tuple(randn(ROPE_POSITIONS, dh // 2, dtype=torch.float32) for _ in range(2))
+    pos = torch.randint(0, ROPE_POSITIONS, (1, m), generator=gen, device=device)
+    s.time_op(
+        rope,
+        params,
+        lambda i: _rope_store(qkvs[i], *tables, pos, targets[i], *heads),
+        num_inputs=rot,
+        unique_bytes=fused_bytes(rope, params),
+        flops=6 * m * (num_q + num_kv) * dh,
+    )
+
+
+def _time_silu(s: Runner, m: int, f: int, randn) -> None:
+    """``silu_mul`` of ``m`` rows of ``2 f``."""
+    act = FUSED_CLASSES[2]
+    params = _fused_params(m, f=f)
+    rot = s.rotations(fused_bytes(act, params))
+    gus = [randn(m, 2 * f) for _ in range(rot)]
+    s.time_op(
+        act,
+        params,
+        lambda i: layer_ops.silu_mul(gus[i]),
+        num_inputs=rot,
+        unique_bytes=fused_bytes(act, params),
+        flops=5 * m * f,
+    )
+
+
+def _time_embed(s: Runner, m: int, d: int, vocab: int, randn, gen, device) -> None:
+    """The engine's embedding gather of ``m`` tokens from a ``[vocab, d]`` table."""
+    embed = FUSED_CLASSES[3]
+    params = {"m": m, "d": d, "vocab": vocab, "dtype": "bfloat16", "impl": "engine"}
+    table = randn(vocab, d)
+    ids = [torch.randint(0, vocab, (1, m), generator=gen, device=device) for _ in range(8)]
+    s.time_op(
+        embed,
+        params,
+        lambda i: layer_ops.embed(ids[i], table),
+        num_inputs=len(ids),
+        unique_bytes=fused_bytes(embed, params),
+        flops=0,
+    )
 
 
 def fused_summary(rows: list[dict]) -> str:
