@@ -223,25 +223,19 @@ def rope_kv_write(
 
     Returns ``q`` ``[B, t, H, D]`` contiguous in ``qkv.dtype``.
     """
-    if num_q_heads < 1 or num_kv_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"num_q_heads={num_q_heads} must be a multiple of num_kv_heads={num_kv_heads}"
-        )
-    if not (head_dim >= 2 and rotary_dim >= 2 and rotary_dim % 2 == 0 and rotary_dim <= head_dim):
-        raise ValueError(f"rotary_dim={rotary_dim} must be even in [2, head_dim={head_dim}]")
-    check_float_dtype("qkv", qkv)
-    width = (num_q_heads + 2 * num_kv_heads) * head_dim
-    if qkv.dim() != 3 or qkv.shape[2] != width or qkv.stride(2) != 1:
-        raise ValueError(
-            f"qkv must be [B, t, {width}] with a contiguous last dim, got {tuple(qkv.shape)} "
-            f"strides {qkv.stride()}"
-        )
+    qk_norm = _check_inputs(
+        qkv,
+        cos_table,
+        sin_table,
+        positions,
+        k_cache,
+        v_cache,
+        slots,
+        (num_q_heads, num_kv_heads, head_dim, rotary_dim),
+        q_norm_weight,
+        k_norm_weight,
+    )
     bsz, t, dev = qkv.shape[0], qkv.shape[1], qkv.device
-    _check_rope_tables(cos_table, sin_table, rotary_dim, dev)
-    _check_index("positions", positions, bsz, t, dev)
-    _check_index("slots", slots, bsz, t, dev)
-    _check_caches(k_cache, v_cache, bsz, num_kv_heads, head_dim, dev)
-    qk_norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, dev)
     eps = norm_eps(eps)
     if validate:
         max_pos, t_max = cos_table.shape[0], k_cache.shape[2]
@@ -288,6 +282,42 @@ def rope_kv_write(
         num_warps=4,
     )
     return q
+
+
+def _check_inputs(
+    qkv,
+    cos_table,
+    sin_table,
+    positions,
+    k_cache,
+    v_cache,
+    slots,
+    heads,
+    q_norm_weight,
+    k_norm_weight,
+) -> bool:
+    """``rope_kv_write``'s checks of its tensors' shapes, dtypes and devices and of ``heads``
+    (q heads, KV heads, head dim, rotary dim); True where q and k take their per-head norms."""
+    num_q_heads, num_kv_heads, head_dim, rotary_dim = heads
+    if num_q_heads < 1 or num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads={num_q_heads} must be a multiple of num_kv_heads={num_kv_heads}"
+        )
+    if not (head_dim >= 2 and rotary_dim >= 2 and rotary_dim % 2 == 0 and rotary_dim <= head_dim):
+        raise ValueError(f"rotary_dim={rotary_dim} must be even in [2, head_dim={head_dim}]")
+    check_float_dtype("qkv", qkv)
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 3 or qkv.shape[2] != width or qkv.stride(2) != 1:
+        raise ValueError(
+            f"qkv must be [B, t, {width}] with a contiguous last dim, got {tuple(qkv.shape)} "
+            f"strides {qkv.stride()}"
+        )
+    bsz, t, dev = qkv.shape[0], qkv.shape[1], qkv.device
+    _check_rope_tables(cos_table, sin_table, rotary_dim, dev)
+    _check_index("positions", positions, bsz, t, dev)
+    _check_index("slots", slots, bsz, t, dev)
+    _check_caches(k_cache, v_cache, bsz, num_kv_heads, head_dim, dev)
+    return _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, dev)
 
 
 def reference_rope_kv_write(
