@@ -263,44 +263,17 @@ def dense_verify(
         ``o`` ``[B, t, H, D]`` in ``q.dtype``; ``lse`` ``[B, H, t]`` float32 natural log, ``-inf``
         (with ``o = 0``) for a row that sees nothing.
     """
-    check_attention_inputs(q, k_cache, v_cache, prefix_lens)
+    sm_scale = _checked_scale(
+        q, k_cache, v_cache, prefix_lens, tree_mask, sm_scale, num_splits, validate
+    )
     bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
-    if not 1 <= t <= MAX_TREE_NODES:
-        raise ValueError(f"q has t={t} draft rows; 1..{MAX_TREE_NODES} are supported")
-    if t_max < t:
-        raise ValueError(f"k_cache holds T_max={t_max} positions, fewer than t={t}")
-    check_tree_mask(tree_mask, bsz, t, q.device)
-    if sm_scale is None:
-        sm_scale = head_dim**-0.5
-    if not sm_scale > 0:
-        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
-    if num_splits is not None and num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    if validate:
-        validate_prefix_lens(prefix_lens, t, t_max)
-        if t < MAX_TREE_NODES and bool((tree_mask >> t).ne(0).any()):
-            raise ValueError(f"tree_mask has bits set at positions >= t={t}")
 
     plan = plan_dense_verify(
         bsz, t, num_q_heads, num_kv_heads, head_dim, t_max, q.device, num_splits, config
     )
     num_splits = plan.num_splits
-    o = torch.empty_like(q)
-    lse = torch.empty((bsz, num_q_heads, t), dtype=torch.float32, device=q.device)
-    if num_splits == 1:
-        o_dst, lse_dst = o, lse
-        so = (o.stride(0) // head_dim, o.stride(1) // head_dim, o.stride(2) // head_dim, 0)
-        sl = (lse.stride(0), lse.stride(2), lse.stride(1), 0)
-    else:
-        o_dst = torch.empty(
-            (bsz, t, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
-        )
-        lse_dst = torch.empty(
-            (bsz, t, num_q_heads, num_splits), dtype=torch.float32, device=q.device
-        )
-        so = tuple(st // head_dim for st in o_dst.stride()[:4])
-        sl = lse_dst.stride()
+    o, lse, o_dst, lse_dst, so, sl = _outputs(q, num_splits)
 
     grid = (plan.num_m_tiles, num_splits, bsz * num_kv_heads)
     _dense_verify_kernel[grid](
@@ -330,6 +303,53 @@ def dense_verify(
     if num_splits > 1:
         merge_partials(o_dst, lse_dst, o_out=o, lse_out=lse.permute(0, 2, 1))
     return o, lse
+
+
+def _checked_scale(q, k_cache, v_cache, prefix_lens, tree_mask, sm_scale, num_splits, validate):
+    """``dense_verify``'s checks of its inputs (their values too where ``validate``); the
+    softmax scale, ``D ** -0.5`` where ``sm_scale`` is None."""
+    check_attention_inputs(q, k_cache, v_cache, prefix_lens)
+    bsz, t, _, head_dim = q.shape
+    t_max = k_cache.shape[2]
+    if not 1 <= t <= MAX_TREE_NODES:
+        raise ValueError(f"q has t={t} draft rows; 1..{MAX_TREE_NODES} are supported")
+    if t_max < t:
+        raise ValueError(f"k_cache holds T_max={t_max} positions, fewer than t={t}")
+    check_tree_mask(tree_mask, bsz, t, q.device)
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
+    if not sm_scale > 0:
+        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if validate:
+        validate_prefix_lens(prefix_lens, t, t_max)
+        if t < MAX_TREE_NODES and bool((tree_mask >> t).ne(0).any()):
+            raise ValueError(f"tree_mask has bits set at positions >= t={t}")
+    return sm_scale
+
+
+def _outputs(q: torch.Tensor, num_splits: int) -> tuple:
+    """``o`` and ``lse`` of a ``dense_verify`` call, the buffers its kernel writes (the
+    outputs themselves, or fp32 partials per split for the merge) and their strides in the
+    kernel's units."""
+    bsz, t, num_q_heads, head_dim = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((bsz, num_q_heads, t), dtype=torch.float32, device=q.device)
+    if num_splits == 1:
+        o_dst, lse_dst = o, lse
+        so = (o.stride(0) // head_dim, o.stride(1) // head_dim, o.stride(2) // head_dim, 0)
+        sl = (lse.stride(0), lse.stride(2), lse.stride(1), 0)
+    else:
+        o_dst = torch.empty(
+            (bsz, t, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        lse_dst = torch.empty(
+            (bsz, t, num_q_heads, num_splits), dtype=torch.float32, device=q.device
+        )
+        so = tuple(st // head_dim for st in o_dst.stride()[:4])
+        sl = lse_dst.stride()
+    return o, lse, o_dst, lse_dst, so, sl
 
 
 def reference_dense_verify(
