@@ -103,6 +103,15 @@ def check_order(order: torch.Tensor | None, b: int, t: int, device: torch.device
         raise ValueError(f"order must be contiguous on {device}")
 
 
+def softmax_scale(sm_scale: float | None, head_dim: int) -> float:
+    """An attention call's softmax scale: ``sm_scale``, ``D ** -0.5`` where None; it must be
+    positive."""
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    if not scale > 0:
+        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
+    return scale
+
+
 def validate_prefix_lens(prefix_lens: torch.Tensor, t: int, t_max: int) -> None:
     """Every ``prefix_lens[b] + t`` fits a cache of ``t_max`` positions (synchronises)."""
     if bool(((prefix_lens < 0) | (prefix_lens > t_max - t)).any()):

@@ -18,7 +18,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from ssvkit.kernels.checks import check_attention_inputs, check_tree_mask, validate_prefix_lens
+from ssvkit.kernels.checks import (
+    check_attention_inputs,
+    check_tree_mask,
+    softmax_scale,
+    validate_prefix_lens,
+)
 from ssvkit.kernels.device import num_sms, smem_per_sm
 from ssvkit.kernels.merge import merge_partials
 from ssvkit.kernels.tree import MAX_TREE_NODES
@@ -263,12 +268,10 @@ def dense_verify(
         ``o`` ``[B, t, H, D]`` in ``q.dtype``; ``lse`` ``[B, H, t]`` float32 natural log, ``-inf``
         (with ``o = 0``) for a row that sees nothing.
     """
-    sm_scale = _checked_scale(
-        q, k_cache, v_cache, prefix_lens, tree_mask, sm_scale, num_splits, validate
-    )
+    _check_inputs(q, k_cache, v_cache, prefix_lens, tree_mask, num_splits, validate)
     bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
-
+    scale = softmax_scale(sm_scale, head_dim)
     plan = plan_dense_verify(
         bsz, t, num_q_heads, num_kv_heads, head_dim, t_max, q.device, num_splits, config
     )
@@ -284,7 +287,7 @@ def dense_verify(
         tree_mask,
         o_dst,
         lse_dst,
-        sm_scale * LOG2E,
+        scale * LOG2E,
         t,
         num_q_heads,
         num_kv_heads,
@@ -305,9 +308,8 @@ def dense_verify(
     return o, lse
 
 
-def _checked_scale(q, k_cache, v_cache, prefix_lens, tree_mask, sm_scale, num_splits, validate):
-    """``dense_verify``'s checks of its inputs (their values too where ``validate``); the
-    softmax scale, ``D ** -0.5`` where ``sm_scale`` is None."""
+def _check_inputs(q, k_cache, v_cache, prefix_lens, tree_mask, num_splits, validate):
+    """``dense_verify``'s checks of its inputs (their values too where ``validate``)."""
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
     bsz, t, _, head_dim = q.shape
     t_max = k_cache.shape[2]
@@ -316,17 +318,12 @@ def _checked_scale(q, k_cache, v_cache, prefix_lens, tree_mask, sm_scale, num_sp
     if t_max < t:
         raise ValueError(f"k_cache holds T_max={t_max} positions, fewer than t={t}")
     check_tree_mask(tree_mask, bsz, t, q.device)
-    if sm_scale is None:
-        sm_scale = head_dim**-0.5
-    if not sm_scale > 0:
-        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if validate:
         validate_prefix_lens(prefix_lens, t, t_max)
         if t < MAX_TREE_NODES and bool((tree_mask >> t).ne(0).any()):
             raise ValueError(f"tree_mask has bits set at positions >= t={t}")
-    return sm_scale
 
 
 def _outputs(q: torch.Tensor, num_splits: int) -> tuple:

@@ -22,6 +22,7 @@ import triton.language as tl
 from ssvkit.kernels.checks import (
     check_attention_inputs,
     check_block_idx,
+    softmax_scale,
     validate_block_idx,
     validate_prefix_lens,
 )
@@ -160,27 +161,10 @@ def repair(
     (o_new, lse_new) : tuple of torch.Tensor
         New tensors ``[B, t, H, D]`` in ``o.dtype`` and ``[B, H, t]`` float32.
     """
-    check_attention_inputs(q, k_cache, v_cache, prefix_lens)
+    _check_inputs(q, k_cache, v_cache, o, lse, missed_idx, prefix_lens, block_size, validate)
     bsz, t, num_q_heads, head_dim = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
-    if o.shape != q.shape or o.dtype != q.dtype or o.device != q.device or not o.is_contiguous():
-        raise ValueError(f"o must be contiguous {q.dtype} {tuple(q.shape)} like q, got {o.dtype}")
-    want_lse = (bsz, num_q_heads, t)
-    if lse.shape != want_lse or lse.dtype != torch.float32 or lse.device != q.device:
-        raise ValueError(f"lse must be float32 {want_lse}, got {lse.dtype} {tuple(lse.shape)}")
-    if not lse.is_contiguous():
-        raise ValueError("lse must be contiguous")
-    check_block_idx(missed_idx, "missed_idx", (bsz, num_kv_heads, t), q.device)
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
-    if sm_scale is None:
-        sm_scale = head_dim**-0.5
-    if not sm_scale > 0:
-        raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
-    if validate:
-        validate_prefix_lens(prefix_lens, 0, t_max)
-        validate_block_idx(missed_idx, "missed_idx", prefix_lens, block_size)
-
+    scale = softmax_scale(sm_scale, head_dim)
     o_new = torch.empty_like(o)
     lse_new = torch.empty_like(lse)
     num_slots = missed_idx.shape[3]
@@ -198,7 +182,7 @@ def repair(
         missed_idx,
         o_new,
         lse_new,
-        sm_scale * LOG2E,
+        scale * LOG2E,
         t,
         num_q_heads,
         num_kv_heads,
@@ -215,6 +199,28 @@ def repair(
         num_stages=3,
     )
     return o_new, lse_new
+
+
+def _check_inputs(
+    q, k_cache, v_cache, o, lse, missed_idx, prefix_lens, block_size, validate
+) -> float:
+    """``repair``'s checks of its inputs (the index values too where ``validate``)."""
+    check_attention_inputs(q, k_cache, v_cache, prefix_lens)
+    bsz, t, num_q_heads, head_dim = q.shape
+    num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
+    if o.shape != q.shape or o.dtype != q.dtype or o.device != q.device or not o.is_contiguous():
+        raise ValueError(f"o must be contiguous {q.dtype} {tuple(q.shape)} like q, got {o.dtype}")
+    want_lse = (bsz, num_q_heads, t)
+    if lse.shape != want_lse or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"lse must be float32 {want_lse}, got {lse.dtype} {tuple(lse.shape)}")
+    if not lse.is_contiguous():
+        raise ValueError("lse must be contiguous")
+    check_block_idx(missed_idx, "missed_idx", (bsz, num_kv_heads, t), q.device)
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    if validate:
+        validate_prefix_lens(prefix_lens, 0, t_max)
+        validate_block_idx(missed_idx, "missed_idx", prefix_lens, block_size)
 
 
 def block_positions_mask(

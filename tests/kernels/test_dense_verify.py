@@ -221,6 +221,12 @@ def test_rejects_bad_inputs(mutate, name):
         dense_verify(*args)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan")])
+def test_rejects_a_softmax_scale_not_above_zero(scale):
+    with pytest.raises(ValueError, match="sm_scale must be > 0"):
+        dense_verify(*_valid_args(), sm_scale=scale)
+
+
 def test_rejects_too_many_draft_rows():
     q, k, v, lens, _ = make_inputs([3], 65, 2, 1, 16, torch.float16, "cpu", tree="chain", seed=1)
     with pytest.raises(ValueError, match="t=65"):

@@ -164,6 +164,12 @@ def test_rejects_bad_block_size():
         repair(**_valid(), block_size=24)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan")])
+def test_rejects_a_softmax_scale_not_above_zero(scale):
+    with pytest.raises(ValueError, match="sm_scale must be > 0"):
+        repair(**_valid(), block_size=16, sm_scale=scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_gpu_bf16_partial_then_repair_equals_union(group):
