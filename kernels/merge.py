@@ -211,32 +211,9 @@ def merge_partials(
         ``[*lead, D]`` and ``[*lead]`` float32; ``lse = -inf`` and ``o = 0`` where every split
         was empty. No host synchronisation.
     """
-    if o_part.dim() < 3 or o_part.dim() > _MAX_LEAD_DIMS + 2:
-        raise ValueError(f"o_part must be [*lead, S, D] with 1-3 lead dims, got {o_part.shape}")
+    o_out, lse_out = _checked_outputs(o_part, lse_part, out_dtype, o_out, lse_out)
     *lead, num_splits, head_dim = o_part.shape
     lead = tuple(lead)
-    if o_part.dtype != torch.float32 or not o_part.is_contiguous():
-        raise ValueError("o_part must be contiguous float32")
-    if tuple(lse_part.shape) != (*lead, num_splits):
-        raise ValueError(f"lse_part must be {(*lead, num_splits)}, got {tuple(lse_part.shape)}")
-    if lse_part.dtype != torch.float32 or not lse_part.is_contiguous():
-        raise ValueError("lse_part must be contiguous float32")
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"o_part head dim must be a power of two >= 16, got {head_dim}")
-    if o_out is None:
-        dtype = out_dtype or torch.float32
-        o_out = torch.empty((*lead, head_dim), dtype=dtype, device=o_part.device)
-    if tuple(o_out.shape) != (*lead, head_dim) or o_out.stride(-1) != 1:
-        raise ValueError(f"o_out must be {(*lead, head_dim)} with unit stride on the last dim")
-    if any(st % head_dim for st in o_out.stride()[:-1]):
-        raise ValueError(f"o_out strides {o_out.stride()[:-1]} must be multiples of D={head_dim}")
-    if lse_out is None:
-        lse_out = torch.empty(lead, dtype=torch.float32, device=o_part.device)
-    if tuple(lse_out.shape) != lead or lse_out.dtype != torch.float32:
-        raise ValueError(f"lse_out must be float32 {lead}, got {lse_out.dtype} {lse_out.shape}")
-    for name, x in (("lse_part", lse_part), ("o_out", o_out), ("lse_out", lse_out)):
-        if x.device != o_part.device:
-            raise ValueError(f"{name} is on {x.device}, o_part on {o_part.device}")
 
     a0, a1, a2 = _as_3d(lead)
     num_rows = a0 * a1 * a2
@@ -274,6 +251,38 @@ def merge_partials(
             BLOCK_R=block_r,
             num_warps=warps,
         )
+    return o_out, lse_out
+
+
+def _checked_outputs(o_part, lse_part, out_dtype, o_out, lse_out) -> tuple:
+    """``merge_partials``' checks of its partials and destinations; the destinations, new
+    ones where not given."""
+    if o_part.dim() < 3 or o_part.dim() > _MAX_LEAD_DIMS + 2:
+        raise ValueError(f"o_part must be [*lead, S, D] with 1-3 lead dims, got {o_part.shape}")
+    *lead, num_splits, head_dim = o_part.shape
+    lead = tuple(lead)
+    if o_part.dtype != torch.float32 or not o_part.is_contiguous():
+        raise ValueError("o_part must be contiguous float32")
+    if tuple(lse_part.shape) != (*lead, num_splits):
+        raise ValueError(f"lse_part must be {(*lead, num_splits)}, got {tuple(lse_part.shape)}")
+    if lse_part.dtype != torch.float32 or not lse_part.is_contiguous():
+        raise ValueError("lse_part must be contiguous float32")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"o_part head dim must be a power of two >= 16, got {head_dim}")
+    if o_out is None:
+        dtype = out_dtype or torch.float32
+        o_out = torch.empty((*lead, head_dim), dtype=dtype, device=o_part.device)
+    if tuple(o_out.shape) != (*lead, head_dim) or o_out.stride(-1) != 1:
+        raise ValueError(f"o_out must be {(*lead, head_dim)} with unit stride on the last dim")
+    if any(st % head_dim for st in o_out.stride()[:-1]):
+        raise ValueError(f"o_out strides {o_out.stride()[:-1]} must be multiples of D={head_dim}")
+    if lse_out is None:
+        lse_out = torch.empty(lead, dtype=torch.float32, device=o_part.device)
+    if tuple(lse_out.shape) != lead or lse_out.dtype != torch.float32:
+        raise ValueError(f"lse_out must be float32 {lead}, got {lse_out.dtype} {lse_out.shape}")
+    for name, x in (("lse_part", lse_part), ("o_out", o_out), ("lse_out", lse_out)):
+        if x.device != o_part.device:
+            raise ValueError(f"{name} is on {x.device}, o_part on {o_part.device}")
     return o_out, lse_out
 
 
