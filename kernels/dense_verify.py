@@ -308,10 +308,10 @@ def dense_verify(
     return o, lse
 
 
-def _check_inputs(q, k_cache, v_cache, prefix_lens, tree_mask, num_splits, validate):
+def _check_inputs(q, k_cache, v_cache, prefix_lens, tree_mask, num_splits, validate) -> None:
     """``dense_verify``'s checks of its inputs (their values too where ``validate``)."""
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
-    bsz, t, _, head_dim = q.shape
+    bsz, t, _, _ = q.shape
     t_max = k_cache.shape[2]
     if not 1 <= t <= MAX_TREE_NODES:
         raise ValueError(f"q has t={t} draft rows; 1..{MAX_TREE_NODES} are supported")

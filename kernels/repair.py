@@ -203,10 +203,10 @@ def repair(
 
 def _check_inputs(
     q, k_cache, v_cache, o, lse, missed_idx, prefix_lens, block_size, validate
-) -> float:
+) -> None:
     """``repair``'s checks of its inputs (the index values too where ``validate``)."""
     check_attention_inputs(q, k_cache, v_cache, prefix_lens)
-    bsz, t, num_q_heads, head_dim = q.shape
+    bsz, t, num_q_heads, _ = q.shape
     num_kv_heads, t_max = k_cache.shape[1], k_cache.shape[2]
     if o.shape != q.shape or o.dtype != q.dtype or o.device != q.device or not o.is_contiguous():
         raise ValueError(f"o must be contiguous {q.dtype} {tuple(q.shape)} like q, got {o.dtype}")
