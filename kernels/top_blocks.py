@@ -137,10 +137,9 @@ def top_blocks(
     meta = threshold_meta(nb_max, top_n)
     if tiled is not None:
         _check_tile_max(tile_max, scores)
-        _launch_tile_pick(r, tile_max, tiled, num_warps or 1)
+        _launch_tile_pick(r, tile_max, tiled, num_warps)
     elif meta is not None:
-        warps = num_warps or threshold_warps(r.rows, meta["CHUNK"], scores.device)
-        _launch_threshold_pick(r, meta, warps)
+        _launch_threshold_pick(r, meta, num_warps)
     else:
         _launch_rounds_pick(r, top_n, num_warps)
     return out
@@ -207,8 +206,9 @@ class _PickRows(NamedTuple):
         )
 
 
-def _launch_tile_pick(r: _PickRows, tile_max: TileMax, tiled: dict, num_warps: int) -> None:
-    """The tile pick over ``r``'s rows: the tile maxima, then the tiles that can hold a pick."""
+def _launch_tile_pick(r: _PickRows, tile_max: TileMax, tiled: dict, num_warps: int | None) -> None:
+    """The tile pick over ``r``'s rows: the tile maxima, then the tiles that can hold a pick
+    (one warp a row unless ``num_warps``)."""
     scratch = torch.empty(
         (r.rows, tiled["S_CAP"] + tiled["CAP"]), dtype=torch.int32, device=r.scores.device
     )
@@ -223,14 +223,15 @@ def _launch_tile_pick(r: _PickRows, tile_max: TileMax, tiled: dict, num_warps: i
         r.num_sink,
         r.num_local,
         r.window,
-        num_warps=num_warps,
+        num_warps=num_warps or 1,
         **tiled,
         **r.constexprs(),
     )
 
 
-def _launch_threshold_pick(r: _PickRows, meta: dict, num_warps: int) -> None:
-    """The threshold pick over ``r``'s rows (``threshold_meta``'s shapes)."""
+def _launch_threshold_pick(r: _PickRows, meta: dict, num_warps: int | None) -> None:
+    """The threshold pick over ``r``'s rows (``threshold_meta``'s shapes; ``threshold_warps``
+    a row unless ``num_warps``)."""
     scratch = torch.empty((r.rows, meta["CAP"]), dtype=torch.int64, device=r.scores.device)
     threshold_blocks_kernel[(r.rows,)](
         r.scores,
@@ -241,7 +242,7 @@ def _launch_threshold_pick(r: _PickRows, meta: dict, num_warps: int) -> None:
         r.num_sink,
         r.num_local,
         r.window,
-        num_warps=num_warps,
+        num_warps=num_warps or threshold_warps(r.rows, meta["CHUNK"], r.scores.device),
         **meta,
         **r.constexprs(),
     )
