@@ -223,7 +223,12 @@ def _shaped(y, g, sumsq, lead):
 
 
 def _torch_linear(x, weight, bias, pending, swiglu, residual, norm_weight):
-    """``_linear``'s result in torch ops, the products summed in fp32 as the kernel's are."""
+    """``_linear``'s result in torch ops, the products summed in fp32 as the kernel's are. A
+    plain projection is one ``F.linear`` launch (its GEMM sums in fp32 and rounds once, the
+    bias added before the rounding): a small layer's cost is its launches, and casting its
+    output to fp32 and back would add two more without changing a bit of it."""
+    if pending is None and not swiglu and residual is None:
+        return F.linear(x, weight, bias), None, None
     y = F.linear(x, weight).float()
     if pending is not None:
         ss = pending.sumsq.sum(0).reshape(*x.shape[:-1], 1)

@@ -23,6 +23,7 @@ from ssvkit.kernels.linear import (
     streams_weight,
 )
 from ssvkit.kernels.timing import poisoned_allocations
+from torch.utils._python_dispatch import TorchDispatchMode
 from triton import cdiv as triton_cdiv
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -86,6 +87,32 @@ def test_strided_rows_and_where_the_kernel_runs():
     big = torch.empty((MIN_WEIGHT_BYTES // 2 // 1024, 1024), dtype=torch.bfloat16, device="meta")
     assert streams_weight(MAX_ROWS, big) and not streams_weight(MAX_ROWS + 1, big)
     assert not streams_weight(1, big[:-1])
+
+
+class _DispatchedOps(TorchDispatchMode):
+    """The aten ops a block dispatches, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_projection_off_the_kernel_is_one_gemm(bias):
+    """Where the kernel does not stream the weight (more rows than it takes, a weight under
+    ``MIN_WEIGHT_BYTES``), a plain projection is ``F.linear`` alone, bit for bit: no casts of
+    its output around the GEMM, each of which would be a launch of its own in the step."""
+    for lead, n, k in (((2, 3), 64, 96), ((MAX_ROWS + 1,), 16, 32)):
+        x, w, b = _case(lead, n, k, torch.bfloat16, bias, seed=3)
+        with _DispatchedOps() as seen:
+            y = linear(x, w, b)
+        gemms = [f for f in seen.names if f not in ("t", "view", "_unsafe_view", "reshape")]
+        assert gemms == ["addmm" if bias else "mm"], seen.names
+        assert torch.equal(y, torch.nn.functional.linear(x, w, b))
 
 
 def test_launch_rule():
