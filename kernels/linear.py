@@ -165,13 +165,24 @@ def _linear(x, weight, bias, config, *, pending=None, swiglu=False, residual=Non
     add_norm = residual is not None
     g = torch.empty_like(y) if add_norm else None
     sumsq = torch.empty((tiles, m), dtype=torch.float32, device=x.device) if add_norm else None
-    if m == 0 or n == 0:
-        return _shaped(y, g, sumsq, lead)
+    if m and n:
+        _launch(x2, weight, bias, y, cfg, pending, swiglu, residual, norm_weight, g, sumsq)
+    return _shaped(y, g, sumsq, lead)
+
+
+def _launch(x2, weight, bias, y, cfg, pending, swiglu, residual, norm_weight, g, sumsq):
+    """``linear_kernel`` over ``x2`` ``[m, k]`` into ``y`` (and ``g``, ``sumsq`` where a
+    residual is added): ``cfg``'s tiles, its K split cut to whole steps of ``BLOCK_K``, the
+    split's fp32 partials and arrival counters where it splits."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    tiles = triton.cdiv(n, cfg.block_n)
+    add_norm = residual is not None
     k_steps = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split)
     split = triton.cdiv(triton.cdiv(k, cfg.block_k), k_steps)
     if split > 1:
-        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        counts = arrival_counters(tiles, x.device)
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+        counts = arrival_counters(tiles, x2.device)
     else:
         part = counts = y
     res = residual.reshape(m, n) if add_norm else y
@@ -209,11 +220,10 @@ def _linear(x, weight, bias, config, *, pending=None, swiglu=False, residual=Non
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT=split,
-        DOT_PRECISION=dot_precision(x.dtype),
+        DOT_PRECISION=dot_precision(x2.dtype),
         num_stages=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
-    return _shaped(y, g, sumsq, lead)
 
 
 def _shaped(y, g, sumsq, lead):

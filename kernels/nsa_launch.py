@@ -140,21 +140,11 @@ def tile_packing(
     return rows, group_pad, rows * group_pad
 
 
-def make_plan(
-    q,
-    k_cache,
-    comp_k,
-    *,
-    top_n,
-    block_size,
-    window,
-    comp_block,
-    comp_stride,
-    num_sink,
-    num_local,
-    sm_scale,
-    config: NsaVerifyConfig,
-) -> LaunchPlan:
+def _check_args(
+    top_n, block_size, window, comp_block, comp_stride, num_sink, num_local, sm_scale
+) -> None:
+    """``make_plan``'s checks of the call's selection, window and compression arguments: one
+    ``ValueError`` naming the first bad value."""
     if top_n < 1:
         raise ValueError(f"top_n must be >= 1, got {top_n}")
     if block_size < 16 or block_size & (block_size - 1):
@@ -172,6 +162,27 @@ def make_plan(
         )
     if sm_scale is not None and not sm_scale > 0:
         raise ValueError(f"sm_scale must be > 0, got {sm_scale}")
+
+
+def make_plan(
+    q,
+    k_cache,
+    comp_k,
+    *,
+    top_n,
+    block_size,
+    window,
+    comp_block,
+    comp_stride,
+    num_sink,
+    num_local,
+    sm_scale,
+    config: NsaVerifyConfig,
+) -> LaunchPlan:
+    """The launch plan of one ``nsa_verify`` call on ``q`` ``[B, t, H, D]`` over a cache of
+    ``k_cache``'s rows and ``comp_k``'s compressed tokens: its row tiles, tile sizes and warps
+    under ``config``, its arguments checked."""
+    _check_args(top_n, block_size, window, comp_block, comp_stride, num_sink, num_local, sm_scale)
     if config.pdl:
         check_pdl(q.device)
     b, t, h, d = q.shape

@@ -97,31 +97,7 @@ def engine_ops(s: Runner, models: dict | None = None) -> None:
                 unique_bytes=2 * elems * 2 + m * num_q * dh * 2 * 2 + 2 * m * dh * 4,
                 flops=6 * elems,
             )
-            caches = [kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
-            for c in caches:
-                c.lens.fill_(1024)
-            # rows and slots are built once per forward (engine.runner), not per layer
-            idx = [(c.tail_rows(m), c.tail_slots(m)) for c in caches]
-            kvs = [
-                torch.randn(1, m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT)
-                for _ in range(4)
-            ]
-            s.time_op(
-                "kv_write",
-                {
-                    "m": m,
-                    "num_kv_heads": kv_heads,
-                    "head_dim": dh,
-                    "dtype": "bfloat16",
-                    "impl": "engine",
-                },
-                lambda i, caches=caches, kvs=kvs, idx=idx: caches[i].write(
-                    0, *idx[i], kvs[2 * i], kvs[2 * i + 1]
-                ),
-                num_inputs=2,
-                unique_bytes=2 * 2 * m * kv_heads * dh * 2,
-                flops=0,
-            )
+            _time_kv_write(s, gen, m, kv_heads, dh)
         for dh in sorted({h[2] for h in heads}):
             table = 32768
             cos_t = torch.randn(table, dh // 2, generator=gen, device="cuda")
@@ -135,6 +111,34 @@ def engine_ops(s: Runner, models: dict | None = None) -> None:
                 unique_bytes=2 * m * dh * 4 + 2 * m * (dh // 2) * 4,
                 flops=0,
             )
+
+
+def _time_kv_write(s: Runner, gen: torch.Generator, m: int, kv_heads: int, dh: int) -> None:
+    """The KV-tail write of ``m`` rows into a batch of 1's cache after a 1024-token prefix."""
+    caches = [kv_cache(kv_heads, dh, 1024 + m) for _ in range(2)]
+    for c in caches:
+        c.lens.fill_(1024)
+    # rows and slots are built once per forward (engine.runner), not per layer
+    idx = [(c.tail_rows(m), c.tail_slots(m)) for c in caches]
+    kvs = [
+        torch.randn(1, m, kv_heads, dh, generator=gen, device="cuda", dtype=ACT) for _ in range(4)
+    ]
+    s.time_op(
+        "kv_write",
+        {
+            "m": m,
+            "num_kv_heads": kv_heads,
+            "head_dim": dh,
+            "dtype": "bfloat16",
+            "impl": "engine",
+        },
+        lambda i, caches=caches, kvs=kvs, idx=idx: caches[i].write(
+            0, *idx[i], kvs[2 * i], kvs[2 * i + 1]
+        ),
+        num_inputs=2,
+        unique_bytes=2 * 2 * m * kv_heads * dh * 2,
+        flops=0,
+    )
 
 
 def rotary_sweep(s: Runner, models: dict | None = None) -> None:
