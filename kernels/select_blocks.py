@@ -79,7 +79,11 @@ def select_blocks(
         Score and pick in one launch (``kernels.select_kernels.select_kernel``) where the
         threshold pick serves the rows (``kernels.top_blocks.threshold_meta``); False, or rows
         it does not serve: the scores, then ``kernels.top_blocks`` (two launches). Both pick
-        the same blocks.
+        the same blocks. The one launch saves a launch but runs its pick rows on the scoring's
+        few places an SM: on the H200 it takes 1.05-1.66x the two launches' time (medians by
+        draft rows and batch; 0.88x at best, up to 4x at 64 rows and batch 16) over the
+        calibration rows of both (``calibration/profiles/h200/kernel_bench.jsonl``), so
+        False is the default.
     pdl : bool
         Launch the pick as a programmatic dependent of the scoring (``kernels.pdl``; compute
         capability 9.0 or later): the same blocks, one launch gap less.
