@@ -7,7 +7,8 @@ intervals.
     python -m ssvkit.calibration.intervals --gpu h100-sxm           # both, in place
     python -m ssvkit.calibration.intervals --gpu h100-sxm --check   # exit 1 where they differ
 
-Of each set (``residual_rows``: ``heldout``, ``leave_one_out``, ``cross_gpu``), per kernel
+Of each set (``residual_rows``: ``heldout``, ``leave_one_out``, ``cross_gpu``,
+``current_kernels``), per kernel
 family (``perfmodel.intervals.kernel_family``) and pooled over families (``"*"``): the median
 and the split-conformal bounds of a central ``COVERAGE`` interval of the log residuals
 ln(measured / predicted) of rows that the predicting fit never saw. The fit
@@ -79,7 +80,11 @@ def residual_rows(
       saw;
     - ``cross_gpu``: every other GPU's committed rows of the current kernels
       (``ceilings.current_kernel_rows``) predicted by the profile's fits on that GPU's measured
-      ceilings (``calibration.transfer_sets.predict``)."""
+      ceilings (``calibration.transfer_sets.predict``);
+    - ``current_kernels``: ``gpu``'s own rows of kernels that changed after the fit rows were
+      timed (its ``unfitted/`` folder, less any row the fit read) under the profile's fits on
+      its ceilings ``ceiling``: what the profile's figures miss of the kernels the code runs
+      (none where the folder is absent)."""
     heldout = [r for r in annotate(rows, profile) if is_heldout(r)]
     if loo is None:
         base = fit_classes(fitted_rows(rows), gpu, ceiling)
@@ -93,7 +98,20 @@ def residual_rows(
         got = predict(fitted_rows(o_rows), profile.classes, other, o_ceiling)[0]
         cross += got
         others.append(other)
-    return {"heldout": heldout, "leave_one_out": loo, "cross_gpu": cross}, tuple(others)
+    current = _current_kernel_rows(gpu, rows, ceiling, profile)
+    sets = {"heldout": heldout, "leave_one_out": loo, "cross_gpu": cross}
+    return {**sets, "current_kernels": current}, tuple(others)
+
+
+def _current_kernel_rows(gpu: str, rows: list[dict], ceiling: dict, profile: Profile):
+    """``gpu``'s ``unfitted/`` rows that ``rows`` do not hold, annotated with the profile's
+    fits on ``ceiling`` (``residual_rows``' ``current_kernels``)."""
+    if not ceilings.has_unfitted(gpu):
+        return []
+    seen = {r["checksum"] for r in rows}
+    newer = ceilings.profile_rows(gpu, ceilings.PROFILES / gpu / ceilings.UNFITTED)
+    newer = [r for r in fitted_rows(newer) if r["checksum"] not in seen]
+    return predict(newer, profile.classes, gpu, ceiling)[0]
 
 
 def committed_loo(gpu: str) -> list[dict]:

@@ -1,9 +1,9 @@
 """Prediction intervals of calibrated figures, from the leave-out residuals of kernel families.
 
 ``calibration.intervals`` stores with a fitted profile, per kernel family, the log residuals
-ln(measured / predicted) of committed rows that the predicting fit never saw, in three sets
-(``heldout``, ``leave_one_out``, ``cross_gpu``), each kept as its median and split-conformal
-bounds (``IntervalTable``). An op takes the residuals its case calls for
+ln(measured / predicted) of committed rows that the predicting fit never saw, in four sets
+(``heldout``, ``leave_one_out``, ``cross_gpu``, ``current_kernels``), each kept as its median
+and split-conformal bounds (``IntervalTable``). An op takes the residuals its case calls for
 (``IntervalSource.residuals``); a sum of op times combines them with the ops of one family
 fully correlated and families independent (``Spread``, ``bounds``), and the two sides of a
 ratio are taken independent (``interval``). Ops without residuals count in a figure's
@@ -19,7 +19,7 @@ import numpy as np
 from ssvkit.perfmodel.predictor import RESIDENT_SUFFIX
 
 COVERAGE = 0.9
-SETS = ("heldout", "leave_one_out", "cross_gpu")
+SETS = ("heldout", "leave_one_out", "cross_gpu", "current_kernels")
 POOLED = "*"  # the family key of a set's residuals of all families pooled
 GAP = "datasheet_ceilings"  # the family axis entry of a transfer's datasheet-ceiling gap
 HOST = "loop_host"  # the family axis entry of the decode loop's host time (``perfmodel.loop_host``)
@@ -99,7 +99,10 @@ class IntervalTable:
     - ``leave_one_out``: the leave-one-head-geometry-, group-size- and context-out sets of
       ``calibration.transfer_sets``, each row predicted by a refit without its value;
     - ``cross_gpu``: another measured GPU's rows (``cross_gpus``), the profile's fits on that
-      GPU's measured ceilings.
+      GPU's measured ceilings;
+    - ``current_kernels``: the profile GPU's own rows of kernels that changed after its fit rows
+      were timed (``calibration.ceilings.current_kernel_rows``: its ``unfitted/`` folder), the
+      profile's fits; only the families of such rows.
 
     A family with too few rows for the coverage's ranks is absent; the set's residuals of all
     families pooled stand in for it in ``heldout`` and ``leave_one_out`` (``get`` with
@@ -172,9 +175,12 @@ class IntervalSource:
 
     def residuals(self, family: str, extrapolated: bool) -> Residuals:
         """The residuals of an op of ``family``: ``heldout``, its hull with ``leave_one_out``
-        where the call is outside its class's measured range (``extrapolated``), and for a
-        transferred profile its hull with ``cross_gpu`` where the family has it; ``ValueError``
-        when the table has no heldout residuals at all."""
+        where the call is outside its class's measured range (``extrapolated``), for a
+        transferred profile its hull with ``cross_gpu`` where the family has it, and its hull
+        with ``current_kernels`` where the family has it: the profile's fit rows of that family
+        time earlier kernels than the code runs, so the figure's centre takes the current
+        kernels' median and its bounds their spread (hulled last, its median is the one
+        kept); ``ValueError`` when the table has no heldout residuals at all."""
         r = self.table.get("heldout", family, pooled=True)
         if r is None:
             raise ValueError(f"the profile's interval table has no heldout residuals for {family}")
@@ -184,7 +190,8 @@ class IntervalSource:
         if extrapolated:
             x = self.table.get("leave_one_out", family, pooled=True)
             r = r if x is None else r.hull(x)
-        return r
+        x = self.table.get("current_kernels", family, pooled=False)
+        return r if x is None else r.hull(x)
 
     def gap(self, kind: str) -> float:
         return max(self.gap_bytes, self.gap_flops) if kind in TENSOR_KINDS else self.gap_bytes

@@ -87,9 +87,11 @@ def test_the_one_row_path_is_priced_by_a_labelled_stand_in():
     ]
     assert naive["op_s"]["verify.sparse_attention_refresh_per_query"] > 0
     # Its interval takes the leave-one-out residuals too, as an extrapolated op's does; the
-    # packed calls of ssv take the held-out ones.
+    # packed calls of ssv take the held-out ones, and both those of the H100's current NSA
+    # kernels, which its fit rows predate.
     assert "leave_one_out" in naive["op_residuals"]["verify.sparse_attention_refresh_per_query"]
-    assert by["ssv"]["op_residuals"]["verify.sparse_attention_fused_refresh"] == "heldout"
+    fused = by["ssv"]["op_residuals"]["verify.sparse_attention_fused_refresh"]
+    assert fused == "heldout + current_kernels"
     # One draft row is one tile under every schedule: ar_sparse keeps the packed class.
     for name in ("ar_sparse", "ssv"):
         assert by[name]["stand_ins"] == [] and "stand-in" not in by[name]["provenance"]

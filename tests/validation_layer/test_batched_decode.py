@@ -174,3 +174,36 @@ def test_children_import_the_package_this_process_imported(tmp_path):
         check=True,
     )
     assert done.stdout.strip() == ssvkit.__file__
+
+
+def test_the_h100_profile_interval_holds_its_batch_32_record():
+    """The tiny pair's batch-32 record on the H100 ran NSA and selection kernels newer than
+    those the H100 profile's fit rows time: the profile's ``ar_sparse`` figure is less than
+    half the measured tokens/s, and its interval, which takes the current kernels' residuals
+    (``perfmodel.intervals``' ``current_kernels``), holds every measured run."""
+    from ssvkit.engine.checkpoint import TINY_DRAFT, TINY_TARGET
+    from ssvkit.perfmodel.strategy import Strategy
+    from ssvkit.validation.decode_figures import predict
+    from ssvkit.validation.records import record_path
+
+    doc = json.loads(record_path("batched-decode-b32-h100.json").read_text())
+    runs = {}
+    for run in doc["runs"]:
+        runs.setdefault(run["baseline"], []).append(run["report"])
+    reports = runs["ar_sparse"]
+    r = reports[0]
+    pred = predict(
+        Strategy.from_name("ar_sparse"),
+        str(TINY_TARGET / "config.json"),
+        str(TINY_DRAFT / "config.json"),
+        r["context"] + doc["settings"]["new_tokens"] // 2,
+        r["batch"],
+        0.0,
+        None,
+        "h100-sxm",
+        elementwise="fused",
+    )
+    low, high = pred["intervals"]["tokens_per_s"]
+    measured = [x["tokens_per_s"]["value"] for x in reports]
+    assert len(measured) == 3 and pred["tokens_per_s"] < 0.5 * min(measured)
+    assert all(low <= m <= high for m in measured), (low, high, measured)
