@@ -179,8 +179,8 @@ class IntervalSource:
         transferred profile its hull with ``cross_gpu`` where the family has it, and its hull
         with ``current_kernels`` where the family has it: the profile's fit rows of that family
         time earlier kernels than the code runs, so the figure's centre takes the current
-        kernels' median and its bounds their spread (hulled last, its median is the one
-        kept); ``ValueError`` when the table has no heldout residuals at all."""
+        kernels' median (hulled last, its median is the one kept) and its bounds span both
+        sets; ``ValueError`` when the table has no heldout residuals at all."""
         r = self.table.get("heldout", family, pooled=True)
         if r is None:
             raise ValueError(f"the profile's interval table has no heldout residuals for {family}")
