@@ -66,7 +66,7 @@ def log_residuals(annotated: list[dict]) -> dict[str, np.ndarray]:
 
 def residual_rows(
     gpu: str, rows: list[dict], ceiling: dict, profile: Profile, loo: list[dict] | None = None
-) -> dict:
+) -> tuple[dict[str, list[dict]], tuple[str, ...]]:
     """The annotated rows of each residual set of ``profile``, fitted on ``gpu``'s ``rows``
     with measured ceilings ``ceiling``, ``loo`` the leave-one-out sets' when already computed
     (``committed_leave_one_out_rows``); and the other GPUs of ``cross_gpu``. The sets:
