@@ -24,6 +24,14 @@ class NsaVerifyConfig:
     block_n: int = field(
         default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
     )
+    comp_block_n: int = field(
+        default=64,
+        metadata={
+            "help": "keys per tile of a launch of the compressed branch alone (a power of two "
+            ">= 16, not bound by block_size; capped so that a K or V tile holds at most "
+            "COMP_TILE_ELEMS elements): fewer, longer steps of its online softmax"
+        },
+    )
     block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
     score_warps: int = field(default=4, metadata={"help": "warps per block-scoring program"})
     num_warps: int = field(
@@ -159,7 +167,7 @@ class NsaVerifyConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_j"):
+        for name in ("block_m", "block_n", "comp_block_n", "block_j"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")

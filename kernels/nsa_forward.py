@@ -180,7 +180,9 @@ def forward_slot(
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a head dim of at least 16")
     tl.static_assert(GROUP <= GROUP_PAD, "GROUP_PAD pads the head group")
     tl.static_assert(BLOCK_M % GROUP_PAD == 0, "a row tile holds whole head groups")
-    tl.static_assert(BLOCK_SIZE % BLOCK_N == 0, "key tiles tile a selection block exactly")
+    tl.static_assert(
+        not HAS_SEL or BLOCK_SIZE % BLOCK_N == 0, "key tiles tile a selection block exactly"
+    )
     ROWS: tl.constexpr = BLOCK_M // GROUP_PAD
     SUBS: tl.constexpr = BLOCK_SIZE // BLOCK_N
 

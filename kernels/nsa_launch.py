@@ -61,6 +61,7 @@ class LaunchPlan:
     rows: int
     num_tiles: int
     block_n: int
+    comp_block_n: int  # keys per tile of a launch of the compressed branch alone
     block_j: int
     score_warps: int
     score_source: str
@@ -210,6 +211,9 @@ def make_plan(
         rows=rows,
         num_tiles=triton.cdiv(t, rows),
         block_n=min(config.block_n, block_size),
+        comp_block_n=nsa_plan.comp_tile_keys(
+            config.comp_block_n, min(config.block_n, block_size), d
+        ),
         block_j=config.block_j,
         score_warps=config.score_warps,
         score_source=config.score_source,

@@ -132,7 +132,7 @@ def launch_fwd(
         part_ml.shape[1],
         launch_slots,
         layout.chunks,
-        BLOCK_N=plan.block_n,
+        BLOCK_N=plan.comp_block_n if s_s == w_s == 0 else plan.block_n,
         BLOCK_SIZE=plan.block_size,
         ALL_MEMBERS=all_members,
         T_PAD=max(16, triton.next_power_of_2(plan.num_t)),

@@ -64,6 +64,17 @@ PER_QUERY = "per_query"
 
 # Bytes a stored compressed score costs a real MMA row and token: an fp32 write and its read.
 STORED_SCORE_BYTES = 8
+# The most elements of one K or V tile of a launch of the compressed branch alone
+# (``NsaVerifyConfig.comp_block_n``): 64 keys at head dim 256, the two tiles of which a pipeline
+# stage buffers in 64 KB of shared memory.
+COMP_TILE_ELEMS = 64 * 256
+
+
+def comp_tile_keys(comp_block_n: int, block_n: int, head_dim: int) -> int:
+    """Keys per tile of a launch of the compressed branch alone: ``comp_block_n``, at most the
+    power of two of keys whose tile holds ``COMP_TILE_ELEMS`` elements at ``head_dim``, and at
+    least ``block_n`` (the other launches' tile)."""
+    return max(block_n, min(comp_block_n, _pow2_floor(COMP_TILE_ELEMS // head_dim)))
 
 
 def stores_scores(rows: int, group: int, key_bytes: int) -> bool:

@@ -46,6 +46,7 @@ KNOBS = {
     "num_warps": ("num_warps", (4, 8), (0, 1, 4)),
     "num_stages": ("num_stages", (3, 4), (0, 1, 4)),
     "block_n": ("block_n", (64, 32), (0, 1, 4)),
+    "comp_block_n": ("comp_block_n", (64, 128), (0, 1, 4)),
     "branch_streams": ("branch_streams", (False, True), (0, 1, 4)),
     "pdl": ("pdl", (False, True), (0, 1, 4)),
     "ctas_per_sm": ("ctas_per_sm", (1, 2), (0, 1, 4)),
@@ -139,7 +140,8 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
         shared compressed tiles as two launches or one); ``score_map`` "matrix" / "band" (how
         the refresh path's block scoring maps the compressed tokens onto the blocks; refresh
         calls only); a forward program's launch knobs against their defaults: ``num_warps`` 4
-        / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32 (keys a tile), ``ctas_per_sm`` 1 / 2
+        / 8, ``num_stages`` 3 / 4, ``block_n`` 64 / 32 (keys a tile), ``comp_block_n`` 64 /
+        128 (keys a tile of a launch of the compressed branch alone), ``ctas_per_sm`` 1 / 2
         (the programs an SM is sized for: twice the slots where one wave holds them),
         ``compressed_ctas`` 1 / 2 (a launch of the compressed branch alone sized for two
         programs an SM where one would leave each row tile a single slot),

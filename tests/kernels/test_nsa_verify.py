@@ -565,3 +565,36 @@ def test_the_band_scores_every_block_as_the_overlap_matrix():
     assert band_geometry(64, 32, 16, 64) == (4, 1, 15)
     assert band_geometry(16, 16, 8, 16) == (2, 1, 7)
     assert band_geometry(64, 48, 24, 64) is None and band_geometry(64, 32, 16, 4) is None
+
+
+# A prefix of 1,100 tokens: 136 compressed tokens, a whole 128-key tile and a ragged one.
+WIDE_SHAPES = [*CPU_SHAPES[:3], ([1100, 70], 2, 2, 1, 16, "chain", torch.float32)]
+
+
+@pytest.mark.parametrize("shape", WIDE_SHAPES, ids=shape_id)
+def test_a_wider_compressed_tile_gives_the_same_result(shape):
+    """``comp_block_n`` 128 (a launch of the compressed branch alone on 128-key tiles, past the
+    selection block) selects the same blocks and matches the reference on both paths."""
+    prefix_lens, t, h, hkv, d, tree, dtype = shape
+    dtype = case_dtype(dtype)
+    args, _ = make_inputs(prefix_lens, t, h, hkv, d, dtype, tree=tree, seed=3 * t + 1)
+    ro, ridx = reference_nsa_verify(*args, **NSA_KW)
+    cfg = NsaVerifyConfig(comp_block_n=128, num_splits=2, block_m=16)
+    with poisoned_allocations():
+        o, idx = nsa_verify(*args, config=cfg, **NSA_KW)
+        o_unfused, idx_unfused = nsa_verify_unfused(*args, config=cfg, **NSA_KW)
+    assert torch.equal(idx.cpu(), ridx.cpu()) and torch.equal(idx_unfused.cpu(), ridx.cpu())
+    assert_close(o, ro, dtype, "o")
+    assert_close(o_unfused, ro, dtype, "o")
+
+
+def test_the_compressed_tile_is_capped_by_its_elements():
+    from ssvkit.perfmodel.nsa_plan import comp_tile_keys
+
+    assert comp_tile_keys(128, 64, 128) == 128
+    assert comp_tile_keys(128, 64, 256) == 64
+    assert comp_tile_keys(256, 64, 96) == 128
+    assert comp_tile_keys(64, 16, 64) == 64
+    assert comp_tile_keys(16, 64, 128) == 64
+    with pytest.raises(ValueError, match="comp_block_n"):
+        NsaVerifyConfig(comp_block_n=96)
