@@ -25,11 +25,12 @@ class NsaVerifyConfig:
         default=64, metadata={"help": "keys per tile (at most block_size for the selected tiles)"}
     )
     comp_block_n: int = field(
-        default=64,
+        default=0,
         metadata={
-            "help": "keys per tile of a launch of the compressed branch alone (a power of two "
-            ">= 16, not bound by block_size; capped so that a K or V tile holds at most "
-            "COMP_TILE_ELEMS elements): fewer, longer steps of its online softmax"
+            "help": "keys per tile of a launch of the compressed branch alone (0: block_n, "
+            "the other launches' tile; else a power of two >= 16, not bound by block_size, "
+            "capped so that a K or V tile holds at most nsa_plan.COMP_TILE_ELEMS elements): "
+            "fewer, longer steps of its online softmax"
         },
     )
     block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
@@ -167,10 +168,13 @@ class NsaVerifyConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "comp_block_n", "block_j"):
+        for name in ("block_m", "block_n", "block_j"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        v = self.comp_block_n
+        if v and (v < 16 or v & (v - 1)):
+            raise ValueError(f"comp_block_n must be 0 or a power of two >= 16, got {v}")
         for name in ("num_warps", "score_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"{name} must be a power of two <= 16, got {getattr(self, name)}")

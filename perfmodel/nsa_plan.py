@@ -71,9 +71,12 @@ COMP_TILE_ELEMS = 64 * 256
 
 
 def comp_tile_keys(comp_block_n: int, block_n: int, head_dim: int) -> int:
-    """Keys per tile of a launch of the compressed branch alone: ``comp_block_n``, at most the
-    power of two of keys whose tile holds ``COMP_TILE_ELEMS`` elements at ``head_dim``, and at
-    least ``block_n`` (the other launches' tile)."""
+    """Keys per tile of a launch of the compressed branch alone: ``block_n`` (the other
+    launches' tile) where ``comp_block_n`` is 0, else ``comp_block_n``, at most the power of two
+    of keys whose tile holds ``COMP_TILE_ELEMS`` elements at ``head_dim`` and at least
+    ``block_n``."""
+    if not comp_block_n:
+        return block_n
     return max(block_n, min(comp_block_n, _pow2_floor(COMP_TILE_ELEMS // head_dim)))
 
 

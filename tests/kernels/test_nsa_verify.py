@@ -596,5 +596,6 @@ def test_the_compressed_tile_is_capped_by_its_elements():
     assert comp_tile_keys(256, 64, 96) == 128
     assert comp_tile_keys(64, 16, 64) == 64
     assert comp_tile_keys(16, 64, 128) == 64
+    assert comp_tile_keys(0, 16, 32) == 16  # the default: the other launches' tile
     with pytest.raises(ValueError, match="comp_block_n"):
         NsaVerifyConfig(comp_block_n=96)
