@@ -38,6 +38,7 @@ from ssvkit.kernels.nsa_verify import (
     update_compressed_kv,
 )
 from ssvkit.kernels.timing import poisoned_allocations
+from ssvkit.perfmodel.nsa_plan import comp_tile_keys
 
 # (prefix_lens, t, H, Hkv, D, tree, dtype): T not a multiple of 16, a prefix of 0 and one
 # shorter than a compression window, t in {1, 3, 16}, G in {1, 3 (padded to 4), 4}, two KV
@@ -589,8 +590,6 @@ def test_a_wider_compressed_tile_gives_the_same_result(shape):
 
 
 def test_the_compressed_tile_is_capped_by_its_elements():
-    from ssvkit.perfmodel.nsa_plan import comp_tile_keys
-
     assert comp_tile_keys(128, 64, 128) == 128
     assert comp_tile_keys(128, 64, 256) == 64
     assert comp_tile_keys(256, 64, 96) == 128
