@@ -5,6 +5,7 @@ block and no traceback."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -12,3 +13,34 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+_TRUE = ("1", "true", "yes")
+_FALSE = ("0", "false", "no")
+
+
+def dataclass_from_pairs(cls, text: str, flag: str, base=None):
+    """``base`` (``cls()`` when None), a dataclass, with the fields named in ``text``'s
+    ``name=value`` pairs (comma-separated) set, each value read as its field default's type
+    (a bool from 1/0, true/false or yes/no). ``ValueError`` in one line, naming ``flag``,
+    for a field ``cls`` lacks or a value that is not of its type; the dataclass's own checks
+    run as it is built."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kw = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields:
+            raise ValueError(
+                f"{flag} {item!r}: expected name=value with a name of {', '.join(fields)}"
+            )
+        default = fields[name].default
+        if isinstance(default, bool):
+            if value.lower() not in _TRUE + _FALSE:
+                raise ValueError(f"{flag} {item!r}: {value!r} is no bool (true or false)")
+            kw[name] = value.lower() in _TRUE
+            continue
+        try:
+            kw[name] = type(default)(value)
+        except ValueError:
+            raise ValueError(f"{flag} {item!r}: {value!r} is no {type(default).__name__}") from None
+    return dataclasses.replace(base if base is not None else cls(), **kw)

@@ -25,7 +25,7 @@ import numpy as np
 from ssvkit.engine.controller import ShadowAcceptance
 from ssvkit.engine.ngram import SHADOW_MAX_CHAIN
 from ssvkit.kernels.timing import provenance
-from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.perfmodel.arguments import OneLineParser, dataclass_from_pairs
 from ssvkit.perfmodel.files import atomic_write
 from ssvkit.perfmodel.strategy import parse_tree
 from ssvkit.planner.controller import ControllerConfig, OnlineController, switch_kind
@@ -201,28 +201,8 @@ def summarise(world: World, runs: list[dict], repeats: int) -> dict:
 
 def parse_config(text: str):
     """``ControllerConfig`` from ``name=value`` pairs separated by commas (its defaults for the
-    rest); ``ValueError`` names a field it lacks or a value that is no number."""
-
-    fields = {f.name: f for f in dataclasses.fields(ControllerConfig)}
-    kw = {}
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        name, sep, value = item.partition("=")
-        if not sep or name not in fields:
-            raise ValueError(
-                f"--config {item!r}: expected name=value with a name of {', '.join(fields)}"
-            )
-        default = fields[name].default
-        try:
-            kw[name] = (
-                type(default)(value)
-                if not isinstance(default, bool)
-                else (value.lower() in ("1", "true", "yes"))
-            )
-        except ValueError:
-            raise ValueError(
-                f"--config {item!r}: {value!r} is no {type(default).__name__}"
-            ) from None
-    return ControllerConfig(**kw)
+    rest); ``ValueError`` names a field it lacks or a value that is not of its type."""
+    return dataclass_from_pairs(ControllerConfig, text, "--config")
 
 
 def parse_args(argv=None):

@@ -1,10 +1,14 @@
 """Each launch of an NSA call on the GPU beside the call's CUDA-graph time and byte floor: where
 the time of a latency-bound call goes.
 
-    python -m ssvkit.validation.nsa_launches --out validation/data/nsa-launches-h200.json
+    python -m ssvkit.validation.nsa_launches --out validation/data/nsa-launches-h200.json \\
+        [--cases 1:1:131072:0 ...] [--calls refresh ...] [--set ctas_per_sm=2,num_warps=8]
 
 Llama-3.1-8B attention, NSA's published geometry and ``validation.nsa_stages``' inputs (reuse
-indices with adjacent-row overlap 0.7), at the engine's verify shapes (``CASES``). Each case
+indices with adjacent-row overlap 0.7), at the engine's verify shapes (``CASES``; ``--cases``
+takes others as ``batch:draft rows:context:rows_per_tile``). ``--set`` changes fields of the
+default ``NsaVerifyConfig`` in every case, which is how one knob's effect on each launch shows;
+the document records them (``config``). Each case
 first checks every call (``check``), then per call (fused and unfused refresh and reuse, with
 the row schedule's config) times ``graph_s``, the call in a CUDA graph (``kernels.timing``, L2
 flushed per sample, median), and ``launches``, each kernel launch of one eager call in the
@@ -21,8 +25,8 @@ from pathlib import Path
 import torch
 from ssvkit.kernels import nsa_verify as nv
 from ssvkit.kernels import timing as tm
-from ssvkit.kernels.nsa_config import DEFAULT_CONFIG
-from ssvkit.perfmodel.arguments import OneLineParser
+from ssvkit.kernels.nsa_config import DEFAULT_CONFIG, NsaVerifyConfig
+from ssvkit.perfmodel.arguments import OneLineParser, dataclass_from_pairs
 from ssvkit.validation import nsa_stages as ns
 from ssvkit.validation.bench_documents import write_benchmark
 from ssvkit.validation.launch_times import launch_times
@@ -39,6 +43,22 @@ CASES = (
 CALLS = ("refresh", "refresh_unfused", "reuse", "reuse_unfused")
 CALLS_PROFILED = 9
 NUM_SETS = 2
+
+
+def parse_case(text: str) -> tuple[int, int, int, int]:
+    """``batch:draft rows:context:rows_per_tile`` as a case of ``CASES``; ``ValueError`` in one
+    line naming the bad case."""
+    parts = text.split(":")
+    try:
+        case = tuple(int(x) for x in parts)
+    except ValueError:
+        case = ()
+    if len(case) != 4 or min(case[:3]) < 1 or case[3] < 0:
+        raise ValueError(
+            f"--cases {text!r}: expected batch:draft rows:context:rows_per_tile, "
+            "the first three >= 1 and the last >= 0"
+        )
+    return case
 
 
 def _call(name: str, sets, unions, config, i: int):
@@ -86,11 +106,19 @@ def check(sets, unions, config, batch: int) -> None:
                     raise SystemExit(f"nsa_launches: {name} differs: {e}".splitlines()[0]) from None
 
 
-def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) -> dict:
-    """One case of ``CASES``, checked (``check``), then per call of ``CALLS`` (with the row
-    schedule's config) its CUDA-graph time (``graph_s``), its launches (``launch_times``) and
-    their summed device time (``kernel_sum_s``), beside the case's floor (``floor_s``)."""
-    config = dataclasses.replace(DEFAULT_CONFIG, rows_per_tile=rows_per_tile)
+def run_case(
+    batch: int,
+    t: int,
+    ctx: int,
+    rows_per_tile: int,
+    copy_bps: float,
+    calls: tuple[str, ...] = CALLS,
+    base: NsaVerifyConfig = DEFAULT_CONFIG,
+) -> dict:
+    """One case of ``CASES``, checked (``check``), then per call of ``calls`` (``base`` with the
+    row schedule) its CUDA-graph time (``graph_s``), its launches (``launch_times``) and their
+    summed device time (``kernel_sum_s``), beside the case's floor (``floor_s``)."""
+    config = dataclasses.replace(base, rows_per_tile=rows_per_tile)
     sets = ns.input_sets(batch, t, ctx, ctx + t, NUM_SETS)
     unions = [
         nv.nsa_union_plan(a[0], a[1], idx, block_size=ns.KW["block_size"], config=config)
@@ -109,7 +137,7 @@ def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) 
         floor_s=floor / copy_bps,
         calls={},
     )
-    for name in CALLS:
+    for name in calls:
 
         def fn(i, name=name):
             return _call(name, sets, unions, config, i)
@@ -125,20 +153,49 @@ def run_case(batch: int, t: int, ctx: int, rows_per_tile: int, copy_bps: float) 
     return row
 
 
+def _changed_fields(config: NsaVerifyConfig) -> dict:
+    """The fields of ``config`` that differ from the default's."""
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(DEFAULT_CONFIG, f.name)
+    }
+
+
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        default=None,
+        metavar="B:T:CTX:R",
+        help="batch:draft rows:context:rows_per_tile (default: the engine's verify shapes)",
+    )
+    p.add_argument("--calls", nargs="+", choices=CALLS, default=list(CALLS))
+    p.add_argument(
+        "--set",
+        default="",
+        metavar="NAME=VALUE,...",
+        help="NsaVerifyConfig fields to change in every case, e.g. ctas_per_sm=2,num_warps=8",
+    )
     args = p.parse_args(argv)
+    try:
+        cases = [parse_case(c) for c in args.cases] if args.cases else list(CASES)
+        base = dataclass_from_pairs(NsaVerifyConfig, args.set, "--set")
+    except ValueError as e:
+        p.exit(2, f"nsa_launches: {e}\n")
     if not torch.cuda.is_available():
         p.exit(2, "nsa_launches: needs a CUDA GPU (device-side launch times)\n")
     copy_bps = tm.copy_bytes_per_s()
-    rows = [run_case(*case, copy_bps) for case in CASES]
+    rows = [run_case(*case, copy_bps, tuple(args.calls), base) for case in cases]
     write_benchmark(
         args.out,
         "nsa_launches",
         rows,
         kwargs=ns.KW,
         calls_profiled=CALLS_PROFILED,
+        config=_changed_fields(base),
     )
     print_table(rows)
     return 0

@@ -77,6 +77,59 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsy
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--cases", "1:1:131072"], "--cases '1:1:131072': expected batch:draft rows:context"),
+        (["--cases", "0:1:8192:0"], "--cases '0:1:8192:0': expected batch:draft rows:context"),
+        (["--cases", "1:x:8192:0"], "--cases '1:x:8192:0': expected batch:draft rows:context"),
+        (["--set", "warps=8"], "--set 'warps=8': expected name=value with a name of block_m"),
+        (["--set", "num_warps=eight"], "--set 'num_warps=eight': 'eight' is no int"),
+        (["--set", "pdl=maybe"], "--set 'pdl=maybe': 'maybe' is no bool"),
+        (["--set", "num_warps=3"], "num_warps must be a power of two <= 16, got 3"),
+    ],
+)
+def test_bad_cases_and_settings_are_refused_in_one_line(tmp_path, capsys, argv, message):
+    out = tmp_path / "launches.json"
+    with pytest.raises(SystemExit) as e:
+        nl.main(["--out", str(out), *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and not out.exists()
+    assert err.startswith(f"nsa_launches: {message}") and "\n" not in err
+
+
+def test_cases_and_settings_reach_each_case(monkeypatch, tmp_path):
+    """``--cases``, ``--calls`` and ``--set`` give ``run_case`` its shapes, calls and config,
+    and the document records the changed fields."""
+    seen = []
+
+    def fake_run_case(batch, t, ctx, rows, copy_bps, calls, base):
+        seen.append((batch, t, ctx, rows, calls, base))
+        row = dict(batch=batch, num_query_tokens=t, context_len=ctx, rows_per_tile=rows)
+        return dict(row, floor_s=1e-5, calls={})
+
+    monkeypatch.setattr(nl.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(nl.tm, "copy_bytes_per_s", lambda: 4e12)
+    monkeypatch.setattr(nl, "run_case", fake_run_case)
+    from ssvkit.validation import bench_documents as bd
+
+    monkeypatch.setattr(bd, "provenance", lambda: {"device_name": "a GPU"})
+    out = tmp_path / "launches.json"
+    argv = ["--out", str(out), "--cases", "1:1:131072:0", "2:16:8192:4"]
+    argv += ["--calls", "refresh", "--set", "ctas_per_sm=2, pdl=false"]
+    assert nl.main(argv) == 0
+    assert [s[:5] for s in seen] == [
+        (1, 1, 131072, 0, ("refresh",)),
+        (2, 16, 8192, 4, ("refresh",)),
+    ]
+    assert seen[0][5].ctas_per_sm == 2 and seen[0][5].pdl is False
+    doc = json.loads(out.read_text())
+    want = {"ctas_per_sm": 2}
+    if nl.DEFAULT_CONFIG.pdl:
+        want["pdl"] = False
+    assert doc["config"] == want
+
+
 @pytest.mark.gpu
 def test_a_case_on_the_gpu_lists_every_launch_of_each_call():
     """At 8K, batch 1: the reference check passes, each call's launches are matched across the
