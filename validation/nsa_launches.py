@@ -2,13 +2,14 @@
 the time of a latency-bound call goes.
 
     python -m ssvkit.validation.nsa_launches --out validation/data/nsa-launches-h200.json \\
-        [--cases 1:1:131072:0 ...] [--calls refresh ...] [--set ctas_per_sm=2,num_warps=8]
+        [--cases 1:1:131072:0 ...] [--calls refresh ...] [--set default ctas_per_sm=2,num_warps=8]
 
 Llama-3.1-8B attention, NSA's published geometry and ``validation.nsa_stages``' inputs (reuse
 indices with adjacent-row overlap 0.7), at the engine's verify shapes (``CASES``; ``--cases``
-takes others as ``batch:draft rows:context:rows_per_tile``). ``--set`` changes fields of the
-default ``NsaVerifyConfig`` in every case, which is how one knob's effect on each launch shows;
-the document records them (``config``). Each case
+takes others as ``batch:draft rows:context:rows_per_tile``). ``--set`` runs every case under
+each of its settings, ``NsaVerifyConfig`` fields changed from the default (``default``: none),
+which is how a knob's effect on each launch shows; each row records its changed fields
+(``config``). Each case
 first checks every call (``check``), then per call (fused and unfused refresh and reuse, with
 the row schedule's config) times ``graph_s``, the call in a CUDA graph (``kernels.timing``, L2
 flushed per sample, median), and ``launches``, each kernel launch of one eager call in the
@@ -119,6 +120,7 @@ def run_case(
     row schedule) its CUDA-graph time (``graph_s``), its launches (``launch_times``) and their
     summed device time (``kernel_sum_s``), beside the case's floor (``floor_s``)."""
     config = dataclasses.replace(base, rows_per_tile=rows_per_tile)
+    changed = changed_fields(base)
     sets = ns.input_sets(batch, t, ctx, ctx + t, NUM_SETS)
     unions = [
         nv.nsa_union_plan(a[0], a[1], idx, block_size=ns.KW["block_size"], config=config)
@@ -135,6 +137,7 @@ def run_case(
         unique_bytes=floor,
         copy_bytes_per_s=copy_bps,
         floor_s=floor / copy_bps,
+        config=changed,
         calls={},
     )
     for name in calls:
@@ -153,7 +156,7 @@ def run_case(
     return row
 
 
-def _changed_fields(config: NsaVerifyConfig) -> dict:
+def changed_fields(config: NsaVerifyConfig) -> dict:
     """The fields of ``config`` that differ from the default's."""
     return {
         f.name: getattr(config, f.name)
@@ -175,27 +178,32 @@ def main(argv=None) -> int:
     p.add_argument("--calls", nargs="+", choices=CALLS, default=list(CALLS))
     p.add_argument(
         "--set",
-        default="",
+        nargs="+",
+        default=["default"],
         metavar="NAME=VALUE,...",
-        help="NsaVerifyConfig fields to change in every case, e.g. ctas_per_sm=2,num_warps=8",
+        help="settings to run every case under, each NsaVerifyConfig fields changed from the "
+        "default ('default': none), e.g. default ctas_per_sm=2,num_warps=8",
     )
     args = p.parse_args(argv)
     try:
         cases = [parse_case(c) for c in args.cases] if args.cases else list(CASES)
-        base = dataclass_from_pairs(NsaVerifyConfig, args.set, "--set")
+        bases = [
+            dataclass_from_pairs(NsaVerifyConfig, "" if x == "default" else x, "--set")
+            for x in args.set
+        ]
     except ValueError as e:
         p.exit(2, f"nsa_launches: {e}\n")
     if not torch.cuda.is_available():
         p.exit(2, "nsa_launches: needs a CUDA GPU (device-side launch times)\n")
     copy_bps = tm.copy_bytes_per_s()
-    rows = [run_case(*case, copy_bps, tuple(args.calls), base) for case in cases]
+    calls = tuple(args.calls)
+    rows = [run_case(*case, copy_bps, calls, base) for base in bases for case in cases]
     write_benchmark(
         args.out,
         "nsa_launches",
         rows,
         kwargs=ns.KW,
         calls_profiled=CALLS_PROFILED,
-        config=_changed_fields(base),
     )
     print_table(rows)
     return 0

@@ -24,8 +24,11 @@ LABELS = {
 
 
 def case_label(r: dict) -> str:
-    """``b1 t16 128K r4``: batch, draft rows, context and row schedule of a case."""
-    return f"b{r['batch']} t{r['num_query_tokens']} {r['context_len'] // K}K r{r['rows_per_tile']}"
+    """``b1 t16 128K r4``: batch, draft rows, context and row schedule of a case, then the
+    config fields it changed (``num_warps=8``), if any."""
+    label = f"b{r['batch']} t{r['num_query_tokens']} {r['context_len'] // K}K r{r['rows_per_tile']}"
+    changed = ",".join(f"{k}={v}" for k, v in r.get("config", {}).items())
+    return f"{label} {changed}" if changed else label
 
 
 def launches_text(call: dict) -> str:

@@ -99,14 +99,14 @@ def test_bad_cases_and_settings_are_refused_in_one_line(tmp_path, capsys, argv, 
 
 
 def test_cases_and_settings_reach_each_case(monkeypatch, tmp_path):
-    """``--cases``, ``--calls`` and ``--set`` give ``run_case`` its shapes, calls and config,
-    and the document records the changed fields."""
+    """``--cases``, ``--calls`` and ``--set`` give ``run_case`` its shapes, calls and configs:
+    every case under each setting, ``default`` the default config."""
     seen = []
 
     def fake_run_case(batch, t, ctx, rows, copy_bps, calls, base):
         seen.append((batch, t, ctx, rows, calls, base))
         row = dict(batch=batch, num_query_tokens=t, context_len=ctx, rows_per_tile=rows)
-        return dict(row, floor_s=1e-5, calls={})
+        return dict(row, floor_s=1e-5, config=nl.changed_fields(base), calls={})
 
     monkeypatch.setattr(nl.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(nl.tm, "copy_bytes_per_s", lambda: 4e12)
@@ -116,18 +116,18 @@ def test_cases_and_settings_reach_each_case(monkeypatch, tmp_path):
     monkeypatch.setattr(bd, "provenance", lambda: {"device_name": "a GPU"})
     out = tmp_path / "launches.json"
     argv = ["--out", str(out), "--cases", "1:1:131072:0", "2:16:8192:4"]
-    argv += ["--calls", "refresh", "--set", "ctas_per_sm=2, pdl=false"]
+    argv += ["--calls", "refresh", "--set", "default", "ctas_per_sm=2, num_warps=8"]
     assert nl.main(argv) == 0
     assert [s[:5] for s in seen] == [
         (1, 1, 131072, 0, ("refresh",)),
         (2, 16, 8192, 4, ("refresh",)),
-    ]
-    assert seen[0][5].ctas_per_sm == 2 and seen[0][5].pdl is False
+    ] * 2
+    assert [s[5] for s in seen[:2]] == [nl.DEFAULT_CONFIG] * 2
+    assert seen[2][5].ctas_per_sm == 2 and seen[2][5].num_warps == 8
     doc = json.loads(out.read_text())
-    want = {"ctas_per_sm": 2}
-    if nl.DEFAULT_CONFIG.pdl:
-        want["pdl"] = False
-    assert doc["config"] == want
+    assert [r["config"] for r in doc["rows"]] == [{}, {}, *[{"ctas_per_sm": 2, "num_warps": 8}] * 2]
+    assert nt.case_label(doc["rows"][2]) == "b1 t1 128K r0 num_warps=8,ctas_per_sm=2"
+    assert nt.case_label(doc["rows"][0]) == "b1 t1 128K r0"
 
 
 @pytest.mark.gpu
