@@ -101,8 +101,9 @@ class IntervalTable:
     - ``cross_gpu``: another measured GPU's rows (``cross_gpus``), the profile's fits on that
       GPU's measured ceilings;
     - ``current_kernels``: the profile GPU's own rows of kernels that changed after its fit rows
-      were timed (``calibration.ceilings.current_kernel_rows``: its ``unfitted/`` folder), the
-      profile's fits; only the families of such rows.
+      were timed (its ``unfitted/`` folder less the rows the fit read, as
+      ``calibration.intervals.residual_rows`` gathers them), the profile's fits; only the
+      families of such rows.
 
     A family with too few rows for the coverage's ranks is absent; the set's residuals of all
     families pooled stand in for it in ``heldout`` and ``leave_one_out`` (``get`` with
