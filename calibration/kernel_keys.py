@@ -10,6 +10,7 @@ from __future__ import annotations
 from ssvkit.calibration import kernel_inputs as ki
 from ssvkit.calibration.kernel_grid import KernelConfig, Variant
 from ssvkit.perfmodel.attention_plan import dense_verify_plan, next_pow2
+from ssvkit.perfmodel.nsa_plan import tile_packing
 from ssvkit.perfmodel.pick_work import row_layout, threshold_warps
 from ssvkit.perfmodel.select_work import score_tile, score_tiles
 from ssvkit.perfmodel.sparse_plan import (
@@ -81,10 +82,7 @@ def compile_keys(cfg: KernelConfig, v: Variant, num_sms: int) -> set[tuple]:
         slots = max(16, next_pow2(width))
         return {("repair", d, max(16, next_pow2(hq // hkv)), slots, _cls(t), _cls(width))}
     if v.op == "nsa_verify":
-        gpad = next_pow2(hq // hkv)
-        tile = max(1, min(16, 64 // gpad, next_pow2(t)))
-        if p.get("rows_per_tile"):  # kernels.nsa_launch.draft_rows_per_tile's cap
-            tile = min(tile, 1 << (p["rows_per_tile"].bit_length() - 1))
+        tile = tile_packing(t, hq // hkv, p.get("rows_per_tile") or 0, head_dim=d)[0]
         mode, impl = v.knob
         return {("nsa", cfg.geometry, tile, mode, impl, i) for i in range(NSA_KERNELS[v.knob])}
     if v.op == "select_blocks":

@@ -14,6 +14,7 @@ from ssvkit.perfmodel.nsa_plan import (
     CONTEXT_TILES,
     DEFAULT_TILE_PLAN,
     TILE_PLANS,
+    WIDE_TILE_ELEMS,
     tile_packing,
 )
 from ssvkit.perfmodel.nsa_shape import NsaShape
@@ -95,7 +96,9 @@ def nsa_row_overlap(row: dict) -> float:
     sel = ((row["unique_bytes"] - rest) / kv_row / (b * hkv) - p["window"] - t) / p["block_size"]
     n = p["top_n"]
     plan = p.get("tile_plan", DEFAULT_TILE_PLAN)
-    packed = tile_packing(t, hq // hkv, p.get("rows_per_tile", 0), plan)[0]
+    packed = tile_packing(
+        t, hq // hkv, p.get("rows_per_tile", 0), plan, d, row_wide_tile_elems(row)
+    )[0]
     if "rows_per_tile" in p:
         return _chain_overlap(sel, n, [min(packed, t - i) for i in range(0, t, packed)])
     if packed < t:
@@ -127,6 +130,20 @@ def row_compressed_ctas(row: dict) -> int:
     return COMPRESSED_CTAS_PER_SM
 
 
+# When the kernels began capping a row tile's MMA rows above a head dim of 128
+# (``NsaVerifyConfig.wide_tile_elems``): rows timed before it ran 32-row tiles at D = 256.
+WIDE_TILE_SINCE = "2026-12-07T10:00:00+00:00"
+
+
+def row_wide_tile_elems(row: dict) -> int:
+    """The ``NsaVerifyConfig.wide_tile_elems`` an NSA row ran with, from when it was timed
+    (``WIDE_TILE_SINCE``: 0, no cap, before; a row without a time is the current kernels')."""
+    stamp = row.get("timestamp")
+    if stamp and datetime.fromisoformat(stamp) < datetime.fromisoformat(WIDE_TILE_SINCE):
+        return 0
+    return WIDE_TILE_ELEMS
+
+
 def nsa_row_shape(row: dict, compressed_ctas: int | None = None) -> NsaShape:
     """The ``NsaShape`` of the call an NSA row timed, at its measured selection overlap
     (``nsa_row_overlap``), with the lone compressed launch's sizing it ran
@@ -152,6 +169,7 @@ def nsa_row_shape(row: dict, compressed_ctas: int | None = None) -> NsaShape:
         compressed_ctas=compressed_ctas or row_compressed_ctas(row),
         # A row without the param ran the default plan (every calibration row).
         tile_plan=TILE_PLANS.index(p.get("tile_plan", DEFAULT_TILE_PLAN)),
+        wide_tile_elems=row_wide_tile_elems(row),
     )
 
 

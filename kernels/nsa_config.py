@@ -35,6 +35,14 @@ class NsaVerifyConfig:
             "1.00-1.04x; validation/data/nsa-comp-block-n-h100.json), so 0 is the default"
         },
     )
+    wide_tile_elems: int = field(
+        default=nsa_plan.WIDE_TILE_ELEMS,
+        metadata={
+            "help": "most MMA rows x head dim of a row tile at a head dim above 128 (an "
+            "mma.sync tile, whose K/V fragments and accumulator sit in registers: at 32 rows "
+            "x 256 the forward programs spill); 0: no cap beyond block_m"
+        },
+    )
     block_j: int = field(default=64, metadata={"help": "selection blocks scored per program"})
     score_warps: int = field(default=4, metadata={"help": "warps per block-scoring program"})
     num_warps: int = field(
@@ -191,6 +199,8 @@ class NsaVerifyConfig:
                 "warpgroup_rows_from",
             ),
         )
+        if self.wide_tile_elems < 0:
+            raise ValueError(f"wide_tile_elems must be >= 0, got {self.wide_tile_elems}")
         if self.rows_per_tile < 0:
             raise ValueError(f"rows_per_tile must be >= 0, got {self.rows_per_tile}")
         if self.num_splits < 0:

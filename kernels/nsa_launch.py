@@ -31,10 +31,8 @@ LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
-# Head dims up to which a 32-row tile may grow to a 64-row one: at D = 256 the 64-row tile's
-# pipelined K/V and Q tiles do not fit an SM's shared memory (Triton refuses to launch it on an
-# H100 with OutOfResources, at 8 query / 4 KV heads of 256).
-WGMMA_MAX_HEAD_DIM = 128
+# Head dims up to which a 32-row tile may grow to a 64-row one (``nsa_plan``'s comment).
+WGMMA_MAX_HEAD_DIM = nsa_plan.WGMMA_MAX_HEAD_DIM
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +111,21 @@ def max_block_m(config: NsaVerifyConfig) -> int:
     return config.block_m
 
 
-def draft_rows_per_tile(t: int, group_pad: int, config: NsaVerifyConfig) -> int:
+def draft_rows_per_tile(
+    t: int, group_pad: int, config: NsaVerifyConfig, head_dim: int = WGMMA_MAX_HEAD_DIM
+) -> int:
     """Draft rows of one row tile: a power of two, at most ``MAX_TILE_ROWS`` (the "fit" plan:
-    ``FIT_MAX_TILE_ROWS``), ``max_block_m // group_pad`` and ``config.rows_per_tile`` (when
-    set)."""
+    ``FIT_MAX_TILE_ROWS``), ``max_block_m // group_pad`` (capped above ``WGMMA_MAX_HEAD_DIM``
+    by ``config.wide_tile_elems``, ``nsa_plan.wide_block_m_max``) and ``config.rows_per_tile``
+    (when set)."""
     most = nsa_plan.FIT_MAX_TILE_ROWS if config.tile_plan == "fit" else MAX_TILE_ROWS
     cap = most
     if config.rows_per_tile:
         cap = 1 << (min(config.rows_per_tile, most).bit_length() - 1)
-    return max(1, min(cap, max_block_m(config) // group_pad, triton.next_power_of_2(t)))
+    block_m = nsa_plan.wide_block_m_max(
+        max_block_m(config), head_dim, group_pad, config.wide_tile_elems
+    )
+    return max(1, min(cap, block_m // group_pad, triton.next_power_of_2(t)))
 
 
 def tile_packing(
@@ -132,7 +136,7 @@ def tile_packing(
     group_pad = triton.next_power_of_2(group)
     if group_pad > max_block_m(config):
         raise ValueError(f"config.block_m ({config.block_m}) must hold a head group ({group})")
-    rows = draft_rows_per_tile(t, group_pad, config)
+    rows = draft_rows_per_tile(t, group_pad, config, head_dim)
     group_pad = max(group_pad, 16 // rows)
     wgmma = nsa_plan.WGMMA_MIN_ROWS
     pads = config.warpgroup_rows_from <= rows * group_pad < wgmma <= max_block_m(config)

@@ -29,6 +29,16 @@ COMPRESSED_CTAS_PER_SM = 2
 COMPRESSED_ALONE = (True, False, False)
 NUM_BRANCHES = 3
 WGMMA_MIN_ROWS = 64  # rows of one warpgroup's wgmma (m64nNk16); fewer rows take mma.sync
+# Head dims up to which a row tile may be a 64-row wgmma tile: at D = 256 a 64-row tile's
+# pipelined K/V and Q tiles do not fit an SM's shared memory (Triton refuses to launch it on an
+# H100 with OutOfResources, at 8 query / 4 KV heads of 256).
+WGMMA_MAX_HEAD_DIM = 128
+# Most MMA rows x head dim of a row tile at a head dim above WGMMA_MAX_HEAD_DIM
+# (NsaVerifyConfig.wide_tile_elems; 0: no cap): such a tile runs mma.sync, whose K and V
+# fragments and fp32 accumulator a 4-warp program holds in registers, and at 32 rows x 256
+# dims every forward launch runs at 255 registers with local-memory spills
+# (validation/data/nsa-ncu-d256-h100.txt). So a tile of 256 dims holds 16 MMA rows.
+WIDE_TILE_ELEMS = 4096
 WGMMA_ROW_COST = 0.5  # a wgmma row's latency in mma.sync rows (wgmma's ~2x rate on an H100)
 # Draft rows one row tile holds at most: the union plan keeps a block's rows as int32 bits.
 MAX_TILE_ROWS = 16
@@ -223,6 +233,17 @@ def merge_steps(
 # their slot sizing is ``perfmodel.nsa_slots``'.
 
 
+def wide_block_m_max(
+    block_m_max: int, head_dim: int, group_pad: int, tile_elems: int = WIDE_TILE_ELEMS
+) -> int:
+    """The most MMA rows of a row tile at ``head_dim``: ``block_m_max``, or above
+    ``WGMMA_MAX_HEAD_DIM`` at most ``tile_elems / head_dim`` (a power of two, at least
+    ``MIN_BLOCK_M`` and one head group's ``group_pad``; ``tile_elems`` 0: no cap)."""
+    if head_dim <= WGMMA_MAX_HEAD_DIM or not tile_elems:
+        return block_m_max
+    return min(block_m_max, max(MIN_BLOCK_M, group_pad, _pow2_floor(tile_elems // head_dim)))
+
+
 def _pow2_ceil(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
@@ -232,19 +253,28 @@ def _pow2_floor(x: int) -> int:
 
 
 def tile_packing(
-    t: int, group: int, rows_per_tile: int = 0, tile_plan: str = "fixed"
+    t: int,
+    group: int,
+    rows_per_tile: int = 0,
+    tile_plan: str = "fixed",
+    head_dim: int = WGMMA_MAX_HEAD_DIM,
+    wide_tile_elems: int = WIDE_TILE_ELEMS,
 ) -> tuple[int, int, int]:
     """(draft rows, head slots, MMA rows ``BLOCK_M``) of one row tile of the current kernels
-    over ``t`` draft rows and a head group of ``group`` (``kernels.nsa_launch.tile_packing`` at
-    the default config and ``tile_plan``): rows a power of two of at most ``MAX_TILE_ROWS``
-    (``FIT_MAX_TILE_ROWS`` "fit"), ``BLOCK_M_MAX / group_pad`` (``FIT_BLOCK_M_MAX`` "fit") and
-    ``rows_per_tile`` (when > 0), head slots padded so a tile has >= 16 rows."""
+    over ``t`` draft rows and a head group of ``group`` at ``head_dim``
+    (``kernels.nsa_launch.tile_packing`` at the default config, ``tile_plan`` and
+    ``wide_tile_elems``): rows a power of two of at most ``MAX_TILE_ROWS``
+    (``FIT_MAX_TILE_ROWS`` "fit"), ``BLOCK_M_MAX / group_pad`` (``FIT_BLOCK_M_MAX`` "fit", both
+    capped above ``WGMMA_MAX_HEAD_DIM`` by ``wide_block_m_max``) and ``rows_per_tile`` (when
+    > 0), head slots padded so a tile has >= 16 rows."""
     if tile_plan not in TILE_PLANS:
         raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
     fit = tile_plan == "fit"
     most = FIT_MAX_TILE_ROWS if fit else MAX_TILE_ROWS
-    block_m_max = FIT_BLOCK_M_MAX if fit else BLOCK_M_MAX
     group_pad = _pow2_ceil(group)
+    block_m_max = wide_block_m_max(
+        FIT_BLOCK_M_MAX if fit else BLOCK_M_MAX, head_dim, group_pad, wide_tile_elems
+    )
     cap = _pow2_floor(min(rows_per_tile, most)) if rows_per_tile else most
     rows = max(1, min(cap, block_m_max // group_pad, _pow2_ceil(t)))
     group_pad = max(group_pad, MIN_BLOCK_M // rows)

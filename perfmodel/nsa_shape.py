@@ -16,6 +16,7 @@ from ssvkit.perfmodel.nsa_plan import (
     COMPRESSED_CTAS_PER_SM,
     CONTEXT_TILES,
     TILE_PLANS,
+    WIDE_TILE_ELEMS,
     tile_packing,
 )
 from ssvkit.perfmodel.numbers import require_at_least_one
@@ -67,6 +68,9 @@ class NsaShape:
     # fused reuse layers are by the refresh before them; 0: the call builds it (a refresh call,
     # an unfused call, a kernel-sweep row).
     union_given: int = 0
+    # NsaVerifyConfig.wide_tile_elems: the cap on a row tile's MMA rows x head dim above
+    # nsa_plan.WGMMA_MAX_HEAD_DIM (nsa_plan.wide_block_m_max); 0 for rows timed before it.
+    wide_tile_elems: int = WIDE_TILE_ELEMS
 
     def __post_init__(self) -> None:
         require_at_least_one(
@@ -99,11 +103,18 @@ def resident_programs(block_m: int, head_dim: int, smem_per_sm_bytes: int) -> in
     return max(1, smem_per_sm_bytes // per_program)
 
 
+def tile_packing_of(s: NsaShape, rows_per_tile: int) -> tuple[int, int, int]:
+    """``nsa_plan.tile_packing`` of the shape's call under ``rows_per_tile``: its draft rows,
+    head slots and MMA rows a tile."""
+    group = s.num_q_heads // s.num_kv_heads
+    return tile_packing(s.t, group, rows_per_tile, s.plan, s.head_dim, s.wide_tile_elems)
+
+
 def tile_rows(s: NsaShape, rows_per_tile: int | None = None) -> list[int]:
     """Draft rows of each row tile (the last one the rest), under ``rows_per_tile`` (default
     the shape's)."""
     r = s.rows_per_tile if rows_per_tile is None else rows_per_tile
-    rows = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, r, s.plan)[0]
+    rows = tile_packing_of(s, r)[0]
     return [min(rows, s.t - i) for i in range(0, s.t, rows)]
 
 
@@ -155,14 +166,12 @@ def forward_launches(s: NsaShape, *, fused: bool, refresh: bool) -> list[Launch]
     row schedule of more tiles than the packed one, the compressed branch runs alone on the
     packed schedule's tiles (``kernels.nsa_launch.context_plan``) and the other branches on the
     schedule's."""
-    group = s.num_q_heads // s.num_kv_heads
-
     beside = not fused and not refresh and bool(s.branch_streams)
 
     def launch(branches, rows_per_tile: int) -> Launch:
         rows = tile_rows(s, rows_per_tile)
         units = [branch_units(s, tile_union_blocks(s, r)) for r in rows]
-        block_m = tile_packing(s.t, group, rows_per_tile, s.plan)[2]
+        block_m = tile_packing_of(s, rows_per_tile)[2]
         return Launch(branches, rows, units, block_m, alone=not beside)
 
     if s.shared_context and s.rows_per_tile and len(tile_rows(s, 0)) < len(tile_rows(s)):

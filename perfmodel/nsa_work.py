@@ -26,7 +26,6 @@ from ssvkit.perfmodel.nsa_plan import (
     forward_warps,
     pairs_launches,
     stores_scores,
-    tile_packing,
 )
 from ssvkit.perfmodel.nsa_shape import (
     BLOCK_N,
@@ -39,6 +38,7 @@ from ssvkit.perfmodel.nsa_shape import (
     compressed_tokens,
     live_launches,
     resident_programs,
+    tile_packing_of,
     tile_union_blocks,
 )
 from ssvkit.perfmodel.nsa_slots import EXPECTED_OVERLAP, MIN_TILES_PER_SLOT, plan_slots, split_slots
@@ -274,7 +274,7 @@ def nsa_call_work(
         other += 2 * pick_rows * s.num_blocks * F32
         score_bytes, score_flops = block_score_work(s, launches[0]) if s.comp_stride else (0, 0)
         other += score_bytes
-    block_m = tile_packing(s.t, s.num_q_heads // s.num_kv_heads, s.rows_per_tile, s.plan)[2]
+    block_m = tile_packing_of(s, s.rows_per_tile)[2]
     kv_tile = BLOCK_N * 2 * s.head_dim * ELEM_BYTES
     return NsaWork(
         # Every tile reads its branches' key tiles; the compressed tokens, the window and the

@@ -52,6 +52,7 @@ KNOBS = {
     "ctas_per_sm": ("ctas_per_sm", (1, 2), (0, 1, 4)),
     "compressed_ctas": ("compressed_ctas", (1, 2), (0, 1, 4)),
     "warpgroup_rows": ("warpgroup_rows_from", (33, 17), (0,)),
+    "wide_tile_elems": ("wide_tile_elems", (0, 4096), (0,)),
 }
 CALLS = ("reuse", "reuse_unfused", "refresh", "refresh_unfused")
 # The calls a knob changes, where not all of them: only refresh calls score blocks, and only
@@ -147,7 +148,9 @@ def run_case(bsz: int, t: int, ctx: int, ceilings: dict, knob: str = "tile_plan"
         programs an SM where one would leave each row tile a single slot),
         ``warpgroup_rows`` (``warpgroup_rows_from`` 33 / 17: a 32-row tile as it is or padded
         to a 64-row ``wgmma`` tile; the packed schedule only, at the draft rows whose tiles
-        hold 17-32 rows); or how a call's
+        hold 17-32 rows); ``wide_tile_elems`` 0 / 4096 (above a head dim of 128, row tiles
+        as large as at 128 or capped at 4096 MMA rows x head dim: 16 rows at 256; the packed
+        schedule only, the one whose tiles the cap changes); or how a call's
         launches run: ``branch_streams`` off / on (the unfused baseline's branches on one
         stream or side by side; unfused calls only), ``pdl`` off / on (each launch of a call
         after its first a programmatic dependent of the one before).

@@ -141,8 +141,32 @@ def test_tile_packing_pads_17_to_32_rows_to_a_wgmma_tile_when_asked():
     assert nl.tile_packing(3, 4, default, 128) == (4, 4, 16)
     assert nl.tile_packing(16, 4, WGMMA_TILE, 128) == (16, 4, 64)
     assert nl.tile_packing(6, 4, dataclasses.replace(WGMMA_TILE, block_m=32), 128) == (8, 4, 32)
-    # Past D = 128 a 64-row tile's shared memory does not fit: the 32-row tile stays.
-    assert nl.tile_packing(32, 2, WGMMA_TILE, 256) == (16, 2, 32)
+    # Past D = 128 a 64-row tile's shared memory does not fit: the 32-row tile stays, where
+    # the wide-head cap is off; with it (the default), 16 rows x 256 dims is the most a tile
+    # holds, so 8 draft rows of 2 head slots.
+    no_cap = dataclasses.replace(WGMMA_TILE, wide_tile_elems=0)
+    assert nl.tile_packing(32, 2, no_cap, 256) == (16, 2, 32)
+    assert nl.tile_packing(32, 2, WGMMA_TILE, 256) == (8, 2, 16)
+
+
+def test_wide_heads_cap_a_tile_at_16_rows_of_256_dims():
+    """Above D = 128 a tile holds at most ``wide_tile_elems / D`` MMA rows (16 at 256) but
+    always one head group; at D <= 128 the cap changes nothing."""
+    cfg = NsaVerifyConfig()
+    assert nl.tile_packing(32, 2, cfg, 256) == (8, 2, 16)
+    assert nl.tile_packing(64, 1, cfg, 256) == (16, 1, 16)
+    assert nl.tile_packing(32, 4, cfg, 256) == (4, 4, 16)
+    assert nl.tile_packing(4, 32, cfg, 256) == (1, 32, 32)  # one head group a tile
+    assert nl.tile_packing(32, 2, cfg, 192) == (8, 2, 16)  # 4096 // 192 -> 16 rows
+    assert nl.tile_packing(16, 4, cfg, 128) == (16, 4, 64)
+    assert nl.tile_packing(32, 2, cfg, 128) == (16, 2, 32)
+    assert nl.tile_packing(32, 2, dataclasses.replace(cfg, wide_tile_elems=8192), 256) == (
+        16,
+        2,
+        32,
+    )
+    with pytest.raises(ValueError, match="wide_tile_elems must be >= 0, got -1"):
+        NsaVerifyConfig(wide_tile_elems=-1)
     with pytest.raises(ValueError, match="warpgroup_rows_from"):
         NsaVerifyConfig(warpgroup_rows_from=0)
 
@@ -165,6 +189,24 @@ def test_a_wgmma_padded_tile_matches_the_reference(dtype):
         assert_close(out, ro, dtype, "o")
     assert torch.equal(picked.cpu(), ridx.cpu())
     assert_close(o_refresh, ro_refresh, dtype, "o")
+
+
+def test_a_wide_head_capped_tile_matches_the_reference():
+    """D = 256, 12 draft rows of a group of 2: the default cap gives tiles of 8 draft rows (16
+    MMA rows, two row tiles) in place of one of 16 rows; the fused and unfused reuse paths and
+    the refresh path's output and selection match the reference."""
+    args, idx = make_inputs([130, 70], 12, 4, 2, 256, torch.float32, tree="tree", seed=23)
+    assert nl.tile_packing(12, 2, NsaVerifyConfig(), 256) == (8, 2, 16)
+    ro, _ = reference_nsa_verify(*args, block_idx=idx, **NSA_KW)
+    ro_refresh, ridx = reference_nsa_verify(*args, **NSA_KW)
+    with poisoned_allocations():
+        o, _ = nsa_verify(*args, block_idx=idx, **NSA_KW)
+        o_unfused, _ = nsa_verify_unfused(*args, block_idx=idx, **NSA_KW)
+        o_refresh, picked = nsa_verify(*args, **NSA_KW)
+    for out in (o, o_unfused):
+        assert_close(out, ro, torch.float32, "o")
+    assert torch.equal(picked.cpu(), ridx.cpu())
+    assert_close(o_refresh, ro_refresh, torch.float32, "o")
 
 
 def test_refresh_forces_sink_and_local_blocks_and_pads():

@@ -269,6 +269,25 @@ def _wrapper_plan(batch, t, hq, hkv, context, cfg):
 
 
 @pytest.mark.parametrize("tile_plan", ["fixed", "fit", "fit_slots"])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("wide_tile_elems", [0, 4096])
+def test_tile_packing_equals_the_wrappers_at_every_head_dim(tile_plan, head_dim, wide_tile_elems):
+    """``tile_packing`` at a head dim and wide-head cap equals ``kernels.nsa_launch``'s for
+    head groups 1-32, t = 1..64 and rows_per_tile 0, 1, 4, 8."""
+    import ssvkit.kernels.nsa_launch as nl
+
+    for group in (1, 2, 3, 4, 8, 16, 32):
+        for r in (0, 1, 4, 8):
+            cfg = nl.NsaVerifyConfig(
+                tile_plan=tile_plan, rows_per_tile=r, wide_tile_elems=wide_tile_elems
+            )
+            for t in range(1, 65):
+                want = nl.tile_packing(t, group, cfg, head_dim)
+                got = tile_packing(t, group, r, tile_plan, head_dim, wide_tile_elems)
+                assert got == want, f"{tile_plan} D{head_dim} G{group} r{r} t{t}"
+
+
+@pytest.mark.parametrize("tile_plan", ["fixed", "fit", "fit_slots"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}q{g[1]}kv")
 def test_mirror_equals_the_wrappers_plan(monkeypatch, tile_plan, geometry):
     """Row tiles (``tile_rows_of``, ``tile_packing``) and slots (``plan_slots`` of
