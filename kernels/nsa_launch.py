@@ -13,7 +13,9 @@ exactly ``rows`` draft rows (the kernels' ``ROWS = BLOCK_M // GROUP_PAD``); the 
 slots are padding, as those past ``G`` always are. From ``NsaVerifyConfig.warpgroup_rows_from``
 packed rows on, a tile under ``WGMMA_MIN_ROWS`` rows at a head dim up to
 ``WGMMA_MAX_HEAD_DIM`` grows its head slots likewise to that many rows (a ``wgmma`` tile in
-place of ``mma.sync``)."""
+place of ``mma.sync``). Above that head dim a tile holds at most
+``NsaVerifyConfig.wide_tile_elems / D`` MMA rows (16 at D = 256, ``nsa_plan.wide_block_m_max``):
+its ``mma.sync`` operands and accumulator sit in registers, and larger tiles spill."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ LOG2E = 1.4426950408889634
 ALL_BRANCHES = (True, True, True)
 # Draft rows of one row tile: the union plan keeps a block's rows as bits of an int32.
 MAX_TILE_ROWS = nsa_plan.MAX_TILE_ROWS
-# Head dims up to which a 32-row tile may grow to a 64-row one (``nsa_plan``'s comment).
+# Head dims up to which a 32-row tile may grow to a 64-row one (why: ``nsa_plan``).
 WGMMA_MAX_HEAD_DIM = nsa_plan.WGMMA_MAX_HEAD_DIM
 
 
