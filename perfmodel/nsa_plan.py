@@ -128,7 +128,9 @@ def prev_pow2(x) -> np.ndarray:
     return np.exp2(np.floor(np.log2(x) + 1e-9))
 
 
-def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed"):
+def tile_rows_of(
+    t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed", head_dim=WGMMA_MAX_HEAD_DIM
+):
     """(``BLOCK_M``, draft rows per tile, row tiles per (sequence, KV head)) of a call over
     ``t`` draft rows with ``rows_per_tile`` draft rows a tile.
 
@@ -141,13 +143,18 @@ def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed
     two of rows), into ``max(16, rows x G_pad)`` MMA rows, so one draft row a tile
     (``per_query``) runs ``t`` tiles of 16 MMA rows at 8 q / 2 KV heads; more tiles leave fewer
     splits per tile. ``tile_plan`` "fit" packs up to ``FIT_BLOCK_M_MAX`` MMA rows and
-    ``FIT_MAX_TILE_ROWS`` draft rows a tile (Llama-3.1-8B's heads: t <= 32 is one tile)."""
+    ``FIT_MAX_TILE_ROWS`` draft rows a tile (Llama-3.1-8B's heads: t <= 32 is one tile). Above
+    ``WGMMA_MAX_HEAD_DIM`` the current kernels cap a tile's MMA rows (``wide_block_m_max``);
+    ``head_dim`` applies it (the default, 128, leaves the tiles as the H100 rows ran them)."""
     if tile_plan not in TILE_PLANS:
         raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
     fit = tile_plan == "fit"
     t = np.asarray(t, dtype=float)
     group_pad = next_pow2(np.ceil(np.asarray(num_q_heads, dtype=float) / num_kv_heads))
     block_m_max = FIT_BLOCK_M_MAX if fit else BLOCK_M_MAX
+    d = np.asarray(head_dim, dtype=float)
+    wide = np.maximum(np.maximum(MIN_BLOCK_M, group_pad), prev_pow2(WIDE_TILE_ELEMS / d))
+    block_m_max = np.where(d > WGMMA_MAX_HEAD_DIM, np.minimum(block_m_max, wide), block_m_max)
     packed_m = np.maximum(MIN_BLOCK_M, np.minimum(block_m_max, next_pow2(t * group_pad)))
     row_cap = FIT_MAX_TILE_ROWS if fit else MAX_TILE_ROWS
     packed = np.minimum(np.maximum(packed_m // group_pad, 1.0), row_cap)
@@ -159,21 +166,25 @@ def tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed
 
 
 def row_tiles(
-    t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed"
+    t, num_q_heads, num_kv_heads, rows_per_tile=0, tile_plan="fixed", head_dim=WGMMA_MAX_HEAD_DIM
 ) -> tuple[np.ndarray, np.ndarray]:
     """(``BLOCK_M``, row tiles per (sequence, KV head)) of a call over ``t`` draft rows
     (``tile_rows_of``). Each program carries its whole row tile: its MMAs, its query load and
     its partial are ``BLOCK_M`` rows whatever ``t`` is, so a program's latency grows with
     ``BLOCK_M``."""
-    block_m, _, tiles = tile_rows_of(t, num_q_heads, num_kv_heads, rows_per_tile, tile_plan)
+    block_m, _, tiles = tile_rows_of(
+        t, num_q_heads, num_kv_heads, rows_per_tile, tile_plan, head_dim
+    )
     return block_m, tiles
 
 
-def is_packed(t, num_q_heads, num_kv_heads, rows_per_tile) -> np.ndarray:
+def is_packed(
+    t, num_q_heads, num_kv_heads, rows_per_tile, head_dim=WGMMA_MAX_HEAD_DIM
+) -> np.ndarray:
     """Where a ``rows_per_tile`` schedule runs the packed one's tiles (``t`` rows fit one of
     its tiles, or it packs as many rows as the packed schedule)."""
-    _, tiles = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile)
-    return tiles == row_tiles(t, num_q_heads, num_kv_heads)[1]
+    _, tiles = row_tiles(t, num_q_heads, num_kv_heads, rows_per_tile, head_dim=head_dim)
+    return tiles == row_tiles(t, num_q_heads, num_kv_heads, head_dim=head_dim)[1]
 
 
 def mma_row_cost(t, num_q_heads, num_kv_heads, rows_per_tile=0) -> np.ndarray:

@@ -106,7 +106,7 @@ def sparse_attention(
     # selected blocks -- the bytes ``calibration.kernel_ops`` counts for the nsa_verify rows.
     nsa_loaded = {
         "compressed": br.comp,
-        "selected": nsa_selected_tokens(c, br, hq, hkv),
+        "selected": nsa_selected_tokens(model, c, br, hq, hkv),
         "window": br.win + c.rows,
     }
     loaded = {k: np.where(nsa > 0, nsa_loaded[k], v) for k, v in br.loaded.items()}
@@ -156,19 +156,20 @@ def _attention_counts(model: ModelSpec, c: Columns, br: Branches, nsa, hq, kv_to
     return flops, nbytes, launches
 
 
-def nsa_selected_tokens(c: Columns, br: Branches, hq, hkv) -> np.ndarray:
+def nsa_selected_tokens(model, c: Columns, br: Branches, hq, hkv) -> np.ndarray:
     """Selected-branch tokens one NSA call streams per (sequence, KV head) outside the window:
-    the union of each row tile's blocks (``c.nsa_rows_per_tile`` rows a tile, the last tile the
-    rest), each tile's at most the prefix before the window. The packed schedule is one union
-    of all ``t`` rows, as the measured rows count it.
+    the union of each row tile's blocks (``c.nsa_rows_per_tile`` rows a tile at ``model``'s
+    head dim, the last tile the rest), each tile's at most the prefix before the window. The
+    packed schedule is one union of all ``t`` rows, as the measured rows count it.
 
     One draft row a tile (``per_query``, seed 000's naive baseline) so loads every row's blocks
     on its own, tiles of C rows (``union``) each group's union, the packed schedule
     (``shared``) the union of all rows. The compressed tokens and the window are counted once
     per (sequence, KV head) (``sparse_attention``): the other tiles' reads of them hit L2."""
     t, T = c.rows, c.context_len
-    _, rows, _ = tile_rows_of(t, hq, hkv, c.nsa_rows_per_tile)
-    rows = np.where(is_packed(t, hq, hkv, c.nsa_rows_per_tile), t, np.minimum(rows, t))
+    r, d = c.nsa_rows_per_tile, model.head_dim
+    _, rows, _ = tile_rows_of(t, hq, hkv, r, head_dim=d)
+    rows = np.where(is_packed(t, hq, hkv, r, d), t, np.minimum(rows, t))
     full = np.floor(t / rows)
     last = t - full * rows
     room = T - br.win

@@ -285,6 +285,10 @@ def test_tile_packing_equals_the_wrappers_at_every_head_dim(tile_plan, head_dim,
                 want = nl.tile_packing(t, group, cfg, head_dim)
                 got = tile_packing(t, group, r, tile_plan, head_dim, wide_tile_elems)
                 assert got == want, f"{tile_plan} D{head_dim} G{group} r{r} t{t}"
+                if wide_tile_elems and group <= 16 and tile_plan != "fit_slots":
+                    block_m, rows, _ = tile_rows_of(t, group, 1, r, tile_plan, head_dim)
+                    got_of = (min(int(rows), t), int(block_m))
+                    assert got_of == (min(want[0], t), want[2]), f"rows_of G{group} r{r} t{t}"
 
 
 @pytest.mark.parametrize("tile_plan", ["fixed", "fit", "fit_slots"])
