@@ -19,9 +19,9 @@ _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")
 
 
-def dataclass_from_pairs(cls, text: str, flag: str, base=None):
-    """``base`` (``cls()`` when None), a dataclass, with the fields named in ``text``'s
-    ``name=value`` pairs (comma-separated) set, each value read as its field default's type
+def dataclass_from_pairs(cls, text: str, flag: str):
+    """``cls()``, a dataclass, with the fields named in ``text``'s ``name=value`` pairs
+    (comma-separated) set, each value read as its field default's type
     (a bool from 1/0, true/false or yes/no). ``ValueError`` in one line, naming ``flag``,
     for a field ``cls`` lacks or a value that is not of its type; the dataclass's own checks
     run as it is built."""
@@ -43,4 +43,4 @@ def dataclass_from_pairs(cls, text: str, flag: str, base=None):
             kw[name] = type(default)(value)
         except ValueError:
             raise ValueError(f"{flag} {item!r}: {value!r} is no {type(default).__name__}") from None
-    return dataclasses.replace(base if base is not None else cls(), **kw)
+    return cls(**kw)
