@@ -113,9 +113,7 @@ def max_block_m(config: NsaVerifyConfig) -> int:
     return config.block_m
 
 
-def draft_rows_per_tile(
-    t: int, group_pad: int, config: NsaVerifyConfig, head_dim: int = WGMMA_MAX_HEAD_DIM
-) -> int:
+def draft_rows_per_tile(t: int, group_pad: int, config: NsaVerifyConfig, head_dim: int) -> int:
     """Draft rows of one row tile: a power of two, at most ``MAX_TILE_ROWS`` (the "fit" plan:
     ``FIT_MAX_TILE_ROWS``), ``max_block_m // group_pad`` (capped above ``WGMMA_MAX_HEAD_DIM``
     by ``config.wide_tile_elems``, ``nsa_plan.wide_block_m_max``) and ``config.rows_per_tile``
