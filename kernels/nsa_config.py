@@ -126,8 +126,10 @@ class NsaVerifyConfig:
         default="separate",
         metadata={
             "help": "where the refresh path picks its top-n blocks: separate (a launch of its "
-            "own; no slower than the fold on the H200) or folded into the block scoring launch "
-            "(where kernels.top_blocks' threshold pick serves the rows)"
+            "own; no slower than the fold on the H200, and on an H100 at 128K, batch 1 the "
+            "folded launch takes 9.3 us against 3.4 + 4.2 apart at t = 1 and 22.7 against "
+            "11.5 + 4.7 at t = 16: validation/data/nsa-launches-pick-h100.json) or folded into "
+            "the block scoring launch (where kernels.top_blocks' threshold pick serves the rows)"
         },
     )
 
