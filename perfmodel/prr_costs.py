@@ -161,9 +161,10 @@ def prr_layer_costs(
         attention_s=attn,
         # Differences of two calibrated predictions, which size-dependent efficiencies do not
         # keep monotone in the work (fewer bytes can price a lower efficiency): a branch or a
-        # missed block costs at least nothing.
+        # missed block costs at least nothing, and the call without the compressed branch at
+        # most the whole layer's.
         compressed_s=np.maximum(attn - attention_seconds(no_comp.op_seconds) / L, 0.0),
-        speculative_s=attention_seconds(spec.op_seconds) / L,
+        speculative_s=np.minimum(attention_seconds(spec.op_seconds) / L, attn),
         repair_fixed_s=fixed * np.ones(len(c)),
         repair_block_s=np.maximum(one - fixed, 0.0) * np.ones(len(c)),
         head_s=split.head_s,

@@ -6,6 +6,7 @@ from ssvkit.calibration import ceilings
 from ssvkit.calibration.features import depth, serial_steps, stage_counts, tile_rows
 from ssvkit.calibration.fit import fit_profile, is_heldout, op_class
 from ssvkit.calibration.fit_class import stage_caps
+from ssvkit.calibration.row_work import is_select_plan, is_slot_plan
 from ssvkit.calibration.validate import disagreements, fit_agreement, ratio_pairs, report
 from ssvkit.perfmodel.calibrated import CalibratedPredictor, make_predictor
 from ssvkit.perfmodel.hardware import get_gpu
@@ -38,7 +39,7 @@ def test_fit_agreement_tells_another_fit_apart(rows):
     committed = json.loads(PROFILE.read_text())
     assert fit_agreement(rows, committed, committed)["max_rel_diff"] == 0.0
     slower = json.loads(PROFILE.read_text())
-    fit = slower["classes"]["dense_verify"]["fit"]
+    fit = slower["classes"]["nsa_verify/refresh/fused"]["fit"]
     fit["t0_s"] *= 2  # a class with a doubled launch cost
     agree = fit_agreement(rows, committed, slower)
     assert disagreements(agree) == [f"p99_rel_diff {agree['p99_rel_diff']:.3g} > 0.05"]
@@ -63,15 +64,19 @@ def test_heldout_rule_holds_out_whole_values(rows):
 
 
 def test_nsa_rows_carry_their_launch_plan(rows):
-    """The NSA rows' merge steps and row tile come from the wrapper's plan on 132 SMs (8 q / 2
-    KV heads: t = 12 is one tile of 64 rows split 64 ways, t = 17 two tiles split 33 ways);
-    dense verification rows carry the rows their SMs hold and their merge's steps
-    (``perfmodel.dense_work``), other ops neither; the fitted NSA and dense classes price
-    both terms."""
+    """The NSA rows' merge steps and row tile come from the plan their kernels ran on 132 SMs:
+    the split plan of the launch-timed rows (8 q / 2 KV heads: t = 12 is one tile of 64 rows
+    split 64 ways, t = 17 two tiles split 33 ways); dense verification rows carry the rows
+    their SMs hold and their merge's steps (``perfmodel.dense_work``), other ops neither; the
+    fitted NSA and dense classes price both terms, and block selection its score tiles' MMA
+    work."""
     tiny = {
         (r["params"]["num_query_tokens"], r["params"]["impl"], r["params"]["mode"]): r
         for r in rows
-        if r["op"] == "nsa_verify" and r["params"]["num_q_heads"] == 8
+        if r["op"] == "nsa_verify"
+        and r["params"]["num_q_heads"] == 8
+        and r["timing"] == "launch"
+        and not is_slot_plan(r)
     }
     assert serial_steps(tiny[(12, "unfused", "reuse")], 132) == 192
     assert serial_steps(tiny[(17, "unfused", "reuse")], 132) == 99
@@ -105,9 +110,10 @@ def test_nsa_rows_carry_their_launch_plan(rows):
         if name.startswith("sparse_verify/"):  # priced on its launch plan's chain and row tile
             assert cls["fit"]["slot_plan"] and cls["fit"]["t_depth_s"] > 0, name
             continue
-        planned = name.startswith("nsa_verify/") or name == "dense_verify"
-        assert (cls["fit"]["t_step_s"] > 0) == planned, name
-        assert (cls["fit"]["t_row_s"] > 0) == planned, name
+        stepped = name.startswith("nsa_verify/") or name == "dense_verify"
+        tiled = stepped or name.startswith("select_blocks/")
+        assert (cls["fit"]["t_step_s"] > 0) == stepped, name
+        assert (cls["fit"]["t_row_s"] > 0) == tiled, name
 
 
 def test_repair_rows_carry_their_chain(rows):
@@ -170,18 +176,20 @@ def test_sampling_rows_walk_their_vocabulary(rows):
 
 
 def test_select_rows_carry_their_topn_stage(rows):
-    """A block-selection row's stage counts are its top-n stage's (perfmodel.torch_plan): at
-    batch 4 and 2 KV heads, 16 query rows over 16K context + 16 rows in blocks of 64, top 64:
-    128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of 64; the fitted selection
-    classes price every count (t_x > 0), dense verification its merge launch and repair its
-    programs an SM, and dense verification the bytes its busiest SMs stream past an even share
-    (``perfmodel.dense_work``, ``perfmodel.repair_work``); sparse verification
-    prices its waves, the row tiles a slot writes, its tiles an SM (and a union's plan
-    compares); no other class has stage rates."""
+    """A block-selection row of the torch pick (the launch-timed rows) counts its top-n stage's
+    work (perfmodel.torch_plan): at batch 4 and 2 KV heads, 16 query rows over 16K context + 16
+    rows in blocks of 64, top 64: 128 rows x 257 blocks scanned, 128 x 64 keys sorted, sorts of
+    64. The fitted classes (current kernels) price their stages: block selection its pick's
+    and score programs' five counts (``perfmodel.select_work``), NSA its program waves and a
+    refresh call's pick rows, dense verification its merge launch and the bytes its busiest
+    SMs stream past an even share (``perfmodel.dense_work``), repair its programs an SM
+    (``perfmodel.repair_work``), sparse verification its waves, the row tiles a slot writes,
+    its tiles an SM (and a union's plan compares); no other class has stage rates."""
     sel = next(
         r
         for r in rows
         if r["op"] == "select_blocks"
+        and not is_select_plan(r)
         and (r["params"]["batch"], r["params"]["num_kv_heads"]) == (4, 2)
         and (r["params"]["context_len"], r["params"]["top_n"]) == (16384, 64)
     )
@@ -191,7 +199,10 @@ def test_select_rows_carry_their_topn_stage(rows):
     for name, cls in committed.items():
         rates = cls["fit"]["t_stage_s"]
         if name.startswith("select_blocks/"):
-            assert len(rates) == 3 and min(rates) > 0, name
+            assert len(rates) == 5 and min(rates) >= 0 and max(rates) > 0, name
+        elif name.startswith("nsa_verify/"):
+            refresh = name.startswith("nsa_verify/refresh/")
+            assert len(rates) == (2 if refresh else 1) and min(rates) > 0, name
         elif name.startswith("sparse_verify/"):
             assert len(rates) == (4 if name.startswith("sparse_verify/union/") else 3), name
         elif name == "dense_verify":
@@ -296,7 +307,7 @@ def test_profile_for_another_gpu_is_refused():
 
 def test_calibrated_predictions_label_extrapolation():
     m, g = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
-    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 23)]
+    pts = [(Strategy.from_name("ar_dense"), Workload(context_len=T)) for T in (32768, 1 << 26)]
     c = build_columns(m, pts)
     pred = make_predictor(g, tp=c.tp)
     assert isinstance(pred, CalibratedPredictor)
@@ -339,23 +350,23 @@ def test_resident_ops_take_the_resident_class_or_fall_back_to_the_cold_one():
 
 
 def test_only_the_slot_planned_nsa_classes_fit_an_overlap_exponent():
-    """The committed profiles: the H200's NSA classes (current kernels) carry a fitted p in
-    [1, 32]; the H100's NSA classes (split-plan kernels) and every other class take the
-    bounds' maximum."""
-    for gpu, nsa_p in (("h200", True), ("h100-sxm", False)):
+    """The committed profiles, both fitted on the current kernels' NSA rows: their NSA classes
+    carry a fitted p in [1, 32]; every other class takes the bounds' maximum."""
+    for gpu in ("h200", "h100-sxm"):
         profile = Profile.load(ceilings.PROFILES / gpu / "profile.json", gpu=gpu)
         for name, cf in profile.classes.items():
-            fitted = name.startswith("nsa_verify/") and nsa_p
+            fitted = name.startswith("nsa_verify/")
             assert (1.0 <= cf.overlap_p <= 32.0) if fitted else cf.overlap_p == 0.0, name
 
 
 def test_the_current_nsa_classes_flop_efficiency_never_falls_with_size():
     """A FLOP knot no row's compute bound reaches cannot dip below a smaller call's
-    (``MONOTONE_FLOPS_OPS``): the committed H200 profile's NSA classes, fitted on the current
-    kernels' plan, rise or stay level; the H100 profile of record's split-plan classes keep
-    their fit."""
-    profile = Profile.load(ceilings.PROFILES / "h200" / "profile.json", gpu="h200")
-    nsa = {n: c for n, c in profile.classes.items() if n.startswith("nsa_verify/")}
-    assert len(nsa) == 8
-    for name, cf in nsa.items():
-        assert all(b >= a for a, b in zip(cf.flops_eff, cf.flops_eff[1:], strict=False)), name
+    (``MONOTONE_FLOPS_OPS``): the committed profiles' NSA classes, fitted on the current
+    kernels' plan, rise or stay level."""
+    for gpu, classes in (("h200", 8), ("h100-sxm", 4)):
+        profile = Profile.load(ceilings.PROFILES / gpu / "profile.json", gpu=gpu)
+        nsa = {n: c for n, c in profile.classes.items() if n.startswith("nsa_verify/")}
+        assert len(nsa) == classes
+        for name, cf in nsa.items():
+            flops_eff = cf.flops_eff
+            assert all(b >= a for a, b in zip(flops_eff, flops_eff[1:], strict=False)), name
