@@ -213,12 +213,19 @@ def _h200_sets(data: Path, gpu: str):
 
 
 def _h100_sets(data: Path, gpu: str):
-    """The H100's sets: its only engine runs, the planner evaluation at batch 1
-    (``planner.json``), fit and test alike."""
+    """The H100's sets: the fit on the tiny pair's batched decodes of every baseline at 16K and
+    batch 1 and 4 (``batched-decode-loop-h100.json``); the tests on the same file at batch 16
+    and 64 and on the measured strategies of the planner evaluation at batch 1
+    (``planner.json``)."""
+    loop = data / "batched-decode-loop-h100.json"
     with gzip.open(data / "planner-ranking.json.gz", "rt") as fh:
         ranking = json.load(fh)
-    rows = planner_rows(data / "planner.json", ranking)
-    return ("fit_planner_b1", "planner.json, batch 1, drafting rows"), rows, {}
+    tests = {
+        "loop_b16_b64": decode_rows(loop, lambda b: b >= 16),
+        "planner_b1": planner_rows(data / "planner.json", ranking),
+    }
+    fit_set = ("fit_b1_b4", f"{loop.name}, batch 1 and 4, drafting rows")
+    return fit_set, decode_rows(loop, lambda b: b < 16), tests
 
 
 SETS = {"h200": _h200_sets, "h100-sxm": _h100_sets}

@@ -12,11 +12,10 @@ sequence and round. The fit is the non-negative least squares of the loop host t
 relative error of the round, which tokens/s inherits (``fit``). Runs whose controller switches
 strategies online (``ssv_planned``) are left out: their controller's host work is its own.
 
-The sets per GPU host (``SETS``): the H200's fit set is its batched decodes of every baseline
-at batch 1-64 (``batched-decode-loop-h200.json``), its test set the measured strategies of the
-planner evaluation at batch 32 (another bench, other prompts and trees); the H100's only engine
-runs are its planner evaluation at batch 1, so its per-sequence term is not identified (it is
-0 there, and a batch above 1 is priced outside the fitted range, labelled extrapolated).
+The sets per GPU host (``SETS``): each GPU's fit set is its batched decodes of every baseline
+at batch 1-64 (``batched-decode-loop-<gpu>.json``), its test set the measured strategies of its
+planner evaluation (the H200's at batch 32, the H100's at batch 1: another bench, other prompts
+and trees).
 """
 
 from __future__ import annotations
@@ -197,8 +196,13 @@ SETS = {
         ),
     ),
     "h100-sxm": (
-        ("planner_b1", lambda d: planner_rows(d / "planner.json", d / "planner-ranking.json.gz")),
-        (),
+        ("batched_decode_b1_b64", lambda d: decode_rows(d / "batched-decode-loop-h100.json")),
+        (
+            (
+                "planner_b1",
+                lambda d: planner_rows(d / "planner.json", d / "planner-ranking.json.gz"),
+            ),
+        ),
     ),
 }
 

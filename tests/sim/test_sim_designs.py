@@ -71,7 +71,9 @@ def test_fallback_switches_at_b_star():
     below = run("ssd", batch=b_star - 1, num_tokens=20, ssd=SsdConfig(**knobs), **kw)
     at = run("ssd", batch=b_star, num_tokens=20, ssd=SsdConfig(**knobs), **kw)
     assert value(below, "fallback") == "primary" and value(at, "fallback") == "backup"
-    # Far from b* the simulated winner is the modelled one.
+    # Away from b* the modelled winner is the one b* names; the simulation names it too where
+    # the two fallbacks' modelled tokens/s differ by more than its own 2% agreement (past b*
+    # the backup's margin is as thin as the profile makes it: a fraction of a percent at 2 b*).
     for batch, winner in ((1, "primary"), (2 * b_star, "backup")):
         tok = {
             fb: run("ssd", batch=batch, num_tokens=3000, ssd=SsdConfig(fallback=fb, **knobs), **kw)
@@ -80,7 +82,8 @@ def test_fallback_switches_at_b_star():
         sims = {fb: value(r, "simulated_tokens_per_s") for fb, r in tok.items()}
         anas = {fb: value(r, "analytic_tokens_per_s") for fb, r in tok.items()}
         assert max(anas, key=anas.get) == winner
-        assert max(sims, key=sims.get) == winner
+        if max(anas.values()) > 1.02 * min(anas.values()):
+            assert max(sims, key=sims.get) == winner
         for fb in sims:
             assert sims[fb] == pytest.approx(anas[fb], rel=0.02)
 
