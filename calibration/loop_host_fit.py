@@ -13,9 +13,9 @@ relative error of the round, which tokens/s inherits (``fit``). Runs whose contr
 strategies online (``ssv_planned``) are left out: their controller's host work is its own.
 
 The sets per GPU host (``SETS``): each GPU's fit set is its batched decodes of every baseline
-at batch 1-64 (``batched-decode-loop-<gpu>.json``), its test set the measured strategies of its
-planner evaluation (the H200's at batch 32, the H100's at batch 1: another bench, other prompts
-and trees).
+at batch 1-64 (``batched-decode-loop-h200.json``, ``batched-decode-loop-h100.json``), its test
+set the measured strategies of its planner evaluation (the H200's at batch 32, the H100's at
+batch 1: another bench, other prompts and trees).
 """
 
 from __future__ import annotations
