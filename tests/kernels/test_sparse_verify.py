@@ -94,7 +94,8 @@ def shape_id(shape) -> str:
     return f"L{shape[0]}-t{shape[1]}-H{shape[2]}-kv{shape[3]}-{str(shape[5]).split('.')[-1]}"
 
 
-# per_query is C = 1; C = 1 in the grouped modes is the same launch.
+# per_query is C = 1; C = 1 in the grouped modes is the same launch. C = 16 holds every draft row
+# of a shape in one group (C >= t): one list a KV head, up to 128 packed rows a tile.
 MODE_C = [
     ("per_query", 1),
     ("union", 2),
@@ -103,6 +104,8 @@ MODE_C = [
     ("shared", 2),
     ("shared", 3),
     ("shared", 4),
+    ("union", 16),
+    ("shared", 16),
 ]
 
 
