@@ -8,8 +8,10 @@ or extra programs of the launch, as many as the step has parts, wait for the par
 
 Either way a launch leaves its counters as it found them (zero): the next launch and every
 replay of a CUDA graph find them ready, with no memset and no host work. The counters are
-``arrival_counters``' buffer, one per device; launches that share it must be ordered on one
-stream.
+``arrival_counters``' buffer, one per device and lane; launches that share it must be ordered on
+one stream. Launches that may run at the same time (a call's chains forked onto side streams,
+``kernels.branch_streams``) take different lanes: two grids counting on one counter at once
+would hand out one ticket sequence between them, and a waiting program could wait forever.
 """
 
 from __future__ import annotations
@@ -20,23 +22,28 @@ import triton.language as tl
 
 # Counters of the first buffer of a device: every launch of the engine's shapes fits in it.
 MIN_COUNTERS = 4096
-_BUFFERS: dict[str, list[torch.Tensor]] = {}
+_BUFFERS: dict[tuple[str, int], list[torch.Tensor]] = {}
 
 
-def arrival_counters(num: int, device: torch.device) -> torch.Tensor:
-    """An int32 buffer of at least ``num`` zeroed counters on ``device``, which every kernel
-    using ``last_to_arrive`` leaves zeroed. Buffers are kept (never freed), so a CUDA graph
-    captured with one stays valid when a larger one is made. Inside a graph capture a buffer
-    too small is not replaced: the call gets a zeroed buffer of its own, whose zeroing the
-    graph replays (a capture normally follows a warm-up run that made the buffer).
+def arrival_counters(num: int, device: torch.device, lane: int = 0) -> torch.Tensor:
+    """An int32 buffer of at least ``num`` zeroed counters on ``device`` for launches of
+    ``lane``, which every kernel using ``last_to_arrive`` leaves zeroed. Buffers are kept
+    (never freed), so a CUDA graph captured with one stays valid when a larger one is made.
+    Inside a graph capture a buffer too small is not replaced: the call gets a zeroed buffer of
+    its own, whose zeroing the graph replays (a capture normally follows a warm-up run that
+    made the buffer).
 
-    Launches that share a buffer must be ordered on one stream, as the launches of a CUDA
-    graph and of the engine's step are.
+    Launches of one lane share its buffer and must be ordered on one stream, as the launches of
+    a CUDA graph and of the engine's step are; a chain forked onto a side stream takes a lane of
+    its own (``kernels.pdl.LaunchChain.lane``), so its counters are never another running
+    launch's.
     """
     if num < 0:
         raise ValueError(f"num must be >= 0, got {num}")
+    if lane < 0:
+        raise ValueError(f"lane must be >= 0, got {lane}")
     device = torch.device(device)
-    bufs = _BUFFERS.setdefault(_key(device), [])
+    bufs = _BUFFERS.setdefault((_key(device), lane), [])
     if bufs and bufs[-1].numel() >= num:
         return bufs[-1]
     size = max(MIN_COUNTERS, triton.next_power_of_2(num))
@@ -47,9 +54,10 @@ def arrival_counters(num: int, device: torch.device) -> torch.Tensor:
 
 
 def counter_buffers(device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Every counter buffer made on ``device`` so far: all zero whenever no launch using them
-    is running."""
-    return tuple(_BUFFERS.get(_key(torch.device(device)), ()))
+    """Every counter buffer made on ``device`` so far, of every lane: all zero whenever no
+    launch using them is running."""
+    key = _key(torch.device(device))
+    return tuple(b for (dev, _), bufs in _BUFFERS.items() if dev == key for b in bufs)
 
 
 def _key(device: torch.device) -> str:

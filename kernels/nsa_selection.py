@@ -223,7 +223,7 @@ def picked_blocks(
         scores,
         out,
         scratch,
-        arrival_counters(1 + 2 * b * hkv, q.device),
+        arrival_counters(1 + 2 * b * hkv, q.device, chain.lane),
         *q.stride()[:3],
         *comp_k.stride()[:3],
         t,

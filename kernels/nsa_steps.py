@@ -89,15 +89,16 @@ def launch_fwd(
     part_acc, part_ml = part
     lists, bits, counts, all_members, list_len = plan_args(union, prefix_lens)
     fold = out is not None
+    chain = chain_for(chain, plan.pdl)
     launch_slots = c_s + s_s + w_s
     layout = merge_layout(plan, slot_base + launch_slots, part_ml.shape[1], q.device)
     mode = layout.mode if fold else 0
     if mode == 2:
         grid = (plan.programs * (launch_slots + layout.chunks),)
-        counters = arrival_counters(1 + 2 * plan.programs, q.device)
+        counters = arrival_counters(1 + 2 * plan.programs, q.device, chain.lane)
     else:
         grid = (plan.programs, launch_slots)
-        counters = arrival_counters(plan.programs, q.device) if fold else prefix_lens
+        counters = arrival_counters(plan.programs, q.device, chain.lane) if fold else prefix_lens
     nsa_fwd_kernel[grid](
         q,
         k_cache,
@@ -146,7 +147,7 @@ def launch_fwd(
         MERGE_ROWS=layout.rows,
         MERGE_SLOTS=layout.slots_per_load,
         **plan.rows_meta(),
-        **chain_for(chain, plan.pdl).meta(),
+        **chain.meta(),
         num_warps=plan.num_warps,
     )
 

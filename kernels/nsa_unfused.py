@@ -72,27 +72,28 @@ def nsa_verify_unfused(
     branches = Branches(q.device, config.branch_streams)
     chain = LaunchChain(plan.pdl)
 
-    def side_chain() -> LaunchChain:
-        """A forked chain's launches: a chain of their own on a side stream (its first launch
-        follows work it knows nothing about), else the call's."""
-        return LaunchChain(plan.pdl) if branches.main is not None else chain
+    def side_chain(slot: int) -> LaunchChain:
+        """The launches forked onto side stream ``slot``: a chain of their own (its first
+        launch follows work it knows nothing about) on a counter lane of their own, as they
+        run beside the call's other launches; else the call's chain."""
+        return LaunchChain(plan.pdl, lane=1 + slot) if branches.main is not None else chain
 
     # The window branch reads nothing another branch writes: it runs beside them throughout.
     with branches.fork(0):
-        _unfused_branch(plan, args, outs[2], WINDOW, None, config, side_chain())
+        _unfused_branch(plan, args, outs[2], WINDOW, None, config, side_chain(0))
     if block_idx is None:  # the selection's compressed states are the compressed branch's
         slots = plan_slots(comp_plan, q.device, config, COMPRESSED)
         part = alloc_partials(comp_plan, slots[0], q.device)
         block_idx = refresh_indices(comp_plan, args, part, slots, chain)
         with branches.fork(1):
             launch_merge(
-                comp_plan, args, None, part, outs[0], slots, apply_gates=False, chain=side_chain()
+                comp_plan, args, None, part, outs[0], slots, apply_gates=False, chain=side_chain(1)
             )
     else:
         # Beside the other branches: one program an SM (nsa_slots.compressed_capacity's rule).
         beside = replace(config, compressed_ctas=1) if branches.main is not None else config
         with branches.fork(1):
-            _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, beside, side_chain())
+            _unfused_branch(comp_plan, args, outs[0], COMPRESSED, None, beside, side_chain(1))
     _unfused_branch(plan, args, outs[1], SELECTED, block_idx, config, chain)
     branches.join()
     o = torch.empty_like(q)

@@ -93,12 +93,17 @@ class LaunchChain:
     under PDL for every launch but the first, ``launch_pdl``: the first launch of a call is an
     ordinary one, since it follows work it knows nothing about. A call makes one chain and
     passes it to every step it launches; a step given none makes its own (its first launch then
-    waits for whatever came before it)."""
+    waits for whatever came before it). ``lane`` is the arrival-counter lane of the chain's
+    launches (``kernels.arrivals.arrival_counters``): 0 for a call's own stream, another for
+    each chain the call forks onto a side stream, whose launches may run beside the others."""
 
-    __slots__ = ("pdl", "_launched")
+    __slots__ = ("pdl", "lane", "_launched")
 
-    def __init__(self, pdl: bool = False) -> None:
+    def __init__(self, pdl: bool = False, lane: int = 0) -> None:
+        if lane < 0:
+            raise ValueError(f"lane must be >= 0, got {lane}")
         self.pdl = bool(pdl)
+        self.lane = lane
         self._launched = False
 
     def meta(self) -> dict:

@@ -14,6 +14,8 @@ counters): only the GPU tests (``gpu`` marker) run programs concurrently.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import ssvkit.kernels.arrivals as arrivals
 import ssvkit.kernels.nsa_steps as steps
@@ -188,6 +190,17 @@ def test_repeated_calls_share_one_counter_buffer_and_repeat_their_output():
     assert torch.equal(*outs)  # the same arithmetic in the same order, whoever merges
 
 
+def test_each_lane_has_counters_of_its_own():
+    dev = torch.device(DEV)
+    main, side = arrivals.arrival_counters(8, dev), arrivals.arrival_counters(8, dev, lane=1)
+    assert side.data_ptr() != main.data_ptr() and int(side.abs().sum()) == 0
+    assert arrivals.arrival_counters(8, dev, lane=1) is side
+    listed = arrivals.counter_buffers(dev)
+    assert any(b is main for b in listed) and any(b is side for b in listed)
+    with pytest.raises(ValueError, match="lane must be >= 0, got -1"):
+        arrivals.arrival_counters(1, dev, lane=-1)
+
+
 def test_arrival_counters_are_zeroed_kept_and_grown():
     dev = torch.device(DEV)
     small = arrivals.arrival_counters(3, dev)
@@ -237,6 +250,60 @@ def refused(*args, **kwargs):
     raise AssertionError("a top-n launch")
 
 
+class _ForkedBranches:
+    """``kernels.branch_streams.Branches`` as on a GPU (its chains forked), run in order on the
+    caller's stream, noting which fork each launch is made in."""
+
+    slot = None
+
+    def __init__(self, device, enabled=True):
+        self.main = "caller's stream"
+
+    @contextlib.contextmanager
+    def fork(self, slot):
+        _ForkedBranches.slot = slot
+        try:
+            yield
+        finally:
+            _ForkedBranches.slot = None
+
+    def join(self):
+        pass
+
+
+@pytest.mark.parametrize("refresh", [False, True], ids=["reuse", "refresh"])
+def test_unfused_branches_side_by_side_count_on_counters_of_their_own(monkeypatch, refresh):
+    """Branches forked onto side streams run beside the call's other launches: a folded merge
+    or pick there must not count on the counters a launch on another stream is using (one
+    ticket sequence handed out between two grids leaves a waiting program waiting forever).
+    Each fork's launches take a lane of their own, and the result is the one-stream call's."""
+    import ssvkit.kernels.nsa_selection as selection
+    import ssvkit.kernels.nsa_unfused as unfused
+
+    args, idx = make_inputs([130, 60], 5, 4, 2, 16, torch.float32, seed=4)
+    block_idx = None if refresh else idx
+    cfg = NsaVerifyConfig(block_m=16, merge="parallel", pick="folded", branch_streams=False)
+    o_one, idx_one = nsa_verify_unfused(*args, block_idx=block_idx, config=cfg, **NSA_KW)
+    made = []
+
+    def recorded(num, device, lane=0):
+        buf = arrivals.arrival_counters(num, device, lane)
+        made.append((_ForkedBranches.slot, lane, buf.data_ptr()))
+        return buf
+
+    monkeypatch.setattr(unfused, "Branches", _ForkedBranches)
+    monkeypatch.setattr(steps, "arrival_counters", recorded)
+    monkeypatch.setattr(selection, "arrival_counters", recorded)
+    o, idx_side = nsa_verify_unfused(*args, block_idx=block_idx, config=cfg, **NSA_KW)
+    assert {slot for slot, _, _ in made} >= {None, 0}  # the caller's launches and a fork's
+    for slot, lane, _ in made:
+        assert lane == (0 if slot is None else 1 + slot), made
+    ptrs = {lane: {p for _, ln, p in made if ln == lane} for _, lane, _ in made}
+    assert all(not (ptrs[a] & ptrs[b]) for a in ptrs for b in ptrs if a != b)
+    assert torch.equal(o, o_one) and torch.equal(idx_side, idx_one)
+    assert counters_are_zero()
+
+
 def test_rejects_an_unknown_merge_or_pick():
     with pytest.raises(ValueError, match="merge"):
         NsaVerifyConfig(merge="folded")
@@ -266,5 +333,25 @@ def test_gpu_folded_merge_is_repeatable_and_matches_the_merge_launch(t):
                 assert torch.equal(o, first)
             assert torch.equal(idx_first, idx_sep)
             assert_close(first, o_sep, torch.bfloat16, "o")
+    torch.cuda.synchronize()
+    assert counters_are_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("refresh", [False, True], ids=["reuse", "refresh"])
+def test_gpu_unfused_folded_steps_side_by_side_are_repeatable(refresh):
+    """The unfused baseline's branches on side streams with folded merges and pick: their
+    launches run at the same time, each on its own counters, so every repeat finishes and
+    gives the one-stream call's output bit for bit, with and without PDL."""
+    args = make_gpu_inputs([4093, 700, 2500], 1, seed=3)
+    _, idx = nsa_verify(*args, **GPU_KW)
+    kw = dict(GPU_KW, block_idx=None if refresh else idx, validate=False)
+    for pdl in (False, True):
+        one = NsaVerifyConfig(merge="parallel", pick="folded", branch_streams=False, pdl=pdl)
+        side = NsaVerifyConfig(merge="parallel", pick="folded", branch_streams=True, pdl=pdl)
+        o_one, idx_one = nsa_verify_unfused(*args, config=one, **kw)
+        for _ in range(50):
+            o, idx_side = nsa_verify_unfused(*args, config=side, **kw)
+            assert torch.equal(o, o_one) and torch.equal(idx_side, idx_one)
     torch.cuda.synchronize()
     assert counters_are_zero()
