@@ -10,7 +10,9 @@ each a mean over the same counted rounds), its batch, drafter, draft nodes and t
 sequence and round. The fit is the non-negative least squares of the loop host time on
 ``loop_host_features``, each row weighted by 1 / its round wall time, so that it minimises the
 relative error of the round, which tokens/s inherits (``fit``). Runs whose controller switches
-strategies online (``ssv_planned``) are left out: their controller's host work is its own.
+strategies online (``ssv_planned``) are left out: their controller's host work is its own; so
+are pipelined runs (``engine.pipeline``), whose wall time holds only the host time the GPU did
+not hide.
 
 The sets per GPU host (``SETS``): each GPU's fit set is its batched decodes of every baseline
 at batch 1-64 (``batched-decode-loop-h200.json``, ``batched-decode-loop-h100.json``), its test
@@ -68,6 +70,8 @@ def decode_rows(path: Path) -> list[LoopRow]:
         rep = r.get("report")
         if not rep or "round_wall_s" not in rep or r["baseline"] == "ssv_planned":
             continue
+        if rep.get("loop") == "pipelined":  # its wall time hides the host's behind the GPU's
+            continue
         steps = rep["steps_s"]
         wall = rep["round_wall_s"]["value"]
         k = rep["drafted_per_round"]
@@ -117,6 +121,8 @@ def planner_rows(path: Path, ranking_path: Path) -> list[LoopRow]:
         by = {x["describe"]: x["strategy"] for x in ranking["regimes"][regime]["ranking"]}
         for m in v["strategies"]:
             s = by[m["describe"]]
+            if m["measured"].get("loop") == "pipelined":
+                continue  # its wall time hides the host's behind the GPU's
             label = f"{regime} {m['describe']}"
             kind, tree = s["drafter"]["kind"], s["tree"]
             out.append(steady_row(path.name, label, kind, tree, batch, m["measured"]))

@@ -187,6 +187,7 @@ class SelfSparseDrafter:
     """
 
     kind = "self_sparse"
+    device_resident = True  # drafts from the target's cache alone (``engine.pipeline``)
 
     def __init__(self, runner: ModelRunner, attn: AttentionConfig, temperature: float) -> None:
         self.runner = runner

@@ -35,6 +35,10 @@ class Draft:
 
 class Drafter(Protocol):
     kind: str
+    # True when ``draft`` reads device state alone and ``observe`` only keeps books, so the
+    # loop may issue a round before the host has read the one before (``engine.pipeline``).
+    # A drafter without the attribute is taken to read the host's tokens.
+    device_resident: bool
 
     def start(self, prompts: list[list[int]]) -> None:
         """Prefill / index the prompts (the target's prefill has run)."""

@@ -98,16 +98,20 @@ class HandOver:
         self.pending: tuple[RoundRecord, Strategy] | None = None
         self._decided: Strategy | None = None
 
-    def after_round(self, rec: RoundRecord, strategy: Strategy) -> Strategy | None:
+    def after_round(
+        self, rec: RoundRecord, strategy: Strategy, key: str = "control"
+    ) -> Strategy | None:
         """Hand over ``rec``, a round of the current ``strategy``; the strategy to install
-        now, if any. Serially: the round's trace records and controller call, and what the
-        controller returned. Overlapped: what the controller decided during this round (on
-        the round before); this round's host work waits for the next round's window."""
+        now, if any. Serially: the round's trace records and controller call (host time in
+        ``step_s[key]``: ``control_overlap`` where the next round's GPU work already runs,
+        ``engine.pipeline``), and what the controller returned. Overlapped: what the
+        controller decided during this round (on the round before); this round's host work
+        waits for the next round's window."""
         if self.overlap:
             decided, self._decided = self._decided, None
             self.pending = (rec, strategy)
             return decided
-        new = report_round(rec, strategy, "control", self.trace, self.controller)
+        new = report_round(rec, strategy, key, self.trace, self.controller)
         return new if new is not None and new != strategy else None
 
     def run_pending(self, current: Strategy, serial: bool = False) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 import time
 
 import torch
+from ssvkit.engine import pipeline
 from ssvkit.engine.accept_graph import AcceptGraph
 from ssvkit.engine.acceptance import accept, target_probs
 from ssvkit.engine.attention import AttentionConfig
@@ -71,6 +72,9 @@ class Engine:
         self._clears0 = 0  # graph drops before this generate call's rounds (``_captures``)
         self._oracle_s = 0.0  # the oracle's probe time in this generate call (``_oracle_probes``)
         self.drafter: Drafter | None = None
+        # What kept the last generate call's loop serial (``engine.pipeline.blocker``); None
+        # when its rounds were pipelined.
+        self.serial_reason: str | None = None
         self.set_strategy(strategy)
 
     # ------------------------------------------------------------------ strategy
@@ -178,7 +182,7 @@ class Engine:
         self.acceptor.remaining().fill_(cfg.max_new_tokens - 1)  # the first root is generated
         generated = [[r] for r in host_roots]
         timer = StepTimer(self.target.device)
-        rounds = self._rounds(roots, history, generated, timer)
+        rounds = self._rounds(roots, history, generated)
         if self.trace is not None:
             self.trace.close(
                 timer=timer.source,
@@ -190,7 +194,14 @@ class Engine:
         self._history = None
         tokens = [g[: cfg.max_new_tokens] for g in generated]
         return DecodeResult(
-            tokens, rounds, prefill_s, timer.source, warm_s, reused, prefill_forward_s
+            tokens,
+            rounds,
+            prefill_s,
+            timer.source,
+            warm_s,
+            reused,
+            prefill_forward_s,
+            pipelined=self.serial_reason is None,
         )
 
     def _first_roots(self, first: torch.Tensor) -> torch.Tensor:
@@ -204,22 +215,63 @@ class Engine:
         at = self.target.cache.lens.long()[:, None].clamp(max=u.shape[1] - 1)
         return reference_sample(target_probs(first, cfg.temperature), u.gather(1, at)[:, 0])
 
-    def _rounds(self, roots, history, generated, timer) -> list[RoundRecord]:
+    def _rounds(self, roots, history, generated) -> list[RoundRecord]:
         """Rounds until every sequence has its ``max_new_tokens``, each handed over to the
-        trace and the controller (``engine.hand_over``), whose new strategies are installed."""
-        rounds: list[RoundRecord] = []
+        trace and the controller (``engine.hand_over``), whose new strategies are installed;
+        pipelined where nothing on the host decides the next round (``engine.pipeline``)."""
         self._clears0 = self._captures()[1]
         self._hand_over = HandOver(self.controller, self.trace, self._shadow, history)
         self._t_start = time.perf_counter()
         self._oracle_s = 0.0
+        self.serial_reason = pipeline.blocker(
+            self.config, self.controller, self.drafter, self.stats is not None
+        )
+        if self.serial_reason is None:
+            rounds = self._pipelined_rounds(roots, history, generated)
+        else:
+            rounds = self._serial_rounds(roots, history, generated)
+        self._hand_over.finish(self.strategy)
+        return rounds
+
+    def _serial_rounds(self, roots, history, generated) -> list[RoundRecord]:
+        """Each round issued, read and handed over before the next is issued."""
+        rounds: list[RoundRecord] = []
         while min(len(g) for g in generated) < self.config.max_new_tokens:
-            rec, roots = self._round(len(rounds), roots, history, generated, timer)
+            flight = self._issue(roots, history, stage=False)
+            rec = self._complete(flight, len(rounds), history, generated, flight.issued_s)
+            roots = flight.roots
             rounds.append(rec)
             new = self._hand_over.after_round(rec, self.strategy)
             if new is not None:
                 self._switch(new)
-        self._hand_over.finish(self.strategy)
         return rounds
+
+    def _pipelined_rounds(self, roots, history, generated) -> list[RoundRecord]:
+        """Round r + 1 issued before round r is read (``engine.pipeline``). A round's wall time
+        runs from the end of the previous round's host work to the end of its own, its hand-over
+        included (the controller's time as ``control_overlap``): consecutive rounds' wall times
+        add up to the loop's."""
+        rounds: list[RoundRecord] = []
+        max_new = self.config.max_new_tokens
+        if min(len(g) for g in generated) >= max_new:
+            return rounds
+        mark = time.perf_counter()
+        flight = self._issue(roots, history, stage=True)
+        while True:
+            ahead = None
+            if pipeline.may_continue(generated, max_new):
+                ahead = self._issue(flight.roots, history, stage=True)
+            rec = self._complete(flight, len(rounds), history, generated, mark)
+            rounds.append(rec)
+            self._hand_over.after_round(rec, self.strategy, key="control_overlap")
+            done = min(len(g) for g in generated) >= max_new
+            if done and ahead is not None:
+                ahead.drain()
+            now = time.perf_counter()
+            rec.wall_s, mark = now - mark, now
+            if done:
+                return rounds
+            flight = ahead
 
     def _reference(self, prompts: list[list[int]]) -> list[list[int]]:
         """The oracle's first guess of the continuation, which its probes correct where the
@@ -251,24 +303,46 @@ class Engine:
             if runner is not None:
                 check_room(tree, runner.cache.t_max, self._longest_prompt, cfg.max_new_tokens)
 
-    def _round(self, index, roots, history, generated, timer):
-        """One round from ``roots`` ``[B]``: its record and the next round's roots."""
-        # The sequences still generating: the others ride along (static shapes) and keep
-        # nothing (their remaining count is 0 on the device).
-        active = [b for b, g in enumerate(generated) if len(g) < self.config.max_new_tokens]
-        lens = [len(history[b]) - 1 for b in active]
+    def _issue(self, roots, history, *, stage: bool) -> pipeline.InFlight:
+        """Issue one round's GPU work from ``roots`` ``[B]`` (the oracle's probes first); with
+        ``stage``, its packed rows are copied where the next round cannot overwrite them."""
         warm = self._fresh and self.target.device.type == "cuda"
         self._fresh = False
         record = self.stats is not None
         captures = self._captures()
         probes, oracle_s = self._oracle_probes(roots, history)
-        wall0 = time.perf_counter()
+        issued = time.perf_counter()
         lens_before = self.target.cache.lens.clone() if record else None
+        timer = StepTimer(self.target.device)
         acc, packed, recorded = self._timed_steps(roots, history, timer, record)
+        roots = acc.bonus.clone()
+        packed, ready = pipeline.stage(packed) if stage else (packed, None)
+        captured = self._captures()[0] != captures[0] and captures[1] == self._clears0
+        return pipeline.InFlight(
+            roots,
+            packed,
+            ready,
+            timer,
+            recorded,
+            lens_before,
+            warm,
+            captured,
+            issued,
+            probes,
+            oracle_s,
+        )
+
+    def _complete(self, flight, index, history, generated, wall0) -> RoundRecord:
+        """Read the round in ``flight`` and keep its tokens: its record, whose wall time runs
+        from ``wall0`` (``time.perf_counter()``)."""
+        # The sequences still generating: the others ride along (static shapes) and keep
+        # nothing (their remaining count is 0 on the device).
+        active = [b for b, g in enumerate(generated) if len(g) < self.config.max_new_tokens]
+        lens = [len(history[b]) - 1 for b in active]
         if self._hand_over.pending is not None:  # the last round's, while this round's GPU runs
             self._hand_over.run_pending(self.strategy)
-        host = packed.cpu().tolist()  # the round's one host synchronisation
-        step_s = timer.read()
+        host = flight.rows()  # the round's one host synchronisation
+        step_s = flight.timer.read()
         if self._switch_s is not None:  # the controller's last switch (host wall clock)
             step_s["switch"], self._switch_s = self._switch_s, None
         counts = self._append_kept(active, host, history, generated)
@@ -276,8 +350,10 @@ class Engine:
         if self._shadow is not None and not self._hand_over.overlap:  # current or warm
             shadow, step_s["shadow"] = score_shadow(self._shadow, history)
         wall_s = time.perf_counter() - wall0
-        selection, stats_s = self._selection(recorded, lens_before) if record else (None, 0.0)
-        rec = RoundRecord(
+        selection, stats_s = (None, 0.0)
+        if flight.lens_before is not None:  # the selection statistics record
+            selection, stats_s = self._selection(flight.recorded, flight.lens_before)
+        return RoundRecord(
             round=index,
             strategy=self.strategy.name,
             context_lens=lens,
@@ -287,16 +363,15 @@ class Engine:
             sequences=active,
             step_s=step_s,
             wall_s=wall_s,
-            warmup=warm,
-            t_s=wall0 - self._t_start - self._oracle_s,
+            warmup=flight.warm,
+            t_s=flight.issued_s - self._t_start - self._oracle_s,
             selection=selection,
             stats_s=stats_s,
             shadow=shadow,
-            captured=self._captures()[0] != captures[0] and captures[1] == self._clears0,
-            oracle_probes=probes,
-            oracle_s=oracle_s,
+            captured=flight.captured,
+            oracle_probes=flight.oracle_probes,
+            oracle_s=flight.oracle_s,
         )
-        return rec, acc.bonus.clone()
 
     def _oracle_probes(self, roots: torch.Tensor, history: list[list[int]]) -> tuple[int, float]:
         """With the oracle drafter, its probes of the round (``engine.oracle``; untimed: the

@@ -65,7 +65,10 @@ class DecodeResult:
     ``warm_s``: the start of the warm drafters after the prefill (host wall clock);
     ``prefill_reused``: the target's prefill was one its cache already held
     (``ModelRunner.prefill``), so ``prefill_s`` timed no forward; ``prefill_forward_s``: the
-    measured time of the prefill whose KV the decode read (that earlier one when reused)."""
+    measured time of the prefill whose KV the decode read (that earlier one when reused);
+    ``pipelined``: each round was issued before the host read the one before
+    (``engine.pipeline``), so a round's wall time holds its host work only where the GPU
+    waited for it."""
 
     tokens: list[list[int]]
     rounds: list[RoundRecord]
@@ -74,6 +77,7 @@ class DecodeResult:
     warm_s: float = 0.0
     prefill_reused: bool = False
     prefill_forward_s: float | None = None
+    pipelined: bool = False
 
     def timed(self) -> list[RoundRecord]:
         """Rounds that count in the figures (warm-up rounds left out when others exist)."""

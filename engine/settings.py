@@ -22,6 +22,13 @@ class DecodeConfig:
         default=False, metadata={"help": "selection overlaps and PRR hit rates per round"}
     )
     ngram_max_n: int = field(default=3, metadata={"help": "longest n-gram the ngram drafter uses"})
+    pipeline: bool = field(
+        default=True,
+        metadata={
+            "help": "issue each round's GPU work before the host reads the round before, where "
+            "nothing on the host decides it (engine.pipeline)"
+        },
+    )
     oracle_acceptance: tuple[float, ...] | None = field(
         default=None,
         metadata={

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from ssvkit.perfmodel.acceptance import TreeAcceptance, full_depth_probability, tree_level_sizes
 from ssvkit.perfmodel.elementwise import chains_norms, fused_accept, fused_elementwise
+from ssvkit.perfmodel.loop_host import pipelining
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.nsa_plan import CONTEXT_TILES, TILE_PLANS
 from ssvkit.perfmodel.strategy import (
@@ -65,6 +66,7 @@ class Columns:
     fused_elementwise: np.ndarray  # 1: the engine's fused element-wise kernels, 0: torch ops
     fused_accept: np.ndarray  # 1: the acceptance step as kernels.accept_commit, 0: torch ops
     chains_norms: np.ndarray  # 1: norms chained into projections that stream (linear_rule)
+    pipelined_loop: np.ndarray  # 1: the engine pipelines the rounds it can (Workload.loop)
 
     def __len__(self) -> int:
         return len(self.context_len)
@@ -128,6 +130,7 @@ def build_columns(model: ModelSpec, points: list[tuple[Strategy, Workload]]) -> 
                 "fused_elementwise": fused_elementwise(w.elementwise),
                 "fused_accept": fused_accept(w.elementwise),
                 "chains_norms": chains_norms(w.elementwise),
+                "pipelined_loop": pipelining(w.loop),
                 **_strategy_columns(s, model.num_layers),
             }
         )
@@ -149,13 +152,19 @@ def _assemble(rows: list[dict], levels: list[list[int]]) -> Columns:
 
 
 def product_columns(
-    model: ModelSpec, strategies: list[Strategy], *, elementwise: str | None = None, **axes
+    model: ModelSpec,
+    strategies: list[Strategy],
+    *,
+    elementwise: str | None = None,
+    loop: str | None = None,
+    **axes,
 ) -> Columns:
     """Cartesian product of strategies and workload axes (lists), evaluated without building a
     Python object per point: trees are resolved once per (tree, acceptance) pair.
 
     ``axes`` keys: context_len, batch, tp, acceptance, overlap, kv_bytes (missing ones take the
-    ``Workload`` defaults); ``elementwise`` holds for every point (default: the ``Workload``'s).
+    ``Workload`` defaults); ``elementwise`` and ``loop`` hold for every point (default: the
+    ``Workload``'s).
     Infeasible points (top_n * block_size > context) are kept and flagged by ``feasible_mask``.
     """
     defaults = Workload()
@@ -177,6 +186,9 @@ def product_columns(
     cols["fused_elementwise"] = np.full(idx.shape[1], fused)
     cols["fused_accept"] = np.full(idx.shape[1], fused_accept(elementwise))
     cols["chains_norms"] = np.full(idx.shape[1], chains_norms(elementwise))
+    cols["pipelined_loop"] = np.full(
+        idx.shape[1], pipelining(defaults.loop if loop is None else loop)
+    )
     # Strategy fields, gathered per point.
     per_s = [_strategy_columns(s, model.num_layers) for s in strategies]
     for key in per_s[0]:

@@ -10,6 +10,13 @@ physical features (``loop_host_features``), with coefficients fitted per GPU hos
 ``calibration/profiles/<gpu>/loop_host.json``; ``perfmodel.step`` adds the priced seconds to
 every round as the op ``loop.host`` (kind ``host``), so ``predict``, ``sweep``, ``sim``,
 ``decode``, ``rank`` and ``report`` price the loop from this one source.
+
+Where the engine pipelines its rounds (``engine.pipeline``: no drafter, or the self-sparse
+drafter, which drafts from the target's cache alone), round r + 1's GPU work is issued before
+the host reads round r, so the host's time per round runs beside the GPU's and a round lasts
+the longer of the two: the op then holds only the host time the GPU's round does not hide,
+max(0, host - GPU) (``exposed_s``). The fit's rows are serial runs, whose wall time less the
+GPU steps is the host's whole time per round.
 """
 
 from __future__ import annotations
@@ -35,7 +42,36 @@ def measured_loop_host_s(round_wall_s: float, steps_s: dict[str, float]) -> floa
     return round_wall_s - sum(steps_s[k] for k in PRICED_STEPS)
 
 
+# How the engine runs its rounds (``Workload.loop``): ``pipelined`` where it can
+# (``engine.pipeline``), or ``serial`` (an engine under an online controller or with
+# ``DecodeConfig.pipeline`` off, and every engine run recorded before the pipeline existed).
+LOOPS = ("pipelined", "serial")
+
+
+def pipelining(loop: str) -> float:
+    """1.0 for a loop that pipelines the rounds it can, 0.0 for a serial one (``LOOPS``)."""
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    return float(loop == "pipelined")
+
+
 NGRAM_CODE = 2  # ``perfmodel.columns.DRAFTER_CODES["ngram"]``
+SELF_SPARSE_CODE = 3  # ``perfmodel.columns.DRAFTER_CODES["self_sparse"]``
+
+
+def pipelined(loop, drafter, num_draft) -> np.ndarray:
+    """Per point (arrays of ``pipelining`` values, drafter codes and draft nodes): whether
+    the engine pipelines its rounds (``engine.pipeline.blocker`` for a fixed strategy: a
+    pipelining loop, with nothing drafting or the self-sparse drafter)."""
+    drafts = (np.asarray(num_draft) == 0) | (np.asarray(drafter) == SELF_SPARSE_CODE)
+    return (np.asarray(loop) > 0) & drafts
+
+
+def exposed_s(host_s, gpu_s, pipelined_points) -> np.ndarray:
+    """The loop's host seconds a round adds to its GPU seconds ``gpu_s``: all of ``host_s``
+    in a serial loop, the part the GPU's round does not hide in a pipelined one."""
+    hidden = np.maximum(np.asarray(host_s) - np.asarray(gpu_s), 0.0)
+    return np.where(pipelined_points, hidden, host_s)
 
 
 def loop_host_features(drafter, batch, num_draft, tokens_per_round) -> np.ndarray:

@@ -35,7 +35,7 @@ from ssvkit.perfmodel.columns import (
 from ssvkit.perfmodel.draft_host import draft_host_s, shipped_coefficients
 from ssvkit.perfmodel.draft_ops import draft_ops
 from ssvkit.perfmodel.intervals import HOST, POOLED, IntervalSource, Residuals, Spread
-from ssvkit.perfmodel.loop_host import loop_host_s
+from ssvkit.perfmodel.loop_host import exposed_s, loop_host_s, pipelined
 from ssvkit.perfmodel.loop_host import shipped as shipped_loop_host
 from ssvkit.perfmodel.models import ModelSpec
 from ssvkit.perfmodel.ops import (
@@ -326,7 +326,8 @@ def predict_columns(
     """Evaluate every point of ``c``: verification (or AR step) forward, drafting, acceptance.
 
     ``round_s = draft_s + verify_s + loop_s`` (the loop's host time, ``perfmodel.loop_host``,
-    where a fit ships for the GPU); ``tokens_per_s = batch * E[tokens per round] / round_s``.
+    where a fit ships for the GPU: the part the GPU does not hide where the engine pipelines
+    the rounds); ``tokens_per_s = batch * E[tokens per round] / round_s``.
     The predictor's ``tp`` must match ``c.tp`` (build it with ``tp=c.tp``). ``drafter`` supplies
     the draft model's spec and EAGLE's draft vocabulary (the kind per point is in ``c``).
     """
@@ -348,6 +349,9 @@ def predict_columns(
     outside = _flags(predictor, len(c)) | draft_outside | loop_outside
     draft_s = sum((v for k, v in secs.items() if k.startswith("draft.")), np.zeros(len(c)))
     verify_s = sum((v for k, v in secs.items() if k.startswith("verify.")), np.zeros(len(c)))
+    if "loop.host" in secs:
+        overlap = pipelined(c.pipelined_loop, c.drafter, c.num_draft)
+        secs["loop.host"] = exposed_s(secs["loop.host"], draft_s + verify_s, overlap)
     loop_s = secs.get("loop.host", np.zeros(len(c)))
     round_s = draft_s + verify_s + loop_s
     return StepPrediction(

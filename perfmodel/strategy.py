@@ -21,6 +21,7 @@ from ssvkit.perfmodel.acceptance import (
 )
 from ssvkit.perfmodel.elementwise import fused_elementwise
 from ssvkit.perfmodel.hardware import suggest
+from ssvkit.perfmodel.loop_host import pipelining
 from ssvkit.perfmodel.models import ModelSpec, get_model
 from ssvkit.perfmodel.nsa_plan import (
     CONTEXT_TILES,
@@ -287,9 +288,17 @@ class Workload:
         default="fused",
         metadata={"help": "the engine's element-wise ops: fused (triton backend) | torch"},
     )
+    loop: str = field(
+        default="pipelined",
+        metadata={
+            "help": "the engine's decode loop: pipelined (a round issued before the host reads "
+            "the last, where the strategy allows) | serial"
+        },
+    )
 
     def __post_init__(self) -> None:
         fused_elementwise(self.elementwise)  # validates it
+        pipelining(self.loop)  # validates it
         for fname in ("context_len", "batch", "tp", "kv_bytes"):
             v = getattr(self, fname)
             if not (isinstance(v, int) and v >= 1):

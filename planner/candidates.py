@@ -171,6 +171,7 @@ class CandidateBook:
                 regime,
                 self.batch,
                 elementwise=self.elementwise,
+                loop="serial",  # the engine's rounds are serial under an online controller
             )
             cache.update({strategy_id(x.strategy): x.round_s for x in scored})
         return cache

@@ -49,6 +49,7 @@ def score(
     batch: int = 1,
     acceptance_scale: float | dict[str, float] = 1.0,
     elementwise: str = "fused",
+    loop: str = "pipelined",
 ) -> tuple[list[Scored], str]:
     """Predicted tokens/s of each strategy at ``context_len`` (one vectorised evaluation per
     drafter model): the step model at the strategy's acceptance from ``profile``
@@ -57,7 +58,8 @@ def score(
     (``perfmodel.loop_host``, ``loop`` in the breakdown), with the tokens/s interval of a
     calibrated prediction (``perfmodel.intervals``; the loop's host time with its fit's
     residuals); the engine runs the element-wise ops as ``elementwise``
-    (``perfmodel.elementwise.ELEMENTWISE``)."""
+    (``perfmodel.elementwise.ELEMENTWISE``) and its rounds as ``loop`` (``Workload.loop``: a
+    fixed strategy's rounds are pipelined where it allows, an online controller's serial)."""
     if not strategies:
         return [], "none"
     out: list[Scored] = []
@@ -70,6 +72,7 @@ def score(
             (s, _workload(s, context_len, profile, regime, batch, acceptance_scale, elementwise))
             for s in group
         ]
+        points = [(s, dataclasses.replace(w, loop=loop)) for s, w in points]
         cols = build_columns(model, points)
         drafter = DrafterSpec(kind="draft_model", model=draft_model) if draft_model else None
         pred = predict_columns(model, cols, make_predictor(gpu, "bf16", cols.tp), drafter)
@@ -155,10 +158,12 @@ def rank(
     batch: int = 1,
     regimes: dict[str, int] | None = None,
     elementwise: str = "fused",
+    loop: str = "pipelined",
 ) -> dict:
     """The ranking document (version 1) for every regime, the engine's element-wise ops priced
-    as ``elementwise`` runs them (``score``). A regime whose context lies past
-    the model's trained positions (``max_position_embeddings``, when known) is not ranked:
+    as ``elementwise`` runs them and its rounds as ``loop`` does (``score``). A regime whose
+    context lies past the model's trained positions (``max_position_embeddings``, when known)
+    is not ranked:
     ``skipped`` says why. Each ranked regime lists under ``assumed`` what its predictions take
     from the workload defaults rather than from ``profile`` (``RegimeProfile.assumed``)."""
     regimes = regimes or REGIMES
@@ -168,6 +173,7 @@ def rank(
         "gpu": gpu.name,
         "batch": batch,
         "elementwise": elementwise,
+        "loop": loop,
         "space": dataclasses.asdict(spec),
         "profile": profile.to_json(),
         "regimes": {},
@@ -179,7 +185,7 @@ def rank(
             skipped[regime] = why
             continue
         doc["regimes"][regime] = _ranked_regime(
-            model, gpu, spec, profile, regime, ctx, batch, elementwise
+            model, gpu, spec, profile, regime, ctx, batch, elementwise, loop
         )
     if skipped:
         if not doc["regimes"]:
@@ -209,12 +215,13 @@ def _ranked_regime(
     ctx: int,
     batch: int,
     elementwise: str,
+    loop: str,
 ) -> dict:
     """One regime's entry of the ranking document: its valid strategies (``best:N`` trees made
     ``concrete`` at the regime's acceptance) scored at ``ctx``, best first."""
     valid, rejected = valid_strategies(spec, model, gpu, ctx)
     valid = [concrete(s, profile.alpha(regime, s.drafter.kind)) for s in valid]
-    scored, prov = score(model, gpu, valid, ctx, profile, regime, batch, 1.0, elementwise)
+    scored, prov = score(model, gpu, valid, ctx, profile, regime, batch, 1.0, elementwise, loop)
     return {
         "context_len": ctx,
         "provenance": prov,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ssvkit.perfmodel.costs import HOST_PER_REQUEST_S
 from ssvkit.perfmodel.elementwise import ELEMENTWISE
 from ssvkit.perfmodel.hardware import suggest
+from ssvkit.perfmodel.loop_host import LOOPS
 from ssvkit.perfmodel.prr import PAPER_HIT_RATE
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
@@ -192,6 +193,13 @@ class SimConfig:
         default="fused",
         metadata={"help": "the engine's element-wise ops: fused (triton backend) | torch"},
     )
+    loop: str = field(
+        default="pipelined",
+        metadata={
+            "help": "the engine's decode loop: pipelined (a round issued before the host reads "
+            "the last, where the strategy allows) | serial"
+        },
+    )
     acceptance: float = field(default=0.7, metadata={"help": "per-draft acceptance alpha"})
     acceptance_model: str = field(
         default="iid", metadata={"help": "iid | positional | tree | trace"}
@@ -242,6 +250,7 @@ class SimConfig:
         _check_choice("scenario", self.scenario, SCENARIOS)
         _check_choice("acceptance_model", self.acceptance_model, ACCEPTANCE_MODELS)
         _check_choice("elementwise", self.elementwise, ELEMENTWISE)
+        _check_choice("loop", self.loop, LOOPS)
         _check_int(self, ("context_len", "num_tokens", "num_requests", "tp", "kv_bytes"), 1)
         _check_int(self, ("context_bucket",), 16)
         _check_int(self, ("batch", "kv_capacity_tokens", "timeline_rounds", "seed"), 0)

@@ -210,6 +210,7 @@ def run_prr(s):
         acceptance=cfg.acceptance,
         kv_bytes=cfg.kv_bytes,
         elementwise=cfg.elementwise,
+        loop=cfg.loop,
     )
     cols = build_columns(ctx.model, [(strategy, w)])
     pred = make_predictor(ctx.gpu, "bf16", cols.tp)

@@ -69,6 +69,7 @@ def setup(cfg: SimConfig, progress: bool = False) -> Setup:
         roofline=cfg.roofline,
         any_architecture=cfg.any_architecture,
         elementwise=cfg.elementwise,
+        loop=cfg.loop,
     )
     strategy = cfg.resolved_strategy
     ctx.check(strategy, cfg.context_len)
@@ -171,6 +172,7 @@ def analytic_round(s: Setup, context_len: int, batch: int, strategy=None):
         overlap=s.cfg.overlap,
         kv_bytes=s.cfg.kv_bytes,
         elementwise=s.ctx.elementwise,
+        loop=s.ctx.loop,
     )
     cols = build_columns(s.ctx.model, [(strategy, w)])
     pred = predict_columns(

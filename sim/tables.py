@@ -98,6 +98,7 @@ class CostContext:
     acceptance: float
     dtype: str = "bf16"
     elementwise: str = "fused"  # perfmodel.elementwise.ELEMENTWISE
+    loop: str = "pipelined"  # perfmodel.loop_host.LOOPS
 
     @classmethod
     def build(
@@ -110,9 +111,12 @@ class CostContext:
         roofline=False,
         any_architecture=False,
         elementwise: str = "fused",
+        loop: str = "pipelined",
     ):
         spec = get_gpu(gpu, measured=not roofline, any_architecture=any_architecture)
-        return cls(get_model(model), spec, tp, kv_bytes, acceptance, elementwise=elementwise)
+        return cls(
+            get_model(model), spec, tp, kv_bytes, acceptance, elementwise=elementwise, loop=loop
+        )
 
     def predictor(self, tp: int | None = None) -> RooflinePredictor:
         return make_predictor(self.gpu, self.dtype, self.tp if tp is None else tp)
@@ -129,6 +133,7 @@ class CostContext:
             tp=self.tp,
             kv_bytes=self.kv_bytes,
             elementwise=self.elementwise,
+            loop=self.loop,
         )
         check_feasible(strategy, w, self.model)
 
@@ -150,6 +155,7 @@ def _columns(ctx: CostContext, strategy, contexts, batches, overlaps, tp=None):
         tp=[ctx.tp if tp is None else tp],
         kv_bytes=[ctx.kv_bytes],
         elementwise=ctx.elementwise,
+        loop=ctx.loop,
     )
 
 

@@ -65,7 +65,9 @@ def adaptive_phase(
     profile = profile_from_json(source["profile"], source_path, "planner")
     space = space_from_json(source["space"], source_path)
     regimes = {r: v["context_len"] for r, v in source["regimes"].items()}
-    ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, regimes, bench.elementwise)
+    ranking = rank(
+        bench.model, bench.gpu, space, profile, bench.batch, regimes, bench.elementwise, bench.loop
+    )
     code_windows = adaptive_windows(ctx, bench.batch, walk_prompts)
     adaptive = evaluate_adaptive(
         bench, ranking, profile, ctx, prompt_sets, ControllerConfig(), oracle, code_windows

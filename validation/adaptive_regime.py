@@ -190,7 +190,8 @@ def _ranking_for(doc: dict) -> dict:
     contexts = {r: v["context_len"] for r, v in doc["regimes"].items()}
     model, gpu = get_model(local_model(doc["model"])), get_gpu(doc["gpu_model"])
     ew = elementwise_of_run(doc["provenance"])
-    return rank(model, gpu, space, profile, doc.get("batch", 1), contexts, ew)
+    loop = doc.get("loop", "serial")  # as its runs ran: serial before the pipeline
+    return rank(model, gpu, space, profile, doc.get("batch", 1), contexts, ew, loop)
 
 
 def choose(rows: list[dict]) -> dict:

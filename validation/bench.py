@@ -131,6 +131,12 @@ class Bench:
         """How the target's engine runs the element-wise ops (``perfmodel.strategy``)."""
         return elementwise_of_backend(self.target.backend)
 
+    @property
+    def loop(self) -> str:
+        """How the engine runs a fixed strategy's rounds (``Workload.loop``): pipelined where
+        the strategy allows (``engine.pipeline``)."""
+        return "pipelined" if self.decode().pipeline else "serial"
+
     def decode(self, record_stats: bool = False, seed: int = 0):
         from ssvkit.engine.settings import DecodeConfig
 
@@ -262,6 +268,7 @@ def steady_figures(result) -> dict:
     overlapped = sum(r.step_s.get("control_overlap", 0.0) for r in rounds)
     full = full_batch.figures(result, len(result.tokens))
     return {
+        "loop": "pipelined" if result.pipelined else "serial",
         "tokens_per_s": tokens / max(wall + switch + control, 1e-12),
         "tokens": tokens,
         "rounds": len(rounds),

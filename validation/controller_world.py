@@ -59,7 +59,8 @@ SWITCH_S = {"none": 1e-4, "ngram": 1e-4, "draft_model": 4e-3}
 def load_setting(path: str | Path | None = None, elementwise: str | None = None):
     """(ranking, model, gpu, profile) of a planner evaluation document (the one of record by
     default), the ranking regenerated on the CPU over the document's regimes, its element-wise
-    ops priced as ``elementwise`` says (default: as the document's engine ran them)."""
+    ops priced as ``elementwise`` says (default: as the document's engine ran them) and its
+    rounds as the document's runs ran them (``loop``)."""
     path = path or record_path("planner.json")
     doc = json.loads(Path(path).read_text())
     profile = profile_from_json(doc["profile"], str(path), "planner")
@@ -69,7 +70,9 @@ def load_setting(path: str | Path | None = None, elementwise: str | None = None)
     model, gpu = get_model(local_model(doc["model"])), get_gpu(doc["gpu_model"])
     regimes = {r: v["context_len"] for r, v in doc["regimes"].items()}
     elementwise = elementwise or elementwise_of_run(doc["provenance"])
-    ranking = rank(model, gpu, space, profile, regimes=regimes, elementwise=elementwise)
+    # Its measured runs' loop: serial in an evaluation recorded before the pipeline.
+    loop = doc.get("loop", "serial")
+    ranking = rank(model, gpu, space, profile, regimes=regimes, elementwise=elementwise, loop=loop)
     return ranking, model, gpu, profile
 
 

@@ -83,6 +83,13 @@ def ratio_interval(value: float, over, under, same: bool = False) -> list[float]
     return [float(x) for x in interval([value], over=a, under=b, same=same)[0]]
 
 
+def loop_of_run(figures: dict) -> str:
+    """The decode loop (``Workload.loop``) of a measured run's figures (``ssvkit decode``'s
+    report or ``validation.bench.steady_figures``): ``pipelined`` where they say its rounds
+    were, ``serial`` otherwise (a run recorded before the engine pipelined any)."""
+    return "pipelined" if figures.get("loop") == "pipelined" else "serial"
+
+
 def inside(iv, measured: float) -> bool | None:
     """Whether ``measured`` lies in the interval ``iv`` ([low, high]; None: no interval)."""
     return None if iv is None else bool(iv[0] <= measured <= iv[1])
@@ -99,10 +106,12 @@ def step_prediction(
     gpu_name: str,
     *,
     elementwise: str,
+    loop: str,
 ):
     """perfmodel's step prediction (``perfmodel.step.StepPrediction``, one point) of a run whose
-    engine ran the element-wise ops as ``elementwise`` (``perfmodel.elementwise.ELEMENTWISE``), the
-    GPU spec it priced and its workload; ``ValueError`` where it cannot predict."""
+    engine ran the element-wise ops as ``elementwise`` (``perfmodel.elementwise.ELEMENTWISE``) and
+    its rounds as ``loop`` (``Workload.loop``), the GPU spec it priced and its workload;
+    ``ValueError`` where it cannot predict."""
     from ssvkit.perfmodel.calibrated import make_predictor
     from ssvkit.perfmodel.hardware import get_gpu
     from ssvkit.perfmodel.models import get_model
@@ -119,6 +128,7 @@ def step_prediction(
         batch=batch,
         acceptance=min(max(alpha, 0.0), 1.0),
         elementwise=elementwise,
+        loop=loop,
     )
     if overlap is not None:
         wl = dataclasses.replace(wl, overlap=min(max(overlap, 0.0), 1.0))
@@ -139,9 +149,10 @@ def predict(
     gpu_name: str,
     *,
     elementwise: str,
+    loop: str,
 ) -> dict:
     """perfmodel's step prediction for the run (or ``{"error": reason}``), its element-wise
-    ops as ``elementwise`` runs them."""
+    ops as ``elementwise`` runs them, its rounds as ``loop`` does."""
     try:
         pred, gpu, wl = step_prediction(
             strategy,
@@ -153,6 +164,7 @@ def predict(
             overlap,
             gpu_name,
             elementwise=elementwise,
+            loop=loop,
         )
     except ValueError as e:
         return {"error": str(e).splitlines()[0]}
@@ -160,6 +172,7 @@ def predict(
     return {
         "gpu": gpu.name,
         "elementwise": wl.elementwise,
+        "loop": wl.loop,
         "provenance": pred.provenance
         + (" (extrapolated)" if pred.extrapolated[0] else "")
         + (" (stand-in)" if pred.stand_in[0] else ""),

@@ -91,6 +91,7 @@ def strategies_for(bench, profile, space, regime: str, ctx: int, names) -> dict[
                 profile,
                 regimes={regime: ctx},
                 elementwise=bench.elementwise,
+                loop=bench.loop,
             )
             best = ranking["regimes"][regime]["ranking"][0]["strategy"]
             s = dataclasses.replace(strategy_from_json(best), name="ssv_planned")

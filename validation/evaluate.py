@@ -144,6 +144,7 @@ def evaluate_regime(
         regime,
         bench.batch,
         elementwise=bench.elementwise,
+        loop=bench.loop,
     )
     pred = {strategy_id(x.strategy): x for x in scored}
     rank_of = {r["id"]: i for i, r in enumerate(entry["ranking"])}
@@ -230,6 +231,7 @@ def bench_settings(bench: Bench) -> dict:
         "temperature": bench.temperature,
         "repeats": bench.repeats,
         "timing_passes": bench.timing_passes,
+        "loop": bench.loop,
     }
 
 
@@ -254,7 +256,9 @@ def evaluate(
     profile, loop_checks, per_key, chain_tokens = measure_profile(
         bench, contexts, space, ref_tree, attention_tree, profile_prompts, walk_prompts
     )
-    ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, bench.elementwise)
+    ranking = rank(
+        bench.model, bench.gpu, space, profile, bench.batch, contexts, bench.elementwise, bench.loop
+    )
     regimes = {
         r: evaluate_regime(bench, ranking, r, ctx, profile, per_regime)
         for r, ctx in contexts.items()

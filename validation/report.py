@@ -38,7 +38,12 @@ from ssvkit.perfmodel.tree_tokens import alpha_from_tokens
 from ssvkit.planner.profile import profile_from_json
 from ssvkit.sim.config import SimConfig
 from ssvkit.sim.scenarios import simulate
-from ssvkit.validation.decode_figures import inside, prediction_intervals, verify_forward_s
+from ssvkit.validation.decode_figures import (
+    inside,
+    loop_of_run,
+    prediction_intervals,
+    verify_forward_s,
+)
 from ssvkit.validation.records import local_model, measured_strategy, project_label, record_path
 from ssvkit.validation.stats import regime_resolution, set_resolution
 
@@ -65,12 +70,13 @@ def kernel_section(gpu: str) -> dict:
     }
 
 
-def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float, elementwise: str):
+def _predict(model, gpu, s, context_len: int, alpha: float, gamma: float, elementwise, loop):
     wl = Workload(
         context_len=context_len,
         acceptance=min(max(alpha, 0.0), 1.0),
         overlap=min(max(gamma, 0.0), 1.0),
         elementwise=elementwise,
+        loop=loop,
     )
     cols = build_columns(model, [(s, wl)])
     drafter = (
@@ -94,8 +100,10 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
     alpha = alpha_from_tokens(s.tree, tpr) if parse_tree(s.tree) else 0.0
     gamma = profile.gamma(regime, s.traversal)
     elementwise = elementwise_of_run(campaign["provenance"])
-    pred = _predict(model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma, elementwise)
-    loop = float(pred.loop_s[0])
+    loop = loop_of_run(m[0])
+    pred = _predict(
+        model, gpu, s, ctx + campaign["new_tokens"] // 2, alpha, gamma, elementwise, loop
+    )
     round_s = float(pred.round_s[0])
     intervals, round_bounds = prediction_intervals(pred)
     row = {
@@ -116,7 +124,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
             "tokens_per_round": float(pred.tokens_per_round[0]),
             "verify_s": verify_forward_s(pred),
             "draft_s": float(pred.draft_s[0]),
-            "loop_s": loop,
+            "loop_s": float(pred.loop_s[0]),
             "round_s": round_s,
             "provenance": pred.provenance,
             "extrapolated": bool(pred.extrapolated[0]),
@@ -126,7 +134,7 @@ def _campaign_row(campaign, model_label, model, gpu, profile, runs, sim: bool) -
         "_round_bounds": round_bounds,
     }
     if sim:
-        row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise)
+        row["simulated"] = _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise, loop)
     return row
 
 
@@ -234,7 +242,7 @@ def _gpu_key(name: str) -> str:
     raise ValueError(f"GPU {name!r} of the campaign is not in the registry")
 
 
-def _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise) -> dict | None:
+def _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise, loop) -> dict | None:
     """The simulator replaying the seed-0 run's accepted counts (its first round, graph capture,
     left out as in the measurement) with the step model's costs, the loop's host time among
     them."""
@@ -268,6 +276,7 @@ def _simulate(campaign, model_label, s, runs, ctx, gamma, elementwise) -> dict |
             trace=str(path),
             overlap=gamma,
             elementwise=elementwise,
+            loop=loop,
             timeline_rounds=0,
         )
         res = simulate(cfg)

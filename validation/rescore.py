@@ -107,7 +107,8 @@ def rescore(
     doc = json.loads(evaluation.read_text())
     bench, space, contexts, profile, checks = profile_from_runs(runs, doc, model, draft_model)
     ew = elementwise_of_run(doc["provenance"])
-    ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, ew)
+    loop = doc.get("loop", "serial")  # as its runs ran: serial before the pipeline
+    ranking = rank(bench.model, bench.gpu, space, profile, bench.batch, contexts, ew, loop)
     bench.timing_passes = doc["timing_passes"]
     out = {}
     for regime, v in doc["regimes"].items():

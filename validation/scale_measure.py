@@ -139,7 +139,9 @@ def measure_cell(st: Setup, runners: Runners, cell: Cell, strategy: Strategy, pl
         "timer": result.timer,
         "measured_acceptance": _measured_acceptance(result, engine, fig, alpha, full, oracle),
         "selection": selection,
-        "prediction": predictions(st, cell, strategy, alpha, selection["group_overlap"]),
+        "prediction": predictions(
+            st, cell, strategy, alpha, selection["group_overlap"], fig["loop"]
+        ),
     }
 
 
@@ -175,13 +177,16 @@ def _measured_acceptance(result, engine, fig: dict, alpha: float, full, oracle) 
     }
 
 
-def predictions(st: Setup, cell: Cell, strategy: Strategy, alpha: float, overlap) -> dict:
+def predictions(
+    st: Setup, cell: Cell, strategy: Strategy, alpha: float, overlap, loop: str
+) -> dict:
     """perfmodel's prediction at the measured acceptance and overlap (the mean context of the
-    run), with its speedups over the autoregressive baselines predicted alike."""
+    run) and the run's decode ``loop``, with its speedups over the autoregressive baselines
+    predicted alike."""
     drafted = cell.acceptance is not None
     elementwise = elementwise_of_backend(backend_of(st.device))
     args = (cell.model, cell.context, cell.batch, drafted, alpha, overlap, st.args, elementwise)
-    return predict_cell(strategy, *args)
+    return predict_cell(strategy, *args, loop)
 
 
 def predict_cell(
@@ -194,6 +199,7 @@ def predict_cell(
     overlap,
     settings,
     elementwise: str,
+    loop: str,
 ) -> dict:
     """perfmodel's prediction of one cell (``drafted``: the oracle's acceptance, labelled
     synthetic) at the run's mean context (``settings.new_tokens``) on ``settings.gpu``, the
@@ -205,16 +211,15 @@ def predict_cell(
     name = model.removeprefix("random:")
     gpu = settings.gpu
     ctx = context + settings.new_tokens // 2
-    pred = predict(strategy, name, None, ctx, batch, alpha, overlap, gpu, elementwise=elementwise)
+    kw = {"elementwise": elementwise, "loop": loop}
+    pred = predict(strategy, name, None, ctx, batch, alpha, overlap, gpu, **kw)
     if "error" in pred:
         return pred
     if drafted:
         pred["acceptance"] = "synthetic:oracle"
     pred["speedup"], pred["speedup_intervals"] = {}, {}
     for base in AUTOREGRESSIVE:
-        ar = predict(
-            BASELINES[base], name, None, ctx, batch, 0.0, overlap, gpu, elementwise=elementwise
-        )
+        ar = predict(BASELINES[base], name, None, ctx, batch, 0.0, overlap, gpu, **kw)
         if "tokens_per_s" in ar:
             pred["speedup"][base] = pred["tokens_per_s"] / ar["tokens_per_s"]
             same = (ar["tokens_per_s"], ar["round_log_bounds"]) == (

@@ -93,7 +93,7 @@ def _predict(st: Setup, cell: Cell, strategy, alpha: float) -> dict:
 
     ctx = cell.context + st.args.new_tokens // 2
     name = cell.model.removeprefix("random:")
-    kw = {"elementwise": elementwise_of_backend(backend_of(st.device))}
+    kw = {"elementwise": elementwise_of_backend(backend_of(st.device)), "loop": "pipelined"}
     pred = predict(strategy, name, None, ctx, cell.batch, alpha, None, st.args.gpu, **kw)
     if "error" in pred:  # priced as dense autoregressive decoding instead
         ar = BASELINES["ar_dense"]

@@ -90,6 +90,7 @@ def predict_row(doc: dict, r: dict) -> dict:
     from types import SimpleNamespace
 
     from ssvkit.perfmodel.elementwise import elementwise_of_run
+    from ssvkit.validation.decode_figures import loop_of_run
     from ssvkit.validation.records import measured_strategy
     from ssvkit.validation.scale_measure import predict_cell
 
@@ -98,8 +99,9 @@ def predict_row(doc: dict, r: dict) -> dict:
     overlap = r["selection"]["group_overlap"]
     drafted = r["acceptance"] is not None
     elementwise = elementwise_of_run(r["provenance"])
+    loop = loop_of_run(r["measured"])
     args = (r["model"], r["context"], r["batch"], drafted, alpha, overlap, settings, elementwise)
-    return predict_cell(measured_strategy(r), *args)
+    return predict_cell(measured_strategy(r), *args, loop)
 
 
 def _measured(r: dict) -> dict:

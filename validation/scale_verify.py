@@ -27,7 +27,7 @@ from ssvkit.engine.tree import DraftTree
 from ssvkit.kernels.timing import bench, provenance
 from ssvkit.perfmodel.elementwise import elementwise_of_backend
 from ssvkit.planner.space import describe
-from ssvkit.validation.decode_figures import step_prediction, verify_forward_s
+from ssvkit.validation.decode_figures import loop_of_run, step_prediction, verify_forward_s
 from ssvkit.validation.engine_ops import (
     OP_GROUPS,
     op_groups,
@@ -195,6 +195,7 @@ def measure_cell(args, settings: dict, runner, r: dict, timing: str) -> dict:
             r["selection"]["group_overlap"],
             settings["gpu"],
             elementwise=elementwise_of_backend(runner.backend),
+            loop=loop_of_run(r["measured"]),
         )
     except ValueError as e:
         pred, unpredicted = None, str(e).splitlines()[0]

@@ -88,6 +88,12 @@ def add_arguments(p) -> None:
         "--backend", default="auto", help="triton | torch (default: triton on cuda, else torch)"
     )
     p.add_argument("--no-graphs", action="store_true", help="run eagerly (no CUDA graphs)")
+    p.add_argument(
+        "--serial-loop",
+        action="store_true",
+        help="read each round before issuing the next (default: pipelined where nothing on the "
+        "host decides the next round, engine.pipeline)",
+    )
     p.add_argument("--trace", metavar="FILE.jsonl", help="write the round trace (implies --stats)")
     p.add_argument(
         "--stats",
@@ -277,7 +283,12 @@ def _decode_config(args, oracle) -> DecodeConfig:
         except ValueError:
             bad = kw["draft_temperature"]
             raise ValueError(f"--draft-temperature {bad!r} is not a number") from None
-    return DecodeConfig(**kw, record_stats=bool(args.stats or args.trace), oracle_acceptance=oracle)
+    return DecodeConfig(
+        **kw,
+        record_stats=bool(args.stats or args.trace),
+        oracle_acceptance=oracle,
+        pipeline=not args.serial_loop,
+    )
 
 
 def _cache_positions(context: int, decode: DecodeConfig, tree, controller, config) -> int:

@@ -81,6 +81,7 @@ def _prediction(args, result, run: DecodeRun, alpha: float, source: str | None) 
         overlap,
         args.gpu,
         elementwise=elementwise_of_backend(run.backend),
+        loop="pipelined" if result.pipelined else "serial",
     )
     if source is not None and "error" not in pred:
         pred["acceptance"] = source
@@ -101,6 +102,7 @@ def _run_fields(args, result, run: DecodeRun) -> dict:
         "dtype": str(run.dtype).removeprefix("torch."),
         "backend": run.backend,
         "cuda_graphs": run.graphs,
+        "loop": "pipelined" if result.pipelined else "serial",
         "context": run.context,
         "batch": args.batch,
         "new_tokens": len(result.tokens[0]),
@@ -207,6 +209,7 @@ def _run_lines(r: dict) -> list[str]:
         + (f" + {r['draft_model']}" if r["draft_model"] else "")
         + f" on {r.get('device_name', r['device'])}, {r['dtype']}, {r['backend']}"
         + (", CUDA graphs" if r["cuda_graphs"] else "")
+        + (", pipelined rounds" if r.get("loop") == "pipelined" else "")
         + f"  [{r['round_s']['provenance']}]",
         f"strategy {r['strategy']['name']}: tree {r['strategy']['tree']} "
         f"({r['drafted_per_round']} drafts, {r['strategy']['traversal']}), attention "
@@ -298,7 +301,10 @@ def _time_lines(r: dict, p: dict, ivs: dict) -> list[str]:
         steps = {k: v["value"] for k, v in r["steps_s"].items()}
         loop = measured_loop_host_s(r["round_wall_s"]["value"], steps)
         pl = f"{p['loop_s'] * ms:10.3f}" if "loop_s" in p else "       n/a"
-        lines.append(f"{'loop host (ms)':22s}{loop * ms:10.3f} {pl}   (wall less the steps)")
+        what = "wall less the steps" + (
+            ": what the GPU did not hide" if r.get("loop") == "pipelined" else ""
+        )
+        lines.append(f"{'loop host (ms)':22s}{loop * ms:10.3f} {pl}   ({what})")
         measured, what = r["round_wall_s"]["value"], "round wall (ms)"
     else:
         measured, what = r["round_s"]["value"], "round (ms)"

@@ -42,7 +42,16 @@ from ssvkit.perfmodel.strategy import (
 
 HELP = "predict step times, tokens/s and speedups of ar/sd/sparse/ssv baselines"
 DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K"
-WORKLOAD_FIELDS = ("batch", "tp", "acceptance", "overlap", "dtype", "kv_bytes", "elementwise")
+WORKLOAD_FIELDS = (
+    "batch",
+    "tp",
+    "acceptance",
+    "overlap",
+    "dtype",
+    "kv_bytes",
+    "elementwise",
+    "loop",
+)
 SD_FIELDS = ("tree", "traversal")
 SPARSE_FIELDS = ("top_n", "block_size", "window", "comp_block", "comp_stride", "metadata")
 SSV_FIELDS = ("mode", "group_size", "refresh_every", "fusion")
@@ -144,7 +153,7 @@ def _heading(rows, model, gpu, workload, strategies) -> list[str]:
     lines = [
         f"{model.name} on {gpu.name} [{prov}]  batch {workload.batch}  tp {workload.tp}  "
         f"acceptance {workload.acceptance:g}  overlap {workload.overlap:g}  "
-        f"element-wise {workload.elementwise}",
+        f"element-wise {workload.elementwise}  loop {workload.loop}",
     ]
     if sd is not None:
         r = next(r for r in rows if r["strategy"] == sd.name)

@@ -126,6 +126,8 @@ def _from_evaluation(path: str):
         f"the evaluation {p.name} (commit {commit[:7]})",
         d.get("batch", 1),
         elementwise_of_run(provenance),
+        # Its measured runs' loop: serial in an evaluation recorded before the pipeline.
+        d.get("loop", "serial"),
     )
 
 
@@ -144,9 +146,10 @@ def run(args) -> int:
             raise ValueError(
                 f"--evaluation sets the model, GPU, space and profile; drop {', '.join(given)}"
             )
-        model, gpu, spec, profile, contexts, what, own, ew = _from_evaluation(args.evaluation)
+        model, gpu, spec, profile, contexts, what, own, ew, loop = _from_evaluation(args.evaluation)
         batch = own if args.batch is None else batch
-        doc = rank(model, gpu, spec, profile, batch=batch, regimes=contexts, elementwise=ew)
+        kw = {"regimes": contexts, "elementwise": ew, "loop": loop}
+        doc = rank(model, gpu, spec, profile, batch=batch, **kw)
         _emit(args, doc, model, gpu, profile, f"; ranked as {what}")
         return 0
     model, gpu = get_model(args.model or "llama-3.1-8b"), pricing_gpu(args, args.gpu or "h100-sxm")

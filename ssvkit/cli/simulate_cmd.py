@@ -46,6 +46,7 @@ RUN_FIELDS = (
     "tp",
     "kv_bytes",
     "elementwise",
+    "loop",
     "acceptance",
     "acceptance_model",
     "acceptance_table",

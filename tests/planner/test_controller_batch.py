@@ -52,7 +52,8 @@ def test_the_controller_scores_at_the_rankings_batch_and_refuses_a_larger_round(
     c = _controller(8)
     assert c.batch == 8 and _controller(8, given=4).batch == 4
     cands = list(c._book.candidates("32K").values())
-    scored, _ = score(M, G, cands, 32768, PROFILE, "32K", 8)
+    # Scored as the engine runs under an online controller: serially.
+    scored, _ = score(M, G, cands, 32768, PROFILE, "32K", 8, loop="serial")
     want = {strategy_id(x.strategy): x.round_s for x in scored}
     assert c._book.round_s("32K", cands) == pytest.approx(want, rel=1e-12)
     # At batch 1 every candidate's round is shorter: the batch is what was scored. (How much
@@ -60,7 +61,7 @@ def test_the_controller_scores_at_the_rankings_batch_and_refuses_a_larger_round(
     # batch of 8 costs little more than one sequence.)
     single = _controller(8, given=1)._book.round_s("32K", cands)
     assert all(single[k] < v for k, v in want.items())
-    scored_single, _ = score(M, G, cands, 32768, PROFILE, "32K", 1)
+    scored_single, _ = score(M, G, cands, 32768, PROFILE, "32K", 1, loop="serial")
     assert single == pytest.approx(
         {strategy_id(x.strategy): x.round_s for x in scored_single}, rel=1e-12
     )

@@ -182,7 +182,7 @@ def test_the_h100_profile_interval_holds_its_batch_32_record():
     measured run, and its interval holds them all."""
     from ssvkit.engine.checkpoint import TINY_DRAFT, TINY_TARGET
     from ssvkit.perfmodel.strategy import Strategy
-    from ssvkit.validation.decode_figures import predict
+    from ssvkit.validation.decode_figures import loop_of_run, predict
     from ssvkit.validation.records import record_path
 
     doc = json.loads(record_path("batched-decode-b32-h100.json").read_text())
@@ -202,6 +202,7 @@ def test_the_h100_profile_interval_holds_its_batch_32_record():
             None,
             "h100-sxm",
             elementwise="fused",
+            loop=loop_of_run(r),  # serial: recorded before the pipeline
         )
         low, high = pred["intervals"]["tokens_per_s"]
         measured = [x["tokens_per_s"]["value"] for x in reports]

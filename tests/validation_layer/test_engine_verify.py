@@ -75,6 +75,7 @@ def test_a_scale_campaign_is_timed_op_by_op_beside_its_prediction(
             cell["selection"]["group_overlap"],
             doc["gpu"],
             elementwise="torch",  # the CPU runs the torch backend
+            loop="serial",  # a forward alone: no loop
         )
         groups = row["groups"]
         assert groups["qkv_proj"]["predicted_s"] == pytest.approx(

@@ -8,7 +8,7 @@ import json
 import pytest
 from ssvkit.perfmodel.elementwise import elementwise_of_run
 from ssvkit.perfmodel.profiles import profile_path
-from ssvkit.validation.decode_figures import step_prediction
+from ssvkit.validation.decode_figures import loop_of_run, step_prediction
 from ssvkit.validation.engine_ops import op_groups
 from ssvkit.validation.full_batch import row_figures
 from ssvkit.validation.records import measured_strategy, record_path
@@ -55,6 +55,7 @@ def _errors(elementwise: str) -> list[dict[str, float]]:
             r["selection"]["group_overlap"],
             gpu,
             elementwise=elementwise,
+            loop=loop_of_run(r["measured"]),
         )
         g = op_groups(timed["ops"], pred)
         err = {k: g[k]["predicted_s"] / g[k]["measured_s"] - 1 for k in GROUPS}
