@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ssvkit.perfmodel.arguments import OneLineParser
 from ssvkit.perfmodel.files import atomic_write
+from ssvkit.perfmodel.loop_host import LOOPS
 from ssvkit.perfmodel.numbers import parse_count_list
 from ssvkit.perfmodel.strategy import BASELINES as STRATEGIES
 from ssvkit.perfmodel.strategy import METADATA
@@ -62,6 +63,12 @@ def parse_args(argv=None):
         default="nsa",
         choices=METADATA,
         help="block scores of the sparse baselines (nsa: their own; mean, quest: block metadata)",
+    )
+    p.add_argument(
+        "--loops",
+        default="pipelined",
+        help="decode loops of each run, interleaved: pipelined (the engine's default where the "
+        "strategy allows, engine.pipeline), serial (ssvkit decode --serial-loop), or both",
     )
     p.add_argument("--gpu", default="h200", help="GPU of the predictions beside the runs")
     p.add_argument("--device", default="cuda")
@@ -134,12 +141,18 @@ def plan(args) -> list[dict]:
             f"--metadata {args.metadata} does not apply to ssv_planned (its ranking sets it)"
         )
     drafters = [d for d in args.drafters.split(",") if d]
+    loops = [x for x in args.loops.split(",") if x]
+    bad = sorted(set(loops) - set(LOOPS)) or ([] if loops else ["(none)"])
+    if bad:
+        raise ValueError(f"unknown loop(s) {bad}; choose from {', '.join(LOOPS)}")
     runs = []
     for ctx in contexts:
         for b in batches:
             for name in names:
                 for d in drafters if name in SPECULATIVE else [None]:
-                    runs.append({"context": ctx, "baseline": name, "drafter": d, "batch": b})
+                    for loop in loops:
+                        run = {"context": ctx, "baseline": name, "drafter": d, "batch": b}
+                        runs.append(run if loop == "pipelined" else dict(run, loop=loop))
     if args.repeats == 1:
         return runs
     return [dict(r, repeat=k) for k in range(args.repeats) for r in runs]
@@ -148,6 +161,7 @@ def plan(args) -> list[dict]:
 def run_key(run: dict) -> str:
     """A run's key in the run cache and the document (repeat 0 keyed as a single run)."""
     key = f"{run['context']}|{run['baseline']}|{run['drafter']}|{run['batch']}"
+    key += "|serial" if run.get("loop") == "serial" else ""
     return f"{key}|{run['repeat']}" if run.get("repeat") else key
 
 
@@ -175,6 +189,8 @@ def decode_argv(args, run: dict, ranking: str | None) -> list[str]:
         argv += ["--metadata", args.metadata]
     if run["drafter"]:
         argv += ["--drafter-kind", run["drafter"]]
+    if run.get("loop") == "serial":
+        argv.append("--serial-loop")
     return argv
 
 
@@ -224,6 +240,7 @@ def main(argv=None) -> int:
         "metadata": args.metadata,
         "gpu": args.gpu,
         "device": args.device,
+        "loops": args.loops,
     }
     try:
         runs = plan(args)
@@ -291,26 +308,31 @@ def table(doc: dict) -> str:
             f"{'baseline':16s} {'drafter':12s}" + "".join(f"{f'b={b}':>10s}" for b in batches)
         )
         spread = []
-        for name, drafter in dict.fromkeys((r["baseline"], r["drafter"]) for r in here):
+        for name, drafter, loop in dict.fromkeys(_row_key(r) for r in here):
             cells = []
+            label = name + (" (serial)" if loop else "")
             for b in batches:
                 values = [
                     x["report"]["tokens_per_s"]["value"]
                     for x in here
-                    if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
-                    and "report" in x
+                    if _row_key(x) == (name, drafter, loop) and x["batch"] == b and "report" in x
                 ]
                 cells.append(f"{statistics.median(values):10.1f}" if values else f"{'-':>10s}")
                 if len(values) > 1:
                     spread.append(
-                        f"  {name} {drafter or ''} b={b}: {len(values)} runs, "
+                        f"  {label} {drafter or ''} b={b}: {len(values)} runs, "
                         f"{min(values):.1f} to {max(values):.1f}"
                     )
-            lines.append(f"{name:16s} {drafter or '':12s}" + "".join(cells))
+            lines.append(f"{label:16s} {drafter or '':12s}" + "".join(cells))
         if spread:
             lines += ["median of the runs; their range:", *spread]
         lines += _full_batch_lines(here, batches)
     return "\n".join(lines)
+
+
+def _row_key(run: dict) -> tuple:
+    """A table row: the run's baseline, drafter and whether it asked for a serial loop."""
+    return run["baseline"], run["drafter"], run.get("loop") == "serial"
 
 
 def _full_batch_lines(runs: list[dict], batches: list[int]) -> list[str]:
@@ -318,12 +340,14 @@ def _full_batch_lines(runs: list[dict], batches: list[int]) -> list[str]:
     sequence decoding, ``ssvkit decode``'s ``full_batch``) beside the prediction, which prices
     such rounds; nothing where no run has them (batch 1, documents measured before them)."""
     lines = []
-    for name, drafter in dict.fromkeys((r["baseline"], r["drafter"]) for r in runs):
+    for name, drafter, loop in dict.fromkeys(_row_key(r) for r in runs):
+        label = name + (" (serial)" if loop else "")
         for b in batches:
             reps = [
                 x["report"]
                 for x in runs
-                if (x["baseline"], x["drafter"], x["batch"]) == (name, drafter, b)
+                if _row_key(x) == (name, drafter, loop)
+                and x["batch"] == b
                 and x.get("report", {}).get("full_batch")
             ]
             if not reps:
@@ -331,7 +355,7 @@ def _full_batch_lines(runs: list[dict], batches: list[int]) -> list[str]:
             full = statistics.median(r["full_batch"]["tokens_per_s"]["value"] for r in reps)
             pred = reps[0]["prediction"].get("tokens_per_s")
             lines.append(
-                f"  {name} {drafter or ''} b={b}: {full:.1f}"
+                f"  {label} {drafter or ''} b={b}: {full:.1f}"
                 + (f", predicted {pred:.1f}" if pred is not None else "")
             )
     if not lines:

@@ -115,6 +115,27 @@ def test_metadata_reaches_the_sparse_baselines_only(tmp_path, monkeypatch):
     assert line in text.splitlines()
 
 
+def test_both_loops_run_interleaved_and_the_table_tells_them_apart(tmp_path, monkeypatch):
+    """``--loops pipelined,serial``: each run twice, side by side, the serial one with
+    ``--serial-loop`` (its report says so) under a key of its own and a row of its own."""
+    monkeypatch.setattr(batched_decode, "run_ssvkit", _in_process)
+    argv = _argv(tmp_path, "--loops", "pipelined,serial")
+    argv[argv.index("--baselines") + 1] = "ar_dense"
+    argv[argv.index("--contexts") + 1] = "200"
+    argv[argv.index("--batches") + 1] = "2"
+    assert batched_decode.main(argv) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [r["key"] for r in doc["runs"]] == ["200|ar_dense|None|2", "200|ar_dense|None|2|serial"]
+    pipelined, serial = doc["runs"]
+    assert "--serial-loop" not in pipelined["argv"] and serial["argv"][-1] == "--serial-loop"
+    assert pipelined["report"]["loop"] == "pipelined" and serial["report"]["loop"] == "serial"
+    rows = [x.split()[0:2] for x in batched_decode.table(doc).splitlines()[2:4]]
+    assert rows == [
+        ["ar_dense", f"{pipelined['report']['tokens_per_s']['value']:.1f}"],
+        ["ar_dense", "(serial)"],
+    ]
+
+
 def test_stop_after_writes_the_runs_so_far(tmp_path, monkeypatch):
     monkeypatch.setattr(batched_decode, "run_ssvkit", _never)
     assert batched_decode.main(_argv(tmp_path, "--stop-after", "0")) == 0
@@ -137,6 +158,7 @@ def test_max_is_the_longest_context_the_tiny_pair_holds():
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--metadata", "kmeans"], "kmeans"),
         (["--baselines", "ssv_planned", "--metadata", "quest"], "--metadata quest"),
+        (["--loops", "pipelined,eager"], "eager"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, change, message):
