@@ -20,7 +20,7 @@ import time
 import torch
 from ssvkit.engine import pipeline
 from ssvkit.engine.accept_graph import AcceptGraph
-from ssvkit.engine.acceptance import accept, target_probs
+from ssvkit.engine.acceptance import target_probs
 from ssvkit.engine.attention import AttentionConfig
 from ssvkit.engine.controller import Controller, KeepStrategy
 from ssvkit.engine.draft_model import SelfSparseDrafter
@@ -28,7 +28,7 @@ from ssvkit.engine.drafter import Draft, Drafter
 from ssvkit.engine.drafter_pool import DrafterPool
 from ssvkit.engine.hand_over import HandOver, score_shadow
 from ssvkit.engine.ngram import NgramDrafter
-from ssvkit.engine.oracle import OracleDrafter, acceptance_label, reference
+from ssvkit.engine.oracle import OracleDrafter, acceptance_label, reference, round_probe
 from ssvkit.engine.results import DecodeResult, RoundRecord, reuse_summary
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
@@ -72,9 +72,6 @@ class Engine:
         self._clears0 = 0  # graph drops before this generate call's rounds (``_captures``)
         self._oracle_s = 0.0  # the oracle's probe time in this generate call (``_oracle_probes``)
         self.drafter: Drafter | None = None
-        # What kept the last generate call's loop serial (``engine.pipeline.blocker``); None
-        # when its rounds were pipelined.
-        self.serial_reason: str | None = None
         self.set_strategy(strategy)
 
     # ------------------------------------------------------------------ strategy
@@ -182,7 +179,8 @@ class Engine:
         self.acceptor.remaining().fill_(cfg.max_new_tokens - 1)  # the first root is generated
         generated = [[r] for r in host_roots]
         timer = StepTimer(self.target.device)
-        rounds = self._rounds(roots, history, generated)
+        serial_reason = pipeline.blocker(cfg, self.controller, self.drafter, self.stats is not None)
+        rounds = self._rounds(roots, history, generated, pipelined=serial_reason is None)
         if self.trace is not None:
             self.trace.close(
                 timer=timer.source,
@@ -201,7 +199,7 @@ class Engine:
             warm_s,
             reused,
             prefill_forward_s,
-            pipelined=self.serial_reason is None,
+            serial_reason=serial_reason,
         )
 
     def _first_roots(self, first: torch.Tensor) -> torch.Tensor:
@@ -215,63 +213,32 @@ class Engine:
         at = self.target.cache.lens.long()[:, None].clamp(max=u.shape[1] - 1)
         return reference_sample(target_probs(first, cfg.temperature), u.gather(1, at)[:, 0])
 
-    def _rounds(self, roots, history, generated) -> list[RoundRecord]:
+    def _rounds(self, roots, history, generated, *, pipelined: bool) -> list[RoundRecord]:
         """Rounds until every sequence has its ``max_new_tokens``, each handed over to the
         trace and the controller (``engine.hand_over``), whose new strategies are installed;
-        pipelined where nothing on the host decides the next round (``engine.pipeline``)."""
+        ``pipelined`` where nothing on the host decides the next round (``engine.pipeline``)."""
         self._clears0 = self._captures()[1]
         self._hand_over = HandOver(self.controller, self.trace, self._shadow, history)
         self._t_start = time.perf_counter()
         self._oracle_s = 0.0
-        self.serial_reason = pipeline.blocker(
-            self.config, self.controller, self.drafter, self.stats is not None
+        driver = pipeline.pipelined_rounds if pipelined else pipeline.serial_rounds
+        rounds = driver(
+            lambda roots, stage: self._issue(roots, history, stage=stage),
+            lambda flight, index, wall0: self._complete(flight, index, history, generated, wall0),
+            self._after_round,
+            roots,
+            generated,
+            self.config.max_new_tokens,
         )
-        if self.serial_reason is None:
-            rounds = self._pipelined_rounds(roots, history, generated)
-        else:
-            rounds = self._serial_rounds(roots, history, generated)
         self._hand_over.finish(self.strategy)
         return rounds
 
-    def _serial_rounds(self, roots, history, generated) -> list[RoundRecord]:
-        """Each round issued, read and handed over before the next is issued."""
-        rounds: list[RoundRecord] = []
-        while min(len(g) for g in generated) < self.config.max_new_tokens:
-            flight = self._issue(roots, history, stage=False)
-            rec = self._complete(flight, len(rounds), history, generated, flight.issued_s)
-            roots = flight.roots
-            rounds.append(rec)
-            new = self._hand_over.after_round(rec, self.strategy)
-            if new is not None:
-                self._switch(new)
-        return rounds
-
-    def _pipelined_rounds(self, roots, history, generated) -> list[RoundRecord]:
-        """Round r + 1 issued before round r is read (``engine.pipeline``). A round's wall time
-        runs from the end of the previous round's host work to the end of its own, its hand-over
-        included (the controller's time as ``control_overlap``): consecutive rounds' wall times
-        add up to the loop's."""
-        rounds: list[RoundRecord] = []
-        max_new = self.config.max_new_tokens
-        if min(len(g) for g in generated) >= max_new:
-            return rounds
-        mark = time.perf_counter()
-        flight = self._issue(roots, history, stage=True)
-        while True:
-            ahead = None
-            if pipeline.may_continue(generated, max_new):
-                ahead = self._issue(flight.roots, history, stage=True)
-            rec = self._complete(flight, len(rounds), history, generated, mark)
-            rounds.append(rec)
-            self._hand_over.after_round(rec, self.strategy, key="control_overlap")
-            done = min(len(g) for g in generated) >= max_new
-            if done and ahead is not None:
-                ahead.drain()
-            now = time.perf_counter()
-            rec.wall_s, mark = now - mark, now
-            if done:
-                return rounds
-            flight = ahead
+    def _after_round(self, rec: RoundRecord, key: str) -> None:
+        """Hand round ``rec`` over (its host time in ``step_s[key]``) and install the strategy
+        the controller returns, if any."""
+        new = self._hand_over.after_round(rec, self.strategy, key=key)
+        if new is not None:
+            self._switch(new)
 
     def _reference(self, prompts: list[list[int]]) -> list[list[int]]:
         """The oracle's first guess of the continuation, which its probes correct where the
@@ -379,7 +346,9 @@ class Engine:
         if not isinstance(self.drafter, OracleDrafter):
             return 0, 0.0
         o0 = time.perf_counter()
-        probes = self.drafter.anchor(roots, self.tree, history, self._probe)
+        tree, target = self.tree, self.target
+        probe = round_probe(target, tree, self.acceptor, self.config.temperature, self._verify)
+        probes = self.drafter.anchor(roots, tree, history, probe)
         oracle_s = time.perf_counter() - o0
         self._oracle_s += oracle_s
         return probes, oracle_s
@@ -438,30 +407,6 @@ class Engine:
             (tokens,),
             on_launch=on_launch,
         )
-
-    def _probe(self, tokens: torch.Tensor) -> list[list[int]]:
-        """The tokens each sequence would emit from draft ``tokens`` ``[B, t]`` this round (its
-        accepted drafts, then the bonus; uncapped by ``max_new_tokens``): the round's own verify
-        graph and acceptance (the same uniforms), committing nothing. It changes no state
-        that outlives the round: the forward writes only the verify tail past each committed
-        length, which the round's verify writes again before anything reads it; the lengths,
-        block metadata, compressed tokens, ``remaining`` and every generator are untouched."""
-        tree, temp = self.tree, self.config.temperature
-        logits, _ = self._verify(tokens)
-        uniforms = self.acceptor.uniforms(tree)
-        acc = accept(
-            self.target.tree_tensors(tree),
-            tokens,
-            logits,
-            None,
-            temp,
-            backend=self.target.backend,
-            uniforms=uniforms() if uniforms is not None else None,
-        )
-        packed = torch.cat(
-            [acc.count[:, None].long(), acc.bonus[:, None], tokens.gather(1, acc.path)], dim=1
-        )
-        return [row[3 : 2 + row[0]] + [row[1]] for row in packed.cpu().tolist()]
 
     def _captures(self) -> tuple[int, int]:
         """CUDA graphs the target's and the draft model's runners have captured so far, and

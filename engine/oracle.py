@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from ssvkit.engine.acceptance import AcceptedPath
+from ssvkit.engine.acceptance import AcceptedPath, accept
 from ssvkit.engine.drafter import Draft
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.tree import DraftTree
@@ -103,7 +103,7 @@ class OracleDrafter:
         ``Engine.generate``, with the run's sampling settings and position uniforms) is only
         the first guess. Before each round, untimed, the engine *probes* the draft: it runs the
         round's own verify forward and acceptance on it, committing nothing (``probe``,
-        ``Engine._probe``), and the oracle compares what the target emits there with what the
+        ``round_probe``), and the oracle compares what the target emits there with what the
         draft was built to make it emit. Where they differ, the emitted tokens replace the
         reference and the draft is built and probed again; a probe that goes as planned is the
         round's draft, so the real verify, on the same tokens from the same state, accepts
@@ -213,6 +213,35 @@ def reference(runner, prompts, attn, config: DecodeConfig, decode) -> list[list[
     if memo is not None:
         memo[key] = [list(t) for t in tokens]
     return tokens
+
+
+def round_probe(runner, tree: DraftTree, acceptor, temperature: float, verify) -> Probe:
+    """The probe of a round of ``tree`` on ``runner``: the tokens each sequence would emit
+    from draft ``tokens`` ``[B, t]`` this round (its accepted drafts, then the bonus; uncapped
+    by ``max_new_tokens``), through the round's own verify graph (``verify(tokens)`` -> logits,
+    recorded) and acceptance (``acceptor``'s uniforms), committing nothing. It changes no
+    state that outlives the round: the forward writes only the verify tail past each committed
+    length, which the round's verify writes again before anything reads it; the lengths, block
+    metadata, compressed tokens, ``remaining`` and every generator are untouched."""
+
+    def probe(tokens: torch.Tensor) -> list[list[int]]:
+        logits, _ = verify(tokens)
+        uniforms = acceptor.uniforms(tree)
+        acc = accept(
+            runner.tree_tensors(tree),
+            tokens,
+            logits,
+            None,
+            temperature,
+            backend=runner.backend,
+            uniforms=uniforms() if uniforms is not None else None,
+        )
+        packed = torch.cat(
+            [acc.count[:, None].long(), acc.bonus[:, None], tokens.gather(1, acc.path)], dim=1
+        )
+        return [row[3 : 2 + row[0]] + [row[1]] for row in packed.cpu().tolist()]
+
+    return probe
 
 
 def acceptance_label(config: DecodeConfig, rounds=()) -> dict:

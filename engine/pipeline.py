@@ -32,6 +32,8 @@ its GPU time counts in the last round's wall time.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,3 +102,47 @@ class InFlight:
         kept = [row[0] for row in self.rows()]
         if any(kept):
             raise RuntimeError(f"a round issued past the end kept tokens: {kept}")
+
+
+def serial_rounds(
+    issue: Callable, complete: Callable, after_round: Callable, roots, generated, max_new_tokens
+) -> list:
+    """Rounds until every sequence of ``generated`` has ``max_new_tokens``, each issued
+    (``issue(roots, stage)`` -> ``InFlight``), read (``complete(flight, index, wall0)`` -> its
+    ``RoundRecord``, which appends the kept tokens to ``generated``) and handed over
+    (``after_round(record, key)``, which may change the strategy) before the next is issued."""
+    rounds = []
+    while min(len(g) for g in generated) < max_new_tokens:
+        flight = issue(roots, False)
+        rec = complete(flight, len(rounds), flight.issued_s)
+        roots = flight.roots
+        rounds.append(rec)
+        after_round(rec, "control")
+    return rounds
+
+
+def pipelined_rounds(
+    issue: Callable, complete: Callable, after_round: Callable, roots, generated, max_new_tokens
+) -> list:
+    """``serial_rounds`` with round r + 1 issued before round r is read. A round's wall time
+    runs from the end of the previous round's host work to the end of its own, its hand-over
+    included (the controller's time as ``control_overlap``): consecutive rounds' wall times add
+    up to the loop's. A round issued past the end is drained (``InFlight.drain``)."""
+    rounds = []
+    if min(len(g) for g in generated) >= max_new_tokens:
+        return rounds
+    mark = time.perf_counter()
+    flight = issue(roots, True)
+    while True:
+        ahead = issue(flight.roots, True) if may_continue(generated, max_new_tokens) else None
+        rec = complete(flight, len(rounds), mark)
+        rounds.append(rec)
+        after_round(rec, "control_overlap")
+        done = min(len(g) for g in generated) >= max_new_tokens
+        if done and ahead is not None:
+            ahead.drain()
+        now = time.perf_counter()
+        rec.wall_s, mark = now - mark, now
+        if done:
+            return rounds
+        flight = ahead

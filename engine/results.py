@@ -66,9 +66,9 @@ class DecodeResult:
     ``prefill_reused``: the target's prefill was one its cache already held
     (``ModelRunner.prefill``), so ``prefill_s`` timed no forward; ``prefill_forward_s``: the
     measured time of the prefill whose KV the decode read (that earlier one when reused);
-    ``pipelined``: each round was issued before the host read the one before
-    (``engine.pipeline``), so a round's wall time holds its host work only where the GPU
-    waited for it."""
+    ``serial_reason``: what kept the loop serial (``engine.pipeline.blocker``), or None when
+    each round was issued before the host read the one before, so that a round's wall time
+    holds its host work only where the GPU waited for it."""
 
     tokens: list[list[int]]
     rounds: list[RoundRecord]
@@ -77,7 +77,12 @@ class DecodeResult:
     warm_s: float = 0.0
     prefill_reused: bool = False
     prefill_forward_s: float | None = None
-    pipelined: bool = False
+    serial_reason: str | None = "the decode did not record its loop"
+
+    @property
+    def loop(self) -> str:
+        """``pipelined`` or ``serial``: the loop the rounds ran in (``perfmodel.loop_host``)."""
+        return "serial" if self.serial_reason is not None else "pipelined"
 
     def timed(self) -> list[RoundRecord]:
         """Rounds that count in the figures (warm-up rounds left out when others exist)."""

@@ -148,6 +148,9 @@ def candidate_rows(
     ratios = set_ratios(fixed_strategies(doc), space, profile, doc["adaptive"]["regime"])
     model, g = get_model(local_model(doc["model"])), get_gpu(gpu)
     ew = elementwise_of_run(doc["provenance"])
+    # Candidates are runs still to make: their fixed strategies run the engine's default loop,
+    # whichever loop ``doc``'s own runs used.
+    loop = "pipelined"
     profiles = {k: set_profile(profile, space, r) for k, r in ratios.items()}
     rows = []
     for b in batches:
@@ -155,11 +158,11 @@ def candidate_rows(
             if regimes and regime not in regimes:
                 continue
             ctx = {regime: v["context_len"]}
-            code_top = rank(model, g, space, profiles["code"], b, ctx, ew)["regimes"][regime]
+            code_top = rank(model, g, space, profiles["code"], b, ctx, ew, loop)["regimes"][regime]
             best_id = code_top["ranking"][0]["id"]
             sets = {}
             for name, prof in profiles.items():
-                ranked = rank(model, g, space, prof, b, ctx, ew)["regimes"][regime]["ranking"]
+                ranked = rank(model, g, space, prof, b, ctx, ew, loop)["regimes"][regime]["ranking"]
                 tps = {r["id"]: r["tokens_per_s"] for r in ranked}
                 sets[name] = {
                     "best": ranked[0]["describe"],

@@ -268,7 +268,7 @@ def steady_figures(result) -> dict:
     overlapped = sum(r.step_s.get("control_overlap", 0.0) for r in rounds)
     full = full_batch.figures(result, len(result.tokens))
     return {
-        "loop": "pipelined" if result.pipelined else "serial",
+        "loop": result.loop,
         "tokens_per_s": tokens / max(wall + switch + control, 1e-12),
         "tokens": tokens,
         "rounds": len(rounds),

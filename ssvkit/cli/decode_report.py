@@ -81,7 +81,7 @@ def _prediction(args, result, run: DecodeRun, alpha: float, source: str | None) 
         overlap,
         args.gpu,
         elementwise=elementwise_of_backend(run.backend),
-        loop="pipelined" if result.pipelined else "serial",
+        loop=result.loop,
     )
     if source is not None and "error" not in pred:
         pred["acceptance"] = source
@@ -102,7 +102,7 @@ def _run_fields(args, result, run: DecodeRun) -> dict:
         "dtype": str(run.dtype).removeprefix("torch."),
         "backend": run.backend,
         "cuda_graphs": run.graphs,
-        "loop": "pipelined" if result.pipelined else "serial",
+        "loop": result.loop,
         "context": run.context,
         "batch": args.batch,
         "new_tokens": len(result.tokens[0]),

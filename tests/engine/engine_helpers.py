@@ -98,18 +98,30 @@ def changed_state(before: dict, after: dict) -> list[str]:
 
 
 def watch_probes(monkeypatch) -> list[list[str]]:
-    """Wrap every oracle probe (``Engine._probe``) of the engines built after this call: the
-    list returned collects, per probe in order, the ``persistent_state`` keys it changed."""
-    from ssvkit.engine.loop import Engine
+    """Wrap every oracle probe (``engine.oracle.round_probe``) of the engines built after this
+    call: the list returned collects, per probe in order, the ``persistent_state`` keys of
+    the probing engine that it changed."""
+    from ssvkit.engine import loop
 
-    own = Engine._probe
+    own_probes, own_round_probe = loop.Engine._oracle_probes, loop.round_probe
+    probing: list = []  # the engine whose round is being probed
     changes: list[list[str]] = []
 
-    def probe(self, tokens):
-        before = persistent_state(self)
-        out = own(self, tokens)
-        changes.append(changed_state(before, persistent_state(self)))
-        return out
+    def oracle_probes(self, roots, history):
+        probing[:] = [self]
+        return own_probes(self, roots, history)
 
-    monkeypatch.setattr(Engine, "_probe", probe)
+    def round_probe(*args):
+        own = own_round_probe(*args)
+
+        def probe(tokens):
+            before = persistent_state(probing[0])
+            out = own(tokens)
+            changes.append(changed_state(before, persistent_state(probing[0])))
+            return out
+
+        return probe
+
+    monkeypatch.setattr(loop.Engine, "_oracle_probes", oracle_probes)
+    monkeypatch.setattr(loop, "round_probe", round_probe)
     return changes

@@ -10,11 +10,16 @@ import pytest
 import torch
 from engine_helpers import random_prompts, tiny_model
 from ssvkit.engine import pipeline
+from ssvkit.engine.controller import KeepStrategy
+from ssvkit.engine.draft_model import ModelDrafter, SelfSparseDrafter
 from ssvkit.engine.loop import Engine
+from ssvkit.engine.ngram import NgramDrafter
 from ssvkit.engine.runner import ModelRunner
 from ssvkit.engine.settings import DecodeConfig
 from ssvkit.engine.timing import StepTimer
 from ssvkit.engine.tree import DraftTree
+from ssvkit.perfmodel import loop_host
+from ssvkit.perfmodel.columns import DRAFTER_CODES
 from ssvkit.perfmodel.strategy import DrafterSpec, Strategy
 
 TARGET = tiny_model(seed=5)
@@ -64,8 +69,8 @@ def test_pipelined_rounds_decode_what_serial_rounds_decode(case, temperature):
     (se, sr, slens), (pe, pr, plens) = serial_and_pipelined(
         PIPELINED[case], temperature=temperature
     )
-    assert se.serial_reason == "the decode settings ask for a serial loop" and not sr.pipelined
-    assert pe.serial_reason is None and pr.pipelined
+    assert sr.serial_reason == "the decode settings ask for a serial loop" and sr.loop == "serial"
+    assert pr.serial_reason is None and pr.loop == "pipelined"
     assert pr.tokens == sr.tokens
     assert rounds_of(pr) == rounds_of(sr)
     assert plens == slens  # a round issued past the end kept nothing
@@ -149,8 +154,26 @@ def test_what_keeps_a_loop_serial():
     }
     for reason, eng in cases.items():
         res = eng.generate(PROMPTS)
-        assert eng.serial_reason == reason and not res.pipelined
+        assert res.serial_reason == reason and res.loop == "serial"
         assert all(len(t) == eng.config.max_new_tokens for t in res.tokens)
+
+
+def test_the_cost_model_pipelines_the_rounds_the_engine_pipelines():
+    """``perfmodel.loop_host.pipelined`` restates ``engine.pipeline.blocker``'s rule for a
+    fixed strategy (perfmodel cannot import the engine): both agree for every drafter kind of
+    the cost model, with drafts and without."""
+    engine_drafters = {cls.kind: cls for cls in (ModelDrafter, NgramDrafter, SelfSparseDrafter)}
+    # eagle has no engine drafter (``engine.strategy_check`` refuses it): its rounds are priced
+    # as a serial loop would run them, the engine's rule for a host-side drafter.
+    assert set(DRAFTER_CODES) == {*engine_drafters, "eagle"}
+    for kind, code in DRAFTER_CODES.items():
+        drafter = engine_drafters.get(kind, NgramDrafter)
+        for loop in loop_host.LOOPS:
+            cfg = DecodeConfig(pipeline=loop == "pipelined")
+            model = loop_host.pipelined(loop_host.pipelining(loop), code, 3)
+            assert bool(model) == (pipeline.blocker(cfg, KeepStrategy(), drafter, False) is None)
+            model = loop_host.pipelined(loop_host.pipelining(loop), code, 0)
+            assert bool(model) == (pipeline.blocker(cfg, KeepStrategy(), None, False) is None)
 
 
 def test_triton_interpreter_pipelined_equals_serial():
@@ -194,7 +217,7 @@ def test_gpu_pipelined_rounds_under_cuda_graphs_decode_what_serial_rounds_decode
         cfg = DecodeConfig(max_new_tokens=new, temperature=temperature, pipeline=on, seed=4)
         eng = Engine(runner, strategy, cfg)
         res = eng.generate(prompts)
-        assert res.pipelined == on
+        assert res.loop == ("pipelined" if on else "serial")
         got = (res.tokens, rounds_of(res)[1:], runner.cache.lens.tolist())
         assert out.setdefault(on, got) == got  # repeatable
     assert out[True] == out[False]
