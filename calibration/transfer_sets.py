@@ -72,6 +72,15 @@ def left_out_value(name: str, row: dict):
     raise ValueError(f"unknown leave-one-out set {name!r} (choose from {LEAVE_ONE_OUT})")
 
 
+def value_name(name: str, value) -> str:
+    """A left-out value as the reports name it: a head geometry ``<q>q/<kv>kv/d<D>``, a group
+    size ``C=<size>``, a context length in tokens."""
+    if name == "head":
+        q, kv, d = value
+        return f"{q}q/{kv}kv/d{d}"
+    return f"C={value}" if name == "group" else str(value)
+
+
 def parse_sets(text: str) -> tuple[str, ...]:
     """The sets of a comma-separated list, in ``SETS`` order; ``all`` is every set."""
     names = [s.strip() for s in text.split(",") if s.strip()]
@@ -138,9 +147,12 @@ def predict(rows: list[dict], classes: dict, gpu: str, ceiling: dict) -> tuple[l
 
 def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -> dict:
     """Per class: n, median / p90 / max APE, the classes whose fits predicted it, the left-out
-    values it has (``values``), and whether it meets ``target``; the same errors per op family
-    (every class of one op, the part of its name before the first ``/``, together); the rows
-    no fit predicts; and whether every predicted class meets the target."""
+    values it has (``values``), and whether it meets ``target``; where the rows name the value
+    left out of their fit (``left_out``), the errors per value (``by_left_out``, with the median
+    signed error: where a class misses, which value's refit it misses on, and in which
+    direction); the same errors per op family (every class of one op, the part of its name
+    before the first ``/``, together); the rows no fit predicts; and whether every predicted
+    class meets the target."""
     classes = {}
     for c in sorted({r["class"] for r in annotated}):
         sub = [r for r in annotated if r["class"] == c]
@@ -150,6 +162,8 @@ def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -
         stats["from"] = sorted({r["from"] for r in sub})
         if values is not None:
             stats["values"] = len(values[c])
+        if all("left_out" in r for r in sub):
+            stats["by_left_out"] = _by_left_out(sub, target["p90_ape"])
         stats["met"] = all(stats[k] <= t for k, t in target.items())
         classes[c] = stats
     families = {}
@@ -165,6 +179,38 @@ def summarize(annotated: list[dict], missing: dict, target: dict, values=None) -
         "unpredicted": dict(sorted(missing.items())),
         "met": all(s["met"] for s in classes.values()),
     }
+
+
+def _by_left_out(rows: list[dict], p90_target: float) -> dict[str, dict]:
+    """The errors of ``rows`` per left-out value (numbers in their numeric order), each with its
+    median signed error (``median_error``: predicted / measured - 1; negative where the refit
+    prices low) and its rows whose APE exceeds ``p90_target`` (``beyond_p90_target``)."""
+    out = {}
+    for v in sorted({r["left_out"] for r in rows}, key=_natural):
+        sub = [r for r in rows if r["left_out"] == v]
+        pred = np.array([r["predicted_s"] for r in sub])
+        meas = np.array([r["median_s"] for r in sub])
+        out[v] = {
+            **error_stats(pred, meas),
+            "median_error": float(np.median(pred / meas - 1)),
+            "beyond_p90_target": int(np.sum(np.abs(pred / meas - 1) > p90_target)),
+        }
+    return out
+
+
+def _natural(name: str) -> list:
+    """A sort key that orders the numbers in ``name`` by value (``8kv`` before ``16kv``)."""
+    return [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"(\d+)", name)]
+
+
+def worst_left_out(stats: dict) -> tuple[str, dict] | None:
+    """The left-out value of a class's ``summarize`` stats with the most rows beyond the p90
+    target (the largest p90 APE among equals): where the class's misses concentrate; and its
+    errors. None without per-value errors."""
+    by = stats.get("by_left_out")
+    if not by:
+        return None
+    return max(by.items(), key=lambda kv: (kv[1]["beyond_p90_target"], kv[1]["p90_ape"]))
 
 
 # Leave-one-out sets already computed in this process, by set, GPU, the rows' checksums and the
@@ -208,7 +254,7 @@ def _leave_one_out_rows(
         classes = {k: f for k, f in base.items() if k not in hit}
         classes.update(fit_classes(kept, gpu, ceiling))
         got, miss = predict(left, classes, gpu, ceiling)
-        annotated += got
+        annotated += [{**r, "left_out": value_name(name, v)} for r in got]
         missing.update(miss)
     return annotated, missing, values
 

@@ -111,6 +111,7 @@ def _error_report(rep: dict, pid: str) -> str:
 
 def _transfer_report(transfer: dict) -> str:
     from ssvkit.calibration.transfer_markdown import target_text
+    from ssvkit.calibration.transfer_sets import worst_left_out
     from ssvkit.calibration.unseen_set import coverage_text
 
     lines = []
@@ -127,6 +128,14 @@ def _transfer_report(transfer: dict) -> str:
         for line, (cls, st) in zip(table[1:], s["classes"].items(), strict=True):
             by = ", ".join(k for k in st["from"] if k != cls)
             lines.append(f"{line}  {'met' if st['met'] else 'MISSED':8s} {by}".rstrip())
+            worst = worst_left_out(st) if not st["met"] else None
+            if worst is not None:
+                v, w = worst
+                lines.append(
+                    f"    worst left out: {v}, {w['beyond_p90_target']} of {w['n']} rows beyond "
+                    f"the p90 target: median {100 * w['median_ape']:.1f}%, p90 "
+                    f"{100 * w['p90_ape']:.1f}%, median error {100 * w['median_error']:+.1f}%"
+                )
         for cls, n in s["unpredicted"].items():
             lines.append(f"  no fit predicts {cls} ({n} rows)")
         for cls, n in s.get("other_kernels", {}).items():

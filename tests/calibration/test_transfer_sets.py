@@ -9,6 +9,8 @@ from ssvkit.calibration.transfer_sets import (
     parse_sets,
     predicting_class,
     summarize,
+    value_name,
+    worst_left_out,
 )
 
 from ssvkit.cli import main
@@ -108,6 +110,38 @@ def test_tiny_synthetic_set_meets_and_misses_its_target():
     bad = leave_one_out("context", slow, "h100-sxm", CEILING, base={})
     assert bad["classes"]["dense_verify"]["p90_ape"] > TARGETS["leave_one_out"]["p90_ape"]
     assert not bad["met"] and not bad["classes"]["dense_verify"]["met"]
+    by = bad["classes"]["dense_verify"]["by_left_out"]
+    assert list(by) == [str(t) for t in contexts]
+    assert sum(v["n"] for v in by.values()) == len(slow)
+    # The slow context's refit prices it at about 1 / 1.6 of its time; the others' refits,
+    # which see its rows, are pulled the other way.
+    assert by["16384"]["median_error"] == pytest.approx(1 / 1.6 - 1, abs=0.05)
+    assert all(v["median_error"] > 0 for k, v in by.items() if k != "16384")
+    value, worst = worst_left_out(bad["classes"]["dense_verify"])
+    most = max(v["beyond_p90_target"] for v in by.values())
+    assert worst == by[value] and worst["beyond_p90_target"] == most > 0
+    p90 = TARGETS["leave_one_out"]["p90_ape"]
+    for v in by.values():
+        assert 0 <= v["beyond_p90_target"] <= v["n"]
+        assert (v["beyond_p90_target"] > 0) == (v["max_ape"] > p90)
+
+
+def test_a_missed_class_names_the_value_its_refit_misses_on(monkeypatch, capsys):
+    """The text report adds, below a missed class, the left-out value of its largest p90."""
+    contexts, batches = (4096, 8192, 16384, 32768, 65536), (1, 2, 4, 8, 16)
+    slow = [_row(t, b, 1.6 if t == 16384 else 1.0) for t in contexts for b in batches]
+    bad = leave_one_out("context", slow, "h100-sxm", CEILING, base={})
+    monkeypatch.setattr(transfer_sets, "transfer_report", lambda *a: {"context": bad})
+    assert main(["validate", "--sets", "context"]) == 0
+    out = capsys.readouterr().out
+    value, worst = worst_left_out(bad["classes"]["dense_verify"])
+    beyond = worst["beyond_p90_target"]
+    assert f"    worst left out: {value}, {beyond} of 5 rows beyond the p90 target: median" in out
+
+
+def test_value_names():
+    assert value_name("head", (32, 8, 128)) == "32q/8kv/d128"
+    assert value_name("group", 3) == "C=3" and value_name("context", 65536) == "65536"
 
 
 def test_summarize_judges_median_and_p90_per_class():
