@@ -76,9 +76,28 @@ def value_name(name: str, value) -> str:
     """A left-out value as the reports name it: a head geometry ``<q>q/<kv>kv/d<D>``, a group
     size ``C=<size>``, a context length in tokens."""
     if name == "head":
-        q, kv, d = value
-        return f"{q}q/{kv}kv/d{d}"
+        return geometry_name({"params": dict(zip(HEAD_GEOMETRY, value, strict=True))})
     return f"C={value}" if name == "group" else str(value)
+
+
+def geometry_name(row: dict) -> str:
+    """``<query heads>q/<KV heads>kv/d<head dim>`` of a row."""
+    p = row["params"]
+    return f"{p['num_q_heads']}q/{p['num_kv_heads']}kv/d{p['head_dim']}"
+
+
+def by_geometry(annotated: list[dict]) -> dict[str, dict]:
+    """Every family's errors together, per head geometry of the rows that have one, with the
+    median signed error (``median_error``: predicted / measured - 1; negative where the
+    prediction is low)."""
+    headed = [r for r in annotated if r["params"].get("num_q_heads") is not None]
+    out = {}
+    for g in sorted({geometry_name(r) for r in headed}, key=_natural):
+        sub = [r for r in headed if geometry_name(r) == g]
+        pred = np.array([r["predicted_s"] for r in sub])
+        meas = np.array([r["median_s"] for r in sub])
+        out[g] = {**error_stats(pred, meas), "median_error": float(np.median(pred / meas - 1))}
+    return out
 
 
 def parse_sets(text: str) -> tuple[str, ...]:
@@ -338,6 +357,7 @@ def cross_gpu(
         "(both GPUs' rows of the current kernels)"
     )
     out["other_kernels"] = dict(sorted(other_kernels.items()))
+    out["geometries"] = by_geometry(annotated)
     return out
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 from ssvkit.calibration import ceilings
 from ssvkit.calibration.error_table import ape_markdown_row, markdown_header
-from ssvkit.calibration.fit import error_stats, op_class
+from ssvkit.calibration.fit import op_class
 from ssvkit.calibration.interval_coverage import coverage_check, row_coverage
-from ssvkit.calibration.transfer_sets import TARGETS, fitted_rows, summarize
+from ssvkit.calibration.transfer_sets import TARGETS, by_geometry, fitted_rows, summarize
 from ssvkit.calibration.validate import annotate
 from ssvkit.perfmodel.profiles import Profile
 
@@ -62,24 +61,6 @@ def unseen_set(gpu: str) -> dict | None:
             "in_range": coverage_check(*got[0], src.table.coverage),
             "extrapolated": coverage_check(*got[1], src.table.coverage),
         }
-    return out
-
-
-def geometry_name(row: dict) -> str:
-    """``<query heads>q/<KV heads>kv/d<head dim>`` of a row."""
-    p = row["params"]
-    return f"{p['num_q_heads']}q/{p['num_kv_heads']}kv/d{p['head_dim']}"
-
-
-def by_geometry(annotated: list[dict]) -> dict[str, dict]:
-    """Every family's errors together, per head geometry, with the median signed error
-    (``median_error``: predicted / measured - 1; negative where the profile prices low)."""
-    out = {}
-    for g in sorted({geometry_name(r) for r in annotated}):
-        sub = [r for r in annotated if geometry_name(r) == g]
-        pred = np.array([r["predicted_s"] for r in sub])
-        meas = np.array([r["median_s"] for r in sub])
-        out[g] = {**error_stats(pred, meas), "median_error": float(np.median(pred / meas - 1))}
     return out
 
 

@@ -381,6 +381,14 @@ def test_the_committed_cross_gpu_sets_leave_out_the_rows_of_other_kernels():
         assert name in s["classes"], name
     assert "sparse_verify/per_query/many_lists" in s["classes"]
     assert all(c["n"] > 0 for c in s["classes"].values())
+    # Per head geometry: every row of an op with heads (attention, rotary embeddings) scored,
+    # the rows of ops without (GEMMs, norms, element-wise ops, KV writes) in no geometry.
+    geometries = s["geometries"]
+    assert {"8q/2kv/d64", "32q/8kv/d128"} <= set(geometries)
+    headed = ("dense_verify", "nsa_verify", "select_blocks", "repair", "sparse_verify", "rot")
+    headed += ("rope_qk", "rope_kv_write")
+    scored = sum(st["n"] for c, st in s["classes"].items() if c.startswith(headed))
+    assert sum(g["n"] for g in geometries.values()) == scored
 
 
 def test_a_selection_row_timed_before_the_tile_pick_is_priced_with_the_whole_row_pick():
